@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Installs what Infera needs to build and test on Debian 12, from Debian packages only.
+# Usage: scripts/install-deps.sh [--test]   (--test adds the npm packages of the conformance tests)
+set -euo pipefail
+here=$(cd "$(dirname "$0")/.." && pwd)
+SUDO=""
+if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
+
+pkgs=(build-essential cmake ninja-build ccache pkg-config git
+      nlohmann-json3-dev libcpp-httplib-dev libcli11-dev libpcre2-dev libxxhash-dev
+      libspdlog-dev libfmt-dev libyaml-cpp-dev libssl-dev
+      libgtest-dev libgmock-dev libbenchmark-dev python3 python3-numpy nodejs npm)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
+done
+# Node.js 18+ may come from another source than Debian's package; accept any.
+if command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1; then
+  missing=("${missing[@]/nodejs}"); missing=("${missing[@]/npm}")
+fi
+filtered=()
+for p in "${missing[@]}"; do [ -n "$p" ] && filtered+=("$p"); done
+if [ ${#filtered[@]} -gt 0 ]; then
+  echo "installing Debian packages: ${filtered[*]}"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${filtered[@]}"
+fi
+
+if [ "${1:-}" = "--test" ]; then
+  # Conformance references (pinned): llama.cpp through node-llama-cpp, HF tokenizers and
+  # Jinja in JavaScript, the official OpenAI client.
+  cd "$here/tests/conformance"
+  if [ ! -d node_modules ] || ! cmp -s package-lock.json node_modules/.package-lock.json; then
+    npm ci --no-audit --no-fund --loglevel=error
+  fi
+fi

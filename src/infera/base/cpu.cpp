@@ -1,0 +1,96 @@
+#include "infera/base/cpu.h"
+
+#include <cpuid.h>
+
+#include <cstdlib>
+#include <cstring>
+
+namespace infera {
+namespace {
+
+uint64_t xgetbv0() {
+  uint32_t eax = 0, edx = 0;
+  __asm__ volatile("xgetbv" : "=a"(eax), "=d"(edx) : "c"(0));
+  return (static_cast<uint64_t>(edx) << 32) | eax;
+}
+
+CpuFeatures detect() {
+  CpuFeatures f;
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (!__get_cpuid(1, &a, &b, &c, &d)) return f;
+  const bool osxsave = c & (1u << 27);
+  const bool fma = c & (1u << 12);
+  const bool f16c = c & (1u << 29);
+  if (!osxsave) return f;
+  const uint64_t xcr0 = xgetbv0();
+  const bool ymm_os = (xcr0 & 0x6) == 0x6;
+  const bool zmm_os = (xcr0 & 0xe6) == 0xe6;
+  unsigned a7 = 0, b7 = 0, c7 = 0, d7 = 0;
+  __get_cpuid_count(7, 0, &a7, &b7, &c7, &d7);
+  unsigned a71 = 0, b71 = 0, c71 = 0, d71 = 0;
+  __get_cpuid_count(7, 1, &a71, &b71, &c71, &d71);
+  if (ymm_os) {
+    f.avx2 = b7 & (1u << 5);
+    f.fma = fma;
+    f.f16c = f16c;
+    f.avxvnni = a71 & (1u << 4);
+  }
+  if (zmm_os) {
+    f.avx512f = b7 & (1u << 16);
+    f.avx512dq = b7 & (1u << 17);
+    f.avx512bw = b7 & (1u << 30);
+    f.avx512vl = b7 & (1u << 31);
+    f.avx512vnni = c7 & (1u << 11);
+    f.avx512bf16 = a71 & (1u << 5);
+  }
+  const char* cap = std::getenv("INFERA_ISA");
+  if (cap && std::strcmp(cap, "scalar") == 0) f = CpuFeatures{};
+  if (cap && std::strcmp(cap, "avx2") == 0) {
+    f.avx512f = f.avx512bw = f.avx512vl = f.avx512dq = f.avx512vnni = f.avx512bf16 = false;
+  }
+  return f;
+}
+
+}  // namespace
+
+std::string CpuFeatures::describe() const {
+  std::string s;
+  auto add = [&](bool on, const char* name) {
+    if (!on) return;
+    if (!s.empty()) s += ' ';
+    s += name;
+  };
+  add(avx2, "avx2");
+  add(fma, "fma");
+  add(f16c, "f16c");
+  add(avx512f, "avx512f");
+  add(avx512bw, "avx512bw");
+  add(avx512vl, "avx512vl");
+  add(avx512vnni, "avx512vnni");
+  add(avx512bf16, "avx512bf16");
+  add(avxvnni, "avxvnni");
+  return s.empty() ? "none" : s;
+}
+
+const CpuFeatures& cpu_features() {
+  static const CpuFeatures f = detect();
+  return f;
+}
+
+Isa best_isa() {
+  const auto& f = cpu_features();
+  if (f.has_avx512_path()) return Isa::kAvx512;
+  if (f.has_avx2_path()) return Isa::kAvx2;
+  return Isa::kScalar;
+}
+
+const char* isa_name(Isa isa) {
+  switch (isa) {
+    case Isa::kAvx512: return "avx512";
+    case Isa::kAvx2: return "avx2";
+    case Isa::kScalar: return "scalar";
+  }
+  return "?";
+}
+
+}  // namespace infera

@@ -1,0 +1,15 @@
+#include "infera/base/error.h"
+
+#include <cstdio>
+#include <cstdlib>
+
+namespace infera {
+
+void assert_failed(const char* expr, const char* file, int line, const std::string& msg) {
+  std::fprintf(stderr, "infera: internal error: assertion `%s` failed at %s:%d%s%s\n", expr, file,
+               line, msg.empty() ? "" : ": ", msg.c_str());
+  std::fflush(stderr);
+  std::abort();
+}
+
+}  // namespace infera

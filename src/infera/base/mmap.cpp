@@ -1,0 +1,94 @@
+#include "infera/base/mmap.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+
+#include "infera/base/error.h"
+
+namespace infera {
+
+MappedFile::MappedFile(const std::string& path, bool load_into_memory) : path_(path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) fail("{}: cannot open: {}", path, std::strerror(errno));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    int e = errno;
+    ::close(fd);
+    fail("{}: cannot stat: {}", path, std::strerror(e));
+  }
+  if (S_ISDIR(st.st_mode)) {
+    ::close(fd);
+    fail("{}: is a directory, expected a file", path);
+  }
+  size_ = static_cast<size_t>(st.st_size);
+  if (size_ == 0) {
+    ::close(fd);
+    return;
+  }
+  if (load_into_memory) {
+    data_ = static_cast<uint8_t*>(std::aligned_alloc(64, (size_ + 63) / 64 * 64));
+    if (!data_) {
+      ::close(fd);
+      fail("{}: out of memory reading {} bytes", path, size_);
+    }
+    size_t done = 0;
+    while (done < size_) {
+      ssize_t n = ::pread(fd, data_ + done, size_ - done, static_cast<off_t>(done));
+      if (n <= 0) {
+        int e = errno;
+        ::close(fd);
+        std::free(data_);
+        data_ = nullptr;
+        fail("{}: read failed at byte {}: {}", path, done, n == 0 ? "unexpected end of file" : std::strerror(e));
+      }
+      done += static_cast<size_t>(n);
+    }
+  } else {
+    void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
+    if (p == MAP_FAILED) {
+      int e = errno;
+      ::close(fd);
+      fail("{}: mmap failed: {}", path, std::strerror(e));
+    }
+    data_ = static_cast<uint8_t*>(p);
+    mapped_ = true;
+  }
+  ::close(fd);
+}
+
+MappedFile::~MappedFile() { release(); }
+
+MappedFile::MappedFile(MappedFile&& o) noexcept
+    : path_(std::move(o.path_)), data_(o.data_), size_(o.size_), mapped_(o.mapped_) {
+  o.data_ = nullptr;
+  o.size_ = 0;
+}
+
+MappedFile& MappedFile::operator=(MappedFile&& o) noexcept {
+  if (this != &o) {
+    release();
+    path_ = std::move(o.path_);
+    data_ = o.data_;
+    size_ = o.size_;
+    mapped_ = o.mapped_;
+    o.data_ = nullptr;
+    o.size_ = 0;
+  }
+  return *this;
+}
+
+void MappedFile::release() {
+  if (!data_) return;
+  if (mapped_) ::munmap(data_, size_);
+  else std::free(data_);
+  data_ = nullptr;
+  size_ = 0;
+}
+
+}  // namespace infera
