@@ -1,0 +1,52 @@
+// Token sampling: greedy, temperature, top-k, top-p, min-p and repetition / presence /
+// frequency penalties; seeded and reproducible (the same seed and logits give the same
+// token on every machine: the random stream is a fixed 64-bit generator mapped to [0,1)
+// by bit arithmetic, not by a library distribution).
+#pragma once
+
+#include <cstdint>
+#include <random>
+#include <span>
+#include <vector>
+
+namespace infera {
+
+struct SamplingParams {
+  float temperature = 0.0f;         // 0: greedy (argmax)
+  int32_t top_k = 0;                // 0: off
+  float top_p = 1.0f;               // 1: off
+  float min_p = 0.0f;               // 0: off
+  float repetition_penalty = 1.0f;  // HF style: logit / r if > 0 else logit * r, for tokens seen
+  float presence_penalty = 0.0f;    // OpenAI style: logit -= presence * [count > 0]
+  float frequency_penalty = 0.0f;   // OpenAI style: logit -= frequency * count
+  int32_t penalty_last_n = 256;     // window of history the penalties look at (-1: all)
+  uint64_t seed = 0;
+};
+
+class Sampler {
+ public:
+  Sampler(const SamplingParams& params, int32_t vocab_size);
+
+  // Picks the next token from `logits` [vocab] (modified in place) given the tokens so
+  // far (prompt and generated) for the penalties.
+  int32_t sample(float* logits, std::span<const int32_t> history);
+
+  const SamplingParams& params() const { return params_; }
+
+  // Exposed for tests: penalties only, and the final probability vector the random draw
+  // uses (after temperature and truncation), as (token, prob) sorted by prob descending.
+  void apply_penalties(float* logits, std::span<const int32_t> history);
+  std::vector<std::pair<int32_t, float>> candidates(const float* logits);
+
+ private:
+  double next_uniform();
+  SamplingParams params_;
+  int32_t vocab_size_;
+  std::mt19937_64 rng_;
+  std::vector<int32_t> counts_;  // scratch, [vocab]
+  std::vector<std::pair<int32_t, float>> cand_;  // scratch
+};
+
+int32_t argmax(const float* x, int32_t n);
+
+}  // namespace infera
