@@ -1,0 +1,36 @@
+// A compiled PCRE2 pattern (UTF + Unicode properties) for pre-tokenizer splits.
+// tokenizer.json regexes are Oniguruma syntax; the ones BPE tokenizers use ((?i:...),
+// \p{L}, \p{N}, lookahead (?!\S)) mean the same in PCRE2.
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+struct pcre2_real_code_8;
+
+namespace infera {
+
+class Regex {
+ public:
+  // literal: match the pattern text as is (a Split{String} pattern). Throws infera::Error
+  // with PCRE2's message and the offset of the problem.
+  explicit Regex(const std::string& pattern, bool literal = false);
+  ~Regex();
+  Regex(const Regex&) = delete;
+  Regex& operator=(const Regex&) = delete;
+
+  // Appends to out the matches of the pattern in text and the non-empty gaps between
+  // them, in order (HF Split behaviour "Isolated"); with keep_matches false only the gaps
+  // (behaviour "Removed"). text must be valid UTF-8.
+  void split(std::string_view text, bool keep_matches, std::vector<std::string_view>& out) const;
+
+  const std::string& pattern() const { return pattern_; }
+
+ private:
+  std::string pattern_;
+  pcre2_real_code_8* code_ = nullptr;
+  bool jit_ = false;
+};
+
+}  // namespace infera
