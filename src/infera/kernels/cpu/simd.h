@@ -1,0 +1,172 @@
+// A thin vector abstraction so one kernel source (kernels_impl.h) compiles into the
+// scalar, AVX2 and AVX-512 paths. The including file defines INFERA_SIMD_LEVEL
+// (0 scalar, 1 AVX2 + FMA + F16C, 2 AVX-512 F/BW/VL/DQ) and is compiled with the matching
+// flags (files named *_avx2.cpp / *_avx512.cpp get them from CMake). Everything here is
+// static inline inside a per-ISA namespace, so the three copies never mix at link time.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "infera/tensor/dtype.h"
+
+#if !defined(INFERA_SIMD_LEVEL)
+#error "define INFERA_SIMD_LEVEL before including simd.h"
+#endif
+
+#if INFERA_SIMD_LEVEL > 0
+#include <immintrin.h>
+#endif
+
+namespace infera::kernels::INFERA_KERNEL_NS {
+
+// exp() for f32 vectors: Cephes-style range reduction x = n ln2 + r, |r| <= ln2/2, degree-6
+// polynomial for e^r, then 2^n through the exponent bits. Relative error ~2 ulp. Inputs
+// are clamped to [-87.3, 88.0] so 2^n stays a normal number (results below e^-87.3 ~ 1e-38
+// come out as ~1e-38 instead of 0: negligible against any sum they join).
+#define INFERA_EXP_CONSTANTS                                  \
+  constexpr float kExpHi = 88.0f, kExpLo = -87.3f;             \
+  constexpr float kLog2e = 1.44269504088896341f;               \
+  constexpr float kLn2Hi = 0.693359375f, kLn2Lo = -2.12194440e-4f; \
+  constexpr float kP0 = 1.9875691500e-4f, kP1 = 1.3981999507e-3f, kP2 = 8.3334519073e-3f, \
+                  kP3 = 4.1665795894e-2f, kP4 = 1.6666665459e-1f, kP5 = 5.0000001201e-1f;
+
+#if INFERA_SIMD_LEVEL == 2
+
+struct Simd {
+  using V = __m512;
+  static constexpr int kLanes = 16;
+  static V zero() { return _mm512_setzero_ps(); }
+  static V set1(float a) { return _mm512_set1_ps(a); }
+  static V load(const float* p) { return _mm512_loadu_ps(p); }
+  static void store(float* p, V v) { _mm512_storeu_ps(p, v); }
+  static V load_bf16(const uint16_t* p) {
+    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  }
+  static V load_f16(const uint16_t* p) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  }
+  static __mmask16 mask(int n) { return static_cast<__mmask16>((1u << n) - 1u); }
+  // First n lanes (0 <= n < kLanes); the others read as 0 / are not written.
+  static V load_partial(const float* p, int n) { return _mm512_maskz_loadu_ps(mask(n), p); }
+  static void store_partial(float* p, V v, int n) { _mm512_mask_storeu_ps(p, mask(n), v); }
+  static V keep_first(V v, int n) { return _mm512_maskz_mov_ps(mask(n), v); }  // others -> 0
+  static V add(V a, V b) { return _mm512_add_ps(a, b); }
+  static V sub(V a, V b) { return _mm512_sub_ps(a, b); }
+  static V mul(V a, V b) { return _mm512_mul_ps(a, b); }
+  static V div(V a, V b) { return _mm512_div_ps(a, b); }
+  static V max(V a, V b) { return _mm512_max_ps(a, b); }
+  static V fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }  // a * b + c
+  static float reduce_add(V v) { return _mm512_reduce_add_ps(v); }
+  static float reduce_max(V v) { return _mm512_reduce_max_ps(v); }
+  static V exp(V x) {
+    INFERA_EXP_CONSTANTS
+    x = _mm512_min_ps(_mm512_max_ps(x, set1(kExpLo)), set1(kExpHi));
+    const V fx = _mm512_roundscale_ps(_mm512_mul_ps(x, set1(kLog2e)),
+                                      _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    x = _mm512_fnmadd_ps(fx, set1(kLn2Hi), x);
+    x = _mm512_fnmadd_ps(fx, set1(kLn2Lo), x);
+    V y = set1(kP0);
+    y = fma(y, x, set1(kP1));
+    y = fma(y, x, set1(kP2));
+    y = fma(y, x, set1(kP3));
+    y = fma(y, x, set1(kP4));
+    y = fma(y, x, set1(kP5));
+    y = fma(y, _mm512_mul_ps(x, x), _mm512_add_ps(x, set1(1.0f)));
+    const __m512i e = _mm512_slli_epi32(
+        _mm512_add_epi32(_mm512_cvtps_epi32(fx), _mm512_set1_epi32(127)), 23);
+    return _mm512_mul_ps(y, _mm512_castsi512_ps(e));
+  }
+};
+
+#elif INFERA_SIMD_LEVEL == 1
+
+struct Simd {
+  using V = __m256;
+  static constexpr int kLanes = 8;
+  static V zero() { return _mm256_setzero_ps(); }
+  static V set1(float a) { return _mm256_set1_ps(a); }
+  static V load(const float* p) { return _mm256_loadu_ps(p); }
+  static void store(float* p, V v) { _mm256_storeu_ps(p, v); }
+  static V load_bf16(const uint16_t* p) {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+  }
+  static V load_f16(const uint16_t* p) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  }
+  static __m256i mask(int n) {
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+  }
+  static V load_partial(const float* p, int n) { return _mm256_maskload_ps(p, mask(n)); }
+  static void store_partial(float* p, V v, int n) { _mm256_maskstore_ps(p, mask(n), v); }
+  static V keep_first(V v, int n) { return _mm256_and_ps(v, _mm256_castsi256_ps(mask(n))); }
+  static V add(V a, V b) { return _mm256_add_ps(a, b); }
+  static V sub(V a, V b) { return _mm256_sub_ps(a, b); }
+  static V mul(V a, V b) { return _mm256_mul_ps(a, b); }
+  static V div(V a, V b) { return _mm256_div_ps(a, b); }
+  static V max(V a, V b) { return _mm256_max_ps(a, b); }
+  static V fma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
+  static float reduce_add(V v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+  }
+  static float reduce_max(V v) {
+    __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_max_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+  }
+  static V exp(V x) {
+    INFERA_EXP_CONSTANTS
+    x = _mm256_min_ps(_mm256_max_ps(x, set1(kExpLo)), set1(kExpHi));
+    const V fx = _mm256_round_ps(_mm256_mul_ps(x, set1(kLog2e)),
+                                 _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    x = _mm256_fnmadd_ps(fx, set1(kLn2Hi), x);
+    x = _mm256_fnmadd_ps(fx, set1(kLn2Lo), x);
+    V y = set1(kP0);
+    y = fma(y, x, set1(kP1));
+    y = fma(y, x, set1(kP2));
+    y = fma(y, x, set1(kP3));
+    y = fma(y, x, set1(kP4));
+    y = fma(y, x, set1(kP5));
+    y = fma(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, set1(1.0f)));
+    const __m256i e = _mm256_slli_epi32(
+        _mm256_add_epi32(_mm256_cvtps_epi32(fx), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+  }
+};
+
+#else  // scalar: one lane; the compiler may still auto-vectorize the loops around it.
+
+struct Simd {
+  using V = float;
+  static constexpr int kLanes = 1;
+  static V zero() { return 0.0f; }
+  static V set1(float a) { return a; }
+  static V load(const float* p) { return *p; }
+  static void store(float* p, V v) { *p = v; }
+  static V load_bf16(const uint16_t* p) { return bf16_to_f32(*p); }
+  static V load_f16(const uint16_t* p) { return f16_to_f32(*p); }
+  static V load_partial(const float*, int) { return 0.0f; }  // n is always 0 with one lane
+  static void store_partial(float*, V, int) {}
+  static V keep_first(V v, int n) { return n > 0 ? v : 0.0f; }
+  static V add(V a, V b) { return a + b; }
+  static V sub(V a, V b) { return a - b; }
+  static V mul(V a, V b) { return a * b; }
+  static V div(V a, V b) { return a / b; }
+  static V max(V a, V b) { return a > b ? a : b; }
+  static V fma(V a, V b, V c) { return a * b + c; }
+  static float reduce_add(V v) { return v; }
+  static float reduce_max(V v) { return v; }
+  static V exp(V x) { return std::exp(x); }
+};
+
+#endif
+
+#undef INFERA_EXP_CONSTANTS
+
+}  // namespace infera::kernels::INFERA_KERNEL_NS

@@ -1,0 +1,124 @@
+// Public kernels API: argument checks, then dispatch to the per-ISA table.
+#include "infera/kernels/kernels.h"
+
+#include "infera/base/error.h"
+#include "infera/kernels/cpu/dispatch.h"
+
+namespace infera::kernels {
+namespace {
+
+const KernelTable& table_for(Isa isa) {
+  INFERA_ASSERT(isa_available(isa), std::string("kernel path ") + isa_name(isa) +
+                                        " is not available on this CPU");
+  switch (isa) {
+    case Isa::kAvx512: return cpu_avx512::table();
+    case Isa::kAvx2: return cpu_avx2::table();
+    case Isa::kScalar: break;
+  }
+  return cpu_scalar::table();
+}
+
+void check_weight(const MatRef& w) {
+  if (w.dtype != DType::kF32 && w.dtype != DType::kBF16 && w.dtype != DType::kF16) {
+    fail("matmul: weight dtype {} is not supported (expected f32, bf16 or f16; quantize or "
+         "convert the checkpoint)",
+         dtype_name(w.dtype));
+  }
+  INFERA_ASSERT(w.rows >= 0 && w.cols >= 0);
+  INFERA_ASSERT(w.data != nullptr || w.rows * w.cols == 0);
+}
+
+}  // namespace
+
+bool isa_available(Isa isa) {
+  switch (isa) {
+    case Isa::kAvx512: return cpu_features().has_avx512_path();
+    case Isa::kAvx2: return cpu_features().has_avx2_path();
+    case Isa::kScalar: return true;
+  }
+  return false;
+}
+
+MatRef row_slice(const MatRef& w, int64_t n0, int64_t n1) {
+  INFERA_ASSERT(0 <= n0 && n0 <= n1 && n1 <= w.rows);
+  const auto* base = static_cast<const char*>(w.data);
+  return MatRef{base + n0 * w.cols * static_cast<int64_t>(dtype_size(w.dtype)), w.dtype, n1 - n0,
+                w.cols};
+}
+
+void matmul(Isa isa, const float* x, int64_t m, const MatRef& w, float* y) {
+  matmul_rows(isa, x, m, w, 0, w.rows, y, w.rows);
+}
+void matmul(const float* x, int64_t m, const MatRef& w, float* y) {
+  matmul(best_isa(), x, m, w, y);
+}
+
+void matmul_rows(Isa isa, const float* x, int64_t m, const MatRef& w, int64_t n0, int64_t n1,
+                 float* y, int64_t ldy) {
+  check_weight(w);
+  INFERA_ASSERT(m >= 0 && 0 <= n0 && n0 <= n1 && n1 <= w.rows && ldy >= n1 - n0);
+  table_for(isa).matmul_rows(x, m, w, n0, n1, y, ldy);
+}
+void matmul_rows(const float* x, int64_t m, const MatRef& w, int64_t n0, int64_t n1, float* y,
+                 int64_t ldy) {
+  matmul_rows(best_isa(), x, m, w, n0, n1, y, ldy);
+}
+
+void rmsnorm(Isa isa, const float* x, const float* w, float* y, int64_t rows, int64_t n, float eps,
+             float w_offset) {
+  INFERA_ASSERT(rows >= 0 && n > 0);
+  table_for(isa).rmsnorm(x, w, y, rows, n, eps, w_offset);
+}
+void rmsnorm(const float* x, const float* w, float* y, int64_t rows, int64_t n, float eps,
+             float w_offset) {
+  rmsnorm(best_isa(), x, w, y, rows, n, eps, w_offset);
+}
+
+void silu_mul(Isa isa, float* gate, const float* up, int64_t n) {
+  INFERA_ASSERT(n >= 0);
+  table_for(isa).silu_mul(gate, up, n);
+}
+void silu_mul(float* gate, const float* up, int64_t n) { silu_mul(best_isa(), gate, up, n); }
+
+void softmax(Isa isa, float* x, int64_t n) {
+  INFERA_ASSERT(n >= 1);
+  table_for(isa).softmax(x, n);
+}
+void softmax(float* x, int64_t n) { softmax(best_isa(), x, n); }
+
+void add(Isa isa, float* y, const float* x, int64_t n) {
+  INFERA_ASSERT(n >= 0);
+  table_for(isa).add(y, x, n);
+}
+void add(float* y, const float* x, int64_t n) { add(best_isa(), y, x, n); }
+
+void rope_neox(Isa isa, float* x, int64_t n_tokens, int64_t n_heads, int64_t head_dim,
+               int64_t rot_dim, const int32_t* positions, const float* inv_freq,
+               float attn_factor) {
+  INFERA_ASSERT(rot_dim >= 0 && rot_dim % 2 == 0 && rot_dim <= head_dim,
+                "rope_neox: rot_dim must be even and <= head_dim");
+  table_for(isa).rope_neox(x, n_tokens, n_heads, head_dim, rot_dim, positions, inv_freq,
+                           attn_factor);
+}
+void rope_neox(float* x, int64_t n_tokens, int64_t n_heads, int64_t head_dim, int64_t rot_dim,
+               const int32_t* positions, const float* inv_freq, float attn_factor) {
+  rope_neox(best_isa(), x, n_tokens, n_heads, head_dim, rot_dim, positions, inv_freq, attn_factor);
+}
+
+void attention_paged(Isa isa, const float* q, int64_t n_tokens, int64_t n_heads, int64_t pos0,
+                     const PagedKv& kv, float scale, float* out) {
+  if (kv.n_kv_heads <= 0 || n_heads % kv.n_kv_heads != 0) {
+    fail("attention: num_attention_heads ({}) must be a positive multiple of num_key_value_heads "
+         "({}); check the model's config.json",
+         n_heads, kv.n_kv_heads);
+  }
+  INFERA_ASSERT(n_tokens >= 0 && pos0 >= 0 && kv.block_size > 0 && kv.head_dim > 0);
+  if (n_tokens == 0) return;
+  table_for(isa).attention_paged(q, n_tokens, n_heads, pos0, kv, scale, out);
+}
+void attention_paged(const float* q, int64_t n_tokens, int64_t n_heads, int64_t pos0,
+                     const PagedKv& kv, float scale, float* out) {
+  attention_paged(best_isa(), q, n_tokens, n_heads, pos0, kv, scale, out);
+}
+
+}  // namespace infera::kernels

@@ -1,0 +1,117 @@
+// CPU kernels of the forward pass. Activations are always f32; weights are f32, bf16 or
+// f16, row-major [n, k] (out_features x in_features, the Hugging Face layout), used in
+// place (never converted as a whole).
+//
+// Every function exists three times: the scalar reference (namespace ref, obviously
+// correct, slow, used by tests), and the optimized path, compiled for scalar / AVX2 /
+// AVX-512 and picked at run time by infera::best_isa() (INFERA_ISA=scalar|avx2|avx512 caps
+// it). The overloads taking an explicit `Isa` run that path (tests use them to check each
+// path on one machine); the ones without use the best path of this CPU.
+#pragma once
+
+#include <cstdint>
+
+#include "infera/base/cpu.h"
+#include "infera/tensor/dtype.h"
+
+namespace infera::kernels {
+
+// Weight matrix W [rows = n, cols = k], row-major, dtype f32 / bf16 / f16.
+struct MatRef {
+  const void* data;
+  DType dtype;
+  int64_t rows;
+  int64_t cols;
+};
+
+// Rows [n0, n1) of w, as a matrix of their own (no copy: rows are contiguous).
+MatRef row_slice(const MatRef& w, int64_t n0, int64_t n1);
+
+// True when this CPU (after the INFERA_ISA cap) can run the given path.
+bool isa_available(Isa isa);
+
+// y[m, n] = x[m, k] · Wᵀ ; x, y f32 row-major; k == w.cols; n == w.rows. y is overwritten.
+// Throws infera::Error for a weight dtype other than f32/bf16/f16.
+void matmul(const float* x, int64_t m, const MatRef& w, float* y);
+void matmul(Isa isa, const float* x, int64_t m, const MatRef& w, float* y);
+
+// Output columns [n0, n1) only (rows n0..n1 of W): y[i * ldy + (j - n0)] for j in [n0, n1),
+// i < m (tensor parallel shards, experts). ldy >= n1 - n0.
+void matmul_rows(const float* x, int64_t m, const MatRef& w, int64_t n0, int64_t n1, float* y,
+                 int64_t ldy);
+void matmul_rows(Isa isa, const float* x, int64_t m, const MatRef& w, int64_t n0, int64_t n1,
+                 float* y, int64_t ldy);
+
+// y[r, :] = x[r, :] / sqrt(mean(x[r, :]^2) + eps) * (w + w_offset); x, y [rows, n];
+// in place allowed (x == y). w_offset = 1 for norms stored as (1 + w) (Gemma, Qwen3-Next).
+void rmsnorm(const float* x, const float* w, float* y, int64_t rows, int64_t n, float eps,
+             float w_offset = 0.0f);
+void rmsnorm(Isa isa, const float* x, const float* w, float* y, int64_t rows, int64_t n, float eps,
+             float w_offset = 0.0f);
+
+// gate[i] = silu(gate[i]) * up[i], i < n.
+void silu_mul(float* gate, const float* up, int64_t n);
+void silu_mul(Isa isa, float* gate, const float* up, int64_t n);
+
+// In place, numerically stable (max subtracted first). n >= 1.
+void softmax(float* x, int64_t n);
+void softmax(Isa isa, float* x, int64_t n);
+
+// y += x.
+void add(float* y, const float* x, int64_t n);
+void add(Isa isa, float* y, const float* x, int64_t n);
+
+// RoPE, NeoX (rotate_half) pairing: pairs (i, i + rot_dim/2) for i < rot_dim/2 within each
+// head; dims >= rot_dim untouched. x: [n_tokens, n_heads, head_dim], in place;
+// positions[n_tokens]; inv_freq[rot_dim/2] precomputed by the model (scaling applied);
+// attn_factor multiplies cos and sin (YaRN mscale; 1 otherwise). rot_dim even, <= head_dim.
+void rope_neox(float* x, int64_t n_tokens, int64_t n_heads, int64_t head_dim, int64_t rot_dim,
+               const int32_t* positions, const float* inv_freq, float attn_factor);
+void rope_neox(Isa isa, float* x, int64_t n_tokens, int64_t n_heads, int64_t head_dim,
+               int64_t rot_dim, const int32_t* positions, const float* inv_freq, float attn_factor);
+
+// One sequence's view of a paged KV cache, f32 K/V.
+struct PagedKv {
+  const float* k_pool;  // [num_blocks, block_size, n_kv_heads, head_dim]
+  const float* v_pool;  // same layout
+  int64_t block_size, n_kv_heads, head_dim;
+  // Block ids of this sequence, in order: token t lives in block_table[t / block_size],
+  // slot t % block_size.
+  const int32_t* block_table;
+};
+
+// q: [n_tokens, n_heads, head_dim] (head_dim == kv.head_dim). Query token i is at absolute
+// position pos0 + i and attends causally to keys [0, pos0 + i] (already in the cache).
+// GQA: query head h uses kv head h / (n_heads / n_kv_heads). out: [n_tokens, n_heads,
+// head_dim]. scale is typically 1/sqrt(head_dim). Decode with a long context is split over
+// key chunks (flash-decoding) so every thread works even for one sequence.
+// Throws infera::Error when n_heads is not a multiple of kv.n_kv_heads.
+void attention_paged(const float* q, int64_t n_tokens, int64_t n_heads, int64_t pos0,
+                     const PagedKv& kv, float scale, float* out);
+void attention_paged(Isa isa, const float* q, int64_t n_tokens, int64_t n_heads, int64_t pos0,
+                     const PagedKv& kv, float scale, float* out);
+
+// Scalar references: straightforward loops, double accumulators; the truth tests compare
+// the optimized paths against. Same contracts as above.
+namespace ref {
+
+void matmul(const float* x, int64_t m, const MatRef& w, float* y);
+void rmsnorm(const float* x, const float* w, float* y, int64_t rows, int64_t n, float eps,
+             float w_offset = 0.0f);
+void silu_mul(float* gate, const float* up, int64_t n);
+void softmax(float* x, int64_t n);
+void add(float* y, const float* x, int64_t n);
+void rope_neox(float* x, int64_t n_tokens, int64_t n_heads, int64_t head_dim, int64_t rot_dim,
+               const int32_t* positions, const float* inv_freq, float attn_factor);
+// k, v: CONTIGUOUS [n_ctx, n_kv_heads, head_dim]; n_ctx >= pos0 + n_tokens. Otherwise as
+// attention_paged.
+void attention_contiguous(const float* q, int64_t n_tokens, int64_t n_heads, int64_t pos0,
+                          const float* k, const float* v, int64_t n_ctx, int64_t n_kv_heads,
+                          int64_t head_dim, float scale, float* out);
+
+// One weight element as f32 (any supported dtype).
+float weight_at(const MatRef& w, int64_t row, int64_t col);
+
+}  // namespace ref
+
+}  // namespace infera::kernels
