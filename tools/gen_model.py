@@ -1,0 +1,515 @@
+#!/usr/bin/env python3
+"""Write a random-weight Hugging Face model directory for tests and benchmarks.
+
+    python3 tools/gen_model.py OUT_DIR --arch llama|qwen3 [shape options] [--preset tinyllama]
+
+The directory holds config.json, generation_config.json, model.safetensors (or shards
+model-0000X-of-0000Y.safetensors + model.safetensors.index.json above --max-shard-size),
+tokenizer.json, tokenizer_config.json and special_tokens_map.json, laid out like the
+files Hugging Face `transformers` writes, so Infera, `infera convert` and llama.cpp (via
+the converted GGUF) all load it.
+
+Weights: random, deterministic given --seed (each tensor has its own stream seeded from
+(seed, tensor index), so sharding does not change values). Scales keep activations sane
+through many layers and make greedy decoding non-degenerate: projections use
+std = 1/sqrt(fan_in) so every block adds O(1) to the residual stream, the output head
+uses std = 3/sqrt(hidden) so logits have a clear but non-trivial top-1 margin, and norm
+weights are 1 + 0.1 * noise. Tied embeddings use the head's scale, so the residual
+stream is dominated by the blocks rather than by the input token (a model whose output is
+E . E[token] just repeats its input token).
+
+Samples are drawn from a 65536-entry table of normal quantiles indexed by random 16-bit
+numbers: as good as normal samples for a test model, and ~20x faster than
+numpy's normal generator plus a bf16 conversion, so the tinyllama preset (1.1B
+parameters, 2.2 GB) writes in well under a minute.
+
+Tokenizers:
+  llama: SentencePiece-style BPE with byte fallback, like llama2.c's tok512:
+         <unk> <s> </s>, 256 byte tokens <0x00>..<0xFF>, merged pieces (scored by id),
+         then single characters; the tokenizer.json merges list every split of every
+         merged piece, ordered by piece id, so HF's merge ranks and llama.cpp's
+         score-driven merging agree.
+  qwen3: byte-level BPE (GPT-2 byte alphabet, Qwen2 pre-tokenizer regex, NFC), merges,
+         then the added special tokens <|endoftext|> <|im_start|> <|im_end|> at the end,
+         and a ChatML chat_template.
+Requires only python3 and numpy.
+"""
+
+import argparse
+import json
+import math
+import os
+import re
+import sys
+
+import numpy as np
+
+PRESETS = {
+    # TinyLlama-1.1B's shape (hidden 2048, 22 layers, GQA 32/4, SwiGLU 5632, 32000 vocab).
+    "tinyllama": dict(arch="llama", hidden=2048, layers=22, heads=32, kv_heads=4, head_dim=64, ffn=5632,
+                      vocab=32000, dtype="bf16", rope_theta=10000.0, max_pos=2048, tie=False),
+}
+
+DTYPES = {"f32": ("F32", 4, "float32"), "bf16": ("BF16", 2, "bfloat16"), "f16": ("F16", 2, "float16")}
+
+# Text the BPE merges are learned from (the rest of the vocabulary is synthetic).
+CORPUS = """Once upon a time, there was a little girl named Lily. She loved to play outside in
+the sun with her dog and her friends. One day, she saw a big red ball in the park. She said:
+"Can I play with the ball?" The boy smiled and said yes. They played together all day and
+were very happy. The quick brown fox jumps over the lazy dog. In 1969 the first people walked
+on the moon; it was 384400 km away! Hello world, hello again. What is the answer to this
+question? Models read tokens, then they write tokens: one, two, three, four, five, six.
+The weather today is warm and bright, and the children are running to the river to swim.
+Mom made a cake for the party, and everyone sang a song and laughed together."""
+
+QWEN2_PRETOKENIZER_REGEX = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+CHATML_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}")
+
+
+def parse_size(text):
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMG]?B?)\s*", text.upper())
+    if not m:
+        raise argparse.ArgumentTypeError(f"bad size '{text}' (use e.g. 2GB, 500MB, 1000000)")
+    scale = {"": 1, "B": 1, "K": 1e3, "KB": 1e3, "M": 1e6, "MB": 1e6, "G": 1e9, "GB": 1e9}[m.group(2)]
+    return int(float(m.group(1)) * scale)
+
+
+# ----------------------------------------------------------------------------- weights
+
+def quantile_table(seed):
+    """65536 sorted standard-normal samples (float32): an empirical quantile table."""
+    rng = np.random.default_rng([seed, 0x7AB1E])
+    return np.sort(rng.standard_normal(65536)).astype(np.float32)
+
+
+def encode(values_f32, dtype):
+    """float32 array -> bytes-compatible array in the requested storage dtype."""
+    if dtype == "f32":
+        return values_f32.astype(np.float32, copy=False)
+    if dtype == "f16":
+        return values_f32.astype(np.float16)
+    u = values_f32.astype(np.float32, copy=False).view(np.uint32)
+    rounded = (u + np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16)  # nearest even
+    return rounded.astype(np.uint16)
+
+
+class TensorSpec:
+    def __init__(self, name, shape, kind, std):
+        self.name, self.shape, self.kind, self.std = name, tuple(shape), kind, std
+
+    def numel(self):
+        return int(np.prod(self.shape))
+
+
+def tensor_specs(a):
+    """HF tensor names, shapes [out, in] and initializations, in file order."""
+    h, hd, ffn = a.hidden, a.head_dim, a.ffn
+    q_out, kv_out = a.heads * hd, a.kv_heads * hd
+    head_std = 3.0 / math.sqrt(h)
+    specs = [TensorSpec("model.embed_tokens.weight", (a.vocab, h), "normal", head_std if a.tie else 1.0)]
+    for i in range(a.layers):
+        p = f"model.layers.{i}."
+        specs += [
+            TensorSpec(p + "input_layernorm.weight", (h,), "norm", 0.1),
+            TensorSpec(p + "self_attn.q_proj.weight", (q_out, h), "normal", 1.0 / math.sqrt(h)),
+            TensorSpec(p + "self_attn.k_proj.weight", (kv_out, h), "normal", 1.0 / math.sqrt(h)),
+            TensorSpec(p + "self_attn.v_proj.weight", (kv_out, h), "normal", 1.0 / math.sqrt(h)),
+            TensorSpec(p + "self_attn.o_proj.weight", (h, q_out), "normal", 1.0 / math.sqrt(q_out)),
+        ]
+        if a.arch == "qwen3":
+            specs += [TensorSpec(p + "self_attn.q_norm.weight", (hd,), "norm", 0.1),
+                      TensorSpec(p + "self_attn.k_norm.weight", (hd,), "norm", 0.1)]
+        specs += [
+            TensorSpec(p + "post_attention_layernorm.weight", (h,), "norm", 0.1),
+            TensorSpec(p + "mlp.gate_proj.weight", (ffn, h), "normal", 1.0 / math.sqrt(h)),
+            TensorSpec(p + "mlp.up_proj.weight", (ffn, h), "normal", 1.0 / math.sqrt(h)),
+            # SwiGLU outputs have RMS ~0.5; 2/sqrt(ffn) gives the block an O(1) update.
+            TensorSpec(p + "mlp.down_proj.weight", (h, ffn), "normal", 2.0 / math.sqrt(ffn)),
+        ]
+    specs.append(TensorSpec("model.norm.weight", (h,), "norm", 0.1))
+    if not a.tie:
+        specs.append(TensorSpec("lm_head.weight", (a.vocab, h), "normal", head_std))
+    return specs
+
+
+def generate_chunks(spec, index, a, table, chunk=1 << 24):
+    """Yields the tensor's storage bytes in chunks (numpy arrays)."""
+    rng = np.random.default_rng([a.seed, index])
+    n = spec.numel()
+    done = 0
+    while done < n:
+        m = min(chunk, n - done)
+        idx = np.frombuffer(rng.bytes(2 * m), dtype=np.uint16)
+        values = table[idx] * np.float32(spec.std)
+        if spec.kind == "norm":
+            values += np.float32(1.0)
+        yield encode(values, a.dtype)
+        done += m
+
+
+def plan_shards(specs, a):
+    elem = DTYPES[a.dtype][1]
+    shards, current, size = [], [], 0
+    for i, s in enumerate(specs):
+        nbytes = s.numel() * elem
+        if current and size + nbytes > a.max_shard_size:
+            shards.append(current)
+            current, size = [], 0
+        current.append(i)
+        size += nbytes
+    shards.append(current)
+    return shards
+
+
+def write_safetensors(path, specs, indices, a, table, progress):
+    st_dtype, elem, _ = DTYPES[a.dtype]
+    header, offset = {}, 0
+    for i in indices:
+        s = specs[i]
+        nbytes = s.numel() * elem
+        header[s.name] = {"dtype": st_dtype, "shape": list(s.shape), "data_offsets": [offset, offset + nbytes]}
+        offset += nbytes
+    header["__metadata__"] = {"format": "pt"}
+    blob = json.dumps(header, separators=(",", ":")).encode()
+    blob += b" " * (-len(blob) % 8)  # data section 8-byte aligned, as safetensors does
+    with open(path, "wb") as f:
+        f.write(len(blob).to_bytes(8, "little"))
+        f.write(blob)
+        for i in indices:
+            for part in generate_chunks(specs[i], i, a, table):
+                f.write(part.tobytes())
+            progress(specs[i].numel() * elem)
+    return offset
+
+
+def write_weights(out, a):
+    specs = tensor_specs(a)
+    table = quantile_table(a.seed)
+    shards = plan_shards(specs, a)
+    elem = DTYPES[a.dtype][1]
+    total = sum(s.numel() for s in specs) * elem
+    state = {"done": 0, "last": -1}
+    show = sys.stderr.isatty() and total > 100_000_000
+
+    def progress(nbytes):
+        state["done"] += nbytes
+        pct = int(100 * state["done"] / total)
+        if show and pct != state["last"]:
+            state["last"] = pct
+            print(f"\r  writing weights: {pct:3d}% of {total / 1e9:.2f} GB", end="", file=sys.stderr, flush=True)
+
+    if len(shards) == 1:
+        write_safetensors(os.path.join(out, "model.safetensors"), specs, shards[0], a, table, progress)
+    else:
+        weight_map = {}
+        for k, indices in enumerate(shards):
+            name = f"model-{k + 1:05d}-of-{len(shards):05d}.safetensors"
+            write_safetensors(os.path.join(out, name), specs, indices, a, table, progress)
+            for i in indices:
+                weight_map[specs[i].name] = name
+        index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+        write_json(os.path.join(out, "model.safetensors.index.json"), index)
+    if show:
+        print(file=sys.stderr)
+    return sum(s.numel() for s in specs), len(shards)
+
+
+# ----------------------------------------------------------------------------- tokenizers
+
+def corpus_words(prefix_space_marker):
+    """Corpus words with their leading-space marker, and counts."""
+    counts = {}
+    for line in CORPUS.split("\n"):
+        for w in re.findall(r"[A-Za-z]+|[0-9]|[^\sA-Za-z0-9]+", line):
+            word = prefix_space_marker + w if w[0].isalpha() else w
+            counts[word] = counts.get(word, 0) + 1
+    return counts
+
+
+def learn_merges(words, alphabet, n_merges, rng, max_len=12):
+    """Classic BPE on `words` (str -> count) over single-character symbols, then random
+    merges of existing pieces once the corpus has no pair left. Returns [(left, right)]."""
+    seqs = {w: [c for c in w] for w in words}
+    vocab = set(alphabet)
+    merges = []
+    while len(merges) < n_merges:
+        pairs = {}
+        for w, syms in seqs.items():
+            for x, y in zip(syms, syms[1:]):
+                if x in vocab and y in vocab and x + y not in vocab:
+                    pairs[(x, y)] = pairs.get((x, y), 0) + words[w]
+        if not pairs:
+            break
+        best = max(pairs.items(), key=lambda kv: (kv[1], -len(kv[0][0] + kv[0][1]), kv[0]))[0]
+        merges.append(best)
+        vocab.add(best[0] + best[1])
+        for w, syms in seqs.items():
+            out, i = [], 0
+            while i < len(syms):
+                if i + 1 < len(syms) and (syms[i], syms[i + 1]) == best:
+                    out.append(syms[i] + syms[i + 1])
+                    i += 2
+                else:
+                    out.append(syms[i])
+                    i += 1
+            seqs[w] = out
+    pieces = sorted(vocab, key=lambda p: (len(p), p))
+    attempts = 0
+    while len(merges) < n_merges:
+        x = pieces[int(rng.integers(len(pieces)))]
+        y = pieces[int(rng.integers(len(pieces)))]
+        attempts += 1
+        if len(x) + len(y) <= max_len and x + y not in vocab:
+            merges.append((x, y))
+            vocab.add(x + y)
+            pieces.append(x + y)
+        elif attempts > 50 * n_merges + 1000:
+            raise SystemExit("gen_model: cannot invent enough merges for this vocab size")
+    return merges
+
+
+def spm_tokenizer(a, rng):
+    """SentencePiece-style BPE with byte fallback (llama2.c / Llama 2 layout)."""
+    specials = ["<unk>", "<s>", "</s>"]
+    byte_tokens = [f"<0x{b:02X}>" for b in range(256)]
+    chars = list("▁etaoinshrdlucmfwygpbvkxjqzETAOINSHRDLUCMFWYGPBVKXJQZ0123456789.,!?'\":;-()")
+    n_free = a.vocab - len(specials) - len(byte_tokens)
+    if n_free < 2:
+        raise SystemExit(f"gen_model: --vocab {a.vocab} is too small for a byte-fallback tokenizer (need >= 261)")
+    chars = chars[:max(2, min(len(chars), n_free // 3))]
+    n_merged = n_free - len(chars)
+    merges = learn_merges(corpus_words("▁"), chars, n_merged, rng)
+    merged = [x + y for x, y in merges]
+    tokens = specials + byte_tokens + merged + chars  # SentencePiece order: merged pieces, then characters
+    assert len(tokens) == a.vocab and len(set(tokens)) == a.vocab
+    vocab = {t: i for i, t in enumerate(tokens)}
+    # llama.cpp merges any adjacent pair whose concatenation is a piece (highest score =
+    # lowest id first); HF only merges listed pairs by rank. Listing every split of every
+    # merged piece, ordered by piece id, makes the two agree.
+    all_merges = []
+    for piece in merged:
+        for k in range(1, len(piece)):
+            left, right = piece[:k], piece[k:]
+            if left in vocab and right in vocab:
+                all_merges.append(f"{left} {right}")
+    added = [{"id": i, "content": t, "single_word": False, "lstrip": False, "rstrip": False,
+              "normalized": False, "special": True} for i, t in enumerate(specials)]
+    tok = {
+        "version": "1.0", "truncation": None, "padding": None, "added_tokens": added,
+        "normalizer": {"type": "Sequence", "normalizers": [
+            {"type": "Prepend", "prepend": "▁"},
+            {"type": "Replace", "pattern": {"String": " "}, "content": "▁"}]},
+        "pre_tokenizer": None,
+        "post_processor": {
+            "type": "TemplateProcessing",
+            "single": [{"SpecialToken": {"id": "<s>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+            "pair": [{"SpecialToken": {"id": "<s>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}},
+                     {"SpecialToken": {"id": "<s>", "type_id": 1}}, {"Sequence": {"id": "B", "type_id": 1}}],
+            "special_tokens": {"<s>": {"id": "<s>", "ids": [1], "tokens": ["<s>"]}}},
+        "decoder": {"type": "Sequence", "decoders": [
+            {"type": "Replace", "pattern": {"String": "▁"}, "content": " "},
+            {"type": "ByteFallback"}, {"type": "Fuse"},
+            {"type": "Strip", "content": " ", "start": 1, "stop": 0}]},
+        "model": {"type": "BPE", "dropout": None, "unk_token": "<unk>", "continuing_subword_prefix": None,
+                  "end_of_word_suffix": None, "fuse_unk": True, "byte_fallback": True, "ignore_merges": False,
+                  "vocab": vocab, "merges": all_merges},
+    }
+    decoder = {str(i): {"content": t, "lstrip": False, "normalized": False, "rstrip": False,
+                        "single_word": False, "special": True} for i, t in enumerate(specials)}
+    config = {
+        "add_bos_token": True, "add_eos_token": False, "added_tokens_decoder": decoder,
+        "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>", "pad_token": None,
+        "clean_up_tokenization_spaces": False, "legacy": True, "model_max_length": a.max_pos,
+        "sp_model_kwargs": {}, "spaces_between_special_tokens": False,
+        "tokenizer_class": "LlamaTokenizer", "use_default_system_prompt": False,
+    }
+    special_map = {k: {"content": v, "lstrip": False, "normalized": False, "rstrip": False, "single_word": False}
+                   for k, v in (("bos_token", "<s>"), ("eos_token", "</s>"), ("unk_token", "<unk>"))}
+    ids = {"bos": 1, "eos": 2, "pad": None}
+    return tok, config, special_map, ids
+
+
+def bytes_to_unicode():
+    """GPT-2's reversible byte -> printable character map."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {b: chr(c) for b, c in zip(bs, cs)}
+
+
+def bytelevel_tokenizer(a, rng):
+    """Qwen2/Qwen3-style byte-level BPE with ChatML special tokens."""
+    b2u = bytes_to_unicode()
+    alphabet = list(b2u.values())  # ids 0..255 in GPT-2 order, as in Qwen's vocab.json
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    n_merges = a.vocab - len(alphabet) - len(specials)
+    if n_merges < 0:
+        raise SystemExit(f"gen_model: --vocab {a.vocab} is too small for a byte-level tokenizer (need >= 259)")
+    words = {}
+    for w, c in corpus_words(" ").items():
+        mapped = "".join(b2u[b] for b in w.encode("utf-8"))
+        words[mapped] = words.get(mapped, 0) + c
+    merges = learn_merges(words, alphabet, n_merges, rng)
+    tokens = alphabet + [x + y for x, y in merges]
+    vocab = {t: i for i, t in enumerate(tokens)}
+    assert len(vocab) == len(tokens)
+    added = [{"id": len(tokens) + k, "content": t, "single_word": False, "lstrip": False, "rstrip": False,
+              "normalized": False, "special": True} for k, t in enumerate(specials)]
+    byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False}
+    tok = {
+        "version": "1.0", "truncation": None, "padding": None, "added_tokens": added,
+        "normalizer": {"type": "NFC"},
+        "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+            {"type": "Split", "pattern": {"Regex": QWEN2_PRETOKENIZER_REGEX}, "behavior": "Isolated", "invert": False},
+            byte_level]},
+        "post_processor": byte_level,
+        "decoder": byte_level,
+        "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": "",
+                  "end_of_word_suffix": "", "fuse_unk": False, "byte_fallback": False, "ignore_merges": False,
+                  "vocab": vocab, "merges": [f"{x} {y}" for x, y in merges]},
+    }
+    decoder = {str(t["id"]): {"content": t["content"], "lstrip": False, "normalized": False, "rstrip": False,
+                              "single_word": False, "special": True} for t in added}
+    config = {
+        "add_bos_token": False, "add_prefix_space": False, "added_tokens_decoder": decoder,
+        "additional_special_tokens": ["<|im_start|>", "<|im_end|>"],
+        "bos_token": None, "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "unk_token": None,
+        "chat_template": CHATML_TEMPLATE, "clean_up_tokenization_spaces": False, "errors": "replace",
+        "model_max_length": a.max_pos, "split_special_tokens": False, "tokenizer_class": "Qwen2Tokenizer",
+    }
+    special_map = {
+        "additional_special_tokens": ["<|im_start|>", "<|im_end|>"],
+        "eos_token": {"content": "<|im_end|>", "lstrip": False, "normalized": False, "rstrip": False,
+                      "single_word": False},
+        "pad_token": {"content": "<|endoftext|>", "lstrip": False, "normalized": False, "rstrip": False,
+                      "single_word": False},
+    }
+    base = len(tokens)
+    ids = {"bos": base, "eos": base + 2, "pad": base, "endoftext": base}
+    return tok, config, special_map, ids
+
+
+# ----------------------------------------------------------------------------- config
+
+def rope_scaling(a):
+    if not a.rope_scaling:
+        return None
+    factor = a.rope_factor if a.rope_factor else {"llama3": 8.0, "yarn": 4.0, "linear": 2.0}[a.rope_scaling]
+    orig = a.rope_orig_max_pos or max(1, int(a.max_pos / factor))
+    if a.rope_scaling == "llama3":
+        return {"rope_type": "llama3", "factor": factor, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                "original_max_position_embeddings": orig}
+    if a.rope_scaling == "yarn":
+        return {"rope_type": "yarn", "type": "yarn", "factor": factor, "original_max_position_embeddings": orig}
+    return {"rope_type": "linear", "type": "linear", "factor": factor}
+
+
+def model_config(a, ids):
+    torch_dtype = DTYPES[a.dtype][2]
+    common = {
+        "hidden_size": a.hidden, "intermediate_size": a.ffn, "num_hidden_layers": a.layers,
+        "num_attention_heads": a.heads, "num_key_value_heads": a.kv_heads, "head_dim": a.head_dim,
+        "hidden_act": "silu", "vocab_size": a.vocab, "max_position_embeddings": a.max_pos,
+        "rms_norm_eps": a.rms_eps, "rope_theta": a.rope_theta, "rope_scaling": rope_scaling(a),
+        "attention_bias": False, "attention_dropout": 0.0, "initializer_range": 0.02,
+        "tie_word_embeddings": a.tie, "bos_token_id": ids["bos"], "eos_token_id": ids["eos"],
+        "use_cache": True, "torch_dtype": torch_dtype, "transformers_version": "4.51.0",
+    }
+    if a.arch == "llama":
+        return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", **common,
+                "mlp_bias": False, "pretraining_tp": 1}
+    return {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", **common,
+            "sliding_window": None, "use_sliding_window": False, "max_window_layers": a.layers}
+
+
+def write_json(path, obj):
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(obj, f, indent=2, ensure_ascii=False)
+        f.write("\n")
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("out_dir", help="directory to create (files in it are overwritten)")
+    p.add_argument("--arch", choices=["llama", "qwen3"], default=None, help="architecture (default llama)")
+    p.add_argument("--preset", choices=sorted(PRESETS), help="a named shape; explicit options override it")
+    p.add_argument("--hidden", type=int, help="hidden size (default 64)")
+    p.add_argument("--layers", type=int, help="decoder layers (default 2)")
+    p.add_argument("--heads", type=int, help="attention heads (default 4)")
+    p.add_argument("--kv-heads", type=int, help="KV heads, divides --heads (default 2)")
+    p.add_argument("--head-dim", type=int, help="per-head dim, even (default 16)")
+    p.add_argument("--ffn", type=int, help="SwiGLU intermediate size (default 128)")
+    p.add_argument("--vocab", type=int, help="vocabulary size incl. special tokens (default 512)")
+    p.add_argument("--dtype", choices=sorted(DTYPES), help="weight dtype (default f32)")
+    p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    p.add_argument("--tie", action="store_true", default=None, help="tie the output head to the embedding")
+    p.add_argument("--max-pos", type=int, help="max_position_embeddings (default 512)")
+    p.add_argument("--rope-theta", type=float, help="RoPE base (default 10000 for llama, 1000000 for qwen3)")
+    p.add_argument("--rms-eps", type=float, help="RMSNorm epsilon (default 1e-5 llama, 1e-6 qwen3)")
+    p.add_argument("--rope-scaling", choices=["llama3", "yarn", "linear"], help="add a rope_scaling block")
+    p.add_argument("--rope-factor", type=float, help="rope_scaling factor (default 8 llama3, 4 yarn, 2 linear)")
+    p.add_argument("--rope-orig-max-pos", type=int,
+                   help="original_max_position_embeddings for llama3/yarn (default max-pos / factor)")
+    p.add_argument("--max-shard-size", type=parse_size, default=parse_size("2GB"),
+                   help="split weights into model-0000X-of-0000Y.safetensors above this size (default 2GB)")
+    a = p.parse_args(argv)
+    defaults = dict(arch="llama", hidden=64, layers=2, heads=4, kv_heads=2, head_dim=16, ffn=128, vocab=512,
+                    dtype="f32", tie=False, max_pos=512)
+    if a.preset:
+        defaults.update(PRESETS[a.preset])
+    for k, v in defaults.items():
+        if getattr(a, k) is None:
+            setattr(a, k, v)
+    if a.rope_theta is None:
+        a.rope_theta = 10000.0 if a.arch == "llama" else 1000000.0
+    if a.rms_eps is None:
+        a.rms_eps = 1e-5 if a.arch == "llama" else 1e-6
+    for name in ("hidden", "layers", "heads", "kv_heads", "head_dim", "ffn", "vocab", "max_pos"):
+        if getattr(a, name) <= 0:
+            p.error(f"--{name.replace('_', '-')} must be positive")
+    if a.heads % a.kv_heads:
+        p.error(f"--heads {a.heads} must be a multiple of --kv-heads {a.kv_heads}")
+    if a.head_dim % 2:
+        p.error("--head-dim must be even (RoPE rotates pairs)")
+    if a.max_shard_size <= 0:
+        p.error("--max-shard-size must be positive")
+    return a
+
+
+def main(argv=None):
+    a = parse_args(sys.argv[1:] if argv is None else argv)
+    os.makedirs(a.out_dir, exist_ok=True)
+    # Tokenizer randomness has its own stream so that shapes do not change the vocabulary.
+    tok_rng = np.random.default_rng([a.seed, 0xC0DE])
+    if a.arch == "llama":
+        tok, tok_config, special_map, ids = spm_tokenizer(a, tok_rng)
+    else:
+        tok, tok_config, special_map, ids = bytelevel_tokenizer(a, tok_rng)
+    write_json(os.path.join(a.out_dir, "tokenizer.json"), tok)
+    write_json(os.path.join(a.out_dir, "tokenizer_config.json"), tok_config)
+    write_json(os.path.join(a.out_dir, "special_tokens_map.json"), special_map)
+    write_json(os.path.join(a.out_dir, "config.json"), model_config(a, ids))
+    gen = {"bos_token_id": ids["bos"], "eos_token_id": ids["eos"] if a.arch == "llama" else [ids["eos"], ids["endoftext"]],
+           "transformers_version": "4.51.0"}
+    write_json(os.path.join(a.out_dir, "generation_config.json"), gen)
+    # Remove stale weights from an earlier run with another shard count.
+    for f in os.listdir(a.out_dir):
+        if f.startswith("model") and (f.endswith(".safetensors") or f.endswith(".safetensors.index.json")):
+            os.remove(os.path.join(a.out_dir, f))
+    n_params, n_shards = write_weights(a.out_dir, a)
+    print(f"wrote {a.out_dir}: {a.arch}, {n_params / 1e6:.2f}M parameters, {a.dtype}, {n_shards} shard(s)")
+
+
+if __name__ == "__main__":
+    main()
