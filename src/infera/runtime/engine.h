@@ -1,0 +1,175 @@
+// The serving engine: continuous batching over one model (scheduler.h), paged KV cache
+// grown on demand with prefix caching (prefix_cache.h), sampling, stop token ids.
+//
+//   EngineCore  single-threaded: add_request / cancel / step(). Deterministic; tests and
+//               offline tools drive it directly.
+//   Engine      owns an EngineCore and runs its step loop on its own thread; submit,
+//               cancel and stats are thread-safe; the loop sleeps when there is no work.
+//
+// The engine sees token ids only: the server renders chat templates, detokenizes
+// incrementally and checks stop strings.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <thread>
+#include <unordered_set>
+#include <vector>
+
+#include "infera/model/model.h"
+#include "infera/runtime/engine_config.h"
+#include "infera/runtime/prefix_cache.h"
+#include "infera/runtime/scheduler.h"
+#include "infera/runtime/sequence.h"
+
+namespace infera {
+
+struct EngineStats {
+  int32_t running = 0;             // sequences holding KV blocks
+  int32_t waiting = 0;             // queued or preempted, holding no blocks
+  int32_t kv_blocks_total = 0;
+  int32_t kv_blocks_used = 0;      // referenced by a sequence
+  int32_t kv_blocks_cached = 0;    // unreferenced, kept for prefix hits, evictable
+  int32_t block_size = 0;
+  int64_t kv_bytes_per_block = 0;
+  int64_t prefix_hit_blocks = 0;   // full prompt blocks served by the prefix cache
+  int64_t prefix_miss_blocks = 0;  // full prompt blocks looked up and not found
+  int64_t prefix_evictions = 0;    // cached blocks reused for new data
+  int64_t preemptions = 0;         // sequences evicted from the KV cache to be recomputed
+  int64_t steps = 0;               // forwards run
+  int64_t prompt_tokens_computed = 0;     // prompt tokens fed through the model (cache hits excluded)
+  int64_t recomputed_tokens = 0;          // generated tokens fed again after a preemption
+  int64_t tokens_computed = 0;            // every token fed through the model
+  int64_t tokens_generated = 0;           // tokens sampled
+  int64_t requests_finished = 0;
+};
+
+class EngineCore {
+ public:
+  EngineCore(Model& model, const EngineConfig& config);
+  ~EngineCore();
+  EngineCore(const EngineCore&) = delete;
+  EngineCore& operator=(const EngineCore&) = delete;
+
+  // Checks a request against the model and limits (token ids in range, sampling
+  // parameters, prompt + max_tokens within the context and the KV cache). Throws
+  // infera::Error with one clear message. Thread-safe (reads only the fixed config).
+  void validate(const Request& request) const;
+
+  // Validates and queues. `id` 0: the next free id. Events go to `on_event` from
+  // step(), after the step's bookkeeping.
+  RequestId add_request(Request request, EventCallback on_event, RequestId id = 0);
+
+  // Ends a waiting or running request (final event kCancelled at the next step() or
+  // right away when no step is running). False when the id is unknown or finished.
+  bool cancel(RequestId id);
+
+  // Runs one forward over the scheduled work and delivers the resulting events.
+  // Returns false when there was nothing to do.
+  bool step();
+
+  // Ends every request with kCancelled (shutdown).
+  void cancel_all();
+
+  bool has_work() const { return scheduler_.has_work(); }
+  EngineStats stats() const;
+  const EngineConfig& config() const { return config_; }
+  const KvPool& kv_pool() const { return kv_; }
+  int32_t max_context() const { return max_context_; }
+  // Longest sequence the KV cache can hold (all blocks).
+  int64_t kv_capacity_tokens() const;
+
+ private:
+  void finish(Sequence& seq, FinishReason reason, int32_t stop_token, std::string error = {});
+  void flush_events();
+
+  Model& model_;
+  EngineConfig config_;
+  int32_t max_context_ = 0;
+  int32_t vocab_size_ = 0;
+  KvPool kv_;
+  KvBlockManager blocks_;
+  Scheduler scheduler_;
+  RequestId next_id_ = 1;
+  ForwardBatch batch_;
+  std::vector<float> logits_;  // [max_num_seqs, vocab]
+  std::vector<std::pair<EventCallback*, Event>> pending_events_;
+  std::vector<std::unique_ptr<Sequence>> finished_;  // kept until their events are delivered
+  EngineStats counters_;
+};
+
+// Events of one request, queued for a consumer thread (the server's HTTP handler).
+class RequestStream {
+ public:
+  RequestStream() = default;
+  RequestId id() const { return id_; }
+  void set_id(RequestId id) { id_ = id; }
+  // Blocks until the next event. After the final event, returns it again.
+  Event next();
+  std::optional<Event> try_next();
+  // Collects every event until the final one (tests, batch tools).
+  std::vector<Event> drain();
+  void push(const Event& e);
+
+ private:
+  RequestId id_ = 0;
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::deque<Event> events_;
+  std::optional<Event> final_;
+};
+
+struct RequestHandle {
+  RequestId id = 0;
+  std::shared_ptr<RequestStream> stream;
+};
+
+class Engine {
+ public:
+  Engine(std::unique_ptr<Model> model, const EngineConfig& config);
+  Engine(Model& model, const EngineConfig& config);  // the model must outlive the engine
+  // Stops the loop; unfinished requests get a final kCancelled event.
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // Throws infera::Error when the request is invalid or can never fit.
+  RequestId submit(Request request, EventCallback on_event);
+  RequestHandle submit(Request request);
+  // Returns false when the id is unknown or already finished.
+  bool cancel(RequestId id);
+  EngineStats stats() const;
+  // Blocks until no request is waiting or running.
+  void wait_idle();
+  const EngineConfig& config() const { return core_->config(); }
+  const Model& model() const { return *model_; }
+
+ private:
+  void loop();
+
+  std::unique_ptr<Model> owned_model_;
+  Model* model_;
+  std::unique_ptr<EngineCore> core_;
+  mutable std::mutex mutex_;
+  std::condition_variable wake_cv_;
+  std::condition_variable idle_cv_;
+  struct Pending {
+    RequestId id;
+    Request request;
+    EventCallback on_event;
+  };
+  std::vector<Pending> pending_;
+  std::vector<RequestId> cancels_;
+  std::unordered_set<RequestId> live_ids_;  // submitted and not yet finished (for cancel's answer)
+  RequestId next_id_ = 1;
+  bool core_has_work_ = false;
+  bool stop_ = false;
+  EngineStats stats_;
+  std::thread thread_;
+};
+
+}  // namespace infera

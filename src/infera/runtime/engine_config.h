@@ -1,0 +1,46 @@
+// Limits and policies of the serving engine (runtime/engine.h), and the parser of the
+// --kv-cache-memory option. Every field has a safe default; validate_engine_config()
+// checks a config against a model before anything is allocated.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace infera {
+
+struct ModelConfig;
+
+struct EngineConfig {
+  // Bytes of KV cache (all layers, K and V). The pool is reserved as virtual memory and
+  // committed as blocks are first written, so this is a ceiling, not an up-front cost.
+  int64_t kv_cache_bytes = int64_t{1} << 30;
+  int32_t block_size = 16;        // tokens per KV block (also the prefix-cache granule)
+  int32_t max_batch_tokens = 512; // tokens per forward (decode tokens + prefill chunks);
+                                  // the model must be loaded with LoadOptions.max_batch_tokens >= this
+  int32_t max_num_seqs = 64;      // sequences per forward (= running sequences at most)
+  int32_t prefill_chunk = 512;    // most prompt tokens one sequence feeds in one forward
+  bool enable_prefix_cache = true;
+  // Longest sequence (prompt + generated) the engine accepts; 0: the model's
+  // max_position_embeddings. Larger than the model's limit only with
+  // allow_context_beyond_model (RoPE extrapolation: the model may degrade).
+  int32_t max_context = 0;
+  bool allow_context_beyond_model = false;
+  // Stop on the model's EOS ids (config.json / generation_config) unless a request sets
+  // ignore_eos. Extra ids every request stops on (e.g. BOS for llama2.c models).
+  bool stop_on_model_eos = true;
+};
+
+// Parses a memory size: "2GiB", "512MB", "1.5G", "300000000" (bytes), or "30%" (of the
+// physical memory of this machine). Units: B, K/KB, M/MB, G/GB, T/TB (powers of 1000) and
+// KiB, MiB, GiB, TiB (powers of 1024); a bare K/M/G/T is read as binary (KiB ...), as most
+// tools do. Case-insensitive. Throws infera::Error naming `what` (e.g. "--kv-cache-memory")
+// for anything else.
+int64_t parse_memory_size(const std::string& text, const std::string& what = "--kv-cache-memory");
+
+// Physical memory of this machine in bytes (sysconf), 0 if unknown.
+int64_t physical_memory_bytes();
+
+// Throws infera::Error naming the field and the fix when `config` is unusable.
+void validate_engine_config(const EngineConfig& config);
+
+}  // namespace infera

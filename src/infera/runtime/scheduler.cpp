@@ -1,0 +1,172 @@
+#include "infera/runtime/scheduler.h"
+
+#include <algorithm>
+
+#include "infera/base/error.h"
+
+namespace infera {
+
+Scheduler::Scheduler(const EngineConfig& config, KvBlockManager& blocks) : config_(config), blocks_(blocks) {
+  // 1% of the pool, as vLLM: admitting a prompt that fills the cache to the brim would
+  // only get it (or a neighbour) preempted at the next block boundary.
+  watermark_blocks_ = blocks.num_blocks() / 100;
+}
+
+void Scheduler::add(std::unique_ptr<Sequence> seq) {
+  seq->status = SeqStatus::kWaiting;
+  waiting_.push_back(std::move(seq));
+}
+
+Sequence* Scheduler::find(RequestId id) {
+  for (auto& s : running_) {
+    if (s->id == id) return s.get();
+  }
+  for (auto& s : waiting_) {
+    if (s->id == id) return s.get();
+  }
+  return nullptr;
+}
+
+bool Scheduler::reserve_blocks(Sequence& seq, int32_t n_positions) {
+  const int32_t bs = blocks_.block_size();
+  const int32_t need = (n_positions + bs - 1) / bs - static_cast<int32_t>(seq.block_table.size());
+  if (need <= 0) return true;
+  if (blocks_.num_available() < need) return false;
+  for (int32_t i = 0; i < need; ++i) {
+    const int32_t b = blocks_.allocate();
+    INFERA_ASSERT(b >= 0);
+    seq.block_table.push_back(b);
+  }
+  return true;
+}
+
+void Scheduler::release_blocks(Sequence& seq) {
+  // Release the tail first: the LRU then evicts a prefix's last blocks before its first
+  // ones, which other prompts are likelier to share.
+  for (auto it = seq.block_table.rbegin(); it != seq.block_table.rend(); ++it) blocks_.release(*it);
+  seq.block_table.clear();
+  seq.num_computed = 0;
+  seq.num_cached_blocks = 0;
+  seq.last_block_hash = KvBlockManager::kRootHash;
+}
+
+void Scheduler::preempt_newest() {
+  std::unique_ptr<Sequence> victim = std::move(running_.back());
+  running_.pop_back();
+  release_blocks(*victim);
+  victim->status = SeqStatus::kWaiting;
+  ++victim->num_preemptions;
+  ++num_preemptions_;
+  waiting_.push_front(std::move(victim));
+}
+
+StepPlan Scheduler::schedule() {
+  StepPlan plan;
+  int32_t budget = config_.max_batch_tokens;
+  auto add_chunk = [&](Sequence& seq, int32_t n) {
+    ScheduledChunk c;
+    c.seq = &seq;
+    c.pos0 = seq.num_computed;
+    c.n_tokens = n;
+    c.sample = seq.num_computed + n == static_cast<int32_t>(seq.tokens.size());
+    plan.chunks.push_back(c);
+    plan.num_tokens += n;
+    budget -= n;
+  };
+
+  // 1. Running sequences, oldest first. Decode tokens of later sequences are set aside
+  // so that an earlier sequence's prefill chunk cannot take their slot.
+  int32_t decodes_after = 0;
+  for (const auto& s : running_) decodes_after += s->num_uncomputed() == 1 ? 1 : 0;
+  bool preempted = false;
+  for (size_t i = 0; i < running_.size(); ++i) {
+    Sequence& seq = *running_[i];
+    const bool is_decode = seq.num_uncomputed() == 1;
+    if (is_decode) --decodes_after;
+    const int32_t room = budget - decodes_after;
+    if (room <= 0) continue;
+    const int32_t n = std::min({seq.num_uncomputed(), config_.prefill_chunk, room});
+    bool self_preempted = false;
+    while (!reserve_blocks(seq, seq.num_computed + n)) {
+      const bool is_self = running_.back().get() == &seq;
+      if (running_.back()->num_uncomputed() == 1 && !is_self) --decodes_after;
+      preempt_newest();
+      preempted = true;
+      if (is_self) {
+        self_preempted = true;
+        break;
+      }
+    }
+    if (self_preempted) break;
+    add_chunk(seq, n);
+  }
+
+  // 2. Admit waiting sequences, oldest first; stop at the first that does not fit
+  // (FIFO: a long prompt is not overtaken indefinitely by short ones). Nothing is
+  // admitted in a step that had to preempt: memory is short.
+  while (!preempted && budget > 0 && !waiting_.empty() &&
+         static_cast<int32_t>(running_.size()) < config_.max_num_seqs) {
+    Sequence& seq = *waiting_.front();
+    INFERA_ASSERT(seq.block_table.empty() && seq.num_computed == 0);
+    // Reuse cached full blocks, but keep at least the last token to compute: its
+    // logits give the next token.
+    const int32_t bs = blocks_.block_size();
+    const int32_t max_blocks = (static_cast<int32_t>(seq.tokens.size()) - 1) / bs;
+    uint64_t chain = KvBlockManager::kRootHash;
+    seq.block_table = blocks_.match_prefix(seq.tokens, max_blocks, &chain);
+    seq.num_cached_blocks = static_cast<int32_t>(seq.block_table.size());
+    seq.num_computed = seq.num_cached_blocks * bs;
+    seq.last_block_hash = chain;
+    const int32_t n = std::min({seq.num_uncomputed(), config_.prefill_chunk, budget});
+    const int32_t blocks_before = static_cast<int32_t>(seq.block_table.size());
+    const int32_t need = (seq.num_computed + n + bs - 1) / bs - blocks_before;
+    const bool fits = running_.empty() ? blocks_.num_available() >= need
+                                       : blocks_.num_available() - need >= watermark_blocks_;
+    if (!fits || !reserve_blocks(seq, seq.num_computed + n)) {
+      release_blocks(seq);
+      break;
+    }
+    if (seq.num_preemptions == 0 && !seq.first_scheduled) {
+      seq.usage.cached_tokens = seq.num_computed;
+    }
+    if (!seq.first_scheduled) seq.first_scheduled = Clock::now();
+    seq.status = SeqStatus::kRunning;
+    running_.push_back(std::move(waiting_.front()));
+    waiting_.pop_front();
+    add_chunk(*running_.back(), n);
+  }
+  return plan;
+}
+
+void Scheduler::commit(const ScheduledChunk& chunk) {
+  Sequence& seq = *chunk.seq;
+  INFERA_ASSERT(seq.num_computed == chunk.pos0);
+  seq.num_computed += chunk.n_tokens;
+  if (!blocks_.prefix_cache_enabled()) return;
+  const int32_t bs = blocks_.block_size();
+  while ((seq.num_cached_blocks + 1) * bs <= seq.num_computed) {
+    const int32_t i = seq.num_cached_blocks;
+    const std::span<const int32_t> block_tokens(seq.tokens.data() + static_cast<size_t>(i) * bs, bs);
+    seq.last_block_hash = blocks_.register_block(seq.block_table[i], seq.last_block_hash, block_tokens);
+    ++seq.num_cached_blocks;
+  }
+}
+
+std::unique_ptr<Sequence> Scheduler::remove(RequestId id) {
+  std::unique_ptr<Sequence> out;
+  auto rit = std::find_if(running_.begin(), running_.end(), [&](const auto& s) { return s->id == id; });
+  if (rit != running_.end()) {
+    out = std::move(*rit);
+    running_.erase(rit);
+  } else {
+    auto wit = std::find_if(waiting_.begin(), waiting_.end(), [&](const auto& s) { return s->id == id; });
+    if (wit == waiting_.end()) return nullptr;
+    out = std::move(*wit);
+    waiting_.erase(wit);
+  }
+  release_blocks(*out);
+  out->status = SeqStatus::kFinished;
+  return out;
+}
+
+}  // namespace infera

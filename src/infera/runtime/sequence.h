@@ -1,0 +1,112 @@
+// A request as the server hands it to the engine, the events the engine sends back, and
+// the engine's per-sequence state. The engine works on token ids only: detokenization
+// and stop strings are the server's job; stop token ids are the engine's.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "infera/runtime/sampler.h"
+
+namespace infera {
+
+using RequestId = uint64_t;
+using Clock = std::chrono::steady_clock;
+
+struct Request {
+  std::vector<int32_t> prompt_ids;  // at least one token
+  SamplingParams sampling;
+  // Most tokens to generate; -1: as many as the context (and KV capacity) allows.
+  int32_t max_tokens = -1;
+  std::vector<int32_t> stop_token_ids;  // generation stops after emitting one of these
+  bool ignore_eos = false;              // do not stop on the model's EOS ids
+  int32_t min_tokens = 0;               // stop tokens are ignored before this many tokens
+};
+
+enum class FinishReason { kNone, kStop, kLength, kCancelled, kError };
+const char* finish_reason_name(FinishReason r);  // "stop", "length", "cancelled", "error"
+
+struct Usage {
+  int32_t prompt_tokens = 0;
+  int32_t completion_tokens = 0;  // includes a stop token, when one ended the sequence
+  int32_t cached_tokens = 0;      // prompt tokens served by the prefix cache on admission
+};
+
+struct Timings {
+  double queue_ms = 0;  // submit -> first scheduled
+  double ttft_ms = 0;   // submit -> first token
+  double total_ms = 0;  // submit -> finish
+};
+
+// One event per generated token (token >= 0, finish == kNone), then exactly one final
+// event (token == -1, finish != kNone) carrying usage and timings. A stop token is
+// reported in the final event's stop_token, not as a token event.
+struct Event {
+  RequestId id = 0;
+  int32_t token = -1;
+  FinishReason finish = FinishReason::kNone;
+  int32_t stop_token = -1;
+  std::string error;  // finish == kError
+  Usage usage;
+  Timings timings;
+  bool is_final() const { return finish != FinishReason::kNone; }
+};
+
+// Called on the engine thread, outside the engine lock: it may call submit/cancel, but
+// it should only queue the event and return (a slow callback stalls every sequence).
+using EventCallback = std::function<void(const Event&)>;
+
+enum class SeqStatus { kWaiting, kRunning, kFinished };
+
+// Linear-attention / SSM state of one sequence (hybrid models: Qwen3-Next, Qwen3.5).
+// Empty for pure-attention models. When added it will hold per-layer conv and recurrent
+// state, snapshotted at block boundaries so prefix caching and preemption can restore it.
+struct RecurrentState {};
+
+// Draft tokens proposed by a speculative decoder (MTP head or n-gram lookup) and not yet
+// verified. The verify step feeds them as one chunk with all_logits; rejected ones are
+// rolled back by shrinking num_computed (their KV slots are simply overwritten later).
+struct SpeculativeDrafts {
+  std::vector<int32_t> tokens;
+};
+
+// The engine's state of one request. Owned by the scheduler; touched only on the engine
+// thread.
+struct Sequence {
+  RequestId id = 0;
+  Request request;
+  int32_t max_tokens = 0;                // resolved (never -1)
+  std::vector<int32_t> stop_ids;         // request's stop ids + model EOS (unless ignored)
+  std::vector<int32_t> tokens;           // prompt followed by generated tokens
+  int32_t num_prompt = 0;
+  // Tokens whose K/V are in the cache: positions [0, num_computed). The rest,
+  // tokens[num_computed..], still have to be fed (a prefill tail, or the last sampled
+  // token during decode).
+  int32_t num_computed = 0;
+  int32_t max_num_computed = 0;          // high-water mark (tokens below it fed again after a preemption are recomputation)
+  std::vector<int32_t> block_table;      // block ids covering positions [0, num_computed + scheduled)
+  // Leading blocks of block_table already registered in (or taken from) the prefix cache.
+  int32_t num_cached_blocks = 0;
+  uint64_t last_block_hash = 0;          // chain hash of block num_cached_blocks - 1
+  std::unique_ptr<Sampler> sampler;
+  SeqStatus status = SeqStatus::kWaiting;
+  bool cancel_requested = false;
+  int32_t num_preemptions = 0;
+  Usage usage;
+  Clock::time_point submitted;
+  std::optional<Clock::time_point> first_scheduled;
+  std::optional<Clock::time_point> first_token;
+  EventCallback on_event;
+  RecurrentState recurrent;
+  SpeculativeDrafts drafts;
+
+  int32_t num_generated() const { return static_cast<int32_t>(tokens.size()) - num_prompt; }
+  int32_t num_uncomputed() const { return static_cast<int32_t>(tokens.size()) - num_computed; }
+};
+
+}  // namespace infera
