@@ -371,13 +371,17 @@ const TensorInfo* WeightStore::find(std::string_view name) const {
 
 const TensorInfo& WeightStore::get(std::string_view name) const {
   if (const TensorInfo* t = find(name)) return *t;
-  // Suggest the names sharing the longest prefix: usually a different naming scheme
-  // (model.language_model.* vs model.*) or a missing layer.
+  // Suggest the names sharing the most leading plus trailing characters: that finds the
+  // same tensor of another layer (a layer missing) or under another prefix
+  // (model.language_model.* vs model.*).
   std::vector<std::pair<size_t, std::string_view>> scored;
   for (const auto& [n, info] : impl_->tensors) {
-    size_t common = 0;
-    while (common < n.size() && common < name.size() && n[common] == name[common]) ++common;
-    scored.emplace_back(common, n);
+    const size_t limit = std::min(n.size(), name.size());
+    size_t prefix = 0;
+    while (prefix < limit && n[prefix] == name[prefix]) ++prefix;
+    size_t suffix = 0;
+    while (prefix + suffix < limit && n[n.size() - 1 - suffix] == name[name.size() - 1 - suffix]) ++suffix;
+    scored.emplace_back(prefix + suffix, n);
   }
   std::stable_sort(scored.begin(), scored.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
   std::string hint;

@@ -28,6 +28,8 @@ struct RopeConfig {
   float beta_fast = 32.0f;        // yarn
   float beta_slow = 1.0f;         // yarn
   float attention_factor = 1.0f;  // yarn: multiplies cos/sin (0.1 ln(factor) + 1 by default)
+  float mscale = 0.0f;            // yarn (DeepSeek): 0 when absent; attention_factor already folds it in
+  float mscale_all_dim = 0.0f;    // yarn (DeepSeek): 0 when absent
 };
 
 struct ModelConfig {

@@ -136,6 +136,45 @@ TEST_F(SafetensorsTest, ValidRawFileIsAccepted) {
   EXPECT_EQ(store.metadata().at("format"), "pt");
 }
 
+TEST_F(SafetensorsTest, CorruptedFilesNeverCrash) {
+  // Every truncation and 150 seeded byte flips of a valid file: each must
+  // either load or throw infera::Error (run under ASan/UBSan this also checks bounds).
+  std::vector<float> a(6, 1.0f);
+  std::vector<uint16_t> b(5, 7);
+  const std::string file = path("model.safetensors");
+  write_safetensors(file, {{"a", DType::kF32, {2, 3}, a.data(), 24}, {"b", DType::kBF16, {5}, b.data(), 10}},
+                    {{"format", "pt"}});
+  const std::string good = read_file(file);
+  auto try_open = [&](const std::string& bytes) {
+    write_bytes(file, bytes);
+    try {
+      WeightStore store = WeightStore::open(dir_.string());
+      for (const auto& n : store.names()) {
+        const TensorInfo& t = store.get(n);
+        ASSERT_EQ(static_cast<size_t>(t.numel()) * dtype_size(t.dtype), t.nbytes);
+      }
+    } catch (const Error&) {
+    }
+  };
+  size_t rejected = 0;
+  for (size_t len = 0; len < good.size(); ++len) {
+    write_bytes(file, good.substr(0, len));
+    try {
+      WeightStore::open(dir_.string());
+    } catch (const Error&) {
+      ++rejected;
+    }
+  }
+  EXPECT_EQ(rejected, good.size());  // any truncation loses data bytes or header bytes
+  uint32_t rng = 12345;
+  for (int i = 0; i < 150; ++i) {
+    std::string bytes = good;
+    rng = rng * 1664525u + 1013904223u;
+    bytes[(rng >> 8) % bytes.size()] = static_cast<char>(rng >> 24);
+    try_open(bytes);
+  }
+}
+
 // --- directory-level errors ---------------------------------------------------------------
 
 TEST_F(SafetensorsTest, DirectoryErrors) {
@@ -322,6 +361,8 @@ TEST_F(SafetensorsTest, ShapeMismatchAndMissingTensorMessages) {
   expect_error([&] { store.get("model.layers.0.q.weight", {6}); }, {"has shape [2, 3], config.json implies [6]"});
   expect_error([&] { store.get("model.layers.0.v.weight"); },
                {dir_.string(), "tensor 'model.layers.0.v.weight' not found", "closest", "model.layers.0.k.weight"});
+  // The same tensor of another layer ranks first.
+  expect_error([&] { store.get("model.layers.1.k.weight"); }, {"not found (2 tensors in 1 file(s); closest: 'model.layers.0.k.weight'"});
 }
 
 // --- the real fixture ---------------------------------------------------------------------

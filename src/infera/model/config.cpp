@@ -1,0 +1,397 @@
+// config.json -> ModelConfig. Every config key Infera reads is read here, and nowhere else.
+// Defaults follow the Hugging Face config classes (LlamaConfig, Qwen3Config,
+// Qwen3MoeConfig), so a field left out means what it means to transformers.
+#include "infera/model/config.h"
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <optional>
+#include <sstream>
+#include <string_view>
+
+#include <nlohmann/json.hpp>
+
+#include "infera/base/error.h"
+
+namespace infera {
+namespace {
+
+using json = nlohmann::json;
+
+constexpr const char* kSupportedModelTypes = "llama, qwen3, qwen3_moe";
+
+std::string json_error_text(const json::exception& e) {
+  std::string msg = e.what();
+  if (!msg.empty() && msg[0] == '[') {
+    auto close = msg.find("] ");
+    if (close != std::string::npos) msg = msg.substr(close + 2);
+  }
+  return msg;
+}
+
+// Looks fields up in "text_config" first (multimodal wrappers such as Qwen3.5 keep the
+// language model's fields there), then at the top level. A JSON null counts as absent,
+// as transformers treats it (e.g. "head_dim": null, "rope_scaling": null).
+class FieldReader {
+ public:
+  FieldReader(const json& root, const std::string& source) : root_(root), source_(source) {
+    auto it = root.find("text_config");
+    if (it != root.end() && it->is_object()) text_ = &*it;
+  }
+
+  const std::string& source() const { return source_; }
+
+  const json* find(const char* key) const {
+    if (text_) {
+      auto it = text_->find(key);
+      if (it != text_->end() && !it->is_null()) return &*it;
+    }
+    auto it = root_.find(key);
+    if (it != root_.end() && !it->is_null()) return &*it;
+    return nullptr;
+  }
+
+  [[noreturn]] void missing(const char* key) const { fail("{}: required field '{}' is missing", source_, key); }
+
+  [[noreturn]] void wrong_type(const char* key, const char* expected, const json& v) const {
+    fail("{}: field '{}' must be {}, got {} {}", source_, key, expected, v.type_name(), v.dump());
+  }
+
+  std::optional<int64_t> opt_int(const char* key) const {
+    const json* v = find(key);
+    if (!v) return std::nullopt;
+    return as_int(key, *v);
+  }
+  int64_t req_int(const char* key) const {
+    auto v = opt_int(key);
+    if (!v) missing(key);
+    return *v;
+  }
+  // Sizes and counts: an int, in (0, INT_MAX].
+  int req_positive(const char* key) const { return positive(key, req_int(key)); }
+  int opt_positive(const char* key, int fallback) const {
+    auto v = opt_int(key);
+    return v ? positive(key, *v) : fallback;
+  }
+
+  std::optional<double> opt_number(const char* key) const {
+    const json* v = find(key);
+    if (!v) return std::nullopt;
+    if (!v->is_number()) wrong_type(key, "a number", *v);
+    return v->get<double>();
+  }
+  double number(const char* key, double fallback) const { return opt_number(key).value_or(fallback); }
+
+  bool boolean(const char* key, bool fallback) const {
+    const json* v = find(key);
+    if (!v) return fallback;
+    if (!v->is_boolean()) wrong_type(key, "true or false", *v);
+    return v->get<bool>();
+  }
+
+  std::optional<std::string> opt_string(const char* key) const {
+    const json* v = find(key);
+    if (!v) return std::nullopt;
+    if (!v->is_string()) wrong_type(key, "a string", *v);
+    return v->get<std::string>();
+  }
+
+  // An integer or a list of integers (eos_token_id).
+  std::vector<int> int_list(const char* key) const {
+    const json* v = find(key);
+    std::vector<int> out;
+    if (!v) return out;
+    if (v->is_array()) {
+      for (const auto& e : *v) out.push_back(static_cast<int>(checked_int(key, e, "an integer or a list of integers")));
+    } else {
+      out.push_back(static_cast<int>(checked_int(key, *v, "an integer or a list of integers")));
+    }
+    return out;
+  }
+
+  int64_t as_int(const char* key, const json& v) const { return checked_int(key, v, "an integer"); }
+
+  int positive(const char* key, int64_t v) const {
+    if (v <= 0) fail("{}: field '{}' must be positive, got {}", source_, key, v);
+    return static_cast<int>(v);
+  }
+
+ private:
+  int64_t checked_int(const char* key, const json& v, const char* expected) const {
+    if (v.is_number_integer()) {
+      const int64_t x = v.get<int64_t>();
+      if (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int>::max())) {
+        fail("{}: field '{}' is out of range: {}", source_, key, v.dump());
+      }
+      if (x < std::numeric_limits<int>::min() || x > std::numeric_limits<int>::max()) {
+        fail("{}: field '{}' is out of range: {}", source_, key, v.dump());
+      }
+      return x;
+    }
+    // Some exporters write 64.0 for 64; accept whole numbers only.
+    if (v.is_number_float()) {
+      const double d = v.get<double>();
+      if (std::isfinite(d) && d == std::floor(d) && std::fabs(d) <= std::numeric_limits<int>::max()) {
+        return static_cast<int64_t>(d);
+      }
+    }
+    wrong_type(key, expected, v);
+  }
+
+  const json& root_;
+  const json* text_ = nullptr;
+  std::string source_;
+};
+
+// HF get_mscale (DeepSeek-style yarn attention scaling).
+double yarn_mscale(double scale, double mscale) { return scale <= 1.0 ? 1.0 : 0.1 * mscale * std::log(scale) + 1.0; }
+
+// rope_scaling (transformers <= 4.x) or rope_parameters (transformers 5: also carries
+// rope_theta and partial_rotary_factor).
+void parse_rope(const FieldReader& r, ModelConfig& c) {
+  const std::string& src = r.source();
+  const json* scaling = r.find("rope_scaling");
+  const char* scaling_key = "rope_scaling";
+  if (!scaling) {
+    scaling = r.find("rope_parameters");
+    scaling_key = "rope_parameters";
+  }
+  if (scaling && !scaling->is_object()) r.wrong_type(scaling_key, "an object or null", *scaling);
+
+  // Values inside the scaling object, with errors naming "rope_scaling.<key>".
+  auto sub_number = [&](const char* key) -> std::optional<double> {
+    if (!scaling) return std::nullopt;
+    auto it = scaling->find(key);
+    if (it == scaling->end() || it->is_null()) return std::nullopt;
+    if (!it->is_number()) fail("{}: field '{}.{}' must be a number, got {} {}", src, scaling_key, key, it->type_name(), it->dump());
+    return it->get<double>();
+  };
+  auto required_sub = [&](const char* key, const std::string& type) {
+    auto v = sub_number(key);
+    if (!v) fail("{}: field '{}.{}' is required for rope type '{}'", src, scaling_key, key, type);
+    return *v;
+  };
+
+  double theta = r.number("rope_theta", 10000.0);
+  if (auto t = sub_number("rope_theta")) theta = *t;
+  if (!(theta > 0)) fail("{}: field 'rope_theta' must be positive, got {}", src, theta);
+  c.rope.theta = static_cast<float>(theta);
+
+  double partial = r.number("partial_rotary_factor", 1.0);
+  if (auto p = sub_number("partial_rotary_factor")) partial = *p;
+  if (!(partial > 0 && partial <= 1)) fail("{}: field 'partial_rotary_factor' must be in (0, 1], got {}", src, partial);
+  c.rope.rotary_dim = static_cast<int>(c.head_dim * partial);
+  if (c.rope.rotary_dim <= 0 || c.rope.rotary_dim % 2 != 0) {
+    fail("{}: head_dim {} * partial_rotary_factor {} gives {} rotary dims; it must be a positive even number", src,
+         c.head_dim, partial, c.rope.rotary_dim);
+  }
+
+  if (!scaling) return;
+  std::string type;
+  for (const char* key : {"rope_type", "type"}) {
+    auto it = scaling->find(key);
+    if (it == scaling->end() || it->is_null()) continue;
+    if (!it->is_string()) fail("{}: field '{}.{}' must be a string, got {}", src, scaling_key, key, it->dump());
+    type = it->get<std::string>();
+    break;
+  }
+  if (type.empty()) {
+    // rope_parameters may legitimately hold only rope_theta; rope_scaling must say its type.
+    if (scaling_key == std::string_view("rope_parameters")) return;
+    fail("{}: field '{}' has no 'rope_type' (one of default, linear, llama3, yarn)", src, scaling_key);
+  }
+  if (type == "default") return;
+
+  const double factor = required_sub("factor", type);
+  if (!(factor > 0)) fail("{}: field '{}.factor' must be positive, got {}", src, scaling_key, factor);
+  c.rope.factor = static_cast<float>(factor);
+
+  if (type == "linear") {
+    c.rope.scaling = RopeScaling::kLinear;
+  } else if (type == "llama3") {
+    c.rope.scaling = RopeScaling::kLlama3;
+    c.rope.low_freq_factor = static_cast<float>(required_sub("low_freq_factor", type));
+    c.rope.high_freq_factor = static_cast<float>(required_sub("high_freq_factor", type));
+    c.rope.original_max_position = static_cast<int>(required_sub("original_max_position_embeddings", type));
+    if (!(c.rope.high_freq_factor > c.rope.low_freq_factor) || c.rope.low_freq_factor <= 0) {
+      fail("{}: field '{}' needs 0 < low_freq_factor < high_freq_factor, got {} and {}", src, scaling_key,
+           c.rope.low_freq_factor, c.rope.high_freq_factor);
+    }
+    if (c.rope.original_max_position <= 0) {
+      fail("{}: field '{}.original_max_position_embeddings' must be positive", src, scaling_key);
+    }
+  } else if (type == "yarn") {
+    c.rope.scaling = RopeScaling::kYarn;
+    // transformers falls back to max_position_embeddings when it is absent.
+    const double original = sub_number("original_max_position_embeddings").value_or(c.max_position_embeddings);
+    c.rope.original_max_position = static_cast<int>(original);
+    if (c.rope.original_max_position <= 0) {
+      fail("{}: field '{}.original_max_position_embeddings' must be positive", src, scaling_key);
+    }
+    c.rope.beta_fast = static_cast<float>(sub_number("beta_fast").value_or(32.0));
+    c.rope.beta_slow = static_cast<float>(sub_number("beta_slow").value_or(1.0));
+    const auto mscale = sub_number("mscale");
+    const auto mscale_all_dim = sub_number("mscale_all_dim");
+    c.rope.mscale = static_cast<float>(mscale.value_or(0.0));
+    c.rope.mscale_all_dim = static_cast<float>(mscale_all_dim.value_or(0.0));
+    if (auto af = sub_number("attention_factor")) {
+      c.rope.attention_factor = static_cast<float>(*af);
+    } else if (mscale && mscale_all_dim && *mscale != 0 && *mscale_all_dim != 0) {
+      c.rope.attention_factor = static_cast<float>(yarn_mscale(factor, *mscale) / yarn_mscale(factor, *mscale_all_dim));
+    } else {
+      c.rope.attention_factor = static_cast<float>(yarn_mscale(factor, 1.0));
+    }
+  } else {
+    fail("{}: field '{}' has unsupported rope type '{}' (supported: default, linear, llama3, yarn)", src, scaling_key, type);
+  }
+}
+
+void parse_moe(const FieldReader& r, ModelConfig& c) {
+  const std::string& src = r.source();
+  c.num_experts = r.req_positive("num_experts");
+  c.num_experts_per_tok = r.req_positive("num_experts_per_tok");
+  c.moe_intermediate_size = r.req_positive("moe_intermediate_size");
+  c.norm_topk_prob = r.boolean("norm_topk_prob", false);
+  c.decoder_sparse_step = r.opt_positive("decoder_sparse_step", 1);
+  if (c.num_experts_per_tok > c.num_experts) {
+    fail("{}: num_experts_per_tok ({}) exceeds num_experts ({})", src, c.num_experts_per_tok, c.num_experts);
+  }
+  if (const json* layers = r.find("mlp_only_layers")) {
+    if (!layers->is_array()) r.wrong_type("mlp_only_layers", "a list of layer indices", *layers);
+    for (const auto& e : *layers) {
+      const int64_t i = r.as_int("mlp_only_layers", e);
+      if (i < 0 || i >= c.num_layers) {
+        fail("{}: field 'mlp_only_layers' holds layer {}, outside 0..{}", src, i, c.num_layers - 1);
+      }
+      c.mlp_only_layers.push_back(static_cast<int>(i));
+    }
+  }
+}
+
+}  // namespace
+
+const char* arch_name(Arch a) {
+  switch (a) {
+    case Arch::kLlama: return "llama";
+    case Arch::kQwen3: return "qwen3";
+    case Arch::kQwen3Moe: return "qwen3_moe";
+    case Arch::kQwen3Next: return "qwen3_next";
+    case Arch::kQwen35: return "qwen3_5";
+    case Arch::kQwen35Moe: return "qwen3_5_moe";
+    case Arch::kDeepseekV3: return "deepseek_v3";
+    case Arch::kSentinel: break;
+  }
+  return "?";
+}
+
+bool ModelConfig::is_moe_layer(int layer) const {
+  if (num_experts <= 0) return false;
+  for (int l : mlp_only_layers) {
+    if (l == layer) return false;
+  }
+  return (layer + 1) % decoder_sparse_step == 0;
+}
+
+ModelConfig parse_model_config(const json& j, const std::string& source) {
+  if (!j.is_object()) fail("{}: expected a JSON object, got {}", source, j.type_name());
+  FieldReader r(j, source);
+  ModelConfig c;
+
+  // The wrapper's model_type names the architecture; text_config's is a fallback.
+  std::optional<std::string> model_type;
+  if (auto it = j.find("model_type"); it != j.end() && !it->is_null()) {
+    if (!it->is_string()) r.wrong_type("model_type", "a string", *it);
+    model_type = it->get<std::string>();
+  } else {
+    model_type = r.opt_string("model_type");
+  }
+  if (!model_type) fail("{}: required field 'model_type' is missing (supported: {})", source, kSupportedModelTypes);
+  c.model_type = *model_type;
+  if (c.model_type == "llama") c.arch = Arch::kLlama;
+  else if (c.model_type == "qwen3") c.arch = Arch::kQwen3;
+  else if (c.model_type == "qwen3_moe") c.arch = Arch::kQwen3Moe;
+  else fail("{}: unsupported model_type '{}' (supported: {})", source, c.model_type, kSupportedModelTypes);
+  const bool qwen3_family = c.arch == Arch::kQwen3 || c.arch == Arch::kQwen3Moe;
+
+  c.hidden_size = r.req_positive("hidden_size");
+  c.num_layers = r.req_positive("num_hidden_layers");
+  c.num_heads = r.req_positive("num_attention_heads");
+  c.num_kv_heads = r.opt_positive("num_key_value_heads", c.num_heads);
+  c.vocab_size = r.req_positive("vocab_size");
+  // LlamaConfig defaults to 2048 positions, Qwen3Config / Qwen3MoeConfig to 32768.
+  c.max_position_embeddings = r.opt_positive("max_position_embeddings", qwen3_family ? 32768 : 2048);
+  if (c.num_heads % c.num_kv_heads != 0) {
+    fail("{}: num_attention_heads ({}) must be a multiple of num_key_value_heads ({})", source, c.num_heads,
+         c.num_kv_heads);
+  }
+  if (auto head_dim = r.opt_int("head_dim")) {
+    c.head_dim = r.positive("head_dim", *head_dim);
+  } else if (qwen3_family) {
+    // Qwen3Config's own default (q dim = heads * 128 need not equal hidden_size).
+    c.head_dim = 128;
+  } else {
+    if (c.hidden_size % c.num_heads != 0) {
+      fail("{}: hidden_size ({}) is not divisible by num_attention_heads ({}) and 'head_dim' is not given", source,
+           c.hidden_size, c.num_heads);
+    }
+    c.head_dim = c.hidden_size / c.num_heads;
+  }
+
+  if (c.arch == Arch::kQwen3Moe) {
+    parse_moe(r, c);
+    bool any_dense = false;
+    for (int i = 0; i < c.num_layers; ++i) any_dense = any_dense || !c.is_moe_layer(i);
+    // The dense MLP size matters only when some layer is dense.
+    c.intermediate_size = any_dense ? r.req_positive("intermediate_size") : r.opt_positive("intermediate_size", 0);
+  } else {
+    c.intermediate_size = r.req_positive("intermediate_size");
+  }
+
+  const double eps = r.number("rms_norm_eps", 1e-6);
+  if (!(eps > 0 && eps < 1)) fail("{}: field 'rms_norm_eps' must be in (0, 1), got {}", source, eps);
+  c.rms_norm_eps = static_cast<float>(eps);
+
+  c.tie_word_embeddings = r.boolean("tie_word_embeddings", false);
+  c.attention_bias = r.boolean("attention_bias", false);
+  c.mlp_bias = r.boolean("mlp_bias", false);
+  c.qk_norm = qwen3_family;
+  if (auto act = r.opt_string("hidden_act"); act && *act != "silu") {
+    fail("{}: field 'hidden_act' is '{}'; only 'silu' is supported for {}", source, *act, c.model_type);
+  }
+  if (r.boolean("use_sliding_window", false)) {
+    fail("{}: field 'use_sliding_window' is true; sliding-window attention is not supported", source);
+  }
+
+  parse_rope(r, c);
+
+  if (auto dtype = r.opt_string("torch_dtype")) c.torch_dtype = *dtype;
+  else if (auto d = r.opt_string("dtype")) c.torch_dtype = *d;  // transformers 5 name
+  if (auto bos = r.opt_int("bos_token_id")) c.bos_token_id = static_cast<int>(*bos);
+  c.eos_token_ids = r.int_list("eos_token_id");
+  return c;
+}
+
+ModelConfig load_model_config(const std::string& model_dir) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (!fs::is_directory(model_dir, ec)) {
+    if (fs::exists(model_dir, ec)) fail("{}: not a directory (expected a model directory holding config.json)", model_dir);
+    fail("{}: model directory not found", model_dir);
+  }
+  const std::string path = (fs::path(model_dir) / "config.json").string();
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail("{}: not found (a Hugging Face model directory needs config.json)", path);
+  std::stringstream text;
+  text << in.rdbuf();
+  json j;
+  try {
+    j = json::parse(text.str());
+  } catch (const json::exception& e) {
+    fail("{}: malformed JSON: {}", path, json_error_text(e));
+  }
+  return parse_model_config(j, path);
+}
+
+}  // namespace infera
