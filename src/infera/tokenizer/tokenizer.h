@@ -46,7 +46,8 @@ class Tokenizer {
   std::string_view token_text(int32_t id) const;  // the raw vocab piece ("" for an unused id)
   std::optional<int32_t> token_to_id(std::string_view piece) const;
   bool is_special(int32_t id) const;
-  // tokenizer_config.json's chat_template ("" if none; of a list of named templates, "default").
+  // tokenizer_config.json's chat_template (of a list of named templates, "default"), else
+  // the content of chat_template.jinja or chat_template.json beside it; "" if none.
   const std::string& chat_template() const;
 
   // For GGUF export: the model kind and the raw vocabulary data.

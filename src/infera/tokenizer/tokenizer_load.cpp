@@ -420,6 +420,17 @@ class Loader {
         fail("{}: chat_template must be a string or a list of {{\"name\", \"template\"}}", file_);
       }
     }
+    // Newer transformers versions save the template beside the config instead.
+    if (impl_.chat_template.empty()) {
+      if (std::ifstream in(dir_ / "chat_template.jinja", std::ios::binary); in) {
+        std::stringstream buffer;
+        buffer << in.rdbuf();
+        impl_.chat_template = buffer.str();
+      } else if (const json file = read_json_file(dir_ / "chat_template.json", false); !file.is_null()) {
+        file_ = (dir_ / "chat_template.json").string();
+        impl_.chat_template = get_string(file, "chat_template");
+      }
+    }
   }
 
   void finish() {

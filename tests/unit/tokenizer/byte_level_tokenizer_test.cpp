@@ -256,6 +256,14 @@ TEST(TokenizerErrors, InconsistentVocabulary) {
   EXPECT_NE(message.find("missing the \"model\""), std::string::npos) << message;
 }
 
+TEST(ByteLevelTokenizer, ReadsChatTemplateFileWhenConfigHasNone) {
+  TempDir dir;
+  dir.write("tokenizer.json", byte_level_tokenizer(false, true).dump());
+  dir.write("tokenizer_config.json", json{{"bos_token", "<|start|>"}}.dump());
+  dir.write("chat_template.jinja", "{{ messages }}\n");
+  EXPECT_EQ(Tokenizer::load(dir.str()).chat_template(), "{{ messages }}\n");
+}
+
 TEST(TokenizerErrors, ConfigIsOptional) {
   TempDir dir;
   dir.write("tokenizer.json", byte_level_tokenizer(false, true).dump());
