@@ -14,9 +14,9 @@ Weights: random, deterministic given --seed (each tensor has its own stream seed
 through many layers and make greedy decoding non-degenerate: projections use
 std = 1/sqrt(fan_in) so every block adds O(1) to the residual stream, the output head
 uses std = 3/sqrt(hidden) so logits have a clear but non-trivial top-1 margin, and norm
-weights are 1 + 0.1 * noise. Tied embeddings use the head's scale, so the residual
-stream is dominated by the blocks rather than by the input token (a model whose output is
-E . E[token] just repeats its input token).
+weights are 1 + 0.1 * noise. Tied embeddings use the head's scale and the blocks' output
+projections are 4x larger, so the residual stream is dominated by the context rather than
+by the input token (logits E . E[token] would make greedy decoding repeat it).
 
 Samples are drawn from a 65536-entry table of normal quantiles indexed by random 16-bit
 numbers: as good as normal samples for a test model, and ~20x faster than
@@ -112,6 +112,10 @@ def tensor_specs(a):
     h, hd, ffn = a.hidden, a.head_dim, a.ffn
     q_out, kv_out = a.heads * hd, a.kv_heads * hd
     head_std = 3.0 / math.sqrt(h)
+    # Tied: logits = E . norm(x), and the token's own embedding E[t] sits in x, giving it a
+    # self-logit bonus of ~|E[t]|^2 / rms(x) that makes greedy decoding repeat tokens.
+    # Larger block outputs (a larger rms(x)) shrink that bonus below the logit spread.
+    out_gain = 4.0 if a.tie else 1.0
     specs = [TensorSpec("model.embed_tokens.weight", (a.vocab, h), "normal", head_std if a.tie else 1.0)]
     for i in range(a.layers):
         p = f"model.layers.{i}."
@@ -120,7 +124,7 @@ def tensor_specs(a):
             TensorSpec(p + "self_attn.q_proj.weight", (q_out, h), "normal", 1.0 / math.sqrt(h)),
             TensorSpec(p + "self_attn.k_proj.weight", (kv_out, h), "normal", 1.0 / math.sqrt(h)),
             TensorSpec(p + "self_attn.v_proj.weight", (kv_out, h), "normal", 1.0 / math.sqrt(h)),
-            TensorSpec(p + "self_attn.o_proj.weight", (h, q_out), "normal", 1.0 / math.sqrt(q_out)),
+            TensorSpec(p + "self_attn.o_proj.weight", (h, q_out), "normal", out_gain / math.sqrt(q_out)),
         ]
         if a.arch == "qwen3":
             specs += [TensorSpec(p + "self_attn.q_norm.weight", (hd,), "norm", 0.1),
@@ -130,7 +134,7 @@ def tensor_specs(a):
             TensorSpec(p + "mlp.gate_proj.weight", (ffn, h), "normal", 1.0 / math.sqrt(h)),
             TensorSpec(p + "mlp.up_proj.weight", (ffn, h), "normal", 1.0 / math.sqrt(h)),
             # SwiGLU outputs have RMS ~0.5; 2/sqrt(ffn) gives the block an O(1) update.
-            TensorSpec(p + "mlp.down_proj.weight", (h, ffn), "normal", 2.0 / math.sqrt(ffn)),
+            TensorSpec(p + "mlp.down_proj.weight", (h, ffn), "normal", 2.0 * out_gain / math.sqrt(ffn)),
         ]
     specs.append(TensorSpec("model.norm.weight", (h,), "norm", 0.1))
     if not a.tie:

@@ -516,8 +516,13 @@ GgufExportResult export_gguf(const std::string& model_dir, const std::string& ou
 
   gguf::Writer::Progress progress;
   if (options.show_progress) {
-    progress = [](size_t done, size_t total, uint64_t bytes, uint64_t total_bytes) {
-      std::fprintf(stderr, "\rconverting: %zu/%zu tensors, %s of %s", done, total, gib(bytes).c_str(),
+    // Only worth a meter for big models; redraw when the percentage changes.
+    progress = [last_percent = -1](size_t done, size_t total, uint64_t bytes, uint64_t total_bytes) mutable {
+      if (total_bytes < (uint64_t{64} << 20)) return;
+      const int percent = static_cast<int>(100 * bytes / total_bytes);
+      if (percent == last_percent && done != total) return;
+      last_percent = percent;
+      std::fprintf(stderr, "\rconverting: %3d%%, %zu/%zu tensors, %s of %s", percent, done, total, gib(bytes).c_str(),
                    gib(total_bytes).c_str());
       if (done == total) std::fprintf(stderr, "\n");
       std::fflush(stderr);
