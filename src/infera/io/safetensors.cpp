@@ -81,12 +81,23 @@ ParsedHeader parse_file(const uint8_t* file_data, uint64_t file_size, const std:
   const uint64_t data_size = file_size - 8 - header_len;
   const uint8_t* data_section = file_data + 8 + header_len;
 
+  // nlohmann keeps the last of two equal keys; a tensor named twice is a corrupt header.
+  std::set<std::string> top_level_keys;
+  std::string duplicate_key;
+  auto note_duplicates = [&](int depth, json::parse_event_t event, json& parsed) {
+    if (depth == 1 && event == json::parse_event_t::key && parsed.is_string() &&
+        !top_level_keys.insert(parsed.get<std::string>()).second && duplicate_key.empty()) {
+      duplicate_key = parsed.get<std::string>();
+    }
+    return true;
+  };
   json header;
   try {
-    header = json::parse(file_data + 8, file_data + 8 + header_len);
+    header = json::parse(file_data + 8, file_data + 8 + header_len, note_duplicates);
   } catch (const json::exception& e) {
     fail("{}: malformed safetensors header JSON: {}", path, json_error_text(e));
   }
+  if (!duplicate_key.empty()) fail("{}: tensor '{}' appears twice in the header", path, duplicate_key);
   if (!header.is_object()) fail("{}: malformed safetensors header: expected a JSON object, got {}", path, header.type_name());
 
   struct Range {
@@ -233,7 +244,7 @@ std::string shape_string(const std::vector<int64_t>& shape) {
 
 void check_shape(const TensorInfo& tensor, std::initializer_list<int64_t> expected_shape, const std::string& file) {
   if (std::equal(tensor.shape.begin(), tensor.shape.end(), expected_shape.begin(), expected_shape.end())) return;
-  fail("{}: tensor '{}' has shape {}, config.json implies {}", file, tensor.name, shape_string(tensor.shape),
+  fail("{}: tensor '{}' has shape {}, config.json implies {}", file.empty() ? tensor.file : file, tensor.name, shape_string(tensor.shape),
        shape_string(std::vector<int64_t>(expected_shape)));
 }
 

@@ -39,9 +39,9 @@ struct TensorInfo {
 std::string shape_string(const std::vector<int64_t>& shape);
 
 // Throws "<file>: tensor 'X' has shape [a, b], config.json implies [c, d]" on mismatch.
-// `file` is the path used in the message (WeightStore passes <dir>/<shard>).
+// `file` is the path used in the message (WeightStore passes <dir>/<shard>); empty: tensor.file.
 void check_shape(const TensorInfo& tensor, std::initializer_list<int64_t> expected_shape,
-                 const std::string& file);
+                 const std::string& file = "");
 
 // All safetensors shards of one model directory.
 class WeightStore {

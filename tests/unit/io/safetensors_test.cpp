@@ -109,6 +109,9 @@ TEST_F(SafetensorsTest, BadFilesGiveOneClearError) {
        {"tensor 'w'", "too large"}},
       {"bad offsets type", raw_file(R"({"w": {"dtype": "F32", "shape": [4], "data_offsets": [0]}})", 16),
        {"tensor 'w'", "data_offsets must be [begin, end]"}},
+      {"tensor named twice",
+       raw_file("{" + ok_entry + R"(, "w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}})", 16),
+       {"tensor 'w' appears twice"}},
       {"metadata not strings", raw_file("{\"__metadata__\": {\"format\": 1}, " + ok_entry + "}", 16),
        {"__metadata__", "'format'"}},
   };
@@ -359,6 +362,9 @@ TEST_F(SafetensorsTest, ShapeMismatchAndMissingTensorMessages) {
   expect_error([&] { store.get("model.layers.0.q.weight", {3, 2}); },
                {path("model.safetensors"), "tensor 'model.layers.0.q.weight' has shape [2, 3], config.json implies [3, 2]"});
   expect_error([&] { store.get("model.layers.0.q.weight", {6}); }, {"has shape [2, 3], config.json implies [6]"});
+  EXPECT_NO_THROW(check_shape(store.get("model.layers.0.q.weight"), {2, 3}));
+  expect_error([&] { check_shape(store.get("model.layers.0.q.weight"), {2}); },
+               {"model.safetensors: tensor 'model.layers.0.q.weight' has shape [2, 3], config.json implies [2]"});
   expect_error([&] { store.get("model.layers.0.v.weight"); },
                {dir_.string(), "tensor 'model.layers.0.v.weight' not found", "closest", "model.layers.0.k.weight"});
   // The same tensor of another layer ranks first.
