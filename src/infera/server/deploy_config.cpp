@@ -1,0 +1,233 @@
+#include "infera/server/deploy_config.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include <fmt/format.h>
+#include <yaml-cpp/yaml.h>
+
+#include "infera/base/error.h"
+#include "infera/runtime/engine_config.h"
+
+namespace infera::server {
+
+namespace {
+
+// Collects problems instead of stopping at the first, so a user fixes a file in one go.
+class Reader {
+ public:
+  std::vector<std::string> problems;
+
+  void problem(std::string message) { problems.push_back(std::move(message)); }
+
+  // Flags keys not in `known` (typos would otherwise be silently ignored).
+  void check_keys(const YAML::Node& node, const std::string& where, std::initializer_list<const char*> known) {
+    for (const auto& kv : node) {
+      const std::string key = kv.first.as<std::string>("");
+      if (std::find_if(known.begin(), known.end(), [&](const char* k) { return key == k; }) == known.end()) {
+        std::string list;
+        for (const char* k : known) list += (list.empty() ? "" : ", ") + std::string(k);
+        problem(fmt::format("{}.{}: unknown setting; known settings are: {}", where, key, list));
+      }
+    }
+  }
+
+  template <typename T>
+  void read(const YAML::Node& node, const char* key, const std::string& where, T& out, const char* expected) {
+    const YAML::Node v = node[key];
+    if (!v || v.IsNull()) return;
+    try {
+      if (!v.IsScalar()) throw YAML::Exception(YAML::Mark::null_mark(), "");
+      out = v.as<T>();
+    } catch (const YAML::Exception&) {
+      problem(fmt::format("{}.{}: expected {}", where, key, expected));
+    }
+  }
+
+  template <typename T>
+  void read_opt(const YAML::Node& node, const char* key, const std::string& where, std::optional<T>& out, const char* expected) {
+    if (!node[key] || node[key].IsNull()) return;
+    T value{};
+    const size_t before = problems.size();
+    read(node, key, where, value, expected);
+    if (problems.size() == before) out = value;
+  }
+
+  void read_memory(const YAML::Node& node, const char* key, const std::string& where, std::optional<int64_t>& out) {
+    if (!node[key] || node[key].IsNull()) return;
+    std::string text;
+    read(node, key, where, text, "a memory size such as 2GiB or 512MB");
+    if (text.empty()) return;
+    try {
+      out = parse_memory_size(text, where + "." + key);
+    } catch (const Error& e) {
+      problem(e.what());
+    }
+  }
+
+  std::vector<std::string> read_string_list(const YAML::Node& node, const char* key, const std::string& where) {
+    std::vector<std::string> out;
+    const YAML::Node v = node[key];
+    if (!v || v.IsNull()) return out;
+    if (v.IsScalar()) return {v.as<std::string>()};
+    if (!v.IsSequence()) {
+      problem(fmt::format("{}.{}: expected a list of names", where, key));
+      return out;
+    }
+    for (const auto& item : v) {
+      if (item.IsScalar()) out.push_back(item.as<std::string>());
+      else problem(fmt::format("{}.{}: every entry must be a name", where, key));
+    }
+    return out;
+  }
+};
+
+void read_server(Reader& r, const YAML::Node& node, ServerConfig& s) {
+  const std::string w = "server";
+  if (!node.IsMap()) {
+    r.problem("server: expected a mapping of settings");
+    return;
+  }
+  r.check_keys(node, w, {"host", "port", "body_limit", "request_timeout_s", "drain_grace_s", "audit_log", "audit_log_prompts",
+                         "metrics", "http_threads", "api_keys"});
+  r.read(node, "host", w, s.host, "a host name or address");
+  r.read(node, "port", w, s.port, "a port number");
+  std::optional<int64_t> body_limit;
+  r.read_memory(node, "body_limit", w, body_limit);
+  if (body_limit) s.body_limit_bytes = *body_limit;
+  r.read(node, "request_timeout_s", w, s.request_timeout_s, "a number of seconds");
+  r.read(node, "drain_grace_s", w, s.drain_grace_s, "a number of seconds");
+  r.read(node, "audit_log", w, s.audit_log_path, "a file path");
+  r.read(node, "audit_log_prompts", w, s.audit_log_prompts, "true or false");
+  r.read(node, "metrics", w, s.metrics, "true or false");
+  r.read(node, "http_threads", w, s.http_threads, "an integer");
+  const YAML::Node keys = node["api_keys"];
+  if (!keys || keys.IsNull()) return;
+  if (!keys.IsSequence()) {
+    r.problem("server.api_keys: expected a list of keys (each with id and key or key_env)");
+    return;
+  }
+  for (size_t i = 0; i < keys.size(); ++i) {
+    const std::string kw = fmt::format("server.api_keys[{}]", i);
+    const YAML::Node k = keys[i];
+    if (!k.IsMap()) {
+      r.problem(kw + ": expected a mapping with id and key or key_env");
+      continue;
+    }
+    r.check_keys(k, kw, {"id", "key", "key_env", "models", "requests_per_minute", "tokens_per_minute"});
+    ApiKeyConfig key;
+    r.read(k, "id", kw, key.id, "a name");
+    if (key.id.empty()) key.id = fmt::format("key-{}", i);
+    r.read(k, "key", kw, key.key, "a string");
+    std::string env;
+    r.read(k, "key_env", kw, env, "an environment variable name");
+    if (!env.empty()) {
+      const char* value = std::getenv(env.c_str());
+      if (!value || !*value) r.problem(fmt::format("{}.key_env: environment variable {} is not set; export it or give key:", kw, env));
+      else key.key = value;
+    } else if (key.key.empty()) {
+      r.problem(kw + ": needs key: or key_env:");
+    }
+    key.models = r.read_string_list(k, "models", kw);
+    r.read(k, "requests_per_minute", kw, key.requests_per_minute, "a number");
+    r.read(k, "tokens_per_minute", kw, key.tokens_per_minute, "a number");
+    s.api_keys.push_back(std::move(key));
+  }
+}
+
+void read_model(Reader& r, const YAML::Node& node, size_t index, ModelDeployConfig& m) {
+  const std::string w = fmt::format("models[{}]", index);
+  if (!node.IsMap()) {
+    r.problem(w + ": expected a mapping with at least name and path");
+    return;
+  }
+  r.check_keys(node, w, {"name", "path", "quantized", "scheme", "profile", "chat_template", "threads", "max_input_len",
+                         "max_output_len", "max_batch_tokens", "max_num_seqs", "prefill_chunk", "kv_cache_memory",
+                         "max_queue", "enable_prefix_cache", "load_into_memory", "port", "speculative"});
+  r.read(node, "name", w, m.name, "a name");
+  r.read(node, "path", w, m.path, "a model directory");
+  r.read(node, "quantized", w, m.quantized_path, "a quantized model directory");
+  r.read(node, "scheme", w, m.scheme, "a quantization scheme name");
+  r.read(node, "profile", w, m.profile, "chat or long-context");
+  r.read(node, "chat_template", w, m.chat_template_file, "a template file path");
+  r.read(node, "threads", w, m.threads, "an integer");
+  r.read_opt(node, "max_input_len", w, m.max_input_len, "an integer");
+  r.read_opt(node, "max_output_len", w, m.max_output_len, "an integer");
+  r.read_opt(node, "max_batch_tokens", w, m.max_batch_tokens, "an integer");
+  r.read_opt(node, "max_num_seqs", w, m.max_num_seqs, "an integer");
+  r.read_opt(node, "prefill_chunk", w, m.prefill_chunk, "an integer");
+  r.read_memory(node, "kv_cache_memory", w, m.kv_cache_bytes);
+  r.read_opt(node, "max_queue", w, m.max_queue, "an integer");
+  r.read(node, "enable_prefix_cache", w, m.enable_prefix_cache, "true or false");
+  r.read(node, "load_into_memory", w, m.load_into_memory, "true or false");
+  r.read(node, "port", w, m.port, "a port number");
+  if (const YAML::Node spec = node["speculative"]; spec && !spec.IsNull()) {
+    if (!spec.IsMap()) {
+      r.problem(w + ".speculative: expected a mapping with method and num_draft_tokens");
+    } else {
+      r.check_keys(spec, w + ".speculative", {"method", "num_draft_tokens"});
+      r.read(spec, "method", w + ".speculative", m.speculative.method, "none, ngram or mtp");
+      r.read(spec, "num_draft_tokens", w + ".speculative", m.speculative.num_draft_tokens, "an integer");
+    }
+  }
+}
+
+}  // namespace
+
+DeployConfig parse_deploy_config(const std::string& yaml_text, const std::string& source) {
+  YAML::Node root;
+  try {
+    root = YAML::Load(yaml_text);
+  } catch (const YAML::Exception& e) {
+    fail("{}: not valid YAML at line {}, column {}: {}", source, e.mark.line + 1, e.mark.column + 1, e.msg);
+  }
+  DeployConfig config;
+  Reader r;
+  if (!root.IsMap()) fail("{}: expected a mapping with 'server' and 'models'", source);
+  r.check_keys(root, "(top level)", {"server", "models"});
+  if (root["server"]) read_server(r, root["server"], config.server);
+  const YAML::Node models = root["models"];
+  if (!models || !models.IsSequence() || models.size() == 0) {
+    r.problem("models: expected a list with at least one model (name and path)");
+  } else {
+    for (size_t i = 0; i < models.size(); ++i) {
+      ModelDeployConfig m;
+      read_model(r, models[i], i, m);
+      config.models.push_back(std::move(m));
+    }
+  }
+  if (!r.problems.empty()) {
+    std::string all;
+    for (const auto& p : r.problems) all += "\n  " + p;
+    fail("{}: {} problem{} in the deployment config:{}", source, r.problems.size(), r.problems.size() == 1 ? "" : "s", all);
+  }
+  return config;
+}
+
+DeployConfig load_deploy_config(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail("cannot read the deployment config {}: check the path given to --config", path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return parse_deploy_config(text.str(), path);
+}
+
+ResolvedLimits resolve_limits(const ModelDeployConfig& m, int32_t model_max_position) {
+  const bool long_context = m.profile == "long-context";
+  const int32_t context = model_max_position > 0 ? model_max_position : 4096;
+  ResolvedLimits l;
+  l.max_context = context;
+  l.max_input_len = m.max_input_len.value_or(std::min(context, long_context ? context : 8192));
+  l.max_output_len = m.max_output_len.value_or(std::min(context, long_context ? 8192 : 2048));
+  l.max_num_seqs = m.max_num_seqs.value_or(long_context ? 8 : 32);
+  l.prefill_chunk = m.prefill_chunk.value_or(long_context ? 2048 : 512);
+  l.max_batch_tokens = m.max_batch_tokens.value_or(std::max(l.prefill_chunk, l.max_num_seqs));
+  l.kv_cache_bytes = m.kv_cache_bytes.value_or(int64_t{1} << 30);
+  l.max_queue = m.max_queue.value_or(4 * l.max_num_seqs + 64);
+  return l;
+}
+
+}  // namespace infera::server

@@ -1,0 +1,87 @@
+// Deployment configuration: server-wide settings and one entry per served model, from
+// `infera serve` options or a YAML file (`infera serve --config deploy.yaml`; see
+// docs/server.md and examples/deploy.yaml). Parsing checks types and names; validation
+// then checks everything against the disk and the machine and reports every problem at
+// once, before any weights are loaded.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace infera::server {
+
+struct ApiKeyConfig {
+  std::string id;                   // shown in logs and the audit log instead of the key
+  std::string key;                  // the secret (from `key:` or the variable `key_env:` names)
+  std::vector<std::string> models;  // empty: every model
+  double requests_per_minute = 0;   // 0: unlimited
+  double tokens_per_minute = 0;     // prompt + completion tokens; 0: unlimited
+};
+
+struct SpeculativeConfig {
+  std::string method = "none";  // none | ngram | mtp
+  int32_t num_draft_tokens = 0;
+};
+
+// Every limit is optional: unset ones come from the profile, then the model's config.
+struct ModelDeployConfig {
+  std::string name;                 // the "model" field clients send; default: the directory's name
+  std::string path;                 // Hugging Face model directory
+  std::string quantized_path;       // optional quantized checkpoint dir (infera quantize)
+  std::string scheme;               // informational: bf16, w8a8, w4a16, ...
+  std::string profile = "chat";     // chat | long-context
+  std::string chat_template_file;   // overrides tokenizer_config.json's chat_template
+  int32_t threads = 0;              // 0: all cores
+  std::optional<int32_t> max_input_len;
+  std::optional<int32_t> max_output_len;
+  std::optional<int32_t> max_batch_tokens;
+  std::optional<int32_t> max_num_seqs;
+  std::optional<int32_t> prefill_chunk;
+  std::optional<int64_t> kv_cache_bytes;
+  std::optional<int32_t> max_queue;  // waiting requests beyond which new ones get 429
+  bool enable_prefix_cache = true;
+  bool load_into_memory = false;    // read weights into RAM instead of mmap
+  int32_t port = 0;                 // 0: none; else this model also answers on its own port
+  SpeculativeConfig speculative;
+};
+
+struct ServerConfig {
+  std::string host = "127.0.0.1";
+  int32_t port = 8000;
+  int64_t body_limit_bytes = 4 << 20;
+  double request_timeout_s = 600;
+  double drain_grace_s = 30;
+  std::string audit_log_path;       // empty: no audit log
+  bool audit_log_prompts = false;   // write prompt text into the audit log
+  bool metrics = true;
+  int32_t http_threads = 64;        // concurrent connections served
+  std::vector<ApiKeyConfig> api_keys;  // empty: no authentication
+};
+
+struct DeployConfig {
+  ServerConfig server;
+  std::vector<ModelDeployConfig> models;
+};
+
+// Reads a deploy.yaml. Throws infera::Error listing every problem (unknown keys, wrong
+// types, missing environment variables for keys), one per line, each naming the field.
+DeployConfig load_deploy_config(const std::string& path);
+DeployConfig parse_deploy_config(const std::string& yaml_text, const std::string& source);
+
+// Limits of one model after profile defaults and the model's own limits are applied.
+struct ResolvedLimits {
+  int32_t max_context = 0;     // prompt + completion tokens (the model's max_position_embeddings)
+  int32_t max_input_len = 0;
+  int32_t max_output_len = 0;
+  int32_t max_batch_tokens = 0;
+  int32_t max_num_seqs = 0;
+  int32_t prefill_chunk = 0;
+  int64_t kv_cache_bytes = 0;
+  int32_t max_queue = 0;
+};
+
+ResolvedLimits resolve_limits(const ModelDeployConfig& model, int32_t model_max_position);
+
+}  // namespace infera::server

@@ -1,0 +1,117 @@
+#include "infera/server/metrics.h"
+
+#include <fmt/format.h>
+
+namespace infera::server {
+
+std::string prometheus_escape(const std::string& value) {
+  std::string out;
+  for (char c : value) {
+    if (c == '\\' || c == '"') out += '\\';
+    if (c == '\n') {
+      out += "\\n";
+      continue;
+    }
+    out += c;
+  }
+  return out;
+}
+
+Histogram::Histogram(std::vector<double> upper_bounds) : bounds_(std::move(upper_bounds)), counts_(bounds_.size() + 1, 0) {}
+
+void Histogram::observe(double value) {
+  size_t i = 0;
+  while (i < bounds_.size() && value > bounds_[i]) ++i;
+  ++counts_[i];
+  sum_ += value;
+  ++count_;
+}
+
+void Histogram::render(std::string& out, const std::string& name, const std::string& labels) const {
+  uint64_t cumulative = 0;
+  for (size_t i = 0; i < bounds_.size(); ++i) {
+    cumulative += counts_[i];
+    out += fmt::format("{}_bucket{{{},le=\"{}\"}} {}\n", name, labels, bounds_[i], cumulative);
+  }
+  out += fmt::format("{}_bucket{{{},le=\"+Inf\"}} {}\n", name, labels, count_);
+  out += fmt::format("{}_sum{{{}}} {}\n", name, labels, sum_);
+  out += fmt::format("{}_count{{{}}} {}\n", name, labels, count_);
+}
+
+void Metrics::count_request(const std::string& model, int status) {
+  std::lock_guard lock(mutex_);
+  ++models_[model].requests_by_status[status];
+}
+
+void Metrics::observe_latency(const std::string& model, double e2e_s, double ttft_s, double tpot_s) {
+  std::lock_guard lock(mutex_);
+  auto& m = models_[model];
+  m.e2e.observe(e2e_s);
+  if (ttft_s >= 0) m.ttft.observe(ttft_s);
+  if (tpot_s >= 0) m.tpot.observe(tpot_s);
+}
+
+void Metrics::add_tokens(const std::string& model, int64_t prompt, int64_t generated) {
+  std::lock_guard lock(mutex_);
+  auto& m = models_[model];
+  m.prompt_tokens += static_cast<uint64_t>(std::max<int64_t>(prompt, 0));
+  m.generated_tokens += static_cast<uint64_t>(std::max<int64_t>(generated, 0));
+}
+
+std::string Metrics::render(const std::vector<ModelGauges>& gauges) const {
+  std::string out;
+  auto header = [&](const char* name, const char* type, const char* help) {
+    out += fmt::format("# HELP {} {}\n# TYPE {} {}\n", name, help, name, type);
+  };
+  auto label = [](const std::string& model) { return fmt::format("model=\"{}\"", prometheus_escape(model)); };
+  {
+    std::lock_guard lock(mutex_);
+    header("infera_requests_total", "counter", "HTTP requests by model and status code.");
+    for (const auto& [model, m] : models_) {
+      for (const auto& [status, n] : m.requests_by_status) {
+        out += fmt::format("infera_requests_total{{{},status=\"{}\"}} {}\n", label(model), status, n);
+      }
+    }
+    header("infera_time_to_first_token_seconds", "histogram", "Time from request arrival to the first generated token.");
+    for (const auto& [model, m] : models_) m.ttft.render(out, "infera_time_to_first_token_seconds", label(model));
+    header("infera_time_per_output_token_seconds", "histogram", "Mean time between generated tokens of a request.");
+    for (const auto& [model, m] : models_) m.tpot.render(out, "infera_time_per_output_token_seconds", label(model));
+    header("infera_request_latency_seconds", "histogram", "End-to-end request latency.");
+    for (const auto& [model, m] : models_) m.e2e.render(out, "infera_request_latency_seconds", label(model));
+    header("infera_prompt_tokens_total", "counter", "Prompt tokens processed.");
+    for (const auto& [model, m] : models_) out += fmt::format("infera_prompt_tokens_total{{{}}} {}\n", label(model), m.prompt_tokens);
+    header("infera_generation_tokens_total", "counter", "Tokens generated.");
+    for (const auto& [model, m] : models_)
+      out += fmt::format("infera_generation_tokens_total{{{}}} {}\n", label(model), m.generated_tokens);
+  }
+  header("infera_model_state", "gauge", "1 for the model's current load state (loading, ready, failed).");
+  for (const auto& g : gauges) {
+    for (const char* s : {"loading", "ready", "failed"}) {
+      out += fmt::format("infera_model_state{{{},state=\"{}\"}} {}\n", label(g.name), s, g.state == s ? 1 : 0);
+    }
+  }
+  auto gauge = [&](const char* name, const char* type, const char* help, auto value_of) {
+    header(name, type, help);
+    for (const auto& g : gauges) {
+      if (g.has_stats) out += fmt::format("{}{{{}}} {}\n", name, label(g.name), value_of(g.stats));
+    }
+  };
+  gauge("infera_requests_running", "gauge", "Sequences holding KV blocks.", [](const EngineStats& s) { return s.running; });
+  gauge("infera_requests_waiting", "gauge", "Requests queued or preempted.", [](const EngineStats& s) { return s.waiting; });
+  gauge("infera_kv_blocks_used", "gauge", "KV blocks referenced by sequences.", [](const EngineStats& s) { return s.kv_blocks_used; });
+  gauge("infera_kv_blocks_cached", "gauge", "Unreferenced KV blocks kept for prefix reuse.",
+        [](const EngineStats& s) { return s.kv_blocks_cached; });
+  gauge("infera_kv_blocks_total", "gauge", "KV blocks in the pool.", [](const EngineStats& s) { return s.kv_blocks_total; });
+  gauge("infera_prefix_cache_hit_blocks_total", "counter", "Prompt blocks served by the prefix cache.",
+        [](const EngineStats& s) { return s.prefix_hit_blocks; });
+  gauge("infera_prefix_cache_queried_blocks_total", "counter", "Prompt blocks looked up in the prefix cache.",
+        [](const EngineStats& s) { return s.prefix_hit_blocks + s.prefix_miss_blocks; });
+  gauge("infera_prefix_cache_hit_rate", "gauge", "Prefix-cache hits over lookups since start.", [](const EngineStats& s) {
+    const int64_t q = s.prefix_hit_blocks + s.prefix_miss_blocks;
+    return q > 0 ? static_cast<double>(s.prefix_hit_blocks) / static_cast<double>(q) : 0.0;
+  });
+  gauge("infera_preemptions_total", "counter", "Sequences preempted to free KV blocks.", [](const EngineStats& s) { return s.preemptions; });
+  return out;
+}
+
+}  // namespace infera::server

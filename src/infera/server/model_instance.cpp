@@ -1,0 +1,344 @@
+#include "infera/server/model_instance.h"
+
+#include <netdb.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "infera/base/error.h"
+#include "infera/base/log.h"
+#include "infera/base/threads.h"
+#include "infera/model/model.h"
+#include "infera/runtime/engine_config.h"
+#include "infera/tokenizer/chat_template.h"
+
+namespace infera::server {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+const char* model_state_name(ModelState s) {
+  switch (s) {
+    case ModelState::kLoading: return "loading";
+    case ModelState::kReady: return "ready";
+    case ModelState::kFailed: return "failed";
+  }
+  return "unknown";
+}
+
+ModelInstance::ModelInstance(ModelDeployConfig deploy, ModelConfig config, Tokenizer tokenizer,
+                             std::unique_ptr<ChatTemplate> chat_template, ResolvedLimits limits)
+    : deploy_(std::move(deploy)),
+      config_(std::move(config)),
+      tokenizer_(std::move(tokenizer)),
+      chat_template_(std::move(chat_template)),
+      limits_(limits) {
+  created_unix_ = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+  emits_reasoning_ = tokenizer_.token_to_id("<think>").has_value() && tokenizer_.token_to_id("</think>").has_value();
+  // Chat models end a turn with an end-of-turn token that is not always their EOS.
+  for (const char* piece : {"<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>"}) {
+    if (auto id = tokenizer_.token_to_id(piece); id && tokenizer_.is_special(*id)) extra_stop_ids_.push_back(*id);
+  }
+  if (tokenizer_.eos_id() >= 0) extra_stop_ids_.push_back(tokenizer_.eos_id());
+}
+
+ModelInstance::~ModelInstance() = default;
+
+std::shared_ptr<GenerationBackend> ModelInstance::backend() {
+  std::lock_guard lock(mutex_);
+  if (backend_ && !backend_->healthy()) {
+    LOG_ERROR("model '{}': the engine failed; the model no longer serves requests", name());
+    backend_.reset();
+    state_ = ModelState::kFailed;
+  }
+  return state_ == ModelState::kReady ? backend_ : nullptr;
+}
+
+void ModelInstance::set_backend(std::shared_ptr<GenerationBackend> backend) {
+  std::lock_guard lock(mutex_);
+  backend_ = std::move(backend);
+  state_ = ModelState::kReady;
+}
+
+void ModelInstance::set_failed(const std::string& reason) {
+  LOG_ERROR("model '{}' failed: {}", name(), reason);
+  std::lock_guard lock(mutex_);
+  backend_.reset();
+  state_ = ModelState::kFailed;
+}
+
+void ModelInstance::load() {
+  try {
+    if (deploy_.threads > 0) set_num_threads(deploy_.threads);
+    LoadOptions load_options;
+    load_options.load_into_memory = deploy_.load_into_memory;
+    load_options.max_batch_tokens = limits_.max_batch_tokens;
+    const std::string dir = deploy_.quantized_path.empty() ? deploy_.path : deploy_.quantized_path;
+    auto model = load_model(dir, load_options);
+    EngineConfig engine_config;
+    engine_config.kv_cache_bytes = limits_.kv_cache_bytes;
+    engine_config.max_batch_tokens = limits_.max_batch_tokens;
+    engine_config.max_num_seqs = limits_.max_num_seqs;
+    engine_config.prefill_chunk = limits_.prefill_chunk;
+    engine_config.enable_prefix_cache = deploy_.enable_prefix_cache;
+    engine_config.max_context = limits_.max_context;
+    auto engine = std::make_unique<Engine>(std::move(model), engine_config);
+    set_backend(std::make_shared<EngineBackend>(std::move(engine)));
+    LOG_INFO("model '{}' ready", name());
+  } catch (const std::exception& e) {
+    set_failed(e.what());
+  }
+}
+
+std::string ModelInstance::render_chat(const ChatRequest& request) const {
+  if (!chat_template_) {
+    throw_api(bad_request(fmt::format("model '{}' has no chat template; use /v1/completions, or start the server with "
+                                      "--chat-template FILE",
+                                      name()),
+                          "messages"));
+  }
+  json context = {{"messages", messages_to_template_json(request.messages)}, {"add_generation_prompt", true}};
+  if (request.tools_enabled) context["tools"] = tools_to_template_json(request.tools);
+  if (request.enable_thinking) context["enable_thinking"] = *request.enable_thinking;
+  const int32_t bos = tokenizer_.bos_id(), eos = tokenizer_.eos_id();
+  context["bos_token"] = bos >= 0 ? std::string(tokenizer_.token_text(bos)) : std::string();
+  context["eos_token"] = eos >= 0 ? std::string(tokenizer_.token_text(eos)) : std::string();
+  try {
+    return chat_template_->render(context);
+  } catch (const Error& e) {
+    // Templates reject conversations they cannot express (raise_exception): the client's fault.
+    throw_api(bad_request(fmt::format("the chat template rejected the conversation: {}", e.what()), "messages"));
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+bool port_available(const std::string& host, int port, std::string* why) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE;
+  addrinfo* result = nullptr;
+  const std::string service = std::to_string(port);
+  if (int rc = getaddrinfo(host.c_str(), service.c_str(), &hints, &result); rc != 0) {
+    if (why) *why = fmt::format("cannot resolve host '{}': {}", host, gai_strerror(rc));
+    return false;
+  }
+  bool ok = false;
+  std::string reason = "no usable address";
+  for (addrinfo* a = result; a; a = a->ai_next) {
+    int fd = ::socket(a->ai_family, a->ai_socktype, a->ai_protocol);
+    if (fd < 0) continue;
+    int yes = 1;
+    ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));  // as the server binds
+    if (::bind(fd, a->ai_addr, a->ai_addrlen) == 0) {
+      ok = true;
+    } else {
+      reason = std::strerror(errno);
+    }
+    ::close(fd);
+    if (ok) break;
+  }
+  freeaddrinfo(result);
+  if (!ok && why) *why = reason;
+  return ok;
+}
+
+namespace {
+
+std::string read_text_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail("cannot read {}", path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+bool has_weights(const fs::path& dir) {
+  std::error_code ec;
+  if (fs::exists(dir / "model.safetensors.index.json", ec)) return true;
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    if (entry.path().extension() == ".safetensors") return true;
+  }
+  return false;
+}
+
+// Bytes of KV cache one token takes (f32 K and V in every layer; runtime/kv_pool.h).
+int64_t kv_bytes_per_token(const ModelConfig& c) {
+  const int64_t head_dim = c.head_dim > 0 ? c.head_dim : (c.num_heads > 0 ? c.hidden_size / c.num_heads : 0);
+  return 2 * int64_t{c.num_layers} * c.num_kv_heads * head_dim * static_cast<int64_t>(sizeof(float));
+}
+
+}  // namespace
+
+std::vector<std::shared_ptr<ModelInstance>> prepare_models(const DeployConfig& config) {
+  std::vector<std::string> problems;
+  auto problem = [&](std::string p) { problems.push_back(std::move(p)); };
+  const ServerConfig& s = config.server;
+
+  // Server-wide settings.
+  if (s.host.empty()) problem("server.host: must not be empty (use 127.0.0.1 for local use)");
+  if (s.port < 1 || s.port > 65535) problem(fmt::format("server.port: {} is not a port number (1-65535)", s.port));
+  if (s.body_limit_bytes < 1024) problem(fmt::format("server.body_limit: {} bytes is too small; give at least 1KiB", s.body_limit_bytes));
+  if (!(s.request_timeout_s > 0)) problem("server.request_timeout_s: must be positive");
+  if (s.drain_grace_s < 0) problem("server.drain_grace_s: must be zero or positive");
+  if (s.http_threads < 2 || s.http_threads > 4096) problem(fmt::format("server.http_threads: {} must be in [2, 4096]", s.http_threads));
+  if (!s.audit_log_path.empty()) {
+    std::ofstream probe(s.audit_log_path, std::ios::app);
+    if (!probe) problem(fmt::format("server.audit_log: cannot append to '{}'; check that its folder exists and is writable", s.audit_log_path));
+  }
+  {
+    std::set<std::string> ids, keys;
+    for (size_t i = 0; i < s.api_keys.size(); ++i) {
+      const auto& k = s.api_keys[i];
+      if (!ids.insert(k.id).second) problem(fmt::format("server.api_keys[{}].id: '{}' is used twice; give each key its own id", i, k.id));
+      if (!k.key.empty() && !keys.insert(k.key).second) problem(fmt::format("server.api_keys[{}]: the same key is given twice", i));
+      if (!k.key.empty() && k.key.size() < 8) problem(fmt::format("server.api_keys[{}] ('{}'): keys must be at least 8 characters", i, k.id));
+      if (k.requests_per_minute < 0 || k.tokens_per_minute < 0)
+        problem(fmt::format("server.api_keys[{}] ('{}'): limits must be zero (unlimited) or positive", i, k.id));
+    }
+  }
+
+  std::vector<std::shared_ptr<ModelInstance>> instances;
+  std::set<std::string> names;
+  std::map<int, std::string> ports;  // port -> who uses it
+  ports[s.port] = "server.port";
+  for (size_t i = 0; i < config.models.size(); ++i) {
+    ModelDeployConfig m = config.models[i];
+    const std::string w = fmt::format("models[{}]", i);
+    if (m.path.empty()) {
+      problem(w + ".path: required; give the model directory (config.json, *.safetensors, tokenizer.json)");
+      continue;
+    }
+    const fs::path dir(m.path);
+    if (m.name.empty()) m.name = dir.filename().empty() ? dir.parent_path().filename().string() : dir.filename().string();
+    const std::string who = fmt::format("{} ('{}')", w, m.name);
+    if (!names.insert(m.name).second) problem(fmt::format("{}.name: '{}' is used by two models; names must be unique", w, m.name));
+    if (m.profile != "chat" && m.profile != "long-context")
+      problem(fmt::format("{}.profile: '{}' is not a profile; use chat or long-context", who, m.profile));
+    if (m.threads < 0) problem(fmt::format("{}.threads: must be 0 (all cores) or positive", who));
+    if (m.speculative.method != "none") {
+      problem(fmt::format("{}.speculative.method: '{}' is not available in this build; use none", who, m.speculative.method));
+    }
+    if (m.port != 0) {
+      if (m.port < 1 || m.port > 65535) {
+        problem(fmt::format("{}.port: {} is not a port number (1-65535)", who, m.port));
+      } else if (auto [it, fresh] = ports.emplace(m.port, w + ".port"); !fresh) {
+        problem(fmt::format("{}.port: {} is also used by {}; give every model its own port", who, m.port, it->second));
+      }
+    }
+
+    std::error_code ec;
+    if (!fs::is_directory(dir, ec)) {
+      problem(fmt::format("{}.path: '{}' is not a readable directory; fix the path", who, m.path));
+      continue;
+    }
+    bool files_ok = true;
+    for (const char* file : {"config.json", "tokenizer.json"}) {
+      if (!fs::exists(dir / file, ec)) {
+        problem(fmt::format("{}.path: '{}' has no {}; point it at a Hugging Face model directory", who, m.path, file));
+        files_ok = false;
+      }
+    }
+    const fs::path weights_dir = m.quantized_path.empty() ? dir : fs::path(m.quantized_path);
+    if (!m.quantized_path.empty() && !fs::is_directory(weights_dir, ec)) {
+      problem(fmt::format("{}.quantized: '{}' is not a readable directory; fix the path or remove it", who, m.quantized_path));
+    } else if (!has_weights(weights_dir)) {
+      problem(fmt::format("{}: '{}' holds no *.safetensors weights", who, weights_dir.string()));
+    }
+    if (!files_ok) continue;
+
+    ModelConfig model_config;
+    try {
+      model_config = load_model_config(m.path);
+    } catch (const Error& e) {
+      problem(fmt::format("{}: {}", who, e.what()));
+      continue;
+    }
+    std::optional<Tokenizer> tokenizer;
+    try {
+      tokenizer = Tokenizer::load(m.path);
+    } catch (const Error& e) {
+      problem(fmt::format("{}: {}", who, e.what()));
+    }
+    std::unique_ptr<ChatTemplate> chat_template;
+    std::string template_source;
+    std::string template_origin;
+    if (!m.chat_template_file.empty()) {
+      try {
+        template_source = read_text_file(m.chat_template_file);
+        template_origin = m.chat_template_file;
+      } catch (const Error&) {
+        problem(fmt::format("{}.chat_template: cannot read '{}'; fix the path", who, m.chat_template_file));
+      }
+    } else if (tokenizer) {
+      template_source = tokenizer->chat_template();
+      template_origin = (dir / "tokenizer_config.json").string() + " chat_template";
+    }
+    if (!template_source.empty()) {
+      try {
+        chat_template = std::make_unique<ChatTemplate>(template_source);
+      } catch (const Error& e) {
+        problem(fmt::format("{}: the chat template ({}) does not parse: {}", who, template_origin, e.what()));
+      }
+    }
+
+    const ResolvedLimits limits = resolve_limits(m, model_config.max_position_embeddings);
+    if (limits.max_input_len < 1 || limits.max_input_len > limits.max_context)
+      problem(fmt::format("{}.max_input_len: {} must be in [1, {}] (the model's context length)", who, limits.max_input_len, limits.max_context));
+    if (limits.max_output_len < 1 || limits.max_output_len > limits.max_context)
+      problem(fmt::format("{}.max_output_len: {} must be in [1, {}] (the model's context length)", who, limits.max_output_len, limits.max_context));
+    if (limits.max_queue < 0) problem(fmt::format("{}.max_queue: must be zero or positive", who));
+    EngineConfig engine_config;
+    engine_config.kv_cache_bytes = limits.kv_cache_bytes;
+    engine_config.max_batch_tokens = limits.max_batch_tokens;
+    engine_config.max_num_seqs = limits.max_num_seqs;
+    engine_config.prefill_chunk = limits.prefill_chunk;
+    try {
+      validate_engine_config(engine_config);
+    } catch (const Error& e) {
+      problem(fmt::format("{}: {}", who, e.what()));
+    }
+    const int64_t per_token = kv_bytes_per_token(model_config);
+    const int64_t longest = std::min<int64_t>(int64_t{limits.max_input_len} + limits.max_output_len, limits.max_context);
+    if (per_token > 0 && limits.kv_cache_bytes / per_token < longest) {
+      problem(fmt::format("{}.kv_cache_memory: {} bytes hold {} tokens of KV cache, but max_input_len + max_output_len "
+                          "needs {}; raise kv_cache_memory to at least {} bytes or lower the limits",
+                          who, limits.kv_cache_bytes, limits.kv_cache_bytes / per_token, longest, longest * per_token));
+    }
+    if (tokenizer) {
+      instances.push_back(std::make_shared<ModelInstance>(std::move(m), std::move(model_config), std::move(*tokenizer),
+                                                         std::move(chat_template), limits));
+    }
+  }
+  for (const auto& key : s.api_keys) {
+    for (const auto& model : key.models) {
+      if (!names.contains(model)) problem(fmt::format("server.api_keys ('{}').models: no model is named '{}'", key.id, model));
+    }
+  }
+  // Ports last: only worth probing once the numbers themselves are consistent.
+  for (const auto& [port, who] : ports) {
+    if (port < 1 || port > 65535) continue;
+    std::string why;
+    if (!port_available(s.host, port, &why)) {
+      problem(fmt::format("{}: cannot listen on {}:{} ({}); stop whatever uses it or pick another port", who, s.host, port, why));
+    }
+  }
+  if (!problems.empty()) {
+    std::string all;
+    for (const auto& p : problems) all += "\n  " + p;
+    fail("{} problem{} in the serving configuration:{}", problems.size(), problems.size() == 1 ? "" : "s", all);
+  }
+  return instances;
+}
+
+}  // namespace infera::server

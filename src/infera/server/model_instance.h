@@ -1,0 +1,84 @@
+// One served model: its deployment settings, tokenizer, chat template and (once loaded)
+// its generation backend. Models load in the background after the server is listening;
+// /ready and /v1/models report each one's state, and one model failing leaves the others
+// serving.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "infera/model/config.h"
+#include "infera/server/backend.h"
+#include "infera/server/deploy_config.h"
+#include "infera/server/openai_api.h"
+#include "infera/tokenizer/tokenizer.h"
+
+namespace infera {
+class ChatTemplate;
+}
+
+namespace infera::server {
+
+enum class ModelState { kLoading, kReady, kFailed };
+const char* model_state_name(ModelState s);  // "loading", "ready", "failed"
+
+class ModelInstance {
+ public:
+  ModelInstance(ModelDeployConfig deploy, ModelConfig config, Tokenizer tokenizer,
+                std::unique_ptr<ChatTemplate> chat_template, ResolvedLimits limits);
+  ~ModelInstance();
+
+  const std::string& name() const { return deploy_.name; }
+  const ModelDeployConfig& deploy() const { return deploy_; }
+  const ModelConfig& model_config() const { return config_; }
+  const Tokenizer& tokenizer() const { return tokenizer_; }
+  const ResolvedLimits& limits() const { return limits_; }
+  int64_t created_unix() const { return created_unix_; }
+
+  ModelState state() const { return state_.load(); }
+  // The backend while the model is ready (a failed engine turns the model "failed").
+  std::shared_ptr<GenerationBackend> backend();
+  void set_backend(std::shared_ptr<GenerationBackend> backend);  // -> ready
+  void set_failed(const std::string& reason);                    // reason is logged, not served
+
+  // Loads the weights and starts the engine (blocking). Never throws: failure -> failed.
+  void load();
+
+  bool has_chat_template() const { return chat_template_ != nullptr; }
+  // Renders the conversation for generation. Throws ApiException when the model has no
+  // chat template or the template rejects the conversation (raise_exception).
+  std::string render_chat(const ChatRequest& request) const;
+  // The model writes <think>...</think> (its vocabulary has both as tokens).
+  bool emits_reasoning() const { return emits_reasoning_; }
+  // Token ids a request stops on besides the model's EOS ids (the engine adds those).
+  const std::vector<int32_t>& extra_stop_ids() const { return extra_stop_ids_; }
+
+ private:
+  ModelDeployConfig deploy_;
+  ModelConfig config_;
+  Tokenizer tokenizer_;
+  std::unique_ptr<ChatTemplate> chat_template_;
+  ResolvedLimits limits_;
+  int64_t created_unix_ = 0;
+  bool emits_reasoning_ = false;
+  std::vector<int32_t> extra_stop_ids_;
+  std::atomic<ModelState> state_{ModelState::kLoading};
+  std::mutex mutex_;
+  std::shared_ptr<GenerationBackend> backend_;
+};
+
+// Checks every model and server setting against the disk and this machine (paths,
+// config.json, tokenizer, chat template, limits against the memory budget, ports) and
+// returns the models with tokenizer and template loaded but no weights. Throws
+// infera::Error listing every problem, one per line, each naming the field and the fix.
+std::vector<std::shared_ptr<ModelInstance>> prepare_models(const DeployConfig& config);
+
+// True when host:port can be bound now; else false with the reason.
+bool port_available(const std::string& host, int port, std::string* why);
+
+}  // namespace infera::server

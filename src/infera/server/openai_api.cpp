@@ -1,0 +1,429 @@
+#include "infera/server/openai_api.h"
+
+#include <cmath>
+#include <limits>
+
+#include <fmt/format.h>
+
+namespace infera::server {
+
+using nlohmann::json;
+
+namespace {
+
+constexpr int kMaxJsonDepth = 64;
+
+const char* type_name(const json& v) {
+  switch (v.type()) {
+    case json::value_t::null: return "null";
+    case json::value_t::boolean: return "boolean";
+    case json::value_t::string: return "string";
+    case json::value_t::array: return "array";
+    case json::value_t::object: return "object";
+    case json::value_t::number_float: return "number";
+    default: return "integer";
+  }
+}
+
+[[noreturn]] void wrong_type(const std::string& param, const char* expected, const json& got) {
+  throw_api(bad_request(fmt::format("'{}' must be {}, got {}", param, expected, type_name(got)), param));
+}
+
+[[noreturn]] void out_of_range(const std::string& param, const std::string& what) {
+  throw_api(bad_request(fmt::format("'{}' {}", param, what), param));
+}
+
+// A present, non-null field, or nullptr. OpenAI treats explicit nulls as "not given".
+const json* field(const json& obj, const char* key) {
+  auto it = obj.find(key);
+  if (it == obj.end() || it->is_null()) return nullptr;
+  return &*it;
+}
+
+std::optional<double> get_number(const json& obj, const char* key, double lo, double hi) {
+  const json* v = field(obj, key);
+  if (!v) return std::nullopt;
+  if (!v->is_number()) wrong_type(key, "a number", *v);
+  const double d = v->get<double>();
+  if (!std::isfinite(d) || d < lo || d > hi) out_of_range(key, fmt::format("must be between {} and {}, got {}", lo, hi, d));
+  return d;
+}
+
+std::optional<int64_t> get_integer(const json& obj, const char* key) {
+  const json* v = field(obj, key);
+  if (!v) return std::nullopt;
+  if (v->is_number_integer()) {
+    if (v->is_number_unsigned() && v->get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
+      out_of_range(key, "is too large");
+    return v->get<int64_t>();
+  }
+  if (v->is_number_float()) {  // 5.0 is fine, 5.5 is not
+    const double d = v->get<double>();
+    if (std::isfinite(d) && d == std::floor(d) && std::fabs(d) < 9e15) return static_cast<int64_t>(d);
+  }
+  wrong_type(key, "an integer", *v);
+}
+
+std::optional<int64_t> get_integer_in(const json& obj, const char* key, int64_t lo, int64_t hi) {
+  auto v = get_integer(obj, key);
+  if (v && (*v < lo || *v > hi)) out_of_range(key, fmt::format("must be between {} and {}, got {}", lo, hi, *v));
+  return v;
+}
+
+std::optional<bool> get_bool(const json& obj, const char* key) {
+  const json* v = field(obj, key);
+  if (!v) return std::nullopt;
+  if (!v->is_boolean()) wrong_type(key, "a boolean", *v);
+  return v->get<bool>();
+}
+
+std::optional<std::string> get_string(const json& obj, const char* key, const std::string& param) {
+  auto it = obj.find(key);
+  if (it == obj.end() || it->is_null()) return std::nullopt;
+  if (!it->is_string()) wrong_type(param, "a string", *it);
+  return it->get<std::string>();
+}
+
+void require_object(const json& body) {
+  if (!body.is_object()) throw_api(bad_request(fmt::format("the request body must be a JSON object, got {}", type_name(body))));
+}
+
+GenerationOptions parse_options(const json& body, const ParseLimits& limits, bool chat) {
+  GenerationOptions o;
+  o.model = get_string(body, "model", "model");
+  if (o.model && o.model->empty()) throw_api(bad_request("'model' must not be empty", "model"));
+  // max_completion_tokens supersedes the deprecated max_tokens.
+  const char* max_key = field(body, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
+  o.max_tokens = get_integer(body, max_key);
+  if (o.max_tokens && *o.max_tokens < 1) out_of_range(max_key, fmt::format("must be at least 1, got {}", *o.max_tokens));
+  if (auto v = get_number(body, "temperature", 0.0, 2.0)) o.temperature = static_cast<float>(*v);
+  if (auto v = get_number(body, "top_p", 0.0, 1.0)) {
+    if (*v == 0.0) out_of_range("top_p", "must be greater than 0");
+    o.top_p = static_cast<float>(*v);
+  }
+  if (auto v = get_integer_in(body, "top_k", -1, 1 << 20)) o.top_k = static_cast<int32_t>(std::max<int64_t>(*v, 0));
+  if (auto v = get_number(body, "min_p", 0.0, 1.0)) o.min_p = static_cast<float>(*v);
+  o.seed = get_integer(body, "seed");
+  if (auto v = get_number(body, "presence_penalty", -2.0, 2.0)) o.presence_penalty = static_cast<float>(*v);
+  if (auto v = get_number(body, "frequency_penalty", -2.0, 2.0)) o.frequency_penalty = static_cast<float>(*v);
+  if (auto v = get_number(body, "repetition_penalty", 0.0, 10.0)) {
+    if (*v == 0.0) out_of_range("repetition_penalty", "must be greater than 0");
+    o.repetition_penalty = static_cast<float>(*v);
+  }
+  if (auto v = get_integer_in(body, "n", 1, limits.max_n)) o.n = static_cast<int32_t>(*v);
+  if (const json* stop = field(body, "stop")) {
+    if (stop->is_string()) {
+      o.stop.push_back(stop->get<std::string>());
+    } else if (stop->is_array()) {
+      if (static_cast<int32_t>(stop->size()) > limits.max_stop_strings)
+        out_of_range("stop", fmt::format("may hold at most {} strings, got {}", limits.max_stop_strings, stop->size()));
+      for (size_t i = 0; i < stop->size(); ++i) {
+        if (!(*stop)[i].is_string()) wrong_type(fmt::format("stop[{}]", i), "a string", (*stop)[i]);
+        o.stop.push_back((*stop)[i].get<std::string>());
+      }
+    } else {
+      wrong_type("stop", "a string or an array of strings", *stop);
+    }
+    for (const auto& s : o.stop) {
+      if (static_cast<int32_t>(s.size()) > limits.max_stop_length)
+        out_of_range("stop", fmt::format("strings may be at most {} bytes long, got {}", limits.max_stop_length, s.size()));
+    }
+  }
+  if (chat) {
+    o.logprobs = get_bool(body, "logprobs").value_or(false);
+    if (auto v = get_integer_in(body, "top_logprobs", 0, 20)) {
+      if (!o.logprobs) throw_api(bad_request("'top_logprobs' requires 'logprobs': true", "top_logprobs"));
+      o.top_logprobs = static_cast<int32_t>(*v);
+    }
+  } else if (auto v = get_integer_in(body, "logprobs", 0, 5)) {  // legacy: an integer
+    o.logprobs = true;
+    o.top_logprobs = static_cast<int32_t>(*v);
+  }
+  o.stream = get_bool(body, "stream").value_or(false);
+  if (const json* so = field(body, "stream_options")) {
+    if (!so->is_object()) wrong_type("stream_options", "an object", *so);
+    if (!o.stream) throw_api(bad_request("'stream_options' is only allowed when 'stream' is true", "stream_options"));
+    o.include_usage = get_bool(*so, "include_usage").value_or(false);
+  }
+  o.ignore_eos = get_bool(body, "ignore_eos").value_or(false);
+  return o;
+}
+
+// Message content: a string, or an array of {"type": "text", "text": ...} parts.
+std::optional<std::string> parse_content(const json& msg, const std::string& param) {
+  auto it = msg.find("content");
+  if (it == msg.end() || it->is_null()) return std::nullopt;
+  if (it->is_string()) return it->get<std::string>();
+  if (!it->is_array()) wrong_type(param, "a string or an array of content parts", *it);
+  std::string text;
+  for (size_t i = 0; i < it->size(); ++i) {
+    const json& part = (*it)[i];
+    const std::string part_param = fmt::format("{}[{}]", param, i);
+    if (!part.is_object()) wrong_type(part_param, "an object", part);
+    auto type = get_string(part, "type", part_param + ".type");
+    if (type != "text") {
+      throw_api(bad_request(fmt::format("'{}.type' must be \"text\" (this model accepts text only)", part_param), part_param + ".type"));
+    }
+    auto t = get_string(part, "text", part_param + ".text");
+    if (!t) throw_api(bad_request(fmt::format("'{}.text' is required", part_param), part_param + ".text"));
+    text += *t;
+  }
+  return text;
+}
+
+ChatMessage parse_message(const json& msg, size_t index) {
+  const std::string param = fmt::format("messages[{}]", index);
+  if (!msg.is_object()) wrong_type(param, "an object", msg);
+  ChatMessage m;
+  auto role = get_string(msg, "role", param + ".role");
+  if (!role) throw_api(bad_request(fmt::format("'{}.role' is required", param), param + ".role"));
+  static const char* kRoles[] = {"system", "developer", "user", "assistant", "tool"};
+  if (std::find(std::begin(kRoles), std::end(kRoles), *role) == std::end(kRoles)) {
+    throw_api(bad_request(fmt::format("'{}.role' must be one of system, developer, user, assistant, tool; got '{}'", param, *role),
+                          param + ".role"));
+  }
+  m.role = *role == "developer" ? "system" : *role;
+  m.content = parse_content(msg, param + ".content");
+  m.name = get_string(msg, "name", param + ".name");
+  m.reasoning_content = get_string(msg, "reasoning_content", param + ".reasoning_content");
+  m.tool_call_id = get_string(msg, "tool_call_id", param + ".tool_call_id");
+  if (const json* calls = field(msg, "tool_calls")) {
+    if (!calls->is_array()) wrong_type(param + ".tool_calls", "an array", *calls);
+    for (size_t i = 0; i < calls->size(); ++i) {
+      const json& c = (*calls)[i];
+      const std::string cp = fmt::format("{}.tool_calls[{}]", param, i);
+      if (!c.is_object()) wrong_type(cp, "an object", c);
+      const json* fn = field(c, "function");
+      if (!fn || !fn->is_object()) throw_api(bad_request(fmt::format("'{}.function' must be an object", cp), cp + ".function"));
+      ToolCall call;
+      call.id = get_string(c, "id", cp + ".id").value_or("");
+      auto name = get_string(*fn, "name", cp + ".function.name");
+      if (!name) throw_api(bad_request(fmt::format("'{}.function.name' is required", cp), cp + ".function.name"));
+      call.name = *name;
+      const json* args = field(*fn, "arguments");
+      call.arguments = !args ? "{}" : (args->is_string() ? args->get<std::string>() : args->dump());
+      m.tool_calls.push_back(std::move(call));
+    }
+  }
+  if (!m.content && m.tool_calls.empty() && m.role != "assistant") {
+    throw_api(bad_request(fmt::format("'{}.content' is required for role '{}'", param, m.role), param + ".content"));
+  }
+  if (m.role == "tool" && !m.content) throw_api(bad_request(fmt::format("'{}.content' is required", param), param + ".content"));
+  return m;
+}
+
+ToolDefinition parse_tool(const json& t, size_t index) {
+  const std::string param = fmt::format("tools[{}]", index);
+  if (!t.is_object()) wrong_type(param, "an object", t);
+  auto type = get_string(t, "type", param + ".type");
+  if (type != "function") throw_api(bad_request(fmt::format("'{}.type' must be \"function\"", param), param + ".type"));
+  const json* fn = field(t, "function");
+  if (!fn) throw_api(bad_request(fmt::format("'{}.function' is required", param), param + ".function"));
+  if (!fn->is_object()) wrong_type(param + ".function", "an object", *fn);
+  ToolDefinition d;
+  auto name = get_string(*fn, "name", param + ".function.name");
+  if (!name || name->empty()) throw_api(bad_request(fmt::format("'{}.function.name' is required", param), param + ".function.name"));
+  d.name = *name;
+  d.description = get_string(*fn, "description", param + ".function.description").value_or("");
+  if (const json* p = field(*fn, "parameters")) {
+    if (!p->is_object()) wrong_type(param + ".function.parameters", "an object", *p);
+    d.parameters = *p;
+  } else {
+    d.parameters = json::object();
+  }
+  return d;
+}
+
+// Bracket depth of a JSON text, strings skipped. Checked before parsing so that a
+// hostile body cannot make the parser build a huge nested tree.
+int max_depth(const std::string& s) {
+  int depth = 0, deepest = 0;
+  bool in_string = false;
+  for (size_t i = 0; i < s.size(); ++i) {
+    const char c = s[i];
+    if (in_string) {
+      if (c == '\\') ++i;
+      else if (c == '"') in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      deepest = std::max(deepest, ++depth);
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+  return deepest;
+}
+
+}  // namespace
+
+json parse_json_body(const std::string& body) {
+  if (body.empty()) throw_api(bad_request("the request body is empty; send a JSON object"));
+  if (max_depth(body) > kMaxJsonDepth) {
+    throw_api(bad_request(fmt::format("the request JSON is nested deeper than {} levels", kMaxJsonDepth)));
+  }
+  try {
+    return json::parse(body);
+  } catch (const json::exception& e) {
+    std::string what = e.what();
+    // "[json.exception.parse_error.101] parse error at ..." -> "parse error at ..."
+    if (auto pos = what.find("] "); pos != std::string::npos) what = what.substr(pos + 2);
+    throw_api(bad_request("the request body is not valid JSON: " + what));
+  }
+}
+
+ChatRequest parse_chat_request(const json& body, const ParseLimits& limits) {
+  require_object(body);
+  ChatRequest r;
+  r.options = parse_options(body, limits, /*chat=*/true);
+  const json* messages = field(body, "messages");
+  if (!messages) throw_api(bad_request("'messages' is required", "messages"));
+  if (!messages->is_array()) wrong_type("messages", "an array", *messages);
+  if (messages->empty()) throw_api(bad_request("'messages' must hold at least one message", "messages"));
+  for (size_t i = 0; i < messages->size(); ++i) r.messages.push_back(parse_message((*messages)[i], i));
+  if (const json* tools = field(body, "tools")) {
+    if (!tools->is_array()) wrong_type("tools", "an array", *tools);
+    for (size_t i = 0; i < tools->size(); ++i) r.tools.push_back(parse_tool((*tools)[i], i));
+  }
+  r.tools_enabled = !r.tools.empty();
+  if (const json* choice = field(body, "tool_choice")) {
+    if (choice->is_string()) {
+      const auto c = choice->get<std::string>();
+      if (c == "none") r.tools_enabled = false;
+      else if (c != "auto" && c != "required")
+        throw_api(bad_request("'tool_choice' must be \"none\", \"auto\", \"required\" or a function", "tool_choice"));
+    } else if (choice->is_object()) {
+      const json* fn = field(*choice, "function");
+      auto name = fn && fn->is_object() ? get_string(*fn, "name", "tool_choice.function.name") : std::nullopt;
+      if (!name) throw_api(bad_request("'tool_choice.function.name' is required", "tool_choice.function.name"));
+      bool known = false;
+      for (const auto& t : r.tools) known |= t.name == *name;
+      if (!known) throw_api(bad_request(fmt::format("'tool_choice' names '{}', which is not in 'tools'", *name), "tool_choice"));
+      r.forced_tool = *name;
+    } else {
+      wrong_type("tool_choice", "a string or an object", *choice);
+    }
+  }
+  if (const json* kw = field(body, "chat_template_kwargs")) {
+    if (!kw->is_object()) wrong_type("chat_template_kwargs", "an object", *kw);
+    r.enable_thinking = get_bool(*kw, "enable_thinking");
+  }
+  return r;
+}
+
+CompletionRequest parse_completion_request(const json& body, const ParseLimits& limits) {
+  require_object(body);
+  CompletionRequest r;
+  r.options = parse_options(body, limits, /*chat=*/false);
+  const json* prompt = field(body, "prompt");
+  if (!prompt) throw_api(bad_request("'prompt' is required", "prompt"));
+  auto token_list = [](const json& arr, const std::string& param) {
+    std::vector<int32_t> ids;
+    for (size_t i = 0; i < arr.size(); ++i) {
+      if (!arr[i].is_number_integer()) wrong_type(fmt::format("{}[{}]", param, i), "an integer token id", arr[i]);
+      const int64_t id = arr[i].get<int64_t>();
+      if (id < 0 || id > std::numeric_limits<int32_t>::max()) out_of_range(fmt::format("{}[{}]", param, i), "is not a valid token id");
+      ids.push_back(static_cast<int32_t>(id));
+    }
+    return ids;
+  };
+  if (prompt->is_string()) {
+    r.prompts.emplace_back(prompt->get<std::string>());
+  } else if (prompt->is_array()) {
+    if (prompt->empty()) throw_api(bad_request("'prompt' must not be empty", "prompt"));
+    if ((*prompt)[0].is_number()) {
+      r.prompts.emplace_back(token_list(*prompt, "prompt"));
+    } else {
+      for (size_t i = 0; i < prompt->size(); ++i) {
+        const json& p = (*prompt)[i];
+        const std::string param = fmt::format("prompt[{}]", i);
+        if (p.is_string()) r.prompts.emplace_back(p.get<std::string>());
+        else if (p.is_array() && !p.empty()) r.prompts.emplace_back(token_list(p, param));
+        else wrong_type(param, "a string or a non-empty array of token ids", p);
+      }
+    }
+    if (static_cast<int32_t>(r.prompts.size()) * r.options.n > limits.max_n) {
+      out_of_range("prompt", fmt::format("times 'n' asks for {} choices; at most {} are allowed", r.prompts.size() * r.options.n, limits.max_n));
+    }
+  } else {
+    wrong_type("prompt", "a string, an array of strings or an array of token ids", *prompt);
+  }
+  r.echo = get_bool(body, "echo").value_or(false);
+  if (const json* suffix = field(body, "suffix")) {
+    if (!suffix->is_string()) wrong_type("suffix", "a string", *suffix);
+    if (!suffix->get<std::string>().empty()) throw_api(bad_request("'suffix' is not supported", "suffix"));
+  }
+  return r;
+}
+
+TokenizeRequest parse_tokenize_request(const json& body) {
+  require_object(body);
+  TokenizeRequest r;
+  r.model = get_string(body, "model", "model");
+  // vLLM uses "prompt"; llama.cpp uses "content".
+  auto text = get_string(body, "prompt", "prompt");
+  if (!text) text = get_string(body, "content", "content");
+  if (!text) throw_api(bad_request("'prompt' is required", "prompt"));
+  r.text = *text;
+  r.add_special_tokens = get_bool(body, "add_special_tokens").value_or(true);
+  return r;
+}
+
+DetokenizeRequest parse_detokenize_request(const json& body) {
+  require_object(body);
+  DetokenizeRequest r;
+  r.model = get_string(body, "model", "model");
+  const json* tokens = field(body, "tokens");
+  if (!tokens) throw_api(bad_request("'tokens' is required", "tokens"));
+  if (!tokens->is_array()) wrong_type("tokens", "an array of token ids", *tokens);
+  for (size_t i = 0; i < tokens->size(); ++i) {
+    const json& t = (*tokens)[i];
+    if (!t.is_number_integer()) wrong_type(fmt::format("tokens[{}]", i), "an integer", t);
+    const int64_t id = t.get<int64_t>();
+    if (id < 0 || id > std::numeric_limits<int32_t>::max()) out_of_range(fmt::format("tokens[{}]", i), "is not a valid token id");
+    r.tokens.push_back(static_cast<int32_t>(id));
+  }
+  return r;
+}
+
+json messages_to_template_json(const std::vector<ChatMessage>& messages) {
+  json out = json::array();
+  for (const auto& m : messages) {
+    json j = {{"role", m.role}};
+    j["content"] = m.content ? json(*m.content) : json(nullptr);
+    if (m.name) j["name"] = *m.name;
+    if (m.reasoning_content) j["reasoning_content"] = *m.reasoning_content;
+    if (m.tool_call_id) j["tool_call_id"] = *m.tool_call_id;
+    if (!m.tool_calls.empty()) {
+      json calls = json::array();
+      for (const auto& c : m.tool_calls) {
+        // HF templates want arguments as a mapping (they |tojson it themselves).
+        json args = json::parse(c.arguments, nullptr, false);
+        if (args.is_discarded()) args = c.arguments;
+        calls.push_back({{"id", c.id}, {"type", "function"}, {"function", {{"name", c.name}, {"arguments", args}}}});
+      }
+      j["tool_calls"] = std::move(calls);
+    }
+    out.push_back(std::move(j));
+  }
+  return out;
+}
+
+json tools_to_template_json(const std::vector<ToolDefinition>& tools) {
+  json out = json::array();
+  for (const auto& t : tools) {
+    json fn = {{"name", t.name}, {"parameters", t.parameters}};
+    if (!t.description.empty()) fn["description"] = t.description;
+    out.push_back({{"type", "function"}, {"function", std::move(fn)}});
+  }
+  return out;
+}
+
+json error_to_json(const ApiError& e) {
+  json err = {{"message", e.message}, {"type", e.type}};
+  err["param"] = e.param ? json(*e.param) : json(nullptr);
+  err["code"] = e.code ? json(*e.code) : json(nullptr);
+  return {{"error", std::move(err)}};
+}
+
+}  // namespace infera::server

@@ -1,0 +1,104 @@
+// OpenAI request schema as typed structs. Parsing happens once, at the HTTP edge; every
+// wrong type or out-of-range value becomes an ApiError naming the parameter. Nothing past
+// these structs sees the request JSON (tool schemas and message lists are re-emitted only
+// for the chat template, which is defined over JSON).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "infera/server/api_error.h"
+#include "infera/server/text_stream.h"
+
+namespace infera::server {
+
+// Options shared by /v1/chat/completions and /v1/completions.
+struct GenerationOptions {
+  std::optional<std::string> model;      // absent: the only model, if there is one
+  std::optional<int64_t> max_tokens;     // max_completion_tokens wins over max_tokens
+  float temperature = 1.0f;
+  float top_p = 1.0f;
+  int32_t top_k = 0;
+  float min_p = 0.0f;
+  std::optional<int64_t> seed;
+  std::vector<std::string> stop;
+  float presence_penalty = 0.0f;
+  float frequency_penalty = 0.0f;
+  float repetition_penalty = 1.0f;
+  int32_t n = 1;
+  bool logprobs = false;
+  int32_t top_logprobs = 0;
+  bool stream = false;
+  bool include_usage = false;  // stream_options.include_usage
+  bool ignore_eos = false;
+};
+
+struct ChatMessage {
+  std::string role;  // system | developer | user | assistant | tool
+  std::optional<std::string> content;  // text parts joined
+  std::optional<std::string> name;
+  std::optional<std::string> reasoning_content;
+  std::optional<std::string> tool_call_id;
+  std::vector<ToolCall> tool_calls;  // assistant turns that called tools
+};
+
+struct ToolDefinition {
+  std::string name;
+  std::string description;
+  nlohmann::json parameters;  // JSON Schema, handed to the chat template as is
+};
+
+struct ChatRequest {
+  GenerationOptions options;
+  std::vector<ChatMessage> messages;
+  std::vector<ToolDefinition> tools;
+  bool tools_enabled = false;  // tools given and tool_choice != "none"
+  std::optional<std::string> forced_tool;  // tool_choice {"type":"function","function":{"name"}}
+  std::optional<bool> enable_thinking;  // chat_template_kwargs.enable_thinking
+};
+
+struct CompletionRequest {
+  GenerationOptions options;
+  // Each prompt is text or token ids; a list of prompts gives n choices per prompt.
+  std::vector<std::variant<std::string, std::vector<int32_t>>> prompts;
+  bool echo = false;
+};
+
+struct TokenizeRequest {
+  std::optional<std::string> model;
+  std::string text;
+  bool add_special_tokens = true;
+};
+
+struct DetokenizeRequest {
+  std::optional<std::string> model;
+  std::vector<int32_t> tokens;
+};
+
+// Limits the parser enforces besides the schema.
+struct ParseLimits {
+  int32_t max_n = 16;
+  int32_t max_stop_strings = 16;
+  int32_t max_stop_length = 256;
+};
+
+// Parses a body (bytes as received). Throws ApiException: malformed JSON, nesting deeper
+// than 64 levels, invalid UTF-8, wrong types, out-of-range values.
+nlohmann::json parse_json_body(const std::string& body);
+ChatRequest parse_chat_request(const nlohmann::json& body, const ParseLimits& limits = {});
+CompletionRequest parse_completion_request(const nlohmann::json& body, const ParseLimits& limits = {});
+TokenizeRequest parse_tokenize_request(const nlohmann::json& body);
+DetokenizeRequest parse_detokenize_request(const nlohmann::json& body);
+
+// The message list / tool list as the chat template expects them (HF conventions).
+nlohmann::json messages_to_template_json(const std::vector<ChatMessage>& messages);
+nlohmann::json tools_to_template_json(const std::vector<ToolDefinition>& tools);
+
+nlohmann::json error_to_json(const ApiError& e);
+
+}  // namespace infera::server
