@@ -1,0 +1,230 @@
+// Llama and Qwen3 dense: pre-norm decoder with GQA attention and a SwiGLU MLP. Qwen3 adds
+// a per-head RMSNorm on q and k before RoPE and an explicit head_dim; both come from
+// config fields (ModelConfig::qk_norm, head_dim), not from the architecture name.
+//
+//   x = embed(t)
+//   per layer: a = rms(x); q,k,v = Wq a, Wk a, Wv a; [q,k = rms_head(q), rms_head(k)];
+//              q,k = rope(q,k); x += Wo attn(q, k, v); m = rms(x); x += Wd(silu(Wg m) * Wu m)
+//   logits = lm_head(rms(x))
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "infera/base/error.h"
+#include "infera/base/log.h"
+#include "infera/io/safetensors.h"
+#include "infera/kernels/kernels.h"
+#include "infera/model/model.h"
+#include "infera/model/rope.h"
+#include "infera/model/weights.h"
+
+namespace infera {
+namespace {
+
+using kernels::MatRef;
+
+struct LlamaLayer {
+  std::vector<float> attn_norm;  // [H]
+  std::vector<float> ffn_norm;   // [H]
+  std::vector<float> q_norm;     // [head_dim] (qk_norm only)
+  std::vector<float> k_norm;     // [head_dim] (qk_norm only)
+  MatRef wq, wk, wv, wo;         // [nh*hd, H], [nkv*hd, H], [nkv*hd, H], [H, nh*hd]
+  std::vector<float> bq, bk, bv, bo;  // attention_bias only
+  MatRef w_gate, w_up, w_down;   // [F, H], [F, H], [H, F]
+};
+
+class LlamaModel final : public Model {
+ public:
+  LlamaModel(const ModelConfig& cfg, WeightStore store, const LoadOptions& options)
+      : store_(std::move(store)) {
+    config_ = cfg;
+    const int64_t H = cfg.hidden_size, F = cfg.intermediate_size, V = cfg.vocab_size;
+    const int64_t nh = cfg.num_heads, nkv = cfg.num_kv_heads, hd = cfg.head_dim;
+    embed_ = &store_.get("model.embed_tokens.weight", {V, H});
+    final_norm_ = load_vector(store_, "model.norm.weight", H);
+    if (cfg.tie_word_embeddings) {
+      lm_head_ = as_matrix(*embed_);
+    } else {
+      lm_head_ = as_matrix(store_.get("lm_head.weight", {V, H}));
+    }
+    layers_.resize(cfg.num_layers);
+    for (int i = 0; i < cfg.num_layers; ++i) {
+      const std::string p = "model.layers." + std::to_string(i) + ".";
+      LlamaLayer& L = layers_[i];
+      L.attn_norm = load_vector(store_, p + "input_layernorm.weight", H);
+      L.ffn_norm = load_vector(store_, p + "post_attention_layernorm.weight", H);
+      L.wq = as_matrix(store_.get(p + "self_attn.q_proj.weight", {nh * hd, H}));
+      L.wk = as_matrix(store_.get(p + "self_attn.k_proj.weight", {nkv * hd, H}));
+      L.wv = as_matrix(store_.get(p + "self_attn.v_proj.weight", {nkv * hd, H}));
+      L.wo = as_matrix(store_.get(p + "self_attn.o_proj.weight", {H, nh * hd}));
+      if (cfg.attention_bias) {
+        L.bq = load_vector(store_, p + "self_attn.q_proj.bias", nh * hd);
+        L.bk = load_vector(store_, p + "self_attn.k_proj.bias", nkv * hd);
+        L.bv = load_vector(store_, p + "self_attn.v_proj.bias", nkv * hd);
+        if (store_.find(p + "self_attn.o_proj.bias")) L.bo = load_vector(store_, p + "self_attn.o_proj.bias", H);
+      }
+      if (cfg.qk_norm) {
+        L.q_norm = load_vector(store_, p + "self_attn.q_norm.weight", hd);
+        L.k_norm = load_vector(store_, p + "self_attn.k_norm.weight", hd);
+      }
+      L.w_gate = as_matrix(store_.get(p + "mlp.gate_proj.weight", {F, H}));
+      L.w_up = as_matrix(store_.get(p + "mlp.up_proj.weight", {F, H}));
+      L.w_down = as_matrix(store_.get(p + "mlp.down_proj.weight", {H, F}));
+    }
+    rope_ = compute_rope_tables(cfg.rope, cfg.rope.rotary_dim);
+    reserve_scratch(std::max(options.max_batch_tokens, 1));
+  }
+
+  KvPoolShape kv_shape(int64_t block_size) const override {
+    KvPoolShape s;
+    s.num_layers = config_.num_layers;
+    s.block_size = block_size;
+    s.n_kv_heads = config_.num_kv_heads;
+    s.head_dim = config_.head_dim;
+    return s;
+  }
+
+  int64_t weight_bytes_per_token() const override {
+    int64_t bytes = matrix_bytes(lm_head_) + config_.hidden_size * static_cast<int64_t>(dtype_size(embed_->dtype));
+    for (const auto& L : layers_) {
+      for (const MatRef* m : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) bytes += matrix_bytes(*m);
+    }
+    return bytes;
+  }
+
+  int64_t num_parameters() const override {
+    int64_t n = 0;
+    for (const auto& name : store_.names()) n += store_.get(name).numel();
+    return n;
+  }
+
+  void forward(const ForwardBatch& batch, KvPool& kv, float* logits) override;
+
+ private:
+  void reserve_scratch(int64_t n_tokens) {
+    const ModelConfig& c = config_;
+    if (n_tokens <= scratch_tokens_) return;
+    scratch_tokens_ = n_tokens;
+    x_.resize(n_tokens * c.hidden_size);
+    xn_.resize(n_tokens * c.hidden_size);
+    q_.resize(n_tokens * c.num_heads * c.head_dim);
+    k_.resize(n_tokens * c.num_kv_heads * c.head_dim);
+    v_.resize(n_tokens * c.num_kv_heads * c.head_dim);
+    attn_.resize(n_tokens * c.num_heads * c.head_dim);
+    gate_.resize(n_tokens * c.intermediate_size);
+    up_.resize(n_tokens * c.intermediate_size);
+    positions_.resize(n_tokens);
+  }
+
+  WeightStore store_;
+  const TensorInfo* embed_ = nullptr;  // [V, H]
+  std::vector<float> final_norm_;      // [H]
+  MatRef lm_head_{};                   // [V, H]
+  std::vector<LlamaLayer> layers_;
+  RopeTables rope_;
+
+  int64_t scratch_tokens_ = 0;
+  std::vector<float> x_;        // [T, H] residual stream
+  std::vector<float> xn_;       // [T, H] normed input / projection output
+  std::vector<float> q_;        // [T, nh, hd]
+  std::vector<float> k_, v_;    // [T, nkv, hd]
+  std::vector<float> attn_;     // [T, nh, hd]
+  std::vector<float> gate_, up_;  // [T, F]
+  std::vector<float> rows_;     // [R, H] hidden rows that need logits
+  std::vector<int32_t> positions_;  // [T]
+};
+
+void add_bias(float* y, const std::vector<float>& b, int64_t rows) {
+  if (b.empty()) return;
+  const int64_t n = static_cast<int64_t>(b.size());
+  for (int64_t r = 0; r < rows; ++r) kernels::add(y + r * n, b.data(), n);
+}
+
+void LlamaModel::forward(const ForwardBatch& batch, KvPool& kv, float* logits) {
+  const ModelConfig& c = config_;
+  const int64_t T = static_cast<int64_t>(batch.tokens.size());
+  if (T == 0) return;
+  reserve_scratch(T);
+  const int64_t H = c.hidden_size, F = c.intermediate_size;
+  const int64_t nh = c.num_heads, nkv = c.num_kv_heads, hd = c.head_dim;
+  const int64_t kv_row = nkv * hd;
+  const int64_t bs = kv.shape().block_size;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+
+  for (int64_t t = 0; t < T; ++t) {
+    const int32_t tok = batch.tokens[t];
+    INFERA_ASSERT(tok >= 0 && tok < c.vocab_size, "token id out of range");
+    embedding_row(*embed_, tok, x_.data() + t * H);
+  }
+  for (const SeqChunk& s : batch.seqs) {
+    for (int32_t i = 0; i < s.n_tokens; ++i) positions_[s.token_begin + i] = s.pos0 + i;
+  }
+
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    const LlamaLayer& L = layers_[l];
+    kernels::rmsnorm(x_.data(), L.attn_norm.data(), xn_.data(), T, H, c.rms_norm_eps);
+    kernels::matmul(xn_.data(), T, L.wq, q_.data());
+    kernels::matmul(xn_.data(), T, L.wk, k_.data());
+    kernels::matmul(xn_.data(), T, L.wv, v_.data());
+    add_bias(q_.data(), L.bq, T);
+    add_bias(k_.data(), L.bk, T);
+    add_bias(v_.data(), L.bv, T);
+    if (c.qk_norm) {
+      kernels::rmsnorm(q_.data(), L.q_norm.data(), q_.data(), T * nh, hd, c.rms_norm_eps);
+      kernels::rmsnorm(k_.data(), L.k_norm.data(), k_.data(), T * nkv, hd, c.rms_norm_eps);
+    }
+    kernels::rope_neox(q_.data(), T, nh, hd, c.rope.rotary_dim, positions_.data(), rope_.inv_freq.data(), rope_.attn_factor);
+    kernels::rope_neox(k_.data(), T, nkv, hd, c.rope.rotary_dim, positions_.data(), rope_.inv_freq.data(), rope_.attn_factor);
+
+    float* k_pool = kv.k(l);
+    float* v_pool = kv.v(l);
+    for (const SeqChunk& s : batch.seqs) {
+      for (int32_t i = 0; i < s.n_tokens; ++i) {
+        const int64_t pos = s.pos0 + i;
+        INFERA_ASSERT(pos / bs < s.n_blocks, "block table too short for the chunk");
+        const int64_t slot = static_cast<int64_t>(s.block_table[pos / bs]) * bs + pos % bs;
+        const int64_t t = s.token_begin + i;
+        std::memcpy(k_pool + slot * kv_row, k_.data() + t * kv_row, kv_row * sizeof(float));
+        std::memcpy(v_pool + slot * kv_row, v_.data() + t * kv_row, kv_row * sizeof(float));
+      }
+      kernels::PagedKv paged{k_pool, v_pool, bs, nkv, hd, s.block_table};
+      kernels::attention_paged(q_.data() + s.token_begin * nh * hd, s.n_tokens, nh, s.pos0, paged, scale,
+                               attn_.data() + s.token_begin * nh * hd);
+    }
+    kernels::matmul(attn_.data(), T, L.wo, xn_.data());
+    add_bias(xn_.data(), L.bo, T);
+    kernels::add(x_.data(), xn_.data(), T * H);
+
+    kernels::rmsnorm(x_.data(), L.ffn_norm.data(), xn_.data(), T, H, c.rms_norm_eps);
+    kernels::matmul(xn_.data(), T, L.w_gate, gate_.data());
+    kernels::matmul(xn_.data(), T, L.w_up, up_.data());
+    kernels::silu_mul(gate_.data(), up_.data(), T * F);
+    kernels::matmul(gate_.data(), T, L.w_down, xn_.data());
+    kernels::add(x_.data(), xn_.data(), T * H);
+  }
+
+  // Only the rows that need logits go through the final norm and the head.
+  const int64_t R = batch.num_logit_rows();
+  if (R == 0 || logits == nullptr) return;
+  rows_.resize(R * H);
+  int64_t r = 0;
+  for (const SeqChunk& s : batch.seqs) {
+    if (s.all_logits) {
+      std::memcpy(rows_.data() + r * H, x_.data() + static_cast<int64_t>(s.token_begin) * H, s.n_tokens * H * sizeof(float));
+      r += s.n_tokens;
+    } else if (s.last_logits) {
+      std::memcpy(rows_.data() + r * H, x_.data() + static_cast<int64_t>(s.token_begin + s.n_tokens - 1) * H, H * sizeof(float));
+      r += 1;
+    }
+  }
+  kernels::rmsnorm(rows_.data(), final_norm_.data(), rows_.data(), R, H, c.rms_norm_eps);
+  kernels::matmul(rows_.data(), R, lm_head_, logits);
+}
+
+}  // namespace
+
+std::unique_ptr<Model> create_llama_model(const ModelConfig& cfg, WeightStore store, const LoadOptions& options) {
+  return std::make_unique<LlamaModel>(cfg, std::move(store), options);
+}
+
+}  // namespace infera

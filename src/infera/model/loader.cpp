@@ -1,0 +1,38 @@
+#include "infera/base/error.h"
+#include "infera/base/log.h"
+#include "infera/base/timer.h"
+#include "infera/io/safetensors.h"
+#include "infera/model/model.h"
+
+namespace infera {
+
+std::unique_ptr<Model> create_llama_model(const ModelConfig& cfg, WeightStore store, const LoadOptions& options);
+
+int32_t ForwardBatch::num_logit_rows() const {
+  int32_t r = 0;
+  for (const SeqChunk& s : seqs) r += s.all_logits ? s.n_tokens : (s.last_logits ? 1 : 0);
+  return r;
+}
+
+std::unique_ptr<Model> load_model(const std::string& dir, const LoadOptions& options) {
+  Timer timer;
+  ModelConfig cfg = load_model_config(dir);
+  WeightStore store = WeightStore::open(dir, options.load_into_memory);
+  const size_t mapped = store.mapped_bytes();
+  std::unique_ptr<Model> model;
+  switch (cfg.arch) {
+    case Arch::kLlama:
+    case Arch::kQwen3:
+      model = create_llama_model(cfg, std::move(store), options);
+      break;
+    default:
+      fail("{}: architecture '{}' is recognised but not implemented yet (supported: llama, qwen3)", dir,
+           cfg.model_type);
+  }
+  LOG_INFO("loaded {} ({}): {} layers, hidden {}, {:.2f} M parameters, {:.1f} MiB {} in {:.2f} s", dir,
+           arch_name(cfg.arch), cfg.num_layers, cfg.hidden_size, model->num_parameters() / 1e6,
+           mapped / 1048576.0, options.load_into_memory ? "read into memory" : "mapped", timer.seconds());
+  return model;
+}
+
+}  // namespace infera
