@@ -1,0 +1,198 @@
+#include "infera/server/deploy_config.h"
+
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
+#include "infera/base/error.h"
+#include "infera/server/model_instance.h"
+
+namespace infera::server {
+namespace {
+
+const std::string kStories = std::string(INFERA_SOURCE_DIR) + "/../shared/models/stories260K";
+const std::string kChatml = std::string(INFERA_SOURCE_DIR) + "/tests/conformance/data/chatml.jinja";
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(DeployConfig, ParsesEverySetting) {
+  ::setenv("INFERA_TEST_KEY", "from-the-environment", 1);
+  const DeployConfig c = parse_deploy_config(R"(
+server:
+  host: 0.0.0.0
+  port: 9000
+  body_limit: 1MiB
+  request_timeout_s: 30
+  audit_log: /tmp/audit.jsonl
+  metrics: false
+  api_keys:
+    - id: team-a
+      key: literal-key-123
+      models: [small]
+      requests_per_minute: 60
+      tokens_per_minute: 10000
+    - id: team-b
+      key_env: INFERA_TEST_KEY
+models:
+  - name: small
+    path: /models/small
+    profile: long-context
+    threads: 2
+    max_input_len: 1000
+    max_output_len: 200
+    kv_cache_memory: 256MiB
+    port: 9001
+    speculative: {method: none}
+  - path: /models/other
+)", "test.yaml");
+  EXPECT_EQ(c.server.host, "0.0.0.0");
+  EXPECT_EQ(c.server.port, 9000);
+  EXPECT_EQ(c.server.body_limit_bytes, 1 << 20);
+  EXPECT_FALSE(c.server.metrics);
+  ASSERT_EQ(c.server.api_keys.size(), 2u);
+  EXPECT_EQ(c.server.api_keys[0].models, std::vector<std::string>{"small"});
+  EXPECT_EQ(c.server.api_keys[1].key, "from-the-environment");
+  ASSERT_EQ(c.models.size(), 2u);
+  EXPECT_EQ(c.models[0].profile, "long-context");
+  EXPECT_EQ(c.models[0].max_input_len, 1000);
+  EXPECT_EQ(c.models[0].kv_cache_bytes, 256 << 20);
+  EXPECT_EQ(c.models[0].port, 9001);
+  EXPECT_FALSE(c.models[1].max_input_len.has_value());
+}
+
+TEST(DeployConfig, ReportsEveryProblemAtOnce) {
+  ::unsetenv("INFERA_TEST_MISSING");
+  const std::string msg = error_of([] {
+    parse_deploy_config(R"(
+server:
+  port: eighty
+  colour: blue
+  api_keys:
+    - id: x
+      key_env: INFERA_TEST_MISSING
+models:
+  - name: a
+    path: /x
+    max_input_len: lots
+    kv_cache_memory: 12 parsecs
+)", "bad.yaml");
+  });
+  EXPECT_NE(msg.find("bad.yaml"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("server.port"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("server.colour"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("INFERA_TEST_MISSING"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("models[0].max_input_len"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("models[0].kv_cache_memory"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("5 problems"), std::string::npos) << msg;
+}
+
+TEST(DeployConfig, RejectsBrokenYamlWithLine) {
+  const std::string msg = error_of([] { parse_deploy_config("models:\n  - name: [unclosed\n", "x.yaml"); });
+  EXPECT_NE(msg.find("line"), std::string::npos) << msg;
+}
+
+TEST(DeployConfig, ProfilesResolveWithinTheModelContext) {
+  ModelDeployConfig m;
+  ResolvedLimits chat = resolve_limits(m, 512);
+  EXPECT_EQ(chat.max_context, 512);
+  EXPECT_LE(chat.max_input_len, 512);
+  EXPECT_LE(chat.max_output_len, 512);
+  m.profile = "long-context";
+  m.max_output_len = 100;
+  ResolvedLimits lc = resolve_limits(m, 32768);
+  EXPECT_EQ(lc.max_input_len, 32768);
+  EXPECT_EQ(lc.max_output_len, 100);
+  EXPECT_GE(lc.max_batch_tokens, lc.prefill_chunk);
+}
+
+TEST(PrepareModels, LoadsTokenizerAndTemplateWithoutWeights) {
+  DeployConfig c;
+  ModelDeployConfig m;
+  m.path = kStories;
+  m.chat_template_file = kChatml;
+  c.models.push_back(m);
+  // A port that is free now (the probe must succeed).
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  socklen_t len = sizeof(addr);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  c.server.port = ntohs(addr.sin_port);
+  ::close(fd);
+  auto models = prepare_models(c);
+  ASSERT_EQ(models.size(), 1u);
+  EXPECT_EQ(models[0]->name(), "stories260K");
+  EXPECT_TRUE(models[0]->has_chat_template());
+  EXPECT_EQ(models[0]->state(), ModelState::kLoading);
+  EXPECT_EQ(models[0]->limits().max_context, 512);
+}
+
+TEST(PrepareModels, EveryConfigurationErrorIsNamed) {
+  const auto dir = std::filesystem::temp_directory_path() / ("infera_server_test_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir / "no_tokenizer");
+  std::ofstream(dir / "no_tokenizer" / "config.json") << "{}";
+  std::ofstream(dir / "bad.jinja") << "{% for x in %}";
+  // Occupy a port so the probe fails.
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  ASSERT_EQ(::listen(fd, 1), 0);
+  socklen_t len = sizeof(addr);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  const int busy_port = ntohs(addr.sin_port);
+
+  DeployConfig c;
+  c.server.port = busy_port;
+  ModelDeployConfig missing;
+  missing.name = "missing";
+  missing.path = (dir / "does_not_exist").string();
+  ModelDeployConfig no_tok;
+  no_tok.name = "no_tok";
+  no_tok.path = (dir / "no_tokenizer").string();
+  ModelDeployConfig dup1;
+  dup1.name = "dup";
+  dup1.path = kStories;
+  dup1.port = 40001;
+  dup1.chat_template_file = (dir / "bad.jinja").string();
+  ModelDeployConfig dup2;
+  dup2.name = "dup";
+  dup2.path = kStories;
+  dup2.port = 40001;
+  dup2.kv_cache_bytes = 1000;  // far too small for 512 tokens
+  dup2.profile = "huge";
+  c.models = {missing, no_tok, dup1, dup2};
+  c.server.api_keys.push_back({"k", "short", {"nobody"}, 0, 0});
+  const std::string msg = error_of([&] { prepare_models(c); });
+  ::close(fd);
+  std::filesystem::remove_all(dir);
+  EXPECT_NE(msg.find("models[0] ('missing').path"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("has no tokenizer.json"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("'dup' is used by two models"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("40001 is also used by models[2].port"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("does not parse"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("line 1"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("kv_cache_memory"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("profile"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("at least 8 characters"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("no model is named 'nobody'"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("server.port: cannot listen"), std::string::npos) << msg;
+}
+
+}  // namespace
+}  // namespace infera::server

@@ -1,0 +1,173 @@
+// A scripted GenerationBackend for server tests: every request "generates" the same
+// token script, one token per `delay`, on the backend's own thread, honouring max_tokens,
+// stop token ids and cancel() like the real engine (the final event carries usage; a stop
+// token ends the request without a token event). kv_blocks_used counts live requests.
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <map>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "infera/base/error.h"
+#include "infera/server/backend.h"
+
+namespace infera::server::testing {
+
+class FakeBackend final : public GenerationBackend {
+ public:
+  FakeBackend(std::vector<int32_t> script, std::chrono::milliseconds delay) : script_(std::move(script)), delay_(delay) {
+    thread_ = std::thread([this] { loop(); });
+  }
+  ~FakeBackend() override {
+    {
+      std::lock_guard lock(mutex_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+
+  RequestId submit(Request request, EventCallback on_event) override {
+    if (request.prompt_ids.empty()) fail("empty prompt");
+    std::lock_guard lock(mutex_);
+    const RequestId id = next_id_++;
+    Live live;
+    live.request = std::move(request);
+    live.on_event = std::move(on_event);
+    live_.emplace(id, std::move(live));
+    ++submitted_;
+    last_seeds_.push_back(live_.at(id).request.sampling.seed);
+    cv_.notify_all();
+    return id;
+  }
+
+  void cancel(RequestId id) override {
+    std::lock_guard lock(mutex_);
+    auto it = live_.find(id);
+    if (it != live_.end()) {
+      it->second.cancelled = true;
+      ++cancels_;
+    }
+    cv_.notify_all();
+  }
+
+  EngineStats stats() const override {
+    std::lock_guard lock(mutex_);
+    EngineStats s;
+    s.running = static_cast<int32_t>(live_.size());
+    s.kv_blocks_used = static_cast<int32_t>(live_.size());
+    s.kv_blocks_total = 1000;
+    s.waiting = waiting_override_;
+    return s;
+  }
+
+  int64_t live() const { return stats().running; }
+  int64_t cancels() const {
+    std::lock_guard lock(mutex_);
+    return cancels_;
+  }
+  int64_t submitted() const {
+    std::lock_guard lock(mutex_);
+    return submitted_;
+  }
+  std::vector<uint64_t> seeds() const {
+    std::lock_guard lock(mutex_);
+    return last_seeds_;
+  }
+  void set_waiting(int32_t n) {
+    std::lock_guard lock(mutex_);
+    waiting_override_ = n;
+  }
+  // Every later request's events go through this gate: when closed, nothing advances.
+  void set_paused(bool paused) {
+    {
+      std::lock_guard lock(mutex_);
+      paused_ = paused;
+    }
+    cv_.notify_all();
+  }
+
+ private:
+  struct Live {
+    Request request;
+    EventCallback on_event;
+    size_t pos = 0;
+    bool cancelled = false;
+  };
+
+  void loop() {
+    std::unique_lock lock(mutex_);
+    while (!stop_) {
+      cv_.wait_for(lock, delay_, [&] { return stop_; });
+      if (stop_) break;
+      if (paused_) continue;
+      std::vector<std::pair<EventCallback*, Event>> out;
+      std::vector<RequestId> finished;
+      for (auto& [id, live] : live_) {
+        Event e;
+        e.id = id;
+        e.usage.prompt_tokens = static_cast<int32_t>(live.request.prompt_ids.size());
+        e.usage.completion_tokens = static_cast<int32_t>(live.pos);
+        if (live.cancelled) {
+          e.finish = FinishReason::kCancelled;
+        } else if (live.pos >= script_.size()) {
+          e.finish = FinishReason::kStop;
+        } else if (live.request.max_tokens >= 0 && static_cast<int32_t>(live.pos) >= live.request.max_tokens) {
+          e.finish = FinishReason::kLength;
+        } else {
+          const int32_t tok = script_[live.pos++];
+          const auto& stops = live.request.stop_token_ids;
+          if (std::find(stops.begin(), stops.end(), tok) != stops.end()) {
+            e.finish = FinishReason::kStop;
+            e.stop_token = tok;
+            e.usage.completion_tokens = static_cast<int32_t>(live.pos);
+          } else {
+            e.token = tok;
+          }
+        }
+        out.emplace_back(&live.on_event, e);
+        if (e.is_final()) finished.push_back(id);
+      }
+      // Deliver outside the lock, as the engine does; the callbacks only queue.
+      std::vector<EventCallback> keep;
+      for (RequestId id : finished) keep.push_back(live_.at(id).on_event);
+      lock.unlock();
+      size_t k = 0;
+      for (auto& [cb, e] : out) {
+        if (e.is_final()) keep[k++](e);
+        else (*cb)(e);
+      }
+      lock.lock();
+      for (RequestId id : finished) live_.erase(id);
+    }
+    // Shutting down: every unfinished request ends cancelled.
+    for (auto& [id, live] : live_) {
+      Event e;
+      e.id = id;
+      e.finish = FinishReason::kCancelled;
+      live.on_event(e);
+    }
+    live_.clear();
+  }
+
+  std::vector<int32_t> script_;
+  std::chrono::milliseconds delay_;
+  mutable std::mutex mutex_;
+  std::condition_variable cv_;
+  std::map<RequestId, Live> live_;
+  RequestId next_id_ = 1;
+  int64_t cancels_ = 0;
+  int64_t submitted_ = 0;
+  int32_t waiting_override_ = 0;
+  bool paused_ = false;
+  std::vector<uint64_t> last_seeds_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+}  // namespace infera::server::testing

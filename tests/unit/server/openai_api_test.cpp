@@ -1,0 +1,134 @@
+#include "infera/server/openai_api.h"
+
+#include <gtest/gtest.h>
+
+namespace infera::server {
+namespace {
+
+using nlohmann::json;
+
+ApiError chat_error(const std::string& body) {
+  try {
+    parse_chat_request(parse_json_body(body));
+  } catch (const ApiException& e) {
+    return e.error;
+  }
+  ADD_FAILURE() << "accepted: " << body;
+  return {};
+}
+
+TEST(OpenAiApi, ParsesAFullChatRequest) {
+  const ChatRequest r = parse_chat_request(parse_json_body(R"({
+    "model": "m", "max_completion_tokens": 7, "max_tokens": 99, "temperature": 0.5, "top_p": 0.9, "top_k": 40,
+    "min_p": 0.05, "seed": 42, "stop": ["a", "b"], "presence_penalty": 0.5, "frequency_penalty": -0.5,
+    "repetition_penalty": 1.1, "n": 2, "stream": true, "stream_options": {"include_usage": true},
+    "messages": [{"role": "system", "content": "s"},
+                 {"role": "user", "content": [{"type": "text", "text": "he"}, {"type": "text", "text": "llo"}]},
+                 {"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function",
+                   "function": {"name": "f", "arguments": "{\"x\":1}"}}]},
+                 {"role": "tool", "tool_call_id": "c1", "content": "42"}],
+    "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]})"));
+  EXPECT_EQ(r.options.model, "m");
+  EXPECT_EQ(r.options.max_tokens, 7);  // max_completion_tokens wins
+  EXPECT_FLOAT_EQ(r.options.temperature, 0.5f);
+  EXPECT_EQ(r.options.top_k, 40);
+  EXPECT_EQ(r.options.seed, 42);
+  EXPECT_EQ(r.options.stop, (std::vector<std::string>{"a", "b"}));
+  EXPECT_EQ(r.options.n, 2);
+  EXPECT_TRUE(r.options.stream);
+  EXPECT_TRUE(r.options.include_usage);
+  ASSERT_EQ(r.messages.size(), 4u);
+  EXPECT_EQ(r.messages[1].content, "hello");
+  EXPECT_FALSE(r.messages[2].content.has_value());
+  ASSERT_EQ(r.messages[2].tool_calls.size(), 1u);
+  EXPECT_EQ(r.messages[2].tool_calls[0].arguments, "{\"x\":1}");
+  EXPECT_TRUE(r.tools_enabled);
+  const json templ = messages_to_template_json(r.messages);
+  EXPECT_EQ(templ[2]["tool_calls"][0]["function"]["arguments"]["x"], 1);  // a mapping for the template
+}
+
+TEST(OpenAiApi, StopAsAString) {
+  const ChatRequest r = parse_chat_request(parse_json_body(R"({"messages":[{"role":"user","content":"x"}],"stop":"\n"})"));
+  EXPECT_EQ(r.options.stop, std::vector<std::string>{"\n"});
+}
+
+TEST(OpenAiApi, BadChatRequestsNameTheParameter) {
+  struct Case {
+    const char* body;
+    const char* param;  // nullptr: no param
+  };
+  const Case cases[] = {
+      {R"({"messages": "hi"})", "messages"},
+      {R"({"messages": []})", "messages"},
+      {R"({})", "messages"},
+      {R"({"messages":[{"role":"wizard","content":"x"}]})", "messages[0].role"},
+      {R"({"messages":[{"content":"x"}]})", "messages[0].role"},
+      {R"({"messages":[{"role":"user"}]})", "messages[0].content"},
+      {R"({"messages":[{"role":"user","content":5}]})", "messages[0].content"},
+      {R"({"messages":[{"role":"user","content":[{"type":"image_url"}]}]})", "messages[0].content[0].type"},
+      {R"({"messages":[{"role":"user","content":"x"}],"max_tokens":-1})", "max_tokens"},
+      {R"({"messages":[{"role":"user","content":"x"}],"max_tokens":0})", "max_tokens"},
+      {R"({"messages":[{"role":"user","content":"x"}],"max_tokens":"5"})", "max_tokens"},
+      {R"({"messages":[{"role":"user","content":"x"}],"max_tokens":1.5})", "max_tokens"},
+      {R"({"messages":[{"role":"user","content":"x"}],"temperature":3})", "temperature"},
+      {R"({"messages":[{"role":"user","content":"x"}],"temperature":"hot"})", "temperature"},
+      {R"({"messages":[{"role":"user","content":"x"}],"top_p":0})", "top_p"},
+      {R"({"messages":[{"role":"user","content":"x"}],"n":0})", "n"},
+      {R"({"messages":[{"role":"user","content":"x"}],"n":1000})", "n"},
+      {R"({"messages":[{"role":"user","content":"x"}],"stop":5})", "stop"},
+      {R"({"messages":[{"role":"user","content":"x"}],"stop":["a",1]})", "stop[1]"},
+      {R"({"messages":[{"role":"user","content":"x"}],"stream":"yes"})", "stream"},
+      {R"({"messages":[{"role":"user","content":"x"}],"stream_options":{"include_usage":true}})", "stream_options"},
+      {R"({"messages":[{"role":"user","content":"x"}],"model":7})", "model"},
+      {R"({"messages":[{"role":"user","content":"x"}],"tools":[{"type":"function"}]})", "tools[0].function"},
+      {R"({"messages":[{"role":"user","content":"x"}],"tool_choice":"sometimes"})", "tool_choice"},
+      {R"({"messages":[{"role":"user","content":"x"}],"top_logprobs":3})", "top_logprobs"},
+      {R"({"messages":[{"role":"user","content":"x"}],"presence_penalty":5})", "presence_penalty"},
+      {R"([1,2,3])", nullptr},
+  };
+  for (const auto& c : cases) {
+    const ApiError e = chat_error(c.body);
+    EXPECT_EQ(e.status, 400) << c.body;
+    EXPECT_EQ(e.type, "invalid_request_error") << c.body;
+    EXPECT_FALSE(e.message.empty()) << c.body;
+    if (c.param) EXPECT_EQ(e.param.value_or("<none>"), c.param) << c.body;
+  }
+}
+
+TEST(OpenAiApi, MalformedBodies) {
+  for (const std::string body : {std::string(""), std::string("{"), std::string("{\"a\": tru}"), std::string("{\"a\": \"\xff\"}"),
+                                 std::string(200, '[') + std::string(200, ']')}) {
+    try {
+      parse_json_body(body);
+      ADD_FAILURE() << "accepted: " << body;
+    } catch (const ApiException& e) {
+      EXPECT_EQ(e.error.status, 400);
+      EXPECT_EQ(e.error.message.find("json.exception"), std::string::npos) << e.error.message;
+    }
+  }
+  EXPECT_NO_THROW(parse_json_body(std::string(60, '[') + std::string(60, ']')));
+}
+
+TEST(OpenAiApi, CompletionPromptForms) {
+  auto parse = [](const char* body) { return parse_completion_request(parse_json_body(body)); };
+  EXPECT_EQ(parse(R"({"prompt":"hi"})").prompts.size(), 1u);
+  EXPECT_EQ(parse(R"({"prompt":[1,2,3]})").prompts.size(), 1u);
+  EXPECT_EQ(parse(R"({"prompt":["a","b"],"n":2})").prompts.size(), 2u);
+  EXPECT_EQ(parse(R"({"prompt":[[1,2],[3]]})").prompts.size(), 2u);
+  EXPECT_EQ(parse(R"({"prompt":"x","logprobs":2})").options.top_logprobs, 2);
+  for (const char* bad : {R"({})", R"({"prompt":5})", R"({"prompt":[]})", R"({"prompt":[1,"a"]})", R"({"prompt":[-1]})",
+                          R"({"prompt":"x","echo":1})", R"({"prompt":"x","suffix":"y"})", R"({"prompt":["a","b"],"n":16})"}) {
+    EXPECT_THROW(parse(bad), ApiException) << bad;
+  }
+}
+
+TEST(OpenAiApi, ErrorJsonShape) {
+  const json j = error_to_json(bad_request("m", "p"));
+  EXPECT_EQ(j["error"]["message"], "m");
+  EXPECT_EQ(j["error"]["type"], "invalid_request_error");
+  EXPECT_EQ(j["error"]["param"], "p");
+  EXPECT_TRUE(j["error"]["code"].is_null());
+}
+
+}  // namespace
+}  // namespace infera::server
