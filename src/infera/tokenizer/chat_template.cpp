@@ -152,8 +152,23 @@ ChatTemplateConfig load_chat_template_config(const std::string& tokenizer_dir) {
   } else if (it != config.end() && !it->is_null()) {
     fail("{}: chat_template must be a string or a list of {{name, template}}", config_path.string());
   }
+  // Newer transformers save the template beside the config instead.
   const fs::path jinja_path = fs::path(tokenizer_dir) / "chat_template.jinja";
-  if (result.chat_template.empty() && fs::exists(jinja_path)) result.chat_template = read_text_file(jinja_path);
+  const fs::path json_path = fs::path(tokenizer_dir) / "chat_template.json";
+  if (result.chat_template.empty() && fs::exists(jinja_path)) {
+    result.chat_template = read_text_file(jinja_path);
+  } else if (result.chat_template.empty() && fs::exists(json_path)) {
+    nlohmann::json saved;
+    try {
+      saved = nlohmann::json::parse(read_text_file(json_path));
+    } catch (const nlohmann::json::parse_error& e) {
+      fail("{}: invalid JSON: {}", json_path.string(), e.what());
+    }
+    if (!saved.is_object() || !saved.contains("chat_template") || !saved["chat_template"].is_string()) {
+      fail("{}: expected {{\"chat_template\": \"...\"}}", json_path.string());
+    }
+    result.chat_template = saved["chat_template"].get<std::string>();
+  }
   return result;
 }
 

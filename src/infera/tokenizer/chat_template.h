@@ -65,9 +65,9 @@ struct ChatTemplateConfig {
 };
 
 // Reads dir/tokenizer_config.json: chat_template (a string, or a list of {name, template}
-// of which "default" is taken), bos_token / eos_token (strings or {"content": ...}). A
-// chat_template.jinja file beside it (newer transformers) is used when the config has no
-// template. Throws infera::Error naming the file on a missing file or bad JSON.
+// of which "default" is taken), bos_token / eos_token (strings or {"content": ...}). When
+// the config has no template, chat_template.jinja or chat_template.json beside it (newer
+// transformers) is used. Throws infera::Error naming the file on a missing file or bad JSON.
 ChatTemplateConfig load_chat_template_config(const std::string& tokenizer_dir);
 
 }  // namespace infera

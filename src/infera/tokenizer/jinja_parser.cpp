@@ -136,8 +136,8 @@ class Parser {
       expect_end_tag("endfilter");
       return node;
     }
-    if (name == "call") error("{% call %} blocks are not supported in chat templates");
-    error("unknown statement '" + name + "'");
+    if (name == "call") throw SourceError("{% call %} blocks are not supported in chat templates", offset);
+    throw SourceError("unknown statement '" + name + "'", offset);
   }
 
   NodePtr parse_set(size_t offset) {
