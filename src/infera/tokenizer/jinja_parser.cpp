@@ -101,6 +101,7 @@ class Parser {
   }
 
   NodePtr parse_statement() {
+    DepthGuard guard(*this);
     expect(TokenType::kOpenStatement, "{%");
     if (!is(TokenType::kIdentifier)) error("expected a statement name after {%");
     const Token& name_token = tokens_[pos_++];
@@ -257,7 +258,20 @@ class Parser {
     return tuple;
   }
 
-  NodePtr parse_expression() { return parse_if_expression(); }
+  // Nesting is bounded so that a hostile template cannot overflow the stack.
+  struct DepthGuard {
+    explicit DepthGuard(Parser& p) : parser(p) {
+      if (++parser.depth_ > kMaxNesting) parser.error("expressions or blocks nested too deeply");
+    }
+    ~DepthGuard() { --parser.depth_; }
+    Parser& parser;
+  };
+  static constexpr int kMaxNesting = 200;
+
+  NodePtr parse_expression() {
+    DepthGuard guard(*this);
+    return parse_if_expression();
+  }
 
   NodePtr parse_if_expression() {
     NodePtr value = parse_or();
@@ -306,6 +320,7 @@ class Parser {
 
   NodePtr parse_not() {
     if (is_identifier("not")) {
+      DepthGuard guard(*this);
       auto node = make(NodeKind::kUnary, tokens_[pos_++].offset);
       node->text = "not";
       node->a = parse_not();
@@ -401,6 +416,7 @@ class Parser {
   NodePtr parse_unary_sign() {
     const Token* t = peek();
     if (t && (t->type == TokenType::kUnary || t->type == TokenType::kAdditive) && (t->value == "-" || t->value == "+")) {
+      DepthGuard guard(*this);
       auto node = make(NodeKind::kUnary, t->offset);
       node->text = t->value;
       ++pos_;
@@ -577,6 +593,7 @@ class Parser {
   std::vector<Token> tokens_;
   size_t pos_ = 0;
   size_t end_offset_;
+  int depth_ = 0;
 };
 
 }  // namespace

@@ -46,6 +46,13 @@ TEST(ChatTemplateTest, SyntaxErrorsNameLineAndColumn) {
   EXPECT_EQ(error_of([] { ChatTemplate("{{ 'unterminated }}"); }), "chat template: line 1, column 4: unterminated string literal");
   EXPECT_EQ(error_of([] { ChatTemplate("{# open comment"); }), "chat template: line 1, column 1: comment is not closed with #}");
   EXPECT_EQ(error_of([] { ChatTemplate("{{ a ! b }}"); }), "chat template: line 1, column 6: unexpected character '!'");
+  // Hostile nesting is an error, not a stack overflow.
+  const std::string deep = "{{ " + std::string(100000, '(') + "1" + std::string(100000, ')') + " }}";
+  EXPECT_NE(error_of([&] { ChatTemplate{deep}; }).find("nested too deeply"), std::string::npos);
+  EXPECT_NE(error_of([] { ChatTemplate{"{{ " + std::string(100000, '-') + "1 }}"}; }).find("nested too deeply"), std::string::npos);
+  std::string deep_ifs;
+  for (int i = 0; i < 5000; ++i) deep_ifs += "{% if x %}";
+  EXPECT_NE(error_of([&] { ChatTemplate{deep_ifs}; }).find("nested too deeply"), std::string::npos);
 }
 
 TEST(ChatTemplateTest, RenderErrorsNameTheExpression) {
