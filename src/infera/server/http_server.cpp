@@ -1,5 +1,7 @@
 #include "infera/server/http_server.h"
 
+#include <sys/socket.h>
+
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
@@ -63,7 +65,7 @@ ApiError internal_error() {
 void send_error(httplib::Response& res, const ApiError& e) {
   res.status = e.status;
   if (e.retry_after_s > 0) res.set_header("Retry-After", std::to_string(e.retry_after_s));
-  res.set_content(error_to_json(e).dump(), "application/json");
+  res.set_content(error_to_json(e).dump(-1, ' ', false, json::error_handler_t::replace), "application/json");
 }
 
 std::string sse(const json& j) {
@@ -864,12 +866,23 @@ struct HttpServer::Impl {
   }
 
   void bind_listener(Listener& l, const std::string& what) {
+    // The packaged cpp-httplib listens with a backlog of 5: a burst of clients connecting
+    // at once would see dropped SYNs and one-second retries. Remember the socket so its
+    // backlog can be raised after httplib's listen() (a second listen() on Linux does that).
+    int fd = -1;
+    l.server->set_socket_options([&fd](socket_t sock) {
+      int yes = 1;
+      ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+      fd = sock;
+    });
     if (l.port == 0) {
       l.port = l.server->bind_to_any_port(config.host);
       if (l.port < 0) fail("{}: cannot listen on {} (any port)", what, config.host);
     } else if (!l.server->bind_to_port(config.host, l.port)) {
       fail("{}: cannot listen on {}:{}; the port is in use or the address is not local; pick another port", what, config.host, l.port);
     }
+    if (fd >= 0) ::listen(fd, 1024);
+    l.server->set_socket_options([](socket_t) {});  // `fd` above is gone
   }
 };
 

@@ -255,12 +255,45 @@ int max_depth(const std::string& s) {
   return deepest;
 }
 
+// Byte offset of the first invalid UTF-8 sequence (overlongs, surrogates and code points
+// above U+10FFFF included), or npos.
+size_t invalid_utf8_offset(const std::string& s) {
+  size_t i = 0;
+  const size_t n = s.size();
+  while (i < n) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    if (c < 0x80) {
+      ++i;
+      continue;
+    }
+    int len = 0;
+    uint32_t cp = 0;
+    if ((c & 0xE0) == 0xC0) len = 2, cp = c & 0x1F;
+    else if ((c & 0xF0) == 0xE0) len = 3, cp = c & 0x0F;
+    else if ((c & 0xF8) == 0xF0) len = 4, cp = c & 0x07;
+    else return i;
+    if (i + len > n) return i;
+    for (int k = 1; k < len; ++k) {
+      const auto cc = static_cast<unsigned char>(s[i + k]);
+      if ((cc & 0xC0) != 0x80) return i;
+      cp = (cp << 6) | (cc & 0x3F);
+    }
+    const uint32_t min_cp[] = {0, 0, 0x80, 0x800, 0x10000};
+    if (cp < min_cp[len] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return i;
+    i += len;
+  }
+  return std::string::npos;
+}
+
 }  // namespace
 
 json parse_json_body(const std::string& body) {
   if (body.empty()) throw_api(bad_request("the request body is empty; send a JSON object"));
   if (max_depth(body) > kMaxJsonDepth) {
     throw_api(bad_request(fmt::format("the request JSON is nested deeper than {} levels", kMaxJsonDepth)));
+  }
+  if (const size_t bad = invalid_utf8_offset(body); bad != std::string::npos) {
+    throw_api(bad_request(fmt::format("the request body is not valid UTF-8 (byte {})", bad)));
   }
   try {
     return json::parse(body);

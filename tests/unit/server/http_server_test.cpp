@@ -315,6 +315,8 @@ TEST(HttpServer, ThirtyTwoConcurrentStreams) {
     clients.emplace_back([&] {
       auto r = s.post("/v1/chat/completions", with(kChat, {{"stream", true}}));
       if (r && r->status == 200 && streamed_text(r->body) == expected) ++ok;
+      else if (!r) ADD_FAILURE() << "no response: " << httplib::to_string(r.error());
+      else ADD_FAILURE() << r->status << " " << r->body.substr(0, 300);
     });
   }
   for (auto& t : clients) t.join();

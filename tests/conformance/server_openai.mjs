@@ -1,0 +1,111 @@
+// The official `openai` npm client against `infera serve` with the real stories260K
+// model (ChatML template from data/): chat, chat streaming, completions, models list, a
+// tool-call round trip (assistant tool_calls + tool result accepted and rendered), and
+// HTTP errors surfacing as the client's typed errors.
+//
+//   node server_openai.mjs <path-to-infera-binary>
+import OpenAI from "openai";
+
+import { check, checkEq, chatmlTemplate, finish, startServer, storiesDir } from "./server_common.mjs";
+
+const key = "conformance-key-0123456789";
+const server = await startServer(["-m", storiesDir, "--name", "stories", "--chat-template", chatmlTemplate, "--api-key", key]);
+const client = new OpenAI({ apiKey: key, baseURL: `${server.url}/v1`, maxRetries: 0 });
+
+try {
+  // Models list.
+  const models = await client.models.list();
+  checkEq(models.data.map((m) => m.id), ["stories"], "models.list ids");
+  checkEq(models.data[0].object, "model", "model object");
+
+  // Completions: greedy continuation of the TinyStories opening (llama2.c's published text).
+  const completion = await client.completions.create({ model: "stories", prompt: "Once upon a time", max_tokens: 20, temperature: 0 });
+  check(completion.choices[0].text.startsWith(", there was a little girl named Lily"), `completion text: ${JSON.stringify(completion.choices[0].text)}`);
+  checkEq(completion.choices[0].finish_reason, "length", "completion finish_reason");
+  checkEq(completion.usage.completion_tokens, 20, "completion usage.completion_tokens");
+  check(completion.usage.prompt_tokens > 0, "completion usage.prompt_tokens");
+
+  // Chat, then the same request streamed: identical text (greedy).
+  const messages = [
+    { role: "system", content: "You tell short stories." },
+    { role: "user", content: "Tell me about a cat." },
+  ];
+  const chat = await client.chat.completions.create({ model: "stories", messages, max_tokens: 24, temperature: 0 });
+  const text = chat.choices[0].message.content;
+  check(typeof text === "string" && text.length > 0, "chat content is text");
+  checkEq(chat.choices[0].message.role, "assistant", "chat role");
+  check(["stop", "length"].includes(chat.choices[0].finish_reason), "chat finish_reason");
+  checkEq(chat.object, "chat.completion", "chat object");
+
+  const stream = await client.chat.completions.create({
+    model: "stories", messages, max_tokens: 24, temperature: 0, stream: true, stream_options: { include_usage: true },
+  });
+  let streamed = "";
+  let finishReason = null;
+  let usage = null;
+  let chunks = 0;
+  for await (const part of stream) {
+    ++chunks;
+    if (part.usage) usage = part.usage;
+    for (const c of part.choices) {
+      streamed += c.delta?.content ?? "";
+      if (c.finish_reason) finishReason = c.finish_reason;
+    }
+  }
+  checkEq(streamed, text, "streamed chat equals the non-streamed chat");
+  checkEq(finishReason, chat.choices[0].finish_reason, "streamed finish_reason");
+  checkEq(usage?.completion_tokens, chat.usage.completion_tokens, "streamed usage");
+  check(chunks > 3, "several chunks streamed");
+
+  // Completions streaming.
+  const cstream = await client.completions.create({ model: "stories", prompt: "Once upon a time", max_tokens: 20, temperature: 0, stream: true });
+  let ctext = "";
+  for await (const part of cstream) ctext += part.choices[0]?.text ?? "";
+  checkEq(ctext, completion.choices[0].text, "streamed completion equals the non-streamed one");
+
+  // Tool-call round trip: the client sends tools, then its tool result after an assistant
+  // turn that called the tool; the server must render both and answer normally.
+  const tools = [{
+    type: "function",
+    function: { name: "get_weather", description: "Weather of a city", parameters: { type: "object", properties: { city: { type: "string" } }, required: ["city"] } },
+  }];
+  const first = await client.chat.completions.create({ model: "stories", messages: [{ role: "user", content: "Weather in Paris?" }], tools, max_tokens: 8, temperature: 0 });
+  check(["stop", "length", "tool_calls"].includes(first.choices[0].finish_reason), "chat with tools answers");
+  const second = await client.chat.completions.create({
+    model: "stories",
+    tools,
+    max_tokens: 8,
+    temperature: 0,
+    messages: [
+      { role: "user", content: "Weather in Paris?" },
+      { role: "assistant", content: null, tool_calls: [{ id: "call_1", type: "function", function: { name: "get_weather", arguments: JSON.stringify({ city: "Paris" }) } }] },
+      { role: "tool", tool_call_id: "call_1", content: "sunny, 21 C" },
+    ],
+  });
+  check(typeof second.choices[0].message.content === "string", "tool result turn answered");
+
+  // Errors surface as the client's typed errors.
+  const expectError = async (what, cls, status, fn) => {
+    try {
+      await fn();
+      check(false, `${what}: no error`);
+    } catch (e) {
+      check(e instanceof cls, `${what}: expected ${cls.name}, got ${e?.constructor?.name}: ${e?.message}`);
+      checkEq(e.status, status, `${what}: status`);
+      check(typeof e.error?.message === "string" || typeof e.message === "string", `${what}: message`);
+    }
+  };
+  await expectError("unknown model", OpenAI.NotFoundError, 404, () => client.chat.completions.create({ model: "nope", messages }));
+  await expectError("max_tokens over the limit", OpenAI.BadRequestError, 400, () =>
+    client.chat.completions.create({ model: "stories", messages, max_tokens: 100000 }));
+  await expectError("bad temperature", OpenAI.BadRequestError, 400, () =>
+    client.chat.completions.create({ model: "stories", messages, temperature: 7 }));
+  await expectError("empty messages", OpenAI.BadRequestError, 400, () => client.chat.completions.create({ model: "stories", messages: [] }));
+  const wrongKey = new OpenAI({ apiKey: "wrong-key-000000", baseURL: `${server.url}/v1`, maxRetries: 0 });
+  await expectError("wrong key", OpenAI.AuthenticationError, 401, () => wrongKey.models.list());
+  await expectError("wrong key on chat", OpenAI.AuthenticationError, 401, () => wrongKey.chat.completions.create({ model: "stories", messages }));
+} finally {
+  const { code } = await server.stop("SIGTERM");
+  checkEq(code, 0, "server exits 0 after SIGTERM");
+}
+finish("server_openai");
