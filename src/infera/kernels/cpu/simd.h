@@ -37,6 +37,7 @@ struct Simd {
   using V = __m512;
   static constexpr int kLanes = 16;
   static V zero() { return _mm512_setzero_ps(); }
+  static void prefetch(const void* p) { _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T0); }
   static V set1(float a) { return _mm512_set1_ps(a); }
   static V load(const float* p) { return _mm512_loadu_ps(p); }
   static void store(float* p, V v) { _mm512_storeu_ps(p, v); }
@@ -110,6 +111,7 @@ struct Simd {
   using V = __m256;
   static constexpr int kLanes = 8;
   static V zero() { return _mm256_setzero_ps(); }
+  static void prefetch(const void* p) { _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T0); }
   static V set1(float a) { return _mm256_set1_ps(a); }
   static V load(const float* p) { return _mm256_loadu_ps(p); }
   static void store(float* p, V v) { _mm256_storeu_ps(p, v); }
@@ -187,6 +189,7 @@ struct Simd {
   using V = float;
   static constexpr int kLanes = 1;
   static V zero() { return 0.0f; }
+  static void prefetch(const void*) {}
   static V set1(float a) { return a; }
   static V load(const float* p) { return *p; }
   static void store(float* p, V v) { *p = v; }

@@ -1,0 +1,26 @@
+// Per-ISA tables of the quantized kernels (kernels/quant.h). quant_avx2.cpp and
+// quant_avx512.cpp compile quant_impl.h with their own flags; the scalar path is the
+// reference itself (quant.cpp). Arguments are validated by the public wrappers.
+#pragma once
+
+#include <cstdint>
+
+#include "infera/kernels/quant.h"
+
+namespace infera::kernels {
+
+struct QuantKernelTable {
+  void (*quantize_activations)(const float* x, int64_t m, int64_t k, int8_t* q, int64_t ld,
+                               float* scale, int32_t* block_sums);
+  void (*qmatmul)(const float* x, int64_t m, const QuantMatRef& w, float* y);
+};
+
+namespace quant_avx2 { const QuantKernelTable& table(); }
+namespace quant_avx512 { const QuantKernelTable& table(); }
+
+// Activation rows are padded to this many columns (one zmm of int8), so SIMD loops read
+// whole vectors of x; the padding is zero.
+constexpr int64_t kActivationPad = 64;
+inline int64_t activation_ld(int64_t k) { return (k + kActivationPad - 1) / kActivationPad * kActivationPad; }
+
+}  // namespace infera::kernels

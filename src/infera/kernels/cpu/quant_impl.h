@@ -1,0 +1,385 @@
+// The SIMD quantized kernels, written once and compiled twice: quant_avx2.cpp
+// (INFERA_QUANT_AVX512 0: maddubs/madd) and quant_avx512.cpp (1: vpdpbusd, AVX-512 VNNI).
+// Include it from nowhere else. See kernels/quant.h for the formats and the u8 x s8 tricks.
+//
+// Both GEMV (decode) and GEMM (prefill) run the same register tile: M tokens x R weight
+// rows (M * R <= 4 accumulator sets). Weight rows are split into blocks of ~32 KiB handed
+// to threads dynamically; inside a block every group of 4 tokens sweeps the block while it
+// sits in L1/L2, so each weight is unpacked once per 4 tokens and read from DRAM once.
+#pragma once
+
+#include <immintrin.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "infera/base/threads.h"
+#include "infera/kernels/cpu/quant_dispatch.h"
+
+namespace infera::kernels::INFERA_QUANT_NS {
+namespace {
+
+// ---- primitives ------------------------------------------------------------------------
+
+// acc (8 x i32) += dot products of 4 adjacent u8 x s8 pairs.
+inline __m256i dot_u8s8(__m256i acc, __m256i u, __m256i s) {
+#if INFERA_QUANT_AVX512
+  return _mm256_dpbusd_epi32(acc, u, s);
+#else
+  // u <= 15 here (int4 nibbles): 2 * 15 * 127 fits int16, maddubs cannot saturate.
+  const __m256i p16 = _mm256_maddubs_epi16(u, s);
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(p16, _mm256_set1_epi16(1)));
+#endif
+}
+
+inline float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+inline int32_t hsum_i32(__m256i v) {
+  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(1, 0, 3, 2)));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(2, 3, 0, 1)));
+  return _mm_cvtsi128_si32(s);
+}
+
+inline float f16_scale(const uint16_t* p) { return _cvtsh_ss(*p); }
+
+// The 32 nibbles of one 32-column run, as u8 in column order.
+inline __m256i unpack_nibbles(const uint8_t* p) {
+  const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  const __m128i m = _mm_set1_epi8(0x0f);
+  const __m128i lo = _mm_and_si128(b, m);
+  const __m128i hi = _mm_and_si128(_mm_srli_epi16(b, 4), m);
+  return _mm256_set_m128i(hi, lo);
+}
+
+// Splits [0, n) into pieces of `grain` handed out dynamically (the machine is shared: a
+// thread that loses its core must not hold the others back).
+template <class F>
+void parallel_chunks(int64_t n, int64_t grain, F&& f) {
+  const int threads = num_threads();
+  if (threads <= 1 || n < 2 * grain || omp_in_parallel()) {
+    f(int64_t{0}, n);
+    return;
+  }
+  const int64_t pieces = (n + grain - 1) / grain;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
+  for (int64_t p = 0; p < pieces; ++p) f(p * grain, std::min(n, (p + 1) * grain));
+}
+
+// ---- activation quantization (bit-identical to ref::quantize_activations) ---------------
+
+void quantize_activations(const float* x, int64_t m, int64_t k, int8_t* q, int64_t ld, float* scale,
+                          int32_t* block_sums) {
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  const __m256i perm = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  for (int64_t i = 0; i < m; ++i) {
+    const float* xr = x + i * k;
+    int8_t* qr = q + i * ld;
+    __m256 vmax = _mm256_setzero_ps();
+    int64_t t = 0;
+    for (; t + 8 <= k; t += 8) vmax = _mm256_max_ps(vmax, _mm256_and_ps(_mm256_loadu_ps(xr + t), abs_mask));
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(vmax), _mm256_extractf128_ps(vmax, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+    float amax = _mm_cvtss_f32(m4);
+    for (; t < k; ++t) amax = std::max(amax, std::fabs(xr[t]));
+    t = 0;
+    if (amax == 0.0f) {
+      scale[i] = 0.0f;
+    } else {
+      scale[i] = amax / 127.0f;
+      const float inv = 127.0f / amax;
+      const __m256 vinv = _mm256_set1_ps(inv);
+      const __m256i lo = _mm256_set1_epi32(-127), hi = _mm256_set1_epi32(127);
+      auto cvt = [&](const float* p) {
+        const __m256i v = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(p), vinv));  // nearest even
+        return _mm256_min_epi32(_mm256_max_epi32(v, lo), hi);
+      };
+      for (; t + 32 <= k; t += 32) {
+        const __m256i a = cvt(xr + t), b = cvt(xr + t + 8), c = cvt(xr + t + 16), d = cvt(xr + t + 24);
+        const __m256i ab = _mm256_packs_epi32(a, b), cd = _mm256_packs_epi32(c, d);
+        const __m256i abcd = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(ab, cd), perm);
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(qr + t), abcd);
+      }
+      for (; t < k; ++t) {
+        const float v = std::nearbyint(xr[t] * inv);
+        qr[t] = static_cast<int8_t>(std::clamp(v, -127.0f, 127.0f));
+      }
+    }
+    for (; t < ld; ++t) qr[t] = 0;
+    if (block_sums) {
+      int32_t* bs = block_sums + i * (ld / 32);
+      for (int64_t b = 0; b < ld / 32; ++b) {
+        int32_t s = 0;
+        for (int j = 0; j < 32; ++j) s += qr[b * 32 + j];
+        bs[b] = s;
+      }
+    }
+  }
+}
+
+// Per-thread buffers for quantized activations: grow once, never per call.
+struct ActivationScratch {
+  std::vector<int8_t> q;
+  std::vector<float> scale;
+  std::vector<int32_t> block_sums;
+};
+ActivationScratch& activation_scratch() {
+  static thread_local ActivationScratch s;
+  return s;
+}
+
+// ---- W8A8 ---------------------------------------------------------------------------------
+
+// y[i * ldy + r] for i < M, r < R: rows w[r * k ...] against quantized tokens xq[i * ld ...].
+template <int M, int R>
+inline void w8a8_tile(const int8_t* xq, int64_t ld, const float* dx, const int8_t* w, int64_t k,
+                      const float* dw, float* y, int64_t ldy) {
+#if INFERA_QUANT_AVX512
+  __m512i acc[M][R], wsum[R];
+  for (int r = 0; r < R; ++r) {
+    wsum[r] = _mm512_setzero_si512();
+    for (int i = 0; i < M; ++i) acc[i][r] = _mm512_setzero_si512();
+  }
+  const __m512i ones = _mm512_set1_epi8(1), offset = _mm512_set1_epi8(static_cast<char>(0x80));
+  for (int64_t t = 0; t < k; t += 64) {
+    // x is zero-padded to ld (its u8 form reads 128 there, against masked-out zero weights).
+    const __mmask64 mask = t + 64 <= k ? ~__mmask64{0} : ((__mmask64{1} << (k - t)) - 1);
+    __m512i xu[M];
+    for (int i = 0; i < M; ++i) xu[i] = _mm512_xor_si512(_mm512_loadu_si512(xq + i * ld + t), offset);
+    for (int r = 0; r < R; ++r) {
+      const __m512i wv = _mm512_maskz_loadu_epi8(mask, w + r * k + t);
+      wsum[r] = _mm512_dpbusd_epi32(wsum[r], ones, wv);
+      for (int i = 0; i < M; ++i) acc[i][r] = _mm512_dpbusd_epi32(acc[i][r], xu[i], wv);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    const int32_t ws = _mm512_reduce_add_epi32(wsum[r]);
+    for (int i = 0; i < M; ++i) {
+      const int32_t dot = _mm512_reduce_add_epi32(acc[i][r]) - 128 * ws;
+      y[i * ldy + r] = static_cast<float>(dot) * (dx[i] * dw[r]);
+    }
+  }
+#else
+  __m256i acc[M][R];
+  for (int r = 0; r < R; ++r)
+    for (int i = 0; i < M; ++i) acc[i][r] = _mm256_setzero_si256();
+  const __m256i ones16 = _mm256_set1_epi16(1);
+  int64_t t = 0;
+  for (; t + 32 <= k; t += 32) {
+    __m256i xv[M];
+    for (int i = 0; i < M; ++i) xv[i] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + i * ld + t));
+    for (int r = 0; r < R; ++r) {
+      const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + r * k + t));
+      const __m256i uw = _mm256_sign_epi8(wv, wv);  // |w| as u8
+      for (int i = 0; i < M; ++i) {
+        // |w| * (x * sign(w)) = w * x; |x|, |w| <= 127 so the int16 pair sums cannot saturate.
+        const __m256i p16 = _mm256_maddubs_epi16(uw, _mm256_sign_epi8(xv[i], wv));
+        acc[i][r] = _mm256_add_epi32(acc[i][r], _mm256_madd_epi16(p16, ones16));
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    for (int i = 0; i < M; ++i) {
+      int32_t dot = hsum_i32(acc[i][r]);
+      for (int64_t u = t; u < k; ++u) dot += static_cast<int32_t>(w[r * k + u]) * xq[i * ld + u];
+      y[i * ldy + r] = static_cast<float>(dot) * (dx[i] * dw[r]);
+    }
+  }
+#endif
+}
+
+// ---- W4A8 ---------------------------------------------------------------------------------
+
+template <int M, int R>
+inline void w4a8_tile(const int8_t* xq, int64_t ld, const float* dx, const int32_t* bsums, const uint8_t* w,
+                      int64_t k, int64_t gs, const uint16_t* scales, float* y, int64_t ldy) {
+  const int64_t row_bytes = k / 2, groups = k / gs, blocks_per_group = gs / 32, bld = ld / 32;
+  __m256 facc[M][R];
+  float corr[M][R];
+  for (int i = 0; i < M; ++i)
+    for (int r = 0; r < R; ++r) {
+      facc[i][r] = _mm256_setzero_ps();
+      corr[i][r] = 0.0f;
+    }
+  for (int64_t g = 0; g < groups; ++g) {
+    __m256i iacc[M][R];
+    for (int i = 0; i < M; ++i)
+      for (int r = 0; r < R; ++r) iacc[i][r] = _mm256_setzero_si256();
+    for (int64_t b = 0; b < blocks_per_group; ++b) {
+      const int64_t col = g * gs + b * 32;
+      __m256i xv[M];
+      for (int i = 0; i < M; ++i) xv[i] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + i * ld + col));
+      for (int r = 0; r < R; ++r) {
+        const __m256i wv = unpack_nibbles(w + r * row_bytes + col / 2);
+        for (int i = 0; i < M; ++i) iacc[i][r] = dot_u8s8(iacc[i][r], wv, xv[i]);
+      }
+    }
+    int32_t xsum[M];
+    for (int i = 0; i < M; ++i) {
+      xsum[i] = 0;
+      for (int64_t b = 0; b < blocks_per_group; ++b) xsum[i] += bsums[i * bld + g * blocks_per_group + b];
+    }
+    for (int r = 0; r < R; ++r) {
+      const float d = f16_scale(scales + r * groups + g);
+      const __m256 dv = _mm256_set1_ps(d);
+      for (int i = 0; i < M; ++i) {
+        facc[i][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(iacc[i][r]), dv, facc[i][r]);
+        corr[i][r] += d * static_cast<float>(xsum[i]);  // the nibbles carry +8
+      }
+    }
+  }
+  for (int i = 0; i < M; ++i)
+    for (int r = 0; r < R; ++r) y[i * ldy + r] = dx[i] * (hsum(facc[i][r]) - 8.0f * corr[i][r]);
+}
+
+// ---- W4A16 --------------------------------------------------------------------------------
+
+template <int M, int R>
+inline void w4a16_tile(const float* x, int64_t k, const uint8_t* w, int64_t gs, const uint16_t* scales, float* y,
+                       int64_t ldy) {
+  const int64_t row_bytes = k / 2, groups = k / gs, blocks_per_group = gs / 32;
+  const __m128i mask = _mm_set1_epi8(0x0f);
+  const __m256 eight = _mm256_set1_ps(8.0f);
+  __m256 acc[M][R];
+  for (int i = 0; i < M; ++i)
+    for (int r = 0; r < R; ++r) acc[i][r] = _mm256_setzero_ps();
+  for (int64_t g = 0; g < groups; ++g) {
+    __m256 gacc[M][R];
+    for (int i = 0; i < M; ++i)
+      for (int r = 0; r < R; ++r) gacc[i][r] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < blocks_per_group; ++b) {
+      const int64_t col = g * gs + b * 32;
+      for (int r = 0; r < R; ++r) {
+        const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + r * row_bytes + col / 2));
+        const __m128i lo = _mm_and_si128(bytes, mask);
+        const __m128i hi = _mm_and_si128(_mm_srli_epi16(bytes, 4), mask);
+        __m256 wv[4];
+        wv[0] = _mm256_sub_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo)), eight);
+        wv[1] = _mm256_sub_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8))), eight);
+        wv[2] = _mm256_sub_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi)), eight);
+        wv[3] = _mm256_sub_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8))), eight);
+        for (int i = 0; i < M; ++i) {
+          const float* xr = x + i * k + col;
+          for (int v = 0; v < 4; ++v) gacc[i][r] = _mm256_fmadd_ps(wv[v], _mm256_loadu_ps(xr + 8 * v), gacc[i][r]);
+        }
+      }
+    }
+    for (int r = 0; r < R; ++r) {
+      const __m256 dv = _mm256_set1_ps(f16_scale(scales + r * groups + g));
+      for (int i = 0; i < M; ++i) acc[i][r] = _mm256_fmadd_ps(gacc[i][r], dv, acc[i][r]);
+    }
+  }
+  for (int i = 0; i < M; ++i)
+    for (int r = 0; r < R; ++r) y[i * ldy + r] = hsum(acc[i][r]);
+}
+
+// ---- driver ---------------------------------------------------------------------------------
+
+struct Operands {
+  const QuantMatRef* w;
+  const float* x;     // W4A16: f32 activations [m, k]
+  const int8_t* xq;   // A8: quantized activations [m, ld]
+  int64_t ld;
+  const float* dx;    // A8: per-token scales [m]
+  const int32_t* bsums;  // W4A8: per-32-column sums of xq [m, ld / 32]
+};
+
+// Runs Tile<M, R>::run(ops, i0, j, y) over all m tokens and n rows. Tiles of up to 4 tokens; R = 4 / M
+// weight rows per tile (a decode token streams 4 rows at once).
+template <template <int, int> class Tile>
+void sweep(const Operands& ops, int64_t m, int64_t n, int64_t row_bytes, float* y) {
+  constexpr int64_t kRowsAlign = 4;
+  const int64_t target = int64_t{32} << 10;  // ~32 KiB of weights per block: stays in L1/L2 for all tokens
+  int64_t block_rows = std::max<int64_t>(kRowsAlign, target / std::max<int64_t>(row_bytes, 1) / kRowsAlign * kRowsAlign);
+  const int64_t blocks = (n + block_rows - 1) / block_rows;
+  parallel_chunks(blocks, 1, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      const int64_t j0 = b * block_rows, j1 = std::min(n, j0 + block_rows);
+      for (int64_t i0 = 0; i0 < m; i0 += 4) {
+        const int64_t mt = std::min<int64_t>(4, m - i0);
+        auto rows = [&]<int MT>() {
+          constexpr int RT = 4 / MT;
+          int64_t j = j0;
+          for (; j + RT <= j1; j += RT) Tile<MT, RT>::run(ops, i0, j, y + i0 * n + j, n);
+          for (; j < j1; ++j) Tile<MT, 1>::run(ops, i0, j, y + i0 * n + j, n);
+        };
+        switch (mt) {
+          case 1: rows.template operator()<1>(); break;
+          case 2: rows.template operator()<2>(); break;
+          case 3: rows.template operator()<3>(); break;
+          default: rows.template operator()<4>(); break;
+        }
+      }
+    }
+  });
+}
+
+// Tile adapters: one call's operands -> the tile kernels.
+template <int M, int R>
+struct W8A8Tile {
+  static void run(const Operands& ops, int64_t i0, int64_t j, float* y, int64_t ldy) {
+    const QuantMatRef& w = *ops.w;
+    w8a8_tile<M, R>(ops.xq + i0 * ops.ld, ops.ld, ops.dx + i0,
+                    static_cast<const int8_t*>(w.qweight) + j * w.cols, w.cols,
+                    static_cast<const float*>(w.scales) + j, y, ldy);
+  }
+};
+template <int M, int R>
+struct W4A8Tile {
+  static void run(const Operands& ops, int64_t i0, int64_t j, float* y, int64_t ldy) {
+    const QuantMatRef& w = *ops.w;
+    w4a8_tile<M, R>(ops.xq + i0 * ops.ld, ops.ld, ops.dx + i0, ops.bsums + i0 * (ops.ld / 32),
+                    static_cast<const uint8_t*>(w.qweight) + j * (w.cols / 2), w.cols, w.group_size,
+                    static_cast<const uint16_t*>(w.scales) + j * w.groups_per_row(), y, ldy);
+  }
+};
+template <int M, int R>
+struct W4A16Tile {
+  static void run(const Operands& ops, int64_t i0, int64_t j, float* y, int64_t ldy) {
+    const QuantMatRef& w = *ops.w;
+    w4a16_tile<M, R>(ops.x + i0 * w.cols, w.cols, static_cast<const uint8_t*>(w.qweight) + j * (w.cols / 2),
+                     w.group_size, static_cast<const uint16_t*>(w.scales) + j * w.groups_per_row(), y, ldy);
+  }
+};
+
+void qmatmul(const float* x, int64_t m, const QuantMatRef& w, float* y) {
+  if (m == 0 || w.rows == 0) return;
+  const int64_t k = w.cols, n = w.rows;
+  Operands ops{&w, x, nullptr, 0, nullptr, nullptr};
+  if (scheme_quantizes_activations(w.scheme)) {
+    ActivationScratch& s = activation_scratch();
+    const int64_t ld = activation_ld(k);
+    s.q.resize(static_cast<size_t>(m * ld));
+    s.scale.resize(static_cast<size_t>(m));
+    const bool sums = w.scheme == QuantScheme::kW4A8;
+    if (sums) s.block_sums.resize(static_cast<size_t>(m * (ld / 32)));
+    quantize_activations(x, m, k, s.q.data(), ld, s.scale.data(), sums ? s.block_sums.data() : nullptr);
+    ops.xq = s.q.data();
+    ops.ld = ld;
+    ops.dx = s.scale.data();
+    ops.bsums = sums ? s.block_sums.data() : nullptr;
+  }
+  switch (w.scheme) {
+    case QuantScheme::kW8A8: sweep<W8A8Tile>(ops, m, n, k, y); break;
+    case QuantScheme::kW4A8: sweep<W4A8Tile>(ops, m, n, k / 2, y); break;
+    case QuantScheme::kW4A16: sweep<W4A16Tile>(ops, m, n, k / 2, y); break;
+  }
+}
+
+}  // namespace
+
+const QuantKernelTable& table() {
+  static const QuantKernelTable t{&quantize_activations, &qmatmul};
+  return t;
+}
+
+}  // namespace infera::kernels::INFERA_QUANT_NS

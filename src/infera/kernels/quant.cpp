@@ -1,0 +1,169 @@
+// Quantized kernels: argument checks, per-ISA dispatch, and the scalar reference (which is
+// also the scalar path).
+#include "infera/kernels/quant.h"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "infera/base/error.h"
+#include "infera/kernels/cpu/quant_dispatch.h"
+
+namespace infera::kernels {
+
+std::string_view scheme_name(QuantScheme s) {
+  switch (s) {
+    case QuantScheme::kW8A8: return "w8a8";
+    case QuantScheme::kW4A8: return "w4a8";
+    case QuantScheme::kW4A16: return "w4a16";
+  }
+  return "?";
+}
+
+int64_t QuantMatRef::weight_bytes() const {
+  if (scheme_is_int4(scheme)) return rows * (cols / 2) + rows * groups_per_row() * 2;
+  return rows * cols + rows * 4;
+}
+
+int64_t LinearWeight::bytes() const {
+  return quantized ? quant.weight_bytes() : dense.rows * dense.cols * static_cast<int64_t>(dtype_size(dense.dtype));
+}
+
+void check_quant_matrix(const QuantMatRef& w) {
+  if (w.rows < 0 || w.cols <= 0) fail("quantized matrix: bad shape [{}, {}]", w.rows, w.cols);
+  if (scheme_is_int4(w.scheme)) {
+    if (w.group_size != 32 && w.group_size != 64 && w.group_size != 128) {
+      fail("quantized matrix: {} group size {} is not 32, 64 or 128", scheme_name(w.scheme), w.group_size);
+    }
+    if (w.cols % w.group_size != 0) {
+      fail("quantized matrix: {} columns are not a multiple of the group size {}", w.cols, w.group_size);
+    }
+  } else if (w.group_size != w.cols) {
+    fail("quantized matrix: w8a8 is per output channel (group size must equal the {} columns, got {})", w.cols,
+         w.group_size);
+  }
+  if (w.rows > 0 && (w.qweight == nullptr || w.scales == nullptr)) fail("quantized matrix: missing data");
+}
+
+// ---- reference ------------------------------------------------------------------------------
+
+namespace ref {
+
+int32_t qweight_at(const QuantMatRef& w, int64_t row, int64_t col) {
+  if (!scheme_is_int4(w.scheme)) return static_cast<const int8_t*>(w.qweight)[row * w.cols + col];
+  const uint8_t* p = static_cast<const uint8_t*>(w.qweight) + row * (w.cols / 2);
+  const int64_t run = col / 32 * 32, j = col % 32;
+  const uint8_t byte = p[run / 2 + (j % 16)];
+  const int nib = j < 16 ? (byte & 0x0f) : (byte >> 4);
+  return nib - 8;
+}
+
+float qscale_at(const QuantMatRef& w, int64_t row, int64_t col) {
+  if (!scheme_is_int4(w.scheme)) return static_cast<const float*>(w.scales)[row];
+  return f16_to_f32(static_cast<const uint16_t*>(w.scales)[row * w.groups_per_row() + col / w.group_size]);
+}
+
+void quantize_activations(const float* x, int64_t m, int64_t k, int8_t* q, int64_t ld, float* scale,
+                          int32_t* block_sums) {
+  for (int64_t i = 0; i < m; ++i) {
+    const float* xr = x + i * k;
+    int8_t* qr = q + i * ld;
+    float amax = 0.0f;
+    for (int64_t t = 0; t < k; ++t) amax = std::max(amax, std::fabs(xr[t]));
+    scale[i] = amax == 0.0f ? 0.0f : amax / 127.0f;
+    const float inv = amax == 0.0f ? 0.0f : 127.0f / amax;
+    for (int64_t t = 0; t < k; ++t) {
+      const float v = std::nearbyint(xr[t] * inv);  // round half to even, as cvtps2dq
+      qr[t] = static_cast<int8_t>(std::clamp(v, -127.0f, 127.0f));
+    }
+    for (int64_t t = k; t < ld; ++t) qr[t] = 0;
+    if (block_sums) {
+      for (int64_t b = 0; b < ld / 32; ++b) {
+        int32_t s = 0;
+        for (int j = 0; j < 32; ++j) s += qr[b * 32 + j];
+        block_sums[i * (ld / 32) + b] = s;
+      }
+    }
+  }
+}
+
+void qmatmul(const float* x, int64_t m, const QuantMatRef& w, float* y) {
+  const int64_t k = w.cols, n = w.rows, gs = w.group_size;
+  const int64_t ld = activation_ld(k);
+  std::vector<int8_t> xq(static_cast<size_t>(ld));
+  float dx = 0.0f;
+  for (int64_t i = 0; i < m; ++i) {
+    const float* xr = x + i * k;
+    if (scheme_quantizes_activations(w.scheme)) quantize_activations(xr, 1, k, xq.data(), ld, &dx, nullptr);
+    for (int64_t r = 0; r < n; ++r) {
+      double acc = 0.0;
+      for (int64_t g0 = 0; g0 < k; g0 += gs) {
+        const double d = qscale_at(w, r, g0);
+        if (scheme_quantizes_activations(w.scheme)) {
+          int64_t dot = 0;  // exact
+          for (int64_t t = g0; t < g0 + gs; ++t) dot += int64_t{qweight_at(w, r, t)} * xq[t];
+          acc += d * static_cast<double>(dot);
+        } else {
+          double dot = 0.0;
+          for (int64_t t = g0; t < g0 + gs; ++t) dot += static_cast<double>(qweight_at(w, r, t)) * xr[t];
+          acc += d * dot;
+        }
+      }
+      if (scheme_quantizes_activations(w.scheme)) acc *= dx;
+      y[i * n + r] = static_cast<float>(acc);
+    }
+  }
+}
+
+}  // namespace ref
+
+// ---- dispatch -------------------------------------------------------------------------------
+
+namespace {
+
+const QuantKernelTable& scalar_table() {
+  static const QuantKernelTable t{&ref::quantize_activations, &ref::qmatmul};
+  return t;
+}
+
+const QuantKernelTable& quant_table_for(Isa isa) {
+  INFERA_ASSERT(isa_available(isa), std::string("kernel path ") + isa_name(isa) + " is not available on this CPU");
+  switch (isa) {
+    case Isa::kAvx512: return quant_avx512::table();
+    case Isa::kAvx2: return quant_avx2::table();
+    case Isa::kScalar: break;
+  }
+  return scalar_table();
+}
+
+}  // namespace
+
+void quantize_activations(Isa isa, const float* x, int64_t m, int64_t k, int8_t* q, int64_t ld, float* scale,
+                          int32_t* block_sums) {
+  INFERA_ASSERT(m >= 0 && k >= 0 && ld >= k && (block_sums == nullptr || ld % 32 == 0));
+  quant_table_for(isa).quantize_activations(x, m, k, q, ld, scale, block_sums);
+}
+
+void qmatmul(Isa isa, const float* x, int64_t m, const QuantMatRef& w, float* y) {
+  check_quant_matrix(w);
+  INFERA_ASSERT(m >= 0);
+  if (m == 0 || w.rows == 0) return;
+  quant_table_for(isa).qmatmul(x, m, w, y);
+}
+void qmatmul(const float* x, int64_t m, const QuantMatRef& w, float* y) { qmatmul(best_isa(), x, m, w, y); }
+
+void linear(Isa isa, const float* x, int64_t m, const LinearWeight& w, float* y) {
+  if (w.quantized) {
+    qmatmul(isa, x, m, w.quant, y);
+  } else {
+    matmul(isa, x, m, w.dense, y);
+  }
+}
+void linear(const float* x, int64_t m, const LinearWeight& w, float* y) { linear(best_isa(), x, m, w, y); }
+
+void dequantize_row(const QuantMatRef& w, int64_t row, float* out) {
+  INFERA_ASSERT(row >= 0 && row < w.rows);
+  for (int64_t t = 0; t < w.cols; ++t) out[t] = static_cast<float>(ref::qweight_at(w, row, t)) * ref::qscale_at(w, row, t);
+}
+
+}  // namespace infera::kernels

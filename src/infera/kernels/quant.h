@@ -1,0 +1,107 @@
+// Quantized linear layers: integer weights with f32 scales, computed without ever
+// dequantizing the matrix (see docs/quantization.md for the on-disk format).
+//
+// Schemes (symmetric, no zero points):
+//   W8A8  int8 weights [n, k], one f32 scale per output row; activations quantized per
+//         token to int8 on the fly; int32 dot products.
+//   W4A8  int4 weights in groups of `group_size` (32, 64 or 128) along k, one f16 scale per
+//         group; activations per token to int8; int32 dot products per group.
+//   W4A16 the same int4 weights; f32 activations (int4 groups dequantized in registers).
+//
+// int4 packing (llama.cpp Q4_0 order, so a group-32 matrix is exactly Q4_0): each row is
+// k/2 bytes; within every run of 32 columns starting at c0, byte c0/2 + j holds column
+// c0 + j in its low nibble and column c0 + j + 16 in its high nibble (j < 16). A nibble q
+// in [0, 15] stands for (q - 8) * scale.
+//
+// VNNI (vpdpbusd) multiplies u8 x s8. W8A8 feeds activations as u8 = q + 128 and subtracts
+// 128 * (sum of the row's weights), that sum itself computed by the kernel with a second
+// vpdpbusd against a vector of ones (nothing is precomputed at load). W4A8 feeds the
+// nibbles (already unsigned) against the s8 activations and subtracts 8 * (sum of the
+// group's activations), which the activation quantizer computes once per token. AVX2 uses
+// maddubs/madd (with the sign trick for W8A8: |w| x sign(x, w) can't saturate int16).
+//
+// Paths: ref (obviously correct: int64/double), scalar (= ref), AVX2, AVX-512 VNNI. Every
+// path quantizes activations identically (bit-exact), so the integer dot products agree
+// exactly; only the f32 accumulation order over groups differs.
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+
+#include "infera/base/cpu.h"
+#include "infera/kernels/kernels.h"
+
+namespace infera::kernels {
+
+enum class QuantScheme : uint8_t { kW8A8, kW4A8, kW4A16 };
+
+inline bool scheme_is_int4(QuantScheme s) { return s != QuantScheme::kW8A8; }
+inline bool scheme_quantizes_activations(QuantScheme s) { return s != QuantScheme::kW4A16; }
+std::string_view scheme_name(QuantScheme s);  // "w8a8", "w4a8", "w4a16"
+
+// A quantized weight matrix [rows = n, cols = k], used in place (mmapped).
+struct QuantMatRef {
+  QuantScheme scheme = QuantScheme::kW8A8;
+  int64_t rows = 0;
+  int64_t cols = 0;
+  int64_t group_size = 0;         // W8A8: == cols (per channel); int4: 32, 64 or 128
+  const void* qweight = nullptr;  // W8A8: int8 [rows, cols]; int4: uint8 [rows, cols / 2]
+  const void* scales = nullptr;   // W8A8: f32 [rows]; int4: f16 [rows, cols / group_size]
+
+  int64_t groups_per_row() const { return cols / group_size; }
+  int64_t weight_bytes() const;   // qweight + scales
+};
+
+// Either a plain f32/bf16/f16 matrix or a quantized one: what a model binds per linear
+// layer. `name` is the checkpoint tensor name (for logs and activation observers).
+struct LinearWeight {
+  MatRef dense{};
+  QuantMatRef quant{};
+  bool quantized = false;
+  std::string_view name;
+
+  int64_t rows() const { return quantized ? quant.rows : dense.rows; }
+  int64_t cols() const { return quantized ? quant.cols : dense.cols; }
+  int64_t bytes() const;
+};
+
+inline LinearWeight dense_linear(const MatRef& m, std::string_view name = {}) {
+  LinearWeight w;
+  w.dense = m;
+  w.name = name;
+  return w;
+}
+
+// Throws infera::Error when the shape, group size or pointers are inconsistent.
+void check_quant_matrix(const QuantMatRef& w);
+
+// y[m, n] = x[m, k] · Wᵀ for either kind of weight (matmul() or qmatmul()).
+void linear(const float* x, int64_t m, const LinearWeight& w, float* y);
+void linear(Isa isa, const float* x, int64_t m, const LinearWeight& w, float* y);
+
+// y[m, n] = x[m, k] · dequant(W)ᵀ, computed in the scheme's precision. x, y f32.
+void qmatmul(const float* x, int64_t m, const QuantMatRef& w, float* y);
+void qmatmul(Isa isa, const float* x, int64_t m, const QuantMatRef& w, float* y);
+
+// Row `row` of W dequantized to f32 [cols] (quantized embedding tables).
+void dequantize_row(const QuantMatRef& w, int64_t row, float* out);
+
+// Per-token activation quantization shared by every path (exposed for tests):
+// scale[i] = max|x[i, :]| / 127, q[i, t] = round_half_even(x[i, t] * (127 / max)) in
+// [-127, 127], q padded with zeros to ld >= k; block_sums[i, b] = sum of q[i, 32b .. 32b+31]
+// (when block_sums != nullptr; ld and k multiples of 32 then). An all-zero row has scale 0.
+void quantize_activations(Isa isa, const float* x, int64_t m, int64_t k, int8_t* q, int64_t ld,
+                          float* scale, int32_t* block_sums);
+
+namespace ref {
+
+void qmatmul(const float* x, int64_t m, const QuantMatRef& w, float* y);
+void quantize_activations(const float* x, int64_t m, int64_t k, int8_t* q, int64_t ld,
+                          float* scale, int32_t* block_sums);
+// Integer weight value (already minus 8 for int4) and its scale.
+int32_t qweight_at(const QuantMatRef& w, int64_t row, int64_t col);
+float qscale_at(const QuantMatRef& w, int64_t row, int64_t col);
+
+}  // namespace ref
+
+}  // namespace infera::kernels
