@@ -20,7 +20,8 @@ namespace {
 
 using json = nlohmann::json;
 
-constexpr const char* kSupportedModelTypes = "llama, qwen3, qwen3_moe";
+constexpr const char* kSupportedModelTypes =
+    "llama, qwen3, qwen3_moe, qwen3_next, qwen3_5, qwen3_5_moe, deepseek_v3, deepseek_v32";
 
 std::string json_error_text(const json::exception& e) {
   std::string msg = e.what();
@@ -270,6 +271,86 @@ void parse_moe(const FieldReader& r, ModelConfig& c) {
   }
 }
 
+// ---- Hybrid attention families (qwen3_next, qwen3_5, qwen3_5_moe) ----------------------
+// Defaults follow Qwen3NextConfig / Qwen3_5(Moe)TextConfig.
+void parse_hybrid(const FieldReader& r, ModelConfig& c) {
+  const std::string& src = r.source();
+  if (const json* types = r.find("layer_types")) {
+    if (!types->is_array()) r.wrong_type("layer_types", "a list of \"linear_attention\" / \"full_attention\"", *types);
+    if (static_cast<int>(types->size()) != c.num_layers) {
+      fail("{}: field 'layer_types' lists {} layers but num_hidden_layers is {}", src, types->size(), c.num_layers);
+    }
+    for (const auto& t : *types) {
+      const std::string name = t.is_string() ? t.get<std::string>() : t.dump();
+      if (name == "linear_attention") c.layer_types.push_back(ModelConfig::LayerType::kLinearAttention);
+      else if (name == "full_attention") c.layer_types.push_back(ModelConfig::LayerType::kFullAttention);
+      else fail("{}: field 'layer_types' holds '{}' (expected \"linear_attention\" or \"full_attention\")", src, name);
+    }
+  } else {
+    // Without layer_types every full_attention_interval-th layer is full attention.
+    c.full_attention_interval = r.opt_positive("full_attention_interval", 4);
+    for (int i = 0; i < c.num_layers; ++i) {
+      c.layer_types.push_back((i + 1) % c.full_attention_interval == 0 ? ModelConfig::LayerType::kFullAttention
+                                                                        : ModelConfig::LayerType::kLinearAttention);
+    }
+  }
+  c.attn_output_gate = r.boolean("attn_output_gate", true);
+  c.linear_conv_kernel_dim = r.opt_positive("linear_conv_kernel_dim", 4);
+  c.linear_key_head_dim = r.opt_positive("linear_key_head_dim", 128);
+  c.linear_value_head_dim = r.opt_positive("linear_value_head_dim", 128);
+  c.linear_num_key_heads = r.opt_positive("linear_num_key_heads", 16);
+  c.linear_num_value_heads = r.opt_positive("linear_num_value_heads", 32);
+  if (c.linear_num_value_heads % c.linear_num_key_heads != 0) {
+    fail("{}: linear_num_value_heads ({}) must be a multiple of linear_num_key_heads ({})", src,
+         c.linear_num_value_heads, c.linear_num_key_heads);
+  }
+  c.mamba_ssm_dtype = r.opt_string("mamba_ssm_dtype").value_or("float32");
+  // Qwen3-Next has no mtp_num_hidden_layers key (its checkpoints still ship mtp.* tensors).
+  if (auto mtp = r.opt_int("mtp_num_hidden_layers")) {
+    if (*mtp < 0) fail("{}: field 'mtp_num_hidden_layers' must be >= 0, got {}", src, *mtp);
+    c.mtp_num_hidden_layers = static_cast<int>(*mtp);
+  }
+}
+
+// ---- DeepSeek-V3 / V3.2 (MLA + group-limited MoE) --------------------------------------
+// Defaults follow DeepseekV3Config.
+void parse_deepseek(const FieldReader& r, ModelConfig& c) {
+  const std::string& src = r.source();
+  c.mla = true;
+  auto non_negative = [&](const char* key, int fallback) {
+    auto v = r.opt_int(key);
+    if (!v) return fallback;
+    if (*v < 0) fail("{}: field '{}' must be >= 0, got {}", src, key, *v);
+    return static_cast<int>(*v);
+  };
+  c.q_lora_rank = non_negative("q_lora_rank", 1536);  // null = no low-rank q (V2-Lite)
+  c.kv_lora_rank = r.req_positive("kv_lora_rank");
+  c.qk_nope_head_dim = r.req_positive("qk_nope_head_dim");
+  c.qk_rope_head_dim = r.req_positive("qk_rope_head_dim");
+  c.v_head_dim = r.req_positive("v_head_dim");
+  c.num_experts = non_negative("n_routed_experts", 0);
+  c.n_shared_experts = non_negative("n_shared_experts", 0);
+  if (c.num_experts > 0) {
+    c.num_experts_per_tok = r.req_positive("num_experts_per_tok");
+    c.moe_intermediate_size = r.req_positive("moe_intermediate_size");
+    if (c.num_experts_per_tok > c.num_experts) {
+      fail("{}: num_experts_per_tok ({}) exceeds n_routed_experts ({})", src, c.num_experts_per_tok, c.num_experts);
+    }
+  }
+  c.norm_topk_prob = r.boolean("norm_topk_prob", true);
+  c.first_k_dense_replace = non_negative("first_k_dense_replace", 0);
+  c.moe_layer_freq = r.opt_positive("moe_layer_freq", 1);
+  c.n_group = non_negative("n_group", 0);
+  c.topk_group = non_negative("topk_group", 0);
+  c.routed_scaling_factor = static_cast<float>(r.number("routed_scaling_factor", 1.0));
+  c.scoring_func = r.opt_string("scoring_func").value_or("sigmoid");
+  c.topk_method = r.opt_string("topk_method").value_or("noaux_tc");
+  c.num_nextn_predict_layers = non_negative("num_nextn_predict_layers", 0);
+  c.index_n_heads = non_negative("index_n_heads", 0);
+  c.index_head_dim = non_negative("index_head_dim", 0);
+  c.index_topk = non_negative("index_topk", 0);
+}
+
 }  // namespace
 
 const char* arch_name(Arch a) {
@@ -286,8 +367,24 @@ const char* arch_name(Arch a) {
   return "?";
 }
 
+bool ModelConfig::is_linear_attention_layer(int layer) const {
+  return layer >= 0 && layer < static_cast<int>(layer_types.size()) && layer_types[layer] == LayerType::kLinearAttention;
+}
+
+int ModelConfig::num_full_attention_layers() const {
+  int n = 0;
+  for (int i = 0; i < num_layers; ++i) n += is_linear_attention_layer(i) ? 0 : 1;
+  return n;
+}
+
+int64_t ModelConfig::kv_values_per_token_per_layer() const {
+  if (mla) return static_cast<int64_t>(kv_lora_rank) + qk_rope_head_dim;
+  return 2LL * num_kv_heads * head_dim;
+}
+
 bool ModelConfig::is_moe_layer(int layer) const {
   if (num_experts <= 0) return false;
+  if (arch == Arch::kDeepseekV3) return layer >= first_k_dense_replace && layer % moe_layer_freq == 0;
   for (int l : mlp_only_layers) {
     if (l == layer) return false;
   }
@@ -312,8 +409,13 @@ ModelConfig parse_model_config(const json& j, const std::string& source) {
   if (c.model_type == "llama") c.arch = Arch::kLlama;
   else if (c.model_type == "qwen3") c.arch = Arch::kQwen3;
   else if (c.model_type == "qwen3_moe") c.arch = Arch::kQwen3Moe;
+  else if (c.model_type == "qwen3_next") c.arch = Arch::kQwen3Next;
+  else if (c.model_type == "qwen3_5" || c.model_type == "qwen3_5_text") c.arch = Arch::kQwen35;
+  else if (c.model_type == "qwen3_5_moe" || c.model_type == "qwen3_5_moe_text") c.arch = Arch::kQwen35Moe;
+  else if (c.model_type == "deepseek_v3" || c.model_type == "deepseek_v32") c.arch = Arch::kDeepseekV3;
   else fail("{}: unsupported model_type '{}' (supported: {})", source, c.model_type, kSupportedModelTypes);
-  const bool qwen3_family = c.arch == Arch::kQwen3 || c.arch == Arch::kQwen3Moe;
+  const bool hybrid = c.arch == Arch::kQwen3Next || c.arch == Arch::kQwen35 || c.arch == Arch::kQwen35Moe;
+  const bool qwen3_family = c.arch == Arch::kQwen3 || c.arch == Arch::kQwen3Moe || hybrid;
 
   c.hidden_size = r.req_positive("hidden_size");
   c.num_layers = r.req_positive("num_hidden_layers");
@@ -328,9 +430,13 @@ ModelConfig parse_model_config(const json& j, const std::string& source) {
   }
   if (auto head_dim = r.opt_int("head_dim")) {
     c.head_dim = r.positive("head_dim", *head_dim);
+  } else if (c.arch == Arch::kDeepseekV3) {
+    // MLA: the q/k head is [nope | rope]; set below from qk_*_head_dim.
+    c.head_dim = 0;
   } else if (qwen3_family) {
-    // Qwen3Config's own default (q dim = heads * 128 need not equal hidden_size).
-    c.head_dim = 128;
+    // Qwen3Config's own default (q dim = heads * 128 need not equal hidden_size); the
+    // hybrid families default to 256.
+    c.head_dim = hybrid ? 256 : 128;
   } else {
     if (c.hidden_size % c.num_heads != 0) {
       fail("{}: hidden_size ({}) is not divisible by num_attention_heads ({}) and 'head_dim' is not given", source,
@@ -339,8 +445,20 @@ ModelConfig parse_model_config(const json& j, const std::string& source) {
     c.head_dim = c.hidden_size / c.num_heads;
   }
 
-  if (c.arch == Arch::kQwen3Moe) {
+  if (hybrid) parse_hybrid(r, c);
+  if (c.arch == Arch::kDeepseekV3) {
+    parse_deepseek(r, c);
+    c.head_dim = c.qk_nope_head_dim + c.qk_rope_head_dim;
+    // Layers [0, first_k_dense_replace) are dense.
+    c.intermediate_size = c.first_k_dense_replace > 0 || c.num_experts == 0 ? r.req_positive("intermediate_size")
+                                                                            : r.opt_positive("intermediate_size", 0);
+  } else if (c.arch == Arch::kQwen3Moe || c.arch == Arch::kQwen3Next || c.arch == Arch::kQwen35Moe) {
     parse_moe(r, c);
+    if (c.arch == Arch::kQwen35Moe) c.norm_topk_prob = r.boolean("norm_topk_prob", true);  // always renormalised
+    if (auto shared = r.opt_int("shared_expert_intermediate_size")) {
+      if (*shared < 0) fail("{}: field 'shared_expert_intermediate_size' must be >= 0, got {}", source, *shared);
+      c.shared_expert_intermediate_size = static_cast<int>(*shared);
+    }
     bool any_dense = false;
     for (int i = 0; i < c.num_layers; ++i) any_dense = any_dense || !c.is_moe_layer(i);
     // The dense MLP size matters only when some layer is dense.
@@ -365,6 +483,8 @@ ModelConfig parse_model_config(const json& j, const std::string& source) {
   }
 
   parse_rope(r, c);
+  if (c.arch == Arch::kDeepseekV3) c.rope.rotary_dim = c.qk_rope_head_dim;  // only the k_pe/q_pe part rotates
+  c.partial_rotary_factor = c.head_dim > 0 ? static_cast<float>(c.rope.rotary_dim) / c.head_dim : 1.0f;
 
   if (auto dtype = r.opt_string("torch_dtype")) c.torch_dtype = *dtype;
   else if (auto d = r.opt_string("dtype")) c.torch_dtype = *d;  // transformers 5 name
