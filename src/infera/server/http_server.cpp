@@ -541,7 +541,7 @@ struct HttpServer::Impl {
                                             n, limits.max_context, model->name()),
                                 chat ? "messages" : "prompt", "context_length_exceeded"));
         }
-        job->prompt_tokens_total += n * options.n;
+        job->prompt_tokens_total += n;  // once per prompt, whatever n (as OpenAI counts)
         requested_max = std::max(requested_max, n);
       }
       job->prompt_tokens = static_cast<int32_t>(requested_max);

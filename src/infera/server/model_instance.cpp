@@ -280,9 +280,13 @@ std::vector<std::shared_ptr<ModelInstance>> prepare_models(const DeployConfig& c
       } catch (const Error&) {
         problem(fmt::format("{}.chat_template: cannot read '{}'; fix the path", who, m.chat_template_file));
       }
-    } else if (tokenizer) {
-      template_source = tokenizer->chat_template();
-      template_origin = (dir / "tokenizer_config.json").string() + " chat_template";
+    } else {
+      try {
+        template_source = load_chat_template_config(m.path).chat_template;  // also chat_template.jinja
+        template_origin = (dir / "tokenizer_config.json").string() + " chat_template";
+      } catch (const Error& e) {
+        problem(fmt::format("{}: {}", who, e.what()));
+      }
     }
     if (!template_source.empty()) {
       try {

@@ -72,6 +72,18 @@ models:
   EXPECT_FALSE(c.models[1].max_input_len.has_value());
 }
 
+TEST(DeployConfig, TheExampleFileParses) {
+  ::setenv("INFERA_KEY_TEAM_CHAT", "example-key-1", 1);
+  ::setenv("INFERA_KEY_BATCH", "example-key-2", 1);
+  const DeployConfig c = load_deploy_config(std::string(INFERA_SOURCE_DIR) + "/examples/deploy.yaml");
+  ASSERT_EQ(c.models.size(), 2u);
+  EXPECT_EQ(c.models[0].name, "chat");
+  EXPECT_EQ(c.models[1].port, 8001);
+  ASSERT_EQ(c.server.api_keys.size(), 2u);
+  EXPECT_EQ(c.server.api_keys[0].key, "example-key-1");
+  EXPECT_EQ(c.server.api_keys[0].models, std::vector<std::string>{"chat"});
+}
+
 TEST(DeployConfig, ReportsEveryProblemAtOnce) {
   ::unsetenv("INFERA_TEST_MISSING");
   const std::string msg = error_of([] {

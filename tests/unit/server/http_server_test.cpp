@@ -44,6 +44,7 @@ struct ServerOptions {
   std::vector<ApiKeyConfig> keys;
   int64_t body_limit = 1 << 20;
   std::string audit_log;
+  bool audit_prompts = false;
   std::string script_text = kText;
   std::chrono::milliseconds delay = 1ms;
   double timeout_s = 30;
@@ -79,6 +80,7 @@ class TestServer {
     c.api_keys = o.keys;
     c.body_limit_bytes = o.body_limit;
     c.audit_log_path = o.audit_log;
+    c.audit_log_prompts = o.audit_prompts;
     c.request_timeout_s = o.timeout_s;
     server = std::make_unique<HttpServer>(c, models);
     server->bind();
@@ -388,6 +390,23 @@ TEST(HttpServer, ApiKeysPermissionsAndRateLimits) {
   }
   EXPECT_EQ(ok, 4);
   EXPECT_GE(n, 8);
+}
+
+TEST(HttpServer, AuditLogHasPromptsOnlyWhenEnabled) {
+  ServerOptions o;
+  o.audit_prompts = true;
+  o.audit_log = (std::filesystem::temp_directory_path() / ("infera_audit_p_" + std::to_string(::getpid()) + ".jsonl")).string();
+  std::filesystem::remove(o.audit_log);
+  {
+    TestServer s(o);
+    EXPECT_EQ(s.post("/v1/completions", {{"prompt", "A secret prompt"}, {"max_tokens", 2}})->status, 200);
+  }
+  const json line = json::parse(read_file(o.audit_log));
+  std::filesystem::remove(o.audit_log);
+  EXPECT_EQ(line["prompt"], "A secret prompt");
+  EXPECT_EQ(line["endpoint"], "/v1/completions");
+  EXPECT_EQ(line["completion_tokens"], 2);
+  EXPECT_EQ(line["finish_reason"], "length");
 }
 
 TEST(HttpServer, NotReadyModelsAnswer503) {

@@ -97,6 +97,7 @@ TEST(OpenAiApi, BadChatRequestsNameTheParameter) {
 
 TEST(OpenAiApi, MalformedBodies) {
   for (const std::string body : {std::string(""), std::string("{"), std::string("{\"a\": tru}"), std::string("{\"a\": \"\xff\"}"),
+                                 std::string("{\"a\": \"\xC0\x80\"}"), std::string("{\"a\": \"\xED\xA0\x80\"}"),
                                  std::string(200, '[') + std::string(200, ']')}) {
     try {
       parse_json_body(body);
