@@ -1,0 +1,172 @@
+// Engine benchmark (printed, not a test): throughput of continuous batching at several
+// concurrencies, and time to first token of long prompts for several prefill chunk
+// sizes with the peak resident memory of each run.
+//
+//   runtime_bench MODEL_DIR [--name NAME] [--concurrency 1,4,16] [--prompt 32] [--gen 64]
+//                 [--ttft 4096,32768] [--chunks 512,2048] [--threads N]
+//
+// bench/runtime_bench.sh builds it and runs it on stories260K and a generated
+// TinyLlama-shaped model.
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "infera/base/error.h"
+#include "infera/base/threads.h"
+#include "infera/base/timer.h"
+#include "infera/runtime/engine.h"
+
+using namespace infera;
+
+namespace {
+
+std::vector<int> parse_list(const std::string& s) {
+  std::vector<int> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    if (!item.empty()) out.push_back(std::stoi(item));
+  }
+  return out;
+}
+
+// "VmHWM" (peak) or "VmRSS" (current) of this process in bytes.
+int64_t proc_status_bytes(const char* key) {
+  std::ifstream f("/proc/self/status");
+  std::string line;
+  while (std::getline(f, line)) {
+    if (line.rfind(key, 0) == 0) return std::atoll(line.c_str() + std::string(key).size() + 1) * 1024;
+  }
+  return 0;
+}
+
+void reset_peak_rss() {
+  std::ofstream f("/proc/self/clear_refs");
+  f << "5";  // resets VmHWM to the current RSS (Linux >= 4.0)
+}
+
+std::vector<int32_t> random_prompt(std::mt19937& rng, int32_t n, int32_t vocab) {
+  std::uniform_int_distribution<int32_t> d(3, vocab - 1);
+  std::vector<int32_t> p(n);
+  p[0] = 1;
+  for (int32_t i = 1; i < n; ++i) p[i] = d(rng);
+  return p;
+}
+
+struct RunResult {
+  double seconds = 0;
+  int64_t generated = 0;
+  double ttft_ms = 0;
+  EngineStats stats;
+};
+
+// Runs `n_seqs` requests to completion on a fresh engine, stepping it on this thread.
+RunResult run(Model& model, EngineConfig config, int32_t n_seqs, int32_t prompt_len, int32_t gen, uint32_t seed) {
+  EngineCore core(model, config);
+  std::mt19937 rng(seed);
+  RunResult r;
+  for (int32_t i = 0; i < n_seqs; ++i) {
+    Request q;
+    q.prompt_ids = random_prompt(rng, prompt_len, model.config().vocab_size);
+    q.max_tokens = gen;
+    q.ignore_eos = true;
+    core.add_request(std::move(q), [&](const Event& e) {
+      if (!e.is_final()) ++r.generated;
+      else r.ttft_ms = std::max(r.ttft_ms, e.timings.ttft_ms);
+    });
+  }
+  Timer t;
+  while (core.has_work()) core.step();
+  r.seconds = t.seconds();
+  r.stats = core.stats();
+  return r;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    std::fprintf(stderr, "usage: %s MODEL_DIR [--name NAME] [--concurrency 1,4,16] [--prompt 32] [--gen 64] "
+                         "[--ttft 4096,32768] [--chunks 512,2048] [--threads N]\n", argv[0]);
+    return 2;
+  }
+  try {
+    std::string dir = argv[1], name = argv[1];
+    std::vector<int> concurrency = {1, 4, 16}, ttft = {4096, 32768}, chunks = {512, 2048};
+    int prompt = 32, gen = 64, threads = 0;
+    for (int i = 2; i + 1 < argc; i += 2) {
+      const std::string k = argv[i], v = argv[i + 1];
+      if (k == "--name") name = v;
+      else if (k == "--concurrency") concurrency = parse_list(v);
+      else if (k == "--prompt") prompt = std::stoi(v);
+      else if (k == "--gen") gen = std::stoi(v);
+      else if (k == "--ttft") ttft = parse_list(v);
+      else if (k == "--chunks") chunks = parse_list(v);
+      else if (k == "--threads") threads = std::stoi(v);
+      else fail("unknown option {}", k);
+    }
+    if (threads > 0) set_num_threads(threads);
+    int max_chunk = 512;
+    for (int c : chunks) max_chunk = std::max(max_chunk, c);
+    LoadOptions lo;
+    lo.load_into_memory = true;
+    lo.max_batch_tokens = max_chunk;
+    const int64_t rss0 = proc_status_bytes("VmRSS");
+    auto model = load_model(dir, lo);
+    const int64_t weights_rss = proc_status_bytes("VmRSS") - rss0;
+    std::printf("# %s: %.1f M parameters, %d layers, hidden %d, weights resident %.1f MiB, %d threads\n", name.c_str(),
+                model->num_parameters() / 1e6, model->config().num_layers, model->config().hidden_size,
+                weights_rss / 1048576.0, num_threads());
+
+    // Throughput.
+    std::printf("\n## throughput (prompt %d tokens, %d generated per sequence, greedy)\n", prompt, gen);
+    std::printf("%-12s %8s %10s %12s %10s\n", "sequences", "steps", "seconds", "tokens/s", "vs 1 seq");
+    double base = 0;
+    for (int n : concurrency) {
+      EngineConfig c;
+      c.kv_cache_bytes = int64_t{1} << 30;
+      c.max_num_seqs = std::max(n, 1);
+      c.max_batch_tokens = std::max(512, n);
+      c.prefill_chunk = 512;
+      const RunResult r = run(*model, c, n, prompt, gen, 1);
+      const double tps = r.generated / r.seconds;
+      if (base == 0) base = tps;
+      std::printf("%-12d %8ld %10.2f %12.1f %9.2fx\n", n, static_cast<long>(r.stats.steps), r.seconds, tps, tps / base);
+      std::fflush(stdout);
+    }
+
+    // Time to first token for long prompts.
+    if (!ttft.empty()) {
+      std::printf("\n## time to first token (one request, max_tokens 1)\n");
+      std::printf("%-10s %8s %10s %12s %14s %14s\n", "prompt", "chunk", "ttft ms", "prefill t/s", "peak +RSS MiB",
+                  "KV MiB");
+    }
+    for (int len : ttft) {
+      for (int chunk : chunks) {
+        EngineConfig c;
+        c.max_context = len + 16;
+        c.allow_context_beyond_model = true;  // positions past the model's limit: a speed test
+        const KvPoolShape shape = model->kv_shape(16);
+        const int64_t per_token = shape.num_layers * 2 * shape.n_kv_heads * shape.head_dim * static_cast<int64_t>(sizeof(float));
+        c.kv_cache_bytes = per_token * (len + 64);
+        c.max_batch_tokens = chunk;
+        c.prefill_chunk = chunk;
+        reset_peak_rss();
+        const int64_t before = proc_status_bytes("VmRSS");
+        const RunResult r = run(*model, c, 1, len, 1, 2);
+        const int64_t peak = proc_status_bytes("VmHWM");
+        std::printf("%-10d %8d %10.1f %12.1f %14.1f %14.1f\n", len, chunk, r.ttft_ms, len / (r.ttft_ms / 1e3),
+                    (peak - before) / 1048576.0, per_token * static_cast<double>(len) / 1048576.0);
+        std::fflush(stdout);
+      }
+    }
+  } catch (const Error& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
