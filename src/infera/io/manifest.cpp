@@ -1,0 +1,193 @@
+#include "infera/io/manifest.h"
+
+#include <openssl/evp.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <sstream>
+
+#include "infera/base/error.h"
+
+namespace infera {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct MdCtxDeleter {
+  void operator()(EVP_MD_CTX* c) const { EVP_MD_CTX_free(c); }
+};
+using MdCtx = std::unique_ptr<EVP_MD_CTX, MdCtxDeleter>;
+
+MdCtx new_sha256() {
+  MdCtx ctx(EVP_MD_CTX_new());
+  if (!ctx || EVP_DigestInit_ex(ctx.get(), EVP_sha256(), nullptr) != 1) fail("SHA-256: OpenSSL initialisation failed");
+  return ctx;
+}
+
+std::string finish_hex(EVP_MD_CTX* ctx) {
+  unsigned char md[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  if (EVP_DigestFinal_ex(ctx, md, &len) != 1) fail("SHA-256: OpenSSL digest failed");
+  static const char* hex = "0123456789abcdef";
+  std::string out;
+  out.reserve(len * 2);
+  for (unsigned i = 0; i < len; ++i) {
+    out.push_back(hex[md[i] >> 4]);
+    out.push_back(hex[md[i] & 15]);
+  }
+  return out;
+}
+
+bool hidden(const fs::path& rel) {
+  for (const auto& part : rel) {
+    const std::string s = part.string();
+    if (!s.empty() && s[0] == '.' && s != "." && s != "..") return true;
+  }
+  return false;
+}
+
+bool is_hex64(const std::string& s) {
+  if (s.size() != 64) return false;
+  return std::all_of(s.begin(), s.end(), [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F'); });
+}
+
+}  // namespace
+
+std::string sha256_hex(const void* data, size_t n) {
+  MdCtx ctx = new_sha256();
+  if (EVP_DigestUpdate(ctx.get(), data, n) != 1) fail("SHA-256: OpenSSL digest failed");
+  return finish_hex(ctx.get());
+}
+
+std::string sha256_file(const std::string& path) {
+  std::unique_ptr<FILE, int (*)(FILE*)> f(std::fopen(path.c_str(), "rb"), &std::fclose);
+  if (!f) fail("{}: cannot open for reading", path);
+  MdCtx ctx = new_sha256();
+  std::vector<unsigned char> buf(1 << 20);
+  for (;;) {
+    const size_t got = std::fread(buf.data(), 1, buf.size(), f.get());
+    if (got > 0 && EVP_DigestUpdate(ctx.get(), buf.data(), got) != 1) fail("SHA-256: OpenSSL digest failed");
+    if (got < buf.size()) {
+      if (std::ferror(f.get())) fail("{}: read error while hashing", path);
+      break;
+    }
+  }
+  return finish_hex(ctx.get());
+}
+
+std::vector<std::string> manifest_files(const std::string& dir) {
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) fail("{}: not a directory", dir);
+  std::vector<std::string> out;
+  for (auto it = fs::recursive_directory_iterator(dir, ec); !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
+    const fs::path rel = fs::relative(it->path(), dir);
+    if (hidden(rel)) {
+      if (it->is_directory()) it.disable_recursion_pending();
+      continue;
+    }
+    if (!it->is_regular_file()) continue;
+    const std::string name = rel.generic_string();
+    if (name == kManifestName) continue;
+    out.push_back(name);
+  }
+  if (ec) fail("{}: cannot list the directory: {}", dir, ec.message());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+std::vector<ManifestEntry> write_manifest(const std::string& dir) {
+  std::vector<ManifestEntry> entries;
+  for (const std::string& rel : manifest_files(dir)) {
+    entries.push_back({rel, sha256_file((fs::path(dir) / rel).string())});
+  }
+  const fs::path out = fs::path(dir) / kManifestName;
+  const fs::path tmp = fs::path(dir) / (std::string(kManifestName) + ".tmp");
+  {
+    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+    if (!f) fail("{}: cannot write (is the directory writable?)", tmp.string());
+    for (const auto& e : entries) f << e.sha256 << "  " << e.path << "\n";
+    if (!f.flush()) fail("{}: write failed", tmp.string());
+  }
+  std::error_code ec;
+  fs::rename(tmp, out, ec);
+  if (ec) fail("{}: cannot rename to {}: {}", tmp.string(), out.string(), ec.message());
+  return entries;
+}
+
+std::vector<ManifestEntry> parse_manifest(const std::string& text, const std::string& source) {
+  std::vector<ManifestEntry> out;
+  std::istringstream in(text);
+  std::string line;
+  int lineno = 0;
+  while (std::getline(in, line)) {
+    ++lineno;
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (line.empty() || line[0] == '#') continue;
+    // "<hex>  <path>" (text mode) or "<hex> *<path>" (binary mode).
+    if (line.size() < 67 || !is_hex64(line.substr(0, 64)) || line[64] != ' ' || (line[65] != ' ' && line[65] != '*')) {
+      fail("{}: line {}: expected '<64 hex digits>  <file>' (the sha256sum format), got '{}'", source, lineno,
+           line.substr(0, 80));
+    }
+    ManifestEntry e{line.substr(66), line.substr(0, 64)};
+    std::transform(e.sha256.begin(), e.sha256.end(), e.sha256.begin(), [](char c) { return static_cast<char>(std::tolower(c)); });
+    const fs::path p(e.path);
+    bool escapes = p.is_absolute();
+    for (const auto& part : p) escapes = escapes || part == "..";
+    if (escapes) fail("{}: line {}: path '{}' leaves the model directory", source, lineno, e.path);
+    out.push_back(std::move(e));
+  }
+  return out;
+}
+
+const char* mismatch_kind_name(ManifestMismatch::Kind k) {
+  switch (k) {
+    case ManifestMismatch::Kind::kChanged: return "changed";
+    case ManifestMismatch::Kind::kMissing: return "missing";
+    case ManifestMismatch::Kind::kUnreadable: return "unreadable";
+    case ManifestMismatch::Kind::kUnlisted: return "unlisted";
+  }
+  return "?";
+}
+
+bool ManifestVerification::ok() const {
+  return std::none_of(problems.begin(), problems.end(),
+                      [](const ManifestMismatch& m) { return m.kind != ManifestMismatch::Kind::kUnlisted; });
+}
+
+ManifestVerification verify_manifest(const std::string& dir) {
+  const fs::path manifest = fs::path(dir) / kManifestName;
+  std::ifstream in(manifest, std::ios::binary);
+  if (!in) fail("{}: not found (write one with `infera check {} --write-manifest`)", manifest.string(), dir);
+  std::stringstream text;
+  text << in.rdbuf();
+  const std::vector<ManifestEntry> entries = parse_manifest(text.str(), manifest.string());
+
+  ManifestVerification result;
+  std::map<std::string, bool> listed;
+  for (const auto& e : entries) {
+    listed[e.path] = true;
+    const fs::path path = fs::path(dir) / e.path;
+    std::error_code ec;
+    if (!fs::exists(path, ec)) {
+      result.problems.push_back({ManifestMismatch::Kind::kMissing, e.path, e.sha256, ""});
+      continue;
+    }
+    ++result.files_checked;
+    try {
+      const std::string actual = sha256_file(path.string());
+      if (actual != e.sha256) result.problems.push_back({ManifestMismatch::Kind::kChanged, e.path, e.sha256, actual});
+    } catch (const Error& err) {
+      result.problems.push_back({ManifestMismatch::Kind::kUnreadable, e.path, e.sha256, err.what()});
+    }
+  }
+  for (const std::string& rel : manifest_files(dir)) {
+    if (!listed.count(rel)) result.problems.push_back({ManifestMismatch::Kind::kUnlisted, rel, "", ""});
+  }
+  return result;
+}
+
+}  // namespace infera

@@ -1,0 +1,544 @@
+#include "infera/model/planner.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "infera/base/error.h"
+
+namespace infera {
+namespace {
+
+using json = nlohmann::json;
+
+class TensorList {
+ public:
+  explicit TensorList(std::vector<ExpectedTensor>& out) : out_(out) {}
+  bool mtp = false;
+  void add(std::string name, std::vector<int64_t> shape, WeightRole role) {
+    out_.push_back({std::move(name), std::move(shape), role, mtp});
+  }
+
+ private:
+  std::vector<ExpectedTensor>& out_;
+};
+
+bool is_hybrid(Arch a) { return a == Arch::kQwen3Next || a == Arch::kQwen35 || a == Arch::kQwen35Moe; }
+
+// Standard (GQA) attention of llama / qwen3 / hybrid full-attention layers.
+void add_attention(TensorList& t, const ModelConfig& c, const std::string& p) {
+  const int64_t H = c.hidden_size, nh = c.num_heads, nkv = c.num_kv_heads, hd = c.head_dim;
+  // attn_output_gate: q_proj also yields a per-head gate of the same width.
+  t.add(p + "self_attn.q_proj.weight", {nh * hd * (c.attn_output_gate ? 2 : 1), H}, WeightRole::kLinear);
+  t.add(p + "self_attn.k_proj.weight", {nkv * hd, H}, WeightRole::kLinear);
+  t.add(p + "self_attn.v_proj.weight", {nkv * hd, H}, WeightRole::kLinear);
+  t.add(p + "self_attn.o_proj.weight", {H, nh * hd}, WeightRole::kLinear);
+  if (c.attention_bias) {
+    t.add(p + "self_attn.q_proj.bias", {nh * hd}, WeightRole::kVector);
+    t.add(p + "self_attn.k_proj.bias", {nkv * hd}, WeightRole::kVector);
+    t.add(p + "self_attn.v_proj.bias", {nkv * hd}, WeightRole::kVector);
+  }
+  if (c.qk_norm) {
+    t.add(p + "self_attn.q_norm.weight", {hd}, WeightRole::kVector);
+    t.add(p + "self_attn.k_norm.weight", {hd}, WeightRole::kVector);
+  }
+}
+
+void add_mla(TensorList& t, const ModelConfig& c, const std::string& p) {
+  const int64_t H = c.hidden_size, nh = c.num_heads;
+  const int64_t qk = c.qk_nope_head_dim + c.qk_rope_head_dim;
+  if (c.q_lora_rank > 0) {
+    t.add(p + "self_attn.q_a_proj.weight", {c.q_lora_rank, H}, WeightRole::kLinear);
+    t.add(p + "self_attn.q_a_layernorm.weight", {c.q_lora_rank}, WeightRole::kVector);
+    t.add(p + "self_attn.q_b_proj.weight", {nh * qk, c.q_lora_rank}, WeightRole::kLinear);
+  } else {
+    t.add(p + "self_attn.q_proj.weight", {nh * qk, H}, WeightRole::kLinear);
+  }
+  t.add(p + "self_attn.kv_a_proj_with_mqa.weight", {c.kv_lora_rank + c.qk_rope_head_dim, H}, WeightRole::kLinear);
+  t.add(p + "self_attn.kv_a_layernorm.weight", {c.kv_lora_rank}, WeightRole::kVector);
+  t.add(p + "self_attn.kv_b_proj.weight", {nh * (c.qk_nope_head_dim + c.v_head_dim), c.kv_lora_rank}, WeightRole::kLinear);
+  t.add(p + "self_attn.o_proj.weight", {H, nh * c.v_head_dim}, WeightRole::kLinear);
+  if (c.index_n_heads > 0) {  // DeepSeek-V3.2 lightning indexer
+    t.add(p + "self_attn.indexer.wq_b.weight", {c.index_n_heads * c.index_head_dim, c.q_lora_rank}, WeightRole::kLinear);
+    t.add(p + "self_attn.indexer.wk.weight", {c.index_head_dim, H}, WeightRole::kLinear);
+    t.add(p + "self_attn.indexer.k_norm.weight", {c.index_head_dim}, WeightRole::kVector);
+    t.add(p + "self_attn.indexer.k_norm.bias", {c.index_head_dim}, WeightRole::kVector);
+    t.add(p + "self_attn.indexer.weights_proj.weight", {c.index_n_heads, H}, WeightRole::kFloat);
+  }
+}
+
+void add_gdn(TensorList& t, const ModelConfig& c, const std::string& p) {
+  const int64_t H = c.hidden_size, hk = c.linear_num_key_heads, hv = c.linear_num_value_heads;
+  const int64_t dk = c.linear_key_head_dim, dv = c.linear_value_head_dim;
+  const int64_t conv_dim = 2 * hk * dk + hv * dv;
+  const std::string a = p + "linear_attn.";
+  if (c.arch == Arch::kQwen3Next) {
+    t.add(a + "in_proj_qkvz.weight", {2 * hk * dk + 2 * hv * dv, H}, WeightRole::kLinear);
+    t.add(a + "in_proj_ba.weight", {2 * hv, H}, WeightRole::kFloat);
+  } else {
+    t.add(a + "in_proj_qkv.weight", {conv_dim, H}, WeightRole::kLinear);
+    t.add(a + "in_proj_z.weight", {hv * dv, H}, WeightRole::kLinear);
+    t.add(a + "in_proj_b.weight", {hv, H}, WeightRole::kFloat);
+    t.add(a + "in_proj_a.weight", {hv, H}, WeightRole::kFloat);
+  }
+  t.add(a + "conv1d.weight", {conv_dim, 1, c.linear_conv_kernel_dim}, WeightRole::kVector);
+  t.add(a + "dt_bias", {hv}, WeightRole::kVector);
+  t.add(a + "A_log", {hv}, WeightRole::kVector);
+  t.add(a + "norm.weight", {dv}, WeightRole::kVector);
+  t.add(a + "out_proj.weight", {H, hv * dv}, WeightRole::kLinear);
+}
+
+void add_dense_mlp(TensorList& t, const std::string& p, int64_t H, int64_t F, const char* name = "mlp.") {
+  t.add(p + name + "gate_proj.weight", {F, H}, WeightRole::kLinear);
+  t.add(p + name + "up_proj.weight", {F, H}, WeightRole::kLinear);
+  t.add(p + name + "down_proj.weight", {H, F}, WeightRole::kLinear);
+}
+
+void add_moe(TensorList& t, const ModelConfig& c, const std::string& p) {
+  const int64_t H = c.hidden_size, E = c.num_experts, I = c.moe_intermediate_size;
+  t.add(p + "mlp.gate.weight", {E, H}, WeightRole::kFloat);
+  if (c.arch == Arch::kQwen35Moe) {
+    // Official Qwen3.5 checkpoints fuse the experts into 3-D tensors.
+    t.add(p + "mlp.experts.gate_up_proj", {E, 2 * I, H}, WeightRole::kExpert);
+    t.add(p + "mlp.experts.down_proj", {E, H, I}, WeightRole::kExpert);
+  } else {
+    for (int64_t e = 0; e < E; ++e) {
+      const std::string x = p + "mlp.experts." + std::to_string(e) + ".";
+      t.add(x + "gate_proj.weight", {I, H}, WeightRole::kExpert);
+      t.add(x + "up_proj.weight", {I, H}, WeightRole::kExpert);
+      t.add(x + "down_proj.weight", {H, I}, WeightRole::kExpert);
+    }
+  }
+  if (c.arch == Arch::kDeepseekV3) {
+    t.add(p + "mlp.gate.e_score_correction_bias", {E}, WeightRole::kVector);
+    if (c.n_shared_experts > 0) add_dense_mlp(t, p, H, I * c.n_shared_experts, "mlp.shared_experts.");
+  } else if (c.shared_expert_intermediate_size > 0) {
+    add_dense_mlp(t, p, H, c.shared_expert_intermediate_size, "mlp.shared_expert.");
+    t.add(p + "mlp.shared_expert_gate.weight", {1, H}, WeightRole::kFloat);
+  }
+}
+
+void add_block(TensorList& t, const ModelConfig& c, const std::string& p, int layer, bool full_attention) {
+  const int64_t H = c.hidden_size;
+  t.add(p + "input_layernorm.weight", {H}, WeightRole::kVector);
+  t.add(p + "post_attention_layernorm.weight", {H}, WeightRole::kVector);
+  if (c.mla) add_mla(t, c, p);
+  else if (full_attention) add_attention(t, c, p);
+  else add_gdn(t, c, p);
+  if (c.is_moe_layer(layer)) add_moe(t, c, p);
+  else add_dense_mlp(t, p, H, c.intermediate_size);
+}
+
+}  // namespace
+
+const char* weight_role_name(WeightRole r) {
+  switch (r) {
+    case WeightRole::kEmbedding: return "embedding";
+    case WeightRole::kHead: return "head";
+    case WeightRole::kLinear: return "linear";
+    case WeightRole::kExpert: return "expert";
+    case WeightRole::kFloat: return "float";
+    case WeightRole::kVector: return "vector";
+  }
+  return "?";
+}
+
+int64_t ExpectedTensor::numel() const {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+std::vector<ExpectedTensor> expected_tensors(const ModelConfig& c) {
+  std::vector<ExpectedTensor> out;
+  TensorList t(out);
+  const int64_t H = c.hidden_size, V = c.vocab_size;
+  // Qwen3.5 is a vision-language wrapper: the text model lives under model.language_model.
+  const bool nested = c.arch == Arch::kQwen35 || c.arch == Arch::kQwen35Moe;
+  const std::string root = nested ? "model.language_model." : "model.";
+  t.add(root + "embed_tokens.weight", {V, H}, WeightRole::kEmbedding);
+  for (int i = 0; i < c.num_layers; ++i) {
+    add_block(t, c, root + "layers." + std::to_string(i) + ".", i, !c.is_linear_attention_layer(i));
+  }
+  t.add(root + "norm.weight", {H}, WeightRole::kVector);
+  if (!c.tie_word_embeddings) t.add("lm_head.weight", {V, H}, WeightRole::kHead);
+
+  t.mtp = true;
+  if (is_hybrid(c.arch)) {
+    for (int m = 0; m < c.mtp_num_hidden_layers; ++m) {
+      if (m == 0) {
+        t.add("mtp.fc.weight", {H, 2 * H}, WeightRole::kLinear);
+        t.add("mtp.pre_fc_norm_embedding.weight", {H}, WeightRole::kVector);
+        t.add("mtp.pre_fc_norm_hidden.weight", {H}, WeightRole::kVector);
+        t.add("mtp.norm.weight", {H}, WeightRole::kVector);
+      }
+      // The MTP block is a full-attention block with the trunk's MLP kind.
+      add_block(t, c, "mtp.layers." + std::to_string(m) + ".", c.num_layers - 1, true);
+    }
+  } else if (c.arch == Arch::kDeepseekV3) {
+    for (int m = 0; m < c.num_nextn_predict_layers; ++m) {
+      const int layer = c.num_layers + m;
+      const std::string p = "model.layers." + std::to_string(layer) + ".";
+      t.add(p + "embed_tokens.weight", {V, H}, WeightRole::kEmbedding);
+      t.add(p + "enorm.weight", {H}, WeightRole::kVector);
+      t.add(p + "hnorm.weight", {H}, WeightRole::kVector);
+      t.add(p + "eh_proj.weight", {H, 2 * H}, WeightRole::kLinear);
+      add_block(t, c, p, layer, true);
+      t.add(p + "shared_head.norm.weight", {H}, WeightRole::kVector);
+      t.add(p + "shared_head.head.weight", {V, H}, WeightRole::kHead);
+    }
+  }
+  return out;
+}
+
+WeightScheme parse_weight_scheme(const std::string& text) {
+  if (text == "f32") return WeightScheme::kF32;
+  if (text == "bf16") return WeightScheme::kBF16;
+  if (text == "f16") return WeightScheme::kF16;
+  if (text == "w8a8") return WeightScheme::kW8A8;
+  if (text == "w4a8") return WeightScheme::kW4A8;
+  if (text == "w4a16") return WeightScheme::kW4A16;
+  fail("unknown weight scheme '{}' (expected f32, bf16, f16, w8a8, w4a8 or w4a16)", text);
+}
+
+const char* weight_scheme_name(WeightScheme s) {
+  switch (s) {
+    case WeightScheme::kF32: return "f32";
+    case WeightScheme::kBF16: return "bf16";
+    case WeightScheme::kF16: return "f16";
+    case WeightScheme::kW8A8: return "w8a8";
+    case WeightScheme::kW4A8: return "w4a8";
+    case WeightScheme::kW4A16: return "w4a16";
+  }
+  return "?";
+}
+
+int64_t matrix_bytes(WeightScheme scheme, int64_t rows, int64_t cols, int64_t group_size) {
+  switch (scheme) {
+    case WeightScheme::kF32: return rows * cols * 4;
+    case WeightScheme::kBF16:
+    case WeightScheme::kF16: return rows * cols * 2;
+    case WeightScheme::kW8A8: return rows * cols + rows * 4;  // int8 + f32 scale per row
+    case WeightScheme::kW4A8:
+    case WeightScheme::kW4A16: {
+      const int64_t groups = (cols + group_size - 1) / group_size;
+      return rows * ((cols + 1) / 2) + rows * groups * 2;  // packed int4 + f16 scale per group
+    }
+  }
+  return 0;
+}
+
+KvDType parse_kv_dtype(const std::string& text) {
+  if (text == "f32") return KvDType::kF32;
+  if (text == "bf16") return KvDType::kBF16;
+  if (text == "int8") return KvDType::kInt8;
+  fail("unknown KV cache dtype '{}' (expected f32, bf16 or int8)", text);
+}
+
+const char* kv_dtype_name(KvDType d) {
+  switch (d) {
+    case KvDType::kF32: return "f32";
+    case KvDType::kBF16: return "bf16";
+    case KvDType::kInt8: return "int8";
+  }
+  return "?";
+}
+
+int64_t parse_byte_size(const std::string& text) {
+  size_t i = 0;
+  while (i < text.size() && (std::isdigit(static_cast<unsigned char>(text[i])) || text[i] == '.')) ++i;
+  double value = 0;
+  try {
+    if (i == 0) throw std::invalid_argument("no number");
+    value = std::stod(text.substr(0, i));
+  } catch (const std::exception&) {
+    fail("'{}' is not a size (examples: 24GiB, 80GB, 512MiB, 1000000)", text);
+  }
+  std::string unit = text.substr(i);
+  while (!unit.empty() && unit.front() == ' ') unit.erase(unit.begin());
+  for (char& ch : unit) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  double mult = 0;
+  if (unit.empty() || unit == "b") mult = 1;
+  else if (unit == "k" || unit == "kib") mult = 1024.0;
+  else if (unit == "kb") mult = 1e3;
+  else if (unit == "m" || unit == "mib") mult = 1024.0 * 1024;
+  else if (unit == "mb") mult = 1e6;
+  else if (unit == "g" || unit == "gib") mult = 1024.0 * 1024 * 1024;
+  else if (unit == "gb") mult = 1e9;
+  else if (unit == "t" || unit == "tib") mult = 1024.0 * 1024 * 1024 * 1024;
+  else if (unit == "tb") mult = 1e12;
+  else fail("'{}': unknown size unit '{}' (use B, KiB, MiB, GiB, TiB, KB, MB, GB or TB)", text, unit);
+  const double bytes = value * mult;
+  if (!(bytes >= 0) || bytes > 9e18) fail("'{}' is out of range", text);
+  return static_cast<int64_t>(bytes);
+}
+
+std::string format_bytes(int64_t bytes) {
+  const double b = static_cast<double>(bytes);
+  if (std::abs(b) >= 1024.0 * 1024 * 1024) return fmt::format("{:.2f} GiB", b / (1024.0 * 1024 * 1024));
+  if (std::abs(b) >= 1024.0 * 1024) return fmt::format("{:.1f} MiB", b / (1024.0 * 1024));
+  if (std::abs(b) >= 1024.0) return fmt::format("{:.1f} KiB", b / 1024.0);
+  return fmt::format("{} B", bytes);
+}
+
+ParamCounts count_parameters(const ModelConfig& cfg) {
+  ParamCounts p;
+  int64_t experts = 0;
+  for (const ExpectedTensor& t : expected_tensors(cfg)) {
+    const int64_t n = t.numel();
+    if (t.mtp) {
+      p.mtp += n;
+      continue;
+    }
+    p.total += n;
+    if (t.role == WeightRole::kExpert) experts += n;
+  }
+  // Each token runs k of the E routed experts.
+  const int64_t inactive = cfg.num_experts > 0 ? experts / cfg.num_experts * (cfg.num_experts - cfg.num_experts_per_tok) : 0;
+  p.active = p.total - inactive;
+  return p;
+}
+
+Plan plan_memory(const ModelConfig& c, const PlanOptions& o) {
+  if (o.tp < 1) fail("--tp must be at least 1, got {}", o.tp);
+  if (o.ctx < 1) fail("--ctx must be positive, got {}", o.ctx);
+  if (o.concurrency < 1) fail("--concurrency must be positive, got {}", o.concurrency);
+  if (o.prefill_chunk < 1) fail("--prefill-chunk must be positive, got {}", o.prefill_chunk);
+  const int64_t tp = o.tp;
+  auto split = [tp](int64_t n) { return (n + tp - 1) / tp; };
+
+  Plan plan;
+  plan.model_type = c.model_type;
+  plan.options = o;
+  const ParamCounts params = count_parameters(c);
+  plan.params_total = params.total;
+  plan.params_active = params.active;
+  plan.params_mtp = params.mtp;
+  const bool mtp = o.include_mtp && c.num_mtp_layers() > 0;
+
+  // ---- Weights: column/row-parallel matrices and the vocabulary split across devices;
+  // vectors replicated.
+  int64_t quantized = 0, fallback = 0;
+  const bool float_scheme = o.scheme == WeightScheme::kF32 || o.scheme == WeightScheme::kBF16 || o.scheme == WeightScheme::kF16;
+  const WeightScheme keep = o.scheme == WeightScheme::kF32 ? WeightScheme::kF32 : WeightScheme::kBF16;
+  for (const ExpectedTensor& t : expected_tensors(c)) {
+    if (t.mtp && !mtp) continue;
+    if (t.role == WeightRole::kVector) {
+      fallback += t.numel() * 4;
+      continue;
+    }
+    // Matrices: [rows, cols] or experts [E, rows, cols].
+    const int64_t cols = t.shape.back();
+    const int64_t rows = t.numel() / cols;
+    const bool in_scheme = t.role == WeightRole::kLinear || t.role == WeightRole::kExpert;
+    const int64_t bytes = split(matrix_bytes(in_scheme ? o.scheme : keep, rows, cols, o.group_size));
+    if (in_scheme && !float_scheme) quantized += bytes;
+    else if (in_scheme) quantized += bytes;
+    else fallback += bytes;
+  }
+  if (o.weights_bytes_override > 0) {
+    plan.notes.push_back("weights as stored in the model's files");
+    quantized = split(o.weights_bytes_override);
+    fallback = 0;
+  }
+
+  // ---- KV cache: full-attention layers (+ the MTP layer's own); MLA keeps the compressed
+  // latent (kv_lora_rank + rope dims) per token, replicated on every device.
+  plan.kv_layers = c.num_full_attention_layers() + (mtp ? c.num_mtp_layers() : 0);
+  plan.recurrent_layers = c.num_layers - c.num_full_attention_layers();
+  plan.kv_values_per_token_per_layer = c.kv_values_per_token_per_layer();
+  const int64_t kv_elem = o.kv_dtype == KvDType::kF32 ? 4 : o.kv_dtype == KvDType::kBF16 ? 2 : 1;
+  int64_t kv_values_device = 0;
+  if (c.mla) {
+    kv_values_device = plan.kv_values_per_token_per_layer;
+  } else {
+    // KV heads split across devices; with more devices than KV heads each keeps a replica.
+    kv_values_device = 2 * split(c.num_kv_heads) * c.head_dim;
+  }
+  const int64_t kv_per_token = plan.kv_layers * kv_values_device * kv_elem +
+                               (o.kv_dtype == KvDType::kInt8 ? plan.kv_layers * 2 * 4 : 0);  // int8: f32 scale per token
+  plan.context_rounded = (o.ctx + o.block_size - 1) / o.block_size * o.block_size;
+  plan.model_max_context = c.max_position_embeddings;
+
+  // ---- Recurrent state (Gated DeltaNet): S [Hv, dk, dv] f32 + conv window [K-1, conv_dim] f32.
+  int64_t state_per_seq = 0;
+  if (plan.recurrent_layers > 0) {
+    const int64_t hv = split(c.linear_num_value_heads), hk = split(c.linear_num_key_heads);
+    const int64_t conv_dim = 2 * hk * c.linear_key_head_dim + hv * c.linear_value_head_dim;
+    state_per_seq = plan.recurrent_layers *
+                    (hv * c.linear_key_head_dim * c.linear_value_head_dim + (c.linear_conv_kernel_dim - 1) * conv_dim) * 4;
+  }
+
+  // ---- Activations: f32 scratch of one forward over T tokens (the prefill chunk, or the
+  // decode batch when larger), all buffers live at once as Infera allocates them.
+  const int64_t T = std::max(o.prefill_chunk, o.concurrency);
+  const int64_t H = c.hidden_size;
+  int64_t per_token = 2 * H;  // residual stream + normed input
+  if (c.mla) {
+    const int64_t nh = split(c.num_heads);
+    per_token += nh * c.head_dim + (c.kv_lora_rank + c.qk_rope_head_dim) + nh * (c.qk_nope_head_dim + c.v_head_dim) +
+                 nh * c.v_head_dim + std::max<int64_t>(c.q_lora_rank, 0);
+  } else {
+    const int64_t q_dim = split(c.num_heads) * c.head_dim, kv_dim = split(c.num_kv_heads) * c.head_dim;
+    per_token += q_dim * (c.attn_output_gate ? 2 : 1) + 2 * kv_dim + q_dim;  // q (+gate), k, v, attention out
+  }
+  if (plan.recurrent_layers > 0) {
+    const int64_t hv = split(c.linear_num_value_heads), hk = split(c.linear_num_key_heads);
+    per_token += 2 * hk * c.linear_key_head_dim + 3 * hv * c.linear_value_head_dim + 2 * hv;  // qkv, z, out, a/b
+  }
+  int64_t ffn = 0;
+  for (int i = 0; i < c.num_layers; ++i) {
+    if (!c.is_moe_layer(i)) ffn = std::max<int64_t>(ffn, c.intermediate_size);
+  }
+  if (c.num_experts > 0) {
+    const int64_t shared = c.mla ? c.moe_intermediate_size * c.n_shared_experts : c.shared_expert_intermediate_size;
+    // Routed rows (k per token) plus the shared expert; router probabilities.
+    ffn = std::max(ffn, c.num_experts_per_tok * c.moe_intermediate_size + shared);
+    per_token += c.num_experts;
+  }
+  per_token += 2 * split(ffn);  // gate, up
+  const int64_t logit_rows = std::min(o.concurrency, T);
+  const int64_t logits_per_seq = split(c.vocab_size) * 4 + H * 4;  // logits row + its hidden row
+  const int64_t activation_fixed = T * per_token * 4 + T * 4;  // + positions
+  const int64_t activations = activation_fixed + logit_rows * logits_per_seq;
+
+  for (int d = 0; d < o.tp; ++d) {
+    DevicePlan dp;
+    dp.device = d;
+    dp.weights_quantized_bytes = quantized;
+    dp.weights_fallback_bytes = fallback;
+    dp.weights_bytes = quantized + fallback;
+    dp.kv_bytes_per_token = kv_per_token;
+    dp.kv_bytes = kv_per_token * plan.context_rounded * o.concurrency;
+    dp.state_bytes_per_sequence = state_per_seq;
+    dp.state_bytes = state_per_seq * o.concurrency;
+    dp.activation_bytes = activations;
+    dp.reserve_bytes = o.reserve_bytes;
+    dp.total_bytes = dp.weights_bytes + dp.kv_bytes + dp.state_bytes + dp.activation_bytes + dp.reserve_bytes;
+    dp.budget_bytes = o.memory_bytes;
+    if (o.memory_bytes > 0) {
+      dp.fits = dp.total_bytes <= o.memory_bytes;
+      const int64_t fixed = dp.weights_bytes + activation_fixed + dp.reserve_bytes;
+      const int64_t left = o.memory_bytes - fixed;
+      // Largest context at this concurrency: whole blocks per sequence.
+      const int64_t per_seq_fixed = state_per_seq + std::min(o.concurrency, T) * logits_per_seq / o.concurrency;
+      const int64_t for_kv = left - o.concurrency * per_seq_fixed;
+      if (for_kv <= 0 || kv_per_token == 0) {
+        dp.max_context = for_kv > 0 ? plan.model_max_context : 0;
+      } else {
+        const int64_t tokens = for_kv / (kv_per_token * o.concurrency);
+        dp.max_context = tokens / o.block_size * o.block_size;
+      }
+      // Largest concurrency at this context.
+      const int64_t per_seq = kv_per_token * plan.context_rounded + state_per_seq + logits_per_seq;
+      dp.max_concurrency = left > 0 ? left / per_seq : 0;
+    } else {
+      dp.max_context = -1;
+      dp.max_concurrency = -1;
+    }
+    plan.devices.push_back(dp);
+  }
+  if (plan.context_rounded > plan.model_max_context) {
+    plan.notes.push_back(fmt::format("--ctx {} exceeds max_position_embeddings {} of the config", o.ctx, plan.model_max_context));
+  }
+  if (!c.mla && o.tp > c.num_kv_heads) {
+    plan.notes.push_back(fmt::format("--tp {} exceeds the {} KV heads: each device keeps a replica of one KV head", o.tp, c.num_kv_heads));
+  }
+  if (plan.recurrent_layers > 0) {
+    plan.notes.push_back(fmt::format("{} Gated DeltaNet layers keep a fixed f32 state per sequence instead of a KV cache",
+                                     plan.recurrent_layers));
+  }
+  if (c.mla) plan.notes.push_back("MLA: the KV cache holds the compressed latent (kv_lora_rank + qk_rope_head_dim values per token and layer)");
+  return plan;
+}
+
+json Plan::to_json() const {
+  json devs = json::array();
+  for (const DevicePlan& d : devices) {
+    devs.push_back({{"device", d.device},
+                    {"weights_bytes", d.weights_bytes},
+                    {"weights_quantized_bytes", d.weights_quantized_bytes},
+                    {"weights_fallback_bytes", d.weights_fallback_bytes},
+                    {"kv_bytes_per_token", d.kv_bytes_per_token},
+                    {"kv_bytes", d.kv_bytes},
+                    {"state_bytes_per_sequence", d.state_bytes_per_sequence},
+                    {"state_bytes", d.state_bytes},
+                    {"activation_bytes", d.activation_bytes},
+                    {"reserve_bytes", d.reserve_bytes},
+                    {"total_bytes", d.total_bytes},
+                    {"budget_bytes", d.budget_bytes},
+                    {"fits", d.fits},
+                    {"max_context", d.max_context},
+                    {"max_concurrency", d.max_concurrency}});
+  }
+  const DevicePlan& d0 = devices.at(0);
+  return {{"model_type", model_type},
+          {"scheme", weight_scheme_name(options.scheme)},
+          {"group_size", options.group_size},
+          {"kv_dtype", kv_dtype_name(options.kv_dtype)},
+          {"ctx", options.ctx},
+          {"ctx_rounded", context_rounded},
+          {"concurrency", options.concurrency},
+          {"tp", options.tp},
+          {"prefill_chunk", options.prefill_chunk},
+          {"params_total", params_total},
+          {"params_active", params_active},
+          {"params_mtp", params_mtp},
+          {"kv_layers", kv_layers},
+          {"recurrent_layers", recurrent_layers},
+          {"model_max_context", model_max_context},
+          // Device 0's figures at the top level (all devices are alike).
+          {"weights_bytes", d0.weights_bytes},
+          {"kv_bytes_per_token", d0.kv_bytes_per_token},
+          {"kv_bytes", d0.kv_bytes},
+          {"state_bytes", d0.state_bytes},
+          {"activation_bytes", d0.activation_bytes},
+          {"reserve_bytes", d0.reserve_bytes},
+          {"total_bytes", d0.total_bytes},
+          {"budget_bytes", d0.budget_bytes},
+          {"fits", d0.fits},
+          {"max_context", d0.max_context},
+          {"max_concurrency", d0.max_concurrency},
+          {"devices", devs},
+          {"notes", notes}};
+}
+
+std::string Plan::to_text() const {
+  std::string s;
+  s += fmt::format("model {}: {:.2f} B parameters ({:.2f} B active per token{})\n", model_type, params_total / 1e9,
+                   params_active / 1e9, params_mtp ? fmt::format(", MTP {:.2f} B", params_mtp / 1e9) : "");
+  s += fmt::format("scheme {}{}, KV {}, context {} (x{} sequences), prefill chunk {}, TP {}\n",
+                   weight_scheme_name(options.scheme),
+                   options.scheme == WeightScheme::kW4A8 || options.scheme == WeightScheme::kW4A16
+                       ? fmt::format(" g{}", options.group_size) : "",
+                   kv_dtype_name(options.kv_dtype), context_rounded, options.concurrency, options.prefill_chunk, options.tp);
+  s += fmt::format("KV layers {} ({} values/token/layer){}\n", kv_layers, kv_values_per_token_per_layer,
+                   recurrent_layers ? fmt::format(", recurrent layers {}", recurrent_layers) : "");
+  const DevicePlan& d = devices.at(0);
+  s += fmt::format("per device ({} device{} alike):\n", devices.size(), devices.size() > 1 ? "s" : "");
+  s += fmt::format("  weights        {:>12}  (in scheme {}, fallback bf16/f32 {})\n", format_bytes(d.weights_bytes),
+                   format_bytes(d.weights_quantized_bytes), format_bytes(d.weights_fallback_bytes));
+  s += fmt::format("  KV cache       {:>12}  ({} per token per sequence)\n", format_bytes(d.kv_bytes),
+                   format_bytes(d.kv_bytes_per_token));
+  if (d.state_bytes) {
+    s += fmt::format("  recurrent      {:>12}  ({} per sequence)\n", format_bytes(d.state_bytes),
+                     format_bytes(d.state_bytes_per_sequence));
+  }
+  s += fmt::format("  activations    {:>12}\n", format_bytes(d.activation_bytes));
+  s += fmt::format("  runtime        {:>12}\n", format_bytes(d.reserve_bytes));
+  s += fmt::format("  total          {:>12}", format_bytes(d.total_bytes));
+  if (d.budget_bytes > 0) {
+    s += fmt::format("  of {} -> {}\n", format_bytes(d.budget_bytes), d.fits ? "fits" : "DOES NOT FIT");
+    s += fmt::format("largest context at {} sequences: {}\n", options.concurrency, d.max_context);
+    s += fmt::format("largest concurrency at {} tokens: {}\n", context_rounded, d.max_concurrency);
+  } else {
+    s += "\n(give --memory to get the largest context and concurrency)\n";
+  }
+  for (const std::string& n : notes) s += "note: " + n + "\n";
+  return s;
+}
+
+}  // namespace infera

@@ -1,0 +1,119 @@
+// Memory and capacity planning: what a model needs per device for a given weight scheme,
+// context, concurrency and tensor parallelism, before anything is loaded. Figures model
+// what Infera allocates (f32 KV cache and f32 activations by default, f32 recurrent state
+// of Gated DeltaNet layers, norms copied to f32), so a plan can be checked against the
+// measured peak memory of `infera run`.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "infera/model/config.h"
+
+namespace infera {
+
+// How a weight is stored and how the planner counts it.
+enum class WeightRole {
+  kEmbedding,  // token embedding table: kept at bf16 by quantized schemes
+  kHead,       // output head: kept at bf16 by quantized schemes
+  kLinear,     // projection in a block: stored in the scheme
+  kExpert,     // routed expert projection (only k of E active per token): stored in the scheme
+  kFloat,      // sensitive small matrices kept in bf16 (MoE router, GDN in_proj_a/b, gates)
+  kVector,     // norms, biases, conv1d, A_log, dt_bias: f32 in memory
+};
+const char* weight_role_name(WeightRole r);
+
+struct ExpectedTensor {
+  std::string name;
+  std::vector<int64_t> shape;  // as stored in the checkpoint (experts may be 3-D [E, rows, cols])
+  WeightRole role = WeightRole::kLinear;
+  bool mtp = false;  // belongs to the multi-token-prediction head
+  int64_t numel() const;
+};
+
+// Every tensor the architecture's text model has, with its checkpoint name and shape,
+// derived from the config alone (Hugging Face names; Qwen3.5 experts in the fused 3-D
+// layout). Vision towers are not listed. Throws infera::Error for an unknown arch.
+std::vector<ExpectedTensor> expected_tensors(const ModelConfig& cfg);
+
+enum class WeightScheme { kF32, kBF16, kF16, kW8A8, kW4A8, kW4A16 };
+// "f32" | "bf16" | "f16" | "w8a8" | "w4a8" | "w4a16"; throws infera::Error naming them.
+WeightScheme parse_weight_scheme(const std::string& text);
+const char* weight_scheme_name(WeightScheme s);
+// Bytes of one [rows, cols] matrix in `scheme` (int4 with one f16 scale per group of
+// `group_size` along cols; w8a8 with one f32 scale per row).
+int64_t matrix_bytes(WeightScheme scheme, int64_t rows, int64_t cols, int64_t group_size);
+
+enum class KvDType { kF32, kBF16, kInt8 };
+KvDType parse_kv_dtype(const std::string& text);
+const char* kv_dtype_name(KvDType d);
+
+// "24GiB", "24GB", "512MiB", "1.5TiB", "1000000": bytes. Throws infera::Error.
+int64_t parse_byte_size(const std::string& text);
+std::string format_bytes(int64_t bytes);  // "23.4 GiB"
+
+struct PlanOptions {
+  WeightScheme scheme = WeightScheme::kBF16;
+  int64_t group_size = 32;       // int4 schemes
+  int64_t weights_bytes_override = 0;  // > 0: weights as measured from the files (whole model)
+  int64_t ctx = 4096;            // tokens per sequence (prompt + output)
+  int64_t concurrency = 1;       // sequences resident at once
+  int tp = 1;                    // tensor-parallel devices
+  int64_t memory_bytes = 0;      // budget per device; 0 = none given
+  KvDType kv_dtype = KvDType::kF32;  // Infera's KV cache is f32 today
+  int64_t prefill_chunk = 512;   // tokens per forward (scratch buffers are sized for it)
+  int64_t block_size = 16;       // KV block size (tokens); contexts round up to blocks
+  int64_t reserve_bytes = 48ll << 20;  // runtime: code, libraries, tokenizer, threads, allocator
+  bool include_mtp = true;       // MTP weights and its KV layer count when the config has one
+};
+
+struct DevicePlan {
+  int device = 0;
+  int64_t weights_bytes = 0;
+  int64_t weights_quantized_bytes = 0;  // in the scheme
+  int64_t weights_fallback_bytes = 0;   // embeddings, head, routers and gates at bf16, f32 vectors
+  int64_t kv_bytes_per_token = 0;       // one token of one sequence, all KV layers on this device
+  int64_t kv_bytes = 0;                 // ctx (rounded to blocks) x concurrency
+  int64_t state_bytes_per_sequence = 0; // fixed recurrent state (GDN layers)
+  int64_t state_bytes = 0;
+  int64_t activation_bytes = 0;
+  int64_t reserve_bytes = 0;
+  int64_t total_bytes = 0;
+  int64_t budget_bytes = 0;  // 0: none given
+  bool fits = true;
+  int64_t max_context = 0;      // at the requested concurrency (0 = nothing fits); -1 without a budget
+  int64_t max_concurrency = 0;  // at the requested context; -1 without a budget
+};
+
+struct Plan {
+  std::string model_type;
+  PlanOptions options;
+  int64_t params_total = 0;
+  int64_t params_active = 0;  // per token (MoE: k of E experts), MTP excluded
+  int64_t params_mtp = 0;
+  int kv_layers = 0;          // layers that keep KV (incl. MTP when counted)
+  int recurrent_layers = 0;   // Gated DeltaNet layers (fixed state per sequence)
+  int64_t kv_values_per_token_per_layer = 0;
+  int64_t context_rounded = 0;
+  int64_t model_max_context = 0;
+  std::vector<DevicePlan> devices;
+  std::vector<std::string> notes;
+
+  nlohmann::json to_json() const;
+  std::string to_text() const;
+};
+
+Plan plan_memory(const ModelConfig& cfg, const PlanOptions& options);
+
+// Parameter counts from the config: {total, active per token, MTP}.
+struct ParamCounts {
+  int64_t total = 0;
+  int64_t active = 0;
+  int64_t mtp = 0;
+};
+ParamCounts count_parameters(const ModelConfig& cfg);
+
+}  // namespace infera
