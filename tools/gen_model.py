@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Write a random-weight Hugging Face model directory for tests and benchmarks.
 
-    python3 tools/gen_model.py OUT_DIR --arch llama|qwen3 [shape options] [--preset tinyllama]
+    python3 tools/gen_model.py OUT_DIR --arch llama|qwen3|qwen3_moe|qwen3_5|qwen3_5_moe [shape options]
+                               [--preset tinyllama]
 
 The directory holds config.json, generation_config.json, model.safetensors (or shards
 model-0000X-of-0000Y.safetensors + model.safetensors.index.json above --max-shard-size),
@@ -14,7 +15,7 @@ Weights: random, deterministic given --seed (each tensor has its own stream seed
 through many layers and make greedy decoding non-degenerate: projections use
 std = 1/sqrt(fan_in) so every block adds O(1) to the residual stream, the output head
 uses std = 3/sqrt(hidden) so logits have a clear but non-trivial top-1 margin, and norm
-weights are 1 + 0.1 * noise. Tied embeddings use the head's scale and the blocks' output
+weights are 1 + 0.1 * noise (zero-centred Qwen3.5 norms: 0.1 * noise, applied as 1 + w). Tied embeddings use the head's scale and the blocks' output
 projections are 4x larger, so the residual stream is dominated by the context rather than
 by the input token (logits E . E[token] would make greedy decoding repeat it).
 
@@ -49,6 +50,8 @@ PRESETS = {
     "tinyllama": dict(arch="llama", hidden=2048, layers=22, heads=32, kv_heads=4, head_dim=64, ffn=5632,
                       vocab=32000, dtype="bf16", rope_theta=10000.0, max_pos=2048, tie=False),
 }
+
+HYBRID_ARCHS = ["qwen3_5", "qwen3_5_moe"]
 
 DTYPES = {"f32": ("F32", 4, "float32"), "bf16": ("BF16", 2, "bfloat16"), "f16": ("F16", 2, "float16")}
 
@@ -107,8 +110,99 @@ class TensorSpec:
         return int(np.prod(self.shape))
 
 
+def moe_specs(p, a, out_gain, fused):
+    """A MoE block under prefix p ("...mlp."): router, routed experts (per-expert 2-D or
+    Qwen3.5's fused 3-D), and for the hybrid archs a sigmoid-gated shared expert."""
+    h, e, i = a.hidden, a.experts, a.moe_ffn
+    specs = [TensorSpec(p + "gate.weight", (e, h), "normal", 1.0 / math.sqrt(h))]
+    if fused:
+        specs += [TensorSpec(p + "experts.gate_up_proj", (e, 2 * i, h), "normal", 1.0 / math.sqrt(h)),
+                  TensorSpec(p + "experts.down_proj", (e, h, i), "normal", 2.0 * out_gain / math.sqrt(i))]
+    else:
+        for x in range(e):
+            q = f"{p}experts.{x}."
+            specs += [TensorSpec(q + "gate_proj.weight", (i, h), "normal", 1.0 / math.sqrt(h)),
+                      TensorSpec(q + "up_proj.weight", (i, h), "normal", 1.0 / math.sqrt(h)),
+                      TensorSpec(q + "down_proj.weight", (h, i), "normal", 2.0 * out_gain / math.sqrt(i))]
+    if a.arch in HYBRID_ARCHS:
+        s = a.shared_ffn
+        specs += [TensorSpec(p + "shared_expert.gate_proj.weight", (s, h), "normal", 1.0 / math.sqrt(h)),
+                  TensorSpec(p + "shared_expert.up_proj.weight", (s, h), "normal", 1.0 / math.sqrt(h)),
+                  TensorSpec(p + "shared_expert.down_proj.weight", (h, s), "normal", 2.0 * out_gain / math.sqrt(s)),
+                  TensorSpec(p + "shared_expert_gate.weight", (1, h), "normal", 1.0 / math.sqrt(h))]
+    return specs
+
+
+def hybrid_layer_specs(p, a, layer_type, out_gain):
+    """One Qwen3.5 decoder layer (Gated DeltaNet or gated full attention, then the FFN).
+    Norms are zero-centred (stored w, applied as 1 + w) except linear_attn.norm."""
+    h, hd = a.hidden, a.head_dim
+    specs = [TensorSpec(p + "input_layernorm.weight", (h,), "zc_norm", 0.1)]
+    if layer_type == "linear_attention":
+        q = p + "linear_attn."
+        kd, vd = a.lin_k_heads * a.lin_dk, a.lin_v_heads * a.lin_dv
+        conv = 2 * kd + vd
+        specs += [
+            TensorSpec(q + "in_proj_qkv.weight", (conv, h), "normal", 1.0 / math.sqrt(h)),
+            TensorSpec(q + "in_proj_z.weight", (vd, h), "normal", 1.0 / math.sqrt(h)),
+            TensorSpec(q + "in_proj_b.weight", (a.lin_v_heads, h), "normal", 1.0 / math.sqrt(h)),
+            TensorSpec(q + "in_proj_a.weight", (a.lin_v_heads, h), "normal", 1.0 / math.sqrt(h)),
+            TensorSpec(q + "conv1d.weight", (conv, 1, a.conv_kernel), "normal", 1.0 / math.sqrt(a.conv_kernel)),
+            TensorSpec(q + "dt_bias", (a.lin_v_heads,), "norm", 0.1),
+            TensorSpec(q + "A_log", (a.lin_v_heads,), "a_log", 1.0),
+            TensorSpec(q + "norm.weight", (a.lin_dv,), "norm", 0.1),
+            TensorSpec(q + "out_proj.weight", (h, vd), "normal", out_gain / math.sqrt(vd)),
+        ]
+    else:
+        q = p + "self_attn."
+        specs += [
+            TensorSpec(q + "q_proj.weight", (a.heads * hd * 2, h), "normal", 1.0 / math.sqrt(h)),
+            TensorSpec(q + "k_proj.weight", (a.kv_heads * hd, h), "normal", 1.0 / math.sqrt(h)),
+            TensorSpec(q + "v_proj.weight", (a.kv_heads * hd, h), "normal", 1.0 / math.sqrt(h)),
+            TensorSpec(q + "o_proj.weight", (h, a.heads * hd), "normal", 2.0 * out_gain / math.sqrt(a.heads * hd)),
+            TensorSpec(q + "q_norm.weight", (hd,), "zc_norm", 0.1),
+            TensorSpec(q + "k_norm.weight", (hd,), "zc_norm", 0.1),
+        ]
+    specs.append(TensorSpec(p + "post_attention_layernorm.weight", (h,), "zc_norm", 0.1))
+    if a.arch == "qwen3_5":
+        specs += [TensorSpec(p + "mlp.gate_proj.weight", (a.ffn, h), "normal", 1.0 / math.sqrt(h)),
+                  TensorSpec(p + "mlp.up_proj.weight", (a.ffn, h), "normal", 1.0 / math.sqrt(h)),
+                  TensorSpec(p + "mlp.down_proj.weight", (h, a.ffn), "normal", 2.0 * out_gain / math.sqrt(a.ffn))]
+    else:
+        specs += moe_specs(p + "mlp.", a, out_gain, fused=True)
+    return specs
+
+
+def hybrid_specs(a):
+    """Qwen3.5 (VLM layout, text only): model.language_model.*, lm_head, mtp.*."""
+    h = a.hidden
+    head_std = 3.0 / math.sqrt(h)
+    out_gain = 4.0 if a.tie else 1.0
+    lm = "model.language_model."
+    specs = [TensorSpec(lm + "embed_tokens.weight", (a.vocab, h), "normal", head_std if a.tie else 1.0)]
+    for i, kind in enumerate(layer_types(a)):
+        specs += hybrid_layer_specs(f"{lm}layers.{i}.", a, kind, out_gain)
+    specs.append(TensorSpec(lm + "norm.weight", (h,), "zc_norm", 0.1))
+    if not a.tie:
+        specs.append(TensorSpec("lm_head.weight", (a.vocab, h), "normal", head_std))
+    if a.mtp:
+        specs += [TensorSpec("mtp.fc.weight", (h, 2 * h), "normal", 1.0 / math.sqrt(2 * h)),
+                  TensorSpec("mtp.pre_fc_norm_embedding.weight", (h,), "zc_norm", 0.1),
+                  TensorSpec("mtp.pre_fc_norm_hidden.weight", (h,), "zc_norm", 0.1)]
+        specs += hybrid_layer_specs("mtp.layers.0.", a, "full_attention", out_gain)
+        specs.append(TensorSpec("mtp.norm.weight", (h,), "zc_norm", 0.1))
+    return specs
+
+
+def layer_types(a):
+    """Every full_attention_interval-th layer is full attention, the rest Gated DeltaNet."""
+    return ["full_attention" if (i + 1) % a.full_attn_interval == 0 else "linear_attention" for i in range(a.layers)]
+
+
 def tensor_specs(a):
     """HF tensor names, shapes [out, in] and initializations, in file order."""
+    if a.arch in HYBRID_ARCHS:
+        return hybrid_specs(a)
     h, hd, ffn = a.hidden, a.head_dim, a.ffn
     q_out, kv_out = a.heads * hd, a.kv_heads * hd
     head_std = 3.0 / math.sqrt(h)
@@ -126,11 +220,14 @@ def tensor_specs(a):
             TensorSpec(p + "self_attn.v_proj.weight", (kv_out, h), "normal", 1.0 / math.sqrt(h)),
             TensorSpec(p + "self_attn.o_proj.weight", (h, q_out), "normal", out_gain / math.sqrt(q_out)),
         ]
-        if a.arch == "qwen3":
+        if a.arch in ("qwen3", "qwen3_moe"):
             specs += [TensorSpec(p + "self_attn.q_norm.weight", (hd,), "norm", 0.1),
                       TensorSpec(p + "self_attn.k_norm.weight", (hd,), "norm", 0.1)]
+        specs.append(TensorSpec(p + "post_attention_layernorm.weight", (h,), "norm", 0.1))
+        if a.arch == "qwen3_moe" and is_moe_layer(a, i):
+            specs += moe_specs(p + "mlp.", a, out_gain, fused=False)
+            continue
         specs += [
-            TensorSpec(p + "post_attention_layernorm.weight", (h,), "norm", 0.1),
             TensorSpec(p + "mlp.gate_proj.weight", (ffn, h), "normal", 1.0 / math.sqrt(h)),
             TensorSpec(p + "mlp.up_proj.weight", (ffn, h), "normal", 1.0 / math.sqrt(h)),
             # SwiGLU outputs have RMS ~0.5; 2/sqrt(ffn) gives the block an O(1) update.
@@ -153,6 +250,10 @@ def generate_chunks(spec, index, a, table, chunk=1 << 24):
         values = table[idx] * np.float32(spec.std)
         if spec.kind == "norm":
             values += np.float32(1.0)
+        elif spec.kind == "a_log":
+            # HF init: A = uniform(1, 16), stored as log(A); the normal table's CDF gives the uniform.
+            u = 0.5 * (1.0 + np.vectorize(math.erf)(table[idx] / math.sqrt(2.0)))
+            values = np.log(1.0 + 15.0 * u).astype(np.float32)
         yield encode(values, a.dtype)
         done += m
 
@@ -433,8 +534,56 @@ def model_config(a, ids):
     if a.arch == "llama":
         return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", **common,
                 "mlp_bias": False, "pretraining_tp": 1}
+    if a.arch == "qwen3_moe":
+        return {"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", **common,
+                "sliding_window": None, "use_sliding_window": False, "max_window_layers": a.layers,
+                "num_experts": a.experts, "num_experts_per_tok": a.experts_per_tok,
+                "moe_intermediate_size": a.moe_ffn, "norm_topk_prob": a.norm_topk,
+                "decoder_sparse_step": a.decoder_sparse_step, "mlp_only_layers": a.mlp_only_layers,
+                "router_aux_loss_coef": 0.001, "output_router_logits": False}
+    if a.arch in HYBRID_ARCHS:
+        return hybrid_config(a, common)
     return {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", **common,
             "sliding_window": None, "use_sliding_window": False, "max_window_layers": a.layers}
+
+
+def hybrid_config(a, common):
+    """Qwen3.5 VLM-style config: the language model's fields under text_config."""
+    text = dict(common)
+    for key in ("rope_theta", "rope_scaling", "torch_dtype", "tie_word_embeddings"):
+        text.pop(key)
+    partial = a.partial_rotary
+    text.update({
+        "model_type": a.arch + "_text", "layer_types": layer_types(a),
+        "full_attention_interval": a.full_attn_interval, "attn_output_gate": True,
+        "partial_rotary_factor": partial,
+        "rope_parameters": {"rope_type": "default", "rope_theta": a.rope_theta, "partial_rotary_factor": partial,
+                            "mrope_section": mrope_section(a), "mrope_interleaved": True},
+        "linear_conv_kernel_dim": a.conv_kernel, "linear_key_head_dim": a.lin_dk,
+        "linear_value_head_dim": a.lin_dv, "linear_num_key_heads": a.lin_k_heads,
+        "linear_num_value_heads": a.lin_v_heads, "mamba_ssm_dtype": "float32",
+        "mtp_num_hidden_layers": 1 if a.mtp else 0, "mtp_use_dedicated_embeddings": False,
+        "dtype": DTYPES[a.dtype][2],
+    })
+    if a.arch == "qwen3_5_moe":
+        text.update({"num_experts": a.experts, "num_experts_per_tok": a.experts_per_tok,
+                     "moe_intermediate_size": a.moe_ffn, "shared_expert_intermediate_size": a.shared_ffn,
+                     "router_aux_loss_coef": 0.001, "output_router_logits": False})
+        text.pop("intermediate_size")
+    arch = "Qwen3_5MoeForConditionalGeneration" if a.arch == "qwen3_5_moe" else "Qwen3_5ForConditionalGeneration"
+    return {"architectures": [arch], "model_type": a.arch, "text_config": text,
+            "tie_word_embeddings": a.tie, "torch_dtype": DTYPES[a.dtype][2], "transformers_version": "4.57.0"}
+
+
+def mrope_section(a):
+    """Split of the rotary pairs over (t, h, w), as Qwen's [11, 11, 10] for 32 pairs."""
+    pairs = int(a.head_dim * a.partial_rotary) // 2
+    first = (pairs + 2) // 3
+    return [first, first, pairs - 2 * first]
+
+
+def is_moe_layer(a, i):
+    return a.experts > 0 and i not in a.mlp_only_layers and (i + 1) % a.decoder_sparse_step == 0
 
 
 def write_json(path, obj):
@@ -446,7 +595,8 @@ def write_json(path, obj):
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("out_dir", help="directory to create (files in it are overwritten)")
-    p.add_argument("--arch", choices=["llama", "qwen3"], default=None, help="architecture (default llama)")
+    p.add_argument("--arch", choices=["llama", "qwen3", "qwen3_moe"] + HYBRID_ARCHS, default=None,
+                   help="architecture (default llama)")
     p.add_argument("--preset", choices=sorted(PRESETS), help="a named shape; explicit options override it")
     p.add_argument("--hidden", type=int, help="hidden size (default 64)")
     p.add_argument("--layers", type=int, help="decoder layers (default 2)")
@@ -465,6 +615,25 @@ def parse_args(argv):
     p.add_argument("--rope-factor", type=float, help="rope_scaling factor (default 8 llama3, 4 yarn, 2 linear)")
     p.add_argument("--rope-orig-max-pos", type=int,
                    help="original_max_position_embeddings for llama3/yarn (default max-pos / factor)")
+    moe = p.add_argument_group("MoE (qwen3_moe, qwen3_5_moe)")
+    moe.add_argument("--experts", type=int, default=8, help="routed experts (default 8)")
+    moe.add_argument("--experts-per-tok", type=int, default=2, help="experts per token, top-k (default 2)")
+    moe.add_argument("--moe-ffn", type=int, default=64, help="expert intermediate size (default 64)")
+    moe.add_argument("--no-norm-topk", dest="norm_topk", action="store_false",
+                     help="qwen3_moe: norm_topk_prob false (default true, as Qwen3-30B-A3B)")
+    moe.add_argument("--decoder-sparse-step", type=int, default=1, help="qwen3_moe: every n-th layer is MoE")
+    moe.add_argument("--mlp-only-layers", type=lambda t: [int(x) for x in t.split(",") if x], default=[],
+                     help="qwen3_moe: comma-separated dense layers")
+    moe.add_argument("--shared-ffn", type=int, default=64, help="qwen3_5_moe: shared expert size (default 64)")
+    hy = p.add_argument_group("hybrid Gated DeltaNet (qwen3_5, qwen3_5_moe)")
+    hy.add_argument("--full-attn-interval", type=int, default=4, help="every n-th layer is full attention (default 4)")
+    hy.add_argument("--lin-k-heads", type=int, default=2, help="GDN key heads (default 2)")
+    hy.add_argument("--lin-v-heads", type=int, default=4, help="GDN value heads (default 4)")
+    hy.add_argument("--lin-dk", type=int, default=32, help="GDN key head dim (default 32)")
+    hy.add_argument("--lin-dv", type=int, default=32, help="GDN value head dim (default 32)")
+    hy.add_argument("--conv-kernel", type=int, default=4, help="GDN conv1d width (default 4)")
+    hy.add_argument("--partial-rotary", type=float, default=0.25, help="partial_rotary_factor (default 0.25)")
+    hy.add_argument("--no-mtp", dest="mtp", action="store_false", help="leave out the mtp.* weights")
     p.add_argument("--max-shard-size", type=parse_size, default=parse_size("2GB"),
                    help="split weights into model-0000X-of-0000Y.safetensors above this size (default 2GB)")
     a = p.parse_args(argv)
@@ -476,7 +645,13 @@ def parse_args(argv):
         if getattr(a, k) is None:
             setattr(a, k, v)
     if a.rope_theta is None:
-        a.rope_theta = 10000.0 if a.arch == "llama" else 1000000.0
+        a.rope_theta = {"llama": 10000.0, "qwen3_5": 10000000.0, "qwen3_5_moe": 10000000.0}.get(a.arch, 1000000.0)
+    if a.arch == "qwen3_5":
+        a.experts = 0
+    if a.arch in ("qwen3_moe", "qwen3_5_moe") and not 1 <= a.experts_per_tok <= a.experts:
+        p.error("--experts-per-tok must be in [1, --experts]")
+    if a.arch in HYBRID_ARCHS and a.lin_v_heads % a.lin_k_heads:
+        p.error("--lin-v-heads must be a multiple of --lin-k-heads")
     if a.rms_eps is None:
         a.rms_eps = 1e-5 if a.arch == "llama" else 1e-6
     for name in ("hidden", "layers", "heads", "kv_heads", "head_dim", "ffn", "vocab", "max_pos"):

@@ -4,7 +4,7 @@
 // continuations (32 tokens), the same top-1 at every prompt position, and final-position
 // logits within a small tolerance (the max abs difference is printed per model).
 //
-//   node model_llamacpp.mjs <infera-binary>
+//   node model_llamacpp.mjs <infera-binary> [name-filter]   (filter: run the cases whose name contains it)
 import { execFileSync } from "node:child_process";
 import fs from "node:fs";
 import os from "node:os";
@@ -32,6 +32,12 @@ const cases = [
   { name: "qwen3-yarn", args: ["--arch", "qwen3", "--hidden", "64", "--layers", "2", "--heads", "4", "--kv-heads", "4",
       "--head-dim", "32", "--ffn", "128", "--vocab", "512", "--dtype", "f32", "--seed", "5",
       "--rope-scaling", "yarn", "--rope-factor", "4", "--rope-orig-max-pos", "32", "--max-pos", "256"] },
+  { name: "qwen3moe-f32", args: ["--arch", "qwen3_moe", "--hidden", "128", "--layers", "3", "--heads", "4", "--kv-heads", "2",
+      "--head-dim", "32", "--experts", "8", "--experts-per-tok", "2", "--moe-ffn", "64", "--vocab", "512", "--dtype", "f32",
+      "--seed", "6"] },
+  { name: "qwen3moe-bf16-top4of16", args: ["--arch", "qwen3_moe", "--hidden", "64", "--layers", "2", "--heads", "4",
+      "--kv-heads", "1", "--head-dim", "16", "--experts", "16", "--experts-per-tok", "4", "--moe-ffn", "32", "--vocab", "384",
+      "--dtype", "bf16", "--seed", "7"] },
 ];
 
 function run(cmd, args) {
@@ -52,7 +58,8 @@ function argmax(a) {
 const tmp = fs.mkdtempSync(path.join(os.tmpdir(), "infera-conf-"));
 let passed = 0, failed = 0;
 try {
-  for (const c of cases) {
+  const filter = process.argv[3] ?? "";
+  for (const c of cases.filter((c) => c.name.includes(filter))) {
     const dir = path.join(tmp, c.name);
     run(python, [path.join(repo, "tools/gen_model.py"), dir, ...c.args]);
     const gguf = path.join(tmp, `${c.name}.gguf`);

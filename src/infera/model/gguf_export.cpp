@@ -6,9 +6,11 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <numbers>
 #include <optional>
 #include <string_view>
+#include <unordered_set>
 
 #include <nlohmann/json.hpp>
 
@@ -123,53 +125,50 @@ void row_to_f32(const uint8_t* src, DType dtype, size_t n, float* out) {
 }
 
 // One GGUF tensor to write: where its bytes come from and how they are transformed.
-struct ExportTensor {
-  std::string name;
-  const TensorInfo* src = nullptr;  // nullptr: `values` holds the (F32) data
-  std::vector<float> values;
-  GgmlType type = GgmlType::kF32;
-  int64_t rows = 1, cols = 1;  // src viewed as [rows, cols]
-  bool one_dim = false;        // a vector: ne = {cols}
-  int permute_heads = 0;       // > 0: undo HF's rotate_half row order within each of this many heads
-
-  // GGUF dims, innermost first: a [rows, cols] matrix is ne = {cols, rows}.
-  std::vector<uint64_t> ne() const {
-    if (one_dim) return {static_cast<uint64_t>(cols)};
-    return {static_cast<uint64_t>(cols), static_cast<uint64_t>(rows)};
-  }
+// Matrices are streamed row by row from the checkpoint (never loaded whole): GGUF row r
+// is row rows[r].row of tensor rows[r].src, so one GGUF tensor can stack many HF tensors
+// (per-expert weights -> one 3-D expert tensor), split one (fused gate_up_proj) or reorder
+// rows (llama's q/k permutation, Qwen3.5's value heads); col_order reorders columns.
+struct RowSource {
+  const TensorInfo* src;
+  int64_t row;
 };
 
-// GGUF row r -> HF row. HF (rotate_half) puts pair element k of pair j of head h at row
-// h*hd + k*hd/2 + j; llama.cpp's NORM rope wants it at h*hd + 2j + k
-// (convert_hf_to_gguf.py LlamaModel.permute).
-int64_t source_row(const ExportTensor& t, int64_t r) {
-  if (t.permute_heads == 0) return r;
-  const int64_t hd = t.rows / t.permute_heads;
-  const int64_t h = r / hd, i = r % hd, j = i / 2, k = i % 2;
-  return h * hd + k * (hd / 2) + j;
-}
+struct ExportTensor {
+  std::string name;
+  std::vector<float> values;        // small tensors computed here (norms, A_log, conv): F32 data
+  std::vector<RowSource> rows;      // matrices: the source of each GGUF row
+  std::vector<int64_t> col_order;   // empty = identity
+  const TensorInfo* whole = nullptr;  // the rows are exactly this tensor, in order (fast copy)
+  GgmlType type = GgmlType::kF32;
+  int64_t cols = 1;
+  std::vector<uint64_t> dims;       // GGUF ne, innermost first
+};
 
 void stream_tensor(const ExportTensor& t, gguf::ByteSink& out) {
-  if (!t.src) {
+  if (t.rows.empty()) {
     out.write(t.values.data(), t.values.size() * sizeof(float));
     return;
   }
-  const DType sdt = t.src->dtype;
-  const size_t esize = dtype_size(sdt);
-  const size_t row_bytes = static_cast<size_t>(t.cols) * esize;
-  if (ggml_type_of(sdt) == t.type && t.permute_heads == 0) {
-    out.write(t.src->data, t.src->nbytes);  // same encoding: copy straight from the mapping
+  if (t.whole && t.col_order.empty() && ggml_type_of(t.whole->dtype) == t.type) {
+    out.write(t.whole->data, t.whole->nbytes);  // same encoding: copy straight from the mapping
     return;
   }
-  std::vector<float> f32(static_cast<size_t>(t.cols));
+  std::vector<float> f32(static_cast<size_t>(t.cols)), tmp(t.col_order.empty() ? 0 : static_cast<size_t>(t.cols));
   std::vector<uint16_t> half(t.type == GgmlType::kF32 ? 0 : static_cast<size_t>(t.cols));
-  for (int64_t r = 0; r < t.rows; ++r) {
-    const uint8_t* src_row = t.src->data + static_cast<size_t>(source_row(t, r)) * row_bytes;
-    if (ggml_type_of(sdt) == t.type) {
+  for (const RowSource& r : t.rows) {
+    const DType sdt = r.src->dtype;
+    const size_t row_bytes = static_cast<size_t>(t.cols) * dtype_size(sdt);
+    const uint8_t* src_row = r.src->data + static_cast<size_t>(r.row) * row_bytes;
+    if (ggml_type_of(sdt) == t.type && t.col_order.empty()) {
       out.write(src_row, row_bytes);
       continue;
     }
     row_to_f32(src_row, sdt, f32.size(), f32.data());
+    if (!t.col_order.empty()) {
+      for (size_t i = 0; i < f32.size(); ++i) tmp[i] = f32[static_cast<size_t>(t.col_order[i])];
+      f32.swap(tmp);
+    }
     switch (t.type) {
       case GgmlType::kF32: out.write(f32.data(), f32.size() * 4); break;
       case GgmlType::kF16:
@@ -183,6 +182,26 @@ void stream_tensor(const ExportTensor& t, gguf::ByteSink& out) {
       default: INFERA_ASSERT(false, "unsupported output type");
     }
   }
+}
+
+// GGUF row r -> HF row for llama's q/k. HF (rotate_half) puts pair element k of pair j of
+// head h at row h*hd + k*hd/2 + j; llama.cpp's NORM rope wants it at h*hd + 2j + k
+// (convert_hf_to_gguf.py LlamaModel.permute).
+int64_t llama_permuted_row(int64_t rows, int heads, int64_t r) {
+  const int64_t hd = rows / heads;
+  const int64_t h = r / hd, i = r % hd, j = i / 2, k = i % 2;
+  return h * hd + k * (hd / 2) + j;
+}
+
+// Qwen3.5 value heads: HF groups them by key head ([k0: v0..v{r-1}], [k1: ...]); llama.cpp
+// broadcasts key heads tiled, so GGUF head j' = v * Hk + k holds HF head k * r + v
+// (conversion/qwen.py _reorder_v_heads). Returns the HF index of GGUF element i of a run
+// of n_v_heads * width elements.
+int64_t v_head_source(int64_t i, int64_t n_k_heads, int64_t n_v_heads, int64_t width) {
+  const int64_t r = n_v_heads / n_k_heads;
+  const int64_t head = i / width, within = i % width;
+  const int64_t k = head % n_k_heads, v = head / n_k_heads;
+  return (k * r + v) * width + within;
 }
 
 // ---- hyperparameters ----
@@ -411,23 +430,78 @@ std::vector<float> llama3_rope_factors(const ModelConfig& c) {
   return factors;
 }
 
+namespace {
+
+// mrope_section from config.json (text_config.rope_parameters or rope_scaling), padded to
+// 4 entries; llama.cpp's converter writes [11, 11, 10, 0] when the field is absent.
+std::vector<int32_t> mrope_sections(const fs::path& config_path) {
+  const json j = read_json_file(config_path);
+  const json& text = j.contains("text_config") && j["text_config"].is_object() ? j["text_config"] : j;
+  for (const char* key : {"rope_parameters", "rope_scaling"}) {
+    for (const json* node : {&text, &j}) {
+      if (!node->contains(key) || !(*node)[key].is_object()) continue;
+      const json& r = (*node)[key];
+      if (!r.contains("mrope_section") || !r["mrope_section"].is_array()) continue;
+      std::vector<int32_t> out;
+      for (const json& v : r["mrope_section"]) {
+        if (!v.is_number_integer()) fail("{}: field '{}.mrope_section' must hold integers", config_path.string(), key);
+        out.push_back(v.get<int32_t>());
+      }
+      out.resize(4, 0);
+      return out;
+    }
+  }
+  return {11, 11, 10, 0};
+}
+
+void add_moe_hparams(gguf::Writer& w, const ModelConfig& c, const std::string& p) {
+  w.set(p + "expert_count", Value::u32(static_cast<uint32_t>(c.num_experts)));
+  w.set(p + "expert_used_count", Value::u32(static_cast<uint32_t>(c.num_experts_per_tok)));
+  w.set(p + "expert_feed_forward_length", Value::u32(static_cast<uint32_t>(c.moe_intermediate_size)));
+}
+
+}  // namespace
+
 GgufExportResult export_gguf(const std::string& model_dir, const std::string& out_path,
                              const GgufExportOptions& options) {
   const fs::path dir(model_dir);
+  const std::string config_path = (dir / "config.json").string();
   const ModelConfig config = load_model_config(model_dir);
   std::string arch;
   switch (config.arch) {
     case Arch::kLlama: arch = "llama"; break;
     case Arch::kQwen3: arch = "qwen3"; break;
+    case Arch::kQwen3Moe: arch = "qwen3moe"; break;
+    case Arch::kQwen35: arch = "qwen35"; break;
+    case Arch::kQwen35Moe: arch = "qwen35moe"; break;
     default:
-      fail("{}: model_type '{}' cannot be converted to GGUF yet (supported: llama, qwen3)",
-           (dir / "config.json").string(), config.model_type);
+      fail("{}: model_type '{}' cannot be converted to GGUF yet (supported: llama, qwen3, qwen3_moe, qwen3_5, "
+           "qwen3_5_moe)",
+           config_path, config.model_type);
   }
+  const bool hybrid = config.arch == Arch::kQwen35 || config.arch == Arch::kQwen35Moe;
   if (config.attention_bias || config.mlp_bias) {
-    fail("{}: attention/MLP biases are not supported by the GGUF converter", (dir / "config.json").string());
+    fail("{}: attention/MLP biases are not supported by the GGUF converter", config_path);
   }
-  if (config.rope.rotary_dim != config.head_dim) {
-    fail("{}: partial rotary embeddings are not supported for {}", (dir / "config.json").string(), arch);
+  if (!hybrid && config.rope.rotary_dim != config.head_dim) {
+    fail("{}: partial rotary embeddings are not supported for {}", config_path, arch);
+  }
+  if (config.arch == Arch::kQwen3Moe) {
+    // llama.cpp's qwen3moe runs every layer as MoE and always renormalises the top-k.
+    for (int l = 0; l < config.num_layers; ++l) {
+      if (!config.is_moe_layer(l)) {
+        fail("{}: layer {} is a dense MLP layer (decoder_sparse_step / mlp_only_layers); llama.cpp's qwen3moe "
+             "needs every layer to be MoE",
+             config_path, l);
+      }
+    }
+    if (!config.norm_topk_prob) {
+      fail("{}: norm_topk_prob is false; llama.cpp's qwen3moe always renormalises the top-k weights", config_path);
+    }
+  }
+  if (hybrid && config.linear_key_head_dim != config.linear_value_head_dim) {
+    fail("{}: linear_key_head_dim ({}) != linear_value_head_dim ({}); llama.cpp's {} needs them equal", config_path,
+         config.linear_key_head_dim, config.linear_value_head_dim, arch);
   }
   const bool is_llama = config.arch == Arch::kLlama;
   const WeightStore store = WeightStore::open(model_dir);
@@ -436,34 +510,100 @@ GgufExportResult export_gguf(const std::string& model_dir, const std::string& ou
   if (name.empty()) name = fs::path(model_dir).lexically_normal().filename().string();
   if (name.empty()) name = fs::absolute(dir).lexically_normal().parent_path().filename().string();
 
+  // The MTP block (Qwen3.5) goes in as one more block, blk.{num_layers}, as llama.cpp's
+  // converter does; only when the checkpoint has its weights.
+  const int n_mtp = hybrid && store.find("mtp.fc.weight") ? std::max(config.mtp_num_hidden_layers, 1) : 0;
+
   gguf::Writer writer;
   add_hparams(writer, config, arch, name, options.out_type);
+  const std::string hp = arch + ".";
+  if (config.arch == Arch::kQwen3Moe) add_moe_hparams(writer, config, hp);
+  if (hybrid) {
+    writer.set(hp + "block_count", Value::u32(static_cast<uint32_t>(config.num_layers + n_mtp)));
+    if (n_mtp > 0) writer.set(hp + "nextn_predict_layers", Value::u32(static_cast<uint32_t>(n_mtp)));
+    writer.set(hp + "rope.dimension_sections", Value::array_of(ValueType::kI32, mrope_sections(config_path)));
+    writer.set(hp + "ssm.conv_kernel", Value::u32(static_cast<uint32_t>(config.linear_conv_kernel_dim)));
+    writer.set(hp + "ssm.state_size", Value::u32(static_cast<uint32_t>(config.linear_key_head_dim)));
+    writer.set(hp + "ssm.group_count", Value::u32(static_cast<uint32_t>(config.linear_num_key_heads)));
+    writer.set(hp + "ssm.time_step_rank", Value::u32(static_cast<uint32_t>(config.linear_num_value_heads)));
+    writer.set(hp + "ssm.inner_size",
+               Value::u32(static_cast<uint32_t>(config.linear_value_head_dim * config.linear_num_value_heads)));
+    std::vector<uint8_t> recurrent;
+    for (int l = 0; l < config.num_layers + n_mtp; ++l) recurrent.push_back(config.is_linear_attention_layer(l) ? 1 : 0);
+    writer.set(hp + "attention.recurrent_layers", Value::array_of(ValueType::kBool, recurrent));
+    writer.set(hp + "full_attention_interval",
+               Value::u32(static_cast<uint32_t>(config.full_attention_interval > 0 ? config.full_attention_interval : 4)));
+    if (config.arch == Arch::kQwen35Moe) {
+      add_moe_hparams(writer, config, hp);
+      if (config.shared_expert_intermediate_size > 0) {
+        writer.set(hp + "expert_shared_feed_forward_length",
+                   Value::u32(static_cast<uint32_t>(config.shared_expert_intermediate_size)));
+      }
+    }
+  }
   add_tokenizer(writer, config, dir);
 
   // ---- tensors ----
   const int64_t H = config.hidden_size, hd = config.head_dim, F = config.intermediate_size, V = config.vocab_size;
   const int64_t q_out = config.num_heads * hd, kv_out = config.num_kv_heads * hd;
+  const GgmlType mat_type = ggml_type_of(options.out_type);
   std::vector<ExportTensor> plan;
-  std::vector<std::string> used;  // HF names consumed
+  std::unordered_set<std::string> used;  // HF names consumed
 
-  auto add = [&](const std::string& hf, std::initializer_list<int64_t> shape, int permute_heads = 0) {
+  auto source = [&](const std::string& hf, std::initializer_list<int64_t> shape) -> const TensorInfo& {
     const TensorInfo& t = store.get(hf, shape);
     if (!ggml_type_of(t.dtype)) {
       fail("{}/{}: tensor '{}' has dtype {}; the GGUF converter reads f32, f16 and bf16 checkpoints", model_dir,
            t.file, hf, dtype_name(t.dtype));
     }
+    used.insert(hf);
+    return t;
+  };
+  // A matrix [rows, cols] (GGUF ne {cols, rows}); row_of maps GGUF rows to source rows.
+  auto add_matrix = [&](const std::string& gguf_name, const std::string& hf, int64_t rows, int64_t cols,
+                        const std::function<int64_t(int64_t)>& row_of = nullptr,
+                        std::vector<int64_t> col_order = {}) {
+    const TensorInfo& t = source(hf, {rows, cols});
     ExportTensor e;
-    e.name = gguf_tensor_name(hf, config.qk_norm);
-    INFERA_ASSERT(!e.name.empty(), "no GGUF name for " + hf);
-    e.src = &t;
-    e.one_dim = shape.size() == 1;
-    e.rows = shape.size() == 1 ? 1 : *shape.begin();
-    e.cols = shape.size() == 1 ? *shape.begin() : *(shape.begin() + 1);
-    // Norms and other 1-D tensors stay F32 (llama.cpp's converter does the same).
-    e.type = shape.size() == 1 ? GgmlType::kF32 : ggml_type_of(options.out_type);
-    e.permute_heads = permute_heads;
+    e.name = gguf_name;
+    e.type = mat_type;
+    e.cols = cols;
+    e.dims = {static_cast<uint64_t>(cols), static_cast<uint64_t>(rows)};
+    for (int64_t r = 0; r < rows; ++r) e.rows.push_back({&t, row_of ? row_of(r) : r});
+    if (!row_of) e.whole = &t;
+    e.col_order = std::move(col_order);
     plan.push_back(std::move(e));
-    used.push_back(hf);
+  };
+  // A vector (always F32), optionally transformed: (value, GGUF index) -> value.
+  auto add_vector = [&](const std::string& gguf_name, const std::string& hf, int64_t n,
+                        const std::function<float(const std::vector<float>&, int64_t)>& f = nullptr) {
+    const TensorInfo& t = source(hf, {n});
+    std::vector<float> src(static_cast<size_t>(n));
+    row_to_f32(t.data, t.dtype, src.size(), src.data());
+    ExportTensor e;
+    e.name = gguf_name;
+    e.cols = n;
+    e.dims = {static_cast<uint64_t>(n)};
+    e.values.resize(src.size());
+    for (int64_t i = 0; i < n; ++i) e.values[i] = f ? f(src, i) : src[i];
+    plan.push_back(std::move(e));
+  };
+  // Zero-centred norms (Qwen3.5): stored w, applied as 1 + w; llama.cpp wants 1 + w baked in.
+  const auto plus_one = [](const std::vector<float>& v, int64_t i) { return v[i] + 1.0f; };
+  // Expert weights [E, rows, cols] as one GGUF tensor ne {cols, rows, E}; part(e) gives the
+  // expert's source tensor and first row.
+  auto add_experts = [&](const std::string& gguf_name, int64_t E, int64_t rows, int64_t cols,
+                         const std::function<RowSource(int64_t)>& part) {
+    ExportTensor e;
+    e.name = gguf_name;
+    e.type = mat_type;
+    e.cols = cols;
+    e.dims = {static_cast<uint64_t>(cols), static_cast<uint64_t>(rows), static_cast<uint64_t>(E)};
+    for (int64_t x = 0; x < E; ++x) {
+      const RowSource first = part(x);
+      for (int64_t r = 0; r < rows; ++r) e.rows.push_back({first.src, first.row + r});
+    }
+    plan.push_back(std::move(e));
   };
 
   if (config.rope.scaling == RopeScaling::kLlama3) {
@@ -471,47 +611,172 @@ GgufExportResult export_gguf(const std::string& model_dir, const std::string& ou
     e.name = "rope_freqs.weight";
     e.values = llama3_rope_factors(config);
     e.cols = static_cast<int64_t>(e.values.size());
-    e.one_dim = true;
-    e.type = GgmlType::kF32;
+    e.dims = {static_cast<uint64_t>(e.cols)};
     plan.push_back(std::move(e));
   }
-  add("model.embed_tokens.weight", {V, H});
-  for (int l = 0; l < config.num_layers; ++l) {
-    const std::string p = "model.layers." + std::to_string(l) + ".";
-    add(p + "input_layernorm.weight", {H});
-    add(p + "self_attn.q_proj.weight", {q_out, H}, is_llama ? config.num_heads : 0);
-    add(p + "self_attn.k_proj.weight", {kv_out, H}, is_llama ? config.num_kv_heads : 0);
-    add(p + "self_attn.v_proj.weight", {kv_out, H});
-    add(p + "self_attn.o_proj.weight", {H, q_out});
-    if (config.qk_norm) {
-      add(p + "self_attn.q_norm.weight", {hd});
-      add(p + "self_attn.k_norm.weight", {hd});
+
+  const std::string lm = hybrid ? "model.language_model." : "model.";
+  add_matrix("token_embd.weight", lm + "embed_tokens.weight", V, H);
+
+  if (!hybrid) {
+    for (int l = 0; l < config.num_layers; ++l) {
+      const std::string p = "model.layers." + std::to_string(l) + ".";
+      const std::string b = "blk." + std::to_string(l) + ".";
+      add_vector(b + "attn_norm.weight", p + "input_layernorm.weight", H);
+      const int nh = config.num_heads, nkv = config.num_kv_heads;
+      add_matrix(b + "attn_q.weight", p + "self_attn.q_proj.weight", q_out, H,
+                 is_llama ? std::function<int64_t(int64_t)>([&](int64_t r) { return llama_permuted_row(q_out, nh, r); })
+                          : nullptr);
+      add_matrix(b + "attn_k.weight", p + "self_attn.k_proj.weight", kv_out, H,
+                 is_llama ? std::function<int64_t(int64_t)>([&](int64_t r) { return llama_permuted_row(kv_out, nkv, r); })
+                          : nullptr);
+      add_matrix(b + "attn_v.weight", p + "self_attn.v_proj.weight", kv_out, H);
+      add_matrix(b + "attn_output.weight", p + "self_attn.o_proj.weight", H, q_out);
+      if (config.qk_norm) {
+        add_vector(b + "attn_q_norm.weight", p + "self_attn.q_norm.weight", hd);
+        add_vector(b + "attn_k_norm.weight", p + "self_attn.k_norm.weight", hd);
+      }
+      add_vector(b + "ffn_norm.weight", p + "post_attention_layernorm.weight", H);
+      if (config.arch == Arch::kQwen3Moe) {
+        const int64_t E = config.num_experts, I = config.moe_intermediate_size;
+        add_matrix(b + "ffn_gate_inp.weight", p + "mlp.gate.weight", E, H);
+        for (const char* part : {"gate", "up", "down"}) {
+          const bool down = std::string(part) == "down";
+          add_experts(b + "ffn_" + part + "_exps.weight", E, down ? H : I, down ? I : H, [&, part, down](int64_t x) {
+            const std::string hf = p + "mlp.experts." + std::to_string(x) + "." + part + "_proj.weight";
+            return RowSource{&source(hf, {down ? H : I, down ? I : H}), 0};
+          });
+        }
+      } else {
+        add_matrix(b + "ffn_gate.weight", p + "mlp.gate_proj.weight", F, H);
+        add_matrix(b + "ffn_up.weight", p + "mlp.up_proj.weight", F, H);
+        add_matrix(b + "ffn_down.weight", p + "mlp.down_proj.weight", H, F);
+      }
     }
-    add(p + "post_attention_layernorm.weight", {H});
-    add(p + "mlp.gate_proj.weight", {F, H});
-    add(p + "mlp.up_proj.weight", {F, H});
-    add(p + "mlp.down_proj.weight", {H, F});
+  } else {
+    const int64_t Hk = config.linear_num_key_heads, Hv = config.linear_num_value_heads;
+    const int64_t dk = config.linear_key_head_dim, dv = config.linear_value_head_dim, K = config.linear_conv_kernel_dim;
+    const int64_t KD = Hk * dk, VD = Hv * dv, CD = 2 * KD + VD;
+    // Value-head reorder (identity when Hk == Hv) for rows / elements in units of `width`.
+    auto vmap = [Hk, Hv](int64_t width) {
+      return [Hk, Hv, width](int64_t i) { return v_head_source(i, Hk, Hv, width); };
+    };
+    // One decoder block; `p` the HF prefix, `b` the GGUF prefix, full = full attention.
+    auto add_block = [&](const std::string& p, const std::string& b, bool full) {
+      add_vector(b + "attn_norm.weight", p + "input_layernorm.weight", H, plus_one);
+      if (full) {
+        add_matrix(b + "attn_q.weight", p + "self_attn.q_proj.weight", 2 * q_out, H);
+        add_matrix(b + "attn_k.weight", p + "self_attn.k_proj.weight", kv_out, H);
+        add_matrix(b + "attn_v.weight", p + "self_attn.v_proj.weight", kv_out, H);
+        add_matrix(b + "attn_output.weight", p + "self_attn.o_proj.weight", H, q_out);
+        add_vector(b + "attn_q_norm.weight", p + "self_attn.q_norm.weight", hd, plus_one);
+        add_vector(b + "attn_k_norm.weight", p + "self_attn.k_norm.weight", hd, plus_one);
+      } else {
+        const std::string a = p + "linear_attn.";
+        add_matrix(b + "attn_qkv.weight", a + "in_proj_qkv.weight", CD, H,
+                   [&, vm = vmap(dv)](int64_t r) { return r < 2 * KD ? r : 2 * KD + vm(r - 2 * KD); });
+        add_matrix(b + "attn_gate.weight", a + "in_proj_z.weight", VD, H, vmap(dv));
+        add_matrix(b + "ssm_beta.weight", a + "in_proj_b.weight", Hv, H, vmap(1));
+        add_matrix(b + "ssm_alpha.weight", a + "in_proj_a.weight", Hv, H, vmap(1));
+        {
+          // conv1d.weight [CD, 1, K] -> ne {K, CD}, value channels reordered.
+          const TensorInfo& t = source(a + "conv1d.weight", {CD, 1, K});
+          std::vector<float> w(static_cast<size_t>(CD * K));
+          row_to_f32(t.data, t.dtype, w.size(), w.data());
+          ExportTensor e;
+          e.name = b + "ssm_conv1d.weight";
+          e.cols = K;
+          e.dims = {static_cast<uint64_t>(K), static_cast<uint64_t>(CD)};
+          const auto vm = vmap(dv);
+          for (int64_t c = 0; c < CD; ++c) {
+            const int64_t src = c < 2 * KD ? c : 2 * KD + vm(c - 2 * KD);
+            e.values.insert(e.values.end(), w.begin() + src * K, w.begin() + (src + 1) * K);
+          }
+          plan.push_back(std::move(e));
+        }
+        const auto vm1 = vmap(1);
+        add_vector(b + "ssm_dt.bias", a + "dt_bias", Hv, [vm1](const std::vector<float>& v, int64_t i) { return v[vm1(i)]; });
+        add_vector(b + "ssm_a", a + "A_log", Hv,
+                   [vm1](const std::vector<float>& v, int64_t i) { return -std::exp(v[vm1(i)]); });
+        add_vector(b + "ssm_norm.weight", a + "norm.weight", dv);  // RMSNormGated: plain weight
+        std::vector<int64_t> cols(static_cast<size_t>(VD));
+        for (int64_t i = 0; i < VD; ++i) cols[i] = v_head_source(i, Hk, Hv, dv);
+        add_matrix(b + "ssm_out.weight", a + "out_proj.weight", H, VD, nullptr, std::move(cols));
+      }
+      add_vector(b + "post_attention_norm.weight", p + "post_attention_layernorm.weight", H, plus_one);
+      if (config.arch == Arch::kQwen35) {
+        add_matrix(b + "ffn_gate.weight", p + "mlp.gate_proj.weight", F, H);
+        add_matrix(b + "ffn_up.weight", p + "mlp.up_proj.weight", F, H);
+        add_matrix(b + "ffn_down.weight", p + "mlp.down_proj.weight", H, F);
+        return;
+      }
+      const int64_t E = config.num_experts, I = config.moe_intermediate_size, S = config.shared_expert_intermediate_size;
+      add_matrix(b + "ffn_gate_inp.weight", p + "mlp.gate.weight", E, H);
+      if (store.find(p + "mlp.experts.gate_up_proj")) {
+        const TensorInfo& gu = source(p + "mlp.experts.gate_up_proj", {E, 2 * I, H});
+        const TensorInfo& dn = source(p + "mlp.experts.down_proj", {E, H, I});
+        add_experts(b + "ffn_gate_exps.weight", E, I, H, [&gu, I](int64_t x) { return RowSource{&gu, x * 2 * I}; });
+        add_experts(b + "ffn_up_exps.weight", E, I, H, [&gu, I](int64_t x) { return RowSource{&gu, x * 2 * I + I}; });
+        add_experts(b + "ffn_down_exps.weight", E, H, I, [&dn, H](int64_t x) { return RowSource{&dn, x * H}; });
+      } else {
+        for (const char* part : {"gate", "up", "down"}) {
+          const bool down = std::string(part) == "down";
+          add_experts(b + "ffn_" + part + "_exps.weight", E, down ? H : I, down ? I : H, [&, part, down](int64_t x) {
+            const std::string hf = p + "mlp.experts." + std::to_string(x) + "." + part + "_proj.weight";
+            return RowSource{&source(hf, {down ? H : I, down ? I : H}), 0};
+          });
+        }
+      }
+      if (S > 0) {
+        // shared_expert_gate [1, H] -> a vector ne {H} (llama.cpp's ffn_gate_inp_shexp).
+        const TensorInfo& g = source(p + "mlp.shared_expert_gate.weight", {1, H});
+        ExportTensor e;
+        e.name = b + "ffn_gate_inp_shexp.weight";
+        e.cols = H;
+        e.dims = {static_cast<uint64_t>(H)};
+        e.values.resize(static_cast<size_t>(H));
+        row_to_f32(g.data, g.dtype, e.values.size(), e.values.data());
+        plan.push_back(std::move(e));
+        add_matrix(b + "ffn_gate_shexp.weight", p + "mlp.shared_expert.gate_proj.weight", S, H);
+        add_matrix(b + "ffn_up_shexp.weight", p + "mlp.shared_expert.up_proj.weight", S, H);
+        add_matrix(b + "ffn_down_shexp.weight", p + "mlp.shared_expert.down_proj.weight", H, S);
+      }
+    };
+    for (int l = 0; l < config.num_layers; ++l) {
+      add_block(lm + "layers." + std::to_string(l) + ".", "blk." + std::to_string(l) + ".",
+                !config.is_linear_attention_layer(l));
+    }
+    if (n_mtp > 0) {
+      if (n_mtp > 1) fail("{}: {} MTP layers; llama.cpp loads a single MTP block", config_path, n_mtp);
+      const std::string b = "blk." + std::to_string(config.num_layers) + ".";
+      add_block("mtp.layers.0.", b, true);
+      add_matrix(b + "nextn.eh_proj.weight", "mtp.fc.weight", H, 2 * H);
+      add_vector(b + "nextn.enorm.weight", "mtp.pre_fc_norm_embedding.weight", H, plus_one);
+      add_vector(b + "nextn.hnorm.weight", "mtp.pre_fc_norm_hidden.weight", H, plus_one);
+      add_vector(b + "nextn.shared_head_norm.weight", "mtp.norm.weight", H, plus_one);
+    }
   }
-  add("model.norm.weight", {H});
+  add_vector("output_norm.weight", lm + "norm.weight", H, hybrid ? std::function<float(const std::vector<float>&, int64_t)>(plus_one) : nullptr);
   if (!config.tie_word_embeddings) {
     if (store.find("lm_head.weight")) {
-      add("lm_head.weight", {V, H});
+      add_matrix("output.weight", "lm_head.weight", V, H);
     } else {
       fail("{}: config.json says tie_word_embeddings is false but there is no 'lm_head.weight' tensor", model_dir);
     }
   }
   // Anything left over would be silently dropped: refuse instead.
   for (const std::string& n : store.names()) {
-    if (std::find(used.begin(), used.end(), n) != used.end()) continue;
+    if (used.count(n)) continue;
     if (n.ends_with("rotary_emb.inv_freq")) continue;                   // recomputed by every runtime
     if (n == "lm_head.weight" && config.tie_word_embeddings) continue;  // tied copy
+    if (hybrid && n.starts_with("model.visual.")) continue;             // Qwen3.5 vision tower (text-only GGUF)
     fail("{}: tensor '{}' has no GGUF counterpart for model_type {} (biases and extra heads are not supported)",
          model_dir, n, config.model_type);
   }
 
   for (const ExportTensor& e : plan) {
     const ExportTensor* ep = &e;
-    writer.add_tensor(e.name, e.type, e.ne(), [ep](gguf::ByteSink& out) { stream_tensor(*ep, out); });
+    writer.add_tensor(e.name, e.type, e.dims, [ep](gguf::ByteSink& out) { stream_tensor(*ep, out); });
   }
 
   gguf::Writer::Progress progress;

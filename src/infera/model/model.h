@@ -23,6 +23,12 @@ struct SeqChunk {
   int32_t n_blocks = 0;
   bool all_logits = false;  // logits for every token of the chunk (eval, speculative verify)
   bool last_logits = true;  // logits for the chunk's last token
+  // Hybrid models (Gated DeltaNet layers) only: which recurrent-state slot this sequence
+  // owns, in [0, Model::num_state_slots()). A chunk at pos0 == 0 starts a fresh sequence and
+  // the model zeroes the slot itself; a chunk at pos0 > 0 continues the slot's state, so
+  // the slot must stay with one sequence for its whole life, and a sequence cannot resume
+  // from a prefix-cache hit (the state after the prefix is not cached).
+  int32_t state_slot = 0;
 };
 
 struct ForwardBatch {
@@ -52,6 +58,35 @@ class Model {
   // Bytes of weights read for one decode token (bandwidth accounting).
   virtual int64_t weight_bytes_per_token() const = 0;
   virtual int64_t num_parameters() const = 0;
+
+  // ---- Recurrent state (hybrid models; 0 / no-ops otherwise) ----
+  // Per sequence a hybrid model keeps, per linear-attention layer, the conv state
+  // [kernel-1, conv_dim] and the delta-rule state S [Hv, dk, dv] (f32), in fixed-size slots
+  // the runtime hands out (SeqChunk::state_slot). Models start with one slot (enough for
+  // SequenceRunner); a runtime serving N sequences at once calls set_num_state_slots(N)
+  // before the first forward (existing slots keep their contents).
+  virtual int64_t state_bytes_per_slot() const { return 0; }
+  virtual int32_t num_state_slots() const { return 0; }
+  virtual void set_num_state_slots(int32_t n) { (void)n; }
+
+  // ---- Mixture of experts ----
+  // Tokens routed to each expert so far, [num_layers * num_experts] layer-major (dense
+  // layers stay 0); empty for dense models. Uneven routing shows up here first.
+  virtual std::vector<uint64_t> expert_counts() const { return {}; }
+  virtual void reset_expert_counts() {}
+
+  // ---- Multi-token prediction (Qwen3.5 / Qwen3-Next MTP head) ----
+  // 0 when the checkpoint has no MTP weights. After forward(), last_hidden() holds the
+  // trunk's post-final-norm hidden state of every logits row, [num_logit_rows, hidden].
+  // draft(batch, hidden, kv, logits): batch.tokens are tokens x_{p+1} at positions p+1
+  // (chunk pos0 = p+1...), hidden [n_tokens, hidden] the trunk hidden h_p of each; writes
+  // the MTP logits for position p+2 per logits row like forward(), and the MTP layer's
+  // own K/V at those positions into KV layer kv_shape().num_layers - 1.
+  virtual int num_mtp_layers() const { return 0; }
+  virtual const float* last_hidden() const { return nullptr; }
+  virtual void draft(const ForwardBatch& batch, const float* hidden, KvPool& kv, float* logits) {
+    (void)batch, (void)hidden, (void)kv, (void)logits;
+  }
 
  protected:
   ModelConfig config_;

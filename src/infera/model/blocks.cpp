@@ -1,0 +1,267 @@
+#include "infera/model/blocks.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "infera/base/error.h"
+#include "infera/model/weights.h"
+
+namespace infera {
+
+using kernels::MatRef;
+
+// ---- attention ----
+
+void batch_positions(const ForwardBatch& batch, std::vector<int32_t>& positions) {
+  positions.resize(batch.tokens.size());
+  for (const SeqChunk& s : batch.seqs) {
+    for (int32_t i = 0; i < s.n_tokens; ++i) positions[s.token_begin + i] = s.pos0 + i;
+  }
+}
+
+void gather_logit_rows(const ForwardBatch& batch, const float* x, int64_t H, std::vector<float>& rows) {
+  rows.resize(static_cast<size_t>(batch.num_logit_rows() * H));
+  int64_t r = 0;
+  for (const SeqChunk& s : batch.seqs) {
+    if (s.all_logits) {
+      std::memcpy(rows.data() + r * H, x + static_cast<int64_t>(s.token_begin) * H, s.n_tokens * H * sizeof(float));
+      r += s.n_tokens;
+    } else if (s.last_logits) {
+      std::memcpy(rows.data() + r * H, x + static_cast<int64_t>(s.token_begin + s.n_tokens - 1) * H, H * sizeof(float));
+      r += 1;
+    }
+  }
+}
+
+void paged_attention(const ForwardBatch& batch, KvPool& kv, int64_t kv_layer, const float* q, const float* k,
+                     const float* v, int64_t nh, int64_t nkv, int64_t hd, float scale, float* out) {
+  const int64_t kv_row = nkv * hd;
+  const int64_t bs = kv.shape().block_size;
+  float* k_pool = kv.k(kv_layer);
+  float* v_pool = kv.v(kv_layer);
+  for (const SeqChunk& s : batch.seqs) {
+    for (int32_t i = 0; i < s.n_tokens; ++i) {
+      const int64_t pos = s.pos0 + i;
+      INFERA_ASSERT(pos / bs < s.n_blocks, "block table too short for the chunk");
+      const int64_t slot = static_cast<int64_t>(s.block_table[pos / bs]) * bs + pos % bs;
+      const int64_t t = s.token_begin + i;
+      std::memcpy(k_pool + slot * kv_row, k + t * kv_row, kv_row * sizeof(float));
+      std::memcpy(v_pool + slot * kv_row, v + t * kv_row, kv_row * sizeof(float));
+    }
+    kernels::PagedKv paged{k_pool, v_pool, bs, nkv, hd, s.block_table};
+    kernels::attention_paged(q + s.token_begin * nh * hd, s.n_tokens, nh, s.pos0, paged, scale,
+                             out + s.token_begin * nh * hd);
+  }
+}
+
+// ---- SwiGLU ----
+
+SwigluWeights load_swiglu(const WeightStore& store, const std::string& prefix, int64_t hidden, int64_t inter) {
+  SwigluWeights w;
+  w.gate = as_matrix(store.get(prefix + "gate_proj.weight", {inter, hidden}));
+  w.up = as_matrix(store.get(prefix + "up_proj.weight", {inter, hidden}));
+  w.down = as_matrix(store.get(prefix + "down_proj.weight", {hidden, inter}));
+  return w;
+}
+
+void swiglu(const SwigluWeights& w, const float* x, int64_t T, float* y, std::vector<float>& scratch) {
+  const int64_t F = w.inter();
+  scratch.resize(static_cast<size_t>(2 * T * F));
+  float* gate = scratch.data();
+  float* up = gate + T * F;
+  kernels::matmul(x, T, w.gate, gate);
+  kernels::matmul(x, T, w.up, up);
+  kernels::silu_mul(gate, up, T * F);
+  kernels::matmul(gate, T, w.down, y);
+}
+
+// ---- MoE ----
+
+namespace {
+
+// Expert e of a fused [E, rows, cols] tensor, rows [r0, r1), as a matrix.
+MatRef expert_slice(const TensorInfo& t, int64_t e, int64_t r0, int64_t r1) {
+  const int64_t rows = t.shape[1], cols = t.shape[2];
+  if (t.dtype != DType::kF32 && t.dtype != DType::kBF16 && t.dtype != DType::kF16) {
+    fail("{}: tensor '{}' has dtype {}; expert weights must be f32, bf16 or f16", t.file, t.name, dtype_name(t.dtype));
+  }
+  const size_t esize = dtype_size(t.dtype);
+  const uint8_t* base = t.data + static_cast<size_t>((e * rows + r0) * cols) * esize;
+  return MatRef{base, t.dtype, r1 - r0, cols};
+}
+
+}  // namespace
+
+int64_t MoeWeights::weight_bytes_active() const {
+  int64_t bytes = matrix_bytes(router);
+  if (!gate.empty()) bytes += top_k * (matrix_bytes(gate[0]) + matrix_bytes(up[0]) + matrix_bytes(down[0]));
+  if (!shared.empty()) {
+    bytes += matrix_bytes(shared.gate) + matrix_bytes(shared.up) + matrix_bytes(shared.down) + matrix_bytes(shared_gate);
+  }
+  return bytes;
+}
+
+MoeWeights load_moe(const WeightStore& store, const std::string& prefix, const ModelConfig& cfg, int64_t shared_inter) {
+  const int64_t E = cfg.num_experts, H = cfg.hidden_size, I = cfg.moe_intermediate_size;
+  MoeWeights w;
+  w.top_k = cfg.num_experts_per_tok;
+  w.norm_topk_prob = cfg.norm_topk_prob;
+  w.router = as_matrix(store.get(prefix + "gate.weight", {E, H}));
+  w.gate.resize(E);
+  w.up.resize(E);
+  w.down.resize(E);
+  if (const TensorInfo* gate_up = store.find(prefix + "experts.gate_up_proj")) {
+    check_shape(*gate_up, {E, 2 * I, H}, store.dir() + "/" + gate_up->file);
+    const TensorInfo& down = store.get(prefix + "experts.down_proj", {E, H, I});
+    for (int64_t e = 0; e < E; ++e) {
+      w.gate[e] = expert_slice(*gate_up, e, 0, I);
+      w.up[e] = expert_slice(*gate_up, e, I, 2 * I);
+      w.down[e] = expert_slice(down, e, 0, H);
+    }
+  } else {
+    for (int64_t e = 0; e < E; ++e) {
+      const SwigluWeights x = load_swiglu(store, prefix + "experts." + std::to_string(e) + ".", H, I);
+      w.gate[e] = x.gate;
+      w.up[e] = x.up;
+      w.down[e] = x.down;
+    }
+  }
+  if (shared_inter > 0) {
+    w.shared = load_swiglu(store, prefix + "shared_expert.", H, shared_inter);
+    w.shared_gate = as_matrix(store.get(prefix + "shared_expert_gate.weight", {1, H}));
+  }
+  return w;
+}
+
+void MoeFfn::forward(const MoeWeights& w, const float* x, int64_t T, int64_t H, float* y, uint64_t* counts) {
+  const int64_t E = w.n_experts(), k = w.top_k;
+  logits_.resize(static_cast<size_t>(T * E));
+  route_ids_.resize(static_cast<size_t>(T * k));
+  route_w_.resize(static_cast<size_t>(T * k));
+  kernels::matmul(x, T, w.router, logits_.data());
+  kernels::moe_route_softmax(logits_.data(), T, E, k, w.norm_topk_prob, route_ids_.data(), route_w_.data());
+  kernels::group_by_expert(route_ids_.data(), route_w_.data(), T, k, E, groups_);
+
+  std::fill(y, y + T * H, 0.0f);
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t n = groups_.count(e);
+    if (n == 0) continue;
+    if (counts) counts[e] += static_cast<uint64_t>(n);
+    const int64_t I = w.gate[e].rows;
+    const int32_t* rows = groups_.rows.data() + groups_.offsets[e];
+    xg_.resize(static_cast<size_t>(n * H));
+    gate_.resize(static_cast<size_t>(n * I));
+    up_.resize(static_cast<size_t>(n * I));
+    out_.resize(static_cast<size_t>(n * H));
+    kernels::gather_rows(x, H, rows, n, xg_.data());
+    kernels::matmul(xg_.data(), n, w.gate[e], gate_.data());
+    kernels::matmul(xg_.data(), n, w.up[e], up_.data());
+    kernels::silu_mul(gate_.data(), up_.data(), n * I);
+    kernels::matmul(gate_.data(), n, w.down[e], out_.data());
+    kernels::scatter_add_weighted(out_.data(), H, rows, groups_.weights.data() + groups_.offsets[e], n, y);
+  }
+
+  if (!w.shared.empty()) {
+    shared_.resize(static_cast<size_t>(T * H));
+    sgate_.resize(static_cast<size_t>(T));
+    swiglu(w.shared, x, T, shared_.data(), gate_);
+    kernels::matmul(x, T, w.shared_gate, sgate_.data());
+    for (int64_t t = 0; t < T; ++t) {
+      const float s = 1.0f / (1.0f + std::exp(-sgate_[t]));
+      float* yt = y + t * H;
+      const float* st = shared_.data() + t * H;
+      for (int64_t i = 0; i < H; ++i) yt[i] += s * st[i];
+    }
+  }
+}
+
+// ---- Gated DeltaNet ----
+
+GdnDims gdn_dims(const ModelConfig& cfg) {
+  GdnDims d;
+  d.n_k_heads = cfg.linear_num_key_heads;
+  d.n_v_heads = cfg.linear_num_value_heads;
+  d.dk = cfg.linear_key_head_dim;
+  d.dv = cfg.linear_value_head_dim;
+  d.kernel = cfg.linear_conv_kernel_dim;
+  return d;
+}
+
+GdnWeights load_gdn(const WeightStore& store, const std::string& prefix, const GdnDims& d, int64_t hidden) {
+  GdnWeights w;
+  const int64_t C = d.conv_dim(), Hv = d.n_v_heads;
+  w.in_qkv = as_matrix(store.get(prefix + "in_proj_qkv.weight", {C, hidden}));
+  w.in_z = as_matrix(store.get(prefix + "in_proj_z.weight", {d.value_dim(), hidden}));
+  w.in_b = as_matrix(store.get(prefix + "in_proj_b.weight", {Hv, hidden}));
+  w.in_a = as_matrix(store.get(prefix + "in_proj_a.weight", {Hv, hidden}));
+  w.out = as_matrix(store.get(prefix + "out_proj.weight", {hidden, d.value_dim()}));
+  const TensorInfo& conv = store.get(prefix + "conv1d.weight", {C, 1, d.kernel});
+  w.conv_w.resize(static_cast<size_t>(C * d.kernel));
+  to_f32(conv.data, conv.dtype, C * d.kernel, w.conv_w.data());
+  const std::vector<float> a_log = load_vector(store, prefix + "A_log", Hv);
+  w.neg_exp_a.resize(Hv);
+  for (int64_t h = 0; h < Hv; ++h) w.neg_exp_a[h] = -std::exp(a_log[h]);
+  w.dt_bias = load_vector(store, prefix + "dt_bias", Hv);
+  w.norm = load_vector(store, prefix + "norm.weight", d.dv);
+  return w;
+}
+
+void GdnLayer::forward(const GdnWeights& w, const GdnDims& d, const ForwardBatch& batch, const float* x, int64_t H,
+                       const std::vector<float*>& states, float eps, float* y) {
+  const int64_t T = static_cast<int64_t>(batch.tokens.size());
+  const int64_t C = d.conv_dim(), KD = d.key_dim(), VD = d.value_dim(), Hv = d.n_v_heads;
+  mixed_.resize(static_cast<size_t>(T * C));
+  z_.resize(static_cast<size_t>(T * VD));
+  a_.resize(static_cast<size_t>(T * Hv));
+  b_.resize(static_cast<size_t>(T * Hv));
+  g_.resize(static_cast<size_t>(T * Hv));
+  beta_.resize(static_cast<size_t>(T * Hv));
+  q_.resize(static_cast<size_t>(T * KD));
+  k_.resize(static_cast<size_t>(T * KD));
+  v_.resize(static_cast<size_t>(T * VD));
+  o_.resize(static_cast<size_t>(T * VD));
+
+  kernels::matmul(x, T, w.in_qkv, mixed_.data());
+  kernels::matmul(x, T, w.in_z, z_.data());
+  kernels::matmul(x, T, w.in_b, b_.data());
+  kernels::matmul(x, T, w.in_a, a_.data());
+  kernels::gdn_gates(a_.data(), b_.data(), T, Hv, w.neg_exp_a.data(), w.dt_bias.data(), g_.data(), beta_.data());
+
+  INFERA_ASSERT(states.size() == batch.seqs.size(), "one recurrent state per sequence chunk");
+  for (size_t i = 0; i < batch.seqs.size(); ++i) {
+    const SeqChunk& s = batch.seqs[i];
+    float* conv_state = states[i];
+    float* ssm_state = conv_state + d.conv_state_floats();
+    if (s.pos0 == 0) {
+      std::fill(conv_state, conv_state + d.conv_state_floats() + d.ssm_state_floats(), 0.0f);
+    }
+    float* m = mixed_.data() + static_cast<int64_t>(s.token_begin) * C;
+    kernels::causal_conv1d_silu(m, s.n_tokens, C, w.conv_w.data(), d.kernel, conv_state);
+    for (int32_t t = 0; t < s.n_tokens; ++t) {
+      const int64_t row = s.token_begin + t;
+      const float* mt = mixed_.data() + row * C;
+      std::memcpy(q_.data() + row * KD, mt, KD * sizeof(float));
+      std::memcpy(k_.data() + row * KD, mt + KD, KD * sizeof(float));
+      std::memcpy(v_.data() + row * VD, mt + 2 * KD, VD * sizeof(float));
+    }
+    const int64_t tb = s.token_begin;
+    kernels::l2norm_rows(q_.data() + tb * KD, s.n_tokens * d.n_k_heads, d.dk, 1e-6f,
+                         1.0f / std::sqrt(static_cast<float>(d.dk)));
+    kernels::l2norm_rows(k_.data() + tb * KD, s.n_tokens * d.n_k_heads, d.dk, 1e-6f);
+    const auto shape = d.delta_shape();
+    if (s.n_tokens == 1) {
+      kernels::gated_delta_rule_recurrent(q_.data() + tb * KD, k_.data() + tb * KD, v_.data() + tb * VD,
+                                          g_.data() + tb * Hv, beta_.data() + tb * Hv, s.n_tokens, shape, ssm_state,
+                                          o_.data() + tb * VD);
+    } else {
+      kernels::gated_delta_rule_chunked(q_.data() + tb * KD, k_.data() + tb * KD, v_.data() + tb * VD,
+                                        g_.data() + tb * Hv, beta_.data() + tb * Hv, s.n_tokens, shape, ssm_state,
+                                        o_.data() + tb * VD);
+    }
+  }
+  kernels::rmsnorm_gated(o_.data(), z_.data(), w.norm.data(), T * Hv, d.dv, eps);
+  kernels::matmul(o_.data(), T, w.out, y);
+}
+
+}  // namespace infera

@@ -1,0 +1,125 @@
+// Building blocks shared by the MoE and hybrid architectures (qwen3_moe.cpp, qwen35.cpp):
+// the paged-KV attention step, a SwiGLU MLP, the mixture-of-experts FFN (router, optional
+// sigmoid-gated shared expert) and the Gated DeltaNet linear-attention layer.
+//
+// Activations are f32 row-major [T, ...] over the T tokens of a batch; weights are used in
+// place (kernels::MatRef).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "infera/io/safetensors.h"
+#include "infera/kernels/delta.h"
+#include "infera/kernels/kernels.h"
+#include "infera/kernels/moe.h"
+#include "infera/model/config.h"
+#include "infera/model/model.h"
+
+namespace infera {
+
+// ---- attention over the paged KV cache ----
+
+// Stores the batch's new K/V rows of KV layer `kv_layer` into the cache, then causal
+// attention per chunk. q: [T, nh, hd]; k, v: [T, nkv, hd]; out: [T, nh, hd].
+void paged_attention(const ForwardBatch& batch, KvPool& kv, int64_t kv_layer, const float* q, const float* k,
+                     const float* v, int64_t nh, int64_t nkv, int64_t hd, float scale, float* out);
+
+// The hidden rows that need logits, in ForwardBatch order (per chunk: all rows when
+// all_logits, else the last when last_logits): rows [num_logit_rows, H].
+void gather_logit_rows(const ForwardBatch& batch, const float* x, int64_t H, std::vector<float>& rows);
+
+// Positions of the batch's tokens, [T].
+void batch_positions(const ForwardBatch& batch, std::vector<int32_t>& positions);
+
+// ---- SwiGLU MLP ----
+
+struct SwigluWeights {
+  kernels::MatRef gate{}, up{}, down{};  // [F, H], [F, H], [H, F]
+  int64_t inter() const { return gate.rows; }
+  bool empty() const { return gate.data == nullptr; }
+};
+
+// Loads <prefix>gate_proj.weight, up_proj, down_proj.
+SwigluWeights load_swiglu(const WeightStore& store, const std::string& prefix, int64_t hidden, int64_t inter);
+
+// y[T, H] = down(silu(gate x) * up x). scratch grows as needed.
+void swiglu(const SwigluWeights& w, const float* x, int64_t T, float* y, std::vector<float>& scratch);
+
+// ---- mixture of experts ----
+
+struct MoeWeights {
+  kernels::MatRef router{};                          // [E, H]
+  std::vector<kernels::MatRef> gate, up, down;       // per expert: [I, H], [I, H], [H, I]
+  SwigluWeights shared;                              // Qwen3-Next / Qwen3.5 shared expert (empty: none)
+  kernels::MatRef shared_gate{};                     // [1, H]: sigmoid gate of the shared expert
+  int64_t top_k = 0;
+  bool norm_topk_prob = false;
+  int64_t n_experts() const { return router.rows; }
+  int64_t weight_bytes_active() const;  // bytes read per token: router, top_k experts, shared
+};
+
+// Loads the MoE block under `prefix` ("model.layers.3.mlp."). Experts may be stored per
+// expert (experts.{e}.{gate,up,down}_proj.weight: Qwen3-MoE, Qwen3-Next) or fused 3-D
+// (experts.gate_up_proj [E, 2I, H] with gate rows first, experts.down_proj [E, H, I]:
+// Qwen3.5). shared_inter > 0 also loads shared_expert.* and shared_expert_gate.
+MoeWeights load_moe(const WeightStore& store, const std::string& prefix, const ModelConfig& cfg, int64_t shared_inter);
+
+// Runs the MoE FFN over a batch: y[T, H] = Σ_j w_j Expert_j(x) (+ sigmoid(g·x) Shared(x)).
+// Tokens are grouped by expert so each active expert runs one matmul over its rows (a
+// GEMV in decode, a GEMM in prefill) and only active experts' weights are read.
+class MoeFfn {
+ public:
+  // counts [E]: incremented by the number of tokens routed to each expert.
+  void forward(const MoeWeights& w, const float* x, int64_t T, int64_t H, float* y, uint64_t* counts);
+
+ private:
+  std::vector<float> logits_, route_w_, xg_, gate_, up_, out_, shared_, sgate_;
+  std::vector<int32_t> route_ids_;
+  kernels::ExpertGroups groups_;
+};
+
+// ---- Gated DeltaNet (linear attention) ----
+
+struct GdnWeights {
+  kernels::MatRef in_qkv{};   // [2 Hk dk + Hv dv, H]: rows q | k | v
+  kernels::MatRef in_z{};     // [Hv dv, H]
+  kernels::MatRef in_b{};     // [Hv, H]
+  kernels::MatRef in_a{};     // [Hv, H]
+  kernels::MatRef out{};      // [H, Hv dv]
+  std::vector<float> conv_w;  // [conv_dim, kernel]
+  std::vector<float> neg_exp_a;  // [Hv] = -exp(A_log)
+  std::vector<float> dt_bias;    // [Hv]
+  std::vector<float> norm;       // [dv] (plain weight)
+};
+
+struct GdnDims {
+  int64_t n_k_heads = 0, n_v_heads = 0, dk = 0, dv = 0, kernel = 0;
+  int64_t key_dim() const { return n_k_heads * dk; }
+  int64_t value_dim() const { return n_v_heads * dv; }
+  int64_t conv_dim() const { return 2 * key_dim() + value_dim(); }
+  int64_t conv_state_floats() const { return (kernel - 1) * conv_dim(); }
+  int64_t ssm_state_floats() const { return n_v_heads * dk * dv; }
+  kernels::DeltaShape delta_shape() const { return {n_k_heads, n_v_heads, dk, dv}; }
+};
+
+GdnDims gdn_dims(const ModelConfig& cfg);
+
+// Qwen3.5 layout under `prefix` ("model.language_model.layers.0.linear_attn.").
+GdnWeights load_gdn(const WeightStore& store, const std::string& prefix, const GdnDims& d, int64_t hidden);
+
+// One GDN layer over the batch. x: [T, H] (normed input) -> y: [T, H]. states[i] is the
+// recurrent state of batch.seqs[i]: conv state [kernel-1, conv_dim] followed by S
+// [Hv, dk, dv]; zeroed here for a chunk starting at position 0 (a fresh sequence).
+// Chunks of more than one token use the chunked delta rule, single tokens the recurrence.
+class GdnLayer {
+ public:
+  void forward(const GdnWeights& w, const GdnDims& d, const ForwardBatch& batch, const float* x, int64_t H,
+               const std::vector<float*>& states, float eps, float* y);
+
+ private:
+  std::vector<float> mixed_, z_, a_, b_, g_, beta_, q_, k_, v_, o_;
+};
+
+}  // namespace infera
