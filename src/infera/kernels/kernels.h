@@ -30,7 +30,9 @@ MatRef row_slice(const MatRef& w, int64_t n0, int64_t n1);
 // True when this CPU (after the INFERA_ISA cap) can run the given path.
 bool isa_available(Isa isa);
 
-// y[m, n] = x[m, k] · Wᵀ ; x, y f32 row-major; k == w.cols; n == w.rows. y is overwritten.
+// y[m, n] = x[m, k] · Wᵀ ; x, y f32 row-major; k == w.cols; n == w.rows. y is overwritten
+// (x and y must not overlap). m < 16: GEMV passes streaming W; m >= 16: cache-blocked GEMM
+// (W converted to f32 once per panel). Threads split the output columns.
 // Throws infera::Error for a weight dtype other than f32/bf16/f16.
 void matmul(const float* x, int64_t m, const MatRef& w, float* y);
 void matmul(Isa isa, const float* x, int64_t m, const MatRef& w, float* y);
