@@ -576,10 +576,11 @@ def hybrid_config(a, common):
 
 
 def mrope_section(a):
-    """Split of the rotary pairs over (t, h, w), as Qwen's [11, 11, 10] for 32 pairs."""
+    """Interleaved M-RoPE: pair i takes stream i % 3, so stream j covers ceil((pairs - j) / 3)
+    pairs (Qwen's [11, 11, 10] for 32). llama.cpp rotates a pair outside its stream's section
+    by a zero position, so the sections must cover every pair for text to be plain RoPE."""
     pairs = int(a.head_dim * a.partial_rotary) // 2
-    first = (pairs + 2) // 3
-    return [first, first, pairs - 2 * first]
+    return [(pairs - j + 2) // 3 for j in range(3)]
 
 
 def is_moe_layer(a, i):

@@ -38,6 +38,20 @@ const cases = [
   { name: "qwen3moe-bf16-top4of16", args: ["--arch", "qwen3_moe", "--hidden", "64", "--layers", "2", "--heads", "4",
       "--kv-heads", "1", "--head-dim", "16", "--experts", "16", "--experts-per-tok", "4", "--moe-ffn", "32", "--vocab", "384",
       "--dtype", "bf16", "--seed", "7"] },
+  // Qwen3.5 hybrids: Gated DeltaNet + gated attention (+ MoE with shared expert); MTP weights
+  // are in the GGUF too (llama.cpp loads them as blk.N.nextn.*). An 80-token prompt crosses
+  // the 64-token delta-rule chunk.
+  { name: "qwen35moe-f32", promptLen: 80, args: ["--arch", "qwen3_5_moe", "--hidden", "128", "--layers", "4", "--heads", "4",
+      "--kv-heads", "2", "--head-dim", "64", "--lin-k-heads", "2", "--lin-v-heads", "4", "--lin-dk", "32", "--lin-dv", "32",
+      "--experts", "8", "--experts-per-tok", "2", "--moe-ffn", "64", "--shared-ffn", "96", "--vocab", "512", "--dtype", "f32",
+      "--seed", "8"] },
+  { name: "qwen35moe-bf16-tied-top4of16", args: ["--arch", "qwen3_5_moe", "--hidden", "64", "--layers", "8", "--heads", "2",
+      "--kv-heads", "1", "--head-dim", "32", "--lin-k-heads", "2", "--lin-v-heads", "2", "--lin-dk", "16", "--lin-dv", "16",
+      "--experts", "16", "--experts-per-tok", "4", "--moe-ffn", "32", "--shared-ffn", "48", "--vocab", "384", "--dtype", "bf16",
+      "--tie", "--seed", "9"] },
+  { name: "qwen35-dense-f32", promptLen: 70, args: ["--arch", "qwen3_5", "--hidden", "96", "--layers", "4", "--heads", "4",
+      "--kv-heads", "2", "--head-dim", "32", "--lin-k-heads", "1", "--lin-v-heads", "3", "--lin-dk", "32", "--lin-dv", "32",
+      "--ffn", "192", "--vocab", "512", "--dtype", "f32", "--seed", "10", "--no-mtp"] },
 ];
 
 function run(cmd, args) {
@@ -65,11 +79,12 @@ try {
     const gguf = path.join(tmp, `${c.name}.gguf`);
     run(infera, ["convert", dir, "--to", "gguf", gguf, "--type", "f32"]);
     const config = JSON.parse(fs.readFileSync(path.join(dir, "config.json"), "utf8"));
-    // A fixed pseudo-random prompt of 12 ids (not special tokens).
+    const vocabSize = config.vocab_size ?? config.text_config.vocab_size;  // Qwen3.5 nests it
+    // A fixed pseudo-random prompt of 12 ids (c.promptLen if set; not special tokens).
     let s = 12345 + c.name.length;
-    const prompt = Array.from({ length: 12 }, () => {
+    const prompt = Array.from({ length: c.promptLen ?? 12 }, () => {
       s = (s * 1103515245 + 12345) % 2147483648;
-      return 3 + (s % (config.vocab_size - 3));
+      return 3 + (s % (vocabSize - 3));
     });
     const ref = lastJsonLine(run("node", [path.join(here, "llamacpp_ref.mjs"), gguf, JSON.stringify(prompt), String(N), "--all-logits"]));
     const logitsFile = path.join(tmp, `${c.name}.logits`);

@@ -8,6 +8,7 @@ namespace infera {
 
 std::unique_ptr<Model> create_llama_model(const ModelConfig& cfg, WeightStore store, const LoadOptions& options);
 std::unique_ptr<Model> create_qwen3_moe_model(const ModelConfig& cfg, WeightStore store, const LoadOptions& options);
+std::unique_ptr<Model> create_qwen35_model(const ModelConfig& cfg, WeightStore store, const LoadOptions& options);
 
 int32_t ForwardBatch::num_logit_rows() const {
   int32_t r = 0;
@@ -29,8 +30,12 @@ std::unique_ptr<Model> load_model(const std::string& dir, const LoadOptions& opt
     case Arch::kQwen3Moe:
       model = create_qwen3_moe_model(cfg, std::move(store), options);
       break;
+    case Arch::kQwen35:
+    case Arch::kQwen35Moe:
+      model = create_qwen35_model(cfg, std::move(store), options);
+      break;
     default:
-      fail("{}: architecture '{}' is recognised but not implemented yet (supported: llama, qwen3, qwen3_moe)", dir,
+      fail("{}: architecture '{}' is recognised but not implemented yet (supported: llama, qwen3, qwen3_moe, qwen3_5, qwen3_5_moe)", dir,
            cfg.model_type);
   }
   LOG_INFO("loaded {} ({}): {} layers, hidden {}, {:.2f} M parameters, {:.1f} MiB {} in {:.2f} s", dir,

@@ -1,0 +1,341 @@
+// Qwen3.5 hybrid (qwen3_5 dense, qwen3_5_moe): a stack of Gated DeltaNet linear-attention
+// layers and gated full-attention layers (ModelConfig::layer_types), each followed by a
+// SwiGLU MLP (qwen3_5) or an MoE with a sigmoid-gated shared expert (qwen3_5_moe), plus the
+// optional MTP head (mtp.*) for speculative drafting. ARCHITECTURES.md section 4.
+//
+//   layer: x += Mixer(rms0(x)); x += FFN(rms0(x))          rms0(x) = norm(x) * (1 + w)
+//   GatedAttn: [q | gate] = Wq a per head; q, k = rope(rms0_head(q), rms0_head(k)) on the
+//              first rotary_dim dims (NeoX); o = attn(q, k, v) * sigmoid(gate); Wo o
+//   GDN: see blocks.h (conv state + delta-rule state per sequence slot)
+//   MTP: u = W_fc [rms0_e(embed(x_{p+1})) ; rms0_h(h_p)]; u = Block_full(u); logits = head(rms0(u))
+//
+// Checkpoint layout of the published Qwen3.5 models: model.language_model.* (text),
+// lm_head.weight, mtp.*; model.visual.* is ignored (text only).
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "infera/base/error.h"
+#include "infera/kernels/kernels.h"
+#include "infera/model/blocks.h"
+#include "infera/model/model.h"
+#include "infera/model/rope.h"
+#include "infera/model/weights.h"
+
+namespace infera {
+namespace {
+
+using kernels::MatRef;
+
+// Zero-centred RMSNorm weights are applied as (1 + w).
+constexpr float kZeroCentred = 1.0f;
+
+struct AttnWeights {
+  MatRef wq{}, wk{}, wv{}, wo{};      // [nh*hd*(gate ? 2 : 1), H], [nkv*hd, H] x2, [H, nh*hd]
+  std::vector<float> q_norm, k_norm;  // [hd], zero-centred
+};
+
+struct HybridLayer {
+  bool linear = false;
+  std::vector<float> attn_norm, ffn_norm;  // [H], zero-centred
+  AttnWeights attn;                        // full-attention layers
+  GdnWeights gdn;                          // linear-attention layers
+  int64_t kv_layer = -1;                   // index in the KV pool (full attention)
+  int64_t state_index = -1;                // index among the GDN layers
+  bool moe = false;
+  MoeWeights experts;
+  SwigluWeights mlp;
+};
+
+struct MtpWeights {
+  MatRef fc{};                               // [H, 2H]
+  std::vector<float> enorm, hnorm, norm;     // [H], zero-centred
+  HybridLayer layer;                         // full attention + FFN
+};
+
+class Qwen35Model final : public Model {
+ public:
+  Qwen35Model(const ModelConfig& cfg, WeightStore store, const LoadOptions& options) : store_(std::move(store)) {
+    config_ = cfg;
+    if (cfg.attention_bias) fail("{}: attention_bias is not supported for {}", store_.dir(), cfg.model_type);
+    const int64_t H = cfg.hidden_size, V = cfg.vocab_size;
+    // Published Qwen3.5 checkpoints nest the language model (VLM layout); text-only exports
+    // (Qwen3_5ForCausalLM) use model.*.
+    prefix_ = store_.find("model.language_model.embed_tokens.weight") ? "model.language_model." : "model.";
+    embed_ = &store_.get(prefix_ + "embed_tokens.weight", {V, H});
+    final_norm_ = load_vector(store_, prefix_ + "norm.weight", H);
+    lm_head_ = as_matrix(cfg.tie_word_embeddings ? *embed_ : store_.get("lm_head.weight", {V, H}));
+    dims_ = gdn_dims(cfg);
+    layers_.resize(cfg.num_layers);
+    for (int i = 0; i < cfg.num_layers; ++i) {
+      HybridLayer& L = layers_[i];
+      L.linear = cfg.is_linear_attention_layer(i);
+      load_layer(prefix_ + "layers." + std::to_string(i) + ".", i, L);
+      if (L.linear) L.state_index = n_linear_++;
+      else L.kv_layer = n_full_++;
+    }
+    // MTP head: present in the published checkpoints; optional (speculative decoding only).
+    if (cfg.mtp_num_hidden_layers > 0 && store_.find("mtp.fc.weight")) {
+      if (cfg.mtp_num_hidden_layers > 1) {
+        fail("{}: mtp_num_hidden_layers is {}; only a single MTP layer is supported", store_.dir(),
+             cfg.mtp_num_hidden_layers);
+      }
+      mtp_.fc = as_matrix(store_.get("mtp.fc.weight", {H, 2 * H}));
+      mtp_.enorm = load_vector(store_, "mtp.pre_fc_norm_embedding.weight", H);
+      mtp_.hnorm = load_vector(store_, "mtp.pre_fc_norm_hidden.weight", H);
+      mtp_.norm = load_vector(store_, "mtp.norm.weight", H);
+      mtp_.layer.linear = false;
+      load_layer("mtp.layers.0.", -1, mtp_.layer);
+      mtp_.layer.kv_layer = n_full_;  // one KV layer after the trunk's
+      has_mtp_ = true;
+    }
+    slot_floats_ = n_linear_ * (dims_.conv_state_floats() + dims_.ssm_state_floats());
+    set_num_state_slots(1);
+    counts_.assign(static_cast<size_t>(cfg.num_layers) * std::max(cfg.num_experts, 0), 0);
+    rope_ = compute_rope_tables(cfg.rope, cfg.rope.rotary_dim);
+    (void)options;
+  }
+
+  KvPoolShape kv_shape(int64_t block_size) const override {
+    KvPoolShape s;
+    s.num_layers = n_full_ + (has_mtp_ ? 1 : 0);
+    s.block_size = block_size;
+    s.n_kv_heads = config_.num_kv_heads;
+    s.head_dim = config_.head_dim;
+    return s;
+  }
+
+  int64_t weight_bytes_per_token() const override {
+    int64_t bytes = matrix_bytes(lm_head_) + config_.hidden_size * static_cast<int64_t>(dtype_size(embed_->dtype));
+    for (const auto& L : layers_) bytes += layer_bytes(L);
+    return bytes;
+  }
+
+  int64_t num_parameters() const override {
+    int64_t n = 0;
+    for (const auto& name : store_.names()) {
+      if (!name.starts_with("model.visual.")) n += store_.get(name).numel();
+    }
+    return n;
+  }
+
+  int64_t state_bytes_per_slot() const override { return slot_floats_ * static_cast<int64_t>(sizeof(float)); }
+  int32_t num_state_slots() const override { return static_cast<int32_t>(slots_.size()); }
+  void set_num_state_slots(int32_t n) override {
+    INFERA_ASSERT(n >= 1, "a hybrid model needs at least one state slot");
+    slots_.resize(static_cast<size_t>(n));
+    for (auto& s : slots_) s.resize(static_cast<size_t>(slot_floats_), 0.0f);
+  }
+
+  std::vector<uint64_t> expert_counts() const override { return counts_; }
+  void reset_expert_counts() override { std::fill(counts_.begin(), counts_.end(), 0); }
+
+  int num_mtp_layers() const override { return has_mtp_ ? 1 : 0; }
+  const float* last_hidden() const override { return hidden_.data(); }
+
+  void forward(const ForwardBatch& batch, KvPool& kv, float* logits) override;
+  void draft(const ForwardBatch& batch, const float* hidden, KvPool& kv, float* logits) override;
+
+ private:
+  void load_layer(const std::string& p, int index, HybridLayer& L) {
+    const ModelConfig& c = config_;
+    const int64_t H = c.hidden_size, nh = c.num_heads, nkv = c.num_kv_heads, hd = c.head_dim;
+    L.attn_norm = load_vector(store_, p + "input_layernorm.weight", H);
+    L.ffn_norm = load_vector(store_, p + "post_attention_layernorm.weight", H);
+    if (L.linear) {
+      L.gdn = load_gdn(store_, p + "linear_attn.", dims_, H);
+    } else {
+      const int64_t q_rows = nh * hd * (c.attn_output_gate ? 2 : 1);
+      L.attn.wq = as_matrix(store_.get(p + "self_attn.q_proj.weight", {q_rows, H}));
+      L.attn.wk = as_matrix(store_.get(p + "self_attn.k_proj.weight", {nkv * hd, H}));
+      L.attn.wv = as_matrix(store_.get(p + "self_attn.v_proj.weight", {nkv * hd, H}));
+      L.attn.wo = as_matrix(store_.get(p + "self_attn.o_proj.weight", {H, nh * hd}));
+      L.attn.q_norm = load_vector(store_, p + "self_attn.q_norm.weight", hd);
+      L.attn.k_norm = load_vector(store_, p + "self_attn.k_norm.weight", hd);
+    }
+    // Qwen3.5 layers are all MoE when the model has experts (the MTP layer too).
+    L.moe = c.num_experts > 0 && (index < 0 || c.is_moe_layer(index));
+    if (L.moe) {
+      L.experts = load_moe(store_, p + "mlp.", c, c.shared_expert_intermediate_size);
+    } else {
+      L.mlp = load_swiglu(store_, p + "mlp.", H, c.intermediate_size);
+    }
+  }
+
+  static int64_t layer_bytes(const HybridLayer& L) {
+    int64_t b = 0;
+    if (L.linear) {
+      for (const MatRef* m : {&L.gdn.in_qkv, &L.gdn.in_z, &L.gdn.in_a, &L.gdn.in_b, &L.gdn.out}) b += matrix_bytes(*m);
+    } else {
+      for (const MatRef* m : {&L.attn.wq, &L.attn.wk, &L.attn.wv, &L.attn.wo}) b += matrix_bytes(*m);
+    }
+    if (L.moe) b += L.experts.weight_bytes_active();
+    else b += matrix_bytes(L.mlp.gate) + matrix_bytes(L.mlp.up) + matrix_bytes(L.mlp.down);
+    return b;
+  }
+
+  void reserve(int64_t T) {
+    const ModelConfig& c = config_;
+    const int64_t H = c.hidden_size, qd = c.num_heads * c.head_dim;
+    x_.resize(T * H);
+    xn_.resize(T * H);
+    out_.resize(T * H);
+    qfull_.resize(T * qd * 2);
+    q_.resize(T * qd);
+    gate_.resize(T * qd);
+    k_.resize(T * c.num_kv_heads * c.head_dim);
+    v_.resize(T * c.num_kv_heads * c.head_dim);
+    attn_.resize(T * qd);
+  }
+
+  // x [T, H] <- x + Mixer(rms0(x)); x <- x + FFN(rms0(x)).
+  void run_layer(const HybridLayer& L, const ForwardBatch& batch, KvPool& kv, uint64_t* counts);
+  void gated_attention(const HybridLayer& L, const ForwardBatch& batch, KvPool& kv, const float* a, float* y);
+
+  WeightStore store_;
+  std::string prefix_;
+  const TensorInfo* embed_ = nullptr;  // [V, H]
+  std::vector<float> final_norm_;      // [H], zero-centred
+  MatRef lm_head_{};                   // [V, H]
+  GdnDims dims_;
+  std::vector<HybridLayer> layers_;
+  int64_t n_full_ = 0, n_linear_ = 0;
+  MtpWeights mtp_;
+  bool has_mtp_ = false;
+  RopeTables rope_;
+  std::vector<uint64_t> counts_;       // [layers, E]
+
+  // Recurrent state: per slot, per GDN layer, conv state then S (GdnLayer's layout).
+  int64_t slot_floats_ = 0;
+  std::vector<std::vector<float>> slots_;
+  std::vector<float*> states_;         // per batch chunk, for the current GDN layer
+
+  MoeFfn moe_;
+  GdnLayer gdn_;
+  std::vector<float> x_, xn_, out_;    // [T, H]
+  std::vector<float> qfull_, q_, gate_, k_, v_, attn_;
+  std::vector<float> ffn_scratch_, rows_, hidden_, cat_;
+  std::vector<int32_t> positions_;
+};
+
+void Qwen35Model::gated_attention(const HybridLayer& L, const ForwardBatch& batch, KvPool& kv, const float* a,
+                                  float* y) {
+  const ModelConfig& c = config_;
+  const int64_t T = static_cast<int64_t>(batch.tokens.size());
+  const int64_t nh = c.num_heads, nkv = c.num_kv_heads, hd = c.head_dim, qd = nh * hd;
+  const AttnWeights& w = L.attn;
+  if (c.attn_output_gate) {
+    // q_proj rows per head: [query (hd) | gate (hd)].
+    kernels::matmul(a, T, w.wq, qfull_.data());
+    for (int64_t t = 0; t < T; ++t) {
+      for (int64_t h = 0; h < nh; ++h) {
+        const float* src = qfull_.data() + (t * nh + h) * 2 * hd;
+        std::memcpy(q_.data() + (t * nh + h) * hd, src, hd * sizeof(float));
+        std::memcpy(gate_.data() + (t * nh + h) * hd, src + hd, hd * sizeof(float));
+      }
+    }
+  } else {
+    kernels::matmul(a, T, w.wq, q_.data());
+  }
+  kernels::matmul(a, T, w.wk, k_.data());
+  kernels::matmul(a, T, w.wv, v_.data());
+  kernels::rmsnorm(q_.data(), w.q_norm.data(), q_.data(), T * nh, hd, c.rms_norm_eps, kZeroCentred);
+  kernels::rmsnorm(k_.data(), w.k_norm.data(), k_.data(), T * nkv, hd, c.rms_norm_eps, kZeroCentred);
+  // Text-only positions make Qwen3.5's interleaved M-RoPE plain NeoX RoPE on rotary_dim dims.
+  kernels::rope_neox(q_.data(), T, nh, hd, c.rope.rotary_dim, positions_.data(), rope_.inv_freq.data(), rope_.attn_factor);
+  kernels::rope_neox(k_.data(), T, nkv, hd, c.rope.rotary_dim, positions_.data(), rope_.inv_freq.data(), rope_.attn_factor);
+  paged_attention(batch, kv, L.kv_layer, q_.data(), k_.data(), v_.data(), nh, nkv, hd,
+                  1.0f / std::sqrt(static_cast<float>(hd)), attn_.data());
+  if (c.attn_output_gate) {
+    for (int64_t i = 0; i < T * qd; ++i) attn_[i] *= 1.0f / (1.0f + std::exp(-gate_[i]));
+  }
+  kernels::matmul(attn_.data(), T, w.wo, y);
+}
+
+void Qwen35Model::run_layer(const HybridLayer& L, const ForwardBatch& batch, KvPool& kv, uint64_t* counts) {
+  const ModelConfig& c = config_;
+  const int64_t T = static_cast<int64_t>(batch.tokens.size()), H = c.hidden_size;
+  kernels::rmsnorm(x_.data(), L.attn_norm.data(), xn_.data(), T, H, c.rms_norm_eps, kZeroCentred);
+  if (L.linear) {
+    states_.clear();
+    const int64_t layer_floats = dims_.conv_state_floats() + dims_.ssm_state_floats();
+    for (const SeqChunk& s : batch.seqs) {
+      if (s.state_slot < 0 || s.state_slot >= num_state_slots()) {
+        fail("state slot {} is out of range: the model has {} recurrent-state slots (Model::set_num_state_slots)",
+             s.state_slot, num_state_slots());
+      }
+      states_.push_back(slots_[s.state_slot].data() + L.state_index * layer_floats);
+    }
+    gdn_.forward(L.gdn, dims_, batch, xn_.data(), H, states_, c.rms_norm_eps, out_.data());
+  } else {
+    gated_attention(L, batch, kv, xn_.data(), out_.data());
+  }
+  kernels::add(x_.data(), out_.data(), T * H);
+
+  kernels::rmsnorm(x_.data(), L.ffn_norm.data(), xn_.data(), T, H, c.rms_norm_eps, kZeroCentred);
+  if (L.moe) {
+    moe_.forward(L.experts, xn_.data(), T, H, out_.data(), counts);
+  } else {
+    swiglu(L.mlp, xn_.data(), T, out_.data(), ffn_scratch_);
+  }
+  kernels::add(x_.data(), out_.data(), T * H);
+}
+
+void Qwen35Model::forward(const ForwardBatch& batch, KvPool& kv, float* logits) {
+  const ModelConfig& c = config_;
+  const int64_t T = static_cast<int64_t>(batch.tokens.size());
+  if (T == 0) return;
+  const int64_t H = c.hidden_size;
+  if (static_cast<int64_t>(x_.size()) < T * H) reserve(T);
+  for (int64_t t = 0; t < T; ++t) {
+    const int32_t tok = batch.tokens[t];
+    INFERA_ASSERT(tok >= 0 && tok < c.vocab_size, "token id out of range");
+    embedding_row(*embed_, tok, x_.data() + t * H);
+  }
+  batch_positions(batch, positions_);
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    uint64_t* counts = layers_[l].moe ? counts_.data() + l * c.num_experts : nullptr;
+    run_layer(layers_[l], batch, kv, counts);
+  }
+  const int64_t R = batch.num_logit_rows();
+  gather_logit_rows(batch, x_.data(), H, rows_);
+  kernels::rmsnorm(rows_.data(), final_norm_.data(), rows_.data(), R, H, c.rms_norm_eps, kZeroCentred);
+  hidden_.assign(rows_.begin(), rows_.end());  // post-final-norm hidden: the MTP input
+  if (R == 0 || logits == nullptr) return;
+  kernels::matmul(rows_.data(), R, lm_head_, logits);
+}
+
+void Qwen35Model::draft(const ForwardBatch& batch, const float* hidden, KvPool& kv, float* logits) {
+  if (!has_mtp_) fail("{}: this checkpoint has no MTP weights (mtp.*); drafting needs them", store_.dir());
+  const ModelConfig& c = config_;
+  const int64_t T = static_cast<int64_t>(batch.tokens.size());
+  if (T == 0) return;
+  const int64_t H = c.hidden_size;
+  if (static_cast<int64_t>(x_.size()) < T * H) reserve(T);
+  // u = W_fc [rms0_e(embed(x_{p+1})) ; rms0_h(h_p)] (embedding first).
+  cat_.resize(static_cast<size_t>(T * 2 * H));
+  for (int64_t t = 0; t < T; ++t) {
+    const int32_t tok = batch.tokens[t];
+    INFERA_ASSERT(tok >= 0 && tok < c.vocab_size, "token id out of range");
+    float* row = cat_.data() + t * 2 * H;
+    embedding_row(*embed_, tok, row);
+    kernels::rmsnorm(row, mtp_.enorm.data(), row, 1, H, c.rms_norm_eps, kZeroCentred);
+    kernels::rmsnorm(hidden + t * H, mtp_.hnorm.data(), row + H, 1, H, c.rms_norm_eps, kZeroCentred);
+  }
+  kernels::matmul(cat_.data(), T, mtp_.fc, x_.data());
+  batch_positions(batch, positions_);
+  run_layer(mtp_.layer, batch, kv, nullptr);
+  const int64_t R = batch.num_logit_rows();
+  if (R == 0 || logits == nullptr) return;
+  gather_logit_rows(batch, x_.data(), H, rows_);
+  kernels::rmsnorm(rows_.data(), mtp_.norm.data(), rows_.data(), R, H, c.rms_norm_eps, kZeroCentred);
+  kernels::matmul(rows_.data(), R, lm_head_, logits);
+}
+
+}  // namespace
+
+std::unique_ptr<Model> create_qwen35_model(const ModelConfig& cfg, WeightStore store, const LoadOptions& options) {
+  return std::make_unique<Qwen35Model>(cfg, std::move(store), options);
+}
+
+}  // namespace infera
