@@ -284,6 +284,14 @@ std::string format_bytes(int64_t bytes) {
   return fmt::format("{} B", bytes);
 }
 
+std::string format_count(int64_t n) {
+  const double x = static_cast<double>(n);
+  if (x >= 1e9) return fmt::format("{:.2f} B", x / 1e9);
+  if (x >= 1e6) return fmt::format("{:.1f} M", x / 1e6);
+  if (x >= 1e3) return fmt::format("{:.1f} K", x / 1e3);
+  return fmt::format("{}", n);
+}
+
 ParamCounts count_parameters(const ModelConfig& cfg) {
   ParamCounts p;
   int64_t experts = 0;
@@ -508,8 +516,8 @@ json Plan::to_json() const {
 
 std::string Plan::to_text() const {
   std::string s;
-  s += fmt::format("model {}: {:.2f} B parameters ({:.2f} B active per token{})\n", model_type, params_total / 1e9,
-                   params_active / 1e9, params_mtp ? fmt::format(", MTP {:.2f} B", params_mtp / 1e9) : "");
+  s += fmt::format("model {}: {} parameters ({} active per token{})\n", model_type, format_count(params_total),
+                   format_count(params_active), params_mtp ? ", MTP " + format_count(params_mtp) : "");
   s += fmt::format("scheme {}{}, KV {}, context {} (x{} sequences), prefill chunk {}, TP {}\n",
                    weight_scheme_name(options.scheme),
                    options.scheme == WeightScheme::kW4A8 || options.scheme == WeightScheme::kW4A16

@@ -54,6 +54,7 @@ const char* kv_dtype_name(KvDType d);
 // "24GiB", "24GB", "512MiB", "1.5TiB", "1000000": bytes. Throws infera::Error.
 int64_t parse_byte_size(const std::string& text);
 std::string format_bytes(int64_t bytes);  // "23.4 GiB"
+std::string format_count(int64_t n);      // "32.76 B", "15.2 M", "260.1 K"
 
 struct PlanOptions {
   WeightScheme scheme = WeightScheme::kBF16;

@@ -1,0 +1,131 @@
+// infera plan: memory and capacity plan per device for a model (directory or config.json),
+// weight scheme, context, concurrency and tensor parallelism. Nothing is loaded.
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "infera/base/error.h"
+#include "infera/cli/command.h"
+#include "infera/io/safetensors.h"
+#include "infera/model/config.h"
+#include "infera/model/planner.h"
+
+namespace infera::cli {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct PlanCmdOptions {
+  std::string model_dir;
+  std::string arch_config;
+  std::string scheme = "auto";
+  int64_t group_size = 32;
+  int64_t ctx = 4096;
+  int64_t concurrency = 1;
+  int tp = 1;
+  std::string memory;
+  std::string kv_dtype = "f32";
+  int64_t prefill_chunk = 512;
+  std::string reserve = "48MiB";
+  bool no_mtp = false;
+  bool json = false;
+};
+
+// Sum of tensor bytes in the directory's safetensors (headers only).
+int64_t stored_weight_bytes(const std::string& dir) {
+  std::vector<std::string> shards;
+  const fs::path index = fs::path(dir) / "model.safetensors.index.json";
+  if (fs::exists(index)) {
+    std::ifstream in(index);
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(in);
+    } catch (const nlohmann::json::exception& e) {
+      fail("{}: malformed JSON: {}", index.string(), e.what());
+    }
+    std::set<std::string> seen;
+    for (auto& [name, file] : j.at("weight_map").items()) {
+      if (seen.insert(file.get<std::string>()).second) shards.push_back(file.get<std::string>());
+    }
+  } else {
+    shards.push_back("model.safetensors");
+  }
+  int64_t bytes = 0;
+  for (const auto& s : shards) {
+    for (const TensorInfo& t : read_safetensors_header((fs::path(dir) / s).string())) bytes += static_cast<int64_t>(t.nbytes);
+  }
+  return bytes;
+}
+
+int run(const PlanCmdOptions& o) {
+  if (o.model_dir.empty() == o.arch_config.empty()) fail("give exactly one of -m MODEL_DIR or --arch-config config.json");
+  ModelConfig cfg;
+  if (!o.model_dir.empty()) {
+    cfg = load_model_config(o.model_dir);
+  } else {
+    std::ifstream in(o.arch_config, std::ios::binary);
+    if (!in) fail("{}: cannot read", o.arch_config);
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(in);
+    } catch (const nlohmann::json::exception& e) {
+      fail("{}: malformed JSON: {}", o.arch_config, e.what());
+    }
+    cfg = parse_model_config(j, o.arch_config);
+  }
+  PlanOptions p;
+  if (o.scheme == "auto") {
+    // A model directory: weights exactly as stored; a bare config: its dtype (bf16 default).
+    if (!o.model_dir.empty()) {
+      p.weights_bytes_override = stored_weight_bytes(o.model_dir);
+      p.scheme = cfg.torch_dtype == "float32" ? WeightScheme::kF32 : WeightScheme::kBF16;
+    } else {
+      p.scheme = cfg.torch_dtype == "float32" ? WeightScheme::kF32 : WeightScheme::kBF16;
+    }
+  } else {
+    p.scheme = parse_weight_scheme(o.scheme);
+  }
+  if (o.group_size != 32 && o.group_size != 64 && o.group_size != 128) fail("--group-size must be 32, 64 or 128");
+  p.group_size = o.group_size;
+  p.ctx = o.ctx;
+  p.concurrency = o.concurrency;
+  p.tp = o.tp;
+  p.memory_bytes = o.memory.empty() ? 0 : parse_byte_size(o.memory);
+  p.kv_dtype = parse_kv_dtype(o.kv_dtype);
+  p.prefill_chunk = o.prefill_chunk;
+  p.reserve_bytes = parse_byte_size(o.reserve);
+  p.include_mtp = !o.no_mtp;
+  const Plan plan = plan_memory(cfg, p);
+  if (o.json) std::printf("%s\n", plan.to_json().dump(2).c_str());
+  else std::fputs(plan.to_text().c_str(), stdout);
+  return 0;
+}
+
+void setup(CLI::App& app) {
+  auto* cmd = app.add_subcommand("plan", "Memory and capacity plan per device (weights, KV cache, activations) before loading");
+  auto o = std::make_shared<PlanCmdOptions>();
+  cmd->add_option("-m,--model", o->model_dir, "Model directory");
+  cmd->add_option("--arch-config", o->arch_config, "A config.json instead of a model directory (see examples/configs)");
+  cmd->add_option("--scheme", o->scheme, "Weight scheme: auto (as stored), f32, bf16, f16, w8a8, w4a8, w4a16")->default_val("auto");
+  cmd->add_option("--group-size", o->group_size, "int4 group size (32, 64, 128)")->default_val(32);
+  cmd->add_option("--ctx", o->ctx, "Tokens per sequence (prompt + output)")->default_val(4096)->check(CLI::PositiveNumber);
+  cmd->add_option("--concurrency", o->concurrency, "Sequences resident at once")->default_val(1)->check(CLI::PositiveNumber);
+  cmd->add_option("--tp", o->tp, "Tensor-parallel devices")->default_val(1)->check(CLI::PositiveNumber);
+  cmd->add_option("--memory", o->memory, "Memory budget per device, e.g. 24GiB, 80GB");
+  cmd->add_option("--kv-dtype", o->kv_dtype, "KV cache element type: f32 (Infera today), bf16, int8")->default_val("f32");
+  cmd->add_option("--prefill-chunk", o->prefill_chunk, "Prompt tokens per forward")->default_val(512)->check(CLI::PositiveNumber);
+  cmd->add_option("--reserve", o->reserve, "Runtime reserve per device (code, libraries, tokenizer, threads)")->default_val("48MiB");
+  cmd->add_flag("--no-mtp", o->no_mtp, "Leave out multi-token-prediction weights and their KV layer");
+  cmd->add_flag("--json", o->json, "Print the plan as one JSON object");
+  cmd->callback([o] { set_exit_code(run(*o)); });
+}
+
+}  // namespace
+
+INFERA_REGISTER_COMMAND(plan, setup);
+
+}  // namespace infera::cli
