@@ -152,7 +152,17 @@ void qmatmul(Isa isa, const float* x, int64_t m, const QuantMatRef& w, float* y)
 }
 void qmatmul(const float* x, int64_t m, const QuantMatRef& w, float* y) { qmatmul(best_isa(), x, m, w, y); }
 
+namespace {
+LinearObserver& linear_observer() {
+  static LinearObserver observer;
+  return observer;
+}
+}  // namespace
+
+void set_linear_observer(LinearObserver observer) { linear_observer() = std::move(observer); }
+
 void linear(Isa isa, const float* x, int64_t m, const LinearWeight& w, float* y) {
+  if (const LinearObserver& obs = linear_observer()) obs(w.name, x, m, w.cols());
   if (w.quantized) {
     qmatmul(isa, x, m, w.quant, y);
   } else {

@@ -26,6 +26,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string_view>
 
 #include "infera/base/cpu.h"
@@ -78,6 +79,13 @@ void check_quant_matrix(const QuantMatRef& w);
 // y[m, n] = x[m, k] · Wᵀ for either kind of weight (matmul() or qmatmul()).
 void linear(const float* x, int64_t m, const LinearWeight& w, float* y);
 void linear(Isa isa, const float* x, int64_t m, const LinearWeight& w, float* y);
+
+// Calibration hook: when set, linear() first hands every input to the observer (the
+// quantizer collects per-channel activation statistics this way, through any model's
+// ordinary forward). Process-wide; set it only while nothing else runs linear(). Pass an
+// empty function to remove it.
+using LinearObserver = std::function<void(std::string_view weight_name, const float* x, int64_t m, int64_t k)>;
+void set_linear_observer(LinearObserver observer);
 
 // y[m, n] = x[m, k] · dequant(W)ᵀ, computed in the scheme's precision. x, y f32.
 void qmatmul(const float* x, int64_t m, const QuantMatRef& w, float* y);

@@ -14,23 +14,25 @@
 #include "infera/base/log.h"
 #include "infera/io/safetensors.h"
 #include "infera/kernels/kernels.h"
+#include "infera/kernels/quant.h"
 #include "infera/model/model.h"
+#include "infera/model/quantized_weights.h"
 #include "infera/model/rope.h"
 #include "infera/model/weights.h"
 
 namespace infera {
 namespace {
 
-using kernels::MatRef;
+using kernels::LinearWeight;
 
 struct LlamaLayer {
   std::vector<float> attn_norm;  // [H]
   std::vector<float> ffn_norm;   // [H]
   std::vector<float> q_norm;     // [head_dim] (qk_norm only)
   std::vector<float> k_norm;     // [head_dim] (qk_norm only)
-  MatRef wq, wk, wv, wo;         // [nh*hd, H], [nkv*hd, H], [nkv*hd, H], [H, nh*hd]
+  LinearWeight wq, wk, wv, wo;   // [nh*hd, H], [nkv*hd, H], [nkv*hd, H], [H, nh*hd]
   std::vector<float> bq, bk, bv, bo;  // attention_bias only
-  MatRef w_gate, w_up, w_down;   // [F, H], [F, H], [H, F]
+  LinearWeight w_gate, w_up, w_down;  // [F, H], [F, H], [H, F] (float or quantized)
 };
 
 class LlamaModel final : public Model {
@@ -40,12 +42,15 @@ class LlamaModel final : public Model {
     config_ = cfg;
     const int64_t H = cfg.hidden_size, F = cfg.intermediate_size, V = cfg.vocab_size;
     const int64_t nh = cfg.num_heads, nkv = cfg.num_kv_heads, hd = cfg.head_dim;
-    embed_ = &store_.get("model.embed_tokens.weight", {V, H});
+    // A checkpoint written by `infera quantize` says in config.json how each layer is stored.
+    const QuantizationConfig qc = read_quantization_config(store_.dir());
+    auto bind = [&](const std::string& name, int64_t rows, int64_t cols) { return bind_linear(store_, name, rows, cols, qc); };
+    embed_ = bind("model.embed_tokens.weight", V, H);
     final_norm_ = load_vector(store_, "model.norm.weight", H);
     if (cfg.tie_word_embeddings) {
-      lm_head_ = as_matrix(*embed_);
+      lm_head_ = embed_;
     } else {
-      lm_head_ = as_matrix(store_.get("lm_head.weight", {V, H}));
+      lm_head_ = bind("lm_head.weight", V, H);
     }
     layers_.resize(cfg.num_layers);
     for (int i = 0; i < cfg.num_layers; ++i) {
@@ -53,10 +58,10 @@ class LlamaModel final : public Model {
       LlamaLayer& L = layers_[i];
       L.attn_norm = load_vector(store_, p + "input_layernorm.weight", H);
       L.ffn_norm = load_vector(store_, p + "post_attention_layernorm.weight", H);
-      L.wq = as_matrix(store_.get(p + "self_attn.q_proj.weight", {nh * hd, H}));
-      L.wk = as_matrix(store_.get(p + "self_attn.k_proj.weight", {nkv * hd, H}));
-      L.wv = as_matrix(store_.get(p + "self_attn.v_proj.weight", {nkv * hd, H}));
-      L.wo = as_matrix(store_.get(p + "self_attn.o_proj.weight", {H, nh * hd}));
+      L.wq = bind(p + "self_attn.q_proj.weight", nh * hd, H);
+      L.wk = bind(p + "self_attn.k_proj.weight", nkv * hd, H);
+      L.wv = bind(p + "self_attn.v_proj.weight", nkv * hd, H);
+      L.wo = bind(p + "self_attn.o_proj.weight", H, nh * hd);
       if (cfg.attention_bias) {
         L.bq = load_vector(store_, p + "self_attn.q_proj.bias", nh * hd);
         L.bk = load_vector(store_, p + "self_attn.k_proj.bias", nkv * hd);
@@ -67,9 +72,9 @@ class LlamaModel final : public Model {
         L.q_norm = load_vector(store_, p + "self_attn.q_norm.weight", hd);
         L.k_norm = load_vector(store_, p + "self_attn.k_norm.weight", hd);
       }
-      L.w_gate = as_matrix(store_.get(p + "mlp.gate_proj.weight", {F, H}));
-      L.w_up = as_matrix(store_.get(p + "mlp.up_proj.weight", {F, H}));
-      L.w_down = as_matrix(store_.get(p + "mlp.down_proj.weight", {H, F}));
+      L.w_gate = bind(p + "mlp.gate_proj.weight", F, H);
+      L.w_up = bind(p + "mlp.up_proj.weight", F, H);
+      L.w_down = bind(p + "mlp.down_proj.weight", H, F);
     }
     rope_ = compute_rope_tables(cfg.rope, cfg.rope.rotary_dim);
     reserve_scratch(std::max(options.max_batch_tokens, 1));
@@ -85,9 +90,9 @@ class LlamaModel final : public Model {
   }
 
   int64_t weight_bytes_per_token() const override {
-    int64_t bytes = matrix_bytes(lm_head_) + config_.hidden_size * static_cast<int64_t>(dtype_size(embed_->dtype));
+    int64_t bytes = lm_head_.bytes() + embed_.bytes() / std::max<int64_t>(embed_.rows(), 1);
     for (const auto& L : layers_) {
-      for (const MatRef* m : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) bytes += matrix_bytes(*m);
+      for (const LinearWeight* m : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) bytes += m->bytes();
     }
     return bytes;
   }
@@ -117,9 +122,9 @@ class LlamaModel final : public Model {
   }
 
   WeightStore store_;
-  const TensorInfo* embed_ = nullptr;  // [V, H]
+  LinearWeight embed_;                 // [V, H]
   std::vector<float> final_norm_;      // [H]
-  MatRef lm_head_{};                   // [V, H]
+  LinearWeight lm_head_;               // [V, H]
   std::vector<LlamaLayer> layers_;
   RopeTables rope_;
 
@@ -154,7 +159,7 @@ void LlamaModel::forward(const ForwardBatch& batch, KvPool& kv, float* logits) {
   for (int64_t t = 0; t < T; ++t) {
     const int32_t tok = batch.tokens[t];
     INFERA_ASSERT(tok >= 0 && tok < c.vocab_size, "token id out of range");
-    embedding_row(*embed_, tok, x_.data() + t * H);
+    linear_row(embed_, tok, x_.data() + t * H);
   }
   for (const SeqChunk& s : batch.seqs) {
     for (int32_t i = 0; i < s.n_tokens; ++i) positions_[s.token_begin + i] = s.pos0 + i;
@@ -163,9 +168,9 @@ void LlamaModel::forward(const ForwardBatch& batch, KvPool& kv, float* logits) {
   for (int64_t l = 0; l < c.num_layers; ++l) {
     const LlamaLayer& L = layers_[l];
     kernels::rmsnorm(x_.data(), L.attn_norm.data(), xn_.data(), T, H, c.rms_norm_eps);
-    kernels::matmul(xn_.data(), T, L.wq, q_.data());
-    kernels::matmul(xn_.data(), T, L.wk, k_.data());
-    kernels::matmul(xn_.data(), T, L.wv, v_.data());
+    kernels::linear(xn_.data(), T, L.wq, q_.data());
+    kernels::linear(xn_.data(), T, L.wk, k_.data());
+    kernels::linear(xn_.data(), T, L.wv, v_.data());
     add_bias(q_.data(), L.bq, T);
     add_bias(k_.data(), L.bk, T);
     add_bias(v_.data(), L.bv, T);
@@ -191,15 +196,15 @@ void LlamaModel::forward(const ForwardBatch& batch, KvPool& kv, float* logits) {
       kernels::attention_paged(q_.data() + s.token_begin * nh * hd, s.n_tokens, nh, s.pos0, paged, scale,
                                attn_.data() + s.token_begin * nh * hd);
     }
-    kernels::matmul(attn_.data(), T, L.wo, xn_.data());
+    kernels::linear(attn_.data(), T, L.wo, xn_.data());
     add_bias(xn_.data(), L.bo, T);
     kernels::add(x_.data(), xn_.data(), T * H);
 
     kernels::rmsnorm(x_.data(), L.ffn_norm.data(), xn_.data(), T, H, c.rms_norm_eps);
-    kernels::matmul(xn_.data(), T, L.w_gate, gate_.data());
-    kernels::matmul(xn_.data(), T, L.w_up, up_.data());
+    kernels::linear(xn_.data(), T, L.w_gate, gate_.data());
+    kernels::linear(xn_.data(), T, L.w_up, up_.data());
     kernels::silu_mul(gate_.data(), up_.data(), T * F);
-    kernels::matmul(gate_.data(), T, L.w_down, xn_.data());
+    kernels::linear(gate_.data(), T, L.w_down, xn_.data());
     kernels::add(x_.data(), xn_.data(), T * H);
   }
 
@@ -218,7 +223,7 @@ void LlamaModel::forward(const ForwardBatch& batch, KvPool& kv, float* logits) {
     }
   }
   kernels::rmsnorm(rows_.data(), final_norm_.data(), rows_.data(), R, H, c.rms_norm_eps);
-  kernels::matmul(rows_.data(), R, lm_head_, logits);
+  kernels::linear(rows_.data(), R, lm_head_, logits);
 }
 
 }  // namespace

@@ -1,0 +1,179 @@
+#include "infera/model/quantized_weights.h"
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "infera/base/error.h"
+#include "infera/model/weights.h"
+
+namespace infera {
+
+using kernels::QuantScheme;
+using json = nlohmann::json;
+
+std::string LayerQuant::label() const {
+  if (dense) return dense_type.empty() ? "dense" : dense_type;
+  std::string s(kernels::scheme_name(scheme));
+  if (kernels::scheme_is_int4(scheme)) s += " g" + std::to_string(group_size);
+  return s;
+}
+
+LayerQuant QuantizationConfig::layer(const std::string& name) const {
+  auto it = overrides.find(name);
+  if (it != overrides.end()) return it->second;
+  LayerQuant q;
+  if (!present) return q;
+  q.dense = false;
+  q.scheme = scheme;
+  q.group_size = group_size;
+  return q;
+}
+
+QuantScheme parse_quant_scheme(const std::string& text, const std::string& where) {
+  if (text == "w8a8") return QuantScheme::kW8A8;
+  if (text == "w4a8") return QuantScheme::kW4A8;
+  if (text == "w4a16") return QuantScheme::kW4A16;
+  fail("{}: unknown quantization scheme '{}' (supported: w8a8, w4a8, w4a16)", where, text);
+}
+
+namespace {
+
+void check_group(QuantScheme s, int64_t g, const std::string& where) {
+  if (kernels::scheme_is_int4(s)) {
+    if (g != 32 && g != 64 && g != 128) fail("{}: group_size {} is not supported for {} (use 32, 64 or 128)", where, g, kernels::scheme_name(s));
+  } else if (g != 0) {
+    fail("{}: w8a8 is quantized per output channel; group_size must be 0, got {}", where, g);
+  }
+}
+
+LayerQuant parse_layer(const json& j, const std::string& where) {
+  if (!j.is_object() || !j.contains("scheme") || !j["scheme"].is_string()) {
+    fail("{}: each override must be an object with a string 'scheme'", where);
+  }
+  LayerQuant q;
+  const std::string s = j["scheme"].get<std::string>();
+  if (s == "bf16" || s == "f32" || s == "f16") {
+    q.dense = true;
+    q.dense_type = s;
+  } else {
+    q.dense = false;
+    q.scheme = parse_quant_scheme(s, where);
+    q.group_size = j.value("group_size", int64_t{0});
+    check_group(q.scheme, q.group_size, where);
+  }
+  if (j.contains("reason") && j["reason"].is_string()) q.reason = j["reason"].get<std::string>();
+  return q;
+}
+
+}  // namespace
+
+QuantizationConfig parse_quantization_config(const json& j, const std::string& where) {
+  const std::string w = where + ": quantization_config";
+  if (!j.is_object()) fail("{} must be an object", w);
+  QuantizationConfig qc;
+  qc.present = true;
+  const std::string method = j.value("quant_method", std::string());
+  if (method != "infera") {
+    fail("{}: quant_method '{}' is not supported (Infera reads only checkpoints written by `infera quantize`, "
+         "quant_method \"infera\"; dequantize or re-quantize the original model)",
+         w, method);
+  }
+  if (j.value("format_version", 0) != 1) fail("{}: format_version {} is not supported (expected 1)", w, j.value("format_version", 0));
+  if (!j.contains("scheme") || !j["scheme"].is_string()) fail("{}: field 'scheme' is missing", w);
+  qc.scheme = parse_quant_scheme(j["scheme"].get<std::string>(), w);
+  qc.group_size = j.value("group_size", int64_t{0});
+  check_group(qc.scheme, qc.group_size, w);
+  if (j.contains("overrides")) {
+    if (!j["overrides"].is_object()) fail("{}: 'overrides' must be an object", w);
+    for (const auto& [name, v] : j["overrides"].items()) qc.overrides[name] = parse_layer(v, w + ".overrides." + name);
+  }
+  if (j.contains("calibration")) qc.calibration_json = j["calibration"].dump();
+  return qc;
+}
+
+void quantization_config_to_json(const QuantizationConfig& qc, json& out) {
+  out = json::object();
+  out["quant_method"] = "infera";
+  out["format_version"] = 1;
+  out["scheme"] = std::string(kernels::scheme_name(qc.scheme));
+  out["group_size"] = qc.group_size;
+  json ov = json::object();
+  for (const auto& [name, q] : qc.overrides) {
+    json e = json::object();
+    e["scheme"] = q.dense ? q.dense_type : std::string(kernels::scheme_name(q.scheme));
+    if (!q.dense) e["group_size"] = q.group_size;
+    if (!q.reason.empty()) e["reason"] = q.reason;
+    ov[name] = e;
+  }
+  out["overrides"] = ov;
+  out["calibration"] = json::parse(qc.calibration_json);
+}
+
+QuantizationConfig read_quantization_config(const std::string& model_dir) {
+  const std::string path = (std::filesystem::path(model_dir) / "config.json").string();
+  std::ifstream in(path);
+  if (!in) return {};
+  json j;
+  try {
+    j = json::parse(in);
+  } catch (const json::exception& e) {
+    fail("{}: invalid JSON: {}", path, e.what());
+  }
+  if (!j.is_object() || !j.contains("quantization_config") || j["quantization_config"].is_null()) return {};
+  return parse_quantization_config(j["quantization_config"], path);
+}
+
+kernels::LinearWeight bind_linear(const WeightStore& store, const std::string& name, int64_t rows, int64_t cols,
+                                  const QuantizationConfig& qc) {
+  const LayerQuant lq = qc.layer(name);
+  if (lq.dense) {
+    const TensorInfo& t = store.get(name, {rows, cols});
+    return kernels::dense_linear(as_matrix(t), t.name);
+  }
+  const std::string qname = name + ".qweight", sname = name + ".scales";
+  const TensorInfo* qw = store.find(qname);
+  const TensorInfo* sc = store.find(sname);
+  if (!qw || !sc) {
+    fail("{}: config.json says '{}' is stored as {}, but tensor '{}' is missing (an incomplete or foreign "
+         "checkpoint: re-run `infera quantize`)",
+         store.dir(), name, lq.label(), qw ? sname : qname);
+  }
+  const bool int4 = kernels::scheme_is_int4(lq.scheme);
+  const int64_t gs = int4 ? lq.group_size : cols;
+  if (int4 && cols % gs != 0) {
+    fail("{}: '{}' has {} columns, not a multiple of its group size {} (config.json and the tensors disagree)",
+         store.dir(), name, cols, gs);
+  }
+  const DType qdt = int4 ? DType::kU8 : DType::kI8;
+  const DType sdt = int4 ? DType::kF16 : DType::kF32;
+  if (qw->dtype != qdt) fail("{}: tensor '{}' has dtype {}, expected {} for {}", store.dir(), qname, dtype_name(qw->dtype), dtype_name(qdt), lq.label());
+  if (sc->dtype != sdt) fail("{}: tensor '{}' has dtype {}, expected {} for {}", store.dir(), sname, dtype_name(sc->dtype), dtype_name(sdt), lq.label());
+  check_shape(*qw, {rows, int4 ? cols / 2 : cols}, store.dir() + "/" + qw->file);
+  check_shape(*sc, {rows, cols / gs}, store.dir() + "/" + sc->file);
+  kernels::LinearWeight w;
+  w.quantized = true;
+  w.name = qw->name;  // stable storage; the ".qweight" suffix marks it as quantized in logs
+  w.quant.scheme = lq.scheme;
+  w.quant.rows = rows;
+  w.quant.cols = cols;
+  w.quant.group_size = gs;
+  w.quant.qweight = qw->data;
+  w.quant.scales = sc->data;
+  kernels::check_quant_matrix(w.quant);
+  return w;
+}
+
+void linear_row(const kernels::LinearWeight& table, int64_t row, float* out) {
+  if (table.quantized) {
+    kernels::dequantize_row(table.quant, row, out);
+    return;
+  }
+  const kernels::MatRef& m = table.dense;
+  const auto* p = static_cast<const uint8_t*>(m.data) + row * m.cols * static_cast<int64_t>(dtype_size(m.dtype));
+  to_f32(p, m.dtype, m.cols, out);
+}
+
+}  // namespace infera

@@ -1,0 +1,66 @@
+// Binding linear layers of a checkpoint that may be quantized by `infera quantize`.
+//
+// A quantized directory's config.json carries
+//   "quantization_config": {"quant_method": "infera", "format_version": 1,
+//     "scheme": "w8a8" | "w4a8" | "w4a16", "group_size": 32 | 64 | 128 (int4; w8a8: 0 = per channel),
+//     "overrides": {"<tensor name>": {"scheme": "bf16" | "f32" | "w8a8" | ..., "group_size": N,
+//                                     "reason": "..."}},
+//     "calibration": {...} (informational)}
+// and for every quantized linear layer "<name>" (e.g. model.layers.0.mlp.up_proj.weight)
+// the safetensors hold "<name>.qweight" (w8a8: I8 [n, k]; int4: U8 [n, k / 2]) and
+// "<name>.scales" (w8a8: F32 [n, 1]; int4: F16 [n, k / group_size]) instead of "<name>".
+// Layers the config lists as bf16/f32 keep a plain "<name>". See docs/quantization.md.
+#pragma once
+
+#include <map>
+#include <string>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "infera/io/safetensors.h"
+#include "infera/kernels/quant.h"
+
+namespace infera {
+
+// How one layer is stored: quantized with a scheme, or dense (float dtype as stored).
+struct LayerQuant {
+  bool dense = true;
+  kernels::QuantScheme scheme = kernels::QuantScheme::kW8A8;
+  int64_t group_size = 0;  // int4: 32/64/128; w8a8: 0 (per channel)
+  std::string dense_type;  // dense: "bf16", "f32", "f16" (what the writer chose)
+  std::string reason;      // why this layer differs from the global scheme
+  std::string label() const;  // "w4a8 g32", "w8a8", "bf16"
+};
+
+struct QuantizationConfig {
+  bool present = false;  // false: an ordinary float checkpoint
+  kernels::QuantScheme scheme = kernels::QuantScheme::kW8A8;
+  int64_t group_size = 0;
+  std::map<std::string, LayerQuant> overrides;  // tensor name -> how it is stored
+  std::string calibration_json = "null";        // recorded as given (informational)
+
+  // The layer's storage: its override, else the global scheme.
+  LayerQuant layer(const std::string& name) const;
+};
+
+// "w8a8" | "w4a8" | "w4a16"; throws infera::Error naming the accepted values.
+kernels::QuantScheme parse_quant_scheme(const std::string& text, const std::string& where);
+
+// Parses config.json's "quantization_config" object. Throws infera::Error (naming `where`
+// and the field) for an unknown quant_method, format_version, scheme or group size.
+QuantizationConfig parse_quantization_config(const nlohmann::json& j, const std::string& where);
+void quantization_config_to_json(const QuantizationConfig& qc, nlohmann::json& out);
+
+// <model_dir>/config.json's quantization_config (present = false when it has none).
+QuantizationConfig read_quantization_config(const std::string& model_dir);
+
+// The linear layer `name` [rows, cols] as the config says it is stored; throws
+// infera::Error naming the tensor and the directory when a tensor is missing, has the
+// wrong dtype or shape.
+kernels::LinearWeight bind_linear(const WeightStore& store, const std::string& name, int64_t rows, int64_t cols,
+                                  const QuantizationConfig& qc);
+
+// Row `row` of an embedding table (dense or quantized) as f32 [cols].
+void linear_row(const kernels::LinearWeight& table, int64_t row, float* out);
+
+}  // namespace infera

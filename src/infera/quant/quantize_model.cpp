@@ -1,0 +1,449 @@
+#include "infera/quant/quantize_model.h"
+
+#include <fnmatch.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <regex>
+#include <set>
+#include <sstream>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "infera/base/error.h"
+#include "infera/base/log.h"
+#include "infera/io/safetensors.h"
+#include "infera/model/config.h"
+#include "infera/model/model.h"
+#include "infera/model/quantized_weights.h"
+#include "infera/model/weights.h"
+#include "infera/quant/calibration.h"
+#include "infera/quant/quantizer.h"
+#include "infera/tokenizer/tokenizer.h"
+
+namespace infera::quant {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+using kernels::QuantScheme;
+
+EmbedHeadMode parse_embed_head_mode(const std::string& text) {
+  if (text == "bf16") return EmbedHeadMode::kBf16;
+  if (text == "w8a8" || text == "int8") return EmbedHeadMode::kW8A8;
+  if (text == "scheme") return EmbedHeadMode::kScheme;
+  fail("--embed-head: unknown value '{}' (bf16: keep embeddings and head in bf16, w8a8: int8 per channel, "
+       "scheme: quantize them like every other layer)",
+       text);
+}
+
+namespace {
+
+constexpr const char* kEmbedName = "model.embed_tokens.weight";
+constexpr const char* kHeadName = "lm_head.weight";
+
+// The linear layers of the llama/qwen3 layout (what model/llama.cpp binds with bind_linear).
+bool is_linear_name(const std::string& name) {
+  static const std::regex re(
+      R"(model\.layers\.\d+\.(self_attn\.(q|k|v|o)_proj|mlp\.(gate|up|down)_proj)\.weight)");
+  return name == kEmbedName || name == kHeadName || std::regex_match(name, re);
+}
+
+bool glob_match(const std::string& pattern, const std::string& name) {
+  return ::fnmatch(pattern.c_str(), name.c_str(), 0) == 0;
+}
+
+std::vector<float> read_f32(const TensorInfo& t) {
+  std::vector<float> v(static_cast<size_t>(t.numel()));
+  to_f32(t.data, t.dtype, t.numel(), v.data());
+  return v;
+}
+
+// Smoothing factors decided before the shards are written (calibration only).
+struct SmoothingPlan {
+  std::map<std::string, std::vector<float>> col_scale;  // linear: W[:, k] *= s_k
+  std::map<std::string, std::vector<float>> row_div;    // up_proj: W[k, :] /= s_k
+  std::map<std::string, std::vector<float>> elem_div;   // norm weight: g_k /= s_k
+};
+
+struct Planner {
+  const WeightStore& store;
+  const QuantizationConfig& qc;
+  const ActivationStats& stats;
+  SmoothingPlan plan;
+
+  // Expected squared output error of the group's quantized layers for smoothing s.
+  double group_error(const std::vector<std::string>& linears, const std::vector<float>& s, const ChannelStats& st) {
+    const std::vector<float> h = st.mean_sq();
+    const int64_t k = static_cast<int64_t>(s.size());
+    std::vector<float> imp(k);
+    for (int64_t t = 0; t < k; ++t) imp[t] = h[t] / (s[t] * s[t]);
+    float amax_scaled = 0.0f;
+    for (int64_t t = 0; t < k; ++t) amax_scaled = std::max(amax_scaled, st.max_abs[t] / s[t]);
+    const double step = amax_scaled / 127.0;
+    double err = 0.0;
+    for (const std::string& name : linears) {
+      const LayerQuant lq = qc.layer(name);
+      const TensorInfo& t = store.get(name);
+      std::vector<float> w = read_f32(t);
+      const int64_t n = t.shape[0];
+      double w2s2 = 0.0;
+      for (int64_t r = 0; r < n; ++r)
+        for (int64_t c = 0; c < k; ++c) {
+          float& x = w[r * k + c];
+          x *= s[c];
+          w2s2 += static_cast<double>(x) * x;
+        }
+      const QuantizedMatrix q = quantize_matrix(w.data(), n, k, lq.scheme, lq.group_size, imp.data());
+      err += weighted_error(w.data(), q, imp.data());
+      if (kernels::scheme_quantizes_activations(lq.scheme)) err += step * step / 12.0 * w2s2;
+    }
+    return err;
+  }
+
+  // Picks s for linears sharing one input (stats of the first), folded into `prev`
+  // (a norm: elem_div, or up_proj: row_div).
+  void smooth(const std::vector<std::string>& all_linears, const std::string& prev, bool prev_is_norm) {
+    std::vector<std::string> linears;
+    for (const auto& n : all_linears)
+      if (store.find(n) && !qc.layer(n).dense) linears.push_back(n);
+    if (linears.empty() || !store.find(prev)) return;
+    auto it = stats.find(linears[0]);
+    if (it == stats.end() || it->second.count == 0) return;
+    const ChannelStats& st = it->second;
+    const int64_t k = static_cast<int64_t>(st.sum_sq.size());
+    const bool awq = kernels::scheme_is_int4(qc.layer(linears[0]).scheme);
+    const std::vector<float> mean_abs = st.mean_abs();
+    std::vector<float> wmax(k, 0.0f);
+    if (!awq) {
+      for (const auto& name : linears) {
+        const TensorInfo& t = store.get(name);
+        const std::vector<float> w = read_f32(t);
+        for (int64_t r = 0; r < t.shape[0]; ++r)
+          for (int64_t c = 0; c < k; ++c) wmax[c] = std::max(wmax[c], std::fabs(w[r * k + c]));
+      }
+    }
+    double best_err = INFINITY;
+    std::vector<float> best;
+    for (float alpha : {0.0f, 0.25f, 0.5f, 0.75f}) {
+      std::vector<float> s(k, 1.0f);
+      if (alpha > 0.0f) {
+        for (int64_t c = 0; c < k; ++c) {
+          s[c] = awq ? std::pow(std::max(mean_abs[c], 1e-8f), alpha)
+                     : std::pow(std::max(st.max_abs[c], 1e-5f), alpha) / std::pow(std::max(wmax[c], 1e-5f), 1.0f - alpha);
+          s[c] = std::clamp(s[c], 1e-4f, 1e4f);
+        }
+        // Centre the factors (geometric mean of the extremes = 1) so neither side drifts.
+        const auto [mn, mx] = std::minmax_element(s.begin(), s.end());
+        const float centre = std::sqrt(*mn * *mx);
+        for (float& v : s) v /= centre;
+      }
+      const double err = group_error(linears, s, st);
+      if (err < best_err) {
+        best_err = err;
+        best = s;
+      }
+    }
+    LOG_DEBUG("smoothing {}: err {}", linears[0], best_err);
+    if (std::all_of(best.begin(), best.end(), [](float v) { return v == 1.0f; })) return;
+    for (const auto& n : linears) plan.col_scale[n] = best;
+    // Layers of the group kept dense get the same factor (the fold changes their input too).
+    for (const auto& n : all_linears)
+      if (store.find(n) && qc.layer(n).dense) plan.col_scale[n] = best;
+    (prev_is_norm ? plan.elem_div : plan.row_div)[prev] = best;
+  }
+};
+
+std::string human_bytes(int64_t b) {
+  if (b >= (int64_t{1} << 30)) return fmt::format("{:.2f} GiB", b / 1073741824.0);
+  if (b >= (int64_t{1} << 20)) return fmt::format("{:.2f} MiB", b / 1048576.0);
+  if (b >= 1024) return fmt::format("{:.1f} KiB", b / 1024.0);
+  return fmt::format("{} B", b);
+}
+
+struct OwnedTensor {
+  std::string name;
+  DType dtype;
+  std::vector<int64_t> shape;
+  std::vector<uint8_t> bytes;
+};
+
+OwnedTensor make_tensor(std::string name, DType dtype, std::vector<int64_t> shape, std::vector<uint8_t> bytes) {
+  return OwnedTensor{std::move(name), dtype, std::move(shape), std::move(bytes)};
+}
+
+std::vector<uint8_t> from_f32(const std::vector<float>& v, DType dtype) {
+  std::vector<uint8_t> out(v.size() * dtype_size(dtype));
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (dtype == DType::kF32) {
+      std::memcpy(out.data() + 4 * i, &v[i], 4);
+    } else {
+      const uint16_t h = dtype == DType::kBF16 ? f32_to_bf16(v[i]) : f32_to_f16(v[i]);
+      std::memcpy(out.data() + 2 * i, &h, 2);
+    }
+  }
+  return out;
+}
+
+std::vector<int32_t> calibration_tokens(const std::string& in_dir, const QuantizeOptions& o) {
+  std::ifstream in(o.calib_file, std::ios::binary);
+  if (!in) fail("--calib {}: cannot read the calibration text file", o.calib_file);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  const std::string text = ss.str();
+  if (text.empty()) fail("--calib {}: the calibration file is empty", o.calib_file);
+  const Tokenizer tok = Tokenizer::load(in_dir);
+  std::vector<int32_t> ids = tok.encode(text);
+  if (static_cast<int64_t>(ids.size()) > o.calib_tokens) ids.resize(static_cast<size_t>(o.calib_tokens));
+  return ids;
+}
+
+void progress_line(bool show, size_t shard, size_t shards, size_t done, size_t total, const std::string& name) {
+  if (!show) return;
+  const int width = 30;
+  const int filled = total ? static_cast<int>(width * done / total) : width;
+  std::fprintf(stderr, "\r[%.*s%*s] shard %zu/%zu  %zu/%zu  %-48.48s", filled,
+               "##############################", width - filled, "", shard, shards, done, total, name.c_str());
+  std::fflush(stderr);
+}
+
+}  // namespace
+
+QuantizeReport quantize_model(const std::string& in_dir, const std::string& out_dir, const QuantizeOptions& o) {
+  QuantizeReport report;
+  const bool int4 = kernels::scheme_is_int4(o.scheme);
+  if (int4 && o.group_size != 32 && o.group_size != 64 && o.group_size != 128) {
+    fail("--group-size {} is not supported (use 32, 64 or 128)", o.group_size);
+  }
+  const ModelConfig cfg = load_model_config(in_dir);
+  if (cfg.arch != Arch::kLlama && cfg.arch != Arch::kQwen3) {
+    fail("{}: quantization supports model_type llama and qwen3 (dense), not '{}'", in_dir, cfg.model_type);
+  }
+  if (read_quantization_config(in_dir).present) {
+    fail("{}: the model is already quantized (config.json has a quantization_config); quantize the original "
+         "float checkpoint instead",
+         in_dir);
+  }
+  std::error_code ec;
+  if (fs::exists(out_dir) && !fs::is_empty(out_dir, ec)) {
+    fail("{}: output directory exists and is not empty (choose a new or empty directory)", out_dir);
+  }
+  if (fs::weakly_canonical(in_dir, ec) == fs::weakly_canonical(out_dir, ec)) fail("output directory is the input directory");
+
+  const WeightStore store = WeightStore::open(in_dir);
+  const std::vector<std::string> names = store.names();
+
+  // ---- per-layer decisions ----
+  QuantizationConfig qc;
+  qc.present = true;
+  qc.scheme = o.scheme;
+  qc.group_size = int4 ? o.group_size : 0;
+  std::vector<int> pattern_hits(o.fallback_patterns.size(), 0);
+  for (const std::string& name : names) {
+    const TensorInfo& t = store.get(name);
+    if (!is_linear_name(name) || t.shape.size() != 2) continue;
+    LayerQuant lq;
+    lq.dense = false;
+    lq.scheme = o.scheme;
+    lq.group_size = qc.group_size;
+    bool override = false;
+    for (size_t p = 0; p < o.fallback_patterns.size(); ++p) {
+      if (glob_match(o.fallback_patterns[p], name)) {
+        ++pattern_hits[p];
+        if (!lq.dense) {
+          lq.dense = true;
+          lq.dense_type = "bf16";
+          lq.reason = "--fallback " + o.fallback_patterns[p];
+          override = true;
+        }
+      }
+    }
+    if (!lq.dense && (name == kEmbedName || name == kHeadName)) {
+      if (o.embed_head == EmbedHeadMode::kBf16) {
+        lq.dense = true;
+        lq.dense_type = "bf16";
+        lq.reason = "embeddings/head kept in bf16 (default)";
+        override = true;
+      } else if (o.embed_head == EmbedHeadMode::kW8A8 && o.scheme != QuantScheme::kW8A8) {
+        lq.scheme = QuantScheme::kW8A8;
+        lq.group_size = 0;
+        lq.reason = "embeddings/head in int8 (--embed-head w8a8)";
+        override = true;
+      }
+    }
+    const int64_t cols = t.shape[1];
+    if (!lq.dense && kernels::scheme_is_int4(lq.scheme) && cols % lq.group_size != 0) {
+      lq.reason = fmt::format("group size {} does not divide its {} columns: per-channel w8a8 instead", lq.group_size, cols);
+      lq.scheme = QuantScheme::kW8A8;
+      lq.group_size = 0;
+      override = true;
+      report.warnings.push_back(name + ": " + lq.reason);
+    }
+    if (override) qc.overrides[name] = lq;
+  }
+  for (size_t p = 0; p < o.fallback_patterns.size(); ++p) {
+    if (pattern_hits[p] == 0) {
+      report.warnings.push_back(fmt::format("--fallback '{}' matches no linear layer (names look like "
+                                            "model.layers.0.mlp.down_proj.weight)",
+                                            o.fallback_patterns[p]));
+    }
+  }
+  for (const auto& w : report.warnings) LOG_WARN("{}", w);
+
+  // ---- calibration ----
+  SmoothingPlan plan;
+  ActivationStats stats;
+  if (!o.calib_file.empty()) {
+    const std::vector<int32_t> ids = calibration_tokens(in_dir, o);
+    LoadOptions lo;
+    lo.max_batch_tokens = 128;
+    std::unique_ptr<Model> model = load_model(in_dir, lo);
+    stats = collect_activation_stats(*model, ids, o.calib_ctx);
+    report.calib_tokens_used = static_cast<int64_t>(ids.size());
+    Planner p{store, qc, stats, {}};
+    for (int64_t l = 0; l < cfg.num_layers; ++l) {
+      const std::string pre = "model.layers." + std::to_string(l) + ".";
+      p.smooth({pre + "mlp.down_proj.weight"}, pre + "mlp.up_proj.weight", false);
+      p.smooth({pre + "self_attn.q_proj.weight", pre + "self_attn.k_proj.weight", pre + "self_attn.v_proj.weight"},
+               pre + "input_layernorm.weight", true);
+      p.smooth({pre + "mlp.gate_proj.weight", pre + "mlp.up_proj.weight"}, pre + "post_attention_layernorm.weight", true);
+    }
+    plan = std::move(p.plan);
+    json cal = json::object();
+    cal["file"] = fs::path(o.calib_file).filename().string();
+    cal["tokens"] = report.calib_tokens_used;
+    cal["smoothed_layers"] = plan.col_scale.size();
+    cal["method"] = int4 ? "awq-style scaling search + weighted clipping search" : "smoothquant-style migration search + weighted clipping search";
+    qc.calibration_json = cal.dump();
+  }
+
+  // ---- shards ----
+  fs::create_directories(out_dir);
+  std::map<std::string, std::vector<std::string>> by_file;
+  for (const std::string& name : names) by_file[store.get(name).file].push_back(name);
+  const bool sharded = fs::exists(fs::path(in_dir) / "model.safetensors.index.json");
+  json weight_map = json::object();
+  int64_t total_size = 0;
+  size_t shard_i = 0;
+  report.shards = by_file.size();
+  for (const auto& [file, shard_names] : by_file) {
+    ++shard_i;
+    std::vector<OwnedTensor> out;
+    size_t done = 0;
+    for (const std::string& name : shard_names) {
+      progress_line(o.show_progress, shard_i, by_file.size(), done++, shard_names.size(), name);
+      const TensorInfo& t = store.get(name);
+      const int64_t before = static_cast<int64_t>(t.nbytes);
+      const bool linear = is_linear_name(name) && t.shape.size() == 2;
+      auto norm_it = plan.elem_div.find(name);
+      if (!linear) {
+        if (norm_it != plan.elem_div.end()) {
+          std::vector<float> g = read_f32(t);
+          for (size_t c = 0; c < g.size(); ++c) g[c] /= norm_it->second[c];
+          out.push_back(make_tensor(name, t.dtype, t.shape, from_f32(g, t.dtype)));
+        } else {
+          out.push_back(make_tensor(name, t.dtype, t.shape, std::vector<uint8_t>(t.data, t.data + t.nbytes)));
+        }
+        report.other_bytes_before += before;
+        report.other_bytes_after += before;
+        continue;
+      }
+      const int64_t rows = t.shape[0], cols = t.shape[1];
+      std::vector<float> w = read_f32(t);
+      std::vector<float> imp;
+      if (auto st = stats.find(name); st != stats.end()) imp = st->second.mean_sq();
+      if (auto cs = plan.col_scale.find(name); cs != plan.col_scale.end()) {
+        for (int64_t r = 0; r < rows; ++r)
+          for (int64_t c = 0; c < cols; ++c) w[r * cols + c] *= cs->second[c];
+        for (int64_t c = 0; c < cols && !imp.empty(); ++c) imp[c] /= cs->second[c] * cs->second[c];
+      }
+      if (auto rd = plan.row_div.find(name); rd != plan.row_div.end()) {
+        for (int64_t r = 0; r < rows; ++r)
+          for (int64_t c = 0; c < cols; ++c) w[r * cols + c] /= rd->second[r];
+      }
+      const LayerQuant lq = qc.layer(name);
+      LayerReport lr{name, lq.label(), before, 0, lq.reason};
+      if (lq.dense) {
+        out.push_back(make_tensor(name, DType::kBF16, t.shape, from_f32(w, DType::kBF16)));
+        lr.bytes_after = rows * cols * 2;
+      } else {
+        QuantizedMatrix q = quantize_matrix(w.data(), rows, cols, lq.scheme, lq.group_size, imp.empty() ? nullptr : imp.data());
+        const bool q4 = kernels::scheme_is_int4(lq.scheme);
+        lr.bytes_after = static_cast<int64_t>(q.qweight.size() + q.scales.size());
+        out.push_back(make_tensor(name + ".qweight", q4 ? DType::kU8 : DType::kI8, {rows, q4 ? cols / 2 : cols},
+                                  std::move(q.qweight)));
+        out.push_back(make_tensor(name + ".scales", q4 ? DType::kF16 : DType::kF32, {rows, cols / q.group_size},
+                                  std::move(q.scales)));
+      }
+      report.layers.push_back(lr);
+    }
+    progress_line(o.show_progress, shard_i, by_file.size(), shard_names.size(), shard_names.size(), "");
+    std::vector<TensorToWrite> tw;
+    for (const OwnedTensor& ot : out) {
+      tw.push_back(TensorToWrite{ot.name, ot.dtype, ot.shape, ot.bytes.data(), ot.bytes.size()});
+      weight_map[ot.name] = file;
+      total_size += static_cast<int64_t>(ot.bytes.size());
+    }
+    write_safetensors((fs::path(out_dir) / file).string(), tw,
+                      {{"format", "pt"}, {"quantized_by", "infera"}, {"scheme", std::string(kernels::scheme_name(o.scheme))}});
+  }
+  if (o.show_progress) std::fprintf(stderr, "\n");
+
+  // ---- config, index, tokenizer files ----
+  {
+    std::ifstream in(fs::path(in_dir) / "config.json");
+    json config = json::parse(in);
+    json qj;
+    quantization_config_to_json(qc, qj);
+    config["quantization_config"] = qj;
+    std::ofstream outc(fs::path(out_dir) / "config.json");
+    outc << config.dump(2) << "\n";
+    if (!outc) fail("{}: cannot write config.json", out_dir);
+  }
+  if (sharded) {
+    json index = json::object();
+    index["metadata"] = json{{"total_size", total_size}};
+    index["weight_map"] = weight_map;
+    std::ofstream outi(fs::path(out_dir) / "model.safetensors.index.json");
+    outi << index.dump(2) << "\n";
+  }
+  for (const auto& entry : fs::directory_iterator(in_dir)) {
+    const std::string fname = entry.path().filename().string();
+    const std::string ext = entry.path().extension().string();
+    if (!entry.is_regular_file() || fname == "config.json" || fname == "model.safetensors.index.json") continue;
+    if (ext == ".json" || ext == ".jinja" || ext == ".model" || ext == ".txt") {
+      fs::copy_file(entry.path(), fs::path(out_dir) / fname, fs::copy_options::overwrite_existing);
+    }
+  }
+  for (const LayerReport& l : report.layers) {
+    report.total_bytes_before += l.bytes_before;
+    report.total_bytes_after += l.bytes_after;
+  }
+  report.total_bytes_before += report.other_bytes_before;
+  report.total_bytes_after += report.other_bytes_after;
+  return report;
+}
+
+std::string format_report(const QuantizeReport& r) {
+  size_t w = 5;
+  for (const auto& l : r.layers) w = std::max(w, l.name.size());
+  std::string s = fmt::format("{:<{}}  {:<9}  {:>11}  {:>11}  {}\n", "layer", w, "scheme", "before", "after", "note");
+  for (const auto& l : r.layers) {
+    s += fmt::format("{:<{}}  {:<9}  {:>11}  {:>11}  {}\n", l.name, w, l.label, human_bytes(l.bytes_before),
+                     human_bytes(l.bytes_after), l.reason);
+  }
+  s += fmt::format("{:<{}}  {:<9}  {:>11}  {:>11}\n", "(norms and other tensors)", w, "as is", human_bytes(r.other_bytes_before),
+                   human_bytes(r.other_bytes_after));
+  const double ratio = r.total_bytes_after > 0 ? static_cast<double>(r.total_bytes_before) / r.total_bytes_after : 0.0;
+  s += fmt::format("{:<{}}  {:<9}  {:>11}  {:>11}  {:.2f}x smaller\n", "total", w, "", human_bytes(r.total_bytes_before),
+                   human_bytes(r.total_bytes_after), ratio);
+  return s;
+}
+
+}  // namespace infera::quant
