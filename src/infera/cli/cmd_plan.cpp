@@ -30,7 +30,7 @@ struct PlanCmdOptions {
   std::string memory;
   std::string kv_dtype = "f32";
   int64_t prefill_chunk = 512;
-  std::string reserve = "48MiB";
+  std::string reserve = "16MiB";
   bool no_mtp = false;
   bool json = false;
 };
@@ -118,7 +118,7 @@ void setup(CLI::App& app) {
   cmd->add_option("--memory", o->memory, "Memory budget per device, e.g. 24GiB, 80GB");
   cmd->add_option("--kv-dtype", o->kv_dtype, "KV cache element type: f32 (Infera today), bf16, int8")->default_val("f32");
   cmd->add_option("--prefill-chunk", o->prefill_chunk, "Prompt tokens per forward")->default_val(512)->check(CLI::PositiveNumber);
-  cmd->add_option("--reserve", o->reserve, "Runtime reserve per device (code, libraries, tokenizer, threads)")->default_val("48MiB");
+  cmd->add_option("--reserve", o->reserve, "Runtime reserve per device (code, libraries, tokenizer, threads)")->default_val("16MiB");
   cmd->add_flag("--no-mtp", o->no_mtp, "Leave out multi-token-prediction weights and their KV layer");
   cmd->add_flag("--json", o->json, "Print the plan as one JSON object");
   cmd->callback([o] { set_exit_code(run(*o)); });
