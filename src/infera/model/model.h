@@ -78,10 +78,13 @@ class Model {
   // ---- Multi-token prediction (Qwen3.5 / Qwen3-Next MTP head) ----
   // 0 when the checkpoint has no MTP weights. After forward(), last_hidden() holds the
   // trunk's post-final-norm hidden state of every logits row, [num_logit_rows, hidden].
-  // draft(batch, hidden, kv, logits): batch.tokens are tokens x_{p+1} at positions p+1
-  // (chunk pos0 = p+1...), hidden [n_tokens, hidden] the trunk hidden h_p of each; writes
-  // the MTP logits for position p+2 per logits row like forward(), and the MTP layer's
-  // own K/V at those positions into KV layer kv_shape().num_layers - 1.
+  // draft(batch, hidden, kv, logits): a chunk at pos0 = p holds tokens x_{p+1}, x_{p+2}, ...
+  // and hidden [n_tokens, hidden] the trunk hidden h_p, h_{p+1}, ... (row order as tokens);
+  // the MTP head predicts the token after each x_{p+1}, writing logits rows like forward().
+  // Its one layer keeps its own K/V in KV layer kv_shape().num_layers - 1, in slot p for the
+  // pair (h_p, x_{p+1}): a sequence must have drafted every earlier slot (feed the prompt
+  // through draft once) for later drafts to see a complete MTP context. Block tables cover
+  // the same positions as the trunk's.
   virtual int num_mtp_layers() const { return 0; }
   virtual const float* last_hidden() const { return nullptr; }
   virtual void draft(const ForwardBatch& batch, const float* hidden, KvPool& kv, float* logits) {

@@ -323,7 +323,10 @@ void Qwen35Model::draft(const ForwardBatch& batch, const float* hidden, KvPool& 
     kernels::rmsnorm(hidden + t * H, mtp_.hnorm.data(), row + H, 1, H, c.rms_norm_eps, kZeroCentred);
   }
   kernels::matmul(cat_.data(), T, mtp_.fc, x_.data());
+  // The MTP entry for (h_p, x_{p+1}) is cached in KV slot p (so slots 0..p are all MTP
+  // entries when drafting at p) and rotated as position p + 1, as the HF reference does.
   batch_positions(batch, positions_);
+  for (int32_t& p : positions_) p += 1;
   run_layer(mtp_.layer, batch, kv, nullptr);
   const int64_t R = batch.num_logit_rows();
   if (R == 0 || logits == nullptr) return;

@@ -171,10 +171,11 @@ TEST(Qwen35Model, MtpDraftUsesItsOwnKvLayerAndIsDeterministic) {
   std::vector<float> logits(T * V);
   r.model->forward(trunk, *r.kv, logits.data());
   const std::vector<float> hidden(r.model->last_hidden(), r.model->last_hidden() + T * H);
-  // Draft for positions 1..T-1: token p+1 with hidden p, all rows; then again, one at a time.
+  // Drafts for trunk positions 0..T-2 (token p+1 with hidden p), all rows; then again, one
+  // at a time.
   ForwardBatch d;
   d.tokens.assign(kPromptA.begin() + 1, kPromptA.begin() + T);
-  d.seqs.push_back(chunk(0, T - 1, 1, blocks, 0));
+  d.seqs.push_back(chunk(0, T - 1, 0, blocks, 0));
   d.seqs[0].all_logits = true;
   std::vector<float> draft_all((T - 1) * V);
   r.model->draft(d, hidden.data(), *r.kv, draft_all.data());
@@ -183,7 +184,7 @@ TEST(Qwen35Model, MtpDraftUsesItsOwnKvLayerAndIsDeterministic) {
   for (int32_t p = 1; p < T; ++p) {
     ForwardBatch s;
     s.tokens = {kPromptA[p]};
-    s.seqs.push_back(chunk(0, 1, p, blocks, 0));
+    s.seqs.push_back(chunk(0, 1, p - 1, blocks, 0));
     r.model->draft(s, hidden.data() + (p - 1) * H, *r.kv, one.data());
     std::vector<float> expect(draft_all.begin() + (p - 1) * V, draft_all.begin() + p * V);
     EXPECT_LT(max_diff(expect, one.data()), 1e-4f) << "position " << p;
