@@ -69,6 +69,8 @@ uint32_t file_type_of(GgufOutType t) {
     case GgufOutType::kF32: return 0;   // ALL_F32
     case GgufOutType::kF16: return 1;   // MOSTLY_F16
     case GgufOutType::kBF16: return 32; // MOSTLY_BF16
+    case GgufOutType::kQ8_0: return 7;  // MOSTLY_Q8_0
+    case GgufOutType::kQ4_0: return 2;  // MOSTLY_Q4_0
   }
   return 0;
 }
@@ -78,6 +80,8 @@ GgmlType ggml_type_of(GgufOutType t) {
     case GgufOutType::kF32: return GgmlType::kF32;
     case GgufOutType::kF16: return GgmlType::kF16;
     case GgufOutType::kBF16: return GgmlType::kBF16;
+    case GgufOutType::kQ8_0: return GgmlType::kQ8_0;
+    case GgufOutType::kQ4_0: return GgmlType::kQ4_0;
   }
   return GgmlType::kF32;
 }
@@ -124,6 +128,47 @@ void row_to_f32(const uint8_t* src, DType dtype, size_t n, float* out) {
   }
 }
 
+// llama.cpp's reference quantizers (ggml-quants.c quantize_row_q8_0_ref / _q4_0_ref), bit
+// for bit: Q8_0 block = f16 d + 32 int8, d = amax / 127, q = roundf(x / d); Q4_0 block =
+// f16 d + 16 bytes, d = (signed value of largest magnitude) / -8, nibble j = element j
+// (low) | element j + 16 (high), value (q - 8) * d.
+void quantize_row_q8_0(const float* x, size_t n, std::vector<uint8_t>& out) {
+  out.resize(n / 32 * 34);
+  for (size_t b = 0; b < n / 32; ++b) {
+    const float* xb = x + 32 * b;
+    float amax = 0.0f;
+    for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(xb[j]));
+    const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+    const uint16_t dh = f32_to_f16(d);
+    uint8_t* o = out.data() + 34 * b;
+    std::memcpy(o, &dh, 2);
+    for (int j = 0; j < 32; ++j) o[2 + j] = static_cast<uint8_t>(static_cast<int8_t>(std::roundf(xb[j] * id)));
+  }
+}
+
+void quantize_row_q4_0(const float* x, size_t n, std::vector<uint8_t>& out) {
+  out.resize(n / 32 * 18);
+  for (size_t b = 0; b < n / 32; ++b) {
+    const float* xb = x + 32 * b;
+    float amax = 0.0f, mx = 0.0f;
+    for (int j = 0; j < 32; ++j) {
+      if (amax < std::fabs(xb[j])) {
+        amax = std::fabs(xb[j]);
+        mx = xb[j];
+      }
+    }
+    const float d = mx / -8.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+    const uint16_t dh = f32_to_f16(d);
+    uint8_t* o = out.data() + 18 * b;
+    std::memcpy(o, &dh, 2);
+    for (int j = 0; j < 16; ++j) {
+      const uint8_t lo = std::min<uint8_t>(15, static_cast<uint8_t>(static_cast<int8_t>(xb[j] * id + 8.5f)));
+      const uint8_t hi = std::min<uint8_t>(15, static_cast<uint8_t>(static_cast<int8_t>(xb[j + 16] * id + 8.5f)));
+      o[2 + j] = static_cast<uint8_t>(lo | (hi << 4));
+    }
+  }
+}
+
 // One GGUF tensor to write: where its bytes come from and how they are transformed.
 // Matrices are streamed row by row from the checkpoint (never loaded whole): GGUF row r
 // is row rows[r].row of tensor rows[r].src, so one GGUF tensor can stack many HF tensors
@@ -156,6 +201,7 @@ void stream_tensor(const ExportTensor& t, gguf::ByteSink& out) {
   }
   std::vector<float> f32(static_cast<size_t>(t.cols)), tmp(t.col_order.empty() ? 0 : static_cast<size_t>(t.cols));
   std::vector<uint16_t> half(t.type == GgmlType::kF32 ? 0 : static_cast<size_t>(t.cols));
+  std::vector<uint8_t> blocks;
   for (const RowSource& r : t.rows) {
     const DType sdt = r.src->dtype;
     const size_t row_bytes = static_cast<size_t>(t.cols) * dtype_size(sdt);
@@ -178,6 +224,14 @@ void stream_tensor(const ExportTensor& t, gguf::ByteSink& out) {
       case GgmlType::kBF16:
         for (size_t i = 0; i < f32.size(); ++i) half[i] = f32_to_bf16(f32[i]);
         out.write(half.data(), half.size() * 2);
+        break;
+      case GgmlType::kQ8_0:
+        quantize_row_q8_0(f32.data(), f32.size(), blocks);
+        out.write(blocks.data(), blocks.size());
+        break;
+      case GgmlType::kQ4_0:
+        quantize_row_q4_0(f32.data(), f32.size(), blocks);
+        out.write(blocks.data(), blocks.size());
         break;
       default: INFERA_ASSERT(false, "unsupported output type");
     }
@@ -385,7 +439,9 @@ GgufOutType parse_gguf_out_type(const std::string& text) {
   if (text == "f32") return GgufOutType::kF32;
   if (text == "f16") return GgufOutType::kF16;
   if (text == "bf16") return GgufOutType::kBF16;
-  fail("unknown GGUF output type '{}' (use f32, f16 or bf16)", text);
+  if (text == "q8_0") return GgufOutType::kQ8_0;
+  if (text == "q4_0") return GgufOutType::kQ4_0;
+  fail("unknown GGUF output type '{}' (use f32, f16, bf16, q8_0 or q4_0)", text);
 }
 
 std::string gguf_tensor_name(const std::string& hf_name, bool qk_norm) {
@@ -546,7 +602,11 @@ GgufExportResult export_gguf(const std::string& model_dir, const std::string& ou
   // ---- tensors ----
   const int64_t H = config.hidden_size, hd = config.head_dim, F = config.intermediate_size, V = config.vocab_size;
   const int64_t q_out = config.num_heads * hd, kv_out = config.num_kv_heads * hd;
-  const GgmlType mat_type = ggml_type_of(options.out_type);
+  const GgmlType out_mat_type = ggml_type_of(options.out_type);
+  const bool block_type = out_mat_type == GgmlType::kQ8_0 || out_mat_type == GgmlType::kQ4_0;
+  // Block formats need rows of whole 32-blocks; other matrices stay F16 (as llama-quantize
+  // falls back for such tensors).
+  auto mat_type_for = [&](int64_t cols) { return block_type && cols % 32 != 0 ? GgmlType::kF16 : out_mat_type; };
   std::vector<ExportTensor> plan;
   std::unordered_set<std::string> used;  // HF names consumed
 
@@ -566,7 +626,7 @@ GgufExportResult export_gguf(const std::string& model_dir, const std::string& ou
     const TensorInfo& t = source(hf, {rows, cols});
     ExportTensor e;
     e.name = gguf_name;
-    e.type = mat_type;
+    e.type = mat_type_for(cols);
     e.cols = cols;
     e.dims = {static_cast<uint64_t>(cols), static_cast<uint64_t>(rows)};
     for (int64_t r = 0; r < rows; ++r) e.rows.push_back({&t, row_of ? row_of(r) : r});
@@ -596,7 +656,7 @@ GgufExportResult export_gguf(const std::string& model_dir, const std::string& ou
                          const std::function<RowSource(int64_t)>& part) {
     ExportTensor e;
     e.name = gguf_name;
-    e.type = mat_type;
+    e.type = mat_type_for(cols);
     e.cols = cols;
     e.dims = {static_cast<uint64_t>(cols), static_cast<uint64_t>(rows), static_cast<uint64_t>(E)};
     for (int64_t x = 0; x < E; ++x) {

@@ -22,9 +22,12 @@ namespace infera {
 
 struct ModelConfig;
 
-enum class GgufOutType { kF32, kF16, kBF16 };
+// kQ8_0 / kQ4_0: llama.cpp's block formats (32 weights per block with an f16 scale), for
+// comparing against llama.cpp on the same weights; a matrix whose rows are not a multiple
+// of 32 stays F16.
+enum class GgufOutType { kF32, kF16, kBF16, kQ8_0, kQ4_0 };
 
-// "f32" | "f16" | "bf16"; throws infera::Error naming the accepted values.
+// "f32" | "f16" | "bf16" | "q8_0" | "q4_0"; throws infera::Error naming the accepted values.
 GgufOutType parse_gguf_out_type(const std::string& text);
 
 struct GgufExportOptions {
