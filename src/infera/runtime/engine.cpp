@@ -64,9 +64,17 @@ EngineCore::EngineCore(Model& model, const EngineConfig& config)
       max_context_(resolve_max_context(model, config)),
       vocab_size_(model.config().vocab_size),
       kv_(kv_shape_for(model, config)),
-      blocks_(static_cast<int32_t>(kv_.shape().num_blocks), config.block_size, config.enable_prefix_cache),
+      // A hybrid model's recurrent state after a prefix is not cached with the prefix's KV
+      // blocks, so a prefix hit could not resume: no prefix caching for them.
+      blocks_(static_cast<int32_t>(kv_.shape().num_blocks), config.block_size,
+              config.enable_prefix_cache && model.state_bytes_per_slot() == 0),
       scheduler_(config, blocks_) {
   if (vocab_size_ <= 0) fail("engine: the model reports vocab_size {}", vocab_size_);
+  if (model_.state_bytes_per_slot() > 0) {
+    model_.set_num_state_slots(config.max_num_seqs);
+    for (int32_t s = config.max_num_seqs - 1; s >= 0; --s) free_state_slots_.push_back(s);
+    if (config.enable_prefix_cache) LOG_INFO("engine: prefix caching is off for this hybrid (recurrent-state) model");
+  }
   batch_.tokens.reserve(config.max_batch_tokens);
   batch_.seqs.reserve(config.max_num_seqs);
   logits_.resize(static_cast<size_t>(config.max_num_seqs) * vocab_size_);
@@ -145,7 +153,27 @@ RequestId EngineCore::add_request(Request request, EventCallback on_event, Reque
   return out;
 }
 
+int32_t EngineCore::state_slot_for(RequestId id) {
+  if (model_.state_bytes_per_slot() == 0) return 0;
+  auto it = state_slots_.find(id);
+  if (it != state_slots_.end()) return it->second;
+  if (free_state_slots_.empty()) {
+    // Preempted sequences keep their slot while waiting, so slots can outnumber max_num_seqs.
+    const int32_t n = model_.num_state_slots();
+    model_.set_num_state_slots(n + 1);
+    free_state_slots_.push_back(n);
+  }
+  const int32_t slot = free_state_slots_.back();
+  free_state_slots_.pop_back();
+  state_slots_.emplace(id, slot);
+  return slot;
+}
+
 void EngineCore::finish(Sequence& seq, FinishReason reason, int32_t stop_token, std::string error) {
+  if (auto it = state_slots_.find(seq.id); it != state_slots_.end()) {
+    free_state_slots_.push_back(it->second);
+    state_slots_.erase(it);
+  }
   const auto now = Clock::now();
   Event e;
   e.id = seq.id;
@@ -203,6 +231,7 @@ bool EngineCore::step() {
     sc.n_blocks = static_cast<int32_t>(c.seq->block_table.size());
     sc.all_logits = false;
     sc.last_logits = c.sample;
+    sc.state_slot = state_slot_for(c.seq->id);
     batch_.seqs.push_back(sc);
     batch_.tokens.insert(batch_.tokens.end(), c.seq->tokens.begin() + c.pos0, c.seq->tokens.begin() + c.pos0 + c.n_tokens);
   }

@@ -18,6 +18,7 @@
 #include <optional>
 #include <thread>
 #include <unordered_set>
+#include <unordered_map>
 #include <vector>
 
 #include "infera/model/model.h"
@@ -100,6 +101,11 @@ class EngineCore {
   std::vector<std::pair<EventCallback*, Event>> pending_events_;
   std::vector<std::unique_ptr<Sequence>> finished_;  // kept until their events are delivered
   EngineStats counters_;
+  // Hybrid models: the recurrent-state slot each sequence owns (SeqChunk::state_slot) from
+  // its first chunk until it finishes; freed slots are reused.
+  std::unordered_map<RequestId, int32_t> state_slots_;
+  std::vector<int32_t> free_state_slots_;
+  int32_t state_slot_for(RequestId id);
 };
 
 // Events of one request, queued for a consumer thread (the server's HTTP handler).
