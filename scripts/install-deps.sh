@@ -30,7 +30,7 @@ if [ "${1:-}" = "--test" ]; then
   # Conformance references (pinned): llama.cpp through node-llama-cpp, HF tokenizers and
   # Jinja in JavaScript, the official OpenAI client.
   cd "$here/tests/conformance"
-  if [ ! -d node_modules ] || ! cmp -s package-lock.json node_modules/.package-lock.json; then
-    npm ci --no-audit --no-fund --loglevel=error
-  fi
+  # npm install (not npm ci): the lock pins every version, and npm ci rejects a lock
+  # that omits other platforms' optional prebuilt binaries of node-llama-cpp.
+  npm install --no-audit --no-fund --loglevel=error
 fi
