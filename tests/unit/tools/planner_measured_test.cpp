@@ -48,7 +48,10 @@ int64_t peak_rss_of(const std::vector<std::string>& args) {
 
 std::string prompt_ids(int n, int vocab) {
   std::string s = "[";
-  for (int i = 0; i < n; ++i) s += (i ? "," : "") + std::to_string((i * 7) % (vocab - 10) + 3);
+  for (int i = 0; i < n; ++i) {
+    if (i) s += ',';
+    s += std::to_string((i * 7) % (vocab - 10) + 3);
+  }
   return s + "]";
 }
 
