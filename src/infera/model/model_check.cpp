@@ -52,7 +52,10 @@ const std::set<std::string>& known_config_keys() {
   return keys;
 }
 
-bool runnable(Arch a) { return a == Arch::kLlama || a == Arch::kQwen3 || a == Arch::kQwen3Moe; }
+// Architectures src/infera/model/loader.cpp can load.
+bool runnable(Arch a) {
+  return a == Arch::kLlama || a == Arch::kQwen3 || a == Arch::kQwen3Moe || a == Arch::kQwen35 || a == Arch::kQwen35Moe;
+}
 
 std::optional<std::string> read_text(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);
@@ -130,7 +133,7 @@ class Checker {
       r_.context_length = cfg_->max_position_embeddings;
       if (!r_.arch_runnable) {
         warn("config", fmt::format("architecture '{}' is recognised (planning, checks) but Infera cannot run it yet "
-                                   "(runs: llama, qwen3, qwen3_moe)", r_.model_type));
+                                   "(runs: llama, qwen3, qwen3_moe, qwen3_5, qwen3_5_moe)", r_.model_type));
       }
     } catch (const Error& e) {
       error("config", e.what());

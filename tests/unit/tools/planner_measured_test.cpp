@@ -87,6 +87,7 @@ TEST_P(PlannerMeasured, WithinTenPercentOfPeakRss) {
   o.ctx = c.prompt + n_predict;  // the KV pages the run touches (the pool is reserved, not committed)
   o.concurrency = 1;
   o.prefill_chunk = 512;          // infera run's default
+  o.include_mtp = false;          // infera run does not draft: MTP weights stay unpaged, its KV untouched
   const DevicePlan d = plan_memory(cfg, o).devices.at(0);
   const double ratio = static_cast<double>(d.total_bytes) / static_cast<double>(measured);
   std::printf("[ %s ] planned %s (weights %s, KV %s, activations %s, reserve %s), measured %s, ratio %.3f\n", c.name,
@@ -105,7 +106,11 @@ INSTANTIATE_TEST_SUITE_P(
              WeightScheme::kF32, 480, 512},
         // bf16 qwen3 (q/k norms, head_dim != hidden/heads), weights used in place as bf16.
         Case{"qwen3_bf16", "--arch qwen3 --hidden 768 --layers 6 --heads 8 --kv-heads 4 --head-dim 128 --ffn 3072 --vocab 2048 --max-pos 2048 --dtype bf16",
-             WeightScheme::kBF16, 200, 256}),
+             WeightScheme::kBF16, 200, 256},
+        // hybrid qwen3_5_moe: Gated DeltaNet state, gated attention, fused experts, MTP.
+        Case{"qwen3_5_moe_f32", "--arch qwen3_5_moe --hidden 512 --layers 4 --heads 8 --kv-heads 2 --head-dim 64 --vocab 1024 --max-pos 2048 "
+             "--experts 8 --experts-per-tok 2 --moe-ffn 512 --shared-ffn 512 --lin-k-heads 4 --lin-v-heads 8 --lin-dk 64 --lin-dv 64",
+             WeightScheme::kF32, 200, 256}),
     [](const ::testing::TestParamInfo<Case>& info) { return std::string(info.param.name); });
 
 }  // namespace
