@@ -226,7 +226,7 @@ def parse_args():
     p.add_argument("--arch", choices=["llama", "qwen3_5_moe"], required=True)
     p.add_argument("--out", required=True, help="output model directory (created/overwritten)")
     p.add_argument("--seed", type=int, default=1234)
-    p.add_argument("--steps", type=int, default=None, help="default: 1200 (llama) / 600 (qwen3_5_moe)")
+    p.add_argument("--steps", type=int, default=None, help="default: 800 (llama) / 600 (qwen3_5_moe)")
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--seq-len", type=int, default=256)
     p.add_argument("--lr", type=float, default=2e-3)
@@ -240,7 +240,7 @@ def parse_args():
 
 def main():
     args = parse_args()
-    steps = args.steps if args.steps is not None else (1200 if args.arch == "llama" else 600)
+    steps = args.steps if args.steps is not None else (800 if args.arch == "llama" else 600)
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     random.seed(args.seed)
@@ -447,10 +447,11 @@ def write_model_card(out_dir, config, s):
         "## Training",
         "",
         f"Reproduce: `/usr/bin/python3 {SCRIPT_PATH} --arch {arch} --out <dir> --seed {s['seed']} --threads "
-        f"{s['threads']}` (deterministic for a fixed seed and thread count). {s['steps']} steps x {s['batch']} "
+        f"{s['threads']} --steps {s['steps']} --batch {s['batch']} --seq-len {s['seq_len']} --lr {s['lr']}` "
+        f"(deterministic for a fixed seed, thread count and BLAS library). {s['steps']} steps x {s['batch']} "
         f"sequences x {s['seq_len']} tokens, AdamW (0.9, 0.95, wd 0.1), peak lr {s['lr']}, warmup + cosine to 10 %, "
-        f"grad clip 1.0, f32. Training took {s['train_minutes']} min ({s['total_minutes']} min end to end) on 2 CPU "
-        "cores.",
+        f"grad clip 1.0, f32. Training took {s['train_minutes']} min ({s['total_minutes']} min end to end) on "
+        f"{s['threads']} thread(s) of a 2-core machine shared with compile jobs.",
         "",
         "| step | train loss | validation loss |",
         "|---:|---:|---:|",
