@@ -39,14 +39,14 @@ for threads in 1 2; do
     p="$(echo "$out" | /usr/bin/python3 -c 'import json,sys; print("%.1f" % json.load(sys.stdin)["prompt_tokens_per_s"])')"
     g="$(echo "$out" | /usr/bin/python3 -c 'import json,sys; print("%.2f" % json.load(sys.stdin)["generated_tokens_per_s"])')"
     bytes="$(du -sb --apparent-size "$dir"/*.safetensors | awk '{s+=$1} END {print s}')"
-    printf '%-22s %7s %12s %12s %12.1f\n' "infera $s" "$threads" "$p" "$g" "$(echo "$g * $bytes / 1e9" | bc -l)"
+    printf '%-22s %7s %12s %12s %12.1f\n' "infera $s" "$threads" "$p" "$g" "$(awk -v g="$g" -v b="$bytes" 'BEGIN {print g * b / 1e9}')"
   done
   for t in q8_0 q4_0; do
     out="$(node "$repo/bench/quant_llamacpp.mjs" "tl_$t.gguf" "$threads" "$prompt_tokens" "$gen_tokens")"
     p="$(echo "$out" | /usr/bin/python3 -c 'import json,sys; print("%.1f" % json.load(sys.stdin)["prompt_tokens_per_s"])')"
     g="$(echo "$out" | /usr/bin/python3 -c 'import json,sys; print("%.2f" % json.load(sys.stdin)["gen_tokens_per_s"])')"
     bytes="$(stat -c %s "tl_$t.gguf")"
-    printf '%-22s %7s %12s %12s %12.1f\n' "llama.cpp $t" "$threads" "$p" "$g" "$(echo "$g * $bytes / 1e9" | bc -l)"
+    printf '%-22s %7s %12s %12s %12.1f\n' "llama.cpp $t" "$threads" "$p" "$g" "$(awk -v g="$g" -v b="$bytes" 'BEGIN {print g * b / 1e9}')"
   done
 done
 [ -n "$bw" ] && echo "machine bandwidth (infera sysinfo): $bw GB/s; roofline fraction = GB/s (gen) / that"
