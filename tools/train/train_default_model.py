@@ -226,21 +226,29 @@ def parse_args():
     p.add_argument("--arch", choices=["llama", "qwen3_5_moe"], required=True)
     p.add_argument("--out", required=True, help="output model directory (created/overwritten)")
     p.add_argument("--seed", type=int, default=1234)
-    p.add_argument("--steps", type=int, default=None, help="default: 800 (llama) / 600 (qwen3_5_moe)")
-    p.add_argument("--batch", type=int, default=8)
-    p.add_argument("--seq-len", type=int, default=256)
+    # Per-arch defaults are the settings of the committed models; the hybrid's recurrent Gated DeltaNet loop is slow
+    # on CPU, so it trains on shorter windows.
+    p.add_argument("--steps", type=int, default=None, help="default: 800 (llama) / 1000 (qwen3_5_moe)")
+    p.add_argument("--batch", type=int, default=None, help="default: 8 (llama) / 4 (qwen3_5_moe)")
+    p.add_argument("--seq-len", type=int, default=None, help="default: 256 (llama) / 64 (qwen3_5_moe)")
     p.add_argument("--lr", type=float, default=2e-3)
-    p.add_argument("--warmup", type=int, default=100)
+    p.add_argument("--warmup", type=int, default=None, help="default: 100 (llama) / 50 (qwen3_5_moe)")
     p.add_argument("--vocab-size", type=int, default=4096)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--eval-every", type=int, default=200)
     p.add_argument("--no-node-check", action="store_true", help="skip the @lenml/tokenizers cross-check")
-    return p.parse_args()
+    args = p.parse_args()
+    llama = args.arch == "llama"
+    for name, llama_value, hybrid_value in [("steps", 800, 1000), ("batch", 8, 4), ("seq_len", 256, 64),
+                                            ("warmup", 100, 50)]:
+        if getattr(args, name) is None:
+            setattr(args, name, llama_value if llama else hybrid_value)
+    return args
 
 
 def main():
     args = parse_args()
-    steps = args.steps if args.steps is not None else (800 if args.arch == "llama" else 600)
+    steps = args.steps
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     random.seed(args.seed)
@@ -365,7 +373,8 @@ def main():
         "bos_token_id": eot, "eos_token_id": [special_ids["<|im_end|>"], eot], "pad_token_id": eot,
         "do_sample": True, "temperature": 0.8, "top_k": 40, "top_p": 0.95})
     summary = {"arch": args.arch, "params": n_params, "steps": steps, "batch": args.batch, "seq_len": args.seq_len,
-               "lr": args.lr, "seed": args.seed, "threads": args.threads, "train_minutes": round(train_minutes, 1),
+               "lr": args.lr, "warmup": args.warmup, "seed": args.seed, "threads": args.threads,
+               "train_minutes": round(train_minutes, 1),
                "total_minutes": round((time.time() - t_start) / 60, 1), "corpus": corpus_stats,
                "train_tokens": len(train_stream), "valid_tokens": len(valid_stream),
                "tokenizer_check": tokenizer_check, "final_valid": final_val, "mtp_acceptance": acceptance,
@@ -447,7 +456,8 @@ def write_model_card(out_dir, config, s):
         "## Training",
         "",
         f"Reproduce: `/usr/bin/python3 {SCRIPT_PATH} --arch {arch} --out <dir> --seed {s['seed']} --threads "
-        f"{s['threads']} --steps {s['steps']} --batch {s['batch']} --seq-len {s['seq_len']} --lr {s['lr']}` "
+        f"{s['threads']} --steps {s['steps']} --batch {s['batch']} --seq-len {s['seq_len']} --lr {s['lr']} "
+        f"--warmup {s['warmup']}` "
         f"(deterministic for a fixed seed, thread count and BLAS library). {s['steps']} steps x {s['batch']} "
         f"sequences x {s['seq_len']} tokens, AdamW (0.9, 0.95, wd 0.1), peak lr {s['lr']}, warmup + cosine to 10 %, "
         f"grad clip 1.0, f32. Training took {s['train_minutes']} min ({s['total_minutes']} min end to end) on "
