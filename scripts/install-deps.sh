@@ -9,7 +9,8 @@ if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
 pkgs=(build-essential cmake ninja-build ccache pkg-config git
       nlohmann-json3-dev libcpp-httplib-dev libcli11-dev libpcre2-dev libxxhash-dev
       libspdlog-dev libfmt-dev libyaml-cpp-dev libssl-dev zlib1g-dev
-      libgtest-dev libgmock-dev libbenchmark-dev python3 python3-numpy nodejs npm)
+      libgtest-dev libgmock-dev libbenchmark-dev python3 python3-numpy nodejs npm
+      openmpi-bin libopenmpi-dev)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
@@ -27,6 +28,10 @@ if [ ${#filtered[@]} -gt 0 ]; then
 fi
 
 if [ "${1:-}" = "--test" ]; then
+  node_major=$(node -p 'process.versions.node.split(".")[0]' 2>/dev/null || echo 0)
+  if [ "$node_major" -lt 20 ]; then
+    echo "warning: Node.js $(node --version 2>/dev/null) found; the conformance tests need Node.js >= 20 (node-llama-cpp)" >&2
+  fi
   # Conformance references (pinned): llama.cpp through node-llama-cpp, HF tokenizers and
   # Jinja in JavaScript, the official OpenAI client.
   cd "$here/tests/conformance"

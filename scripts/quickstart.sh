@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Installs dependencies, builds Infera and runs the built-in default model.
+# Installs dependencies, builds Infera and serves the built-in default model on
+# 127.0.0.1:8000 (extra arguments go to `infera serve`, e.g. --port 8080).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 scripts/install-deps.sh
 scripts/build.sh
-exec build/infera run -p "${1:-In the beginning}" -n "${2:-64}"
+exec build/infera serve "$@"
