@@ -5,7 +5,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 
@@ -37,9 +39,16 @@ MappedFile::MappedFile(const std::string& path, bool load_into_memory) : path_(p
       ::close(fd);
       fail("{}: out of memory reading {} bytes", path, size_);
     }
+    // Multi-GB files show progress on a terminal.
+    const bool show = size_ >= (size_t{256} << 20) && isatty(STDERR_FILENO);
+    const size_t step = size_t{64} << 20;
     size_t done = 0;
     while (done < size_) {
-      ssize_t n = ::pread(fd, data_ + done, size_ - done, static_cast<off_t>(done));
+      if (show) {
+        std::fprintf(stderr, "\rreading %s: %3d%%", path.c_str(), static_cast<int>(100.0 * done / size_));
+        std::fflush(stderr);
+      }
+      ssize_t n = ::pread(fd, data_ + done, std::min(step, size_ - done), static_cast<off_t>(done));
       if (n <= 0) {
         int e = errno;
         ::close(fd);
@@ -49,6 +58,7 @@ MappedFile::MappedFile(const std::string& path, bool load_into_memory) : path_(p
       }
       done += static_cast<size_t>(n);
     }
+    if (show) std::fprintf(stderr, "\rreading %s: 100%%\n", path.c_str());
   } else {
     void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
     if (p == MAP_FAILED) {

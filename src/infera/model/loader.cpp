@@ -1,3 +1,6 @@
+#include <map>
+#include <string>
+
 #include "infera/base/error.h"
 #include "infera/base/log.h"
 #include "infera/base/timer.h"
@@ -21,6 +24,14 @@ std::unique_ptr<Model> load_model(const std::string& dir, const LoadOptions& opt
   ModelConfig cfg = load_model_config(dir);
   WeightStore store = WeightStore::open(dir, options.load_into_memory);
   const size_t mapped = store.mapped_bytes();
+  // "bf16" or "f32+bf16": the dtypes the weights are stored (and computed) in.
+  std::map<std::string, size_t> dtype_bytes;
+  for (const auto& name : store.names()) {
+    const TensorInfo& t = store.get(name);
+    dtype_bytes[std::string(dtype_name(t.dtype))] += t.nbytes;
+  }
+  std::string dtypes;
+  for (const auto& [name, bytes] : dtype_bytes) dtypes += (dtypes.empty() ? "" : "+") + name;
   std::unique_ptr<Model> model;
   switch (cfg.arch) {
     case Arch::kLlama:
