@@ -5,6 +5,7 @@
 #include <memory>
 #include <random>
 #include <sstream>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 
@@ -15,6 +16,9 @@
 #include "infera/cli/command.h"
 #include "infera/cli/model_paths.h"
 #include "infera/model/model.h"
+#include "infera/model/parallel_model.h"
+#include "infera/parallel/communicator.h"
+#include "infera/parallel/launch.h"
 #include "infera/runtime/block_allocator.h"
 #include "infera/runtime/sampler.h"
 #include "infera/runtime/sequence_runner.h"
@@ -44,16 +48,71 @@ struct RunOptions {
   bool ignore_eos = false;
   bool no_mmap = false;
   std::string logits_file;  // raw f32 logits of the prompt's last position
+  // Tensor / expert parallelism (docs/parallel.md).
+  int32_t tp = 1;
+  int32_t ep = 1;
+  double tp_timeout = 300.0;
+  bool tp_textbook_sync = false;
 };
 
-int run(const RunOptions& o) {
-  set_num_threads(o.threads);
+// What each rank reports to rank 0 at the end of a parallel run.
+struct RankReport {
+  int64_t vm_hwm_kib = 0;
+  int64_t vm_rss_kib = 0;
+  int64_t collectives = 0;
+  int64_t bytes = 0;
+  double comm_seconds = 0;
+};
+
+RankReport own_report(const parallel::Communicator& comm) {
+  const parallel::CommStats& st = comm.stats();
+  return RankReport{parallel::peak_rss_kib(), parallel::current_rss_kib(), st.calls(), st.bytes(), st.seconds()};
+}
+
+int generate(const RunOptions& o, parallel::Communicator* comm) {
+  const bool group = comm != nullptr;
+  const int rank = group ? comm->rank() : 0;
+  int threads = o.threads;
+  if (group && threads == 0) {
+    // Ranks sharing a host share its cores: all cores each would oversubscribe them.
+    const int local = std::max(1, std::atoi(std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE") ? std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE") : "1"));
+    threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / local);
+  }
+  set_num_threads(threads);
   const std::string dir = o.model_dir.empty() ? default_model_dir() : o.model_dir;
   LoadOptions load;
   load.load_into_memory = o.no_mmap;
   load.max_batch_tokens = o.chunk;
+  if (group) {
+    parallel::check_same_model_files(*comm, dir);
+    load.parallel.comm = comm;
+    load.parallel.tp = o.tp;
+    load.parallel.ep = o.ep;
+    load.parallel.merged_sync = !o.tp_textbook_sync;
+    comm->set_watchdog_seconds(o.tp_timeout);
+    if (o.no_mmap) LOG_WARN("--no-mmap with --tp/--ep: every rank reads the whole checkpoint into memory");
+  }
   std::unique_ptr<Model> model = load_model(dir, load);
   const ModelConfig& cfg = model->config();
+  const int64_t block_size = 16;
+  const int64_t num_blocks = (o.ctx + block_size - 1) / block_size;
+
+  if (group && rank != 0) {
+    // Mirror rank 0's steps on this rank's shard until it is done, then report.
+    KvPoolShape shape = model->kv_shape(block_size);
+    shape.num_blocks = num_blocks;
+    KvPool kv(shape);
+    run_parallel_worker(*model, kv, *comm, load.parallel.merged_sync);
+    const RankReport mine = own_report(*comm);
+    comm->gather(&mine, sizeof(mine), nullptr, 0);
+    return 0;
+  }
+  ParallelModel* parallel_model = nullptr;
+  if (group) {
+    auto wrapped = std::make_unique<ParallelModel>(std::move(model), *comm, load.parallel.merged_sync);
+    parallel_model = wrapped.get();
+    model = std::move(wrapped);
+  }
 
   std::optional<Tokenizer> tok;
   std::vector<int32_t> prompt;
@@ -86,9 +145,8 @@ int run(const RunOptions& o) {
     fail("prompt ({} tokens) + -n {} exceeds the context of {} tokens; raise --ctx", prompt.size(), o.n_predict, o.ctx);
   }
 
-  const int64_t block_size = 16;
   KvPoolShape shape = model->kv_shape(block_size);
-  shape.num_blocks = (o.ctx + block_size - 1) / block_size;
+  shape.num_blocks = num_blocks;
   KvPool kv(shape);
   BlockAllocator blocks(static_cast<int32_t>(shape.num_blocks));
   SequenceRunner runner(*model, kv, blocks, o.chunk);
@@ -126,6 +184,8 @@ int run(const RunOptions& o) {
     f.write(reinterpret_cast<const char*>(logits.data()), logits.size() * sizeof(float));
   }
 
+  const parallel::CommStats comm_before_decode = group ? comm->stats() : parallel::CommStats{};
+  int64_t decode_steps = 0;
   Timer decode_timer;
   for (int32_t i = 0; i < o.n_predict; ++i) {
     const int32_t next = sampler.sample(logits.data(), history);
@@ -139,6 +199,7 @@ int run(const RunOptions& o) {
     }
     if (i + 1 == o.n_predict) break;
     out = runner.feed(std::span<const int32_t>(&next, 1));
+    ++decode_steps;
     std::copy(out, out + cfg.vocab_size, logits.begin());
   }
   if (detok && !o.json) {
@@ -146,6 +207,35 @@ int run(const RunOptions& o) {
     std::fwrite(rest.data(), 1, rest.size(), stdout);
   }
   const double decode_s = decode_timer.seconds();
+  nlohmann::json parallel_json;
+  if (group) {
+    const parallel::CommStats& now = comm->stats();
+    const int64_t calls = now.calls() - comm_before_decode.calls();
+    const int64_t bytes = now.bytes() - comm_before_decode.bytes();
+    const double secs = now.seconds() - comm_before_decode.seconds();
+    parallel_model->stop_workers();
+    std::vector<RankReport> reports(static_cast<size_t>(comm->size()));
+    const RankReport mine = own_report(*comm);
+    comm->gather(&mine, sizeof(mine), reports.data(), 0);
+    nlohmann::json ranks = nlohmann::json::array();
+    for (int r = 0; r < comm->size(); ++r) {
+      const RankReport& rr = reports[r];
+      ranks.push_back({{"rank", r}, {"vm_hwm_kib", rr.vm_hwm_kib}, {"vm_rss_kib", rr.vm_rss_kib},
+                       {"collectives", rr.collectives}, {"bytes", rr.bytes}, {"comm_seconds", rr.comm_seconds}});
+    }
+    const double steps = std::max<int64_t>(decode_steps, 1);
+    parallel_json = {{"tp", o.tp},
+                     {"ep", o.ep},
+                     {"sync", o.tp_textbook_sync ? "textbook" : "merged"},
+                     {"decode_collectives_per_token", calls / steps},
+                     {"decode_bytes_per_token", bytes / steps},
+                     {"decode_comm_share", decode_s > 0 ? secs / decode_s : 0.0},
+                     {"ranks", ranks}};
+    if (!o.json) {
+      std::fprintf(stderr, "tp %d ep %d: %.1f collectives and %.0f bytes per decode token, %.1f%% of decode time in collectives\n",
+                   o.tp, o.ep, calls / steps, bytes / steps, decode_s > 0 ? 100.0 * secs / decode_s : 0.0);
+    }
+  }
   // The first generated token comes from the prefill logits; decode time covers the rest.
   const double gen_tps = generated.size() > 1 ? (generated.size() - 1) / decode_s : 0.0;
   const double prompt_tps = prompt.size() / prefill_s;
@@ -156,12 +246,39 @@ int run(const RunOptions& o) {
                         {"generated_tokens", generated.size()},
                         {"generated_tokens_per_s", gen_tps}};
     if (tok) j["text"] = tok->decode(generated);
+    if (group) j["parallel"] = parallel_json;
     std::printf("%s\n", j.dump().c_str());
   } else {
     std::printf("\n\nprompt: %zu tokens, %.2f tokens/s | generated: %zu tokens, %.2f tokens/s\n", prompt.size(),
                 prompt_tps, generated.size(), gen_tps);
   }
   return 0;
+}
+
+// Entry: one process, or one rank of a group. `infera run --tp N` outside mpirun restarts
+// itself as N ranks under mpirun; under mpirun the world size is the group (--tp defaults
+// to it when neither --tp nor --ep is given).
+int run(std::shared_ptr<RunOptions> opts) {
+  RunOptions& o = *opts;
+  if (!parallel::launched_by_mpi()) {
+    const int ranks = std::max(o.tp, o.ep);
+    if (ranks > 1) parallel::relaunch_under_mpirun(ranks);
+    return generate(o, nullptr);
+  }
+  if (parallel::launcher_world_size() > 1 && o.tp == 1 && o.ep == 1) o.tp = parallel::launcher_world_size();
+  std::unique_ptr<parallel::Communicator> comm = parallel::make_mpi_communicator();
+  if (comm->rank() != 0) spdlog::set_level(std::max(spdlog::get_level(), spdlog::level::warn));
+  int code = 0;
+  try {
+    code = generate(o, comm.get());
+  } catch (const std::exception& e) {
+    // The other ranks may be waiting in a collective for this one: end them all.
+    std::fflush(stdout);
+    std::fprintf(stderr, "error: rank %d of %d: %s\n", comm->rank(), comm->size(), e.what());
+    comm->abort(1);
+  }
+  comm->finalize();
+  return code;
 }
 
 void setup(CLI::App& app) {
@@ -189,7 +306,15 @@ void setup(CLI::App& app) {
   cmd->add_flag("--ignore-eos", o->ignore_eos, "Keep generating after end-of-sequence tokens");
   cmd->add_flag("--no-mmap", o->no_mmap, "Read weights into memory instead of mapping the files");
   cmd->add_option("--logits-file", o->logits_file, "Write the prompt's last-position logits (raw f32)");
-  cmd->callback([o] { set_exit_code(run(*o)); });
+  cmd->add_option("--tp", o->tp, "Tensor-parallel ranks: attention heads, MLP and vocabulary split over N processes "
+                                 "(started with mpirun on this host unless already under mpirun)")
+      ->default_val(1)->check(CLI::PositiveNumber);
+  cmd->add_option("--ep", o->ep, "Expert-parallel ranks (MoE models): experts split over N processes")
+      ->default_val(1)->check(CLI::PositiveNumber);
+  cmd->add_option("--tp-timeout", o->tp_timeout, "Seconds a rank waits in one collective before it declares a peer hung and ends the group (0: never)")
+      ->default_val(300)->check(CLI::NonNegativeNumber);
+  cmd->add_flag("--tp-textbook-sync", o->tp_textbook_sync, "Benchmarking: the unmerged sync sequence (more collectives per step)");
+  cmd->callback([o] { set_exit_code(run(o)); });
 }
 
 }  // namespace

@@ -148,6 +148,7 @@ void MoeFfn::forward(const MoeWeights& w, const float* x, int64_t T, int64_t H, 
     const int64_t n = groups_.count(e);
     if (n == 0) continue;
     if (counts) counts[e] += static_cast<uint64_t>(n);
+    if (w.gate[e].data == nullptr) continue;  // expert parallel: another rank computes this expert
     const int64_t I = w.gate[e].rows;
     const int32_t* rows = groups_.rows.data() + groups_.offsets[e];
     xg_.resize(static_cast<size_t>(n * H));

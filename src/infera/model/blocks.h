@@ -51,7 +51,7 @@ void swiglu(const SwigluWeights& w, const float* x, int64_t T, float* y, std::ve
 
 struct MoeWeights {
   kernels::MatRef router{};                          // [E, H]
-  std::vector<kernels::MatRef> gate, up, down;       // per expert: [I, H], [I, H], [H, I]
+  std::vector<kernels::MatRef> gate, up, down;       // per expert: [I, H], [I, H], [H, I]; data null: another rank's (EP)
   SwigluWeights shared;                              // Qwen3-Next / Qwen3.5 shared expert (empty: none)
   kernels::MatRef shared_gate{};                     // [1, H]: sigmoid gate of the shared expert
   int64_t top_k = 0;

@@ -18,6 +18,7 @@
 #include "infera/model/model.h"
 #include "infera/model/quantized_weights.h"
 #include "infera/model/rope.h"
+#include "infera/model/tensor_parallel.h"
 #include "infera/model/weights.h"
 
 namespace infera {
@@ -38,7 +39,7 @@ struct LlamaLayer {
 class LlamaModel final : public Model {
  public:
   LlamaModel(const ModelConfig& cfg, WeightStore store, const LoadOptions& options)
-      : store_(std::move(store)) {
+      : store_(std::move(store)), shard_(options.parallel, cfg, store_.dir(), !options.load_into_memory) {
     config_ = cfg;
     const int64_t H = cfg.hidden_size, F = cfg.intermediate_size, V = cfg.vocab_size;
     const int64_t nh = cfg.num_heads, nkv = cfg.num_kv_heads, hd = cfg.head_dim;
@@ -75,6 +76,7 @@ class LlamaModel final : public Model {
       L.w_gate = bind(p + "mlp.gate_proj.weight", F, H);
       L.w_up = bind(p + "mlp.up_proj.weight", F, H);
       L.w_down = bind(p + "mlp.down_proj.weight", H, F);
+      shard_layer(L);
     }
     rope_ = compute_rope_tables(cfg.rope, cfg.rope.rotary_dim);
     reserve_scratch(std::max(options.max_batch_tokens, 1));
@@ -84,7 +86,7 @@ class LlamaModel final : public Model {
     KvPoolShape s;
     s.num_layers = config_.num_layers;
     s.block_size = block_size;
-    s.n_kv_heads = config_.num_kv_heads;
+    s.n_kv_heads = shard_.kv_heads.size();  // this rank's KV heads (all of them without TP)
     s.head_dim = config_.head_dim;
     return s;
   }
@@ -106,6 +108,24 @@ class LlamaModel final : public Model {
   void forward(const ForwardBatch& batch, KvPool& kv, float* logits) override;
 
  private:
+  // Tensor parallel: keep this rank's heads (q/k/v rows, o_proj columns) and MLP columns
+  // (gate/up rows, down columns). No-op without TP (every range is whole).
+  void shard_layer(LlamaLayer& L) {
+    const int64_t hd = config_.head_dim;
+    const parallel::Range q{shard_.heads.begin * hd, shard_.heads.end * hd};
+    const parallel::Range kv{shard_.kv_heads.begin * hd, shard_.kv_heads.end * hd};
+    L.wq = shard_.rows(L.wq, q);
+    L.wk = shard_.rows(L.wk, kv);
+    L.wv = shard_.rows(L.wv, kv);
+    L.wo = shard_.columns(L.wo, q);
+    L.bq = TensorShard::slice(L.bq, q);
+    L.bk = TensorShard::slice(L.bk, kv);
+    L.bv = TensorShard::slice(L.bv, kv);  // bo is added once, after the all-reduce
+    L.w_gate = shard_.rows(L.w_gate, shard_.ffn);
+    L.w_up = shard_.rows(L.w_up, shard_.ffn);
+    L.w_down = shard_.columns(L.w_down, shard_.ffn);
+  }
+
   void reserve_scratch(int64_t n_tokens) {
     const ModelConfig& c = config_;
     if (n_tokens <= scratch_tokens_) return;
@@ -122,6 +142,7 @@ class LlamaModel final : public Model {
   }
 
   WeightStore store_;
+  TensorShard shard_;                  // this rank's part (everything without TP)
   LinearWeight embed_;                 // [V, H]
   std::vector<float> final_norm_;      // [H]
   LinearWeight lm_head_;               // [V, H]
@@ -150,17 +171,15 @@ void LlamaModel::forward(const ForwardBatch& batch, KvPool& kv, float* logits) {
   const int64_t T = static_cast<int64_t>(batch.tokens.size());
   if (T == 0) return;
   reserve_scratch(T);
-  const int64_t H = c.hidden_size, F = c.intermediate_size;
-  const int64_t nh = c.num_heads, nkv = c.num_kv_heads, hd = c.head_dim;
+  // This rank's heads and MLP columns (all of them without TP).
+  const int64_t H = c.hidden_size, F = shard_.ffn.size();
+  const int64_t nh = shard_.heads.size(), nkv = shard_.kv_heads.size(), hd = c.head_dim;
   const int64_t kv_row = nkv * hd;
   const int64_t bs = kv.shape().block_size;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
 
-  for (int64_t t = 0; t < T; ++t) {
-    const int32_t tok = batch.tokens[t];
-    INFERA_ASSERT(tok >= 0 && tok < c.vocab_size, "token id out of range");
-    linear_row(embed_, tok, x_.data() + t * H);
-  }
+  for (const int32_t tok : batch.tokens) INFERA_ASSERT(tok >= 0 && tok < c.vocab_size, "token id out of range");
+  shard_.embed(batch.tokens.data(), T, H, x_.data(), [&](int32_t tok, float* row) { linear_row(embed_, tok, row); });
   for (const SeqChunk& s : batch.seqs) {
     for (int32_t i = 0; i < s.n_tokens; ++i) positions_[s.token_begin + i] = s.pos0 + i;
   }
@@ -197,14 +216,18 @@ void LlamaModel::forward(const ForwardBatch& batch, KvPool& kv, float* logits) {
                                attn_.data() + s.token_begin * nh * hd);
     }
     kernels::linear(attn_.data(), T, L.wo, xn_.data());
+    shard_.all_reduce(xn_.data(), T * H, shard_.tensor_parallel());  // row-parallel o_proj: sum the heads' parts
     add_bias(xn_.data(), L.bo, T);
     kernels::add(x_.data(), xn_.data(), T * H);
+    // The last layer's MLP feeds only the logits: without them, skip it (and its all-reduce).
+    if (l + 1 == c.num_layers && (batch.num_logit_rows() == 0 || logits == nullptr) && shard_.merged_sync()) break;
 
     kernels::rmsnorm(x_.data(), L.ffn_norm.data(), xn_.data(), T, H, c.rms_norm_eps);
     kernels::linear(xn_.data(), T, L.w_gate, gate_.data());
     kernels::linear(xn_.data(), T, L.w_up, up_.data());
     kernels::silu_mul(gate_.data(), up_.data(), T * F);
     kernels::linear(gate_.data(), T, L.w_down, xn_.data());
+    shard_.all_reduce(xn_.data(), T * H, shard_.tensor_parallel());  // row-parallel down
     kernels::add(x_.data(), xn_.data(), T * H);
   }
 
@@ -223,7 +246,7 @@ void LlamaModel::forward(const ForwardBatch& batch, KvPool& kv, float* logits) {
     }
   }
   kernels::rmsnorm(rows_.data(), final_norm_.data(), rows_.data(), R, H, c.rms_norm_eps);
-  kernels::linear(rows_.data(), R, lm_head_, logits);
+  shard_.logits(rows_.data(), R, lm_head_, logits);  // TP: vocabulary split, gathered to rank 0
 }
 
 }  // namespace

@@ -43,14 +43,19 @@ std::unique_ptr<Model> load_model(const std::string& dir, const LoadOptions& opt
       break;
     case Arch::kQwen35:
     case Arch::kQwen35Moe:
+      if (options.parallel.distributed()) {
+        fail("{}: tensor/expert parallelism supports llama, qwen3 and qwen3_moe; {} (Gated DeltaNet layers) runs "
+             "with --tp 1 --ep 1 for now",
+             dir, cfg.model_type);
+      }
       model = create_qwen35_model(cfg, std::move(store), options);
       break;
     default:
       fail("{}: architecture '{}' is recognised but not implemented yet (supported: llama, qwen3, qwen3_moe, qwen3_5, qwen3_5_moe)", dir,
            cfg.model_type);
   }
-  LOG_INFO("loaded {} ({}): {} layers, hidden {}, {:.2f} M parameters, {:.1f} MiB {} in {:.2f} s", dir,
-           arch_name(cfg.arch), cfg.num_layers, cfg.hidden_size, model->num_parameters() / 1e6,
+  LOG_INFO("loaded {} ({}): {} layers, hidden {}, {:.2f} M parameters, {}, {:.1f} MiB {} in {:.2f} s", dir,
+           arch_name(cfg.arch), cfg.num_layers, cfg.hidden_size, model->num_parameters() / 1e6, dtypes,
            mapped / 1048576.0, options.load_into_memory ? "read into memory" : "mapped", timer.seconds());
   return model;
 }

@@ -10,6 +10,7 @@
 
 #include "infera/model/config.h"
 #include "infera/model/kv_pool.h"
+#include "infera/parallel/plan.h"
 
 namespace infera {
 
@@ -40,6 +41,9 @@ struct ForwardBatch {
 struct LoadOptions {
   bool load_into_memory = false;  // read weights into RAM instead of mmap
   int32_t max_batch_tokens = 512; // scratch buffers are sized for this many tokens
+  // Tensor / expert parallelism: which part of the model this rank loads and the group it
+  // syncs with (docs/parallel.md). Default: one process, the whole model.
+  parallel::ParallelPlan parallel;
 };
 
 class Model {

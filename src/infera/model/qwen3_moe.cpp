@@ -14,6 +14,7 @@
 #include "infera/model/blocks.h"
 #include "infera/model/model.h"
 #include "infera/model/rope.h"
+#include "infera/model/tensor_parallel.h"
 #include "infera/model/weights.h"
 
 namespace infera {
@@ -32,7 +33,8 @@ struct MoeLayer {
 
 class Qwen3MoeModel final : public Model {
  public:
-  Qwen3MoeModel(const ModelConfig& cfg, WeightStore store, const LoadOptions& options) : store_(std::move(store)) {
+  Qwen3MoeModel(const ModelConfig& cfg, WeightStore store, const LoadOptions& options)
+      : store_(std::move(store)), shard_(options.parallel, cfg, store_.dir(), !options.load_into_memory) {
     config_ = cfg;
     if (cfg.attention_bias) fail("{}: attention_bias is not supported for qwen3_moe", store_.dir());
     const int64_t H = cfg.hidden_size, V = cfg.vocab_size;
@@ -58,6 +60,7 @@ class Qwen3MoeModel final : public Model {
       } else {
         L.mlp = load_swiglu(store_, p + "mlp.", H, cfg.intermediate_size);
       }
+      shard_layer(L);
     }
     counts_.assign(static_cast<size_t>(cfg.num_layers) * cfg.num_experts, 0);
     rope_ = compute_rope_tables(cfg.rope, cfg.rope.rotary_dim);
@@ -68,7 +71,7 @@ class Qwen3MoeModel final : public Model {
     KvPoolShape s;
     s.num_layers = config_.num_layers;
     s.block_size = block_size;
-    s.n_kv_heads = config_.num_kv_heads;
+    s.n_kv_heads = shard_.kv_heads.size();  // this rank's KV heads (all of them without TP)
     s.head_dim = config_.head_dim;
     return s;
   }
@@ -95,6 +98,36 @@ class Qwen3MoeModel final : public Model {
   void forward(const ForwardBatch& batch, KvPool& kv, float* logits) override;
 
  private:
+  // This rank's part: attention heads and dense-MLP columns under TP; under EP the experts
+  // of its range (the others' weights are never touched); under TP without EP a column
+  // slice of every expert. No-op in one process.
+  void shard_layer(MoeLayer& L) {
+    const int64_t hd = config_.head_dim;
+    const parallel::Range q{shard_.heads.begin * hd, shard_.heads.end * hd};
+    const parallel::Range kv{shard_.kv_heads.begin * hd, shard_.kv_heads.end * hd};
+    L.wq = shard_.rows(L.wq, q);
+    L.wk = shard_.rows(L.wk, kv);
+    L.wv = shard_.rows(L.wv, kv);
+    L.wo = shard_.columns(L.wo, q);
+    if (!L.moe) {
+      L.mlp.gate = shard_.rows(L.mlp.gate, shard_.ffn);
+      L.mlp.up = shard_.rows(L.mlp.up, shard_.ffn);
+      L.mlp.down = shard_.columns(L.mlp.down, shard_.ffn);
+      return;
+    }
+    MoeWeights& w = L.experts;
+    for (int64_t e = 0; e < w.n_experts(); ++e) {
+      if (!shard_.experts.contains(e)) {  // another rank's expert: MoeFfn skips a null matrix
+        w.gate[e].data = w.up[e].data = w.down[e].data = nullptr;
+        continue;
+      }
+      w.gate[e] = shard_.rows(w.gate[e], shard_.expert_ffn, shard_.expert_parallel());
+      w.up[e] = shard_.rows(w.up[e], shard_.expert_ffn, shard_.expert_parallel());
+      w.down[e] = shard_.expert_parallel() ? shard_.rows(w.down[e], {0, w.down[e].rows}, /*own=*/true)
+                                           : shard_.columns(w.down[e], shard_.expert_ffn);
+    }
+  }
+
   void reserve(int64_t T) {
     const ModelConfig& c = config_;
     x_.resize(T * c.hidden_size);
@@ -106,6 +139,7 @@ class Qwen3MoeModel final : public Model {
   }
 
   WeightStore store_;
+  TensorShard shard_;                  // this rank's part (everything in one process)
   const TensorInfo* embed_ = nullptr;  // [V, H]
   std::vector<float> final_norm_;      // [H]
   MatRef lm_head_{};                   // [V, H]
@@ -125,14 +159,11 @@ void Qwen3MoeModel::forward(const ForwardBatch& batch, KvPool& kv, float* logits
   const int64_t T = static_cast<int64_t>(batch.tokens.size());
   if (T == 0) return;
   if (static_cast<int64_t>(x_.size()) < T * c.hidden_size) reserve(T);
-  const int64_t H = c.hidden_size, nh = c.num_heads, nkv = c.num_kv_heads, hd = c.head_dim;
+  const int64_t H = c.hidden_size, nh = shard_.heads.size(), nkv = shard_.kv_heads.size(), hd = c.head_dim;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
 
-  for (int64_t t = 0; t < T; ++t) {
-    const int32_t tok = batch.tokens[t];
-    INFERA_ASSERT(tok >= 0 && tok < c.vocab_size, "token id out of range");
-    embedding_row(*embed_, tok, x_.data() + t * H);
-  }
+  for (const int32_t tok : batch.tokens) INFERA_ASSERT(tok >= 0 && tok < c.vocab_size, "token id out of range");
+  shard_.embed(batch.tokens.data(), T, H, x_.data(), [&](int32_t tok, float* row) { embedding_row(*embed_, tok, row); });
   batch_positions(batch, positions_);
 
   for (int64_t l = 0; l < c.num_layers; ++l) {
@@ -147,7 +178,10 @@ void Qwen3MoeModel::forward(const ForwardBatch& batch, KvPool& kv, float* logits
     kernels::rope_neox(k_.data(), T, nkv, hd, c.rope.rotary_dim, positions_.data(), rope_.inv_freq.data(), rope_.attn_factor);
     paged_attention(batch, kv, l, q_.data(), k_.data(), v_.data(), nh, nkv, hd, scale, attn_.data());
     kernels::matmul(attn_.data(), T, L.wo, xn_.data());
+    shard_.all_reduce(xn_.data(), T * H, shard_.tensor_parallel());  // row-parallel o_proj
     kernels::add(x_.data(), xn_.data(), T * H);
+    // The last layer's FFN feeds only the logits: without them, skip it (and its all-reduce).
+    if (l + 1 == c.num_layers && (batch.num_logit_rows() == 0 || logits == nullptr) && shard_.merged_sync()) break;
 
     kernels::rmsnorm(x_.data(), L.ffn_norm.data(), xn_.data(), T, H, c.rms_norm_eps);
     ffn_out_.resize(static_cast<size_t>(T * H));
@@ -156,6 +190,8 @@ void Qwen3MoeModel::forward(const ForwardBatch& batch, KvPool& kv, float* logits
     } else {
       swiglu(L.mlp, xn_.data(), T, ffn_out_.data(), ffn_scratch_);
     }
+    // Partial sums: experts split by rank (EP) or by columns (TP); dense MLP split by TP.
+    shard_.all_reduce(ffn_out_.data(), T * H, shard_.tensor_parallel() || (L.moe && shard_.expert_parallel()));
     kernels::add(x_.data(), ffn_out_.data(), T * H);
   }
 
@@ -163,7 +199,7 @@ void Qwen3MoeModel::forward(const ForwardBatch& batch, KvPool& kv, float* logits
   if (R == 0 || logits == nullptr) return;
   gather_logit_rows(batch, x_.data(), H, rows_);
   kernels::rmsnorm(rows_.data(), final_norm_.data(), rows_.data(), R, H, c.rms_norm_eps);
-  kernels::matmul(rows_.data(), R, lm_head_, logits);
+  shard_.logits(rows_.data(), R, lm_head_, logits);  // TP: vocabulary split, gathered to rank 0
 }
 
 }  // namespace

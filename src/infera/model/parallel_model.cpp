@@ -1,0 +1,147 @@
+#include "infera/model/parallel_model.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "infera/base/error.h"
+
+namespace infera {
+
+namespace {
+
+// The step message, int32 words:
+//   [0] total words  [1] op  [2] want_logits  [3] n_tokens  [4] n_seqs  [5] total block ids
+//   tokens[n_tokens]
+//   per chunk: token_begin, n_tokens, pos0, n_blocks, flags (1 all_logits | 2 last_logits), state_slot
+//   block ids of every chunk, concatenated
+// Merged sync sends the first kInlineWords words in one fixed-size broadcast (a decode step
+// of a few sequences fits whole) and only longer messages need a second one.
+constexpr int32_t kOpForward = 1;
+constexpr int32_t kOpStop = 2;
+constexpr int64_t kHeaderWords = 6;
+constexpr int64_t kChunkWords = 6;
+constexpr int64_t kInlineWords = 256;  // 1 KiB: one sequence decoding at 3800 tokens of context still fits
+
+void encode(const ForwardBatch& b, int32_t op, bool want_logits, std::vector<int32_t>& m) {
+  int64_t blocks = 0;
+  for (const SeqChunk& s : b.seqs) blocks += s.n_blocks;
+  const int64_t T = static_cast<int64_t>(b.tokens.size()), S = static_cast<int64_t>(b.seqs.size());
+  m.clear();
+  m.reserve(static_cast<size_t>(kHeaderWords + T + S * kChunkWords + blocks));
+  m.insert(m.end(), {0, op, want_logits ? 1 : 0, static_cast<int32_t>(T), static_cast<int32_t>(S),
+                     static_cast<int32_t>(blocks)});
+  m.insert(m.end(), b.tokens.begin(), b.tokens.end());
+  for (const SeqChunk& s : b.seqs) {
+    m.insert(m.end(), {s.token_begin, s.n_tokens, s.pos0, s.n_blocks,
+                       (s.all_logits ? 1 : 0) | (s.last_logits ? 2 : 0), s.state_slot});
+  }
+  for (const SeqChunk& s : b.seqs) m.insert(m.end(), s.block_table, s.block_table + s.n_blocks);
+  m[0] = static_cast<int32_t>(m.size());
+}
+
+// Rebuilds the batch; block tables point into `blocks`.
+void decode(const std::vector<int32_t>& m, ForwardBatch& b, std::vector<int32_t>& blocks) {
+  const int64_t T = m[3], S = m[4], B = m[5];
+  INFERA_ASSERT(static_cast<int64_t>(m.size()) >= kHeaderWords + T + S * kChunkWords + B, "short step message");
+  const int32_t* p = m.data() + kHeaderWords;
+  b.tokens.assign(p, p + T);
+  p += T;
+  const int32_t* chunks = p;
+  blocks.assign(p + S * kChunkWords, p + S * kChunkWords + B);
+  b.seqs.resize(static_cast<size_t>(S));
+  int64_t off = 0;
+  for (int64_t i = 0; i < S; ++i) {
+    const int32_t* c = chunks + i * kChunkWords;
+    SeqChunk& s = b.seqs[i];
+    s.token_begin = c[0];
+    s.n_tokens = c[1];
+    s.pos0 = c[2];
+    s.n_blocks = c[3];
+    s.all_logits = (c[4] & 1) != 0;
+    s.last_logits = (c[4] & 2) != 0;
+    s.state_slot = c[5];
+    s.block_table = blocks.data() + off;
+    off += s.n_blocks;
+  }
+}
+
+void send(parallel::Communicator& comm, std::vector<int32_t>& m, bool merged) {
+  if (merged) {
+    const int64_t total = static_cast<int64_t>(m.size());
+    m.resize(static_cast<size_t>(std::max(total, kInlineWords)));
+    comm.broadcast(m.data(), kInlineWords * 4, 0);
+    if (total > kInlineWords) comm.broadcast(m.data() + kInlineWords, (total - kInlineWords) * 4, 0);
+    m.resize(static_cast<size_t>(total));
+    return;
+  }
+  // Textbook: the header, then the token ids, then the chunk layout and block tables.
+  const int64_t T = m[3];
+  comm.broadcast(m.data(), kHeaderWords * 4, 0);
+  if (T > 0) comm.broadcast(m.data() + kHeaderWords, T * 4, 0);
+  const int64_t rest = static_cast<int64_t>(m.size()) - kHeaderWords - T;
+  if (rest > 0) comm.broadcast(m.data() + kHeaderWords + T, rest * 4, 0);
+}
+
+void receive(parallel::Communicator& comm, std::vector<int32_t>& m, bool merged) {
+  parallel::Communicator::IdleWait idle(comm);  // the next step may be far away (a server idles)
+  if (merged) {
+    m.resize(static_cast<size_t>(kInlineWords));
+    comm.broadcast(m.data(), kInlineWords * 4, 0);
+    const int64_t total = m[0];
+    INFERA_ASSERT(total >= kHeaderWords, "bad step message");
+    if (total > kInlineWords) {
+      m.resize(static_cast<size_t>(total));
+      comm.broadcast(m.data() + kInlineWords, (total - kInlineWords) * 4, 0);
+    }
+    return;
+  }
+  m.resize(static_cast<size_t>(kHeaderWords));
+  comm.broadcast(m.data(), kHeaderWords * 4, 0);
+  const int64_t T = m[3], S = m[4], B = m[5];
+  m.resize(static_cast<size_t>(kHeaderWords + T + S * kChunkWords + B));
+  if (T > 0) comm.broadcast(m.data() + kHeaderWords, T * 4, 0);
+  const int64_t rest = S * kChunkWords + B;
+  if (rest > 0) comm.broadcast(m.data() + kHeaderWords + T, rest * 4, 0);
+}
+
+}  // namespace
+
+ParallelModel::ParallelModel(std::unique_ptr<Model> local, parallel::Communicator& comm, bool merged_sync)
+    : local_(std::move(local)), comm_(comm), merged_sync_(merged_sync) {
+  INFERA_ASSERT(comm.rank() == 0, "only rank 0 drives a parallel model");
+  config_ = local_->config();
+}
+
+void ParallelModel::forward(const ForwardBatch& batch, KvPool& kv, float* logits) {
+  INFERA_ASSERT(!stopped_, "forward after stop_workers");
+  if (batch.tokens.empty()) return;
+  encode(batch, kOpForward, logits != nullptr, message_);
+  send(comm_, message_, merged_sync_);
+  local_->forward(batch, kv, logits);
+}
+
+void ParallelModel::stop_workers() {
+  if (stopped_) return;
+  stopped_ = true;
+  encode(ForwardBatch{}, kOpStop, false, message_);
+  send(comm_, message_, merged_sync_);
+}
+
+void run_parallel_worker(Model& local, KvPool& kv, parallel::Communicator& comm, bool merged_sync) {
+  INFERA_ASSERT(comm.rank() != 0, "rank 0 drives; the other ranks run the worker loop");
+  std::vector<int32_t> message, blocks;
+  std::vector<float> logits;  // filled only when logits are all-gathered (textbook sync)
+  ForwardBatch batch;
+  const int64_t V = local.config().vocab_size;
+  for (;;) {
+    receive(comm, message, merged_sync);
+    if (message[1] == kOpStop) return;
+    if (message[1] != kOpForward) fail("rank {}: unknown step op {} from rank 0 (mismatched infera versions?)", comm.rank(), message[1]);
+    decode(message, batch, blocks);
+    const bool want_logits = message[2] != 0;
+    if (want_logits) logits.resize(static_cast<size_t>(std::max<int64_t>(batch.num_logit_rows(), 1) * V));
+    local.forward(batch, kv, want_logits ? logits.data() : nullptr);
+  }
+}
+
+}  // namespace infera

@@ -1,0 +1,187 @@
+#include "infera/model/tensor_parallel.h"
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <string>
+#include <utility>
+
+#include "infera/base/error.h"
+
+namespace infera {
+
+using parallel::Range;
+
+namespace {
+
+// The read-only file mapping [begin, end) holding address p, from /proc/self/maps; {0, 0}
+// when p is not in one (weights read into memory).
+std::pair<uintptr_t, uintptr_t> file_mapping_of(const void* p) {
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  std::ifstream maps("/proc/self/maps");
+  std::string line;
+  while (std::getline(maps, line)) {
+    unsigned long begin = 0, end = 0, inode = 0;
+    char perms[8] = {0};
+    if (std::sscanf(line.c_str(), "%lx-%lx %7s %*s %*s %lu", &begin, &end, perms, &inode) != 4) continue;
+    if (a >= begin && a < end) return inode != 0 && perms[1] == '-' ? std::make_pair(begin, end) : std::make_pair(0ul, 0ul);
+  }
+  return {0, 0};
+}
+
+// Drops this process's mapping of the weight bytes [p, p + n) once they were copied: clean
+// file-backed pages leave the resident set (and would be read again from the page cache
+// if touched). Recent kernels map page-cache folios of up to 2 MiB whole, so pages this
+// rank never asked for (its neighbours' rows, the next tensor) come along with the ones it
+// read; the range is widened to 2 MiB boundaries, clipped to the file's mapping, to drop
+// them too. Only file mappings: MADV_DONTNEED would zero anonymous memory.
+void release_mapped_pages(const void* p, int64_t n) {
+  const auto [map_begin, map_end] = file_mapping_of(p);
+  if (map_begin == 0) return;
+  constexpr uintptr_t kFolio = uintptr_t{2} << 20;
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  const uintptr_t begin = std::max(map_begin, a / kFolio * kFolio);
+  const uintptr_t end = std::min(map_end, (a + static_cast<uintptr_t>(n) + kFolio - 1) / kFolio * kFolio);
+  if (end > begin) ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
+}
+
+void reject_quantized(const kernels::LinearWeight& w) {
+  if (w.quantized) {
+    fail("{}: tensor/expert parallelism over quantized checkpoints is not supported yet; run the float checkpoint "
+         "with --tp, or this one with --tp 1",
+         w.name);
+  }
+}
+
+}  // namespace
+
+void TensorShard::FreeDeleter::operator()(uint8_t* p) const { std::free(p); }
+
+TensorShard::TensorShard(const parallel::ParallelPlan& plan, const ModelConfig& cfg, const std::string& where,
+                         bool weights_mapped)
+    : plan_(plan), weights_mapped_(weights_mapped) {
+  if (plan.distributed()) parallel::validate_plan(plan);
+  tp_ = plan.distributed() ? plan.tp : 1;
+  ep_ = plan.distributed() ? plan.ep : 1;
+  const int r = plan.rank();
+  if (cfg.num_heads % tp_ != 0 || cfg.num_kv_heads % tp_ != 0) {
+    fail("{}: --tp {} must divide num_attention_heads ({}) and num_key_value_heads ({}); pick a divisor of both",
+         where, tp_, cfg.num_heads, cfg.num_kv_heads);
+  }
+  heads = parallel::split_range(cfg.num_heads, tp_, tp_ > 1 ? r : 0);
+  kv_heads = parallel::split_range(cfg.num_kv_heads, tp_, tp_ > 1 ? r : 0);
+  ffn = parallel::split_range(cfg.intermediate_size, tp_, tp_ > 1 ? r : 0);
+  vocab = parallel::split_range(cfg.vocab_size, tp_, tp_ > 1 ? r : 0);
+  vocab_size_ = cfg.vocab_size;
+  if (ep_ > 1 && cfg.num_experts == 0) {
+    fail("{}: --ep {} splits experts, but this {} model has none; use --tp", where, ep_, cfg.model_type);
+  }
+  if (cfg.num_experts > 0) {
+    if (ep_ > cfg.num_experts) fail("{}: --ep {} exceeds the model's {} experts", where, ep_, cfg.num_experts);
+    experts = parallel::split_range(cfg.num_experts, ep_, ep_ > 1 ? r : 0);
+    // TP without EP splits every expert's intermediate dimension instead.
+    const int inner = ep_ > 1 ? 1 : tp_;
+    expert_ffn = parallel::split_range(cfg.moe_intermediate_size, inner, inner > 1 ? r : 0);
+  }
+}
+
+uint8_t* TensorShard::allocate(int64_t bytes) {
+  const size_t total = static_cast<size_t>(std::max<int64_t>(bytes, 1));
+  auto* p = static_cast<uint8_t*>(std::aligned_alloc(64, (total + 63) / 64 * 64));
+  if (p == nullptr) fail("out of memory: {} bytes for this rank's weight shard", bytes);
+  owned_.emplace_back(p);
+  return p;
+}
+
+kernels::MatRef TensorShard::rows(const kernels::MatRef& w, Range r, bool own) {
+  const bool whole = r.begin == 0 && r.end == w.rows;
+  if (whole && !own) return w;
+  const kernels::MatRef view = whole ? w : kernels::row_slice(w, r.begin, r.end);
+  // One process: a view. A group over mapped files: a copy, because the kernel maps
+  // page-cache folios whole, so a view would keep neighbouring ranks' rows resident too.
+  if (!distributed() || !weights_mapped_) return view;
+  const int64_t bytes = view.rows * view.cols * static_cast<int64_t>(dtype_size(w.dtype));
+  uint8_t* dst = allocate(bytes);
+  std::memcpy(dst, view.data, static_cast<size_t>(bytes));
+  release_mapped_pages(w.data, w.rows * w.cols * static_cast<int64_t>(dtype_size(w.dtype)));
+  return kernels::MatRef{dst, w.dtype, view.rows, view.cols};
+}
+
+kernels::LinearWeight TensorShard::rows(const kernels::LinearWeight& w, Range r) {
+  if (r.begin == 0 && r.end == w.rows()) return w;
+  reject_quantized(w);
+  return kernels::dense_linear(rows(w.dense, r), w.name);
+}
+
+kernels::MatRef TensorShard::columns(const kernels::MatRef& w, Range c) {
+  if (c.begin == 0 && c.end == w.cols) return w;
+  INFERA_ASSERT(0 <= c.begin && c.begin <= c.end && c.end <= w.cols);
+  const int64_t esize = static_cast<int64_t>(dtype_size(w.dtype));
+  const int64_t row_bytes = c.size() * esize;
+  uint8_t* dst = allocate(w.rows * row_bytes);
+  const auto* src = static_cast<const uint8_t*>(w.data);
+  for (int64_t i = 0; i < w.rows; ++i) {
+    std::memcpy(dst + i * row_bytes, src + (i * w.cols + c.begin) * esize, static_cast<size_t>(row_bytes));
+  }
+  release_mapped_pages(w.data, w.rows * w.cols * esize);
+  return kernels::MatRef{dst, w.dtype, w.rows, c.size()};
+}
+
+kernels::LinearWeight TensorShard::columns(const kernels::LinearWeight& w, Range c) {
+  if (c.begin == 0 && c.end == w.cols()) return w;
+  reject_quantized(w);
+  return kernels::dense_linear(columns(w.dense, c), w.name);
+}
+
+std::vector<float> TensorShard::slice(const std::vector<float>& v, Range r) {
+  if (v.empty()) return v;
+  return std::vector<float>(v.begin() + r.begin, v.begin() + r.end);
+}
+
+void TensorShard::all_reduce(float* x, int64_t n, bool split) {
+  if (split && distributed()) plan_.comm->all_reduce_sum(x, n);
+}
+
+void TensorShard::logits(const float* rows, int64_t R, const kernels::LinearWeight& head, float* out) {
+  if (!tensor_parallel()) {
+    kernels::linear(rows, R, head, out);
+    return;
+  }
+  reject_quantized(head);
+  logits(rows, R, head.dense, out);
+}
+
+void TensorShard::logits(const float* rows, int64_t R, const kernels::MatRef& head, float* out) {
+  if (!tensor_parallel()) {
+    kernels::matmul(rows, R, head, out);
+    return;
+  }
+  // Ranks' vocabulary ranges differ by at most one row; pad each to the longest so one
+  // fixed-size gather carries them.
+  const int64_t Vc = (vocab_size_ + tp_ - 1) / tp_;
+  local_logits_.assign(static_cast<size_t>(R * Vc), 0.0f);
+  kernels::matmul_rows(rows, R, head, vocab.begin, vocab.end, local_logits_.data(), Vc);
+  const int64_t bytes = R * Vc * static_cast<int64_t>(sizeof(float));
+  const bool everyone = !merged_sync();
+  if (everyone || rank() == 0) gathered_.resize(static_cast<size_t>(tp_ * R * Vc));
+  if (everyone) {
+    plan_.comm->all_gather(local_logits_.data(), bytes, gathered_.data());
+  } else {
+    plan_.comm->gather(local_logits_.data(), bytes, gathered_.data(), 0);
+    if (rank() != 0) return;
+  }
+  for (int r = 0; r < tp_; ++r) {
+    const Range vr = parallel::split_range(vocab_size_, tp_, r);
+    for (int64_t i = 0; i < R; ++i) {
+      std::memcpy(out + i * vocab_size_ + vr.begin, gathered_.data() + (r * R + i) * Vc,
+                  static_cast<size_t>(vr.size()) * sizeof(float));
+    }
+  }
+}
+
+}  // namespace infera

@@ -1,0 +1,108 @@
+// One rank's part of a transformer under a parallel::ParallelPlan: which heads, KV heads,
+// MLP columns, vocabulary rows and experts it holds, the weight views for them, and the
+// collectives that put partial results back together. With no plan (one process) every
+// range is whole and every collective is a no-op, so an architecture has one code path.
+//
+// Weight layout choices (W is [out, in] row-major, the Hugging Face layout):
+//   column-parallel (q/k/v/gate/up, lm_head by vocabulary): a rank's output rows [r0, r1)
+//     are contiguous (kernels::row_slice).
+//   row-parallel (o_proj/down): a rank needs input columns [c0, c1) of every row, which are
+//     strided.
+// In a group over mmapped weights every rank copies its slices once at load into memory it
+// owns (the stored dtype, [rows, cols] of the slice) and releases the mapped pages right
+// after each copy (MADV_DONTNEED: clean file pages, nothing is lost), one tensor at a time.
+// Net resident weights per rank ~ 1/TP; peak at load = that + about one full matrix. Views
+// into the mapping would avoid the copy, but recent kernels map page-cache folios (up to
+// 2 MiB) whole, so the neighbouring ranks' rows, and for row-parallel layers the whole
+// matrix, would stay resident in every rank (measured: a TP 2 rank kept 83% of the TP 1
+// weights). A strided matmul has the same problem. One process keeps plain views (no
+// copy). The embedding table is not split: each rank reads the rows of its tokens.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "infera/kernels/kernels.h"
+#include "infera/kernels/quant.h"
+#include "infera/model/config.h"
+#include "infera/parallel/plan.h"
+
+namespace infera {
+
+class TensorShard {
+ public:
+  TensorShard() = default;
+  // Throws infera::Error (naming `where`) when tp does not divide the attention and KV
+  // heads. weights_mapped: the checkpoint is mmapped (row-parallel copies release pages).
+  TensorShard(const parallel::ParallelPlan& plan, const ModelConfig& cfg, const std::string& where,
+              bool weights_mapped);
+  TensorShard(TensorShard&&) = default;
+  TensorShard& operator=(TensorShard&&) = default;
+
+  bool tensor_parallel() const { return tp_ > 1; }
+  bool expert_parallel() const { return ep_ > 1; }
+  bool distributed() const { return plan_.distributed(); }
+  int rank() const { return plan_.rank(); }
+  bool merged_sync() const { return plan_.merged_sync; }
+
+  // This rank's ranges (whole when the dimension is not split).
+  parallel::Range heads;     // attention heads
+  parallel::Range kv_heads;  // KV heads (KvPool holds these only)
+  parallel::Range ffn;       // dense MLP intermediate columns
+  parallel::Range vocab;     // output-head rows
+  parallel::Range experts;   // MoE experts this rank computes (ep > 1)
+  parallel::Range expert_ffn;  // columns of each expert's intermediate (tp > 1, ep == 1)
+
+  // Column-parallel: output rows r of w (a view in one process, a copy in a group; a
+  // whole matrix stays a view unless `own`: expert-parallel ranks own their experts).
+  kernels::MatRef rows(const kernels::MatRef& w, parallel::Range r, bool own = false);
+  kernels::LinearWeight rows(const kernels::LinearWeight& w, parallel::Range r);
+  // Row-parallel: input columns c of w, copied once into memory this shard owns.
+  kernels::MatRef columns(const kernels::MatRef& w, parallel::Range c);
+  kernels::LinearWeight columns(const kernels::LinearWeight& w, parallel::Range c);
+  static std::vector<float> slice(const std::vector<float>& v, parallel::Range r);
+
+  // Sums the ranks' partial outputs x[n] (row-parallel layers, MoE). No-op when the
+  // layer is not split (caller says so with `split`).
+  void all_reduce(float* x, int64_t n, bool split = true);
+
+  // x[T, H] = embedding rows of tokens[T]; lookup(token, out) reads one row. Merged sync:
+  // every rank reads the rows it needs (only those pages become resident; no collective);
+  // otherwise vocabulary-parallel: a rank fills the rows of its vocabulary range and an
+  // all-reduce completes them.
+  template <typename Lookup>
+  void embed(const int32_t* tokens, int64_t T, int64_t H, float* x, Lookup&& lookup) {
+    const bool vocab_parallel = tensor_parallel() && !merged_sync();
+    for (int64_t t = 0; t < T; ++t) {
+      if (!vocab_parallel || vocab.contains(tokens[t])) {
+        lookup(tokens[t], x + t * H);
+      } else {
+        std::fill(x + t * H, x + (t + 1) * H, 0.0f);
+      }
+    }
+    if (vocab_parallel) all_reduce(x, T * H);
+  }
+
+  // logits[R, V] = rows[R, H] · headᵀ. Tensor parallel: each rank computes its vocabulary
+  // rows and rank 0 receives the whole [R, V] (merged sync: gather to rank 0 only; else
+  // all-gather, every rank's `logits` filled).
+  void logits(const float* rows, int64_t R, const kernels::LinearWeight& head, float* logits);
+  void logits(const float* rows, int64_t R, const kernels::MatRef& head, float* logits);
+
+ private:
+  struct FreeDeleter {
+    void operator()(uint8_t* p) const;
+  };
+  uint8_t* allocate(int64_t bytes);
+  parallel::ParallelPlan plan_;
+  int tp_ = 1, ep_ = 1;
+  int64_t vocab_size_ = 0;
+  bool weights_mapped_ = true;
+  std::vector<std::unique_ptr<uint8_t, FreeDeleter>> owned_;  // row-parallel weight copies
+  std::vector<float> local_logits_, gathered_;                // [R, Vc], [tp, R, Vc]
+};
+
+}  // namespace infera

@@ -1,0 +1,29 @@
+#include "infera/parallel/plan.h"
+
+#include <algorithm>
+
+#include "infera/base/error.h"
+
+namespace infera::parallel {
+
+Range split_range(int64_t n, int parts, int part) {
+  INFERA_ASSERT(parts >= 1 && part >= 0 && part < parts && n >= 0);
+  const int64_t base = n / parts, extra = n % parts;
+  const int64_t begin = part * base + std::min<int64_t>(part, extra);
+  return Range{begin, begin + base + (part < extra ? 1 : 0)};
+}
+
+void validate_plan(const ParallelPlan& plan) {
+  const int world = plan.world();
+  if (plan.tp < 1 || plan.ep < 1) fail("--tp and --ep must be at least 1 (got {} and {})", plan.tp, plan.ep);
+  if (std::max(plan.tp, plan.ep) != world) {
+    fail("the group has {} ranks but --tp {} --ep {} needs {}; start max(tp, ep) ranks", world, plan.tp, plan.ep,
+         std::max(plan.tp, plan.ep));
+  }
+  if ((plan.tp != 1 && plan.tp != world) || (plan.ep != 1 && plan.ep != world)) {
+    fail("--tp {} --ep {}: each must be 1 or the group size {} (attention and experts are split over the same ranks)",
+         plan.tp, plan.ep, world);
+  }
+}
+
+}  // namespace infera::parallel

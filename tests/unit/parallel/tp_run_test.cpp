@@ -1,0 +1,272 @@
+// `infera run --tp N / --ep N` end to end: the ranks are real processes under mpirun on
+// this host. Tensor/expert parallel runs must give the greedy tokens of one process and
+// logits within 1e-4 (only the summation order of the all-reduces differs: observed
+// ~3e-6 on logits of magnitude ~10-17), hold ~1/TP of the weights per rank, and end the
+// whole group with a message naming the rank when one rank fails or dies.
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "infera/parallel/communicator.h"
+
+extern char** environ;
+
+namespace infera {
+namespace {
+
+namespace fs = std::filesystem;
+
+const std::string kSource = INFERA_SOURCE_DIR;
+const std::string kInfera = std::string(INFERA_BINARY_DIR) + "/infera";
+const std::string kStories = kSource + "/../shared/models/stories260K";
+constexpr float kLogitTolerance = 1e-4f;
+
+std::string slurp(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+struct Result {
+  int exit_code = -1;
+  std::string out, err;
+  nlohmann::json json;  // last stdout line, when it parses
+};
+
+class TpRun : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = fs::temp_directory_path() / ("infera_tp_" + std::to_string(::getpid()));
+    fs::create_directories(dir_);
+  }
+  static void TearDownTestSuite() { fs::remove_all(dir_); }
+  void SetUp() override {
+    if (!parallel::mpi_available()) GTEST_SKIP() << "built without MPI";
+    if (!fs::exists(kInfera)) GTEST_SKIP() << "build the infera target first";
+  }
+
+  // Generates a model once per suite.
+  static std::string model(const std::string& name, const std::string& args) {
+    const fs::path d = dir_ / name;
+    if (!fs::exists(d / "config.json")) {
+      const std::string cmd = "/usr/bin/python3 " + kSource + "/tools/gen_model.py " + d.string() + " " + args + " > /dev/null 2>&1";
+      EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
+    }
+    return d.string();
+  }
+
+  static Result run(const std::string& args) {
+    Result r;
+    const fs::path out = dir_ / "out.txt", err = dir_ / "err.txt";
+    const std::string cmd = args + " > " + out.string() + " 2> " + err.string();
+    const int rc = std::system(cmd.c_str());
+    r.exit_code = WIFEXITED(rc) ? WEXITSTATUS(rc) : 128 + WTERMSIG(rc);
+    r.out = slurp(out);
+    r.err = slurp(err);
+    const size_t nl = r.out.find_last_of('\n', r.out.size() >= 2 ? r.out.size() - 2 : 0);
+    try {
+      r.json = nlohmann::json::parse(nl == std::string::npos ? r.out : r.out.substr(nl + 1));
+    } catch (const nlohmann::json::exception&) {
+    }
+    return r;
+  }
+
+  // Greedy run with --json; logits of the prompt's last position into `logits`.
+  static Result greedy(const std::string& model_dir, const std::string& extra, std::vector<float>& logits,
+                       int n = 16) {
+    const fs::path lf = dir_ / "logits.bin";
+    fs::remove(lf);
+    Result r = run(kInfera + " run -m " + model_dir + " --prompt-ids [1,5,9,13,17] -n " + std::to_string(n) +
+                   " --temp 0 --ignore-eos --json -t 1 --logits-file " + lf.string() + " " + extra);
+    const std::string bytes = slurp(lf);
+    logits.assign(bytes.size() / sizeof(float), 0.0f);
+    std::memcpy(logits.data(), bytes.data(), logits.size() * sizeof(float));
+    return r;
+  }
+
+  // Same tokens and logits as one process, for each parallel configuration.
+  static void expect_same_as_one_process(const std::string& model_dir, const std::vector<std::string>& configs) {
+    std::vector<float> ref_logits, logits;
+    const Result ref = greedy(model_dir, "", ref_logits);
+    ASSERT_EQ(ref.exit_code, 0) << ref.err;
+    ASSERT_FALSE(ref_logits.empty());
+    for (const std::string& cfg : configs) {
+      const Result r = greedy(model_dir, cfg, logits);
+      ASSERT_EQ(r.exit_code, 0) << cfg << "\n" << r.err;
+      EXPECT_EQ(r.json["ids"], ref.json["ids"]) << cfg;
+      ASSERT_EQ(logits.size(), ref_logits.size()) << cfg;
+      float worst = 0;
+      for (size_t i = 0; i < logits.size(); ++i) worst = std::max(worst, std::fabs(logits[i] - ref_logits[i]));
+      EXPECT_LT(worst, kLogitTolerance) << cfg;
+      ASSERT_TRUE(r.json.contains("parallel")) << cfg;
+      EXPECT_EQ(r.json["parallel"]["ranks"].size(), std::max(std::stoul(cfg.substr(cfg.rfind(' ') + 1)), 1ul)) << cfg;
+    }
+  }
+
+  static fs::path dir_;
+};
+
+fs::path TpRun::dir_;
+
+TEST_F(TpRun, Stories260KTp2AndTp4MatchOneProcess) {
+  // 8 heads, 4 KV heads: both TP sizes divide.
+  expect_same_as_one_process(kStories, {"--tp 2", "--tp 4"});
+}
+
+TEST_F(TpRun, Qwen3Tp2AndTp4MatchOneProcess) {
+  // qk-norm, explicit head_dim, tied embeddings, a vocabulary TP 4 does not divide evenly.
+  const std::string m = model("qwen3", "--arch qwen3 --heads 8 --kv-heads 4 --layers 2 --vocab 510 --tie");
+  expect_same_as_one_process(m, {"--tp 2", "--tp 4"});
+}
+
+TEST_F(TpRun, Qwen3MoeExpertAndTensorParallelMatchOneProcess) {
+  // Layer 1 dense (mlp_only_layers): EP leaves it whole, TP splits it.
+  const std::string m = model("moe", "--arch qwen3_moe --heads 8 --kv-heads 4 --layers 3 --mlp-only-layers 1");
+  expect_same_as_one_process(m, {"--ep 2", "--tp 2", "--tp 2 --ep 2"});
+}
+
+TEST_F(TpRun, CollectivesPerDecodeTokenAreTwoPerLayerPlusTwo) {
+  // Merged: one broadcast of the step, one all-reduce per attention and per MLP, one
+  // gather of the logits. Textbook: 3 broadcasts, an embedding all-reduce, an all-gather.
+  std::vector<float> logits;
+  const Result merged = greedy(kStories, "--tp 2", logits, 8);
+  ASSERT_EQ(merged.exit_code, 0) << merged.err;
+  const int layers = 5;
+  EXPECT_DOUBLE_EQ(merged.json["parallel"]["decode_collectives_per_token"].get<double>(), 2 * layers + 2);
+  const Result textbook = greedy(kStories, "--tp 2 --tp-textbook-sync", logits, 8);
+  ASSERT_EQ(textbook.exit_code, 0) << textbook.err;
+  EXPECT_EQ(textbook.json["ids"], merged.json["ids"]);
+  EXPECT_DOUBLE_EQ(textbook.json["parallel"]["decode_collectives_per_token"].get<double>(), 2 * layers + 5);
+}
+
+TEST_F(TpRun, PerRankWeightMemoryIsAboutOneOverTp) {
+  // ~140 MB of f32 weights so they dominate the process; a tiny model under the same
+  // launcher gives the baseline (binary, MPI libraries, buffers) to subtract. The 4 MB
+  // embedding table is not split (each rank reads its tokens' rows).
+  const std::string big = model("big", "--arch llama --hidden 512 --layers 8 --heads 8 --kv-heads 8 --head-dim 64 "
+                                       "--ffn 2048 --vocab 2048");
+  auto peak_kib = [&](const std::string& m, int tp) {
+    std::vector<float> logits;
+    const std::string launch = "mpirun --oversubscribe --bind-to none --allow-run-as-root -np " + std::to_string(tp) + " ";
+    const Result r = run(launch + kInfera + " run -m " + m + " --prompt-ids [1,2,3] -n 2 --temp 0 --json -t 1 "
+                         "--prefill-chunk 16 --ctx 64 --tp " + std::to_string(tp));
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    int64_t worst = 0;
+    for (const auto& rank : r.json["parallel"]["ranks"]) worst = std::max(worst, rank["vm_hwm_kib"].get<int64_t>());
+    return static_cast<double>(worst);
+  };
+  const double w1 = peak_kib(big, 1) - peak_kib(kStories, 1);
+  const double w2 = peak_kib(big, 2) - peak_kib(kStories, 2);
+  // 128 MiB of layers, 4 MiB output head, up to 4 MiB of embedding rows.
+  ASSERT_GT(w1, 120.0 * 1024) << "the big model's weights should be resident with TP 1";
+  std::printf("weights resident: TP 1 %.1f MiB, TP 2 %.1f MiB per rank (ratio %.3f)\n", w1 / 1024, w2 / 1024, w2 / w1);
+  EXPECT_NEAR(w2 / w1, 0.5, 0.5 * 0.15) << "TP 1: " << w1 / 1024 << " MiB, TP 2 per rank: " << w2 / 1024 << " MiB";
+}
+
+TEST_F(TpRun, RanksSeeingDifferentModelFilesStopWithAMessage) {
+  const std::string other = model("qwen3_other", "--arch qwen3 --heads 8 --kv-heads 4 --layers 3");
+  const std::string same = model("qwen3", "--arch qwen3 --heads 8 --kv-heads 4 --layers 2 --vocab 510 --tie");
+  const std::string common = " run --prompt-ids [1,2] -n 2 --temp 0 -t 1 --tp 2 -m ";
+  const Result r = run("mpirun --oversubscribe --bind-to none --allow-run-as-root -np 1 " + kInfera + common + same +
+                       " : -np 1 " + kInfera + common + other);
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("rank(s) 1 see different model files"), std::string::npos) << r.err;
+}
+
+TEST_F(TpRun, AnErrorOnRankZeroEndsTheGroup) {
+  // The prompt check runs on rank 0 only, after every rank loaded its shard.
+  const auto start = std::chrono::steady_clock::now();
+  const Result r = run(kInfera + " run -m " + kStories + " --prompt-ids [1,2,3] -n 100 --ctx 50 -t 1 --tp 2");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("error: rank 0 of 2: prompt (3 tokens) + -n 100 exceeds the context"), std::string::npos) << r.err;
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 20.0);
+}
+
+// PIDs of processes whose parent is `parent`.
+std::vector<pid_t> children_of(pid_t parent) {
+  std::vector<pid_t> kids;
+  for (const auto& e : fs::directory_iterator("/proc")) {
+    const std::string name = e.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream st(e.path() / "stat");
+    std::string stat;
+    std::getline(st, stat);
+    const size_t close = stat.rfind(')');
+    if (close == std::string::npos) continue;
+    char state = 0;
+    int ppid = 0;
+    if (std::sscanf(stat.c_str() + close + 1, " %c %d", &state, &ppid) == 2 && ppid == parent) {
+      kids.push_back(static_cast<pid_t>(std::stoi(name)));
+    }
+  }
+  return kids;
+}
+
+bool is_rank(pid_t pid, int rank) {
+  const std::string env = slurp("/proc/" + std::to_string(pid) + "/environ");
+  return env.find("OMPI_COMM_WORLD_RANK=" + std::to_string(rank) + '\0') != std::string::npos;
+}
+
+TEST_F(TpRun, AKilledRankEndsTheGroupWithinSeconds) {
+  const std::string m = model("qwen3", "--arch qwen3 --heads 8 --kv-heads 4 --layers 2 --vocab 510 --tie");
+  const fs::path err = dir_ / "kill_err.txt";
+  std::vector<std::string> args = {kInfera, "run", "-m", m, "--prompt-ids", "[1,2,3]", "-n", "10000000", "--ctx",
+                                   "10000010", "--temp", "0", "--ignore-eos", "-t", "1", "--tp", "2"};
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
+  posix_spawn_file_actions_addopen(&fa, 2, err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  pid_t launcher = 0;  // becomes mpirun (infera re-executes itself under it)
+  ASSERT_EQ(posix_spawn(&launcher, argv[0], &fa, nullptr, argv.data(), environ), 0);
+  posix_spawn_file_actions_destroy(&fa);
+
+  pid_t victim = 0;
+  for (int i = 0; i < 200 && victim == 0; ++i) {  // up to 20 s for the ranks to start
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    for (pid_t k : children_of(launcher)) {
+      if (is_rank(k, 1)) victim = k;
+    }
+  }
+  ASSERT_NE(victim, 0) << slurp(err);
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));  // mid-generation
+  int status = 0;
+  ASSERT_EQ(::waitpid(launcher, &status, WNOHANG), 0) << "the group ended before the kill: " << slurp(err);
+  ASSERT_EQ(::kill(victim, SIGKILL), 0);
+  const auto killed = std::chrono::steady_clock::now();
+  pid_t done = 0;
+  while ((done = ::waitpid(launcher, &status, WNOHANG)) == 0 &&
+         std::chrono::steady_clock::now() - killed < std::chrono::seconds(15)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  if (done == 0) {
+    ::kill(launcher, SIGKILL);
+    ::waitpid(launcher, &status, 0);
+    FAIL() << "the group was still running 15 s after rank 1 died";
+  }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - killed).count();
+  EXPECT_LT(seconds, 10.0);
+  EXPECT_FALSE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  const std::string text = slurp(err);
+  EXPECT_NE(text.find("process rank 1"), std::string::npos) << text;
+  EXPECT_NE(text.find("signal 9"), std::string::npos) << text;
+}
+
+}  // namespace
+}  // namespace infera
