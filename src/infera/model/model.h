@@ -72,6 +72,13 @@ class Model {
   virtual int64_t state_bytes_per_slot() const { return 0; }
   virtual int32_t num_state_slots() const { return 0; }
   virtual void set_num_state_slots(int32_t n) { (void)n; }
+  // Copies one slot's whole recurrent state out to `buffer` [state_bytes_per_slot() bytes]
+  // and back. Speculative decoding snapshots a sequence's slot before a forward that
+  // verifies draft tokens and restores it when a draft is rejected: unlike attention K/V,
+  // which a shorter position simply ignores, the recurrent state has already absorbed the
+  // rejected tokens.
+  virtual void save_state(int32_t slot, void* buffer) const { (void)slot, (void)buffer; }
+  virtual void restore_state(int32_t slot, const void* buffer) { (void)slot, (void)buffer; }
 
   // ---- Mixture of experts ----
   // Tokens routed to each expert so far, [num_layers * num_experts] layer-major (dense
@@ -89,11 +96,18 @@ class Model {
   // pair (h_p, x_{p+1}): a sequence must have drafted every earlier slot (feed the prompt
   // through draft once) for later drafts to see a complete MTP context. Block tables cover
   // the same positions as the trunk's.
+  // After draft(), last_hidden() holds the MTP head's own post-norm hidden state of each
+  // logits row: the stand-in for h_{p+1} when drafting further tokens recursively.
   virtual int num_mtp_layers() const { return 0; }
   virtual const float* last_hidden() const { return nullptr; }
   virtual void draft(const ForwardBatch& batch, const float* hidden, KvPool& kv, float* logits) {
     (void)batch, (void)hidden, (void)kv, (void)logits;
   }
+  // When on, forward() leaves in last_hidden() the post-final-norm hidden state of EVERY
+  // token of the batch, [batch.tokens.size(), hidden] in batch order, instead of only the
+  // logits rows' (MTP drafting needs the prompt's hidden states without paying for their
+  // logits). Logits are unchanged.
+  virtual void set_hidden_for_all_tokens(bool on) { (void)on; }
 
  protected:
   ModelConfig config_;

@@ -127,11 +127,21 @@ class Qwen35Model final : public Model {
     for (auto& s : slots_) s.resize(static_cast<size_t>(slot_floats_), 0.0f);
   }
 
+  void save_state(int32_t slot, void* buffer) const override {
+    INFERA_ASSERT(slot >= 0 && slot < num_state_slots(), "state slot out of range");
+    std::memcpy(buffer, slots_[slot].data(), static_cast<size_t>(state_bytes_per_slot()));
+  }
+  void restore_state(int32_t slot, const void* buffer) override {
+    INFERA_ASSERT(slot >= 0 && slot < num_state_slots(), "state slot out of range");
+    std::memcpy(slots_[slot].data(), buffer, static_cast<size_t>(state_bytes_per_slot()));
+  }
+
   std::vector<uint64_t> expert_counts() const override { return counts_; }
   void reset_expert_counts() override { std::fill(counts_.begin(), counts_.end(), 0); }
 
   int num_mtp_layers() const override { return has_mtp_ ? 1 : 0; }
   const float* last_hidden() const override { return hidden_.data(); }
+  void set_hidden_for_all_tokens(bool on) override { hidden_all_tokens_ = on; }
 
   void forward(const ForwardBatch& batch, KvPool& kv, float* logits) override;
   void draft(const ForwardBatch& batch, const float* hidden, KvPool& kv, float* logits) override;
@@ -202,6 +212,7 @@ class Qwen35Model final : public Model {
   int64_t n_full_ = 0, n_linear_ = 0;
   MtpWeights mtp_;
   bool has_mtp_ = false;
+  bool hidden_all_tokens_ = false;     // set_hidden_for_all_tokens()
   RopeTables rope_;
   std::vector<uint64_t> counts_;       // [layers, E]
 
@@ -298,9 +309,17 @@ void Qwen35Model::forward(const ForwardBatch& batch, KvPool& kv, float* logits) 
     run_layer(layers_[l], batch, kv, counts);
   }
   const int64_t R = batch.num_logit_rows();
-  gather_logit_rows(batch, x_.data(), H, rows_);
-  kernels::rmsnorm(rows_.data(), final_norm_.data(), rows_.data(), R, H, c.rms_norm_eps, kZeroCentred);
-  hidden_.assign(rows_.begin(), rows_.end());  // post-final-norm hidden: the MTP input
+  if (hidden_all_tokens_) {
+    // The norm is per row, so normalizing every row and then gathering the logits rows
+    // gives the same rows as the other branch.
+    hidden_.resize(static_cast<size_t>(T * H));
+    kernels::rmsnorm(x_.data(), final_norm_.data(), hidden_.data(), T, H, c.rms_norm_eps, kZeroCentred);
+    gather_logit_rows(batch, hidden_.data(), H, rows_);
+  } else {
+    gather_logit_rows(batch, x_.data(), H, rows_);
+    kernels::rmsnorm(rows_.data(), final_norm_.data(), rows_.data(), R, H, c.rms_norm_eps, kZeroCentred);
+    hidden_.assign(rows_.begin(), rows_.end());  // post-final-norm hidden: the MTP input
+  }
   if (R == 0 || logits == nullptr) return;
   kernels::matmul(rows_.data(), R, lm_head_, logits);
 }
@@ -332,6 +351,8 @@ void Qwen35Model::draft(const ForwardBatch& batch, const float* hidden, KvPool& 
   if (R == 0 || logits == nullptr) return;
   gather_logit_rows(batch, x_.data(), H, rows_);
   kernels::rmsnorm(rows_.data(), mtp_.norm.data(), rows_.data(), R, H, c.rms_norm_eps, kZeroCentred);
+  // `hidden` may point into hidden_ (recursive drafting): it has been read by now.
+  hidden_.assign(rows_.begin(), rows_.end());
   kernels::matmul(rows_.data(), R, lm_head_, logits);
 }
 

@@ -7,6 +7,7 @@
 
 #include "infera/base/error.h"
 #include "infera/base/log.h"
+#include "infera/runtime/speculative.h"
 
 namespace infera {
 
@@ -74,6 +75,23 @@ EngineCore::EngineCore(Model& model, const EngineConfig& config)
     model_.set_num_state_slots(config.max_num_seqs);
     for (int32_t s = config.max_num_seqs - 1; s >= 0; --s) free_state_slots_.push_back(s);
     if (config.enable_prefix_cache) LOG_INFO("engine: prefix caching is off for this hybrid (recurrent-state) model");
+  }
+  hybrid_ = model_.state_bytes_per_slot() > 0;
+  num_draft_ = config.speculative.draft_tokens();
+  if (config.speculative.method == SpeculativeMethod::kMtp) {
+    if (model_.num_mtp_layers() == 0) {
+      fail("speculative mtp: this model has no multi-token-prediction head (no mtp.* weights or "
+           "mtp_num_hidden_layers 0 in config.json); use --speculative ngram or none");
+    }
+    model_.set_hidden_for_all_tokens(true);
+    trunk_hidden_.reserve(static_cast<size_t>(config.max_batch_tokens) * model_.config().hidden_size);
+  }
+  if (num_draft_ > 0) {
+    prob_scratch_.resize(vocab_size_);
+    counters_.spec_drafted_per_pos.assign(num_draft_, 0);
+    counters_.spec_accepted_per_pos.assign(num_draft_, 0);
+    LOG_INFO("engine: speculative decoding with {}, {} draft tokens per step", speculative_method_name(config.speculative.method),
+             num_draft_);
   }
   batch_.tokens.reserve(config.max_batch_tokens);
   batch_.seqs.reserve(config.max_num_seqs);
@@ -222,19 +240,29 @@ bool EngineCore::step() {
   }
   batch_.tokens.clear();
   batch_.seqs.clear();
+  int64_t num_rows = 0;
   for (const ScheduledChunk& c : plan.chunks) {
+    Sequence& seq = *c.seq;
     SeqChunk sc;
     sc.token_begin = static_cast<int32_t>(batch_.tokens.size());
-    sc.n_tokens = c.n_tokens;
+    sc.n_tokens = c.n_tokens + c.n_draft;
     sc.pos0 = c.pos0;
-    sc.block_table = c.seq->block_table.data();
-    sc.n_blocks = static_cast<int32_t>(c.seq->block_table.size());
-    sc.all_logits = false;
+    sc.block_table = seq.block_table.data();
+    sc.n_blocks = static_cast<int32_t>(seq.block_table.size());
+    sc.all_logits = c.n_draft > 0;  // the last real token's row and one per draft verify them
     sc.last_logits = c.sample;
-    sc.state_slot = state_slot_for(c.seq->id);
+    sc.state_slot = state_slot_for(seq.id);
     batch_.seqs.push_back(sc);
-    batch_.tokens.insert(batch_.tokens.end(), c.seq->tokens.begin() + c.pos0, c.seq->tokens.begin() + c.pos0 + c.n_tokens);
+    batch_.tokens.insert(batch_.tokens.end(), seq.tokens.begin() + c.pos0, seq.tokens.begin() + c.pos0 + c.n_tokens);
+    batch_.tokens.insert(batch_.tokens.end(), seq.drafts.tokens.begin(), seq.drafts.tokens.begin() + c.n_draft);
+    num_rows += sc.all_logits ? sc.n_tokens : (sc.last_logits ? 1 : 0);
+    if (c.n_draft > 0 && hybrid_) {
+      seq.drafts.state_snapshot.resize(static_cast<size_t>(model_.state_bytes_per_slot()));
+      model_.save_state(sc.state_slot, seq.drafts.state_snapshot.data());
+    }
   }
+  // Grows to the largest verify batch seen, then stays.
+  if (logits_.size() < static_cast<size_t>(num_rows) * vocab_size_) logits_.resize(static_cast<size_t>(num_rows) * vocab_size_);
   try {
     model_.forward(batch_, kv_, logits_.data());
   } catch (const std::exception& ex) {
@@ -244,38 +272,233 @@ bool EngineCore::step() {
     flush_events();
     return true;
   }
+  if (config_.speculative.method == SpeculativeMethod::kMtp) {
+    const float* h = model_.last_hidden();
+    trunk_hidden_.assign(h, h + batch_.tokens.size() * static_cast<size_t>(model_.config().hidden_size));
+  }
   ++counters_.steps;
   counters_.tokens_computed += plan.num_tokens;
   const auto now = Clock::now();
-  int32_t row = 0;
-  for (const ScheduledChunk& c : plan.chunks) {
+  int64_t row = 0;
+  for (size_t i = 0; i < plan.chunks.size(); ++i) {
+    const ScheduledChunk& c = plan.chunks[i];
+    const SeqChunk& sc = batch_.seqs[i];
     Sequence& seq = *c.seq;
     const int32_t end = c.pos0 + c.n_tokens;
     counters_.prompt_tokens_computed += std::max(0, std::min(end, seq.num_prompt) - c.pos0);
     counters_.recomputed_tokens +=
         std::max(0, std::min(end, seq.max_num_computed) - std::max(c.pos0, seq.num_prompt));
-    scheduler_.commit(c);
+    float* logits = logits_.data() + static_cast<size_t>(row) * vocab_size_;
+    row += sc.all_logits ? sc.n_tokens : (sc.last_logits ? 1 : 0);
+    if (!c.sample) {
+      scheduler_.commit(c);
+      seq.max_num_computed = std::max(seq.max_num_computed, seq.num_computed);
+      continue;
+    }
+    const bool decode = seq.num_generated() > 0;
+    const size_t first = sample_chunk(c, logits);
     seq.max_num_computed = std::max(seq.max_num_computed, seq.num_computed);
-    if (!c.sample) continue;
-    float* logits = logits_.data() + static_cast<size_t>(row++) * vocab_size_;
-    const int32_t token = seq.sampler->sample(logits, seq.tokens);
-    seq.tokens.push_back(token);
+    emit_tokens(seq, first, now);
+    if (num_draft_ > 0 && decode) {
+      ++counters_.spec_decode_steps;
+      counters_.spec_decode_tokens += static_cast<int64_t>(seq.tokens.size() - first);  // as emitted
+    }
+  }
+  if (config_.speculative.method == SpeculativeMethod::kNgram) propose_ngram_drafts(plan);
+  if (config_.speculative.method == SpeculativeMethod::kMtp) propose_mtp_drafts(plan);
+  flush_events();
+  return true;
+}
+
+size_t EngineCore::sample_chunk(const ScheduledChunk& c, float* logits) {
+  Sequence& seq = *c.seq;
+  const size_t first = seq.tokens.size();
+  if (c.n_draft == 0) {
+    seq.tokens.push_back(seq.sampler->sample(logits, seq.tokens));
+    scheduler_.commit(c);
+    seq.drafts.tokens.clear();
+    return first;
+  }
+  // Row c.n_tokens - 1 (the last real token) predicts draft 0, row c.n_tokens + i - 1
+  // draft i, and the last row the bonus token after all of them.
+  float* rows = logits + static_cast<size_t>(c.n_tokens - 1) * vocab_size_;
+  const bool has_q = !seq.drafts.probs.empty();
+  int32_t accepted = 0;
+  for (; accepted < c.n_draft; ++accepted) {
+    const int32_t draft = seq.drafts.tokens[accepted];
+    const float* q = has_q ? seq.drafts.probs.data() + static_cast<size_t>(accepted) * vocab_size_ : nullptr;
+    const DraftVerdict v = verify_draft(*seq.sampler, rows + static_cast<size_t>(accepted) * vocab_size_, seq.tokens,
+                                        draft, q, config_.speculative.acceptance_threshold, prob_scratch_);
+    seq.tokens.push_back(v.token);  // the draft, or its replacement
+    if (!v.accepted) break;
+    ++counters_.spec_accepted_per_pos[accepted];
+  }
+  if (accepted == c.n_draft) {
+    float* last = rows + static_cast<size_t>(c.n_draft) * vocab_size_;
+    seq.tokens.push_back(seq.sampler->sample(last, seq.tokens));
+  }
+  ++counters_.spec_verify_steps;
+  counters_.spec_drafted += c.n_draft;  // every proposed draft counts, judged or not (as vLLM and llama.cpp)
+  counters_.spec_accepted += accepted;
+  for (int32_t i = 0; i < c.n_draft; ++i) ++counters_.spec_drafted_per_pos[i];
+  int32_t kept = c.n_tokens + accepted;
+  if (hybrid_ && accepted < c.n_draft) {
+    // The recurrent state has absorbed the rejected drafts: go back to the state before
+    // this forward and feed the kept tokens again with the next step's chunk (their K/V
+    // is rewritten with the same values). Cheaper than a second forward now: the next
+    // step reads the weights once for both.
+    model_.restore_state(state_slot_for(seq.id), seq.drafts.state_snapshot.data());
+    kept = 0;
+  }
+  scheduler_.commit(c, kept);
+  scheduler_.trim_blocks(seq, static_cast<int32_t>(seq.tokens.size()));
+  seq.drafts.tokens.clear();
+  seq.drafts.probs.clear();
+  return first;
+}
+
+void EngineCore::emit_tokens(Sequence& seq, size_t first, Clock::time_point now) {
+  for (size_t i = first; i < seq.tokens.size(); ++i) {
+    const int32_t token = seq.tokens[i];
+    const int32_t generated = static_cast<int32_t>(i + 1) - seq.num_prompt;
     ++counters_.tokens_generated;
     if (!seq.first_token) seq.first_token = now;
-    const bool is_stop = seq.num_generated() > seq.request.min_tokens &&
+    const bool is_stop = generated > seq.request.min_tokens &&
                          std::find(seq.stop_ids.begin(), seq.stop_ids.end(), token) != seq.stop_ids.end();
+    if (is_stop || generated >= seq.max_tokens) {
+      // Tokens after it (accepted in the same verify step) were never emitted.
+      seq.tokens.resize(i + 1);
+    }
     if (is_stop) {
       finish(seq, FinishReason::kStop, token);
-      continue;
+      return;
     }
     Event e;
     e.id = seq.id;
     e.token = token;
     pending_events_.emplace_back(&seq.on_event, std::move(e));
-    if (seq.num_generated() >= seq.max_tokens) finish(seq, FinishReason::kLength, -1);
+    if (generated >= seq.max_tokens) {
+      finish(seq, FinishReason::kLength, -1);
+      return;
+    }
   }
-  flush_events();
-  return true;
+}
+
+int32_t EngineCore::max_drafts_for(const Sequence& seq) const {
+  if (seq.status != SeqStatus::kRunning) return 0;
+  // A step emits at most drafts + 1 tokens: never draft past max_tokens (this also keeps
+  // every draft position inside the context limit checked at admission).
+  const int32_t left = seq.max_tokens - seq.num_generated() - 1;
+  return std::clamp(left, 0, num_draft_);
+}
+
+void EngineCore::propose_ngram_drafts(const StepPlan& plan) {
+  const SpeculativeConfig& sc = config_.speculative;
+  for (const ScheduledChunk& c : plan.chunks) {
+    Sequence& seq = *c.seq;
+    if (!c.sample) continue;
+    const int32_t n = max_drafts_for(seq);
+    if (n == 0) continue;
+    ngram_draft(seq.tokens, sc.ngram_min, sc.ngram_max, n, seq.drafts.tokens);
+  }
+}
+
+void EngineCore::propose_mtp_drafts(const StepPlan& plan) {
+  const int64_t H = model_.config().hidden_size;
+  const size_t V = static_cast<size_t>(vocab_size_);
+  // Pass 1: every position whose trunk hidden state this step computed gets its MTP
+  // entry (h_p, x_{p+1}) in MTP KV slot p, batched over sequences; sequences that just
+  // sampled also get the head's prediction for the token after their last one.
+  draft_batch_.tokens.clear();
+  draft_batch_.seqs.clear();
+  draft_hidden_.clear();
+  drafting_.clear();
+  for (size_t i = 0; i < plan.chunks.size(); ++i) {
+    const ScheduledChunk& c = plan.chunks[i];
+    Sequence& seq = *c.seq;
+    if (seq.status != SeqStatus::kRunning) continue;
+    // Trunk hidden states are exact up to the last token before the newest sampled one
+    // (rejected drafts' rows are not), and x_{p+1} must be known.
+    const int32_t valid_end = c.sample ? static_cast<int32_t>(seq.tokens.size()) - 1 : c.pos0 + c.n_tokens;
+    // Slots before pos0 were filled by earlier steps (a restored hybrid re-feeds them).
+    const int32_t begin = std::max(seq.drafts.mtp_next_slot, c.pos0);
+    if (begin >= valid_end) continue;
+    const bool want = c.sample && max_drafts_for(seq) > 0;
+    SeqChunk mc;
+    mc.token_begin = static_cast<int32_t>(draft_batch_.tokens.size());
+    mc.n_tokens = valid_end - begin;
+    mc.pos0 = begin;
+    mc.block_table = seq.block_table.data();
+    mc.n_blocks = static_cast<int32_t>(seq.block_table.size());
+    mc.last_logits = want;
+    draft_batch_.seqs.push_back(mc);
+    draft_batch_.tokens.insert(draft_batch_.tokens.end(), seq.tokens.begin() + begin + 1, seq.tokens.begin() + valid_end + 1);
+    const float* rows = trunk_hidden_.data() + (batch_.seqs[i].token_begin + (begin - c.pos0)) * H;
+    draft_hidden_.insert(draft_hidden_.end(), rows, rows + mc.n_tokens * H);
+    seq.drafts.mtp_next_slot = valid_end;
+    seq.drafts.tokens.clear();
+    seq.drafts.probs.clear();
+    if (want) drafting_.push_back(&seq);
+  }
+  if (draft_batch_.tokens.empty()) return;
+  draft_logits_.resize(std::max<size_t>(drafting_.size(), 1) * V);
+  try {
+    for (int32_t step = 0; !draft_batch_.seqs.empty(); ++step) {
+      model_.draft(draft_batch_, draft_hidden_.data(), kv_, drafting_.empty() ? nullptr : draft_logits_.data());
+      if (drafting_.empty()) break;
+      // Pick draft `step` of every drafting sequence, then set up the next recursive pass:
+      // the new draft at the next slot, with the head's own hidden state standing in for
+      // the trunk's (overwritten by the real entry once the trunk has run there).
+      const float* head_hidden = model_.last_hidden();
+      draft_batch_.tokens.clear();
+      draft_batch_.seqs.clear();
+      draft_hidden_.clear();
+      size_t kept = 0;
+      for (size_t r = 0; r < drafting_.size(); ++r) {
+        Sequence& seq = *drafting_[r];
+        const int32_t limit = max_drafts_for(seq);
+        const bool sampled = seq.sampler->params().temperature > 0.0f;
+        if (sampled) seq.drafts.probs.resize(static_cast<size_t>(limit) * V);
+        // The penalties see the drafts so far, as verification will.
+        const size_t n_tokens = seq.tokens.size();
+        seq.tokens.insert(seq.tokens.end(), seq.drafts.tokens.begin(), seq.drafts.tokens.end());
+        const int32_t d = pick_draft(*seq.sampler, draft_logits_.data() + r * V, seq.tokens,
+                                     sampled ? seq.drafts.probs.data() + static_cast<size_t>(step) * V : nullptr,
+                                     prob_scratch_);
+        seq.tokens.resize(n_tokens);
+        seq.drafts.tokens.push_back(d);
+        if (static_cast<int32_t>(seq.drafts.tokens.size()) >= limit) continue;
+        // The pair (h~_{slot}, d) goes to MTP slot `slot` = the position of the token before d.
+        const int32_t slot = static_cast<int32_t>(n_tokens) - 1 + step;
+        if (!scheduler_.try_reserve_blocks(seq, slot + 1)) continue;
+        SeqChunk mc;
+        mc.token_begin = static_cast<int32_t>(draft_batch_.tokens.size());
+        mc.n_tokens = 1;
+        mc.pos0 = slot;
+        mc.block_table = seq.block_table.data();
+        mc.n_blocks = static_cast<int32_t>(seq.block_table.size());
+        draft_batch_.seqs.push_back(mc);
+        draft_batch_.tokens.push_back(d);
+        draft_hidden_.insert(draft_hidden_.end(), head_hidden + r * H, head_hidden + (r + 1) * H);
+        drafting_[kept++] = &seq;
+      }
+      drafting_.resize(kept);
+    }
+  } catch (const std::exception& ex) {
+    // Drafts are only proposals: without them the sequences decode normally.
+    LOG_ERROR("engine: MTP drafting failed: {}", ex.what());
+    for (const ScheduledChunk& c : plan.chunks) {
+      if (c.seq->status == SeqStatus::kRunning) {
+        c.seq->drafts.tokens.clear();
+        c.seq->drafts.probs.clear();
+      }
+    }
+  }
+  for (const ScheduledChunk& c : plan.chunks) {
+    // Keep q rows only for the drafts actually made.
+    Sequence& seq = *c.seq;
+    if (seq.status == SeqStatus::kRunning && !seq.drafts.probs.empty()) seq.drafts.probs.resize(seq.drafts.tokens.size() * V);
+  }
 }
 
 EngineStats EngineCore::stats() const {

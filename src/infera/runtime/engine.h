@@ -47,6 +47,18 @@ struct EngineStats {
   int64_t tokens_computed = 0;            // every token fed through the model
   int64_t tokens_generated = 0;           // tokens sampled
   int64_t requests_finished = 0;
+  // Speculative decoding (all zero when it is off; docs/speculative.md).
+  int64_t spec_drafted = 0;                   // draft tokens verified
+  int64_t spec_accepted = 0;                  // of those, accepted
+  int64_t spec_verify_steps = 0;              // sequence-steps that verified at least one draft
+  int64_t spec_decode_steps = 0;              // sequence-steps that sampled after the first token
+  int64_t spec_decode_tokens = 0;             // tokens those steps emitted (mean per step = this / steps)
+  std::vector<int64_t> spec_drafted_per_pos;  // [draft tokens] verified drafts by position in the draft
+  std::vector<int64_t> spec_accepted_per_pos; // [draft tokens] accepted drafts by position
+  double spec_acceptance_rate() const { return spec_drafted > 0 ? double(spec_accepted) / double(spec_drafted) : 0.0; }
+  double spec_tokens_per_step() const {
+    return spec_decode_steps > 0 ? double(spec_decode_tokens) / double(spec_decode_steps) : 0.0;
+  }
 };
 
 class EngineCore {
@@ -87,6 +99,17 @@ class EngineCore {
  private:
   void finish(Sequence& seq, FinishReason reason, int32_t stop_token, std::string error = {});
   void flush_events();
+  // Samples (or verifies drafts and samples) the tokens of a chunk that reached the end
+  // of its sequence; appends them to seq.tokens, commits the kept K/V and rolls back the
+  // rest. `logits`: the chunk's rows. Returns the index in seq.tokens of the first new token.
+  size_t sample_chunk(const ScheduledChunk& c, float* logits);
+  // Sends the token events of seq.tokens[first..], ending the sequence on a stop token or
+  // at max_tokens (later tokens of the same step are dropped).
+  void emit_tokens(Sequence& seq, size_t first, Clock::time_point now);
+  // Speculative decoding: proposes the next drafts of the plan's live sequences.
+  void propose_ngram_drafts(const StepPlan& plan);
+  void propose_mtp_drafts(const StepPlan& plan);
+  int32_t max_drafts_for(const Sequence& seq) const;
 
   Model& model_;
   EngineConfig config_;
@@ -106,6 +129,15 @@ class EngineCore {
   std::unordered_map<RequestId, int32_t> state_slots_;
   std::vector<int32_t> free_state_slots_;
   int32_t state_slot_for(RequestId id);
+  // Speculative decoding.
+  int32_t num_draft_ = 0;              // draft tokens per sequence and step (0: off)
+  bool hybrid_ = false;                // recurrent state: rejected drafts need a restore
+  std::vector<float> prob_scratch_;    // [vocab]
+  std::vector<float> trunk_hidden_;    // MTP: [batch tokens, hidden] of the last forward
+  ForwardBatch draft_batch_;           // MTP: one drafting pass over several sequences
+  std::vector<float> draft_hidden_;    // MTP: [draft_batch_ tokens, hidden]
+  std::vector<float> draft_logits_;    // MTP: [drafting sequences, vocab]
+  std::vector<Sequence*> drafting_;    // MTP: sequences with a logits row in the pass, in order
 };
 
 // Events of one request, queued for a consumer thread (the server's HTTP handler).

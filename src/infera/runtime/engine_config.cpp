@@ -63,6 +63,28 @@ int64_t parse_memory_size(const std::string& text, const std::string& what) {
   return static_cast<int64_t>(std::llround(bytes));
 }
 
+const char* speculative_method_name(SpeculativeMethod method) {
+  switch (method) {
+    case SpeculativeMethod::kNone: return "none";
+    case SpeculativeMethod::kNgram: return "ngram";
+    case SpeculativeMethod::kMtp: return "mtp";
+  }
+  return "unknown";
+}
+
+SpeculativeMethod parse_speculative_method(const std::string& text, const std::string& what) {
+  if (text == "none" || text.empty()) return SpeculativeMethod::kNone;
+  if (text == "ngram") return SpeculativeMethod::kNgram;
+  if (text == "mtp") return SpeculativeMethod::kMtp;
+  fail("{}: '{}' is not a speculative decoding method; use none, ngram or mtp", what, text);
+}
+
+int32_t SpeculativeConfig::draft_tokens() const {
+  if (method == SpeculativeMethod::kNone) return 0;
+  if (num_draft_tokens > 0) return num_draft_tokens;
+  return method == SpeculativeMethod::kMtp ? 1 : 4;
+}
+
 void validate_engine_config(const EngineConfig& c) {
   if (c.kv_cache_bytes <= 0) fail("engine config: kv_cache_bytes must be positive (set --kv-cache-memory)");
   if (c.block_size <= 0 || c.block_size > 1024) fail("engine config: block_size {} must be in [1, 1024]", c.block_size);
@@ -75,6 +97,19 @@ void validate_engine_config(const EngineConfig& c) {
   }
   if (c.prefill_chunk <= 0) fail("engine config: prefill_chunk must be positive");
   if (c.max_context < 0) fail("engine config: max_context must be >= 0 (0: the model's limit)");
+  const SpeculativeConfig& s = c.speculative;
+  if (s.num_draft_tokens < 0 || s.num_draft_tokens > SpeculativeConfig::kMaxDraftTokens) {
+    fail("engine config: speculative num_draft_tokens {} must be in [0, {}] (0: the method's default)", s.num_draft_tokens,
+         SpeculativeConfig::kMaxDraftTokens);
+  }
+  if (s.ngram_min < 1 || s.ngram_max < s.ngram_min || s.ngram_max > 64) {
+    fail("engine config: speculative n-gram lengths [{}, {}] must satisfy 1 <= ngram_min <= ngram_max <= 64", s.ngram_min,
+         s.ngram_max);
+  }
+  if (!(s.acceptance_threshold >= 0.0f && s.acceptance_threshold <= 1.0f)) {
+    fail("engine config: speculative acceptance_threshold {} must be in [0, 1] (0: off, exact sampling)",
+         s.acceptance_threshold);
+  }
 }
 
 }  // namespace infera

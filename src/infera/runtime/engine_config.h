@@ -10,6 +10,35 @@ namespace infera {
 
 struct ModelConfig;
 
+// Speculative decoding (docs/speculative.md): who proposes the draft tokens that one
+// forward of the model then verifies.
+enum class SpeculativeMethod {
+  kNone,
+  kNgram,  // prompt lookup: tokens that followed the last n-gram earlier in the sequence (any model)
+  kMtp,    // the checkpoint's multi-token-prediction head (Qwen3.5 / Qwen3-Next mtp.*)
+};
+const char* speculative_method_name(SpeculativeMethod method);  // "none", "ngram", "mtp"
+// "none" | "ngram" | "mtp"; throws infera::Error naming `what` (e.g. "--speculative") otherwise.
+SpeculativeMethod parse_speculative_method(const std::string& text, const std::string& what = "--speculative");
+
+struct SpeculativeConfig {
+  SpeculativeMethod method = SpeculativeMethod::kNone;
+  // Draft tokens verified per step and sequence; 0: the method's default (mtp 1, ngram 4).
+  // MTP drafts more than one by running its single layer recursively on its own output.
+  int32_t num_draft_tokens = 0;
+  // n-gram lengths tried, longest first, when looking the sequence's tail up in its history.
+  int32_t ngram_max = 3;
+  int32_t ngram_min = 1;
+  // 0 (default): exact speculative sampling, the output distribution equals the model's.
+  // In (0, 1]: a draft token whose target probability reaches this is accepted outright,
+  // which trades fidelity for acceptance (temperature > 0 only; greedy is always exact).
+  float acceptance_threshold = 0.0f;
+
+  static constexpr int32_t kMaxDraftTokens = 16;
+  // The effective number of draft tokens (the method's default for 0).
+  int32_t draft_tokens() const;
+};
+
 struct EngineConfig {
   // Bytes of KV cache (all layers, K and V). The pool is reserved as virtual memory and
   // committed as blocks are first written, so this is a ceiling, not an up-front cost.
@@ -28,6 +57,7 @@ struct EngineConfig {
   // Stop on the model's EOS ids (config.json / generation_config) unless a request sets
   // ignore_eos. Extra ids every request stops on (e.g. BOS for llama2.c models).
   bool stop_on_model_eos = true;
+  SpeculativeConfig speculative;
 };
 
 // Parses a memory size: "2GiB", "512MB", "1.5G", "300000000" (bytes), or "30%" (of the

@@ -38,8 +38,11 @@ class Sampler {
   void apply_penalties(float* logits, std::span<const int32_t> history);
   std::vector<std::pair<int32_t, float>> candidates(const float* logits);
 
- private:
+  // The next draw of this sampler's seeded stream, in [0, 1) (speculative sampling draws
+  // its acceptance tests and resamples from the same stream, so runs stay reproducible).
   double next_uniform();
+
+ private:
   SamplingParams params_;
   int32_t vocab_size_;
   std::mt19937_64 rng_;

@@ -46,6 +46,9 @@ void Scheduler::release_blocks(Sequence& seq) {
   for (auto it = seq.block_table.rbegin(); it != seq.block_table.rend(); ++it) blocks_.release(*it);
   seq.block_table.clear();
   seq.num_computed = 0;
+  // Drafts were proposed for the KV state just dropped; the MTP head's cache goes with it.
+  seq.drafts.tokens.clear();
+  seq.drafts.mtp_next_slot = 0;
   seq.num_cached_blocks = 0;
   seq.last_block_hash = KvBlockManager::kRootHash;
 }
@@ -99,6 +102,17 @@ StepPlan Scheduler::schedule() {
     }
     if (self_preempted) break;
     add_chunk(seq, n);
+    ScheduledChunk& c = plan.chunks.back();
+    if (c.sample && !seq.drafts.tokens.empty()) {
+      // Drafts use the budget left after the later sequences' decode tokens, and only
+      // free blocks: speculation never preempts.
+      int32_t n_draft = std::min(static_cast<int32_t>(seq.drafts.tokens.size()), budget - decodes_after);
+      while (n_draft > 0 && !reserve_blocks(seq, seq.num_computed + n + n_draft)) --n_draft;
+      n_draft = std::max(n_draft, 0);
+      c.n_draft = n_draft;
+      plan.num_tokens += n_draft;
+      budget -= n_draft;
+    }
   }
 
   // 2. Admit waiting sequences, oldest first; stop at the first that does not fit
@@ -138,10 +152,11 @@ StepPlan Scheduler::schedule() {
   return plan;
 }
 
-void Scheduler::commit(const ScheduledChunk& chunk) {
+void Scheduler::commit(const ScheduledChunk& chunk, int32_t n_kept) {
   Sequence& seq = *chunk.seq;
   INFERA_ASSERT(seq.num_computed == chunk.pos0);
-  seq.num_computed += chunk.n_tokens;
+  INFERA_ASSERT(n_kept >= 0 && n_kept <= chunk.n_tokens + chunk.n_draft);
+  seq.num_computed += n_kept;
   if (!blocks_.prefix_cache_enabled()) return;
   const int32_t bs = blocks_.block_size();
   while ((seq.num_cached_blocks + 1) * bs <= seq.num_computed) {
@@ -149,6 +164,15 @@ void Scheduler::commit(const ScheduledChunk& chunk) {
     const std::span<const int32_t> block_tokens(seq.tokens.data() + static_cast<size_t>(i) * bs, bs);
     seq.last_block_hash = blocks_.register_block(seq.block_table[i], seq.last_block_hash, block_tokens);
     ++seq.num_cached_blocks;
+  }
+}
+
+void Scheduler::trim_blocks(Sequence& seq, int32_t n_positions) {
+  const int32_t bs = blocks_.block_size();
+  const int32_t keep = std::max((n_positions + bs - 1) / bs, seq.num_cached_blocks);
+  while (static_cast<int32_t>(seq.block_table.size()) > keep) {
+    blocks_.release(seq.block_table.back());
+    seq.block_table.pop_back();
   }
 }
 

@@ -28,6 +28,10 @@ struct ScheduledChunk {
   int32_t pos0 = 0;      // = seq->num_computed when scheduled
   int32_t n_tokens = 0;  // tokens seq->tokens[pos0, pos0 + n_tokens)
   bool sample = false;   // the chunk reaches the end of the sequence: sample a token
+  // Speculative decoding: seq->drafts.tokens[0, n_draft) follow the n_tokens real tokens
+  // in the batch, at positions pos0 + n_tokens ..., to be verified (only when `sample`).
+  // Their KV blocks are taken without preempting anyone: drafts that do not fit are dropped.
+  int32_t n_draft = 0;
 };
 
 struct StepPlan {
@@ -48,7 +52,17 @@ class Scheduler {
 
   // After the forward: marks the chunk's tokens computed and registers the sequence's
   // newly completed full blocks in the prefix cache.
-  void commit(const ScheduledChunk& chunk);
+  void commit(const ScheduledChunk& chunk) { commit(chunk, chunk.n_tokens); }
+  // Speculative verify: only the first n_kept fed tokens (real tokens, then accepted
+  // drafts) stay computed; the K/V of the rest is left to be overwritten.
+  void commit(const ScheduledChunk& chunk, int32_t n_kept);
+
+  // Releases seq's blocks beyond those covering positions [0, n_positions) (rejected
+  // draft tokens' blocks). They were never registered in the prefix cache.
+  void trim_blocks(Sequence& seq, int32_t n_positions);
+  // Grows seq's block table to cover [0, n_positions) without preempting anyone (MTP
+  // drafting writes a few positions ahead). False when the blocks are not available.
+  bool try_reserve_blocks(Sequence& seq, int32_t n_positions) { return reserve_blocks(seq, n_positions); }
 
   // Removes a sequence (finished, cancelled or failed) and releases its blocks. Returns
   // its ownership; null when the id is unknown.

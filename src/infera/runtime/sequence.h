@@ -4,6 +4,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -68,11 +69,22 @@ enum class SeqStatus { kWaiting, kRunning, kFinished };
 // state, snapshotted at block boundaries so prefix caching and preemption can restore it.
 struct RecurrentState {};
 
-// Draft tokens proposed by a speculative decoder (MTP head or n-gram lookup) and not yet
-// verified. The verify step feeds them as one chunk with all_logits; rejected ones are
-// rolled back by shrinking num_computed (their KV slots are simply overwritten later).
+// Speculative decoding state of one sequence (docs/speculative.md). Draft tokens proposed
+// by the MTP head or n-gram lookup wait here until the sequence's next decode step feeds
+// them after its last token as one chunk with every row's logits. Rejected drafts are
+// rolled back: their attention K/V by not advancing num_computed (the slots are
+// overwritten later), a hybrid model's recurrent state by restoring `state_snapshot`.
 struct SpeculativeDrafts {
-  std::vector<int32_t> tokens;
+  std::vector<int32_t> tokens;        // proposed, not yet verified
+  // Draft distributions q [tokens.size(), vocab] when the MTP head sampled them
+  // (temperature > 0); empty: deterministic drafts (n-gram, greedy), q one-hot.
+  std::vector<float> probs;
+  // MTP head: its KV slots [0, mtp_next_slot) hold entries built from the trunk's real
+  // hidden states; slots past it hold provisional entries of recursive drafting.
+  int32_t mtp_next_slot = 0;
+  // Hybrid models: the sequence's recurrent state before the verify forward
+  // [Model::state_bytes_per_slot()], allocated on the first verify.
+  std::vector<std::byte> state_snapshot;
 };
 
 // The engine's state of one request. Owned by the scheduler; touched only on the engine

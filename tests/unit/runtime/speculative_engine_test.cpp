@@ -1,0 +1,382 @@
+// Speculative decoding through the engine. Greedy runs with n-gram or MTP drafts must emit
+// exactly the tokens of the same engine without speculation, batched, staggered and under
+// KV pressure, while drafts are both accepted and rejected (so rollback of attention K/V,
+// of the hybrid's recurrent state and of the MTP head's cache is exercised: a rejected
+// draft that left a trace would change a later token). Sampled runs must keep the token
+// distribution (frequency check against the non-speculative engine).
+//
+// Models: the trained stories260K (llama, attention only) and a tiny random qwen3_5_moe
+// with an MTP head from tools/gen_model.py (Gated DeltaNet + attention + MoE).
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <cmath>
+#include <map>
+#include <random>
+
+#include "infera/base/error.h"
+#include "infera/base/threads.h"
+#include "infera/runtime/engine.h"
+#include "infera/tokenizer/tokenizer.h"
+
+using namespace infera;
+
+namespace {
+
+namespace fs = std::filesystem;
+
+Model& stories() {
+  static std::unique_ptr<Model> model = [] {
+    LoadOptions o;
+    o.max_batch_tokens = 512;
+    return load_model(std::string(INFERA_SOURCE_DIR) + "/../shared/models/stories260K", o);
+  }();
+  return *model;
+}
+
+Model& hybrid() {
+  static std::unique_ptr<Model> model = [] {
+    const fs::path dir = fs::temp_directory_path() / ("infera_spec_hybrid_" + std::to_string(::getpid()));
+    const std::string cmd = "/usr/bin/python3 " + std::string(INFERA_SOURCE_DIR) + "/tools/gen_model.py " +
+                            dir.string() +
+                            " --arch qwen3_5_moe --hidden 64 --layers 4 --heads 4 --kv-heads 2 --head-dim 32"
+                            " --lin-k-heads 2 --lin-v-heads 4 --lin-dk 16 --lin-dv 16 --experts 8 --experts-per-tok 2"
+                            " --moe-ffn 32 --shared-ffn 48 --vocab 300 --seed 5 > /dev/null";
+    EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
+    LoadOptions o;
+    o.max_batch_tokens = 512;
+    auto m = load_model(dir.string(), o);
+    std::error_code ec;
+    fs::remove_all(dir, ec);  // the mapping stays valid after the files are unlinked
+    return m;
+  }();
+  return *model;
+}
+
+std::vector<int32_t> random_tokens(std::mt19937& rng, int32_t n, int32_t lo, int32_t hi) {
+  std::uniform_int_distribution<int32_t> d(lo, hi);
+  std::vector<int32_t> p;
+  while (static_cast<int32_t>(p.size()) < n) p.push_back(d(rng));
+  return p;
+}
+
+// A prompt that repeats a phrase: prompt lookup then has something to find.
+std::vector<int32_t> repetitive(std::mt19937& rng, int32_t phrase, int32_t times, int32_t lo, int32_t hi) {
+  const std::vector<int32_t> p = random_tokens(rng, phrase, lo, hi);
+  std::vector<int32_t> out;
+  for (int32_t i = 0; i < times; ++i) out.insert(out.end(), p.begin(), p.end());
+  return out;
+}
+
+// These models' steps are too small to share between threads (OpenMP start-up and
+// spinning dominate on a loaded machine): one thread for the test's duration.
+struct OneThread {
+  int saved = num_threads();
+  OneThread() { set_num_threads(1); }
+  ~OneThread() { set_num_threads(saved); }
+};
+
+struct Outcome {
+  std::vector<std::vector<int32_t>> tokens;  // per prompt, in submission order
+  EngineStats stats;
+};
+
+// Adds the first three prompts, then one more every second step (staggered arrivals).
+Outcome run_engine(Model& model, EngineConfig config, const std::vector<std::vector<int32_t>>& prompts, int32_t gen,
+               const SamplingParams& sampling = {}) {
+  EngineCore core(model, config);
+  std::map<RequestId, std::vector<int32_t>> out;
+  std::vector<RequestId> ids;
+  auto add = [&](size_t i) {
+    Request r;
+    r.prompt_ids = prompts[i];
+    r.max_tokens = gen;
+    r.ignore_eos = true;
+    r.sampling = sampling;
+    r.sampling.seed = sampling.seed + i;
+    ids.push_back(core.add_request(r, [&](const Event& e) {
+      if (!e.is_final()) out[e.id].push_back(e.token);
+    }));
+  };
+  size_t next = 0;
+  for (; next < std::min<size_t>(3, prompts.size()); ++next) add(next);
+  int steps = 0;
+  while (core.has_work()) {
+    core.step();
+    if (next < prompts.size() && ++steps % 2 == 0) add(next++);
+  }
+  Outcome run;
+  for (RequestId id : ids) run.tokens.push_back(out[id]);
+  run.stats = core.stats();
+  return run;
+}
+
+EngineConfig config_for(SpeculativeMethod method, int32_t k) {
+  EngineConfig c;
+  c.block_size = 16;
+  c.max_batch_tokens = 128;
+  c.max_num_seqs = 4;
+  c.prefill_chunk = 32;
+  c.kv_cache_bytes = 64 << 20;
+  c.speculative.method = method;
+  c.speculative.num_draft_tokens = k;
+  return c;
+}
+
+int64_t block_bytes(Model& model) {
+  const KvPoolShape s = model.kv_shape(16);
+  return s.num_layers * 2 * 16 * s.n_kv_heads * s.head_dim * static_cast<int64_t>(sizeof(float));
+}
+
+void expect_same(const Outcome& spec, const Outcome& plain, const std::string& what) {
+  ASSERT_EQ(spec.tokens.size(), plain.tokens.size());
+  for (size_t i = 0; i < plain.tokens.size(); ++i) {
+    EXPECT_EQ(spec.tokens[i], plain.tokens[i]) << what << ": prompt " << i;
+  }
+}
+
+void expect_rejections_and_acceptances(const EngineStats& s, const std::string& what) {
+  EXPECT_GT(s.spec_drafted, 0) << what;
+  EXPECT_GT(s.spec_accepted, 0) << what;
+  EXPECT_LT(s.spec_accepted, s.spec_drafted) << what << ": no draft was rejected, rollback untested";
+  int64_t per_pos = 0;
+  for (int64_t a : s.spec_accepted_per_pos) per_pos += a;
+  EXPECT_EQ(per_pos, s.spec_accepted) << what;
+  for (size_t i = 1; i < s.spec_accepted_per_pos.size(); ++i) {
+    // Draft i is only accepted after draft i-1 was.
+    EXPECT_LE(s.spec_accepted_per_pos[i], s.spec_accepted_per_pos[i - 1]) << what;
+  }
+}
+
+}  // namespace
+
+TEST(SpeculativeEngine, NgramGreedyEqualsPlainOnStories260K) {
+  OneThread one;
+  std::mt19937 rng(21);
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < 2; ++i) {
+    std::vector<int32_t> p{1};
+    const auto r = repetitive(rng, 7 + 3 * i, 4, 259, 511);
+    p.insert(p.end(), r.begin(), r.end());
+    prompts.push_back(p);
+  }
+  for (int32_t n : {5, 40, 17}) {
+    std::vector<int32_t> p{1};
+    const auto r = random_tokens(rng, n, 259, 511);
+    p.insert(p.end(), r.begin(), r.end());
+    prompts.push_back(p);
+  }
+  const int32_t gen = 48;
+  const Outcome plain = run_engine(stories(), config_for(SpeculativeMethod::kNone, 0), prompts, gen);
+  EXPECT_EQ(plain.stats.spec_drafted, 0);
+  for (int32_t k : {1, 4}) {
+    const Outcome spec = run_engine(stories(), config_for(SpeculativeMethod::kNgram, k), prompts, gen);
+    expect_same(spec, plain, "ngram k=" + std::to_string(k));
+    expect_rejections_and_acceptances(spec.stats, "ngram k=" + std::to_string(k));
+    EXPECT_EQ(spec.stats.spec_accepted_per_pos.size(), static_cast<size_t>(k));
+    // Fewer forwards for the same tokens.
+    EXPECT_LT(spec.stats.steps, plain.stats.steps) << "k=" << k;
+    EXPECT_GT(spec.stats.spec_tokens_per_step(), 1.0) << "k=" << k;
+  }
+  // Under KV pressure (preemptions drop drafts with the blocks) and without the prefix
+  // cache (with it, only accepted tokens' blocks may ever be registered).
+  EngineConfig tight = config_for(SpeculativeMethod::kNgram, 4);
+  tight.kv_cache_bytes = 14 * block_bytes(stories());
+  const Outcome spec_tight = run_engine(stories(), tight, prompts, gen);
+  expect_same(spec_tight, plain, "ngram, tight KV");
+  EXPECT_GT(spec_tight.stats.preemptions, 0);
+  tight.enable_prefix_cache = false;
+  expect_same(run_engine(stories(), tight, prompts, gen), plain, "ngram, tight KV, no prefix cache");
+}
+
+TEST(SpeculativeEngine, NgramGreedyEqualsPlainOnHybrid) {
+  OneThread one;
+  // Every rejected draft here has to be undone in the Gated DeltaNet state as well.
+  std::mt19937 rng(5);
+  std::vector<std::vector<int32_t>> prompts = {repetitive(rng, 6, 4, 3, 290), random_tokens(rng, 30, 3, 290),
+                                               repetitive(rng, 9, 3, 3, 290), random_tokens(rng, 11, 3, 290)};
+  const int32_t gen = 32;
+  const Outcome plain = run_engine(hybrid(), config_for(SpeculativeMethod::kNone, 0), prompts, gen);
+  const Outcome spec = run_engine(hybrid(), config_for(SpeculativeMethod::kNgram, 3), prompts, gen);
+  expect_same(spec, plain, "hybrid ngram");
+  // This random model does not repeat itself, so its n-gram drafts are all rejected:
+  // every verify step restores the recurrent state. (Accepted-then-rejected drafts on
+  // the hybrid are covered by the MTP test below.)
+  EXPECT_GT(spec.stats.spec_drafted, 10);
+  EXPECT_LT(spec.stats.spec_accepted, spec.stats.spec_drafted);
+}
+
+TEST(SpeculativeEngine, MtpGreedyEqualsPlainOnHybridBatchedAndPreempted) {
+  OneThread one;
+  std::mt19937 rng(7);
+  std::vector<std::vector<int32_t>> prompts;
+  for (int32_t n : {3, 70, 20, 45, 9}) prompts.push_back(random_tokens(rng, n, 3, 290));
+  prompts.push_back(repetitive(rng, 5, 5, 3, 290));
+  const int32_t gen = 24;
+  const Outcome plain = run_engine(hybrid(), config_for(SpeculativeMethod::kNone, 0), prompts, gen);
+  for (int32_t k : {1, 3}) {
+    const std::string what = "mtp k=" + std::to_string(k);
+    const Outcome spec = run_engine(hybrid(), config_for(SpeculativeMethod::kMtp, k), prompts, gen);
+    expect_same(spec, plain, what);
+    // A random MTP head still guesses right sometimes (random models repeat themselves).
+    expect_rejections_and_acceptances(spec.stats, what);
+  }
+  EngineConfig tight = config_for(SpeculativeMethod::kMtp, 2);
+  tight.kv_cache_bytes = 12 * block_bytes(hybrid());
+  const Outcome spec_tight = run_engine(hybrid(), tight, prompts, gen);
+  expect_same(spec_tight, plain, "mtp k=2, tight KV");
+  EXPECT_GT(spec_tight.stats.preemptions, 0);
+}
+
+TEST(SpeculativeEngine, MtpNeedsAnMtpHead) {
+  try {
+    EngineCore core(stories(), config_for(SpeculativeMethod::kMtp, 1));
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("no multi-token-prediction head"), std::string::npos) << e.what();
+  }
+  EngineConfig bad = config_for(SpeculativeMethod::kNgram, SpeculativeConfig::kMaxDraftTokens + 1);
+  EXPECT_THROW(EngineCore(stories(), bad), Error);
+  EXPECT_THROW(parse_speculative_method("medusa"), Error);
+  EXPECT_EQ(parse_speculative_method("mtp"), SpeculativeMethod::kMtp);
+}
+
+namespace {
+
+// Two-sample chi-square over the categories both runs produced (rare ones pooled).
+double two_sample_chi_square(const std::map<int32_t, int64_t>& a, const std::map<int32_t, int64_t>& b, int64_t n,
+                             int* dof) {
+  std::map<int32_t, std::pair<int64_t, int64_t>> cells;
+  for (const auto& [t, c] : a) cells[t].first += c;
+  for (const auto& [t, c] : b) cells[t].second += c;
+  std::vector<std::pair<int64_t, int64_t>> pooled;
+  std::pair<int64_t, int64_t> rare{0, 0};
+  for (const auto& [t, c] : cells) {
+    if (c.first + c.second < 20) {
+      rare.first += c.first;
+      rare.second += c.second;
+    } else {
+      pooled.push_back(c);
+    }
+  }
+  if (rare.first + rare.second > 0) pooled.push_back(rare);
+  double x2 = 0;
+  for (const auto& [x, y] : pooled) {
+    // Equal sample sizes: (x - y)^2 / (x + y).
+    x2 += static_cast<double>((x - y) * (x - y)) / static_cast<double>(x + y);
+  }
+  *dof = static_cast<int>(pooled.size()) - 1;
+  (void)n;
+  return x2;
+}
+
+// Upper 1e-4 quantile of chi-square with `dof` degrees of freedom (Wilson-Hilferty).
+double chi_square_limit(int dof) {
+  const double z = 3.719;  // standard normal 1 - 1e-4
+  const double k = dof;
+  const double t = 1.0 - 2.0 / (9.0 * k) + z * std::sqrt(2.0 / (9.0 * k));
+  return k * t * t * t;
+}
+
+void expect_same_distribution(Model& model, SpeculativeMethod method, int32_t k, const std::vector<int32_t>& prompt,
+                              int32_t n_runs, float temperature, int32_t bins, const std::string& what) {
+  SamplingParams sp;
+  sp.temperature = temperature;
+  std::vector<std::vector<int32_t>> prompts(n_runs, prompt);
+  EngineConfig c = config_for(SpeculativeMethod::kNone, 0);
+  c.max_num_seqs = 64;
+  c.max_batch_tokens = 512;
+  sp.seed = 1000;
+  const Outcome plain = run_engine(model, c, prompts, 3, sp);
+  c.speculative.method = method;
+  c.speculative.num_draft_tokens = k;
+  sp.seed = 500000;  // independent samples
+  const Outcome spec = run_engine(model, c, prompts, 3, sp);
+  if (std::getenv("SPEC_DEBUG")) printf("drafted %ld accepted %ld\n", spec.stats.spec_drafted, spec.stats.spec_accepted);
+  EXPECT_GT(spec.stats.spec_accepted, 0) << what;
+  EXPECT_LT(spec.stats.spec_accepted, spec.stats.spec_drafted) << what;
+  // Tokens 2 and 3 come out of verify steps; token 2 alone, and the pair (2, 3).
+  for (int pos : {1, 2}) {
+    std::map<int32_t, int64_t> a, b;
+    // Tokens grouped by id modulo `bins` (any fixed grouping keeps equal distributions
+    // equal) so that a small sample fills the cells of a large vocabulary.
+    auto cell = [&](const std::vector<int32_t>& t) { return pos == 1 ? t[1] % bins : (t[1] % bins) * bins + t[2] % bins; };
+    for (const auto& t : plain.tokens) ++a[cell(t)];
+    for (const auto& t : spec.tokens) ++b[cell(t)];
+    int dof = 0;
+    const double x2 = two_sample_chi_square(a, b, n_runs, &dof);
+    ASSERT_GT(dof, 1) << what;
+    EXPECT_LT(x2, chi_square_limit(dof)) << what << ": token " << pos + 1 << ", " << dof << " dof";
+  }
+}
+
+}  // namespace
+
+TEST(SpeculativeEngine, SampledNgramKeepsTheDistributionOnStories260K) {
+  OneThread one;
+  // Story text the model knows, repeated: drafts are often but not always right.
+  const Tokenizer tok = Tokenizer::load(std::string(INFERA_SOURCE_DIR) + "/../shared/models/stories260K");
+  const std::vector<int32_t> prompt =
+      tok.encode("Once upon a time, there was a little girl. Once upon a time, there was a little girl. Once upon a");
+  expect_same_distribution(stories(), SpeculativeMethod::kNgram, 2, prompt, 3000, 1.5f, 1 << 20, "stories ngram");
+}
+
+TEST(SpeculativeEngine, SampledMtpKeepsTheDistributionOnHybrid) {
+  // MTP drafts are sampled from the head's distribution q under the request's transform
+  // (temperature 2 here, for the target too): the residual max(0, p - q) path is
+  // exercised. The random head rarely agrees with the trunk; a high temperature makes
+  // p and q overlap enough for acceptances.
+  OneThread one;
+  std::mt19937 rng(8);
+  expect_same_distribution(hybrid(), SpeculativeMethod::kMtp, 2, repetitive(rng, 4, 3, 3, 290), 1500, 2.0f, 4, "hybrid mtp");
+}
+
+TEST(SpeculativeModelSeam, StateRestoreAndAllTokenHiddenStates) {
+  OneThread one;
+  Model& model = hybrid();
+  const int32_t V = model.config().vocab_size, H = model.config().hidden_size;
+  KvPoolShape shape = model.kv_shape(16);
+  shape.num_blocks = 4;
+  KvPool kv(shape);
+  const std::vector<int32_t> blocks = {0, 1, 2, 3};
+  auto batch_of = [&](std::vector<int32_t> tokens, int32_t pos0, bool all) {
+    ForwardBatch b;
+    b.tokens = std::move(tokens);
+    SeqChunk c;
+    c.n_tokens = static_cast<int32_t>(b.tokens.size());
+    c.pos0 = pos0;
+    c.block_table = blocks.data();
+    c.n_blocks = 4;
+    c.all_logits = all;
+    b.seqs.push_back(c);
+    return b;
+  };
+  std::vector<float> prompt_logits(V), a(3 * V), b(3 * V);
+  model.forward(batch_of({5, 17, 42, 99, 7}, 0, false), kv, prompt_logits.data());
+  std::vector<std::byte> snapshot(static_cast<size_t>(model.state_bytes_per_slot()));
+  model.save_state(0, snapshot.data());
+  // A "verify" chunk, then the state restored and a different chunk at the same place,
+  // then the first chunk again: the restore must make it as if nothing had happened.
+  model.forward(batch_of({11, 12, 13}, 5, true), kv, a.data());
+  model.restore_state(0, snapshot.data());
+  model.forward(batch_of({200, 201, 202}, 5, true), kv, b.data());
+  EXPECT_NE(a, b);
+  model.restore_state(0, snapshot.data());
+  std::vector<float> again(3 * V);
+  model.set_hidden_for_all_tokens(true);
+  model.forward(batch_of({11, 12, 13}, 5, false), kv, again.data());  // last row only
+  std::vector<float> all_hidden(model.last_hidden(), model.last_hidden() + 3 * H);
+  model.set_hidden_for_all_tokens(false);
+  // (A tolerance, not equality: 3-row and 1-row matmuls may round differently.)
+  float diff = 0;
+  for (int32_t i = 0; i < V; ++i) diff = std::max(diff, std::abs(a[2 * V + i] - again[i]));
+  EXPECT_LT(diff, 1e-4f);
+  // Every token's hidden state is there, and the last one equals the logits-row hidden state.
+  model.restore_state(0, snapshot.data());
+  model.forward(batch_of({11, 12, 13}, 5, false), kv, again.data());
+  float hdiff = 0;
+  for (int32_t i = 0; i < H; ++i) hdiff = std::max(hdiff, std::abs(all_hidden[2 * H + i] - model.last_hidden()[i]));
+  EXPECT_LT(hdiff, 1e-5f);
+}
