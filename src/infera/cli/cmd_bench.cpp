@@ -400,8 +400,8 @@ json level_result(const std::string& label, double x, const std::vector<Outcome>
   };
   const double used = get(after, "infera_kv_blocks_used"), total = get(after, "infera_kv_blocks_total");
   j["kv_usage"] = std::isfinite(used) && total > 0 ? json(used / total) : json(nullptr);
-  const double acc = get(after, "infera_spec_accepted_tokens_total") - get(before, "infera_spec_accepted_tokens_total");
-  const double drafted = get(after, "infera_spec_draft_tokens_total") - get(before, "infera_spec_draft_tokens_total");
+  const double acc = get(after, "infera_spec_accepted_total") - get(before, "infera_spec_accepted_total");
+  const double drafted = get(after, "infera_spec_drafted_total") - get(before, "infera_spec_drafted_total");
   j["acceptance_rate"] = std::isfinite(acc) && drafted > 0 ? json(acc / drafted) : json(nullptr);
   return j;
 }

@@ -20,6 +20,7 @@
 #include "infera/parallel/communicator.h"
 #include "infera/parallel/launch.h"
 #include "infera/runtime/block_allocator.h"
+#include "infera/runtime/engine.h"
 #include "infera/runtime/sampler.h"
 #include "infera/runtime/sequence_runner.h"
 #include "infera/tokenizer/tokenizer.h"
@@ -49,6 +50,8 @@ struct RunOptions {
   bool no_mmap = false;
   std::string logits_file;  // raw f32 logits of the prompt's last position
   // Tensor / expert parallelism (docs/parallel.md).
+  std::string speculative = "none";  // none | ngram | mtp: decode through EngineCore with drafts
+  int32_t draft_tokens = 0;           // 0: the method's default
   int32_t tp = 1;
   int32_t ep = 1;
   double tp_timeout = 300.0;
@@ -67,6 +70,97 @@ struct RankReport {
 RankReport own_report(const parallel::Communicator& comm) {
   const parallel::CommStats& st = comm.stats();
   return RankReport{parallel::peak_rss_kib(), parallel::current_rss_kib(), st.calls(), st.bytes(), st.seconds()};
+}
+
+// Speculative decoding: the engine core (one sequence) owns the draft/verify loop, so
+// `infera run` uses it instead of the SequenceRunner. Same prompt, sampling and output.
+int generate_speculative(const RunOptions& o, Model& model, const std::vector<int32_t>& prompt,
+                         const SamplingParams& sampling, const std::optional<Tokenizer>& tok) {
+  EngineConfig c;
+  c.speculative.method = parse_speculative_method(o.speculative, "--speculative");
+  c.speculative.num_draft_tokens = o.draft_tokens;
+  c.max_num_seqs = 1;
+  c.max_batch_tokens = o.chunk;  // the model's scratch is sized for --prefill-chunk tokens
+  c.prefill_chunk = o.chunk;
+  c.enable_prefix_cache = false;
+  c.max_context = o.ctx;
+  c.allow_context_beyond_model = true;  // as the plain path: --ctx is the user's call
+  const KvPoolShape shape = model.kv_shape(c.block_size);
+  const int64_t block_bytes = shape.num_layers * 2 * shape.block_size * shape.n_kv_heads * shape.head_dim *
+                              static_cast<int64_t>(sizeof(float));
+  c.kv_cache_bytes = ((o.ctx + c.block_size - 1) / c.block_size) * block_bytes;
+  EngineCore core(model, c);
+
+  Request r;
+  r.prompt_ids = prompt;
+  r.sampling = sampling;
+  r.max_tokens = o.n_predict;
+  r.ignore_eos = o.ignore_eos;
+  if (!o.ignore_eos && tok && tok->eos_id() >= 0) r.stop_token_ids.push_back(tok->eos_id());
+  std::vector<int32_t> generated;
+  std::optional<IncrementalDecoder> detok;
+  if (tok) detok.emplace(*tok);
+  Timer timer;
+  double first_token_s = 0;
+  core.add_request(r, [&](const Event& e) {
+    if (e.is_final()) {
+      if (e.finish == FinishReason::kError) fail("generation failed: {}", e.error);
+      return;
+    }
+    if (generated.empty()) first_token_s = timer.seconds();
+    generated.push_back(e.token);
+    if (detok && !o.json) {
+      const std::string piece = detok->push(e.token);
+      std::fwrite(piece.data(), 1, piece.size(), stdout);
+      std::fflush(stdout);
+    }
+  });
+  while (core.has_work()) core.step();
+  if (detok && !o.json) {
+    const std::string rest = detok->flush();
+    std::fwrite(rest.data(), 1, rest.size(), stdout);
+  }
+  // The first token comes with the prefill; decode time covers the rest, as the plain path.
+  const double decode_s = timer.seconds() - first_token_s;
+  const double gen_tps = generated.size() > 1 && decode_s > 0 ? (generated.size() - 1) / decode_s : 0.0;
+  const double prompt_tps = first_token_s > 0 ? prompt.size() / first_token_s : 0.0;
+  const EngineStats st = core.stats();
+  const char* method = speculative_method_name(c.speculative.method);
+  std::vector<double> by_position;
+  for (size_t i = 0; i < st.spec_drafted_per_pos.size(); ++i) {
+    by_position.push_back(st.spec_drafted_per_pos[i] > 0
+                              ? static_cast<double>(st.spec_accepted_per_pos[i]) / st.spec_drafted_per_pos[i]
+                              : 0.0);
+  }
+  if (o.json) {
+    nlohmann::json j = {{"ids", generated},
+                        {"prompt_tokens", prompt.size()},
+                        {"prompt_tokens_per_s", prompt_tps},
+                        {"generated_tokens", generated.size()},
+                        {"generated_tokens_per_s", gen_tps},
+                        {"speculative",
+                         {{"method", method},
+                          {"draft_tokens", c.speculative.draft_tokens()},
+                          {"drafted", st.spec_drafted},
+                          {"accepted", st.spec_accepted},
+                          {"acceptance_rate", st.spec_acceptance_rate()},
+                          {"tokens_per_step", st.spec_tokens_per_step()},
+                          {"decode_steps", st.spec_decode_steps},
+                          {"acceptance_by_position", by_position}}}};
+    if (tok) j["text"] = tok->decode(generated);
+    std::printf("%s\n", j.dump().c_str());
+  } else {
+    std::printf("\n\nprompt: %zu tokens, %.2f tokens/s | generated: %zu tokens, %.2f tokens/s\n", prompt.size(),
+                prompt_tps, generated.size(), gen_tps);
+    std::string positions;
+    for (double a : by_position) positions += fmt::format(" {:.2f}", a);
+    std::printf("speculative %s, %d draft tokens: %lld drafted, %lld accepted (%.1f%%), %.2f tokens per decode step, "
+                "acceptance by position:%s\n",
+                method, c.speculative.draft_tokens(), static_cast<long long>(st.spec_drafted),
+                static_cast<long long>(st.spec_accepted), 100.0 * st.spec_acceptance_rate(), st.spec_tokens_per_step(),
+                positions.c_str());
+  }
+  return 0;
 }
 
 int generate(const RunOptions& o, parallel::Communicator* comm) {
@@ -145,12 +239,6 @@ int generate(const RunOptions& o, parallel::Communicator* comm) {
     fail("prompt ({} tokens) + -n {} exceeds the context of {} tokens; raise --ctx", prompt.size(), o.n_predict, o.ctx);
   }
 
-  KvPoolShape shape = model->kv_shape(block_size);
-  shape.num_blocks = num_blocks;
-  KvPool kv(shape);
-  BlockAllocator blocks(static_cast<int32_t>(shape.num_blocks));
-  SequenceRunner runner(*model, kv, blocks, o.chunk);
-
   SamplingParams sp;
   sp.temperature = o.temperature;
   sp.top_k = o.top_k;
@@ -161,7 +249,17 @@ int generate(const RunOptions& o, parallel::Communicator* comm) {
   sp.frequency_penalty = o.frequency_penalty;
   sp.seed = o.seed >= 0 ? static_cast<uint64_t>(o.seed) : std::random_device{}();
   if (o.seed < 0 && sp.temperature > 0) LOG_INFO("sampling seed {} (pass --seed to reproduce)", sp.seed);
+  if (o.speculative != "none" && o.n_predict > 0) {
+    if (group) fail("--speculative does not combine with --tp/--ep yet; run without one of them");
+    if (!o.logits_file.empty()) fail("--logits-file works without --speculative; drop one of them");
+    return generate_speculative(o, *model, prompt, sp, tok);
+  }
   Sampler sampler(sp, cfg.vocab_size);
+  KvPoolShape shape = model->kv_shape(block_size);
+  shape.num_blocks = num_blocks;
+  KvPool kv(shape);
+  BlockAllocator blocks(static_cast<int32_t>(shape.num_blocks));
+  SequenceRunner runner(*model, kv, blocks, o.chunk);
 
   std::vector<int32_t> history = prompt;
   std::vector<int32_t> generated;
@@ -306,6 +404,12 @@ void setup(CLI::App& app) {
   cmd->add_flag("--ignore-eos", o->ignore_eos, "Keep generating after end-of-sequence tokens");
   cmd->add_flag("--no-mmap", o->no_mmap, "Read weights into memory instead of mapping the files");
   cmd->add_option("--logits-file", o->logits_file, "Write the prompt's last-position logits (raw f32)");
+  cmd->add_option("--speculative", o->speculative, "Speculative decoding: none, ngram (prompt lookup) or mtp (the model's MTP head)")
+      ->default_val("none")
+      ->check(CLI::IsMember({"none", "ngram", "mtp"}));
+  cmd->add_option("--draft-tokens", o->draft_tokens, "Draft tokens per step with --speculative (0: mtp 1, ngram 4)")
+      ->default_val(0)
+      ->check(CLI::Range(0, 16));
   cmd->add_option("--tp", o->tp, "Tensor-parallel ranks: attention heads, MLP and vocabulary split over N processes "
                                  "(started with mpirun on this host unless already under mpirun)")
       ->default_val(1)->check(CLI::PositiveNumber);

@@ -50,6 +50,8 @@ struct ServeOptions {
   double drain_grace_s = 30;
   bool load_into_memory = false;
   bool no_prefix_cache = false;
+  std::string speculative = "none";
+  int draft_tokens = 0;
   bool host_given = false, port_given = false;
 };
 
@@ -104,6 +106,8 @@ DeployConfig build_config(const ServeOptions& o) {
   if (!o.kv_cache_memory.empty()) m.kv_cache_bytes = parse_memory_size(o.kv_cache_memory, "--kv-cache-memory");
   m.load_into_memory = o.load_into_memory;
   m.enable_prefix_cache = !o.no_prefix_cache;
+  m.speculative.method = o.speculative;
+  m.speculative.num_draft_tokens = o.draft_tokens;
   config.models.push_back(std::move(m));
   return config;
 }
@@ -209,6 +213,9 @@ void setup(CLI::App& app) {
   cmd->add_option("--drain-grace", o->drain_grace_s, "Seconds in-flight requests may take after SIGTERM (default 30)");
   cmd->add_flag("--load-into-memory", o->load_into_memory, "Read weights into memory instead of mmap");
   cmd->add_flag("--no-prefix-cache", o->no_prefix_cache, "Disable prefix caching");
+  cmd->add_option("--speculative", o->speculative, "Speculative decoding: none, ngram (prompt lookup) or mtp (the model's MTP head)");
+  cmd->add_option("--draft-tokens", o->draft_tokens, "Draft tokens per step (0: the method's default, mtp 1, ngram 4)")
+      ->check(CLI::Range(0, 16));
   cmd->callback([o, host, port] {
     o->host_given = host->count() > 0;
     o->port_given = port->count() > 0;

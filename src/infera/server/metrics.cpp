@@ -111,6 +111,31 @@ std::string Metrics::render(const std::vector<ModelGauges>& gauges) const {
     return q > 0 ? static_cast<double>(s.prefix_hit_blocks) / static_cast<double>(q) : 0.0;
   });
   gauge("infera_preemptions_total", "counter", "Sequences preempted to free KV blocks.", [](const EngineStats& s) { return s.preemptions; });
+  // Speculative decoding (zero for models without it; see docs/speculative.md).
+  gauge("infera_spec_drafted_total", "counter", "Draft tokens proposed and verified.", [](const EngineStats& s) { return s.spec_drafted; });
+  gauge("infera_spec_accepted_total", "counter", "Draft tokens accepted.", [](const EngineStats& s) { return s.spec_accepted; });
+  gauge("infera_spec_acceptance_rate", "gauge", "Accepted over drafted tokens since start.",
+        [](const EngineStats& s) { return s.spec_acceptance_rate(); });
+  gauge("infera_spec_decode_steps_total", "counter", "Decode steps of sequences while speculating.",
+        [](const EngineStats& s) { return s.spec_decode_steps; });
+  gauge("infera_spec_tokens_per_step", "gauge", "Mean tokens a sequence emits per decode step (1 without speculation).",
+        [](const EngineStats& s) { return s.spec_tokens_per_step(); });
+  header("infera_spec_accepted_per_position_total", "counter", "Accepted draft tokens by position in the draft (0: first).");
+  for (const auto& g : gauges) {
+    if (!g.has_stats) continue;
+    for (size_t i = 0; i < g.stats.spec_accepted_per_pos.size(); ++i) {
+      out += fmt::format("infera_spec_accepted_per_position_total{{{},position=\"{}\"}} {}\n", label(g.name), i,
+                         g.stats.spec_accepted_per_pos[i]);
+    }
+  }
+  header("infera_spec_drafted_per_position_total", "counter", "Draft tokens proposed by position in the draft.");
+  for (const auto& g : gauges) {
+    if (!g.has_stats) continue;
+    for (size_t i = 0; i < g.stats.spec_drafted_per_pos.size(); ++i) {
+      out += fmt::format("infera_spec_drafted_per_position_total{{{},position=\"{}\"}} {}\n", label(g.name), i,
+                         g.stats.spec_drafted_per_pos[i]);
+    }
+  }
   return out;
 }
 

@@ -92,6 +92,8 @@ void ModelInstance::load() {
     engine_config.prefill_chunk = limits_.prefill_chunk;
     engine_config.enable_prefix_cache = deploy_.enable_prefix_cache;
     engine_config.max_context = limits_.max_context;
+    engine_config.speculative.method = parse_speculative_method(deploy_.speculative.method, "speculative.method");
+    engine_config.speculative.num_draft_tokens = deploy_.speculative.num_draft_tokens;
     auto engine = std::make_unique<Engine>(std::move(model), engine_config);
     set_backend(std::make_shared<EngineBackend>(std::move(engine)));
     LOG_INFO("model '{}' ready", name());
@@ -226,8 +228,12 @@ std::vector<std::shared_ptr<ModelInstance>> prepare_models(const DeployConfig& c
     if (m.profile != "chat" && m.profile != "long-context")
       problem(fmt::format("{}.profile: '{}' is not a profile; use chat or long-context", who, m.profile));
     if (m.threads < 0) problem(fmt::format("{}.threads: must be 0 (all cores) or positive", who));
-    if (m.speculative.method != "none") {
-      problem(fmt::format("{}.speculative.method: '{}' is not available in this build; use none", who, m.speculative.method));
+    if (m.speculative.method != "none" && m.speculative.method != "ngram" && m.speculative.method != "mtp") {
+      problem(fmt::format("{}.speculative.method: '{}' is not a method; use none, ngram or mtp", who, m.speculative.method));
+    }
+    if (m.speculative.num_draft_tokens < 0 || m.speculative.num_draft_tokens > infera::SpeculativeConfig::kMaxDraftTokens) {
+      problem(fmt::format("{}.speculative.num_draft_tokens: {} must be in [0, {}] (0: the method's default)", who,
+                          m.speculative.num_draft_tokens, infera::SpeculativeConfig::kMaxDraftTokens));
     }
     if (m.port != 0) {
       if (m.port < 1 || m.port > 65535) {
@@ -296,6 +302,11 @@ std::vector<std::shared_ptr<ModelInstance>> prepare_models(const DeployConfig& c
       }
     }
 
+    if (m.speculative.method == "mtp" && model_config.num_mtp_layers() == 0) {
+      problem(fmt::format("{}.speculative.method: mtp needs a model with a multi-token-prediction head, and {} declares "
+                          "none (mtp_num_hidden_layers); use ngram or none",
+                          who, (dir / "config.json").string()));
+    }
     const ResolvedLimits limits = resolve_limits(m, model_config.max_position_embeddings);
     if (limits.max_input_len < 1 || limits.max_input_len > limits.max_context)
       problem(fmt::format("{}.max_input_len: {} must be in [1, {}] (the model's context length)", who, limits.max_input_len, limits.max_context));
