@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <future>
 #include <map>
 #include <random>
 #include <thread>
@@ -416,18 +417,32 @@ TEST(Engine, ThreadedSubmitStreamsAndCancel) {
   for (auto& t : clients) t.join();
   for (size_t i = 0; i < prompts.size(); ++i) EXPECT_EQ(got[i], probe_generate(prompts[i], 12, kVocab));
 
-  // Cancel from another thread mid-generation.
+  // Cancel from another thread mid-generation. The engine thread is held inside the
+  // first token's callback until the cancel has been issued, so the request can not run
+  // to its length limit first, however the threads are scheduled.
   Request r;
   r.prompt_ids = random_prompt(rng, 10);
-  r.max_tokens = 1000;
-  RequestHandle hd = engine.submit(r);
-  hd.stream->next();  // generation has started
-  EXPECT_TRUE(engine.cancel(hd.id));
-  Event e;
-  do e = hd.stream->next(); while (!e.is_final());
+  r.max_tokens = 200;
+  std::promise<void> first_token, cancelled;
+  std::shared_future<void> cancelled_f = cancelled.get_future().share();
+  std::promise<Event> final_event;
+  bool first = true;
+  const RequestId id = engine.submit(r, [&](const Event& ev) {
+    if (ev.is_final()) {
+      final_event.set_value(ev);
+    } else if (first) {
+      first = false;
+      first_token.set_value();
+      cancelled_f.wait();
+    }
+  });
+  first_token.get_future().wait();  // generation has started
+  EXPECT_TRUE(engine.cancel(id));
+  cancelled.set_value();
+  const Event e = final_event.get_future().get();
   EXPECT_EQ(e.finish, FinishReason::kCancelled);
   engine.wait_idle();
-  EXPECT_FALSE(engine.cancel(hd.id));
+  EXPECT_FALSE(engine.cancel(id));
   const EngineStats s = engine.stats();
   EXPECT_EQ(s.kv_blocks_used, 0);
   EXPECT_EQ(s.running + s.waiting, 0);
