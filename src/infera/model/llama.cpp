@@ -1,10 +1,13 @@
-// Llama and Qwen3 dense: pre-norm decoder with GQA attention and a SwiGLU MLP. Qwen3 adds
-// a per-head RMSNorm on q and k before RoPE and an explicit head_dim; both come from
-// config fields (ModelConfig::qk_norm, head_dim), not from the architecture name.
+// The Llama decoder family: Llama, Qwen3 and Qwen3-MoE. A pre-norm decoder with GQA
+// attention and a SwiGLU MLP. Qwen3 adds a per-head RMSNorm on q and k before RoPE and an
+// explicit head_dim; Qwen3-MoE replaces the MLP by a mixture of experts on the layers
+// ModelConfig::is_moe_layer picks (decoder_sparse_step, mlp_only_layers). All of it comes
+// from config fields (qk_norm, head_dim, num_experts), not from the architecture name.
 //
 //   x = embed(t)
 //   per layer: a = rms(x); q,k,v = Wq a, Wk a, Wv a; [q,k = rms_head(q), rms_head(k)];
-//              q,k = rope(q,k); x += Wo attn(q, k, v); m = rms(x); x += Wd(silu(Wg m) * Wu m)
+//              q,k = rope(q,k); x += Wo attn(q, k, v); m = rms(x);
+//              x += Wd(silu(Wg m) * Wu m)   or   x += Σ_{j in topk(softmax(Wr m))} w_j Expert_j(m)
 //   logits = lm_head(rms(x))
 #include <algorithm>
 #include <cmath>
@@ -15,6 +18,7 @@
 #include "infera/io/safetensors.h"
 #include "infera/kernels/kernels.h"
 #include "infera/kernels/quant.h"
+#include "infera/model/blocks.h"
 #include "infera/model/model.h"
 #include "infera/model/quantized_weights.h"
 #include "infera/model/rope.h"
@@ -33,7 +37,9 @@ struct LlamaLayer {
   std::vector<float> k_norm;     // [head_dim] (qk_norm only)
   LinearWeight wq, wk, wv, wo;   // [nh*hd, H], [nkv*hd, H], [nkv*hd, H], [H, nh*hd]
   std::vector<float> bq, bk, bv, bo;  // attention_bias only
-  LinearWeight w_gate, w_up, w_down;  // [F, H], [F, H], [H, F] (float or quantized)
+  LinearWeight w_gate, w_up, w_down;  // [F, H], [F, H], [H, F] (float or quantized); dense layers
+  bool moe = false;
+  MoeWeights experts;                 // MoE layers (Qwen3-MoE)
 };
 
 class LlamaModel final : public Model {
@@ -73,11 +79,18 @@ class LlamaModel final : public Model {
         L.q_norm = load_vector(store_, p + "self_attn.q_norm.weight", hd);
         L.k_norm = load_vector(store_, p + "self_attn.k_norm.weight", hd);
       }
-      L.w_gate = bind(p + "mlp.gate_proj.weight", F, H);
-      L.w_up = bind(p + "mlp.up_proj.weight", F, H);
-      L.w_down = bind(p + "mlp.down_proj.weight", H, F);
+      L.moe = cfg.is_moe_layer(i);
+      if (L.moe) {
+        if (qc.present) fail("{}: quantized mixture-of-experts checkpoints are not supported yet", store_.dir());
+        L.experts = load_moe(store_, p + "mlp.", cfg, 0);
+      } else {
+        L.w_gate = bind(p + "mlp.gate_proj.weight", F, H);
+        L.w_up = bind(p + "mlp.up_proj.weight", F, H);
+        L.w_down = bind(p + "mlp.down_proj.weight", H, F);
+      }
       shard_layer(L);
     }
+    counts_.assign(static_cast<size_t>(cfg.num_layers) * cfg.num_experts, 0);
     rope_ = compute_rope_tables(cfg.rope, cfg.rope.rotary_dim);
     reserve_scratch(std::max(options.max_batch_tokens, 1));
   }
@@ -94,7 +107,9 @@ class LlamaModel final : public Model {
   int64_t weight_bytes_per_token() const override {
     int64_t bytes = lm_head_.bytes() + embed_.bytes() / std::max<int64_t>(embed_.rows(), 1);
     for (const auto& L : layers_) {
-      for (const LinearWeight* m : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) bytes += m->bytes();
+      for (const LinearWeight* m : {&L.wq, &L.wk, &L.wv, &L.wo}) bytes += m->bytes();
+      if (L.moe) bytes += L.experts.weight_bytes_active();
+      else bytes += L.w_gate.bytes() + L.w_up.bytes() + L.w_down.bytes();
     }
     return bytes;
   }
@@ -105,11 +120,16 @@ class LlamaModel final : public Model {
     return n;
   }
 
+  std::vector<uint64_t> expert_counts() const override { return counts_; }
+  void reset_expert_counts() override { std::fill(counts_.begin(), counts_.end(), 0); }
+
   void forward(const ForwardBatch& batch, KvPool& kv, float* logits) override;
 
  private:
   // Tensor parallel: keep this rank's heads (q/k/v rows, o_proj columns) and MLP columns
-  // (gate/up rows, down columns). No-op without TP (every range is whole).
+  // (gate/up rows, down columns); under expert parallelism the experts of this rank's
+  // range (the others' weights are never touched), under TP without EP a column slice of
+  // every expert. No-op in one process (every range is whole).
   void shard_layer(LlamaLayer& L) {
     const int64_t hd = config_.head_dim;
     const parallel::Range q{shard_.heads.begin * hd, shard_.heads.end * hd};
@@ -121,9 +141,23 @@ class LlamaModel final : public Model {
     L.bq = TensorShard::slice(L.bq, q);
     L.bk = TensorShard::slice(L.bk, kv);
     L.bv = TensorShard::slice(L.bv, kv);  // bo is added once, after the all-reduce
-    L.w_gate = shard_.rows(L.w_gate, shard_.ffn);
-    L.w_up = shard_.rows(L.w_up, shard_.ffn);
-    L.w_down = shard_.columns(L.w_down, shard_.ffn);
+    if (!L.moe) {
+      L.w_gate = shard_.rows(L.w_gate, shard_.ffn);
+      L.w_up = shard_.rows(L.w_up, shard_.ffn);
+      L.w_down = shard_.columns(L.w_down, shard_.ffn);
+      return;
+    }
+    MoeWeights& w = L.experts;
+    for (int64_t e = 0; e < w.n_experts(); ++e) {
+      if (!shard_.experts.contains(e)) {  // another rank's expert: MoeFfn skips a null matrix
+        w.gate[e].data = w.up[e].data = w.down[e].data = nullptr;
+        continue;
+      }
+      w.gate[e] = shard_.rows(w.gate[e], shard_.expert_ffn, shard_.expert_parallel());
+      w.up[e] = shard_.rows(w.up[e], shard_.expert_ffn, shard_.expert_parallel());
+      w.down[e] = shard_.expert_parallel() ? shard_.rows(w.down[e], {0, w.down[e].rows}, /*own=*/true)
+                                           : shard_.columns(w.down[e], shard_.expert_ffn);
+    }
   }
 
   void reserve_scratch(int64_t n_tokens) {
@@ -148,6 +182,8 @@ class LlamaModel final : public Model {
   LinearWeight lm_head_;               // [V, H]
   std::vector<LlamaLayer> layers_;
   RopeTables rope_;
+  std::vector<uint64_t> counts_;  // [layers, E] tokens routed to each expert
+  MoeFfn moe_;
 
   int64_t scratch_tokens_ = 0;
   std::vector<float> x_;        // [T, H] residual stream
@@ -156,6 +192,7 @@ class LlamaModel final : public Model {
   std::vector<float> k_, v_;    // [T, nkv, hd]
   std::vector<float> attn_;     // [T, nh, hd]
   std::vector<float> gate_, up_;  // [T, F]
+  std::vector<float> ffn_out_;  // [T, H] MoE output
   std::vector<float> rows_;     // [R, H] hidden rows that need logits
   std::vector<int32_t> positions_;  // [T]
 };
@@ -174,15 +211,11 @@ void LlamaModel::forward(const ForwardBatch& batch, KvPool& kv, float* logits) {
   // This rank's heads and MLP columns (all of them without TP).
   const int64_t H = c.hidden_size, F = shard_.ffn.size();
   const int64_t nh = shard_.heads.size(), nkv = shard_.kv_heads.size(), hd = c.head_dim;
-  const int64_t kv_row = nkv * hd;
-  const int64_t bs = kv.shape().block_size;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
 
   for (const int32_t tok : batch.tokens) INFERA_ASSERT(tok >= 0 && tok < c.vocab_size, "token id out of range");
   shard_.embed(batch.tokens.data(), T, H, x_.data(), [&](int32_t tok, float* row) { linear_row(embed_, tok, row); });
-  for (const SeqChunk& s : batch.seqs) {
-    for (int32_t i = 0; i < s.n_tokens; ++i) positions_[s.token_begin + i] = s.pos0 + i;
-  }
+  batch_positions(batch, positions_);
 
   for (int64_t l = 0; l < c.num_layers; ++l) {
     const LlamaLayer& L = layers_[l];
@@ -200,21 +233,7 @@ void LlamaModel::forward(const ForwardBatch& batch, KvPool& kv, float* logits) {
     kernels::rope_neox(q_.data(), T, nh, hd, c.rope.rotary_dim, positions_.data(), rope_.inv_freq.data(), rope_.attn_factor);
     kernels::rope_neox(k_.data(), T, nkv, hd, c.rope.rotary_dim, positions_.data(), rope_.inv_freq.data(), rope_.attn_factor);
 
-    float* k_pool = kv.k(l);
-    float* v_pool = kv.v(l);
-    for (const SeqChunk& s : batch.seqs) {
-      for (int32_t i = 0; i < s.n_tokens; ++i) {
-        const int64_t pos = s.pos0 + i;
-        INFERA_ASSERT(pos / bs < s.n_blocks, "block table too short for the chunk");
-        const int64_t slot = static_cast<int64_t>(s.block_table[pos / bs]) * bs + pos % bs;
-        const int64_t t = s.token_begin + i;
-        std::memcpy(k_pool + slot * kv_row, k_.data() + t * kv_row, kv_row * sizeof(float));
-        std::memcpy(v_pool + slot * kv_row, v_.data() + t * kv_row, kv_row * sizeof(float));
-      }
-      kernels::PagedKv paged{k_pool, v_pool, bs, nkv, hd, s.block_table};
-      kernels::attention_paged(q_.data() + s.token_begin * nh * hd, s.n_tokens, nh, s.pos0, paged, scale,
-                               attn_.data() + s.token_begin * nh * hd);
-    }
+    paged_attention(batch, kv, l, q_.data(), k_.data(), v_.data(), nh, nkv, hd, scale, attn_.data());
     kernels::linear(attn_.data(), T, L.wo, xn_.data());
     shard_.all_reduce(xn_.data(), T * H, shard_.tensor_parallel());  // row-parallel o_proj: sum the heads' parts
     add_bias(xn_.data(), L.bo, T);
@@ -223,6 +242,14 @@ void LlamaModel::forward(const ForwardBatch& batch, KvPool& kv, float* logits) {
     if (l + 1 == c.num_layers && (batch.num_logit_rows() == 0 || logits == nullptr) && shard_.merged_sync()) break;
 
     kernels::rmsnorm(x_.data(), L.ffn_norm.data(), xn_.data(), T, H, c.rms_norm_eps);
+    if (L.moe) {
+      ffn_out_.resize(static_cast<size_t>(T * H));
+      moe_.forward(L.experts, xn_.data(), T, H, ffn_out_.data(), counts_.data() + l * c.num_experts);
+      // Partial sums: experts split by rank (EP) or each expert's columns (TP).
+      shard_.all_reduce(ffn_out_.data(), T * H, shard_.tensor_parallel() || shard_.expert_parallel());
+      kernels::add(x_.data(), ffn_out_.data(), T * H);
+      continue;
+    }
     kernels::linear(xn_.data(), T, L.w_gate, gate_.data());
     kernels::linear(xn_.data(), T, L.w_up, up_.data());
     kernels::silu_mul(gate_.data(), up_.data(), T * F);
@@ -234,17 +261,7 @@ void LlamaModel::forward(const ForwardBatch& batch, KvPool& kv, float* logits) {
   // Only the rows that need logits go through the final norm and the head.
   const int64_t R = batch.num_logit_rows();
   if (R == 0 || logits == nullptr) return;
-  rows_.resize(R * H);
-  int64_t r = 0;
-  for (const SeqChunk& s : batch.seqs) {
-    if (s.all_logits) {
-      std::memcpy(rows_.data() + r * H, x_.data() + static_cast<int64_t>(s.token_begin) * H, s.n_tokens * H * sizeof(float));
-      r += s.n_tokens;
-    } else if (s.last_logits) {
-      std::memcpy(rows_.data() + r * H, x_.data() + static_cast<int64_t>(s.token_begin + s.n_tokens - 1) * H, H * sizeof(float));
-      r += 1;
-    }
-  }
+  gather_logit_rows(batch, x_.data(), H, rows_);
   kernels::rmsnorm(rows_.data(), final_norm_.data(), rows_.data(), R, H, c.rms_norm_eps);
   shard_.logits(rows_.data(), R, lm_head_, logits);  // TP: vocabulary split, gathered to rank 0
 }

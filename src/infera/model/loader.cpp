@@ -10,7 +10,6 @@
 namespace infera {
 
 std::unique_ptr<Model> create_llama_model(const ModelConfig& cfg, WeightStore store, const LoadOptions& options);
-std::unique_ptr<Model> create_qwen3_moe_model(const ModelConfig& cfg, WeightStore store, const LoadOptions& options);
 std::unique_ptr<Model> create_qwen35_model(const ModelConfig& cfg, WeightStore store, const LoadOptions& options);
 
 int32_t ForwardBatch::num_logit_rows() const {
@@ -36,10 +35,8 @@ std::unique_ptr<Model> load_model(const std::string& dir, const LoadOptions& opt
   switch (cfg.arch) {
     case Arch::kLlama:
     case Arch::kQwen3:
-      model = create_llama_model(cfg, std::move(store), options);
-      break;
     case Arch::kQwen3Moe:
-      model = create_qwen3_moe_model(cfg, std::move(store), options);
+      model = create_llama_model(cfg, std::move(store), options);
       break;
     case Arch::kQwen35:
     case Arch::kQwen35Moe:
