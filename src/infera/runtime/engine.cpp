@@ -304,7 +304,10 @@ bool EngineCore::step() {
       counters_.spec_decode_tokens += static_cast<int64_t>(seq.tokens.size() - first);  // as emitted
     }
   }
-  if (config_.speculative.method == SpeculativeMethod::kNgram) propose_ngram_drafts(plan);
+  if (config_.speculative.method == SpeculativeMethod::kNgram ||
+      config_.speculative.method == SpeculativeMethod::kCustom) {
+    propose_ngram_drafts(plan);
+  }
   if (config_.speculative.method == SpeculativeMethod::kMtp) propose_mtp_drafts(plan);
   flush_events();
   return true;
@@ -344,9 +347,9 @@ size_t EngineCore::sample_chunk(const ScheduledChunk& c, float* logits) {
   int32_t kept = c.n_tokens + accepted;
   if (hybrid_ && accepted < c.n_draft) {
     // The recurrent state has absorbed the rejected drafts: go back to the state before
-    // this forward and feed the kept tokens again with the next step's chunk (their K/V
-    // is rewritten with the same values). Cheaper than a second forward now: the next
-    // step reads the weights once for both.
+    // this forward and feed the kept tokens again at the front of the next step's chunk
+    // (their K/V is rewritten with the same values), without drafts in that step so they
+    // are committed. That extra forward also samples a token, unlike an immediate re-run.
     model_.restore_state(state_slot_for(seq.id), seq.drafts.state_snapshot.data());
     kept = 0;
   }
@@ -385,7 +388,9 @@ void EngineCore::emit_tokens(Sequence& seq, size_t first, Clock::time_point now)
 }
 
 int32_t EngineCore::max_drafts_for(const Sequence& seq) const {
-  if (seq.status != SeqStatus::kRunning) return 0;
+  // Drafts go after exactly one pending token (see Scheduler::schedule); a hybrid that
+  // just rolled back re-feeds its kept tokens first, without drafts.
+  if (seq.status != SeqStatus::kRunning || seq.num_uncomputed() != 1) return 0;
   // A step emits at most drafts + 1 tokens: never draft past max_tokens (this also keeps
   // every draft position inside the context limit checked at admission).
   const int32_t left = seq.max_tokens - seq.num_generated() - 1;
@@ -399,6 +404,19 @@ void EngineCore::propose_ngram_drafts(const StepPlan& plan) {
     if (!c.sample) continue;
     const int32_t n = max_drafts_for(seq);
     if (n == 0) continue;
+    if (sc.method == SpeculativeMethod::kCustom) {
+      seq.drafts.tokens.clear();
+      sc.drafter(seq.tokens, n, seq.drafts.tokens);
+      if (static_cast<int32_t>(seq.drafts.tokens.size()) > n) seq.drafts.tokens.resize(n);
+      for (int32_t t : seq.drafts.tokens) {
+        if (t < 0 || t >= vocab_size_) {
+          LOG_WARN("speculative drafter: token {} is outside the vocabulary [0, {}); drafts dropped", t, vocab_size_);
+          seq.drafts.tokens.clear();
+          break;
+        }
+      }
+      continue;
+    }
     ngram_draft(seq.tokens, sc.ngram_min, sc.ngram_max, n, seq.drafts.tokens);
   }
 }

@@ -107,7 +107,7 @@ class EngineCore {
   // at max_tokens (later tokens of the same step are dropped).
   void emit_tokens(Sequence& seq, size_t first, Clock::time_point now);
   // Speculative decoding: proposes the next drafts of the plan's live sequences.
-  void propose_ngram_drafts(const StepPlan& plan);
+  void propose_ngram_drafts(const StepPlan& plan);  // also SpeculativeConfig::drafter
   void propose_mtp_drafts(const StepPlan& plan);
   int32_t max_drafts_for(const Sequence& seq) const;
 

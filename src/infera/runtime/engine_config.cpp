@@ -68,6 +68,7 @@ const char* speculative_method_name(SpeculativeMethod method) {
     case SpeculativeMethod::kNone: return "none";
     case SpeculativeMethod::kNgram: return "ngram";
     case SpeculativeMethod::kMtp: return "mtp";
+    case SpeculativeMethod::kCustom: return "custom";
   }
   return "unknown";
 }
@@ -105,6 +106,9 @@ void validate_engine_config(const EngineConfig& c) {
   if (s.ngram_min < 1 || s.ngram_max < s.ngram_min || s.ngram_max > 64) {
     fail("engine config: speculative n-gram lengths [{}, {}] must satisfy 1 <= ngram_min <= ngram_max <= 64", s.ngram_min,
          s.ngram_max);
+  }
+  if (s.method == SpeculativeMethod::kCustom && !s.drafter) {
+    fail("engine config: speculative method custom needs a drafter function");
   }
   if (!(s.acceptance_threshold >= 0.0f && s.acceptance_threshold <= 1.0f)) {
     fail("engine config: speculative acceptance_threshold {} must be in [0, 1] (0: off, exact sampling)",

@@ -4,7 +4,10 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <span>
 #include <string>
+#include <vector>
 
 namespace infera {
 
@@ -16,6 +19,7 @@ enum class SpeculativeMethod {
   kNone,
   kNgram,  // prompt lookup: tokens that followed the last n-gram earlier in the sequence (any model)
   kMtp,    // the checkpoint's multi-token-prediction head (Qwen3.5 / Qwen3-Next mtp.*)
+  kCustom, // SpeculativeConfig::drafter (tests, external draft models; not a CLI choice)
 };
 const char* speculative_method_name(SpeculativeMethod method);  // "none", "ngram", "mtp"
 // "none" | "ngram" | "mtp"; throws infera::Error naming `what` (e.g. "--speculative") otherwise.
@@ -33,6 +37,10 @@ struct SpeculativeConfig {
   // In (0, 1]: a draft token whose target probability reaches this is accepted outright,
   // which trades fidelity for acceptance (temperature > 0 only; greedy is always exact).
   float acceptance_threshold = 0.0f;
+
+  // kCustom: proposes up to max_draft tokens to follow `history` (prompt + generated
+  // tokens, the last one not yet fed) into `out` (cleared by the caller). Engine thread.
+  std::function<void(std::span<const int32_t> history, int32_t max_draft, std::vector<int32_t>& out)> drafter;
 
   static constexpr int32_t kMaxDraftTokens = 16;
   // The effective number of draft tokens (the method's default for 0).

@@ -103,9 +103,11 @@ StepPlan Scheduler::schedule() {
     if (self_preempted) break;
     add_chunk(seq, n);
     ScheduledChunk& c = plan.chunks.back();
-    if (c.sample && !seq.drafts.tokens.empty()) {
+    if (c.sample && n == 1 && !seq.drafts.tokens.empty()) {
       // Drafts use the budget left after the later sequences' decode tokens, and only
-      // free blocks: speculation never preempts.
+      // free blocks: speculation never preempts. Only after exactly one pending token: a
+      // hybrid re-feeding tokens after a rejection must commit them before speculating
+      // again (a second rejection would roll them back too).
       int32_t n_draft = std::min(static_cast<int32_t>(seq.drafts.tokens.size()), budget - decodes_after);
       while (n_draft > 0 && !reserve_blocks(seq, seq.num_computed + n + n_draft)) --n_draft;
       n_draft = std::max(n_draft, 0);
