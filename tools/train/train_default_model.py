@@ -5,8 +5,8 @@ Needs only Debian packages: python3-torch (1.13), python3-numpy, bible-kjv (+ bi
 with tests/conformance/node_modules for the optional tokenizer cross-check. No network. Install libopenblas0 too:
 Debian's torch uses the system libblas.so.3, and the reference BLAS is ~15x slower than OpenBLAS.
 
-    /usr/bin/python3 tools/train/train_default_model.py --arch llama --out models/infera-default
-    /usr/bin/python3 tools/train/train_default_model.py --arch qwen3_5_moe --out models/infera-default-hybrid
+    /usr/bin/python3 tools/train/train_default_model.py --arch llama --out models/infera-default-llama
+    /usr/bin/python3 tools/train/train_default_model.py --arch qwen3_5_moe --out models/infera-default --steps 600 --batch 8 --seq-len 64 --warmup 40
 
 Steps: build the corpus (corpus.py) -> train a byte-level BPE (bpe.py) and cross-check it against @lenml/tokenizers
 -> train the model (modeling.py) -> save bf16 safetensors + HF config/tokenizer files -> reload the SAVED bf16

@@ -1,4 +1,4 @@
-// The built-in default model (models/infera-default, trained by tools/train) against the
+// The built-in trained models (models/infera-default: Qwen3.5-MoE hybrid; models/infera-default-llama) against the
 // training script's own PyTorch forward: reference_logits.json holds, for fixed inputs,
 // the argmax at every position and the full last-position logits computed in f32 from
 // the saved bf16 weights. Infera must agree at every position and within a small
@@ -32,9 +32,9 @@ class TrainedModel : public ::testing::TestWithParam<std::string> {};
 
 }  // namespace
 
-// The Llama default and the Qwen3.5-MoE hybrid (Gated DeltaNet + gated attention + MoE +
-// MTP) trained by the same script.
-INSTANTIATE_TEST_SUITE_P(Builtin, TrainedModel, ::testing::Values("infera-default", "infera-default-hybrid"));
+// The Qwen3.5-MoE hybrid default (Gated DeltaNet + gated attention + MoE + MTP) and the
+// Llama variant, trained by the same script.
+INSTANTIATE_TEST_SUITE_P(Builtin, TrainedModel, ::testing::Values("infera-default", "infera-default-llama"));
 
 TEST_P(TrainedModel, LogitsMatchTrainingScriptForward) {
   const std::string dir = std::string(INFERA_SOURCE_DIR) + "/models/" + GetParam();
