@@ -4,17 +4,21 @@
 // check that every run emitted exactly the tokens of the plain run.
 //
 //   spec_bench MODEL_DIR --method ngram|mtp [--k 1,2,4] [--gen 64] [--seqs 1] [--threads N]
-//              [--text "prompt"] [--self-repeat] [--prompt 24] [--name NAME]
+//              [--text "prompt"] [--self-repeat] [--prompt 24] [--oracle P] [--name NAME]
 //
 // Prompts: --text is tokenized with the model's tokenizer; otherwise random token ids
 // (--prompt of them). --self-repeat first decodes the prompt P plainly into G and then
 // benchmarks the prompt P + G + P: the situation prompt lookup is made for (the answer
 // repeats text already in the context: code edits, quoting, summaries), reproducible with
 // a random-weight model, whose own continuation is the only text it "knows".
+// --oracle P drafts the plain run's own continuation, each token right with probability P
+// (deterministic pattern): the speedup the verify machinery gives at a known acceptance on
+// this model, independent of any drafter (one sequence).
 // bench/spec_bench.sh builds it and runs the standard set.
 #include <cstdio>
 #include <cstdlib>
 #include <map>
+#include <span>
 #include <random>
 #include <sstream>
 #include <string>
@@ -48,7 +52,7 @@ struct Result {
 };
 
 Result run(Model& model, SpeculativeMethod method, int32_t k, const std::vector<int32_t>& prompt, int32_t seqs,
-           int32_t gen) {
+           int32_t gen, SpeculativeConfig::Drafter drafter = {}) {
   EngineConfig c;
   c.kv_cache_bytes = int64_t{256} << 20;
   c.max_batch_tokens = 512;
@@ -57,6 +61,7 @@ Result run(Model& model, SpeculativeMethod method, int32_t k, const std::vector<
   c.enable_prefix_cache = false;  // every sequence computes its prompt: same work in every run
   c.speculative.method = method;
   c.speculative.num_draft_tokens = k;
+  c.speculative.drafter = std::move(drafter);
   EngineCore core(model, c);
   Result r;
   r.tokens.resize(seqs);
@@ -95,6 +100,7 @@ int main(int argc, char** argv) {
     std::vector<int> ks = {1, 2, 4};
     int32_t gen = 64, seqs = 1, threads = 0, prompt_len = 24;
     bool self_repeat = false;
+    double oracle = -1;  // --oracle P: drafts = the plain continuation, each right with probability P
     for (int i = 2; i < argc; ++i) {
       const std::string a = argv[i];
       auto next = [&]() -> std::string {
@@ -109,6 +115,7 @@ int main(int argc, char** argv) {
       else if (a == "--text") text = next();
       else if (a == "--prompt") prompt_len = std::stoi(next());
       else if (a == "--self-repeat") self_repeat = true;
+      else if (a == "--oracle") oracle = std::stod(next());
       else if (a == "--name") name = next();
       else fail("unknown option {}", a);
     }
@@ -133,6 +140,7 @@ int main(int argc, char** argv) {
       p.insert(p.end(), prompt.begin(), prompt.end());
       prompt = std::move(p);
     }
+    if (oracle >= 0) method_name = fmt::format("oracle drafts right with p={:.2f}", oracle);
     std::printf("== %s: %s, prompt %zu tokens%s, %d sequence(s) x %d generated tokens, %d threads ==\n", name.c_str(),
                 method_name.c_str(), prompt.size(), self_repeat ? " (P + own continuation + P)" : "", seqs, gen,
                 num_threads());
@@ -141,8 +149,24 @@ int main(int argc, char** argv) {
     std::printf("%-7s %11s %8s %8s %9s %9s %10s  %s\n", "drafts", "decode t/s", "speedup", "drafted", "accepted",
                 "tok/step", "identical", "acceptance by position");
     std::printf("%-7s %11.2f %8s %8s %9s %9.2f %10s\n", "none", plain_tps, "1.00x", "-", "-", 1.0, "-");
+    // Oracle drafts: what any drafter with a given per-token accuracy would give, on the
+    // model at hand (the speedup curve of the verify machinery, independent of a drafter).
+    SpeculativeConfig::Drafter drafter;
+    if (oracle >= 0) {
+      drafter = [&](std::span<const int32_t> history, int32_t max_draft, std::vector<int32_t>& out) {
+        const size_t done = history.size() - prompt.size();
+        const auto& cont = plain.tokens[0];
+        for (int32_t j = 0; j < max_draft && done + j < cont.size(); ++j) {
+          // Deterministic per position, so every k sees the same right/wrong pattern.
+          const uint64_t h = (done + j + 1) * 0x9E3779B97F4A7C15ull;
+          const bool right = static_cast<double>(h >> 11) * 0x1.0p-53 < oracle;
+          out.push_back(right ? cont[done + j] : (cont[done + j] + 1) % vocab);
+        }
+      };
+    }
     for (int k : ks) {
-      const Result r = run(*model, method, k, prompt, seqs, gen);
+      const Result r = oracle >= 0 ? run(*model, SpeculativeMethod::kCustom, k, prompt, seqs, gen, drafter)
+                                   : run(*model, method, k, prompt, seqs, gen);
       const double tps = r.decode_tokens / r.decode_s;
       std::string positions;
       for (size_t i = 0; i < r.stats.spec_drafted_per_pos.size(); ++i) {

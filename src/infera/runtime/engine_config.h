@@ -40,7 +40,8 @@ struct SpeculativeConfig {
 
   // kCustom: proposes up to max_draft tokens to follow `history` (prompt + generated
   // tokens, the last one not yet fed) into `out` (cleared by the caller). Engine thread.
-  std::function<void(std::span<const int32_t> history, int32_t max_draft, std::vector<int32_t>& out)> drafter;
+  using Drafter = std::function<void(std::span<const int32_t> history, int32_t max_draft, std::vector<int32_t>& out)>;
+  Drafter drafter;
 
   static constexpr int32_t kMaxDraftTokens = 16;
   // The effective number of draft tokens (the method's default for 0).
