@@ -111,7 +111,9 @@ TEST(MpiRanks, DISABLED_CollectivesAgreeAcrossRanks) {
   for (int i = 0; i < n; ++i) EXPECT_EQ(all[2 * i + 1], 10 * i);
   std::fill(all.begin(), all.end(), -1);
   comm->gather(mine, sizeof(mine), r == 1 ? all.data() : nullptr, 1);
-  if (r == 1) EXPECT_EQ(all[4], 2);
+  if (r == 1) {
+    EXPECT_EQ(all[4], 2);
+  }
   // broadcast from rank 2
   int64_t value = r == 2 ? 424242 : 0;
   comm->broadcast(&value, sizeof(value), 2);
