@@ -86,10 +86,12 @@ try {
   check(audit.every((a) => !("prompt" in a)), "no prompt text in the audit log by default");
 
   // Still serving, then SIGTERM drains.
-  const streams = Array.from({ length: 4 }, () => streamText({ ...long, max_tokens: 400 }));
+  // Enough in-flight work (16 x 450 tokens) that the drain is still going on when the
+  // next request arrives, even on a fast machine (stories260K decodes thousands of tokens/s).
+  const streams = Array.from({ length: 16 }, () => streamText({ ...long }));
   await sleep(150);
   server.proc.kill("SIGTERM");
-  await sleep(100);
+  await sleep(20);
   let refused = null;
   try {
     refused = await postJson(url, { model: "stories", prompt: "x", max_tokens: 2 });

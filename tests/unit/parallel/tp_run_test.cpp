@@ -56,7 +56,7 @@ class TpRun : public ::testing::Test {
   static void TearDownTestSuite() { fs::remove_all(dir_); }
   void SetUp() override {
     if (!parallel::mpi_available()) GTEST_SKIP() << "built without MPI";
-    if (!fs::exists(kInfera)) GTEST_SKIP() << "build the infera target first";
+    ASSERT_TRUE(fs::exists(kInfera)) << "the infera binary is missing (it is built with the tests)";
   }
 
   // Generates a model once per suite.

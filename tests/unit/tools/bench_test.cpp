@@ -75,7 +75,7 @@ int shell(const std::string& cmd, std::string* out = nullptr) {
 class BenchTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!fs::exists(kInfera)) GTEST_SKIP() << "build the infera target first";
+    ASSERT_TRUE(fs::exists(kInfera)) << "the infera binary is missing (it is built with the tests)";
     dir_ = fs::temp_directory_path() / ("infera_bench_" + std::to_string(::getpid()));
     fs::create_directories(dir_);
     // stories260K has no chat template; a plain one joins the messages.
@@ -85,9 +85,9 @@ class BenchTest : public ::testing::Test {
                      "--chat-template", (dir_ / "t.jinja").string(), "-t", "1"},
                     (dir_ / "serve.log").string());
     ASSERT_GT(server_, 0);
-    // Ready when /v1/models answers.
-    for (int i = 0; i < 100; ++i) {
-      if (shell("curl -sf http://127.0.0.1:" + std::to_string(port_) + "/v1/models > /dev/null 2>&1") == 0) return;
+    // Ready when /ready answers 200 (the port opens before the model has loaded).
+    for (int i = 0; i < 300; ++i) {
+      if (shell("curl -sf http://127.0.0.1:" + std::to_string(port_) + "/ready > /dev/null 2>&1") == 0) return;
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }
     FAIL() << "infera serve did not come up";
