@@ -463,10 +463,14 @@ TEST(Engine, DestructorCancelsUnfinishedRequests) {
       Request r;
       r.prompt_ids = {1, 2, 3};
       r.max_tokens = 1000;
+      // Each token takes a millisecond to consume, so 1000 tokens can not finish before
+      // the destructor cancels, however the threads are scheduled.
       engine.submit(r, [&](const Event& e) {
         if (e.is_final()) {
           std::lock_guard lock(m);
           finals.push_back(e);
+        } else {
+          std::this_thread::sleep_for(std::chrono::milliseconds(1));
         }
       });
     }

@@ -490,7 +490,13 @@ TEST(HttpServer, ToolCallsAndMetrics) {
   auto plain = s.post("/v1/chat/completions", kChat);
   EXPECT_EQ(json::parse(plain->body)["choices"][0]["message"]["content"], o.script_text);
 
+  // A request is counted as its handler returns, just after the client has its response.
+  EXPECT_TRUE(wait_for([&] {
+    auto r = s.client().Get("/metrics");
+    return r && r->body.find("infera_requests_total{model=\"stories\",status=\"200\"} 3") != std::string::npos;
+  }));
   auto m = s.client().Get("/metrics");
+  ASSERT_TRUE(m);
   ASSERT_EQ(m->status, 200);
   for (const char* needle :
        {"infera_requests_total{model=\"stories\",status=\"200\"} 3", "infera_time_to_first_token_seconds_bucket",
