@@ -490,10 +490,11 @@ TEST(HttpServer, ToolCallsAndMetrics) {
   auto plain = s.post("/v1/chat/completions", kChat);
   EXPECT_EQ(json::parse(plain->body)["choices"][0]["message"]["content"], o.script_text);
 
-  // A request is counted as its handler returns, just after the client has its response.
+  // A request is counted, and its blocks freed, just after the client has its response.
   EXPECT_TRUE(wait_for([&] {
     auto r = s.client().Get("/metrics");
-    return r && r->body.find("infera_requests_total{model=\"stories\",status=\"200\"} 3") != std::string::npos;
+    return r && r->body.find("infera_requests_total{model=\"stories\",status=\"200\"} 3") != std::string::npos &&
+           r->body.find("infera_kv_blocks_used{model=\"stories\"} 0") != std::string::npos;
   }));
   auto m = s.client().Get("/metrics");
   ASSERT_TRUE(m);
