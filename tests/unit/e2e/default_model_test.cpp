@@ -68,3 +68,38 @@ TEST_P(TrainedModel, LogitsMatchTrainingScriptForward) {
                 ids.size(), agree, max_diff);
   }
 }
+
+// The MTP head of the hybrid default against the script: mtp_argmax[p] is the head's
+// prediction from the trunk's post-norm hidden state h_p and token ids[p + 1].
+TEST(DefaultHybrid, MtpHeadMatchesTrainingScript) {
+  const std::string dir = std::string(INFERA_SOURCE_DIR) + "/models/infera-default";
+  const auto ref = reference(dir);
+  auto model = load_model(dir);
+  ASSERT_EQ(model->num_mtp_layers(), 1);
+  const int32_t V = model->config().vocab_size, H = model->config().hidden_size;
+  for (const auto& c : ref["cases"]) {
+    const auto ids = c["ids"].get<std::vector<int32_t>>();
+    const auto mtp_ref = c["mtp_argmax"].get<std::vector<int32_t>>();
+    const int32_t T = static_cast<int32_t>(ids.size());
+    ASSERT_EQ(static_cast<int32_t>(mtp_ref.size()), T - 1);
+    KvPoolShape shape = model->kv_shape(16);
+    shape.num_blocks = 8;
+    KvPool kv(shape);
+    const std::vector<int32_t> blocks = {0, 1, 2, 3};
+    ForwardBatch trunk;
+    trunk.tokens = ids;
+    trunk.seqs.push_back({0, T, 0, blocks.data(), 4, /*all_logits=*/true, true});
+    std::vector<float> logits(static_cast<size_t>(T) * V);
+    model->forward(trunk, kv, logits.data());
+    const std::vector<float> hidden(model->last_hidden(), model->last_hidden() + static_cast<size_t>(T) * H);
+    ForwardBatch d;
+    d.tokens.assign(ids.begin() + 1, ids.end());
+    d.seqs.push_back({0, T - 1, 0, blocks.data(), 4, /*all_logits=*/true, true});
+    std::vector<float> draft(static_cast<size_t>(T - 1) * V);
+    model->draft(d, hidden.data(), kv, draft.data());
+    int32_t agree = 0;
+    for (int32_t p = 0; p + 1 < T; ++p) agree += argmax(draft.data() + static_cast<size_t>(p) * V, V) == mtp_ref[p];
+    EXPECT_EQ(agree, T - 1) << c["name"];
+    std::printf("%s: MTP argmax agrees at %d of %d positions\n", c["name"].get<std::string>().c_str(), agree, T - 1);
+  }
+}
