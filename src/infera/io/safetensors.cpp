@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "infera/base/error.h"
+#include "infera/base/json_file.h"
 #include "infera/base/mmap.h"
 
 namespace infera {
@@ -27,17 +28,6 @@ constexpr uint64_t kMaxHeaderBytes = 100ull << 20;
 
 constexpr const char* kSingleFile = "model.safetensors";
 constexpr const char* kIndexFile = "model.safetensors.index.json";
-
-// nlohmann prefixes messages with "[json.exception.parse_error.101] "; users need only
-// the part with line and column.
-std::string json_error_text(const json::exception& e) {
-  std::string msg = e.what();
-  if (!msg.empty() && msg[0] == '[') {
-    auto close = msg.find("] ");
-    if (close != std::string::npos) msg = msg.substr(close + 2);
-  }
-  return msg;
-}
 
 bool parse_dtype(std::string_view name, DType* out) {
   static const std::pair<std::string_view, DType> kTable[] = {
@@ -296,16 +286,7 @@ struct WeightStore::Impl {
 
   void open_sharded(bool load_into_memory) {
     const std::string index_path = join_path(dir, kIndexFile);
-    std::ifstream in(index_path, std::ios::binary);
-    if (!in) fail("{}: cannot open", index_path);
-    std::stringstream buffer;
-    buffer << in.rdbuf();
-    json index;
-    try {
-      index = json::parse(buffer.str());
-    } catch (const json::exception& e) {
-      fail("{}: malformed JSON: {}", index_path, json_error_text(e));
-    }
+    const json index = read_json_file(index_path);
     if (!index.is_object()) fail("{}: expected a JSON object with a \"weight_map\"", index_path);
     auto wm = index.find("weight_map");
     if (wm == index.end()) fail("{}: no \"weight_map\" (it maps each tensor name to its shard file)", index_path);

@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "infera/base/error.h"
+#include "infera/base/json_file.h"
 
 namespace infera {
 namespace {
@@ -22,15 +23,6 @@ using json = nlohmann::json;
 
 constexpr const char* kSupportedModelTypes =
     "llama, qwen3, qwen3_moe, qwen3_next, qwen3_5, qwen3_5_moe, deepseek_v3, deepseek_v32";
-
-std::string json_error_text(const json::exception& e) {
-  std::string msg = e.what();
-  if (!msg.empty() && msg[0] == '[') {
-    auto close = msg.find("] ");
-    if (close != std::string::npos) msg = msg.substr(close + 2);
-  }
-  return msg;
-}
 
 // Looks fields up in "text_config" first (multimodal wrappers such as Qwen3.5 keep the
 // language model's fields there), then at the top level. A JSON null counts as absent,
@@ -501,16 +493,7 @@ ModelConfig load_model_config(const std::string& model_dir) {
     fail("{}: model directory not found", model_dir);
   }
   const std::string path = (fs::path(model_dir) / "config.json").string();
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail("{}: not found (a Hugging Face model directory needs config.json)", path);
-  std::stringstream text;
-  text << in.rdbuf();
-  json j;
-  try {
-    j = json::parse(text.str());
-  } catch (const json::exception& e) {
-    fail("{}: malformed JSON: {}", path, json_error_text(e));
-  }
+  const json j = read_json_file(path, "not found (a Hugging Face model directory needs config.json)");
   return parse_model_config(j, path);
 }
 
