@@ -17,6 +17,7 @@
 #include "infera/runtime/sampler.h"
 #include "infera/runtime/sequence_runner.h"
 #include "infera/tokenizer/tokenizer.h"
+#include "../runtime/greedy_reference.h"
 
 using namespace infera;
 
@@ -38,21 +39,8 @@ std::vector<int32_t> golden_ids() {
   return out;
 }
 
-std::vector<int32_t> greedy(Model& model, std::vector<int32_t> prompt, int n, int chunk) {
-  KvPoolShape shape = model.kv_shape(16);
-  shape.num_blocks = 64;
-  KvPool kv(shape);
-  BlockAllocator blocks(64);
-  SequenceRunner runner(model, kv, blocks, chunk);
-  const int32_t vocab = model.config().vocab_size;
-  std::vector<int32_t> out;
-  const float* logits = runner.feed(prompt);
-  for (int i = 0; i < n; ++i) {
-    const int32_t next = argmax(logits, vocab);
-    out.push_back(next);
-    logits = runner.feed(std::span<const int32_t>(&next, 1));
-  }
-  return out;
+std::vector<int32_t> greedy(Model& model, const std::vector<int32_t>& prompt, int n, int chunk) {
+  return testing_support::greedy_alone(model, prompt, n, chunk);
 }
 
 }  // namespace

@@ -10,6 +10,7 @@
 
 #include "infera/base/timer.h"
 #include "infera/runtime/engine.h"
+#include "greedy_reference.h"
 #include "infera/runtime/sequence_runner.h"
 
 using namespace infera;
@@ -36,21 +37,7 @@ std::vector<int32_t> prompt_of(std::mt19937& rng, int32_t n) {
 }
 
 std::vector<int32_t> solo_greedy(const std::vector<int32_t>& prompt, int32_t n) {
-  Model& model = stories();
-  KvPoolShape shape = model.kv_shape(16);
-  shape.num_blocks = 64;
-  KvPool kv(shape);
-  BlockAllocator blocks(64);
-  SequenceRunner runner(model, kv, blocks, 512);
-  const int32_t vocab = model.config().vocab_size;
-  std::vector<int32_t> out;
-  const float* logits = runner.feed(prompt);
-  for (int32_t i = 0; i < n; ++i) {
-    const int32_t t = argmax(logits, vocab);
-    out.push_back(t);
-    if (i + 1 < n) logits = runner.feed(std::span<const int32_t>(&t, 1));
-  }
-  return out;
+  return testing_support::greedy_alone(stories(), prompt, n);
 }
 
 struct Outputs {
