@@ -140,12 +140,17 @@ TEST(MpiCommunicator, ThreeRanksOverLoopback) {
   if (!mpi_available()) GTEST_SKIP() << "built without MPI";
   const std::string self = fs::read_symlink("/proc/self/exe").string();
   const std::string out = (fs::temp_directory_path() / ("infera_mpi_" + std::to_string(::getpid()))).string();
+  // A private OpenMPI session directory (see tp_run_test.cpp: concurrent mpiruns race).
+  const fs::path session = out + ".ompi";
+  fs::create_directories(session);
+  ::setenv("OMPI_MCA_orte_tmpdir_base", session.c_str(), /*overwrite=*/1);
   const std::string cmd = "mpirun --oversubscribe --bind-to none --allow-run-as-root -np 3 " + self +
                           " --gtest_color=no --gtest_also_run_disabled_tests --gtest_filter=MpiRanks.* > " + out + " 2>&1";
   const int rc = std::system(cmd.c_str());
   std::ifstream in(out);
   const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   fs::remove(out);
+  fs::remove_all(session);
   EXPECT_TRUE(WIFEXITED(rc) && WEXITSTATUS(rc) == 0) << text;
   EXPECT_NE(text.find("[  PASSED  ] 1 test"), std::string::npos) << text;
 }

@@ -51,6 +51,10 @@ class TpRun : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     dir_ = fs::temp_directory_path() / ("infera_tp_" + std::to_string(::getpid()));
+    // A private OpenMPI session directory: mpiruns of tests running side by side share
+    // /tmp/ompi.<host>.<uid> otherwise, and one's clean-up races another's start.
+    fs::create_directories(dir_ / "ompi");
+    ::setenv("OMPI_MCA_orte_tmpdir_base", (dir_ / "ompi").c_str(), /*overwrite=*/1);
     fs::create_directories(dir_);
   }
   static void TearDownTestSuite() { fs::remove_all(dir_); }
