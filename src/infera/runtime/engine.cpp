@@ -7,6 +7,7 @@
 
 #include "infera/base/error.h"
 #include "infera/base/log.h"
+#include "infera/base/threads.h"
 #include "infera/runtime/speculative.h"
 
 namespace infera {
@@ -31,10 +32,10 @@ double ms_between(Clock::time_point a, Clock::time_point b) {
 KvPoolShape kv_shape_for(const Model& model, const EngineConfig& config) {
   validate_engine_config(config);
   KvPoolShape shape = model.kv_shape(config.block_size);
+  shape.dtype = config.kv_dtype;
   const int64_t blocks = kv_blocks_for_budget(config.kv_cache_bytes, shape);
   if (blocks < 1) {
-    const int64_t per_block = std::max<int64_t>(shape.num_layers, 1) * 2 * shape.block_size * shape.n_kv_heads *
-                              shape.head_dim * static_cast<int64_t>(sizeof(float));
+    const int64_t per_block = shape.bytes_per_block();
     fail("--kv-cache-memory: {} bytes hold no KV block of this model ({} bytes per block of {} tokens); raise it",
          config.kv_cache_bytes, per_block, config.block_size);
   }
@@ -662,6 +663,9 @@ void Engine::wait_idle() {
 }
 
 void Engine::loop() {
+  // Every kernel sizes its parallel regions with num_threads(), which answers this
+  // thread's own count: two engines in one process each run on theirs.
+  set_thread_num_threads(core_->config().threads);
   std::unique_lock lock(mutex_);
   for (;;) {
     wake_cv_.wait(lock, [&] { return stop_ || !pending_.empty() || !cancels_.empty() || core_has_work_; });

@@ -98,6 +98,7 @@ void validate_engine_config(const EngineConfig& c) {
   }
   if (c.prefill_chunk <= 0) fail("engine config: prefill_chunk must be positive");
   if (c.max_context < 0) fail("engine config: max_context must be >= 0 (0: the model's limit)");
+  if (c.threads < 0 || c.threads > 1024) fail("engine config: threads {} must be in [0, 1024] (0: the process-wide count)", c.threads);
   const SpeculativeConfig& s = c.speculative;
   if (s.num_draft_tokens < 0 || s.num_draft_tokens > SpeculativeConfig::kMaxDraftTokens) {
     fail("engine config: speculative num_draft_tokens {} must be in [0, {}] (0: the method's default)", s.num_draft_tokens,

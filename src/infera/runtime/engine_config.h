@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "infera/tensor/dtype.h"
+
 namespace infera {
 
 struct ModelConfig;
@@ -53,6 +55,10 @@ struct EngineConfig {
   // committed as blocks are first written, so this is a ceiling, not an up-front cost.
   int64_t kv_cache_bytes = int64_t{1} << 30;
   int32_t block_size = 16;        // tokens per KV block (also the prefix-cache granule)
+  // KV cache storage (--kv-dtype): kF32, kBF16 (half the bytes per token) or kI8 (about a
+  // quarter: int8 with an f32 scale per token and KV head). The budget above holds
+  // proportionally more tokens with the smaller types.
+  DType kv_dtype = DType::kF32;
   int32_t max_batch_tokens = 512; // tokens per forward (decode tokens + prefill chunks);
                                   // the model must be loaded with LoadOptions.max_batch_tokens >= this
   int32_t max_num_seqs = 64;      // sequences per forward (= running sequences at most)
@@ -67,6 +73,9 @@ struct EngineConfig {
   // ignore_eos. Extra ids every request stops on (e.g. BOS for llama2.c models).
   bool stop_on_model_eos = true;
   SpeculativeConfig speculative;
+  // Kernel threads of this engine's step loop (base/threads.h set_thread_num_threads), so
+  // models served side by side each get their own; 0: the process-wide count.
+  int32_t threads = 0;
 };
 
 // Parses a memory size: "2GiB", "512MB", "1.5G", "300000000" (bytes), or "30%" (of the

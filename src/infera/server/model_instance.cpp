@@ -79,7 +79,9 @@ void ModelInstance::set_failed(const std::string& reason) {
 
 void ModelInstance::load() {
   try {
-    if (deploy_.threads > 0) set_num_threads(deploy_.threads);
+    // This loading thread (weight conversion) and the engine's step loop use the model's
+    // own thread count; other models keep theirs.
+    set_thread_num_threads(deploy_.threads);
     LoadOptions load_options;
     load_options.load_into_memory = deploy_.load_into_memory;
     load_options.max_batch_tokens = limits_.max_batch_tokens;
@@ -94,6 +96,7 @@ void ModelInstance::load() {
     engine_config.max_context = limits_.max_context;
     engine_config.speculative.method = parse_speculative_method(deploy_.speculative.method, "speculative.method");
     engine_config.speculative.num_draft_tokens = deploy_.speculative.num_draft_tokens;
+    engine_config.threads = deploy_.threads;
     auto engine = std::make_unique<Engine>(std::move(model), engine_config);
     set_backend(std::make_shared<EngineBackend>(std::move(engine)));
     LOG_INFO("model '{}' ready", name());
