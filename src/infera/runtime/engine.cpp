@@ -131,6 +131,10 @@ void EngineCore::validate(const Request& r) const {
   }
   if (r.max_tokens == 0 || r.max_tokens < -1) fail("request: max_tokens {} must be >= 1 (or -1: up to the context limit)", r.max_tokens);
   if (r.min_tokens < 0) fail("request: min_tokens {} must be >= 0", r.min_tokens);
+  if (r.top_logprobs < 0 || r.top_logprobs > kMaxTopLogprobs) {
+    fail("request: top_logprobs {} must be in [0, {}]", r.top_logprobs, kMaxTopLogprobs);
+  }
+  if (r.top_logprobs > 0 && !r.logprobs) fail("request: top_logprobs needs logprobs on");
   const int64_t capacity = kv_capacity_tokens();
   const int64_t limit = std::min<int64_t>(max_context_, capacity);
   const char* why = capacity < max_context_ ? "the KV cache (raise --kv-cache-memory)" : "the context limit";
@@ -317,8 +321,20 @@ bool EngineCore::step() {
 size_t EngineCore::sample_chunk(const ScheduledChunk& c, float* logits) {
   Sequence& seq = *c.seq;
   const size_t first = seq.tokens.size();
+  // Sampling rewrites a row in place (penalties), so a request with logprobs keeps a copy
+  // of the raw row until the token is known.
+  seq.new_logprobs.clear();
+  const bool want_logprobs = seq.request.logprobs;
+  auto keep_raw = [&](const float* row) {
+    if (want_logprobs) raw_row_.assign(row, row + vocab_size_);
+  };
+  auto add_logprobs = [&](int32_t token) {
+    if (want_logprobs) seq.new_logprobs.push_back(token_logprobs(raw_row_.data(), vocab_size_, token, seq.request.top_logprobs));
+  };
   if (c.n_draft == 0) {
+    keep_raw(logits);
     seq.tokens.push_back(seq.sampler->sample(logits, seq.tokens));
+    add_logprobs(seq.tokens.back());
     scheduler_.commit(c);
     seq.drafts.tokens.clear();
     return first;
@@ -331,15 +347,20 @@ size_t EngineCore::sample_chunk(const ScheduledChunk& c, float* logits) {
   for (; accepted < c.n_draft; ++accepted) {
     const int32_t draft = seq.drafts.tokens[accepted];
     const float* q = has_q ? seq.drafts.probs.data() + static_cast<size_t>(accepted) * vocab_size_ : nullptr;
-    const DraftVerdict v = verify_draft(*seq.sampler, rows + static_cast<size_t>(accepted) * vocab_size_, seq.tokens,
-                                        draft, q, config_.speculative.acceptance_threshold, prob_scratch_);
+    float* row = rows + static_cast<size_t>(accepted) * vocab_size_;
+    keep_raw(row);
+    const DraftVerdict v = verify_draft(*seq.sampler, row, seq.tokens, draft, q, config_.speculative.acceptance_threshold,
+                                        prob_scratch_);
     seq.tokens.push_back(v.token);  // the draft, or its replacement
+    add_logprobs(v.token);  // from the row that predicts this position, as plain decoding's
     if (!v.accepted) break;
     ++counters_.spec_accepted_per_pos[accepted];
   }
   if (accepted == c.n_draft) {
     float* last = rows + static_cast<size_t>(c.n_draft) * vocab_size_;
+    keep_raw(last);
     seq.tokens.push_back(seq.sampler->sample(last, seq.tokens));
+    add_logprobs(seq.tokens.back());
   }
   ++counters_.spec_verify_steps;
   counters_.spec_drafted += c.n_draft;  // every proposed draft counts, judged or not (as vLLM and llama.cpp)
@@ -380,6 +401,7 @@ void EngineCore::emit_tokens(Sequence& seq, size_t first, Clock::time_point now)
     Event e;
     e.id = seq.id;
     e.token = token;
+    if (i - first < seq.new_logprobs.size()) e.logprobs = std::move(seq.new_logprobs[i - first]);
     pending_events_.emplace_back(&seq.on_event, std::move(e));
     if (generated >= seq.max_tokens) {
       finish(seq, FinishReason::kLength, -1);

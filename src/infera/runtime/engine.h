@@ -133,6 +133,7 @@ class EngineCore {
   int32_t num_draft_ = 0;              // draft tokens per sequence and step (0: off)
   bool hybrid_ = false;                // recurrent state: rejected drafts need a restore
   std::vector<float> prob_scratch_;    // [vocab]
+  std::vector<float> raw_row_;         // [vocab] a logits row before sampling (Request::logprobs)
   std::vector<float> trunk_hidden_;    // MTP: [batch tokens, hidden] of the last forward
   ForwardBatch draft_batch_;           // MTP: one drafting pass over several sequences
   std::vector<float> draft_hidden_;    // MTP: [draft_batch_ tokens, hidden]

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "infera/base/error.h"
+
 namespace infera {
 
 int32_t argmax(const float* x, int32_t n) {
@@ -96,6 +98,39 @@ int32_t Sampler::sample(float* logits, std::span<const int32_t> history) {
     if (u < cum) return c.first;
   }
   return cand.back().first;
+}
+
+
+TokenLogprobs token_logprobs(const float* logits, int32_t vocab, int32_t token, int32_t top_n) {
+  INFERA_ASSERT(vocab > 0 && token >= 0 && token < vocab);
+  INFERA_ASSERT(top_n >= 0 && top_n <= kMaxTopLogprobs);
+  float max_logit = logits[0];
+  for (int32_t i = 1; i < vocab; ++i) max_logit = std::max(max_logit, logits[i]);
+  double sum = 0;
+  for (int32_t i = 0; i < vocab; ++i) sum += std::exp(static_cast<double>(logits[i]) - max_logit);
+  const double log_z = static_cast<double>(max_logit) + std::log(sum);
+  auto logprob = [&](int32_t i) { return static_cast<float>(static_cast<double>(logits[i]) - log_z); };
+
+  TokenLogprobs out;
+  out.sampled = {token, logprob(token)};
+  if (top_n == 0) return out;
+  // Insertion into a list of at most top_n (token, logit), best first: after the first few
+  // rows almost every logit loses to the current last entry in one comparison.
+  std::vector<TokenLogprob>& top = out.top;
+  top.reserve(top_n + 1);
+  auto better = [](float a_logit, int32_t a, const TokenLogprob& b) {
+    return a_logit > b.logprob || (a_logit == b.logprob && a < b.token);
+  };
+  for (int32_t i = 0; i < vocab; ++i) {
+    const float l = logits[i];
+    if (static_cast<int32_t>(top.size()) == top_n && !better(l, i, top.back())) continue;
+    auto at = top.end();
+    while (at != top.begin() && better(l, i, *(at - 1))) --at;
+    top.insert(at, TokenLogprob{i, l});
+    if (static_cast<int32_t>(top.size()) > top_n) top.pop_back();
+  }
+  for (TokenLogprob& t : top) t.logprob = logprob(t.token);
+  return out;
 }
 
 }  // namespace infera

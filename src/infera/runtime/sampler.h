@@ -52,4 +52,26 @@ class Sampler {
 
 int32_t argmax(const float* x, int32_t n);
 
+// Log-probabilities a request asked for (Request::logprobs). They are the model's RAW
+// distribution, log_softmax(logits) of the row the token was sampled from, before
+// penalties, temperature and top-k/top-p/min-p (vLLM's default, "raw_logprobs"): they do
+// not depend on the sampling settings, and greedy requests get meaningful numbers (the
+// processed distribution at temperature 0 is one-hot). Speculative decoding reads them
+// from the verify forward's row for the same position, which is that same distribution.
+inline constexpr int32_t kMaxTopLogprobs = 20;  // OpenAI's limit on top_logprobs
+
+struct TokenLogprob {
+  int32_t token = -1;
+  float logprob = 0.0f;
+};
+
+struct TokenLogprobs {
+  TokenLogprob sampled;            // the generated token
+  std::vector<TokenLogprob> top;   // the most likely tokens, most likely first (ties: lower id first)
+};
+
+// `logits` [vocab]: the raw row (unmodified). `top_n` in [0, kMaxTopLogprobs]. One pass
+// for the log-sum-exp (in double), one for the top-n selection.
+TokenLogprobs token_logprobs(const float* logits, int32_t vocab, int32_t token, int32_t top_n);
+
 }  // namespace infera

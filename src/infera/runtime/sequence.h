@@ -27,6 +27,10 @@ struct Request {
   std::vector<int32_t> stop_token_ids;  // generation stops after emitting one of these
   bool ignore_eos = false;              // do not stop on the model's EOS ids
   int32_t min_tokens = 0;               // stop tokens are ignored before this many tokens
+  // Log-probabilities of each generated token (sampler.h token_logprobs) and of the
+  // top_logprobs most likely alternatives, in [0, kMaxTopLogprobs]. Off: no cost.
+  bool logprobs = false;
+  int32_t top_logprobs = 0;
 };
 
 enum class FinishReason { kNone, kStop, kLength, kCancelled, kError };
@@ -55,6 +59,7 @@ struct Event {
   std::string error;  // finish == kError
   Usage usage;
   Timings timings;
+  std::optional<TokenLogprobs> logprobs;  // token events of a request with logprobs
   bool is_final() const { return finish != FinishReason::kNone; }
 };
 
@@ -116,6 +121,9 @@ struct Sequence {
   EventCallback on_event;
   RecurrentState recurrent;
   SpeculativeDrafts drafts;
+  // Request::logprobs: those of the tokens this step appended (tokens[first..], in order),
+  // moved into their events.
+  std::vector<TokenLogprobs> new_logprobs;
 
   int32_t num_generated() const { return static_cast<int32_t>(tokens.size()) - num_prompt; }
   int32_t num_uncomputed() const { return static_cast<int32_t>(tokens.size()) - num_computed; }

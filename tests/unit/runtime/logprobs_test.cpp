@@ -1,0 +1,259 @@
+// Log-probabilities (Request::logprobs): token_logprobs against a plain log-softmax and
+// full sort written here, and the engine's numbers against the logits of an independent
+// path (SequenceRunner, one sequence, no scheduler) on the trained stories260K, for
+// greedy, sampled-with-penalties and speculative (n-gram verify) runs.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <numeric>
+#include <random>
+
+#include "infera/base/error.h"
+#include "infera/base/threads.h"
+#include "infera/runtime/engine.h"
+#include "infera/runtime/sequence_runner.h"
+
+using namespace infera;
+
+namespace {
+
+Model& stories() {
+  static std::unique_ptr<Model> model = [] {
+    LoadOptions o;
+    o.max_batch_tokens = 512;
+    return load_model(std::string(INFERA_SOURCE_DIR) + "/../shared/models/stories260K", o);
+  }();
+  return *model;
+}
+
+// log_softmax in long double, the straightforward way.
+std::vector<double> reference_log_softmax(const float* logits, int32_t n) {
+  long double max_l = logits[0];
+  for (int32_t i = 1; i < n; ++i) max_l = std::max<long double>(max_l, logits[i]);
+  long double sum = 0;
+  for (int32_t i = 0; i < n; ++i) sum += std::exp(static_cast<long double>(logits[i]) - max_l);
+  std::vector<double> out(n);
+  for (int32_t i = 0; i < n; ++i) out[i] = static_cast<double>(logits[i] - max_l - std::log(sum));
+  return out;
+}
+
+// Checks `lp` (for `token`, asking top_n) against the reference log-probabilities.
+void expect_matches(const TokenLogprobs& lp, const std::vector<double>& ref, int32_t token, int32_t top_n, double tol,
+                    const std::string& what) {
+  EXPECT_EQ(lp.sampled.token, token) << what;
+  EXPECT_NEAR(lp.sampled.logprob, ref[token], tol) << what;
+  EXPECT_LE(lp.sampled.logprob, 0.0f) << what;
+  ASSERT_EQ(lp.top.size(), static_cast<size_t>(top_n)) << what;
+  // The reference ranking: by log-probability, ties by lower id.
+  std::vector<int32_t> order(ref.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return ref[a] > ref[b]; });
+  double mass = 0;
+  for (int32_t i = 0; i < top_n; ++i) {
+    const TokenLogprob& t = lp.top[i];
+    EXPECT_NEAR(t.logprob, ref[t.token], tol) << what << " top " << i;
+    // Same rank as the reference, up to near-ties between neighbours.
+    EXPECT_NEAR(ref[t.token], ref[order[i]], tol) << what << " top " << i;
+    if (i > 0) {
+      EXPECT_GE(lp.top[i - 1].logprob, t.logprob) << what << " top list not sorted at " << i;
+    }
+    if (t.token == token) {
+      EXPECT_EQ(t.logprob, lp.sampled.logprob) << what;
+    }
+    mass += std::exp(static_cast<double>(t.logprob));
+  }
+  EXPECT_LE(mass, 1.0 + 1e-5) << what;
+  // The sampled token belongs in the top list exactly when its log-probability reaches the last entry's.
+  if (top_n > 0 && lp.sampled.logprob > lp.top.back().logprob) {
+    EXPECT_TRUE(std::any_of(lp.top.begin(), lp.top.end(), [&](const TokenLogprob& t) { return t.token == token; })) << what;
+  }
+}
+
+struct Generated {
+  std::vector<int32_t> tokens;
+  std::vector<TokenLogprobs> logprobs;  // one per token event
+};
+
+// Runs the prompts through one EngineCore (batched) and collects each one's events.
+std::vector<Generated> run_engine(const EngineConfig& config, const std::vector<std::vector<int32_t>>& prompts,
+                                  int32_t gen, const SamplingParams& sampling, bool logprobs, int32_t top_n,
+                                  EngineStats* stats = nullptr) {
+  EngineCore core(stories(), config);
+  std::map<RequestId, Generated> out;
+  std::vector<RequestId> ids;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    Request r;
+    r.prompt_ids = prompts[i];
+    r.max_tokens = gen;
+    r.ignore_eos = true;
+    r.sampling = sampling;
+    r.sampling.seed = sampling.seed + i;
+    r.logprobs = logprobs;
+    r.top_logprobs = top_n;
+    ids.push_back(core.add_request(r, [&](const Event& e) {
+      if (e.is_final()) {
+        EXPECT_FALSE(e.logprobs.has_value()) << "the final event carries no token";
+        return;
+      }
+      Generated& g = out[e.id];
+      g.tokens.push_back(e.token);
+      EXPECT_EQ(e.logprobs.has_value(), logprobs);
+      if (e.logprobs) g.logprobs.push_back(*e.logprobs);
+    }));
+  }
+  while (core.has_work()) core.step();
+  if (stats) *stats = core.stats();
+  std::vector<Generated> result;
+  for (RequestId id : ids) result.push_back(out[id]);
+  return result;
+}
+
+// Every generated token's numbers against SequenceRunner's logits at its position.
+void expect_matches_runner(const std::vector<int32_t>& prompt, const Generated& g, int32_t top_n, const std::string& what) {
+  Model& model = stories();
+  KvPoolShape shape = model.kv_shape(16);
+  shape.num_blocks = 64;
+  KvPool kv(shape);
+  BlockAllocator blocks(64);
+  SequenceRunner runner(model, kv, blocks, 512);
+  const int32_t vocab = model.config().vocab_size;
+  ASSERT_EQ(g.logprobs.size(), g.tokens.size()) << what;
+  const float* logits = runner.feed(prompt);
+  for (size_t i = 0; i < g.tokens.size(); ++i) {
+    const std::vector<double> ref = reference_log_softmax(logits, vocab);
+    // Batched forwards sum in a different order than the lone runner: float rounding only.
+    expect_matches(g.logprobs[i], ref, g.tokens[i], top_n, 2e-4, what + " token " + std::to_string(i));
+    logits = runner.feed(std::span<const int32_t>(&g.tokens[i], 1));
+  }
+}
+
+EngineConfig config(SpeculativeMethod method = SpeculativeMethod::kNone, int32_t k = 0) {
+  EngineConfig c;
+  c.block_size = 16;
+  c.max_batch_tokens = 128;
+  c.max_num_seqs = 4;
+  c.prefill_chunk = 32;
+  c.kv_cache_bytes = 32 << 20;
+  c.speculative.method = method;
+  c.speculative.num_draft_tokens = k;
+  return c;
+}
+
+std::vector<std::vector<int32_t>> prompts(uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int32_t> d(259, 511);
+  std::vector<std::vector<int32_t>> out;
+  for (int32_t n : {4, 19, 9}) {
+    std::vector<int32_t> p{1};
+    // A repeated phrase gives prompt lookup (n-gram drafts) something to find.
+    std::vector<int32_t> phrase;
+    for (int32_t i = 0; i < n; ++i) phrase.push_back(d(rng));
+    for (int rep = 0; rep < 3; ++rep) p.insert(p.end(), phrase.begin(), phrase.end());
+    out.push_back(p);
+  }
+  return out;
+}
+
+struct OneThread {  // the model is tiny: threads would only add start-up and spinning
+  int saved = num_threads();
+  OneThread() { set_num_threads(1); }
+  ~OneThread() { set_num_threads(saved); }
+};
+
+}  // namespace
+
+TEST(TokenLogprobs, MatchLogSoftmaxAndSortedTopList) {
+  std::mt19937 rng(3);
+  std::normal_distribution<float> normal(0.0f, 4.0f);
+  for (int32_t vocab : {1, 7, 1000}) {
+    std::vector<float> logits(vocab);
+    for (float& l : logits) l = normal(rng);
+    if (vocab > 10) logits[5] = logits[9] = 30.0f;  // a tie at the top: lower id first
+    const std::vector<double> ref = reference_log_softmax(logits.data(), vocab);
+    for (int32_t top_n : {0, 1, std::min(vocab, 5), std::min(vocab, kMaxTopLogprobs)}) {
+      for (int32_t token : {0, vocab - 1, argmax(logits.data(), vocab)}) {
+        const TokenLogprobs lp = token_logprobs(logits.data(), vocab, token, top_n);
+        expect_matches(lp, ref, token, top_n, 1e-5, "vocab " + std::to_string(vocab));
+        if (vocab > 10 && top_n >= 2) {
+          EXPECT_EQ(lp.top[0].token, 5);
+          EXPECT_EQ(lp.top[1].token, 9);
+        }
+      }
+    }
+  }
+  // Extreme logits stay finite where they should (no overflow in the normalizer).
+  std::vector<float> wide = {1e4f, -1e4f, 0.0f};
+  const TokenLogprobs lp = token_logprobs(wide.data(), 3, 0, 3);
+  EXPECT_NEAR(lp.sampled.logprob, 0.0f, 1e-6);
+  EXPECT_NEAR(lp.top[2].logprob, -2e4f, 1.0f);
+  EXPECT_EQ(lp.top[1].token, 2);
+}
+
+TEST(EngineLogprobs, GreedyMatchesTheModelsLogSoftmax) {
+  OneThread one;
+  const auto ps = prompts(11);
+  const std::vector<Generated> out = run_engine(config(), ps, 20, SamplingParams{}, true, 5);
+  for (size_t i = 0; i < ps.size(); ++i) {
+    expect_matches_runner(ps[i], out[i], 5, "prompt " + std::to_string(i));
+    // Greedy: the emitted token is the most likely one.
+    for (const TokenLogprobs& lp : out[i].logprobs) EXPECT_EQ(lp.top[0].token, lp.sampled.token);
+  }
+}
+
+TEST(EngineLogprobs, SampledWithPenaltiesReportsTheRawDistribution) {
+  OneThread one;
+  const auto ps = prompts(12);
+  SamplingParams s;
+  s.temperature = 0.8f;
+  s.top_k = 40;
+  s.repetition_penalty = 1.3f;
+  s.presence_penalty = 0.5f;
+  s.seed = 77;
+  const std::vector<Generated> out = run_engine(config(), ps, 24, s, true, kMaxTopLogprobs);
+  for (size_t i = 0; i < ps.size(); ++i) expect_matches_runner(ps[i], out[i], kMaxTopLogprobs, "prompt " + std::to_string(i));
+  // Asking for logprobs does not change what is sampled.
+  const std::vector<Generated> plain = run_engine(config(), ps, 24, s, false, 0);
+  for (size_t i = 0; i < ps.size(); ++i) EXPECT_EQ(plain[i].tokens, out[i].tokens);
+}
+
+TEST(EngineLogprobs, SpeculativeVerifyGivesThePlainRunsLogprobs) {
+  OneThread one;
+  const auto ps = prompts(13);
+  const std::vector<Generated> plain = run_engine(config(), ps, 40, SamplingParams{}, true, 3);
+  EngineStats stats;
+  const std::vector<Generated> spec = run_engine(config(SpeculativeMethod::kNgram, 4), ps, 40, SamplingParams{}, true, 3, &stats);
+  // Drafts were both accepted (tokens from verify rows) and rejected (replacements).
+  EXPECT_GT(stats.spec_accepted, 0);
+  EXPECT_LT(stats.spec_accepted, stats.spec_drafted);
+  for (size_t i = 0; i < ps.size(); ++i) {
+    ASSERT_EQ(spec[i].tokens, plain[i].tokens) << "prompt " << i;
+    ASSERT_EQ(spec[i].logprobs.size(), plain[i].logprobs.size());
+    for (size_t t = 0; t < plain[i].logprobs.size(); ++t) {
+      const TokenLogprobs& a = spec[i].logprobs[t];
+      const TokenLogprobs& b = plain[i].logprobs[t];
+      EXPECT_NEAR(a.sampled.logprob, b.sampled.logprob, 2e-4) << "prompt " << i << " token " << t;
+      ASSERT_EQ(a.top.size(), b.top.size());
+      for (size_t k = 0; k < a.top.size(); ++k) EXPECT_NEAR(a.top[k].logprob, b.top[k].logprob, 2e-4);
+    }
+    expect_matches_runner(ps[i], spec[i], 3, "speculative prompt " + std::to_string(i));
+  }
+}
+
+TEST(EngineLogprobs, RequestsAreValidated) {
+  EngineCore core(stories(), config());
+  Request r;
+  r.prompt_ids = {1, 300};
+  r.max_tokens = 2;
+  r.logprobs = true;
+  r.top_logprobs = kMaxTopLogprobs + 1;
+  EXPECT_THROW(core.validate(r), Error);
+  r.top_logprobs = -1;
+  EXPECT_THROW(core.validate(r), Error);
+  r.top_logprobs = 2;
+  r.logprobs = false;
+  EXPECT_THROW(core.validate(r), Error);
+  r.logprobs = true;
+  EXPECT_NO_THROW(core.validate(r));
+}
