@@ -116,7 +116,7 @@ void setup(CLI::App& app) {
   cmd->add_option("--concurrency", o->concurrency, "Sequences resident at once")->default_val(1)->check(CLI::PositiveNumber);
   cmd->add_option("--tp", o->tp, "Tensor-parallel devices")->default_val(1)->check(CLI::PositiveNumber);
   cmd->add_option("--memory", o->memory, "Memory budget per device, e.g. 24GiB, 80GB");
-  cmd->add_option("--kv-dtype", o->kv_dtype, "KV cache element type: f32 (Infera today), bf16, int8")->default_val("f32");
+  cmd->add_option("--kv-dtype", o->kv_dtype, "KV cache element type: f32 (default), bf16, int8 (with an f32 scale per token and KV head)")->default_val("f32");
   cmd->add_option("--prefill-chunk", o->prefill_chunk, "Prompt tokens per forward")->default_val(512)->check(CLI::PositiveNumber);
   cmd->add_option("--reserve", o->reserve, "Runtime reserve per device (code, libraries, tokenizer, threads)")->default_val("16MiB");
   cmd->add_flag("--no-mtp", o->no_mtp, "Leave out multi-token-prediction weights and their KV layer");

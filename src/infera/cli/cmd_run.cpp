@@ -37,6 +37,7 @@ struct RunOptions {
   int32_t threads = 0;
   int32_t ctx = 4096;
   int32_t chunk = 512;
+  std::string kv_dtype = "f32";  // KV cache storage: f32 | bf16 | int8
   float temperature = 0.8f;
   int32_t top_k = 40;
   float top_p = 0.95f;
@@ -85,10 +86,10 @@ int generate_speculative(const RunOptions& o, Model& model, const std::vector<in
   c.enable_prefix_cache = false;
   c.max_context = o.ctx;
   c.allow_context_beyond_model = true;  // as the plain path: --ctx is the user's call
-  const KvPoolShape shape = model.kv_shape(c.block_size);
-  const int64_t block_bytes = shape.num_layers * 2 * shape.block_size * shape.n_kv_heads * shape.head_dim *
-                              static_cast<int64_t>(sizeof(float));
-  c.kv_cache_bytes = ((o.ctx + c.block_size - 1) / c.block_size) * block_bytes;
+  c.kv_dtype = parse_kv_cache_dtype(o.kv_dtype);
+  KvPoolShape shape = model.kv_shape(c.block_size);
+  shape.dtype = c.kv_dtype;
+  c.kv_cache_bytes = ((o.ctx + c.block_size - 1) / c.block_size) * shape.bytes_per_block();
   EngineCore core(model, c);
 
   Request r;
@@ -195,6 +196,7 @@ int generate(const RunOptions& o, parallel::Communicator* comm) {
     // Mirror rank 0's steps on this rank's shard until it is done, then report.
     KvPoolShape shape = model->kv_shape(block_size);
     shape.num_blocks = num_blocks;
+    shape.dtype = parse_kv_cache_dtype(o.kv_dtype);
     KvPool kv(shape);
     run_parallel_worker(*model, kv, *comm, load.parallel.merged_sync);
     const RankReport mine = own_report(*comm);
@@ -257,6 +259,7 @@ int generate(const RunOptions& o, parallel::Communicator* comm) {
   Sampler sampler(sp, cfg.vocab_size);
   KvPoolShape shape = model->kv_shape(block_size);
   shape.num_blocks = num_blocks;
+  shape.dtype = parse_kv_cache_dtype(o.kv_dtype);
   KvPool kv(shape);
   BlockAllocator blocks(static_cast<int32_t>(shape.num_blocks));
   SequenceRunner runner(*model, kv, blocks, o.chunk);
@@ -392,6 +395,10 @@ void setup(CLI::App& app) {
   cmd->add_option("-t,--threads", o->threads, "Threads (0: all cores)")->default_val(0)->check(CLI::NonNegativeNumber);
   cmd->add_option("-c,--ctx", o->ctx, "Context length (prompt + generated)")->default_val(4096)->check(CLI::PositiveNumber);
   cmd->add_option("--prefill-chunk", o->chunk, "Prompt tokens per forward")->default_val(512)->check(CLI::PositiveNumber);
+  cmd->add_option("--kv-dtype", o->kv_dtype, "KV cache storage: f32, bf16 (half the memory) or int8 (about a quarter; "
+                                             "an f32 scale per token and KV head)")
+      ->default_val("f32")
+      ->check(CLI::IsMember({"f32", "bf16", "int8"}));
   cmd->add_option("--temp", o->temperature, "Temperature (0: greedy)")->default_val(0.8)->check(CLI::NonNegativeNumber);
   cmd->add_option("--top-k", o->top_k, "Top-k (0: off)")->default_val(40)->check(CLI::NonNegativeNumber);
   cmd->add_option("--top-p", o->top_p, "Top-p (1: off)")->default_val(0.95)->check(CLI::Range(0.0, 1.0));

@@ -17,6 +17,7 @@
 #include "infera/base/log.h"
 #include "infera/cli/command.h"
 #include "infera/cli/model_paths.h"
+#include "infera/model/kv_pool.h"
 #include "infera/runtime/engine_config.h"
 #include "infera/server/deploy_config.h"
 #include "infera/server/http_server.h"
@@ -36,6 +37,7 @@ struct ServeOptions {
   int threads = 0;
   std::vector<std::string> api_keys;
   std::string kv_cache_memory;
+  std::string kv_dtype = "f32";
   int max_input_len = 0;
   int max_output_len = 0;
   int max_batch_tokens = 0;
@@ -104,6 +106,7 @@ DeployConfig build_config(const ServeOptions& o) {
   if (o.max_num_seqs > 0) m.max_num_seqs = o.max_num_seqs;
   if (o.prefill_chunk > 0) m.prefill_chunk = o.prefill_chunk;
   if (!o.kv_cache_memory.empty()) m.kv_cache_bytes = parse_memory_size(o.kv_cache_memory, "--kv-cache-memory");
+  m.kv_dtype = parse_kv_cache_dtype(o.kv_dtype);
   m.load_into_memory = o.load_into_memory;
   m.enable_prefix_cache = !o.no_prefix_cache;
   m.speculative.method = o.speculative;
@@ -125,9 +128,9 @@ int serve(const ServeOptions& options) {
   for (const auto& m : models) {
     const auto& l = m->limits();
     LOG_INFO("model '{}' ({}): profile {}, context {}, max_input_len {}, max_output_len {}, max_num_seqs {}, "
-             "max_batch_tokens {}, prefill_chunk {}, kv cache {} MiB{}",
+             "max_batch_tokens {}, prefill_chunk {}, kv cache {} MiB {}{}",
              m->name(), m->deploy().path, m->deploy().profile, l.max_context, l.max_input_len, l.max_output_len, l.max_num_seqs,
-             l.max_batch_tokens, l.prefill_chunk, l.kv_cache_bytes >> 20,
+             l.max_batch_tokens, l.prefill_chunk, l.kv_cache_bytes >> 20, kv_cache_dtype_name(m->deploy().kv_dtype),
              m->deploy().port ? ", own port " + std::to_string(m->deploy().port) : std::string());
     if (!m->has_chat_template()) LOG_WARN("model '{}' has no chat template: /v1/chat/completions will answer 400", m->name());
   }
@@ -199,6 +202,10 @@ void setup(CLI::App& app) {
   cmd->add_option("-t,--threads", o->threads, "Compute threads (0: all cores)");
   cmd->add_option("--api-key", o->api_keys, "Accepted API key (repeatable; or INFERA_API_KEYS=k1,k2)");
   cmd->add_option("--kv-cache-memory", o->kv_cache_memory, "KV cache budget, e.g. 2GiB (default 1GiB)");
+  cmd->add_option("--kv-dtype", o->kv_dtype, "KV cache storage: f32, bf16 (2x the tokens per byte) or int8 (~4x; an f32 "
+                                             "scale per token and KV head)")
+      ->default_val("f32")
+      ->check(CLI::IsMember({"f32", "bf16", "int8"}));
   cmd->add_option("--max-input-len", o->max_input_len, "Longest prompt in tokens");
   cmd->add_option("--max-output-len", o->max_output_len, "Most tokens one request may generate");
   cmd->add_option("--max-batch-tokens", o->max_batch_tokens, "Tokens per forward pass");

@@ -1,6 +1,10 @@
 // Public kernels API: argument checks, then dispatch to the per-ISA table.
 #include "infera/kernels/kernels.h"
 
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
 #include "infera/base/error.h"
 #include "infera/kernels/cpu/dispatch.h"
 
@@ -113,12 +117,61 @@ void attention_paged(Isa isa, const float* q, int64_t n_tokens, int64_t n_heads,
          n_heads, kv.n_kv_heads);
   }
   INFERA_ASSERT(n_tokens >= 0 && pos0 >= 0 && kv.block_size > 0 && kv.head_dim > 0);
+  if (kv.dtype != DType::kF32 && kv.dtype != DType::kBF16 && kv.dtype != DType::kI8) {
+    fail("attention: KV cache dtype {} is not supported (f32, bf16 or int8)", dtype_name(kv.dtype));
+  }
+  INFERA_ASSERT(kv.dtype != DType::kI8 || (kv.k_scales && kv.v_scales), "int8 KV needs scales");
   if (n_tokens == 0) return;
   table_for(isa).attention_paged(q, n_tokens, n_heads, pos0, kv, scale, out);
 }
 void attention_paged(const float* q, int64_t n_tokens, int64_t n_heads, int64_t pos0,
                      const PagedKv& kv, float scale, float* out) {
   attention_paged(best_isa(), q, n_tokens, n_heads, pos0, kv, scale, out);
+}
+
+void store_kv_rows(DType dtype, const float* src, int64_t src_stride, int64_t n_rows, const int64_t* slots,
+                   int64_t n_kv_heads, int64_t head_dim, void* dst, float* scales) {
+  const int64_t row = n_kv_heads * head_dim;
+  for (int64_t i = 0; i < n_rows; ++i) {
+    const float* x = src + i * src_stride;
+    const int64_t base = slots[i] * row;  // elements
+    switch (dtype) {
+      case DType::kF32:
+        std::memcpy(static_cast<float*>(dst) + base, x, row * sizeof(float));
+        break;
+      case DType::kBF16: {
+        uint16_t* y = static_cast<uint16_t*>(dst) + base;
+        for (int64_t j = 0; j < row; ++j) y[j] = f32_to_bf16(x[j]);
+        break;
+      }
+      case DType::kI8: {
+        int8_t* y = static_cast<int8_t*>(dst) + base;
+        for (int64_t h = 0; h < n_kv_heads; ++h) {
+          const float* xh = x + h * head_dim;
+          float amax = 0.0f;
+          for (int64_t d = 0; d < head_dim; ++d) amax = std::max(amax, std::fabs(xh[d]));
+          const float scale = amax / 127.0f;
+          const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+          scales[slots[i] * n_kv_heads + h] = scale;
+          for (int64_t d = 0; d < head_dim; ++d) {
+            y[h * head_dim + d] = static_cast<int8_t>(std::clamp(std::nearbyint(xh[d] * inv), -127.0f, 127.0f));
+          }
+        }
+        break;
+      }
+      default:
+        fail("KV cache dtype {} is not supported (f32, bf16 or int8)", dtype_name(dtype));
+    }
+  }
+}
+
+float load_kv_value(DType dtype, const void* pool, const float* scales, int64_t index, int64_t head_dim) {
+  switch (dtype) {
+    case DType::kF32: return static_cast<const float*>(pool)[index];
+    case DType::kBF16: return bf16_to_f32(static_cast<const uint16_t*>(pool)[index]);
+    case DType::kI8: return scales[index / head_dim] * static_cast<const int8_t*>(pool)[index];
+    default: fail("KV cache dtype {} is not supported (f32, bf16 or int8)", dtype_name(dtype));
+  }
 }
 
 }  // namespace infera::kernels

@@ -72,22 +72,40 @@ void rope_neox(float* x, int64_t n_tokens, int64_t n_heads, int64_t head_dim, in
 void rope_neox(Isa isa, float* x, int64_t n_tokens, int64_t n_heads, int64_t head_dim,
                int64_t rot_dim, const int32_t* positions, const float* inv_freq, float attn_factor);
 
-// One sequence's view of a paged KV cache, f32 K/V.
+// One sequence's view of a paged KV cache. K/V are stored as f32, bf16 or int8 (dtype);
+// the kernels convert to f32 in registers. int8 rows carry one f32 scale per (token, KV
+// head): value = scale * q, q in [-127, 127] (store_kv_rows below writes them).
 struct PagedKv {
-  const float* k_pool;  // [num_blocks, block_size, n_kv_heads, head_dim]
-  const float* v_pool;  // same layout
+  const void* k_pool;  // [num_blocks, block_size, n_kv_heads, head_dim] of dtype
+  const void* v_pool;  // same layout
   int64_t block_size, n_kv_heads, head_dim;
   // Block ids of this sequence, in order: token t lives in block_table[t / block_size],
   // slot t % block_size.
   const int32_t* block_table;
+  DType dtype = DType::kF32;  // kF32, kBF16 or kI8
+  const float* k_scales = nullptr;  // int8 only: [num_blocks, block_size, n_kv_heads]
+  const float* v_scales = nullptr;  // same layout
 };
+
+// Writes n_rows rows of K or V (each [n_kv_heads, head_dim] f32, `src_stride` floats apart)
+// into slots of a pool of `dtype`: row i goes to slot slots[i] (block * block_size + offset),
+// i.e. dst + slots[i] * n_kv_heads * head_dim elements. bf16: rounded to nearest even.
+// int8: per (token, KV head) symmetric scale = max|x| / 127 into scales[slot * n_kv_heads +
+// head], values round(x / scale), so each element is off by at most scale / 2 =
+// max|x| / 254 of its head row. A zero row stores scale 0.
+void store_kv_rows(DType dtype, const float* src, int64_t src_stride, int64_t n_rows, const int64_t* slots,
+                   int64_t n_kv_heads, int64_t head_dim, void* dst, float* scales);
+// The f32 value of element `index` of a pool of `dtype` (index counts elements from the
+// pool's start; scales as above). Tests and references.
+float load_kv_value(DType dtype, const void* pool, const float* scales, int64_t index, int64_t head_dim);
 
 // q: [n_tokens, n_heads, head_dim] (head_dim == kv.head_dim). Query token i is at absolute
 // position pos0 + i and attends causally to keys [0, pos0 + i] (already in the cache).
 // GQA: query head h uses kv head h / (n_heads / n_kv_heads). out: [n_tokens, n_heads,
 // head_dim]. scale is typically 1/sqrt(head_dim). Decode with a long context is split over
 // key chunks (flash-decoding) so every thread works even for one sequence.
-// Throws infera::Error when n_heads is not a multiple of kv.n_kv_heads.
+// Throws infera::Error when n_heads is not a multiple of kv.n_kv_heads, or for a KV dtype
+// other than f32/bf16/int8 (int8 without scales).
 void attention_paged(const float* q, int64_t n_tokens, int64_t n_heads, int64_t pos0,
                      const PagedKv& kv, float scale, float* out);
 void attention_paged(Isa isa, const float* q, int64_t n_tokens, int64_t n_heads, int64_t pos0,

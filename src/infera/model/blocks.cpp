@@ -38,20 +38,19 @@ void paged_attention(const ForwardBatch& batch, KvPool& kv, int64_t kv_layer, co
                      const float* v, int64_t nh, int64_t nkv, int64_t hd, float scale, float* out) {
   const int64_t kv_row = nkv * hd;
   const int64_t bs = kv.shape().block_size;
-  float* k_pool = kv.k(kv_layer);
-  float* v_pool = kv.v(kv_layer);
+  static thread_local std::vector<int64_t> slots;  // grows to the largest chunk, then reused
   for (const SeqChunk& s : batch.seqs) {
+    slots.resize(static_cast<size_t>(s.n_tokens));
     for (int32_t i = 0; i < s.n_tokens; ++i) {
       const int64_t pos = s.pos0 + i;
       INFERA_ASSERT(pos / bs < s.n_blocks, "block table too short for the chunk");
-      const int64_t slot = static_cast<int64_t>(s.block_table[pos / bs]) * bs + pos % bs;
-      const int64_t t = s.token_begin + i;
-      std::memcpy(k_pool + slot * kv_row, k + t * kv_row, kv_row * sizeof(float));
-      std::memcpy(v_pool + slot * kv_row, v + t * kv_row, kv_row * sizeof(float));
+      slots[i] = static_cast<int64_t>(s.block_table[pos / bs]) * bs + pos % bs;
     }
-    kernels::PagedKv paged{k_pool, v_pool, bs, nkv, hd, s.block_table};
-    kernels::attention_paged(q + s.token_begin * nh * hd, s.n_tokens, nh, s.pos0, paged, scale,
-                             out + s.token_begin * nh * hd);
+    // Converted to the cache's dtype here (after RoPE); attention reads them back from
+    // the cache like every older key, so a chunk sees exactly what later steps will.
+    kv.write(kv_layer, k + s.token_begin * kv_row, v + s.token_begin * kv_row, kv_row, s.n_tokens, slots.data());
+    kernels::attention_paged(q + s.token_begin * nh * hd, s.n_tokens, nh, s.pos0, kv.view(kv_layer, s.block_table),
+                             scale, out + s.token_begin * nh * hd);
   }
 }
 

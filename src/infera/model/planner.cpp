@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "infera/base/error.h"
+#include "infera/model/kv_pool.h"
 
 namespace infera {
 namespace {
@@ -238,6 +239,15 @@ KvDType parse_kv_dtype(const std::string& text) {
   fail("unknown KV cache dtype '{}' (expected f32, bf16 or int8)", text);
 }
 
+DType kv_pool_dtype(KvDType d) {
+  switch (d) {
+    case KvDType::kF32: return DType::kF32;
+    case KvDType::kBF16: return DType::kBF16;
+    case KvDType::kInt8: return DType::kI8;
+  }
+  return DType::kF32;
+}
+
 const char* kv_dtype_name(KvDType d) {
   switch (d) {
     case KvDType::kF32: return "f32";
@@ -366,8 +376,20 @@ Plan plan_memory(const ModelConfig& c, const PlanOptions& o) {
     // KV heads split across devices; with more devices than KV heads each keeps a replica.
     kv_values_device = 2 * split(c.num_kv_heads) * c.head_dim;
   }
-  const int64_t kv_per_token = plan.kv_layers * kv_values_device * kv_elem +
-                               (o.kv_dtype == KvDType::kInt8 ? plan.kv_layers * 2 * 4 : 0);  // int8: f32 scale per token
+  int64_t kv_per_token = 0;
+  if (c.mla) {
+    // The latent: one f32 scale per token and layer with int8.
+    kv_per_token = plan.kv_layers * (kv_values_device * kv_elem + (o.kv_dtype == KvDType::kInt8 ? 4 : 0));
+  } else {
+    // Exactly what the KV pool allocates (model/kv_pool.h): int8 with an f32 scale per
+    // token and KV head, for K and for V.
+    KvPoolShape pool;
+    pool.num_layers = plan.kv_layers;
+    pool.n_kv_heads = split(c.num_kv_heads);
+    pool.head_dim = c.head_dim;
+    pool.dtype = kv_pool_dtype(o.kv_dtype);
+    kv_per_token = pool.bytes_per_token();
+  }
   plan.context_rounded = (o.ctx + o.block_size - 1) / o.block_size * o.block_size;
   plan.model_max_context = c.max_position_embeddings;
 

@@ -12,6 +12,7 @@
 #include <nlohmann/json_fwd.hpp>
 
 #include "infera/model/config.h"
+#include "infera/tensor/dtype.h"
 
 namespace infera {
 
@@ -50,6 +51,7 @@ int64_t matrix_bytes(WeightScheme scheme, int64_t rows, int64_t cols, int64_t gr
 enum class KvDType { kF32, kBF16, kInt8 };
 KvDType parse_kv_dtype(const std::string& text);
 const char* kv_dtype_name(KvDType d);
+DType kv_pool_dtype(KvDType d);  // the KvPoolShape::dtype storing it
 
 // "24GiB", "24GB", "512MiB", "1.5TiB", "1000000": bytes. Throws infera::Error.
 int64_t parse_byte_size(const std::string& text);
@@ -64,7 +66,7 @@ struct PlanOptions {
   int64_t concurrency = 1;       // sequences resident at once
   int tp = 1;                    // tensor-parallel devices
   int64_t memory_bytes = 0;      // budget per device; 0 = none given
-  KvDType kv_dtype = KvDType::kF32;  // Infera's KV cache is f32 today
+  KvDType kv_dtype = KvDType::kF32;  // Infera's default KV cache dtype (--kv-dtype)
   int64_t prefill_chunk = 512;   // tokens per forward (scratch buffers are sized for it)
   int64_t block_size = 16;       // KV block size (tokens); contexts round up to blocks
   int64_t reserve_bytes = 16ll << 20;  // runtime: code, libraries, tokenizer, threads (infera run on a tiny model peaks at ~14 MiB)

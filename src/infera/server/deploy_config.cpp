@@ -10,6 +10,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include "infera/base/error.h"
+#include "infera/model/kv_pool.h"
 #include "infera/runtime/engine_config.h"
 
 namespace infera::server {
@@ -145,7 +146,7 @@ void read_model(Reader& r, const YAML::Node& node, size_t index, ModelDeployConf
     return;
   }
   r.check_keys(node, w, {"name", "path", "quantized", "scheme", "profile", "chat_template", "threads", "max_input_len",
-                         "max_output_len", "max_batch_tokens", "max_num_seqs", "prefill_chunk", "kv_cache_memory",
+                         "max_output_len", "max_batch_tokens", "max_num_seqs", "prefill_chunk", "kv_cache_memory", "kv_dtype",
                          "max_queue", "enable_prefix_cache", "load_into_memory", "port", "speculative"});
   r.read(node, "name", w, m.name, "a name");
   r.read(node, "path", w, m.path, "a model directory");
@@ -160,6 +161,13 @@ void read_model(Reader& r, const YAML::Node& node, size_t index, ModelDeployConf
   r.read_opt(node, "max_num_seqs", w, m.max_num_seqs, "an integer");
   r.read_opt(node, "prefill_chunk", w, m.prefill_chunk, "an integer");
   r.read_memory(node, "kv_cache_memory", w, m.kv_cache_bytes);
+  std::string kv_dtype = kv_cache_dtype_name(m.kv_dtype);
+  r.read(node, "kv_dtype", w, kv_dtype, "f32, bf16 or int8");
+  try {
+    m.kv_dtype = parse_kv_cache_dtype(kv_dtype, "kv_dtype");
+  } catch (const Error& e) {
+    r.problem(fmt::format("{}.{}", w, e.what()));
+  }
   r.read_opt(node, "max_queue", w, m.max_queue, "an integer");
   r.read(node, "enable_prefix_cache", w, m.enable_prefix_cache, "true or false");
   r.read(node, "load_into_memory", w, m.load_into_memory, "true or false");

@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "infera/tensor/dtype.h"
+
 namespace infera::server {
 
 struct ApiKeyConfig {
@@ -40,6 +42,7 @@ struct ModelDeployConfig {
   std::optional<int32_t> max_num_seqs;
   std::optional<int32_t> prefill_chunk;
   std::optional<int64_t> kv_cache_bytes;
+  DType kv_dtype = DType::kF32;     // kv_dtype: f32 | bf16 | int8 (KV cache storage)
   std::optional<int32_t> max_queue;  // waiting requests beyond which new ones get 429
   bool enable_prefix_cache = true;
   bool load_into_memory = false;    // read weights into RAM instead of mmap

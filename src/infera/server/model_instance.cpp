@@ -18,6 +18,7 @@
 #include "infera/base/error.h"
 #include "infera/base/log.h"
 #include "infera/base/threads.h"
+#include "infera/model/kv_pool.h"
 #include "infera/model/model.h"
 #include "infera/runtime/engine_config.h"
 #include "infera/tokenizer/chat_template.h"
@@ -89,6 +90,7 @@ void ModelInstance::load() {
     auto model = load_model(dir, load_options);
     EngineConfig engine_config;
     engine_config.kv_cache_bytes = limits_.kv_cache_bytes;
+    engine_config.kv_dtype = deploy_.kv_dtype;
     engine_config.max_batch_tokens = limits_.max_batch_tokens;
     engine_config.max_num_seqs = limits_.max_num_seqs;
     engine_config.prefill_chunk = limits_.prefill_chunk;
@@ -177,10 +179,15 @@ bool has_weights(const fs::path& dir) {
   return false;
 }
 
-// Bytes of KV cache one token takes (f32 K and V in every layer; runtime/kv_pool.h).
-int64_t kv_bytes_per_token(const ModelConfig& c) {
-  const int64_t head_dim = c.head_dim > 0 ? c.head_dim : (c.num_heads > 0 ? c.hidden_size / c.num_heads : 0);
-  return 2 * int64_t{c.num_layers} * c.num_kv_heads * head_dim * static_cast<int64_t>(sizeof(float));
+// Bytes of KV cache one token takes (K and V in every layer, in the deployment's kv_dtype;
+// model/kv_pool.h).
+int64_t kv_bytes_per_token(const ModelConfig& c, DType kv_dtype) {
+  KvPoolShape shape;
+  shape.num_layers = c.num_layers;
+  shape.n_kv_heads = c.num_kv_heads;
+  shape.head_dim = c.head_dim > 0 ? c.head_dim : (c.num_heads > 0 ? c.hidden_size / c.num_heads : 0);
+  shape.dtype = kv_dtype;
+  return shape.bytes_per_token();
 }
 
 }  // namespace
@@ -326,7 +333,7 @@ std::vector<std::shared_ptr<ModelInstance>> prepare_models(const DeployConfig& c
     } catch (const Error& e) {
       problem(fmt::format("{}: {}", who, e.what()));
     }
-    const int64_t per_token = kv_bytes_per_token(model_config);
+    const int64_t per_token = kv_bytes_per_token(model_config, m.kv_dtype);
     const int64_t longest = std::min<int64_t>(int64_t{limits.max_input_len} + limits.max_output_len, limits.max_context);
     if (per_token > 0 && limits.kv_cache_bytes / per_token < longest) {
       problem(fmt::format("{}.kv_cache_memory: {} bytes hold {} tokens of KV cache, but max_input_len + max_output_len "

@@ -460,27 +460,75 @@ struct UnitState {
   int64_t* key_end;      // [rows] causal limit: keys < key_end
 };
 
+// K/V element access by the cache's storage dtype: L elements as f32, or one. Conversion
+// happens in registers; the cache is never widened in memory.
+template <DType D>
+struct KvElem;
+template <>
+struct KvElem<DType::kF32> {
+  using T = float;
+  static V load(const T* p) { return S::load(p); }
+  static float one(const T* p) { return *p; }
+};
+template <>
+struct KvElem<DType::kBF16> {
+  using T = uint16_t;
+  static V load(const T* p) { return S::load_bf16(p); }
+  static float one(const T* p) { return bf16_to_f32(*p); }
+};
+template <>
+struct KvElem<DType::kI8> {
+  using T = int8_t;
+  static V load(const T* p) {
+#if INFERA_SIMD_LEVEL == 2
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+#elif INFERA_SIMD_LEVEL == 1
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+#else
+    return static_cast<float>(*p);
+#endif
+  }
+  static float one(const T* p) { return static_cast<float>(*p); }
+};
+
 // Brings the K and V rows of one slot towards L1: rows of a block sit n_kv_heads * head_dim
-// floats apart (often exactly 4 KiB), a stride the hardware prefetcher does not follow.
-inline void prefetch_row(const float* row, int64_t head_dim) {
-  for (int64_t d = 0; d < head_dim; d += 16) S::prefetch(row + d);
+// elements apart (often exactly 4 KiB for f32), a stride the hardware prefetcher does not follow.
+template <class T>
+inline void prefetch_row(const T* row, int64_t head_dim) {
+  const char* p = reinterpret_cast<const char*>(row);
+  const int64_t bytes = head_dim * static_cast<int64_t>(sizeof(T));
+  for (int64_t b = 0; b < bytes; b += 64) S::prefetch(p + b);
+}
+
+// q . k over D elements, k in the cache's dtype (unscaled for int8).
+template <DType KD>
+inline float dot_kv(const float* q, const typename KvElem<KD>::T* k, int64_t D) {
+  using E = KvElem<KD>;
+  V acc = S::zero();
+  int64_t d = 0;
+  for (; d + L <= D; d += L) acc = S::fma(S::load(q + d), E::load(k + d), acc);
+  float tail = 0.0f;
+  for (; d < D; ++d) tail += q[d] * E::one(k + d);
+  return S::reduce_add(acc) + tail;
 }
 
 // acc[0, D) += sum_j p[j] * v[j * stride + (0, D)], j < n: acc kept in registers across the
 // n rows (one load/store of acc per page instead of per key).
-inline void accumulate_rows(float* acc, const float* p, const float* v, int64_t stride, int64_t n,
-                            int64_t D) {
+template <DType VD>
+inline void accumulate_rows(float* acc, const float* p, const typename KvElem<VD>::T* v, int64_t stride,
+                            int64_t n, int64_t D) {
+  using E = KvElem<VD>;
   int64_t d = 0;
   for (; d + 4 * L <= D; d += 4 * L) {
     V a0 = S::load(acc + d), a1 = S::load(acc + d + L);
     V a2 = S::load(acc + d + 2 * L), a3 = S::load(acc + d + 3 * L);
     for (int64_t j = 0; j < n; ++j) {
       const V pj = S::set1(p[j]);
-      const float* vj = v + j * stride + d;
-      a0 = S::fma(pj, S::load(vj), a0);
-      a1 = S::fma(pj, S::load(vj + L), a1);
-      a2 = S::fma(pj, S::load(vj + 2 * L), a2);
-      a3 = S::fma(pj, S::load(vj + 3 * L), a3);
+      const auto* vj = v + j * stride + d;
+      a0 = S::fma(pj, E::load(vj), a0);
+      a1 = S::fma(pj, E::load(vj + L), a1);
+      a2 = S::fma(pj, E::load(vj + 2 * L), a2);
+      a3 = S::fma(pj, E::load(vj + 3 * L), a3);
     }
     S::store(acc + d, a0);
     S::store(acc + d + L, a1);
@@ -489,22 +537,26 @@ inline void accumulate_rows(float* acc, const float* p, const float* v, int64_t 
   }
   for (; d + L <= D; d += L) {
     V a = S::load(acc + d);
-    for (int64_t j = 0; j < n; ++j) a = S::fma(S::set1(p[j]), S::load(v + j * stride + d), a);
+    for (int64_t j = 0; j < n; ++j) a = S::fma(S::set1(p[j]), E::load(v + j * stride + d), a);
     S::store(acc + d, a);
   }
-  if (d < D) {
-    const int r = static_cast<int>(D - d);
-    V a = S::load_partial(acc + d, r);
-    for (int64_t j = 0; j < n; ++j)
-      a = S::fma(S::set1(p[j]), S::load_partial(v + j * stride + d, r), a);
-    S::store_partial(acc + d, a, r);
+  for (; d < D; ++d) {
+    float a = acc[d];
+    for (int64_t j = 0; j < n; ++j) a += p[j] * E::one(v + j * stride + d);
+    acc[d] = a;
   }
 }
 
 // Rows r = ti * group + g: query token t0 + ti (ti < n_t), head kvh * group + g.
+// KD: the cache's dtype. int8 folds its per-(token, head) scales into the scores (K) and
+// into the softmax weights (V), so the inner loops stay plain dot products / FMAs.
+template <DType KD>
 void attend_tile(const float* q, int64_t n_heads, int64_t t0, int64_t n_t, int64_t group,
                  int64_t kvh, int64_t pos0, int64_t key0, int64_t key1, const PagedKv& kv,
                  float scale, const UnitState& st) {
+  using T = typename KvElem<KD>::T;
+  const T* k_pool = static_cast<const T*>(kv.k_pool);
+  const T* v_pool = static_cast<const T*>(kv.v_pool);
   const int64_t D = kv.head_dim, bs = kv.block_size;
   const int64_t rows = n_t * group;
   const int64_t token_stride = kv.n_kv_heads * D;  // between slots of one block
@@ -519,10 +571,10 @@ void attend_tile(const float* q, int64_t n_heads, int64_t t0, int64_t n_t, int64
   for (int64_t p = key0; p < key1;) {
     const int64_t slot = p % bs;
     const int64_t run = std::min(bs - slot, key1 - p);
-    const int64_t off = (static_cast<int64_t>(kv.block_table[p / bs]) * bs + slot) * token_stride +
-                        kvh * D;
-    const float* kp = kv.k_pool + off;
-    const float* vp = kv.v_pool + off;
+    const int64_t head_slot = (static_cast<int64_t>(kv.block_table[p / bs]) * bs + slot) * kv.n_kv_heads + kvh;
+    const int64_t off = head_slot * D;
+    const T* kp = k_pool + off;
+    const T* vp = v_pool + off;
     // The next page's rows, one slot per key of this page.
     const int64_t next = p + run;
     const bool prefetch_next = next < key1;
@@ -532,14 +584,18 @@ void attend_tile(const float* q, int64_t n_heads, int64_t t0, int64_t n_t, int64
                       : 0;
     const int64_t next_run = prefetch_next ? std::min(bs - next % bs, key1 - next) : 0;
     for (int64_t j = 0; j < next_run; ++j) {
-      prefetch_row(kv.k_pool + next_off + j * token_stride, D);
-      prefetch_row(kv.v_pool + next_off + j * token_stride, D);
+      prefetch_row(k_pool + next_off + j * token_stride, D);
+      prefetch_row(v_pool + next_off + j * token_stride, D);
     }
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t valid = std::clamp<int64_t>(st.key_end[r] - p, 0, run);
       if (valid == 0) continue;
       float* sc = st.scores + r * bs;
-      for (int64_t j = 0; j < valid; ++j) sc[j] = dot(st.q_rows[r], kp + j * token_stride, D) * scale;
+      for (int64_t j = 0; j < valid; ++j) sc[j] = dot_kv<KD>(st.q_rows[r], kp + j * token_stride, D) * scale;
+      if constexpr (KD == DType::kI8) {
+        const float* ks = kv.k_scales + head_slot;
+        for (int64_t j = 0; j < valid; ++j) sc[j] *= ks[j * kv.n_kv_heads];
+      }
       const float m_new = std::max(st.m[r], max_of(sc, valid));
       const float sum = exp_shift_sum(sc, valid, m_new);
       if (st.m[r] != m_new) {
@@ -549,7 +605,11 @@ void attend_tile(const float* q, int64_t n_heads, int64_t t0, int64_t n_t, int64
       }
       st.l[r] += sum;
       st.m[r] = m_new;
-      accumulate_rows(st.acc + r * D, sc, vp, token_stride, valid, D);
+      if constexpr (KD == DType::kI8) {  // l keeps the unscaled weights; V's scales join the products only
+        const float* vs = kv.v_scales + head_slot;
+        for (int64_t j = 0; j < valid; ++j) sc[j] *= vs[j * kv.n_kv_heads];
+      }
+      accumulate_rows<KD>(st.acc + r * D, sc, vp, token_stride, valid, D);
     }
     p += run;
   }
@@ -608,7 +668,17 @@ void attention_paged(const float* q, int64_t n_tokens, int64_t n_heads, int64_t 
     float* buf = unit_scratch.get(rows * (bs + D + 2));
     const UnitState st{buf,           buf + rows * bs, buf + rows * (bs + D), buf + rows * (bs + D + 1),
                        q_rows.data(), key_end.data()};
-    attend_tile(q, n_heads, t0, n_t, group, kvh, pos0, key0, key1, kv, scale, st);
+    switch (kv.dtype) {
+      case DType::kBF16:
+        attend_tile<DType::kBF16>(q, n_heads, t0, n_t, group, kvh, pos0, key0, key1, kv, scale, st);
+        break;
+      case DType::kI8:
+        attend_tile<DType::kI8>(q, n_heads, t0, n_t, group, kvh, pos0, key0, key1, kv, scale, st);
+        break;
+      default:  // kF32 (the public wrapper rejects the rest)
+        attend_tile<DType::kF32>(q, n_heads, t0, n_t, group, kvh, pos0, key0, key1, kv, scale, st);
+        break;
+    }
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t t = t0 + r / group, h = kvh * group + r % group;
       if (n_chunks == 1) {
