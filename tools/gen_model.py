@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Write a random-weight Hugging Face model directory for tests and benchmarks.
 
-    python3 tools/gen_model.py OUT_DIR --arch llama|qwen3|qwen3_moe|qwen3_5|qwen3_5_moe [shape options]
+    python3 tools/gen_model.py OUT_DIR --arch llama|qwen3|qwen3_moe|qwen3_5|qwen3_5_moe|qwen3_next [shape options]
                                [--preset tinyllama]
 
 The directory holds config.json, generation_config.json, model.safetensors (or shards
@@ -18,6 +18,13 @@ uses std = 3/sqrt(hidden) so logits have a clear but non-trivial top-1 margin, a
 weights are 1 + 0.1 * noise (zero-centred Qwen3.5 norms: 0.1 * noise, applied as 1 + w). Tied embeddings use the head's scale and the blocks' output
 projections are 4x larger, so the residual stream is dominated by the context rather than
 by the input token (logits E . E[token] would make greedy decoding repeat it).
+
+qwen3_next (Qwen3NextForCausalLM, flat model.* layout, flat config.json without
+layer_types) is written from the same underlying weights as qwen3_5_moe with the same
+options and seed: the GDN projections are fused per key-head group (in_proj_qkvz,
+in_proj_ba, the layout transformers' fix_query_key_value_ordering undoes) and the experts
+stored per expert, so both directories describe the same network and must give the same
+logits. --mlp-only-layers / --decoder-sparse-step make some qwen3_next layers dense.
 
 Samples are drawn from a 65536-entry table of normal quantiles indexed by random 16-bit
 numbers: as good as normal samples for a test model, and ~20x faster than
@@ -51,7 +58,7 @@ PRESETS = {
                       vocab=32000, dtype="bf16", rope_theta=10000.0, max_pos=2048, tie=False),
 }
 
-HYBRID_ARCHS = ["qwen3_5", "qwen3_5_moe"]
+HYBRID_ARCHS = ["qwen3_5", "qwen3_5_moe", "qwen3_next"]
 
 DTYPES = {"f32": ("F32", 4, "float32"), "bf16": ("BF16", 2, "bfloat16"), "f16": ("F16", 2, "float16")}
 
@@ -103,8 +110,13 @@ def encode(values_f32, dtype):
 
 
 class TensorSpec:
-    def __init__(self, name, shape, kind, std):
+    """A tensor to write. kind "derived": its values are fn(*values of `parts`) (base
+    specs, each generated from its own stream), e.g. a fused projection. seed_index picks
+    the random stream (the spec's position in the file unless set)."""
+
+    def __init__(self, name, shape, kind, std, parts=None, fn=None):
         self.name, self.shape, self.kind, self.std = name, tuple(shape), kind, std
+        self.parts, self.fn, self.seed_index = parts, fn, None
 
     def numel(self):
         return int(np.prod(self.shape))
@@ -133,7 +145,7 @@ def moe_specs(p, a, out_gain, fused):
     return specs
 
 
-def hybrid_layer_specs(p, a, layer_type, out_gain):
+def hybrid_layer_specs(p, a, layer_type, out_gain, moe=True):
     """One Qwen3.5 decoder layer (Gated DeltaNet or gated full attention, then the FFN).
     Norms are zero-centred (stored w, applied as 1 + w) except linear_attn.norm."""
     h, hd = a.hidden, a.head_dim
@@ -164,7 +176,7 @@ def hybrid_layer_specs(p, a, layer_type, out_gain):
             TensorSpec(q + "k_norm.weight", (hd,), "zc_norm", 0.1),
         ]
     specs.append(TensorSpec(p + "post_attention_layernorm.weight", (h,), "zc_norm", 0.1))
-    if a.arch == "qwen3_5":
+    if a.arch == "qwen3_5" or not moe:
         specs += [TensorSpec(p + "mlp.gate_proj.weight", (a.ffn, h), "normal", 1.0 / math.sqrt(h)),
                   TensorSpec(p + "mlp.up_proj.weight", (a.ffn, h), "normal", 1.0 / math.sqrt(h)),
                   TensorSpec(p + "mlp.down_proj.weight", (h, a.ffn), "normal", 2.0 * out_gain / math.sqrt(a.ffn))]
@@ -181,7 +193,9 @@ def hybrid_specs(a):
     lm = "model.language_model."
     specs = [TensorSpec(lm + "embed_tokens.weight", (a.vocab, h), "normal", head_std if a.tie else 1.0)]
     for i, kind in enumerate(layer_types(a)):
-        specs += hybrid_layer_specs(f"{lm}layers.{i}.", a, kind, out_gain)
+        # Only Qwen3-Next configs carry mlp_only_layers / decoder_sparse_step.
+        moe = a.arch != "qwen3_next" or is_moe_layer(a, i)
+        specs += hybrid_layer_specs(f"{lm}layers.{i}.", a, kind, out_gain, moe=moe)
     specs.append(TensorSpec(lm + "norm.weight", (h,), "zc_norm", 0.1))
     if not a.tie:
         specs.append(TensorSpec("lm_head.weight", (a.vocab, h), "normal", head_std))
@@ -194,6 +208,61 @@ def hybrid_specs(a):
     return specs
 
 
+def qwen3_next_specs(a):
+    """Qwen3-Next: the qwen3_5_moe tensors (same streams, so the same values) renamed to the
+    flat layout, the GDN projections fused per key-head group and the experts per expert."""
+    base = hybrid_specs(a)
+    for i, s in enumerate(base):
+        s.seed_index = i
+    hk, hv, dk, dv = a.lin_k_heads, a.lin_v_heads, a.lin_dk, a.lin_dv
+    r = hv // hk
+    kd, vd = hk * dk, hv * dv
+    by_name = {s.name: s for s in base}
+    out = []
+
+    def fuse_qkvz(qkv, z):  # [2 kd + vd, h], [vd, h] -> per group [q | k | v (r dv) | z (r dv)]
+        q, k, v = qkv[:kd], qkv[kd:2 * kd], qkv[2 * kd:]
+        rows = []
+        for g in range(hk):
+            rows += [q[g * dk:(g + 1) * dk], k[g * dk:(g + 1) * dk], v[g * r * dv:(g + 1) * r * dv],
+                     z[g * r * dv:(g + 1) * r * dv]]
+        return np.concatenate(rows)
+
+    def fuse_ba(b, a_):  # [hv, h] x2 -> per group [b (r) | a (r)]
+        return np.concatenate([x[g * r:(g + 1) * r] for g in range(hk) for x in (b, a_)])
+
+    for s in base:
+        name = s.name.replace("model.language_model.", "model.", 1)
+        if name.endswith("linear_attn.in_proj_qkv.weight"):
+            p = s.name[:-len("in_proj_qkv.weight")]
+            out.append(TensorSpec(name.replace("in_proj_qkv", "in_proj_qkvz"), (2 * kd + 2 * vd, s.shape[1]),
+                                  "derived", 0, parts=[s, by_name[p + "in_proj_z.weight"]], fn=fuse_qkvz))
+        elif name.endswith("linear_attn.in_proj_b.weight"):
+            p = s.name[:-len("in_proj_b.weight")]
+            out.append(TensorSpec(name.replace("in_proj_b", "in_proj_ba"), (2 * hv, s.shape[1]), "derived", 0,
+                                  parts=[s, by_name[p + "in_proj_a.weight"]], fn=fuse_ba))
+        elif name.endswith(("linear_attn.in_proj_z.weight", "linear_attn.in_proj_a.weight")):
+            continue  # fused above
+        elif name.endswith("mlp.experts.gate_up_proj"):
+            e_count, two_i, _ = s.shape
+            i_ = two_i // 2
+            p = name[:-len("gate_up_proj")]
+            for e in range(e_count):
+                for proj, lo in (("gate_proj", 0), ("up_proj", i_)):
+                    out.append(TensorSpec(f"{p}{e}.{proj}.weight", (i_, s.shape[2]), "derived", 0, parts=[s],
+                                          fn=lambda x, e=e, lo=lo, i_=i_: x[e, lo:lo + i_]))
+        elif name.endswith("mlp.experts.down_proj"):
+            p = name[:-len("down_proj")]
+            for e in range(s.shape[0]):
+                out.append(TensorSpec(f"{p}{e}.down_proj.weight", s.shape[1:], "derived", 0, parts=[s],
+                                      fn=lambda x, e=e: x[e]))
+        else:
+            t = TensorSpec(name, s.shape, s.kind, s.std)
+            t.seed_index = s.seed_index
+            out.append(t)
+    return out
+
+
 def layer_types(a):
     """Every full_attention_interval-th layer is full attention, the rest Gated DeltaNet."""
     return ["full_attention" if (i + 1) % a.full_attn_interval == 0 else "linear_attention" for i in range(a.layers)]
@@ -201,6 +270,8 @@ def layer_types(a):
 
 def tensor_specs(a):
     """HF tensor names, shapes [out, in] and initializations, in file order."""
+    if a.arch == "qwen3_next":
+        return qwen3_next_specs(a)
     if a.arch in HYBRID_ARCHS:
         return hybrid_specs(a)
     h, hd, ffn = a.hidden, a.head_dim, a.ffn
@@ -241,6 +312,30 @@ def tensor_specs(a):
 
 def generate_chunks(spec, index, a, table, chunk=1 << 24):
     """Yields the tensor's storage bytes in chunks (numpy arrays)."""
+    if spec.kind == "derived":
+        parts = [derived_part(p, a, table) for p in spec.parts]
+        yield encode(np.ascontiguousarray(spec.fn(*parts), dtype=np.float32).reshape(-1), a.dtype)
+        return
+    for values in generate_values(spec, index if spec.seed_index is None else spec.seed_index, a, table, chunk):
+        yield encode(values, a.dtype)
+
+
+_PART_CACHE = {}
+
+
+def derived_part(spec, a, table):
+    """A base tensor's f32 values, shaped; the last one is kept, since consecutive derived
+    tensors (the experts of one layer) slice the same base tensor."""
+    key = (spec.name, spec.seed_index)
+    if key not in _PART_CACHE:
+        _PART_CACHE.clear()
+        values = np.concatenate(list(generate_values(spec, spec.seed_index, a, table)))
+        _PART_CACHE[key] = values.reshape(spec.shape)
+    return _PART_CACHE[key]
+
+
+def generate_values(spec, index, a, table, chunk=1 << 24):
+    """Yields the tensor's f32 values in chunks, from its own random stream."""
     rng = np.random.default_rng([a.seed, index])
     n = spec.numel()
     done = 0
@@ -254,7 +349,7 @@ def generate_chunks(spec, index, a, table, chunk=1 << 24):
             # HF init: A = uniform(1, 16), stored as log(A); the normal table's CDF gives the uniform.
             u = 0.5 * (1.0 + np.vectorize(math.erf)(table[idx] / math.sqrt(2.0)))
             values = np.log(1.0 + 15.0 * u).astype(np.float32)
-        yield encode(values, a.dtype)
+        yield values
         done += m
 
 
@@ -541,6 +636,8 @@ def model_config(a, ids):
                 "moe_intermediate_size": a.moe_ffn, "norm_topk_prob": a.norm_topk,
                 "decoder_sparse_step": a.decoder_sparse_step, "mlp_only_layers": a.mlp_only_layers,
                 "router_aux_loss_coef": 0.001, "output_router_logits": False}
+    if a.arch == "qwen3_next":
+        return qwen3_next_config(a, common)
     if a.arch in HYBRID_ARCHS:
         return hybrid_config(a, common)
     return {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", **common,
@@ -573,6 +670,20 @@ def hybrid_config(a, common):
     arch = "Qwen3_5MoeForConditionalGeneration" if a.arch == "qwen3_5_moe" else "Qwen3_5ForConditionalGeneration"
     return {"architectures": [arch], "model_type": a.arch, "text_config": text,
             "tie_word_embeddings": a.tie, "torch_dtype": DTYPES[a.dtype][2], "transformers_version": "4.57.0"}
+
+
+def qwen3_next_config(a, common):
+    """Qwen3-Next: flat, as the published Qwen3-Next-80B-A3B config.json (the layer pattern
+    from full_attention_interval, no layer_types, no mtp_num_hidden_layers)."""
+    return {"architectures": ["Qwen3NextForCausalLM"], "model_type": "qwen3_next", **common,
+            "full_attention_interval": a.full_attn_interval, "partial_rotary_factor": a.partial_rotary,
+            "linear_conv_kernel_dim": a.conv_kernel, "linear_key_head_dim": a.lin_dk,
+            "linear_value_head_dim": a.lin_dv, "linear_num_key_heads": a.lin_k_heads,
+            "linear_num_value_heads": a.lin_v_heads, "num_experts": a.experts,
+            "num_experts_per_tok": a.experts_per_tok, "moe_intermediate_size": a.moe_ffn,
+            "shared_expert_intermediate_size": a.shared_ffn, "norm_topk_prob": a.norm_topk,
+            "decoder_sparse_step": a.decoder_sparse_step, "mlp_only_layers": a.mlp_only_layers,
+            "router_aux_loss_coef": 0.001, "output_router_logits": False, "use_sliding_window": False}
 
 
 def mrope_section(a):
@@ -616,17 +727,17 @@ def parse_args(argv):
     p.add_argument("--rope-factor", type=float, help="rope_scaling factor (default 8 llama3, 4 yarn, 2 linear)")
     p.add_argument("--rope-orig-max-pos", type=int,
                    help="original_max_position_embeddings for llama3/yarn (default max-pos / factor)")
-    moe = p.add_argument_group("MoE (qwen3_moe, qwen3_5_moe)")
+    moe = p.add_argument_group("MoE (qwen3_moe, qwen3_5_moe, qwen3_next)")
     moe.add_argument("--experts", type=int, default=8, help="routed experts (default 8)")
     moe.add_argument("--experts-per-tok", type=int, default=2, help="experts per token, top-k (default 2)")
     moe.add_argument("--moe-ffn", type=int, default=64, help="expert intermediate size (default 64)")
     moe.add_argument("--no-norm-topk", dest="norm_topk", action="store_false",
                      help="qwen3_moe: norm_topk_prob false (default true, as Qwen3-30B-A3B)")
-    moe.add_argument("--decoder-sparse-step", type=int, default=1, help="qwen3_moe: every n-th layer is MoE")
+    moe.add_argument("--decoder-sparse-step", type=int, default=1, help="qwen3_moe, qwen3_next: every n-th layer is MoE")
     moe.add_argument("--mlp-only-layers", type=lambda t: [int(x) for x in t.split(",") if x], default=[],
-                     help="qwen3_moe: comma-separated dense layers")
-    moe.add_argument("--shared-ffn", type=int, default=64, help="qwen3_5_moe: shared expert size (default 64)")
-    hy = p.add_argument_group("hybrid Gated DeltaNet (qwen3_5, qwen3_5_moe)")
+                     help="qwen3_moe, qwen3_next: comma-separated dense layers")
+    moe.add_argument("--shared-ffn", type=int, default=64, help="qwen3_5_moe, qwen3_next: shared expert size (default 64)")
+    hy = p.add_argument_group("hybrid Gated DeltaNet (qwen3_5, qwen3_5_moe, qwen3_next)")
     hy.add_argument("--full-attn-interval", type=int, default=4, help="every n-th layer is full attention (default 4)")
     hy.add_argument("--lin-k-heads", type=int, default=2, help="GDN key heads (default 2)")
     hy.add_argument("--lin-v-heads", type=int, default=4, help="GDN value heads (default 4)")
@@ -646,10 +757,11 @@ def parse_args(argv):
         if getattr(a, k) is None:
             setattr(a, k, v)
     if a.rope_theta is None:
-        a.rope_theta = {"llama": 10000.0, "qwen3_5": 10000000.0, "qwen3_5_moe": 10000000.0}.get(a.arch, 1000000.0)
+        a.rope_theta = {"llama": 10000.0, "qwen3_5": 10000000.0, "qwen3_5_moe": 10000000.0,
+                        "qwen3_next": 10000000.0}.get(a.arch, 1000000.0)
     if a.arch == "qwen3_5":
         a.experts = 0
-    if a.arch in ("qwen3_moe", "qwen3_5_moe") and not 1 <= a.experts_per_tok <= a.experts:
+    if a.arch in ("qwen3_moe", "qwen3_5_moe", "qwen3_next") and not 1 <= a.experts_per_tok <= a.experts:
         p.error("--experts-per-tok must be in [1, --experts]")
     if a.arch in HYBRID_ARCHS and a.lin_v_heads % a.lin_k_heads:
         p.error("--lin-v-heads must be a multiple of --lin-k-heads")

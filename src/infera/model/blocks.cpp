@@ -4,6 +4,8 @@
 #include <cmath>
 #include <cstring>
 
+#include <fmt/format.h>
+
 #include "infera/base/error.h"
 #include "infera/model/weights.h"
 
@@ -188,13 +190,69 @@ GdnDims gdn_dims(const ModelConfig& cfg) {
   return d;
 }
 
-GdnWeights load_gdn(const WeightStore& store, const std::string& prefix, const GdnDims& d, int64_t hidden) {
+int64_t GdnWeights::weight_bytes() const {
+  int64_t b = matrix_bytes(out);
+  for (const MatRef* m : {&in_qkv, &in_z, &in_a, &in_b, &in_qkvz, &in_ba}) {
+    if (m->data) b += matrix_bytes(*m);
+  }
+  return b;
+}
+
+namespace {
+
+// A Qwen3-Next fused projection: a missing or mis-shaped one gets an error that also
+// spells out the layout the loader expects.
+MatRef fused_projection(const WeightStore& store, const std::string& prefix, const std::string& name, int64_t rows,
+                        int64_t hidden, const std::string& layout) {
+  try {
+    return as_matrix(store.get(prefix + name, {rows, hidden}));
+  } catch (const Error& e) {
+    fail("{} (the qwen3_next layout: linear_attn.{} is [{}, {}], {})", e.what(), name, rows, hidden, layout);
+  }
+}
+
+// Qwen3-Next projected rows -> the Qwen3.5 layout the rest of the layer uses.
+// qkvz: [T, Hk (2 dk + 2 r dv)], ba: [T, 2 Hv] (per key-head group, see GdnWeights);
+// mixed: [T, conv_dim] = q (all heads) | k | v, z: [T, Hv dv], b, a: [T, Hv].
+void deinterleave_fused(const float* qkvz, const float* ba, int64_t T, const GdnDims& d, float* mixed, float* z,
+                        float* b, float* a) {
+  const int64_t Hk = d.n_k_heads, dk = d.dk, r = d.n_v_heads / d.n_k_heads, rv = r * d.dv;
+  const int64_t KD = d.key_dim(), VD = d.value_dim(), C = d.conv_dim(), Hv = d.n_v_heads;
+  const int64_t group = 2 * dk + 2 * rv, row = Hk * group;
+  for (int64_t t = 0; t < T; ++t) {
+    const float* src = qkvz + t * row;
+    float* m = mixed + t * C;
+    for (int64_t g = 0; g < Hk; ++g) {
+      const float* s = src + g * group;
+      std::memcpy(m + g * dk, s, dk * sizeof(float));
+      std::memcpy(m + KD + g * dk, s + dk, dk * sizeof(float));
+      std::memcpy(m + 2 * KD + g * rv, s + 2 * dk, rv * sizeof(float));
+      std::memcpy(z + t * VD + g * rv, s + 2 * dk + rv, rv * sizeof(float));
+      std::memcpy(b + t * Hv + g * r, ba + t * 2 * Hv + g * 2 * r, r * sizeof(float));
+      std::memcpy(a + t * Hv + g * r, ba + t * 2 * Hv + g * 2 * r + r, r * sizeof(float));
+    }
+  }
+}
+
+}  // namespace
+
+GdnWeights load_gdn(const WeightStore& store, const std::string& prefix, const GdnDims& d, int64_t hidden,
+                    GdnLayout layout) {
   GdnWeights w;
   const int64_t C = d.conv_dim(), Hv = d.n_v_heads;
-  w.in_qkv = as_matrix(store.get(prefix + "in_proj_qkv.weight", {C, hidden}));
-  w.in_z = as_matrix(store.get(prefix + "in_proj_z.weight", {d.value_dim(), hidden}));
-  w.in_b = as_matrix(store.get(prefix + "in_proj_b.weight", {Hv, hidden}));
-  w.in_a = as_matrix(store.get(prefix + "in_proj_a.weight", {Hv, hidden}));
+  if (layout == GdnLayout::kFused) {
+    const int64_t r = d.n_v_heads / d.n_k_heads;
+    w.in_qkvz = fused_projection(store, prefix, "in_proj_qkvz.weight", C + d.value_dim(), hidden,
+                                 fmt::format("{} key-head groups of rows [q {} | k {} | v {}x{} | z {}x{}]",
+                                             d.n_k_heads, d.dk, d.dk, r, d.dv, r, d.dv));
+    w.in_ba = fused_projection(store, prefix, "in_proj_ba.weight", 2 * Hv, hidden,
+                               fmt::format("{} key-head groups of rows [b {} | a {}]", d.n_k_heads, r, r));
+  } else {
+    w.in_qkv = as_matrix(store.get(prefix + "in_proj_qkv.weight", {C, hidden}));
+    w.in_z = as_matrix(store.get(prefix + "in_proj_z.weight", {d.value_dim(), hidden}));
+    w.in_b = as_matrix(store.get(prefix + "in_proj_b.weight", {Hv, hidden}));
+    w.in_a = as_matrix(store.get(prefix + "in_proj_a.weight", {Hv, hidden}));
+  }
   w.out = as_matrix(store.get(prefix + "out_proj.weight", {hidden, d.value_dim()}));
   const TensorInfo& conv = store.get(prefix + "conv1d.weight", {C, 1, d.kernel});
   w.conv_w.resize(static_cast<size_t>(C * d.kernel));
@@ -222,10 +280,19 @@ void GdnLayer::forward(const GdnWeights& w, const GdnDims& d, const ForwardBatch
   v_.resize(static_cast<size_t>(T * VD));
   o_.resize(static_cast<size_t>(T * VD));
 
-  kernels::matmul(x, T, w.in_qkv, mixed_.data());
-  kernels::matmul(x, T, w.in_z, z_.data());
-  kernels::matmul(x, T, w.in_b, b_.data());
-  kernels::matmul(x, T, w.in_a, a_.data());
+  if (w.fused()) {
+    // One matmul per fused projection, then the rows are put in the split layout.
+    qkvz_.resize(static_cast<size_t>(T * (C + VD)));
+    ba_.resize(static_cast<size_t>(T * 2 * Hv));
+    kernels::matmul(x, T, w.in_qkvz, qkvz_.data());
+    kernels::matmul(x, T, w.in_ba, ba_.data());
+    deinterleave_fused(qkvz_.data(), ba_.data(), T, d, mixed_.data(), z_.data(), b_.data(), a_.data());
+  } else {
+    kernels::matmul(x, T, w.in_qkv, mixed_.data());
+    kernels::matmul(x, T, w.in_z, z_.data());
+    kernels::matmul(x, T, w.in_b, b_.data());
+    kernels::matmul(x, T, w.in_a, a_.data());
+  }
   kernels::gdn_gates(a_.data(), b_.data(), T, Hv, w.neg_exp_a.data(), w.dt_bias.data(), g_.data(), beta_.data());
 
   INFERA_ASSERT(states.size() == batch.seqs.size(), "one recurrent state per sequence chunk");

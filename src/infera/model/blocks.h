@@ -83,15 +83,23 @@ class MoeFfn {
 // ---- Gated DeltaNet (linear attention) ----
 
 struct GdnWeights {
+  // Qwen3.5 layout: separate projections.
   kernels::MatRef in_qkv{};   // [2 Hk dk + Hv dv, H]: rows q | k | v
   kernels::MatRef in_z{};     // [Hv dv, H]
   kernels::MatRef in_b{};     // [Hv, H]
   kernels::MatRef in_a{};     // [Hv, H]
+  // Qwen3-Next layout: the same rows fused and interleaved per key-head group g < Hk
+  // (r = Hv / Hk value heads per group), used in place; forward() de-interleaves the
+  // projected activations as transformers' fix_query_key_value_ordering does.
+  kernels::MatRef in_qkvz{};  // [Hk (2 dk + 2 r dv), H]: per group q_g (dk) | k_g (dk) | v_g (r dv) | z_g (r dv)
+  kernels::MatRef in_ba{};    // [2 Hv, H]: per group b_g (r) | a_g (r)
   kernels::MatRef out{};      // [H, Hv dv]
   std::vector<float> conv_w;  // [conv_dim, kernel]
   std::vector<float> neg_exp_a;  // [Hv] = -exp(A_log)
   std::vector<float> dt_bias;    // [Hv]
   std::vector<float> norm;       // [dv] (plain weight)
+  bool fused() const { return in_qkvz.data != nullptr; }
+  int64_t weight_bytes() const;  // bytes of the projection matrices read per token
 };
 
 struct GdnDims {
@@ -106,8 +114,15 @@ struct GdnDims {
 
 GdnDims gdn_dims(const ModelConfig& cfg);
 
-// Qwen3.5 layout under `prefix` ("model.language_model.layers.0.linear_attn.").
-GdnWeights load_gdn(const WeightStore& store, const std::string& prefix, const GdnDims& d, int64_t hidden);
+// kSplit: Qwen3.5 (in_proj_qkv, in_proj_z, in_proj_b, in_proj_a); kFused: Qwen3-Next
+// (in_proj_qkvz, in_proj_ba). The other tensors are the same in both.
+enum class GdnLayout { kSplit, kFused };
+
+// The GDN weights under `prefix` ("model.language_model.layers.0.linear_attn."). Throws
+// infera::Error naming the tensor (and, for a fused one, its expected layout) when a
+// tensor is missing or mis-shaped.
+GdnWeights load_gdn(const WeightStore& store, const std::string& prefix, const GdnDims& d, int64_t hidden,
+                    GdnLayout layout = GdnLayout::kSplit);
 
 // One GDN layer over the batch. x: [T, H] (normed input) -> y: [T, H]. states[i] is the
 // recurrent state of batch.seqs[i]: conv state [kernel-1, conv_dim] followed by S
@@ -119,7 +134,7 @@ class GdnLayer {
                const std::vector<float*>& states, float eps, float* y);
 
  private:
-  std::vector<float> mixed_, z_, a_, b_, g_, beta_, q_, k_, v_, o_;
+  std::vector<float> mixed_, z_, a_, b_, g_, beta_, q_, k_, v_, o_, qkvz_, ba_;
 };
 
 }  // namespace infera

@@ -143,7 +143,9 @@ double yarn_mscale(double scale, double mscale) { return scale <= 1.0 ? 1.0 : 0.
 
 // rope_scaling (transformers <= 4.x) or rope_parameters (transformers 5: also carries
 // rope_theta and partial_rotary_factor).
-void parse_rope(const FieldReader& r, ModelConfig& c) {
+// default_partial: partial_rotary_factor when the config does not say (the hybrid
+// families default to 0.25, everything else rotates the whole head).
+void parse_rope(const FieldReader& r, ModelConfig& c, double default_partial) {
   const std::string& src = r.source();
   const json* scaling = r.find("rope_scaling");
   const char* scaling_key = "rope_scaling";
@@ -172,7 +174,7 @@ void parse_rope(const FieldReader& r, ModelConfig& c) {
   if (!(theta > 0)) fail("{}: field 'rope_theta' must be positive, got {}", src, theta);
   c.rope.theta = static_cast<float>(theta);
 
-  double partial = r.number("partial_rotary_factor", 1.0);
+  double partial = r.number("partial_rotary_factor", default_partial);
   if (auto p = sub_number("partial_rotary_factor")) partial = *p;
   if (!(partial > 0 && partial <= 1)) fail("{}: field 'partial_rotary_factor' must be in (0, 1], got {}", src, partial);
   c.rope.rotary_dim = static_cast<int>(c.head_dim * partial);
@@ -446,7 +448,10 @@ ModelConfig parse_model_config(const json& j, const std::string& source) {
                                                                             : r.opt_positive("intermediate_size", 0);
   } else if (c.arch == Arch::kQwen3Moe || c.arch == Arch::kQwen3Next || c.arch == Arch::kQwen35Moe) {
     parse_moe(r, c);
-    if (c.arch == Arch::kQwen35Moe) c.norm_topk_prob = r.boolean("norm_topk_prob", true);  // always renormalised
+    // Qwen3.5 always renormalises; Qwen3NextConfig defaults norm_topk_prob to true.
+    if (c.arch == Arch::kQwen35Moe || c.arch == Arch::kQwen3Next) c.norm_topk_prob = r.boolean("norm_topk_prob", true);
+    // Every Qwen3-Next MoE block has a shared expert (Qwen3NextConfig default 512 wide).
+    if (c.arch == Arch::kQwen3Next) c.shared_expert_intermediate_size = 512;
     if (auto shared = r.opt_int("shared_expert_intermediate_size")) {
       if (*shared < 0) fail("{}: field 'shared_expert_intermediate_size' must be >= 0, got {}", source, *shared);
       c.shared_expert_intermediate_size = static_cast<int>(*shared);
@@ -474,7 +479,7 @@ ModelConfig parse_model_config(const json& j, const std::string& source) {
     fail("{}: field 'use_sliding_window' is true; sliding-window attention is not supported", source);
   }
 
-  parse_rope(r, c);
+  parse_rope(r, c, hybrid ? 0.25 : 1.0);
   if (c.arch == Arch::kDeepseekV3) c.rope.rotary_dim = c.qk_rope_head_dim;  // only the k_pe/q_pe part rotates
   c.partial_rotary_factor = c.head_dim > 0 ? static_cast<float>(c.rope.rotary_dim) / c.head_dim : 1.0f;
 

@@ -38,6 +38,7 @@ std::unique_ptr<Model> load_model(const std::string& dir, const LoadOptions& opt
     case Arch::kQwen3Moe:
       model = create_llama_model(cfg, std::move(store), options);
       break;
+    case Arch::kQwen3Next:
     case Arch::kQwen35:
     case Arch::kQwen35Moe:
       if (options.parallel.distributed()) {
@@ -48,7 +49,7 @@ std::unique_ptr<Model> load_model(const std::string& dir, const LoadOptions& opt
       model = create_qwen35_model(cfg, std::move(store), options);
       break;
     default:
-      fail("{}: architecture '{}' is recognised but not implemented yet (supported: llama, qwen3, qwen3_moe, qwen3_5, qwen3_5_moe)", dir,
+      fail("{}: architecture '{}' is recognised but not implemented yet (supported: llama, qwen3, qwen3_moe, qwen3_next, qwen3_5, qwen3_5_moe)", dir,
            cfg.model_type);
   }
   LOG_INFO("loaded {} ({}): {} layers, hidden {}, {:.2f} M parameters, {}, {:.1f} MiB {} in {:.2f} s", dir,

@@ -54,7 +54,7 @@ const std::set<std::string>& known_config_keys() {
 
 // Architectures src/infera/model/loader.cpp can load.
 bool runnable(Arch a) {
-  return a == Arch::kLlama || a == Arch::kQwen3 || a == Arch::kQwen3Moe || a == Arch::kQwen35 || a == Arch::kQwen35Moe;
+  return a == Arch::kLlama || a == Arch::kQwen3 || a == Arch::kQwen3Moe || a == Arch::kQwen3Next || a == Arch::kQwen35 || a == Arch::kQwen35Moe;
 }
 
 std::optional<std::string> read_text(const fs::path& p) {
@@ -133,7 +133,7 @@ class Checker {
       r_.context_length = cfg_->max_position_embeddings;
       if (!r_.arch_runnable) {
         warn("config", fmt::format("architecture '{}' is recognised (planning, checks) but Infera cannot run it yet "
-                                   "(runs: llama, qwen3, qwen3_moe, qwen3_5, qwen3_5_moe)", r_.model_type));
+                                   "(runs: llama, qwen3, qwen3_moe, qwen3_next, qwen3_5, qwen3_5_moe)", r_.model_type));
       }
     } catch (const Error& e) {
       error("config", e.what());

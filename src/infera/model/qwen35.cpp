@@ -11,6 +11,11 @@
 //
 // Checkpoint layout of the published Qwen3.5 models: model.language_model.* (text),
 // lm_head.weight, mtp.*; model.visual.* is ignored (text only).
+// Qwen3-Next (qwen3_next, Qwen3NextForCausalLM) is the same network with a flat layout
+// (model.*), per-expert MoE weights, optional dense-MLP layers (mlp_only_layers /
+// decoder_sparse_step) and the GDN input projections fused per key-head group
+// (in_proj_qkvz, in_proj_ba; see GdnWeights). All its RMSNorms are (1 + w) too, except
+// linear_attn.norm.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -53,6 +58,14 @@ struct MtpWeights {
   HybridLayer layer;                         // full attention + FFN
 };
 
+// Number of mtp.layers.{n}.* blocks in the checkpoint (0 without an MTP head).
+int count_mtp_layers(const WeightStore& store) {
+  if (!store.find("mtp.fc.weight")) return 0;
+  int n = 0;
+  while (store.find("mtp.layers." + std::to_string(n) + ".input_layernorm.weight")) ++n;
+  return n;
+}
+
 class Qwen35Model final : public Model {
  public:
   Qwen35Model(const ModelConfig& cfg, WeightStore store, const LoadOptions& options) : store_(std::move(store)) {
@@ -75,10 +88,12 @@ class Qwen35Model final : public Model {
       else L.kv_layer = n_full_++;
     }
     // MTP head: present in the published checkpoints; optional (speculative decoding only).
-    if (cfg.mtp_num_hidden_layers > 0 && store_.find("mtp.fc.weight")) {
-      if (cfg.mtp_num_hidden_layers > 1) {
-        fail("{}: mtp_num_hidden_layers is {}; only a single MTP layer is supported", store_.dir(),
-             cfg.mtp_num_hidden_layers);
+    // Qwen3-Next's config.json does not declare it: the mtp.layers.* tensors do.
+    if (cfg.arch == Arch::kQwen3Next) config_.mtp_num_hidden_layers = count_mtp_layers(store_);
+    const int mtp_layers = config_.mtp_num_hidden_layers;
+    if (mtp_layers > 0 && store_.find("mtp.fc.weight")) {
+      if (mtp_layers > 1) {
+        fail("{}: the checkpoint has {} MTP layers; only a single MTP layer is supported", store_.dir(), mtp_layers);
       }
       mtp_.fc = as_matrix(store_.get("mtp.fc.weight", {H, 2 * H}));
       mtp_.enorm = load_vector(store_, "mtp.pre_fc_norm_embedding.weight", H);
@@ -153,7 +168,9 @@ class Qwen35Model final : public Model {
     L.attn_norm = load_vector(store_, p + "input_layernorm.weight", H);
     L.ffn_norm = load_vector(store_, p + "post_attention_layernorm.weight", H);
     if (L.linear) {
-      L.gdn = load_gdn(store_, p + "linear_attn.", dims_, H);
+      // Qwen3-Next stores the GDN input projections fused per key-head group.
+      L.gdn = load_gdn(store_, p + "linear_attn.", dims_, H,
+                       c.arch == Arch::kQwen3Next ? GdnLayout::kFused : GdnLayout::kSplit);
     } else {
       const int64_t q_rows = nh * hd * (c.attn_output_gate ? 2 : 1);
       L.attn.wq = as_matrix(store_.get(p + "self_attn.q_proj.weight", {q_rows, H}));
@@ -175,7 +192,7 @@ class Qwen35Model final : public Model {
   static int64_t layer_bytes(const HybridLayer& L) {
     int64_t b = 0;
     if (L.linear) {
-      for (const MatRef* m : {&L.gdn.in_qkv, &L.gdn.in_z, &L.gdn.in_a, &L.gdn.in_b, &L.gdn.out}) b += matrix_bytes(*m);
+      b += L.gdn.weight_bytes();
     } else {
       for (const MatRef* m : {&L.attn.wq, &L.attn.wk, &L.attn.wv, &L.attn.wo}) b += matrix_bytes(*m);
     }
