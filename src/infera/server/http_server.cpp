@@ -18,6 +18,7 @@
 #include "infera/base/log.h"
 #include "infera/server/audit_log.h"
 #include "infera/server/auth.h"
+#include "infera/server/logprobs_json.h"
 #include "infera/server/metrics.h"
 #include "infera/server/openai_api.h"
 #include "infera/server/text_stream.h"
@@ -118,6 +119,11 @@ struct Choice {
   StopMatcher stop;
   OutputRouter router;
   std::string prefix_text;  // echo: the prompt text, sent before the completion
+  // Log-probabilities of the tokens taken so far (requests with logprobs): every token
+  // up to the one that completed a stop string.
+  std::vector<TokenLogprobs> logprobs;
+  size_t logprobs_sent = 0;  // streaming: how many went out in earlier chunks
+  int64_t text_offset = 0;   // completions: code points of the choice's text before the next chunk's tokens
   // Accumulated output (non-streaming responses).
   std::string content;
   std::string reasoning;
@@ -203,6 +209,7 @@ OutputDelta apply_event(Job& job, Choice& c, const Event& e) {
     job.last_token = now;
     ++job.tokens_seen;
     if (c.stop.stopped()) return out;  // tokens in flight after a stop string was seen
+    if (e.logprobs) c.logprobs.push_back(*e.logprobs);
     route(c.stop.feed(c.decoder.push(e.token)));
     if (c.stop.stopped()) job.backend->cancel(c.id);
     return out;
@@ -257,11 +264,15 @@ json final_response(const Job& job) {
       message["content"] = (c->content.empty() && !calls.empty()) ? json(nullptr) : json(c->content);
       if (!c->reasoning.empty()) message["reasoning_content"] = c->reasoning;
       if (!calls.empty()) message["tool_calls"] = tool_calls_json(calls, false);
-      choices.push_back({{"index", c->index}, {"message", message}, {"logprobs", nullptr}, {"finish_reason", c->finish_reason}});
+      const json logprobs = job.options.logprobs ? chat_logprobs(job.model->tokenizer(), c->logprobs) : json(nullptr);
+      choices.push_back({{"index", c->index}, {"message", message}, {"logprobs", logprobs}, {"finish_reason", c->finish_reason}});
     } else {
+      int64_t offset = code_point_count(c->prefix_text);
+      const json logprobs =
+          job.options.logprobs ? completion_logprobs(job.model->tokenizer(), c->logprobs, offset) : json(nullptr);
       choices.push_back({{"index", c->index},
                          {"text", c->prefix_text + c->content},
-                         {"logprobs", nullptr},
+                         {"logprobs", logprobs},
                          {"finish_reason", c->finish_reason}});
     }
   }
@@ -283,6 +294,17 @@ json chunk(const Job& job, json choices) {
   return j;
 }
 
+// Streaming: the log-probabilities of the choice's tokens not yet sent (null when the
+// request did not ask), marked sent. They ride on the next chunk that goes out, so a
+// token whose text is held back (a possible stop string) comes with the text it released.
+json unsent_logprobs(const Job& job, Choice& c) {
+  if (!job.options.logprobs) return nullptr;
+  const std::span<const TokenLogprobs> tokens(c.logprobs.data() + c.logprobs_sent, c.logprobs.size() - c.logprobs_sent);
+  c.logprobs_sent = c.logprobs.size();
+  if (job.endpoint == Endpoint::kChat) return chat_logprobs(job.model->tokenizer(), tokens);
+  return completion_logprobs(job.model->tokenizer(), tokens, c.text_offset);
+}
+
 // The SSE chunks one event produces for its choice.
 void stream_chunks(const Job& job, Choice& c, const OutputDelta& d, bool finished, std::string& out) {
   if (job.endpoint == Endpoint::kChat) {
@@ -297,27 +319,34 @@ void stream_chunks(const Job& job, Choice& c, const OutputDelta& d, bool finishe
       json delta = json::object();
       if (!d.reasoning.empty()) delta["reasoning_content"] = d.reasoning;
       if (!d.content.empty()) delta["content"] = d.content;
-      out += sse(chunk(job, json::array({{{"index", c.index}, {"delta", delta}, {"logprobs", nullptr}, {"finish_reason", nullptr}}})));
+      out += sse(chunk(job, json::array({{{"index", c.index}, {"delta", delta}, {"logprobs", unsent_logprobs(job, c)}, {"finish_reason", nullptr}}})));
     }
     if (finished) {
       if (!c.router.tool_calls().empty()) {
         out += sse(chunk(job, json::array({{{"index", c.index},
                                             {"delta", {{"tool_calls", tool_calls_json(c.router.tool_calls(), true)}}},
-                                            {"logprobs", nullptr},
+                                            {"logprobs", unsent_logprobs(job, c)},
                                             {"finish_reason", nullptr}}})));
       }
-      out += sse(chunk(job, json::array({{{"index", c.index}, {"delta", json::object()}, {"logprobs", nullptr}, {"finish_reason", c.finish_reason}}})));
+      // Tokens whose text never showed (held back, then dropped at a stop string) still
+      // have their log-probabilities reported, with the last chunk.
+      const bool pending = c.logprobs_sent < c.logprobs.size();
+      out += sse(chunk(job, json::array({{{"index", c.index},
+                                          {"delta", json::object()},
+                                          {"logprobs", pending ? unsent_logprobs(job, c) : json(nullptr)},
+                                          {"finish_reason", c.finish_reason}}})));
     }
   } else {
     std::string text = d.content;
     if (!c.role_sent) {  // echo goes first
       c.role_sent = true;
       text = c.prefix_text + text;
+      c.text_offset = code_point_count(c.prefix_text);
     }
     if (!text.empty() || finished) {
       out += sse(chunk(job, json::array({{{"index", c.index},
                                           {"text", text},
-                                          {"logprobs", nullptr},
+                                          {"logprobs", unsent_logprobs(job, c)},
                                           {"finish_reason", finished ? json(c.finish_reason) : json(nullptr)}}})));
     }
   }
@@ -453,8 +482,10 @@ struct HttpServer::Impl {
       if (endpoint == Endpoint::kChat) chat = parse_chat_request(body, parse_limits);
       else completion = parse_completion_request(body, parse_limits);
       const GenerationOptions& options = chat ? chat->options : completion->options;
-      if (options.logprobs) {
-        throw_api(bad_request("logprobs are not supported by this server yet; remove 'logprobs'", "logprobs"));
+      if (completion && completion->echo && options.logprobs) {
+        throw_api(bad_request("'echo' with 'logprobs' would need the prompt's log-probabilities, which this server does not "
+                              "compute; drop one of them",
+                              "logprobs"));
       }
       auto model = find_model(options.model, listener);
       model_name = model->name();
@@ -581,6 +612,8 @@ struct HttpServer::Impl {
           const int64_t room = limits.max_context - static_cast<int64_t>(r.prompt_ids.size());
           r.max_tokens = static_cast<int32_t>(options.max_tokens ? *options.max_tokens : std::min<int64_t>(limits.max_output_len, room));
           r.ignore_eos = options.ignore_eos;
+          r.logprobs = options.logprobs;
+          r.top_logprobs = options.top_logprobs;
           if (!options.ignore_eos) r.stop_token_ids = model->extra_stop_ids();
           requests.push_back(std::move(r));
           job->choices.push_back(std::move(c));

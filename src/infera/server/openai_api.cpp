@@ -5,6 +5,8 @@
 
 #include <fmt/format.h>
 
+#include "infera/runtime/sampler.h"
+
 namespace infera::server {
 
 using nlohmann::json;
@@ -131,11 +133,12 @@ GenerationOptions parse_options(const json& body, const ParseLimits& limits, boo
   }
   if (chat) {
     o.logprobs = get_bool(body, "logprobs").value_or(false);
-    if (auto v = get_integer_in(body, "top_logprobs", 0, 20)) {
+    if (auto v = get_integer_in(body, "top_logprobs", 0, kMaxTopLogprobs)) {
       if (!o.logprobs) throw_api(bad_request("'top_logprobs' requires 'logprobs': true", "top_logprobs"));
       o.top_logprobs = static_cast<int32_t>(*v);
     }
-  } else if (auto v = get_integer_in(body, "logprobs", 0, 5)) {  // legacy: an integer
+  } else if (auto v = get_integer_in(body, "logprobs", 0, kMaxTopLogprobs)) {
+    // Legacy: an integer, the number of alternatives (OpenAI allows 5; vLLM, as here, 20).
     o.logprobs = true;
     o.top_logprobs = static_cast<int32_t>(*v);
   }

@@ -296,6 +296,11 @@ std::string_view Tokenizer::token_text(int32_t id) const {
   return impl_->id_to_piece[id];
 }
 
+std::string_view Tokenizer::token_bytes(int32_t id) const {
+  if (id < 0 || id >= impl_->vocab_size()) return {};
+  return impl_->decoded_bytes[id];
+}
+
 std::optional<int32_t> Tokenizer::token_to_id(std::string_view piece) const {
   if (auto it = impl_->added_token_index.find(piece); it != impl_->added_token_index.end()) {
     return impl_->added_tokens[it->second].id;

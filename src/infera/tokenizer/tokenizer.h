@@ -44,6 +44,9 @@ class Tokenizer {
   int32_t bos_id() const;  // -1 when none
   int32_t eos_id() const;  // -1 when none
   std::string_view token_text(int32_t id) const;  // the raw vocab piece ("" for an unused id)
+  // The bytes one token decodes to on its own (may be part of a UTF-8 sequence; "" for an
+  // id outside the vocabulary). Log-probability responses report them per token.
+  std::string_view token_bytes(int32_t id) const;
   std::optional<int32_t> token_to_id(std::string_view piece) const;
   bool is_special(int32_t id) const;
   // tokenizer_config.json's chat_template (of a list of named templates, "default"), else

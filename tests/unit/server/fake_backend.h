@@ -2,6 +2,7 @@
 // token script, one token per `delay`, on the backend's own thread, honouring max_tokens,
 // stop token ids and cancel() like the real engine (the final event carries usage; a stop
 // token ends the request without a token event). kv_blocks_used counts live requests.
+// Requests with logprobs get fake_logprobs() on each token event.
 #pragma once
 
 #include <algorithm>
@@ -17,6 +18,16 @@
 #include "infera/server/backend.h"
 
 namespace infera::server::testing {
+
+// The log-probabilities FakeBackend reports for the token at `pos` (made up, but distinct
+// per position and sorted as the real ones are): the token itself first, then ids
+// tok+1, tok+2, ... (mod 512) at decreasing values.
+inline TokenLogprobs fake_logprobs(int32_t tok, size_t pos, int32_t top_n) {
+  TokenLogprobs lp;
+  lp.sampled = {tok, -0.125f * static_cast<float>(pos % 8 + 1)};
+  for (int32_t k = 0; k < top_n; ++k) lp.top.push_back({(tok + k) % 512, lp.sampled.logprob - 0.5f * static_cast<float>(k)});
+  return lp;
+}
 
 class FakeBackend final : public GenerationBackend {
  public:
@@ -128,6 +139,7 @@ class FakeBackend final : public GenerationBackend {
             e.usage.completion_tokens = static_cast<int32_t>(live.pos);
           } else {
             e.token = tok;
+            if (live.request.logprobs) e.logprobs = fake_logprobs(tok, live.pos - 1, live.request.top_logprobs);
           }
         }
         out.emplace_back(&live.on_event, e);

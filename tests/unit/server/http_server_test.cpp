@@ -14,12 +14,14 @@
 
 #include <filesystem>
 #include <fstream>
+#include <numeric>
 #include <sstream>
 #include <thread>
 
 #include <nlohmann/json.hpp>
 
 #include "fake_backend.h"
+#include "infera/runtime/sequence_runner.h"
 #include "infera/tokenizer/chat_template.h"
 
 namespace infera::server {
@@ -50,6 +52,7 @@ struct ServerOptions {
   double timeout_s = 30;
   bool load = true;
   bool two_models = false;
+  bool real_engine = false;  // the first model runs the real engine on stories260K instead of the script
 };
 
 class TestServer {
@@ -71,7 +74,18 @@ class TestServer {
       d.path = kStories;
       auto m = std::make_shared<ModelInstance>(d, load_model_config(kStories), Tokenizer::load(kStories),
                                                std::make_unique<ChatTemplate>(read_file(kChatml)), resolve_limits(d, 512));
-      if (o.load) m->set_backend(backend);
+      if (o.load && o.real_engine && models.empty()) {
+        EngineConfig ec;
+        ec.kv_cache_bytes = 16 << 20;
+        ec.max_batch_tokens = 256;
+        ec.max_num_seqs = 8;
+        ec.threads = 1;  // a tiny model: more threads would only spin
+        LoadOptions lo;
+        lo.max_batch_tokens = 256;
+        m->set_backend(std::make_shared<EngineBackend>(std::make_unique<Engine>(load_model(kStories, lo), ec)));
+      } else if (o.load) {
+        m->set_backend(backend);
+      }
       models.push_back(m);
     }
     model = models[0];
@@ -97,6 +111,7 @@ class TestServer {
     return client().Post(path.c_str(), headers, body.dump(), "application/json");
   }
   std::string decode(std::span<const int32_t> ids) const { return tokenizer_->decode(ids); }
+  const Tokenizer& tokenizer() const { return *tokenizer_; }
 
   std::vector<int32_t> script;
   std::shared_ptr<FakeBackend> backend;
@@ -341,7 +356,6 @@ TEST(HttpServer, ErrorsHaveTheOpenAiShape) {
   expect_error(s.post("/v1/completions", {{"prompt", std::vector<int>{1, 100000}}}), 400);
   expect_error(s.client().Post("/v1/chat/completions", std::string(8000, ' '), "application/json"), 413);
   expect_error(s.client().Get("/v1/nothing"), 404);
-  expect_error(s.post("/v1/chat/completions", with(kChat, {{"logprobs", true}})), 400);
   // Overlong input names both numbers.
   auto r = s.post("/v1/completions", {{"prompt", std::string(3000, 'x') + " " + std::string(900, 'y')}});
   expect_error(r, 400, "context_length_exceeded");
@@ -518,6 +532,236 @@ TEST(HttpServer, TokenizeAndDetokenize) {
   ASSERT_EQ(d->status, 200);
   EXPECT_NE(json::parse(d->body)["prompt"].get<std::string>().find("Once upon a time"), std::string::npos);
   expect_error(s.post("/detokenize", {{"tokens", {1, 99999}}}), 400);
+}
+
+
+// ---- log-probabilities -----------------------------------------------------------------
+
+// What a token looks like in a response: its text and its bytes.
+json expected_bytes(std::string_view bytes) {
+  json out = json::array();
+  for (char c : bytes) out.push_back(static_cast<unsigned char>(c));
+  return out;
+}
+
+// Every chunk's "logprobs" of one streamed response, concatenated (chat: the content
+// arrays; completions: each of the four lists).
+json streamed_logprobs(const std::string& body, bool chat) {
+  json all = chat ? json::array() : json{{"tokens", json::array()}, {"token_logprobs", json::array()},
+                                         {"top_logprobs", json::array()}, {"text_offset", json::array()}};
+  for (const std::string& p : sse_payloads(body)) {
+    if (p == "[DONE]") continue;
+    const json j = json::parse(p);
+    if (j["choices"].empty()) continue;
+    const json& lp = j["choices"][0]["logprobs"];
+    if (lp.is_null()) continue;
+    if (chat) {
+      EXPECT_TRUE(lp["refusal"].is_null());
+      for (const auto& e : lp["content"]) all.push_back(e);
+    } else {
+      for (const char* k : {"tokens", "token_logprobs", "top_logprobs", "text_offset"}) {
+        for (const auto& e : lp[k]) all[k].push_back(e);
+      }
+    }
+  }
+  return all;
+}
+
+TEST(HttpServer, ChatLogprobsHaveOpenAisShape) {
+  TestServer s;
+  const Tokenizer& tok = s.tokenizer();
+  const int n = 6;
+  auto r = s.post("/v1/chat/completions", with(kChat, {{"max_tokens", n}, {"logprobs", true}, {"top_logprobs", 3}}));
+  ASSERT_EQ(r->status, 200) << r->body;
+  const json lp = json::parse(r->body)["choices"][0]["logprobs"];
+  ASSERT_TRUE(lp.is_object()) << r->body;
+  EXPECT_EQ(lp.size(), 2u);
+  EXPECT_TRUE(lp["refusal"].is_null());
+  const json& content = lp["content"];
+  ASSERT_EQ(content.size(), static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) {
+    const json& e = content[i];
+    const int32_t id = s.script[i];
+    const TokenLogprobs want = testing::fake_logprobs(id, i, 3);
+    EXPECT_EQ(e.size(), 4u) << e;  // token, logprob, bytes, top_logprobs
+    EXPECT_EQ(e["token"], std::string(tok.token_bytes(id)));
+    EXPECT_EQ(e["bytes"], expected_bytes(tok.token_bytes(id)));
+    EXPECT_FLOAT_EQ(e["logprob"].get<float>(), want.sampled.logprob);
+    ASSERT_EQ(e["top_logprobs"].size(), 3u);
+    for (int k = 0; k < 3; ++k) {
+      const json& t = e["top_logprobs"][k];
+      EXPECT_EQ(t.size(), 3u) << t;  // token, logprob, bytes
+      EXPECT_EQ(t["token"], std::string(tok.token_bytes(want.top[k].token)));
+      EXPECT_EQ(t["bytes"], expected_bytes(tok.token_bytes(want.top[k].token)));
+      EXPECT_FLOAT_EQ(t["logprob"].get<float>(), want.top[k].logprob);
+    }
+  }
+  // Streaming: the chunks' logprobs together are the same list.
+  auto st = s.post("/v1/chat/completions",
+                   with(kChat, {{"max_tokens", n}, {"logprobs", true}, {"top_logprobs", 3}, {"stream", true}}));
+  ASSERT_EQ(st->status, 200);
+  EXPECT_EQ(streamed_logprobs(st->body, true), content);
+  // top_logprobs 0: the sampled tokens only, with empty alternatives.
+  auto zero = s.post("/v1/chat/completions", with(kChat, {{"max_tokens", 2}, {"logprobs", true}}));
+  const json z = json::parse(zero->body)["choices"][0]["logprobs"]["content"];
+  ASSERT_EQ(z.size(), 2u);
+  EXPECT_EQ(z[0]["top_logprobs"], json::array());
+  // Not asked: null, and the engine is not asked either.
+  auto none = s.post("/v1/chat/completions", with(kChat, {{"max_tokens", 2}}));
+  EXPECT_TRUE(json::parse(none->body)["choices"][0]["logprobs"].is_null());
+  auto none_stream = s.post("/v1/chat/completions", with(kChat, {{"max_tokens", 2}, {"stream", true}}));
+  EXPECT_EQ(streamed_logprobs(none_stream->body, true), json::array());
+}
+
+TEST(HttpServer, CompletionLogprobsHaveTheLegacyShape) {
+  TestServer s;
+  const Tokenizer& tok = s.tokenizer();
+  const int n = 7;
+  auto r = s.post("/v1/completions", {{"prompt", "x"}, {"max_tokens", n}, {"logprobs", 2}});
+  ASSERT_EQ(r->status, 200) << r->body;
+  const json choice = json::parse(r->body)["choices"][0];
+  const json& lp = choice["logprobs"];
+  ASSERT_TRUE(lp.is_object()) << r->body;
+  EXPECT_EQ(lp.size(), 4u);
+  for (const char* k : {"tokens", "token_logprobs", "top_logprobs", "text_offset"}) ASSERT_EQ(lp[k].size(), static_cast<size_t>(n)) << k;
+  std::string joined;
+  for (int i = 0; i < n; ++i) {
+    const int32_t id = s.script[i];
+    const TokenLogprobs want = testing::fake_logprobs(id, i, 2);
+    const std::string text(tok.token_bytes(id));
+    EXPECT_EQ(lp["tokens"][i], text);
+    EXPECT_FLOAT_EQ(lp["token_logprobs"][i].get<float>(), want.sampled.logprob);
+    // The two alternatives (the first is the sampled token itself here).
+    const json& top = lp["top_logprobs"][i];
+    EXPECT_EQ(top.size(), 2u) << top;
+    for (const auto& t : want.top) EXPECT_FLOAT_EQ(top[std::string(tok.token_bytes(t.token))].get<float>(), t.logprob);
+    EXPECT_EQ(lp["text_offset"][i], static_cast<int64_t>(joined.size()));  // ASCII script: bytes = code points
+    joined += text;
+  }
+  // The tokens spell the text (the decoder drops SentencePiece's leading space).
+  const std::string text = choice["text"];
+  EXPECT_EQ(joined.substr(joined.size() - text.size()), text);
+  EXPECT_LE(joined.size() - text.size(), 1u);
+
+  auto st = s.post("/v1/completions", {{"prompt", "x"}, {"max_tokens", n}, {"logprobs", 2}, {"stream", true}});
+  ASSERT_EQ(st->status, 200);
+  EXPECT_EQ(streamed_logprobs(st->body, false), lp);
+
+  // logprobs 0: each top_logprobs entry holds the sampled token alone (OpenAI: N + the sampled one).
+  auto zero = s.post("/v1/completions", {{"prompt", "x"}, {"max_tokens", 3}, {"logprobs", 0}});
+  const json z = json::parse(zero->body)["choices"][0]["logprobs"];
+  ASSERT_EQ(z["top_logprobs"].size(), 3u);
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(z["top_logprobs"][i].size(), 1u);
+    EXPECT_EQ(z["top_logprobs"][i][z["tokens"][i].get<std::string>()], z["token_logprobs"][i]);
+  }
+  auto none = s.post("/v1/completions", {{"prompt", "x"}, {"max_tokens", 2}});
+  EXPECT_TRUE(json::parse(none->body)["choices"][0]["logprobs"].is_null());
+}
+
+TEST(HttpServer, LogprobsEndWithTheTokenThatCompletedAStopString) {
+  TestServer s;
+  const std::string full = s.decode(s.script);
+  const std::string stop = "little";
+  ASSERT_NE(full.find(stop), std::string::npos);
+  // The first token whose text completes the stop string.
+  size_t completing = 0;
+  while (s.decode(std::span(s.script).subspan(0, completing + 1)).find(stop) == std::string::npos) ++completing;
+  for (bool stream : {false, true}) {
+    auto r = s.post("/v1/chat/completions", with(kChat, {{"stop", stop}, {"logprobs", true}, {"stream", stream}}));
+    ASSERT_EQ(r->status, 200);
+    const json content = stream ? streamed_logprobs(r->body, true) : json::parse(r->body)["choices"][0]["logprobs"]["content"];
+    ASSERT_EQ(content.size(), completing + 1) << (stream ? "stream" : "non-stream");
+    for (size_t i = 0; i <= completing; ++i) EXPECT_EQ(content[i]["token"], std::string(s.tokenizer().token_bytes(s.script[i])));
+  }
+}
+
+TEST(HttpServer, BadLogprobsRequestsNameTheParameter) {
+  TestServer s;
+  struct Case {
+    const char* path;
+    json extra;
+    const char* param;
+  };
+  const Case cases[] = {
+      {"/v1/chat/completions", {{"top_logprobs", 2}}, "top_logprobs"},
+      {"/v1/chat/completions", {{"logprobs", true}, {"top_logprobs", 21}}, "top_logprobs"},
+      {"/v1/chat/completions", {{"logprobs", true}, {"top_logprobs", -1}}, "top_logprobs"},
+      {"/v1/chat/completions", {{"logprobs", 3}}, "logprobs"},
+      {"/v1/completions", {{"logprobs", 21}}, "logprobs"},
+      {"/v1/completions", {{"logprobs", -2}}, "logprobs"},
+      {"/v1/completions", {{"logprobs", true}}, "logprobs"},
+      {"/v1/completions", {{"logprobs", 1}, {"echo", true}}, "logprobs"},
+  };
+  for (const Case& c : cases) {
+    const json base = std::string(c.path) == "/v1/completions" ? json{{"prompt", "x"}} : kChat;
+    auto r = s.post(c.path, with(base, c.extra));
+    expect_error(r, 400);
+    EXPECT_EQ(json::parse(r->body)["error"]["param"], c.param) << c.extra;
+  }
+  EXPECT_EQ(s.post("/v1/chat/completions", with(kChat, {{"logprobs", true}, {"top_logprobs", 20}}))->status, 200);
+}
+
+// The real engine behind HTTP: the numbers are the model's log_softmax, computed here
+// from an independent single-sequence run, and the streamed tokens spell the text.
+TEST(HttpServer, LogprobsFromTheRealEngineAreTheModels) {
+  ServerOptions o;
+  o.real_engine = true;
+  TestServer s(o);
+  const Tokenizer& tok = s.tokenizer();
+  const std::vector<int32_t> prompt = tok.encode("Once upon a time", true);
+  const int n = 8, top_n = 5;
+  auto r = s.post("/v1/completions", {{"prompt", prompt}, {"max_tokens", n}, {"temperature", 0}, {"logprobs", top_n}});
+  ASSERT_EQ(r->status, 200) << r->body;
+  const json lp = json::parse(r->body)["choices"][0]["logprobs"];
+  ASSERT_EQ(lp["tokens"].size(), static_cast<size_t>(n));
+
+  LoadOptions lo;
+  lo.max_batch_tokens = 256;
+  auto model = load_model(kStories, lo);
+  KvPoolShape shape = model->kv_shape(16);
+  shape.num_blocks = 16;
+  KvPool kv(shape);
+  BlockAllocator blocks(16);
+  SequenceRunner runner(*model, kv, blocks, 256);
+  const int32_t vocab = model->config().vocab_size;
+  const float* logits = runner.feed(prompt);
+  for (int i = 0; i < n; ++i) {
+    double max_l = logits[0], sum = 0;
+    for (int32_t v = 1; v < vocab; ++v) max_l = std::max<double>(max_l, logits[v]);
+    for (int32_t v = 0; v < vocab; ++v) sum += std::exp(logits[v] - max_l);
+    auto ref = [&](int32_t v) { return logits[v] - max_l - std::log(sum); };
+    const int32_t next = argmax(logits, vocab);  // greedy
+    EXPECT_EQ(lp["tokens"][i], std::string(tok.token_bytes(next))) << i;
+    EXPECT_NEAR(lp["token_logprobs"][i].get<double>(), ref(next), 2e-4) << i;
+    std::vector<int32_t> order(vocab);
+    std::iota(order.begin(), order.end(), 0);
+    std::partial_sort(order.begin(), order.begin() + top_n, order.end(), [&](int32_t a, int32_t b) { return logits[a] > logits[b]; });
+    const json& top = lp["top_logprobs"][i];
+    for (int k = 0; k < top_n; ++k) {
+      const std::string key(tok.token_bytes(order[k]));
+      ASSERT_TRUE(top.contains(key)) << key << " in " << top;
+      // Two ids may share a text; the entry holds the likelier one's value.
+      EXPECT_GE(top[key].get<double>(), ref(order[k]) - 2e-4) << key;
+    }
+    logits = runner.feed(std::span<const int32_t>(&next, 1));
+  }
+
+  // Chat, streamed: the chunks' tokens, joined, are the streamed text.
+  auto st = s.post("/v1/chat/completions",
+                   with(kChat, {{"max_tokens", 12}, {"temperature", 0}, {"logprobs", true}, {"top_logprobs", 2}, {"stream", true}}));
+  ASSERT_EQ(st->status, 200);
+  const std::string text = streamed_text(st->body);
+  const json content = streamed_logprobs(st->body, true);
+  ASSERT_EQ(content.size(), 12u);
+  std::string joined;
+  for (const auto& e : content) {
+    joined += e["token"].get<std::string>();
+    EXPECT_LE(e["logprob"].get<double>(), 0.0);
+    EXPECT_GE(e["top_logprobs"][0]["logprob"].get<double>(), e["top_logprobs"][1]["logprob"].get<double>());
+    EXPECT_EQ(e["top_logprobs"][0]["token"], e["token"]);  // greedy
+  }
+  EXPECT_EQ(joined.substr(joined.size() - text.size()), text);
 }
 
 }  // namespace

@@ -83,6 +83,9 @@ TEST(OpenAiApi, BadChatRequestsNameTheParameter) {
       {R"({"messages":[{"role":"user","content":"x"}],"tools":[{"type":"function"}]})", "tools[0].function"},
       {R"({"messages":[{"role":"user","content":"x"}],"tool_choice":"sometimes"})", "tool_choice"},
       {R"({"messages":[{"role":"user","content":"x"}],"top_logprobs":3})", "top_logprobs"},
+      {R"({"messages":[{"role":"user","content":"x"}],"logprobs":true,"top_logprobs":21})", "top_logprobs"},
+      {R"({"messages":[{"role":"user","content":"x"}],"logprobs":true,"top_logprobs":-1})", "top_logprobs"},
+      {R"({"messages":[{"role":"user","content":"x"}],"logprobs":"yes"})", "logprobs"},
       {R"({"messages":[{"role":"user","content":"x"}],"presence_penalty":5})", "presence_penalty"},
       {R"([1,2,3])", nullptr},
   };
@@ -117,8 +120,12 @@ TEST(OpenAiApi, CompletionPromptForms) {
   EXPECT_EQ(parse(R"({"prompt":["a","b"],"n":2})").prompts.size(), 2u);
   EXPECT_EQ(parse(R"({"prompt":[[1,2],[3]]})").prompts.size(), 2u);
   EXPECT_EQ(parse(R"({"prompt":"x","logprobs":2})").options.top_logprobs, 2);
+  EXPECT_TRUE(parse(R"({"prompt":"x","logprobs":0})").options.logprobs);
+  EXPECT_EQ(parse(R"({"prompt":"x","logprobs":20})").options.top_logprobs, 20);
+  EXPECT_FALSE(parse(R"({"prompt":"x"})").options.logprobs);
   for (const char* bad : {R"({})", R"({"prompt":5})", R"({"prompt":[]})", R"({"prompt":[1,"a"]})", R"({"prompt":[-1]})",
-                          R"({"prompt":"x","echo":1})", R"({"prompt":"x","suffix":"y"})", R"({"prompt":["a","b"],"n":16})"}) {
+                          R"({"prompt":"x","echo":1})", R"({"prompt":"x","suffix":"y"})", R"({"prompt":["a","b"],"n":16})",
+                          R"({"prompt":"x","logprobs":21})", R"({"prompt":"x","logprobs":-1})", R"({"prompt":"x","logprobs":true})"}) {
     EXPECT_THROW(parse(bad), ApiException) << bad;
   }
 }

@@ -1,0 +1,84 @@
+#include "infera/server/logprobs_json.h"
+
+#include "infera/tokenizer/unicode.h"
+
+namespace infera::server {
+
+using nlohmann::json;
+
+namespace {
+
+std::string token_string(std::string_view bytes) {
+  if (unicode::find_invalid_utf8(bytes) == std::string_view::npos) return std::string(bytes);
+  std::string text;
+  unicode::Utf8Stream stream;
+  stream.push(bytes, text);
+  stream.flush(text);
+  return text;
+}
+
+json bytes_json(std::string_view bytes) {
+  json out = json::array();
+  for (char c : bytes) out.push_back(static_cast<int>(static_cast<unsigned char>(c)));
+  return out;
+}
+
+json chat_entry(const Tokenizer& tok, const TokenLogprob& t) {
+  const std::string_view bytes = tok.token_bytes(t.token);
+  return {{"token", token_string(bytes)}, {"logprob", t.logprob}, {"bytes", bytes_json(bytes)}};
+}
+
+}  // namespace
+
+int64_t code_point_count(std::string_view text) {
+  int64_t n = 0;
+  size_t pos = 0;
+  char32_t cp;
+  while (pos < text.size()) {
+    unicode::next_code_point(text, pos, cp);
+    ++n;
+  }
+  return n;
+}
+
+json chat_logprobs_content(const Tokenizer& tok, std::span<const TokenLogprobs> tokens) {
+  json content = json::array();
+  for (const TokenLogprobs& lp : tokens) {
+    json entry = chat_entry(tok, lp.sampled);
+    json top = json::array();
+    for (const TokenLogprob& t : lp.top) top.push_back(chat_entry(tok, t));
+    entry["top_logprobs"] = std::move(top);
+    content.push_back(std::move(entry));
+  }
+  return content;
+}
+
+json chat_logprobs(const Tokenizer& tok, std::span<const TokenLogprobs> tokens) {
+  return {{"content", chat_logprobs_content(tok, tokens)}, {"refusal", nullptr}};
+}
+
+json completion_logprobs(const Tokenizer& tok, std::span<const TokenLogprobs> tokens, int64_t& text_offset) {
+  json texts = json::array(), logprobs = json::array(), tops = json::array(), offsets = json::array();
+  for (const TokenLogprobs& lp : tokens) {
+    const std::string text = token_string(tok.token_bytes(lp.sampled.token));
+    texts.push_back(text);
+    logprobs.push_back(lp.sampled.logprob);
+    // The top alternatives and, as OpenAI does, always the sampled token (so up to N + 1
+    // entries). Two ids with the same text share one key: the likelier one stays.
+    json top = json::object();
+    for (const TokenLogprob& t : lp.top) {
+      const std::string key = token_string(tok.token_bytes(t.token));
+      if (!top.contains(key)) top[key] = t.logprob;
+    }
+    if (!top.contains(text)) top[text] = lp.sampled.logprob;
+    tops.push_back(std::move(top));
+    offsets.push_back(text_offset);
+    text_offset += code_point_count(text);
+  }
+  return {{"tokens", std::move(texts)},
+          {"token_logprobs", std::move(logprobs)},
+          {"top_logprobs", std::move(tops)},
+          {"text_offset", std::move(offsets)}};
+}
+
+}  // namespace infera::server

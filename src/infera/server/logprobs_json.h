@@ -1,0 +1,36 @@
+// Log-probabilities in OpenAI's two response shapes, from the engine's per-token
+// TokenLogprobs (raw model distribution; runtime/sampler.h):
+//   chat        choices[i].logprobs = {"content": [{token, logprob, bytes, top_logprobs:
+//               [{token, logprob, bytes}]}], "refusal": null}
+//   completions choices[i].logprobs = {tokens, token_logprobs, top_logprobs (one
+//               {token text: logprob} object per token), text_offset}
+// A token's text is its bytes as UTF-8, a piece of a multi-byte character shown as
+// U+FFFD; `bytes` always carries the exact bytes.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include <nlohmann/json.hpp>
+
+#include "infera/runtime/sampler.h"
+#include "infera/tokenizer/tokenizer.h"
+
+namespace infera::server {
+
+// The chat "content" array for these tokens.
+nlohmann::json chat_logprobs_content(const Tokenizer& tok, std::span<const TokenLogprobs> tokens);
+// The whole chat "logprobs" object.
+nlohmann::json chat_logprobs(const Tokenizer& tok, std::span<const TokenLogprobs> tokens);
+
+// The legacy completions object for these tokens. `text_offset` is the position (in
+// Unicode code points) in the choice's text where the first token starts; it is advanced
+// past the tokens, so consecutive stream chunks continue where the last one ended.
+nlohmann::json completion_logprobs(const Tokenizer& tok, std::span<const TokenLogprobs> tokens, int64_t& text_offset);
+
+// Unicode code points of UTF-8 text (an invalid byte counts as one).
+int64_t code_point_count(std::string_view text);
+
+}  // namespace infera::server
