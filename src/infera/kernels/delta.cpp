@@ -9,6 +9,7 @@
 
 #include "infera/base/error.h"
 #include "infera/base/threads.h"
+#include "infera/kernels/cpu/delta_dispatch.h"
 
 namespace infera::kernels {
 namespace {
@@ -16,6 +17,19 @@ namespace {
 void check_shape(const DeltaShape& s) {
   INFERA_ASSERT(s.n_k_heads > 0 && s.n_v_heads > 0 && s.dk > 0 && s.dv > 0 && s.n_v_heads % s.n_k_heads == 0,
                 "gated delta rule: bad head geometry");
+}
+
+const DeltaTable& table_for(Isa isa) {
+  switch (isa) {
+    case Isa::kAvx512:
+      INFERA_ASSERT(cpu_features().has_avx512_path(), "kernel path avx512 is not available on this CPU");
+      return cpu_avx512::delta_table();
+    case Isa::kAvx2:
+      INFERA_ASSERT(cpu_features().has_avx2_path(), "kernel path avx2 is not available on this CPU");
+      return cpu_avx2::delta_table();
+    case Isa::kScalar: break;
+  }
+  return cpu_scalar::delta_table();
 }
 
 int threads_for(int64_t tasks) {
@@ -26,6 +40,54 @@ int threads_for(int64_t tasks) {
 float silu(float x) { return x / (1.0f + std::exp(-x)); }
 
 }  // namespace
+
+// ---- dispatch ----
+
+void gated_delta_rule_recurrent(Isa isa, const float* q, const float* k, const float* v, const float* g,
+                                const float* beta, int64_t n_tokens, const DeltaShape& s, float* state, float* out) {
+  check_shape(s);
+  INFERA_ASSERT(n_tokens >= 0);
+  if (n_tokens == 0) return;
+  table_for(isa).recurrent(q, k, v, g, beta, n_tokens, s, state, out);
+}
+void gated_delta_rule_recurrent(const float* q, const float* k, const float* v, const float* g, const float* beta,
+                                int64_t n_tokens, const DeltaShape& s, float* state, float* out) {
+  gated_delta_rule_recurrent(best_isa(), q, k, v, g, beta, n_tokens, s, state, out);
+}
+
+void gated_delta_rule_chunked(Isa isa, const float* q, const float* k, const float* v, const float* g,
+                              const float* beta, int64_t n_tokens, const DeltaShape& s, float* state, float* out,
+                              int64_t chunk) {
+  check_shape(s);
+  INFERA_ASSERT(chunk >= 1 && n_tokens >= 0);
+  if (n_tokens == 0) return;
+  table_for(isa).chunked(q, k, v, g, beta, n_tokens, s, state, out, chunk);
+}
+void gated_delta_rule_chunked(const float* q, const float* k, const float* v, const float* g, const float* beta,
+                              int64_t n_tokens, const DeltaShape& s, float* state, float* out, int64_t chunk) {
+  gated_delta_rule_chunked(best_isa(), q, k, v, g, beta, n_tokens, s, state, out, chunk);
+}
+
+void causal_conv1d_silu(Isa isa, float* x, int64_t n_tokens, int64_t channels, const float* w, int64_t kernel,
+                        float* state) {
+  INFERA_ASSERT(kernel >= 1 && channels >= 0 && n_tokens >= 0);
+  table_for(isa).conv1d_silu(x, n_tokens, channels, w, kernel, state);
+}
+void causal_conv1d_silu(float* x, int64_t n_tokens, int64_t channels, const float* w, int64_t kernel, float* state) {
+  causal_conv1d_silu(best_isa(), x, n_tokens, channels, w, kernel, state);
+}
+
+void rmsnorm_gated(Isa isa, float* x, const float* z, const float* w, int64_t rows, int64_t n, float eps) {
+  INFERA_ASSERT(rows >= 0 && n > 0);
+  table_for(isa).rmsnorm_gated(x, z, w, rows, n, eps);
+}
+void rmsnorm_gated(float* x, const float* z, const float* w, int64_t rows, int64_t n, float eps) {
+  rmsnorm_gated(best_isa(), x, z, w, rows, n, eps);
+}
+
+// ---- scalar references ----
+
+namespace ref {
 
 void gated_delta_rule_recurrent(const float* q, const float* k, const float* v, const float* g, const float* beta,
                                 int64_t n_tokens, const DeltaShape& s, float* state, float* out) {
@@ -200,6 +262,8 @@ void causal_conv1d_silu(float* x, int64_t n_tokens, int64_t channels, const floa
   std::memcpy(state, window.data() + n_tokens * channels, hist * channels * sizeof(float));
 }
 
+}  // namespace ref
+
 void l2norm_rows(float* x, int64_t rows, int64_t n, float eps, float scale) {
   for (int64_t r = 0; r < rows; ++r) {
     float* p = x + r * n;
@@ -223,6 +287,8 @@ void gdn_gates(const float* a, const float* b, int64_t rows, int64_t heads, cons
   }
 }
 
+namespace ref {
+
 void rmsnorm_gated(float* x, const float* z, const float* w, int64_t rows, int64_t n, float eps) {
   for (int64_t r = 0; r < rows; ++r) {
     float* p = x + r * n;
@@ -233,5 +299,7 @@ void rmsnorm_gated(float* x, const float* z, const float* w, int64_t rows, int64
     for (int64_t i = 0; i < n; ++i) p[i] = w[i] * (p[i] * inv) * silu(zr[i]);
   }
 }
+
+}  // namespace ref
 
 }  // namespace infera::kernels

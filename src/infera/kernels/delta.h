@@ -4,14 +4,22 @@
 //   S <- exp(g_t) S;   S <- S + k_t (beta_t (v_t - S^T k_t))^T;   o_t = S^T q_t
 // (q, k L2-normalised, q scaled by 1/sqrt(dk); g_t <= 0 the log decay, beta_t in (0, 1)).
 //
-// gated_delta_rule_recurrent is that loop, token by token (decode; also the reference).
+// gated_delta_rule_recurrent is that loop, token by token (decode).
 // gated_delta_rule_chunked computes the same outputs and final state for a whole prefill
 // chunk with the WY/UT form of HF's torch_chunk_gated_delta_rule (fla): per chunk of C
 // tokens a C x C triangular solve turns the sequential rank-1 updates into matrix
 // products, and the state is touched once per chunk instead of once per token.
+//
+// Like kernels.h, the recurrence, the chunked rule, the causal conv and the gated norm
+// exist as scalar references (namespace ref, the plain loops tests compare against) and as
+// optimized paths compiled for scalar / AVX2 / AVX-512 (cpu/delta_impl.h), picked at run
+// time by best_isa() (INFERA_ISA caps it); the overloads taking an Isa run that path.
+// Threads split the value heads.
 #pragma once
 
 #include <cstdint>
+
+#include "infera/base/cpu.h"
 
 namespace infera::kernels {
 
@@ -28,9 +36,14 @@ struct DeltaShape {
 // repeat_interleave).
 void gated_delta_rule_recurrent(const float* q, const float* k, const float* v, const float* g, const float* beta,
                                 int64_t n_tokens, const DeltaShape& shape, float* state, float* out);
+void gated_delta_rule_recurrent(Isa isa, const float* q, const float* k, const float* v, const float* g,
+                                const float* beta, int64_t n_tokens, const DeltaShape& shape, float* state, float* out);
 // Same contract; chunk >= 1 tokens per block (64 in HF and llama.cpp).
 void gated_delta_rule_chunked(const float* q, const float* k, const float* v, const float* g, const float* beta,
                               int64_t n_tokens, const DeltaShape& shape, float* state, float* out,
+                              int64_t chunk = 64);
+void gated_delta_rule_chunked(Isa isa, const float* q, const float* k, const float* v, const float* g,
+                              const float* beta, int64_t n_tokens, const DeltaShape& shape, float* state, float* out,
                               int64_t chunk = 64);
 
 // Causal depthwise conv1d over time with a carried state, then SiLU, in place.
@@ -39,6 +52,8 @@ void gated_delta_rule_chunked(const float* q, const float* k, const float* v, co
 // oldest first (zeros for a fresh sequence); on return the last kernel - 1 inputs.
 //   y[t, c] = silu(sum_j w[c, j] * x[t - (kernel - 1) + j, c])
 void causal_conv1d_silu(float* x, int64_t n_tokens, int64_t channels, const float* w, int64_t kernel, float* state);
+void causal_conv1d_silu(Isa isa, float* x, int64_t n_tokens, int64_t channels, const float* w, int64_t kernel,
+                        float* state);
 
 // x[r, :] *= scale / sqrt(sum(x[r, :]^2) + eps) (HF l2norm; fla uses eps 1e-6), in place.
 void l2norm_rows(float* x, int64_t rows, int64_t n, float eps, float scale = 1.0f);
@@ -52,5 +67,18 @@ void gdn_gates(const float* a, const float* b, int64_t rows, int64_t heads, cons
 // Qwen3-Next RMSNormGated: x[r, :] = w * x / rms(x) * silu(z[r, :]), per row of n (one
 // head), in place. Plain w (not zero-centred).
 void rmsnorm_gated(float* x, const float* z, const float* w, int64_t rows, int64_t n, float eps);
+void rmsnorm_gated(Isa isa, float* x, const float* z, const float* w, int64_t rows, int64_t n, float eps);
+
+// Scalar references (plain loops, the token-by-token recurrence and the HF chunked form as
+// written): the truth the optimized paths are tested against. Same contracts as above.
+namespace ref {
+void gated_delta_rule_recurrent(const float* q, const float* k, const float* v, const float* g, const float* beta,
+                                int64_t n_tokens, const DeltaShape& shape, float* state, float* out);
+void gated_delta_rule_chunked(const float* q, const float* k, const float* v, const float* g, const float* beta,
+                              int64_t n_tokens, const DeltaShape& shape, float* state, float* out,
+                              int64_t chunk = 64);
+void causal_conv1d_silu(float* x, int64_t n_tokens, int64_t channels, const float* w, int64_t kernel, float* state);
+void rmsnorm_gated(float* x, const float* z, const float* w, int64_t rows, int64_t n, float eps);
+}  // namespace ref
 
 }  // namespace infera::kernels
