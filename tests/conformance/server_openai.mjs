@@ -1,5 +1,6 @@
 // The official `openai` npm client against `infera serve` with the real stories260K
-// model (ChatML template from data/): chat, chat streaming, completions, models list, a
+// model (ChatML template from data/): chat, chat streaming, completions, models list,
+// log-probabilities (chat, streamed through the client's stream helper, legacy), a
 // tool-call round trip (assistant tool_calls + tool result accepted and rendered), and
 // HTTP errors surfacing as the client's typed errors.
 //
@@ -83,6 +84,57 @@ try {
     ],
   });
   check(typeof second.choices[0].message.content === "string", "tool result turn answered");
+
+  // Log-probabilities (chat): OpenAI's shape, the tokens spell the text, greedy picks the
+  // top alternative, and the client's stream helper assembles the same list from chunks.
+  const lpChat = await client.chat.completions.create({ model: "stories", messages, max_tokens: 16, temperature: 0, logprobs: true, top_logprobs: 3 });
+  const lpContent = lpChat.choices[0].logprobs?.content;
+  check(Array.isArray(lpContent) && lpContent.length > 0, "chat logprobs.content is a list");
+  checkEq(lpChat.choices[0].logprobs.refusal, null, "chat logprobs.refusal");
+  const lpText = lpChat.choices[0].message.content;
+  let joined = "";
+  for (const [i, e] of lpContent.entries()) {
+    checkEq(Object.keys(e).sort(), ["bytes", "logprob", "token", "top_logprobs"], `logprobs entry ${i} keys`);
+    check(typeof e.token === "string" && typeof e.logprob === "number" && e.logprob <= 0, `logprobs entry ${i}: token and logprob`);
+    checkEq(Buffer.from(e.bytes).toString("utf8"), e.token, `logprobs entry ${i}: bytes spell the token`);
+    checkEq(e.top_logprobs.length, 3, `logprobs entry ${i}: 3 alternatives`);
+    for (const t of e.top_logprobs) checkEq(Object.keys(t).sort(), ["bytes", "logprob", "token"], `alternative keys`);
+    for (let k = 1; k < 3; ++k) check(e.top_logprobs[k - 1].logprob >= e.top_logprobs[k].logprob, `logprobs entry ${i}: alternatives sorted`);
+    checkEq(e.top_logprobs[0].token, e.token, `logprobs entry ${i}: greedy takes the most likely token`);
+    check(e.top_logprobs.reduce((sum, t) => sum + Math.exp(t.logprob), 0) <= 1 + 1e-5, `logprobs entry ${i}: probabilities sum to at most 1`);
+    joined += e.token;
+  }
+  check(joined.endsWith(lpText) && joined.length - lpText.length <= 1, `logprobs tokens spell the text: ${JSON.stringify(joined)} vs ${JSON.stringify(lpText)}`);
+
+  const lpStream = client.chat.completions.stream({ model: "stories", messages, max_tokens: 16, temperature: 0, logprobs: true, top_logprobs: 3 });
+  const lpFinal = await lpStream.finalChatCompletion();
+  const streamedContent = lpFinal.choices[0].logprobs?.content ?? [];
+  checkEq(lpFinal.choices[0].message.content, lpText, "streamed logprobs request: same text");
+  checkEq(streamedContent.map((e) => e.token), lpContent.map((e) => e.token), "streamed logprobs: same tokens");
+  check(streamedContent.every((e, i) => Math.abs(e.logprob - lpContent[i].logprob) < 1e-4), "streamed logprobs: same values");
+
+  // Log-probabilities (legacy completions).
+  const lpCmpl = await client.completions.create({ model: "stories", prompt: "Once upon a time", max_tokens: 10, temperature: 0, logprobs: 2 });
+  const legacy = lpCmpl.choices[0].logprobs;
+  checkEq(Object.keys(legacy).sort(), ["text_offset", "token_logprobs", "tokens", "top_logprobs"], "legacy logprobs keys");
+  checkEq(legacy.tokens.length, 10, "legacy logprobs: one entry per token");
+  for (const k of ["token_logprobs", "top_logprobs", "text_offset"]) checkEq(legacy[k].length, 10, `legacy ${k} length`);
+  checkEq(legacy.tokens.join("").trimStart(), lpCmpl.choices[0].text.trimStart(), "legacy tokens spell the text");
+  for (let i = 0; i < 10; ++i) {
+    const top = legacy.top_logprobs[i];
+    check(Object.keys(top).length >= 1 && Object.keys(top).length <= 3, `legacy top_logprobs[${i}] holds 2 (+ the sampled) tokens`);
+    checkEq(top[legacy.tokens[i]], legacy.token_logprobs[i], `legacy top_logprobs[${i}] has the sampled token`);
+    if (i > 0) checkEq(legacy.text_offset[i], legacy.text_offset[i - 1] + [...legacy.tokens[i - 1]].length, `legacy text_offset[${i}]`);
+  }
+  await (async () => {
+    try {
+      await client.chat.completions.create({ model: "stories", messages, logprobs: true, top_logprobs: 21 });
+      check(false, "top_logprobs 21: no error");
+    } catch (e) {
+      check(e instanceof OpenAI.BadRequestError, `top_logprobs 21: BadRequestError, got ${e?.constructor?.name}`);
+      checkEq(e.param, "top_logprobs", "top_logprobs 21: param");
+    }
+  })();
 
   // Errors surface as the client's typed errors.
   const expectError = async (what, cls, status, fn) => {
