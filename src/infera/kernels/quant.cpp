@@ -2,11 +2,15 @@
 // also the scalar path).
 #include "infera/kernels/quant.h"
 
+#include <omp.h>
+
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "infera/base/error.h"
+#include "infera/base/threads.h"
 #include "infera/kernels/cpu/quant_dispatch.h"
 
 namespace infera::kernels {
@@ -122,7 +126,7 @@ void qmatmul(const float* x, int64_t m, const QuantMatRef& w, float* y) {
 namespace {
 
 const QuantKernelTable& scalar_table() {
-  static const QuantKernelTable t{&ref::quantize_activations, &ref::qmatmul};
+  static const QuantKernelTable t{&ref::quantize_activations, &ref::qmatmul, nullptr};
   return t;
 }
 
@@ -148,7 +152,15 @@ void qmatmul(Isa isa, const float* x, int64_t m, const QuantMatRef& w, float* y)
   check_quant_matrix(w);
   INFERA_ASSERT(m >= 0);
   if (m == 0 || w.rows == 0) return;
-  quant_table_for(isa).qmatmul(x, m, w, y);
+  const QuantKernelTable& t = quant_table_for(isa);
+  if (w.packed && t.qmatmul_packed) {
+    const PackedQuantMat& p = *w.packed;
+    INFERA_ASSERT(p.scheme == w.scheme && p.rows == w.rows && p.cols == w.cols && p.group_size == w.group_size,
+                  "packed copy does not match its matrix");
+    t.qmatmul_packed(x, m, w, y);
+  } else {
+    t.qmatmul(x, m, w, y);
+  }
 }
 void qmatmul(const float* x, int64_t m, const QuantMatRef& w, float* y) { qmatmul(best_isa(), x, m, w, y); }
 
@@ -170,6 +182,107 @@ void linear(Isa isa, const float* x, int64_t m, const LinearWeight& w, float* y)
   }
 }
 void linear(const float* x, int64_t m, const LinearWeight& w, float* y) { linear(best_isa(), x, m, w, y); }
+
+// ---- repacking (kernels/quant.h, "Repacked layout") ----------------------------------------
+
+namespace {
+
+// Raw nibble [0, 15] of column `col` in an on-disk int4 row.
+inline uint8_t disk_nibble(const uint8_t* row, int64_t col) {
+  const uint8_t byte = row[col / 32 * 16 + (col % 32) % 16];
+  return (col % 32) < 16 ? (byte & 0x0f) : (byte >> 4);
+}
+
+}  // namespace
+
+std::shared_ptr<const PackedQuantMat> pack_quant_matrix_always(const QuantMatRef& w, int threads) {
+  check_quant_matrix(w);
+  const bool int4 = scheme_is_int4(w.scheme);
+  if (!int4 && w.cols > 65536) return nullptr;  // sum of (w + 128) * x could overflow int32
+  auto out = std::make_shared<PackedQuantMat>();
+  PackedQuantMat& p = *out;
+  p.scheme = w.scheme;
+  p.rows = w.rows;
+  p.cols = w.cols;
+  p.group_size = w.group_size;
+  p.panels = (w.rows + kPanelRows - 1) / kPanelRows;
+  const int64_t groups = w.groups_per_row();
+  p.chunks = int4 ? w.cols / 8 : (w.cols + 3) / 4;
+  const int64_t scale_bytes = int4 ? groups * kPanelRows * 2 : kPanelRows * 4;
+  p.panel_bytes = (p.chunks * 64 + scale_bytes + 63) / 64 * 64;
+  p.storage = HugePageBuffer(static_cast<size_t>(p.panels * p.panel_bytes));
+  if (p.panels == 0) return out;
+  const auto* qw = static_cast<const uint8_t*>(w.qweight);
+  const int64_t row_bytes = int4 ? w.cols / 2 : w.cols;
+  const int nt = threads > 0 ? threads : num_threads();
+  // Each thread writes (first-touches) its own panels.
+#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1 && p.panels > 1)
+  for (int64_t pi = 0; pi < p.panels; ++pi) {
+    uint8_t* dst = p.panel(pi);
+    for (int64_t lane = 0; lane < kPanelRows; ++lane) {
+      const int64_t r = pi * kPanelRows + lane;
+      const bool real = r < w.rows;
+      const uint8_t* src = qw + r * row_bytes;
+      for (int64_t c = 0; c < p.chunks; ++c) {
+        uint8_t* d = dst + c * 64 + lane * 4;
+        for (int64_t b = 0; b < 4; ++b) {
+          if (int4) {
+            const uint8_t lo = real ? disk_nibble(src, 8 * c + b) : 8, hi = real ? disk_nibble(src, 8 * c + 4 + b) : 8;
+            d[b] = static_cast<uint8_t>(lo | (hi << 4));
+          } else {
+            const int64_t col = 4 * c + b;
+            const int v = real && col < w.cols ? static_cast<int8_t>(src[col]) : 0;
+            d[b] = static_cast<uint8_t>(v + 128);
+          }
+        }
+      }
+      uint8_t* sc = dst + p.chunks * 64;
+      if (int4) {
+        const auto* s = static_cast<const uint16_t*>(w.scales) + r * groups;
+        for (int64_t g = 0; g < groups; ++g) {
+          const uint16_t v = real ? s[g] : uint16_t{0};
+          std::memcpy(sc + (g * kPanelRows + lane) * 2, &v, 2);
+        }
+      } else {
+        const float v = real ? static_cast<const float*>(w.scales)[r] : 0.0f;
+        std::memcpy(sc + lane * 4, &v, 4);
+      }
+    }
+  }
+  return out;
+}
+
+std::shared_ptr<const PackedQuantMat> pack_quant_matrix(const QuantMatRef& w, int threads) {
+  if (!isa_available(Isa::kAvx512) || best_isa() != Isa::kAvx512) return nullptr;
+  return pack_quant_matrix_always(w, threads);
+}
+
+void unpack_quant_matrix(const PackedQuantMat& p, void* qweight, void* scales) {
+  const bool int4 = scheme_is_int4(p.scheme);
+  const int64_t groups = p.cols / p.group_size, row_bytes = int4 ? p.cols / 2 : p.cols;
+  auto* qw = static_cast<uint8_t*>(qweight);
+  for (int64_t r = 0; r < p.rows; ++r) {
+    const uint8_t* src = p.panel(r / kPanelRows);
+    const int64_t lane = r % kPanelRows;
+    uint8_t* row = qw + r * row_bytes;
+    if (int4) {
+      std::memset(row, 0, static_cast<size_t>(row_bytes));
+      for (int64_t col = 0; col < p.cols; ++col) {
+        const int64_t c = col / 8, j = col % 8;
+        const uint8_t byte = src[c * 64 + lane * 4 + j % 4];
+        const uint8_t nib = j < 4 ? (byte & 0x0f) : (byte >> 4);
+        row[col / 32 * 16 + (col % 32) % 16] |= (col % 32) < 16 ? nib : static_cast<uint8_t>(nib << 4);
+      }
+      for (int64_t g = 0; g < groups; ++g)
+        std::memcpy(static_cast<uint16_t*>(scales) + r * groups + g, src + p.chunks * 64 + (g * kPanelRows + lane) * 2, 2);
+    } else {
+      for (int64_t col = 0; col < p.cols; ++col) {
+        row[col] = static_cast<uint8_t>(static_cast<int8_t>(src[col / 4 * 64 + lane * 4 + col % 4] - 128));
+      }
+      std::memcpy(static_cast<float*>(scales) + r, src + p.chunks * 64 + lane * 4, 4);
+    }
+  }
+}
 
 void dequantize_row(const QuantMatRef& w, int64_t row, float* out) {
   INFERA_ASSERT(row >= 0 && row < w.rows);

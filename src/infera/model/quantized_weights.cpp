@@ -1,6 +1,7 @@
 #include "infera/model/quantized_weights.h"
 
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 
@@ -126,6 +127,20 @@ QuantizationConfig read_quantization_config(const std::string& model_dir) {
   return parse_quantization_config(j["quantization_config"], path);
 }
 
+bool quant_repack_enabled() {
+  static const bool enabled = [] {
+    const char* v = std::getenv("INFERA_QUANT_REPACK");
+    if (v == nullptr || *v == '\0') return true;
+    const std::string s(v);
+    if (s == "0" || s == "off" || s == "false") return false;
+    if (s == "1" || s == "on" || s == "true") return true;
+    fail("INFERA_QUANT_REPACK='{}' is not understood (use 1 to repack quantized weights at load, 0 to compute "
+         "from the mapped files)",
+         s);
+  }();
+  return enabled;
+}
+
 kernels::LinearWeight bind_linear(const WeightStore& store, const std::string& name, int64_t rows, int64_t cols,
                                   const QuantizationConfig& qc) {
   const LayerQuant lq = qc.layer(name);
@@ -163,6 +178,7 @@ kernels::LinearWeight bind_linear(const WeightStore& store, const std::string& n
   w.quant.qweight = qw->data;
   w.quant.scales = sc->data;
   kernels::check_quant_matrix(w.quant);
+  if (quant_repack_enabled()) w.quant.packed = kernels::pack_quant_matrix(w.quant);
   return w;
 }
 

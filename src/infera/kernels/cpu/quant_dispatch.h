@@ -13,6 +13,8 @@ struct QuantKernelTable {
   void (*quantize_activations)(const float* x, int64_t m, int64_t k, int8_t* q, int64_t ld,
                                float* scale, int32_t* block_sums);
   void (*qmatmul)(const float* x, int64_t m, const QuantMatRef& w, float* y);
+  // Over w.packed (non-null); nullptr on paths without panel kernels (they use qmatmul).
+  void (*qmatmul_packed)(const float* x, int64_t m, const QuantMatRef& w, float* y);
 };
 
 namespace quant_avx2 { const QuantKernelTable& table(); }

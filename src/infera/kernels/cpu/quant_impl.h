@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 #include "infera/base/threads.h"
@@ -131,6 +132,8 @@ struct ActivationScratch {
   std::vector<int8_t> q;
   std::vector<float> scale;
   std::vector<int32_t> block_sums;
+  std::vector<int32_t> corr;  // panel kernels: integer correction per token (and group)
+  std::vector<float> xsum8;   // W4A16 panel kernel: 8 * sum of x per token and group
 };
 ActivationScratch& activation_scratch() {
   static thread_local ActivationScratch s;
@@ -351,6 +354,268 @@ struct W4A16Tile {
   }
 };
 
+
+#if INFERA_QUANT_AVX512
+// ---- panel kernels over the repacked layout (kernels/quant.h, "Repacked layout") ----------
+//
+// One zmm holds 16 rows' accumulators (lane r = row r of the panel): each 64-byte chunk is
+// loaded (and for int4 unpacked) once and multiplied against M tokens' broadcast activation
+// bytes, so a decode token (M = 1) streams the panel once and a prefill tile of M tokens
+// reuses every unpacked chunk M times. Results go out with a masked store (the last panel's
+// padding rows are dropped).
+
+constexpr int kTileTokens = 8;
+
+inline __m512i bcast4(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return _mm512_set1_epi32(v);
+}
+
+inline __mmask16 row_mask(int rows_valid) { return static_cast<__mmask16>((1u << rows_valid) - 1u); }
+
+// W4A8: y[i, r] = dx[i] * sum_g scale[r, g] * (sum_{t in g} nib[r, t] * xq[i, t] - gcorr[i, g]),
+// gcorr = 8 * sum_{t in g} xq[i, t] (the nibbles carry +8).
+template <int M>
+void w4a8_panel(const uint8_t* panel, int64_t chunks, int64_t groups, int64_t gs, const int8_t* xq, int64_t ld,
+                const int32_t* gcorr, const float* dx, float* y, int64_t ldy, int rows_valid) {
+  // A single token has one accumulator chain per panel: split low/high nibbles over two so
+  // vpdpbusd latency does not bound the stream.
+  constexpr bool kSplit = M <= 2;
+  const __m512i low = _mm512_set1_epi8(0x0f);
+  const uint16_t* scales = reinterpret_cast<const uint16_t*>(panel + chunks * 64);
+  const int64_t chunks_per_group = gs / 8;
+  __m512 facc[M];
+  for (int i = 0; i < M; ++i) facc[i] = _mm512_setzero_ps();
+  const uint8_t* p = panel;
+  for (int64_t g = 0; g < groups; ++g) {
+    __m512i ia[M], ib[M];
+    for (int i = 0; i < M; ++i) ia[i] = ib[i] = _mm512_setzero_si512();
+    const int8_t* xg = xq + g * gs;
+    for (int64_t c = 0; c < chunks_per_group; ++c, p += 64) {
+      const __m512i v = _mm512_load_si512(p);
+      const __m512i lo = _mm512_and_si512(v, low);
+      const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+      for (int i = 0; i < M; ++i) {
+        const int8_t* xc = xg + i * ld + c * 8;
+        ia[i] = _mm512_dpbusd_epi32(ia[i], lo, bcast4(xc));
+        if constexpr (kSplit) {
+          ib[i] = _mm512_dpbusd_epi32(ib[i], hi, bcast4(xc + 4));
+        } else {
+          ia[i] = _mm512_dpbusd_epi32(ia[i], hi, bcast4(xc + 4));
+        }
+      }
+    }
+    const __m512 sc = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(scales + g * kPanelRows)));
+    for (int i = 0; i < M; ++i) {
+      __m512i d = kSplit ? _mm512_add_epi32(ia[i], ib[i]) : ia[i];
+      d = _mm512_sub_epi32(d, _mm512_set1_epi32(gcorr[i * groups + g]));
+      facc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), sc, facc[i]);
+    }
+  }
+  for (int i = 0; i < M; ++i)
+    _mm512_mask_storeu_ps(y + i * ldy, row_mask(rows_valid), _mm512_mul_ps(facc[i], _mm512_set1_ps(dx[i])));
+}
+
+// W8A8 over P adjacent panels: y[i, r] = dx[i] * scale[r] * (sum_t (w + 128) * xq[i, t] - 128 * sum_t xq[i, t]).
+template <int M, int P>
+void w8a8_panels(const uint8_t* panel, int64_t panel_bytes, int64_t chunks, const int8_t* xq, int64_t ld,
+                 const int32_t* xsum128, const float* dx, float* y, int64_t ldy, int rows_valid0, int rows_valid1) {
+  // One token, one panel would be a single dependent vpdpbusd chain: alternate two.
+  constexpr int A = (M == 1 && P == 1) ? 2 : 1;
+  __m512i acc[P][M][A];
+  for (int q = 0; q < P; ++q)
+    for (int i = 0; i < M; ++i)
+      for (int a = 0; a < A; ++a) acc[q][i][a] = _mm512_setzero_si512();
+  int64_t c = 0;
+  for (; c + A <= chunks; c += A) {
+    for (int a = 0; a < A; ++a) {
+      __m512i v[P];
+      for (int q = 0; q < P; ++q) v[q] = _mm512_load_si512(panel + q * panel_bytes + (c + a) * 64);
+      for (int i = 0; i < M; ++i) {
+        const __m512i xb = bcast4(xq + i * ld + (c + a) * 4);
+        for (int q = 0; q < P; ++q) acc[q][i][a] = _mm512_dpbusd_epi32(acc[q][i][a], v[q], xb);
+      }
+    }
+  }
+  for (; c < chunks; ++c) {
+    for (int q = 0; q < P; ++q) {
+      const __m512i v = _mm512_load_si512(panel + q * panel_bytes + c * 64);
+      for (int i = 0; i < M; ++i) acc[q][i][0] = _mm512_dpbusd_epi32(acc[q][i][0], v, bcast4(xq + i * ld + c * 4));
+    }
+  }
+  for (int q = 0; q < P; ++q) {
+    const __m512 sc = _mm512_load_ps(reinterpret_cast<const float*>(panel + q * panel_bytes + chunks * 64));
+    const __mmask16 mask = row_mask(q == 0 ? rows_valid0 : rows_valid1);
+    for (int i = 0; i < M; ++i) {
+      __m512i d = acc[q][i][0];
+      for (int a = 1; a < A; ++a) d = _mm512_add_epi32(d, acc[q][i][a]);
+      d = _mm512_sub_epi32(d, _mm512_set1_epi32(xsum128[i]));
+      const __m512 r = _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(d), sc), _mm512_set1_ps(dx[i]));
+      _mm512_mask_storeu_ps(y + i * ldy + q * kPanelRows, mask, r);
+    }
+  }
+}
+
+// W4A16: int4 chunks unpacked to f32 in registers, f32 FMA against broadcast activations:
+// y[i, r] = sum_g scale[r, g] * (sum_{t in g} nib[r, t] * x[i, t] - xsum8[i, g]), xsum8 = 8 * sum
+// of the group's x. Column j of a chunk is byte j % 4 of the low (j < 4) or high nibbles; one
+// vpshufb moves it into the low byte of every lane (zeros above), so a column costs a
+// shuffle, a convert and the FMAs.
+template <int M>
+void w4a16_panel(const uint8_t* panel, int64_t chunks, int64_t groups, int64_t gs, const float* x, int64_t k,
+                 const float* xsum8, float* y, int64_t ldy, int rows_valid) {
+  constexpr int A = M == 1 ? 4 : (M == 2 ? 2 : 1);  // independent FMA chains per token
+  const __m512i low = _mm512_set1_epi8(0x0f);
+  // pick[j]: byte j of every 32-bit lane to the lane's low byte, zeros elsewhere.
+  __m512i pick[4];
+  for (int j = 0; j < 4; ++j) {
+    // vpshufb indexes bytes within each 128-bit lane: dword d of a lane starts at byte 4d.
+    const __m128i lane = _mm_setr_epi32(static_cast<int32_t>(0x80808000u | (0u + j)), static_cast<int32_t>(0x80808000u | (4u + j)),
+                                        static_cast<int32_t>(0x80808000u | (8u + j)), static_cast<int32_t>(0x80808000u | (12u + j)));
+    pick[j] = _mm512_broadcast_i32x4(lane);
+  }
+  const uint16_t* scales = reinterpret_cast<const uint16_t*>(panel + chunks * 64);
+  const int64_t chunks_per_group = gs / 8;
+  __m512 facc[M];
+  for (int i = 0; i < M; ++i) facc[i] = _mm512_setzero_ps();
+  const uint8_t* p = panel;
+  for (int64_t g = 0; g < groups; ++g) {
+    __m512 gacc[M][A];
+    for (int i = 0; i < M; ++i)
+      for (int a = 0; a < A; ++a) gacc[i][a] = _mm512_setzero_ps();
+    for (int64_t c = 0; c < chunks_per_group; ++c, p += 64) {
+      const __m512i v = _mm512_load_si512(p);
+      const __m512i nib[2] = {_mm512_and_si512(v, low), _mm512_and_si512(_mm512_srli_epi16(v, 4), low)};
+      const int64_t col0 = g * gs + c * 8;
+#pragma GCC unroll 8
+      for (int j = 0; j < 8; ++j) {
+        const __m512 wv = _mm512_cvtepi32_ps(_mm512_shuffle_epi8(nib[j / 4], pick[j % 4]));
+        for (int i = 0; i < M; ++i)
+          gacc[i][j % A] = _mm512_fmadd_ps(wv, _mm512_set1_ps(x[i * k + col0 + j]), gacc[i][j % A]);
+      }
+    }
+    const __m512 sc = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(scales + g * kPanelRows)));
+    for (int i = 0; i < M; ++i) {
+      __m512 s = gacc[i][0];
+      for (int a = 1; a < A; ++a) s = _mm512_add_ps(s, gacc[i][a]);
+      s = _mm512_sub_ps(s, _mm512_set1_ps(xsum8[i * groups + g]));
+      facc[i] = _mm512_fmadd_ps(s, sc, facc[i]);
+    }
+  }
+  for (int i = 0; i < M; ++i) _mm512_mask_storeu_ps(y + i * ldy, row_mask(rows_valid), facc[i]);
+}
+
+// Calls f.template operator()<M>() with M = mt in [1, kTileTokens].
+template <class F>
+inline void with_tile_tokens(int64_t mt, F&& f) {
+  switch (mt) {
+    case 1: f.template operator()<1>(); break;
+    case 2: f.template operator()<2>(); break;
+    case 3: f.template operator()<3>(); break;
+    case 4: f.template operator()<4>(); break;
+    case 5: f.template operator()<5>(); break;
+    case 6: f.template operator()<6>(); break;
+    case 7: f.template operator()<7>(); break;
+    default: f.template operator()<8>(); break;
+  }
+}
+
+// Threads split the panels (in pieces handed out dynamically); inside a piece every panel
+// (or pair, w8a8) is swept by all tokens in tiles of kTileTokens while it sits in L1/L2.
+void qmatmul_packed(const float* x, int64_t m, const QuantMatRef& w, float* y) {
+  const PackedQuantMat& pk = *w.packed;
+  const int64_t k = w.cols, n = w.rows, groups = w.groups_per_row(), gs = w.group_size;
+  const int64_t panels = pk.panels, chunks = pk.chunks, pb = pk.panel_bytes;
+  ActivationScratch& s = activation_scratch();
+  const int64_t ld = activation_ld(k), bld = ld / 32;
+  const bool a8 = scheme_quantizes_activations(w.scheme);
+  if (a8) {
+    s.q.resize(static_cast<size_t>(m * ld));
+    s.scale.resize(static_cast<size_t>(m));
+    s.block_sums.resize(static_cast<size_t>(m * bld));
+    quantize_activations(x, m, k, s.q.data(), ld, s.scale.data(), s.block_sums.data());
+    // Per token and group the integer correction: w4a8 8 * sum(xq in group); w8a8 128 * sum(xq).
+    const int64_t per_token = w.scheme == QuantScheme::kW4A8 ? groups : 1;
+    s.corr.resize(static_cast<size_t>(m * per_token));
+    for (int64_t i = 0; i < m; ++i) {
+      const int32_t* bs = s.block_sums.data() + i * bld;
+      if (w.scheme == QuantScheme::kW4A8) {
+        const int64_t bpg = gs / 32;
+        for (int64_t g = 0; g < groups; ++g) {
+          int32_t sum = 0;
+          for (int64_t b = 0; b < bpg; ++b) sum += bs[g * bpg + b];
+          s.corr[i * groups + g] = 8 * sum;
+        }
+      } else {
+        int32_t sum = 0;
+        for (int64_t b = 0; b < bld; ++b) sum += bs[b];
+        s.corr[i] = 128 * sum;
+      }
+    }
+  }
+  if (w.scheme == QuantScheme::kW4A16) {
+    // 8 * (sum of each group's x): the nibbles carry +8.
+    s.xsum8.resize(static_cast<size_t>(m * groups));
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t g = 0; g < groups; ++g) {
+        float sum = 0.0f;
+        for (int64_t t = g * gs; t < (g + 1) * gs; ++t) sum += x[i * k + t];
+        s.xsum8[i * groups + g] = 8.0f * sum;
+      }
+  }
+  const int8_t* xq = s.q.data();
+  const float* dx = s.scale.data();
+  const int32_t* corr = s.corr.data();
+  const int threads = num_threads();
+  // Pieces: several per thread (dynamic balance on a shared machine), an even number of
+  // panels each (w8a8 sweeps panel pairs).
+  int64_t grain = std::max<int64_t>(2, panels / (8 * std::max(threads, 1)));
+  grain += grain % 2;
+  auto rows_in = [&](int64_t p) { return static_cast<int>(std::min<int64_t>(kPanelRows, n - p * kPanelRows)); };
+  parallel_chunks(panels, grain, [&](int64_t p0, int64_t p1) {
+    switch (w.scheme) {
+      case QuantScheme::kW4A8:
+        for (int64_t p = p0; p < p1; ++p) {
+          for (int64_t i0 = 0; i0 < m; i0 += kTileTokens) {
+            with_tile_tokens(std::min<int64_t>(kTileTokens, m - i0), [&]<int M>() {
+              w4a8_panel<M>(pk.panel(p), chunks, groups, gs, xq + i0 * ld, ld, corr + i0 * groups, dx + i0,
+                            y + i0 * n + p * kPanelRows, n, rows_in(p));
+            });
+          }
+        }
+        break;
+      case QuantScheme::kW8A8:
+        for (int64_t p = p0; p < p1; p += 2) {
+          const bool pair = p + 1 < p1;
+          for (int64_t i0 = 0; i0 < m; i0 += kTileTokens) {
+            with_tile_tokens(std::min<int64_t>(kTileTokens, m - i0), [&]<int M>() {
+              if (pair) {
+                w8a8_panels<M, 2>(pk.panel(p), pb, chunks, xq + i0 * ld, ld, corr + i0, dx + i0,
+                                  y + i0 * n + p * kPanelRows, n, rows_in(p), rows_in(p + 1));
+              } else {
+                w8a8_panels<M, 1>(pk.panel(p), pb, chunks, xq + i0 * ld, ld, corr + i0, dx + i0,
+                                  y + i0 * n + p * kPanelRows, n, rows_in(p), 0);
+              }
+            });
+          }
+        }
+        break;
+      case QuantScheme::kW4A16:
+        for (int64_t p = p0; p < p1; ++p) {
+          for (int64_t i0 = 0; i0 < m; i0 += kTileTokens) {
+            with_tile_tokens(std::min<int64_t>(kTileTokens, m - i0), [&]<int M>() {
+              w4a16_panel<M>(pk.panel(p), chunks, groups, gs, x + i0 * k, k, s.xsum8.data() + i0 * groups,
+                             y + i0 * n + p * kPanelRows, n, rows_in(p));
+            });
+          }
+        }
+        break;
+    }
+  });
+}
+#endif  // INFERA_QUANT_AVX512
+
 void qmatmul(const float* x, int64_t m, const QuantMatRef& w, float* y) {
   if (m == 0 || w.rows == 0) return;
   const int64_t k = w.cols, n = w.rows;
@@ -378,7 +643,11 @@ void qmatmul(const float* x, int64_t m, const QuantMatRef& w, float* y) {
 }  // namespace
 
 const QuantKernelTable& table() {
-  static const QuantKernelTable t{&quantize_activations, &qmatmul};
+#if INFERA_QUANT_AVX512
+  static const QuantKernelTable t{&quantize_activations, &qmatmul, &qmatmul_packed};
+#else
+  static const QuantKernelTable t{&quantize_activations, &qmatmul, nullptr};
+#endif
   return t;
 }
 

@@ -1,0 +1,192 @@
+// Repacked quantized weights (kernels/quant.h, "Repacked layout"): the packing round-trips,
+// and qmatmul over a packed matrix (AVX-512 panel GEMV/GEMM; the other paths fall back to
+// the on-disk layout) matches the scalar reference on every path, odd shapes included.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "infera/base/threads.h"
+#include "infera/kernels/quant.h"
+
+namespace infera::kernels {
+namespace {
+
+std::vector<Isa> paths() {
+  std::vector<Isa> out;
+  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512})
+    if (isa_available(isa)) out.push_back(isa);
+  return out;
+}
+
+struct TestMatrix {
+  std::vector<uint8_t> q, scales;
+  QuantMatRef ref;
+};
+
+// Random weights; unit_scales: every scale 1 (integer results exact in f32).
+TestMatrix random_matrix(QuantScheme scheme, int64_t n, int64_t k, int64_t gs, std::mt19937& rng, bool unit_scales) {
+  TestMatrix m;
+  const bool int4 = scheme_is_int4(scheme);
+  if (!int4) gs = k;
+  m.q.resize(static_cast<size_t>(int4 ? n * k / 2 : n * k));
+  std::uniform_int_distribution<int> byte(0, 255), s8(-127, 127);
+  for (auto& b : m.q) b = int4 ? static_cast<uint8_t>(byte(rng)) : static_cast<uint8_t>(static_cast<int8_t>(s8(rng)));
+  std::uniform_real_distribution<float> sc(0.001f, 0.05f);
+  if (int4) {
+    m.scales.resize(static_cast<size_t>(n * (k / gs) * 2));
+    auto* p = reinterpret_cast<uint16_t*>(m.scales.data());
+    for (int64_t i = 0; i < n * (k / gs); ++i) p[i] = f32_to_f16(unit_scales ? 1.0f : sc(rng));
+  } else {
+    m.scales.resize(static_cast<size_t>(n * 4));
+    auto* p = reinterpret_cast<float*>(m.scales.data());
+    for (int64_t i = 0; i < n; ++i) p[i] = unit_scales ? 1.0f : sc(rng);
+  }
+  m.ref = QuantMatRef{scheme, n, k, gs, m.q.data(), m.scales.data()};
+  return m;
+}
+
+struct Shape {
+  QuantScheme scheme;
+  int64_t n, k, gs;
+};
+
+// Rows around the 16-row panel (and the w8a8 panel pair), columns not a multiple of the
+// 4-byte lane (w8a8) and every int4 group size.
+std::vector<Shape> shapes() {
+  std::vector<Shape> out;
+  for (int64_t n : {1, 15, 16, 17, 33, 50}) {
+    for (int64_t k : {1, 3, 5, 64, 65, 172, 301}) out.push_back({QuantScheme::kW8A8, n, k, k});
+    for (QuantScheme s : {QuantScheme::kW4A8, QuantScheme::kW4A16})
+      for (int64_t k : {32, 96, 128, 384})
+        for (int64_t gs : {32, 64, 128})
+          if (k % gs == 0) out.push_back({s, n, k, gs});
+  }
+  return out;
+}
+
+std::string describe(Isa isa, const Shape& sh, int64_t m) {
+  return std::string(isa_name(isa)) + " " + std::string(scheme_name(sh.scheme)) + " m=" + std::to_string(m) +
+         " n=" + std::to_string(sh.n) + " k=" + std::to_string(sh.k) + " g=" + std::to_string(sh.gs);
+}
+
+const int64_t kTokenCounts[] = {1, 2, 3, 8, 9, 17};
+
+TEST(QuantPacked, RepackRoundTripsExactly) {
+  std::mt19937 rng(11);
+  for (const Shape& sh : shapes()) {
+    TestMatrix w = random_matrix(sh.scheme, sh.n, sh.k, sh.gs, rng, false);
+    auto packed = pack_quant_matrix_always(w.ref);
+    ASSERT_TRUE(packed);
+    EXPECT_EQ(packed->panels, (sh.n + kPanelRows - 1) / kPanelRows);
+    EXPECT_EQ(packed->panel_bytes % 64, 0);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(packed->storage.data()) % 64, 0u);
+    std::vector<uint8_t> q(w.q.size(), 0xAA), s(w.scales.size(), 0xAA);
+    unpack_quant_matrix(*packed, q.data(), s.data());
+    EXPECT_EQ(q, w.q) << scheme_name(sh.scheme) << " n=" << sh.n << " k=" << sh.k;
+    EXPECT_EQ(s, w.scales) << scheme_name(sh.scheme) << " n=" << sh.n << " k=" << sh.k;
+  }
+}
+
+TEST(QuantPacked, TooWideW8A8IsNotPacked) {
+  std::vector<uint8_t> q(70000), s(4);
+  const QuantMatRef w{QuantScheme::kW8A8, 1, 70000, 70000, q.data(), s.data()};
+  EXPECT_EQ(pack_quant_matrix_always(w), nullptr);  // int32 sums of u8 x s8 could overflow
+}
+
+// Integer activations with max |x| = 127 (activation scale exactly 1) and unit weight
+// scales: every path must return exactly the integer dot product the reference returns.
+TEST(QuantPacked, IntegerPartsExactlyEqualOnEveryPath) {
+  std::mt19937 rng(12);
+  std::uniform_int_distribution<int> iv(-127, 127);
+  for (const Shape& sh : shapes()) {
+    TestMatrix w = random_matrix(sh.scheme, sh.n, sh.k, sh.gs, rng, true);
+    w.ref.packed = pack_quant_matrix_always(w.ref);
+    for (int64_t m : kTokenCounts) {
+      std::vector<float> x(static_cast<size_t>(m * sh.k));
+      for (auto& v : x) v = static_cast<float>(iv(rng));
+      for (int64_t i = 0; i < m; ++i) x[i * sh.k] = 127.0f;
+      std::vector<float> y_ref(m * sh.n), y(m * sh.n, -1.0f);
+      ref::qmatmul(x.data(), m, w.ref, y_ref.data());
+      for (Isa isa : paths()) {
+        qmatmul(isa, x.data(), m, w.ref, y.data());
+        ASSERT_EQ(y, y_ref) << describe(isa, sh, m);
+      }
+    }
+  }
+}
+
+// Random activations and scales. Bound: 1e-5 relative to the sum of |terms| (the integer
+// parts agree exactly; only the f32 accumulation over groups and the scale products differ).
+TEST(QuantPacked, FloatResultsWithinBoundOnEveryPath) {
+  std::mt19937 rng(13);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  for (const Shape& sh : shapes()) {
+    TestMatrix w = random_matrix(sh.scheme, sh.n, sh.k, sh.gs, rng, false);
+    w.ref.packed = pack_quant_matrix_always(w.ref);
+    for (int64_t m : {1, 3, 17}) {
+      std::vector<float> x(static_cast<size_t>(m * sh.k));
+      for (auto& v : x) v = nd(rng);
+      std::vector<float> y_ref(m * sh.n), y(m * sh.n);
+      ref::qmatmul(x.data(), m, w.ref, y_ref.data());
+      for (Isa isa : paths()) {
+        qmatmul(isa, x.data(), m, w.ref, y.data());
+        for (int64_t i = 0; i < m; ++i)
+          for (int64_t r = 0; r < sh.n; ++r) {
+            double mag = 0.0;
+            for (int64_t t = 0; t < sh.k; ++t)
+              mag += std::fabs(ref::qweight_at(w.ref, r, t) * ref::qscale_at(w.ref, r, t) * x[i * sh.k + t]);
+            ASSERT_NEAR(y[i * sh.n + r], y_ref[i * sh.n + r], 1e-5 * mag + 1e-7) << describe(isa, sh, m);
+          }
+      }
+    }
+  }
+}
+
+// The AVX-512 path must compute from the packed copy (not silently from the on-disk
+// layout): with the on-disk bytes zeroed, only the packed copy still holds the weights.
+TEST(QuantPacked, Avx512ComputesFromThePackedCopy) {
+  if (!isa_available(Isa::kAvx512)) GTEST_SKIP() << "no AVX-512 path on this CPU";
+  std::mt19937 rng(14);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  for (QuantScheme s : {QuantScheme::kW8A8, QuantScheme::kW4A8, QuantScheme::kW4A16}) {
+    TestMatrix w = random_matrix(s, 40, 128, 32, rng, false);
+    std::vector<float> x(5 * 128), y_ref(5 * 40), y(5 * 40);
+    for (auto& v : x) v = nd(rng);
+    ref::qmatmul(x.data(), 5, w.ref, y_ref.data());
+    QuantMatRef stale = w.ref;
+    stale.packed = pack_quant_matrix_always(w.ref);
+    std::vector<uint8_t> zeros(w.q.size(), 0);
+    stale.qweight = zeros.data();
+    qmatmul(Isa::kAvx512, x.data(), 5, stale, y.data());
+    for (size_t i = 0; i < y.size(); ++i) ASSERT_NEAR(y[i], y_ref[i], 1e-3 * (std::fabs(y_ref[i]) + 1.0f)) << scheme_name(s);
+  }
+}
+
+// Several threads split the panels (pieces handed out dynamically): same results.
+TEST(QuantPacked, ThreadedSplitMatchesReference) {
+  std::mt19937 rng(15);
+  std::uniform_int_distribution<int> iv(-127, 127);
+  set_thread_num_threads(2);
+  for (QuantScheme s : {QuantScheme::kW8A8, QuantScheme::kW4A8, QuantScheme::kW4A16}) {
+    const int64_t n = 16 * 37 + 5, k = 256, m = 11;
+    TestMatrix w = random_matrix(s, n, k, 64, rng, true);
+    w.ref.packed = pack_quant_matrix_always(w.ref, 2);
+    std::vector<float> x(m * k), y_ref(m * n), y(m * n);
+    for (auto& v : x) v = static_cast<float>(iv(rng));
+    for (int64_t i = 0; i < m; ++i) x[i * k] = 127.0f;
+    ref::qmatmul(x.data(), m, w.ref, y_ref.data());
+    for (Isa isa : paths()) {
+      for (int64_t mm : {int64_t{1}, m}) {
+        qmatmul(isa, x.data(), mm, w.ref, y.data());
+        for (int64_t i = 0; i < mm * n; ++i) ASSERT_EQ(y[i], y_ref[i]) << isa_name(isa) << " " << scheme_name(s) << " m=" << mm;
+      }
+    }
+  }
+  set_thread_num_threads(0);
+}
+
+}  // namespace
+}  // namespace infera::kernels
