@@ -1,17 +1,24 @@
 #include "infera/model/blocks.h"
 
+#include <omp.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <numeric>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "infera/base/error.h"
+#include "infera/base/threads.h"
 #include "infera/model/weights.h"
 
 namespace infera {
 
+using kernels::LinearWeight;
 using kernels::MatRef;
+using kernels::QuantMatRef;
 
 // ---- attention ----
 
@@ -58,11 +65,12 @@ void paged_attention(const ForwardBatch& batch, KvPool& kv, int64_t kv_layer, co
 
 // ---- SwiGLU ----
 
-SwigluWeights load_swiglu(const WeightStore& store, const std::string& prefix, int64_t hidden, int64_t inter) {
+SwigluWeights load_swiglu(const WeightStore& store, const std::string& prefix, int64_t hidden, int64_t inter,
+                          const QuantizationConfig& qc) {
   SwigluWeights w;
-  w.gate = as_matrix(store.get(prefix + "gate_proj.weight", {inter, hidden}));
-  w.up = as_matrix(store.get(prefix + "up_proj.weight", {inter, hidden}));
-  w.down = as_matrix(store.get(prefix + "down_proj.weight", {hidden, inter}));
+  w.gate = bind_linear(store, prefix + "gate_proj.weight", inter, hidden, qc);
+  w.up = bind_linear(store, prefix + "up_proj.weight", inter, hidden, qc);
+  w.down = bind_linear(store, prefix + "down_proj.weight", hidden, inter, qc);
   return w;
 }
 
@@ -71,39 +79,156 @@ void swiglu(const SwigluWeights& w, const float* x, int64_t T, float* y, std::ve
   scratch.resize(static_cast<size_t>(2 * T * F));
   float* gate = scratch.data();
   float* up = gate + T * F;
-  kernels::matmul(x, T, w.gate, gate);
-  kernels::matmul(x, T, w.up, up);
+  kernels::linear(x, T, w.gate, gate);
+  kernels::linear(x, T, w.up, up);
   kernels::silu_mul(gate, up, T * F);
-  kernels::matmul(gate, T, w.down, y);
+  kernels::linear(gate, T, w.down, y);
+}
+
+LinearWeight linear_row_slice(const LinearWeight& w, int64_t r0, int64_t r1) {
+  INFERA_ASSERT(0 <= r0 && r0 <= r1 && r1 <= w.rows(), "row slice out of range");
+  LinearWeight s = w;
+  if (!w.quantized) {
+    s.dense = kernels::row_slice(w.dense, r0, r1);
+    return s;
+  }
+  const QuantMatRef& q = w.quant;
+  const bool int4 = kernels::scheme_is_int4(q.scheme);
+  const int64_t qweight_row = int4 ? q.cols / 2 : q.cols;
+  const int64_t scales_row = q.groups_per_row() * (int4 ? 2 : 4);  // f16 per group / one f32
+  // A fresh view of the on-disk layout: an optional repacked copy (kernels/quant.h) covers
+  // the whole matrix, so it must not travel with a slice.
+  QuantMatRef slice;
+  slice.scheme = q.scheme;
+  slice.rows = r1 - r0;
+  slice.cols = q.cols;
+  slice.group_size = q.group_size;
+  slice.qweight = static_cast<const uint8_t*>(q.qweight) + r0 * qweight_row;
+  slice.scales = static_cast<const uint8_t*>(q.scales) + r0 * scales_row;
+  s.quant = slice;
+  return s;
 }
 
 // ---- MoE ----
 
 namespace {
 
-// Expert e of a fused [E, rows, cols] tensor, rows [r0, r1), as a matrix.
-MatRef expert_slice(const TensorInfo& t, int64_t e, int64_t r0, int64_t r1) {
-  const int64_t rows = t.shape[1], cols = t.shape[2];
-  if (t.dtype != DType::kF32 && t.dtype != DType::kBF16 && t.dtype != DType::kF16) {
-    fail("{}: tensor '{}' has dtype {}; expert weights must be f32, bf16 or f16", t.file, t.name, dtype_name(t.dtype));
+// Expert weights go straight to the kernels, not through kernels::linear(): the
+// calibration observer is not thread-safe and the work-item schedule calls from a parallel
+// region (per-expert activation statistics would also rest on few tokens each).
+void expert_matmul(const float* x, int64_t m, const LinearWeight& w, float* y) {
+  if (w.quantized) {
+    kernels::qmatmul(x, m, w.quant, y);
+  } else {
+    kernels::matmul(x, m, w.dense, y);
   }
-  const size_t esize = dtype_size(t.dtype);
-  const uint8_t* base = t.data + static_cast<size_t>((e * rows + r0) * cols) * esize;
-  return MatRef{base, t.dtype, r1 - r0, cols};
 }
+
+// y[m, r1 - r0] = x[m, k] · W[r0:r1, :]ᵀ.
+void expert_matmul_rows(const float* x, int64_t m, const LinearWeight& w, int64_t r0, int64_t r1, float* y) {
+  if (w.quantized) {
+    kernels::qmatmul(x, m, linear_row_slice(w, r0, r1).quant, y);
+  } else {
+    kernels::matmul_rows(x, m, w.dense, r0, r1, y, r1 - r0);
+  }
+}
+
+// Expert matrices [rows, cols] of tensor `name`, float or quantized as qc says: a fused
+// [E, rows, cols] tensor when `fused` (quantized: <name>.qweight [E, rows, cols or cols / 2],
+// <name>.scales [E, rows, 1 or cols / group]), else one plain [rows, cols] matrix (E == 1).
+// Views into the checkpoint: experts are not repacked (kernels/quant.h's panel layout),
+// because the MoE work items run row slices of them, which a packed copy cannot serve.
+std::vector<LinearWeight> bind_experts(const WeightStore& store, const std::string& name, int64_t E, int64_t rows,
+                                       int64_t cols, const QuantizationConfig& qc, bool fused) {
+  INFERA_ASSERT(fused || E == 1);
+  std::vector<LinearWeight> out(static_cast<size_t>(E));
+  auto shape = [&](int64_t c) {
+    return fused ? std::vector<int64_t>{E, rows, c} : std::vector<int64_t>{rows, c};
+  };
+  auto check = [&](const TensorInfo& t, int64_t c) {
+    if (t.shape != shape(c)) {
+      fail("{}: tensor '{}' has shape {}, expected {} (config.json and the weights disagree)",
+           store.dir() + "/" + t.file, t.name, fmt::format("[{}]", fmt::join(t.shape, ", ")),
+           fmt::format("[{}]", fmt::join(shape(c), ", ")));
+    }
+  };
+  const LayerQuant lq = qc.layer(name);
+  if (lq.dense) {
+    const TensorInfo& t = store.get(name);
+    check(t, cols);
+    if (t.dtype != DType::kF32 && t.dtype != DType::kBF16 && t.dtype != DType::kF16) {
+      fail("{}: tensor '{}' has dtype {}; expert weights must be f32, bf16 or f16", t.file, t.name, dtype_name(t.dtype));
+    }
+    const size_t esize = dtype_size(t.dtype);
+    for (int64_t e = 0; e < E; ++e) {
+      out[e] = kernels::dense_linear(MatRef{t.data + static_cast<size_t>(e * rows * cols) * esize, t.dtype, rows, cols},
+                                     t.name);
+    }
+    return out;
+  }
+  const std::string qname = name + ".qweight", sname = name + ".scales";
+  const TensorInfo* qw = store.find(qname);
+  const TensorInfo* sc = store.find(sname);
+  if (!qw || !sc) {
+    fail("{}: config.json says '{}' is stored as {}, but tensor '{}' is missing (an incomplete or foreign "
+         "checkpoint: re-run `infera quantize`)",
+         store.dir(), name, lq.label(), qw ? sname : qname);
+  }
+  const bool int4 = kernels::scheme_is_int4(lq.scheme);
+  const int64_t gs = int4 ? lq.group_size : cols;
+  if (int4 && cols % gs != 0) {
+    fail("{}: '{}' has {} columns, not a multiple of its group size {} (config.json and the tensors disagree)",
+         store.dir(), name, cols, gs);
+  }
+  const DType qdt = int4 ? DType::kU8 : DType::kI8;
+  const DType sdt = int4 ? DType::kF16 : DType::kF32;
+  if (qw->dtype != qdt) fail("{}: tensor '{}' has dtype {}, expected {} for {}", store.dir(), qname, dtype_name(qw->dtype), dtype_name(qdt), lq.label());
+  if (sc->dtype != sdt) fail("{}: tensor '{}' has dtype {}, expected {} for {}", store.dir(), sname, dtype_name(sc->dtype), dtype_name(sdt), lq.label());
+  const int64_t qcols = int4 ? cols / 2 : cols;
+  check(*qw, qcols);
+  check(*sc, cols / gs);
+  const size_t scale_bytes = dtype_size(sdt);
+  for (int64_t e = 0; e < E; ++e) {
+    LinearWeight& w = out[e];
+    w.quantized = true;
+    w.name = qw->name;
+    w.quant.scheme = lq.scheme;
+    w.quant.rows = rows;
+    w.quant.cols = cols;
+    w.quant.group_size = gs;
+    w.quant.qweight = qw->data + static_cast<size_t>(e * rows * qcols);
+    w.quant.scales = sc->data + static_cast<size_t>(e * rows * (cols / gs)) * scale_bytes;
+    kernels::check_quant_matrix(w.quant);
+  }
+  return out;
+}
+
+// Rows per work item: ~48 KiB of weights (the item's matrices sit in L2 while its tokens
+// sweep them), a multiple of 4 (the kernels' row tile), at least 16 (an item must
+// outweigh its scheduling and activation-quantization cost).
+int64_t item_rows(int64_t bytes_per_row, int64_t rows) {
+  constexpr int64_t kTargetBytes = 48 << 10;
+  const int64_t r = kTargetBytes / std::max<int64_t>(bytes_per_row, 1) / 4 * 4;
+  return std::min(rows, std::max<int64_t>(r, 16));
+}
+
+int64_t bytes_per_row(const LinearWeight& w) { return w.bytes() / std::max<int64_t>(w.rows(), 1); }
 
 }  // namespace
 
 int64_t MoeWeights::weight_bytes_active() const {
   int64_t bytes = matrix_bytes(router);
-  if (!gate.empty()) bytes += top_k * (matrix_bytes(gate[0]) + matrix_bytes(up[0]) + matrix_bytes(down[0]));
-  if (!shared.empty()) {
-    bytes += matrix_bytes(shared.gate) + matrix_bytes(shared.up) + matrix_bytes(shared.down) + matrix_bytes(shared_gate);
+  for (int64_t e = 0; e < static_cast<int64_t>(gate.size()); ++e) {
+    if (!has_expert(e)) continue;
+    bytes += top_k * (gate[e].bytes() + up[e].bytes() + down[e].bytes());
+    break;
   }
+  if (!shared.empty()) bytes += shared.bytes() + matrix_bytes(shared_gate);
   return bytes;
 }
 
-MoeWeights load_moe(const WeightStore& store, const std::string& prefix, const ModelConfig& cfg, int64_t shared_inter) {
+MoeWeights load_moe(const WeightStore& store, const std::string& prefix, const ModelConfig& cfg, int64_t shared_inter,
+                    const QuantizationConfig& qc) {
   const int64_t E = cfg.num_experts, H = cfg.hidden_size, I = cfg.moe_intermediate_size;
   MoeWeights w;
   w.top_k = cfg.num_experts_per_tok;
@@ -112,24 +237,24 @@ MoeWeights load_moe(const WeightStore& store, const std::string& prefix, const M
   w.gate.resize(E);
   w.up.resize(E);
   w.down.resize(E);
-  if (const TensorInfo* gate_up = store.find(prefix + "experts.gate_up_proj")) {
-    check_shape(*gate_up, {E, 2 * I, H}, store.dir() + "/" + gate_up->file);
-    const TensorInfo& down = store.get(prefix + "experts.down_proj", {E, H, I});
+  const std::string fused = prefix + "experts.gate_up_proj";
+  if (store.find(fused) || store.find(fused + ".qweight")) {
+    const std::vector<LinearWeight> gate_up = bind_experts(store, fused, E, 2 * I, H, qc, true);
+    w.down = bind_experts(store, prefix + "experts.down_proj", E, H, I, qc, true);
     for (int64_t e = 0; e < E; ++e) {
-      w.gate[e] = expert_slice(*gate_up, e, 0, I);
-      w.up[e] = expert_slice(*gate_up, e, I, 2 * I);
-      w.down[e] = expert_slice(down, e, 0, H);
+      w.gate[e] = linear_row_slice(gate_up[e], 0, I);
+      w.up[e] = linear_row_slice(gate_up[e], I, 2 * I);
     }
   } else {
     for (int64_t e = 0; e < E; ++e) {
-      const SwigluWeights x = load_swiglu(store, prefix + "experts." + std::to_string(e) + ".", H, I);
-      w.gate[e] = x.gate;
-      w.up[e] = x.up;
-      w.down[e] = x.down;
+      const std::string x = prefix + "experts." + std::to_string(e) + ".";
+      w.gate[e] = bind_experts(store, x + "gate_proj.weight", 1, I, H, qc, false)[0];
+      w.up[e] = bind_experts(store, x + "up_proj.weight", 1, I, H, qc, false)[0];
+      w.down[e] = bind_experts(store, x + "down_proj.weight", 1, H, I, qc, false)[0];
     }
   }
   if (shared_inter > 0) {
-    w.shared = load_swiglu(store, prefix + "shared_expert.", H, shared_inter);
+    w.shared = load_swiglu(store, prefix + "shared_expert.", H, shared_inter, qc);
     w.shared_gate = as_matrix(store.get(prefix + "shared_expert_gate.weight", {1, H}));
   }
   return w;
@@ -143,24 +268,33 @@ void MoeFfn::forward(const MoeWeights& w, const float* x, int64_t T, int64_t H, 
   kernels::matmul(x, T, w.router, logits_.data());
   kernels::moe_route_softmax(logits_.data(), T, E, k, w.norm_topk_prob, route_ids_.data(), route_w_.data());
   kernels::group_by_expert(route_ids_.data(), route_w_.data(), T, k, E, groups_);
+  if (counts) {
+    for (int64_t e = 0; e < E; ++e) counts[e] += static_cast<uint64_t>(groups_.count(e));
+  }
+  const bool items = schedule_ == Schedule::kWorkItems || (schedule_ == Schedule::kAuto && T <= kWorkItemMaxTokens);
+  if (items) {
+    run_work_items(w, x, T, H, y);
+  } else {
+    run_per_expert(w, x, T, H, y);
+  }
+}
 
+void MoeFfn::run_per_expert(const MoeWeights& w, const float* x, int64_t T, int64_t H, float* y) {
   std::fill(y, y + T * H, 0.0f);
-  for (int64_t e = 0; e < E; ++e) {
+  for (int64_t e = 0; e < w.n_experts(); ++e) {
     const int64_t n = groups_.count(e);
-    if (n == 0) continue;
-    if (counts) counts[e] += static_cast<uint64_t>(n);
-    if (w.gate[e].data == nullptr) continue;  // expert parallel: another rank computes this expert
-    const int64_t I = w.gate[e].rows;
+    if (n == 0 || !w.has_expert(e)) continue;  // expert parallel: another rank computes it
+    const int64_t I = w.gate[e].rows();
     const int32_t* rows = groups_.rows.data() + groups_.offsets[e];
     xg_.resize(static_cast<size_t>(n * H));
     gate_.resize(static_cast<size_t>(n * I));
     up_.resize(static_cast<size_t>(n * I));
     out_.resize(static_cast<size_t>(n * H));
     kernels::gather_rows(x, H, rows, n, xg_.data());
-    kernels::matmul(xg_.data(), n, w.gate[e], gate_.data());
-    kernels::matmul(xg_.data(), n, w.up[e], up_.data());
+    expert_matmul(xg_.data(), n, w.gate[e], gate_.data());
+    expert_matmul(xg_.data(), n, w.up[e], up_.data());
     kernels::silu_mul(gate_.data(), up_.data(), n * I);
-    kernels::matmul(gate_.data(), n, w.down[e], out_.data());
+    expert_matmul(gate_.data(), n, w.down[e], out_.data());
     kernels::scatter_add_weighted(out_.data(), H, rows, groups_.weights.data() + groups_.offsets[e], n, y);
   }
 
@@ -174,6 +308,99 @@ void MoeFfn::forward(const MoeWeights& w, const float* x, int64_t T, int64_t H, 
       float* yt = y + t * H;
       const float* st = shared_.data() + t * H;
       for (int64_t i = 0; i < H; ++i) yt[i] += s * st[i];
+    }
+  }
+}
+
+void MoeFfn::run_work_items(const MoeWeights& w, const float* x, int64_t T, int64_t H, float* y) {
+  const int64_t E = w.n_experts();
+  // Inputs and hidden buffers of the active experts (the shared expert last, on every token).
+  int64_t x_floats = 0, h_floats = 0;
+  for (int64_t e = 0; e < E; ++e) {
+    if (groups_.count(e) == 0 || !w.has_expert(e)) continue;
+    x_floats += groups_.count(e) * H;
+    h_floats += groups_.count(e) * w.gate[e].rows();
+  }
+  if (!w.shared.empty()) h_floats += T * w.shared.inter();
+  xg_.resize(static_cast<size_t>(x_floats));
+  h_.resize(static_cast<size_t>(h_floats));
+  active_.clear();
+  float* xp = xg_.data();
+  float* hp = h_.data();
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t n = groups_.count(e);
+    if (n == 0 || !w.has_expert(e)) continue;  // expert parallel: another rank computes it
+    const int32_t* rows = groups_.rows.data() + groups_.offsets[e];
+    kernels::gather_rows(x, H, rows, n, xp);
+    active_.push_back({&w.gate[e], &w.up[e], &w.down[e], rows, groups_.weights.data() + groups_.offsets[e], n,
+                       w.gate[e].rows(), xp, hp});
+    xp += n * H;
+    hp += n * w.gate[e].rows();
+  }
+  if (!w.shared.empty()) {
+    sgate_.resize(static_cast<size_t>(T));
+    kernels::matmul(x, T, w.shared_gate, sgate_.data());
+    for (int64_t t = 0; t < T; ++t) sgate_[t] = 1.0f / (1.0f + std::exp(-sgate_[t]));
+    all_rows_.resize(static_cast<size_t>(T));
+    std::iota(all_rows_.begin(), all_rows_.end(), 0);
+    active_.push_back({&w.shared.gate, &w.shared.up, &w.shared.down, all_rows_.data(), sgate_.data(), T,
+                       w.shared.inter(), x, hp});
+  }
+  std::fill(y, y + T * H, 0.0f);
+  if (active_.empty()) return;
+
+  // Phase 1 items: (active expert, block of gate/up rows) -> h = silu(gate x) * up x.
+  items_.clear();
+  std::vector<int64_t>& block = block_rows_;
+  block.resize(active_.size());
+  for (size_t a = 0; a < active_.size(); ++a) {
+    const Active& A = active_[a];
+    block[a] = item_rows(bytes_per_row(*A.gate) + bytes_per_row(*A.up), A.inter);
+    for (int64_t r0 = 0; r0 < A.inter; r0 += block[a]) items_.emplace_back(static_cast<int32_t>(a), static_cast<int32_t>(r0));
+  }
+  // Phase 2 items: blocks of output columns, each summing every active expert's down
+  // projection in expert order (no two items write the same element).
+  int64_t down_row_bytes = 0;
+  for (const Active& A : active_) down_row_bytes += bytes_per_row(*A.down);
+  const int64_t out_block = item_rows(down_row_bytes, H);
+  const int64_t out_items = (H + out_block - 1) / out_block;
+  const int64_t n_items = static_cast<int64_t>(items_.size());
+
+  // A parallel region costs a few microseconds (far more when the cores are shared and a
+  // thread is descheduled at the barrier): tiny layers run on the calling thread.
+  constexpr int64_t kMinParallelBytes = 256 << 10;
+  int64_t weight_bytes = 0;
+  for (const Active& A : active_) weight_bytes += A.gate->bytes() + A.up->bytes() + A.down->bytes();
+  const int threads = omp_in_parallel() || weight_bytes < kMinParallelBytes ? 1 : num_threads();
+#pragma omp parallel num_threads(threads) if (threads > 1)
+  {
+    // Per-thread scratch: grows to the largest item once, then reused.
+    static thread_local std::vector<float> tmp;
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t i = 0; i < n_items; ++i) {
+      const Active& A = active_[items_[i].first];
+      const int64_t r0 = items_[i].second, r1 = std::min(A.inter, r0 + block[items_[i].first]), nr = r1 - r0;
+      tmp.resize(static_cast<size_t>(2 * A.n * nr));
+      float* g = tmp.data();
+      float* u = g + A.n * nr;
+      expert_matmul_rows(A.x, A.n, *A.gate, r0, r1, g);
+      expert_matmul_rows(A.x, A.n, *A.up, r0, r1, u);
+      kernels::silu_mul(g, u, A.n * nr);
+      for (int64_t t = 0; t < A.n; ++t) std::memcpy(A.h + t * A.inter + r0, g + t * nr, nr * sizeof(float));
+    }
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t b = 0; b < out_items; ++b) {
+      const int64_t c0 = b * out_block, c1 = std::min(H, c0 + out_block), nc = c1 - c0;
+      for (const Active& A : active_) {
+        tmp.resize(static_cast<size_t>(A.n * nc));
+        expert_matmul_rows(A.h, A.n, *A.down, c0, c1, tmp.data());
+        for (int64_t t = 0; t < A.n; ++t) {
+          float* dst = y + static_cast<int64_t>(A.rows[t]) * H + c0;
+          const float* src = tmp.data() + t * nc;
+          const float wt = A.weights[t];
+          for (int64_t c = 0; c < nc; ++c) dst[c] += wt * src[c];
+        }
+      }
     }
   }
 }

@@ -3,7 +3,8 @@
 // sigmoid-gated shared expert) and the Gated DeltaNet linear-attention layer.
 //
 // Activations are f32 row-major [T, ...] over the T tokens of a batch; weights are used in
-// place (kernels::MatRef).
+// place (kernels::MatRef, or kernels::LinearWeight where a layer may be quantized by
+// `infera quantize`: MLPs, experts, the shared expert).
 #pragma once
 
 #include <cstdint>
@@ -14,8 +15,10 @@
 #include "infera/kernels/delta.h"
 #include "infera/kernels/kernels.h"
 #include "infera/kernels/moe.h"
+#include "infera/kernels/quant.h"
 #include "infera/model/config.h"
 #include "infera/model/model.h"
+#include "infera/model/quantized_weights.h"
 
 namespace infera {
 
@@ -36,47 +39,89 @@ void batch_positions(const ForwardBatch& batch, std::vector<int32_t>& positions)
 // ---- SwiGLU MLP ----
 
 struct SwigluWeights {
-  kernels::MatRef gate{}, up{}, down{};  // [F, H], [F, H], [H, F]
-  int64_t inter() const { return gate.rows; }
-  bool empty() const { return gate.data == nullptr; }
+  kernels::LinearWeight gate{}, up{}, down{};  // [F, H], [F, H], [H, F]; float or quantized
+  int64_t inter() const { return gate.rows(); }
+  bool empty() const { return gate.rows() == 0; }
+  int64_t bytes() const { return gate.bytes() + up.bytes() + down.bytes(); }
 };
 
-// Loads <prefix>gate_proj.weight, up_proj, down_proj.
-SwigluWeights load_swiglu(const WeightStore& store, const std::string& prefix, int64_t hidden, int64_t inter);
+// Loads <prefix>gate_proj.weight, up_proj, down_proj, each stored as `qc` says (a float
+// checkpoint: qc.present == false).
+SwigluWeights load_swiglu(const WeightStore& store, const std::string& prefix, int64_t hidden, int64_t inter,
+                          const QuantizationConfig& qc = {});
 
 // y[T, H] = down(silu(gate x) * up x). scratch grows as needed.
 void swiglu(const SwigluWeights& w, const float* x, int64_t T, float* y, std::vector<float>& scratch);
 
+// Rows [r0, r1) of a float or quantized matrix, as a matrix of their own (a view: rows are
+// contiguous in both layouts).
+kernels::LinearWeight linear_row_slice(const kernels::LinearWeight& w, int64_t r0, int64_t r1);
+
 // ---- mixture of experts ----
 
 struct MoeWeights {
-  kernels::MatRef router{};                          // [E, H]
-  std::vector<kernels::MatRef> gate, up, down;       // per expert: [I, H], [I, H], [H, I]; data null: another rank's (EP)
+  kernels::MatRef router{};                          // [E, H], kept in its stored float dtype
+  // Per expert [I, H], [I, H], [H, I], float or quantized. An expert with no weights
+  // (has_expert() false) is another rank's under expert parallelism: counted, not computed.
+  std::vector<kernels::LinearWeight> gate, up, down;
   SwigluWeights shared;                              // Qwen3-Next / Qwen3.5 shared expert (empty: none)
-  kernels::MatRef shared_gate{};                     // [1, H]: sigmoid gate of the shared expert
+  kernels::MatRef shared_gate{};                     // [1, H]: sigmoid gate of the shared expert (float)
   int64_t top_k = 0;
   bool norm_topk_prob = false;
   int64_t n_experts() const { return router.rows; }
+  bool has_expert(int64_t e) const { return gate[e].quantized || gate[e].dense.data != nullptr; }
+  void drop_expert(int64_t e) { gate[e] = up[e] = down[e] = kernels::LinearWeight{}; }
   int64_t weight_bytes_active() const;  // bytes read per token: router, top_k experts, shared
 };
 
 // Loads the MoE block under `prefix` ("model.layers.3.mlp."). Experts may be stored per
 // expert (experts.{e}.{gate,up,down}_proj.weight: Qwen3-MoE, Qwen3-Next) or fused 3-D
 // (experts.gate_up_proj [E, 2I, H] with gate rows first, experts.down_proj [E, H, I]:
-// Qwen3.5). shared_inter > 0 also loads shared_expert.* and shared_expert_gate.
-MoeWeights load_moe(const WeightStore& store, const std::string& prefix, const ModelConfig& cfg, int64_t shared_inter);
+// Qwen3.5). shared_inter > 0 also loads shared_expert.* and shared_expert_gate. A quantized
+// checkpoint (qc.present) keeps the same names with .qweight/.scales, fused tensors as 3-D
+// [E, rows, packed cols] (docs/quantization.md); the router and the shared-expert gate are
+// always float.
+MoeWeights load_moe(const WeightStore& store, const std::string& prefix, const ModelConfig& cfg, int64_t shared_inter,
+                    const QuantizationConfig& qc = {});
 
 // Runs the MoE FFN over a batch: y[T, H] = Σ_j w_j Expert_j(x) (+ sigmoid(g·x) Shared(x)).
-// Tokens are grouped by expert so each active expert runs one matmul over its rows (a
-// GEMV in decode, a GEMM in prefill) and only active experts' weights are read.
+// Only active experts' weights are read. Two schedules, same arithmetic per row:
+//   per expert (prefill): tokens grouped by expert, one GEMM per active expert, each GEMM
+//     split over threads by the kernel;
+//   work items (decode, small batches): one parallel region runs (expert, row block) items
+//     of every active expert's gate/up (plus the shared expert's), then output-row blocks
+//     of all the down projections, so eight small GEMVs keep every thread busy instead of
+//     one at a time. Each output element is summed over experts in expert order, so the
+//     result does not depend on the thread count.
 class MoeFfn {
  public:
+  enum class Schedule { kAuto, kPerExpert, kWorkItems };
+  // kAuto: work items for up to kWorkItemMaxTokens tokens.
+  static constexpr int64_t kWorkItemMaxTokens = 16;
+
   // counts [E]: incremented by the number of tokens routed to each expert.
   void forward(const MoeWeights& w, const float* x, int64_t T, int64_t H, float* y, uint64_t* counts);
+  void set_schedule(Schedule s) { schedule_ = s; }  // tests and benchmarks
 
  private:
-  std::vector<float> logits_, route_w_, xg_, gate_, up_, out_, shared_, sgate_;
-  std::vector<int32_t> route_ids_;
+  // One active expert of a forward: its weights and the tokens routed to it.
+  struct Active {
+    const kernels::LinearWeight *gate, *up, *down;
+    const int32_t* rows;   // [n] token rows
+    const float* weights;  // [n] router weights (sigmoid gate for the shared expert)
+    int64_t n, inter;
+    const float* x;        // [n, H] its input rows
+    float* h;              // [n, inter] silu(gate) * up
+  };
+  void run_per_expert(const MoeWeights& w, const float* x, int64_t T, int64_t H, float* y);
+  void run_work_items(const MoeWeights& w, const float* x, int64_t T, int64_t H, float* y);
+
+  Schedule schedule_ = Schedule::kAuto;
+  std::vector<float> logits_, route_w_, xg_, gate_, up_, out_, shared_, sgate_, h_;
+  std::vector<int32_t> route_ids_, all_rows_;
+  std::vector<Active> active_;
+  std::vector<std::pair<int32_t, int32_t>> items_;  // (active index, first row)
+  std::vector<int64_t> block_rows_;                  // [active]: gate/up rows per item
   kernels::ExpertGroups groups_;
 };
 

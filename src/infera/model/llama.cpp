@@ -81,8 +81,7 @@ class LlamaModel final : public Model {
       }
       L.moe = cfg.is_moe_layer(i);
       if (L.moe) {
-        if (qc.present) fail("{}: quantized mixture-of-experts checkpoints are not supported yet", store_.dir());
-        L.experts = load_moe(store_, p + "mlp.", cfg, 0);
+        L.experts = load_moe(store_, p + "mlp.", cfg, 0, qc);
       } else {
         L.w_gate = bind(p + "mlp.gate_proj.weight", F, H);
         L.w_up = bind(p + "mlp.up_proj.weight", F, H);
@@ -149,14 +148,21 @@ class LlamaModel final : public Model {
     }
     MoeWeights& w = L.experts;
     for (int64_t e = 0; e < w.n_experts(); ++e) {
-      if (!shard_.experts.contains(e)) {  // another rank's expert: MoeFfn skips a null matrix
-        w.gate[e].data = w.up[e].data = w.down[e].data = nullptr;
+      if (!shard_.experts.contains(e)) {  // another rank's expert: MoeFfn skips it
+        w.drop_expert(e);
         continue;
       }
-      w.gate[e] = shard_.rows(w.gate[e], shard_.expert_ffn, shard_.expert_parallel());
-      w.up[e] = shard_.rows(w.up[e], shard_.expert_ffn, shard_.expert_parallel());
-      w.down[e] = shard_.expert_parallel() ? shard_.rows(w.down[e], {0, w.down[e].rows}, /*own=*/true)
-                                           : shard_.columns(w.down[e], shard_.expert_ffn);
+      if (w.gate[e].quantized) {  // whole quantized experts stay views; TensorShard rejects slices
+        w.gate[e] = shard_.rows(w.gate[e], shard_.expert_ffn);
+        w.up[e] = shard_.rows(w.up[e], shard_.expert_ffn);
+        if (!shard_.expert_parallel()) w.down[e] = shard_.columns(w.down[e], shard_.expert_ffn);
+        continue;
+      }
+      kernels::MatRef &gate = w.gate[e].dense, &up = w.up[e].dense, &down = w.down[e].dense;
+      gate = shard_.rows(gate, shard_.expert_ffn, shard_.expert_parallel());
+      up = shard_.rows(up, shard_.expert_ffn, shard_.expert_parallel());
+      down = shard_.expert_parallel() ? shard_.rows(down, {0, down.rows}, /*own=*/true)
+                                      : shard_.columns(down, shard_.expert_ffn);
     }
   }
 

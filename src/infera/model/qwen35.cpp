@@ -75,6 +75,8 @@ class Qwen35Model final : public Model {
     // Published Qwen3.5 checkpoints nest the language model (VLM layout); text-only exports
     // (Qwen3_5ForCausalLM) use model.*.
     prefix_ = store_.find("model.language_model.embed_tokens.weight") ? "model.language_model." : "model.";
+    // `infera quantize` output: the MLPs and experts may be quantized (the rest stays float).
+    quant_ = read_quantization_config(store_.dir());
     embed_ = &store_.get(prefix_ + "embed_tokens.weight", {V, H});
     final_norm_ = load_vector(store_, prefix_ + "norm.weight", H);
     lm_head_ = as_matrix(cfg.tie_word_embeddings ? *embed_ : store_.get("lm_head.weight", {V, H}));
@@ -183,9 +185,9 @@ class Qwen35Model final : public Model {
     // Qwen3.5 layers are all MoE when the model has experts (the MTP layer too).
     L.moe = c.num_experts > 0 && (index < 0 || c.is_moe_layer(index));
     if (L.moe) {
-      L.experts = load_moe(store_, p + "mlp.", c, c.shared_expert_intermediate_size);
+      L.experts = load_moe(store_, p + "mlp.", c, c.shared_expert_intermediate_size, quant_);
     } else {
-      L.mlp = load_swiglu(store_, p + "mlp.", H, c.intermediate_size);
+      L.mlp = load_swiglu(store_, p + "mlp.", H, c.intermediate_size, quant_);
     }
   }
 
@@ -197,7 +199,7 @@ class Qwen35Model final : public Model {
       for (const MatRef* m : {&L.attn.wq, &L.attn.wk, &L.attn.wv, &L.attn.wo}) b += matrix_bytes(*m);
     }
     if (L.moe) b += L.experts.weight_bytes_active();
-    else b += matrix_bytes(L.mlp.gate) + matrix_bytes(L.mlp.up) + matrix_bytes(L.mlp.down);
+    else b += L.mlp.bytes();
     return b;
   }
 
@@ -220,6 +222,7 @@ class Qwen35Model final : public Model {
   void gated_attention(const HybridLayer& L, const ForwardBatch& batch, KvPool& kv, const float* a, float* y);
 
   WeightStore store_;
+  QuantizationConfig quant_;
   std::string prefix_;
   const TensorInfo* embed_ = nullptr;  // [V, H]
   std::vector<float> final_norm_;      // [H], zero-centred

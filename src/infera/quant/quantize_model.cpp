@@ -48,11 +48,25 @@ namespace {
 constexpr const char* kEmbedName = "model.embed_tokens.weight";
 constexpr const char* kHeadName = "lm_head.weight";
 
-// The linear layers of the llama/qwen3 layout (what model/llama.cpp binds with bind_linear).
-bool is_linear_name(const std::string& name) {
-  static const std::regex re(
-      R"(model\.layers\.\d+\.(self_attn\.(q|k|v|o)_proj|mlp\.(gate|up|down)_proj)\.weight)");
-  return name == kEmbedName || name == kHeadName || std::regex_match(name, re);
+// The tensors a model binds as (possibly quantized) linear layers: 2-D [n, k], or fused
+// experts 3-D [E, n, k] (Qwen3.5's experts.gate_up_proj / experts.down_proj), quantized row
+// by row like an [E * n, k] matrix so each expert is a contiguous quantized matrix.
+//   llama, qwen3, qwen3_moe (model/llama.cpp): attention, MLP, per-expert experts,
+//     embeddings and head. The router (mlp.gate.weight) stays float.
+//   qwen3_5, qwen3_5_moe (model/qwen35.cpp, trunk and MTP layers): the MLPs, experts and
+//     shared experts; the router, shared_expert_gate, attention, linear attention,
+//     embeddings and head stay as stored (the hybrid model binds those as float).
+bool is_linear_name(const std::string& name, bool hybrid) {
+  static const std::regex llama(
+      R"(model\.layers\.\d+\.(self_attn\.(q|k|v|o)_proj|mlp\.(gate|up|down)_proj|mlp\.experts\.\d+\.(gate|up|down)_proj)\.weight)");
+  static const std::regex qwen35(
+      R"((model\.language_model\.|model\.|mtp\.)layers\.\d+\.mlp\.((gate|up|down)_proj\.weight|(experts\.\d+|shared_expert)\.(gate|up|down)_proj\.weight|experts\.(gate_up_proj|down_proj)))");
+  if (hybrid) return std::regex_match(name, qwen35);
+  return name == kEmbedName || name == kHeadName || std::regex_match(name, llama);
+}
+
+bool is_quantizable(const std::string& name, const TensorInfo& t, bool hybrid) {
+  return is_linear_name(name, hybrid) && (t.shape.size() == 2 || t.shape.size() == 3);
 }
 
 bool glob_match(const std::string& pattern, const std::string& name) {
@@ -222,8 +236,10 @@ QuantizeReport quantize_model(const std::string& in_dir, const std::string& out_
     fail("--group-size {} is not supported (use 32, 64 or 128)", o.group_size);
   }
   const ModelConfig cfg = load_model_config(in_dir);
-  if (cfg.arch != Arch::kLlama && cfg.arch != Arch::kQwen3) {
-    fail("{}: quantization supports model_type llama and qwen3 (dense), not '{}'", in_dir, cfg.model_type);
+  const bool hybrid = cfg.arch == Arch::kQwen35 || cfg.arch == Arch::kQwen35Moe;
+  if (cfg.arch != Arch::kLlama && cfg.arch != Arch::kQwen3 && cfg.arch != Arch::kQwen3Moe && !hybrid) {
+    fail("{}: quantization supports model_type llama, qwen3, qwen3_moe, qwen3_5 and qwen3_5_moe, not '{}'", in_dir,
+         cfg.model_type);
   }
   if (read_quantization_config(in_dir).present) {
     fail("{}: the model is already quantized (config.json has a quantization_config); quantize the original "
@@ -245,9 +261,14 @@ QuantizeReport quantize_model(const std::string& in_dir, const std::string& out_
   qc.scheme = o.scheme;
   qc.group_size = int4 ? o.group_size : 0;
   std::vector<int> pattern_hits(o.fallback_patterns.size(), 0);
+  if (hybrid && o.embed_head != EmbedHeadMode::kBf16) {
+    report.warnings.push_back(fmt::format("--embed-head applies to llama, qwen3 and qwen3_moe; {} keeps its embeddings "
+                                          "and head as stored",
+                                          cfg.model_type));
+  }
   for (const std::string& name : names) {
     const TensorInfo& t = store.get(name);
-    if (!is_linear_name(name) || t.shape.size() != 2) continue;
+    if (!is_quantizable(name, t, hybrid)) continue;
     LayerQuant lq;
     lq.dense = false;
     lq.scheme = o.scheme;
@@ -277,7 +298,7 @@ QuantizeReport quantize_model(const std::string& in_dir, const std::string& out_
         override = true;
       }
     }
-    const int64_t cols = t.shape[1];
+    const int64_t cols = t.shape.back();
     if (!lq.dense && kernels::scheme_is_int4(lq.scheme) && cols % lq.group_size != 0) {
       lq.reason = fmt::format("group size {} does not divide its {} columns: per-channel w8a8 instead", lq.group_size, cols);
       lq.scheme = QuantScheme::kW8A8;
@@ -340,7 +361,7 @@ QuantizeReport quantize_model(const std::string& in_dir, const std::string& out_
       progress_line(o.show_progress, shard_i, by_file.size(), done++, shard_names.size(), name);
       const TensorInfo& t = store.get(name);
       const int64_t before = static_cast<int64_t>(t.nbytes);
-      const bool linear = is_linear_name(name) && t.shape.size() == 2;
+      const bool linear = is_quantizable(name, t, hybrid);
       auto norm_it = plan.elem_div.find(name);
       if (!linear) {
         if (norm_it != plan.elem_div.end()) {
@@ -354,7 +375,14 @@ QuantizeReport quantize_model(const std::string& in_dir, const std::string& out_
         report.other_bytes_after += before;
         continue;
       }
-      const int64_t rows = t.shape[0], cols = t.shape[1];
+      // [n, k], or fused experts [E, n, k] as E * n rows.
+      const int64_t cols = t.shape.back(), rows = t.numel() / cols;
+      std::vector<int64_t> lead(t.shape.begin(), t.shape.end() - 1);
+      auto with_cols = [&lead](int64_t c) {
+        std::vector<int64_t> shape = lead;
+        shape.push_back(c);
+        return shape;
+      };
       std::vector<float> w = read_f32(t);
       std::vector<float> imp;
       if (auto st = stats.find(name); st != stats.end()) imp = st->second.mean_sq();
@@ -376,9 +404,9 @@ QuantizeReport quantize_model(const std::string& in_dir, const std::string& out_
         QuantizedMatrix q = quantize_matrix(w.data(), rows, cols, lq.scheme, lq.group_size, imp.empty() ? nullptr : imp.data());
         const bool q4 = kernels::scheme_is_int4(lq.scheme);
         lr.bytes_after = static_cast<int64_t>(q.qweight.size() + q.scales.size());
-        out.push_back(make_tensor(name + ".qweight", q4 ? DType::kU8 : DType::kI8, {rows, q4 ? cols / 2 : cols},
+        out.push_back(make_tensor(name + ".qweight", q4 ? DType::kU8 : DType::kI8, with_cols(q4 ? cols / 2 : cols),
                                   std::move(q.qweight)));
-        out.push_back(make_tensor(name + ".scales", q4 ? DType::kF16 : DType::kF32, {rows, cols / q.group_size},
+        out.push_back(make_tensor(name + ".scales", q4 ? DType::kF16 : DType::kF32, with_cols(cols / q.group_size),
                                   std::move(q.scales)));
       }
       report.layers.push_back(lr);
@@ -431,10 +459,28 @@ QuantizeReport quantize_model(const std::string& in_dir, const std::string& out_
 }
 
 std::string format_report(const QuantizeReport& r) {
-  size_t w = 5;
-  for (const auto& l : r.layers) w = std::max(w, l.name.size());
-  std::string s = fmt::format("{:<{}}  {:<9}  {:>11}  {:>11}  {}\n", "layer", w, "scheme", "before", "after", "note");
+  // Per-expert tensors (experts.0.gate_proj ... experts.127.gate_proj) share one row per
+  // layer and projection when they are stored alike: "experts.*.gate_proj.weight".
+  static const std::regex expert_index(R"(experts\.\d+\.)");
+  std::vector<LayerReport> rows;
+  std::map<std::string, size_t> row_of;
   for (const auto& l : r.layers) {
+    LayerReport c = l;
+    c.name = std::regex_replace(l.name, expert_index, "experts.*.");
+    const std::string key = c.name + "\n" + c.label + "\n" + c.reason;
+    auto it = row_of.find(key);
+    if (it == row_of.end()) {
+      row_of.emplace(key, rows.size());
+      rows.push_back(c);
+    } else {
+      rows[it->second].bytes_before += c.bytes_before;
+      rows[it->second].bytes_after += c.bytes_after;
+    }
+  }
+  size_t w = 5;
+  for (const auto& l : rows) w = std::max(w, l.name.size());
+  std::string s = fmt::format("{:<{}}  {:<9}  {:>11}  {:>11}  {}\n", "layer", w, "scheme", "before", "after", "note");
+  for (const auto& l : rows) {
     s += fmt::format("{:<{}}  {:<9}  {:>11}  {:>11}  {}\n", l.name, w, l.label, human_bytes(l.bytes_before),
                      human_bytes(l.bytes_after), l.reason);
   }

@@ -8,6 +8,7 @@
 
 #include "infera/base/error.h"
 #include "infera/kernels/moe.h"
+#include "infera/kernels/quant.h"
 #include "infera/model/blocks.h"
 
 namespace infera {
@@ -87,6 +88,30 @@ TEST(MoeGroups, GatherScatterRoundTrip) {
   }
 }
 
+float weight_value(const kernels::LinearWeight& w, int64_t r, int64_t c) {
+  return w.quantized ? kernels::ref::qweight_at(w.quant, r, c) * kernels::ref::qscale_at(w.quant, r, c)
+                     : kernels::ref::weight_at(w.dense, r, c);
+}
+
+// SwiGLU of one token with double sums: out[H] += scale * down(silu(gate x) * up x).
+void swiglu_direct(const kernels::LinearWeight& G, const kernels::LinearWeight& U, const kernels::LinearWeight& D,
+                   const float* xt, int64_t H, double scale, float* out) {
+  std::vector<double> h(G.rows());
+  for (int64_t r = 0; r < G.rows(); ++r) {
+    double g = 0, u = 0;
+    for (int64_t i = 0; i < H; ++i) {
+      g += double(weight_value(G, r, i)) * xt[i];
+      u += double(weight_value(U, r, i)) * xt[i];
+    }
+    h[r] = g / (1 + std::exp(-g)) * u;
+  }
+  for (int64_t o = 0; o < H; ++o) {
+    double s = 0;
+    for (int64_t r = 0; r < G.rows(); ++r) s += double(weight_value(D, o, r)) * h[r];
+    out[o] += float(scale * s);
+  }
+}
+
 // Direct evaluation: every token, every selected expert, one GEMV each, double sums.
 std::vector<float> moe_direct(const MoeWeights& w, const std::vector<float>& x, int64_t T, int64_t H) {
   const int64_t E = w.n_experts(), k = w.top_k;
@@ -103,58 +128,92 @@ std::vector<float> moe_direct(const MoeWeights& w, const std::vector<float>& x, 
     std::vector<float> wt(k);
     kernels::ref::moe_route_softmax(logit.data(), 1, E, k, w.norm_topk_prob, ids.data(), wt.data());
     for (int64_t j = 0; j < k; ++j) {
-      const auto& G = w.gate[ids[j]];
-      const auto& U = w.up[ids[j]];
-      const auto& D = w.down[ids[j]];
-      std::vector<double> h(G.rows);
-      for (int64_t r = 0; r < G.rows; ++r) {
-        double g = 0, u = 0;
-        for (int64_t i = 0; i < H; ++i) {
-          g += double(kernels::ref::weight_at(G, r, i)) * xt[i];
-          u += double(kernels::ref::weight_at(U, r, i)) * xt[i];
-        }
-        h[r] = g / (1 + std::exp(-g)) * u;
-      }
-      for (int64_t o = 0; o < H; ++o) {
-        double s = 0;
-        for (int64_t r = 0; r < G.rows; ++r) s += double(kernels::ref::weight_at(D, o, r)) * h[r];
-        y[t * H + o] += float(wt[j] * s);
-      }
+      if (!w.has_expert(ids[j])) continue;
+      swiglu_direct(w.gate[ids[j]], w.up[ids[j]], w.down[ids[j]], xt, H, wt[j], y.data() + t * H);
+    }
+    if (!w.shared.empty()) {
+      double g = 0;
+      for (int64_t i = 0; i < H; ++i) g += double(kernels::ref::weight_at(w.shared_gate, 0, i)) * xt[i];
+      swiglu_direct(w.shared.gate, w.shared.up, w.shared.down, xt, H, 1 / (1 + std::exp(-g)), y.data() + t * H);
     }
   }
   return y;
 }
 
+// f32 experts (and a shared expert) with random weights; the vectors own the data.
+struct RandomMoe {
+  std::vector<std::vector<float>> data;
+  MoeWeights w;
+  RandomMoe(int64_t H, int64_t I, int64_t E, int64_t k, int64_t shared_inter) {
+    auto add = [&](int64_t rows, int64_t cols, uint32_t seed, float scale) {
+      data.push_back(random_vec(rows * cols, seed, scale));
+      return kernels::MatRef{data.back().data(), DType::kF32, rows, cols};
+    };
+    data.reserve(3 * E + 5);
+    w.router = add(E, H, 1, 0.5f);
+    w.top_k = k;
+    w.norm_topk_prob = true;
+    for (int64_t e = 0; e < E; ++e) {
+      w.gate.push_back(kernels::dense_linear(add(I, H, 100 + e, 0.2f)));
+      w.up.push_back(kernels::dense_linear(add(I, H, 200 + e, 0.2f)));
+      w.down.push_back(kernels::dense_linear(add(H, I, 300 + e, 0.2f)));
+    }
+    if (shared_inter > 0) {
+      w.shared.gate = kernels::dense_linear(add(shared_inter, H, 400, 0.2f));
+      w.shared.up = kernels::dense_linear(add(shared_inter, H, 401, 0.2f));
+      w.shared.down = kernels::dense_linear(add(H, shared_inter, 402, 0.2f));
+      w.shared_gate = add(1, H, 403, 0.3f);
+    }
+  }
+};
+
 TEST(MoeFfn, GroupedExecutionEqualsPerTokenEvaluation) {
   const int64_t H = 24, I = 16, E = 6, k = 2;
-  const auto router = random_vec(E * H, 1, 0.5f);
-  std::vector<std::vector<float>> gates, ups, downs;
-  MoeWeights w;
-  w.router = {router.data(), DType::kF32, E, H};
-  w.top_k = k;
-  w.norm_topk_prob = true;
-  for (int64_t e = 0; e < E; ++e) {
-    gates.push_back(random_vec(I * H, 100 + e, 0.2f));
-    ups.push_back(random_vec(I * H, 200 + e, 0.2f));
-    downs.push_back(random_vec(H * I, 300 + e, 0.2f));
+  for (int64_t shared : {0, 20}) {
+    RandomMoe moe(H, I, E, k, shared);
+    for (auto schedule : {MoeFfn::Schedule::kPerExpert, MoeFfn::Schedule::kWorkItems, MoeFfn::Schedule::kAuto}) {
+      MoeFfn ffn;
+      ffn.set_schedule(schedule);
+      for (int64_t T : {1, 3, 37}) {
+        const auto x = random_vec(T * H, 7 + T);
+        std::vector<float> y(T * H);
+        std::vector<uint64_t> counts(E, 0);
+        ffn.forward(moe.w, x.data(), T, H, y.data(), counts.data());
+        const auto expect = moe_direct(moe.w, x, T, H);
+        for (int64_t i = 0; i < T * H; ++i) {
+          ASSERT_NEAR(y[i], expect[i], 1e-4f) << "T=" << T << " i=" << i << " shared=" << shared;
+        }
+        uint64_t total = 0;
+        for (auto c : counts) total += c;
+        EXPECT_EQ(total, static_cast<uint64_t>(T * k));
+      }
+    }
   }
-  for (int64_t e = 0; e < E; ++e) {
-    w.gate.push_back({gates[e].data(), DType::kF32, I, H});
-    w.up.push_back({ups[e].data(), DType::kF32, I, H});
-    w.down.push_back({downs[e].data(), DType::kF32, H, I});
+}
+
+// The work-item schedule (row blocks of every active expert in one parallel region) gives
+// the per-expert schedule's result whatever the thread count, with experts of another
+// rank (expert parallelism) skipped but still counted.
+TEST(MoeFfn, WorkItemsMatchPerExpertAndSkipDroppedExperts) {
+  const int64_t H = 96, I = 80, E = 8, k = 3, T = 5;
+  RandomMoe moe(H, I, E, k, 40);
+  moe.w.drop_expert(2);
+  const auto x = random_vec(T * H, 11);
+  std::vector<float> a(T * H), b(T * H);
+  std::vector<uint64_t> counts(E, 0);
+  MoeFfn per_expert, items;
+  per_expert.set_schedule(MoeFfn::Schedule::kPerExpert);
+  items.set_schedule(MoeFfn::Schedule::kWorkItems);
+  per_expert.forward(moe.w, x.data(), T, H, a.data(), counts.data());
+  items.forward(moe.w, x.data(), T, H, b.data(), counts.data());
+  const auto expect = moe_direct(moe.w, x, T, H);
+  for (int64_t i = 0; i < T * H; ++i) {
+    ASSERT_NEAR(a[i], b[i], 1e-5f * (1 + std::fabs(a[i]))) << i;
+    ASSERT_NEAR(b[i], expect[i], 1e-4f) << i;
   }
-  MoeFfn ffn;
-  for (int64_t T : {1, 3, 37}) {
-    const auto x = random_vec(T * H, 7 + T);
-    std::vector<float> y(T * H);
-    std::vector<uint64_t> counts(E, 0);
-    ffn.forward(w, x.data(), T, H, y.data(), counts.data());
-    const auto expect = moe_direct(w, x, T, H);
-    for (int64_t i = 0; i < T * H; ++i) ASSERT_NEAR(y[i], expect[i], 1e-4f) << "T=" << T << " i=" << i;
-    uint64_t total = 0;
-    for (auto c : counts) total += c;
-    EXPECT_EQ(total, static_cast<uint64_t>(T * k));
-  }
+  uint64_t total = 0;
+  for (auto c : counts) total += c;
+  EXPECT_EQ(total, static_cast<uint64_t>(2 * T * k));  // dropped experts are counted too
 }
 
 }  // namespace
