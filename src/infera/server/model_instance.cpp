@@ -81,8 +81,12 @@ void ModelInstance::set_failed(const std::string& reason) {
 void ModelInstance::load() {
   try {
     // This loading thread (weight conversion) and the engine's step loop use the model's
-    // own thread count; other models keep theirs.
+    // own thread count; other models keep theirs. The loader returns to the process-wide
+    // count afterwards.
     set_thread_num_threads(deploy_.threads);
+    struct ClearThreads {
+      ~ClearThreads() { set_thread_num_threads(0); }
+    } clear_threads;
     LoadOptions load_options;
     load_options.load_into_memory = deploy_.load_into_memory;
     load_options.max_batch_tokens = limits_.max_batch_tokens;
