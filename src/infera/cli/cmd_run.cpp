@@ -194,11 +194,7 @@ int generate(const RunOptions& o, parallel::Communicator* comm) {
 
   if (group && rank != 0) {
     // Mirror rank 0's steps on this rank's shard until it is done, then report.
-    KvPoolShape shape = model->kv_shape(block_size);
-    shape.num_blocks = num_blocks;
-    shape.dtype = parse_kv_cache_dtype(o.kv_dtype);
-    KvPool kv(shape);
-    run_parallel_worker(*model, kv, *comm, load.parallel.merged_sync);
+    run_parallel_worker(*model, *comm, load.parallel.merged_sync);
     const RankReport mine = own_report(*comm);
     comm->gather(&mine, sizeof(mine), nullptr, 0);
     return 0;
@@ -363,7 +359,7 @@ int run(std::shared_ptr<RunOptions> opts) {
   RunOptions& o = *opts;
   if (!parallel::launched_by_mpi()) {
     const int ranks = std::max(o.tp, o.ep);
-    if (ranks > 1) parallel::relaunch_under_mpirun(ranks);
+    if (ranks > 1) return parallel::run_under_mpirun(ranks, parallel::GroupSignals::kStop);
     return generate(o, nullptr);
   }
   if (parallel::launcher_world_size() > 1 && o.tp == 1 && o.ep == 1) o.tp = parallel::launcher_world_size();

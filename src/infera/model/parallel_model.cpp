@@ -1,6 +1,7 @@
 #include "infera/model/parallel_model.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 
 #include "infera/base/error.h"
@@ -11,6 +12,7 @@ namespace {
 
 // The step message, int32 words:
 //   [0] total words  [1] op  [2] want_logits  [3] n_tokens  [4] n_seqs  [5] total block ids
+//   [6] KV pool blocks  [7] KV block size  [8] KV dtype  [9] recurrent-state slots
 //   tokens[n_tokens]
 //   per chunk: token_begin, n_tokens, pos0, n_blocks, flags (1 all_logits | 2 last_logits), state_slot
 //   block ids of every chunk, concatenated
@@ -18,18 +20,26 @@ namespace {
 // of a few sequences fits whole) and only longer messages need a second one.
 constexpr int32_t kOpForward = 1;
 constexpr int32_t kOpStop = 2;
-constexpr int64_t kHeaderWords = 6;
+constexpr int64_t kHeaderWords = 10;
 constexpr int64_t kChunkWords = 6;
 constexpr int64_t kInlineWords = 256;  // 1 KiB: one sequence decoding at 3800 tokens of context still fits
 
-void encode(const ForwardBatch& b, int32_t op, bool want_logits, std::vector<int32_t>& m) {
+// The pool and slots a step runs against; workers size theirs to match.
+struct StepMemory {
+  int32_t kv_blocks = 0;
+  int32_t kv_block_size = 0;
+  int32_t kv_dtype = 0;
+  int32_t state_slots = 0;
+};
+
+void encode(const ForwardBatch& b, int32_t op, bool want_logits, const StepMemory& mem, std::vector<int32_t>& m) {
   int64_t blocks = 0;
   for (const SeqChunk& s : b.seqs) blocks += s.n_blocks;
   const int64_t T = static_cast<int64_t>(b.tokens.size()), S = static_cast<int64_t>(b.seqs.size());
   m.clear();
   m.reserve(static_cast<size_t>(kHeaderWords + T + S * kChunkWords + blocks));
   m.insert(m.end(), {0, op, want_logits ? 1 : 0, static_cast<int32_t>(T), static_cast<int32_t>(S),
-                     static_cast<int32_t>(blocks)});
+                     static_cast<int32_t>(blocks), mem.kv_blocks, mem.kv_block_size, mem.kv_dtype, mem.state_slots});
   m.insert(m.end(), b.tokens.begin(), b.tokens.end());
   for (const SeqChunk& s : b.seqs) {
     m.insert(m.end(), {s.token_begin, s.n_tokens, s.pos0, s.n_blocks,
@@ -112,25 +122,53 @@ ParallelModel::ParallelModel(std::unique_ptr<Model> local, parallel::Communicato
   config_ = local_->config();
 }
 
+ParallelModel::~ParallelModel() {
+  try {
+    stop_workers();
+  } catch (const std::exception& e) {
+    // The group is already broken (a collective failed); the workers end with it.
+    std::fprintf(stderr, "error: rank 0 could not stop the other ranks: %s\n", e.what());
+  }
+}
+
 void ParallelModel::forward(const ForwardBatch& batch, KvPool& kv, float* logits) {
   INFERA_ASSERT(!stopped_, "forward after stop_workers");
   if (batch.tokens.empty()) return;
-  encode(batch, kOpForward, logits != nullptr, message_);
+  const KvPoolShape& shape = kv.shape();
+  const StepMemory mem{static_cast<int32_t>(shape.num_blocks), static_cast<int32_t>(shape.block_size),
+                       static_cast<int32_t>(shape.dtype), local_->num_state_slots()};
+  encode(batch, kOpForward, logits != nullptr, mem, message_);
   send(comm_, message_, merged_sync_);
   local_->forward(batch, kv, logits);
+}
+
+void ParallelModel::save_state(int32_t, void*) const {
+  fail("recurrent-state snapshots are not mirrored across --tp/--ep ranks (speculative decoding with tensor "
+       "parallelism is not supported); run without --speculative");
+}
+
+void ParallelModel::restore_state(int32_t, const void*) {
+  fail("recurrent-state snapshots are not mirrored across --tp/--ep ranks (speculative decoding with tensor "
+       "parallelism is not supported); run without --speculative");
 }
 
 void ParallelModel::stop_workers() {
   if (stopped_) return;
   stopped_ = true;
-  encode(ForwardBatch{}, kOpStop, false, message_);
-  send(comm_, message_, merged_sync_);
+  stop_parallel_workers(comm_, merged_sync_);
 }
 
-void run_parallel_worker(Model& local, KvPool& kv, parallel::Communicator& comm, bool merged_sync) {
+void stop_parallel_workers(parallel::Communicator& comm, bool merged_sync) {
+  std::vector<int32_t> message;
+  encode(ForwardBatch{}, kOpStop, false, StepMemory{}, message);
+  send(comm, message, merged_sync);
+}
+
+void run_parallel_worker(Model& local, parallel::Communicator& comm, bool merged_sync) {
   INFERA_ASSERT(comm.rank() != 0, "rank 0 drives; the other ranks run the worker loop");
   std::vector<int32_t> message, blocks;
   std::vector<float> logits;  // filled only when logits are all-gathered (textbook sync)
+  std::unique_ptr<KvPool> kv;
   ForwardBatch batch;
   const int64_t V = local.config().vocab_size;
   for (;;) {
@@ -138,9 +176,20 @@ void run_parallel_worker(Model& local, KvPool& kv, parallel::Communicator& comm,
     if (message[1] == kOpStop) return;
     if (message[1] != kOpForward) fail("rank {}: unknown step op {} from rank 0 (mismatched infera versions?)", comm.rank(), message[1]);
     decode(message, batch, blocks);
+    // Rank 0's pool geometry: created on the first step, again only if it ever changes
+    // (the pool reserves address space; pages are committed as blocks are written).
+    const auto dtype = static_cast<DType>(message[8]);
+    if (!kv || kv->shape().num_blocks != message[6] || kv->shape().block_size != message[7] || kv->dtype() != dtype) {
+      KvPoolShape shape = local.kv_shape(message[7]);
+      shape.num_blocks = message[6];
+      shape.dtype = dtype;
+      kv.reset();
+      kv = std::make_unique<KvPool>(shape);
+    }
+    if (message[9] > local.num_state_slots()) local.set_num_state_slots(message[9]);
     const bool want_logits = message[2] != 0;
     if (want_logits) logits.resize(static_cast<size_t>(std::max<int64_t>(batch.num_logit_rows(), 1) * V));
-    local.forward(batch, kv, want_logits ? logits.data() : nullptr);
+    local.forward(batch, *kv, want_logits ? logits.data() : nullptr);
   }
 }
 

@@ -2,11 +2,13 @@
 // scheduler, tokenizer and sampler and drives the steps; every other rank mirrors them.
 //
 // Rank 0 wraps its local shard in a ParallelModel. Each forward() first broadcasts the
-// step (token ids, chunk layout, block tables, whether logits are wanted) and then runs the
+// step (token ids, chunk layout, block tables, whether logits are wanted, and the KV pool
+// geometry and number of recurrent-state slots the step runs against) and then runs the
 // local shard, which meets the other ranks in the per-layer collectives. The other ranks
 // sit in run_parallel_worker(): receive a step, run their shard on it, repeat, until rank
-// 0 calls stop_workers(). Block ids come from rank 0's allocator, so every rank's KvPool
-// has the same number of blocks (each holding its own KV heads only).
+// 0 calls stop_workers() (or destroys the ParallelModel). Block ids come from rank 0's
+// allocator and a worker sizes its own KvPool from the step (same number of blocks, its
+// own KV heads only), so a worker needs no copy of rank 0's engine settings.
 #pragma once
 
 #include <memory>
@@ -21,6 +23,9 @@ class ParallelModel final : public Model {
   // merged_sync: one broadcast per step (else header, tokens and layout separately; see
   // parallel::ParallelPlan::merged_sync).
   ParallelModel(std::unique_ptr<Model> local, parallel::Communicator& comm, bool merged_sync);
+  // Stops the workers if stop_workers() was not called (an engine that owns this model
+  // ends the group's loop when it is destroyed).
+  ~ParallelModel() override;
 
   KvPoolShape kv_shape(int64_t block_size) const override { return local_->kv_shape(block_size); }
   void forward(const ForwardBatch& batch, KvPool& kv, float* logits) override;
@@ -28,6 +33,15 @@ class ParallelModel final : public Model {
   int64_t num_parameters() const override { return local_->num_parameters(); }
   std::vector<uint64_t> expert_counts() const override { return local_->expert_counts(); }
   void reset_expert_counts() override { local_->reset_expert_counts(); }
+  // Recurrent-state slots: the count travels with every step, so workers follow it.
+  int64_t state_bytes_per_slot() const override { return local_->state_bytes_per_slot(); }
+  int32_t num_state_slots() const override { return local_->num_state_slots(); }
+  void set_num_state_slots(int32_t n) override { local_->set_num_state_slots(n); }
+  // Not mirrored on the workers (speculative decoding is rejected with --tp/--ep), so a
+  // call is a bug in the caller's checks.
+  void save_state(int32_t slot, void* buffer) const override;
+  void restore_state(int32_t slot, const void* buffer) override;
+  // num_mtp_layers() stays 0: drafting with the MTP head is not mirrored either.
 
   // Ends run_parallel_worker() on every other rank. Call once, after the last forward.
   void stop_workers();
@@ -41,8 +55,13 @@ class ParallelModel final : public Model {
   std::vector<int32_t> message_;
 };
 
-// Ranks other than 0: mirror rank 0's forwards on the local shard until stop_workers().
-// Waiting for the next step is exempt from the communicator's watchdog (a server may idle).
-void run_parallel_worker(Model& local, KvPool& kv, parallel::Communicator& comm, bool merged_sync);
+// Ranks other than 0: mirror rank 0's forwards on the local shard until rank 0 stops the
+// loop. Waiting for the next step is exempt from the communicator's watchdog (a server
+// may idle for hours).
+void run_parallel_worker(Model& local, parallel::Communicator& comm, bool merged_sync);
+
+// Ends the workers' loop without a ParallelModel (rank 0 could not build one, e.g. its
+// own load failed while the workers loaded fine). Same message as stop_workers().
+void stop_parallel_workers(parallel::Communicator& comm, bool merged_sync);
 
 }  // namespace infera

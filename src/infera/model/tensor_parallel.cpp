@@ -69,25 +69,29 @@ TensorShard::TensorShard(const parallel::ParallelPlan& plan, const ModelConfig& 
   tp_ = plan.distributed() ? plan.tp : 1;
   ep_ = plan.distributed() ? plan.ep : 1;
   const int r = plan.rank();
-  if (cfg.num_heads % tp_ != 0 || cfg.num_kv_heads % tp_ != 0) {
-    fail("{}: --tp {} must divide num_attention_heads ({}) and num_key_value_heads ({}); pick a divisor of both",
-         where, tp_, cfg.num_heads, cfg.num_kv_heads);
-  }
+  check_split(cfg, tp_, ep_, where);
   heads = parallel::split_range(cfg.num_heads, tp_, tp_ > 1 ? r : 0);
   kv_heads = parallel::split_range(cfg.num_kv_heads, tp_, tp_ > 1 ? r : 0);
   ffn = parallel::split_range(cfg.intermediate_size, tp_, tp_ > 1 ? r : 0);
   vocab = parallel::split_range(cfg.vocab_size, tp_, tp_ > 1 ? r : 0);
   vocab_size_ = cfg.vocab_size;
-  if (ep_ > 1 && cfg.num_experts == 0) {
-    fail("{}: --ep {} splits experts, but this {} model has none; use --tp", where, ep_, cfg.model_type);
-  }
   if (cfg.num_experts > 0) {
-    if (ep_ > cfg.num_experts) fail("{}: --ep {} exceeds the model's {} experts", where, ep_, cfg.num_experts);
     experts = parallel::split_range(cfg.num_experts, ep_, ep_ > 1 ? r : 0);
     // TP without EP splits every expert's intermediate dimension instead.
     const int inner = ep_ > 1 ? 1 : tp_;
     expert_ffn = parallel::split_range(cfg.moe_intermediate_size, inner, inner > 1 ? r : 0);
   }
+}
+
+void TensorShard::check_split(const ModelConfig& cfg, int tp, int ep, const std::string& where) {
+  if (cfg.num_heads % tp != 0 || cfg.num_kv_heads % tp != 0) {
+    fail("{}: --tp {} must divide num_attention_heads ({}) and num_key_value_heads ({}); pick a divisor of both",
+         where, tp, cfg.num_heads, cfg.num_kv_heads);
+  }
+  if (ep > 1 && cfg.num_experts == 0) {
+    fail("{}: --ep {} splits experts, but this {} model has none; use --tp", where, ep, cfg.model_type);
+  }
+  if (ep > cfg.num_experts && cfg.num_experts > 0) fail("{}: --ep {} exceeds the model's {} experts", where, ep, cfg.num_experts);
 }
 
 uint8_t* TensorShard::allocate(int64_t bytes) {

@@ -39,6 +39,9 @@ class TensorShard {
   // heads. weights_mapped: the checkpoint is mmapped (row-parallel copies release pages).
   TensorShard(const parallel::ParallelPlan& plan, const ModelConfig& cfg, const std::string& where,
               bool weights_mapped);
+  // The checks the constructor makes, without loading anything (a launcher checks a
+  // deployment before it starts the ranks). Throws infera::Error naming `where`.
+  static void check_split(const ModelConfig& cfg, int tp, int ep, const std::string& where);
   TensorShard(TensorShard&&) = default;
   TensorShard& operator=(TensorShard&&) = default;
 

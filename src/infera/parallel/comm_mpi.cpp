@@ -44,10 +44,16 @@ class MpiCommunicator final : public Communicator {
     int initialized = 0;
     MPI_Initialized(&initialized);
     if (!initialized) {
-      // Kernels use OpenMP threads, but only the thread that runs the model calls MPI.
+      // One thread calls MPI at a time, but not always the same one: a server checks the
+      // model files on its main thread, loads on a loader thread and runs steps on the
+      // engine's thread. Kernels' OpenMP threads never call MPI.
       int provided = 0;
-      if (MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS) {
+      if (MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided) != MPI_SUCCESS) {
         fail("MPI_Init_thread failed (is this process started by mpirun?)");
+      }
+      if (provided < MPI_THREAD_SERIALIZED) {
+        std::fprintf(stderr, "warning: this MPI library gives thread level %d, below MPI_THREAD_SERIALIZED; a "
+                     "server calls MPI from more than one thread (one at a time)\n", provided);
       }
     }
     MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);

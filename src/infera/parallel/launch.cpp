@@ -1,10 +1,16 @@
 #include "infera/parallel/launch.h"
 
+#include <pthread.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
 #include <unistd.h>
 #include <xxhash.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -50,16 +56,16 @@ int64_t status_field_kib(const char* field) {
 
 }  // namespace
 
-void relaunch_under_mpirun(int ranks) {
+int run_under_mpirun(int ranks, GroupSignals signals) {
   if (!on_path("mpirun")) {
     fail("--tp/--ep {} starts {} ranks with mpirun, which is not on PATH: apt-get install openmpi-bin "
-         "(or start the ranks yourself: mpirun -np {} infera run ...)",
+         "(or start the ranks yourself: mpirun -np {} infera ...)",
          ranks, ranks, ranks);
   }
   std::error_code ec;
   const fs::path self = fs::read_symlink("/proc/self/exe", ec);
   if (ec) fail("cannot find this executable (/proc/self/exe) to restart it under mpirun");
-  std::vector<std::string> args = {"mpirun", "--oversubscribe", "--bind-to", "none"};
+  std::vector<std::string> args = {"mpirun", "--oversubscribe", "--bind-to", "none", "--stdin", "none"};
   if (::geteuid() == 0) args.push_back("--allow-run-as-root");
   args.insert(args.end(), {"-np", std::to_string(ranks), self.string()});
   const std::vector<std::string> own = own_arguments();
@@ -67,15 +73,76 @@ void relaunch_under_mpirun(int ranks) {
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
+
+  // OpenMPI keeps its session files under <orte_tmpdir_base>/ompi.<host>.<uid>; two groups
+  // started side by side share that folder, and one's clean-up can remove the other's
+  // files while it starts. A folder of our own (inside the user's base when one is set).
+  const char* user_base = std::getenv("OMPI_MCA_orte_tmpdir_base");
+  const fs::path base = user_base && *user_base ? fs::path(user_base) : fs::temp_directory_path();
+  std::string session = (base / "infera-mpi-XXXXXX").string();
+  fs::create_directories(base, ec);
+  if (::mkdtemp(session.data()) == nullptr) {
+    fail("cannot create a session folder for mpirun under {}: {}; set TMPDIR to a writable folder", base.string(),
+         std::strerror(errno));
+  }
+  ::setenv("OMPI_MCA_orte_tmpdir_base", session.c_str(), /*overwrite=*/1);
   // A rank waiting in a collective yields its core instead of spinning: on a host whose
   // cores are shared (more ranks than idle cores, other work) spinning ranks starve the
   // one they wait for (measured on a loaded 2-core machine: 5 -> 17 tokens/s at TP 2).
   // An explicit OMPI_MCA_mpi_yield_when_idle wins.
   ::setenv("OMPI_MCA_mpi_yield_when_idle", "1", /*overwrite=*/0);
+
+  // Signals are taken synchronously (sigtimedwait) by this thread; the child restores the
+  // old mask before exec. SIGCHLD wakes the wait when mpirun ends.
+  sigset_t handled, old;
+  sigemptyset(&handled);
+  for (int s : {SIGINT, SIGTERM, SIGHUP, SIGCHLD}) sigaddset(&handled, s);
+  pthread_sigmask(SIG_BLOCK, &handled, &old);
   std::fflush(stdout);
   std::fflush(stderr);
-  ::execvp("mpirun", argv.data());
-  fail("cannot start mpirun: {}", std::strerror(errno));
+  const pid_t parent = ::getpid();
+  const pid_t child = ::fork();
+  if (child < 0) {
+    const int err = errno;
+    pthread_sigmask(SIG_SETMASK, &old, nullptr);
+    fs::remove_all(session, ec);
+    fail("cannot start mpirun: {}", std::strerror(err));
+  }
+  if (child == 0) {
+    // Only async-signal-safe calls until exec. Own process group: a terminal's Ctrl-C
+    // reaches the parent only, which decides (drain or stop). Dies with the parent.
+    ::setpgid(0, 0);
+    ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (::getppid() != parent) ::_exit(1);
+    pthread_sigmask(SIG_SETMASK, &old, nullptr);
+    ::execvp("mpirun", argv.data());
+    const char msg[] = "error: cannot start mpirun\n";
+    [[maybe_unused]] const ssize_t n = ::write(2, msg, sizeof(msg) - 1);
+    ::_exit(127);
+  }
+  int received = 0, status = 0;
+  for (;;) {
+    const timespec wait{1, 0};
+    const int sig = ::sigtimedwait(&handled, nullptr, &wait);
+    if (sig == SIGINT || sig == SIGTERM || sig == SIGHUP) {
+      const bool drain = signals == GroupSignals::kDrain && ++received == 1;
+      ::kill(child, drain ? SIGUSR1 : SIGTERM);
+    }
+    const pid_t done = ::waitpid(child, &status, WNOHANG);
+    if (done == child) break;
+    if (done < 0 && errno != EINTR) {
+      status = 1 << 8;  // lost the child (cannot happen unless someone reaped it): report failure
+      break;
+    }
+  }
+  pthread_sigmask(SIG_SETMASK, &old, nullptr);
+  fs::remove_all(session, ec);
+  const int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+  if (code != 0 && received == 0) {
+    std::fprintf(stderr, "error: the group of %d ranks ended with status %d (the messages above name the rank)\n",
+                 ranks, code);
+  }
+  return code;
 }
 
 uint64_t model_files_fingerprint(const std::string& model_dir) {

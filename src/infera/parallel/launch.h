@@ -9,13 +9,26 @@
 
 namespace infera::parallel {
 
-// Replaces this process with `mpirun -np <ranks> <this binary> <the same arguments>` on
-// this host (--oversubscribe so more ranks than cores still start, --bind-to none so each
-// rank's OpenMP threads may use any core, --allow-run-as-root when running as root). The
-// children see OMPI_COMM_WORLD_SIZE and take the MPI path. Throws infera::Error when
-// mpirun is not on PATH or exec fails. For several hosts run mpirun yourself
+// What a relaunched group does when the launching process gets SIGINT / SIGTERM.
+enum class GroupSignals {
+  kStop,   // end the group now (infera run)
+  kDrain,  // first signal: SIGUSR1 to every rank (mpirun forwards it), which rank 0 of a
+           // server takes as "drain, then stop the workers"; a second signal ends the
+           // group now (infera serve)
+};
+
+// Runs `mpirun -np <ranks> <this binary> <the same arguments>` on this host as a child
+// and waits for it: --oversubscribe so more ranks than cores still start, --bind-to none
+// so each rank's OpenMP threads may use any core, --allow-run-as-root when running as
+// root, --stdin none (infera reads no stdin; mpirun runs in its own process group so
+// that a terminal's Ctrl-C reaches only this process, which forwards it as `signals`
+// says). The ranks get a private OpenMPI session directory (orte_tmpdir_base), created
+// fresh and removed afterwards, so launches running side by side cannot race on the
+// shared /tmp/ompi.<host>.<uid>. Returns mpirun's exit status (128 + signal when it was
+// killed). Throws infera::Error when mpirun is not on PATH or cannot start. The children
+// see OMPI_COMM_WORLD_SIZE and take the MPI path. For several hosts run mpirun yourself
 // (docs/parallel.md).
-[[noreturn]] void relaunch_under_mpirun(int ranks);
+int run_under_mpirun(int ranks, GroupSignals signals);
 
 // A hash of what a rank sees of the model directory: config.json's bytes and the names
 // and sizes of the weight files (*.safetensors, the shard index). Cheap: no weight bytes

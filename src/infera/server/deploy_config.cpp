@@ -147,7 +147,7 @@ void read_model(Reader& r, const YAML::Node& node, size_t index, ModelDeployConf
   }
   r.check_keys(node, w, {"name", "path", "quantized", "scheme", "profile", "chat_template", "threads", "max_input_len",
                          "max_output_len", "max_batch_tokens", "max_num_seqs", "prefill_chunk", "kv_cache_memory", "kv_dtype",
-                         "max_queue", "enable_prefix_cache", "load_into_memory", "port", "speculative"});
+                         "max_queue", "enable_prefix_cache", "load_into_memory", "port", "speculative", "tp", "ep"});
   r.read(node, "name", w, m.name, "a name");
   r.read(node, "path", w, m.path, "a model directory");
   r.read(node, "quantized", w, m.quantized_path, "a quantized model directory");
@@ -172,6 +172,8 @@ void read_model(Reader& r, const YAML::Node& node, size_t index, ModelDeployConf
   r.read(node, "enable_prefix_cache", w, m.enable_prefix_cache, "true or false");
   r.read(node, "load_into_memory", w, m.load_into_memory, "true or false");
   r.read(node, "port", w, m.port, "a port number");
+  r.read(node, "tp", w, m.tp, "an integer (ranks)");
+  r.read(node, "ep", w, m.ep, "an integer (ranks)");
   if (const YAML::Node spec = node["speculative"]; spec && !spec.IsNull()) {
     if (!spec.IsMap()) {
       r.problem(w + ".speculative: expected a mapping with method and num_draft_tokens");

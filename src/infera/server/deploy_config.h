@@ -48,6 +48,11 @@ struct ModelDeployConfig {
   bool load_into_memory = false;    // read weights into RAM instead of mmap
   int32_t port = 0;                 // 0: none; else this model also answers on its own port
   SpeculativeConfig speculative;
+  // Tensor / expert parallel ranks (docs/parallel.md): tp splits attention heads, MLP and
+  // vocabulary, ep the experts of a MoE model. At most one model of a deployment may use
+  // them; `infera serve` then runs as max(tp, ep) ranks under mpirun.
+  int32_t tp = 1;
+  int32_t ep = 1;
 };
 
 struct ServerConfig {

@@ -91,7 +91,7 @@ void ModelInstance::load() {
     load_options.load_into_memory = deploy_.load_into_memory;
     load_options.max_batch_tokens = limits_.max_batch_tokens;
     const std::string dir = deploy_.quantized_path.empty() ? deploy_.path : deploy_.quantized_path;
-    auto model = load_model(dir, load_options);
+    auto model = model_loader_ ? model_loader_(dir, load_options) : load_model(dir, load_options);
     EngineConfig engine_config;
     engine_config.kv_cache_bytes = limits_.kv_cache_bytes;
     engine_config.kv_dtype = deploy_.kv_dtype;

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -20,6 +21,8 @@
 
 namespace infera {
 class ChatTemplate;
+class Model;
+struct LoadOptions;
 }
 
 namespace infera::server {
@@ -48,6 +51,10 @@ class ModelInstance {
 
   // Loads the weights and starts the engine (blocking). Never throws: failure -> failed.
   void load();
+  // How load() turns the weights directory into a Model (default: load_model). `infera
+  // serve --tp` installs one that loads this rank's shard and drives the other ranks.
+  using ModelLoader = std::function<std::unique_ptr<Model>(const std::string& dir, const LoadOptions& options)>;
+  void set_model_loader(ModelLoader loader) { model_loader_ = std::move(loader); }
 
   bool has_chat_template() const { return chat_template_ != nullptr; }
   // Renders the conversation for generation. Throws ApiException when the model has no
@@ -67,6 +74,7 @@ class ModelInstance {
   int64_t created_unix_ = 0;
   bool emits_reasoning_ = false;
   std::vector<int32_t> extra_stop_ids_;
+  ModelLoader model_loader_;
   std::atomic<ModelState> state_{ModelState::kLoading};
   std::mutex mutex_;
   std::shared_ptr<GenerationBackend> backend_;

@@ -23,6 +23,7 @@
 #include <nlohmann/json.hpp>
 
 #include "infera/parallel/communicator.h"
+#include "process_util.h"
 
 extern char** environ;
 
@@ -36,10 +37,7 @@ const std::string kInfera = std::string(INFERA_BINARY_DIR) + "/infera";
 const std::string kStories = kSource + "/../shared/models/stories260K";
 constexpr float kLogitTolerance = 1e-4f;
 
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-}
+using test::slurp;
 
 struct Result {
   int exit_code = -1;
@@ -51,13 +49,17 @@ class TpRun : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     dir_ = fs::temp_directory_path() / ("infera_tp_" + std::to_string(::getpid()));
-    // A private OpenMPI session directory: mpiruns of tests running side by side share
-    // /tmp/ompi.<host>.<uid> otherwise, and one's clean-up races another's start.
+    // A private OpenMPI session directory for the mpiruns this test starts itself (infera
+    // --tp makes its own): mpiruns side by side share /tmp/ompi.<host>.<uid> otherwise,
+    // and one's clean-up races another's start.
     fs::create_directories(dir_ / "ompi");
     ::setenv("OMPI_MCA_orte_tmpdir_base", (dir_ / "ompi").c_str(), /*overwrite=*/1);
     fs::create_directories(dir_);
   }
-  static void TearDownTestSuite() { fs::remove_all(dir_); }
+  static void TearDownTestSuite() {
+    fs::remove_all(dir_);
+    ::unsetenv("OMPI_MCA_orte_tmpdir_base");
+  }
   void SetUp() override {
     if (!parallel::mpi_available()) GTEST_SKIP() << "built without MPI";
     ASSERT_TRUE(fs::exists(kInfera)) << "the infera binary is missing (it is built with the tests)";
@@ -200,29 +202,27 @@ TEST_F(TpRun, AnErrorOnRankZeroEndsTheGroup) {
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 20.0);
 }
 
-// PIDs of processes whose parent is `parent`.
-std::vector<pid_t> children_of(pid_t parent) {
-  std::vector<pid_t> kids;
-  for (const auto& e : fs::directory_iterator("/proc")) {
-    const std::string name = e.path().filename().string();
-    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
-    std::ifstream st(e.path() / "stat");
-    std::string stat;
-    std::getline(st, stat);
-    const size_t close = stat.rfind(')');
-    if (close == std::string::npos) continue;
-    char state = 0;
-    int ppid = 0;
-    if (std::sscanf(stat.c_str() + close + 1, " %c %d", &state, &ppid) == 2 && ppid == parent) {
-      kids.push_back(static_cast<pid_t>(std::stoi(name)));
-    }
+TEST_F(TpRun, GroupsStartedSideBySideEachGetAPrivateSessionFolder) {
+  // Two `--tp 2` launches at once, under one session base: each makes and removes its own
+  // folder inside it, so neither's clean-up can pull the other's files away.
+  const fs::path base = dir_ / "session_base";
+  fs::create_directories(base);
+  std::string cmd;
+  for (int i = 0; i < 2; ++i) {
+    cmd += "OMPI_MCA_orte_tmpdir_base=" + base.string() + " " + kInfera + " run -m " + kStories +
+           " --prompt-ids [1,2,3] -n 8 --temp 0 --ignore-eos --json -t 1 --tp 2 > " + (dir_ / ("side" + std::to_string(i))).string() +
+           " 2>&1 & ";
   }
-  return kids;
-}
-
-bool is_rank(pid_t pid, int rank) {
-  const std::string env = slurp("/proc/" + std::to_string(pid) + "/environ");
-  return env.find("OMPI_COMM_WORLD_RANK=" + std::to_string(rank) + '\0') != std::string::npos;
+  ASSERT_EQ(std::system((cmd + "wait").c_str()), 0);
+  std::vector<nlohmann::json> ids;
+  for (int i = 0; i < 2; ++i) {
+    const std::string out = slurp(dir_ / ("side" + std::to_string(i)));
+    const size_t line = out.rfind("\n{");  // the JSON line (stderr's log lines come first)
+    ASSERT_NE(line, std::string::npos) << out;
+    ids.push_back(nlohmann::json::parse(out.substr(line + 1))["ids"]);
+  }
+  EXPECT_EQ(ids[0], ids[1]);
+  EXPECT_TRUE(fs::is_empty(base)) << "a launch left its session folder behind";
 }
 
 TEST_F(TpRun, AKilledRankEndsTheGroupWithinSeconds) {
@@ -237,16 +237,14 @@ TEST_F(TpRun, AKilledRankEndsTheGroupWithinSeconds) {
   posix_spawn_file_actions_init(&fa);
   posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
   posix_spawn_file_actions_addopen(&fa, 2, err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  pid_t launcher = 0;  // becomes mpirun (infera re-executes itself under it)
+  pid_t launcher = 0;  // infera, which runs mpirun, which runs the ranks
   ASSERT_EQ(posix_spawn(&launcher, argv[0], &fa, nullptr, argv.data(), environ), 0);
   posix_spawn_file_actions_destroy(&fa);
 
   pid_t victim = 0;
   for (int i = 0; i < 200 && victim == 0; ++i) {  // up to 20 s for the ranks to start
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    for (pid_t k : children_of(launcher)) {
-      if (is_rank(k, 1)) victim = k;
-    }
+    victim = test::find_rank(launcher, 1);
   }
   ASSERT_NE(victim, 0) << slurp(err);
   std::this_thread::sleep_for(std::chrono::milliseconds(1500));  // mid-generation

@@ -1,0 +1,188 @@
+// `infera serve` over a group of ranks, end to end on loopback: a TP 2 server (from a
+// deploy file's `tp: 2`) answers /v1/completions with the greedy text of a one-process
+// server, for requests that run batched together; SIGTERM drains the group and every
+// process exits 0; a killed worker rank ends the server with a message naming it.
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "infera/parallel/communicator.h"
+#include "process_util.h"
+
+extern char** environ;
+
+namespace infera {
+namespace {
+
+namespace fs = std::filesystem;
+using test::slurp;
+
+const std::string kSource = INFERA_SOURCE_DIR;
+const std::string kInfera = std::string(INFERA_BINARY_DIR) + "/infera";
+const std::string kStories = kSource + "/../shared/models/stories260K";
+const std::vector<std::string> kPrompts = {"Once upon a time", "The little dog", "Tom and Sue went"};
+
+int free_port() {
+  const int s = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  ::bind(s, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  ::getsockname(s, reinterpret_cast<sockaddr*>(&a), &len);
+  ::close(s);
+  return ntohs(a.sin_port);
+}
+
+struct Server {
+  pid_t pid = -1;
+  int port = 0;
+  fs::path log;
+};
+
+class ServeTp : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = fs::temp_directory_path() / ("infera_serve_tp_" + std::to_string(::getpid()));
+    fs::create_directories(dir_);
+  }
+  static void TearDownTestSuite() { fs::remove_all(dir_); }
+  void SetUp() override {
+    if (!parallel::mpi_available()) GTEST_SKIP() << "built without MPI";
+    ASSERT_TRUE(fs::exists(kInfera)) << "the infera binary is missing (it is built with the tests)";
+  }
+
+  // Starts `infera serve <args> --port P` and waits until /ready answers.
+  static Server start(std::vector<std::string> args, const std::string& name) {
+    Server s;
+    s.port = free_port();
+    s.log = dir_ / (name + ".log");
+    args.insert(args.begin(), {kInfera, "serve"});
+    args.insert(args.end(), {"--port", std::to_string(s.port)});
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 1, s.log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    posix_spawn_file_actions_adddup2(&fa, 1, 2);
+    EXPECT_EQ(posix_spawn(&s.pid, argv[0], &fa, nullptr, argv.data(), environ), 0);
+    posix_spawn_file_actions_destroy(&fa);
+    for (int i = 0; i < 300; ++i) {  // up to 30 s on a loaded machine
+      if (curl("/ready", s.port, "") == 0) return s;
+      int status = 0;
+      if (::waitpid(s.pid, &status, WNOHANG) == s.pid) {
+        ADD_FAILURE() << "infera serve exited before it was ready:\n" << slurp(s.log);
+        s.pid = -1;
+        return s;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    ADD_FAILURE() << "infera serve did not become ready:\n" << slurp(s.log);
+    return s;
+  }
+
+  static int curl(const std::string& path, int port, const std::string& extra) {
+    const std::string cmd = "curl -sf http://127.0.0.1:" + std::to_string(port) + path + " " + extra + " > /dev/null 2>&1";
+    return std::system(cmd.c_str());
+  }
+
+  // The prompts sent at once (so the engine batches them); greedy text of each.
+  static std::vector<std::string> complete_all(const Server& s) {
+    std::string cmd;
+    for (size_t i = 0; i < kPrompts.size(); ++i) {
+      const nlohmann::json body = {{"model", "m"}, {"prompt", kPrompts[i]}, {"max_tokens", 24}, {"temperature", 0}};
+      const fs::path in = dir_ / ("req" + std::to_string(i) + ".json"), out = dir_ / ("resp" + std::to_string(i) + ".json");
+      std::ofstream(in) << body.dump();
+      cmd += "curl -s http://127.0.0.1:" + std::to_string(s.port) + "/v1/completions -H 'Content-Type: application/json' "
+             "--data @" + in.string() + " -o " + out.string() + " & ";
+    }
+    EXPECT_EQ(std::system((cmd + "wait").c_str()), 0);
+    std::vector<std::string> texts;
+    for (size_t i = 0; i < kPrompts.size(); ++i) {
+      const std::string text = slurp(dir_ / ("resp" + std::to_string(i) + ".json"));
+      try {
+        texts.push_back(nlohmann::json::parse(text)["choices"][0]["text"].get<std::string>());
+      } catch (const nlohmann::json::exception&) {
+        ADD_FAILURE() << "not a completion: " << text << "\n" << slurp(s.log);
+        texts.emplace_back();
+      }
+    }
+    return texts;
+  }
+
+  // Waits up to `seconds` for the server to exit; its exit code, or -1 when it had to be killed.
+  static int wait_exit(Server& s, double seconds) {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+    int status = 0;
+    while (std::chrono::steady_clock::now() < until) {
+      if (::waitpid(s.pid, &status, WNOHANG) == s.pid) {
+        s.pid = -1;
+        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    ::kill(s.pid, SIGKILL);
+    ::waitpid(s.pid, &status, 0);
+    s.pid = -1;
+    return -1;
+  }
+
+  static fs::path dir_;
+};
+
+fs::path ServeTp::dir_;
+
+TEST_F(ServeTp, Tp2ServerAnswersWithTheGreedyTextOfOneProcessAndDrainsOnSigterm) {
+  Server one = start({"-m", kStories, "--name", "m", "-t", "1"}, "tp1");
+  ASSERT_GT(one.pid, 0);
+  const std::vector<std::string> expected = complete_all(one);
+  ::kill(one.pid, SIGTERM);
+  EXPECT_EQ(wait_exit(one, 15), 0) << slurp(one.log);
+  ASSERT_FALSE(expected[0].empty());
+
+  // The deploy file's per-model tp (the --tp flag takes the same path).
+  const fs::path yaml = dir_ / "deploy.yaml";
+  std::ofstream(yaml) << "models:\n  - name: m\n    path: " << kStories << "\n    tp: 2\n";
+  Server two = start({"--config", yaml.string()}, "tp2");
+  ASSERT_GT(two.pid, 0);
+  EXPECT_EQ(complete_all(two), expected) << slurp(two.log);
+  const size_t ranks = test::descendants_of(two.pid).size();  // mpirun + 2 ranks
+  EXPECT_GE(ranks, 3u);
+  ::kill(two.pid, SIGTERM);  // drains: rank 0 stops the workers, every rank exits 0
+  EXPECT_EQ(wait_exit(two, 15), 0) << slurp(two.log);
+  EXPECT_NE(slurp(two.log).find("draining"), std::string::npos) << slurp(two.log);
+}
+
+TEST_F(ServeTp, AKilledWorkerRankEndsTheServer) {
+  Server s = start({"-m", kStories, "--name", "m", "-t", "1", "--tp", "2"}, "kill");
+  ASSERT_GT(s.pid, 0);
+  const pid_t victim = test::find_rank(s.pid, 1);
+  ASSERT_NE(victim, 0);
+  ASSERT_EQ(::kill(victim, SIGKILL), 0);
+  const int code = wait_exit(s, 10);
+  EXPECT_NE(code, -1) << "the server was still running 10 s after rank 1 died";
+  EXPECT_NE(code, 0);
+  const std::string log = slurp(s.log);
+  EXPECT_NE(log.find("process rank 1"), std::string::npos) << log;
+  EXPECT_NE(log.find("error: the group of 2 ranks ended"), std::string::npos) << log;
+}
+
+}  // namespace
+}  // namespace infera
