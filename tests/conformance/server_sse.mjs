@@ -1,5 +1,5 @@
 // Streaming and sampling behaviour of `infera serve` with the real stories260K model:
-// SSE framing as curl sees it, stop strings split across tokens (never emitted, streamed
+// SSE framing as curl sees it, log-probabilities in stream chunks, stop strings split across tokens (never emitted, streamed
 // or not), n > 1 choices, and seed reproducibility.
 //
 //   node server_sse.mjs <path-to-infera-binary>
@@ -56,6 +56,24 @@ try {
   checkEq(streamed.text, plain.json.choices[0].text, "streamed text equals the non-streamed text");
   checkEq(streamed.finishReason, "length", "finish_reason length");
   for (const c of streamed.chunks) checkEq(c.object, "text_completion", "chunk object");
+
+  // Log-probabilities as curl sees the stream: each chunk carries the legacy lists of its
+  // own tokens; together they equal the non-streamed lists and spell the text.
+  const lpBody = { model: "stories", prompt, max_tokens: 24, temperature: 0, logprobs: 3 };
+  const lpStream = streamedText(curlStream({ ...lpBody, stream: true }).body, "curl logprobs stream");
+  const lpPlain = (await postJson(url, lpBody)).json.choices[0];
+  const joinedLp = { tokens: [], token_logprobs: [], top_logprobs: [], text_offset: [] };
+  for (const c of lpStream.chunks) {
+    const lp = c.choices[0]?.logprobs;
+    check(lp !== undefined, "a logprobs request's chunks have a logprobs field");
+    if (!lp) continue;
+    checkEq(lp.tokens.join(""), c.choices[0].text, "a chunk's tokens spell its text");
+    for (const k of Object.keys(joinedLp)) joinedLp[k].push(...lp[k]);
+  }
+  checkEq(lpStream.text, lpPlain.text, "logprobs stream: same text");
+  checkEq(joinedLp.tokens, lpPlain.logprobs.tokens, "streamed logprobs tokens equal the non-streamed ones");
+  checkEq(joinedLp.text_offset, lpPlain.logprobs.text_offset, "streamed text_offset equals the non-streamed one");
+  check(joinedLp.token_logprobs.every((v, i) => Math.abs(v - lpPlain.logprobs.token_logprobs[i]) < 1e-4), "streamed token_logprobs");
 
   // Stop strings straddling token boundaries: take the text of consecutive chunks (one
   // token each) and stop on the last two characters of one plus the first two of the next.
