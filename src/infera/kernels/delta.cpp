@@ -4,7 +4,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <string_view>
 #include <vector>
 
 #include "infera/base/error.h"
@@ -19,7 +21,26 @@ void check_shape(const DeltaShape& s) {
                 "gated delta rule: bad head geometry");
 }
 
+// The reference loops as a table: the scalar path's recurrence and chunked rule (on one
+// lane the register tiling of delta_impl.h buys nothing, and the compiler vectorizes these
+// plain loops better), and every entry when INFERA_GDN_KERNELS=ref (A/B benchmarks of
+// whole models against the pre-SIMD kernels).
+const DeltaTable& reference_table() {
+  static const DeltaTable table{ref::gated_delta_rule_recurrent, ref::gated_delta_rule_chunked,
+                                ref::causal_conv1d_silu, ref::rmsnorm_gated};
+  return table;
+}
+
+bool reference_requested() {
+  static const bool on = [] {
+    const char* v = std::getenv("INFERA_GDN_KERNELS");
+    return v != nullptr && std::string_view(v) == "ref";
+  }();
+  return on;
+}
+
 const DeltaTable& table_for(Isa isa) {
+  if (reference_requested()) return reference_table();
   switch (isa) {
     case Isa::kAvx512:
       INFERA_ASSERT(cpu_features().has_avx512_path(), "kernel path avx512 is not available on this CPU");
@@ -29,7 +50,9 @@ const DeltaTable& table_for(Isa isa) {
       return cpu_avx2::delta_table();
     case Isa::kScalar: break;
   }
-  return cpu_scalar::delta_table();
+  static const DeltaTable scalar{reference_table().recurrent, reference_table().chunked,
+                                 cpu_scalar::delta_table().conv1d_silu, cpu_scalar::delta_table().rmsnorm_gated};
+  return scalar;
 }
 
 int threads_for(int64_t tasks) {

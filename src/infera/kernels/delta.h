@@ -14,7 +14,9 @@
 // exist as scalar references (namespace ref, the plain loops tests compare against) and as
 // optimized paths compiled for scalar / AVX2 / AVX-512 (cpu/delta_impl.h), picked at run
 // time by best_isa() (INFERA_ISA caps it); the overloads taking an Isa run that path.
-// Threads split the value heads.
+// Threads split the value heads. The scalar path's recurrence and chunked rule are the
+// reference loops themselves (faster than register tiling on one lane).
+// INFERA_GDN_KERNELS=ref routes every call to the references (A/B benchmarks).
 #pragma once
 
 #include <cstdint>
