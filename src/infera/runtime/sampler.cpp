@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "infera/base/error.h"
+#include "infera/kernels/kernels.h"
 
 namespace infera {
 
@@ -101,27 +102,20 @@ int32_t Sampler::sample(float* logits, std::span<const int32_t> history) {
 }
 
 
-TokenLogprobs token_logprobs(const float* logits, int32_t vocab, int32_t token, int32_t top_n) {
+TokenLogprobs token_logprobs(float* logits, int32_t vocab, int32_t token, int32_t top_n) {
   INFERA_ASSERT(vocab > 0 && token >= 0 && token < vocab);
   INFERA_ASSERT(top_n >= 0 && top_n <= kMaxTopLogprobs);
-  float max_logit = logits[0];
-  for (int32_t i = 1; i < vocab; ++i) max_logit = std::max(max_logit, logits[i]);
-  double sum = 0;
-  for (int32_t i = 0; i < vocab; ++i) sum += std::exp(static_cast<double>(logits[i]) - max_logit);
-  const double log_z = static_cast<double>(max_logit) + std::log(sum);
-  auto logprob = [&](int32_t i) { return static_cast<float>(static_cast<double>(logits[i]) - log_z); };
-
+  // The raw values needed afterwards: the sampled token's and the top-n's logits. Insertion
+  // into a list of at most top_n (token, logit), best first: after the first few rows almost
+  // every logit loses to the current last entry in one comparison.
   TokenLogprobs out;
-  out.sampled = {token, logprob(token)};
-  if (top_n == 0) return out;
-  // Insertion into a list of at most top_n (token, logit), best first: after the first few
-  // rows almost every logit loses to the current last entry in one comparison.
+  out.sampled = {token, logits[token]};
   std::vector<TokenLogprob>& top = out.top;
   top.reserve(top_n + 1);
   auto better = [](float a_logit, int32_t a, const TokenLogprob& b) {
     return a_logit > b.logprob || (a_logit == b.logprob && a < b.token);
   };
-  for (int32_t i = 0; i < vocab; ++i) {
+  for (int32_t i = 0; i < vocab && top_n > 0; ++i) {
     const float l = logits[i];
     if (static_cast<int32_t>(top.size()) == top_n && !better(l, i, top.back())) continue;
     auto at = top.end();
@@ -129,7 +123,16 @@ TokenLogprobs token_logprobs(const float* logits, int32_t vocab, int32_t token, 
     top.insert(at, TokenLogprob{i, l});
     if (static_cast<int32_t>(top.size()) > top_n) top.pop_back();
   }
-  for (TokenLogprob& t : top) t.logprob = logprob(t.token);
+  // log Z = max + log(sum exp(l - max)). The SIMD softmax kernel does the exponentials; its
+  // entry at the argmax is exp(0) / sum = 1 / sum, which gives the sum back.
+  const int32_t best = argmax(logits, vocab);
+  const double max_logit = logits[best];
+  kernels::softmax(logits, vocab);
+  const double log_z = max_logit - std::log(static_cast<double>(logits[best]));
+  // Differences of raw logits, not logs of probabilities: exact far into the tail, where a
+  // probability would underflow to 0.
+  out.sampled.logprob = static_cast<float>(out.sampled.logprob - log_z);
+  for (TokenLogprob& t : top) t.logprob = static_cast<float>(t.logprob - log_z);
   return out;
 }
 

@@ -70,8 +70,9 @@ struct TokenLogprobs {
   std::vector<TokenLogprob> top;   // the most likely tokens, most likely first (ties: lower id first)
 };
 
-// `logits` [vocab]: the raw row (unmodified). `top_n` in [0, kMaxTopLogprobs]. One pass
-// for the log-sum-exp (in double), one for the top-n selection.
-TokenLogprobs token_logprobs(const float* logits, int32_t vocab, int32_t token, int32_t top_n);
+// `logits` [vocab]: the raw row, used as workspace (overwritten with its softmax; pass a
+// copy). `top_n` in [0, kMaxTopLogprobs]. One pass picks the top-n, one the argmax, and the
+// SIMD softmax kernel gives the normalizer.
+TokenLogprobs token_logprobs(float* logits, int32_t vocab, int32_t token, int32_t top_n);
 
 }  // namespace infera
