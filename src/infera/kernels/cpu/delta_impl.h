@@ -195,6 +195,27 @@ void state_products(const float* Sh, int64_t dk, int64_t dv, int64_t j0, int tai
   }
 }
 
+// Rows [i0, i0 + R) of Y (=, or += when Accumulate) M X over one column block, with M
+// lower triangular [C, C] (zeros above the diagonal up to i0 + R): Σ_{j < i0 + R}
+// M[i, j] X[j, cols]. The X row loaded once serves all R rows.
+template <int R, int NV, bool Accumulate>
+void lower_matmul(const float* M, int64_t ldm, const float* X, int64_t ldx, float* Y, int64_t ldy, int64_t i0,
+                  int64_t j0, int tail) {
+  V acc[R][NV];
+  for (int r = 0; r < R; ++r)
+    for (int x = 0; x < NV; ++x) acc[r][x] = Accumulate ? ld<NV>(Y + (i0 + r) * ldy + j0, x, tail) : S::zero();
+  for (int64_t j = 0; j < i0 + R; ++j) {
+    V xv[NV];
+    for (int x = 0; x < NV; ++x) xv[x] = ld<NV>(X + j * ldx + j0, x, tail);
+    for (int r = 0; r < R; ++r) {
+      const V m = S::set1(M[(i0 + r) * ldm + j]);
+      for (int x = 0; x < NV; ++x) acc[r][x] = S::fma(m, xv[x], acc[r][x]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int x = 0; x < NV; ++x) st<NV>(Y + (i0 + r) * ldy + j0, x, acc[r][x], tail);
+}
+
 // S rows [d0, d0 + R), one column block: S = e_last S + Σ_i kf[i, d] vn[i].
 template <int R, int NV>
 void state_update(float* Sh, int64_t dk, int64_t dv, int64_t j0, int tail, int64_t d0, float e_last, const float* kf,
@@ -234,9 +255,10 @@ void chunked(const float* q, const float* k, const float* v, const float* g, con
     const int64_t hk = h / group;
     float* Sh = state + h * dk * dv;  // [dk, dv]
     // Per-chunk work buffers, rows = tokens of the chunk.
-    float* gc = scratch(static_cast<size_t>(C * (3 + C + 4 * dk + 3 * dv + 1)));
+    float* gc = scratch(static_cast<size_t>(C * (3 + 2 * C + 4 * dk + 3 * dv)));
     float* A = gc + C;           // [C, C]
-    float* tmp = A + C * C;      // [C]
+    float* P = A + C * C;        // [C, C] (q_i·k_j) exp(gc_i - gc_j), j <= i
+    float* tmp = P + C * C;      // [C]
     float* kb = tmp + C;         // [C, dk] k * beta
     float* kbg = kb + C * dk;    // [C, dk] k * beta * exp(gc)
     float* W = kbg + C * dk;     // [C, dk]
@@ -270,15 +292,15 @@ void chunked(const float* q, const float* k, const float* v, const float* g, con
       }
       for (int64_t i = 0; i < n; ++i) A[i * C + i] = 1.0f;
       // U = T v_beta, W = T (k_beta ⊙ exp(gc)) (T = A, lower incl. diagonal).
-      for (int64_t i = 0; i < n; ++i) {
-        std::fill(U + i * dv, U + (i + 1) * dv, 0.0f);
-        std::fill(W + i * dk, W + (i + 1) * dk, 0.0f);
-        for (int64_t j = 0; j <= i; ++j) {
-          const float a = A[i * C + j];
-          axpy(U + i * dv, a, vb + j * dv, dv);
-          axpy(W + i * dk, a, kbg + j * dk, dk);
-        }
-      }
+      row_tiles(n, [&](auto rows, int64_t i0) {
+        constexpr int R = decltype(rows)::value;
+        column_blocks<kColVecs>(dv, [&](auto nv, int64_t j0, int tail) {
+          lower_matmul<R, decltype(nv)::value, false>(A, C, vb, dv, U, dv, i0, j0, tail);
+        });
+        column_blocks<kColVecs>(dk, [&](auto nv, int64_t j0, int tail) {
+          lower_matmul<R, decltype(nv)::value, false>(A, C, kbg, dk, W, dk, i0, j0, tail);
+        });
+      });
       // v_new = U - W S;  o = exp(gc) (q S) + Σ_{j<=i} (q_i·k_j) exp(gc_i - gc_j) v_new_j.
       float* oc = out + c0 * v_stride + h * dv;
       row_tiles(n, [&](auto rows, int64_t i0) {
@@ -288,11 +310,14 @@ void chunked(const float* q, const float* k, const float* v, const float* g, con
         });
       });
       for (int64_t i = 0; i < n; ++i) {
-        float* oi = oc + i * v_stride;
-        for (int64_t j = 0; j <= i; ++j) {
-          axpy(oi, dot(qk + i * dk, kt(j), dk) * std::exp(gc[i] - gc[j]), vn + j * dv, dv);
-        }
+        for (int64_t j = 0; j <= i; ++j) P[i * C + j] = dot(qk + i * dk, kt(j), dk) * std::exp(gc[i] - gc[j]);
+        std::fill(P + i * C + i + 1, P + i * C + n, 0.0f);
       }
+      row_tiles(n, [&](auto rows, int64_t i0) {
+        column_blocks<kColVecs>(dv, [&](auto nv, int64_t j0, int tail) {
+          lower_matmul<decltype(rows)::value, decltype(nv)::value, true>(P, C, vn, dv, oc, v_stride, i0, j0, tail);
+        });
+      });
       // S = exp(gc_last) S + Σ_i (k_i exp(gc_last - gc_i)) v_new_iᵀ.
       const float g_last = gc[n - 1];
       for (int64_t i = 0; i < n; ++i) scale_to(qk + i * dk, std::exp(g_last - gc[i]), kt(i), dk);
