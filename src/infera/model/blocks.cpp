@@ -4,8 +4,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <numeric>
+#include <string>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -203,17 +205,6 @@ std::vector<LinearWeight> bind_experts(const WeightStore& store, const std::stri
   return out;
 }
 
-// Rows per work item: ~48 KiB of weights (the item's matrices sit in L2 while its tokens
-// sweep them), a multiple of 4 (the kernels' row tile), at least 16 (an item must
-// outweigh its scheduling and activation-quantization cost).
-int64_t item_rows(int64_t bytes_per_row, int64_t rows) {
-  constexpr int64_t kTargetBytes = 48 << 10;
-  const int64_t r = kTargetBytes / std::max<int64_t>(bytes_per_row, 1) / 4 * 4;
-  return std::min(rows, std::max<int64_t>(r, 16));
-}
-
-int64_t bytes_per_row(const LinearWeight& w) { return w.bytes() / std::max<int64_t>(w.rows(), 1); }
-
 }  // namespace
 
 int64_t MoeWeights::weight_bytes_active() const {
@@ -260,6 +251,19 @@ MoeWeights load_moe(const WeightStore& store, const std::string& prefix, const M
   return w;
 }
 
+MoeFfn::MoeFfn() {
+  // INFERA_MOE_SCHEDULE=per_expert|work_items|auto: benchmarks compare the schedules.
+  static const Schedule from_env = [] {
+    const char* v = std::getenv("INFERA_MOE_SCHEDULE");
+    const std::string s = v ? v : "";
+    if (s.empty() || s == "auto") return Schedule::kAuto;
+    if (s == "per_expert") return Schedule::kPerExpert;
+    if (s == "work_items") return Schedule::kWorkItems;
+    fail("INFERA_MOE_SCHEDULE='{}' is not understood (use auto, per_expert or work_items)", s);
+  }();
+  schedule_ = from_env;
+}
+
 void MoeFfn::forward(const MoeWeights& w, const float* x, int64_t T, int64_t H, float* y, uint64_t* counts) {
   const int64_t E = w.n_experts(), k = w.top_k;
   logits_.resize(static_cast<size_t>(T * E));
@@ -271,9 +275,14 @@ void MoeFfn::forward(const MoeWeights& w, const float* x, int64_t T, int64_t H, 
   if (counts) {
     for (int64_t e = 0; e < E; ++e) counts[e] += static_cast<uint64_t>(groups_.count(e));
   }
-  const bool items = schedule_ == Schedule::kWorkItems || (schedule_ == Schedule::kAuto && T <= kWorkItemMaxTokens);
-  if (items) {
-    run_work_items(w, x, T, H, y);
+  // Work items pay off with several threads and enough weights to share out (a parallel
+  // region costs microseconds, far more when a thread is descheduled at its barrier); one
+  // thread runs each expert's matmuls whole (fewest kernel calls).
+  constexpr int64_t kMinParallelBytes = 256 << 10;
+  const int threads = omp_in_parallel() ? 1 : num_threads();
+  const bool worth = threads > 1 && T <= kWorkItemMaxTokens && w.weight_bytes_active() >= kMinParallelBytes;
+  if (schedule_ == Schedule::kWorkItems || (schedule_ == Schedule::kAuto && worth)) {
+    run_work_items(w, x, T, H, y, worth ? threads : 1);
   } else {
     run_per_expert(w, x, T, H, y);
   }
@@ -312,30 +321,38 @@ void MoeFfn::run_per_expert(const MoeWeights& w, const float* x, int64_t T, int6
   }
 }
 
-void MoeFfn::run_work_items(const MoeWeights& w, const float* x, int64_t T, int64_t H, float* y) {
+void MoeFfn::run_work_items(const MoeWeights& w, const float* x, int64_t T, int64_t H, float* y, int threads) {
   const int64_t E = w.n_experts();
-  // Inputs and hidden buffers of the active experts (the shared expert last, on every token).
-  int64_t x_floats = 0, h_floats = 0;
+  // Inputs, hidden and output buffers of the active experts (the shared expert last, on
+  // every token).
+  int64_t x_floats = 0, h_floats = 0, rows = 0;
   for (int64_t e = 0; e < E; ++e) {
     if (groups_.count(e) == 0 || !w.has_expert(e)) continue;
     x_floats += groups_.count(e) * H;
     h_floats += groups_.count(e) * w.gate[e].rows();
+    rows += groups_.count(e);
   }
-  if (!w.shared.empty()) h_floats += T * w.shared.inter();
+  if (!w.shared.empty()) {
+    h_floats += T * w.shared.inter();
+    rows += T;
+  }
   xg_.resize(static_cast<size_t>(x_floats));
   h_.resize(static_cast<size_t>(h_floats));
+  out_.resize(static_cast<size_t>(rows * H));
   active_.clear();
   float* xp = xg_.data();
   float* hp = h_.data();
+  float* op = out_.data();
   for (int64_t e = 0; e < E; ++e) {
     const int64_t n = groups_.count(e);
     if (n == 0 || !w.has_expert(e)) continue;  // expert parallel: another rank computes it
-    const int32_t* rows = groups_.rows.data() + groups_.offsets[e];
-    kernels::gather_rows(x, H, rows, n, xp);
-    active_.push_back({&w.gate[e], &w.up[e], &w.down[e], rows, groups_.weights.data() + groups_.offsets[e], n,
-                       w.gate[e].rows(), xp, hp});
+    const int32_t* rows_e = groups_.rows.data() + groups_.offsets[e];
+    kernels::gather_rows(x, H, rows_e, n, xp);
+    active_.push_back({&w.gate[e], &w.up[e], &w.down[e], rows_e, groups_.weights.data() + groups_.offsets[e], n,
+                       w.gate[e].rows(), xp, hp, op});
     xp += n * H;
     hp += n * w.gate[e].rows();
+    op += n * H;
   }
   if (!w.shared.empty()) {
     sgate_.resize(static_cast<size_t>(T));
@@ -344,61 +361,79 @@ void MoeFfn::run_work_items(const MoeWeights& w, const float* x, int64_t T, int6
     all_rows_.resize(static_cast<size_t>(T));
     std::iota(all_rows_.begin(), all_rows_.end(), 0);
     active_.push_back({&w.shared.gate, &w.shared.up, &w.shared.down, all_rows_.data(), sgate_.data(), T,
-                       w.shared.inter(), x, hp});
+                       w.shared.inter(), x, hp, op});
   }
   std::fill(y, y + T * H, 0.0f);
   if (active_.empty()) return;
 
-  // Phase 1 items: (active expert, block of gate/up rows) -> h = silu(gate x) * up x.
+  // Item sizes: about kItemsPerThread items per thread over all experts, so dynamic
+  // scheduling evens out a thread that loses its core, but no smaller than 16 rows: every
+  // item is one kernel call (argument checks, activation quantization of its input), and
+  // fewer, larger calls keep that overhead to a few percent.
+  constexpr int64_t kItemsPerThread = 8;  // measured best of 2, 4, 8, 16 (16-core Xeon, W4A8, 2 and 4 threads)
+  const int64_t per_item = kItemsPerThread * std::max(threads, 1);
+  auto item_rows = [per_item](int64_t total_rows, int64_t limit) {
+    const int64_t r = (total_rows + per_item - 1) / per_item;
+    return std::min(limit, std::max<int64_t>(16, (r + 3) / 4 * 4));
+  };
+  int64_t inter_rows = 0;
+  for (const Active& A : active_) inter_rows += A.inter;
+  // Phase 1: (expert, block of gate/up rows) -> h = silu(gate x) * up x.
+  // Phase 2: (expert, block of down rows) -> the expert's output columns.
   items_.clear();
-  std::vector<int64_t>& block = block_rows_;
-  block.resize(active_.size());
   for (size_t a = 0; a < active_.size(); ++a) {
-    const Active& A = active_[a];
-    block[a] = item_rows(bytes_per_row(*A.gate) + bytes_per_row(*A.up), A.inter);
-    for (int64_t r0 = 0; r0 < A.inter; r0 += block[a]) items_.emplace_back(static_cast<int32_t>(a), static_cast<int32_t>(r0));
+    const int64_t step = item_rows(inter_rows, active_[a].inter);
+    for (int64_t r0 = 0; r0 < active_[a].inter; r0 += step) items_.push_back({static_cast<int32_t>(a), r0, std::min(active_[a].inter, r0 + step)});
   }
-  // Phase 2 items: blocks of output columns, each summing every active expert's down
-  // projection in expert order (no two items write the same element).
-  int64_t down_row_bytes = 0;
-  for (const Active& A : active_) down_row_bytes += bytes_per_row(*A.down);
-  const int64_t out_block = item_rows(down_row_bytes, H);
-  const int64_t out_items = (H + out_block - 1) / out_block;
-  const int64_t n_items = static_cast<int64_t>(items_.size());
+  const size_t phase2 = items_.size();
+  const int64_t down_step = item_rows(static_cast<int64_t>(active_.size()) * H, H);
+  for (size_t a = 0; a < active_.size(); ++a) {
+    for (int64_t c0 = 0; c0 < H; c0 += down_step) items_.push_back({static_cast<int32_t>(a), c0, std::min(H, c0 + down_step)});
+  }
+  const int64_t n1 = static_cast<int64_t>(phase2), n2 = static_cast<int64_t>(items_.size() - phase2);
+  // Phase 3: y = Σ_a weight * out_a in expert order, by column blocks.
+  const int64_t sum_step = std::max<int64_t>(64, (H + 4 * threads - 1) / (4 * threads));
+  const int64_t n3 = (H + sum_step - 1) / sum_step;
 
-  // A parallel region costs a few microseconds (far more when the cores are shared and a
-  // thread is descheduled at the barrier): tiny layers run on the calling thread.
-  constexpr int64_t kMinParallelBytes = 256 << 10;
-  int64_t weight_bytes = 0;
-  for (const Active& A : active_) weight_bytes += A.gate->bytes() + A.up->bytes() + A.down->bytes();
-  const int threads = omp_in_parallel() || weight_bytes < kMinParallelBytes ? 1 : num_threads();
 #pragma omp parallel num_threads(threads) if (threads > 1)
   {
     // Per-thread scratch: grows to the largest item once, then reused.
     static thread_local std::vector<float> tmp;
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t i = 0; i < n_items; ++i) {
-      const Active& A = active_[items_[i].first];
-      const int64_t r0 = items_[i].second, r1 = std::min(A.inter, r0 + block[items_[i].first]), nr = r1 - r0;
+    for (int64_t i = 0; i < n1; ++i) {
+      const Item& it = items_[i];
+      const Active& A = active_[it.active];
+      const int64_t nr = it.end - it.begin;
       tmp.resize(static_cast<size_t>(2 * A.n * nr));
       float* g = tmp.data();
       float* u = g + A.n * nr;
-      expert_matmul_rows(A.x, A.n, *A.gate, r0, r1, g);
-      expert_matmul_rows(A.x, A.n, *A.up, r0, r1, u);
+      expert_matmul_rows(A.x, A.n, *A.gate, it.begin, it.end, g);
+      expert_matmul_rows(A.x, A.n, *A.up, it.begin, it.end, u);
       kernels::silu_mul(g, u, A.n * nr);
-      for (int64_t t = 0; t < A.n; ++t) std::memcpy(A.h + t * A.inter + r0, g + t * nr, nr * sizeof(float));
+      for (int64_t t = 0; t < A.n; ++t) std::memcpy(A.h + t * A.inter + it.begin, g + t * nr, nr * sizeof(float));
     }
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t b = 0; b < out_items; ++b) {
-      const int64_t c0 = b * out_block, c1 = std::min(H, c0 + out_block), nc = c1 - c0;
+    for (int64_t i = 0; i < n2; ++i) {
+      const Item& it = items_[phase2 + i];
+      const Active& A = active_[it.active];
+      const int64_t nc = it.end - it.begin;
+      if (A.n == 1) {
+        expert_matmul_rows(A.h, 1, *A.down, it.begin, it.end, A.out + it.begin);
+        continue;
+      }
+      tmp.resize(static_cast<size_t>(A.n * nc));
+      expert_matmul_rows(A.h, A.n, *A.down, it.begin, it.end, tmp.data());
+      for (int64_t t = 0; t < A.n; ++t) std::memcpy(A.out + t * H + it.begin, tmp.data() + t * nc, nc * sizeof(float));
+    }
+#pragma omp for schedule(static)
+    for (int64_t b = 0; b < n3; ++b) {
+      const int64_t c0 = b * sum_step, c1 = std::min(H, c0 + sum_step);
       for (const Active& A : active_) {
-        tmp.resize(static_cast<size_t>(A.n * nc));
-        expert_matmul_rows(A.h, A.n, *A.down, c0, c1, tmp.data());
         for (int64_t t = 0; t < A.n; ++t) {
-          float* dst = y + static_cast<int64_t>(A.rows[t]) * H + c0;
-          const float* src = tmp.data() + t * nc;
+          float* dst = y + static_cast<int64_t>(A.rows[t]) * H;
+          const float* src = A.out + t * H;
           const float wt = A.weights[t];
-          for (int64_t c = 0; c < nc; ++c) dst[c] += wt * src[c];
+          for (int64_t c = c0; c < c1; ++c) dst[c] += wt * src[c];
         }
       }
     }

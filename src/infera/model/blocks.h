@@ -88,16 +88,23 @@ MoeWeights load_moe(const WeightStore& store, const std::string& prefix, const M
 // Only active experts' weights are read. Two schedules, same arithmetic per row:
 //   per expert (prefill): tokens grouped by expert, one GEMM per active expert, each GEMM
 //     split over threads by the kernel;
-//   work items (decode, small batches): one parallel region runs (expert, row block) items
-//     of every active expert's gate/up (plus the shared expert's), then output-row blocks
-//     of all the down projections, so eight small GEMVs keep every thread busy instead of
-//     one at a time. Each output element is summed over experts in expert order, so the
-//     result does not depend on the thread count.
+//   work items (decode, small batches, several threads): one parallel region runs
+//     (expert, row block) items of every active expert's gate/up (the shared expert's
+//     too), then (expert, row block) items of the down projections, then sums the
+//     experts' outputs by column blocks, so eight small GEMVs keep every thread busy
+//     instead of running one at a time, each split thinly. Outputs are summed in expert
+//     order, as the per-expert schedule does, so the result does not depend on the
+//     schedule or the thread count.
 class MoeFfn {
  public:
   enum class Schedule { kAuto, kPerExpert, kWorkItems };
-  // kAuto: work items for up to kWorkItemMaxTokens tokens.
+  // kAuto: work items for up to kWorkItemMaxTokens tokens, with more than one thread and
+  // at least 256 KiB of active expert weights.
   static constexpr int64_t kWorkItemMaxTokens = 16;
+
+  // The schedule starts as INFERA_MOE_SCHEDULE says (auto, per_expert, work_items; unset:
+  // auto), so benchmarks can compare them; throws infera::Error for another value.
+  MoeFfn();
 
   // counts [E]: incremented by the number of tokens routed to each expert.
   void forward(const MoeWeights& w, const float* x, int64_t T, int64_t H, float* y, uint64_t* counts);
@@ -111,17 +118,22 @@ class MoeFfn {
     const float* weights;  // [n] router weights (sigmoid gate for the shared expert)
     int64_t n, inter;
     const float* x;        // [n, H] its input rows
-    float* h;              // [n, inter] silu(gate) * up
+    float* h;              // [n, inter] silu(gate x) * up x
+    float* out;            // [n, H] down h
+  };
+  // A block of rows [begin, end) of one active expert's matrices.
+  struct Item {
+    int32_t active;
+    int64_t begin, end;
   };
   void run_per_expert(const MoeWeights& w, const float* x, int64_t T, int64_t H, float* y);
-  void run_work_items(const MoeWeights& w, const float* x, int64_t T, int64_t H, float* y);
+  void run_work_items(const MoeWeights& w, const float* x, int64_t T, int64_t H, float* y, int threads);
 
   Schedule schedule_ = Schedule::kAuto;
   std::vector<float> logits_, route_w_, xg_, gate_, up_, out_, shared_, sgate_, h_;
   std::vector<int32_t> route_ids_, all_rows_;
   std::vector<Active> active_;
-  std::vector<std::pair<int32_t, int32_t>> items_;  // (active index, first row)
-  std::vector<int64_t> block_rows_;                  // [active]: gate/up rows per item
+  std::vector<Item> items_;  // phase 1 (gate/up row blocks), then phase 2 (down row blocks)
   kernels::ExpertGroups groups_;
 };
 
