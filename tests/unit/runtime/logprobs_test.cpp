@@ -1,7 +1,8 @@
 // Log-probabilities (Request::logprobs): token_logprobs against a plain log-softmax and
 // full sort written here, and the engine's numbers against the logits of an independent
 // path (SequenceRunner, one sequence, no scheduler) on the trained stories260K, for
-// greedy, sampled-with-penalties and speculative (n-gram verify) runs.
+// greedy, sampled-with-penalties and speculative runs (n-gram on stories260K; MTP and
+// oracle drafts with planted errors on a Gated DeltaNet hybrid).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -14,19 +15,13 @@
 #include "infera/base/threads.h"
 #include "infera/runtime/engine.h"
 #include "infera/runtime/sequence_runner.h"
+#include "test_models.h"
 
 using namespace infera;
 
 namespace {
 
-Model& stories() {
-  static std::unique_ptr<Model> model = [] {
-    LoadOptions o;
-    o.max_batch_tokens = 512;
-    return load_model(std::string(INFERA_SOURCE_DIR) + "/../shared/models/stories260K", o);
-  }();
-  return *model;
-}
+Model& stories() { return testing_support::stories_model(); }
 
 // log_softmax in long double, the straightforward way.
 std::vector<double> reference_log_softmax(const float* logits, int32_t n) {
@@ -77,10 +72,10 @@ struct Generated {
 };
 
 // Runs the prompts through one EngineCore (batched) and collects each one's events.
-std::vector<Generated> run_engine(const EngineConfig& config, const std::vector<std::vector<int32_t>>& prompts,
+std::vector<Generated> run_engine(Model& model, const EngineConfig& config, const std::vector<std::vector<int32_t>>& prompts,
                                   int32_t gen, const SamplingParams& sampling, bool logprobs, int32_t top_n,
                                   EngineStats* stats = nullptr) {
-  EngineCore core(stories(), config);
+  EngineCore core(model, config);
   std::map<RequestId, Generated> out;
   std::vector<RequestId> ids;
   for (size_t i = 0; i < prompts.size(); ++i) {
@@ -199,7 +194,7 @@ TEST(TokenLogprobs, MatchLogSoftmaxAndSortedTopList) {
 TEST(EngineLogprobs, GreedyMatchesTheModelsLogSoftmax) {
   OneThread one;
   const auto ps = prompts(11);
-  const std::vector<Generated> out = run_engine(config(), ps, 20, SamplingParams{}, true, 5);
+  const std::vector<Generated> out = run_engine(stories(), config(), ps, 20, SamplingParams{}, true, 5);
   for (size_t i = 0; i < ps.size(); ++i) {
     expect_matches_runner(ps[i], out[i], 5, "prompt " + std::to_string(i));
     // Greedy: the emitted token is the most likely one.
@@ -216,19 +211,19 @@ TEST(EngineLogprobs, SampledWithPenaltiesReportsTheRawDistribution) {
   s.repetition_penalty = 1.3f;
   s.presence_penalty = 0.5f;
   s.seed = 77;
-  const std::vector<Generated> out = run_engine(config(), ps, 24, s, true, kMaxTopLogprobs);
+  const std::vector<Generated> out = run_engine(stories(), config(), ps, 24, s, true, kMaxTopLogprobs);
   for (size_t i = 0; i < ps.size(); ++i) expect_matches_runner(ps[i], out[i], kMaxTopLogprobs, "prompt " + std::to_string(i));
   // Asking for logprobs does not change what is sampled.
-  const std::vector<Generated> plain = run_engine(config(), ps, 24, s, false, 0);
+  const std::vector<Generated> plain = run_engine(stories(), config(), ps, 24, s, false, 0);
   for (size_t i = 0; i < ps.size(); ++i) EXPECT_EQ(plain[i].tokens, out[i].tokens);
 }
 
 TEST(EngineLogprobs, SpeculativeVerifyGivesThePlainRunsLogprobs) {
   OneThread one;
   const auto ps = prompts(13);
-  const std::vector<Generated> plain = run_engine(config(), ps, 40, SamplingParams{}, true, 3);
+  const std::vector<Generated> plain = run_engine(stories(), config(), ps, 40, SamplingParams{}, true, 3);
   EngineStats stats;
-  const std::vector<Generated> spec = run_engine(config(SpeculativeMethod::kNgram, 4), ps, 40, SamplingParams{}, true, 3, &stats);
+  const std::vector<Generated> spec = run_engine(stories(), config(SpeculativeMethod::kNgram, 4), ps, 40, SamplingParams{}, true, 3, &stats);
   // Drafts were both accepted (tokens from verify rows) and rejected (replacements).
   EXPECT_GT(stats.spec_accepted, 0);
   EXPECT_LT(stats.spec_accepted, stats.spec_drafted);
@@ -243,6 +238,58 @@ TEST(EngineLogprobs, SpeculativeVerifyGivesThePlainRunsLogprobs) {
       for (size_t k = 0; k < a.top.size(); ++k) EXPECT_NEAR(a.top[k].logprob, b.top[k].logprob, 2e-4);
     }
     expect_matches_runner(ps[i], spec[i], 3, "speculative prompt " + std::to_string(i));
+  }
+}
+
+TEST(EngineLogprobs, SpeculativeOnTheHybridGivesThePlainRunsLogprobs) {
+  // On a Gated DeltaNet hybrid, where a rejection also restores the recurrent state and
+  // re-feeds the kept tokens: MTP drafts (the model's own head; random, so mostly
+  // rejected) and drafts of an oracle that knows the plain continuation but gets chosen
+  // positions wrong (so drafts are accepted, partly accepted and rejected).
+  OneThread one;
+  Model& model = testing_support::hybrid_model();
+  std::mt19937 rng(7);
+  std::uniform_int_distribution<int32_t> d(3, 290);
+  std::vector<std::vector<int32_t>> ps;
+  for (int32_t n : {6, 21, 13}) {
+    std::vector<int32_t> p;
+    for (int32_t i = 0; i < n; ++i) p.push_back(d(rng));
+    ps.push_back(p);
+  }
+  const int32_t gen = 24;
+  const std::vector<Generated> plain = run_engine(model, config(), ps, gen, SamplingParams{}, true, 4);
+  EngineConfig oracle = config(SpeculativeMethod::kCustom, 3);
+  oracle.speculative.drafter = [&](std::span<const int32_t> history, int32_t max_draft, std::vector<int32_t>& out) {
+    for (size_t i = 0; i < ps.size(); ++i) {
+      if (history.size() <= ps[i].size() || !std::equal(ps[i].begin(), ps[i].end(), history.begin())) continue;
+      const size_t generated = history.size() - ps[i].size();
+      for (int32_t j = 0; j < max_draft && generated + j < plain[i].tokens.size(); ++j) {
+        const size_t at = generated + j;
+        out.push_back(at % 4 == 2 ? (plain[i].tokens[at] + 1) % 300 : plain[i].tokens[at]);
+      }
+      return;
+    }
+  };
+  for (const auto& [what, c] : {std::pair{std::string("mtp"), config(SpeculativeMethod::kMtp, 2)}, std::pair{std::string("oracle"), oracle}}) {
+    EngineStats stats;
+    const std::vector<Generated> spec = run_engine(model, c, ps, gen, SamplingParams{}, true, 4, &stats);
+    EXPECT_GT(stats.spec_drafted, 10) << what;
+    EXPECT_LT(stats.spec_accepted, stats.spec_drafted) << what;
+    if (what == "oracle") {
+      EXPECT_GT(stats.spec_accepted, 10);
+    }
+    for (size_t i = 0; i < ps.size(); ++i) {
+      ASSERT_EQ(spec[i].tokens, plain[i].tokens) << what << " prompt " << i;
+      ASSERT_EQ(spec[i].logprobs.size(), plain[i].logprobs.size());
+      for (size_t t = 0; t < plain[i].logprobs.size(); ++t) {
+        const TokenLogprobs& a = spec[i].logprobs[t];
+        const TokenLogprobs& b = plain[i].logprobs[t];
+        EXPECT_NEAR(a.sampled.logprob, b.sampled.logprob, 2e-4) << what << " prompt " << i << " token " << t;
+        ASSERT_EQ(a.top.size(), 4u);
+        for (size_t j = 0; j < a.top.size(); ++j) EXPECT_NEAR(a.top[j].logprob, b.top[j].logprob, 2e-4);
+        EXPECT_EQ(a.top[0].token, a.sampled.token);  // greedy
+      }
+    }
   }
 }
 

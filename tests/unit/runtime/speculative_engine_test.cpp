@@ -21,6 +21,7 @@
 #include "infera/base/threads.h"
 #include "infera/runtime/engine.h"
 #include "infera/tokenizer/tokenizer.h"
+#include "test_models.h"
 
 using namespace infera;
 
@@ -28,33 +29,8 @@ namespace {
 
 namespace fs = std::filesystem;
 
-Model& stories() {
-  static std::unique_ptr<Model> model = [] {
-    LoadOptions o;
-    o.max_batch_tokens = 512;
-    return load_model(std::string(INFERA_SOURCE_DIR) + "/../shared/models/stories260K", o);
-  }();
-  return *model;
-}
-
-Model& hybrid() {
-  static std::unique_ptr<Model> model = [] {
-    const fs::path dir = fs::temp_directory_path() / ("infera_spec_hybrid_" + std::to_string(::getpid()));
-    const std::string cmd = "/usr/bin/python3 " + std::string(INFERA_SOURCE_DIR) + "/tools/gen_model.py " +
-                            dir.string() +
-                            " --arch qwen3_5_moe --hidden 64 --layers 4 --heads 4 --kv-heads 2 --head-dim 32"
-                            " --lin-k-heads 2 --lin-v-heads 4 --lin-dk 16 --lin-dv 16 --experts 8 --experts-per-tok 2"
-                            " --moe-ffn 32 --shared-ffn 48 --vocab 300 --seed 5 > /dev/null";
-    EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
-    LoadOptions o;
-    o.max_batch_tokens = 512;
-    auto m = load_model(dir.string(), o);
-    std::error_code ec;
-    fs::remove_all(dir, ec);  // the mapping stays valid after the files are unlinked
-    return m;
-  }();
-  return *model;
-}
+Model& stories() { return testing_support::stories_model(); }
+Model& hybrid() { return testing_support::hybrid_model(); }
 
 std::vector<int32_t> random_tokens(std::mt19937& rng, int32_t n, int32_t lo, int32_t hi) {
   std::uniform_int_distribution<int32_t> d(lo, hi);
