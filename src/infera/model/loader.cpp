@@ -41,11 +41,6 @@ std::unique_ptr<Model> load_model(const std::string& dir, const LoadOptions& opt
     case Arch::kQwen3Next:
     case Arch::kQwen35:
     case Arch::kQwen35Moe:
-      if (options.parallel.distributed()) {
-        fail("{}: tensor/expert parallelism supports llama, qwen3 and qwen3_moe; {} (Gated DeltaNet layers) runs "
-             "with --tp 1 --ep 1 for now",
-             dir, cfg.model_type);
-      }
       model = create_qwen35_model(cfg, std::move(store), options);
       break;
     default:

@@ -25,6 +25,7 @@
 #include "infera/model/blocks.h"
 #include "infera/model/model.h"
 #include "infera/model/rope.h"
+#include "infera/model/tensor_parallel.h"
 #include "infera/model/weights.h"
 
 namespace infera {
@@ -68,7 +69,8 @@ int count_mtp_layers(const WeightStore& store) {
 
 class Qwen35Model final : public Model {
  public:
-  Qwen35Model(const ModelConfig& cfg, WeightStore store, const LoadOptions& options) : store_(std::move(store)) {
+  Qwen35Model(const ModelConfig& cfg, WeightStore store, const LoadOptions& options)
+      : store_(std::move(store)), shard_(options.parallel, cfg, store_.dir(), !options.load_into_memory) {
     config_ = cfg;
     if (cfg.attention_bias) fail("{}: attention_bias is not supported for {}", store_.dir(), cfg.model_type);
     const int64_t H = cfg.hidden_size, V = cfg.vocab_size;
@@ -89,11 +91,13 @@ class Qwen35Model final : public Model {
       if (L.linear) L.state_index = n_linear_++;
       else L.kv_layer = n_full_++;
     }
+    dims_ = shard_.gdn_dims(dims_);  // the layers' GDN weights are this rank's heads from here on
     // MTP head: present in the published checkpoints; optional (speculative decoding only).
     // Qwen3-Next's config.json does not declare it: the mtp.layers.* tensors do.
     if (cfg.arch == Arch::kQwen3Next) config_.mtp_num_hidden_layers = count_mtp_layers(store_);
     const int mtp_layers = config_.mtp_num_hidden_layers;
-    if (mtp_layers > 0 && store_.find("mtp.fc.weight")) {
+    // Drafting is not mirrored across ranks (ParallelModel), so a group leaves the head unloaded.
+    if (mtp_layers > 0 && store_.find("mtp.fc.weight") && !shard_.distributed()) {
       if (mtp_layers > 1) {
         fail("{}: the checkpoint has {} MTP layers; only a single MTP layer is supported", store_.dir(), mtp_layers);
       }
@@ -117,7 +121,7 @@ class Qwen35Model final : public Model {
     KvPoolShape s;
     s.num_layers = n_full_ + (has_mtp_ ? 1 : 0);
     s.block_size = block_size;
-    s.n_kv_heads = config_.num_kv_heads;
+    s.n_kv_heads = shard_.kv_heads.size();  // this rank's KV heads (all in one process)
     s.head_dim = config_.head_dim;
     return s;
   }
@@ -189,6 +193,31 @@ class Qwen35Model final : public Model {
     } else {
       L.mlp = load_swiglu(store_, p + "mlp.", H, c.intermediate_size, quant_);
     }
+    shard_layer(L);
+  }
+
+  // Tensor / expert parallel (tensor_parallel.h): this rank's attention heads (q rows with
+  // their gate rows, k/v rows, o_proj columns), GDN heads, MLP columns and experts. The
+  // layer's two outputs are then partial sums, all-reduced in run_layer. One process: no-op.
+  void shard_layer(HybridLayer& L) {
+    if (!shard_.distributed()) return;
+    const int64_t hd = config_.head_dim, q_rows_per_head = hd * (config_.attn_output_gate ? 2 : 1);
+    if (L.linear) {
+      shard_.shard_gdn(L.gdn, dims_);
+    } else {
+      const parallel::Range kv{shard_.kv_heads.begin * hd, shard_.kv_heads.end * hd};
+      L.attn.wq = shard_.rows(L.attn.wq, parallel::Range{shard_.heads.begin * q_rows_per_head, shard_.heads.end * q_rows_per_head});
+      L.attn.wk = shard_.rows(L.attn.wk, kv);
+      L.attn.wv = shard_.rows(L.attn.wv, kv);
+      L.attn.wo = shard_.columns(L.attn.wo, parallel::Range{shard_.heads.begin * hd, shard_.heads.end * hd});
+    }
+    if (L.moe) {
+      shard_.shard_moe(L.experts);
+    } else {
+      L.mlp.gate = shard_.rows(L.mlp.gate, shard_.ffn);
+      L.mlp.up = shard_.rows(L.mlp.up, shard_.ffn);
+      L.mlp.down = shard_.columns(L.mlp.down, shard_.ffn);
+    }
   }
 
   static int64_t layer_bytes(const HybridLayer& L) {
@@ -222,12 +251,13 @@ class Qwen35Model final : public Model {
   void gated_attention(const HybridLayer& L, const ForwardBatch& batch, KvPool& kv, const float* a, float* y);
 
   WeightStore store_;
+  TensorShard shard_;                  // this rank's part (everything in one process)
   QuantizationConfig quant_;
   std::string prefix_;
   const TensorInfo* embed_ = nullptr;  // [V, H]
   std::vector<float> final_norm_;      // [H], zero-centred
   MatRef lm_head_{};                   // [V, H]
-  GdnDims dims_;
+  GdnDims dims_;                       // this rank's GDN heads (after loading)
   std::vector<HybridLayer> layers_;
   int64_t n_full_ = 0, n_linear_ = 0;
   MtpWeights mtp_;
@@ -253,7 +283,7 @@ void Qwen35Model::gated_attention(const HybridLayer& L, const ForwardBatch& batc
                                   float* y) {
   const ModelConfig& c = config_;
   const int64_t T = static_cast<int64_t>(batch.tokens.size());
-  const int64_t nh = c.num_heads, nkv = c.num_kv_heads, hd = c.head_dim, qd = nh * hd;
+  const int64_t nh = shard_.heads.size(), nkv = shard_.kv_heads.size(), hd = c.head_dim, qd = nh * hd;
   const AttnWeights& w = L.attn;
   if (c.attn_output_gate) {
     // q_proj rows per head: [query (hd) | gate (hd)].
@@ -301,6 +331,7 @@ void Qwen35Model::run_layer(const HybridLayer& L, const ForwardBatch& batch, KvP
   } else {
     gated_attention(L, batch, kv, xn_.data(), out_.data());
   }
+  shard_.all_reduce(out_.data(), T * H, shard_.tensor_parallel());  // row-parallel out/o_proj
   kernels::add(x_.data(), out_.data(), T * H);
 
   kernels::rmsnorm(x_.data(), L.ffn_norm.data(), xn_.data(), T, H, c.rms_norm_eps, kZeroCentred);
@@ -309,6 +340,8 @@ void Qwen35Model::run_layer(const HybridLayer& L, const ForwardBatch& batch, KvP
   } else {
     swiglu(L.mlp, xn_.data(), T, out_.data(), ffn_scratch_);
   }
+  // Partial sums: MLP columns (TP), experts (EP) or expert columns (TP without EP).
+  shard_.all_reduce(out_.data(), T * H, shard_.tensor_parallel() || (L.moe && shard_.expert_parallel()));
   kernels::add(x_.data(), out_.data(), T * H);
 }
 
@@ -341,7 +374,7 @@ void Qwen35Model::forward(const ForwardBatch& batch, KvPool& kv, float* logits) 
     hidden_.assign(rows_.begin(), rows_.end());  // post-final-norm hidden: the MTP input
   }
   if (R == 0 || logits == nullptr) return;
-  kernels::matmul(rows_.data(), R, lm_head_, logits);
+  shard_.logits(rows_.data(), R, lm_head_, logits);  // TP: vocabulary split, gathered to rank 0
 }
 
 void Qwen35Model::draft(const ForwardBatch& batch, const float* hidden, KvPool& kv, float* logits) {

@@ -75,6 +75,11 @@ TensorShard::TensorShard(const parallel::ParallelPlan& plan, const ModelConfig& 
   ffn = parallel::split_range(cfg.intermediate_size, tp_, tp_ > 1 ? r : 0);
   vocab = parallel::split_range(cfg.vocab_size, tp_, tp_ > 1 ? r : 0);
   vocab_size_ = cfg.vocab_size;
+  if (cfg.linear_num_key_heads > 0) {
+    gdn_key_heads = parallel::split_range(cfg.linear_num_key_heads, tp_, tp_ > 1 ? r : 0);
+    const int64_t per_key = cfg.linear_num_value_heads / cfg.linear_num_key_heads;
+    gdn_value_heads = {gdn_key_heads.begin * per_key, gdn_key_heads.end * per_key};
+  }
   if (cfg.num_experts > 0) {
     experts = parallel::split_range(cfg.num_experts, ep_, ep_ > 1 ? r : 0);
     // TP without EP splits every expert's intermediate dimension instead.
@@ -92,6 +97,11 @@ void TensorShard::check_split(const ModelConfig& cfg, int tp, int ep, const std:
     fail("{}: --ep {} splits experts, but this {} model has none; use --tp", where, ep, cfg.model_type);
   }
   if (ep > cfg.num_experts && cfg.num_experts > 0) fail("{}: --ep {} exceeds the model's {} experts", where, ep, cfg.num_experts);
+  if (cfg.linear_num_key_heads > 0 && tp > cfg.linear_num_key_heads) {
+    fail("{}: --tp {} exceeds the model's {} linear-attention key heads (linear_num_key_heads); each rank needs at "
+         "least one",
+         where, tp, cfg.linear_num_key_heads);
+  }
 }
 
 uint8_t* TensorShard::allocate(int64_t bytes) {
@@ -145,6 +155,94 @@ kernels::LinearWeight TensorShard::columns(const kernels::LinearWeight& w, Range
 std::vector<float> TensorShard::slice(const std::vector<float>& v, Range r) {
   if (v.empty()) return v;
   return std::vector<float>(v.begin() + r.begin, v.begin() + r.end);
+}
+
+kernels::MatRef TensorShard::rows(const kernels::MatRef& w, const std::vector<Range>& ranges) {
+  int64_t total = 0, next = 0;
+  bool in_order = true;
+  for (const Range& r : ranges) {
+    INFERA_ASSERT(0 <= r.begin && r.begin <= r.end && r.end <= w.rows, "row range outside the matrix");
+    in_order = in_order && r.begin == next;
+    next = r.end;
+    total += r.size();
+  }
+  if (in_order && next == w.rows) return w;
+  const int64_t row_bytes = w.cols * static_cast<int64_t>(dtype_size(w.dtype));
+  uint8_t* dst = allocate(total * row_bytes);
+  int64_t at = 0;
+  for (const Range& r : ranges) {
+    std::memcpy(dst + at * row_bytes, static_cast<const uint8_t*>(w.data) + r.begin * row_bytes,
+                static_cast<size_t>(r.size() * row_bytes));
+    at += r.size();
+  }
+  release_mapped_pages(w.data, w.rows * row_bytes);
+  return kernels::MatRef{dst, w.dtype, total, w.cols};
+}
+
+std::vector<float> TensorShard::slice_rows(const std::vector<float>& v, int64_t width, const std::vector<Range>& ranges) {
+  std::vector<float> out;
+  for (const Range& r : ranges) out.insert(out.end(), v.begin() + r.begin * width, v.begin() + r.end * width);
+  return out;
+}
+
+void TensorShard::shard_moe(MoeWeights& w) {
+  if (!distributed()) return;
+  for (int64_t e = 0; e < w.n_experts(); ++e) {
+    if (!experts.contains(e)) {  // another rank's expert: MoeFfn skips it
+      w.drop_expert(e);
+      continue;
+    }
+    if (w.gate[e].quantized) {  // whole quantized experts stay views; slices are rejected
+      w.gate[e] = rows(w.gate[e], expert_ffn);
+      w.up[e] = rows(w.up[e], expert_ffn);
+      if (!expert_parallel()) w.down[e] = columns(w.down[e], expert_ffn);
+      continue;
+    }
+    kernels::MatRef &gate = w.gate[e].dense, &up = w.up[e].dense, &down = w.down[e].dense;
+    gate = rows(gate, expert_ffn, expert_parallel());
+    up = rows(up, expert_ffn, expert_parallel());
+    down = expert_parallel() ? rows(down, {0, down.rows}, /*own=*/true) : columns(down, expert_ffn);
+  }
+  if (!w.shared.empty()) {
+    const Range cols = parallel::split_range(w.shared.inter(), plan_.world(), rank());
+    w.shared.gate = rows(w.shared.gate, cols);
+    w.shared.up = rows(w.shared.up, cols);
+    w.shared.down = columns(w.shared.down, cols);
+  }
+}
+
+GdnDims TensorShard::gdn_dims(const GdnDims& whole) const {
+  if (!tensor_parallel()) return whole;
+  GdnDims d = whole;
+  d.n_k_heads = gdn_key_heads.size();
+  d.n_v_heads = gdn_value_heads.size();
+  return d;
+}
+
+void TensorShard::shard_gdn(GdnWeights& w, const GdnDims& d) {
+  if (!tensor_parallel()) return;
+  const Range kh = gdn_key_heads, vh = gdn_value_heads;
+  const int64_t kd = d.key_dim(), per_key = d.n_v_heads / d.n_k_heads;
+  // Conv channels and the split in_proj_qkv rows: q | k | v, each cut to this rank's heads.
+  const std::vector<Range> channels = {{kh.begin * d.dk, kh.end * d.dk},
+                                       {kd + kh.begin * d.dk, kd + kh.end * d.dk},
+                                       {2 * kd + vh.begin * d.dv, 2 * kd + vh.end * d.dv}};
+  const Range values{vh.begin * d.dv, vh.end * d.dv};
+  if (w.fused()) {
+    // Qwen3-Next: rows grouped per key head, so this rank's groups are one block.
+    const int64_t group_rows = 2 * d.dk + 2 * per_key * d.dv;
+    w.in_qkvz = rows(w.in_qkvz, Range{kh.begin * group_rows, kh.end * group_rows});
+    w.in_ba = rows(w.in_ba, Range{kh.begin * 2 * per_key, kh.end * 2 * per_key});
+  } else {
+    w.in_qkv = rows(w.in_qkv, channels);
+    w.in_z = rows(w.in_z, values);
+    w.in_b = rows(w.in_b, vh);
+    w.in_a = rows(w.in_a, vh);
+  }
+  w.out = columns(w.out, values);
+  w.conv_w = slice_rows(w.conv_w, d.kernel, channels);
+  w.neg_exp_a = slice(w.neg_exp_a, vh);
+  w.dt_bias = slice(w.dt_bias, vh);
 }
 
 void TensorShard::all_reduce(float* x, int64_t n, bool split) {

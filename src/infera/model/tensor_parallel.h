@@ -27,6 +27,7 @@
 
 #include "infera/kernels/kernels.h"
 #include "infera/kernels/quant.h"
+#include "infera/model/blocks.h"
 #include "infera/model/config.h"
 #include "infera/parallel/plan.h"
 
@@ -67,6 +68,31 @@ class TensorShard {
   kernels::MatRef columns(const kernels::MatRef& w, parallel::Range c);
   kernels::LinearWeight columns(const kernels::LinearWeight& w, parallel::Range c);
   static std::vector<float> slice(const std::vector<float>& v, parallel::Range r);
+  // Column-parallel over several row ranges, concatenated in the given order (a fused
+  // projection whose parts each split by head: GDN's q | k | v rows). A copy this shard
+  // owns; the matrix itself when the ranges cover it in order.
+  kernels::MatRef rows(const kernels::MatRef& w, const std::vector<parallel::Range>& ranges);
+  // Rows of a [rows, width] vector-of-rows (a per-channel table such as GDN's conv
+  // weights), the same ranges concatenated.
+  static std::vector<float> slice_rows(const std::vector<float>& v, int64_t width,
+                                       const std::vector<parallel::Range>& ranges);
+
+  // ---- whole blocks (blocks.h) ----
+  // Mixture of experts: under EP the experts outside this rank's range are dropped (the
+  // router still sees them all), the rest kept whole; under TP without EP each expert's
+  // intermediate columns are split. The shared expert's intermediate columns are split
+  // over the group either way (its sigmoid gate is per token, so the partial outputs still
+  // sum to the whole). The caller all-reduces the block's output.
+  void shard_moe(MoeWeights& w);
+  // Gated DeltaNet under TP: this rank's key heads and the value heads that read them
+  // (value head j reads key head j / r, r = Hv / Hk, so a contiguous range of key heads
+  // owns a contiguous range of value heads), with their conv channels, decay and gate
+  // rows; out_proj by input columns (row-parallel, all-reduced by the caller). Returns
+  // nothing; gdn_dims() gives the local shape the sliced weights have.
+  void shard_gdn(GdnWeights& w, const GdnDims& whole);
+  GdnDims gdn_dims(const GdnDims& whole) const;  // this rank's heads (whole without TP)
+  parallel::Range gdn_key_heads;    // set by the constructor for hybrid models
+  parallel::Range gdn_value_heads;
 
   // Sums the ranks' partial outputs x[n] (row-parallel layers, MoE). No-op when the
   // layer is not split (caller says so with `split`).

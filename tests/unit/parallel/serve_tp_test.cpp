@@ -170,6 +170,25 @@ TEST_F(ServeTp, Tp2ServerAnswersWithTheGreedyTextOfOneProcessAndDrainsOnSigterm)
   EXPECT_NE(slurp(two.log).find("draining"), std::string::npos) << slurp(two.log);
 }
 
+TEST_F(ServeTp, HybridTp2ServerMatchesOneProcess) {
+  // Gated DeltaNet layers keep per-sequence recurrent state in slots the engine hands out;
+  // the workers follow rank 0's slot count from each step. Three sequences at once.
+  const fs::path m = dir_ / "qwen35_moe";
+  const std::string gen = "/usr/bin/python3 " + kSource + "/tools/gen_model.py " + m.string() +
+                          " --arch qwen3_5_moe --heads 4 --kv-heads 2 --layers 4 --lin-k-heads 2 --lin-v-heads 4 > /dev/null 2>&1";
+  ASSERT_EQ(std::system(gen.c_str()), 0) << gen;
+  Server one = start({"-m", m.string(), "--name", "m", "-t", "1"}, "hybrid1");
+  ASSERT_GT(one.pid, 0);
+  const std::vector<std::string> expected = complete_all(one);
+  ::kill(one.pid, SIGTERM);
+  EXPECT_EQ(wait_exit(one, 15), 0) << slurp(one.log);
+  Server two = start({"-m", m.string(), "--name", "m", "-t", "1", "--tp", "2"}, "hybrid2");
+  ASSERT_GT(two.pid, 0);
+  EXPECT_EQ(complete_all(two), expected) << slurp(two.log);
+  ::kill(two.pid, SIGTERM);
+  EXPECT_EQ(wait_exit(two, 15), 0) << slurp(two.log);
+}
+
 TEST_F(ServeTp, AKilledWorkerRankEndsTheServer) {
   Server s = start({"-m", kStories, "--name", "m", "-t", "1", "--tp", "2"}, "kill");
   ASSERT_GT(s.pid, 0);

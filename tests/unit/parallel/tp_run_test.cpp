@@ -145,6 +145,25 @@ TEST_F(TpRun, Qwen3MoeExpertAndTensorParallelMatchOneProcess) {
   expect_same_as_one_process(m, {"--ep 2", "--tp 2", "--tp 2 --ep 2"});
 }
 
+TEST_F(TpRun, Qwen35HybridTensorAndExpertParallelMatchOneProcess) {
+  // Gated DeltaNet layers split by key-head groups (2 value heads per key head), gated
+  // attention by heads, experts and the shared expert by EP / columns.
+  const std::string moe = model("qwen35_moe", "--arch qwen3_5_moe --heads 4 --kv-heads 2 --layers 4 --lin-k-heads 2 "
+                                              "--lin-v-heads 4");
+  expect_same_as_one_process(moe, {"--tp 2", "--ep 2", "--tp 2 --ep 2"});
+  // Dense hybrid at TP 4: one key head (two value heads) per rank.
+  const std::string dense = model("qwen35", "--arch qwen3_5 --heads 8 --kv-heads 4 --layers 4 --lin-k-heads 4 "
+                                            "--lin-v-heads 8");
+  expect_same_as_one_process(dense, {"--tp 2", "--tp 4"});
+}
+
+TEST_F(TpRun, Qwen3NextFusedProjectionsSplitByKeyHeadGroup) {
+  // in_proj_qkvz / in_proj_ba are interleaved per key-head group: a rank takes whole groups.
+  const std::string m = model("qwen3_next", "--arch qwen3_next --heads 4 --kv-heads 2 --layers 4 --lin-k-heads 2 "
+                                            "--lin-v-heads 4 --mlp-only-layers 1");
+  expect_same_as_one_process(m, {"--tp 2", "--ep 2"});
+}
+
 TEST_F(TpRun, CollectivesPerDecodeTokenAreTwoPerLayerPlusTwo) {
   // Merged: one broadcast of the step, one all-reduce per attention and per MLP, one
   // gather of the logits. Textbook: 3 broadcasts, an embedding all-reduce, an all-gather.
