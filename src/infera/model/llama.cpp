@@ -146,24 +146,7 @@ class LlamaModel final : public Model {
       L.w_down = shard_.columns(L.w_down, shard_.ffn);
       return;
     }
-    MoeWeights& w = L.experts;
-    for (int64_t e = 0; e < w.n_experts(); ++e) {
-      if (!shard_.experts.contains(e)) {  // another rank's expert: MoeFfn skips it
-        w.drop_expert(e);
-        continue;
-      }
-      if (w.gate[e].quantized) {  // whole quantized experts stay views; TensorShard rejects slices
-        w.gate[e] = shard_.rows(w.gate[e], shard_.expert_ffn);
-        w.up[e] = shard_.rows(w.up[e], shard_.expert_ffn);
-        if (!shard_.expert_parallel()) w.down[e] = shard_.columns(w.down[e], shard_.expert_ffn);
-        continue;
-      }
-      kernels::MatRef &gate = w.gate[e].dense, &up = w.up[e].dense, &down = w.down[e].dense;
-      gate = shard_.rows(gate, shard_.expert_ffn, shard_.expert_parallel());
-      up = shard_.rows(up, shard_.expert_ffn, shard_.expert_parallel());
-      down = shard_.expert_parallel() ? shard_.rows(down, {0, down.rows}, /*own=*/true)
-                                      : shard_.columns(down, shard_.expert_ffn);
-    }
+    shard_.shard_moe(L.experts);
   }
 
   void reserve_scratch(int64_t n_tokens) {

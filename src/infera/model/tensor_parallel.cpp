@@ -50,12 +50,10 @@ void release_mapped_pages(const void* p, int64_t n) {
   if (end > begin) ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
 }
 
-void reject_quantized(const kernels::LinearWeight& w) {
-  if (w.quantized) {
-    fail("{}: tensor/expert parallelism over quantized checkpoints is not supported yet; run the float checkpoint "
-         "with --tp, or this one with --tp 1",
-         w.name);
-  }
+// Bytes per row of a quantized matrix's weights and scales.
+int64_t qweight_row_bytes(const kernels::QuantMatRef& w) { return kernels::scheme_is_int4(w.scheme) ? w.cols / 2 : w.cols; }
+int64_t scale_row_bytes(const kernels::QuantMatRef& w) {
+  return kernels::scheme_is_int4(w.scheme) ? w.groups_per_row() * 2 : static_cast<int64_t>(sizeof(float));
 }
 
 }  // namespace
@@ -128,8 +126,27 @@ kernels::MatRef TensorShard::rows(const kernels::MatRef& w, Range r, bool own) {
 
 kernels::LinearWeight TensorShard::rows(const kernels::LinearWeight& w, Range r) {
   if (r.begin == 0 && r.end == w.rows()) return w;
-  reject_quantized(w);
-  return kernels::dense_linear(rows(w.dense, r), w.name);
+  if (!w.quantized) return kernels::dense_linear(rows(w.dense, r), w.name);
+  // Quantized: rows of qweight and of the scales are contiguous in the stored layout (the
+  // fields every path keeps valid); a repacked copy is rebuilt from the slice.
+  const kernels::QuantMatRef& q = w.quant;
+  const int64_t qb = qweight_row_bytes(q), sb = scale_row_bytes(q);
+  const auto* qw = static_cast<const uint8_t*>(q.qweight) + r.begin * qb;
+  const auto* sc = static_cast<const uint8_t*>(q.scales) + r.begin * sb;
+  kernels::LinearWeight out = w;
+  if (distributed() && weights_mapped_) {
+    uint8_t* dq = allocate(r.size() * qb);
+    uint8_t* ds = allocate(r.size() * sb);
+    std::memcpy(dq, qw, static_cast<size_t>(r.size() * qb));
+    std::memcpy(ds, sc, static_cast<size_t>(r.size() * sb));
+    release_mapped_pages(q.qweight, q.rows * qb);
+    release_mapped_pages(q.scales, q.rows * sb);
+    qw = dq;
+    sc = ds;
+  }
+  out.quant = kernels::QuantMatRef(q.scheme, r.size(), q.cols, q.group_size, qw, sc);
+  if (q.packed) out.quant.packed = kernels::pack_quant_matrix(out.quant);
+  return out;
 }
 
 kernels::MatRef TensorShard::columns(const kernels::MatRef& w, Range c) {
@@ -148,8 +165,35 @@ kernels::MatRef TensorShard::columns(const kernels::MatRef& w, Range c) {
 
 kernels::LinearWeight TensorShard::columns(const kernels::LinearWeight& w, Range c) {
   if (c.begin == 0 && c.end == w.cols()) return w;
-  reject_quantized(w);
-  return kernels::dense_linear(columns(w.dense, c), w.name);
+  if (!w.quantized) return kernels::dense_linear(columns(w.dense, c), w.name);
+  // Quantized, row-parallel: W8A8 has one scale per row, which stays exact for any column
+  // slice (the slice is one group of its own width). int4 groups run along k, so a rank's
+  // columns must be whole groups; the packing (runs of 32 columns) then splits on bytes.
+  const kernels::QuantMatRef& q = w.quant;
+  const bool int4 = kernels::scheme_is_int4(q.scheme);
+  if (int4 && (c.begin % q.group_size != 0 || c.end % q.group_size != 0)) {
+    fail("{}: tensor parallelism splits its {} input columns at [{}, {}), which is not a multiple of the "
+         "quantization group size {}; pick a --tp that gives each rank whole groups, or quantize with a smaller "
+         "--group-size",
+         w.name, q.cols, c.begin, c.end, q.group_size);
+  }
+  const int64_t qb = qweight_row_bytes(q), sb = scale_row_bytes(q);
+  const int64_t q0 = int4 ? c.begin / 2 : c.begin, qn = int4 ? c.size() / 2 : c.size();
+  const int64_t s0 = int4 ? c.begin / q.group_size * 2 : 0, sn = int4 ? c.size() / q.group_size * 2 : sb;
+  uint8_t* dq = allocate(q.rows * qn);
+  uint8_t* ds = allocate(q.rows * sn);
+  const auto* qw = static_cast<const uint8_t*>(q.qweight);
+  const auto* sc = static_cast<const uint8_t*>(q.scales);
+  for (int64_t i = 0; i < q.rows; ++i) {
+    std::memcpy(dq + i * qn, qw + i * qb + q0, static_cast<size_t>(qn));
+    std::memcpy(ds + i * sn, sc + i * sb + s0, static_cast<size_t>(sn));
+  }
+  release_mapped_pages(q.qweight, q.rows * qb);
+  release_mapped_pages(q.scales, q.rows * sb);
+  kernels::LinearWeight out = w;
+  out.quant = kernels::QuantMatRef(q.scheme, q.rows, c.size(), int4 ? q.group_size : c.size(), dq, ds);
+  if (q.packed) out.quant.packed = kernels::pack_quant_matrix(out.quant);
+  return out;
 }
 
 std::vector<float> TensorShard::slice(const std::vector<float>& v, Range r) {
@@ -192,7 +236,7 @@ void TensorShard::shard_moe(MoeWeights& w) {
       w.drop_expert(e);
       continue;
     }
-    if (w.gate[e].quantized) {  // whole quantized experts stay views; slices are rejected
+    if (w.gate[e].quantized) {  // EP: whole quantized experts stay views (no row-range copy needed)
       w.gate[e] = rows(w.gate[e], expert_ffn);
       w.up[e] = rows(w.up[e], expert_ffn);
       if (!expert_parallel()) w.down[e] = columns(w.down[e], expert_ffn);
@@ -254,7 +298,11 @@ void TensorShard::logits(const float* rows, int64_t R, const kernels::LinearWeig
     kernels::linear(rows, R, head, out);
     return;
   }
-  reject_quantized(head);
+  if (head.quantized) {
+    fail("{}: a quantized output head cannot be split by vocabulary yet; quantize with --embed-head bf16 (the "
+         "default) to run this checkpoint with --tp",
+         head.name);
+  }
   logits(rows, R, head.dense, out);
 }
 

@@ -164,6 +164,52 @@ TEST_F(TpRun, Qwen3NextFusedProjectionsSplitByKeyHeadGroup) {
   expect_same_as_one_process(m, {"--tp 2", "--ep 2"});
 }
 
+TEST_F(TpRun, QuantizedCheckpointsSplitByRowsAndWholeGroups) {
+  const std::string f32 = model("qwen3", "--arch qwen3 --heads 8 --kv-heads 4 --layers 2 --vocab 510 --tie");
+  auto quantized = [&](const std::string& scheme, const std::string& extra) {
+    const fs::path out = dir_ / ("q_" + scheme + extra.substr(extra.find_last_of(' ') + 1));
+    if (!fs::exists(out / "config.json")) {
+      const std::string cmd = kInfera + " quantize " + f32 + " " + out.string() + " --scheme " + scheme + " " + extra +
+                              " > /dev/null 2>&1";
+      EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
+    }
+    return out.string();
+  };
+  // W4A16: float activations, so the split changes only the summation order.
+  expect_same_as_one_process(quantized("w4a16", "--group-size 32"), {"--tp 2", "--tp 4"});
+  {  // quantized experts and shared expert of the hybrid: columns (TP) or whole experts (EP)
+    const std::string moe = model("qwen35_moe", "--arch qwen3_5_moe --heads 4 --kv-heads 2 --layers 4 --lin-k-heads 2 "
+                                                "--lin-v-heads 4");
+    const fs::path out = dir_ / "q_moe_w4a16";
+    const std::string cmd = kInfera + " quantize " + moe + " " + out.string() + " --scheme w4a16 > /dev/null 2>&1";
+    ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+    expect_same_as_one_process(out.string(), {"--tp 2", "--tp 2 --ep 2"});
+  }
+
+  // W8A8: a row-parallel layer (o_proj, down) quantizes each rank's slice of its input
+  // with the slice's own scale, finer than TP 1's one scale per row. The logits then move
+  // by less than the quantization itself moved them from the float model's.
+  std::vector<float> ref, one, two;
+  ASSERT_EQ(greedy(f32, "", ref, 1).exit_code, 0);
+  const std::string w8 = quantized("w8a8", "");
+  ASSERT_EQ(greedy(w8, "", one, 1).exit_code, 0);
+  const Result r = greedy(w8, "--tp 2", two, 1);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  ASSERT_TRUE(ref.size() == one.size() && one.size() == two.size() && !ref.empty());
+  float quant_error = 0, split_change = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    quant_error = std::max(quant_error, std::fabs(one[i] - ref[i]));
+    split_change = std::max(split_change, std::fabs(two[i] - one[i]));
+  }
+  EXPECT_GT(quant_error, 0.0f);
+  EXPECT_LT(split_change, quant_error) << "TP 2 moved W8A8 logits by " << split_change << ", quantization by " << quant_error;
+
+  // int4 groups run along the input columns: a split inside a group is refused by name.
+  const Result bad = greedy(quantized("w4a16", "--group-size 128"), "--tp 4", two, 1);
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.err.find("not a multiple of the quantization group size 128"), std::string::npos) << bad.err;
+}
+
 TEST_F(TpRun, CollectivesPerDecodeTokenAreTwoPerLayerPlusTwo) {
   // Merged: one broadcast of the step, one all-reduce per attention and per MLP, one
   // gather of the logits. Textbook: 3 broadcasts, an embedding all-reduce, an all-gather.
