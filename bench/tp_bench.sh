@@ -3,7 +3,8 @@
 # TP 2 uses two cores where TP 1 uses one), collectives and bytes per generated token, and
 # the share of decode time rank 0 spends inside collectives, with the merged sync (one
 # broadcast per step, 2 all-reduces per layer, one gather) and the textbook sequence
-# (--tp-textbook-sync). Also EP 2 on a qwen3_moe model.
+# (--tp-textbook-sync). Also EP 2 on a qwen3_moe model, and TP / EP on a Qwen3.5-MoE
+# hybrid (Gated DeltaNet + gated attention + experts with a shared expert).
 #
 #   bench/tp_bench.sh [BUILD_DIR] [WORK_DIR]
 #
@@ -23,7 +24,11 @@ mkdir -p "$work"
 [ -f "$work/moe/config.json" ] || /usr/bin/python3 "$repo/tools/gen_model.py" "$work/moe" --arch qwen3_moe \
   --hidden 512 --layers 6 --heads 8 --kv-heads 4 --head-dim 64 --experts 16 --experts-per-tok 2 --moe-ffn 512 \
   --vocab 8192 --dtype bf16 > /dev/null
+[ -f "$work/hybrid/config.json" ] || /usr/bin/python3 "$repo/tools/gen_model.py" "$work/hybrid" --arch qwen3_5_moe \
+  --hidden 512 --layers 8 --heads 8 --kv-heads 4 --head-dim 64 --lin-k-heads 4 --lin-v-heads 8 --experts 16 \
+  --experts-per-tok 2 --moe-ffn 512 --shared-ffn 512 --vocab 8192 --no-mtp --dtype bf16 > /dev/null
 
+uptime
 prompt="[$(seq -s, 1 32)]"
 # One line of the table from `infera run --json`'s last line.
 cat > "$work/row.py" <<'PY'
@@ -53,3 +58,8 @@ run moe   "qwen3_moe TP1"                ""
 run moe   "qwen3_moe EP2"                "--ep 2"
 run moe   "qwen3_moe TP2 (EP2 experts)"  "--tp 2 --ep 2"
 run moe   "qwen3_moe TP2 (split experts)" "--tp 2"
+run hybrid "qwen3_5_moe TP1"               ""
+run hybrid "qwen3_5_moe TP2 (split experts)" "--tp 2"
+run hybrid "qwen3_5_moe EP2"               "--ep 2"
+run hybrid "qwen3_5_moe TP2 + EP2"         "--tp 2 --ep 2"
+uptime
