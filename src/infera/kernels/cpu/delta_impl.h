@@ -159,8 +159,11 @@ void recurrent(const float* q, const float* k, const float* v, const float* g, c
 // ---- chunked delta rule (prefill) --------------------------------------------------------
 
 // Register tile of the chunk's state products: R token rows x NV vectors of columns.
+// kColVecs for the tile with two outputs per row (state_products), kWideColVecs for the
+// one-output tiles: 16 accumulators on AVX-512 (of 32 registers), 8 on AVX2 (of 16).
 constexpr int kRowTile = 4;
 constexpr int kColVecs = L == 16 ? 2 : 1;
+constexpr int kWideColVecs = L == 16 ? 4 : 2;
 
 // For chunk rows [i0, i0 + R) and one column block of dv:
 //   vn = U - W S  (U, W: [C, dv], [C, dk] rows of the chunk)
@@ -294,10 +297,10 @@ void chunked(const float* q, const float* k, const float* v, const float* g, con
       // U = T v_beta, W = T (k_beta ⊙ exp(gc)) (T = A, lower incl. diagonal).
       row_tiles(n, [&](auto rows, int64_t i0) {
         constexpr int R = decltype(rows)::value;
-        column_blocks<kColVecs>(dv, [&](auto nv, int64_t j0, int tail) {
+        column_blocks<kWideColVecs>(dv, [&](auto nv, int64_t j0, int tail) {
           lower_matmul<R, decltype(nv)::value, false>(A, C, vb, dv, U, dv, i0, j0, tail);
         });
-        column_blocks<kColVecs>(dk, [&](auto nv, int64_t j0, int tail) {
+        column_blocks<kWideColVecs>(dk, [&](auto nv, int64_t j0, int tail) {
           lower_matmul<R, decltype(nv)::value, false>(A, C, kbg, dk, W, dk, i0, j0, tail);
         });
       });
@@ -314,7 +317,7 @@ void chunked(const float* q, const float* k, const float* v, const float* g, con
         std::fill(P + i * C + i + 1, P + i * C + n, 0.0f);
       }
       row_tiles(n, [&](auto rows, int64_t i0) {
-        column_blocks<kColVecs>(dv, [&](auto nv, int64_t j0, int tail) {
+        column_blocks<kWideColVecs>(dv, [&](auto nv, int64_t j0, int tail) {
           lower_matmul<decltype(rows)::value, decltype(nv)::value, true>(P, C, vn, dv, oc, v_stride, i0, j0, tail);
         });
       });
@@ -322,7 +325,7 @@ void chunked(const float* q, const float* k, const float* v, const float* g, con
       const float g_last = gc[n - 1];
       for (int64_t i = 0; i < n; ++i) scale_to(qk + i * dk, std::exp(g_last - gc[i]), kt(i), dk);
       row_tiles(dk, [&](auto rows, int64_t d0) {
-        column_blocks<kColVecs>(dv, [&](auto nv, int64_t j0, int tail) {
+        column_blocks<kWideColVecs>(dv, [&](auto nv, int64_t j0, int tail) {
           state_update<decltype(rows)::value, decltype(nv)::value>(Sh, dk, dv, j0, tail, d0, std::exp(g_last), qk,
                                                                   vn, n);
         });
