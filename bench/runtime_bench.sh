@@ -74,20 +74,24 @@ if has long; then
     done
   done
   echo
-  echo "## TTFT growth: fit TTFT(L) = a L + b L^2 through the two shortest lengths (per chunk), longest against it"
+  echo "## TTFT growth: fit T(L) = a L + b L^2 through the two shortest lengths (per chunk), longest against it;"
+  echo "## on wall time (TTFT) and on the process's CPU time (less sensitive to a loaded machine)"
   for chunk in $long_chunks; do
-    awk -v chunk="$chunk" '
-      $2 == chunk { n++; L[n] = $1; T[n] = $3 }
-      END {
-        if (n < 3) { print "chunk " chunk ": need three lengths"; exit }
-        # a L1 + b L1^2 = T1, a L2 + b L2^2 = T2
-        det = L[1] * L[2] * L[2] - L[2] * L[1] * L[1]
-        b = (L[1] * T[2] - L[2] * T[1]) / det
-        a = (T[1] - b * L[1] * L[1]) / L[1]
-        pred = a * L[n] + b * L[n] * L[n]
-        printf "chunk %-5d a = %.2f us/token (linear), b = %.3g us/token^2 (attention); %d tokens: predicted %.0f ms, measured %.0f ms, ratio %.2f (<= ~1.1: no worse than linear plus attention)\n",
-               chunk, a * 1e3, b * 1e3, L[n], pred, T[n], T[n] / pred
-      }' "$rows"
+    for col in 3 7; do
+      awk -v chunk="$chunk" -v col="$col" '
+        $2 == chunk { n++; L[n] = $1; T[n] = $col }
+        END {
+          what = col == 3 ? "wall" : "cpu "
+          if (n < 3) { print "chunk " chunk ": need three lengths"; exit }
+          # a L1 + b L1^2 = T1, a L2 + b L2^2 = T2
+          det = L[1] * L[2] * L[2] - L[2] * L[1] * L[1]
+          b = (L[1] * T[2] - L[2] * T[1]) / det
+          a = (T[1] - b * L[1] * L[1]) / L[1]
+          pred = a * L[n] + b * L[n] * L[n]
+          printf "chunk %-5d %s: a = %.1f us/token, b = %.3g us/token^2; %d tokens: predicted %.0f ms, measured %.0f ms, ratio %.2f (<= ~1.1: linear plus attention)\n",
+                 chunk, what, a * 1e3, b * 1e3, L[n], pred, T[n], T[n] / pred
+        }' "$rows"
+    done
   done
   echo
 fi
