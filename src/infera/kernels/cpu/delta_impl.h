@@ -219,6 +219,39 @@ void lower_matmul(const float* M, int64_t ldm, const float* X, int64_t ldx, floa
     for (int x = 0; x < NV; ++x) st<NV>(Y + (i0 + r) * ldy + j0, x, acc[r][x], tail);
 }
 
+// Rows [i0, i0 + R) of M = X kᵀ over one column block of M (X: [C, dk] rows, kT: the
+// chunk's keys transposed, [dk, ldk]): broadcast X[i, d] times a vector of kT row d, so no
+// horizontal sums.
+template <int R, int NV>
+void gram_tile(const float* X, int64_t dk, const float* kT, int64_t ldk, float* M, int64_t ldm, int64_t i0,
+               int64_t j0, int tail) {
+  V acc[R][NV];
+  for (int r = 0; r < R; ++r)
+    for (int x = 0; x < NV; ++x) acc[r][x] = S::zero();
+  for (int64_t d = 0; d < dk; ++d) {
+    V kv[NV];
+    for (int x = 0; x < NV; ++x) kv[x] = ld<NV>(kT + d * ldk + j0, x, tail);
+    for (int r = 0; r < R; ++r) {
+      const V xd = S::set1(X[(i0 + r) * dk + d]);
+      for (int x = 0; x < NV; ++x) acc[r][x] = S::fma(xd, kv[x], acc[r][x]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int x = 0; x < NV; ++x) st<NV>(M + (i0 + r) * ldm + j0, x, acc[r][x], tail);
+}
+
+// row[j] *= sign * exp(gci - gc[j]) for j < count (the decay between tokens j and i);
+// row[j] = 0 for j in [count, n).
+void decay_row(float* row, const float* gc, float gci, float sign, int64_t count, int64_t n) {
+  const V gv = S::set1(gci), sv = S::set1(sign);
+  int64_t j = 0;
+  for (; j + L <= count; j += L) {
+    S::store(row + j, S::mul(S::mul(sv, S::load(row + j)), S::exp(S::sub(gv, S::load(gc + j)))));
+  }
+  for (; j < count; ++j) row[j] = sign * row[j] * std::exp(gci - gc[j]);
+  std::fill(row + count, row + n, 0.0f);
+}
+
 // S rows [d0, d0 + R), one column block: S = e_last S + Σ_i kf[i, d] vn[i].
 template <int R, int NV>
 void state_update(float* Sh, int64_t dk, int64_t dv, int64_t j0, int tail, int64_t d0, float e_last, const float* kf,
@@ -258,7 +291,7 @@ void chunked(const float* q, const float* k, const float* v, const float* g, con
     const int64_t hk = h / group;
     float* Sh = state + h * dk * dv;  // [dk, dv]
     // Per-chunk work buffers, rows = tokens of the chunk.
-    float* gc = scratch(static_cast<size_t>(C * (3 + 2 * C + 4 * dk + 3 * dv)));
+    float* gc = scratch(static_cast<size_t>(C * (3 + 2 * C + 5 * dk + 3 * dv)));
     float* A = gc + C;           // [C, C]
     float* P = A + C * C;        // [C, C] (q_i·k_j) exp(gc_i - gc_j), j <= i
     float* tmp = P + C * C;      // [C]
@@ -269,6 +302,7 @@ void chunked(const float* q, const float* k, const float* v, const float* g, con
     float* vb = qk + C * dk;     // [C, dv] v * beta
     float* U = vb + C * dv;      // [C, dv]
     float* vn = U + C * dv;      // [C, dv]
+    float* kT = vn + C * dv;     // [dk, C] the chunk's keys, transposed
     for (int64_t c0 = 0; c0 < n_tokens; c0 += C) {
       const int64_t n = std::min(C, n_tokens - c0);
       auto kt = [&](int64_t i) { return k + (c0 + i) * qk_stride + hk * dk; };
@@ -285,9 +319,19 @@ void chunked(const float* q, const float* k, const float* v, const float* g, con
       }
       // A = -(k_beta kᵀ ⊙ decay), strictly lower; then (I + A)^-1 by forward substitution:
       // row i += Σ_m A[i][m] row m (rows m < i already final; their entries >= m are 0).
+      // With P = (q kᵀ ⊙ decay), lower including the diagonal, for the intra-chunk attention.
+      for (int64_t i = 0; i < n; ++i)
+        for (int64_t d = 0; d < dk; ++d) kT[d * C + i] = kt(i)[d];
+      row_tiles(n, [&](auto rows, int64_t i0) {
+        constexpr int R = decltype(rows)::value;
+        column_blocks<kWideColVecs>(i0 + R, [&](auto nv, int64_t j0, int tail) {
+          gram_tile<R, decltype(nv)::value>(kb, dk, kT, C, A, C, i0, j0, tail);
+          gram_tile<R, decltype(nv)::value>(qk, dk, kT, C, P, C, i0, j0, tail);
+        });
+      });
       for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < i; ++j) A[i * C + j] = -dot(kb + i * dk, kt(j), dk) * std::exp(gc[i] - gc[j]);
-        std::fill(A + i * C + i, A + i * C + n, 0.0f);
+        decay_row(A + i * C, gc, gc[i], -1.0f, i, n);
+        decay_row(P + i * C, gc, gc[i], 1.0f, i + 1, n);
       }
       for (int64_t i = 1; i < n; ++i) {
         std::memcpy(tmp, A + i * C, i * sizeof(float));
@@ -312,10 +356,6 @@ void chunked(const float* q, const float* k, const float* v, const float* g, con
                                                                     v_stride);
         });
       });
-      for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j <= i; ++j) P[i * C + j] = dot(qk + i * dk, kt(j), dk) * std::exp(gc[i] - gc[j]);
-        std::fill(P + i * C + i + 1, P + i * C + n, 0.0f);
-      }
       row_tiles(n, [&](auto rows, int64_t i0) {
         column_blocks<kWideColVecs>(dv, [&](auto nv, int64_t j0, int tail) {
           lower_matmul<decltype(rows)::value, decltype(nv)::value, true>(P, C, vn, dv, oc, v_stride, i0, j0, tail);
