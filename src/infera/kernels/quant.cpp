@@ -185,15 +185,6 @@ void linear(const float* x, int64_t m, const LinearWeight& w, float* y) { linear
 
 // ---- repacking (kernels/quant.h, "Repacked layout") ----------------------------------------
 
-namespace {
-
-// Raw nibble [0, 15] of column `col` in an on-disk int4 row.
-inline uint8_t disk_nibble(const uint8_t* row, int64_t col) {
-  const uint8_t byte = row[col / 32 * 16 + (col % 32) % 16];
-  return (col % 32) < 16 ? (byte & 0x0f) : (byte >> 4);
-}
-
-}  // namespace
 
 std::shared_ptr<const PackedQuantMat> pack_quant_matrix_always(const QuantMatRef& w, int threads) {
   check_quant_matrix(w);
@@ -216,36 +207,48 @@ std::shared_ptr<const PackedQuantMat> pack_quant_matrix_always(const QuantMatRef
   const int64_t row_bytes = int4 ? w.cols / 2 : w.cols;
   const int nt = threads > 0 ? threads : num_threads();
   // Each thread writes (first-touches) its own panels.
-#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1 && p.panels > 1)
-  for (int64_t pi = 0; pi < p.panels; ++pi) {
-    uint8_t* dst = p.panel(pi);
-    for (int64_t lane = 0; lane < kPanelRows; ++lane) {
-      const int64_t r = pi * kPanelRows + lane;
-      const bool real = r < w.rows;
-      const uint8_t* src = qw + r * row_bytes;
-      for (int64_t c = 0; c < p.chunks; ++c) {
-        uint8_t* d = dst + c * 64 + lane * 4;
-        for (int64_t b = 0; b < 4; ++b) {
-          if (int4) {
-            const uint8_t lo = real ? disk_nibble(src, 8 * c + b) : 8, hi = real ? disk_nibble(src, 8 * c + 4 + b) : 8;
-            d[b] = static_cast<uint8_t>(lo | (hi << 4));
+#pragma omp parallel num_threads(nt) if (nt > 1 && p.panels > 1)
+  {
+    std::vector<uint8_t> nib(static_cast<size_t>(int4 ? w.cols : 0));  // one row's nibbles in column order
+#pragma omp for schedule(static)
+    for (int64_t pi = 0; pi < p.panels; ++pi) {
+      uint8_t* dst = p.panel(pi);
+      for (int64_t lane = 0; lane < kPanelRows; ++lane) {
+        const int64_t r = pi * kPanelRows + lane;
+        const bool real = r < w.rows;
+        const uint8_t* src = qw + r * row_bytes;
+        if (int4) {
+          if (real) {
+            for (int64_t run = 0; run < w.cols; run += 32)
+              for (int64_t j = 0; j < 16; ++j) {
+                const uint8_t byte = src[run / 2 + j];
+                nib[run + j] = byte & 0x0f;
+                nib[run + j + 16] = byte >> 4;
+              }
           } else {
-            const int64_t col = 4 * c + b;
-            const int v = real && col < w.cols ? static_cast<int8_t>(src[col]) : 0;
-            d[b] = static_cast<uint8_t>(v + 128);
+            std::fill(nib.begin(), nib.end(), uint8_t{8});  // weight 0
           }
+          for (int64_t c = 0; c < p.chunks; ++c) {
+            uint8_t* d = dst + c * 64 + lane * 4;
+            for (int64_t b = 0; b < 4; ++b) d[b] = static_cast<uint8_t>(nib[8 * c + b] | (nib[8 * c + 4 + b] << 4));
+          }
+          const auto* s = static_cast<const uint16_t*>(w.scales) + r * groups;
+          for (int64_t g = 0; g < groups; ++g) {
+            const uint16_t v = real ? s[g] : uint16_t{0};
+            std::memcpy(dst + p.chunks * 64 + (g * kPanelRows + lane) * 2, &v, 2);
+          }
+        } else {
+          for (int64_t c = 0; c < p.chunks; ++c) {
+            uint8_t* d = dst + c * 64 + lane * 4;
+            for (int64_t b = 0; b < 4; ++b) {
+              const int64_t col = 4 * c + b;
+              const int v = real && col < w.cols ? static_cast<int8_t>(src[col]) : 0;
+              d[b] = static_cast<uint8_t>(v + 128);
+            }
+          }
+          const float v = real ? static_cast<const float*>(w.scales)[r] : 0.0f;
+          std::memcpy(dst + p.chunks * 64 + lane * 4, &v, 4);
         }
-      }
-      uint8_t* sc = dst + p.chunks * 64;
-      if (int4) {
-        const auto* s = static_cast<const uint16_t*>(w.scales) + r * groups;
-        for (int64_t g = 0; g < groups; ++g) {
-          const uint16_t v = real ? s[g] : uint16_t{0};
-          std::memcpy(sc + (g * kPanelRows + lane) * 2, &v, 2);
-        }
-      } else {
-        const float v = real ? static_cast<const float*>(w.scales)[r] : 0.0f;
-        std::memcpy(sc + lane * 4, &v, 4);
       }
     }
   }
