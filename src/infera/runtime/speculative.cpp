@@ -10,19 +10,28 @@ void ngram_draft(std::span<const int32_t> history, int32_t min_ngram, int32_t ma
                  std::vector<int32_t>& out) {
   out.clear();
   const int64_t len = static_cast<int64_t>(history.size());
-  if (max_draft <= 0) return;
-  for (int64_t n = std::min<int64_t>(max_ngram, len - 1); n >= std::max(min_ngram, 1); --n) {
-    const int32_t* tail = history.data() + len - n;
-    // Most recent occurrence first: in repetitive text it is the likeliest continuation.
-    // Start at len - n - 1 so the match is strictly earlier and is followed by a token.
-    for (int64_t start = len - n - 1; start >= 0; --start) {
-      if (!std::equal(tail, tail + n, history.data() + start)) continue;
-      const int64_t from = start + n;
-      const int64_t count = std::min<int64_t>(max_draft, len - from);
-      out.assign(history.begin() + from, history.begin() + from + count);
-      return;
+  if (max_draft <= 0 || len < 2 || max_ngram < 1) return;
+  const int32_t* h = history.data();
+  // Every earlier position `from` (followed by at least one token) scored by how many
+  // tokens before it equal the history's last tokens, up to max_ngram; the longest wins,
+  // the most recent on ties (in repetitive text it is the likeliest continuation).
+  int64_t best_from = -1, best_len = 0;
+  for (int64_t from = len - 1; from >= 1; --from) {
+    int64_t m = 0;
+    while (m < max_ngram && from - 1 - m >= 0 && h[from - 1 - m] == h[len - 1 - m]) ++m;
+    if (m > best_len) {
+      best_len = m;
+      best_from = from;
+      if (m == max_ngram) break;
     }
   }
+  if (best_len < std::max(min_ngram, 1)) return;
+  // Draft no further than the evidence: at most as many tokens as matched. A rejected
+  // draft is not free (the verify chunk grows, and a hybrid model restores its recurrent
+  // state and re-feeds the kept tokens in an extra forward), and a continuation after a
+  // short match is the likeliest to diverge.
+  const int64_t count = std::min<int64_t>({max_draft, len - best_from, best_len});
+  out.assign(history.begin() + best_from, history.begin() + best_from + count);
 }
 
 DraftVerdict speculative_accept(std::span<const float> p, std::span<const float> q, int32_t draft, double u_accept,

@@ -26,7 +26,10 @@ namespace infera {
 
 // Prompt lookup: finds the most recent earlier occurrence of the last n tokens of
 // `history` (n = max_ngram down to min_ngram, first hit wins) and writes into `out` the
-// tokens that followed it, at most max_draft (and never past the end of the history).
+// tokens that followed it, at most min(max_draft, n) (and never past the end of the
+// history): a draft is trusted as far as the match behind it, since rejected drafts cost
+// verify work (and on hybrid models an extra forward; measured on models/infera-default,
+// drafting up to 4 tokens after any match gave 1.2-1.4x, capped at the match 1.5-1.6x).
 // `out` is cleared first; it stays empty when nothing matches.
 void ngram_draft(std::span<const int32_t> history, int32_t min_ngram, int32_t max_ngram, int32_t max_draft,
                  std::vector<int32_t>& out);

@@ -180,8 +180,9 @@ TEST(SpeculativeEngine, NgramGreedyEqualsPlainOnHybrid) {
   expect_same(spec, plain, "hybrid ngram");
   // This random model does not repeat itself, so its n-gram drafts are all rejected:
   // every verify step restores the recurrent state. (Accepted-then-rejected drafts on
-  // the hybrid are covered by the MTP test below.)
-  EXPECT_GT(spec.stats.spec_drafted, 10);
+  // the hybrid are covered by the MTP test below.) Drafts are at most as long as their
+  // match, mostly 1-2 tokens here.
+  EXPECT_GE(spec.stats.spec_drafted, 8);
   EXPECT_LT(spec.stats.spec_accepted, spec.stats.spec_drafted);
 }
 

@@ -41,14 +41,22 @@ int32_t draw(const std::vector<float>& q, double u) {
 TEST(NgramDraft, ProposesWhatFollowedTheMostRecentMatch) {
   std::vector<int32_t> out;
   // Tail "2 3" occurs at 1 and at 5; the most recent (5) is followed by 9 8.
+  // "2 3" (2 tokens) matched: at most 2 drafts follow it.
   ngram_draft(std::vector<int32_t>{1, 2, 3, 4, 1, 2, 3, 9, 8, 2, 3}, 1, 3, 4, out);
-  EXPECT_EQ(out, (std::vector<int32_t>{9, 8, 2, 3}));
-  // Limited by max_draft.
-  ngram_draft(std::vector<int32_t>{1, 2, 3, 4, 1, 2, 3, 9, 8, 2, 3}, 1, 3, 2, out);
   EXPECT_EQ(out, (std::vector<int32_t>{9, 8}));
+  // Limited by max_draft.
+  ngram_draft(std::vector<int32_t>{1, 2, 3, 4, 1, 2, 3, 9, 8, 2, 3}, 1, 3, 1, out);
+  EXPECT_EQ(out, (std::vector<int32_t>{9}));
+  // A 3-token match allows 3 drafts, a 4-gram limit 4.
+  ngram_draft(std::vector<int32_t>{4, 1, 2, 3, 7, 8, 9, 6, 4, 1, 2, 3}, 1, 3, 8, out);
+  EXPECT_EQ(out, (std::vector<int32_t>{7, 8, 9}));
+  ngram_draft(std::vector<int32_t>{4, 1, 2, 3, 7, 8, 9, 6, 4, 1, 2, 3}, 1, 4, 8, out);
+  EXPECT_EQ(out, (std::vector<int32_t>{7, 8, 9, 6}));
   // Limited by the end of the history.
-  ngram_draft(std::vector<int32_t>{5, 6, 7, 5, 6}, 1, 3, 4, out);
-  EXPECT_EQ(out, (std::vector<int32_t>{7, 5, 6}));
+  ngram_draft(std::vector<int32_t>{5, 6, 7, 1, 5, 6, 7}, 1, 3, 4, out);
+  EXPECT_EQ(out, (std::vector<int32_t>{1, 5, 6}));
+  ngram_draft(std::vector<int32_t>{5, 6, 5, 6}, 1, 3, 4, out);
+  EXPECT_EQ(out, (std::vector<int32_t>{5, 6}));
 }
 
 TEST(NgramDraft, LongerNgramWinsOverAMoreRecentShorterOne) {
