@@ -57,6 +57,7 @@ struct RunOptions {
   int32_t ep = 1;
   double tp_timeout = 300.0;
   bool tp_textbook_sync = false;
+  std::string ep_dispatch = "allreduce";  // allreduce | all-to-all (docs/parallel.md)
 };
 
 // What each rank reports to rank 0 at the end of a parallel run.
@@ -184,6 +185,7 @@ int generate(const RunOptions& o, parallel::Communicator* comm) {
     load.parallel.tp = o.tp;
     load.parallel.ep = o.ep;
     load.parallel.merged_sync = !o.tp_textbook_sync;
+    load.parallel.ep_all_to_all = o.ep_dispatch == "all-to-all";
     comm->set_watchdog_seconds(o.tp_timeout);
     if (o.no_mmap) LOG_WARN("--no-mmap with --tp/--ep: every rank reads the whole checkpoint into memory");
   }
@@ -324,6 +326,7 @@ int generate(const RunOptions& o, parallel::Communicator* comm) {
     parallel_json = {{"tp", o.tp},
                      {"ep", o.ep},
                      {"sync", o.tp_textbook_sync ? "textbook" : "merged"},
+                     {"ep_dispatch", o.ep_dispatch},
                      {"decode_collectives_per_token", calls / steps},
                      {"decode_bytes_per_token", bytes / steps},
                      {"decode_comm_share", decode_s > 0 ? secs / decode_s : 0.0},
@@ -357,6 +360,10 @@ int generate(const RunOptions& o, parallel::Communicator* comm) {
 // to it when neither --tp nor --ep is given).
 int run(std::shared_ptr<RunOptions> opts) {
   RunOptions& o = *opts;
+  if (o.ep_dispatch == "all-to-all" && (o.ep == 1 || o.tp != 1)) {
+    fail("--ep-dispatch all-to-all needs --ep N without --tp (tokens split across ranks); with tensor-parallel "
+         "attention every rank holds every token and the dispatch is local");
+  }
   if (!parallel::launched_by_mpi()) {
     const int ranks = std::max(o.tp, o.ep);
     if (ranks > 1) return parallel::run_under_mpirun(ranks, parallel::GroupSignals::kStop);
@@ -421,6 +428,11 @@ void setup(CLI::App& app) {
   cmd->add_option("--tp-timeout", o->tp_timeout, "Seconds a rank waits in one collective before it declares a peer hung and ends the group (0: never)")
       ->default_val(300)->check(CLI::NonNegativeNumber);
   cmd->add_flag("--tp-textbook-sync", o->tp_textbook_sync, "Benchmarking: the unmerged sync sequence (more collectives per step)");
+  cmd->add_option("--ep-dispatch", o->ep_dispatch, "With --ep alone: allreduce (every rank runs its experts for all "
+                                                   "tokens, one all-reduce) or all-to-all (tokens split across ranks, "
+                                                   "dispatched to the experts' ranks and back)")
+      ->default_val("allreduce")
+      ->check(CLI::IsMember({"allreduce", "all-to-all"}));
   cmd->callback([o] { set_exit_code(run(o)); });
 }
 

@@ -233,9 +233,8 @@ void LlamaModel::forward(const ForwardBatch& batch, KvPool& kv, float* logits) {
     kernels::rmsnorm(x_.data(), L.ffn_norm.data(), xn_.data(), T, H, c.rms_norm_eps);
     if (L.moe) {
       ffn_out_.resize(static_cast<size_t>(T * H));
-      moe_.forward(L.experts, xn_.data(), T, H, ffn_out_.data(), counts_.data() + l * c.num_experts);
-      // Partial sums: experts split by rank (EP) or each expert's columns (TP).
-      shard_.all_reduce(ffn_out_.data(), T * H, shard_.tensor_parallel() || shard_.expert_parallel());
+      // Combined across ranks (experts split by rank under EP, their columns under TP).
+      shard_.moe(moe_, L.experts, xn_.data(), T, H, ffn_out_.data(), counts_.data() + l * c.num_experts);
       kernels::add(x_.data(), ffn_out_.data(), T * H);
       continue;
     }

@@ -336,12 +336,11 @@ void Qwen35Model::run_layer(const HybridLayer& L, const ForwardBatch& batch, KvP
 
   kernels::rmsnorm(x_.data(), L.ffn_norm.data(), xn_.data(), T, H, c.rms_norm_eps, kZeroCentred);
   if (L.moe) {
-    moe_.forward(L.experts, xn_.data(), T, H, out_.data(), counts);
+    shard_.moe(moe_, L.experts, xn_.data(), T, H, out_.data(), counts);  // combined across ranks
   } else {
     swiglu(L.mlp, xn_.data(), T, out_.data(), ffn_scratch_);
+    shard_.all_reduce(out_.data(), T * H, shard_.tensor_parallel());  // row-parallel down
   }
-  // Partial sums: MLP columns (TP), experts (EP) or expert columns (TP without EP).
-  shard_.all_reduce(out_.data(), T * H, shard_.tensor_parallel() || (L.moe && shard_.expert_parallel()));
   kernels::add(x_.data(), out_.data(), T * H);
 }
 

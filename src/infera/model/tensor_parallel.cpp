@@ -80,6 +80,10 @@ TensorShard::TensorShard(const parallel::ParallelPlan& plan, const ModelConfig& 
   }
   if (cfg.num_experts > 0) {
     experts = parallel::split_range(cfg.num_experts, ep_, ep_ > 1 ? r : 0);
+    for (int owner = 0; owner < ep_; ++owner) {
+      const Range mine = parallel::split_range(cfg.num_experts, ep_, owner);
+      expert_owner_.insert(expert_owner_.end(), static_cast<size_t>(mine.size()), owner);
+    }
     // TP without EP splits every expert's intermediate dimension instead.
     const int inner = ep_ > 1 ? 1 : tp_;
     expert_ffn = parallel::split_range(cfg.moe_intermediate_size, inner, inner > 1 ? r : 0);
@@ -247,7 +251,8 @@ void TensorShard::shard_moe(MoeWeights& w) {
     up = rows(up, expert_ffn, expert_parallel());
     down = expert_parallel() ? rows(down, {0, down.rows}, /*own=*/true) : columns(down, expert_ffn);
   }
-  if (!w.shared.empty()) {
+  // All-to-all dispatch: each rank runs the shared expert whole, for its own tokens.
+  if (!w.shared.empty() && !plan_.ep_all_to_all) {
     const Range cols = parallel::split_range(w.shared.inter(), plan_.world(), rank());
     w.shared.gate = rows(w.shared.gate, cols);
     w.shared.up = rows(w.shared.up, cols);
@@ -287,6 +292,27 @@ void TensorShard::shard_gdn(GdnWeights& w, const GdnDims& d) {
   w.conv_w = slice_rows(w.conv_w, d.kernel, channels);
   w.neg_exp_a = slice(w.neg_exp_a, vh);
   w.dt_bias = slice(w.dt_bias, vh);
+}
+
+void TensorShard::moe(MoeFfn& ffn, const MoeWeights& w, const float* x, int64_t T, int64_t H, float* y,
+                      uint64_t* counts) {
+  if (!(expert_parallel() && plan_.ep_all_to_all)) {
+    ffn.forward(w, x, T, H, y, counts);
+    all_reduce(y, T * H, tensor_parallel() || expert_parallel());  // partial sums: experts or their columns
+    return;
+  }
+  const int P = plan_.world();
+  const Range own = parallel::split_range(T, P, rank());
+  const int64_t chunk = (T + P - 1) / P;  // rows per rank in the all-gather (the last ones may be short)
+  own_rows_.assign(static_cast<size_t>(chunk * H), 0.0f);
+  dispatch_.forward(*plan_.comm, expert_owner_, w, x + own.begin * H, own.size(), H, own_rows_.data(), counts);
+  // Attention is replicated in this layout: every rank needs every token's output.
+  all_rows_.resize(static_cast<size_t>(P * chunk * H));
+  plan_.comm->all_gather(own_rows_.data(), chunk * H * static_cast<int64_t>(sizeof(float)), all_rows_.data());
+  for (int r = 0; r < P; ++r) {
+    const Range rows = parallel::split_range(T, P, r);
+    std::memcpy(y + rows.begin * H, all_rows_.data() + r * chunk * H, static_cast<size_t>(rows.size() * H) * sizeof(float));
+  }
 }
 
 void TensorShard::all_reduce(float* x, int64_t n, bool split) {

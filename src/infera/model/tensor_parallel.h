@@ -29,6 +29,7 @@
 #include "infera/kernels/quant.h"
 #include "infera/model/blocks.h"
 #include "infera/model/config.h"
+#include "infera/model/expert_dispatch.h"
 #include "infera/parallel/plan.h"
 
 namespace infera {
@@ -90,6 +91,11 @@ class TensorShard {
   // rows; out_proj by input columns (row-parallel, all-reduced by the caller). Returns
   // nothing; gdn_dims() gives the local shape the sliced weights have.
   void shard_gdn(GdnWeights& w, const GdnDims& whole);
+  // The MoE block over the group, combine included: y[T, H] = MoE(x) on every rank. By
+  // default MoeFfn on this rank's experts (or expert columns) and one all-reduce; with
+  // plan.ep_all_to_all the all-to-all dispatch of this rank's token range
+  // (ExpertDispatch), then an all-gather of the rows. One process: MoeFfn alone.
+  void moe(MoeFfn& ffn, const MoeWeights& w, const float* x, int64_t T, int64_t H, float* y, uint64_t* counts);
   GdnDims gdn_dims(const GdnDims& whole) const;  // this rank's heads (whole without TP)
   parallel::Range gdn_key_heads;    // set by the constructor for hybrid models
   parallel::Range gdn_value_heads;
@@ -132,6 +138,9 @@ class TensorShard {
   bool weights_mapped_ = true;
   std::vector<std::unique_ptr<uint8_t, FreeDeleter>> owned_;  // row-parallel weight copies
   std::vector<float> local_logits_, gathered_;                // [R, Vc], [tp, R, Vc]
+  std::vector<int32_t> expert_owner_;                         // [E] rank holding each expert
+  ExpertDispatch dispatch_;
+  std::vector<float> own_rows_, all_rows_;                    // [ceil(T/p), H], [p, ceil(T/p), H]
 };
 
 }  // namespace infera

@@ -24,6 +24,10 @@ void validate_plan(const ParallelPlan& plan) {
     fail("--tp {} --ep {}: each must be 1 or the group size {} (attention and experts are split over the same ranks)",
          plan.tp, plan.ep, world);
   }
+  if (plan.ep_all_to_all && (plan.ep == 1 || plan.tp != 1)) {
+    fail("--ep-dispatch all-to-all needs --ep N without --tp (tokens split across ranks); with tensor-parallel "
+         "attention every rank holds every token and the dispatch is local");
+  }
 }
 
 }  // namespace infera::parallel

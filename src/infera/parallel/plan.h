@@ -39,6 +39,13 @@ struct ParallelPlan {
   // vocabulary-parallel embedding with its own all-reduce, logits all-gathered to every
   // rank). Kept for the benchmark's before/after comparison.
   bool merged_sync = true;
+  // Expert parallel without TP only: each rank owns a contiguous part of every batch's
+  // tokens and MoE layers dispatch them to the experts' ranks with all-to-alls (the
+  // layout data-parallel attention needs; model/expert_dispatch.h), instead of every rank
+  // computing its experts for all tokens and one all-reduce combining. Attention stays
+  // replicated here, so an all-gather follows each MoE layer: more collectives, kept for
+  // the comparison and as the tested dispatch path.
+  bool ep_all_to_all = false;
 
   int rank() const { return comm ? comm->rank() : 0; }
   int world() const { return comm ? comm->size() : 1; }

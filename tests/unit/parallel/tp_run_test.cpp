@@ -157,6 +157,30 @@ TEST_F(TpRun, Qwen35HybridTensorAndExpertParallelMatchOneProcess) {
   expect_same_as_one_process(dense, {"--tp 2", "--tp 4"});
 }
 
+TEST_F(TpRun, ExpertDispatchByAllToAllMatchesTheAllReduceCombine) {
+  // Tokens split across ranks, each (token, expert) pair sent to the expert's rank and its
+  // output sent back; the shared expert (hybrid) runs whole on the token's rank.
+  const std::string moe = model("moe", "--arch qwen3_moe --heads 8 --kv-heads 4 --layers 3 --mlp-only-layers 1");
+  expect_same_as_one_process(moe, {"--ep-dispatch all-to-all --ep 2", "--ep-dispatch all-to-all --ep 4"});
+  const std::string hybrid = model("qwen35_moe", "--arch qwen3_5_moe --heads 4 --kv-heads 2 --layers 4 --lin-k-heads 2 "
+                                                 "--lin-v-heads 4");
+  std::vector<float> logits, ar_logits;
+  const Result r = greedy(hybrid, "--ep-dispatch all-to-all --ep 2", logits, 8);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const Result all_reduce = greedy(hybrid, "--ep 2", ar_logits, 8);
+  EXPECT_EQ(r.json["ids"], all_reduce.json["ids"]);
+  ASSERT_EQ(logits.size(), ar_logits.size());
+  for (size_t i = 0; i < logits.size(); ++i) ASSERT_NEAR(logits[i], ar_logits[i], kLogitTolerance) << i;
+  // Per decode token: the step broadcast, then per MoE layer (4) the count and the two
+  // row all-to-alls and the all-gather; the all-reduce combine needs one per layer.
+  EXPECT_DOUBLE_EQ(r.json["parallel"]["decode_collectives_per_token"].get<double>(), 1 + 4 * 4);
+  EXPECT_DOUBLE_EQ(all_reduce.json["parallel"]["decode_collectives_per_token"].get<double>(), 1 + 4);
+  // Refused where tokens are not split (TP attention holds them all).
+  const Result bad = run(kInfera + " run -m " + moe + " --prompt-ids [1] -n 1 --ep-dispatch all-to-all --tp 2 --ep 2");
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.err.find("--ep-dispatch all-to-all needs --ep N without --tp"), std::string::npos) << bad.err;
+}
+
 TEST_F(TpRun, Qwen3NextFusedProjectionsSplitByKeyHeadGroup) {
   // in_proj_qkvz / in_proj_ba are interleaved per key-head group: a rank takes whole groups.
   const std::string m = model("qwen3_next", "--arch qwen3_next --heads 4 --kv-heads 2 --layers 4 --lin-k-heads 2 "
