@@ -172,6 +172,53 @@ TEST(ModelConfig, Qwen3Moe) {
   EXPECT_NE(error_of([&] { parse_model_config(j, "config.json"); }).find("'intermediate_size'"), std::string::npos);
 }
 
+// Qwen3-Next-80B-A3B's config.json as published (flat, no layer_types, no MTP key), and
+// the Qwen3NextConfig defaults for fields a config leaves out.
+TEST(ModelConfig, Qwen3NextPublishedAndDefaults) {
+  json j = json::parse(R"({
+    "architectures": ["Qwen3NextForCausalLM"], "model_type": "qwen3_next", "attention_bias": false,
+    "attention_dropout": 0.0, "bos_token_id": 151643, "decoder_sparse_step": 1, "eos_token_id": 151645,
+    "full_attention_interval": 4, "head_dim": 256, "hidden_act": "silu", "hidden_size": 2048,
+    "initializer_range": 0.02, "intermediate_size": 5120, "linear_conv_kernel_dim": 4, "linear_key_head_dim": 128,
+    "linear_num_key_heads": 16, "linear_num_value_heads": 32, "linear_value_head_dim": 128,
+    "max_position_embeddings": 262144, "mlp_only_layers": [], "moe_intermediate_size": 512, "norm_topk_prob": true,
+    "num_attention_heads": 16, "num_experts": 512, "num_experts_per_tok": 10, "num_hidden_layers": 48,
+    "num_key_value_heads": 2, "output_router_logits": false, "partial_rotary_factor": 0.25, "rms_norm_eps": 1e-06,
+    "rope_scaling": null, "rope_theta": 10000000, "router_aux_loss_coef": 0.001, "shared_expert_intermediate_size": 512,
+    "tie_word_embeddings": false, "torch_dtype": "bfloat16", "use_cache": true, "use_sliding_window": false,
+    "vocab_size": 151936})");
+  ModelConfig c = parse_model_config(j, "next.json");
+  EXPECT_EQ(c.arch, Arch::kQwen3Next);
+  EXPECT_EQ(c.num_full_attention_layers(), 12);
+  EXPECT_TRUE(c.is_linear_attention_layer(0));
+  EXPECT_FALSE(c.is_linear_attention_layer(3));
+  EXPECT_EQ(c.rope.rotary_dim, 64);
+  EXPECT_TRUE(c.norm_topk_prob);
+  EXPECT_EQ(c.shared_expert_intermediate_size, 512);
+  EXPECT_EQ(c.mtp_num_hidden_layers, 0);  // the loader counts mtp.layers.* instead
+
+  for (const char* key : {"partial_rotary_factor", "norm_topk_prob", "shared_expert_intermediate_size",
+                          "full_attention_interval"}) {
+    j.erase(key);
+  }
+  j["shared_expert_intermediate_size"] = nullptr;
+  c = parse_model_config(j, "next.json");
+  EXPECT_EQ(c.rope.rotary_dim, 64);   // partial_rotary_factor defaults to 0.25
+  EXPECT_TRUE(c.norm_topk_prob);      // Qwen3NextConfig default
+  EXPECT_EQ(c.shared_expert_intermediate_size, 512);
+  EXPECT_EQ(c.num_full_attention_layers(), 12);  // full_attention_interval defaults to 4
+  j["norm_topk_prob"] = false;
+  EXPECT_FALSE(parse_model_config(j, "next.json").norm_topk_prob);
+  // Plain Qwen3-MoE keeps transformers' false default and full-head rotary.
+  json moe = j;
+  moe["model_type"] = "qwen3_moe";
+  moe.erase("norm_topk_prob");
+  moe["head_dim"] = 128;
+  const ModelConfig m = parse_model_config(moe, "moe.json");
+  EXPECT_FALSE(m.norm_topk_prob);
+  EXPECT_EQ(m.rope.rotary_dim, 128);
+}
+
 TEST(ModelConfig, RopeScalingLinearLlama3Yarn) {
   json j = qwen3_32b();
   j["model_type"] = "llama";
