@@ -109,6 +109,16 @@ class Model {
   // logits). Logits are unchanged.
   virtual void set_hidden_for_all_tokens(bool on) { (void)on; }
 
+  // ---- Tensor / expert parallel (docs/parallel.md) ----
+  // What rank 0's collectives cost so far (ParallelModel); ranks 0 for one process.
+  struct ParallelStats {
+    int32_t ranks = 0;
+    int64_t collectives = 0;
+    int64_t bytes = 0;          // payload this rank contributed
+    double comm_seconds = 0.0;  // inside collectives, waiting for slower ranks included
+  };
+  virtual ParallelStats parallel_stats() const { return {}; }
+
  protected:
   ModelConfig config_;
 };

@@ -142,6 +142,11 @@ void ParallelModel::forward(const ForwardBatch& batch, KvPool& kv, float* logits
   local_->forward(batch, kv, logits);
 }
 
+Model::ParallelStats ParallelModel::parallel_stats() const {
+  const parallel::CommStats& s = comm_.stats();
+  return ParallelStats{comm_.size(), s.calls(), s.bytes(), s.seconds()};
+}
+
 void ParallelModel::save_state(int32_t, void*) const {
   fail("recurrent-state snapshots are not mirrored across --tp/--ep ranks (speculative decoding with tensor "
        "parallelism is not supported); run without --speculative");

@@ -42,6 +42,7 @@ class ParallelModel final : public Model {
   void save_state(int32_t slot, void* buffer) const override;
   void restore_state(int32_t slot, const void* buffer) override;
   // num_mtp_layers() stays 0: drafting with the MTP head is not mirrored either.
+  ParallelStats parallel_stats() const override;
 
   // Ends run_parallel_worker() on every other rank. Call once, after the last forward.
   void stop_workers();

@@ -555,6 +555,7 @@ EngineStats EngineCore::stats() const {
   s.prefix_miss_blocks = blocks_.miss_blocks();
   s.prefix_evictions = blocks_.evictions();
   s.preemptions = scheduler_.num_preemptions();
+  s.parallel = model_.parallel_stats();
   return s;
 }
 

@@ -30,6 +30,7 @@
 namespace infera {
 
 struct EngineStats {
+  Model::ParallelStats parallel;   // the model's collectives when it runs over ranks (--tp/--ep)
   int32_t running = 0;             // sequences holding KV blocks
   int32_t waiting = 0;             // queued or preempted, holding no blocks
   int32_t kv_blocks_total = 0;

@@ -120,6 +120,25 @@ std::string Metrics::render(const std::vector<ModelGauges>& gauges) const {
         [](const EngineStats& s) { return s.spec_decode_steps; });
   gauge("infera_spec_tokens_per_step", "gauge", "Mean tokens a sequence emits per decode step (1 without speculation).",
         [](const EngineStats& s) { return s.spec_tokens_per_step(); });
+  // Tensor / expert parallel (only models that run over ranks; docs/parallel.md). Comm
+  // share = rate(comm_seconds) / wall time; collectives per step = rate(collectives) / rate(steps).
+  auto parallel_metric = [&](const char* name, const char* type, const char* help, auto value_of) {
+    header(name, type, help);
+    for (const auto& g : gauges) {
+      if (g.has_stats && g.stats.parallel.ranks > 1) out += fmt::format("{}{{{}}} {}\n", name, label(g.name), value_of(g.stats));
+    }
+  };
+  parallel_metric("infera_parallel_ranks", "gauge", "Ranks the model runs over (tp/ep).",
+                  [](const EngineStats& s) { return s.parallel.ranks; });
+  parallel_metric("infera_parallel_steps_total", "counter", "Forward steps run over the ranks.",
+                  [](const EngineStats& s) { return s.steps; });
+  parallel_metric("infera_parallel_collectives_total", "counter", "Collectives rank 0 took part in.",
+                  [](const EngineStats& s) { return s.parallel.collectives; });
+  parallel_metric("infera_parallel_bytes_total", "counter", "Payload bytes rank 0 contributed to collectives.",
+                  [](const EngineStats& s) { return s.parallel.bytes; });
+  parallel_metric("infera_parallel_comm_seconds_total", "counter",
+                  "Seconds rank 0 spent inside collectives (waiting for slower ranks included).",
+                  [](const EngineStats& s) { return s.parallel.comm_seconds; });
   header("infera_spec_accepted_per_position_total", "counter", "Accepted draft tokens by position in the draft (0: first).");
   for (const auto& g : gauges) {
     if (!g.has_stats) continue;

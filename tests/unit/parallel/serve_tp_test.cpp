@@ -163,6 +163,14 @@ TEST_F(ServeTp, Tp2ServerAnswersWithTheGreedyTextOfOneProcessAndDrainsOnSigterm)
   Server two = start({"--config", yaml.string()}, "tp2");
   ASSERT_GT(two.pid, 0);
   EXPECT_EQ(complete_all(two), expected) << slurp(two.log);
+  // Rank 0's collectives are exported (the engine publishes its stats after each step).
+  const fs::path metrics = dir_ / "metrics.txt";
+  ASSERT_EQ(std::system(("curl -sf http://127.0.0.1:" + std::to_string(two.port) + "/metrics -o " + metrics.string()).c_str()), 0);
+  const std::string text = slurp(metrics);
+  EXPECT_NE(text.find("infera_parallel_ranks{model=\"m\"} 2"), std::string::npos) << text;
+  const size_t at = text.find("infera_parallel_collectives_total{model=\"m\"} ");
+  ASSERT_NE(at, std::string::npos) << text;
+  EXPECT_GT(std::stoll(text.substr(at + std::string("infera_parallel_collectives_total{model=\"m\"} ").size())), 0) << text;
   const size_t ranks = test::descendants_of(two.pid).size();  // mpirun + 2 ranks
   EXPECT_GE(ranks, 3u);
   ::kill(two.pid, SIGTERM);  // drains: rank 0 stops the workers, every rank exits 0
