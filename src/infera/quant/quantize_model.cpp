@@ -53,7 +53,7 @@ constexpr const char* kHeadName = "lm_head.weight";
 // by row like an [E * n, k] matrix so each expert is a contiguous quantized matrix.
 //   llama, qwen3, qwen3_moe (model/llama.cpp): attention, MLP, per-expert experts,
 //     embeddings and head. The router (mlp.gate.weight) stays float.
-//   qwen3_5, qwen3_5_moe (model/qwen35.cpp, trunk and MTP layers): the MLPs, experts and
+//   qwen3_next, qwen3_5, qwen3_5_moe (model/qwen35.cpp, trunk and MTP layers): the MLPs, experts and
 //     shared experts; the router, shared_expert_gate, attention, linear attention,
 //     embeddings and head stay as stored (the hybrid model binds those as float).
 bool is_linear_name(const std::string& name, bool hybrid) {
@@ -236,9 +236,9 @@ QuantizeReport quantize_model(const std::string& in_dir, const std::string& out_
     fail("--group-size {} is not supported (use 32, 64 or 128)", o.group_size);
   }
   const ModelConfig cfg = load_model_config(in_dir);
-  const bool hybrid = cfg.arch == Arch::kQwen35 || cfg.arch == Arch::kQwen35Moe;
+  const bool hybrid = cfg.arch == Arch::kQwen3Next || cfg.arch == Arch::kQwen35 || cfg.arch == Arch::kQwen35Moe;
   if (cfg.arch != Arch::kLlama && cfg.arch != Arch::kQwen3 && cfg.arch != Arch::kQwen3Moe && !hybrid) {
-    fail("{}: quantization supports model_type llama, qwen3, qwen3_moe, qwen3_5 and qwen3_5_moe, not '{}'", in_dir,
+    fail("{}: quantization supports model_type llama, qwen3, qwen3_moe, qwen3_next, qwen3_5 and qwen3_5_moe, not '{}'", in_dir,
          cfg.model_type);
   }
   if (read_quantization_config(in_dir).present) {

@@ -320,5 +320,41 @@ TEST(QuantMoeModel, Qwen35MoeSchemesCloseToF32AndFusedExpertsStay3D) {
   }
 }
 
+// qwen3_next stores the same network as qwen3_5_moe (tools/gen_model.py, same seed) with
+// per-expert experts: quantization is per row, so the fused 3-D and the per-expert
+// quantized tensors hold the same numbers and the two quantized models agree (w4a16: no
+// activation rounding to amplify the float models' ~1e-6 differences).
+TEST(QuantMoeModel, FusedAndPerExpertExpertsQuantizeToTheSameModel) {
+  std::string next_args = kQwen35MoeArgs;
+  next_args.replace(next_args.find("qwen3_5_moe"), 11, "qwen3_next");
+  const std::string fused_src = generated("qwen3_5_moe", kQwen35MoeArgs);
+  const std::string split_src = generated("qwen3_next", next_args);
+  QuantizeOptions o;
+  o.scheme = QuantScheme::kW4A16;
+  const fs::path fused = kWork / "same_fused", split = kWork / "same_split";
+  quantize_model(fused_src, fused.string(), o);
+  quantize_model(split_src, split.string(), o);
+  EXPECT_TRUE(WeightStore::open(split.string()).find("model.layers.0.mlp.experts.3.gate_proj.weight.qweight"));
+  std::vector<std::vector<float>> logits;
+  for (const fs::path& dir : {fused, split}) {
+    std::unique_ptr<Model> m = load_model(dir.string());
+    KvPoolShape shape = m->kv_shape(16);
+    shape.num_blocks = 4;
+    KvPool kv(shape);
+    BlockAllocator blocks(4);
+    SequenceRunner runner(*m, kv, blocks, 64);
+    const std::vector<int32_t> prompt = {1, 17, 250, 33, 90, 4, 161, 77, 12, 200};
+    const float* l = runner.feed(prompt);
+    logits.emplace_back(l, l + m->config().vocab_size);
+  }
+  float max_diff = 0, max_abs = 0;
+  for (size_t i = 0; i < logits[0].size(); ++i) {
+    max_diff = std::max(max_diff, std::fabs(logits[0][i] - logits[1][i]));
+    max_abs = std::max(max_abs, std::fabs(logits[0][i]));
+  }
+  EXPECT_LT(max_diff, 1e-4f * max_abs) << "max |logit| " << max_abs;
+  EXPECT_GT(max_abs, 0.1f);
+}
+
 }  // namespace
 }  // namespace infera::quant
