@@ -32,24 +32,29 @@ uptime
 prompt="[$(seq -s, 1 32)]"
 # One line of the table from `infera run --json`'s last line.
 cat > "$work/row.py" <<'PY'
-import json, sys
-label = sys.argv[1]
+import json, os, sys
+label, base_file = sys.argv[1], sys.argv[2]
 j = json.load(sys.stdin)
 p = j.get("parallel")
 tps = j["generated_tokens_per_s"]
+if not p:  # the one-process row: the base of this model's ratios
+    with open(base_file, "w") as f:
+        f.write(str(tps))
+base = float(open(base_file).read()) if os.path.exists(base_file) else 0.0
+ratio = f"{tps / base:6.2f}x" if base > 0 else "      -"
 if p:
     hwm = max(r["vm_hwm_kib"] for r in p["ranks"]) / 1024
-    print(f"{label:<30} {tps:9.1f} {p['decode_collectives_per_token']:11.1f} "
+    print(f"{label:<32} {tps:9.1f} {ratio} {p['decode_collectives_per_token']:11.1f} "
           f"{p['decode_bytes_per_token']:12.0f} {100 * p['decode_comm_share']:10.1f}% {hwm:9.0f}")
 else:
-    print(f"{label:<30} {tps:9.1f} {0:11.1f} {0:12.0f} {0:10.1f}% {'-':>9}")
+    print(f"{label:<32} {tps:9.1f} {ratio} {0:11.1f} {0:12.0f} {0:10.1f}% {'-':>9}")
 PY
 run() {  # model, label, extra args
   "$infera" run -m "$work/$1" --prompt-ids "$prompt" -n "$gen_tokens" --temp 0 --ignore-eos --json -t 1 $3 \
-    2> /dev/null | tail -1 | /usr/bin/python3 "$work/row.py" "$2"
+    2> /dev/null | tail -1 | /usr/bin/python3 "$work/row.py" "$2" "$work/$1.tp1_tps"
 }
 
-printf "%-30s %9s %11s %12s %11s %9s\n" "config" "tok/s" "coll/token" "bytes/token" "comm share" "MiB/rank"
+printf "%-32s %9s %7s %11s %12s %11s %9s\n" "config" "tok/s" "vs TP1" "coll/token" "bytes/token" "comm share" "MiB/rank"
 run llama "llama TP1"                    ""
 run llama "llama TP2 merged"             "--tp 2"
 run llama "llama TP2 textbook"           "--tp 2 --tp-textbook-sync"

@@ -197,6 +197,26 @@ TEST_F(ServeTp, HybridTp2ServerMatchesOneProcess) {
   EXPECT_EQ(wait_exit(two, 15), 0) << slurp(two.log);
 }
 
+TEST_F(ServeTp, GroupMistakesAreRefusedBeforeAnyRankStarts) {
+  // Checked in the launching process: plain messages, no MPI start-up.
+  auto serve_error = [&](const std::string& models) {
+    const fs::path yaml = dir_ / "bad.yaml", log = dir_ / "bad.log";
+    std::ofstream(yaml) << "models:\n" << models;
+    const std::string cmd = kInfera + " serve --config " + yaml.string() + " --port " + std::to_string(free_port()) +
+                            " > " + log.string() + " 2>&1";
+    EXPECT_NE(std::system(cmd.c_str()), 0) << models;
+    return slurp(log);
+  };
+  const std::string entry = "  - name: a\n    path: " + kStories + "\n";
+  std::string err = serve_error(entry + "    tp: 2\n    ep: 4\n");
+  EXPECT_NE(err.find("models[0]: tp 2 with ep 4: each must be 1 or the group's size"), std::string::npos) << err;
+  err = serve_error(entry + "    tp: 2\n  - name: b\n    path: " + kStories + "\n    tp: 2\n");
+  EXPECT_NE(err.find("models[0] and models[1] both set tp/ep above 1"), std::string::npos) << err;
+  err = serve_error(entry + "    tp: 3\n");
+  EXPECT_NE(err.find("--tp 3 must divide num_attention_heads (8)"), std::string::npos) << err;
+  EXPECT_EQ(err.find("mpirun"), std::string::npos) << "no rank should have started:\n" << err;
+}
+
 TEST_F(ServeTp, AKilledWorkerRankEndsTheServer) {
   Server s = start({"-m", kStories, "--name", "m", "-t", "1", "--tp", "2"}, "kill");
   ASSERT_GT(s.pid, 0);
