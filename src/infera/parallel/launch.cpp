@@ -125,7 +125,8 @@ int run_under_mpirun(int ranks, GroupSignals signals) {
     const timespec wait{1, 0};
     const int sig = ::sigtimedwait(&handled, nullptr, &wait);
     if (sig == SIGINT || sig == SIGTERM || sig == SIGHUP) {
-      const bool drain = signals == GroupSignals::kDrain && ++received == 1;
+      ++received;
+      const bool drain = signals == GroupSignals::kDrain && received == 1;
       ::kill(child, drain ? SIGUSR1 : SIGTERM);
     }
     const pid_t done = ::waitpid(child, &status, WNOHANG);
