@@ -123,6 +123,18 @@ class TpRun : public ::testing::Test {
     }
   }
 
+  // Peak resident KiB of the largest rank of `m` at `tp` (infera run under the test's own
+  // mpirun, so both sizes pay the same launcher).
+  static double peak_rank_kib(const std::string& m, int tp) {
+    const std::string launch = "mpirun --oversubscribe --bind-to none --allow-run-as-root -np " + std::to_string(tp) + " ";
+    const Result r = run(launch + kInfera + " run -m " + m + " --prompt-ids [1,2,3] -n 2 --temp 0 --json -t 1 "
+                         "--prefill-chunk 16 --ctx 64 --tp " + std::to_string(tp));
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    int64_t worst = 0;
+    for (const auto& rank : r.json["parallel"]["ranks"]) worst = std::max(worst, rank["vm_hwm_kib"].get<int64_t>());
+    return static_cast<double>(worst);
+  }
+
   static fs::path dir_;
 };
 
@@ -254,21 +266,25 @@ TEST_F(TpRun, PerRankWeightMemoryIsAboutOneOverTp) {
   // embedding table is not split (each rank reads its tokens' rows).
   const std::string big = model("big", "--arch llama --hidden 512 --layers 8 --heads 8 --kv-heads 8 --head-dim 64 "
                                        "--ffn 2048 --vocab 2048");
-  auto peak_kib = [&](const std::string& m, int tp) {
-    std::vector<float> logits;
-    const std::string launch = "mpirun --oversubscribe --bind-to none --allow-run-as-root -np " + std::to_string(tp) + " ";
-    const Result r = run(launch + kInfera + " run -m " + m + " --prompt-ids [1,2,3] -n 2 --temp 0 --json -t 1 "
-                         "--prefill-chunk 16 --ctx 64 --tp " + std::to_string(tp));
-    EXPECT_EQ(r.exit_code, 0) << r.err;
-    int64_t worst = 0;
-    for (const auto& rank : r.json["parallel"]["ranks"]) worst = std::max(worst, rank["vm_hwm_kib"].get<int64_t>());
-    return static_cast<double>(worst);
-  };
-  const double w1 = peak_kib(big, 1) - peak_kib(kStories, 1);
-  const double w2 = peak_kib(big, 2) - peak_kib(kStories, 2);
+  const double w1 = peak_rank_kib(big, 1) - peak_rank_kib(kStories, 1);
+  const double w2 = peak_rank_kib(big, 2) - peak_rank_kib(kStories, 2);
   // 128 MiB of layers, 4 MiB output head, up to 4 MiB of embedding rows.
   ASSERT_GT(w1, 120.0 * 1024) << "the big model's weights should be resident with TP 1";
   std::printf("weights resident: TP 1 %.1f MiB, TP 2 %.1f MiB per rank (ratio %.3f)\n", w1 / 1024, w2 / 1024, w2 / w1);
+  EXPECT_NEAR(w2 / w1, 0.5, 0.5 * 0.15) << "TP 1: " << w1 / 1024 << " MiB, TP 2 per rank: " << w2 / 1024 << " MiB";
+}
+
+TEST_F(TpRun, HybridPerRankWeightMemoryIsAboutOneOverTp) {
+  // Dense Qwen3.5 (~125 MB f32): GDN projections, conv and gated attention are copied per
+  // rank from several row ranges; they must not keep the neighbours' rows resident.
+  const std::string big = model("big_hybrid", "--arch qwen3_5 --hidden 512 --layers 8 --heads 8 --kv-heads 4 "
+                                              "--head-dim 64 --lin-k-heads 4 --lin-v-heads 8 --ffn 2048 --vocab 2048 "
+                                              "--no-mtp");
+  const double base1 = peak_rank_kib(kStories, 1), base2 = peak_rank_kib(kStories, 2);
+  const double w1 = peak_rank_kib(big, 1) - base1, w2 = peak_rank_kib(big, 2) - base2;
+  ASSERT_GT(w1, 100.0 * 1024) << "the hybrid's weights should be resident with TP 1";
+  std::printf("hybrid weights resident: TP 1 %.1f MiB, TP 2 %.1f MiB per rank (ratio %.3f)\n", w1 / 1024, w2 / 1024,
+              w2 / w1);
   EXPECT_NEAR(w2 / w1, 0.5, 0.5 * 0.15) << "TP 1: " << w1 / 1024 << " MiB, TP 2 per rank: " << w2 / 1024 << " MiB";
 }
 
