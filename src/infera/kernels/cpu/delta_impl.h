@@ -398,39 +398,52 @@ void chunked(const float* q, const float* k, const float* v, const float* g, con
 inline V silu_v(V x) { return S::div(x, S::add(S::set1(1.0f), S::exp(S::sub(S::zero(), x)))); }
 inline float silu_1(float x) { return x / (1.0f + std::exp(-x)); }
 
+// In place, without copying the input: outputs are produced from the last token back to
+// the first, so the inputs a token reads (its own and the kernel - 1 before it) are still
+// unwritten; rows before the chunk come from `state`. Threads split the channels.
 void conv1d_silu(float* x, int64_t n_tokens, int64_t channels, const float* w, int64_t kernel, float* state) {
-  const int64_t hist = kernel - 1, C = channels;
-  // window = [state ; x] over time [hist + n_tokens, C]; taps transposed to [kernel, C] so
-  // a vector of channels reads one contiguous row per tap.
-  float* window = scratch(static_cast<size_t>((hist + n_tokens) * C + kernel * C));
-  float* taps = window + (hist + n_tokens) * C;
-  std::memcpy(window, state, hist * C * sizeof(float));
-  std::memcpy(window + hist * C, x, n_tokens * C * sizeof(float));
+  const int64_t hist = kernel - 1, C = channels, T = n_tokens;
+  // taps [kernel, C] (w transposed, so a vector of channels reads one row per tap), then the
+  // next state [hist, C]: the last hist rows of [state ; x].
+  float* taps = scratch(static_cast<size_t>(kernel * C + hist * C));
+  float* next = taps + kernel * C;
   for (int64_t c = 0; c < C; ++c)
     for (int64_t j = 0; j < kernel; ++j) taps[j * C + c] = w[c * kernel + j];
-  // Threads split tokens in prefill, channels in decode.
-  const int64_t tasks = n_tokens > 1 ? n_tokens : 1;
-#pragma omp parallel for schedule(static) num_threads(threads_for(tasks > 8 ? tasks : 1))
-  for (int64_t t = 0; t < n_tokens; ++t) {
-    float* y = x + t * C;
-    int64_t c = 0;
-    for (; c + L <= C; c += L) {
-      V acc = S::zero();
-      for (int64_t j = 0; j < kernel; ++j) acc = S::fma(S::load(taps + j * C + c), S::load(window + (t + j) * C + c), acc);
-      S::store(y + c, silu_v(acc));
-    }
-    for (; c < C; ++c) {
-      float acc = 0.0f;
-      for (int64_t j = 0; j < kernel; ++j) acc += taps[j * C + c] * window[(t + j) * C + c];
-      y[c] = silu_1(acc);
+  for (int64_t r = 0; r < hist; ++r) {
+    const int64_t row = T + r;  // in [state ; x] coordinates
+    std::memcpy(next + r * C, row < hist ? state + row * C : x + (row - hist) * C, C * sizeof(float));
+  }
+  // Row i of [state ; x].
+  auto window = [&](int64_t i) -> const float* { return i < hist ? state + i * C : x + (i - hist) * C; };
+  const int64_t vecs = (C + L - 1) / L;
+  const int threads = threads_for(T * C >= (int64_t{1} << 16) ? vecs : 1);
+#pragma omp parallel num_threads(threads)
+  {
+    const FlushDenormals ftz;
+    const int64_t nt = omp_get_num_threads(), id = omp_get_thread_num();
+    const int64_t c0 = std::min(C, vecs * id / nt * L), c1 = std::min(C, vecs * (id + 1) / nt * L);
+    for (int64_t t = T - 1; t >= 0; --t) {
+      float* y = x + t * C;
+      int64_t c = c0;
+      for (; c + L <= c1; c += L) {
+        V acc = S::zero();
+        for (int64_t j = 0; j < kernel; ++j) acc = S::fma(S::load(taps + j * C + c), S::load(window(t + j) + c), acc);
+        S::store(y + c, silu_v(acc));
+      }
+      for (; c < c1; ++c) {
+        float acc = 0.0f;
+        for (int64_t j = 0; j < kernel; ++j) acc += taps[j * C + c] * window(t + j)[c];
+        y[c] = silu_1(acc);
+      }
     }
   }
-  std::memcpy(state, window + n_tokens * C, hist * C * sizeof(float));
+  std::memcpy(state, next, hist * C * sizeof(float));
 }
 
 void rmsnorm_gated(float* x, const float* z, const float* w, int64_t rows, int64_t n, float eps) {
 #pragma omp parallel for schedule(static) num_threads(threads_for(rows >= 64 ? rows / 32 : 1))
   for (int64_t r = 0; r < rows; ++r) {
+    const FlushDenormals ftz;
     float* p = x + r * n;
     const float* zr = z + r * n;
     const float inv = 1.0f / std::sqrt(dot(p, p, n) / static_cast<float>(n) + eps);
