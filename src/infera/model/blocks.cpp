@@ -87,6 +87,15 @@ void swiglu(const SwigluWeights& w, const float* x, int64_t T, float* y, std::ve
   kernels::linear(gate, T, w.down, y);
 }
 
+LinearWeight bind_hybrid_linear(const WeightStore& store, const std::string& name, int64_t rows, int64_t cols,
+                                const QuantizationConfig& qc) {
+  if (qc.present && !qc.overrides.contains(name) && !store.find(name + ".qweight") && store.find(name)) {
+    const TensorInfo& t = store.get(name, {rows, cols});
+    return kernels::dense_linear(as_matrix(t), t.name);
+  }
+  return bind_linear(store, name, rows, cols, qc);
+}
+
 LinearWeight linear_row_slice(const LinearWeight& w, int64_t r0, int64_t r1) {
   INFERA_ASSERT(0 <= r0 && r0 <= r1 && r1 <= w.rows(), "row slice out of range");
   LinearWeight s = w;
@@ -453,10 +462,8 @@ GdnDims gdn_dims(const ModelConfig& cfg) {
 }
 
 int64_t GdnWeights::weight_bytes() const {
-  int64_t b = matrix_bytes(out);
-  for (const MatRef* m : {&in_qkv, &in_z, &in_a, &in_b, &in_qkvz, &in_ba}) {
-    if (m->data) b += matrix_bytes(*m);
-  }
+  int64_t b = 0;
+  for (const LinearWeight* m : {&in_qkv, &in_z, &in_a, &in_b, &in_qkvz, &in_ba, &out}) b += m->bytes();
   return b;
 }
 
@@ -464,10 +471,10 @@ namespace {
 
 // A Qwen3-Next fused projection: a missing or mis-shaped one gets an error that also
 // spells out the layout the loader expects.
-MatRef fused_projection(const WeightStore& store, const std::string& prefix, const std::string& name, int64_t rows,
-                        int64_t hidden, const std::string& layout) {
+LinearWeight fused_projection(const WeightStore& store, const std::string& prefix, const std::string& name, int64_t rows,
+                              int64_t hidden, const std::string& layout, const QuantizationConfig& qc) {
   try {
-    return as_matrix(store.get(prefix + name, {rows, hidden}));
+    return bind_hybrid_linear(store, prefix + name, rows, hidden, qc);
   } catch (const Error& e) {
     fail("{} (the qwen3_next layout: linear_attn.{} is [{}, {}], {})", e.what(), name, rows, hidden, layout);
   }
@@ -499,23 +506,24 @@ void deinterleave_fused(const float* qkvz, const float* ba, int64_t T, const Gdn
 }  // namespace
 
 GdnWeights load_gdn(const WeightStore& store, const std::string& prefix, const GdnDims& d, int64_t hidden,
-                    GdnLayout layout) {
+                    GdnLayout layout, const QuantizationConfig& qc) {
   GdnWeights w;
   const int64_t C = d.conv_dim(), Hv = d.n_v_heads;
   if (layout == GdnLayout::kFused) {
     const int64_t r = d.n_v_heads / d.n_k_heads;
     w.in_qkvz = fused_projection(store, prefix, "in_proj_qkvz.weight", C + d.value_dim(), hidden,
                                  fmt::format("{} key-head groups of rows [q {} | k {} | v {}x{} | z {}x{}]",
-                                             d.n_k_heads, d.dk, d.dk, r, d.dv, r, d.dv));
+                                             d.n_k_heads, d.dk, d.dk, r, d.dv, r, d.dv),
+                                 qc);
     w.in_ba = fused_projection(store, prefix, "in_proj_ba.weight", 2 * Hv, hidden,
-                               fmt::format("{} key-head groups of rows [b {} | a {}]", d.n_k_heads, r, r));
+                               fmt::format("{} key-head groups of rows [b {} | a {}]", d.n_k_heads, r, r), qc);
   } else {
-    w.in_qkv = as_matrix(store.get(prefix + "in_proj_qkv.weight", {C, hidden}));
-    w.in_z = as_matrix(store.get(prefix + "in_proj_z.weight", {d.value_dim(), hidden}));
-    w.in_b = as_matrix(store.get(prefix + "in_proj_b.weight", {Hv, hidden}));
-    w.in_a = as_matrix(store.get(prefix + "in_proj_a.weight", {Hv, hidden}));
+    w.in_qkv = bind_hybrid_linear(store, prefix + "in_proj_qkv.weight", C, hidden, qc);
+    w.in_z = bind_hybrid_linear(store, prefix + "in_proj_z.weight", d.value_dim(), hidden, qc);
+    w.in_b = bind_hybrid_linear(store, prefix + "in_proj_b.weight", Hv, hidden, qc);
+    w.in_a = bind_hybrid_linear(store, prefix + "in_proj_a.weight", Hv, hidden, qc);
   }
-  w.out = as_matrix(store.get(prefix + "out_proj.weight", {hidden, d.value_dim()}));
+  w.out = bind_hybrid_linear(store, prefix + "out_proj.weight", hidden, d.value_dim(), qc);
   const TensorInfo& conv = store.get(prefix + "conv1d.weight", {C, 1, d.kernel});
   w.conv_w.resize(static_cast<size_t>(C * d.kernel));
   to_f32(conv.data, conv.dtype, C * d.kernel, w.conv_w.data());
@@ -546,14 +554,14 @@ void GdnLayer::forward(const GdnWeights& w, const GdnDims& d, const ForwardBatch
     // One matmul per fused projection, then the rows are put in the split layout.
     qkvz_.resize(static_cast<size_t>(T * (C + VD)));
     ba_.resize(static_cast<size_t>(T * 2 * Hv));
-    kernels::matmul(x, T, w.in_qkvz, qkvz_.data());
-    kernels::matmul(x, T, w.in_ba, ba_.data());
+    kernels::linear(x, T, w.in_qkvz, qkvz_.data());
+    kernels::linear(x, T, w.in_ba, ba_.data());
     deinterleave_fused(qkvz_.data(), ba_.data(), T, d, mixed_.data(), z_.data(), b_.data(), a_.data());
   } else {
-    kernels::matmul(x, T, w.in_qkv, mixed_.data());
-    kernels::matmul(x, T, w.in_z, z_.data());
-    kernels::matmul(x, T, w.in_b, b_.data());
-    kernels::matmul(x, T, w.in_a, a_.data());
+    kernels::linear(x, T, w.in_qkv, mixed_.data());
+    kernels::linear(x, T, w.in_z, z_.data());
+    kernels::linear(x, T, w.in_b, b_.data());
+    kernels::linear(x, T, w.in_a, a_.data());
   }
   kernels::gdn_gates(a_.data(), b_.data(), T, Hv, w.neg_exp_a.data(), w.dt_bias.data(), g_.data(), beta_.data());
 
@@ -590,7 +598,7 @@ void GdnLayer::forward(const GdnWeights& w, const GdnDims& d, const ForwardBatch
     }
   }
   kernels::rmsnorm_gated(o_.data(), z_.data(), w.norm.data(), T * Hv, d.dv, eps);
-  kernels::matmul(o_.data(), T, w.out, y);
+  kernels::linear(o_.data(), T, w.out, y);
 }
 
 }  // namespace infera

@@ -4,7 +4,7 @@
 //
 // Activations are f32 row-major [T, ...] over the T tokens of a batch; weights are used in
 // place (kernels::MatRef, or kernels::LinearWeight where a layer may be quantized by
-// `infera quantize`: MLPs, experts, the shared expert).
+// `infera quantize`: MLPs, experts, the shared expert, GDN projections).
 #pragma once
 
 #include <cstdint>
@@ -52,6 +52,13 @@ SwigluWeights load_swiglu(const WeightStore& store, const std::string& prefix, i
 
 // y[T, H] = down(silu(gate x) * up x). scratch grows as needed.
 void swiglu(const SwigluWeights& w, const float* x, int64_t T, float* y, std::vector<float>& scratch);
+
+// bind_linear for the hybrid's attention, GDN and MTP projections: a quantized checkpoint
+// whose config names no override for `name` but stores it plainly (no <name>.qweight; the
+// GDN gate projections, and directories quantized before these layers were) binds the
+// stored float tensor. A tensor missing in both forms is still an error naming it.
+kernels::LinearWeight bind_hybrid_linear(const WeightStore& store, const std::string& name, int64_t rows, int64_t cols,
+                                         const QuantizationConfig& qc);
 
 // Rows [r0, r1) of a float or quantized matrix, as a matrix of their own (a view: rows are
 // contiguous in both layouts).
@@ -140,22 +147,24 @@ class MoeFfn {
 // ---- Gated DeltaNet (linear attention) ----
 
 struct GdnWeights {
+  // Float or quantized (`infera quantize`); the gate projections in_b / in_a / in_ba stay
+  // as stored by the quantizer (docs/quantization.md) but are bound the same way.
   // Qwen3.5 layout: separate projections.
-  kernels::MatRef in_qkv{};   // [2 Hk dk + Hv dv, H]: rows q | k | v
-  kernels::MatRef in_z{};     // [Hv dv, H]
-  kernels::MatRef in_b{};     // [Hv, H]
-  kernels::MatRef in_a{};     // [Hv, H]
+  kernels::LinearWeight in_qkv{};   // [2 Hk dk + Hv dv, H]: rows q | k | v
+  kernels::LinearWeight in_z{};     // [Hv dv, H]
+  kernels::LinearWeight in_b{};     // [Hv, H]
+  kernels::LinearWeight in_a{};     // [Hv, H]
   // Qwen3-Next layout: the same rows fused and interleaved per key-head group g < Hk
   // (r = Hv / Hk value heads per group), used in place; forward() de-interleaves the
   // projected activations as transformers' fix_query_key_value_ordering does.
-  kernels::MatRef in_qkvz{};  // [Hk (2 dk + 2 r dv), H]: per group q_g (dk) | k_g (dk) | v_g (r dv) | z_g (r dv)
-  kernels::MatRef in_ba{};    // [2 Hv, H]: per group b_g (r) | a_g (r)
-  kernels::MatRef out{};      // [H, Hv dv]
+  kernels::LinearWeight in_qkvz{};  // [Hk (2 dk + 2 r dv), H]: per group q_g (dk) | k_g (dk) | v_g (r dv) | z_g (r dv)
+  kernels::LinearWeight in_ba{};    // [2 Hv, H]: per group b_g (r) | a_g (r)
+  kernels::LinearWeight out{};      // [H, Hv dv]
   std::vector<float> conv_w;  // [conv_dim, kernel]
   std::vector<float> neg_exp_a;  // [Hv] = -exp(A_log)
   std::vector<float> dt_bias;    // [Hv]
   std::vector<float> norm;       // [dv] (plain weight)
-  bool fused() const { return in_qkvz.data != nullptr; }
+  bool fused() const { return in_qkvz.rows() > 0; }
   int64_t weight_bytes() const;  // bytes of the projection matrices read per token
 };
 
@@ -177,9 +186,9 @@ enum class GdnLayout { kSplit, kFused };
 
 // The GDN weights under `prefix` ("model.language_model.layers.0.linear_attn."). Throws
 // infera::Error naming the tensor (and, for a fused one, its expected layout) when a
-// tensor is missing or mis-shaped.
+// tensor is missing or mis-shaped. Projections are bound as `qc` says (bind_hybrid_linear).
 GdnWeights load_gdn(const WeightStore& store, const std::string& prefix, const GdnDims& d, int64_t hidden,
-                    GdnLayout layout = GdnLayout::kSplit);
+                    GdnLayout layout = GdnLayout::kSplit, const QuantizationConfig& qc = {});
 
 // One GDN layer over the batch. x: [T, H] (normed input) -> y: [T, H]. states[i] is the
 // recurrent state of batch.seqs[i]: conv state [kernel-1, conv_dim] followed by S

@@ -37,7 +37,8 @@ using kernels::MatRef;
 constexpr float kZeroCentred = 1.0f;
 
 struct AttnWeights {
-  MatRef wq{}, wk{}, wv{}, wo{};      // [nh*hd*(gate ? 2 : 1), H], [nkv*hd, H] x2, [H, nh*hd]
+  // [nh*hd*(gate ? 2 : 1), H], [nkv*hd, H] x2, [H, nh*hd]; float or quantized
+  kernels::LinearWeight wq{}, wk{}, wv{}, wo{};
   std::vector<float> q_norm, k_norm;  // [hd], zero-centred
 };
 
@@ -54,7 +55,7 @@ struct HybridLayer {
 };
 
 struct MtpWeights {
-  MatRef fc{};                               // [H, 2H]
+  kernels::LinearWeight fc{};                // [H, 2H], float or quantized
   std::vector<float> enorm, hnorm, norm;     // [H], zero-centred
   HybridLayer layer;                         // full attention + FFN
 };
@@ -77,7 +78,8 @@ class Qwen35Model final : public Model {
     // Published Qwen3.5 checkpoints nest the language model (VLM layout); text-only exports
     // (Qwen3_5ForCausalLM) use model.*.
     prefix_ = store_.find("model.language_model.embed_tokens.weight") ? "model.language_model." : "model.";
-    // `infera quantize` output: the MLPs and experts may be quantized (the rest stays float).
+    // `infera quantize` output: attention, GDN, MTP fc, MLPs and experts may be quantized;
+    // embeddings, head, norms, router and gates stay float.
     quant_ = read_quantization_config(store_.dir());
     embed_ = &store_.get(prefix_ + "embed_tokens.weight", {V, H});
     final_norm_ = load_vector(store_, prefix_ + "norm.weight", H);
@@ -101,7 +103,7 @@ class Qwen35Model final : public Model {
       if (mtp_layers > 1) {
         fail("{}: the checkpoint has {} MTP layers; only a single MTP layer is supported", store_.dir(), mtp_layers);
       }
-      mtp_.fc = as_matrix(store_.get("mtp.fc.weight", {H, 2 * H}));
+      mtp_.fc = bind_hybrid_linear(store_, "mtp.fc.weight", H, 2 * H, quant_);
       mtp_.enorm = load_vector(store_, "mtp.pre_fc_norm_embedding.weight", H);
       mtp_.hnorm = load_vector(store_, "mtp.pre_fc_norm_hidden.weight", H);
       mtp_.norm = load_vector(store_, "mtp.norm.weight", H);
@@ -176,13 +178,13 @@ class Qwen35Model final : public Model {
     if (L.linear) {
       // Qwen3-Next stores the GDN input projections fused per key-head group.
       L.gdn = load_gdn(store_, p + "linear_attn.", dims_, H,
-                       c.arch == Arch::kQwen3Next ? GdnLayout::kFused : GdnLayout::kSplit);
+                       c.arch == Arch::kQwen3Next ? GdnLayout::kFused : GdnLayout::kSplit, quant_);
     } else {
       const int64_t q_rows = nh * hd * (c.attn_output_gate ? 2 : 1);
-      L.attn.wq = as_matrix(store_.get(p + "self_attn.q_proj.weight", {q_rows, H}));
-      L.attn.wk = as_matrix(store_.get(p + "self_attn.k_proj.weight", {nkv * hd, H}));
-      L.attn.wv = as_matrix(store_.get(p + "self_attn.v_proj.weight", {nkv * hd, H}));
-      L.attn.wo = as_matrix(store_.get(p + "self_attn.o_proj.weight", {H, nh * hd}));
+      L.attn.wq = bind_hybrid_linear(store_, p + "self_attn.q_proj.weight", q_rows, H, quant_);
+      L.attn.wk = bind_hybrid_linear(store_, p + "self_attn.k_proj.weight", nkv * hd, H, quant_);
+      L.attn.wv = bind_hybrid_linear(store_, p + "self_attn.v_proj.weight", nkv * hd, H, quant_);
+      L.attn.wo = bind_hybrid_linear(store_, p + "self_attn.o_proj.weight", H, nh * hd, quant_);
       L.attn.q_norm = load_vector(store_, p + "self_attn.q_norm.weight", hd);
       L.attn.k_norm = load_vector(store_, p + "self_attn.k_norm.weight", hd);
     }
@@ -225,7 +227,7 @@ class Qwen35Model final : public Model {
     if (L.linear) {
       b += L.gdn.weight_bytes();
     } else {
-      for (const MatRef* m : {&L.attn.wq, &L.attn.wk, &L.attn.wv, &L.attn.wo}) b += matrix_bytes(*m);
+      for (const kernels::LinearWeight* m : {&L.attn.wq, &L.attn.wk, &L.attn.wv, &L.attn.wo}) b += m->bytes();
     }
     if (L.moe) b += L.experts.weight_bytes_active();
     else b += L.mlp.bytes();
@@ -287,7 +289,7 @@ void Qwen35Model::gated_attention(const HybridLayer& L, const ForwardBatch& batc
   const AttnWeights& w = L.attn;
   if (c.attn_output_gate) {
     // q_proj rows per head: [query (hd) | gate (hd)].
-    kernels::matmul(a, T, w.wq, qfull_.data());
+    kernels::linear(a, T, w.wq, qfull_.data());
     for (int64_t t = 0; t < T; ++t) {
       for (int64_t h = 0; h < nh; ++h) {
         const float* src = qfull_.data() + (t * nh + h) * 2 * hd;
@@ -296,10 +298,10 @@ void Qwen35Model::gated_attention(const HybridLayer& L, const ForwardBatch& batc
       }
     }
   } else {
-    kernels::matmul(a, T, w.wq, q_.data());
+    kernels::linear(a, T, w.wq, q_.data());
   }
-  kernels::matmul(a, T, w.wk, k_.data());
-  kernels::matmul(a, T, w.wv, v_.data());
+  kernels::linear(a, T, w.wk, k_.data());
+  kernels::linear(a, T, w.wv, v_.data());
   kernels::rmsnorm(q_.data(), w.q_norm.data(), q_.data(), T * nh, hd, c.rms_norm_eps, kZeroCentred);
   kernels::rmsnorm(k_.data(), w.k_norm.data(), k_.data(), T * nkv, hd, c.rms_norm_eps, kZeroCentred);
   // Text-only positions make Qwen3.5's interleaved M-RoPE plain NeoX RoPE on rotary_dim dims.
@@ -310,7 +312,7 @@ void Qwen35Model::gated_attention(const HybridLayer& L, const ForwardBatch& batc
   if (c.attn_output_gate) {
     for (int64_t i = 0; i < T * qd; ++i) attn_[i] *= 1.0f / (1.0f + std::exp(-gate_[i]));
   }
-  kernels::matmul(attn_.data(), T, w.wo, y);
+  kernels::linear(attn_.data(), T, w.wo, y);
 }
 
 void Qwen35Model::run_layer(const HybridLayer& L, const ForwardBatch& batch, KvPool& kv, uint64_t* counts) {
@@ -393,7 +395,7 @@ void Qwen35Model::draft(const ForwardBatch& batch, const float* hidden, KvPool& 
     kernels::rmsnorm(row, mtp_.enorm.data(), row, 1, H, c.rms_norm_eps, kZeroCentred);
     kernels::rmsnorm(hidden + t * H, mtp_.hnorm.data(), row + H, 1, H, c.rms_norm_eps, kZeroCentred);
   }
-  kernels::matmul(cat_.data(), T, mtp_.fc, x_.data());
+  kernels::linear(cat_.data(), T, mtp_.fc, x_.data());
   // The MTP entry for (h_p, x_{p+1}) is cached in KV slot p (so slots 0..p are all MTP
   // entries when drafting at p) and rotated as position p + 1, as the HF reference does.
   batch_positions(batch, positions_);

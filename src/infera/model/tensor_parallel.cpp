@@ -227,6 +227,36 @@ kernels::MatRef TensorShard::rows(const kernels::MatRef& w, const std::vector<Ra
   return kernels::MatRef{dst, w.dtype, total, w.cols};
 }
 
+kernels::LinearWeight TensorShard::rows(const kernels::LinearWeight& w, const std::vector<Range>& ranges) {
+  if (!w.quantized) return kernels::dense_linear(rows(w.dense, ranges), w.name);
+  int64_t total = 0, next = 0;
+  bool in_order = true;
+  for (const Range& r : ranges) {
+    INFERA_ASSERT(0 <= r.begin && r.begin <= r.end && r.end <= w.rows(), "row range outside the matrix");
+    in_order = in_order && r.begin == next;
+    next = r.end;
+    total += r.size();
+  }
+  if (in_order && next == w.rows()) return w;
+  // Quantized rows (qweight and scales) are contiguous, so the ranges copy like dense rows.
+  const kernels::QuantMatRef& q = w.quant;
+  const int64_t qb = qweight_row_bytes(q), sb = scale_row_bytes(q);
+  uint8_t* dq = allocate(total * qb);
+  uint8_t* ds = allocate(total * sb);
+  int64_t at = 0;
+  for (const Range& r : ranges) {
+    std::memcpy(dq + at * qb, static_cast<const uint8_t*>(q.qweight) + r.begin * qb, static_cast<size_t>(r.size() * qb));
+    std::memcpy(ds + at * sb, static_cast<const uint8_t*>(q.scales) + r.begin * sb, static_cast<size_t>(r.size() * sb));
+    at += r.size();
+  }
+  release_mapped_pages(q.qweight, q.rows * qb);
+  release_mapped_pages(q.scales, q.rows * sb);
+  kernels::LinearWeight out = w;
+  out.quant = kernels::QuantMatRef(q.scheme, total, q.cols, q.group_size, dq, ds);
+  if (q.packed) out.quant.packed = kernels::pack_quant_matrix(out.quant);
+  return out;
+}
+
 std::vector<float> TensorShard::slice_rows(const std::vector<float>& v, int64_t width, const std::vector<Range>& ranges) {
   std::vector<float> out;
   for (const Range& r : ranges) out.insert(out.end(), v.begin() + r.begin * width, v.begin() + r.end * width);

@@ -73,6 +73,7 @@ class TensorShard {
   // projection whose parts each split by head: GDN's q | k | v rows). A copy this shard
   // owns; the matrix itself when the ranges cover it in order.
   kernels::MatRef rows(const kernels::MatRef& w, const std::vector<parallel::Range>& ranges);
+  kernels::LinearWeight rows(const kernels::LinearWeight& w, const std::vector<parallel::Range>& ranges);
   // Rows of a [rows, width] vector-of-rows (a per-channel table such as GDN's conv
   // weights), the same ranges concatenated.
   static std::vector<float> slice_rows(const std::vector<float>& v, int64_t width,

@@ -53,14 +53,20 @@ constexpr const char* kHeadName = "lm_head.weight";
 // by row like an [E * n, k] matrix so each expert is a contiguous quantized matrix.
 //   llama, qwen3, qwen3_moe (model/llama.cpp): attention, MLP, per-expert experts,
 //     embeddings and head. The router (mlp.gate.weight) stays float.
-//   qwen3_next, qwen3_5, qwen3_5_moe (model/qwen35.cpp, trunk and MTP layers): the MLPs, experts and
-//     shared experts; the router, shared_expert_gate, attention, linear attention,
-//     embeddings and head stay as stored (the hybrid model binds those as float).
+//   qwen3_next, qwen3_5, qwen3_5_moe (model/qwen35.cpp, trunk and MTP layers): gated
+//     attention (q_proj with its gate rows, k/v/o_proj), the Gated DeltaNet projections
+//     in_proj_qkv, in_proj_z (in_proj_qkvz for qwen3_next) and out_proj, mtp.fc, the MLPs,
+//     experts and shared experts. Stay as stored: the router, shared_expert_gate, the GDN
+//     gate projections in_proj_b / in_proj_a / in_proj_ba ([Hv, H]: 0.4 % of a bf16
+//     GDN layer's projection bytes in Qwen3.5-35B-A3B, 1.5 % of a W4A8 one, and they feed
+//     the decay and beta gates whose errors compound along the recurrence;
+//     docs/quantization.md), the
+//     embeddings and the head (the hybrid binds those as float).
 bool is_linear_name(const std::string& name, bool hybrid) {
   static const std::regex llama(
       R"(model\.layers\.\d+\.(self_attn\.(q|k|v|o)_proj|mlp\.(gate|up|down)_proj|mlp\.experts\.\d+\.(gate|up|down)_proj)\.weight)");
   static const std::regex qwen35(
-      R"((model\.language_model\.|model\.|mtp\.)layers\.\d+\.mlp\.((gate|up|down)_proj\.weight|(experts\.\d+|shared_expert)\.(gate|up|down)_proj\.weight|experts\.(gate_up_proj|down_proj)))");
+      R"(mtp\.fc\.weight|(model\.language_model\.|model\.|mtp\.)layers\.\d+\.(self_attn\.(q|k|v|o)_proj\.weight|linear_attn\.(in_proj_qkv|in_proj_z|in_proj_qkvz|out_proj)\.weight|mlp\.((gate|up|down)_proj\.weight|(experts\.\d+|shared_expert)\.(gate|up|down)_proj\.weight|experts\.(gate_up_proj|down_proj))))");
   if (hybrid) return std::regex_match(name, qwen35);
   return name == kEmbedName || name == kHeadName || std::regex_match(name, llama);
 }
@@ -84,6 +90,7 @@ struct SmoothingPlan {
   std::map<std::string, std::vector<float>> col_scale;  // linear: W[:, k] *= s_k
   std::map<std::string, std::vector<float>> row_div;    // up_proj: W[k, :] /= s_k
   std::map<std::string, std::vector<float>> elem_div;   // norm weight: g_k /= s_k
+  bool zero_centred_norms = false;  // the hybrid's RMSNorms apply (1 + g): 1 + g_k <- (1 + g_k) / s_k
 };
 
 struct Planner {
@@ -328,8 +335,14 @@ QuantizeReport quantize_model(const std::string& in_dir, const std::string& out_
     stats = collect_activation_stats(*model, ids, o.calib_ctx);
     report.calib_tokens_used = static_cast<int64_t>(ids.size());
     Planner p{store, qc, stats, {}};
+    p.plan.zero_centred_norms = hybrid;
+    // The hybrid's text layers may be nested (model.language_model.*). Its GDN layers are
+    // not smoothed: their input also feeds in_proj_b / in_proj_a, which stay as stored
+    // (no factor can be folded into them), so only the clipping search uses their stats.
+    const std::string trunk = store.find("model.language_model.embed_tokens.weight") ? "model.language_model.layers."
+                                                                                      : "model.layers.";
     for (int64_t l = 0; l < cfg.num_layers; ++l) {
-      const std::string pre = "model.layers." + std::to_string(l) + ".";
+      const std::string pre = trunk + std::to_string(l) + ".";
       p.smooth({pre + "mlp.down_proj.weight"}, pre + "mlp.up_proj.weight", false);
       p.smooth({pre + "self_attn.q_proj.weight", pre + "self_attn.k_proj.weight", pre + "self_attn.v_proj.weight"},
                pre + "input_layernorm.weight", true);
@@ -366,7 +379,9 @@ QuantizeReport quantize_model(const std::string& in_dir, const std::string& out_
       if (!linear) {
         if (norm_it != plan.elem_div.end()) {
           std::vector<float> g = read_f32(t);
-          for (size_t c = 0; c < g.size(); ++c) g[c] /= norm_it->second[c];
+          for (size_t c = 0; c < g.size(); ++c) {
+            g[c] = plan.zero_centred_norms ? (1.0f + g[c]) / norm_it->second[c] - 1.0f : g[c] / norm_it->second[c];
+          }
           out.push_back(make_tensor(name, t.dtype, t.shape, from_f32(g, t.dtype)));
         } else {
           out.push_back(make_tensor(name, t.dtype, t.shape, std::vector<uint8_t>(t.data, t.data + t.nbytes)));
