@@ -2,10 +2,13 @@
 // (INFERA_QUANT_AVX512 0: maddubs/madd) and quant_avx512.cpp (1: vpdpbusd, AVX-512 VNNI).
 // Include it from nowhere else. See kernels/quant.h for the formats and the u8 x s8 tricks.
 //
-// Both GEMV (decode) and GEMM (prefill) run the same register tile: M tokens x R weight
-// rows (M * R <= 4 accumulator sets). Weight rows are split into blocks of ~32 KiB handed
-// to threads dynamically; inside a block every group of 4 tokens sweeps the block while it
-// sits in L1/L2, so each weight is unpacked once per 4 tokens and read from DRAM once.
+// Two families:
+// - over the on-disk layout (both ISAs; qmatmul): GEMV and GEMM run the same register tile,
+//   M tokens x R weight rows (M * R <= 4 accumulator sets). Weight rows are split into blocks
+//   of ~32 KiB handed to threads dynamically; inside a block every group of 4 tokens sweeps
+//   the block while it sits in L1/L2, so each weight is unpacked once per 4 tokens.
+// - over the repacked 16-row panels (AVX-512 only; qmatmul_packed, used when the matrix has
+//   a packed copy): see "panel kernels" below.
 #pragma once
 
 #include <immintrin.h>
