@@ -221,6 +221,14 @@ TEST_F(TpRun, QuantizedCheckpointsSplitByRowsAndWholeGroups) {
     ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
     expect_same_as_one_process(out.string(), {"--tp 2", "--tp 2 --ep 2"});
   }
+  {  // quantized GDN projections: qwen3_next's fused in_proj_qkvz by whole key-head groups
+    const std::string next = model("qwen3_next_q", "--arch qwen3_next --heads 4 --kv-heads 2 --layers 4 --lin-k-heads 2 "
+                                                   "--lin-v-heads 4");
+    const fs::path out = dir_ / "q_next_w4a16";
+    const std::string cmd = kInfera + " quantize " + next + " " + out.string() + " --scheme w4a16 > /dev/null 2>&1";
+    ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+    expect_same_as_one_process(out.string(), {"--tp 2"});
+  }
 
   // W8A8: a row-parallel layer (o_proj, down) quantizes each rank's slice of its input
   // with the slice's own scale, finer than TP 1's one scale per row. The logits then move

@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <random>
 
@@ -20,6 +21,7 @@
 #include "infera/model/blocks.h"
 #include "infera/model/model.h"
 #include "infera/model/quantized_weights.h"
+#include "infera/model/weights.h"
 #include "infera/quant/eval.h"
 #include "infera/quant/quantize_model.h"
 #include "infera/quant/quantizer.h"
@@ -393,6 +395,78 @@ TEST(QuantMoeModel, Qwen35DenseSchemesCloseToF32) {
   EXPECT_TRUE(store.find("model.language_model.layers.1.linear_attn.in_proj_qkv.weight.qweight"));
   EXPECT_TRUE(store.find("model.language_model.layers.1.mlp.down_proj.weight.qweight"));
 
+  // Calibrated w4a8: AWQ-style factors folded into the (1 + w) RMSNorms (attention q/k/v,
+  // MLP gate/up) and up_proj rows; a wrong fold would change the float function and cost
+  // far more than calibration can win.
+  {
+    const fs::path calib = kWork / "qwen3_5_calib.txt";
+    std::ofstream(calib) << "Once upon a time there was a little model that quantized its weights. "
+                            "It measured the activations of every layer, scaled the important channels up "
+                            "and folded the factors into the norms before it rounded anything to four bits. ";
+    QuantizeOptions co;
+    co.scheme = QuantScheme::kW4A8;
+    co.calib_file = calib.string();
+    const fs::path cdir = kWork / "qwen3_5_w4a8_calib";
+    const QuantizeReport cr = quantize_model(src, cdir.string(), co);
+    EXPECT_GT(cr.calib_tokens_used, 0);
+    const QuantizationConfig cqc = read_quantization_config(cdir.string());
+    EXPECT_NE(cqc.calibration_json.find("\"smoothed_layers\""), std::string::npos);
+    std::unique_ptr<Model> ref = load_model(src), m = load_model(cdir.string());
+    const EvalResult e = evaluate(*m, ref.get(), sampled_tokens(*ref, 2, 100), 100);
+    std::printf("[ quality  ] qwen3_5 w4a8 calib   KL mean %.5f  top-1 %.2f %% (%s)\n", e.kl_mean, 100.0 * e.top1_agreement,
+                cqc.calibration_json.c_str());
+    EXPECT_LT(e.kl_mean, 1.25 * r.w4a8.kl_mean);
+  }
+  // The fold itself, exactly: where a norm changed, its linear layer's columns were scaled
+  // by s and the (1 + w) norm divided by it, so (1 + g') · s == 1 + g per channel, with s
+  // read back as the ratio of the w8a8 weight's dequantized column norms to the original's
+  // (int8 error averages out over the rows). Folding as g / s instead misses by s - 1.
+  {
+    const fs::path calib = kWork / "qwen3_5_calib.txt";
+    QuantizeOptions co;
+    co.scheme = QuantScheme::kW8A8;
+    co.calib_file = calib.string();
+    const fs::path cdir = kWork / "qwen3_5_w8a8_calib";
+    quantize_model(src, cdir.string(), co);
+    const WeightStore orig = WeightStore::open(src), cal = WeightStore::open(cdir.string());
+    const QuantizationConfig cqc = read_quantization_config(cdir.string());
+    auto f32 = [](const TensorInfo& t) {
+      std::vector<float> v(static_cast<size_t>(t.numel()));
+      to_f32(t.data, t.dtype, t.numel(), v.data());
+      return v;
+    };
+    int folded = 0;
+    double worst = 0.0;
+    for (int l = 0; l < 4; ++l) {
+      const std::string pre = "model.language_model.layers." + std::to_string(l) + ".";
+      for (const auto& [norm, linear] : {std::pair<std::string, std::string>{"input_layernorm.weight", "self_attn.q_proj.weight"},
+                                         {"post_attention_layernorm.weight", "mlp.gate_proj.weight"}}) {
+        const std::vector<float> g = f32(orig.get(pre + norm)), g2 = f32(cal.get(pre + norm));
+        if (g == g2 || !orig.find(pre + linear)) continue;
+        ++folded;
+        const TensorInfo& w = orig.get(pre + linear);
+        const std::vector<float> wf = f32(w);
+        const int64_t n = w.shape[0], k = w.shape[1];
+        const kernels::QuantMatRef q(QuantScheme::kW8A8, n, k, k, cal.get(pre + linear + ".qweight").data,
+                                     cal.get(pre + linear + ".scales").data);
+        std::vector<float> wq(static_cast<size_t>(n * k));
+        for (int64_t row = 0; row < n; ++row) kernels::dequantize_row(q, row, wq.data() + row * k);
+        for (int64_t c = 0; c < k; ++c) {
+          double a2 = 0, b2 = 0;
+          for (int64_t row = 0; row < n; ++row) {
+            a2 += static_cast<double>(wq[row * k + c]) * wq[row * k + c];
+            b2 += static_cast<double>(wf[row * k + c]) * wf[row * k + c];
+          }
+          const double s = std::sqrt(a2 / b2);
+          worst = std::max(worst, std::fabs((1.0 + g2[c]) * s - (1.0 + g[c])) / (1.0 + g[c]));
+        }
+      }
+    }
+    std::printf("[ fold     ] %d norms folded, worst |(1 + g') s - (1 + g)| / (1 + g) = %.5f\n", folded, worst);
+    EXPECT_GT(folded, 0) << cqc.calibration_json;
+    EXPECT_LT(worst, 0.004);
+  }
+
   // Group 128 does not divide the 64 hidden columns most projections read: those fall
   // back to per-channel w8a8 (a warning and a table row each); o_proj and mtp.fc (128
   // columns) keep int4.
@@ -417,9 +491,11 @@ TEST(QuantMoeModel, Qwen35DenseSchemesCloseToF32) {
   EXPECT_LE(e.kl_mean, 2.5);
 }
 
-// A quantized directory written back as f32: every .qweight / .scales pair dequantized
-// (kernels::dequantize_row), everything else as stored, no quantization_config.
-void write_dequantized(const fs::path& qdir, const fs::path& out) {
+// A quantized directory written back as f32: the .qweight / .scales pairs of the layers
+// `which` selects dequantized (kernels::dequantize_row), everything else as stored; without
+// quantization_config when every layer is dequantized.
+void write_dequantized(const fs::path& qdir, const fs::path& out,
+                       const std::function<bool(const std::string&)>& which = [](const std::string&) { return true; }) {
   fs::create_directories(out);
   const WeightStore store = WeightStore::open(qdir.string());
   const QuantizationConfig qc = read_quantization_config(qdir.string());
@@ -429,11 +505,15 @@ void write_dequantized(const fs::path& qdir, const fs::path& out) {
   for (const std::string& name : store.names()) {
     const TensorInfo& t = store.get(name);
     if (name.ends_with(".scales")) continue;
-    if (!name.ends_with(".qweight")) {
+    const std::string base = name.substr(0, name.size() - std::string(".qweight").size());
+    if (!name.ends_with(".qweight") || !which(base)) {
+      if (name.ends_with(".qweight")) {
+        const TensorInfo& sc = store.get(base + ".scales");
+        tensors.push_back(TensorToWrite{sc.name, sc.dtype, sc.shape, sc.data, sc.nbytes});
+      }
       tensors.push_back(TensorToWrite{name, t.dtype, t.shape, t.data, t.nbytes});
       continue;
     }
-    const std::string base = name.substr(0, name.size() - std::string(".qweight").size());
     const LayerQuant lq = qc.layer(base);
     const bool int4 = kernels::scheme_is_int4(lq.scheme);
     const int64_t cols = int4 ? 2 * t.shape.back() : t.shape.back(), rows = t.numel() / t.shape.back();
@@ -452,7 +532,9 @@ void write_dequantized(const fs::path& qdir, const fs::path& out) {
   }
   std::ifstream in(qdir / "config.json");
   nlohmann::json j = nlohmann::json::parse(in);
-  j.erase("quantization_config");
+  bool all = true;
+  for (const std::string& name : store.names()) all = all && !(name.ends_with(".qweight") && !which(name.substr(0, name.size() - 8)));
+  if (all) j.erase("quantization_config");
   std::ofstream(out / "config.json") << j.dump(2);
 }
 
@@ -505,6 +587,33 @@ TEST(QuantMoeModel, HybridQuantizedModelsComputeWithTheirDequantizedWeights) {
     EXPECT_LT(max_diff, 1e-4f * max_abs) << name;
     EXPECT_GT(quant_diff, 100 * max_diff) << name << ": quantization should move the logits far more than this";
   }
+}
+
+// Directories quantized before the hybrid's attention and GDN projections were store them
+// plainly, with no override naming them: they still load (bind_hybrid_linear), and compute
+// with those float tensors.
+TEST(QuantMoeModel, HybridDirectoriesWithPlainAttentionStillLoad) {
+  const std::string src = generated("qwen3_5_moe", kQwen35MoeArgs);
+  QuantizeOptions o;
+  o.scheme = QuantScheme::kW4A16;
+  const fs::path q = kWork / "plain_attn_w4a16", old = kWork / "plain_attn_old";
+  quantize_model(src, q.string(), o);
+  const auto mixer = [](const std::string& name) {
+    return name.find("self_attn.") != std::string::npos || name.find("linear_attn.") != std::string::npos ||
+           name == "mtp.fc.weight";
+  };
+  write_dequantized(q, old, mixer);
+  ASSERT_TRUE(read_quantization_config(old.string()).present);
+  EXPECT_TRUE(WeightStore::open(old.string()).find("model.language_model.layers.0.linear_attn.in_proj_qkv.weight"));
+  EXPECT_TRUE(WeightStore::open(old.string()).find("model.language_model.layers.0.mlp.experts.down_proj.qweight"));
+  const std::vector<float> a = prompt_logits(q.string()), b = prompt_logits(old.string());
+  ASSERT_EQ(a.size(), b.size());
+  float max_diff = 0, max_abs = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    max_diff = std::max(max_diff, std::fabs(a[i] - b[i]));
+    max_abs = std::max(max_abs, std::fabs(b[i]));
+  }
+  EXPECT_LT(max_diff, 1e-4f * max_abs);
 }
 
 // qwen3_next stores the same network as qwen3_5_moe (tools/gen_model.py, same seed) with
