@@ -260,6 +260,30 @@ std::shared_ptr<const PackedQuantMat> pack_quant_matrix(const QuantMatRef& w, in
   return pack_quant_matrix_always(w, threads);
 }
 
+QuantMatRef quant_row_slice(const QuantMatRef& w, int64_t r0, int64_t r1) {
+  INFERA_ASSERT(0 <= r0 && r0 <= r1 && r1 <= w.rows, "quantized row slice out of range");
+  const bool int4 = scheme_is_int4(w.scheme);
+  const int64_t qweight_row = int4 ? w.cols / 2 : w.cols;
+  const int64_t scales_row = w.groups_per_row() * (int4 ? 2 : 4);  // f16 per group / one f32
+  QuantMatRef s(w.scheme, r1 - r0, w.cols, w.group_size, static_cast<const uint8_t*>(w.qweight) + r0 * qweight_row,
+                static_cast<const uint8_t*>(w.scales) + r0 * scales_row);
+  if (w.packed && r0 % kPanelRows == 0 && (r1 % kPanelRows == 0 || r1 == w.rows) && r1 > r0) {
+    auto view = std::make_shared<PackedQuantMat>();
+    const PackedQuantMat& full = *w.packed;
+    view->scheme = full.scheme;
+    view->rows = r1 - r0;
+    view->cols = full.cols;
+    view->group_size = full.group_size;
+    view->panels = (view->rows + kPanelRows - 1) / kPanelRows;
+    view->chunks = full.chunks;
+    view->panel_bytes = full.panel_bytes;
+    view->parent = w.packed;
+    view->first_panel = r0 / kPanelRows;
+    s.packed = std::move(view);
+  }
+  return s;
+}
+
 void unpack_quant_matrix(const PackedQuantMat& p, void* qweight, void* scales) {
   const bool int4 = scheme_is_int4(p.scheme);
   const int64_t groups = p.cols / p.group_size, row_bytes = int4 ? p.cols / 2 : p.cols;

@@ -91,9 +91,14 @@ struct PackedQuantMat {
   int64_t panels = 0;       // ceil(rows / kPanelRows)
   int64_t chunks = 0;       // 64-byte weight chunks per panel (int4: cols / 8; w8a8: ceil(cols / 4))
   int64_t panel_bytes = 0;  // chunks * 64 + scales, rounded up to 64
-  HugePageBuffer storage;   // [panels, panel_bytes]
+  HugePageBuffer storage;   // [panels, panel_bytes]; empty in a row slice
+  // A row slice (quant_row_slice) shares its parent's panels from panel `first_panel` on.
+  std::shared_ptr<const PackedQuantMat> parent;
+  int64_t first_panel = 0;
 
-  const uint8_t* panel(int64_t p) const { return storage.data() + p * panel_bytes; }
+  const uint8_t* panel(int64_t p) const {
+    return parent ? parent->panel(first_panel + p) : storage.data() + p * panel_bytes;
+  }
   uint8_t* panel(int64_t p) { return storage.data() + p * panel_bytes; }
 };
 
@@ -104,6 +109,11 @@ struct PackedQuantMat {
 std::shared_ptr<const PackedQuantMat> pack_quant_matrix(const QuantMatRef& w, int threads = 0);
 // Same, regardless of the CPU (tests).
 std::shared_ptr<const PackedQuantMat> pack_quant_matrix_always(const QuantMatRef& w, int threads = 0);
+// Rows [r0, r1) of w as a matrix of their own (a fused MoE tensor's expert, a tensor-parallel
+// shard): pointers into the same on-disk data, and when w has a packed copy and r0 and r1 fall
+// on panel boundaries (multiples of kPanelRows, or r1 == rows) a packed view sharing it;
+// otherwise no packed copy (the slice computes from the on-disk layout).
+QuantMatRef quant_row_slice(const QuantMatRef& w, int64_t r0, int64_t r1);
 // Writes the on-disk layout back (qweight, scales as in QuantMatRef): the round-trip check.
 void unpack_quant_matrix(const PackedQuantMat& p, void* qweight, void* scales);
 

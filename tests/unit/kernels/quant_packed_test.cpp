@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <tuple>
 #include <vector>
 
 #include "infera/base/threads.h"
@@ -162,6 +163,38 @@ TEST(QuantPacked, Avx512ComputesFromThePackedCopy) {
     stale.qweight = zeros.data();
     qmatmul(Isa::kAvx512, x.data(), 5, stale, y.data());
     for (size_t i = 0; i < y.size(); ++i) ASSERT_NEAR(y[i], y_ref[i], 1e-3 * (std::fabs(y_ref[i]) + 1.0f)) << scheme_name(s);
+  }
+}
+
+// A row slice on panel boundaries keeps a packed view (same panels, no copy); elsewhere it
+// has none; either way it computes the sliced rows exactly as the reference does.
+TEST(QuantPacked, RowSliceSharesPanelsOnBoundaries) {
+  std::mt19937 rng(16);
+  std::uniform_int_distribution<int> iv(-127, 127);
+  for (QuantScheme s : {QuantScheme::kW8A8, QuantScheme::kW4A8, QuantScheme::kW4A16}) {
+    const int64_t n = 16 * 5 + 3, k = 128, m = 3;
+    TestMatrix w = random_matrix(s, n, k, 32, rng, true);
+    w.ref.packed = pack_quant_matrix_always(w.ref);
+    std::vector<float> x(m * k);
+    for (auto& v : x) v = static_cast<float>(iv(rng));
+    for (int64_t i = 0; i < m; ++i) x[i * k] = 127.0f;
+    std::vector<float> full(m * n);
+    ref::qmatmul(x.data(), m, w.ref, full.data());
+    for (auto [r0, r1, packed] : {std::tuple<int64_t, int64_t, bool>{16, 48, true}, {32, n, true}, {0, 16, true},
+                                  {5, 40, false}, {16, 40, false}}) {
+      const QuantMatRef slice = quant_row_slice(w.ref, r0, r1);
+      EXPECT_EQ(slice.packed != nullptr, packed) << r0 << ".." << r1;
+      if (slice.packed) {
+        EXPECT_EQ(slice.packed->panel(0), w.ref.packed->panel(r0 / kPanelRows));
+      }
+      std::vector<float> y(m * (r1 - r0));
+      for (Isa isa : paths()) {
+        qmatmul(isa, x.data(), m, slice, y.data());
+        for (int64_t i = 0; i < m; ++i)
+          for (int64_t r = r0; r < r1; ++r)
+            ASSERT_EQ(y[i * (r1 - r0) + (r - r0)], full[i * n + r]) << isa_name(isa) << " " << scheme_name(s) << " rows " << r0 << ".." << r1;
+      }
+    }
   }
 }
 
