@@ -31,7 +31,6 @@
 namespace infera {
 namespace {
 
-using kernels::MatRef;
 
 // Zero-centred RMSNorm weights are applied as (1 + w).
 constexpr float kZeroCentred = 1.0f;
@@ -60,9 +59,14 @@ struct MtpWeights {
   HybridLayer layer;                         // full attention + FFN
 };
 
+// Whether the checkpoint has the MTP head's fc, stored plainly or quantized (.qweight).
+bool has_mtp_fc(const WeightStore& store) {
+  return store.find("mtp.fc.weight") != nullptr || store.find("mtp.fc.weight.qweight") != nullptr;
+}
+
 // Number of mtp.layers.{n}.* blocks in the checkpoint (0 without an MTP head).
 int count_mtp_layers(const WeightStore& store) {
-  if (!store.find("mtp.fc.weight")) return 0;
+  if (!has_mtp_fc(store)) return 0;
   int n = 0;
   while (store.find("mtp.layers." + std::to_string(n) + ".input_layernorm.weight")) ++n;
   return n;
@@ -77,13 +81,19 @@ class Qwen35Model final : public Model {
     const int64_t H = cfg.hidden_size, V = cfg.vocab_size;
     // Published Qwen3.5 checkpoints nest the language model (VLM layout); text-only exports
     // (Qwen3_5ForCausalLM) use model.*.
-    prefix_ = store_.find("model.language_model.embed_tokens.weight") ? "model.language_model." : "model.";
+    // (The table may be quantized: <name>.qweight.)
+    prefix_ = store_.find("model.language_model.embed_tokens.weight") ||
+                      store_.find("model.language_model.embed_tokens.weight.qweight")
+                  ? "model.language_model."
+                  : "model.";
     // `infera quantize` output: attention, GDN, MTP fc, MLPs and experts may be quantized;
     // embeddings, head, norms, router and gates stay float.
     quant_ = read_quantization_config(store_.dir());
-    embed_ = &store_.get(prefix_ + "embed_tokens.weight", {V, H});
+    // Embeddings and head: bf16 by default in a quantized directory, int8/int4 with
+    // `infera quantize --embed-head`; rows of a quantized table are dequantized on lookup.
+    embed_ = bind_hybrid_linear(store_, prefix_ + "embed_tokens.weight", V, H, quant_);
     final_norm_ = load_vector(store_, prefix_ + "norm.weight", H);
-    lm_head_ = as_matrix(cfg.tie_word_embeddings ? *embed_ : store_.get("lm_head.weight", {V, H}));
+    lm_head_ = cfg.tie_word_embeddings ? embed_ : bind_hybrid_linear(store_, "lm_head.weight", V, H, quant_);
     dims_ = gdn_dims(cfg);
     layers_.resize(cfg.num_layers);
     for (int i = 0; i < cfg.num_layers; ++i) {
@@ -99,7 +109,7 @@ class Qwen35Model final : public Model {
     if (cfg.arch == Arch::kQwen3Next) config_.mtp_num_hidden_layers = count_mtp_layers(store_);
     const int mtp_layers = config_.mtp_num_hidden_layers;
     // Drafting is not mirrored across ranks (ParallelModel), so a group leaves the head unloaded.
-    if (mtp_layers > 0 && store_.find("mtp.fc.weight") && !shard_.distributed()) {
+    if (mtp_layers > 0 && has_mtp_fc(store_) && !shard_.distributed()) {
       if (mtp_layers > 1) {
         fail("{}: the checkpoint has {} MTP layers; only a single MTP layer is supported", store_.dir(), mtp_layers);
       }
@@ -129,7 +139,7 @@ class Qwen35Model final : public Model {
   }
 
   int64_t weight_bytes_per_token() const override {
-    int64_t bytes = matrix_bytes(lm_head_) + config_.hidden_size * static_cast<int64_t>(dtype_size(embed_->dtype));
+    int64_t bytes = lm_head_.bytes() + embed_.bytes() / config_.vocab_size;  // the head, one embedding row
     for (const auto& L : layers_) bytes += layer_bytes(L);
     return bytes;
   }
@@ -256,9 +266,9 @@ class Qwen35Model final : public Model {
   TensorShard shard_;                  // this rank's part (everything in one process)
   QuantizationConfig quant_;
   std::string prefix_;
-  const TensorInfo* embed_ = nullptr;  // [V, H]
+  kernels::LinearWeight embed_{};      // [V, H], float or quantized
   std::vector<float> final_norm_;      // [H], zero-centred
-  MatRef lm_head_{};                   // [V, H]
+  kernels::LinearWeight lm_head_{};    // [V, H], float or quantized (embed_ when tied)
   GdnDims dims_;                       // this rank's GDN heads (after loading)
   std::vector<HybridLayer> layers_;
   int64_t n_full_ = 0, n_linear_ = 0;
@@ -355,7 +365,7 @@ void Qwen35Model::forward(const ForwardBatch& batch, KvPool& kv, float* logits) 
   for (int64_t t = 0; t < T; ++t) {
     const int32_t tok = batch.tokens[t];
     INFERA_ASSERT(tok >= 0 && tok < c.vocab_size, "token id out of range");
-    embedding_row(*embed_, tok, x_.data() + t * H);
+    linear_row(embed_, tok, x_.data() + t * H);
   }
   batch_positions(batch, positions_);
   for (int64_t l = 0; l < c.num_layers; ++l) {
@@ -391,7 +401,7 @@ void Qwen35Model::draft(const ForwardBatch& batch, const float* hidden, KvPool& 
     const int32_t tok = batch.tokens[t];
     INFERA_ASSERT(tok >= 0 && tok < c.vocab_size, "token id out of range");
     float* row = cat_.data() + t * 2 * H;
-    embedding_row(*embed_, tok, row);
+    linear_row(embed_, tok, row);
     kernels::rmsnorm(row, mtp_.enorm.data(), row, 1, H, c.rms_norm_eps, kZeroCentred);
     kernels::rmsnorm(hidden + t * H, mtp_.hnorm.data(), row + H, 1, H, c.rms_norm_eps, kZeroCentred);
   }
@@ -407,7 +417,7 @@ void Qwen35Model::draft(const ForwardBatch& batch, const float* hidden, KvPool& 
   kernels::rmsnorm(rows_.data(), mtp_.norm.data(), rows_.data(), R, H, c.rms_norm_eps, kZeroCentred);
   // `hidden` may point into hidden_ (recursive drafting): it has been read by now.
   hidden_.assign(rows_.begin(), rows_.end());
-  kernels::matmul(rows_.data(), R, lm_head_, logits);
+  kernels::linear(rows_.data(), R, lm_head_, logits);
 }
 
 }  // namespace

@@ -46,7 +46,12 @@ EmbedHeadMode parse_embed_head_mode(const std::string& text) {
 namespace {
 
 constexpr const char* kEmbedName = "model.embed_tokens.weight";
+constexpr const char* kNestedEmbedName = "model.language_model.embed_tokens.weight";  // Qwen3.5 (VLM layout)
 constexpr const char* kHeadName = "lm_head.weight";
+
+bool is_embed_or_head(const std::string& name) {
+  return name == kEmbedName || name == kNestedEmbedName || name == kHeadName;
+}
 
 // The tensors a model binds as (possibly quantized) linear layers: 2-D [n, k], or fused
 // experts 3-D [E, n, k] (Qwen3.5's experts.gate_up_proj / experts.down_proj), quantized row
@@ -60,15 +65,13 @@ constexpr const char* kHeadName = "lm_head.weight";
 //     gate projections in_proj_b / in_proj_a / in_proj_ba ([Hv, H]: 0.4 % of a bf16
 //     GDN layer's projection bytes in Qwen3.5-35B-A3B, 1.5 % of a W4A8 one, and they feed
 //     the decay and beta gates whose errors compound along the recurrence;
-//     docs/quantization.md), the
-//     embeddings and the head (the hybrid binds those as float).
+//     docs/quantization.md). Embeddings and head as for llama (--embed-head).
 bool is_linear_name(const std::string& name, bool hybrid) {
   static const std::regex llama(
       R"(model\.layers\.\d+\.(self_attn\.(q|k|v|o)_proj|mlp\.(gate|up|down)_proj|mlp\.experts\.\d+\.(gate|up|down)_proj)\.weight)");
   static const std::regex qwen35(
       R"(mtp\.fc\.weight|(model\.language_model\.|model\.|mtp\.)layers\.\d+\.(self_attn\.(q|k|v|o)_proj\.weight|linear_attn\.(in_proj_qkv|in_proj_z|in_proj_qkvz|out_proj)\.weight|mlp\.((gate|up|down)_proj\.weight|(experts\.\d+|shared_expert)\.(gate|up|down)_proj\.weight|experts\.(gate_up_proj|down_proj))))");
-  if (hybrid) return std::regex_match(name, qwen35);
-  return name == kEmbedName || name == kHeadName || std::regex_match(name, llama);
+  return is_embed_or_head(name) || std::regex_match(name, hybrid ? qwen35 : llama);
 }
 
 bool is_quantizable(const std::string& name, const TensorInfo& t, bool hybrid) {
@@ -268,11 +271,6 @@ QuantizeReport quantize_model(const std::string& in_dir, const std::string& out_
   qc.scheme = o.scheme;
   qc.group_size = int4 ? o.group_size : 0;
   std::vector<int> pattern_hits(o.fallback_patterns.size(), 0);
-  if (hybrid && o.embed_head != EmbedHeadMode::kBf16) {
-    report.warnings.push_back(fmt::format("--embed-head applies to llama, qwen3 and qwen3_moe; {} keeps its embeddings "
-                                          "and head as stored",
-                                          cfg.model_type));
-  }
   for (const std::string& name : names) {
     const TensorInfo& t = store.get(name);
     if (!is_quantizable(name, t, hybrid)) continue;
@@ -292,7 +290,7 @@ QuantizeReport quantize_model(const std::string& in_dir, const std::string& out_
         }
       }
     }
-    if (!lq.dense && (name == kEmbedName || name == kHeadName)) {
+    if (!lq.dense && is_embed_or_head(name)) {
       if (o.embed_head == EmbedHeadMode::kBf16) {
         lq.dense = true;
         lq.dense_type = "bf16";

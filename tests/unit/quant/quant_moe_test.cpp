@@ -20,6 +20,7 @@
 #include "infera/kernels/quant.h"
 #include "infera/model/blocks.h"
 #include "infera/model/model.h"
+#include "infera/model/planner.h"
 #include "infera/model/quantized_weights.h"
 #include "infera/model/weights.h"
 #include "infera/quant/eval.h"
@@ -294,13 +295,18 @@ TEST(QuantMoeModel, Qwen3MoeSchemesCloseToF32) {
 
 // What Model::weight_bytes_per_token should become: the f32 model's figure less what
 // quantization saved on the trunk's layers (the MTP head is not read per generated token),
-// experts counted at top_k / E (only the active ones are read).
-double expected_bytes_per_token(int64_t f32_bytes, const QuantizeReport& r, int64_t top_k, int64_t experts) {
+// experts counted at top_k / E (only the active ones are read), the (untied) embedding
+// table at one row of `vocab`.
+double expected_bytes_per_token(int64_t f32_bytes, const QuantizeReport& r, int64_t top_k, int64_t experts,
+                                int64_t vocab) {
   double saved = 0.0;
   for (const LayerReport& l : r.layers) {
     if (l.name.starts_with("mtp.")) continue;
     const bool expert = l.name.find(".mlp.experts.") != std::string::npos;
-    saved += (expert ? static_cast<double>(top_k) / experts : 1.0) * static_cast<double>(l.bytes_before - l.bytes_after);
+    const double share = expert ? static_cast<double>(top_k) / experts
+                         : l.name.ends_with("embed_tokens.weight") ? 1.0 / vocab
+                                                                   : 1.0;
+    saved += share * static_cast<double>(l.bytes_before - l.bytes_after);
   }
   return static_cast<double>(f32_bytes) - saved;
 }
@@ -311,7 +317,7 @@ void check_bytes_per_token(const SchemeResult& r, int64_t top_k, int64_t experts
     const int64_t got = r.bytes_per_token.at(s);
     std::printf("[ bytes    ] %-6s %8lld bytes per token (f32 %lld: %.2fx less)\n", s, static_cast<long long>(got),
                 static_cast<long long>(f32), static_cast<double>(f32) / got);
-    EXPECT_NEAR(static_cast<double>(got), expected_bytes_per_token(f32, r.reports.at(s), top_k, experts), 1.0) << s;
+    EXPECT_NEAR(static_cast<double>(got), expected_bytes_per_token(f32, r.reports.at(s), top_k, experts, 300), 1.0) << s;
   }
   // int8 is half of bf16 plus a scale per row; int4 a quarter plus an f16 scale per 32.
   EXPECT_LT(r.bytes_per_token.at("w8a8"), r.bytes_per_token.at("bf16"));
@@ -359,7 +365,43 @@ TEST(QuantMoeModel, Qwen35MoeSchemesCloseToF32AndFusedExpertsStay3D) {
   }
   for (const LayerReport& l : r.reports.at("w4a8").layers) {
     EXPECT_EQ(l.name.find("in_proj_b"), std::string::npos) << "gate projections are not linear layers to quantize";
-    EXPECT_EQ(l.label, "w4a8 g32") << l.name << ": " << l.reason;
+    const bool embed_head = l.name == "lm_head.weight" || l.name == "model.language_model.embed_tokens.weight";
+    EXPECT_EQ(l.label, embed_head ? "bf16" : "w4a8 g32") << l.name << ": " << l.reason;
+  }
+
+  // The memory planner (model/planner.h) prices the same layers in the scheme and the GDN
+  // gates, router, embeddings and head as float: its weight bytes are the files' bytes,
+  // but for the gates and router it prices at bf16 and this f32 checkpoint keeps in f32
+  // (8832 bytes here, 2-3 %).
+  for (const char* s : {"w8a8", "w4a8"}) {
+    PlanOptions po;
+    po.scheme = parse_weight_scheme(s);
+    const Plan plan = plan_memory(load_model_config(src), po);
+    const double ratio = static_cast<double>(plan.devices[0].weights_bytes) / r.reports.at(s).total_bytes_after;
+    std::printf("[ planner  ] %s: planned %lld bytes, files %lld (%.3f)\n", s, static_cast<long long>(plan.devices[0].weights_bytes),
+                static_cast<long long>(r.reports.at(s).total_bytes_after), ratio);
+    EXPECT_NEAR(ratio, 1.0, 0.04) << s;
+  }
+
+  // --embed-head scheme: the embeddings and head in int4 too (as llama.cpp's Q4_0 files).
+  {
+    QuantizeOptions o;
+    o.scheme = QuantScheme::kW4A8;
+    o.embed_head = EmbedHeadMode::kScheme;
+    const fs::path dir = kWork / "qwen3_5_moe_w4a8_all";
+    const QuantizeReport report = quantize_model(src, dir.string(), o);
+    EXPECT_TRUE(report.warnings.empty()) << report.warnings.front();
+    const WeightStore all = WeightStore::open(dir.string());
+    EXPECT_TRUE(all.find("lm_head.weight.qweight"));
+    EXPECT_TRUE(all.find("model.language_model.embed_tokens.weight.qweight"));
+    std::unique_ptr<Model> ref = load_model(src), m = load_model(dir.string());
+    const int64_t bytes = m->weight_bytes_per_token();
+    EXPECT_NEAR(static_cast<double>(bytes), expected_bytes_per_token(r.bytes_per_token.at("f32"), report, 2, 8, 300), 1.0);
+    EXPECT_LT(bytes, r.bytes_per_token.at("w4a8"));
+    const EvalResult e = evaluate(*m, ref.get(), sampled_tokens(*ref, 2, 100), 100);
+    std::printf("[ quality  ] qwen3_5_moe w4a8, embeddings/head w4a8: KL mean %.5f  top-1 %.2f %%, %lld bytes per token\n",
+                e.kl_mean, 100.0 * e.top1_agreement, static_cast<long long>(bytes));
+    EXPECT_LE(e.kl_mean, 2.5);
   }
 
   // A fused tensor whose scales do not match its config: one clear error.
@@ -574,6 +616,7 @@ TEST(QuantMoeModel, HybridQuantizedModelsComputeWithTheirDequantizedWeights) {
     write_dequantized(q, deq);
     EXPECT_TRUE(WeightStore::open(q.string()).find(name == "qwen3_next" ? "model.layers.0.linear_attn.in_proj_qkvz.weight.qweight"
                                                                          : "model.language_model.layers.0.linear_attn.in_proj_qkv.weight.qweight"));
+    EXPECT_EQ(load_model(q.string())->num_mtp_layers(), 1) << name << ": the quantized MTP head is loaded";
     const std::vector<float> a = prompt_logits(q.string()), b = prompt_logits(deq.string()), f = prompt_logits(src);
     ASSERT_EQ(a.size(), b.size());
     float max_diff = 0, max_abs = 0, quant_diff = 0;
