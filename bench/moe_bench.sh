@@ -92,8 +92,8 @@ bench_family() {
   echo "== $name ($arch) =="
   [ -f "$name/config.json" ] || "$py" "$repo/tools/gen_model.py" "$name" --arch "$arch" --dtype bf16 $gen_args >/dev/null
   for s in w4a8 w4a16 w8a8; do
-    # qwen3_moe: embeddings/head quantized too (--embed-head scheme), as llama.cpp's files
-    # do; qwen3_5_moe keeps them (and attention / linear attention) as stored.
+    # Embeddings/head quantized too (--embed-head scheme), as llama.cpp's files do; the
+    # hybrid keeps its router, shared-expert gate and GDN gates (in_proj_b/a) as stored.
     [ -f "${name}_$s/config.json" ] || "$infera" quantize "$name" "${name}_$s" --scheme "$s" --group-size 32 \
       --embed-head scheme > "${name}_$s.quantize.txt" 2>/dev/null
     tail -1 "${name}_$s.quantize.txt" | sed "s/^/  $s: /"

@@ -326,11 +326,12 @@ void check_bytes_per_token(const SchemeResult& r, int64_t top_k, int64_t experts
 }
 
 // Bounds for the hybrid: measured with every projection quantized (attention, GDN in_proj_qkv /
-// in_proj_z / out_proj, MTP fc, MLPs, experts, shared expert) and margin. Measured (KL mean,
-// top-1): bf16 0.095 93.4 %, w8a8 0.32 77.3 %, w4a8 / w4a16 1.57 / 1.53 32-34 %. The "bf16"
-// row (the same layers in bf16) shows how sensitive this random hybrid is: rounding only
-// its GDN weights to bf16 (stored as f32) moves the logits by ~0.06 KL, in_proj_qkv alone
-// by 0.04; the dense qwen3_5 below is ~10x calmer.
+// in_proj_z / out_proj, MTP fc, MLPs, experts, shared expert; embeddings and head bf16) and
+// margin. Measured (KL mean, top-1): bf16 0.16 87.9 %, w8a8 0.18 82.3 %, w4a8 / w4a16
+// 1.58 / 1.53 32.8 % (between builds: w8a8 0.18-0.32). The "bf16" row (the same layers in
+// bf16) shows how sensitive this random hybrid is: rounding only its GDN weights to bf16
+// (stored as f32) moves the logits by ~0.06 KL, in_proj_qkv alone by 0.04; the dense
+// qwen3_5 below is ~5x calmer.
 TEST(QuantMoeModel, Qwen35MoeSchemesCloseToF32AndFusedExpertsStay3D) {
   const std::string src = generated("qwen3_5_moe", kQwen35MoeArgs);
   const SchemeResult r = quantize_all("qwen3_5_moe", src);
@@ -401,7 +402,7 @@ TEST(QuantMoeModel, Qwen35MoeSchemesCloseToF32AndFusedExpertsStay3D) {
     const EvalResult e = evaluate(*m, ref.get(), sampled_tokens(*ref, 2, 100), 100);
     std::printf("[ quality  ] qwen3_5_moe w4a8, embeddings/head w4a8: KL mean %.5f  top-1 %.2f %%, %lld bytes per token\n",
                 e.kl_mean, 100.0 * e.top1_agreement, static_cast<long long>(bytes));
-    EXPECT_LE(e.kl_mean, 2.5);
+    EXPECT_LE(e.kl_mean, 3.5);  // measured 2.06
   }
 
   // A fused tensor whose scales do not match its config: one clear error.
