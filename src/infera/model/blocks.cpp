@@ -1,6 +1,8 @@
 #include "infera/model/blocks.h"
 
 #include <omp.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -103,20 +105,9 @@ LinearWeight linear_row_slice(const LinearWeight& w, int64_t r0, int64_t r1) {
     s.dense = kernels::row_slice(w.dense, r0, r1);
     return s;
   }
-  const QuantMatRef& q = w.quant;
-  const bool int4 = kernels::scheme_is_int4(q.scheme);
-  const int64_t qweight_row = int4 ? q.cols / 2 : q.cols;
-  const int64_t scales_row = q.groups_per_row() * (int4 ? 2 : 4);  // f16 per group / one f32
-  // A fresh view of the on-disk layout: an optional repacked copy (kernels/quant.h) covers
-  // the whole matrix, so it must not travel with a slice.
-  QuantMatRef slice;
-  slice.scheme = q.scheme;
-  slice.rows = r1 - r0;
-  slice.cols = q.cols;
-  slice.group_size = q.group_size;
-  slice.qweight = static_cast<const uint8_t*>(q.qweight) + r0 * qweight_row;
-  slice.scales = static_cast<const uint8_t*>(q.scales) + r0 * scales_row;
-  s.quant = slice;
+  // Shares the repacked copy when r0 and r1 fall on its 16-row panels (the MoE work items
+  // are cut there), else a view of the on-disk layout only.
+  s.quant = kernels::quant_row_slice(w.quant, r0, r1);
   return s;
 }
 
@@ -147,10 +138,14 @@ void expert_matmul_rows(const float* x, int64_t m, const LinearWeight& w, int64_
 // Expert matrices [rows, cols] of tensor `name`, float or quantized as qc says: a fused
 // [E, rows, cols] tensor when `fused` (quantized: <name>.qweight [E, rows, cols or cols / 2],
 // <name>.scales [E, rows, 1 or cols / group]), else one plain [rows, cols] matrix (E == 1).
-// Views into the checkpoint: experts are not repacked (kernels/quant.h's panel layout),
-// because the MoE work items run row slices of them, which a packed copy cannot serve.
+// Views into the checkpoint. Quantized experts get the repacked copy dense layers get
+// (bind_linear): a fused tensor is packed once as the [E * rows, cols] matrix it is (rows are
+// quantized independently) and each expert is a quant_row_slice of it, sharing the panels
+// (rows is a multiple of 16 in every published config; otherwise experts after the first
+// fall back to the on-disk layout, still correct).
 std::vector<LinearWeight> bind_experts(const WeightStore& store, const std::string& name, int64_t E, int64_t rows,
-                                       int64_t cols, const QuantizationConfig& qc, bool fused) {
+                                       int64_t cols, const QuantizationConfig& qc, bool fused,
+                                       const FileMappings& maps) {
   INFERA_ASSERT(fused || E == 1);
   std::vector<LinearWeight> out(static_cast<size_t>(E));
   auto shape = [&](int64_t c) {
@@ -195,26 +190,50 @@ std::vector<LinearWeight> bind_experts(const WeightStore& store, const std::stri
   const DType sdt = int4 ? DType::kF16 : DType::kF32;
   if (qw->dtype != qdt) fail("{}: tensor '{}' has dtype {}, expected {} for {}", store.dir(), qname, dtype_name(qw->dtype), dtype_name(qdt), lq.label());
   if (sc->dtype != sdt) fail("{}: tensor '{}' has dtype {}, expected {} for {}", store.dir(), sname, dtype_name(sc->dtype), dtype_name(sdt), lq.label());
-  const int64_t qcols = int4 ? cols / 2 : cols;
-  check(*qw, qcols);
+  check(*qw, int4 ? cols / 2 : cols);
   check(*sc, cols / gs);
-  const size_t scale_bytes = dtype_size(sdt);
+  QuantMatRef all(lq.scheme, E * rows, cols, gs, qw->data, sc->data);  // [E * rows, cols]
+  kernels::check_quant_matrix(all);
+  if (quant_repack_enabled()) {
+    all.packed = kernels::pack_quant_matrix(all);
+    release_repacked_source(all, maps);
+  }
   for (int64_t e = 0; e < E; ++e) {
     LinearWeight& w = out[e];
     w.quantized = true;
     w.name = qw->name;
-    w.quant.scheme = lq.scheme;
-    w.quant.rows = rows;
-    w.quant.cols = cols;
-    w.quant.group_size = gs;
-    w.quant.qweight = qw->data + static_cast<size_t>(e * rows * qcols);
-    w.quant.scales = sc->data + static_cast<size_t>(e * rows * (cols / gs)) * scale_bytes;
-    kernels::check_quant_matrix(w.quant);
+    w.quant = kernels::quant_row_slice(all, e * rows, (e + 1) * rows);
   }
   return out;
 }
 
 }  // namespace
+
+namespace {
+
+// Returns the memory of the panels a packed row slice covers inside its parent's buffer
+// (an expert of a fused tensor packed as one matrix), when this LinearWeight is the slice's
+// only holder: nothing reads those panels again. Anonymous memory, so the pages read back
+// as zeros if touched; the page-aligned interior only, neighbours' panels stay intact.
+void release_packed_slice(LinearWeight& w) {
+  if (!w.quantized || !w.quant.packed || !w.quant.packed->parent || w.quant.packed.use_count() != 1) return;
+  const kernels::PackedQuantMat& p = *w.quant.packed;
+  if (p.panels == 0) return;
+  const long page = ::sysconf(_SC_PAGESIZE);
+  const auto begin = reinterpret_cast<uintptr_t>(p.panel(0));
+  const auto end = reinterpret_cast<uintptr_t>(p.panel(p.panels - 1)) + static_cast<uintptr_t>(p.panel_bytes);
+  const uintptr_t b = (begin + page - 1) / page * page, e = end / page * page;
+  if (e > b) ::madvise(reinterpret_cast<void*>(b), e - b, MADV_DONTNEED);
+}
+
+}  // namespace
+
+void MoeWeights::drop_expert(int64_t e) {
+  for (LinearWeight* m : {&gate[e], &up[e], &down[e]}) {
+    release_packed_slice(*m);
+    *m = LinearWeight{};
+  }
+}
 
 int64_t MoeWeights::weight_bytes_active() const {
   int64_t bytes = matrix_bytes(router);
@@ -237,10 +256,12 @@ MoeWeights load_moe(const WeightStore& store, const std::string& prefix, const M
   w.gate.resize(E);
   w.up.resize(E);
   w.down.resize(E);
+  // One look at the process's mappings for all of this layer's experts (release_repacked_source).
+  const FileMappings maps = qc.present && quant_repack_enabled() ? FileMappings::current() : FileMappings{};
   const std::string fused = prefix + "experts.gate_up_proj";
   if (store.find(fused) || store.find(fused + ".qweight")) {
-    const std::vector<LinearWeight> gate_up = bind_experts(store, fused, E, 2 * I, H, qc, true);
-    w.down = bind_experts(store, prefix + "experts.down_proj", E, H, I, qc, true);
+    const std::vector<LinearWeight> gate_up = bind_experts(store, fused, E, 2 * I, H, qc, true, maps);
+    w.down = bind_experts(store, prefix + "experts.down_proj", E, H, I, qc, true, maps);
     for (int64_t e = 0; e < E; ++e) {
       w.gate[e] = linear_row_slice(gate_up[e], 0, I);
       w.up[e] = linear_row_slice(gate_up[e], I, 2 * I);
@@ -248,9 +269,9 @@ MoeWeights load_moe(const WeightStore& store, const std::string& prefix, const M
   } else {
     for (int64_t e = 0; e < E; ++e) {
       const std::string x = prefix + "experts." + std::to_string(e) + ".";
-      w.gate[e] = bind_experts(store, x + "gate_proj.weight", 1, I, H, qc, false)[0];
-      w.up[e] = bind_experts(store, x + "up_proj.weight", 1, I, H, qc, false)[0];
-      w.down[e] = bind_experts(store, x + "down_proj.weight", 1, H, I, qc, false)[0];
+      w.gate[e] = bind_experts(store, x + "gate_proj.weight", 1, I, H, qc, false, maps)[0];
+      w.up[e] = bind_experts(store, x + "up_proj.weight", 1, I, H, qc, false, maps)[0];
+      w.down[e] = bind_experts(store, x + "down_proj.weight", 1, H, I, qc, false, maps)[0];
     }
   }
   if (shared_inter > 0) {
@@ -383,7 +404,10 @@ void MoeFfn::run_work_items(const MoeWeights& w, const float* x, int64_t T, int6
   const int64_t per_item = kItemsPerThread * std::max(threads, 1);
   auto item_rows = [per_item](int64_t total_rows, int64_t limit) {
     const int64_t r = (total_rows + per_item - 1) / per_item;
-    return std::min(limit, std::max<int64_t>(16, (r + 3) / 4 * 4));
+    // Multiples of 16 rows: a repacked expert's panels (kernels/quant.h), so every item
+    // computes from the packed copy (linear_row_slice keeps it only on panel boundaries).
+    constexpr int64_t P = kernels::kPanelRows;
+    return std::min(limit, std::max<int64_t>(P, (r + P - 1) / P * P));
   };
   int64_t inter_rows = 0;
   for (const Active& A : active_) inter_rows += A.inter;

@@ -77,7 +77,9 @@ struct MoeWeights {
   bool norm_topk_prob = false;
   int64_t n_experts() const { return router.rows; }
   bool has_expert(int64_t e) const { return gate[e].quantized || gate[e].dense.data != nullptr; }
-  void drop_expert(int64_t e) { gate[e] = up[e] = down[e] = kernels::LinearWeight{}; }
+  // Forgets expert e (another rank's). The part of a fused tensor's repacked copy holding it
+  // is given back to the system when nothing else holds this expert's views.
+  void drop_expert(int64_t e);
   int64_t weight_bytes_active() const;  // bytes read per token: router, top_k experts, shared
 };
 

@@ -1,6 +1,11 @@
 #include "infera/model/quantized_weights.h"
 
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -141,6 +146,51 @@ bool quant_repack_enabled() {
   return enabled;
 }
 
+FileMappings FileMappings::current() {
+  FileMappings m;
+  std::ifstream maps("/proc/self/maps");
+  std::string line;
+  while (std::getline(maps, line)) {
+    unsigned long begin = 0, end = 0, inode = 0;
+    char perms[8] = {0};
+    if (std::sscanf(line.c_str(), "%lx-%lx %7s %*s %*s %lu", &begin, &end, perms, &inode) != 4) continue;
+    // Read-only and backed by a file (inode != 0): MADV_DONTNEED there only drops pages.
+    if (inode != 0 && perms[0] == 'r' && perms[1] == '-') m.ranges_.emplace_back(begin, end);
+  }
+  std::sort(m.ranges_.begin(), m.ranges_.end());
+  return m;
+}
+
+bool FileMappings::contains(const void* p, size_t n) const {
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  auto it = std::upper_bound(ranges_.begin(), ranges_.end(), std::make_pair(a, UINTPTR_MAX));
+  if (it == ranges_.begin()) return false;
+  --it;
+  return a >= it->first && a + n <= it->second;
+}
+
+namespace {
+
+// The whole pages inside [p, p + n), when they lie in a read-only file mapping.
+void release_file_pages(const void* p, size_t n, const FileMappings& maps) {
+  if (n == 0 || !maps.contains(p, n)) return;
+  static const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  const uintptr_t begin = (a + page - 1) / page * page, end = (a + n) / page * page;
+  if (end > begin) ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
+}
+
+}  // namespace
+
+void release_repacked_source(const kernels::QuantMatRef& w, const FileMappings& maps) {
+  if (!w.packed) return;
+  const bool int4 = kernels::scheme_is_int4(w.scheme);
+  const int64_t qbytes = w.rows * (int4 ? w.cols / 2 : w.cols);
+  const int64_t sbytes = w.rows * (int4 ? w.groups_per_row() * 2 : 4);
+  release_file_pages(w.qweight, static_cast<size_t>(qbytes), maps);
+  release_file_pages(w.scales, static_cast<size_t>(sbytes), maps);
+}
+
 kernels::LinearWeight bind_linear(const WeightStore& store, const std::string& name, int64_t rows, int64_t cols,
                                   const QuantizationConfig& qc) {
   const LayerQuant lq = qc.layer(name);
@@ -178,7 +228,10 @@ kernels::LinearWeight bind_linear(const WeightStore& store, const std::string& n
   w.quant.qweight = qw->data;
   w.quant.scales = sc->data;
   kernels::check_quant_matrix(w.quant);
-  if (quant_repack_enabled()) w.quant.packed = kernels::pack_quant_matrix(w.quant);
+  if (quant_repack_enabled()) {
+    w.quant.packed = kernels::pack_quant_matrix(w.quant);
+    if (w.quant.packed) release_repacked_source(w.quant, FileMappings::current());
+  }
   return w;
 }
 

@@ -12,8 +12,11 @@
 // Layers the config lists as bf16/f32 keep a plain "<name>". See docs/quantization.md.
 #pragma once
 
+#include <cstdint>
 #include <map>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include <nlohmann/json_fwd.hpp>
 
@@ -61,9 +64,32 @@ QuantizationConfig read_quantization_config(const std::string& model_dir);
 // on-disk layout). Throws infera::Error for a value other than 0/1/on/off/true/false.
 bool quant_repack_enabled();
 
+// The process's read-only file mappings (/proc/self/maps), as a snapshot: release_repacked_source
+// drops pages only inside them. Take it after the weights are mapped and use it only while
+// they stay mapped (an address range can be reused by other memory after an unmap).
+class FileMappings {
+ public:
+  static FileMappings current();
+  // Whether [p, p + n) lies within one read-only file mapping.
+  bool contains(const void* p, size_t n) const;
+
+ private:
+  std::vector<std::pair<uintptr_t, uintptr_t>> ranges_;  // [begin, end), sorted
+};
+
+// Once w has its repacked copy, the compute path no longer reads the on-disk bytes (qweight,
+// scales), yet the pages it read to pack them stay resident: a second copy of the weights in
+// RSS until memory pressure evicts them. This drops this process's mapping of the whole pages
+// inside both ranges when they are file-backed (maps); readers that still use the on-disk
+// layout (dequantize_row for a quantized embedding table, tensor-parallel slicing, the AVX2 and
+// scalar paths under an explicit ISA) fault them back in from the page cache, unchanged.
+// Weights read into memory (load_into_memory) are anonymous and kept: dropping those pages
+// would zero them under those readers. No-op without a packed copy.
+void release_repacked_source(const kernels::QuantMatRef& w, const FileMappings& maps);
+
 // The linear layer `name` [rows, cols] as the config says it is stored; throws
 // infera::Error naming the tensor and the directory when a tensor is missing, has the
-// wrong dtype or shape.
+// wrong dtype or shape. A repacked layer's mapped pages are released (release_repacked_source).
 kernels::LinearWeight bind_linear(const WeightStore& store, const std::string& name, int64_t rows, int64_t cols,
                                   const QuantizationConfig& qc);
 
