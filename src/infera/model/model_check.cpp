@@ -15,6 +15,7 @@
 #include "infera/io/safetensors.h"
 #include "infera/model/config.h"
 #include "infera/model/planner.h"
+#include "infera/model/weights.h"
 #include "infera/tokenizer/chat_template.h"
 #include "infera/tokenizer/tokenizer.h"
 
@@ -282,8 +283,12 @@ class Checker {
     if (!cfg_ || found_.empty()) return;
     std::vector<ExpectedTensor> expected;
     try {
-      expected = expected_tensors(*cfg_);
-      const ParamCounts pc = count_parameters(*cfg_);
+      ModelConfig cfg = *cfg_;
+      // Qwen3-Next's config.json does not declare its MTP head; its tensors do.
+      if (cfg.arch == Arch::kQwen3Next && cfg.num_mtp_layers() == 0)
+        cfg.mtp_num_hidden_layers = stored_mtp_layers([this](const std::string& name) { return found_.count(name) > 0; });
+      expected = expected_tensors(cfg);
+      const ParamCounts pc = count_parameters(cfg);
       r_.params_active = r_.params_total - (pc.total + pc.mtp - pc.active);
     } catch (const Error& e) {
       warn("tensors", e.what());

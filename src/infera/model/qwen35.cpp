@@ -59,19 +59,6 @@ struct MtpWeights {
   HybridLayer layer;                         // full attention + FFN
 };
 
-// Whether the checkpoint has the MTP head's fc, stored plainly or quantized (.qweight).
-bool has_mtp_fc(const WeightStore& store) {
-  return store.find("mtp.fc.weight") != nullptr || store.find("mtp.fc.weight.qweight") != nullptr;
-}
-
-// Number of mtp.layers.{n}.* blocks in the checkpoint (0 without an MTP head).
-int count_mtp_layers(const WeightStore& store) {
-  if (!has_mtp_fc(store)) return 0;
-  int n = 0;
-  while (store.find("mtp.layers." + std::to_string(n) + ".input_layernorm.weight")) ++n;
-  return n;
-}
-
 class Qwen35Model final : public Model {
  public:
   Qwen35Model(const ModelConfig& cfg, WeightStore store, const LoadOptions& options)
@@ -106,10 +93,10 @@ class Qwen35Model final : public Model {
     dims_ = shard_.gdn_dims(dims_);  // the layers' GDN weights are this rank's heads from here on
     // MTP head: present in the published checkpoints; optional (speculative decoding only).
     // Qwen3-Next's config.json does not declare it: the mtp.layers.* tensors do.
-    if (cfg.arch == Arch::kQwen3Next) config_.mtp_num_hidden_layers = count_mtp_layers(store_);
+    if (cfg.arch == Arch::kQwen3Next) config_.mtp_num_hidden_layers = stored_mtp_layers(store_);
     const int mtp_layers = config_.mtp_num_hidden_layers;
     // Drafting is not mirrored across ranks (ParallelModel), so a group leaves the head unloaded.
-    if (mtp_layers > 0 && has_mtp_fc(store_) && !shard_.distributed()) {
+    if (mtp_layers > 0 && stored_mtp_layers(store_) > 0 && !shard_.distributed()) {
       if (mtp_layers > 1) {
         fail("{}: the checkpoint has {} MTP layers; only a single MTP layer is supported", store_.dir(), mtp_layers);
       }

@@ -51,4 +51,15 @@ void embedding_row(const TensorInfo& table, int64_t row, float* out) {
   to_f32(p, table.dtype, h, out);
 }
 
+int stored_mtp_layers(const std::function<bool(const std::string& name)>& has_tensor) {
+  if (!has_tensor("mtp.fc.weight") && !has_tensor("mtp.fc.weight.qweight")) return 0;
+  int n = 0;
+  while (has_tensor("mtp.layers." + std::to_string(n) + ".input_layernorm.weight")) ++n;
+  return n;
+}
+
+int stored_mtp_layers(const WeightStore& store) {
+  return stored_mtp_layers([&store](const std::string& name) { return store.find(name) != nullptr; });
+}
+
 }  // namespace infera

@@ -20,6 +20,7 @@
 #include "infera/base/threads.h"
 #include "infera/model/kv_pool.h"
 #include "infera/model/model.h"
+#include "infera/model/weights.h"
 #include "infera/runtime/engine_config.h"
 #include "infera/tokenizer/chat_template.h"
 
@@ -316,6 +317,14 @@ std::vector<std::shared_ptr<ModelInstance>> prepare_models(const DeployConfig& c
       }
     }
 
+    if (m.speculative.method == "mtp" && model_config.arch == Arch::kQwen3Next && model_config.num_mtp_layers() == 0) {
+      // Qwen3-Next's config.json does not declare its MTP head; its tensors do (headers only).
+      try {
+        model_config.mtp_num_hidden_layers = stored_mtp_layers(WeightStore::open(weights_dir.string()));
+      } catch (const Error& e) {
+        problem(fmt::format("{}: {}", who, e.what()));
+      }
+    }
     if (m.speculative.method == "mtp" && model_config.num_mtp_layers() == 0) {
       problem(fmt::format("{}.speculative.method: mtp needs a model with a multi-token-prediction head, and {} declares "
                           "none (mtp_num_hidden_layers); use ngram or none",

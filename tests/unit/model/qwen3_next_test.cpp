@@ -15,6 +15,8 @@
 #include "infera/base/error.h"
 #include "infera/io/safetensors.h"
 #include "infera/model/model.h"
+#include "infera/model/model_check.h"
+#include "infera/model/weights.h"
 
 namespace infera {
 namespace {
@@ -218,6 +220,23 @@ TEST(Qwen3Next, MissingOrMisShapedFusedTensorsAreNamed) {
   });
   msg = load_error(split_layout);
   EXPECT_NE(msg.find("in_proj_qkvz.weight' not found"), std::string::npos) << msg;
+}
+
+// `infera check` counts Qwen3-Next's undeclared MTP head as part of the model (its tensors
+// checked, not listed as unused) and the active parameters the same as for the equivalent
+// qwen3_5_moe checkpoint, which declares it.
+TEST(Qwen3Next, CheckFindsTheUndeclaredMtpHead) {
+  const std::string fused = generated("fused", std::string("--arch qwen3_next ") + kShape);
+  const std::string split = generated("split", std::string("--arch qwen3_5_moe ") + kShape);
+  EXPECT_EQ(stored_mtp_layers(WeightStore::open(fused)), 1);
+  const CheckReport a = check_model_dir(fused);
+  const CheckReport b = check_model_dir(split);
+  EXPECT_EQ(a.errors(), 0) << a.to_text();
+  for (const CheckIssue& issue : a.issues) {
+    EXPECT_EQ(issue.message.find("not used"), std::string::npos) << issue.message;
+  }
+  EXPECT_EQ(a.params_total, b.params_total);
+  EXPECT_EQ(a.params_active, b.params_active);
 }
 
 }  // namespace

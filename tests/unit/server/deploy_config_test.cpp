@@ -10,6 +10,7 @@
 #include <fstream>
 
 #include "infera/base/error.h"
+#include "infera/io/safetensors.h"
 #include "infera/server/model_instance.h"
 
 namespace infera::server {
@@ -25,6 +26,19 @@ std::string error_of(const std::function<void()>& f) {
     return e.what();
   }
   return "";
+}
+
+// A loopback port that is free now.
+int free_port() {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  EXPECT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  socklen_t len = sizeof(addr);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  ::close(fd);
+  return ntohs(addr.sin_port);
 }
 
 TEST(DeployConfig, ParsesEverySetting) {
@@ -135,16 +149,7 @@ TEST(PrepareModels, LoadsTokenizerAndTemplateWithoutWeights) {
   m.path = kStories;
   m.chat_template_file = kChatml;
   c.models.push_back(m);
-  // A port that is free now (the probe must succeed).
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
-  socklen_t len = sizeof(addr);
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  c.server.port = ntohs(addr.sin_port);
-  ::close(fd);
+  c.server.port = free_port();  // the probe must succeed
   auto models = prepare_models(c);
   ASSERT_EQ(models.size(), 1u);
   EXPECT_EQ(models[0]->name(), "stories260K");
@@ -204,6 +209,43 @@ TEST(PrepareModels, EveryConfigurationErrorIsNamed) {
   EXPECT_NE(msg.find("at least 8 characters"), std::string::npos) << msg;
   EXPECT_NE(msg.find("no model is named 'nobody'"), std::string::npos) << msg;
   EXPECT_NE(msg.find("server.port: cannot listen"), std::string::npos) << msg;
+}
+
+// Qwen3-Next's config.json does not declare its MTP head (the mtp.* tensors do), so
+// `speculative.method: mtp` is checked against the checkpoint, not only config.json.
+TEST(PrepareModels, MtpOnQwen3NextIsFoundInTheCheckpoint) {
+  const auto dir = std::filesystem::temp_directory_path() / ("infera_server_q3n_" + std::to_string(::getpid()));
+  const std::string cmd = "/usr/bin/python3 " + std::string(INFERA_SOURCE_DIR) + "/tools/gen_model.py " + dir.string() +
+                          " --arch qwen3_next --hidden 64 --layers 4 --heads 4 --kv-heads 2 --head-dim 32 --lin-k-heads 2"
+                          " --lin-v-heads 4 --lin-dk 16 --lin-dv 8 --experts 6 --experts-per-tok 2 --moe-ffn 32"
+                          " --shared-ffn 48 --vocab 300 --seed 5 > /dev/null";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  DeployConfig c;
+  c.server.port = free_port();
+  ModelDeployConfig m;
+  m.name = "next";
+  m.path = dir.string();
+  m.chat_template_file = kChatml;
+  m.speculative.method = "mtp";
+  c.models.push_back(m);
+  const std::string with_head = error_of([&] { prepare_models(c); });
+  // The same checkpoint without its MTP tensors is refused, naming the fix.
+  {
+    WeightStore store = WeightStore::open(dir.string());
+    std::vector<TensorToWrite> keep;
+    for (const std::string& name : store.names()) {
+      if (name.rfind("mtp.", 0) == 0) continue;
+      const TensorInfo& t = store.get(name);
+      keep.push_back({name, t.dtype, t.shape, t.data, t.nbytes});
+    }
+    write_safetensors((dir / "model.stripped").string(), keep);
+  }
+  std::filesystem::rename(dir / "model.stripped", dir / "model.safetensors");
+  const std::string without_head = error_of([&] { prepare_models(c); });
+  std::filesystem::remove_all(dir);
+  EXPECT_EQ(with_head, "");
+  EXPECT_NE(without_head.find("speculative.method: mtp needs a model with a multi-token-prediction head"), std::string::npos)
+      << without_head;
 }
 
 }  // namespace
