@@ -312,5 +312,54 @@ TEST(QuantRepack, MappedPagesAreReleasedAfterRepacking) {
   EXPECT_GT(reread, 0.8);
 }
 
+// The same for fused experts (load_moe), and expert parallelism's drop_expert then gives
+// back the dropped experts' share of the packed copy.
+TEST(QuantRepack, FusedExpertsKeepOneCopyAndDroppedExpertsFreeTheirs) {
+  if (!repacking()) GTEST_SKIP() << "no repacking on this CPU (no AVX-512 path) or INFERA_QUANT_REPACK=0";
+  constexpr int64_t E = 16, H = 1024, I = 256;  // w8a8: gate_up 8 MiB, down 4 MiB
+  std::mt19937 rng(6);
+  auto random_int8 = [&](std::vector<int64_t> shape, int64_t n) {
+    Tensor q{"", DType::kI8, std::move(shape), std::vector<uint8_t>(n)};
+    for (auto& b : q.bytes) b = static_cast<uint8_t>(rng() % 255 + 129);  // int8 in [-127, 127]
+    return q;
+  };
+  std::vector<Tensor> t;
+  add_f32(t, "moe.mlp.gate.weight", random_vec(E * H, 3, 1.0f), {E, H});
+  t.push_back(random_int8({E, 2 * I, H}, E * 2 * I * H));
+  t.back().name = "moe.mlp.experts.gate_up_proj.qweight";
+  add_f32(t, "moe.mlp.experts.gate_up_proj.scales", std::vector<float>(E * 2 * I, 0.01f), {E, 2 * I, 1});
+  t.push_back(random_int8({E, H, I}, E * H * I));
+  t.back().name = "moe.mlp.experts.down_proj.qweight";
+  add_f32(t, "moe.mlp.experts.down_proj.scales", std::vector<float>(E * H, 0.01f), {E, H, 1});
+  const double expert_bytes = static_cast<double>(E * (3 * I * H + (2 * I + H) * 4));
+  const fs::path dir = kWork / "rss_moe";
+  write_dir(dir, t);
+  t.clear();
+  t.shrink_to_fit();
+  ModelConfig cfg;
+  cfg.num_experts = E;
+  cfg.hidden_size = H;
+  cfg.moe_intermediate_size = I;
+  cfg.num_experts_per_tok = 2;
+  QuantizationConfig qc;
+  qc.present = true;
+  qc.scheme = QuantScheme::kW8A8;
+
+  WeightStore store = WeightStore::open(dir.string());
+  const int64_t before = resident_bytes();
+  MoeWeights w = load_moe(store, "moe.mlp.", cfg, 0, qc);
+  const double loaded = static_cast<double>(resident_bytes() - before) / expert_bytes;
+  for (int64_t e = 0; e < E; e += 2) w.drop_expert(e);
+  const double kept = static_cast<double>(resident_bytes() - before) / expert_bytes;
+  std::printf("[ rss      ] %.1f MiB of fused experts: %.2f copies resident after load_moe, %.2f after dropping "
+              "half the experts\n",
+              expert_bytes / 1048576.0, loaded, kept);
+  EXPECT_GT(loaded, 0.9);
+  EXPECT_LT(loaded, 1.2);
+  // Half the panels go; pages shared by a kept and a dropped expert's panels stay.
+  EXPECT_GT(kept, 0.4);
+  EXPECT_LT(kept, 0.65);
+}
+
 }  // namespace
 }  // namespace infera::quant
