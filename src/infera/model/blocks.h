@@ -61,7 +61,8 @@ kernels::LinearWeight bind_hybrid_linear(const WeightStore& store, const std::st
                                          const QuantizationConfig& qc);
 
 // Rows [r0, r1) of a float or quantized matrix, as a matrix of their own (a view: rows are
-// contiguous in both layouts).
+// contiguous in both layouts). A quantized matrix's repacked copy is shared when r0 and r1
+// fall on its 16-row panels (kernels::quant_row_slice); elsewhere the slice has none.
 kernels::LinearWeight linear_row_slice(const kernels::LinearWeight& w, int64_t r0, int64_t r1);
 
 // ---- mixture of experts ----
@@ -89,7 +90,8 @@ struct MoeWeights {
 // Qwen3.5). shared_inter > 0 also loads shared_expert.* and shared_expert_gate. A quantized
 // checkpoint (qc.present) keeps the same names with .qweight/.scales, fused tensors as 3-D
 // [E, rows, packed cols] (docs/quantization.md); the router and the shared-expert gate are
-// always float.
+// always float. Quantized experts get the repacked copy (a fused tensor packed once, each
+// expert a view of it) and their mapped pages are released (release_repacked_source).
 MoeWeights load_moe(const WeightStore& store, const std::string& prefix, const ModelConfig& cfg, int64_t shared_inter,
                     const QuantizationConfig& qc = {});
 
