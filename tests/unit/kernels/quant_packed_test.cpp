@@ -58,10 +58,11 @@ struct Shape {
 // 4-byte lane (w8a8) and every int4 group size.
 std::vector<Shape> shapes() {
   std::vector<Shape> out;
+  // 33, 50: the 3-panel w8a8 / w4a16 and 2-panel w4a8 prefill groups end in a partial panel.
   for (int64_t n : {1, 15, 16, 17, 33, 50}) {
     for (int64_t k : {1, 3, 5, 64, 65, 172, 301}) out.push_back({QuantScheme::kW8A8, n, k, k});
     for (QuantScheme s : {QuantScheme::kW4A8, QuantScheme::kW4A16})
-      for (int64_t k : {32, 96, 128, 384})
+      for (int64_t k : {32, 96, 128, 320, 384})  // 320: W4A16 prefill blocks of 128, 128, 64 columns
         for (int64_t gs : {32, 64, 128})
           if (k % gs == 0) out.push_back({s, n, k, gs});
   }
@@ -73,7 +74,8 @@ std::string describe(Isa isa, const Shape& sh, int64_t m) {
          " n=" + std::to_string(sh.n) + " k=" + std::to_string(sh.k) + " g=" + std::to_string(sh.gs);
 }
 
-const int64_t kTokenCounts[] = {1, 2, 3, 8, 9, 17};
+// Around the 8-token prefill tile (and one past 64, the benchmark's prompt).
+const int64_t kTokenCounts[] = {1, 2, 3, 8, 9, 17, 65};
 
 TEST(QuantPacked, RepackRoundTripsExactly) {
   std::mt19937 rng(11);
@@ -120,14 +122,16 @@ TEST(QuantPacked, IntegerPartsExactlyEqualOnEveryPath) {
 }
 
 // Random activations and scales. Bound: 1e-5 relative to the sum of |terms| (the integer
-// parts agree exactly; only the f32 accumulation over groups and the scale products differ).
+// parts agree exactly; only the f32 accumulation over groups and the scale products differ;
+// the W4A16 prefill sums exact f32 products over k <= 384 columns: first order k * 2^-24 =
+// 2.3e-5 in the worst case, ~sqrt(k) * 2^-24 = 1.2e-6 typically).
 TEST(QuantPacked, FloatResultsWithinBoundOnEveryPath) {
   std::mt19937 rng(13);
   std::normal_distribution<float> nd(0.0f, 1.0f);
   for (const Shape& sh : shapes()) {
     TestMatrix w = random_matrix(sh.scheme, sh.n, sh.k, sh.gs, rng, false);
     w.ref.packed = pack_quant_matrix_always(w.ref);
-    for (int64_t m : {1, 3, 17}) {
+    for (int64_t m : {1, 2, 3, 9, 17, 65}) {
       std::vector<float> x(static_cast<size_t>(m * sh.k));
       for (auto& v : x) v = nd(rng);
       std::vector<float> y_ref(m * sh.n), y(m * sh.n);

@@ -368,7 +368,18 @@ struct W4A16Tile {
 // padding rows are dropped).
 
 constexpr int kTileTokens = 8;
+// W8A8 prefill tile: kTileTokens tokens x this many panels (8 x 3 = 24 accumulators, 3 weight
+// vectors and a broadcast: 28 of the 32 zmm), 11 loads per 24 vpdpbusd.
+constexpr int64_t kW8A8Panels = 3;
 constexpr int64_t kPrefetchAhead = 2048;  // bytes: decode kernels prefetch this far ahead in each panel stream (measured: +10% over the hardware prefetcher alone)
+
+// acc += u8 x s8 dot products of 4 bytes per lane (vpdpbusd). Written as asm: with the
+// intrinsic GCC 12 copies every accumulator of a tile through a spare register (or the
+// stack) around each instruction, ~2x the uops of the inner loop.
+inline __m512i dpbusd(__m512i acc, __m512i u, __m512i s) {
+  __asm__("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(u), "v"(s));
+  return acc;
+}
 
 inline __m512i bcast4(const int8_t* p) {
   int32_t v;
@@ -376,6 +387,32 @@ inline __m512i bcast4(const int8_t* p) {
   return _mm512_set1_epi32(v);
 }
 
+// Prefill: while a tile of tokens sweeps panels already in L2, pull the next panels of the
+// thread's piece from memory into L2 (one line per chunk step), so the next tile's first
+// sweep does not stall on DRAM (the hardware prefetcher does not cross into them early).
+struct L2Prefetch {
+  const uint8_t* next = nullptr;
+  const uint8_t* end = nullptr;
+  void step() {
+    if (next < end) {
+      _mm_prefetch(reinterpret_cast<const char*>(next), _MM_HINT_T1);
+      next += 64;
+    }
+  }
+  void finish() {
+    for (; next < end; next += 64) _mm_prefetch(reinterpret_cast<const char*>(next), _MM_HINT_T1);
+  }
+};
+
+// The byte range [begin, end) split evenly over `parts`: part `i` of it, in whole lines.
+inline L2Prefetch prefetch_part(const uint8_t* begin, int64_t bytes, int64_t parts, int64_t i) {
+  const int64_t lines = (bytes + 63) / 64, per = (lines + parts - 1) / parts;
+  const int64_t l0 = std::min(lines, i * per), l1 = std::min(lines, l0 + per);
+  return {begin + l0 * 64, begin + l1 * 64};
+}
+
+// Rows past the matrix exist only in its last panel: a kernel over P adjacent panels is told
+// how many rows of its last one are valid (`rows_last`), all others are full.
 inline __mmask16 row_mask(int rows_valid) { return static_cast<__mmask16>((1u << rows_valid) - 1u); }
 
 // W4A8 over P adjacent panels: y[i, r] = dx[i] * sum_g scale[r, g] * (sum_{t in g} nib[r, t] *
@@ -383,7 +420,7 @@ inline __mmask16 row_mask(int rows_valid) { return static_cast<__mmask16>((1u <<
 template <int M, int P>
 void w4a8_panels(const uint8_t* panel, int64_t panel_bytes, int64_t chunks, int64_t groups, int64_t gs,
                  const int8_t* xq, int64_t ld, const int32_t* gcorr, const float* dx, float* y, int64_t ldy,
-                 int rows_valid0, int rows_valid1) {
+                 int rows_last, L2Prefetch pf = {}) {
   // Few tokens have few independent vpdpbusd chains: split low/high nibbles over two so
   // the instruction's latency does not bound the stream.
   constexpr bool kSplit = M * P <= 2;
@@ -393,11 +430,18 @@ void w4a8_panels(const uint8_t* panel, int64_t panel_bytes, int64_t chunks, int6
   for (int q = 0; q < P; ++q)
     for (int i = 0; i < M; ++i) facc[q][i] = _mm512_setzero_ps();
   for (int64_t g = 0; g < groups; ++g) {
+    // The accumulators start at -gcorr: the correction costs a broadcast load, not a subtract.
     __m512i ia[P][M], ib[P][M];
-    for (int q = 0; q < P; ++q)
-      for (int i = 0; i < M; ++i) ia[q][i] = ib[q][i] = _mm512_setzero_si512();
+    for (int i = 0; i < M; ++i) {
+      const __m512i start = _mm512_set1_epi32(-gcorr[i * groups + g]);
+      for (int q = 0; q < P; ++q) {
+        ia[q][i] = start;
+        ib[q][i] = _mm512_setzero_si512();
+      }
+    }
     const int8_t* xg = xq + g * gs;
     const uint8_t* pg = panel + g * chunks_per_group * 64;
+    for (int q = 0; q < P; ++q) pf.step();
     for (int64_t c = 0; c < chunks_per_group; ++c) {
       __m512i lo[P], hi[P];
       for (int q = 0; q < P; ++q) {
@@ -410,11 +454,11 @@ void w4a8_panels(const uint8_t* panel, int64_t panel_bytes, int64_t chunks, int6
         const int8_t* xc = xg + i * ld + c * 8;
         const __m512i xl = bcast4(xc), xh = bcast4(xc + 4);
         for (int q = 0; q < P; ++q) {
-          ia[q][i] = _mm512_dpbusd_epi32(ia[q][i], lo[q], xl);
+          ia[q][i] = dpbusd(ia[q][i], lo[q], xl);
           if constexpr (kSplit) {
-            ib[q][i] = _mm512_dpbusd_epi32(ib[q][i], hi[q], xh);
+            ib[q][i] = dpbusd(ib[q][i], hi[q], xh);
           } else {
-            ia[q][i] = _mm512_dpbusd_epi32(ia[q][i], hi[q], xh);
+            ia[q][i] = dpbusd(ia[q][i], hi[q], xh);
           }
         }
       }
@@ -423,14 +467,14 @@ void w4a8_panels(const uint8_t* panel, int64_t panel_bytes, int64_t chunks, int6
       const auto* scales = reinterpret_cast<const __m256i*>(panel + q * panel_bytes + chunks * 64 + g * kPanelRows * 2);
       const __m512 sc = _mm512_cvtph_ps(_mm256_load_si256(scales));
       for (int i = 0; i < M; ++i) {
-        __m512i d = kSplit ? _mm512_add_epi32(ia[q][i], ib[q][i]) : ia[q][i];
-        d = _mm512_sub_epi32(d, _mm512_set1_epi32(gcorr[i * groups + g]));
+        const __m512i d = kSplit ? _mm512_add_epi32(ia[q][i], ib[q][i]) : ia[q][i];
         facc[q][i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), sc, facc[q][i]);
       }
     }
   }
+  pf.finish();
   for (int q = 0; q < P; ++q) {
-    const __mmask16 mask = row_mask(q == 0 ? rows_valid0 : rows_valid1);
+    const __mmask16 mask = row_mask(q == P - 1 ? rows_last : static_cast<int>(kPanelRows));
     for (int i = 0; i < M; ++i)
       _mm512_mask_storeu_ps(y + i * ldy + q * kPanelRows, mask, _mm512_mul_ps(facc[q][i], _mm512_set1_ps(dx[i])));
   }
@@ -439,7 +483,8 @@ void w4a8_panels(const uint8_t* panel, int64_t panel_bytes, int64_t chunks, int6
 // W8A8 over P adjacent panels: y[i, r] = dx[i] * scale[r] * (sum_t (w + 128) * xq[i, t] - 128 * sum_t xq[i, t]).
 template <int M, int P>
 void w8a8_panels(const uint8_t* panel, int64_t panel_bytes, int64_t chunks, const int8_t* xq, int64_t ld,
-                 const int32_t* xsum128, const float* dx, float* y, int64_t ldy, int rows_valid0, int rows_valid1) {
+                 const int32_t* xsum128, const float* dx, float* y, int64_t ldy, int rows_last,
+                 L2Prefetch pf = {}) {
   // One token, one panel would be a single dependent vpdpbusd chain: alternate two.
   constexpr int A = (M == 1 && P == 1) ? 2 : 1;
   __m512i acc[P][M][A];
@@ -448,6 +493,7 @@ void w8a8_panels(const uint8_t* panel, int64_t panel_bytes, int64_t chunks, cons
       for (int a = 0; a < A; ++a) acc[q][i][a] = _mm512_setzero_si512();
   int64_t c = 0;
   for (; c + A <= chunks; c += A) {
+    pf.step();
     for (int a = 0; a < A; ++a) {
       __m512i v[P];
       for (int q = 0; q < P; ++q) {
@@ -456,19 +502,20 @@ void w8a8_panels(const uint8_t* panel, int64_t panel_bytes, int64_t chunks, cons
       }
       for (int i = 0; i < M; ++i) {
         const __m512i xb = bcast4(xq + i * ld + (c + a) * 4);
-        for (int q = 0; q < P; ++q) acc[q][i][a] = _mm512_dpbusd_epi32(acc[q][i][a], v[q], xb);
+        for (int q = 0; q < P; ++q) acc[q][i][a] = dpbusd(acc[q][i][a], v[q], xb);
       }
     }
   }
+  pf.finish();
   for (; c < chunks; ++c) {
     for (int q = 0; q < P; ++q) {
       const __m512i v = _mm512_load_si512(panel + q * panel_bytes + c * 64);
-      for (int i = 0; i < M; ++i) acc[q][i][0] = _mm512_dpbusd_epi32(acc[q][i][0], v, bcast4(xq + i * ld + c * 4));
+      for (int i = 0; i < M; ++i) acc[q][i][0] = dpbusd(acc[q][i][0], v, bcast4(xq + i * ld + c * 4));
     }
   }
   for (int q = 0; q < P; ++q) {
     const __m512 sc = _mm512_load_ps(reinterpret_cast<const float*>(panel + q * panel_bytes + chunks * 64));
-    const __mmask16 mask = row_mask(q == 0 ? rows_valid0 : rows_valid1);
+    const __mmask16 mask = row_mask(q == P - 1 ? rows_last : static_cast<int>(kPanelRows));
     for (int i = 0; i < M; ++i) {
       __m512i d = acc[q][i][0];
       for (int a = 1; a < A; ++a) d = _mm512_add_epi32(d, acc[q][i][a]);
@@ -544,6 +591,87 @@ inline void with_tile_tokens(int64_t mt, F&& f) {
   }
 }
 
+// W4A16 prefill: a block of kW4A16BlockCols columns of P panels is unpacked once to f32
+// weights (w = (nibble - 8) * scale, exact in f32: a 4-bit integer times an f16) in an
+// L1-resident buffer, then every token of the call runs an f32 FMA tile over it, so the
+// unpacking is paid once per block instead of once per token tile. Accumulators of all
+// tokens live in `acc` [m, P * 16] across blocks. Error: plain f32 sums of exact products
+// in column order, |y - y_exact| <= k * 2^-24 * sum_t |w_t x_t| (first order).
+constexpr int64_t kW4A16BlockCols = 128;
+
+// wbuf[c, q * 16 + r] = weight of row r of panel q at column c0 + c, c < cols (multiple of 8).
+template <int P>
+void w4a16_unpack_block(const uint8_t* panel, int64_t panel_bytes, int64_t chunks, int64_t gs, int64_t c0,
+                        int64_t cols, float* wbuf) {
+  const __m512i low = _mm512_set1_epi8(0x0f);
+  __m512i pick[4];
+  for (int j = 0; j < 4; ++j) {
+    const __m128i lane = _mm_setr_epi32(static_cast<int32_t>(0x80808000u | (0u + j)), static_cast<int32_t>(0x80808000u | (4u + j)),
+                                        static_cast<int32_t>(0x80808000u | (8u + j)), static_cast<int32_t>(0x80808000u | (12u + j)));
+    pick[j] = _mm512_broadcast_i32x4(lane);
+  }
+  const __m512 eight = _mm512_set1_ps(8.0f);
+  for (int q = 0; q < P; ++q) {
+    const uint8_t* pq = panel + q * panel_bytes;
+    const uint16_t* scales = reinterpret_cast<const uint16_t*>(pq + chunks * 64);
+    for (int64_t c = 0; c < cols; c += 8) {
+      const int64_t col = c0 + c;
+      const __m512 sc = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(scales + col / gs * kPanelRows)));
+      const __m512i v = _mm512_load_si512(pq + col / 8 * 64);
+      const __m512i nib[2] = {_mm512_and_si512(v, low), _mm512_and_si512(_mm512_srli_epi16(v, 4), low)};
+#pragma GCC unroll 8
+      for (int j = 0; j < 8; ++j) {
+        const __m512 wq = _mm512_sub_ps(_mm512_cvtepi32_ps(_mm512_shuffle_epi8(nib[j / 4], pick[j % 4])), eight);
+        _mm512_store_ps(wbuf + (c + j) * (P * kPanelRows) + q * kPanelRows, _mm512_mul_ps(wq, sc));
+      }
+    }
+  }
+}
+
+// acc[i, :] += sum_c wbuf[c, :] * x[i, c0 + c] for M tokens, P * 16 rows.
+template <int M, int P>
+void w4a16_block_tile(const float* wbuf, int64_t cols, const float* x, int64_t k, int64_t c0, float* acc) {
+  __m512 a[M][P];
+  for (int i = 0; i < M; ++i)
+    for (int q = 0; q < P; ++q) a[i][q] = _mm512_loadu_ps(acc + i * (P * kPanelRows) + q * kPanelRows);
+  const float* xb = x + c0;
+  for (int64_t c = 0; c < cols; ++c) {
+    __m512 wv[P];
+    for (int q = 0; q < P; ++q) wv[q] = _mm512_load_ps(wbuf + c * (P * kPanelRows) + q * kPanelRows);
+    for (int i = 0; i < M; ++i) {
+      const __m512 xv = _mm512_set1_ps(xb[i * k + c]);
+      for (int q = 0; q < P; ++q) a[i][q] = _mm512_fmadd_ps(wv[q], xv, a[i][q]);
+    }
+  }
+  for (int i = 0; i < M; ++i)
+    for (int q = 0; q < P; ++q) _mm512_storeu_ps(acc + i * (P * kPanelRows) + q * kPanelRows, a[i][q]);
+}
+
+// y[i, 16 * q + r] for all m tokens over P adjacent panels.
+template <int P>
+void w4a16_panels_gemm(const uint8_t* panel, int64_t panel_bytes, int64_t chunks, int64_t gs, const float* x, int64_t m,
+                       int64_t k, float* y, int64_t ldy, int rows_last) {
+  constexpr int64_t kRows = P * kPanelRows;
+  alignas(64) static thread_local float wbuf[kW4A16BlockCols * 3 * kPanelRows];
+  static thread_local std::vector<float> acc_storage;
+  acc_storage.assign(static_cast<size_t>(m * kRows), 0.0f);
+  float* acc = acc_storage.data();
+  for (int64_t c0 = 0; c0 < k; c0 += kW4A16BlockCols) {
+    const int64_t cols = std::min(kW4A16BlockCols, k - c0);
+    w4a16_unpack_block<P>(panel, panel_bytes, chunks, gs, c0, cols, wbuf);
+    for (int64_t i0 = 0; i0 < m; i0 += kTileTokens) {
+      with_tile_tokens(std::min<int64_t>(kTileTokens, m - i0), [&]<int M>() {
+        w4a16_block_tile<M, P>(wbuf, cols, x + i0 * k, k, c0, acc + i0 * kRows);
+      });
+    }
+  }
+  for (int64_t i = 0; i < m; ++i)
+    for (int q = 0; q < P; ++q) {
+      const __mmask16 mask = row_mask(q == P - 1 ? rows_last : static_cast<int>(kPanelRows));
+      _mm512_mask_storeu_ps(y + i * ldy + q * kPanelRows, mask, _mm512_loadu_ps(acc + i * kRows + q * kPanelRows));
+    }
+}
+
 // Threads split the panels (in pieces handed out dynamically); inside a piece every panel
 // (or pair, w8a8) is swept by all tokens in tiles of kTileTokens while it sits in L1/L2.
 void qmatmul_packed(const float* x, int64_t m, const QuantMatRef& w, float* y) {
@@ -577,7 +705,7 @@ void qmatmul_packed(const float* x, int64_t m, const QuantMatRef& w, float* y) {
       }
     }
   }
-  if (w.scheme == QuantScheme::kW4A16) {
+  if (w.scheme == QuantScheme::kW4A16 && m == 1) {
     // 8 * (sum of each group's x): the nibbles carry +8.
     s.xsum8.resize(static_cast<size_t>(m * groups));
     for (int64_t i = 0; i < m; ++i)
@@ -591,59 +719,87 @@ void qmatmul_packed(const float* x, int64_t m, const QuantMatRef& w, float* y) {
   const float* dx = s.scale.data();
   const int32_t* corr = s.corr.data();
   const int threads = num_threads();
-  // Pieces: several per thread (dynamic balance on a shared machine), an even number of
-  // panels each (w8a8 sweeps panel pairs).
-  int64_t grain = std::max<int64_t>(2, panels / (8 * std::max(threads, 1)));
-  grain += grain % 2;
+  // Pieces: several per thread (dynamic balance on a shared machine), each a whole number
+  // of the kernels' panel groups.
+  constexpr int64_t kGrainMultiple = 6;  // whole groups of 2 (w4a8) and 3 (w8a8, w4a16 prefill) panels
+  int64_t grain = std::max<int64_t>(kGrainMultiple, panels / (8 * std::max(threads, 1)));
+  grain = (grain + kGrainMultiple - 1) / kGrainMultiple * kGrainMultiple;
   auto rows_in = [&](int64_t p) { return static_cast<int>(std::min<int64_t>(kPanelRows, n - p * kPanelRows)); };
   parallel_chunks(panels, grain, [&](int64_t p0, int64_t p1) {
     switch (w.scheme) {
       case QuantScheme::kW4A8:
-        // A decode token sweeps two panels at once (two streams, twice the independent
-        // chains); a prefill tile has enough chains in its tokens.
-        for (int64_t p = p0; p < p1; p += (m == 1 ? 2 : 1)) {
-          if (m == 1) {
-            if (p + 1 < p1) {
-              w4a8_panels<1, 2>(pk.panel(p), pb, chunks, groups, gs, xq, ld, corr, dx, y + p * kPanelRows, n,
-                                rows_in(p), rows_in(p + 1));
-            } else {
-              w4a8_panels<1, 1>(pk.panel(p), pb, chunks, groups, gs, xq, ld, corr, dx, y + p * kPanelRows, n,
-                                rows_in(p), 0);
+        if (m > 1) {
+          // Prefill: kTileTokens tokens x 2 panels (16 accumulators), the next pair
+          // prefetched over the token tiles.
+          const int64_t tiles = (m + kTileTokens - 1) / kTileTokens;
+          for (int64_t p = p0; p < p1; p += 2) {
+            const int64_t np = std::min<int64_t>(2, p1 - p);
+            const int64_t next_panels = std::min<int64_t>(2, p1 - p - np);
+            for (int64_t i0 = 0; i0 < m; i0 += kTileTokens) {
+              const L2Prefetch pf =
+                  next_panels > 0 ? prefetch_part(pk.panel(p + np), next_panels * pb, tiles, i0 / kTileTokens) : L2Prefetch{};
+              with_tile_tokens(std::min<int64_t>(kTileTokens, m - i0), [&]<int M>() {
+                auto run = [&]<int P>() {
+                  w4a8_panels<M, P>(pk.panel(p), pb, chunks, groups, gs, xq + i0 * ld, ld, corr + i0 * groups,
+                                    dx + i0, y + i0 * n + p * kPanelRows, n, rows_in(p + np - 1), pf);
+                };
+                if (np == 2) run.template operator()<2>();
+                else run.template operator()<1>();
+              });
             }
-            continue;
           }
-          for (int64_t i0 = 0; i0 < m; i0 += kTileTokens) {
-            with_tile_tokens(std::min<int64_t>(kTileTokens, m - i0), [&]<int M>() {
-              w4a8_panels<M, 1>(pk.panel(p), pb, chunks, groups, gs, xq + i0 * ld, ld, corr + i0 * groups, dx + i0,
-                                y + i0 * n + p * kPanelRows, n, rows_in(p), 0);
-            });
+          break;
+        }
+        // A decode token sweeps two panels at once (two streams, twice the independent chains).
+        for (int64_t p = p0; p < p1; p += 2) {
+          if (p + 1 < p1) {
+            w4a8_panels<1, 2>(pk.panel(p), pb, chunks, groups, gs, xq, ld, corr, dx, y + p * kPanelRows, n,
+                              rows_in(p + 1));
+          } else {
+            w4a8_panels<1, 1>(pk.panel(p), pb, chunks, groups, gs, xq, ld, corr, dx, y + p * kPanelRows, n,
+                              rows_in(p));
           }
         }
         break;
       case QuantScheme::kW8A8:
-        for (int64_t p = p0; p < p1; p += 2) {
-          const bool pair = p + 1 < p1;
+        // A decode token streams panel pairs (as tuned for decode); a prefill tile takes 3.
+        for (int64_t p = p0; p < p1; p += (m == 1 ? 2 : kW8A8Panels)) {
+          const int64_t np = std::min<int64_t>(m == 1 ? 2 : kW8A8Panels, p1 - p);
+          const int rows_last = rows_in(p + np - 1);
+          // The next group of this piece, prefetched over this group's token tiles (a decode
+          // token has its own prefetch in the kernel).
+          const int64_t next_panels = m > 1 ? std::min<int64_t>(kW8A8Panels, p1 - p - np) : 0;
+          const int64_t tiles = (m + kTileTokens - 1) / kTileTokens;
           for (int64_t i0 = 0; i0 < m; i0 += kTileTokens) {
+            const L2Prefetch pf =
+                next_panels > 0 ? prefetch_part(pk.panel(p + np), next_panels * pb, tiles, i0 / kTileTokens) : L2Prefetch{};
             with_tile_tokens(std::min<int64_t>(kTileTokens, m - i0), [&]<int M>() {
-              if (pair) {
-                w8a8_panels<M, 2>(pk.panel(p), pb, chunks, xq + i0 * ld, ld, corr + i0, dx + i0,
-                                  y + i0 * n + p * kPanelRows, n, rows_in(p), rows_in(p + 1));
-              } else {
-                w8a8_panels<M, 1>(pk.panel(p), pb, chunks, xq + i0 * ld, ld, corr + i0, dx + i0,
-                                  y + i0 * n + p * kPanelRows, n, rows_in(p), 0);
-              }
+              auto run = [&]<int P>() {
+                w8a8_panels<M, P>(pk.panel(p), pb, chunks, xq + i0 * ld, ld, corr + i0, dx + i0,
+                                  y + i0 * n + p * kPanelRows, n, rows_last, pf);
+              };
+              if (np == 3) run.template operator()<3>();
+              else if (np == 2) run.template operator()<2>();
+              else run.template operator()<1>();
             });
           }
         }
         break;
       case QuantScheme::kW4A16:
-        for (int64_t p = p0; p < p1; ++p) {
-          for (int64_t i0 = 0; i0 < m; i0 += kTileTokens) {
-            with_tile_tokens(std::min<int64_t>(kTileTokens, m - i0), [&]<int M>() {
-              w4a16_panel<M>(pk.panel(p), chunks, groups, gs, x + i0 * k, k, s.xsum8.data() + i0 * groups,
-                             y + i0 * n + p * kPanelRows, n, rows_in(p));
-            });
-          }
+        if (m == 1) {
+          for (int64_t p = p0; p < p1; ++p)
+            w4a16_panel<1>(pk.panel(p), chunks, groups, gs, x, k, s.xsum8.data(), y + p * kPanelRows, n, rows_in(p));
+          break;
+        }
+        // A decode token streams panel pairs (as tuned for decode); a prefill tile takes 3.
+        for (int64_t p = p0; p < p1; p += (m == 1 ? 2 : kW8A8Panels)) {
+          const int64_t np = std::min<int64_t>(m == 1 ? 2 : kW8A8Panels, p1 - p);
+          auto run = [&]<int P>() {
+            w4a16_panels_gemm<P>(pk.panel(p), pb, chunks, gs, x, m, k, y + p * kPanelRows, n, rows_in(p + np - 1));
+          };
+          if (np == 3) run.template operator()<3>();
+          else if (np == 2) run.template operator()<2>();
+          else run.template operator()<1>();
         }
         break;
     }
