@@ -6,6 +6,9 @@
 //     in the last-level cache when that is large); "cold" cycles through ~600 MB of copies
 //     so every call streams from DRAM.
 //   GEMM (prefill, m = 64 / 512): same weights; counter GFLOP/s = 2 m n k per second.
+//   Quantized (w8a8 / w4a8 / w4a16, group 32, repacked panels as loaded by a model): same
+//     shape, m = 1 (decode GEMV) and 64 (prefill GEMM); counter GOP/s = 2 m n k per second
+//     (int8 or f32 operations, whichever the scheme computes in).
 //   Attention decode: one sequence, ctx 4096, 32 query / 8 kv heads, head_dim 128, f32 KV
 //     in 16-slot blocks; counter GB/s = K and V bytes read per second.
 // The last argument of every benchmark is the thread count. The machine is shared, so each
@@ -16,12 +19,14 @@
 #include <cstdint>
 #include <numeric>
 #include <random>
+#include <string>
 #include <vector>
 
 #include <benchmark/benchmark.h>
 
 #include "infera/base/threads.h"
 #include "infera/kernels/kernels.h"
+#include "infera/kernels/quant.h"
 
 namespace {
 
@@ -126,6 +131,34 @@ void BM_GemmBf16(benchmark::State& s) { run_gemm(s, DType::kBF16); }
 void BM_GemmF32(benchmark::State& s) { run_gemm(s, DType::kF32); }
 BENCHMARK(BM_GemmBf16)->Args({64, 2})->Args({512, 1})->Args({512, 2})->Apply(least_disturbed);
 BENCHMARK(BM_GemmF32)->Args({512, 2})->Apply(least_disturbed);
+
+// Arguments: scheme (0 w8a8, 1 w4a8, 2 w4a16), m, threads.
+void BM_QuantMatmul(benchmark::State& state) {
+  const auto scheme = static_cast<QuantScheme>(state.range(0));
+  const int64_t m = state.range(1);
+  infera::set_num_threads(static_cast<int>(state.range(2)));
+  const bool int4 = scheme_is_int4(scheme);
+  const int64_t gs = int4 ? 32 : kK;
+  std::vector<uint8_t> q(static_cast<size_t>(int4 ? kN * kK / 2 : kN * kK));
+  std::mt19937 rng(7);
+  for (auto& b : q) b = static_cast<uint8_t>(int4 ? rng() & 0xff : (rng() % 255) - 127 + 256);
+  std::vector<uint16_t> scales16(static_cast<size_t>(kN * (kK / gs)), infera::f32_to_f16(0.01f));
+  std::vector<float> scales32(static_cast<size_t>(kN), 0.01f);
+  QuantMatRef w{scheme, kN, kK, gs, q.data(), int4 ? static_cast<const void*>(scales16.data()) : scales32.data()};
+  w.packed = pack_quant_matrix(w);
+  std::vector<float> x(m * kK), y(m * kN);
+  fill(x, 8);
+  for (auto _ : state) {
+    qmatmul(x.data(), m, w, y.data());
+    benchmark::DoNotOptimize(y.data());
+    benchmark::ClobberMemory();
+  }
+  state.SetLabel(std::string(scheme_name(scheme)) + (w.packed ? " packed" : " on-disk layout"));
+  state.counters["GOP/s"] = benchmark::Counter(2.0 * m * kN * kK * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(BM_QuantMatmul)
+    ->ArgsProduct({{0, 1, 2}, {1, 64}, {1, 2}})
+    ->Apply(least_disturbed);
 
 void BM_AttentionDecode(benchmark::State& state) {
   const int64_t ctx = state.range(0);
