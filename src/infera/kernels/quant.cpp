@@ -5,6 +5,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -14,6 +15,13 @@
 #include "infera/kernels/cpu/quant_dispatch.h"
 
 namespace infera::kernels {
+
+namespace {
+std::atomic<bool> g_quant_amx{true};
+}  // namespace
+
+void set_quant_amx(bool enabled) { g_quant_amx.store(enabled, std::memory_order_relaxed); }
+bool quant_amx_enabled() { return g_quant_amx.load(std::memory_order_relaxed); }
 
 std::string_view scheme_name(QuantScheme s) {
   switch (s) {

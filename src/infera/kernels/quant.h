@@ -153,10 +153,16 @@ void set_linear_observer(LinearObserver observer);
 
 // y[m, n] = x[m, k] · dequant(W)ᵀ, computed in the scheme's precision. x, y f32.
 // With w.packed set, the AVX-512 path runs the panel kernels (GEMV for m = 1, a tiled GEMM
-// of up to 8 tokens x 16-32 rows otherwise); results are the same as without it (integer
-// parts exactly, floats within the stated bound).
+// of up to 8 tokens x 16-48 rows otherwise, AMX tiles for W8A8 prefill where available);
+// results are the same as without it (integer parts exactly, floats within the stated bound).
 void qmatmul(const float* x, int64_t m, const QuantMatRef& w, float* y);
 void qmatmul(Isa isa, const float* x, int64_t m, const QuantMatRef& w, float* y);
+
+// W8A8 prefill on AMX tiles (tdpbsud) where the CPU has AMX-INT8 and the OS grants it
+// (results identical to the VNNI GEMM). On by default; set_quant_amx(false) forces the VNNI
+// GEMM (tests compare both). Process-wide; not to be changed while qmatmul runs.
+void set_quant_amx(bool enabled);
+bool quant_amx_enabled();
 
 // Row `row` of W dequantized to f32 [cols] (quantized embedding tables).
 void dequantize_row(const QuantMatRef& w, int64_t row, float* out);

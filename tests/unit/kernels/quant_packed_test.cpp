@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <string>
 #include <tuple>
 #include <vector>
 
@@ -145,6 +146,43 @@ TEST(QuantPacked, FloatResultsWithinBoundOnEveryPath) {
               mag += std::fabs(ref::qweight_at(w.ref, r, t) * ref::qscale_at(w.ref, r, t) * x[i * sh.k + t]);
             ASSERT_NEAR(y[i * sh.n + r], y_ref[i * sh.n + r], 1e-5 * mag + 1e-7) << describe(isa, sh, m);
           }
+      }
+    }
+  }
+}
+
+// W8A8 prefill runs on AMX tiles where the CPU has them, else on the VNNI tile: both give
+// the reference's integer results exactly, and the same floats bit for bit (same integer
+// sums, same epilogue). Token counts around the 16- and 32-token tile blocks, rows around
+// the panel pairs, k a multiple of 64 (AMX's condition) and one that is not (VNNI either way).
+TEST(QuantPacked, W8A8AmxAndVnniGemmAgreeExactly) {
+  if (!isa_available(Isa::kAvx512)) GTEST_SKIP() << "no AVX-512 path on this CPU";
+  std::mt19937 rng(16);
+  std::uniform_int_distribution<int> iv(-127, 127);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  for (int64_t n : {15, 16, 17, 33, 50}) {
+    for (int64_t k : {64, 128, 320, 100}) {
+      for (bool integer : {true, false}) {
+        TestMatrix w = random_matrix(QuantScheme::kW8A8, n, k, k, rng, integer);
+        w.ref.packed = pack_quant_matrix_always(w.ref);
+        for (int64_t m : {8, 9, 16, 17, 31, 32, 33, 65}) {
+          std::vector<float> x(static_cast<size_t>(m * k));
+          for (auto& v : x) v = integer ? static_cast<float>(iv(rng)) : nd(rng);
+          if (integer)
+            for (int64_t i = 0; i < m; ++i) x[i * k] = 127.0f;
+          std::vector<float> y_amx(m * n, -1.0f), y_vnni(m * n, -2.0f), y_ref(m * n);
+          set_quant_amx(true);
+          qmatmul(Isa::kAvx512, x.data(), m, w.ref, y_amx.data());
+          set_quant_amx(false);
+          qmatmul(Isa::kAvx512, x.data(), m, w.ref, y_vnni.data());
+          set_quant_amx(true);
+          const std::string what = "m=" + std::to_string(m) + " n=" + std::to_string(n) + " k=" + std::to_string(k);
+          ASSERT_EQ(y_amx, y_vnni) << what;
+          if (integer) {
+            ref::qmatmul(x.data(), m, w.ref, y_ref.data());
+            ASSERT_EQ(y_amx, y_ref) << what;
+          }
+        }
       }
     }
   }

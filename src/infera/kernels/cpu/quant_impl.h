@@ -12,7 +12,10 @@
 #pragma once
 
 #include <immintrin.h>
+#include <cpuid.h>
 #include <omp.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -388,16 +391,15 @@ inline __m512i bcast4(const int8_t* p) {
 }
 
 // Prefill: while a tile of tokens sweeps panels already in L2, pull the next panels of the
-// thread's piece from memory into L2 (one line per chunk step), so the next tile's first
+// thread's piece from memory into L2 (per_step lines per step), so the next tile's first
 // sweep does not stall on DRAM (the hardware prefetcher does not cross into them early).
 struct L2Prefetch {
   const uint8_t* next = nullptr;
   const uint8_t* end = nullptr;
+  int64_t per_step = 1;  // lines per step
   void step() {
-    if (next < end) {
+    for (int64_t i = 0; i < per_step && next < end; ++i, next += 64)
       _mm_prefetch(reinterpret_cast<const char*>(next), _MM_HINT_T1);
-      next += 64;
-    }
   }
   void finish() {
     for (; next < end; next += 64) _mm_prefetch(reinterpret_cast<const char*>(next), _MM_HINT_T1);
@@ -408,7 +410,7 @@ struct L2Prefetch {
 inline L2Prefetch prefetch_part(const uint8_t* begin, int64_t bytes, int64_t parts, int64_t i) {
   const int64_t lines = (bytes + 63) / 64, per = (lines + parts - 1) / parts;
   const int64_t l0 = std::min(lines, i * per), l1 = std::min(lines, l0 + per);
-  return {begin + l0 * 64, begin + l1 * 64};
+  return {begin + l0 * 64, begin + l1 * 64, 1};
 }
 
 // Rows past the matrix exist only in its last panel: a kernel over P adjacent panels is told
@@ -672,6 +674,129 @@ void w4a16_panels_gemm(const uint8_t* panel, int64_t panel_bytes, int64_t chunks
     }
 }
 
+// ---- AMX (Sapphire Rapids and later): W8A8 prefill on tile registers ----------------------
+//
+// A w8a8 panel is already the B operand of an int8 tile product in its VNNI layout: 16
+// chunks (64 columns of x) are 16 tile rows of 64 bytes, lane r = weight row r. So
+// tdpbsud (s8 activations x u8 weights) multiplies 16 tokens x 64 columns by a panel's
+// 64 x 16 block, 16384 multiply-adds per instruction, ~8x the vpdpbusd rate. The integer
+// sums are the same as the VNNI kernel's, and so is the float epilogue: bit-identical y.
+// Used when the CPU has AMX-INT8, Linux grants the tile state, k is a multiple of 64 and
+// the call has at least kAmxMinTokens tokens (set_quant_amx(false) turns it off: tests).
+
+constexpr int64_t kAmxMinTokens = 8;
+
+bool amx_usable() {
+  static const bool ok = [] {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
+    const bool tile = (d >> 24) & 1u, int8 = (d >> 25) & 1u;
+    if (!tile || !int8) return false;
+    constexpr long kReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;  // asm/prctl.h
+    return syscall(SYS_arch_prctl, kReqXcompPerm, kXfeatureXtiledata) == 0;
+  }();
+  return ok;
+}
+
+struct alignas(64) TileConfig {
+  uint8_t palette = 1;
+  uint8_t start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+// Tiles 0-1: A (16 tokens x 64 columns of xq), 2-3: B (a panel's 64 columns), 4-7: C
+// (16 tokens x 16 rows of int32), C[4 + 2a + b] = A[a] . B[b].
+__attribute__((target("amx-tile,amx-int8"))) void amx_configure() {
+  TileConfig cfg;
+  for (int t = 0; t < 8; ++t) {
+    cfg.colsb[t] = 64;
+    cfg.rows[t] = 16;
+  }
+  // Not _tile_loadconfig: GCC 12's declares only the first 8 bytes read, and drops the
+  // stores to the rest of cfg.
+  __asm__ volatile("ldtilecfg %0" ::"m"(cfg));
+}
+
+__attribute__((target("amx-tile,amx-int8"))) void amx_release() { _tile_release(); }
+
+// y[i, q * 16 + r] for TA * 16 tokens (rows of xq; rows past the call's tokens are zero
+// padding, not stored: tokens_valid) over P adjacent panels of a w8a8 matrix.
+template <int TA, int P>
+__attribute__((target("amx-tile,amx-int8"))) void w8a8_amx_tile(const uint8_t* panel, int64_t panel_bytes,
+                                                                int64_t chunks, const int8_t* xq, int64_t ld,
+                                                                const int32_t* xsum128, const float* dx, float* y,
+                                                                int64_t ldy, int64_t tokens_valid, int rows_last,
+                                                                L2Prefetch pf) {
+  _tile_zero(4);
+  if constexpr (P == 2) _tile_zero(5);
+  if constexpr (TA == 2) _tile_zero(6);
+  if constexpr (TA == 2 && P == 2) _tile_zero(7);
+  for (int64_t c = 0; c < chunks; c += 16) {
+    pf.step();
+    _tile_loadd(2, panel + c * 64, 64);
+    if constexpr (P == 2) _tile_loadd(3, panel + panel_bytes + c * 64, 64);
+    _tile_loadd(0, xq + c * 4, ld);
+    _tile_dpbsud(4, 0, 2);
+    if constexpr (P == 2) _tile_dpbsud(5, 0, 3);
+    if constexpr (TA == 2) {
+      _tile_loadd(1, xq + 16 * ld + c * 4, ld);
+      _tile_dpbsud(6, 1, 2);
+      if constexpr (P == 2) _tile_dpbsud(7, 1, 3);
+    }
+  }
+  pf.finish();
+  alignas(64) int32_t c_out[4][16 * 16];
+  _tile_stored(4, c_out[0], 64);
+  if constexpr (P == 2) _tile_stored(5, c_out[1], 64);
+  if constexpr (TA == 2) _tile_stored(6, c_out[2], 64);
+  if constexpr (TA == 2 && P == 2) _tile_stored(7, c_out[3], 64);
+  for (int a = 0; a < TA; ++a)
+    for (int q = 0; q < P; ++q) {
+      const __m512 sc = _mm512_load_ps(reinterpret_cast<const float*>(panel + q * panel_bytes + chunks * 64));
+      const __mmask16 mask = row_mask(q == P - 1 ? rows_last : static_cast<int>(kPanelRows));
+      const int32_t* cq = c_out[2 * a + q];
+      for (int64_t t = 0; t < 16 && a * 16 + t < tokens_valid; ++t) {
+        const int64_t i = a * 16 + t;
+        const __m512i d = _mm512_sub_epi32(_mm512_load_si512(cq + t * 16), _mm512_set1_epi32(xsum128[i]));
+        const __m512 r = _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(d), sc), _mm512_set1_ps(dx[i]));
+        _mm512_mask_storeu_ps(y + i * ldy + q * kPanelRows, mask, r);
+      }
+    }
+}
+
+// Panels [p0, p1) of a w8a8 matrix for all m tokens (xq has rows up to a multiple of 32).
+void w8a8_amx_panels(const PackedQuantMat& pk, int64_t p0, int64_t p1, int64_t n, const int8_t* xq, int64_t ld,
+                     const int32_t* xsum128, const float* dx, int64_t m, float* y) {
+  amx_configure();
+  for (int64_t p = p0; p < p1; p += 2) {
+    const int64_t np = std::min<int64_t>(2, p1 - p);
+    const int rows_last = static_cast<int>(std::min<int64_t>(kPanelRows, n - (p + np - 1) * kPanelRows));
+    const int64_t next_panels = std::min<int64_t>(2, p1 - p - np), blocks = (m + 31) / 32;
+    for (int64_t i0 = 0; i0 < m; i0 += 32) {
+      const bool two_a = m - i0 > 16;
+      const uint8_t* panel = pk.panel(p);
+      const int8_t* xt = xq + i0 * ld;
+      float* yt = y + i0 * n + p * kPanelRows;
+      const int64_t valid = m - i0;
+      // The next pair streams in from memory while this one is multiplied (a tile product
+      // is so fast that the weights' first read from DRAM is the bound).
+      L2Prefetch pf = next_panels > 0 ? prefetch_part(pk.panel(p + np), next_panels * pk.panel_bytes, blocks, i0 / 32)
+                                      : L2Prefetch{};
+      pf.per_step = (pf.end - pf.next) / 64 / std::max<int64_t>(1, pk.chunks / 16) + 1;
+      if (np == 2) {
+        if (two_a) w8a8_amx_tile<2, 2>(panel, pk.panel_bytes, pk.chunks, xt, ld, xsum128 + i0, dx + i0, yt, n, valid, rows_last, pf);
+        else w8a8_amx_tile<1, 2>(panel, pk.panel_bytes, pk.chunks, xt, ld, xsum128 + i0, dx + i0, yt, n, valid, rows_last, pf);
+      } else {
+        if (two_a) w8a8_amx_tile<2, 1>(panel, pk.panel_bytes, pk.chunks, xt, ld, xsum128 + i0, dx + i0, yt, n, valid, rows_last, pf);
+        else w8a8_amx_tile<1, 1>(panel, pk.panel_bytes, pk.chunks, xt, ld, xsum128 + i0, dx + i0, yt, n, valid, rows_last, pf);
+      }
+    }
+  }
+  amx_release();
+}
+
 // Threads split the panels (in pieces handed out dynamically); inside a piece every panel
 // (or pair, w8a8) is swept by all tokens in tiles of kTileTokens while it sits in L1/L2.
 void qmatmul_packed(const float* x, int64_t m, const QuantMatRef& w, float* y) {
@@ -681,8 +806,13 @@ void qmatmul_packed(const float* x, int64_t m, const QuantMatRef& w, float* y) {
   ActivationScratch& s = activation_scratch();
   const int64_t ld = activation_ld(k), bld = ld / 32;
   const bool a8 = scheme_quantizes_activations(w.scheme);
+  const bool use_amx = w.scheme == QuantScheme::kW8A8 && m >= kAmxMinTokens && k % 64 == 0 &&
+                       quant_amx_enabled() && amx_usable();
   if (a8) {
-    s.q.resize(static_cast<size_t>(m * ld));
+    // Rows up to a multiple of 32 tokens: the AMX kernel loads whole 16-token tiles (zeros).
+    const int64_t rows = use_amx ? (m + 31) / 32 * 32 : m;
+    s.q.resize(static_cast<size_t>(rows * ld));
+    if (use_amx) std::memset(s.q.data() + m * ld, 0, static_cast<size_t>((rows - m) * ld));
     s.scale.resize(static_cast<size_t>(m));
     s.block_sums.resize(static_cast<size_t>(m * bld));
     quantize_activations(x, m, k, s.q.data(), ld, s.scale.data(), s.block_sums.data());
@@ -762,6 +892,10 @@ void qmatmul_packed(const float* x, int64_t m, const QuantMatRef& w, float* y) {
         }
         break;
       case QuantScheme::kW8A8:
+        if (use_amx) {
+          w8a8_amx_panels(pk, p0, p1, n, xq, ld, corr, dx, m, y);
+          break;
+        }
         // A decode token streams panel pairs (as tuned for decode); a prefill tile takes 3.
         for (int64_t p = p0; p < p1; p += (m == 1 ? 2 : kW8A8Panels)) {
           const int64_t np = std::min<int64_t>(m == 1 ? 2 : kW8A8Panels, p1 - p);
