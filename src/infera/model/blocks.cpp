@@ -560,7 +560,8 @@ GdnWeights load_gdn(const WeightStore& store, const std::string& prefix, const G
 }
 
 void GdnLayer::forward(const GdnWeights& w, const GdnDims& d, const ForwardBatch& batch, const float* x, int64_t H,
-                       const std::vector<float*>& states, float eps, float* y) {
+                       const std::vector<float*>& states, float eps, float* y,
+                       const std::vector<float*>& token_states, int64_t token_state_stride) {
   const int64_t T = static_cast<int64_t>(batch.tokens.size());
   const int64_t C = d.conv_dim(), KD = d.key_dim(), VD = d.value_dim(), Hv = d.n_v_heads;
   mixed_.resize(static_cast<size_t>(T * C));
@@ -590,14 +591,28 @@ void GdnLayer::forward(const GdnWeights& w, const GdnDims& d, const ForwardBatch
   kernels::gdn_gates(a_.data(), b_.data(), T, Hv, w.neg_exp_a.data(), w.dt_bias.data(), g_.data(), beta_.data());
 
   INFERA_ASSERT(states.size() == batch.seqs.size(), "one recurrent state per sequence chunk");
+  INFERA_ASSERT(token_states.empty() || token_states.size() == batch.seqs.size(), "one token-state pointer per chunk");
+  const int64_t conv_floats = d.conv_state_floats(), hist = d.kernel - 1;
   for (size_t i = 0; i < batch.seqs.size(); ++i) {
     const SeqChunk& s = batch.seqs[i];
     float* conv_state = states[i];
-    float* ssm_state = conv_state + d.conv_state_floats();
+    float* ssm_state = conv_state + conv_floats;
     if (s.pos0 == 0) {
-      std::fill(conv_state, conv_state + d.conv_state_floats() + d.ssm_state_floats(), 0.0f);
+      std::fill(conv_state, conv_state + conv_floats + d.ssm_state_floats(), 0.0f);
     }
+    float* snaps = token_states.empty() ? nullptr : token_states[i];
+    INFERA_ASSERT(snaps == nullptr || s.keep_token_states, "token states for a chunk that does not keep them");
     float* m = mixed_.data() + static_cast<int64_t>(s.token_begin) * C;
+    if (snaps != nullptr) {
+      // The conv state after token t is the last kernel-1 rows of [state ; inputs 0..t]:
+      // keep that window before the conv overwrites its inputs.
+      window_.resize(static_cast<size_t>((hist + s.n_tokens) * C));
+      std::memcpy(window_.data(), conv_state, conv_floats * sizeof(float));
+      std::memcpy(window_.data() + conv_floats, m, s.n_tokens * C * sizeof(float));
+      for (int32_t t = 0; t + 1 < s.n_tokens; ++t) {
+        std::memcpy(snaps + t * token_state_stride, window_.data() + (t + 1) * C, conv_floats * sizeof(float));
+      }
+    }
     kernels::causal_conv1d_silu(m, s.n_tokens, C, w.conv_w.data(), d.kernel, conv_state);
     for (int32_t t = 0; t < s.n_tokens; ++t) {
       const int64_t row = s.token_begin + t;
@@ -611,7 +626,19 @@ void GdnLayer::forward(const GdnWeights& w, const GdnDims& d, const ForwardBatch
                          1.0f / std::sqrt(static_cast<float>(d.dk)));
     kernels::l2norm_rows(k_.data() + tb * KD, s.n_tokens * d.n_k_heads, d.dk, 1e-6f);
     const auto shape = d.delta_shape();
-    if (s.n_tokens == 1) {
+    if (snaps != nullptr) {
+      // One decode step per token (T is a handful of verified drafts), the state copied
+      // out after each but the last (the last is the slot's own state).
+      for (int32_t t = 0; t < s.n_tokens; ++t) {
+        const int64_t row = tb + t;
+        kernels::gated_delta_rule_recurrent(q_.data() + row * KD, k_.data() + row * KD, v_.data() + row * VD,
+                                            g_.data() + row * Hv, beta_.data() + row * Hv, 1, shape, ssm_state,
+                                            o_.data() + row * VD);
+        if (t + 1 < s.n_tokens) {
+          std::memcpy(snaps + t * token_state_stride + conv_floats, ssm_state, d.ssm_state_floats() * sizeof(float));
+        }
+      }
+    } else if (s.n_tokens == 1) {
       kernels::gated_delta_rule_recurrent(q_.data() + tb * KD, k_.data() + tb * KD, v_.data() + tb * VD,
                                           g_.data() + tb * Hv, beta_.data() + tb * Hv, s.n_tokens, shape, ssm_state,
                                           o_.data() + tb * VD);

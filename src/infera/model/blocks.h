@@ -198,13 +198,20 @@ GdnWeights load_gdn(const WeightStore& store, const std::string& prefix, const G
 // recurrent state of batch.seqs[i]: conv state [kernel-1, conv_dim] followed by S
 // [Hv, dk, dv]; zeroed here for a chunk starting at position 0 (a fresh sequence).
 // Chunks of more than one token use the chunked delta rule, single tokens the recurrence.
+// token_states (optional; empty, or one per chunk, nullptr where not wanted): for a chunk
+// with SeqChunk::keep_token_states, where to write the state after each of its first
+// n_tokens - 1 tokens, snapshot t at token_states[i] + t * token_state_stride (floats), in
+// the layout of states[i]. Such a chunk runs the recurrence token by token, so snapshot t
+// is bit for bit the state that decoding its first t + 1 tokens one at a time leaves.
 class GdnLayer {
  public:
   void forward(const GdnWeights& w, const GdnDims& d, const ForwardBatch& batch, const float* x, int64_t H,
-               const std::vector<float*>& states, float eps, float* y);
+               const std::vector<float*>& states, float eps, float* y,
+               const std::vector<float*>& token_states = {}, int64_t token_state_stride = 0);
 
  private:
   std::vector<float> mixed_, z_, a_, b_, g_, beta_, q_, k_, v_, o_, qkvz_, ba_;
+  std::vector<float> window_;  // [kernel - 1 + n_tokens, conv_dim]: conv inputs of a chunk keeping token states
 };
 
 }  // namespace infera

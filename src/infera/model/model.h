@@ -30,6 +30,11 @@ struct SeqChunk {
   // the slot must stay with one sequence for its whole life, and a sequence cannot resume
   // from a prefix-cache hit (the state after the prefix is not cached).
   int32_t state_slot = 0;
+  // Hybrid models, after Model::reserve_token_states: also keep the recurrent state after
+  // each of the chunk's first n_tokens - 1 tokens (speculative verification), so that
+  // Model::commit_token_state can keep a prefix of the chunk without running it again.
+  // Such a chunk runs the token-by-token recurrence, as decode does, not the chunked rule.
+  bool keep_token_states = false;
 };
 
 struct ForwardBatch {
@@ -79,6 +84,16 @@ class Model {
   // rejected tokens.
   virtual void save_state(int32_t slot, void* buffer) const { (void)slot, (void)buffer; }
   virtual void restore_state(int32_t slot, const void* buffer) { (void)slot, (void)buffer; }
+  // Per-token states for verification without a re-feed: reserve room for chunks of up to
+  // max_chunk_tokens tokens with SeqChunk::keep_token_states (max_chunk_tokens - 1
+  // snapshots per slot, each state_bytes_per_slot() bytes, allocated on a slot's first
+  // such chunk). False when the model cannot (no recurrent state, or a tensor-parallel
+  // group, whose ranks hold the state): the caller falls back to save/restore_state.
+  virtual bool reserve_token_states(int32_t max_chunk_tokens) { (void)max_chunk_tokens; return false; }
+  // After a forward whose chunk on `slot` kept token states: make the slot's state the one
+  // after that chunk's first n_tokens tokens (1 <= n_tokens < the chunk's length; the full
+  // chunk's state is already there). A copy of one slot's state.
+  virtual void commit_token_state(int32_t slot, int32_t n_tokens) { (void)slot, (void)n_tokens; }
 
   // ---- Mixture of experts ----
   // Tokens routed to each expert so far, [num_layers * num_experts] layer-major (dense

@@ -145,6 +145,8 @@ class Qwen35Model final : public Model {
     INFERA_ASSERT(n >= 1, "a hybrid model needs at least one state slot");
     slots_.resize(static_cast<size_t>(n));
     for (auto& s : slots_) s.resize(static_cast<size_t>(slot_floats_), 0.0f);
+    token_states_.resize(static_cast<size_t>(n));
+    token_states_valid_.resize(static_cast<size_t>(n), 0);
   }
 
   void save_state(int32_t slot, void* buffer) const override {
@@ -154,6 +156,28 @@ class Qwen35Model final : public Model {
   void restore_state(int32_t slot, const void* buffer) override {
     INFERA_ASSERT(slot >= 0 && slot < num_state_slots(), "state slot out of range");
     std::memcpy(slots_[slot].data(), buffer, static_cast<size_t>(state_bytes_per_slot()));
+  }
+
+  // Snapshots live beside the slots, [slot][snapshot t][slot_floats_] (snapshot t is a
+  // whole slot image after token t of the last chunk that kept token states), so a commit
+  // is one copy. Memory: (max_chunk_tokens - 1) * state_bytes_per_slot() per slot that has
+  // verified drafts, e.g. k = 3 drafts on Qwen3.5-35B-A3B's 30 GDN layers (32 value heads,
+  // 128 x 128, plus the conv window): 3 x ~63 MB per sequence.
+  bool reserve_token_states(int32_t max_chunk_tokens) override {
+    // A tensor-parallel rank holds only its heads' state, and ParallelModel does not
+    // mirror commits across ranks: those keep save/restore.
+    if (shard_.distributed() || max_chunk_tokens < 2) return false;
+    max_token_states_ = max_chunk_tokens - 1;
+    for (auto& snaps : token_states_) snaps.clear();  // re-sized on their next use
+    return true;
+  }
+  void commit_token_state(int32_t slot, int32_t n_tokens) override {
+    INFERA_ASSERT(slot >= 0 && slot < num_state_slots(), "state slot out of range");
+    INFERA_ASSERT(n_tokens >= 1 && n_tokens <= token_states_valid_[slot],
+                  "commit_token_state: the slot's last chunk did not keep the state after that many tokens");
+    std::memcpy(slots_[slot].data(), token_states_[slot].data() + (n_tokens - 1) * slot_floats_,
+                static_cast<size_t>(state_bytes_per_slot()));
+    token_states_valid_[slot] = 0;
   }
 
   std::vector<uint64_t> expert_counts() const override { return counts_; }
@@ -269,6 +293,12 @@ class Qwen35Model final : public Model {
   int64_t slot_floats_ = 0;
   std::vector<std::vector<float>> slots_;
   std::vector<float*> states_;         // per batch chunk, for the current GDN layer
+  // Per-token states of verify chunks (reserve_token_states): per slot
+  // [max_token_states_, slot_floats_], and how many of them the slot's last chunk wrote.
+  int32_t max_token_states_ = 0;
+  std::vector<std::vector<float>> token_states_;
+  std::vector<int32_t> token_states_valid_;
+  std::vector<float*> chunk_token_states_;  // per batch chunk, for the current GDN layer (nullptr: none)
 
   MoeFfn moe_;
   GdnLayer gdn_;
@@ -326,7 +356,15 @@ void Qwen35Model::run_layer(const HybridLayer& L, const ForwardBatch& batch, KvP
       }
       states_.push_back(slots_[s.state_slot].data() + L.state_index * layer_floats);
     }
-    gdn_.forward(L.gdn, dims_, batch, xn_.data(), H, states_, c.rms_norm_eps, out_.data());
+    // Chunks keeping token states (checked and sized in forward()).
+    chunk_token_states_.clear();
+    for (const SeqChunk& s : batch.seqs) {
+      chunk_token_states_.push_back(s.keep_token_states && max_token_states_ > 0
+                                        ? token_states_[s.state_slot].data() + L.state_index * layer_floats
+                                        : nullptr);
+    }
+    gdn_.forward(L.gdn, dims_, batch, xn_.data(), H, states_, c.rms_norm_eps, out_.data(), chunk_token_states_,
+                 slot_floats_);
   } else {
     gated_attention(L, batch, kv, xn_.data(), out_.data());
   }
@@ -355,6 +393,18 @@ void Qwen35Model::forward(const ForwardBatch& batch, KvPool& kv, float* logits) 
     linear_row(embed_, tok, x_.data() + t * H);
   }
   batch_positions(batch, positions_);
+  for (const SeqChunk& s : batch.seqs) {
+    if (s.state_slot < 0 || s.state_slot >= num_state_slots()) continue;  // run_layer names it
+    token_states_valid_[s.state_slot] = 0;
+    if (!s.keep_token_states) continue;
+    if (s.n_tokens - 1 > max_token_states_) {
+      fail("a chunk of {} tokens keeps token states, but room was reserved for chunks of at most {} "
+           "(Model::reserve_token_states)", s.n_tokens, max_token_states_ + 1);
+    }
+    auto& snaps = token_states_[s.state_slot];
+    snaps.resize(static_cast<size_t>(max_token_states_ * slot_floats_));
+    token_states_valid_[s.state_slot] = s.n_tokens - 1;
+  }
   for (int64_t l = 0; l < c.num_layers; ++l) {
     uint64_t* counts = layers_[l].moe ? counts_.data() + l * c.num_experts : nullptr;
     run_layer(layers_[l], batch, kv, counts);

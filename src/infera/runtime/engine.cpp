@@ -79,6 +79,11 @@ EngineCore::EngineCore(Model& model, const EngineConfig& config)
   }
   hybrid_ = model_.state_bytes_per_slot() > 0;
   num_draft_ = config.speculative.draft_tokens();
+  // A verify chunk is one pending token and up to num_draft_ drafts.
+  token_states_ = hybrid_ && num_draft_ > 0 && model_.reserve_token_states(num_draft_ + 1);
+  if (hybrid_ && num_draft_ > 0 && !token_states_) {
+    LOG_INFO("engine: this model cannot keep per-token recurrent states; a rejected draft costs a re-feed step");
+  }
   if (config.speculative.method == SpeculativeMethod::kMtp) {
     if (model_.num_mtp_layers() == 0) {
       fail("speculative mtp: this model has no multi-token-prediction head (no mtp.* weights or "
@@ -262,8 +267,14 @@ bool EngineCore::step() {
     batch_.tokens.insert(batch_.tokens.end(), seq.drafts.tokens.begin(), seq.drafts.tokens.begin() + c.n_draft);
     num_rows += sc.all_logits ? sc.n_tokens : (sc.last_logits ? 1 : 0);
     if (c.n_draft > 0 && hybrid_) {
-      seq.drafts.state_snapshot.resize(static_cast<size_t>(model_.state_bytes_per_slot()));
-      model_.save_state(sc.state_slot, seq.drafts.state_snapshot.data());
+      // Either the model keeps the state after every token of the chunk (a rejection then
+      // commits the kept prefix's state), or the state before it is saved for a restore.
+      batch_.seqs.back().keep_token_states = token_states_ && sc.n_tokens <= num_draft_ + 1;
+      seq.drafts.token_states = batch_.seqs.back().keep_token_states;
+      if (!sc.keep_token_states) {
+        seq.drafts.state_snapshot.resize(static_cast<size_t>(model_.state_bytes_per_slot()));
+        model_.save_state(sc.state_slot, seq.drafts.state_snapshot.data());
+      }
     }
   }
   // Grows to the largest verify batch seen, then stays.
@@ -367,7 +378,10 @@ size_t EngineCore::sample_chunk(const ScheduledChunk& c, float* logits) {
   counters_.spec_accepted += accepted;
   for (int32_t i = 0; i < c.n_draft; ++i) ++counters_.spec_drafted_per_pos[i];
   int32_t kept = c.n_tokens + accepted;
-  if (hybrid_ && accepted < c.n_draft) {
+  if (hybrid_ && accepted < c.n_draft && seq.drafts.token_states) {
+    // The state after the last kept token was kept during the forward: no re-feed.
+    model_.commit_token_state(state_slot_for(seq.id), kept);
+  } else if (hybrid_ && accepted < c.n_draft) {
     // The recurrent state has absorbed the rejected drafts: go back to the state before
     // this forward and feed the kept tokens again at the front of the next step's chunk
     // (their K/V is rewritten with the same values), without drafts in that step so they

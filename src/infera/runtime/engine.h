@@ -133,6 +133,7 @@ class EngineCore {
   // Speculative decoding.
   int32_t num_draft_ = 0;              // draft tokens per sequence and step (0: off)
   bool hybrid_ = false;                // recurrent state: rejected drafts need a restore
+  bool token_states_ = false;          // hybrid keeps per-token states in verify chunks (no re-feed)
   std::vector<float> prob_scratch_;    // [vocab]
   std::vector<float> raw_row_;         // [vocab] a logits row before sampling (Request::logprobs)
   std::vector<float> trunk_hidden_;    // MTP: [batch tokens, hidden] of the last forward

@@ -90,6 +90,9 @@ struct SpeculativeDrafts {
   // Hybrid models: the sequence's recurrent state before the verify forward
   // [Model::state_bytes_per_slot()], allocated on the first verify.
   std::vector<std::byte> state_snapshot;
+  // Hybrid models: the verify chunk kept per-token states (Model::reserve_token_states), so
+  // a rejection commits the kept prefix's state instead of restoring `state_snapshot`.
+  bool token_states = false;
 };
 
 // The engine's state of one request. Owned by the scheduler; touched only on the engine

@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <cmath>
+#include <cstring>
 #include <map>
 #include <random>
 #include <span>
@@ -394,4 +395,153 @@ TEST(SpeculativeModelSeam, StateRestoreAndAllTokenHiddenStates) {
   float hdiff = 0;
   for (int32_t i = 0; i < H; ++i) hdiff = std::max(hdiff, std::abs(all_hidden[2 * H + i] - model.last_hidden()[i]));
   EXPECT_LT(hdiff, 1e-5f);
+}
+
+namespace {
+
+// Passes everything to `inner` and records where each forward's chunks start per state
+// slot. A sequence's chunks start ever later unless tokens are fed again: the re-feed
+// after a rollback starts a chunk where the rolled-back verify chunk started (a chunk
+// after a partial rejection without re-feed starts past the kept tokens). `token_states`
+// false hides Model::reserve_token_states: the engine's fallback path.
+class RecordingModel final : public Model {
+ public:
+  RecordingModel(Model& inner, bool token_states) : inner_(inner), token_states_(token_states) {
+    config_ = inner.config();
+  }
+  KvPoolShape kv_shape(int64_t block_size) const override { return inner_.kv_shape(block_size); }
+  void forward(const ForwardBatch& batch, KvPool& kv, float* logits) override {
+    ++forwards;
+    for (const SeqChunk& s : batch.seqs) {
+      auto [it, fresh] = last_pos0_.try_emplace(s.state_slot, s.pos0);
+      if (!fresh && s.pos0 > 0 && s.pos0 <= it->second) ++refeeds;  // (pos0 0: the slot's next sequence)
+      it->second = s.pos0;
+      if (s.keep_token_states) ++token_state_chunks;
+    }
+    inner_.forward(batch, kv, logits);
+  }
+  int64_t weight_bytes_per_token() const override { return inner_.weight_bytes_per_token(); }
+  int64_t num_parameters() const override { return inner_.num_parameters(); }
+  int64_t state_bytes_per_slot() const override { return inner_.state_bytes_per_slot(); }
+  int32_t num_state_slots() const override { return inner_.num_state_slots(); }
+  void set_num_state_slots(int32_t n) override { inner_.set_num_state_slots(n); }
+  void save_state(int32_t slot, void* buffer) const override { inner_.save_state(slot, buffer); }
+  void restore_state(int32_t slot, const void* buffer) override { inner_.restore_state(slot, buffer); }
+  bool reserve_token_states(int32_t n) override { return token_states_ && inner_.reserve_token_states(n); }
+  void commit_token_state(int32_t slot, int32_t n) override { inner_.commit_token_state(slot, n); }
+  int num_mtp_layers() const override { return inner_.num_mtp_layers(); }
+  const float* last_hidden() const override { return inner_.last_hidden(); }
+  void draft(const ForwardBatch& b, const float* h, KvPool& kv, float* logits) override { inner_.draft(b, h, kv, logits); }
+  void set_hidden_for_all_tokens(bool on) override { inner_.set_hidden_for_all_tokens(on); }
+
+  int64_t forwards = 0;
+  int64_t refeeds = 0;             // chunks that started at or before the slot's previous chunk
+  int64_t token_state_chunks = 0;  // chunks run with SeqChunk::keep_token_states
+
+ private:
+  Model& inner_;
+  bool token_states_;
+  std::map<int32_t, int32_t> last_pos0_;  // state slot -> pos0 of its last chunk
+};
+
+}  // namespace
+
+TEST(SpeculativeEngine, HybridCommitsTheKeptTokensStateWithoutAReFeed) {
+  // Oracle drafts with planted errors (0, 1, 2 of k = 3 accepted, then a rejection): with
+  // per-token states no chunk starts where an earlier one did (no re-feed forward), and the output is still exactly the plain run's. With the states hidden
+  // (the fallback, e.g. a tensor-parallel group) the same run re-feeds after each partial
+  // rejection, costs more forwards, and gives the same tokens too. No preemption here (it
+  // would recompute positions legitimately).
+  OneThread one;
+  std::mt19937 rng(17);
+  std::vector<std::vector<int32_t>> prompts;
+  for (int32_t n : {9, 40, 23}) prompts.push_back(random_tokens(rng, n, 3, 290));
+  const int32_t gen = 30;
+  const Outcome plain = run_engine(hybrid(), config_for(SpeculativeMethod::kNone, 0), prompts, gen);
+  EngineConfig c = config_for(SpeculativeMethod::kCustom, 3);
+  c.speculative.drafter = [&](std::span<const int32_t> history, int32_t max_draft, std::vector<int32_t>& out) {
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      const auto& p = prompts[i];
+      if (history.size() <= p.size() || !std::equal(p.begin(), p.end(), history.begin())) continue;
+      const size_t generated = history.size() - p.size();
+      for (int32_t j = 0; j < max_draft && generated + j < plain.tokens[i].size(); ++j) {
+        const size_t at = generated + j;
+        const bool wrong = at % 4 == 1 || at % 9 == 6;
+        out.push_back(wrong ? (plain.tokens[i][at] + 1) % 300 : plain.tokens[i][at]);
+      }
+      return;
+    }
+  };
+  RecordingModel direct(hybrid(), true);
+  const Outcome spec = run_engine(direct, c, prompts, gen);
+  expect_same(spec, plain, "token states");
+  expect_rejections_and_acceptances(spec.stats, "token states");
+  EXPECT_GT(spec.stats.spec_accepted_per_pos[0], spec.stats.spec_accepted_per_pos[2]);  // partial acceptances
+  EXPECT_GT(direct.token_state_chunks, 0);
+  EXPECT_EQ(direct.refeeds, 0);
+  EXPECT_EQ(spec.stats.steps, direct.forwards);
+
+  RecordingModel fallback(hybrid(), false);
+  const Outcome refed = run_engine(fallback, c, prompts, gen);
+  expect_same(refed, plain, "re-feed fallback");
+  EXPECT_EQ(fallback.token_state_chunks, 0);
+  EXPECT_GT(fallback.refeeds, 0);
+  EXPECT_GT(fallback.forwards, direct.forwards);
+}
+
+TEST(SpeculativeModelSeam, CommittedTokenStateEqualsDecodingTheTokens) {
+  // A verify chunk that keeps token states, then commit_token_state(j): the slot's state
+  // must be bit for bit the state of decoding the chunk's first j tokens one at a time
+  // (both run the same single-token recurrence on the same rows: the prompt before them
+  // went through the chunked rule once, identically, in both), and so must every logits
+  // row of the chunk within matmul rounding (a 5-row and a 1-row matmul may round apart).
+  OneThread one;
+  Model& model = hybrid();
+  ASSERT_TRUE(model.reserve_token_states(5));
+  const int32_t V = model.config().vocab_size;
+  const int64_t bytes = model.state_bytes_per_slot();
+  KvPoolShape shape = model.kv_shape(16);
+  shape.num_blocks = 4;
+  KvPool kv(shape);
+  const std::vector<int32_t> blocks = {0, 1, 2, 3};
+  auto run = [&](std::vector<int32_t> tokens, int32_t pos0, bool all, bool keep, float* logits) {
+    ForwardBatch b;
+    b.tokens = std::move(tokens);
+    SeqChunk c;
+    c.n_tokens = static_cast<int32_t>(b.tokens.size());
+    c.pos0 = pos0;
+    c.block_table = blocks.data();
+    c.n_blocks = 4;
+    c.all_logits = all;
+    c.keep_token_states = keep;
+    b.seqs.push_back(c);
+    model.forward(b, kv, logits);
+  };
+  const std::vector<int32_t> prompt = {5, 17, 42, 99, 7, 250, 3, 64, 12};  // chunked rule (9 tokens)
+  const std::vector<int32_t> chunk = {11, 12, 13, 14, 15};
+  const int32_t P = static_cast<int32_t>(prompt.size()), n = static_cast<int32_t>(chunk.size());
+  std::vector<float> logits(static_cast<size_t>(n) * V);
+  // Plain: decode the chunk's tokens one by one, the state after each saved.
+  run(prompt, 0, false, false, logits.data());
+  std::vector<std::vector<std::byte>> decoded(n, std::vector<std::byte>(static_cast<size_t>(bytes)));
+  std::vector<float> decode_logits(static_cast<size_t>(n) * V);
+  for (int32_t t = 0; t < n; ++t) {
+    run({chunk[t]}, P + t, false, false, decode_logits.data() + static_cast<size_t>(t) * V);
+    model.save_state(0, decoded[t].data());
+  }
+  std::vector<std::byte> state(static_cast<size_t>(bytes));
+  for (int32_t keep = 1; keep <= n; ++keep) {
+    run(prompt, 0, false, false, logits.data());
+    run(chunk, P, true, true, logits.data());
+    if (keep < n) model.commit_token_state(0, keep);  // the whole chunk's state is already there
+    model.save_state(0, state.data());
+    EXPECT_EQ(std::memcmp(state.data(), decoded[keep - 1].data(), static_cast<size_t>(bytes)), 0)
+        << "state after " << keep << " of " << n << " tokens";
+  }
+  float diff = 0;
+  for (size_t i = 0; i < logits.size(); ++i) diff = std::max(diff, std::abs(logits[i] - decode_logits[i]));
+  EXPECT_LT(diff, 1e-4f);
+  // A longer chunk than reserved is refused.
+  run(prompt, 0, false, false, logits.data());
+  EXPECT_THROW(run({1, 2, 3, 4, 5, 6}, P, true, true, nullptr), Error);
 }
