@@ -161,8 +161,8 @@ class Qwen35Model final : public Model {
   // Snapshots live beside the slots, [slot][snapshot t][slot_floats_] (snapshot t is a
   // whole slot image after token t of the last chunk that kept token states), so a commit
   // is one copy. Memory: (max_chunk_tokens - 1) * state_bytes_per_slot() per slot that has
-  // verified drafts, e.g. k = 3 drafts on Qwen3.5-35B-A3B's 30 GDN layers (32 value heads,
-  // 128 x 128, plus the conv window): 3 x ~63 MB per sequence.
+  // verified drafts: with 30 GDN layers of 32 value heads of 128 x 128 (plus the conv
+  // window) ~63 MiB per draft token per sequence (docs/speculative.md, Rollback).
   bool reserve_token_states(int32_t max_chunk_tokens) override {
     // A tensor-parallel rank holds only its heads' state, and ParallelModel does not
     // mirror commits across ranks: those keep save/restore.

@@ -426,7 +426,7 @@ void EngineCore::emit_tokens(Sequence& seq, size_t first, Clock::time_point now)
 
 int32_t EngineCore::max_drafts_for(const Sequence& seq) const {
   // Drafts go after exactly one pending token (see Scheduler::schedule); a hybrid that
-  // just rolled back re-feeds its kept tokens first, without drafts.
+  // just rolled back by restore (no per-token states) re-feeds its kept tokens first, without drafts.
   if (seq.status != SeqStatus::kRunning || seq.num_uncomputed() != 1) return 0;
   // A step emits at most drafts + 1 tokens: never draft past max_tokens (this also keeps
   // every draft position inside the context limit checked at admission).
