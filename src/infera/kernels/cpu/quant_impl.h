@@ -391,15 +391,16 @@ inline __m512i bcast4(const int8_t* p) {
 }
 
 // Prefill: while a tile of tokens sweeps panels already in L2, pull the next panels of the
-// thread's piece from memory into L2 (per_step lines per step), so the next tile's first
+// thread's piece from memory into L2 (one line per chunk step), so the next tile's first
 // sweep does not stall on DRAM (the hardware prefetcher does not cross into them early).
 struct L2Prefetch {
   const uint8_t* next = nullptr;
   const uint8_t* end = nullptr;
-  int64_t per_step = 1;  // lines per step
   void step() {
-    for (int64_t i = 0; i < per_step && next < end; ++i, next += 64)
+    if (next < end) {
       _mm_prefetch(reinterpret_cast<const char*>(next), _MM_HINT_T1);
+      next += 64;
+    }
   }
   void finish() {
     for (; next < end; next += 64) _mm_prefetch(reinterpret_cast<const char*>(next), _MM_HINT_T1);
@@ -410,7 +411,7 @@ struct L2Prefetch {
 inline L2Prefetch prefetch_part(const uint8_t* begin, int64_t bytes, int64_t parts, int64_t i) {
   const int64_t lines = (bytes + 63) / 64, per = (lines + parts - 1) / parts;
   const int64_t l0 = std::min(lines, i * per), l1 = std::min(lines, l0 + per);
-  return {begin + l0 * 64, begin + l1 * 64, 1};
+  return {begin + l0 * 64, begin + l1 * 64};
 }
 
 // Rows past the matrix exist only in its last panel: a kernel over P adjacent panels is told
@@ -727,14 +728,12 @@ template <int TA, int P>
 __attribute__((target("amx-tile,amx-int8"))) void w8a8_amx_tile(const uint8_t* panel, int64_t panel_bytes,
                                                                 int64_t chunks, const int8_t* xq, int64_t ld,
                                                                 const int32_t* xsum128, const float* dx, float* y,
-                                                                int64_t ldy, int64_t tokens_valid, int rows_last,
-                                                                L2Prefetch pf) {
+                                                                int64_t ldy, int64_t tokens_valid, int rows_last) {
   _tile_zero(4);
   if constexpr (P == 2) _tile_zero(5);
   if constexpr (TA == 2) _tile_zero(6);
   if constexpr (TA == 2 && P == 2) _tile_zero(7);
   for (int64_t c = 0; c < chunks; c += 16) {
-    pf.step();
     _tile_loadd(2, panel + c * 64, 64);
     if constexpr (P == 2) _tile_loadd(3, panel + panel_bytes + c * 64, 64);
     _tile_loadd(0, xq + c * 4, ld);
@@ -746,7 +745,6 @@ __attribute__((target("amx-tile,amx-int8"))) void w8a8_amx_tile(const uint8_t* p
       if constexpr (P == 2) _tile_dpbsud(7, 1, 3);
     }
   }
-  pf.finish();
   alignas(64) int32_t c_out[4][16 * 16];
   _tile_stored(4, c_out[0], 64);
   if constexpr (P == 2) _tile_stored(5, c_out[1], 64);
@@ -773,24 +771,18 @@ void w8a8_amx_panels(const PackedQuantMat& pk, int64_t p0, int64_t p1, int64_t n
   for (int64_t p = p0; p < p1; p += 2) {
     const int64_t np = std::min<int64_t>(2, p1 - p);
     const int rows_last = static_cast<int>(std::min<int64_t>(kPanelRows, n - (p + np - 1) * kPanelRows));
-    const int64_t next_panels = std::min<int64_t>(2, p1 - p - np), blocks = (m + 31) / 32;
     for (int64_t i0 = 0; i0 < m; i0 += 32) {
       const bool two_a = m - i0 > 16;
       const uint8_t* panel = pk.panel(p);
       const int8_t* xt = xq + i0 * ld;
       float* yt = y + i0 * n + p * kPanelRows;
       const int64_t valid = m - i0;
-      // The next pair streams in from memory while this one is multiplied (a tile product
-      // is so fast that the weights' first read from DRAM is the bound).
-      L2Prefetch pf = next_panels > 0 ? prefetch_part(pk.panel(p + np), next_panels * pk.panel_bytes, blocks, i0 / 32)
-                                      : L2Prefetch{};
-      pf.per_step = (pf.end - pf.next) / 64 / std::max<int64_t>(1, pk.chunks / 16) + 1;
       if (np == 2) {
-        if (two_a) w8a8_amx_tile<2, 2>(panel, pk.panel_bytes, pk.chunks, xt, ld, xsum128 + i0, dx + i0, yt, n, valid, rows_last, pf);
-        else w8a8_amx_tile<1, 2>(panel, pk.panel_bytes, pk.chunks, xt, ld, xsum128 + i0, dx + i0, yt, n, valid, rows_last, pf);
+        if (two_a) w8a8_amx_tile<2, 2>(panel, pk.panel_bytes, pk.chunks, xt, ld, xsum128 + i0, dx + i0, yt, n, valid, rows_last);
+        else w8a8_amx_tile<1, 2>(panel, pk.panel_bytes, pk.chunks, xt, ld, xsum128 + i0, dx + i0, yt, n, valid, rows_last);
       } else {
-        if (two_a) w8a8_amx_tile<2, 1>(panel, pk.panel_bytes, pk.chunks, xt, ld, xsum128 + i0, dx + i0, yt, n, valid, rows_last, pf);
-        else w8a8_amx_tile<1, 1>(panel, pk.panel_bytes, pk.chunks, xt, ld, xsum128 + i0, dx + i0, yt, n, valid, rows_last, pf);
+        if (two_a) w8a8_amx_tile<2, 1>(panel, pk.panel_bytes, pk.chunks, xt, ld, xsum128 + i0, dx + i0, yt, n, valid, rows_last);
+        else w8a8_amx_tile<1, 1>(panel, pk.panel_bytes, pk.chunks, xt, ld, xsum128 + i0, dx + i0, yt, n, valid, rows_last);
       }
     }
   }
