@@ -8,7 +8,8 @@
 //   of ~32 KiB handed to threads dynamically; inside a block every group of 4 tokens sweeps
 //   the block while it sits in L1/L2, so each weight is unpacked once per 4 tokens.
 // - over the repacked 16-row panels (AVX-512 only; qmatmul_packed, used when the matrix has
-//   a packed copy): see "panel kernels" below.
+//   a packed copy): see "panel kernels" below; W8A8 prefill runs on AMX tiles where the CPU
+//   and OS allow it (same integers, bit-identical results).
 #pragma once
 
 #include <immintrin.h>
@@ -371,9 +372,10 @@ struct W4A16Tile {
 // padding rows are dropped).
 
 constexpr int kTileTokens = 8;
-// W8A8 prefill tile: kTileTokens tokens x this many panels (8 x 3 = 24 accumulators, 3 weight
-// vectors and a broadcast: 28 of the 32 zmm), 11 loads per 24 vpdpbusd.
-constexpr int64_t kW8A8Panels = 3;
+// W8A8 (VNNI) and W4A16 prefill tiles: kTileTokens tokens x this many panels (8 x 3 = 24
+// accumulators, 3 weight vectors and a broadcast: 28 of the 32 zmm; w8a8: 11 loads per 24
+// vpdpbusd).
+constexpr int64_t kPrefillPanels = 3;
 constexpr int64_t kPrefetchAhead = 2048;  // bytes: decode kernels prefetch this far ahead in each panel stream (measured: +10% over the hardware prefetcher alone)
 
 // acc += u8 x s8 dot products of 4 bytes per lane (vpdpbusd). Written as asm: with the
@@ -655,7 +657,7 @@ template <int P>
 void w4a16_panels_gemm(const uint8_t* panel, int64_t panel_bytes, int64_t chunks, int64_t gs, const float* x, int64_t m,
                        int64_t k, float* y, int64_t ldy, int rows_last) {
   constexpr int64_t kRows = P * kPanelRows;
-  alignas(64) static thread_local float wbuf[kW4A16BlockCols * 3 * kPanelRows];
+  alignas(64) static thread_local float wbuf[kW4A16BlockCols * kPrefillPanels * kPanelRows];
   static thread_local std::vector<float> acc_storage;
   acc_storage.assign(static_cast<size_t>(m * kRows), 0.0f);
   float* acc = acc_storage.data();
@@ -889,12 +891,12 @@ void qmatmul_packed(const float* x, int64_t m, const QuantMatRef& w, float* y) {
           break;
         }
         // A decode token streams panel pairs (as tuned for decode); a prefill tile takes 3.
-        for (int64_t p = p0; p < p1; p += (m == 1 ? 2 : kW8A8Panels)) {
-          const int64_t np = std::min<int64_t>(m == 1 ? 2 : kW8A8Panels, p1 - p);
+        for (int64_t p = p0; p < p1; p += (m == 1 ? 2 : kPrefillPanels)) {
+          const int64_t np = std::min<int64_t>(m == 1 ? 2 : kPrefillPanels, p1 - p);
           const int rows_last = rows_in(p + np - 1);
           // The next group of this piece, prefetched over this group's token tiles (a decode
           // token has its own prefetch in the kernel).
-          const int64_t next_panels = m > 1 ? std::min<int64_t>(kW8A8Panels, p1 - p - np) : 0;
+          const int64_t next_panels = m > 1 ? std::min<int64_t>(kPrefillPanels, p1 - p - np) : 0;
           const int64_t tiles = (m + kTileTokens - 1) / kTileTokens;
           for (int64_t i0 = 0; i0 < m; i0 += kTileTokens) {
             const L2Prefetch pf =
@@ -917,9 +919,8 @@ void qmatmul_packed(const float* x, int64_t m, const QuantMatRef& w, float* y) {
             w4a16_panel<1>(pk.panel(p), chunks, groups, gs, x, k, s.xsum8.data(), y + p * kPanelRows, n, rows_in(p));
           break;
         }
-        // A decode token streams panel pairs (as tuned for decode); a prefill tile takes 3.
-        for (int64_t p = p0; p < p1; p += (m == 1 ? 2 : kW8A8Panels)) {
-          const int64_t np = std::min<int64_t>(m == 1 ? 2 : kW8A8Panels, p1 - p);
+        for (int64_t p = p0; p < p1; p += kPrefillPanels) {
+          const int64_t np = std::min<int64_t>(kPrefillPanels, p1 - p);
           auto run = [&]<int P>() {
             w4a16_panels_gemm<P>(pk.panel(p), pb, chunks, gs, x, m, k, y + p * kPanelRows, n, rows_in(p + np - 1));
           };
