@@ -23,6 +23,12 @@ namespace quant_avx512 { const QuantKernelTable& table(); }
 // Activation rows are padded to this many columns (one zmm of int8), so SIMD loops read
 // whole vectors of x; the padding is zero.
 constexpr int64_t kActivationPad = 64;
-inline int64_t activation_ld(int64_t k) { return (k + kActivationPad - 1) / kActivationPad * kActivationPad; }
+// One more vector when the padded width is a multiple of 512 bytes: with such a power-of-two
+// stride the rows of a tile of tokens (an AMX A tile is 16 rows) all fall in a few L1 sets
+// and evict each other.
+inline int64_t activation_ld(int64_t k) {
+  const int64_t ld = (k + kActivationPad - 1) / kActivationPad * kActivationPad;
+  return ld % 512 == 0 ? ld + kActivationPad : ld;
+}
 
 }  // namespace infera::kernels
