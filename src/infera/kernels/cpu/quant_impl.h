@@ -21,7 +21,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
+#include <string_view>
 #include <vector>
 
 #include "infera/base/threads.h"
@@ -685,12 +687,15 @@ void w4a16_panels_gemm(const uint8_t* panel, int64_t panel_bytes, int64_t chunks
 // 64 x 16 block, 16384 multiply-adds per instruction, ~8x the vpdpbusd rate. The integer
 // sums are the same as the VNNI kernel's, and so is the float epilogue: bit-identical y.
 // Used when the CPU has AMX-INT8, Linux grants the tile state, k is a multiple of 64 and
-// the call has at least kAmxMinTokens tokens (set_quant_amx(false) turns it off: tests).
+// the call has at least kAmxMinTokens tokens (set_quant_amx(false) turns it off: tests;
+// INFERA_AMX=0 in the environment too: A/B runs).
 
 constexpr int64_t kAmxMinTokens = 8;
 
 bool amx_usable() {
   static const bool ok = [] {
+    const char* env = std::getenv("INFERA_AMX");  // "0": the VNNI kernels (A/B runs)
+    if (env && std::string_view(env) == "0") return false;
     unsigned a = 0, b = 0, c = 0, d = 0;
     if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
     const bool tile = (d >> 24) & 1u, int8 = (d >> 25) & 1u;
