@@ -172,26 +172,12 @@ std::vector<LinearWeight> bind_experts(const WeightStore& store, const std::stri
     }
     return out;
   }
-  const std::string qname = name + ".qweight", sname = name + ".scales";
-  const TensorInfo* qw = store.find(qname);
-  const TensorInfo* sc = store.find(sname);
-  if (!qw || !sc) {
-    fail("{}: config.json says '{}' is stored as {}, but tensor '{}' is missing (an incomplete or foreign "
-         "checkpoint: re-run `infera quantize`)",
-         store.dir(), name, lq.label(), qw ? sname : qname);
-  }
-  const bool int4 = kernels::scheme_is_int4(lq.scheme);
-  const int64_t gs = int4 ? lq.group_size : cols;
-  if (int4 && cols % gs != 0) {
-    fail("{}: '{}' has {} columns, not a multiple of its group size {} (config.json and the tensors disagree)",
-         store.dir(), name, cols, gs);
-  }
-  const DType qdt = int4 ? DType::kU8 : DType::kI8;
-  const DType sdt = int4 ? DType::kF16 : DType::kF32;
-  if (qw->dtype != qdt) fail("{}: tensor '{}' has dtype {}, expected {} for {}", store.dir(), qname, dtype_name(qw->dtype), dtype_name(qdt), lq.label());
-  if (sc->dtype != sdt) fail("{}: tensor '{}' has dtype {}, expected {} for {}", store.dir(), sname, dtype_name(sc->dtype), dtype_name(sdt), lq.label());
-  check(*qw, int4 ? cols / 2 : cols);
-  check(*sc, cols / gs);
+  const QuantTensors qt = find_quant_tensors(store, name, lq, cols);
+  const TensorInfo* qw = qt.qweight;
+  const TensorInfo* sc = qt.scales;
+  const int64_t gs = qt.group_size;
+  check(*qw, qt.qweight_cols);
+  check(*sc, qt.scale_cols);
   QuantMatRef all(lq.scheme, E * rows, cols, gs, qw->data, sc->data);  // [E * rows, cols]
   kernels::check_quant_matrix(all);
   if (quant_repack_enabled()) {

@@ -191,6 +191,31 @@ void release_repacked_source(const kernels::QuantMatRef& w, const FileMappings& 
   release_file_pages(w.scales, static_cast<size_t>(sbytes), maps);
 }
 
+QuantTensors find_quant_tensors(const WeightStore& store, const std::string& name, const LayerQuant& lq, int64_t cols) {
+  const std::string qname = name + ".qweight", sname = name + ".scales";
+  QuantTensors t;
+  t.qweight = store.find(qname);
+  t.scales = store.find(sname);
+  if (!t.qweight || !t.scales) {
+    fail("{}: config.json says '{}' is stored as {}, but tensor '{}' is missing (an incomplete or foreign "
+         "checkpoint: re-run `infera quantize`)",
+         store.dir(), name, lq.label(), t.qweight ? sname : qname);
+  }
+  const bool int4 = kernels::scheme_is_int4(lq.scheme);
+  t.group_size = int4 ? lq.group_size : cols;
+  if (int4 && cols % t.group_size != 0) {
+    fail("{}: '{}' has {} columns, not a multiple of its group size {} (config.json and the tensors disagree)",
+         store.dir(), name, cols, t.group_size);
+  }
+  t.qweight_cols = int4 ? cols / 2 : cols;
+  t.scale_cols = cols / t.group_size;
+  const DType qdt = int4 ? DType::kU8 : DType::kI8;
+  const DType sdt = int4 ? DType::kF16 : DType::kF32;
+  if (t.qweight->dtype != qdt) fail("{}: tensor '{}' has dtype {}, expected {} for {}", store.dir(), qname, dtype_name(t.qweight->dtype), dtype_name(qdt), lq.label());
+  if (t.scales->dtype != sdt) fail("{}: tensor '{}' has dtype {}, expected {} for {}", store.dir(), sname, dtype_name(t.scales->dtype), dtype_name(sdt), lq.label());
+  return t;
+}
+
 kernels::LinearWeight bind_linear(const WeightStore& store, const std::string& name, int64_t rows, int64_t cols,
                                   const QuantizationConfig& qc) {
   const LayerQuant lq = qc.layer(name);
@@ -198,26 +223,12 @@ kernels::LinearWeight bind_linear(const WeightStore& store, const std::string& n
     const TensorInfo& t = store.get(name, {rows, cols});
     return kernels::dense_linear(as_matrix(t), t.name);
   }
-  const std::string qname = name + ".qweight", sname = name + ".scales";
-  const TensorInfo* qw = store.find(qname);
-  const TensorInfo* sc = store.find(sname);
-  if (!qw || !sc) {
-    fail("{}: config.json says '{}' is stored as {}, but tensor '{}' is missing (an incomplete or foreign "
-         "checkpoint: re-run `infera quantize`)",
-         store.dir(), name, lq.label(), qw ? sname : qname);
-  }
-  const bool int4 = kernels::scheme_is_int4(lq.scheme);
-  const int64_t gs = int4 ? lq.group_size : cols;
-  if (int4 && cols % gs != 0) {
-    fail("{}: '{}' has {} columns, not a multiple of its group size {} (config.json and the tensors disagree)",
-         store.dir(), name, cols, gs);
-  }
-  const DType qdt = int4 ? DType::kU8 : DType::kI8;
-  const DType sdt = int4 ? DType::kF16 : DType::kF32;
-  if (qw->dtype != qdt) fail("{}: tensor '{}' has dtype {}, expected {} for {}", store.dir(), qname, dtype_name(qw->dtype), dtype_name(qdt), lq.label());
-  if (sc->dtype != sdt) fail("{}: tensor '{}' has dtype {}, expected {} for {}", store.dir(), sname, dtype_name(sc->dtype), dtype_name(sdt), lq.label());
-  check_shape(*qw, {rows, int4 ? cols / 2 : cols}, store.dir() + "/" + qw->file);
-  check_shape(*sc, {rows, cols / gs}, store.dir() + "/" + sc->file);
+  const QuantTensors qt = find_quant_tensors(store, name, lq, cols);
+  const TensorInfo* qw = qt.qweight;
+  const TensorInfo* sc = qt.scales;
+  const int64_t gs = qt.group_size;
+  check_shape(*qw, {rows, qt.qweight_cols}, store.dir() + "/" + qw->file);
+  check_shape(*sc, {rows, qt.scale_cols}, store.dir() + "/" + sc->file);
   kernels::LinearWeight w;
   w.quantized = true;
   w.name = qw->name;  // stable storage; the ".qweight" suffix marks it as quantized in logs

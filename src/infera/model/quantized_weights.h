@@ -87,6 +87,19 @@ class FileMappings {
 // would zero them under those readers. No-op without a packed copy.
 void release_repacked_source(const kernels::QuantMatRef& w, const FileMappings& maps);
 
+// A quantized layer's stored pair, <name>.qweight and <name>.scales, found and checked
+// against its scheme (dtypes; cols a multiple of the group size). Shapes are the caller's:
+// [rows, ...] for one layer, [E, rows, ...] for fused experts. Throws infera::Error naming
+// the tensor and the directory.
+struct QuantTensors {
+  const TensorInfo* qweight = nullptr;  // int8 [.., cols] or uint8 [.., cols / 2]
+  const TensorInfo* scales = nullptr;   // f32 [.., 1] or f16 [.., cols / group_size]
+  int64_t group_size = 0;               // W8A8: cols (per channel)
+  int64_t qweight_cols = 0;             // cols, or cols / 2 for int4
+  int64_t scale_cols = 0;               // cols / group_size (W8A8: 1)
+};
+QuantTensors find_quant_tensors(const WeightStore& store, const std::string& name, const LayerQuant& lq, int64_t cols);
+
 // The linear layer `name` [rows, cols] as the config says it is stored; throws
 // infera::Error naming the tensor and the directory when a tensor is missing, has the
 // wrong dtype or shape. A repacked layer's mapped pages are released (release_repacked_source).

@@ -348,7 +348,7 @@ TEST(QuantMoeModel, Qwen35MoeSchemesCloseToF32AndFusedExpertsStay3D) {
   // Attention (q_proj with its gate rows), the GDN projections, the MTP fc and the MTP
   // layer's attention are quantized.
   const std::string lm = "model.language_model.layers.";
-  for (const std::string name :
+  for (const std::string& name :
        {lm + "3.self_attn.q_proj.weight", lm + "3.self_attn.k_proj.weight", lm + "3.self_attn.v_proj.weight",
         lm + "3.self_attn.o_proj.weight", lm + "0.linear_attn.in_proj_qkv.weight", lm + "0.linear_attn.in_proj_z.weight",
         lm + "0.linear_attn.out_proj.weight", std::string("mtp.fc.weight"), std::string("mtp.layers.0.self_attn.q_proj.weight")}) {
