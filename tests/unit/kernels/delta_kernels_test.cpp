@@ -13,18 +13,13 @@
 #include <string>
 #include <vector>
 
+#include "../test_support.h"
 #include "infera/kernels/delta.h"
 
 namespace infera {
 namespace {
 
-std::vector<float> random_vec(size_t n, uint32_t seed, float scale = 1.0f) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> d(0.0f, scale);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(rng);
-  return v;
-}
+using test::random_vec;
 
 std::vector<Isa> isas() {
   std::vector<Isa> out = {Isa::kScalar};

@@ -6,6 +6,7 @@
 #include <random>
 #include <vector>
 
+#include "../test_support.h"
 #include "infera/base/error.h"
 #include "infera/kernels/moe.h"
 #include "infera/kernels/quant.h"
@@ -14,13 +15,7 @@
 namespace infera {
 namespace {
 
-std::vector<float> random_vec(size_t n, uint32_t seed, float scale = 1.0f) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> d(0.0f, scale);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(rng);
-  return v;
-}
+using test::random_vec;
 
 TEST(MoeRouter, MatchesReferenceForManyShapes) {
   for (auto [T, E, k] : {std::tuple{1, 8, 2}, {7, 8, 8}, {33, 128, 8}, {5, 64, 1}, {16, 256, 10}}) {

@@ -15,6 +15,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "../test_support.h"
 #include "infera/base/error.h"
 #include "infera/io/safetensors.h"
 #include "infera/kernels/quant.h"
@@ -36,24 +37,9 @@ namespace fs = std::filesystem;
 using kernels::LinearWeight;
 using kernels::QuantScheme;
 
-const fs::path kWork = fs::temp_directory_path() / ("infera_quant_moe_test_" + std::to_string(::getpid()));
+const fs::path kWork = test::process_scratch_dir("infera_quant_moe_test");
 
-class WorkDirEnv : public ::testing::Environment {
- public:
-  void TearDown() override {
-    std::error_code ec;
-    fs::remove_all(kWork, ec);
-  }
-};
-const auto* const kEnv = ::testing::AddGlobalTestEnvironment(new WorkDirEnv);
-
-std::vector<float> random_vec(size_t n, uint32_t seed, float scale) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> d(0.0f, scale);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(rng);
-  return v;
-}
+using test::random_vec;
 
 // ---- the MoE FFN over quantized experts ----
 

@@ -1,0 +1,45 @@
+// Small helpers shared by the unit tests of several modules.
+#pragma once
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <random>
+#include <string>
+#include <system_error>
+#include <vector>
+
+namespace infera::test {
+
+// n samples of N(0, scale²), reproducible from `seed`.
+inline std::vector<float> random_vec(size_t n, uint32_t seed, float scale = 1.0f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d(0.0f, scale);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+// Removes a folder when the test binary ends (register with AddGlobalTestEnvironment).
+class RemoveDirAtExit : public ::testing::Environment {
+ public:
+  explicit RemoveDirAtExit(std::filesystem::path dir) : dir_(std::move(dir)) {}
+  void TearDown() override {
+    std::error_code ec;
+    std::filesystem::remove_all(dir_, ec);
+  }
+
+ private:
+  std::filesystem::path dir_;
+};
+
+// <temp>/<prefix>_<pid>: a scratch folder of this test process, removed at exit.
+inline std::filesystem::path process_scratch_dir(const std::string& prefix) {
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / (prefix + "_" + std::to_string(::getpid()));
+  ::testing::AddGlobalTestEnvironment(new RemoveDirAtExit(dir));
+  return dir;
+}
+
+}  // namespace infera::test
