@@ -28,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_args.h"
 #include "infera/base/error.h"
 #include "infera/base/threads.h"
 #include "infera/base/timer.h"
@@ -38,15 +39,7 @@ using namespace infera;
 
 namespace {
 
-std::vector<int> parse_list(const std::string& s) {
-  std::vector<int> out;
-  std::stringstream ss(s);
-  std::string item;
-  while (std::getline(ss, item, ',')) {
-    if (!item.empty()) out.push_back(std::stoi(item));
-  }
-  return out;
-}
+using bench::parse_list;
 
 // "VmHWM" (peak) or "VmRSS" (current) of this process in bytes.
 int64_t proc_status_bytes(const char* key) {
