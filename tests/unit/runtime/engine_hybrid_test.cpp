@@ -89,6 +89,8 @@ TEST(EngineHybrid, BatchedAndPreemptedGreedyEqualSolo) {
     for (size_t i = 0; i < prompts.size(); ++i) {
       EXPECT_EQ(tokens[ids[i]], expect[i]) << "prompt " << i << (tight ? " (tight KV)" : "");
     }
-    if (tight) EXPECT_GT(core.stats().preemptions, 0);
+    if (tight) {
+      EXPECT_GT(core.stats().preemptions, 0);
+    }
   }
 }

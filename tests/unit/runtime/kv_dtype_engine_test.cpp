@@ -196,7 +196,9 @@ TEST(KvDtypeStories, Int8EngineEqualsLoneInt8Sequence) {
     EXPECT_GT(st.preemptions, 0) << what;
     EXPECT_GT(st.prefix_hit_blocks, 0) << what;
     EXPECT_EQ(st.kv_blocks_used, 0) << what;
-    if (method == SpeculativeMethod::kNgram) EXPECT_GT(st.spec_drafted, 0);
+    if (method == SpeculativeMethod::kNgram) {
+      EXPECT_GT(st.spec_drafted, 0);
+    }
   }
 }
 

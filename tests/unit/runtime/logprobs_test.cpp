@@ -259,17 +259,9 @@ TEST(EngineLogprobs, SpeculativeOnTheHybridGivesThePlainRunsLogprobs) {
   const int32_t gen = 24;
   const std::vector<Generated> plain = run_engine(model, config(), ps, gen, SamplingParams{}, true, 4);
   EngineConfig oracle = config(SpeculativeMethod::kCustom, 3);
-  oracle.speculative.drafter = [&](std::span<const int32_t> history, int32_t max_draft, std::vector<int32_t>& out) {
-    for (size_t i = 0; i < ps.size(); ++i) {
-      if (history.size() <= ps[i].size() || !std::equal(ps[i].begin(), ps[i].end(), history.begin())) continue;
-      const size_t generated = history.size() - ps[i].size();
-      for (int32_t j = 0; j < max_draft && generated + j < plain[i].tokens.size(); ++j) {
-        const size_t at = generated + j;
-        out.push_back(at % 4 == 2 ? (plain[i].tokens[at] + 1) % 300 : plain[i].tokens[at]);
-      }
-      return;
-    }
-  };
+  std::vector<std::vector<int32_t>> continuations;
+  for (const Generated& g : plain) continuations.push_back(g.tokens);
+  oracle.speculative.drafter = testing_support::oracle_drafter(ps, continuations, [](size_t at) { return at % 4 == 2; });
   for (const auto& [what, c] : {std::pair{std::string("mtp"), config(SpeculativeMethod::kMtp, 2)}, std::pair{std::string("oracle"), oracle}}) {
     EngineStats stats;
     const std::vector<Generated> spec = run_engine(model, c, ps, gen, SamplingParams{}, true, 4, &stats);

@@ -223,19 +223,7 @@ TEST(SpeculativeEngine, OracleDraftsWithPlantedErrorsOnHybrid) {
   const int32_t gen = 30;
   const Outcome plain = run_engine(hybrid(), config_for(SpeculativeMethod::kNone, 0), prompts, gen);
   EngineConfig c = config_for(SpeculativeMethod::kCustom, 3);
-  c.speculative.drafter = [&](std::span<const int32_t> history, int32_t max_draft, std::vector<int32_t>& out) {
-    for (size_t i = 0; i < prompts.size(); ++i) {
-      const auto& p = prompts[i];
-      if (history.size() <= p.size() || !std::equal(p.begin(), p.end(), history.begin())) continue;
-      const size_t generated = history.size() - p.size();
-      for (int32_t j = 0; j < max_draft && generated + j < plain.tokens[i].size(); ++j) {
-        const size_t at = generated + j;  // index of the drafted token in the continuation
-        const bool wrong = at % 5 == 2 || at % 7 == 4;
-        out.push_back(wrong ? (plain.tokens[i][at] + 1) % 300 : plain.tokens[i][at]);
-      }
-      return;
-    }
-  };
+  c.speculative.drafter = testing_support::oracle_drafter(prompts, plain.tokens, [](size_t at) { return at % 5 == 2 || at % 7 == 4; });
   const Outcome spec = run_engine(hybrid(), c, prompts, gen);
   expect_same(spec, plain, "oracle drafts");
   expect_rejections_and_acceptances(spec.stats, "oracle drafts");
@@ -459,19 +447,7 @@ TEST(SpeculativeEngine, HybridCommitsTheKeptTokensStateWithoutAReFeed) {
   const int32_t gen = 30;
   const Outcome plain = run_engine(hybrid(), config_for(SpeculativeMethod::kNone, 0), prompts, gen);
   EngineConfig c = config_for(SpeculativeMethod::kCustom, 3);
-  c.speculative.drafter = [&](std::span<const int32_t> history, int32_t max_draft, std::vector<int32_t>& out) {
-    for (size_t i = 0; i < prompts.size(); ++i) {
-      const auto& p = prompts[i];
-      if (history.size() <= p.size() || !std::equal(p.begin(), p.end(), history.begin())) continue;
-      const size_t generated = history.size() - p.size();
-      for (int32_t j = 0; j < max_draft && generated + j < plain.tokens[i].size(); ++j) {
-        const size_t at = generated + j;
-        const bool wrong = at % 4 == 1 || at % 9 == 6;
-        out.push_back(wrong ? (plain.tokens[i][at] + 1) % 300 : plain.tokens[i][at]);
-      }
-      return;
-    }
-  };
+  c.speculative.drafter = testing_support::oracle_drafter(prompts, plain.tokens, [](size_t at) { return at % 4 == 1 || at % 9 == 6; });
   RecordingModel direct(hybrid(), true);
   const Outcome spec = run_engine(direct, c, prompts, gen);
   expect_same(spec, plain, "token states");

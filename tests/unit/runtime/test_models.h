@@ -5,7 +5,10 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
+#include <functional>
+#include <vector>
 #include <filesystem>
 #include <memory>
 #include <string>
@@ -13,6 +16,7 @@
 #include <gtest/gtest.h>
 
 #include "infera/model/model.h"
+#include "infera/runtime/engine_config.h"
 
 namespace infera::testing_support {
 
@@ -43,6 +47,27 @@ inline Model& hybrid_model() {
     return m;
   }();
   return *model;
+}
+
+// A drafter that knows each prompt's plain greedy continuation and proposes it, except at
+// the continuation indices where wrong(index) holds: there it proposes the next token id
+// (mod vocab), a planted rejection. prompts and continuations are read when it runs.
+inline SpeculativeConfig::Drafter oracle_drafter(const std::vector<std::vector<int32_t>>& prompts,
+                                                 const std::vector<std::vector<int32_t>>& continuations,
+                                                 std::function<bool(size_t index)> wrong, int32_t vocab = 300) {
+  return [&prompts, &continuations, wrong = std::move(wrong), vocab](std::span<const int32_t> history, int32_t max_draft,
+                                                                      std::vector<int32_t>& out) {
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      const auto& p = prompts[i];
+      if (history.size() <= p.size() || !std::equal(p.begin(), p.end(), history.begin())) continue;
+      const size_t generated = history.size() - p.size();
+      for (int32_t j = 0; j < max_draft && generated + j < continuations[i].size(); ++j) {
+        const size_t at = generated + j;  // index of the drafted token in the continuation
+        out.push_back(wrong(at) ? (continuations[i][at] + 1) % vocab : continuations[i][at]);
+      }
+      return;
+    }
+  };
 }
 
 }  // namespace infera::testing_support
