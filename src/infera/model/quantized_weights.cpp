@@ -161,12 +161,16 @@ FileMappings FileMappings::current() {
   return m;
 }
 
-bool FileMappings::contains(const void* p, size_t n) const {
+std::pair<uintptr_t, uintptr_t> FileMappings::range_of(const void* p) const {
   const auto a = reinterpret_cast<uintptr_t>(p);
   auto it = std::upper_bound(ranges_.begin(), ranges_.end(), std::make_pair(a, UINTPTR_MAX));
-  if (it == ranges_.begin()) return false;
-  --it;
-  return a >= it->first && a + n <= it->second;
+  if (it == ranges_.begin() || a >= (it - 1)->second) return {0, 0};
+  return *(it - 1);
+}
+
+bool FileMappings::contains(const void* p, size_t n) const {
+  const auto [begin, end] = range_of(p);
+  return begin != 0 && reinterpret_cast<uintptr_t>(p) + n <= end;
 }
 
 namespace {

@@ -72,6 +72,9 @@ class FileMappings {
   static FileMappings current();
   // Whether [p, p + n) lies within one read-only file mapping.
   bool contains(const void* p, size_t n) const;
+  // The read-only file mapping [begin, end) holding p; {0, 0} when p is in none (weights
+  // read into memory).
+  std::pair<uintptr_t, uintptr_t> range_of(const void* p) const;
 
  private:
   std::vector<std::pair<uintptr_t, uintptr_t>> ranges_;  // [begin, end), sorted

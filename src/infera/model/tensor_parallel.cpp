@@ -7,32 +7,17 @@
 #include <cstdlib>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <string>
 #include <utility>
 
 #include "infera/base/error.h"
+#include "infera/model/quantized_weights.h"
 
 namespace infera {
 
 using parallel::Range;
 
 namespace {
-
-// The read-only file mapping [begin, end) holding address p, from /proc/self/maps; {0, 0}
-// when p is not in one (weights read into memory).
-std::pair<uintptr_t, uintptr_t> file_mapping_of(const void* p) {
-  const auto a = reinterpret_cast<uintptr_t>(p);
-  std::ifstream maps("/proc/self/maps");
-  std::string line;
-  while (std::getline(maps, line)) {
-    unsigned long begin = 0, end = 0, inode = 0;
-    char perms[8] = {0};
-    if (std::sscanf(line.c_str(), "%lx-%lx %7s %*s %*s %lu", &begin, &end, perms, &inode) != 4) continue;
-    if (a >= begin && a < end) return inode != 0 && perms[1] == '-' ? std::make_pair(begin, end) : std::make_pair(0ul, 0ul);
-  }
-  return {0, 0};
-}
 
 // Drops this process's mapping of the weight bytes [p, p + n) once they were copied: clean
 // file-backed pages leave the resident set (and would be read again from the page cache
@@ -41,7 +26,7 @@ std::pair<uintptr_t, uintptr_t> file_mapping_of(const void* p) {
 // read; the range is widened to 2 MiB boundaries, clipped to the file's mapping, to drop
 // them too. Only file mappings: MADV_DONTNEED would zero anonymous memory.
 void release_mapped_pages(const void* p, int64_t n) {
-  const auto [map_begin, map_end] = file_mapping_of(p);
+  const auto [map_begin, map_end] = FileMappings::current().range_of(p);
   if (map_begin == 0) return;
   constexpr uintptr_t kFolio = uintptr_t{2} << 20;
   const auto a = reinterpret_cast<uintptr_t>(p);
