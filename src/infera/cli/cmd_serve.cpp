@@ -379,10 +379,7 @@ int serve(const ServeOptions& options) {
       code = serve_worker(config, group);
     }
   } catch (const std::exception& e) {
-    // The other ranks may be waiting in a collective for this one: end them all.
-    std::fflush(stdout);
-    std::fprintf(stderr, "error: rank %d of %d: %s\n", comm->rank(), comm->size(), e.what());
-    comm->abort(1);
+    parallel::abort_group_after_error(*comm, e.what());
   }
   comm->finalize();
   return code;

@@ -205,4 +205,10 @@ void check_same_model_files(Communicator& comm, const std::string& model_dir) {
 int64_t peak_rss_kib() { return status_field_kib("VmHWM"); }
 int64_t current_rss_kib() { return status_field_kib("VmRSS"); }
 
+void abort_group_after_error(Communicator& comm, const char* what) {
+  std::fflush(stdout);
+  std::fprintf(stderr, "error: rank %d of %d: %s\n", comm.rank(), comm.size(), what);
+  comm.abort(1);
+}
+
 }  // namespace infera::parallel

@@ -44,4 +44,8 @@ void check_same_model_files(Communicator& comm, const std::string& model_dir);
 int64_t peak_rss_kib();
 int64_t current_rss_kib();
 
+// For an error one rank caught: prints "error: rank R of N: <what>" and ends the whole
+// group (the other ranks may be waiting in a collective for this one).
+void abort_group_after_error(Communicator& comm, const char* what);
+
 }  // namespace infera::parallel
