@@ -59,8 +59,9 @@ struct Shape {
 // 4-byte lane (w8a8) and every int4 group size.
 std::vector<Shape> shapes() {
   std::vector<Shape> out;
-  // 33, 50: the 3-panel w8a8 / w4a16 and 2-panel w4a8 prefill groups end in a partial panel.
-  for (int64_t n : {1, 15, 16, 17, 33, 50}) {
+  // 33, 50: the 3-panel w8a8 / w4a16 and 2-panel w4a8 prefill groups end in a partial panel;
+  // 50 and 83 (6 panels: 4 + 2): the 4-panel decode groups, whole and cut short.
+  for (int64_t n : {1, 15, 16, 17, 33, 50, 83}) {
     for (int64_t k : {1, 3, 5, 64, 65, 172, 301}) out.push_back({QuantScheme::kW8A8, n, k, k});
     for (QuantScheme s : {QuantScheme::kW4A8, QuantScheme::kW4A16})
       for (int64_t k : {32, 96, 128, 320, 384})  // 320: W4A16 prefill blocks of 128, 128, 64 columns

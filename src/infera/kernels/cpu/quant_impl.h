@@ -378,6 +378,9 @@ constexpr int kTileTokens = 8;
 // accumulators, 3 weight vectors and a broadcast: 28 of the 32 zmm; w8a8: 11 loads per 24
 // vpdpbusd).
 constexpr int64_t kPrefillPanels = 3;
+// Decode (one token): panels swept at once, one memory stream each. At one thread four
+// streams read ~5% faster than two (the core keeps more lines in flight).
+constexpr int64_t kDecodePanels = 4;
 constexpr int64_t kPrefetchAhead = 2048;  // bytes: decode kernels prefetch this far ahead in each panel stream (measured: +10% over the hardware prefetcher alone)
 
 // acc += u8 x s8 dot products of 4 bytes per lane (vpdpbusd). Written as asm: with the
@@ -581,6 +584,17 @@ void w4a16_panel(const uint8_t* panel, int64_t chunks, int64_t groups, int64_t g
     }
   }
   for (int i = 0; i < M; ++i) _mm512_mask_storeu_ps(y + i * ldy, row_mask(rows_valid), facc[i]);
+}
+
+// f.template operator()<P>() for P = np (1 .. 4): a kernel over np adjacent panels.
+template <class F>
+inline void with_panels(int64_t np, F&& f) {
+  switch (np) {
+    case 4: f.template operator()<4>(); break;
+    case 3: f.template operator()<3>(); break;
+    case 2: f.template operator()<2>(); break;
+    default: f.template operator()<1>(); break;
+  }
 }
 
 // Calls f.template operator()<M>() with M = mt in [1, kTileTokens].
@@ -850,9 +864,9 @@ void qmatmul_packed(const float* x, int64_t m, const QuantMatRef& w, float* y) {
   const int threads = num_threads();
   // Pieces: several per thread (dynamic balance on a shared machine), each a whole number
   // of the kernels' panel groups.
-  constexpr int64_t kGrainMultiple = 6;  // whole groups of 2 (w4a8) and 3 (w8a8, w4a16 prefill) panels
-  int64_t grain = std::max<int64_t>(kGrainMultiple, panels / (8 * std::max(threads, 1)));
-  grain = (grain + kGrainMultiple - 1) / kGrainMultiple * kGrainMultiple;
+  const int64_t multiple = m == 1 ? kDecodePanels : 6;  // whole decode groups; prefill: groups of 2 (w4a8) and 3 panels
+  int64_t grain = std::max<int64_t>(multiple, panels / (8 * std::max(threads, 1)));
+  grain = (grain + multiple - 1) / multiple * multiple;
   auto rows_in = [&](int64_t p) { return static_cast<int>(std::min<int64_t>(kPanelRows, n - p * kPanelRows)); };
   parallel_chunks(panels, grain, [&](int64_t p0, int64_t p1) {
     switch (w.scheme) {
@@ -879,15 +893,15 @@ void qmatmul_packed(const float* x, int64_t m, const QuantMatRef& w, float* y) {
           }
           break;
         }
-        // A decode token sweeps two panels at once (two streams, twice the independent chains).
-        for (int64_t p = p0; p < p1; p += 2) {
-          if (p + 1 < p1) {
-            w4a8_panels<1, 2>(pk.panel(p), pb, chunks, groups, gs, xq, ld, corr, dx, y + p * kPanelRows, n,
-                              rows_in(p + 1));
-          } else {
-            w4a8_panels<1, 1>(pk.panel(p), pb, chunks, groups, gs, xq, ld, corr, dx, y + p * kPanelRows, n,
-                              rows_in(p));
-          }
+        // A decode token sweeps kDecodePanels panels at once.
+        for (int64_t p = p0; p < p1;) {
+          const int64_t np = std::min<int64_t>(kDecodePanels, p1 - p);
+          auto run = [&]<int P>() {
+            w4a8_panels<1, P>(pk.panel(p), pb, chunks, groups, gs, xq, ld, corr, dx, y + p * kPanelRows, n,
+                              rows_in(p + P - 1));
+          };
+          with_panels(np, run);
+          p += np;
         }
         break;
       case QuantScheme::kW8A8:
@@ -895,13 +909,22 @@ void qmatmul_packed(const float* x, int64_t m, const QuantMatRef& w, float* y) {
           w8a8_amx_panels(pk, p0, p1, n, xq, ld, corr, dx, m, y);
           break;
         }
-        // A decode token streams panel pairs (as tuned for decode); a prefill tile takes 3.
-        for (int64_t p = p0; p < p1; p += (m == 1 ? 2 : kPrefillPanels)) {
-          const int64_t np = std::min<int64_t>(m == 1 ? 2 : kPrefillPanels, p1 - p);
+        if (m == 1) {  // a decode token streams kDecodePanels panels at once
+          for (int64_t p = p0; p < p1;) {
+            const int64_t np = std::min<int64_t>(kDecodePanels, p1 - p);
+            with_panels(np, [&]<int P>() {
+              w8a8_panels<1, P>(pk.panel(p), pb, chunks, xq, ld, corr, dx, y + p * kPanelRows, n, rows_in(p + P - 1));
+            });
+            p += np;
+          }
+          break;
+        }
+        // A prefill tile takes kPrefillPanels panels.
+        for (int64_t p = p0; p < p1; p += kPrefillPanels) {
+          const int64_t np = std::min<int64_t>(kPrefillPanels, p1 - p);
           const int rows_last = rows_in(p + np - 1);
-          // The next group of this piece, prefetched over this group's token tiles (a decode
-          // token has its own prefetch in the kernel).
-          const int64_t next_panels = m > 1 ? std::min<int64_t>(kPrefillPanels, p1 - p - np) : 0;
+          // The next group of this piece, prefetched over this group's token tiles.
+          const int64_t next_panels = std::min<int64_t>(kPrefillPanels, p1 - p - np);
           const int64_t tiles = (m + kTileTokens - 1) / kTileTokens;
           for (int64_t i0 = 0; i0 < m; i0 += kTileTokens) {
             const L2Prefetch pf =
