@@ -383,6 +383,35 @@ constexpr int64_t kPrefillPanels = 3;
 constexpr int64_t kDecodePanels = 4;
 constexpr int64_t kPrefetchAhead = 2048;  // bytes: decode kernels prefetch this far ahead in each panel stream (measured: +10% over the hardware prefetcher alone)
 
+// The panels a decode kernel sweeps after the current group (the next group of the same
+// piece): `count` of them from `first` (count 0: none).
+struct NextPanels {
+  const uint8_t* first = nullptr;
+  int count = 0;
+};
+
+// Decode prefetch for stream q (panel q of the group at `panel`) as it reads byte `off`:
+// kPrefetchAhead bytes ahead in the panel's first `stream_bytes` (its weights, or the whole
+// panel); past them, the same distance into panel q of the next group: its `lead_bytes` from
+// `lead_at` first (int4: the first scales, which sit after its weights), then its bytes from
+// the start. So the next group starts on lines already in flight rather than with cold
+// streams: +6% (median of 8 runs) on Qwen3-MoE expert shapes (768 x 2048, 2048 x 768) at one
+// thread, where a panel is 7-18 KiB and its first 2 KiB matter; neutral on 2048-column
+// dense shapes.
+constexpr int64_t kScaleLead = 512;  // int4: next panels' scale bytes prefetched from the tail
+inline void decode_prefetch(const uint8_t* panel, int q, int64_t panel_bytes, int64_t stream_bytes, int64_t off,
+                            NextPanels next, int64_t lead_at, int64_t lead_bytes) {
+  const int64_t ahead = off + kPrefetchAhead;
+  const uint8_t* at = nullptr;
+  if (ahead < stream_bytes) {
+    at = panel + q * panel_bytes + ahead;
+  } else if (q < next.count) {
+    const int64_t o = ahead - stream_bytes;
+    at = next.first + q * panel_bytes + (o < lead_bytes ? lead_at + o : o - lead_bytes);
+  }
+  if (at) _mm_prefetch(reinterpret_cast<const char*>(at), _MM_HINT_T0);
+}
+
 // acc += u8 x s8 dot products of 4 bytes per lane (vpdpbusd). Written as asm: with the
 // intrinsic GCC 12 copies every accumulator of a tile through a spare register (or the
 // stack) around each instruction, ~2x the uops of the inner loop.
@@ -430,7 +459,7 @@ inline __mmask16 row_mask(int rows_valid) { return static_cast<__mmask16>((1u <<
 template <int M, int P>
 void w4a8_panels(const uint8_t* panel, int64_t panel_bytes, int64_t chunks, int64_t groups, int64_t gs,
                  const int8_t* xq, int64_t ld, const int32_t* gcorr, const float* dx, float* y, int64_t ldy,
-                 int rows_last, L2Prefetch pf = {}) {
+                 int rows_last, L2Prefetch pf = {}, NextPanels next = {}) {
   // Few tokens have few independent vpdpbusd chains: split low/high nibbles over two so
   // the instruction's latency does not bound the stream.
   constexpr bool kSplit = M * P <= 2;
@@ -452,11 +481,19 @@ void w4a8_panels(const uint8_t* panel, int64_t panel_bytes, int64_t chunks, int6
     const int8_t* xg = xq + g * gs;
     const uint8_t* pg = panel + g * chunks_per_group * 64;
     for (int q = 0; q < P; ++q) pf.step();
+    if constexpr (M == 1) {  // the scales past the first kScaleLead bytes (decode_prefetch has those)
+      const int64_t scale_bytes = groups * kPanelRows * 2, at = g * kPanelRows * 2 + kScaleLead;
+      if (at < scale_bytes)
+        for (int q = 0; q < P; ++q) _mm_prefetch(reinterpret_cast<const char*>(panel + q * panel_bytes + chunks * 64 + at), _MM_HINT_T0);
+    }
     for (int64_t c = 0; c < chunks_per_group; ++c) {
       __m512i lo[P], hi[P];
       for (int q = 0; q < P; ++q) {
         const __m512i v = _mm512_load_si512(pg + q * panel_bytes + c * 64);
-        if constexpr (M == 1) _mm_prefetch(reinterpret_cast<const char*>(pg + q * panel_bytes + c * 64 + kPrefetchAhead), _MM_HINT_T0);
+        if constexpr (M == 1) {
+          decode_prefetch(panel, q, panel_bytes, chunks * 64, (g * chunks_per_group + c) * 64, next, chunks * 64,
+                          kScaleLead);
+        }
         lo[q] = _mm512_and_si512(v, low);
         hi[q] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
       }
@@ -494,7 +531,7 @@ void w4a8_panels(const uint8_t* panel, int64_t panel_bytes, int64_t chunks, int6
 template <int M, int P>
 void w8a8_panels(const uint8_t* panel, int64_t panel_bytes, int64_t chunks, const int8_t* xq, int64_t ld,
                  const int32_t* xsum128, const float* dx, float* y, int64_t ldy, int rows_last,
-                 L2Prefetch pf = {}) {
+                 L2Prefetch pf = {}, NextPanels next = {}) {
   // One token, one panel would be a single dependent vpdpbusd chain: alternate two.
   constexpr int A = (M == 1 && P == 1) ? 2 : 1;
   __m512i acc[P][M][A];
@@ -508,7 +545,7 @@ void w8a8_panels(const uint8_t* panel, int64_t panel_bytes, int64_t chunks, cons
       __m512i v[P];
       for (int q = 0; q < P; ++q) {
         v[q] = _mm512_load_si512(panel + q * panel_bytes + (c + a) * 64);
-        if constexpr (M == 1) _mm_prefetch(reinterpret_cast<const char*>(panel + q * panel_bytes + (c + a) * 64 + kPrefetchAhead), _MM_HINT_T0);
+        if constexpr (M == 1) decode_prefetch(panel, q, panel_bytes, panel_bytes, (c + a) * 64, next, 0, 0);
       }
       for (int i = 0; i < M; ++i) {
         const __m512i xb = bcast4(xq + i * ld + (c + a) * 4);
@@ -896,9 +933,10 @@ void qmatmul_packed(const float* x, int64_t m, const QuantMatRef& w, float* y) {
         // A decode token sweeps kDecodePanels panels at once.
         for (int64_t p = p0; p < p1;) {
           const int64_t np = std::min<int64_t>(kDecodePanels, p1 - p);
+          const NextPanels next{pk.panel(p + np), static_cast<int>(std::min<int64_t>(kDecodePanels, p1 - p - np))};
           auto run = [&]<int P>() {
             w4a8_panels<1, P>(pk.panel(p), pb, chunks, groups, gs, xq, ld, corr, dx, y + p * kPanelRows, n,
-                              rows_in(p + P - 1));
+                              rows_in(p + P - 1), {}, next);
           };
           with_panels(np, run);
           p += np;
@@ -912,8 +950,10 @@ void qmatmul_packed(const float* x, int64_t m, const QuantMatRef& w, float* y) {
         if (m == 1) {  // a decode token streams kDecodePanels panels at once
           for (int64_t p = p0; p < p1;) {
             const int64_t np = std::min<int64_t>(kDecodePanels, p1 - p);
+            const NextPanels next{pk.panel(p + np), static_cast<int>(std::min<int64_t>(kDecodePanels, p1 - p - np))};
             with_panels(np, [&]<int P>() {
-              w8a8_panels<1, P>(pk.panel(p), pb, chunks, xq, ld, corr, dx, y + p * kPanelRows, n, rows_in(p + P - 1));
+              w8a8_panels<1, P>(pk.panel(p), pb, chunks, xq, ld, corr, dx, y + p * kPanelRows, n, rows_in(p + P - 1),
+                                {}, next);
             });
             p += np;
           }
