@@ -11,7 +11,8 @@
 # Roofline: bytes actually read per generated token = every weight tensor except the token
 # embedding table (one row of it is read) — for Infera the safetensors tensors, for llama.cpp
 # the GGUF file minus token_embd; ceiling = `infera sysinfo --bandwidth` at that thread count
-# (huge-page backed buffer, widest loads). fraction = gen t/s x bytes/token / ceiling.
+# (huge-page buffer, four prefetched zmm streams), the better of a check before and one after
+# the runs. fraction = gen t/s x bytes/token / ceiling. Repeats alternate the engines.
 #
 # Needs: BUILD_DIR/infera, /usr/bin/python3 with numpy (tools/gen_model.py), node with
 # tests/conformance/node_modules. Printed only; not a test. On a shared machine run it when
@@ -72,36 +73,44 @@ PY
 field() { $py -c "import json,sys; print(json.load(sys.stdin)[sys.argv[1]])" "$1"; }
 best() { $py -c "import sys; print(max(float(v) for v in sys.argv[1:]))" "$@"; }
 
-bw_json="$("$infera" sysinfo --bandwidth --json)"
 declare -A ceiling prompt gen bytes
-for threads in $threads_list; do
-  ceiling[$threads]="$(echo "$bw_json" | $py -c "import json,sys; b=json.load(sys.stdin)['read_bandwidth_gbs']; print(b.get(sys.argv[1], max(b.values())))" "$threads")"
-done
+# The ceiling: the best of the bandwidth check before and after the runs (it moves by ~10%
+# between runs on a shared machine; the roofline should be against what a core can read).
+bw_before="$("$infera" sysinfo --bandwidth --json)"
 for s in $schemes; do bytes[$s]="$(infera_bytes "$s")"; done
 bytes[q8_0]="$(gguf_bytes tl_q8_0.gguf 34)"
 bytes[q4_0]="$(gguf_bytes tl_q4_0.gguf 18)"
 
 prompt_ids="[1$(for i in $(seq 2 "$prompt_tokens"); do printf ',1000'; done)]"
 load_before="$(uptime | sed 's/.*load average: //')"
+# Repeats alternate the engines (every Infera scheme, then llama.cpp, then again), so a slow
+# drift of the machine's speed reaches both sides alike; each keeps its best run.
+declare -A ps_all gs_all
 for threads in $threads_list; do
-  for s in $schemes; do
-    ps=(); gs=()
-    for r in $(seq "$repeats"); do
+  for r in $(seq "$repeats"); do
+    for s in $schemes; do
       out="$("$infera" run -m "$s" --prompt-ids "$prompt_ids" -n "$gen_tokens" --temp 0 --ignore-eos --json -t "$threads" 2>/dev/null)"
-      ps+=("$(echo "$out" | field prompt_tokens_per_s)"); gs+=("$(echo "$out" | field generated_tokens_per_s)")
+      ps_all[$s,$threads]+=" $(echo "$out" | field prompt_tokens_per_s)"; gs_all[$s,$threads]+=" $(echo "$out" | field generated_tokens_per_s)"
     done
-    prompt[$s,$threads]="$(best "${ps[@]}")"; gen[$s,$threads]="$(best "${gs[@]}")"
-  done
-  for t in q8_0 q4_0; do
-    ps=(); gs=()
-    for r in $(seq "$repeats"); do
+    for t in q8_0 q4_0; do
       out="$(node "$repo/bench/quant_llamacpp.mjs" "tl_$t.gguf" "$threads" "$prompt_tokens" "$gen_tokens")"
-      ps+=("$(echo "$out" | field prompt_tokens_per_s)"); gs+=("$(echo "$out" | field gen_tokens_per_s)")
+      ps_all[$t,$threads]+=" $(echo "$out" | field prompt_tokens_per_s)"; gs_all[$t,$threads]+=" $(echo "$out" | field gen_tokens_per_s)"
     done
-    prompt[$t,$threads]="$(best "${ps[@]}")"; gen[$t,$threads]="$(best "${gs[@]}")"
+  done
+  for key in $schemes q8_0 q4_0; do
+    # shellcheck disable=SC2086  # the lists are space-separated numbers
+    prompt[$key,$threads]="$(best ${ps_all[$key,$threads]})"; gen[$key,$threads]="$(best ${gs_all[$key,$threads]})"
   done
 done
 load_after="$(uptime | sed 's/.*load average: //')"
+bw_after="$("$infera" sysinfo --bandwidth --json)"
+for threads in $threads_list; do
+  ceiling[$threads]="$($py -c "
+import json, sys
+t = sys.argv[1]
+bs = [json.loads(j)['read_bandwidth_gbs'] for j in sys.argv[2:]]
+print(max(b.get(t, max(b.values())) for b in bs))" "$threads" "$bw_before" "$bw_after")"
+done
 
 echo "TinyLlama shape, $prompt_tokens-token prompt, $gen_tokens generated, best of $repeats; INFERA_QUANT_REPACK=${INFERA_QUANT_REPACK:-1}"
 echo "load average before: $load_before; after: $load_after"
