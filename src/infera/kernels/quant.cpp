@@ -134,7 +134,7 @@ void qmatmul(const float* x, int64_t m, const QuantMatRef& w, float* y) {
 namespace {
 
 const QuantKernelTable& scalar_table() {
-  static const QuantKernelTable t{&ref::quantize_activations, &ref::qmatmul, nullptr};
+  static const QuantKernelTable t{&ref::quantize_activations, &ref::qmatmul, nullptr, nullptr};
   return t;
 }
 
@@ -190,6 +190,65 @@ void linear(Isa isa, const float* x, int64_t m, const LinearWeight& w, float* y)
   }
 }
 void linear(const float* x, int64_t m, const LinearWeight& w, float* y) { linear(best_isa(), x, m, w, y); }
+
+namespace {
+bool multi_fuses(Isa isa, int64_t m, std::span<const QuantMatRef* const> ws) {
+  bool fused = m == 1 && !ws.empty() && quant_table_for(isa).qgemv_packed_multi != nullptr;
+  for (const QuantMatRef* w : ws) {
+    fused = fused && w->packed && w->scheme == ws[0]->scheme && w->cols == ws[0]->cols &&
+            w->group_size == ws[0]->group_size;
+  }
+  return fused;
+}
+}  // namespace
+
+void qmatmul_multi(Isa isa, const float* x, int64_t m, std::span<const QuantMatRef* const> ws,
+                   std::span<float* const> ys) {
+  INFERA_ASSERT(ws.size() == ys.size(), "qmatmul_multi: one output per matrix");
+  if (!multi_fuses(isa, m, ws)) {
+    for (size_t i = 0; i < ws.size(); ++i) qmatmul(isa, x, m, *ws[i], ys[i]);
+    return;
+  }
+  for (const QuantMatRef* w : ws) {
+    check_quant_matrix(*w);
+    const PackedQuantMat& p = *w->packed;
+    INFERA_ASSERT(p.scheme == w->scheme && p.rows == w->rows && p.cols == w->cols && p.group_size == w->group_size,
+                  "packed copy does not match its matrix");
+  }
+  quant_table_for(isa).qgemv_packed_multi(x, ws.data(), ys.data(), static_cast<int>(ws.size()));
+}
+void qmatmul_multi(const float* x, int64_t m, std::span<const QuantMatRef* const> ws, std::span<float* const> ys) {
+  qmatmul_multi(best_isa(), x, m, ws, ys);
+}
+
+bool linear_multi_fuses(Isa isa, int64_t m, std::span<const LinearWeight* const> ws) {
+  std::vector<const QuantMatRef*> mats;
+  for (const LinearWeight* w : ws)
+    if (w->quantized) mats.push_back(&w->quant);
+  return mats.size() >= 2 && multi_fuses(isa, m, mats);
+}
+
+void linear_multi(Isa isa, const float* x, int64_t m, std::span<const LinearWeight* const> ws,
+                  std::span<float* const> ys) {
+  INFERA_ASSERT(ws.size() == ys.size(), "linear_multi: one output per weight");
+  // The quantized weights in one pass (a float weight among them, such as Qwen3.5's small
+  // GDN gate projections, runs on its own).
+  std::vector<const QuantMatRef*> mats;
+  std::vector<float*> outs;
+  for (size_t i = 0; i < ws.size(); ++i) {
+    if (const LinearObserver& obs = linear_observer()) obs(ws[i]->name, x, m, ws[i]->cols());
+    if (ws[i]->quantized) {
+      mats.push_back(&ws[i]->quant);
+      outs.push_back(ys[i]);
+    } else {
+      matmul(isa, x, m, ws[i]->dense, ys[i]);
+    }
+  }
+  qmatmul_multi(isa, x, m, mats, outs);
+}
+void linear_multi(const float* x, int64_t m, std::span<const LinearWeight* const> ws, std::span<float* const> ys) {
+  linear_multi(best_isa(), x, m, ws, ys);
+}
 
 // ---- repacking (kernels/quant.h, "Repacked layout") ----------------------------------------
 

@@ -42,6 +42,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <span>
 #include <string_view>
 #include <utility>
 
@@ -143,6 +144,21 @@ void check_quant_matrix(const QuantMatRef& w);
 // y[m, n] = x[m, k] · Wᵀ for either kind of weight (matmul() or qmatmul()).
 void linear(const float* x, int64_t m, const LinearWeight& w, float* y);
 void linear(Isa isa, const float* x, int64_t m, const LinearWeight& w, float* y);
+
+// y_i[m, n_i] = x[m, k] · W_iᵀ for several weights that share their input (q/k/v, gate/up),
+// the same results as one linear() per weight. For one token (m = 1), the quantized W_i
+// with packed copies of one scheme, k and group size are computed in one pass on the AVX-512
+// path: x quantized once, the panels of all of them swept in one parallel region (no small
+// matrix left to run alone); any other weight is computed on its own.
+void linear_multi(const float* x, int64_t m, std::span<const LinearWeight* const> ws, std::span<float* const> ys);
+void linear_multi(Isa isa, const float* x, int64_t m, std::span<const LinearWeight* const> ws,
+                  std::span<float* const> ys);
+// Whether linear_multi on `isa` computes two or more of these weights in one pass (tests).
+bool linear_multi_fuses(Isa isa, int64_t m, std::span<const LinearWeight* const> ws);
+// The same for quantized matrices only, without the calibration observer (MoE experts).
+void qmatmul_multi(const float* x, int64_t m, std::span<const QuantMatRef* const> ws, std::span<float* const> ys);
+void qmatmul_multi(Isa isa, const float* x, int64_t m, std::span<const QuantMatRef* const> ws,
+                   std::span<float* const> ys);
 
 // Calibration hook: when set, linear() first hands every input to the observer (the
 // quantizer collects per-channel activation statistics this way, through any model's

@@ -83,8 +83,9 @@ void swiglu(const SwigluWeights& w, const float* x, int64_t T, float* y, std::ve
   scratch.resize(static_cast<size_t>(2 * T * F));
   float* gate = scratch.data();
   float* up = gate + T * F;
-  kernels::linear(x, T, w.gate, gate);
-  kernels::linear(x, T, w.up, up);
+  const LinearWeight* ws[] = {&w.gate, &w.up};
+  float* ys[] = {gate, up};
+  kernels::linear_multi(x, T, ws, ys);
   kernels::silu_mul(gate, up, T * F);
   kernels::linear(gate, T, w.down, y);
 }
@@ -316,8 +317,14 @@ void MoeFfn::run_per_expert(const MoeWeights& w, const float* x, int64_t T, int6
     up_.resize(static_cast<size_t>(n * I));
     out_.resize(static_cast<size_t>(n * H));
     kernels::gather_rows(x, H, rows, n, xg_.data());
-    expert_matmul(xg_.data(), n, w.gate[e], gate_.data());
-    expert_matmul(xg_.data(), n, w.up[e], up_.data());
+    if (w.gate[e].quantized && w.up[e].quantized) {
+      const kernels::QuantMatRef* ws[] = {&w.gate[e].quant, &w.up[e].quant};
+      float* ys[] = {gate_.data(), up_.data()};
+      kernels::qmatmul_multi(xg_.data(), n, ws, ys);  // one pass over gate and up
+    } else {
+      expert_matmul(xg_.data(), n, w.gate[e], gate_.data());
+      expert_matmul(xg_.data(), n, w.up[e], up_.data());
+    }
     kernels::silu_mul(gate_.data(), up_.data(), n * I);
     expert_matmul(gate_.data(), n, w.down[e], out_.data());
     kernels::scatter_add_weighted(out_.data(), H, rows, groups_.weights.data() + groups_.offsets[e], n, y);
@@ -565,14 +572,14 @@ void GdnLayer::forward(const GdnWeights& w, const GdnDims& d, const ForwardBatch
     // One matmul per fused projection, then the rows are put in the split layout.
     qkvz_.resize(static_cast<size_t>(T * (C + VD)));
     ba_.resize(static_cast<size_t>(T * 2 * Hv));
-    kernels::linear(x, T, w.in_qkvz, qkvz_.data());
-    kernels::linear(x, T, w.in_ba, ba_.data());
+    const LinearWeight* ws[] = {&w.in_qkvz, &w.in_ba};
+    float* ys[] = {qkvz_.data(), ba_.data()};
+    kernels::linear_multi(x, T, ws, ys);
     deinterleave_fused(qkvz_.data(), ba_.data(), T, d, mixed_.data(), z_.data(), b_.data(), a_.data());
   } else {
-    kernels::linear(x, T, w.in_qkv, mixed_.data());
-    kernels::linear(x, T, w.in_z, z_.data());
-    kernels::linear(x, T, w.in_b, b_.data());
-    kernels::linear(x, T, w.in_a, a_.data());
+    const LinearWeight* ws[] = {&w.in_qkv, &w.in_z, &w.in_b, &w.in_a};
+    float* ys[] = {mixed_.data(), z_.data(), b_.data(), a_.data()};
+    kernels::linear_multi(x, T, ws, ys);
   }
   kernels::gdn_gates(a_.data(), b_.data(), T, Hv, w.neg_exp_a.data(), w.dt_bias.data(), g_.data(), beta_.data());
 

@@ -209,9 +209,11 @@ void LlamaModel::forward(const ForwardBatch& batch, KvPool& kv, float* logits) {
   for (int64_t l = 0; l < c.num_layers; ++l) {
     const LlamaLayer& L = layers_[l];
     kernels::rmsnorm(x_.data(), L.attn_norm.data(), xn_.data(), T, H, c.rms_norm_eps);
-    kernels::linear(xn_.data(), T, L.wq, q_.data());
-    kernels::linear(xn_.data(), T, L.wk, k_.data());
-    kernels::linear(xn_.data(), T, L.wv, v_.data());
+    {
+      const LinearWeight* ws[] = {&L.wq, &L.wk, &L.wv};
+      float* ys[] = {q_.data(), k_.data(), v_.data()};
+      kernels::linear_multi(xn_.data(), T, ws, ys);  // one pass over q, k and v
+    }
     add_bias(q_.data(), L.bq, T);
     add_bias(k_.data(), L.bk, T);
     add_bias(v_.data(), L.bv, T);
@@ -238,8 +240,11 @@ void LlamaModel::forward(const ForwardBatch& batch, KvPool& kv, float* logits) {
       kernels::add(x_.data(), ffn_out_.data(), T * H);
       continue;
     }
-    kernels::linear(xn_.data(), T, L.w_gate, gate_.data());
-    kernels::linear(xn_.data(), T, L.w_up, up_.data());
+    {
+      const LinearWeight* ws[] = {&L.w_gate, &L.w_up};
+      float* ys[] = {gate_.data(), up_.data()};
+      kernels::linear_multi(xn_.data(), T, ws, ys);
+    }
     kernels::silu_mul(gate_.data(), up_.data(), T * F);
     kernels::linear(gate_.data(), T, L.w_down, xn_.data());
     shard_.all_reduce(xn_.data(), T * H, shard_.tensor_parallel());  // row-parallel down

@@ -314,9 +314,13 @@ void Qwen35Model::gated_attention(const HybridLayer& L, const ForwardBatch& batc
   const int64_t T = static_cast<int64_t>(batch.tokens.size());
   const int64_t nh = shard_.heads.size(), nkv = shard_.kv_heads.size(), hd = c.head_dim, qd = nh * hd;
   const AttnWeights& w = L.attn;
+  {
+    const kernels::LinearWeight* ws[] = {&w.wq, &w.wk, &w.wv};
+    float* ys[] = {c.attn_output_gate ? qfull_.data() : q_.data(), k_.data(), v_.data()};
+    kernels::linear_multi(a, T, ws, ys);  // one pass over q, k and v
+  }
   if (c.attn_output_gate) {
     // q_proj rows per head: [query (hd) | gate (hd)].
-    kernels::linear(a, T, w.wq, qfull_.data());
     for (int64_t t = 0; t < T; ++t) {
       for (int64_t h = 0; h < nh; ++h) {
         const float* src = qfull_.data() + (t * nh + h) * 2 * hd;
@@ -324,11 +328,7 @@ void Qwen35Model::gated_attention(const HybridLayer& L, const ForwardBatch& batc
         std::memcpy(gate_.data() + (t * nh + h) * hd, src + hd, hd * sizeof(float));
       }
     }
-  } else {
-    kernels::linear(a, T, w.wq, q_.data());
   }
-  kernels::linear(a, T, w.wk, k_.data());
-  kernels::linear(a, T, w.wv, v_.data());
   kernels::rmsnorm(q_.data(), w.q_norm.data(), q_.data(), T * nh, hd, c.rms_norm_eps, kZeroCentred);
   kernels::rmsnorm(k_.data(), w.k_norm.data(), k_.data(), T * nkv, hd, c.rms_norm_eps, kZeroCentred);
   // Text-only positions make Qwen3.5's interleaved M-RoPE plain NeoX RoPE on rotary_dim dims.

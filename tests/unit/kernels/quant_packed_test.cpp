@@ -264,5 +264,78 @@ TEST(QuantPacked, ThreadedSplitMatchesReference) {
   set_thread_num_threads(0);
 }
 
+// linear_multi: one token against several packed matrices in one pass (q/k/v, gate/up)
+// gives exactly the results of one linear() per matrix: odd row counts (pieces of the joint
+// panel space end inside a matrix), a one-row matrix, 1 and 2 threads; float weights among
+// them run on their own. Weights it cannot fuse (mixed schemes, an unpacked one, more than
+// one token) take the per-weight path, with the same results.
+TEST(QuantPacked, LinearMultiEqualsOneLinearPerWeight) {
+  std::mt19937 rng(17);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  for (QuantScheme s : {QuantScheme::kW8A8, QuantScheme::kW4A8, QuantScheme::kW4A16}) {
+    const int64_t k = 320;
+    std::vector<TestMatrix> mats;
+    for (int64_t n : {16 * 9 + 5, 1, 16 * 4, 37}) mats.push_back(random_matrix(s, n, k, 64, rng, false));
+    std::vector<LinearWeight> lw(mats.size());
+    for (size_t i = 0; i < mats.size(); ++i) {
+      mats[i].ref.packed = pack_quant_matrix_always(mats[i].ref);
+      lw[i].quant = mats[i].ref;
+      lw[i].quantized = true;
+    }
+    std::vector<float> x(2 * k);
+    for (auto& v : x) v = nd(rng);
+    // Only the AVX-512 path has panel kernels; elsewhere every call is per weight.
+    auto check = [&](Isa isa, std::vector<const LinearWeight*> ws, int64_t m, bool fusable, const std::string& what) {
+      std::vector<std::vector<float>> want(ws.size()), got(ws.size());
+      std::vector<float*> ys;
+      for (size_t i = 0; i < ws.size(); ++i) {
+        want[i].assign(static_cast<size_t>(m * ws[i]->rows()), 0.0f);
+        got[i].assign(want[i].size(), -1.0f);
+        linear(isa, x.data(), m, *ws[i], want[i].data());
+        ys.push_back(got[i].data());
+      }
+      EXPECT_EQ(linear_multi_fuses(isa, m, ws), fusable && isa == Isa::kAvx512) << isa_name(isa) << " " << what;
+      linear_multi(isa, x.data(), m, ws, ys);
+      for (size_t i = 0; i < ws.size(); ++i)
+        for (size_t j = 0; j < want[i].size(); ++j)
+          ASSERT_EQ(got[i][j], want[i][j]) << isa_name(isa) << " " << scheme_name(s) << " " << what << " weight " << i
+                                           << " value " << j;
+    };
+    for (Isa isa : paths()) {
+      for (int threads : {1, 2}) {
+        set_thread_num_threads(threads);
+        const std::string t = " threads " + std::to_string(threads);
+        check(isa, {&lw[0], &lw[1], &lw[2], &lw[3]}, 1, true, "four matrices" + t);
+        check(isa, {&lw[3]}, 1, false, "one matrix" + t);
+        check(isa, {&lw[1], &lw[2]}, 1, true, "two matrices" + t);
+        check(isa, {&lw[0], &lw[1]}, 2, false, "two tokens" + t);
+      }
+    }
+    set_thread_num_threads(0);
+    // Mixed: another scheme, a float weight, an unpacked copy.
+    std::mt19937 rng2(18);
+    const QuantScheme other = s == QuantScheme::kW8A8 ? QuantScheme::kW4A8 : QuantScheme::kW8A8;
+    TestMatrix o = random_matrix(other, 16, k, 64, rng2, false);
+    o.ref.packed = pack_quant_matrix_always(o.ref);
+    LinearWeight lo;
+    lo.quant = o.ref;
+    lo.quantized = true;
+    std::vector<float> dense(static_cast<size_t>(8 * k));
+    for (auto& v : dense) v = nd(rng2);
+    const LinearWeight ld = dense_linear(MatRef{dense.data(), DType::kF32, 8, k});
+    std::vector<float> dense2(static_cast<size_t>(3 * k));
+    for (auto& v : dense2) v = nd(rng2);
+    const LinearWeight ld2 = dense_linear(MatRef{dense2.data(), DType::kF32, 3, k});
+    LinearWeight unpacked = lw[2];
+    unpacked.quant.packed = nullptr;
+    for (Isa isa : paths()) {
+      check(isa, {&lw[0], &lo}, 1, false, "mixed schemes");
+      check(isa, {&lw[0], &ld}, 1, false, "a float weight");
+      check(isa, {&ld, &lw[0], &ld2, &lw[3]}, 1, true, "two float weights among two quantized ones");
+      check(isa, {&lw[0], &unpacked}, 1, false, "an unpacked weight");
+    }
+  }
+}
+
 }  // namespace
 }  // namespace infera::kernels

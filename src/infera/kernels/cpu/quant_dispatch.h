@@ -15,6 +15,9 @@ struct QuantKernelTable {
   void (*qmatmul)(const float* x, int64_t m, const QuantMatRef& w, float* y);
   // Over w.packed (non-null); nullptr on paths without panel kernels (they use qmatmul).
   void (*qmatmul_packed)(const float* x, int64_t m, const QuantMatRef& w, float* y);
+  // One token against `count` packed matrices of one scheme, cols and group size (linear_multi);
+  // nullptr where qmatmul_packed is.
+  void (*qgemv_packed_multi)(const float* x, const QuantMatRef* const* ws, float* const* ys, int count);
 };
 
 namespace quant_avx2 { const QuantKernelTable& table(); }

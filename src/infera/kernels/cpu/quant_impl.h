@@ -847,17 +847,14 @@ void w8a8_amx_panels(const PackedQuantMat& pk, int64_t p0, int64_t p1, int64_t n
   amx_release();
 }
 
-// Threads split the panels (in pieces handed out dynamically); inside a piece every panel
-// (or pair, w8a8) is swept by all tokens in tiles of kTileTokens while it sits in L1/L2.
-void qmatmul_packed(const float* x, int64_t m, const QuantMatRef& w, float* y) {
-  const PackedQuantMat& pk = *w.packed;
-  const int64_t k = w.cols, n = w.rows, groups = w.groups_per_row(), gs = w.group_size;
-  const int64_t panels = pk.panels, chunks = pk.chunks, pb = pk.panel_bytes;
+// Quantizes x [m, w.cols] for the panel kernels of w's scheme into the thread's scratch
+// (int8 rows of stride activation_ld, scales, integer corrections; W4A16 decode: 8 x group
+// sums of x). use_amx: zero rows up to whole 32-token tiles (the AMX kernel reads them).
+ActivationScratch& prepare_activations(const float* x, int64_t m, const QuantMatRef& w, bool use_amx) {
+  const int64_t k = w.cols, groups = w.groups_per_row(), gs = w.group_size;
   ActivationScratch& s = activation_scratch();
   const int64_t ld = activation_ld(k), bld = ld / 32;
   const bool a8 = scheme_quantizes_activations(w.scheme);
-  const bool use_amx = w.scheme == QuantScheme::kW8A8 && m >= kAmxMinTokens && k % 64 == 0 &&
-                       quant_amx_enabled() && amx_usable();
   if (a8) {
     // Rows up to a multiple of 32 tokens: the AMX kernel loads whole 16-token tiles (zeros).
     const int64_t rows = use_amx ? (m + 31) / 32 * 32 : m;
@@ -895,15 +892,64 @@ void qmatmul_packed(const float* x, int64_t m, const QuantMatRef& w, float* y) {
         s.xsum8[i * groups + g] = 8.0f * sum;
       }
   }
+  return s;
+}
+
+// One token (m = 1) over panels [p0, p1) of w's packed copy, activations prepared by
+// prepare_activations: every scheme sweeps kDecodePanels panels at once (w4a16: one), the
+// next group prefetched from the current one's tail.
+void decode_panels(const QuantMatRef& w, int64_t p0, int64_t p1, const float* x, const ActivationScratch& s,
+                   float* y) {
+  const PackedQuantMat& pk = *w.packed;
+  const int64_t k = w.cols, n = w.rows, groups = w.groups_per_row(), gs = w.group_size;
+  const int64_t chunks = pk.chunks, pb = pk.panel_bytes, ld = activation_ld(k);
   const int8_t* xq = s.q.data();
   const float* dx = s.scale.data();
   const int32_t* corr = s.corr.data();
-  const int threads = num_threads();
-  // Pieces: several per thread (dynamic balance on a shared machine), each a whole number
-  // of the kernels' panel groups.
+  auto rows_in = [&](int64_t p) { return static_cast<int>(std::min<int64_t>(kPanelRows, n - p * kPanelRows)); };
+  if (w.scheme == QuantScheme::kW4A16) {
+    for (int64_t p = p0; p < p1; ++p)
+      w4a16_panel<1>(pk.panel(p), chunks, groups, gs, x, k, s.xsum8.data(), y + p * kPanelRows, n, rows_in(p));
+    return;
+  }
+  for (int64_t p = p0; p < p1;) {
+    const int64_t np = std::min<int64_t>(kDecodePanels, p1 - p);
+    const NextPanels next{pk.panel(p + np), static_cast<int>(std::min<int64_t>(kDecodePanels, p1 - p - np))};
+    with_panels(np, [&]<int P>() {
+      if (w.scheme == QuantScheme::kW4A8) {
+        w4a8_panels<1, P>(pk.panel(p), pb, chunks, groups, gs, xq, ld, corr, dx, y + p * kPanelRows, n,
+                          rows_in(p + P - 1), {}, next);
+      } else {
+        w8a8_panels<1, P>(pk.panel(p), pb, chunks, xq, ld, corr, dx, y + p * kPanelRows, n, rows_in(p + P - 1),
+                          {}, next);
+      }
+    });
+    p += np;
+  }
+}
+
+// Pieces of `panels` for `threads`: several per thread (dynamic balance on a shared machine),
+// each a whole number of the kernels' panel groups.
+int64_t piece_grain(int64_t panels, int64_t m, int threads) {
   const int64_t multiple = m == 1 ? kDecodePanels : 6;  // whole decode groups; prefill: groups of 2 (w4a8) and 3 panels
-  int64_t grain = std::max<int64_t>(multiple, panels / (8 * std::max(threads, 1)));
-  grain = (grain + multiple - 1) / multiple * multiple;
+  const int64_t grain = std::max<int64_t>(multiple, panels / (8 * std::max(threads, 1)));
+  return (grain + multiple - 1) / multiple * multiple;
+}
+
+// Threads split the panels (in pieces handed out dynamically); inside a piece every panel
+// (or pair, w8a8) is swept by all tokens in tiles of kTileTokens while it sits in L1/L2.
+void qmatmul_packed(const float* x, int64_t m, const QuantMatRef& w, float* y) {
+  const PackedQuantMat& pk = *w.packed;
+  const int64_t k = w.cols, n = w.rows, groups = w.groups_per_row(), gs = w.group_size;
+  const int64_t panels = pk.panels, chunks = pk.chunks, pb = pk.panel_bytes;
+  const bool use_amx = w.scheme == QuantScheme::kW8A8 && m >= kAmxMinTokens && k % 64 == 0 &&
+                       quant_amx_enabled() && amx_usable();
+  const ActivationScratch& s = prepare_activations(x, m, w, use_amx);
+  const int64_t ld = activation_ld(k);
+  const int8_t* xq = s.q.data();
+  const float* dx = s.scale.data();
+  const int32_t* corr = s.corr.data();
+  const int64_t grain = piece_grain(panels, m, num_threads());
   auto rows_in = [&](int64_t p) { return static_cast<int>(std::min<int64_t>(kPanelRows, n - p * kPanelRows)); };
   parallel_chunks(panels, grain, [&](int64_t p0, int64_t p1) {
     switch (w.scheme) {
@@ -930,33 +976,15 @@ void qmatmul_packed(const float* x, int64_t m, const QuantMatRef& w, float* y) {
           }
           break;
         }
-        // A decode token sweeps kDecodePanels panels at once.
-        for (int64_t p = p0; p < p1;) {
-          const int64_t np = std::min<int64_t>(kDecodePanels, p1 - p);
-          const NextPanels next{pk.panel(p + np), static_cast<int>(std::min<int64_t>(kDecodePanels, p1 - p - np))};
-          auto run = [&]<int P>() {
-            w4a8_panels<1, P>(pk.panel(p), pb, chunks, groups, gs, xq, ld, corr, dx, y + p * kPanelRows, n,
-                              rows_in(p + P - 1), {}, next);
-          };
-          with_panels(np, run);
-          p += np;
-        }
+        decode_panels(w, p0, p1, x, s, y);
         break;
       case QuantScheme::kW8A8:
         if (use_amx) {
           w8a8_amx_panels(pk, p0, p1, n, xq, ld, corr, dx, m, y);
           break;
         }
-        if (m == 1) {  // a decode token streams kDecodePanels panels at once
-          for (int64_t p = p0; p < p1;) {
-            const int64_t np = std::min<int64_t>(kDecodePanels, p1 - p);
-            const NextPanels next{pk.panel(p + np), static_cast<int>(std::min<int64_t>(kDecodePanels, p1 - p - np))};
-            with_panels(np, [&]<int P>() {
-              w8a8_panels<1, P>(pk.panel(p), pb, chunks, xq, ld, corr, dx, y + p * kPanelRows, n, rows_in(p + P - 1),
-                                {}, next);
-            });
-            p += np;
-          }
+        if (m == 1) {
+          decode_panels(w, p0, p1, x, s, y);
           break;
         }
         // A prefill tile takes kPrefillPanels panels.
@@ -983,8 +1011,7 @@ void qmatmul_packed(const float* x, int64_t m, const QuantMatRef& w, float* y) {
         break;
       case QuantScheme::kW4A16:
         if (m == 1) {
-          for (int64_t p = p0; p < p1; ++p)
-            w4a16_panel<1>(pk.panel(p), chunks, groups, gs, x, k, s.xsum8.data(), y + p * kPanelRows, n, rows_in(p));
+          decode_panels(w, p0, p1, x, s, y);
           break;
         }
         for (int64_t p = p0; p < p1; p += kPrefillPanels) {
@@ -997,6 +1024,26 @@ void qmatmul_packed(const float* x, int64_t m, const QuantMatRef& w, float* y) {
           else run.template operator()<1>();
         }
         break;
+    }
+  });
+}
+
+// One token against several matrices that share it (q/k/v, gate/up): the activations are
+// quantized once and the panels of all matrices are one index space split over the threads
+// (one parallel region instead of one per matrix; a small matrix no longer runs alone).
+// The caller checked: every matrix packed, one scheme, cols and group size.
+void qgemv_packed_multi(const float* x, const QuantMatRef* const* ws, float* const* ys, int count) {
+  const ActivationScratch& s = prepare_activations(x, 1, *ws[0], false);
+  std::vector<int64_t> first(static_cast<size_t>(count) + 1, 0);  // first global panel of each matrix
+  for (int i = 0; i < count; ++i) first[i + 1] = first[i] + ws[i]->packed->panels;
+  const int64_t total = first[count];
+  // Pieces in whole decode groups of every matrix: a piece may span matrices, each part runs
+  // as its own range.
+  const int64_t grain = piece_grain(total, 1, num_threads());
+  parallel_chunks(total, grain, [&](int64_t p0, int64_t p1) {
+    for (int i = 0; i < count; ++i) {
+      const int64_t a = std::max(p0, first[i]), b = std::min(p1, first[i + 1]);
+      if (a < b) decode_panels(*ws[i], a - first[i], b - first[i], x, s, ys[i]);
     }
   });
 }
@@ -1030,9 +1077,9 @@ void qmatmul(const float* x, int64_t m, const QuantMatRef& w, float* y) {
 
 const QuantKernelTable& table() {
 #if INFERA_QUANT_AVX512
-  static const QuantKernelTable t{&quantize_activations, &qmatmul, &qmatmul_packed};
+  static const QuantKernelTable t{&quantize_activations, &qmatmul, &qmatmul_packed, &qgemv_packed_multi};
 #else
-  static const QuantKernelTable t{&quantize_activations, &qmatmul, nullptr};
+  static const QuantKernelTable t{&quantize_activations, &qmatmul, nullptr, nullptr};
 #endif
   return t;
 }
