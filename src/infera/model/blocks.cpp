@@ -307,6 +307,10 @@ void MoeFfn::forward(const MoeWeights& w, const float* x, int64_t T, int64_t H, 
 
 void MoeFfn::run_per_expert(const MoeWeights& w, const float* x, int64_t T, int64_t H, float* y) {
   std::fill(y, y + T * H, 0.0f);
+  if (T == 1 && run_one_token(w, x, H, y)) {
+    add_shared_expert(w, x, T, H, y);
+    return;
+  }
   for (int64_t e = 0; e < w.n_experts(); ++e) {
     const int64_t n = groups_.count(e);
     if (n == 0 || !w.has_expert(e)) continue;  // expert parallel: another rank computes it
@@ -330,17 +334,60 @@ void MoeFfn::run_per_expert(const MoeWeights& w, const float* x, int64_t T, int6
     kernels::scatter_add_weighted(out_.data(), H, rows, groups_.weights.data() + groups_.offsets[e], n, y);
   }
 
-  if (!w.shared.empty()) {
-    shared_.resize(static_cast<size_t>(T * H));
-    sgate_.resize(static_cast<size_t>(T));
-    swiglu(w.shared, x, T, shared_.data(), gate_);
-    kernels::matmul(x, T, w.shared_gate, sgate_.data());
-    for (int64_t t = 0; t < T; ++t) {
-      const float s = 1.0f / (1.0f + std::exp(-sgate_[t]));
-      float* yt = y + t * H;
-      const float* st = shared_.data() + t * H;
-      for (int64_t i = 0; i < H; ++i) yt[i] += s * st[i];
-    }
+  add_shared_expert(w, x, T, H, y);
+}
+
+bool MoeFfn::run_one_token(const MoeWeights& w, const float* x, int64_t H, float* y) {
+  // One token: every active expert reads the same x, so the gate and up matrices of all of
+  // them are one joint pass (x quantized once, one stream of panels). Quantized experts
+  // only; the outputs are summed in expert order as below.
+  std::vector<const kernels::QuantMatRef*>& mats = joint_mats_;
+  std::vector<float*>& outs = joint_outs_;
+  mats.clear();
+  experts_.clear();
+  int64_t inter_total = 0;
+  for (int64_t e = 0; e < w.n_experts(); ++e) {
+    if (groups_.count(e) == 0 || !w.has_expert(e)) continue;
+    if (!w.gate[e].quantized || !w.up[e].quantized) return false;
+    experts_.push_back(e);
+    inter_total += w.gate[e].rows();
+  }
+  h_.resize(static_cast<size_t>(2 * inter_total));
+  outs.clear();
+  float* hp = h_.data();
+  for (const int64_t e : experts_) {
+    const int64_t I = w.gate[e].rows();
+    mats.push_back(&w.gate[e].quant);
+    mats.push_back(&w.up[e].quant);
+    outs.push_back(hp);
+    outs.push_back(hp + I);
+    hp += 2 * I;
+  }
+  kernels::qmatmul_multi(x, 1, mats, outs);
+  out_.resize(static_cast<size_t>(H));
+  hp = h_.data();
+  for (const int64_t e : experts_) {
+    const int64_t I = w.gate[e].rows();
+    kernels::silu_mul(hp, hp + I, I);
+    expert_matmul(hp, 1, w.down[e], out_.data());
+    const int32_t row = 0;
+    kernels::scatter_add_weighted(out_.data(), H, &row, groups_.weights.data() + groups_.offsets[e], 1, y);
+    hp += 2 * I;
+  }
+  return true;
+}
+
+void MoeFfn::add_shared_expert(const MoeWeights& w, const float* x, int64_t T, int64_t H, float* y) {
+  if (w.shared.empty()) return;
+  shared_.resize(static_cast<size_t>(T * H));
+  sgate_.resize(static_cast<size_t>(T));
+  swiglu(w.shared, x, T, shared_.data(), gate_);
+  kernels::matmul(x, T, w.shared_gate, sgate_.data());
+  for (int64_t t = 0; t < T; ++t) {
+    const float s = 1.0f / (1.0f + std::exp(-sgate_[t]));
+    float* yt = y + t * H;
+    const float* st = shared_.data() + t * H;
+    for (int64_t i = 0; i < H; ++i) yt[i] += s * st[i];
   }
 }
 

@@ -138,6 +138,10 @@ class MoeFfn {
     int64_t begin, end;
   };
   void run_per_expert(const MoeWeights& w, const float* x, int64_t T, int64_t H, float* y);
+  // run_per_expert for one token with quantized experts: all gate/up in one joint pass.
+  // false (nothing done) when an active expert is not quantized.
+  bool run_one_token(const MoeWeights& w, const float* x, int64_t H, float* y);
+  void add_shared_expert(const MoeWeights& w, const float* x, int64_t T, int64_t H, float* y);
   void run_work_items(const MoeWeights& w, const float* x, int64_t T, int64_t H, float* y, int threads);
 
   Schedule schedule_ = Schedule::kAuto;
@@ -145,6 +149,9 @@ class MoeFfn {
   std::vector<int32_t> route_ids_, all_rows_;
   std::vector<Active> active_;
   std::vector<Item> items_;  // phase 1 (gate/up row blocks), then phase 2 (down row blocks)
+  std::vector<int64_t> experts_;                         // run_one_token: active experts
+  std::vector<const kernels::QuantMatRef*> joint_mats_;  // their gate, up, gate, up, ...
+  std::vector<float*> joint_outs_;
   kernels::ExpertGroups groups_;
 };
 

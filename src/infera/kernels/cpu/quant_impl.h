@@ -898,8 +898,10 @@ ActivationScratch& prepare_activations(const float* x, int64_t m, const QuantMat
 // One token (m = 1) over panels [p0, p1) of w's packed copy, activations prepared by
 // prepare_activations: every scheme sweeps kDecodePanels panels at once (w4a16: one), the
 // next group prefetched from the current one's tail.
+// `after`: the panels swept right after p1 (the next matrix of a joint pass), prefetched from
+// the last group's tail like the piece's own next groups.
 void decode_panels(const QuantMatRef& w, int64_t p0, int64_t p1, const float* x, const ActivationScratch& s,
-                   float* y) {
+                   float* y, NextPanels after = {}) {
   const PackedQuantMat& pk = *w.packed;
   const int64_t k = w.cols, n = w.rows, groups = w.groups_per_row(), gs = w.group_size;
   const int64_t chunks = pk.chunks, pb = pk.panel_bytes, ld = activation_ld(k);
@@ -914,7 +916,8 @@ void decode_panels(const QuantMatRef& w, int64_t p0, int64_t p1, const float* x,
   }
   for (int64_t p = p0; p < p1;) {
     const int64_t np = std::min<int64_t>(kDecodePanels, p1 - p);
-    const NextPanels next{pk.panel(p + np), static_cast<int>(std::min<int64_t>(kDecodePanels, p1 - p - np))};
+    const NextPanels next = p + np < p1 ? NextPanels{pk.panel(p + np), static_cast<int>(std::min<int64_t>(kDecodePanels, p1 - p - np))}
+                                        : after;
     with_panels(np, [&]<int P>() {
       if (w.scheme == QuantScheme::kW4A8) {
         w4a8_panels<1, P>(pk.panel(p), pb, chunks, groups, gs, xq, ld, corr, dx, y + p * kPanelRows, n,
@@ -1043,7 +1046,16 @@ void qgemv_packed_multi(const float* x, const QuantMatRef* const* ws, float* con
   parallel_chunks(total, grain, [&](int64_t p0, int64_t p1) {
     for (int i = 0; i < count; ++i) {
       const int64_t a = std::max(p0, first[i]), b = std::min(p1, first[i + 1]);
-      if (a < b) decode_panels(*ws[i], a - first[i], b - first[i], x, s, ys[i]);
+      if (a >= b) continue;
+      // The piece goes on into the next matrix (same panel size: gate/up, experts): its
+      // first panels are prefetched from this part's tail.
+      NextPanels after;
+      if (b == first[i + 1] && i + 1 < count && p1 > first[i + 1] &&
+          ws[i + 1]->packed->panel_bytes == ws[i]->packed->panel_bytes) {
+        after = {ws[i + 1]->packed->panel(0), static_cast<int>(std::min<int64_t>({kDecodePanels, p1 - first[i + 1],
+                                                                               ws[i + 1]->packed->panels}))};
+      }
+      decode_panels(*ws[i], a - first[i], b - first[i], x, s, ys[i], after);
     }
   });
 }
