@@ -130,37 +130,37 @@ void attention_paged(const float* q, int64_t n_tokens, int64_t n_heads, int64_t 
 }
 
 void store_kv_rows(DType dtype, const float* src, int64_t src_stride, int64_t n_rows, const int64_t* slots,
-                   int64_t n_kv_heads, int64_t head_dim, void* dst, float* scales) {
-  const int64_t row = n_kv_heads * head_dim;
+                   int64_t block_size, int64_t n_kv_heads, int64_t head_dim, void* dst, float* scales) {
+  if (dtype != DType::kF32 && dtype != DType::kBF16 && dtype != DType::kI8) {
+    fail("KV cache dtype {} is not supported (f32, bf16 or int8)", dtype_name(dtype));
+  }
   for (int64_t i = 0; i < n_rows; ++i) {
-    const float* x = src + i * src_stride;
-    const int64_t base = slots[i] * row;  // elements
-    switch (dtype) {
-      case DType::kF32:
-        std::memcpy(static_cast<float*>(dst) + base, x, row * sizeof(float));
-        break;
-      case DType::kBF16: {
-        uint16_t* y = static_cast<uint16_t*>(dst) + base;
-        for (int64_t j = 0; j < row; ++j) y[j] = f32_to_bf16(x[j]);
-        break;
-      }
-      case DType::kI8: {
-        int8_t* y = static_cast<int8_t*>(dst) + base;
-        for (int64_t h = 0; h < n_kv_heads; ++h) {
-          const float* xh = x + h * head_dim;
+    for (int64_t h = 0; h < n_kv_heads; ++h) {
+      const float* xh = src + i * src_stride + h * head_dim;
+      const int64_t r = kv_row(slots[i], h, block_size, n_kv_heads);
+      const int64_t base = r * head_dim;  // elements
+      switch (dtype) {
+        case DType::kF32:
+          std::memcpy(static_cast<float*>(dst) + base, xh, head_dim * sizeof(float));
+          break;
+        case DType::kBF16: {
+          uint16_t* y = static_cast<uint16_t*>(dst) + base;
+          for (int64_t d = 0; d < head_dim; ++d) y[d] = f32_to_bf16(xh[d]);
+          break;
+        }
+        default: {  // kI8
+          int8_t* y = static_cast<int8_t*>(dst) + base;
           float amax = 0.0f;
           for (int64_t d = 0; d < head_dim; ++d) amax = std::max(amax, std::fabs(xh[d]));
           const float scale = amax / 127.0f;
           const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
-          scales[slots[i] * n_kv_heads + h] = scale;
+          scales[r] = scale;
           for (int64_t d = 0; d < head_dim; ++d) {
-            y[h * head_dim + d] = static_cast<int8_t>(std::clamp(std::nearbyint(xh[d] * inv), -127.0f, 127.0f));
+            y[d] = static_cast<int8_t>(std::clamp(std::nearbyint(xh[d] * inv), -127.0f, 127.0f));
           }
+          break;
         }
-        break;
       }
-      default:
-        fail("KV cache dtype {} is not supported (f32, bf16 or int8)", dtype_name(dtype));
     }
   }
 }

@@ -75,26 +75,34 @@ void rope_neox(Isa isa, float* x, int64_t n_tokens, int64_t n_heads, int64_t hea
 // One sequence's view of a paged KV cache. K/V are stored as f32, bf16 or int8 (dtype);
 // the kernels convert to f32 in registers. int8 rows carry one f32 scale per (token, KV
 // head): value = scale * q, q in [-127, 127] (store_kv_rows below writes them).
+// Pool layout: [num_blocks, n_kv_heads, block_size, head_dim]: within a block each KV head's
+// rows are contiguous, so attention streams one head's keys of a page as one run of
+// block_size * head_dim elements (kv_row() gives a row's index).
 struct PagedKv {
-  const void* k_pool;  // [num_blocks, block_size, n_kv_heads, head_dim] of dtype
+  const void* k_pool;  // [num_blocks, n_kv_heads, block_size, head_dim] of dtype
   const void* v_pool;  // same layout
   int64_t block_size, n_kv_heads, head_dim;
   // Block ids of this sequence, in order: token t lives in block_table[t / block_size],
   // slot t % block_size.
   const int32_t* block_table;
   DType dtype = DType::kF32;  // kF32, kBF16 or kI8
-  const float* k_scales = nullptr;  // int8 only: [num_blocks, block_size, n_kv_heads]
+  const float* k_scales = nullptr;  // int8 only: [num_blocks, n_kv_heads, block_size]
   const float* v_scales = nullptr;  // same layout
 };
 
+// The row of (slot, KV head) in a pool (PagedKv's layout), slot = block * block_size + offset:
+// its elements start at kv_row(...) * head_dim, an int8 pool's scale is scales[kv_row(...)].
+inline int64_t kv_row(int64_t slot, int64_t head, int64_t block_size, int64_t n_kv_heads) {
+  return (slot / block_size * n_kv_heads + head) * block_size + slot % block_size;
+}
+
 // Writes n_rows rows of K or V (each [n_kv_heads, head_dim] f32, `src_stride` floats apart)
-// into slots of a pool of `dtype`: row i goes to slot slots[i] (block * block_size + offset),
-// i.e. dst + slots[i] * n_kv_heads * head_dim elements. bf16: rounded to nearest even.
-// int8: per (token, KV head) symmetric scale = max|x| / 127 into scales[slot * n_kv_heads +
-// head], values round(x / scale), so each element is off by at most scale / 2 =
-// max|x| / 254 of its head row. A zero row stores scale 0.
+// into slots of a pool of `dtype`: head h of row i goes to row kv_row(slots[i], h, ...).
+// bf16: rounded to nearest even. int8: per (token, KV head) symmetric scale = max|x| / 127
+// into scales[kv_row(...)], values round(x / scale), so each element is off by at most
+// scale / 2 = max|x| / 254 of its head row. A zero row stores scale 0.
 void store_kv_rows(DType dtype, const float* src, int64_t src_stride, int64_t n_rows, const int64_t* slots,
-                   int64_t n_kv_heads, int64_t head_dim, void* dst, float* scales);
+                   int64_t block_size, int64_t n_kv_heads, int64_t head_dim, void* dst, float* scales);
 // The f32 value of element `index` of a pool of `dtype` (index counts elements from the
 // pool's start; scales as above). Tests and references.
 float load_kv_value(DType dtype, const void* pool, const float* scales, int64_t index, int64_t head_dim);

@@ -79,9 +79,9 @@ float* KvPool::v(int64_t layer) {
 
 void KvPool::write(int64_t layer, const float* k_rows, const float* v_rows, int64_t stride, int64_t n_rows,
                    const int64_t* slots) {
-  kernels::store_kv_rows(shape_.dtype, k_rows, stride, n_rows, slots, shape_.n_kv_heads, shape_.head_dim,
+  kernels::store_kv_rows(shape_.dtype, k_rows, stride, n_rows, slots, shape_.block_size, shape_.n_kv_heads, shape_.head_dim,
                          k_data(layer), k_scales(layer));
-  kernels::store_kv_rows(shape_.dtype, v_rows, stride, n_rows, slots, shape_.n_kv_heads, shape_.head_dim,
+  kernels::store_kv_rows(shape_.dtype, v_rows, stride, n_rows, slots, shape_.block_size, shape_.n_kv_heads, shape_.head_dim,
                          v_data(layer), v_scales(layer));
 }
 

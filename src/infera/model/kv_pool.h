@@ -50,12 +50,12 @@ class KvPool {
 
   const KvPoolShape& shape() const { return shape_; }
   DType dtype() const { return shape_.dtype; }
-  // [num_blocks, block_size, n_kv_heads, head_dim] of dtype()
+  // [num_blocks, n_kv_heads, block_size, head_dim] of dtype() (kernels::PagedKv, kernels::kv_row)
   void* k_data(int64_t layer) { return base_ + layer * layer_bytes_; }
   void* v_data(int64_t layer) { return base_ + layer * layer_bytes_ + data_bytes_; }
   const void* k_data(int64_t layer) const { return base_ + layer * layer_bytes_; }
   const void* v_data(int64_t layer) const { return base_ + layer * layer_bytes_ + data_bytes_; }
-  // int8 only (nullptr otherwise): [num_blocks, block_size, n_kv_heads] f32
+  // int8 only (nullptr otherwise): [num_blocks, n_kv_heads, block_size] f32
   float* k_scales(int64_t layer) { return scales(layer, 0); }
   float* v_scales(int64_t layer) { return scales(layer, 1); }
   const float* k_scales(int64_t layer) const { return const_cast<KvPool*>(this)->scales(layer, 0); }

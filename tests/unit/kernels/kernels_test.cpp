@@ -251,7 +251,7 @@ TEST_P(KernelsTest, RopeNeoxMatchesReference) {
 // V rows, so its error is ~1e-6 * max|v|; 2e-5 * max|v| leaves margin.
 struct PagedCache {
   int64_t block_size, n_kv, head_dim;
-  std::vector<float> k_pool, v_pool;  // [num_blocks, block_size, n_kv, head_dim]
+  std::vector<float> k_pool, v_pool;  // [num_blocks, n_kv, block_size, head_dim] (kv_row)
   std::vector<int32_t> block_table;
   std::vector<float> k, v;  // contiguous copies [n_ctx, n_kv, head_dim]
 
@@ -268,9 +268,12 @@ struct PagedCache {
     std::shuffle(ids.begin(), ids.end(), std::mt19937(seed));
     block_table.assign(ids.begin(), ids.begin() + blocks);
     for (int64_t t = 0; t < n_ctx; ++t) {
-      const int64_t dst = (int64_t(block_table[t / bs]) * bs + t % bs) * row;
-      std::copy_n(k.begin() + t * row, row, k_pool.begin() + dst);
-      std::copy_n(v.begin() + t * row, row, v_pool.begin() + dst);
+      const int64_t slot = int64_t(block_table[t / bs]) * bs + t % bs;
+      for (int64_t h = 0; h < n_kv; ++h) {
+        const int64_t dst = kv_row(slot, h, bs, n_kv) * d;
+        std::copy_n(k.begin() + t * row + h * d, d, k_pool.begin() + dst);
+        std::copy_n(v.begin() + t * row + h * d, d, v_pool.begin() + dst);
+      }
     }
   }
   PagedKv view() const {

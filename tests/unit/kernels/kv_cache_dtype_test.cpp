@@ -46,8 +46,8 @@ std::vector<Isa> available_isas() {
 struct QuantCache {
   DType dtype;
   int64_t block_size, n_kv, head_dim;
-  std::vector<uint8_t> k_pool, v_pool;       // [pool_blocks, block_size, n_kv, head_dim] of dtype
-  std::vector<float> k_scales, v_scales;     // int8: [pool_blocks, block_size, n_kv]
+  std::vector<uint8_t> k_pool, v_pool;       // [pool_blocks, n_kv, block_size, head_dim] of dtype
+  std::vector<float> k_scales, v_scales;     // int8: [pool_blocks, n_kv, block_size]
   std::vector<int32_t> block_table;
   std::vector<float> k, v;                   // original [n_ctx, n_kv, head_dim]
   std::vector<float> k_stored, v_stored;     // as stored, read back as f32
@@ -71,14 +71,15 @@ struct QuantCache {
     block_table.assign(ids.begin(), ids.begin() + blocks);
     std::vector<int64_t> slots(n_ctx);
     for (int64_t t = 0; t < n_ctx; ++t) slots[t] = int64_t(block_table[t / bs]) * bs + t % bs;
-    store_kv_rows(dtype, k.data(), row, n_ctx, slots.data(), n_kv, d, k_pool.data(), k_scales.data());
-    store_kv_rows(dtype, v.data(), row, n_ctx, slots.data(), n_kv, d, v_pool.data(), v_scales.data());
+    store_kv_rows(dtype, k.data(), row, n_ctx, slots.data(), bs, n_kv, d, k_pool.data(), k_scales.data());
+    store_kv_rows(dtype, v.data(), row, n_ctx, slots.data(), bs, n_kv, d, v_pool.data(), v_scales.data());
     k_stored.resize(k.size());
     v_stored.resize(v.size());
     for (int64_t t = 0; t < n_ctx; ++t) {
       for (int64_t i = 0; i < row; ++i) {
-        k_stored[t * row + i] = load_kv_value(dtype, k_pool.data(), k_scales.data(), slots[t] * row + i, d);
-        v_stored[t * row + i] = load_kv_value(dtype, v_pool.data(), v_scales.data(), slots[t] * row + i, d);
+        const int64_t index = kv_row(slots[t], i / d, bs, n_kv) * d + i % d;
+        k_stored[t * row + i] = load_kv_value(dtype, k_pool.data(), k_scales.data(), index, d);
+        v_stored[t * row + i] = load_kv_value(dtype, v_pool.data(), v_scales.data(), index, d);
       }
     }
   }
@@ -166,17 +167,22 @@ TEST(KvCacheStore, Int8RoundTripWithinHalfAStepPerHead) {
   auto x = random_floats(rows * n_kv * d, 11, -4.0f, 4.0f);
   std::fill(x.begin() + n_kv * d, x.begin() + n_kv * d + d, 0.0f);  // row 1, head 0: all zero
   const std::vector<int64_t> slots = {4, 0, 7, 2, 5};
+  const int64_t bs = 4;  // two blocks of 4 slots
   std::vector<int8_t> pool(8 * n_kv * d, 99);
   std::vector<float> scales(8 * n_kv, -1.0f);
-  store_kv_rows(DType::kI8, x.data(), n_kv * d, rows, slots.data(), n_kv, d, pool.data(), scales.data());
+  store_kv_rows(DType::kI8, x.data(), n_kv * d, rows, slots.data(), bs, n_kv, d, pool.data(), scales.data());
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t h = 0; h < n_kv; ++h) {
       const float* xh = x.data() + (r * n_kv + h) * d;
       float amax = 0.0f;
       for (int64_t i = 0; i < d; ++i) amax = std::max(amax, std::fabs(xh[i]));
-      EXPECT_FLOAT_EQ(scales[slots[r] * n_kv + h], amax / 127.0f);
+      // Head h's rows of a block are contiguous: slot 5 (block 1, offset 1), head 2 is row
+      // (1 * 3 + 2) * 4 + 1.
+      const int64_t row = kv_row(slots[r], h, bs, n_kv);
+      EXPECT_EQ(row, (slots[r] / bs * n_kv + h) * bs + slots[r] % bs);
+      EXPECT_FLOAT_EQ(scales[row], amax / 127.0f);
       for (int64_t i = 0; i < d; ++i) {
-        const int64_t index = (slots[r] * n_kv + h) * d + i;
+        const int64_t index = row * d + i;
         const float back = load_kv_value(DType::kI8, pool.data(), scales.data(), index, d);
         EXPECT_LE(std::fabs(back - xh[i]), amax / 254.0f * 1.0001f + 1e-7f) << "row " << r << " head " << h;
         EXPECT_GE(pool[index], -127);
@@ -190,9 +196,9 @@ TEST(KvCacheStore, Bf16RoundsToNearest) {
   const auto x = random_floats(n_kv * d, 12, -100.0f, 100.0f);
   const int64_t slot = 1;
   std::vector<uint16_t> pool(2 * n_kv * d);
-  store_kv_rows(DType::kBF16, x.data(), n_kv * d, 1, &slot, n_kv, d, pool.data(), nullptr);
+  store_kv_rows(DType::kBF16, x.data(), n_kv * d, 1, &slot, 2, n_kv, d, pool.data(), nullptr);
   for (int64_t i = 0; i < n_kv * d; ++i) {
-    const float back = load_kv_value(DType::kBF16, pool.data(), nullptr, n_kv * d + i, d);
+    const float back = load_kv_value(DType::kBF16, pool.data(), nullptr, kv_row(slot, i / d, 2, n_kv) * d + i % d, d);
     EXPECT_LE(std::fabs(back - x[i]), std::fabs(x[i]) * std::ldexp(1.0f, -8));
   }
 }
@@ -201,7 +207,7 @@ TEST(KvCacheStore, RejectsOtherDtypes) {
   const float x[4] = {1, 2, 3, 4};
   const int64_t slot = 0;
   uint16_t pool[4];
-  EXPECT_THROW(store_kv_rows(DType::kF16, x, 4, 1, &slot, 1, 4, pool, nullptr), Error);
+  EXPECT_THROW(store_kv_rows(DType::kF16, x, 4, 1, &slot, 1, 1, 4, pool, nullptr), Error);
   const int32_t table[1] = {0};
   const PagedKv kv{pool, pool, 16, 1, 4, table, DType::kF16};
   float q[4] = {}, out[4];

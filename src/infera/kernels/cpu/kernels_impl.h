@@ -491,12 +491,11 @@ struct KvElem<DType::kI8> {
   static float one(const T* p) { return static_cast<float>(*p); }
 };
 
-// Brings the K and V rows of one slot towards L1: rows of a block sit n_kv_heads * head_dim
-// elements apart (often exactly 4 KiB for f32), a stride the hardware prefetcher does not follow.
+// Brings `n` elements from `row` on towards L1.
 template <class T>
-inline void prefetch_row(const T* row, int64_t head_dim) {
+inline void prefetch_row(const T* row, int64_t n) {
   const char* p = reinterpret_cast<const char*>(row);
-  const int64_t bytes = head_dim * static_cast<int64_t>(sizeof(T));
+  const int64_t bytes = n * static_cast<int64_t>(sizeof(T));
   for (int64_t b = 0; b < bytes; b += 64) S::prefetch(p + b);
 }
 
@@ -559,7 +558,6 @@ void attend_tile(const float* q, int64_t n_heads, int64_t t0, int64_t n_t, int64
   const T* v_pool = static_cast<const T*>(kv.v_pool);
   const int64_t D = kv.head_dim, bs = kv.block_size;
   const int64_t rows = n_t * group;
-  const int64_t token_stride = kv.n_kv_heads * D;  // between slots of one block
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t t = t0 + r / group, h = kvh * group + r % group;
     st.q_rows[r] = q + (t * n_heads + h) * D;
@@ -571,30 +569,29 @@ void attend_tile(const float* q, int64_t n_heads, int64_t t0, int64_t n_t, int64
   for (int64_t p = key0; p < key1;) {
     const int64_t slot = p % bs;
     const int64_t run = std::min(bs - slot, key1 - p);
-    const int64_t head_slot = (static_cast<int64_t>(kv.block_table[p / bs]) * bs + slot) * kv.n_kv_heads + kvh;
+    // This head's rows of the block are contiguous (kernels.h, PagedKv): keys D apart.
+    const int64_t head_slot = (static_cast<int64_t>(kv.block_table[p / bs]) * kv.n_kv_heads + kvh) * bs + slot;
     const int64_t off = head_slot * D;
     const T* kp = k_pool + off;
     const T* vp = v_pool + off;
-    // The next page's rows, one slot per key of this page.
+    // The next page's rows of this head (pages are scattered: the hardware prefetcher
+    // cannot guess the next one).
     const int64_t next = p + run;
-    const bool prefetch_next = next < key1;
-    const int64_t next_off =
-        prefetch_next ? (static_cast<int64_t>(kv.block_table[next / bs]) * bs + next % bs) *
-                                token_stride + kvh * D
-                      : 0;
-    const int64_t next_run = prefetch_next ? std::min(bs - next % bs, key1 - next) : 0;
-    for (int64_t j = 0; j < next_run; ++j) {
-      prefetch_row(k_pool + next_off + j * token_stride, D);
-      prefetch_row(v_pool + next_off + j * token_stride, D);
+    if (next < key1) {
+      const int64_t next_off =
+          ((static_cast<int64_t>(kv.block_table[next / bs]) * kv.n_kv_heads + kvh) * bs + next % bs) * D;
+      const int64_t next_run = std::min(bs - next % bs, key1 - next);
+      prefetch_row(k_pool + next_off, next_run * D);
+      prefetch_row(v_pool + next_off, next_run * D);
     }
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t valid = std::clamp<int64_t>(st.key_end[r] - p, 0, run);
       if (valid == 0) continue;
       float* sc = st.scores + r * bs;
-      for (int64_t j = 0; j < valid; ++j) sc[j] = dot_kv<KD>(st.q_rows[r], kp + j * token_stride, D) * scale;
+      for (int64_t j = 0; j < valid; ++j) sc[j] = dot_kv<KD>(st.q_rows[r], kp + j * D, D) * scale;
       if constexpr (KD == DType::kI8) {
         const float* ks = kv.k_scales + head_slot;
-        for (int64_t j = 0; j < valid; ++j) sc[j] *= ks[j * kv.n_kv_heads];
+        for (int64_t j = 0; j < valid; ++j) sc[j] *= ks[j];
       }
       const float m_new = std::max(st.m[r], max_of(sc, valid));
       const float sum = exp_shift_sum(sc, valid, m_new);
@@ -607,9 +604,9 @@ void attend_tile(const float* q, int64_t n_heads, int64_t t0, int64_t n_t, int64
       st.m[r] = m_new;
       if constexpr (KD == DType::kI8) {  // l keeps the unscaled weights; V's scales join the products only
         const float* vs = kv.v_scales + head_slot;
-        for (int64_t j = 0; j < valid; ++j) sc[j] *= vs[j * kv.n_kv_heads];
+        for (int64_t j = 0; j < valid; ++j) sc[j] *= vs[j];
       }
-      accumulate_rows<KD>(st.acc + r * D, sc, vp, token_stride, valid, D);
+      accumulate_rows<KD>(st.acc + r * D, sc, vp, D, valid, D);
     }
     p += run;
   }
