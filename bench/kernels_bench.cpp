@@ -184,7 +184,7 @@ void BM_AttentionDecode(benchmark::State& state) {
   state.counters["GB/s"] =
       benchmark::Counter(bytes * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
 }
-BENCHMARK(BM_AttentionDecode)->Args({4096, 1})->Args({4096, 2})->Apply(least_disturbed);
+BENCHMARK(BM_AttentionDecode)->Args({4096, 1})->Args({4096, 2})->Args({32768, 1})->Args({32768, 2})->Apply(least_disturbed);
 
 }  // namespace
 
