@@ -575,16 +575,27 @@ void attend_tile(const float* q, int64_t n_heads, int64_t t0, int64_t n_t, int64
     const T* kp = k_pool + off;
     const T* vp = v_pool + off;
     // The next page's rows of this head (pages are scattered: the hardware prefetcher
-    // cannot guess the next one).
+    // cannot guess the next one), requested a slice per query row while this page is
+    // computed: issued in one burst the requests outnumber the core's line fill buffers and
+    // the core waits for the page instead of computing beside it (32K keys, 4 query rows per
+    // KV head, f32: 8.4 -> 9.5 GB/s at one thread, 17.1 -> 19.2 at two).
     const int64_t next = p + run;
+    const T* next_k = nullptr;
+    const T* next_v = nullptr;
+    int64_t next_elems = 0;
     if (next < key1) {
       const int64_t next_off =
           ((static_cast<int64_t>(kv.block_table[next / bs]) * kv.n_kv_heads + kvh) * bs + next % bs) * D;
-      const int64_t next_run = std::min(bs - next % bs, key1 - next);
-      prefetch_row(k_pool + next_off, next_run * D);
-      prefetch_row(v_pool + next_off, next_run * D);
+      next_k = k_pool + next_off;
+      next_v = v_pool + next_off;
+      next_elems = std::min(bs - next % bs, key1 - next) * D;
     }
     for (int64_t r = 0; r < rows; ++r) {
+      if (next_elems > 0) {
+        const int64_t e0 = next_elems * r / rows, e1 = next_elems * (r + 1) / rows;
+        prefetch_row(next_k + e0, e1 - e0);
+        prefetch_row(next_v + e0, e1 - e0);
+      }
       const int64_t valid = std::clamp<int64_t>(st.key_end[r] - p, 0, run);
       if (valid == 0) continue;
       float* sc = st.scores + r * bs;
