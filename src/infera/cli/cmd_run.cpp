@@ -50,6 +50,7 @@ struct RunOptions {
   bool ignore_eos = false;
   bool no_mmap = false;
   std::string logits_file;  // raw f32 logits of the prompt's last position
+  int32_t logprobs = -1;     // --logprobs N: each token's logprob and its N most likely alternatives (-1: off)
   // Tensor / expert parallelism (docs/parallel.md).
   std::string speculative = "none";  // none | ngram | mtp: decode through EngineCore with drafts
   int32_t draft_tokens = 0;           // 0: the method's default
@@ -61,6 +62,13 @@ struct RunOptions {
 };
 
 // What each rank reports to rank 0 at the end of a parallel run.
+// One generated token's log-probabilities as printed by --json --logprobs.
+nlohmann::json logprobs_json(const TokenLogprobs& lp) {
+  nlohmann::json top = nlohmann::json::array();
+  for (const TokenLogprob& t : lp.top) top.push_back({{"id", t.token}, {"logprob", t.logprob}});
+  return {{"id", lp.sampled.token}, {"logprob", lp.sampled.logprob}, {"top_logprobs", top}};
+}
+
 struct RankReport {
   int64_t vm_hwm_kib = 0;
   int64_t vm_rss_kib = 0;
@@ -98,8 +106,11 @@ int generate_speculative(const RunOptions& o, Model& model, const std::vector<in
   r.sampling = sampling;
   r.max_tokens = o.n_predict;
   r.ignore_eos = o.ignore_eos;
+  r.logprobs = o.logprobs >= 0;
+  r.top_logprobs = std::max(o.logprobs, 0);
   if (!o.ignore_eos && tok && tok->eos_id() >= 0) r.stop_token_ids.push_back(tok->eos_id());
   std::vector<int32_t> generated;
+  nlohmann::json token_logprobs_out = nlohmann::json::array();
   std::optional<IncrementalDecoder> detok;
   if (tok) detok.emplace(*tok);
   Timer timer;
@@ -111,6 +122,7 @@ int generate_speculative(const RunOptions& o, Model& model, const std::vector<in
     }
     if (generated.empty()) first_token_s = timer.seconds();
     generated.push_back(e.token);
+    if (e.logprobs) token_logprobs_out.push_back(logprobs_json(*e.logprobs));
     if (detok && !o.json) {
       const std::string piece = detok->push(e.token);
       std::fwrite(piece.data(), 1, piece.size(), stdout);
@@ -150,6 +162,7 @@ int generate_speculative(const RunOptions& o, Model& model, const std::vector<in
                           {"decode_steps", st.spec_decode_steps},
                           {"acceptance_by_position", by_position}}}};
     if (tok) j["text"] = tok->decode(generated);
+    if (o.logprobs >= 0) j["logprobs"] = token_logprobs_out;
     std::printf("%s\n", j.dump().c_str());
   } else {
     std::printf("\n\nprompt: %zu tokens, %.2f tokens/s | generated: %zu tokens, %.2f tokens/s\n", prompt.size(),
@@ -285,10 +298,16 @@ int generate(const RunOptions& o, parallel::Communicator* comm) {
 
   const parallel::CommStats comm_before_decode = group ? comm->stats() : parallel::CommStats{};
   int64_t decode_steps = 0;
+  nlohmann::json token_logprobs_out = nlohmann::json::array();
+  std::vector<float> raw;  // the row before sampling (the sampler works in place)
   Timer decode_timer;
   for (int32_t i = 0; i < o.n_predict; ++i) {
+    if (o.logprobs >= 0) raw = logits;
     const int32_t next = sampler.sample(logits.data(), history);
     if (is_eos(next)) break;
+    if (o.logprobs >= 0) {
+      token_logprobs_out.push_back(logprobs_json(token_logprobs(raw.data(), cfg.vocab_size, next, o.logprobs)));
+    }
     generated.push_back(next);
     history.push_back(next);
     if (detok && !o.json) {
@@ -346,6 +365,7 @@ int generate(const RunOptions& o, parallel::Communicator* comm) {
                         {"generated_tokens", generated.size()},
                         {"generated_tokens_per_s", gen_tps}};
     if (tok) j["text"] = tok->decode(generated);
+    if (o.logprobs >= 0) j["logprobs"] = token_logprobs_out;
     if (group) j["parallel"] = parallel_json;
     std::printf("%s\n", j.dump().c_str());
   } else {
@@ -360,6 +380,7 @@ int generate(const RunOptions& o, parallel::Communicator* comm) {
 // to it when neither --tp nor --ep is given).
 int run(std::shared_ptr<RunOptions> opts) {
   RunOptions& o = *opts;
+  if (o.logprobs >= 0 && !o.json) fail("--logprobs prints with --json (one JSON object per run)");
   if (o.ep_dispatch == "all-to-all" && (o.ep == 1 || o.tp != 1)) {
     fail("--ep-dispatch all-to-all needs --ep N without --tp (tokens split across ranks); with tensor-parallel "
          "attention every rank holds every token and the dispatch is local");
@@ -408,6 +429,10 @@ void setup(CLI::App& app) {
   cmd->add_option("--frequency-penalty", o->frequency_penalty, "Frequency penalty")->default_val(0.0);
   cmd->add_option("--seed", o->seed, "Sampling seed (-1: random)")->default_val(-1);
   cmd->add_flag("--json", o->json, "Print one JSON object as the last line instead of text");
+  cmd->add_option("--logprobs", o->logprobs,
+                  "With --json: each generated token's log-probability and its N most likely alternatives "
+                  "(0-20; the model's raw distribution, before sampling settings)")
+      ->check(CLI::Range(0, kMaxTopLogprobs));
   cmd->add_flag("--ignore-eos", o->ignore_eos, "Keep generating after end-of-sequence tokens");
   cmd->add_flag("--no-mmap", o->no_mmap, "Read weights into memory instead of mapping the files");
   cmd->add_option("--logits-file", o->logits_file, "Write the prompt's last-position logits (raw f32)");
