@@ -2,7 +2,11 @@
 #pragma once
 
 #include <gtest/gtest.h>
+#include <sys/wait.h>
 #include <unistd.h>
+
+#include <cstdio>
+#include <utility>
 
 #include <cstdint>
 #include <filesystem>
@@ -34,6 +38,18 @@ class RemoveDirAtExit : public ::testing::Environment {
  private:
   std::filesystem::path dir_;
 };
+
+// Runs a shell command, returns {exit status, stdout}.
+inline std::pair<int, std::string> shell(const std::string& cmd) {
+  std::string out;
+  FILE* p = ::popen(cmd.c_str(), "r");
+  if (!p) return {-1, ""};
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+  const int status = ::pclose(p);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
 
 // <temp>/<prefix>_<pid>: a scratch folder of this test process, removed at exit.
 inline std::filesystem::path process_scratch_dir(const std::string& prefix) {

@@ -14,6 +14,8 @@
 
 #include "infera/io/manifest.h"
 
+#include "../test_support.h"
+
 namespace infera {
 namespace {
 
@@ -23,17 +25,7 @@ using json = nlohmann::json;
 const std::string kSource = INFERA_SOURCE_DIR;
 const std::string kInfera = std::string(INFERA_BINARY_DIR) + "/infera";
 
-// Runs a shell command, returns {exit status, stdout}.
-std::pair<int, std::string> shell(const std::string& cmd) {
-  std::string out;
-  FILE* p = ::popen(cmd.c_str(), "r");
-  if (!p) return {-1, ""};
-  char buf[4096];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-  const int status = ::pclose(p);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
-}
+using infera::test::shell;
 
 bool has_issue(const CheckReport& r, CheckSeverity s, const std::string& needle) {
   for (const CheckIssue& i : r.issues) {

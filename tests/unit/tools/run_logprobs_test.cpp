@@ -11,6 +11,8 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "../test_support.h"
+
 namespace {
 
 using json = nlohmann::json;
@@ -18,17 +20,7 @@ using json = nlohmann::json;
 const std::string kInfera = std::string(INFERA_BINARY_DIR) + "/infera";
 const std::string kStories = std::string(INFERA_SOURCE_DIR) + "/../shared/models/stories260K";
 
-// Runs a shell command, returns {exit status, stdout}.
-std::pair<int, std::string> shell(const std::string& cmd) {
-  std::string out;
-  FILE* p = ::popen(cmd.c_str(), "r");
-  if (!p) return {-1, ""};
-  char buf[4096];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-  const int status = ::pclose(p);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
-}
+using infera::test::shell;
 
 json run(const std::string& extra) {
   const auto [rc, out] = shell(kInfera + " run -m " + kStories + " --prompt-ids '[1, 403, 407]' -n 12 --json " + extra +
