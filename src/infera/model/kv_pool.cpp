@@ -56,11 +56,10 @@ KvPool::KvPool(const KvPoolShape& shape) : shape_(shape) {
     fail("cannot reserve {} bytes for the KV cache: {} (lower --kv-cache-memory)", bytes_, std::strerror(errno));
   }
   base_ = static_cast<uint8_t*>(p);
-  // Huge pages where the kernel allows them (best effort): decode attention jumps from page to
-  // page of the pool, and with 4 KiB pages every jump is a TLB miss (measured, 32K keys, f32,
-  // head 128: 6.2 -> 8.5 GB/s of K/V at one thread, 13.6 -> 17.1 at two). Memory is still
-  // committed on first touch, now 2 MiB at a time per layer's K, V (and scales) region.
-  ::madvise(base_, bytes_, MADV_HUGEPAGE);
+  // 4 KiB pages on purpose. Huge pages (MADV_HUGEPAGE) made decode attention over 32K keys
+  // ~35% faster (fewer TLB misses from page to page), but their first-touch faults during
+  // prefill made W8A8 AMX prompt processing 2.4x slower (64-token prompt, TinyLlama shape,
+  // one thread, measured A/B), so the pool is not advised.
 }
 
 KvPool::~KvPool() {

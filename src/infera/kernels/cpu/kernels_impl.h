@@ -578,7 +578,7 @@ void attend_tile(const float* q, int64_t n_heads, int64_t t0, int64_t n_t, int64
     // cannot guess the next one), requested a slice per query row while this page is
     // computed: issued in one burst the requests outnumber the core's line fill buffers and
     // the core waits for the page instead of computing beside it (32K keys, 4 query rows per
-    // KV head, f32: 8.4 -> 9.5 GB/s at one thread, 17.1 -> 19.2 at two).
+    // KV head, f32: 6.8-7.8 -> 8.4-8.7 GB/s at one thread, 15.1-15.5 -> 17.8-18.2 at two).
     const int64_t next = p + run;
     const T* next_k = nullptr;
     const T* next_v = nullptr;
