@@ -570,7 +570,7 @@ void attend_tile(const float* q, int64_t n_heads, int64_t t0, int64_t n_t, int64
     const int64_t slot = p % bs;
     const int64_t run = std::min(bs - slot, key1 - p);
     // This head's rows of the block are contiguous (kernels.h, PagedKv): keys D apart.
-    const int64_t head_slot = (static_cast<int64_t>(kv.block_table[p / bs]) * kv.n_kv_heads + kvh) * bs + slot;
+    const int64_t head_slot = kv_row(static_cast<int64_t>(kv.block_table[p / bs]) * bs + slot, kvh, bs, kv.n_kv_heads);
     const int64_t off = head_slot * D;
     const T* kp = k_pool + off;
     const T* vp = v_pool + off;
@@ -585,7 +585,7 @@ void attend_tile(const float* q, int64_t n_heads, int64_t t0, int64_t n_t, int64
     int64_t next_elems = 0;
     if (next < key1) {
       const int64_t next_off =
-          ((static_cast<int64_t>(kv.block_table[next / bs]) * kv.n_kv_heads + kvh) * bs + next % bs) * D;
+          kv_row(static_cast<int64_t>(kv.block_table[next / bs]) * bs + next % bs, kvh, bs, kv.n_kv_heads) * D;
       next_k = k_pool + next_off;
       next_v = v_pool + next_off;
       next_elems = std::min(bs - next % bs, key1 - next) * D;
