@@ -573,6 +573,17 @@ void w8a8_panels(const uint8_t* panel, int64_t panel_bytes, int64_t chunks, cons
   }
 }
 
+// pick[j]: the vpshufb control that moves byte j of every 32-bit lane to the lane's low
+// byte, zeros elsewhere (vpshufb indexes bytes within each 128-bit lane: dword d of a lane
+// starts at byte 4d).
+inline void byte_pickers(__m512i pick[4]) {
+  for (int j = 0; j < 4; ++j) {
+    const __m128i lane = _mm_setr_epi32(static_cast<int32_t>(0x80808000u | (0u + j)), static_cast<int32_t>(0x80808000u | (4u + j)),
+                                        static_cast<int32_t>(0x80808000u | (8u + j)), static_cast<int32_t>(0x80808000u | (12u + j)));
+    pick[j] = _mm512_broadcast_i32x4(lane);
+  }
+}
+
 // W4A16: int4 chunks unpacked to f32 in registers, f32 FMA against broadcast activations:
 // y[i, r] = sum_g scale[r, g] * (sum_{t in g} nib[r, t] * x[i, t] - xsum8[i, g]), xsum8 = 8 * sum
 // of the group's x. Column j of a chunk is byte j % 4 of the low (j < 4) or high nibbles; one
@@ -583,14 +594,8 @@ void w4a16_panel(const uint8_t* panel, int64_t chunks, int64_t groups, int64_t g
                  const float* xsum8, float* y, int64_t ldy, int rows_valid) {
   constexpr int A = M == 1 ? 4 : (M == 2 ? 2 : 1);  // independent FMA chains per token
   const __m512i low = _mm512_set1_epi8(0x0f);
-  // pick[j]: byte j of every 32-bit lane to the lane's low byte, zeros elsewhere.
   __m512i pick[4];
-  for (int j = 0; j < 4; ++j) {
-    // vpshufb indexes bytes within each 128-bit lane: dword d of a lane starts at byte 4d.
-    const __m128i lane = _mm_setr_epi32(static_cast<int32_t>(0x80808000u | (0u + j)), static_cast<int32_t>(0x80808000u | (4u + j)),
-                                        static_cast<int32_t>(0x80808000u | (8u + j)), static_cast<int32_t>(0x80808000u | (12u + j)));
-    pick[j] = _mm512_broadcast_i32x4(lane);
-  }
+  byte_pickers(pick);
   const uint16_t* scales = reinterpret_cast<const uint16_t*>(panel + chunks * 64);
   const int64_t chunks_per_group = gs / 8;
   __m512 facc[M];
@@ -623,15 +628,22 @@ void w4a16_panel(const uint8_t* panel, int64_t chunks, int64_t groups, int64_t g
   for (int i = 0; i < M; ++i) _mm512_mask_storeu_ps(y + i * ldy, row_mask(rows_valid), facc[i]);
 }
 
-// f.template operator()<P>() for P = np (1 .. 4): a kernel over np adjacent panels.
-template <class F>
+// f.template operator()<P>() for P = np in [1, MaxP]: a kernel over np adjacent panels
+// (only P <= MaxP is instantiated: a prefill tile of 8 tokens x 4 panels would not fit the
+// registers).
+template <int MaxP, class F>
 inline void with_panels(int64_t np, F&& f) {
-  switch (np) {
-    case 4: f.template operator()<4>(); break;
-    case 3: f.template operator()<3>(); break;
-    case 2: f.template operator()<2>(); break;
-    default: f.template operator()<1>(); break;
+  static_assert(MaxP >= 1 && MaxP <= 4);
+  if constexpr (MaxP >= 4) {
+    if (np >= 4) return f.template operator()<4>();
   }
+  if constexpr (MaxP >= 3) {
+    if (np == 3) return f.template operator()<3>();
+  }
+  if constexpr (MaxP >= 2) {
+    if (np == 2) return f.template operator()<2>();
+  }
+  f.template operator()<1>();
 }
 
 // Calls f.template operator()<M>() with M = mt in [1, kTileTokens].
@@ -663,11 +675,7 @@ void w4a16_unpack_block(const uint8_t* panel, int64_t panel_bytes, int64_t chunk
                         int64_t cols, float* wbuf) {
   const __m512i low = _mm512_set1_epi8(0x0f);
   __m512i pick[4];
-  for (int j = 0; j < 4; ++j) {
-    const __m128i lane = _mm_setr_epi32(static_cast<int32_t>(0x80808000u | (0u + j)), static_cast<int32_t>(0x80808000u | (4u + j)),
-                                        static_cast<int32_t>(0x80808000u | (8u + j)), static_cast<int32_t>(0x80808000u | (12u + j)));
-    pick[j] = _mm512_broadcast_i32x4(lane);
-  }
+  byte_pickers(pick);
   const __m512 eight = _mm512_set1_ps(8.0f);
   for (int q = 0; q < P; ++q) {
     const uint8_t* pq = panel + q * panel_bytes;
@@ -918,7 +926,7 @@ void decode_panels(const QuantMatRef& w, int64_t p0, int64_t p1, const float* x,
     const int64_t np = std::min<int64_t>(kDecodePanels, p1 - p);
     const NextPanels next = p + np < p1 ? NextPanels{pk.panel(p + np), static_cast<int>(std::min<int64_t>(kDecodePanels, p1 - p - np))}
                                         : after;
-    with_panels(np, [&]<int P>() {
+    with_panels<kDecodePanels>(np, [&]<int P>() {
       if (w.scheme == QuantScheme::kW4A8) {
         w4a8_panels<1, P>(pk.panel(p), pb, chunks, groups, gs, xq, ld, corr, dx, y + p * kPanelRows, n,
                           rows_in(p + P - 1), {}, next);
@@ -972,8 +980,7 @@ void qmatmul_packed(const float* x, int64_t m, const QuantMatRef& w, float* y) {
                   w4a8_panels<M, P>(pk.panel(p), pb, chunks, groups, gs, xq + i0 * ld, ld, corr + i0 * groups,
                                     dx + i0, y + i0 * n + p * kPanelRows, n, rows_in(p + np - 1), pf);
                 };
-                if (np == 2) run.template operator()<2>();
-                else run.template operator()<1>();
+                with_panels<2>(np, run);
               });
             }
           }
@@ -1005,9 +1012,7 @@ void qmatmul_packed(const float* x, int64_t m, const QuantMatRef& w, float* y) {
                 w8a8_panels<M, P>(pk.panel(p), pb, chunks, xq + i0 * ld, ld, corr + i0, dx + i0,
                                   y + i0 * n + p * kPanelRows, n, rows_last, pf);
               };
-              if (np == 3) run.template operator()<3>();
-              else if (np == 2) run.template operator()<2>();
-              else run.template operator()<1>();
+              with_panels<kPrefillPanels>(np, run);
             });
           }
         }
@@ -1022,9 +1027,7 @@ void qmatmul_packed(const float* x, int64_t m, const QuantMatRef& w, float* y) {
           auto run = [&]<int P>() {
             w4a16_panels_gemm<P>(pk.panel(p), pb, chunks, gs, x, m, k, y + p * kPanelRows, n, rows_in(p + np - 1));
           };
-          if (np == 3) run.template operator()<3>();
-          else if (np == 2) run.template operator()<2>();
-          else run.template operator()<1>();
+          with_panels<kPrefillPanels>(np, run);
         }
         break;
     }
