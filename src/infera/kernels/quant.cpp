@@ -221,30 +221,42 @@ void qmatmul_multi(const float* x, int64_t m, std::span<const QuantMatRef* const
   qmatmul_multi(best_isa(), x, m, ws, ys);
 }
 
-bool linear_multi_fuses(Isa isa, int64_t m, std::span<const LinearWeight* const> ws) {
+namespace {
+// The quantized weights among ws and their outputs (ys may be empty): what linear_multi
+// computes in one pass.
+struct QuantizedPart {
   std::vector<const QuantMatRef*> mats;
-  for (const LinearWeight* w : ws)
-    if (w->quantized) mats.push_back(&w->quant);
-  return mats.size() >= 2 && multi_fuses(isa, m, mats);
+  std::vector<float*> outs;
+  void assign(std::span<const LinearWeight* const> ws, std::span<float* const> ys) {
+    mats.clear();
+    outs.clear();
+    for (size_t i = 0; i < ws.size(); ++i) {
+      if (!ws[i]->quantized) continue;
+      mats.push_back(&ws[i]->quant);
+      if (!ys.empty()) outs.push_back(ys[i]);
+    }
+  }
+};
+}  // namespace
+
+bool linear_multi_fuses(Isa isa, int64_t m, std::span<const LinearWeight* const> ws) {
+  QuantizedPart part;
+  part.assign(ws, {});
+  return part.mats.size() >= 2 && multi_fuses(isa, m, part.mats);
 }
 
 void linear_multi(Isa isa, const float* x, int64_t m, std::span<const LinearWeight* const> ws,
                   std::span<float* const> ys) {
   INFERA_ASSERT(ws.size() == ys.size(), "linear_multi: one output per weight");
   // The quantized weights in one pass (a float weight among them, such as Qwen3.5's small
-  // GDN gate projections, runs on its own).
-  std::vector<const QuantMatRef*> mats;
-  std::vector<float*> outs;
+  // GDN gate projections, runs on its own). Per-thread lists: this runs per layer and token.
+  static thread_local QuantizedPart part;
+  part.assign(ws, ys);
   for (size_t i = 0; i < ws.size(); ++i) {
     if (const LinearObserver& obs = linear_observer()) obs(ws[i]->name, x, m, ws[i]->cols());
-    if (ws[i]->quantized) {
-      mats.push_back(&ws[i]->quant);
-      outs.push_back(ys[i]);
-    } else {
-      matmul(isa, x, m, ws[i]->dense, ys[i]);
-    }
+    if (!ws[i]->quantized) matmul(isa, x, m, ws[i]->dense, ys[i]);
   }
-  qmatmul_multi(isa, x, m, mats, outs);
+  qmatmul_multi(isa, x, m, part.mats, part.outs);
 }
 void linear_multi(const float* x, int64_t m, std::span<const LinearWeight* const> ws, std::span<float* const> ys) {
   linear_multi(best_isa(), x, m, ws, ys);

@@ -1040,7 +1040,9 @@ void qmatmul_packed(const float* x, int64_t m, const QuantMatRef& w, float* y) {
 // The caller checked: every matrix packed, one scheme, cols and group size.
 void qgemv_packed_multi(const float* x, const QuantMatRef* const* ws, float* const* ys, int count) {
   const ActivationScratch& s = prepare_activations(x, 1, *ws[0], false);
-  std::vector<int64_t> first(static_cast<size_t>(count) + 1, 0);  // first global panel of each matrix
+  static thread_local std::vector<int64_t> starts;  // per call on the decode path: no allocation once warm
+  std::vector<int64_t>& first = starts;            // (a reference: the workers below must see this thread's)
+  first.assign(static_cast<size_t>(count) + 1, 0);  // first global panel of each matrix
   for (int i = 0; i < count; ++i) first[i + 1] = first[i] + ws[i]->packed->panels;
   const int64_t total = first[count];
   // Pieces in whole decode groups of every matrix: a piece may span matrices, each part runs
