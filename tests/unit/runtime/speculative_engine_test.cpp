@@ -50,6 +50,22 @@ std::vector<int32_t> repetitive(std::mt19937& rng, int32_t phrase, int32_t times
 
 // These models' steps are too small to share between threads (OpenMP start-up and
 // spinning dominate on a loaded machine): one thread for the test's duration.
+// One sequence's chunk of `tokens` at pos0 over `blocks`, as the engine batches it.
+ForwardBatch one_chunk(std::vector<int32_t> tokens, int32_t pos0, const std::vector<int32_t>& blocks, bool all_logits,
+                       bool keep_token_states) {
+  ForwardBatch b;
+  b.tokens = std::move(tokens);
+  SeqChunk c;
+  c.n_tokens = static_cast<int32_t>(b.tokens.size());
+  c.pos0 = pos0;
+  c.block_table = blocks.data();
+  c.n_blocks = static_cast<int32_t>(blocks.size());
+  c.all_logits = all_logits;
+  c.keep_token_states = keep_token_states;
+  b.seqs.push_back(c);
+  return b;
+}
+
 struct OneThread {
   int saved = num_threads();
   OneThread() { set_num_threads(1); }
@@ -346,16 +362,7 @@ TEST(SpeculativeModelSeam, StateRestoreAndAllTokenHiddenStates) {
   KvPool kv(shape);
   const std::vector<int32_t> blocks = {0, 1, 2, 3};
   auto batch_of = [&](std::vector<int32_t> tokens, int32_t pos0, bool all) {
-    ForwardBatch b;
-    b.tokens = std::move(tokens);
-    SeqChunk c;
-    c.n_tokens = static_cast<int32_t>(b.tokens.size());
-    c.pos0 = pos0;
-    c.block_table = blocks.data();
-    c.n_blocks = 4;
-    c.all_logits = all;
-    b.seqs.push_back(c);
-    return b;
+    return one_chunk(std::move(tokens), pos0, blocks, all, false);
   };
   std::vector<float> prompt_logits(V), a(3 * V), b(3 * V);
   model.forward(batch_of({5, 17, 42, 99, 7}, 0, false), kv, prompt_logits.data());
@@ -481,17 +488,7 @@ TEST(SpeculativeModelSeam, CommittedTokenStateEqualsDecodingTheTokens) {
   KvPool kv(shape);
   const std::vector<int32_t> blocks = {0, 1, 2, 3};
   auto run = [&](std::vector<int32_t> tokens, int32_t pos0, bool all, bool keep, float* logits) {
-    ForwardBatch b;
-    b.tokens = std::move(tokens);
-    SeqChunk c;
-    c.n_tokens = static_cast<int32_t>(b.tokens.size());
-    c.pos0 = pos0;
-    c.block_table = blocks.data();
-    c.n_blocks = 4;
-    c.all_logits = all;
-    c.keep_token_states = keep;
-    b.seqs.push_back(c);
-    model.forward(b, kv, logits);
+    model.forward(one_chunk(std::move(tokens), pos0, blocks, all, keep), kv, logits);
   };
   const std::vector<int32_t> prompt = {5, 17, 42, 99, 7, 250, 3, 64, 12};  // chunked rule (9 tokens)
   const std::vector<int32_t> chunk = {11, 12, 13, 14, 15};
