@@ -78,7 +78,7 @@ const cases = [
   ["completion logprobs above 20", P, cmpl({ logprobs: 21 }), 400, { param: "logprobs", mention: ["20"] }],
   ["completion logprobs negative", P, cmpl({ logprobs: -1 }), 400, { param: "logprobs" }],
   ["completion logprobs a boolean", P, cmpl({ logprobs: true }), 400, { param: "logprobs" }],
-  ["echo with logprobs", P, cmpl({ echo: true, logprobs: 1 }), 400, { param: "logprobs" }],
+  ["completion max_tokens zero without echo", P, cmpl({ max_tokens: 0 }), 400, { param: "max_tokens", mention: ["echo"] }],
   ["prompt missing", P, { model: "stories" }, 400, { param: "prompt" }],
   ["prompt a number", P, cmpl({ prompt: 5 }), 400, { param: "prompt" }],
   ["prompt empty list", P, cmpl({ prompt: [] }), 400, { param: "prompt" }],

@@ -126,6 +126,30 @@ try {
     checkEq(top[legacy.tokens[i]], legacy.token_logprobs[i], `legacy top_logprobs[${i}] has the sampled token`);
     if (i > 0) checkEq(legacy.text_offset[i], legacy.text_offset[i - 1] + [...legacy.tokens[i - 1]].length, `legacy text_offset[${i}]`);
   }
+  // Scoring a text (echo + logprobs, max_tokens 0: how evaluation harnesses ask for a
+  // prompt's log-likelihood): the prompt back, its first token unscored, then the others.
+  const scored = await client.completions.create({ model: "stories", prompt: "Once upon a time", max_tokens: 0, echo: true, logprobs: 1 });
+  const scoredLp = scored.choices[0].logprobs;
+  checkEq(scored.choices[0].text, "Once upon a time", "echo, max_tokens 0: the prompt back");
+  checkEq(scored.choices[0].finish_reason, "length", "echo, max_tokens 0: finish_reason");
+  checkEq(scored.usage.completion_tokens, 0, "echo, max_tokens 0: no completion tokens");
+  checkEq(scoredLp.tokens.length, scored.usage.prompt_tokens, "echo logprobs: one entry per prompt token");
+  checkEq(scoredLp.token_logprobs[0], null, "echo logprobs: the first prompt token is unscored");
+  checkEq(scoredLp.top_logprobs[0], null, "echo logprobs: no alternatives for the first token");
+  for (let i = 1; i < scoredLp.tokens.length; ++i) {
+    check(typeof scoredLp.token_logprobs[i] === "number" && scoredLp.token_logprobs[i] <= 0, `echo logprobs[${i}] is a log-probability`);
+    checkEq(scoredLp.top_logprobs[i][scoredLp.tokens[i]], scoredLp.token_logprobs[i], `echo top_logprobs[${i}] has the prompt token`);
+    checkEq(scoredLp.text_offset[i], scoredLp.text_offset[i - 1] + [...scoredLp.tokens[i - 1]].length, `echo text_offset[${i}]`);
+  }
+  // With a completion: the prompt's entries, then the same entries as without echo.
+  const echoed = await client.completions.create({ model: "stories", prompt: "Once upon a time", max_tokens: 10, temperature: 0, logprobs: 2, echo: true });
+  const echoedLp = echoed.choices[0].logprobs;
+  const nPrompt = scoredLp.tokens.length;
+  checkEq(echoed.choices[0].text, "Once upon a time" + lpCmpl.choices[0].text, "echo: prompt then completion");
+  checkEq(echoedLp.tokens, [...scoredLp.tokens, ...legacy.tokens], "echo logprobs: prompt tokens then completion tokens");
+  check(echoedLp.token_logprobs.slice(nPrompt).every((v, i) => Math.abs(v - legacy.token_logprobs[i]) < 1e-4), "echo logprobs: completion values as without echo");
+  check(echoedLp.token_logprobs.slice(1, nPrompt).every((v, i) => Math.abs(v - scoredLp.token_logprobs[i + 1]) < 1e-4), "echo logprobs: prompt values as with max_tokens 0");
+
   await (async () => {
     try {
       await client.chat.completions.create({ model: "stories", messages, logprobs: true, top_logprobs: 21 });

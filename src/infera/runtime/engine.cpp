@@ -134,12 +134,15 @@ void EngineCore::validate(const Request& r) const {
   if (!std::isfinite(s.presence_penalty) || !std::isfinite(s.frequency_penalty)) {
     fail("request: presence_penalty and frequency_penalty must be finite");
   }
-  if (r.max_tokens == 0 || r.max_tokens < -1) fail("request: max_tokens {} must be >= 1 (or -1: up to the context limit)", r.max_tokens);
+  if (r.max_tokens < -1) fail("request: max_tokens {} must be >= 0 (or -1: up to the context limit)", r.max_tokens);
   if (r.min_tokens < 0) fail("request: min_tokens {} must be >= 0", r.min_tokens);
   if (r.top_logprobs < 0 || r.top_logprobs > kMaxTopLogprobs) {
     fail("request: top_logprobs {} must be in [0, {}]", r.top_logprobs, kMaxTopLogprobs);
   }
   if (r.top_logprobs > 0 && !r.logprobs) fail("request: top_logprobs needs logprobs on");
+  if (r.prompt_logprobs < -1 || r.prompt_logprobs > kMaxTopLogprobs) {
+    fail("request: prompt_logprobs {} must be in [0, {}] (or -1: off)", r.prompt_logprobs, kMaxTopLogprobs);
+  }
   const int64_t capacity = kv_capacity_tokens();
   const int64_t limit = std::min<int64_t>(max_context_, capacity);
   const char* why = capacity < max_context_ ? "the KV cache (raise --kv-cache-memory)" : "the context limit";
@@ -162,7 +165,7 @@ RequestId EngineCore::add_request(Request request, EventCallback on_event, Reque
   next_id_ = std::max(next_id_, seq->id + 1);
   const int64_t limit = std::min<int64_t>(max_context_, kv_capacity_tokens());
   const int32_t n = static_cast<int32_t>(request.prompt_ids.size());
-  seq->max_tokens = request.max_tokens > 0 ? request.max_tokens : static_cast<int32_t>(limit - n);
+  seq->max_tokens = request.max_tokens >= 0 ? request.max_tokens : static_cast<int32_t>(limit - n);
   seq->stop_ids = request.stop_token_ids;
   if (config_.stop_on_model_eos && !request.ignore_eos) {
     for (int eos : model_.config().eos_token_ids) seq->stop_ids.push_back(eos);
@@ -213,6 +216,7 @@ void EngineCore::finish(Sequence& seq, FinishReason reason, int32_t stop_token, 
   e.timings.queue_ms = seq.first_scheduled ? ms_between(seq.submitted, *seq.first_scheduled) : ms_between(seq.submitted, now);
   e.timings.ttft_ms = seq.first_token ? ms_between(seq.submitted, *seq.first_token) : 0.0;
   e.timings.total_ms = ms_between(seq.submitted, now);
+  attach_prompt_logprobs(seq, e);
   std::unique_ptr<Sequence> owned = scheduler_.remove(seq.id);
   INFERA_ASSERT(owned != nullptr);
   ++counters_.requests_finished;
@@ -259,7 +263,9 @@ bool EngineCore::step() {
     sc.pos0 = c.pos0;
     sc.block_table = seq.block_table.data();
     sc.n_blocks = static_cast<int32_t>(seq.block_table.size());
-    sc.all_logits = c.n_draft > 0;  // the last real token's row and one per draft verify them
+    // Every row: the last real token's and one per draft verify them; a chunk that scores
+    // prompt tokens needs the row of each position.
+    sc.all_logits = c.n_draft > 0 || scores_prompt(seq, c);
     sc.last_logits = c.sample;
     sc.state_slot = state_slot_for(seq.id);
     batch_.seqs.push_back(sc);
@@ -277,7 +283,7 @@ bool EngineCore::step() {
       }
     }
   }
-  // Grows to the largest verify batch seen, then stays.
+  // Grows to the most rows a step has asked for (verify batches, prompt-scoring chunks), then stays.
   if (logits_.size() < static_cast<size_t>(num_rows) * vocab_size_) logits_.resize(static_cast<size_t>(num_rows) * vocab_size_);
   try {
     model_.forward(batch_, kv_, logits_.data());
@@ -306,9 +312,14 @@ bool EngineCore::step() {
         std::max(0, std::min(end, seq.max_num_computed) - std::max(c.pos0, seq.num_prompt));
     float* logits = logits_.data() + static_cast<size_t>(row) * vocab_size_;
     row += sc.all_logits ? sc.n_tokens : (sc.last_logits ? 1 : 0);
-    if (!c.sample) {
+    if (sc.all_logits && c.n_draft == 0) {
+      add_prompt_logprobs(seq, c, logits);
+      logits += static_cast<size_t>(c.n_tokens - 1) * vocab_size_;  // the row that samples
+    }
+    if (!c.sample || seq.max_tokens == 0) {
       scheduler_.commit(c);
       seq.max_num_computed = std::max(seq.max_num_computed, seq.num_computed);
+      if (c.sample) finish(seq, FinishReason::kLength, -1);  // max_tokens 0: the prompt only
       continue;
     }
     const bool decode = seq.num_generated() > 0;
@@ -416,12 +427,37 @@ void EngineCore::emit_tokens(Sequence& seq, size_t first, Clock::time_point now)
     e.id = seq.id;
     e.token = token;
     if (i - first < seq.new_logprobs.size()) e.logprobs = std::move(seq.new_logprobs[i - first]);
+    attach_prompt_logprobs(seq, e);
     pending_events_.emplace_back(&seq.on_event, std::move(e));
     if (generated >= seq.max_tokens) {
       finish(seq, FinishReason::kLength, -1);
       return;
     }
   }
+}
+
+bool EngineCore::scores_prompt(const Sequence& seq, const ScheduledChunk& c) {
+  const int32_t row = seq.next_prompt_row();
+  if (row < 0 || c.pos0 + c.n_tokens <= row) return false;
+  INFERA_ASSERT(c.pos0 <= row, "a chunk skipped prompt positions still to score");
+  return true;
+}
+
+void EngineCore::add_prompt_logprobs(Sequence& seq, const ScheduledChunk& c, float* rows) {
+  const int32_t top = std::max(seq.request.prompt_logprobs, 0);
+  // Row p - pos0 (position p) predicts prompt token p + 1; earlier positions (computed
+  // again after a preemption) have theirs already.
+  for (int32_t p = seq.next_prompt_row(); p >= 0 && p < c.pos0 + c.n_tokens; p = seq.next_prompt_row()) {
+    float* row = rows + static_cast<size_t>(p - c.pos0) * vocab_size_;
+    seq.prompt_logprobs.push_back(token_logprobs(row, vocab_size_, seq.tokens[p + 1], top));
+  }
+}
+
+void EngineCore::attach_prompt_logprobs(Sequence& seq, Event& e) {
+  if (seq.request.prompt_logprobs < 0 || seq.prompt_logprobs_sent) return;
+  seq.prompt_logprobs_sent = true;
+  e.prompt_logprobs = std::move(seq.prompt_logprobs);
+  seq.prompt_logprobs.clear();
 }
 
 int32_t EngineCore::max_drafts_for(const Sequence& seq) const {

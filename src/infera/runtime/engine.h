@@ -111,6 +111,11 @@ class EngineCore {
   void propose_ngram_drafts(const StepPlan& plan);  // also SpeculativeConfig::drafter
   void propose_mtp_drafts(const StepPlan& plan);
   int32_t max_drafts_for(const Sequence& seq) const;
+  // Request::prompt_logprobs: whether chunk c has rows that score prompt tokens; scoring
+  // them (token_logprobs rewrites those rows); handing them to the request's first event.
+  static bool scores_prompt(const Sequence& seq, const ScheduledChunk& c);
+  void add_prompt_logprobs(Sequence& seq, const ScheduledChunk& c, float* rows);
+  static void attach_prompt_logprobs(Sequence& seq, Event& e);
 
   Model& model_;
   EngineConfig config_;

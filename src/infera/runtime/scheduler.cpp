@@ -63,6 +63,12 @@ void Scheduler::preempt_newest() {
   waiting_.push_front(std::move(victim));
 }
 
+int32_t Scheduler::chunk_limit(const Sequence& seq) const {
+  // A chunk that scores prompt tokens returns a logits row per token: fewer tokens per
+  // chunk bound that buffer (kPromptLogprobsChunk x vocab floats).
+  return seq.next_prompt_row() >= 0 ? std::min(config_.prefill_chunk, kPromptLogprobsChunk) : config_.prefill_chunk;
+}
+
 StepPlan Scheduler::schedule() {
   StepPlan plan;
   int32_t budget = config_.max_batch_tokens;
@@ -88,7 +94,7 @@ StepPlan Scheduler::schedule() {
     if (is_decode) --decodes_after;
     const int32_t room = budget - decodes_after;
     if (room <= 0) continue;
-    const int32_t n = std::min({seq.num_uncomputed(), config_.prefill_chunk, room});
+    const int32_t n = std::min({seq.num_uncomputed(), chunk_limit(seq), room});
     bool self_preempted = false;
     while (!reserve_blocks(seq, seq.num_computed + n)) {
       const bool is_self = running_.back().get() == &seq;
@@ -127,13 +133,16 @@ StepPlan Scheduler::schedule() {
     // Reuse cached full blocks, but keep at least the last token to compute: its
     // logits give the next token.
     const int32_t bs = blocks_.block_size();
-    const int32_t max_blocks = (static_cast<int32_t>(seq.tokens.size()) - 1) / bs;
+    int32_t max_blocks = (static_cast<int32_t>(seq.tokens.size()) - 1) / bs;
+    // Prompt log-probabilities need the logits rows of the positions not yet scored: no hit
+    // past them (a preempted sequence keeps the ones it has).
+    if (const int32_t row = seq.next_prompt_row(); row >= 0) max_blocks = std::min(max_blocks, row / bs);
     uint64_t chain = KvBlockManager::kRootHash;
     seq.block_table = blocks_.match_prefix(seq.tokens, max_blocks, &chain);
     seq.num_cached_blocks = static_cast<int32_t>(seq.block_table.size());
     seq.num_computed = seq.num_cached_blocks * bs;
     seq.last_block_hash = chain;
-    const int32_t n = std::min({seq.num_uncomputed(), config_.prefill_chunk, budget});
+    const int32_t n = std::min({seq.num_uncomputed(), chunk_limit(seq), budget});
     const int32_t blocks_before = static_cast<int32_t>(seq.block_table.size());
     const int32_t need = (seq.num_computed + n + bs - 1) / bs - blocks_before;
     const bool fits = running_.empty() ? blocks_.num_available() >= need

@@ -40,6 +40,10 @@ struct StepPlan {
   bool empty() const { return chunks.empty(); }
 };
 
+// Most tokens per chunk of a sequence that still scores prompt tokens
+// (Request::prompt_logprobs): each returns a logits row.
+inline constexpr int32_t kPromptLogprobsChunk = 128;
+
 class Scheduler {
  public:
   Scheduler(const EngineConfig& config, KvBlockManager& blocks);
@@ -82,6 +86,8 @@ class Scheduler {
   bool reserve_blocks(Sequence& seq, int32_t n_positions);
   void release_blocks(Sequence& seq);
   void preempt_newest();
+  // Most tokens one chunk of seq feeds: prefill_chunk, or less while it scores its prompt.
+  int32_t chunk_limit(const Sequence& seq) const;
 
   EngineConfig config_;
   KvBlockManager& blocks_;

@@ -22,7 +22,8 @@ using Clock = std::chrono::steady_clock;
 struct Request {
   std::vector<int32_t> prompt_ids;  // at least one token
   SamplingParams sampling;
-  // Most tokens to generate; -1: as many as the context (and KV capacity) allows.
+  // Most tokens to generate; -1: as many as the context (and KV capacity) allows; 0: none,
+  // the prompt is only computed (its prompt_logprobs, or filling the prefix cache).
   int32_t max_tokens = -1;
   std::vector<int32_t> stop_token_ids;  // generation stops after emitting one of these
   bool ignore_eos = false;              // do not stop on the model's EOS ids
@@ -31,6 +32,11 @@ struct Request {
   // top_logprobs most likely alternatives, in [0, kMaxTopLogprobs]. Off: no cost.
   bool logprobs = false;
   int32_t top_logprobs = 0;
+  // Log-probabilities of the prompt's own tokens after the first (the first has nothing
+  // before it to predict it), each with this many top alternatives in [0, kMaxTopLogprobs];
+  // -1: off. What /v1/completions needs for `echo` with `logprobs` (scoring a text). Such a
+  // request computes its whole prompt (no prefix-cache hit) with every row's logits.
+  int32_t prompt_logprobs = -1;
 };
 
 enum class FinishReason { kNone, kStop, kLength, kCancelled, kError };
@@ -60,6 +66,9 @@ struct Event {
   Usage usage;
   Timings timings;
   std::optional<TokenLogprobs> logprobs;  // token events of a request with logprobs
+  // Request::prompt_logprobs: prompt tokens 1.. in order, on the request's first event (its
+  // first token, or the final event when none came).
+  std::optional<std::vector<TokenLogprobs>> prompt_logprobs;
   bool is_final() const { return finish != FinishReason::kNone; }
 };
 
@@ -127,6 +136,17 @@ struct Sequence {
   // Request::logprobs: those of the tokens this step appended (tokens[first..], in order),
   // moved into their events.
   std::vector<TokenLogprobs> new_logprobs;
+  // Request::prompt_logprobs: those of prompt tokens 1..size() so far (a preempted sequence
+  // recomputes only past them), sent with the first event.
+  std::vector<TokenLogprobs> prompt_logprobs;
+  bool prompt_logprobs_sent = false;
+  // Prompt positions that still need their logits row for Request::prompt_logprobs: row p
+  // (position p) predicts prompt token p + 1. -1: none (off or all computed).
+  int32_t next_prompt_row() const {
+    if (request.prompt_logprobs < 0 || prompt_logprobs_sent) return -1;
+    const int32_t p = static_cast<int32_t>(prompt_logprobs.size());
+    return p + 1 < num_prompt ? p : -1;
+  }
 
   int32_t num_generated() const { return static_cast<int32_t>(tokens.size()) - num_prompt; }
   int32_t num_uncomputed() const { return static_cast<int32_t>(tokens.size()) - num_computed; }

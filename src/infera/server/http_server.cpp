@@ -119,6 +119,10 @@ struct Choice {
   StopMatcher stop;
   OutputRouter router;
   std::string prefix_text;  // echo: the prompt text, sent before the completion
+  // echo with logprobs: the prompt's first token (nothing scores it) and the engine's
+  // log-probabilities of the others (Event::prompt_logprobs), reported before the completion's.
+  int32_t first_prompt_token = -1;
+  std::optional<std::vector<TokenLogprobs>> prompt_logprobs;
   // Log-probabilities of the tokens taken so far (requests with logprobs): every token
   // up to the one that completed a stop string.
   std::vector<TokenLogprobs> logprobs;
@@ -196,6 +200,7 @@ namespace {
 OutputDelta apply_event(Job& job, Choice& c, const Event& e) {
   OutputDelta out;
   if (c.done) return out;
+  if (e.prompt_logprobs) c.prompt_logprobs = *e.prompt_logprobs;
   auto route = [&](const std::string& text) {
     if (text.empty()) return;
     OutputDelta d = c.router.feed(text);
@@ -267,9 +272,13 @@ json final_response(const Job& job) {
       const json logprobs = job.options.logprobs ? chat_logprobs(job.model->tokenizer(), c->logprobs) : json(nullptr);
       choices.push_back({{"index", c->index}, {"message", message}, {"logprobs", logprobs}, {"finish_reason", c->finish_reason}});
     } else {
-      int64_t offset = code_point_count(c->prefix_text);
-      const json logprobs =
-          job.options.logprobs ? completion_logprobs(job.model->tokenizer(), c->logprobs, offset) : json(nullptr);
+      json logprobs = nullptr;
+      if (job.options.logprobs) {
+        // One running text offset over the token strings: the prompt's (echo), then the completion's.
+        int64_t offset = 0;
+        if (c->prompt_logprobs) logprobs = completion_prompt_logprobs(job.model->tokenizer(), c->first_prompt_token, *c->prompt_logprobs, offset);
+        append_completion_logprobs(logprobs, completion_logprobs(job.model->tokenizer(), c->logprobs, offset));
+      }
       choices.push_back({{"index", c->index},
                          {"text", c->prefix_text + c->content},
                          {"logprobs", logprobs},
@@ -338,15 +347,18 @@ void stream_chunks(const Job& job, Choice& c, const OutputDelta& d, bool finishe
     }
   } else {
     std::string text = d.content;
-    if (!c.role_sent) {  // echo goes first
+    json logprobs = nullptr;
+    if (!c.role_sent) {  // echo goes first, with its tokens' log-probabilities
       c.role_sent = true;
       text = c.prefix_text + text;
-      c.text_offset = code_point_count(c.prefix_text);
+      c.text_offset = 0;
+      if (c.prompt_logprobs) logprobs = completion_prompt_logprobs(job.model->tokenizer(), c.first_prompt_token, *c.prompt_logprobs, c.text_offset);
     }
     if (!text.empty() || finished) {
+      if (job.options.logprobs) append_completion_logprobs(logprobs, unsent_logprobs(job, c));
       out += sse(chunk(job, json::array({{{"index", c.index},
                                           {"text", text},
-                                          {"logprobs", unsent_logprobs(job, c)},
+                                          {"logprobs", logprobs},
                                           {"finish_reason", finished ? json(c.finish_reason) : json(nullptr)}}})));
     }
   }
@@ -482,11 +494,6 @@ struct HttpServer::Impl {
       if (endpoint == Endpoint::kChat) chat = parse_chat_request(body, parse_limits);
       else completion = parse_completion_request(body, parse_limits);
       const GenerationOptions& options = chat ? chat->options : completion->options;
-      if (completion && completion->echo && options.logprobs) {
-        throw_api(bad_request("'echo' with 'logprobs' would need the prompt's log-probabilities, which this server does not "
-                              "compute; drop one of them",
-                              "logprobs"));
-      }
       auto model = find_model(options.model, listener);
       model_name = model->name();
       check_model_access(key, *model);
@@ -598,7 +605,10 @@ struct HttpServer::Impl {
         for (int k = 0; k < options.n; ++k) {
           auto c = std::make_unique<Choice>(tok, options.stop, router_options);
           c->index = static_cast<int>(job->choices.size());
-          if (completion && completion->echo) c->prefix_text = prompt_texts[p];
+          if (completion && completion->echo) {
+            c->prefix_text = prompt_texts[p];
+            c->first_prompt_token = prompt_ids[p][0];
+          }
           Request r;
           r.prompt_ids = prompt_ids[p];
           r.sampling.temperature = options.temperature;
@@ -614,6 +624,7 @@ struct HttpServer::Impl {
           r.ignore_eos = options.ignore_eos;
           r.logprobs = options.logprobs;
           r.top_logprobs = options.top_logprobs;
+          if (completion && completion->echo && options.logprobs) r.prompt_logprobs = options.top_logprobs;
           if (!options.ignore_eos) r.stop_token_ids = model->extra_stop_ids();
           requests.push_back(std::move(r));
           job->choices.push_back(std::move(c));

@@ -81,4 +81,28 @@ json completion_logprobs(const Tokenizer& tok, std::span<const TokenLogprobs> to
           {"text_offset", std::move(offsets)}};
 }
 
+json completion_prompt_logprobs(const Tokenizer& tok, int32_t first_token, std::span<const TokenLogprobs> rest,
+                                int64_t& text_offset) {
+  const std::string first = token_string(tok.token_bytes(first_token));
+  json out = {{"tokens", json::array({first})},
+              {"token_logprobs", json::array({nullptr})},
+              {"top_logprobs", json::array({nullptr})},
+              {"text_offset", json::array({text_offset})}};
+  text_offset += code_point_count(first);
+  append_completion_logprobs(out, completion_logprobs(tok, rest, text_offset));
+  return out;
+}
+
+void append_completion_logprobs(json& into, const json& more) {
+  if (more.is_null()) return;
+  if (into.is_null()) {
+    into = more;
+    return;
+  }
+  for (const char* key : {"tokens", "token_logprobs", "top_logprobs", "text_offset"}) {
+    json& to = into[key];
+    for (const json& v : more[key]) to.push_back(v);
+  }
+}
+
 }  // namespace infera::server

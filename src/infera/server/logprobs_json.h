@@ -29,6 +29,13 @@ nlohmann::json chat_logprobs(const Tokenizer& tok, std::span<const TokenLogprobs
 // Unicode code points) in the choice's text where the first token starts; it is advanced
 // past the tokens, so consecutive stream chunks continue where the last one ended.
 nlohmann::json completion_logprobs(const Tokenizer& tok, std::span<const TokenLogprobs> tokens, int64_t& text_offset);
+// The same object for an echoed prompt (`echo` with `logprobs`): its first token with
+// null logprob and top_logprobs (nothing before it predicts it, as OpenAI reports), then
+// `rest`, the engine's entries for prompt tokens 1... Offsets count the token strings.
+nlohmann::json completion_prompt_logprobs(const Tokenizer& tok, int32_t first_token, std::span<const TokenLogprobs> rest,
+                                          int64_t& text_offset);
+// Appends the entries of `more` (a completions object, or null) to `into` (null: becomes `more`).
+void append_completion_logprobs(nlohmann::json& into, const nlohmann::json& more);
 
 // Unicode code points of UTF-8 text (an invalid byte counts as one).
 int64_t code_point_count(std::string_view text);

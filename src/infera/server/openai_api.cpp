@@ -97,7 +97,11 @@ GenerationOptions parse_options(const json& body, const ParseLimits& limits, boo
   // max_completion_tokens supersedes the deprecated max_tokens.
   const char* max_key = field(body, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
   o.max_tokens = get_integer(body, max_key);
-  if (o.max_tokens && *o.max_tokens < 1) out_of_range(max_key, fmt::format("must be at least 1, got {}", *o.max_tokens));
+  // Completions take 0 with 'echo' (checked there): the prompt back, scored with 'logprobs'.
+  const int64_t min_tokens = chat ? 1 : 0;
+  if (o.max_tokens && *o.max_tokens < min_tokens) {
+    out_of_range(max_key, fmt::format("must be at least {}, got {}", min_tokens, *o.max_tokens));
+  }
   if (auto v = get_number(body, "temperature", 0.0, 2.0)) o.temperature = static_cast<float>(*v);
   if (auto v = get_number(body, "top_p", 0.0, 1.0)) {
     if (*v == 0.0) out_of_range("top_p", "must be greater than 0");
@@ -385,6 +389,10 @@ CompletionRequest parse_completion_request(const json& body, const ParseLimits& 
     wrong_type("prompt", "a string, an array of strings or an array of token ids", *prompt);
   }
   r.echo = get_bool(body, "echo").value_or(false);
+  if (r.options.max_tokens == 0 && !r.echo) {
+    out_of_range(field(body, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens",
+                 "must be at least 1, got 0 (0 only with 'echo': the prompt back, scored with 'logprobs')");
+  }
   if (const json* suffix = field(body, "suffix")) {
     if (!suffix->is_string()) wrong_type("suffix", "a string", *suffix);
     if (!suffix->get<std::string>().empty()) throw_api(bad_request("'suffix' is not supported", "suffix"));

@@ -301,3 +301,176 @@ TEST(EngineLogprobs, RequestsAreValidated) {
   r.logprobs = true;
   EXPECT_NO_THROW(core.validate(r));
 }
+
+// --- Prompt log-probabilities (Request::prompt_logprobs) ---------------------------------
+
+namespace {
+
+struct Scored {
+  std::vector<int32_t> tokens;
+  std::vector<TokenLogprobs> prompt;  // Event::prompt_logprobs
+  int32_t events_with_prompt = 0;     // exactly one per request
+  Usage usage;
+  FinishReason finish = FinishReason::kNone;
+};
+
+// Runs the requests through `core` together and collects each one's events.
+std::vector<Scored> run_scoring(EngineCore& core, const std::vector<Request>& requests) {
+  std::map<RequestId, Scored> out;
+  std::vector<RequestId> ids;
+  for (const Request& r : requests) {
+    ids.push_back(core.add_request(r, [&out](const Event& e) {
+      Scored& s = out[e.id];
+      if (e.prompt_logprobs) {
+        ++s.events_with_prompt;
+        s.prompt = *e.prompt_logprobs;
+      }
+      if (e.is_final()) {
+        s.usage = e.usage;
+        s.finish = e.finish;
+      } else {
+        s.tokens.push_back(e.token);
+      }
+    }));
+  }
+  while (core.has_work()) core.step();
+  std::vector<Scored> result;
+  for (RequestId id : ids) result.push_back(out[id]);
+  return result;
+}
+
+Request scoring_request(const std::vector<int32_t>& prompt, int32_t gen, int32_t top_n) {
+  Request r;
+  r.prompt_ids = prompt;
+  r.max_tokens = gen;
+  r.ignore_eos = true;
+  r.prompt_logprobs = top_n;
+  return r;
+}
+
+std::vector<int32_t> random_prompt(int32_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int32_t> d(259, 511);
+  std::vector<int32_t> p{1};
+  while (static_cast<int32_t>(p.size()) < n) p.push_back(d(rng));
+  return p;
+}
+
+// Each prompt token's numbers against SequenceRunner's row at the position before it
+// (one forward over the whole prompt with every row's logits).
+void expect_prompt_matches_runner(const std::vector<int32_t>& prompt, const Scored& s, int32_t top_n, const std::string& what) {
+  Model& model = stories();
+  KvPoolShape shape = model.kv_shape(16);
+  shape.num_blocks = 64;
+  KvPool kv(shape);
+  BlockAllocator blocks(64);
+  SequenceRunner runner(model, kv, blocks, 512);
+  const int32_t vocab = model.config().vocab_size;
+  EXPECT_EQ(s.events_with_prompt, 1) << what;
+  ASSERT_EQ(s.prompt.size() + 1, prompt.size()) << what;
+  const float* rows = runner.feed(prompt, /*all_logits=*/true);
+  for (size_t p = 0; p + 1 < prompt.size(); ++p) {
+    const std::vector<double> ref = reference_log_softmax(rows + p * vocab, vocab);
+    expect_matches(s.prompt[p], ref, prompt[p + 1], top_n, 2e-4, what + " prompt token " + std::to_string(p + 1));
+  }
+}
+
+}  // namespace
+
+TEST(EnginePromptLogprobs, EveryPromptTokenMatchesTheRunnersRows) {
+  // Prompts shorter than a chunk, over several prefill_chunk (32) chunks, and, with a
+  // larger prefill_chunk, over several kPromptLogprobsChunk chunks; batched together, with
+  // a request that does not score its prompt in the same steps.
+  OneThread one;
+  for (int32_t chunk : {32, 512}) {
+    EngineConfig c = config();
+    c.prefill_chunk = chunk;
+    c.max_batch_tokens = chunk;
+    const std::vector<std::vector<int32_t>> ps = {random_prompt(5, 1), random_prompt(77, 2), random_prompt(300, 3)};
+    std::vector<Request> rs;
+    for (size_t i = 0; i < ps.size(); ++i) rs.push_back(scoring_request(ps[i], 6, static_cast<int32_t>(i) * 2));
+    Request plain = scoring_request(ps[1], 6, -1);
+    rs.push_back(plain);
+    EngineCore core(stories(), c);
+    const std::vector<Scored> out = run_scoring(core, rs);
+    for (size_t i = 0; i < ps.size(); ++i) {
+      const std::string what = "chunk " + std::to_string(chunk) + " prompt " + std::to_string(i);
+      expect_prompt_matches_runner(ps[i], out[i], static_cast<int32_t>(i) * 2, what);
+      EXPECT_EQ(out[i].tokens.size(), 6u) << what;
+      EXPECT_EQ(out[i].finish, FinishReason::kLength) << what;
+    }
+    // Scoring the prompt does not change the generated tokens.
+    EXPECT_EQ(out[1].tokens, out[3].tokens);
+    EXPECT_EQ(out[3].events_with_prompt, 0);
+  }
+}
+
+TEST(EnginePromptLogprobs, MaxTokensZeroScoresThePromptOnly) {
+  OneThread one;
+  EngineCore core(stories(), config());
+  const std::vector<int32_t> prompt = random_prompt(40, 4);
+  const std::vector<Scored> out = run_scoring(core, {scoring_request(prompt, 0, 3), scoring_request({1}, 0, 3)});
+  EXPECT_TRUE(out[0].tokens.empty());
+  EXPECT_EQ(out[0].finish, FinishReason::kLength);
+  EXPECT_EQ(out[0].usage.completion_tokens, 0);
+  EXPECT_EQ(out[0].usage.prompt_tokens, 40);
+  expect_prompt_matches_runner(prompt, out[0], 3, "max_tokens 0");
+  // A one-token prompt has nothing to score: an empty list, still delivered once.
+  EXPECT_EQ(out[1].events_with_prompt, 1);
+  EXPECT_TRUE(out[1].prompt.empty());
+  EXPECT_TRUE(out[1].tokens.empty());
+}
+
+TEST(EnginePromptLogprobs, ScoringBypassesThePrefixCacheAndStillFillsIt) {
+  OneThread one;
+  EngineConfig c = config();
+  c.enable_prefix_cache = true;
+  EngineCore core(stories(), c);
+  const std::vector<int32_t> prompt = random_prompt(70, 5);
+  // 1. Fills the cache. 2. Scores the same prompt: computed in full (no cached tokens),
+  // the same numbers as a cold run. 3. A plain request hits the cache again.
+  const Scored first = run_scoring(core, {scoring_request(prompt, 2, -1)})[0];
+  EXPECT_EQ(first.usage.cached_tokens, 0);
+  const Scored scored = run_scoring(core, {scoring_request(prompt, 2, 2)})[0];
+  EXPECT_EQ(scored.usage.cached_tokens, 0);
+  expect_prompt_matches_runner(prompt, scored, 2, "after a cached run");
+  EXPECT_EQ(scored.tokens, first.tokens);
+  const Scored again = run_scoring(core, {scoring_request(prompt, 2, -1)})[0];
+  EXPECT_EQ(again.usage.cached_tokens, 64);  // the prompt's full blocks but its last token's
+  EXPECT_EQ(again.tokens, first.tokens);
+}
+
+TEST(EnginePromptLogprobs, PreemptedSequencesScoreEachTokenOnce) {
+  // A KV cache too small for the batch: sequences are preempted (some mid-prompt) and
+  // recomputed; each prompt token is still scored once, with the same numbers.
+  OneThread one;
+  EngineConfig c = config();
+  c.prefill_chunk = 16;
+  c.max_batch_tokens = 48;
+  c.kv_cache_bytes = stories().kv_shape(c.block_size).bytes_per_block() * 14;
+  EngineCore core(stories(), c);
+  std::vector<std::vector<int32_t>> ps;
+  std::vector<Request> rs;
+  for (uint32_t i = 0; i < 3; ++i) {
+    ps.push_back(random_prompt(60 + 17 * static_cast<int32_t>(i), 10 + i));
+    rs.push_back(scoring_request(ps.back(), 70, 1));
+  }
+  const std::vector<Scored> out = run_scoring(core, rs);
+  EXPECT_GT(core.stats().preemptions, 0);
+  for (size_t i = 0; i < ps.size(); ++i) {
+    expect_prompt_matches_runner(ps[i], out[i], 1, "preempted prompt " + std::to_string(i));
+    EXPECT_EQ(out[i].tokens.size(), 70u);
+  }
+}
+
+TEST(EnginePromptLogprobs, RequestsAreValidated) {
+  EngineCore core(stories(), config());
+  Request r = scoring_request({1, 300}, 0, kMaxTopLogprobs + 1);
+  EXPECT_THROW(core.validate(r), Error);
+  r.prompt_logprobs = -2;
+  EXPECT_THROW(core.validate(r), Error);
+  r.prompt_logprobs = kMaxTopLogprobs;
+  EXPECT_NO_THROW(core.validate(r));
+  r.max_tokens = -2;
+  EXPECT_THROW(core.validate(r), Error);
+}

@@ -22,6 +22,7 @@
 
 #include "fake_backend.h"
 #include "infera/runtime/sequence_runner.h"
+#include "infera/server/logprobs_json.h"
 #include "infera/tokenizer/chat_template.h"
 
 namespace infera::server {
@@ -691,7 +692,8 @@ TEST(HttpServer, BadLogprobsRequestsNameTheParameter) {
       {"/v1/completions", {{"logprobs", 21}}, "logprobs"},
       {"/v1/completions", {{"logprobs", -2}}, "logprobs"},
       {"/v1/completions", {{"logprobs", true}}, "logprobs"},
-      {"/v1/completions", {{"logprobs", 1}, {"echo", true}}, "logprobs"},
+      {"/v1/completions", {{"max_tokens", 0}}, "max_tokens"},  // 0 only with echo
+      {"/v1/chat/completions", {{"max_tokens", 0}}, "max_tokens"},
   };
   for (const Case& c : cases) {
     const json base = std::string(c.path) == "/v1/completions" ? json{{"prompt", "x"}} : kChat;
@@ -762,6 +764,67 @@ TEST(HttpServer, LogprobsFromTheRealEngineAreTheModels) {
     EXPECT_EQ(e["top_logprobs"][0]["token"], e["token"]);  // greedy
   }
   EXPECT_EQ(joined.substr(joined.size() - text.size()), text);
+}
+
+// echo with logprobs: the prompt's tokens (the first unscored), each scored by the row of
+// an independent all-rows run at the position before it, then the completion's; the same
+// whether streamed or not, with a completion or max_tokens 0.
+TEST(HttpServer, EchoedPromptLogprobsAreTheModels) {
+  ServerOptions o;
+  o.real_engine = true;
+  TestServer s(o);
+  const Tokenizer& tok = s.tokenizer();
+  const std::vector<int32_t> prompt = tok.encode("Once upon a time there was a little", true);
+  const int32_t n = static_cast<int32_t>(prompt.size());
+
+  LoadOptions lo;
+  lo.max_batch_tokens = 256;
+  auto model = load_model(kStories, lo);
+  KvPoolShape shape = model->kv_shape(16);
+  shape.num_blocks = 16;
+  KvPool kv(shape);
+  BlockAllocator blocks(16);
+  SequenceRunner runner(*model, kv, blocks, 256);
+  const int32_t vocab = model->config().vocab_size;
+  const float* rows = runner.feed(prompt, /*all_logits=*/true);
+  auto ref = [&](int32_t p, int32_t token) {  // log_softmax of row p at token
+    const float* l = rows + static_cast<size_t>(p) * vocab;
+    double max_l = l[0], sum = 0;
+    for (int32_t v = 1; v < vocab; ++v) max_l = std::max<double>(max_l, l[v]);
+    for (int32_t v = 0; v < vocab; ++v) sum += std::exp(l[v] - max_l);
+    return l[token] - max_l - std::log(sum);
+  };
+
+  for (const auto& [gen, stream] : {std::pair{0, false}, std::pair{4, false}, std::pair{4, true}}) {
+    const std::string what = "max_tokens " + std::to_string(gen) + (stream ? " stream" : "");
+    auto r = s.post("/v1/completions", {{"prompt", prompt}, {"max_tokens", gen}, {"temperature", 0}, {"logprobs", 2},
+                                        {"echo", true}, {"stream", stream}});
+    ASSERT_EQ(r->status, 200) << what << ": " << r->body;
+    const json lp = stream ? streamed_logprobs(r->body, false) : json::parse(r->body)["choices"][0]["logprobs"];
+    ASSERT_EQ(lp["tokens"].size(), static_cast<size_t>(n + gen)) << what;
+    EXPECT_TRUE(lp["token_logprobs"][0].is_null()) << what;
+    EXPECT_TRUE(lp["top_logprobs"][0].is_null()) << what;
+    EXPECT_EQ(lp["text_offset"][0], 0) << what;
+    for (int32_t p = 1; p < n; ++p) {
+      EXPECT_EQ(lp["tokens"][p], std::string(tok.token_bytes(prompt[p]))) << what << " " << p;
+      EXPECT_NEAR(lp["token_logprobs"][p].get<double>(), ref(p - 1, prompt[p]), 2e-4) << what << " " << p;
+      const json& top = lp["top_logprobs"][p];  // 2 alternatives and the prompt token
+      EXPECT_TRUE(top.size() >= 1 && top.size() <= 3) << top;
+      EXPECT_EQ(top[lp["tokens"][p].get<std::string>()], lp["token_logprobs"][p]) << what << " " << p;
+    }
+    for (int32_t i = 1; i < n + gen; ++i) {
+      const int64_t before = code_point_count(lp["tokens"][i - 1].get<std::string>());
+      EXPECT_EQ(lp["text_offset"][i].get<int64_t>(), lp["text_offset"][i - 1].get<int64_t>() + before) << what << " " << i;
+    }
+    if (gen > 0) {  // greedy: the first completion token is the last prompt row's argmax
+      EXPECT_EQ(lp["tokens"][n], std::string(tok.token_bytes(argmax(rows + static_cast<size_t>(n - 1) * vocab, vocab)))) << what;
+    }
+    if (!stream) {
+      const json body = json::parse(r->body);
+      EXPECT_EQ(body["usage"]["completion_tokens"], gen) << what;
+      EXPECT_TRUE(body["choices"][0]["text"].get<std::string>().starts_with(tok.decode(prompt, false))) << what << body;
+    }
+  }
 }
 
 }  // namespace
