@@ -105,15 +105,22 @@ std::vector<Generated> run_engine(Model& model, const EngineConfig& config, cons
   return result;
 }
 
+// stories260K run alone (SequenceRunner: one sequence, no scheduler): the independent side.
+struct LoneRunner {
+  KvPool kv{[] {
+    KvPoolShape shape = stories().kv_shape(16);
+    shape.num_blocks = 64;
+    return shape;
+  }()};
+  BlockAllocator blocks{64};
+  SequenceRunner runner{stories(), kv, blocks, 512};
+};
+
 // Every generated token's numbers against SequenceRunner's logits at its position.
 void expect_matches_runner(const std::vector<int32_t>& prompt, const Generated& g, int32_t top_n, const std::string& what) {
-  Model& model = stories();
-  KvPoolShape shape = model.kv_shape(16);
-  shape.num_blocks = 64;
-  KvPool kv(shape);
-  BlockAllocator blocks(64);
-  SequenceRunner runner(model, kv, blocks, 512);
-  const int32_t vocab = model.config().vocab_size;
+  LoneRunner lone;
+  SequenceRunner& runner = lone.runner;
+  const int32_t vocab = stories().config().vocab_size;
   ASSERT_EQ(g.logprobs.size(), g.tokens.size()) << what;
   const float* logits = runner.feed(prompt);
   for (size_t i = 0; i < g.tokens.size(); ++i) {
@@ -359,16 +366,11 @@ std::vector<int32_t> random_prompt(int32_t n, uint32_t seed) {
 // Each prompt token's numbers against SequenceRunner's row at the position before it
 // (one forward over the whole prompt with every row's logits).
 void expect_prompt_matches_runner(const std::vector<int32_t>& prompt, const Scored& s, int32_t top_n, const std::string& what) {
-  Model& model = stories();
-  KvPoolShape shape = model.kv_shape(16);
-  shape.num_blocks = 64;
-  KvPool kv(shape);
-  BlockAllocator blocks(64);
-  SequenceRunner runner(model, kv, blocks, 512);
-  const int32_t vocab = model.config().vocab_size;
+  LoneRunner lone;
+  const int32_t vocab = stories().config().vocab_size;
   EXPECT_EQ(s.events_with_prompt, 1) << what;
   ASSERT_EQ(s.prompt.size() + 1, prompt.size()) << what;
-  const float* rows = runner.feed(prompt, /*all_logits=*/true);
+  const float* rows = lone.runner.feed(prompt, /*all_logits=*/true);
   for (size_t p = 0; p + 1 < prompt.size(); ++p) {
     const std::vector<double> ref = reference_log_softmax(rows + p * vocab, vocab);
     expect_matches(s.prompt[p], ref, prompt[p + 1], top_n, 2e-4, what + " prompt token " + std::to_string(p + 1));

@@ -704,6 +704,34 @@ TEST(HttpServer, BadLogprobsRequestsNameTheParameter) {
   EXPECT_EQ(s.post("/v1/chat/completions", with(kChat, {{"logprobs", true}, {"top_logprobs", 20}}))->status, 200);
 }
 
+// stories260K run alone (SequenceRunner: one sequence, no scheduler, no server): the
+// independent side of the real-engine log-probability tests.
+struct LoneStories {
+  std::unique_ptr<Model> model;
+  std::unique_ptr<KvPool> kv;
+  BlockAllocator blocks{16};
+  std::unique_ptr<SequenceRunner> runner;
+  int32_t vocab = 0;
+  LoneStories() {
+    LoadOptions lo;
+    lo.max_batch_tokens = 256;
+    model = load_model(kStories, lo);
+    KvPoolShape shape = model->kv_shape(16);
+    shape.num_blocks = 16;
+    kv = std::make_unique<KvPool>(shape);
+    runner = std::make_unique<SequenceRunner>(*model, *kv, blocks, 256);
+    vocab = model->config().vocab_size;
+  }
+};
+
+// log_softmax(logits)[token], in double.
+double log_softmax_at(const float* logits, int32_t vocab, int32_t token) {
+  double max_l = logits[0], sum = 0;
+  for (int32_t v = 1; v < vocab; ++v) max_l = std::max<double>(max_l, logits[v]);
+  for (int32_t v = 0; v < vocab; ++v) sum += std::exp(logits[v] - max_l);
+  return logits[token] - max_l - std::log(sum);
+}
+
 // The real engine behind HTTP: the numbers are the model's log_softmax, computed here
 // from an independent single-sequence run, and the streamed tokens spell the text.
 TEST(HttpServer, LogprobsFromTheRealEngineAreTheModels) {
@@ -718,21 +746,11 @@ TEST(HttpServer, LogprobsFromTheRealEngineAreTheModels) {
   const json lp = json::parse(r->body)["choices"][0]["logprobs"];
   ASSERT_EQ(lp["tokens"].size(), static_cast<size_t>(n));
 
-  LoadOptions lo;
-  lo.max_batch_tokens = 256;
-  auto model = load_model(kStories, lo);
-  KvPoolShape shape = model->kv_shape(16);
-  shape.num_blocks = 16;
-  KvPool kv(shape);
-  BlockAllocator blocks(16);
-  SequenceRunner runner(*model, kv, blocks, 256);
-  const int32_t vocab = model->config().vocab_size;
-  const float* logits = runner.feed(prompt);
+  LoneStories lone;
+  const int32_t vocab = lone.vocab;
+  const float* logits = lone.runner->feed(prompt);
   for (int i = 0; i < n; ++i) {
-    double max_l = logits[0], sum = 0;
-    for (int32_t v = 1; v < vocab; ++v) max_l = std::max<double>(max_l, logits[v]);
-    for (int32_t v = 0; v < vocab; ++v) sum += std::exp(logits[v] - max_l);
-    auto ref = [&](int32_t v) { return logits[v] - max_l - std::log(sum); };
+    auto ref = [&](int32_t v) { return log_softmax_at(logits, vocab, v); };
     const int32_t next = argmax(logits, vocab);  // greedy
     EXPECT_EQ(lp["tokens"][i], std::string(tok.token_bytes(next))) << i;
     EXPECT_NEAR(lp["token_logprobs"][i].get<double>(), ref(next), 2e-4) << i;
@@ -746,7 +764,7 @@ TEST(HttpServer, LogprobsFromTheRealEngineAreTheModels) {
       // Two ids may share a text; the entry holds the likelier one's value.
       EXPECT_GE(top[key].get<double>(), ref(order[k]) - 2e-4) << key;
     }
-    logits = runner.feed(std::span<const int32_t>(&next, 1));
+    logits = lone.runner->feed(std::span<const int32_t>(&next, 1));
   }
 
   // Chat, streamed: the chunks' tokens, joined, are the streamed text.
@@ -777,23 +795,10 @@ TEST(HttpServer, EchoedPromptLogprobsAreTheModels) {
   const std::vector<int32_t> prompt = tok.encode("Once upon a time there was a little", true);
   const int32_t n = static_cast<int32_t>(prompt.size());
 
-  LoadOptions lo;
-  lo.max_batch_tokens = 256;
-  auto model = load_model(kStories, lo);
-  KvPoolShape shape = model->kv_shape(16);
-  shape.num_blocks = 16;
-  KvPool kv(shape);
-  BlockAllocator blocks(16);
-  SequenceRunner runner(*model, kv, blocks, 256);
-  const int32_t vocab = model->config().vocab_size;
-  const float* rows = runner.feed(prompt, /*all_logits=*/true);
-  auto ref = [&](int32_t p, int32_t token) {  // log_softmax of row p at token
-    const float* l = rows + static_cast<size_t>(p) * vocab;
-    double max_l = l[0], sum = 0;
-    for (int32_t v = 1; v < vocab; ++v) max_l = std::max<double>(max_l, l[v]);
-    for (int32_t v = 0; v < vocab; ++v) sum += std::exp(l[v] - max_l);
-    return l[token] - max_l - std::log(sum);
-  };
+  LoneStories lone;
+  const int32_t vocab = lone.vocab;
+  const float* rows = lone.runner->feed(prompt, /*all_logits=*/true);
+  auto ref = [&](int32_t p, int32_t token) { return log_softmax_at(rows + static_cast<size_t>(p) * vocab, vocab, token); };
 
   for (const auto& [gen, stream] : {std::pair{0, false}, std::pair{4, false}, std::pair{4, true}}) {
     const std::string what = "max_tokens " + std::to_string(gen) + (stream ? " stream" : "");
