@@ -498,6 +498,13 @@ inline void prefetch_row(const T* row, int64_t n) {
   const int64_t bytes = n * static_cast<int64_t>(sizeof(T));
   for (int64_t b = 0; b < bytes; b += 64) S::prefetch(p + b);
 }
+// The same towards L2 only.
+template <class T>
+inline void prefetch_row_l2(const T* row, int64_t n) {
+  const char* p = reinterpret_cast<const char*>(row);
+  const int64_t bytes = n * static_cast<int64_t>(sizeof(T));
+  for (int64_t b = 0; b < bytes; b += 64) S::prefetch_l2(p + b);
+}
 
 // q . k over D elements, k in the cache's dtype (unscaled for int8).
 template <DType KD>
@@ -511,38 +518,91 @@ inline float dot_kv(const float* q, const typename KvElem<KD>::T* k, int64_t D) 
   return S::reduce_add(acc) + tail;
 }
 
+// The L scores q . k_j of the keys k_j = k + j * D, j < L (D a multiple of L), in one
+// vector: an accumulator per key, so L independent FMA chains instead of one, and the L
+// horizontal sums in one reduce_lanes instead of one reduction each. Each key's products
+// are summed in dot_kv's order; only the final horizontal sum's tree differs.
+template <DType KD>
+__attribute__((always_inline)) inline V dot_keys(const float* q, const typename KvElem<KD>::T* k, int64_t D) {
+  using E = KvElem<KD>;
+  V acc[L];
+  for (int j = 0; j < L; ++j) acc[j] = S::zero();
+  for (int64_t d = 0; d < D; d += L) {
+    const V qv = S::load(q + d);
+    for (int j = 0; j < L; ++j) acc[j] = S::fma(qv, E::load(k + j * D + d), acc[j]);
+  }
+  return S::reduce_lanes(acc);
+}
+
+// acc[0, C * L) += sum_j p[j] * v[j * stride + (0, C * L)], j < n, the C vectors of acc in
+// registers across the n rows.
+template <DType VD, int C>
+inline void accumulate_span(float* acc, const float* p, const typename KvElem<VD>::T* v, int64_t stride, int64_t n) {
+  using E = KvElem<VD>;
+  V a[C];
+  for (int c = 0; c < C; ++c) a[c] = S::load(acc + c * L);
+  for (int64_t j = 0; j < n; ++j) {
+    const V pj = S::set1(p[j]);
+    for (int c = 0; c < C; ++c) a[c] = S::fma(pj, E::load(v + j * stride + c * L), a[c]);
+  }
+  for (int c = 0; c < C; ++c) S::store(acc + c * L, a[c]);
+}
+
+// The same for two query rows over the same n keys: each V vector loaded once for both, and
+// twice the independent FMA chains. Each row's sums are the one-row function's, bit for bit.
+template <DType VD, int C>
+inline void accumulate_span2(float* acc0, float* acc1, const float* p0, const float* p1,
+                             const typename KvElem<VD>::T* v, int64_t stride, int64_t n) {
+  using E = KvElem<VD>;
+  V a0[C], a1[C];
+  for (int c = 0; c < C; ++c) {
+    a0[c] = S::load(acc0 + c * L);
+    a1[c] = S::load(acc1 + c * L);
+  }
+  for (int64_t j = 0; j < n; ++j) {
+    const V pj0 = S::set1(p0[j]), pj1 = S::set1(p1[j]);
+    for (int c = 0; c < C; ++c) {
+      const V vj = E::load(v + j * stride + c * L);
+      a0[c] = S::fma(pj0, vj, a0[c]);
+      a1[c] = S::fma(pj1, vj, a1[c]);
+    }
+  }
+  for (int c = 0; c < C; ++c) {
+    S::store(acc0 + c * L, a0[c]);
+    S::store(acc1 + c * L, a1[c]);
+  }
+}
+
 // acc[0, D) += sum_j p[j] * v[j * stride + (0, D)], j < n: acc kept in registers across the
-// n rows (one load/store of acc per page instead of per key).
+// n rows (one load/store of acc per page instead of per key), eight vectors at a time (eight
+// independent FMA chains: enough to keep both FMA units busy through the latency).
 template <DType VD>
 inline void accumulate_rows(float* acc, const float* p, const typename KvElem<VD>::T* v, int64_t stride,
                             int64_t n, int64_t D) {
   using E = KvElem<VD>;
   int64_t d = 0;
-  for (; d + 4 * L <= D; d += 4 * L) {
-    V a0 = S::load(acc + d), a1 = S::load(acc + d + L);
-    V a2 = S::load(acc + d + 2 * L), a3 = S::load(acc + d + 3 * L);
-    for (int64_t j = 0; j < n; ++j) {
-      const V pj = S::set1(p[j]);
-      const auto* vj = v + j * stride + d;
-      a0 = S::fma(pj, E::load(vj), a0);
-      a1 = S::fma(pj, E::load(vj + L), a1);
-      a2 = S::fma(pj, E::load(vj + 2 * L), a2);
-      a3 = S::fma(pj, E::load(vj + 3 * L), a3);
-    }
-    S::store(acc + d, a0);
-    S::store(acc + d + L, a1);
-    S::store(acc + d + 2 * L, a2);
-    S::store(acc + d + 3 * L, a3);
-  }
-  for (; d + L <= D; d += L) {
-    V a = S::load(acc + d);
-    for (int64_t j = 0; j < n; ++j) a = S::fma(S::set1(p[j]), E::load(v + j * stride + d), a);
-    S::store(acc + d, a);
-  }
+  for (; d + 8 * L <= D; d += 8 * L) accumulate_span<VD, 8>(acc + d, p, v + d, stride, n);
+  for (; d + 4 * L <= D; d += 4 * L) accumulate_span<VD, 4>(acc + d, p, v + d, stride, n);
+  for (; d + L <= D; d += L) accumulate_span<VD, 1>(acc + d, p, v + d, stride, n);
   for (; d < D; ++d) {
     float a = acc[d];
     for (int64_t j = 0; j < n; ++j) a += p[j] * E::one(v + j * stride + d);
     acc[d] = a;
+  }
+}
+
+// accumulate_rows for two rows with the same n (their results exactly the one-row ones).
+template <DType VD>
+inline void accumulate_rows2(float* acc0, float* acc1, const float* p0, const float* p1,
+                             const typename KvElem<VD>::T* v, int64_t stride, int64_t n, int64_t D) {
+  int64_t d = 0;
+  if constexpr (L > 1) {
+    for (; d + 8 * L <= D; d += 8 * L) accumulate_span2<VD, 8>(acc0 + d, acc1 + d, p0, p1, v + d, stride, n);
+    for (; d + 4 * L <= D; d += 4 * L) accumulate_span2<VD, 4>(acc0 + d, acc1 + d, p0, p1, v + d, stride, n);
+  }
+  if (d < D) {  // the narrow rest, one row at a time
+    accumulate_rows<VD>(acc0 + d, p0, v + d, stride, n, D - d);
+    accumulate_rows<VD>(acc1 + d, p1, v + d, stride, n, D - d);
   }
 }
 
@@ -579,6 +639,8 @@ void attend_tile(const float* q, int64_t n_heads, int64_t t0, int64_t n_t, int64
     // computed: issued in one burst the requests outnumber the core's line fill buffers and
     // the core waits for the page instead of computing beside it (32K keys, 4 query rows per
     // KV head, f32: 6.8-7.8 -> 8.4-8.7 GB/s at one thread, 15.1-15.5 -> 17.8-18.2 at two).
+    // Into L2 only (prefetcht1): 8.8 -> 9.7 GB/s at one thread, 19.6 -> 20.5 at two; a
+    // burst is still slower (7.3), and two pages ahead no faster.
     const int64_t next = p + run;
     const T* next_k = nullptr;
     const T* next_v = nullptr;
@@ -593,13 +655,17 @@ void attend_tile(const float* q, int64_t n_heads, int64_t t0, int64_t n_t, int64
     for (int64_t r = 0; r < rows; ++r) {
       if (next_elems > 0) {
         const int64_t e0 = next_elems * r / rows, e1 = next_elems * (r + 1) / rows;
-        prefetch_row(next_k + e0, e1 - e0);
-        prefetch_row(next_v + e0, e1 - e0);
+        prefetch_row_l2(next_k + e0, e1 - e0);
+        prefetch_row_l2(next_v + e0, e1 - e0);
       }
       const int64_t valid = std::clamp<int64_t>(st.key_end[r] - p, 0, run);
       if (valid == 0) continue;
       float* sc = st.scores + r * bs;
-      for (int64_t j = 0; j < valid; ++j) sc[j] = dot_kv<KD>(st.q_rows[r], kp + j * D, D) * scale;
+      int64_t j = 0;
+      if (D % L == 0) {
+        for (; j + L <= valid; j += L) S::store(sc + j, S::mul(dot_keys<KD>(st.q_rows[r], kp + j * D, D), S::set1(scale)));
+      }
+      for (; j < valid; ++j) sc[j] = dot_kv<KD>(st.q_rows[r], kp + j * D, D) * scale;
       if constexpr (KD == DType::kI8) {
         const float* ks = kv.k_scales + head_slot;
         for (int64_t j = 0; j < valid; ++j) sc[j] *= ks[j];
@@ -617,7 +683,18 @@ void attend_tile(const float* q, int64_t n_heads, int64_t t0, int64_t n_t, int64
         const float* vs = kv.v_scales + head_slot;
         for (int64_t j = 0; j < valid; ++j) sc[j] *= vs[j];
       }
-      accumulate_rows<KD>(st.acc + r * D, sc, vp, D, valid, D);
+    }
+    // Then V, two rows with the same keys at a time (each V row loaded once for both).
+    for (int64_t r = 0; r < rows;) {
+      const int64_t valid = std::clamp<int64_t>(st.key_end[r] - p, 0, run);
+      if (r + 1 < rows && valid > 0 && std::clamp<int64_t>(st.key_end[r + 1] - p, 0, run) == valid) {
+        accumulate_rows2<KD>(st.acc + r * D, st.acc + (r + 1) * D, st.scores + r * bs, st.scores + (r + 1) * bs, vp, D,
+                             valid, D);
+        r += 2;
+        continue;
+      }
+      if (valid > 0) accumulate_rows<KD>(st.acc + r * D, st.scores + r * bs, vp, D, valid, D);
+      ++r;
     }
     p += run;
   }

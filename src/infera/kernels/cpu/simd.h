@@ -38,6 +38,7 @@ struct Simd {
   static constexpr int kLanes = 16;
   static V zero() { return _mm512_setzero_ps(); }
   static void prefetch(const void* p) { _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T0); }
+  static void prefetch_l2(const void* p) { _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T1); }
   static V set1(float a) { return _mm512_set1_ps(a); }
   static V load(const float* p) { return _mm512_loadu_ps(p); }
   static void store(float* p, V v) { _mm512_storeu_ps(p, v); }
@@ -84,6 +85,26 @@ struct Simd {
       r[i + 8] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0xdd);
     }
   }
+  // Lane i of the result = reduce_add(r[i]), i < 16: 16 horizontal sums in 45 shuffles and
+  // adds (halving twice across 128-bit quarters, twice within them) and one permute.
+  __attribute__((always_inline)) static V reduce_lanes(const V* r) {
+    V b[8], c[4], d[2];
+    for (int j = 0; j < 8; ++j) {
+      b[j] = _mm512_add_ps(_mm512_shuffle_f32x4(r[j], r[j + 8], 0x44), _mm512_shuffle_f32x4(r[j], r[j + 8], 0xee));
+    }
+    for (int j = 0; j < 4; ++j) {
+      c[j] = _mm512_add_ps(_mm512_shuffle_f32x4(b[j], b[j + 4], 0x88), _mm512_shuffle_f32x4(b[j], b[j + 4], 0xdd));
+    }
+    for (int j = 0; j < 2; ++j) {
+      d[j] = _mm512_add_ps(_mm512_shuffle_ps(c[j], c[j + 2], _MM_SHUFFLE(1, 0, 1, 0)),
+                           _mm512_shuffle_ps(c[j], c[j + 2], _MM_SHUFFLE(3, 2, 3, 2)));
+    }
+    const V e = _mm512_add_ps(_mm512_shuffle_ps(d[0], d[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                              _mm512_shuffle_ps(d[0], d[1], _MM_SHUFFLE(3, 1, 3, 1)));
+    // Lane i of e holds the sum of r[order[i]]; the order is its own inverse.
+    const __m512i order = _mm512_setr_epi32(0, 2, 1, 3, 8, 10, 9, 11, 4, 6, 5, 7, 12, 14, 13, 15);
+    return _mm512_permutexvar_ps(order, e);
+  }
   static float reduce_max(V v) { return _mm512_reduce_max_ps(v); }
   static V exp(V x) {
     INFERA_EXP_CONSTANTS
@@ -112,6 +133,7 @@ struct Simd {
   static constexpr int kLanes = 8;
   static V zero() { return _mm256_setzero_ps(); }
   static void prefetch(const void* p) { _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T0); }
+  static void prefetch_l2(const void* p) { _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T1); }
   static V set1(float a) { return _mm256_set1_ps(a); }
   static V load(const float* p) { return _mm256_loadu_ps(p); }
   static void store(float* p, V v) { _mm256_storeu_ps(p, v); }
@@ -157,6 +179,20 @@ struct Simd {
       r[i + 4] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x31);
     }
   }
+  // Lane i of the result = reduce_add(r[i]), i < 8 (as the AVX-512 one).
+  __attribute__((always_inline)) static V reduce_lanes(const V* r) {
+    V b[4], c[2];
+    for (int j = 0; j < 4; ++j) {
+      b[j] = _mm256_add_ps(_mm256_permute2f128_ps(r[j], r[j + 4], 0x20), _mm256_permute2f128_ps(r[j], r[j + 4], 0x31));
+    }
+    for (int j = 0; j < 2; ++j) {
+      c[j] = _mm256_add_ps(_mm256_shuffle_ps(b[j], b[j + 2], _MM_SHUFFLE(1, 0, 1, 0)),
+                           _mm256_shuffle_ps(b[j], b[j + 2], _MM_SHUFFLE(3, 2, 3, 2)));
+    }
+    const V e = _mm256_add_ps(_mm256_shuffle_ps(c[0], c[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                              _mm256_shuffle_ps(c[0], c[1], _MM_SHUFFLE(3, 1, 3, 1)));
+    return _mm256_permutevar8x32_ps(e, _mm256_setr_epi32(0, 2, 1, 3, 4, 6, 5, 7));  // its own inverse
+  }
   static float reduce_max(V v) {
     __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_max_ps(s, _mm_movehl_ps(s, s));
@@ -190,6 +226,7 @@ struct Simd {
   static constexpr int kLanes = 1;
   static V zero() { return 0.0f; }
   static void prefetch(const void*) {}
+  static void prefetch_l2(const void*) {}
   static V set1(float a) { return a; }
   static V load(const float* p) { return *p; }
   static void store(float* p, V v) { *p = v; }
@@ -206,6 +243,7 @@ struct Simd {
   static V fma(V a, V b, V c) { return a * b + c; }
   static float reduce_add(V v) { return v; }
   static void transpose(V*) {}  // 1 x 1
+  __attribute__((always_inline)) static V reduce_lanes(const V* r) { return r[0]; }
   static float reduce_max(V v) { return v; }
   static V exp(V x) { return std::exp(x); }
 };
