@@ -18,6 +18,7 @@
 #include "infera/quant/quantizer.h"
 #include "infera/runtime/block_allocator.h"
 #include "infera/runtime/sequence_runner.h"
+#include "sampled_text.h"
 
 namespace infera::quant {
 namespace {
@@ -113,41 +114,6 @@ TEST(QuantFormat, RoundTripsThroughWriterAndLoader) {
   fs::remove_all(out);
 }
 
-// A fixed text: 4 x 300 tokens sampled from the f32 model at temperature 1 (seeded).
-std::vector<int32_t> sampled_tokens(Model& model) {
-  KvPoolShape s = model.kv_shape(16);
-  s.num_blocks = 320 / 16;
-  KvPool kv(s);
-  BlockAllocator blocks(static_cast<int32_t>(s.num_blocks));
-  SequenceRunner runner(model, kv, blocks, 64);
-  std::mt19937 rng(1234);
-  std::vector<int32_t> all;
-  const int64_t V = model.config().vocab_size;
-  for (int seq = 0; seq < 4; ++seq) {
-    runner.reset();
-    std::vector<int32_t> toks = {1};
-    const float* logits = runner.feed(toks);
-    for (int i = 0; i < 299; ++i) {
-      std::vector<double> p(V);
-      double mx = -INFINITY, sum = 0.0;
-      for (int64_t v = 0; v < V; ++v) mx = std::max(mx, static_cast<double>(logits[v]));
-      for (int64_t v = 0; v < V; ++v) sum += p[v] = std::exp(logits[v] - mx);
-      double u = std::uniform_real_distribution<double>(0.0, sum)(rng);
-      int32_t next = static_cast<int32_t>(V - 1);
-      for (int64_t v = 0; v < V; ++v) {
-        if ((u -= p[v]) <= 0.0) {
-          next = static_cast<int32_t>(v);
-          break;
-        }
-      }
-      toks.push_back(next);
-      logits = runner.feed(std::vector<int32_t>{next});
-    }
-    all.insert(all.end(), toks.begin(), toks.end());
-  }
-  return all;
-}
-
 EvalResult quantize_and_eval(const std::string& name, const QuantizeOptions& o, Model& ref, const std::vector<int32_t>& toks) {
   const fs::path out = fresh_dir(name);
   quantize_model(kStories, out.string(), o);
@@ -161,7 +127,7 @@ EvalResult quantize_and_eval(const std::string& name, const QuantizeOptions& o, 
 
 TEST(QuantQuality, Stories260KAgainstF32) {
   std::unique_ptr<Model> ref = load_model(kStories);
-  const std::vector<int32_t> toks = sampled_tokens(*ref);
+  const std::vector<int32_t> toks = sampled_tokens(*ref, 4, 300, 1234, 1, 0);  // 4 x 300 tokens from the f32 model
   QuantizeOptions o;
   o.scheme = QuantScheme::kW8A8;
   const EvalResult w8a8 = quantize_and_eval("w8a8", o, *ref, toks);

@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "../test_support.h"
+#include "sampled_text.h"
 #include "infera/base/error.h"
 #include "infera/io/safetensors.h"
 #include "infera/kernels/quant.h"
@@ -179,41 +180,6 @@ const char* kQwen35MoeArgs =
     "--arch qwen3_5_moe --hidden 64 --layers 4 --heads 4 --kv-heads 2 --head-dim 32 --lin-k-heads 2 --lin-v-heads 4 "
     "--lin-dk 16 --lin-dv 16 --experts 8 --experts-per-tok 2 --moe-ffn 32 --shared-ffn 64 --vocab 300 --seed 3";
 
-// Tokens sampled from `model` at temperature 1 (so the text is one it finds likely).
-std::vector<int32_t> sampled_tokens(Model& model, int sequences, int length) {
-  KvPoolShape s = model.kv_shape(16);
-  s.num_blocks = (length + 15) / 16 + 1;
-  KvPool kv(s);
-  BlockAllocator blocks(static_cast<int32_t>(s.num_blocks));
-  SequenceRunner runner(model, kv, blocks, 64);
-  std::mt19937 rng(99);
-  std::vector<int32_t> all;
-  const int64_t V = model.config().vocab_size;
-  for (int seq = 0; seq < sequences; ++seq) {
-    runner.reset();
-    std::vector<int32_t> toks = {static_cast<int32_t>(1 + seq)};
-    const float* logits = runner.feed(toks);
-    for (int i = 1; i < length; ++i) {
-      std::vector<double> p(V);
-      double mx = -INFINITY, sum = 0.0;
-      for (int64_t v = 0; v < V; ++v) mx = std::max(mx, static_cast<double>(logits[v]));
-      for (int64_t v = 0; v < V; ++v) sum += p[v] = std::exp(logits[v] - mx);
-      double u = std::uniform_real_distribution<double>(0.0, sum)(rng);
-      int32_t next = static_cast<int32_t>(V - 1);
-      for (int64_t v = 0; v < V; ++v) {
-        if ((u -= p[v]) <= 0.0) {
-          next = static_cast<int32_t>(v);
-          break;
-        }
-      }
-      toks.push_back(next);
-      logits = runner.feed(std::vector<int32_t>{next});
-    }
-    all.insert(all.end(), toks.begin(), toks.end());
-  }
-  return all;
-}
-
 struct SchemeResult {
   EvalResult bf16, w8a8, w4a8, w4a16;
   std::map<std::string, QuantizeReport> reports;         // by label: "bf16", "w8a8", ...
@@ -222,7 +188,7 @@ struct SchemeResult {
 
 SchemeResult quantize_all(const std::string& name, const std::string& src) {
   std::unique_ptr<Model> ref = load_model(src);
-  const std::vector<int32_t> toks = sampled_tokens(*ref, 2, 100);
+  const std::vector<int32_t> toks = sampled_tokens(*ref, 2, 100, 99, 1, 1);
   SchemeResult out;
   out.bytes_per_token["f32"] = ref->weight_bytes_per_token();
   // "bf16": the same layers kept in bf16 (--fallback '*'), printed for scale: these random
@@ -385,7 +351,7 @@ TEST(QuantMoeModel, Qwen35MoeSchemesCloseToF32AndFusedExpertsStay3D) {
     const int64_t bytes = m->weight_bytes_per_token();
     EXPECT_NEAR(static_cast<double>(bytes), expected_bytes_per_token(r.bytes_per_token.at("f32"), report, 2, 8, 300), 1.0);
     EXPECT_LT(bytes, r.bytes_per_token.at("w4a8"));
-    const EvalResult e = evaluate(*m, ref.get(), sampled_tokens(*ref, 2, 100), 100);
+    const EvalResult e = evaluate(*m, ref.get(), sampled_tokens(*ref, 2, 100, 99, 1, 1), 100);
     std::printf("[ quality  ] qwen3_5_moe w4a8, embeddings/head w4a8: KL mean %.5f  top-1 %.2f %%, %lld bytes per token\n",
                 e.kl_mean, 100.0 * e.top1_agreement, static_cast<long long>(bytes));
     EXPECT_LE(e.kl_mean, 3.5);  // measured 2.06
@@ -441,7 +407,7 @@ TEST(QuantMoeModel, Qwen35DenseSchemesCloseToF32) {
     const QuantizationConfig cqc = read_quantization_config(cdir.string());
     EXPECT_NE(cqc.calibration_json.find("\"smoothed_layers\""), std::string::npos);
     std::unique_ptr<Model> ref = load_model(src), m = load_model(cdir.string());
-    const EvalResult e = evaluate(*m, ref.get(), sampled_tokens(*ref, 2, 100), 100);
+    const EvalResult e = evaluate(*m, ref.get(), sampled_tokens(*ref, 2, 100, 99, 1, 1), 100);
     std::printf("[ quality  ] qwen3_5 w4a8 calib   KL mean %.5f  top-1 %.2f %% (%s)\n", e.kl_mean, 100.0 * e.top1_agreement,
                 cqc.calibration_json.c_str());
     EXPECT_LT(e.kl_mean, 1.25 * r.w4a8.kl_mean);
@@ -515,7 +481,7 @@ TEST(QuantMoeModel, Qwen35DenseSchemesCloseToF32) {
   EXPECT_TRUE(warned);
   std::unique_ptr<Model> m = load_model(g128.string());
   std::unique_ptr<Model> ref = load_model(src);
-  const EvalResult e = evaluate(*m, ref.get(), sampled_tokens(*ref, 1, 60), 60);
+  const EvalResult e = evaluate(*m, ref.get(), sampled_tokens(*ref, 1, 60, 99, 1, 1), 60);
   EXPECT_TRUE(std::isfinite(e.kl_mean));
   EXPECT_LE(e.kl_mean, 2.5);
 }

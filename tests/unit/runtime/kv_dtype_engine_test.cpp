@@ -12,21 +12,13 @@
 #include "infera/runtime/engine.h"
 #include "infera/runtime/sampler.h"
 #include "infera/runtime/sequence_runner.h"
+#include "test_models.h"
 
 using namespace infera;
 
 namespace {
 
-const std::string kModelDir = std::string(INFERA_SOURCE_DIR) + "/../shared/models/stories260K";
-
-Model& stories() {
-  static std::unique_ptr<Model> model = [] {
-    LoadOptions o;
-    o.max_batch_tokens = 512;
-    return load_model(kModelDir, o);
-  }();
-  return *model;
-}
+Model& stories() { return testing_support::stories_model(); }
 
 // A lone sequence on a cache of `dtype`.
 struct Solo {
