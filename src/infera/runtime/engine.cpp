@@ -146,7 +146,7 @@ void EngineCore::validate(const Request& r) const {
   const int64_t capacity = kv_capacity_tokens();
   const int64_t limit = std::min<int64_t>(max_context_, capacity);
   const char* why = capacity < max_context_ ? "the KV cache (raise --kv-cache-memory)" : "the context limit";
-  if (n >= limit) {
+  if (n > limit || (n == limit && r.max_tokens != 0)) {  // max_tokens 0: the prompt alone may fill it
     fail("request: the prompt has {} tokens; a sequence holds at most {} tokens here ({}), leaving no room to "
          "generate; shorten the prompt",
          n, limit, why);

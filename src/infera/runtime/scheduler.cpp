@@ -63,15 +63,17 @@ void Scheduler::preempt_newest() {
   waiting_.push_front(std::move(victim));
 }
 
-int32_t Scheduler::chunk_limit(const Sequence& seq) const {
-  // A chunk that scores prompt tokens returns a logits row per token: fewer tokens per
-  // chunk bound that buffer (kPromptLogprobsChunk x vocab floats).
-  return seq.next_prompt_row() >= 0 ? std::min(config_.prefill_chunk, kPromptLogprobsChunk) : config_.prefill_chunk;
+int32_t Scheduler::chunk_limit(const Sequence& seq, int32_t score_rows_left) const {
+  // A chunk that scores prompt tokens returns a logits row per token: all such chunks of a
+  // step together stay within kPromptLogprobsChunk rows, which bounds the logits buffer
+  // (and, split over ranks, every gather of it) to kPromptLogprobsChunk x vocab floats.
+  return seq.next_prompt_row() >= 0 ? std::min(config_.prefill_chunk, score_rows_left) : config_.prefill_chunk;
 }
 
 StepPlan Scheduler::schedule() {
   StepPlan plan;
   int32_t budget = config_.max_batch_tokens;
+  int32_t score_rows = kPromptLogprobsChunk;  // logits rows left for prompt-scoring chunks
   auto add_chunk = [&](Sequence& seq, int32_t n) {
     ScheduledChunk c;
     c.seq = &seq;
@@ -94,7 +96,9 @@ StepPlan Scheduler::schedule() {
     if (is_decode) --decodes_after;
     const int32_t room = budget - decodes_after;
     if (room <= 0) continue;
-    const int32_t n = std::min({seq.num_uncomputed(), chunk_limit(seq), room});
+    const int32_t limit = chunk_limit(seq, score_rows);
+    if (limit <= 0) continue;  // this step's scoring rows are taken: next step
+    const int32_t n = std::min({seq.num_uncomputed(), limit, room});
     bool self_preempted = false;
     while (!reserve_blocks(seq, seq.num_computed + n)) {
       const bool is_self = running_.back().get() == &seq;
@@ -107,6 +111,7 @@ StepPlan Scheduler::schedule() {
       }
     }
     if (self_preempted) break;
+    if (seq.next_prompt_row() >= 0) score_rows -= n;
     add_chunk(seq, n);
     ScheduledChunk& c = plan.chunks.back();
     if (c.sample && n == 1 && !seq.drafts.tokens.empty()) {
@@ -130,6 +135,7 @@ StepPlan Scheduler::schedule() {
          static_cast<int32_t>(running_.size()) < config_.max_num_seqs) {
     Sequence& seq = *waiting_.front();
     INFERA_ASSERT(seq.block_table.empty() && seq.num_computed == 0);
+    if (seq.next_prompt_row() >= 0 && score_rows <= 0) break;  // scoring rows taken (FIFO: wait)
     // Reuse cached full blocks, but keep at least the last token to compute: its
     // logits give the next token.
     const int32_t bs = blocks_.block_size();
@@ -142,7 +148,7 @@ StepPlan Scheduler::schedule() {
     seq.num_cached_blocks = static_cast<int32_t>(seq.block_table.size());
     seq.num_computed = seq.num_cached_blocks * bs;
     seq.last_block_hash = chain;
-    const int32_t n = std::min({seq.num_uncomputed(), chunk_limit(seq), budget});
+    const int32_t n = std::min({seq.num_uncomputed(), chunk_limit(seq, score_rows), budget});
     const int32_t blocks_before = static_cast<int32_t>(seq.block_table.size());
     const int32_t need = (seq.num_computed + n + bs - 1) / bs - blocks_before;
     const bool fits = running_.empty() ? blocks_.num_available() >= need
@@ -156,6 +162,7 @@ StepPlan Scheduler::schedule() {
     }
     if (!seq.first_scheduled) seq.first_scheduled = Clock::now();
     seq.status = SeqStatus::kRunning;
+    if (seq.next_prompt_row() >= 0) score_rows -= n;
     running_.push_back(std::move(waiting_.front()));
     waiting_.pop_front();
     add_chunk(*running_.back(), n);

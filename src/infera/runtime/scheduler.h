@@ -40,8 +40,8 @@ struct StepPlan {
   bool empty() const { return chunks.empty(); }
 };
 
-// Most tokens per chunk of a sequence that still scores prompt tokens
-// (Request::prompt_logprobs): each returns a logits row.
+// Most tokens per step in chunks that still score prompt tokens (Request::prompt_logprobs),
+// all sequences together: each such token returns a logits row.
 inline constexpr int32_t kPromptLogprobsChunk = 128;
 
 class Scheduler {
@@ -86,8 +86,9 @@ class Scheduler {
   bool reserve_blocks(Sequence& seq, int32_t n_positions);
   void release_blocks(Sequence& seq);
   void preempt_newest();
-  // Most tokens one chunk of seq feeds: prefill_chunk, or less while it scores its prompt.
-  int32_t chunk_limit(const Sequence& seq) const;
+  // Most tokens one chunk of seq feeds: prefill_chunk, or while it scores its prompt at most
+  // the step's scoring rows left.
+  int32_t chunk_limit(const Sequence& seq, int32_t score_rows_left) const;
 
   EngineConfig config_;
   KvBlockManager& blocks_;

@@ -346,15 +346,14 @@ void stream_chunks(const Job& job, Choice& c, const OutputDelta& d, bool finishe
                                           {"finish_reason", c.finish_reason}}})));
     }
   } else {
-    std::string text = d.content;
-    json logprobs = nullptr;
-    if (!c.role_sent) {  // echo goes first, with its tokens' log-probabilities
-      c.role_sent = true;
-      text = c.prefix_text + text;
-      c.text_offset = 0;
-      if (c.prompt_logprobs) logprobs = completion_prompt_logprobs(job.model->tokenizer(), c.first_prompt_token, *c.prompt_logprobs, c.text_offset);
-    }
+    const bool first = !c.role_sent;
+    const std::string text = first ? c.prefix_text + d.content : d.content;  // echo goes first
     if (!text.empty() || finished) {
+      json logprobs = nullptr;
+      if (first) {  // the first chunk written carries the echoed prompt's log-probabilities
+        c.role_sent = true;
+        if (c.prompt_logprobs) logprobs = completion_prompt_logprobs(job.model->tokenizer(), c.first_prompt_token, *c.prompt_logprobs, c.text_offset);
+      }
       if (job.options.logprobs) append_completion_logprobs(logprobs, unsent_logprobs(job, c));
       out += sse(chunk(job, json::array({{{"index", c.index},
                                           {"text", text},

@@ -465,6 +465,26 @@ TEST(EnginePromptLogprobs, PreemptedSequencesScoreEachTokenOnce) {
   }
 }
 
+TEST(EnginePromptLogprobs, AStepReturnsAtMostOneScoringChunkOfRows) {
+  // Three prompts scored together with room for all of them in one step: the logits rows of
+  // a step (one per scoring token) stay within kPromptLogprobsChunk over all sequences, so
+  // the 900 rows take at least ceil(900 / 128) forwards; the numbers are unaffected.
+  OneThread one;
+  EngineConfig c = config();
+  c.prefill_chunk = 512;
+  c.max_batch_tokens = 1024;
+  EngineCore core(stories(), c);
+  std::vector<std::vector<int32_t>> ps;
+  std::vector<Request> rs;
+  for (uint32_t i = 0; i < 3; ++i) {
+    ps.push_back(random_prompt(300, 20 + i));
+    rs.push_back(scoring_request(ps.back(), 0, 2));
+  }
+  const std::vector<Scored> out = run_scoring(core, rs);
+  EXPECT_GE(core.stats().steps, (900 + kPromptLogprobsChunk - 1) / kPromptLogprobsChunk);
+  for (size_t i = 0; i < ps.size(); ++i) expect_prompt_matches_runner(ps[i], out[i], 2, "prompt " + std::to_string(i));
+}
+
 TEST(EnginePromptLogprobs, RequestsAreValidated) {
   EngineCore core(stories(), config());
   Request r = scoring_request({1, 300}, 0, kMaxTopLogprobs + 1);
@@ -475,4 +495,12 @@ TEST(EnginePromptLogprobs, RequestsAreValidated) {
   EXPECT_NO_THROW(core.validate(r));
   r.max_tokens = -2;
   EXPECT_THROW(core.validate(r), Error);
+  // Scoring only (max_tokens 0), a prompt may fill the whole context; generating may not.
+  EngineConfig small = config();
+  small.max_context = 64;
+  EngineCore tight(stories(), small);
+  Request full = scoring_request(random_prompt(64, 7), 0, 1);
+  EXPECT_NO_THROW(tight.validate(full));
+  full.max_tokens = 1;
+  EXPECT_THROW(tight.validate(full), Error);
 }

@@ -596,8 +596,10 @@ template <DType VD>
 inline void accumulate_rows2(float* acc0, float* acc1, const float* p0, const float* p1,
                              const typename KvElem<VD>::T* v, int64_t stride, int64_t n, int64_t D) {
   int64_t d = 0;
-  if constexpr (L > 1) {
+  if constexpr (L >= 16) {  // 16 accumulators: only the 32 AVX-512 registers hold them and the operands
     for (; d + 8 * L <= D; d += 8 * L) accumulate_span2<VD, 8>(acc0 + d, acc1 + d, p0, p1, v + d, stride, n);
+  }
+  if constexpr (L > 1) {
     for (; d + 4 * L <= D; d += 4 * L) accumulate_span2<VD, 4>(acc0 + d, acc1 + d, p0, p1, v + d, stride, n);
   }
   if (d < D) {  // the narrow rest, one row at a time
