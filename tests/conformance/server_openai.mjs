@@ -150,6 +150,18 @@ try {
   check(echoedLp.token_logprobs.slice(nPrompt).every((v, i) => Math.abs(v - legacy.token_logprobs[i]) < 1e-4), "echo logprobs: completion values as without echo");
   check(echoedLp.token_logprobs.slice(1, nPrompt).every((v, i) => Math.abs(v - scoredLp.token_logprobs[i + 1]) < 1e-4), "echo logprobs: prompt values as with max_tokens 0");
 
+  // vLLM's prompt_logprobs extension passes through the client as an extra body field.
+  const vllmScored = await client.completions.create({ model: "stories", prompt: "Once upon a time", max_tokens: 1, prompt_logprobs: 1 });
+  const pl = vllmScored.choices[0].prompt_logprobs;
+  check(Array.isArray(pl) && pl.length === vllmScored.usage.prompt_tokens && pl[0] === null, "prompt_logprobs: one entry per prompt token, the first null");
+  for (let i = 1; i < (pl?.length ?? 0); ++i) {
+    const entries = Object.values(pl[i]);
+    check(entries.length >= 1 && entries.length <= 2 && entries.every((e) => e.logprob <= 0 && e.rank >= 1 && typeof e.decoded_token === "string"),
+      `prompt_logprobs[${i}]: {logprob, rank, decoded_token} of the prompt token and 1 alternative`);
+    check(Math.abs(Object.values(pl[i]).find((e) => e.decoded_token === scoredLp.tokens[i])?.logprob - scoredLp.token_logprobs[i]) < 1e-4,
+      `prompt_logprobs[${i}] agrees with echo's`);
+  }
+
   await (async () => {
     try {
       await client.chat.completions.create({ model: "stories", messages, logprobs: true, top_logprobs: 21 });

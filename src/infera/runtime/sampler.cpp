@@ -115,9 +115,12 @@ TokenLogprobs token_logprobs(float* logits, int32_t vocab, int32_t token, int32_
   auto better = [](float a_logit, int32_t a, const TokenLogprob& b) {
     return a_logit > b.logprob || (a_logit == b.logprob && a < b.token);
   };
-  for (int32_t i = 0; i < vocab && top_n > 0; ++i) {
+  const float own = logits[token];
+  int32_t above = 0;
+  for (int32_t i = 0; i < vocab; ++i) {
     const float l = logits[i];
-    if (static_cast<int32_t>(top.size()) == top_n && !better(l, i, top.back())) continue;
+    above += l > own ? 1 : 0;
+    if (top_n == 0 || (static_cast<int32_t>(top.size()) == top_n && !better(l, i, top.back()))) continue;
     auto at = top.end();
     while (at != top.begin() && better(l, i, *(at - 1))) --at;
     top.insert(at, TokenLogprob{i, l});
@@ -132,6 +135,7 @@ TokenLogprobs token_logprobs(float* logits, int32_t vocab, int32_t token, int32_
   // Differences of raw logits, not logs of probabilities: exact far into the tail, where a
   // probability would underflow to 0.
   out.sampled.logprob = static_cast<float>(out.sampled.logprob - log_z);
+  out.sampled_rank = 1 + above;
   for (TokenLogprob& t : top) t.logprob = static_cast<float>(t.logprob - log_z);
   return out;
 }

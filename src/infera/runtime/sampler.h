@@ -67,6 +67,7 @@ struct TokenLogprob {
 
 struct TokenLogprobs {
   TokenLogprob sampled;            // the generated token
+  int32_t sampled_rank = 0;        // 1 + the tokens with a larger logit (1: the most likely)
   std::vector<TokenLogprob> top;   // the most likely tokens, most likely first (ties: lower id first)
 };
 

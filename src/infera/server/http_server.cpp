@@ -119,8 +119,9 @@ struct Choice {
   StopMatcher stop;
   OutputRouter router;
   std::string prefix_text;  // echo: the prompt text, sent before the completion
-  // echo with logprobs: the prompt's first token (nothing scores it) and the engine's
-  // log-probabilities of the others (Event::prompt_logprobs), reported before the completion's.
+  // Prompt scoring (echo with logprobs, or `prompt_logprobs`): the prompt's first token
+  // (nothing scores it) and the engine's log-probabilities of the others (Event::prompt_logprobs).
+  bool echo_scored = false;  // completions with echo and logprobs: the legacy object starts with the prompt
   int32_t first_prompt_token = -1;
   std::optional<std::vector<TokenLogprobs>> prompt_logprobs;
   // Log-probabilities of the tokens taken so far (requests with logprobs): every token
@@ -260,6 +261,23 @@ json tool_calls_json(const std::vector<ToolCall>& calls, bool with_index) {
   return arr;
 }
 
+// The echoed prompt's entries of the legacy completions object, with the request's
+// `logprobs` alternatives (the engine may have kept more for `prompt_logprobs`).
+json echoed_prompt_logprobs(const Job& job, const Choice& c, int64_t& offset) {
+  if (!c.prompt_logprobs) return nullptr;
+  std::vector<TokenLogprobs> entries = *c.prompt_logprobs;
+  for (TokenLogprobs& e : entries) {
+    if (static_cast<int32_t>(e.top.size()) > job.options.top_logprobs) e.top.resize(job.options.top_logprobs);
+  }
+  return completion_prompt_logprobs(job.model->tokenizer(), c.first_prompt_token, entries, offset);
+}
+
+// vLLM's `prompt_logprobs` of a choice (null when the engine sent none: a failed request).
+json vllm_prompt_json(const Job& job, const Choice& c) {
+  if (!c.prompt_logprobs) return nullptr;
+  return vllm_prompt_logprobs(job.model->tokenizer(), *c.prompt_logprobs, job.options.prompt_logprobs);
+}
+
 json final_response(const Job& job) {
   json choices = json::array();
   for (const auto& c : job.choices) {
@@ -276,21 +294,26 @@ json final_response(const Job& job) {
       if (job.options.logprobs) {
         // One running text offset over the token strings: the prompt's (echo), then the completion's.
         int64_t offset = 0;
-        if (c->prompt_logprobs) logprobs = completion_prompt_logprobs(job.model->tokenizer(), c->first_prompt_token, *c->prompt_logprobs, offset);
+        if (c->echo_scored) logprobs = echoed_prompt_logprobs(job, *c, offset);
         append_completion_logprobs(logprobs, completion_logprobs(job.model->tokenizer(), c->logprobs, offset));
       }
-      choices.push_back({{"index", c->index},
-                         {"text", c->prefix_text + c->content},
-                         {"logprobs", logprobs},
-                         {"finish_reason", c->finish_reason}});
+      json choice = {{"index", c->index},
+                     {"text", c->prefix_text + c->content},
+                     {"logprobs", logprobs},
+                     {"finish_reason", c->finish_reason}};
+      if (job.options.prompt_logprobs >= 0) choice["prompt_logprobs"] = vllm_prompt_json(job, *c);
+      choices.push_back(std::move(choice));
     }
   }
-  return {{"id", job.id},
-          {"object", job.endpoint == Endpoint::kChat ? "chat.completion" : "text_completion"},
-          {"created", job.created},
-          {"model", job.model->name()},
-          {"choices", std::move(choices)},
-          {"usage", usage_json(job)}};
+  json out = {{"id", job.id},
+              {"object", job.endpoint == Endpoint::kChat ? "chat.completion" : "text_completion"},
+              {"created", job.created},
+              {"model", job.model->name()},
+              {"choices", std::move(choices)},
+              {"usage", usage_json(job)}};
+  // Chat: one prompt for every choice, so one list beside them (as vLLM).
+  if (job.endpoint == Endpoint::kChat && job.options.prompt_logprobs >= 0) out["prompt_logprobs"] = vllm_prompt_json(job, *job.choices[0]);
+  return out;
 }
 
 json chunk(const Job& job, json choices) {
@@ -319,10 +342,12 @@ void stream_chunks(const Job& job, Choice& c, const OutputDelta& d, bool finishe
   if (job.endpoint == Endpoint::kChat) {
     if (!c.role_sent) {
       c.role_sent = true;
-      out += sse(chunk(job, json::array({{{"index", c.index},
-                                          {"delta", {{"role", "assistant"}, {"content", ""}}},
-                                          {"logprobs", nullptr},
-                                          {"finish_reason", nullptr}}})));
+      json first = chunk(job, json::array({{{"index", c.index},
+                                            {"delta", {{"role", "assistant"}, {"content", ""}}},
+                                            {"logprobs", nullptr},
+                                            {"finish_reason", nullptr}}}));
+      if (job.options.prompt_logprobs >= 0) first["prompt_logprobs"] = vllm_prompt_json(job, c);
+      out += sse(first);
     }
     if (!d.empty()) {
       json delta = json::object();
@@ -352,13 +377,15 @@ void stream_chunks(const Job& job, Choice& c, const OutputDelta& d, bool finishe
       json logprobs = nullptr;
       if (first) {  // the first chunk written carries the echoed prompt's log-probabilities
         c.role_sent = true;
-        if (c.prompt_logprobs) logprobs = completion_prompt_logprobs(job.model->tokenizer(), c.first_prompt_token, *c.prompt_logprobs, c.text_offset);
+        if (c.echo_scored) logprobs = echoed_prompt_logprobs(job, c, c.text_offset);
       }
       if (job.options.logprobs) append_completion_logprobs(logprobs, unsent_logprobs(job, c));
-      out += sse(chunk(job, json::array({{{"index", c.index},
-                                          {"text", text},
-                                          {"logprobs", logprobs},
-                                          {"finish_reason", finished ? json(c.finish_reason) : json(nullptr)}}})));
+      json choice = {{"index", c.index},
+                     {"text", text},
+                     {"logprobs", logprobs},
+                     {"finish_reason", finished ? json(c.finish_reason) : json(nullptr)}};
+      if (first && job.options.prompt_logprobs >= 0) choice["prompt_logprobs"] = vllm_prompt_json(job, c);
+      out += sse(chunk(job, json::array({std::move(choice)})));
     }
   }
 }
@@ -604,10 +631,9 @@ struct HttpServer::Impl {
         for (int k = 0; k < options.n; ++k) {
           auto c = std::make_unique<Choice>(tok, options.stop, router_options);
           c->index = static_cast<int>(job->choices.size());
-          if (completion && completion->echo) {
-            c->prefix_text = prompt_texts[p];
-            c->first_prompt_token = prompt_ids[p][0];
-          }
+          if (completion && completion->echo) c->prefix_text = prompt_texts[p];
+          c->first_prompt_token = prompt_ids[p][0];
+          c->echo_scored = completion && completion->echo && options.logprobs;
           Request r;
           r.prompt_ids = prompt_ids[p];
           r.sampling.temperature = options.temperature;
@@ -623,7 +649,7 @@ struct HttpServer::Impl {
           r.ignore_eos = options.ignore_eos;
           r.logprobs = options.logprobs;
           r.top_logprobs = options.top_logprobs;
-          if (completion && completion->echo && options.logprobs) r.prompt_logprobs = options.top_logprobs;
+          r.prompt_logprobs = std::max(options.prompt_logprobs, c->echo_scored ? options.top_logprobs : -1);
           if (!options.ignore_eos) r.stop_token_ids = model->extra_stop_ids();
           requests.push_back(std::move(r));
           job->choices.push_back(std::move(c));

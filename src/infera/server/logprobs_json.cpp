@@ -1,5 +1,8 @@
 #include "infera/server/logprobs_json.h"
 
+#include <algorithm>
+#include <string>
+
 #include "infera/tokenizer/unicode.h"
 
 namespace infera::server {
@@ -90,6 +93,23 @@ json completion_prompt_logprobs(const Tokenizer& tok, int32_t first_token, std::
               {"text_offset", json::array({text_offset})}};
   text_offset += code_point_count(first);
   append_completion_logprobs(out, completion_logprobs(tok, rest, text_offset));
+  return out;
+}
+
+json vllm_prompt_logprobs(const Tokenizer& tok, std::span<const TokenLogprobs> rest, int32_t top_n) {
+  json out = json::array({nullptr});
+  for (const TokenLogprobs& lp : rest) {
+    json entry = json::object();
+    const int32_t n = std::min<int32_t>(top_n, static_cast<int32_t>(lp.top.size()));
+    for (int32_t i = 0; i < n; ++i) {
+      const TokenLogprob& t = lp.top[i];
+      entry[std::to_string(t.token)] = {{"logprob", t.logprob}, {"rank", i + 1}, {"decoded_token", token_string(tok.token_bytes(t.token))}};
+    }
+    entry[std::to_string(lp.sampled.token)] = {{"logprob", lp.sampled.logprob},
+                                               {"rank", lp.sampled_rank},
+                                               {"decoded_token", token_string(tok.token_bytes(lp.sampled.token))}};
+    out.push_back(std::move(entry));
+  }
   return out;
 }
 

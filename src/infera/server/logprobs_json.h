@@ -34,6 +34,10 @@ nlohmann::json completion_logprobs(const Tokenizer& tok, std::span<const TokenLo
 // `rest`, the engine's entries for prompt tokens 1... Offsets count the token strings.
 nlohmann::json completion_prompt_logprobs(const Tokenizer& tok, int32_t first_token, std::span<const TokenLogprobs> rest,
                                           int64_t& text_offset);
+// vLLM's `prompt_logprobs`: null for the first prompt token, then per prompt token an object
+// keyed by token id (as a string) holding {logprob, rank, decoded_token} of the prompt
+// token and of its `top_n` most likely alternatives (so up to top_n + 1 keys).
+nlohmann::json vllm_prompt_logprobs(const Tokenizer& tok, std::span<const TokenLogprobs> rest, int32_t top_n);
 // Appends the entries of `more` (a completions object, or null) to `into` (null: becomes `more`).
 void append_completion_logprobs(nlohmann::json& into, const nlohmann::json& more);
 

@@ -146,6 +146,7 @@ GenerationOptions parse_options(const json& body, const ParseLimits& limits, boo
     o.logprobs = true;
     o.top_logprobs = static_cast<int32_t>(*v);
   }
+  if (auto v = get_integer_in(body, "prompt_logprobs", 0, kMaxTopLogprobs)) o.prompt_logprobs = static_cast<int32_t>(*v);
   o.stream = get_bool(body, "stream").value_or(false);
   if (const json* so = field(body, "stream_options")) {
     if (!so->is_object()) wrong_type("stream_options", "an object", *so);

@@ -33,6 +33,9 @@ struct GenerationOptions {
   int32_t n = 1;
   bool logprobs = false;
   int32_t top_logprobs = 0;
+  // vLLM's extension: each prompt token's log-probability with this many alternatives
+  // (0-20), in vLLM's response shape; -1: not asked.
+  int32_t prompt_logprobs = -1;
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
   bool ignore_eos = false;

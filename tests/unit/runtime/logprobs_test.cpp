@@ -39,6 +39,8 @@ void expect_matches(const TokenLogprobs& lp, const std::vector<double>& ref, int
                     const std::string& what) {
   EXPECT_EQ(lp.sampled.token, token) << what;
   EXPECT_NEAR(lp.sampled.logprob, ref[token], tol) << what;
+  // Rank: 1 + the tokens more likely than it (the reference keeps the logits' order).
+  EXPECT_EQ(lp.sampled_rank, 1 + std::count_if(ref.begin(), ref.end(), [&](double v) { return v > ref[token]; })) << what;
   EXPECT_LE(lp.sampled.logprob, 0.0f) << what;
   ASSERT_EQ(lp.top.size(), static_cast<size_t>(top_n)) << what;
   // The reference ranking: by log-probability, ties by lower id.

@@ -694,6 +694,8 @@ TEST(HttpServer, BadLogprobsRequestsNameTheParameter) {
       {"/v1/completions", {{"logprobs", true}}, "logprobs"},
       {"/v1/completions", {{"max_tokens", 0}}, "max_tokens"},  // 0 only with echo
       {"/v1/chat/completions", {{"max_tokens", 0}}, "max_tokens"},
+      {"/v1/completions", {{"prompt_logprobs", 21}}, "prompt_logprobs"},
+      {"/v1/chat/completions", {{"prompt_logprobs", -1}}, "prompt_logprobs"},
   };
   for (const Case& c : cases) {
     const json base = std::string(c.path) == "/v1/completions" ? json{{"prompt", "x"}} : kChat;
@@ -826,10 +828,80 @@ TEST(HttpServer, EchoedPromptLogprobsAreTheModels) {
     }
     if (!stream) {
       const json body = json::parse(r->body);
+      EXPECT_FALSE(body["choices"][0].contains("prompt_logprobs")) << "not asked";
       EXPECT_EQ(body["usage"]["completion_tokens"], gen) << what;
       EXPECT_TRUE(body["choices"][0]["text"].get<std::string>().starts_with(tok.decode(prompt, false))) << what << body;
     }
   }
+}
+
+// vLLM's prompt_logprobs: per prompt token after the first, an object keyed by token id
+// with the prompt token's and its alternatives' logprob, rank and text; on each completion
+// choice (also streamed, with the first chunk), beside the choices for chat.
+TEST(HttpServer, VllmPromptLogprobsAreTheModels) {
+  ServerOptions o;
+  o.real_engine = true;
+  TestServer s(o);
+  const Tokenizer& tok = s.tokenizer();
+  const std::vector<int32_t> prompt = tok.encode("Once upon a time there was", true);
+  const int32_t n = static_cast<int32_t>(prompt.size());
+  LoneStories lone;
+  const int32_t vocab = lone.vocab;
+  const float* rows = lone.runner->feed(prompt, /*all_logits=*/true);
+  auto check = [&](const json& pl, int32_t top_n, const std::string& what) {
+    ASSERT_TRUE(pl.is_array()) << what << ": " << pl;
+    ASSERT_EQ(pl.size(), static_cast<size_t>(n)) << what;
+    EXPECT_TRUE(pl[0].is_null()) << what;
+    for (int32_t p = 1; p < n; ++p) {
+      const float* row = rows + static_cast<size_t>(p - 1) * vocab;
+      const json& e = pl[p];
+      const std::string key = std::to_string(prompt[p]);
+      ASSERT_TRUE(e.contains(key)) << what << " " << p << ": " << e;
+      EXPECT_NEAR(e[key]["logprob"].get<double>(), log_softmax_at(row, vocab, prompt[p]), 2e-4) << what << " " << p;
+      int32_t above = 0;
+      for (int32_t v = 0; v < vocab; ++v) above += row[v] > row[prompt[p]] ? 1 : 0;
+      EXPECT_EQ(e[key]["rank"], 1 + above) << what << " " << p;
+      EXPECT_EQ(e[key]["decoded_token"], std::string(tok.token_bytes(prompt[p]))) << what;
+      EXPECT_TRUE(e.size() == static_cast<size_t>(top_n) || e.size() == static_cast<size_t>(top_n) + 1) << e;
+      const std::string best = std::to_string(argmax(row, vocab));
+      if (top_n > 0) {
+        ASSERT_TRUE(e.contains(best)) << what << " " << p;
+        EXPECT_EQ(e[best]["rank"], 1);
+      }
+    }
+  };
+  auto r = s.post("/v1/completions", {{"prompt", prompt}, {"max_tokens", 2}, {"temperature", 0}, {"prompt_logprobs", 2}});
+  ASSERT_EQ(r->status, 200) << r->body;
+  json body = json::parse(r->body);
+  check(body["choices"][0]["prompt_logprobs"], 2, "completion");
+  EXPECT_TRUE(body["choices"][0]["logprobs"].is_null()) << "no legacy logprobs asked";
+  // Together with echo + logprobs (fewer alternatives there): each keeps its own count.
+  r = s.post("/v1/completions", {{"prompt", prompt}, {"max_tokens", 0}, {"echo", true}, {"logprobs", 1}, {"prompt_logprobs", 3}});
+  ASSERT_EQ(r->status, 200) << r->body;
+  body = json::parse(r->body);
+  check(body["choices"][0]["prompt_logprobs"], 3, "completion with echo");
+  for (int32_t p = 1; p < n; ++p) EXPECT_LE(body["choices"][0]["logprobs"]["top_logprobs"][p].size(), 2u);
+  // Streamed: with the first chunk only.
+  r = s.post("/v1/completions", {{"prompt", prompt}, {"max_tokens", 3}, {"prompt_logprobs", 0}, {"stream", true}});
+  ASSERT_EQ(r->status, 200);
+  int chunks_with = 0;
+  for (const std::string& payload : sse_payloads(r->body)) {
+    if (payload == "[DONE]") continue;
+    const json j = json::parse(payload);
+    if (!j["choices"].empty() && j["choices"][0].contains("prompt_logprobs")) {
+      ++chunks_with;
+      check(j["choices"][0]["prompt_logprobs"], 0, "stream");
+    }
+  }
+  EXPECT_EQ(chunks_with, 1);
+  // Chat: beside the choices, for the rendered prompt.
+  r = s.post("/v1/chat/completions", with(kChat, {{"max_tokens", 2}, {"prompt_logprobs", 1}, {"n", 2}}));
+  ASSERT_EQ(r->status, 200) << r->body;
+  body = json::parse(r->body);
+  ASSERT_TRUE(body["prompt_logprobs"].is_array());
+  EXPECT_EQ(body["prompt_logprobs"].size(), static_cast<size_t>(body["usage"]["prompt_tokens"].get<int>()));
+  EXPECT_TRUE(body["prompt_logprobs"][0].is_null());
+  EXPECT_FALSE(body["choices"][0].contains("prompt_logprobs"));
 }
 
 }  // namespace
