@@ -94,12 +94,14 @@ TEST(OpenAiApi, BadChatRequestsNameTheParameter) {
     EXPECT_EQ(e.status, 400) << c.body;
     EXPECT_EQ(e.type, "invalid_request_error") << c.body;
     EXPECT_FALSE(e.message.empty()) << c.body;
-    if (c.param) EXPECT_EQ(e.param.value_or("<none>"), c.param) << c.body;
+    if (c.param) {
+      EXPECT_EQ(e.param.value_or("<none>"), c.param) << c.body;
+    }
   }
 }
 
 TEST(OpenAiApi, MalformedBodies) {
-  for (const std::string body : {std::string(""), std::string("{"), std::string("{\"a\": tru}"), std::string("{\"a\": \"\xff\"}"),
+  for (const std::string& body : {std::string(""), std::string("{"), std::string("{\"a\": tru}"), std::string("{\"a\": \"\xff\"}"),
                                  std::string("{\"a\": \"\xC0\x80\"}"), std::string("{\"a\": \"\xED\xA0\x80\"}"),
                                  std::string(200, '[') + std::string(200, ']')}) {
     try {
