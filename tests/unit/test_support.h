@@ -10,12 +10,21 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <fstream>
 #include <random>
 #include <string>
 #include <system_error>
 #include <vector>
 
 namespace infera::test {
+
+// Resident memory of this process (the resident pages of /proc/self/statm), bytes.
+inline int64_t resident_bytes() {
+  std::ifstream in("/proc/self/statm");
+  int64_t size = 0, resident = 0;
+  in >> size >> resident;
+  return resident * ::sysconf(_SC_PAGESIZE);
+}
 
 // n samples of N(0, scale²), reproducible from `seed`.
 inline std::vector<float> random_vec(size_t n, uint32_t seed, float scale = 1.0f) {

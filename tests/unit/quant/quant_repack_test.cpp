@@ -214,14 +214,6 @@ TEST(QuantRepack, DroppedExpertsLeaveTheOthersIntact) {
   }
 }
 
-// Resident memory of this process (VmRSS), bytes.
-int64_t resident_bytes() {
-  std::ifstream in("/proc/self/statm");
-  int64_t size = 0, resident = 0;
-  in >> size >> resident;
-  return resident * ::sysconf(_SC_PAGESIZE);
-}
-
 // Binding quantized layers from a mapped file adds one copy of their bytes to the resident
 // set (the packed copy), not two: the file pages packing read are released. Reading the
 // on-disk layout afterwards still sees the file's bytes (file-backed pages fault back in)
@@ -270,13 +262,13 @@ TEST(QuantRepack, MappedPagesAreReleasedAfterRepacking) {
   t.shrink_to_fit();
 
   WeightStore store = WeightStore::open(dir.string());
-  const int64_t before = resident_bytes();
+  const int64_t before = test::resident_bytes();
   std::vector<LinearWeight> layers;
   for (int64_t l = 0; l < kLayers; ++l) {
     layers.push_back(bind_linear(store, "layers." + std::to_string(l) + ".weight", kRows, kCols, qc));
     ASSERT_TRUE(layers.back().quant.packed);
   }
-  const double bound = static_cast<double>(resident_bytes() - before) / static_cast<double>(quant_bytes);
+  const double bound = static_cast<double>(test::resident_bytes() - before) / static_cast<double>(quant_bytes);
   std::printf("[ rss      ] binding %.1f MiB of quantized weights added %.2f copies to the resident set\n",
               quant_bytes / 1048576.0, bound);
   // One copy: the packed panels (the same bytes give or take panel padding, < 1 %) plus
@@ -284,7 +276,7 @@ TEST(QuantRepack, MappedPagesAreReleasedAfterRepacking) {
   EXPECT_GT(bound, 0.9);
   EXPECT_LT(bound, 1.2);
 
-  const int64_t before_reads = resident_bytes();
+  const int64_t before_reads = test::resident_bytes();
   for (int64_t l = 0; l < kLayers; ++l) {
     const kernels::QuantMatRef& q = layers[l].quant;
     const auto* p = static_cast<const uint8_t*>(q.qweight);
@@ -293,7 +285,7 @@ TEST(QuantRepack, MappedPagesAreReleasedAfterRepacking) {
     for (int64_t i = 0; i < n; ++i) sum = sum * 31 + p[i];
     EXPECT_EQ(sum, sums[l]) << "layer " << l << ": the released on-disk bytes read back differently";
   }
-  const double reread = static_cast<double>(resident_bytes() - before_reads) / static_cast<double>(quant_bytes);
+  const double reread = static_cast<double>(test::resident_bytes() - before_reads) / static_cast<double>(quant_bytes);
   std::printf("[ rss      ] reading the on-disk layout again added %.2f copies\n", reread);
   EXPECT_GT(reread, 0.8);
 }
@@ -332,11 +324,11 @@ TEST(QuantRepack, FusedExpertsKeepOneCopyAndDroppedExpertsFreeTheirs) {
   qc.scheme = QuantScheme::kW8A8;
 
   WeightStore store = WeightStore::open(dir.string());
-  const int64_t before = resident_bytes();
+  const int64_t before = test::resident_bytes();
   MoeWeights w = load_moe(store, "moe.mlp.", cfg, 0, qc);
-  const double loaded = static_cast<double>(resident_bytes() - before) / expert_bytes;
+  const double loaded = static_cast<double>(test::resident_bytes() - before) / expert_bytes;
   for (int64_t e = 0; e < E; e += 2) w.drop_expert(e);
-  const double kept = static_cast<double>(resident_bytes() - before) / expert_bytes;
+  const double kept = static_cast<double>(test::resident_bytes() - before) / expert_bytes;
   std::printf("[ rss      ] %.1f MiB of fused experts: %.2f copies resident after load_moe, %.2f after dropping "
               "half the experts\n",
               expert_bytes / 1048576.0, loaded, kept);

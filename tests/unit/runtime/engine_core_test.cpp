@@ -12,6 +12,7 @@
 #include "infera/base/error.h"
 #include "infera/runtime/engine.h"
 #include "probe_model.h"
+#include "../test_support.h"
 
 using namespace infera;
 using infera::testing::ProbeModel;
@@ -67,13 +68,6 @@ EngineConfig small_config() {
   c.max_num_seqs = 8;
   c.prefill_chunk = 8;
   return c;
-}
-
-int64_t resident_bytes() {
-  std::ifstream f("/proc/self/statm");
-  int64_t size = 0, resident = 0;
-  f >> size >> resident;
-  return resident * ::sysconf(_SC_PAGESIZE);
 }
 
 }  // namespace
@@ -356,7 +350,7 @@ TEST(EngineCore, ResidentMemoryFollowsUsedTokensNotTheBudget) {
   c.prefill_chunk = 4096;
   c.max_context = 1 << 17;
   c.kv_cache_bytes = int64_t{1024} << 17;
-  const int64_t before = resident_bytes();
+  const int64_t before = test::resident_bytes();
   Harness h(model, c);
   EXPECT_EQ(h.core.kv_capacity_tokens(), 1 << 17);
   const int64_t reserved = h.core.kv_pool().reserved_bytes();
@@ -367,7 +361,7 @@ TEST(EngineCore, ResidentMemoryFollowsUsedTokensNotTheBudget) {
   const RequestId id = h.add(p, 4);
   h.run();
   EXPECT_EQ(h.out[id].tokens, probe_generate(p, 4, kVocab));
-  const int64_t growth = resident_bytes() - before;
+  const int64_t growth = test::resident_bytes() - before;
   const int64_t used_bytes = int64_t{used} * 1024;
   EXPECT_GT(growth, used_bytes / 2);
   EXPECT_LT(growth, used_bytes * 2);

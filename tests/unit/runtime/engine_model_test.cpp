@@ -12,6 +12,7 @@
 #include "infera/runtime/engine.h"
 #include "greedy_reference.h"
 #include "infera/runtime/sequence_runner.h"
+#include "../test_support.h"
 
 using namespace infera;
 
@@ -53,13 +54,6 @@ EngineConfig base_config() {
   c.max_num_seqs = 16;
   c.prefill_chunk = 64;
   return c;
-}
-
-int64_t resident_bytes() {
-  std::ifstream f("/proc/self/statm");
-  int64_t size = 0, resident = 0;
-  f >> size >> resident;
-  return resident * ::sysconf(_SC_PAGESIZE);
 }
 
 }  // namespace
@@ -191,7 +185,7 @@ TEST(EngineStories, LongContextMemoryFollowsUsedTokens) {
   c.prefill_chunk = 1024;
   const int64_t per_token = stories().kv_shape(16).num_layers * 2 * 4 * 8 * 4;
   c.kv_cache_bytes = per_token * 128 * 1024;
-  const int64_t before = resident_bytes();
+  const int64_t before = test::resident_bytes();
   EngineCore core(stories(), c);
   EXPECT_EQ(core.kv_capacity_tokens(), 128 * 1024);
   std::mt19937 rng(25);
@@ -205,7 +199,7 @@ TEST(EngineStories, LongContextMemoryFollowsUsedTokens) {
   while (core.has_work()) core.step();
   ASSERT_TRUE(fin);
   EXPECT_EQ(fin->usage.completion_tokens, 8);
-  const int64_t growth = resident_bytes() - before;
+  const int64_t growth = test::resident_bytes() - before;
   const int64_t used_bytes = used * per_token;
   RecordProperty("prefill_seconds", std::to_string(t.seconds()));
   EXPECT_GT(growth, used_bytes / 2);
