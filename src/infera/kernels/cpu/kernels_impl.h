@@ -672,6 +672,14 @@ void attend_tile(const float* q, int64_t n_heads, int64_t t0, int64_t n_t, int64
         const float* ks = kv.k_scales + head_slot;
         for (int64_t j = 0; j < valid; ++j) sc[j] *= ks[j];
       }
+    }
+    // Then each row's online softmax over its scores (a separate pass: the rows' score
+    // chains and softmax chains are independent of each other, and the core overlaps more
+    // of them when they are not interleaved in one long loop body).
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t valid = std::clamp<int64_t>(st.key_end[r] - p, 0, run);
+      if (valid == 0) continue;
+      float* sc = st.scores + r * bs;
       const float m_new = std::max(st.m[r], max_of(sc, valid));
       const float sum = exp_shift_sum(sc, valid, m_new);
       if (st.m[r] != m_new) {
