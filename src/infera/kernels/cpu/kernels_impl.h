@@ -548,29 +548,26 @@ inline void accumulate_span(float* acc, const float* p, const typename KvElem<VD
   for (int c = 0; c < C; ++c) S::store(acc + c * L, a[c]);
 }
 
-// The same for two query rows over the same n keys: each V vector loaded once for both, and
-// twice the independent FMA chains. Each row's sums are the one-row function's, bit for bit.
-template <DType VD, int C>
-inline void accumulate_span2(float* acc0, float* acc1, const float* p0, const float* p1,
-                             const typename KvElem<VD>::T* v, int64_t stride, int64_t n) {
+// The same for R query rows over the same n keys: each V vector loaded once for all of
+// them, and R times the independent FMA chains. Each row's sums are the one-row function's,
+// bit for bit.
+template <DType VD, int C, int R>
+inline void accumulate_span_rows(float* const* acc, const float* const* p, const typename KvElem<VD>::T* v,
+                                 int64_t stride, int64_t n) {
   using E = KvElem<VD>;
-  V a0[C], a1[C];
-  for (int c = 0; c < C; ++c) {
-    a0[c] = S::load(acc0 + c * L);
-    a1[c] = S::load(acc1 + c * L);
-  }
+  V a[R][C];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) a[r][c] = S::load(acc[r] + c * L);
   for (int64_t j = 0; j < n; ++j) {
-    const V pj0 = S::set1(p0[j]), pj1 = S::set1(p1[j]);
+    V pj[R];
+    for (int r = 0; r < R; ++r) pj[r] = S::set1(p[r][j]);
     for (int c = 0; c < C; ++c) {
       const V vj = E::load(v + j * stride + c * L);
-      a0[c] = S::fma(pj0, vj, a0[c]);
-      a1[c] = S::fma(pj1, vj, a1[c]);
+      for (int r = 0; r < R; ++r) a[r][c] = S::fma(pj[r], vj, a[r][c]);
     }
   }
-  for (int c = 0; c < C; ++c) {
-    S::store(acc0 + c * L, a0[c]);
-    S::store(acc1 + c * L, a1[c]);
-  }
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) S::store(acc[r] + c * L, a[r][c]);
 }
 
 // acc[0, D) += sum_j p[j] * v[j * stride + (0, D)], j < n: acc kept in registers across the
@@ -591,20 +588,24 @@ inline void accumulate_rows(float* acc, const float* p, const typename KvElem<VD
   }
 }
 
-// accumulate_rows for two rows with the same n (their results exactly the one-row ones).
-template <DType VD>
-inline void accumulate_rows2(float* acc0, float* acc1, const float* p0, const float* p1,
-                             const typename KvElem<VD>::T* v, int64_t stride, int64_t n, int64_t D) {
+// accumulate_rows for R rows with the same n (their results exactly the one-row ones):
+// spans of C vectors with R x C accumulators, as many as the registers hold beside the
+// operands (16 of the 32 AVX-512 registers, 8 of the 16 AVX2 ones).
+template <DType VD, int R>
+inline void accumulate_rows_group(float* const* acc, const float* const* p, const typename KvElem<VD>::T* v,
+                                  int64_t stride, int64_t n, int64_t D) {
+  constexpr int kAcc = L >= 16 ? 16 : 8;
+  constexpr int C = kAcc / R >= 8 ? 8 : (kAcc / R >= 4 ? 4 : (kAcc / R >= 2 ? 2 : 1));
   int64_t d = 0;
-  if constexpr (L >= 16) {  // 16 accumulators: only the 32 AVX-512 registers hold them and the operands
-    for (; d + 8 * L <= D; d += 8 * L) accumulate_span2<VD, 8>(acc0 + d, acc1 + d, p0, p1, v + d, stride, n);
-  }
   if constexpr (L > 1) {
-    for (; d + 4 * L <= D; d += 4 * L) accumulate_span2<VD, 4>(acc0 + d, acc1 + d, p0, p1, v + d, stride, n);
+    for (; d + C * L <= D; d += C * L) {
+      float* a[R];
+      for (int r = 0; r < R; ++r) a[r] = acc[r] + d;
+      accumulate_span_rows<VD, C, R>(a, p, v + d, stride, n);
+    }
   }
   if (d < D) {  // the narrow rest, one row at a time
-    accumulate_rows<VD>(acc0 + d, p0, v + d, stride, n, D - d);
-    accumulate_rows<VD>(acc1 + d, p1, v + d, stride, n, D - d);
+    for (int r = 0; r < R; ++r) accumulate_rows<VD>(acc[r] + d, p[r], v + d, stride, n, D - d);
   }
 }
 
@@ -694,17 +695,25 @@ void attend_tile(const float* q, int64_t n_heads, int64_t t0, int64_t n_t, int64
         for (int64_t j = 0; j < valid; ++j) sc[j] *= vs[j];
       }
     }
-    // Then V, two rows with the same keys at a time (each V row loaded once for both).
+    // Then V, up to four rows with the same keys at a time (each V row loaded once for all).
     for (int64_t r = 0; r < rows;) {
       const int64_t valid = std::clamp<int64_t>(st.key_end[r] - p, 0, run);
-      if (r + 1 < rows && valid > 0 && std::clamp<int64_t>(st.key_end[r + 1] - p, 0, run) == valid) {
-        accumulate_rows2<KD>(st.acc + r * D, st.acc + (r + 1) * D, st.scores + r * bs, st.scores + (r + 1) * bs, vp, D,
-                             valid, D);
-        r += 2;
+      int64_t g = 1;
+      while (g < 4 && r + g < rows && std::clamp<int64_t>(st.key_end[r + g] - p, 0, run) == valid) ++g;
+      if (valid == 0) {
+        r += g;
         continue;
       }
-      if (valid > 0) accumulate_rows<KD>(st.acc + r * D, st.scores + r * bs, vp, D, valid, D);
-      ++r;
+      float* acc[4];
+      const float* pr[4];
+      for (int64_t i = 0; i < g; ++i) {
+        acc[i] = st.acc + (r + i) * D;
+        pr[i] = st.scores + (r + i) * bs;
+      }
+      if (g == 4) accumulate_rows_group<KD, 4>(acc, pr, vp, D, valid, D);
+      else if (g >= 2) accumulate_rows_group<KD, 2>(acc, pr, vp, D, valid, D);
+      else accumulate_rows<KD>(acc[0], pr[0], vp, D, valid, D);
+      r += g == 3 ? 2 : g;  // three: a pair now, the third with what follows
     }
     p += run;
   }
