@@ -61,7 +61,6 @@ struct RunOptions {
   std::string ep_dispatch = "allreduce";  // allreduce | all-to-all (docs/parallel.md)
 };
 
-// What each rank reports to rank 0 at the end of a parallel run.
 // One generated token's log-probabilities as printed by --json --logprobs.
 nlohmann::json logprobs_json(const TokenLogprobs& lp) {
   nlohmann::json top = nlohmann::json::array();
@@ -69,6 +68,7 @@ nlohmann::json logprobs_json(const TokenLogprobs& lp) {
   return {{"id", lp.sampled.token}, {"logprob", lp.sampled.logprob}, {"top_logprobs", top}};
 }
 
+// What each rank reports to rank 0 at the end of a parallel run.
 struct RankReport {
   int64_t vm_hwm_kib = 0;
   int64_t vm_rss_kib = 0;

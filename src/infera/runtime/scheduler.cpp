@@ -83,6 +83,7 @@ StepPlan Scheduler::schedule() {
     plan.chunks.push_back(c);
     plan.num_tokens += n;
     budget -= n;
+    if (seq.next_prompt_row() >= 0) score_rows -= n;
   };
 
   // 1. Running sequences, oldest first. Decode tokens of later sequences are set aside
@@ -111,7 +112,6 @@ StepPlan Scheduler::schedule() {
       }
     }
     if (self_preempted) break;
-    if (seq.next_prompt_row() >= 0) score_rows -= n;
     add_chunk(seq, n);
     ScheduledChunk& c = plan.chunks.back();
     if (c.sample && n == 1 && !seq.drafts.tokens.empty()) {
@@ -162,7 +162,6 @@ StepPlan Scheduler::schedule() {
     }
     if (!seq.first_scheduled) seq.first_scheduled = Clock::now();
     seq.status = SeqStatus::kRunning;
-    if (seq.next_prompt_row() >= 0) score_rows -= n;
     running_.push_back(std::move(waiting_.front()));
     waiting_.pop_front();
     add_chunk(*running_.back(), n);

@@ -90,12 +90,16 @@ void require_object(const json& body) {
   if (!body.is_object()) throw_api(bad_request(fmt::format("the request body must be a JSON object, got {}", type_name(body))));
 }
 
+// The key the output limit comes under: max_completion_tokens supersedes the deprecated max_tokens.
+const char* max_tokens_key(const json& body) {
+  return field(body, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
+}
+
 GenerationOptions parse_options(const json& body, const ParseLimits& limits, bool chat) {
   GenerationOptions o;
   o.model = get_string(body, "model", "model");
   if (o.model && o.model->empty()) throw_api(bad_request("'model' must not be empty", "model"));
-  // max_completion_tokens supersedes the deprecated max_tokens.
-  const char* max_key = field(body, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
+  const char* max_key = max_tokens_key(body);
   o.max_tokens = get_integer(body, max_key);
   // Completions take 0 with 'echo' (checked there): the prompt back, scored with 'logprobs'.
   const int64_t min_tokens = chat ? 1 : 0;
@@ -391,8 +395,7 @@ CompletionRequest parse_completion_request(const json& body, const ParseLimits& 
   }
   r.echo = get_bool(body, "echo").value_or(false);
   if (r.options.max_tokens == 0 && !r.echo) {
-    out_of_range(field(body, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens",
-                 "must be at least 1, got 0 (0 only with 'echo': the prompt back, scored with 'logprobs')");
+    out_of_range(max_tokens_key(body), "must be at least 1, got 0 (0 only with 'echo': the prompt back, scored with 'logprobs')");
   }
   if (const json* suffix = field(body, "suffix")) {
     if (!suffix->is_string()) wrong_type("suffix", "a string", *suffix);

@@ -491,14 +491,7 @@ struct KvElem<DType::kI8> {
   static float one(const T* p) { return static_cast<float>(*p); }
 };
 
-// Brings `n` elements from `row` on towards L1.
-template <class T>
-inline void prefetch_row(const T* row, int64_t n) {
-  const char* p = reinterpret_cast<const char*>(row);
-  const int64_t bytes = n * static_cast<int64_t>(sizeof(T));
-  for (int64_t b = 0; b < bytes; b += 64) S::prefetch(p + b);
-}
-// The same towards L2 only.
+// Brings `n` elements from `row` on towards L2.
 template <class T>
 inline void prefetch_row_l2(const T* row, int64_t n) {
   const char* p = reinterpret_cast<const char*>(row);
@@ -534,23 +527,10 @@ __attribute__((always_inline)) inline V dot_keys(const float* q, const typename 
   return S::reduce_lanes(acc);
 }
 
-// acc[0, C * L) += sum_j p[j] * v[j * stride + (0, C * L)], j < n, the C vectors of acc in
-// registers across the n rows.
-template <DType VD, int C>
-inline void accumulate_span(float* acc, const float* p, const typename KvElem<VD>::T* v, int64_t stride, int64_t n) {
-  using E = KvElem<VD>;
-  V a[C];
-  for (int c = 0; c < C; ++c) a[c] = S::load(acc + c * L);
-  for (int64_t j = 0; j < n; ++j) {
-    const V pj = S::set1(p[j]);
-    for (int c = 0; c < C; ++c) a[c] = S::fma(pj, E::load(v + j * stride + c * L), a[c]);
-  }
-  for (int c = 0; c < C; ++c) S::store(acc + c * L, a[c]);
-}
-
-// The same for R query rows over the same n keys: each V vector loaded once for all of
-// them, and R times the independent FMA chains. Each row's sums are the one-row function's,
-// bit for bit.
+// acc[r][0, C * L) += sum_j p[r][j] * v[j * stride + (0, C * L)], j < n, for R query rows
+// over the same n keys, the C vectors of each row's acc in registers across the n keys:
+// each V vector is loaded once for all R rows, with R x C independent FMA chains. A row's
+// sums are the same, bit for bit, whatever R.
 template <DType VD, int C, int R>
 inline void accumulate_span_rows(float* const* acc, const float* const* p, const typename KvElem<VD>::T* v,
                                  int64_t stride, int64_t n) {
@@ -578,9 +558,18 @@ inline void accumulate_rows(float* acc, const float* p, const typename KvElem<VD
                             int64_t n, int64_t D) {
   using E = KvElem<VD>;
   int64_t d = 0;
-  for (; d + 8 * L <= D; d += 8 * L) accumulate_span<VD, 8>(acc + d, p, v + d, stride, n);
-  for (; d + 4 * L <= D; d += 4 * L) accumulate_span<VD, 4>(acc + d, p, v + d, stride, n);
-  for (; d + L <= D; d += L) accumulate_span<VD, 1>(acc + d, p, v + d, stride, n);
+  for (; d + 8 * L <= D; d += 8 * L) {
+    float* a = acc + d;
+    accumulate_span_rows<VD, 8, 1>(&a, &p, v + d, stride, n);
+  }
+  for (; d + 4 * L <= D; d += 4 * L) {
+    float* a = acc + d;
+    accumulate_span_rows<VD, 4, 1>(&a, &p, v + d, stride, n);
+  }
+  for (; d + L <= D; d += L) {
+    float* a = acc + d;
+    accumulate_span_rows<VD, 1, 1>(&a, &p, v + d, stride, n);
+  }
   for (; d < D; ++d) {
     float a = acc[d];
     for (int64_t j = 0; j < n; ++j) a += p[j] * E::one(v + j * stride + d);
