@@ -32,7 +32,7 @@
 #include "infera/base/error.h"
 #include "infera/base/threads.h"
 #include "infera/base/timer.h"
-#include "infera/model/planner.h"
+#include "infera/tools/planner.h"
 #include "infera/runtime/engine.h"
 
 using namespace infera;

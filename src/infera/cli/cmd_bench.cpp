@@ -28,7 +28,7 @@
 
 #include "infera/base/error.h"
 #include "infera/cli/command.h"
-#include "infera/io/png.h"
+#include "infera/tools/png.h"
 
 namespace infera::cli {
 namespace {

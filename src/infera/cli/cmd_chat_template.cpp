@@ -21,7 +21,7 @@
 
 #include "infera/base/error.h"
 #include "infera/cli/command.h"
-#include "infera/tokenizer/chat_template.h"
+#include "infera/chat/chat_template.h"
 
 namespace {
 

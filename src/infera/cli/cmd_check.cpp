@@ -6,7 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "infera/cli/command.h"
-#include "infera/model/model_check.h"
+#include "infera/tools/model_check.h"
 
 namespace infera::cli {
 namespace {

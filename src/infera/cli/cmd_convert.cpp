@@ -11,7 +11,7 @@
 
 #include "infera/base/error.h"
 #include "infera/cli/command.h"
-#include "infera/model/gguf_export.h"
+#include "infera/tools/gguf_export.h"
 
 namespace {
 

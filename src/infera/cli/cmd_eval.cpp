@@ -13,7 +13,7 @@
 #include "infera/base/threads.h"
 #include "infera/cli/command.h"
 #include "infera/model/model.h"
-#include "infera/quant/eval.h"
+#include "infera/tools/eval.h"
 #include "infera/tokenizer/tokenizer.h"
 
 namespace {
@@ -37,9 +37,9 @@ int run_eval(const EvalCliOptions& o) {
   lo.max_batch_tokens = 128;
   std::unique_ptr<infera::Model> model = infera::load_model(o.model_dir, lo);
   std::unique_ptr<infera::Model> ref = o.ref_dir.empty() ? nullptr : infera::load_model(o.ref_dir, lo);
-  const infera::quant::EvalResult r = infera::quant::evaluate(*model, ref.get(), ids, o.ctx);
+  const infera::tools::EvalResult r = infera::tools::evaluate(*model, ref.get(), ids, o.ctx);
   if (o.json) {
-    std::printf("%s\n", infera::quant::eval_result_json(r).c_str());
+    std::printf("%s\n", infera::tools::eval_result_json(r).c_str());
     return 0;
   }
   std::printf("tokens scored   %lld (windows of %d)\n", static_cast<long long>(r.tokens), o.ctx);

@@ -12,7 +12,7 @@
 #include "infera/cli/command.h"
 #include "infera/io/safetensors.h"
 #include "infera/model/config.h"
-#include "infera/model/planner.h"
+#include "infera/tools/planner.h"
 
 namespace infera::cli {
 namespace {

@@ -21,7 +21,7 @@
 #include "infera/server/logprobs_json.h"
 #include "infera/server/metrics.h"
 #include "infera/server/openai_api.h"
-#include "infera/server/text_stream.h"
+#include "infera/chat/text_stream.h"
 
 namespace infera::server {
 

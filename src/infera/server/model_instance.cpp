@@ -22,7 +22,7 @@
 #include "infera/model/model.h"
 #include "infera/model/weights.h"
 #include "infera/runtime/engine_config.h"
-#include "infera/tokenizer/chat_template.h"
+#include "infera/chat/chat_template.h"
 
 namespace infera::server {
 

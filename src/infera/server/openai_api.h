@@ -13,9 +13,15 @@
 #include <nlohmann/json.hpp>
 
 #include "infera/server/api_error.h"
-#include "infera/server/text_stream.h"
+#include "infera/chat/text_stream.h"
 
 namespace infera::server {
+
+// Model-output parsing lives in chat/; the server speaks of its types unqualified.
+using chat::OutputDelta;
+using chat::OutputRouter;
+using chat::StopMatcher;
+using chat::ToolCall;
 
 // Options shared by /v1/chat/completions and /v1/completions.
 struct GenerationOptions {

@@ -6,7 +6,7 @@
 #include "infera/base/error.h"
 #include "infera/model/config.h"
 #include "infera/model/kv_pool.h"
-#include "infera/model/planner.h"
+#include "infera/tools/planner.h"
 
 using namespace infera;
 

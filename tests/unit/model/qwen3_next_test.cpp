@@ -15,7 +15,7 @@
 #include "infera/base/error.h"
 #include "infera/io/safetensors.h"
 #include "infera/model/model.h"
-#include "infera/model/model_check.h"
+#include "infera/tools/model_check.h"
 #include "infera/model/weights.h"
 
 namespace infera {

@@ -13,7 +13,7 @@
 #include "infera/model/model.h"
 #include "infera/model/quantized_weights.h"
 #include "infera/model/weights.h"
-#include "infera/quant/eval.h"
+#include "infera/tools/eval.h"
 #include "infera/quant/quantize_model.h"
 #include "infera/quant/quantizer.h"
 #include "infera/runtime/block_allocator.h"
@@ -24,6 +24,8 @@ namespace infera::quant {
 namespace {
 
 namespace fs = std::filesystem;
+using tools::EvalResult;
+using tools::evaluate;
 using kernels::QuantScheme;
 
 const std::string kStories = std::string(INFERA_SOURCE_DIR) + "/../shared/models/stories260K";

@@ -22,10 +22,10 @@
 #include "infera/kernels/quant.h"
 #include "infera/model/blocks.h"
 #include "infera/model/model.h"
-#include "infera/model/planner.h"
+#include "infera/tools/planner.h"
 #include "infera/model/quantized_weights.h"
 #include "infera/model/weights.h"
-#include "infera/quant/eval.h"
+#include "infera/tools/eval.h"
 #include "infera/quant/quantize_model.h"
 #include "infera/quant/quantizer.h"
 #include "infera/runtime/block_allocator.h"
@@ -35,6 +35,8 @@ namespace infera::quant {
 namespace {
 
 namespace fs = std::filesystem;
+using tools::EvalResult;
+using tools::evaluate;
 using kernels::LinearWeight;
 using kernels::QuantScheme;
 

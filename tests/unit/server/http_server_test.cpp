@@ -23,7 +23,7 @@
 #include "fake_backend.h"
 #include "infera/runtime/sequence_runner.h"
 #include "infera/server/logprobs_json.h"
-#include "infera/tokenizer/chat_template.h"
+#include "infera/chat/chat_template.h"
 
 namespace infera::server {
 namespace {

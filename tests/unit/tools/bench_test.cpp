@@ -20,7 +20,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include "infera/io/png.h"
+#include "infera/tools/png.h"
 
 extern char** environ;
 

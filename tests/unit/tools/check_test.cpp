@@ -1,6 +1,6 @@
 // infera check on good, truncated, missing-shard, tampered and mis-shaped model
 // directories (a sharded random qwen3 model from tools/gen_model.py, copied per case).
-#include "infera/model/model_check.h"
+#include "infera/tools/model_check.h"
 
 #include <sys/wait.h>
 #include <unistd.h>

@@ -15,7 +15,7 @@
 #include <gtest/gtest.h>
 
 #include "infera/model/config.h"
-#include "infera/model/planner.h"
+#include "infera/tools/planner.h"
 
 extern char** environ;
 

@@ -1,6 +1,6 @@
 // infera plan: figures against hand-computed arithmetic for two published configs, and
 // parameter counts against the published totals.
-#include "infera/model/planner.h"
+#include "infera/tools/planner.h"
 
 #include <fstream>
 

@@ -10,7 +10,7 @@
 #include <string_view>
 #include <vector>
 
-namespace infera::server {
+namespace infera::chat {
 
 // Length of the longest proper prefix of `marker` that `text` ends with.
 size_t partial_marker_suffix(std::string_view text, std::string_view marker);
@@ -73,4 +73,4 @@ class OutputRouter {
   std::vector<ToolCall> tool_calls_;
 };
 
-}  // namespace infera::server
+}  // namespace infera::chat

@@ -6,8 +6,8 @@
 #include <string_view>
 #include <vector>
 
-#include "infera/tokenizer/jinja_parser.h"
-#include "infera/tokenizer/jinja_value.h"
+#include "infera/chat/jinja_parser.h"
+#include "infera/chat/jinja_value.h"
 #include "infera/tokenizer/unicode.h"
 
 namespace infera::jinja {

@@ -1,4 +1,4 @@
-#include "infera/io/png.h"
+#include "infera/tools/png.h"
 
 #include <zlib.h>
 

@@ -1,4 +1,4 @@
-#include "infera/tokenizer/jinja_eval.h"
+#include "infera/chat/jinja_eval.h"
 
 #include <algorithm>
 #include <cmath>

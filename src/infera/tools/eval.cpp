@@ -1,4 +1,4 @@
-#include "infera/quant/eval.h"
+#include "infera/tools/eval.h"
 
 #include <algorithm>
 #include <cmath>
@@ -12,7 +12,7 @@
 #include "infera/runtime/block_allocator.h"
 #include "infera/runtime/sequence_runner.h"
 
-namespace infera::quant {
+namespace infera::tools {
 namespace {
 
 // One model's private KV for windows of ctx tokens.
@@ -110,4 +110,4 @@ std::string eval_result_json(const EvalResult& r) {
   return j.dump();
 }
 
-}  // namespace infera::quant
+}  // namespace infera::tools

@@ -1,4 +1,4 @@
-#include "infera/model/gguf_export.h"
+#include "infera/tools/gguf_export.h"
 
 #include <algorithm>
 #include <cmath>

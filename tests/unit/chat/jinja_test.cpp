@@ -8,8 +8,8 @@
 #include <nlohmann/json.hpp>
 
 #include "infera/base/error.h"
-#include "infera/tokenizer/chat_template.h"
-#include "infera/tokenizer/jinja_value.h"
+#include "infera/chat/chat_template.h"
+#include "infera/chat/jinja_value.h"
 
 namespace infera {
 namespace {

@@ -12,7 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "infera/base/error.h"
-#include "infera/tokenizer/chat_template.h"
+#include "infera/chat/chat_template.h"
 
 namespace infera {
 namespace {

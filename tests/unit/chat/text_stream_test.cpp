@@ -1,8 +1,8 @@
-#include "infera/server/text_stream.h"
+#include "infera/chat/text_stream.h"
 
 #include <gtest/gtest.h>
 
-namespace infera::server {
+namespace infera::chat {
 namespace {
 
 // Feeds `text` cut at every pair of positions (three pieces) and checks the output.
@@ -125,4 +125,4 @@ TEST(OutputRouter, ToolCallCutOffWithoutClosingTagStillParses) {
 }
 
 }  // namespace
-}  // namespace infera::server
+}  // namespace infera::chat

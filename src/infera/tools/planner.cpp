@@ -1,4 +1,4 @@
-#include "infera/model/planner.h"
+#include "infera/tools/planner.h"
 
 #include <algorithm>
 #include <cctype>

@@ -10,8 +10,8 @@
 #include <utility>
 #include <vector>
 
-#include "infera/tokenizer/jinja_parser.h"
-#include "infera/tokenizer/jinja_value.h"
+#include "infera/chat/jinja_parser.h"
+#include "infera/chat/jinja_value.h"
 
 namespace infera::jinja {
 

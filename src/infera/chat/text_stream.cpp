@@ -1,4 +1,4 @@
-#include "infera/server/text_stream.h"
+#include "infera/chat/text_stream.h"
 
 #include <algorithm>
 #include <random>
@@ -6,7 +6,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-namespace infera::server {
+namespace infera::chat {
 
 namespace {
 constexpr std::string_view kThinkOpen = "<think>";
@@ -193,4 +193,4 @@ void OutputRouter::parse_tool_block(OutputDelta& out) {
 }
 
 
-}  // namespace infera::server
+}  // namespace infera::chat

@@ -5,7 +5,7 @@
 #include <string>
 #include <utility>
 
-#include "infera/tokenizer/jinja_parser.h"
+#include "infera/chat/jinja_parser.h"
 
 namespace infera::jinja {
 namespace {

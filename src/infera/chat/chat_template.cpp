@@ -1,4 +1,4 @@
-#include "infera/tokenizer/chat_template.h"
+#include "infera/chat/chat_template.h"
 
 #include <algorithm>
 #include <cmath>
@@ -8,9 +8,9 @@
 #include <string_view>
 
 #include "infera/base/error.h"
-#include "infera/tokenizer/jinja_eval.h"
-#include "infera/tokenizer/jinja_parser.h"
-#include "infera/tokenizer/jinja_value.h"
+#include "infera/chat/jinja_eval.h"
+#include "infera/chat/jinja_parser.h"
+#include "infera/chat/jinja_value.h"
 
 namespace infera {
 namespace {

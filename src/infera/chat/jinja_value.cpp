@@ -1,4 +1,4 @@
-#include "infera/tokenizer/jinja_value.h"
+#include "infera/chat/jinja_value.h"
 
 #include <algorithm>
 #include <charconv>

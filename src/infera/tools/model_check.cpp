@@ -1,4 +1,4 @@
-#include "infera/model/model_check.h"
+#include "infera/tools/model_check.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -14,9 +14,9 @@
 #include "infera/base/error.h"
 #include "infera/io/safetensors.h"
 #include "infera/model/config.h"
-#include "infera/model/planner.h"
+#include "infera/tools/planner.h"
 #include "infera/model/weights.h"
-#include "infera/tokenizer/chat_template.h"
+#include "infera/chat/chat_template.h"
 #include "infera/tokenizer/tokenizer.h"
 
 namespace infera {

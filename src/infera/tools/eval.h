@@ -10,7 +10,7 @@ namespace infera {
 class Model;
 }
 
-namespace infera::quant {
+namespace infera::tools {
 
 struct EvalResult {
   int64_t tokens = 0;          // predictions scored
@@ -30,4 +30,4 @@ EvalResult evaluate(Model& model, Model* ref, const std::vector<int32_t>& tokens
 
 std::string eval_result_json(const EvalResult& r);
 
-}  // namespace infera::quant
+}  // namespace infera::tools
