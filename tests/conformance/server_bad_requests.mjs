@@ -3,7 +3,9 @@
 // error leaks paths or internals, and the server keeps serving normally afterwards.
 //
 //   node server_bad_requests.mjs <path-to-infera-binary>
-import { check, checkEq, chatmlTemplate, finish, postJson, startServer, storiesDir } from "./server_common.mjs";
+import { chatmlTemplate, check, checkEq, finish, postJson, requireFixture, startServer, storiesDir } from "./server_common.mjs";
+
+requireFixture(storiesDir);
 
 const key = "bad-requests-key-0123456789";
 const server = await startServer([

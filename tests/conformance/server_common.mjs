@@ -1,13 +1,27 @@
 // Helpers for the server conformance tests: start `infera serve` on a free loopback
 // port, wait until it is ready, talk HTTP, and always kill what was started.
 import { spawn } from "node:child_process";
+import fs from "node:fs";
 import net from "node:net";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
 
 export const here = path.dirname(fileURLToPath(import.meta.url));
 export const repo = path.resolve(here, "..", "..");
+// The trained stories260K model lives beside the source tree, in ../shared/models; a plain
+// clone has no such folder.
 export const storiesDir = path.resolve(repo, "..", "shared", "models", "stories260K");
+
+// Exit code that CTest reads as "skipped" (SKIP_RETURN_CODE in CMakeLists.txt).
+export const SKIP_EXIT_CODE = 77;
+
+// Ends the test as skipped, naming the fixture, when `dir` does not exist.
+export function requireFixture(dir) {
+  if (!fs.existsSync(dir)) {
+    console.log(`SKIP: fixture ${dir} not found (the ../shared/models folder beside the source tree; a plain clone does not have it)`);
+    process.exit(SKIP_EXIT_CODE);
+  }
+}
 export const chatmlTemplate = path.join(here, "data", "chatml.jinja");
 
 const started = new Set();

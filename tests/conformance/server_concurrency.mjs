@@ -10,7 +10,9 @@ import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
 
-import { check, checkEq, finish, metrics, postJson, startServer, storiesDir } from "./server_common.mjs";
+import { check, checkEq, finish, metrics, postJson, requireFixture, startServer, storiesDir } from "./server_common.mjs";
+
+requireFixture(storiesDir);
 
 const tmp = fs.mkdtempSync(path.join(os.tmpdir(), "infera-server-concurrency-"));
 process.on("exit", () => fs.rmSync(tmp, { recursive: true, force: true }));

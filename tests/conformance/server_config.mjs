@@ -10,7 +10,9 @@ import net from "node:net";
 import os from "node:os";
 import path from "node:path";
 
-import { chatmlTemplate, check, checkEq, finish, freePort, postJson, runServeExpectingFailure, startServer, storiesDir } from "./server_common.mjs";
+import { chatmlTemplate, check, checkEq, finish, freePort, postJson, requireFixture, runServeExpectingFailure, startServer, storiesDir } from "./server_common.mjs";
+
+requireFixture(storiesDir);
 
 const tmp = fs.mkdtempSync(path.join(os.tmpdir(), "infera-server-config-"));
 process.on("exit", () => fs.rmSync(tmp, { recursive: true, force: true }));

@@ -7,7 +7,9 @@
 //   node server_openai.mjs <path-to-infera-binary>
 import OpenAI from "openai";
 
-import { check, checkEq, chatmlTemplate, finish, startServer, storiesDir } from "./server_common.mjs";
+import { chatmlTemplate, check, checkEq, finish, requireFixture, startServer, storiesDir } from "./server_common.mjs";
+
+requireFixture(storiesDir);
 
 const key = "conformance-key-0123456789";
 const server = await startServer(["-m", storiesDir, "--name", "stories", "--chat-template", chatmlTemplate, "--api-key", key]);

@@ -5,7 +5,9 @@
 //   node server_sse.mjs <path-to-infera-binary>
 import { spawnSync } from "node:child_process";
 
-import { check, checkEq, finish, postJson, startServer, storiesDir } from "./server_common.mjs";
+import { check, checkEq, finish, postJson, requireFixture, startServer, storiesDir } from "./server_common.mjs";
+
+requireFixture(storiesDir);
 
 const server = await startServer(["-m", storiesDir, "--name", "stories"]);
 const url = `${server.url}/v1/completions`;

@@ -58,7 +58,7 @@ if (fs.existsSync(path.join(storiesDir, "tokenizer.json"))) {
     }),
   });
 } else {
-  console.log(`note: ${storiesDir} not found, skipping the stories260K case`);
+  console.log(`note: fixture ${storiesDir} not found (a plain clone has no ../shared/models), skipping the stories260K case`);
 }
 
 function runInfera(dir, args, lines) {

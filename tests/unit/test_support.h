@@ -1,22 +1,51 @@
-// Small helpers shared by the unit tests of several modules.
+// Helpers shared by the unit tests of several modules (kept here once, not copied between
+// test files): fixtures of ../shared/models, scratch folders, files and processes, the ISA
+// paths of this CPU, tiny generated models and delta-rule inputs.
 #pragma once
 
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <cstdio>
-#include <utility>
-
+#include <atomic>
+#include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <iterator>
 #include <random>
 #include <string>
 #include <system_error>
+#include <utility>
 #include <vector>
 
+#include "infera/base/cpu.h"
+#include "infera/base/error.h"
+#include "infera/kernels/delta.h"
+
 namespace infera::test {
+
+// Fixtures kept beside the source tree, in ../shared/models: the trained stories260K model
+// (Hugging Face layout), its llama.cpp GGUF and their golden outputs. A plain clone has no
+// ../shared; the tests that read it skip (INFERA_REQUIRE_FIXTURE) and everything else runs.
+inline std::string shared_models_dir() { return std::string(INFERA_SOURCE_DIR) + "/../shared/models"; }
+inline std::string stories_dir() { return shared_models_dir() + "/stories260K"; }
+inline std::string stories_gguf() { return shared_models_dir() + "/stories260K.gguf"; }
+
+// Skips the current test, naming the fixture, when `path` does not exist. Usable in a test
+// body or a fixture's SetUp().
+#define INFERA_REQUIRE_FIXTURE(path)                                                                   \
+  do {                                                                                                 \
+    if (!::std::filesystem::exists(path))                                                              \
+      GTEST_SKIP() << "fixture " << (path) << " not found (the ../shared/models folder beside the " \
+                   << "source tree; a plain clone does not have it)";                                  \
+  } while (0)
 
 // Resident memory of this process (the resident pages of /proc/self/statm), bytes.
 inline int64_t resident_bytes() {
@@ -65,6 +94,112 @@ inline std::filesystem::path process_scratch_dir(const std::string& prefix) {
   const std::filesystem::path dir = std::filesystem::temp_directory_path() / (prefix + "_" + std::to_string(::getpid()));
   ::testing::AddGlobalTestEnvironment(new RemoveDirAtExit(dir));
   return dir;
+}
+
+// A fresh folder <temp>/<prefix>_<pid>_<n>, removed with everything in it when the object
+// goes.
+class TempDir {
+ public:
+  explicit TempDir(const std::string& prefix = "infera_test") {
+    static std::atomic<int> counter{0};
+    path_ = std::filesystem::temp_directory_path() /
+            (prefix + "_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
+    std::filesystem::create_directories(path_);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const std::filesystem::path& path() const { return path_; }
+  std::string file(const std::string& name) const { return (path_ / name).string(); }
+
+ private:
+  std::filesystem::path path_;
+};
+
+// The whole file, bytes as they are ("" when it cannot be read).
+inline std::string slurp(const std::filesystem::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+// The message of the infera::Error that fn throws, "" when it throws none.
+inline std::string error_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// A loopback TCP port that is free now (for a server a test starts).
+inline int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  EXPECT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  ::close(fd);
+  return ntohs(addr.sin_port);
+}
+
+// The kernel paths this CPU can run, scalar first.
+inline std::vector<Isa> available_isas() {
+  std::vector<Isa> out = {Isa::kScalar};
+  if (cpu_features().has_avx2_path()) out.push_back(Isa::kAvx2);
+  if (cpu_features().has_avx512_path()) out.push_back(Isa::kAvx512);
+  return out;
+}
+
+// Writes a random-weight model with tools/gen_model.py into `dir` (unless a model is there
+// already) and returns the folder.
+inline std::string generate_model(const std::filesystem::path& dir, const std::string& args) {
+  if (!std::filesystem::exists(dir / "config.json")) {
+    const std::string cmd = "/usr/bin/python3 " + std::string(INFERA_SOURCE_DIR) + "/tools/gen_model.py " +
+                            dir.string() + " " + args + " > /dev/null";
+    EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  }
+  return dir.string();
+}
+
+// A tiny Qwen3.5-MoE hybrid (Gated DeltaNet + attention + MoE with a shared expert, MTP head).
+inline constexpr const char* kTinyHybridArgs =
+    "--arch qwen3_5_moe --hidden 64 --layers 4 --heads 4 --kv-heads 2 --head-dim 32"
+    " --lin-k-heads 2 --lin-v-heads 4 --lin-dk 16 --lin-dv 16 --experts 8 --experts-per-tok 2"
+    " --moe-ffn 32 --shared-ffn 48 --vocab 300 --seed 5";
+
+// Gated delta rule inputs shaped like a real layer's: L2-normed q (scaled) and k, decays g
+// and betas from the layer's gates, where neg_exp_a(h) is head h's -exp(A_log), and a
+// starting state.
+struct DeltaInputs {
+  std::vector<float> q, k, v, g, beta, state;
+};
+
+inline DeltaInputs delta_rule_inputs(int64_t T, const kernels::DeltaShape& s, uint32_t seed,
+                                     const std::function<float(int64_t head)>& neg_exp_a) {
+  DeltaInputs in;
+  in.q = random_vec(T * s.n_k_heads * s.dk, seed);
+  in.k = random_vec(T * s.n_k_heads * s.dk, seed + 1);
+  in.v = random_vec(T * s.n_v_heads * s.dv, seed + 2);
+  kernels::l2norm_rows(in.q.data(), T * s.n_k_heads, s.dk, 1e-6f, 1.0f / std::sqrt(float(s.dk)));
+  kernels::l2norm_rows(in.k.data(), T * s.n_k_heads, s.dk, 1e-6f);
+  const auto a = random_vec(T * s.n_v_heads, seed + 3);
+  const auto b = random_vec(T * s.n_v_heads, seed + 4);
+  std::vector<float> neg_exp(s.n_v_heads), dt_bias(s.n_v_heads);
+  for (int64_t h = 0; h < s.n_v_heads; ++h) {
+    neg_exp[h] = neg_exp_a(h);
+    dt_bias[h] = 0.5f - 0.1f * float(h);
+  }
+  in.g.resize(T * s.n_v_heads);
+  in.beta.resize(T * s.n_v_heads);
+  kernels::gdn_gates(a.data(), b.data(), T, s.n_v_heads, neg_exp.data(), dt_bias.data(), in.g.data(), in.beta.data());
+  in.state = random_vec(s.n_v_heads * s.dk * s.dv, seed + 5, 0.3f);
+  return in;
 }
 
 }  // namespace infera::test

@@ -13,6 +13,7 @@
 
 #include "infera/base/error.h"
 #include "infera/chat/chat_template.h"
+#include "../test_support.h"
 
 namespace infera {
 namespace {
@@ -28,14 +29,7 @@ std::string read_file(const fs::path& path) {
 
 fs::path template_dir() { return fs::path(INFERA_SOURCE_DIR) / "tests/conformance/data/templates"; }
 
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using test::error_of;
 
 TEST(ChatTemplateTest, SyntaxErrorsNameLineAndColumn) {
   EXPECT_EQ(error_of([] { ChatTemplate("line one\n{% if x %}\n  {{ x + }}\n{% endif %}"); }),

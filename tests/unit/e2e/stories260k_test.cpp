@@ -17,13 +17,14 @@
 #include "infera/runtime/sampler.h"
 #include "infera/runtime/sequence_runner.h"
 #include "infera/tokenizer/tokenizer.h"
+#include "../test_support.h"
 #include "../runtime/greedy_reference.h"
 
 using namespace infera;
 
 namespace {
 
-const std::string kModelDir = std::string(INFERA_SOURCE_DIR) + "/../shared/models/stories260K";
+const std::string kModelDir = test::stories_dir();
 
 std::vector<int32_t> golden_ids() {
   std::ifstream in(kModelDir + "/GOLDEN.md");
@@ -46,6 +47,7 @@ std::vector<int32_t> greedy(Model& model, const std::vector<int32_t>& prompt, in
 }  // namespace
 
 TEST(Stories260K, GreedyFromBosMatchesGolden) {
+  INFERA_REQUIRE_FIXTURE(kModelDir);
   const auto golden = golden_ids();
   ASSERT_EQ(golden.size(), 60u);
   for (bool in_memory : {false, true}) {
@@ -57,6 +59,7 @@ TEST(Stories260K, GreedyFromBosMatchesGolden) {
 }
 
 TEST(Stories260K, GoldenTextDecodes) {
+  INFERA_REQUIRE_FIXTURE(kModelDir);
   auto tok = Tokenizer::load(kModelDir);
   const auto golden = golden_ids();
   const std::string text = tok.decode(golden);
@@ -69,6 +72,7 @@ TEST(Stories260K, GoldenTextDecodes) {
 }
 
 TEST(Stories260K, BatchedPrefillEqualsTokenByToken) {
+  INFERA_REQUIRE_FIXTURE(kModelDir);
   auto model = load_model(kModelDir);
   auto golden = golden_ids();
   std::vector<int32_t> prompt = {1};

@@ -11,30 +11,17 @@
 #include <vector>
 
 #include "infera/base/error.h"
+#include "../test_support.h"
 
 namespace infera::gguf {
 namespace {
 
 namespace fs = std::filesystem;
 
-const std::string kFixture = std::string(INFERA_SOURCE_DIR) + "/../shared/models/stories260K.gguf";
+const std::string kFixture = test::stories_gguf();
 
-class TempDir {
- public:
-  TempDir() {
-    path_ = fs::temp_directory_path() / ("infera_gguf_test_" + std::to_string(::getpid()) + "_" +
-                                         std::to_string(counter_++));
-    fs::create_directories(path_);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  std::string file(const std::string& name) const { return (path_ / name).string(); }
-
- private:
-  fs::path path_;
-  static inline int counter_ = 0;
+struct TempDir : test::TempDir {
+  TempDir() : test::TempDir("infera_gguf_test") {}
 };
 
 std::vector<uint8_t> read_bytes(const std::string& path) {
@@ -192,6 +179,7 @@ TEST(Gguf, WriterRejectsBadTensors) {
 }
 
 TEST(Gguf, ReadsTheStories260KFixture) {
+  INFERA_REQUIRE_FIXTURE(kFixture);
   Reader r(kFixture);
   EXPECT_EQ(r.version(), 3u);
   EXPECT_EQ(r.data_offset(), 14496u);  // documented in shared/models/README.md
@@ -209,6 +197,7 @@ TEST(Gguf, ReadsTheStories260KFixture) {
 // Reading the fixture and writing it back must reproduce llama.cpp's file byte for byte
 // (same header encoding, alignment and padding).
 TEST(Gguf, RewritesTheFixtureByteIdentically) {
+  INFERA_REQUIRE_FIXTURE(kFixture);
   TempDir dir;
   Reader r(kFixture);
   Writer w;
@@ -219,6 +208,7 @@ TEST(Gguf, RewritesTheFixtureByteIdentically) {
 }
 
 TEST(Gguf, ReaderRejectsBadFilesWithClearErrors) {
+  INFERA_REQUIRE_FIXTURE(kFixture);
   TempDir dir;
   const std::vector<uint8_t> good = read_bytes(kFixture);
   ASSERT_GT(good.size(), 14496u);

@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "infera/base/error.h"
+#include "../test_support.h"
 
 namespace infera {
 namespace {
@@ -20,7 +21,7 @@ namespace {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
-const std::string kStoriesDir = std::string(INFERA_SOURCE_DIR) + "/../shared/models/stories260K";
+const std::string kStoriesDir = test::stories_dir();
 
 class SafetensorsTest : public ::testing::Test {
  protected:
@@ -374,6 +375,7 @@ TEST_F(SafetensorsTest, ShapeMismatchAndMissingTensorMessages) {
 // --- the real fixture ---------------------------------------------------------------------
 
 TEST(SafetensorsFixture, Stories260KLoadsWithExpectedShapes) {
+  INFERA_REQUIRE_FIXTURE(kStoriesDir);
   for (bool in_memory : {false, true}) {
     SCOPED_TRACE(in_memory ? "load_into_memory" : "mmap");
     WeightStore store = WeightStore::open(kStoriesDir, in_memory);
@@ -416,6 +418,7 @@ TEST(SafetensorsFixture, Stories260KLoadsWithExpectedShapes) {
 }
 
 TEST(SafetensorsFixture, HeaderOnlyReaderMatchesStore) {
+  INFERA_REQUIRE_FIXTURE(kStoriesDir);
   const std::string file = kStoriesDir + "/model.safetensors";
   std::vector<TensorInfo> tensors = read_safetensors_header(file);
   WeightStore store = WeightStore::open(kStoriesDir);

@@ -21,12 +21,7 @@ namespace {
 
 using test::random_vec;
 
-std::vector<Isa> isas() {
-  std::vector<Isa> out = {Isa::kScalar};
-  if (cpu_features().has_avx2_path()) out.push_back(Isa::kAvx2);
-  if (cpu_features().has_avx512_path()) out.push_back(Isa::kAvx512);
-  return out;
-}
+std::vector<Isa> isas() { return test::available_isas(); }
 
 // Largest violation of the tolerance (<= 0: within it), and where.
 void expect_close(const std::vector<float>& got, const std::vector<float>& want, const std::string& what) {
@@ -46,30 +41,10 @@ void expect_close(const std::vector<float>& got, const std::vector<float>& want,
                          << want[at] << ")";
 }
 
-struct Inputs {
-  std::vector<float> q, k, v, g, beta, state;
-};
+using Inputs = test::DeltaInputs;
 
 Inputs make_inputs(int64_t T, const kernels::DeltaShape& s, uint32_t seed, float decay_scale = 1.0f) {
-  Inputs in;
-  in.q = random_vec(T * s.n_k_heads * s.dk, seed);
-  in.k = random_vec(T * s.n_k_heads * s.dk, seed + 1);
-  in.v = random_vec(T * s.n_v_heads * s.dv, seed + 2);
-  kernels::l2norm_rows(in.q.data(), T * s.n_k_heads, s.dk, 1e-6f, 1.0f / std::sqrt(float(s.dk)));
-  kernels::l2norm_rows(in.k.data(), T * s.n_k_heads, s.dk, 1e-6f);
-  const auto a = random_vec(T * s.n_v_heads, seed + 3);
-  const auto b = random_vec(T * s.n_v_heads, seed + 4);
-  std::vector<float> neg_exp_a(s.n_v_heads), dt_bias(s.n_v_heads);
-  for (int64_t h = 0; h < s.n_v_heads; ++h) {
-    neg_exp_a[h] = -decay_scale * std::exp(0.3f * float(h % 5));
-    dt_bias[h] = 0.5f - 0.1f * float(h);
-  }
-  in.g.resize(T * s.n_v_heads);
-  in.beta.resize(T * s.n_v_heads);
-  kernels::gdn_gates(a.data(), b.data(), T, s.n_v_heads, neg_exp_a.data(), dt_bias.data(), in.g.data(),
-                     in.beta.data());
-  in.state = random_vec(s.n_v_heads * s.dk * s.dv, seed + 5, 0.3f);
-  return in;
+  return test::delta_rule_inputs(T, s, seed, [&](int64_t h) { return -decay_scale * std::exp(0.3f * float(h % 5)); });
 }
 
 const std::vector<kernels::DeltaShape> kShapes = {

@@ -12,18 +12,14 @@
 
 #include "infera/base/error.h"
 #include "infera/kernels/kernels.h"
+#include "../test_support.h"
 
 namespace infera::kernels {
 namespace {
 
 constexpr float kU = 5.96e-8f;  // unit roundoff of f32, 2^-24
 
-std::vector<Isa> available_isas() {
-  std::vector<Isa> out;
-  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512})
-    if (isa_available(isa)) out.push_back(isa);
-  return out;
-}
+using test::available_isas;
 
 int lanes(Isa isa) { return isa == Isa::kAvx512 ? 16 : isa == Isa::kAvx2 ? 8 : 1; }
 

@@ -22,6 +22,7 @@
 
 #include "infera/base/error.h"
 #include "infera/kernels/kernels.h"
+#include "../test_support.h"
 
 namespace infera::kernels {
 namespace {
@@ -34,12 +35,7 @@ std::vector<float> random_floats(size_t n, uint32_t seed, float lo = -1.0f, floa
   return out;
 }
 
-std::vector<Isa> available_isas() {
-  std::vector<Isa> out;
-  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512})
-    if (isa_available(isa)) out.push_back(isa);
-  return out;
-}
+using test::available_isas;
 
 // A paged cache of `dtype` holding n_ctx tokens in shuffled blocks of a larger pool
 // (garbage elsewhere), plus the original f32 rows and the stored values read back as f32.

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "infera/base/error.h"
+#include "../test_support.h"
 
 namespace infera {
 namespace {
@@ -18,16 +19,22 @@ namespace {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
-const std::string kStoriesDir = std::string(INFERA_SOURCE_DIR) + "/../shared/models/stories260K";
+const std::string kStoriesDir = test::stories_dir();
 
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
+// stories260K's config.json as published (a small llama: GQA, tied embeddings).
+json stories_config() {
+  return json::parse(R"({
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama",
+    "hidden_size": 64, "intermediate_size": 172, "num_hidden_layers": 5,
+    "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 8, "hidden_act": "silu",
+    "vocab_size": 512, "max_position_embeddings": 512, "rms_norm_eps": 1e-05, "rope_theta": 10000.0,
+    "rope_scaling": null, "attention_bias": false, "attention_dropout": 0.0, "mlp_bias": false,
+    "initializer_range": 0.02, "pretraining_tp": 1, "tie_word_embeddings": true,
+    "bos_token_id": 1, "eos_token_id": 2, "use_cache": true, "torch_dtype": "float32"
+  })");
 }
+
+using test::error_of;
 
 // Qwen3-32B's config.json (the fields transformers reads; numbers as published).
 json qwen3_32b() {
@@ -62,6 +69,7 @@ json qwen3_30b_a3b() {
 }
 
 TEST(ModelConfig, Stories260K) {
+  INFERA_REQUIRE_FIXTURE(kStoriesDir);
   const ModelConfig c = load_model_config(kStoriesDir);
   EXPECT_EQ(c.arch, Arch::kLlama);
   EXPECT_EQ(c.model_type, "llama");
@@ -343,8 +351,7 @@ TEST(ModelConfig, BadConfigsNameTheField) {
       {"sliding window", [](json& j) { j["use_sliding_window"] = true; }, {"'use_sliding_window'"}},
       {"not an object", [](json& j) { j = json::array(); }, {"expected a JSON object"}},
   };
-  json base;
-  std::ifstream(kStoriesDir + "/config.json") >> base;
+  const json base = stories_config();
   for (const auto& c : cases) {
     SCOPED_TRACE(c.label);
     json j = base;

@@ -15,30 +15,12 @@ namespace {
 
 using test::random_vec;
 
-struct DeltaInputs {
-  std::vector<float> q, k, v, g, beta;
-};
+using test::DeltaInputs;
 
 // Inputs shaped like a real layer's: L2-normed q (scaled) and k, log decays in (-3, 0),
 // beta in (0, 1).
 DeltaInputs make_inputs(int64_t T, const kernels::DeltaShape& s, uint32_t seed) {
-  DeltaInputs in;
-  in.q = random_vec(T * s.n_k_heads * s.dk, seed);
-  in.k = random_vec(T * s.n_k_heads * s.dk, seed + 1);
-  in.v = random_vec(T * s.n_v_heads * s.dv, seed + 2);
-  kernels::l2norm_rows(in.q.data(), T * s.n_k_heads, s.dk, 1e-6f, 1.0f / std::sqrt(float(s.dk)));
-  kernels::l2norm_rows(in.k.data(), T * s.n_k_heads, s.dk, 1e-6f);
-  const auto a = random_vec(T * s.n_v_heads, seed + 3);
-  const auto b = random_vec(T * s.n_v_heads, seed + 4);
-  std::vector<float> neg_exp_a(s.n_v_heads), dt_bias(s.n_v_heads);
-  for (int64_t h = 0; h < s.n_v_heads; ++h) {
-    neg_exp_a[h] = -std::exp(0.2f * float(h));
-    dt_bias[h] = 0.5f - 0.1f * float(h);
-  }
-  in.g.resize(T * s.n_v_heads);
-  in.beta.resize(T * s.n_v_heads);
-  kernels::gdn_gates(a.data(), b.data(), T, s.n_v_heads, neg_exp_a.data(), dt_bias.data(), in.g.data(), in.beta.data());
-  return in;
+  return test::delta_rule_inputs(T, s, seed, [](int64_t h) { return -std::exp(0.2f * float(h)); });
 }
 
 float max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {

@@ -7,6 +7,7 @@
 #include "infera/model/config.h"
 #include "infera/model/kv_pool.h"
 #include "infera/tools/planner.h"
+#include "../test_support.h"
 
 using namespace infera;
 
@@ -85,7 +86,8 @@ TEST(KvPool, ParsesDtypeNames) {
 
 // The planner counts exactly the pool's bytes per token for every dtype (GQA config).
 TEST(KvPool, PlannerAgreesWithThePool) {
-  ModelConfig cfg = load_model_config(std::string(INFERA_SOURCE_DIR) + "/../shared/models/stories260K");
+  INFERA_REQUIRE_FIXTURE(test::stories_dir());
+  ModelConfig cfg = load_model_config(test::stories_dir());
   for (KvDType d : {KvDType::kF32, KvDType::kBF16, KvDType::kInt8}) {
     PlanOptions o;
     o.kv_dtype = d;

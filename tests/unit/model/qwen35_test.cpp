@@ -15,32 +15,19 @@
 
 #include "infera/base/error.h"
 #include "infera/model/model.h"
+#include "../test_support.h"
 
 namespace infera {
 namespace {
 
 namespace fs = std::filesystem;
-const std::string kSource = INFERA_SOURCE_DIR;
+
+const fs::path kScratch = test::process_scratch_dir("infera_qwen35_test");
 
 // Generates (once per process) a model directory with tools/gen_model.py.
 std::string generated_model(const std::string& name, const std::string& args) {
-  const fs::path dir = fs::temp_directory_path() / ("infera_qwen35_test_" + std::to_string(::getpid())) / name;
-  if (!fs::exists(dir / "config.json")) {
-    const std::string cmd = "/usr/bin/python3 " + kSource + "/tools/gen_model.py " + dir.string() + " " + args +
-                            " > /dev/null";
-    EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
-  }
-  return dir.string();
+  return test::generate_model(kScratch / name, args);
 }
-
-class ModelsEnv : public ::testing::Environment {
- public:
-  void TearDown() override {
-    std::error_code ec;
-    fs::remove_all(fs::temp_directory_path() / ("infera_qwen35_test_" + std::to_string(::getpid())), ec);
-  }
-};
-const auto* const kEnv = ::testing::AddGlobalTestEnvironment(new ModelsEnv);
 
 const char* kHybridArgs =
     "--arch qwen3_5_moe --hidden 64 --layers 4 --heads 4 --kv-heads 2 --head-dim 32 --lin-k-heads 2 --lin-v-heads 4 "

@@ -17,23 +17,15 @@
 #include "infera/model/model.h"
 #include "infera/tools/model_check.h"
 #include "infera/model/weights.h"
+#include "../test_support.h"
 
 namespace infera {
 namespace {
 
 namespace fs = std::filesystem;
-const std::string kSource = INFERA_SOURCE_DIR;
 
-fs::path scratch_root() { return fs::temp_directory_path() / ("infera_qwen3_next_test_" + std::to_string(::getpid())); }
-
-class ScratchEnv : public ::testing::Environment {
- public:
-  void TearDown() override {
-    std::error_code ec;
-    fs::remove_all(scratch_root(), ec);
-  }
-};
-const auto* const kEnv = ::testing::AddGlobalTestEnvironment(new ScratchEnv);
+const fs::path kScratch = test::process_scratch_dir("infera_qwen3_next_test");
+fs::path scratch_root() { return kScratch; }
 
 // r = Hv / Hk = 2 and dk != dv, so a wrong group stride or split shows up.
 const char* kShape =
@@ -41,13 +33,7 @@ const char* kShape =
     "--lin-dv 8 --experts 6 --experts-per-tok 2 --moe-ffn 32 --shared-ffn 48 --vocab 300 --seed 5";
 
 std::string generated(const std::string& name, const std::string& args) {
-  const fs::path dir = scratch_root() / name;
-  if (!fs::exists(dir / "config.json")) {
-    const std::string cmd =
-        "/usr/bin/python3 " + kSource + "/tools/gen_model.py " + dir.string() + " " + args + " > /dev/null";
-    EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
-  }
-  return dir.string();
+  return test::generate_model(scratch_root() / name, args);
 }
 
 constexpr int64_t kBlock = 16;

@@ -11,12 +11,9 @@
 #include <string>
 #include <vector>
 
-namespace infera::test {
+#include "../test_support.h"
 
-inline std::string slurp(const std::filesystem::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-}
+namespace infera::test {
 
 // PIDs of processes whose parent is `parent`.
 inline std::vector<pid_t> children_of(pid_t parent) {

@@ -23,6 +23,7 @@
 #include <nlohmann/json.hpp>
 
 #include "infera/parallel/communicator.h"
+#include "../test_support.h"
 #include "process_util.h"
 
 extern char** environ;
@@ -35,20 +36,10 @@ using test::slurp;
 
 const std::string kSource = INFERA_SOURCE_DIR;
 const std::string kInfera = std::string(INFERA_BINARY_DIR) + "/infera";
-const std::string kStories = kSource + "/../shared/models/stories260K";
+const std::string kStories = test::stories_dir();
 const std::vector<std::string> kPrompts = {"Once upon a time", "The little dog", "Tom and Sue went"};
 
-int free_port() {
-  const int s = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof a;
-  ::bind(s, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  ::getsockname(s, reinterpret_cast<sockaddr*>(&a), &len);
-  ::close(s);
-  return ntohs(a.sin_port);
-}
+using test::free_port;
 
 struct Server {
   pid_t pid = -1;
@@ -150,6 +141,7 @@ class ServeTp : public ::testing::Test {
 fs::path ServeTp::dir_;
 
 TEST_F(ServeTp, Tp2ServerAnswersWithTheGreedyTextOfOneProcessAndDrainsOnSigterm) {
+  INFERA_REQUIRE_FIXTURE(kStories);
   Server one = start({"-m", kStories, "--name", "m", "-t", "1"}, "tp1");
   ASSERT_GT(one.pid, 0);
   const std::vector<std::string> expected = complete_all(one);
@@ -198,6 +190,7 @@ TEST_F(ServeTp, HybridTp2ServerMatchesOneProcess) {
 }
 
 TEST_F(ServeTp, GroupMistakesAreRefusedBeforeAnyRankStarts) {
+  INFERA_REQUIRE_FIXTURE(kStories);
   // Checked in the launching process: plain messages, no MPI start-up.
   auto serve_error = [&](const std::string& models) {
     const fs::path yaml = dir_ / "bad.yaml", log = dir_ / "bad.log";
@@ -218,6 +211,7 @@ TEST_F(ServeTp, GroupMistakesAreRefusedBeforeAnyRankStarts) {
 }
 
 TEST_F(ServeTp, AKilledWorkerRankEndsTheServer) {
+  INFERA_REQUIRE_FIXTURE(kStories);
   Server s = start({"-m", kStories, "--name", "m", "-t", "1", "--tp", "2"}, "kill");
   ASSERT_GT(s.pid, 0);
   const pid_t victim = test::find_rank(s.pid, 1);

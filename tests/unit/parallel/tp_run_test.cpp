@@ -23,6 +23,7 @@
 #include <nlohmann/json.hpp>
 
 #include "infera/parallel/communicator.h"
+#include "../test_support.h"
 #include "process_util.h"
 
 extern char** environ;
@@ -34,7 +35,7 @@ namespace fs = std::filesystem;
 
 const std::string kSource = INFERA_SOURCE_DIR;
 const std::string kInfera = std::string(INFERA_BINARY_DIR) + "/infera";
-const std::string kStories = kSource + "/../shared/models/stories260K";
+const std::string kStories = test::stories_dir();
 constexpr float kLogitTolerance = 1e-4f;
 
 using test::slurp;
@@ -141,6 +142,7 @@ class TpRun : public ::testing::Test {
 fs::path TpRun::dir_;
 
 TEST_F(TpRun, Stories260KTp2AndTp4MatchOneProcess) {
+  INFERA_REQUIRE_FIXTURE(kStories);
   // 8 heads, 4 KV heads: both TP sizes divide.
   expect_same_as_one_process(kStories, {"--tp 2", "--tp 4"});
 }
@@ -255,6 +257,7 @@ TEST_F(TpRun, QuantizedCheckpointsSplitByRowsAndWholeGroups) {
 }
 
 TEST_F(TpRun, CollectivesPerDecodeTokenAreTwoPerLayerPlusTwo) {
+  INFERA_REQUIRE_FIXTURE(kStories);
   // Merged: one broadcast of the step, one all-reduce per attention and per MLP, one
   // gather of the logits. Textbook: 3 broadcasts, an embedding all-reduce, an all-gather.
   std::vector<float> logits;
@@ -269,6 +272,7 @@ TEST_F(TpRun, CollectivesPerDecodeTokenAreTwoPerLayerPlusTwo) {
 }
 
 TEST_F(TpRun, PerRankWeightMemoryIsAboutOneOverTp) {
+  INFERA_REQUIRE_FIXTURE(kStories);
   // ~140 MB of f32 weights so they dominate the process; a tiny model under the same
   // launcher gives the baseline (binary, MPI libraries, buffers) to subtract. The 4 MB
   // embedding table is not split (each rank reads its tokens' rows).
@@ -283,6 +287,7 @@ TEST_F(TpRun, PerRankWeightMemoryIsAboutOneOverTp) {
 }
 
 TEST_F(TpRun, HybridPerRankWeightMemoryIsAboutOneOverTp) {
+  INFERA_REQUIRE_FIXTURE(kStories);
   // Dense Qwen3.5 (~125 MB f32): GDN projections, conv and gated attention are copied per
   // rank from several row ranges; they must not keep the neighbours' rows resident.
   const std::string big = model("big_hybrid", "--arch qwen3_5 --hidden 512 --layers 8 --heads 8 --kv-heads 4 "
@@ -307,6 +312,7 @@ TEST_F(TpRun, RanksSeeingDifferentModelFilesStopWithAMessage) {
 }
 
 TEST_F(TpRun, AnErrorOnRankZeroEndsTheGroup) {
+  INFERA_REQUIRE_FIXTURE(kStories);
   // The prompt check runs on rank 0 only, after every rank loaded its shard.
   const auto start = std::chrono::steady_clock::now();
   const Result r = run(kInfera + " run -m " + kStories + " --prompt-ids [1,2,3] -n 100 --ctx 50 -t 1 --tp 2");
@@ -316,6 +322,7 @@ TEST_F(TpRun, AnErrorOnRankZeroEndsTheGroup) {
 }
 
 TEST_F(TpRun, GroupsStartedSideBySideEachGetAPrivateSessionFolder) {
+  INFERA_REQUIRE_FIXTURE(kStories);
   // Two `--tp 2` launches at once, under one session base: each makes and removes its own
   // folder inside it, so neither's clean-up can pull the other's files away.
   const fs::path base = dir_ / "session_base";

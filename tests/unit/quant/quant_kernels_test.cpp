@@ -7,16 +7,12 @@
 
 #include "infera/base/error.h"
 #include "infera/kernels/quant.h"
+#include "../test_support.h"
 
 namespace infera::kernels {
 namespace {
 
-std::vector<Isa> paths() {
-  std::vector<Isa> out;
-  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512})
-    if (isa_available(isa)) out.push_back(isa);
-  return out;
-}
+std::vector<Isa> paths() { return test::available_isas(); }
 
 // A random quantized matrix with its backing storage.
 struct TestMatrix {

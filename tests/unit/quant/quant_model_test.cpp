@@ -18,6 +18,7 @@
 #include "infera/quant/quantizer.h"
 #include "infera/runtime/block_allocator.h"
 #include "infera/runtime/sequence_runner.h"
+#include "../test_support.h"
 #include "sampled_text.h"
 
 namespace infera::quant {
@@ -28,7 +29,7 @@ using tools::EvalResult;
 using tools::evaluate;
 using kernels::QuantScheme;
 
-const std::string kStories = std::string(INFERA_SOURCE_DIR) + "/../shared/models/stories260K";
+const std::string kStories = test::stories_dir();
 
 fs::path fresh_dir(const std::string& name) {
   const fs::path p = fs::temp_directory_path() / ("infera_quant_test_" + std::to_string(::getpid())) / name;
@@ -81,6 +82,7 @@ TEST(Quantizer, ImportanceWeightsTheSearch) {
 }
 
 TEST(QuantFormat, RoundTripsThroughWriterAndLoader) {
+  INFERA_REQUIRE_FIXTURE(kStories);
   const fs::path out = fresh_dir("roundtrip");
   QuantizeOptions o;
   o.scheme = QuantScheme::kW4A8;
@@ -128,6 +130,7 @@ EvalResult quantize_and_eval(const std::string& name, const QuantizeOptions& o, 
 }
 
 TEST(QuantQuality, Stories260KAgainstF32) {
+  INFERA_REQUIRE_FIXTURE(kStories);
   std::unique_ptr<Model> ref = load_model(kStories);
   const std::vector<int32_t> toks = sampled_tokens(*ref, 4, 300, 1234, 1, 0);  // 4 x 300 tokens from the f32 model
   QuantizeOptions o;
@@ -179,6 +182,7 @@ TEST(QuantBadInput, ClearErrors) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("w8a8, w4a8, w4a16"), std::string::npos);
   }
+  INFERA_REQUIRE_FIXTURE(kStories);  // the rest quantizes stories260K
   QuantizeOptions o;
   o.scheme = QuantScheme::kW4A8;
   o.group_size = 48;

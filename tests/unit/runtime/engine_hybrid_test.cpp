@@ -13,6 +13,7 @@
 #include "infera/runtime/engine.h"
 #include "greedy_reference.h"
 #include "infera/runtime/sequence_runner.h"
+#include "../test_support.h"
 
 using namespace infera;
 
@@ -23,13 +24,7 @@ namespace fs = std::filesystem;
 Model& hybrid() {
   static std::unique_ptr<Model> model = [] {
     const fs::path dir = fs::temp_directory_path() / ("infera_engine_hybrid_" + std::to_string(::getpid()));
-    const std::string cmd = "/usr/bin/python3 " + std::string(INFERA_SOURCE_DIR) + "/tools/gen_model.py " +
-                            dir.string() +
-                            " --arch qwen3_5_moe --hidden 64 --layers 4 --heads 4 --kv-heads 2 --head-dim 32"
-                            " --lin-k-heads 2 --lin-v-heads 4 --lin-dk 16 --lin-dv 16 --experts 8 --experts-per-tok 2"
-                            " --moe-ffn 32 --shared-ffn 48 --vocab 300 --seed 5 > /dev/null";
-    EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
-    auto m = load_model(dir.string());
+    auto m = load_model(test::generate_model(dir, test::kTinyHybridArgs));
     std::error_code ec;
     fs::remove_all(dir, ec);  // the mapping stays valid after the files are unlinked
     return m;

@@ -18,7 +18,7 @@ using namespace infera;
 
 namespace {
 
-const std::string kModelDir = std::string(INFERA_SOURCE_DIR) + "/../shared/models/stories260K";
+const std::string kModelDir = test::stories_dir();
 
 Model& stories() {
   static std::unique_ptr<Model> model = [] {
@@ -59,6 +59,7 @@ EngineConfig base_config() {
 }  // namespace
 
 TEST(EngineStories, BatchedGreedyEqualsSoloWithStaggeredArrivals) {
+  INFERA_REQUIRE_FIXTURE(test::stories_dir());
   std::mt19937 rng(21);
   const std::vector<int32_t> lengths = {1, 5, 40, 130, 150, 17, 64, 90};
   std::vector<std::vector<int32_t>> prompts;
@@ -92,6 +93,7 @@ TEST(EngineStories, BatchedGreedyEqualsSoloWithStaggeredArrivals) {
 }
 
 TEST(EngineStories, TightKvBudgetPreemptsAndStillMatches) {
+  INFERA_REQUIRE_FIXTURE(test::stories_dir());
   EngineConfig c = base_config();
   const int64_t block_bytes = stories().kv_shape(16).num_layers * 2 * 16 * 4 * 8 * 4;
   c.kv_cache_bytes = 16 * block_bytes;  // 256 tokens for ~4 x 125
@@ -121,6 +123,7 @@ TEST(EngineStories, TightKvBudgetPreemptsAndStillMatches) {
 }
 
 TEST(EngineStories, SharedPrefixSkipsCachedTokensWithSameOutput) {
+  INFERA_REQUIRE_FIXTURE(test::stories_dir());
   std::mt19937 rng(23);
   const auto shared = prompt_of(rng, 200);
   auto a = shared, b = shared;
@@ -151,6 +154,7 @@ TEST(EngineStories, SharedPrefixSkipsCachedTokensWithSameOutput) {
 }
 
 TEST(EngineStories, CancelMidGenerationFreesEveryBlock) {
+  INFERA_REQUIRE_FIXTURE(test::stories_dir());
   Engine engine(stories(), base_config());
   std::mt19937 rng(24);
   std::vector<RequestHandle> handles;
@@ -175,6 +179,7 @@ TEST(EngineStories, CancelMidGenerationFreesEveryBlock) {
 }
 
 TEST(EngineStories, LongContextMemoryFollowsUsedTokens) {
+  INFERA_REQUIRE_FIXTURE(test::stories_dir());
   // KV reserved for 128K tokens (160 MiB for this model), 4K used: resident memory must
   // grow by about 4K tokens' worth (5 MiB). Positions past the model's 512 extrapolate RoPE,
   // which is fine for a memory test but needs the explicit option.

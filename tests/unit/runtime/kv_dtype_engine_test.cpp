@@ -101,6 +101,7 @@ Agreement compare(const std::vector<float>& got, const std::vector<float>& want)
 // gives the same 200 tokens as f32 (the golden's smallest top-2 gap, 0.133, is far above
 // the measured bf16 logit error).
 TEST(KvDtypeStories, Bf16GreedyEqualsF32OnTheGoldenPrompt) {
+  INFERA_REQUIRE_FIXTURE(test::stories_dir());
   const std::vector<int32_t> bos = {1};
   const std::vector<int32_t> f32 = greedy(DType::kF32, bos, 200);
   EXPECT_EQ(greedy(DType::kBF16, bos, 200), f32);
@@ -113,6 +114,7 @@ TEST(KvDtypeStories, Bf16GreedyEqualsF32OnTheGoldenPrompt) {
 // logit range ~37. stories260K is the hard case for int8: head_dim 8, so one scale covers
 // only 8 values. Asserted with about 2x margin.
 TEST(KvDtypeStories, LogitErrorOfBf16AndInt8CachesIsBounded) {
+  INFERA_REQUIRE_FIXTURE(test::stories_dir());
   std::vector<int32_t> tokens = {1};
   const std::vector<int32_t> gen = greedy(DType::kF32, tokens, 200);
   tokens.insert(tokens.end(), gen.begin(), gen.end());
@@ -141,6 +143,7 @@ TEST(KvDtypeStories, LogitErrorOfBf16AndInt8CachesIsBounded) {
 // batched, preempted and prefix-cached runs over an int8 cache give exactly the tokens of a
 // lone int8 sequence, and n-gram speculation (rollback of rejected drafts) changes nothing.
 TEST(KvDtypeStories, Int8EngineEqualsLoneInt8Sequence) {
+  INFERA_REQUIRE_FIXTURE(test::stories_dir());
   std::mt19937 rng(31);
   std::uniform_int_distribution<int32_t> piece(259, 511);
   const std::vector<int32_t> shared_prefix = [&] {
@@ -197,6 +200,7 @@ TEST(KvDtypeStories, Int8EngineEqualsLoneInt8Sequence) {
 // The same --kv-cache-memory holds 2x the tokens in bf16 and 4 hd / (hd + 4) x in int8
 // (the f32 scale per token and head: 2.67x at stories260K's head_dim 8, 3.76x at 64).
 TEST(KvDtypeStories, BudgetHoldsMoreBlocksWithSmallerDtypes) {
+  INFERA_REQUIRE_FIXTURE(test::stories_dir());
   const KvPoolShape shape = stories().kv_shape(16);
   auto blocks_for = [&](DType dtype) {
     EngineConfig c;

@@ -201,6 +201,7 @@ TEST(TokenLogprobs, MatchLogSoftmaxAndSortedTopList) {
 }
 
 TEST(EngineLogprobs, GreedyMatchesTheModelsLogSoftmax) {
+  INFERA_REQUIRE_FIXTURE(test::stories_dir());
   OneThread one;
   const auto ps = prompts(11);
   const std::vector<Generated> out = run_engine(stories(), config(), ps, 20, SamplingParams{}, true, 5);
@@ -212,6 +213,7 @@ TEST(EngineLogprobs, GreedyMatchesTheModelsLogSoftmax) {
 }
 
 TEST(EngineLogprobs, SampledWithPenaltiesReportsTheRawDistribution) {
+  INFERA_REQUIRE_FIXTURE(test::stories_dir());
   OneThread one;
   const auto ps = prompts(12);
   SamplingParams s;
@@ -228,6 +230,7 @@ TEST(EngineLogprobs, SampledWithPenaltiesReportsTheRawDistribution) {
 }
 
 TEST(EngineLogprobs, SpeculativeVerifyGivesThePlainRunsLogprobs) {
+  INFERA_REQUIRE_FIXTURE(test::stories_dir());
   OneThread one;
   const auto ps = prompts(13);
   const std::vector<Generated> plain = run_engine(stories(), config(), ps, 40, SamplingParams{}, true, 3);
@@ -295,6 +298,7 @@ TEST(EngineLogprobs, SpeculativeOnTheHybridGivesThePlainRunsLogprobs) {
 }
 
 TEST(EngineLogprobs, RequestsAreValidated) {
+  INFERA_REQUIRE_FIXTURE(test::stories_dir());
   EngineCore core(stories(), config());
   Request r;
   r.prompt_ids = {1, 300};
@@ -382,6 +386,7 @@ void expect_prompt_matches_runner(const std::vector<int32_t>& prompt, const Scor
 }  // namespace
 
 TEST(EnginePromptLogprobs, EveryPromptTokenMatchesTheRunnersRows) {
+  INFERA_REQUIRE_FIXTURE(test::stories_dir());
   // Prompts shorter than a chunk, over several prefill_chunk (32) chunks, and, with a
   // larger prefill_chunk, over several kPromptLogprobsChunk chunks; batched together, with
   // a request that does not score its prompt in the same steps.
@@ -410,6 +415,7 @@ TEST(EnginePromptLogprobs, EveryPromptTokenMatchesTheRunnersRows) {
 }
 
 TEST(EnginePromptLogprobs, MaxTokensZeroScoresThePromptOnly) {
+  INFERA_REQUIRE_FIXTURE(test::stories_dir());
   OneThread one;
   EngineCore core(stories(), config());
   const std::vector<int32_t> prompt = random_prompt(40, 4);
@@ -426,6 +432,7 @@ TEST(EnginePromptLogprobs, MaxTokensZeroScoresThePromptOnly) {
 }
 
 TEST(EnginePromptLogprobs, ScoringBypassesThePrefixCacheAndStillFillsIt) {
+  INFERA_REQUIRE_FIXTURE(test::stories_dir());
   OneThread one;
   EngineConfig c = config();
   c.enable_prefix_cache = true;
@@ -445,6 +452,7 @@ TEST(EnginePromptLogprobs, ScoringBypassesThePrefixCacheAndStillFillsIt) {
 }
 
 TEST(EnginePromptLogprobs, PreemptedSequencesScoreEachTokenOnce) {
+  INFERA_REQUIRE_FIXTURE(test::stories_dir());
   // A KV cache too small for the batch: sequences are preempted (some mid-prompt) and
   // recomputed; each prompt token is still scored once, with the same numbers.
   OneThread one;
@@ -468,6 +476,7 @@ TEST(EnginePromptLogprobs, PreemptedSequencesScoreEachTokenOnce) {
 }
 
 TEST(EnginePromptLogprobs, AStepReturnsAtMostOneScoringChunkOfRows) {
+  INFERA_REQUIRE_FIXTURE(test::stories_dir());
   // Three prompts scored together with room for all of them in one step: the logits rows of
   // a step (one per scoring token) stay within kPromptLogprobsChunk over all sequences, so
   // the 900 rows take at least ceil(900 / 128) forwards; the numbers are unaffected.
@@ -488,6 +497,7 @@ TEST(EnginePromptLogprobs, AStepReturnsAtMostOneScoringChunkOfRows) {
 }
 
 TEST(EnginePromptLogprobs, RequestsAreValidated) {
+  INFERA_REQUIRE_FIXTURE(test::stories_dir());
   EngineCore core(stories(), config());
   Request r = scoring_request({1, 300}, 0, kMaxTopLogprobs + 1);
   EXPECT_THROW(core.validate(r), Error);

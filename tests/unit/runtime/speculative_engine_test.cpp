@@ -147,6 +147,7 @@ void expect_rejections_and_acceptances(const EngineStats& s, const std::string& 
 }  // namespace
 
 TEST(SpeculativeEngine, NgramGreedyEqualsPlainOnStories260K) {
+  INFERA_REQUIRE_FIXTURE(test::stories_dir());
   OneThread one;
   std::mt19937 rng(21);
   std::vector<std::vector<int32_t>> prompts;
@@ -251,6 +252,7 @@ TEST(SpeculativeEngine, OracleDraftsWithPlantedErrorsOnHybrid) {
 }
 
 TEST(SpeculativeEngine, MtpNeedsAnMtpHead) {
+  INFERA_REQUIRE_FIXTURE(test::stories_dir());
   try {
     EngineCore core(stories(), config_for(SpeculativeMethod::kMtp, 1));
     FAIL() << "expected an error";
@@ -335,9 +337,10 @@ void expect_same_distribution(Model& model, SpeculativeMethod method, int32_t k,
 }  // namespace
 
 TEST(SpeculativeEngine, SampledNgramKeepsTheDistributionOnStories260K) {
+  INFERA_REQUIRE_FIXTURE(test::stories_dir());
   OneThread one;
   // Story text the model knows, repeated: drafts are often but not always right.
-  const Tokenizer tok = Tokenizer::load(std::string(INFERA_SOURCE_DIR) + "/../shared/models/stories260K");
+  const Tokenizer tok = Tokenizer::load(test::stories_dir());
   const std::vector<int32_t> prompt =
       tok.encode("Once upon a time, there was a little girl. Once upon a time, there was a little girl. Once upon a");
   expect_same_distribution(stories(), SpeculativeMethod::kNgram, 2, prompt, 3000, 1.5f, 1 << 20, "stories ngram");

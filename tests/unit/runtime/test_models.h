@@ -17,6 +17,7 @@
 
 #include "infera/model/model.h"
 #include "infera/runtime/engine_config.h"
+#include "../test_support.h"
 
 namespace infera::testing_support {
 
@@ -24,7 +25,7 @@ inline Model& stories_model() {
   static std::unique_ptr<Model> model = [] {
     LoadOptions o;
     o.max_batch_tokens = 512;
-    return load_model(std::string(INFERA_SOURCE_DIR) + "/../shared/models/stories260K", o);
+    return load_model(test::stories_dir(), o);
   }();
   return *model;
 }
@@ -33,15 +34,9 @@ inline Model& hybrid_model() {
   namespace fs = std::filesystem;
   static std::unique_ptr<Model> model = [] {
     const fs::path dir = fs::temp_directory_path() / ("infera_test_hybrid_" + std::to_string(::getpid()));
-    const std::string cmd = "/usr/bin/python3 " + std::string(INFERA_SOURCE_DIR) + "/tools/gen_model.py " +
-                            dir.string() +
-                            " --arch qwen3_5_moe --hidden 64 --layers 4 --heads 4 --kv-heads 2 --head-dim 32"
-                            " --lin-k-heads 2 --lin-v-heads 4 --lin-dk 16 --lin-dv 16 --experts 8 --experts-per-tok 2"
-                            " --moe-ffn 32 --shared-ffn 48 --vocab 300 --seed 5 > /dev/null";
-    EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
     LoadOptions o;
     o.max_batch_tokens = 512;
-    auto m = load_model(dir.string(), o);
+    auto m = load_model(test::generate_model(dir, test::kTinyHybridArgs), o);
     std::error_code ec;
     fs::remove_all(dir, ec);  // the mapping stays valid after the files are unlinked
     return m;

@@ -12,34 +12,17 @@
 #include "infera/base/error.h"
 #include "infera/io/safetensors.h"
 #include "infera/server/model_instance.h"
+#include "../test_support.h"
 
 namespace infera::server {
 namespace {
 
-const std::string kStories = std::string(INFERA_SOURCE_DIR) + "/../shared/models/stories260K";
+const std::string kStories = test::stories_dir();
 const std::string kChatml = std::string(INFERA_SOURCE_DIR) + "/tests/conformance/data/chatml.jinja";
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using test::error_of;
 
-// A loopback port that is free now.
-int free_port() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  EXPECT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
-  socklen_t len = sizeof(addr);
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  ::close(fd);
-  return ntohs(addr.sin_port);
-}
+using test::free_port;
 
 TEST(DeployConfig, ParsesEverySetting) {
   ::setenv("INFERA_TEST_KEY", "from-the-environment", 1);
@@ -144,6 +127,7 @@ TEST(DeployConfig, ProfilesResolveWithinTheModelContext) {
 }
 
 TEST(PrepareModels, LoadsTokenizerAndTemplateWithoutWeights) {
+  INFERA_REQUIRE_FIXTURE(kStories);
   DeployConfig c;
   ModelDeployConfig m;
   m.path = kStories;
@@ -159,6 +143,7 @@ TEST(PrepareModels, LoadsTokenizerAndTemplateWithoutWeights) {
 }
 
 TEST(PrepareModels, EveryConfigurationErrorIsNamed) {
+  INFERA_REQUIRE_FIXTURE(kStories);
   const auto dir = std::filesystem::temp_directory_path() / ("infera_server_test_" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir / "no_tokenizer");
   std::ofstream(dir / "no_tokenizer" / "config.json") << "{}";

@@ -24,6 +24,7 @@
 #include "infera/runtime/sequence_runner.h"
 #include "infera/server/logprobs_json.h"
 #include "infera/chat/chat_template.h"
+#include "../test_support.h"
 
 namespace infera::server {
 namespace {
@@ -32,7 +33,7 @@ using nlohmann::json;
 using testing::FakeBackend;
 using namespace std::chrono_literals;
 
-const std::string kStories = std::string(INFERA_SOURCE_DIR) + "/../shared/models/stories260K";
+const std::string kStories = test::stories_dir();
 const std::string kChatml = std::string(INFERA_SOURCE_DIR) + "/tests/conformance/data/chatml.jinja";
 const std::string kText = "Once upon a time, there was a little girl. The end is near.";
 
@@ -191,6 +192,7 @@ void expect_error(const httplib::Result& r, int status, const char* code = nullp
 }
 
 TEST(HttpServer, CompletionReturnsTheGeneratedText) {
+  INFERA_REQUIRE_FIXTURE(kStories);
   TestServer s;
   auto r = s.post("/v1/completions", {{"model", "stories"}, {"prompt", "Once"}, {"temperature", 0}});
   ASSERT_TRUE(r);
@@ -205,6 +207,7 @@ TEST(HttpServer, CompletionReturnsTheGeneratedText) {
 }
 
 TEST(HttpServer, ChatAndModelsAndHealth) {
+  INFERA_REQUIRE_FIXTURE(kStories);
   TestServer s;
   auto r = s.post("/v1/chat/completions", with(kChat, {{"max_tokens", 5}}));
   ASSERT_EQ(r->status, 200) << r->body;
@@ -226,6 +229,7 @@ TEST(HttpServer, ChatAndModelsAndHealth) {
 }
 
 TEST(HttpServer, StreamingFramingAndUsage) {
+  INFERA_REQUIRE_FIXTURE(kStories);
   TestServer s;
   auto r = s.post("/v1/chat/completions", with(kChat, {{"stream", true}, {"stream_options", {{"include_usage", true}}}}));
   ASSERT_EQ(r->status, 200);
@@ -247,6 +251,7 @@ TEST(HttpServer, StreamingFramingAndUsage) {
 }
 
 TEST(HttpServer, StopStringsSplitAcrossTokensAreNeverEmitted) {
+  INFERA_REQUIRE_FIXTURE(kStories);
   TestServer s;
   // Pick stop strings that straddle token boundaries of the script.
   std::vector<std::string> pieces;
@@ -282,6 +287,7 @@ TEST(HttpServer, StopStringsSplitAcrossTokensAreNeverEmitted) {
 }
 
 TEST(HttpServer, SeveralChoicesWithDistinctSeeds) {
+  INFERA_REQUIRE_FIXTURE(kStories);
   TestServer s;
   auto r = s.post("/v1/chat/completions", with(kChat, {{"n", 3}, {"seed", 7}, {"max_tokens", 3}}));
   ASSERT_EQ(r->status, 200) << r->body;
@@ -311,6 +317,7 @@ void start_stream_and_hang_up(int port, const std::string& body) {
 }
 
 TEST(HttpServer, ClientHangingUpCancelsItsGeneration) {
+  INFERA_REQUIRE_FIXTURE(kStories);
   ServerOptions o;
   o.delay = 30ms;  // the script takes ~1 s per request
   TestServer s(o);
@@ -323,6 +330,7 @@ TEST(HttpServer, ClientHangingUpCancelsItsGeneration) {
 }
 
 TEST(HttpServer, ThirtyTwoConcurrentStreams) {
+  INFERA_REQUIRE_FIXTURE(kStories);
   ServerOptions o;
   o.delay = 2ms;
   TestServer s(o);
@@ -346,6 +354,7 @@ TEST(HttpServer, ThirtyTwoConcurrentStreams) {
 }
 
 TEST(HttpServer, ErrorsHaveTheOpenAiShape) {
+  INFERA_REQUIRE_FIXTURE(kStories);
   ServerOptions o;
   o.body_limit = 4096;
   TestServer s(o);
@@ -365,6 +374,7 @@ TEST(HttpServer, ErrorsHaveTheOpenAiShape) {
 }
 
 TEST(HttpServer, ApiKeysPermissionsAndRateLimits) {
+  INFERA_REQUIRE_FIXTURE(kStories);
   ServerOptions o;
   o.two_models = true;
   o.keys = {{"all", "all-models-key", {}, 0, 0}, {"only-other", "only-other-key", {"other"}, 0, 0}, {"slow", "slow-key-123", {}, 2, 0}};
@@ -409,6 +419,7 @@ TEST(HttpServer, ApiKeysPermissionsAndRateLimits) {
 }
 
 TEST(HttpServer, AuditLogHasPromptsOnlyWhenEnabled) {
+  INFERA_REQUIRE_FIXTURE(kStories);
   ServerOptions o;
   o.audit_prompts = true;
   o.audit_log = (std::filesystem::temp_directory_path() / ("infera_audit_p_" + std::to_string(::getpid()) + ".jsonl")).string();
@@ -426,6 +437,7 @@ TEST(HttpServer, AuditLogHasPromptsOnlyWhenEnabled) {
 }
 
 TEST(HttpServer, NotReadyModelsAnswer503) {
+  INFERA_REQUIRE_FIXTURE(kStories);
   ServerOptions o;
   o.load = false;
   TestServer s(o);
@@ -441,6 +453,7 @@ TEST(HttpServer, NotReadyModelsAnswer503) {
 }
 
 TEST(HttpServer, QueueFullIs429) {
+  INFERA_REQUIRE_FIXTURE(kStories);
   TestServer s;
   s.backend->set_waiting(1000);
   auto r = s.post("/v1/chat/completions", kChat);
@@ -449,6 +462,7 @@ TEST(HttpServer, QueueFullIs429) {
 }
 
 TEST(HttpServer, RequestTimeoutIs504) {
+  INFERA_REQUIRE_FIXTURE(kStories);
   ServerOptions o;
   o.timeout_s = 0.3;
   TestServer s(o);
@@ -460,6 +474,7 @@ TEST(HttpServer, RequestTimeoutIs504) {
 }
 
 TEST(HttpServer, DrainFinishesInFlightAndRefusesNew) {
+  INFERA_REQUIRE_FIXTURE(kStories);
   ServerOptions o;
   o.delay = 20ms;
   TestServer s(o);
@@ -479,6 +494,7 @@ TEST(HttpServer, DrainFinishesInFlightAndRefusesNew) {
 }
 
 TEST(HttpServer, ToolCallsAndMetrics) {
+  INFERA_REQUIRE_FIXTURE(kStories);
   ServerOptions o;
   o.script_text = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>";
   TestServer s(o);
@@ -525,6 +541,7 @@ TEST(HttpServer, ToolCallsAndMetrics) {
 }
 
 TEST(HttpServer, TokenizeAndDetokenize) {
+  INFERA_REQUIRE_FIXTURE(kStories);
   TestServer s;
   auto t = s.post("/tokenize", {{"prompt", "Once upon a time"}});
   ASSERT_EQ(t->status, 200) << t->body;
@@ -569,6 +586,7 @@ json streamed_logprobs(const std::string& body, bool chat) {
 }
 
 TEST(HttpServer, ChatLogprobsHaveOpenAisShape) {
+  INFERA_REQUIRE_FIXTURE(kStories);
   TestServer s;
   const Tokenizer& tok = s.tokenizer();
   const int n = 6;
@@ -615,6 +633,7 @@ TEST(HttpServer, ChatLogprobsHaveOpenAisShape) {
 }
 
 TEST(HttpServer, CompletionLogprobsHaveTheLegacyShape) {
+  INFERA_REQUIRE_FIXTURE(kStories);
   TestServer s;
   const Tokenizer& tok = s.tokenizer();
   const int n = 7;
@@ -661,6 +680,7 @@ TEST(HttpServer, CompletionLogprobsHaveTheLegacyShape) {
 }
 
 TEST(HttpServer, LogprobsEndWithTheTokenThatCompletedAStopString) {
+  INFERA_REQUIRE_FIXTURE(kStories);
   TestServer s;
   const std::string full = s.decode(s.script);
   const std::string stop = "little";
@@ -678,6 +698,7 @@ TEST(HttpServer, LogprobsEndWithTheTokenThatCompletedAStopString) {
 }
 
 TEST(HttpServer, BadLogprobsRequestsNameTheParameter) {
+  INFERA_REQUIRE_FIXTURE(kStories);
   TestServer s;
   struct Case {
     const char* path;
@@ -737,6 +758,7 @@ double log_softmax_at(const float* logits, int32_t vocab, int32_t token) {
 // The real engine behind HTTP: the numbers are the model's log_softmax, computed here
 // from an independent single-sequence run, and the streamed tokens spell the text.
 TEST(HttpServer, LogprobsFromTheRealEngineAreTheModels) {
+  INFERA_REQUIRE_FIXTURE(kStories);
   ServerOptions o;
   o.real_engine = true;
   TestServer s(o);
@@ -790,6 +812,7 @@ TEST(HttpServer, LogprobsFromTheRealEngineAreTheModels) {
 // an independent all-rows run at the position before it, then the completion's; the same
 // whether streamed or not, with a completion or max_tokens 0.
 TEST(HttpServer, EchoedPromptLogprobsAreTheModels) {
+  INFERA_REQUIRE_FIXTURE(kStories);
   ServerOptions o;
   o.real_engine = true;
   TestServer s(o);
@@ -839,6 +862,7 @@ TEST(HttpServer, EchoedPromptLogprobsAreTheModels) {
 // with the prompt token's and its alternatives' logprob, rank and text; on each completion
 // choice (also streamed, with the first chunk), beside the choices for chat.
 TEST(HttpServer, VllmPromptLogprobsAreTheModels) {
+  INFERA_REQUIRE_FIXTURE(kStories);
   ServerOptions o;
   o.real_engine = true;
   TestServer s(o);

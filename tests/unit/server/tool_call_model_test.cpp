@@ -26,6 +26,7 @@
 #include "infera/io/safetensors.h"
 #include "infera/server/http_server.h"
 #include "infera/tokenizer/unicode.h"
+#include "../test_support.h"
 
 namespace infera::server {
 namespace {
@@ -131,20 +132,7 @@ void write_model(const fs::path& dir) {
   write_safetensors((dir / "model.safetensors").string(), out);
 }
 
-int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(addr);
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-    ::close(fd);
-    return 8000;
-  }
-  ::close(fd);
-  return ntohs(addr.sin_port);
-}
+using test::free_port;
 
 class ToolCallModel : public ::testing::Test {
  protected:

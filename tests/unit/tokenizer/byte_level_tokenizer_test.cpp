@@ -12,6 +12,7 @@
 #include "infera/base/error.h"
 #include "infera/tokenizer/tokenizer.h"
 #include "infera/tokenizer/unicode.h"
+#include "../test_support.h"
 
 namespace infera {
 namespace {
@@ -25,22 +26,13 @@ const char* kQwen2Regex =
     "\\s+(?!\\S)|\\s+";
 
 // A scratch directory removed at the end of the test.
-class TempDir {
+class TempDir : public test::TempDir {
  public:
-  TempDir() {
-    static std::atomic<int> counter{0};
-    path_ = fs::temp_directory_path() /
-            ("infera_tokenizer_test_" + std::to_string(getpid()) + "_" + std::to_string(counter++));
-    fs::create_directories(path_);
-  }
-  ~TempDir() { fs::remove_all(path_); }
-  std::string str() const { return path_.string(); }
+  TempDir() : test::TempDir("infera_tokenizer_test") {}
+  std::string str() const { return path().string(); }
   void write(const std::string& name, const std::string& content) const {
-    std::ofstream(path_ / name, std::ios::binary) << content;
+    std::ofstream(path() / name, std::ios::binary) << content;
   }
-
- private:
-  fs::path path_;
 };
 
 std::string byte_char(uint8_t b) {

@@ -10,11 +10,12 @@
 #include "infera/base/error.h"
 #include "infera/tokenizer/tokenizer.h"
 #include "infera/tokenizer/unicode.h"
+#include "../test_support.h"
 
 namespace infera {
 namespace {
 
-const std::string kStoriesDir = std::string(INFERA_SOURCE_DIR) + "/../shared/models/stories260K";
+const std::string kStoriesDir = test::stories_dir();
 
 const Tokenizer& stories() {
   static const Tokenizer tok = Tokenizer::load(kStoriesDir);
@@ -24,6 +25,7 @@ const Tokenizer& stories() {
 using Ids = std::vector<int32_t>;
 
 TEST(StoriesTokenizer, Metadata) {
+  INFERA_REQUIRE_FIXTURE(kStoriesDir);
   const Tokenizer& tok = stories();
   EXPECT_EQ(tok.kind(), Tokenizer::Kind::kSentencePieceBpe);
   EXPECT_EQ(tok.vocab_size(), 512);
@@ -44,6 +46,7 @@ TEST(StoriesTokenizer, Metadata) {
 }
 
 TEST(StoriesTokenizer, EncodesLikeLlama2c) {
+  INFERA_REQUIRE_FIXTURE(kStoriesDir);
   const Tokenizer& tok = stories();
   EXPECT_EQ(tok.encode("Once upon a time"), (Ids{1, 403, 407, 261, 378}));
   EXPECT_EQ(tok.encode(""), (Ids{1}));
@@ -56,6 +59,7 @@ TEST(StoriesTokenizer, EncodesLikeLlama2c) {
 }
 
 TEST(StoriesTokenizer, EncodesAndDecodesTheGoldenText) {
+  INFERA_REQUIRE_FIXTURE(kStoriesDir);
   std::ifstream in(kStoriesDir + "/GOLDEN.md");
   ASSERT_TRUE(in) << kStoriesDir << "/GOLDEN.md";
   std::stringstream buffer;
@@ -75,6 +79,7 @@ TEST(StoriesTokenizer, EncodesAndDecodesTheGoldenText) {
 }
 
 TEST(StoriesTokenizer, DecodeStripsTheSpaceAfterBosAndSkipsSpecials) {
+  INFERA_REQUIRE_FIXTURE(kStoriesDir);
   const Tokenizer& tok = stories();
   EXPECT_EQ(tok.decode(Ids{1, 403, 407}), "Once upon");
   EXPECT_EQ(tok.decode(Ids{1, 403, 407}, false), "<s> Once upon");
@@ -97,6 +102,7 @@ const std::vector<std::string> kRoundTripTexts = {
 };
 
 TEST(StoriesTokenizer, RoundTripsAssortedText) {
+  INFERA_REQUIRE_FIXTURE(kStoriesDir);
   for (const std::string& text : kRoundTripTexts) {
     EXPECT_EQ(stories().decode(stories().encode(text)), text) << text;
     EXPECT_EQ(stories().decode(stories().encode(text, false)), text) << text;
@@ -121,6 +127,7 @@ void expect_incremental_matches(const Tokenizer& tok, const Ids& ids, bool skip_
 }
 
 TEST(StoriesTokenizer, IncrementalDecoderEqualsFullDecodeOnEveryPrefix) {
+  INFERA_REQUIRE_FIXTURE(kStoriesDir);
   for (const std::string& text : kRoundTripTexts) {
     const Ids ids = stories().encode(text);
     expect_incremental_matches(stories(), ids, true);
@@ -129,6 +136,7 @@ TEST(StoriesTokenizer, IncrementalDecoderEqualsFullDecodeOnEveryPrefix) {
 }
 
 TEST(StoriesTokenizer, IncrementalDecoderHoldsBackSplitCharacters) {
+  INFERA_REQUIRE_FIXTURE(kStoriesDir);
   // "你" is three byte tokens: nothing may come out until the last one arrives.
   IncrementalDecoder decoder(stories());
   EXPECT_EQ(decoder.push(1), "");
@@ -140,6 +148,7 @@ TEST(StoriesTokenizer, IncrementalDecoderHoldsBackSplitCharacters) {
 }
 
 TEST(StoriesTokenizer, InvalidByteSequencesDecodeToReplacementCharacters) {
+  INFERA_REQUIRE_FIXTURE(kStoriesDir);
   const Tokenizer& tok = stories();
   const Ids truncated{0xE4 + 3, 0xBD + 3};
   EXPECT_EQ(tok.decode(truncated), "\ufffd");
@@ -152,6 +161,7 @@ TEST(StoriesTokenizer, InvalidByteSequencesDecodeToReplacementCharacters) {
 }
 
 TEST(StoriesTokenizer, RejectsBadInput) {
+  INFERA_REQUIRE_FIXTURE(kStoriesDir);
   EXPECT_THROW(stories().encode("bad \xff utf-8"), Error);
   EXPECT_THROW(stories().decode(Ids{512}), Error);
   EXPECT_THROW(stories().decode(Ids{-1}), Error);
@@ -160,6 +170,7 @@ TEST(StoriesTokenizer, RejectsBadInput) {
 }
 
 TEST(StoriesTokenizer, EncodesLongRepetitiveTextQuickly) {
+  INFERA_REQUIRE_FIXTURE(kStoriesDir);
   // One 40000-character word with 20000 merges exercises the merge queue (quadratic
   // rescans would take seconds); the result must still round-trip.
   std::string text;

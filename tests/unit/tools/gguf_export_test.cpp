@@ -16,6 +16,7 @@
 #include "infera/base/error.h"
 #include "infera/model/config.h"
 #include "infera/tensor/dtype.h"
+#include "../test_support.h"
 
 namespace infera {
 namespace {
@@ -23,33 +24,20 @@ namespace {
 namespace fs = std::filesystem;
 using gguf::GgmlType;
 
-const std::string kModels = std::string(INFERA_SOURCE_DIR) + "/../shared/models";
+const std::string kModels = test::shared_models_dir();
 const std::string kStoriesDir = kModels + "/stories260K";
 const std::string kStoriesGguf = kModels + "/stories260K.gguf";
 
-class TempDir {
+class TempDir : public test::TempDir {
  public:
-  TempDir() {
-    path_ = fs::temp_directory_path() / ("infera_gguf_export_" + std::to_string(::getpid()) + "_" +
-                                         std::to_string(counter_++));
-    fs::create_directories(path_);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  std::string file(const std::string& name) const { return (path_ / name).string(); }
+  TempDir() : test::TempDir("infera_gguf_export") {}
   // A writable copy of the stories260K model directory.
   std::string copy_stories(const std::string& name) const {
-    const fs::path dst = path_ / name;
+    const fs::path dst = path() / name;
     fs::create_directories(dst);
     for (const auto& entry : fs::directory_iterator(kStoriesDir)) fs::copy_file(entry.path(), dst / entry.path().filename());
     return dst.string();
   }
-
- private:
-  fs::path path_;
-  static inline int counter_ = 0;
 };
 
 std::vector<float> as_f32(const gguf::Tensor& t) {
@@ -77,19 +65,14 @@ void edit_json(const std::string& path, const std::function<void(nlohmann::json&
   f << j.dump(2);
 }
 
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using test::error_of;
 
 // The heart of the converter: the HF stories260K directory must give llama.cpp's own GGUF
 // back, tensor for tensor and bit for bit (including the q/k row permutation), with the
 // same metadata values.
 TEST(GgufExport, Stories260KF32IsBitIdenticalToTheReferenceGguf) {
+  INFERA_REQUIRE_FIXTURE(kStoriesDir);
+  INFERA_REQUIRE_FIXTURE(kStoriesGguf);
   TempDir dir;
   const std::string out = dir.file("stories.gguf");
   GgufExportOptions options;
@@ -121,6 +104,8 @@ TEST(GgufExport, Stories260KF32IsBitIdenticalToTheReferenceGguf) {
 }
 
 TEST(GgufExport, HalfTypesRoundTheSourceAndKeepNormsF32) {
+  INFERA_REQUIRE_FIXTURE(kStoriesDir);
+  INFERA_REQUIRE_FIXTURE(kStoriesGguf);
   const gguf::Reader ref(kStoriesGguf);
   for (GgufOutType type : {GgufOutType::kF16, GgufOutType::kBF16}) {
     TempDir dir;
@@ -190,6 +175,7 @@ TEST(GgufExport, Llama3RopeFactorsMatchTheReferenceConverter) {
 }
 
 TEST(GgufExport, LlamaRopeScalingAndQwenStyleTokenizerKeys) {
+  INFERA_REQUIRE_FIXTURE(kStoriesDir);
   TempDir dir;
   const std::string model = dir.copy_stories("scaled");
   edit_json(model + "/config.json", [](nlohmann::json& j) {
@@ -220,6 +206,7 @@ TEST(GgufExport, LlamaRopeScalingAndQwenStyleTokenizerKeys) {
 }
 
 TEST(GgufExport, UntiedWithoutLmHeadIsAnError) {
+  INFERA_REQUIRE_FIXTURE(kStoriesDir);
   TempDir dir;
   const std::string model = dir.copy_stories("untied");
   edit_json(model + "/config.json", [](nlohmann::json& j) { j["tie_word_embeddings"] = false; });
@@ -228,6 +215,7 @@ TEST(GgufExport, UntiedWithoutLmHeadIsAnError) {
 }
 
 TEST(GgufExport, ClearErrors) {
+  INFERA_REQUIRE_FIXTURE(kStoriesDir);
   TempDir dir;
   EXPECT_FALSE(error_of([&] { export_gguf(dir.file("nope"), dir.file("a.gguf")); }).empty());
 

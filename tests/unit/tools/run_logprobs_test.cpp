@@ -18,7 +18,7 @@ namespace {
 using json = nlohmann::json;
 
 const std::string kInfera = std::string(INFERA_BINARY_DIR) + "/infera";
-const std::string kStories = std::string(INFERA_SOURCE_DIR) + "/../shared/models/stories260K";
+const std::string kStories = infera::test::stories_dir();
 
 using infera::test::shell;
 
@@ -33,6 +33,7 @@ json run(const std::string& extra) {
 }
 
 TEST(RunLogprobs, GreedyTokensCarryTheirLogprobsAndTopAlternatives) {
+  INFERA_REQUIRE_FIXTURE(kStories);
   const json j = run("--temp 0 --logprobs 3");
   const auto& ids = j.at("ids");
   const auto& lps = j.at("logprobs");
@@ -60,6 +61,7 @@ TEST(RunLogprobs, GreedyTokensCarryTheirLogprobsAndTopAlternatives) {
 }
 
 TEST(RunLogprobs, SpeculativePathGivesTheSameNumbers) {
+  INFERA_REQUIRE_FIXTURE(kStories);
   const json plain = run("--temp 0 --logprobs 2");
   const json spec = run("--temp 0 --logprobs 2 --speculative ngram");
   ASSERT_EQ(plain.at("ids"), spec.at("ids"));
@@ -73,6 +75,7 @@ TEST(RunLogprobs, SpeculativePathGivesTheSameNumbers) {
 }
 
 TEST(RunLogprobs, SampledTokensAreScoredUnderTheRawDistribution) {
+  INFERA_REQUIRE_FIXTURE(kStories);
   // Temperature 1.5 with a seed: the sampled token need not be the most likely, and its
   // logprob is the raw model's (not the tempered one), so never above the top alternative's,
   // and the first position (same prompt) has exactly the greedy run's distribution.
@@ -88,6 +91,7 @@ TEST(RunLogprobs, SampledTokensAreScoredUnderTheRawDistribution) {
 }
 
 TEST(RunLogprobs, NeedsJsonAndAtMostTwenty) {
+  INFERA_REQUIRE_FIXTURE(kStories);
   EXPECT_NE(shell(kInfera + " run -m " + kStories + " -n 2 --logprobs 2 2>/dev/null").first, 0);
   EXPECT_NE(shell(kInfera + " run -m " + kStories + " -n 2 --json --logprobs 21 2>/dev/null").first, 0);
 }
