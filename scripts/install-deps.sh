@@ -10,7 +10,7 @@ pkgs=(build-essential cmake ninja-build ccache pkg-config git
       nlohmann-json3-dev libcpp-httplib-dev libboost-dev libcli11-dev libpcre2-dev libxxhash-dev
       libspdlog-dev libfmt-dev libyaml-cpp-dev libssl-dev zlib1g-dev
       libgtest-dev libgmock-dev libbenchmark-dev python3 python3-numpy nodejs npm
-      openmpi-bin libopenmpi-dev curl)
+      openmpi-bin libopenmpi-dev curl clang-format)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
