@@ -24,6 +24,7 @@
 #include "fake_backend.h"
 #include "infera/chat/chat_template.h"
 #include "infera/server/http_server.h"
+#include "../test_support.h"
 
 namespace infera::server {
 namespace {
@@ -33,7 +34,7 @@ using testing::FakeBackend;
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
 
-const std::string kStories = std::string(INFERA_SOURCE_DIR) + "/../shared/models/stories260K";
+const std::string kStories = test::stories_dir();
 const std::string kChatml = std::string(INFERA_SOURCE_DIR) + "/tests/conformance/data/chatml.jinja";
 
 std::string read_text(const std::string& path) {
@@ -224,6 +225,7 @@ bool ensure_open_files(rlim_t needed) {
 // ---- finding 2: bodies --------------------------------------------------------------
 
 TEST(HttpLayer, ChunkedBodyOverTheLimitIs413) {
+  INFERA_REQUIRE_FIXTURE(kStories);
   Server s;  // body limit 4096
   Conn c(s.port());
   ASSERT_TRUE(c.ok());
@@ -245,6 +247,7 @@ TEST(HttpLayer, ChunkedBodyOverTheLimitIs413) {
 }
 
 TEST(HttpLayer, ChunkedBodyWithinTheLimitIsServed) {
+  INFERA_REQUIRE_FIXTURE(kStories);
   Server s;
   Conn c(s.port());
   std::string req = "POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n";
@@ -257,6 +260,7 @@ TEST(HttpLayer, ChunkedBodyWithinTheLimitIsServed) {
 }
 
 TEST(HttpLayer, ContentLengthOverTheLimitIsRefusedBeforeTheBody) {
+  INFERA_REQUIRE_FIXTURE(kStories);
   Server s;
   Conn c(s.port());
   c.send("POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Length: 100000000\r\n\r\n{");
@@ -266,6 +270,7 @@ TEST(HttpLayer, ContentLengthOverTheLimitIsRefusedBeforeTheBody) {
 }
 
 TEST(HttpLayer, BodyWithoutALengthIsNotRead) {
+  INFERA_REQUIRE_FIXTURE(kStories);
   Server s;
   // HTTP/1.0 without Content-Length: no body (never "until the close"); the JSON is missing.
   Conn c(s.port());
@@ -276,6 +281,7 @@ TEST(HttpLayer, BodyWithoutALengthIsNotRead) {
 }
 
 TEST(HttpLayer, CompressedBodiesAre415) {
+  INFERA_REQUIRE_FIXTURE(kStories);
   Server s;
   // A gzip member of 1 MiB of zeros would be ~1 KiB on the wire; nothing is inflated.
   for (const char* enc : {"gzip", "deflate", "br", "x-gzip", "gzip, identity"}) {
@@ -291,6 +297,7 @@ TEST(HttpLayer, CompressedBodiesAre415) {
 }
 
 TEST(HttpLayer, KeyIsCheckedBeforeTheBodyIsRead) {
+  INFERA_REQUIRE_FIXTURE(kStories);
   Options o;
   o.keys = {{"k", "secret-key-1", {}, 0, 0}};
   Server s(o);
@@ -305,6 +312,7 @@ TEST(HttpLayer, KeyIsCheckedBeforeTheBodyIsRead) {
 // ---- finding 3: the request head ---------------------------------------------------------
 
 TEST(HttpLayer, OverlongHeadIs431) {
+  INFERA_REQUIRE_FIXTURE(kStories);
   Server s;
   Conn c(s.port());
   // One endless header line: answered (and closed) long before it ends.
@@ -319,6 +327,7 @@ TEST(HttpLayer, OverlongHeadIs431) {
 }
 
 TEST(HttpLayer, TooManyHeaderFieldsIs431) {
+  INFERA_REQUIRE_FIXTURE(kStories);
   Server s;
   Conn c(s.port());
   std::string req = "GET /health HTTP/1.1\r\nHost: localhost\r\n";
@@ -336,6 +345,7 @@ TEST(HttpLayer, TooManyHeaderFieldsIs431) {
 // ---- finding 10: framing ---------------------------------------------------------------
 
 TEST(HttpLayer, LenientFramingIs400AndCloses) {
+  INFERA_REQUIRE_FIXTURE(kStories);
   Server s;
   const std::string body = kChatBody;
   const std::string cl = "Content-Length: " + std::to_string(body.size()) + "\r\n";
@@ -372,6 +382,7 @@ TEST(HttpLayer, LenientFramingIs400AndCloses) {
 }
 
 TEST(HttpLayer, HeaderValuesAreNotPercentDecoded) {
+  INFERA_REQUIRE_FIXTURE(kStories);
   Options o;
   o.keys = {{"k", "secret-key-1", {}, 0, 0}};
   Server s(o);
@@ -386,6 +397,7 @@ TEST(HttpLayer, HeaderValuesAreNotPercentDecoded) {
 // ---- finding 9: Range ------------------------------------------------------------------
 
 TEST(HttpLayer, RangeIsIgnored) {
+  INFERA_REQUIRE_FIXTURE(kStories);
   Server s;
   std::string ranges = "bytes=0-10";
   for (int i = 0; i < 2000; ++i) ranges += ",0-" + std::to_string(i % 50 + 10);
@@ -407,6 +419,7 @@ TEST(HttpLayer, RangeIsIgnored) {
 // ---- finding 4: idle and slow connections, streams ----------------------------------------
 
 TEST(HttpLayer, HealthAnswersWithAThousandIdleAndSlowConnectionsOpen) {
+  INFERA_REQUIRE_FIXTURE(kStories);
   constexpr int kIdle = 1000;
   if (!ensure_open_files(2 * kIdle + 256)) GTEST_SKIP() << "the open-files hard limit (ulimit -Hn) is below " << 2 * kIdle + 256;
   Server s;
@@ -437,6 +450,7 @@ TEST(HttpLayer, HealthAnswersWithAThousandIdleAndSlowConnectionsOpen) {
 }
 
 TEST(HttpLayer, ManyStreamsDoNotTakeAThreadEach) {
+  INFERA_REQUIRE_FIXTURE(kStories);
   constexpr int kStreams = 256;
   if (!ensure_open_files(2 * kStreams + 256)) GTEST_SKIP() << "the open-files hard limit is too low";
   Options o;
@@ -468,6 +482,7 @@ TEST(HttpLayer, ManyStreamsDoNotTakeAThreadEach) {
 // ---- finding 13: shutdown and disconnects ------------------------------------------------
 
 TEST(HttpLayer, ClientLeavingANonStreamingRequestCancelsIt) {
+  INFERA_REQUIRE_FIXTURE(kStories);
   Server s;
   s.backend->set_paused(true);
   {
@@ -481,6 +496,7 @@ TEST(HttpLayer, ClientLeavingANonStreamingRequestCancelsIt) {
 }
 
 TEST(HttpLayer, DrainCancelsWhatIsLeftAfterTheGracePeriod) {
+  INFERA_REQUIRE_FIXTURE(kStories);
   Server s;
   s.backend->set_paused(true);  // never finishes by itself
   Conn stream(s.port());
@@ -500,6 +516,7 @@ TEST(HttpLayer, DrainCancelsWhatIsLeftAfterTheGracePeriod) {
 }
 
 TEST(HttpLayer, StopDuringADrainStopsAtOnce) {
+  INFERA_REQUIRE_FIXTURE(kStories);
   Server s;
   s.backend->set_paused(true);
   Conn c(s.port());
@@ -518,6 +535,7 @@ TEST(HttpLayer, StopDuringADrainStopsAtOnce) {
 // An error inside one stream's pipeline (here: a token id the tokenizer cannot decode)
 // ends that stream with an error event and [DONE]; the server goes on.
 TEST(HttpLayer, AnErrorInAStreamEndsItWithAnErrorEvent) {
+  INFERA_REQUIRE_FIXTURE(kStories);
   Options o;
   o.script_ids = {1000000, 1000001};
   Server s(o);
@@ -534,6 +552,7 @@ TEST(HttpLayer, AnErrorInAStreamEndsItWithAnErrorEvent) {
 }
 
 TEST(HttpLayer, PipelinedRequestsAreAnsweredInOrder) {
+  INFERA_REQUIRE_FIXTURE(kStories);
   Server s;
   Conn c(s.port());
   c.send("GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n" + post("/v1/chat/completions", kChatBody) +
@@ -548,6 +567,7 @@ TEST(HttpLayer, PipelinedRequestsAreAnsweredInOrder) {
 }
 
 TEST(HttpLayer, ExpectContinueGetsAnInterimResponse) {
+  INFERA_REQUIRE_FIXTURE(kStories);
   Server s;
   Conn c(s.port());
   c.send("POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nExpect: 100-continue\r\nContent-Length: " +
