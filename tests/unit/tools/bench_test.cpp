@@ -1,6 +1,6 @@
 // infera bench against a real `infera serve` on stories260K (small request set), the
-// result JSON's fields, extreme inputs counted as clean errors, --compare, and the PNG
-// writer.
+// result JSON's fields, extreme inputs counted as clean errors, --compare, and the SVG
+// charts.
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -9,7 +9,6 @@
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
-#include <zlib.h>
 
 #include <chrono>
 #include <cstdio>
@@ -20,7 +19,9 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include "infera/tools/png.h"
+#include "infera/tools/bench.h"
+#include "infera/tools/svg_chart.h"
+#include "../test_support.h"
 
 extern char** environ;
 
@@ -33,18 +34,8 @@ using json = nlohmann::json;
 const std::string kSource = INFERA_SOURCE_DIR;
 const std::string kInfera = std::string(INFERA_BINARY_DIR) + "/infera";
 
-int free_port() {
-  const int s = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = 0;
-  socklen_t len = sizeof a;
-  ::bind(s, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  ::getsockname(s, reinterpret_cast<sockaddr*>(&a), &len);
-  ::close(s);
-  return ntohs(a.sin_port);
-}
+using test::free_port;
+using test::slurp;
 
 pid_t spawn(const std::vector<std::string>& args, const std::string& log) {
   std::vector<char*> argv;
@@ -72,16 +63,23 @@ int shell(const std::string& cmd, std::string* out = nullptr) {
   return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 
+int count(const std::string& s, const std::string& needle) {
+  int n = 0;
+  for (size_t at = s.find(needle); at != std::string::npos; at = s.find(needle, at + 1)) ++n;
+  return n;
+}
+
 class BenchTest : public ::testing::Test {
  protected:
   void SetUp() override {
     ASSERT_TRUE(fs::exists(kInfera)) << "the infera binary is missing (it is built with the tests)";
+    INFERA_REQUIRE_FIXTURE(test::stories_dir());
     dir_ = fs::temp_directory_path() / ("infera_bench_" + std::to_string(::getpid()));
     fs::create_directories(dir_);
     // stories260K has no chat template; a plain one joins the messages.
     std::ofstream(dir_ / "t.jinja") << "{% for m in messages %}{{ m['content'] }}\n{% endfor %}";
     port_ = free_port();
-    server_ = spawn({kInfera, "serve", "-m", kSource + "/../shared/models/stories260K", "--port", std::to_string(port_),
+    server_ = spawn({kInfera, "serve", "-m", test::stories_dir(), "--port", std::to_string(port_),
                      "--chat-template", (dir_ / "t.jinja").string(), "-t", "1"},
                     (dir_ / "serve.log").string());
     ASSERT_GT(server_, 0);
@@ -98,7 +96,7 @@ class BenchTest : public ::testing::Test {
       int st = 0;
       ::waitpid(server_, &st, 0);
     }
-    fs::remove_all(dir_);
+    if (!dir_.empty()) fs::remove_all(dir_);
   }
   std::string url() const { return "http://127.0.0.1:" + std::to_string(port_); }
 
@@ -108,7 +106,7 @@ class BenchTest : public ::testing::Test {
 };
 
 TEST_F(BenchTest, AgainstInferaServe) {
-  const std::string out = (dir_ / "a.json").string(), chart = (dir_ / "a.png").string();
+  const std::string out = (dir_ / "a.json").string(), chart = (dir_ / "a.svg").string();
   std::string text;
   const int rc = shell(kInfera + " bench --url " + url() + " --concurrency 1,3 --requests 6 --max-tokens 8 --max-context 512 --warmup 1 --out " +
                            out + " --chart " + chart + " 2>/dev/null",
@@ -139,11 +137,12 @@ TEST_F(BenchTest, AgainstInferaServe) {
     EXPECT_FALSE(l["kv_usage"].is_null());
   }
   EXPECT_EQ(r["levels"][1]["concurrency"], 3);
-  // The chart is a PNG.
-  std::ifstream png(chart, std::ios::binary);
-  char sig[8] = {};
-  png.read(sig, 8);
-  EXPECT_EQ(std::string(sig + 1, 3), "PNG");
+  // The chart is an SVG with both panels and one line per series (6, two levels each).
+  const std::string svg = slurp(chart);
+  EXPECT_EQ(svg.rfind("<svg", 0), 0u) << svg.substr(0, 200);
+  EXPECT_NE(svg.find(">Latency<"), std::string::npos);
+  EXPECT_NE(svg.find(">Throughput<"), std::string::npos);
+  EXPECT_EQ(count(svg, "<polyline"), 6);
 
   // --compare: identical results have no regression; a slower B is flagged, exit 1.
   std::string cmp;
@@ -158,6 +157,17 @@ TEST_F(BenchTest, AgainstInferaServe) {
   EXPECT_EQ(shell(kInfera + " bench --compare " + out + " " + (dir_ / "b.json").string(), &cmp), 1) << cmp;
   EXPECT_NE(cmp.find("REGRESSION"), std::string::npos) << cmp;
   EXPECT_NE(cmp.find("4 regressions"), std::string::npos) << cmp;
+  // --compare draws only when --chart is given: both results, B dashed; a .png path
+  // (the former chart format) is written as .svg.
+  EXPECT_FALSE(fs::exists(dir_ / "bench_result.svg"));
+  const std::string cmp_png = (dir_ / "cmp.png").string();
+  EXPECT_EQ(shell(kInfera + " bench --compare " + out + " " + (dir_ / "b.json").string() + " --chart " + cmp_png +
+                      " 2>/dev/null", &cmp), 1) << cmp;
+  EXPECT_FALSE(fs::exists(cmp_png));
+  const std::string both = slurp(dir_ / "cmp.svg");
+  EXPECT_EQ(count(both, "<polyline"), 12);
+  EXPECT_EQ(count(both, "stroke-dasharray"), 2 * 6);  // B's lines and legend entries
+  EXPECT_NE(both.find("(" + (dir_ / "b.json").string() + ")"), std::string::npos);
 }
 
 TEST_F(BenchTest, RateModeAndRequestsFile) {
@@ -180,35 +190,39 @@ TEST_F(BenchTest, RateModeAndRequestsFile) {
   EXPECT_EQ(l["kinds"]["file"], 6);
 }
 
-TEST(Png, EncodesWhatWasDrawn) {
-  Canvas cv(40, 20);
-  cv.line(0, 0, 39, 19, {255, 0, 0}, 1);
-  EXPECT_EQ(cv.at(0, 0).r, 255);
-  EXPECT_EQ(cv.at(39, 19).r, 255);
-  EXPECT_EQ(cv.at(39, 0).g, 255);  // untouched background
-  const std::vector<uint8_t> png = encode_png_rgb(cv.width(), cv.height(), cv.pixels());
-  ASSERT_GT(png.size(), 33u);
-  EXPECT_EQ(png[1], 'P');
-  // IHDR: width and height big-endian at bytes 16..23.
-  EXPECT_EQ((png[16] << 24) | (png[17] << 16) | (png[18] << 8) | png[19], 40);
-  EXPECT_EQ((png[20] << 24) | (png[21] << 16) | (png[22] << 8) | png[23], 20);
-  // IDAT inflates to rows of (filter byte + RGB).
-  const size_t idat_len = (png[33] << 24) | (png[34] << 16) | (png[35] << 8) | png[36];
-  ASSERT_EQ(std::string(png.begin() + 37, png.begin() + 41), "IDAT");
-  std::vector<uint8_t> raw(20 * (40 * 3 + 1));
-  uLongf raw_len = raw.size();
-  ASSERT_EQ(uncompress(raw.data(), &raw_len, png.data() + 41, idat_len), Z_OK);
-  EXPECT_EQ(raw_len, raw.size());
-  EXPECT_EQ(raw[0], 0);
-  EXPECT_EQ(raw[1], 255);  // pixel (0, 0) red
-  EXPECT_EQ(raw[2], 0);
-  EXPECT_THROW(encode_png_rgb(4, 4, std::vector<uint8_t>(5)), std::exception);
-  // Text draws pixels.
-  Canvas t(60, 10);
-  EXPECT_GT(t.text(0, 0, "TTFT 1.5ms", {0, 0, 0}), 0);
-  int dark = 0;
-  for (int y = 0; y < 10; ++y) for (int x = 0; x < 60; ++x) dark += t.at(x, y).r == 0 ? 1 : 0;
-  EXPECT_GT(dark, 40);
+TEST(SvgChart, DrawsPanelsSeriesAndLegends) {
+  tools::ChartPanel p{"Latency <ms>", "concurrency", "milliseconds", {1, 4, 16}, true, {}};
+  p.series.push_back({"TTFT p50 & more", "#1f77b4", {10, 20, 40}, false});
+  p.series.push_back({"ITL", "#2ca02c", {5, NAN, 7}, true});  // a gap: two pieces, no line across it
+  tools::ChartPanel q{"Throughput", "concurrency", "tokens/s", {1, 4, 16}, true, {{"tok/s", "#ff7f0e", {100, 300, 500}, false}}};
+  const std::string svg = tools::render_svg_chart({p, q}, 500, 300);
+  EXPECT_EQ(svg.rfind("<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"1000\" height=\"300\"", 0), 0u) << svg;
+  EXPECT_EQ(svg.substr(svg.size() - 7), "</svg>\n");
+  EXPECT_EQ(count(svg, "<g class=\"panel\""), 2);
+  // Text is escaped.
+  EXPECT_NE(svg.find(">Latency &lt;ms&gt;<"), std::string::npos);
+  EXPECT_NE(svg.find(">TTFT p50 &amp; more<"), std::string::npos);
+  EXPECT_EQ(svg.find("<ms>"), std::string::npos);
+  // Lines: 1 + 2 (the gap splits ITL; its single points are still marked) + 1; markers: 3 + 2 + 3.
+  EXPECT_EQ(count(svg, "<polyline"), 4);
+  EXPECT_EQ(count(svg, "<rect x="), 8);
+  EXPECT_EQ(count(svg, "stroke-dasharray"), 2 + 1);  // ITL's two pieces and its legend line
+  // Log2 x axis: 1, 4 and 16 are evenly spaced; larger y is higher (smaller SVG y).
+  const std::string line = svg.substr(svg.find("<polyline"));
+  double x0, y0, x1, y1, x2, y2;
+  ASSERT_EQ(std::sscanf(line.c_str() + line.find("points=\"") + 8, "%lf,%lf %lf,%lf %lf,%lf", &x0, &y0, &x1, &y1, &x2, &y2), 6);
+  EXPECT_NEAR(x1 - x0, x2 - x1, 0.2);
+  EXPECT_GT(y0, y1);
+  EXPECT_GT(y1, y2);
+  // Nothing to plot still gives a valid, empty chart.
+  EXPECT_NE(tools::render_svg_chart({tools::ChartPanel{}}).find("</svg>"), std::string::npos);
+  EXPECT_THROW(tools::write_svg_chart("/nonexistent-dir/x.svg", {p}), std::exception);
+}
+
+TEST(SvgChart, PngChartPathsBecomeSvg) {
+  EXPECT_EQ(tools::bench_chart_path("out/bench_result.png"), "out/bench_result.svg");
+  EXPECT_EQ(tools::bench_chart_path("a.svg"), "a.svg");
+  EXPECT_EQ(tools::bench_chart_path("chart"), "chart");
 }
 
 }  // namespace
