@@ -664,7 +664,7 @@ add("rate: rpm key, the last request fits", "keyed", 200, post(C, kchat(), { hea
 add("rate: rpm key, then /tokenize is limited too", "keyed", 429, post("/tokenize", { model: "main", prompt: "x" }, { headers: bearer(KEYS.rpm) }));
 add("rate: rpm key, /detokenize too", "keyed", 429, post("/detokenize", { model: "main", tokens: [1] }, { headers: bearer(KEYS.rpm) }));
 add("rate: rpm key, /v1/models is not limited", "keyed", 200, get("/v1/models", { headers: bearer(KEYS.rpm) }));
-add("rate: tpm key, a request that may use more than the budget", "keyed", 200,
+add("rate: tpm key, a request within the budget", "keyed", 200,
     post(C, kchat({ max_tokens: 32 }), { headers: bearer(KEYS.tpm) }));
 add("rate: tpm key, a burst of 20 concurrent requests gets its budget", "keyed", 200, async (s) => {
   const rs = await Promise.all(Array.from({ length: 20 }, () =>
