@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs what Infera needs to build and test on Debian 12, from Debian packages only.
-# Usage: scripts/install-deps.sh [--test]   (--test adds the npm packages of the conformance tests)
+# Usage: scripts/install-deps.sh [--test]   (--test adds nginx and the npm packages of the conformance tests)
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 SUDO=""
@@ -28,6 +28,12 @@ if [ ${#filtered[@]} -gt 0 ]; then
 fi
 
 if [ "${1:-}" = "--test" ]; then
+  # nginx: tests/hostile/nginx_gateway.mjs runs examples/nginx.conf in front of the server.
+  if ! command -v nginx >/dev/null 2>&1 && [ ! -x /usr/sbin/nginx ]; then
+    echo "installing Debian packages: nginx openssl"
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq nginx openssl
+  fi
   node_major=$(node -p 'process.versions.node.split(".")[0]' 2>/dev/null || echo 0)
   if [ "$node_major" -lt 20 ]; then
     echo "warning: Node.js $(node --version 2>/dev/null) found; the conformance tests need Node.js >= 20 (node-llama-cpp)" >&2

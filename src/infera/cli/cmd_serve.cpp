@@ -50,6 +50,8 @@ struct ServeOptions {
   int port = 8000;
   int threads = 0;
   std::vector<std::string> api_keys;
+  std::vector<std::string> allowed_hosts;
+  std::vector<std::string> allowed_origins;
   std::string kv_cache_memory;
   std::string kv_dtype = "f32";
   int max_input_len = 0;
@@ -86,6 +88,8 @@ DeployConfig build_config(const ServeOptions& o) {
     config = load_deploy_config(o.config_file);
     if (o.host_given) config.server.host = o.host;
     if (o.port_given) config.server.port = o.port;
+    for (const auto& h : o.allowed_hosts) config.server.allowed_hosts.push_back(h);
+    for (const auto& origin : o.allowed_origins) config.server.allowed_origins.push_back(origin);
     return config;
   }
   ServerConfig& s = config.server;
@@ -95,6 +99,8 @@ DeployConfig build_config(const ServeOptions& o) {
   s.audit_log_prompts = o.audit_log_prompts;
   s.request_timeout_s = o.request_timeout_s;
   s.drain_grace_s = o.drain_grace_s;
+  s.allowed_hosts = o.allowed_hosts;
+  s.allowed_origins = o.allowed_origins;
   if (!o.body_limit.empty()) s.body_limit_bytes = parse_memory_size(o.body_limit, "--body-limit");
   std::vector<std::string> keys = o.api_keys;
   if (keys.empty()) {
@@ -395,6 +401,11 @@ void setup(CLI::App& app) {
   auto* port = cmd->add_option("--port", o->port, "Port (default 8000)");
   cmd->add_option("-t,--threads", o->threads, "Compute threads (0: all cores)");
   cmd->add_option("--api-key", o->api_keys, "Accepted API key (repeatable; or INFERA_API_KEYS=k1,k2)");
+  cmd->add_option("--allowed-host", o->allowed_hosts,
+                  "Without API keys: a Host name clients may address besides loopback and the bound address "
+                  "(repeatable; * any)");
+  cmd->add_option("--allowed-origin", o->allowed_origins,
+                  "Without API keys: a web page origin (scheme://host[:port]) that may call the server (repeatable; * any)");
   cmd->add_option("--kv-cache-memory", o->kv_cache_memory, "KV cache budget, e.g. 2GiB (default 1GiB)");
   cmd->add_option("--kv-dtype", o->kv_dtype, "KV cache storage: f32, bf16 (2x the tokens per byte) or int8 (~4x; an f32 "
                                              "scale per token and KV head)")

@@ -93,7 +93,8 @@ void read_server(Reader& r, const YAML::Node& node, ServerConfig& s) {
     return;
   }
   r.check_keys(node, w, {"host", "port", "body_limit", "request_timeout_s", "drain_grace_s", "audit_log", "audit_log_prompts",
-                         "metrics", "http_threads", "api_keys"});
+                         "metrics", "http_threads", "api_keys", "max_concurrent_requests_per_key", "allowed_hosts",
+                         "allowed_origins"});
   r.read(node, "host", w, s.host, "a host name or address");
   r.read(node, "port", w, s.port, "a port number");
   std::optional<int64_t> body_limit;
@@ -105,6 +106,10 @@ void read_server(Reader& r, const YAML::Node& node, ServerConfig& s) {
   r.read(node, "audit_log_prompts", w, s.audit_log_prompts, "true or false");
   r.read(node, "metrics", w, s.metrics, "true or false");
   r.read(node, "http_threads", w, s.http_threads, "an integer");
+  r.read(node, "max_concurrent_requests_per_key", w, s.max_concurrent_requests_per_key, "an integer (0: unlimited)");
+  if (s.max_concurrent_requests_per_key < 0) r.problem("server.max_concurrent_requests_per_key: must be 0 (unlimited) or more");
+  s.allowed_hosts = r.read_string_list(node, "allowed_hosts", w);
+  s.allowed_origins = r.read_string_list(node, "allowed_origins", w);
   const YAML::Node keys = node["api_keys"];
   if (!keys || keys.IsNull()) return;
   if (!keys.IsSequence()) {
@@ -118,7 +123,7 @@ void read_server(Reader& r, const YAML::Node& node, ServerConfig& s) {
       r.problem(kw + ": expected a mapping with id and key or key_env");
       continue;
     }
-    r.check_keys(k, kw, {"id", "key", "key_env", "models", "requests_per_minute", "tokens_per_minute"});
+    r.check_keys(k, kw, {"id", "key", "key_env", "models", "requests_per_minute", "tokens_per_minute", "max_concurrent_requests"});
     ApiKeyConfig key;
     r.read(k, "id", kw, key.id, "a name");
     if (key.id.empty()) key.id = fmt::format("key-{}", i);
@@ -135,6 +140,9 @@ void read_server(Reader& r, const YAML::Node& node, ServerConfig& s) {
     key.models = r.read_string_list(k, "models", kw);
     r.read(k, "requests_per_minute", kw, key.requests_per_minute, "a number");
     r.read(k, "tokens_per_minute", kw, key.tokens_per_minute, "a number");
+    r.read_opt(k, "max_concurrent_requests", kw, key.max_concurrent_requests, "an integer (0: unlimited)");
+    if (key.max_concurrent_requests && *key.max_concurrent_requests < 0)
+      r.problem(kw + ".max_concurrent_requests: must be 0 (unlimited) or more");
     s.api_keys.push_back(std::move(key));
   }
 }

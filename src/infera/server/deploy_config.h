@@ -20,6 +20,8 @@ struct ApiKeyConfig {
   std::vector<std::string> models;  // empty: every model
   double requests_per_minute = 0;   // 0: unlimited
   double tokens_per_minute = 0;     // prompt + completion tokens; 0: unlimited
+  // Requests in flight at once (unset: the server's max_concurrent_requests_per_key; 0: unlimited).
+  std::optional<int32_t> max_concurrent_requests;
 };
 
 struct SpeculativeConfig {
@@ -66,6 +68,12 @@ struct ServerConfig {
   bool metrics = true;
   int32_t http_threads = 64;        // concurrent connections served
   std::vector<ApiKeyConfig> api_keys;  // empty: no authentication
+  int32_t max_concurrent_requests_per_key = 32;  // default of api_keys[].max_concurrent_requests; 0: unlimited
+  // Without API keys, browsers are kept out (DNS rebinding, cross-site posts): the Host
+  // header must name a loopback address, the bound address or one of allowed_hosts, and
+  // an Origin header must be the server's own or one of allowed_origins ("*": any).
+  std::vector<std::string> allowed_hosts;
+  std::vector<std::string> allowed_origins;
 };
 
 struct DeployConfig {

@@ -18,6 +18,7 @@
 
 #include "infera/server/auth.h"
 #include "infera/server/http_transport.h"
+#include "infera/server/limits.h"
 #include "infera/server/model_instance.h"
 #include "infera/server/openai_api.h"
 
@@ -87,6 +88,7 @@ struct Job : std::enable_shared_from_this<Job> {
   int64_t prompt_tokens_total = 0;
   std::string prompt_text;  // for the audit log
   ApiKeyStore::Key* key = nullptr;
+  Admission admission;  // the key's reservation (limits.h), settled in on_finish
   SteadyClock::time_point start;
   SteadyClock::time_point deadline;
   double timeout_s = 0;  // request_timeout_s, for the 504 message

@@ -68,6 +68,19 @@ const char* endpoint_name(Route r) {
   }
 }
 
+ApiError model_not_found(const std::string& name) {
+  return make_error(404, "invalid_request_error",
+                    fmt::format("the model '{}' does not exist here; GET /v1/models lists the served models", name),
+                    "model_not_found", "model");
+}
+
+// 429 for a key over one of its limits (limits.h).
+[[noreturn]] void throw_limited(const LimitDenial& d) {
+  ApiError e = make_error(429, "rate_limit_error", d.message, "rate_limit_exceeded");
+  e.retry_after_s = static_cast<int>(d.retry_after_s);
+  throw_api(e);
+}
+
 bool needs_key(Route r) { return r == Route::kChat || r == Route::kCompletion || r == Route::kTokenize || r == Route::kDetokenize; }
 
 }  // namespace
@@ -81,7 +94,10 @@ struct Routes::Workers {
 };
 
 Routes::Routes(ServerConfig c, std::vector<std::shared_ptr<ModelInstance>> m)
-    : config_(std::move(c)), models_(std::move(m)), keys_(config_.api_keys) {
+    : config_(std::move(c)),
+      models_(std::move(m)),
+      keys_(config_.api_keys, config_.max_concurrent_requests_per_key),
+      guard_(GuardConfig{!config_.api_keys.empty(), config_.host, config_.allowed_hosts, config_.allowed_origins}) {
   if (!config_.audit_log_path.empty()) audit_ = std::make_unique<AuditLog>(config_.audit_log_path, config_.audit_log_prompts);
   workers_ = std::make_unique<Workers>(static_cast<size_t>(std::clamp(config_.http_threads, 1, 64)));
 }
@@ -154,7 +170,19 @@ std::optional<HttpResponse> Routes::check_head(const Scope& scope, const HttpReq
                                      "request bodies must not be compressed (Content-Encoding); send plain JSON",
                                      "unsupported_content_encoding"));
   }
-  if (needs_key(route)) {
+  // Browsers are kept out of a server without keys (request_guard.h).
+  GuardRequest g;
+  g.method = head.method;
+  g.path = head.path;
+  g.host = head.find("Host");
+  g.origin = head.find("Origin");
+  g.content_type = head.find("Content-Type");
+  if (const auto denial = guard_.check(g)) {
+    record("", head.path, denial->status, nullptr, SteadyClock::now());
+    return error_response(make_error(denial->status, denial->status == 415 ? "invalid_request_error" : "permission_error",
+                                     denial->message, denial->code));
+  }
+  if (needs_key(route) || route == Route::kMetrics) {  // /metrics: any valid key, when keys are set
     try {
       authenticate(head);
     } catch (const ApiException& e) {
@@ -179,7 +207,7 @@ void Routes::handle(const Scope& scope, std::shared_ptr<HttpExchange> exchange) 
       exchange->respond(handle_ready(scope));
       return;
     case Route::kMetrics:
-      exchange->respond(handle_metrics());
+      exchange->respond(handle_metrics(req));
       return;
     case Route::kModels:
       exchange->respond(handle_models(req, scope));
@@ -232,16 +260,18 @@ std::shared_ptr<ModelInstance> Routes::find_model(const std::optional<std::strin
       if (m->name() == *name) return m;
     }
   }
-  throw_api(make_error(404, "invalid_request_error",
-                       fmt::format("the model '{}' does not exist here; GET /v1/models lists the served models", name.value_or("")),
-                       "model_not_found", "model"));
+  throw_api(model_not_found(name.value_or("")));
 }
 
 void Routes::check_model_access(ApiKeyStore::Key* key, const ModelInstance& model) {
-  if (key && !ApiKeyStore::allows_model(*key, model.name())) {
-    throw_api(make_error(403, "permission_error",
-                         fmt::format("this API key may not use the model '{}'", model.name()), "model_not_allowed", "model"));
-  }
+  // The same answer as for a model that does not exist: a key learns no other names.
+  if (key && !ApiKeyStore::allows_model(*key, model.name())) throw_api(model_not_found(model.name()));
+}
+
+Admission Routes::admit(ApiKeyStore::Key* key, double requests, double tokens) {
+  if (!key) return {};
+  if (auto d = key->limiter.admit(requests, tokens)) throw_limited(*d);
+  return Admission(&key->limiter, tokens);
 }
 
 std::shared_ptr<GenerationBackend> Routes::ready_backend(ModelInstance& model) {
@@ -274,7 +304,6 @@ void Routes::record(const std::string& model, const std::string& endpoint, int s
     metrics_.observe_latency(model, e2e, ttft_s, tpot_s);
     metrics_.add_tokens(model, prompt_tokens, completion_tokens);
   }
-  if (key && (prompt_tokens + completion_tokens) > 0) keys_.charge_tokens(*key, prompt_tokens + completion_tokens);
   if (audit_) {
     AuditRecord r;
     r.key_id = key ? key->config.id : "";
@@ -309,15 +338,8 @@ void Routes::handle_generate(Endpoint endpoint, const HttpRequest& req, std::sha
     auto model = find_model(options.model, listener);
     model_name = model->name();
     check_model_access(key, *model);
-    if (key) {
-      double retry = 0;
-      if (!keys_.admit(*key, &retry)) {
-        ApiError e = make_error(429, "rate_limit_error",
-                                fmt::format("rate limit of API key '{}' reached; retry in {:.0f} s", key->config.id, std::ceil(retry)),
-                                "rate_limit_exceeded");
-        e.retry_after_s = std::max(1, static_cast<int>(std::ceil(retry)));
-        throw_api(e);
-      }
+    if (key) {  // a cheap check first; the reservation follows once the cost is known
+      if (auto d = key->limiter.precheck()) throw_limited(*d);
     }
     auto backend = ready_backend(*model);
 
@@ -443,6 +465,11 @@ void Routes::handle_generate(Endpoint endpoint, const HttpRequest& req, std::sha
       }
     }
 
+    // One request per choice; tokens: every prompt plus each choice's max_tokens.
+    double reserve = static_cast<double>(job->prompt_tokens_total);
+    for (const Request& r : requests) reserve += r.max_tokens;
+    job->admission = admit(key, static_cast<double>(requests.size()), reserve);
+
     in_flight_.fetch_add(1);
     job->on_finish = [this, job_raw = job.get(), model_name, endpoint_name, key, start] {
       Job& j = *job_raw;
@@ -454,6 +481,8 @@ void Routes::handle_generate(Endpoint endpoint, const HttpRequest& req, std::sha
       const double tpot = (j.first_token && j.tokens_seen > 1)
                               ? seconds_between(*j.first_token, j.last_token) / static_cast<double>(j.tokens_seen - 1)
                               : -1;
+      j.admission.set_used(static_cast<double>(j.prompt_tokens_total + j.completion_tokens()));
+      j.admission.settle();  // refunds the unused reservation, frees the key's slot
       record(model_name, endpoint_name, j.status, key, start, j.prompt_tokens_total, j.completion_tokens(), ttft, tpot,
              finish, &j.prompt_text);
       {
@@ -471,6 +500,7 @@ void Routes::handle_generate(Endpoint endpoint, const HttpRequest& req, std::sha
       } catch (const Error& e) {
         // Recorded once, by the caller's error path: the job only gives back its slot.
         job->on_finish = [this] { leave_in_flight(); };
+        job->admission.set_used(0);
         job->finish();
         throw_api(bad_request(e.what()));
       }
@@ -523,6 +553,7 @@ HttpResponse Routes::handle_tokenize(bool detokenize, const HttpRequest& req, co
       const DetokenizeRequest r = parse_detokenize_request(body);
       auto model = find_model(r.model, listener);
       check_model_access(key, *model);
+      Admission admission = admit(key, 1, static_cast<double>(r.tokens.size()));
       for (int32_t id : r.tokens) {
         if (id >= model->tokenizer().vocab_size())
           throw_api(bad_request(fmt::format("token id {} is outside the vocabulary (size {})", id, model->tokenizer().vocab_size()), "tokens"));
@@ -532,7 +563,10 @@ HttpResponse Routes::handle_tokenize(bool detokenize, const HttpRequest& req, co
     const TokenizeRequest r = parse_tokenize_request(body);
     auto model = find_model(r.model, listener);
     check_model_access(key, *model);
+    // At most one token per byte, plus the special tokens; the count is charged.
+    Admission admission = admit(key, 1, static_cast<double>(r.text.size() + 8));
     const auto ids = model->tokenizer().encode(r.text, r.add_special_tokens);
+    admission.set_used(static_cast<double>(ids.size()));
     return json_response(json{{"tokens", ids}, {"count", ids.size()}, {"max_model_len", model->limits().max_context}});
   } catch (const ApiException& e) {
     record("", endpoint, e.error.status, key, start);
@@ -558,7 +592,12 @@ HttpResponse Routes::handle_ready(const Scope& listener) {
   return json_response(json{{"status", draining ? "draining" : (ok ? "ready" : "not_ready")}, {"models", std::move(list)}}, ok ? 200 : 503);
 }
 
-HttpResponse Routes::handle_metrics() {
+HttpResponse Routes::handle_metrics(const HttpRequest& req) {
+  try {
+    authenticate(req);  // any valid key, when keys are configured (also checked before the body)
+  } catch (const ApiException& e) {
+    return error_response(e.error);
+  }
   std::vector<ModelGauges> gauges;
   for (const auto& m : models_) {
     ModelGauges g;

@@ -20,9 +20,11 @@
 #include "infera/server/deploy_config.h"
 #include "infera/server/generation_job.h"
 #include "infera/server/http_transport.h"
+#include "infera/server/limits.h"
 #include "infera/server/metrics.h"
 #include "infera/server/model_instance.h"
 #include "infera/server/openai_api.h"
+#include "infera/server/request_guard.h"
 
 namespace infera::server {
 
@@ -39,8 +41,9 @@ class Routes {
   };
 
   void set_transport(HttpTransport* transport) { transport_ = transport; }
-  // Before the body is read: unknown endpoints (404), encoded bodies (415), a missing or
-  // wrong key on an endpoint that needs one (401).
+  // Before the body is read: unknown endpoints (404), encoded bodies (415), without keys a
+  // browser's Host, Origin or Content-Type (request_guard.h: 403, 415), a missing or wrong
+  // key on an endpoint that needs one (401).
   std::optional<HttpResponse> check_head(const Scope& scope, const HttpRequest& head);
   void handle(const Scope& scope, std::shared_ptr<HttpExchange> exchange);
   // Responses for what the transport rejects itself (413, 400, 431, 408, ...).
@@ -65,6 +68,8 @@ class Routes {
   ApiKeyStore::Key* authenticate(const HttpRequest& req);
   std::shared_ptr<ModelInstance> find_model(const std::optional<std::string>& name, const Scope& scope);
   void check_model_access(ApiKeyStore::Key* key, const ModelInstance& model);
+  // Reserves `requests` and `tokens` against the key's limits (limits.h); 429 otherwise.
+  Admission admit(ApiKeyStore::Key* key, double requests, double tokens);
   std::shared_ptr<GenerationBackend> ready_backend(ModelInstance& model);
   void check_not_draining();
   void record(const std::string& model, const std::string& endpoint, int status, ApiKeyStore::Key* key,
@@ -76,11 +81,12 @@ class Routes {
   HttpResponse handle_models(const HttpRequest& req, const Scope& scope);
   HttpResponse handle_tokenize(bool detokenize, const HttpRequest& req, const Scope& scope);
   HttpResponse handle_ready(const Scope& scope);
-  HttpResponse handle_metrics();
+  HttpResponse handle_metrics(const HttpRequest& req);
 
   ServerConfig config_;
   std::vector<std::shared_ptr<ModelInstance>> models_;
   ApiKeyStore keys_;
+  RequestGuard guard_;
   Metrics metrics_;
   std::unique_ptr<AuditLog> audit_;
   ParseLimits parse_limits_;

@@ -179,7 +179,7 @@ TEST(PrepareModels, EveryConfigurationErrorIsNamed) {
   dup2.kv_cache_bytes = 1000;  // far too small for 512 tokens
   dup2.profile = "huge";
   c.models = {missing, no_tok, dup1, dup2};
-  c.server.api_keys.push_back({"k", "short", {"nobody"}, 0, 0});
+  c.server.api_keys.push_back({"k", "short", {"nobody"}, 0, 0, std::nullopt});
   const std::string msg = error_of([&] { prepare_models(c); });
   ::close(fd);
   std::filesystem::remove_all(dir);

@@ -308,7 +308,7 @@ void start_stream_and_hang_up(int port, const std::string& body) {
   addr.sin_port = htons(static_cast<uint16_t>(port));
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
-  const std::string req = "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: " +
+  const std::string req = "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: " +
                           std::to_string(body.size()) + "\r\n\r\n" + body;
   ASSERT_EQ(::send(fd, req.data(), req.size(), 0), static_cast<ssize_t>(req.size()));
   char buf[512];
@@ -377,7 +377,9 @@ TEST(HttpServer, ApiKeysPermissionsAndRateLimits) {
   INFERA_REQUIRE_FIXTURE(kStories);
   ServerOptions o;
   o.two_models = true;
-  o.keys = {{"all", "all-models-key", {}, 0, 0}, {"only-other", "only-other-key", {"other"}, 0, 0}, {"slow", "slow-key-123", {}, 2, 0}};
+  o.keys = {{"all", "all-models-key", {}, 0, 0, std::nullopt},
+            {"only-other", "only-other-key", {"other"}, 0, 0, std::nullopt},
+            {"slow", "slow-key-123", {}, 2, 0, std::nullopt}};
   o.audit_log = (std::filesystem::temp_directory_path() / ("infera_audit_" + std::to_string(::getpid()) + ".jsonl")).string();
   std::filesystem::remove(o.audit_log);
   {
@@ -385,7 +387,8 @@ TEST(HttpServer, ApiKeysPermissionsAndRateLimits) {
     auto bearer = [](const std::string& k) { return httplib::Headers{{"Authorization", "Bearer " + k}}; };
     expect_error(s.post("/v1/chat/completions", kChat), 401, "missing_api_key");
     expect_error(s.post("/v1/chat/completions", kChat, bearer("wrong-key-000")), 401, "invalid_api_key");
-    expect_error(s.post("/v1/chat/completions", kChat, bearer("only-other-key")), 403, "model_not_allowed");
+    // A model the key may not use is answered as one that does not exist.
+    expect_error(s.post("/v1/chat/completions", kChat, bearer("only-other-key")), 404, "model_not_found");
     EXPECT_EQ(s.post("/v1/chat/completions", with(kChat, {{"model", "other"}}), bearer("only-other-key"))->status, 200);
     EXPECT_EQ(s.post("/v1/chat/completions", kChat, bearer("all-models-key"))->status, 200);
     auto models = s.client().Get("/v1/models", bearer("only-other-key"));
