@@ -99,7 +99,11 @@ ParsedHeader parse_file(const uint8_t* file_data, uint64_t file_size, const std:
   };
   ParsedHeader out;
   std::vector<Range> ranges;
-  for (const auto& [name, entry] : header.items()) {
+  for (const auto& item : header.items()) {
+    // Named references, not a structured binding: the lambda below uses them (clang 14,
+    // the fuzz build's compiler, cannot capture structured bindings).
+    const std::string& name = item.key();
+    const json& entry = item.value();
     if (name == "__metadata__") {
       if (!entry.is_object()) fail("{}: __metadata__ must be a JSON object of strings", path);
       for (const auto& [k, v] : entry.items()) {
