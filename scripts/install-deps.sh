@@ -7,7 +7,7 @@ SUDO=""
 if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
 
 pkgs=(build-essential cmake ninja-build ccache pkg-config git
-      nlohmann-json3-dev libcpp-httplib-dev libboost-dev libcli11-dev libpcre2-dev libxxhash-dev
+      nlohmann-json3-dev libcpp-httplib-dev libboost-dev libcli11-dev libpcre2-dev libxxhash-dev libutf8proc-dev
       libspdlog-dev libfmt-dev libyaml-cpp-dev libssl-dev
       libgtest-dev libgmock-dev libbenchmark-dev python3 python3-numpy nodejs npm
       openmpi-bin libopenmpi-dev curl clang-format)

@@ -21,11 +21,88 @@ nlohmann::json read_json_file(const std::string& path, const std::string& if_mis
   if (!in) fail("{}: {}", path, if_missing);
   std::stringstream text;
   text << in.rdbuf();
+  const std::string body = text.str();
+  if (json_nesting_depth(body, kMaxJsonFileDepth) > kMaxJsonFileDepth) {
+    fail("{}: malformed JSON: nested deeper than {} levels", path, kMaxJsonFileDepth);
+  }
   try {
-    return nlohmann::json::parse(text.str());
+    return nlohmann::json::parse(body);
   } catch (const nlohmann::json::exception& e) {
     fail("{}: malformed JSON: {}", path, json_error_text(e));
   }
+}
+
+int json_nesting_depth(std::string_view text, int limit) {
+  int depth = 0, deepest = 0;
+  bool in_string = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_string) {
+      if (c == '\\') ++i;
+      else if (c == '"') in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      if (++depth > deepest) deepest = depth;
+      if (deepest > limit) return limit + 1;
+    } else if ((c == ']' || c == '}') && depth > 0) {
+      --depth;
+    }
+  }
+  return deepest;
+}
+
+std::optional<nlohmann::json> parse_json_within(std::string_view text, int max_depth) {
+  if (json_nesting_depth(text, max_depth) > max_depth) return std::nullopt;
+  nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return std::nullopt;
+  return j;
+}
+
+namespace {
+// dump() with a budget: stops writing once `out` is full and never recurses deeper than 32.
+void excerpt(const nlohmann::json& v, std::string& out, size_t max_chars, int depth) {
+  if (out.size() > max_chars) return;
+  if (v.is_structured() && depth >= 32) {
+    out += v.is_array() ? "[...]" : "{...}";
+    return;
+  }
+  if (v.is_array()) {
+    out += '[';
+    bool first = true;
+    for (const auto& e : v) {
+      if (out.size() > max_chars) return;
+      if (!first) out += ',';
+      first = false;
+      excerpt(e, out, max_chars, depth + 1);
+    }
+    out += ']';
+  } else if (v.is_object()) {
+    out += '{';
+    bool first = true;
+    for (const auto& [k, e] : v.items()) {
+      if (out.size() > max_chars) return;
+      if (!first) out += ',';
+      first = false;
+      out += nlohmann::json(k).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+      out += ':';
+      excerpt(e, out, max_chars, depth + 1);
+    }
+    out += '}';
+  } else {
+    out += v.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  }
+}
+}  // namespace
+
+std::string json_excerpt(const nlohmann::json& value, size_t max_chars) {
+  std::string out;
+  excerpt(value, out, max_chars, 0);
+  if (out.size() > max_chars) {
+    out.resize(max_chars);
+    out += "...";
+  }
+  return out;
 }
 
 }  // namespace infera

@@ -1,7 +1,9 @@
 // Reading JSON files with errors users can act on.
 #pragma once
 
+#include <optional>
 #include <string>
+#include <string_view>
 
 #include <nlohmann/json.hpp>
 
@@ -14,5 +16,22 @@ std::string json_error_text(const nlohmann::json::exception& e);
 // Parses the file at `path`. Throws infera::Error "<path>: <if_missing>" when it cannot be
 // opened and "<path>: malformed JSON: <line/column>" when it does not parse.
 nlohmann::json read_json_file(const std::string& path, const std::string& if_missing = "cannot open");
+
+// Deepest bracket nesting of a JSON text, string contents skipped; stops counting (and
+// returns limit + 1) as soon as `limit` is passed. Text from clients, models and model files
+// is checked with it before parsing: nlohmann::json copies, compares and dumps recursively,
+// so a million nested brackets would overflow the stack long after the parse succeeded.
+int json_nesting_depth(std::string_view text, int limit);
+
+// Model files: deeper than this is not a real config, tokenizer or index.
+inline constexpr int kMaxJsonFileDepth = 128;
+
+// Parses `text` when it nests at most `max_depth` levels; nullopt when it is deeper or is
+// not JSON.
+std::optional<nlohmann::json> parse_json_within(std::string_view text, int max_depth);
+
+// At most `max_chars` of value.dump(), for error messages (deep values are not walked past
+// the limit: a value nested deeper than 32 levels is shown as its type).
+std::string json_excerpt(const nlohmann::json& value, size_t max_chars = 200);
 
 }  // namespace infera

@@ -18,7 +18,9 @@
 //   - extra filters, tests and methods: count, select/reject, map('filter'), sum, round,
 //     escape, wordcount, list/first/last/reverse on strings, `is in/ne/gt/divisibleby(n)`,
 //     str.find/count/join, string < string, string * int, default without parentheses.
-// Case mapping (upper/lower/title) covers ASCII, Latin-1, Greek and Cyrillic only.
+// Case mapping (upper/lower) is Unicode's simple mapping, one code point to one, but for
+// "ß".upper() = "SS" (the reference's full mapping differs only for rarer characters such as
+// ligatures); title() upper-cases ASCII word starts, as the reference does.
 #pragma once
 
 #include <memory>

@@ -49,6 +49,13 @@ struct ContinueSignal {};
 
 constexpr int kMaxCallDepth = 256;           // macro recursion
 constexpr int64_t kMaxRangeLength = 1 << 20;  // range(): a template must not exhaust memory
+// One render's budget (a template runs on every request, so it must end, and soon): every
+// statement and expression evaluated and every loop iteration is a step, and every 64
+// bytes of string a step produces (8 list items) cost one more. Real chat templates take
+// about 50 steps per message: a 4 MB conversation of 40,000 short messages, 2 million.
+constexpr int64_t kMaxRenderSteps = 10'000'000;
+constexpr size_t kMaxStringBytes = size_t{64} << 20;  // any one string, the output included
+constexpr size_t kMaxListItems = size_t{1} << 22;     // a list built by '+'
 
 // ---------------------------------------------------------------- strings
 
@@ -64,41 +71,9 @@ std::vector<std::string> code_points(std::string_view text) {
   return out;
 }
 
-// Case mapping for ASCII, Latin-1, Greek and Cyrillic letters: what chat templates
-// meet in practice (the reference uses JavaScript's full Unicode mapping).
-char32_t to_upper_cp(char32_t c) {
-  if (c >= 'a' && c <= 'z') return c - 32;
-  if ((c >= 0xE0 && c <= 0xFE && c != 0xF7) || (c >= 0x3B1 && c <= 0x3C9 && c != 0x3C2) || (c >= 0x430 && c <= 0x44F)) {
-    return c - 32;
-  }
-  if (c >= 0x450 && c <= 0x45F) return c - 80;
-  return c;
-}
-char32_t to_lower_cp(char32_t c) {
-  if (c >= 'A' && c <= 'Z') return c + 32;
-  if ((c >= 0xC0 && c <= 0xDE && c != 0xD7) || (c >= 0x391 && c <= 0x3A9 && c != 0x3A2) || (c >= 0x410 && c <= 0x42F)) {
-    return c + 32;
-  }
-  if (c >= 0x400 && c <= 0x40F) return c + 80;
-  return c;
-}
-std::string map_case(std::string_view text, char32_t (*fn)(char32_t)) {
-  std::string out;
-  out.reserve(text.size());
-  size_t pos = 0;
-  while (pos < text.size()) {
-    const size_t start = pos;
-    char32_t cp = 0;
-    if (unicode::next_code_point(text, pos, cp)) {
-      unicode::append_utf8(out, fn(cp));
-    } else {
-      out.append(text.substr(start, pos - start));
-    }
-  }
-  return out;
-}
-std::string to_upper(std::string_view s) { return map_case(s, to_upper_cp); }
-std::string to_lower(std::string_view s) { return map_case(s, to_lower_cp); }
+// Unicode case mapping (utf8proc; chat_template.h says where it differs from the reference).
+std::string to_upper(std::string_view s) { return unicode::to_upper(s); }
+std::string to_lower(std::string_view s) { return unicode::to_lower(s); }
 
 bool is_ascii_word(char c) {
   return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_';
@@ -760,9 +735,20 @@ class Evaluator {
     for (const NodePtr& node : body) exec(*node, scope, out);
   }
 
+  void charge(int64_t steps) {
+    steps_ += steps;
+    if (steps_ > kMaxRenderSteps) {
+      eval_fail("the template ran past its budget of {} evaluation steps (an endless or runaway loop?)", kMaxRenderSteps);
+    }
+  }
+
   void exec(const Node& node, Scope& scope, std::string& out) {
     try {
+      const size_t before = out.size();
+      charge(1);
       exec_inner(node, scope, out);
+      if (out.size() > kMaxStringBytes) eval_fail("the template output grew past {} bytes", kMaxStringBytes);
+      if (out.size() > before) charge(static_cast<int64_t>((out.size() - before) / 64));
     } catch (const EvalError& e) {
       throw SourceError(e.what(), node.offset);
     }
@@ -820,6 +806,7 @@ class Evaluator {
     ValueList items;
     if (node.b) {  // for x in xs if cond: filter first, so loop.* count the kept items
       for (const Value& item : source) {
+        charge(1);
         Scope test_scope(&loop_scope);
         bind(test_scope, item);
         if (eval(*node.b, test_scope).truthy()) items.push_back(item);
@@ -829,6 +816,7 @@ class Evaluator {
     }
     const auto n = static_cast<int64_t>(items.size());
     for (int64_t i = 0; i < n; ++i) {
+      charge(1);  // an iteration is a step even when its body is empty
       Object loop;
       loop.entries.reserve(9);
       loop.entries.emplace_back("index", Value(i + 1));
@@ -929,7 +917,15 @@ class Evaluator {
 
   Value eval(const Node& node, Scope& scope) {
     try {
-      return eval_inner(node, scope);
+      charge(1);
+      Value v = eval_inner(node, scope);
+      if (v.is_string()) {
+        if (v.as_string().size() > kMaxStringBytes) eval_fail("a string grew past {} bytes", kMaxStringBytes);
+        charge(static_cast<int64_t>(v.as_string().size() / 64));
+      } else if (v.is_array() && (node.kind == NodeKind::kCall || node.kind == NodeKind::kFilter)) {
+        charge(static_cast<int64_t>(v.as_array().size() / 8));  // a new list (range(), split(), map, ...)
+      }
+      return v;
     } catch (const EvalError& e) {
       throw SourceError(e.what(), node.offset);
     } catch (const std::runtime_error& e) {
@@ -1116,6 +1112,8 @@ class Evaluator {
       if (op == ">=") return Value(a >= b);
     } else if (left.is_array() && right.is_array()) {
       if (op == "+") {
+        if (left.as_array().size() + right.as_array().size() > kMaxListItems) eval_fail("a list grew past {} items", kMaxListItems);
+        charge(static_cast<int64_t>((left.as_array().size() + right.as_array().size()) / 8));
         ValueList joined = left.as_array();
         joined.insert(joined.end(), right.as_array().begin(), right.as_array().end());
         return Value::array(std::move(joined));
@@ -1442,6 +1440,7 @@ class Evaluator {
   }
 
   int call_depth_ = 0;
+  int64_t steps_ = 0;
 };
 
 }  // namespace

@@ -13,17 +13,31 @@
 namespace infera::jinja {
 
 const Value* Object::find(std::string_view key) const {
-  for (const auto& [k, v] : entries) {
-    if (k == key) return &v;
+  // The index covers entries[0, indexed_); the rest (appended directly) is scanned.
+  size_t from = 0;
+  if (indexed_ > 0) {
+    auto it = index_.find(key);
+    if (it != index_.end()) return &entries[it->second].second;
+    from = indexed_;
+  }
+  for (size_t i = from; i < entries.size(); ++i) {
+    if (entries[i].first == key) return &entries[i].second;
   }
   return nullptr;
 }
 
 Value* Object::find(std::string_view key) {
-  for (auto& [k, v] : entries) {
-    if (k == key) return &v;
+  sync_index();
+  return const_cast<Value*>(std::as_const(*this).find(key));
+}
+
+void Object::sync_index() {
+  if (indexed_ > entries.size()) {  // entries were replaced or shrunk: start over
+    index_.clear();
+    indexed_ = 0;
   }
-  return nullptr;
+  if (entries.size() < kIndexFrom) return;
+  for (; indexed_ < entries.size(); ++indexed_) index_.emplace(entries[indexed_].first, indexed_);  // first one wins
 }
 
 void Object::set(std::string key, Value value) {

@@ -12,6 +12,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <utility>
 #include <variant>
 #include <vector>
@@ -21,14 +22,29 @@ namespace infera::jinja {
 class Value;
 using ValueList = std::vector<Value>;
 
-// Insertion-ordered string -> value map. Chat-template dicts are small (message fields,
-// a JSON schema level), so a linear scan beats hashing.
+// Insertion-ordered string -> value map. Chat-template dicts are mostly small (message
+// fields, a JSON schema level) and a linear scan serves them; past kIndexFrom entries a
+// hash index of the key positions keeps find / set O(1), so a request's tool-call arguments
+// with hundreds of thousands of keys cost linear time, not quadratic.
 struct Object {
+  // Appending here directly is allowed (keys must stay unique); the index catches up on the
+  // next set() or non-const find().
   std::vector<std::pair<std::string, Value>> entries;
 
   const Value* find(std::string_view key) const;
   Value* find(std::string_view key);
   void set(std::string key, Value value);  // replaces in place, or appends
+
+ private:
+  static constexpr size_t kIndexFrom = 16;
+  struct Hash {
+    using is_transparent = void;
+    size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
+  };
+  // Positions in `entries` of the keys of entries[0, indexed_); empty below kIndexFrom.
+  std::unordered_map<std::string, size_t, Hash, std::equal_to<>> index_;
+  size_t indexed_ = 0;
+  void sync_index();
 };
 
 // Arguments of a call: positional values, then keyword arguments in call order.

@@ -6,6 +6,8 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "infera/base/json_file.h"
+
 namespace infera::chat {
 
 namespace {
@@ -13,6 +15,8 @@ constexpr std::string_view kThinkOpen = "<think>";
 constexpr std::string_view kThinkClose = "</think>";
 constexpr std::string_view kToolOpen = "<tool_call>";
 constexpr std::string_view kToolClose = "</tool_call>";
+// Model output is as untrusted as a request: a tool call nested deeper than this is text.
+constexpr int kMaxToolCallDepth = 64;
 
 bool is_space(char c) { return c == ' ' || c == '\n' || c == '\r' || c == '\t'; }
 
@@ -171,16 +175,18 @@ void OutputRouter::parse_tool_block(OutputDelta& out) {
     // A block cut off by max_tokens / EOS without its closing tag still counts if its JSON is whole.
     std::string_view body = rest.substr(0, close == std::string_view::npos ? rest.size() : close);
     rest.remove_prefix(close == std::string_view::npos ? rest.size() : close + kToolClose.size());
-    nlohmann::json j = nlohmann::json::parse(trim(body), nullptr, /*allow_exceptions=*/false);
-    if (!j.is_object() || !j.contains("name") || !j["name"].is_string()) {
+    std::optional<nlohmann::json> parsed = parse_json_within(trim(body), kMaxToolCallDepth);
+    if (!parsed || !parsed->is_object() || !parsed->contains("name") || !(*parsed)["name"].is_string()) {
       ok = false;
       break;
     }
+    const nlohmann::json& j = *parsed;
     ToolCall call;
     call.id = new_tool_call_id();
     call.name = j["name"].get<std::string>();
-    const auto args = j.contains("arguments") ? j["arguments"] : (j.contains("parameters") ? j["parameters"] : nlohmann::json::object());
-    call.arguments = args.is_string() ? args.get<std::string>() : args.dump();
+    const auto it = j.contains("arguments") ? j.find("arguments") : j.find("parameters");
+    if (it == j.end()) call.arguments = "{}";
+    else call.arguments = it->is_string() ? it->get<std::string>() : it->dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
     calls.push_back(std::move(call));
   }
   if (!ok || calls.empty()) {

@@ -98,11 +98,17 @@ uint64_t tensor_nbytes(GgmlType t, const std::vector<uint64_t>& ne) {
     fail("tensor row of {} elements is not a multiple of the {} block size {}", ne[0], tr.name, tr.block_size);
   }
   // Sizes are checked against 2^62 so that later offset arithmetic cannot overflow.
+  // Every dimension counts, a zero one too: the element count (n_elements) and the shape
+  // products readers form must not wrap either, whatever the byte size.
   constexpr uint64_t kLimit = uint64_t{1} << 62;
+  if (ne[0] / tr.block_size > kLimit / tr.type_size) fail("tensor size overflows");
   uint64_t bytes = ne[0] / tr.block_size * tr.type_size;
+  uint64_t elements = std::max<uint64_t>(ne[0], 1);
   for (size_t i = 1; i < ne.size(); ++i) {
-    if (ne[i] != 0 && bytes > kLimit / ne[i]) fail("tensor size overflows");
+    const uint64_t d = std::max<uint64_t>(ne[i], 1);
+    if (bytes > kLimit / d || elements > kLimit / d) fail("tensor size overflows");
     bytes *= ne[i];
+    elements *= d;
   }
   return bytes;
 }

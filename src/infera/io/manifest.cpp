@@ -153,9 +153,19 @@ const char* mismatch_kind_name(ManifestMismatch::Kind k) {
   return "?";
 }
 
+bool manifest_file_affects_loading(std::string_view rel_path) {
+  const size_t slash = rel_path.rfind('/');
+  const std::string_view name = slash == std::string_view::npos ? rel_path : rel_path.substr(slash + 1);
+  for (std::string_view ext : {".json", ".jinja", ".safetensors", ".gguf"}) {
+    if (name.ends_with(ext)) return true;
+  }
+  return false;
+}
+
 bool ManifestVerification::ok() const {
-  return std::none_of(problems.begin(), problems.end(),
-                      [](const ManifestMismatch& m) { return m.kind != ManifestMismatch::Kind::kUnlisted; });
+  return std::none_of(problems.begin(), problems.end(), [](const ManifestMismatch& m) {
+    return m.kind != ManifestMismatch::Kind::kUnlisted || manifest_file_affects_loading(m.path);
+  });
 }
 
 ManifestVerification verify_manifest(const std::string& dir) {

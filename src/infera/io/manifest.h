@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace infera {
@@ -46,8 +47,15 @@ const char* mismatch_kind_name(ManifestMismatch::Kind k);
 struct ManifestVerification {
   size_t files_checked = 0;
   std::vector<ManifestMismatch> problems;  // in manifest order, then unlisted files
-  bool ok() const;  // no changed/missing/unreadable file (unlisted files are only reported)
+  // No changed/missing/unreadable file, and no unlisted file that changes what loads (only
+  // other unlisted files, a README say, are merely reported).
+  bool ok() const;
 };
+
+// Whether a file at this path (relative to the model directory) can change what Infera
+// loads: JSON (config, tokenizer, a shard index), chat templates (.jinja) and weights
+// (.safetensors, .gguf). An unlisted one of these fails verification.
+bool manifest_file_affects_loading(std::string_view rel_path);
 
 // Checks every file listed in <dir>/MANIFEST.sha256; files present but not listed are
 // reported as kUnlisted. Throws infera::Error when the manifest is absent or malformed.

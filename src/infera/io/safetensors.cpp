@@ -81,6 +81,10 @@ ParsedHeader parse_file(const uint8_t* file_data, uint64_t file_size, const std:
     }
     return true;
   };
+  const std::string_view header_text(reinterpret_cast<const char*>(file_data + 8), header_len);
+  if (json_nesting_depth(header_text, kMaxJsonFileDepth) > kMaxJsonFileDepth) {
+    fail("{}: malformed safetensors header JSON: nested deeper than {} levels", path, kMaxJsonFileDepth);
+  }
   json header;
   try {
     header = json::parse(file_data + 8, file_data + 8 + header_len, note_duplicates);
@@ -95,7 +99,11 @@ ParsedHeader parse_file(const uint8_t* file_data, uint64_t file_size, const std:
   };
   ParsedHeader out;
   std::vector<Range> ranges;
-  for (const auto& [name, entry] : header.items()) {
+  for (const auto& item : header.items()) {
+    // Named references, not a structured binding: the lambda below uses them (clang 14,
+    // the fuzz build's compiler, cannot capture structured bindings).
+    const std::string& name = item.key();
+    const json& entry = item.value();
     if (name == "__metadata__") {
       if (!entry.is_object()) fail("{}: __metadata__ must be a JSON object of strings", path);
       for (const auto& [k, v] : entry.items()) {
@@ -126,22 +134,24 @@ ParsedHeader parse_file(const uint8_t* file_data, uint64_t file_size, const std:
 
     if (!shape_json.is_array()) fail("{}: tensor '{}': shape must be an array of integers", path, name);
     uint64_t numel = 1;
+    uint64_t nonzero = 1;  // the product without zero dimensions: shape arithmetic must not wrap either
     bool overflow = false;
     for (const auto& d : shape_json) {
-      if (!d.is_number_unsigned()) fail("{}: tensor '{}': shape {} must hold non-negative integers", path, name, shape_json.dump());
+      if (!d.is_number_unsigned()) fail("{}: tensor '{}': shape {} must hold non-negative integers", path, name, json_excerpt(shape_json));
       const uint64_t dim = d.get<uint64_t>();
       if (dim > static_cast<uint64_t>(INT64_MAX) || __builtin_mul_overflow(numel, dim, &numel)) overflow = true;
+      if (dim != 0 && (__builtin_mul_overflow(nonzero, dim, &nonzero) || nonzero > static_cast<uint64_t>(INT64_MAX))) overflow = true;
       info.shape.push_back(static_cast<int64_t>(std::min<uint64_t>(dim, INT64_MAX)));
     }
     uint64_t expected_bytes = 0;
     if (overflow || __builtin_mul_overflow(numel, dtype_size(info.dtype), &expected_bytes)) {
-      fail("{}: tensor '{}': shape {} is too large", path, name, shape_json.dump());
+      fail("{}: tensor '{}': shape {} is too large", path, name, json_excerpt(shape_json));
     }
 
     if (!offsets_json.is_array() || offsets_json.size() != 2 || !offsets_json[0].is_number_unsigned() ||
         !offsets_json[1].is_number_unsigned()) {
       fail("{}: tensor '{}': data_offsets must be [begin, end] with non-negative integers, got {}", path, name,
-           offsets_json.dump());
+           json_excerpt(offsets_json));
     }
     const uint64_t begin = offsets_json[0].get<uint64_t>();
     const uint64_t end = offsets_json[1].get<uint64_t>();
@@ -153,7 +163,7 @@ ParsedHeader parse_file(const uint8_t* file_data, uint64_t file_size, const std:
     }
     if (end - begin != expected_bytes) {
       fail("{}: tensor '{}': data_offsets [{}, {}] hold {} bytes but shape {} of {} needs {} bytes", path, name, begin,
-           end, end - begin, shape_json.dump(), dtype_str, expected_bytes);
+           end, end - begin, json_excerpt(shape_json), dtype_str, expected_bytes);
     }
     info.nbytes = static_cast<size_t>(expected_bytes);
     if (resolve_data) info.data = data_section + begin;

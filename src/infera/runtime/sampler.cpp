@@ -23,6 +23,11 @@ double Sampler::next_uniform() { return static_cast<double>(rng_() >> 11) * 0x1.
 
 void Sampler::apply_penalties(float* logits, std::span<const int32_t> history) {
   const SamplingParams& p = params_;
+  if (p.vocab_limit > 0) {
+    // Padding rows of the output head: -inf gives them probability 0 on every path (greedy,
+    // truncation, speculative acceptance). The limit keeps at least one id.
+    for (int32_t i = std::max<int32_t>(p.vocab_limit, 1); i < vocab_size_; ++i) logits[i] = -INFINITY;
+  }
   if (p.repetition_penalty == 1.0f && p.presence_penalty == 0.0f && p.frequency_penalty == 0.0f) return;
   size_t begin = 0;
   if (p.penalty_last_n >= 0 && history.size() > static_cast<size_t>(p.penalty_last_n)) {

@@ -21,6 +21,10 @@ struct SamplingParams {
   float frequency_penalty = 0.0f;   // OpenAI style: logit -= frequency * count
   int32_t penalty_last_n = 256;     // window of history the penalties look at (-1: all)
   uint64_t seed = 0;
+  // > 0: ids from here on are never picked. The tokenizer's size: checkpoints pad the output
+  // head past the vocabulary (Qwen: 151936 rows for 151669 tokens), and an id the tokenizer
+  // cannot decode must never reach it.
+  int32_t vocab_limit = 0;
 };
 
 class Sampler {
@@ -33,8 +37,9 @@ class Sampler {
 
   const SamplingParams& params() const { return params_; }
 
-  // Exposed for tests: penalties only, and the final probability vector the random draw
-  // uses (after temperature and truncation), as (token, prob) sorted by prob descending.
+  // Exposed for tests and speculative decoding: the penalties (and the vocab_limit mask:
+  // every sampling path starts here), and the final probability vector the random draw uses
+  // (after temperature and truncation), as (token, prob) sorted by prob descending.
   void apply_penalties(float* logits, std::span<const int32_t> history);
   std::vector<std::pair<int32_t, float>> candidates(const float* logits);
 

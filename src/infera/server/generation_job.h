@@ -50,6 +50,12 @@ struct Choice {
   bool echo_scored = false;  // completions with echo and logprobs: the legacy object starts with the prompt
   int32_t first_prompt_token = -1;
   std::optional<std::vector<TokenLogprobs>> prompt_logprobs;
+  // Non-streaming choices after the first of their prompt read its scoring instead of
+  // asking the engine to score the same prompt again.
+  const Choice* prompt_scorer = nullptr;
+  const std::optional<std::vector<TokenLogprobs>>& scored_prompt() const {
+    return prompt_scorer ? prompt_scorer->prompt_logprobs : prompt_logprobs;
+  }
   // Log-probabilities of the tokens taken so far (requests with logprobs): every token
   // up to the one that completed a stop string.
   std::vector<TokenLogprobs> logprobs;

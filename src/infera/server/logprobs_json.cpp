@@ -3,6 +3,9 @@
 #include <algorithm>
 #include <string>
 
+#include <fmt/format.h>
+
+#include "infera/server/api_error.h"
 #include "infera/tokenizer/unicode.h"
 
 namespace infera::server {
@@ -123,6 +126,24 @@ void append_completion_logprobs(json& into, const json& more) {
     json& to = into[key];
     for (const json& v : more[key]) to.push_back(v);
   }
+}
+
+int64_t prompt_scoring_entries(const PromptScoringAsk& ask, std::span<const int64_t> prompt_tokens) {
+  const int64_t per_token = (ask.prompt_logprobs >= 0 ? ask.prompt_logprobs + 1 : 0) + (ask.echo_logprobs >= 0 ? ask.echo_logprobs + 1 : 0);
+  int64_t tokens = 0;
+  for (int64_t t : prompt_tokens) tokens += t;
+  return static_cast<int64_t>(ask.n) * tokens * per_token;
+}
+
+void check_prompt_scoring_size(const PromptScoringAsk& ask, std::span<const int64_t> prompt_tokens) {
+  const int64_t entries = prompt_scoring_entries(ask, prompt_tokens);
+  if (entries <= kMaxPromptLogprobEntries) return;
+  const char* param = ask.prompt_logprobs >= 0 ? "prompt_logprobs" : "logprobs";
+  throw_api(bad_request(fmt::format("the response would hold {} prompt log-probability entries (n x prompt tokens x "
+                                    "(alternatives + 1) for prompt_logprobs and for echo with logprobs), more than {}; "
+                                    "lower n, logprobs or prompt_logprobs, or shorten the prompt",
+                                    entries, kMaxPromptLogprobEntries),
+                        param));
 }
 
 }  // namespace infera::server

@@ -44,4 +44,20 @@ void append_completion_logprobs(nlohmann::json& into, const nlohmann::json& more
 // Unicode code points of UTF-8 text (an invalid byte counts as one).
 int64_t code_point_count(std::string_view text);
 
+// The most prompt-scoring entries one response may hold: each choice carries its prompt's
+// tokens times (alternatives + 1), for `prompt_logprobs` and for `echo` with `logprobs`
+// (an entry is 40-80 bytes of JSON, so about 50 MB). Without a bound, n x echo x logprobs
+// x prompt_logprobs turns a 40 KB request into gigabytes of JSON.
+inline constexpr int64_t kMaxPromptLogprobEntries = 1'000'000;
+
+struct PromptScoringAsk {
+  int32_t n = 1;                   // choices per prompt
+  int32_t prompt_logprobs = -1;    // alternatives per prompt token; -1: not asked
+  int32_t echo_logprobs = -1;      // echo with logprobs: alternatives per token; -1: not asked
+};
+// The entries `ask` puts in the response for prompts of these token counts.
+int64_t prompt_scoring_entries(const PromptScoringAsk& ask, std::span<const int64_t> prompt_tokens);
+// Throws ApiException (400, naming the parameters) past kMaxPromptLogprobEntries.
+void check_prompt_scoring_size(const PromptScoringAsk& ask, std::span<const int64_t> prompt_tokens);
+
 }  // namespace infera::server

@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include "infera/base/json_file.h"
 #include "infera/runtime/sampler.h"
 
 namespace infera::server {
@@ -214,6 +215,11 @@ ChatMessage parse_message(const json& msg, size_t index) {
       call.name = *name;
       const json* args = field(*fn, "arguments");
       call.arguments = !args ? "{}" : (args->is_string() ? args->get<std::string>() : args->dump());
+      // The arguments text is parsed again for the chat template: its own nesting counts.
+      if (json_nesting_depth(call.arguments, kMaxJsonDepth) > kMaxJsonDepth) {
+        throw_api(bad_request(fmt::format("'{}.function.arguments' is JSON nested deeper than {} levels", cp, kMaxJsonDepth),
+                              cp + ".function.arguments"));
+      }
       m.tool_calls.push_back(std::move(call));
     }
   }
@@ -244,27 +250,6 @@ ToolDefinition parse_tool(const json& t, size_t index) {
     d.parameters = json::object();
   }
   return d;
-}
-
-// Bracket depth of a JSON text, strings skipped. Checked before parsing so that a
-// hostile body cannot make the parser build a huge nested tree.
-int max_depth(const std::string& s) {
-  int depth = 0, deepest = 0;
-  bool in_string = false;
-  for (size_t i = 0; i < s.size(); ++i) {
-    const char c = s[i];
-    if (in_string) {
-      if (c == '\\') ++i;
-      else if (c == '"') in_string = false;
-    } else if (c == '"') {
-      in_string = true;
-    } else if (c == '[' || c == '{') {
-      deepest = std::max(deepest, ++depth);
-    } else if (c == ']' || c == '}') {
-      --depth;
-    }
-  }
-  return deepest;
 }
 
 // Byte offset of the first invalid UTF-8 sequence (overlongs, surrogates and code points
@@ -301,7 +286,8 @@ size_t invalid_utf8_offset(const std::string& s) {
 
 json parse_json_body(const std::string& body) {
   if (body.empty()) throw_api(bad_request("the request body is empty; send a JSON object"));
-  if (max_depth(body) > kMaxJsonDepth) {
+  // Checked before parsing so that a hostile body cannot make the parser build a huge nested tree.
+  if (json_nesting_depth(body, kMaxJsonDepth) > kMaxJsonDepth) {
     throw_api(bad_request(fmt::format("the request JSON is nested deeper than {} levels", kMaxJsonDepth)));
   }
   if (const size_t bad = invalid_utf8_offset(body); bad != std::string::npos) {
@@ -445,10 +431,17 @@ json messages_to_template_json(const std::vector<ChatMessage>& messages) {
     if (!m.tool_calls.empty()) {
       json calls = json::array();
       for (const auto& c : m.tool_calls) {
-        // HF templates want arguments as a mapping (they |tojson it themselves).
-        json args = json::parse(c.arguments, nullptr, false);
-        if (args.is_discarded()) args = c.arguments;
-        calls.push_back({{"id", c.id}, {"type", "function"}, {"function", {{"name", c.name}, {"arguments", args}}}});
+        // HF templates want arguments as a mapping (they |tojson it themselves). Text that is
+        // not JSON, or nests too deeply (the parser refuses it first), stays a string.
+        std::optional<json> parsed = parse_json_within(c.arguments, kMaxJsonDepth);
+        json fn = json::object();
+        fn["name"] = c.name;
+        fn["arguments"] = parsed ? std::move(*parsed) : json(c.arguments);
+        json call = json::object();
+        call["id"] = c.id;
+        call["type"] = "function";
+        call["function"] = std::move(fn);
+        calls.push_back(std::move(call));
       }
       j["tool_calls"] = std::move(calls);
     }
@@ -472,6 +465,10 @@ json error_to_json(const ApiError& e) {
   err["param"] = e.param ? json(*e.param) : json(nullptr);
   err["code"] = e.code ? json(*e.code) : json(nullptr);
   return {{"error", std::move(err)}};
+}
+
+std::string sse_error_and_done(const ApiError& e) {
+  return "data: " + error_to_json(e).dump(-1, ' ', false, json::error_handler_t::replace) + "\n\ndata: [DONE]\n\n";
 }
 
 }  // namespace infera::server

@@ -110,4 +110,7 @@ nlohmann::json tools_to_template_json(const std::vector<ToolDefinition>& tools);
 
 nlohmann::json error_to_json(const ApiError& e);
 
+// The end of a stream that failed: the error as an SSE event, then "data: [DONE]".
+std::string sse_error_and_done(const ApiError& e);
+
 }  // namespace infera::server

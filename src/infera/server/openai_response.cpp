@@ -70,8 +70,8 @@ json tool_calls_json(const std::vector<ToolCall>& calls, bool with_index) {
 // The echoed prompt's entries of the legacy completions object, with the request's
 // `logprobs` alternatives (the engine may have kept more for `prompt_logprobs`).
 json echoed_prompt_logprobs(const Job& job, const Choice& c, int64_t& offset) {
-  if (!c.prompt_logprobs) return nullptr;
-  std::vector<TokenLogprobs> entries = *c.prompt_logprobs;
+  if (!c.scored_prompt()) return nullptr;
+  std::vector<TokenLogprobs> entries = *c.scored_prompt();
   for (TokenLogprobs& e : entries) {
     if (static_cast<int32_t>(e.top.size()) > job.options.top_logprobs) e.top.resize(job.options.top_logprobs);
   }
@@ -80,8 +80,8 @@ json echoed_prompt_logprobs(const Job& job, const Choice& c, int64_t& offset) {
 
 // vLLM's `prompt_logprobs` of a choice (null when the engine sent none: a failed request).
 json vllm_prompt_json(const Job& job, const Choice& c) {
-  if (!c.prompt_logprobs) return nullptr;
-  return vllm_prompt_logprobs(job.model->tokenizer(), *c.prompt_logprobs, job.options.prompt_logprobs);
+  if (!c.scored_prompt()) return nullptr;
+  return vllm_prompt_logprobs(job.model->tokenizer(), *c.scored_prompt(), job.options.prompt_logprobs);
 }
 
 }  // namespace

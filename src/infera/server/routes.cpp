@@ -13,6 +13,7 @@
 
 #include "infera/base/error.h"
 #include "infera/base/log.h"
+#include "infera/server/logprobs_json.h"
 #include "infera/server/openai_response.h"
 
 namespace infera::server {
@@ -417,6 +418,11 @@ void Routes::handle_generate(Endpoint endpoint, const HttpRequest& req, std::sha
       job->prompt_tokens_total += n;  // once per prompt, whatever n (as OpenAI counts)
       requested_max = std::max(requested_max, n);
     }
+    std::vector<int64_t> prompt_lengths;
+    for (const auto& ids : prompt_ids) prompt_lengths.push_back(static_cast<int64_t>(ids.size()));
+    check_prompt_scoring_size({options.n, options.prompt_logprobs,
+                               completion && completion->echo && options.logprobs ? options.top_logprobs : -1},
+                              prompt_lengths);
     job->prompt_tokens = static_cast<int32_t>(requested_max);
     job->prompt_text = prompt_texts.size() == 1 ? prompt_texts[0] : json(prompt_texts).dump();
 
@@ -437,6 +443,7 @@ void Routes::handle_generate(Endpoint endpoint, const HttpRequest& req, std::sha
     const uint64_t base_seed = options.seed ? static_cast<uint64_t>(*options.seed) : 0;
     std::vector<Request> requests;
     for (size_t p = 0; p < prompt_ids.size(); ++p) {
+      const size_t first_of_prompt = job->choices.size();
       for (int k = 0; k < options.n; ++k) {
         auto c = std::make_unique<Choice>(tok, options.stop, router_options);
         c->index = static_cast<int>(job->choices.size());
@@ -453,12 +460,17 @@ void Routes::handle_generate(Endpoint endpoint, const HttpRequest& req, std::sha
         r.sampling.frequency_penalty = options.frequency_penalty;
         r.sampling.repetition_penalty = options.repetition_penalty;
         r.sampling.seed = options.seed ? base_seed + static_cast<uint64_t>(c->index) : random_seed();
+        r.sampling.vocab_limit = tok.vocab_size();  // never an id the decoder cannot turn into text
         const int64_t room = limits.max_context - static_cast<int64_t>(r.prompt_ids.size());
         r.max_tokens = static_cast<int32_t>(options.max_tokens ? *options.max_tokens : std::min<int64_t>(limits.max_output_len, room));
         r.ignore_eos = options.ignore_eos;
         r.logprobs = options.logprobs;
         r.top_logprobs = options.top_logprobs;
         r.prompt_logprobs = std::max(options.prompt_logprobs, c->echo_scored ? options.top_logprobs : -1);
+        if (k > 0 && !options.stream && r.prompt_logprobs >= 0) {  // scored once per prompt
+          c->prompt_scorer = job->choices[first_of_prompt].get();
+          r.prompt_logprobs = -1;
+        }
         if (!options.ignore_eos) r.stop_token_ids = model->extra_stop_ids();
         requests.push_back(std::move(r));
         job->choices.push_back(std::move(c));

@@ -30,9 +30,17 @@ Regex::Regex(const std::string& pattern, bool literal) : pattern_(pattern) {
   // JIT makes matching several times faster; without it (e.g. unsupported CPU) the
   // interpreter still gives the same results.
   jit_ = pcre2_jit_compile(code_, PCRE2_JIT_COMPLETE) == 0;
+  context_ = pcre2_match_context_create(nullptr);
+  if (context_ == nullptr) fail("cannot allocate a PCRE2 match context");
+  pcre2_set_match_limit(context_, kMatchLimit);
+  pcre2_set_depth_limit(context_, kDepthLimit);
+  pcre2_set_heap_limit(context_, kHeapLimitKib);
 }
 
-Regex::~Regex() { pcre2_code_free(code_); }
+Regex::~Regex() {
+  pcre2_match_context_free(context_);
+  pcre2_code_free(code_);
+}
 
 void Regex::split(std::string_view text, bool keep_matches, std::vector<std::string_view>& out) const {
   std::unique_ptr<pcre2_match_data, decltype(&pcre2_match_data_free)> match(
@@ -42,11 +50,11 @@ void Regex::split(std::string_view text, bool keep_matches, std::vector<std::str
   size_t search_from = 0;
   while (search_from <= text.size()) {
     int rc = jit_ ? pcre2_jit_match(code_, subject, text.size(), search_from, PCRE2_NO_UTF_CHECK, match.get(),
-                                    nullptr)
+                                    context_)
                   : PCRE2_ERROR_JIT_BADOPTION;
     if (rc == PCRE2_ERROR_JIT_STACKLIMIT || rc == PCRE2_ERROR_JIT_BADOPTION) {
       rc = pcre2_match(code_, subject, text.size(), search_from, PCRE2_NO_UTF_CHECK | PCRE2_NO_JIT, match.get(),
-                       nullptr);
+                       context_);
     }
     if (rc == PCRE2_ERROR_NOMATCH) break;
     if (rc < 0) fail("pre-tokenizer regex '{}' failed on the input: {}", pattern_, pcre2_message(rc));

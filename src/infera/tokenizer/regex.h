@@ -3,11 +3,13 @@
 // \p{L}, \p{N}, lookahead (?!\S)) mean the same in PCRE2.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <string_view>
 #include <vector>
 
 struct pcre2_real_code_8;
+struct pcre2_real_match_context_8;
 
 namespace infera {
 
@@ -27,9 +29,17 @@ class Regex {
 
   const std::string& pattern() const { return pattern_; }
 
+  // A pattern from a model file can backtrack without end on some inputs: a match stops at
+  // kMatchLimit steps, kDepthLimit nested backtracking points or kHeapLimitKib of
+  // backtracking memory, and split() throws infera::Error instead of hanging.
+  static constexpr uint32_t kMatchLimit = 10'000'000;
+  static constexpr uint32_t kDepthLimit = 1'000'000;
+  static constexpr uint32_t kHeapLimitKib = 64 * 1024;
+
  private:
   std::string pattern_;
   pcre2_real_code_8* code_ = nullptr;
+  pcre2_real_match_context_8* context_ = nullptr;  // the limits
   bool jit_ = false;
 };
 

@@ -3,6 +3,7 @@
 // rejected with the file, the field and the value, rather than silently tokenizing
 // differently from the reference implementation.
 #include <algorithm>
+#include <cctype>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -10,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "infera/base/error.h"
+#include "infera/base/json_file.h"
 #include "infera/base/log.h"
 #include "infera/tokenizer/tokenizer_impl.h"
 #include "infera/tokenizer/unicode.h"
@@ -22,6 +24,8 @@ using nlohmann::json;
 namespace fs = std::filesystem;
 
 constexpr std::string_view kMetaspace = "\xE2\x96\x81";  // "▁" U+2581
+constexpr int kMaxSequenceDepth = 16;     // Sequence inside Sequence ... (real files: 1 or 2)
+constexpr int64_t kMaxIdGap = 65536;      // largest id allowed past twice the number of tokens
 
 // GPT-2's pattern, used by a ByteLevel pre-tokenizer with use_regex.
 constexpr const char* kGpt2Pattern = "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
@@ -41,8 +45,12 @@ json read_json_file(const fs::path& path, bool required) {
   }
   std::stringstream buffer;
   buffer << in.rdbuf();
+  const std::string text = buffer.str();
+  if (json_nesting_depth(text, kMaxJsonFileDepth) > kMaxJsonFileDepth) {
+    fail("{}: malformed JSON: nested deeper than {} levels", path.string(), kMaxJsonFileDepth);
+  }
   try {
-    json parsed = json::parse(buffer.str());
+    json parsed = json::parse(text);
     if (!parsed.is_object()) fail("{}: expected a JSON object at the top level", path.string());
     return parsed;
   } catch (const json::parse_error& e) {
@@ -109,7 +117,7 @@ class Loader {
  private:
   [[noreturn]] void unsupported(std::string_view what, const json& value) const {
     fail("{}: unsupported {} {} (Infera supports byte-level and SentencePiece-style BPE tokenizers)", file_, what,
-         value.dump().substr(0, 200));
+         json_excerpt(value));
   }
 
   void load_model(const json& tokenizer) {
@@ -128,11 +136,15 @@ class Loader {
     impl_.model_vocab.reserve(vocab->size());
     for (const auto& [piece, id_value] : vocab->items()) {
       if (!id_value.is_number_integer() || id_value.get<int64_t>() < 0 || id_value.get<int64_t>() >= (1 << 30)) {
-        fail("{}: model.vocab[\"{}\"] is not a valid token id: {}", file_, piece, id_value.dump());
+        fail("{}: model.vocab[\"{}\"] is not a valid token id: {}", file_, piece, json_excerpt(id_value));
       }
       const auto id = id_value.get<int32_t>();
       impl_.model_vocab.emplace(piece, id);
       max_id = std::max(max_id, id);
+    }
+    if (max_id >= 2 * static_cast<int64_t>(vocab->size()) + kMaxIdGap) {
+      fail("{}: token id {} is far past the {} tokens of model.vocab (ids must be numbered densely from 0)", file_, max_id,
+           vocab->size());
     }
     impl_.id_to_piece.resize(static_cast<size_t>(max_id + 1));
     for (const auto& [piece, id] : impl_.model_vocab) impl_.id_to_piece[id] = piece;
@@ -162,7 +174,7 @@ class Loader {
         left = merge[0].get<std::string>();
         right = merge[1].get<std::string>();
       } else {
-        fail("{}: merge {} is neither \"left right\" nor [\"left\", \"right\"]", file_, merge.dump());
+        fail("{}: merge {} is neither \"left right\" nor [\"left\", \"right\"]", file_, json_excerpt(merge));
       }
       const auto left_it = impl_.model_vocab.find(left);
       const auto right_it = impl_.model_vocab.find(right);
@@ -196,7 +208,7 @@ class Loader {
       for (const json& entry : *added) {
         const json* id = find_field(entry, "id");
         if (id == nullptr || !id->is_number_integer() || id->get<int64_t>() < 0 || id->get<int64_t>() >= (1 << 30)) {
-          fail("{}: added token {} has no valid id", file_, entry.dump().substr(0, 200));
+          fail("{}: added token {} has no valid id", file_, json_excerpt(entry));
         }
         add_token(entry, id->get<int32_t>());
       }
@@ -212,6 +224,12 @@ class Loader {
     }
     int32_t max_id = impl_.vocab_size() - 1;
     for (const AddedToken& token : impl_.added_tokens) max_id = std::max(max_id, token.id);
+    // Tables are sized by the largest id: a few tokens with ids near 2^30 (a 60-byte file)
+    // must not allocate gigabytes. Real vocabularies number their tokens (nearly) densely.
+    const int64_t ids = static_cast<int64_t>(impl_.model_vocab.size() + impl_.added_tokens.size());
+    if (max_id >= 2 * ids + kMaxIdGap) {
+      fail("{}: token id {} is far past the {} tokens defined (ids must be numbered densely from 0)", file_, max_id, ids);
+    }
     impl_.id_to_piece.resize(static_cast<size_t>(max_id + 1));
     impl_.special.assign(static_cast<size_t>(max_id + 1), 0);
     for (const AddedToken& token : impl_.added_tokens) {
@@ -224,10 +242,11 @@ class Loader {
     if (const json* normalizer = find_field(tokenizer, "normalizer")) add_normalizer(*normalizer);
   }
 
-  void add_normalizer(const json& node) {
+  void add_normalizer(const json& node, int depth = 0) {
     const std::string type = get_string(node, "type");
+    if (type == "Sequence" && depth >= kMaxSequenceDepth) fail("{}: normalizer Sequences nested deeper than {}", file_, kMaxSequenceDepth);
     if (type == "Sequence") {
-      for (const json& child : node.at("normalizers")) add_normalizer(child);
+      for (const json& child : node.at("normalizers")) add_normalizer(child, depth + 1);
     } else if (type == "NFC") {
       impl_.normalizer.push_back({NormalizerStep::Type::kNfc, {}, {}});
     } else if (type == "Prepend") {
@@ -253,11 +272,12 @@ class Loader {
     }
   }
 
-  void add_pre_tokenizer(const json& node) {
+  void add_pre_tokenizer(const json& node, int depth = 0) {
     const std::string type = get_string(node, "type");
+    if (type == "Sequence" && depth >= kMaxSequenceDepth) fail("{}: pre_tokenizer Sequences nested deeper than {}", file_, kMaxSequenceDepth);
     PreTokenizerStep step;
     if (type == "Sequence") {
-      for (const json& child : node.at("pretokenizers")) add_pre_tokenizer(child);
+      for (const json& child : node.at("pretokenizers")) add_pre_tokenizer(child, depth + 1);
       return;
     } else if (type == "Split") {
       step.type = PreTokenizerStep::Type::kSplit;
@@ -308,10 +328,11 @@ class Loader {
     if (const json* decoder = find_field(tokenizer, "decoder")) add_decoder(*decoder);
   }
 
-  void add_decoder(const json& node) {
+  void add_decoder(const json& node, int depth = 0) {
     const std::string type = get_string(node, "type");
+    if (type == "Sequence" && depth >= kMaxSequenceDepth) fail("{}: decoder Sequences nested deeper than {}", file_, kMaxSequenceDepth);
     if (type == "Sequence") {
-      for (const json& child : node.at("decoders")) add_decoder(child);
+      for (const json& child : node.at("decoders")) add_decoder(child, depth + 1);
     } else if (type == "ByteLevel") {
       decode_byte_level_ = true;
     } else if (type == "ByteFallback") {
@@ -341,12 +362,20 @@ class Loader {
     if (const json* post = find_field(tokenizer, "post_processor")) add_post_processor(*post);
   }
 
+  // A special-token id the post_processor names: one the vocabulary defines.
+  int32_t checked_id(const json& value, const std::string& name) const {
+    if (!value.is_number_integer() || value.get<int64_t>() < 0 || value.get<int64_t>() >= static_cast<int64_t>(impl_.id_to_piece.size())) {
+      fail("{}: post_processor gives special token '{}' the id {}, which is not in the vocabulary", file_, name, json_excerpt(value));
+    }
+    return value.get<int32_t>();
+  }
+
   int32_t special_token_id(const std::string& content, const json& template_node) const {
     // TemplateProcessing lists its special tokens with their ids; fall back to the vocab.
     if (const json* specials = find_field(template_node, "special_tokens")) {
       if (const json* entry = find_field(*specials, content.c_str())) {
         const json& ids = entry->at("ids");
-        if (ids.size() == 1) return ids[0].get<int32_t>();
+        if (ids.size() == 1) return checked_id(ids[0], content);
       }
     }
     if (auto it = impl_.added_token_index.find(content); it != impl_.added_token_index.end()) {
@@ -356,10 +385,11 @@ class Loader {
     fail("{}: post_processor names special token '{}' which is not in the vocabulary", file_, content);
   }
 
-  void add_post_processor(const json& node) {
+  void add_post_processor(const json& node, int depth = 0) {
     const std::string type = get_string(node, "type");
+    if (type == "Sequence" && depth >= kMaxSequenceDepth) fail("{}: post_processor Sequences nested deeper than {}", file_, kMaxSequenceDepth);
     if (type == "Sequence") {
-      for (const json& child : node.at("processors")) add_post_processor(child);
+      for (const json& child : node.at("processors")) add_post_processor(child, depth + 1);
     } else if (type == "ByteLevel") {
       // Only adjusts offsets.
     } else if (type == "TemplateProcessing") {
@@ -375,8 +405,8 @@ class Loader {
         }
       }
     } else if (type == "RobertaProcessing" || type == "BertProcessing") {
-      impl_.prefix_ids.push_back(node.at("cls").at(1).get<int32_t>());
-      impl_.suffix_ids.push_back(node.at("sep").at(1).get<int32_t>());
+      impl_.prefix_ids.push_back(checked_id(node.at("cls").at(1), "cls"));
+      impl_.suffix_ids.push_back(checked_id(node.at("sep").at(1), "sep"));
     } else {
       unsupported("post_processor", node);
     }
@@ -471,7 +501,8 @@ class Loader {
           }
           bytes += static_cast<char>(b);
         }
-      } else if (decode_byte_fallback_ && piece.size() == 6 && piece.starts_with("<0x") && piece.ends_with(">")) {
+      } else if (decode_byte_fallback_ && piece.size() == 6 && piece.starts_with("<0x") && piece.ends_with(">") &&
+                 std::isxdigit(static_cast<unsigned char>(piece[3])) && std::isxdigit(static_cast<unsigned char>(piece[4]))) {
         bytes = static_cast<char>(std::stoi(piece.substr(3, 2), nullptr, 16));
       } else if (decode_metaspace_) {
         for (size_t pos = 0; pos < piece.size();) {

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <vector>
 
+#include <utf8proc.h>
+
 namespace infera::unicode {
 
 bool next_code_point(std::string_view text, size_t& pos, char32_t& cp) {
@@ -85,65 +87,16 @@ bool is_whitespace(char32_t cp) {
 }
 
 // ---------------------------------------------------------------------------------------
-// NFC (UAX #15): full canonical decomposition, canonical ordering, then composition.
+// NFC (UAX #15): full canonical decomposition, canonical ordering, then composition. The
+// decomposition and composition are utf8proc's; the ordering is a stable sort of each run
+// of non-starters by combining class (O(n log n)), because utf8proc orders with a gnome
+// sort whose cost grows with the square of a run's length (a 4 MB run of alternating
+// combining classes would take hours).
 
 namespace {
 
-// Hangul syllables are composed from leading consonant (L), vowel (V) and optional
-// trailing consonant (T) jamo arithmetically; the Unicode tables leave them out.
-constexpr char32_t kHangulSBase = 0xAC00, kHangulLBase = 0x1100, kHangulVBase = 0x1161,
-                   kHangulTBase = 0x11A7;
-constexpr int kHangulLCount = 19, kHangulVCount = 21, kHangulTCount = 28;
-constexpr int kHangulNCount = kHangulVCount * kHangulTCount;
-constexpr int kHangulSCount = kHangulLCount * kHangulNCount;
-
-uint32_t combining_class(char32_t cp) {
-  using unicode_data::kCombiningClass;
-  if (cp < 0x300) return 0;
-  const auto* end = kCombiningClass + unicode_data::kCombiningClassSize;
-  const auto* it = std::lower_bound(kCombiningClass, end, cp,
-                                    [](const auto& e, char32_t c) { return e.code_point < c; });
-  return it != end && it->code_point == cp ? it->combining_class : 0;
-}
-
-void decompose(char32_t cp, std::vector<char32_t>& out) {
-  if (cp >= kHangulSBase && cp < kHangulSBase + kHangulSCount) {
-    const int s = static_cast<int>(cp - kHangulSBase);
-    out.push_back(kHangulLBase + s / kHangulNCount);
-    out.push_back(kHangulVBase + (s % kHangulNCount) / kHangulTCount);
-    if (s % kHangulTCount != 0) out.push_back(kHangulTBase + s % kHangulTCount);
-    return;
-  }
-  using unicode_data::kDecomposition;
-  const auto* end = kDecomposition + unicode_data::kDecompositionSize;
-  const auto* it = std::lower_bound(kDecomposition, end, cp,
-                                    [](const auto& e, char32_t c) { return e.code_point < c; });
-  if (it == end || it->code_point != cp) {
-    out.push_back(cp);
-    return;
-  }
-  decompose(it->first, out);
-  if (it->second != 0) decompose(it->second, out);
-}
-
-// The primary composite of (first, second), or 0 when there is none.
-char32_t compose(char32_t first, char32_t second) {
-  if (first >= kHangulLBase && first < kHangulLBase + kHangulLCount && second >= kHangulVBase &&
-      second < kHangulVBase + kHangulVCount) {
-    return kHangulSBase + ((first - kHangulLBase) * kHangulVCount + (second - kHangulVBase)) * kHangulTCount;
-  }
-  if (first >= kHangulSBase && first < kHangulSBase + kHangulSCount &&
-      (first - kHangulSBase) % kHangulTCount == 0 && second > kHangulTBase &&
-      second < kHangulTBase + kHangulTCount) {
-    return first + (second - kHangulTBase);
-  }
-  using unicode_data::kComposition;
-  const auto* end = kComposition + unicode_data::kCompositionSize;
-  const auto* it = std::lower_bound(kComposition, end, std::pair{first, second},
-                                    [](const auto& e, std::pair<char32_t, char32_t> key) {
-                                      return e.first != key.first ? e.first < key.first : e.second < key.second;
-                                    });
-  return it != end && it->first == first && it->second == second ? it->composite : 0;
+uint8_t combining_class(char32_t cp) {
+  return cp < 0x300 ? 0 : static_cast<uint8_t>(utf8proc_get_property(static_cast<utf8proc_int32_t>(cp))->combining_class);
 }
 
 }  // namespace
@@ -151,57 +104,89 @@ char32_t compose(char32_t first, char32_t second) {
 std::string nfc(std::string_view text) {
   // Below U+0300 there is nothing to reorder or compose onto, and every precomposed
   // character there is already in NFC: most text takes this exit.
-  std::vector<char32_t> decomposed;
-  decomposed.reserve(text.size());
+  std::vector<utf8proc_int32_t> cps;
+  cps.reserve(text.size());
   bool all_below_0300 = true;
   size_t pos = 0;
   while (pos < text.size()) {
     char32_t cp;
     if (!next_code_point(text, pos, cp)) cp = kReplacementChar;
     if (cp >= 0x300) all_below_0300 = false;
-    decompose(cp, decomposed);
+    cps.push_back(static_cast<utf8proc_int32_t>(cp));
   }
   if (all_below_0300) return std::string(text);
 
-  // Canonical ordering: stable-sort each run of non-starters by combining class.
-  for (size_t i = 1; i < decomposed.size(); ++i) {
-    const uint32_t ccc = combining_class(decomposed[i]);
-    if (ccc == 0) continue;
-    size_t j = i;
-    while (j > 0) {
-      const uint32_t prev = combining_class(decomposed[j - 1]);
-      if (prev == 0 || prev <= ccc) break;
-      std::swap(decomposed[j - 1], decomposed[j]);
-      --j;
+  std::vector<utf8proc_int32_t> decomposed;
+  decomposed.reserve(cps.size() + cps.size() / 4);
+  for (utf8proc_int32_t cp : cps) {
+    utf8proc_int32_t buf[32];  // canonical decompositions are at most 4 code points long
+    int boundclass = 0;
+    const utf8proc_ssize_t n = utf8proc_decompose_char(cp, buf, 32, UTF8PROC_DECOMPOSE, &boundclass);
+    if (n < 0 || n > 32) {
+      decomposed.push_back(cp);  // not reached for valid code points
+    } else {
+      decomposed.insert(decomposed.end(), buf, buf + n);
     }
   }
 
-  // Canonical composition: a character combines with the last starter unless a character
-  // between them has a combining class of 0 or >= its own ("blocked").
-  std::vector<char32_t> composed;
-  composed.reserve(decomposed.size());
-  long starter = -1;
-  uint32_t last_class = 0;
-  for (char32_t cp : decomposed) {
-    const uint32_t ccc = combining_class(cp);
-    if (starter >= 0) {
-      const bool adjacent = static_cast<size_t>(starter) + 1 == composed.size();
-      if (adjacent || (last_class != 0 && last_class < ccc)) {
-        if (char32_t c = compose(composed[starter], cp)) {
-          composed[starter] = c;
-          continue;
-        }
-      }
+  // Canonical ordering: stable-sort each run of non-starters by combining class.
+  std::vector<std::pair<uint8_t, utf8proc_int32_t>> run;
+  for (size_t i = 0; i < decomposed.size();) {
+    if (combining_class(static_cast<char32_t>(decomposed[i])) == 0) {
+      ++i;
+      continue;
     }
-    if (ccc == 0) starter = static_cast<long>(composed.size());
-    last_class = ccc;
-    composed.push_back(cp);
+    size_t end = i;
+    run.clear();
+    for (; end < decomposed.size(); ++end) {
+      const uint8_t ccc = combining_class(static_cast<char32_t>(decomposed[end]));
+      if (ccc == 0) break;
+      run.emplace_back(ccc, decomposed[end]);
+    }
+    if (run.size() > 1) {
+      std::stable_sort(run.begin(), run.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+      for (size_t k = 0; k < run.size(); ++k) decomposed[i + k] = run[k].second;
+    }
+    i = end;
   }
+
+  // Canonical composition (linear: each character looks back at the last starter only).
+  const utf8proc_ssize_t length = utf8proc_normalize_utf32(decomposed.data(), static_cast<utf8proc_ssize_t>(decomposed.size()),
+                                                           static_cast<utf8proc_option_t>(UTF8PROC_COMPOSE | UTF8PROC_STABLE));
   std::string out;
   out.reserve(text.size());
-  for (char32_t cp : composed) append_utf8(out, cp);
+  for (utf8proc_ssize_t i = 0; i < length; ++i) append_utf8(out, static_cast<char32_t>(decomposed[i]));
   return out;
 }
+
+namespace {
+
+std::string map_case(std::string_view text, bool upper) {
+  std::string out;
+  out.reserve(text.size());
+  size_t pos = 0;
+  while (pos < text.size()) {
+    const size_t start = pos;
+    char32_t cp = 0;
+    if (!next_code_point(text, pos, cp)) {
+      out.append(text.substr(start, pos - start));
+    } else if (upper && cp == 0xDF) {
+      // utf8proc maps "ß" to "ẞ" (U+1E9E); Python and JavaScript (the chat templates'
+      // reference) give "SS", the one multi-character mapping templates meet in practice.
+      out += "SS";
+    } else {
+      const auto c = static_cast<utf8proc_int32_t>(cp);
+      append_utf8(out, static_cast<char32_t>(upper ? utf8proc_toupper(c) : utf8proc_tolower(c)));
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string to_upper(std::string_view text) { return map_case(text, true); }
+std::string to_lower(std::string_view text) { return map_case(text, false); }
+const char* unicode_version() { return utf8proc_unicode_version(); }
 
 // ---------------------------------------------------------------------------------------
 

@@ -387,7 +387,12 @@ class Checker {
               break;
             case ManifestMismatch::Kind::kUnreadable: error("manifest", m.actual); break;
             case ManifestMismatch::Kind::kUnlisted:
-              warn("manifest", fmt::format("{}: present but not listed in {}", m.path, kManifestName));
+              // An unlisted index.json or chat_template.jinja changes what loads: an error.
+              if (manifest_file_affects_loading(m.path)) {
+                error("manifest", fmt::format("{}: present but not listed in {}, and it changes what loads", m.path, kManifestName));
+              } else {
+                warn("manifest", fmt::format("{}: present but not listed in {}", m.path, kManifestName));
+              }
               break;
           }
         }

@@ -219,5 +219,57 @@ TEST(JinjaTest, JsNumberFormatting) {
   EXPECT_EQ(js_number_to_string(100), "100");
 }
 
+// A dict keeps insertion order and answers lookups by key whatever its size; mixed with
+// entries appended directly (as the loop variables are), the first of equal keys wins.
+TEST(JinjaObject, KeepsOrderAndFindsKeysAtAnySize) {
+  jinja::Object o;
+  for (int i = 0; i < 40; ++i) o.set("k" + std::to_string(i), jinja::Value(int64_t{i}));
+  o.entries.emplace_back("tail", jinja::Value(int64_t{-1}));
+  o.set("k3", jinja::Value(int64_t{300}));  // replaced in place
+  o.set("new", jinja::Value(int64_t{7}));
+  ASSERT_EQ(o.entries.size(), 42u);
+  EXPECT_EQ(o.entries[3].first, "k3");
+  EXPECT_EQ(o.entries[3].second.as_int(), 300);
+  EXPECT_EQ(o.entries[40].first, "tail");
+  EXPECT_EQ(o.entries[41].first, "new");
+  const jinja::Object& c = o;
+  ASSERT_NE(c.find("tail"), nullptr);
+  EXPECT_EQ(c.find("tail")->as_int(), -1);
+  EXPECT_EQ(c.find("k39")->as_int(), 39);
+  EXPECT_EQ(c.find("missing"), nullptr);
+  jinja::Object copy = o;  // a copy answers the same
+  EXPECT_EQ(copy.find("new")->as_int(), 7);
+}
+
+// A tool call's arguments object with 370K keys goes into the template context: building
+// it was quadratic (every set() scanned every key: minutes), now it is linear.
+TEST(JinjaObject, HugeArgumentsObjectRendersInLinearTime) {
+  // The server's context is a plain (sorted) nlohmann::json: building it is O(n log n).
+  nlohmann::json args = nlohmann::json::object();
+  for (int i = 0; i < 370'000; ++i) args["key" + std::to_string(i)] = i;
+  nlohmann::json context = {{"args", std::move(args)}};
+  EXPECT_EQ(ChatTemplate("{{ args | length }} {{ args.key369999 }}").render(context), "370000 369999");
+}
+
+// A template runs on every request: it must end, and it must not take the machine's memory.
+TEST(JinjaBudget, EndlessLoopsAndRunawayStringsStop) {
+  const std::string loops = "{% for a in range(1000000) %}{% for b in range(1000000) %}{% endfor %}{% endfor %}";
+  EXPECT_NE(render_error(loops).find("budget"), std::string::npos) << render_error(loops);
+  const std::string doubling =
+      "{% set ns = namespace(s='ab') %}{% for i in range(64) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s | length }}";
+  EXPECT_NE(render_error(doubling).find("grew past"), std::string::npos) << render_error(doubling);
+  const std::string lists =
+      "{% set ns = namespace(l=[1]) %}{% for i in range(64) %}{% set ns.l = ns.l + ns.l %}{% endfor %}{{ ns.l | length }}";
+  EXPECT_NE(render_error(lists).find("grew past"), std::string::npos) << render_error(lists);
+  const std::string output = "{% for i in range(1000000) %}{{ 'x' * 1000 }}{% endfor %}";
+  EXPECT_NE(render_error(output).find("past"), std::string::npos) << render_error(output);
+  // Ordinary work is far inside the budget.
+  EXPECT_EQ(render("{% for i in range(100000) %}{% endfor %}{{ 'x' * 3 }}"), "xxx");
+}
+
+TEST(JinjaTest, UpperAndLowerCoverUnicode) {
+  EXPECT_EQ(render("{{ 'hello \u0561' | upper }} {{ '\u0531BC' | lower }}"), "HELLO \u0531 \u0561bc");
+}
+
 }  // namespace
 }  // namespace infera

@@ -124,5 +124,23 @@ TEST(OutputRouter, ToolCallCutOffWithoutClosingTagStillParses) {
   EXPECT_EQ(r.tool_calls()[0].arguments, "{}");
 }
 
+// Model output is untrusted too: a tool call whose arguments nest a million levels comes
+// back as plain content (not parsed, copied and dumped recursively).
+TEST(OutputRouter, DeeplyNestedToolCallIsText) {
+  OutputRouter r({.parse_tool_calls = true});
+  const std::string deep = std::string(1'000'000, '[') + std::string(1'000'000, ']');
+  const std::string text = R"(<tool_call>{"name": "f", "arguments": )" + deep + "}</tool_call>";
+  OutputDelta d = r.feed(text);
+  OutputDelta tail = r.finish();
+  EXPECT_TRUE(r.tool_calls().empty());
+  EXPECT_EQ(d.content + tail.content, text);
+  // Shallow ones still parse.
+  OutputRouter ok({.parse_tool_calls = true});
+  ok.feed(R"(<tool_call>{"name": "f", "arguments": [[1]]}</tool_call>)");
+  ok.finish();
+  ASSERT_EQ(ok.tool_calls().size(), 1u);
+  EXPECT_EQ(ok.tool_calls()[0].arguments, "[[1]]");
+}
+
 }  // namespace
 }  // namespace infera::chat

@@ -163,6 +163,12 @@ TEST(Gguf, WriterRejectsBadTensors) {
   EXPECT_THROW(w.add_tensor(std::string(64, 'n'), GgmlType::kF32, {4}, x.data()), Error);
   EXPECT_EQ(tensor_nbytes(GgmlType::kQ8_0, {64, 3}), 2u * 34u * 3u);
   EXPECT_EQ(tensor_nbytes(GgmlType::kQ4_0, {32}), 18u);
+  // The first dimension's byte size wraps 2^64 (2^63 F32 elements are 2^65 bytes), and a
+  // zero dimension must not hide an element count that wraps.
+  EXPECT_THROW(tensor_nbytes(GgmlType::kF32, {uint64_t{1} << 63}), Error);
+  EXPECT_THROW(tensor_nbytes(GgmlType::kF32, {uint64_t{1} << 62, 1}), Error);
+  EXPECT_THROW(tensor_nbytes(GgmlType::kF32, {0, uint64_t{1} << 40, uint64_t{1} << 40}), Error);
+  EXPECT_EQ(tensor_nbytes(GgmlType::kF32, {0, 4}), 0u);
 
   // A producer that hands over too few bytes fails by name and leaves no file behind.
   Writer shortw;

@@ -108,6 +108,12 @@ TEST_F(SafetensorsTest, BadFilesGiveOneClearError) {
       {"overflowing shape",
        raw_file(R"({"w": {"dtype": "F32", "shape": [4294967296, 4294967296], "data_offsets": [0, 16]}})", 16),
        {"tensor 'w'", "too large"}},
+      // Zero elements, so zero bytes, but the other dimensions' product wraps int64.
+      {"overflowing shape with a zero dimension",
+       raw_file(R"({"w": {"dtype": "F32", "shape": [0, 4294967296, 4294967296], "data_offsets": [0, 0]}})", 16),
+       {"tensor 'w'", "too large"}},
+      {"header nested without end", raw_file(std::string(100000, '[') + std::string(100000, ']'), 0),
+       {"nested deeper"}},
       {"bad offsets type", raw_file(R"({"w": {"dtype": "F32", "shape": [4], "data_offsets": [0]}})", 16),
        {"tensor 'w'", "data_offsets must be [begin, end]"}},
       {"tensor named twice",

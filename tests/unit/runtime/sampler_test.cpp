@@ -108,3 +108,20 @@ TEST(Sampler, LowTemperatureSharpens) {
   auto c = s.candidates(logits.data());
   EXPECT_GT(c[0].second, 0.9999f);
 }
+
+// Checkpoints pad the output head past the tokenizer's vocabulary; those ids must never be
+// picked (the detokenizer cannot turn them into text), greedy or sampled.
+TEST(Sampler, NeverPicksIdsPastTheVocabLimit) {
+  SamplingParams p;
+  p.vocab_limit = 3;
+  std::vector<float> logits = {0.0f, 1.0f, 0.5f, 50.0f, 60.0f};
+  Sampler greedy(p, 5);
+  EXPECT_EQ(greedy.sample(logits.data(), {}), 1);
+  p.temperature = 1.0f;
+  for (uint64_t seed = 0; seed < 200; ++seed) {
+    p.seed = seed;
+    Sampler s(p, 5);
+    std::vector<float> row = {0.0f, 1.0f, 0.5f, 50.0f, 60.0f};
+    EXPECT_LT(s.sample(row.data(), {}), 3);
+  }
+}

@@ -53,6 +53,8 @@ class FakeBackend final : public GenerationBackend {
     live_.emplace(id, std::move(live));
     ++submitted_;
     last_seeds_.push_back(live_.at(id).request.sampling.seed);
+    last_vocab_limit_ = live_.at(id).request.sampling.vocab_limit;
+    prompt_logprobs_asked_.push_back(live_.at(id).request.prompt_logprobs);
     cv_.notify_all();
     return id;
   }
@@ -89,6 +91,15 @@ class FakeBackend final : public GenerationBackend {
   std::vector<uint64_t> seeds() const {
     std::lock_guard lock(mutex_);
     return last_seeds_;
+  }
+  // Request::prompt_logprobs of every request submitted, in order.
+  std::vector<int32_t> prompt_logprobs_asked() const {
+    std::lock_guard lock(mutex_);
+    return prompt_logprobs_asked_;
+  }
+  int32_t last_vocab_limit() const {
+    std::lock_guard lock(mutex_);
+    return last_vocab_limit_;
   }
   void set_waiting(int32_t n) {
     std::lock_guard lock(mutex_);
@@ -178,6 +189,8 @@ class FakeBackend final : public GenerationBackend {
   int32_t waiting_override_ = 0;
   bool paused_ = false;
   std::vector<uint64_t> last_seeds_;
+  int32_t last_vocab_limit_ = 0;
+  std::vector<int32_t> prompt_logprobs_asked_;
   bool stop_ = false;
   std::thread thread_;
 };

@@ -140,5 +140,49 @@ TEST(OpenAiApi, ErrorJsonShape) {
   EXPECT_TRUE(j["error"]["code"].is_null());
 }
 
+// A tool call's arguments string is JSON the server parses again for the chat template: a
+// million nested brackets inside it must be refused with the field named, not parsed and
+// copied recursively until the stack overflows.
+TEST(OpenAiApi, DeeplyNestedToolCallArgumentsAreRefused) {
+  const std::string deep(1'000'000, '[');
+  json body = {{"messages",
+                {{{"role", "assistant"},
+                  {"content", nullptr},
+                  {"tool_calls", {{{"id", "c"}, {"type", "function"}, {"function", {{"name", "f"}, {"arguments", deep}}}}}}}}}};
+  try {
+    parse_chat_request(parse_json_body(body.dump()));
+    ADD_FAILURE() << "accepted";
+  } catch (const ApiException& e) {
+    EXPECT_EQ(e.error.status, 400);
+    EXPECT_EQ(e.error.param, "messages[0].tool_calls[0].function.arguments");
+  }
+  // 64 levels are fine.
+  body["messages"][0]["tool_calls"][0]["function"]["arguments"] = std::string(64, '[') + std::string(64, ']');
+  EXPECT_EQ(parse_chat_request(parse_json_body(body.dump())).messages[0].tool_calls.size(), 1u);
+}
+
+// Messages built in code (not through the parser) with deep arguments still render: the
+// text that nests too deeply is handed to the template as a string.
+TEST(OpenAiApi, TemplateJsonKeepsDeepArgumentsAsText) {
+  ChatMessage m;
+  m.role = "assistant";
+  m.tool_calls.push_back({"c", "f", std::string(1'000'000, '[') + std::string(1'000'000, ']')});
+  m.tool_calls.push_back({"d", "g", R"({"x": [1, {"y": 2}]})"});
+  const json j = messages_to_template_json({m});
+  ASSERT_EQ(j[0]["tool_calls"].size(), 2u);
+  EXPECT_TRUE(j[0]["tool_calls"][0]["function"]["arguments"].is_string());
+  EXPECT_EQ(j[0]["tool_calls"][1]["function"]["arguments"]["x"][1]["y"], 2);
+}
+
+TEST(OpenAiApi, DeepBodiesAreRefusedWithoutParsing) {
+  const std::string deep = std::string(1'000'000, '[') + std::string(1'000'000, ']');
+  try {
+    parse_json_body(deep);
+    ADD_FAILURE() << "accepted";
+  } catch (const ApiException& e) {
+    EXPECT_EQ(e.error.status, 400);
+  }
+}
+
 }  // namespace
 }  // namespace infera::server

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "infera/base/error.h"
+#include "infera/tokenizer/regex.h"
 #include "infera/tokenizer/tokenizer.h"
 #include "infera/tokenizer/unicode.h"
 #include "../test_support.h"
@@ -263,6 +264,77 @@ TEST(TokenizerErrors, ConfigIsOptional) {
   EXPECT_EQ(tok.bos_id(), -1);
   EXPECT_EQ(tok.chat_template(), "");
   EXPECT_EQ(tok.encode("x"), (Ids{300, 'x', 301}));  // the post_processor template still applies
+}
+
+// Model files are checked like requests: what a malformed or hostile tokenizer.json holds
+// is an infera::Error naming the file, never a crash, a hang or gigabytes of tables.
+TEST(TokenizerErrors, HostileFilesAreBounded) {
+  TempDir dir;
+  dir.write("tokenizer_config.json", byte_level_config().dump());
+  // A few ids near 2^30 would size every per-id table at gigabytes.
+  json tokenizer = byte_level_tokenizer(false, true);
+  tokenizer["model"]["vocab"]["far"] = (1 << 30) - 1;
+  dir.write("tokenizer.json", tokenizer.dump());
+  std::string message = load_error(dir.str());
+  EXPECT_NE(message.find("is far past"), std::string::npos) << message;
+  tokenizer = byte_level_tokenizer(false, true);
+  tokenizer["added_tokens"].push_back({{"id", (1 << 30) - 1}, {"content", "<far>"}, {"special", true}});
+  dir.write("tokenizer.json", tokenizer.dump());
+  message = load_error(dir.str());
+  EXPECT_NE(message.find("is far past"), std::string::npos) << message;
+
+  // Sequences nested without end.
+  tokenizer = byte_level_tokenizer(false, true);
+  json seq = {{"type", "NFC"}};
+  for (int i = 0; i < 100; ++i) seq = {{"type", "Sequence"}, {"normalizers", json::array({seq})}};
+  tokenizer["normalizer"] = seq;
+  dir.write("tokenizer.json", tokenizer.dump());
+  message = load_error(dir.str());
+  EXPECT_NE(message.find("nested deeper"), std::string::npos) << message;
+
+  // JSON nested a million levels deep (the parser would build it, then dump() and the
+  // destructor would recurse through it).
+  dir.write("tokenizer.json", "{\"model\": " + std::string(1'000'000, '[') + std::string(1'000'000, ']') + "}");
+  message = load_error(dir.str());
+  EXPECT_NE(message.find("nested deeper"), std::string::npos) << message;
+
+  // A post_processor special token id outside the vocabulary.
+  tokenizer = byte_level_tokenizer(false, true);
+  tokenizer["post_processor"]["special_tokens"]["<|start|>"]["ids"] = {123456};
+  dir.write("tokenizer.json", tokenizer.dump());
+  message = load_error(dir.str());
+  EXPECT_NE(message.find("not in the vocabulary"), std::string::npos) << message;
+
+  // A huge error value is shown as an excerpt.
+  tokenizer = byte_level_tokenizer(false, true);
+  tokenizer["decoder"] = {{"type", "Mystery"}, {"payload", std::string(10'000'000, 'x')}};
+  dir.write("tokenizer.json", tokenizer.dump());
+  message = load_error(dir.str());
+  EXPECT_NE(message.find("unsupported decoder"), std::string::npos) << message.substr(0, 300);
+  EXPECT_LT(message.size(), 1000u);
+}
+
+// "<0xZZ>" looks like a byte-fallback piece but is not hex: it decodes as the text it is
+// (std::stoi threw std::invalid_argument out of Tokenizer::load).
+TEST(TokenizerErrors, ByteFallbackLookalikePiecesAreText) {
+  TempDir dir;
+  dir.write("tokenizer_config.json", byte_level_config().dump());
+  json tokenizer = byte_level_tokenizer(false, true);
+  tokenizer["model"]["vocab"]["<0xZZ>"] = 264;
+  tokenizer["decoder"] = {{"type", "Sequence"}, {"decoders", json::array({{{"type", "ByteFallback"}}, {{"type", "Fuse"}}})}};
+  dir.write("tokenizer.json", tokenizer.dump());
+  const Tokenizer tok = Tokenizer::load(dir.str());
+  const std::vector<int32_t> ids = {264};
+  EXPECT_EQ(tok.decode(ids), "<0xZZ>");
+}
+
+// A pre-tokenizer regex that backtracks exponentially stops at PCRE2's match limit with an
+// error instead of hanging every request.
+TEST(TokenizerErrors, CatastrophicRegexStopsAtTheMatchLimit) {
+  Regex r("(a+)+$");
+  std::vector<std::string_view> out;
+  const std::string text = std::string(64, 'a') + "b";
+  EXPECT_THROW(r.split(text, true, out), Error);
 }
 
 }  // namespace

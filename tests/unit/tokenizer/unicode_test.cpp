@@ -87,5 +87,25 @@ TEST(ByteToUnicode, IsAReversibleMappingOntoPrintableCharacters) {
   EXPECT_EQ(unicode_to_byte(U' '), -1);
 }
 
+// A long run of combining marks of alternating classes: the insertion sort over the run
+// was quadratic (a 4 MB prompt cost hours); the stable sort is not, and the result is NFC.
+TEST(Nfc, LongRunsOfCombiningMarksAreReorderedInLinearithmicTime) {
+  const size_t n = 500'000;
+  std::string text = "a";
+  for (size_t i = 0; i < n; ++i) text += (i % 2 == 0) ? "\u0301" : "\u0316";  // classes 230, 220
+  std::string expected = "\u00e1";  // a + the first acute compose (the 220s before it do not block it)
+  for (size_t i = 0; i < n / 2; ++i) expected += "\u0316";
+  for (size_t i = 1; i < n / 2; ++i) expected += "\u0301";
+  EXPECT_EQ(nfc(text), expected);
+}
+
+TEST(CaseMapping, CoversAllOfUnicodesSimpleMappings) {
+  EXPECT_EQ(to_upper("abc \u00e9\u00ff \u03b1\u03c9 \u0434 \u0561"), "ABC \u00c9\u0178 \u0391\u03a9 \u0414 \u0531");
+  EXPECT_EQ(to_lower("ABC \u00c9\u0178 \u0391\u03a9 \u0414 \u0531 \u10a0"), "abc \u00e9\u00ff \u03b1\u03c9 \u0434 \u0561 \u2d00");
+  EXPECT_EQ(to_upper("stra\u00dfe \u1e9e"), "STRASSE \u1e9e");  // as Python and JavaScript
+  EXPECT_EQ(to_lower("\u1e9e"), "\u00df");
+  EXPECT_EQ(to_upper(std::string("a\xff") + "b"), std::string("A\xff") + "B");  // invalid bytes pass through
+}
+
 }  // namespace
 }  // namespace infera::unicode

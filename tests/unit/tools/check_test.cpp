@@ -122,6 +122,20 @@ TEST_F(CheckTest, TamperedByteIsNamedByVerify) {
   EXPECT_TRUE(has_issue(r2, CheckSeverity::kError, "special_tokens_map.json: listed in MANIFEST.sha256 but missing")) << dump(r2);
 }
 
+// An unlisted file that changes what loads (a chat template, a shard index) fails --verify.
+TEST_F(CheckTest, UnlistedFilesThatChangeWhatLoadsAreErrors) {
+  const fs::path d = copy("unlisted");
+  write_manifest(d.string());
+  std::ofstream(d / "chat_template.jinja") << "{{ 'injected' }}";
+  CheckOptions v;
+  v.verify_manifest = true;
+  const CheckReport r = check_model_dir(d.string(), v);
+  EXPECT_EQ(r.exit_code(), 2) << dump(r);
+  EXPECT_TRUE(has_issue(r, CheckSeverity::kError, "chat_template.jinja: present but not listed")) << dump(r);
+  ASSERT_TRUE(r.manifest.has_value());
+  EXPECT_FALSE(r.manifest->ok());
+}
+
 TEST_F(CheckTest, TruncatedShardIsAnError) {
   const fs::path d = copy("truncated");
   const fs::path shard = d / "model-00004-of-00012.safetensors";

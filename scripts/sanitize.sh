@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Builds Infera with sanitizers in a build folder of its own and runs the tests there.
+#   scripts/sanitize.sh [ctest args...]          AddressSanitizer + UndefinedBehaviorSanitizer
+#                                                (./build-asan), the whole unit suite
+#   scripts/sanitize.sh --tsan [ctest args...]   ThreadSanitizer (./build-tsan), the engine
+#                                                (test_runtime) and server (test_server) tests
+# Extra arguments go to ctest (e.g. -R 'OpenAiApi|Jinja' to run a subset), with --tsan to
+# the test binaries (e.g. --gtest_filter='HttpServer.*'). SANITIZE_TARGETS="test_chat
+# test_io" builds (and, for ASan, runs) only those test binaries. Any report fails
+# the run (UBSan does not recover; ASan checks leaks at exit). Not part of the default test
+# run: a sanitized build and run take several times as long.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+mode=asan
+if [ "${1:-}" = "--tsan" ]; then
+  mode=tsan
+  shift
+fi
+export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$root}"
+generator=()
+command -v ninja >/dev/null 2>&1 && generator=(-G Ninja)
+if [ "$mode" = asan ]; then
+  dir=build-asan
+  flags="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer -g"
+  export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1:strict_string_checks=1:detect_stack_use_after_return=1}"
+  export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
+else
+  dir=build-tsan
+  flags="-fsanitize=thread -fno-omit-frame-pointer -g"
+  export TSAN_OPTIONS="${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1}"
+  # libgomp is not instrumented: its barriers look like races to TSan. One OpenMP thread
+  # per region keeps the engine's own threads (scheduler, HTTP workers, queues) under test.
+  export OMP_NUM_THREADS=1
+fi
+if [ ! -f "$dir/CMakeCache.txt" ]; then
+  cmake -S . -B "$dir" "${generator[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DCMAKE_CXX_FLAGS="$flags" -DCMAKE_EXE_LINKER_FLAGS="$flags" -DCMAKE_SHARED_LINKER_FLAGS="$flags"
+fi
+if [ "$mode" = asan ] && [ -n "${SANITIZE_TARGETS:-}" ]; then
+  # shellcheck disable=SC2086
+  cmake --build "$dir" -j "$(nproc)" --target $SANITIZE_TARGETS
+  for t in $SANITIZE_TARGETS; do "$dir/$t" "$@"; done
+elif [ "$mode" = asan ]; then
+  cmake --build "$dir" -j "$(nproc)"
+  ctest --test-dir "$dir" -L unit -j "$(nproc)" --output-on-failure --timeout 1800 "$@"
+else
+  cmake --build "$dir" -j "$(nproc)" --target test_runtime test_server infera
+  # Extra arguments go to the test binaries here (e.g. --gtest_filter=HttpServer.*).
+  "$dir/test_runtime" "$@"
+  "$dir/test_server" "$@"
+fi
