@@ -21,6 +21,7 @@
 #include "fake_backend.h"
 #include "infera/chat/chat_template.h"
 #include "infera/server/http_server.h"
+#include "../test_support.h"
 
 namespace infera::server {
 namespace {
@@ -29,29 +30,12 @@ using nlohmann::json;
 using testing::FakeBackend;
 using namespace std::chrono_literals;
 
-const std::string kStories = std::string(INFERA_SOURCE_DIR) + "/../shared/models/stories260K";
+const std::string kStories = test::stories_dir();
 const std::string kChatml = std::string(INFERA_SOURCE_DIR) + "/tests/conformance/data/chatml.jinja";
 const json kChat = {{"model", "stories"}, {"messages", {{{"role", "user"}, {"content", "Hi"}}}}, {"max_tokens", 4}};
 
-std::string slurp(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-// A loopback port free at the moment (for a model's own port).
-int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
-  socklen_t len = sizeof(a);
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  ::close(fd);
-  return ntohs(a.sin_port);
-}
+using test::free_port;
+using test::slurp;
 
 struct Options {
   std::vector<ApiKeyConfig> keys;
@@ -166,6 +150,7 @@ std::string raw_exchange(int port, const std::string& bytes) {
 }
 
 TEST(Access, TokensAreReservedAtAdmissionSoABurstGetsItsBudget) {
+  INFERA_REQUIRE_FIXTURE(kStories);
   // 500 tokens a minute; each request may use its prompt (~13 tokens) + 100.
   Options o;
   o.keys = {key("k", "burst-key-000", 0, 500)};
@@ -200,6 +185,7 @@ TEST(Access, TokensAreReservedAtAdmissionSoABurstGetsItsBudget) {
 }
 
 TEST(Access, EveryChoiceCountsAsARequest) {
+  INFERA_REQUIRE_FIXTURE(kStories);
   Options o;
   o.keys = {key("k", "choices-key-0", 4, 0)};
   Server s(o);
@@ -218,6 +204,7 @@ TEST(Access, EveryChoiceCountsAsARequest) {
 }
 
 TEST(Access, TokenizeAndDetokenizeAreLimited) {
+  INFERA_REQUIRE_FIXTURE(kStories);
   Options o;
   o.keys = {key("k", "tokenize-key-0", 3, 0)};
   Server s(o);
@@ -238,6 +225,7 @@ TEST(Access, TokenizeAndDetokenizeAreLimited) {
 }
 
 TEST(Access, RequestsInFlightPerKeyAreCapped) {
+  INFERA_REQUIRE_FIXTURE(kStories);
   Options o;
   o.keys = {key("capped", "capped-key-00", 0, 0, 2), key("free", "free-key-0000", 0, 0, 0), key("dflt", "default-key-0", 0, 0)};
   o.default_concurrency = 1;
@@ -277,6 +265,7 @@ TEST(Access, RequestsInFlightPerKeyAreCapped) {
 }
 
 TEST(Access, StreamsHoldTheirSlotUntilTheyEnd) {
+  INFERA_REQUIRE_FIXTURE(kStories);
   Options o;
   o.keys = {key("k", "stream-key-00", 0, 0, 1)};
   Server s(o);
@@ -291,6 +280,7 @@ TEST(Access, StreamsHoldTheirSlotUntilTheyEnd) {
 }
 
 TEST(Access, ModelsAKeyMayNotUseLookLikeModelsThatDoNotExist) {
+  INFERA_REQUIRE_FIXTURE(kStories);
   Options o;
   o.keys = {key("k", "only-other-key", 0, 0, std::nullopt, {"other"})};
   Server s(o);
@@ -314,6 +304,7 @@ TEST(Access, ModelsAKeyMayNotUseLookLikeModelsThatDoNotExist) {
 }
 
 TEST(Access, MetricsNeedAKeyWhenKeysAreConfigured) {
+  INFERA_REQUIRE_FIXTURE(kStories);
   Options o;
   o.keys = {key("k", "metrics-key-0", 0, 0)};
   Server s(o);
@@ -332,6 +323,7 @@ TEST(Access, MetricsNeedAKeyWhenKeysAreConfigured) {
 }
 
 TEST(Access, AModelsOwnPortListsOnlyThatModel) {
+  INFERA_REQUIRE_FIXTURE(kStories);
   Options o;
   o.second_model_port = true;
   Server s(o);
@@ -351,6 +343,7 @@ TEST(Access, AModelsOwnPortListsOnlyThatModel) {
 }
 
 TEST(Access, KeylessServerRefusesBrowserRequests) {
+  INFERA_REQUIRE_FIXTURE(kStories);
   Server s(Options{});
   httplib::Client c = s.client();
   // A text/plain "simple request" a web page can send without a preflight.
@@ -383,6 +376,7 @@ TEST(Access, KeylessServerRefusesBrowserRequests) {
 }
 
 TEST(Access, ConfiguredHostsAndOrigins) {
+  INFERA_REQUIRE_FIXTURE(kStories);
   Options o;
   o.allowed_hosts = {"infera.internal"};
   o.allowed_origins = {"http://localhost:3000"};
@@ -395,6 +389,7 @@ TEST(Access, ConfiguredHostsAndOrigins) {
 }
 
 TEST(Access, KeysTurnTheBrowserGuardOff) {
+  INFERA_REQUIRE_FIXTURE(kStories);
   Options o;
   o.keys = {key("k", "guard-key-000", 0, 0)};
   Server s(o);

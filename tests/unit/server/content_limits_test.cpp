@@ -18,6 +18,7 @@
 #include "infera/server/audit_log.h"
 #include "infera/server/http_server.h"
 #include "infera/server/logprobs_json.h"
+#include "../test_support.h"
 
 namespace infera::server {
 namespace {
@@ -26,7 +27,7 @@ using nlohmann::json;
 using testing::FakeBackend;
 using namespace std::chrono_literals;
 
-const std::string kStories = std::string(INFERA_SOURCE_DIR) + "/../shared/models/stories260K";
+const std::string kStories = test::stories_dir();
 const std::string kChatml = std::string(INFERA_SOURCE_DIR) + "/tests/conformance/data/chatml.jinja";
 
 std::string read_text(const std::string& path) {
@@ -80,7 +81,7 @@ const json kChat = {{"model", "stories"}, {"messages", {{{"role", "user"}, {"con
 // A token id the tokenizer cannot decode (stories260K has 512) makes the incremental decoder
 // throw inside the stream: the client gets an error event and [DONE], the server lives on.
 TEST(ContentLimits, AnErrorInsideAStreamEndsItWithAnErrorEvent) {
-  if (!std::filesystem::exists(kStories)) GTEST_SKIP() << "fixture missing: " << kStories;
+  INFERA_REQUIRE_FIXTURE(kStories);
   ScriptedServer s({10, 20, 9999, 30});
   json body = kChat;
   body["stream"] = true;
@@ -100,7 +101,7 @@ TEST(ContentLimits, AnErrorInsideAStreamEndsItWithAnErrorEvent) {
 
 // The server asks the engine never to sample past the tokenizer's vocabulary.
 TEST(ContentLimits, RequestsCarryTheTokenizersVocabLimit) {
-  if (!std::filesystem::exists(kStories)) GTEST_SKIP() << "fixture missing: " << kStories;
+  INFERA_REQUIRE_FIXTURE(kStories);
   ScriptedServer s({10, 20});
   auto r = s.post("/v1/chat/completions", kChat);
   ASSERT_TRUE(r);
@@ -110,7 +111,7 @@ TEST(ContentLimits, RequestsCarryTheTokenizersVocabLimit) {
 
 // n choices of one prompt: the engine scores the prompt once, every choice reports it.
 TEST(ContentLimits, APromptIsScoredOncePerRequest) {
-  if (!std::filesystem::exists(kStories)) GTEST_SKIP() << "fixture missing: " << kStories;
+  INFERA_REQUIRE_FIXTURE(kStories);
   ScriptedServer s({10, 20});
   auto r = s.post("/v1/completions", {{"model", "stories"}, {"prompt", {"Once upon", "a time"}}, {"n", 3},
                                       {"prompt_logprobs", 1}, {"max_tokens", 2}});
@@ -122,7 +123,7 @@ TEST(ContentLimits, APromptIsScoredOncePerRequest) {
 
 // The 2 MB request of the report: tool-call arguments of a million nested brackets.
 TEST(ContentLimits, NestedArgumentsAreA400NamingTheField) {
-  if (!std::filesystem::exists(kStories)) GTEST_SKIP() << "fixture missing: " << kStories;
+  INFERA_REQUIRE_FIXTURE(kStories);
   ScriptedServer s({10, 20});
   json body = kChat;
   body["messages"].push_back({{"role", "assistant"},
