@@ -595,7 +595,6 @@ int compare_bench_results(const json& a, const json& b, double regression_thresh
   return regressions;
 }
 
-
 // ---------------------------------------------------------------- main
 
 int run_bench(BenchOptions o) {
