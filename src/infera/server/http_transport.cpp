@@ -700,9 +700,15 @@ int HttpTransport::listen(const std::string& host, int port, HttpHeadCheck check
   l->check = std::move(check);
   l->handler = std::move(handler);
   beast::error_code ec;
-  const auto address = asio::ip::make_address(host == "localhost" ? "127.0.0.1" : host, ec);
-  if (ec) fail("{}: '{}' is not an IP address to listen on", what, host);
-  const tcp::endpoint ep(address, static_cast<uint16_t>(port));
+  tcp::endpoint ep;
+  if (const auto address = asio::ip::make_address(host, ec); !ec) {
+    ep = tcp::endpoint(address, static_cast<uint16_t>(port));
+  } else {  // a host name: its first address
+    tcp::resolver resolver(impl_->io);
+    const auto found = resolver.resolve(host, std::to_string(port), ec);
+    if (ec || found.empty()) fail("{}: cannot resolve the address '{}' to listen on", what, host);
+    ep = found.begin()->endpoint();
+  }
   l->acceptor.open(ep.protocol(), ec);
   if (!ec) l->acceptor.set_option(asio::socket_base::reuse_address(true), ec);
   if (!ec) l->acceptor.bind(ep, ec);
