@@ -380,7 +380,9 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
     asio::buffer_copy(b, asio::buffer(rest));
     body_buf_.commit(rest.size());
     stream_.expires_after(t_.limits.body_timeout);
+    reading_body_ = true;
     bhttp::async_read(stream_, body_buf_, *parser_, asio::bind_executor(strand_, [self = shared_from_this()](beast::error_code ec, size_t) {
+      self->reading_body_ = false;
       self->on_body(ec);
     }));
   }
@@ -476,7 +478,7 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
       out_.pop_front();
     }
     for (const auto& s : in_write_) bufs.emplace_back(asio::buffer(s));
-    stream_.expires_after(t_.limits.write_timeout);
+    if (!reading_body_) stream_.expires_after(t_.limits.write_timeout);
     asio::async_write(stream_, bufs, asio::bind_executor(strand_, [self = shared_from_this()](beast::error_code ec, size_t n) {
       self->on_write(ec, n);
     }));
@@ -495,7 +497,7 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
       do_write();
       return;
     }
-    stream_.expires_never();
+    if (!reading_body_) stream_.expires_never();  // (after 100 Continue the body's deadline stays)
     if (after_write_) {
       auto f = std::move(after_write_);
       after_write_ = nullptr;
@@ -606,6 +608,7 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
   std::string head_buf_;
   std::string chunk_;
   bool head_started_ = false;
+  bool reading_body_ = false;
   beast::flat_buffer body_buf_;
   std::optional<bhttp::request_parser<bhttp::string_body>> parser_;
   HttpRequest request_;
@@ -700,9 +703,15 @@ int HttpTransport::listen(const std::string& host, int port, HttpHeadCheck check
   l->check = std::move(check);
   l->handler = std::move(handler);
   beast::error_code ec;
-  const auto address = asio::ip::make_address(host == "localhost" ? "127.0.0.1" : host, ec);
-  if (ec) fail("{}: '{}' is not an IP address to listen on", what, host);
-  const tcp::endpoint ep(address, static_cast<uint16_t>(port));
+  tcp::endpoint ep;
+  if (const auto address = asio::ip::make_address(host, ec); !ec) {
+    ep = tcp::endpoint(address, static_cast<uint16_t>(port));
+  } else {  // a host name: its first address
+    tcp::resolver resolver(impl_->io);
+    const auto found = resolver.resolve(host, std::to_string(port), ec);
+    if (ec || found.empty()) fail("{}: cannot resolve the address '{}' to listen on", what, host);
+    ep = found.begin()->endpoint();
+  }
   l->acceptor.open(ep.protocol(), ec);
   if (!ec) l->acceptor.set_option(asio::socket_base::reuse_address(true), ec);
   if (!ec) l->acceptor.bind(ep, ec);

@@ -239,7 +239,7 @@ TEST(HttpLayer, ChunkedBodyOverTheLimitIs413) {
   EXPECT_TRUE(c.closed_by_peer());
   // Endless chunks: the server stops reading and closes.
   Conn d(s.port());
-  d.send("POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nTransfer-Encoding: chunked\r\n\r\n");
+  d.send("POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n");
   bool closed = false;
   for (int i = 0; i < 2000 && !closed && !d.readable(); ++i) closed = !d.send("3e8\r\n" + piece + "\r\n");
   EXPECT_EQ(d.response(), 413);
@@ -299,7 +299,7 @@ TEST(HttpLayer, CompressedBodiesAre415) {
 TEST(HttpLayer, KeyIsCheckedBeforeTheBodyIsRead) {
   INFERA_REQUIRE_FIXTURE(kStories);
   Options o;
-  o.keys = {{"k", "secret-key-1", {}, 0, 0}};
+  o.keys = {{"k", "secret-key-1", {}, 0, 0, std::nullopt}};
   Server s(o);
   Conn c(s.port());
   // The head announces a body within the limit but never sends it: the answer comes anyway.
@@ -356,17 +356,17 @@ TEST(HttpLayer, LenientFramingIs400AndCloses) {
   const std::vector<Case> cases = {
       {"bare LF", "POST /v1/chat/completions HTTP/1.1\nHost: localhost\nContent-Length: " + std::to_string(body.size()) + "\n\n" + body},
       {"bare LF in one line", "POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\n" + cl + "\r\n" + body},
-      {"space before colon", "POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nTransfer-Encoding : chunked\r\n" + cl + "\r\n" + body},
-      {"negative length", "POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Length: -1\r\n\r\n" + body},
-      {"duplicate length", "POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\n" + cl + cl + "\r\n" + body},
-      {"length list", "POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Length: " + std::to_string(body.size()) + ", " +
+      {"space before colon", "POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nTransfer-Encoding : chunked\r\n" + cl + "\r\n" + body},
+      {"negative length", "POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: -1\r\n\r\n" + body},
+      {"duplicate length", "POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n" + cl + cl + "\r\n" + body},
+      {"length list", "POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: " + std::to_string(body.size()) + ", " +
                           std::to_string(body.size()) + "\r\n\r\n" + body},
-      {"length and chunked", "POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\n" + cl + "Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n"},
-      {"other transfer coding", "POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nTransfer-Encoding: gzip, chunked\r\n\r\n0\r\n\r\n"},
-      {"chunked twice", "POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n"},
-      {"folded line", "POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nX-A: a\r\n b\r\n" + cl + "\r\n" + body},
-      {"control byte", "POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nX-A: a\x01z\r\n" + cl + "\r\n" + body},
-      {"bad chunk size", "POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nab\r\n0\r\n\r\n"},
+      {"length and chunked", "POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n" + cl + "Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n"},
+      {"other transfer coding", "POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nTransfer-Encoding: gzip, chunked\r\n\r\n0\r\n\r\n"},
+      {"chunked twice", "POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n"},
+      {"folded line", "POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nX-A: a\r\n b\r\n" + cl + "\r\n" + body},
+      {"control byte", "POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nX-A: a\x01z\r\n" + cl + "\r\n" + body},
+      {"bad chunk size", "POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nab\r\n0\r\n\r\n"},
   };
   for (const Case& c : cases) {
     Conn conn(s.port());
@@ -384,7 +384,7 @@ TEST(HttpLayer, LenientFramingIs400AndCloses) {
 TEST(HttpLayer, HeaderValuesAreNotPercentDecoded) {
   INFERA_REQUIRE_FIXTURE(kStories);
   Options o;
-  o.keys = {{"k", "secret-key-1", {}, 0, 0}};
+  o.keys = {{"k", "secret-key-1", {}, 0, 0, std::nullopt}};
   Server s(o);
   Conn c(s.port());
   c.send(post("/v1/chat/completions", kChatBody, "Authorization: Bearer secret%2Dkey-1\r\n"));
