@@ -77,7 +77,8 @@ std::optional<LimitDenial> KeyLimiter::precheck(Clock::time_point now) {
   double retry = 0;
   if (limits_.max_concurrent > 0 && in_flight_ >= limits_.max_concurrent) {
     return denial(LimitDenial::Kind::kConcurrency, 1,
-                  fmt::format("the API key has {} requests in flight, its limit; retry when one has finished", in_flight_));
+                  fmt::format("the API key has {} requests in flight, its limit; retry when one has finished",
+                              in_flight_));
   }
   if (!requests_.can_take(needed(requests_, 1), &retry, now)) {
     return denial(LimitDenial::Kind::kRequests, retry,
@@ -97,7 +98,8 @@ std::optional<LimitDenial> KeyLimiter::admit(double requests, double tokens, Clo
   double retry = 0;
   if (limits_.max_concurrent > 0 && in_flight_ >= limits_.max_concurrent) {
     return denial(LimitDenial::Kind::kConcurrency, 1,
-                  fmt::format("the API key has {} requests in flight, its limit; retry when one has finished", in_flight_));
+                  fmt::format("the API key has {} requests in flight, its limit; retry when one has finished",
+                              in_flight_));
   }
   if (!requests_.can_take(needed(requests_, requests), &retry, now)) {
     return denial(LimitDenial::Kind::kRequests, retry,
@@ -106,10 +108,11 @@ std::optional<LimitDenial> KeyLimiter::admit(double requests, double tokens, Clo
                               requests, limits_.requests_per_minute, std::ceil(retry)));
   }
   if (!tokens_.can_take(needed(tokens_, tokens), &retry, now)) {
-    return denial(LimitDenial::Kind::kTokens, retry,
-                  fmt::format("the request may use up to {:g} tokens (prompt + max_tokens x choices), more than is left "
-                              "of the API key's limit of {:g} tokens per minute; lower max_tokens or retry in {:.0f} s",
-                              tokens, limits_.tokens_per_minute, std::ceil(retry)));
+    return denial(
+        LimitDenial::Kind::kTokens, retry,
+        fmt::format("the request may use up to {:g} tokens (prompt + max_tokens x choices), more than is left "
+                    "of the API key's limit of {:g} tokens per minute; lower max_tokens or retry in {:.0f} s",
+                    tokens, limits_.tokens_per_minute, std::ceil(retry)));
   }
   requests_.charge(requests, now);
   tokens_.charge(tokens, now);
@@ -119,8 +122,10 @@ std::optional<LimitDenial> KeyLimiter::admit(double requests, double tokens, Clo
 
 void KeyLimiter::settle(double reserved, double used, Clock::time_point now) {
   std::lock_guard lock(mutex_);
-  if (used < reserved) tokens_.refund(reserved - used, now);
-  else if (used > reserved) tokens_.charge(used - reserved, now);
+  if (used < reserved)
+    tokens_.refund(reserved - used, now);
+  else if (used > reserved)
+    tokens_.charge(used - reserved, now);
   if (in_flight_ > 0) --in_flight_;
 }
 

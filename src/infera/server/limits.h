@@ -40,8 +40,8 @@ class TokenBucket {
 
 struct KeyLimits {
   double requests_per_minute = 0;  // 0: unlimited
-  double tokens_per_minute = 0;    // 0: unlimited
-  int32_t max_concurrent = 0;      // requests in flight at once; 0: unlimited
+  double tokens_per_minute = 0;  // 0: unlimited
+  int32_t max_concurrent = 0;  // requests in flight at once; 0: unlimited
 };
 
 // Why a request was not admitted: always 429 with Retry-After.

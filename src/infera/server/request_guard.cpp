@@ -30,15 +30,14 @@ bool all_digits(std::string_view s) {
   return !s.empty() && s.size() <= 5 && std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
 }
 
-bool name_char(char c) {
-  return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '.' || c == '-' || c == '_';
-}
+bool name_char(char c) { return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '.' || c == '-' || c == '_'; }
 
 // Both literal addresses of the same family and bytes (so "::1" equals "0:0::1").
 bool same_address(const std::string& a, const std::string& b) {
   unsigned char x[16], y[16];
   if (inet_pton(AF_INET, a.c_str(), x) == 1 && inet_pton(AF_INET, b.c_str(), y) == 1) return std::memcmp(x, y, 4) == 0;
-  if (inet_pton(AF_INET6, a.c_str(), x) == 1 && inet_pton(AF_INET6, b.c_str(), y) == 1) return std::memcmp(x, y, 16) == 0;
+  if (inet_pton(AF_INET6, a.c_str(), x) == 1 && inet_pton(AF_INET6, b.c_str(), y) == 1)
+    return std::memcmp(x, y, 16) == 0;
   return false;
 }
 
@@ -153,9 +152,10 @@ std::optional<GuardDenial> RequestGuard::check(const GuardRequest& r) const {
       }
     }
     if (!ok) {
-      return GuardDenial{403, "host_not_allowed",
-                         "the Host header names a host this server does not answer to without API keys (a web page may be "
-                         "trying to reach it); add the name with --allowed-host (server.allowed_hosts) or configure API keys"};
+      return GuardDenial{
+          403, "host_not_allowed",
+          "the Host header names a host this server does not answer to without API keys (a web page may be "
+          "trying to reach it); add the name with --allowed-host (server.allowed_hosts) or configure API keys"};
     }
   }
 
@@ -179,7 +179,8 @@ std::optional<GuardDenial> RequestGuard::check(const GuardRequest& r) const {
   if (r.method == "POST" && !(r.content_type && is_json_content_type(*r.content_type))) {
     return GuardDenial{415, "unsupported_media_type",
                        fmt::format("POST {} needs 'Content-Type: application/json'{}", r.path,
-                                   r.content_type ? fmt::format(", not '{}'", r.content_type->substr(0, 100)) : std::string())};
+                                   r.content_type ? fmt::format(", not '{}'", r.content_type->substr(0, 100))
+                                                  : std::string())};
   }
   return std::nullopt;
 }

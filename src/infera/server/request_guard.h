@@ -22,8 +22,8 @@ namespace infera::server {
 
 struct GuardConfig {
   bool keys_enabled = false;
-  std::string bound_host;                    // the listen address (server.host)
-  std::vector<std::string> allowed_hosts;    // host names (no port); "*": any
+  std::string bound_host;  // the listen address (server.host)
+  std::vector<std::string> allowed_hosts;  // host names (no port); "*": any
   std::vector<std::string> allowed_origins;  // scheme://host[:port]; "*": any
 };
 
@@ -37,8 +37,8 @@ struct GuardRequest {
 };
 
 struct GuardDenial {
-  int status = 403;    // 403 (host, origin) or 415 (content type)
-  std::string code;    // host_not_allowed, origin_not_allowed, unsupported_media_type
+  int status = 403;  // 403 (host, origin) or 415 (content type)
+  std::string code;  // host_not_allowed, origin_not_allowed, unsupported_media_type
   std::string message;
 };
 

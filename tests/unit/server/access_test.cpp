@@ -12,16 +12,14 @@
 #include <unistd.h>
 
 #include <atomic>
-#include <fstream>
-#include <sstream>
 #include <thread>
 
 #include <nlohmann/json.hpp>
 
+#include "../test_support.h"
 #include "fake_backend.h"
 #include "infera/chat/chat_template.h"
 #include "infera/server/http_server.h"
-#include "../test_support.h"
 
 namespace infera::server {
 namespace {
@@ -29,13 +27,12 @@ namespace {
 using nlohmann::json;
 using testing::FakeBackend;
 using namespace std::chrono_literals;
+using test::free_port;
+using test::slurp;
 
 const std::string kStories = test::stories_dir();
 const std::string kChatml = std::string(INFERA_SOURCE_DIR) + "/tests/conformance/data/chatml.jinja";
 const json kChat = {{"model", "stories"}, {"messages", {{{"role", "user"}, {"content", "Hi"}}}}, {"max_tokens", 4}};
-
-using test::free_port;
-using test::slurp;
 
 struct Options {
   std::vector<ApiKeyConfig> keys;
@@ -162,9 +159,12 @@ TEST(Access, TokensAreReservedAtAdmissionSoABurstGetsItsBudget) {
   for (int i = 0; i < 12; ++i) {
     clients.emplace_back([&] {
       auto r = s.post("/v1/chat/completions", body, "burst-key-000");
-      if (r && r->status == 200) ++ok;
-      else if (r && r->status == 429 && code_of(r) == "rate_limit_exceeded") ++limited;
-      else ADD_FAILURE() << (r ? r->body : "no response");
+      if (r && r->status == 200)
+        ++ok;
+      else if (r && r->status == 429 && code_of(r) == "rate_limit_exceeded")
+        ++limited;
+      else
+        ADD_FAILURE() << (r ? r->body : "no response");
     });
   }
   for (auto& t : clients) t.join();
@@ -220,14 +220,17 @@ TEST(Access, TokenizeAndDetokenizeAreLimited) {
   Options t;
   t.keys = {key("k", "tokenize-key-1", 0, 100)};
   Server st(t);
-  EXPECT_EQ(st.post("/tokenize", {{"model", "stories"}, {"prompt", std::string(80, 'a')}}, "tokenize-key-1")->status, 200);
-  EXPECT_EQ(st.post("/tokenize", {{"model", "stories"}, {"prompt", std::string(500, 'a')}}, "tokenize-key-1")->status, 429);
+  EXPECT_EQ(st.post("/tokenize", {{"model", "stories"}, {"prompt", std::string(80, 'a')}}, "tokenize-key-1")->status,
+            200);
+  EXPECT_EQ(st.post("/tokenize", {{"model", "stories"}, {"prompt", std::string(500, 'a')}}, "tokenize-key-1")->status,
+            429);
 }
 
 TEST(Access, RequestsInFlightPerKeyAreCapped) {
   INFERA_REQUIRE_FIXTURE(kStories);
   Options o;
-  o.keys = {key("capped", "capped-key-00", 0, 0, 2), key("free", "free-key-0000", 0, 0, 0), key("dflt", "default-key-0", 0, 0)};
+  o.keys = {key("capped", "capped-key-00", 0, 0, 2), key("free", "free-key-0000", 0, 0, 0),
+            key("dflt", "default-key-0", 0, 0)};
   o.default_concurrency = 1;
   o.delay = 2ms;
   Server s(o);
@@ -357,7 +360,8 @@ TEST(Access, KeylessServerRefusesBrowserRequests) {
   EXPECT_EQ(rebound->status, 403);
   EXPECT_EQ(code_of(rebound), "host_not_allowed");
   // A cross-origin page.
-  auto cross = c.Post("/v1/chat/completions", {{"Origin", "http://attacker.example"}}, kChat.dump(), "application/json");
+  auto cross =
+      c.Post("/v1/chat/completions", {{"Origin", "http://attacker.example"}}, kChat.dump(), "application/json");
   EXPECT_EQ(cross->status, 403);
   EXPECT_EQ(code_of(cross), "origin_not_allowed");
   // Probes stay open; ordinary clients work.
@@ -368,8 +372,9 @@ TEST(Access, KeylessServerRefusesBrowserRequests) {
   EXPECT_EQ(c.Post("/v1/chat/completions", {{"Origin", own}}, kChat.dump(), "application/json")->status, 200);
   // The refused body is never read: its bytes are not taken as a second request.
   const std::string inner = "GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n";
-  const std::string smuggle = "POST /tokenize HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: text/plain\r\nContent-Length: " +
-                              std::to_string(inner.size()) + "\r\n\r\n" + inner;
+  const std::string smuggle =
+      "POST /tokenize HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: text/plain\r\nContent-Length: " +
+      std::to_string(inner.size()) + "\r\n\r\n" + inner;
   const std::string answer = raw_exchange(s.server->port(), smuggle);
   EXPECT_TRUE(answer.starts_with("HTTP/1.1 415")) << answer;
   EXPECT_EQ(answer.find("\"status\":\"ok\""), std::string::npos) << answer;
@@ -384,8 +389,12 @@ TEST(Access, ConfiguredHostsAndOrigins) {
   httplib::Client c = s.client();
   EXPECT_EQ(c.Get("/v1/models", {{"Host", "infera.internal:8000"}})->status, 200);
   EXPECT_EQ(c.Get("/v1/models", {{"Host", "other.internal:8000"}})->status, 403);
-  EXPECT_EQ(c.Post("/v1/chat/completions", {{"Origin", "http://localhost:3000"}}, kChat.dump(), "application/json")->status, 200);
-  EXPECT_EQ(c.Post("/v1/chat/completions", {{"Origin", "http://localhost:3001"}}, kChat.dump(), "application/json")->status, 403);
+  EXPECT_EQ(
+      c.Post("/v1/chat/completions", {{"Origin", "http://localhost:3000"}}, kChat.dump(), "application/json")->status,
+      200);
+  EXPECT_EQ(
+      c.Post("/v1/chat/completions", {{"Origin", "http://localhost:3001"}}, kChat.dump(), "application/json")->status,
+      403);
 }
 
 TEST(Access, KeysTurnTheBrowserGuardOff) {
@@ -394,8 +403,8 @@ TEST(Access, KeysTurnTheBrowserGuardOff) {
   o.keys = {key("k", "guard-key-000", 0, 0)};
   Server s(o);
   httplib::Client c = s.client();
-  auto r = c.Post("/v1/chat/completions", {{"Authorization", "Bearer guard-key-000"}, {"Host", "api.example.com"}}, kChat.dump(),
-                  "text/plain");
+  auto r = c.Post("/v1/chat/completions", {{"Authorization", "Bearer guard-key-000"}, {"Host", "api.example.com"}},
+                  kChat.dump(), "text/plain");
   ASSERT_TRUE(r);
   EXPECT_EQ(r->status, 200) << r->body;
 }

@@ -73,7 +73,8 @@ TEST(RequestGuard, KeylessServerAnswersOnlyLoopbackHosts) {
     r.host = host;
     EXPECT_EQ(status(g, r), 200) << host;
   }
-  for (const char* host : {"evil.example:8000", "attacker.com", "localhost.attacker.com", "10.0.0.1", "", "a b", "[::1"}) {
+  for (const char* host :
+       {"evil.example:8000", "attacker.com", "localhost.attacker.com", "10.0.0.1", "", "a b", "[::1"}) {
     Req r;
     r.host = host;
     auto d = check(g, r);
@@ -167,7 +168,8 @@ TEST(RequestGuard, OriginMustBeOwnOrConfigured) {
 TEST(RequestGuard, PostsMustBeJson) {
   const RequestGuard g = loopback();
   Req r;
-  for (const char* ct : {"text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x", "", "json"}) {
+  for (const char* ct :
+       {"text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x", "", "json"}) {
     r.content_type = ct;
     auto d = check(g, r);
     ASSERT_TRUE(d) << ct;
