@@ -313,6 +313,7 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
     request_.target = std::string(msg.target());
     request_.path = request_.target.substr(0, request_.target.find('?'));
     request_.version = static_cast<int>(msg.version());
+    head_only_ = request_.method == "HEAD";
     if (request_.version != 10 && request_.version != 11) {
       reject(505, "only HTTP/1.0 and HTTP/1.1 are served");
       return;
@@ -452,7 +453,7 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
     }
     out += keep_alive_ ? (request_version() == 10 ? "Connection: keep-alive\r\n" : "") : "Connection: close\r\n";
     out += "\r\n";
-    if (!stream) out += r.body;
+    if (!stream && !head_only_) out += r.body;  // HEAD: the length, not the body
     return out;
   }
   int request_version() const { return version_for_response_; }
@@ -609,6 +610,7 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
   std::string chunk_;
   bool head_started_ = false;
   bool reading_body_ = false;
+  bool head_only_ = false;  // a HEAD request: responses carry no body
   beast::flat_buffer body_buf_;
   std::optional<bhttp::request_parser<bhttp::string_body>> parser_;
   HttpRequest request_;

@@ -50,7 +50,7 @@ Route route_of(const HttpRequest& r, bool metrics) {
     if (p == "/v1/completions") return Route::kCompletion;
     if (p == "/tokenize") return Route::kTokenize;
     if (p == "/detokenize") return Route::kDetokenize;
-  } else if (r.method == "GET") {
+  } else if (r.method == "GET" || r.method == "HEAD") {  // HEAD: the head of the GET response
     if (p == "/v1/models") return Route::kModels;
     if (p == "/health") return Route::kHealth;
     if (p == "/ready") return Route::kReady;
