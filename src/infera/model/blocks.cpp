@@ -641,7 +641,7 @@ void GdnLayer::forward(const GdnWeights& w, const GdnDims& d, const ForwardBatch
       std::fill(conv_state, conv_state + conv_floats + d.ssm_state_floats(), 0.0f);
     }
     float* snaps = token_states.empty() ? nullptr : token_states[i];
-    INFERA_ASSERT(snaps == nullptr || s.keep_token_states, "token states for a chunk that does not keep them");
+    INFERA_ASSERT(snaps == nullptr || s.token_states != nullptr, "token states for a chunk that does not keep them");
     float* m = mixed_.data() + static_cast<int64_t>(s.token_begin) * C;
     if (snaps != nullptr) {
       // The conv state after token t is the last kernel-1 rows of [state ; inputs 0..t]:

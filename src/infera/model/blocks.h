@@ -206,7 +206,7 @@ GdnWeights load_gdn(const WeightStore& store, const std::string& prefix, const G
 // [Hv, dk, dv]; zeroed here for a chunk starting at position 0 (a fresh sequence).
 // Chunks of more than one token use the chunked delta rule, single tokens the recurrence.
 // token_states (optional; empty, or one per chunk, nullptr where not wanted): for a chunk
-// with SeqChunk::keep_token_states, where to write the state after each of its first
+// with SeqChunk::token_states, where to write the state after each of its first
 // n_tokens - 1 tokens, snapshot t at token_states[i] + t * token_state_stride (floats), in
 // the layout of states[i]. Such a chunk runs the recurrence token by token, so snapshot t
 // is bit for bit the state that decoding its first t + 1 tokens one at a time leaves.

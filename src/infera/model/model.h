@@ -1,6 +1,8 @@
 // The model seam: one forward over a batch that packs chunks of several sequences
-// (decode tokens and prefill chunks alike). Architecture files (llama.cpp, ...) implement
-// it; the runtime owns which KV blocks each sequence holds.
+// (decode tokens and prefill chunks alike). Architecture files (transformer.cpp, qwen35.cpp)
+// implement it. The model keeps no per-sequence state: each chunk says where its sequence's
+// memory lives (K/V rows through its block table, recurrent state through `state`), and the
+// runtime's sequence memory (runtime/sequence_memory.h) owns, snapshots and rolls it back.
 #pragma once
 
 #include <cstdint>
@@ -24,17 +26,22 @@ struct SeqChunk {
   int32_t n_blocks = 0;
   bool all_logits = false;  // logits for every token of the chunk (eval, speculative verify)
   bool last_logits = true;  // logits for the chunk's last token
-  // Hybrid models (Gated DeltaNet layers) only: which recurrent-state slot this sequence
-  // owns, in [0, Model::num_state_slots()). A chunk at pos0 == 0 starts a fresh sequence and
-  // the model zeroes the slot itself; a chunk at pos0 > 0 continues the slot's state, so
-  // the slot must stay with one sequence for its whole life, and a sequence cannot resume
-  // from a prefix-cache hit (the state after the prefix is not cached).
-  int32_t state_slot = 0;
-  // Hybrid models, after Model::reserve_token_states: also keep the recurrent state after
-  // each of the chunk's first n_tokens - 1 tokens (speculative verification), so that
-  // Model::commit_token_state can keep a prefix of the chunk without running it again.
-  // Such a chunk runs the token-by-token recurrence, as decode does, not the chunked rule.
-  bool keep_token_states = false;
+  // Hybrid models (Gated DeltaNet layers) only: where this sequence's recurrent state lives,
+  // [Model::state_shape().floats()] f32 (per linear-attention layer, its conv state then its
+  // delta-rule state), read and updated in place. The runtime's sequence memory owns it
+  // (runtime/sequence_memory.h); the model keeps no per-sequence state. A chunk at pos0 == 0
+  // starts a fresh sequence and the model zeroes the state itself; a chunk at pos0 > 0
+  // continues it (after earlier chunks, or a checkpoint copied in).
+  float* state = nullptr;
+  // Hybrid models, speculative verification (StateShape::token_states): where to keep the
+  // state after each of the chunk's first n_tokens - 1 tokens, [n_tokens - 1,
+  // state_shape().floats()], so that the runtime can keep a prefix of the chunk without
+  // running it again. Such a chunk runs the token-by-token recurrence, as decode does, not
+  // the chunked rule. nullptr: not kept.
+  float* token_states = nullptr;
+  // A stable id of `state`'s storage (the runtime's slot), so that the ranks of a tensor-
+  // parallel group each keep their heads' part of the state under the same id. -1: none.
+  int32_t state_id = -1;
 };
 
 struct ForwardBatch {
@@ -51,6 +58,45 @@ struct LoadOptions {
   parallel::ParallelPlan parallel;
 };
 
+// Geometry of one sequence's recurrent state (hybrid models; all zero otherwise): what the
+// runtime's sequence memory allocates per sequence and hands to forward() in SeqChunk::state.
+struct StateShape {
+  int64_t num_layers = 0;        // layers with recurrent state (Gated DeltaNet)
+  int64_t floats_per_layer = 0;  // conv state [kernel-1, conv_dim] then delta-rule state [Hv, dk, dv], f32
+  // forward() can keep the state after each token of a chunk (SeqChunk::token_states).
+  bool token_states = false;
+  // The whole state is in this process. False on a tensor-parallel group, whose ranks each
+  // hold their heads' part: the runtime cannot copy it out (snapshots, checkpoints).
+  bool local = true;
+  int64_t floats() const { return num_layers * floats_per_layer; }
+  int64_t bytes() const { return floats() * static_cast<int64_t>(sizeof(float)); }
+};
+
+// The multi-token-prediction head (Qwen3.5 / Qwen3-Next mtp.*): the narrow capability the
+// runtime's MTP drafter (runtime/drafter.h) uses. Model::mtp_head() is null without one.
+class MtpHead {
+ public:
+  virtual ~MtpHead() = default;
+  // When on, forward() leaves in last_hidden() the post-final-norm hidden state of EVERY
+  // token of the batch, [batch.tokens.size(), hidden] in batch order, instead of only the
+  // logits rows' (drafting needs the prompt's hidden states without paying for their
+  // logits). Logits are unchanged.
+  virtual void set_hidden_for_all_tokens(bool on) = 0;
+  // After Model::forward(): the trunk's post-final-norm hidden state of every logits row,
+  // [num_logit_rows, hidden] (every token's when set_hidden_for_all_tokens). After draft():
+  // the head's own post-norm hidden state of each logits row, the stand-in for h_{p+1} when
+  // drafting further tokens recursively.
+  virtual const float* last_hidden() const = 0;
+  // draft(batch, hidden, kv, logits): a chunk at pos0 = p holds tokens x_{p+1}, x_{p+2}, ...
+  // and hidden [n_tokens, hidden] the trunk hidden h_p, h_{p+1}, ... (row order as tokens);
+  // the head predicts the token after each x_{p+1}, writing logits rows like forward(). Its
+  // one layer keeps its own K/V in KV layer kv_shape().num_layers - 1, in slot p for the pair
+  // (h_p, x_{p+1}): a sequence must have drafted every earlier slot (feed the prompt through
+  // draft once) for later drafts to see a complete context. Block tables cover the same
+  // positions as the trunk's; the chunks' recurrent-state fields are not used.
+  virtual void draft(const ForwardBatch& batch, const float* hidden, KvPool& kv, float* logits) = 0;
+};
+
 class Model {
  public:
   virtual ~Model() = default;
@@ -59,7 +105,8 @@ class Model {
   // Geometry of the KV pool this model needs (num_blocks left for the caller to set).
   virtual KvPoolShape kv_shape(int64_t block_size) const = 0;
 
-  // Runs the batch, writing the new tokens' K/V into `kv` and the requested logits rows
+  // Runs the batch, writing the new tokens' K/V into `kv` (the rows each chunk's block table
+  // names), updating each chunk's recurrent state (SeqChunk::state), and the requested logits rows
   // (in batch order: per chunk, all rows when all_logits, else the last row when
   // last_logits) into `logits` [num_logit_rows, vocab_size].
   virtual void forward(const ForwardBatch& batch, KvPool& kv, float* logits) = 0;
@@ -68,32 +115,9 @@ class Model {
   virtual int64_t weight_bytes_per_token() const = 0;
   virtual int64_t num_parameters() const = 0;
 
-  // ---- Recurrent state (hybrid models; 0 / no-ops otherwise) ----
-  // Per sequence a hybrid model keeps, per linear-attention layer, the conv state
-  // [kernel-1, conv_dim] and the delta-rule state S [Hv, dk, dv] (f32), in fixed-size slots
-  // the runtime hands out (SeqChunk::state_slot). Models start with one slot (enough for
-  // SequenceRunner); a runtime serving N sequences at once calls set_num_state_slots(N)
-  // before the first forward (existing slots keep their contents).
-  virtual int64_t state_bytes_per_slot() const { return 0; }
-  virtual int32_t num_state_slots() const { return 0; }
-  virtual void set_num_state_slots(int32_t n) { (void)n; }
-  // Copies one slot's whole recurrent state out to `buffer` [state_bytes_per_slot() bytes]
-  // and back. Speculative decoding snapshots a sequence's slot before a forward that
-  // verifies draft tokens and restores it when a draft is rejected: unlike attention K/V,
-  // which a shorter position simply ignores, the recurrent state has already absorbed the
-  // rejected tokens.
-  virtual void save_state(int32_t slot, void* buffer) const { (void)slot, (void)buffer; }
-  virtual void restore_state(int32_t slot, const void* buffer) { (void)slot, (void)buffer; }
-  // Per-token states for verification without a re-feed: reserve room for chunks of up to
-  // max_chunk_tokens tokens with SeqChunk::keep_token_states (max_chunk_tokens - 1
-  // snapshots per slot, each state_bytes_per_slot() bytes, allocated on a slot's first
-  // such chunk). False when the model cannot (no recurrent state, or a tensor-parallel
-  // group, whose ranks hold the state): the caller falls back to save/restore_state.
-  virtual bool reserve_token_states(int32_t max_chunk_tokens) { (void)max_chunk_tokens; return false; }
-  // After a forward whose chunk on `slot` kept token states: make the slot's state the one
-  // after that chunk's first n_tokens tokens (1 <= n_tokens < the chunk's length; the full
-  // chunk's state is already there). A copy of one slot's state.
-  virtual void commit_token_state(int32_t slot, int32_t n_tokens) { (void)slot, (void)n_tokens; }
+  // Geometry of one sequence's recurrent state (zero for attention-only models); the runtime
+  // allocates it (runtime/sequence_memory.h) and passes it per chunk (SeqChunk::state).
+  virtual StateShape state_shape() const { return {}; }
 
   // ---- Mixture of experts ----
   // Tokens routed to each expert so far, [num_layers * num_experts] layer-major (dense
@@ -101,28 +125,9 @@ class Model {
   virtual std::vector<uint64_t> expert_counts() const { return {}; }
   virtual void reset_expert_counts() {}
 
-  // ---- Multi-token prediction (Qwen3.5 / Qwen3-Next MTP head) ----
-  // 0 when the checkpoint has no MTP weights. After forward(), last_hidden() holds the
-  // trunk's post-final-norm hidden state of every logits row, [num_logit_rows, hidden].
-  // draft(batch, hidden, kv, logits): a chunk at pos0 = p holds tokens x_{p+1}, x_{p+2}, ...
-  // and hidden [n_tokens, hidden] the trunk hidden h_p, h_{p+1}, ... (row order as tokens);
-  // the MTP head predicts the token after each x_{p+1}, writing logits rows like forward().
-  // Its one layer keeps its own K/V in KV layer kv_shape().num_layers - 1, in slot p for the
-  // pair (h_p, x_{p+1}): a sequence must have drafted every earlier slot (feed the prompt
-  // through draft once) for later drafts to see a complete MTP context. Block tables cover
-  // the same positions as the trunk's.
-  // After draft(), last_hidden() holds the MTP head's own post-norm hidden state of each
-  // logits row: the stand-in for h_{p+1} when drafting further tokens recursively.
-  virtual int num_mtp_layers() const { return 0; }
-  virtual const float* last_hidden() const { return nullptr; }
-  virtual void draft(const ForwardBatch& batch, const float* hidden, KvPool& kv, float* logits) {
-    (void)batch, (void)hidden, (void)kv, (void)logits;
-  }
-  // When on, forward() leaves in last_hidden() the post-final-norm hidden state of EVERY
-  // token of the batch, [batch.tokens.size(), hidden] in batch order, instead of only the
-  // logits rows' (MTP drafting needs the prompt's hidden states without paying for their
-  // logits). Logits are unchanged.
-  virtual void set_hidden_for_all_tokens(bool on) { (void)on; }
+  // ---- Multi-token prediction ----
+  // The MTP head, or null when the checkpoint has none (or it was not loaded).
+  virtual MtpHead* mtp_head() { return nullptr; }
 
   // ---- Tensor / expert parallel (docs/parallel.md) ----
   // What rank 0's collectives cost so far (ParallelModel); ranks 0 for one process.

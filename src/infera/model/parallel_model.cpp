@@ -12,9 +12,9 @@ namespace {
 
 // The step message, int32 words:
 //   [0] total words  [1] op  [2] want_logits  [3] n_tokens  [4] n_seqs  [5] total block ids
-//   [6] KV pool blocks  [7] KV block size  [8] KV dtype  [9] recurrent-state slots
+//   [6] KV pool blocks  [7] KV block size  [8] KV dtype  [9] recurrent-state ids (1 + the largest)
 //   tokens[n_tokens]
-//   per chunk: token_begin, n_tokens, pos0, n_blocks, flags (1 all_logits | 2 last_logits), state_slot
+//   per chunk: token_begin, n_tokens, pos0, n_blocks, flags (1 all_logits | 2 last_logits), state_id
 //   block ids of every chunk, concatenated
 // Merged sync sends the first kInlineWords words in one fixed-size broadcast (a decode step
 // of a few sequences fits whole) and only longer messages need a second one.
@@ -24,12 +24,12 @@ constexpr int64_t kHeaderWords = 10;
 constexpr int64_t kChunkWords = 6;
 constexpr int64_t kInlineWords = 256;  // 1 KiB: one sequence decoding at 3800 tokens of context still fits
 
-// The pool and slots a step runs against; workers size theirs to match.
+// The pool and states a step runs against; workers size theirs to match.
 struct StepMemory {
   int32_t kv_blocks = 0;
   int32_t kv_block_size = 0;
   int32_t kv_dtype = 0;
-  int32_t state_slots = 0;
+  int32_t state_ids = 0;
 };
 
 void encode(const ForwardBatch& b, int32_t op, bool want_logits, const StepMemory& mem, std::vector<int32_t>& m) {
@@ -39,11 +39,11 @@ void encode(const ForwardBatch& b, int32_t op, bool want_logits, const StepMemor
   m.clear();
   m.reserve(static_cast<size_t>(kHeaderWords + T + S * kChunkWords + blocks));
   m.insert(m.end(), {0, op, want_logits ? 1 : 0, static_cast<int32_t>(T), static_cast<int32_t>(S),
-                     static_cast<int32_t>(blocks), mem.kv_blocks, mem.kv_block_size, mem.kv_dtype, mem.state_slots});
+                     static_cast<int32_t>(blocks), mem.kv_blocks, mem.kv_block_size, mem.kv_dtype, mem.state_ids});
   m.insert(m.end(), b.tokens.begin(), b.tokens.end());
   for (const SeqChunk& s : b.seqs) {
     m.insert(m.end(), {s.token_begin, s.n_tokens, s.pos0, s.n_blocks,
-                       (s.all_logits ? 1 : 0) | (s.last_logits ? 2 : 0), s.state_slot});
+                       (s.all_logits ? 1 : 0) | (s.last_logits ? 2 : 0), s.state_id});
   }
   for (const SeqChunk& s : b.seqs) m.insert(m.end(), s.block_table, s.block_table + s.n_blocks);
   m[0] = static_cast<int32_t>(m.size());
@@ -69,7 +69,7 @@ void decode(const std::vector<int32_t>& m, ForwardBatch& b, std::vector<int32_t>
     s.n_blocks = c[3];
     s.all_logits = (c[4] & 1) != 0;
     s.last_logits = (c[4] & 2) != 0;
-    s.state_slot = c[5];
+    s.state_id = c[5];
     s.block_table = blocks.data() + off;
     off += s.n_blocks;
   }
@@ -135,8 +135,14 @@ void ParallelModel::forward(const ForwardBatch& batch, KvPool& kv, float* logits
   INFERA_ASSERT(!stopped_, "forward after stop_workers");
   if (batch.tokens.empty()) return;
   const KvPoolShape& shape = kv.shape();
+  int32_t state_ids = 0;
+  for (const SeqChunk& s : batch.seqs) {
+    // Rank 0's state lives in its sequence memory; the workers keep theirs under the same id.
+    if (s.state != nullptr && s.state_id < 0) fail("a chunk with a recurrent state needs SeqChunk::state_id on --tp/--ep ranks");
+    state_ids = std::max(state_ids, s.state_id + 1);
+  }
   const StepMemory mem{static_cast<int32_t>(shape.num_blocks), static_cast<int32_t>(shape.block_size),
-                       static_cast<int32_t>(shape.dtype), local_->num_state_slots()};
+                       static_cast<int32_t>(shape.dtype), state_ids};
   encode(batch, kOpForward, logits != nullptr, mem, message_);
   send(comm_, message_, merged_sync_);
   local_->forward(batch, kv, logits);
@@ -145,16 +151,6 @@ void ParallelModel::forward(const ForwardBatch& batch, KvPool& kv, float* logits
 Model::ParallelStats ParallelModel::parallel_stats() const {
   const parallel::CommStats& s = comm_.stats();
   return ParallelStats{comm_.size(), s.calls(), s.bytes(), s.seconds()};
-}
-
-void ParallelModel::save_state(int32_t, void*) const {
-  fail("recurrent-state snapshots are not mirrored across --tp/--ep ranks (speculative decoding with tensor "
-       "parallelism is not supported); run without --speculative");
-}
-
-void ParallelModel::restore_state(int32_t, const void*) {
-  fail("recurrent-state snapshots are not mirrored across --tp/--ep ranks (speculative decoding with tensor "
-       "parallelism is not supported); run without --speculative");
 }
 
 void ParallelModel::stop_workers() {
@@ -174,6 +170,10 @@ void run_parallel_worker(Model& local, parallel::Communicator& comm, bool merged
   std::vector<int32_t> message, blocks;
   std::vector<float> logits;  // filled only when logits are all-gathered (textbook sync)
   std::unique_ptr<KvPool> kv;
+  // This rank's heads of each sequence's recurrent state, by SeqChunk::state_id (rank 0's
+  // sequence memory hands the ids out and zeroes nothing: the model zeroes a state at pos0 0).
+  std::vector<std::vector<float>> states;
+  const int64_t state_floats = local.state_shape().floats();
   ForwardBatch batch;
   const int64_t V = local.config().vocab_size;
   for (;;) {
@@ -191,7 +191,15 @@ void run_parallel_worker(Model& local, parallel::Communicator& comm, bool merged
       kv.reset();
       kv = std::make_unique<KvPool>(shape);
     }
-    if (message[9] > local.num_state_slots()) local.set_num_state_slots(message[9]);
+    if (state_floats > 0) {
+      if (message[9] > static_cast<int32_t>(states.size())) states.resize(static_cast<size_t>(message[9]));
+      for (SeqChunk& s : batch.seqs) {
+        if (s.state_id < 0) continue;
+        std::vector<float>& state = states[static_cast<size_t>(s.state_id)];
+        if (state.empty()) state.assign(static_cast<size_t>(state_floats), 0.0f);
+        s.state = state.data();
+      }
+    }
     const bool want_logits = message[2] != 0;
     if (want_logits) logits.resize(static_cast<size_t>(std::max<int64_t>(batch.num_logit_rows(), 1) * V));
     local.forward(batch, *kv, want_logits ? logits.data() : nullptr);

@@ -3,7 +3,7 @@
 //
 // Rank 0 wraps its local shard in a ParallelModel. Each forward() first broadcasts the
 // step (token ids, chunk layout, block tables, whether logits are wanted, and the KV pool
-// geometry and number of recurrent-state slots the step runs against) and then runs the
+// geometry and recurrent-state ids the step runs against) and then runs the
 // local shard, which meets the other ranks in the per-layer collectives. The other ranks
 // sit in run_parallel_worker(): receive a step, run their shard on it, repeat, until rank
 // 0 calls stop_workers() (or destroys the ParallelModel). Block ids come from rank 0's
@@ -33,15 +33,11 @@ class ParallelModel final : public Model {
   int64_t num_parameters() const override { return local_->num_parameters(); }
   std::vector<uint64_t> expert_counts() const override { return local_->expert_counts(); }
   void reset_expert_counts() override { local_->reset_expert_counts(); }
-  // Recurrent-state slots: the count travels with every step, so workers follow it.
-  int64_t state_bytes_per_slot() const override { return local_->state_bytes_per_slot(); }
-  int32_t num_state_slots() const override { return local_->num_state_slots(); }
-  void set_num_state_slots(int32_t n) override { local_->set_num_state_slots(n); }
-  // Not mirrored on the workers (speculative decoding is rejected with --tp/--ep), so a
-  // call is a bug in the caller's checks.
-  void save_state(int32_t slot, void* buffer) const override;
-  void restore_state(int32_t slot, const void* buffer) override;
-  // num_mtp_layers() stays 0: drafting with the MTP head is not mirrored either.
+  // Rank 0's heads of the recurrent state (StateShape::local is false: each worker keeps
+  // its heads' part under the chunk's state_id, so the state cannot be snapshotted here;
+  // speculative decoding is rejected with --tp/--ep).
+  StateShape state_shape() const override { return local_->state_shape(); }
+  // mtp_head() stays null: drafting with the MTP head is not mirrored either.
   ParallelStats parallel_stats() const override;
 
   // Ends run_parallel_worker() on every other rank. Call once, after the last forward.

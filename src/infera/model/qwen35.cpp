@@ -6,7 +6,7 @@
 //   layer: x += Mixer(rms0(x)); x += FFN(rms0(x))          rms0(x) = norm(x) * (1 + w)
 //   GatedAttn: [q | gate] = Wq a per head; q, k = rope(rms0_head(q), rms0_head(k)) on the
 //              first rotary_dim dims (NeoX); o = attn(q, k, v) * sigmoid(gate); Wo o
-//   GDN: see blocks.h (conv state + delta-rule state per sequence slot)
+//   GDN: see blocks.h (conv state + delta-rule state per sequence, in SeqChunk::state)
 //   MTP: u = W_fc [rms0_e(embed(x_{p+1})) ; rms0_h(h_p)]; u = Block_full(u); logits = head(rms0(u))
 //
 // Checkpoint layout of the published Qwen3.5 models: model.language_model.* (text),
@@ -59,7 +59,7 @@ struct MtpWeights {
   HybridLayer layer;                         // full attention + FFN
 };
 
-class Qwen35Model final : public Model {
+class Qwen35Model final : public Model, public MtpHead {
  public:
   Qwen35Model(const ModelConfig& cfg, WeightStore store, const LoadOptions& options)
       : store_(std::move(store)), shard_(options.parallel, cfg, store_.dir(), !options.load_into_memory) {
@@ -109,8 +109,7 @@ class Qwen35Model final : public Model {
       mtp_.layer.kv_layer = n_full_;  // one KV layer after the trunk's
       has_mtp_ = true;
     }
-    slot_floats_ = n_linear_ * (dims_.conv_state_floats() + dims_.ssm_state_floats());
-    set_num_state_slots(1);
+    layer_state_floats_ = dims_.conv_state_floats() + dims_.ssm_state_floats();
     counts_.assign(static_cast<size_t>(cfg.num_layers) * std::max(cfg.num_experts, 0), 0);
     rope_ = compute_rope_tables(cfg.rope, cfg.rope.rotary_dim);
     (void)options;
@@ -139,51 +138,23 @@ class Qwen35Model final : public Model {
     return n;
   }
 
-  int64_t state_bytes_per_slot() const override { return slot_floats_ * static_cast<int64_t>(sizeof(float)); }
-  int32_t num_state_slots() const override { return static_cast<int32_t>(slots_.size()); }
-  void set_num_state_slots(int32_t n) override {
-    INFERA_ASSERT(n >= 1, "a hybrid model needs at least one state slot");
-    slots_.resize(static_cast<size_t>(n));
-    for (auto& s : slots_) s.resize(static_cast<size_t>(slot_floats_), 0.0f);
-    token_states_.resize(static_cast<size_t>(n));
-    token_states_valid_.resize(static_cast<size_t>(n), 0);
-  }
-
-  void save_state(int32_t slot, void* buffer) const override {
-    INFERA_ASSERT(slot >= 0 && slot < num_state_slots(), "state slot out of range");
-    std::memcpy(buffer, slots_[slot].data(), static_cast<size_t>(state_bytes_per_slot()));
-  }
-  void restore_state(int32_t slot, const void* buffer) override {
-    INFERA_ASSERT(slot >= 0 && slot < num_state_slots(), "state slot out of range");
-    std::memcpy(slots_[slot].data(), buffer, static_cast<size_t>(state_bytes_per_slot()));
-  }
-
-  // Snapshots live beside the slots, [slot][snapshot t][slot_floats_] (snapshot t is a
-  // whole slot image after token t of the last chunk that kept token states), so a commit
-  // is one copy. Memory: (max_chunk_tokens - 1) * state_bytes_per_slot() per slot that has
-  // verified drafts: with 30 GDN layers of 32 value heads of 128 x 128 (plus the conv
-  // window) ~63 MiB per draft token per sequence (docs/speculative.md, Rollback).
-  bool reserve_token_states(int32_t max_chunk_tokens) override {
-    // A tensor-parallel rank holds only its heads' state, and ParallelModel does not
-    // mirror commits across ranks: those keep save/restore.
-    if (shard_.distributed() || max_chunk_tokens < 2) return false;
-    max_token_states_ = max_chunk_tokens - 1;
-    for (auto& snaps : token_states_) snaps.clear();  // re-sized on their next use
-    return true;
-  }
-  void commit_token_state(int32_t slot, int32_t n_tokens) override {
-    INFERA_ASSERT(slot >= 0 && slot < num_state_slots(), "state slot out of range");
-    INFERA_ASSERT(n_tokens >= 1 && n_tokens <= token_states_valid_[slot],
-                  "commit_token_state: the slot's last chunk did not keep the state after that many tokens");
-    std::memcpy(slots_[slot].data(), token_states_[slot].data() + (n_tokens - 1) * slot_floats_,
-                static_cast<size_t>(state_bytes_per_slot()));
-    token_states_valid_[slot] = 0;
+  // Per sequence, per GDN layer: conv state then S (GdnLayer's layout); this rank's heads.
+  // Per-token states (verification) run the token-by-token recurrence, which a tensor-
+  // parallel group could run too, but the runtime cannot copy a group's state (it is split
+  // over the ranks), so neither they nor snapshots are offered there.
+  StateShape state_shape() const override {
+    StateShape s;
+    s.num_layers = n_linear_;
+    s.floats_per_layer = n_linear_ > 0 ? layer_state_floats_ : 0;
+    s.token_states = n_linear_ > 0 && !shard_.distributed();
+    s.local = !shard_.distributed();
+    return s;
   }
 
   std::vector<uint64_t> expert_counts() const override { return counts_; }
   void reset_expert_counts() override { std::fill(counts_.begin(), counts_.end(), 0); }
 
-  int num_mtp_layers() const override { return has_mtp_ ? 1 : 0; }
+  MtpHead* mtp_head() override { return has_mtp_ ? this : nullptr; }
   const float* last_hidden() const override { return hidden_.data(); }
   void set_hidden_for_all_tokens(bool on) override { hidden_all_tokens_ = on; }
 
@@ -289,15 +260,9 @@ class Qwen35Model final : public Model {
   RopeTables rope_;
   std::vector<uint64_t> counts_;       // [layers, E]
 
-  // Recurrent state: per slot, per GDN layer, conv state then S (GdnLayer's layout).
-  int64_t slot_floats_ = 0;
-  std::vector<std::vector<float>> slots_;
+  // Recurrent state: lives in the runtime's sequence memory (SeqChunk::state).
+  int64_t layer_state_floats_ = 0;     // one GDN layer's conv state + S
   std::vector<float*> states_;         // per batch chunk, for the current GDN layer
-  // Per-token states of verify chunks (reserve_token_states): per slot
-  // [max_token_states_, slot_floats_], and how many of them the slot's last chunk wrote.
-  int32_t max_token_states_ = 0;
-  std::vector<std::vector<float>> token_states_;
-  std::vector<int32_t> token_states_valid_;
   std::vector<float*> chunk_token_states_;  // per batch chunk, for the current GDN layer (nullptr: none)
 
   MoeFfn moe_;
@@ -348,23 +313,14 @@ void Qwen35Model::run_layer(const HybridLayer& L, const ForwardBatch& batch, KvP
   kernels::rmsnorm(x_.data(), L.attn_norm.data(), xn_.data(), T, H, c.rms_norm_eps, kZeroCentred);
   if (L.linear) {
     states_.clear();
-    const int64_t layer_floats = dims_.conv_state_floats() + dims_.ssm_state_floats();
-    for (const SeqChunk& s : batch.seqs) {
-      if (s.state_slot < 0 || s.state_slot >= num_state_slots()) {
-        fail("state slot {} is out of range: the model has {} recurrent-state slots (Model::set_num_state_slots)",
-             s.state_slot, num_state_slots());
-      }
-      states_.push_back(slots_[s.state_slot].data() + L.state_index * layer_floats);
-    }
-    // Chunks keeping token states (checked and sized in forward()).
     chunk_token_states_.clear();
+    const int64_t offset = L.state_index * layer_state_floats_;
     for (const SeqChunk& s : batch.seqs) {
-      chunk_token_states_.push_back(s.keep_token_states && max_token_states_ > 0
-                                        ? token_states_[s.state_slot].data() + L.state_index * layer_floats
-                                        : nullptr);
+      states_.push_back(s.state + offset);  // checked in forward()
+      chunk_token_states_.push_back(s.token_states != nullptr ? s.token_states + offset : nullptr);
     }
     gdn_.forward(L.gdn, dims_, batch, xn_.data(), H, states_, c.rms_norm_eps, out_.data(), chunk_token_states_,
-                 slot_floats_);
+                 n_linear_ * layer_state_floats_);
   } else {
     gated_attention(L, batch, kv, xn_.data(), out_.data());
   }
@@ -393,17 +349,17 @@ void Qwen35Model::forward(const ForwardBatch& batch, KvPool& kv, float* logits) 
     linear_row(embed_, tok, x_.data() + t * H);
   }
   batch_positions(batch, positions_);
-  for (const SeqChunk& s : batch.seqs) {
-    if (s.state_slot < 0 || s.state_slot >= num_state_slots()) continue;  // run_layer names it
-    token_states_valid_[s.state_slot] = 0;
-    if (!s.keep_token_states) continue;
-    if (s.n_tokens - 1 > max_token_states_) {
-      fail("a chunk of {} tokens keeps token states, but room was reserved for chunks of at most {} "
-           "(Model::reserve_token_states)", s.n_tokens, max_token_states_ + 1);
+  if (n_linear_ > 0) {
+    for (const SeqChunk& s : batch.seqs) {
+      if (s.state == nullptr) {
+        fail("a chunk of {} tokens at position {} has no recurrent state: a {} model's sequences need "
+             "SeqChunk::state ({} floats, Model::state_shape(); runtime/sequence_memory.h)",
+             s.n_tokens, s.pos0, c.model_type, n_linear_ * layer_state_floats_);
+      }
+      if (s.token_states != nullptr && shard_.distributed()) {
+        fail("per-token recurrent states are not kept on a tensor-parallel group (StateShape::token_states)");
+      }
     }
-    auto& snaps = token_states_[s.state_slot];
-    snaps.resize(static_cast<size_t>(max_token_states_ * slot_floats_));
-    token_states_valid_[s.state_slot] = s.n_tokens - 1;
   }
   for (int64_t l = 0; l < c.num_layers; ++l) {
     uint64_t* counts = layers_[l].moe ? counts_.data() + l * c.num_experts : nullptr;

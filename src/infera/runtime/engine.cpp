@@ -58,6 +58,16 @@ int32_t resolve_max_context(const Model& model, const EngineConfig& config) {
   return config.max_context;
 }
 
+std::unique_ptr<SequenceMemory> memory_for(const Model& model, const EngineConfig& config) {
+  SequenceMemoryOptions options;
+  options.num_seqs = config.max_num_seqs;
+  options.prefix_cache = config.enable_prefix_cache;
+  // A verify chunk is one pending token and up to draft_tokens() drafts.
+  const int32_t drafts = config.speculative.draft_tokens();
+  options.max_verify_tokens = drafts > 0 ? drafts + 1 : 0;
+  return make_sequence_memory(model, kv_shape_for(model, config), options);
+}
+
 }  // namespace
 
 EngineCore::EngineCore(Model& model, const EngineConfig& config)
@@ -65,32 +75,26 @@ EngineCore::EngineCore(Model& model, const EngineConfig& config)
       config_(config),
       max_context_(resolve_max_context(model, config)),
       vocab_size_(model.config().vocab_size),
-      kv_(kv_shape_for(model, config)),
-      // A hybrid model's recurrent state after a prefix is not cached with the prefix's KV
-      // blocks, so a prefix hit could not resume: no prefix caching for them.
-      blocks_(static_cast<int32_t>(kv_.shape().num_blocks), config.block_size,
-              config.enable_prefix_cache && model.state_bytes_per_slot() == 0),
-      scheduler_(config, blocks_) {
+      num_draft_(config.speculative.draft_tokens()),
+      memory_(memory_for(model, config)),
+      blocks_(*memory_->blocks()),
+      scheduler_(config, blocks_),
+      drafter_(make_drafter(config, model, *memory_->kv(), scheduler_)),
+      draft_limit_([this](const Sequence& seq) { return max_drafts_for(seq); }) {
   if (vocab_size_ <= 0) fail("engine: the model reports vocab_size {}", vocab_size_);
-  if (model_.state_bytes_per_slot() > 0) {
-    model_.set_num_state_slots(config.max_num_seqs);
-    for (int32_t s = config.max_num_seqs - 1; s >= 0; --s) free_state_slots_.push_back(s);
-    if (config.enable_prefix_cache) LOG_INFO("engine: prefix caching is off for this hybrid (recurrent-state) model");
+  const StateShape state = model_.state_shape();
+  if (state.floats() > 0 && config.enable_prefix_cache) {
+    // The recurrent state after a prefix is not cached with the prefix's KV blocks, so a
+    // prefix hit could not resume.
+    LOG_INFO("engine: prefix caching is off for this hybrid (recurrent-state) model");
   }
-  hybrid_ = model_.state_bytes_per_slot() > 0;
-  num_draft_ = config.speculative.draft_tokens();
-  // A verify chunk is one pending token and up to num_draft_ drafts.
-  token_states_ = hybrid_ && num_draft_ > 0 && model_.reserve_token_states(num_draft_ + 1);
-  if (hybrid_ && num_draft_ > 0 && !token_states_) {
+  if (state.floats() > 0 && num_draft_ > 0 && !state.local) {
+    // Rejected drafts are undone by copies of the state, which a group splits over its ranks.
+    fail("speculative decoding does not combine with --tp/--ep on a hybrid (recurrent-state) model yet; run "
+         "without one of them");
+  }
+  if (state.floats() > 0 && num_draft_ > 0 && !state.token_states) {
     LOG_INFO("engine: this model cannot keep per-token recurrent states; a rejected draft costs a re-feed step");
-  }
-  if (config.speculative.method == SpeculativeMethod::kMtp) {
-    if (model_.num_mtp_layers() == 0) {
-      fail("speculative mtp: this model has no multi-token-prediction head (no mtp.* weights or "
-           "mtp_num_hidden_layers 0 in config.json); use --speculative ngram or none");
-    }
-    model_.set_hidden_for_all_tokens(true);
-    trunk_hidden_.reserve(static_cast<size_t>(config.max_batch_tokens) * model_.config().hidden_size);
   }
   if (num_draft_ > 0) {
     prob_scratch_.resize(vocab_size_);
@@ -103,13 +107,13 @@ EngineCore::EngineCore(Model& model, const EngineConfig& config)
   batch_.seqs.reserve(config.max_num_seqs);
   logits_.resize(static_cast<size_t>(config.max_num_seqs) * vocab_size_);
   pending_events_.reserve(config.max_batch_tokens);
-  LOG_DEBUG("engine: {} KV blocks of {} tokens ({} bytes each), max context {}", kv_.shape().num_blocks,
-            config.block_size, kv_.bytes_per_block(), max_context_);
+  LOG_DEBUG("engine: {} KV blocks of {} tokens ({} bytes each), max context {}", kv_pool().shape().num_blocks,
+            config.block_size, kv_pool().bytes_per_block(), max_context_);
 }
 
 EngineCore::~EngineCore() = default;
 
-int64_t EngineCore::kv_capacity_tokens() const { return kv_.shape().num_blocks * kv_.shape().block_size; }
+int64_t EngineCore::kv_capacity_tokens() const { return kv_pool().shape().num_blocks * kv_pool().shape().block_size; }
 
 void EngineCore::validate(const Request& r) const {
   const int64_t n = static_cast<int64_t>(r.prompt_ids.size());
@@ -184,27 +188,8 @@ RequestId EngineCore::add_request(Request request, EventCallback on_event, Reque
   return out;
 }
 
-int32_t EngineCore::state_slot_for(RequestId id) {
-  if (model_.state_bytes_per_slot() == 0) return 0;
-  auto it = state_slots_.find(id);
-  if (it != state_slots_.end()) return it->second;
-  if (free_state_slots_.empty()) {
-    // Preempted sequences keep their slot while waiting, so slots can outnumber max_num_seqs.
-    const int32_t n = model_.num_state_slots();
-    model_.set_num_state_slots(n + 1);
-    free_state_slots_.push_back(n);
-  }
-  const int32_t slot = free_state_slots_.back();
-  free_state_slots_.pop_back();
-  state_slots_.emplace(id, slot);
-  return slot;
-}
-
 void EngineCore::finish(Sequence& seq, FinishReason reason, int32_t stop_token, std::string error) {
-  if (auto it = state_slots_.find(seq.id); it != state_slots_.end()) {
-    free_state_slots_.push_back(it->second);
-    state_slots_.erase(it);
-  }
+  memory_->release(seq.id);
   const auto now = Clock::now();
   Event e;
   e.id = seq.id;
@@ -252,52 +237,7 @@ bool EngineCore::step() {
                   "a waiting sequence does not fit in an empty KV cache");
     return false;
   }
-  batch_.tokens.clear();
-  batch_.seqs.clear();
-  int64_t num_rows = 0;
-  for (const ScheduledChunk& c : plan.chunks) {
-    Sequence& seq = *c.seq;
-    SeqChunk sc;
-    sc.token_begin = static_cast<int32_t>(batch_.tokens.size());
-    sc.n_tokens = c.n_tokens + c.n_draft;
-    sc.pos0 = c.pos0;
-    sc.block_table = seq.block_table.data();
-    sc.n_blocks = static_cast<int32_t>(seq.block_table.size());
-    // Every row: the last real token's and one per draft verify them; a chunk that scores
-    // prompt tokens needs the row of each position.
-    sc.all_logits = c.n_draft > 0 || scores_prompt(seq, c);
-    sc.last_logits = c.sample;
-    sc.state_slot = state_slot_for(seq.id);
-    batch_.seqs.push_back(sc);
-    batch_.tokens.insert(batch_.tokens.end(), seq.tokens.begin() + c.pos0, seq.tokens.begin() + c.pos0 + c.n_tokens);
-    batch_.tokens.insert(batch_.tokens.end(), seq.drafts.tokens.begin(), seq.drafts.tokens.begin() + c.n_draft);
-    num_rows += sc.all_logits ? sc.n_tokens : (sc.last_logits ? 1 : 0);
-    if (c.n_draft > 0 && hybrid_) {
-      // Either the model keeps the state after every token of the chunk (a rejection then
-      // commits the kept prefix's state), or the state before it is saved for a restore.
-      batch_.seqs.back().keep_token_states = token_states_ && sc.n_tokens <= num_draft_ + 1;
-      seq.drafts.token_states = batch_.seqs.back().keep_token_states;
-      if (!sc.keep_token_states) {
-        seq.drafts.state_snapshot.resize(static_cast<size_t>(model_.state_bytes_per_slot()));
-        model_.save_state(sc.state_slot, seq.drafts.state_snapshot.data());
-      }
-    }
-  }
-  // Grows to the most rows a step has asked for (verify batches, prompt-scoring chunks), then stays.
-  if (logits_.size() < static_cast<size_t>(num_rows) * vocab_size_) logits_.resize(static_cast<size_t>(num_rows) * vocab_size_);
-  try {
-    model_.forward(batch_, kv_, logits_.data());
-  } catch (const std::exception& ex) {
-    // A failed forward ends the requests in it (their KV is suspect); others go on.
-    LOG_ERROR("engine: forward failed for {} sequences: {}", plan.chunks.size(), ex.what());
-    for (const ScheduledChunk& c : plan.chunks) finish(*c.seq, FinishReason::kError, -1, ex.what());
-    flush_events();
-    return true;
-  }
-  if (config_.speculative.method == SpeculativeMethod::kMtp) {
-    const float* h = model_.last_hidden();
-    trunk_hidden_.assign(h, h + batch_.tokens.size() * static_cast<size_t>(model_.config().hidden_size));
-  }
+  if (!run_forward(plan, build_batch(plan))) return true;
   ++counters_.steps;
   counters_.tokens_computed += plan.num_tokens;
   const auto now = Clock::now();
@@ -323,7 +263,7 @@ bool EngineCore::step() {
       continue;
     }
     const bool decode = seq.num_generated() > 0;
-    const size_t first = sample_chunk(c, logits);
+    const size_t first = sample_or_verify(c, logits);
     seq.max_num_computed = std::max(seq.max_num_computed, seq.num_computed);
     emit_tokens(seq, first, now);
     if (num_draft_ > 0 && decode) {
@@ -331,16 +271,53 @@ bool EngineCore::step() {
       counters_.spec_decode_tokens += static_cast<int64_t>(seq.tokens.size() - first);  // as emitted
     }
   }
-  if (config_.speculative.method == SpeculativeMethod::kNgram ||
-      config_.speculative.method == SpeculativeMethod::kCustom) {
-    propose_ngram_drafts(plan);
-  }
-  if (config_.speculative.method == SpeculativeMethod::kMtp) propose_mtp_drafts(plan);
+  if (drafter_) drafter_->propose(plan, batch_, draft_limit_);
   flush_events();
   return true;
 }
 
-size_t EngineCore::sample_chunk(const ScheduledChunk& c, float* logits) {
+int64_t EngineCore::build_batch(const StepPlan& plan) {
+  batch_.tokens.clear();
+  batch_.seqs.clear();
+  int64_t num_rows = 0;
+  for (const ScheduledChunk& c : plan.chunks) {
+    Sequence& seq = *c.seq;
+    SeqChunk sc;
+    sc.token_begin = static_cast<int32_t>(batch_.tokens.size());
+    sc.n_tokens = c.n_tokens + c.n_draft;
+    sc.pos0 = c.pos0;
+    // Every row: the last real token's and one per draft verify them; a chunk that scores
+    // prompt tokens needs the row of each position.
+    sc.all_logits = c.n_draft > 0 || scores_prompt(seq, c);
+    sc.last_logits = c.sample;
+    // Drafts may be rejected: the memory keeps what it needs to go back (for a recurrent
+    // state the state after each token of the chunk, or a copy of the state before it).
+    if (c.n_draft > 0) memory_->snapshot(seq.id);
+    memory_->bind(seq.id, seq.block_table, sc);
+    batch_.seqs.push_back(sc);
+    batch_.tokens.insert(batch_.tokens.end(), seq.tokens.begin() + c.pos0, seq.tokens.begin() + c.pos0 + c.n_tokens);
+    batch_.tokens.insert(batch_.tokens.end(), seq.drafts.tokens.begin(), seq.drafts.tokens.begin() + c.n_draft);
+    num_rows += sc.all_logits ? sc.n_tokens : (sc.last_logits ? 1 : 0);
+  }
+  return num_rows;
+}
+
+bool EngineCore::run_forward(const StepPlan& plan, int64_t num_rows) {
+  // Grows to the most rows a step has asked for (verify batches, prompt-scoring chunks), then stays.
+  if (logits_.size() < static_cast<size_t>(num_rows) * vocab_size_) logits_.resize(static_cast<size_t>(num_rows) * vocab_size_);
+  try {
+    model_.forward(batch_, *memory_->kv(), logits_.data());
+  } catch (const std::exception& ex) {
+    // A failed forward ends the requests in it (their KV is suspect); others go on.
+    LOG_ERROR("engine: forward failed for {} sequences: {}", plan.chunks.size(), ex.what());
+    for (const ScheduledChunk& c : plan.chunks) finish(*c.seq, FinishReason::kError, -1, ex.what());
+    flush_events();
+    return false;
+  }
+  return true;
+}
+
+size_t EngineCore::sample_or_verify(const ScheduledChunk& c, float* logits) {
   Sequence& seq = *c.seq;
   const size_t first = seq.tokens.size();
   // Sampling rewrites a row in place (penalties), so a request with logprobs keeps a copy
@@ -388,22 +365,14 @@ size_t EngineCore::sample_chunk(const ScheduledChunk& c, float* logits) {
   counters_.spec_drafted += c.n_draft;  // every proposed draft counts, judged or not (as vLLM and llama.cpp)
   counters_.spec_accepted += accepted;
   for (int32_t i = 0; i < c.n_draft; ++i) ++counters_.spec_drafted_per_pos[i];
-  int32_t kept = c.n_tokens + accepted;
-  if (hybrid_ && accepted < c.n_draft && seq.drafts.token_states) {
-    // The state after the last kept token was kept during the forward: no re-feed.
-    model_.commit_token_state(state_slot_for(seq.id), kept);
-  } else if (hybrid_ && accepted < c.n_draft) {
-    // The recurrent state has absorbed the rejected drafts: go back to the state before
-    // this forward and feed the kept tokens again at the front of the next step's chunk
-    // (their K/V is rewritten with the same values), without drafts in that step so they
-    // are committed. That extra forward also samples a token, unlike an immediate re-run.
-    model_.restore_state(state_slot_for(seq.id), seq.drafts.state_snapshot.data());
-    kept = 0;
-  }
-  scheduler_.commit(c, kept);
+  // Keep the real tokens and the accepted drafts. The memory answers how many positions it
+  // now holds: all of them, or (a recurrent state that kept no per-token states) only those
+  // before the chunk, whose kept tokens the next step then feeds again without drafts. That
+  // extra forward also samples a token, unlike an immediate re-run.
+  const int32_t computed = memory_->commit(seq.id, c.n_tokens + accepted);
+  scheduler_.commit(c, computed - c.pos0);
   scheduler_.trim_blocks(seq, static_cast<int32_t>(seq.tokens.size()));
-  seq.drafts.tokens.clear();
-  seq.drafts.probs.clear();
+  drafter_->accept(seq, accepted);
   return first;
 }
 
@@ -470,128 +439,6 @@ int32_t EngineCore::max_drafts_for(const Sequence& seq) const {
   return std::clamp(left, 0, num_draft_);
 }
 
-void EngineCore::propose_ngram_drafts(const StepPlan& plan) {
-  const SpeculativeConfig& sc = config_.speculative;
-  for (const ScheduledChunk& c : plan.chunks) {
-    Sequence& seq = *c.seq;
-    if (!c.sample) continue;
-    const int32_t n = max_drafts_for(seq);
-    if (n == 0) continue;
-    if (sc.method == SpeculativeMethod::kCustom) {
-      seq.drafts.tokens.clear();
-      sc.drafter(seq.tokens, n, seq.drafts.tokens);
-      if (static_cast<int32_t>(seq.drafts.tokens.size()) > n) seq.drafts.tokens.resize(n);
-      for (int32_t t : seq.drafts.tokens) {
-        if (t < 0 || t >= vocab_size_) {
-          LOG_WARN("speculative drafter: token {} is outside the vocabulary [0, {}); drafts dropped", t, vocab_size_);
-          seq.drafts.tokens.clear();
-          break;
-        }
-      }
-      continue;
-    }
-    ngram_draft(seq.tokens, sc.ngram_min, sc.ngram_max, n, seq.drafts.tokens);
-  }
-}
-
-void EngineCore::propose_mtp_drafts(const StepPlan& plan) {
-  const int64_t H = model_.config().hidden_size;
-  const size_t V = static_cast<size_t>(vocab_size_);
-  // Pass 1: every position whose trunk hidden state this step computed gets its MTP
-  // entry (h_p, x_{p+1}) in MTP KV slot p, batched over sequences; sequences that just
-  // sampled also get the head's prediction for the token after their last one.
-  draft_batch_.tokens.clear();
-  draft_batch_.seqs.clear();
-  draft_hidden_.clear();
-  drafting_.clear();
-  for (size_t i = 0; i < plan.chunks.size(); ++i) {
-    const ScheduledChunk& c = plan.chunks[i];
-    Sequence& seq = *c.seq;
-    if (seq.status != SeqStatus::kRunning) continue;
-    // Trunk hidden states are exact up to the last token before the newest sampled one
-    // (rejected drafts' rows are not), and x_{p+1} must be known.
-    const int32_t valid_end = c.sample ? static_cast<int32_t>(seq.tokens.size()) - 1 : c.pos0 + c.n_tokens;
-    // Slots before pos0 were filled by earlier steps (a restored hybrid re-feeds them).
-    const int32_t begin = std::max(seq.drafts.mtp_next_slot, c.pos0);
-    if (begin >= valid_end) continue;
-    const bool want = c.sample && max_drafts_for(seq) > 0;
-    SeqChunk mc;
-    mc.token_begin = static_cast<int32_t>(draft_batch_.tokens.size());
-    mc.n_tokens = valid_end - begin;
-    mc.pos0 = begin;
-    mc.block_table = seq.block_table.data();
-    mc.n_blocks = static_cast<int32_t>(seq.block_table.size());
-    mc.last_logits = want;
-    draft_batch_.seqs.push_back(mc);
-    draft_batch_.tokens.insert(draft_batch_.tokens.end(), seq.tokens.begin() + begin + 1, seq.tokens.begin() + valid_end + 1);
-    const float* rows = trunk_hidden_.data() + (batch_.seqs[i].token_begin + (begin - c.pos0)) * H;
-    draft_hidden_.insert(draft_hidden_.end(), rows, rows + mc.n_tokens * H);
-    seq.drafts.mtp_next_slot = valid_end;
-    seq.drafts.tokens.clear();
-    seq.drafts.probs.clear();
-    if (want) drafting_.push_back(&seq);
-  }
-  if (draft_batch_.tokens.empty()) return;
-  draft_logits_.resize(std::max<size_t>(drafting_.size(), 1) * V);
-  try {
-    for (int32_t step = 0; !draft_batch_.seqs.empty(); ++step) {
-      model_.draft(draft_batch_, draft_hidden_.data(), kv_, drafting_.empty() ? nullptr : draft_logits_.data());
-      if (drafting_.empty()) break;
-      // Pick draft `step` of every drafting sequence, then set up the next recursive pass:
-      // the new draft at the next slot, with the head's own hidden state standing in for
-      // the trunk's (overwritten by the real entry once the trunk has run there).
-      const float* head_hidden = model_.last_hidden();
-      draft_batch_.tokens.clear();
-      draft_batch_.seqs.clear();
-      draft_hidden_.clear();
-      size_t kept = 0;
-      for (size_t r = 0; r < drafting_.size(); ++r) {
-        Sequence& seq = *drafting_[r];
-        const int32_t limit = max_drafts_for(seq);
-        const bool sampled = seq.sampler->params().temperature > 0.0f;
-        if (sampled) seq.drafts.probs.resize(static_cast<size_t>(limit) * V);
-        // The penalties see the drafts so far, as verification will.
-        const size_t n_tokens = seq.tokens.size();
-        seq.tokens.insert(seq.tokens.end(), seq.drafts.tokens.begin(), seq.drafts.tokens.end());
-        const int32_t d = pick_draft(*seq.sampler, draft_logits_.data() + r * V, seq.tokens,
-                                     sampled ? seq.drafts.probs.data() + static_cast<size_t>(step) * V : nullptr,
-                                     prob_scratch_);
-        seq.tokens.resize(n_tokens);
-        seq.drafts.tokens.push_back(d);
-        if (static_cast<int32_t>(seq.drafts.tokens.size()) >= limit) continue;
-        // The pair (h~_{slot}, d) goes to MTP slot `slot` = the position of the token before d.
-        const int32_t slot = static_cast<int32_t>(n_tokens) - 1 + step;
-        if (!scheduler_.try_reserve_blocks(seq, slot + 1)) continue;
-        SeqChunk mc;
-        mc.token_begin = static_cast<int32_t>(draft_batch_.tokens.size());
-        mc.n_tokens = 1;
-        mc.pos0 = slot;
-        mc.block_table = seq.block_table.data();
-        mc.n_blocks = static_cast<int32_t>(seq.block_table.size());
-        draft_batch_.seqs.push_back(mc);
-        draft_batch_.tokens.push_back(d);
-        draft_hidden_.insert(draft_hidden_.end(), head_hidden + r * H, head_hidden + (r + 1) * H);
-        drafting_[kept++] = &seq;
-      }
-      drafting_.resize(kept);
-    }
-  } catch (const std::exception& ex) {
-    // Drafts are only proposals: without them the sequences decode normally.
-    LOG_ERROR("engine: MTP drafting failed: {}", ex.what());
-    for (const ScheduledChunk& c : plan.chunks) {
-      if (c.seq->status == SeqStatus::kRunning) {
-        c.seq->drafts.tokens.clear();
-        c.seq->drafts.probs.clear();
-      }
-    }
-  }
-  for (const ScheduledChunk& c : plan.chunks) {
-    // Keep q rows only for the drafts actually made.
-    Sequence& seq = *c.seq;
-    if (seq.status == SeqStatus::kRunning && !seq.drafts.probs.empty()) seq.drafts.probs.resize(seq.drafts.tokens.size() * V);
-  }
-}
-
 EngineStats EngineCore::stats() const {
   EngineStats s = counters_;
   s.running = scheduler_.num_running();
@@ -600,7 +447,7 @@ EngineStats EngineCore::stats() const {
   s.kv_blocks_used = blocks_.num_in_use();
   s.kv_blocks_cached = blocks_.num_evictable();
   s.block_size = blocks_.block_size();
-  s.kv_bytes_per_block = kv_.bytes_per_block();
+  s.kv_bytes_per_block = kv_pool().bytes_per_block();
   s.prefix_hit_blocks = blocks_.hit_blocks();
   s.prefix_miss_blocks = blocks_.miss_blocks();
   s.prefix_evictions = blocks_.evictions();

@@ -22,10 +22,12 @@
 #include <vector>
 
 #include "infera/model/model.h"
+#include "infera/runtime/drafter.h"
 #include "infera/runtime/engine_config.h"
 #include "infera/runtime/prefix_cache.h"
 #include "infera/runtime/scheduler.h"
 #include "infera/runtime/sequence.h"
+#include "infera/runtime/sequence_memory.h"
 
 namespace infera {
 
@@ -92,24 +94,30 @@ class EngineCore {
   bool has_work() const { return scheduler_.has_work(); }
   EngineStats stats() const;
   const EngineConfig& config() const { return config_; }
-  const KvPool& kv_pool() const { return kv_; }
+  const KvPool& kv_pool() const { return *memory_->kv(); }
+  SequenceMemory& memory() { return *memory_; }
   int32_t max_context() const { return max_context_; }
   // Longest sequence the KV cache can hold (all blocks).
   int64_t kv_capacity_tokens() const;
 
  private:
-  void finish(Sequence& seq, FinishReason reason, int32_t stop_token, std::string error = {});
-  void flush_events();
+  // One step: schedule -> forward -> sample or verify -> emit (then the drafter proposes
+  // the next step's drafts).
+  // The plan's chunks as one ForwardBatch, each with its sequence's memory bound (and a
+  // snapshot taken before a chunk that verifies drafts). Returns the logits rows needed.
+  int64_t build_batch(const StepPlan& plan);
+  // Runs the model; false when it failed (the plan's sequences are ended with an error).
+  bool run_forward(const StepPlan& plan, int64_t num_rows);
   // Samples (or verifies drafts and samples) the tokens of a chunk that reached the end
-  // of its sequence; appends them to seq.tokens, commits the kept K/V and rolls back the
-  // rest. `logits`: the chunk's rows. Returns the index in seq.tokens of the first new token.
-  size_t sample_chunk(const ScheduledChunk& c, float* logits);
+  // of its sequence; appends them to seq.tokens and commits the kept positions in the
+  // memory and the scheduler. `logits`: the chunk's rows. Returns the index in seq.tokens
+  // of the first new token.
+  size_t sample_or_verify(const ScheduledChunk& c, float* logits);
   // Sends the token events of seq.tokens[first..], ending the sequence on a stop token or
   // at max_tokens (later tokens of the same step are dropped).
   void emit_tokens(Sequence& seq, size_t first, Clock::time_point now);
-  // Speculative decoding: proposes the next drafts of the plan's live sequences.
-  void propose_ngram_drafts(const StepPlan& plan);  // also SpeculativeConfig::drafter
-  void propose_mtp_drafts(const StepPlan& plan);
+  void finish(Sequence& seq, FinishReason reason, int32_t stop_token, std::string error = {});
+  void flush_events();
   int32_t max_drafts_for(const Sequence& seq) const;
   // Request::prompt_logprobs: whether chunk c has rows that score prompt tokens; scoring
   // them (token_logprobs rewrites those rows); handing them to the request's first event.
@@ -121,31 +129,21 @@ class EngineCore {
   EngineConfig config_;
   int32_t max_context_ = 0;
   int32_t vocab_size_ = 0;
-  KvPool kv_;
-  KvBlockManager blocks_;
+  int32_t num_draft_ = 0;                   // draft tokens per sequence and step (0: off)
+  // K/V pool and block manager, and the recurrent state of a hybrid model.
+  std::unique_ptr<SequenceMemory> memory_;
+  KvBlockManager& blocks_;
   Scheduler scheduler_;
+  std::unique_ptr<Drafter> drafter_;        // null: no speculative decoding
+  DraftLimit draft_limit_;                  // max_drafts_for
   RequestId next_id_ = 1;
   ForwardBatch batch_;
   std::vector<float> logits_;  // [max_num_seqs, vocab]
   std::vector<std::pair<EventCallback*, Event>> pending_events_;
   std::vector<std::unique_ptr<Sequence>> finished_;  // kept until their events are delivered
   EngineStats counters_;
-  // Hybrid models: the recurrent-state slot each sequence owns (SeqChunk::state_slot) from
-  // its first chunk until it finishes; freed slots are reused.
-  std::unordered_map<RequestId, int32_t> state_slots_;
-  std::vector<int32_t> free_state_slots_;
-  int32_t state_slot_for(RequestId id);
-  // Speculative decoding.
-  int32_t num_draft_ = 0;              // draft tokens per sequence and step (0: off)
-  bool hybrid_ = false;                // recurrent state: rejected drafts need a restore
-  bool token_states_ = false;          // hybrid keeps per-token states in verify chunks (no re-feed)
-  std::vector<float> prob_scratch_;    // [vocab]
+  std::vector<float> prob_scratch_;    // [vocab] verification
   std::vector<float> raw_row_;         // [vocab] a logits row before sampling (Request::logprobs)
-  std::vector<float> trunk_hidden_;    // MTP: [batch tokens, hidden] of the last forward
-  ForwardBatch draft_batch_;           // MTP: one drafting pass over several sequences
-  std::vector<float> draft_hidden_;    // MTP: [draft_batch_ tokens, hidden]
-  std::vector<float> draft_logits_;    // MTP: [drafting sequences, vocab]
-  std::vector<Sequence*> drafting_;    // MTP: sequences with a logits row in the pass, in order
 };
 
 // Events of one request, queued for a consumer thread (the server's HTTP handler).

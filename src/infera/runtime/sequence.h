@@ -78,16 +78,11 @@ using EventCallback = std::function<void(const Event&)>;
 
 enum class SeqStatus { kWaiting, kRunning, kFinished };
 
-// Linear-attention / SSM state of one sequence (hybrid models: Qwen3-Next, Qwen3.5).
-// Empty for pure-attention models. When added it will hold per-layer conv and recurrent
-// state, snapshotted at block boundaries so prefix caching and preemption can restore it.
-struct RecurrentState {};
-
 // Speculative decoding state of one sequence (docs/speculative.md). Draft tokens proposed
 // by the MTP head or n-gram lookup wait here until the sequence's next decode step feeds
 // them after its last token as one chunk with every row's logits. Rejected drafts are
-// rolled back: their attention K/V by not advancing num_computed (the slots are
-// overwritten later), a hybrid model's recurrent state by restoring `state_snapshot`.
+// rolled back by the sequence memory (sequence_memory.h: snapshot before the verify
+// forward, commit of the kept tokens after it).
 struct SpeculativeDrafts {
   std::vector<int32_t> tokens;        // proposed, not yet verified
   // Draft distributions q [tokens.size(), vocab] when the MTP head sampled them
@@ -96,12 +91,6 @@ struct SpeculativeDrafts {
   // MTP head: its KV slots [0, mtp_next_slot) hold entries built from the trunk's real
   // hidden states; slots past it hold provisional entries of recursive drafting.
   int32_t mtp_next_slot = 0;
-  // Hybrid models: the sequence's recurrent state before the verify forward
-  // [Model::state_bytes_per_slot()], allocated on the first verify.
-  std::vector<std::byte> state_snapshot;
-  // Hybrid models: the verify chunk kept per-token states (Model::reserve_token_states), so
-  // a rejection commits the kept prefix's state instead of restoring `state_snapshot`.
-  bool token_states = false;
 };
 
 // The engine's state of one request. Owned by the scheduler; touched only on the engine
@@ -131,7 +120,7 @@ struct Sequence {
   std::optional<Clock::time_point> first_scheduled;
   std::optional<Clock::time_point> first_token;
   EventCallback on_event;
-  RecurrentState recurrent;
+  // K/V rows and recurrent state: in the engine's SequenceMemory, under `id`.
   SpeculativeDrafts drafts;
   // Request::logprobs: those of the tokens this step appended (tokens[first..], in order),
   // moved into their events.

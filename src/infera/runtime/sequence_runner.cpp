@@ -9,6 +9,8 @@ namespace infera {
 SequenceRunner::SequenceRunner(Model& model, KvPool& kv, BlockAllocator& blocks, int32_t chunk_tokens)
     : model_(model), kv_(kv), blocks_(blocks), chunk_tokens_(std::max(chunk_tokens, 1)) {
   batch_.seqs.resize(1);
+  const StateShape state = model.state_shape();
+  if (state.floats() > 0) state_ = std::make_unique<RecurrentMemory>(state, 1, 0);
 }
 
 SequenceRunner::~SequenceRunner() { reset(); }
@@ -51,6 +53,7 @@ const float* SequenceRunner::feed(std::span<const int32_t> tokens, bool all_logi
     s.all_logits = all_logits;
     const bool last_chunk = done + n == tokens.size();
     s.last_logits = last_chunk;
+    if (state_) state_->bind(0, block_table_, s);  // (pos0 0 after reset(): the model zeroes the state)
     float* out = all_logits ? logits_.data() + done * vocab : (last_chunk ? logits_.data() : nullptr);
     model_.forward(batch_, kv_, out);
     pos_ += n;

@@ -1,6 +1,7 @@
 // Runs one sequence through a model: prefill in chunks, then token-by-token decode,
-// growing its KV block table on demand. Used by `infera run` and `infera eval`; the
-// serving engine batches many sequences instead.
+// growing its KV block table on demand (a hybrid model's recurrent state in a
+// RecurrentMemory of its own). Used by `infera run` and `infera eval`; the serving engine
+// batches many sequences instead.
 #pragma once
 
 #include <cstdint>
@@ -9,6 +10,7 @@
 
 #include "infera/model/model.h"
 #include "infera/runtime/block_allocator.h"
+#include "infera/runtime/sequence_memory.h"
 
 namespace infera {
 
@@ -31,6 +33,7 @@ class SequenceRunner {
   int32_t chunk_tokens_;
   int32_t pos_ = 0;
   std::vector<int32_t> block_table_;
+  std::unique_ptr<RecurrentMemory> state_;  // null for attention-only models
   std::vector<float> logits_;
   ForwardBatch batch_;
 };

@@ -75,7 +75,8 @@ TEST(DefaultHybrid, MtpHeadMatchesTrainingScript) {
   const std::string dir = std::string(INFERA_SOURCE_DIR) + "/models/infera-default";
   const auto ref = reference(dir);
   auto model = load_model(dir);
-  ASSERT_EQ(model->num_mtp_layers(), 1);
+  MtpHead* head = model->mtp_head();
+  ASSERT_NE(head, nullptr);
   const int32_t V = model->config().vocab_size, H = model->config().hidden_size;
   for (const auto& c : ref["cases"]) {
     const auto ids = c["ids"].get<std::vector<int32_t>>();
@@ -89,14 +90,16 @@ TEST(DefaultHybrid, MtpHeadMatchesTrainingScript) {
     ForwardBatch trunk;
     trunk.tokens = ids;
     trunk.seqs.push_back({0, T, 0, blocks.data(), 4, /*all_logits=*/true, true});
+    std::vector<float> state(static_cast<size_t>(model->state_shape().floats()));
+    trunk.seqs[0].state = state.data();
     std::vector<float> logits(static_cast<size_t>(T) * V);
     model->forward(trunk, kv, logits.data());
-    const std::vector<float> hidden(model->last_hidden(), model->last_hidden() + static_cast<size_t>(T) * H);
+    const std::vector<float> hidden(head->last_hidden(), head->last_hidden() + static_cast<size_t>(T) * H);
     ForwardBatch d;
     d.tokens.assign(ids.begin() + 1, ids.end());
     d.seqs.push_back({0, T - 1, 0, blocks.data(), 4, /*all_logits=*/true, true});
     std::vector<float> draft(static_cast<size_t>(T - 1) * V);
-    model->draft(d, hidden.data(), kv, draft.data());
+    head->draft(d, hidden.data(), kv, draft.data());
     int32_t agree = 0;
     for (int32_t p = 0; p + 1 < T; ++p) agree += argmax(draft.data() + static_cast<size_t>(p) * V, V) == mtp_ref[p];
     EXPECT_EQ(agree, T - 1) << c["name"];

@@ -1,5 +1,5 @@
 // Hybrid (Qwen3.5) and Qwen3-MoE models on tiny random checkpoints from tools/gen_model.py:
-// batched sequences (own recurrent-state slots) equal lone runs, a prefill split into
+// batched sequences (own recurrent states) equal lone runs, a prefill split into
 // chunks or fed token by token equals one chunk (chunked delta rule vs recurrence inside
 // the model), expert counters add up, MTP drafting runs on its own KV layer.
 #include <gtest/gtest.h>
@@ -45,16 +45,26 @@ struct Runner {
     kv = std::make_unique<KvPool>(shape);
   }
   int32_t vocab() const { return model->config().vocab_size; }
+  // The recurrent state of sequence `i` (nullptr for attention-only models): the runtime's
+  // sequence memory owns it in the engine; the model only reads and writes it.
+  float* state(size_t i) {
+    const int64_t floats = model->state_shape().floats();
+    if (floats == 0) return nullptr;
+    if (states.size() <= i) states.resize(i + 1);
+    states[i].resize(static_cast<size_t>(floats));
+    return states[i].data();
+  }
+  std::vector<std::vector<float>> states;
 };
 
-SeqChunk chunk(int32_t begin, int32_t n, int32_t pos0, const std::vector<int32_t>& blocks, int32_t slot) {
+SeqChunk chunk(int32_t begin, int32_t n, int32_t pos0, const std::vector<int32_t>& blocks, float* state) {
   SeqChunk s;
   s.token_begin = begin;
   s.n_tokens = n;
   s.pos0 = pos0;
   s.block_table = blocks.data();
   s.n_blocks = static_cast<int32_t>(blocks.size());
-  s.state_slot = slot;
+  s.state = state;
   return s;
 }
 
@@ -66,7 +76,7 @@ std::vector<float> run_alone(Runner& r, const std::vector<int32_t>& tokens, cons
   for (int n : chunks) {
     ForwardBatch b;
     b.tokens.assign(tokens.begin() + pos, tokens.begin() + pos + n);
-    b.seqs.push_back(chunk(0, n, pos, blocks, slot));
+    b.seqs.push_back(chunk(0, n, pos, blocks, r.state(slot)));
     r.model->forward(b, *r.kv, logits.data());
     pos += n;
   }
@@ -102,9 +112,9 @@ TEST(Qwen35Model, BatchedSequencesEqualLoneRuns) {
   const auto alone_a = run_alone(r, kPromptA, {12, 8}, blocks_a, 0);
   const auto alone_b = run_alone(r, kPromptB, {4, 3}, blocks_b, 0);
 
-  r.model->set_num_state_slots(3);
-  EXPECT_EQ(r.model->num_state_slots(), 3);
-  EXPECT_GT(r.model->state_bytes_per_slot(), 0);
+  const StateShape state = r.model->state_shape();
+  EXPECT_EQ(state.num_layers, 3);  // the GDN layers of the four
+  EXPECT_GT(state.bytes(), 0);
   const int32_t V = r.vocab();
   // Step 1: A's first 12 tokens and B's first 4 in one batch (slots 2 and 1).
   // Step 2: A's last 8 and B's last 3.
@@ -114,8 +124,8 @@ TEST(Qwen35Model, BatchedSequencesEqualLoneRuns) {
     ForwardBatch b;
     b.tokens.assign(kPromptB.begin() + pb, kPromptB.begin() + pb + nb);
     b.tokens.insert(b.tokens.end(), kPromptA.begin() + pa, kPromptA.begin() + pa + na);
-    b.seqs.push_back(chunk(0, nb, pb, blocks_b, 1));
-    b.seqs.push_back(chunk(nb, na, pa, blocks_a, 2));
+    b.seqs.push_back(chunk(0, nb, pb, blocks_b, r.state(1)));
+    b.seqs.push_back(chunk(nb, na, pa, blocks_a, r.state(2)));
     r.model->forward(b, *r.kv, logits.data());
     pa += na;
     pb += nb;
@@ -125,7 +135,7 @@ TEST(Qwen35Model, BatchedSequencesEqualLoneRuns) {
 
   ForwardBatch bad;
   bad.tokens = {1};
-  bad.seqs.push_back(chunk(0, 1, 0, blocks_a, 3));
+  bad.seqs.push_back(chunk(0, 1, 0, blocks_a, nullptr));  // no recurrent state
   EXPECT_THROW(r.model->forward(bad, *r.kv, logits.data()), Error);
 }
 
@@ -145,7 +155,8 @@ TEST(Qwen35Model, ExpertCountsAddUpPerLayer) {
 
 TEST(Qwen35Model, MtpDraftUsesItsOwnKvLayerAndIsDeterministic) {
   Runner r(generated_model("hybrid", kHybridArgs));
-  ASSERT_EQ(r.model->num_mtp_layers(), 1);
+  MtpHead* head = r.model->mtp_head();
+  ASSERT_NE(head, nullptr);
   const auto& c = r.model->config();
   EXPECT_EQ(r.model->kv_shape(kBlock).num_layers, 1 + 1);  // one full-attention layer + MTP
   const std::vector<int32_t> blocks = {0, 1};
@@ -153,26 +164,26 @@ TEST(Qwen35Model, MtpDraftUsesItsOwnKvLayerAndIsDeterministic) {
   // Trunk over T tokens with every row's logits, keeping the post-norm hidden states.
   ForwardBatch trunk;
   trunk.tokens.assign(kPromptA.begin(), kPromptA.begin() + T);
-  trunk.seqs.push_back(chunk(0, T, 0, blocks, 0));
+  trunk.seqs.push_back(chunk(0, T, 0, blocks, r.state(0)));
   trunk.seqs[0].all_logits = true;
   std::vector<float> logits(T * V);
   r.model->forward(trunk, *r.kv, logits.data());
-  const std::vector<float> hidden(r.model->last_hidden(), r.model->last_hidden() + T * H);
+  const std::vector<float> hidden(head->last_hidden(), head->last_hidden() + T * H);
   // Drafts for trunk positions 0..T-2 (token p+1 with hidden p), all rows; then again, one
   // at a time.
   ForwardBatch d;
   d.tokens.assign(kPromptA.begin() + 1, kPromptA.begin() + T);
-  d.seqs.push_back(chunk(0, T - 1, 0, blocks, 0));
+  d.seqs.push_back(chunk(0, T - 1, 0, blocks, nullptr));
   d.seqs[0].all_logits = true;
   std::vector<float> draft_all((T - 1) * V);
-  r.model->draft(d, hidden.data(), *r.kv, draft_all.data());
+  head->draft(d, hidden.data(), *r.kv, draft_all.data());
   for (float x : draft_all) ASSERT_TRUE(std::isfinite(x));
   std::vector<float> one(V);
   for (int32_t p = 1; p < T; ++p) {
     ForwardBatch s;
     s.tokens = {kPromptA[p]};
-    s.seqs.push_back(chunk(0, 1, p - 1, blocks, 0));
-    r.model->draft(s, hidden.data() + (p - 1) * H, *r.kv, one.data());
+    s.seqs.push_back(chunk(0, 1, p - 1, blocks, nullptr));
+    head->draft(s, hidden.data() + (p - 1) * H, *r.kv, one.data());
     std::vector<float> expect(draft_all.begin() + (p - 1) * V, draft_all.begin() + p * V);
     EXPECT_LT(max_diff(expect, one.data()), 1e-4f) << "position " << p;
   }

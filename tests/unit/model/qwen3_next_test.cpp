@@ -46,7 +46,9 @@ struct Runner {
     KvPoolShape shape = model->kv_shape(kBlock);
     shape.num_blocks = 8;
     kv = std::make_unique<KvPool>(shape);
+    state.resize(static_cast<size_t>(model->state_shape().floats()));  // the one sequence's recurrent state
   }
+  std::vector<float> state;
 };
 
 SeqChunk chunk(int32_t n, int32_t pos0, const std::vector<int32_t>& blocks) {
@@ -56,7 +58,6 @@ SeqChunk chunk(int32_t n, int32_t pos0, const std::vector<int32_t>& blocks) {
   s.pos0 = pos0;
   s.block_table = blocks.data();
   s.n_blocks = static_cast<int32_t>(blocks.size());
-  s.state_slot = 0;
   return s;
 }
 
@@ -73,26 +74,32 @@ std::vector<float> trace(Runner& r) {
   prefill.tokens.assign(kPrompt.begin(), kPrompt.begin() + T);
   prefill.seqs.push_back(chunk(T, 0, blocks));
   prefill.seqs[0].all_logits = true;
+  prefill.seqs[0].state = r.state.data();
   std::vector<float> logits(T * V);
-  r.model->set_hidden_for_all_tokens(true);
+  MtpHead* head = r.model->mtp_head();  // null without mtp.* weights
+  if (head) head->set_hidden_for_all_tokens(true);
   r.model->forward(prefill, *r.kv, logits.data());
-  r.model->set_hidden_for_all_tokens(false);
-  const std::vector<float> hidden(r.model->last_hidden(), r.model->last_hidden() + T * H);
+  std::vector<float> hidden;
+  if (head) {
+    head->set_hidden_for_all_tokens(false);
+    hidden.assign(head->last_hidden(), head->last_hidden() + T * H);
+  }
   out.insert(out.end(), logits.begin(), logits.end());
   for (int32_t p = T; p < static_cast<int32_t>(kPrompt.size()); ++p) {
     ForwardBatch step;
     step.tokens = {kPrompt[p]};
     step.seqs.push_back(chunk(1, p, blocks));
+    step.seqs[0].state = r.state.data();
     r.model->forward(step, *r.kv, logits.data());
     out.insert(out.end(), logits.begin(), logits.begin() + V);
   }
-  if (r.model->num_mtp_layers() > 0) {
+  if (head) {
     ForwardBatch d;
     d.tokens.assign(kPrompt.begin() + 1, kPrompt.begin() + T);
     d.seqs.push_back(chunk(T - 1, 0, blocks));
     d.seqs[0].all_logits = true;
     std::vector<float> draft((T - 1) * V);
-    r.model->draft(d, hidden.data(), *r.kv, draft.data());
+    head->draft(d, hidden.data(), *r.kv, draft.data());
     out.insert(out.end(), draft.begin(), draft.end());
   }
   return out;
@@ -109,7 +116,7 @@ TEST(Qwen3Next, FusedLayoutGivesTheSameLogitsAsQwen35Moe) {
   EXPECT_FALSE(c.is_linear_attention_layer(3));
   EXPECT_TRUE(c.norm_topk_prob);
   // Qwen3-Next's config.json does not declare the MTP head; the mtp.* tensors do.
-  EXPECT_EQ(fused.model->num_mtp_layers(), 1);
+  EXPECT_NE(fused.model->mtp_head(), nullptr);
   EXPECT_EQ(fused.model->weight_bytes_per_token(), split.model->weight_bytes_per_token());
 
   const auto a = trace(split);

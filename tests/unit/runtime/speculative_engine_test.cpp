@@ -50,9 +50,10 @@ std::vector<int32_t> repetitive(std::mt19937& rng, int32_t phrase, int32_t times
 
 // These models' steps are too small to share between threads (OpenMP start-up and
 // spinning dominate on a loaded machine): one thread for the test's duration.
-// One sequence's chunk of `tokens` at pos0 over `blocks`, as the engine batches it.
+// One sequence's chunk of `tokens` at pos0 over `blocks`, as the engine batches it, with
+// its recurrent state bound by `memory` (sequence id 1).
 ForwardBatch one_chunk(std::vector<int32_t> tokens, int32_t pos0, const std::vector<int32_t>& blocks, bool all_logits,
-                       bool keep_token_states) {
+                       RecurrentMemory& memory) {
   ForwardBatch b;
   b.tokens = std::move(tokens);
   SeqChunk c;
@@ -61,7 +62,7 @@ ForwardBatch one_chunk(std::vector<int32_t> tokens, int32_t pos0, const std::vec
   c.block_table = blocks.data();
   c.n_blocks = static_cast<int32_t>(blocks.size());
   c.all_logits = all_logits;
-  c.keep_token_states = keep_token_states;
+  memory.bind(1, blocks, c);
   b.seqs.push_back(c);
   return b;
 }
@@ -359,49 +360,54 @@ TEST(SpeculativeEngine, SampledMtpKeepsTheDistributionOnHybrid) {
 TEST(SpeculativeModelSeam, StateRestoreAndAllTokenHiddenStates) {
   OneThread one;
   Model& model = hybrid();
+  MtpHead* head = model.mtp_head();
+  ASSERT_NE(head, nullptr);
   const int32_t V = model.config().vocab_size, H = model.config().hidden_size;
   KvPoolShape shape = model.kv_shape(16);
   shape.num_blocks = 4;
   KvPool kv(shape);
+  // No per-token states: a rollback restores the copy taken when the chunk was bound.
+  RecurrentMemory memory(model.state_shape(), 1, 0);
   const std::vector<int32_t> blocks = {0, 1, 2, 3};
   auto batch_of = [&](std::vector<int32_t> tokens, int32_t pos0, bool all) {
-    return one_chunk(std::move(tokens), pos0, blocks, all, false);
+    return one_chunk(std::move(tokens), pos0, blocks, all, memory);
   };
   std::vector<float> prompt_logits(V), a(3 * V), b(3 * V);
   model.forward(batch_of({5, 17, 42, 99, 7}, 0, false), kv, prompt_logits.data());
-  std::vector<std::byte> snapshot(static_cast<size_t>(model.state_bytes_per_slot()));
-  model.save_state(0, snapshot.data());
-  // A "verify" chunk, then the state restored and a different chunk at the same place,
-  // then the first chunk again: the restore must make it as if nothing had happened.
+  // A "verify" chunk, then the state rolled back and a different chunk at the same place,
+  // then the first chunk again: the rollback must make it as if nothing had happened.
+  memory.snapshot(1);
   model.forward(batch_of({11, 12, 13}, 5, true), kv, a.data());
-  model.restore_state(0, snapshot.data());
+  EXPECT_EQ(memory.rollback(1, 3), 5);
+  memory.snapshot(1);
   model.forward(batch_of({200, 201, 202}, 5, true), kv, b.data());
   EXPECT_NE(a, b);
-  model.restore_state(0, snapshot.data());
+  EXPECT_EQ(memory.commit(1, 0), 5);
   std::vector<float> again(3 * V);
-  model.set_hidden_for_all_tokens(true);
+  head->set_hidden_for_all_tokens(true);
+  memory.snapshot(1);
   model.forward(batch_of({11, 12, 13}, 5, false), kv, again.data());  // last row only
-  std::vector<float> all_hidden(model.last_hidden(), model.last_hidden() + 3 * H);
-  model.set_hidden_for_all_tokens(false);
+  std::vector<float> all_hidden(head->last_hidden(), head->last_hidden() + 3 * H);
+  head->set_hidden_for_all_tokens(false);
   // (A tolerance, not equality: 3-row and 1-row matmuls may round differently.)
   float diff = 0;
   for (int32_t i = 0; i < V; ++i) diff = std::max(diff, std::abs(a[2 * V + i] - again[i]));
   EXPECT_LT(diff, 1e-4f);
   // Every token's hidden state is there, and the last one equals the logits-row hidden state.
-  model.restore_state(0, snapshot.data());
+  EXPECT_EQ(memory.rollback(1, 3), 5);
   model.forward(batch_of({11, 12, 13}, 5, false), kv, again.data());
   float hdiff = 0;
-  for (int32_t i = 0; i < H; ++i) hdiff = std::max(hdiff, std::abs(all_hidden[2 * H + i] - model.last_hidden()[i]));
+  for (int32_t i = 0; i < H; ++i) hdiff = std::max(hdiff, std::abs(all_hidden[2 * H + i] - head->last_hidden()[i]));
   EXPECT_LT(hdiff, 1e-5f);
 }
 
 namespace {
 
-// Passes everything to `inner` and records where each forward's chunks start per state
-// slot. A sequence's chunks start ever later unless tokens are fed again: the re-feed
-// after a rollback starts a chunk where the rolled-back verify chunk started (a chunk
-// after a partial rejection without re-feed starts past the kept tokens). `token_states`
-// false hides Model::reserve_token_states: the engine's fallback path.
+// Passes everything to `inner` and records where each forward's chunks start per
+// recurrent state. A sequence's chunks start ever later unless tokens are fed again: the
+// re-feed after a rollback starts a chunk where the rolled-back verify chunk started (a
+// chunk after a partial rejection without re-feed starts past the kept tokens).
+// `token_states` false hides StateShape::token_states: the sequence memory's fallback path.
 class RecordingModel final : public Model {
  public:
   RecordingModel(Model& inner, bool token_states) : inner_(inner), token_states_(token_states) {
@@ -411,35 +417,30 @@ class RecordingModel final : public Model {
   void forward(const ForwardBatch& batch, KvPool& kv, float* logits) override {
     ++forwards;
     for (const SeqChunk& s : batch.seqs) {
-      auto [it, fresh] = last_pos0_.try_emplace(s.state_slot, s.pos0);
-      if (!fresh && s.pos0 > 0 && s.pos0 <= it->second) ++refeeds;  // (pos0 0: the slot's next sequence)
+      auto [it, fresh] = last_pos0_.try_emplace(s.state_id, s.pos0);
+      if (!fresh && s.pos0 > 0 && s.pos0 <= it->second) ++refeeds;  // (pos0 0: the state's next sequence)
       it->second = s.pos0;
-      if (s.keep_token_states) ++token_state_chunks;
+      if (s.token_states != nullptr) ++token_state_chunks;
     }
     inner_.forward(batch, kv, logits);
   }
   int64_t weight_bytes_per_token() const override { return inner_.weight_bytes_per_token(); }
   int64_t num_parameters() const override { return inner_.num_parameters(); }
-  int64_t state_bytes_per_slot() const override { return inner_.state_bytes_per_slot(); }
-  int32_t num_state_slots() const override { return inner_.num_state_slots(); }
-  void set_num_state_slots(int32_t n) override { inner_.set_num_state_slots(n); }
-  void save_state(int32_t slot, void* buffer) const override { inner_.save_state(slot, buffer); }
-  void restore_state(int32_t slot, const void* buffer) override { inner_.restore_state(slot, buffer); }
-  bool reserve_token_states(int32_t n) override { return token_states_ && inner_.reserve_token_states(n); }
-  void commit_token_state(int32_t slot, int32_t n) override { inner_.commit_token_state(slot, n); }
-  int num_mtp_layers() const override { return inner_.num_mtp_layers(); }
-  const float* last_hidden() const override { return inner_.last_hidden(); }
-  void draft(const ForwardBatch& b, const float* h, KvPool& kv, float* logits) override { inner_.draft(b, h, kv, logits); }
-  void set_hidden_for_all_tokens(bool on) override { inner_.set_hidden_for_all_tokens(on); }
+  StateShape state_shape() const override {
+    StateShape s = inner_.state_shape();
+    s.token_states = s.token_states && token_states_;
+    return s;
+  }
+  MtpHead* mtp_head() override { return inner_.mtp_head(); }
 
   int64_t forwards = 0;
   int64_t refeeds = 0;             // chunks that started at or before the slot's previous chunk
-  int64_t token_state_chunks = 0;  // chunks run with SeqChunk::keep_token_states
+  int64_t token_state_chunks = 0;  // chunks run with SeqChunk::token_states
 
  private:
   Model& inner_;
   bool token_states_;
-  std::map<int32_t, int32_t> last_pos0_;  // state slot -> pos0 of its last chunk
+  std::map<int32_t, int32_t> last_pos0_;  // state id -> pos0 of its last chunk
 };
 
 }  // namespace
@@ -476,48 +477,56 @@ TEST(SpeculativeEngine, HybridCommitsTheKeptTokensStateWithoutAReFeed) {
 }
 
 TEST(SpeculativeModelSeam, CommittedTokenStateEqualsDecodingTheTokens) {
-  // A verify chunk that keeps token states, then commit_token_state(j): the slot's state
-  // must be bit for bit the state of decoding the chunk's first j tokens one at a time
-  // (both run the same single-token recurrence on the same rows: the prompt before them
-  // went through the chunked rule once, identically, in both), and so must every logits
-  // row of the chunk within matmul rounding (a 5-row and a 1-row matmul may round apart).
+  // A verify chunk that keeps token states, then commit(j): the sequence's state must be bit
+  // for bit the state of decoding the chunk's first j tokens one at a time (both run the
+  // same single-token recurrence on the same rows: the prompt before them went through the
+  // chunked rule once, identically, in both), and so must every logits row of the chunk
+  // within matmul rounding (a 5-row and a 1-row matmul may round apart).
   OneThread one;
   Model& model = hybrid();
-  ASSERT_TRUE(model.reserve_token_states(5));
+  ASSERT_TRUE(model.state_shape().token_states);
+  RecurrentMemory memory(model.state_shape(), 1, 5);
+  ASSERT_TRUE(memory.keeps_token_states());
   const int32_t V = model.config().vocab_size;
-  const int64_t bytes = model.state_bytes_per_slot();
+  const size_t floats = static_cast<size_t>(model.state_shape().floats());
   KvPoolShape shape = model.kv_shape(16);
   shape.num_blocks = 4;
   KvPool kv(shape);
   const std::vector<int32_t> blocks = {0, 1, 2, 3};
-  auto run = [&](std::vector<int32_t> tokens, int32_t pos0, bool all, bool keep, float* logits) {
-    model.forward(one_chunk(std::move(tokens), pos0, blocks, all, keep), kv, logits);
+  auto run = [&](std::vector<int32_t> tokens, int32_t pos0, bool all, float* logits) {
+    ForwardBatch b = one_chunk(std::move(tokens), pos0, blocks, all, memory);
+    model.forward(b, kv, logits);
+    return b.seqs[0].token_states != nullptr;
   };
+  auto state = [&] { return std::vector<float>(memory.state(1), memory.state(1) + floats); };
   const std::vector<int32_t> prompt = {5, 17, 42, 99, 7, 250, 3, 64, 12};  // chunked rule (9 tokens)
   const std::vector<int32_t> chunk = {11, 12, 13, 14, 15};
   const int32_t P = static_cast<int32_t>(prompt.size()), n = static_cast<int32_t>(chunk.size());
   std::vector<float> logits(static_cast<size_t>(n) * V);
   // Plain: decode the chunk's tokens one by one, the state after each saved.
-  run(prompt, 0, false, false, logits.data());
-  std::vector<std::vector<std::byte>> decoded(n, std::vector<std::byte>(static_cast<size_t>(bytes)));
+  run(prompt, 0, false, logits.data());
+  std::vector<std::vector<float>> decoded;
   std::vector<float> decode_logits(static_cast<size_t>(n) * V);
   for (int32_t t = 0; t < n; ++t) {
-    run({chunk[t]}, P + t, false, false, decode_logits.data() + static_cast<size_t>(t) * V);
-    model.save_state(0, decoded[t].data());
+    run({chunk[t]}, P + t, false, decode_logits.data() + static_cast<size_t>(t) * V);
+    decoded.push_back(state());
   }
-  std::vector<std::byte> state(static_cast<size_t>(bytes));
   for (int32_t keep = 1; keep <= n; ++keep) {
-    run(prompt, 0, false, false, logits.data());
-    run(chunk, P, true, true, logits.data());
-    if (keep < n) model.commit_token_state(0, keep);  // the whole chunk's state is already there
-    model.save_state(0, state.data());
-    EXPECT_EQ(std::memcmp(state.data(), decoded[keep - 1].data(), static_cast<size_t>(bytes)), 0)
-        << "state after " << keep << " of " << n << " tokens";
+    run(prompt, 0, false, logits.data());
+    memory.snapshot(1);
+    EXPECT_TRUE(run(chunk, P, true, logits.data()));
+    EXPECT_EQ(memory.commit(1, keep), P + keep);  // the whole chunk's state is already there when keep == n
+    EXPECT_EQ(state(), decoded[keep - 1]) << "state after " << keep << " of " << n << " tokens";
   }
   float diff = 0;
   for (size_t i = 0; i < logits.size(); ++i) diff = std::max(diff, std::abs(logits[i] - decode_logits[i]));
   EXPECT_LT(diff, 1e-4f);
-  // A longer chunk than reserved is refused.
-  run(prompt, 0, false, false, logits.data());
-  EXPECT_THROW(run({1, 2, 3, 4, 5, 6}, P, true, true, nullptr), Error);
+  // A longer chunk than the memory keeps token states for runs with a copy of the state
+  // before it instead: a partial commit goes back there (the caller feeds the kept tokens again).
+  run(prompt, 0, false, logits.data());
+  const std::vector<float> before = state();
+  memory.snapshot(1);
+  EXPECT_FALSE(run({1, 2, 3, 4, 5, 6}, P, true, nullptr));
+  EXPECT_EQ(memory.commit(1, 3), P);
+  EXPECT_EQ(state(), before);
 }
