@@ -75,11 +75,20 @@ struct RankReport {
   int64_t collectives = 0;
   int64_t bytes = 0;
   double comm_seconds = 0;
+  int64_t weight_bytes_per_token = 0;  // this rank's shard
 };
 
-RankReport own_report(const parallel::Communicator& comm) {
+RankReport own_report(const parallel::Communicator& comm, const Model& model) {
   const parallel::CommStats& st = comm.stats();
-  return RankReport{parallel::peak_rss_kib(), parallel::current_rss_kib(), st.calls(), st.bytes(), st.seconds()};
+  return RankReport{parallel::peak_rss_kib(), parallel::current_rss_kib(), st.calls(), st.bytes(), st.seconds(),
+                    model.weight_bytes_per_token()};
+}
+
+// Achieved weight-read bandwidth: bytes of weights one decode step reads (summed over the
+// ranks of a group) times decode steps per second, in GB/s (10^9 bytes). KV reads are not
+// counted, so this is a lower bound of the memory traffic.
+double weight_gb_per_s(int64_t weight_bytes_per_step, double steps_per_s) {
+  return static_cast<double>(weight_bytes_per_step) * steps_per_s / 1e9;
 }
 
 // Speculative decoding: the engine core (one sequence) owns the draft/verify loop, so
@@ -139,6 +148,9 @@ int generate_speculative(const RunOptions& o, Model& model, const std::vector<in
   const double gen_tps = generated.size() > 1 && decode_s > 0 ? (generated.size() - 1) / decode_s : 0.0;
   const double prompt_tps = first_token_s > 0 ? prompt.size() / first_token_s : 0.0;
   const EngineStats st = core.stats();
+  // Each decode step (one forward, however many tokens it accepts) reads the weights once.
+  const int64_t weight_bytes = model.weight_bytes_per_token();
+  const double gen_gbs = decode_s > 0 ? weight_gb_per_s(weight_bytes, st.spec_decode_steps / decode_s) : 0.0;
   const char* method = speculative_method_name(c.speculative.method);
   std::vector<double> by_position;
   for (size_t i = 0; i < st.spec_drafted_per_pos.size(); ++i) {
@@ -152,6 +164,8 @@ int generate_speculative(const RunOptions& o, Model& model, const std::vector<in
                         {"prompt_tokens_per_s", prompt_tps},
                         {"generated_tokens", generated.size()},
                         {"generated_tokens_per_s", gen_tps},
+                        {"generated_gb_per_s", gen_gbs},
+                        {"weight_bytes_per_token", weight_bytes},
                         {"speculative",
                          {{"method", method},
                           {"draft_tokens", c.speculative.draft_tokens()},
@@ -165,8 +179,8 @@ int generate_speculative(const RunOptions& o, Model& model, const std::vector<in
     if (o.logprobs >= 0) j["logprobs"] = token_logprobs_out;
     std::printf("%s\n", j.dump().c_str());
   } else {
-    std::printf("\n\nprompt: %zu tokens, %.2f tokens/s | generated: %zu tokens, %.2f tokens/s\n", prompt.size(),
-                prompt_tps, generated.size(), gen_tps);
+    std::printf("\n\nprompt: %zu tokens, %.2f tokens/s | generated: %zu tokens, %.2f tokens/s, %.2f GB/s\n",
+                prompt.size(), prompt_tps, generated.size(), gen_tps, gen_gbs);
     std::string positions;
     for (double a : by_position) positions += fmt::format(" {:.2f}", a);
     std::printf("speculative %s, %d draft tokens: %lld drafted, %lld accepted (%.1f%%), %.2f tokens per decode step, "
@@ -210,7 +224,7 @@ int generate(const RunOptions& o, parallel::Communicator* comm) {
   if (group && rank != 0) {
     // Mirror rank 0's steps on this rank's shard until it is done, then report.
     run_parallel_worker(*model, *comm, load.parallel.merged_sync);
-    const RankReport mine = own_report(*comm);
+    const RankReport mine = own_report(*comm, *model);
     comm->gather(&mine, sizeof(mine), nullptr, 0);
     return 0;
   }
@@ -325,6 +339,7 @@ int generate(const RunOptions& o, parallel::Communicator* comm) {
     std::fwrite(rest.data(), 1, rest.size(), stdout);
   }
   const double decode_s = decode_timer.seconds();
+  int64_t weight_bytes = model->weight_bytes_per_token();  // under --tp/--ep: every rank's shard, summed below
   nlohmann::json parallel_json;
   if (group) {
     const parallel::CommStats& now = comm->stats();
@@ -333,13 +348,16 @@ int generate(const RunOptions& o, parallel::Communicator* comm) {
     const double secs = now.seconds() - comm_before_decode.seconds();
     parallel_model->stop_workers();
     std::vector<RankReport> reports(static_cast<size_t>(comm->size()));
-    const RankReport mine = own_report(*comm);
+    const RankReport mine = own_report(*comm, *model);
     comm->gather(&mine, sizeof(mine), reports.data(), 0);
     nlohmann::json ranks = nlohmann::json::array();
+    weight_bytes = 0;
     for (int r = 0; r < comm->size(); ++r) {
       const RankReport& rr = reports[r];
+      weight_bytes += rr.weight_bytes_per_token;
       ranks.push_back({{"rank", r}, {"vm_hwm_kib", rr.vm_hwm_kib}, {"vm_rss_kib", rr.vm_rss_kib},
-                       {"collectives", rr.collectives}, {"bytes", rr.bytes}, {"comm_seconds", rr.comm_seconds}});
+                       {"collectives", rr.collectives}, {"bytes", rr.bytes}, {"comm_seconds", rr.comm_seconds},
+                       {"weight_bytes_per_token", rr.weight_bytes_per_token}});
     }
     const double steps = std::max<int64_t>(decode_steps, 1);
     parallel_json = {{"tp", o.tp},
@@ -358,19 +376,23 @@ int generate(const RunOptions& o, parallel::Communicator* comm) {
   // The first generated token comes from the prefill logits; decode time covers the rest.
   const double gen_tps = generated.size() > 1 ? (generated.size() - 1) / decode_s : 0.0;
   const double prompt_tps = prompt.size() / prefill_s;
+  // One decode step per generated token after the first.
+  const double gen_gbs = weight_gb_per_s(weight_bytes, gen_tps);
   if (o.json) {
     nlohmann::json j = {{"ids", generated},
                         {"prompt_tokens", prompt.size()},
                         {"prompt_tokens_per_s", prompt_tps},
                         {"generated_tokens", generated.size()},
-                        {"generated_tokens_per_s", gen_tps}};
+                        {"generated_tokens_per_s", gen_tps},
+                        {"generated_gb_per_s", gen_gbs},
+                        {"weight_bytes_per_token", weight_bytes}};
     if (tok) j["text"] = tok->decode(generated);
     if (o.logprobs >= 0) j["logprobs"] = token_logprobs_out;
     if (group) j["parallel"] = parallel_json;
     std::printf("%s\n", j.dump().c_str());
   } else {
-    std::printf("\n\nprompt: %zu tokens, %.2f tokens/s | generated: %zu tokens, %.2f tokens/s\n", prompt.size(),
-                prompt_tps, generated.size(), gen_tps);
+    std::printf("\n\nprompt: %zu tokens, %.2f tokens/s | generated: %zu tokens, %.2f tokens/s, %.2f GB/s\n",
+                prompt.size(), prompt_tps, generated.size(), gen_tps, gen_gbs);
   }
   return 0;
 }
