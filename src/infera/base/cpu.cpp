@@ -5,6 +5,8 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "infera/base/options.h"
+
 namespace infera {
 namespace {
 
@@ -43,9 +45,9 @@ CpuFeatures detect() {
     f.avx512vnni = c7 & (1u << 11);
     f.avx512bf16 = a71 & (1u << 5);
   }
-  const char* cap = std::getenv("INFERA_ISA");
-  if (cap && std::strcmp(cap, "scalar") == 0) f = CpuFeatures{};
-  if (cap && std::strcmp(cap, "avx2") == 0) {
+  const std::string cap = option_env("isa", BadEnvValue::kWarnAndIgnore);  // INFERA_ISA
+  if (cap == "scalar") f = CpuFeatures{};
+  if (cap == "avx2") {
     f.avx512f = f.avx512bw = f.avx512vl = f.avx512dq = f.avx512vnni = f.avx512bf16 = false;
   }
   return f;

@@ -15,6 +15,7 @@
 #include "infera/base/timer.h"
 #include "infera/cli/command.h"
 #include "infera/cli/model_paths.h"
+#include "infera/cli/run_options.h"
 #include "infera/model/model.h"
 #include "infera/model/parallel_model.h"
 #include "infera/parallel/communicator.h"
@@ -27,39 +28,6 @@
 
 namespace infera::cli {
 namespace {
-
-struct RunOptions {
-  std::string model_dir;
-  std::string prompt;
-  std::string prompt_file;
-  std::string prompt_ids;  // JSON array; bypasses the tokenizer
-  int32_t n_predict = 128;
-  int32_t threads = 0;
-  int32_t ctx = 4096;
-  int32_t chunk = 512;
-  std::string kv_dtype = "f32";  // KV cache storage: f32 | bf16 | int8
-  float temperature = 0.8f;
-  int32_t top_k = 40;
-  float top_p = 0.95f;
-  float min_p = 0.05f;
-  float repeat_penalty = 1.0f;
-  float presence_penalty = 0.0f;
-  float frequency_penalty = 0.0f;
-  int64_t seed = -1;
-  bool json = false;
-  bool ignore_eos = false;
-  bool no_mmap = false;
-  std::string logits_file;  // raw f32 logits of the prompt's last position
-  int32_t logprobs = -1;     // --logprobs N: each token's logprob and its N most likely alternatives (-1: off)
-  // Tensor / expert parallelism (docs/parallel.md).
-  std::string speculative = "none";  // none | ngram | mtp: decode through EngineCore with drafts
-  int32_t draft_tokens = 0;           // 0: the method's default
-  int32_t tp = 1;
-  int32_t ep = 1;
-  double tp_timeout = 300.0;
-  bool tp_textbook_sync = false;
-  std::string ep_dispatch = "allreduce";  // allreduce | all-to-all (docs/parallel.md)
-};
 
 // One generated token's log-probabilities as printed by --json --logprobs.
 nlohmann::json logprobs_json(const TokenLogprobs& lp) {
@@ -198,8 +166,7 @@ int generate(const RunOptions& o, parallel::Communicator* comm) {
   int threads = o.threads;
   if (group && threads == 0) {
     // Ranks sharing a host share its cores: all cores each would oversubscribe them.
-    const int local = std::max(1, std::atoi(std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE") ? std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE") : "1"));
-    threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / local);
+    threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / parallel::launcher_local_size());
   }
   set_num_threads(threads);
   const std::string dir = o.model_dir.empty() ? default_model_dir() : o.model_dir;
@@ -428,55 +395,7 @@ int run(std::shared_ptr<RunOptions> opts) {
 void setup(CLI::App& app) {
   auto* cmd = app.add_subcommand("run", "Generate text from a prompt with one model");
   auto o = std::make_shared<RunOptions>();
-  cmd->add_option("-m,--model", o->model_dir, "Model directory (Hugging Face layout); default: the built-in model");
-  auto* p = cmd->add_option("-p,--prompt", o->prompt, "Prompt text");
-  auto* f = cmd->add_option("-f,--file", o->prompt_file, "Read the prompt from a file");
-  auto* ids = cmd->add_option("--prompt-ids", o->prompt_ids, "Prompt as a JSON array of token ids");
-  p->excludes(f);
-  ids->excludes(p)->excludes(f);
-  cmd->add_option("-n,--n-predict", o->n_predict, "Tokens to generate")->default_val(128)->check(CLI::NonNegativeNumber);
-  cmd->add_option("-t,--threads", o->threads, "Threads (0: all cores)")->default_val(0)->check(CLI::NonNegativeNumber);
-  cmd->add_option("-c,--ctx", o->ctx, "Context length (prompt + generated)")->default_val(4096)->check(CLI::PositiveNumber);
-  cmd->add_option("--prefill-chunk", o->chunk, "Prompt tokens per forward")->default_val(512)->check(CLI::PositiveNumber);
-  cmd->add_option("--kv-dtype", o->kv_dtype, "KV cache storage: f32, bf16 (half the memory) or int8 (about a quarter; "
-                                             "an f32 scale per token and KV head)")
-      ->default_val("f32")
-      ->check(CLI::IsMember({"f32", "bf16", "int8"}));
-  cmd->add_option("--temp", o->temperature, "Temperature (0: greedy)")->default_val(0.8)->check(CLI::NonNegativeNumber);
-  cmd->add_option("--top-k", o->top_k, "Top-k (0: off)")->default_val(40)->check(CLI::NonNegativeNumber);
-  cmd->add_option("--top-p", o->top_p, "Top-p (1: off)")->default_val(0.95)->check(CLI::Range(0.0, 1.0));
-  cmd->add_option("--min-p", o->min_p, "Min-p (0: off)")->default_val(0.05)->check(CLI::Range(0.0, 1.0));
-  cmd->add_option("--repeat-penalty", o->repeat_penalty, "Repetition penalty (1: off)")->default_val(1.0)->check(CLI::PositiveNumber);
-  cmd->add_option("--presence-penalty", o->presence_penalty, "Presence penalty")->default_val(0.0);
-  cmd->add_option("--frequency-penalty", o->frequency_penalty, "Frequency penalty")->default_val(0.0);
-  cmd->add_option("--seed", o->seed, "Sampling seed (-1: random)")->default_val(-1);
-  cmd->add_flag("--json", o->json, "Print one JSON object as the last line instead of text");
-  cmd->add_option("--logprobs", o->logprobs,
-                  "With --json: each generated token's log-probability and its N most likely alternatives "
-                  "(0-20; the model's raw distribution, before sampling settings)")
-      ->check(CLI::Range(0, kMaxTopLogprobs));
-  cmd->add_flag("--ignore-eos", o->ignore_eos, "Keep generating after end-of-sequence tokens");
-  cmd->add_flag("--no-mmap", o->no_mmap, "Read weights into memory instead of mapping the files");
-  cmd->add_option("--logits-file", o->logits_file, "Write the prompt's last-position logits (raw f32)");
-  cmd->add_option("--speculative", o->speculative, "Speculative decoding: none, ngram (prompt lookup) or mtp (the model's MTP head)")
-      ->default_val("none")
-      ->check(CLI::IsMember({"none", "ngram", "mtp"}));
-  cmd->add_option("--draft-tokens", o->draft_tokens, "Draft tokens per step with --speculative (0: mtp 1, ngram 4)")
-      ->default_val(0)
-      ->check(CLI::Range(0, 16));
-  cmd->add_option("--tp", o->tp, "Tensor-parallel ranks: attention heads, MLP and vocabulary split over N processes "
-                                 "(started with mpirun on this host unless already under mpirun)")
-      ->default_val(1)->check(CLI::PositiveNumber);
-  cmd->add_option("--ep", o->ep, "Expert-parallel ranks (MoE models): experts split over N processes")
-      ->default_val(1)->check(CLI::PositiveNumber);
-  cmd->add_option("--tp-timeout", o->tp_timeout, "Seconds a rank waits in one collective before it declares a peer hung and ends the group (0: never)")
-      ->default_val(300)->check(CLI::NonNegativeNumber);
-  cmd->add_flag("--tp-textbook-sync", o->tp_textbook_sync, "Benchmarking: the unmerged sync sequence (more collectives per step)");
-  cmd->add_option("--ep-dispatch", o->ep_dispatch, "With --ep alone: allreduce (every rank runs its experts for all "
-                                                   "tokens, one all-reduce) or all-to-all (tokens split across ranks, "
-                                                   "dispatched to the experts' ranks and back)")
-      ->default_val("allreduce")
-      ->check(CLI::IsMember({"allreduce", "all-to-all"}));
+  add_run_flags(cmd, *o);
   cmd->callback([o] { set_exit_code(run(o)); });
 }
 

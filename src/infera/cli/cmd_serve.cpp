@@ -14,18 +14,16 @@
 #include <signal.h>
 
 #include <atomic>
-#include <cstdlib>
 #include <ctime>
 #include <memory>
 #include <optional>
-#include <sstream>
 #include <thread>
 
 #include "infera/base/error.h"
 #include "infera/base/log.h"
 #include "infera/base/threads.h"
 #include "infera/cli/command.h"
-#include "infera/cli/model_paths.h"
+#include "infera/cli/serve_options.h"
 #include "infera/model/model.h"
 #include "infera/model/parallel_model.h"
 #include "infera/model/tensor_parallel.h"
@@ -42,103 +40,10 @@ namespace {
 using namespace infera;
 using namespace infera::server;
 
-struct ServeOptions {
-  std::string config_file;
-  std::string model_dir;
-  std::string name;
-  std::string host = "127.0.0.1";
-  int port = 8000;
-  int threads = 0;
-  std::vector<std::string> api_keys;
-  std::vector<std::string> allowed_hosts;
-  std::vector<std::string> allowed_origins;
-  std::string kv_cache_memory;
-  std::string kv_dtype = "f32";
-  int max_input_len = 0;
-  int max_output_len = 0;
-  int max_batch_tokens = 0;
-  int max_num_seqs = 0;
-  int prefill_chunk = 0;
-  std::string profile = "chat";
-  std::string chat_template;
-  std::string audit_log;
-  bool audit_log_prompts = false;
-  std::string body_limit;
-  double request_timeout_s = 600;
-  double drain_grace_s = 30;
-  bool load_into_memory = false;
-  bool no_prefix_cache = false;
-  std::string speculative = "none";
-  int draft_tokens = 0;
-  int tp = 1;
-  int ep = 1;
-  double tp_timeout = 300;
-  bool host_given = false, port_given = false, tp_given = false;
-};
+using infera::cli::ServeOptions;
 
 bool is_loopback(const std::string& host) {
   return host == "127.0.0.1" || host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
-}
-
-DeployConfig build_config(const ServeOptions& o) {
-  DeployConfig config;
-  if (!o.config_file.empty()) {
-    if (!o.model_dir.empty()) fail("give either --config or -m, not both (put the model into the config file)");
-    if (o.tp_given) fail("give --tp / --ep with -m; with --config put tp / ep into the model's entry of the config file");
-    config = load_deploy_config(o.config_file);
-    if (o.host_given) config.server.host = o.host;
-    if (o.port_given) config.server.port = o.port;
-    for (const auto& h : o.allowed_hosts) config.server.allowed_hosts.push_back(h);
-    for (const auto& origin : o.allowed_origins) config.server.allowed_origins.push_back(origin);
-    return config;
-  }
-  ServerConfig& s = config.server;
-  s.host = o.host;
-  s.port = o.port;
-  s.audit_log_path = o.audit_log;
-  s.audit_log_prompts = o.audit_log_prompts;
-  s.request_timeout_s = o.request_timeout_s;
-  s.drain_grace_s = o.drain_grace_s;
-  s.allowed_hosts = o.allowed_hosts;
-  s.allowed_origins = o.allowed_origins;
-  if (!o.body_limit.empty()) s.body_limit_bytes = parse_memory_size(o.body_limit, "--body-limit");
-  std::vector<std::string> keys = o.api_keys;
-  if (keys.empty()) {
-    // Keys from the environment keep them out of the process list.
-    if (const char* env = std::getenv("INFERA_API_KEYS"); env && *env) {
-      std::stringstream list(env);
-      for (std::string k; std::getline(list, k, ',');) {
-        if (!k.empty()) keys.push_back(k);
-      }
-    }
-  }
-  for (size_t i = 0; i < keys.size(); ++i) {
-    ApiKeyConfig k;
-    k.id = "key-" + std::to_string(i);
-    k.key = keys[i];
-    s.api_keys.push_back(std::move(k));
-  }
-  ModelDeployConfig m;
-  m.path = o.model_dir.empty() ? cli::default_model_dir() : o.model_dir;
-  m.name = o.name.empty() && o.model_dir.empty() ? "infera-default" : o.name;
-  m.profile = o.profile;
-  m.chat_template_file = o.chat_template;
-  m.threads = o.threads;
-  if (o.max_input_len > 0) m.max_input_len = o.max_input_len;
-  if (o.max_output_len > 0) m.max_output_len = o.max_output_len;
-  if (o.max_batch_tokens > 0) m.max_batch_tokens = o.max_batch_tokens;
-  if (o.max_num_seqs > 0) m.max_num_seqs = o.max_num_seqs;
-  if (o.prefill_chunk > 0) m.prefill_chunk = o.prefill_chunk;
-  if (!o.kv_cache_memory.empty()) m.kv_cache_bytes = parse_memory_size(o.kv_cache_memory, "--kv-cache-memory");
-  m.kv_dtype = parse_kv_cache_dtype(o.kv_dtype);
-  m.load_into_memory = o.load_into_memory;
-  m.enable_prefix_cache = !o.no_prefix_cache;
-  m.speculative.method = o.speculative;
-  m.speculative.num_draft_tokens = o.draft_tokens;
-  m.tp = o.tp;
-  m.ep = o.ep;
-  config.models.push_back(std::move(m));
-  return config;
 }
 
 // The model of a deployment that runs over a group of ranks (tp or ep above 1).
@@ -180,9 +85,7 @@ std::optional<GroupModel> find_group_model(const DeployConfig& config) {
 // gets cores / (ranks on this host) per rank.
 void set_rank_threads(ModelDeployConfig& m) {
   if (m.threads > 0) return;
-  const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
-  const int ranks_here = std::max(1, local ? std::atoi(local) : 1);
-  m.threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / ranks_here);
+  m.threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / parallel::launcher_local_size());
 }
 
 std::string weights_dir(const ModelDeployConfig& m) { return m.quantized_path.empty() ? m.path : m.quantized_path; }
@@ -319,7 +222,7 @@ int serve_worker(const DeployConfig& config, Group& group) {
 }
 
 int serve(const ServeOptions& options) {
-  DeployConfig config = build_config(options);
+  DeployConfig config = cli::serve_deploy_config(options);
   std::optional<GroupModel> group_model = find_group_model(config);
   if (!parallel::launched_by_mpi()) {
     if (!group_model) return serve_http(config, nullptr);
@@ -394,54 +297,8 @@ int serve(const ServeOptions& options) {
 void setup(CLI::App& app) {
   auto* cmd = app.add_subcommand("serve", "Serve models over an OpenAI-compatible HTTP API");
   auto o = std::make_shared<ServeOptions>();
-  cmd->add_option("--config", o->config_file, "Deployment file (YAML) with server settings and several models");
-  cmd->add_option("-m,--model", o->model_dir, "Model directory (default: the built-in default model)");
-  cmd->add_option("--name", o->name, "Name clients send as \"model\" (default: the directory's name)");
-  auto* host = cmd->add_option("--host", o->host, "Address to bind (default 127.0.0.1)");
-  auto* port = cmd->add_option("--port", o->port, "Port (default 8000)");
-  cmd->add_option("-t,--threads", o->threads, "Compute threads (0: all cores)");
-  cmd->add_option("--api-key", o->api_keys, "Accepted API key (repeatable; or INFERA_API_KEYS=k1,k2)");
-  cmd->add_option("--allowed-host", o->allowed_hosts,
-                  "Without API keys: a Host name clients may address besides loopback and the bound address "
-                  "(repeatable; * any)");
-  cmd->add_option("--allowed-origin", o->allowed_origins,
-                  "Without API keys: a web page origin (scheme://host[:port]) that may call the server (repeatable; * any)");
-  cmd->add_option("--kv-cache-memory", o->kv_cache_memory, "KV cache budget, e.g. 2GiB (default 1GiB)");
-  cmd->add_option("--kv-dtype", o->kv_dtype, "KV cache storage: f32, bf16 (2x the tokens per byte) or int8 (~4x; an f32 "
-                                             "scale per token and KV head)")
-      ->default_val("f32")
-      ->check(CLI::IsMember({"f32", "bf16", "int8"}));
-  cmd->add_option("--max-input-len", o->max_input_len, "Longest prompt in tokens");
-  cmd->add_option("--max-output-len", o->max_output_len, "Most tokens one request may generate");
-  cmd->add_option("--max-batch-tokens", o->max_batch_tokens, "Tokens per forward pass");
-  cmd->add_option("--max-num-seqs", o->max_num_seqs, "Sequences running at once");
-  cmd->add_option("--prefill-chunk", o->prefill_chunk, "Most prompt tokens one sequence feeds per step");
-  cmd->add_option("--profile", o->profile, "Default limits: chat or long-context");
-  cmd->add_option("--chat-template", o->chat_template, "Jinja chat template file overriding the model's");
-  cmd->add_option("--audit-log", o->audit_log, "Append one JSON line per request to this file");
-  cmd->add_flag("--audit-log-prompts", o->audit_log_prompts, "Include prompt text in the audit log");
-  cmd->add_option("--body-limit", o->body_limit, "Largest request body (default 4MiB)");
-  cmd->add_option("--request-timeout", o->request_timeout_s, "Seconds before a request gets 504 (default 600)");
-  cmd->add_option("--drain-grace", o->drain_grace_s, "Seconds in-flight requests may take after SIGTERM (default 30)");
-  cmd->add_flag("--load-into-memory", o->load_into_memory, "Read weights into memory instead of mmap");
-  cmd->add_flag("--no-prefix-cache", o->no_prefix_cache, "Disable prefix caching");
-  cmd->add_option("--speculative", o->speculative, "Speculative decoding: none, ngram (prompt lookup) or mtp (the model's MTP head)");
-  cmd->add_option("--draft-tokens", o->draft_tokens, "Draft tokens per step (0: the method's default, mtp 1, ngram 4)")
-      ->check(CLI::Range(0, 16));
-  auto* tp = cmd->add_option("--tp", o->tp, "Tensor-parallel ranks: attention heads, MLP and vocabulary split over N "
-                                          "processes (started with mpirun on this host unless already under mpirun)")
-                  ->check(CLI::PositiveNumber);
-  auto* ep = cmd->add_option("--ep", o->ep, "Expert-parallel ranks (MoE models): experts split over N processes")
-                  ->check(CLI::PositiveNumber);
-  cmd->add_option("--tp-timeout", o->tp_timeout, "Seconds a rank waits in one collective before it declares a peer "
-                                                 "hung and ends the group (0: never; default 300)")
-      ->check(CLI::NonNegativeNumber);
-  cmd->callback([o, host, port, tp, ep] {
-    o->host_given = host->count() > 0;
-    o->port_given = port->count() > 0;
-    o->tp_given = tp->count() > 0 || ep->count() > 0;
-    cli::set_exit_code(serve(*o));
-  });
+  cli::add_serve_flags(cmd, *o);
+  cmd->callback([o] { cli::set_exit_code(serve(*o)); });
 }
 
 INFERA_REGISTER_COMMAND(serve, setup);

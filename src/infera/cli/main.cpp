@@ -6,21 +6,6 @@
 #include "infera/base/log.h"
 #include "infera/cli/command.h"
 
-namespace infera::cli {
-
-std::vector<std::pair<std::string, SetupFn>>& command_registry() {
-  static std::vector<std::pair<std::string, SetupFn>> registry;
-  return registry;
-}
-
-namespace {
-int g_exit_code = 0;
-}
-void set_exit_code(int code) { g_exit_code = code; }
-int exit_code() { return g_exit_code; }
-
-}  // namespace infera::cli
-
 int main(int argc, char** argv) {
   CLI::App app{"Infera: LLM inference engine and OpenAI-compatible server"};
   app.require_subcommand(1);

@@ -1,15 +1,15 @@
 #include "infera/cli/model_paths.h"
 
-#include <cstdlib>
 #include <filesystem>
 
 #include "infera/base/error.h"
+#include "infera/base/options.h"
 
 namespace infera::cli {
 
 std::string default_model_dir() {
   namespace fs = std::filesystem;
-  if (const char* env = std::getenv("INFERA_DEFAULT_MODEL"); env && *env) return env;
+  if (std::string env = option_env("model"); !env.empty()) return env;  // INFERA_DEFAULT_MODEL
   std::error_code ec;
   fs::path dir = fs::read_symlink("/proc/self/exe", ec).parent_path();
   for (int up = 0; up < 4 && !dir.empty(); ++up) {

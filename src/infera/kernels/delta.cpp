@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "infera/base/error.h"
+#include "infera/base/options.h"
 #include "infera/base/threads.h"
 #include "infera/kernels/cpu/delta_dispatch.h"
 
@@ -33,8 +34,7 @@ const DeltaTable& reference_table() {
 
 bool reference_requested() {
   static const bool on = [] {
-    const char* v = std::getenv("INFERA_GDN_KERNELS");
-    return v != nullptr && std::string_view(v) == "ref";
+    return option_env("gdn_kernels", BadEnvValue::kWarnAndIgnore) == "ref";
   }();
   return on;
 }

@@ -15,6 +15,7 @@
 #include <fmt/ranges.h>
 
 #include "infera/base/error.h"
+#include "infera/base/options.h"
 #include "infera/base/threads.h"
 #include "infera/model/weights.h"
 
@@ -271,12 +272,10 @@ MoeWeights load_moe(const WeightStore& store, const std::string& prefix, const M
 MoeFfn::MoeFfn() {
   // INFERA_MOE_SCHEDULE=per_expert|work_items|auto: benchmarks compare the schedules.
   static const Schedule from_env = [] {
-    const char* v = std::getenv("INFERA_MOE_SCHEDULE");
-    const std::string s = v ? v : "";
-    if (s.empty() || s == "auto") return Schedule::kAuto;
+    const std::string s = option_env("moe_schedule");  // checked against auto, per_expert, work_items
     if (s == "per_expert") return Schedule::kPerExpert;
     if (s == "work_items") return Schedule::kWorkItems;
-    fail("INFERA_MOE_SCHEDULE='{}' is not understood (use auto, per_expert or work_items)", s);
+    return Schedule::kAuto;
   }();
   schedule_ = from_env;
 }

@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "infera/base/error.h"
+#include "infera/base/options.h"
 #include "infera/model/weights.h"
 
 namespace infera {
@@ -134,14 +135,8 @@ QuantizationConfig read_quantization_config(const std::string& model_dir) {
 
 bool quant_repack_enabled() {
   static const bool enabled = [] {
-    const char* v = std::getenv("INFERA_QUANT_REPACK");
-    if (v == nullptr || *v == '\0') return true;
-    const std::string s(v);
-    if (s == "0" || s == "off" || s == "false") return false;
-    if (s == "1" || s == "on" || s == "true") return true;
-    fail("INFERA_QUANT_REPACK='{}' is not understood (use 1 to repack quantized weights at load, 0 to compute "
-         "from the mapped files)",
-         s);
+    const std::string s = option_env("quant_repack");  // INFERA_QUANT_REPACK, checked against its values
+    return !(s == "0" || s == "off" || s == "false");
   }();
   return enabled;
 }

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "infera/base/error.h"
+#include "infera/base/options.h"
 #include "infera/parallel/communicator.h"
 
 namespace infera::parallel {
@@ -128,10 +129,11 @@ class SingleCommunicator final : public Communicator {
   }
 };
 
+// The launcher's variables are declared (and documented) in base/options.cpp.
 int env_int(const char* name, int fallback) {
-  const char* v = std::getenv(name);
-  if (v == nullptr || *v == '\0') return fallback;
-  return std::atoi(v);
+  const std::string v = launcher_env(name);
+  if (v.empty()) return fallback;
+  return std::atoi(v.c_str());
 }
 
 }  // namespace
@@ -139,13 +141,17 @@ int env_int(const char* name, int fallback) {
 std::unique_ptr<Communicator> make_single_communicator() { return std::make_unique<SingleCommunicator>(); }
 
 bool launched_by_mpi() {
-  return std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr || std::getenv("PMIX_RANK") != nullptr ||
-         std::getenv("PMI_RANK") != nullptr;
+  return launcher_env_set("OMPI_COMM_WORLD_SIZE") || launcher_env_set("PMIX_RANK") || launcher_env_set("PMI_RANK");
 }
 
 int launcher_world_size() {
   int n = env_int("OMPI_COMM_WORLD_SIZE", 0);
   if (n <= 0) n = env_int("PMI_SIZE", 0);
+  return n > 0 ? n : 1;
+}
+
+int launcher_local_size() {
+  const int n = env_int("OMPI_COMM_WORLD_LOCAL_SIZE", 1);
   return n > 0 ? n : 1;
 }
 

@@ -106,6 +106,9 @@ bool launched_by_mpi();
 // before MPI is initialised.
 int launcher_world_size();
 int launcher_rank();
+// Ranks the launcher started on this host (OMPI_COMM_WORLD_LOCAL_SIZE; 1 when unknown):
+// they share its cores.
+int launcher_local_size();
 
 // MPI_COMM_WORLD of this process (initialises MPI on the first call, with MPI errors
 // returned as infera::Error instead of aborting). Throws when built without MPI.

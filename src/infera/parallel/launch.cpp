@@ -17,6 +17,7 @@
 #include <sstream>
 
 #include "infera/base/error.h"
+#include "infera/base/options.h"
 
 namespace infera::parallel {
 
@@ -77,8 +78,8 @@ int run_under_mpirun(int ranks, GroupSignals signals) {
   // OpenMPI keeps its session files under <orte_tmpdir_base>/ompi.<host>.<uid>; two groups
   // started side by side share that folder, and one's clean-up can remove the other's
   // files while it starts. A folder of our own (inside the user's base when one is set).
-  const char* user_base = std::getenv("OMPI_MCA_orte_tmpdir_base");
-  const fs::path base = user_base && *user_base ? fs::path(user_base) : fs::temp_directory_path();
+  const std::string user_base = launcher_env("OMPI_MCA_orte_tmpdir_base");
+  const fs::path base = !user_base.empty() ? fs::path(user_base) : fs::temp_directory_path();
   std::string session = (base / "infera-mpi-XXXXXX").string();
   fs::create_directories(base, ec);
   if (::mkdtemp(session.data()) == nullptr) {

@@ -10,6 +10,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include "infera/base/error.h"
+#include "infera/base/options.h"
 #include "infera/model/kv_pool.h"
 #include "infera/runtime/engine_config.h"
 
@@ -25,12 +26,12 @@ class Reader {
   void problem(std::string message) { problems.push_back(std::move(message)); }
 
   // Flags keys not in `known` (typos would otherwise be silently ignored).
-  void check_keys(const YAML::Node& node, const std::string& where, std::initializer_list<const char*> known) {
+  void check_keys(const YAML::Node& node, const std::string& where, const std::vector<std::string>& known) {
     for (const auto& kv : node) {
       const std::string key = kv.first.as<std::string>("");
-      if (std::find_if(known.begin(), known.end(), [&](const char* k) { return key == k; }) == known.end()) {
+      if (std::find(known.begin(), known.end(), key) == known.end()) {
         std::string list;
-        for (const char* k : known) list += (list.empty() ? "" : ", ") + std::string(k);
+        for (const std::string& k : known) list += (list.empty() ? "" : ", ") + k;
         problem(fmt::format("{}.{}: unknown setting; known settings are: {}", where, key, list));
       }
     }
@@ -86,15 +87,28 @@ class Reader {
   }
 };
 
+// The keys a mapping of the deployment file takes, from the declared options
+// (base/options.cpp): `mapping` is "server", "models[]", "models[].speculative", ...
+std::vector<std::string> known_keys(std::string_view mapping) {
+  std::vector<std::string> keys;
+  for (const OptionSpec& spec : option_specs()) {
+    if (!spec.used_by(kUseDeploy) || spec.yaml.size() <= mapping.size() + 1) continue;
+    if (spec.yaml.substr(0, mapping.size()) != mapping || spec.yaml[mapping.size()] != '.') continue;
+    std::string_view rest = spec.yaml.substr(mapping.size() + 1);
+    rest = rest.substr(0, rest.find('.'));
+    if (rest.size() > 2 && rest.substr(rest.size() - 2) == "[]") rest.remove_suffix(2);
+    if (std::find(keys.begin(), keys.end(), rest) == keys.end()) keys.emplace_back(rest);
+  }
+  return keys;
+}
+
 void read_server(Reader& r, const YAML::Node& node, ServerConfig& s) {
   const std::string w = "server";
   if (!node.IsMap()) {
     r.problem("server: expected a mapping of settings");
     return;
   }
-  r.check_keys(node, w, {"host", "port", "body_limit", "request_timeout_s", "drain_grace_s", "audit_log", "audit_log_prompts",
-                         "metrics", "http_threads", "api_keys", "max_concurrent_requests_per_key", "allowed_hosts",
-                         "allowed_origins"});
+  r.check_keys(node, w, known_keys("server"));
   r.read(node, "host", w, s.host, "a host name or address");
   r.read(node, "port", w, s.port, "a port number");
   std::optional<int64_t> body_limit;
@@ -123,7 +137,7 @@ void read_server(Reader& r, const YAML::Node& node, ServerConfig& s) {
       r.problem(kw + ": expected a mapping with id and key or key_env");
       continue;
     }
-    r.check_keys(k, kw, {"id", "key", "key_env", "models", "requests_per_minute", "tokens_per_minute", "max_concurrent_requests"});
+    r.check_keys(k, kw, known_keys("server.api_keys[]"));
     ApiKeyConfig key;
     r.read(k, "id", kw, key.id, "a name");
     if (key.id.empty()) key.id = fmt::format("key-{}", i);
@@ -153,9 +167,7 @@ void read_model(Reader& r, const YAML::Node& node, size_t index, ModelDeployConf
     r.problem(w + ": expected a mapping with at least name and path");
     return;
   }
-  r.check_keys(node, w, {"name", "path", "quantized", "scheme", "profile", "chat_template", "threads", "max_input_len",
-                         "max_output_len", "max_batch_tokens", "max_num_seqs", "prefill_chunk", "kv_cache_memory", "kv_dtype",
-                         "max_queue", "enable_prefix_cache", "load_into_memory", "port", "speculative", "tp", "ep"});
+  r.check_keys(node, w, known_keys("models[]"));
   r.read(node, "name", w, m.name, "a name");
   r.read(node, "path", w, m.path, "a model directory");
   r.read(node, "quantized", w, m.quantized_path, "a quantized model directory");
@@ -186,22 +198,14 @@ void read_model(Reader& r, const YAML::Node& node, size_t index, ModelDeployConf
     if (!spec.IsMap()) {
       r.problem(w + ".speculative: expected a mapping with method and num_draft_tokens");
     } else {
-      r.check_keys(spec, w + ".speculative", {"method", "num_draft_tokens"});
+      r.check_keys(spec, w + ".speculative", known_keys("models[].speculative"));
       r.read(spec, "method", w + ".speculative", m.speculative.method, "none, ngram or mtp");
       r.read(spec, "num_draft_tokens", w + ".speculative", m.speculative.num_draft_tokens, "an integer");
     }
   }
 }
 
-}  // namespace
-
-DeployConfig parse_deploy_config(const std::string& yaml_text, const std::string& source) {
-  YAML::Node root;
-  try {
-    root = YAML::Load(yaml_text);
-  } catch (const YAML::Exception& e) {
-    fail("{}: not valid YAML at line {}, column {}: {}", source, e.mark.line + 1, e.mark.column + 1, e.msg);
-  }
+DeployConfig read_deploy_config(const YAML::Node& root, const std::string& source) {
   DeployConfig config;
   Reader r;
   if (!root.IsMap()) fail("{}: expected a mapping with 'server' and 'models'", source);
@@ -223,6 +227,60 @@ DeployConfig parse_deploy_config(const std::string& yaml_text, const std::string
     fail("{}: {} problem{} in the deployment config:{}", source, r.problems.size(), r.problems.size() == 1 ? "" : "s", all);
   }
   return config;
+}
+
+}  // namespace
+
+DeployConfig parse_deploy_config(const std::string& yaml_text, const std::string& source) {
+  YAML::Node root;
+  try {
+    root = YAML::Load(yaml_text);
+  } catch (const YAML::Exception& e) {
+    fail("{}: not valid YAML at line {}, column {}: {}", source, e.mark.line + 1, e.mark.column + 1, e.msg);
+  }
+  return read_deploy_config(root, source);
+}
+
+DeployConfig deploy_config_from_settings(const std::vector<DeploySetting>& settings, const std::string& source) {
+  YAML::Node root(YAML::NodeType::Map);
+  YAML::Node model(YAML::NodeType::Map);
+  for (const DeploySetting& setting : settings) {
+    if (setting.values.empty()) continue;
+    std::vector<std::string> path;
+    std::stringstream parts(setting.yaml);
+    for (std::string part; std::getline(parts, part, '.');) path.push_back(part);
+    if (path.size() < 2 || (path[0] != "server" && path[0] != "models[]")) {
+      fail("{}: '{}' is not a deploy.yaml setting of the server or the model", source, setting.yaml);
+    }
+    if (setting.yaml == "server.api_keys") {
+      // Plain keys (--api-key, INFERA_API_KEYS): key-0, key-1, ... as their ids.
+      YAML::Node keys(YAML::NodeType::Sequence);
+      for (size_t i = 0; i < setting.values.size(); ++i) {
+        YAML::Node key(YAML::NodeType::Map);
+        key["id"] = fmt::format("key-{}", i);
+        key["key"] = setting.values[i];
+        keys.push_back(key);
+      }
+      root["server"]["api_keys"] = keys;
+      continue;
+    }
+    // yaml-cpp nodes are handles and assignment copies content: descend with reset().
+    YAML::Node at = path[0] == "server" ? root["server"] : model;
+    for (size_t i = 1; i + 1 < path.size(); ++i) at.reset(at[path[i]]);
+    const auto spec = std::find_if(option_specs().begin(), option_specs().end(),
+                                   [&](const OptionSpec& o) { return o.yaml == setting.yaml; });
+    if (spec != option_specs().end() && spec->type == OptionType::kTextList) {
+      YAML::Node list(YAML::NodeType::Sequence);
+      for (const std::string& v : setting.values) list.push_back(v);
+      at[path.back()] = list;
+    } else {
+      at[path.back()] = setting.values.back();  // a flag given twice: the last one wins
+    }
+  }
+  YAML::Node models(YAML::NodeType::Sequence);
+  models.push_back(model);
+  root["models"] = models;
+  return read_deploy_config(root, source);
 }
 
 DeployConfig load_deploy_config(const std::string& path) {

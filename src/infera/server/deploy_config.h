@@ -22,11 +22,13 @@ struct ApiKeyConfig {
   double tokens_per_minute = 0;     // prompt + completion tokens; 0: unlimited
   // Requests in flight at once (unset: the server's max_concurrent_requests_per_key; 0: unlimited).
   std::optional<int32_t> max_concurrent_requests;
+  bool operator==(const ApiKeyConfig&) const = default;
 };
 
 struct SpeculativeConfig {
   std::string method = "none";  // none | ngram | mtp
   int32_t num_draft_tokens = 0;
+  bool operator==(const SpeculativeConfig&) const = default;
 };
 
 // Every limit is optional: unset ones come from the profile, then the model's config.
@@ -55,6 +57,7 @@ struct ModelDeployConfig {
   // them; `infera serve` then runs as max(tp, ep) ranks under mpirun.
   int32_t tp = 1;
   int32_t ep = 1;
+  bool operator==(const ModelDeployConfig&) const = default;
 };
 
 struct ServerConfig {
@@ -74,17 +77,31 @@ struct ServerConfig {
   // an Origin header must be the server's own or one of allowed_origins ("*": any).
   std::vector<std::string> allowed_hosts;
   std::vector<std::string> allowed_origins;
+  bool operator==(const ServerConfig&) const = default;
 };
 
 struct DeployConfig {
   ServerConfig server;
   std::vector<ModelDeployConfig> models;
+  bool operator==(const DeployConfig&) const = default;
 };
 
 // Reads a deploy.yaml. Throws infera::Error listing every problem (unknown keys, wrong
 // types, missing environment variables for keys), one per line, each naming the field.
 DeployConfig load_deploy_config(const std::string& path);
 DeployConfig parse_deploy_config(const std::string& yaml_text, const std::string& source);
+
+// A setting given outside a deployment file (an `infera serve` flag): the option's
+// deploy.yaml path from base/options.cpp ("server.port"; "models[].kv_dtype" is the one
+// model's) and the text given (several for a list; for a scalar the last one counts).
+// "server.api_keys" takes plain keys, named key-0, key-1, ...
+struct DeploySetting {
+  std::string yaml;
+  std::vector<std::string> values;
+};
+// The deployment of one model that `settings` describe, read and checked as a file with
+// those keys would be. Throws infera::Error as parse_deploy_config.
+DeployConfig deploy_config_from_settings(const std::vector<DeploySetting>& settings, const std::string& source);
 
 // Limits of one model after profile defaults and the model's own limits are applied.
 struct ResolvedLimits {

@@ -26,6 +26,7 @@
 #include <string_view>
 #include <vector>
 
+#include "infera/base/options.h"
 #include "infera/base/threads.h"
 #include "infera/kernels/cpu/quant_dispatch.h"
 
@@ -753,8 +754,7 @@ constexpr int64_t kAmxMinTokens = 8;
 
 bool amx_usable() {
   static const bool ok = [] {
-    const char* env = std::getenv("INFERA_AMX");  // "0": the VNNI kernels (A/B runs)
-    if (env && std::string_view(env) == "0") return false;
+    if (option_env("amx", BadEnvValue::kWarnAndIgnore) == "0") return false;  // the VNNI kernels (A/B runs)
     unsigned a = 0, b = 0, c = 0, d = 0;
     if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
     const bool tile = (d >> 24) & 1u, int8 = (d >> 25) & 1u;

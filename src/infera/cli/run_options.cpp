@@ -1,0 +1,43 @@
+#include "infera/cli/run_options.h"
+
+#include "infera/base/options.h"
+#include "infera/cli/option_flags.h"
+
+namespace infera::cli {
+
+void add_run_flags(CLI::App* cmd, RunOptions& o) {
+  auto add = [cmd](std::string_view name, auto& field) { return add_declared(cmd, name, field, kUseRun); };
+  add("model", o.model_dir);
+  CLI::Option* prompt = add("prompt", o.prompt);
+  CLI::Option* file = add("file", o.prompt_file);
+  CLI::Option* ids = add("prompt_ids", o.prompt_ids);
+  prompt->excludes(file);
+  ids->excludes(prompt)->excludes(file);
+  add("n_predict", o.n_predict);
+  add("threads", o.threads);
+  add("ctx", o.ctx);
+  add("prefill_chunk", o.chunk);
+  add("kv_dtype", o.kv_dtype);
+  add("temperature", o.temperature);
+  add("top_k", o.top_k);
+  add("top_p", o.top_p);
+  add("min_p", o.min_p);
+  add("repetition_penalty", o.repeat_penalty);
+  add("presence_penalty", o.presence_penalty);
+  add("frequency_penalty", o.frequency_penalty);
+  add("seed", o.seed);
+  add("json", o.json);
+  add("logprobs", o.logprobs);
+  add("ignore_eos", o.ignore_eos);
+  add("load_into_memory", o.no_mmap);
+  add("logits_file", o.logits_file);
+  add("speculative", o.speculative);
+  add("draft_tokens", o.draft_tokens);
+  add("tp", o.tp);
+  add("ep", o.ep);
+  add("tp_timeout", o.tp_timeout);
+  add("tp_textbook_sync", o.tp_textbook_sync);
+  add("ep_dispatch", o.ep_dispatch);
+}
+
+}  // namespace infera::cli
