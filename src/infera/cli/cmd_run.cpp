@@ -17,6 +17,7 @@
 #include "infera/cli/model_paths.h"
 #include "infera/model/model.h"
 #include "infera/model/parallel_model.h"
+#include "infera/model/tensor_dump.h"
 #include "infera/parallel/communicator.h"
 #include "infera/parallel/launch.h"
 #include "infera/runtime/block_allocator.h"
@@ -59,6 +60,8 @@ struct RunOptions {
   double tp_timeout = 300.0;
   bool tp_textbook_sync = false;
   std::string ep_dispatch = "allreduce";  // allreduce | all-to-all (docs/parallel.md)
+  std::string dump_tensors;  // --dump-tensors NAME,...: named intermediates (model/tensor_dump.h)
+  std::string dump_dir = "infera-dump";
 };
 
 // One generated token's log-probabilities as printed by --json --logprobs.
@@ -203,6 +206,12 @@ int generate(const RunOptions& o, parallel::Communicator* comm) {
     if (o.no_mmap) LOG_WARN("--no-mmap with --tp/--ep: every rank reads the whole checkpoint into memory");
   }
   std::unique_ptr<Model> model = load_model(dir, load);
+  std::unique_ptr<TensorDump> dump;
+  if (!o.dump_tensors.empty()) {
+    if (group) fail("--dump-tensors runs in one process (a tensor-parallel rank holds partial sums); drop --tp/--ep");
+    dump = std::make_unique<TensorDump>(o.dump_tensors, o.dump_dir);
+    model->set_tensor_dump(dump.get());
+  }
   const ModelConfig& cfg = model->config();
   const int64_t block_size = 16;
   const int64_t num_blocks = (o.ctx + block_size - 1) / block_size;
@@ -455,6 +464,11 @@ void setup(CLI::App& app) {
                                                    "dispatched to the experts' ranks and back)")
       ->default_val("allreduce")
       ->check(CLI::IsMember({"allreduce", "all-to-all"}));
+  cmd->add_option("--dump-tensors", o->dump_tensors,
+                  std::string("Debug: write these named intermediates of every forward to --dump-dir as .npy files "
+                              "with an index.tsv, to diff an architecture layer by layer against a reference: ") +
+                      TensorDump::known_names());
+  cmd->add_option("--dump-dir", o->dump_dir, "Folder for --dump-tensors (created)")->default_val("infera-dump");
   cmd->callback([o] { set_exit_code(run(o)); });
 }
 
