@@ -210,8 +210,9 @@ SequenceGeometry sequence_geometry(const ModelConfig& c, int with_mtp_layers, DT
   if (g.recurrent_layers > 0) {
     const int64_t conv_dim = 2LL * c.linear_num_key_heads * c.linear_key_head_dim +
                              static_cast<int64_t>(c.linear_num_value_heads) * c.linear_value_head_dim;
-    const int64_t floats = (c.linear_conv_kernel_dim - 1) * conv_dim +
-                           static_cast<int64_t>(c.linear_num_value_heads) * c.linear_key_head_dim * c.linear_value_head_dim;
+    const int64_t floats = (c.linear_conv_kernel_dim - 1) * conv_dim + static_cast<int64_t>(c.linear_num_value_heads) *
+                                                                           c.linear_key_head_dim *
+                                                                           c.linear_value_head_dim;
     g.state_bytes = g.recurrent_layers * floats * static_cast<int64_t>(sizeof(float));
   }
   return g;

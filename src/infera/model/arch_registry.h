@@ -30,22 +30,22 @@ using HasTensor = std::function<bool(const std::string& name)>;
 // How a checkpoint stores routed experts (ARCHITECTURES.md section 0.3).
 enum class ExpertLayout {
   kPerExpert,  // mlp.experts.{e}.{gate,up,down}_proj.weight
-  kFused,      // mlp.experts.gate_up_proj [E, 2I, H] + mlp.experts.down_proj [E, H, I]
+  kFused,  // mlp.experts.gate_up_proj [E, 2I, H] + mlp.experts.down_proj [E, H, I]
 };
 
 struct ArchTraits {
   // Layers mix Gated DeltaNet linear attention (a fixed recurrent state per sequence) and
   // full attention (a KV cache); the layer_types / full_attention_interval config keys.
   bool hybrid = false;
-  bool mla = false;                 // multi-head latent attention (DeepSeek): a compressed KV cache
-  bool qwen3_defaults = false;      // Qwen3Config defaults (head_dim 128, 32768 positions) and q/k norm
-  bool moe_config = false;          // reads the Qwen MoE keys (num_experts, ...)
+  bool mla = false;  // multi-head latent attention (DeepSeek): a compressed KV cache
+  bool qwen3_defaults = false;  // Qwen3Config defaults (head_dim 128, 32768 positions) and q/k norm
+  bool moe_config = false;  // reads the Qwen MoE keys (num_experts, ...)
   // Multimodal wrapper: the text model may live under model.language_model.* (published
   // checkpoints) instead of model.* (text-only exports); text_prefix() decides per checkpoint.
   bool nested_text = false;
   bool zero_centred_norms = false;  // RMSNorm weights applied as (1 + w)
   bool fused_gdn_projections = false;  // in_proj_qkvz / in_proj_ba (Qwen3-Next) instead of split
-  bool mtp_from_tensors = false;    // config.json does not declare the MTP head; the mtp.* tensors do
+  bool mtp_from_tensors = false;  // config.json does not declare the MTP head; the mtp.* tensors do
   ExpertLayout experts = ExpertLayout::kPerExpert;  // the layout published checkpoints use
 };
 
@@ -56,13 +56,13 @@ using TensorTableFn = void (*)(const ModelConfig& cfg, const HasTensor& has_tens
 
 struct ArchInfo {
   Arch arch = Arch::kSentinel;
-  const char* name = "";                 // Infera's name ("qwen3_5_moe"), also in check/plan output
+  const char* name = "";  // Infera's name ("qwen3_5_moe"), also in check/plan output
   std::vector<std::string_view> model_types;  // config.json model_type values selecting it
-  const char* display_name = "";         // "Qwen3.5-MoE"
-  const char* gguf_arch = nullptr;       // llama.cpp's general.architecture; nullptr: no GGUF export
+  const char* display_name = "";  // "Qwen3.5-MoE"
+  const char* gguf_arch = nullptr;  // llama.cpp's general.architecture; nullptr: no GGUF export
   ArchTraits traits;
-  TensorTableFn tensors = nullptr;       // every tensor of the text model and MTP head
-  CreateModelFn create = nullptr;        // nullptr: recognised (check, plan) but not runnable
+  TensorTableFn tensors = nullptr;  // every tensor of the text model and MTP head
+  CreateModelFn create = nullptr;  // nullptr: recognised (check, plan) but not runnable
   bool runnable() const { return create != nullptr; }
 };
 
@@ -95,9 +95,9 @@ int mtp_layers(const ModelConfig& cfg, const HasTensor& has_tensor);
 // of the linear-attention layers. The models' kv_shape() and state size come from here,
 // and so does every figure the server and the planner check before a model is loaded.
 struct SequenceGeometry {
-  KvPoolShape kv;                    // num_blocks 0; n_kv_heads of one process (no TP)
-  int32_t recurrent_layers = 0;      // Gated DeltaNet layers
-  int64_t state_bytes = 0;           // per sequence: conv windows + delta-rule states, f32
+  KvPoolShape kv;  // num_blocks 0; n_kv_heads of one process (no TP)
+  int32_t recurrent_layers = 0;  // Gated DeltaNet layers
+  int64_t state_bytes = 0;  // per sequence: conv windows + delta-rule states, f32
 };
 SequenceGeometry sequence_geometry(const ModelConfig& cfg, int with_mtp_layers, DType kv_dtype = DType::kF32,
                                    int64_t block_size = 16);

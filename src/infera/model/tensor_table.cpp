@@ -46,8 +46,8 @@ void add_attention(TableBuilder& t, const std::string& p) {
   const ModelConfig& c = t.config();
   const int64_t H = c.hidden_size, nh = c.num_heads, nkv = c.num_kv_heads, hd = c.head_dim;
   // attn_output_gate: q_proj also yields a per-head gate of the same width.
-  t.add(p + "self_attn.q_proj.weight", {nh * hd * (c.attn_output_gate ? 2 : 1), H}, WeightRole::kLinear, "attn_q.weight",
-        TpSplit::kRows);
+  t.add(p + "self_attn.q_proj.weight", {nh * hd * (c.attn_output_gate ? 2 : 1), H}, WeightRole::kLinear,
+        "attn_q.weight", TpSplit::kRows);
   t.add(p + "self_attn.k_proj.weight", {nkv * hd, H}, WeightRole::kLinear, "attn_k.weight", TpSplit::kRows);
   t.add(p + "self_attn.v_proj.weight", {nkv * hd, H}, WeightRole::kLinear, "attn_v.weight", TpSplit::kRows);
   t.add(p + "self_attn.o_proj.weight", {H, nh * hd}, WeightRole::kLinear, "attn_output.weight", TpSplit::kColumns);
@@ -73,8 +73,8 @@ void add_mla(TableBuilder& t, const std::string& p) {
   } else {
     t.add(p + "self_attn.q_proj.weight", {nh * qk, H}, WeightRole::kLinear, kNoGguf, TpSplit::kRows);
   }
-  t.add(p + "self_attn.kv_a_proj_with_mqa.weight", {c.kv_lora_rank + c.qk_rope_head_dim, H}, WeightRole::kLinear, kNoGguf,
-        TpSplit::kReplicated);
+  t.add(p + "self_attn.kv_a_proj_with_mqa.weight", {c.kv_lora_rank + c.qk_rope_head_dim, H}, WeightRole::kLinear,
+        kNoGguf, TpSplit::kReplicated);
   t.add(p + "self_attn.kv_a_layernorm.weight", {c.kv_lora_rank}, WeightRole::kVector, kNoGguf, TpSplit::kReplicated);
   t.add(p + "self_attn.kv_b_proj.weight", {nh * (c.qk_nope_head_dim + c.v_head_dim), c.kv_lora_rank},
         WeightRole::kLinear, kNoGguf, TpSplit::kRows);
@@ -83,7 +83,8 @@ void add_mla(TableBuilder& t, const std::string& p) {
     t.add(p + "self_attn.indexer.wq_b.weight", {c.index_n_heads * c.index_head_dim, c.q_lora_rank}, WeightRole::kLinear,
           kNoGguf, TpSplit::kReplicated);
     t.add(p + "self_attn.indexer.wk.weight", {c.index_head_dim, H}, WeightRole::kLinear, kNoGguf, TpSplit::kReplicated);
-    t.add(p + "self_attn.indexer.k_norm.weight", {c.index_head_dim}, WeightRole::kVector, kNoGguf, TpSplit::kReplicated);
+    t.add(p + "self_attn.indexer.k_norm.weight", {c.index_head_dim}, WeightRole::kVector, kNoGguf,
+          TpSplit::kReplicated);
     t.add(p + "self_attn.indexer.k_norm.bias", {c.index_head_dim}, WeightRole::kVector, kNoGguf, TpSplit::kReplicated);
     t.add(p + "self_attn.indexer.weights_proj.weight", {c.index_n_heads, H}, WeightRole::kFloat, kNoGguf,
           TpSplit::kReplicated);
@@ -116,22 +117,24 @@ void add_gdn(TableBuilder& t, const std::string& p) {
 // gguf: the GGUF names' infix ("" for the block's MLP, "shexp" for a shared expert).
 void add_dense_mlp(TableBuilder& t, const std::string& p, int64_t H, int64_t F, const char* name = "mlp.",
                    bool shared = false) {
-  t.add(p + name + "gate_proj.weight", {F, H}, WeightRole::kLinear, shared ? "ffn_gate_shexp.weight" : "ffn_gate.weight",
-        TpSplit::kRows);
+  t.add(p + name + "gate_proj.weight", {F, H}, WeightRole::kLinear,
+        shared ? "ffn_gate_shexp.weight" : "ffn_gate.weight", TpSplit::kRows);
   t.add(p + name + "up_proj.weight", {F, H}, WeightRole::kLinear, shared ? "ffn_up_shexp.weight" : "ffn_up.weight",
         TpSplit::kRows);
-  t.add(p + name + "down_proj.weight", {H, F}, WeightRole::kLinear, shared ? "ffn_down_shexp.weight" : "ffn_down.weight",
-        TpSplit::kColumns);
+  t.add(p + name + "down_proj.weight", {H, F}, WeightRole::kLinear,
+        shared ? "ffn_down_shexp.weight" : "ffn_down.weight", TpSplit::kColumns);
 }
 
 void add_moe(TableBuilder& t, const std::string& p) {
   const ModelConfig& c = t.config();
   const int64_t H = c.hidden_size, E = c.num_experts, I = c.moe_intermediate_size;
   t.add(p + "mlp.gate.weight", {E, H}, WeightRole::kFloat, "ffn_gate_inp.weight", TpSplit::kReplicated);
-  const ExpertLayout layout = t.probing() ? stored_expert_layout(c, p + "mlp.", [&t](const std::string& n) { return t.has(n); })
-                                          : arch_info(c.arch).traits.experts;
+  const ExpertLayout layout = t.probing()
+                                  ? stored_expert_layout(c, p + "mlp.", [&t](const std::string& n) { return t.has(n); })
+                                  : arch_info(c.arch).traits.experts;
   if (layout == ExpertLayout::kFused) {
-    t.add(p + "mlp.experts.gate_up_proj", {E, 2 * I, H}, WeightRole::kExpert, "ffn_gate_exps.weight", TpSplit::kExperts);
+    t.add(p + "mlp.experts.gate_up_proj", {E, 2 * I, H}, WeightRole::kExpert, "ffn_gate_exps.weight",
+          TpSplit::kExperts);
     t.add(p + "mlp.experts.down_proj", {E, H, I}, WeightRole::kExpert, "ffn_down_exps.weight", TpSplit::kExperts);
   } else {
     for (int64_t e = 0; e < E; ++e) {
@@ -159,11 +162,16 @@ void add_block(TableBuilder& t, const std::string& p, int layer, bool full_atten
   // llama.cpp names the second norm of its hybrid blocks post_attention_norm.
   t.add(p + "post_attention_layernorm.weight", {H}, WeightRole::kVector,
         hybrid ? "post_attention_norm.weight" : "ffn_norm.weight", TpSplit::kReplicated);
-  if (c.mla) add_mla(t, p);
-  else if (full_attention) add_attention(t, p);
-  else add_gdn(t, p);
-  if (c.is_moe_layer(layer)) add_moe(t, p);
-  else add_dense_mlp(t, p, H, c.intermediate_size);
+  if (c.mla)
+    add_mla(t, p);
+  else if (full_attention)
+    add_attention(t, p);
+  else
+    add_gdn(t, p);
+  if (c.is_moe_layer(layer))
+    add_moe(t, p);
+  else
+    add_dense_mlp(t, p, H, c.intermediate_size);
 }
 
 void add_trunk(TableBuilder& t, const std::string& root) {

@@ -19,11 +19,11 @@ namespace infera {
 // What a weight is, and so how it is stored and counted.
 enum class WeightRole {
   kEmbedding,  // token embedding table: kept at bf16 by quantized schemes (--embed-head)
-  kHead,       // output head: kept at bf16 by quantized schemes (--embed-head)
-  kLinear,     // projection in a block: stored in the scheme
-  kExpert,     // routed expert projection (only k of E active per token): stored in the scheme
-  kFloat,      // sensitive small matrices kept as stored (MoE router, GDN in_proj_a/b, gates)
-  kVector,     // norms, biases, conv1d, A_log, dt_bias: f32 in memory
+  kHead,  // output head: kept at bf16 by quantized schemes (--embed-head)
+  kLinear,  // projection in a block: stored in the scheme
+  kExpert,  // routed expert projection (only k of E active per token): stored in the scheme
+  kFloat,  // sensitive small matrices kept as stored (MoE router, GDN in_proj_a/b, gates)
+  kVector,  // norms, biases, conv1d, A_log, dt_bias: f32 in memory
 };
 const char* weight_role_name(WeightRole r);
 
@@ -31,19 +31,19 @@ const char* weight_role_name(WeightRole r);
 // (model/tensor_parallel.h does the division).
 enum class TpSplit {
   kReplicated,  // every rank holds all of it (norms, routers, gates)
-  kRows,        // output rows by head / column block (q/k/v, gate/up, GDN input projections)
-  kColumns,     // input columns (o_proj, down, GDN out_proj): partial sums, all-reduced
-  kVocab,       // embedding / head rows by vocabulary
-  kExperts,     // whole experts by rank (EP), or their columns (TP without EP)
+  kRows,  // output rows by head / column block (q/k/v, gate/up, GDN input projections)
+  kColumns,  // input columns (o_proj, down, GDN out_proj): partial sums, all-reduced
+  kVocab,  // embedding / head rows by vocabulary
+  kExperts,  // whole experts by rank (EP), or their columns (TP without EP)
 };
 const char* tp_split_name(TpSplit s);
 
 struct TensorSpec {
-  std::string name;            // Hugging Face name
+  std::string name;  // Hugging Face name
   std::vector<int64_t> shape;  // as stored in the checkpoint (fused experts 3-D [E, rows, cols])
   WeightRole role = WeightRole::kLinear;
-  bool mtp = false;            // belongs to the multi-token-prediction head (optional in a checkpoint)
-  int layer = -1;              // decoder layer (MTP layers after the trunk's), -1 for global tensors
+  bool mtp = false;  // belongs to the multi-token-prediction head (optional in a checkpoint)
+  int layer = -1;  // decoder layer (MTP layers after the trunk's), -1 for global tensors
   // GGUF (llama.cpp) name; empty when the architecture has no GGUF export. A per-expert
   // tensor names the stacked 3-D GGUF tensor; a fused experts.gate_up_proj names the gate
   // half (ffn_gate_exps), its up half goes to the matching ffn_up_exps.

@@ -15,13 +15,13 @@
 
 #include <nlohmann/json.hpp>
 
+#include "../test_support.h"
 #include "infera/base/error.h"
 #include "infera/model/arch_registry.h"
 #include "infera/model/config.h"
 #include "infera/model/model.h"
 #include "infera/model/tensor_dump.h"
 #include "infera/model/tensor_table.h"
-#include "../test_support.h"
 
 namespace infera {
 namespace {
@@ -33,27 +33,19 @@ const fs::path& scratch() {
   return dir;
 }
 
-// Generates (once per process) a tiny model with tools/gen_model.py.
+// A tiny model from tools/gen_model.py, generated once per process.
 std::string generated(const std::string& name, const std::string& args) {
-  const fs::path dir = scratch() / name;
-  if (!fs::exists(dir / "config.json")) {
-    const std::string cmd = "/usr/bin/python3 " + std::string(INFERA_SOURCE_DIR) + "/tools/gen_model.py " + dir.string() +
-                            " " + args + " > /dev/null";
-    EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
-  }
-  return dir.string();
+  return test::generate_model(scratch() / name, args);
 }
 
-const char* kHybridArgs =
-    "--arch qwen3_5_moe --hidden 64 --layers 4 --heads 4 --kv-heads 2 --head-dim 32 --lin-k-heads 2 --lin-v-heads 4 "
-    "--lin-dk 16 --lin-dv 16 --experts 8 --experts-per-tok 2 --moe-ffn 32 --shared-ffn 48 --vocab 300 --seed 3";
+const char* kHybridArgs = test::kTinyHybridArgs;
 
 ModelConfig config_of(const std::string& model_type, int shared_expert = 0) {
-  nlohmann::json j = {{"model_type", model_type}, {"hidden_size", 64},       {"intermediate_size", 128},
-                      {"num_hidden_layers", 4},   {"num_attention_heads", 4}, {"num_key_value_heads", 2},
-                      {"vocab_size", 300},        {"num_experts", 8},         {"num_experts_per_tok", 2},
-                      {"moe_intermediate_size", 32}, {"kv_lora_rank", 32},   {"qk_nope_head_dim", 16},
-                      {"qk_rope_head_dim", 8},    {"v_head_dim", 16},         {"n_routed_experts", 8}};
+  nlohmann::json j = {{"model_type", model_type},    {"hidden_size", 64},        {"intermediate_size", 128},
+                      {"num_hidden_layers", 4},      {"num_attention_heads", 4}, {"num_key_value_heads", 2},
+                      {"vocab_size", 300},           {"num_experts", 8},         {"num_experts_per_tok", 2},
+                      {"moe_intermediate_size", 32}, {"kv_lora_rank", 32},       {"qk_nope_head_dim", 16},
+                      {"qk_rope_head_dim", 8},       {"v_head_dim", 16},         {"n_routed_experts", 8}};
   if (shared_expert > 0) j["shared_expert_intermediate_size"] = shared_expert;
   return parse_model_config(j, "config.json");
 }
@@ -75,7 +67,8 @@ TEST(ArchRegistry, EveryModelTypeSelectsItsRow) {
   }
   EXPECT_EQ(find_arch("gpt2"), nullptr);
   // The lists users see in errors come from the rows.
-  EXPECT_EQ(known_model_types(), "llama, qwen3, qwen3_moe, qwen3_next, qwen3_5, qwen3_5_moe, deepseek_v3, deepseek_v32");
+  EXPECT_EQ(known_model_types(),
+            "llama, qwen3, qwen3_moe, qwen3_next, qwen3_5, qwen3_5_moe, deepseek_v3, deepseek_v32");
   EXPECT_EQ(runnable_arch_names(), "llama, qwen3, qwen3_moe, qwen3_next, qwen3_5, qwen3_5_moe");
   EXPECT_FALSE(arch_info(Arch::kDeepseekV3).runnable());
   EXPECT_TRUE(arch_info(Arch::kDeepseekV3).traits.mla);
@@ -106,7 +99,8 @@ TEST(ArchRegistry, TextPrefixAndExpertLayoutFollowTheCheckpoint) {
   };
   const auto fused = names_of(tensor_table(q35));
   EXPECT_TRUE(fused.count("model.language_model.layers.0.mlp.experts.gate_up_proj"));
-  const auto per_expert = names_of(tensor_table(q35, has({"model.embed_tokens.weight", p + "experts.0.gate_proj.weight"})));
+  const auto per_expert =
+      names_of(tensor_table(q35, has({"model.embed_tokens.weight", p + "experts.0.gate_proj.weight"})));
   EXPECT_TRUE(per_expert.count("model.layers.0.mlp.experts.7.down_proj.weight"));
   EXPECT_FALSE(per_expert.count("model.layers.0.mlp.experts.gate_up_proj"));
 }
@@ -116,15 +110,17 @@ TEST(TensorTable, RolesDecideQuantizationAndGgufNames) {
   for (const TensorSpec& s : tensor_table(config_of("qwen3_5_moe", 48))) t[s.name] = s;
   const std::string p = "model.language_model.layers.0.";
   // Quantized: projections, experts, embeddings / head (as --embed-head says).
-  for (const std::string& n : {p + "linear_attn.in_proj_qkv.weight", p + "linear_attn.out_proj.weight",
-                               p + "mlp.experts.gate_up_proj", p + "mlp.shared_expert.down_proj.weight",
-                               std::string("model.language_model.embed_tokens.weight"), std::string("lm_head.weight")}) {
+  for (const std::string& n :
+       {p + "linear_attn.in_proj_qkv.weight", p + "linear_attn.out_proj.weight", p + "mlp.experts.gate_up_proj",
+        p + "mlp.shared_expert.down_proj.weight", std::string("model.language_model.embed_tokens.weight"),
+        std::string("lm_head.weight")}) {
     ASSERT_TRUE(t.count(n)) << n;
     EXPECT_TRUE(t[n].quantizable()) << n;
   }
   // Kept as stored: router, gates, GDN gate projections, vectors.
-  for (const std::string& n : {p + "mlp.gate.weight", p + "mlp.shared_expert_gate.weight", p + "linear_attn.in_proj_a.weight",
-                               p + "linear_attn.in_proj_b.weight", p + "linear_attn.A_log", p + "input_layernorm.weight"}) {
+  for (const std::string& n :
+       {p + "mlp.gate.weight", p + "mlp.shared_expert_gate.weight", p + "linear_attn.in_proj_a.weight",
+        p + "linear_attn.in_proj_b.weight", p + "linear_attn.A_log", p + "input_layernorm.weight"}) {
     ASSERT_TRUE(t.count(n)) << n;
     EXPECT_FALSE(t[n].quantizable()) << n;
   }

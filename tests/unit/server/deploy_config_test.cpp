@@ -238,10 +238,10 @@ TEST(PrepareModels, MtpOnQwen3NextIsFoundInTheCheckpoint) {
 // kv_shape() does: a hybrid's linear-attention layers keep a fixed recurrent state, not K/V.
 TEST(PrepareModels, HybridKvBudgetCountsOnlyFullAttentionLayers) {
   const auto dir = std::filesystem::temp_directory_path() / ("infera_server_q35_" + std::to_string(::getpid()));
-  const std::string cmd = "/usr/bin/python3 " + std::string(INFERA_SOURCE_DIR) + "/tools/gen_model.py " + dir.string() +
-                          " --arch qwen3_5 --hidden 64 --layers 8 --heads 4 --kv-heads 2 --head-dim 32 --lin-k-heads 2"
-                          " --lin-v-heads 4 --lin-dk 16 --lin-dv 16 --ffn 96 --vocab 300 --max-pos 512 --seed 7 > /dev/null";
-  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  test::generate_model(dir,
+                       "--arch qwen3_5 --hidden 64 --layers 8 --heads 4 --kv-heads 2 --head-dim 32 --lin-k-heads 2"
+                       " --lin-v-heads 4 --lin-dk 16 --lin-dv 16 --ffn 96 --vocab 300 --max-pos 512 --seed 7");
+  ASSERT_TRUE(std::filesystem::exists(dir / "config.json"));
   // Layers 3 and 7 are full attention, plus the MTP layer: 3 KV layers of 2 heads x 32, f32.
   const int64_t per_token = 3 * 2 * 2 * 32 * 4;
   {

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "../test_support.h"
 #include "infera/base/error.h"
 #include "infera/io/gguf.h"
 #include "infera/io/safetensors.h"
@@ -20,7 +21,6 @@
 #include "infera/tools/gguf_export.h"
 #include "infera/tools/model_check.h"
 #include "infera/tools/planner.h"
-#include "../test_support.h"
 
 namespace infera {
 namespace {
@@ -62,10 +62,8 @@ TEST_P(ArchWalk, GeneratedCheckPlanLoadForwardQuantizeConvert) {
   const ArchInfo& arch = arch_info(GetParam());
   static const fs::path base = test::process_scratch_dir("infera_arch_walk");
   const fs::path dir = base / arch.name;
-  const auto [rc, out] =
-      test::shell("/usr/bin/python3 " + std::string(INFERA_SOURCE_DIR) + "/tools/gen_model.py " + dir.string() + " " +
-                  gen_args(arch) + " 2>&1");
-  ASSERT_EQ(rc, 0) << out;
+  test::generate_model(dir, gen_args(arch));
+  ASSERT_TRUE(fs::exists(dir / "config.json"));
 
   // check: recognised, runnable, no errors (every tensor of the table present and shaped).
   const CheckReport report = check_model_dir(dir.string());
