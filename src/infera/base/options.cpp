@@ -151,6 +151,14 @@ const OptionSpec kOptions[] = {
              "(tokens split across ranks, dispatched to the experts' ranks and back)",
      .choices = "allreduce|all-to-all"},
 
+    // ---- bring-up of an architecture ----
+    {.name = "dump_tensors", .type = T::kText, .use = kRun, .flags = "--dump-tensors",
+     .help = "Debug: write these named intermediates of every forward (comma-separated: embed, attn_norm, attn_out, "
+             "ffn_norm, ffn_out, layer_out, final_norm, logits, or all) to --dump-dir as .npy files with an "
+             "index.tsv, to diff an architecture layer by layer against a reference (docs/model.md)"},
+    {.name = "dump_dir", .type = T::kText, .use = kRun, .flags = "--dump-dir", .run_default = "infera-dump",
+     .help = "Folder for --dump-tensors (created)"},
+
     // ---- the server ----
     {.name = "host", .type = T::kText, .use = kServe | kDeploy, .flags = "--host", .yaml = "server.host",
      .default_value = "127.0.0.1", .help = "Address to bind (another one without API keys logs a loud warning)"},

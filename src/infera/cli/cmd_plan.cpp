@@ -95,7 +95,7 @@ int run(const PlanCmdOptions& o) {
   p.concurrency = o.concurrency;
   p.tp = o.tp;
   p.memory_bytes = o.memory.empty() ? 0 : parse_byte_size(o.memory);
-  p.kv_dtype = parse_kv_dtype(o.kv_dtype);
+  p.kv_dtype = parse_kv_cache_dtype(o.kv_dtype);
   p.prefill_chunk = o.prefill_chunk;
   p.reserve_bytes = parse_byte_size(o.reserve);
   p.include_mtp = !o.no_mtp;

@@ -18,6 +18,7 @@
 #include "infera/cli/run_options.h"
 #include "infera/model/model.h"
 #include "infera/model/parallel_model.h"
+#include "infera/model/tensor_dump.h"
 #include "infera/parallel/communicator.h"
 #include "infera/parallel/launch.h"
 #include "infera/runtime/block_allocator.h"
@@ -184,6 +185,12 @@ int generate(const RunOptions& o, parallel::Communicator* comm) {
     if (o.no_mmap) LOG_WARN("--no-mmap with --tp/--ep: every rank reads the whole checkpoint into memory");
   }
   std::unique_ptr<Model> model = load_model(dir, load);
+  std::unique_ptr<TensorDump> dump;
+  if (!o.dump_tensors.empty()) {
+    if (group) fail("--dump-tensors runs in one process (a tensor-parallel rank holds partial sums); drop --tp/--ep");
+    dump = std::make_unique<TensorDump>(o.dump_tensors, o.dump_dir);
+    model->set_tensor_dump(dump.get());
+  }
   const ModelConfig& cfg = model->config();
   const int64_t block_size = 16;
   const int64_t num_blocks = (o.ctx + block_size - 1) / block_size;

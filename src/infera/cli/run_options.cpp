@@ -38,6 +38,8 @@ void add_run_flags(CLI::App* cmd, RunOptions& o) {
   add("tp_timeout", o.tp_timeout);
   add("tp_textbook_sync", o.tp_textbook_sync);
   add("ep_dispatch", o.ep_dispatch);
+  add("dump_tensors", o.dump_tensors);
+  add("dump_dir", o.dump_dir);
 }
 
 }  // namespace infera::cli

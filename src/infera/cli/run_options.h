@@ -40,6 +40,8 @@ struct RunOptions {
   double tp_timeout = 300.0;
   bool tp_textbook_sync = false;
   std::string ep_dispatch = "allreduce";  // allreduce | all-to-all (docs/parallel.md)
+  std::string dump_tensors;  // --dump-tensors NAME,...: named intermediates (model/tensor_dump.h)
+  std::string dump_dir = "infera-dump";
 };
 
 // Adds every option declared for `infera run` to `cmd`, bound to `o`.

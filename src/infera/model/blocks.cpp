@@ -17,6 +17,7 @@
 #include "infera/base/error.h"
 #include "infera/base/options.h"
 #include "infera/base/threads.h"
+#include "infera/model/arch_registry.h"
 #include "infera/model/weights.h"
 
 namespace infera {
@@ -247,7 +248,8 @@ MoeWeights load_moe(const WeightStore& store, const std::string& prefix, const M
   // One look at the process's mappings for all of this layer's experts (release_repacked_source).
   const FileMappings maps = qc.present && quant_repack_enabled() ? FileMappings::current() : FileMappings{};
   const std::string fused = prefix + "experts.gate_up_proj";
-  if (store.find(fused) || store.find(fused + ".qweight")) {
+  const auto has = [&store](const std::string& name) { return store.find(name) != nullptr; };
+  if (stored_expert_layout(cfg, prefix, has) == ExpertLayout::kFused) {
     const std::vector<LinearWeight> gate_up = bind_experts(store, fused, E, 2 * I, H, qc, true, maps);
     w.down = bind_experts(store, prefix + "experts.down_proj", E, H, I, qc, true, maps);
     for (int64_t e = 0; e < E; ++e) {

@@ -15,14 +15,12 @@
 
 #include "infera/base/error.h"
 #include "infera/base/json_file.h"
+#include "infera/model/arch_registry.h"
 
 namespace infera {
 namespace {
 
 using json = nlohmann::json;
-
-constexpr const char* kSupportedModelTypes =
-    "llama, qwen3, qwen3_moe, qwen3_next, qwen3_5, qwen3_5_moe, deepseek_v3, deepseek_v32";
 
 // Looks fields up in "text_config" first (multimodal wrappers such as Qwen3.5 keep the
 // language model's fields there), then at the top level. A JSON null counts as absent,
@@ -347,20 +345,6 @@ void parse_deepseek(const FieldReader& r, ModelConfig& c) {
 
 }  // namespace
 
-const char* arch_name(Arch a) {
-  switch (a) {
-    case Arch::kLlama: return "llama";
-    case Arch::kQwen3: return "qwen3";
-    case Arch::kQwen3Moe: return "qwen3_moe";
-    case Arch::kQwen3Next: return "qwen3_next";
-    case Arch::kQwen35: return "qwen3_5";
-    case Arch::kQwen35Moe: return "qwen3_5_moe";
-    case Arch::kDeepseekV3: return "deepseek_v3";
-    case Arch::kSentinel: break;
-  }
-  return "?";
-}
-
 bool ModelConfig::is_linear_attention_layer(int layer) const {
   return layer >= 0 && layer < static_cast<int>(layer_types.size()) && layer_types[layer] == LayerType::kLinearAttention;
 }
@@ -398,18 +382,13 @@ ModelConfig parse_model_config(const json& j, const std::string& source) {
   } else {
     model_type = r.opt_string("model_type");
   }
-  if (!model_type) fail("{}: required field 'model_type' is missing (supported: {})", source, kSupportedModelTypes);
+  if (!model_type) fail("{}: required field 'model_type' is missing (supported: {})", source, known_model_types());
   c.model_type = *model_type;
-  if (c.model_type == "llama") c.arch = Arch::kLlama;
-  else if (c.model_type == "qwen3") c.arch = Arch::kQwen3;
-  else if (c.model_type == "qwen3_moe") c.arch = Arch::kQwen3Moe;
-  else if (c.model_type == "qwen3_next") c.arch = Arch::kQwen3Next;
-  else if (c.model_type == "qwen3_5" || c.model_type == "qwen3_5_text") c.arch = Arch::kQwen35;
-  else if (c.model_type == "qwen3_5_moe" || c.model_type == "qwen3_5_moe_text") c.arch = Arch::kQwen35Moe;
-  else if (c.model_type == "deepseek_v3" || c.model_type == "deepseek_v32") c.arch = Arch::kDeepseekV3;
-  else fail("{}: unsupported model_type '{}' (supported: {})", source, c.model_type, kSupportedModelTypes);
-  const bool hybrid = c.arch == Arch::kQwen3Next || c.arch == Arch::kQwen35 || c.arch == Arch::kQwen35Moe;
-  const bool qwen3_family = c.arch == Arch::kQwen3 || c.arch == Arch::kQwen3Moe || hybrid;
+  const ArchInfo* info = find_arch(c.model_type);
+  if (!info) fail("{}: unsupported model_type '{}' (supported: {})", source, c.model_type, known_model_types());
+  c.arch = info->arch;
+  const bool hybrid = info->traits.hybrid;
+  const bool qwen3_family = info->traits.qwen3_defaults;
 
   c.hidden_size = r.req_positive("hidden_size");
   c.num_layers = r.req_positive("num_hidden_layers");
@@ -424,7 +403,7 @@ ModelConfig parse_model_config(const json& j, const std::string& source) {
   }
   if (auto head_dim = r.opt_int("head_dim")) {
     c.head_dim = r.positive("head_dim", *head_dim);
-  } else if (c.arch == Arch::kDeepseekV3) {
+  } else if (info->traits.mla) {
     // MLA: the q/k head is [nope | rope]; set below from qk_*_head_dim.
     c.head_dim = 0;
   } else if (qwen3_family) {
@@ -440,13 +419,13 @@ ModelConfig parse_model_config(const json& j, const std::string& source) {
   }
 
   if (hybrid) parse_hybrid(r, c);
-  if (c.arch == Arch::kDeepseekV3) {
+  if (info->traits.mla) {
     parse_deepseek(r, c);
     c.head_dim = c.qk_nope_head_dim + c.qk_rope_head_dim;
     // Layers [0, first_k_dense_replace) are dense.
     c.intermediate_size = c.first_k_dense_replace > 0 || c.num_experts == 0 ? r.req_positive("intermediate_size")
                                                                             : r.opt_positive("intermediate_size", 0);
-  } else if (c.arch == Arch::kQwen3Moe || c.arch == Arch::kQwen3Next || c.arch == Arch::kQwen35Moe) {
+  } else if (info->traits.moe_config) {
     parse_moe(r, c);
     // Qwen3.5 always renormalises; Qwen3NextConfig defaults norm_topk_prob to true.
     if (c.arch == Arch::kQwen35Moe || c.arch == Arch::kQwen3Next) c.norm_topk_prob = r.boolean("norm_topk_prob", true);
@@ -480,7 +459,7 @@ ModelConfig parse_model_config(const json& j, const std::string& source) {
   }
 
   parse_rope(r, c, hybrid ? 0.25 : 1.0);
-  if (c.arch == Arch::kDeepseekV3) c.rope.rotary_dim = c.qk_rope_head_dim;  // only the k_pe/q_pe part rotates
+  if (info->traits.mla) c.rope.rotary_dim = c.qk_rope_head_dim;  // only the k_pe/q_pe part rotates
   c.partial_rotary_factor = c.head_dim > 0 ? static_cast<float>(c.rope.rotary_dim) / c.head_dim : 1.0f;
 
   if (auto dtype = r.opt_string("torch_dtype")) c.torch_dtype = *dtype;

@@ -5,12 +5,10 @@
 #include "infera/base/log.h"
 #include "infera/base/timer.h"
 #include "infera/io/safetensors.h"
+#include "infera/model/arch_registry.h"
 #include "infera/model/model.h"
 
 namespace infera {
-
-std::unique_ptr<Model> create_llama_model(const ModelConfig& cfg, WeightStore store, const LoadOptions& options);
-std::unique_ptr<Model> create_qwen35_model(const ModelConfig& cfg, WeightStore store, const LoadOptions& options);
 
 int32_t ForwardBatch::num_logit_rows() const {
   int32_t r = 0;
@@ -31,22 +29,12 @@ std::unique_ptr<Model> load_model(const std::string& dir, const LoadOptions& opt
   }
   std::string dtypes;
   for (const auto& [name, bytes] : dtype_bytes) dtypes += (dtypes.empty() ? "" : "+") + name;
-  std::unique_ptr<Model> model;
-  switch (cfg.arch) {
-    case Arch::kLlama:
-    case Arch::kQwen3:
-    case Arch::kQwen3Moe:
-      model = create_llama_model(cfg, std::move(store), options);
-      break;
-    case Arch::kQwen3Next:
-    case Arch::kQwen35:
-    case Arch::kQwen35Moe:
-      model = create_qwen35_model(cfg, std::move(store), options);
-      break;
-    default:
-      fail("{}: architecture '{}' is recognised but not implemented yet (supported: llama, qwen3, qwen3_moe, qwen3_next, qwen3_5, qwen3_5_moe)", dir,
-           cfg.model_type);
+  const ArchInfo& info = arch_info(cfg.arch);
+  if (!info.runnable()) {
+    fail("{}: architecture '{}' is recognised but not implemented yet (supported: {})", dir, cfg.model_type,
+         runnable_arch_names());
   }
+  std::unique_ptr<Model> model = info.create(cfg, std::move(store), options);
   LOG_INFO("loaded {} ({}): {} layers, hidden {}, {:.2f} M parameters, {}, {:.1f} MiB {} in {:.2f} s", dir,
            arch_name(cfg.arch), cfg.num_layers, cfg.hidden_size, model->num_parameters() / 1e6, dtypes,
            mapped / 1048576.0, options.load_into_memory ? "read into memory" : "mapped", timer.seconds());

@@ -16,6 +16,8 @@
 
 namespace infera {
 
+class TensorDump;
+
 // One sequence's slice of a batch: tokens [token_begin, token_begin + n_tokens) of
 // ForwardBatch::tokens sit at positions pos0 .. pos0 + n_tokens - 1 of the sequence.
 struct SeqChunk {
@@ -139,8 +141,14 @@ class Model {
   };
   virtual ParallelStats parallel_stats() const { return {}; }
 
+  // ---- Debug dump (model/tensor_dump.h; `infera run --dump-tensors`) ----
+  // While set, forward() writes the selected named intermediates; nullptr (the default):
+  // off. The dump must outlive its use by the model.
+  void set_tensor_dump(TensorDump* dump) { dump_ = dump; }
+
  protected:
   ModelConfig config_;
+  TensorDump* dump_ = nullptr;
 };
 
 // Loads the model directory (config.json + safetensors). Throws infera::Error.

@@ -22,9 +22,11 @@
 
 #include "infera/base/error.h"
 #include "infera/kernels/kernels.h"
+#include "infera/model/arch_registry.h"
 #include "infera/model/blocks.h"
 #include "infera/model/model.h"
 #include "infera/model/rope.h"
+#include "infera/model/tensor_dump.h"
 #include "infera/model/tensor_parallel.h"
 #include "infera/model/weights.h"
 
@@ -67,12 +69,8 @@ class Qwen35Model final : public Model, public MtpHead {
     if (cfg.attention_bias) fail("{}: attention_bias is not supported for {}", store_.dir(), cfg.model_type);
     const int64_t H = cfg.hidden_size, V = cfg.vocab_size;
     // Published Qwen3.5 checkpoints nest the language model (VLM layout); text-only exports
-    // (Qwen3_5ForCausalLM) use model.*.
-    // (The table may be quantized: <name>.qweight.)
-    prefix_ = store_.find("model.language_model.embed_tokens.weight") ||
-                      store_.find("model.language_model.embed_tokens.weight.qweight")
-                  ? "model.language_model."
-                  : "model.";
+    // (Qwen3_5ForCausalLM) use model.* (the registry's text-prefix rule).
+    prefix_ = text_prefix(cfg, [this](const std::string& name) { return store_.find(name) != nullptr; });
     // `infera quantize` output: attention, GDN, MTP fc, MLPs and experts may be quantized;
     // embeddings, head, norms, router and gates stay float.
     quant_ = read_quantization_config(store_.dir());
@@ -93,7 +91,7 @@ class Qwen35Model final : public Model, public MtpHead {
     dims_ = shard_.gdn_dims(dims_);  // the layers' GDN weights are this rank's heads from here on
     // MTP head: present in the published checkpoints; optional (speculative decoding only).
     // Qwen3-Next's config.json does not declare it: the mtp.layers.* tensors do.
-    if (cfg.arch == Arch::kQwen3Next) config_.mtp_num_hidden_layers = stored_mtp_layers(store_);
+    config_.mtp_num_hidden_layers = mtp_layers(cfg, [this](const std::string& name) { return store_.find(name) != nullptr; });
     const int mtp_layers = config_.mtp_num_hidden_layers;
     // Drafting is not mirrored across ranks (ParallelModel), so a group leaves the head unloaded.
     if (mtp_layers > 0 && stored_mtp_layers(store_) > 0 && !shard_.distributed()) {
@@ -116,11 +114,8 @@ class Qwen35Model final : public Model, public MtpHead {
   }
 
   KvPoolShape kv_shape(int64_t block_size) const override {
-    KvPoolShape s;
-    s.num_layers = n_full_ + (has_mtp_ ? 1 : 0);
-    s.block_size = block_size;
+    KvPoolShape s = sequence_geometry(config_, has_mtp_ ? 1 : 0, DType::kF32, block_size).kv;
     s.n_kv_heads = shard_.kv_heads.size();  // this rank's KV heads (all in one process)
-    s.head_dim = config_.head_dim;
     return s;
   }
 
@@ -170,7 +165,7 @@ class Qwen35Model final : public Model, public MtpHead {
     if (L.linear) {
       // Qwen3-Next stores the GDN input projections fused per key-head group.
       L.gdn = load_gdn(store_, p + "linear_attn.", dims_, H,
-                       c.arch == Arch::kQwen3Next ? GdnLayout::kFused : GdnLayout::kSplit, quant_);
+                       arch_info(c.arch).traits.fused_gdn_projections ? GdnLayout::kFused : GdnLayout::kSplit, quant_);
     } else {
       const int64_t q_rows = nh * hd * (c.attn_output_gate ? 2 : 1);
       L.attn.wq = bind_hybrid_linear(store_, p + "self_attn.q_proj.weight", q_rows, H, quant_);
@@ -349,6 +344,10 @@ void Qwen35Model::forward(const ForwardBatch& batch, KvPool& kv, float* logits) 
     linear_row(embed_, tok, x_.data() + t * H);
   }
   batch_positions(batch, positions_);
+  if (dump_) {
+    dump_->begin_forward();
+    dump_->write("embed", -1, x_.data(), T, H);
+  }
   if (n_linear_ > 0) {
     for (const SeqChunk& s : batch.seqs) {
       if (s.state == nullptr) {
@@ -364,6 +363,7 @@ void Qwen35Model::forward(const ForwardBatch& batch, KvPool& kv, float* logits) 
   for (int64_t l = 0; l < c.num_layers; ++l) {
     uint64_t* counts = layers_[l].moe ? counts_.data() + l * c.num_experts : nullptr;
     run_layer(layers_[l], batch, kv, counts);
+    if (dump_) dump_->write("layer_out", static_cast<int>(l), x_.data(), T, H);
   }
   const int64_t R = batch.num_logit_rows();
   if (hidden_all_tokens_) {
@@ -378,7 +378,9 @@ void Qwen35Model::forward(const ForwardBatch& batch, KvPool& kv, float* logits) 
     hidden_.assign(rows_.begin(), rows_.end());  // post-final-norm hidden: the MTP input
   }
   if (R == 0 || logits == nullptr) return;
+  if (dump_) dump_->write("final_norm", -1, rows_.data(), R, H);
   shard_.logits(rows_.data(), R, lm_head_, logits);  // TP: vocabulary split, gathered to rank 0
+  if (dump_) dump_->write("logits", -1, logits, R, c.vocab_size);
 }
 
 void Qwen35Model::draft(const ForwardBatch& batch, const float* hidden, KvPool& kv, float* logits) {

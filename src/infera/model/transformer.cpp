@@ -18,10 +18,12 @@
 #include "infera/io/safetensors.h"
 #include "infera/kernels/kernels.h"
 #include "infera/kernels/quant.h"
+#include "infera/model/arch_registry.h"
 #include "infera/model/blocks.h"
 #include "infera/model/model.h"
 #include "infera/model/quantized_weights.h"
 #include "infera/model/rope.h"
+#include "infera/model/tensor_dump.h"
 #include "infera/model/tensor_parallel.h"
 #include "infera/model/weights.h"
 
@@ -95,11 +97,8 @@ class LlamaModel final : public Model {
   }
 
   KvPoolShape kv_shape(int64_t block_size) const override {
-    KvPoolShape s;
-    s.num_layers = config_.num_layers;
-    s.block_size = block_size;
+    KvPoolShape s = sequence_geometry(config_, 0, DType::kF32, block_size).kv;
     s.n_kv_heads = shard_.kv_heads.size();  // this rank's KV heads (all of them without TP)
-    s.head_dim = config_.head_dim;
     return s;
   }
 
@@ -125,6 +124,12 @@ class LlamaModel final : public Model {
   void forward(const ForwardBatch& batch, KvPool& kv, float* logits) override;
 
  private:
+  // Dump points at the end of layer l: the FFN output [T, H] and the residual stream.
+  void dump_layer_end(int l, const float* ffn_out, int64_t T) {
+    dump_->write("ffn_out", l, ffn_out, T, config_.hidden_size);
+    dump_->write("layer_out", l, x_.data(), T, config_.hidden_size);
+  }
+
   // Tensor parallel: keep this rank's heads (q/k/v rows, o_proj columns) and MLP columns
   // (gate/up rows, down columns); under expert parallelism the experts of this rank's
   // range (the others' weights are never touched), under TP without EP a column slice of
@@ -205,10 +210,15 @@ void LlamaModel::forward(const ForwardBatch& batch, KvPool& kv, float* logits) {
   for (const int32_t tok : batch.tokens) INFERA_ASSERT(tok >= 0 && tok < c.vocab_size, "token id out of range");
   shard_.embed(batch.tokens.data(), T, H, x_.data(), [&](int32_t tok, float* row) { linear_row(embed_, tok, row); });
   batch_positions(batch, positions_);
+  if (dump_) {
+    dump_->begin_forward();
+    dump_->write("embed", -1, x_.data(), T, H);
+  }
 
   for (int64_t l = 0; l < c.num_layers; ++l) {
     const LlamaLayer& L = layers_[l];
     kernels::rmsnorm(x_.data(), L.attn_norm.data(), xn_.data(), T, H, c.rms_norm_eps);
+    if (dump_) dump_->write("attn_norm", static_cast<int>(l), xn_.data(), T, H);
     {
       const LinearWeight* ws[] = {&L.wq, &L.wk, &L.wv};
       float* ys[] = {q_.data(), k_.data(), v_.data()};
@@ -228,16 +238,19 @@ void LlamaModel::forward(const ForwardBatch& batch, KvPool& kv, float* logits) {
     kernels::linear(attn_.data(), T, L.wo, xn_.data());
     shard_.all_reduce(xn_.data(), T * H, shard_.tensor_parallel());  // row-parallel o_proj: sum the heads' parts
     add_bias(xn_.data(), L.bo, T);
+    if (dump_) dump_->write("attn_out", static_cast<int>(l), xn_.data(), T, H);
     kernels::add(x_.data(), xn_.data(), T * H);
     // The last layer's MLP feeds only the logits: without them, skip it (and its all-reduce).
     if (l + 1 == c.num_layers && (batch.num_logit_rows() == 0 || logits == nullptr) && shard_.merged_sync()) break;
 
     kernels::rmsnorm(x_.data(), L.ffn_norm.data(), xn_.data(), T, H, c.rms_norm_eps);
+    if (dump_) dump_->write("ffn_norm", static_cast<int>(l), xn_.data(), T, H);
     if (L.moe) {
       ffn_out_.resize(static_cast<size_t>(T * H));
       // Combined across ranks (experts split by rank under EP, their columns under TP).
       shard_.moe(moe_, L.experts, xn_.data(), T, H, ffn_out_.data(), counts_.data() + l * c.num_experts);
       kernels::add(x_.data(), ffn_out_.data(), T * H);
+      if (dump_) dump_layer_end(static_cast<int>(l), ffn_out_.data(), T);
       continue;
     }
     {
@@ -249,6 +262,7 @@ void LlamaModel::forward(const ForwardBatch& batch, KvPool& kv, float* logits) {
     kernels::linear(gate_.data(), T, L.w_down, xn_.data());
     shard_.all_reduce(xn_.data(), T * H, shard_.tensor_parallel());  // row-parallel down
     kernels::add(x_.data(), xn_.data(), T * H);
+    if (dump_) dump_layer_end(static_cast<int>(l), xn_.data(), T);
   }
 
   // Only the rows that need logits go through the final norm and the head.
@@ -256,7 +270,9 @@ void LlamaModel::forward(const ForwardBatch& batch, KvPool& kv, float* logits) {
   if (R == 0 || logits == nullptr) return;
   gather_logit_rows(batch, x_.data(), H, rows_);
   kernels::rmsnorm(rows_.data(), final_norm_.data(), rows_.data(), R, H, c.rms_norm_eps);
+  if (dump_) dump_->write("final_norm", -1, rows_.data(), R, H);
   shard_.logits(rows_.data(), R, lm_head_, logits);  // TP: vocabulary split, gathered to rank 0
+  if (dump_) dump_->write("logits", -1, logits, R, c.vocab_size);
 }
 
 }  // namespace

@@ -20,9 +20,11 @@
 #include "infera/base/error.h"
 #include "infera/base/log.h"
 #include "infera/io/safetensors.h"
+#include "infera/model/arch_registry.h"
 #include "infera/model/config.h"
 #include "infera/model/model.h"
 #include "infera/model/quantized_weights.h"
+#include "infera/model/tensor_table.h"
 #include "infera/model/weights.h"
 #include "infera/quant/calibration.h"
 #include "infera/quant/quantizer.h"
@@ -45,38 +47,32 @@ EmbedHeadMode parse_embed_head_mode(const std::string& text) {
 
 namespace {
 
-constexpr const char* kEmbedName = "model.embed_tokens.weight";
-constexpr const char* kNestedEmbedName = "model.language_model.embed_tokens.weight";  // Qwen3.5 (VLM layout)
-constexpr const char* kHeadName = "lm_head.weight";
-
-bool is_embed_or_head(const std::string& name) {
-  return name == kEmbedName || name == kNestedEmbedName || name == kHeadName;
-}
-
-// The tensors a model binds as (possibly quantized) linear layers: 2-D [n, k], or fused
-// experts 3-D [E, n, k] (Qwen3.5's experts.gate_up_proj / experts.down_proj), quantized row
-// by row like an [E * n, k] matrix so each expert is a contiguous quantized matrix.
-//   llama, qwen3, qwen3_moe (model/llama.cpp): attention, MLP, per-expert experts,
-//     embeddings and head. The router (mlp.gate.weight) stays float.
-//   qwen3_next, qwen3_5, qwen3_5_moe (model/qwen35.cpp, trunk and MTP layers): gated
-//     attention (q_proj with its gate rows, k/v/o_proj), the Gated DeltaNet projections
-//     in_proj_qkv, in_proj_z (in_proj_qkvz for qwen3_next) and out_proj, mtp.fc, the MLPs,
-//     experts and shared experts. Stay as stored: the router, shared_expert_gate, the GDN
-//     gate projections in_proj_b / in_proj_a / in_proj_ba ([Hv, H]: 0.4 % of a bf16
-//     GDN layer's projection bytes in Qwen3.5-35B-A3B, 1.5 % of a W4A8 one, and they feed
-//     the decay and beta gates whose errors compound along the recurrence;
-//     docs/quantization.md). Embeddings and head as for llama (--embed-head).
-bool is_linear_name(const std::string& name, bool hybrid) {
-  static const std::regex llama(
-      R"(model\.layers\.\d+\.(self_attn\.(q|k|v|o)_proj|mlp\.(gate|up|down)_proj|mlp\.experts\.\d+\.(gate|up|down)_proj)\.weight)");
-  static const std::regex qwen35(
-      R"(mtp\.fc\.weight|(model\.language_model\.|model\.|mtp\.)layers\.\d+\.(self_attn\.(q|k|v|o)_proj\.weight|linear_attn\.(in_proj_qkv|in_proj_z|in_proj_qkvz|out_proj)\.weight|mlp\.((gate|up|down)_proj\.weight|(experts\.\d+|shared_expert)\.(gate|up|down)_proj\.weight|experts\.(gate_up_proj|down_proj))))");
-  return is_embed_or_head(name) || std::regex_match(name, hybrid ? qwen35 : llama);
-}
-
-bool is_quantizable(const std::string& name, const TensorInfo& t, bool hybrid) {
-  return is_linear_name(name, hybrid) && (t.shape.size() == 2 || t.shape.size() == 3);
-}
+// What `infera quantize` does with each tensor comes from the architecture's tensor table
+// (model/tensor_table.h): the tensors a model binds as (possibly quantized) linear layers
+// are the table's quantizable ones, 2-D [n, k] or fused experts 3-D [E, n, k] (quantized
+// row by row like an [E * n, k] matrix so each expert is a contiguous quantized matrix).
+// Attention, MLP, expert and shared-expert projections, the Gated DeltaNet projections
+// in_proj_qkv, in_proj_z (in_proj_qkvz for qwen3_next) and out_proj, and mtp.fc are
+// quantized; embeddings and head as --embed-head says. Stay as stored (role kFloat or
+// kVector): norms, the router, shared_expert_gate and the GDN gate projections in_proj_b /
+// in_proj_a / in_proj_ba ([Hv, H]: 0.4 % of a bf16 GDN layer's projection bytes in
+// Qwen3.5-35B-A3B, 1.5 % of a W4A8 one, and they feed the decay and beta gates whose
+// errors compound along the recurrence; docs/quantization.md).
+struct TensorRoles {
+  std::map<std::string, WeightRole> roles;  // every tensor of the table, by name
+  bool quantizable(const std::string& name, const TensorInfo& t) const {
+    auto it = roles.find(name);
+    if (it == roles.end() || (t.shape.size() != 2 && t.shape.size() != 3)) return false;
+    TensorSpec spec;
+    spec.role = it->second;
+    spec.shape = t.shape;
+    return spec.quantizable();
+  }
+  bool embed_or_head(const std::string& name) const {
+    auto it = roles.find(name);
+    return it != roles.end() && (it->second == WeightRole::kEmbedding || it->second == WeightRole::kHead);
+  }
+};
 
 bool glob_match(const std::string& pattern, const std::string& name) {
   return ::fnmatch(pattern.c_str(), name.c_str(), 0) == 0;
@@ -246,10 +242,9 @@ QuantizeReport quantize_model(const std::string& in_dir, const std::string& out_
     fail("--group-size {} is not supported (use 32, 64 or 128)", o.group_size);
   }
   const ModelConfig cfg = load_model_config(in_dir);
-  const bool hybrid = cfg.arch == Arch::kQwen3Next || cfg.arch == Arch::kQwen35 || cfg.arch == Arch::kQwen35Moe;
-  if (cfg.arch != Arch::kLlama && cfg.arch != Arch::kQwen3 && cfg.arch != Arch::kQwen3Moe && !hybrid) {
-    fail("{}: quantization supports model_type llama, qwen3, qwen3_moe, qwen3_next, qwen3_5 and qwen3_5_moe, not '{}'", in_dir,
-         cfg.model_type);
+  const ArchInfo& arch = arch_info(cfg.arch);
+  if (!arch.runnable()) {
+    fail("{}: quantization supports model_type {}, not '{}'", in_dir, runnable_arch_names(), cfg.model_type);
   }
   if (read_quantization_config(in_dir).present) {
     fail("{}: the model is already quantized (config.json has a quantization_config); quantize the original "
@@ -264,6 +259,9 @@ QuantizeReport quantize_model(const std::string& in_dir, const std::string& out_
 
   const WeightStore store = WeightStore::open(in_dir);
   const std::vector<std::string> names = store.names();
+  const HasTensor has = [&store](const std::string& name) { return store.find(name) != nullptr; };
+  TensorRoles table;
+  for (const TensorSpec& t : tensor_table(cfg, has)) table.roles[t.name] = t.role;
 
   // ---- per-layer decisions ----
   QuantizationConfig qc;
@@ -273,7 +271,7 @@ QuantizeReport quantize_model(const std::string& in_dir, const std::string& out_
   std::vector<int> pattern_hits(o.fallback_patterns.size(), 0);
   for (const std::string& name : names) {
     const TensorInfo& t = store.get(name);
-    if (!is_quantizable(name, t, hybrid)) continue;
+    if (!table.quantizable(name, t)) continue;
     LayerQuant lq;
     lq.dense = false;
     lq.scheme = o.scheme;
@@ -290,7 +288,7 @@ QuantizeReport quantize_model(const std::string& in_dir, const std::string& out_
         }
       }
     }
-    if (!lq.dense && is_embed_or_head(name)) {
+    if (!lq.dense && table.embed_or_head(name)) {
       if (o.embed_head == EmbedHeadMode::kBf16) {
         lq.dense = true;
         lq.dense_type = "bf16";
@@ -333,12 +331,11 @@ QuantizeReport quantize_model(const std::string& in_dir, const std::string& out_
     stats = collect_activation_stats(*model, ids, o.calib_ctx);
     report.calib_tokens_used = static_cast<int64_t>(ids.size());
     Planner p{store, qc, stats, {}};
-    p.plan.zero_centred_norms = hybrid;
+    p.plan.zero_centred_norms = arch.traits.zero_centred_norms;
     // The hybrid's text layers may be nested (model.language_model.*). Its GDN layers are
     // not smoothed: their input also feeds in_proj_b / in_proj_a, which stay as stored
     // (no factor can be folded into them), so only the clipping search uses their stats.
-    const std::string trunk = store.find("model.language_model.embed_tokens.weight") ? "model.language_model.layers."
-                                                                                      : "model.layers.";
+    const std::string trunk = text_prefix(cfg, has) + "layers.";
     for (int64_t l = 0; l < cfg.num_layers; ++l) {
       const std::string pre = trunk + std::to_string(l) + ".";
       p.smooth({pre + "mlp.down_proj.weight"}, pre + "mlp.up_proj.weight", false);
@@ -372,7 +369,7 @@ QuantizeReport quantize_model(const std::string& in_dir, const std::string& out_
       progress_line(o.show_progress, shard_i, by_file.size(), done++, shard_names.size(), name);
       const TensorInfo& t = store.get(name);
       const int64_t before = static_cast<int64_t>(t.nbytes);
-      const bool linear = is_quantizable(name, t, hybrid);
+      const bool linear = table.quantizable(name, t);
       auto norm_it = plan.elem_div.find(name);
       if (!linear) {
         if (norm_it != plan.elem_div.end()) {

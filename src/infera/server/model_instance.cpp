@@ -18,6 +18,7 @@
 #include "infera/base/error.h"
 #include "infera/base/log.h"
 #include "infera/base/threads.h"
+#include "infera/model/arch_registry.h"
 #include "infera/model/kv_pool.h"
 #include "infera/model/model.h"
 #include "infera/model/weights.h"
@@ -184,15 +185,24 @@ bool has_weights(const fs::path& dir) {
   return false;
 }
 
-// Bytes of KV cache one token takes (K and V in every layer, in the deployment's kv_dtype;
-// model/kv_pool.h).
-int64_t kv_bytes_per_token(const ModelConfig& c, DType kv_dtype) {
-  KvPoolShape shape;
-  shape.num_layers = c.num_layers;
-  shape.n_kv_heads = c.num_kv_heads;
-  shape.head_dim = c.head_dim > 0 ? c.head_dim : (c.num_heads > 0 ? c.hidden_size / c.num_heads : 0);
-  shape.dtype = kv_dtype;
-  return shape.bytes_per_token();
+// Bytes of KV cache one token takes in the deployment's kv_dtype: K and V of the layers
+// that keep a KV cache, as the loaded model's kv_shape() will say (the full-attention
+// layers, not a hybrid's linear-attention ones, plus the MTP layer when the checkpoint has
+// one: the model loads its head whenever the weights are there).
+int64_t kv_bytes_per_token(const ModelConfig& c, DType kv_dtype, const fs::path& weights_dir) {
+  int kv_mtp = 0;
+  if (c.num_mtp_layers() > 0 || arch_info(c.arch).traits.mtp_from_tensors) {
+    try {
+      const WeightStore store = WeightStore::open(weights_dir.string());
+      kv_mtp = mtp_layers(c, [&store](const std::string& name) { return store.find(name) != nullptr; }) > 0 &&
+                       stored_mtp_layers(store) > 0
+                   ? 1
+                   : 0;
+    } catch (const Error&) {
+      kv_mtp = 1;  // unreadable weights are reported when the model loads; count the head
+    }
+  }
+  return sequence_geometry(c, kv_mtp, kv_dtype).kv.bytes_per_token();
 }
 
 }  // namespace
@@ -317,10 +327,13 @@ std::vector<std::shared_ptr<ModelInstance>> prepare_models(const DeployConfig& c
       }
     }
 
-    if (m.speculative.method == "mtp" && model_config.arch == Arch::kQwen3Next && model_config.num_mtp_layers() == 0) {
+    if (m.speculative.method == "mtp" && arch_info(model_config.arch).traits.mtp_from_tensors &&
+        model_config.num_mtp_layers() == 0) {
       // Qwen3-Next's config.json does not declare its MTP head; its tensors do (headers only).
       try {
-        model_config.mtp_num_hidden_layers = stored_mtp_layers(WeightStore::open(weights_dir.string()));
+        const WeightStore store = WeightStore::open(weights_dir.string());
+        model_config.mtp_num_hidden_layers =
+            mtp_layers(model_config, [&store](const std::string& name) { return store.find(name) != nullptr; });
       } catch (const Error& e) {
         problem(fmt::format("{}: {}", who, e.what()));
       }
@@ -346,7 +359,7 @@ std::vector<std::shared_ptr<ModelInstance>> prepare_models(const DeployConfig& c
     } catch (const Error& e) {
       problem(fmt::format("{}: {}", who, e.what()));
     }
-    const int64_t per_token = kv_bytes_per_token(model_config, m.kv_dtype);
+    const int64_t per_token = kv_bytes_per_token(model_config, m.kv_dtype, weights_dir);
     const int64_t longest = std::min<int64_t>(int64_t{limits.max_input_len} + limits.max_output_len, limits.max_context);
     if (per_token > 0 && limits.kv_cache_bytes / per_token < longest) {
       problem(fmt::format("{}.kv_cache_memory: {} bytes hold {} tokens of KV cache, but max_input_len + max_output_len "

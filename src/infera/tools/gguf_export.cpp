@@ -10,13 +10,16 @@
 #include <numbers>
 #include <optional>
 #include <string_view>
+#include <unordered_map>
 #include <unordered_set>
 
 #include <nlohmann/json.hpp>
 
 #include "infera/base/error.h"
 #include "infera/io/safetensors.h"
+#include "infera/model/arch_registry.h"
 #include "infera/model/config.h"
+#include "infera/model/tensor_table.h"
 #include "infera/tensor/dtype.h"
 #include "infera/tokenizer/tokenizer.h"
 
@@ -523,19 +526,16 @@ GgufExportResult export_gguf(const std::string& model_dir, const std::string& ou
   const fs::path dir(model_dir);
   const std::string config_path = (dir / "config.json").string();
   const ModelConfig config = load_model_config(model_dir);
-  std::string arch;
-  switch (config.arch) {
-    case Arch::kLlama: arch = "llama"; break;
-    case Arch::kQwen3: arch = "qwen3"; break;
-    case Arch::kQwen3Moe: arch = "qwen3moe"; break;
-    case Arch::kQwen35: arch = "qwen35"; break;
-    case Arch::kQwen35Moe: arch = "qwen35moe"; break;
-    default:
-      fail("{}: model_type '{}' cannot be converted to GGUF yet (supported: llama, qwen3, qwen3_moe, qwen3_5, "
-           "qwen3_5_moe)",
-           config_path, config.model_type);
+  const ArchInfo& info = arch_info(config.arch);
+  if (info.gguf_arch == nullptr) {
+    std::string supported;
+    for (const ArchInfo& a : arch_registry()) {
+      if (a.gguf_arch) supported += (supported.empty() ? "" : ", ") + std::string(a.name);
+    }
+    fail("{}: model_type '{}' cannot be converted to GGUF yet (supported: {})", config_path, config.model_type, supported);
   }
-  const bool hybrid = config.arch == Arch::kQwen35 || config.arch == Arch::kQwen35Moe;
+  const std::string arch = info.gguf_arch;
+  const bool hybrid = info.traits.hybrid;
   if (config.attention_bias || config.mlp_bias) {
     fail("{}: attention/MLP biases are not supported by the GGUF converter", config_path);
   }
@@ -561,6 +561,7 @@ GgufExportResult export_gguf(const std::string& model_dir, const std::string& ou
   }
   const bool is_llama = config.arch == Arch::kLlama;
   const WeightStore store = WeightStore::open(model_dir);
+  const HasTensor has = [&store](const std::string& n) { return store.find(n) != nullptr; };
 
   std::string name = options.name;
   if (name.empty()) name = fs::path(model_dir).lexically_normal().filename().string();
@@ -569,6 +570,20 @@ GgufExportResult export_gguf(const std::string& model_dir, const std::string& ou
   // The MTP block (Qwen3.5) goes in as one more block, blk.{num_layers}, as llama.cpp's
   // converter does; only when the checkpoint has its weights.
   const int n_mtp = hybrid && store.find("mtp.fc.weight") ? std::max(config.mtp_num_hidden_layers, 1) : 0;
+  // GGUF names come from the architecture's tensor table, as this checkpoint lays it out.
+  std::unordered_map<std::string, std::string> gguf_names;
+  ModelConfig table_config = config;
+  table_config.mtp_num_hidden_layers = n_mtp;
+  for (const TensorSpec& t : tensor_table(table_config, has)) {
+    if (!t.gguf.empty()) gguf_names[t.name] = t.gguf;
+  }
+  auto gguf_name = [&](const std::string& hf) -> const std::string& {
+    auto it = gguf_names.find(hf);
+    if (it == gguf_names.end()) {
+      fail("{}: tensor '{}' has no GGUF name in the {} tensor table", model_dir, hf, info.name);
+    }
+    return it->second;
+  };
 
   gguf::Writer writer;
   add_hparams(writer, config, arch, name, options.out_type);
@@ -620,12 +635,12 @@ GgufExportResult export_gguf(const std::string& model_dir, const std::string& ou
     return t;
   };
   // A matrix [rows, cols] (GGUF ne {cols, rows}); row_of maps GGUF rows to source rows.
-  auto add_matrix = [&](const std::string& gguf_name, const std::string& hf, int64_t rows, int64_t cols,
+  auto add_matrix = [&](const std::string& hf, int64_t rows, int64_t cols,
                         const std::function<int64_t(int64_t)>& row_of = nullptr,
                         std::vector<int64_t> col_order = {}) {
     const TensorInfo& t = source(hf, {rows, cols});
     ExportTensor e;
-    e.name = gguf_name;
+    e.name = gguf_name(hf);
     e.type = mat_type_for(cols);
     e.cols = cols;
     e.dims = {static_cast<uint64_t>(cols), static_cast<uint64_t>(rows)};
@@ -635,13 +650,13 @@ GgufExportResult export_gguf(const std::string& model_dir, const std::string& ou
     plan.push_back(std::move(e));
   };
   // A vector (always F32), optionally transformed: (value, GGUF index) -> value.
-  auto add_vector = [&](const std::string& gguf_name, const std::string& hf, int64_t n,
+  auto add_vector = [&](const std::string& hf, int64_t n,
                         const std::function<float(const std::vector<float>&, int64_t)>& f = nullptr) {
     const TensorInfo& t = source(hf, {n});
     std::vector<float> src(static_cast<size_t>(n));
     row_to_f32(t.data, t.dtype, src.size(), src.data());
     ExportTensor e;
-    e.name = gguf_name;
+    e.name = gguf_name(hf);
     e.cols = n;
     e.dims = {static_cast<uint64_t>(n)};
     e.values.resize(src.size());
@@ -652,10 +667,10 @@ GgufExportResult export_gguf(const std::string& model_dir, const std::string& ou
   const auto plus_one = [](const std::vector<float>& v, int64_t i) { return v[i] + 1.0f; };
   // Expert weights [E, rows, cols] as one GGUF tensor ne {cols, rows, E}; part(e) gives the
   // expert's source tensor and first row.
-  auto add_experts = [&](const std::string& gguf_name, int64_t E, int64_t rows, int64_t cols,
+  auto add_experts = [&](const std::string& name, int64_t E, int64_t rows, int64_t cols,
                          const std::function<RowSource(int64_t)>& part) {
     ExportTensor e;
-    e.name = gguf_name;
+    e.name = name;
     e.type = mat_type_for(cols);
     e.cols = cols;
     e.dims = {static_cast<uint64_t>(cols), static_cast<uint64_t>(rows), static_cast<uint64_t>(E)};
@@ -675,42 +690,42 @@ GgufExportResult export_gguf(const std::string& model_dir, const std::string& ou
     plan.push_back(std::move(e));
   }
 
-  const std::string lm = hybrid ? "model.language_model." : "model.";
-  add_matrix("token_embd.weight", lm + "embed_tokens.weight", V, H);
+  const std::string lm = text_prefix(config, has);
+  add_matrix(lm + "embed_tokens.weight", V, H);
 
   if (!hybrid) {
     for (int l = 0; l < config.num_layers; ++l) {
       const std::string p = "model.layers." + std::to_string(l) + ".";
-      const std::string b = "blk." + std::to_string(l) + ".";
-      add_vector(b + "attn_norm.weight", p + "input_layernorm.weight", H);
+      add_vector(p + "input_layernorm.weight", H);
       const int nh = config.num_heads, nkv = config.num_kv_heads;
-      add_matrix(b + "attn_q.weight", p + "self_attn.q_proj.weight", q_out, H,
+      add_matrix(p + "self_attn.q_proj.weight", q_out, H,
                  is_llama ? std::function<int64_t(int64_t)>([&](int64_t r) { return llama_permuted_row(q_out, nh, r); })
                           : nullptr);
-      add_matrix(b + "attn_k.weight", p + "self_attn.k_proj.weight", kv_out, H,
+      add_matrix(p + "self_attn.k_proj.weight", kv_out, H,
                  is_llama ? std::function<int64_t(int64_t)>([&](int64_t r) { return llama_permuted_row(kv_out, nkv, r); })
                           : nullptr);
-      add_matrix(b + "attn_v.weight", p + "self_attn.v_proj.weight", kv_out, H);
-      add_matrix(b + "attn_output.weight", p + "self_attn.o_proj.weight", H, q_out);
+      add_matrix(p + "self_attn.v_proj.weight", kv_out, H);
+      add_matrix(p + "self_attn.o_proj.weight", H, q_out);
       if (config.qk_norm) {
-        add_vector(b + "attn_q_norm.weight", p + "self_attn.q_norm.weight", hd);
-        add_vector(b + "attn_k_norm.weight", p + "self_attn.k_norm.weight", hd);
+        add_vector(p + "self_attn.q_norm.weight", hd);
+        add_vector(p + "self_attn.k_norm.weight", hd);
       }
-      add_vector(b + "ffn_norm.weight", p + "post_attention_layernorm.weight", H);
+      add_vector(p + "post_attention_layernorm.weight", H);
       if (config.arch == Arch::kQwen3Moe) {
         const int64_t E = config.num_experts, I = config.moe_intermediate_size;
-        add_matrix(b + "ffn_gate_inp.weight", p + "mlp.gate.weight", E, H);
+        add_matrix(p + "mlp.gate.weight", E, H);
         for (const char* part : {"gate", "up", "down"}) {
           const bool down = std::string(part) == "down";
-          add_experts(b + "ffn_" + part + "_exps.weight", E, down ? H : I, down ? I : H, [&, part, down](int64_t x) {
+          const std::string first = p + "mlp.experts.0." + part + "_proj.weight";
+          add_experts(gguf_name(first), E, down ? H : I, down ? I : H, [&, part, down](int64_t x) {
             const std::string hf = p + "mlp.experts." + std::to_string(x) + "." + part + "_proj.weight";
             return RowSource{&source(hf, {down ? H : I, down ? I : H}), 0};
           });
         }
       } else {
-        add_matrix(b + "ffn_gate.weight", p + "mlp.gate_proj.weight", F, H);
-        add_matrix(b + "ffn_up.weight", p + "mlp.up_proj.weight", F, H);
-        add_matrix(b + "ffn_down.weight", p + "mlp.down_proj.weight", H, F);
+        add_matrix(p + "mlp.gate_proj.weight", F, H);
+        add_matrix(p + "mlp.up_proj.weight", F, H);
+        add_matrix(p + "mlp.down_proj.weight", H, F);
       }
     }
   } else {
@@ -722,29 +737,29 @@ GgufExportResult export_gguf(const std::string& model_dir, const std::string& ou
       return [Hk, Hv, width](int64_t i) { return v_head_source(i, Hk, Hv, width); };
     };
     // One decoder block; `p` the HF prefix, `b` the GGUF prefix, full = full attention.
-    auto add_block = [&](const std::string& p, const std::string& b, bool full) {
-      add_vector(b + "attn_norm.weight", p + "input_layernorm.weight", H, plus_one);
+    auto add_block = [&](const std::string& p, bool full) {
+      add_vector(p + "input_layernorm.weight", H, plus_one);
       if (full) {
-        add_matrix(b + "attn_q.weight", p + "self_attn.q_proj.weight", 2 * q_out, H);
-        add_matrix(b + "attn_k.weight", p + "self_attn.k_proj.weight", kv_out, H);
-        add_matrix(b + "attn_v.weight", p + "self_attn.v_proj.weight", kv_out, H);
-        add_matrix(b + "attn_output.weight", p + "self_attn.o_proj.weight", H, q_out);
-        add_vector(b + "attn_q_norm.weight", p + "self_attn.q_norm.weight", hd, plus_one);
-        add_vector(b + "attn_k_norm.weight", p + "self_attn.k_norm.weight", hd, plus_one);
+        add_matrix(p + "self_attn.q_proj.weight", 2 * q_out, H);
+        add_matrix(p + "self_attn.k_proj.weight", kv_out, H);
+        add_matrix(p + "self_attn.v_proj.weight", kv_out, H);
+        add_matrix(p + "self_attn.o_proj.weight", H, q_out);
+        add_vector(p + "self_attn.q_norm.weight", hd, plus_one);
+        add_vector(p + "self_attn.k_norm.weight", hd, plus_one);
       } else {
         const std::string a = p + "linear_attn.";
-        add_matrix(b + "attn_qkv.weight", a + "in_proj_qkv.weight", CD, H,
+        add_matrix(a + "in_proj_qkv.weight", CD, H,
                    [&, vm = vmap(dv)](int64_t r) { return r < 2 * KD ? r : 2 * KD + vm(r - 2 * KD); });
-        add_matrix(b + "attn_gate.weight", a + "in_proj_z.weight", VD, H, vmap(dv));
-        add_matrix(b + "ssm_beta.weight", a + "in_proj_b.weight", Hv, H, vmap(1));
-        add_matrix(b + "ssm_alpha.weight", a + "in_proj_a.weight", Hv, H, vmap(1));
+        add_matrix(a + "in_proj_z.weight", VD, H, vmap(dv));
+        add_matrix(a + "in_proj_b.weight", Hv, H, vmap(1));
+        add_matrix(a + "in_proj_a.weight", Hv, H, vmap(1));
         {
           // conv1d.weight [CD, 1, K] -> ne {K, CD}, value channels reordered.
           const TensorInfo& t = source(a + "conv1d.weight", {CD, 1, K});
           std::vector<float> w(static_cast<size_t>(CD * K));
           row_to_f32(t.data, t.dtype, w.size(), w.data());
           ExportTensor e;
-          e.name = b + "ssm_conv1d.weight";
+          e.name = gguf_name(a + "conv1d.weight");
           e.cols = K;
           e.dims = {static_cast<uint64_t>(K), static_cast<uint64_t>(CD)};
           const auto vm = vmap(dv);
@@ -755,33 +770,38 @@ GgufExportResult export_gguf(const std::string& model_dir, const std::string& ou
           plan.push_back(std::move(e));
         }
         const auto vm1 = vmap(1);
-        add_vector(b + "ssm_dt.bias", a + "dt_bias", Hv, [vm1](const std::vector<float>& v, int64_t i) { return v[vm1(i)]; });
-        add_vector(b + "ssm_a", a + "A_log", Hv,
+        add_vector(a + "dt_bias", Hv, [vm1](const std::vector<float>& v, int64_t i) { return v[vm1(i)]; });
+        add_vector(a + "A_log", Hv,
                    [vm1](const std::vector<float>& v, int64_t i) { return -std::exp(v[vm1(i)]); });
-        add_vector(b + "ssm_norm.weight", a + "norm.weight", dv);  // RMSNormGated: plain weight
+        add_vector(a + "norm.weight", dv);  // RMSNormGated: plain weight
         std::vector<int64_t> cols(static_cast<size_t>(VD));
         for (int64_t i = 0; i < VD; ++i) cols[i] = v_head_source(i, Hk, Hv, dv);
-        add_matrix(b + "ssm_out.weight", a + "out_proj.weight", H, VD, nullptr, std::move(cols));
+        add_matrix(a + "out_proj.weight", H, VD, nullptr, std::move(cols));
       }
-      add_vector(b + "post_attention_norm.weight", p + "post_attention_layernorm.weight", H, plus_one);
+      add_vector(p + "post_attention_layernorm.weight", H, plus_one);
       if (config.arch == Arch::kQwen35) {
-        add_matrix(b + "ffn_gate.weight", p + "mlp.gate_proj.weight", F, H);
-        add_matrix(b + "ffn_up.weight", p + "mlp.up_proj.weight", F, H);
-        add_matrix(b + "ffn_down.weight", p + "mlp.down_proj.weight", H, F);
+        add_matrix(p + "mlp.gate_proj.weight", F, H);
+        add_matrix(p + "mlp.up_proj.weight", F, H);
+        add_matrix(p + "mlp.down_proj.weight", H, F);
         return;
       }
       const int64_t E = config.num_experts, I = config.moe_intermediate_size, S = config.shared_expert_intermediate_size;
-      add_matrix(b + "ffn_gate_inp.weight", p + "mlp.gate.weight", E, H);
-      if (store.find(p + "mlp.experts.gate_up_proj")) {
+      add_matrix(p + "mlp.gate.weight", E, H);
+      if (stored_expert_layout(config, p + "mlp.", has) == ExpertLayout::kFused) {
         const TensorInfo& gu = source(p + "mlp.experts.gate_up_proj", {E, 2 * I, H});
         const TensorInfo& dn = source(p + "mlp.experts.down_proj", {E, H, I});
-        add_experts(b + "ffn_gate_exps.weight", E, I, H, [&gu, I](int64_t x) { return RowSource{&gu, x * 2 * I}; });
-        add_experts(b + "ffn_up_exps.weight", E, I, H, [&gu, I](int64_t x) { return RowSource{&gu, x * 2 * I + I}; });
-        add_experts(b + "ffn_down_exps.weight", E, H, I, [&dn, H](int64_t x) { return RowSource{&dn, x * H}; });
+        // The table names the gate half; the up half is the matching ffn_up_exps.
+        const std::string gate = gguf_name(p + "mlp.experts.gate_up_proj");
+        std::string up = gate;
+        up.replace(up.rfind("ffn_gate_exps"), 13, "ffn_up_exps");
+        add_experts(gate, E, I, H, [&gu, I](int64_t x) { return RowSource{&gu, x * 2 * I}; });
+        add_experts(up, E, I, H, [&gu, I](int64_t x) { return RowSource{&gu, x * 2 * I + I}; });
+        add_experts(gguf_name(p + "mlp.experts.down_proj"), E, H, I, [&dn, H](int64_t x) { return RowSource{&dn, x * H}; });
       } else {
         for (const char* part : {"gate", "up", "down"}) {
           const bool down = std::string(part) == "down";
-          add_experts(b + "ffn_" + part + "_exps.weight", E, down ? H : I, down ? I : H, [&, part, down](int64_t x) {
+          const std::string first = p + "mlp.experts.0." + part + "_proj.weight";
+          add_experts(gguf_name(first), E, down ? H : I, down ? I : H, [&, part, down](int64_t x) {
             const std::string hf = p + "mlp.experts." + std::to_string(x) + "." + part + "_proj.weight";
             return RowSource{&source(hf, {down ? H : I, down ? I : H}), 0};
           });
@@ -791,35 +811,34 @@ GgufExportResult export_gguf(const std::string& model_dir, const std::string& ou
         // shared_expert_gate [1, H] -> a vector ne {H} (llama.cpp's ffn_gate_inp_shexp).
         const TensorInfo& g = source(p + "mlp.shared_expert_gate.weight", {1, H});
         ExportTensor e;
-        e.name = b + "ffn_gate_inp_shexp.weight";
+        e.name = gguf_name(p + "mlp.shared_expert_gate.weight");
         e.cols = H;
         e.dims = {static_cast<uint64_t>(H)};
         e.values.resize(static_cast<size_t>(H));
         row_to_f32(g.data, g.dtype, e.values.size(), e.values.data());
         plan.push_back(std::move(e));
-        add_matrix(b + "ffn_gate_shexp.weight", p + "mlp.shared_expert.gate_proj.weight", S, H);
-        add_matrix(b + "ffn_up_shexp.weight", p + "mlp.shared_expert.up_proj.weight", S, H);
-        add_matrix(b + "ffn_down_shexp.weight", p + "mlp.shared_expert.down_proj.weight", H, S);
+        add_matrix(p + "mlp.shared_expert.gate_proj.weight", S, H);
+        add_matrix(p + "mlp.shared_expert.up_proj.weight", S, H);
+        add_matrix(p + "mlp.shared_expert.down_proj.weight", H, S);
       }
     };
     for (int l = 0; l < config.num_layers; ++l) {
-      add_block(lm + "layers." + std::to_string(l) + ".", "blk." + std::to_string(l) + ".",
+      add_block(lm + "layers." + std::to_string(l) + ".",
                 !config.is_linear_attention_layer(l));
     }
     if (n_mtp > 0) {
       if (n_mtp > 1) fail("{}: {} MTP layers; llama.cpp loads a single MTP block", config_path, n_mtp);
-      const std::string b = "blk." + std::to_string(config.num_layers) + ".";
-      add_block("mtp.layers.0.", b, true);
-      add_matrix(b + "nextn.eh_proj.weight", "mtp.fc.weight", H, 2 * H);
-      add_vector(b + "nextn.enorm.weight", "mtp.pre_fc_norm_embedding.weight", H, plus_one);
-      add_vector(b + "nextn.hnorm.weight", "mtp.pre_fc_norm_hidden.weight", H, plus_one);
-      add_vector(b + "nextn.shared_head_norm.weight", "mtp.norm.weight", H, plus_one);
+      add_block("mtp.layers.0.", true);
+      add_matrix("mtp.fc.weight", H, 2 * H);
+      add_vector("mtp.pre_fc_norm_embedding.weight", H, plus_one);
+      add_vector("mtp.pre_fc_norm_hidden.weight", H, plus_one);
+      add_vector("mtp.norm.weight", H, plus_one);
     }
   }
-  add_vector("output_norm.weight", lm + "norm.weight", H, hybrid ? std::function<float(const std::vector<float>&, int64_t)>(plus_one) : nullptr);
+  add_vector(lm + "norm.weight", H, hybrid ? std::function<float(const std::vector<float>&, int64_t)>(plus_one) : nullptr);
   if (!config.tie_word_embeddings) {
     if (store.find("lm_head.weight")) {
-      add_matrix("output.weight", "lm_head.weight", V, H);
+      add_matrix("lm_head.weight", V, H);
     } else {
       fail("{}: config.json says tie_word_embeddings is false but there is no 'lm_head.weight' tensor", model_dir);
     }

@@ -13,7 +13,9 @@
 
 #include "infera/base/error.h"
 #include "infera/io/safetensors.h"
+#include "infera/model/arch_registry.h"
 #include "infera/model/config.h"
+#include "infera/model/tensor_table.h"
 #include "infera/tools/planner.h"
 #include "infera/model/weights.h"
 #include "infera/chat/chat_template.h"
@@ -51,11 +53,6 @@ const std::set<std::string>& known_config_keys() {
       "scoring_func", "routed_scaling_factor", "num_nextn_predict_layers", "aux_loss_alpha", "seq_aux", "ep_size",
       "rope_interleave", "index_n_heads", "index_head_dim", "index_topk"};
   return keys;
-}
-
-// Architectures src/infera/model/loader.cpp can load.
-bool runnable(Arch a) {
-  return a == Arch::kLlama || a == Arch::kQwen3 || a == Arch::kQwen3Moe || a == Arch::kQwen3Next || a == Arch::kQwen35 || a == Arch::kQwen35Moe;
 }
 
 std::optional<std::string> read_text(const fs::path& p) {
@@ -130,11 +127,11 @@ class Checker {
       cfg_ = parse_model_config(config_json_, "config.json");
       r_.arch = arch_name(cfg_->arch);
       r_.arch_recognised = true;
-      r_.arch_runnable = runnable(cfg_->arch);
+      r_.arch_runnable = arch_info(cfg_->arch).runnable();
       r_.context_length = cfg_->max_position_embeddings;
       if (!r_.arch_runnable) {
         warn("config", fmt::format("architecture '{}' is recognised (planning, checks) but Infera cannot run it yet "
-                                   "(runs: llama, qwen3, qwen3_moe, qwen3_next, qwen3_5, qwen3_5_moe)", r_.model_type));
+                                   "(runs: {})", r_.model_type, runnable_arch_names()));
       }
     } catch (const Error& e) {
       error("config", e.what());
@@ -281,13 +278,14 @@ class Checker {
 
   void check_tensors() {
     if (!cfg_ || found_.empty()) return;
-    std::vector<ExpectedTensor> expected;
+    std::vector<TensorSpec> expected;
     try {
       ModelConfig cfg = *cfg_;
+      // The table as this checkpoint lays it out (text prefix, expert layout, MTP layers).
+      const HasTensor has = [this](const std::string& name) { return found_.count(name) > 0; };
       // Qwen3-Next's config.json does not declare its MTP head; its tensors do.
-      if (cfg.arch == Arch::kQwen3Next && cfg.num_mtp_layers() == 0)
-        cfg.mtp_num_hidden_layers = stored_mtp_layers([this](const std::string& name) { return found_.count(name) > 0; });
-      expected = expected_tensors(cfg);
+      if (arch_info(cfg.arch).traits.mtp_from_tensors) cfg.mtp_num_hidden_layers = mtp_layers(cfg, has);
+      expected = tensor_table(cfg, has);
       const ParamCounts pc = count_parameters(cfg);
       r_.params_active = r_.params_total - (pc.total + pc.mtp - pc.active);
     } catch (const Error& e) {
@@ -299,7 +297,7 @@ class Checker {
     std::set<std::string> used;
     int missing = 0, wrong = 0;
     std::vector<std::string> examples;
-    for (const ExpectedTensor& e : expected) {
+    for (const TensorSpec& e : expected) {
       auto it = found_.find(e.name);
       std::vector<int64_t> want = e.shape;
       if (it == found_.end()) {

@@ -15,185 +15,7 @@ namespace {
 
 using json = nlohmann::json;
 
-class TensorList {
- public:
-  explicit TensorList(std::vector<ExpectedTensor>& out) : out_(out) {}
-  bool mtp = false;
-  void add(std::string name, std::vector<int64_t> shape, WeightRole role) {
-    out_.push_back({std::move(name), std::move(shape), role, mtp});
-  }
-
- private:
-  std::vector<ExpectedTensor>& out_;
-};
-
-bool is_hybrid(Arch a) { return a == Arch::kQwen3Next || a == Arch::kQwen35 || a == Arch::kQwen35Moe; }
-
-// Standard (GQA) attention of llama / qwen3 / hybrid full-attention layers.
-void add_attention(TensorList& t, const ModelConfig& c, const std::string& p) {
-  const int64_t H = c.hidden_size, nh = c.num_heads, nkv = c.num_kv_heads, hd = c.head_dim;
-  // attn_output_gate: q_proj also yields a per-head gate of the same width.
-  t.add(p + "self_attn.q_proj.weight", {nh * hd * (c.attn_output_gate ? 2 : 1), H}, WeightRole::kLinear);
-  t.add(p + "self_attn.k_proj.weight", {nkv * hd, H}, WeightRole::kLinear);
-  t.add(p + "self_attn.v_proj.weight", {nkv * hd, H}, WeightRole::kLinear);
-  t.add(p + "self_attn.o_proj.weight", {H, nh * hd}, WeightRole::kLinear);
-  if (c.attention_bias) {
-    t.add(p + "self_attn.q_proj.bias", {nh * hd}, WeightRole::kVector);
-    t.add(p + "self_attn.k_proj.bias", {nkv * hd}, WeightRole::kVector);
-    t.add(p + "self_attn.v_proj.bias", {nkv * hd}, WeightRole::kVector);
-  }
-  if (c.qk_norm) {
-    t.add(p + "self_attn.q_norm.weight", {hd}, WeightRole::kVector);
-    t.add(p + "self_attn.k_norm.weight", {hd}, WeightRole::kVector);
-  }
-}
-
-void add_mla(TensorList& t, const ModelConfig& c, const std::string& p) {
-  const int64_t H = c.hidden_size, nh = c.num_heads;
-  const int64_t qk = c.qk_nope_head_dim + c.qk_rope_head_dim;
-  if (c.q_lora_rank > 0) {
-    t.add(p + "self_attn.q_a_proj.weight", {c.q_lora_rank, H}, WeightRole::kLinear);
-    t.add(p + "self_attn.q_a_layernorm.weight", {c.q_lora_rank}, WeightRole::kVector);
-    t.add(p + "self_attn.q_b_proj.weight", {nh * qk, c.q_lora_rank}, WeightRole::kLinear);
-  } else {
-    t.add(p + "self_attn.q_proj.weight", {nh * qk, H}, WeightRole::kLinear);
-  }
-  t.add(p + "self_attn.kv_a_proj_with_mqa.weight", {c.kv_lora_rank + c.qk_rope_head_dim, H}, WeightRole::kLinear);
-  t.add(p + "self_attn.kv_a_layernorm.weight", {c.kv_lora_rank}, WeightRole::kVector);
-  t.add(p + "self_attn.kv_b_proj.weight", {nh * (c.qk_nope_head_dim + c.v_head_dim), c.kv_lora_rank}, WeightRole::kLinear);
-  t.add(p + "self_attn.o_proj.weight", {H, nh * c.v_head_dim}, WeightRole::kLinear);
-  if (c.index_n_heads > 0) {  // DeepSeek-V3.2 lightning indexer
-    t.add(p + "self_attn.indexer.wq_b.weight", {c.index_n_heads * c.index_head_dim, c.q_lora_rank}, WeightRole::kLinear);
-    t.add(p + "self_attn.indexer.wk.weight", {c.index_head_dim, H}, WeightRole::kLinear);
-    t.add(p + "self_attn.indexer.k_norm.weight", {c.index_head_dim}, WeightRole::kVector);
-    t.add(p + "self_attn.indexer.k_norm.bias", {c.index_head_dim}, WeightRole::kVector);
-    t.add(p + "self_attn.indexer.weights_proj.weight", {c.index_n_heads, H}, WeightRole::kFloat);
-  }
-}
-
-void add_gdn(TensorList& t, const ModelConfig& c, const std::string& p) {
-  const int64_t H = c.hidden_size, hk = c.linear_num_key_heads, hv = c.linear_num_value_heads;
-  const int64_t dk = c.linear_key_head_dim, dv = c.linear_value_head_dim;
-  const int64_t conv_dim = 2 * hk * dk + hv * dv;
-  const std::string a = p + "linear_attn.";
-  if (c.arch == Arch::kQwen3Next) {
-    t.add(a + "in_proj_qkvz.weight", {2 * hk * dk + 2 * hv * dv, H}, WeightRole::kLinear);
-    t.add(a + "in_proj_ba.weight", {2 * hv, H}, WeightRole::kFloat);
-  } else {
-    t.add(a + "in_proj_qkv.weight", {conv_dim, H}, WeightRole::kLinear);
-    t.add(a + "in_proj_z.weight", {hv * dv, H}, WeightRole::kLinear);
-    t.add(a + "in_proj_b.weight", {hv, H}, WeightRole::kFloat);
-    t.add(a + "in_proj_a.weight", {hv, H}, WeightRole::kFloat);
-  }
-  t.add(a + "conv1d.weight", {conv_dim, 1, c.linear_conv_kernel_dim}, WeightRole::kVector);
-  t.add(a + "dt_bias", {hv}, WeightRole::kVector);
-  t.add(a + "A_log", {hv}, WeightRole::kVector);
-  t.add(a + "norm.weight", {dv}, WeightRole::kVector);
-  t.add(a + "out_proj.weight", {H, hv * dv}, WeightRole::kLinear);
-}
-
-void add_dense_mlp(TensorList& t, const std::string& p, int64_t H, int64_t F, const char* name = "mlp.") {
-  t.add(p + name + "gate_proj.weight", {F, H}, WeightRole::kLinear);
-  t.add(p + name + "up_proj.weight", {F, H}, WeightRole::kLinear);
-  t.add(p + name + "down_proj.weight", {H, F}, WeightRole::kLinear);
-}
-
-void add_moe(TensorList& t, const ModelConfig& c, const std::string& p) {
-  const int64_t H = c.hidden_size, E = c.num_experts, I = c.moe_intermediate_size;
-  t.add(p + "mlp.gate.weight", {E, H}, WeightRole::kFloat);
-  if (c.arch == Arch::kQwen35Moe) {
-    // Official Qwen3.5 checkpoints fuse the experts into 3-D tensors.
-    t.add(p + "mlp.experts.gate_up_proj", {E, 2 * I, H}, WeightRole::kExpert);
-    t.add(p + "mlp.experts.down_proj", {E, H, I}, WeightRole::kExpert);
-  } else {
-    for (int64_t e = 0; e < E; ++e) {
-      const std::string x = p + "mlp.experts." + std::to_string(e) + ".";
-      t.add(x + "gate_proj.weight", {I, H}, WeightRole::kExpert);
-      t.add(x + "up_proj.weight", {I, H}, WeightRole::kExpert);
-      t.add(x + "down_proj.weight", {H, I}, WeightRole::kExpert);
-    }
-  }
-  if (c.arch == Arch::kDeepseekV3) {
-    t.add(p + "mlp.gate.e_score_correction_bias", {E}, WeightRole::kVector);
-    if (c.n_shared_experts > 0) add_dense_mlp(t, p, H, I * c.n_shared_experts, "mlp.shared_experts.");
-  } else if (c.shared_expert_intermediate_size > 0) {
-    add_dense_mlp(t, p, H, c.shared_expert_intermediate_size, "mlp.shared_expert.");
-    t.add(p + "mlp.shared_expert_gate.weight", {1, H}, WeightRole::kFloat);
-  }
-}
-
-void add_block(TensorList& t, const ModelConfig& c, const std::string& p, int layer, bool full_attention) {
-  const int64_t H = c.hidden_size;
-  t.add(p + "input_layernorm.weight", {H}, WeightRole::kVector);
-  t.add(p + "post_attention_layernorm.weight", {H}, WeightRole::kVector);
-  if (c.mla) add_mla(t, c, p);
-  else if (full_attention) add_attention(t, c, p);
-  else add_gdn(t, c, p);
-  if (c.is_moe_layer(layer)) add_moe(t, c, p);
-  else add_dense_mlp(t, p, H, c.intermediate_size);
-}
-
 }  // namespace
-
-const char* weight_role_name(WeightRole r) {
-  switch (r) {
-    case WeightRole::kEmbedding: return "embedding";
-    case WeightRole::kHead: return "head";
-    case WeightRole::kLinear: return "linear";
-    case WeightRole::kExpert: return "expert";
-    case WeightRole::kFloat: return "float";
-    case WeightRole::kVector: return "vector";
-  }
-  return "?";
-}
-
-int64_t ExpectedTensor::numel() const {
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;
-  return n;
-}
-
-std::vector<ExpectedTensor> expected_tensors(const ModelConfig& c) {
-  std::vector<ExpectedTensor> out;
-  TensorList t(out);
-  const int64_t H = c.hidden_size, V = c.vocab_size;
-  // Qwen3.5 is a vision-language wrapper: the text model lives under model.language_model.
-  const bool nested = c.arch == Arch::kQwen35 || c.arch == Arch::kQwen35Moe;
-  const std::string root = nested ? "model.language_model." : "model.";
-  t.add(root + "embed_tokens.weight", {V, H}, WeightRole::kEmbedding);
-  for (int i = 0; i < c.num_layers; ++i) {
-    add_block(t, c, root + "layers." + std::to_string(i) + ".", i, !c.is_linear_attention_layer(i));
-  }
-  t.add(root + "norm.weight", {H}, WeightRole::kVector);
-  if (!c.tie_word_embeddings) t.add("lm_head.weight", {V, H}, WeightRole::kHead);
-
-  t.mtp = true;
-  if (is_hybrid(c.arch)) {
-    for (int m = 0; m < c.mtp_num_hidden_layers; ++m) {
-      if (m == 0) {
-        t.add("mtp.fc.weight", {H, 2 * H}, WeightRole::kLinear);
-        t.add("mtp.pre_fc_norm_embedding.weight", {H}, WeightRole::kVector);
-        t.add("mtp.pre_fc_norm_hidden.weight", {H}, WeightRole::kVector);
-        t.add("mtp.norm.weight", {H}, WeightRole::kVector);
-      }
-      // The MTP block is a full-attention block with the trunk's MLP kind.
-      add_block(t, c, "mtp.layers." + std::to_string(m) + ".", c.num_layers - 1, true);
-    }
-  } else if (c.arch == Arch::kDeepseekV3) {
-    for (int m = 0; m < c.num_nextn_predict_layers; ++m) {
-      const int layer = c.num_layers + m;
-      const std::string p = "model.layers." + std::to_string(layer) + ".";
-      t.add(p + "embed_tokens.weight", {V, H}, WeightRole::kEmbedding);
-      t.add(p + "enorm.weight", {H}, WeightRole::kVector);
-      t.add(p + "hnorm.weight", {H}, WeightRole::kVector);
-      t.add(p + "eh_proj.weight", {H, 2 * H}, WeightRole::kLinear);
-      add_block(t, c, p, layer, true);
-      t.add(p + "shared_head.norm.weight", {H}, WeightRole::kVector);
-      t.add(p + "shared_head.head.weight", {V, H}, WeightRole::kHead);
-    }
-  }
-  return out;
-}
 
 WeightScheme parse_weight_scheme(const std::string& text) {
   if (text == "f32") return WeightScheme::kF32;
@@ -230,31 +52,6 @@ int64_t matrix_bytes(WeightScheme scheme, int64_t rows, int64_t cols, int64_t gr
     }
   }
   return 0;
-}
-
-KvDType parse_kv_dtype(const std::string& text) {
-  if (text == "f32") return KvDType::kF32;
-  if (text == "bf16") return KvDType::kBF16;
-  if (text == "int8") return KvDType::kInt8;
-  fail("unknown KV cache dtype '{}' (expected f32, bf16 or int8)", text);
-}
-
-DType kv_pool_dtype(KvDType d) {
-  switch (d) {
-    case KvDType::kF32: return DType::kF32;
-    case KvDType::kBF16: return DType::kBF16;
-    case KvDType::kInt8: return DType::kI8;
-  }
-  return DType::kF32;
-}
-
-const char* kv_dtype_name(KvDType d) {
-  switch (d) {
-    case KvDType::kF32: return "f32";
-    case KvDType::kBF16: return "bf16";
-    case KvDType::kInt8: return "int8";
-  }
-  return "?";
 }
 
 int64_t parse_byte_size(const std::string& text) {
@@ -368,7 +165,7 @@ Plan plan_memory(const ModelConfig& c, const PlanOptions& o) {
   plan.kv_layers = c.num_full_attention_layers() + (mtp ? c.num_mtp_layers() : 0);
   plan.recurrent_layers = c.num_layers - c.num_full_attention_layers();
   plan.kv_values_per_token_per_layer = c.kv_values_per_token_per_layer();
-  const int64_t kv_elem = o.kv_dtype == KvDType::kF32 ? 4 : o.kv_dtype == KvDType::kBF16 ? 2 : 1;
+  const int64_t kv_elem = o.kv_dtype == DType::kF32 ? 4 : o.kv_dtype == DType::kBF16 ? 2 : 1;
   int64_t kv_values_device = 0;
   if (c.mla) {
     kv_values_device = plan.kv_values_per_token_per_layer;
@@ -379,7 +176,7 @@ Plan plan_memory(const ModelConfig& c, const PlanOptions& o) {
   int64_t kv_per_token = 0;
   if (c.mla) {
     // The latent: one f32 scale per token and layer with int8.
-    kv_per_token = plan.kv_layers * (kv_values_device * kv_elem + (o.kv_dtype == KvDType::kInt8 ? 4 : 0));
+    kv_per_token = plan.kv_layers * (kv_values_device * kv_elem + (o.kv_dtype == DType::kI8 ? 4 : 0));
   } else {
     // Exactly what the KV pool allocates (model/kv_pool.h): int8 with an f32 scale per
     // token and KV head, for K and for V.
@@ -387,7 +184,7 @@ Plan plan_memory(const ModelConfig& c, const PlanOptions& o) {
     pool.num_layers = plan.kv_layers;
     pool.n_kv_heads = split(c.num_kv_heads);
     pool.head_dim = c.head_dim;
-    pool.dtype = kv_pool_dtype(o.kv_dtype);
+    pool.dtype = o.kv_dtype;
     kv_per_token = pool.bytes_per_token();
   }
   plan.context_rounded = (o.ctx + o.block_size - 1) / o.block_size * o.block_size;
@@ -508,7 +305,7 @@ json Plan::to_json() const {
   return {{"model_type", model_type},
           {"scheme", weight_scheme_name(options.scheme)},
           {"group_size", options.group_size},
-          {"kv_dtype", kv_dtype_name(options.kv_dtype)},
+          {"kv_dtype", kv_cache_dtype_name(options.kv_dtype)},
           {"ctx", options.ctx},
           {"ctx_rounded", context_rounded},
           {"concurrency", options.concurrency},
@@ -544,7 +341,7 @@ std::string Plan::to_text() const {
                    weight_scheme_name(options.scheme),
                    options.scheme == WeightScheme::kW4A8 || options.scheme == WeightScheme::kW4A16
                        ? fmt::format(" g{}", options.group_size) : "",
-                   kv_dtype_name(options.kv_dtype), context_rounded, options.concurrency, options.prefill_chunk, options.tp);
+                   kv_cache_dtype_name(options.kv_dtype), context_rounded, options.concurrency, options.prefill_chunk, options.tp);
   s += fmt::format("KV layers {} ({} values/token/layer){}\n", kv_layers, kv_values_per_token_per_layer,
                    recurrent_layers ? fmt::format(", recurrent layers {}", recurrent_layers) : "");
   const DevicePlan& d = devices.at(0);

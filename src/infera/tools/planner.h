@@ -12,33 +12,14 @@
 #include <nlohmann/json_fwd.hpp>
 
 #include "infera/model/config.h"
+#include "infera/model/kv_pool.h"
+#include "infera/model/tensor_table.h"
 #include "infera/tensor/dtype.h"
 
 namespace infera {
 
-// How a weight is stored and how the planner counts it.
-enum class WeightRole {
-  kEmbedding,  // token embedding table: kept at bf16 by quantized schemes
-  kHead,       // output head: kept at bf16 by quantized schemes
-  kLinear,     // projection in a block: stored in the scheme
-  kExpert,     // routed expert projection (only k of E active per token): stored in the scheme
-  kFloat,      // sensitive small matrices kept in bf16 (MoE router, GDN in_proj_a/b, gates)
-  kVector,     // norms, biases, conv1d, A_log, dt_bias: f32 in memory
-};
-const char* weight_role_name(WeightRole r);
-
-struct ExpectedTensor {
-  std::string name;
-  std::vector<int64_t> shape;  // as stored in the checkpoint (experts may be 3-D [E, rows, cols])
-  WeightRole role = WeightRole::kLinear;
-  bool mtp = false;  // belongs to the multi-token-prediction head
-  int64_t numel() const;
-};
-
-// Every tensor the architecture's text model has, with its checkpoint name and shape,
-// derived from the config alone (Hugging Face names; Qwen3.5 experts in the fused 3-D
-// layout). Vision towers are not listed. Throws infera::Error for an unknown arch.
-std::vector<ExpectedTensor> expected_tensors(const ModelConfig& cfg);
+// The tensors a plan counts: the architecture's tensor table (model/tensor_table.h:
+// expected_tensors(), WeightRole).
 
 enum class WeightScheme { kF32, kBF16, kF16, kW8A8, kW4A8, kW4A16 };
 // "f32" | "bf16" | "f16" | "w8a8" | "w4a8" | "w4a16"; throws infera::Error naming them.
@@ -47,11 +28,6 @@ const char* weight_scheme_name(WeightScheme s);
 // Bytes of one [rows, cols] matrix in `scheme` (int4 with one f16 scale per group of
 // `group_size` along cols; w8a8 with one f32 scale per row).
 int64_t matrix_bytes(WeightScheme scheme, int64_t rows, int64_t cols, int64_t group_size);
-
-enum class KvDType { kF32, kBF16, kInt8 };
-KvDType parse_kv_dtype(const std::string& text);
-const char* kv_dtype_name(KvDType d);
-DType kv_pool_dtype(KvDType d);  // the KvPoolShape::dtype storing it
 
 // "24GiB", "24GB", "512MiB", "1.5TiB", "1000000": bytes. Throws infera::Error.
 int64_t parse_byte_size(const std::string& text);
@@ -66,7 +42,7 @@ struct PlanOptions {
   int64_t concurrency = 1;       // sequences resident at once
   int tp = 1;                    // tensor-parallel devices
   int64_t memory_bytes = 0;      // budget per device; 0 = none given
-  KvDType kv_dtype = KvDType::kF32;  // Infera's default KV cache dtype (--kv-dtype)
+  DType kv_dtype = DType::kF32;  // KV cache storage, as --kv-dtype parses it (parse_kv_cache_dtype)
   int64_t prefill_chunk = 512;   // tokens per forward (scratch buffers are sized for it)
   int64_t block_size = 16;       // KV block size (tokens); contexts round up to blocks
   int64_t reserve_bytes = 16ll << 20;  // runtime: code, libraries, tokenizer, threads (infera run on a tiny model peaks at ~14 MiB)

@@ -88,7 +88,7 @@ TEST(KvPool, ParsesDtypeNames) {
 TEST(KvPool, PlannerAgreesWithThePool) {
   INFERA_REQUIRE_FIXTURE(test::stories_dir());
   ModelConfig cfg = load_model_config(test::stories_dir());
-  for (KvDType d : {KvDType::kF32, KvDType::kBF16, KvDType::kInt8}) {
+  for (DType d : {DType::kF32, DType::kBF16, DType::kI8}) {
     PlanOptions o;
     o.kv_dtype = d;
     const Plan plan = plan_memory(cfg, o);
@@ -96,7 +96,7 @@ TEST(KvPool, PlannerAgreesWithThePool) {
     shape.num_layers = cfg.num_full_attention_layers();
     shape.n_kv_heads = cfg.num_kv_heads;
     shape.head_dim = cfg.head_dim;
-    shape.dtype = kv_pool_dtype(d);
-    EXPECT_EQ(plan.devices.at(0).kv_bytes_per_token, shape.bytes_per_token()) << kv_dtype_name(d);
+    shape.dtype = d;
+    EXPECT_EQ(plan.devices.at(0).kv_bytes_per_token, shape.bytes_per_token()) << kv_cache_dtype_name(d);
   }
 }

@@ -11,6 +11,7 @@
 
 #include "infera/base/error.h"
 #include "infera/io/safetensors.h"
+#include "infera/model/model.h"
 #include "infera/server/model_instance.h"
 #include "../test_support.h"
 
@@ -231,6 +232,40 @@ TEST(PrepareModels, MtpOnQwen3NextIsFoundInTheCheckpoint) {
   EXPECT_EQ(with_head, "");
   EXPECT_NE(without_head.find("speculative.method: mtp needs a model with a multi-token-prediction head"), std::string::npos)
       << without_head;
+}
+
+// The KV budget check counts the layers that keep a KV cache, as the loaded model's
+// kv_shape() does: a hybrid's linear-attention layers keep a fixed recurrent state, not K/V.
+TEST(PrepareModels, HybridKvBudgetCountsOnlyFullAttentionLayers) {
+  const auto dir = std::filesystem::temp_directory_path() / ("infera_server_q35_" + std::to_string(::getpid()));
+  test::generate_model(dir,
+                       "--arch qwen3_5 --hidden 64 --layers 8 --heads 4 --kv-heads 2 --head-dim 32 --lin-k-heads 2"
+                       " --lin-v-heads 4 --lin-dk 16 --lin-dv 16 --ffn 96 --vocab 300 --max-pos 512 --seed 7");
+  ASSERT_TRUE(std::filesystem::exists(dir / "config.json"));
+  // Layers 3 and 7 are full attention, plus the MTP layer: 3 KV layers of 2 heads x 32, f32.
+  const int64_t per_token = 3 * 2 * 2 * 32 * 4;
+  {
+    std::unique_ptr<Model> model = load_model(dir.string());
+    ASSERT_EQ(model->kv_shape(16).bytes_per_token(), per_token);
+  }
+  DeployConfig c;
+  c.server.port = free_port();
+  ModelDeployConfig m;
+  m.name = "hybrid";
+  m.path = dir.string();
+  m.chat_template_file = kChatml;
+  m.max_input_len = 256;
+  m.max_output_len = 256;
+  m.kv_cache_bytes = 512 * per_token;  // exactly the longest sequence
+  c.models.push_back(m);
+  const std::string enough = error_of([&] { prepare_models(c); });
+  c.models[0].kv_cache_bytes = 512 * per_token - 1;
+  const std::string short_by_one = error_of([&] { prepare_models(c); });
+  std::filesystem::remove_all(dir);
+  EXPECT_EQ(enough, "");
+  EXPECT_NE(short_by_one.find("kv_cache_memory"), std::string::npos) << short_by_one;
+  EXPECT_NE(short_by_one.find("at least " + std::to_string(512 * per_token) + " bytes"), std::string::npos)
+      << short_by_one;
 }
 
 }  // namespace

@@ -25,7 +25,7 @@ TEST(Planner, Qwen3_32B_Bf16_Tp2_HandComputed) {
   const ModelConfig c = example("Qwen3-32B.json");
   PlanOptions o;
   o.scheme = WeightScheme::kBF16;
-  o.kv_dtype = KvDType::kBF16;
+  o.kv_dtype = DType::kBF16;
   o.ctx = 112000;
   o.concurrency = 4;
   o.tp = 2;
@@ -87,7 +87,7 @@ TEST(Planner, Qwen35_35B_A3B_W4A16_HandComputed) {
   PlanOptions o;
   o.scheme = WeightScheme::kW4A16;
   o.group_size = 128;
-  o.kv_dtype = KvDType::kBF16;
+  o.kv_dtype = DType::kBF16;
   o.ctx = 112000;
   o.concurrency = 4;
   o.tp = 1;
@@ -147,7 +147,7 @@ TEST(Planner, PublishedParameterCounts) {
 TEST(Planner, MlaKvIsCompressed) {
   const ModelConfig c = example("DeepSeek-V3.json");
   PlanOptions o;
-  o.kv_dtype = KvDType::kBF16;
+  o.kv_dtype = DType::kBF16;
   o.tp = 8;
   o.ctx = 1024;
   const Plan p = plan_memory(c, o);
@@ -167,7 +167,7 @@ TEST(Planner, SizesAndErrors) {
   EXPECT_THROW(parse_byte_size("lots"), Error);
   EXPECT_THROW(parse_byte_size("24 parsecs"), Error);
   EXPECT_THROW(parse_weight_scheme("w3a3"), Error);
-  EXPECT_THROW(parse_kv_dtype("fp4"), Error);
+  EXPECT_THROW(parse_kv_cache_dtype("fp4"), Error);
   EXPECT_EQ(matrix_bytes(WeightScheme::kW8A8, 10, 64, 0), 10 * 64 + 10 * 4);
   EXPECT_EQ(matrix_bytes(WeightScheme::kW4A8, 10, 64, 32), 10 * 32 + 10 * 2 * 2);
   PlanOptions o;

@@ -1,0 +1,221 @@
+#include "infera/model/arch_registry.h"
+
+#include "infera/base/error.h"
+#include "infera/io/safetensors.h"
+#include "infera/model/model.h"
+#include "infera/model/tensor_table.h"
+#include "infera/model/weights.h"
+
+namespace infera {
+
+// The model files' create hooks (one per model file).
+std::unique_ptr<Model> create_llama_model(const ModelConfig& cfg, WeightStore store, const LoadOptions& options);
+std::unique_ptr<Model> create_qwen35_model(const ModelConfig& cfg, WeightStore store, const LoadOptions& options);
+// The tensor tables (model/tensor_table.cpp).
+void transformer_tensor_table(const ModelConfig& c, const HasTensor& has_tensor, std::vector<TensorSpec>& out);
+void hybrid_tensor_table(const ModelConfig& c, const HasTensor& has_tensor, std::vector<TensorSpec>& out);
+void deepseek_tensor_table(const ModelConfig& c, const HasTensor& has_tensor, std::vector<TensorSpec>& out);
+
+namespace {
+
+std::vector<ArchInfo> make_registry() {
+  std::vector<ArchInfo> rows;
+  {
+    ArchInfo a;
+    a.arch = Arch::kLlama;
+    a.name = "llama";
+    a.model_types = {"llama"};
+    a.display_name = "Llama";
+    a.gguf_arch = "llama";
+    a.tensors = transformer_tensor_table;
+    a.create = create_llama_model;  // model/transformer.cpp
+    rows.push_back(a);
+  }
+  {
+    ArchInfo a;
+    a.arch = Arch::kQwen3;
+    a.name = "qwen3";
+    a.model_types = {"qwen3"};
+    a.display_name = "Qwen3";
+    a.gguf_arch = "qwen3";
+    a.traits.qwen3_defaults = true;
+    a.tensors = transformer_tensor_table;
+    a.create = create_llama_model;  // model/transformer.cpp
+    rows.push_back(a);
+  }
+  {
+    ArchInfo a;
+    a.arch = Arch::kQwen3Moe;
+    a.name = "qwen3_moe";
+    a.model_types = {"qwen3_moe"};
+    a.display_name = "Qwen3-MoE";
+    a.gguf_arch = "qwen3moe";
+    a.traits.qwen3_defaults = true;
+    a.traits.moe_config = true;
+    a.tensors = transformer_tensor_table;
+    a.create = create_llama_model;  // model/transformer.cpp
+    rows.push_back(a);
+  }
+  {
+    ArchInfo a;
+    a.arch = Arch::kQwen3Next;
+    a.name = "qwen3_next";
+    a.model_types = {"qwen3_next"};
+    a.display_name = "Qwen3-Next";
+    a.traits.hybrid = true;
+    a.traits.qwen3_defaults = true;
+    a.traits.moe_config = true;
+    a.traits.zero_centred_norms = true;
+    a.traits.fused_gdn_projections = true;
+    a.traits.mtp_from_tensors = true;
+    a.tensors = hybrid_tensor_table;
+    a.create = create_qwen35_model;  // model/qwen35.cpp
+    rows.push_back(a);
+  }
+  {
+    ArchInfo a;
+    a.arch = Arch::kQwen35;
+    a.name = "qwen3_5";
+    a.model_types = {"qwen3_5", "qwen3_5_text"};
+    a.display_name = "Qwen3.5";
+    a.gguf_arch = "qwen35";
+    a.traits.hybrid = true;
+    a.traits.qwen3_defaults = true;
+    a.traits.nested_text = true;
+    a.traits.zero_centred_norms = true;
+    a.tensors = hybrid_tensor_table;
+    a.create = create_qwen35_model;  // model/qwen35.cpp
+    rows.push_back(a);
+  }
+  {
+    ArchInfo a;
+    a.arch = Arch::kQwen35Moe;
+    a.name = "qwen3_5_moe";
+    a.model_types = {"qwen3_5_moe", "qwen3_5_moe_text"};
+    a.display_name = "Qwen3.5-MoE";
+    a.gguf_arch = "qwen35moe";
+    a.traits.hybrid = true;
+    a.traits.qwen3_defaults = true;
+    a.traits.moe_config = true;
+    a.traits.nested_text = true;
+    a.traits.zero_centred_norms = true;
+    a.traits.experts = ExpertLayout::kFused;
+    a.tensors = hybrid_tensor_table;
+    a.create = create_qwen35_model;  // model/qwen35.cpp
+    rows.push_back(a);
+  }
+  {
+    // Recognised for `infera check` and `infera plan`; no model file yet.
+    ArchInfo a;
+    a.arch = Arch::kDeepseekV3;
+    a.name = "deepseek_v3";
+    a.model_types = {"deepseek_v3", "deepseek_v32"};
+    a.display_name = "DeepSeek-V3";
+    a.traits.mla = true;
+    a.tensors = deepseek_tensor_table;
+    rows.push_back(a);
+  }
+  return rows;
+}
+
+}  // namespace
+
+const std::vector<ArchInfo>& arch_registry() {
+  static const std::vector<ArchInfo> rows = make_registry();
+  return rows;
+}
+
+const ArchInfo& arch_info(Arch arch) {
+  for (const ArchInfo& a : arch_registry()) {
+    if (a.arch == arch) return a;
+  }
+  fail("architecture #{} is not registered", static_cast<int>(arch));
+}
+
+const ArchInfo* find_arch(std::string_view model_type) {
+  for (const ArchInfo& a : arch_registry()) {
+    for (std::string_view t : a.model_types) {
+      if (t == model_type) return &a;
+    }
+  }
+  return nullptr;
+}
+
+std::string known_model_types() {
+  std::string s;
+  for (const ArchInfo& a : arch_registry()) {
+    for (std::string_view t : a.model_types) {
+      if (t.ends_with("_text")) continue;  // the text-only wrappers' alias, not worth listing
+      s += (s.empty() ? "" : ", ") + std::string(t);
+    }
+  }
+  return s;
+}
+
+std::string runnable_arch_names() {
+  std::string s;
+  for (const ArchInfo& a : arch_registry()) {
+    if (a.runnable()) s += (s.empty() ? "" : ", ") + std::string(a.name);
+  }
+  return s;
+}
+
+const char* arch_name(Arch a) {
+  for (const ArchInfo& row : arch_registry()) {
+    if (row.arch == a) return row.name;
+  }
+  return "?";
+}
+
+std::string text_prefix(const ModelConfig& cfg, const HasTensor& has_tensor) {
+  if (arch_info(cfg.arch).traits.nested_text) {
+    const std::string nested = "model.language_model.";
+    if (!has_tensor) return nested;  // no checkpoint: the published layout
+    if (has_tensor(nested + "embed_tokens.weight") || has_tensor(nested + "embed_tokens.weight.qweight")) return nested;
+  }
+  return "model.";
+}
+
+ExpertLayout stored_expert_layout(const ModelConfig& cfg, const std::string& mlp_prefix, const HasTensor& has_tensor) {
+  const std::string fused = mlp_prefix + "experts.gate_up_proj";
+  if (has_tensor(fused) || has_tensor(fused + ".qweight")) return ExpertLayout::kFused;
+  const std::string first = mlp_prefix + "experts.0.gate_proj.weight";
+  if (has_tensor(first) || has_tensor(first + ".qweight")) return ExpertLayout::kPerExpert;
+  return arch_info(cfg.arch).traits.experts;
+}
+
+int mtp_layers(const ModelConfig& cfg, const HasTensor& has_tensor) {
+  if (arch_info(cfg.arch).traits.mtp_from_tensors && cfg.num_mtp_layers() == 0) {
+    return stored_mtp_layers(has_tensor);
+  }
+  return cfg.num_mtp_layers();
+}
+
+SequenceGeometry sequence_geometry(const ModelConfig& c, int with_mtp_layers, DType kv_dtype, int64_t block_size) {
+  SequenceGeometry g;
+  g.kv.num_layers = c.num_full_attention_layers() + with_mtp_layers;
+  g.kv.block_size = block_size;
+  g.kv.dtype = kv_dtype;
+  if (c.mla) {
+    // The latent c_kv and the shared k_pe: one "head" of kv_lora_rank + qk_rope_head_dim,
+    // counted once (K) and its V half empty; KvPoolShape has no MLA layout yet, so the
+    // whole latent is modelled as one head of half the width twice.
+    g.kv.n_kv_heads = 1;
+    g.kv.head_dim = (c.kv_values_per_token_per_layer() + 1) / 2;
+  } else {
+    g.kv.n_kv_heads = c.num_kv_heads;
+    g.kv.head_dim = c.head_dim;
+  }
+  g.recurrent_layers = c.num_layers - c.num_full_attention_layers();
+  if (g.recurrent_layers > 0) {
+    const int64_t conv_dim = 2LL * c.linear_num_key_heads * c.linear_key_head_dim +
+                             static_cast<int64_t>(c.linear_num_value_heads) * c.linear_value_head_dim;
+    const int64_t floats = (c.linear_conv_kernel_dim - 1) * conv_dim + static_cast<int64_t>(c.linear_num_value_heads) *
+                                                                           c.linear_key_head_dim *
+                                                                           c.linear_value_head_dim;
+    g.state_bytes = g.recurrent_layers * floats * static_cast<int64_t>(sizeof(float));
+  }
+  return g;
+}
+
+}  // namespace infera

@@ -1,0 +1,245 @@
+// The architecture registry and the per-architecture tensor tables: one row per
+// architecture decides what the loaders, check, plan, quantize and convert used to decide
+// each for themselves; the KV and recurrent-state geometry the server checks before a model
+// is loaded is the one the loaded model reports; the debug dump writes what forward() computes.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "../test_support.h"
+#include "infera/base/error.h"
+#include "infera/model/arch_registry.h"
+#include "infera/model/config.h"
+#include "infera/model/model.h"
+#include "infera/model/tensor_dump.h"
+#include "infera/model/tensor_table.h"
+
+namespace infera {
+namespace {
+
+namespace fs = std::filesystem;
+
+const fs::path& scratch() {
+  static const fs::path dir = test::process_scratch_dir("infera_arch_registry_test");
+  return dir;
+}
+
+// A tiny model from tools/gen_model.py, generated once per process.
+std::string generated(const std::string& name, const std::string& args) {
+  return test::generate_model(scratch() / name, args);
+}
+
+const char* kHybridArgs = test::kTinyHybridArgs;
+
+ModelConfig config_of(const std::string& model_type, int shared_expert = 0) {
+  nlohmann::json j = {{"model_type", model_type},    {"hidden_size", 64},        {"intermediate_size", 128},
+                      {"num_hidden_layers", 4},      {"num_attention_heads", 4}, {"num_key_value_heads", 2},
+                      {"vocab_size", 300},           {"num_experts", 8},         {"num_experts_per_tok", 2},
+                      {"moe_intermediate_size", 32}, {"kv_lora_rank", 32},       {"qk_nope_head_dim", 16},
+                      {"qk_rope_head_dim", 8},       {"v_head_dim", 16},         {"n_routed_experts", 8}};
+  if (shared_expert > 0) j["shared_expert_intermediate_size"] = shared_expert;
+  return parse_model_config(j, "config.json");
+}
+
+TEST(ArchRegistry, EveryModelTypeSelectsItsRow) {
+  std::set<std::string> names;
+  for (const ArchInfo& a : arch_registry()) {
+    EXPECT_TRUE(names.insert(a.name).second) << a.name;
+    EXPECT_EQ(&arch_info(a.arch), &a);
+    EXPECT_STREQ(arch_name(a.arch), a.name);
+    ASSERT_FALSE(a.model_types.empty()) << a.name;
+    for (std::string_view t : a.model_types) {
+      ASSERT_NE(find_arch(t), nullptr) << t;
+      EXPECT_EQ(find_arch(t)->arch, a.arch) << t;
+      EXPECT_EQ(config_of(std::string(t)).arch, a.arch) << t;
+    }
+    EXPECT_NE(a.tensors, nullptr) << a.name << ": every row has a tensor table";
+    EXPECT_FALSE(a.traits.hybrid && a.traits.mla) << a.name;
+  }
+  EXPECT_EQ(find_arch("gpt2"), nullptr);
+  // The lists users see in errors come from the rows.
+  EXPECT_EQ(known_model_types(),
+            "llama, qwen3, qwen3_moe, qwen3_next, qwen3_5, qwen3_5_moe, deepseek_v3, deepseek_v32");
+  EXPECT_EQ(runnable_arch_names(), "llama, qwen3, qwen3_moe, qwen3_next, qwen3_5, qwen3_5_moe");
+  EXPECT_FALSE(arch_info(Arch::kDeepseekV3).runnable());
+  EXPECT_TRUE(arch_info(Arch::kDeepseekV3).traits.mla);
+}
+
+TEST(ArchRegistry, TextPrefixAndExpertLayoutFollowTheCheckpoint) {
+  const ModelConfig q35 = config_of("qwen3_5_moe");
+  const ModelConfig q3 = config_of("qwen3_moe");
+  auto has = [](std::set<std::string> names) { return [names](const std::string& n) { return names.count(n) > 0; }; };
+  EXPECT_EQ(text_prefix(q35, has({"model.language_model.embed_tokens.weight"})), "model.language_model.");
+  EXPECT_EQ(text_prefix(q35, has({"model.language_model.embed_tokens.weight.qweight"})), "model.language_model.");
+  EXPECT_EQ(text_prefix(q35, has({"model.embed_tokens.weight"})), "model.");  // text-only export
+  // Only architectures that may nest their text model look there.
+  EXPECT_EQ(text_prefix(q3, has({"model.language_model.embed_tokens.weight"})), "model.");
+
+  const std::string p = "model.layers.0.mlp.";
+  EXPECT_EQ(stored_expert_layout(q35, p, has({p + "experts.gate_up_proj"})), ExpertLayout::kFused);
+  EXPECT_EQ(stored_expert_layout(q35, p, has({p + "experts.0.gate_proj.weight"})), ExpertLayout::kPerExpert);
+  EXPECT_EQ(stored_expert_layout(q3, p, has({p + "experts.gate_up_proj.qweight"})), ExpertLayout::kFused);
+  EXPECT_EQ(stored_expert_layout(q35, p, has({})), ExpertLayout::kFused);  // the arch's usual layout
+  EXPECT_EQ(stored_expert_layout(q3, p, has({})), ExpertLayout::kPerExpert);
+
+  // The table lists the layout the checkpoint has.
+  auto names_of = [](const std::vector<TensorSpec>& t) {
+    std::set<std::string> s;
+    for (const TensorSpec& x : t) s.insert(x.name);
+    return s;
+  };
+  const auto fused = names_of(tensor_table(q35));
+  EXPECT_TRUE(fused.count("model.language_model.layers.0.mlp.experts.gate_up_proj"));
+  const auto per_expert =
+      names_of(tensor_table(q35, has({"model.embed_tokens.weight", p + "experts.0.gate_proj.weight"})));
+  EXPECT_TRUE(per_expert.count("model.layers.0.mlp.experts.7.down_proj.weight"));
+  EXPECT_FALSE(per_expert.count("model.layers.0.mlp.experts.gate_up_proj"));
+}
+
+TEST(TensorTable, RolesDecideQuantizationAndGgufNames) {
+  std::map<std::string, TensorSpec> t;
+  for (const TensorSpec& s : tensor_table(config_of("qwen3_5_moe", 48))) t[s.name] = s;
+  const std::string p = "model.language_model.layers.0.";
+  // Quantized: projections, experts, embeddings / head (as --embed-head says).
+  for (const std::string& n :
+       {p + "linear_attn.in_proj_qkv.weight", p + "linear_attn.out_proj.weight", p + "mlp.experts.gate_up_proj",
+        p + "mlp.shared_expert.down_proj.weight", std::string("model.language_model.embed_tokens.weight"),
+        std::string("lm_head.weight")}) {
+    ASSERT_TRUE(t.count(n)) << n;
+    EXPECT_TRUE(t[n].quantizable()) << n;
+  }
+  // Kept as stored: router, gates, GDN gate projections, vectors.
+  for (const std::string& n :
+       {p + "mlp.gate.weight", p + "mlp.shared_expert_gate.weight", p + "linear_attn.in_proj_a.weight",
+        p + "linear_attn.in_proj_b.weight", p + "linear_attn.A_log", p + "input_layernorm.weight"}) {
+    ASSERT_TRUE(t.count(n)) << n;
+    EXPECT_FALSE(t[n].quantizable()) << n;
+  }
+  EXPECT_EQ(t[p + "linear_attn.in_proj_qkv.weight"].gguf, "blk.0.attn_qkv.weight");
+  EXPECT_EQ(t[p + "post_attention_layernorm.weight"].gguf, "blk.0.post_attention_norm.weight");
+  EXPECT_EQ(t["model.language_model.embed_tokens.weight"].gguf, "token_embd.weight");
+  EXPECT_EQ(t[p + "linear_attn.out_proj.weight"].split, TpSplit::kColumns);
+  EXPECT_EQ(t[p + "mlp.experts.gate_up_proj"].split, TpSplit::kExperts);
+  EXPECT_EQ(t[p + "linear_attn.in_proj_qkv.weight"].layer, 0);
+
+  std::map<std::string, TensorSpec> l;
+  for (const TensorSpec& s : tensor_table(config_of("llama"))) l[s.name] = s;
+  EXPECT_EQ(l["model.layers.2.post_attention_layernorm.weight"].gguf, "blk.2.ffn_norm.weight");
+  EXPECT_EQ(l["model.layers.2.self_attn.o_proj.weight"].gguf, "blk.2.attn_output.weight");
+  EXPECT_EQ(l["model.norm.weight"].gguf, "output_norm.weight");
+  // No GGUF export for Qwen3-Next or DeepSeek: no GGUF names.
+  for (const TensorSpec& s : tensor_table(config_of("qwen3_next"))) EXPECT_EQ(s.gguf, "") << s.name;
+  for (const TensorSpec& s : tensor_table(config_of("deepseek_v3"))) EXPECT_EQ(s.gguf, "") << s.name;
+}
+
+// The KV geometry counts only the layers that keep a KV cache: a hybrid's linear-attention
+// layers keep a fixed recurrent state instead. It is what the loaded model reports.
+TEST(SequenceGeometry, HybridCountsFullAttentionLayersAndTheirState) {
+  const std::string dir = generated("hybrid", kHybridArgs);
+  const ModelConfig cfg = load_model_config(dir);
+  ASSERT_EQ(cfg.num_layers, 4);
+  ASSERT_EQ(cfg.num_full_attention_layers(), 1);
+  std::unique_ptr<Model> model = load_model(dir);
+  ASSERT_NE(model->mtp_head(), nullptr);
+  const SequenceGeometry g = sequence_geometry(cfg, 1);
+  const KvPoolShape shape = model->kv_shape(16);
+  EXPECT_EQ(g.kv.num_layers, 2);  // layer 3 and the MTP layer, not layers 0-2
+  EXPECT_EQ(shape.num_layers, g.kv.num_layers);
+  EXPECT_EQ(shape.bytes_per_token(), g.kv.bytes_per_token());
+  EXPECT_EQ(g.recurrent_layers, 3);
+  EXPECT_EQ(g.state_bytes, model->state_shape().bytes());
+  // A dense model: every layer keeps KV, no state.
+  const SequenceGeometry d = sequence_geometry(config_of("qwen3"), 0, DType::kBF16);
+  EXPECT_EQ(d.kv.num_layers, 4);
+  EXPECT_EQ(d.kv.bytes_per_token(), 4 * 2 * 2 * 128 * 2);
+  EXPECT_EQ(d.state_bytes, 0);
+}
+
+std::vector<float> forward_logits(Model& model, const std::vector<int32_t>& tokens, KvPool& kv, bool all_logits) {
+  static const std::vector<int32_t> blocks = {0, 1, 2, 3};
+  ForwardBatch b;
+  b.tokens = tokens;
+  SeqChunk s;
+  s.n_tokens = static_cast<int32_t>(tokens.size());
+  s.block_table = blocks.data();
+  s.n_blocks = 4;
+  s.all_logits = all_logits;
+  // A hybrid's recurrent state, fresh for each forward at position 0 (the model zeroes it).
+  std::vector<float> state(static_cast<size_t>(model.state_shape().floats()));
+  if (!state.empty()) s.state = state.data();
+  b.seqs.push_back(s);
+  std::vector<float> logits(static_cast<size_t>(b.num_logit_rows()) * model.config().vocab_size);
+  model.forward(b, kv, logits.data());
+  return logits;
+}
+
+// The dump writes exactly what forward computes (logits, the final-norm rows), one file per
+// layer for per-layer names, with an index; with the dump off the logits are the same.
+void check_dump(const std::string& dir, bool per_layer_names) {
+  std::unique_ptr<Model> model = load_model(dir);
+  KvPoolShape shape = model->kv_shape(16);
+  shape.num_blocks = 4;
+  KvPool kv(shape);
+  const std::vector<int32_t> tokens = {5, 17, 42, 7, 99};
+  const std::vector<float> plain = forward_logits(*model, tokens, kv, true);
+
+  const fs::path out = scratch() / ("dump_" + fs::path(dir).filename().string());
+  TensorDump dump(per_layer_names ? "all" : "embed,layer_out,final_norm,logits", out.string());
+  model->set_tensor_dump(&dump);
+  const std::vector<float> dumped = forward_logits(*model, tokens, kv, true);
+  model->set_tensor_dump(nullptr);
+  const std::vector<float> again = forward_logits(*model, tokens, kv, true);
+  EXPECT_EQ(plain, dumped);
+  EXPECT_EQ(plain, again);
+
+  const int64_t T = static_cast<int64_t>(tokens.size()), H = model->config().hidden_size;
+  int64_t rows = 0, cols = 0;
+  const std::vector<float> logits = read_npy_f32((out / "0000-logits.npy").string(), &rows, &cols);
+  EXPECT_EQ(rows, T);
+  EXPECT_EQ(cols, model->config().vocab_size);
+  EXPECT_EQ(logits, plain);
+  const std::vector<float> normed = read_npy_f32((out / "0000-final_norm.npy").string(), &rows, &cols);
+  EXPECT_EQ(rows, T);
+  EXPECT_EQ(cols, H);
+  const MtpHead* head = model->mtp_head();
+  if (const float* hidden = head ? head->last_hidden() : nullptr) {  // hybrids keep the post-final-norm rows (the MTP input)
+    EXPECT_EQ(normed, std::vector<float>(hidden, hidden + T * H));
+  }
+  EXPECT_EQ(read_npy_f32((out / "0000-embed.npy").string(), &rows, &cols).size(), static_cast<size_t>(T * H));
+  const int L = model->config().num_layers;
+  for (int l = 0; l < L; ++l) {
+    char name[64];
+    std::snprintf(name, sizeof name, "0000-layer_out-%03d.npy", l);
+    EXPECT_TRUE(fs::exists(out / name)) << name;
+  }
+  std::ifstream index(out / "index.tsv");
+  std::string line;
+  int lines = 0;
+  while (std::getline(index, line)) ++lines;
+  const int per_layer = per_layer_names ? 5 : 1;
+  EXPECT_EQ(lines, 1 + 3 + L * per_layer);
+  EXPECT_EQ(dump.files_written(), 3 + L * per_layer);
+}
+
+TEST(TensorDump, WritesWhatForwardComputesLlama) {
+  check_dump(generated("llama", "--arch llama --vocab 300 --seed 2"), true);
+}
+
+TEST(TensorDump, WritesWhatForwardComputesHybrid) { check_dump(generated("hybrid", kHybridArgs), false); }
+
+TEST(TensorDump, RejectsUnknownNames) {
+  EXPECT_THROW(TensorDump("logits,attn_weights", (scratch() / "bad").string()), Error);
+  EXPECT_THROW(TensorDump("", (scratch() / "bad").string()), Error);
+}
+
+}  // namespace
+}  // namespace infera
