@@ -40,11 +40,11 @@ inline std::string stories_gguf() { return shared_models_dir() + "/stories260K.g
 
 // Skips the current test, naming the fixture, when `path` does not exist. Usable in a test
 // body or a fixture's SetUp().
-#define INFERA_REQUIRE_FIXTURE(path)                                                                   \
-  do {                                                                                                 \
-    if (!::std::filesystem::exists(path))                                                              \
+#define INFERA_REQUIRE_FIXTURE(path)                                                                \
+  do {                                                                                              \
+    if (!::std::filesystem::exists(path))                                                           \
       GTEST_SKIP() << "fixture " << (path) << " not found (the ../shared/models folder beside the " \
-                   << "source tree; a plain clone does not have it)";                                  \
+                   << "source tree; a plain clone does not have it)";                               \
   } while (0)
 
 // Resident memory of this process (the resident pages of /proc/self/statm), bytes.
@@ -91,7 +91,8 @@ inline std::pair<int, std::string> shell(const std::string& cmd) {
 
 // <temp>/<prefix>_<pid>: a scratch folder of this test process, removed at exit.
 inline std::filesystem::path process_scratch_dir(const std::string& prefix) {
-  const std::filesystem::path dir = std::filesystem::temp_directory_path() / (prefix + "_" + std::to_string(::getpid()));
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / (prefix + "_" + std::to_string(::getpid()));
   ::testing::AddGlobalTestEnvironment(new RemoveDirAtExit(dir));
   return dir;
 }

@@ -6,8 +6,8 @@
 namespace infera {
 
 void assert_failed(const char* expr, const char* file, int line, const std::string& msg) {
-  std::fprintf(stderr, "infera: internal error: assertion `%s` failed at %s:%d%s%s\n", expr, file,
-               line, msg.empty() ? "" : ": ", msg.c_str());
+  std::fprintf(stderr, "infera: internal error: assertion `%s` failed at %s:%d%s%s\n", expr, file, line,
+               msg.empty() ? "" : ": ", msg.c_str());
   std::fflush(stderr);
   std::abort();
 }

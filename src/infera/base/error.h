@@ -24,7 +24,7 @@ template <typename... Args>
 
 }  // namespace infera
 
-#define INFERA_ASSERT(cond, ...)                                                           \
-  do {                                                                                    \
+#define INFERA_ASSERT(cond, ...)                                                                 \
+  do {                                                                                           \
     if (!(cond)) ::infera::assert_failed(#cond, __FILE__, __LINE__, ::std::string{__VA_ARGS__}); \
   } while (0)

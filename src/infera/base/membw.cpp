@@ -15,7 +15,7 @@
 
 namespace infera {
 
-uint64_t read_sum_avx2(const uint64_t* p, int64_t n);    // membw_avx2.cpp
+uint64_t read_sum_avx2(const uint64_t* p, int64_t n);  // membw_avx2.cpp
 uint64_t read_sum_avx512(const uint64_t* p, int64_t n);  // membw_avx512.cpp
 
 namespace {

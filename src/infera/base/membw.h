@@ -33,8 +33,8 @@ class HugePageBuffer {
 
  private:
   uint8_t* data_ = nullptr;
-  size_t size_ = 0;     // bytes asked for
-  size_t mapped_ = 0;   // bytes mapped (size_ + alignment slack)
+  size_t size_ = 0;  // bytes asked for
+  size_t mapped_ = 0;  // bytes mapped (size_ + alignment slack)
   uint8_t* base_ = nullptr;
 };
 

@@ -95,8 +95,10 @@ MappedFile& MappedFile::operator=(MappedFile&& o) noexcept {
 
 void MappedFile::release() {
   if (!data_) return;
-  if (mapped_) ::munmap(data_, size_);
-  else std::free(data_);
+  if (mapped_)
+    ::munmap(data_, size_);
+  else
+    std::free(data_);
   data_ = nullptr;
   size_ = 0;
 }

@@ -18,43 +18,43 @@
 namespace infera {
 
 enum class OptionType : uint8_t {
-  kFlag,      // on when present (a deploy.yaml true / false)
+  kFlag,  // on when present (a deploy.yaml true / false)
   kInteger,
   kNumber,
   kText,
-  kChoice,    // one of `choices`
-  kMemory,    // a memory size: 2GiB, 512MB, 30% (runtime/engine_config.h parse_memory_size)
+  kChoice,  // one of `choices`
+  kMemory,  // a memory size: 2GiB, 512MB, 30% (runtime/engine_config.h parse_memory_size)
   kTextList,  // a repeatable flag / a YAML list
 };
 
 // Where an option is accepted (bits of OptionSpec::use).
 enum OptionUse : uint32_t {
-  kUseRun = 1u << 0,       // an `infera run` flag
-  kUseServe = 1u << 1,     // an `infera serve` flag
-  kUseDeploy = 1u << 2,    // a deploy.yaml key (OptionSpec::yaml)
-  kUseRequest = 1u << 3,   // an HTTP request field (/v1/completions, /v1/chat/completions)
-  kUseProcess = 1u << 4,   // a process-wide switch, read from its environment variable only
+  kUseRun = 1u << 0,  // an `infera run` flag
+  kUseServe = 1u << 1,  // an `infera serve` flag
+  kUseDeploy = 1u << 2,  // a deploy.yaml key (OptionSpec::yaml)
+  kUseRequest = 1u << 3,  // an HTTP request field (/v1/completions, /v1/chat/completions)
+  kUseProcess = 1u << 4,  // a process-wide switch, read from its environment variable only
   kUseLauncher = 1u << 5,  // set by mpirun / the MPI launcher, read to find the group (parallel/)
 };
 
 struct OptionSpec {
   std::string_view name{};  // snake_case; a request option's name is its request field
   OptionType type = OptionType::kText;
-  uint32_t use = 0;                 // OptionUse bits
-  std::string_view flags{};           // CLI11 names, e.g. "-t,--threads"; empty: no flag
-  std::string_view yaml{};            // deploy.yaml path, e.g. "models[].kv_dtype", "server.port"
-  std::string_view env{};             // environment variable; empty: none
+  uint32_t use = 0;  // OptionUse bits
+  std::string_view flags{};  // CLI11 names, e.g. "-t,--threads"; empty: no flag
+  std::string_view yaml{};  // deploy.yaml path, e.g. "models[].kv_dtype", "server.port"
+  std::string_view env{};  // environment variable; empty: none
   // Defaults as a user writes them. One in parentheses describes instead of giving a
   // value ("(from the profile)"): nothing is applied, the consumer decides.
-  std::string_view default_value{};   // serve flag, deploy key, environment switch
-  std::string_view run_default{};     // `infera run` flag (empty: default_value)
-  std::string_view request_default{}; // the request field's default when the client omits it
+  std::string_view default_value{};  // serve flag, deploy key, environment switch
+  std::string_view run_default{};  // `infera run` flag (empty: default_value)
+  std::string_view request_default{};  // the request field's default when the client omits it
   std::string_view help{};
-  std::string_view choices{};         // kChoice (and checked environment values): "f32|bf16|int8"
+  std::string_view choices{};  // kChoice (and checked environment values): "f32|bf16|int8"
   double min = -std::numeric_limits<double>::infinity();  // numbers: the accepted range
   double max = std::numeric_limits<double>::infinity();
-  bool min_exclusive = false;       // (min, max] instead of [min, max]
-  bool flag_turns_off = false;      // kFlag: the flag sets the option to false (--no-prefix-cache)
+  bool min_exclusive = false;  // (min, max] instead of [min, max]
+  bool flag_turns_off = false;  // kFlag: the flag sets the option to false (--no-prefix-cache)
   bool zero_means_default = false;  // `infera serve`: 0 means "not given" (the profile decides)
 
   bool used_by(uint32_t u) const { return (use & u) != 0; }

@@ -7,7 +7,7 @@
 namespace infera {
 
 void set_num_threads(int n);  // process-wide
-int num_threads();            // the calling thread's count if set, else the process-wide one
+int num_threads();  // the calling thread's count if set, else the process-wide one
 
 // The calling thread's own count; 0 clears it (back to the process-wide count).
 void set_thread_num_threads(int n);

@@ -39,7 +39,8 @@ jinja::Value to_value(const Json& json, int depth) {
     case nlohmann::json::value_t::number_integer: return jinja::Value(json.template get<int64_t>());
     case nlohmann::json::value_t::number_unsigned: {
       const auto u = json.template get<uint64_t>();
-      return u <= static_cast<uint64_t>(INT64_MAX) ? jinja::Value(static_cast<int64_t>(u)) : jinja::Value(static_cast<double>(u));
+      return u <= static_cast<uint64_t>(INT64_MAX) ? jinja::Value(static_cast<int64_t>(u))
+                                                   : jinja::Value(static_cast<double>(u));
     }
     case nlohmann::json::value_t::number_float: {
       // JavaScript has one number type: 2.0 from JSON is the integer 2.
@@ -123,12 +124,15 @@ std::string ChatTemplate::render(const nlohmann::ordered_json& context) const {
   return render_with(source_, *program_, context);
 }
 
-std::string ChatTemplate::render(const nlohmann::json& context) const { return render_with(source_, *program_, context); }
+std::string ChatTemplate::render(const nlohmann::json& context) const {
+  return render_with(source_, *program_, context);
+}
 
 ChatTemplateConfig load_chat_template_config(const std::string& tokenizer_dir) {
   namespace fs = std::filesystem;
   const fs::path config_path = fs::path(tokenizer_dir) / "tokenizer_config.json";
-  if (!fs::exists(config_path)) fail("cannot read {}: no such file (expected a Hugging Face tokenizer directory)", config_path.string());
+  if (!fs::exists(config_path))
+    fail("cannot read {}: no such file (expected a Hugging Face tokenizer directory)", config_path.string());
   nlohmann::json config;
   try {
     config = nlohmann::json::parse(read_text_file(config_path));
@@ -144,11 +148,13 @@ ChatTemplateConfig load_chat_template_config(const std::string& tokenizer_dir) {
     result.chat_template = it->get<std::string>();
   } else if (it != config.end() && it->is_array()) {
     for (const auto& entry : *it) {
-      if (entry.is_object() && entry.value("name", "") == "default" && entry.contains("template") && entry["template"].is_string()) {
+      if (entry.is_object() && entry.value("name", "") == "default" && entry.contains("template") &&
+          entry["template"].is_string()) {
         result.chat_template = entry["template"].get<std::string>();
       }
     }
-    if (result.chat_template.empty()) fail("{}: chat_template is a list without a \"default\" entry", config_path.string());
+    if (result.chat_template.empty())
+      fail("{}: chat_template is a list without a \"default\" entry", config_path.string());
   } else if (it != config.end() && !it->is_null()) {
     fail("{}: chat_template must be a string or a list of {{name, template}}", config_path.string());
   }

@@ -61,7 +61,7 @@ class ChatTemplate {
 
 // What a chat template needs from a Hugging Face tokenizer directory.
 struct ChatTemplateConfig {
-  std::string chat_template;             // "" when the directory has none
+  std::string chat_template;  // "" when the directory has none
   std::optional<std::string> bos_token;  // unset when absent or null
   std::optional<std::string> eos_token;
 };

@@ -47,7 +47,7 @@ template <typename... Args>
 struct BreakSignal {};
 struct ContinueSignal {};
 
-constexpr int kMaxCallDepth = 256;           // macro recursion
+constexpr int kMaxCallDepth = 256;  // macro recursion
 constexpr int64_t kMaxRangeLength = 1 << 20;  // range(): a template must not exhaust memory
 // One render's budget (a template runs on every request, so it must end, and soon): every
 // statement and expression evaluated and every loop iteration is a step, and every 64
@@ -55,7 +55,7 @@ constexpr int64_t kMaxRangeLength = 1 << 20;  // range(): a template must not ex
 // about 50 steps per message: a 4 MB conversation of 40,000 short messages, 2 million.
 constexpr int64_t kMaxRenderSteps = 10'000'000;
 constexpr size_t kMaxStringBytes = size_t{64} << 20;  // any one string, the output included
-constexpr size_t kMaxListItems = size_t{1} << 22;     // a list built by '+'
+constexpr size_t kMaxListItems = size_t{1} << 22;  // a list built by '+'
 
 // ---------------------------------------------------------------- strings
 
@@ -286,8 +286,10 @@ bool loose_equal(const Value& a, const Value& b) {
   if (tb == JsType::kBoolean) return loose_equal(a, Value(b.as_bool() ? int64_t{1} : int64_t{0}));
   if (ta == JsType::kNumber && tb == JsType::kString) return a.as_number() == js_string_to_number(b.as_string());
   if (ta == JsType::kString && tb == JsType::kNumber) return js_string_to_number(a.as_string()) == b.as_number();
-  if (ta == JsType::kObject && (tb == JsType::kString || tb == JsType::kNumber)) return loose_equal(Value(to_js_string(a)), b);
-  if (tb == JsType::kObject && (ta == JsType::kString || ta == JsType::kNumber)) return loose_equal(a, Value(to_js_string(b)));
+  if (ta == JsType::kObject && (tb == JsType::kString || tb == JsType::kNumber))
+    return loose_equal(Value(to_js_string(a)), b);
+  if (tb == JsType::kObject && (ta == JsType::kString || ta == JsType::kNumber))
+    return loose_equal(a, Value(to_js_string(b)));
   return false;
 }
 
@@ -331,7 +333,8 @@ Value attribute_path(const Value& item, std::string_view path) {
 }
 
 // The reference's Python-style slice (utils.ts slice()), on any indexable sequence.
-std::vector<size_t> slice_indexes(int64_t length, std::optional<int64_t> start, std::optional<int64_t> stop, int64_t step) {
+std::vector<size_t> slice_indexes(int64_t length, std::optional<int64_t> start, std::optional<int64_t> stop,
+                                  int64_t step) {
   std::vector<size_t> out;
   const int direction = step > 0 ? 1 : step < 0 ? -1 : 0;
   int64_t begin = 0, end = 0;
@@ -497,7 +500,8 @@ bool string_affix_test(const std::string& s, const Args& args, bool prefix) {
   if (args.positional.empty()) eval_fail("{}() needs an argument", name);
   auto test = [&](const std::string& affix) {
     if (affix.size() > s.size()) return false;
-    return prefix ? s.compare(0, affix.size(), affix) == 0 : s.compare(s.size() - affix.size(), affix.size(), affix) == 0;
+    return prefix ? s.compare(0, affix.size(), affix) == 0
+                  : s.compare(s.size() - affix.size(), affix.size(), affix) == 0;
   };
   const Value& pattern = args.positional[0];
   if (pattern.is_string()) return test(pattern.as_string());
@@ -542,8 +546,9 @@ Value string_method(const std::string& s, const std::string& name) {
   if (name == "find") {
     return bound([s](const Args& a, Scope&) {
       const size_t found = s.find(expect_string_arg(a, 0, "find"));
-      return Value(found == std::string::npos ? int64_t{-1}
-                                              : static_cast<int64_t>(js_string_length(std::string_view(s).substr(0, found))));
+      return Value(found == std::string::npos
+                       ? int64_t{-1}
+                       : static_cast<int64_t>(js_string_length(std::string_view(s).substr(0, found))));
     });
   }
   if (name == "count") {
@@ -738,7 +743,8 @@ class Evaluator {
   void charge(int64_t steps) {
     steps_ += steps;
     if (steps_ > kMaxRenderSteps) {
-      eval_fail("the template ran past its budget of {} evaluation steps (an endless or runaway loop?)", kMaxRenderSteps);
+      eval_fail("the template ran past its budget of {} evaluation steps (an endless or runaway loop?)",
+                kMaxRenderSteps);
     }
   }
 
@@ -759,9 +765,7 @@ class Evaluator {
       case NodeKind::kText: out += node.text; return;
       case NodeKind::kComment: return;
       case NodeKind::kMacro: define_macro(node, scope); return;
-      case NodeKind::kIf:
-        exec_block(eval(*node.a, scope).truthy() ? node.body : node.alternate, scope, out);
-        return;
+      case NodeKind::kIf: exec_block(eval(*node.a, scope).truthy() ? node.body : node.alternate, scope, out); return;
       case NodeKind::kFor: exec_for(node, scope, out); return;
       case NodeKind::kSet: exec_set(node, scope); return;
       case NodeKind::kBreak: throw BreakSignal{};
@@ -877,42 +881,43 @@ class Evaluator {
     const Node* macro = &node;
     // Called with the caller's scope as parent (dynamic scoping, as in the reference).
     scope.set(node.text, Value::function([this, macro](const Args& args, Scope& caller) {
-      if (++call_depth_ > kMaxCallDepth) {
-        call_depth_ = 0;
-        eval_fail("macro calls nested deeper than {} (runaway recursion?)", kMaxCallDepth);
-      }
-      Scope local(&caller);
-      std::vector<std::pair<std::string, bool>> keyword_used;
-      for (const auto& [k, v] : args.keyword) keyword_used.emplace_back(k, false);
-      std::vector<const std::pair<std::string, NodePtr>*> pending_defaults;
-      for (size_t i = 0; i < macro->kwargs.size(); ++i) {
-        const auto& param = macro->kwargs[i];
-        std::optional<Value> value;
-        if (i < args.positional.size()) {
-          value = args.positional[i];
-        } else {
-          for (size_t k = 0; k < args.keyword.size(); ++k) {
-            if (args.keyword[k].first == param.first) {
-              value = args.keyword[k].second;
-              keyword_used[k].second = true;
-            }
-          }
-        }
-        if (!value && param.second) pending_defaults.push_back(&param);
-        local.set(param.first, value.value_or(Value()));
-      }
-      for (const auto& [k, used] : keyword_used) {
-        if (!used) eval_fail("macro '{}' has no parameter named '{}'", macro->text, k);
-      }
-      if (args.positional.size() > macro->kwargs.size()) {
-        eval_fail("macro '{}' takes at most {} arguments, got {}", macro->text, macro->kwargs.size(), args.positional.size());
-      }
-      for (const auto* param : pending_defaults) local.set(param->first, eval(*param->second, local));
-      std::string out;
-      exec_block(macro->body, local, out);
-      --call_depth_;
-      return Value(std::move(out));
-    }));
+                if (++call_depth_ > kMaxCallDepth) {
+                  call_depth_ = 0;
+                  eval_fail("macro calls nested deeper than {} (runaway recursion?)", kMaxCallDepth);
+                }
+                Scope local(&caller);
+                std::vector<std::pair<std::string, bool>> keyword_used;
+                for (const auto& [k, v] : args.keyword) keyword_used.emplace_back(k, false);
+                std::vector<const std::pair<std::string, NodePtr>*> pending_defaults;
+                for (size_t i = 0; i < macro->kwargs.size(); ++i) {
+                  const auto& param = macro->kwargs[i];
+                  std::optional<Value> value;
+                  if (i < args.positional.size()) {
+                    value = args.positional[i];
+                  } else {
+                    for (size_t k = 0; k < args.keyword.size(); ++k) {
+                      if (args.keyword[k].first == param.first) {
+                        value = args.keyword[k].second;
+                        keyword_used[k].second = true;
+                      }
+                    }
+                  }
+                  if (!value && param.second) pending_defaults.push_back(&param);
+                  local.set(param.first, value.value_or(Value()));
+                }
+                for (const auto& [k, used] : keyword_used) {
+                  if (!used) eval_fail("macro '{}' has no parameter named '{}'", macro->text, k);
+                }
+                if (args.positional.size() > macro->kwargs.size()) {
+                  eval_fail("macro '{}' takes at most {} arguments, got {}", macro->text, macro->kwargs.size(),
+                            args.positional.size());
+                }
+                for (const auto* param : pending_defaults) local.set(param->first, eval(*param->second, local));
+                std::string out;
+                exec_block(macro->body, local, out);
+                --call_depth_;
+                return Value(std::move(out));
+              }));
   }
 
   Value eval(const Node& node, Scope& scope) {
@@ -972,7 +977,8 @@ class Evaluator {
         const Value callee = eval(*node.a, scope);
         if (!callee.is_function()) {
           if (node.a->kind == NodeKind::kIdentifier) {
-            eval_fail("'{}' is {}, not a function", node.a->text, callee.is_undefined() ? "undefined" : callee.type_name());
+            eval_fail("'{}' is {}, not a function", node.a->text,
+                      callee.is_undefined() ? "undefined" : callee.type_name());
           }
           eval_fail("a {} is not callable", callee.type_name());
         }
@@ -1007,7 +1013,8 @@ class Evaluator {
     if (node.flag && node.b->kind == NodeKind::kSlice) return eval_slice(object, *node.b, scope);
     const Value property = eval(*node.b, scope);
     if (object.is_object() || object.is_namespace()) {
-      if (!property.is_string()) eval_fail("dict keys are strings; cannot index a {} with a {}", object.type_name(), property.type_name());
+      if (!property.is_string())
+        eval_fail("dict keys are strings; cannot index a {} with a {}", object.type_name(), property.type_name());
       if (const Value* found = object.as_object().find(property.as_string())) return *found;
       return object.is_object() ? object_method(object, property.as_string()) : Value();
     }
@@ -1112,7 +1119,8 @@ class Evaluator {
       if (op == ">=") return Value(a >= b);
     } else if (left.is_array() && right.is_array()) {
       if (op == "+") {
-        if (left.as_array().size() + right.as_array().size() > kMaxListItems) eval_fail("a list grew past {} items", kMaxListItems);
+        if (left.as_array().size() + right.as_array().size() > kMaxListItems)
+          eval_fail("a list grew past {} items", kMaxListItems);
         charge(static_cast<int64_t>((left.as_array().size() + right.as_array().size()) / 8));
         ValueList joined = left.as_array();
         joined.insert(joined.end(), right.as_array().begin(), right.as_array().end());
@@ -1174,7 +1182,8 @@ class Evaluator {
         options.sort_keys = v->as_bool();
       }
       if (const Value* v = args.keyword_arg("separators"); v && !v->is_none()) {
-        if (!v->is_array() || v->as_array().size() != 2 || !v->as_array()[0].is_string() || !v->as_array()[1].is_string()) {
+        if (!v->is_array() || v->as_array().size() != 2 || !v->as_array()[0].is_string() ||
+            !v->as_array()[1].is_string()) {
           eval_fail("tojson(): separators must be a pair of strings");
         }
         options.has_separators = true;
@@ -1223,7 +1232,8 @@ class Evaluator {
     if (name == "unique") {
       ValueList out;
       for (const Value& item : items) {
-        if (std::none_of(out.begin(), out.end(), [&](const Value& x) { return strict_equal(x, item); })) out.push_back(item);
+        if (std::none_of(out.begin(), out.end(), [&](const Value& x) { return strict_equal(x, item); }))
+          out.push_back(item);
       }
       return Value::array(std::move(out));
     }
@@ -1238,7 +1248,8 @@ class Evaluator {
       const std::string path = attribute && !attribute->is_none() ? to_js_string(*attribute) : "";
       ValueList sorted = items;
       std::stable_sort(sorted.begin(), sorted.end(), [&](const Value& a, const Value& b) {
-        const int c = path.empty() ? compare_values(a, b, cs) : compare_values(attribute_path(a, path), attribute_path(b, path), cs);
+        const int c = path.empty() ? compare_values(a, b, cs)
+                                   : compare_values(attribute_path(a, path), attribute_path(b, path), cs);
         return rev ? c > 0 : c < 0;
       });
       return Value::array(std::move(sorted));
@@ -1249,13 +1260,16 @@ class Evaluator {
       if (!attr.is_string()) eval_fail("{}(): the attribute name must be a string", name);
       const Value& test_name = positional_or_undefined(args, 1);
       if (!test_name.is_undefined() && !test_name.is_string()) eval_fail("{}(): the test name must be a string", name);
-      const ValueList test_args(args.positional.begin() + std::min<std::ptrdiff_t>(2, static_cast<std::ptrdiff_t>(args.positional.size())),
+      const ValueList test_args(args.positional.begin() +
+                                    std::min<std::ptrdiff_t>(2, static_cast<std::ptrdiff_t>(args.positional.size())),
                                 args.positional.end());
       ValueList out;
       for (const Value& item : items) {
-        if (!item.is_object() && !item.is_namespace()) eval_fail("{}() needs a list of dicts, found a {}", name, item.type_name());
+        if (!item.is_object() && !item.is_namespace())
+          eval_fail("{}() needs a list of dicts, found a {}", name, item.type_name());
         const Value* field = item.as_object().find(attr.as_string());
-        const bool result = field && (test_name.is_undefined() ? field->truthy() : run_test(test_name.as_string(), *field, test_args));
+        const bool result =
+            field && (test_name.is_undefined() ? field->truthy() : run_test(test_name.as_string(), *field, test_args));
         if (result == select) out.push_back(item);
       }
       return Value::array(std::move(out));
@@ -1263,7 +1277,8 @@ class Evaluator {
     if (name == "select" || name == "reject") {  // beyond the reference
       const bool select = name == "select";
       const Value& test_name = positional_or_undefined(args, 0);
-      const ValueList test_args(args.positional.begin() + std::min<std::ptrdiff_t>(1, static_cast<std::ptrdiff_t>(args.positional.size())),
+      const ValueList test_args(args.positional.begin() +
+                                    std::min<std::ptrdiff_t>(1, static_cast<std::ptrdiff_t>(args.positional.size())),
                                 args.positional.end());
       ValueList out;
       for (const Value& item : items) {
@@ -1278,7 +1293,8 @@ class Evaluator {
         const Value* fallback = args.keyword_arg("default");
         ValueList out;
         for (const Value& item : items) {
-          if (!item.is_object() && !item.is_namespace()) eval_fail("map(attribute=...) needs a list of dicts, found a {}", item.type_name());
+          if (!item.is_object() && !item.is_namespace())
+            eval_fail("map(attribute=...) needs a list of dicts, found a {}", item.type_name());
           Value v = attribute_path(item, to_js_string(*attr));
           out.push_back(v.is_undefined() && fallback ? *fallback : v);
         }
@@ -1408,19 +1424,22 @@ class Evaluator {
   }
 
   Value number_filter(const std::string& name, const Value& operand, const Args& args) {
-    if (name == "abs") return operand.is_int() ? Value(operand.as_int() < 0 ? -operand.as_int() : operand.as_int())
-                                               : Value(std::fabs(operand.as_float()));
+    if (name == "abs")
+      return operand.is_int() ? Value(operand.as_int() < 0 ? -operand.as_int() : operand.as_int())
+                              : Value(std::fabs(operand.as_float()));
     if (name == "int") return operand.is_int() ? operand : Value(static_cast<int64_t>(std::floor(operand.as_float())));
     if (name == "float") return Value(operand.as_number());
     if (name == "string") return Value(to_output_string(operand));
     if (name == "round") {  // beyond the reference: Jinja's round(precision=0, method='common')
       const Value* precision = args.get(0, "precision");
       const Value* method = args.get(1, "method");
-      const double scale = std::pow(10.0, precision && precision->is_int() ? static_cast<double>(precision->as_int()) : 0.0);
+      const double scale =
+          std::pow(10.0, precision && precision->is_int() ? static_cast<double>(precision->as_int()) : 0.0);
       const std::string how = method && method->is_string() ? method->as_string() : "common";
       const double x = operand.as_number() * scale;
       double r = how == "ceil" ? std::ceil(x) : how == "floor" ? std::floor(x) : std::round(x);
-      if (how != "common" && how != "ceil" && how != "floor") eval_fail("round(): method must be common, ceil or floor");
+      if (how != "common" && how != "ceil" && how != "floor")
+        eval_fail("round(): method must be common, ceil or floor");
       return Value(r / scale);
     }
     eval_fail("filter '{}' cannot be applied to a number", name);
@@ -1429,7 +1448,7 @@ class Evaluator {
   Value object_filter(const std::string& name, const Value& operand, const Args& args) {
     if (name == "items") return object_items(operand);
     if (name == "length" || name == "count") return Value(static_cast<int64_t>(operand.as_object().entries.size()));
-    if (name == "list") return object_keys(operand);      // beyond the reference
+    if (name == "list") return object_keys(operand);  // beyond the reference
     if (name == "string") return Value(to_json(operand, {}, false));  // beyond the reference
     const Value method = object_method(operand, name);
     if (method.is_function()) {

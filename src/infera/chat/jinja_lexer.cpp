@@ -138,16 +138,21 @@ struct Rule {
 
 // Order matters: longer operators before their prefixes.
 constexpr std::array<Rule, 29> kRules = {{
-    {"{%", TokenType::kOpenStatement},   {"%}", TokenType::kCloseStatement},  {"{{", TokenType::kOpenExpression},
-    {"}}", TokenType::kCloseExpression}, {"(", TokenType::kOpenParen},        {")", TokenType::kCloseParen},
-    {"{", TokenType::kOpenBrace},        {"}", TokenType::kCloseBrace},       {"[", TokenType::kOpenBracket},
-    {"]", TokenType::kCloseBracket},     {",", TokenType::kComma},            {".", TokenType::kDot},
-    {":", TokenType::kColon},            {"|", TokenType::kPipe},             {"<=", TokenType::kComparison},
-    {">=", TokenType::kComparison},      {"==", TokenType::kComparison},      {"!=", TokenType::kComparison},
-    {"<", TokenType::kComparison},       {">", TokenType::kComparison},       {"+", TokenType::kAdditive},
-    {"-", TokenType::kAdditive},         {"~", TokenType::kAdditive},         {"**", TokenType::kPower},
-    {"*", TokenType::kMultiplicative},   {"//", TokenType::kMultiplicative},  {"/", TokenType::kMultiplicative},
-    {"%", TokenType::kMultiplicative},   {"=", TokenType::kEquals},
+    {"{%", TokenType::kOpenStatement},  {"%}", TokenType::kCloseStatement},
+    {"{{", TokenType::kOpenExpression}, {"}}", TokenType::kCloseExpression},
+    {"(", TokenType::kOpenParen},       {")", TokenType::kCloseParen},
+    {"{", TokenType::kOpenBrace},       {"}", TokenType::kCloseBrace},
+    {"[", TokenType::kOpenBracket},     {"]", TokenType::kCloseBracket},
+    {",", TokenType::kComma},           {".", TokenType::kDot},
+    {":", TokenType::kColon},           {"|", TokenType::kPipe},
+    {"<=", TokenType::kComparison},     {">=", TokenType::kComparison},
+    {"==", TokenType::kComparison},     {"!=", TokenType::kComparison},
+    {"<", TokenType::kComparison},      {">", TokenType::kComparison},
+    {"+", TokenType::kAdditive},        {"-", TokenType::kAdditive},
+    {"~", TokenType::kAdditive},        {"**", TokenType::kPower},
+    {"*", TokenType::kMultiplicative},  {"//", TokenType::kMultiplicative},
+    {"/", TokenType::kMultiplicative},  {"%", TokenType::kMultiplicative},
+    {"=", TokenType::kEquals},
 }};
 
 bool is_digit(char c) { return c >= '0' && c <= '9'; }
@@ -176,7 +181,9 @@ class Lexer {
     return p < mapped_.origin.size() ? mapped_.origin[p] : mapped_.origin.back() + 1;
   }
   [[noreturn]] void error(const std::string& message, size_t p) const { throw SourceError(message, origin(p)); }
-  void push(TokenType type, std::string value, size_t start) { tokens_.push_back({type, std::move(value), origin(start)}); }
+  void push(TokenType type, std::string value, size_t start) {
+    tokens_.push_back({type, std::move(value), origin(start)});
+  }
   const Token* last() const { return tokens_.empty() ? nullptr : &tokens_.back(); }
 
   // {%- / {{- / {#-: drop whitespace at the end of the preceding text.
@@ -267,7 +274,8 @@ class Lexer {
     if (!previous || previous->type == TokenType::kCloseStatement || previous->type == TokenType::kCloseExpression ||
         previous->type == TokenType::kComment) {
       const size_t start = pos_;
-      while (pos_ < src_.size() && !(src_[pos_] == '{' && (at(pos_ + 1) == '%' || at(pos_ + 1) == '{' || at(pos_ + 1) == '#'))) {
+      while (pos_ < src_.size() &&
+             !(src_[pos_] == '{' && (at(pos_ + 1) == '%' || at(pos_ + 1) == '{' || at(pos_ + 1) == '#'))) {
         ++pos_;
       }
       if (pos_ > start) {

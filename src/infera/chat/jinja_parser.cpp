@@ -12,7 +12,8 @@ namespace {
 
 class Parser {
  public:
-  explicit Parser(std::vector<Token> tokens, size_t source_size) : tokens_(std::move(tokens)), end_offset_(source_size) {}
+  explicit Parser(std::vector<Token> tokens, size_t source_size)
+      : tokens_(std::move(tokens)), end_offset_(source_size) {}
 
   Program run() {
     Program program;
@@ -22,9 +23,7 @@ class Parser {
 
  private:
   // ---- token helpers ----
-  const Token* peek(size_t ahead = 0) const {
-    return pos_ + ahead < tokens_.size() ? &tokens_[pos_ + ahead] : nullptr;
-  }
+  const Token* peek(size_t ahead = 0) const { return pos_ + ahead < tokens_.size() ? &tokens_[pos_ + ahead] : nullptr; }
   size_t offset_here() const { return pos_ < tokens_.size() ? tokens_[pos_].offset : end_offset_; }
   [[noreturn]] void error(const std::string& message) const { throw SourceError(message, offset_here()); }
   bool is(TokenType type) const { return peek() && peek()->type == type; }
@@ -415,7 +414,8 @@ class Parser {
 
   NodePtr parse_unary_sign() {
     const Token* t = peek();
-    if (t && (t->type == TokenType::kUnary || t->type == TokenType::kAdditive) && (t->value == "-" || t->value == "+")) {
+    if (t && (t->type == TokenType::kUnary || t->type == TokenType::kAdditive) &&
+        (t->value == "-" || t->value == "+")) {
       DepthGuard guard(*this);
       auto node = make(NodeKind::kUnary, t->offset);
       node->text = t->value;
@@ -476,8 +476,8 @@ class Parser {
         if (t && t->type == TokenType::kIdentifier) {
           node->b = make(NodeKind::kString, t->offset);
           node->b->text = t->value;
-        } else if (t && t->type == TokenType::kNumber && t->value.find('.') == std::string::npos && t->value[0] != '-' &&
-                   t->value[0] != '+') {
+        } else if (t && t->type == TokenType::kNumber && t->value.find('.') == std::string::npos &&
+                   t->value[0] != '-' && t->value[0] != '+') {
           node->b = make(NodeKind::kInt, t->offset);
           node->b->int_value = std::stoll(t->value);
         } else {

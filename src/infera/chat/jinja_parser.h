@@ -29,9 +29,9 @@ enum class TokenType {
   kEquals,
   kOpenParen,
   kCloseParen,
-  kOpenStatement,    // {%
-  kCloseStatement,   // %}
-  kOpenExpression,   // {{
+  kOpenStatement,  // {%
+  kCloseStatement,  // %}
+  kOpenExpression,  // {{
   kCloseExpression,  // }}
   kOpenBracket,
   kCloseBracket,
@@ -41,11 +41,11 @@ enum class TokenType {
   kDot,
   kColon,
   kPipe,
-  kAdditive,        // + - ~
+  kAdditive,  // + - ~
   kMultiplicative,  // * / // %
-  kPower,           // **
-  kComparison,      // < > <= >= == !=
-  kUnary,           // a sign not followed by digits
+  kPower,  // **
+  kComparison,  // < > <= >= == !=
+  kUnary,  // a sign not followed by digits
   kComment,
 };
 
@@ -61,32 +61,32 @@ std::vector<Token> tokenize(std::string_view source);
 
 enum class NodeKind {
   // statements
-  kIf,           // a: test; body; alternate (an elif is a nested kIf)
-  kFor,          // names (+ flag: tuple target); a: iterable; b: inline `if` filter or null; body; alternate: else
-  kSet,          // a: target (kIdentifier, kTuple or kMember); b: value, or null and body (block set)
-  kMacro,        // text: name; params (default or null); body
+  kIf,  // a: test; body; alternate (an elif is a nested kIf)
+  kFor,  // names (+ flag: tuple target); a: iterable; b: inline `if` filter or null; body; alternate: else
+  kSet,  // a: target (kIdentifier, kTuple or kMember); b: value, or null and body (block set)
+  kMacro,  // text: name; params (default or null); body
   kBreak,
   kContinue,
   kFilterBlock,  // text: filter name; args / kwargs; body
   kComment,
   // expressions
-  kText,        // text: literal template text (also string literals)
-  kInt,         // int_value
-  kFloat,       // float_value
-  kString,      // text
-  kArray,       // items
-  kTuple,       // items
-  kDict,        // items: keys; values
+  kText,  // text: literal template text (also string literals)
+  kInt,  // int_value
+  kFloat,  // float_value
+  kString,  // text
+  kArray,  // items
+  kTuple,  // items
+  kDict,  // items: keys; values
   kIdentifier,  // text
-  kMember,      // a: object; b: property (a kString / kInt for `.name` / `.0`, any expression or kSlice for [..])
-  kSlice,       // a, b, c: start, stop, step (each may be null)
-  kCall,        // a: callee; items: positional args; kwargs
-  kUnary,       // text: "not", "-", "+"; a
-  kBinary,      // text: operator; a, b
-  kFilter,      // text: filter name; a: operand; flag: called with (); items / kwargs: arguments
-  kTest,        // text: test name; a: operand; flag: negated (`is not`); items: arguments
-  kTernary,     // a: condition; b: if true; c: if false
-  kSelect,      // `x if cond` without else: a: value; b: condition (undefined when false)
+  kMember,  // a: object; b: property (a kString / kInt for `.name` / `.0`, any expression or kSlice for [..])
+  kSlice,  // a, b, c: start, stop, step (each may be null)
+  kCall,  // a: callee; items: positional args; kwargs
+  kUnary,  // text: "not", "-", "+"; a
+  kBinary,  // text: operator; a, b
+  kFilter,  // text: filter name; a: operand; flag: called with (); items / kwargs: arguments
+  kTest,  // text: test name; a: operand; flag: negated (`is not`); items: arguments
+  kTernary,  // a: condition; b: if true; c: if false
+  kSelect,  // `x if cond` without else: a: value; b: condition (undefined when false)
 };
 
 struct Node;
@@ -103,7 +103,7 @@ struct Node {
   std::vector<NodePtr> items;
   std::vector<NodePtr> values;
   std::vector<std::pair<std::string, NodePtr>> kwargs;  // keyword args, or macro parameters with defaults
-  std::vector<std::string> names;                       // for-loop targets
+  std::vector<std::string> names;  // for-loop targets
   std::vector<NodePtr> body;
   std::vector<NodePtr> alternate;
 

@@ -365,8 +365,8 @@ namespace {
 bool is_js_space(char32_t cp) {
   if (cp == ' ' || (cp >= 0x09 && cp <= 0x0D)) return true;
   if (cp < 0xA0) return false;
-  return cp == 0xA0 || cp == 0x1680 || (cp >= 0x2000 && cp <= 0x200A) || cp == 0x2028 || cp == 0x2029 ||
-         cp == 0x202F || cp == 0x205F || cp == 0x3000 || cp == 0xFEFF;
+  return cp == 0xA0 || cp == 0x1680 || (cp >= 0x2000 && cp <= 0x200A) || cp == 0x2028 || cp == 0x2029 || cp == 0x202F ||
+         cp == 0x205F || cp == 0x3000 || cp == 0xFEFF;
 }
 
 }  // namespace
@@ -383,7 +383,8 @@ size_t js_space_at(std::string_view text, size_t pos) {
 
 size_t js_space_before(std::string_view text, size_t end) {
   if (end == 0) return 0;
-  if (static_cast<unsigned char>(text[end - 1]) < 0x80) return is_js_space(static_cast<unsigned char>(text[end - 1])) ? 1 : 0;
+  if (static_cast<unsigned char>(text[end - 1]) < 0x80)
+    return is_js_space(static_cast<unsigned char>(text[end - 1])) ? 1 : 0;
   // Step back over continuation bytes to the lead byte (at most 4 bytes per character).
   size_t start = end - 1;
   while (start > 0 && end - start < 4 && (static_cast<unsigned char>(text[start]) & 0xC0) == 0x80) --start;

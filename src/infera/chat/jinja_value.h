@@ -69,10 +69,10 @@ class Value {
     kInt,
     kFloat,
     kString,
-    kArray,      // list or tuple
-    kObject,     // dict
+    kArray,  // list or tuple
+    kObject,  // dict
     kNamespace,  // namespace(): mutable by `set ns.x = ...`, no dict methods
-    kFunction,   // macro, builtin, or a bound method such as "abc".upper
+    kFunction,  // macro, builtin, or a bound method such as "abc".upper
   };
 
   Value() = default;  // undefined
@@ -126,8 +126,8 @@ class Value {
  private:
   Kind kind_ = Kind::kUndefined;
   bool tuple_ = false;
-  std::variant<std::monostate, bool, int64_t, double, std::string, std::shared_ptr<ValueList>,
-               std::shared_ptr<Object>, std::shared_ptr<Function>>
+  std::variant<std::monostate, bool, int64_t, double, std::string, std::shared_ptr<ValueList>, std::shared_ptr<Object>,
+               std::shared_ptr<Function>>
       data_;
 };
 

@@ -185,8 +185,11 @@ void OutputRouter::parse_tool_block(OutputDelta& out) {
     call.id = new_tool_call_id();
     call.name = j["name"].get<std::string>();
     const auto it = j.contains("arguments") ? j.find("arguments") : j.find("parameters");
-    if (it == j.end()) call.arguments = "{}";
-    else call.arguments = it->is_string() ? it->get<std::string>() : it->dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+    if (it == j.end())
+      call.arguments = "{}";
+    else
+      call.arguments =
+          it->is_string() ? it->get<std::string>() : it->dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
     calls.push_back(std::move(call));
   }
   if (!ok || calls.empty()) {
@@ -197,6 +200,5 @@ void OutputRouter::parse_tool_block(OutputDelta& out) {
   }
   tool_text_.clear();
 }
-
 
 }  // namespace infera::chat

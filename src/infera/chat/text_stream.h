@@ -33,7 +33,7 @@ class StopMatcher {
 };
 
 struct ToolCall {
-  std::string id;         // "call_<...>"
+  std::string id;  // "call_<...>"
   std::string name;
   std::string arguments;  // a JSON text, as OpenAI sends it
 };

@@ -33,11 +33,13 @@ int run(const CheckCmdOptions& o) {
 
 void setup(CLI::App& app) {
   auto* cmd = app.add_subcommand(
-      "check", "Check a model directory before loading it (files, shards, tensor shapes, chat template, checksums); "
-               "exit 0 ok, 1 warnings, 2 errors");
+      "check",
+      "Check a model directory before loading it (files, shards, tensor shapes, chat template, checksums); "
+      "exit 0 ok, 1 warnings, 2 errors");
   auto o = std::make_shared<CheckCmdOptions>();
   cmd->add_option("model_dir", o->model_dir, "Model directory (Hugging Face layout)")->required();
-  auto* w = cmd->add_flag("--write-manifest", o->write_manifest, "Write MANIFEST.sha256 (sha256sum -c format) of every file");
+  auto* w =
+      cmd->add_flag("--write-manifest", o->write_manifest, "Write MANIFEST.sha256 (sha256sum -c format) of every file");
   auto* v = cmd->add_flag("--verify", o->verify, "Check every file against MANIFEST.sha256 and name those that differ");
   w->excludes(v);
   cmd->add_flag("--json", o->json, "Print the report as one JSON object");

@@ -40,12 +40,14 @@ int run_convert(const ConvertOptions& o) {
 void setup(CLI::App& app) {
   auto* cmd = app.add_subcommand("convert", "Convert a Hugging Face model directory to GGUF (llama, qwen3)");
   auto opts = std::make_shared<ConvertOptions>();
-  cmd->add_option("model_dir", opts->model_dir, "Hugging Face model directory (config.json, *.safetensors, tokenizer.json)")
+  cmd->add_option("model_dir", opts->model_dir,
+                  "Hugging Face model directory (config.json, *.safetensors, tokenizer.json)")
       ->required();
   cmd->add_option("--to", opts->format, "output format (gguf)")->required();
   cmd->add_option("out", opts->out_path, "output file")->required();
   cmd->add_option("--type", opts->type,
-                  "tensor type of matrices: f32, f16 (default, like llama.cpp's converter), bf16, or llama.cpp's q8_0 / q4_0 blocks (rows not a multiple of 32 stay f16); norms stay f32")
+                  "tensor type of matrices: f32, f16 (default, like llama.cpp's converter), bf16, or llama.cpp's q8_0 "
+                  "/ q4_0 blocks (rows not a multiple of 32 stay f16); norms stay f32")
       ->default_val("f16");
   cmd->add_option("--name", opts->name, "general.name (default: the model directory's name)");
   cmd->callback([opts] { infera::cli::set_exit_code(run_convert(*opts)); });

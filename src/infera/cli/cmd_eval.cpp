@@ -13,8 +13,8 @@
 #include "infera/base/threads.h"
 #include "infera/cli/command.h"
 #include "infera/model/model.h"
-#include "infera/tools/eval.h"
 #include "infera/tokenizer/tokenizer.h"
+#include "infera/tools/eval.h"
 
 namespace {
 
@@ -54,12 +54,15 @@ int run_eval(const EvalCliOptions& o) {
 }
 
 void setup(CLI::App& app) {
-  auto* cmd = app.add_subcommand("eval", "Perplexity over a text; KL divergence and top-1 agreement against a reference");
+  auto* cmd =
+      app.add_subcommand("eval", "Perplexity over a text; KL divergence and top-1 agreement against a reference");
   auto o = std::make_shared<EvalCliOptions>();
   cmd->add_option("-m,--model", o->model_dir, "Model directory (quantized or not)")->required();
   cmd->add_option("--ref", o->ref_dir, "Reference model directory (e.g. the float original)");
   cmd->add_option("--text", o->text_file, "UTF-8 text file to score")->required();
-  cmd->add_option("--ctx", o->ctx, "Window length in tokens (each window is a fresh sequence)")->default_val(512)->check(CLI::Range(2, 1 << 20));
+  cmd->add_option("--ctx", o->ctx, "Window length in tokens (each window is a fresh sequence)")
+      ->default_val(512)
+      ->check(CLI::Range(2, 1 << 20));
   cmd->add_option("-t,--threads", o->threads, "Threads (0: all cores)")->default_val(0)->check(CLI::NonNegativeNumber);
   cmd->add_flag("--json", o->json, "One JSON object: ppl, ref_ppl, kl_mean, kl_p99, top1_agreement, tokens");
   cmd->callback([o] { infera::cli::set_exit_code(run_eval(*o)); });

@@ -29,7 +29,8 @@ int run(const OptionsOptions& o) {
 }
 
 void setup(CLI::App& app) {
-  auto* cmd = app.add_subcommand("options", "List every option: flags, deploy.yaml keys, request defaults, environment");
+  auto* cmd =
+      app.add_subcommand("options", "List every option: flags, deploy.yaml keys, request defaults, environment");
   auto o = std::make_shared<OptionsOptions>();
   cmd->add_option("--table", o->table, "Only this table: run, serve, request or environment");
   cmd->callback([o] { set_exit_code(run(*o)); });

@@ -56,13 +56,15 @@ int64_t stored_weight_bytes(const std::string& dir) {
   }
   int64_t bytes = 0;
   for (const auto& s : shards) {
-    for (const TensorInfo& t : read_safetensors_header((fs::path(dir) / s).string())) bytes += static_cast<int64_t>(t.nbytes);
+    for (const TensorInfo& t : read_safetensors_header((fs::path(dir) / s).string()))
+      bytes += static_cast<int64_t>(t.nbytes);
   }
   return bytes;
 }
 
 int run(const PlanCmdOptions& o) {
-  if (o.model_dir.empty() == o.arch_config.empty()) fail("give exactly one of -m MODEL_DIR or --arch-config config.json");
+  if (o.model_dir.empty() == o.arch_config.empty())
+    fail("give exactly one of -m MODEL_DIR or --arch-config config.json");
   ModelConfig cfg;
   if (!o.model_dir.empty()) {
     cfg = load_model_config(o.model_dir);
@@ -100,25 +102,38 @@ int run(const PlanCmdOptions& o) {
   p.reserve_bytes = parse_byte_size(o.reserve);
   p.include_mtp = !o.no_mtp;
   const Plan plan = plan_memory(cfg, p);
-  if (o.json) std::printf("%s\n", plan.to_json().dump(2).c_str());
-  else std::fputs(plan.to_text().c_str(), stdout);
+  if (o.json)
+    std::printf("%s\n", plan.to_json().dump(2).c_str());
+  else
+    std::fputs(plan.to_text().c_str(), stdout);
   return 0;
 }
 
 void setup(CLI::App& app) {
-  auto* cmd = app.add_subcommand("plan", "Memory and capacity plan per device (weights, KV cache, activations) before loading");
+  auto* cmd =
+      app.add_subcommand("plan", "Memory and capacity plan per device (weights, KV cache, activations) before loading");
   auto o = std::make_shared<PlanCmdOptions>();
   cmd->add_option("-m,--model", o->model_dir, "Model directory");
   cmd->add_option("--arch-config", o->arch_config, "A config.json instead of a model directory (see examples/configs)");
-  cmd->add_option("--scheme", o->scheme, "Weight scheme: auto (as stored), f32, bf16, f16, w8a8, w4a8, w4a16")->default_val("auto");
+  cmd->add_option("--scheme", o->scheme, "Weight scheme: auto (as stored), f32, bf16, f16, w8a8, w4a8, w4a16")
+      ->default_val("auto");
   cmd->add_option("--group-size", o->group_size, "int4 group size (32, 64, 128)")->default_val(32);
-  cmd->add_option("--ctx", o->ctx, "Tokens per sequence (prompt + output)")->default_val(4096)->check(CLI::PositiveNumber);
-  cmd->add_option("--concurrency", o->concurrency, "Sequences resident at once")->default_val(1)->check(CLI::PositiveNumber);
+  cmd->add_option("--ctx", o->ctx, "Tokens per sequence (prompt + output)")
+      ->default_val(4096)
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--concurrency", o->concurrency, "Sequences resident at once")
+      ->default_val(1)
+      ->check(CLI::PositiveNumber);
   cmd->add_option("--tp", o->tp, "Tensor-parallel devices")->default_val(1)->check(CLI::PositiveNumber);
   cmd->add_option("--memory", o->memory, "Memory budget per device, e.g. 24GiB, 80GB");
-  cmd->add_option("--kv-dtype", o->kv_dtype, "KV cache element type: f32 (default), bf16, int8 (with an f32 scale per token and KV head)")->default_val("f32");
-  cmd->add_option("--prefill-chunk", o->prefill_chunk, "Prompt tokens per forward")->default_val(512)->check(CLI::PositiveNumber);
-  cmd->add_option("--reserve", o->reserve, "Runtime reserve per device (code, libraries, tokenizer, threads)")->default_val("16MiB");
+  cmd->add_option("--kv-dtype", o->kv_dtype,
+                  "KV cache element type: f32 (default), bf16, int8 (with an f32 scale per token and KV head)")
+      ->default_val("f32");
+  cmd->add_option("--prefill-chunk", o->prefill_chunk, "Prompt tokens per forward")
+      ->default_val(512)
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--reserve", o->reserve, "Runtime reserve per device (code, libraries, tokenizer, threads)")
+      ->default_val("16MiB");
   cmd->add_flag("--no-mtp", o->no_mtp, "Leave out multi-token-prediction weights and their KV layer");
   cmd->add_flag("--json", o->json, "Print the plan as one JSON object");
   cmd->callback([o] { set_exit_code(run(*o)); });

@@ -42,8 +42,10 @@ int run_quantize(const QuantizeCliOptions& c) {
   const infera::quant::QuantizeReport r = infera::quant::quantize_model(c.in_dir, c.out_dir, o);
   std::fputs(infera::quant::format_report(r).c_str(), stdout);
   for (const std::string& w : r.warnings) std::printf("warning: %s\n", w.c_str());
-  if (r.calib_tokens_used > 0) std::printf("calibration: %lld tokens of %s\n", static_cast<long long>(r.calib_tokens_used), c.calib.c_str());
-  std::printf("wrote %s (%zu shard%s) in %.1f s\n", c.out_dir.c_str(), r.shards, r.shards == 1 ? "" : "s", timer.seconds());
+  if (r.calib_tokens_used > 0)
+    std::printf("calibration: %lld tokens of %s\n", static_cast<long long>(r.calib_tokens_used), c.calib.c_str());
+  std::printf("wrote %s (%zu shard%s) in %.1f s\n", c.out_dir.c_str(), r.shards, r.shards == 1 ? "" : "s",
+              timer.seconds());
   return 0;
 }
 
@@ -52,13 +54,19 @@ void setup(CLI::App& app) {
   auto o = std::make_shared<QuantizeCliOptions>();
   cmd->add_option("in_dir", o->in_dir, "Hugging Face model directory (llama, qwen3; f32/bf16/f16)")->required();
   cmd->add_option("out_dir", o->out_dir, "Output directory (new or empty)")->required();
-  cmd->add_option("--scheme", o->scheme, "w8a8 (int8 per channel, int8 activations), w4a8 or w4a16 (int4 groups)")->required();
-  cmd->add_option("--group-size", o->group_size, "int4 group size along the input dimension: 32, 64 or 128")->default_val(32);
+  cmd->add_option("--scheme", o->scheme, "w8a8 (int8 per channel, int8 activations), w4a8 or w4a16 (int4 groups)")
+      ->required();
+  cmd->add_option("--group-size", o->group_size, "int4 group size along the input dimension: 32, 64 or 128")
+      ->default_val(32);
   cmd->add_option("--fallback", o->fallback, "Glob of tensor names kept in bf16 (repeatable), e.g. 'model.layers.0.*'");
-  cmd->add_option("--embed-head", o->embed_head, "Token embeddings and output head: bf16 (default), w8a8, or scheme (no fallback)")
+  cmd->add_option("--embed-head", o->embed_head,
+                  "Token embeddings and output head: bf16 (default), w8a8, or scheme (no fallback)")
       ->default_val("bf16");
-  cmd->add_option("--calib", o->calib, "Calibration text file: activation statistics choose the scales (AWQ/SmoothQuant-style)");
-  cmd->add_option("--calib-tokens", o->calib_tokens, "Calibration tokens to use")->default_val(4096)->check(CLI::PositiveNumber);
+  cmd->add_option("--calib", o->calib,
+                  "Calibration text file: activation statistics choose the scales (AWQ/SmoothQuant-style)");
+  cmd->add_option("--calib-tokens", o->calib_tokens, "Calibration tokens to use")
+      ->default_val(4096)
+      ->check(CLI::PositiveNumber);
   cmd->add_option("-t,--threads", o->threads, "Threads (0: all cores)")->default_val(0)->check(CLI::NonNegativeNumber);
   cmd->callback([o] { infera::cli::set_exit_code(run_quantize(*o)); });
 }

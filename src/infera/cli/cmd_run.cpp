@@ -49,7 +49,7 @@ struct RankReport {
 
 RankReport own_report(const parallel::Communicator& comm, const Model& model) {
   const parallel::CommStats& st = comm.stats();
-  return RankReport{parallel::peak_rss_kib(), parallel::current_rss_kib(), st.calls(), st.bytes(), st.seconds(),
+  return RankReport{parallel::peak_rss_kib(),      parallel::current_rss_kib(), st.calls(), st.bytes(), st.seconds(),
                     model.weight_bytes_per_token()};
 }
 
@@ -152,11 +152,12 @@ int generate_speculative(const RunOptions& o, Model& model, const std::vector<in
                 prompt.size(), prompt_tps, generated.size(), gen_tps, gen_gbs);
     std::string positions;
     for (double a : by_position) positions += fmt::format(" {:.2f}", a);
-    std::printf("speculative %s, %d draft tokens: %lld drafted, %lld accepted (%.1f%%), %.2f tokens per decode step, "
-                "acceptance by position:%s\n",
-                method, c.speculative.draft_tokens(), static_cast<long long>(st.spec_drafted),
-                static_cast<long long>(st.spec_accepted), 100.0 * st.spec_acceptance_rate(), st.spec_tokens_per_step(),
-                positions.c_str());
+    std::printf(
+        "speculative %s, %d draft tokens: %lld drafted, %lld accepted (%.1f%%), %.2f tokens per decode step, "
+        "acceptance by position:%s\n",
+        method, c.speculative.draft_tokens(), static_cast<long long>(st.spec_drafted),
+        static_cast<long long>(st.spec_accepted), 100.0 * st.spec_acceptance_rate(), st.spec_tokens_per_step(),
+        positions.c_str());
   }
   return 0;
 }
@@ -220,7 +221,8 @@ int generate(const RunOptions& o, parallel::Communicator* comm) {
       fail("--prompt-ids must be a JSON array of integers: {}", e.what());
     }
     for (int32_t id : prompt) {
-      if (id < 0 || id >= cfg.vocab_size) fail("--prompt-ids: token id {} is outside the vocabulary (0..{})", id, cfg.vocab_size - 1);
+      if (id < 0 || id >= cfg.vocab_size)
+        fail("--prompt-ids: token id {} is outside the vocabulary (0..{})", id, cfg.vocab_size - 1);
     }
   }
   if (prompt.empty() || !o.json) tok = Tokenizer::load(dir);
@@ -270,7 +272,8 @@ int generate(const RunOptions& o, parallel::Communicator* comm) {
   if (tok) detok.emplace(*tok);
   auto is_eos = [&](int32_t id) {
     if (o.ignore_eos) return false;
-    for (int32_t e : cfg.eos_token_ids) if (e == id) return true;
+    for (int32_t e : cfg.eos_token_ids)
+      if (e == id) return true;
     return tok && tok->eos_id() == id;
   };
 
@@ -329,8 +332,12 @@ int generate(const RunOptions& o, parallel::Communicator* comm) {
     for (int r = 0; r < comm->size(); ++r) {
       const RankReport& rr = reports[r];
       weight_bytes += rr.weight_bytes_per_token;
-      ranks.push_back({{"rank", r}, {"vm_hwm_kib", rr.vm_hwm_kib}, {"vm_rss_kib", rr.vm_rss_kib},
-                       {"collectives", rr.collectives}, {"bytes", rr.bytes}, {"comm_seconds", rr.comm_seconds},
+      ranks.push_back({{"rank", r},
+                       {"vm_hwm_kib", rr.vm_hwm_kib},
+                       {"vm_rss_kib", rr.vm_rss_kib},
+                       {"collectives", rr.collectives},
+                       {"bytes", rr.bytes},
+                       {"comm_seconds", rr.comm_seconds},
                        {"weight_bytes_per_token", rr.weight_bytes_per_token}});
     }
     const double steps = std::max<int64_t>(decode_steps, 1);
@@ -343,8 +350,10 @@ int generate(const RunOptions& o, parallel::Communicator* comm) {
                      {"decode_comm_share", decode_s > 0 ? secs / decode_s : 0.0},
                      {"ranks", ranks}};
     if (!o.json) {
-      std::fprintf(stderr, "tp %d ep %d: %.1f collectives and %.0f bytes per decode token, %.1f%% of decode time in collectives\n",
-                   o.tp, o.ep, calls / steps, bytes / steps, decode_s > 0 ? 100.0 * secs / decode_s : 0.0);
+      std::fprintf(
+          stderr,
+          "tp %d ep %d: %.1f collectives and %.0f bytes per decode token, %.1f%% of decode time in collectives\n", o.tp,
+          o.ep, calls / steps, bytes / steps, decode_s > 0 ? 100.0 * secs / decode_s : 0.0);
     }
   }
   // The first generated token comes from the prefill logits; decode time covers the rest.
@@ -378,8 +387,9 @@ int run(std::shared_ptr<RunOptions> opts) {
   RunOptions& o = *opts;
   if (o.logprobs >= 0 && !o.json) fail("--logprobs prints with --json (one JSON object per run)");
   if (o.ep_dispatch == "all-to-all" && (o.ep == 1 || o.tp != 1)) {
-    fail("--ep-dispatch all-to-all needs --ep N without --tp (tokens split across ranks); with tensor-parallel "
-         "attention every rank holds every token and the dispatch is local");
+    fail(
+        "--ep-dispatch all-to-all needs --ep N without --tp (tokens split across ranks); with tensor-parallel "
+        "attention every rank holds every token and the dispatch is local");
   }
   if (!parallel::launched_by_mpi()) {
     const int ranks = std::max(o.tp, o.ep);

@@ -24,12 +24,12 @@
 #include "infera/base/threads.h"
 #include "infera/cli/command.h"
 #include "infera/cli/serve_options.h"
+#include "infera/model/kv_pool.h"
 #include "infera/model/model.h"
 #include "infera/model/parallel_model.h"
 #include "infera/model/tensor_parallel.h"
 #include "infera/parallel/communicator.h"
 #include "infera/parallel/launch.h"
-#include "infera/model/kv_pool.h"
 #include "infera/runtime/engine_config.h"
 #include "infera/server/deploy_config.h"
 #include "infera/server/http_server.h"
@@ -62,19 +62,22 @@ std::optional<GroupModel> find_group_model(const DeployConfig& config) {
     const int ranks = std::max(m.tp, m.ep);
     if (ranks == 1) continue;
     if ((m.tp != 1 && m.tp != ranks) || (m.ep != 1 && m.ep != ranks)) {
-      fail("{}: tp {} with ep {}: each must be 1 or the group's size, the larger of the two (e.g. tp {} ep {}: "
-           "attention split and whole experts over the same {} ranks)",
-           w, m.tp, m.ep, ranks, ranks, ranks);
+      fail(
+          "{}: tp {} with ep {}: each must be 1 or the group's size, the larger of the two (e.g. tp {} ep {}: "
+          "attention split and whole experts over the same {} ranks)",
+          w, m.tp, m.ep, ranks, ranks, ranks);
     }
     if (found) {
-      fail("models[{}] and {} both set tp/ep above 1; one server runs one group of ranks: serve the other from its "
-           "own `infera serve`",
-           found->index, w);
+      fail(
+          "models[{}] and {} both set tp/ep above 1; one server runs one group of ranks: serve the other from its "
+          "own `infera serve`",
+          found->index, w);
     }
     if (m.speculative.method != "none") {
-      fail("{}: speculative decoding does not combine with tp/ep yet; set speculative.method none (--speculative "
-           "none) or tp/ep 1",
-           w);
+      fail(
+          "{}: speculative decoding does not combine with tp/ep yet; set speculative.method none (--speculative "
+          "none) or tp/ep 1",
+          w);
     }
     found = GroupModel{i, ranks};
   }
@@ -138,12 +141,15 @@ int serve_http(const DeployConfig& config, Group* group) {
   }
   for (const auto& m : models) {
     const auto& l = m->limits();
-    LOG_INFO("model '{}' ({}): profile {}, context {}, max_input_len {}, max_output_len {}, max_num_seqs {}, "
-             "max_batch_tokens {}, prefill_chunk {}, kv cache {} MiB {}{}",
-             m->name(), m->deploy().path, m->deploy().profile, l.max_context, l.max_input_len, l.max_output_len, l.max_num_seqs,
-             l.max_batch_tokens, l.prefill_chunk, l.kv_cache_bytes >> 20, kv_cache_dtype_name(m->deploy().kv_dtype),
-             m->deploy().port ? ", own port " + std::to_string(m->deploy().port) : std::string());
-    if (!m->has_chat_template()) LOG_WARN("model '{}' has no chat template: /v1/chat/completions will answer 400", m->name());
+    LOG_INFO(
+        "model '{}' ({}): profile {}, context {}, max_input_len {}, max_output_len {}, max_num_seqs {}, "
+        "max_batch_tokens {}, prefill_chunk {}, kv cache {} MiB {}{}",
+        m->name(), m->deploy().path, m->deploy().profile, l.max_context, l.max_input_len, l.max_output_len,
+        l.max_num_seqs, l.max_batch_tokens, l.prefill_chunk, l.kv_cache_bytes >> 20,
+        kv_cache_dtype_name(m->deploy().kv_dtype),
+        m->deploy().port ? ", own port " + std::to_string(m->deploy().port) : std::string());
+    if (!m->has_chat_template())
+      LOG_WARN("model '{}' has no chat template: /v1/chat/completions will answer 400", m->name());
   }
 
   // Signals go to one thread that waits for them; every thread started below inherits
@@ -185,7 +191,10 @@ int serve_http(const DeployConfig& config, Group* group) {
       if (sig < 0) continue;
       if (++received == 1) {
         LOG_INFO("received {}; draining (grace {} s, send again to stop at once)",
-                 sig == SIGTERM ? "SIGTERM" : sig == SIGINT ? "SIGINT" : "SIGUSR1 (drain)", config.server.drain_grace_s);
+                 sig == SIGTERM  ? "SIGTERM"
+                 : sig == SIGINT ? "SIGINT"
+                                 : "SIGUSR1 (drain)",
+                 config.server.drain_grace_s);
         drainer = std::thread([&] { server.drain_and_stop(config.server.drain_grace_s); });
       } else {
         LOG_WARN("second signal: stopping now");
@@ -243,7 +252,8 @@ int serve(const ServeOptions& options) {
   if (!group_model && world > 1) {
     // Started by the user's mpirun without --tp: as `infera run`, the group is tensor parallel.
     if (config.models.size() != 1) {
-      fail("started as {} ranks, but no model sets tp/ep; give the model that should run over them tp: {}", world, world);
+      fail("started as {} ranks, but no model sets tp/ep; give the model that should run over them tp: {}", world,
+           world);
     }
     config.models[0].tp = world;
     group_model = GroupModel{0, world};

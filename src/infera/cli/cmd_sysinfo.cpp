@@ -37,14 +37,16 @@ int run(const Options& o) {
     std::printf("cpu features: %s\nkernel path:  %s\ncores:        %d\n", j["cpu_features"].get<std::string>().c_str(),
                 j["kernel_path"].get<std::string>().c_str(), j["cores"].get<int>());
     if (o.bandwidth) {
-      for (auto& [t, v] : j["read_bandwidth_gbs"].items()) std::printf("read bandwidth, %s thread(s): %.1f GB/s\n", t.c_str(), v.get<double>());
+      for (auto& [t, v] : j["read_bandwidth_gbs"].items())
+        std::printf("read bandwidth, %s thread(s): %.1f GB/s\n", t.c_str(), v.get<double>());
     }
   }
   return 0;
 }
 
 void setup(CLI::App& app) {
-  auto* cmd = app.add_subcommand("sysinfo", "Show the CPU features and kernel path; --bandwidth measures memory bandwidth");
+  auto* cmd =
+      app.add_subcommand("sysinfo", "Show the CPU features and kernel path; --bandwidth measures memory bandwidth");
   auto o = std::make_shared<Options>();
   cmd->add_flag("--bandwidth", o->bandwidth, "Measure memory read bandwidth (the decode roofline)");
   cmd->add_flag("--json", o->json, "Print one JSON object");

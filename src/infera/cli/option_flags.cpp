@@ -32,7 +32,8 @@ std::string option_help(const OptionSpec& spec, uint32_t command) {
   const bool applied = command == kUseRun && !spec.default_for_run().empty();
   if (!d.empty() && !applied && spec.type != OptionType::kFlag) help += fmt::format("; default {}", d);
   if (command == kUseServe && spec.zero_means_default) help += " (0: not given)";
-  if (command == kUseServe && spec.used_by(kUseDeploy) && !spec.yaml.empty()) help += fmt::format("; deploy.yaml {}", spec.yaml);
+  if (command == kUseServe && spec.used_by(kUseDeploy) && !spec.yaml.empty())
+    help += fmt::format("; deploy.yaml {}", spec.yaml);
   if (!spec.env.empty()) help += fmt::format("; environment {}", spec.env);
   return help;
 }

@@ -31,10 +31,10 @@ struct RunOptions {
   bool ignore_eos = false;
   bool no_mmap = false;
   std::string logits_file;  // raw f32 logits of the prompt's last position
-  int32_t logprobs = -1;     // --logprobs N: each token's logprob and its N most likely alternatives (-1: off)
+  int32_t logprobs = -1;  // --logprobs N: each token's logprob and its N most likely alternatives (-1: off)
   // Tensor / expert parallelism (docs/parallel.md).
   std::string speculative = "none";  // none | ngram | mtp: decode through EngineCore with drafts
-  int32_t draft_tokens = 0;           // 0: the method's default
+  int32_t draft_tokens = 0;  // 0: the method's default
   int32_t tp = 1;
   int32_t ep = 1;
   double tp_timeout = 300.0;

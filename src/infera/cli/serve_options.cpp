@@ -19,12 +19,18 @@ void add_serve_flags(CLI::App* cmd, ServeOptions& o) {
   for (const OptionSpec& spec : option_specs()) {
     if (!spec.used_by(kUseServe)) continue;
     const std::string name(spec.name);
-    if (name == "config") add_declared(cmd, name, o.config_file, kUseServe);
-    else if (name == "model") add_declared(cmd, name, o.model_dir, kUseServe);
-    else if (name == "name") add_declared(cmd, name, o.name, kUseServe);
-    else if (name == "api_keys") add_declared(cmd, name, o.api_keys, kUseServe);
-    else if (name == "tp_timeout") add_declared(cmd, name, o.tp_timeout, kUseServe);
-    else o.flags[name] = add_declared_text(cmd, name, o.text[name]);
+    if (name == "config")
+      add_declared(cmd, name, o.config_file, kUseServe);
+    else if (name == "model")
+      add_declared(cmd, name, o.model_dir, kUseServe);
+    else if (name == "name")
+      add_declared(cmd, name, o.name, kUseServe);
+    else if (name == "api_keys")
+      add_declared(cmd, name, o.api_keys, kUseServe);
+    else if (name == "tp_timeout")
+      add_declared(cmd, name, o.tp_timeout, kUseServe);
+    else
+      o.flags[name] = add_declared_text(cmd, name, o.text[name]);
   }
 }
 
@@ -43,7 +49,8 @@ server::DeployConfig serve_deploy_config(const ServeOptions& o) {
     for (const std::string& origin : o.text.at("allowed_origins")) config.server.allowed_origins.push_back(origin);
     std::string ignored;
     for (const auto& [name, flag] : o.flags) {
-      if (flag->count() > 0 && name != "host" && name != "port" && name != "allowed_hosts" && name != "allowed_origins") {
+      if (flag->count() > 0 && name != "host" && name != "port" && name != "allowed_hosts" &&
+          name != "allowed_origins") {
         ignored += " " + flag->get_name();
       }
     }

@@ -93,7 +93,8 @@ bool is_known_ggml_type(uint32_t t) { return ggml_type_traits(static_cast<GgmlTy
 uint64_t tensor_nbytes(GgmlType t, const std::vector<uint64_t>& ne) {
   const GgmlTypeTraits tr = ggml_type_traits(t);
   if (tr.block_size == 0) fail("unsupported ggml type {}", static_cast<uint32_t>(t));
-  if (ne.empty() || ne.size() > static_cast<size_t>(kMaxDims)) fail("tensor has {} dims, expected 1..{}", ne.size(), kMaxDims);
+  if (ne.empty() || ne.size() > static_cast<size_t>(kMaxDims))
+    fail("tensor has {} dims, expected 1..{}", ne.size(), kMaxDims);
   if (ne[0] % tr.block_size != 0) {
     fail("tensor row of {} elements is not a multiple of the {} block size {}", ne[0], tr.name, tr.block_size);
   }
@@ -122,11 +123,11 @@ uint64_t Tensor::n_elements() const {
 // ---------------------------------------------------------------------------- Value
 
 #define INFERA_GGUF_SCALAR(fn, ctype, vtype) \
-  Value Value::fn(ctype v) {                  \
-    Value out;                                \
-    out.type_ = vtype;                        \
-    std::memcpy(&out.bits_, &v, sizeof(v));   \
-    return out;                               \
+  Value Value::fn(ctype v) {                 \
+    Value out;                               \
+    out.type_ = vtype;                       \
+    std::memcpy(&out.bits_, &v, sizeof(v));  \
+    return out;                              \
   }
 INFERA_GGUF_SCALAR(u8, uint8_t, ValueType::kU8)
 INFERA_GGUF_SCALAR(i8, int8_t, ValueType::kI8)
@@ -176,11 +177,15 @@ Value Value::raw_array(ValueType elem, std::vector<uint8_t> packed, uint64_t cou
 
 bool Value::is_integer() const {
   switch (type_) {
-    case ValueType::kU8: case ValueType::kI8: case ValueType::kU16: case ValueType::kI16:
-    case ValueType::kU32: case ValueType::kI32: case ValueType::kU64: case ValueType::kI64:
-      return true;
-    default:
-      return false;
+    case ValueType::kU8:
+    case ValueType::kI8:
+    case ValueType::kU16:
+    case ValueType::kI16:
+    case ValueType::kU32:
+    case ValueType::kI32:
+    case ValueType::kU64:
+    case ValueType::kI64: return true;
+    default: return false;
   }
 }
 
@@ -193,20 +198,67 @@ void decode_integer(ValueType t, const void* p, bool* negative, uint64_t* u, int
   *u = 0;
   *s = 0;
   switch (t) {
-    case ValueType::kU8: { uint8_t v; std::memcpy(&v, p, 1); *u = v; break; }
-    case ValueType::kU16: { uint16_t v; std::memcpy(&v, p, 2); *u = v; break; }
-    case ValueType::kU32: { uint32_t v; std::memcpy(&v, p, 4); *u = v; break; }
-    case ValueType::kU64: { uint64_t v; std::memcpy(&v, p, 8); *u = v; break; }
-    case ValueType::kBool: { uint8_t v; std::memcpy(&v, p, 1); *u = v ? 1 : 0; break; }
-    case ValueType::kI8: { int8_t v; std::memcpy(&v, p, 1); *s = v; break; }
-    case ValueType::kI16: { int16_t v; std::memcpy(&v, p, 2); *s = v; break; }
-    case ValueType::kI32: { int32_t v; std::memcpy(&v, p, 4); *s = v; break; }
-    case ValueType::kI64: { int64_t v; std::memcpy(&v, p, 8); *s = v; break; }
+    case ValueType::kU8: {
+      uint8_t v;
+      std::memcpy(&v, p, 1);
+      *u = v;
+      break;
+    }
+    case ValueType::kU16: {
+      uint16_t v;
+      std::memcpy(&v, p, 2);
+      *u = v;
+      break;
+    }
+    case ValueType::kU32: {
+      uint32_t v;
+      std::memcpy(&v, p, 4);
+      *u = v;
+      break;
+    }
+    case ValueType::kU64: {
+      uint64_t v;
+      std::memcpy(&v, p, 8);
+      *u = v;
+      break;
+    }
+    case ValueType::kBool: {
+      uint8_t v;
+      std::memcpy(&v, p, 1);
+      *u = v ? 1 : 0;
+      break;
+    }
+    case ValueType::kI8: {
+      int8_t v;
+      std::memcpy(&v, p, 1);
+      *s = v;
+      break;
+    }
+    case ValueType::kI16: {
+      int16_t v;
+      std::memcpy(&v, p, 2);
+      *s = v;
+      break;
+    }
+    case ValueType::kI32: {
+      int32_t v;
+      std::memcpy(&v, p, 4);
+      *s = v;
+      break;
+    }
+    case ValueType::kI64: {
+      int64_t v;
+      std::memcpy(&v, p, 8);
+      *s = v;
+      break;
+    }
     default: break;
   }
   if (t == ValueType::kI8 || t == ValueType::kI16 || t == ValueType::kI32 || t == ValueType::kI64) {
-    if (*s < 0) *negative = true;
-    else *u = static_cast<uint64_t>(*s);
+    if (*s < 0)
+      *negative = true;
+    else
+      *u = static_cast<uint64_t>(*s);
   }
 }
 
@@ -320,13 +372,10 @@ std::string Value::describe() const {
       std::string s = string_.size() > 60 ? string_.substr(0, 57) + "..." : string_;
       return fmt::format("str \"{}\"", s);
     }
-    case ValueType::kArray:
-      return fmt::format("{}[{}]", value_type_name(elem_type_), count_);
-    case ValueType::kBool:
-      return bits_ ? "bool true" : "bool false";
+    case ValueType::kArray: return fmt::format("{}[{}]", value_type_name(elem_type_), count_);
+    case ValueType::kBool: return bits_ ? "bool true" : "bool false";
     case ValueType::kF32:
-    case ValueType::kF64:
-      return fmt::format("{} {}", value_type_name(type_), decode_number(type_, &bits_));
+    case ValueType::kF64: return fmt::format("{} {}", value_type_name(type_), decode_number(type_, &bits_));
     default: {
       bool negative;
       uint64_t u;
@@ -409,9 +458,7 @@ class CountingSink final : public ByteSink {
 
 void write_value(FileOut& out, const Value& v) {
   switch (v.type()) {
-    case ValueType::kString:
-      out.put_string(v.str());
-      break;
+    case ValueType::kString: out.put_string(v.str()); break;
     case ValueType::kArray:
       out.put<uint32_t>(static_cast<uint32_t>(v.element_type()));
       out.put<uint64_t>(v.array_size());
@@ -562,8 +609,8 @@ class Cursor {
   }
   void need(uint64_t n, const char* what) const {
     if (n > size_ - pos_) {
-      fail("{}: truncated GGUF header: {} at byte {} needs {} bytes, file has {} (is the file complete?)", path_,
-           what, pos_, n, size_);
+      fail("{}: truncated GGUF header: {} at byte {} needs {} bytes, file has {} (is the file complete?)", path_, what,
+           pos_, n, size_);
     }
   }
   const uint8_t* here() const { return data_ + pos_; }
@@ -629,7 +676,8 @@ Reader::Reader(const std::string& path) : file_(path) {
         v = Value::string_array(std::move(strings));
       } else {
         const size_t es = value_type_size(elem);
-        if (n > c.remaining() / es) fail("{}: metadata '{}' claims {} elements, more than the file holds", path, key, n);
+        if (n > c.remaining() / es)
+          fail("{}: metadata '{}' claims {} elements, more than the file holds", path, key, n);
         std::vector<uint8_t> packed(c.here(), c.here() + n * es);
         c.skip(n * es);
         v = Value::raw_array(elem, std::move(packed), n);

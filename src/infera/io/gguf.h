@@ -30,8 +30,19 @@ inline constexpr int kMaxDims = 4;  // GGML_MAX_DIMS
 
 // Metadata value types (gguf_type), numbered as in the file.
 enum class ValueType : uint32_t {
-  kU8 = 0, kI8 = 1, kU16 = 2, kI16 = 3, kU32 = 4, kI32 = 5, kF32 = 6, kBool = 7,
-  kString = 8, kArray = 9, kU64 = 10, kI64 = 11, kF64 = 12,
+  kU8 = 0,
+  kI8 = 1,
+  kU16 = 2,
+  kI16 = 3,
+  kU32 = 4,
+  kI32 = 5,
+  kF32 = 6,
+  kBool = 7,
+  kString = 8,
+  kArray = 9,
+  kU64 = 10,
+  kI64 = 11,
+  kF64 = 12,
 };
 
 std::string_view value_type_name(ValueType t);
@@ -40,9 +51,26 @@ std::string_view value_type_name(ValueType t);
 // sizes of the common ones so that it can open any llama.cpp GGUF; Infera writes F32,
 // F16, BF16 (and later Q8_0 / Q4_0).
 enum class GgmlType : uint32_t {
-  kF32 = 0, kF16 = 1, kQ4_0 = 2, kQ4_1 = 3, kQ5_0 = 6, kQ5_1 = 7, kQ8_0 = 8, kQ8_1 = 9,
-  kQ2_K = 10, kQ3_K = 11, kQ4_K = 12, kQ5_K = 13, kQ6_K = 14, kQ8_K = 15,
-  kI8 = 24, kI16 = 25, kI32 = 26, kI64 = 27, kF64 = 28, kBF16 = 30,
+  kF32 = 0,
+  kF16 = 1,
+  kQ4_0 = 2,
+  kQ4_1 = 3,
+  kQ5_0 = 6,
+  kQ5_1 = 7,
+  kQ8_0 = 8,
+  kQ8_1 = 9,
+  kQ2_K = 10,
+  kQ3_K = 11,
+  kQ4_K = 12,
+  kQ5_K = 13,
+  kQ6_K = 14,
+  kQ8_K = 15,
+  kI8 = 24,
+  kI16 = 25,
+  kI32 = 26,
+  kI64 = 27,
+  kF64 = 28,
+  kBF16 = 30,
 };
 
 // Elements per block and bytes per block; {0, 0} for a type this file does not know.
@@ -178,7 +206,7 @@ struct Tensor {
   std::string name;
   GgmlType type = GgmlType::kF32;
   std::vector<uint64_t> ne;  // innermost first
-  uint64_t offset = 0;       // from the start of the data section
+  uint64_t offset = 0;  // from the start of the data section
   uint64_t nbytes = 0;
   const uint8_t* data = nullptr;  // into the mapping; valid while the Reader lives
 
@@ -222,17 +250,72 @@ Value Value::array_of(ValueType elem, const std::vector<T>& values) {
   uint8_t* p = packed.data();
   for (const T& v : values) {
     switch (elem) {
-      case ValueType::kU8: { auto x = static_cast<uint8_t>(v); std::memcpy(p, &x, 1); p += 1; break; }
-      case ValueType::kI8: { auto x = static_cast<int8_t>(v); std::memcpy(p, &x, 1); p += 1; break; }
-      case ValueType::kU16: { auto x = static_cast<uint16_t>(v); std::memcpy(p, &x, 2); p += 2; break; }
-      case ValueType::kI16: { auto x = static_cast<int16_t>(v); std::memcpy(p, &x, 2); p += 2; break; }
-      case ValueType::kU32: { auto x = static_cast<uint32_t>(v); std::memcpy(p, &x, 4); p += 4; break; }
-      case ValueType::kI32: { auto x = static_cast<int32_t>(v); std::memcpy(p, &x, 4); p += 4; break; }
-      case ValueType::kF32: { auto x = static_cast<float>(v); std::memcpy(p, &x, 4); p += 4; break; }
-      case ValueType::kBool: { uint8_t x = v ? 1 : 0; std::memcpy(p, &x, 1); p += 1; break; }
-      case ValueType::kU64: { auto x = static_cast<uint64_t>(v); std::memcpy(p, &x, 8); p += 8; break; }
-      case ValueType::kI64: { auto x = static_cast<int64_t>(v); std::memcpy(p, &x, 8); p += 8; break; }
-      case ValueType::kF64: { auto x = static_cast<double>(v); std::memcpy(p, &x, 8); p += 8; break; }
+      case ValueType::kU8: {
+        auto x = static_cast<uint8_t>(v);
+        std::memcpy(p, &x, 1);
+        p += 1;
+        break;
+      }
+      case ValueType::kI8: {
+        auto x = static_cast<int8_t>(v);
+        std::memcpy(p, &x, 1);
+        p += 1;
+        break;
+      }
+      case ValueType::kU16: {
+        auto x = static_cast<uint16_t>(v);
+        std::memcpy(p, &x, 2);
+        p += 2;
+        break;
+      }
+      case ValueType::kI16: {
+        auto x = static_cast<int16_t>(v);
+        std::memcpy(p, &x, 2);
+        p += 2;
+        break;
+      }
+      case ValueType::kU32: {
+        auto x = static_cast<uint32_t>(v);
+        std::memcpy(p, &x, 4);
+        p += 4;
+        break;
+      }
+      case ValueType::kI32: {
+        auto x = static_cast<int32_t>(v);
+        std::memcpy(p, &x, 4);
+        p += 4;
+        break;
+      }
+      case ValueType::kF32: {
+        auto x = static_cast<float>(v);
+        std::memcpy(p, &x, 4);
+        p += 4;
+        break;
+      }
+      case ValueType::kBool: {
+        uint8_t x = v ? 1 : 0;
+        std::memcpy(p, &x, 1);
+        p += 1;
+        break;
+      }
+      case ValueType::kU64: {
+        auto x = static_cast<uint64_t>(v);
+        std::memcpy(p, &x, 8);
+        p += 8;
+        break;
+      }
+      case ValueType::kI64: {
+        auto x = static_cast<int64_t>(v);
+        std::memcpy(p, &x, 8);
+        p += 8;
+        break;
+      }
+      case ValueType::kF64: {
+        auto x = static_cast<double>(v);
+        std::memcpy(p, &x, 8);
+        p += 8;
+        break;
+      }
       default: return raw_array(elem, {}, 0);  // raw_array throws on a non-numeric element type
     }
   }

@@ -52,7 +52,8 @@ bool hidden(const fs::path& rel) {
 
 bool is_hex64(const std::string& s) {
   if (s.size() != 64) return false;
-  return std::all_of(s.begin(), s.end(), [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F'); });
+  return std::all_of(s.begin(), s.end(),
+                     [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F'); });
 }
 
 }  // namespace
@@ -83,7 +84,8 @@ std::vector<std::string> manifest_files(const std::string& dir) {
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) fail("{}: not a directory", dir);
   std::vector<std::string> out;
-  for (auto it = fs::recursive_directory_iterator(dir, ec); !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
+  for (auto it = fs::recursive_directory_iterator(dir, ec); !ec && it != fs::recursive_directory_iterator();
+       it.increment(ec)) {
     const fs::path rel = fs::relative(it->path(), dir);
     if (hidden(rel)) {
       if (it->is_directory()) it.disable_recursion_pending();
@@ -133,7 +135,8 @@ std::vector<ManifestEntry> parse_manifest(const std::string& text, const std::st
            line.substr(0, 80));
     }
     ManifestEntry e{line.substr(66), line.substr(0, 64)};
-    std::transform(e.sha256.begin(), e.sha256.end(), e.sha256.begin(), [](char c) { return static_cast<char>(std::tolower(c)); });
+    std::transform(e.sha256.begin(), e.sha256.end(), e.sha256.begin(),
+                   [](char c) { return static_cast<char>(std::tolower(c)); });
     const fs::path p(e.path);
     bool escapes = p.is_absolute();
     for (const auto& part : p) escapes = escapes || part == "..";

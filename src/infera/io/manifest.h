@@ -40,7 +40,7 @@ struct ManifestMismatch {
   Kind kind = Kind::kChanged;
   std::string path;
   std::string expected;  // kChanged: the manifest's sum
-  std::string actual;    // kChanged: the file's sum; kUnreadable: the error
+  std::string actual;  // kChanged: the file's sum; kUnreadable: the error
 };
 const char* mismatch_kind_name(ManifestMismatch::Kind k);
 

@@ -31,9 +31,8 @@ constexpr const char* kIndexFile = "model.safetensors.index.json";
 
 bool parse_dtype(std::string_view name, DType* out) {
   static const std::pair<std::string_view, DType> kTable[] = {
-      {"F32", DType::kF32}, {"F16", DType::kF16}, {"BF16", DType::kBF16}, {"I8", DType::kI8},
-      {"U8", DType::kU8},   {"I32", DType::kI32}, {"I64", DType::kI64},
-      {"BOOL", DType::kU8},  // one byte per element, 0 or 1
+      {"F32", DType::kF32}, {"F16", DType::kF16}, {"BF16", DType::kBF16}, {"I8", DType::kI8}, {"U8", DType::kU8},
+      {"I32", DType::kI32}, {"I64", DType::kI64}, {"BOOL", DType::kU8},  // one byte per element, 0 or 1
   };
   for (const auto& [n, t] : kTable) {
     if (n == name) {
@@ -55,8 +54,8 @@ struct ParsedHeader {
 ParsedHeader parse_file(const uint8_t* file_data, uint64_t file_size, const std::string& path,
                         const std::string& file_label, bool resolve_data) {
   if (file_size < 8) {
-    fail("{}: truncated safetensors file: {} bytes, but the file must start with an 8-byte header length",
-         path, file_size);
+    fail("{}: truncated safetensors file: {} bytes, but the file must start with an 8-byte header length", path,
+         file_size);
   }
   uint64_t header_len = 0;
   for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | file_data[i];  // little-endian
@@ -92,7 +91,8 @@ ParsedHeader parse_file(const uint8_t* file_data, uint64_t file_size, const std:
     fail("{}: malformed safetensors header JSON: {}", path, json_error_text(e));
   }
   if (!duplicate_key.empty()) fail("{}: tensor '{}' appears twice in the header", path, duplicate_key);
-  if (!header.is_object()) fail("{}: malformed safetensors header: expected a JSON object, got {}", path, header.type_name());
+  if (!header.is_object())
+    fail("{}: malformed safetensors header: expected a JSON object, got {}", path, header.type_name());
 
   struct Range {
     uint64_t begin, end;
@@ -112,7 +112,8 @@ ParsedHeader parse_file(const uint8_t* file_data, uint64_t file_size, const std:
       }
       continue;
     }
-    if (!entry.is_object()) fail("{}: tensor '{}': header entry must be an object, got {}", path, name, entry.type_name());
+    if (!entry.is_object())
+      fail("{}: tensor '{}': header entry must be an object, got {}", path, name, entry.type_name());
     auto field = [&](const char* key) -> const json& {
       auto it = entry.find(key);
       if (it == entry.end()) fail("{}: tensor '{}': header entry has no '{}'", path, name, key);
@@ -137,10 +138,12 @@ ParsedHeader parse_file(const uint8_t* file_data, uint64_t file_size, const std:
     uint64_t nonzero = 1;  // the product without zero dimensions: shape arithmetic must not wrap either
     bool overflow = false;
     for (const auto& d : shape_json) {
-      if (!d.is_number_unsigned()) fail("{}: tensor '{}': shape {} must hold non-negative integers", path, name, json_excerpt(shape_json));
+      if (!d.is_number_unsigned())
+        fail("{}: tensor '{}': shape {} must hold non-negative integers", path, name, json_excerpt(shape_json));
       const uint64_t dim = d.get<uint64_t>();
       if (dim > static_cast<uint64_t>(INT64_MAX) || __builtin_mul_overflow(numel, dim, &numel)) overflow = true;
-      if (dim != 0 && (__builtin_mul_overflow(nonzero, dim, &nonzero) || nonzero > static_cast<uint64_t>(INT64_MAX))) overflow = true;
+      if (dim != 0 && (__builtin_mul_overflow(nonzero, dim, &nonzero) || nonzero > static_cast<uint64_t>(INT64_MAX)))
+        overflow = true;
       info.shape.push_back(static_cast<int64_t>(std::min<uint64_t>(dim, INT64_MAX)));
     }
     uint64_t expected_bytes = 0;
@@ -157,9 +160,10 @@ ParsedHeader parse_file(const uint8_t* file_data, uint64_t file_size, const std:
     const uint64_t end = offsets_json[1].get<uint64_t>();
     if (end < begin) fail("{}: tensor '{}': data_offsets [{}, {}] end before begin", path, name, begin, end);
     if (end > data_size) {
-      fail("{}: tensor '{}': data_offsets [{}, {}] point past the end of the file (data section has {} bytes; "
-           "truncated download?)",
-           path, name, begin, end, data_size);
+      fail(
+          "{}: tensor '{}': data_offsets [{}, {}] point past the end of the file (data section has {} bytes; "
+          "truncated download?)",
+          path, name, begin, end, data_size);
     }
     if (end - begin != expected_bytes) {
       fail("{}: tensor '{}': data_offsets [{}, {}] hold {} bytes but shape {} of {} needs {} bytes", path, name, begin,
@@ -244,8 +248,8 @@ std::string shape_string(const std::vector<int64_t>& shape) {
 
 void check_shape(const TensorInfo& tensor, std::initializer_list<int64_t> expected_shape, const std::string& file) {
   if (std::equal(tensor.shape.begin(), tensor.shape.end(), expected_shape.begin(), expected_shape.end())) return;
-  fail("{}: tensor '{}' has shape {}, config.json implies {}", file.empty() ? tensor.file : file, tensor.name, shape_string(tensor.shape),
-       shape_string(std::vector<int64_t>(expected_shape)));
+  fail("{}: tensor '{}' has shape {}, config.json implies {}", file.empty() ? tensor.file : file, tensor.name,
+       shape_string(tensor.shape), shape_string(std::vector<int64_t>(expected_shape)));
 }
 
 std::string_view safetensors_dtype_name(DType dtype) {
@@ -300,7 +304,8 @@ struct WeightStore::Impl {
     if (!index.is_object()) fail("{}: expected a JSON object with a \"weight_map\"", index_path);
     auto wm = index.find("weight_map");
     if (wm == index.end()) fail("{}: no \"weight_map\" (it maps each tensor name to its shard file)", index_path);
-    if (!wm->is_object() || wm->empty()) fail("{}: \"weight_map\" must be a non-empty object of tensor name -> shard file", index_path);
+    if (!wm->is_object() || wm->empty())
+      fail("{}: \"weight_map\" must be a non-empty object of tensor name -> shard file", index_path);
 
     std::map<std::string, std::string> weight_map;  // tensor -> shard
     std::set<std::string> shards;

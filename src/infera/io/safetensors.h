@@ -40,8 +40,7 @@ std::string shape_string(const std::vector<int64_t>& shape);
 
 // Throws "<file>: tensor 'X' has shape [a, b], config.json implies [c, d]" on mismatch.
 // `file` is the path used in the message (WeightStore passes <dir>/<shard>); empty: tensor.file.
-void check_shape(const TensorInfo& tensor, std::initializer_list<int64_t> expected_shape,
-                 const std::string& file = "");
+void check_shape(const TensorInfo& tensor, std::initializer_list<int64_t> expected_shape, const std::string& file = "");
 
 // All safetensors shards of one model directory.
 class WeightStore {
@@ -65,9 +64,9 @@ class WeightStore {
   const TensorInfo& get(std::string_view name, std::initializer_list<int64_t> expected_shape) const;
 
   std::vector<std::string> names() const;  // sorted
-  size_t size() const;                     // number of tensors
-  size_t total_bytes() const;              // sum of tensor bytes
-  size_t mapped_bytes() const;             // sum of file sizes
+  size_t size() const;  // number of tensors
+  size_t total_bytes() const;  // sum of tensor bytes
+  size_t mapped_bytes() const;  // sum of file sizes
   const std::string& dir() const;
   // "__metadata__" of every file merged (the first file in name order wins on conflicts).
   const std::map<std::string, std::string>& metadata() const;

@@ -27,15 +27,13 @@ void check_shape(const DeltaShape& s) {
 // plain loops better), and every entry when INFERA_GDN_KERNELS=ref (A/B benchmarks of
 // whole models against the pre-SIMD kernels).
 const DeltaTable& reference_table() {
-  static const DeltaTable table{ref::gated_delta_rule_recurrent, ref::gated_delta_rule_chunked,
-                                ref::causal_conv1d_silu, ref::rmsnorm_gated};
+  static const DeltaTable table{ref::gated_delta_rule_recurrent, ref::gated_delta_rule_chunked, ref::causal_conv1d_silu,
+                                ref::rmsnorm_gated};
   return table;
 }
 
 bool reference_requested() {
-  static const bool on = [] {
-    return option_env("gdn_kernels", BadEnvValue::kWarnAndIgnore) == "ref";
-  }();
+  static const bool on = [] { return option_env("gdn_kernels", BadEnvValue::kWarnAndIgnore) == "ref"; }();
   return on;
 }
 
@@ -163,8 +161,8 @@ void gated_delta_rule_chunked(const float* q, const float* k, const float* v, co
     const int64_t hk = h / group;
     float* S = state + h * dk * dv;  // [dk, dv]
     // Per-chunk work buffers (rows = tokens of the chunk).
-    std::vector<float> gc(C), A(C * C), kb(C * dk), kbg(C * dk), vb(C * dv), U(C * dv), W(C * dk), vn(C * dv),
-        row(C), qs(dv);
+    std::vector<float> gc(C), A(C * C), kb(C * dk), kbg(C * dk), vb(C * dv), U(C * dv), W(C * dk), vn(C * dv), row(C),
+        qs(dv);
     for (int64_t c0 = 0; c0 < n_tokens; c0 += C) {
       const int64_t L = std::min(C, n_tokens - c0);
       auto kt = [&](int64_t i) { return k + (c0 + i) * qk_stride + hk * dk; };

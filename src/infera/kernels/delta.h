@@ -28,8 +28,8 @@ namespace infera::kernels {
 struct DeltaShape {
   int64_t n_k_heads = 0;  // query/key heads
   int64_t n_v_heads = 0;  // value heads (a multiple of n_k_heads)
-  int64_t dk = 0;         // key head dim
-  int64_t dv = 0;         // value head dim
+  int64_t dk = 0;  // key head dim
+  int64_t dv = 0;  // value head dim
 };
 
 // One sequence. q, k: [n_tokens, n_k_heads, dk]; v: [n_tokens, n_v_heads, dv];
@@ -42,8 +42,7 @@ void gated_delta_rule_recurrent(Isa isa, const float* q, const float* k, const f
                                 const float* beta, int64_t n_tokens, const DeltaShape& shape, float* state, float* out);
 // Same contract; chunk >= 1 tokens per block (64 in HF and llama.cpp).
 void gated_delta_rule_chunked(const float* q, const float* k, const float* v, const float* g, const float* beta,
-                              int64_t n_tokens, const DeltaShape& shape, float* state, float* out,
-                              int64_t chunk = 64);
+                              int64_t n_tokens, const DeltaShape& shape, float* state, float* out, int64_t chunk = 64);
 void gated_delta_rule_chunked(Isa isa, const float* q, const float* k, const float* v, const float* g,
                               const float* beta, int64_t n_tokens, const DeltaShape& shape, float* state, float* out,
                               int64_t chunk = 64);
@@ -77,8 +76,7 @@ namespace ref {
 void gated_delta_rule_recurrent(const float* q, const float* k, const float* v, const float* g, const float* beta,
                                 int64_t n_tokens, const DeltaShape& shape, float* state, float* out);
 void gated_delta_rule_chunked(const float* q, const float* k, const float* v, const float* g, const float* beta,
-                              int64_t n_tokens, const DeltaShape& shape, float* state, float* out,
-                              int64_t chunk = 64);
+                              int64_t n_tokens, const DeltaShape& shape, float* state, float* out, int64_t chunk = 64);
 void causal_conv1d_silu(float* x, int64_t n_tokens, int64_t channels, const float* w, int64_t kernel, float* state);
 void rmsnorm_gated(float* x, const float* z, const float* w, int64_t rows, int64_t n, float eps);
 }  // namespace ref

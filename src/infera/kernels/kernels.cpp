@@ -12,8 +12,7 @@ namespace infera::kernels {
 namespace {
 
 const KernelTable& table_for(Isa isa) {
-  INFERA_ASSERT(isa_available(isa), std::string("kernel path ") + isa_name(isa) +
-                                        " is not available on this CPU");
+  INFERA_ASSERT(isa_available(isa), std::string("kernel path ") + isa_name(isa) + " is not available on this CPU");
   switch (isa) {
     case Isa::kAvx512: return cpu_avx512::table();
     case Isa::kAvx2: return cpu_avx2::table();
@@ -24,9 +23,10 @@ const KernelTable& table_for(Isa isa) {
 
 void check_weight(const MatRef& w) {
   if (w.dtype != DType::kF32 && w.dtype != DType::kBF16 && w.dtype != DType::kF16) {
-    fail("matmul: weight dtype {} is not supported (expected f32, bf16 or f16; quantize or "
-         "convert the checkpoint)",
-         dtype_name(w.dtype));
+    fail(
+        "matmul: weight dtype {} is not supported (expected f32, bf16 or f16; quantize or "
+        "convert the checkpoint)",
+        dtype_name(w.dtype));
   }
   INFERA_ASSERT(w.rows >= 0 && w.cols >= 0);
   INFERA_ASSERT(w.data != nullptr || w.rows * w.cols == 0);
@@ -46,35 +46,28 @@ bool isa_available(Isa isa) {
 MatRef row_slice(const MatRef& w, int64_t n0, int64_t n1) {
   INFERA_ASSERT(0 <= n0 && n0 <= n1 && n1 <= w.rows);
   const auto* base = static_cast<const char*>(w.data);
-  return MatRef{base + n0 * w.cols * static_cast<int64_t>(dtype_size(w.dtype)), w.dtype, n1 - n0,
-                w.cols};
+  return MatRef{base + n0 * w.cols * static_cast<int64_t>(dtype_size(w.dtype)), w.dtype, n1 - n0, w.cols};
 }
 
 void matmul(Isa isa, const float* x, int64_t m, const MatRef& w, float* y) {
   matmul_rows(isa, x, m, w, 0, w.rows, y, w.rows);
 }
-void matmul(const float* x, int64_t m, const MatRef& w, float* y) {
-  matmul(best_isa(), x, m, w, y);
-}
+void matmul(const float* x, int64_t m, const MatRef& w, float* y) { matmul(best_isa(), x, m, w, y); }
 
-void matmul_rows(Isa isa, const float* x, int64_t m, const MatRef& w, int64_t n0, int64_t n1,
-                 float* y, int64_t ldy) {
+void matmul_rows(Isa isa, const float* x, int64_t m, const MatRef& w, int64_t n0, int64_t n1, float* y, int64_t ldy) {
   check_weight(w);
   INFERA_ASSERT(m >= 0 && 0 <= n0 && n0 <= n1 && n1 <= w.rows && ldy >= n1 - n0);
   table_for(isa).matmul_rows(x, m, w, n0, n1, y, ldy);
 }
-void matmul_rows(const float* x, int64_t m, const MatRef& w, int64_t n0, int64_t n1, float* y,
-                 int64_t ldy) {
+void matmul_rows(const float* x, int64_t m, const MatRef& w, int64_t n0, int64_t n1, float* y, int64_t ldy) {
   matmul_rows(best_isa(), x, m, w, n0, n1, y, ldy);
 }
 
-void rmsnorm(Isa isa, const float* x, const float* w, float* y, int64_t rows, int64_t n, float eps,
-             float w_offset) {
+void rmsnorm(Isa isa, const float* x, const float* w, float* y, int64_t rows, int64_t n, float eps, float w_offset) {
   INFERA_ASSERT(rows >= 0 && n > 0);
   table_for(isa).rmsnorm(x, w, y, rows, n, eps, w_offset);
 }
-void rmsnorm(const float* x, const float* w, float* y, int64_t rows, int64_t n, float eps,
-             float w_offset) {
+void rmsnorm(const float* x, const float* w, float* y, int64_t rows, int64_t n, float eps, float w_offset) {
   rmsnorm(best_isa(), x, w, y, rows, n, eps, w_offset);
 }
 
@@ -96,25 +89,24 @@ void add(Isa isa, float* y, const float* x, int64_t n) {
 }
 void add(float* y, const float* x, int64_t n) { add(best_isa(), y, x, n); }
 
-void rope_neox(Isa isa, float* x, int64_t n_tokens, int64_t n_heads, int64_t head_dim,
-               int64_t rot_dim, const int32_t* positions, const float* inv_freq,
-               float attn_factor) {
+void rope_neox(Isa isa, float* x, int64_t n_tokens, int64_t n_heads, int64_t head_dim, int64_t rot_dim,
+               const int32_t* positions, const float* inv_freq, float attn_factor) {
   INFERA_ASSERT(rot_dim >= 0 && rot_dim % 2 == 0 && rot_dim <= head_dim,
                 "rope_neox: rot_dim must be even and <= head_dim");
-  table_for(isa).rope_neox(x, n_tokens, n_heads, head_dim, rot_dim, positions, inv_freq,
-                           attn_factor);
+  table_for(isa).rope_neox(x, n_tokens, n_heads, head_dim, rot_dim, positions, inv_freq, attn_factor);
 }
-void rope_neox(float* x, int64_t n_tokens, int64_t n_heads, int64_t head_dim, int64_t rot_dim,
-               const int32_t* positions, const float* inv_freq, float attn_factor) {
+void rope_neox(float* x, int64_t n_tokens, int64_t n_heads, int64_t head_dim, int64_t rot_dim, const int32_t* positions,
+               const float* inv_freq, float attn_factor) {
   rope_neox(best_isa(), x, n_tokens, n_heads, head_dim, rot_dim, positions, inv_freq, attn_factor);
 }
 
-void attention_paged(Isa isa, const float* q, int64_t n_tokens, int64_t n_heads, int64_t pos0,
-                     const PagedKv& kv, float scale, float* out) {
+void attention_paged(Isa isa, const float* q, int64_t n_tokens, int64_t n_heads, int64_t pos0, const PagedKv& kv,
+                     float scale, float* out) {
   if (kv.n_kv_heads <= 0 || n_heads % kv.n_kv_heads != 0) {
-    fail("attention: num_attention_heads ({}) must be a positive multiple of num_key_value_heads "
-         "({}); check the model's config.json",
-         n_heads, kv.n_kv_heads);
+    fail(
+        "attention: num_attention_heads ({}) must be a positive multiple of num_key_value_heads "
+        "({}); check the model's config.json",
+        n_heads, kv.n_kv_heads);
   }
   INFERA_ASSERT(n_tokens >= 0 && pos0 >= 0 && kv.block_size > 0 && kv.head_dim > 0);
   if (kv.dtype != DType::kF32 && kv.dtype != DType::kBF16 && kv.dtype != DType::kI8) {
@@ -124,8 +116,8 @@ void attention_paged(Isa isa, const float* q, int64_t n_tokens, int64_t n_heads,
   if (n_tokens == 0) return;
   table_for(isa).attention_paged(q, n_tokens, n_heads, pos0, kv, scale, out);
 }
-void attention_paged(const float* q, int64_t n_tokens, int64_t n_heads, int64_t pos0,
-                     const PagedKv& kv, float scale, float* out) {
+void attention_paged(const float* q, int64_t n_tokens, int64_t n_heads, int64_t pos0, const PagedKv& kv, float scale,
+                     float* out) {
   attention_paged(best_isa(), q, n_tokens, n_heads, pos0, kv, scale, out);
 }
 
@@ -140,9 +132,7 @@ void store_kv_rows(DType dtype, const float* src, int64_t src_stride, int64_t n_
       const int64_t r = kv_row(slots[i], h, block_size, n_kv_heads);
       const int64_t base = r * head_dim;  // elements
       switch (dtype) {
-        case DType::kF32:
-          std::memcpy(static_cast<float*>(dst) + base, xh, head_dim * sizeof(float));
-          break;
+        case DType::kF32: std::memcpy(static_cast<float*>(dst) + base, xh, head_dim * sizeof(float)); break;
         case DType::kBF16: {
           uint16_t* y = static_cast<uint16_t*>(dst) + base;
           for (int64_t d = 0; d < head_dim; ++d) y[d] = f32_to_bf16(xh[d]);

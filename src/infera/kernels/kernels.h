@@ -39,15 +39,12 @@ void matmul(Isa isa, const float* x, int64_t m, const MatRef& w, float* y);
 
 // Output columns [n0, n1) only (rows n0..n1 of W): y[i * ldy + (j - n0)] for j in [n0, n1),
 // i < m (tensor parallel shards, experts). ldy >= n1 - n0.
-void matmul_rows(const float* x, int64_t m, const MatRef& w, int64_t n0, int64_t n1, float* y,
-                 int64_t ldy);
-void matmul_rows(Isa isa, const float* x, int64_t m, const MatRef& w, int64_t n0, int64_t n1,
-                 float* y, int64_t ldy);
+void matmul_rows(const float* x, int64_t m, const MatRef& w, int64_t n0, int64_t n1, float* y, int64_t ldy);
+void matmul_rows(Isa isa, const float* x, int64_t m, const MatRef& w, int64_t n0, int64_t n1, float* y, int64_t ldy);
 
 // y[r, :] = x[r, :] / sqrt(mean(x[r, :]^2) + eps) * (w + w_offset); x, y [rows, n];
 // in place allowed (x == y). w_offset = 1 for norms stored as (1 + w) (Gemma, Qwen3-Next).
-void rmsnorm(const float* x, const float* w, float* y, int64_t rows, int64_t n, float eps,
-             float w_offset = 0.0f);
+void rmsnorm(const float* x, const float* w, float* y, int64_t rows, int64_t n, float eps, float w_offset = 0.0f);
 void rmsnorm(Isa isa, const float* x, const float* w, float* y, int64_t rows, int64_t n, float eps,
              float w_offset = 0.0f);
 
@@ -67,10 +64,10 @@ void add(Isa isa, float* y, const float* x, int64_t n);
 // head; dims >= rot_dim untouched. x: [n_tokens, n_heads, head_dim], in place;
 // positions[n_tokens]; inv_freq[rot_dim/2] precomputed by the model (scaling applied);
 // attn_factor multiplies cos and sin (YaRN mscale; 1 otherwise). rot_dim even, <= head_dim.
-void rope_neox(float* x, int64_t n_tokens, int64_t n_heads, int64_t head_dim, int64_t rot_dim,
+void rope_neox(float* x, int64_t n_tokens, int64_t n_heads, int64_t head_dim, int64_t rot_dim, const int32_t* positions,
+               const float* inv_freq, float attn_factor);
+void rope_neox(Isa isa, float* x, int64_t n_tokens, int64_t n_heads, int64_t head_dim, int64_t rot_dim,
                const int32_t* positions, const float* inv_freq, float attn_factor);
-void rope_neox(Isa isa, float* x, int64_t n_tokens, int64_t n_heads, int64_t head_dim,
-               int64_t rot_dim, const int32_t* positions, const float* inv_freq, float attn_factor);
 
 // One sequence's view of a paged KV cache. K/V are stored as f32, bf16 or int8 (dtype);
 // the kernels convert to f32 in registers. int8 rows carry one f32 scale per (token, KV
@@ -114,28 +111,26 @@ float load_kv_value(DType dtype, const void* pool, const float* scales, int64_t 
 // key chunks (flash-decoding) so every thread works even for one sequence.
 // Throws infera::Error when n_heads is not a multiple of kv.n_kv_heads, or for a KV dtype
 // other than f32/bf16/int8 (int8 without scales).
-void attention_paged(const float* q, int64_t n_tokens, int64_t n_heads, int64_t pos0,
-                     const PagedKv& kv, float scale, float* out);
-void attention_paged(Isa isa, const float* q, int64_t n_tokens, int64_t n_heads, int64_t pos0,
-                     const PagedKv& kv, float scale, float* out);
+void attention_paged(const float* q, int64_t n_tokens, int64_t n_heads, int64_t pos0, const PagedKv& kv, float scale,
+                     float* out);
+void attention_paged(Isa isa, const float* q, int64_t n_tokens, int64_t n_heads, int64_t pos0, const PagedKv& kv,
+                     float scale, float* out);
 
 // Scalar references: straightforward loops, double accumulators; the truth tests compare
 // the optimized paths against. Same contracts as above.
 namespace ref {
 
 void matmul(const float* x, int64_t m, const MatRef& w, float* y);
-void rmsnorm(const float* x, const float* w, float* y, int64_t rows, int64_t n, float eps,
-             float w_offset = 0.0f);
+void rmsnorm(const float* x, const float* w, float* y, int64_t rows, int64_t n, float eps, float w_offset = 0.0f);
 void silu_mul(float* gate, const float* up, int64_t n);
 void softmax(float* x, int64_t n);
 void add(float* y, const float* x, int64_t n);
-void rope_neox(float* x, int64_t n_tokens, int64_t n_heads, int64_t head_dim, int64_t rot_dim,
-               const int32_t* positions, const float* inv_freq, float attn_factor);
+void rope_neox(float* x, int64_t n_tokens, int64_t n_heads, int64_t head_dim, int64_t rot_dim, const int32_t* positions,
+               const float* inv_freq, float attn_factor);
 // k, v: CONTIGUOUS [n_ctx, n_kv_heads, head_dim]; n_ctx >= pos0 + n_tokens. Otherwise as
 // attention_paged.
-void attention_contiguous(const float* q, int64_t n_tokens, int64_t n_heads, int64_t pos0,
-                          const float* k, const float* v, int64_t n_ctx, int64_t n_kv_heads,
-                          int64_t head_dim, float scale, float* out);
+void attention_contiguous(const float* q, int64_t n_tokens, int64_t n_heads, int64_t pos0, const float* k,
+                          const float* v, int64_t n_ctx, int64_t n_kv_heads, int64_t head_dim, float scale, float* out);
 
 // One weight element as f32 (any supported dtype).
 float weight_at(const MatRef& w, int64_t row, int64_t col);

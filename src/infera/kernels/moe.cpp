@@ -73,8 +73,7 @@ void gather_rows(const float* x, int64_t cols, const int32_t* rows, int64_t n, f
   for (int64_t i = 0; i < n; ++i) std::memcpy(out + i * cols, x + rows[i] * cols, cols * sizeof(float));
 }
 
-void scatter_add_weighted(const float* src, int64_t cols, const int32_t* rows, const float* w, int64_t n,
-                          float* y) {
+void scatter_add_weighted(const float* src, int64_t cols, const int32_t* rows, const float* w, int64_t n, float* y) {
   for (int64_t i = 0; i < n; ++i) {
     float* dst = y + rows[i] * cols;
     const float* s = src + i * cols;

@@ -25,8 +25,8 @@ void moe_route_softmax(const float* logits, int64_t n_tokens, int64_t n_experts,
 // router weight weights[i].
 struct ExpertGroups {
   std::vector<int32_t> offsets;  // [n_experts + 1]
-  std::vector<int32_t> rows;     // [n_tokens * k]
-  std::vector<float> weights;    // [n_tokens * k]
+  std::vector<int32_t> rows;  // [n_tokens * k]
+  std::vector<float> weights;  // [n_tokens * k]
 
   int64_t count(int64_t e) const { return offsets[e + 1] - offsets[e]; }
 };
@@ -41,8 +41,7 @@ void gather_rows(const float* x, int64_t cols, const int32_t* rows, int64_t n, f
 
 // y[rows[i], :] += w[i] * src[i, :] for i < n (in order, so repeated rows accumulate in a
 // fixed order: results do not depend on thread count).
-void scatter_add_weighted(const float* src, int64_t cols, const int32_t* rows, const float* w, int64_t n,
-                          float* y);
+void scatter_add_weighted(const float* src, int64_t cols, const int32_t* rows, const float* w, int64_t n, float* y);
 
 namespace ref {
 

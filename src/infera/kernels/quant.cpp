@@ -264,7 +264,6 @@ void linear_multi(const float* x, int64_t m, std::span<const LinearWeight* const
 
 // ---- repacking (kernels/quant.h, "Repacked layout") ----------------------------------------
 
-
 std::shared_ptr<const PackedQuantMat> pack_quant_matrix_always(const QuantMatRef& w, int threads) {
   check_quant_matrix(w);
   const bool int4 = scheme_is_int4(w.scheme);
@@ -380,7 +379,8 @@ void unpack_quant_matrix(const PackedQuantMat& p, void* qweight, void* scales) {
         row[col / 32 * 16 + (col % 32) % 16] |= (col % 32) < 16 ? nib : static_cast<uint8_t>(nib << 4);
       }
       for (int64_t g = 0; g < groups; ++g)
-        std::memcpy(static_cast<uint16_t*>(scales) + r * groups + g, src + p.chunks * 64 + (g * kPanelRows + lane) * 2, 2);
+        std::memcpy(static_cast<uint16_t*>(scales) + r * groups + g, src + p.chunks * 64 + (g * kPanelRows + lane) * 2,
+                    2);
     } else {
       for (int64_t col = 0; col < p.cols; ++col) {
         row[col] = static_cast<uint8_t>(static_cast<int8_t>(src[col / 4 * 64 + lane * 4 + col % 4] - 128));
@@ -392,7 +392,8 @@ void unpack_quant_matrix(const PackedQuantMat& p, void* qweight, void* scales) {
 
 void dequantize_row(const QuantMatRef& w, int64_t row, float* out) {
   INFERA_ASSERT(row >= 0 && row < w.rows);
-  for (int64_t t = 0; t < w.cols; ++t) out[t] = static_cast<float>(ref::qweight_at(w, row, t)) * ref::qscale_at(w, row, t);
+  for (int64_t t = 0; t < w.cols; ++t)
+    out[t] = static_cast<float>(ref::qweight_at(w, row, t)) * ref::qscale_at(w, row, t);
 }
 
 }  // namespace infera::kernels

@@ -65,22 +65,27 @@ struct QuantMatRef {
   QuantMatRef() = default;
   QuantMatRef(QuantScheme scheme_, int64_t rows_, int64_t cols_, int64_t group_size_, const void* qweight_,
               const void* scales_, std::shared_ptr<const PackedQuantMat> packed_ = nullptr)
-      : scheme(scheme_), rows(rows_), cols(cols_), group_size(group_size_), qweight(qweight_), scales(scales_),
+      : scheme(scheme_),
+        rows(rows_),
+        cols(cols_),
+        group_size(group_size_),
+        qweight(qweight_),
+        scales(scales_),
         packed(std::move(packed_)) {}
 
   QuantScheme scheme = QuantScheme::kW8A8;
   int64_t rows = 0;
   int64_t cols = 0;
-  int64_t group_size = 0;         // W8A8: == cols (per channel); int4: 32, 64 or 128
+  int64_t group_size = 0;  // W8A8: == cols (per channel); int4: 32, 64 or 128
   const void* qweight = nullptr;  // W8A8: int8 [rows, cols]; int4: uint8 [rows, cols / 2]
-  const void* scales = nullptr;   // W8A8: f32 [rows]; int4: f16 [rows, cols / group_size]
+  const void* scales = nullptr;  // W8A8: f32 [rows]; int4: f16 [rows, cols / group_size]
   // Optional repacked copy of the same matrix (pack_quant_matrix); the AVX-512 path computes
   // from it when present, the scalar and AVX2 paths and dequantize_row from the fields above
   // (which must stay valid). Shared: copies of a LinearWeight share one packed copy.
   std::shared_ptr<const PackedQuantMat> packed;
 
   int64_t groups_per_row() const { return cols / group_size; }
-  int64_t weight_bytes() const;   // qweight + scales
+  int64_t weight_bytes() const;  // qweight + scales
 };
 
 constexpr int64_t kPanelRows = 16;  // rows per panel of the repacked layout
@@ -89,10 +94,10 @@ constexpr int64_t kPanelRows = 16;  // rows per panel of the repacked layout
 struct PackedQuantMat {
   QuantScheme scheme = QuantScheme::kW8A8;
   int64_t rows = 0, cols = 0, group_size = 0;
-  int64_t panels = 0;       // ceil(rows / kPanelRows)
-  int64_t chunks = 0;       // 64-byte weight chunks per panel (int4: cols / 8; w8a8: ceil(cols / 4))
+  int64_t panels = 0;  // ceil(rows / kPanelRows)
+  int64_t chunks = 0;  // 64-byte weight chunks per panel (int4: cols / 8; w8a8: ceil(cols / 4))
   int64_t panel_bytes = 0;  // chunks * 64 + scales, rounded up to 64
-  HugePageBuffer storage;   // [panels, panel_bytes]; empty in a row slice
+  HugePageBuffer storage;  // [panels, panel_bytes]; empty in a row slice
   // A row slice (quant_row_slice) shares its parent's panels from panel `first_panel` on.
   std::shared_ptr<const PackedQuantMat> parent;
   int64_t first_panel = 0;
@@ -187,14 +192,14 @@ void dequantize_row(const QuantMatRef& w, int64_t row, float* out);
 // scale[i] = max|x[i, :]| / 127, q[i, t] = round_half_even(x[i, t] * (127 / max)) in
 // [-127, 127], q padded with zeros to ld >= k; block_sums[i, b] = sum of q[i, 32b .. 32b+31]
 // (when block_sums != nullptr; ld and k multiples of 32 then). An all-zero row has scale 0.
-void quantize_activations(Isa isa, const float* x, int64_t m, int64_t k, int8_t* q, int64_t ld,
-                          float* scale, int32_t* block_sums);
+void quantize_activations(Isa isa, const float* x, int64_t m, int64_t k, int8_t* q, int64_t ld, float* scale,
+                          int32_t* block_sums);
 
 namespace ref {
 
 void qmatmul(const float* x, int64_t m, const QuantMatRef& w, float* y);
-void quantize_activations(const float* x, int64_t m, int64_t k, int8_t* q, int64_t ld,
-                          float* scale, int32_t* block_sums);
+void quantize_activations(const float* x, int64_t m, int64_t k, int8_t* q, int64_t ld, float* scale,
+                          int32_t* block_sums);
 // Integer weight value (already minus 8 for int4) and its scale.
 int32_t qweight_at(const QuantMatRef& w, int64_t row, int64_t col);
 float qscale_at(const QuantMatRef& w, int64_t row, int64_t col);

@@ -151,9 +151,7 @@ std::vector<LinearWeight> bind_experts(const WeightStore& store, const std::stri
                                        const FileMappings& maps) {
   INFERA_ASSERT(fused || E == 1);
   std::vector<LinearWeight> out(static_cast<size_t>(E));
-  auto shape = [&](int64_t c) {
-    return fused ? std::vector<int64_t>{E, rows, c} : std::vector<int64_t>{rows, c};
-  };
+  auto shape = [&](int64_t c) { return fused ? std::vector<int64_t>{E, rows, c} : std::vector<int64_t>{rows, c}; };
   auto check = [&](const TensorInfo& t, int64_t c) {
     if (t.shape != shape(c)) {
       fail("{}: tensor '{}' has shape {}, expected {} (config.json and the weights disagree)",
@@ -166,7 +164,8 @@ std::vector<LinearWeight> bind_experts(const WeightStore& store, const std::stri
     const TensorInfo& t = store.get(name);
     check(t, cols);
     if (t.dtype != DType::kF32 && t.dtype != DType::kBF16 && t.dtype != DType::kF16) {
-      fail("{}: tensor '{}' has dtype {}; expert weights must be f32, bf16 or f16", t.file, t.name, dtype_name(t.dtype));
+      fail("{}: tensor '{}' has dtype {}; expert weights must be f32, bf16 or f16", t.file, t.name,
+           dtype_name(t.dtype));
     }
     const size_t esize = dtype_size(t.dtype);
     for (int64_t e = 0; e < E; ++e) {
@@ -457,12 +456,14 @@ void MoeFfn::run_work_items(const MoeWeights& w, const float* x, int64_t T, int6
   items_.clear();
   for (size_t a = 0; a < active_.size(); ++a) {
     const int64_t step = item_rows(inter_rows, active_[a].inter);
-    for (int64_t r0 = 0; r0 < active_[a].inter; r0 += step) items_.push_back({static_cast<int32_t>(a), r0, std::min(active_[a].inter, r0 + step)});
+    for (int64_t r0 = 0; r0 < active_[a].inter; r0 += step)
+      items_.push_back({static_cast<int32_t>(a), r0, std::min(active_[a].inter, r0 + step)});
   }
   const size_t phase2 = items_.size();
   const int64_t down_step = item_rows(static_cast<int64_t>(active_.size()) * H, H);
   for (size_t a = 0; a < active_.size(); ++a) {
-    for (int64_t c0 = 0; c0 < H; c0 += down_step) items_.push_back({static_cast<int32_t>(a), c0, std::min(H, c0 + down_step)});
+    for (int64_t c0 = 0; c0 < H; c0 += down_step)
+      items_.push_back({static_cast<int32_t>(a), c0, std::min(H, c0 + down_step)});
   }
   const int64_t n1 = static_cast<int64_t>(phase2), n2 = static_cast<int64_t>(items_.size() - phase2);
   // Phase 3: y = Σ_a weight * out_a in expert order, by column blocks.
@@ -536,8 +537,8 @@ namespace {
 
 // A Qwen3-Next fused projection: a missing or mis-shaped one gets an error that also
 // spells out the layout the loader expects.
-LinearWeight fused_projection(const WeightStore& store, const std::string& prefix, const std::string& name, int64_t rows,
-                              int64_t hidden, const std::string& layout, const QuantizationConfig& qc) {
+LinearWeight fused_projection(const WeightStore& store, const std::string& prefix, const std::string& name,
+                              int64_t rows, int64_t hidden, const std::string& layout, const QuantizationConfig& qc) {
   try {
     return bind_hybrid_linear(store, prefix + name, rows, hidden, qc);
   } catch (const Error& e) {
@@ -601,8 +602,8 @@ GdnWeights load_gdn(const WeightStore& store, const std::string& prefix, const G
 }
 
 void GdnLayer::forward(const GdnWeights& w, const GdnDims& d, const ForwardBatch& batch, const float* x, int64_t H,
-                       const std::vector<float*>& states, float eps, float* y,
-                       const std::vector<float*>& token_states, int64_t token_state_stride) {
+                       const std::vector<float*>& states, float eps, float* y, const std::vector<float*>& token_states,
+                       int64_t token_state_stride) {
   const int64_t T = static_cast<int64_t>(batch.tokens.size());
   const int64_t C = d.conv_dim(), KD = d.key_dim(), VD = d.value_dim(), Hv = d.n_v_heads;
   mixed_.resize(static_cast<size_t>(T * C));

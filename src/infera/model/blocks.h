@@ -68,12 +68,12 @@ kernels::LinearWeight linear_row_slice(const kernels::LinearWeight& w, int64_t r
 // ---- mixture of experts ----
 
 struct MoeWeights {
-  kernels::MatRef router{};                          // [E, H], kept in its stored float dtype
+  kernels::MatRef router{};  // [E, H], kept in its stored float dtype
   // Per expert [I, H], [I, H], [H, I], float or quantized. An expert with no weights
   // (has_expert() false) is another rank's under expert parallelism: counted, not computed.
   std::vector<kernels::LinearWeight> gate, up, down;
-  SwigluWeights shared;                              // Qwen3-Next / Qwen3.5 shared expert (empty: none)
-  kernels::MatRef shared_gate{};                     // [1, H]: sigmoid gate of the shared expert (float)
+  SwigluWeights shared;  // Qwen3-Next / Qwen3.5 shared expert (empty: none)
+  kernels::MatRef shared_gate{};  // [1, H]: sigmoid gate of the shared expert (float)
   int64_t top_k = 0;
   bool norm_topk_prob = false;
   int64_t n_experts() const { return router.rows; }
@@ -125,12 +125,12 @@ class MoeFfn {
   // One active expert of a forward: its weights and the tokens routed to it.
   struct Active {
     const kernels::LinearWeight *gate, *up, *down;
-    const int32_t* rows;   // [n] token rows
+    const int32_t* rows;  // [n] token rows
     const float* weights;  // [n] router weights (sigmoid gate for the shared expert)
     int64_t n, inter;
-    const float* x;        // [n, H] its input rows
-    float* h;              // [n, inter] silu(gate x) * up x
-    float* out;            // [n, H] down h
+    const float* x;  // [n, H] its input rows
+    float* h;  // [n, inter] silu(gate x) * up x
+    float* out;  // [n, H] down h
   };
   // A block of rows [begin, end) of one active expert's matrices.
   struct Item {
@@ -149,7 +149,7 @@ class MoeFfn {
   std::vector<int32_t> route_ids_, all_rows_;
   std::vector<Active> active_;
   std::vector<Item> items_;  // phase 1 (gate/up row blocks), then phase 2 (down row blocks)
-  std::vector<int64_t> experts_;                         // run_one_token: active experts
+  std::vector<int64_t> experts_;  // run_one_token: active experts
   std::vector<const kernels::QuantMatRef*> joint_mats_;  // their gate, up, gate, up, ...
   std::vector<float*> joint_outs_;
   kernels::ExpertGroups groups_;
@@ -161,20 +161,20 @@ struct GdnWeights {
   // Float or quantized (`infera quantize`); the gate projections in_b / in_a / in_ba stay
   // as stored by the quantizer (docs/quantization.md) but are bound the same way.
   // Qwen3.5 layout: separate projections.
-  kernels::LinearWeight in_qkv{};   // [2 Hk dk + Hv dv, H]: rows q | k | v
-  kernels::LinearWeight in_z{};     // [Hv dv, H]
-  kernels::LinearWeight in_b{};     // [Hv, H]
-  kernels::LinearWeight in_a{};     // [Hv, H]
+  kernels::LinearWeight in_qkv{};  // [2 Hk dk + Hv dv, H]: rows q | k | v
+  kernels::LinearWeight in_z{};  // [Hv dv, H]
+  kernels::LinearWeight in_b{};  // [Hv, H]
+  kernels::LinearWeight in_a{};  // [Hv, H]
   // Qwen3-Next layout: the same rows fused and interleaved per key-head group g < Hk
   // (r = Hv / Hk value heads per group), used in place; forward() de-interleaves the
   // projected activations as transformers' fix_query_key_value_ordering does.
   kernels::LinearWeight in_qkvz{};  // [Hk (2 dk + 2 r dv), H]: per group q_g (dk) | k_g (dk) | v_g (r dv) | z_g (r dv)
-  kernels::LinearWeight in_ba{};    // [2 Hv, H]: per group b_g (r) | a_g (r)
-  kernels::LinearWeight out{};      // [H, Hv dv]
+  kernels::LinearWeight in_ba{};  // [2 Hv, H]: per group b_g (r) | a_g (r)
+  kernels::LinearWeight out{};  // [H, Hv dv]
   std::vector<float> conv_w;  // [conv_dim, kernel]
   std::vector<float> neg_exp_a;  // [Hv] = -exp(A_log)
-  std::vector<float> dt_bias;    // [Hv]
-  std::vector<float> norm;       // [dv] (plain weight)
+  std::vector<float> dt_bias;  // [Hv]
+  std::vector<float> norm;  // [dv] (plain weight)
   bool fused() const { return in_qkvz.rows() > 0; }
   int64_t weight_bytes() const;  // bytes of the projection matrices read per token
 };
@@ -213,8 +213,8 @@ GdnWeights load_gdn(const WeightStore& store, const std::string& prefix, const G
 class GdnLayer {
  public:
   void forward(const GdnWeights& w, const GdnDims& d, const ForwardBatch& batch, const float* x, int64_t H,
-               const std::vector<float*>& states, float eps, float* y,
-               const std::vector<float*>& token_states = {}, int64_t token_state_stride = 0);
+               const std::vector<float*>& states, float eps, float* y, const std::vector<float*>& token_states = {},
+               int64_t token_state_stride = 0);
 
  private:
   std::vector<float> mixed_, z_, a_, b_, g_, beta_, q_, k_, v_, o_, qkvz_, ba_;

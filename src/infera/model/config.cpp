@@ -158,7 +158,8 @@ void parse_rope(const FieldReader& r, ModelConfig& c, double default_partial) {
     if (!scaling) return std::nullopt;
     auto it = scaling->find(key);
     if (it == scaling->end() || it->is_null()) return std::nullopt;
-    if (!it->is_number()) fail("{}: field '{}.{}' must be a number, got {} {}", src, scaling_key, key, it->type_name(), it->dump());
+    if (!it->is_number())
+      fail("{}: field '{}.{}' must be a number, got {} {}", src, scaling_key, key, it->type_name(), it->dump());
     return it->get<double>();
   };
   auto required_sub = [&](const char* key, const std::string& type) {
@@ -237,7 +238,8 @@ void parse_rope(const FieldReader& r, ModelConfig& c, double default_partial) {
       c.rope.attention_factor = static_cast<float>(yarn_mscale(factor, 1.0));
     }
   } else {
-    fail("{}: field '{}' has unsupported rope type '{}' (supported: default, linear, llama3, yarn)", src, scaling_key, type);
+    fail("{}: field '{}' has unsupported rope type '{}' (supported: default, linear, llama3, yarn)", src, scaling_key,
+         type);
   }
 }
 
@@ -274,16 +276,19 @@ void parse_hybrid(const FieldReader& r, ModelConfig& c) {
     }
     for (const auto& t : *types) {
       const std::string name = t.is_string() ? t.get<std::string>() : t.dump();
-      if (name == "linear_attention") c.layer_types.push_back(ModelConfig::LayerType::kLinearAttention);
-      else if (name == "full_attention") c.layer_types.push_back(ModelConfig::LayerType::kFullAttention);
-      else fail("{}: field 'layer_types' holds '{}' (expected \"linear_attention\" or \"full_attention\")", src, name);
+      if (name == "linear_attention")
+        c.layer_types.push_back(ModelConfig::LayerType::kLinearAttention);
+      else if (name == "full_attention")
+        c.layer_types.push_back(ModelConfig::LayerType::kFullAttention);
+      else
+        fail("{}: field 'layer_types' holds '{}' (expected \"linear_attention\" or \"full_attention\")", src, name);
     }
   } else {
     // Without layer_types every full_attention_interval-th layer is full attention.
     c.full_attention_interval = r.opt_positive("full_attention_interval", 4);
     for (int i = 0; i < c.num_layers; ++i) {
       c.layer_types.push_back((i + 1) % c.full_attention_interval == 0 ? ModelConfig::LayerType::kFullAttention
-                                                                        : ModelConfig::LayerType::kLinearAttention);
+                                                                       : ModelConfig::LayerType::kLinearAttention);
     }
   }
   c.attn_output_gate = r.boolean("attn_output_gate", true);
@@ -346,7 +351,8 @@ void parse_deepseek(const FieldReader& r, ModelConfig& c) {
 }  // namespace
 
 bool ModelConfig::is_linear_attention_layer(int layer) const {
-  return layer >= 0 && layer < static_cast<int>(layer_types.size()) && layer_types[layer] == LayerType::kLinearAttention;
+  return layer >= 0 && layer < static_cast<int>(layer_types.size()) &&
+         layer_types[layer] == LayerType::kLinearAttention;
 }
 
 int ModelConfig::num_full_attention_layers() const {
@@ -462,8 +468,10 @@ ModelConfig parse_model_config(const json& j, const std::string& source) {
   if (info->traits.mla) c.rope.rotary_dim = c.qk_rope_head_dim;  // only the k_pe/q_pe part rotates
   c.partial_rotary_factor = c.head_dim > 0 ? static_cast<float>(c.rope.rotary_dim) / c.head_dim : 1.0f;
 
-  if (auto dtype = r.opt_string("torch_dtype")) c.torch_dtype = *dtype;
-  else if (auto d = r.opt_string("dtype")) c.torch_dtype = *d;  // transformers 5 name
+  if (auto dtype = r.opt_string("torch_dtype"))
+    c.torch_dtype = *dtype;
+  else if (auto d = r.opt_string("dtype"))
+    c.torch_dtype = *d;  // transformers 5 name
   if (auto bos = r.opt_int("bos_token_id")) c.bos_token_id = static_cast<int>(*bos);
   c.eos_token_ids = r.int_list("eos_token_id");
   return c;
@@ -473,7 +481,8 @@ ModelConfig load_model_config(const std::string& model_dir) {
   namespace fs = std::filesystem;
   std::error_code ec;
   if (!fs::is_directory(model_dir, ec)) {
-    if (fs::exists(model_dir, ec)) fail("{}: not a directory (expected a model directory holding config.json)", model_dir);
+    if (fs::exists(model_dir, ec))
+      fail("{}: not a directory (expected a model directory holding config.json)", model_dir);
     fail("{}: model directory not found", model_dir);
   }
   const std::string path = (fs::path(model_dir) / "config.json").string();

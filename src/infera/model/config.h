@@ -22,14 +22,14 @@ struct RopeConfig {
   int rotary_dim = 0;  // dims rotated per head (head_dim * partial_rotary_factor)
   RopeScaling scaling = RopeScaling::kNone;
   float factor = 1.0f;
-  float low_freq_factor = 1.0f;   // llama3
+  float low_freq_factor = 1.0f;  // llama3
   float high_freq_factor = 4.0f;  // llama3
   int original_max_position = 0;  // llama3, yarn
-  float beta_fast = 32.0f;        // yarn
-  float beta_slow = 1.0f;         // yarn
+  float beta_fast = 32.0f;  // yarn
+  float beta_slow = 1.0f;  // yarn
   float attention_factor = 1.0f;  // yarn: multiplies cos/sin (0.1 ln(factor) + 1 by default)
-  float mscale = 0.0f;            // yarn (DeepSeek): 0 when absent; attention_factor already folds it in
-  float mscale_all_dim = 0.0f;    // yarn (DeepSeek): 0 when absent
+  float mscale = 0.0f;  // yarn (DeepSeek): 0 when absent; attention_factor already folds it in
+  float mscale_all_dim = 0.0f;  // yarn (DeepSeek): 0 when absent
 };
 
 struct ModelConfig {
@@ -65,18 +65,18 @@ struct ModelConfig {
   // Layers are full (softmax) attention or linear attention (Gated DeltaNet, which keeps a
   // fixed-size recurrent state instead of a KV cache). Empty layer_types = all full.
   enum class LayerType { kFullAttention, kLinearAttention };
-  std::vector<LayerType> layer_types;   // one per layer, from layer_types or full_attention_interval
-  int full_attention_interval = 0;      // 0 when layer_types was given or the family has none
-  bool attn_output_gate = false;        // q_proj also yields a sigmoid gate on the attention output
-  float partial_rotary_factor = 1.0f;   // rope.rotary_dim = head_dim * this
-  int linear_conv_kernel_dim = 0;       // GDN causal depthwise conv width (4)
-  int linear_key_head_dim = 0;          // dk (128)
-  int linear_value_head_dim = 0;        // dv (128)
-  int linear_num_key_heads = 0;         // Hk (16)
-  int linear_num_value_heads = 0;       // Hv (32)
-  std::string mamba_ssm_dtype;          // recurrent-state dtype ("float32"), informational
+  std::vector<LayerType> layer_types;  // one per layer, from layer_types or full_attention_interval
+  int full_attention_interval = 0;  // 0 when layer_types was given or the family has none
+  bool attn_output_gate = false;  // q_proj also yields a sigmoid gate on the attention output
+  float partial_rotary_factor = 1.0f;  // rope.rotary_dim = head_dim * this
+  int linear_conv_kernel_dim = 0;  // GDN causal depthwise conv width (4)
+  int linear_key_head_dim = 0;  // dk (128)
+  int linear_value_head_dim = 0;  // dv (128)
+  int linear_num_key_heads = 0;  // Hk (16)
+  int linear_num_value_heads = 0;  // Hv (32)
+  std::string mamba_ssm_dtype;  // recurrent-state dtype ("float32"), informational
   int shared_expert_intermediate_size = 0;  // 0 = no shared expert
-  int mtp_num_hidden_layers = 0;        // multi-token-prediction layers (Qwen3.5: 1)
+  int mtp_num_hidden_layers = 0;  // multi-token-prediction layers (Qwen3.5: 1)
 
   bool is_linear_attention_layer(int layer) const;
   int num_full_attention_layers() const;  // layers that keep a KV cache
@@ -85,21 +85,21 @@ struct ModelConfig {
   // For deepseek_v3, head_dim = qk_nope_head_dim + qk_rope_head_dim (the q/k head width)
   // and rope.rotary_dim = qk_rope_head_dim; num_experts = n_routed_experts.
   bool mla = false;
-  int q_lora_rank = 0;         // 0 = q projected directly (no low-rank q)
-  int kv_lora_rank = 0;        // compressed KV width (512)
-  int qk_nope_head_dim = 0;    // 128
-  int qk_rope_head_dim = 0;    // 64
-  int v_head_dim = 0;          // 128
-  int n_shared_experts = 0;    // shared experts, each moe_intermediate_size wide
+  int q_lora_rank = 0;  // 0 = q projected directly (no low-rank q)
+  int kv_lora_rank = 0;  // compressed KV width (512)
+  int qk_nope_head_dim = 0;  // 128
+  int qk_rope_head_dim = 0;  // 64
+  int v_head_dim = 0;  // 128
+  int n_shared_experts = 0;  // shared experts, each moe_intermediate_size wide
   int first_k_dense_replace = 0;  // layers [0, k) use the dense MLP
-  int moe_layer_freq = 1;      // layer i >= k is MoE iff i % moe_layer_freq == 0
-  int n_group = 0;             // expert groups for group-limited routing
+  int moe_layer_freq = 1;  // layer i >= k is MoE iff i % moe_layer_freq == 0
+  int n_group = 0;  // expert groups for group-limited routing
   int topk_group = 0;
   float routed_scaling_factor = 1.0f;
-  std::string scoring_func;    // "sigmoid" | "softmax"
-  std::string topk_method;     // "noaux_tc" | "greedy" | ...
+  std::string scoring_func;  // "sigmoid" | "softmax"
+  std::string topk_method;  // "noaux_tc" | "greedy" | ...
   int num_nextn_predict_layers = 0;  // MTP layers (stored after the trunk, model.layers.{n})
-  int index_n_heads = 0;       // DeepSeek-V3.2 lightning indexer (0 = none)
+  int index_n_heads = 0;  // DeepSeek-V3.2 lightning indexer (0 = none)
   int index_head_dim = 0;
   int index_topk = 0;
 

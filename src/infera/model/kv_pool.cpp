@@ -83,15 +83,15 @@ float* KvPool::v(int64_t layer) {
 
 void KvPool::write(int64_t layer, const float* k_rows, const float* v_rows, int64_t stride, int64_t n_rows,
                    const int64_t* slots) {
-  kernels::store_kv_rows(shape_.dtype, k_rows, stride, n_rows, slots, shape_.block_size, shape_.n_kv_heads, shape_.head_dim,
-                         k_data(layer), k_scales(layer));
-  kernels::store_kv_rows(shape_.dtype, v_rows, stride, n_rows, slots, shape_.block_size, shape_.n_kv_heads, shape_.head_dim,
-                         v_data(layer), v_scales(layer));
+  kernels::store_kv_rows(shape_.dtype, k_rows, stride, n_rows, slots, shape_.block_size, shape_.n_kv_heads,
+                         shape_.head_dim, k_data(layer), k_scales(layer));
+  kernels::store_kv_rows(shape_.dtype, v_rows, stride, n_rows, slots, shape_.block_size, shape_.n_kv_heads,
+                         shape_.head_dim, v_data(layer), v_scales(layer));
 }
 
 kernels::PagedKv KvPool::view(int64_t layer, const int32_t* block_table) const {
-  return kernels::PagedKv{k_data(layer),   v_data(layer), shape_.block_size, shape_.n_kv_heads, shape_.head_dim,
-                          block_table,     shape_.dtype,  k_scales(layer),   v_scales(layer)};
+  return kernels::PagedKv{k_data(layer), v_data(layer), shape_.block_size, shape_.n_kv_heads, shape_.head_dim,
+                          block_table,   shape_.dtype,  k_scales(layer),   v_scales(layer)};
 }
 
 int64_t kv_blocks_for_budget(int64_t budget_bytes, const KvPoolShape& shape) {

@@ -32,7 +32,7 @@ struct KvPoolShape {
   // Bytes of one token of one layer, K and V (int8: with its scales).
   int64_t bytes_per_token_per_layer() const;
   int64_t bytes_per_token() const { return bytes_per_token_per_layer() * num_layers; }  // all layers
-  int64_t bytes_per_block() const { return bytes_per_token() * block_size; }             // all layers
+  int64_t bytes_per_block() const { return bytes_per_token() * block_size; }  // all layers
 };
 
 // "f32" | "bf16" | "int8" -> kF32 | kBF16 | kI8; throws infera::Error naming `what`
@@ -79,7 +79,7 @@ class KvPool {
   float* scales(int64_t layer, int which);
 
   KvPoolShape shape_;
-  int64_t data_bytes_ = 0;   // K (or V) elements of one layer, rounded up to 64 bytes
+  int64_t data_bytes_ = 0;  // K (or V) elements of one layer, rounded up to 64 bytes
   int64_t scale_bytes_ = 0;  // K (or V) scales of one layer (int8), rounded up to 64 bytes
   int64_t layer_bytes_ = 0;  // K, V, K scales, V scales
   uint8_t* base_ = nullptr;

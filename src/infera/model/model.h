@@ -54,7 +54,7 @@ struct ForwardBatch {
 
 struct LoadOptions {
   bool load_into_memory = false;  // read weights into RAM instead of mmap
-  int32_t max_batch_tokens = 512; // scratch buffers are sized for this many tokens
+  int32_t max_batch_tokens = 512;  // scratch buffers are sized for this many tokens
   // Tensor / expert parallelism: which part of the model this rank loads and the group it
   // syncs with (docs/parallel.md). Default: one process, the whole model.
   parallel::ParallelPlan parallel;
@@ -63,7 +63,7 @@ struct LoadOptions {
 // Geometry of one sequence's recurrent state (hybrid models; all zero otherwise): what the
 // runtime's sequence memory allocates per sequence and hands to forward() in SeqChunk::state.
 struct StateShape {
-  int64_t num_layers = 0;        // layers with recurrent state (Gated DeltaNet)
+  int64_t num_layers = 0;  // layers with recurrent state (Gated DeltaNet)
   int64_t floats_per_layer = 0;  // conv state [kernel-1, conv_dim] then delta-rule state [Hv, dk, dv], f32
   // forward() can keep the state after each token of a chunk (SeqChunk::token_states).
   bool token_states = false;
@@ -136,7 +136,7 @@ class Model {
   struct ParallelStats {
     int32_t ranks = 0;
     int64_t collectives = 0;
-    int64_t bytes = 0;          // payload this rank contributed
+    int64_t bytes = 0;  // payload this rank contributed
     double comm_seconds = 0.0;  // inside collectives, waiting for slower ranks included
   };
   virtual ParallelStats parallel_stats() const { return {}; }

@@ -42,8 +42,8 @@ void encode(const ForwardBatch& b, int32_t op, bool want_logits, const StepMemor
                      static_cast<int32_t>(blocks), mem.kv_blocks, mem.kv_block_size, mem.kv_dtype, mem.state_ids});
   m.insert(m.end(), b.tokens.begin(), b.tokens.end());
   for (const SeqChunk& s : b.seqs) {
-    m.insert(m.end(), {s.token_begin, s.n_tokens, s.pos0, s.n_blocks,
-                       (s.all_logits ? 1 : 0) | (s.last_logits ? 2 : 0), s.state_id});
+    m.insert(m.end(), {s.token_begin, s.n_tokens, s.pos0, s.n_blocks, (s.all_logits ? 1 : 0) | (s.last_logits ? 2 : 0),
+                       s.state_id});
   }
   for (const SeqChunk& s : b.seqs) m.insert(m.end(), s.block_table, s.block_table + s.n_blocks);
   m[0] = static_cast<int32_t>(m.size());
@@ -138,7 +138,8 @@ void ParallelModel::forward(const ForwardBatch& batch, KvPool& kv, float* logits
   int32_t state_ids = 0;
   for (const SeqChunk& s : batch.seqs) {
     // Rank 0's state lives in its sequence memory; the workers keep theirs under the same id.
-    if (s.state != nullptr && s.state_id < 0) fail("a chunk with a recurrent state needs SeqChunk::state_id on --tp/--ep ranks");
+    if (s.state != nullptr && s.state_id < 0)
+      fail("a chunk with a recurrent state needs SeqChunk::state_id on --tp/--ep ranks");
     state_ids = std::max(state_ids, s.state_id + 1);
   }
   const StepMemory mem{static_cast<int32_t>(shape.num_blocks), static_cast<int32_t>(shape.block_size),
@@ -179,7 +180,8 @@ void run_parallel_worker(Model& local, parallel::Communicator& comm, bool merged
   for (;;) {
     receive(comm, message, merged_sync);
     if (message[1] == kOpStop) return;
-    if (message[1] != kOpForward) fail("rank {}: unknown step op {} from rank 0 (mismatched infera versions?)", comm.rank(), message[1]);
+    if (message[1] != kOpForward)
+      fail("rank {}: unknown step op {} from rank 0 (mismatched infera versions?)", comm.rank(), message[1]);
     decode(message, batch, blocks);
     // Rank 0's pool geometry: created on the first step, again only if it ever changes
     // (the pool reserves address space; pages are committed as blocks are written).

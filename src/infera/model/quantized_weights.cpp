@@ -50,7 +50,8 @@ namespace {
 
 void check_group(QuantScheme s, int64_t g, const std::string& where) {
   if (kernels::scheme_is_int4(s)) {
-    if (g != 32 && g != 64 && g != 128) fail("{}: group_size {} is not supported for {} (use 32, 64 or 128)", where, g, kernels::scheme_name(s));
+    if (g != 32 && g != 64 && g != 128)
+      fail("{}: group_size {} is not supported for {} (use 32, 64 or 128)", where, g, kernels::scheme_name(s));
   } else if (g != 0) {
     fail("{}: w8a8 is quantized per output channel; group_size must be 0, got {}", where, g);
   }
@@ -84,11 +85,13 @@ QuantizationConfig parse_quantization_config(const json& j, const std::string& w
   qc.present = true;
   const std::string method = j.value("quant_method", std::string());
   if (method != "infera") {
-    fail("{}: quant_method '{}' is not supported (Infera reads only checkpoints written by `infera quantize`, "
-         "quant_method \"infera\"; dequantize or re-quantize the original model)",
-         w, method);
+    fail(
+        "{}: quant_method '{}' is not supported (Infera reads only checkpoints written by `infera quantize`, "
+        "quant_method \"infera\"; dequantize or re-quantize the original model)",
+        w, method);
   }
-  if (j.value("format_version", 0) != 1) fail("{}: format_version {} is not supported (expected 1)", w, j.value("format_version", 0));
+  if (j.value("format_version", 0) != 1)
+    fail("{}: format_version {} is not supported (expected 1)", w, j.value("format_version", 0));
   if (!j.contains("scheme") || !j["scheme"].is_string()) fail("{}: field 'scheme' is missing", w);
   qc.scheme = parse_quant_scheme(j["scheme"].get<std::string>(), w);
   qc.group_size = j.value("group_size", int64_t{0});
@@ -196,9 +199,10 @@ QuantTensors find_quant_tensors(const WeightStore& store, const std::string& nam
   t.qweight = store.find(qname);
   t.scales = store.find(sname);
   if (!t.qweight || !t.scales) {
-    fail("{}: config.json says '{}' is stored as {}, but tensor '{}' is missing (an incomplete or foreign "
-         "checkpoint: re-run `infera quantize`)",
-         store.dir(), name, lq.label(), t.qweight ? sname : qname);
+    fail(
+        "{}: config.json says '{}' is stored as {}, but tensor '{}' is missing (an incomplete or foreign "
+        "checkpoint: re-run `infera quantize`)",
+        store.dir(), name, lq.label(), t.qweight ? sname : qname);
   }
   const bool int4 = kernels::scheme_is_int4(lq.scheme);
   t.group_size = int4 ? lq.group_size : cols;
@@ -210,8 +214,12 @@ QuantTensors find_quant_tensors(const WeightStore& store, const std::string& nam
   t.scale_cols = cols / t.group_size;
   const DType qdt = int4 ? DType::kU8 : DType::kI8;
   const DType sdt = int4 ? DType::kF16 : DType::kF32;
-  if (t.qweight->dtype != qdt) fail("{}: tensor '{}' has dtype {}, expected {} for {}", store.dir(), qname, dtype_name(t.qweight->dtype), dtype_name(qdt), lq.label());
-  if (t.scales->dtype != sdt) fail("{}: tensor '{}' has dtype {}, expected {} for {}", store.dir(), sname, dtype_name(t.scales->dtype), dtype_name(sdt), lq.label());
+  if (t.qweight->dtype != qdt)
+    fail("{}: tensor '{}' has dtype {}, expected {} for {}", store.dir(), qname, dtype_name(t.qweight->dtype),
+         dtype_name(qdt), lq.label());
+  if (t.scales->dtype != sdt)
+    fail("{}: tensor '{}' has dtype {}, expected {} for {}", store.dir(), sname, dtype_name(t.scales->dtype),
+         dtype_name(sdt), lq.label());
   return t;
 }
 

@@ -31,7 +31,7 @@ struct LayerQuant {
   kernels::QuantScheme scheme = kernels::QuantScheme::kW8A8;
   int64_t group_size = 0;  // int4: 32/64/128; w8a8: 0 (per channel)
   std::string dense_type;  // dense: "bf16", "f32", "f16" (what the writer chose)
-  std::string reason;      // why this layer differs from the global scheme
+  std::string reason;  // why this layer differs from the global scheme
   std::string label() const;  // "w4a8 g32", "w8a8", "bf16"
 };
 
@@ -40,7 +40,7 @@ struct QuantizationConfig {
   kernels::QuantScheme scheme = kernels::QuantScheme::kW8A8;
   int64_t group_size = 0;
   std::map<std::string, LayerQuant> overrides;  // tensor name -> how it is stored
-  std::string calibration_json = "null";        // recorded as given (informational)
+  std::string calibration_json = "null";  // recorded as given (informational)
 
   // The layer's storage: its override, else the global scheme.
   LayerQuant layer(const std::string& name) const;
@@ -96,10 +96,10 @@ void release_repacked_source(const kernels::QuantMatRef& w, const FileMappings& 
 // the tensor and the directory.
 struct QuantTensors {
   const TensorInfo* qweight = nullptr;  // int8 [.., cols] or uint8 [.., cols / 2]
-  const TensorInfo* scales = nullptr;   // f32 [.., 1] or f16 [.., cols / group_size]
-  int64_t group_size = 0;               // W8A8: cols (per channel)
-  int64_t qweight_cols = 0;             // cols, or cols / 2 for int4
-  int64_t scale_cols = 0;               // cols / group_size (W8A8: 1)
+  const TensorInfo* scales = nullptr;  // f32 [.., 1] or f16 [.., cols / group_size]
+  int64_t group_size = 0;  // W8A8: cols (per channel)
+  int64_t qweight_cols = 0;  // cols, or cols / 2 for int4
+  int64_t scale_cols = 0;  // cols / group_size (W8A8: 1)
 };
 QuantTensors find_quant_tensors(const WeightStore& store, const std::string& name, const LayerQuant& lq, int64_t cols);
 

@@ -33,7 +33,6 @@
 namespace infera {
 namespace {
 
-
 // Zero-centred RMSNorm weights are applied as (1 + w).
 constexpr float kZeroCentred = 1.0f;
 
@@ -46,19 +45,19 @@ struct AttnWeights {
 struct HybridLayer {
   bool linear = false;
   std::vector<float> attn_norm, ffn_norm;  // [H], zero-centred
-  AttnWeights attn;                        // full-attention layers
-  GdnWeights gdn;                          // linear-attention layers
-  int64_t kv_layer = -1;                   // index in the KV pool (full attention)
-  int64_t state_index = -1;                // index among the GDN layers
+  AttnWeights attn;  // full-attention layers
+  GdnWeights gdn;  // linear-attention layers
+  int64_t kv_layer = -1;  // index in the KV pool (full attention)
+  int64_t state_index = -1;  // index among the GDN layers
   bool moe = false;
   MoeWeights experts;
   SwigluWeights mlp;
 };
 
 struct MtpWeights {
-  kernels::LinearWeight fc{};                // [H, 2H], float or quantized
-  std::vector<float> enorm, hnorm, norm;     // [H], zero-centred
-  HybridLayer layer;                         // full attention + FFN
+  kernels::LinearWeight fc{};  // [H, 2H], float or quantized
+  std::vector<float> enorm, hnorm, norm;  // [H], zero-centred
+  HybridLayer layer;  // full attention + FFN
 };
 
 class Qwen35Model final : public Model, public MtpHead {
@@ -85,13 +84,16 @@ class Qwen35Model final : public Model, public MtpHead {
       HybridLayer& L = layers_[i];
       L.linear = cfg.is_linear_attention_layer(i);
       load_layer(prefix_ + "layers." + std::to_string(i) + ".", i, L);
-      if (L.linear) L.state_index = n_linear_++;
-      else L.kv_layer = n_full_++;
+      if (L.linear)
+        L.state_index = n_linear_++;
+      else
+        L.kv_layer = n_full_++;
     }
     dims_ = shard_.gdn_dims(dims_);  // the layers' GDN weights are this rank's heads from here on
     // MTP head: present in the published checkpoints; optional (speculative decoding only).
     // Qwen3-Next's config.json does not declare it: the mtp.layers.* tensors do.
-    config_.mtp_num_hidden_layers = mtp_layers(cfg, [this](const std::string& name) { return store_.find(name) != nullptr; });
+    config_.mtp_num_hidden_layers =
+        mtp_layers(cfg, [this](const std::string& name) { return store_.find(name) != nullptr; });
     const int mtp_layers = config_.mtp_num_hidden_layers;
     // Drafting is not mirrored across ranks (ParallelModel), so a group leaves the head unloaded.
     if (mtp_layers > 0 && stored_mtp_layers(store_) > 0 && !shard_.distributed()) {
@@ -195,7 +197,8 @@ class Qwen35Model final : public Model, public MtpHead {
       shard_.shard_gdn(L.gdn, dims_);
     } else {
       const parallel::Range kv{shard_.kv_heads.begin * hd, shard_.kv_heads.end * hd};
-      L.attn.wq = shard_.rows(L.attn.wq, parallel::Range{shard_.heads.begin * q_rows_per_head, shard_.heads.end * q_rows_per_head});
+      L.attn.wq = shard_.rows(L.attn.wq, parallel::Range{shard_.heads.begin * q_rows_per_head,
+                                                         shard_.heads.end * q_rows_per_head});
       L.attn.wk = shard_.rows(L.attn.wk, kv);
       L.attn.wv = shard_.rows(L.attn.wv, kv);
       L.attn.wo = shard_.columns(L.attn.wo, parallel::Range{shard_.heads.begin * hd, shard_.heads.end * hd});
@@ -216,8 +219,10 @@ class Qwen35Model final : public Model, public MtpHead {
     } else {
       for (const kernels::LinearWeight* m : {&L.attn.wq, &L.attn.wk, &L.attn.wv, &L.attn.wo}) b += m->bytes();
     }
-    if (L.moe) b += L.experts.weight_bytes_active();
-    else b += L.mlp.bytes();
+    if (L.moe)
+      b += L.experts.weight_bytes_active();
+    else
+      b += L.mlp.bytes();
     return b;
   }
 
@@ -240,29 +245,29 @@ class Qwen35Model final : public Model, public MtpHead {
   void gated_attention(const HybridLayer& L, const ForwardBatch& batch, KvPool& kv, const float* a, float* y);
 
   WeightStore store_;
-  TensorShard shard_;                  // this rank's part (everything in one process)
+  TensorShard shard_;  // this rank's part (everything in one process)
   QuantizationConfig quant_;
   std::string prefix_;
-  kernels::LinearWeight embed_{};      // [V, H], float or quantized
-  std::vector<float> final_norm_;      // [H], zero-centred
-  kernels::LinearWeight lm_head_{};    // [V, H], float or quantized (embed_ when tied)
-  GdnDims dims_;                       // this rank's GDN heads (after loading)
+  kernels::LinearWeight embed_{};  // [V, H], float or quantized
+  std::vector<float> final_norm_;  // [H], zero-centred
+  kernels::LinearWeight lm_head_{};  // [V, H], float or quantized (embed_ when tied)
+  GdnDims dims_;  // this rank's GDN heads (after loading)
   std::vector<HybridLayer> layers_;
   int64_t n_full_ = 0, n_linear_ = 0;
   MtpWeights mtp_;
   bool has_mtp_ = false;
-  bool hidden_all_tokens_ = false;     // set_hidden_for_all_tokens()
+  bool hidden_all_tokens_ = false;  // set_hidden_for_all_tokens()
   RopeTables rope_;
-  std::vector<uint64_t> counts_;       // [layers, E]
+  std::vector<uint64_t> counts_;  // [layers, E]
 
   // Recurrent state: lives in the runtime's sequence memory (SeqChunk::state).
-  int64_t layer_state_floats_ = 0;     // one GDN layer's conv state + S
-  std::vector<float*> states_;         // per batch chunk, for the current GDN layer
+  int64_t layer_state_floats_ = 0;  // one GDN layer's conv state + S
+  std::vector<float*> states_;  // per batch chunk, for the current GDN layer
   std::vector<float*> chunk_token_states_;  // per batch chunk, for the current GDN layer (nullptr: none)
 
   MoeFfn moe_;
   GdnLayer gdn_;
-  std::vector<float> x_, xn_, out_;    // [T, H]
+  std::vector<float> x_, xn_, out_;  // [T, H]
   std::vector<float> qfull_, q_, gate_, k_, v_, attn_;
   std::vector<float> ffn_scratch_, rows_, hidden_, cat_;
   std::vector<int32_t> positions_;
@@ -292,8 +297,10 @@ void Qwen35Model::gated_attention(const HybridLayer& L, const ForwardBatch& batc
   kernels::rmsnorm(q_.data(), w.q_norm.data(), q_.data(), T * nh, hd, c.rms_norm_eps, kZeroCentred);
   kernels::rmsnorm(k_.data(), w.k_norm.data(), k_.data(), T * nkv, hd, c.rms_norm_eps, kZeroCentred);
   // Text-only positions make Qwen3.5's interleaved M-RoPE plain NeoX RoPE on rotary_dim dims.
-  kernels::rope_neox(q_.data(), T, nh, hd, c.rope.rotary_dim, positions_.data(), rope_.inv_freq.data(), rope_.attn_factor);
-  kernels::rope_neox(k_.data(), T, nkv, hd, c.rope.rotary_dim, positions_.data(), rope_.inv_freq.data(), rope_.attn_factor);
+  kernels::rope_neox(q_.data(), T, nh, hd, c.rope.rotary_dim, positions_.data(), rope_.inv_freq.data(),
+                     rope_.attn_factor);
+  kernels::rope_neox(k_.data(), T, nkv, hd, c.rope.rotary_dim, positions_.data(), rope_.inv_freq.data(),
+                     rope_.attn_factor);
   paged_attention(batch, kv, L.kv_layer, q_.data(), k_.data(), v_.data(), nh, nkv, hd,
                   1.0f / std::sqrt(static_cast<float>(hd)), attn_.data());
   if (c.attn_output_gate) {
@@ -351,9 +358,10 @@ void Qwen35Model::forward(const ForwardBatch& batch, KvPool& kv, float* logits) 
   if (n_linear_ > 0) {
     for (const SeqChunk& s : batch.seqs) {
       if (s.state == nullptr) {
-        fail("a chunk of {} tokens at position {} has no recurrent state: a {} model's sequences need "
-             "SeqChunk::state ({} floats, Model::state_shape(); runtime/sequence_memory.h)",
-             s.n_tokens, s.pos0, c.model_type, n_linear_ * layer_state_floats_);
+        fail(
+            "a chunk of {} tokens at position {} has no recurrent state: a {} model's sequences need "
+            "SeqChunk::state ({} floats, Model::state_shape(); runtime/sequence_memory.h)",
+            s.n_tokens, s.pos0, c.model_type, n_linear_ * layer_state_floats_);
       }
       if (s.token_states != nullptr && shard_.distributed()) {
         fail("per-token recurrent states are not kept on a tensor-parallel group (StateShape::token_states)");

@@ -23,8 +23,7 @@ RopeTables compute_rope_tables(const RopeConfig& rope, int rot_dim) {
     t.inv_freq[i] = static_cast<float>(std::pow(static_cast<double>(rope.theta), -2.0 * i / rot_dim));
   }
   switch (rope.scaling) {
-    case RopeScaling::kNone:
-      break;
+    case RopeScaling::kNone: break;
     case RopeScaling::kLinear:
       for (float& f : t.inv_freq) f /= rope.factor;
       break;
@@ -38,8 +37,8 @@ RopeTables compute_rope_tables(const RopeConfig& rope, int rot_dim) {
         if (wavelen > low_wavelen) {
           f = static_cast<float>(f / rope.factor);
         } else {
-          const double smooth = (old_ctx / wavelen - rope.low_freq_factor) /
-                                (rope.high_freq_factor - rope.low_freq_factor);
+          const double smooth =
+              (old_ctx / wavelen - rope.low_freq_factor) / (rope.high_freq_factor - rope.low_freq_factor);
           f = static_cast<float>((1.0 - smooth) * f / rope.factor + smooth * f);
         }
       }
@@ -59,8 +58,8 @@ RopeTables compute_rope_tables(const RopeConfig& rope, int rot_dim) {
         const double interpolation = 1.0 / (rope.factor * pos_freq);
         const double ramp = std::clamp((i - low) / (high - low), 0.0, 1.0);
         const double extrapolation_weight = 1.0 - ramp;
-        t.inv_freq[i] = static_cast<float>(interpolation * (1.0 - extrapolation_weight) +
-                                           extrapolation * extrapolation_weight);
+        t.inv_freq[i] =
+            static_cast<float>(interpolation * (1.0 - extrapolation_weight) + extrapolation * extrapolation_weight);
       }
       t.attn_factor = rope.attention_factor;
       break;

@@ -4,8 +4,8 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <utility>
@@ -36,7 +36,9 @@ void release_mapped_pages(const void* p, int64_t n) {
 }
 
 // Bytes per row of a quantized matrix's weights and scales.
-int64_t qweight_row_bytes(const kernels::QuantMatRef& w) { return kernels::scheme_is_int4(w.scheme) ? w.cols / 2 : w.cols; }
+int64_t qweight_row_bytes(const kernels::QuantMatRef& w) {
+  return kernels::scheme_is_int4(w.scheme) ? w.cols / 2 : w.cols;
+}
 int64_t scale_row_bytes(const kernels::QuantMatRef& w) {
   return kernels::scheme_is_int4(w.scheme) ? w.groups_per_row() * 2 : static_cast<int64_t>(sizeof(float));
 }
@@ -77,17 +79,19 @@ TensorShard::TensorShard(const parallel::ParallelPlan& plan, const ModelConfig& 
 
 void TensorShard::check_split(const ModelConfig& cfg, int tp, int ep, const std::string& where) {
   if (cfg.num_heads % tp != 0 || cfg.num_kv_heads % tp != 0) {
-    fail("{}: --tp {} must divide num_attention_heads ({}) and num_key_value_heads ({}); pick a divisor of both",
-         where, tp, cfg.num_heads, cfg.num_kv_heads);
+    fail("{}: --tp {} must divide num_attention_heads ({}) and num_key_value_heads ({}); pick a divisor of both", where,
+         tp, cfg.num_heads, cfg.num_kv_heads);
   }
   if (ep > 1 && cfg.num_experts == 0) {
     fail("{}: --ep {} splits experts, but this {} model has none; use --tp", where, ep, cfg.model_type);
   }
-  if (ep > cfg.num_experts && cfg.num_experts > 0) fail("{}: --ep {} exceeds the model's {} experts", where, ep, cfg.num_experts);
+  if (ep > cfg.num_experts && cfg.num_experts > 0)
+    fail("{}: --ep {} exceeds the model's {} experts", where, ep, cfg.num_experts);
   if (cfg.linear_num_key_heads > 0 && tp > cfg.linear_num_key_heads) {
-    fail("{}: --tp {} exceeds the model's {} linear-attention key heads (linear_num_key_heads); each rank needs at "
-         "least one",
-         where, tp, cfg.linear_num_key_heads);
+    fail(
+        "{}: --tp {} exceeds the model's {} linear-attention key heads (linear_num_key_heads); each rank needs at "
+        "least one",
+        where, tp, cfg.linear_num_key_heads);
   }
 }
 
@@ -161,10 +165,11 @@ kernels::LinearWeight TensorShard::columns(const kernels::LinearWeight& w, Range
   const kernels::QuantMatRef& q = w.quant;
   const bool int4 = kernels::scheme_is_int4(q.scheme);
   if (int4 && (c.begin % q.group_size != 0 || c.end % q.group_size != 0)) {
-    fail("{}: tensor parallelism splits its {} input columns at [{}, {}), which is not a multiple of the "
-         "quantization group size {}; pick a --tp that gives each rank whole groups, or quantize with a smaller "
-         "--group-size",
-         w.name, q.cols, c.begin, c.end, q.group_size);
+    fail(
+        "{}: tensor parallelism splits its {} input columns at [{}, {}), which is not a multiple of the "
+        "quantization group size {}; pick a --tp that gives each rank whole groups, or quantize with a smaller "
+        "--group-size",
+        w.name, q.cols, c.begin, c.end, q.group_size);
   }
   const int64_t qb = qweight_row_bytes(q), sb = scale_row_bytes(q);
   const int64_t q0 = int4 ? c.begin / 2 : c.begin, qn = int4 ? c.size() / 2 : c.size();
@@ -230,7 +235,8 @@ kernels::LinearWeight TensorShard::rows(const kernels::LinearWeight& w, const st
   uint8_t* ds = allocate(total * sb);
   int64_t at = 0;
   for (const Range& r : ranges) {
-    std::memcpy(dq + at * qb, static_cast<const uint8_t*>(q.qweight) + r.begin * qb, static_cast<size_t>(r.size() * qb));
+    std::memcpy(dq + at * qb, static_cast<const uint8_t*>(q.qweight) + r.begin * qb,
+                static_cast<size_t>(r.size() * qb));
     std::memcpy(ds + at * sb, static_cast<const uint8_t*>(q.scales) + r.begin * sb, static_cast<size_t>(r.size() * sb));
     at += r.size();
   }
@@ -242,7 +248,8 @@ kernels::LinearWeight TensorShard::rows(const kernels::LinearWeight& w, const st
   return out;
 }
 
-std::vector<float> TensorShard::slice_rows(const std::vector<float>& v, int64_t width, const std::vector<Range>& ranges) {
+std::vector<float> TensorShard::slice_rows(const std::vector<float>& v, int64_t width,
+                                           const std::vector<Range>& ranges) {
   std::vector<float> out;
   for (const Range& r : ranges) out.insert(out.end(), v.begin() + r.begin * width, v.begin() + r.end * width);
   return out;
@@ -326,7 +333,8 @@ void TensorShard::moe(MoeFfn& ffn, const MoeWeights& w, const float* x, int64_t 
   plan_.comm->all_gather(own_rows_.data(), chunk * H * static_cast<int64_t>(sizeof(float)), all_rows_.data());
   for (int r = 0; r < P; ++r) {
     const Range rows = parallel::split_range(T, P, r);
-    std::memcpy(y + rows.begin * H, all_rows_.data() + r * chunk * H, static_cast<size_t>(rows.size() * H) * sizeof(float));
+    std::memcpy(y + rows.begin * H, all_rows_.data() + r * chunk * H,
+                static_cast<size_t>(rows.size() * H) * sizeof(float));
   }
 }
 
@@ -340,9 +348,10 @@ void TensorShard::logits(const float* rows, int64_t R, const kernels::LinearWeig
     return;
   }
   if (head.quantized) {
-    fail("{}: a quantized output head cannot be split by vocabulary yet; quantize with --embed-head bf16 (the "
-         "default) to run this checkpoint with --tp",
-         head.name);
+    fail(
+        "{}: a quantized output head cannot be split by vocabulary yet; quantize with --embed-head bf16 (the "
+        "default) to run this checkpoint with --tp",
+        head.name);
   }
   logits(rows, R, head.dense, out);
 }

@@ -54,11 +54,11 @@ class TensorShard {
   bool merged_sync() const { return plan_.merged_sync; }
 
   // This rank's ranges (whole when the dimension is not split).
-  parallel::Range heads;     // attention heads
+  parallel::Range heads;  // attention heads
   parallel::Range kv_heads;  // KV heads (KvPool holds these only)
-  parallel::Range ffn;       // dense MLP intermediate columns
-  parallel::Range vocab;     // output-head rows
-  parallel::Range experts;   // MoE experts this rank computes (ep > 1)
+  parallel::Range ffn;  // dense MLP intermediate columns
+  parallel::Range vocab;  // output-head rows
+  parallel::Range experts;  // MoE experts this rank computes (ep > 1)
   parallel::Range expert_ffn;  // columns of each expert's intermediate (tp > 1, ep == 1)
 
   // Column-parallel: output rows r of w (a view in one process, a copy in a group; a
@@ -98,7 +98,7 @@ class TensorShard {
   // (ExpertDispatch), then an all-gather of the rows. One process: MoeFfn alone.
   void moe(MoeFfn& ffn, const MoeWeights& w, const float* x, int64_t T, int64_t H, float* y, uint64_t* counts);
   GdnDims gdn_dims(const GdnDims& whole) const;  // this rank's heads (whole without TP)
-  parallel::Range gdn_key_heads;    // set by the constructor for hybrid models
+  parallel::Range gdn_key_heads;  // set by the constructor for hybrid models
   parallel::Range gdn_value_heads;
 
   // Sums the ranks' partial outputs x[n] (row-parallel layers, MoE). No-op when the
@@ -138,10 +138,10 @@ class TensorShard {
   int64_t vocab_size_ = 0;
   bool weights_mapped_ = true;
   std::vector<std::unique_ptr<uint8_t, FreeDeleter>> owned_;  // row-parallel weight copies
-  std::vector<float> local_logits_, gathered_;                // [R, Vc], [tp, R, Vc]
-  std::vector<int32_t> expert_owner_;                         // [E] rank holding each expert
+  std::vector<float> local_logits_, gathered_;  // [R, Vc], [tp, R, Vc]
+  std::vector<int32_t> expert_owner_;  // [E] rank holding each expert
   ExpertDispatch dispatch_;
-  std::vector<float> own_rows_, all_rows_;                    // [ceil(T/p), H], [p, ceil(T/p), H]
+  std::vector<float> own_rows_, all_rows_;  // [ceil(T/p), H], [p, ceil(T/p), H]
 };
 
 }  // namespace infera

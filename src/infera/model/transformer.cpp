@@ -34,14 +34,14 @@ using kernels::LinearWeight;
 
 struct LlamaLayer {
   std::vector<float> attn_norm;  // [H]
-  std::vector<float> ffn_norm;   // [H]
-  std::vector<float> q_norm;     // [head_dim] (qk_norm only)
-  std::vector<float> k_norm;     // [head_dim] (qk_norm only)
-  LinearWeight wq, wk, wv, wo;   // [nh*hd, H], [nkv*hd, H], [nkv*hd, H], [H, nh*hd]
+  std::vector<float> ffn_norm;  // [H]
+  std::vector<float> q_norm;  // [head_dim] (qk_norm only)
+  std::vector<float> k_norm;  // [head_dim] (qk_norm only)
+  LinearWeight wq, wk, wv, wo;  // [nh*hd, H], [nkv*hd, H], [nkv*hd, H], [H, nh*hd]
   std::vector<float> bq, bk, bv, bo;  // attention_bias only
   LinearWeight w_gate, w_up, w_down;  // [F, H], [F, H], [H, F] (float or quantized); dense layers
   bool moe = false;
-  MoeWeights experts;                 // MoE layers (Qwen3-MoE)
+  MoeWeights experts;  // MoE layers (Qwen3-MoE)
 };
 
 class LlamaModel final : public Model {
@@ -53,7 +53,9 @@ class LlamaModel final : public Model {
     const int64_t nh = cfg.num_heads, nkv = cfg.num_kv_heads, hd = cfg.head_dim;
     // A checkpoint written by `infera quantize` says in config.json how each layer is stored.
     const QuantizationConfig qc = read_quantization_config(store_.dir());
-    auto bind = [&](const std::string& name, int64_t rows, int64_t cols) { return bind_linear(store_, name, rows, cols, qc); };
+    auto bind = [&](const std::string& name, int64_t rows, int64_t cols) {
+      return bind_linear(store_, name, rows, cols, qc);
+    };
     embed_ = bind("model.embed_tokens.weight", V, H);
     final_norm_ = load_vector(store_, "model.norm.weight", H);
     if (cfg.tie_word_embeddings) {
@@ -106,8 +108,10 @@ class LlamaModel final : public Model {
     int64_t bytes = lm_head_.bytes() + embed_.bytes() / std::max<int64_t>(embed_.rows(), 1);
     for (const auto& L : layers_) {
       for (const LinearWeight* m : {&L.wq, &L.wk, &L.wv, &L.wo}) bytes += m->bytes();
-      if (L.moe) bytes += L.experts.weight_bytes_active();
-      else bytes += L.w_gate.bytes() + L.w_up.bytes() + L.w_down.bytes();
+      if (L.moe)
+        bytes += L.experts.weight_bytes_active();
+      else
+        bytes += L.w_gate.bytes() + L.w_up.bytes() + L.w_down.bytes();
     }
     return bytes;
   }
@@ -170,24 +174,24 @@ class LlamaModel final : public Model {
   }
 
   WeightStore store_;
-  TensorShard shard_;                  // this rank's part (everything without TP)
-  LinearWeight embed_;                 // [V, H]
-  std::vector<float> final_norm_;      // [H]
-  LinearWeight lm_head_;               // [V, H]
+  TensorShard shard_;  // this rank's part (everything without TP)
+  LinearWeight embed_;  // [V, H]
+  std::vector<float> final_norm_;  // [H]
+  LinearWeight lm_head_;  // [V, H]
   std::vector<LlamaLayer> layers_;
   RopeTables rope_;
   std::vector<uint64_t> counts_;  // [layers, E] tokens routed to each expert
   MoeFfn moe_;
 
   int64_t scratch_tokens_ = 0;
-  std::vector<float> x_;        // [T, H] residual stream
-  std::vector<float> xn_;       // [T, H] normed input / projection output
-  std::vector<float> q_;        // [T, nh, hd]
-  std::vector<float> k_, v_;    // [T, nkv, hd]
-  std::vector<float> attn_;     // [T, nh, hd]
+  std::vector<float> x_;  // [T, H] residual stream
+  std::vector<float> xn_;  // [T, H] normed input / projection output
+  std::vector<float> q_;  // [T, nh, hd]
+  std::vector<float> k_, v_;  // [T, nkv, hd]
+  std::vector<float> attn_;  // [T, nh, hd]
   std::vector<float> gate_, up_;  // [T, F]
   std::vector<float> ffn_out_;  // [T, H] MoE output
-  std::vector<float> rows_;     // [R, H] hidden rows that need logits
+  std::vector<float> rows_;  // [R, H] hidden rows that need logits
   std::vector<int32_t> positions_;  // [T]
 };
 
@@ -231,8 +235,10 @@ void LlamaModel::forward(const ForwardBatch& batch, KvPool& kv, float* logits) {
       kernels::rmsnorm(q_.data(), L.q_norm.data(), q_.data(), T * nh, hd, c.rms_norm_eps);
       kernels::rmsnorm(k_.data(), L.k_norm.data(), k_.data(), T * nkv, hd, c.rms_norm_eps);
     }
-    kernels::rope_neox(q_.data(), T, nh, hd, c.rope.rotary_dim, positions_.data(), rope_.inv_freq.data(), rope_.attn_factor);
-    kernels::rope_neox(k_.data(), T, nkv, hd, c.rope.rotary_dim, positions_.data(), rope_.inv_freq.data(), rope_.attn_factor);
+    kernels::rope_neox(q_.data(), T, nh, hd, c.rope.rotary_dim, positions_.data(), rope_.inv_freq.data(),
+                       rope_.attn_factor);
+    kernels::rope_neox(k_.data(), T, nkv, hd, c.rope.rotary_dim, positions_.data(), rope_.inv_freq.data(),
+                       rope_.attn_factor);
 
     paged_attention(batch, kv, l, q_.data(), k_.data(), v_.data(), nh, nkv, hd, scale, attn_.data());
     kernels::linear(attn_.data(), T, L.wo, xn_.data());

@@ -14,15 +14,11 @@ kernels::MatRef as_matrix(const TensorInfo& t) {
   return kernels::MatRef{t.data, t.dtype, t.shape[0], t.shape[1]};
 }
 
-int64_t matrix_bytes(const kernels::MatRef& m) {
-  return m.rows * m.cols * static_cast<int64_t>(dtype_size(m.dtype));
-}
+int64_t matrix_bytes(const kernels::MatRef& m) { return m.rows * m.cols * static_cast<int64_t>(dtype_size(m.dtype)); }
 
 void to_f32(const void* src, DType dtype, int64_t n, float* out) {
   switch (dtype) {
-    case DType::kF32:
-      std::memcpy(out, src, n * sizeof(float));
-      return;
+    case DType::kF32: std::memcpy(out, src, n * sizeof(float)); return;
     case DType::kBF16: {
       const auto* s = static_cast<const uint16_t*>(src);
       for (int64_t i = 0; i < n; ++i) out[i] = bf16_to_f32(s[i]);
@@ -33,8 +29,7 @@ void to_f32(const void* src, DType dtype, int64_t n, float* out) {
       for (int64_t i = 0; i < n; ++i) out[i] = f16_to_f32(s[i]);
       return;
     }
-    default:
-      fail("cannot convert {} to f32", dtype_name(dtype));
+    default: fail("cannot convert {} to f32", dtype_name(dtype));
   }
 }
 

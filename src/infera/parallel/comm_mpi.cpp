@@ -52,8 +52,10 @@ class MpiCommunicator final : public Communicator {
         fail("MPI_Init_thread failed (is this process started by mpirun?)");
       }
       if (provided < MPI_THREAD_SERIALIZED) {
-        std::fprintf(stderr, "warning: this MPI library gives thread level %d, below MPI_THREAD_SERIALIZED; a "
-                     "server calls MPI from more than one thread (one at a time)\n", provided);
+        std::fprintf(stderr,
+                     "warning: this MPI library gives thread level %d, below MPI_THREAD_SERIALIZED; a "
+                     "server calls MPI from more than one thread (one at a time)\n",
+                     provided);
       }
     }
     MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
@@ -213,8 +215,9 @@ namespace infera::parallel {
 bool mpi_available() { return false; }
 
 std::unique_ptr<Communicator> make_mpi_communicator() {
-  fail("this infera was built without MPI, so --tp/--ep above 1 are unavailable: install OpenMPI "
-       "(apt-get install openmpi-bin libopenmpi-dev) and rebuild");
+  fail(
+      "this infera was built without MPI, so --tp/--ep above 1 are unavailable: install OpenMPI "
+      "(apt-get install openmpi-bin libopenmpi-dev) and rebuild");
 }
 
 }  // namespace infera::parallel

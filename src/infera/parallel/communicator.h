@@ -20,7 +20,7 @@ std::string_view collective_name(Collective c);  // "all_reduce", ...
 
 struct CollectiveStats {
   int64_t calls = 0;
-  int64_t bytes = 0;     // payload this rank contributed (see Communicator for the definition per kind)
+  int64_t bytes = 0;  // payload this rank contributed (see Communicator for the definition per kind)
   double seconds = 0.0;  // wall time inside the collective on this rank (waiting included)
 };
 

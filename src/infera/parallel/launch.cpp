@@ -59,9 +59,10 @@ int64_t status_field_kib(const char* field) {
 
 int run_under_mpirun(int ranks, GroupSignals signals) {
   if (!on_path("mpirun")) {
-    fail("--tp/--ep {} starts {} ranks with mpirun, which is not on PATH: apt-get install openmpi-bin "
-         "(or start the ranks yourself: mpirun -np {} infera ...)",
-         ranks, ranks, ranks);
+    fail(
+        "--tp/--ep {} starts {} ranks with mpirun, which is not on PATH: apt-get install openmpi-bin "
+        "(or start the ranks yourself: mpirun -np {} infera ...)",
+        ranks, ranks, ranks);
   }
   std::error_code ec;
   const fs::path self = fs::read_symlink("/proc/self/exe", ec);
@@ -197,9 +198,10 @@ void check_same_model_files(Communicator& comm, const std::string& model_dir) {
     if (all[r] != all[0]) differing += (differing.empty() ? "" : ", ") + std::to_string(r);
   }
   if (!differing.empty()) {
-    fail("rank(s) {} see different model files at {} than rank 0 (config.json or weight file sizes differ); "
-         "give every host an identical copy of the model directory",
-         differing, model_dir);
+    fail(
+        "rank(s) {} see different model files at {} than rank 0 (config.json or weight file sizes differ); "
+        "give every host an identical copy of the model directory",
+        differing, model_dir);
   }
 }
 

@@ -11,7 +11,7 @@ namespace infera::parallel {
 
 // What a relaunched group does when the launching process gets SIGINT / SIGTERM.
 enum class GroupSignals {
-  kStop,   // end the group now (infera run)
+  kStop,  // end the group now (infera run)
   kDrain,  // first signal: SIGUSR1 to every rank (mpirun forwards it), which rank 0 of a
            // server takes as "drain, then stop the workers"; a second signal ends the
            // group now (infera serve)

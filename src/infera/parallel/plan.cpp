@@ -25,8 +25,9 @@ void validate_plan(const ParallelPlan& plan) {
          plan.tp, plan.ep, world);
   }
   if (plan.ep_all_to_all && (plan.ep == 1 || plan.tp != 1)) {
-    fail("--ep-dispatch all-to-all needs --ep N without --tp (tokens split across ranks); with tensor-parallel "
-         "attention every rank holds every token and the dispatch is local");
+    fail(
+        "--ep-dispatch all-to-all needs --ep N without --tp (tokens split across ranks); with tensor-parallel "
+        "attention every rank holds every token and the dispatch is local");
   }
 }
 

@@ -32,10 +32,10 @@ namespace infera::quant {
 
 struct ChannelStats {
   std::vector<double> sum_sq, sum_abs;  // [k]
-  std::vector<float> max_abs;           // [k]
-  int64_t count = 0;                    // tokens seen
+  std::vector<float> max_abs;  // [k]
+  int64_t count = 0;  // tokens seen
 
-  std::vector<float> mean_sq() const;   // E[x^2] (the clipping search's importance)
+  std::vector<float> mean_sq() const;  // E[x^2] (the clipping search's importance)
   std::vector<float> mean_abs() const;
 };
 

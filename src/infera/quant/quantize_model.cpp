@@ -40,9 +40,10 @@ EmbedHeadMode parse_embed_head_mode(const std::string& text) {
   if (text == "bf16") return EmbedHeadMode::kBf16;
   if (text == "w8a8" || text == "int8") return EmbedHeadMode::kW8A8;
   if (text == "scheme") return EmbedHeadMode::kScheme;
-  fail("--embed-head: unknown value '{}' (bf16: keep embeddings and head in bf16, w8a8: int8 per channel, "
-       "scheme: quantize them like every other layer)",
-       text);
+  fail(
+      "--embed-head: unknown value '{}' (bf16: keep embeddings and head in bf16, w8a8: int8 per channel, "
+      "scheme: quantize them like every other layer)",
+      text);
 }
 
 namespace {
@@ -87,8 +88,8 @@ std::vector<float> read_f32(const TensorInfo& t) {
 // Smoothing factors decided before the shards are written (calibration only).
 struct SmoothingPlan {
   std::map<std::string, std::vector<float>> col_scale;  // linear: W[:, k] *= s_k
-  std::map<std::string, std::vector<float>> row_div;    // up_proj: W[k, :] /= s_k
-  std::map<std::string, std::vector<float>> elem_div;   // norm weight: g_k /= s_k
+  std::map<std::string, std::vector<float>> row_div;  // up_proj: W[k, :] /= s_k
+  std::map<std::string, std::vector<float>> elem_div;  // norm weight: g_k /= s_k
   bool zero_centred_norms = false;  // the hybrid's RMSNorms apply (1 + g): 1 + g_k <- (1 + g_k) / s_k
 };
 
@@ -155,8 +156,9 @@ struct Planner {
       std::vector<float> s(k, 1.0f);
       if (alpha > 0.0f) {
         for (int64_t c = 0; c < k; ++c) {
-          s[c] = awq ? std::pow(std::max(mean_abs[c], 1e-8f), alpha)
-                     : std::pow(std::max(st.max_abs[c], 1e-5f), alpha) / std::pow(std::max(wmax[c], 1e-5f), 1.0f - alpha);
+          s[c] =
+              awq ? std::pow(std::max(mean_abs[c], 1e-8f), alpha)
+                  : std::pow(std::max(st.max_abs[c], 1e-5f), alpha) / std::pow(std::max(wmax[c], 1e-5f), 1.0f - alpha);
           s[c] = std::clamp(s[c], 1e-4f, 1e4f);
         }
         // Centre the factors (geometric mean of the extremes = 1) so neither side drifts.
@@ -228,8 +230,8 @@ void progress_line(bool show, size_t shard, size_t shards, size_t done, size_t t
   if (!show) return;
   const int width = 30;
   const int filled = total ? static_cast<int>(width * done / total) : width;
-  std::fprintf(stderr, "\r[%.*s%*s] shard %zu/%zu  %zu/%zu  %-48.48s", filled,
-               "##############################", width - filled, "", shard, shards, done, total, name.c_str());
+  std::fprintf(stderr, "\r[%.*s%*s] shard %zu/%zu  %zu/%zu  %-48.48s", filled, "##############################",
+               width - filled, "", shard, shards, done, total, name.c_str());
   std::fflush(stderr);
 }
 
@@ -247,15 +249,17 @@ QuantizeReport quantize_model(const std::string& in_dir, const std::string& out_
     fail("{}: quantization supports model_type {}, not '{}'", in_dir, runnable_arch_names(), cfg.model_type);
   }
   if (read_quantization_config(in_dir).present) {
-    fail("{}: the model is already quantized (config.json has a quantization_config); quantize the original "
-         "float checkpoint instead",
-         in_dir);
+    fail(
+        "{}: the model is already quantized (config.json has a quantization_config); quantize the original "
+        "float checkpoint instead",
+        in_dir);
   }
   std::error_code ec;
   if (fs::exists(out_dir) && !fs::is_empty(out_dir, ec)) {
     fail("{}: output directory exists and is not empty (choose a new or empty directory)", out_dir);
   }
-  if (fs::weakly_canonical(in_dir, ec) == fs::weakly_canonical(out_dir, ec)) fail("output directory is the input directory");
+  if (fs::weakly_canonical(in_dir, ec) == fs::weakly_canonical(out_dir, ec))
+    fail("output directory is the input directory");
 
   const WeightStore store = WeightStore::open(in_dir);
   const std::vector<std::string> names = store.names();
@@ -303,7 +307,8 @@ QuantizeReport quantize_model(const std::string& in_dir, const std::string& out_
     }
     const int64_t cols = t.shape.back();
     if (!lq.dense && kernels::scheme_is_int4(lq.scheme) && cols % lq.group_size != 0) {
-      lq.reason = fmt::format("group size {} does not divide its {} columns: per-channel w8a8 instead", lq.group_size, cols);
+      lq.reason =
+          fmt::format("group size {} does not divide its {} columns: per-channel w8a8 instead", lq.group_size, cols);
       lq.scheme = QuantScheme::kW8A8;
       lq.group_size = 0;
       override = true;
@@ -313,9 +318,10 @@ QuantizeReport quantize_model(const std::string& in_dir, const std::string& out_
   }
   for (size_t p = 0; p < o.fallback_patterns.size(); ++p) {
     if (pattern_hits[p] == 0) {
-      report.warnings.push_back(fmt::format("--fallback '{}' matches no linear layer (names look like "
-                                            "model.layers.0.mlp.down_proj.weight)",
-                                            o.fallback_patterns[p]));
+      report.warnings.push_back(
+          fmt::format("--fallback '{}' matches no linear layer (names look like "
+                      "model.layers.0.mlp.down_proj.weight)",
+                      o.fallback_patterns[p]));
     }
   }
   for (const auto& w : report.warnings) LOG_WARN("{}", w);
@@ -341,14 +347,16 @@ QuantizeReport quantize_model(const std::string& in_dir, const std::string& out_
       p.smooth({pre + "mlp.down_proj.weight"}, pre + "mlp.up_proj.weight", false);
       p.smooth({pre + "self_attn.q_proj.weight", pre + "self_attn.k_proj.weight", pre + "self_attn.v_proj.weight"},
                pre + "input_layernorm.weight", true);
-      p.smooth({pre + "mlp.gate_proj.weight", pre + "mlp.up_proj.weight"}, pre + "post_attention_layernorm.weight", true);
+      p.smooth({pre + "mlp.gate_proj.weight", pre + "mlp.up_proj.weight"}, pre + "post_attention_layernorm.weight",
+               true);
     }
     plan = std::move(p.plan);
     json cal = json::object();
     cal["file"] = fs::path(o.calib_file).filename().string();
     cal["tokens"] = report.calib_tokens_used;
     cal["smoothed_layers"] = plan.col_scale.size();
-    cal["method"] = int4 ? "awq-style scaling search + weighted clipping search" : "smoothquant-style migration search + weighted clipping search";
+    cal["method"] = int4 ? "awq-style scaling search + weighted clipping search"
+                         : "smoothquant-style migration search + weighted clipping search";
     qc.calibration_json = cal.dump();
   }
 
@@ -411,7 +419,8 @@ QuantizeReport quantize_model(const std::string& in_dir, const std::string& out_
         out.push_back(make_tensor(name, DType::kBF16, t.shape, from_f32(w, DType::kBF16)));
         lr.bytes_after = rows * cols * 2;
       } else {
-        QuantizedMatrix q = quantize_matrix(w.data(), rows, cols, lq.scheme, lq.group_size, imp.empty() ? nullptr : imp.data());
+        QuantizedMatrix q =
+            quantize_matrix(w.data(), rows, cols, lq.scheme, lq.group_size, imp.empty() ? nullptr : imp.data());
         const bool q4 = kernels::scheme_is_int4(lq.scheme);
         lr.bytes_after = static_cast<int64_t>(q.qweight.size() + q.scales.size());
         out.push_back(make_tensor(name + ".qweight", q4 ? DType::kU8 : DType::kI8, with_cols(q4 ? cols / 2 : cols),
@@ -429,7 +438,9 @@ QuantizeReport quantize_model(const std::string& in_dir, const std::string& out_
       total_size += static_cast<int64_t>(ot.bytes.size());
     }
     write_safetensors((fs::path(out_dir) / file).string(), tw,
-                      {{"format", "pt"}, {"quantized_by", "infera"}, {"scheme", std::string(kernels::scheme_name(o.scheme))}});
+                      {{"format", "pt"},
+                       {"quantized_by", "infera"},
+                       {"scheme", std::string(kernels::scheme_name(o.scheme))}});
   }
   if (o.show_progress) std::fprintf(stderr, "\n");
 
@@ -494,11 +505,11 @@ std::string format_report(const QuantizeReport& r) {
     s += fmt::format("{:<{}}  {:<9}  {:>11}  {:>11}  {}\n", l.name, w, l.label, human_bytes(l.bytes_before),
                      human_bytes(l.bytes_after), l.reason);
   }
-  s += fmt::format("{:<{}}  {:<9}  {:>11}  {:>11}\n", "(norms and other tensors)", w, "as is", human_bytes(r.other_bytes_before),
-                   human_bytes(r.other_bytes_after));
+  s += fmt::format("{:<{}}  {:<9}  {:>11}  {:>11}\n", "(norms and other tensors)", w, "as is",
+                   human_bytes(r.other_bytes_before), human_bytes(r.other_bytes_after));
   const double ratio = r.total_bytes_after > 0 ? static_cast<double>(r.total_bytes_before) / r.total_bytes_after : 0.0;
-  s += fmt::format("{:<{}}  {:<9}  {:>11}  {:>11}  {:.2f}x smaller\n", "total", w, "", human_bytes(r.total_bytes_before),
-                   human_bytes(r.total_bytes_after), ratio);
+  s += fmt::format("{:<{}}  {:<9}  {:>11}  {:>11}  {:.2f}x smaller\n", "total", w, "",
+                   human_bytes(r.total_bytes_before), human_bytes(r.total_bytes_after), ratio);
   return s;
 }
 

@@ -15,8 +15,8 @@ namespace infera::quant {
 
 // How token embeddings and the output head are stored.
 enum class EmbedHeadMode {
-  kBf16,    // default: kept in bf16 (the layers most sensitive to quantization)
-  kW8A8,    // int8 per channel
+  kBf16,  // default: kept in bf16 (the layers most sensitive to quantization)
+  kW8A8,  // int8 per channel
   kScheme,  // like every other layer (no fallback)
 };
 EmbedHeadMode parse_embed_head_mode(const std::string& text);  // "bf16" | "w8a8" | "scheme"

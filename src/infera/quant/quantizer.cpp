@@ -48,7 +48,9 @@ float search_int8(const float* w, int64_t k, const float* importance, int64_t co
   return best_s;
 }
 
-inline int nibble_of(float w, float inv) { return static_cast<int>(std::clamp(std::nearbyint(w * inv), -8.0f, 7.0f)) + 8; }
+inline int nibble_of(float w, float inv) {
+  return static_cast<int>(std::clamp(std::nearbyint(w * inv), -8.0f, 7.0f)) + 8;
+}
 
 // Best f16 scale of one int4 group: candidates around amax / 7 and around m / -8 (m the
 // element of largest magnitude, so it lands on -8 and the asymmetric range is used in
@@ -111,7 +113,8 @@ QuantizedMatrix quantize_matrix(const float* w, int64_t rows, int64_t cols, Quan
       std::memcpy(q.scales.data() + r * 4, &s, 4);
       auto* qr = reinterpret_cast<int8_t*>(q.qweight.data()) + r * cols;
       const float inv = s == 0.0f ? 0.0f : 1.0f / s;
-      for (int64_t t = 0; t < cols; ++t) qr[t] = static_cast<int8_t>(std::clamp(std::nearbyint(wr[t] * inv), -127.0f, 127.0f));
+      for (int64_t t = 0; t < cols; ++t)
+        qr[t] = static_cast<int8_t>(std::clamp(std::nearbyint(wr[t] * inv), -127.0f, 127.0f));
       continue;
     }
     auto* sr = reinterpret_cast<uint16_t*>(q.scales.data()) + r * groups;

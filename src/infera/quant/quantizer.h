@@ -16,7 +16,7 @@ struct QuantizedMatrix {
   kernels::QuantScheme scheme = kernels::QuantScheme::kW8A8;
   int64_t rows = 0, cols = 0, group_size = 0;  // group_size == cols for W8A8
   std::vector<uint8_t> qweight;  // int8 [rows, cols] or packed int4 [rows, cols / 2]
-  std::vector<uint8_t> scales;   // f32 [rows] (W8A8) or f16 [rows, cols / group_size]
+  std::vector<uint8_t> scales;  // f32 [rows] (W8A8) or f16 [rows, cols / group_size]
 
   kernels::QuantMatRef view() const;
 };

@@ -80,7 +80,8 @@ void MtpDrafter::propose(const StepPlan& plan, const ForwardBatch& batch, const 
     mc.n_blocks = static_cast<int32_t>(seq.block_table.size());
     mc.last_logits = want;
     draft_batch_.seqs.push_back(mc);
-    draft_batch_.tokens.insert(draft_batch_.tokens.end(), seq.tokens.begin() + begin + 1, seq.tokens.begin() + valid_end + 1);
+    draft_batch_.tokens.insert(draft_batch_.tokens.end(), seq.tokens.begin() + begin + 1,
+                               seq.tokens.begin() + valid_end + 1);
     const float* rows = trunk_hidden + (batch.seqs[i].token_begin + (begin - c.pos0)) * H;
     draft_hidden_.insert(draft_hidden_.end(), rows, rows + mc.n_tokens * H);
     seq.drafts.mtp_next_slot = valid_end;
@@ -110,9 +111,9 @@ void MtpDrafter::propose(const StepPlan& plan, const ForwardBatch& batch, const 
         // The penalties see the drafts so far, as verification will.
         const size_t n_tokens = seq.tokens.size();
         seq.tokens.insert(seq.tokens.end(), seq.drafts.tokens.begin(), seq.drafts.tokens.end());
-        const int32_t d = pick_draft(*seq.sampler, draft_logits_.data() + r * V, seq.tokens,
-                                     sampled ? seq.drafts.probs.data() + static_cast<size_t>(step) * V : nullptr,
-                                     prob_scratch_);
+        const int32_t d =
+            pick_draft(*seq.sampler, draft_logits_.data() + r * V, seq.tokens,
+                       sampled ? seq.drafts.probs.data() + static_cast<size_t>(step) * V : nullptr, prob_scratch_);
         seq.tokens.resize(n_tokens);
         seq.drafts.tokens.push_back(d);
         if (static_cast<int32_t>(seq.drafts.tokens.size()) >= limit) continue;
@@ -145,22 +146,23 @@ void MtpDrafter::propose(const StepPlan& plan, const ForwardBatch& batch, const 
   for (const ScheduledChunk& c : plan.chunks) {
     // Keep q rows only for the drafts actually made.
     Sequence& seq = *c.seq;
-    if (seq.status == SeqStatus::kRunning && !seq.drafts.probs.empty()) seq.drafts.probs.resize(seq.drafts.tokens.size() * V);
+    if (seq.status == SeqStatus::kRunning && !seq.drafts.probs.empty())
+      seq.drafts.probs.resize(seq.drafts.tokens.size() * V);
   }
 }
 
 std::unique_ptr<Drafter> make_drafter(const EngineConfig& config, Model& model, KvPool& kv, Scheduler& scheduler) {
   switch (config.speculative.method) {
-    case SpeculativeMethod::kNone:
-      return nullptr;
+    case SpeculativeMethod::kNone: return nullptr;
     case SpeculativeMethod::kNgram:
     case SpeculativeMethod::kCustom:
       return std::make_unique<NgramDrafter>(config.speculative, model.config().vocab_size);
     case SpeculativeMethod::kMtp: {
       MtpHead* head = model.mtp_head();
       if (head == nullptr) {
-        fail("speculative mtp: this model has no multi-token-prediction head (no mtp.* weights or "
-             "mtp_num_hidden_layers 0 in config.json); use --speculative ngram or none");
+        fail(
+            "speculative mtp: this model has no multi-token-prediction head (no mtp.* weights or "
+            "mtp_num_hidden_layers 0 in config.json); use --speculative ngram or none");
       }
       return std::make_unique<MtpDrafter>(*head, kv, scheduler, model.config());
     }

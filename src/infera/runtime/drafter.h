@@ -60,11 +60,11 @@ class MtpDrafter final : public Drafter {
   Scheduler& scheduler_;
   int64_t hidden_size_;
   int32_t vocab_size_;
-  std::vector<float> prob_scratch_;   // [vocab]
-  ForwardBatch draft_batch_;          // one drafting pass over several sequences
-  std::vector<float> draft_hidden_;   // [draft_batch_ tokens, hidden]
-  std::vector<float> draft_logits_;   // [drafting sequences, vocab]
-  std::vector<Sequence*> drafting_;   // sequences with a logits row in the pass, in order
+  std::vector<float> prob_scratch_;  // [vocab]
+  ForwardBatch draft_batch_;  // one drafting pass over several sequences
+  std::vector<float> draft_hidden_;  // [draft_batch_ tokens, hidden]
+  std::vector<float> draft_logits_;  // [drafting sequences, vocab]
+  std::vector<Sequence*> drafting_;  // sequences with a logits row in the pass, in order
 };
 
 // The drafter of config.speculative (null when speculative decoding is off). Throws

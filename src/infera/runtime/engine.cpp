@@ -51,9 +51,10 @@ int32_t resolve_max_context(const Model& model, const EngineConfig& config) {
     return model_max;
   }
   if (model_max > 0 && config.max_context > model_max && !config.allow_context_beyond_model) {
-    fail("engine config: max_context {} exceeds the model's max_position_embeddings {}; lower it, or allow it "
-         "explicitly (allow_context_beyond_model: RoPE extrapolation, quality may degrade)",
-         config.max_context, model_max);
+    fail(
+        "engine config: max_context {} exceeds the model's max_position_embeddings {}; lower it, or allow it "
+        "explicitly (allow_context_beyond_model: RoPE extrapolation, quality may degrade)",
+        config.max_context, model_max);
   }
   return config.max_context;
 }
@@ -90,8 +91,9 @@ EngineCore::EngineCore(Model& model, const EngineConfig& config)
   }
   if (state.floats() > 0 && num_draft_ > 0 && !state.local) {
     // Rejected drafts are undone by copies of the state, which a group splits over its ranks.
-    fail("speculative decoding does not combine with --tp/--ep on a hybrid (recurrent-state) model yet; run "
-         "without one of them");
+    fail(
+        "speculative decoding does not combine with --tp/--ep on a hybrid (recurrent-state) model yet; run "
+        "without one of them");
   }
   if (state.floats() > 0 && num_draft_ > 0 && !state.token_states) {
     LOG_INFO("engine: this model cannot keep per-token recurrent states; a rejected draft costs a re-feed step");
@@ -100,8 +102,8 @@ EngineCore::EngineCore(Model& model, const EngineConfig& config)
     prob_scratch_.resize(vocab_size_);
     counters_.spec_drafted_per_pos.assign(num_draft_, 0);
     counters_.spec_accepted_per_pos.assign(num_draft_, 0);
-    LOG_INFO("engine: speculative decoding with {}, {} draft tokens per step", speculative_method_name(config.speculative.method),
-             num_draft_);
+    LOG_INFO("engine: speculative decoding with {}, {} draft tokens per step",
+             speculative_method_name(config.speculative.method), num_draft_);
   }
   batch_.tokens.reserve(config.max_batch_tokens);
   batch_.seqs.reserve(config.max_num_seqs);
@@ -151,14 +153,16 @@ void EngineCore::validate(const Request& r) const {
   const int64_t limit = std::min<int64_t>(max_context_, capacity);
   const char* why = capacity < max_context_ ? "the KV cache (raise --kv-cache-memory)" : "the context limit";
   if (n > limit || (n == limit && r.max_tokens != 0)) {  // max_tokens 0: the prompt alone may fill it
-    fail("request: the prompt has {} tokens; a sequence holds at most {} tokens here ({}), leaving no room to "
-         "generate; shorten the prompt",
-         n, limit, why);
+    fail(
+        "request: the prompt has {} tokens; a sequence holds at most {} tokens here ({}), leaving no room to "
+        "generate; shorten the prompt",
+        n, limit, why);
   }
   if (r.max_tokens > 0 && n + r.max_tokens > limit) {
-    fail("request: prompt ({} tokens) + max_tokens ({}) = {} exceeds the {} tokens a sequence can hold ({}); lower "
-         "max_tokens to at most {}",
-         n, r.max_tokens, n + r.max_tokens, limit, why, limit - n);
+    fail(
+        "request: prompt ({} tokens) + max_tokens ({}) = {} exceeds the {} tokens a sequence can hold ({}); lower "
+        "max_tokens to at most {}",
+        n, r.max_tokens, n + r.max_tokens, limit, why, limit - n);
   }
 }
 
@@ -198,7 +202,8 @@ void EngineCore::finish(Sequence& seq, FinishReason reason, int32_t stop_token, 
   e.error = std::move(error);
   e.usage = seq.usage;
   e.usage.completion_tokens = seq.num_generated();
-  e.timings.queue_ms = seq.first_scheduled ? ms_between(seq.submitted, *seq.first_scheduled) : ms_between(seq.submitted, now);
+  e.timings.queue_ms =
+      seq.first_scheduled ? ms_between(seq.submitted, *seq.first_scheduled) : ms_between(seq.submitted, now);
   e.timings.ttft_ms = seq.first_token ? ms_between(seq.submitted, *seq.first_token) : 0.0;
   e.timings.total_ms = ms_between(seq.submitted, now);
   attach_prompt_logprobs(seq, e);
@@ -248,8 +253,7 @@ bool EngineCore::step() {
     Sequence& seq = *c.seq;
     const int32_t end = c.pos0 + c.n_tokens;
     counters_.prompt_tokens_computed += std::max(0, std::min(end, seq.num_prompt) - c.pos0);
-    counters_.recomputed_tokens +=
-        std::max(0, std::min(end, seq.max_num_computed) - std::max(c.pos0, seq.num_prompt));
+    counters_.recomputed_tokens += std::max(0, std::min(end, seq.max_num_computed) - std::max(c.pos0, seq.num_prompt));
     float* logits = logits_.data() + static_cast<size_t>(row) * vocab_size_;
     row += sc.all_logits ? sc.n_tokens : (sc.last_logits ? 1 : 0);
     if (sc.all_logits && c.n_draft == 0) {
@@ -304,7 +308,8 @@ int64_t EngineCore::build_batch(const StepPlan& plan) {
 
 bool EngineCore::run_forward(const StepPlan& plan, int64_t num_rows) {
   // Grows to the most rows a step has asked for (verify batches, prompt-scoring chunks), then stays.
-  if (logits_.size() < static_cast<size_t>(num_rows) * vocab_size_) logits_.resize(static_cast<size_t>(num_rows) * vocab_size_);
+  if (logits_.size() < static_cast<size_t>(num_rows) * vocab_size_)
+    logits_.resize(static_cast<size_t>(num_rows) * vocab_size_);
   try {
     model_.forward(batch_, *memory_->kv(), logits_.data());
   } catch (const std::exception& ex) {
@@ -328,7 +333,8 @@ size_t EngineCore::sample_or_verify(const ScheduledChunk& c, float* logits) {
     if (want_logprobs) raw_row_.assign(row, row + vocab_size_);
   };
   auto add_logprobs = [&](int32_t token) {
-    if (want_logprobs) seq.new_logprobs.push_back(token_logprobs(raw_row_.data(), vocab_size_, token, seq.request.top_logprobs));
+    if (want_logprobs)
+      seq.new_logprobs.push_back(token_logprobs(raw_row_.data(), vocab_size_, token, seq.request.top_logprobs));
   };
   if (c.n_draft == 0) {
     keep_raw(logits);
@@ -348,8 +354,8 @@ size_t EngineCore::sample_or_verify(const ScheduledChunk& c, float* logits) {
     const float* q = has_q ? seq.drafts.probs.data() + static_cast<size_t>(accepted) * vocab_size_ : nullptr;
     float* row = rows + static_cast<size_t>(accepted) * vocab_size_;
     keep_raw(row);
-    const DraftVerdict v = verify_draft(*seq.sampler, row, seq.tokens, draft, q, config_.speculative.acceptance_threshold,
-                                        prob_scratch_);
+    const DraftVerdict v =
+        verify_draft(*seq.sampler, row, seq.tokens, draft, q, config_.speculative.acceptance_threshold, prob_scratch_);
     seq.tokens.push_back(v.token);  // the draft, or its replacement
     add_logprobs(v.token);  // from the row that predicts this position, as plain decoding's
     if (!v.accepted) break;

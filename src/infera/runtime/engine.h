@@ -17,8 +17,8 @@
 #include <mutex>
 #include <optional>
 #include <thread>
-#include <unordered_set>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "infera/model/model.h"
@@ -32,32 +32,32 @@
 namespace infera {
 
 struct EngineStats {
-  Model::ParallelStats parallel;   // the model's collectives when it runs over ranks (--tp/--ep)
-  int32_t running = 0;             // sequences holding KV blocks
-  int32_t waiting = 0;             // queued or preempted, holding no blocks
+  Model::ParallelStats parallel;  // the model's collectives when it runs over ranks (--tp/--ep)
+  int32_t running = 0;  // sequences holding KV blocks
+  int32_t waiting = 0;  // queued or preempted, holding no blocks
   int32_t kv_blocks_total = 0;
-  int32_t kv_blocks_used = 0;      // referenced by a sequence
-  int32_t kv_blocks_cached = 0;    // unreferenced, kept for prefix hits, evictable
+  int32_t kv_blocks_used = 0;  // referenced by a sequence
+  int32_t kv_blocks_cached = 0;  // unreferenced, kept for prefix hits, evictable
   int32_t block_size = 0;
   int64_t kv_bytes_per_block = 0;
-  int64_t prefix_hit_blocks = 0;   // full prompt blocks served by the prefix cache
+  int64_t prefix_hit_blocks = 0;  // full prompt blocks served by the prefix cache
   int64_t prefix_miss_blocks = 0;  // full prompt blocks looked up and not found
-  int64_t prefix_evictions = 0;    // cached blocks reused for new data
-  int64_t preemptions = 0;         // sequences evicted from the KV cache to be recomputed
-  int64_t steps = 0;               // forwards run
-  int64_t prompt_tokens_computed = 0;     // prompt tokens fed through the model (cache hits excluded)
-  int64_t recomputed_tokens = 0;          // generated tokens fed again after a preemption
-  int64_t tokens_computed = 0;            // every token fed through the model
-  int64_t tokens_generated = 0;           // tokens sampled
+  int64_t prefix_evictions = 0;  // cached blocks reused for new data
+  int64_t preemptions = 0;  // sequences evicted from the KV cache to be recomputed
+  int64_t steps = 0;  // forwards run
+  int64_t prompt_tokens_computed = 0;  // prompt tokens fed through the model (cache hits excluded)
+  int64_t recomputed_tokens = 0;  // generated tokens fed again after a preemption
+  int64_t tokens_computed = 0;  // every token fed through the model
+  int64_t tokens_generated = 0;  // tokens sampled
   int64_t requests_finished = 0;
   // Speculative decoding (all zero when it is off; docs/speculative.md).
-  int64_t spec_drafted = 0;                   // draft tokens verified
-  int64_t spec_accepted = 0;                  // of those, accepted
-  int64_t spec_verify_steps = 0;              // sequence-steps that verified at least one draft
-  int64_t spec_decode_steps = 0;              // sequence-steps that sampled after the first token
-  int64_t spec_decode_tokens = 0;             // tokens those steps emitted (mean per step = this / steps)
+  int64_t spec_drafted = 0;  // draft tokens verified
+  int64_t spec_accepted = 0;  // of those, accepted
+  int64_t spec_verify_steps = 0;  // sequence-steps that verified at least one draft
+  int64_t spec_decode_steps = 0;  // sequence-steps that sampled after the first token
+  int64_t spec_decode_tokens = 0;  // tokens those steps emitted (mean per step = this / steps)
   std::vector<int64_t> spec_drafted_per_pos;  // [draft tokens] verified drafts by position in the draft
-  std::vector<int64_t> spec_accepted_per_pos; // [draft tokens] accepted drafts by position
+  std::vector<int64_t> spec_accepted_per_pos;  // [draft tokens] accepted drafts by position
   double spec_acceptance_rate() const { return spec_drafted > 0 ? double(spec_accepted) / double(spec_drafted) : 0.0; }
   double spec_tokens_per_step() const {
     return spec_decode_steps > 0 ? double(spec_decode_tokens) / double(spec_decode_steps) : 0.0;
@@ -129,21 +129,21 @@ class EngineCore {
   EngineConfig config_;
   int32_t max_context_ = 0;
   int32_t vocab_size_ = 0;
-  int32_t num_draft_ = 0;                   // draft tokens per sequence and step (0: off)
+  int32_t num_draft_ = 0;  // draft tokens per sequence and step (0: off)
   // K/V pool and block manager, and the recurrent state of a hybrid model.
   std::unique_ptr<SequenceMemory> memory_;
   KvBlockManager& blocks_;
   Scheduler scheduler_;
-  std::unique_ptr<Drafter> drafter_;        // null: no speculative decoding
-  DraftLimit draft_limit_;                  // max_drafts_for
+  std::unique_ptr<Drafter> drafter_;  // null: no speculative decoding
+  DraftLimit draft_limit_;  // max_drafts_for
   RequestId next_id_ = 1;
   ForwardBatch batch_;
   std::vector<float> logits_;  // [max_num_seqs, vocab]
   std::vector<std::pair<EventCallback*, Event>> pending_events_;
   std::vector<std::unique_ptr<Sequence>> finished_;  // kept until their events are delivered
   EngineStats counters_;
-  std::vector<float> prob_scratch_;    // [vocab] verification
-  std::vector<float> raw_row_;         // [vocab] a logits row before sampling (Request::logprobs)
+  std::vector<float> prob_scratch_;  // [vocab] verification
+  std::vector<float> raw_row_;  // [vocab] a logits row before sampling (Request::logprobs)
 };
 
 // Events of one request, queued for a consumer thread (the server's HTTP handler).

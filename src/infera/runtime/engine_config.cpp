@@ -37,26 +37,38 @@ int64_t parse_memory_size(const std::string& text, const std::string& what) {
   }
   std::string unit;
   for (char c : s.substr(i)) {
-    if (!std::isspace(static_cast<unsigned char>(c))) unit += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    if (!std::isspace(static_cast<unsigned char>(c)))
+      unit += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   }
   double bytes = 0;
   if (unit == "%") {
     if (value <= 0 || value > 100) fail("{}: '{}' must be a percentage in (0, 100]", what, text);
     const int64_t phys = physical_memory_bytes();
-    if (phys <= 0) fail("{}: cannot read the physical memory size for '{}'; give bytes instead (e.g. 4GiB)", what, text);
+    if (phys <= 0)
+      fail("{}: cannot read the physical memory size for '{}'; give bytes instead (e.g. 4GiB)", what, text);
     bytes = static_cast<double>(phys) * value / 100.0;
   } else {
     double mult = 0;
-    if (unit.empty() || unit == "b") mult = 1;
-    else if (unit == "kb") mult = 1e3;
-    else if (unit == "mb") mult = 1e6;
-    else if (unit == "gb") mult = 1e9;
-    else if (unit == "tb") mult = 1e12;
-    else if (unit == "k" || unit == "kib") mult = 1024.0;
-    else if (unit == "m" || unit == "mib") mult = 1024.0 * 1024;
-    else if (unit == "g" || unit == "gib") mult = 1024.0 * 1024 * 1024;
-    else if (unit == "t" || unit == "tib") mult = 1024.0 * 1024 * 1024 * 1024;
-    else return bad();
+    if (unit.empty() || unit == "b")
+      mult = 1;
+    else if (unit == "kb")
+      mult = 1e3;
+    else if (unit == "mb")
+      mult = 1e6;
+    else if (unit == "gb")
+      mult = 1e9;
+    else if (unit == "tb")
+      mult = 1e12;
+    else if (unit == "k" || unit == "kib")
+      mult = 1024.0;
+    else if (unit == "m" || unit == "mib")
+      mult = 1024.0 * 1024;
+    else if (unit == "g" || unit == "gib")
+      mult = 1024.0 * 1024 * 1024;
+    else if (unit == "t" || unit == "tib")
+      mult = 1024.0 * 1024 * 1024 * 1024;
+    else
+      return bad();
     bytes = value * mult;
   }
   if (!(bytes >= 1) || bytes > 9.0e18) fail("{}: '{}' is out of range (at least 1 byte)", what, text);
@@ -92,21 +104,23 @@ void validate_engine_config(const EngineConfig& c) {
   if (c.max_batch_tokens <= 0) fail("engine config: max_batch_tokens must be positive");
   if (c.max_num_seqs <= 0) fail("engine config: max_num_seqs must be positive");
   if (c.max_num_seqs > c.max_batch_tokens) {
-    fail("engine config: max_num_seqs ({}) cannot exceed max_batch_tokens ({}): every running sequence needs a "
-         "token slot per step",
-         c.max_num_seqs, c.max_batch_tokens);
+    fail(
+        "engine config: max_num_seqs ({}) cannot exceed max_batch_tokens ({}): every running sequence needs a "
+        "token slot per step",
+        c.max_num_seqs, c.max_batch_tokens);
   }
   if (c.prefill_chunk <= 0) fail("engine config: prefill_chunk must be positive");
   if (c.max_context < 0) fail("engine config: max_context must be >= 0 (0: the model's limit)");
-  if (c.threads < 0 || c.threads > 1024) fail("engine config: threads {} must be in [0, 1024] (0: the process-wide count)", c.threads);
+  if (c.threads < 0 || c.threads > 1024)
+    fail("engine config: threads {} must be in [0, 1024] (0: the process-wide count)", c.threads);
   const SpeculativeConfig& s = c.speculative;
   if (s.num_draft_tokens < 0 || s.num_draft_tokens > SpeculativeConfig::kMaxDraftTokens) {
-    fail("engine config: speculative num_draft_tokens {} must be in [0, {}] (0: the method's default)", s.num_draft_tokens,
-         SpeculativeConfig::kMaxDraftTokens);
+    fail("engine config: speculative num_draft_tokens {} must be in [0, {}] (0: the method's default)",
+         s.num_draft_tokens, SpeculativeConfig::kMaxDraftTokens);
   }
   if (s.ngram_min < 1 || s.ngram_max < s.ngram_min || s.ngram_max > 64) {
-    fail("engine config: speculative n-gram lengths [{}, {}] must satisfy 1 <= ngram_min <= ngram_max <= 64", s.ngram_min,
-         s.ngram_max);
+    fail("engine config: speculative n-gram lengths [{}, {}] must satisfy 1 <= ngram_min <= ngram_max <= 64",
+         s.ngram_min, s.ngram_max);
   }
   if (s.method == SpeculativeMethod::kCustom && !s.drafter) {
     fail("engine config: speculative method custom needs a drafter function");

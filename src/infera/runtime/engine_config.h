@@ -20,8 +20,8 @@ struct ModelConfig;
 enum class SpeculativeMethod {
   kNone,
   kNgram,  // prompt lookup: tokens that followed the last n-gram earlier in the sequence (any model)
-  kMtp,    // the checkpoint's multi-token-prediction head (Qwen3.5 / Qwen3-Next mtp.*)
-  kCustom, // SpeculativeConfig::drafter (tests, external draft models; not a CLI choice)
+  kMtp,  // the checkpoint's multi-token-prediction head (Qwen3.5 / Qwen3-Next mtp.*)
+  kCustom,  // SpeculativeConfig::drafter (tests, external draft models; not a CLI choice)
 };
 const char* speculative_method_name(SpeculativeMethod method);  // "none", "ngram", "mtp"
 // "none" | "ngram" | "mtp"; throws infera::Error naming `what` (e.g. "--speculative") otherwise.
@@ -54,15 +54,15 @@ struct EngineConfig {
   // Bytes of KV cache (all layers, K and V). The pool is reserved as virtual memory and
   // committed as blocks are first written, so this is a ceiling, not an up-front cost.
   int64_t kv_cache_bytes = int64_t{1} << 30;
-  int32_t block_size = 16;        // tokens per KV block (also the prefix-cache granule)
+  int32_t block_size = 16;  // tokens per KV block (also the prefix-cache granule)
   // KV cache storage (--kv-dtype): kF32, kBF16 (half the bytes per token) or kI8 (about a
   // quarter: int8 with an f32 scale per token and KV head). The budget above holds
   // proportionally more tokens with the smaller types.
   DType kv_dtype = DType::kF32;
-  int32_t max_batch_tokens = 512; // tokens per forward (decode tokens + prefill chunks);
-                                  // the model must be loaded with LoadOptions.max_batch_tokens >= this
-  int32_t max_num_seqs = 64;      // sequences per forward (= running sequences at most)
-  int32_t prefill_chunk = 512;    // most prompt tokens one sequence feeds in one forward
+  int32_t max_batch_tokens = 512;  // tokens per forward (decode tokens + prefill chunks);
+                                   // the model must be loaded with LoadOptions.max_batch_tokens >= this
+  int32_t max_num_seqs = 64;  // sequences per forward (= running sequences at most)
+  int32_t prefill_chunk = 512;  // most prompt tokens one sequence feeds in one forward
   bool enable_prefix_cache = true;
   // Longest sequence (prompt + generated) the engine accepts; 0: the model's
   // max_position_embeddings. Larger than the model's limit only with

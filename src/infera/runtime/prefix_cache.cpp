@@ -31,18 +31,24 @@ uint64_t KvBlockManager::chain_hash(uint64_t parent_hash, std::span<const int32_
 void KvBlockManager::lru_push_back(int32_t b) {
   lru_prev_[b] = lru_tail_;
   lru_next_[b] = -1;
-  if (lru_tail_ >= 0) lru_next_[lru_tail_] = b;
-  else lru_head_ = b;
+  if (lru_tail_ >= 0)
+    lru_next_[lru_tail_] = b;
+  else
+    lru_head_ = b;
   lru_tail_ = b;
   ++num_evictable_;
 }
 
 void KvBlockManager::lru_remove(int32_t b) {
   const int32_t p = lru_prev_[b], n = lru_next_[b];
-  if (p >= 0) lru_next_[p] = n;
-  else lru_head_ = n;
-  if (n >= 0) lru_prev_[n] = p;
-  else lru_tail_ = p;
+  if (p >= 0)
+    lru_next_[p] = n;
+  else
+    lru_head_ = n;
+  if (n >= 0)
+    lru_prev_[n] = p;
+  else
+    lru_tail_ = p;
   lru_prev_[b] = lru_next_[b] = -1;
   --num_evictable_;
 }
@@ -69,8 +75,10 @@ int32_t KvBlockManager::allocate() {
 void KvBlockManager::release(int32_t b) {
   INFERA_ASSERT(b >= 0 && b < num_blocks() && refcount_[b] > 0, "releasing a block nobody holds");
   if (--refcount_[b] > 0) return;
-  if (registered_[b]) lru_push_back(b);
-  else allocator_.free(b);
+  if (registered_[b])
+    lru_push_back(b);
+  else
+    allocator_.free(b);
 }
 
 std::vector<int32_t> KvBlockManager::match_prefix(std::span<const int32_t> tokens, int32_t max_blocks,
@@ -85,7 +93,9 @@ std::vector<int32_t> KvBlockManager::match_prefix(std::span<const int32_t> token
     const auto it = by_hash_.find(h);
     if (it == by_hash_.end()) break;
     const int32_t b = it->second;
-    if (!std::equal(block_tokens.begin(), block_tokens.end(), block_tokens_.begin() + static_cast<size_t>(b) * block_size_)) break;
+    if (!std::equal(block_tokens.begin(), block_tokens.end(),
+                    block_tokens_.begin() + static_cast<size_t>(b) * block_size_))
+      break;
     if (refcount_[b]++ == 0) lru_remove(b);
     hits.push_back(b);
     *chain = h;

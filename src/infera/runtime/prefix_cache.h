@@ -75,9 +75,9 @@ class KvBlockManager {
   BlockAllocator allocator_;
   int32_t block_size_;
   bool enable_prefix_cache_;
-  std::vector<int32_t> refcount_;      // [num_blocks]
-  std::vector<uint8_t> registered_;    // [num_blocks]
-  std::vector<uint64_t> hash_;         // [num_blocks] chain hash when registered
+  std::vector<int32_t> refcount_;  // [num_blocks]
+  std::vector<uint8_t> registered_;  // [num_blocks]
+  std::vector<uint64_t> hash_;  // [num_blocks] chain hash when registered
   // Tokens of each registered block [num_blocks, block_size]: a hit is confirmed by
   // comparing them, so a 64-bit hash collision on the block itself cannot return wrong K/V.
   std::vector<int32_t> block_tokens_;

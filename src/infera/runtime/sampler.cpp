@@ -51,7 +51,9 @@ std::vector<std::pair<int32_t, float>> Sampler::candidates(const float* logits) 
   cand_.clear();
   cand_.reserve(vocab_size_);
   for (int32_t i = 0; i < vocab_size_; ++i) cand_.emplace_back(i, logits[i]);
-  auto by_logit = [](const auto& a, const auto& b) { return a.second > b.second || (a.second == b.second && a.first < b.first); };
+  auto by_logit = [](const auto& a, const auto& b) {
+    return a.second > b.second || (a.second == b.second && a.first < b.first);
+  };
   size_t n = cand_.size();
   if (p.top_k > 0 && static_cast<size_t>(p.top_k) < n) {
     std::partial_sort(cand_.begin(), cand_.begin() + p.top_k, cand_.end(), by_logit);
@@ -105,7 +107,6 @@ int32_t Sampler::sample(float* logits, std::span<const int32_t> history) {
   }
   return cand.back().first;
 }
-
 
 TokenLogprobs token_logprobs(float* logits, int32_t vocab, int32_t token, int32_t top_n) {
   INFERA_ASSERT(vocab > 0 && token >= 0 && token < vocab);

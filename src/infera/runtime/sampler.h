@@ -12,14 +12,14 @@
 namespace infera {
 
 struct SamplingParams {
-  float temperature = 0.0f;         // 0: greedy (argmax)
-  int32_t top_k = 0;                // 0: off
-  float top_p = 1.0f;               // 1: off
-  float min_p = 0.0f;               // 0: off
+  float temperature = 0.0f;  // 0: greedy (argmax)
+  int32_t top_k = 0;  // 0: off
+  float top_p = 1.0f;  // 1: off
+  float min_p = 0.0f;  // 0: off
   float repetition_penalty = 1.0f;  // HF style: logit / r if > 0 else logit * r, for tokens seen
-  float presence_penalty = 0.0f;    // OpenAI style: logit -= presence * [count > 0]
-  float frequency_penalty = 0.0f;   // OpenAI style: logit -= frequency * count
-  int32_t penalty_last_n = 256;     // window of history the penalties look at (-1: all)
+  float presence_penalty = 0.0f;  // OpenAI style: logit -= presence * [count > 0]
+  float frequency_penalty = 0.0f;  // OpenAI style: logit -= frequency * count
+  int32_t penalty_last_n = 256;  // window of history the penalties look at (-1: all)
   uint64_t seed = 0;
   // > 0: ids from here on are never picked. The tokenizer's size: checkpoints pad the output
   // head past the vocabulary (Qwen: 151936 rows for 151669 tokens), and an id the tokenizer
@@ -71,9 +71,9 @@ struct TokenLogprob {
 };
 
 struct TokenLogprobs {
-  TokenLogprob sampled;            // the generated token
-  int32_t sampled_rank = 0;        // 1 + the tokens with a larger logit (1: the most likely)
-  std::vector<TokenLogprob> top;   // the most likely tokens, most likely first (ties: lower id first)
+  TokenLogprob sampled;  // the generated token
+  int32_t sampled_rank = 0;  // 1 + the tokens with a larger logit (1: the most likely)
+  std::vector<TokenLogprob> top;  // the most likely tokens, most likely first (ties: lower id first)
 };
 
 // `logits` [vocab]: the raw row, used as workspace (overwritten with its softmax; pass a

@@ -151,8 +151,8 @@ StepPlan Scheduler::schedule() {
     const int32_t n = std::min({seq.num_uncomputed(), chunk_limit(seq, score_rows), budget});
     const int32_t blocks_before = static_cast<int32_t>(seq.block_table.size());
     const int32_t need = (seq.num_computed + n + bs - 1) / bs - blocks_before;
-    const bool fits = running_.empty() ? blocks_.num_available() >= need
-                                       : blocks_.num_available() - need >= watermark_blocks_;
+    const bool fits =
+        running_.empty() ? blocks_.num_available() >= need : blocks_.num_available() - need >= watermark_blocks_;
     if (!fits || !reserve_blocks(seq, seq.num_computed + n)) {
       release_blocks(seq);
       break;

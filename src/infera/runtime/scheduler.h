@@ -25,9 +25,9 @@ namespace infera {
 
 struct ScheduledChunk {
   Sequence* seq = nullptr;
-  int32_t pos0 = 0;      // = seq->num_computed when scheduled
+  int32_t pos0 = 0;  // = seq->num_computed when scheduled
   int32_t n_tokens = 0;  // tokens seq->tokens[pos0, pos0 + n_tokens)
-  bool sample = false;   // the chunk reaches the end of the sequence: sample a token
+  bool sample = false;  // the chunk reaches the end of the sequence: sample a token
   // Speculative decoding: seq->drafts.tokens[0, n_draft) follow the n_tokens real tokens
   // in the batch, at positions pos0 + n_tokens ..., to be verified (only when `sample`).
   // Their KV blocks are taken without preempting anyone: drafts that do not fit are dropped.

@@ -26,8 +26,8 @@ struct Request {
   // the prompt is only computed (its prompt_logprobs, or filling the prefix cache).
   int32_t max_tokens = -1;
   std::vector<int32_t> stop_token_ids;  // generation stops after emitting one of these
-  bool ignore_eos = false;              // do not stop on the model's EOS ids
-  int32_t min_tokens = 0;               // stop tokens are ignored before this many tokens
+  bool ignore_eos = false;  // do not stop on the model's EOS ids
+  int32_t min_tokens = 0;  // stop tokens are ignored before this many tokens
   // Log-probabilities of each generated token (sampler.h token_logprobs) and of the
   // top_logprobs most likely alternatives, in [0, kMaxTopLogprobs]. Off: no cost.
   bool logprobs = false;
@@ -45,12 +45,12 @@ const char* finish_reason_name(FinishReason r);  // "stop", "length", "cancelled
 struct Usage {
   int32_t prompt_tokens = 0;
   int32_t completion_tokens = 0;  // includes a stop token, when one ended the sequence
-  int32_t cached_tokens = 0;      // prompt tokens served by the prefix cache on admission
+  int32_t cached_tokens = 0;  // prompt tokens served by the prefix cache on admission
 };
 
 struct Timings {
   double queue_ms = 0;  // submit -> first scheduled
-  double ttft_ms = 0;   // submit -> first token
+  double ttft_ms = 0;  // submit -> first token
   double total_ms = 0;  // submit -> finish
 };
 
@@ -84,7 +84,7 @@ enum class SeqStatus { kWaiting, kRunning, kFinished };
 // rolled back by the sequence memory (sequence_memory.h: snapshot before the verify
 // forward, commit of the kept tokens after it).
 struct SpeculativeDrafts {
-  std::vector<int32_t> tokens;        // proposed, not yet verified
+  std::vector<int32_t> tokens;  // proposed, not yet verified
   // Draft distributions q [tokens.size(), vocab] when the MTP head sampled them
   // (temperature > 0); empty: deterministic drafts (n-gram, greedy), q one-hot.
   std::vector<float> probs;
@@ -98,19 +98,19 @@ struct SpeculativeDrafts {
 struct Sequence {
   RequestId id = 0;
   Request request;
-  int32_t max_tokens = 0;                // resolved (never -1)
-  std::vector<int32_t> stop_ids;         // request's stop ids + model EOS (unless ignored)
-  std::vector<int32_t> tokens;           // prompt followed by generated tokens
+  int32_t max_tokens = 0;  // resolved (never -1)
+  std::vector<int32_t> stop_ids;  // request's stop ids + model EOS (unless ignored)
+  std::vector<int32_t> tokens;  // prompt followed by generated tokens
   int32_t num_prompt = 0;
   // Tokens whose K/V are in the cache: positions [0, num_computed). The rest,
   // tokens[num_computed..], still have to be fed (a prefill tail, or the last sampled
   // token during decode).
   int32_t num_computed = 0;
-  int32_t max_num_computed = 0;          // high-water mark (tokens below it fed again after a preemption are recomputation)
-  std::vector<int32_t> block_table;      // block ids covering positions [0, num_computed + scheduled)
+  int32_t max_num_computed = 0;  // high-water mark (tokens below it fed again after a preemption are recomputation)
+  std::vector<int32_t> block_table;  // block ids covering positions [0, num_computed + scheduled)
   // Leading blocks of block_table already registered in (or taken from) the prefix cache.
   int32_t num_cached_blocks = 0;
-  uint64_t last_block_hash = 0;          // chain hash of block num_cached_blocks - 1
+  uint64_t last_block_hash = 0;  // chain hash of block num_cached_blocks - 1
   std::unique_ptr<Sampler> sampler;
   SeqStatus status = SeqStatus::kWaiting;
   bool cancel_requested = false;

@@ -10,7 +10,8 @@ namespace infera {
 // ---- PagedKvMemory ----------------------------------------------------------------------
 
 PagedKvMemory::PagedKvMemory(const KvPoolShape& shape, bool prefix_cache)
-    : kv_(shape), blocks_(static_cast<int32_t>(shape.num_blocks), static_cast<int32_t>(shape.block_size), prefix_cache) {}
+    : kv_(shape),
+      blocks_(static_cast<int32_t>(shape.num_blocks), static_cast<int32_t>(shape.block_size), prefix_cache) {}
 
 void PagedKvMemory::bind(SeqId id, std::span<const int32_t> block_table, SeqChunk& chunk) {
   chunk.block_table = block_table.data();
@@ -59,7 +60,8 @@ void PagedKvMemory::set_length(SeqId id, int32_t length) {
 
 void PagedKvMemory::checkpoint(SeqId id, int32_t position, MemoryCheckpoint& out) const {
   const int32_t n = length(id);
-  if (position < 0 || position > n) fail("sequence memory: no checkpoint at position {} (the sequence holds {})", position, n);
+  if (position < 0 || position > n)
+    fail("sequence memory: no checkpoint at position {} (the sequence holds {})", position, n);
   out.position = position;
   out.state.clear();  // the K/V rows of [0, position) stay in their blocks
 }
@@ -107,9 +109,10 @@ const RecurrentMemory::Entry& RecurrentMemory::existing(SeqId id) const {
 
 void RecurrentMemory::require_local(const char* what) const {
   if (!shape_.local) {
-    fail("{}: the recurrent state is split over the --tp/--ep ranks and cannot be copied (speculative decoding "
-         "and state checkpoints need one process); run without --speculative",
-         what);
+    fail(
+        "{}: the recurrent state is split over the --tp/--ep ranks and cannot be copied (speculative decoding "
+        "and state checkpoints need one process); run without --speculative",
+        what);
   }
 }
 
@@ -185,7 +188,8 @@ int32_t RecurrentMemory::commit(SeqId id, int32_t n) {
   if (n < fed) {
     if (n >= 1 && n <= e.token_states) {
       // The state after the n-th token of the chunk was kept during the forward.
-      std::memcpy(slot.state.data(), slot.token_states.data() + static_cast<size_t>(n - 1) * floats, floats * sizeof(float));
+      std::memcpy(slot.state.data(), slot.token_states.data() + static_cast<size_t>(n - 1) * floats,
+                  floats * sizeof(float));
       e.length = e.snapshot + n;
       e.token_states = n - 1;  // those before it stay valid positions of the sequence
     } else if (e.snapshot_copied) {
@@ -195,9 +199,10 @@ int32_t RecurrentMemory::commit(SeqId id, int32_t n) {
       e.length = e.snapshot;
       e.token_states = 0;
     } else {
-      fail("sequence memory: keeping {} of {} tokens needs the state before them, which was not kept (token states "
-           "start after the chunk's first token)",
-           n, fed);
+      fail(
+          "sequence memory: keeping {} of {} tokens needs the state before them, which was not kept (token states "
+          "start after the chunk's first token)",
+          n, fed);
     }
   }
   e.snapshot = -1;
@@ -216,9 +221,10 @@ void RecurrentMemory::checkpoint(SeqId id, int32_t position, MemoryCheckpoint& o
   } else if (position > e.chunk_begin && position - e.chunk_begin <= e.token_states) {
     src = slot.token_states.data() + static_cast<size_t>(position - e.chunk_begin - 1) * floats;
   } else {
-    fail("sequence memory: no recurrent state at position {} (the sequence is at {}; checkpoints are taken at its "
-         "current position or inside its last verify chunk)",
-         position, e.length);
+    fail(
+        "sequence memory: no recurrent state at position {} (the sequence is at {}; checkpoints are taken at its "
+        "current position or inside its last verify chunk)",
+        position, e.length);
   }
   out.position = position;
   out.state.assign(src, src + floats);

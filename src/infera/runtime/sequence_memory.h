@@ -42,7 +42,7 @@ using SeqId = uint64_t;  // the engine's RequestId
 
 // What a sequence needs to continue from `position` in another sequence.
 struct MemoryCheckpoint {
-  int32_t position = -1;     // tokens absorbed; -1: empty
+  int32_t position = -1;  // tokens absorbed; -1: empty
   std::vector<float> state;  // recurrent state after them [StateShape::floats()]; empty without one
   int64_t bytes() const { return static_cast<int64_t>(state.size() * sizeof(float)); }
 };
@@ -140,15 +140,15 @@ class RecurrentMemory final : public SequenceMemory {
 
  private:
   struct Slot {
-    std::vector<float> state;         // [floats]
-    std::vector<float> snapshot;      // [floats] the state at snapshot() (when no token states)
+    std::vector<float> state;  // [floats]
+    std::vector<float> snapshot;  // [floats] the state at snapshot() (when no token states)
     std::vector<float> token_states;  // [max_token_states_, floats], allocated on first use
   };
   struct Entry {
     int32_t slot = -1;
     int32_t length = 0;
-    int32_t snapshot = -1;     // length at snapshot(); -1: none
-    int32_t chunk_begin = 0;   // first position of the last bound chunk
+    int32_t snapshot = -1;  // length at snapshot(); -1: none
+    int32_t chunk_begin = 0;  // first position of the last bound chunk
     int32_t token_states = 0;  // per-token states that chunk kept (after chunk_begin + 1 .. + token_states)
     bool snapshot_copied = false;
   };
@@ -190,9 +190,9 @@ class HybridMemory final : public SequenceMemory {
 };
 
 struct SequenceMemoryOptions {
-  int32_t num_seqs = 1;           // sequences at once (recurrent states to begin with)
+  int32_t num_seqs = 1;  // sequences at once (recurrent states to begin with)
   int32_t max_verify_tokens = 0;  // longest verify chunk whose per-token states are kept (0: none)
-  bool prefix_cache = false;      // attention-only memories; off for recurrent state
+  bool prefix_cache = false;  // attention-only memories; off for recurrent state
 };
 
 // The memory `model` needs: paged KV for attention-only models, hybrid when the model also

@@ -26,9 +26,10 @@ void SequenceRunner::ensure_blocks(int32_t n_positions) {
   while (static_cast<int64_t>(block_table_.size()) * bs < n_positions) {
     const int32_t b = blocks_.allocate();
     if (b < 0) {
-      fail("KV cache full: {} tokens need {} blocks of {} tokens but only {} exist (raise --kv-cache-memory or "
-           "shorten the prompt)",
-           n_positions, (n_positions + bs - 1) / bs, bs, blocks_.num_total());
+      fail(
+          "KV cache full: {} tokens need {} blocks of {} tokens but only {} exist (raise --kv-cache-memory or "
+          "shorten the prompt)",
+          n_positions, (n_positions + bs - 1) / bs, bs, blocks_.num_total());
     }
     block_table_.push_back(b);
   }
@@ -37,8 +38,10 @@ void SequenceRunner::ensure_blocks(int32_t n_positions) {
 const float* SequenceRunner::feed(std::span<const int32_t> tokens, bool all_logits) {
   INFERA_ASSERT(!tokens.empty());
   const int32_t vocab = model_.config().vocab_size;
-  if (all_logits) logits_.resize(tokens.size() * static_cast<size_t>(vocab));
-  else logits_.resize(vocab);
+  if (all_logits)
+    logits_.resize(tokens.size() * static_cast<size_t>(vocab));
+  else
+    logits_.resize(vocab);
   size_t done = 0;
   while (done < tokens.size()) {
     const int32_t n = static_cast<int32_t>(std::min<size_t>(chunk_tokens_, tokens.size() - done));

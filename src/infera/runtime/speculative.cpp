@@ -72,7 +72,8 @@ DraftVerdict speculative_accept(std::span<const float> p, std::span<const float>
   return {false, last};  // rounding at the very top of the range
 }
 
-void sampling_distribution(Sampler& sampler, float* logits, std::span<const int32_t> history, std::vector<float>& probs) {
+void sampling_distribution(Sampler& sampler, float* logits, std::span<const int32_t> history,
+                           std::vector<float>& probs) {
   INFERA_ASSERT(sampler.params().temperature > 0.0f);
   sampler.apply_penalties(logits, history);
   const auto candidates = sampler.candidates(logits);

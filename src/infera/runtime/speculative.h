@@ -49,7 +49,8 @@ DraftVerdict speculative_accept(std::span<const float> p, std::span<const float>
 // The request's sampling distribution over the whole vocabulary: `logits` [vocab] get the
 // penalties over `history` in place, then temperature, top-k, top-p and min-p. `probs`
 // receives [vocab] (zero outside the kept candidates). Temperature must be > 0.
-void sampling_distribution(Sampler& sampler, float* logits, std::span<const int32_t> history, std::vector<float>& probs);
+void sampling_distribution(Sampler& sampler, float* logits, std::span<const int32_t> history,
+                           std::vector<float>& probs);
 
 // Verifies one draft token against the target logits of the row before it (modified in
 // place). `q`: the draft distribution [vocab], or null for a deterministic (n-gram or

@@ -13,8 +13,8 @@ struct ApiError {
   std::string type = "invalid_request_error";
   std::string message;
   std::optional<std::string> param;  // the offending field, dotted ("messages[2].role")
-  std::optional<std::string> code;   // e.g. "model_not_found", "context_length_exceeded"
-  int retry_after_s = 0;             // > 0: sent as Retry-After (429, 503)
+  std::optional<std::string> code;  // e.g. "model_not_found", "context_length_exceeded"
+  int retry_after_s = 0;  // > 0: sent as Retry-After (429, 503)
 };
 
 inline ApiError bad_request(std::string message, std::optional<std::string> param = std::nullopt,

@@ -105,7 +105,8 @@ void AuditLog::write(const AuditRecord& r) {
                       {"prompt_tokens", r.prompt_tokens},
                       {"completion_tokens", r.completion_tokens},
                       {"latency_ms", std::round(r.latency_ms * 1000) / 1000},
-                      {"ttft_ms", r.ttft_ms < 0 ? nlohmann::json(nullptr) : nlohmann::json(std::round(r.ttft_ms * 1000) / 1000)}};
+                      {"ttft_ms",
+                       r.ttft_ms < 0 ? nlohmann::json(nullptr) : nlohmann::json(std::round(r.ttft_ms * 1000) / 1000)}};
   if (!r.finish_reason.empty()) j["finish_reason"] = r.finish_reason;
   if (include_prompts_ && r.prompt) j["prompt"] = *r.prompt;
   // Prompts may hold invalid UTF-8 only if they never passed JSON parsing; replace to be safe.

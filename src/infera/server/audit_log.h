@@ -45,7 +45,7 @@ class AuditLog {
  private:
   void open_file();
   void append(const std::string& line);  // under mutex_
-  void write_summary();                  // under mutex_
+  void write_summary();  // under mutex_
 
   std::string path_;
   std::FILE* file_ = nullptr;

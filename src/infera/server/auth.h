@@ -2,8 +2,8 @@
 // admission limits (limits.h: requests and tokens per minute, requests in flight).
 #pragma once
 
-#include <memory>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>

@@ -50,7 +50,8 @@ class Reader {
   }
 
   template <typename T>
-  void read_opt(const YAML::Node& node, const char* key, const std::string& where, std::optional<T>& out, const char* expected) {
+  void read_opt(const YAML::Node& node, const char* key, const std::string& where, std::optional<T>& out,
+                const char* expected) {
     if (!node[key] || node[key].IsNull()) return;
     T value{};
     const size_t before = problems.size();
@@ -80,8 +81,10 @@ class Reader {
       return out;
     }
     for (const auto& item : v) {
-      if (item.IsScalar()) out.push_back(item.as<std::string>());
-      else problem(fmt::format("{}.{}: every entry must be a name", where, key));
+      if (item.IsScalar())
+        out.push_back(item.as<std::string>());
+      else
+        problem(fmt::format("{}.{}: every entry must be a name", where, key));
     }
     return out;
   }
@@ -121,7 +124,8 @@ void read_server(Reader& r, const YAML::Node& node, ServerConfig& s) {
   r.read(node, "metrics", w, s.metrics, "true or false");
   r.read(node, "http_threads", w, s.http_threads, "an integer");
   r.read(node, "max_concurrent_requests_per_key", w, s.max_concurrent_requests_per_key, "an integer (0: unlimited)");
-  if (s.max_concurrent_requests_per_key < 0) r.problem("server.max_concurrent_requests_per_key: must be 0 (unlimited) or more");
+  if (s.max_concurrent_requests_per_key < 0)
+    r.problem("server.max_concurrent_requests_per_key: must be 0 (unlimited) or more");
   s.allowed_hosts = r.read_string_list(node, "allowed_hosts", w);
   s.allowed_origins = r.read_string_list(node, "allowed_origins", w);
   const YAML::Node keys = node["api_keys"];
@@ -146,8 +150,10 @@ void read_server(Reader& r, const YAML::Node& node, ServerConfig& s) {
     r.read(k, "key_env", kw, env, "an environment variable name");
     if (!env.empty()) {
       const char* value = std::getenv(env.c_str());
-      if (!value || !*value) r.problem(fmt::format("{}.key_env: environment variable {} is not set; export it or give key:", kw, env));
-      else key.key = value;
+      if (!value || !*value)
+        r.problem(fmt::format("{}.key_env: environment variable {} is not set; export it or give key:", kw, env));
+      else
+        key.key = value;
     } else if (key.key.empty()) {
       r.problem(kw + ": needs key: or key_env:");
     }
@@ -224,7 +230,8 @@ DeployConfig read_deploy_config(const YAML::Node& root, const std::string& sourc
   if (!r.problems.empty()) {
     std::string all;
     for (const auto& p : r.problems) all += "\n  " + p;
-    fail("{}: {} problem{} in the deployment config:{}", source, r.problems.size(), r.problems.size() == 1 ? "" : "s", all);
+    fail("{}: {} problem{} in the deployment config:{}", source, r.problems.size(), r.problems.size() == 1 ? "" : "s",
+         all);
   }
   return config;
 }

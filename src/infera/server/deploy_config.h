@@ -15,11 +15,11 @@
 namespace infera::server {
 
 struct ApiKeyConfig {
-  std::string id;                   // shown in logs and the audit log instead of the key
-  std::string key;                  // the secret (from `key:` or the variable `key_env:` names)
+  std::string id;  // shown in logs and the audit log instead of the key
+  std::string key;  // the secret (from `key:` or the variable `key_env:` names)
   std::vector<std::string> models;  // empty: every model
-  double requests_per_minute = 0;   // 0: unlimited
-  double tokens_per_minute = 0;     // prompt + completion tokens; 0: unlimited
+  double requests_per_minute = 0;  // 0: unlimited
+  double tokens_per_minute = 0;  // prompt + completion tokens; 0: unlimited
   // Requests in flight at once (unset: the server's max_concurrent_requests_per_key; 0: unlimited).
   std::optional<int32_t> max_concurrent_requests;
   bool operator==(const ApiKeyConfig&) const = default;
@@ -33,24 +33,24 @@ struct SpeculativeConfig {
 
 // Every limit is optional: unset ones come from the profile, then the model's config.
 struct ModelDeployConfig {
-  std::string name;                 // the "model" field clients send; default: the directory's name
-  std::string path;                 // Hugging Face model directory
-  std::string quantized_path;       // optional quantized checkpoint dir (infera quantize)
-  std::string scheme;               // informational: bf16, w8a8, w4a16, ...
-  std::string profile = "chat";     // chat | long-context
-  std::string chat_template_file;   // overrides tokenizer_config.json's chat_template
-  int32_t threads = 0;              // 0: all cores
+  std::string name;  // the "model" field clients send; default: the directory's name
+  std::string path;  // Hugging Face model directory
+  std::string quantized_path;  // optional quantized checkpoint dir (infera quantize)
+  std::string scheme;  // informational: bf16, w8a8, w4a16, ...
+  std::string profile = "chat";  // chat | long-context
+  std::string chat_template_file;  // overrides tokenizer_config.json's chat_template
+  int32_t threads = 0;  // 0: all cores
   std::optional<int32_t> max_input_len;
   std::optional<int32_t> max_output_len;
   std::optional<int32_t> max_batch_tokens;
   std::optional<int32_t> max_num_seqs;
   std::optional<int32_t> prefill_chunk;
   std::optional<int64_t> kv_cache_bytes;
-  DType kv_dtype = DType::kF32;     // kv_dtype: f32 | bf16 | int8 (KV cache storage)
+  DType kv_dtype = DType::kF32;  // kv_dtype: f32 | bf16 | int8 (KV cache storage)
   std::optional<int32_t> max_queue;  // waiting requests beyond which new ones get 429
   bool enable_prefix_cache = true;
-  bool load_into_memory = false;    // read weights into RAM instead of mmap
-  int32_t port = 0;                 // 0: none; else this model also answers on its own port
+  bool load_into_memory = false;  // read weights into RAM instead of mmap
+  int32_t port = 0;  // 0: none; else this model also answers on its own port
   SpeculativeConfig speculative;
   // Tensor / expert parallel ranks (docs/parallel.md): tp splits attention heads, MLP and
   // vocabulary, ep the experts of a MoE model. At most one model of a deployment may use
@@ -66,10 +66,10 @@ struct ServerConfig {
   int64_t body_limit_bytes = 4 << 20;
   double request_timeout_s = 600;
   double drain_grace_s = 30;
-  std::string audit_log_path;       // empty: no audit log
-  bool audit_log_prompts = false;   // write prompt text into the audit log
+  std::string audit_log_path;  // empty: no audit log
+  bool audit_log_prompts = false;  // write prompt text into the audit log
   bool metrics = true;
-  int32_t http_threads = 64;        // concurrent connections served
+  int32_t http_threads = 64;  // concurrent connections served
   std::vector<ApiKeyConfig> api_keys;  // empty: no authentication
   int32_t max_concurrent_requests_per_key = 32;  // default of api_keys[].max_concurrent_requests; 0: unlimited
   // Without API keys, browsers are kept out (DNS rebinding, cross-site posts): the Host
@@ -105,7 +105,7 @@ DeployConfig deploy_config_from_settings(const std::vector<DeploySetting>& setti
 
 // Limits of one model after profile defaults and the model's own limits are applied.
 struct ResolvedLimits {
-  int32_t max_context = 0;     // prompt + completion tokens (the model's max_position_embeddings)
+  int32_t max_context = 0;  // prompt + completion tokens (the model's max_position_embeddings)
   int32_t max_input_len = 0;
   int32_t max_output_len = 0;
   int32_t max_batch_tokens = 0;

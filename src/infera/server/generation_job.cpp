@@ -82,7 +82,8 @@ EventCallback Job::callback(int index) const {
   return [inbox = inbox, index](const Event& e) { inbox->push(index, e); };
 }
 
-void Job::run(HttpTransport& transport, std::function<void(std::function<void()>)> serial, std::shared_ptr<HttpExchange> exchange) {
+void Job::run(HttpTransport& transport, std::function<void(std::function<void()>)> serial,
+              std::shared_ptr<HttpExchange> exchange) {
   transport_ = &transport;
   serial_ = std::move(serial);
   exchange_ = std::move(exchange);
@@ -205,7 +206,7 @@ void Job::on_deadline() {
 void Job::client_gone() {
   if (responded_) return;
   status = 499;  // client closed the connection (nginx's convention)
-  finish();      // cancels every choice: frees their KV blocks
+  finish();  // cancels every choice: frees their KV blocks
 }
 
 // Streams: an SSE comment when nothing went out for a while (proxies keep the connection,

@@ -60,7 +60,7 @@ struct Choice {
   // up to the one that completed a stop string.
   std::vector<TokenLogprobs> logprobs;
   size_t logprobs_sent = 0;  // streaming: how many went out in earlier chunks
-  int64_t text_offset = 0;   // completions: code points of the choice's text before the next chunk's tokens
+  int64_t text_offset = 0;  // completions: code points of the choice's text before the next chunk's tokens
   // Accumulated output (non-streaming responses).
   std::string content;
   std::string reasoning;
@@ -72,7 +72,7 @@ struct Choice {
 struct JobInbox {
   std::mutex mutex;
   std::deque<std::pair<int, Event>> events;
-  bool started = false;    // the job is set up; events may be applied
+  bool started = false;  // the job is set up; events may be applied
   bool scheduled = false;  // a drain is posted
   std::function<void()> schedule;  // posts the job's drain
   void push(int choice, const Event& e);
@@ -121,7 +121,8 @@ struct Job : std::enable_shared_from_this<Job> {
   // Starts answering `exchange` on `serial` (an I/O-thread serial executor of `transport`):
   // the stream's head, the deadline, the disconnect watch, then the events as they come.
   // The job keeps itself alive until it has finished.
-  void run(HttpTransport& transport, std::function<void(std::function<void()>)> serial, std::shared_ptr<HttpExchange> exchange);
+  void run(HttpTransport& transport, std::function<void(std::function<void()>)> serial,
+           std::shared_ptr<HttpExchange> exchange);
   // Server stop: ends the job now (status 503 unless it already has another or its
   // response was written). True when its response was not complete.
   bool abort();
@@ -129,8 +130,8 @@ struct Job : std::enable_shared_from_this<Job> {
  private:
   void drain();
   void apply(int index, const Event& e);
-  void complete();          // every choice done: the response, or the stream's tail
-  void fail(int status);    // 500 / 504: an error response or SSE error event + [DONE]
+  void complete();  // every choice done: the response, or the stream's tail
+  void fail(int status);  // 500 / 504: an error response or SSE error event + [DONE]
   void client_gone();
   void heartbeat();
   void on_deadline();
@@ -143,7 +144,7 @@ struct Job : std::enable_shared_from_this<Job> {
   std::shared_ptr<HttpTransport::Timer> deadline_timer_;
   std::shared_ptr<HttpTransport::Timer> heartbeat_timer_;
   std::shared_ptr<Job> self_;  // alive until finished
-  bool responded_ = false;     // the response (or the stream's end) is on its way
+  bool responded_ = false;  // the response (or the stream's end) is on its way
   SteadyClock::time_point last_write_;
 };
 

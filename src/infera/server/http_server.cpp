@@ -66,8 +66,7 @@ struct HttpServer::Impl {
     l.scope.only_model = std::move(only);
     const Routes::Scope scope = l.scope;
     l.port = transport.listen(
-        routes.config().host, port,
-        [this, scope](const HttpRequest& head) { return routes.check_head(scope, head); },
+        routes.config().host, port, [this, scope](const HttpRequest& head) { return routes.check_head(scope, head); },
         [this, scope](std::shared_ptr<HttpExchange> exchange) { routes.handle(scope, std::move(exchange)); }, what);
     listeners.push_back(std::move(l));
   }
@@ -103,7 +102,8 @@ void HttpServer::run() {
 
 void HttpServer::start() {
   impl_->background = std::thread([this] { run(); });
-  while (!impl_->transport.running() && !impl_->transport.stopped()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  while (!impl_->transport.running() && !impl_->transport.stopped())
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
 }
 
 void HttpServer::stop() {

@@ -47,7 +47,7 @@ class HttpServer {
   bool draining() const;
   int64_t in_flight() const;
 
-  int port() const;                            // the main port (after bind)
+  int port() const;  // the main port (after bind)
   int model_port(const std::string& name) const;  // a model's own port, 0 if none
 
   struct Impl;

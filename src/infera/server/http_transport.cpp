@@ -10,10 +10,10 @@
 #include <unordered_set>
 #include <utility>  // before Boost 1.74's asio (its awaitable.hpp uses std::exchange)
 
+#include <fmt/format.h>
 #include <boost/asio.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
-#include <fmt/format.h>
 
 #include "infera/base/error.h"
 #include "infera/base/log.h"
@@ -44,7 +44,8 @@ std::string_view trim(std::string_view s) {
 
 std::string status_line(int status, int version) {
   const auto reason = bhttp::obsolete_reason(bhttp::int_to_status(static_cast<unsigned>(status)));
-  return fmt::format("HTTP/1.{} {} {}\r\n", version == 10 ? 0 : 1, status, std::string_view(reason.data(), reason.size()));
+  return fmt::format("HTTP/1.{} {} {}\r\n", version == 10 ? 0 : 1, status,
+                     std::string_view(reason.data(), reason.size()));
 }
 
 // Framing checks over the raw head (Beast's parser accepts some of these forms):
@@ -189,8 +190,10 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
         if (on_sent) on_sent();
         return;
       }
-      if (self->chunked_) self->queue("0\r\n\r\n");
-      else self->keep_alive_ = false;  // HTTP/1.0: the close ends the body
+      if (self->chunked_)
+        self->queue("0\r\n\r\n");
+      else
+        self->keep_alive_ = false;  // HTTP/1.0: the close ends the body
       self->finish_response(std::move(on_sent));
     });
   }
@@ -229,9 +232,10 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
   void read_more_head() {
     const size_t room = t_.limits.head_bytes + 4 - head_buf_.size();
     chunk_.resize(std::min<size_t>(room, 8192));
-    stream_.async_read_some(asio::buffer(chunk_), asio::bind_executor(strand_, [self = shared_from_this()](beast::error_code ec, size_t n) {
-      self->on_head_bytes(ec, n);
-    }));
+    stream_.async_read_some(asio::buffer(chunk_),
+                            asio::bind_executor(strand_, [self = shared_from_this()](beast::error_code ec, size_t n) {
+                              self->on_head_bytes(ec, n);
+                            }));
   }
 
   void on_head_bytes(beast::error_code ec, size_t n) {
@@ -382,10 +386,11 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
     body_buf_.commit(rest.size());
     stream_.expires_after(t_.limits.body_timeout);
     reading_body_ = true;
-    bhttp::async_read(stream_, body_buf_, *parser_, asio::bind_executor(strand_, [self = shared_from_this()](beast::error_code ec, size_t) {
-      self->reading_body_ = false;
-      self->on_body(ec);
-    }));
+    bhttp::async_read(stream_, body_buf_, *parser_,
+                      asio::bind_executor(strand_, [self = shared_from_this()](beast::error_code ec, size_t) {
+                        self->reading_body_ = false;
+                        self->on_body(ec);
+                      }));
   }
 
   void on_body(beast::error_code ec) {
@@ -427,17 +432,20 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
   // readable, then peek. End of stream or an error: gone. Bytes (a pipelined request):
   // stop watching.
   void watch_peer() {
-    stream_.socket().async_wait(tcp::socket::wait_read, asio::bind_executor(strand_, [self = shared_from_this(), gen = gen_](beast::error_code ec) {
-      if (ec || self->closed_ || gen != self->gen_ || !self->handling_) return;
-      if (self->body_buf_.size() > 0) return;  // data of the next request already read
-      char byte;
-      const ssize_t n = ::recv(self->stream_.socket().native_handle(), &byte, 1, MSG_PEEK | MSG_DONTWAIT);
-      if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
-        self->client_gone();
-      } else if (n < 0) {
-        self->watch_peer();
-      }
-    }));
+    stream_.socket().async_wait(tcp::socket::wait_read,
+                                asio::bind_executor(strand_, [self = shared_from_this(),
+                                                              gen = gen_](beast::error_code ec) {
+                                  if (ec || self->closed_ || gen != self->gen_ || !self->handling_) return;
+                                  if (self->body_buf_.size() > 0) return;  // data of the next request already read
+                                  char byte;
+                                  const ssize_t n =
+                                      ::recv(self->stream_.socket().native_handle(), &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+                                  if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+                                    self->client_gone();
+                                  } else if (n < 0) {
+                                    self->watch_peer();
+                                  }
+                                }));
   }
 
   // --- writing ---
@@ -446,8 +454,10 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
     if (!r.content_type.empty()) out += fmt::format("Content-Type: {}\r\n", r.content_type);
     for (const auto& h : r.headers) out += fmt::format("{}: {}\r\n", h.name, h.value);
     if (stream) {
-      if (chunked_) out += "Transfer-Encoding: chunked\r\n";
-      else keep_alive_ = false;
+      if (chunked_)
+        out += "Transfer-Encoding: chunked\r\n";
+      else
+        keep_alive_ = false;
     } else {
       out += fmt::format("Content-Length: {}\r\n", r.body.size());
     }
@@ -480,9 +490,10 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
     }
     for (const auto& s : in_write_) bufs.emplace_back(asio::buffer(s));
     if (!reading_body_) stream_.expires_after(t_.limits.write_timeout);
-    asio::async_write(stream_, bufs, asio::bind_executor(strand_, [self = shared_from_this()](beast::error_code ec, size_t n) {
-      self->on_write(ec, n);
-    }));
+    asio::async_write(stream_, bufs,
+                      asio::bind_executor(strand_, [self = shared_from_this()](beast::error_code ec, size_t n) {
+                        self->on_write(ec, n);
+                      }));
   }
 
   void on_write(beast::error_code ec, size_t n) {
@@ -557,14 +568,15 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
 
   void drain_some() {
     chunk_.resize(8192);
-    stream_.async_read_some(asio::buffer(chunk_), asio::bind_executor(strand_, [self = shared_from_this()](beast::error_code ec, size_t n) {
-      if (ec || n >= self->linger_left_) {
-        self->close();
-        return;
-      }
-      self->linger_left_ -= n;
-      self->drain_some();
-    }));
+    stream_.async_read_some(asio::buffer(chunk_),
+                            asio::bind_executor(strand_, [self = shared_from_this()](beast::error_code ec, size_t n) {
+                              if (ec || n >= self->linger_left_) {
+                                self->close();
+                                return;
+                              }
+                              self->linger_left_ -= n;
+                              self->drain_some();
+                            }));
   }
 
   void graceful_close() {
@@ -615,7 +627,7 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
   std::optional<bhttp::request_parser<bhttp::string_body>> parser_;
   HttpRequest request_;
   uint64_t gen_ = 0;
-  bool handling_ = false;    // a handler owns the current request
+  bool handling_ = false;  // a handler owns the current request
   bool responding_ = false;  // it has started its response
   bool streaming_ = false;
   bool chunked_ = true;
@@ -689,7 +701,8 @@ void HttpTransport::Impl::accept(HttpListener& l) {
   });
 }
 
-HttpTransport::HttpTransport(HttpLimits limits, int io_threads, HttpErrorBody error_body) : impl_(std::make_unique<Impl>()) {
+HttpTransport::HttpTransport(HttpLimits limits, int io_threads, HttpErrorBody error_body)
+    : impl_(std::make_unique<Impl>()) {
   impl_->limits = limits;
   impl_->io_threads = std::max(1, io_threads);
   impl_->error_body = std::move(error_body);
@@ -700,7 +713,8 @@ HttpTransport::~HttpTransport() {
   // Handlers still queued hold connections; destroying the context frees them.
 }
 
-int HttpTransport::listen(const std::string& host, int port, HttpHeadCheck check, HttpHandler handler, const std::string& what) {
+int HttpTransport::listen(const std::string& host, int port, HttpHeadCheck check, HttpHandler handler,
+                          const std::string& what) {
   auto l = std::make_unique<HttpListener>(impl_->io);
   l->check = std::move(check);
   l->handler = std::move(handler);
@@ -720,7 +734,8 @@ int HttpTransport::listen(const std::string& host, int port, HttpHeadCheck check
   if (!ec) l->acceptor.listen(1024, ec);
   if (ec) {
     if (port == 0) fail("{}: cannot listen on {} (any port): {}", what, host, ec.message());
-    fail("{}: cannot listen on {}:{}; the port is in use or the address is not local; pick another port", what, host, port);
+    fail("{}: cannot listen on {}:{}; the port is in use or the address is not local; pick another port", what, host,
+         port);
   }
   const int bound = l->acceptor.local_endpoint().port();
   impl_->listeners.push_back(std::move(l));
@@ -762,7 +777,8 @@ void HttpTransport::stop() {
   s.io.stop();
 }
 
-std::shared_ptr<HttpTransport::Timer> HttpTransport::schedule(std::chrono::milliseconds delay, std::function<void()> f) {
+std::shared_ptr<HttpTransport::Timer> HttpTransport::schedule(std::chrono::milliseconds delay,
+                                                              std::function<void()> f) {
   auto t = std::make_shared<Timer>(impl_->io);
   t->timer.expires_after(delay);
   t->timer.async_wait([f = std::move(f)](beast::error_code ec) {

@@ -50,8 +50,8 @@ struct HttpHeader {
 struct HttpRequest {
   std::string method;
   std::string target;  // as sent
-  std::string path;    // target up to '?'
-  int version = 11;    // 10 or 11
+  std::string path;  // target up to '?'
+  int version = 11;  // 10 or 11
   std::vector<HttpHeader> headers;
   std::string body;
 

@@ -106,7 +106,9 @@ json vllm_prompt_logprobs(const Tokenizer& tok, std::span<const TokenLogprobs> r
     const int32_t n = std::min<int32_t>(top_n, static_cast<int32_t>(lp.top.size()));
     for (int32_t i = 0; i < n; ++i) {
       const TokenLogprob& t = lp.top[i];
-      entry[std::to_string(t.token)] = {{"logprob", t.logprob}, {"rank", i + 1}, {"decoded_token", token_string(tok.token_bytes(t.token))}};
+      entry[std::to_string(t.token)] = {{"logprob", t.logprob},
+                                        {"rank", i + 1},
+                                        {"decoded_token", token_string(tok.token_bytes(t.token))}};
     }
     entry[std::to_string(lp.sampled.token)] = {{"logprob", lp.sampled.logprob},
                                                {"rank", lp.sampled_rank},
@@ -129,7 +131,8 @@ void append_completion_logprobs(json& into, const json& more) {
 }
 
 int64_t prompt_scoring_entries(const PromptScoringAsk& ask, std::span<const int64_t> prompt_tokens) {
-  const int64_t per_token = (ask.prompt_logprobs >= 0 ? ask.prompt_logprobs + 1 : 0) + (ask.echo_logprobs >= 0 ? ask.echo_logprobs + 1 : 0);
+  const int64_t per_token =
+      (ask.prompt_logprobs >= 0 ? ask.prompt_logprobs + 1 : 0) + (ask.echo_logprobs >= 0 ? ask.echo_logprobs + 1 : 0);
   int64_t tokens = 0;
   for (int64_t t : prompt_tokens) tokens += t;
   return static_cast<int64_t>(ask.n) * tokens * per_token;

@@ -32,8 +32,8 @@ nlohmann::json completion_logprobs(const Tokenizer& tok, std::span<const TokenLo
 // The same object for an echoed prompt (`echo` with `logprobs`): its first token with
 // null logprob and top_logprobs (nothing before it predicts it, as OpenAI reports), then
 // `rest`, the engine's entries for prompt tokens 1... Offsets count the token strings.
-nlohmann::json completion_prompt_logprobs(const Tokenizer& tok, int32_t first_token, std::span<const TokenLogprobs> rest,
-                                          int64_t& text_offset);
+nlohmann::json completion_prompt_logprobs(const Tokenizer& tok, int32_t first_token,
+                                          std::span<const TokenLogprobs> rest, int64_t& text_offset);
 // vLLM's `prompt_logprobs`: null for the first prompt token, then per prompt token an object
 // keyed by token id (as a string) holding {logprob, rank, decoded_token} of the prompt
 // token and of its `top_n` most likely alternatives (so up to top_n + 1 keys).
@@ -51,9 +51,9 @@ int64_t code_point_count(std::string_view text);
 inline constexpr int64_t kMaxPromptLogprobEntries = 1'000'000;
 
 struct PromptScoringAsk {
-  int32_t n = 1;                   // choices per prompt
-  int32_t prompt_logprobs = -1;    // alternatives per prompt token; -1: not asked
-  int32_t echo_logprobs = -1;      // echo with logprobs: alternatives per token; -1: not asked
+  int32_t n = 1;  // choices per prompt
+  int32_t prompt_logprobs = -1;  // alternatives per prompt token; -1: not asked
+  int32_t echo_logprobs = -1;  // echo with logprobs: alternatives per token; -1: not asked
 };
 // The entries `ask` puts in the response for prompts of these token counts.
 int64_t prompt_scoring_entries(const PromptScoringAsk& ask, std::span<const int64_t> prompt_tokens);

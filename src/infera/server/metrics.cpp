@@ -17,7 +17,8 @@ std::string prometheus_escape(const std::string& value) {
   return out;
 }
 
-Histogram::Histogram(std::vector<double> upper_bounds) : bounds_(std::move(upper_bounds)), counts_(bounds_.size() + 1, 0) {}
+Histogram::Histogram(std::vector<double> upper_bounds)
+    : bounds_(std::move(upper_bounds)), counts_(bounds_.size() + 1, 0) {}
 
 void Histogram::observe(double value) {
   size_t i = 0;
@@ -72,14 +73,16 @@ std::string Metrics::render(const std::vector<ModelGauges>& gauges) const {
         out += fmt::format("infera_requests_total{{{},status=\"{}\"}} {}\n", label(model), status, n);
       }
     }
-    header("infera_time_to_first_token_seconds", "histogram", "Time from request arrival to the first generated token.");
+    header("infera_time_to_first_token_seconds", "histogram",
+           "Time from request arrival to the first generated token.");
     for (const auto& [model, m] : models_) m.ttft.render(out, "infera_time_to_first_token_seconds", label(model));
     header("infera_time_per_output_token_seconds", "histogram", "Mean time between generated tokens of a request.");
     for (const auto& [model, m] : models_) m.tpot.render(out, "infera_time_per_output_token_seconds", label(model));
     header("infera_request_latency_seconds", "histogram", "End-to-end request latency.");
     for (const auto& [model, m] : models_) m.e2e.render(out, "infera_request_latency_seconds", label(model));
     header("infera_prompt_tokens_total", "counter", "Prompt tokens processed.");
-    for (const auto& [model, m] : models_) out += fmt::format("infera_prompt_tokens_total{{{}}} {}\n", label(model), m.prompt_tokens);
+    for (const auto& [model, m] : models_)
+      out += fmt::format("infera_prompt_tokens_total{{{}}} {}\n", label(model), m.prompt_tokens);
     header("infera_generation_tokens_total", "counter", "Tokens generated.");
     for (const auto& [model, m] : models_)
       out += fmt::format("infera_generation_tokens_total{{{}}} {}\n", label(model), m.generated_tokens);
@@ -96,24 +99,32 @@ std::string Metrics::render(const std::vector<ModelGauges>& gauges) const {
       if (g.has_stats) out += fmt::format("{}{{{}}} {}\n", name, label(g.name), value_of(g.stats));
     }
   };
-  gauge("infera_requests_running", "gauge", "Sequences holding KV blocks.", [](const EngineStats& s) { return s.running; });
-  gauge("infera_requests_waiting", "gauge", "Requests queued or preempted.", [](const EngineStats& s) { return s.waiting; });
-  gauge("infera_kv_blocks_used", "gauge", "KV blocks referenced by sequences.", [](const EngineStats& s) { return s.kv_blocks_used; });
+  gauge("infera_requests_running", "gauge", "Sequences holding KV blocks.",
+        [](const EngineStats& s) { return s.running; });
+  gauge("infera_requests_waiting", "gauge", "Requests queued or preempted.",
+        [](const EngineStats& s) { return s.waiting; });
+  gauge("infera_kv_blocks_used", "gauge", "KV blocks referenced by sequences.",
+        [](const EngineStats& s) { return s.kv_blocks_used; });
   gauge("infera_kv_blocks_cached", "gauge", "Unreferenced KV blocks kept for prefix reuse.",
         [](const EngineStats& s) { return s.kv_blocks_cached; });
-  gauge("infera_kv_blocks_total", "gauge", "KV blocks in the pool.", [](const EngineStats& s) { return s.kv_blocks_total; });
+  gauge("infera_kv_blocks_total", "gauge", "KV blocks in the pool.",
+        [](const EngineStats& s) { return s.kv_blocks_total; });
   gauge("infera_prefix_cache_hit_blocks_total", "counter", "Prompt blocks served by the prefix cache.",
         [](const EngineStats& s) { return s.prefix_hit_blocks; });
   gauge("infera_prefix_cache_queried_blocks_total", "counter", "Prompt blocks looked up in the prefix cache.",
         [](const EngineStats& s) { return s.prefix_hit_blocks + s.prefix_miss_blocks; });
-  gauge("infera_prefix_cache_hit_rate", "gauge", "Prefix-cache hits over lookups since start.", [](const EngineStats& s) {
-    const int64_t q = s.prefix_hit_blocks + s.prefix_miss_blocks;
-    return q > 0 ? static_cast<double>(s.prefix_hit_blocks) / static_cast<double>(q) : 0.0;
-  });
-  gauge("infera_preemptions_total", "counter", "Sequences preempted to free KV blocks.", [](const EngineStats& s) { return s.preemptions; });
+  gauge("infera_prefix_cache_hit_rate", "gauge", "Prefix-cache hits over lookups since start.",
+        [](const EngineStats& s) {
+          const int64_t q = s.prefix_hit_blocks + s.prefix_miss_blocks;
+          return q > 0 ? static_cast<double>(s.prefix_hit_blocks) / static_cast<double>(q) : 0.0;
+        });
+  gauge("infera_preemptions_total", "counter", "Sequences preempted to free KV blocks.",
+        [](const EngineStats& s) { return s.preemptions; });
   // Speculative decoding (zero for models without it; see docs/speculative.md).
-  gauge("infera_spec_drafted_total", "counter", "Draft tokens proposed and verified.", [](const EngineStats& s) { return s.spec_drafted; });
-  gauge("infera_spec_accepted_total", "counter", "Draft tokens accepted.", [](const EngineStats& s) { return s.spec_accepted; });
+  gauge("infera_spec_drafted_total", "counter", "Draft tokens proposed and verified.",
+        [](const EngineStats& s) { return s.spec_drafted; });
+  gauge("infera_spec_accepted_total", "counter", "Draft tokens accepted.",
+        [](const EngineStats& s) { return s.spec_accepted; });
   gauge("infera_spec_acceptance_rate", "gauge", "Accepted over drafted tokens since start.",
         [](const EngineStats& s) { return s.spec_acceptance_rate(); });
   gauge("infera_spec_decode_steps_total", "counter", "Decode steps of sequences while speculating.",
@@ -125,7 +136,8 @@ std::string Metrics::render(const std::vector<ModelGauges>& gauges) const {
   auto parallel_metric = [&](const char* name, const char* type, const char* help, auto value_of) {
     header(name, type, help);
     for (const auto& g : gauges) {
-      if (g.has_stats && g.stats.parallel.ranks > 1) out += fmt::format("{}{{{}}} {}\n", name, label(g.name), value_of(g.stats));
+      if (g.has_stats && g.stats.parallel.ranks > 1)
+        out += fmt::format("{}{{{}}} {}\n", name, label(g.name), value_of(g.stats));
     }
   };
   parallel_metric("infera_parallel_ranks", "gauge", "Ranks the model runs over (tp/ep).",
@@ -139,7 +151,8 @@ std::string Metrics::render(const std::vector<ModelGauges>& gauges) const {
   parallel_metric("infera_parallel_comm_seconds_total", "counter",
                   "Seconds rank 0 spent inside collectives (waiting for slower ranks included).",
                   [](const EngineStats& s) { return s.parallel.comm_seconds; });
-  header("infera_spec_accepted_per_position_total", "counter", "Accepted draft tokens by position in the draft (0: first).");
+  header("infera_spec_accepted_per_position_total", "counter",
+         "Accepted draft tokens by position in the draft (0: first).");
   for (const auto& g : gauges) {
     if (!g.has_stats) continue;
     for (size_t i = 0; i < g.stats.spec_accepted_per_pos.size(); ++i) {

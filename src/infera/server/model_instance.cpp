@@ -18,12 +18,12 @@
 #include "infera/base/error.h"
 #include "infera/base/log.h"
 #include "infera/base/threads.h"
+#include "infera/chat/chat_template.h"
 #include "infera/model/arch_registry.h"
 #include "infera/model/kv_pool.h"
 #include "infera/model/model.h"
 #include "infera/model/weights.h"
 #include "infera/runtime/engine_config.h"
-#include "infera/chat/chat_template.h"
 
 namespace infera::server {
 
@@ -46,7 +46,8 @@ ModelInstance::ModelInstance(ModelDeployConfig deploy, ModelConfig config, Token
       tokenizer_(std::move(tokenizer)),
       chat_template_(std::move(chat_template)),
       limits_(limits) {
-  created_unix_ = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+  created_unix_ =
+      std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
   emits_reasoning_ = tokenizer_.token_to_id("<think>").has_value() && tokenizer_.token_to_id("</think>").has_value();
   // Chat models end a turn with an end-of-turn token that is not always their EOS.
   for (const char* piece : {"<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>"}) {
@@ -215,21 +216,28 @@ std::vector<std::shared_ptr<ModelInstance>> prepare_models(const DeployConfig& c
   // Server-wide settings.
   if (s.host.empty()) problem("server.host: must not be empty (use 127.0.0.1 for local use)");
   if (s.port < 1 || s.port > 65535) problem(fmt::format("server.port: {} is not a port number (1-65535)", s.port));
-  if (s.body_limit_bytes < 1024) problem(fmt::format("server.body_limit: {} bytes is too small; give at least 1KiB", s.body_limit_bytes));
+  if (s.body_limit_bytes < 1024)
+    problem(fmt::format("server.body_limit: {} bytes is too small; give at least 1KiB", s.body_limit_bytes));
   if (!(s.request_timeout_s > 0)) problem("server.request_timeout_s: must be positive");
   if (s.drain_grace_s < 0) problem("server.drain_grace_s: must be zero or positive");
-  if (s.http_threads < 2 || s.http_threads > 4096) problem(fmt::format("server.http_threads: {} must be in [2, 4096]", s.http_threads));
+  if (s.http_threads < 2 || s.http_threads > 4096)
+    problem(fmt::format("server.http_threads: {} must be in [2, 4096]", s.http_threads));
   if (!s.audit_log_path.empty()) {
     std::ofstream probe(s.audit_log_path, std::ios::app);
-    if (!probe) problem(fmt::format("server.audit_log: cannot append to '{}'; check that its folder exists and is writable", s.audit_log_path));
+    if (!probe)
+      problem(fmt::format("server.audit_log: cannot append to '{}'; check that its folder exists and is writable",
+                          s.audit_log_path));
   }
   {
     std::set<std::string> ids, keys;
     for (size_t i = 0; i < s.api_keys.size(); ++i) {
       const auto& k = s.api_keys[i];
-      if (!ids.insert(k.id).second) problem(fmt::format("server.api_keys[{}].id: '{}' is used twice; give each key its own id", i, k.id));
-      if (!k.key.empty() && !keys.insert(k.key).second) problem(fmt::format("server.api_keys[{}]: the same key is given twice", i));
-      if (!k.key.empty() && k.key.size() < 8) problem(fmt::format("server.api_keys[{}] ('{}'): keys must be at least 8 characters", i, k.id));
+      if (!ids.insert(k.id).second)
+        problem(fmt::format("server.api_keys[{}].id: '{}' is used twice; give each key its own id", i, k.id));
+      if (!k.key.empty() && !keys.insert(k.key).second)
+        problem(fmt::format("server.api_keys[{}]: the same key is given twice", i));
+      if (!k.key.empty() && k.key.size() < 8)
+        problem(fmt::format("server.api_keys[{}] ('{}'): keys must be at least 8 characters", i, k.id));
       if (k.requests_per_minute < 0 || k.tokens_per_minute < 0)
         problem(fmt::format("server.api_keys[{}] ('{}'): limits must be zero (unlimited) or positive", i, k.id));
     }
@@ -247,16 +255,20 @@ std::vector<std::shared_ptr<ModelInstance>> prepare_models(const DeployConfig& c
       continue;
     }
     const fs::path dir(m.path);
-    if (m.name.empty()) m.name = dir.filename().empty() ? dir.parent_path().filename().string() : dir.filename().string();
+    if (m.name.empty())
+      m.name = dir.filename().empty() ? dir.parent_path().filename().string() : dir.filename().string();
     const std::string who = fmt::format("{} ('{}')", w, m.name);
-    if (!names.insert(m.name).second) problem(fmt::format("{}.name: '{}' is used by two models; names must be unique", w, m.name));
+    if (!names.insert(m.name).second)
+      problem(fmt::format("{}.name: '{}' is used by two models; names must be unique", w, m.name));
     if (m.profile != "chat" && m.profile != "long-context")
       problem(fmt::format("{}.profile: '{}' is not a profile; use chat or long-context", who, m.profile));
     if (m.threads < 0) problem(fmt::format("{}.threads: must be 0 (all cores) or positive", who));
     if (m.speculative.method != "none" && m.speculative.method != "ngram" && m.speculative.method != "mtp") {
-      problem(fmt::format("{}.speculative.method: '{}' is not a method; use none, ngram or mtp", who, m.speculative.method));
+      problem(fmt::format("{}.speculative.method: '{}' is not a method; use none, ngram or mtp", who,
+                          m.speculative.method));
     }
-    if (m.speculative.num_draft_tokens < 0 || m.speculative.num_draft_tokens > infera::SpeculativeConfig::kMaxDraftTokens) {
+    if (m.speculative.num_draft_tokens < 0 ||
+        m.speculative.num_draft_tokens > infera::SpeculativeConfig::kMaxDraftTokens) {
       problem(fmt::format("{}.speculative.num_draft_tokens: {} must be in [0, {}] (0: the method's default)", who,
                           m.speculative.num_draft_tokens, infera::SpeculativeConfig::kMaxDraftTokens));
     }
@@ -282,7 +294,8 @@ std::vector<std::shared_ptr<ModelInstance>> prepare_models(const DeployConfig& c
     }
     const fs::path weights_dir = m.quantized_path.empty() ? dir : fs::path(m.quantized_path);
     if (!m.quantized_path.empty() && !fs::is_directory(weights_dir, ec)) {
-      problem(fmt::format("{}.quantized: '{}' is not a readable directory; fix the path or remove it", who, m.quantized_path));
+      problem(fmt::format("{}.quantized: '{}' is not a readable directory; fix the path or remove it", who,
+                          m.quantized_path));
     } else if (!has_weights(weights_dir)) {
       problem(fmt::format("{}: '{}' holds no *.safetensors weights", who, weights_dir.string()));
     }
@@ -339,15 +352,18 @@ std::vector<std::shared_ptr<ModelInstance>> prepare_models(const DeployConfig& c
       }
     }
     if (m.speculative.method == "mtp" && model_config.num_mtp_layers() == 0) {
-      problem(fmt::format("{}.speculative.method: mtp needs a model with a multi-token-prediction head, and {} declares "
-                          "none (mtp_num_hidden_layers); use ngram or none",
-                          who, (dir / "config.json").string()));
+      problem(
+          fmt::format("{}.speculative.method: mtp needs a model with a multi-token-prediction head, and {} declares "
+                      "none (mtp_num_hidden_layers); use ngram or none",
+                      who, (dir / "config.json").string()));
     }
     const ResolvedLimits limits = resolve_limits(m, model_config.max_position_embeddings);
     if (limits.max_input_len < 1 || limits.max_input_len > limits.max_context)
-      problem(fmt::format("{}.max_input_len: {} must be in [1, {}] (the model's context length)", who, limits.max_input_len, limits.max_context));
+      problem(fmt::format("{}.max_input_len: {} must be in [1, {}] (the model's context length)", who,
+                          limits.max_input_len, limits.max_context));
     if (limits.max_output_len < 1 || limits.max_output_len > limits.max_context)
-      problem(fmt::format("{}.max_output_len: {} must be in [1, {}] (the model's context length)", who, limits.max_output_len, limits.max_context));
+      problem(fmt::format("{}.max_output_len: {} must be in [1, {}] (the model's context length)", who,
+                          limits.max_output_len, limits.max_context));
     if (limits.max_queue < 0) problem(fmt::format("{}.max_queue: must be zero or positive", who));
     EngineConfig engine_config;
     engine_config.kv_cache_bytes = limits.kv_cache_bytes;
@@ -360,20 +376,23 @@ std::vector<std::shared_ptr<ModelInstance>> prepare_models(const DeployConfig& c
       problem(fmt::format("{}: {}", who, e.what()));
     }
     const int64_t per_token = kv_bytes_per_token(model_config, m.kv_dtype, weights_dir);
-    const int64_t longest = std::min<int64_t>(int64_t{limits.max_input_len} + limits.max_output_len, limits.max_context);
+    const int64_t longest =
+        std::min<int64_t>(int64_t{limits.max_input_len} + limits.max_output_len, limits.max_context);
     if (per_token > 0 && limits.kv_cache_bytes / per_token < longest) {
-      problem(fmt::format("{}.kv_cache_memory: {} bytes hold {} tokens of KV cache, but max_input_len + max_output_len "
-                          "needs {}; raise kv_cache_memory to at least {} bytes or lower the limits",
-                          who, limits.kv_cache_bytes, limits.kv_cache_bytes / per_token, longest, longest * per_token));
+      problem(
+          fmt::format("{}.kv_cache_memory: {} bytes hold {} tokens of KV cache, but max_input_len + max_output_len "
+                      "needs {}; raise kv_cache_memory to at least {} bytes or lower the limits",
+                      who, limits.kv_cache_bytes, limits.kv_cache_bytes / per_token, longest, longest * per_token));
     }
     if (tokenizer) {
       instances.push_back(std::make_shared<ModelInstance>(std::move(m), std::move(model_config), std::move(*tokenizer),
-                                                         std::move(chat_template), limits));
+                                                          std::move(chat_template), limits));
     }
   }
   for (const auto& key : s.api_keys) {
     for (const auto& model : key.models) {
-      if (!names.contains(model)) problem(fmt::format("server.api_keys ('{}').models: no model is named '{}'", key.id, model));
+      if (!names.contains(model))
+        problem(fmt::format("server.api_keys ('{}').models: no model is named '{}'", key.id, model));
     }
   }
   // Ports last: only worth probing once the numbers themselves are consistent.
@@ -381,7 +400,8 @@ std::vector<std::shared_ptr<ModelInstance>> prepare_models(const DeployConfig& c
     if (port < 1 || port > 65535) continue;
     std::string why;
     if (!port_available(s.host, port, &why)) {
-      problem(fmt::format("{}: cannot listen on {}:{} ({}); stop whatever uses it or pick another port", who, s.host, port, why));
+      problem(fmt::format("{}: cannot listen on {}:{} ({}); stop whatever uses it or pick another port", who, s.host,
+                          port, why));
     }
   }
   if (!problems.empty()) {

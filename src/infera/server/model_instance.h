@@ -23,7 +23,7 @@ namespace infera {
 class ChatTemplate;
 class Model;
 struct LoadOptions;
-}
+}  // namespace infera
 
 namespace infera::server {
 
@@ -47,7 +47,7 @@ class ModelInstance {
   // The backend while the model is ready (a failed engine turns the model "failed").
   std::shared_ptr<GenerationBackend> backend();
   void set_backend(std::shared_ptr<GenerationBackend> backend);  // -> ready
-  void set_failed(const std::string& reason);                    // reason is logged, not served
+  void set_failed(const std::string& reason);  // reason is logged, not served
 
   // Loads the weights and starts the engine (blocking). Never throws: failure -> failed.
   void load();

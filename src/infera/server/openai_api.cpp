@@ -48,7 +48,8 @@ std::optional<double> get_number(const json& obj, const char* key, double lo, do
   if (!v) return std::nullopt;
   if (!v->is_number()) wrong_type(key, "a number", *v);
   const double d = v->get<double>();
-  if (!std::isfinite(d) || d < lo || d > hi) out_of_range(key, fmt::format("must be between {} and {}, got {}", lo, hi, d));
+  if (!std::isfinite(d) || d < lo || d > hi)
+    out_of_range(key, fmt::format("must be between {} and {}, got {}", lo, hi, d));
   return d;
 }
 
@@ -88,7 +89,8 @@ std::optional<std::string> get_string(const json& obj, const char* key, const st
 }
 
 void require_object(const json& body) {
-  if (!body.is_object()) throw_api(bad_request(fmt::format("the request body must be a JSON object, got {}", type_name(body))));
+  if (!body.is_object())
+    throw_api(bad_request(fmt::format("the request body must be a JSON object, got {}", type_name(body))));
 }
 
 // The key the output limit comes under: max_completion_tokens supersedes the deprecated max_tokens.
@@ -137,7 +139,8 @@ GenerationOptions parse_options(const json& body, const ParseLimits& limits, boo
     }
     for (const auto& s : o.stop) {
       if (static_cast<int32_t>(s.size()) > limits.max_stop_length)
-        out_of_range("stop", fmt::format("strings may be at most {} bytes long, got {}", limits.max_stop_length, s.size()));
+        out_of_range("stop",
+                     fmt::format("strings may be at most {} bytes long, got {}", limits.max_stop_length, s.size()));
     }
   }
   if (chat) {
@@ -151,7 +154,8 @@ GenerationOptions parse_options(const json& body, const ParseLimits& limits, boo
     o.logprobs = true;
     o.top_logprobs = static_cast<int32_t>(*v);
   }
-  if (auto v = get_integer_in(body, "prompt_logprobs", 0, kMaxTopLogprobs)) o.prompt_logprobs = static_cast<int32_t>(*v);
+  if (auto v = get_integer_in(body, "prompt_logprobs", 0, kMaxTopLogprobs))
+    o.prompt_logprobs = static_cast<int32_t>(*v);
   o.stream = get_bool(body, "stream").value_or(false);
   if (const json* so = field(body, "stream_options")) {
     if (!so->is_object()) wrong_type("stream_options", "an object", *so);
@@ -175,7 +179,8 @@ std::optional<std::string> parse_content(const json& msg, const std::string& par
     if (!part.is_object()) wrong_type(part_param, "an object", part);
     auto type = get_string(part, "type", part_param + ".type");
     if (type != "text") {
-      throw_api(bad_request(fmt::format("'{}.type' must be \"text\" (this model accepts text only)", part_param), part_param + ".type"));
+      throw_api(bad_request(fmt::format("'{}.type' must be \"text\" (this model accepts text only)", part_param),
+                            part_param + ".type"));
     }
     auto t = get_string(part, "text", part_param + ".text");
     if (!t) throw_api(bad_request(fmt::format("'{}.text' is required", part_param), part_param + ".text"));
@@ -192,7 +197,8 @@ ChatMessage parse_message(const json& msg, size_t index) {
   if (!role) throw_api(bad_request(fmt::format("'{}.role' is required", param), param + ".role"));
   static const char* kRoles[] = {"system", "developer", "user", "assistant", "tool"};
   if (std::find(std::begin(kRoles), std::end(kRoles), *role) == std::end(kRoles)) {
-    throw_api(bad_request(fmt::format("'{}.role' must be one of system, developer, user, assistant, tool; got '{}'", param, *role),
+    throw_api(bad_request(fmt::format("'{}.role' must be one of system, developer, user, assistant, tool; got '{}'",
+                                      param, *role),
                           param + ".role"));
   }
   m.role = *role == "developer" ? "system" : *role;
@@ -207,7 +213,8 @@ ChatMessage parse_message(const json& msg, size_t index) {
       const std::string cp = fmt::format("{}.tool_calls[{}]", param, i);
       if (!c.is_object()) wrong_type(cp, "an object", c);
       const json* fn = field(c, "function");
-      if (!fn || !fn->is_object()) throw_api(bad_request(fmt::format("'{}.function' must be an object", cp), cp + ".function"));
+      if (!fn || !fn->is_object())
+        throw_api(bad_request(fmt::format("'{}.function' must be an object", cp), cp + ".function"));
       ToolCall call;
       call.id = get_string(c, "id", cp + ".id").value_or("");
       auto name = get_string(*fn, "name", cp + ".function.name");
@@ -217,8 +224,9 @@ ChatMessage parse_message(const json& msg, size_t index) {
       call.arguments = !args ? "{}" : (args->is_string() ? args->get<std::string>() : args->dump());
       // The arguments text is parsed again for the chat template: its own nesting counts.
       if (json_nesting_depth(call.arguments, kMaxJsonDepth) > kMaxJsonDepth) {
-        throw_api(bad_request(fmt::format("'{}.function.arguments' is JSON nested deeper than {} levels", cp, kMaxJsonDepth),
-                              cp + ".function.arguments"));
+        throw_api(
+            bad_request(fmt::format("'{}.function.arguments' is JSON nested deeper than {} levels", cp, kMaxJsonDepth),
+                        cp + ".function.arguments"));
       }
       m.tool_calls.push_back(std::move(call));
     }
@@ -226,7 +234,8 @@ ChatMessage parse_message(const json& msg, size_t index) {
   if (!m.content && m.tool_calls.empty() && m.role != "assistant") {
     throw_api(bad_request(fmt::format("'{}.content' is required for role '{}'", param, m.role), param + ".content"));
   }
-  if (m.role == "tool" && !m.content) throw_api(bad_request(fmt::format("'{}.content' is required", param), param + ".content"));
+  if (m.role == "tool" && !m.content)
+    throw_api(bad_request(fmt::format("'{}.content' is required", param), param + ".content"));
   return m;
 }
 
@@ -240,7 +249,8 @@ ToolDefinition parse_tool(const json& t, size_t index) {
   if (!fn->is_object()) wrong_type(param + ".function", "an object", *fn);
   ToolDefinition d;
   auto name = get_string(*fn, "name", param + ".function.name");
-  if (!name || name->empty()) throw_api(bad_request(fmt::format("'{}.function.name' is required", param), param + ".function.name"));
+  if (!name || name->empty())
+    throw_api(bad_request(fmt::format("'{}.function.name' is required", param), param + ".function.name"));
   d.name = *name;
   d.description = get_string(*fn, "description", param + ".function.description").value_or("");
   if (const json* p = field(*fn, "parameters")) {
@@ -265,10 +275,14 @@ size_t invalid_utf8_offset(const std::string& s) {
     }
     int len = 0;
     uint32_t cp = 0;
-    if ((c & 0xE0) == 0xC0) len = 2, cp = c & 0x1F;
-    else if ((c & 0xF0) == 0xE0) len = 3, cp = c & 0x0F;
-    else if ((c & 0xF8) == 0xF0) len = 4, cp = c & 0x07;
-    else return i;
+    if ((c & 0xE0) == 0xC0)
+      len = 2, cp = c & 0x1F;
+    else if ((c & 0xF0) == 0xE0)
+      len = 3, cp = c & 0x0F;
+    else if ((c & 0xF8) == 0xF0)
+      len = 4, cp = c & 0x07;
+    else
+      return i;
     if (i + len > n) return i;
     for (int k = 1; k < len; ++k) {
       const auto cc = static_cast<unsigned char>(s[i + k]);
@@ -320,7 +334,8 @@ ChatRequest parse_chat_request(const json& body, const ParseLimits& limits) {
   if (const json* choice = field(body, "tool_choice")) {
     if (choice->is_string()) {
       const auto c = choice->get<std::string>();
-      if (c == "none") r.tools_enabled = false;
+      if (c == "none")
+        r.tools_enabled = false;
       else if (c != "auto" && c != "required")
         throw_api(bad_request("'tool_choice' must be \"none\", \"auto\", \"required\" or a function", "tool_choice"));
     } else if (choice->is_object()) {
@@ -329,7 +344,8 @@ ChatRequest parse_chat_request(const json& body, const ParseLimits& limits) {
       if (!name) throw_api(bad_request("'tool_choice.function.name' is required", "tool_choice.function.name"));
       bool known = false;
       for (const auto& t : r.tools) known |= t.name == *name;
-      if (!known) throw_api(bad_request(fmt::format("'tool_choice' names '{}', which is not in 'tools'", *name), "tool_choice"));
+      if (!known)
+        throw_api(bad_request(fmt::format("'tool_choice' names '{}', which is not in 'tools'", *name), "tool_choice"));
       r.forced_tool = *name;
     } else {
       wrong_type("tool_choice", "a string or an object", *choice);
@@ -353,7 +369,8 @@ CompletionRequest parse_completion_request(const json& body, const ParseLimits& 
     for (size_t i = 0; i < arr.size(); ++i) {
       if (!arr[i].is_number_integer()) wrong_type(fmt::format("{}[{}]", param, i), "an integer token id", arr[i]);
       const int64_t id = arr[i].get<int64_t>();
-      if (id < 0 || id > std::numeric_limits<int32_t>::max()) out_of_range(fmt::format("{}[{}]", param, i), "is not a valid token id");
+      if (id < 0 || id > std::numeric_limits<int32_t>::max())
+        out_of_range(fmt::format("{}[{}]", param, i), "is not a valid token id");
       ids.push_back(static_cast<int32_t>(id));
     }
     return ids;
@@ -368,20 +385,25 @@ CompletionRequest parse_completion_request(const json& body, const ParseLimits& 
       for (size_t i = 0; i < prompt->size(); ++i) {
         const json& p = (*prompt)[i];
         const std::string param = fmt::format("prompt[{}]", i);
-        if (p.is_string()) r.prompts.emplace_back(p.get<std::string>());
-        else if (p.is_array() && !p.empty()) r.prompts.emplace_back(token_list(p, param));
-        else wrong_type(param, "a string or a non-empty array of token ids", p);
+        if (p.is_string())
+          r.prompts.emplace_back(p.get<std::string>());
+        else if (p.is_array() && !p.empty())
+          r.prompts.emplace_back(token_list(p, param));
+        else
+          wrong_type(param, "a string or a non-empty array of token ids", p);
       }
     }
     if (static_cast<int32_t>(r.prompts.size()) * r.options.n > limits.max_n) {
-      out_of_range("prompt", fmt::format("times 'n' asks for {} choices; at most {} are allowed", r.prompts.size() * r.options.n, limits.max_n));
+      out_of_range("prompt", fmt::format("times 'n' asks for {} choices; at most {} are allowed",
+                                         r.prompts.size() * r.options.n, limits.max_n));
     }
   } else {
     wrong_type("prompt", "a string, an array of strings or an array of token ids", *prompt);
   }
   r.echo = get_bool(body, "echo").value_or(false);
   if (r.options.max_tokens == 0 && !r.echo) {
-    out_of_range(max_tokens_key(body), "must be at least 1, got 0 (0 only with 'echo': the prompt back, scored with 'logprobs')");
+    out_of_range(max_tokens_key(body),
+                 "must be at least 1, got 0 (0 only with 'echo': the prompt back, scored with 'logprobs')");
   }
   if (const json* suffix = field(body, "suffix")) {
     if (!suffix->is_string()) wrong_type("suffix", "a string", *suffix);
@@ -414,7 +436,8 @@ DetokenizeRequest parse_detokenize_request(const json& body) {
     const json& t = (*tokens)[i];
     if (!t.is_number_integer()) wrong_type(fmt::format("tokens[{}]", i), "an integer", t);
     const int64_t id = t.get<int64_t>();
-    if (id < 0 || id > std::numeric_limits<int32_t>::max()) out_of_range(fmt::format("tokens[{}]", i), "is not a valid token id");
+    if (id < 0 || id > std::numeric_limits<int32_t>::max())
+      out_of_range(fmt::format("tokens[{}]", i), "is not a valid token id");
     r.tokens.push_back(static_cast<int32_t>(id));
   }
   return r;

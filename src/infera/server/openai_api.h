@@ -12,8 +12,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "infera/server/api_error.h"
 #include "infera/chat/text_stream.h"
+#include "infera/server/api_error.h"
 
 namespace infera::server {
 
@@ -25,8 +25,8 @@ using chat::ToolCall;
 
 // Options shared by /v1/chat/completions and /v1/completions.
 struct GenerationOptions {
-  std::optional<std::string> model;      // absent: the only model, if there is one
-  std::optional<int64_t> max_tokens;     // max_completion_tokens wins over max_tokens
+  std::optional<std::string> model;  // absent: the only model, if there is one
+  std::optional<int64_t> max_tokens;  // max_completion_tokens wins over max_tokens
   float temperature = 1.0f;
   float top_p = 1.0f;
   int32_t top_k = 0;

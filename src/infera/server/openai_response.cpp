@@ -22,11 +22,13 @@ ApiError make_error(int status, std::string type, std::string message, std::opti
 }
 
 ApiError internal_error() {
-  return make_error(500, "server_error", "the server hit an internal error while handling the request; it has been logged");
+  return make_error(500, "server_error",
+                    "the server hit an internal error while handling the request; it has been logged");
 }
 
 ApiError timeout_error(double timeout_s) {
-  return make_error(504, "timeout_error", fmt::format("the request did not finish within {} s", timeout_s), "request_timeout");
+  return make_error(504, "timeout_error", fmt::format("the request did not finish within {} s", timeout_s),
+                    "request_timeout");
 }
 
 std::string dump_json(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
@@ -60,7 +62,9 @@ namespace {
 json tool_calls_json(const std::vector<ToolCall>& calls, bool with_index) {
   json arr = json::array();
   for (size_t i = 0; i < calls.size(); ++i) {
-    json c = {{"id", calls[i].id}, {"type", "function"}, {"function", {{"name", calls[i].name}, {"arguments", calls[i].arguments}}}};
+    json c = {{"id", calls[i].id},
+              {"type", "function"},
+              {"function", {{"name", calls[i].name}, {"arguments", calls[i].arguments}}}};
     if (with_index) c["index"] = i;
     arr.push_back(std::move(c));
   }
@@ -96,7 +100,8 @@ json final_response(const Job& job) {
       if (!c->reasoning.empty()) message["reasoning_content"] = c->reasoning;
       if (!calls.empty()) message["tool_calls"] = tool_calls_json(calls, false);
       const json logprobs = job.options.logprobs ? chat_logprobs(job.model->tokenizer(), c->logprobs) : json(nullptr);
-      choices.push_back({{"index", c->index}, {"message", message}, {"logprobs", logprobs}, {"finish_reason", c->finish_reason}});
+      choices.push_back(
+          {{"index", c->index}, {"message", message}, {"logprobs", logprobs}, {"finish_reason", c->finish_reason}});
     } else {
       json logprobs = nullptr;
       if (job.options.logprobs) {
@@ -120,7 +125,8 @@ json final_response(const Job& job) {
               {"choices", std::move(choices)},
               {"usage", usage_json(job)}};
   // Chat: one prompt for every choice, so one list beside them (as vLLM).
-  if (job.endpoint == Endpoint::kChat && job.options.prompt_logprobs >= 0) out["prompt_logprobs"] = vllm_prompt_json(job, *job.choices[0]);
+  if (job.endpoint == Endpoint::kChat && job.options.prompt_logprobs >= 0)
+    out["prompt_logprobs"] = vllm_prompt_json(job, *job.choices[0]);
   return out;
 }
 
@@ -165,7 +171,10 @@ void stream_chunks(const Job& job, Choice& c, const OutputDelta& d, bool finishe
       json delta = json::object();
       if (!d.reasoning.empty()) delta["reasoning_content"] = d.reasoning;
       if (!d.content.empty()) delta["content"] = d.content;
-      out += sse(chunk(job, json::array({{{"index", c.index}, {"delta", delta}, {"logprobs", unsent_logprobs(job, c)}, {"finish_reason", nullptr}}})));
+      out += sse(chunk(job, json::array({{{"index", c.index},
+                                          {"delta", delta},
+                                          {"logprobs", unsent_logprobs(job, c)},
+                                          {"finish_reason", nullptr}}})));
     }
     if (finished) {
       if (!c.router.tool_calls().empty()) {

@@ -24,7 +24,7 @@ ApiError timeout_error(double timeout_s);
 std::string dump_json(const nlohmann::json& j);
 HttpResponse json_response(const nlohmann::json& j, int status = 200);
 HttpResponse error_response(const ApiError& e);  // with Retry-After when set
-std::string sse(const nlohmann::json& j);        // one `data:` event
+std::string sse(const nlohmann::json& j);  // one `data:` event
 inline constexpr const char* kSseDone = "data: [DONE]\n\n";
 
 nlohmann::json usage_json(const Job& job);

@@ -6,9 +6,9 @@
 #include <utility>  // before Boost 1.74's asio (its awaitable.hpp uses std::exchange)
 #include <variant>
 
+#include <fmt/format.h>
 #include <boost/asio/post.hpp>
 #include <boost/asio/thread_pool.hpp>
-#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "infera/base/error.h"
@@ -82,7 +82,9 @@ ApiError model_not_found(const std::string& name) {
   throw_api(e);
 }
 
-bool needs_key(Route r) { return r == Route::kChat || r == Route::kCompletion || r == Route::kTokenize || r == Route::kDetokenize; }
+bool needs_key(Route r) {
+  return r == Route::kChat || r == Route::kCompletion || r == Route::kTokenize || r == Route::kDetokenize;
+}
 
 }  // namespace
 
@@ -99,7 +101,8 @@ Routes::Routes(ServerConfig c, std::vector<std::shared_ptr<ModelInstance>> m)
       models_(std::move(m)),
       keys_(config_.api_keys, config_.max_concurrent_requests_per_key),
       guard_(GuardConfig{!config_.api_keys.empty(), config_.host, config_.allowed_hosts, config_.allowed_origins}) {
-  if (!config_.audit_log_path.empty()) audit_ = std::make_unique<AuditLog>(config_.audit_log_path, config_.audit_log_prompts);
+  if (!config_.audit_log_path.empty())
+    audit_ = std::make_unique<AuditLog>(config_.audit_log_path, config_.audit_log_prompts);
   workers_ = std::make_unique<Workers>(static_cast<size_t>(std::clamp(config_.http_threads, 1, 64)));
 }
 
@@ -135,7 +138,8 @@ void Routes::leave_in_flight() {
 
 void Routes::wait_idle(double grace_s) {
   std::unique_lock lock(drain_mutex_);
-  drain_cv_.wait_for(lock, std::chrono::duration<double>(grace_s), [&] { return in_flight_.load() == 0 || drain_woken_.load(); });
+  drain_cv_.wait_for(lock, std::chrono::duration<double>(grace_s),
+                     [&] { return in_flight_.load() == 0 || drain_woken_.load(); });
 }
 
 void Routes::wake_drain() {
@@ -164,7 +168,8 @@ HttpResponse Routes::transport_error(int status, const std::string& message) {
 std::optional<HttpResponse> Routes::check_head(const Scope& scope, const HttpRequest& head) {
   const Route route = route_of(head, config_.metrics);
   if (route == Route::kNone) {
-    return error_response(make_error(404, "invalid_request_error", fmt::format("no endpoint {} {}", head.method, head.path), "unknown_endpoint"));
+    return error_response(make_error(404, "invalid_request_error",
+                                     fmt::format("no endpoint {} {}", head.method, head.path), "unknown_endpoint"));
   }
   if (const std::string* enc = head.find("Content-Encoding"); enc && !enc->empty() && *enc != "identity") {
     return error_response(make_error(415, "invalid_request_error",
@@ -180,7 +185,8 @@ std::optional<HttpResponse> Routes::check_head(const Scope& scope, const HttpReq
   g.content_type = head.find("Content-Type");
   if (const auto denial = guard_.check(g)) {
     record("", head.path, denial->status, nullptr, SteadyClock::now());
-    return error_response(make_error(denial->status, denial->status == 415 ? "invalid_request_error" : "permission_error",
+    return error_response(make_error(denial->status,
+                                     denial->status == 415 ? "invalid_request_error" : "permission_error",
                                      denial->message, denial->code));
   }
   if (needs_key(route) || route == Route::kMetrics) {  // /metrics: any valid key, when keys are set
@@ -204,21 +210,15 @@ void Routes::handle(const Scope& scope, std::shared_ptr<HttpExchange> exchange) 
       exchange->respond(std::move(r));
       return;
     }
-    case Route::kReady:
-      exchange->respond(handle_ready(scope));
-      return;
-    case Route::kMetrics:
-      exchange->respond(handle_metrics(req));
-      return;
-    case Route::kModels:
-      exchange->respond(handle_models(req, scope));
-      return;
+    case Route::kReady: exchange->respond(handle_ready(scope)); return;
+    case Route::kMetrics: exchange->respond(handle_metrics(req)); return;
+    case Route::kModels: exchange->respond(handle_models(req, scope)); return;
     case Route::kNone:
-      exchange->respond(error_response(
-          make_error(404, "invalid_request_error", fmt::format("no endpoint {} {}", req.method, req.path), "unknown_endpoint")));
+      exchange->respond(
+          error_response(make_error(404, "invalid_request_error",
+                                    fmt::format("no endpoint {} {}", req.method, req.path), "unknown_endpoint")));
       return;
-    default:
-      break;
+    default: break;
   }
   boost::asio::post(workers_->pool, [this, route, scope, exchange = std::move(exchange)]() mutable {
     const HttpRequest& r = exchange->request();
@@ -239,11 +239,13 @@ ApiKeyStore::Key* Routes::authenticate(const HttpRequest& req) {
   if (!keys_.enabled()) return nullptr;
   std::string presented;
   const std::string auth = req.header("Authorization");
-  if (auth.rfind("Bearer ", 0) == 0) presented = auth.substr(7);
-  else if (req.has("x-api-key")) presented = req.header("x-api-key");
+  if (auth.rfind("Bearer ", 0) == 0)
+    presented = auth.substr(7);
+  else if (req.has("x-api-key"))
+    presented = req.header("x-api-key");
   if (presented.empty()) {
-    throw_api(make_error(401, "invalid_request_error",
-                         "no API key given; send it as 'Authorization: Bearer <key>'", "missing_api_key"));
+    throw_api(make_error(401, "invalid_request_error", "no API key given; send it as 'Authorization: Bearer <key>'",
+                         "missing_api_key"));
   }
   ApiKeyStore::Key* key = keys_.find(presented);
   if (!key) throw_api(make_error(401, "invalid_request_error", "the API key is not valid", "invalid_api_key"));
@@ -278,9 +280,10 @@ Admission Routes::admit(ApiKeyStore::Key* key, double requests, double tokens) {
 std::shared_ptr<GenerationBackend> Routes::ready_backend(ModelInstance& model) {
   auto backend = model.backend();
   if (!backend) {
-    ApiError e = make_error(503, "server_error",
-                            fmt::format("the model '{}' is {}; try again later", model.name(), model_state_name(model.state())),
-                            "model_not_ready");
+    ApiError e =
+        make_error(503, "server_error",
+                   fmt::format("the model '{}' is {}; try again later", model.name(), model_state_name(model.state())),
+                   "model_not_ready");
     e.retry_after_s = model.state() == ModelState::kLoading ? 5 : 30;
     throw_api(e);
   }
@@ -321,8 +324,8 @@ void Routes::record(const std::string& model, const std::string& endpoint, int s
   }
 }
 
-
-void Routes::handle_generate(Endpoint endpoint, const HttpRequest& req, std::shared_ptr<HttpExchange> exchange, const Scope& listener) {
+void Routes::handle_generate(Endpoint endpoint, const HttpRequest& req, std::shared_ptr<HttpExchange> exchange,
+                             const Scope& listener) {
   const auto start = SteadyClock::now();
   const std::string endpoint_name = endpoint == Endpoint::kChat ? "/v1/chat/completions" : "/v1/completions";
   std::string model_name;
@@ -333,8 +336,10 @@ void Routes::handle_generate(Endpoint endpoint, const HttpRequest& req, std::sha
     const json body = parse_json_body(req.body);
     std::optional<ChatRequest> chat;
     std::optional<CompletionRequest> completion;
-    if (endpoint == Endpoint::kChat) chat = parse_chat_request(body, parse_limits_);
-    else completion = parse_completion_request(body, parse_limits_);
+    if (endpoint == Endpoint::kChat)
+      chat = parse_chat_request(body, parse_limits_);
+    else
+      completion = parse_completion_request(body, parse_limits_);
     const GenerationOptions& options = chat ? chat->options : completion->options;
     auto model = find_model(options.model, listener);
     model_name = model->name();
@@ -380,7 +385,9 @@ void Routes::handle_generate(Endpoint endpoint, const HttpRequest& req, std::sha
           const auto& ids = std::get<std::vector<int32_t>>(p);
           for (int32_t id : ids) {
             if (id >= tok.vocab_size()) {
-              throw_api(bad_request(fmt::format("token id {} is outside the vocabulary (size {})", id, tok.vocab_size()), "prompt"));
+              throw_api(
+                  bad_request(fmt::format("token id {} is outside the vocabulary (size {})", id, tok.vocab_size()),
+                              "prompt"));
             }
           }
           prompt_ids.push_back(ids);
@@ -393,27 +400,30 @@ void Routes::handle_generate(Endpoint endpoint, const HttpRequest& req, std::sha
       const int64_t n = static_cast<int64_t>(prompt_ids[i].size());
       if (n == 0) throw_api(bad_request("the prompt is empty", "prompt"));
       if (n > limits.max_input_len) {
-        throw_api(bad_request(fmt::format("the input has {} tokens, more than max_input_len {} of model '{}'; shorten it",
-                                          n, limits.max_input_len, model->name()),
-                              chat ? "messages" : "prompt", "context_length_exceeded"));
+        throw_api(
+            bad_request(fmt::format("the input has {} tokens, more than max_input_len {} of model '{}'; shorten it", n,
+                                    limits.max_input_len, model->name()),
+                        chat ? "messages" : "prompt", "context_length_exceeded"));
       }
       if (options.max_tokens) {
         if (*options.max_tokens > limits.max_output_len) {
-          throw_api(bad_request(fmt::format("max_tokens {} is more than max_output_len {} of model '{}'", *options.max_tokens,
-                                            limits.max_output_len, model->name()),
+          throw_api(bad_request(fmt::format("max_tokens {} is more than max_output_len {} of model '{}'",
+                                            *options.max_tokens, limits.max_output_len, model->name()),
                                 "max_tokens"));
         }
         if (n + *options.max_tokens > limits.max_context) {
-          throw_api(bad_request(fmt::format("the input ({} tokens) plus max_tokens ({}) is more than the context length {} of "
-                                            "model '{}'; lower max_tokens or shorten the input",
-                                            n, *options.max_tokens, limits.max_context, model->name()),
-                                "max_tokens", "context_length_exceeded"));
+          throw_api(bad_request(
+              fmt::format("the input ({} tokens) plus max_tokens ({}) is more than the context length {} of "
+                          "model '{}'; lower max_tokens or shorten the input",
+                          n, *options.max_tokens, limits.max_context, model->name()),
+              "max_tokens", "context_length_exceeded"));
         }
       } else if (n >= limits.max_context) {
-        throw_api(bad_request(fmt::format("the input has {} tokens and leaves no room for output in the context length {} of "
-                                          "model '{}'",
-                                          n, limits.max_context, model->name()),
-                              chat ? "messages" : "prompt", "context_length_exceeded"));
+        throw_api(
+            bad_request(fmt::format("the input has {} tokens and leaves no room for output in the context length {} of "
+                                    "model '{}'",
+                                    n, limits.max_context, model->name()),
+                        chat ? "messages" : "prompt", "context_length_exceeded"));
       }
       job->prompt_tokens_total += n;  // once per prompt, whatever n (as OpenAI counts)
       requested_max = std::max(requested_max, n);
@@ -429,7 +439,8 @@ void Routes::handle_generate(Endpoint endpoint, const HttpRequest& req, std::sha
     const EngineStats stats = backend->stats();
     if (stats.waiting >= limits.max_queue) {
       ApiError e = make_error(429, "rate_limit_error",
-                              fmt::format("model '{}' has {} requests waiting, its queue limit; retry shortly", model->name(), stats.waiting),
+                              fmt::format("model '{}' has {} requests waiting, its queue limit; retry shortly",
+                                          model->name(), stats.waiting),
                               "queue_full");
       e.retry_after_s = 1;
       throw_api(e);
@@ -462,7 +473,8 @@ void Routes::handle_generate(Endpoint endpoint, const HttpRequest& req, std::sha
         r.sampling.seed = options.seed ? base_seed + static_cast<uint64_t>(c->index) : random_seed();
         r.sampling.vocab_limit = tok.vocab_size();  // never an id the decoder cannot turn into text
         const int64_t room = limits.max_context - static_cast<int64_t>(r.prompt_ids.size());
-        r.max_tokens = static_cast<int32_t>(options.max_tokens ? *options.max_tokens : std::min<int64_t>(limits.max_output_len, room));
+        r.max_tokens = static_cast<int32_t>(options.max_tokens ? *options.max_tokens
+                                                               : std::min<int64_t>(limits.max_output_len, room));
         r.ignore_eos = options.ignore_eos;
         r.logprobs = options.logprobs;
         r.top_logprobs = options.top_logprobs;
@@ -568,7 +580,9 @@ HttpResponse Routes::handle_tokenize(bool detokenize, const HttpRequest& req, co
       Admission admission = admit(key, 1, static_cast<double>(r.tokens.size()));
       for (int32_t id : r.tokens) {
         if (id >= model->tokenizer().vocab_size())
-          throw_api(bad_request(fmt::format("token id {} is outside the vocabulary (size {})", id, model->tokenizer().vocab_size()), "tokens"));
+          throw_api(bad_request(fmt::format("token id {} is outside the vocabulary (size {})", id,
+                                            model->tokenizer().vocab_size()),
+                                "tokens"));
       }
       return json_response(json{{"prompt", model->tokenizer().decode(r.tokens, false)}});
     }
@@ -601,7 +615,9 @@ HttpResponse Routes::handle_ready(const Scope& listener) {
   }
   const bool draining = draining_;
   const bool ok = all_ready && !draining;
-  return json_response(json{{"status", draining ? "draining" : (ok ? "ready" : "not_ready")}, {"models", std::move(list)}}, ok ? 200 : 503);
+  return json_response(json{{"status", draining ? "draining" : (ok ? "ready" : "not_ready")},
+                            {"models", std::move(list)}},
+                       ok ? 200 : 503);
 }
 
 HttpResponse Routes::handle_metrics(const HttpRequest& req) {

@@ -73,11 +73,13 @@ class Routes {
   std::shared_ptr<GenerationBackend> ready_backend(ModelInstance& model);
   void check_not_draining();
   void record(const std::string& model, const std::string& endpoint, int status, ApiKeyStore::Key* key,
-              SteadyClock::time_point start, int64_t prompt_tokens = 0, int64_t completion_tokens = 0, double ttft_s = -1,
-              double tpot_s = -1, const std::string& finish_reason = {}, const std::string* prompt = nullptr);
+              SteadyClock::time_point start, int64_t prompt_tokens = 0, int64_t completion_tokens = 0,
+              double ttft_s = -1, double tpot_s = -1, const std::string& finish_reason = {},
+              const std::string* prompt = nullptr);
   void leave_in_flight();
 
-  void handle_generate(Endpoint endpoint, const HttpRequest& req, std::shared_ptr<HttpExchange> exchange, const Scope& scope);
+  void handle_generate(Endpoint endpoint, const HttpRequest& req, std::shared_ptr<HttpExchange> exchange,
+                       const Scope& scope);
   HttpResponse handle_models(const HttpRequest& req, const Scope& scope);
   HttpResponse handle_tokenize(bool detokenize, const HttpRequest& req, const Scope& scope);
   HttpResponse handle_ready(const Scope& scope);

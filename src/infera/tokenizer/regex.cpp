@@ -24,8 +24,7 @@ Regex::Regex(const std::string& pattern, bool literal) : pattern_(pattern) {
   code_ = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(), options, &error_code,
                         &error_offset, nullptr);
   if (code_ == nullptr) {
-    fail("cannot compile pre-tokenizer regex '{}': {} at offset {}", pattern, pcre2_message(error_code),
-         error_offset);
+    fail("cannot compile pre-tokenizer regex '{}': {} at offset {}", pattern, pcre2_message(error_code), error_offset);
   }
   // JIT makes matching several times faster; without it (e.g. unsupported CPU) the
   // interpreter still gives the same results.
@@ -49,8 +48,7 @@ void Regex::split(std::string_view text, bool keep_matches, std::vector<std::str
   size_t gap_start = 0;
   size_t search_from = 0;
   while (search_from <= text.size()) {
-    int rc = jit_ ? pcre2_jit_match(code_, subject, text.size(), search_from, PCRE2_NO_UTF_CHECK, match.get(),
-                                    context_)
+    int rc = jit_ ? pcre2_jit_match(code_, subject, text.size(), search_from, PCRE2_NO_UTF_CHECK, match.get(), context_)
                   : PCRE2_ERROR_JIT_BADOPTION;
     if (rc == PCRE2_ERROR_JIT_STACKLIMIT || rc == PCRE2_ERROR_JIT_BADOPTION) {
       rc = pcre2_match(code_, subject, text.size(), search_from, PCRE2_NO_UTF_CHECK | PCRE2_NO_JIT, match.get(),

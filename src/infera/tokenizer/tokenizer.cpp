@@ -84,8 +84,8 @@ void Tokenizer::Impl::encode_text(std::string_view text, std::vector<int32_t>& o
       continue;
     }
     const AddedToken& token = added_tokens[found];
-    if (token.single_word && ((pos > 0 && is_word_byte(text[pos - 1])) ||
-                              (found_end < text.size() && is_word_byte(text[found_end])))) {
+    if (token.single_word &&
+        ((pos > 0 && is_word_byte(text[pos - 1])) || (found_end < text.size() && is_word_byte(text[found_end])))) {
       ++pos;
       continue;
     }
@@ -105,7 +105,9 @@ void Tokenizer::Impl::encode_segment(std::string_view segment, bool at_start, st
   for (const NormalizerStep& step : normalizer) {
     switch (step.type) {
       case NormalizerStep::Type::kNfc: text = unicode::nfc(text); break;
-      case NormalizerStep::Type::kPrepend: if (!text.empty()) text.insert(0, step.to); break;
+      case NormalizerStep::Type::kPrepend:
+        if (!text.empty()) text.insert(0, step.to);
+        break;
       case NormalizerStep::Type::kReplace: replace_all(text, step.from, step.to); break;
     }
   }
@@ -179,8 +181,10 @@ void Tokenizer::Impl::encode_word(std::string_view word, std::vector<int32_t>& o
     if (symbols.empty()) {
       for (char c : word) {
         const int32_t id = byte_level_ids[static_cast<uint8_t>(c)];
-        if (id >= 0) symbols.push_back(id);
-        else push_unknown();
+        if (id >= 0)
+          symbols.push_back(id);
+        else
+          push_unknown();
       }
     }
   } else {
@@ -219,15 +223,13 @@ void Tokenizer::Impl::encode_word(std::string_view word, std::vector<int32_t>& o
 void Tokenizer::Impl::bpe(std::vector<int32_t>& symbols) const {
   if (symbols.size() < 2 || merge_table.empty()) return;
   struct Symbol {
-    int32_t id;    // -1 once merged into its left neighbour
+    int32_t id;  // -1 once merged into its left neighbour
     int32_t prev;  // index of the previous live symbol, -1 at the start
     int32_t next;  // index of the next live symbol, -1 at the end
   };
   struct Candidate {
     int32_t rank, left, right, left_id, right_id, merged_id;
-    bool operator>(const Candidate& other) const {
-      return rank != other.rank ? rank > other.rank : left > other.left;
-    }
+    bool operator>(const Candidate& other) const { return rank != other.rank ? rank > other.rank : left > other.left; }
   };
   const auto n = static_cast<int32_t>(symbols.size());
   std::vector<Symbol> list(n);
@@ -309,9 +311,7 @@ std::optional<int32_t> Tokenizer::token_to_id(std::string_view piece) const {
   return std::nullopt;
 }
 
-bool Tokenizer::is_special(int32_t id) const {
-  return id >= 0 && id < impl_->vocab_size() && impl_->special[id] != 0;
-}
+bool Tokenizer::is_special(int32_t id) const { return id >= 0 && id < impl_->vocab_size() && impl_->special[id] != 0; }
 
 const std::string& Tokenizer::chat_template() const { return impl_->chat_template; }
 Tokenizer::Kind Tokenizer::kind() const { return impl_->kind; }
@@ -338,7 +338,8 @@ struct IncrementalDecoder::State {
 };
 
 IncrementalDecoder::IncrementalDecoder(const Tokenizer& tok, bool skip_special_tokens)
-    : impl_(tok.impl_), state_(std::make_unique<State>(State{{}, skip_special_tokens, tok.impl_->strip_leading_spaces})) {}
+    : impl_(tok.impl_),
+      state_(std::make_unique<State>(State{{}, skip_special_tokens, tok.impl_->strip_leading_spaces})) {}
 IncrementalDecoder::~IncrementalDecoder() = default;
 IncrementalDecoder::IncrementalDecoder(IncrementalDecoder&&) noexcept = default;
 IncrementalDecoder& IncrementalDecoder::operator=(IncrementalDecoder&&) noexcept = default;

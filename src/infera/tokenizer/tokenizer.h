@@ -80,7 +80,7 @@ class IncrementalDecoder {
   IncrementalDecoder& operator=(IncrementalDecoder&&) noexcept;
 
   std::string push(int32_t id);  // the newly completed text (may be empty)
-  std::string flush();           // whatever remains (an incomplete sequence as U+FFFD)
+  std::string flush();  // whatever remains (an incomplete sequence as U+FFFD)
 
  private:
   struct State;

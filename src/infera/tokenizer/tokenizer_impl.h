@@ -27,8 +27,8 @@ struct AddedToken {
   int32_t id = -1;
   std::string content;
   bool special = false;
-  bool lstrip = false;       // absorb whitespace on the left into the token
-  bool rstrip = false;       // absorb whitespace on the right
+  bool lstrip = false;  // absorb whitespace on the left into the token
+  bool rstrip = false;  // absorb whitespace on the right
   bool single_word = false;  // match only when not inside a word
 };
 
@@ -36,19 +36,19 @@ struct NormalizerStep {
   enum class Type { kNfc, kPrepend, kReplace };
   Type type;
   std::string from;  // kReplace: the literal to replace
-  std::string to;    // kPrepend: the prefix; kReplace: the replacement
+  std::string to;  // kPrepend: the prefix; kReplace: the replacement
 };
 
 struct PreTokenizerStep {
   enum class Type { kSplit, kByteLevel, kMetaspace };
   enum class Prepend { kAlways, kFirst, kNever };
   Type type;
-  std::unique_ptr<Regex> regex;   // kSplit; kByteLevel with use_regex (GPT-2's pattern)
-  bool keep_matches = true;       // kSplit: behaviour Isolated (true) or Removed (false)
+  std::unique_ptr<Regex> regex;  // kSplit; kByteLevel with use_regex (GPT-2's pattern)
+  bool keep_matches = true;  // kSplit: behaviour Isolated (true) or Removed (false)
   bool add_prefix_space = false;  // kByteLevel
-  std::string replacement;        // kMetaspace: "▁"
+  std::string replacement;  // kMetaspace: "▁"
   Prepend prepend = Prepend::kAlways;  // kMetaspace
-  bool split = false;             // kMetaspace: split before each replacement character
+  bool split = false;  // kMetaspace: split before each replacement character
 };
 
 // The BPE merge (left id, right id) -> merged id with its priority (lower merges first).
@@ -64,16 +64,16 @@ struct Tokenizer::Impl {
   Kind kind = Kind::kByteLevelBpe;
 
   // --- model (BPE) ---
-  StringToId model_vocab;                 // piece -> id, the BPE model's own vocabulary
-  std::vector<std::string> id_to_piece;   // [vocab_size] raw pieces, added tokens included
+  StringToId model_vocab;  // piece -> id, the BPE model's own vocabulary
+  std::vector<std::string> id_to_piece;  // [vocab_size] raw pieces, added tokens included
   std::unordered_map<uint64_t, MergeTarget> merge_table;
   std::vector<std::pair<std::string, std::string>> merges;  // in priority order
-  bool byte_level = false;                // pieces are GPT-2 byte-mapped strings
-  bool byte_fallback = false;             // unknown characters become <0xNN> tokens
-  bool ignore_merges = false;             // a word that is itself a piece is emitted whole
+  bool byte_level = false;  // pieces are GPT-2 byte-mapped strings
+  bool byte_fallback = false;  // unknown characters become <0xNN> tokens
+  bool ignore_merges = false;  // a word that is itself a piece is emitted whole
   bool fuse_unk = false;
   int32_t unk_id = -1;
-  std::array<int32_t, 256> byte_level_ids{};     // byte -> id of its GPT-2 character (-1 if absent)
+  std::array<int32_t, 256> byte_level_ids{};  // byte -> id of its GPT-2 character (-1 if absent)
   std::array<int32_t, 256> byte_fallback_ids{};  // byte -> id of <0xNN> (-1 if absent)
 
   // --- pipeline before the model ---
@@ -82,24 +82,24 @@ struct Tokenizer::Impl {
 
   // --- added tokens, matched in the raw text by a byte trie ---
   std::vector<AddedToken> added_tokens;
-  StringToId added_token_index;           // content -> index into added_tokens
+  StringToId added_token_index;  // content -> index into added_tokens
   struct TrieNode {
     std::vector<std::pair<uint8_t, int32_t>> children;  // byte -> node index
-    int32_t added_token = -1;                           // index into added_tokens ending here
+    int32_t added_token = -1;  // index into added_tokens ending here
   };
-  std::vector<TrieNode> trie;             // node 0 is the root
+  std::vector<TrieNode> trie;  // node 0 is the root
   std::array<bool, 256> trie_first_byte{};
 
   // --- post-processing and special tokens ---
-  std::vector<int32_t> prefix_ids;        // added before the text when add_special_tokens
-  std::vector<int32_t> suffix_ids;        // added after it
-  std::vector<uint8_t> special;           // [vocab_size] 1 for special added tokens
+  std::vector<int32_t> prefix_ids;  // added before the text when add_special_tokens
+  std::vector<int32_t> suffix_ids;  // added after it
+  std::vector<uint8_t> special;  // [vocab_size] 1 for special added tokens
   int32_t bos_id = -1;
   int32_t eos_id = -1;
 
   // --- decoder ---
   std::vector<std::string> decoded_bytes;  // [vocab_size] what each id decodes to
-  int strip_leading_spaces = 0;            // drop up to this many spaces at the start of the output
+  int strip_leading_spaces = 0;  // drop up to this many spaces at the start of the output
 
   std::string chat_template;
   std::string pretokenizer_name = "default";

@@ -24,24 +24,27 @@ using nlohmann::json;
 namespace fs = std::filesystem;
 
 constexpr std::string_view kMetaspace = "\xE2\x96\x81";  // "▁" U+2581
-constexpr int kMaxSequenceDepth = 16;     // Sequence inside Sequence ... (real files: 1 or 2)
-constexpr int64_t kMaxIdGap = 65536;      // largest id allowed past twice the number of tokens
+constexpr int kMaxSequenceDepth = 16;  // Sequence inside Sequence ... (real files: 1 or 2)
+constexpr int64_t kMaxIdGap = 65536;  // largest id allowed past twice the number of tokens
 
 // GPT-2's pattern, used by a ByteLevel pre-tokenizer with use_regex.
-constexpr const char* kGpt2Pattern = "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
+constexpr const char* kGpt2Pattern =
+    "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
 // The Split regexes of the tokenizers llama.cpp names "qwen2" and "llama-bpe".
 constexpr std::string_view kQwen2Pattern =
-    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| "
+    "?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
 constexpr std::string_view kLlama3Pattern =
-    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| "
+    "?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
 
 // Reads and parses a JSON file; returns null json when the file is absent and optional.
 json read_json_file(const fs::path& path, bool required) {
   std::ifstream in(path, std::ios::binary);
   if (!in) {
     if (!required && !fs::exists(path)) return json();
-    fail("cannot read {}: {} (a tokenizer directory needs tokenizer.json and tokenizer_config.json)",
-         path.string(), fs::exists(path) ? "permission denied or not a file" : "file not found");
+    fail("cannot read {}: {} (a tokenizer directory needs tokenizer.json and tokenizer_config.json)", path.string(),
+         fs::exists(path) ? "permission denied or not a file" : "file not found");
   }
   std::stringstream buffer;
   buffer << in.rdbuf();
@@ -96,7 +99,8 @@ class Loader {
     const json tokenizer = read_json_file(tokenizer_path, true);
     const json config = read_json_file(config_path, false);
     const json special_map = read_json_file(special_map_path, false);
-    if (config.is_null()) LOG_DEBUG("{} not found: no chat template, BOS/EOS from tokenizer.json", config_path.string());
+    if (config.is_null())
+      LOG_DEBUG("{} not found: no chat template, BOS/EOS from tokenizer.json", config_path.string());
 
     file_ = tokenizer_path.string();
     try {
@@ -143,8 +147,8 @@ class Loader {
       max_id = std::max(max_id, id);
     }
     if (max_id >= 2 * static_cast<int64_t>(vocab->size()) + kMaxIdGap) {
-      fail("{}: token id {} is far past the {} tokens of model.vocab (ids must be numbered densely from 0)", file_, max_id,
-           vocab->size());
+      fail("{}: token id {} is far past the {} tokens of model.vocab (ids must be numbered densely from 0)", file_,
+           max_id, vocab->size());
     }
     impl_.id_to_piece.resize(static_cast<size_t>(max_id + 1));
     for (const auto& [piece, id] : impl_.model_vocab) impl_.id_to_piece[id] = piece;
@@ -228,7 +232,8 @@ class Loader {
     // must not allocate gigabytes. Real vocabularies number their tokens (nearly) densely.
     const int64_t ids = static_cast<int64_t>(impl_.model_vocab.size() + impl_.added_tokens.size());
     if (max_id >= 2 * ids + kMaxIdGap) {
-      fail("{}: token id {} is far past the {} tokens defined (ids must be numbered densely from 0)", file_, max_id, ids);
+      fail("{}: token id {} is far past the {} tokens defined (ids must be numbered densely from 0)", file_, max_id,
+           ids);
     }
     impl_.id_to_piece.resize(static_cast<size_t>(max_id + 1));
     impl_.special.assign(static_cast<size_t>(max_id + 1), 0);
@@ -244,7 +249,8 @@ class Loader {
 
   void add_normalizer(const json& node, int depth = 0) {
     const std::string type = get_string(node, "type");
-    if (type == "Sequence" && depth >= kMaxSequenceDepth) fail("{}: normalizer Sequences nested deeper than {}", file_, kMaxSequenceDepth);
+    if (type == "Sequence" && depth >= kMaxSequenceDepth)
+      fail("{}: normalizer Sequences nested deeper than {}", file_, kMaxSequenceDepth);
     if (type == "Sequence") {
       for (const json& child : node.at("normalizers")) add_normalizer(child, depth + 1);
     } else if (type == "NFC") {
@@ -274,7 +280,8 @@ class Loader {
 
   void add_pre_tokenizer(const json& node, int depth = 0) {
     const std::string type = get_string(node, "type");
-    if (type == "Sequence" && depth >= kMaxSequenceDepth) fail("{}: pre_tokenizer Sequences nested deeper than {}", file_, kMaxSequenceDepth);
+    if (type == "Sequence" && depth >= kMaxSequenceDepth)
+      fail("{}: pre_tokenizer Sequences nested deeper than {}", file_, kMaxSequenceDepth);
     PreTokenizerStep step;
     if (type == "Sequence") {
       for (const json& child : node.at("pretokenizers")) add_pre_tokenizer(child, depth + 1);
@@ -330,7 +337,8 @@ class Loader {
 
   void add_decoder(const json& node, int depth = 0) {
     const std::string type = get_string(node, "type");
-    if (type == "Sequence" && depth >= kMaxSequenceDepth) fail("{}: decoder Sequences nested deeper than {}", file_, kMaxSequenceDepth);
+    if (type == "Sequence" && depth >= kMaxSequenceDepth)
+      fail("{}: decoder Sequences nested deeper than {}", file_, kMaxSequenceDepth);
     if (type == "Sequence") {
       for (const json& child : node.at("decoders")) add_decoder(child, depth + 1);
     } else if (type == "ByteLevel") {
@@ -364,8 +372,10 @@ class Loader {
 
   // A special-token id the post_processor names: one the vocabulary defines.
   int32_t checked_id(const json& value, const std::string& name) const {
-    if (!value.is_number_integer() || value.get<int64_t>() < 0 || value.get<int64_t>() >= static_cast<int64_t>(impl_.id_to_piece.size())) {
-      fail("{}: post_processor gives special token '{}' the id {}, which is not in the vocabulary", file_, name, json_excerpt(value));
+    if (!value.is_number_integer() || value.get<int64_t>() < 0 ||
+        value.get<int64_t>() >= static_cast<int64_t>(impl_.id_to_piece.size())) {
+      fail("{}: post_processor gives special token '{}' the id {}, which is not in the vocabulary", file_, name,
+           json_excerpt(value));
     }
     return value.get<int32_t>();
   }
@@ -387,7 +397,8 @@ class Loader {
 
   void add_post_processor(const json& node, int depth = 0) {
     const std::string type = get_string(node, "type");
-    if (type == "Sequence" && depth >= kMaxSequenceDepth) fail("{}: post_processor Sequences nested deeper than {}", file_, kMaxSequenceDepth);
+    if (type == "Sequence" && depth >= kMaxSequenceDepth)
+      fail("{}: post_processor Sequences nested deeper than {}", file_, kMaxSequenceDepth);
     if (type == "Sequence") {
       for (const json& child : node.at("processors")) add_post_processor(child, depth + 1);
     } else if (type == "ByteLevel") {
@@ -465,9 +476,9 @@ class Loader {
 
   void finish() {
     auto& impl = impl_;
-    impl.byte_level = decode_byte_level_ ||
-                      std::any_of(impl.pre_tokenizer.begin(), impl.pre_tokenizer.end(),
-                                  [](const auto& s) { return s.type == PreTokenizerStep::Type::kByteLevel; });
+    impl.byte_level =
+        decode_byte_level_ || std::any_of(impl.pre_tokenizer.begin(), impl.pre_tokenizer.end(),
+                                          [](const auto& s) { return s.type == PreTokenizerStep::Type::kByteLevel; });
     impl.kind = impl.byte_level ? Tokenizer::Kind::kByteLevelBpe : Tokenizer::Kind::kSentencePieceBpe;
 
     const auto& byte_chars = unicode::byte_to_unicode();
@@ -488,7 +499,8 @@ class Loader {
     for (size_t id = 0; id < impl.id_to_piece.size(); ++id) {
       const std::string& piece = impl.id_to_piece[id];
       std::string& bytes = impl.decoded_bytes[id];
-      if (impl.added_token_index.count(piece) && impl.added_tokens[impl.added_token_index.at(piece)].id == static_cast<int32_t>(id)) {
+      if (impl.added_token_index.count(piece) &&
+          impl.added_tokens[impl.added_token_index.at(piece)].id == static_cast<int32_t>(id)) {
         bytes = piece;  // added tokens are emitted verbatim
       } else if (decode_byte_level_) {
         size_t pos = 0;
@@ -502,7 +514,8 @@ class Loader {
           bytes += static_cast<char>(b);
         }
       } else if (decode_byte_fallback_ && piece.size() == 6 && piece.starts_with("<0x") && piece.ends_with(">") &&
-                 std::isxdigit(static_cast<unsigned char>(piece[3])) && std::isxdigit(static_cast<unsigned char>(piece[4]))) {
+                 std::isxdigit(static_cast<unsigned char>(piece[3])) &&
+                 std::isxdigit(static_cast<unsigned char>(piece[4]))) {
         bytes = static_cast<char>(std::stoi(piece.substr(3, 2), nullptr, 16));
       } else if (decode_metaspace_) {
         for (size_t pos = 0; pos < piece.size();) {
@@ -545,9 +558,12 @@ class Loader {
     } else {
       for (const auto& step : impl.pre_tokenizer) {
         if (!step.regex) continue;
-        if (step.regex->pattern() == kQwen2Pattern) impl.pretokenizer_name = "qwen2";
-        else if (step.regex->pattern() == kLlama3Pattern) impl.pretokenizer_name = "llama-bpe";
-        else if (step.regex->pattern() == kGpt2Pattern) impl.pretokenizer_name = "gpt-2";
+        if (step.regex->pattern() == kQwen2Pattern)
+          impl.pretokenizer_name = "qwen2";
+        else if (step.regex->pattern() == kLlama3Pattern)
+          impl.pretokenizer_name = "llama-bpe";
+        else if (step.regex->pattern() == kGpt2Pattern)
+          impl.pretokenizer_name = "gpt-2";
         break;
       }
     }

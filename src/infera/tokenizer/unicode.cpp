@@ -82,8 +82,7 @@ size_t find_invalid_utf8(std::string_view text) {
 
 bool is_whitespace(char32_t cp) {
   return (cp >= 0x09 && cp <= 0x0D) || cp == 0x20 || cp == 0x85 || cp == 0xA0 || cp == 0x1680 ||
-         (cp >= 0x2000 && cp <= 0x200A) || cp == 0x2028 || cp == 0x2029 || cp == 0x202F ||
-         cp == 0x205F || cp == 0x3000;
+         (cp >= 0x2000 && cp <= 0x200A) || cp == 0x2028 || cp == 0x2029 || cp == 0x202F || cp == 0x205F || cp == 0x3000;
 }
 
 // ---------------------------------------------------------------------------------------
@@ -96,7 +95,8 @@ bool is_whitespace(char32_t cp) {
 namespace {
 
 uint8_t combining_class(char32_t cp) {
-  return cp < 0x300 ? 0 : static_cast<uint8_t>(utf8proc_get_property(static_cast<utf8proc_int32_t>(cp))->combining_class);
+  return cp < 0x300 ? 0
+                    : static_cast<uint8_t>(utf8proc_get_property(static_cast<utf8proc_int32_t>(cp))->combining_class);
 }
 
 }  // namespace
@@ -151,8 +151,9 @@ std::string nfc(std::string_view text) {
   }
 
   // Canonical composition (linear: each character looks back at the last starter only).
-  const utf8proc_ssize_t length = utf8proc_normalize_utf32(decomposed.data(), static_cast<utf8proc_ssize_t>(decomposed.size()),
-                                                           static_cast<utf8proc_option_t>(UTF8PROC_COMPOSE | UTF8PROC_STABLE));
+  const utf8proc_ssize_t length =
+      utf8proc_normalize_utf32(decomposed.data(), static_cast<utf8proc_ssize_t>(decomposed.size()),
+                               static_cast<utf8proc_option_t>(UTF8PROC_COMPOSE | UTF8PROC_STABLE));
   std::string out;
   out.reserve(text.size());
   for (utf8proc_ssize_t i = 0; i < length; ++i) append_utf8(out, static_cast<char32_t>(decomposed[i]));

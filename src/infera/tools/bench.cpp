@@ -37,15 +37,16 @@ using Clock = std::chrono::steady_clock;
 
 struct BenchRequest {
   std::string kind;  // short, medium, long, multi_turn, tool_call, code, empty, overlong, special_chars, file
-  json body;         // chat/completions body without model / stream
+  json body;  // chat/completions body without model / stream
   bool extreme = false;
 };
 
 // Deterministic filler text of about `words` words.
 std::string words_text(int words, uint32_t seed) {
-  static const char* vocab[] = {"the", "model", "server", "request", "token", "cache", "memory", "answer", "question",
-                                "quickly", "system", "engine", "river", "mountain", "history", "science", "because",
-                                "simple", "number", "write", "explain", "story", "window", "context", "batch", "light"};
+  static const char* vocab[] = {"the",     "model",    "server",  "request", "token",  "cache", "memory",
+                                "answer",  "question", "quickly", "system",  "engine", "river", "mountain",
+                                "history", "science",  "because", "simple",  "number", "write", "explain",
+                                "story",   "window",   "context", "batch",   "light"};
   std::mt19937 rng(seed);
   std::string s;
   for (int i = 0; i < words; ++i) {
@@ -76,32 +77,39 @@ std::vector<BenchRequest> builtin_requests(const BenchOptions& o) {
   add("medium", json::array({user("Read this and answer briefly. " + words_text(words(medium * 2 / 3), 3))}));
   add("medium", json::array({user("Explain the following notes: " + words_text(words(medium), 4))}));
   // Long: near --max-context, leaving room for the answer and the template.
-  add("long", json::array({user("Summarize this document. " + words_text(words(o.max_context * 8 / 10 - mt - 32), 5))}));
+  add("long",
+      json::array({user("Summarize this document. " + words_text(words(o.max_context * 8 / 10 - mt - 32), 5))}));
   // Multi-turn with history.
-  add("multi_turn", json::array({{{"role", "system"}, {"content", "You are a concise assistant."}},
-                                 user("Tell me about rivers."),
-                                 {{"role", "assistant"}, {"content", "Rivers carry water from high ground to the sea. " + words_text(words(medium / 3), 6)}},
-                                 user("And mountains?"),
-                                 {{"role", "assistant"}, {"content", words_text(words(medium / 2), 7)}},
-                                 user("Compare the two in one paragraph.")}));
+  add("multi_turn",
+      json::array({{{"role", "system"}, {"content", "You are a concise assistant."}},
+                   user("Tell me about rivers."),
+                   {{"role", "assistant"},
+                    {"content", "Rivers carry water from high ground to the sea. " + words_text(words(medium / 3), 6)}},
+                   user("And mountains?"),
+                   {{"role", "assistant"}, {"content", words_text(words(medium / 2), 7)}},
+                   user("Compare the two in one paragraph.")}));
   // Tool call.
-  const json tools = json::array({{{"type", "function"},
-                                   {"function",
-                                    {{"name", "get_weather"},
-                                     {"description", "Current weather for a city"},
-                                     {"parameters",
-                                      {{"type", "object"},
-                                       {"properties", {{"city", {{"type", "string"}}}, {"unit", {{"type", "string"}, {"enum", {"c", "f"}}}}}},
-                                       {"required", {"city"}}}}}}}});
+  const json tools = json::array(
+      {{{"type", "function"},
+        {"function",
+         {{"name", "get_weather"},
+          {"description", "Current weather for a city"},
+          {"parameters",
+           {{"type", "object"},
+            {"properties", {{"city", {{"type", "string"}}}, {"unit", {{"type", "string"}, {"enum", {"c", "f"}}}}}},
+            {"required", {"city"}}}}}}}});
   add("tool_call", json::array({user("What is the weather in Paris right now?")}), {{"tools", tools}});
   // Code.
   add("code", json::array({user("Write a Python function that returns the n-th Fibonacci number, with a docstring.")}));
-  add("code", json::array({user("Fix this C code:\n```c\nint main() { int x[3]; for (int i = 0; i <= 3; i++) x[i] = i; }\n```")}));
+  add("code", json::array({user(
+                  "Fix this C code:\n```c\nint main() { int x[3]; for (int i = 0; i <= 3; i++) x[i] = i; }\n```")}));
   if (!o.no_extreme) {
-    add("empty", json::array(), {}, true);                    // no messages at all
+    add("empty", json::array(), {}, true);  // no messages at all
     add("empty_content", json::array({user("")}), {}, true);  // an empty user turn
     add("overlong", json::array({user(words_text(words(o.max_context * 2), 8))}), {}, true);
-    add("special_chars", json::array({user("\xF0\x9F\x98\x80 \xE2\x80\x8B\xE2\x80\xAE <|im_end|> <s></s> {{ x }} {% if %} \\u0000 \"quoted\" \t\r\n\xE4\xBD\xA0\xE5\xA5\xBD")}),
+    add("special_chars",
+        json::array({user("\xF0\x9F\x98\x80 \xE2\x80\x8B\xE2\x80\xAE <|im_end|> <s></s> {{ x }} {% if %} \\u0000 "
+                          "\"quoted\" \t\r\n\xE4\xBD\xA0\xE5\xA5\xBD")}),
         {}, true);
     add("negative_max_tokens", json::array({user("hi")}), {{"max_tokens", -5}}, true);
   }
@@ -123,7 +131,8 @@ std::vector<BenchRequest> file_requests(const std::string& path, const BenchOpti
     } catch (const json::exception& e) {
       fail("{}: line {}: not JSON: {}", path, n, e.what());
     }
-    if (!j.is_object()) fail("{}: line {}: expected an object (a chat/completions body, or {{\"prompt\": ...}})", path, n);
+    if (!j.is_object())
+      fail("{}: line {}: expected an object (a chat/completions body, or {{\"prompt\": ...}})", path, n);
     if (j.contains("prompt") && !j.contains("messages")) {
       j["messages"] = json::array({user(j["prompt"].get<std::string>())});
       j.erase("prompt");
@@ -144,8 +153,8 @@ std::vector<BenchRequest> file_requests(const std::string& path, const BenchOpti
 struct Outcome {
   std::string kind;
   bool extreme = false;
-  bool ok = false;            // 2xx with a finished stream
-  bool clean_error = false;   // 4xx with a JSON error body
+  bool ok = false;  // 2xx with a finished stream
+  bool clean_error = false;  // 4xx with a JSON error body
   int status = 0;
   std::string error;
   double ttft_s = NAN;
@@ -167,7 +176,8 @@ Target parse_url(const std::string& url) {
   t.scheme_host_port = url.substr(0, slash);
   t.base_path = slash == std::string::npos ? "" : url.substr(slash);
   while (!t.base_path.empty() && t.base_path.back() == '/') t.base_path.pop_back();
-  if (t.base_path.size() >= 3 && t.base_path.compare(t.base_path.size() - 3, 3, "/v1") == 0) t.base_path.resize(t.base_path.size() - 3);
+  if (t.base_path.size() >= 3 && t.base_path.compare(t.base_path.size() - 3, 3, "/v1") == 0)
+    t.base_path.resize(t.base_path.size() - 3);
   return t;
 }
 
@@ -238,15 +248,19 @@ Outcome send_request(const Target& t, const BenchOptions& o, const BenchRequest&
         if (ev.contains("choices") && ev["choices"].is_array()) {
           for (const auto& ch : ev["choices"]) {
             const json d = ch.value("delta", json::object());
-            auto nonempty = [&](const char* k) { return d.contains(k) && d[k].is_string() && !d[k].get<std::string>().empty(); };
+            auto nonempty = [&](const char* k) {
+              return d.contains(k) && d[k].is_string() && !d[k].get<std::string>().empty();
+            };
             has_content = has_content || nonempty("content") || nonempty("reasoning_content") ||
                           (d.contains("tool_calls") && !d["tool_calls"].empty());
           }
         }
         if (has_content) {
           const auto now = Clock::now();
-          if (content_chunks == 0) out.ttft_s = std::chrono::duration<double>(now - t0).count();
-          else out.itl_s.push_back(std::chrono::duration<double>(now - last).count());
+          if (content_chunks == 0)
+            out.ttft_s = std::chrono::duration<double>(now - t0).count();
+          else
+            out.itl_s.push_back(std::chrono::duration<double>(now - last).count());
           last = now;
           ++content_chunks;
         }
@@ -297,8 +311,11 @@ json dist_ms(const std::vector<double>& s) {
       ++n;
     }
   }
-  return {{"p50", ms(percentile(s, 50))}, {"p95", ms(percentile(s, 95))}, {"p99", ms(percentile(s, 99))},
-          {"mean", ms(n ? sum / n : NAN)}, {"count", n}};
+  return {{"p50", ms(percentile(s, 50))},
+          {"p95", ms(percentile(s, 95))},
+          {"p99", ms(percentile(s, 99))},
+          {"mean", ms(n ? sum / n : NAN)},
+          {"count", n}};
 }
 
 // infera_* gauges/counters from a Prometheus text page (sum over label sets).
@@ -332,8 +349,10 @@ json level_result(const std::string& label, double x, const std::vector<Outcome>
   for (const Outcome& r : outs) {
     if (r.extreme) {
       ++ex_total;
-      if (r.ok) ++ex_ok;
-      else if (r.clean_error) ++ex_clean;
+      if (r.ok)
+        ++ex_ok;
+      else if (r.clean_error)
+        ++ex_clean;
       else {
         ++ex_unclean;
         if (error_samples.size() < 5) error_samples.push_back(r.kind + ": " + r.error);
@@ -419,7 +438,9 @@ json run_concurrency(const Target& t, const BenchOptions& o, const std::vector<B
   std::atomic<size_t> next{0};
   Progress progress(fmt::format("concurrency {}", conc), static_cast<int>(work.size()));
   const auto t0 = Clock::now();
-  auto expired = [&] { return o.duration > 0 && std::chrono::duration<double>(Clock::now() - t0).count() >= o.duration; };
+  auto expired = [&] {
+    return o.duration > 0 && std::chrono::duration<double>(Clock::now() - t0).count() >= o.duration;
+  };
   std::vector<std::thread> workers;
   for (int w = 0; w < conc; ++w) {
     workers.emplace_back([&] {
@@ -512,7 +533,8 @@ std::string bench_chart_path(const std::string& requested) {
   return requested;
 }
 
-void write_bench_chart(const std::vector<json>& results, const std::vector<std::string>& names, const std::string& path) {
+void write_bench_chart(const std::vector<json>& results, const std::vector<std::string>& names,
+                       const std::string& path) {
   ChartPanel lat{"Latency", "concurrency", "milliseconds", {}, true, {}};
   ChartPanel thr{"Throughput", "concurrency", "output tokens/s", {}, true, {}};
   const bool rate = !results.empty() && results[0].contains("levels") && !results[0]["levels"].empty() &&
@@ -560,12 +582,15 @@ int compare_bench_results(const json& a, const json& b, double regression_thresh
     std::vector<const char*> path;
     bool higher_is_better;
   };
-  const std::vector<Metric> metrics = {
-      {"TTFT p50 ms", {"ttft_ms", "p50"}, false},  {"TTFT p99 ms", {"ttft_ms", "p99"}, false},
-      {"TPOT p50 ms", {"tpot_ms", "p50"}, false},  {"ITL p50 ms", {"itl_ms", "p50"}, false},
-      {"E2E p50 ms", {"e2e_ms", "p50"}, false},    {"E2E p99 ms", {"e2e_ms", "p99"}, false},
-      {"output tok/s", {"output_tokens_per_s"}, true}, {"requests/s", {"requests_per_s"}, true},
-      {"error rate", {"error_rate"}, false}};
+  const std::vector<Metric> metrics = {{"TTFT p50 ms", {"ttft_ms", "p50"}, false},
+                                       {"TTFT p99 ms", {"ttft_ms", "p99"}, false},
+                                       {"TPOT p50 ms", {"tpot_ms", "p50"}, false},
+                                       {"ITL p50 ms", {"itl_ms", "p50"}, false},
+                                       {"E2E p50 ms", {"e2e_ms", "p50"}, false},
+                                       {"E2E p99 ms", {"e2e_ms", "p99"}, false},
+                                       {"output tok/s", {"output_tokens_per_s"}, true},
+                                       {"requests/s", {"requests_per_s"}, true},
+                                       {"error rate", {"error_rate"}, false}};
   int regressions = 0;
   std::printf("%-10s %-14s %12s %12s %9s\n", "level", "metric", "A", "B", "change");
   const json levels_a = a.value("levels", json::array()), levels_b = b.value("levels", json::array());
@@ -628,7 +653,8 @@ int run_bench(BenchOptions o) {
       o.tokens_per_word = j["count"].get<double>() / 201.0;
     }
   }
-  const std::vector<BenchRequest> set = o.requests_file.empty() ? builtin_requests(o) : file_requests(o.requests_file, o);
+  const std::vector<BenchRequest> set =
+      o.requests_file.empty() ? builtin_requests(o) : file_requests(o.requests_file, o);
 
   // Warm-up (excluded): the first normal requests, one at a time.
   for (int i = 0, done = 0; done < o.warmup && i < static_cast<int>(set.size()); ++i) {
@@ -642,8 +668,12 @@ int run_bench(BenchOptions o) {
                  {"model", o.model},
                  {"request_set", o.requests_file.empty() ? "builtin" : o.requests_file},
                  {"config",
-                  {{"requests", o.requests}, {"duration_s", o.duration}, {"warmup", o.warmup}, {"max_tokens", o.max_tokens},
-                   {"max_context", o.max_context}, {"extreme", !o.no_extreme}}},
+                  {{"requests", o.requests},
+                   {"duration_s", o.duration},
+                   {"warmup", o.warmup},
+                   {"max_tokens", o.max_tokens},
+                   {"max_context", o.max_context},
+                   {"extreme", !o.no_extreme}}},
                  {"levels", json::array()}};
   if (o.rate > 0) {
     result["levels"].push_back(run_rate(t, o, set));
@@ -661,20 +691,22 @@ int run_bench(BenchOptions o) {
     }
   }
 
-  std::printf("%-10s %8s %7s %10s %10s %10s %10s %10s %10s %11s %8s\n", "level", "requests", "errors", "TTFT p50", "TTFT p99",
-              "TPOT p50", "ITL p50", "E2E p50", "E2E p99", "out tok/s", "req/s");
+  std::printf("%-10s %8s %7s %10s %10s %10s %10s %10s %10s %11s %8s\n", "level", "requests", "errors", "TTFT p50",
+              "TTFT p99", "TPOT p50", "ITL p50", "E2E p50", "E2E p99", "out tok/s", "req/s");
   for (const auto& l : result["levels"]) {
-    std::printf("%-10s %8d %7d %8.1fms %8.1fms %8.1fms %8.1fms %8.1fms %8.1fms %11.1f %8.2f\n", l["label"].get<std::string>().c_str(),
-                l["requests"].get<int>(), l["errors"].get<int>(), num(l, {"ttft_ms", "p50"}), num(l, {"ttft_ms", "p99"}),
-                num(l, {"tpot_ms", "p50"}), num(l, {"itl_ms", "p50"}), num(l, {"e2e_ms", "p50"}), num(l, {"e2e_ms", "p99"}),
+    std::printf("%-10s %8d %7d %8.1fms %8.1fms %8.1fms %8.1fms %8.1fms %8.1fms %11.1f %8.2f\n",
+                l["label"].get<std::string>().c_str(), l["requests"].get<int>(), l["errors"].get<int>(),
+                num(l, {"ttft_ms", "p50"}), num(l, {"ttft_ms", "p99"}), num(l, {"tpot_ms", "p50"}),
+                num(l, {"itl_ms", "p50"}), num(l, {"e2e_ms", "p50"}), num(l, {"e2e_ms", "p99"}),
                 num(l, {"output_tokens_per_s"}), num(l, {"requests_per_s"}));
     const json& ex = l["extreme"];
     if (ex["total"].get<int>() > 0) {
-      std::printf("           extreme inputs: %d sent, %d clean errors, %d answered, %d NOT clean\n", ex["total"].get<int>(),
-                  ex["clean_errors"].get<int>(), ex["ok"].get<int>(), ex["unclean"].get<int>());
+      std::printf("           extreme inputs: %d sent, %d clean errors, %d answered, %d NOT clean\n",
+                  ex["total"].get<int>(), ex["clean_errors"].get<int>(), ex["ok"].get<int>(), ex["unclean"].get<int>());
     }
     if (!l["kv_usage"].is_null()) std::printf("           KV use %.1f%%\n", l["kv_usage"].get<double>() * 100);
-    if (!l["acceptance_rate"].is_null()) std::printf("           acceptance %.2f\n", l["acceptance_rate"].get<double>());
+    if (!l["acceptance_rate"].is_null())
+      std::printf("           acceptance %.2f\n", l["acceptance_rate"].get<double>());
   }
   if (!o.out.empty()) {
     std::ofstream f(o.out);

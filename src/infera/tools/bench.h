@@ -29,7 +29,7 @@ struct BenchOptions {
   double timeout = 300;
   std::vector<std::string> compare;
   double regression_threshold = 10.0;  // percent
-  double tokens_per_word = 1.3;        // measured through /tokenize when the target has it
+  double tokens_per_word = 1.3;  // measured through /tokenize when the target has it
 };
 
 // Runs the benchmark (or, with two `compare` files, the comparison); prints the table and

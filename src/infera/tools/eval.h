@@ -13,13 +13,13 @@ class Model;
 namespace infera::tools {
 
 struct EvalResult {
-  int64_t tokens = 0;          // predictions scored
-  double ppl = 0.0;            // exp(mean negative log-likelihood)
+  int64_t tokens = 0;  // predictions scored
+  double ppl = 0.0;  // exp(mean negative log-likelihood)
   bool has_ref = false;
   double ref_ppl = 0.0;
-  double kl_mean = 0.0;        // mean over tokens of KL(ref || model), nats
-  double kl_p99 = 0.0;         // 99th percentile of the per-token KL
-  double top1_agreement = 0.0; // fraction of tokens where both argmaxes agree
+  double kl_mean = 0.0;  // mean over tokens of KL(ref || model), nats
+  double kl_p99 = 0.0;  // 99th percentile of the per-token KL
+  double top1_agreement = 0.0;  // fraction of tokens where both argmaxes agree
 };
 
 // Splits `tokens` into consecutive windows of `ctx` tokens, each a fresh sequence (its

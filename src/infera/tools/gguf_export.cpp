@@ -2,8 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -61,7 +61,9 @@ constexpr NameRule kBlockNames[] = {
     {"mlp.down_proj.weight", "ffn_down.weight"},
 };
 
-bool is_qk_norm_rule(const NameRule& r) { return r.hf.find("_norm.weight") != std::string_view::npos && r.hf.starts_with("self_attn."); }
+bool is_qk_norm_rule(const NameRule& r) {
+  return r.hf.find("_norm.weight") != std::string_view::npos && r.hf.starts_with("self_attn.");
+}
 
 // llama.cpp token types (llama_token_type / gguf TokenType).
 enum TokenType : int32_t { kNormal = 1, kUnknown = 2, kControl = 3, kUserDefined = 4, kUnused = 5, kByte = 6 };
@@ -69,9 +71,9 @@ enum TokenType : int32_t { kNormal = 1, kUnknown = 2, kControl = 3, kUserDefined
 // general.file_type (llama_ftype).
 uint32_t file_type_of(GgufOutType t) {
   switch (t) {
-    case GgufOutType::kF32: return 0;   // ALL_F32
-    case GgufOutType::kF16: return 1;   // MOSTLY_F16
-    case GgufOutType::kBF16: return 32; // MOSTLY_BF16
+    case GgufOutType::kF32: return 0;  // ALL_F32
+    case GgufOutType::kF16: return 1;  // MOSTLY_F16
+    case GgufOutType::kBF16: return 32;  // MOSTLY_BF16
     case GgufOutType::kQ8_0: return 7;  // MOSTLY_Q8_0
     case GgufOutType::kQ4_0: return 2;  // MOSTLY_Q4_0
   }
@@ -184,13 +186,13 @@ struct RowSource {
 
 struct ExportTensor {
   std::string name;
-  std::vector<float> values;        // small tensors computed here (norms, A_log, conv): F32 data
-  std::vector<RowSource> rows;      // matrices: the source of each GGUF row
-  std::vector<int64_t> col_order;   // empty = identity
+  std::vector<float> values;  // small tensors computed here (norms, A_log, conv): F32 data
+  std::vector<RowSource> rows;  // matrices: the source of each GGUF row
+  std::vector<int64_t> col_order;  // empty = identity
   const TensorInfo* whole = nullptr;  // the rows are exactly this tensor, in order (fast copy)
   GgmlType type = GgmlType::kF32;
   int64_t cols = 1;
-  std::vector<uint64_t> dims;       // GGUF ne, innermost first
+  std::vector<uint64_t> dims;  // GGUF ne, innermost first
 };
 
 void stream_tensor(const ExportTensor& t, gguf::ByteSink& out) {
@@ -294,7 +296,8 @@ void add_hparams(gguf::Writer& w, const ModelConfig& c, const std::string& arch,
     case RopeScaling::kYarn:
       w.set(p + "rope.scaling.type", Value::string("yarn"));
       w.set(p + "rope.scaling.factor", Value::f32(c.rope.factor));
-      w.set(p + "rope.scaling.original_context_length", Value::u32(static_cast<uint32_t>(c.rope.original_max_position)));
+      w.set(p + "rope.scaling.original_context_length",
+            Value::u32(static_cast<uint32_t>(c.rope.original_max_position)));
       w.set(p + "rope.scaling.yarn_beta_fast", Value::f32(c.rope.beta_fast));
       w.set(p + "rope.scaling.yarn_beta_slow", Value::f32(c.rope.beta_slow));
       // llama.cpp derives 0.1 ln(factor) + 1 itself when this key is absent; write it only
@@ -325,7 +328,8 @@ bool adds_space_prefix(const json& tok) {
     const std::string type = node.value("type", "");
     if (type == "Prepend" && node.value("prepend", "") == "▁") found = true;
     if (type == "Metaspace") {
-      const std::string scheme = node.value("prepend_scheme", node.value("add_prefix_space", true) ? "always" : "never");
+      const std::string scheme =
+          node.value("prepend_scheme", node.value("add_prefix_space", true) ? "always" : "never");
       if (scheme != "never") found = true;
     }
     for (const char* key : {"normalizers", "pretokenizers"}) {
@@ -359,7 +363,8 @@ void add_tokenizer(gguf::Writer& w, const ModelConfig& c, const fs::path& dir) {
     }
   }
   std::optional<std::string> unk;
-  if (tok_json.contains("model") && tok_json["model"].contains("unk_token")) unk = token_content(tok_json["model"]["unk_token"]);
+  if (tok_json.contains("model") && tok_json["model"].contains("unk_token"))
+    unk = token_content(tok_json["model"]["unk_token"]);
   const bool spm = tok.kind() == Tokenizer::Kind::kSentencePieceBpe;
 
   std::vector<std::string> tokens(static_cast<size_t>(c.vocab_size));
@@ -401,9 +406,10 @@ void add_tokenizer(gguf::Writer& w, const ModelConfig& c, const fs::path& dir) {
   } else {
     const std::string pre = tok.pretokenizer_name();
     if (pre.empty() || pre == "default") {
-      fail("{}: the byte-level pre-tokenizer regex is not one llama.cpp knows by name (qwen2, llama-bpe, gpt-2); "
-           "a GGUF without the right tokenizer.ggml.pre would tokenize differently",
-           (dir / "tokenizer.json").string());
+      fail(
+          "{}: the byte-level pre-tokenizer regex is not one llama.cpp knows by name (qwen2, llama-bpe, gpt-2); "
+          "a GGUF without the right tokenizer.ggml.pre would tokenize differently",
+          (dir / "tokenizer.json").string());
     }
     std::vector<std::string> merges;
     merges.reserve(tok.merges().size());
@@ -421,11 +427,13 @@ void add_tokenizer(gguf::Writer& w, const ModelConfig& c, const fs::path& dir) {
   if (bos >= 0) w.set("tokenizer.ggml.bos_token_id", Value::u32(static_cast<uint32_t>(bos)));
   if (eos >= 0) w.set("tokenizer.ggml.eos_token_id", Value::u32(static_cast<uint32_t>(eos)));
   if (spm && unk) {
-    if (auto id = tok.token_to_id(*unk)) w.set("tokenizer.ggml.unknown_token_id", Value::u32(static_cast<uint32_t>(*id)));
+    if (auto id = tok.token_to_id(*unk))
+      w.set("tokenizer.ggml.unknown_token_id", Value::u32(static_cast<uint32_t>(*id)));
   }
   if (tok_config.contains("pad_token")) {
     if (auto pad = token_content(tok_config["pad_token"])) {
-      if (auto id = tok.token_to_id(*pad)) w.set("tokenizer.ggml.padding_token_id", Value::u32(static_cast<uint32_t>(*id)));
+      if (auto id = tok.token_to_id(*pad))
+        w.set("tokenizer.ggml.padding_token_id", Value::u32(static_cast<uint32_t>(*id)));
     }
   }
   w.set("tokenizer.ggml.add_bos_token", Value::boolean(tok.add_bos()));
@@ -532,7 +540,8 @@ GgufExportResult export_gguf(const std::string& model_dir, const std::string& ou
     for (const ArchInfo& a : arch_registry()) {
       if (a.gguf_arch) supported += (supported.empty() ? "" : ", ") + std::string(a.name);
     }
-    fail("{}: model_type '{}' cannot be converted to GGUF yet (supported: {})", config_path, config.model_type, supported);
+    fail("{}: model_type '{}' cannot be converted to GGUF yet (supported: {})", config_path, config.model_type,
+         supported);
   }
   const std::string arch = info.gguf_arch;
   const bool hybrid = info.traits.hybrid;
@@ -546,9 +555,10 @@ GgufExportResult export_gguf(const std::string& model_dir, const std::string& ou
     // llama.cpp's qwen3moe runs every layer as MoE and always renormalises the top-k.
     for (int l = 0; l < config.num_layers; ++l) {
       if (!config.is_moe_layer(l)) {
-        fail("{}: layer {} is a dense MLP layer (decoder_sparse_step / mlp_only_layers); llama.cpp's qwen3moe "
-             "needs every layer to be MoE",
-             config_path, l);
+        fail(
+            "{}: layer {} is a dense MLP layer (decoder_sparse_step / mlp_only_layers); llama.cpp's qwen3moe "
+            "needs every layer to be MoE",
+            config_path, l);
       }
     }
     if (!config.norm_topk_prob) {
@@ -600,10 +610,12 @@ GgufExportResult export_gguf(const std::string& model_dir, const std::string& ou
     writer.set(hp + "ssm.inner_size",
                Value::u32(static_cast<uint32_t>(config.linear_value_head_dim * config.linear_num_value_heads)));
     std::vector<uint8_t> recurrent;
-    for (int l = 0; l < config.num_layers + n_mtp; ++l) recurrent.push_back(config.is_linear_attention_layer(l) ? 1 : 0);
+    for (int l = 0; l < config.num_layers + n_mtp; ++l)
+      recurrent.push_back(config.is_linear_attention_layer(l) ? 1 : 0);
     writer.set(hp + "attention.recurrent_layers", Value::array_of(ValueType::kBool, recurrent));
     writer.set(hp + "full_attention_interval",
-               Value::u32(static_cast<uint32_t>(config.full_attention_interval > 0 ? config.full_attention_interval : 4)));
+               Value::u32(
+                   static_cast<uint32_t>(config.full_attention_interval > 0 ? config.full_attention_interval : 4)));
     if (config.arch == Arch::kQwen35Moe) {
       add_moe_hparams(writer, config, hp);
       if (config.shared_expert_intermediate_size > 0) {
@@ -628,16 +640,15 @@ GgufExportResult export_gguf(const std::string& model_dir, const std::string& ou
   auto source = [&](const std::string& hf, std::initializer_list<int64_t> shape) -> const TensorInfo& {
     const TensorInfo& t = store.get(hf, shape);
     if (!ggml_type_of(t.dtype)) {
-      fail("{}/{}: tensor '{}' has dtype {}; the GGUF converter reads f32, f16 and bf16 checkpoints", model_dir,
-           t.file, hf, dtype_name(t.dtype));
+      fail("{}/{}: tensor '{}' has dtype {}; the GGUF converter reads f32, f16 and bf16 checkpoints", model_dir, t.file,
+           hf, dtype_name(t.dtype));
     }
     used.insert(hf);
     return t;
   };
   // A matrix [rows, cols] (GGUF ne {cols, rows}); row_of maps GGUF rows to source rows.
   auto add_matrix = [&](const std::string& hf, int64_t rows, int64_t cols,
-                        const std::function<int64_t(int64_t)>& row_of = nullptr,
-                        std::vector<int64_t> col_order = {}) {
+                        const std::function<int64_t(int64_t)>& row_of = nullptr, std::vector<int64_t> col_order = {}) {
     const TensorInfo& t = source(hf, {rows, cols});
     ExportTensor e;
     e.name = gguf_name(hf);
@@ -702,8 +713,9 @@ GgufExportResult export_gguf(const std::string& model_dir, const std::string& ou
                  is_llama ? std::function<int64_t(int64_t)>([&](int64_t r) { return llama_permuted_row(q_out, nh, r); })
                           : nullptr);
       add_matrix(p + "self_attn.k_proj.weight", kv_out, H,
-                 is_llama ? std::function<int64_t(int64_t)>([&](int64_t r) { return llama_permuted_row(kv_out, nkv, r); })
-                          : nullptr);
+                 is_llama
+                     ? std::function<int64_t(int64_t)>([&](int64_t r) { return llama_permuted_row(kv_out, nkv, r); })
+                     : nullptr);
       add_matrix(p + "self_attn.v_proj.weight", kv_out, H);
       add_matrix(p + "self_attn.o_proj.weight", H, q_out);
       if (config.qk_norm) {
@@ -771,8 +783,7 @@ GgufExportResult export_gguf(const std::string& model_dir, const std::string& ou
         }
         const auto vm1 = vmap(1);
         add_vector(a + "dt_bias", Hv, [vm1](const std::vector<float>& v, int64_t i) { return v[vm1(i)]; });
-        add_vector(a + "A_log", Hv,
-                   [vm1](const std::vector<float>& v, int64_t i) { return -std::exp(v[vm1(i)]); });
+        add_vector(a + "A_log", Hv, [vm1](const std::vector<float>& v, int64_t i) { return -std::exp(v[vm1(i)]); });
         add_vector(a + "norm.weight", dv);  // RMSNormGated: plain weight
         std::vector<int64_t> cols(static_cast<size_t>(VD));
         for (int64_t i = 0; i < VD; ++i) cols[i] = v_head_source(i, Hk, Hv, dv);
@@ -785,7 +796,8 @@ GgufExportResult export_gguf(const std::string& model_dir, const std::string& ou
         add_matrix(p + "mlp.down_proj.weight", H, F);
         return;
       }
-      const int64_t E = config.num_experts, I = config.moe_intermediate_size, S = config.shared_expert_intermediate_size;
+      const int64_t E = config.num_experts, I = config.moe_intermediate_size,
+                    S = config.shared_expert_intermediate_size;
       add_matrix(p + "mlp.gate.weight", E, H);
       if (stored_expert_layout(config, p + "mlp.", has) == ExpertLayout::kFused) {
         const TensorInfo& gu = source(p + "mlp.experts.gate_up_proj", {E, 2 * I, H});
@@ -796,7 +808,9 @@ GgufExportResult export_gguf(const std::string& model_dir, const std::string& ou
         up.replace(up.rfind("ffn_gate_exps"), 13, "ffn_up_exps");
         add_experts(gate, E, I, H, [&gu, I](int64_t x) { return RowSource{&gu, x * 2 * I}; });
         add_experts(up, E, I, H, [&gu, I](int64_t x) { return RowSource{&gu, x * 2 * I + I}; });
-        add_experts(gguf_name(p + "mlp.experts.down_proj"), E, H, I, [&dn, H](int64_t x) { return RowSource{&dn, x * H}; });
+        add_experts(gguf_name(p + "mlp.experts.down_proj"), E, H, I, [&dn, H](int64_t x) {
+          return RowSource{&dn, x * H};
+        });
       } else {
         for (const char* part : {"gate", "up", "down"}) {
           const bool down = std::string(part) == "down";
@@ -823,8 +837,7 @@ GgufExportResult export_gguf(const std::string& model_dir, const std::string& ou
       }
     };
     for (int l = 0; l < config.num_layers; ++l) {
-      add_block(lm + "layers." + std::to_string(l) + ".",
-                !config.is_linear_attention_layer(l));
+      add_block(lm + "layers." + std::to_string(l) + ".", !config.is_linear_attention_layer(l));
     }
     if (n_mtp > 0) {
       if (n_mtp > 1) fail("{}: {} MTP layers; llama.cpp loads a single MTP block", config_path, n_mtp);
@@ -835,7 +848,8 @@ GgufExportResult export_gguf(const std::string& model_dir, const std::string& ou
       add_vector("mtp.norm.weight", H, plus_one);
     }
   }
-  add_vector(lm + "norm.weight", H, hybrid ? std::function<float(const std::vector<float>&, int64_t)>(plus_one) : nullptr);
+  add_vector(lm + "norm.weight", H,
+             hybrid ? std::function<float(const std::vector<float>&, int64_t)>(plus_one) : nullptr);
   if (!config.tie_word_embeddings) {
     if (store.find("lm_head.weight")) {
       add_matrix("lm_head.weight", V, H);
@@ -846,9 +860,9 @@ GgufExportResult export_gguf(const std::string& model_dir, const std::string& ou
   // Anything left over would be silently dropped: refuse instead.
   for (const std::string& n : store.names()) {
     if (used.count(n)) continue;
-    if (n.ends_with("rotary_emb.inv_freq")) continue;                   // recomputed by every runtime
+    if (n.ends_with("rotary_emb.inv_freq")) continue;  // recomputed by every runtime
     if (n == "lm_head.weight" && config.tie_word_embeddings) continue;  // tied copy
-    if (hybrid && n.starts_with("model.visual.")) continue;             // Qwen3.5 vision tower (text-only GGUF)
+    if (hybrid && n.starts_with("model.visual.")) continue;  // Qwen3.5 vision tower (text-only GGUF)
     fail("{}: tensor '{}' has no GGUF counterpart for model_type {} (biases and extra heads are not supported)",
          model_dir, n, config.model_type);
   }

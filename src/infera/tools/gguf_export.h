@@ -33,7 +33,7 @@ GgufOutType parse_gguf_out_type(const std::string& text);
 struct GgufExportOptions {
   // Like llama.cpp's converter, F16 unless told otherwise (also for bf16 checkpoints).
   GgufOutType out_type = GgufOutType::kF16;
-  std::string name;            // general.name; default: the model directory's name
+  std::string name;  // general.name; default: the model directory's name
   bool show_progress = false;  // a one-line progress meter on stderr
 };
 

@@ -12,14 +12,14 @@
 #include <nlohmann/json.hpp>
 
 #include "infera/base/error.h"
+#include "infera/chat/chat_template.h"
 #include "infera/io/safetensors.h"
 #include "infera/model/arch_registry.h"
 #include "infera/model/config.h"
 #include "infera/model/tensor_table.h"
-#include "infera/tools/planner.h"
 #include "infera/model/weights.h"
-#include "infera/chat/chat_template.h"
 #include "infera/tokenizer/tokenizer.h"
+#include "infera/tools/planner.h"
 
 namespace infera {
 namespace {
@@ -71,7 +71,7 @@ class Checker {
     std::error_code ec;
     if (!fs::is_directory(dir_, ec)) {
       error("files", fs::exists(dir_, ec) ? fmt::format("{}: not a directory", dir_.string())
-                                           : fmt::format("{}: model directory not found", dir_.string()));
+                                          : fmt::format("{}: model directory not found", dir_.string()));
       return std::move(r_);
     }
     check_config();
@@ -131,7 +131,8 @@ class Checker {
       r_.context_length = cfg_->max_position_embeddings;
       if (!r_.arch_runnable) {
         warn("config", fmt::format("architecture '{}' is recognised (planning, checks) but Infera cannot run it yet "
-                                   "(runs: {})", r_.model_type, runnable_arch_names()));
+                                   "(runs: {})",
+                                   r_.model_type, runnable_arch_names()));
       }
     } catch (const Error& e) {
       error("config", e.what());
@@ -144,7 +145,8 @@ class Checker {
       }
     };
     scan(config_json_, "");
-    if (auto it = config_json_.find("text_config"); it != config_json_.end() && it->is_object()) scan(*it, "text_config.");
+    if (auto it = config_json_.find("text_config"); it != config_json_.end() && it->is_object())
+      scan(*it, "text_config.");
     if (!unknown.empty()) {
       std::string list;
       for (const auto& u : unknown) list += (list.empty() ? "" : ", ") + u;
@@ -157,7 +159,8 @@ class Checker {
       if (method == "infera") r_.quantization += " " + it->value("scheme", std::string("?"));
       if (method != "infera") {
         warn("config", fmt::format("quantization_config.quant_method '{}': Infera loads only its own quantized "
-                                   "checkpoints ('infera', written by infera quantize)", method));
+                                   "checkpoints ('infera', written by infera quantize)",
+                                   method));
       }
     }
     for (const char* q : {"quantize_config.json", "quantization_config.json"}) {
@@ -175,8 +178,8 @@ class Checker {
     try {
       Tokenizer tok = Tokenizer::load(dir_.string());
       if (cfg_ && static_cast<int64_t>(tok.vocab_size()) > cfg_->vocab_size) {
-        error("tokenizer", fmt::format("tokenizer.json has {} tokens but config.json vocab_size is {}", tok.vocab_size(),
-                                       cfg_->vocab_size));
+        error("tokenizer", fmt::format("tokenizer.json has {} tokens but config.json vocab_size is {}",
+                                       tok.vocab_size(), cfg_->vocab_size));
       }
     } catch (const Error& e) {
       error("tokenizer", e.what());
@@ -265,7 +268,8 @@ class Checker {
       if (shard_ok) error("weights", fmt::format("{}: tensor '{}' listed in the index is not in the file", file, name));
     }
     r_.tensors = static_cast<int64_t>(found_.size());
-    for (const auto& [dt, n] : dtype_counts) r_.dtypes += fmt::format("{}{} x {}", r_.dtypes.empty() ? "" : ", ", dt, n);
+    for (const auto& [dt, n] : dtype_counts)
+      r_.dtypes += fmt::format("{}{} x {}", r_.dtypes.empty() ? "" : ", ", dt, n);
     for (const auto& [name, t] : found_) {
       if (name.size() > 7 && name.compare(name.size() - 7, 7, ".scales") == 0) continue;
       int64_t n = 1;
@@ -308,7 +312,9 @@ class Checker {
           used.insert(e.name + ".scales");
           if (q->second.shape.empty() || q->second.shape[0] != e.shape[0]) {
             ++wrong;
-            if (examples.size() < 5) examples.push_back(fmt::format("'{}' has shape {}, config.json implies [{}, ...]", q->first, shape_string(q->second.shape), e.shape[0]));
+            if (examples.size() < 5)
+              examples.push_back(fmt::format("'{}' has shape {}, config.json implies [{}, ...]", q->first,
+                                             shape_string(q->second.shape), e.shape[0]));
           }
           continue;
         }
@@ -328,7 +334,8 @@ class Checker {
       }
     }
     if (missing || wrong) {
-      std::string msg = fmt::format("{} tensor{} missing, {} with the wrong shape", missing, missing == 1 ? "" : "s", wrong);
+      std::string msg =
+          fmt::format("{} tensor{} missing, {} with the wrong shape", missing, missing == 1 ? "" : "s", wrong);
       for (const auto& ex : examples) msg += "; " + ex;
       issue(bad, "tensors", msg);
     }
@@ -387,7 +394,8 @@ class Checker {
             case ManifestMismatch::Kind::kUnlisted:
               // An unlisted index.json or chat_template.jinja changes what loads: an error.
               if (manifest_file_affects_loading(m.path)) {
-                error("manifest", fmt::format("{}: present but not listed in {}, and it changes what loads", m.path, kManifestName));
+                error("manifest", fmt::format("{}: present but not listed in {}, and it changes what loads", m.path,
+                                              kManifestName));
               } else {
                 warn("manifest", fmt::format("{}: present but not listed in {}", m.path, kManifestName));
               }
@@ -406,7 +414,8 @@ class Checker {
         error("manifest", e.what());
       }
     }
-    if (chat_template_chars_) info("chat_template", fmt::format("chat template parses and renders ({} chars)", chat_template_chars_));
+    if (chat_template_chars_)
+      info("chat_template", fmt::format("chat template parses and renders ({} chars)", chat_template_chars_));
   }
 
   struct Found {
@@ -436,10 +445,12 @@ const char* check_severity_name(CheckSeverity s) {
 }
 
 int CheckReport::errors() const {
-  return static_cast<int>(std::count_if(issues.begin(), issues.end(), [](const CheckIssue& i) { return i.severity == CheckSeverity::kError; }));
+  return static_cast<int>(std::count_if(issues.begin(), issues.end(),
+                                        [](const CheckIssue& i) { return i.severity == CheckSeverity::kError; }));
 }
 int CheckReport::warnings() const {
-  return static_cast<int>(std::count_if(issues.begin(), issues.end(), [](const CheckIssue& i) { return i.severity == CheckSeverity::kWarning; }));
+  return static_cast<int>(std::count_if(issues.begin(), issues.end(),
+                                        [](const CheckIssue& i) { return i.severity == CheckSeverity::kWarning; }));
 }
 int CheckReport::exit_code() const { return errors() ? 2 : warnings() ? 1 : 0; }
 
@@ -472,7 +483,8 @@ json CheckReport::to_json() const {
   if (manifest) {
     json problems = json::array();
     for (const auto& m : manifest->problems) {
-      problems.push_back({{"path", m.path}, {"kind", mismatch_kind_name(m.kind)}, {"expected", m.expected}, {"actual", m.actual}});
+      problems.push_back(
+          {{"path", m.path}, {"kind", mismatch_kind_name(m.kind)}, {"expected", m.expected}, {"actual", m.actual}});
     }
     j["manifest"] = {{"verified", manifest->ok()}, {"files_checked", manifest->files_checked}, {"problems", problems}};
   }
@@ -483,25 +495,32 @@ json CheckReport::to_json() const {
 std::string CheckReport::to_text() const {
   std::string s = fmt::format("model        {}\n", dir);
   s += fmt::format("architecture {}{}\n", model_type.empty() ? "?" : model_type,
-                   !arch_recognised ? " (not recognised)" : arch_runnable ? " (supported)" : " (recognised, cannot run yet)");
+                   !arch_recognised ? " (not recognised)"
+                   : arch_runnable  ? " (supported)"
+                                    : " (recognised, cannot run yet)");
   if (params_total) {
     s += fmt::format("parameters   {} total", format_count(params_total));
-    if (params_active && params_active != params_total) s += fmt::format(", {} active per token", format_count(params_active));
+    if (params_active && params_active != params_total)
+      s += fmt::format(", {} active per token", format_count(params_active));
     s += "\n";
   }
-  s += fmt::format("weights      {} tensors, {}{}\n", tensors, format_bytes(weight_bytes), dtypes.empty() ? "" : " (" + dtypes + ")");
+  s += fmt::format("weights      {} tensors, {}{}\n", tensors, format_bytes(weight_bytes),
+                   dtypes.empty() ? "" : " (" + dtypes + ")");
   s += fmt::format("quantization {}\n", quantization.empty() ? "none" : quantization);
   if (context_length) s += fmt::format("context      {} tokens\n", context_length);
   int present = 0;
   for (const CheckFile& f : files) present += f.bytes >= 0 ? 1 : 0;
   s += fmt::format("files        {} present of {} expected\n", present, files.size());
   if (manifest) {
-    s += fmt::format("manifest     {} files checked: {}\n", manifest->files_checked, manifest->ok() ? "all match" : "MISMATCH");
+    s += fmt::format("manifest     {} files checked: {}\n", manifest->files_checked,
+                     manifest->ok() ? "all match" : "MISMATCH");
   }
   if (manifest_written) s += fmt::format("manifest     wrote {} ({} files)\n", kManifestName, manifest_written);
-  for (const CheckIssue& i : issues) s += fmt::format("{:<7} [{}] {}\n", check_severity_name(i.severity), i.topic, i.message);
+  for (const CheckIssue& i : issues)
+    s += fmt::format("{:<7} [{}] {}\n", check_severity_name(i.severity), i.topic, i.message);
   const int e = errors(), w = warnings();
-  s += fmt::format("result       {} error{}, {} warning{} (exit {})\n", e, e == 1 ? "" : "s", w, w == 1 ? "" : "s", exit_code());
+  s += fmt::format("result       {} error{}, {} warning{} (exit {})\n", e, e == 1 ? "" : "s", w, w == 1 ? "" : "s",
+                   exit_code());
   return s;
 }
 

@@ -41,20 +41,20 @@ struct CheckOptions {
 struct CheckReport {
   std::string dir;
   std::string model_type;
-  std::string arch;            // normalized name ("qwen3_5_moe"); empty when unknown
+  std::string arch;  // normalized name ("qwen3_5_moe"); empty when unknown
   bool arch_recognised = false;
   bool arch_runnable = false;  // Infera has a forward for it today
-  int64_t params_total = 0;    // from the tensors found (int4 packed weights counted as 2 per byte)
-  int64_t params_active = 0;   // per token (MoE: k of E experts); from config
-  std::string dtypes;          // "BF16 x 291, F32 x 3"
-  std::string quantization;    // quant_method / scheme, "" when none
+  int64_t params_total = 0;  // from the tensors found (int4 packed weights counted as 2 per byte)
+  int64_t params_active = 0;  // per token (MoE: k of E experts); from config
+  std::string dtypes;  // "BF16 x 291, F32 x 3"
+  std::string quantization;  // quant_method / scheme, "" when none
   int64_t context_length = 0;  // max_position_embeddings
-  int64_t weight_bytes = 0;    // sum of safetensors file sizes
+  int64_t weight_bytes = 0;  // sum of safetensors file sizes
   int64_t tensors = 0;
   std::vector<CheckFile> files;
   std::vector<CheckIssue> issues;
   std::optional<ManifestVerification> manifest;  // with --verify
-  size_t manifest_written = 0;                   // files listed, with --write-manifest
+  size_t manifest_written = 0;  // files listed, with --write-manifest
 
   int errors() const;
   int warnings() const;

@@ -68,16 +68,26 @@ int64_t parse_byte_size(const std::string& text) {
   while (!unit.empty() && unit.front() == ' ') unit.erase(unit.begin());
   for (char& ch : unit) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
   double mult = 0;
-  if (unit.empty() || unit == "b") mult = 1;
-  else if (unit == "k" || unit == "kib") mult = 1024.0;
-  else if (unit == "kb") mult = 1e3;
-  else if (unit == "m" || unit == "mib") mult = 1024.0 * 1024;
-  else if (unit == "mb") mult = 1e6;
-  else if (unit == "g" || unit == "gib") mult = 1024.0 * 1024 * 1024;
-  else if (unit == "gb") mult = 1e9;
-  else if (unit == "t" || unit == "tib") mult = 1024.0 * 1024 * 1024 * 1024;
-  else if (unit == "tb") mult = 1e12;
-  else fail("'{}': unknown size unit '{}' (use B, KiB, MiB, GiB, TiB, KB, MB, GB or TB)", text, unit);
+  if (unit.empty() || unit == "b")
+    mult = 1;
+  else if (unit == "k" || unit == "kib")
+    mult = 1024.0;
+  else if (unit == "kb")
+    mult = 1e3;
+  else if (unit == "m" || unit == "mib")
+    mult = 1024.0 * 1024;
+  else if (unit == "mb")
+    mult = 1e6;
+  else if (unit == "g" || unit == "gib")
+    mult = 1024.0 * 1024 * 1024;
+  else if (unit == "gb")
+    mult = 1e9;
+  else if (unit == "t" || unit == "tib")
+    mult = 1024.0 * 1024 * 1024 * 1024;
+  else if (unit == "tb")
+    mult = 1e12;
+  else
+    fail("'{}': unknown size unit '{}' (use B, KiB, MiB, GiB, TiB, KB, MB, GB or TB)", text, unit);
   const double bytes = value * mult;
   if (!(bytes >= 0) || bytes > 9e18) fail("'{}' is out of range", text);
   return static_cast<int64_t>(bytes);
@@ -112,7 +122,8 @@ ParamCounts count_parameters(const ModelConfig& cfg) {
     if (t.role == WeightRole::kExpert) experts += n;
   }
   // Each token runs k of the E routed experts.
-  const int64_t inactive = cfg.num_experts > 0 ? experts / cfg.num_experts * (cfg.num_experts - cfg.num_experts_per_tok) : 0;
+  const int64_t inactive =
+      cfg.num_experts > 0 ? experts / cfg.num_experts * (cfg.num_experts - cfg.num_experts_per_tok) : 0;
   p.active = p.total - inactive;
   return p;
 }
@@ -137,7 +148,8 @@ Plan plan_memory(const ModelConfig& c, const PlanOptions& o) {
   // ---- Weights: column/row-parallel matrices and the vocabulary split across devices;
   // vectors replicated.
   int64_t quantized = 0, fallback = 0;
-  const bool float_scheme = o.scheme == WeightScheme::kF32 || o.scheme == WeightScheme::kBF16 || o.scheme == WeightScheme::kF16;
+  const bool float_scheme =
+      o.scheme == WeightScheme::kF32 || o.scheme == WeightScheme::kBF16 || o.scheme == WeightScheme::kF16;
   const WeightScheme keep = o.scheme == WeightScheme::kF32 ? WeightScheme::kF32 : WeightScheme::kBF16;
   for (const ExpectedTensor& t : expected_tensors(c)) {
     if (t.mtp && !mtp) continue;
@@ -150,9 +162,12 @@ Plan plan_memory(const ModelConfig& c, const PlanOptions& o) {
     const int64_t rows = t.numel() / cols;
     const bool in_scheme = t.role == WeightRole::kLinear || t.role == WeightRole::kExpert;
     const int64_t bytes = split(matrix_bytes(in_scheme ? o.scheme : keep, rows, cols, o.group_size));
-    if (in_scheme && !float_scheme) quantized += bytes;
-    else if (in_scheme) quantized += bytes;
-    else fallback += bytes;
+    if (in_scheme && !float_scheme)
+      quantized += bytes;
+    else if (in_scheme)
+      quantized += bytes;
+    else
+      fallback += bytes;
   }
   if (o.weights_bytes_override > 0) {
     plan.notes.push_back("weights as stored in the model's files");
@@ -196,7 +211,8 @@ Plan plan_memory(const ModelConfig& c, const PlanOptions& o) {
     const int64_t hv = split(c.linear_num_value_heads), hk = split(c.linear_num_key_heads);
     const int64_t conv_dim = 2 * hk * c.linear_key_head_dim + hv * c.linear_value_head_dim;
     state_per_seq = plan.recurrent_layers *
-                    (hv * c.linear_key_head_dim * c.linear_value_head_dim + (c.linear_conv_kernel_dim - 1) * conv_dim) * 4;
+                    (hv * c.linear_key_head_dim * c.linear_value_head_dim + (c.linear_conv_kernel_dim - 1) * conv_dim) *
+                    4;
   }
 
   // ---- Activations: f32 scratch of one forward over T tokens (the prefill chunk, or the
@@ -269,16 +285,21 @@ Plan plan_memory(const ModelConfig& c, const PlanOptions& o) {
     plan.devices.push_back(dp);
   }
   if (plan.context_rounded > plan.model_max_context) {
-    plan.notes.push_back(fmt::format("--ctx {} exceeds max_position_embeddings {} of the config", o.ctx, plan.model_max_context));
+    plan.notes.push_back(
+        fmt::format("--ctx {} exceeds max_position_embeddings {} of the config", o.ctx, plan.model_max_context));
   }
   if (!c.mla && o.tp > c.num_kv_heads) {
-    plan.notes.push_back(fmt::format("--tp {} exceeds the {} KV heads: each device keeps a replica of one KV head", o.tp, c.num_kv_heads));
+    plan.notes.push_back(fmt::format("--tp {} exceeds the {} KV heads: each device keeps a replica of one KV head",
+                                     o.tp, c.num_kv_heads));
   }
   if (plan.recurrent_layers > 0) {
-    plan.notes.push_back(fmt::format("{} Gated DeltaNet layers keep a fixed f32 state per sequence instead of a KV cache",
-                                     plan.recurrent_layers));
+    plan.notes.push_back(
+        fmt::format("{} Gated DeltaNet layers keep a fixed f32 state per sequence instead of a KV cache",
+                    plan.recurrent_layers));
   }
-  if (c.mla) plan.notes.push_back("MLA: the KV cache holds the compressed latent (kv_lora_rank + qk_rope_head_dim values per token and layer)");
+  if (c.mla)
+    plan.notes.push_back(
+        "MLA: the KV cache holds the compressed latent (kv_lora_rank + qk_rope_head_dim values per token and layer)");
   return plan;
 }
 
@@ -340,8 +361,10 @@ std::string Plan::to_text() const {
   s += fmt::format("scheme {}{}, KV {}, context {} (x{} sequences), prefill chunk {}, TP {}\n",
                    weight_scheme_name(options.scheme),
                    options.scheme == WeightScheme::kW4A8 || options.scheme == WeightScheme::kW4A16
-                       ? fmt::format(" g{}", options.group_size) : "",
-                   kv_cache_dtype_name(options.kv_dtype), context_rounded, options.concurrency, options.prefill_chunk, options.tp);
+                       ? fmt::format(" g{}", options.group_size)
+                       : "",
+                   kv_cache_dtype_name(options.kv_dtype), context_rounded, options.concurrency, options.prefill_chunk,
+                   options.tp);
   s += fmt::format("KV layers {} ({} values/token/layer){}\n", kv_layers, kv_values_per_token_per_layer,
                    recurrent_layers ? fmt::format(", recurrent layers {}", recurrent_layers) : "");
   const DevicePlan& d = devices.at(0);

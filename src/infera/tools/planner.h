@@ -32,38 +32,39 @@ int64_t matrix_bytes(WeightScheme scheme, int64_t rows, int64_t cols, int64_t gr
 // "24GiB", "24GB", "512MiB", "1.5TiB", "1000000": bytes. Throws infera::Error.
 int64_t parse_byte_size(const std::string& text);
 std::string format_bytes(int64_t bytes);  // "23.4 GiB"
-std::string format_count(int64_t n);      // "32.76 B", "15.2 M", "260.1 K"
+std::string format_count(int64_t n);  // "32.76 B", "15.2 M", "260.1 K"
 
 struct PlanOptions {
   WeightScheme scheme = WeightScheme::kBF16;
-  int64_t group_size = 32;       // int4 schemes
+  int64_t group_size = 32;  // int4 schemes
   int64_t weights_bytes_override = 0;  // > 0: weights as measured from the files (whole model)
-  int64_t ctx = 4096;            // tokens per sequence (prompt + output)
-  int64_t concurrency = 1;       // sequences resident at once
-  int tp = 1;                    // tensor-parallel devices
-  int64_t memory_bytes = 0;      // budget per device; 0 = none given
+  int64_t ctx = 4096;  // tokens per sequence (prompt + output)
+  int64_t concurrency = 1;  // sequences resident at once
+  int tp = 1;  // tensor-parallel devices
+  int64_t memory_bytes = 0;  // budget per device; 0 = none given
   DType kv_dtype = DType::kF32;  // KV cache storage, as --kv-dtype parses it (parse_kv_cache_dtype)
-  int64_t prefill_chunk = 512;   // tokens per forward (scratch buffers are sized for it)
-  int64_t block_size = 16;       // KV block size (tokens); contexts round up to blocks
-  int64_t reserve_bytes = 16ll << 20;  // runtime: code, libraries, tokenizer, threads (infera run on a tiny model peaks at ~14 MiB)
-  bool include_mtp = true;       // MTP weights and its KV layer count when the config has one
+  int64_t prefill_chunk = 512;  // tokens per forward (scratch buffers are sized for it)
+  int64_t block_size = 16;  // KV block size (tokens); contexts round up to blocks
+  int64_t reserve_bytes =
+      16ll << 20;  // runtime: code, libraries, tokenizer, threads (infera run on a tiny model peaks at ~14 MiB)
+  bool include_mtp = true;  // MTP weights and its KV layer count when the config has one
 };
 
 struct DevicePlan {
   int device = 0;
   int64_t weights_bytes = 0;
   int64_t weights_quantized_bytes = 0;  // in the scheme
-  int64_t weights_fallback_bytes = 0;   // embeddings, head, routers and gates at bf16, f32 vectors
-  int64_t kv_bytes_per_token = 0;       // one token of one sequence, all KV layers on this device
-  int64_t kv_bytes = 0;                 // ctx (rounded to blocks) x concurrency
-  int64_t state_bytes_per_sequence = 0; // fixed recurrent state (GDN layers)
+  int64_t weights_fallback_bytes = 0;  // embeddings, head, routers and gates at bf16, f32 vectors
+  int64_t kv_bytes_per_token = 0;  // one token of one sequence, all KV layers on this device
+  int64_t kv_bytes = 0;  // ctx (rounded to blocks) x concurrency
+  int64_t state_bytes_per_sequence = 0;  // fixed recurrent state (GDN layers)
   int64_t state_bytes = 0;
   int64_t activation_bytes = 0;
   int64_t reserve_bytes = 0;
   int64_t total_bytes = 0;
   int64_t budget_bytes = 0;  // 0: none given
   bool fits = true;
-  int64_t max_context = 0;      // at the requested concurrency (0 = nothing fits); -1 without a budget
+  int64_t max_context = 0;  // at the requested concurrency (0 = nothing fits); -1 without a budget
   int64_t max_concurrency = 0;  // at the requested context; -1 without a budget
 };
 
@@ -73,8 +74,8 @@ struct Plan {
   int64_t params_total = 0;
   int64_t params_active = 0;  // per token (MoE: k of E experts), MTP excluded
   int64_t params_mtp = 0;
-  int kv_layers = 0;          // layers that keep KV (incl. MTP when counted)
-  int recurrent_layers = 0;   // Gated DeltaNet layers (fixed state per sequence)
+  int kv_layers = 0;  // layers that keep KV (incl. MTP when counted)
+  int recurrent_layers = 0;  // Gated DeltaNet layers (fixed state per sequence)
   int64_t kv_values_per_token_per_layer = 0;
   int64_t context_rounded = 0;
   int64_t model_max_context = 0;

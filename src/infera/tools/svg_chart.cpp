@@ -117,14 +117,16 @@ std::string render_svg_chart(const std::vector<ChartPanel>& panels, int panel_wi
     line(svg, left, bottom, right, bottom, axis, 2);
     text(svg, (left + right) / 2, bottom + 40, pn.x_label, "middle");
     const double ymid = (top + bottom) / 2;
-    text(svg, ox + 18, ymid, pn.y_label, "middle", 12, fmt::format(R"x( transform="rotate(-90 {:.1f} {:.1f})")x", ox + 18, ymid));
+    text(svg, ox + 18, ymid, pn.y_label, "middle", 12,
+         fmt::format(R"x( transform="rotate(-90 {:.1f} {:.1f})")x", ox + 18, ymid));
     // Series: lines (broken at missing points) with square markers.
     for (const auto& s : pn.series) {
       const std::string dash = s.dashed ? R"( stroke-dasharray="8 5")" : "";
       std::string points, markers;
       auto flush = [&] {
         if (points.empty()) return;
-        svg += fmt::format(R"(<polyline fill="none" stroke="{}" stroke-width="3"{} points="{}"/>)", s.color, dash, points);
+        svg +=
+            fmt::format(R"(<polyline fill="none" stroke="{}" stroke-width="3"{} points="{}"/>)", s.color, dash, points);
         svg += '\n';
         points.clear();
       };
@@ -135,7 +137,8 @@ std::string render_svg_chart(const std::vector<ChartPanel>& panels, int panel_wi
         }
         const double X = px(pn.x[i]), Y = py(s.y[i]);
         points += fmt::format("{}{:.1f},{:.1f}", points.empty() ? "" : " ", X, Y);
-        markers += fmt::format(R"(<rect x="{:.1f}" y="{:.1f}" width="7" height="7" fill="{}"/>)", X - 3.5, Y - 3.5, s.color);
+        markers +=
+            fmt::format(R"(<rect x="{:.1f}" y="{:.1f}" width="7" height="7" fill="{}"/>)", X - 3.5, Y - 3.5, s.color);
         markers += '\n';
       }
       flush();
@@ -144,8 +147,8 @@ std::string render_svg_chart(const std::vector<ChartPanel>& panels, int panel_wi
     // Legend, top-left inside the plot.
     double ly = top + 8;
     for (const auto& s : pn.series) {
-      svg += fmt::format(R"(<line x1="{:.1f}" y1="{:.1f}" x2="{:.1f}" y2="{:.1f}" stroke="{}" stroke-width="3"{}/>)", left + 10,
-                         ly, left + 34, ly, s.color, s.dashed ? R"( stroke-dasharray="8 5")" : "");
+      svg += fmt::format(R"(<line x1="{:.1f}" y1="{:.1f}" x2="{:.1f}" y2="{:.1f}" stroke="{}" stroke-width="3"{}/>)",
+                         left + 10, ly, left + 34, ly, s.color, s.dashed ? R"( stroke-dasharray="8 5")" : "");
       svg += '\n';
       text(svg, left + 40, ly + 4, s.name, "start", 11);
       ly += 15;

@@ -10,7 +10,7 @@ namespace infera::tools {
 
 struct ChartSeries {
   std::string name;
-  std::string color;      // any SVG color, e.g. "#1f77b4"
+  std::string color;  // any SVG color, e.g. "#1f77b4"
   std::vector<double> y;  // one per x value of the panel; NaN = no point (the line breaks)
   bool dashed = false;
 };

@@ -32,20 +32,38 @@ TEST(Options, NamesFlagsKeysAndVariablesAreUnique) {
   std::set<std::string> flags_run, flags_serve;
   for (const OptionSpec& s : option_specs()) {
     EXPECT_TRUE(names.insert(s.name).second) << s.name;
-    if (!s.yaml.empty()) { EXPECT_TRUE(yaml.insert(s.yaml).second) << s.yaml; }
-    if (!s.env.empty()) { EXPECT_TRUE(env.insert(s.env).second) << s.env; }
+    if (!s.yaml.empty()) {
+      EXPECT_TRUE(yaml.insert(s.yaml).second) << s.yaml;
+    }
+    if (!s.env.empty()) {
+      EXPECT_TRUE(env.insert(s.env).second) << s.env;
+    }
     EXPECT_FALSE(s.help.empty()) << s.name;
     EXPECT_NE(s.help.back(), '.') << s.name << ": help is a phrase without a final period";
     EXPECT_TRUE(s.use != 0) << s.name;
-    if (s.used_by(kUseRun) || s.used_by(kUseServe)) { EXPECT_FALSE(s.flags.empty()) << s.name; }
-    if (s.used_by(kUseDeploy)) { EXPECT_FALSE(s.yaml.empty()) << s.name; }
-    if (s.used_by(kUseProcess | kUseLauncher)) { EXPECT_FALSE(s.env.empty()) << s.name; }
-    if (s.used_by(kUseRequest)) { EXPECT_FALSE(s.request_default.empty()) << s.name; }
-    if (s.type == OptionType::kChoice) { EXPECT_FALSE(s.choices.empty()) << s.name; }
+    if (s.used_by(kUseRun) || s.used_by(kUseServe)) {
+      EXPECT_FALSE(s.flags.empty()) << s.name;
+    }
+    if (s.used_by(kUseDeploy)) {
+      EXPECT_FALSE(s.yaml.empty()) << s.name;
+    }
+    if (s.used_by(kUseProcess | kUseLauncher)) {
+      EXPECT_FALSE(s.env.empty()) << s.name;
+    }
+    if (s.used_by(kUseRequest)) {
+      EXPECT_FALSE(s.request_default.empty()) << s.name;
+    }
+    if (s.type == OptionType::kChoice) {
+      EXPECT_FALSE(s.choices.empty()) << s.name;
+    }
     std::stringstream list{std::string(s.flags)};
     for (std::string f; std::getline(list, f, ',');) {
-      if (s.used_by(kUseRun)) { EXPECT_TRUE(flags_run.insert(f).second) << f; }
-      if (s.used_by(kUseServe)) { EXPECT_TRUE(flags_serve.insert(f).second) << f; }
+      if (s.used_by(kUseRun)) {
+        EXPECT_TRUE(flags_run.insert(f).second) << f;
+      }
+      if (s.used_by(kUseServe)) {
+        EXPECT_TRUE(flags_serve.insert(f).second) << f;
+      }
     }
   }
 }
@@ -118,7 +136,8 @@ TEST(Options, DocsCarryTheGeneratedTables) {
     ASSERT_NE(end, std::string::npos) << "no end marker after " << begin;
     const std::string expected = options_markdown(table.use);
     EXPECT_EQ(docs.substr(from, end - from), expected)
-        << "the '" << table.name << "' option table is out of date; replace it with:\n" << expected;
+        << "the '" << table.name << "' option table is out of date; replace it with:\n"
+        << expected;
   }
 }
 
@@ -141,8 +160,8 @@ TEST(Options, NoSourceReadsAnUndeclaredVariable) {
       } else if (rel == "server/deploy_config.cpp") {
         EXPECT_EQ(arg, "env.c_str(") << rel << ": only key_env's variable";
       } else {
-        EXPECT_TRUE(allowed.contains(rel)) << rel << " reads getenv(" << arg
-                                           << "): declare the variable in base/options.cpp and use option_env";
+        EXPECT_TRUE(allowed.contains(rel))
+            << rel << " reads getenv(" << arg << "): declare the variable in base/options.cpp and use option_env";
       }
     }
   }

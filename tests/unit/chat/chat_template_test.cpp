@@ -11,9 +11,9 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "../test_support.h"
 #include "infera/base/error.h"
 #include "infera/chat/chat_template.h"
-#include "../test_support.h"
 
 namespace infera {
 namespace {
@@ -36,14 +36,18 @@ TEST(ChatTemplateTest, SyntaxErrorsNameLineAndColumn) {
             "chat template: line 3, column 10: expected an expression, found '}}'");
   EXPECT_EQ(error_of([] { ChatTemplate("{% for m in messages %}{{ m }}"); }),
             "chat template: line 1, column 31: unexpected end of template: {% for %} is not closed");
-  EXPECT_EQ(error_of([] { ChatTemplate("a\n{% frobnicate %}"); }), "chat template: line 2, column 4: unknown statement 'frobnicate'");
-  EXPECT_EQ(error_of([] { ChatTemplate("{{ 'unterminated }}"); }), "chat template: line 1, column 4: unterminated string literal");
-  EXPECT_EQ(error_of([] { ChatTemplate("{# open comment"); }), "chat template: line 1, column 1: comment is not closed with #}");
+  EXPECT_EQ(error_of([] { ChatTemplate("a\n{% frobnicate %}"); }),
+            "chat template: line 2, column 4: unknown statement 'frobnicate'");
+  EXPECT_EQ(error_of([] { ChatTemplate("{{ 'unterminated }}"); }),
+            "chat template: line 1, column 4: unterminated string literal");
+  EXPECT_EQ(error_of([] { ChatTemplate("{# open comment"); }),
+            "chat template: line 1, column 1: comment is not closed with #}");
   EXPECT_EQ(error_of([] { ChatTemplate("{{ a ! b }}"); }), "chat template: line 1, column 6: unexpected character '!'");
   // Hostile nesting is an error, not a stack overflow.
   const std::string deep = "{{ " + std::string(100000, '(') + "1" + std::string(100000, ')') + " }}";
   EXPECT_NE(error_of([&] { ChatTemplate{deep}; }).find("nested too deeply"), std::string::npos);
-  EXPECT_NE(error_of([] { ChatTemplate{"{{ " + std::string(100000, '-') + "1 }}"}; }).find("nested too deeply"), std::string::npos);
+  EXPECT_NE(error_of([] { ChatTemplate{"{{ " + std::string(100000, '-') + "1 }}"}; }).find("nested too deeply"),
+            std::string::npos);
   std::string deep_ifs;
   for (int i = 0; i < 5000; ++i) deep_ifs += "{% if x %}";
   EXPECT_NE(error_of([&] { ChatTemplate{deep_ifs}; }).find("nested too deeply"), std::string::npos);
@@ -51,11 +55,16 @@ TEST(ChatTemplateTest, SyntaxErrorsNameLineAndColumn) {
 
 TEST(ChatTemplateTest, RenderErrorsNameTheExpression) {
   const ChatTemplate t("ok\n{{ messages[0].content + 1 }}");
-  EXPECT_EQ(error_of([&] { t.render(nlohmann::json{{"messages", {{{"content", nullptr}}}}}); }),
+  EXPECT_EQ(error_of([&] {
+              t.render(nlohmann::json{{"messages", {{{"content", nullptr}}}}});
+            }),
             "chat template: line 2, column 24: '+' on a none value");
-  EXPECT_EQ(error_of([&] { t.render(nlohmann::json::array()); }), "chat template: the context must be a JSON object, got array");
+  EXPECT_EQ(error_of([&] { t.render(nlohmann::json::array()); }),
+            "chat template: the context must be a JSON object, got array");
   const ChatTemplate raises("{% if messages|length == 0 %}{{ raise_exception('Conversation is empty.') }}{% endif %}");
-  EXPECT_EQ(error_of([&] { raises.render(nlohmann::json{{"messages", nlohmann::json::array()}}); }),
+  EXPECT_EQ(error_of([&] {
+              raises.render(nlohmann::json{{"messages", nlohmann::json::array()}});
+            }),
             "chat template: Conversation is empty.");
 }
 
@@ -65,11 +74,13 @@ TEST(ChatTemplateTest, ContextKeyOrderAndNumbers) {
   EXPECT_EQ(t.render(ordered), R"({"z": 1, "a": 2, "m": 2.5})");  // 2.0 is the integer 2, as in JavaScript
   const auto sorted = nlohmann::json::parse(R"({"tools": {"z": 1, "a": 2.0, "m": 2.5}})");
   EXPECT_EQ(t.render(sorted), R"({"a": 2, "m": 2.5, "z": 1})");
-  EXPECT_EQ(ChatTemplate("{{ x }}|{{ y }}|{{ z }}").render(nlohmann::json{{"x", -0.0}, {"y", 0.1}, {"z", 1e300}}), "0|0.1|1e+300");
+  EXPECT_EQ(ChatTemplate("{{ x }}|{{ y }}|{{ z }}").render(nlohmann::json{{"x", -0.0}, {"y", 0.1}, {"z", 1e300}}),
+            "0|0.1|1e+300");
 }
 
 TEST(ChatTemplateTest, RendersConcurrentlyFromOneParse) {
-  const ChatTemplate t("{% set ns = namespace(n=0) %}{% for m in messages %}{% set ns.n = ns.n + 1 %}{% endfor %}{{ ns.n }}");
+  const ChatTemplate t(
+      "{% set ns = namespace(n=0) %}{% for m in messages %}{% set ns.n = ns.n + 1 %}{% endfor %}{{ ns.n }}");
   for (int i = 0; i < 3; ++i) {
     EXPECT_EQ(t.render(nlohmann::json{{"messages", {1, 2, 3}}}), "3");  // no state carried between renders
   }
@@ -93,9 +104,11 @@ TEST(ChatTemplateTest, Qwen35GoldenWithToolCall) {
       R"({"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}})"
       "\n</tools>\n\nIf you choose to call a function";
   const std::string tail =
-      "</IMPORTANT>\n\nBe nice.<|im_end|>\n<|im_start|>user\nWeather in Paris?<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
+      "</IMPORTANT>\n\nBe nice.<|im_end|>\n<|im_start|>user\nWeather in "
+      "Paris?<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
       "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n<parameter=days>\n2\n</parameter>\n"
-      "<parameter=metric>\ntrue\n</parameter>\n</function>\n</tool_call><|im_end|>\n<|im_start|>user\n<tool_response>\nsunny\n"
+      "<parameter=metric>\ntrue\n</parameter>\n</function>\n</"
+      "tool_call><|im_end|>\n<|im_start|>user\n<tool_response>\nsunny\n"
       "</tool_response><|im_end|>\n<|im_start|>assistant\n<think>\n";
   ASSERT_GE(prompt.size(), head.size() + tail.size());
   EXPECT_EQ(prompt.substr(0, head.size()), head);
@@ -111,7 +124,8 @@ TEST(ChatTemplateTest, DeepSeekR1GoldenDropsReasoningFromHistory) {
                  {"role": "assistant", "content": "<think>\nadd\n</think>\n\n4"}, {"role": "user", "content": "3+3?"}],
     "add_generation_prompt": true})");
   EXPECT_EQ(t.render(context),
-            "<｜begin▁of▁sentence｜>S<｜User｜>2+2?<｜Assistant｜>\n\n4<｜end▁of▁sentence｜><｜User｜>3+3?<｜Assistant｜><think>\n");
+            "<｜begin▁of▁sentence｜>S<｜User｜>2+2?<｜Assistant｜>\n\n4<｜end▁of▁sentence｜><｜User｜>3+3?<"
+            "｜Assistant｜><think>\n");
 }
 
 class TokenizerConfigTest : public ::testing::Test {
@@ -126,8 +140,9 @@ class TokenizerConfigTest : public ::testing::Test {
 };
 
 TEST_F(TokenizerConfigTest, ReadsTemplateAndTokensInBothForms) {
-  write("tokenizer_config.json",
-        R"({"chat_template": "{{ bos_token }}hi", "bos_token": {"content": "<s>", "lstrip": false}, "eos_token": "</s>"})");
+  write(
+      "tokenizer_config.json",
+      R"({"chat_template": "{{ bos_token }}hi", "bos_token": {"content": "<s>", "lstrip": false}, "eos_token": "</s>"})");
   const ChatTemplateConfig config = load_chat_template_config(dir_.string());
   EXPECT_EQ(config.chat_template, "{{ bos_token }}hi");
   EXPECT_EQ(config.bos_token.value_or("?"), "<s>");
@@ -135,8 +150,9 @@ TEST_F(TokenizerConfigTest, ReadsTemplateAndTokensInBothForms) {
 }
 
 TEST_F(TokenizerConfigTest, NamedTemplateListAndJinjaFile) {
-  write("tokenizer_config.json",
-        R"({"chat_template": [{"name": "tool_use", "template": "T"}, {"name": "default", "template": "D"}], "bos_token": null})");
+  write(
+      "tokenizer_config.json",
+      R"({"chat_template": [{"name": "tool_use", "template": "T"}, {"name": "default", "template": "D"}], "bos_token": null})");
   const ChatTemplateConfig config = load_chat_template_config(dir_.string());
   EXPECT_EQ(config.chat_template, "D");
   EXPECT_FALSE(config.bos_token.has_value());
@@ -149,12 +165,16 @@ TEST_F(TokenizerConfigTest, NamedTemplateListAndJinjaFile) {
 }
 
 TEST_F(TokenizerConfigTest, BadInputsNameTheFile) {
-  EXPECT_NE(error_of([&] { load_chat_template_config((dir_ / "nope").string()); }).find("tokenizer_config.json: no such file"),
+  EXPECT_NE(error_of([&] {
+              load_chat_template_config((dir_ / "nope").string());
+            }).find("tokenizer_config.json: no such file"),
             std::string::npos);
   write("tokenizer_config.json", "{not json");
-  EXPECT_NE(error_of([&] { load_chat_template_config(dir_.string()); }).find("tokenizer_config.json: invalid JSON"), std::string::npos);
+  EXPECT_NE(error_of([&] { load_chat_template_config(dir_.string()); }).find("tokenizer_config.json: invalid JSON"),
+            std::string::npos);
   write("tokenizer_config.json", R"({"bos_token": 5})");
-  EXPECT_NE(error_of([&] { load_chat_template_config(dir_.string()); }).find("bos_token must be a string"), std::string::npos);
+  EXPECT_NE(error_of([&] { load_chat_template_config(dir_.string()); }).find("bos_token must be a string"),
+            std::string::npos);
 }
 
 }  // namespace

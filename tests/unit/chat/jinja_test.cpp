@@ -31,7 +31,9 @@ TEST(JinjaTest, TextExpressionsAndComments) {
   EXPECT_EQ(render("Hello {{ name }}!{# a comment #}", R"({"name": "world"})"), "Hello world!");
   EXPECT_EQ(render("{{ 'a' ~ 1 ~ true }}"), "a1true");
   EXPECT_EQ(render("{{ \"x\" 'y' }}"), "xy");  // adjacent string literals concatenate
-  EXPECT_EQ(render("{{ 'line\\nbreak\\t\\u00e9\\x41' }}"), "line\nbreak\t\xC3\xA9" "A");
+  EXPECT_EQ(render("{{ 'line\\nbreak\\t\\u00e9\\x41' }}"),
+            "line\nbreak\t\xC3\xA9"
+            "A");
 }
 
 TEST(JinjaTest, PrintsValuesTheWayTheReferenceDoes) {
@@ -66,13 +68,17 @@ TEST(JinjaTest, ForLoopVariables) {
                    "{{ loop.first }}{{ loop.last }}{{ loop.length }};{% endfor %}",
                    R"({"xs": ["a", "b"]})"),
             "1021truefalse2;2110falsetrue2;");
-  EXPECT_EQ(render("{% for x in xs %}{{ loop.previtem }}>{{ x }}<{{ loop.nextitem }} {% endfor %}", R"({"xs": [1, 2, 3]})"),
+  EXPECT_EQ(render("{% for x in xs %}{{ loop.previtem }}>{{ x }}<{{ loop.nextitem }} {% endfor %}",
+                   R"({"xs": [1, 2, 3]})"),
             ">1<2 1>2<3 2>3< ");
   EXPECT_EQ(render("{% for x in [] %}x{% else %}empty{% endfor %}"), "empty");
-  EXPECT_EQ(render("{% for x in xs if x is odd %}{{ x }}{{ loop.length }}{% endfor %}", R"({"xs": [1, 2, 3]})"), "1232");
-  EXPECT_EQ(render("{% for k, v in d.items() %}{{ k }}={{ v }},{% endfor %}", R"({"d": {"b": 1, "a": 2}})"), "b=1,a=2,");
+  EXPECT_EQ(render("{% for x in xs if x is odd %}{{ x }}{{ loop.length }}{% endfor %}", R"({"xs": [1, 2, 3]})"),
+            "1232");
+  EXPECT_EQ(render("{% for k, v in d.items() %}{{ k }}={{ v }},{% endfor %}", R"({"d": {"b": 1, "a": 2}})"),
+            "b=1,a=2,");
   EXPECT_EQ(render("{% for k in d %}{{ k }}{% endfor %}", R"({"d": {"b": 1, "a": 2}})"), "ba");
-  EXPECT_EQ(render("{% for x in [1, 2, 3, 4] %}{% if x == 2 %}{% continue %}{% endif %}{% if x == 4 %}{% break %}{% endif %}{{ x }}{% endfor %}"),
+  EXPECT_EQ(render("{% for x in [1, 2, 3, 4] %}{% if x == 2 %}{% continue %}{% endif %}{% if x == 4 %}{% break %}{% "
+                   "endif %}{{ x }}{% endfor %}"),
             "13");
   // A variable set in a loop body does not leak out of the loop.
   EXPECT_EQ(render("{% set x = 1 %}{% for i in [1] %}{% set x = 2 %}{% endfor %}{{ x }}"), "1");
@@ -85,16 +91,22 @@ TEST(JinjaTest, BreakKeepsEarlierOutputLikePython) {
 
 TEST(JinjaTest, SetNamespaceAndBlockSet) {
   EXPECT_EQ(render("{% set a, b = [1, 2] %}{{ b }}{{ a }}"), "21");
-  EXPECT_EQ(render("{% set ns = namespace(n=0, s='') %}{% for x in [1, 2, 3] %}{% set ns.n = ns.n + x %}{% endfor %}{{ ns.n }}"),
-            "6");
+  EXPECT_EQ(
+      render(
+          "{% set ns = namespace(n=0, s='') %}{% for x in [1, 2, 3] %}{% set ns.n = ns.n + x %}{% endfor %}{{ ns.n }}"),
+      "6");
   EXPECT_EQ(render("{% set text %}Hi {{ name }}{% endset %}[{{ text }}]", R"({"name": "Bo"})"), "[Hi Bo]");
   EXPECT_EQ(render("{% set ns = namespace({'a': 1}, b=2) %}{{ ns.a }}{{ ns['b'] }}"), "12");
-  EXPECT_NE(render_error("{% set d = {} %}{% set d.x = 1 %}").find("only namespace() objects can be changed"), std::string::npos);
+  EXPECT_NE(render_error("{% set d = {} %}{% set d.x = 1 %}").find("only namespace() objects can be changed"),
+            std::string::npos);
 }
 
 TEST(JinjaTest, Macros) {
-  const std::string macro = "{% macro tag(name, attr='x', close=true) %}<{{ name }} {{ attr }}>{% if close %}</{{ name }}>{% endif %}{% endmacro %}";
-  EXPECT_EQ(render(macro + "{{ tag('a') }}|{{ tag('b', 'y') }}|{{ tag('c', close=false) }}"), "<a x></a>|<b y></b>|<c x>");
+  const std::string macro =
+      "{% macro tag(name, attr='x', close=true) %}<{{ name }} {{ attr }}>{% if close %}</{{ name }}>{% endif %}{% "
+      "endmacro %}";
+  EXPECT_EQ(render(macro + "{{ tag('a') }}|{{ tag('b', 'y') }}|{{ tag('c', close=false) }}"),
+            "<a x></a>|<b y></b>|<c x>");
   EXPECT_NE(render_error(macro + "{{ tag('a', nope=1) }}").find("has no parameter named 'nope'"), std::string::npos);
   EXPECT_NE(render_error("{% macro f() %}{{ f() }}{% endmacro %}{{ f() }}").find("nested deeper"), std::string::npos);
 }
@@ -111,20 +123,24 @@ TEST(JinjaTest, Operators) {
 }
 
 TEST(JinjaTest, TestsWithIs) {
-  EXPECT_EQ(render("{{ x is defined }}{{ y is undefined }}{{ n is none }}{{ n is not none }}", R"({"x": 0, "n": null})"),
+  EXPECT_EQ(render("{{ x is defined }}{{ y is undefined }}{{ n is none }}{{ n is not none }}",
+                   R"({"x": 0, "n": null})"),
             "truetruetruefalse");
-  EXPECT_EQ(render("{{ 's' is string }}{{ 1 is number }}{{ 1.5 is integer }}{{ d is mapping }}{{ d is iterable }}{{ 's' is iterable }}",
+  EXPECT_EQ(render("{{ 's' is string }}{{ 1 is number }}{{ 1.5 is integer }}{{ d is mapping }}{{ d is iterable }}{{ "
+                   "'s' is iterable }}",
                    R"({"d": {}})"),
             "truetruefalsetruefalsetrue");
-  EXPECT_EQ(render("{{ true is true }}{{ 1 is true }}{{ 'ab' is lower }}{{ 3 is odd }}{{ 4 is even }}{{ f is callable }}",
-                   R"({"f": 1})"),
-            "truefalsetruetruetruefalse");
+  EXPECT_EQ(
+      render("{{ true is true }}{{ 1 is true }}{{ 'ab' is lower }}{{ 3 is odd }}{{ 4 is even }}{{ f is callable }}",
+             R"({"f": 1})"),
+      "truefalsetruetruetruefalse");
   EXPECT_EQ(render("{{ 6 is divisibleby(3) }}{{ 2 is in([1, 2]) }}"), "truetrue");
 }
 
 TEST(JinjaTest, MemberAccessAndSlicing) {
   const std::string ctx = R"({"m": {"role": "user", "items": 5}, "xs": [10, 20, 30, 40], "s": "héllo"})";
-  EXPECT_EQ(render("{{ m.role }}{{ m['role'] }}{{ m.missing }}{{ m.missing.deeper }}|{{ m.items }}", ctx), "useruser|5");
+  EXPECT_EQ(render("{{ m.role }}{{ m['role'] }}{{ m.missing }}{{ m.missing.deeper }}|{{ m.items }}", ctx),
+            "useruser|5");
   EXPECT_EQ(render("{{ xs[0] }}{{ xs[-1] }}{{ xs[9] }}|{{ xs[1:3] }}{{ xs[::-1] }}{{ xs[::2] }}{{ xs[-2:] }}", ctx),
             "1040|[20, 30][40, 30, 20, 10][10, 30][30, 40]");
   EXPECT_EQ(render("{{ s[1] }}{{ s[::-1] }}{{ s[1:3] }}{{ s.length }}{{ xs.length }}", ctx), "éolléhél54");
@@ -136,60 +152,81 @@ TEST(JinjaTest, StringMethods) {
             "AB Cab cHello WORLD-XAbc");
   EXPECT_EQ(render("[{{ '  a b  '.strip() }}][{{ '  a '.lstrip() }}][{{ ' a  '.rstrip() }}]"), "[a b][a ][ a]");
   EXPECT_EQ(render("{{ 'abc'.startswith('ab') }}{{ 'abc'.endswith(('x', 'bc')) }}"), "truetrue");
-  EXPECT_EQ(render("{{ 'a,b,,c'.split(',') }}{{ ' a  b '.split() }}{{ 'a,b,c'.split(',', 1) }}{{ 'a,b,c'.rsplit(',', 1) }}"),
-            "[\"a\", \"b\", \"\", \"c\"][\"a\", \"b\"][\"a\", \"b,c\"][\"a,b\", \"c\"]");
-  EXPECT_EQ(render("{{ 'aaa'.replace('a', 'b') }}{{ 'aaa'.replace('a', 'b', 2) }}{{ 'ab'.replace('', '-') }}"), "bbbbba-a-b-");
-  EXPECT_EQ(render("{{ 'x</think>y'.split('</think>')[-1] }}{{ 'abcb'.find('b') }}{{ 'abcb'.count('b') }}{{ '-'.join(['a', 'b']) }}"),
+  EXPECT_EQ(
+      render("{{ 'a,b,,c'.split(',') }}{{ ' a  b '.split() }}{{ 'a,b,c'.split(',', 1) }}{{ 'a,b,c'.rsplit(',', 1) }}"),
+      "[\"a\", \"b\", \"\", \"c\"][\"a\", \"b\"][\"a\", \"b,c\"][\"a,b\", \"c\"]");
+  EXPECT_EQ(render("{{ 'aaa'.replace('a', 'b') }}{{ 'aaa'.replace('a', 'b', 2) }}{{ 'ab'.replace('', '-') }}"),
+            "bbbbba-a-b-");
+  EXPECT_EQ(render("{{ 'x</think>y'.split('</think>')[-1] }}{{ 'abcb'.find('b') }}{{ 'abcb'.count('b') }}{{ "
+                   "'-'.join(['a', 'b']) }}"),
             "y12a-b");
 }
 
 TEST(JinjaTest, StripWithCharactersLikePython) {
   // The reference ignores strip's argument (and would give "x"); Python strips only '\n'.
-  EXPECT_EQ(render("[{{ '\\n x \\n'.strip('\\n') }}][{{ 'xxhixx'.strip('x') }}][{{ 'xxhi'.lstrip('x') }}][{{ 'hi\\n\\n'.rstrip('\\n') }}]"),
+  EXPECT_EQ(render("[{{ '\\n x \\n'.strip('\\n') }}][{{ 'xxhixx'.strip('x') }}][{{ 'xxhi'.lstrip('x') }}][{{ "
+                   "'hi\\n\\n'.rstrip('\\n') }}]"),
             "[ x ][hi][hi][hi]");
 }
 
 TEST(JinjaTest, Filters) {
   const std::string ctx = R"({"xs": [3, 1, 2], "words": ["b", "A", "c"], "d": {"b": 2, "a": 1}, "s": "  Hi  "})";
-  EXPECT_EQ(render("{{ xs|length }}{{ xs|count }}{{ xs|first }}{{ xs|last }}{{ xs|sort }}{{ xs|reverse }}{{ xs|sort(reverse=true) }}", ctx),
+  EXPECT_EQ(render("{{ xs|length }}{{ xs|count }}{{ xs|first }}{{ xs|last }}{{ xs|sort }}{{ xs|reverse }}{{ "
+                   "xs|sort(reverse=true) }}",
+                   ctx),
             "3332[1, 2, 3][2, 1, 3][3, 2, 1]");
   EXPECT_EQ(render("{{ words|sort|join(',') }}|{{ words|join }}|{{ [1, 1, 2, 1]|unique }}|{{ xs|list }}", ctx),
             "A,b,c|bAc|[1, 2]|[3, 1, 2]");
-  EXPECT_EQ(render("[{{ s|trim }}]{{ 'ab'|upper }}{{ 'AB'|lower }}{{ 'a b'|title }}{{ 'ab'|capitalize }}{{ s|length }}", ctx),
+  EXPECT_EQ(render("[{{ s|trim }}]{{ 'ab'|upper }}{{ 'AB'|lower }}{{ 'a b'|title }}{{ 'ab'|capitalize }}{{ s|length }}",
+                   ctx),
             "[Hi]ABabA BAb6");
   EXPECT_EQ(render("{{ d|items }}{{ d|length }}{{ d|dictsort }}{{ d.keys() }}{{ d.values() }}{{ d|keys }}", ctx),
             "[[\"b\", 2], [\"a\", 1]]2[[\"a\", 1], [\"b\", 2]][\"b\", \"a\"][2, 1][\"b\", \"a\"]");
-  EXPECT_EQ(render("{{ missing|default('dflt') }}{{ ''|default('e', true) }}{{ 0|default('z') }}{{ missing|default }}", ctx), "dflte0");
-  EXPECT_EQ(render("{{ '42'|int + 1 }}{{ 'x'|int }}{{ '2.5'|float }}{{ 3.7|int }}{{ 3|float }}{{ -2|abs }}{{ 2|string }}{{ true|string }}"),
+  EXPECT_EQ(render("{{ missing|default('dflt') }}{{ ''|default('e', true) }}{{ 0|default('z') }}{{ missing|default }}",
+                   ctx),
+            "dflte0");
+  EXPECT_EQ(render("{{ '42'|int + 1 }}{{ 'x'|int }}{{ '2.5'|float }}{{ 3.7|int }}{{ 3|float }}{{ -2|abs }}{{ 2|string "
+                   "}}{{ true|string }}"),
             "4302.533.022true");
   EXPECT_EQ(render("{{ 'a\\nb\\n\\nc'|indent }}|{{ 'a\\nb'|indent(2, true) }}|{{ 'a&<b>'|escape }}"),
             "a\n    b\n\n    c|  a\n  b|a&amp;&lt;b&gt;");
-  EXPECT_EQ(render("{{ 'a-b-a'|replace('a', 'x') }}{{ 2.567|round(2) }}{{ 'one two  three'|wordcount }}{{ [1, 2.5]|sum }}"),
-            "x-b-x2.573" "3.5");
+  EXPECT_EQ(
+      render("{{ 'a-b-a'|replace('a', 'x') }}{{ 2.567|round(2) }}{{ 'one two  three'|wordcount }}{{ [1, 2.5]|sum }}"),
+      "x-b-x2.573"
+      "3.5");
 }
 
 TEST(JinjaTest, SelectAndMapFilters) {
-  const std::string ctx = R"({"ms": [{"role": "system", "n": 1}, {"role": "user", "n": 2}, {"role": "user", "x": {"y": 7}}]})";
-  EXPECT_EQ(render("{{ ms|selectattr('role', 'equalto', 'user')|list|length }}{{ ms|rejectattr('role', 'equalto', 'user')|length }}", ctx),
+  const std::string ctx =
+      R"({"ms": [{"role": "system", "n": 1}, {"role": "user", "n": 2}, {"role": "user", "x": {"y": 7}}]})";
+  EXPECT_EQ(render("{{ ms|selectattr('role', 'equalto', 'user')|list|length }}{{ ms|rejectattr('role', 'equalto', "
+                   "'user')|length }}",
+                   ctx),
             "21");
-  EXPECT_EQ(render("{{ ms|selectattr('n')|map(attribute='n')|list }}{{ ms|selectattr('n', 'defined')|length }}", ctx), "[1, 2]2");
+  EXPECT_EQ(render("{{ ms|selectattr('n')|map(attribute='n')|list }}{{ ms|selectattr('n', 'defined')|length }}", ctx),
+            "[1, 2]2");
   EXPECT_EQ(render("{{ ms|map(attribute='x.y', default=0)|list }}{{ ms|map(attribute='role')|unique|join('+') }}", ctx),
             "[0, 0, 7]system+user");
-  EXPECT_EQ(render("{{ [1, 2, 3, 4]|select('odd')|list }}{{ [0, 1, '']|reject|list }}{{ ['a', 'B']|map('upper')|join }}"),
+  EXPECT_EQ(render(
+                "{{ [1, 2, 3, 4]|select('odd')|list }}{{ [0, 1, '']|reject|list }}{{ ['a', 'B']|map('upper')|join }}"),
             "[1, 3][0, \"\"]AB");
 }
 
 TEST(JinjaTest, ToJsonMatchesReferenceFormatting) {
-  const std::string ctx = R"({"v": {"b": [1, 2.5, "é\"\n"], "a": {"x": null, "y": true}, "e": [], "o": {}, "f": 1e-7, "g": 1e21, "h": 2.0}})";
-  EXPECT_EQ(render("{{ v|tojson }}", ctx),
-            R"({"b": [1, 2.5, "é\"\n"], "a": {"x": null, "y": true}, "e": [], "o": {}, "f": 1e-7, "g": 1e+21, "h": 2})");
+  const std::string ctx =
+      R"({"v": {"b": [1, 2.5, "é\"\n"], "a": {"x": null, "y": true}, "e": [], "o": {}, "f": 1e-7, "g": 1e21, "h": 2.0}})";
+  EXPECT_EQ(
+      render("{{ v|tojson }}", ctx),
+      R"({"b": [1, 2.5, "é\"\n"], "a": {"x": null, "y": true}, "e": [], "o": {}, "f": 1e-7, "g": 1e+21, "h": 2})");
   EXPECT_EQ(render("{{ v.a|tojson(indent=2) }}|{{ v.b|tojson(indent=1) }}|{{ v.e|tojson(indent=2) }}", ctx),
             "{\n  \"x\": null,\n  \"y\": true\n}|[\n 1,\n 2.5,\n \"é\\\"\\n\"\n]|[]");
-  EXPECT_EQ(render("{{ v.a|tojson(separators=(',', ':')) }}|{{ 'é😀'|tojson(ensure_ascii=true) }}|{{ {'b': 1, 'a': 2}|tojson(sort_keys=true) }}",
+  EXPECT_EQ(render("{{ v.a|tojson(separators=(',', ':')) }}|{{ 'é😀'|tojson(ensure_ascii=true) }}|{{ {'b': 1, 'a': "
+                   "2}|tojson(sort_keys=true) }}",
                    ctx),
             "{\"x\":null,\"y\":true}|\"\\u00e9\\ud83d\\ude00\"|{\"a\": 2, \"b\": 1}");
   // Keys that look like array indexes come first, in numeric order (JavaScript objects).
-  EXPECT_EQ(render("{{ d|tojson }}", R"({"d": {"b": 1, "10": 2, "2": 3, "01": 4}})"), R"({"2": 3, "10": 2, "b": 1, "01": 4})");
+  EXPECT_EQ(render("{{ d|tojson }}", R"({"d": {"b": 1, "10": 2, "2": 3, "01": 4}})"),
+            R"({"2": 3, "10": 2, "b": 1, "01": 4})");
 }
 
 TEST(JinjaTest, GlobalFunctions) {
@@ -203,7 +240,8 @@ TEST(JinjaTest, GlobalFunctions) {
 TEST(JinjaTest, FilterBlock) { EXPECT_EQ(render("{% filter upper %}a{{ 'b' }}{% endfilter %}"), "AB"); }
 
 TEST(JinjaTest, UndefinedSemantics) {
-  EXPECT_EQ(render("[{{ nothing }}][{{ nothing.attr }}][{{ nothing is defined }}][{% if nothing %}x{% endif %}]"), "[][][false][]");
+  EXPECT_EQ(render("[{{ nothing }}][{{ nothing.attr }}][{{ nothing is defined }}][{% if nothing %}x{% endif %}]"),
+            "[][][false][]");
   EXPECT_EQ(render("{% for x in nothing %}x{% else %}none{% endfor %}"), "none");
   EXPECT_NE(render_error("{{ nothing + 1 }}").find("undefined"), std::string::npos);
 }
@@ -256,10 +294,12 @@ TEST(JinjaBudget, EndlessLoopsAndRunawayStringsStop) {
   const std::string loops = "{% for a in range(1000000) %}{% for b in range(1000000) %}{% endfor %}{% endfor %}";
   EXPECT_NE(render_error(loops).find("budget"), std::string::npos) << render_error(loops);
   const std::string doubling =
-      "{% set ns = namespace(s='ab') %}{% for i in range(64) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s | length }}";
+      "{% set ns = namespace(s='ab') %}{% for i in range(64) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s | "
+      "length }}";
   EXPECT_NE(render_error(doubling).find("grew past"), std::string::npos) << render_error(doubling);
   const std::string lists =
-      "{% set ns = namespace(l=[1]) %}{% for i in range(64) %}{% set ns.l = ns.l + ns.l %}{% endfor %}{{ ns.l | length }}";
+      "{% set ns = namespace(l=[1]) %}{% for i in range(64) %}{% set ns.l = ns.l + ns.l %}{% endfor %}{{ ns.l | length "
+      "}}";
   EXPECT_NE(render_error(lists).find("grew past"), std::string::npos) << render_error(lists);
   const std::string output = "{% for i in range(1000000) %}{{ 'x' * 1000 }}{% endfor %}";
   EXPECT_NE(render_error(output).find("past"), std::string::npos) << render_error(output);

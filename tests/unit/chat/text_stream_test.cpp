@@ -51,9 +51,7 @@ TEST(StopMatcher, HoldsBackOnlyAPossiblePrefix) {
   EXPECT_EQ(m.flush(), "S");
 }
 
-TEST(StopMatcher, MultiByteUtf8StopString) {
-  expect_all_splits({"é!"}, "caf\xC3\xA9! next", "caf", true);
-}
+TEST(StopMatcher, MultiByteUtf8StopString) { expect_all_splits({"é!"}, "caf\xC3\xA9! next", "caf", true); }
 
 TEST(OutputRouter, PlainContentPassesThrough) {
   OutputRouter r({});

@@ -84,13 +84,56 @@ TEST(RunFlags, DefaultsAreThoseOfBefore) {
 }
 
 TEST(RunFlags, EveryFlagOfBeforeParsesToItsField) {
-  const RunOptions o = parse_run({"-m", "/m", "-p", "hello", "-n", "7", "-t", "3", "-c", "2048", "--prefill-chunk", "64",
-                                  "--kv-dtype", "int8", "--temp", "0.5", "--top-k", "7", "--top-p", "0.5", "--min-p",
-                                  "0.1", "--repeat-penalty", "1.2", "--presence-penalty", "0.3", "--frequency-penalty",
-                                  "-0.4", "--seed", "42", "--json", "--logprobs", "3", "--ignore-eos", "--no-mmap",
-                                  "--logits-file", "/tmp/l.bin", "--speculative", "ngram", "--draft-tokens", "5",
-                                  "--tp", "2", "--ep", "2", "--tp-timeout", "12.5", "--tp-textbook-sync",
-                                  "--ep-dispatch", "all-to-all"});
+  const RunOptions o = parse_run({"-m",
+                                  "/m",
+                                  "-p",
+                                  "hello",
+                                  "-n",
+                                  "7",
+                                  "-t",
+                                  "3",
+                                  "-c",
+                                  "2048",
+                                  "--prefill-chunk",
+                                  "64",
+                                  "--kv-dtype",
+                                  "int8",
+                                  "--temp",
+                                  "0.5",
+                                  "--top-k",
+                                  "7",
+                                  "--top-p",
+                                  "0.5",
+                                  "--min-p",
+                                  "0.1",
+                                  "--repeat-penalty",
+                                  "1.2",
+                                  "--presence-penalty",
+                                  "0.3",
+                                  "--frequency-penalty",
+                                  "-0.4",
+                                  "--seed",
+                                  "42",
+                                  "--json",
+                                  "--logprobs",
+                                  "3",
+                                  "--ignore-eos",
+                                  "--no-mmap",
+                                  "--logits-file",
+                                  "/tmp/l.bin",
+                                  "--speculative",
+                                  "ngram",
+                                  "--draft-tokens",
+                                  "5",
+                                  "--tp",
+                                  "2",
+                                  "--ep",
+                                  "2",
+                                  "--tp-timeout",
+                                  "12.5",
+                                  "--tp-textbook-sync",
+                                  "--ep-dispatch",
+                                  "all-to-all"});
   EXPECT_EQ(o.model_dir, "/m");
   EXPECT_EQ(o.prompt, "hello");
   EXPECT_EQ(o.n_predict, 7);
@@ -119,7 +162,8 @@ TEST(RunFlags, EveryFlagOfBeforeParsesToItsField) {
   EXPECT_TRUE(o.tp_textbook_sync);
   EXPECT_EQ(o.ep_dispatch, "all-to-all");
   // The long spellings and the other prompt sources.
-  const RunOptions l = parse_run({"--model", "/m2", "--file", "/p.txt", "--n-predict", "9", "--threads", "1", "--ctx", "99"});
+  const RunOptions l =
+      parse_run({"--model", "/m2", "--file", "/p.txt", "--n-predict", "9", "--threads", "1", "--ctx", "99"});
   EXPECT_EQ(l.model_dir, "/m2");
   EXPECT_EQ(l.prompt_file, "/p.txt");
   EXPECT_EQ(l.n_predict, 9);
@@ -155,9 +199,7 @@ TEST(RunFlags, ValuesRejectedBeforeAreRejected) {
   EXPECT_FALSE(run_rejects({"--temp", "3"}));  // no upper bound, as before
 }
 
-TEST(RunFlags, LimitsMatchTheEngine) {
-  EXPECT_EQ(option_spec("draft_tokens").max, SpeculativeConfig::kMaxDraftTokens);
-}
+TEST(RunFlags, LimitsMatchTheEngine) { EXPECT_EQ(option_spec("draft_tokens").max, SpeculativeConfig::kMaxDraftTokens); }
 
 TEST(Flags, EveryDeclaredOptionHasItsFlag) {
   CLI::App app;
@@ -200,14 +242,65 @@ TEST_F(ServeFlags, DefaultsAreThoseOfBefore) {
 }
 
 TEST_F(ServeFlags, EveryFlagOfBeforeSetsItsField) {
-  const Serve s({"-m", "/m", "--name", "chat", "--host", "0.0.0.0", "--port", "9000", "-t", "3", "--api-key",
-                 "first-key-123", "--api-key", "second-key-456", "--kv-cache-memory", "2GiB", "--kv-dtype", "bf16",
-                 "--max-input-len", "100", "--max-output-len", "50", "--max-batch-tokens", "256", "--max-num-seqs", "8",
-                 "--prefill-chunk", "128", "--profile", "long-context", "--chat-template", "/t.jinja", "--audit-log",
-                 "/tmp/a.jsonl", "--audit-log-prompts", "--body-limit", "1MiB", "--request-timeout", "30",
-                 "--drain-grace", "5", "--load-into-memory", "--no-prefix-cache", "--speculative", "ngram",
-                 "--draft-tokens", "3", "--tp", "2", "--ep", "2", "--tp-timeout", "60", "--allowed-host",
-                 "a.local", "--allowed-host", "b.local", "--allowed-origin", "http://localhost:3000"});
+  const Serve s({"-m",
+                 "/m",
+                 "--name",
+                 "chat",
+                 "--host",
+                 "0.0.0.0",
+                 "--port",
+                 "9000",
+                 "-t",
+                 "3",
+                 "--api-key",
+                 "first-key-123",
+                 "--api-key",
+                 "second-key-456",
+                 "--kv-cache-memory",
+                 "2GiB",
+                 "--kv-dtype",
+                 "bf16",
+                 "--max-input-len",
+                 "100",
+                 "--max-output-len",
+                 "50",
+                 "--max-batch-tokens",
+                 "256",
+                 "--max-num-seqs",
+                 "8",
+                 "--prefill-chunk",
+                 "128",
+                 "--profile",
+                 "long-context",
+                 "--chat-template",
+                 "/t.jinja",
+                 "--audit-log",
+                 "/tmp/a.jsonl",
+                 "--audit-log-prompts",
+                 "--body-limit",
+                 "1MiB",
+                 "--request-timeout",
+                 "30",
+                 "--drain-grace",
+                 "5",
+                 "--load-into-memory",
+                 "--no-prefix-cache",
+                 "--speculative",
+                 "ngram",
+                 "--draft-tokens",
+                 "3",
+                 "--tp",
+                 "2",
+                 "--ep",
+                 "2",
+                 "--tp-timeout",
+                 "60",
+                 "--allowed-host",
+                 "a.local",
+                 "--allowed-host",
+                 "b.local",
+                 "--allowed-origin",
+                 "http://localhost:3000"});
   const DeployConfig c = s.config();
   EXPECT_EQ(c.server.host, "0.0.0.0");
   EXPECT_EQ(c.server.port, 9000);
@@ -276,18 +369,21 @@ TEST_F(ServeFlags, ApiKeysComeFromTheEnvironmentWhenNoFlagGivesOne) {
 }
 
 TEST_F(ServeFlags, ConfigFileTakesHostAndPortFromTheCommandLine) {
-  const auto file = std::filesystem::temp_directory_path() / ("infera_flags_test_" + std::to_string(::getpid()) + ".yaml");
+  const auto file =
+      std::filesystem::temp_directory_path() / ("infera_flags_test_" + std::to_string(::getpid()) + ".yaml");
   std::ofstream(file) << "server: {host: 127.0.0.2, port: 7000, allowed_hosts: [f.local]}\nmodels:\n"
-                        "  - {name: a, path: /a, threads: 2}\n";
+                         "  - {name: a, path: /a, threads: 2}\n";
   const DeployConfig file_only = Serve({"--config", file.string()}).config();
   EXPECT_EQ(file_only.server.host, "127.0.0.2");
   EXPECT_EQ(file_only.server.port, 7000);
-  const DeployConfig overridden = Serve({"--config", file.string(), "--host", "0.0.0.0", "--port", "7001", "-t", "9"}).config();
+  const DeployConfig overridden =
+      Serve({"--config", file.string(), "--host", "0.0.0.0", "--port", "7001", "-t", "9"}).config();
   EXPECT_EQ(overridden.server.host, "0.0.0.0");
   EXPECT_EQ(overridden.server.port, 7001);
   EXPECT_EQ(overridden.models.at(0).threads, 2);  // other flags do not apply with --config
   // The allowed hosts and origins of the flags join the file's.
-  const DeployConfig joined = Serve({"--config", file.string(), "--allowed-host", "g.local", "--allowed-origin", "*"}).config();
+  const DeployConfig joined =
+      Serve({"--config", file.string(), "--allowed-host", "g.local", "--allowed-origin", "*"}).config();
   EXPECT_EQ(joined.server.allowed_hosts, (std::vector<std::string>{"f.local", "g.local"}));
   EXPECT_EQ(joined.server.allowed_origins, std::vector<std::string>{"*"});
   EXPECT_THROW(Serve({"--config", file.string(), "-m", "/m"}).config(), Error);
@@ -296,10 +392,14 @@ TEST_F(ServeFlags, ConfigFileTakesHostAndPortFromTheCommandLine) {
 }
 
 TEST_F(ServeFlags, BadValuesAreRejected) {
-  for (const std::vector<std::string>& args :
-       std::vector<std::vector<std::string>>{{"--kv-dtype", "fp8"}, {"--draft-tokens", "17"}, {"--tp", "0"},
-                                             {"--kv-cache-memory", "lots"}, {"--port", "70000"}, {"--threads", "x"},
-                                             {"--profile", "huge"}, {"--speculative", "medusa"}}) {
+  for (const std::vector<std::string>& args : std::vector<std::vector<std::string>>{{"--kv-dtype", "fp8"},
+                                                                                    {"--draft-tokens", "17"},
+                                                                                    {"--tp", "0"},
+                                                                                    {"--kv-cache-memory", "lots"},
+                                                                                    {"--port", "70000"},
+                                                                                    {"--threads", "x"},
+                                                                                    {"--profile", "huge"},
+                                                                                    {"--speculative", "medusa"}}) {
     EXPECT_THROW(Serve{args}, CLI::ParseError) << args[0] << " " << args[1];
   }
 }

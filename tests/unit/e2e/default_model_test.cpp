@@ -64,8 +64,8 @@ TEST_P(TrainedModel, LogitsMatchTrainingScriptForward) {
     float max_diff = 0;
     for (int32_t v = 0; v < vocab; ++v) max_diff = std::max(max_diff, std::fabs(last[v] - last_ref[v]));
     EXPECT_LT(max_diff, 2e-3f) << c["name"];
-    std::printf("%s: %zu positions, argmax agree %d, last logits max |diff| %.3g\n", c["name"].get<std::string>().c_str(),
-                ids.size(), agree, max_diff);
+    std::printf("%s: %zu positions, argmax agree %d, last logits max |diff| %.3g\n",
+                c["name"].get<std::string>().c_str(), ids.size(), agree, max_diff);
   }
 }
 

@@ -11,14 +11,14 @@
 #include <string>
 #include <vector>
 
+#include "../runtime/greedy_reference.h"
+#include "../test_support.h"
 #include "infera/base/threads.h"
 #include "infera/model/model.h"
 #include "infera/runtime/block_allocator.h"
 #include "infera/runtime/sampler.h"
 #include "infera/runtime/sequence_runner.h"
 #include "infera/tokenizer/tokenizer.h"
-#include "../test_support.h"
-#include "../runtime/greedy_reference.h"
 
 using namespace infera;
 

@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "infera/base/error.h"
 #include "../test_support.h"
+#include "infera/base/error.h"
 
 namespace infera::gguf {
 namespace {
@@ -157,9 +157,9 @@ TEST(Gguf, WriterRejectsBadTensors) {
   Writer w;
   std::vector<float> x(4);
   w.add_tensor("x", GgmlType::kF32, {4}, x.data());
-  EXPECT_THROW(w.add_tensor("x", GgmlType::kF32, {4}, x.data()), Error);           // duplicate
-  EXPECT_THROW(w.add_tensor("q", GgmlType::kQ8_0, {16, 2}, x.data()), Error);      // not a block multiple
-  EXPECT_THROW(w.add_tensor("z", GgmlType::kF32, {}, x.data()), Error);             // no dims
+  EXPECT_THROW(w.add_tensor("x", GgmlType::kF32, {4}, x.data()), Error);  // duplicate
+  EXPECT_THROW(w.add_tensor("q", GgmlType::kQ8_0, {16, 2}, x.data()), Error);  // not a block multiple
+  EXPECT_THROW(w.add_tensor("z", GgmlType::kF32, {}, x.data()), Error);  // no dims
   EXPECT_THROW(w.add_tensor(std::string(64, 'n'), GgmlType::kF32, {4}, x.data()), Error);
   EXPECT_EQ(tensor_nbytes(GgmlType::kQ8_0, {64, 3}), 2u * 34u * 3u);
   EXPECT_EQ(tensor_nbytes(GgmlType::kQ4_0, {32}), 18u);

@@ -12,8 +12,8 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include "infera/base/error.h"
 #include "../test_support.h"
+#include "infera/base/error.h"
 
 namespace infera {
 namespace {
@@ -68,7 +68,8 @@ void expect_error(const std::function<void()>& fn, const std::vector<std::string
     fn();
     ADD_FAILURE() << "expected an error containing '" << needles.front() << "'";
   } catch (const Error& e) {
-    for (const auto& n : needles) EXPECT_NE(std::string(e.what()).find(n), std::string::npos) << "message: " << e.what() << "\nmissing: " << n;
+    for (const auto& n : needles)
+      EXPECT_NE(std::string(e.what()).find(n), std::string::npos) << "message: " << e.what() << "\nmissing: " << n;
   }
 }
 
@@ -89,9 +90,11 @@ TEST_F(SafetensorsTest, BadFilesGiveOneClearError) {
       {"absurd header length", le64(200ull << 20) + "{}", {"exceeds the 100 MB limit"}},
       {"malformed json", raw_file(R"({"w": {"dtype": "F32",)", 0), {"malformed safetensors header JSON", "line 1"}},
       {"header not an object", raw_file("[1, 2]", 0), {"expected a JSON object"}},
-      {"offsets past end", raw_file(R"({"w": {"dtype": "F32", "shape": [8], "data_offsets": [0, 32]}})", 16),
+      {"offsets past end",
+       raw_file(R"({"w": {"dtype": "F32", "shape": [8], "data_offsets": [0, 32]}})", 16),
        {"tensor 'w'", "past the end of the file", "data section has 16 bytes"}},
-      {"end before begin", raw_file(R"({"w": {"dtype": "F32", "shape": [4], "data_offsets": [16, 0]}})", 16),
+      {"end before begin",
+       raw_file(R"({"w": {"dtype": "F32", "shape": [4], "data_offsets": [16, 0]}})", 16),
        {"tensor 'w'", "end before begin"}},
       {"overlapping tensors",
        raw_file("{" + ok_entry + R"(, "v": {"dtype": "F32", "shape": [4], "data_offsets": [8, 24]}})", 24),
@@ -99,11 +102,14 @@ TEST_F(SafetensorsTest, BadFilesGiveOneClearError) {
       {"nbytes not matching shape",
        raw_file(R"({"w": {"dtype": "F32", "shape": [4], "data_offsets": [0, 12]}})", 16),
        {"tensor 'w'", "hold 12 bytes", "needs 16 bytes"}},
-      {"unknown dtype", raw_file(R"({"w": {"dtype": "F8_E4M3", "shape": [4], "data_offsets": [0, 4]}})", 4),
+      {"unknown dtype",
+       raw_file(R"({"w": {"dtype": "F8_E4M3", "shape": [4], "data_offsets": [0, 4]}})", 4),
        {"tensor 'w'", "unsupported dtype 'F8_E4M3'"}},
-      {"missing data_offsets", raw_file(R"({"w": {"dtype": "F32", "shape": [4]}})", 16),
+      {"missing data_offsets",
+       raw_file(R"({"w": {"dtype": "F32", "shape": [4]}})", 16),
        {"tensor 'w'", "no 'data_offsets'"}},
-      {"negative dimension", raw_file(R"({"w": {"dtype": "F32", "shape": [-4], "data_offsets": [0, 16]}})", 16),
+      {"negative dimension",
+       raw_file(R"({"w": {"dtype": "F32", "shape": [-4], "data_offsets": [0, 16]}})", 16),
        {"tensor 'w'", "non-negative"}},
       {"overflowing shape",
        raw_file(R"({"w": {"dtype": "F32", "shape": [4294967296, 4294967296], "data_offsets": [0, 16]}})", 16),
@@ -112,14 +118,17 @@ TEST_F(SafetensorsTest, BadFilesGiveOneClearError) {
       {"overflowing shape with a zero dimension",
        raw_file(R"({"w": {"dtype": "F32", "shape": [0, 4294967296, 4294967296], "data_offsets": [0, 0]}})", 16),
        {"tensor 'w'", "too large"}},
-      {"header nested without end", raw_file(std::string(100000, '[') + std::string(100000, ']'), 0),
+      {"header nested without end",
+       raw_file(std::string(100000, '[') + std::string(100000, ']'), 0),
        {"nested deeper"}},
-      {"bad offsets type", raw_file(R"({"w": {"dtype": "F32", "shape": [4], "data_offsets": [0]}})", 16),
+      {"bad offsets type",
+       raw_file(R"({"w": {"dtype": "F32", "shape": [4], "data_offsets": [0]}})", 16),
        {"tensor 'w'", "data_offsets must be [begin, end]"}},
       {"tensor named twice",
        raw_file("{" + ok_entry + R"(, "w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}})", 16),
        {"tensor 'w' appears twice"}},
-      {"metadata not strings", raw_file("{\"__metadata__\": {\"format\": 1}, " + ok_entry + "}", 16),
+      {"metadata not strings",
+       raw_file("{\"__metadata__\": {\"format\": 1}, " + ok_entry + "}", 16),
        {"__metadata__", "'format'"}},
   };
   for (const auto& c : cases) {
@@ -135,10 +144,11 @@ TEST_F(SafetensorsTest, BadFilesGiveOneClearError) {
 
 TEST_F(SafetensorsTest, ValidRawFileIsAccepted) {
   // Guards the table above: the same layout with correct values must load.
-  write_bytes(path("model.safetensors"),
-              raw_file(R"({"__metadata__": {"format": "pt"}, "w": {"dtype": "BOOL", "shape": [2, 2], "data_offsets": [0, 4]},
+  write_bytes(
+      path("model.safetensors"),
+      raw_file(R"({"__metadata__": {"format": "pt"}, "w": {"dtype": "BOOL", "shape": [2, 2], "data_offsets": [0, 4]},
                           "e": {"dtype": "F32", "shape": [0], "data_offsets": [4, 4]}})",
-                       4));
+               4));
   WeightStore store = WeightStore::open(dir_.string());
   EXPECT_EQ(store.get("w").dtype, DType::kU8);
   EXPECT_EQ(store.get("w", {2, 2}).nbytes, 4u);
@@ -213,9 +223,10 @@ struct ShardedFixture {
                       {{"model.a", DType::kF32, {2, 3}, a.data(), a.size() * 4},
                        {"model.b", DType::kBF16, {4}, b.data(), b.size() * 2}},
                       {{"format", "pt"}, {"shard", "1"}});
-    write_safetensors(dir + "/model-00002-of-00002.safetensors", {{"model.c", DType::kI32, {3}, c.data(), c.size() * 4}},
-                      {{"format", "pt"}, {"shard", "2"}});
-    std::ofstream(dir + "/model.safetensors.index.json") << json{{"metadata", {{"total_size", 40}}}, {"weight_map", weight_map}}.dump(1);
+    write_safetensors(dir + "/model-00002-of-00002.safetensors",
+                      {{"model.c", DType::kI32, {3}, c.data(), c.size() * 4}}, {{"format", "pt"}, {"shard", "2"}});
+    std::ofstream(dir + "/model.safetensors.index.json")
+        << json{{"metadata", {{"total_size", 40}}}, {"weight_map", weight_map}}.dump(1);
   }
   static json good_map() {
     return {{"model.a", "model-00001-of-00002.safetensors"},
@@ -273,8 +284,9 @@ TEST_F(SafetensorsTest, ShardedErrors) {
   wrong_shard["model.b"] = "model-00002-of-00002.safetensors";
   fx.write(dir_.string(), wrong_shard);
   expect_error([&] { WeightStore::open(dir_.string()); },
-               {index, "tensor 'model.b' is mapped to 'model-00002-of-00002.safetensors' but is stored in "
-                       "'model-00001-of-00002.safetensors'"});
+               {index,
+                "tensor 'model.b' is mapped to 'model-00002-of-00002.safetensors' but is stored in "
+                "'model-00001-of-00002.safetensors'"});
 
   json escaping = ShardedFixture::good_map();
   escaping["model.c"] = "../elsewhere.safetensors";
@@ -352,9 +364,16 @@ TEST_F(SafetensorsTest, WriterLayoutAlignmentAndPadding) {
 TEST_F(SafetensorsTest, WriterRejectsBadInput) {
   std::vector<float> v(4);
   const std::string file = path("x.safetensors");
-  expect_error([&] { write_safetensors(file, {{"w", DType::kF32, {4}, v.data(), 12}}); }, {file, "tensor 'w'", "needs 16"});
-  expect_error([&] { write_safetensors(file, {{"w", DType::kF32, {4}, v.data(), 16}, {"w", DType::kF32, {4}, v.data(), 16}}); },
-               {file, "'w' given twice"});
+  expect_error(
+      [&] {
+        write_safetensors(file, {{"w", DType::kF32, {4}, v.data(), 12}});
+      },
+      {file, "tensor 'w'", "needs 16"});
+  expect_error(
+      [&] {
+        write_safetensors(file, {{"w", DType::kF32, {4}, v.data(), 16}, {"w", DType::kF32, {4}, v.data(), 16}});
+      },
+      {file, "'w' given twice"});
   expect_error([&] { write_safetensors(path("no_such_dir/x.safetensors"), {}); }, {"cannot create"});
   EXPECT_FALSE(fs::exists(file));
 }
@@ -364,10 +383,13 @@ TEST_F(SafetensorsTest, WriterRejectsBadInput) {
 TEST_F(SafetensorsTest, ShapeMismatchAndMissingTensorMessages) {
   std::vector<float> v(6);
   write_safetensors(path("model.safetensors"), {{"model.layers.0.q.weight", DType::kF32, {2, 3}, v.data(), 24},
-                                                 {"model.layers.0.k.weight", DType::kF32, {3, 2}, v.data(), 24}});
+                                                {"model.layers.0.k.weight", DType::kF32, {3, 2}, v.data(), 24}});
   WeightStore store = WeightStore::open(dir_.string());
-  expect_error([&] { store.get("model.layers.0.q.weight", {3, 2}); },
-               {path("model.safetensors"), "tensor 'model.layers.0.q.weight' has shape [2, 3], config.json implies [3, 2]"});
+  expect_error(
+      [&] {
+        store.get("model.layers.0.q.weight", {3, 2});
+      },
+      {path("model.safetensors"), "tensor 'model.layers.0.q.weight' has shape [2, 3], config.json implies [3, 2]"});
   expect_error([&] { store.get("model.layers.0.q.weight", {6}); }, {"has shape [2, 3], config.json implies [6]"});
   EXPECT_NO_THROW(check_shape(store.get("model.layers.0.q.weight"), {2, 3}));
   expect_error([&] { check_shape(store.get("model.layers.0.q.weight"), {2}); },
@@ -375,7 +397,8 @@ TEST_F(SafetensorsTest, ShapeMismatchAndMissingTensorMessages) {
   expect_error([&] { store.get("model.layers.0.v.weight"); },
                {dir_.string(), "tensor 'model.layers.0.v.weight' not found", "closest", "model.layers.0.k.weight"});
   // The same tensor of another layer ranks first.
-  expect_error([&] { store.get("model.layers.1.k.weight"); }, {"not found (2 tensors in 1 file(s); closest: 'model.layers.0.k.weight'"});
+  expect_error([&] { store.get("model.layers.1.k.weight"); },
+               {"not found (2 tensors in 1 file(s); closest: 'model.layers.0.k.weight'"});
 }
 
 // --- the real fixture ---------------------------------------------------------------------
@@ -391,7 +414,8 @@ TEST(SafetensorsFixture, Stories260KLoadsWithExpectedShapes) {
     const std::string file = kStoriesDir + "/model.safetensors";
     EXPECT_EQ(store.mapped_bytes(), fs::file_size(file));
 
-    size_t bytes = store.get("model.embed_tokens.weight", {512, 64}).nbytes + store.get("model.norm.weight", {64}).nbytes;
+    size_t bytes =
+        store.get("model.embed_tokens.weight", {512, 64}).nbytes + store.get("model.norm.weight", {64}).nbytes;
     for (int l = 0; l < 5; ++l) {
       const std::string p = "model.layers." + std::to_string(l) + ".";
       bytes += store.get(p + "input_layernorm.weight", {64}).nbytes;

@@ -37,8 +37,8 @@ void expect_close(const std::vector<float>& got, const std::vector<float>& want,
       at = i;
     }
   }
-  EXPECT_LE(worst, 0.0f) << what << ": |diff| " << gap << " at " << at << " (got " << got[at] << ", want "
-                         << want[at] << ")";
+  EXPECT_LE(worst, 0.0f) << what << ": |diff| " << gap << " at " << at << " (got " << got[at] << ", want " << want[at]
+                         << ")";
 }
 
 using Inputs = test::DeltaInputs;
@@ -48,11 +48,11 @@ Inputs make_inputs(int64_t T, const kernels::DeltaShape& s, uint32_t seed, float
 }
 
 const std::vector<kernels::DeltaShape> kShapes = {
-    {2, 4, 16, 24},   // r = 2, dv with an AVX-512 tail
-    {2, 4, 48, 48},   // the built-in model's GDN
-    {1, 3, 5, 7},     // odd dims: every loop's tail, dk not a multiple of the row tile
-    {1, 2, 128, 128}, // Qwen3.5 / Qwen3-Next head dims
-    {2, 2, 32, 72},   // several column blocks, last one partial
+    {2, 4, 16, 24},  // r = 2, dv with an AVX-512 tail
+    {2, 4, 48, 48},  // the built-in model's GDN
+    {1, 3, 5, 7},  // odd dims: every loop's tail, dk not a multiple of the row tile
+    {1, 2, 128, 128},  // Qwen3.5 / Qwen3-Next head dims
+    {2, 2, 32, 72},  // several column blocks, last one partial
 };
 
 TEST(DeltaKernels, RecurrenceMatchesReference) {
@@ -60,8 +60,8 @@ TEST(DeltaKernels, RecurrenceMatchesReference) {
     for (int64_t T : {1, 3, 17}) {
       const Inputs in = make_inputs(T, s, 7 + static_cast<uint32_t>(T + s.dk));
       std::vector<float> st_ref = in.state, o_ref(T * s.n_v_heads * s.dv);
-      kernels::ref::gated_delta_rule_recurrent(in.q.data(), in.k.data(), in.v.data(), in.g.data(), in.beta.data(), T,
-                                               s, st_ref.data(), o_ref.data());
+      kernels::ref::gated_delta_rule_recurrent(in.q.data(), in.k.data(), in.v.data(), in.g.data(), in.beta.data(), T, s,
+                                               st_ref.data(), o_ref.data());
       for (Isa isa : isas()) {
         std::vector<float> st = in.state, o(o_ref.size(), -7.0f);
         kernels::gated_delta_rule_recurrent(isa, in.q.data(), in.k.data(), in.v.data(), in.g.data(), in.beta.data(), T,
@@ -81,17 +81,18 @@ TEST(DeltaKernels, ChunkedMatchesReferenceAndRecurrence) {
       for (int64_t chunk : {64, 16}) {
         const Inputs in = make_inputs(T, s, 21 + static_cast<uint32_t>(T * 3 + s.dv));
         std::vector<float> st_ref = in.state, o_ref(T * s.n_v_heads * s.dv);
-        kernels::ref::gated_delta_rule_chunked(in.q.data(), in.k.data(), in.v.data(), in.g.data(), in.beta.data(), T,
-                                               s, st_ref.data(), o_ref.data(), chunk);
+        kernels::ref::gated_delta_rule_chunked(in.q.data(), in.k.data(), in.v.data(), in.g.data(), in.beta.data(), T, s,
+                                               st_ref.data(), o_ref.data(), chunk);
         std::vector<float> st_rec = in.state, o_rec(o_ref.size());
-        kernels::ref::gated_delta_rule_recurrent(in.q.data(), in.k.data(), in.v.data(), in.g.data(), in.beta.data(),
-                                                 T, s, st_rec.data(), o_rec.data());
+        kernels::ref::gated_delta_rule_recurrent(in.q.data(), in.k.data(), in.v.data(), in.g.data(), in.beta.data(), T,
+                                                 s, st_rec.data(), o_rec.data());
         for (Isa isa : isas()) {
           std::vector<float> st = in.state, o(o_ref.size(), -7.0f);
-          kernels::gated_delta_rule_chunked(isa, in.q.data(), in.k.data(), in.v.data(), in.g.data(), in.beta.data(),
-                                            T, s, st.data(), o.data(), chunk);
-          const std::string what = std::string(isa_name(isa)) + " dk=" + std::to_string(s.dk) + " dv=" +
-                                   std::to_string(s.dv) + " T=" + std::to_string(T) + " chunk=" + std::to_string(chunk);
+          kernels::gated_delta_rule_chunked(isa, in.q.data(), in.k.data(), in.v.data(), in.g.data(), in.beta.data(), T,
+                                            s, st.data(), o.data(), chunk);
+          const std::string what = std::string(isa_name(isa)) + " dk=" + std::to_string(s.dk) +
+                                   " dv=" + std::to_string(s.dv) + " T=" + std::to_string(T) +
+                                   " chunk=" + std::to_string(chunk);
           expect_close(o, o_ref, what + " out vs chunked ref");
           expect_close(st, st_ref, what + " state vs chunked ref");
           expect_close(o, o_rec, what + " out vs recurrence");
@@ -121,8 +122,8 @@ TEST(DeltaKernels, StrongDecayMatchesReference) {
     expect_close(o, o_ref, std::string(isa_name(isa)) + " strong decay chunked out");
     expect_close(st, st_ref, std::string(isa_name(isa)) + " strong decay chunked state");
     std::vector<float> st2 = in.state, o2(o_ref.size());
-    kernels::gated_delta_rule_recurrent(isa, in.q.data(), in.k.data(), in.v.data(), in.g.data(), in.beta.data(), T,
-                                        s, st2.data(), o2.data());
+    kernels::gated_delta_rule_recurrent(isa, in.q.data(), in.k.data(), in.v.data(), in.g.data(), in.beta.data(), T, s,
+                                        st2.data(), o2.data());
     expect_close(o2, o_rec, std::string(isa_name(isa)) + " strong decay recurrent out");
     expect_close(st2, st_rec, std::string(isa_name(isa)) + " strong decay recurrent state");
   }

@@ -10,9 +10,9 @@
 
 #include <gtest/gtest.h>
 
+#include "../test_support.h"
 #include "infera/base/error.h"
 #include "infera/kernels/kernels.h"
-#include "../test_support.h"
 
 namespace infera::kernels {
 namespace {
@@ -42,8 +42,7 @@ struct TestWeights {
       return;
     }
     half.resize(f32.size());
-    for (size_t i = 0; i < f32.size(); ++i)
-      half[i] = dtype == DType::kBF16 ? f32_to_bf16(f32[i]) : f32_to_f16(f32[i]);
+    for (size_t i = 0; i < f32.size(); ++i) half[i] = dtype == DType::kBF16 ? f32_to_bf16(f32[i]) : f32_to_f16(f32[i]);
     ref = MatRef{half.data(), dtype, n, k};
   }
 };
@@ -57,9 +56,8 @@ class KernelsTest : public ::testing::TestWithParam<Isa> {};
 // k / 256 + 32 (slack for the reductions). Weight conversion from bf16/f16 is exact, so
 // this is the whole error against the double reference; a wrong or missing product shows
 // up far above it (the small-k cases make the bound tight enough to catch a dropped tail).
-void expect_matmul_close(Isa isa, const std::vector<float>& x, int64_t m, const MatRef& w,
-                         const float* y, int64_t ldy, int64_t n0, int64_t n1,
-                         const std::string& what) {
+void expect_matmul_close(Isa isa, const std::vector<float>& x, int64_t m, const MatRef& w, const float* y, int64_t ldy,
+                         int64_t n0, int64_t n1, const std::string& what) {
   const int64_t k = w.cols;
   const double n_eff = double(k) / lanes(isa) + double(k) / 256 + 32;
   for (int64_t i = 0; i < m; ++i) {
@@ -79,14 +77,14 @@ void expect_matmul_close(Isa isa, const std::vector<float>& x, int64_t m, const 
 
 TEST_P(KernelsTest, MatmulMatchesReferenceOnOddShapes) {
   const Isa isa = GetParam();
-  struct Shape { int64_t m, n, k; };
+  struct Shape {
+    int64_t m, n, k;
+  };
   // m < 16: GEMV passes of up to 4 rows; m >= 16: packed GEMM, whose microkernel covers 6
   // rows (so m % 6 = 1..5 all occur) and 64 columns (so n % 64 != 0 leaves partial panels).
-  const Shape shapes[] = {{1, 1, 1},     {1, 7, 13},     {1, 33, 100},  {2, 5, 64},
-                          {3, 17, 37},   {4, 9, 31},     {5, 65, 129},  {6, 64, 16},
-                          {16, 64, 16},  {21, 33, 70},   {22, 1, 40},   {23, 65, 129},
-                          {67, 130, 300}, {1, 96, 5632}, {3, 5, 5632},  {13, 70, 5632},
-                          {20, 70, 5632}};
+  const Shape shapes[] = {{1, 1, 1},      {1, 7, 13},    {1, 33, 100}, {2, 5, 64},     {3, 17, 37},   {4, 9, 31},
+                          {5, 65, 129},   {6, 64, 16},   {16, 64, 16}, {21, 33, 70},   {22, 1, 40},   {23, 65, 129},
+                          {67, 130, 300}, {1, 96, 5632}, {3, 5, 5632}, {13, 70, 5632}, {20, 70, 5632}};
   uint32_t seed = 1;
   for (DType dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
     for (const auto& s : shapes) {
@@ -95,8 +93,7 @@ TEST_P(KernelsTest, MatmulMatchesReferenceOnOddShapes) {
       std::vector<float> y(s.m * s.n, NAN);
       matmul(isa, x.data(), s.m, w.ref, y.data());
       const std::string what = std::string(isa_name(isa)) + " " + std::string(dtype_name(dtype)) +
-                               " m=" + std::to_string(s.m) + " n=" + std::to_string(s.n) +
-                               " k=" + std::to_string(s.k);
+                               " m=" + std::to_string(s.m) + " n=" + std::to_string(s.n) + " k=" + std::to_string(s.k);
       expect_matmul_close(isa, x, s.m, w.ref, y.data(), s.n, 0, s.n, what);
     }
   }
@@ -143,8 +140,8 @@ TEST(KernelsErrors, MatmulRejectsUnsupportedDtype) {
 // Element-wise ops: a handful of roundings per element plus, for rmsnorm, an n-term sum of
 // squares; the vector exp is within a few ulp. 1e-5 relative (~170 ulp) leaves margin for
 // both while any wrong lane or tail is off by O(1).
-void expect_close_rel(const std::vector<float>& got, const std::vector<float>& want, float rel,
-                      float abs, const std::string& what) {
+void expect_close_rel(const std::vector<float>& got, const std::vector<float>& want, float rel, float abs,
+                      const std::string& what) {
   ASSERT_EQ(got.size(), want.size());
   for (size_t i = 0; i < got.size(); ++i) {
     ASSERT_LE(std::fabs(got[i] - want[i]), rel * std::fabs(want[i]) + abs)
@@ -218,25 +215,26 @@ TEST_P(KernelsTest, AddMatchesReference) {
 // rounding per product, so 1e-6 of the pair's magnitude. Dims past rot_dim must not move.
 TEST_P(KernelsTest, RopeNeoxMatchesReference) {
   const Isa isa = GetParam();
-  struct Case { int64_t heads, head_dim, rot_dim; float attn_factor; };
-  for (const Case c : {Case{4, 64, 32, 1.0f}, Case{3, 8, 8, 1.0f}, Case{2, 128, 128, 1.2f},
-                       Case{5, 80, 40, 1.0f}, Case{2, 36, 10, 0.9f}}) {
+  struct Case {
+    int64_t heads, head_dim, rot_dim;
+    float attn_factor;
+  };
+  for (const Case c : {Case{4, 64, 32, 1.0f}, Case{3, 8, 8, 1.0f}, Case{2, 128, 128, 1.2f}, Case{5, 80, 40, 1.0f},
+                       Case{2, 36, 10, 0.9f}}) {
     const int64_t n_tokens = 5;
     auto x = random_floats(n_tokens * c.heads * c.head_dim, 800 + c.head_dim, -2.0f, 2.0f);
     const std::vector<int32_t> positions = {0, 1, 17, 1000, 32767};
     std::vector<float> inv_freq(c.rot_dim / 2);
-    for (size_t i = 0; i < inv_freq.size(); ++i)
-      inv_freq[i] = std::pow(10000.0f, -2.0f * float(i) / float(c.rot_dim));
+    for (size_t i = 0; i < inv_freq.size(); ++i) inv_freq[i] = std::pow(10000.0f, -2.0f * float(i) / float(c.rot_dim));
     auto want = x;
     const auto original = x;
-    rope_neox(isa, x.data(), n_tokens, c.heads, c.head_dim, c.rot_dim, positions.data(),
-              inv_freq.data(), c.attn_factor);
-    ref::rope_neox(want.data(), n_tokens, c.heads, c.head_dim, c.rot_dim, positions.data(),
-                   inv_freq.data(), c.attn_factor);
+    rope_neox(isa, x.data(), n_tokens, c.heads, c.head_dim, c.rot_dim, positions.data(), inv_freq.data(),
+              c.attn_factor);
+    ref::rope_neox(want.data(), n_tokens, c.heads, c.head_dim, c.rot_dim, positions.data(), inv_freq.data(),
+                   c.attn_factor);
     expect_close_rel(x, want, 1e-6f, 1e-6f, std::string(isa_name(isa)) + " rope");
     for (int64_t th = 0; th < n_tokens * c.heads; ++th)
-      for (int64_t d = c.rot_dim; d < c.head_dim; ++d)
-        ASSERT_EQ(x[th * c.head_dim + d], original[th * c.head_dim + d]);
+      for (int64_t d = c.rot_dim; d < c.head_dim; ++d) ASSERT_EQ(x[th * c.head_dim + d], original[th * c.head_dim + d]);
   }
 }
 
@@ -272,25 +270,23 @@ struct PagedCache {
       }
     }
   }
-  PagedKv view() const {
-    return PagedKv{k_pool.data(), v_pool.data(), block_size, n_kv, head_dim, block_table.data()};
-  }
+  PagedKv view() const { return PagedKv{k_pool.data(), v_pool.data(), block_size, n_kv, head_dim, block_table.data()}; }
 };
 
-void check_attention(Isa isa, int64_t n_ctx, int64_t n_tokens, int64_t n_heads, int64_t n_kv,
-                     int64_t head_dim, int64_t block_size) {
+void check_attention(Isa isa, int64_t n_ctx, int64_t n_tokens, int64_t n_heads, int64_t n_kv, int64_t head_dim,
+                     int64_t block_size) {
   const int64_t pos0 = n_ctx - n_tokens;
   const PagedCache cache(n_ctx, block_size, n_kv, head_dim, uint32_t(n_ctx * 31 + n_heads));
   const auto q = random_floats(n_tokens * n_heads * head_dim, uint32_t(n_ctx + 7), -2.0f, 2.0f);
   const float scale = 1.0f / std::sqrt(float(head_dim));
   std::vector<float> out(q.size(), NAN), want(q.size());
   attention_paged(isa, q.data(), n_tokens, n_heads, pos0, cache.view(), scale, out.data());
-  ref::attention_contiguous(q.data(), n_tokens, n_heads, pos0, cache.k.data(), cache.v.data(),
-                            n_ctx, n_kv, head_dim, scale, want.data());
+  ref::attention_contiguous(q.data(), n_tokens, n_heads, pos0, cache.k.data(), cache.v.data(), n_ctx, n_kv, head_dim,
+                            scale, want.data());
   for (size_t i = 0; i < out.size(); ++i) {
-    ASSERT_NEAR(out[i], want[i], 2e-5f)
-        << isa_name(isa) << " ctx=" << n_ctx << " n_tokens=" << n_tokens << " heads=" << n_heads
-        << "/" << n_kv << " head_dim=" << head_dim << " at " << i;
+    ASSERT_NEAR(out[i], want[i], 2e-5f) << isa_name(isa) << " ctx=" << n_ctx << " n_tokens=" << n_tokens
+                                        << " heads=" << n_heads << "/" << n_kv << " head_dim=" << head_dim << " at "
+                                        << i;
   }
 }
 
@@ -301,7 +297,7 @@ TEST_P(KernelsTest, AttentionDecodeMatchesContiguousReference) {
       check_attention(isa, ctx, 1, 2 * ratio, 2, 64, 16);
     }
   }
-  check_attention(isa, 40, 1, 8, 4, 8, 16);     // stories260K shape: head_dim 8 < 16 lanes
+  check_attention(isa, 40, 1, 8, 4, 8, 16);  // stories260K shape: head_dim 8 < 16 lanes
   check_attention(isa, 700, 1, 4, 1, 128, 32);  // one kv head: several key chunks
 }
 
@@ -313,7 +309,7 @@ TEST_P(KernelsTest, AttentionPrefillChunkMatchesContiguousReference) {
     }
   }
   check_attention(isa, 17, 17, 4, 2, 24, 16);  // whole prompt from pos0 = 0
-  check_attention(isa, 50, 3, 1, 1, 8, 4);     // block_size 4
+  check_attention(isa, 50, 3, 1, 1, 8, 4);  // block_size 4
   // Few (token, head) units and a long context: split into key chunks even for a prefill;
   // with 512-slot blocks the last chunk [1024, 1026) lies past the first token's end.
   check_attention(isa, 1026, 5, 2, 1, 8, 512);
@@ -336,9 +332,7 @@ TEST(KernelsDispatch, DefaultPathIsTheBestAvailable) {
 }
 
 INSTANTIATE_TEST_SUITE_P(AllIsas, KernelsTest, ::testing::ValuesIn(available_isas()),
-                         [](const ::testing::TestParamInfo<Isa>& info) {
-                           return std::string(isa_name(info.param));
-                         });
+                         [](const ::testing::TestParamInfo<Isa>& info) { return std::string(isa_name(info.param)); });
 
 }  // namespace
 }  // namespace infera::kernels

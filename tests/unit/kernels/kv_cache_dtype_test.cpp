@@ -20,9 +20,9 @@
 
 #include <gtest/gtest.h>
 
+#include "../test_support.h"
 #include "infera/base/error.h"
 #include "infera/kernels/kernels.h"
-#include "../test_support.h"
 
 namespace infera::kernels {
 namespace {
@@ -42,11 +42,11 @@ using test::available_isas;
 struct QuantCache {
   DType dtype;
   int64_t block_size, n_kv, head_dim;
-  std::vector<uint8_t> k_pool, v_pool;       // [pool_blocks, n_kv, block_size, head_dim] of dtype
-  std::vector<float> k_scales, v_scales;     // int8: [pool_blocks, n_kv, block_size]
+  std::vector<uint8_t> k_pool, v_pool;  // [pool_blocks, n_kv, block_size, head_dim] of dtype
+  std::vector<float> k_scales, v_scales;  // int8: [pool_blocks, n_kv, block_size]
   std::vector<int32_t> block_table;
-  std::vector<float> k, v;                   // original [n_ctx, n_kv, head_dim]
-  std::vector<float> k_stored, v_stored;     // as stored, read back as f32
+  std::vector<float> k, v;  // original [n_ctx, n_kv, head_dim]
+  std::vector<float> k_stored, v_stored;  // as stored, read back as f32
 
   QuantCache(DType dt, int64_t n_ctx, int64_t bs, int64_t n_kv_, int64_t d, uint32_t seed)
       : dtype(dt), block_size(bs), n_kv(n_kv_), head_dim(d) {
@@ -80,12 +80,13 @@ struct QuantCache {
     }
   }
   PagedKv view() const {
-    return PagedKv{k_pool.data(), v_pool.data(), block_size, n_kv, head_dim, block_table.data(),
-                   dtype,         k_scales.data(), v_scales.data()};
+    return PagedKv{k_pool.data(),      v_pool.data(), block_size,      n_kv,           head_dim,
+                   block_table.data(), dtype,         k_scales.data(), v_scales.data()};
   }
   // Largest error of one stored element against the original, as the format guarantees.
   float element_bound(const std::vector<float>& x) const {
-    const float amax = *std::max_element(x.begin(), x.end(), [](float a, float b) { return std::fabs(a) < std::fabs(b); });
+    const float amax =
+        *std::max_element(x.begin(), x.end(), [](float a, float b) { return std::fabs(a) < std::fabs(b); });
     return dtype == DType::kBF16 ? std::fabs(amax) * std::ldexp(1.0f, -8) : std::fabs(amax) / 254.0f;
   }
 };
@@ -116,8 +117,8 @@ void check(Isa isa, DType dtype, const Case& c) {
     for (int64_t d = 0; d < c.head_dim; ++d) s += std::fabs(q[r * c.head_dim + d]);
     q_l1 = std::max(q_l1, s);
   }
-  const float v_max = std::fabs(*std::max_element(cache.v.begin(), cache.v.end(),
-                                                  [](float a, float b) { return std::fabs(a) < std::fabs(b); }));
+  const float v_max = std::fabs(
+      *std::max_element(cache.v.begin(), cache.v.end(), [](float a, float b) { return std::fabs(a) < std::fabs(b); }));
   const float delta = scale * q_l1 * cache.element_bound(cache.k);
   const float bound = v_max * std::expm1(2.0f * delta) + cache.element_bound(cache.v) + 2e-5f * v_max;
   double sum_err = 0.0;
@@ -140,9 +141,9 @@ TEST_P(KvCacheDtypeTest, DecodeOverBf16AndInt8MatchesReference) {
     for (int64_t ctx : {1, 15, 16, 17, 33, 1000, 2100}) {  // block boundaries; 1000+: split-K chunks
       for (int64_t ratio : {1, 4}) check(GetParam(), dtype, {ctx, 1, 2 * ratio, 2, 64, 16});
     }
-    check(GetParam(), dtype, {40, 1, 8, 4, 8, 16});     // stories260K shape: head_dim 8 < lanes
+    check(GetParam(), dtype, {40, 1, 8, 4, 8, 16});  // stories260K shape: head_dim 8 < lanes
     check(GetParam(), dtype, {700, 1, 4, 1, 128, 32});  // one kv head: several key chunks
-    check(GetParam(), dtype, {70, 1, 4, 2, 20, 16});    // head_dim not a multiple of the lanes
+    check(GetParam(), dtype, {70, 1, 4, 2, 20, 16});  // head_dim not a multiple of the lanes
   }
 }
 
@@ -150,7 +151,7 @@ TEST_P(KvCacheDtypeTest, PrefillChunkOverBf16AndInt8MatchesReference) {
   for (DType dtype : {DType::kBF16, DType::kI8}) {
     for (int64_t ctx : {15, 16, 17, 33, 1000}) check(GetParam(), dtype, {ctx, std::min<int64_t>(ctx, 9), 4, 2, 32, 16});
     check(GetParam(), dtype, {17, 17, 4, 2, 24, 16});  // whole prompt from pos0 = 0
-    check(GetParam(), dtype, {50, 3, 1, 1, 8, 4});     // block_size 4
+    check(GetParam(), dtype, {50, 3, 1, 1, 8, 4});  // block_size 4
     check(GetParam(), dtype, {1026, 5, 2, 1, 8, 512});
   }
 }

@@ -10,9 +10,9 @@
 #include <tuple>
 #include <vector>
 
+#include "../test_support.h"
 #include "infera/base/threads.h"
 #include "infera/kernels/quant.h"
-#include "../test_support.h"
 
 namespace infera::kernels {
 namespace {
@@ -201,7 +201,8 @@ TEST(QuantPacked, Avx512ComputesFromThePackedCopy) {
     std::vector<uint8_t> zeros(w.q.size(), 0);
     stale.qweight = zeros.data();
     qmatmul(Isa::kAvx512, x.data(), 5, stale, y.data());
-    for (size_t i = 0; i < y.size(); ++i) ASSERT_NEAR(y[i], y_ref[i], 1e-3 * (std::fabs(y_ref[i]) + 1.0f)) << scheme_name(s);
+    for (size_t i = 0; i < y.size(); ++i)
+      ASSERT_NEAR(y[i], y_ref[i], 1e-3 * (std::fabs(y_ref[i]) + 1.0f)) << scheme_name(s);
   }
 }
 
@@ -219,8 +220,11 @@ TEST(QuantPacked, RowSliceSharesPanelsOnBoundaries) {
     for (int64_t i = 0; i < m; ++i) x[i * k] = 127.0f;
     std::vector<float> full(m * n);
     ref::qmatmul(x.data(), m, w.ref, full.data());
-    for (auto [r0, r1, packed] : {std::tuple<int64_t, int64_t, bool>{16, 48, true}, {32, n, true}, {0, 16, true},
-                                  {5, 40, false}, {16, 40, false}}) {
+    for (auto [r0, r1, packed] : {std::tuple<int64_t, int64_t, bool>{16, 48, true},
+                                  {32, n, true},
+                                  {0, 16, true},
+                                  {5, 40, false},
+                                  {16, 40, false}}) {
       const QuantMatRef slice = quant_row_slice(w.ref, r0, r1);
       EXPECT_EQ(slice.packed != nullptr, packed) << r0 << ".." << r1;
       if (slice.packed) {
@@ -231,7 +235,8 @@ TEST(QuantPacked, RowSliceSharesPanelsOnBoundaries) {
         qmatmul(isa, x.data(), m, slice, y.data());
         for (int64_t i = 0; i < m; ++i)
           for (int64_t r = r0; r < r1; ++r)
-            ASSERT_EQ(y[i * (r1 - r0) + (r - r0)], full[i * n + r]) << isa_name(isa) << " " << scheme_name(s) << " rows " << r0 << ".." << r1;
+            ASSERT_EQ(y[i * (r1 - r0) + (r - r0)], full[i * n + r])
+                << isa_name(isa) << " " << scheme_name(s) << " rows " << r0 << ".." << r1;
       }
     }
   }
@@ -253,7 +258,8 @@ TEST(QuantPacked, ThreadedSplitMatchesReference) {
     for (Isa isa : paths()) {
       for (int64_t mm : {int64_t{1}, m}) {
         qmatmul(isa, x.data(), mm, w.ref, y.data());
-        for (int64_t i = 0; i < mm * n; ++i) ASSERT_EQ(y[i], y_ref[i]) << isa_name(isa) << " " << scheme_name(s) << " m=" << mm;
+        for (int64_t i = 0; i < mm * n; ++i)
+          ASSERT_EQ(y[i], y_ref[i]) << isa_name(isa) << " " << scheme_name(s) << " m=" << mm;
       }
     }
   }
@@ -294,8 +300,8 @@ TEST(QuantPacked, LinearMultiEqualsOneLinearPerWeight) {
       linear_multi(isa, x.data(), m, ws, ys);
       for (size_t i = 0; i < ws.size(); ++i)
         for (size_t j = 0; j < want[i].size(); ++j)
-          ASSERT_EQ(got[i][j], want[i][j]) << isa_name(isa) << " " << scheme_name(s) << " " << what << " weight " << i
-                                           << " value " << j;
+          ASSERT_EQ(got[i][j], want[i][j])
+              << isa_name(isa) << " " << scheme_name(s) << " " << what << " weight " << i << " value " << j;
     };
     for (Isa isa : paths()) {
       for (int threads : {1, 2}) {

@@ -211,7 +211,8 @@ void check_dump(const std::string& dir, bool per_layer_names) {
   EXPECT_EQ(rows, T);
   EXPECT_EQ(cols, H);
   const MtpHead* head = model->mtp_head();
-  if (const float* hidden = head ? head->last_hidden() : nullptr) {  // hybrids keep the post-final-norm rows (the MTP input)
+  if (const float* hidden =
+          head ? head->last_hidden() : nullptr) {  // hybrids keep the post-final-norm rows (the MTP input)
     EXPECT_EQ(normed, std::vector<float>(hidden, hidden + T * H));
   }
   EXPECT_EQ(read_npy_f32((out / "0000-embed.npy").string(), &rows, &cols).size(), static_cast<size_t>(T * H));

@@ -10,8 +10,8 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include "infera/base/error.h"
 #include "../test_support.h"
+#include "infera/base/error.h"
 
 namespace infera {
 namespace {
@@ -127,14 +127,14 @@ TEST(ModelConfig, Defaults) {
     j.erase(key);
   }
   ModelConfig c = parse_model_config(j, "config.json");
-  EXPECT_EQ(c.num_kv_heads, 64);       // = num_attention_heads
+  EXPECT_EQ(c.num_kv_heads, 64);  // = num_attention_heads
   EXPECT_FLOAT_EQ(c.rope.theta, 1e4f);
   EXPECT_FLOAT_EQ(c.rms_norm_eps, 1e-6f);
   EXPECT_FALSE(c.tie_word_embeddings);
   EXPECT_EQ(c.bos_token_id, -1);
   EXPECT_TRUE(c.eos_token_ids.empty());
   EXPECT_EQ(c.max_position_embeddings, 32768);  // Qwen3Config default
-  EXPECT_EQ(c.head_dim, 128);                   // Qwen3Config default
+  EXPECT_EQ(c.head_dim, 128);  // Qwen3Config default
 
   j["model_type"] = "llama";
   c = parse_model_config(j, "config.json");
@@ -205,14 +205,14 @@ TEST(ModelConfig, Qwen3NextPublishedAndDefaults) {
   EXPECT_EQ(c.shared_expert_intermediate_size, 512);
   EXPECT_EQ(c.mtp_num_hidden_layers, 0);  // the loader counts mtp.layers.* instead
 
-  for (const char* key : {"partial_rotary_factor", "norm_topk_prob", "shared_expert_intermediate_size",
-                          "full_attention_interval"}) {
+  for (const char* key :
+       {"partial_rotary_factor", "norm_topk_prob", "shared_expert_intermediate_size", "full_attention_interval"}) {
     j.erase(key);
   }
   j["shared_expert_intermediate_size"] = nullptr;
   c = parse_model_config(j, "next.json");
-  EXPECT_EQ(c.rope.rotary_dim, 64);   // partial_rotary_factor defaults to 0.25
-  EXPECT_TRUE(c.norm_topk_prob);      // Qwen3NextConfig default
+  EXPECT_EQ(c.rope.rotary_dim, 64);  // partial_rotary_factor defaults to 0.25
+  EXPECT_TRUE(c.norm_topk_prob);  // Qwen3NextConfig default
   EXPECT_EQ(c.shared_expert_intermediate_size, 512);
   EXPECT_EQ(c.num_full_attention_layers(), 12);  // full_attention_interval defaults to 4
   j["norm_topk_prob"] = false;
@@ -237,8 +237,11 @@ TEST(ModelConfig, RopeScalingLinearLlama3Yarn) {
 
   // Llama 3.1's values.
   j["rope_theta"] = 500000.0;
-  j["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 1.0},
-                       {"high_freq_factor", 4.0}, {"original_max_position_embeddings", 8192}};
+  j["rope_scaling"] = {{"rope_type", "llama3"},
+                       {"factor", 8.0},
+                       {"low_freq_factor", 1.0},
+                       {"high_freq_factor", 4.0},
+                       {"original_max_position_embeddings", 8192}};
   c = parse_model_config(j, "config.json");
   EXPECT_EQ(c.rope.scaling, RopeScaling::kLlama3);
   EXPECT_FLOAT_EQ(c.rope.theta, 500000.0f);
@@ -266,7 +269,10 @@ TEST(ModelConfig, RopeScalingLinearLlama3Yarn) {
   EXPECT_FLOAT_EQ(c.rope.beta_fast, 16.0f);
 
   // DeepSeek-style mscale / mscale_all_dim: ratio of the two mscales.
-  j["rope_scaling"] = {{"type", "yarn"}, {"factor", 40}, {"mscale", 1.0}, {"mscale_all_dim", 0.707},
+  j["rope_scaling"] = {{"type", "yarn"},
+                       {"factor", 40},
+                       {"mscale", 1.0},
+                       {"mscale_all_dim", 0.707},
                        {"original_max_position_embeddings", 4096}};
   c = parse_model_config(j, "config.json");
   const double m = 0.1 * 1.0 * std::log(40.0) + 1.0, m_all = 0.1 * 0.707 * std::log(40.0) + 1.0;
@@ -292,7 +298,10 @@ TEST(ModelConfig, TextConfigLookup) {
   json text = qwen3_32b();
   text.erase("tie_word_embeddings");
   text.erase("model_type");
-  json j = {{"model_type", "qwen3"}, {"tie_word_embeddings", true}, {"text_config", text}, {"vision_config", {{"depth", 27}}}};
+  json j = {{"model_type", "qwen3"},
+            {"tie_word_embeddings", true},
+            {"text_config", text},
+            {"vision_config", {{"depth", 27}}}};
   ModelConfig c = parse_model_config(j, "config.json");
   EXPECT_EQ(c.hidden_size, 5120);
   EXPECT_EQ(c.num_layers, 64);
@@ -314,38 +323,77 @@ TEST(ModelConfig, BadConfigsNameTheField) {
   const std::vector<BadConfig> cases = {
       {"missing hidden_size", [](json& j) { j.erase("hidden_size"); }, {"required field 'hidden_size' is missing"}},
       {"missing num_hidden_layers", [](json& j) { j.erase("num_hidden_layers"); }, {"'num_hidden_layers' is missing"}},
-      {"missing num_attention_heads", [](json& j) { j.erase("num_attention_heads"); }, {"'num_attention_heads' is missing"}},
+      {"missing num_attention_heads",
+       [](json& j) { j.erase("num_attention_heads"); },
+       {"'num_attention_heads' is missing"}},
       {"missing intermediate_size", [](json& j) { j.erase("intermediate_size"); }, {"'intermediate_size' is missing"}},
       {"missing vocab_size", [](json& j) { j.erase("vocab_size"); }, {"'vocab_size' is missing"}},
       {"null vocab_size", [](json& j) { j["vocab_size"] = nullptr; }, {"'vocab_size' is missing"}},
-      {"missing model_type", [](json& j) { j.erase("model_type"); }, {"'model_type' is missing", "llama, qwen3, qwen3_moe"}},
-      {"string hidden_size", [](json& j) { j["hidden_size"] = "64"; }, {"field 'hidden_size' must be an integer", "\"64\""}},
+      {"missing model_type",
+       [](json& j) { j.erase("model_type"); },
+       {"'model_type' is missing", "llama, qwen3, qwen3_moe"}},
+      {"string hidden_size",
+       [](json& j) { j["hidden_size"] = "64"; },
+       {"field 'hidden_size' must be an integer", "\"64\""}},
       {"fractional head_dim", [](json& j) { j["head_dim"] = 8.5; }, {"field 'head_dim' must be an integer"}},
       {"bool vocab", [](json& j) { j["vocab_size"] = true; }, {"field 'vocab_size' must be an integer"}},
       {"string eps", [](json& j) { j["rms_norm_eps"] = "1e-5"; }, {"field 'rms_norm_eps' must be a number"}},
-      {"string tie", [](json& j) { j["tie_word_embeddings"] = "true"; }, {"field 'tie_word_embeddings' must be true or false"}},
+      {"string tie",
+       [](json& j) { j["tie_word_embeddings"] = "true"; },
+       {"field 'tie_word_embeddings' must be true or false"}},
       {"string eos", [](json& j) { j["eos_token_id"] = "2"; }, {"field 'eos_token_id'"}},
       {"eos list of strings", [](json& j) { j["eos_token_id"] = {"2"}; }, {"field 'eos_token_id'"}},
-      {"unknown model_type", [](json& j) { j["model_type"] = "gpt2"; }, {"unsupported model_type 'gpt2'", "llama, qwen3, qwen3_moe"}},
+      {"unknown model_type",
+       [](json& j) { j["model_type"] = "gpt2"; },
+       {"unsupported model_type 'gpt2'", "llama, qwen3, qwen3_moe"}},
       {"zero hidden", [](json& j) { j["hidden_size"] = 0; }, {"field 'hidden_size' must be positive"}},
       {"negative layers", [](json& j) { j["num_hidden_layers"] = -3; }, {"field 'num_hidden_layers' must be positive"}},
       {"huge vocab", [](json& j) { j["vocab_size"] = 1ll << 40; }, {"field 'vocab_size' is out of range"}},
-      {"heads not dividing hidden", [](json& j) { j["num_attention_heads"] = 7; j.erase("head_dim"); j["num_key_value_heads"] = 7; },
+      {"heads not dividing hidden",
+       [](json& j) {
+         j["num_attention_heads"] = 7;
+         j.erase("head_dim");
+         j["num_key_value_heads"] = 7;
+       },
        {"hidden_size (64) is not divisible by num_attention_heads (7)"}},
-      {"kv heads not dividing heads", [](json& j) { j["num_key_value_heads"] = 3; },
+      {"kv heads not dividing heads",
+       [](json& j) { j["num_key_value_heads"] = 3; },
        {"num_attention_heads (8) must be a multiple of num_key_value_heads (3)"}},
       {"bad eps", [](json& j) { j["rms_norm_eps"] = 0; }, {"'rms_norm_eps' must be in (0, 1)"}},
       {"bad rope theta", [](json& j) { j["rope_theta"] = -1; }, {"'rope_theta' must be positive"}},
-      {"odd rotary dims", [](json& j) { j["partial_rotary_factor"] = 0.375; }, {"partial_rotary_factor", "positive even"}},
-      {"rope_scaling not object", [](json& j) { j["rope_scaling"] = "yarn"; }, {"field 'rope_scaling' must be an object"}},
-      {"rope_scaling without type", [](json& j) { j["rope_scaling"] = {{"factor", 2.0}}; }, {"'rope_scaling' has no 'rope_type'"}},
-      {"unsupported rope type", [](json& j) { j["rope_scaling"] = {{"type", "dynamic"}, {"factor", 2.0}}; },
+      {"odd rotary dims",
+       [](json& j) { j["partial_rotary_factor"] = 0.375; },
+       {"partial_rotary_factor", "positive even"}},
+      {"rope_scaling not object",
+       [](json& j) { j["rope_scaling"] = "yarn"; },
+       {"field 'rope_scaling' must be an object"}},
+      {"rope_scaling without type",
+       [](json& j) {
+         j["rope_scaling"] = {{"factor", 2.0}};
+       },
+       {"'rope_scaling' has no 'rope_type'"}},
+      {"unsupported rope type",
+       [](json& j) {
+         j["rope_scaling"] = {{"type", "dynamic"}, {"factor", 2.0}};
+       },
        {"unsupported rope type 'dynamic'", "default, linear, llama3, yarn"}},
-      {"linear without factor", [](json& j) { j["rope_scaling"] = {{"type", "linear"}}; }, {"'rope_scaling.factor' is required"}},
+      {"linear without factor",
+       [](json& j) {
+         j["rope_scaling"] = {{"type", "linear"}};
+       },
+       {"'rope_scaling.factor' is required"}},
       {"llama3 missing low_freq_factor",
-       [](json& j) { j["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 8.0}, {"high_freq_factor", 4.0}, {"original_max_position_embeddings", 8192}}; },
+       [](json& j) {
+         j["rope_scaling"] = {{"rope_type", "llama3"},
+                              {"factor", 8.0},
+                              {"high_freq_factor", 4.0},
+                              {"original_max_position_embeddings", 8192}};
+       },
        {"'rope_scaling.low_freq_factor' is required for rope type 'llama3'"}},
-      {"yarn string factor", [](json& j) { j["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", "4"}}; },
+      {"yarn string factor",
+       [](json& j) {
+         j["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", "4"}};
+       },
        {"'rope_scaling.factor' must be a number"}},
       {"gelu", [](json& j) { j["hidden_act"] = "gelu"; }, {"'hidden_act' is 'gelu'"}},
       {"sliding window", [](json& j) { j["use_sliding_window"] = true; }, {"'use_sliding_window'"}},
@@ -358,7 +406,8 @@ TEST(ModelConfig, BadConfigsNameTheField) {
     c.edit(j);
     const std::string msg = error_of([&] { parse_model_config(j, "dir/config.json"); });
     EXPECT_NE(msg.find("dir/config.json"), std::string::npos) << msg;
-    for (const auto& n : c.needles) EXPECT_NE(msg.find(n), std::string::npos) << "message: " << msg << "\nmissing: " << n;
+    for (const auto& n : c.needles)
+      EXPECT_NE(msg.find(n), std::string::npos) << "message: " << msg << "\nmissing: " << n;
   }
   // The unedited base parses (so every failure above comes from its edit).
   EXPECT_NO_THROW(parse_model_config(base, "dir/config.json"));
@@ -368,8 +417,12 @@ TEST(ModelConfig, BadMoeConfigs) {
   const std::vector<BadConfig> cases = {
       {"missing num_experts", [](json& j) { j.erase("num_experts"); }, {"'num_experts' is missing"}},
       {"missing moe size", [](json& j) { j.erase("moe_intermediate_size"); }, {"'moe_intermediate_size' is missing"}},
-      {"top-k above experts", [](json& j) { j["num_experts_per_tok"] = 200; }, {"num_experts_per_tok (200) exceeds num_experts (128)"}},
-      {"mlp_only_layers out of range", [](json& j) { j["mlp_only_layers"] = {48}; }, {"'mlp_only_layers' holds layer 48"}},
+      {"top-k above experts",
+       [](json& j) { j["num_experts_per_tok"] = 200; },
+       {"num_experts_per_tok (200) exceeds num_experts (128)"}},
+      {"mlp_only_layers out of range",
+       [](json& j) { j["mlp_only_layers"] = {48}; },
+       {"'mlp_only_layers' holds layer 48"}},
       {"mlp_only_layers not a list", [](json& j) { j["mlp_only_layers"] = 3; }, {"'mlp_only_layers' must be a list"}},
       {"zero sparse step", [](json& j) { j["decoder_sparse_step"] = 0; }, {"'decoder_sparse_step' must be positive"}},
   };
@@ -378,7 +431,8 @@ TEST(ModelConfig, BadMoeConfigs) {
     json j = qwen3_30b_a3b();
     c.edit(j);
     const std::string msg = error_of([&] { parse_model_config(j, "moe/config.json"); });
-    for (const auto& n : c.needles) EXPECT_NE(msg.find(n), std::string::npos) << "message: " << msg << "\nmissing: " << n;
+    for (const auto& n : c.needles)
+      EXPECT_NE(msg.find(n), std::string::npos) << "message: " << msg << "\nmissing: " << n;
   }
 }
 

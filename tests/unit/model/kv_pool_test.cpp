@@ -3,11 +3,11 @@
 
 #include <random>
 
+#include "../test_support.h"
 #include "infera/base/error.h"
 #include "infera/model/config.h"
 #include "infera/model/kv_pool.h"
 #include "infera/tools/planner.h"
-#include "../test_support.h"
 
 using namespace infera;
 
@@ -65,10 +65,13 @@ TEST(KvPool, WriteConvertsAndViewReadsBack) {
     const float tol = dtype == DType::kF32 ? 0.0f : dtype == DType::kBF16 ? 2.0f / 256 : 2.0f / 254;
     for (int64_t i = 0; i < 3; ++i) {
       for (int64_t e = 0; e < row; ++e) {
-        const int64_t index = kernels::kv_row(slots[i], e / shape.head_dim, shape.block_size, shape.n_kv_heads) * shape.head_dim +
-                              e % shape.head_dim;
-        EXPECT_NEAR(kernels::load_kv_value(dtype, view.k_pool, view.k_scales, index, shape.head_dim), k[i * row + e], tol);
-        EXPECT_NEAR(kernels::load_kv_value(dtype, view.v_pool, view.v_scales, index, shape.head_dim), v[i * row + e], tol);
+        const int64_t index =
+            kernels::kv_row(slots[i], e / shape.head_dim, shape.block_size, shape.n_kv_heads) * shape.head_dim +
+            e % shape.head_dim;
+        EXPECT_NEAR(kernels::load_kv_value(dtype, view.k_pool, view.k_scales, index, shape.head_dim), k[i * row + e],
+                    tol);
+        EXPECT_NEAR(kernels::load_kv_value(dtype, view.v_pool, view.v_scales, index, shape.head_dim), v[i * row + e],
+                    tol);
       }
     }
   }

@@ -13,9 +13,9 @@
 #include <string>
 #include <vector>
 
+#include "../test_support.h"
 #include "infera/base/error.h"
 #include "infera/model/model.h"
-#include "../test_support.h"
 
 namespace infera {
 namespace {
@@ -147,8 +147,8 @@ TEST(Qwen35Model, ExpertCountsAddUpPerLayer) {
   const auto& c = r.model->config();
   ASSERT_EQ(counts.size(), static_cast<size_t>(c.num_layers * c.num_experts));
   for (int l = 0; l < c.num_layers; ++l) {
-    const uint64_t sum = std::accumulate(counts.begin() + l * c.num_experts, counts.begin() + (l + 1) * c.num_experts,
-                                         uint64_t{0});
+    const uint64_t sum =
+        std::accumulate(counts.begin() + l * c.num_experts, counts.begin() + (l + 1) * c.num_experts, uint64_t{0});
     EXPECT_EQ(sum, 20u * c.num_experts_per_tok) << "layer " << l;
   }
 }
@@ -190,9 +190,10 @@ TEST(Qwen35Model, MtpDraftUsesItsOwnKvLayerAndIsDeterministic) {
 }
 
 TEST(Qwen3MoeModel, DenseLayersFromMlpOnlyLayersAndCounts) {
-  Runner r(generated_model("moe", "--arch qwen3_moe --hidden 48 --layers 3 --heads 2 --kv-heads 1 --head-dim 24 "
-                                  "--experts 6 --experts-per-tok 3 --moe-ffn 16 --mlp-only-layers 1 --vocab 300 "
-                                  "--seed 4"));
+  Runner r(generated_model("moe",
+                           "--arch qwen3_moe --hidden 48 --layers 3 --heads 2 --kv-heads 1 --head-dim 24 "
+                           "--experts 6 --experts-per-tok 3 --moe-ffn 16 --mlp-only-layers 1 --vocab 300 "
+                           "--seed 4"));
   const auto& c = r.model->config();
   EXPECT_FALSE(c.is_moe_layer(1));
   const auto whole = run_alone(r, kPromptA, {20}, {0, 1}, 0);

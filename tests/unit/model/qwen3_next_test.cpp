@@ -12,12 +12,12 @@
 #include <string>
 #include <vector>
 
+#include "../test_support.h"
 #include "infera/base/error.h"
 #include "infera/io/safetensors.h"
 #include "infera/model/model.h"
-#include "infera/tools/model_check.h"
 #include "infera/model/weights.h"
-#include "../test_support.h"
+#include "infera/tools/model_check.h"
 
 namespace infera {
 namespace {
@@ -208,7 +208,8 @@ TEST(Qwen3Next, MissingOrMisShapedFusedTensorsAreNamed) {
   // A Qwen3.5-layout GDN layer under a qwen3_next config: the fused tensor is missing.
   const std::string split_layout = edited_copy(src, "split_layout", [](std::vector<TensorToWrite>& t) {
     for (auto& x : t) {
-      if (x.name == "model.layers.2.linear_attn.in_proj_qkvz.weight") x.name = "model.layers.2.linear_attn.in_proj_qkv.weight";
+      if (x.name == "model.layers.2.linear_attn.in_proj_qkvz.weight")
+        x.name = "model.layers.2.linear_attn.in_proj_qkv.weight";
     }
   });
   msg = load_error(split_layout);

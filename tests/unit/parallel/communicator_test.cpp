@@ -145,7 +145,8 @@ TEST(MpiCommunicator, ThreeRanksOverLoopback) {
   fs::create_directories(session);
   ::setenv("OMPI_MCA_orte_tmpdir_base", session.c_str(), /*overwrite=*/1);
   const std::string cmd = "mpirun --oversubscribe --bind-to none --allow-run-as-root -np 3 " + self +
-                          " --gtest_color=no --gtest_also_run_disabled_tests --gtest_filter=MpiRanks.* > " + out + " 2>&1";
+                          " --gtest_color=no --gtest_also_run_disabled_tests --gtest_filter=MpiRanks.* > " + out +
+                          " 2>&1";
   const int rc = std::system(cmd.c_str());
   std::ifstream in(out);
   const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());

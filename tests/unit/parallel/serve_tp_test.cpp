@@ -22,8 +22,8 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include "infera/parallel/communicator.h"
 #include "../test_support.h"
+#include "infera/parallel/communicator.h"
 #include "process_util.h"
 
 extern char** environ;
@@ -90,7 +90,8 @@ class ServeTp : public ::testing::Test {
   }
 
   static int curl(const std::string& path, int port, const std::string& extra) {
-    const std::string cmd = "curl -sf http://127.0.0.1:" + std::to_string(port) + path + " " + extra + " > /dev/null 2>&1";
+    const std::string cmd =
+        "curl -sf http://127.0.0.1:" + std::to_string(port) + path + " " + extra + " > /dev/null 2>&1";
     return std::system(cmd.c_str());
   }
 
@@ -99,10 +100,13 @@ class ServeTp : public ::testing::Test {
     std::string cmd;
     for (size_t i = 0; i < kPrompts.size(); ++i) {
       const nlohmann::json body = {{"model", "m"}, {"prompt", kPrompts[i]}, {"max_tokens", 24}, {"temperature", 0}};
-      const fs::path in = dir_ / ("req" + std::to_string(i) + ".json"), out = dir_ / ("resp" + std::to_string(i) + ".json");
+      const fs::path in = dir_ / ("req" + std::to_string(i) + ".json"),
+                     out = dir_ / ("resp" + std::to_string(i) + ".json");
       std::ofstream(in) << body.dump();
-      cmd += "curl -s http://127.0.0.1:" + std::to_string(s.port) + "/v1/completions -H 'Content-Type: application/json' "
-             "--data @" + in.string() + " -o " + out.string() + " & ";
+      cmd += "curl -s http://127.0.0.1:" + std::to_string(s.port) +
+             "/v1/completions -H 'Content-Type: application/json' "
+             "--data @" +
+             in.string() + " -o " + out.string() + " & ";
     }
     EXPECT_EQ(std::system((cmd + "wait").c_str()), 0);
     std::vector<std::string> texts;
@@ -157,12 +161,15 @@ TEST_F(ServeTp, Tp2ServerAnswersWithTheGreedyTextOfOneProcessAndDrainsOnSigterm)
   EXPECT_EQ(complete_all(two), expected) << slurp(two.log);
   // Rank 0's collectives are exported (the engine publishes its stats after each step).
   const fs::path metrics = dir_ / "metrics.txt";
-  ASSERT_EQ(std::system(("curl -sf http://127.0.0.1:" + std::to_string(two.port) + "/metrics -o " + metrics.string()).c_str()), 0);
+  ASSERT_EQ(std::system(
+                ("curl -sf http://127.0.0.1:" + std::to_string(two.port) + "/metrics -o " + metrics.string()).c_str()),
+            0);
   const std::string text = slurp(metrics);
   EXPECT_NE(text.find("infera_parallel_ranks{model=\"m\"} 2"), std::string::npos) << text;
   const size_t at = text.find("infera_parallel_collectives_total{model=\"m\"} ");
   ASSERT_NE(at, std::string::npos) << text;
-  EXPECT_GT(std::stoll(text.substr(at + std::string("infera_parallel_collectives_total{model=\"m\"} ").size())), 0) << text;
+  EXPECT_GT(std::stoll(text.substr(at + std::string("infera_parallel_collectives_total{model=\"m\"} ").size())), 0)
+      << text;
   const size_t ranks = test::descendants_of(two.pid).size();  // mpirun + 2 ranks
   EXPECT_GE(ranks, 3u);
   ::kill(two.pid, SIGTERM);  // drains: rank 0 stops the workers, every rank exits 0
@@ -174,8 +181,9 @@ TEST_F(ServeTp, HybridTp2ServerMatchesOneProcess) {
   // Gated DeltaNet layers keep per-sequence recurrent state in slots the engine hands out;
   // the workers follow rank 0's slot count from each step. Three sequences at once.
   const fs::path m = dir_ / "qwen35_moe";
-  const std::string gen = "/usr/bin/python3 " + kSource + "/tools/gen_model.py " + m.string() +
-                          " --arch qwen3_5_moe --heads 4 --kv-heads 2 --layers 4 --lin-k-heads 2 --lin-v-heads 4 > /dev/null 2>&1";
+  const std::string gen =
+      "/usr/bin/python3 " + kSource + "/tools/gen_model.py " + m.string() +
+      " --arch qwen3_5_moe --heads 4 --kv-heads 2 --layers 4 --lin-k-heads 2 --lin-v-heads 4 > /dev/null 2>&1";
   ASSERT_EQ(std::system(gen.c_str()), 0) << gen;
   Server one = start({"-m", m.string(), "--name", "m", "-t", "1"}, "hybrid1");
   ASSERT_GT(one.pid, 0);

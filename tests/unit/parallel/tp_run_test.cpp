@@ -22,8 +22,8 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include "infera/parallel/communicator.h"
 #include "../test_support.h"
+#include "infera/parallel/communicator.h"
 #include "process_util.h"
 
 extern char** environ;
@@ -70,7 +70,8 @@ class TpRun : public ::testing::Test {
   static std::string model(const std::string& name, const std::string& args) {
     const fs::path d = dir_ / name;
     if (!fs::exists(d / "config.json")) {
-      const std::string cmd = "/usr/bin/python3 " + kSource + "/tools/gen_model.py " + d.string() + " " + args + " > /dev/null 2>&1";
+      const std::string cmd =
+          "/usr/bin/python3 " + kSource + "/tools/gen_model.py " + d.string() + " " + args + " > /dev/null 2>&1";
       EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
     }
     return d.string();
@@ -93,8 +94,7 @@ class TpRun : public ::testing::Test {
   }
 
   // Greedy run with --json; logits of the prompt's last position into `logits`.
-  static Result greedy(const std::string& model_dir, const std::string& extra, std::vector<float>& logits,
-                       int n = 16) {
+  static Result greedy(const std::string& model_dir, const std::string& extra, std::vector<float>& logits, int n = 16) {
     const fs::path lf = dir_ / "logits.bin";
     fs::remove(lf);
     Result r = run(kInfera + " run -m " + model_dir + " --prompt-ids [1,5,9,13,17] -n " + std::to_string(n) +
@@ -127,9 +127,12 @@ class TpRun : public ::testing::Test {
   // Peak resident KiB of the largest rank of `m` at `tp` (infera run under the test's own
   // mpirun, so both sizes pay the same launcher).
   static double peak_rank_kib(const std::string& m, int tp) {
-    const std::string launch = "mpirun --oversubscribe --bind-to none --allow-run-as-root -np " + std::to_string(tp) + " ";
-    const Result r = run(launch + kInfera + " run -m " + m + " --prompt-ids [1,2,3] -n 2 --temp 0 --json -t 1 "
-                         "--prefill-chunk 16 --ctx 64 --tp " + std::to_string(tp));
+    const std::string launch =
+        "mpirun --oversubscribe --bind-to none --allow-run-as-root -np " + std::to_string(tp) + " ";
+    const Result r = run(launch + kInfera + " run -m " + m +
+                         " --prompt-ids [1,2,3] -n 2 --temp 0 --json -t 1 "
+                         "--prefill-chunk 16 --ctx 64 --tp " +
+                         std::to_string(tp));
     EXPECT_EQ(r.exit_code, 0) << r.err;
     int64_t worst = 0;
     for (const auto& rank : r.json["parallel"]["ranks"]) worst = std::max(worst, rank["vm_hwm_kib"].get<int64_t>());
@@ -162,12 +165,14 @@ TEST_F(TpRun, Qwen3MoeExpertAndTensorParallelMatchOneProcess) {
 TEST_F(TpRun, Qwen35HybridTensorAndExpertParallelMatchOneProcess) {
   // Gated DeltaNet layers split by key-head groups (2 value heads per key head), gated
   // attention by heads, experts and the shared expert by EP / columns.
-  const std::string moe = model("qwen35_moe", "--arch qwen3_5_moe --heads 4 --kv-heads 2 --layers 4 --lin-k-heads 2 "
-                                              "--lin-v-heads 4");
+  const std::string moe = model("qwen35_moe",
+                                "--arch qwen3_5_moe --heads 4 --kv-heads 2 --layers 4 --lin-k-heads 2 "
+                                "--lin-v-heads 4");
   expect_same_as_one_process(moe, {"--tp 2", "--ep 2", "--tp 2 --ep 2"});
   // Dense hybrid at TP 4: one key head (two value heads) per rank.
-  const std::string dense = model("qwen35", "--arch qwen3_5 --heads 8 --kv-heads 4 --layers 4 --lin-k-heads 4 "
-                                            "--lin-v-heads 8");
+  const std::string dense = model("qwen35",
+                                  "--arch qwen3_5 --heads 8 --kv-heads 4 --layers 4 --lin-k-heads 4 "
+                                  "--lin-v-heads 8");
   expect_same_as_one_process(dense, {"--tp 2", "--tp 4"});
 }
 
@@ -176,8 +181,9 @@ TEST_F(TpRun, ExpertDispatchByAllToAllMatchesTheAllReduceCombine) {
   // output sent back; the shared expert (hybrid) runs whole on the token's rank.
   const std::string moe = model("moe", "--arch qwen3_moe --heads 8 --kv-heads 4 --layers 3 --mlp-only-layers 1");
   expect_same_as_one_process(moe, {"--ep-dispatch all-to-all --ep 2", "--ep-dispatch all-to-all --ep 4"});
-  const std::string hybrid = model("qwen35_moe", "--arch qwen3_5_moe --heads 4 --kv-heads 2 --layers 4 --lin-k-heads 2 "
-                                                 "--lin-v-heads 4");
+  const std::string hybrid = model("qwen35_moe",
+                                   "--arch qwen3_5_moe --heads 4 --kv-heads 2 --layers 4 --lin-k-heads 2 "
+                                   "--lin-v-heads 4");
   std::vector<float> logits, ar_logits;
   const Result r = greedy(hybrid, "--ep-dispatch all-to-all --ep 2", logits, 8);
   ASSERT_EQ(r.exit_code, 0) << r.err;
@@ -197,8 +203,9 @@ TEST_F(TpRun, ExpertDispatchByAllToAllMatchesTheAllReduceCombine) {
 
 TEST_F(TpRun, Qwen3NextFusedProjectionsSplitByKeyHeadGroup) {
   // in_proj_qkvz / in_proj_ba are interleaved per key-head group: a rank takes whole groups.
-  const std::string m = model("qwen3_next", "--arch qwen3_next --heads 4 --kv-heads 2 --layers 4 --lin-k-heads 2 "
-                                            "--lin-v-heads 4 --mlp-only-layers 1");
+  const std::string m = model("qwen3_next",
+                              "--arch qwen3_next --heads 4 --kv-heads 2 --layers 4 --lin-k-heads 2 "
+                              "--lin-v-heads 4 --mlp-only-layers 1");
   expect_same_as_one_process(m, {"--tp 2", "--ep 2"});
 }
 
@@ -207,8 +214,8 @@ TEST_F(TpRun, QuantizedCheckpointsSplitByRowsAndWholeGroups) {
   auto quantized = [&](const std::string& scheme, const std::string& extra) {
     const fs::path out = dir_ / ("q_" + scheme + extra.substr(extra.find_last_of(' ') + 1));
     if (!fs::exists(out / "config.json")) {
-      const std::string cmd = kInfera + " quantize " + f32 + " " + out.string() + " --scheme " + scheme + " " + extra +
-                              " > /dev/null 2>&1";
+      const std::string cmd =
+          kInfera + " quantize " + f32 + " " + out.string() + " --scheme " + scheme + " " + extra + " > /dev/null 2>&1";
       EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
     }
     return out.string();
@@ -216,16 +223,18 @@ TEST_F(TpRun, QuantizedCheckpointsSplitByRowsAndWholeGroups) {
   // W4A16: float activations, so the split changes only the summation order.
   expect_same_as_one_process(quantized("w4a16", "--group-size 32"), {"--tp 2", "--tp 4"});
   {  // quantized experts and shared expert of the hybrid: columns (TP) or whole experts (EP)
-    const std::string moe = model("qwen35_moe", "--arch qwen3_5_moe --heads 4 --kv-heads 2 --layers 4 --lin-k-heads 2 "
-                                                "--lin-v-heads 4");
+    const std::string moe = model("qwen35_moe",
+                                  "--arch qwen3_5_moe --heads 4 --kv-heads 2 --layers 4 --lin-k-heads 2 "
+                                  "--lin-v-heads 4");
     const fs::path out = dir_ / "q_moe_w4a16";
     const std::string cmd = kInfera + " quantize " + moe + " " + out.string() + " --scheme w4a16 > /dev/null 2>&1";
     ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
     expect_same_as_one_process(out.string(), {"--tp 2", "--tp 2 --ep 2"});
   }
   {  // quantized GDN projections: qwen3_next's fused in_proj_qkvz by whole key-head groups
-    const std::string next = model("qwen3_next_q", "--arch qwen3_next --heads 4 --kv-heads 2 --layers 4 --lin-k-heads 2 "
-                                                   "--lin-v-heads 4");
+    const std::string next = model("qwen3_next_q",
+                                   "--arch qwen3_next --heads 4 --kv-heads 2 --layers 4 --lin-k-heads 2 "
+                                   "--lin-v-heads 4");
     const fs::path out = dir_ / "q_next_w4a16";
     const std::string cmd = kInfera + " quantize " + next + " " + out.string() + " --scheme w4a16 > /dev/null 2>&1";
     ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
@@ -248,7 +257,8 @@ TEST_F(TpRun, QuantizedCheckpointsSplitByRowsAndWholeGroups) {
     split_change = std::max(split_change, std::fabs(two[i] - one[i]));
   }
   EXPECT_GT(quant_error, 0.0f);
-  EXPECT_LT(split_change, quant_error) << "TP 2 moved W8A8 logits by " << split_change << ", quantization by " << quant_error;
+  EXPECT_LT(split_change, quant_error) << "TP 2 moved W8A8 logits by " << split_change << ", quantization by "
+                                       << quant_error;
 
   // int4 groups run along the input columns: a split inside a group is refused by name.
   const Result bad = greedy(quantized("w4a16", "--group-size 128"), "--tp 4", two, 1);
@@ -276,8 +286,9 @@ TEST_F(TpRun, PerRankWeightMemoryIsAboutOneOverTp) {
   // ~140 MB of f32 weights so they dominate the process; a tiny model under the same
   // launcher gives the baseline (binary, MPI libraries, buffers) to subtract. The 4 MB
   // embedding table is not split (each rank reads its tokens' rows).
-  const std::string big = model("big", "--arch llama --hidden 512 --layers 8 --heads 8 --kv-heads 8 --head-dim 64 "
-                                       "--ffn 2048 --vocab 2048");
+  const std::string big = model("big",
+                                "--arch llama --hidden 512 --layers 8 --heads 8 --kv-heads 8 --head-dim 64 "
+                                "--ffn 2048 --vocab 2048");
   const double w1 = peak_rank_kib(big, 1) - peak_rank_kib(kStories, 1);
   const double w2 = peak_rank_kib(big, 2) - peak_rank_kib(kStories, 2);
   // 128 MiB of layers, 4 MiB output head, up to 4 MiB of embedding rows.
@@ -290,9 +301,10 @@ TEST_F(TpRun, HybridPerRankWeightMemoryIsAboutOneOverTp) {
   INFERA_REQUIRE_FIXTURE(kStories);
   // Dense Qwen3.5 (~125 MB f32): GDN projections, conv and gated attention are copied per
   // rank from several row ranges; they must not keep the neighbours' rows resident.
-  const std::string big = model("big_hybrid", "--arch qwen3_5 --hidden 512 --layers 8 --heads 8 --kv-heads 4 "
-                                              "--head-dim 64 --lin-k-heads 4 --lin-v-heads 8 --ffn 2048 --vocab 2048 "
-                                              "--no-mtp");
+  const std::string big = model("big_hybrid",
+                                "--arch qwen3_5 --hidden 512 --layers 8 --heads 8 --kv-heads 4 "
+                                "--head-dim 64 --lin-k-heads 4 --lin-v-heads 8 --ffn 2048 --vocab 2048 "
+                                "--no-mtp");
   const double base1 = peak_rank_kib(kStories, 1), base2 = peak_rank_kib(kStories, 2);
   const double w1 = peak_rank_kib(big, 1) - base1, w2 = peak_rank_kib(big, 2) - base2;
   ASSERT_GT(w1, 100.0 * 1024) << "the hybrid's weights should be resident with TP 1";
@@ -317,7 +329,8 @@ TEST_F(TpRun, AnErrorOnRankZeroEndsTheGroup) {
   const auto start = std::chrono::steady_clock::now();
   const Result r = run(kInfera + " run -m " + kStories + " --prompt-ids [1,2,3] -n 100 --ctx 50 -t 1 --tp 2");
   EXPECT_NE(r.exit_code, 0);
-  EXPECT_NE(r.err.find("error: rank 0 of 2: prompt (3 tokens) + -n 100 exceeds the context"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("error: rank 0 of 2: prompt (3 tokens) + -n 100 exceeds the context"), std::string::npos)
+      << r.err;
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 20.0);
 }
 
@@ -330,8 +343,8 @@ TEST_F(TpRun, GroupsStartedSideBySideEachGetAPrivateSessionFolder) {
   std::string cmd;
   for (int i = 0; i < 2; ++i) {
     cmd += "OMPI_MCA_orte_tmpdir_base=" + base.string() + " " + kInfera + " run -m " + kStories +
-           " --prompt-ids [1,2,3] -n 8 --temp 0 --ignore-eos --json -t 1 --tp 2 > " + (dir_ / ("side" + std::to_string(i))).string() +
-           " 2>&1 & ";
+           " --prompt-ids [1,2,3] -n 8 --temp 0 --ignore-eos --json -t 1 --tp 2 > " +
+           (dir_ / ("side" + std::to_string(i))).string() + " 2>&1 & ";
   }
   ASSERT_EQ(std::system((cmd + "wait").c_str()), 0);
   std::vector<nlohmann::json> ids;
@@ -348,8 +361,9 @@ TEST_F(TpRun, GroupsStartedSideBySideEachGetAPrivateSessionFolder) {
 TEST_F(TpRun, AKilledRankEndsTheGroupWithinSeconds) {
   const std::string m = model("qwen3", "--arch qwen3 --heads 8 --kv-heads 4 --layers 2 --vocab 510 --tie");
   const fs::path err = dir_ / "kill_err.txt";
-  std::vector<std::string> args = {kInfera, "run", "-m", m, "--prompt-ids", "[1,2,3]", "-n", "10000000", "--ctx",
-                                   "10000010", "--temp", "0", "--ignore-eos", "-t", "1", "--tp", "2"};
+  std::vector<std::string> args = {kInfera, "run",      "-m",     m,   "--prompt-ids", "[1,2,3]", "-n", "10000000",
+                                   "--ctx", "10000010", "--temp", "0", "--ignore-eos", "-t",      "1",  "--tp",
+                                   "2"};
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);

@@ -5,9 +5,9 @@
 #include <random>
 #include <vector>
 
+#include "../test_support.h"
 #include "infera/base/error.h"
 #include "infera/kernels/quant.h"
-#include "../test_support.h"
 
 namespace infera::kernels {
 namespace {
@@ -111,7 +111,8 @@ TEST(QuantMatmul, IntegerPartsExactlyEqualOnEveryPath) {
     for (int64_t i = 0; i < sh.m; ++i)
       for (int64_t r = 0; r < sh.n; ++r) {
         int64_t dot = 0;
-        for (int64_t t = 0; t < sh.k; ++t) dot += int64_t{ref::qweight_at(w.ref, r, t)} * static_cast<int64_t>(x[i * sh.k + t]);
+        for (int64_t t = 0; t < sh.k; ++t)
+          dot += int64_t{ref::qweight_at(w.ref, r, t)} * static_cast<int64_t>(x[i * sh.k + t]);
         ASSERT_EQ(y_ref[i * sh.n + r], static_cast<float>(dot));
       }
     for (Isa isa : paths()) {

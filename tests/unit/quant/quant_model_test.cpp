@@ -8,26 +8,26 @@
 
 #include <nlohmann/json.hpp>
 
+#include "../test_support.h"
 #include "infera/base/error.h"
 #include "infera/io/safetensors.h"
 #include "infera/model/model.h"
 #include "infera/model/quantized_weights.h"
 #include "infera/model/weights.h"
-#include "infera/tools/eval.h"
 #include "infera/quant/quantize_model.h"
 #include "infera/quant/quantizer.h"
 #include "infera/runtime/block_allocator.h"
 #include "infera/runtime/sequence_runner.h"
-#include "../test_support.h"
+#include "infera/tools/eval.h"
 #include "sampled_text.h"
 
 namespace infera::quant {
 namespace {
 
 namespace fs = std::filesystem;
+using kernels::QuantScheme;
 using tools::EvalResult;
 using tools::evaluate;
-using kernels::QuantScheme;
 
 const std::string kStories = test::stories_dir();
 
@@ -43,7 +43,7 @@ TEST(Quantizer, DequantizeErrorWithinSchemeBound) {
   const int64_t rows = 9, cols = 256;
   std::vector<float> w(rows * cols);
   for (auto& v : w) v = nd(rng);
-  w[5] = 0.5f;           // outliers: the clipping search may clip them, within the bound
+  w[5] = 0.5f;  // outliers: the clipping search may clip them, within the bound
   w[cols + 17] = -0.7f;
   for (int64_t t = 0; t < cols; ++t) w[3 * cols + t] = 0.0f;  // an all-zero row
   for (QuantScheme s : {QuantScheme::kW8A8, QuantScheme::kW4A8, QuantScheme::kW4A16}) {
@@ -118,7 +118,8 @@ TEST(QuantFormat, RoundTripsThroughWriterAndLoader) {
   fs::remove_all(out);
 }
 
-EvalResult quantize_and_eval(const std::string& name, const QuantizeOptions& o, Model& ref, const std::vector<int32_t>& toks) {
+EvalResult quantize_and_eval(const std::string& name, const QuantizeOptions& o, Model& ref,
+                             const std::vector<int32_t>& toks) {
   const fs::path out = fresh_dir(name);
   quantize_model(kStories, out.string(), o);
   std::unique_ptr<Model> m = load_model(out.string());

@@ -16,29 +16,29 @@
 #include <nlohmann/json.hpp>
 
 #include "../test_support.h"
-#include "sampled_text.h"
 #include "infera/base/error.h"
 #include "infera/io/safetensors.h"
 #include "infera/kernels/quant.h"
 #include "infera/model/blocks.h"
 #include "infera/model/model.h"
-#include "infera/tools/planner.h"
 #include "infera/model/quantized_weights.h"
 #include "infera/model/weights.h"
-#include "infera/tools/eval.h"
 #include "infera/quant/quantize_model.h"
 #include "infera/quant/quantizer.h"
 #include "infera/runtime/block_allocator.h"
 #include "infera/runtime/sequence_runner.h"
+#include "infera/tools/eval.h"
+#include "infera/tools/planner.h"
+#include "sampled_text.h"
 
 namespace infera::quant {
 namespace {
 
 namespace fs = std::filesystem;
-using tools::EvalResult;
-using tools::evaluate;
 using kernels::LinearWeight;
 using kernels::QuantScheme;
+using tools::EvalResult;
+using tools::evaluate;
 
 const fs::path kWork = test::process_scratch_dir("infera_quant_moe_test");
 
@@ -50,7 +50,7 @@ using test::random_vec;
 struct QuantMoe {
   std::vector<std::vector<float>> f32;
   std::vector<QuantizedMatrix> packed;
-  MoeWeights w;        // quantized experts
+  MoeWeights w;  // quantized experts
   MoeWeights dequant;  // f32 experts = dequant(quantized)
   std::vector<std::vector<float>> dq;
 
@@ -116,7 +116,8 @@ std::vector<float> moe_ref(const MoeWeights& w, const std::vector<float>& x, int
     const float* xt = x.data() + t * H;
     kernels::ref::matmul(xt, 1, w.router, logits.data());
     kernels::ref::moe_route_softmax(logits.data(), 1, E, k, w.norm_topk_prob, ids.data(), wt.data());
-    for (int64_t j = 0; j < k; ++j) expert_ref(w.gate[ids[j]], w.up[ids[j]], w.down[ids[j]], xt, wt[j], y.data() + t * H);
+    for (int64_t j = 0; j < k; ++j)
+      expert_ref(w.gate[ids[j]], w.up[ids[j]], w.down[ids[j]], xt, wt[j], y.data() + t * H);
     if (!w.shared.empty()) {
       float g = 0.0f;
       kernels::ref::matmul(xt, 1, w.shared_gate, &g);
@@ -184,8 +185,8 @@ const char* kQwen35MoeArgs =
 
 struct SchemeResult {
   EvalResult bf16, w8a8, w4a8, w4a16;
-  std::map<std::string, QuantizeReport> reports;         // by label: "bf16", "w8a8", ...
-  std::map<std::string, int64_t> bytes_per_token;        // Model::weight_bytes_per_token, "f32" too
+  std::map<std::string, QuantizeReport> reports;  // by label: "bf16", "w8a8", ...
+  std::map<std::string, int64_t> bytes_per_token;  // Model::weight_bytes_per_token, "f32" too
 };
 
 SchemeResult quantize_all(const std::string& name, const std::string& src) {
@@ -257,7 +258,7 @@ double expected_bytes_per_token(int64_t f32_bytes, const QuantizeReport& r, int6
   for (const LayerReport& l : r.layers) {
     if (l.name.starts_with("mtp.")) continue;
     const bool expert = l.name.find(".mlp.experts.") != std::string::npos;
-    const double share = expert ? static_cast<double>(top_k) / experts
+    const double share = expert                                    ? static_cast<double>(top_k) / experts
                          : l.name.ends_with("embed_tokens.weight") ? 1.0 / vocab
                                                                    : 1.0;
     saved += share * static_cast<double>(l.bytes_before - l.bytes_after);
@@ -271,7 +272,8 @@ void check_bytes_per_token(const SchemeResult& r, int64_t top_k, int64_t experts
     const int64_t got = r.bytes_per_token.at(s);
     std::printf("[ bytes    ] %-6s %8lld bytes per token (f32 %lld: %.2fx less)\n", s, static_cast<long long>(got),
                 static_cast<long long>(f32), static_cast<double>(f32) / got);
-    EXPECT_NEAR(static_cast<double>(got), expected_bytes_per_token(f32, r.reports.at(s), top_k, experts, 300), 1.0) << s;
+    EXPECT_NEAR(static_cast<double>(got), expected_bytes_per_token(f32, r.reports.at(s), top_k, experts, 300), 1.0)
+        << s;
   }
   // int8 is half of bf16 plus a scale per row; int4 a quarter plus an f16 scale per 32.
   EXPECT_LT(r.bytes_per_token.at("w8a8"), r.bytes_per_token.at("bf16"));
@@ -304,8 +306,9 @@ TEST(QuantMoeModel, Qwen35MoeSchemesCloseToF32AndFusedExpertsStay3D) {
   const std::string lm = "model.language_model.layers.";
   for (const std::string& name :
        {lm + "3.self_attn.q_proj.weight", lm + "3.self_attn.k_proj.weight", lm + "3.self_attn.v_proj.weight",
-        lm + "3.self_attn.o_proj.weight", lm + "0.linear_attn.in_proj_qkv.weight", lm + "0.linear_attn.in_proj_z.weight",
-        lm + "0.linear_attn.out_proj.weight", std::string("mtp.fc.weight"), std::string("mtp.layers.0.self_attn.q_proj.weight")}) {
+        lm + "3.self_attn.o_proj.weight", lm + "0.linear_attn.in_proj_qkv.weight",
+        lm + "0.linear_attn.in_proj_z.weight", lm + "0.linear_attn.out_proj.weight", std::string("mtp.fc.weight"),
+        std::string("mtp.layers.0.self_attn.q_proj.weight")}) {
     EXPECT_TRUE(store.find(name + ".qweight")) << name;
     EXPECT_FALSE(store.find(name)) << name;
   }
@@ -333,7 +336,8 @@ TEST(QuantMoeModel, Qwen35MoeSchemesCloseToF32AndFusedExpertsStay3D) {
     po.scheme = parse_weight_scheme(s);
     const Plan plan = plan_memory(load_model_config(src), po);
     const double ratio = static_cast<double>(plan.devices[0].weights_bytes) / r.reports.at(s).total_bytes_after;
-    std::printf("[ planner  ] %s: planned %lld bytes, files %lld (%.3f)\n", s, static_cast<long long>(plan.devices[0].weights_bytes),
+    std::printf("[ planner  ] %s: planned %lld bytes, files %lld (%.3f)\n", s,
+                static_cast<long long>(plan.devices[0].weights_bytes),
                 static_cast<long long>(r.reports.at(s).total_bytes_after), ratio);
     EXPECT_NEAR(ratio, 1.0, 0.04) << s;
   }
@@ -351,18 +355,21 @@ TEST(QuantMoeModel, Qwen35MoeSchemesCloseToF32AndFusedExpertsStay3D) {
     EXPECT_TRUE(all.find("model.language_model.embed_tokens.weight.qweight"));
     std::unique_ptr<Model> ref = load_model(src), m = load_model(dir.string());
     const int64_t bytes = m->weight_bytes_per_token();
-    EXPECT_NEAR(static_cast<double>(bytes), expected_bytes_per_token(r.bytes_per_token.at("f32"), report, 2, 8, 300), 1.0);
+    EXPECT_NEAR(static_cast<double>(bytes), expected_bytes_per_token(r.bytes_per_token.at("f32"), report, 2, 8, 300),
+                1.0);
     EXPECT_LT(bytes, r.bytes_per_token.at("w4a8"));
     const EvalResult e = evaluate(*m, ref.get(), sampled_tokens(*ref, 2, 100, 99, 1, 1), 100);
-    std::printf("[ quality  ] qwen3_5_moe w4a8, embeddings/head w4a8: KL mean %.5f  top-1 %.2f %%, %lld bytes per token\n",
-                e.kl_mean, 100.0 * e.top1_agreement, static_cast<long long>(bytes));
+    std::printf(
+        "[ quality  ] qwen3_5_moe w4a8, embeddings/head w4a8: KL mean %.5f  top-1 %.2f %%, %lld bytes per token\n",
+        e.kl_mean, 100.0 * e.top1_agreement, static_cast<long long>(bytes));
     EXPECT_LE(e.kl_mean, 3.5);  // measured 2.06
   }
 
   // A fused tensor whose scales do not match its config: one clear error.
   const fs::path bad = kWork / "qwen3_5_moe_bad";
   fs::create_directories(bad);
-  for (const auto& e : fs::directory_iterator(kWork / "qwen3_5_moe_w4a8")) fs::copy_file(e.path(), bad / e.path().filename());
+  for (const auto& e : fs::directory_iterator(kWork / "qwen3_5_moe_w4a8"))
+    fs::copy_file(e.path(), bad / e.path().filename());
   {
     std::ifstream in(bad / "config.json");
     nlohmann::json j = nlohmann::json::parse(in);
@@ -410,8 +417,8 @@ TEST(QuantMoeModel, Qwen35DenseSchemesCloseToF32) {
     EXPECT_NE(cqc.calibration_json.find("\"smoothed_layers\""), std::string::npos);
     std::unique_ptr<Model> ref = load_model(src), m = load_model(cdir.string());
     const EvalResult e = evaluate(*m, ref.get(), sampled_tokens(*ref, 2, 100, 99, 1, 1), 100);
-    std::printf("[ quality  ] qwen3_5 w4a8 calib   KL mean %.5f  top-1 %.2f %% (%s)\n", e.kl_mean, 100.0 * e.top1_agreement,
-                cqc.calibration_json.c_str());
+    std::printf("[ quality  ] qwen3_5 w4a8 calib   KL mean %.5f  top-1 %.2f %% (%s)\n", e.kl_mean,
+                100.0 * e.top1_agreement, cqc.calibration_json.c_str());
     EXPECT_LT(e.kl_mean, 1.25 * r.w4a8.kl_mean);
   }
   // The fold itself, exactly: where a norm changed, its linear layer's columns were scaled
@@ -436,8 +443,9 @@ TEST(QuantMoeModel, Qwen35DenseSchemesCloseToF32) {
     double worst = 0.0;
     for (int l = 0; l < 4; ++l) {
       const std::string pre = "model.language_model.layers." + std::to_string(l) + ".";
-      for (const auto& [norm, linear] : {std::pair<std::string, std::string>{"input_layernorm.weight", "self_attn.q_proj.weight"},
-                                         {"post_attention_layernorm.weight", "mlp.gate_proj.weight"}}) {
+      for (const auto& [norm, linear] :
+           {std::pair<std::string, std::string>{"input_layernorm.weight", "self_attn.q_proj.weight"},
+            {"post_attention_layernorm.weight", "mlp.gate_proj.weight"}}) {
         const std::vector<float> g = f32(orig.get(pre + norm)), g2 = f32(cal.get(pre + norm));
         if (g == g2 || !orig.find(pre + linear)) continue;
         ++folded;
@@ -475,7 +483,8 @@ TEST(QuantMoeModel, Qwen35DenseSchemesCloseToF32) {
   const QuantizationConfig qc = read_quantization_config(g128.string());
   const std::string l0 = "model.language_model.layers.0.", l3 = "model.language_model.layers.3.";
   EXPECT_EQ(qc.layer(l0 + "linear_attn.in_proj_qkv.weight").label(), "w8a8");
-  EXPECT_NE(qc.layer(l0 + "linear_attn.in_proj_qkv.weight").reason.find("does not divide its 64 columns"), std::string::npos);
+  EXPECT_NE(qc.layer(l0 + "linear_attn.in_proj_qkv.weight").reason.find("does not divide its 64 columns"),
+            std::string::npos);
   EXPECT_EQ(qc.layer(l3 + "self_attn.o_proj.weight").label(), "w4a8 g128");
   EXPECT_EQ(qc.layer("mtp.fc.weight").label(), "w4a8 g128");  // [H, 2H]: 128 columns
   bool warned = false;
@@ -491,8 +500,9 @@ TEST(QuantMoeModel, Qwen35DenseSchemesCloseToF32) {
 // A quantized directory written back as f32: the .qweight / .scales pairs of the layers
 // `which` selects dequantized (kernels::dequantize_row), everything else as stored; without
 // quantization_config when every layer is dequantized.
-void write_dequantized(const fs::path& qdir, const fs::path& out,
-                       const std::function<bool(const std::string&)>& which = [](const std::string&) { return true; }) {
+void write_dequantized(
+    const fs::path& qdir, const fs::path& out,
+    const std::function<bool(const std::string&)>& which = [](const std::string&) { return true; }) {
   fs::create_directories(out);
   const WeightStore store = WeightStore::open(qdir.string());
   const QuantizationConfig qc = read_quantization_config(qdir.string());
@@ -530,7 +540,8 @@ void write_dequantized(const fs::path& qdir, const fs::path& out,
   std::ifstream in(qdir / "config.json");
   nlohmann::json j = nlohmann::json::parse(in);
   bool all = true;
-  for (const std::string& name : store.names()) all = all && !(name.ends_with(".qweight") && !which(name.substr(0, name.size() - 8)));
+  for (const std::string& name : store.names())
+    all = all && !(name.ends_with(".qweight") && !which(name.substr(0, name.size() - 8)));
   if (all) j.erase("quantization_config");
   std::ofstream(out / "config.json") << j.dump(2);
 }
@@ -562,15 +573,18 @@ TEST(QuantMoeModel, HybridQuantizedModelsComputeWithTheirDequantizedWeights) {
   std::string next_args = kQwen35MoeArgs;
   next_args.replace(next_args.find("qwen3_5_moe"), 11, "qwen3_next");
   for (const auto& [name, args] : {std::pair<std::string, std::string>{"qwen3_5_moe", kQwen35MoeArgs},
-                                   {"qwen3_5", kQwen35DenseArgs}, {"qwen3_next", next_args}}) {
+                                   {"qwen3_5", kQwen35DenseArgs},
+                                   {"qwen3_next", next_args}}) {
     const std::string src = generated(name, args);
     QuantizeOptions o;
     o.scheme = QuantScheme::kW4A16;
     const fs::path q = kWork / (name + "_deq_w4a16"), deq = kWork / (name + "_deq_f32");
     quantize_model(src, q.string(), o);
     write_dequantized(q, deq);
-    EXPECT_TRUE(WeightStore::open(q.string()).find(name == "qwen3_next" ? "model.layers.0.linear_attn.in_proj_qkvz.weight.qweight"
-                                                                         : "model.language_model.layers.0.linear_attn.in_proj_qkv.weight.qweight"));
+    EXPECT_TRUE(WeightStore::open(q.string())
+                    .find(name == "qwen3_next"
+                              ? "model.layers.0.linear_attn.in_proj_qkvz.weight.qweight"
+                              : "model.language_model.layers.0.linear_attn.in_proj_qkv.weight.qweight"));
     EXPECT_NE(load_model(q.string())->mtp_head(), nullptr) << name << ": the quantized MTP head is loaded";
     const std::vector<float> a = prompt_logits(q.string()), b = prompt_logits(deq.string()), f = prompt_logits(src);
     ASSERT_EQ(a.size(), b.size());
@@ -580,8 +594,8 @@ TEST(QuantMoeModel, HybridQuantizedModelsComputeWithTheirDequantizedWeights) {
       quant_diff = std::max(quant_diff, std::fabs(a[i] - f[i]));
       max_abs = std::max(max_abs, std::fabs(b[i]));
     }
-    std::printf("[ dequant  ] %-12s max |logit| %.3f  vs dequantized %.2e  vs f32 %.3f\n", name.c_str(), max_abs, max_diff,
-                quant_diff);
+    std::printf("[ dequant  ] %-12s max |logit| %.3f  vs dequantized %.2e  vs f32 %.3f\n", name.c_str(), max_abs,
+                max_diff, quant_diff);
     EXPECT_LT(max_diff, 1e-4f * max_abs) << name;
     EXPECT_GT(quant_diff, 100 * max_diff) << name << ": quantization should move the logits far more than this";
   }

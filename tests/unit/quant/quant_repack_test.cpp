@@ -65,7 +65,8 @@ void add_quant(std::vector<Tensor>& out, const std::string& name, const Quantize
                  std::vector<uint8_t>(q.scales.begin() + r0 * sb, q.scales.begin() + r1 * sb)});
 }
 
-void add_f32(std::vector<Tensor>& out, const std::string& name, const std::vector<float>& v, std::vector<int64_t> shape) {
+void add_f32(std::vector<Tensor>& out, const std::string& name, const std::vector<float>& v,
+             std::vector<int64_t> shape) {
   std::vector<uint8_t> b(v.size() * 4);
   std::memcpy(b.data(), v.data(), b.size());
   out.push_back({name, DType::kF32, std::move(shape), std::move(b)});
@@ -98,7 +99,8 @@ struct MoeFixture {
     qc.group_size = kernels::scheme_is_int4(scheme) ? 32 : 0;
     const int64_t gs = qc.group_size;
     // Rows are quantized independently, so the stacked matrices are the experts' matrices.
-    const QuantizedMatrix gate_up = quantize_matrix(random_vec(E * 2 * I * H, 11, 0.2f).data(), E * 2 * I, H, scheme, gs);
+    const QuantizedMatrix gate_up =
+        quantize_matrix(random_vec(E * 2 * I * H, 11, 0.2f).data(), E * 2 * I, H, scheme, gs);
     const QuantizedMatrix down = quantize_matrix(random_vec(E * H * I, 12, 0.2f).data(), E * H, I, scheme, gs);
     const std::vector<float> router = random_vec(E * H, 13, 0.5f), sgate = random_vec(H, 14, 0.3f);
     std::vector<Tensor> t;
@@ -162,7 +164,8 @@ TEST(QuantRepack, MoeExpertsComputeFromThePackedCopy) {
         // One packed copy per fused tensor, the experts' views into it (gate rows, then up).
         for (int64_t e = 0; e + 1 < MoeFixture::E; ++e) {
           const kernels::PackedQuantMat& g = *packed.gate[e].quant.packed;
-          EXPECT_EQ(g.panel(2 * MoeFixture::I / kernels::kPanelRows), packed.gate[e + 1].quant.packed->panel(0)) << label;
+          EXPECT_EQ(g.panel(2 * MoeFixture::I / kernels::kPanelRows), packed.gate[e + 1].quant.packed->panel(0))
+              << label;
           EXPECT_EQ(g.panel(MoeFixture::I / kernels::kPanelRows), packed.up[e].quant.packed->panel(0)) << label;
         }
       }
@@ -329,9 +332,10 @@ TEST(QuantRepack, FusedExpertsKeepOneCopyAndDroppedExpertsFreeTheirs) {
   const double loaded = static_cast<double>(test::resident_bytes() - before) / expert_bytes;
   for (int64_t e = 0; e < E; e += 2) w.drop_expert(e);
   const double kept = static_cast<double>(test::resident_bytes() - before) / expert_bytes;
-  std::printf("[ rss      ] %.1f MiB of fused experts: %.2f copies resident after load_moe, %.2f after dropping "
-              "half the experts\n",
-              expert_bytes / 1048576.0, loaded, kept);
+  std::printf(
+      "[ rss      ] %.1f MiB of fused experts: %.2f copies resident after load_moe, %.2f after dropping "
+      "half the experts\n",
+      expert_bytes / 1048576.0, loaded, kept);
   EXPECT_GT(loaded, 0.9);
   EXPECT_LT(loaded, 1.2);
   // Half the panels go; pages shared by a kept and a dropped expert's panels stay.

@@ -2,21 +2,21 @@
 // cancellation, admission errors, resident memory. (Real-model runs: engine_model_test.cpp.)
 #include <gtest/gtest.h>
 
+#include <unistd.h>
 #include <fstream>
 #include <future>
 #include <map>
 #include <random>
 #include <thread>
-#include <unistd.h>
 
+#include "../test_support.h"
 #include "infera/base/error.h"
 #include "infera/runtime/engine.h"
 #include "probe_model.h"
-#include "../test_support.h"
 
 using namespace infera;
-using infera::testing::ProbeModel;
 using infera::testing::probe_generate;
+using infera::testing::ProbeModel;
 
 namespace {
 
@@ -44,8 +44,10 @@ struct Harness {
     r.stop_token_ids = std::move(stop);
     return core.add_request(std::move(r), [this](const Event& e) {
       EXPECT_FALSE(out[e.id].final_event.has_value()) << "event after the final one";
-      if (e.is_final()) out[e.id].final_event = e;
-      else out[e.id].tokens.push_back(e.token);
+      if (e.is_final())
+        out[e.id].final_event = e;
+      else
+        out[e.id].tokens.push_back(e.token);
     });
   }
   int run(int max_steps = 100000) {
@@ -286,7 +288,9 @@ TEST(EngineCore, StopTokensAndMinTokens) {
   r.stop_token_ids = {stop};
   r.min_tokens = static_cast<int32_t>(first) + 1;
   std::vector<int32_t> got;
-  h.core.add_request(r, [&](const Event& e) { if (!e.is_final()) got.push_back(e.token); });
+  h.core.add_request(r, [&](const Event& e) {
+    if (!e.is_final()) got.push_back(e.token);
+  });
   h.run();
   EXPECT_GT(got.size(), first);  // the early stop token was passed over
 }
@@ -323,7 +327,9 @@ TEST(EngineCore, RejectsRequestsThatCanNeverFit) {
   r.sampling.top_p = 1;
   r.prompt_ids = std::vector<int32_t>(30, 1);
   std::optional<Event> fin;
-  h.core.add_request(r, [&](const Event& e) { if (e.is_final()) fin = e; });
+  h.core.add_request(r, [&](const Event& e) {
+    if (e.is_final()) fin = e;
+  });
   h.run();
   ASSERT_TRUE(fin);
   EXPECT_EQ(fin->finish, FinishReason::kLength);
@@ -403,8 +409,10 @@ TEST(Engine, ThreadedSubmitStreamsAndCancel) {
       RequestHandle hd = engine.submit(r);
       for (const Event& e : hd.stream->drain()) {
         EXPECT_EQ(e.id, hd.id);
-        if (!e.is_final()) got[i].push_back(e.token);
-        else EXPECT_EQ(e.finish, FinishReason::kLength);
+        if (!e.is_final())
+          got[i].push_back(e.token);
+        else
+          EXPECT_EQ(e.finish, FinishReason::kLength);
       }
     });
   }

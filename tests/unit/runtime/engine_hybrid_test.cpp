@@ -10,10 +10,10 @@
 #include <map>
 #include <random>
 
-#include "infera/runtime/engine.h"
-#include "greedy_reference.h"
-#include "infera/runtime/sequence_runner.h"
 #include "../test_support.h"
+#include "greedy_reference.h"
+#include "infera/runtime/engine.h"
+#include "infera/runtime/sequence_runner.h"
 
 using namespace infera;
 

@@ -3,16 +3,16 @@
 // no scheduler, one sequence, its own block table).
 #include <gtest/gtest.h>
 
+#include <unistd.h>
 #include <fstream>
 #include <map>
 #include <random>
-#include <unistd.h>
 
+#include "../test_support.h"
+#include "greedy_reference.h"
 #include "infera/base/timer.h"
 #include "infera/runtime/engine.h"
-#include "greedy_reference.h"
 #include "infera/runtime/sequence_runner.h"
-#include "../test_support.h"
 
 using namespace infera;
 
@@ -72,8 +72,10 @@ TEST(EngineStories, BatchedGreedyEqualsSoloWithStaggeredArrivals) {
     r.prompt_ids = prompts[i];
     r.max_tokens = gen;
     return core.add_request(r, [&](const Event& e) {
-      if (e.is_final()) run.finals[e.id] = e;
-      else run.tokens[e.id].push_back(e.token);
+      if (e.is_final())
+        run.finals[e.id] = e;
+      else
+        run.tokens[e.id].push_back(e.token);
     });
   };
   std::vector<RequestId> ids;
@@ -110,8 +112,10 @@ TEST(EngineStories, TightKvBudgetPreemptsAndStillMatches) {
     r.prompt_ids = p;
     r.max_tokens = 50;
     ids.push_back(core.add_request(r, [&](const Event& e) {
-      if (e.is_final()) run.finals[e.id] = e;
-      else run.tokens[e.id].push_back(e.token);
+      if (e.is_final())
+        run.finals[e.id] = e;
+      else
+        run.tokens[e.id].push_back(e.token);
     }));
   }
   while (core.has_work()) core.step();
@@ -136,8 +140,10 @@ TEST(EngineStories, SharedPrefixSkipsCachedTokensWithSameOutput) {
     r.prompt_ids = p;
     r.max_tokens = 30;
     return core.add_request(r, [&](const Event& e) {
-      if (e.is_final()) run.finals[e.id] = e;
-      else run.tokens[e.id].push_back(e.token);
+      if (e.is_final())
+        run.finals[e.id] = e;
+      else
+        run.tokens[e.id].push_back(e.token);
     });
   };
   add(a);
@@ -169,7 +175,8 @@ TEST(EngineStories, CancelMidGenerationFreesEveryBlock) {
   for (auto& h : handles) EXPECT_TRUE(engine.cancel(h.id));
   for (auto& h : handles) {
     Event e;
-    do e = h.stream->next(); while (!e.is_final());
+    do e = h.stream->next();
+    while (!e.is_final());
     EXPECT_EQ(e.finish, FinishReason::kCancelled);
     EXPECT_LT(e.usage.completion_tokens, 400);
   }
@@ -199,7 +206,9 @@ TEST(EngineStories, LongContextMemoryFollowsUsedTokens) {
   r.prompt_ids = prompt_of(rng, used - 8);
   r.max_tokens = 8;
   std::optional<Event> fin;
-  core.add_request(r, [&](const Event& e) { if (e.is_final()) fin = e; });
+  core.add_request(r, [&](const Event& e) {
+    if (e.is_final()) fin = e;
+  });
   Timer t;
   while (core.has_work()) core.step();
   ASSERT_TRUE(fin);

@@ -75,8 +75,12 @@ TEST(EngineThreads, EachEngineRunsItsKernelsWithItsOwnThreadCount) {
     Engine one(one_model, config_with_threads(1));
     Engine three(three_model, config_with_threads(3));
     // Both engines generate at the same time, from two client threads.
-    std::thread a([&] { for (int i = 0; i < 3; ++i) generate(one, 1 + i); });
-    std::thread b([&] { for (int i = 0; i < 3; ++i) generate(three, 1 + i); });
+    std::thread a([&] {
+      for (int i = 0; i < 3; ++i) generate(one, 1 + i);
+    });
+    std::thread b([&] {
+      for (int i = 0; i < 3; ++i) generate(three, 1 + i);
+    });
     a.join();
     b.join();
   }

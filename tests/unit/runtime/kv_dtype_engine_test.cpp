@@ -67,9 +67,9 @@ std::vector<float> logits_of(DType dtype, const std::vector<int32_t>& tokens, bo
 }
 
 struct Agreement {
-  double top1 = 0;            // share of positions whose argmax equals f32's
-  float max_abs_diff = 0;     // largest |logit - f32 logit|
-  double mean_abs_diff = 0;   // mean |logit - f32 logit| over positions and vocabulary
+  double top1 = 0;  // share of positions whose argmax equals f32's
+  float max_abs_diff = 0;  // largest |logit - f32 logit|
+  double mean_abs_diff = 0;  // mean |logit - f32 logit| over positions and vocabulary
   float max_logit_range = 0;  // largest max - min of f32 logits at one position
 };
 
@@ -123,10 +123,11 @@ TEST(KvDtypeStories, LogitErrorOfBf16AndInt8CachesIsBounded) {
     const Agreement bf16 = compare(logits_of(DType::kBF16, tokens, decode), want);
     const Agreement int8 = compare(logits_of(DType::kI8, tokens, decode), want);
     const char* path = decode ? "decode" : "prefill";
-    std::printf("[ measure  ] %s: bf16 top-1 %.4f |dlogit| max %.4f mean %.5f; int8 top-1 %.4f |dlogit| max %.4f mean "
-                "%.5f; logit range %.2f\n",
-                path, bf16.top1, bf16.max_abs_diff, bf16.mean_abs_diff, int8.top1, int8.max_abs_diff,
-                int8.mean_abs_diff, bf16.max_logit_range);
+    std::printf(
+        "[ measure  ] %s: bf16 top-1 %.4f |dlogit| max %.4f mean %.5f; int8 top-1 %.4f |dlogit| max %.4f mean "
+        "%.5f; logit range %.2f\n",
+        path, bf16.top1, bf16.max_abs_diff, bf16.mean_abs_diff, int8.top1, int8.max_abs_diff, int8.mean_abs_diff,
+        bf16.max_logit_range);
     EXPECT_GE(bf16.top1, 0.99) << path;
     EXPECT_LE(bf16.max_abs_diff, 0.3f) << path;
     EXPECT_LE(bf16.mean_abs_diff, 0.04) << path;

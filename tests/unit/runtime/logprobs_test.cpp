@@ -40,7 +40,8 @@ void expect_matches(const TokenLogprobs& lp, const std::vector<double>& ref, int
   EXPECT_EQ(lp.sampled.token, token) << what;
   EXPECT_NEAR(lp.sampled.logprob, ref[token], tol) << what;
   // Rank: 1 + the tokens more likely than it (the reference keeps the logits' order).
-  EXPECT_EQ(lp.sampled_rank, 1 + std::count_if(ref.begin(), ref.end(), [&](double v) { return v > ref[token]; })) << what;
+  EXPECT_EQ(lp.sampled_rank, 1 + std::count_if(ref.begin(), ref.end(), [&](double v) { return v > ref[token]; }))
+      << what;
   EXPECT_LE(lp.sampled.logprob, 0.0f) << what;
   ASSERT_EQ(lp.top.size(), static_cast<size_t>(top_n)) << what;
   // The reference ranking: by log-probability, ties by lower id.
@@ -64,7 +65,8 @@ void expect_matches(const TokenLogprobs& lp, const std::vector<double>& ref, int
   EXPECT_LE(mass, 1.0 + 1e-5) << what;
   // The sampled token belongs in the top list exactly when its log-probability reaches the last entry's.
   if (top_n > 0 && lp.sampled.logprob > lp.top.back().logprob) {
-    EXPECT_TRUE(std::any_of(lp.top.begin(), lp.top.end(), [&](const TokenLogprob& t) { return t.token == token; })) << what;
+    EXPECT_TRUE(std::any_of(lp.top.begin(), lp.top.end(), [&](const TokenLogprob& t) { return t.token == token; }))
+        << what;
   }
 }
 
@@ -74,8 +76,9 @@ struct Generated {
 };
 
 // Runs the prompts through one EngineCore (batched) and collects each one's events.
-std::vector<Generated> run_engine(Model& model, const EngineConfig& config, const std::vector<std::vector<int32_t>>& prompts,
-                                  int32_t gen, const SamplingParams& sampling, bool logprobs, int32_t top_n,
+std::vector<Generated> run_engine(Model& model, const EngineConfig& config,
+                                  const std::vector<std::vector<int32_t>>& prompts, int32_t gen,
+                                  const SamplingParams& sampling, bool logprobs, int32_t top_n,
                                   EngineStats* stats = nullptr) {
   EngineCore core(model, config);
   std::map<RequestId, Generated> out;
@@ -119,7 +122,8 @@ struct LoneRunner {
 };
 
 // Every generated token's numbers against SequenceRunner's logits at its position.
-void expect_matches_runner(const std::vector<int32_t>& prompt, const Generated& g, int32_t top_n, const std::string& what) {
+void expect_matches_runner(const std::vector<int32_t>& prompt, const Generated& g, int32_t top_n,
+                           const std::string& what) {
   LoneRunner lone;
   SequenceRunner& runner = lone.runner;
   const int32_t vocab = stories().config().vocab_size;
@@ -223,7 +227,8 @@ TEST(EngineLogprobs, SampledWithPenaltiesReportsTheRawDistribution) {
   s.presence_penalty = 0.5f;
   s.seed = 77;
   const std::vector<Generated> out = run_engine(stories(), config(), ps, 24, s, true, kMaxTopLogprobs);
-  for (size_t i = 0; i < ps.size(); ++i) expect_matches_runner(ps[i], out[i], kMaxTopLogprobs, "prompt " + std::to_string(i));
+  for (size_t i = 0; i < ps.size(); ++i)
+    expect_matches_runner(ps[i], out[i], kMaxTopLogprobs, "prompt " + std::to_string(i));
   // Asking for logprobs does not change what is sampled.
   const std::vector<Generated> plain = run_engine(stories(), config(), ps, 24, s, false, 0);
   for (size_t i = 0; i < ps.size(); ++i) EXPECT_EQ(plain[i].tokens, out[i].tokens);
@@ -235,7 +240,8 @@ TEST(EngineLogprobs, SpeculativeVerifyGivesThePlainRunsLogprobs) {
   const auto ps = prompts(13);
   const std::vector<Generated> plain = run_engine(stories(), config(), ps, 40, SamplingParams{}, true, 3);
   EngineStats stats;
-  const std::vector<Generated> spec = run_engine(stories(), config(SpeculativeMethod::kNgram, 4), ps, 40, SamplingParams{}, true, 3, &stats);
+  const std::vector<Generated> spec =
+      run_engine(stories(), config(SpeculativeMethod::kNgram, 4), ps, 40, SamplingParams{}, true, 3, &stats);
   // Drafts were both accepted (tokens from verify rows) and rejected (replacements).
   EXPECT_GT(stats.spec_accepted, 0);
   EXPECT_LT(stats.spec_accepted, stats.spec_drafted);
@@ -273,8 +279,10 @@ TEST(EngineLogprobs, SpeculativeOnTheHybridGivesThePlainRunsLogprobs) {
   EngineConfig oracle = config(SpeculativeMethod::kCustom, 3);
   std::vector<std::vector<int32_t>> continuations;
   for (const Generated& g : plain) continuations.push_back(g.tokens);
-  oracle.speculative.drafter = testing_support::oracle_drafter(ps, continuations, [](size_t at) { return at % 4 == 2; });
-  for (const auto& [what, c] : {std::pair{std::string("mtp"), config(SpeculativeMethod::kMtp, 2)}, std::pair{std::string("oracle"), oracle}}) {
+  oracle.speculative.drafter =
+      testing_support::oracle_drafter(ps, continuations, [](size_t at) { return at % 4 == 2; });
+  for (const auto& [what, c] :
+       {std::pair{std::string("mtp"), config(SpeculativeMethod::kMtp, 2)}, std::pair{std::string("oracle"), oracle}}) {
     EngineStats stats;
     const std::vector<Generated> spec = run_engine(model, c, ps, gen, SamplingParams{}, true, 4, &stats);
     EXPECT_GT(stats.spec_drafted, 10) << what;
@@ -322,7 +330,7 @@ namespace {
 struct Scored {
   std::vector<int32_t> tokens;
   std::vector<TokenLogprobs> prompt;  // Event::prompt_logprobs
-  int32_t events_with_prompt = 0;     // exactly one per request
+  int32_t events_with_prompt = 0;  // exactly one per request
   Usage usage;
   FinishReason finish = FinishReason::kNone;
 };
@@ -371,7 +379,8 @@ std::vector<int32_t> random_prompt(int32_t n, uint32_t seed) {
 
 // Each prompt token's numbers against SequenceRunner's row at the position before it
 // (one forward over the whole prompt with every row's logits).
-void expect_prompt_matches_runner(const std::vector<int32_t>& prompt, const Scored& s, int32_t top_n, const std::string& what) {
+void expect_prompt_matches_runner(const std::vector<int32_t>& prompt, const Scored& s, int32_t top_n,
+                                  const std::string& what) {
   LoneRunner lone;
   const int32_t vocab = stories().config().vocab_size;
   EXPECT_EQ(s.events_with_prompt, 1) << what;

@@ -3,9 +3,9 @@
 #include <numeric>
 #include <set>
 
+#include "infera/base/error.h"
 #include "infera/runtime/engine_config.h"
 #include "infera/runtime/prefix_cache.h"
-#include "infera/base/error.h"
 
 using namespace infera;
 
@@ -40,7 +40,8 @@ TEST(KvBlockManager, CachedBlocksAreSharedAndEvictedLeastRecentlyUsedFirst) {
   const int32_t b0 = m.allocate(), b1 = m.allocate();
   uint64_t h = m.register_block(b0, KvBlockManager::kRootHash, std::span(a).subspan(0, bs));
   const uint64_t h1 = m.register_block(b1, h, std::span(a).subspan(bs, bs));
-  EXPECT_EQ(h1, KvBlockManager::chain_hash(KvBlockManager::chain_hash(KvBlockManager::kRootHash, std::span(a).subspan(0, bs)),
+  EXPECT_EQ(h1, KvBlockManager::chain_hash(KvBlockManager::chain_hash(KvBlockManager::kRootHash,
+                                                                      std::span(a).subspan(0, bs)),
                                            std::span(a).subspan(bs, bs)));
   // While held, a second sequence shares them (refcount 2).
   uint64_t chain = 0;

@@ -37,7 +37,8 @@ class ProbeModel : public Model {
  public:
   // KV geometry is free: tests of resident memory pick a realistic bytes-per-token.
   ProbeModel(int32_t vocab = 64, int32_t max_positions = 4096, int64_t num_layers = 2, int64_t n_kv_heads = 1,
-             int64_t head_dim = 2) : layers_(num_layers), heads_(n_kv_heads), dim_(head_dim) {
+             int64_t head_dim = 2)
+      : layers_(num_layers), heads_(n_kv_heads), dim_(head_dim) {
     INFERA_ASSERT(head_dim >= 2);
     config_.vocab_size = vocab;
     config_.max_position_embeddings = max_positions;
@@ -105,7 +106,8 @@ class ProbeModel : public Model {
   static float* slot(KvPool& kv, const SeqChunk& c, int64_t pos, int64_t layer, bool is_v) {
     const KvPoolShape& s = kv.shape();
     const int64_t bi = pos / s.block_size;
-    if (bi >= c.n_blocks) throw Error(fmt::format("ProbeModel: position {} is past the block table ({} blocks)", pos, c.n_blocks));
+    if (bi >= c.n_blocks)
+      throw Error(fmt::format("ProbeModel: position {} is past the block table ({} blocks)", pos, c.n_blocks));
     const int64_t block = c.block_table[bi];
     if (block < 0 || block >= s.num_blocks) throw Error(fmt::format("ProbeModel: block id {} out of range", block));
     float* base = is_v ? kv.v(layer) : kv.k(layer);

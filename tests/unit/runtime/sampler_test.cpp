@@ -22,7 +22,7 @@ TEST(Sampler, RepetitionPenaltyHfSemantics) {
   std::vector<float> logits = {4.0f, -1.0f, 3.0f, 0.5f};
   std::vector<int32_t> hist = {0, 1, 0};
   s.apply_penalties(logits.data(), hist);
-  EXPECT_FLOAT_EQ(logits[0], 2.0f);   // positive: divided (once, though seen twice)
+  EXPECT_FLOAT_EQ(logits[0], 2.0f);  // positive: divided (once, though seen twice)
   EXPECT_FLOAT_EQ(logits[1], -2.0f);  // negative: multiplied
   EXPECT_FLOAT_EQ(logits[2], 3.0f);
   // Greedy now picks token 2.

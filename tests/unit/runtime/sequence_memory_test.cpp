@@ -44,7 +44,8 @@ void fake_forward(const SeqChunk& c, std::span<const int32_t> tokens) {
     c.state[0] += static_cast<float>(tokens[t]);
     c.state[1] += 1.0f;
     c.state[2] = static_cast<float>(tokens[t]);
-    if (c.token_states != nullptr && t + 1 < c.n_tokens) std::copy(c.state, c.state + kFloats, c.token_states + t * kFloats);
+    if (c.token_states != nullptr && t + 1 < c.n_tokens)
+      std::copy(c.state, c.state + kFloats, c.token_states + t * kFloats);
   }
 }
 

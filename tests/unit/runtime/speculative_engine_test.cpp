@@ -10,10 +10,10 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
-#include <cstdlib>
-#include <filesystem>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <map>
 #include <random>
 #include <span>
@@ -80,7 +80,7 @@ struct Outcome {
 
 // Adds the first three prompts, then one more every second step (staggered arrivals).
 Outcome run_engine(Model& model, EngineConfig config, const std::vector<std::vector<int32_t>>& prompts, int32_t gen,
-               const SamplingParams& sampling = {}) {
+                   const SamplingParams& sampling = {}) {
   EngineCore core(model, config);
   std::map<RequestId, std::vector<int32_t>> out;
   std::vector<RequestId> ids;
@@ -241,14 +241,15 @@ TEST(SpeculativeEngine, OracleDraftsWithPlantedErrorsOnHybrid) {
   const int32_t gen = 30;
   const Outcome plain = run_engine(hybrid(), config_for(SpeculativeMethod::kNone, 0), prompts, gen);
   EngineConfig c = config_for(SpeculativeMethod::kCustom, 3);
-  c.speculative.drafter = testing_support::oracle_drafter(prompts, plain.tokens, [](size_t at) { return at % 5 == 2 || at % 7 == 4; });
+  c.speculative.drafter =
+      testing_support::oracle_drafter(prompts, plain.tokens, [](size_t at) { return at % 5 == 2 || at % 7 == 4; });
   const Outcome spec = run_engine(hybrid(), c, prompts, gen);
   expect_same(spec, plain, "oracle drafts");
   expect_rejections_and_acceptances(spec.stats, "oracle drafts");
   const auto& acc = spec.stats.spec_accepted_per_pos;
   ASSERT_EQ(acc.size(), 3u);
-  EXPECT_GT(acc[2], 0);                // all three accepted sometimes
-  EXPECT_GT(acc[0], acc[2]);           // and partial acceptance other times
+  EXPECT_GT(acc[2], 0);  // all three accepted sometimes
+  EXPECT_GT(acc[0], acc[2]);  // and partial acceptance other times
   EXPECT_LT(spec.stats.steps, plain.stats.steps);
 }
 
@@ -317,7 +318,8 @@ void expect_same_distribution(Model& model, SpeculativeMethod method, int32_t k,
   c.speculative.num_draft_tokens = k;
   sp.seed = 500000;  // independent samples
   const Outcome spec = run_engine(model, c, prompts, 3, sp);
-  if (std::getenv("SPEC_DEBUG")) printf("drafted %ld accepted %ld\n", spec.stats.spec_drafted, spec.stats.spec_accepted);
+  if (std::getenv("SPEC_DEBUG"))
+    printf("drafted %ld accepted %ld\n", spec.stats.spec_drafted, spec.stats.spec_accepted);
   EXPECT_GT(spec.stats.spec_accepted, 0) << what;
   EXPECT_LT(spec.stats.spec_accepted, spec.stats.spec_drafted) << what;
   // Tokens 2 and 3 come out of verify steps; token 2 alone, and the pair (2, 3).
@@ -325,7 +327,9 @@ void expect_same_distribution(Model& model, SpeculativeMethod method, int32_t k,
     std::map<int32_t, int64_t> a, b;
     // Tokens grouped by id modulo `bins` (any fixed grouping keeps equal distributions
     // equal) so that a small sample fills the cells of a large vocabulary.
-    auto cell = [&](const std::vector<int32_t>& t) { return pos == 1 ? t[1] % bins : (t[1] % bins) * bins + t[2] % bins; };
+    auto cell = [&](const std::vector<int32_t>& t) {
+      return pos == 1 ? t[1] % bins : (t[1] % bins) * bins + t[2] % bins;
+    };
     for (const auto& t : plain.tokens) ++a[cell(t)];
     for (const auto& t : spec.tokens) ++b[cell(t)];
     int dof = 0;
@@ -354,7 +358,8 @@ TEST(SpeculativeEngine, SampledMtpKeepsTheDistributionOnHybrid) {
   // p and q overlap enough for acceptances.
   OneThread one;
   std::mt19937 rng(8);
-  expect_same_distribution(hybrid(), SpeculativeMethod::kMtp, 2, repetitive(rng, 4, 3, 3, 290), 1500, 2.0f, 4, "hybrid mtp");
+  expect_same_distribution(hybrid(), SpeculativeMethod::kMtp, 2, repetitive(rng, 4, 3, 3, 290), 1500, 2.0f, 4,
+                           "hybrid mtp");
 }
 
 TEST(SpeculativeModelSeam, StateRestoreAndAllTokenHiddenStates) {
@@ -434,7 +439,7 @@ class RecordingModel final : public Model {
   MtpHead* mtp_head() override { return inner_.mtp_head(); }
 
   int64_t forwards = 0;
-  int64_t refeeds = 0;             // chunks that started at or before the slot's previous chunk
+  int64_t refeeds = 0;  // chunks that started at or before the slot's previous chunk
   int64_t token_state_chunks = 0;  // chunks run with SeqChunk::token_states
 
  private:
@@ -447,10 +452,10 @@ class RecordingModel final : public Model {
 
 TEST(SpeculativeEngine, HybridCommitsTheKeptTokensStateWithoutAReFeed) {
   // Oracle drafts with planted errors (0, 1, 2 of k = 3 accepted, then a rejection): with
-  // per-token states no chunk starts where an earlier one did (no re-feed forward), and the output is still exactly the plain run's. With the states hidden
-  // (the fallback, e.g. a tensor-parallel group) the same run re-feeds after each partial
-  // rejection, costs more forwards, and gives the same tokens too. No preemption here (it
-  // would recompute positions legitimately).
+  // per-token states no chunk starts where an earlier one did (no re-feed forward), and the output is still exactly the
+  // plain run's. With the states hidden (the fallback, e.g. a tensor-parallel group) the same run re-feeds after each
+  // partial rejection, costs more forwards, and gives the same tokens too. No preemption here (it would recompute
+  // positions legitimately).
   OneThread one;
   std::mt19937 rng(17);
   std::vector<std::vector<int32_t>> prompts;
@@ -458,7 +463,8 @@ TEST(SpeculativeEngine, HybridCommitsTheKeptTokensStateWithoutAReFeed) {
   const int32_t gen = 30;
   const Outcome plain = run_engine(hybrid(), config_for(SpeculativeMethod::kNone, 0), prompts, gen);
   EngineConfig c = config_for(SpeculativeMethod::kCustom, 3);
-  c.speculative.drafter = testing_support::oracle_drafter(prompts, plain.tokens, [](size_t at) { return at % 4 == 1 || at % 9 == 6; });
+  c.speculative.drafter =
+      testing_support::oracle_drafter(prompts, plain.tokens, [](size_t at) { return at % 4 == 1 || at % 9 == 6; });
   RecordingModel direct(hybrid(), true);
   const Outcome spec = run_engine(direct, c, prompts, gen);
   expect_same(spec, plain, "token states");

@@ -7,17 +7,17 @@
 
 #include <algorithm>
 #include <cstdlib>
-#include <functional>
-#include <vector>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <gtest/gtest.h>
 
+#include "../test_support.h"
 #include "infera/model/model.h"
 #include "infera/runtime/engine_config.h"
-#include "../test_support.h"
 
 namespace infera::testing_support {
 
@@ -50,8 +50,8 @@ inline Model& hybrid_model() {
 inline SpeculativeConfig::Drafter oracle_drafter(const std::vector<std::vector<int32_t>>& prompts,
                                                  const std::vector<std::vector<int32_t>>& continuations,
                                                  std::function<bool(size_t index)> wrong, int32_t vocab = 300) {
-  return [&prompts, &continuations, wrong = std::move(wrong), vocab](std::span<const int32_t> history, int32_t max_draft,
-                                                                      std::vector<int32_t>& out) {
+  return [&prompts, &continuations, wrong = std::move(wrong), vocab](std::span<const int32_t> history,
+                                                                     int32_t max_draft, std::vector<int32_t>& out) {
     for (size_t i = 0; i < prompts.size(); ++i) {
       const auto& p = prompts[i];
       if (history.size() <= p.size() || !std::equal(p.begin(), p.end(), history.begin())) continue;

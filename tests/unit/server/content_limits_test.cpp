@@ -13,12 +13,12 @@
 
 #include <nlohmann/json.hpp>
 
+#include "../test_support.h"
 #include "fake_backend.h"
 #include "infera/chat/chat_template.h"
 #include "infera/server/audit_log.h"
 #include "infera/server/http_server.h"
 #include "infera/server/logprobs_json.h"
-#include "../test_support.h"
 
 namespace infera::server {
 namespace {
@@ -50,8 +50,9 @@ class ScriptedServer {
     ModelDeployConfig d;
     d.name = "stories";
     d.path = kStories;
-    auto m = std::make_shared<ModelInstance>(d, load_model_config(kStories), Tokenizer::load(kStories),
-                                             std::make_unique<ChatTemplate>(read_text(kChatml)), resolve_limits(d, 512));
+    auto m =
+        std::make_shared<ModelInstance>(d, load_model_config(kStories), Tokenizer::load(kStories),
+                                        std::make_unique<ChatTemplate>(read_text(kChatml)), resolve_limits(d, 512));
     m->set_backend(backend);
     ServerConfig c;
     c.port = 0;
@@ -113,8 +114,9 @@ TEST(ContentLimits, RequestsCarryTheTokenizersVocabLimit) {
 TEST(ContentLimits, APromptIsScoredOncePerRequest) {
   INFERA_REQUIRE_FIXTURE(kStories);
   ScriptedServer s({10, 20});
-  auto r = s.post("/v1/completions", {{"model", "stories"}, {"prompt", {"Once upon", "a time"}}, {"n", 3},
-                                      {"prompt_logprobs", 1}, {"max_tokens", 2}});
+  auto r = s.post(
+      "/v1/completions",
+      {{"model", "stories"}, {"prompt", {"Once upon", "a time"}}, {"n", 3}, {"prompt_logprobs", 1}, {"max_tokens", 2}});
   ASSERT_TRUE(r);
   EXPECT_EQ(r->status, 200) << r->body;
   EXPECT_EQ(s.backend->prompt_logprobs_asked(), (std::vector<int32_t>{1, -1, -1, 1, -1, -1}));
@@ -128,8 +130,10 @@ TEST(ContentLimits, NestedArgumentsAreA400NamingTheField) {
   json body = kChat;
   body["messages"].push_back({{"role", "assistant"},
                               {"content", nullptr},
-                              {"tool_calls", {{{"id", "c"}, {"type", "function"},
-                                               {"function", {{"name", "f"}, {"arguments", std::string(1'000'000, '[')}}}}}}});
+                              {"tool_calls",
+                               {{{"id", "c"},
+                                 {"type", "function"},
+                                 {"function", {{"name", "f"}, {"arguments", std::string(1'000'000, '[')}}}}}}});
   auto r = s.post("/v1/chat/completions", body);
   ASSERT_TRUE(r);
   EXPECT_EQ(r->status, 400) << r->body;
@@ -156,7 +160,8 @@ TEST(ContentLimits, PromptScoringIsBoundedInSize) {
 
 // The audit log: mode 0600, rotated past its size cap, 401 floods summarised.
 TEST(AuditLogLimits, ModeRotationAndUnauthorizedFloods) {
-  const std::filesystem::path dir = std::filesystem::temp_directory_path() / ("infera_audit_" + std::to_string(::getpid()));
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("infera_audit_" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
   const std::string path = (dir / "audit.log").string();
   auto count_lines = [](const std::string& p, int64_t* suppressed = nullptr, int* unauthorized = nullptr) {
@@ -166,8 +171,10 @@ TEST(AuditLogLimits, ModeRotationAndUnauthorizedFloods) {
     while (std::getline(in, line)) {
       ++n;
       const json j = json::parse(line);
-      if (suppressed && j.contains("suppressed")) *suppressed += j["suppressed"].get<int64_t>();
-      else if (unauthorized && j["status"] == 401) ++*unauthorized;
+      if (suppressed && j.contains("suppressed"))
+        *suppressed += j["suppressed"].get<int64_t>();
+      else if (unauthorized && j["status"] == 401)
+        ++*unauthorized;
     }
     return n;
   };

@@ -9,11 +9,11 @@
 #include <filesystem>
 #include <fstream>
 
+#include "../test_support.h"
 #include "infera/base/error.h"
 #include "infera/io/safetensors.h"
 #include "infera/model/model.h"
 #include "infera/server/model_instance.h"
-#include "../test_support.h"
 
 namespace infera::server {
 namespace {
@@ -54,7 +54,8 @@ models:
     port: 9001
     speculative: {method: none}
   - path: /models/other
-)", "test.yaml");
+)",
+                                             "test.yaml");
   EXPECT_EQ(c.server.host, "0.0.0.0");
   EXPECT_EQ(c.server.port, 9000);
   EXPECT_EQ(c.server.body_limit_bytes, 1 << 20);
@@ -97,7 +98,8 @@ models:
     path: /x
     max_input_len: lots
     kv_cache_memory: 12 parsecs
-)", "bad.yaml");
+)",
+                        "bad.yaml");
   });
   EXPECT_NE(msg.find("bad.yaml"), std::string::npos) << msg;
   EXPECT_NE(msg.find("server.port"), std::string::npos) << msg;
@@ -201,10 +203,11 @@ TEST(PrepareModels, EveryConfigurationErrorIsNamed) {
 // `speculative.method: mtp` is checked against the checkpoint, not only config.json.
 TEST(PrepareModels, MtpOnQwen3NextIsFoundInTheCheckpoint) {
   const auto dir = std::filesystem::temp_directory_path() / ("infera_server_q3n_" + std::to_string(::getpid()));
-  const std::string cmd = "/usr/bin/python3 " + std::string(INFERA_SOURCE_DIR) + "/tools/gen_model.py " + dir.string() +
-                          " --arch qwen3_next --hidden 64 --layers 4 --heads 4 --kv-heads 2 --head-dim 32 --lin-k-heads 2"
-                          " --lin-v-heads 4 --lin-dk 16 --lin-dv 8 --experts 6 --experts-per-tok 2 --moe-ffn 32"
-                          " --shared-ffn 48 --vocab 300 --seed 5 > /dev/null";
+  const std::string cmd =
+      "/usr/bin/python3 " + std::string(INFERA_SOURCE_DIR) + "/tools/gen_model.py " + dir.string() +
+      " --arch qwen3_next --hidden 64 --layers 4 --heads 4 --kv-heads 2 --head-dim 32 --lin-k-heads 2"
+      " --lin-v-heads 4 --lin-dk 16 --lin-dv 8 --experts 6 --experts-per-tok 2 --moe-ffn 32"
+      " --shared-ffn 48 --vocab 300 --seed 5 > /dev/null";
   ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
   DeployConfig c;
   c.server.port = free_port();
@@ -230,7 +233,8 @@ TEST(PrepareModels, MtpOnQwen3NextIsFoundInTheCheckpoint) {
   const std::string without_head = error_of([&] { prepare_models(c); });
   std::filesystem::remove_all(dir);
   EXPECT_EQ(with_head, "");
-  EXPECT_NE(without_head.find("speculative.method: mtp needs a model with a multi-token-prediction head"), std::string::npos)
+  EXPECT_NE(without_head.find("speculative.method: mtp needs a model with a multi-token-prediction head"),
+            std::string::npos)
       << without_head;
 }
 

@@ -13,7 +13,8 @@ TEST(DeployKvDtype, DefaultsToF32AndReadsEachChoice) {
   const DeployConfig plain = parse_deploy_config("models:\n  - name: a\n    path: /m\n", "x.yaml");
   EXPECT_EQ(plain.models.at(0).kv_dtype, DType::kF32);
   const DeployConfig c = parse_deploy_config(
-      "models:\n  - name: a\n    path: /m\n    kv_dtype: int8\n  - name: b\n    path: /m\n    kv_dtype: bf16\n", "x.yaml");
+      "models:\n  - name: a\n    path: /m\n    kv_dtype: int8\n  - name: b\n    path: /m\n    kv_dtype: bf16\n",
+      "x.yaml");
   EXPECT_EQ(c.models.at(0).kv_dtype, DType::kI8);
   EXPECT_EQ(c.models.at(1).kv_dtype, DType::kBF16);
 }

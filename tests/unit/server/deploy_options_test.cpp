@@ -42,11 +42,27 @@ TEST(DeployOptions, TheKeysOfBeforeAreExactlyTheKnownKeys) {
             (std::set<std::string>{"host", "port", "body_limit", "request_timeout_s", "drain_grace_s", "audit_log",
                                    "audit_log_prompts", "metrics", "http_threads", "api_keys",
                                    "max_concurrent_requests_per_key", "allowed_hosts", "allowed_origins"}));
-  EXPECT_EQ(known_at("models: [{path: /m, bogus: 1}]\n", "models[0]"),
-            (std::set<std::string>{"name", "path", "quantized", "scheme", "profile", "chat_template", "threads",
-                                   "max_input_len", "max_output_len", "max_batch_tokens", "max_num_seqs",
-                                   "prefill_chunk", "kv_cache_memory", "kv_dtype", "max_queue", "enable_prefix_cache",
-                                   "load_into_memory", "port", "speculative", "tp", "ep"}));
+  EXPECT_EQ(known_at("models: [{path: /m, bogus: 1}]\n", "models[0]"), (std::set<std::string>{"name",
+                                                                                              "path",
+                                                                                              "quantized",
+                                                                                              "scheme",
+                                                                                              "profile",
+                                                                                              "chat_template",
+                                                                                              "threads",
+                                                                                              "max_input_len",
+                                                                                              "max_output_len",
+                                                                                              "max_batch_tokens",
+                                                                                              "max_num_seqs",
+                                                                                              "prefill_chunk",
+                                                                                              "kv_cache_memory",
+                                                                                              "kv_dtype",
+                                                                                              "max_queue",
+                                                                                              "enable_prefix_cache",
+                                                                                              "load_into_memory",
+                                                                                              "port",
+                                                                                              "speculative",
+                                                                                              "tp",
+                                                                                              "ep"}));
   EXPECT_EQ(known_at("models: [{path: /m, speculative: {bogus: 1}}]\n", "models[0].speculative"),
             (std::set<std::string>{"method", "num_draft_tokens"}));
   EXPECT_EQ(known_at("server: {api_keys: [{key: long-enough-key, bogus: 1}]}\nmodels: [{path: /m}]\n",
@@ -95,7 +111,8 @@ models:
     speculative: {method: mtp, num_draft_tokens: 2}
     tp: 2
     ep: 2
-)", "t.yaml");
+)",
+                                             "t.yaml");
   EXPECT_EQ(c.server.host, "0.0.0.0");
   EXPECT_EQ(c.server.port, 9000);
   EXPECT_EQ(c.server.body_limit_bytes, 2 << 20);
@@ -168,7 +185,8 @@ TEST(DeployOptions, DeclaredDefaultsAreTheDefaults) {
     } else if (yaml.rfind("server.api_keys[].", 0) == 0) {
       const std::string with = "server:\n  api_keys:\n    - {id: k, key: long-enough-key";
       const DeployConfig without = parse_deploy_config(with + "}\n" + base_yaml, "t.yaml");
-      EXPECT_EQ(parse_deploy_config(with + ", " + yaml.substr(18) + ": " + std::string(d) + "}\n" + base_yaml, "t.yaml"),
+      EXPECT_EQ(parse_deploy_config(with + ", " + yaml.substr(18) + ": " + std::string(d) + "}\n" + base_yaml,
+                                    "t.yaml"),
                 without)
           << yaml;
       ++checked;
@@ -208,11 +226,14 @@ TEST(DeployOptions, RequestDefaultsAreThoseTheParserStartsFrom) {
 }
 
 TEST(DeployOptions, FlagSettingsReadAsTheirKeys) {
-  const DeployConfig from_flags = deploy_config_from_settings(
-      {{"models[].path", {"/m"}}, {"models[].speculative.method", {"ngram"}}, {"server.port", {"9000", "9001"}},
-       {"models[].enable_prefix_cache", {"false"}}, {"server.api_keys", {"key-number-one", "key-number-two"}},
-       {"server.allowed_hosts", {"a.local", "b.local"}}},
-      "flags");
+  const DeployConfig from_flags =
+      deploy_config_from_settings({{"models[].path", {"/m"}},
+                                   {"models[].speculative.method", {"ngram"}},
+                                   {"server.port", {"9000", "9001"}},
+                                   {"models[].enable_prefix_cache", {"false"}},
+                                   {"server.api_keys", {"key-number-one", "key-number-two"}},
+                                   {"server.allowed_hosts", {"a.local", "b.local"}}},
+                                  "flags");
   const DeployConfig from_file = parse_deploy_config(R"(
 server:
   port: 9001
@@ -220,9 +241,11 @@ server:
   api_keys: [{id: key-0, key: key-number-one}, {id: key-1, key: key-number-two}]
 models:
   - {path: /m, speculative: {method: ngram}, enable_prefix_cache: false}
-)", "t.yaml");
+)",
+                                                     "t.yaml");
   EXPECT_EQ(from_flags, from_file);
-  EXPECT_THROW(deploy_config_from_settings({{"models[].path", {"/m"}}, {"models[].threads", {"many"}}}, "flags"), Error);
+  EXPECT_THROW(deploy_config_from_settings({{"models[].path", {"/m"}}, {"models[].threads", {"many"}}}, "flags"),
+               Error);
 }
 
 }  // namespace

@@ -25,13 +25,15 @@ namespace infera::server::testing {
 inline TokenLogprobs fake_logprobs(int32_t tok, size_t pos, int32_t top_n) {
   TokenLogprobs lp;
   lp.sampled = {tok, -0.125f * static_cast<float>(pos % 8 + 1)};
-  for (int32_t k = 0; k < top_n; ++k) lp.top.push_back({(tok + k) % 512, lp.sampled.logprob - 0.5f * static_cast<float>(k)});
+  for (int32_t k = 0; k < top_n; ++k)
+    lp.top.push_back({(tok + k) % 512, lp.sampled.logprob - 0.5f * static_cast<float>(k)});
   return lp;
 }
 
 class FakeBackend final : public GenerationBackend {
  public:
-  FakeBackend(std::vector<int32_t> script, std::chrono::milliseconds delay) : script_(std::move(script)), delay_(delay) {
+  FakeBackend(std::vector<int32_t> script, std::chrono::milliseconds delay)
+      : script_(std::move(script)), delay_(delay) {
     thread_ = std::thread([this] { loop(); });
   }
   ~FakeBackend() override {
@@ -162,8 +164,10 @@ class FakeBackend final : public GenerationBackend {
       lock.unlock();
       size_t k = 0;
       for (auto& [cb, e] : out) {
-        if (e.is_final()) keep[k++](e);
-        else (*cb)(e);
+        if (e.is_final())
+          keep[k++](e);
+        else
+          (*cb)(e);
       }
       lock.lock();
       for (RequestId id : finished) live_.erase(id);

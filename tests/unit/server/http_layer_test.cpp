@@ -21,10 +21,10 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "../test_support.h"
 #include "fake_backend.h"
 #include "infera/chat/chat_template.h"
 #include "infera/server/http_server.h"
-#include "../test_support.h"
 
 namespace infera::server {
 namespace {
@@ -66,8 +66,9 @@ class Server {
     ModelDeployConfig d;
     d.name = "stories";
     d.path = kStories;
-    auto m = std::make_shared<ModelInstance>(d, load_model_config(kStories), std::move(tok),
-                                             std::make_unique<ChatTemplate>(read_text(kChatml)), resolve_limits(d, 512));
+    auto m =
+        std::make_shared<ModelInstance>(d, load_model_config(kStories), std::move(tok),
+                                        std::make_unique<ChatTemplate>(read_text(kChatml)), resolve_limits(d, 512));
     m->set_backend(backend);
     ServerConfig c;
     c.port = 0;
@@ -116,7 +117,8 @@ class Conn {
   }
 
   // Reads until `done(buffer)` or the peer closes or `limit` passes.
-  std::string read_until(const std::function<bool(const std::string&)>& done, std::chrono::milliseconds limit = 5000ms) {
+  std::string read_until(const std::function<bool(const std::string&)>& done,
+                         std::chrono::milliseconds limit = 5000ms) {
     const auto until = Clock::now() + limit;
     while (!done(buf_)) {
       const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - Clock::now()).count();
@@ -150,7 +152,8 @@ class Conn {
     const int status = std::stoi(buf_.substr(9, 3));
     const std::string h = buf_.substr(0, end);
     size_t body_len = buf_.size() - end - 4;
-    if (const size_t cl = lower(h).find("content-length:"); cl != std::string::npos) body_len = std::min(body_len, std::stoul(h.substr(cl + 15)));
+    if (const size_t cl = lower(h).find("content-length:"); cl != std::string::npos)
+      body_len = std::min(body_len, std::stoul(h.substr(cl + 15)));
     if (head) *head = h;
     if (body) *body = buf_.substr(end + 4, body_len);
     buf_.erase(0, end + 4 + body_len);
@@ -229,7 +232,9 @@ TEST(HttpLayer, ChunkedBodyOverTheLimitIs413) {
   Server s;  // body limit 4096
   Conn c(s.port());
   ASSERT_TRUE(c.ok());
-  std::string req = "POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n";
+  std::string req =
+      "POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nTransfer-Encoding: "
+      "chunked\r\n\r\n";
   const std::string piece(1000, ' ');
   for (int i = 0; i < 8; ++i) req += "3e8\r\n" + piece + "\r\n";  // 8000 bytes, no end
   c.send(req);
@@ -239,7 +244,9 @@ TEST(HttpLayer, ChunkedBodyOverTheLimitIs413) {
   EXPECT_TRUE(c.closed_by_peer());
   // Endless chunks: the server stops reading and closes.
   Conn d(s.port());
-  d.send("POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n");
+  d.send(
+      "POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nTransfer-Encoding: "
+      "chunked\r\n\r\n");
   bool closed = false;
   for (int i = 0; i < 2000 && !closed && !d.readable(); ++i) closed = !d.send("3e8\r\n" + piece + "\r\n");
   EXPECT_EQ(d.response(), 413);
@@ -250,9 +257,12 @@ TEST(HttpLayer, ChunkedBodyWithinTheLimitIsServed) {
   INFERA_REQUIRE_FIXTURE(kStories);
   Server s;
   Conn c(s.port());
-  std::string req = "POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n";
+  std::string req =
+      "POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nTransfer-Encoding: "
+      "chunked\r\n\r\n";
   const size_t half = kChatBody.size() / 2;
-  req += fmt::format("{:x}\r\n{}\r\n{:x}\r\n{}\r\n0\r\n\r\n", half, kChatBody.substr(0, half), kChatBody.size() - half, kChatBody.substr(half));
+  req += fmt::format("{:x}\r\n{}\r\n{:x}\r\n{}\r\n0\r\n\r\n", half, kChatBody.substr(0, half), kChatBody.size() - half,
+                     kChatBody.substr(half));
   c.send(req);
   std::string body;
   ASSERT_EQ(c.response(&body), 200) << body;
@@ -354,19 +364,41 @@ TEST(HttpLayer, LenientFramingIs400AndCloses) {
     std::string request;
   };
   const std::vector<Case> cases = {
-      {"bare LF", "POST /v1/chat/completions HTTP/1.1\nHost: localhost\nContent-Length: " + std::to_string(body.size()) + "\n\n" + body},
+      {"bare LF", "POST /v1/chat/completions HTTP/1.1\nHost: localhost\nContent-Length: " +
+                      std::to_string(body.size()) + "\n\n" + body},
       {"bare LF in one line", "POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\n" + cl + "\r\n" + body},
-      {"space before colon", "POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nTransfer-Encoding : chunked\r\n" + cl + "\r\n" + body},
-      {"negative length", "POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: -1\r\n\r\n" + body},
-      {"duplicate length", "POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n" + cl + cl + "\r\n" + body},
-      {"length list", "POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: " + std::to_string(body.size()) + ", " +
-                          std::to_string(body.size()) + "\r\n\r\n" + body},
-      {"length and chunked", "POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n" + cl + "Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n"},
-      {"other transfer coding", "POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nTransfer-Encoding: gzip, chunked\r\n\r\n0\r\n\r\n"},
-      {"chunked twice", "POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n"},
-      {"folded line", "POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nX-A: a\r\n b\r\n" + cl + "\r\n" + body},
-      {"control byte", "POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nX-A: a\x01z\r\n" + cl + "\r\n" + body},
-      {"bad chunk size", "POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nab\r\n0\r\n\r\n"},
+      {"space before colon",
+       "POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nTransfer-Encoding : "
+       "chunked\r\n" +
+           cl + "\r\n" + body},
+      {"negative length",
+       "POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: "
+       "-1\r\n\r\n" +
+           body},
+      {"duplicate length",
+       "POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n" + cl + cl +
+           "\r\n" + body},
+      {"length list",
+       "POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: " +
+           std::to_string(body.size()) + ", " + std::to_string(body.size()) + "\r\n\r\n" + body},
+      {"length and chunked",
+       "POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n" + cl +
+           "Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n"},
+      {"other transfer coding",
+       "POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nTransfer-Encoding: "
+       "gzip, chunked\r\n\r\n0\r\n\r\n"},
+      {"chunked twice",
+       "POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nTransfer-Encoding: "
+       "chunked\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n"},
+      {"folded line",
+       "POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nX-A: a\r\n b\r\n" +
+           cl + "\r\n" + body},
+      {"control byte",
+       "POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nX-A: a\x01z\r\n" +
+           cl + "\r\n" + body},
+      {"bad chunk size",
+       "POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nTransfer-Encoding: "
+       "chunked\r\n\r\nzz\r\nab\r\n0\r\n\r\n"},
   };
   for (const Case& c : cases) {
     Conn conn(s.port());
@@ -421,7 +453,8 @@ TEST(HttpLayer, RangeIsIgnored) {
 TEST(HttpLayer, HealthAnswersWithAThousandIdleAndSlowConnectionsOpen) {
   INFERA_REQUIRE_FIXTURE(kStories);
   constexpr int kIdle = 1000;
-  if (!ensure_open_files(2 * kIdle + 256)) GTEST_SKIP() << "the open-files hard limit (ulimit -Hn) is below " << 2 * kIdle + 256;
+  if (!ensure_open_files(2 * kIdle + 256))
+    GTEST_SKIP() << "the open-files hard limit (ulimit -Hn) is below " << 2 * kIdle + 256;
   Server s;
   std::vector<std::unique_ptr<Conn>> idle;
   for (int i = 0; i < kIdle; ++i) {
@@ -430,7 +463,8 @@ TEST(HttpLayer, HealthAnswersWithAThousandIdleAndSlowConnectionsOpen) {
     // A third send nothing, a third half a head (a slow client's first header line),
     // a third half a body.
     if (i % 3 == 1) c->send("GET /health HTTP/1.1\r\nHost: localhost\r\nX-Slow: 1\r\n");
-    if (i % 3 == 2) c->send("POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Length: 1000\r\n\r\n{\"model\":");
+    if (i % 3 == 2)
+      c->send("POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Length: 1000\r\n\r\n{\"model\":");
     idle.push_back(std::move(c));
   }
   ASSERT_TRUE(wait_for([&] { return health(s.port()) == 200; }));
@@ -459,7 +493,8 @@ TEST(HttpLayer, ManyStreamsDoNotTakeAThreadEach) {
   s.backend->set_paused(true);
   const int threads_before = process_threads();
   std::vector<std::unique_ptr<Conn>> streams;
-  const std::string body = R"({"model":"stories","messages":[{"role":"user","content":"Hi"}],"stream":true,"max_tokens":4})";
+  const std::string body =
+      R"({"model":"stories","messages":[{"role":"user","content":"Hi"}],"stream":true,"max_tokens":4})";
   for (int i = 0; i < kStreams; ++i) {
     auto c = std::make_unique<Conn>(s.port());
     ASSERT_TRUE(c->ok());
@@ -472,7 +507,8 @@ TEST(HttpLayer, ManyStreamsDoNotTakeAThreadEach) {
   s.backend->set_paused(false);
   int done = 0;
   for (auto& c : streams) {
-    const std::string out = c->read_until([](const std::string& b) { return b.find("data: [DONE]") != std::string::npos; }, 20000ms);
+    const std::string out =
+        c->read_until([](const std::string& b) { return b.find("data: [DONE]") != std::string::npos; }, 20000ms);
     done += out.find("data: [DONE]") != std::string::npos;
   }
   EXPECT_EQ(done, kStreams);
@@ -500,7 +536,8 @@ TEST(HttpLayer, DrainCancelsWhatIsLeftAfterTheGracePeriod) {
   Server s;
   s.backend->set_paused(true);  // never finishes by itself
   Conn stream(s.port());
-  stream.send(post("/v1/chat/completions", R"({"model":"stories","messages":[{"role":"user","content":"Hi"}],"stream":true})"));
+  stream.send(
+      post("/v1/chat/completions", R"({"model":"stories","messages":[{"role":"user","content":"Hi"}],"stream":true})"));
   Conn plain(s.port());
   plain.send(post("/v1/chat/completions", kChatBody));
   ASSERT_TRUE(wait_for([&] { return s.backend->live() == 2; }));
@@ -540,8 +577,10 @@ TEST(HttpLayer, AnErrorInAStreamEndsItWithAnErrorEvent) {
   o.script_ids = {1000000, 1000001};
   Server s(o);
   Conn c(s.port());
-  c.send(post("/v1/chat/completions", R"({"model":"stories","messages":[{"role":"user","content":"Hi"}],"stream":true})"));
-  const std::string out = c.read_until([](const std::string& b) { return b.find("data: [DONE]") != std::string::npos; });
+  c.send(
+      post("/v1/chat/completions", R"({"model":"stories","messages":[{"role":"user","content":"Hi"}],"stream":true})"));
+  const std::string out =
+      c.read_until([](const std::string& b) { return b.find("data: [DONE]") != std::string::npos; });
   ASSERT_NE(out.find("data: [DONE]"), std::string::npos) << out;
   EXPECT_NE(out.find("\"error\""), std::string::npos) << out;
   Conn d(s.port());
@@ -570,12 +609,16 @@ TEST(HttpLayer, ExpectContinueGetsAnInterimResponse) {
   INFERA_REQUIRE_FIXTURE(kStories);
   Server s;
   Conn c(s.port());
-  c.send("POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nExpect: 100-continue\r\nContent-Length: " +
-         std::to_string(kChatBody.size()) + "\r\n\r\n");
-  const std::string interim = c.read_until([](const std::string& b) { return b.find("\r\n\r\n") != std::string::npos; });
+  c.send(
+      "POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nExpect: "
+      "100-continue\r\nContent-Length: " +
+      std::to_string(kChatBody.size()) + "\r\n\r\n");
+  const std::string interim =
+      c.read_until([](const std::string& b) { return b.find("\r\n\r\n") != std::string::npos; });
   EXPECT_TRUE(interim.starts_with("HTTP/1.1 100")) << interim;
   c.send(kChatBody);
-  std::string rest = c.read_until([](const std::string& b) { return b.find("\"chat.completion\"") != std::string::npos; });
+  std::string rest =
+      c.read_until([](const std::string& b) { return b.find("\"chat.completion\"") != std::string::npos; });
   EXPECT_NE(rest.find("HTTP/1.1 200"), std::string::npos) << rest;
 }
 

@@ -20,11 +20,11 @@
 
 #include <nlohmann/json.hpp>
 
+#include "../test_support.h"
 #include "fake_backend.h"
+#include "infera/chat/chat_template.h"
 #include "infera/runtime/sequence_runner.h"
 #include "infera/server/logprobs_json.h"
-#include "infera/chat/chat_template.h"
-#include "../test_support.h"
 
 namespace infera::server {
 namespace {
@@ -74,8 +74,9 @@ class TestServer {
       ModelDeployConfig d;
       d.name = name;
       d.path = kStories;
-      auto m = std::make_shared<ModelInstance>(d, load_model_config(kStories), Tokenizer::load(kStories),
-                                               std::make_unique<ChatTemplate>(read_file(kChatml)), resolve_limits(d, 512));
+      auto m =
+          std::make_shared<ModelInstance>(d, load_model_config(kStories), Tokenizer::load(kStories),
+                                          std::make_unique<ChatTemplate>(read_file(kChatml)), resolve_limits(d, 512));
       if (o.load && o.real_engine && models.empty()) {
         EngineConfig ec;
         ec.kv_cache_bytes = 16 << 20;
@@ -231,7 +232,8 @@ TEST(HttpServer, ChatAndModelsAndHealth) {
 TEST(HttpServer, StreamingFramingAndUsage) {
   INFERA_REQUIRE_FIXTURE(kStories);
   TestServer s;
-  auto r = s.post("/v1/chat/completions", with(kChat, {{"stream", true}, {"stream_options", {{"include_usage", true}}}}));
+  auto r =
+      s.post("/v1/chat/completions", with(kChat, {{"stream", true}, {"stream_options", {{"include_usage", true}}}}));
   ASSERT_EQ(r->status, 200);
   EXPECT_EQ(r->get_header_value("Content-Type"), "text/event-stream");
   std::string finish;
@@ -308,8 +310,9 @@ void start_stream_and_hang_up(int port, const std::string& body) {
   addr.sin_port = htons(static_cast<uint16_t>(port));
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
-  const std::string req = "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: " +
-                          std::to_string(body.size()) + "\r\n\r\n" + body;
+  const std::string req =
+      "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: " +
+      std::to_string(body.size()) + "\r\n\r\n" + body;
   ASSERT_EQ(::send(fd, req.data(), req.size(), 0), static_cast<ssize_t>(req.size()));
   char buf[512];
   ASSERT_GT(::recv(fd, buf, sizeof(buf), 0), 0);  // headers / first chunk arrived
@@ -340,9 +343,12 @@ TEST(HttpServer, ThirtyTwoConcurrentStreams) {
   for (int i = 0; i < 32; ++i) {
     clients.emplace_back([&] {
       auto r = s.post("/v1/chat/completions", with(kChat, {{"stream", true}}));
-      if (r && r->status == 200 && streamed_text(r->body) == expected) ++ok;
-      else if (!r) ADD_FAILURE() << "no response: " << httplib::to_string(r.error());
-      else ADD_FAILURE() << r->status << " " << r->body.substr(0, 300);
+      if (r && r->status == 200 && streamed_text(r->body) == expected)
+        ++ok;
+      else if (!r)
+        ADD_FAILURE() << "no response: " << httplib::to_string(r.error());
+      else
+        ADD_FAILURE() << r->status << " " << r->body.substr(0, 300);
     });
   }
   for (auto& t : clients) t.join();
@@ -361,7 +367,9 @@ TEST(HttpServer, ErrorsHaveTheOpenAiShape) {
   expect_error(s.post("/v1/chat/completions", with(kChat, {{"model", "nope"}})), 404, "model_not_found");
   expect_error(s.client().Post("/v1/chat/completions", "{oops", "application/json"), 400);
   expect_error(s.post("/v1/chat/completions", with(kChat, {{"max_tokens", 100000}})), 400);
-  expect_error(s.post("/v1/chat/completions", with(kChat, {{"max_tokens", 400}, {"messages", {{{"role", "user"}, {"content", std::string(1500, 'a')}}}}})),
+  expect_error(s.post("/v1/chat/completions",
+                      with(kChat, {{"max_tokens", 400},
+                                   {"messages", {{{"role", "user"}, {"content", std::string(1500, 'a')}}}}})),
                400);
   expect_error(s.post("/v1/completions", {{"prompt", std::vector<int>{1, 100000}}}), 400);
   expect_error(s.client().Post("/v1/chat/completions", std::string(8000, ' '), "application/json"), 413);
@@ -380,7 +388,8 @@ TEST(HttpServer, ApiKeysPermissionsAndRateLimits) {
   o.keys = {{"all", "all-models-key", {}, 0, 0, std::nullopt},
             {"only-other", "only-other-key", {"other"}, 0, 0, std::nullopt},
             {"slow", "slow-key-123", {}, 2, 0, std::nullopt}};
-  o.audit_log = (std::filesystem::temp_directory_path() / ("infera_audit_" + std::to_string(::getpid()) + ".jsonl")).string();
+  o.audit_log =
+      (std::filesystem::temp_directory_path() / ("infera_audit_" + std::to_string(::getpid()) + ".jsonl")).string();
   std::filesystem::remove(o.audit_log);
   {
     TestServer s(o);
@@ -425,7 +434,8 @@ TEST(HttpServer, AuditLogHasPromptsOnlyWhenEnabled) {
   INFERA_REQUIRE_FIXTURE(kStories);
   ServerOptions o;
   o.audit_prompts = true;
-  o.audit_log = (std::filesystem::temp_directory_path() / ("infera_audit_p_" + std::to_string(::getpid()) + ".jsonl")).string();
+  o.audit_log =
+      (std::filesystem::temp_directory_path() / ("infera_audit_p_" + std::to_string(::getpid()) + ".jsonl")).string();
   std::filesystem::remove(o.audit_log);
   {
     TestServer s(o);
@@ -502,8 +512,8 @@ TEST(HttpServer, ToolCallsAndMetrics) {
   o.script_text = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>";
   TestServer s(o);
   ASSERT_EQ(s.decode(s.script), o.script_text) << "the tokenizer must round-trip the script";
-  const json tools = json::array({{{"type", "function"},
-                                   {"function", {{"name", "get_weather"}, {"parameters", {{"type", "object"}}}}}}});
+  const json tools = json::array(
+      {{{"type", "function"}, {"function", {{"name", "get_weather"}, {"parameters", {{"type", "object"}}}}}}});
   auto r = s.post("/v1/chat/completions", with(kChat, {{"tools", tools}}));
   ASSERT_EQ(r->status, 200) << r->body;
   const json j = json::parse(r->body);
@@ -535,10 +545,10 @@ TEST(HttpServer, ToolCallsAndMetrics) {
   ASSERT_EQ(m->status, 200);
   for (const char* needle :
        {"infera_requests_total{model=\"stories\",status=\"200\"} 3", "infera_time_to_first_token_seconds_bucket",
-        "infera_time_per_output_token_seconds_count", "infera_request_latency_seconds_sum", "infera_prompt_tokens_total",
-        "infera_generation_tokens_total", "infera_kv_blocks_used{model=\"stories\"} 0", "infera_kv_blocks_total",
-        "infera_requests_running", "infera_requests_waiting", "infera_prefix_cache_hit_rate", "infera_preemptions_total",
-        "infera_model_state{model=\"stories\",state=\"ready\"} 1"}) {
+        "infera_time_per_output_token_seconds_count", "infera_request_latency_seconds_sum",
+        "infera_prompt_tokens_total", "infera_generation_tokens_total", "infera_kv_blocks_used{model=\"stories\"} 0",
+        "infera_kv_blocks_total", "infera_requests_running", "infera_requests_waiting", "infera_prefix_cache_hit_rate",
+        "infera_preemptions_total", "infera_model_state{model=\"stories\",state=\"ready\"} 1"}) {
     EXPECT_NE(m->body.find(needle), std::string::npos) << needle;
   }
 }
@@ -555,7 +565,6 @@ TEST(HttpServer, TokenizeAndDetokenize) {
   expect_error(s.post("/detokenize", {{"tokens", {1, 99999}}}), 400);
 }
 
-
 // ---- log-probabilities -----------------------------------------------------------------
 
 // What a token looks like in a response: its text and its bytes.
@@ -568,8 +577,11 @@ json expected_bytes(std::string_view bytes) {
 // Every chunk's "logprobs" of one streamed response, concatenated (chat: the content
 // arrays; completions: each of the four lists).
 json streamed_logprobs(const std::string& body, bool chat) {
-  json all = chat ? json::array() : json{{"tokens", json::array()}, {"token_logprobs", json::array()},
-                                         {"top_logprobs", json::array()}, {"text_offset", json::array()}};
+  json all = chat ? json::array()
+                  : json{{"tokens", json::array()},
+                         {"token_logprobs", json::array()},
+                         {"top_logprobs", json::array()},
+                         {"text_offset", json::array()}};
   for (const std::string& p : sse_payloads(body)) {
     if (p == "[DONE]") continue;
     const json j = json::parse(p);
@@ -646,7 +658,8 @@ TEST(HttpServer, CompletionLogprobsHaveTheLegacyShape) {
   const json& lp = choice["logprobs"];
   ASSERT_TRUE(lp.is_object()) << r->body;
   EXPECT_EQ(lp.size(), 4u);
-  for (const char* k : {"tokens", "token_logprobs", "top_logprobs", "text_offset"}) ASSERT_EQ(lp[k].size(), static_cast<size_t>(n)) << k;
+  for (const char* k : {"tokens", "token_logprobs", "top_logprobs", "text_offset"})
+    ASSERT_EQ(lp[k].size(), static_cast<size_t>(n)) << k;
   std::string joined;
   for (int i = 0; i < n; ++i) {
     const int32_t id = s.script[i];
@@ -694,9 +707,11 @@ TEST(HttpServer, LogprobsEndWithTheTokenThatCompletedAStopString) {
   for (bool stream : {false, true}) {
     auto r = s.post("/v1/chat/completions", with(kChat, {{"stop", stop}, {"logprobs", true}, {"stream", stream}}));
     ASSERT_EQ(r->status, 200);
-    const json content = stream ? streamed_logprobs(r->body, true) : json::parse(r->body)["choices"][0]["logprobs"]["content"];
+    const json content =
+        stream ? streamed_logprobs(r->body, true) : json::parse(r->body)["choices"][0]["logprobs"]["content"];
     ASSERT_EQ(content.size(), completing + 1) << (stream ? "stream" : "non-stream");
-    for (size_t i = 0; i <= completing; ++i) EXPECT_EQ(content[i]["token"], std::string(s.tokenizer().token_bytes(s.script[i])));
+    for (size_t i = 0; i <= completing; ++i)
+      EXPECT_EQ(content[i]["token"], std::string(s.tokenizer().token_bytes(s.script[i])));
   }
 }
 
@@ -783,7 +798,8 @@ TEST(HttpServer, LogprobsFromTheRealEngineAreTheModels) {
     EXPECT_NEAR(lp["token_logprobs"][i].get<double>(), ref(next), 2e-4) << i;
     std::vector<int32_t> order(vocab);
     std::iota(order.begin(), order.end(), 0);
-    std::partial_sort(order.begin(), order.begin() + top_n, order.end(), [&](int32_t a, int32_t b) { return logits[a] > logits[b]; });
+    std::partial_sort(order.begin(), order.begin() + top_n, order.end(),
+                      [&](int32_t a, int32_t b) { return logits[a] > logits[b]; });
     const json& top = lp["top_logprobs"][i];
     for (int k = 0; k < top_n; ++k) {
       const std::string key(tok.token_bytes(order[k]));
@@ -795,8 +811,10 @@ TEST(HttpServer, LogprobsFromTheRealEngineAreTheModels) {
   }
 
   // Chat, streamed: the chunks' tokens, joined, are the streamed text.
-  auto st = s.post("/v1/chat/completions",
-                   with(kChat, {{"max_tokens", 12}, {"temperature", 0}, {"logprobs", true}, {"top_logprobs", 2}, {"stream", true}}));
+  auto st =
+      s.post("/v1/chat/completions",
+             with(kChat,
+                  {{"max_tokens", 12}, {"temperature", 0}, {"logprobs", true}, {"top_logprobs", 2}, {"stream", true}}));
   ASSERT_EQ(st->status, 200);
   const std::string text = streamed_text(st->body);
   const json content = streamed_logprobs(st->body, true);
@@ -826,12 +844,18 @@ TEST(HttpServer, EchoedPromptLogprobsAreTheModels) {
   LoneStories lone;
   const int32_t vocab = lone.vocab;
   const float* rows = lone.runner->feed(prompt, /*all_logits=*/true);
-  auto ref = [&](int32_t p, int32_t token) { return log_softmax_at(rows + static_cast<size_t>(p) * vocab, vocab, token); };
+  auto ref = [&](int32_t p, int32_t token) {
+    return log_softmax_at(rows + static_cast<size_t>(p) * vocab, vocab, token);
+  };
 
   for (const auto& [gen, stream] : {std::pair{0, false}, std::pair{4, false}, std::pair{4, true}}) {
     const std::string what = "max_tokens " + std::to_string(gen) + (stream ? " stream" : "");
-    auto r = s.post("/v1/completions", {{"prompt", prompt}, {"max_tokens", gen}, {"temperature", 0}, {"logprobs", 2},
-                                        {"echo", true}, {"stream", stream}});
+    auto r = s.post("/v1/completions", {{"prompt", prompt},
+                                        {"max_tokens", gen},
+                                        {"temperature", 0},
+                                        {"logprobs", 2},
+                                        {"echo", true},
+                                        {"stream", stream}});
     ASSERT_EQ(r->status, 200) << what << ": " << r->body;
     const json lp = stream ? streamed_logprobs(r->body, false) : json::parse(r->body)["choices"][0]["logprobs"];
     ASSERT_EQ(lp["tokens"].size(), static_cast<size_t>(n + gen)) << what;
@@ -847,10 +871,12 @@ TEST(HttpServer, EchoedPromptLogprobsAreTheModels) {
     }
     for (int32_t i = 1; i < n + gen; ++i) {
       const int64_t before = code_point_count(lp["tokens"][i - 1].get<std::string>());
-      EXPECT_EQ(lp["text_offset"][i].get<int64_t>(), lp["text_offset"][i - 1].get<int64_t>() + before) << what << " " << i;
+      EXPECT_EQ(lp["text_offset"][i].get<int64_t>(), lp["text_offset"][i - 1].get<int64_t>() + before)
+          << what << " " << i;
     }
     if (gen > 0) {  // greedy: the first completion token is the last prompt row's argmax
-      EXPECT_EQ(lp["tokens"][n], std::string(tok.token_bytes(argmax(rows + static_cast<size_t>(n - 1) * vocab, vocab)))) << what;
+      EXPECT_EQ(lp["tokens"][n], std::string(tok.token_bytes(argmax(rows + static_cast<size_t>(n - 1) * vocab, vocab))))
+          << what;
     }
     if (!stream) {
       const json body = json::parse(r->body);
@@ -897,13 +923,15 @@ TEST(HttpServer, VllmPromptLogprobsAreTheModels) {
       }
     }
   };
-  auto r = s.post("/v1/completions", {{"prompt", prompt}, {"max_tokens", 2}, {"temperature", 0}, {"prompt_logprobs", 2}});
+  auto r =
+      s.post("/v1/completions", {{"prompt", prompt}, {"max_tokens", 2}, {"temperature", 0}, {"prompt_logprobs", 2}});
   ASSERT_EQ(r->status, 200) << r->body;
   json body = json::parse(r->body);
   check(body["choices"][0]["prompt_logprobs"], 2, "completion");
   EXPECT_TRUE(body["choices"][0]["logprobs"].is_null()) << "no legacy logprobs asked";
   // Together with echo + logprobs (fewer alternatives there): each keeps its own count.
-  r = s.post("/v1/completions", {{"prompt", prompt}, {"max_tokens", 0}, {"echo", true}, {"logprobs", 1}, {"prompt_logprobs", 3}});
+  r = s.post("/v1/completions",
+             {{"prompt", prompt}, {"max_tokens", 0}, {"echo", true}, {"logprobs", 1}, {"prompt_logprobs", 3}});
   ASSERT_EQ(r->status, 200) << r->body;
   body = json::parse(r->body);
   check(body["choices"][0]["prompt_logprobs"], 3, "completion with echo");

@@ -48,7 +48,8 @@ TEST(OpenAiApi, ParsesAFullChatRequest) {
 }
 
 TEST(OpenAiApi, StopAsAString) {
-  const ChatRequest r = parse_chat_request(parse_json_body(R"({"messages":[{"role":"user","content":"x"}],"stop":"\n"})"));
+  const ChatRequest r =
+      parse_chat_request(parse_json_body(R"({"messages":[{"role":"user","content":"x"}],"stop":"\n"})"));
   EXPECT_EQ(r.options.stop, std::vector<std::string>{"\n"});
 }
 
@@ -101,9 +102,10 @@ TEST(OpenAiApi, BadChatRequestsNameTheParameter) {
 }
 
 TEST(OpenAiApi, MalformedBodies) {
-  for (const std::string& body : {std::string(""), std::string("{"), std::string("{\"a\": tru}"), std::string("{\"a\": \"\xff\"}"),
-                                 std::string("{\"a\": \"\xC0\x80\"}"), std::string("{\"a\": \"\xED\xA0\x80\"}"),
-                                 std::string(200, '[') + std::string(200, ']')}) {
+  for (const std::string& body :
+       {std::string(""), std::string("{"), std::string("{\"a\": tru}"), std::string("{\"a\": \"\xff\"}"),
+        std::string("{\"a\": \"\xC0\x80\"}"), std::string("{\"a\": \"\xED\xA0\x80\"}"),
+        std::string(200, '[') + std::string(200, ']')}) {
     try {
       parse_json_body(body);
       ADD_FAILURE() << "accepted: " << body;
@@ -125,9 +127,10 @@ TEST(OpenAiApi, CompletionPromptForms) {
   EXPECT_TRUE(parse(R"({"prompt":"x","logprobs":0})").options.logprobs);
   EXPECT_EQ(parse(R"({"prompt":"x","logprobs":20})").options.top_logprobs, 20);
   EXPECT_FALSE(parse(R"({"prompt":"x"})").options.logprobs);
-  for (const char* bad : {R"({})", R"({"prompt":5})", R"({"prompt":[]})", R"({"prompt":[1,"a"]})", R"({"prompt":[-1]})",
-                          R"({"prompt":"x","echo":1})", R"({"prompt":"x","suffix":"y"})", R"({"prompt":["a","b"],"n":16})",
-                          R"({"prompt":"x","logprobs":21})", R"({"prompt":"x","logprobs":-1})", R"({"prompt":"x","logprobs":true})"}) {
+  for (const char* bad :
+       {R"({})", R"({"prompt":5})", R"({"prompt":[]})", R"({"prompt":[1,"a"]})", R"({"prompt":[-1]})",
+        R"({"prompt":"x","echo":1})", R"({"prompt":"x","suffix":"y"})", R"({"prompt":["a","b"],"n":16})",
+        R"({"prompt":"x","logprobs":21})", R"({"prompt":"x","logprobs":-1})", R"({"prompt":"x","logprobs":true})"}) {
     EXPECT_THROW(parse(bad), ApiException) << bad;
   }
 }
@@ -145,10 +148,11 @@ TEST(OpenAiApi, ErrorJsonShape) {
 // copied recursively until the stack overflows.
 TEST(OpenAiApi, DeeplyNestedToolCallArgumentsAreRefused) {
   const std::string deep(1'000'000, '[');
-  json body = {{"messages",
-                {{{"role", "assistant"},
-                  {"content", nullptr},
-                  {"tool_calls", {{{"id", "c"}, {"type", "function"}, {"function", {{"name", "f"}, {"arguments", deep}}}}}}}}}};
+  json body = {
+      {"messages",
+       {{{"role", "assistant"},
+         {"content", nullptr},
+         {"tool_calls", {{{"id", "c"}, {"type", "function"}, {"function", {{"name", "f"}, {"arguments", deep}}}}}}}}}};
   try {
     parse_chat_request(parse_json_body(body.dump()));
     ADD_FAILURE() << "accepted";

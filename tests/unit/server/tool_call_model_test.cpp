@@ -23,10 +23,10 @@
 
 #include <nlohmann/json.hpp>
 
+#include "../test_support.h"
 #include "infera/io/safetensors.h"
 #include "infera/server/http_server.h"
 #include "infera/tokenizer/unicode.h"
-#include "../test_support.h"
 
 namespace infera::server {
 namespace {
@@ -38,12 +38,12 @@ const std::string kArguments = R"({"city": "Paris"})";
 // Added tokens after the 256 byte tokens, in id order.
 const std::vector<std::pair<std::string, bool>> kAddedTokens = {
     {"<|endoftext|>", true},  // 256
-    {"<|im_start|>", true},   // 257
-    {"<|im_end|>", true},     // 258: EOS
-    {"<tool_call>", false},   // 259 (not special, as in Qwen3: it must survive detokenization)
+    {"<|im_start|>", true},  // 257
+    {"<|im_end|>", true},  // 258: EOS
+    {"<tool_call>", false},  // 259 (not special, as in Qwen3: it must survive detokenization)
     {"</tool_call>", false},  // 260
-    {"\n{\"name\": \"get_weather\", ", false},                  // 261
-    {"\"arguments\": " + kArguments + "}\n", false},            // 262
+    {"\n{\"name\": \"get_weather\", ", false},  // 261
+    {"\"arguments\": " + kArguments + "}\n", false},  // 262
 };
 constexpr int32_t kVocab = 263;
 constexpr int32_t kImEnd = 258, kToolCall = 259, kToolCallEnd = 260, kNamePiece = 261, kArgsPiece = 262;
@@ -73,12 +73,23 @@ void write_json(const fs::path& path, const json& j) {
 
 void write_model(const fs::path& dir) {
   fs::create_directories(dir);
-  write_json(dir / "config.json",
-             {{"architectures", {"LlamaForCausalLM"}}, {"model_type", "llama"}, {"hidden_size", kHidden},
-              {"intermediate_size", kFfn}, {"num_hidden_layers", 1}, {"num_attention_heads", kHeads},
-              {"num_key_value_heads", kHeads}, {"head_dim", kHeadDim}, {"hidden_act", "silu"}, {"vocab_size", kVocab},
-              {"max_position_embeddings", 512}, {"rms_norm_eps", 1e-5}, {"rope_theta", 10000.0},
-              {"tie_word_embeddings", false}, {"bos_token_id", 256}, {"eos_token_id", kImEnd}, {"torch_dtype", "float32"}});
+  write_json(dir / "config.json", {{"architectures", {"LlamaForCausalLM"}},
+                                   {"model_type", "llama"},
+                                   {"hidden_size", kHidden},
+                                   {"intermediate_size", kFfn},
+                                   {"num_hidden_layers", 1},
+                                   {"num_attention_heads", kHeads},
+                                   {"num_key_value_heads", kHeads},
+                                   {"head_dim", kHeadDim},
+                                   {"hidden_act", "silu"},
+                                   {"vocab_size", kVocab},
+                                   {"max_position_embeddings", 512},
+                                   {"rms_norm_eps", 1e-5},
+                                   {"rope_theta", 10000.0},
+                                   {"tie_word_embeddings", false},
+                                   {"bos_token_id", 256},
+                                   {"eos_token_id", kImEnd},
+                                   {"torch_dtype", "float32"}});
 
   // Tokenizer: the 256 GPT-2 byte characters, no merges, the added tokens above.
   json vocab = json::object();
@@ -90,18 +101,42 @@ void write_model(const fs::path& dir) {
   }
   json added = json::array();
   for (size_t i = 0; i < kAddedTokens.size(); ++i) {
-    added.push_back({{"id", 256 + static_cast<int>(i)}, {"content", kAddedTokens[i].first}, {"single_word", false},
-                     {"lstrip", false}, {"rstrip", false}, {"normalized", false}, {"special", kAddedTokens[i].second}});
+    added.push_back({{"id", 256 + static_cast<int>(i)},
+                     {"content", kAddedTokens[i].first},
+                     {"single_word", false},
+                     {"lstrip", false},
+                     {"rstrip", false},
+                     {"normalized", false},
+                     {"special", kAddedTokens[i].second}});
   }
-  const json byte_level = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", false}, {"use_regex", true}};
-  write_json(dir / "tokenizer.json",
-             {{"version", "1.0"}, {"truncation", nullptr}, {"padding", nullptr}, {"added_tokens", added},
-              {"normalizer", nullptr}, {"pre_tokenizer", byte_level}, {"post_processor", byte_level}, {"decoder", byte_level},
-              {"model", {{"type", "BPE"}, {"dropout", nullptr}, {"unk_token", nullptr}, {"continuing_subword_prefix", ""},
-                         {"end_of_word_suffix", ""}, {"fuse_unk", false}, {"byte_fallback", false}, {"ignore_merges", false},
-                         {"vocab", vocab}, {"merges", json::array()}}}});
-  write_json(dir / "tokenizer_config.json", {{"add_bos_token", false}, {"bos_token", nullptr}, {"eos_token", "<|im_end|>"},
-                                             {"chat_template", kChatml}, {"tokenizer_class", "Qwen2Tokenizer"}});
+  const json byte_level = {{"type", "ByteLevel"},
+                           {"add_prefix_space", false},
+                           {"trim_offsets", false},
+                           {"use_regex", true}};
+  write_json(dir / "tokenizer.json", {{"version", "1.0"},
+                                      {"truncation", nullptr},
+                                      {"padding", nullptr},
+                                      {"added_tokens", added},
+                                      {"normalizer", nullptr},
+                                      {"pre_tokenizer", byte_level},
+                                      {"post_processor", byte_level},
+                                      {"decoder", byte_level},
+                                      {"model",
+                                       {{"type", "BPE"},
+                                        {"dropout", nullptr},
+                                        {"unk_token", nullptr},
+                                        {"continuing_subword_prefix", ""},
+                                        {"end_of_word_suffix", ""},
+                                        {"fuse_unk", false},
+                                        {"byte_fallback", false},
+                                        {"ignore_merges", false},
+                                        {"vocab", vocab},
+                                        {"merges", json::array()}}}});
+  write_json(dir / "tokenizer_config.json", {{"add_bos_token", false},
+                                             {"bos_token", nullptr},
+                                             {"eos_token", "<|im_end|>"},
+                                             {"chat_template", kChatml},
+                                             {"tokenizer_class", "Qwen2Tokenizer"}});
 
   // Weights, all f32. [rows, cols] as Hugging Face stores them (out, in).
   std::map<std::string, std::pair<std::vector<int64_t>, std::vector<float>>> w;
@@ -118,7 +153,8 @@ void write_model(const fs::path& dir) {
   const std::string l = "model.layers.0.";
   tensor(l + "input_layernorm.weight", {kHidden}, 1.0f);
   tensor(l + "post_attention_layernorm.weight", {kHidden}, 1.0f);
-  for (const char* p : {"q_proj", "k_proj", "v_proj", "o_proj"}) tensor(l + "self_attn." + p + ".weight", {kHidden, kHidden}, 0.0f);
+  for (const char* p : {"q_proj", "k_proj", "v_proj", "o_proj"})
+    tensor(l + "self_attn." + p + ".weight", {kHidden, kHidden}, 0.0f);
   tensor(l + "mlp.gate_proj.weight", {kFfn, kHidden}, 0.0f);
   tensor(l + "mlp.up_proj.weight", {kFfn, kHidden}, 0.0f);
   tensor(l + "mlp.down_proj.weight", {kHidden, kFfn}, 0.0f);
@@ -182,10 +218,11 @@ class ToolCallModel : public ::testing::Test {
   }
 
   static const json& tools() {
-    static const json t = json::array({{{"type", "function"},
-                                        {"function", {{"name", "get_weather"},
-                                                      {"parameters", {{"type", "object"},
-                                                                      {"properties", {{"city", {{"type", "string"}}}}}}}}}}});
+    static const json t =
+        json::array({{{"type", "function"},
+                      {"function",
+                       {{"name", "get_weather"},
+                        {"parameters", {{"type", "object"}, {"properties", {{"city", {{"type", "string"}}}}}}}}}}});
     return t;
   }
 
@@ -198,7 +235,8 @@ TEST_F(ToolCallModel, ModelLoadedAndItsTokenizerSplitsTheBlockIntoItsPieces) {
   ASSERT_EQ(models_.size(), 1u);
   ASSERT_EQ(models_[0]->state(), ModelState::kReady);
   const std::string block = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": " + kArguments + "}\n</tool_call>";
-  EXPECT_EQ(models_[0]->tokenizer().encode(block, false), (std::vector<int32_t>{kToolCall, kNamePiece, kArgsPiece, kToolCallEnd}));
+  EXPECT_EQ(models_[0]->tokenizer().encode(block, false),
+            (std::vector<int32_t>{kToolCall, kNamePiece, kArgsPiece, kToolCallEnd}));
 }
 
 TEST_F(ToolCallModel, EmittedBlockBecomesToolCalls) {
@@ -254,7 +292,8 @@ TEST_F(ToolCallModel, WithoutToolsTheBlockIsPlainText) {
   ASSERT_EQ(r->status, 200) << r->body;
   const json choice = json::parse(r->body)["choices"][0];
   EXPECT_EQ(choice["finish_reason"], "stop");
-  EXPECT_EQ(choice["message"]["content"], "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": " + kArguments + "}\n</tool_call>");
+  EXPECT_EQ(choice["message"]["content"],
+            "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": " + kArguments + "}\n</tool_call>");
   EXPECT_FALSE(choice["message"].contains("tool_calls"));
 }
 

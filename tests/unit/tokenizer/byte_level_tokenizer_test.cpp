@@ -6,14 +6,14 @@
 #include <fstream>
 
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 #include <unistd.h>
+#include <nlohmann/json.hpp>
 
+#include "../test_support.h"
 #include "infera/base/error.h"
 #include "infera/tokenizer/regex.h"
 #include "infera/tokenizer/tokenizer.h"
 #include "infera/tokenizer/unicode.h"
-#include "../test_support.h"
 
 namespace infera {
 namespace {
@@ -46,8 +46,9 @@ std::string byte_char(uint8_t b) {
 json byte_level_tokenizer(bool ignore_merges, bool nfc) {
   json vocab = json::object();
   for (int b = 0; b < 256; ++b) vocab[byte_char(static_cast<uint8_t>(b))] = b;
-  const std::vector<std::pair<std::string, std::string>> merges = {
-      {"\u0120", "t"}, {"h", "e"}, {"\u0120t", "he"}, {"l", "l"}, {"he", "ll"}, {"hell", "o"}, {"\u00c3", "\u00a9"}};
+  const std::vector<std::pair<std::string, std::string>> merges = {{"\u0120", "t"},     {"h", "e"},   {"\u0120t", "he"},
+                                                                   {"l", "l"},          {"he", "ll"}, {"hell", "o"},
+                                                                   {"\u00c3", "\u00a9"}};
   json merge_list = json::array();
   int next_id = 256;
   for (const auto& [left, right] : merges) {
@@ -56,20 +57,20 @@ json byte_level_tokenizer(bool ignore_merges, bool nfc) {
   }
   vocab["xyz"] = next_id++;  // 263: a piece no merge produces
   const auto added = [](int id, const char* content, bool special, bool strip) {
-    return json{{"id", id}, {"content", content}, {"special", special}, {"lstrip", strip},
+    return json{{"id", id},        {"content", content},   {"special", special}, {"lstrip", strip},
                 {"rstrip", strip}, {"single_word", false}, {"normalized", false}};
   };
   json tokenizer = {
       {"version", "1.0"},
-      {"added_tokens",
-       json::array({added(300, "<|start|>", true, false), added(301, "<|end|>", true, false),
-                    added(302, "[SEP]", false, true)})},
+      {"added_tokens", json::array({added(300, "<|start|>", true, false), added(301, "<|end|>", true, false),
+                                    added(302, "[SEP]", false, true)})},
       {"normalizer", nfc ? json{{"type", "NFC"}} : json()},
       {"pre_tokenizer",
        {{"type", "Sequence"},
         {"pretokenizers",
-         json::array({{{"type", "Split"}, {"pattern", {{"Regex", kQwen2Regex}}}, {"behavior", "Isolated"}, {"invert", false}},
-                      {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", false}, {"use_regex", false}}})}}},
+         json::array(
+             {{{"type", "Split"}, {"pattern", {{"Regex", kQwen2Regex}}}, {"behavior", "Isolated"}, {"invert", false}},
+              {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", false}, {"use_regex", false}}})}}},
       {"post_processor",
        {{"type", "TemplateProcessing"},
         {"single", json::array({{{"SpecialToken", {{"id", "<|start|>"}, {"type_id", 0}}}},
@@ -80,8 +81,13 @@ json byte_level_tokenizer(bool ignore_merges, bool nfc) {
           {"<|end|>", {{"id", "<|end|>"}, {"ids", {301}}, {"tokens", {"<|end|>"}}}}}}}},
       {"decoder", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", false}, {"use_regex", false}}},
       {"model",
-       {{"type", "BPE"}, {"dropout", nullptr}, {"unk_token", nullptr}, {"byte_fallback", false},
-        {"ignore_merges", ignore_merges}, {"vocab", vocab}, {"merges", merge_list}}},
+       {{"type", "BPE"},
+        {"dropout", nullptr},
+        {"unk_token", nullptr},
+        {"byte_fallback", false},
+        {"ignore_merges", ignore_merges},
+        {"vocab", vocab},
+        {"merges", merge_list}}},
   };
   return tokenizer;
 }
@@ -89,7 +95,8 @@ json byte_level_tokenizer(bool ignore_merges, bool nfc) {
 json byte_level_config() {
   return {{"bos_token", "<|start|>"},
           {"eos_token", {{"content", "<|end|>"}, {"special", true}}},
-          {"chat_template", json::array({{{"name", "tool_use"}, {"template", "T"}}, {{"name", "default"}, {"template", "D"}}})}};
+          {"chat_template",
+           json::array({{{"name", "tool_use"}, {"template", "T"}}, {{"name", "default"}, {"template", "D"}}})}};
 }
 
 Tokenizer load_fixture(const TempDir& dir, bool ignore_merges = false, bool nfc = true) {
@@ -169,8 +176,9 @@ TEST(ByteLevelTokenizer, DecodesBytesAndAddedTokens) {
 TEST(ByteLevelTokenizer, RoundTripsText) {
   TempDir dir;
   const Tokenizer tok = load_fixture(dir);
-  for (const std::string text : {"the hello world", "  spaces\t\ttabs\n\nnewlines  ", "caf\u00e9 \u4f60\u597d \U0001F600",
-                                 "<|start|>chat<|end|>", "x = f(1, 2); // done", ""}) {
+  for (const std::string text :
+       {"the hello world", "  spaces\t\ttabs\n\nnewlines  ", "caf\u00e9 \u4f60\u597d \U0001F600",
+        "<|start|>chat<|end|>", "x = f(1, 2); // done", ""}) {
     EXPECT_EQ(tok.decode(tok.encode(text, false), false), text) << text;
   }
 }
@@ -321,7 +329,8 @@ TEST(TokenizerErrors, ByteFallbackLookalikePiecesAreText) {
   dir.write("tokenizer_config.json", byte_level_config().dump());
   json tokenizer = byte_level_tokenizer(false, true);
   tokenizer["model"]["vocab"]["<0xZZ>"] = 264;
-  tokenizer["decoder"] = {{"type", "Sequence"}, {"decoders", json::array({{{"type", "ByteFallback"}}, {{"type", "Fuse"}}})}};
+  tokenizer["decoder"] = {{"type", "Sequence"},
+                          {"decoders", json::array({{{"type", "ByteFallback"}}, {{"type", "Fuse"}}})}};
   dir.write("tokenizer.json", tokenizer.dump());
   const Tokenizer tok = Tokenizer::load(dir.str());
   const std::vector<int32_t> ids = {264};

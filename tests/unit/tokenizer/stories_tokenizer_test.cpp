@@ -7,10 +7,10 @@
 
 #include <gtest/gtest.h>
 
+#include "../test_support.h"
 #include "infera/base/error.h"
 #include "infera/tokenizer/tokenizer.h"
 #include "infera/tokenizer/unicode.h"
-#include "../test_support.h"
 
 namespace infera {
 namespace {

@@ -43,17 +43,17 @@ TEST(Nfc, CompositionExclusionsStayDecomposed) {
 }
 
 TEST(Nfc, ComposesHangulJamo) {
-  EXPECT_EQ(nfc("\u1100\u1161"), "\uac00");            // L + V
-  EXPECT_EQ(nfc("\u1100\u1161\u11a8"), "\uac01");      // L + V + T
-  EXPECT_EQ(nfc("\uac00\u11a8"), "\uac01");            // LV + T
+  EXPECT_EQ(nfc("\u1100\u1161"), "\uac00");  // L + V
+  EXPECT_EQ(nfc("\u1100\u1161\u11a8"), "\uac01");  // L + V + T
+  EXPECT_EQ(nfc("\uac00\u11a8"), "\uac01");  // LV + T
 }
 
 TEST(Utf8, FindsInvalidSequences) {
   EXPECT_EQ(find_invalid_utf8("ok \u00e9 \U0001F600"), std::string_view::npos);
   EXPECT_EQ(find_invalid_utf8("ab\xff"), 2u);
-  EXPECT_EQ(find_invalid_utf8("a\xe4\xbd"), 1u);        // truncated
-  EXPECT_EQ(find_invalid_utf8("\xc0\xaf"), 0u);         // overlong
-  EXPECT_EQ(find_invalid_utf8("\xed\xa0\x80"), 0u);     // surrogate
+  EXPECT_EQ(find_invalid_utf8("a\xe4\xbd"), 1u);  // truncated
+  EXPECT_EQ(find_invalid_utf8("\xc0\xaf"), 0u);  // overlong
+  EXPECT_EQ(find_invalid_utf8("\xed\xa0\x80"), 0u);  // surrogate
 }
 
 TEST(Utf8Stream, HoldsBackIncompleteSequences) {
@@ -71,10 +71,10 @@ TEST(Utf8Stream, HoldsBackIncompleteSequences) {
 
 TEST(Utf8Stream, ReplacesEachMaximalInvalidSubpartOnce) {
   EXPECT_EQ(stream_all("\xff"), "\ufffd");
-  EXPECT_EQ(stream_all("\xe4\xbd"), "\ufffd");              // truncated at the end
-  EXPECT_EQ(stream_all("\xe4\xbdx"), "\ufffdx");            // broken by an ASCII byte
+  EXPECT_EQ(stream_all("\xe4\xbd"), "\ufffd");  // truncated at the end
+  EXPECT_EQ(stream_all("\xe4\xbdx"), "\ufffdx");  // broken by an ASCII byte
   EXPECT_EQ(stream_all("\xe4\xe4\xbd\xa0"), "\ufffd\u4f60");  // a lead restarts
-  EXPECT_EQ(stream_all("\x80\x80"), "\ufffd\ufffd");        // stray continuation bytes
+  EXPECT_EQ(stream_all("\x80\x80"), "\ufffd\ufffd");  // stray continuation bytes
   EXPECT_EQ(stream_all("\xed\xa0\x80"), "\ufffd\ufffd\ufffd");  // surrogate: each byte
 }
 
@@ -101,7 +101,8 @@ TEST(Nfc, LongRunsOfCombiningMarksAreReorderedInLinearithmicTime) {
 
 TEST(CaseMapping, CoversAllOfUnicodesSimpleMappings) {
   EXPECT_EQ(to_upper("abc \u00e9\u00ff \u03b1\u03c9 \u0434 \u0561"), "ABC \u00c9\u0178 \u0391\u03a9 \u0414 \u0531");
-  EXPECT_EQ(to_lower("ABC \u00c9\u0178 \u0391\u03a9 \u0414 \u0531 \u10a0"), "abc \u00e9\u00ff \u03b1\u03c9 \u0434 \u0561 \u2d00");
+  EXPECT_EQ(to_lower("ABC \u00c9\u0178 \u0391\u03a9 \u0414 \u0531 \u10a0"),
+            "abc \u00e9\u00ff \u03b1\u03c9 \u0434 \u0561 \u2d00");
   EXPECT_EQ(to_upper("stra\u00dfe \u1e9e"), "STRASSE \u1e9e");  // as Python and JavaScript
   EXPECT_EQ(to_lower("\u1e9e"), "\u00df");
   EXPECT_EQ(to_upper(std::string("a\xff") + "b"), std::string("A\xff") + "B");  // invalid bytes pass through

@@ -19,9 +19,9 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "../test_support.h"
 #include "infera/tools/bench.h"
 #include "infera/tools/svg_chart.h"
-#include "../test_support.h"
 
 extern char** environ;
 
@@ -79,8 +79,8 @@ class BenchTest : public ::testing::Test {
     // stories260K has no chat template; a plain one joins the messages.
     std::ofstream(dir_ / "t.jinja") << "{% for m in messages %}{{ m['content'] }}\n{% endfor %}";
     port_ = free_port();
-    server_ = spawn({kInfera, "serve", "-m", test::stories_dir(), "--port", std::to_string(port_),
-                     "--chat-template", (dir_ / "t.jinja").string(), "-t", "1"},
+    server_ = spawn({kInfera, "serve", "-m", test::stories_dir(), "--port", std::to_string(port_), "--chat-template",
+                     (dir_ / "t.jinja").string(), "-t", "1"},
                     (dir_ / "serve.log").string());
     ASSERT_GT(server_, 0);
     // Ready when /ready answers 200 (the port opens before the model has loaded).
@@ -108,8 +108,9 @@ class BenchTest : public ::testing::Test {
 TEST_F(BenchTest, AgainstInferaServe) {
   const std::string out = (dir_ / "a.json").string(), chart = (dir_ / "a.svg").string();
   std::string text;
-  const int rc = shell(kInfera + " bench --url " + url() + " --concurrency 1,3 --requests 6 --max-tokens 8 --max-context 512 --warmup 1 --out " +
-                           out + " --chart " + chart + " 2>/dev/null",
+  const int rc = shell(kInfera + " bench --url " + url() +
+                           " --concurrency 1,3 --requests 6 --max-tokens 8 --max-context 512 --warmup 1 --out " + out +
+                           " --chart " + chart + " 2>/dev/null",
                        &text);
   ASSERT_EQ(rc, 0) << text;
   json r;
@@ -162,7 +163,10 @@ TEST_F(BenchTest, AgainstInferaServe) {
   EXPECT_FALSE(fs::exists(dir_ / "bench_result.svg"));
   const std::string cmp_png = (dir_ / "cmp.png").string();
   EXPECT_EQ(shell(kInfera + " bench --compare " + out + " " + (dir_ / "b.json").string() + " --chart " + cmp_png +
-                      " 2>/dev/null", &cmp), 1) << cmp;
+                      " 2>/dev/null",
+                  &cmp),
+            1)
+      << cmp;
   EXPECT_FALSE(fs::exists(cmp_png));
   const std::string both = slurp(dir_ / "cmp.svg");
   EXPECT_EQ(count(both, "<polyline"), 12);
@@ -171,13 +175,20 @@ TEST_F(BenchTest, AgainstInferaServe) {
 }
 
 TEST_F(BenchTest, RateModeAndRequestsFile) {
-  std::ofstream(dir_ / "reqs.jsonl") << R"({"prompt": "Once upon a time"})" "\n"
-                                     << R"({"messages": [{"role": "user", "content": "Lily had a dog"}], "max_tokens": 4})" "\n"
-                                     << R"({"messages": [], "extreme": true, "kind": "empty"})" "\n";
+  std::ofstream(dir_ / "reqs.jsonl")
+      << R"({"prompt": "Once upon a time"})"
+         "\n"
+      << R"({"messages": [{"role": "user", "content": "Lily had a dog"}], "max_tokens": 4})"
+         "\n"
+      << R"({"messages": [], "extreme": true, "kind": "empty"})"
+         "\n";
   const std::string out = (dir_ / "r.json").string();
   std::string text;
   ASSERT_EQ(shell(kInfera + " bench --url " + url() + " --rate 20 --requests 6 --max-tokens 4 --requests-file " +
-                      (dir_ / "reqs.jsonl").string() + " --out " + out + " --chart '' 2>/dev/null", &text), 0) << text;
+                      (dir_ / "reqs.jsonl").string() + " --out " + out + " --chart '' 2>/dev/null",
+                  &text),
+            0)
+      << text;
   json r;
   std::ifstream(out) >> r;
   ASSERT_EQ(r["levels"].size(), 1u);
@@ -194,7 +205,8 @@ TEST(SvgChart, DrawsPanelsSeriesAndLegends) {
   tools::ChartPanel p{"Latency <ms>", "concurrency", "milliseconds", {1, 4, 16}, true, {}};
   p.series.push_back({"TTFT p50 & more", "#1f77b4", {10, 20, 40}, false});
   p.series.push_back({"ITL", "#2ca02c", {5, NAN, 7}, true});  // a gap: two pieces, no line across it
-  tools::ChartPanel q{"Throughput", "concurrency", "tokens/s", {1, 4, 16}, true, {{"tok/s", "#ff7f0e", {100, 300, 500}, false}}};
+  tools::ChartPanel q{"Throughput", "concurrency", "tokens/s",
+                      {1, 4, 16},   true,          {{"tok/s", "#ff7f0e", {100, 300, 500}, false}}};
   const std::string svg = tools::render_svg_chart({p, q}, 500, 300);
   EXPECT_EQ(svg.rfind("<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"1000\" height=\"300\"", 0), 0u) << svg;
   EXPECT_EQ(svg.substr(svg.size() - 7), "</svg>\n");
@@ -210,7 +222,9 @@ TEST(SvgChart, DrawsPanelsSeriesAndLegends) {
   // Log2 x axis: 1, 4 and 16 are evenly spaced; larger y is higher (smaller SVG y).
   const std::string line = svg.substr(svg.find("<polyline"));
   double x0, y0, x1, y1, x2, y2;
-  ASSERT_EQ(std::sscanf(line.c_str() + line.find("points=\"") + 8, "%lf,%lf %lf,%lf %lf,%lf", &x0, &y0, &x1, &y1, &x2, &y2), 6);
+  ASSERT_EQ(std::sscanf(line.c_str() + line.find("points=\"") + 8, "%lf,%lf %lf,%lf %lf,%lf", &x0, &y0, &x1, &y1, &x2,
+                        &y2),
+            6);
   EXPECT_NEAR(x1 - x0, x2 - x1, 0.2);
   EXPECT_GT(y0, y1);
   EXPECT_GT(y1, y2);

@@ -119,7 +119,8 @@ TEST_F(CheckTest, TamperedByteIsNamedByVerify) {
   fs::remove(d / "special_tokens_map.json");
   const CheckReport r2 = check_model_dir(d.string(), v);
   EXPECT_TRUE(has_issue(r2, CheckSeverity::kWarning, "extra.txt: present but not listed")) << dump(r2);
-  EXPECT_TRUE(has_issue(r2, CheckSeverity::kError, "special_tokens_map.json: listed in MANIFEST.sha256 but missing")) << dump(r2);
+  EXPECT_TRUE(has_issue(r2, CheckSeverity::kError, "special_tokens_map.json: listed in MANIFEST.sha256 but missing"))
+      << dump(r2);
 }
 
 // An unlisted file that changes what loads (a chat template, a shard index) fails --verify.

@@ -90,7 +90,8 @@ TEST(ConfigFamilies, HybridErrors) {
     parse_model_config(j, "x.json");
     FAIL();
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("'layer_types' lists 63 layers but num_hidden_layers is 64"), std::string::npos)
+    EXPECT_NE(std::string(e.what()).find("'layer_types' lists 63 layers but num_hidden_layers is 64"),
+              std::string::npos)
         << e.what();
   }
   j = read_json("Qwen3.5-27B.json");

@@ -13,10 +13,10 @@
 
 #include <nlohmann/json.hpp>
 
+#include "../test_support.h"
 #include "infera/base/error.h"
 #include "infera/model/config.h"
 #include "infera/tensor/dtype.h"
-#include "../test_support.h"
 
 namespace infera {
 namespace {
@@ -35,7 +35,8 @@ class TempDir : public test::TempDir {
   std::string copy_stories(const std::string& name) const {
     const fs::path dst = path() / name;
     fs::create_directories(dst);
-    for (const auto& entry : fs::directory_iterator(kStoriesDir)) fs::copy_file(entry.path(), dst / entry.path().filename());
+    for (const auto& entry : fs::directory_iterator(kStoriesDir))
+      fs::copy_file(entry.path(), dst / entry.path().filename());
     return dst.string();
   }
 };
@@ -46,8 +47,14 @@ std::vector<float> as_f32(const gguf::Tensor& t) {
     uint16_t h;
     switch (t.type) {
       case GgmlType::kF32: std::memcpy(&out[i], t.data + 4 * i, 4); break;
-      case GgmlType::kF16: std::memcpy(&h, t.data + 2 * i, 2); out[i] = f16_to_f32(h); break;
-      case GgmlType::kBF16: std::memcpy(&h, t.data + 2 * i, 2); out[i] = bf16_to_f32(h); break;
+      case GgmlType::kF16:
+        std::memcpy(&h, t.data + 2 * i, 2);
+        out[i] = f16_to_f32(h);
+        break;
+      case GgmlType::kBF16:
+        std::memcpy(&h, t.data + 2 * i, 2);
+        out[i] = bf16_to_f32(h);
+        break;
       default: ADD_FAILURE() << "unexpected type"; return out;
     }
   }
@@ -179,8 +186,11 @@ TEST(GgufExport, LlamaRopeScalingAndQwenStyleTokenizerKeys) {
   TempDir dir;
   const std::string model = dir.copy_stories("scaled");
   edit_json(model + "/config.json", [](nlohmann::json& j) {
-    j["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 1.0},
-                         {"high_freq_factor", 4.0}, {"original_max_position_embeddings", 64}};
+    j["rope_scaling"] = {{"rope_type", "llama3"},
+                         {"factor", 8.0},
+                         {"low_freq_factor", 1.0},
+                         {"high_freq_factor", 4.0},
+                         {"original_max_position_embeddings", 64}};
   });
   edit_json(model + "/tokenizer_config.json", [](nlohmann::json& j) {
     j["chat_template"] = "{{ messages[0]['content'] }}";
@@ -197,7 +207,9 @@ TEST(GgufExport, LlamaRopeScalingAndQwenStyleTokenizerKeys) {
   EXPECT_EQ(r.find("llama.rope.scaling.type"), nullptr);  // llama3 is carried by rope_freqs
 
   const std::string linear = dir.copy_stories("linear");
-  edit_json(linear + "/config.json", [](nlohmann::json& j) { j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", 2.0}}; });
+  edit_json(linear + "/config.json", [](nlohmann::json& j) {
+    j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", 2.0}};
+  });
   export_gguf(linear, dir.file("linear.gguf"));
   const gguf::Reader l(dir.file("linear.gguf"));
   EXPECT_EQ(l.get("llama.rope.scaling.type").str(), "linear");

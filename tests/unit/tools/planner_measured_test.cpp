@@ -68,17 +68,18 @@ class PlannerMeasured : public ::testing::TestWithParam<Case> {};
 TEST_P(PlannerMeasured, WithinTenPercentOfPeakRss) {
   ASSERT_TRUE(fs::exists(kInfera)) << "the infera binary is missing (it is built with the tests)";
   const Case& c = GetParam();
-  const fs::path dir = fs::temp_directory_path() / ("infera_plan_" + std::string(c.name) + "_" + std::to_string(::getpid()));
+  const fs::path dir =
+      fs::temp_directory_path() / ("infera_plan_" + std::string(c.name) + "_" + std::to_string(::getpid()));
   fs::remove_all(dir);
-  const std::string gen = "/usr/bin/python3 " + kSource + "/tools/gen_model.py " + dir.string() + " " + c.gen_args +
-                          " > /dev/null 2>&1";
+  const std::string gen =
+      "/usr/bin/python3 " + kSource + "/tools/gen_model.py " + dir.string() + " " + c.gen_args + " > /dev/null 2>&1";
   ASSERT_EQ(std::system(gen.c_str()), 0) << gen;
   const ModelConfig cfg = load_model_config(dir.string());
 
   const int n_predict = 4;
-  const int64_t measured = peak_rss_of({kInfera, "run", "-m", dir.string(), "--prompt-ids", prompt_ids(c.prompt, cfg.vocab_size),
-                                        "-n", std::to_string(n_predict), "--temp", "0", "--ignore-eos", "--ctx",
-                                        std::to_string(c.ctx), "--json", "-t", "2"});
+  const int64_t measured = peak_rss_of({kInfera, "run", "-m", dir.string(), "--prompt-ids",
+                                        prompt_ids(c.prompt, cfg.vocab_size), "-n", std::to_string(n_predict), "--temp",
+                                        "0", "--ignore-eos", "--ctx", std::to_string(c.ctx), "--json", "-t", "2"});
   fs::remove_all(dir);
   ASSERT_GT(measured, 0) << "infera run failed";
 
@@ -86,32 +87,38 @@ TEST_P(PlannerMeasured, WithinTenPercentOfPeakRss) {
   o.scheme = c.scheme;
   o.ctx = c.prompt + n_predict;  // the KV pages the run touches (the pool is reserved, not committed)
   o.concurrency = 1;
-  o.prefill_chunk = 512;          // infera run's default
-  o.include_mtp = false;          // infera run does not draft: MTP weights stay unpaged, its KV untouched
+  o.prefill_chunk = 512;  // infera run's default
+  o.include_mtp = false;  // infera run does not draft: MTP weights stay unpaged, its KV untouched
   const DevicePlan d = plan_memory(cfg, o).devices.at(0);
   const double ratio = static_cast<double>(d.total_bytes) / static_cast<double>(measured);
   std::printf("[ %s ] planned %s (weights %s, KV %s, activations %s, reserve %s), measured %s, ratio %.3f\n", c.name,
-              format_bytes(d.total_bytes).c_str(), format_bytes(d.weights_bytes).c_str(), format_bytes(d.kv_bytes).c_str(),
-              format_bytes(d.activation_bytes).c_str(), format_bytes(d.reserve_bytes).c_str(),
-              format_bytes(measured).c_str(), ratio);
+              format_bytes(d.total_bytes).c_str(), format_bytes(d.weights_bytes).c_str(),
+              format_bytes(d.kv_bytes).c_str(), format_bytes(d.activation_bytes).c_str(),
+              format_bytes(d.reserve_bytes).c_str(), format_bytes(measured).c_str(), ratio);
   EXPECT_GT(ratio, 0.9);
   EXPECT_LT(ratio, 1.1);
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    GeneratedModels, PlannerMeasured,
-    ::testing::Values(
-        // f32 llama, a prompt spanning most of the context: KV and prefill scratch matter.
-        Case{"llama_f32", "--arch llama --hidden 512 --layers 4 --heads 8 --kv-heads 2 --head-dim 64 --ffn 2048 --vocab 1024 --max-pos 2048",
-             WeightScheme::kF32, 480, 512},
-        // bf16 qwen3 (q/k norms, head_dim != hidden/heads), weights used in place as bf16.
-        Case{"qwen3_bf16", "--arch qwen3 --hidden 768 --layers 6 --heads 8 --kv-heads 4 --head-dim 128 --ffn 3072 --vocab 2048 --max-pos 2048 --dtype bf16",
-             WeightScheme::kBF16, 200, 256},
-        // hybrid qwen3_5_moe: Gated DeltaNet state, gated attention, fused experts, MTP.
-        Case{"qwen3_5_moe_f32", "--arch qwen3_5_moe --hidden 512 --layers 4 --heads 8 --kv-heads 2 --head-dim 64 --vocab 1024 --max-pos 2048 "
-             "--experts 8 --experts-per-tok 2 --moe-ffn 512 --shared-ffn 512 --lin-k-heads 4 --lin-v-heads 8 --lin-dk 64 --lin-dv 64",
-             WeightScheme::kF32, 200, 256}),
-    [](const ::testing::TestParamInfo<Case>& info) { return std::string(info.param.name); });
+INSTANTIATE_TEST_SUITE_P(GeneratedModels, PlannerMeasured,
+                         ::testing::Values(
+                             // f32 llama, a prompt spanning most of the context: KV and prefill scratch matter.
+                             Case{"llama_f32",
+                                  "--arch llama --hidden 512 --layers 4 --heads 8 --kv-heads 2 --head-dim 64 --ffn "
+                                  "2048 --vocab 1024 --max-pos 2048",
+                                  WeightScheme::kF32, 480, 512},
+                             // bf16 qwen3 (q/k norms, head_dim != hidden/heads), weights used in place as bf16.
+                             Case{"qwen3_bf16",
+                                  "--arch qwen3 --hidden 768 --layers 6 --heads 8 --kv-heads 4 --head-dim 128 --ffn "
+                                  "3072 --vocab 2048 --max-pos 2048 --dtype bf16",
+                                  WeightScheme::kBF16, 200, 256},
+                             // hybrid qwen3_5_moe: Gated DeltaNet state, gated attention, fused experts, MTP.
+                             Case{"qwen3_5_moe_f32",
+                                  "--arch qwen3_5_moe --hidden 512 --layers 4 --heads 8 --kv-heads 2 --head-dim 64 "
+                                  "--vocab 1024 --max-pos 2048 "
+                                  "--experts 8 --experts-per-tok 2 --moe-ffn 512 --shared-ffn 512 --lin-k-heads 4 "
+                                  "--lin-v-heads 8 --lin-dk 64 --lin-dv 64",
+                                  WeightScheme::kF32, 200, 256}),
+                         [](const ::testing::TestParamInfo<Case>& info) { return std::string(info.param.name); });
 
 }  // namespace
 }  // namespace infera

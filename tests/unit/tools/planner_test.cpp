@@ -38,14 +38,14 @@ TEST(Planner, Qwen3_32B_Bf16_Tp2_HandComputed) {
   // Per layer: q 8192x5120, k/v 1024x5120, o 5120x8192, gate/up/down 25600x5120 (3x).
   const int64_t layer_matrix_params = 5120ll * (8192 + 1024 + 1024 + 8192 + 3 * 25600);
   const int64_t layer_vector_params = 2 * 5120 + 2 * 128;  // two norms, q_norm, k_norm
-  const int64_t vocab_params = 151936ll * 5120;            // embedding, and again for lm_head
+  const int64_t vocab_params = 151936ll * 5120;  // embedding, and again for lm_head
   EXPECT_EQ(p.params_total, 64 * (layer_matrix_params + layer_vector_params) + 2 * vocab_params + 5120);
   EXPECT_NEAR(p.params_total / 1e9, 32.8, 0.05);  // published: 32.8 B
   EXPECT_EQ(p.params_active, p.params_total);
 
   // bf16 = 2 bytes; matrices and the vocabulary split over 2 devices; f32 vectors replicated.
-  const int64_t weights = 64 * layer_matrix_params * 2 / 2 + 2 * vocab_params * 2 / 2 +
-                          (64 * layer_vector_params + 5120) * 4;
+  const int64_t weights =
+      64 * layer_matrix_params * 2 / 2 + 2 * vocab_params * 2 / 2 + (64 * layer_vector_params + 5120) * 4;
   EXPECT_EQ(d.weights_bytes, weights);
 
   // KV: 64 layers x (K and V) x 4 of the 8 KV heads x 128 x 2 bytes = 128 KiB per token.

@@ -32,11 +32,12 @@ class RunBandwidth : public ::testing::Test {
 
 TEST_F(RunBandwidth, JsonCarriesGigabytesPerSecondBesideTokensPerSecond) {
   for (const std::string extra : {"", "--speculative ngram"}) {
-    const auto [rc, out] = shell(kInfera + " run -m " + kStories + " --prompt-ids '[1, 403, 407]' -n 16 --temp 0 --json " +
-                                 extra + " 2>/dev/null");
+    const auto [rc, out] = shell(kInfera + " run -m " + kStories +
+                                 " --prompt-ids '[1, 403, 407]' -n 16 --temp 0 --json " + extra + " 2>/dev/null");
     ASSERT_EQ(rc, 0) << extra;
     const json j = last_json_line(out);
-    for (const char* field : {"ids", "prompt_tokens", "prompt_tokens_per_s", "generated_tokens", "generated_tokens_per_s"}) {
+    for (const char* field :
+         {"ids", "prompt_tokens", "prompt_tokens_per_s", "generated_tokens", "generated_tokens_per_s"}) {
       EXPECT_TRUE(j.contains(field)) << field << " " << extra;
     }
     const int64_t bytes = j.at("weight_bytes_per_token").get<int64_t>();

@@ -23,8 +23,8 @@ const std::string kStories = infera::test::stories_dir();
 using infera::test::shell;
 
 json run(const std::string& extra) {
-  const auto [rc, out] = shell(kInfera + " run -m " + kStories + " --prompt-ids '[1, 403, 407]' -n 12 --json " + extra +
-                               " 2>/dev/null");
+  const auto [rc, out] =
+      shell(kInfera + " run -m " + kStories + " --prompt-ids '[1, 403, 407]' -n 12 --json " + extra + " 2>/dev/null");
   EXPECT_EQ(rc, 0) << extra;
   // --json prints one JSON object as the last line.
   const size_t end = out.find_last_not_of('\n');

@@ -10,16 +10,22 @@
 namespace infera::kernels {
 
 struct DeltaTable {
-  void (*recurrent)(const float* q, const float* k, const float* v, const float* g, const float* beta,
-                    int64_t n_tokens, const DeltaShape& shape, float* state, float* out);
-  void (*chunked)(const float* q, const float* k, const float* v, const float* g, const float* beta,
-                  int64_t n_tokens, const DeltaShape& shape, float* state, float* out, int64_t chunk);
+  void (*recurrent)(const float* q, const float* k, const float* v, const float* g, const float* beta, int64_t n_tokens,
+                    const DeltaShape& shape, float* state, float* out);
+  void (*chunked)(const float* q, const float* k, const float* v, const float* g, const float* beta, int64_t n_tokens,
+                  const DeltaShape& shape, float* state, float* out, int64_t chunk);
   void (*conv1d_silu)(float* x, int64_t n_tokens, int64_t channels, const float* w, int64_t kernel, float* state);
   void (*rmsnorm_gated)(float* x, const float* z, const float* w, int64_t rows, int64_t n, float eps);
 };
 
-namespace cpu_scalar { const DeltaTable& delta_table(); }
-namespace cpu_avx2 { const DeltaTable& delta_table(); }
-namespace cpu_avx512 { const DeltaTable& delta_table(); }
+namespace cpu_scalar {
+const DeltaTable& delta_table();
+}
+namespace cpu_avx2 {
+const DeltaTable& delta_table();
+}
+namespace cpu_avx512 {
+const DeltaTable& delta_table();
+}
 
 }  // namespace infera::kernels

@@ -46,8 +46,10 @@ inline V ld(const float* p, int v, int tail) {
 }
 template <int NV>
 inline void st(float* p, int v, V x, int tail) {
-  if (v == NV - 1 && tail != L) S::store_partial(p + v * L, x, tail);
-  else S::store(p + v * L, x);
+  if (v == NV - 1 && tail != L)
+    S::store_partial(p + v * L, x, tail);
+  else
+    S::store(p + v * L, x);
 }
 
 // Calls f(std::integral_constant<int, NV>, j0, tail) for the column blocks of [0, n): up
@@ -60,9 +62,15 @@ inline void column_blocks(int64_t n, F&& f) {
     const int tail = static_cast<int>(cols - (nvec - 1) * L);
     switch (nvec) {
       case 1: f(std::integral_constant<int, 1>{}, j0, tail); break;
-      case 2: if constexpr (MaxVec >= 2) f(std::integral_constant<int, 2>{}, j0, tail); break;
-      case 3: if constexpr (MaxVec >= 3) f(std::integral_constant<int, 3>{}, j0, tail); break;
-      case 4: if constexpr (MaxVec >= 4) f(std::integral_constant<int, 4>{}, j0, tail); break;
+      case 2:
+        if constexpr (MaxVec >= 2) f(std::integral_constant<int, 2>{}, j0, tail);
+        break;
+      case 3:
+        if constexpr (MaxVec >= 3) f(std::integral_constant<int, 3>{}, j0, tail);
+        break;
+      case 4:
+        if constexpr (MaxVec >= 4) f(std::integral_constant<int, 4>{}, j0, tail);
+        break;
       default: break;
     }
   }
@@ -168,8 +176,8 @@ void recurrent(const float* q, const float* k, const float* v, const float* g, c
     const int64_t hk = h / group;
     float* Sh = state + h * dk * dv;  // [dk, dv]
     column_blocks<4>(dv, [&](auto nv, int64_t j0, int tail) {
-      recurrent_block<decltype(nv)::value>(Sh, dk, dv, j0, tail, q + hk * dk, k + hk * dk, v + h * dv, g + h,
-                                           beta + h, n_tokens, qk_stride, v_stride, s.n_v_heads, out + h * dv);
+      recurrent_block<decltype(nv)::value>(Sh, dk, dv, j0, tail, q + hk * dk, k + hk * dk, v + h * dv, g + h, beta + h,
+                                           n_tokens, qk_stride, v_stride, s.n_v_heads, out + h * dv);
     });
   }
 }
@@ -241,8 +249,8 @@ void lower_matmul(const float* M, int64_t ldm, const float* X, int64_t ldx, floa
 // chunk's keys transposed, [dk, ldk]): broadcast X[i, d] times a vector of kT row d, so no
 // horizontal sums.
 template <int R, int NV>
-void gram_tile(const float* X, int64_t dk, const float* kT, int64_t ldk, float* M, int64_t ldm, int64_t i0,
-               int64_t j0, int tail) {
+void gram_tile(const float* X, int64_t dk, const float* kT, int64_t ldk, float* M, int64_t ldm, int64_t i0, int64_t j0,
+               int tail) {
   V acc[R][NV];
   for (int r = 0; r < R; ++r)
     for (int x = 0; x < NV; ++x) acc[r][x] = S::zero();
@@ -311,17 +319,17 @@ void chunked(const float* q, const float* k, const float* v, const float* g, con
     float* Sh = state + h * dk * dv;  // [dk, dv]
     // Per-chunk work buffers, rows = tokens of the chunk.
     float* gc = scratch(static_cast<size_t>(C * (3 + 2 * C + 5 * dk + 3 * dv)));
-    float* A = gc + C;           // [C, C]
-    float* P = A + C * C;        // [C, C] (q_i·k_j) exp(gc_i - gc_j), j <= i
-    float* tmp = P + C * C;      // [C]
-    float* kb = tmp + C;         // [C, dk] k * beta
-    float* kbg = kb + C * dk;    // [C, dk] k * beta * exp(gc)
-    float* W = kbg + C * dk;     // [C, dk]
-    float* qk = W + C * dk;      // [C, dk] q rows, then k * exp(g_last - gc)
-    float* vb = qk + C * dk;     // [C, dv] v * beta
-    float* U = vb + C * dv;      // [C, dv]
-    float* vn = U + C * dv;      // [C, dv]
-    float* kT = vn + C * dv;     // [dk, C] the chunk's keys, transposed
+    float* A = gc + C;  // [C, C]
+    float* P = A + C * C;  // [C, C] (q_i·k_j) exp(gc_i - gc_j), j <= i
+    float* tmp = P + C * C;  // [C]
+    float* kb = tmp + C;  // [C, dk] k * beta
+    float* kbg = kb + C * dk;  // [C, dk] k * beta * exp(gc)
+    float* W = kbg + C * dk;  // [C, dk]
+    float* qk = W + C * dk;  // [C, dk] q rows, then k * exp(g_last - gc)
+    float* vb = qk + C * dk;  // [C, dv] v * beta
+    float* U = vb + C * dv;  // [C, dv]
+    float* vn = U + C * dv;  // [C, dv]
+    float* kT = vn + C * dv;  // [dk, C] the chunk's keys, transposed
     for (int64_t c0 = 0; c0 < n_tokens; c0 += C) {
       const int64_t n = std::min(C, n_tokens - c0);
       auto kt = [&](int64_t i) { return k + (c0 + i) * qk_stride + hk * dk; };
@@ -372,7 +380,7 @@ void chunked(const float* q, const float* k, const float* v, const float* g, con
       row_tiles(n, [&](auto rows, int64_t i0) {
         column_blocks<kColVecs>(dv, [&](auto nv, int64_t j0, int tail) {
           state_products<decltype(rows)::value, decltype(nv)::value>(Sh, dk, dv, j0, tail, i0, U, W, qk, gc, vn, oc,
-                                                                    v_stride);
+                                                                     v_stride);
         });
       });
       row_tiles(n, [&](auto rows, int64_t i0) {
@@ -385,8 +393,8 @@ void chunked(const float* q, const float* k, const float* v, const float* g, con
       for (int64_t i = 0; i < n; ++i) scale_to(qk + i * dk, std::exp(g_last - gc[i]), kt(i), dk);
       row_tiles(dk, [&](auto rows, int64_t d0) {
         column_blocks<kWideColVecs>(dv, [&](auto nv, int64_t j0, int tail) {
-          state_update<decltype(rows)::value, decltype(nv)::value>(Sh, dk, dv, j0, tail, d0, std::exp(g_last), qk,
-                                                                  vn, n);
+          state_update<decltype(rows)::value, decltype(nv)::value>(Sh, dk, dv, j0, tail, d0, std::exp(g_last), qk, vn,
+                                                                   n);
         });
       });
     }

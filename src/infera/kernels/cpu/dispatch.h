@@ -11,21 +11,25 @@
 namespace infera::kernels {
 
 struct KernelTable {
-  void (*matmul_rows)(const float* x, int64_t m, const MatRef& w, int64_t n0, int64_t n1, float* y,
-                      int64_t ldy);
-  void (*rmsnorm)(const float* x, const float* w, float* y, int64_t rows, int64_t n, float eps,
-                  float w_offset);
+  void (*matmul_rows)(const float* x, int64_t m, const MatRef& w, int64_t n0, int64_t n1, float* y, int64_t ldy);
+  void (*rmsnorm)(const float* x, const float* w, float* y, int64_t rows, int64_t n, float eps, float w_offset);
   void (*silu_mul)(float* gate, const float* up, int64_t n);
   void (*softmax)(float* x, int64_t n);
   void (*add)(float* y, const float* x, int64_t n);
   void (*rope_neox)(float* x, int64_t n_tokens, int64_t n_heads, int64_t head_dim, int64_t rot_dim,
                     const int32_t* positions, const float* inv_freq, float attn_factor);
-  void (*attention_paged)(const float* q, int64_t n_tokens, int64_t n_heads, int64_t pos0,
-                          const PagedKv& kv, float scale, float* out);
+  void (*attention_paged)(const float* q, int64_t n_tokens, int64_t n_heads, int64_t pos0, const PagedKv& kv,
+                          float scale, float* out);
 };
 
-namespace cpu_scalar { const KernelTable& table(); }
-namespace cpu_avx2 { const KernelTable& table(); }
-namespace cpu_avx512 { const KernelTable& table(); }
+namespace cpu_scalar {
+const KernelTable& table();
+}
+namespace cpu_avx2 {
+const KernelTable& table();
+}
+namespace cpu_avx512 {
+const KernelTable& table();
+}
 
 }  // namespace infera::kernels

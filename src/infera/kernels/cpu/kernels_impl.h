@@ -100,8 +100,7 @@ constexpr int kGemvTileRows = 8;
 constexpr int kAccRegs = L == 16 ? 16 : 8;  // accumulators that fit beside the operands
 
 template <DType D, int M, int R>
-inline void gemv_tile(const float* x, int64_t k, const typename Weights<D>::T* w, float* y,
-                      int64_t ldy) {
+inline void gemv_tile(const float* x, int64_t k, const typename Weights<D>::T* w, float* y, int64_t ldy) {
   using W = Weights<D>;
   V acc[M][R];
   for (int i = 0; i < M; ++i)
@@ -126,8 +125,7 @@ inline void gemv_tile(const float* x, int64_t k, const typename Weights<D>::T* w
 }
 
 template <DType D, int M>
-void gemv(const float* x, int64_t k, const typename Weights<D>::T* w, int64_t n0, int64_t n1,
-          float* y, int64_t ldy) {
+void gemv(const float* x, int64_t k, const typename Weights<D>::T* w, int64_t n0, int64_t n1, float* y, int64_t ldy) {
   constexpr int R = std::max(1, std::min(kGemvTileRows, kAccRegs / M));
   const int64_t blocks = ceil_div(n1 - n0, R);
   // Pieces of ~256 KiB of weights: long contiguous streams for the prefetchers, and enough
@@ -154,12 +152,12 @@ void gemv(const float* x, int64_t k, const typename Weights<D>::T* w, int64_t n0
 // loads of the panel per kMR * kNV FMAs. Each weight is converted exactly once per call.
 constexpr int kMR = L == 1 ? 4 : 6;
 constexpr int kNV = L == 16 ? 4 : (L == 8 ? 2 : 4);  // 6x4 zmm / 6x2 ymm accumulators
-constexpr int kNR = kNV * L;                          // 64 (AVX-512), 16 (AVX2), 4 (scalar)
-constexpr int64_t kKC = 256;                          // panel: kKC * kNR f32 (64 KiB, L2)
+constexpr int kNR = kNV * L;  // 64 (AVX-512), 16 (AVX2), 4 (scalar)
+constexpr int64_t kKC = 256;  // panel: kKC * kNR f32 (64 KiB, L2)
 
 template <int MR>
-inline void gemm_micro(const float* x, int64_t ldx, const float* panel, int64_t kc, float* y,
-                       int64_t ldy, int64_t ncols, bool accumulate) {
+inline void gemm_micro(const float* x, int64_t ldx, const float* panel, int64_t kc, float* y, int64_t ldy,
+                       int64_t ncols, bool accumulate) {
   V acc[MR][kNV];
   for (int i = 0; i < MR; ++i)
     for (int v = 0; v < kNV; ++v) acc[i][v] = S::zero();
@@ -193,8 +191,8 @@ inline void gemm_micro(const float* x, int64_t ldx, const float* panel, int64_t 
 // rows are loaded as vectors along k (converted on load), transposed in registers and
 // stored as panel rows, so every load and store is a full contiguous vector.
 template <DType D>
-void pack_panel(const typename Weights<D>::T* w, int64_t k, int64_t j0, int64_t nr, int64_t k0,
-                int64_t kc, float* panel) {
+void pack_panel(const typename Weights<D>::T* w, int64_t k, int64_t j0, int64_t nr, int64_t k0, int64_t kc,
+                float* panel) {
   using W = Weights<D>;
   const typename W::T* src = w + j0 * k + k0;  // row c of the panel at src + c * k
   int64_t t = 0;
@@ -212,8 +210,8 @@ void pack_panel(const typename Weights<D>::T* w, int64_t k, int64_t j0, int64_t 
 }
 
 template <DType D>
-void gemm(const float* x, int64_t m, int64_t k, const typename Weights<D>::T* w, int64_t n0,
-          int64_t n1, float* y, int64_t ldy) {
+void gemm(const float* x, int64_t m, int64_t k, const typename Weights<D>::T* w, int64_t n0, int64_t n1, float* y,
+          int64_t ldy) {
   const int threads = omp_in_parallel() ? 1 : num_threads();
   const int64_t n_panels = ceil_div(n1 - n0, kNR);
   const int64_t m_blocks = ceil_div(m, kMR);
@@ -243,8 +241,12 @@ void gemm(const float* x, int64_t m, int64_t k, const typename Weights<D>::T* w,
           case 2: gemm_micro<2>(xi, k, panel, kc, yi, ldy, nr, acc); break;
           case 3: gemm_micro<3>(xi, k, panel, kc, yi, ldy, nr, acc); break;
           case 4: gemm_micro<4>(xi, k, panel, kc, yi, ldy, nr, acc); break;
-          case 5: if constexpr (kMR >= 5) gemm_micro<5>(xi, k, panel, kc, yi, ldy, nr, acc); break;
-          default: if constexpr (kMR >= 6) gemm_micro<kMR>(xi, k, panel, kc, yi, ldy, nr, acc); break;
+          case 5:
+            if constexpr (kMR >= 5) gemm_micro<5>(xi, k, panel, kc, yi, ldy, nr, acc);
+            break;
+          default:
+            if constexpr (kMR >= 6) gemm_micro<kMR>(xi, k, panel, kc, yi, ldy, nr, acc);
+            break;
         }
       }
     }
@@ -257,8 +259,7 @@ void gemm(const float* x, int64_t m, int64_t k, const typename Weights<D>::T* w,
 constexpr int64_t kGemmMinRows = 16;
 
 template <DType D>
-void matmul_typed(const float* x, int64_t m, const MatRef& w, int64_t n0, int64_t n1, float* y,
-                  int64_t ldy) {
+void matmul_typed(const float* x, int64_t m, const MatRef& w, int64_t n0, int64_t n1, float* y, int64_t ldy) {
   const auto* wd = static_cast<const typename Weights<D>::T*>(w.data);
   const int64_t k = w.cols;
   if (m >= kGemmMinRows) return gemm<D>(x, m, k, wd, n0, n1, y, ldy);
@@ -274,8 +275,7 @@ void matmul_typed(const float* x, int64_t m, const MatRef& w, int64_t n0, int64_
   }
 }
 
-void matmul_rows(const float* x, int64_t m, const MatRef& w, int64_t n0, int64_t n1, float* y,
-                 int64_t ldy) {
+void matmul_rows(const float* x, int64_t m, const MatRef& w, int64_t n0, int64_t n1, float* y, int64_t ldy) {
   if (m <= 0 || n1 <= n0) return;
   if (w.cols == 0) {  // empty sum
     for (int64_t i = 0; i < m; ++i) std::fill(y + i * ldy, y + i * ldy + (n1 - n0), 0.0f);
@@ -353,10 +353,8 @@ inline float exp_shift_sum(float* x, int64_t n, float shift) {
 
 // ---------------------------------------------------------------------------------------
 // Element-wise ops and norms.
-void rmsnorm(const float* x, const float* w, float* y, int64_t rows, int64_t n, float eps,
-             float w_offset) {
-  parallel_range(rows, std::max<int64_t>(1, 16384 / std::max<int64_t>(n, 1)),
-                 [&](int64_t r0, int64_t r1) {
+void rmsnorm(const float* x, const float* w, float* y, int64_t rows, int64_t n, float eps, float w_offset) {
+  parallel_range(rows, std::max<int64_t>(1, 16384 / std::max<int64_t>(n, 1)), [&](int64_t r0, int64_t r1) {
     const V off = S::set1(w_offset);
     for (int64_t r = r0; r < r1; ++r) {
       const float* xr = x + r * n;
@@ -399,40 +397,40 @@ void add(float* y, const float* x, int64_t n) {
   });
 }
 
-void rope_neox(float* x, int64_t n_tokens, int64_t n_heads, int64_t head_dim, int64_t rot_dim,
-               const int32_t* positions, const float* inv_freq, float attn_factor) {
+void rope_neox(float* x, int64_t n_tokens, int64_t n_heads, int64_t head_dim, int64_t rot_dim, const int32_t* positions,
+               const float* inv_freq, float attn_factor) {
   const int64_t half = rot_dim / 2;
   parallel_range(n_tokens, std::max<int64_t>(1, 8192 / std::max<int64_t>(n_heads * rot_dim, 1)),
                  [&](int64_t t0, int64_t t1) {
-    static thread_local Scratch scratch;
-    float* cos_t = scratch.get(2 * half);  // [half] cos, then [half] sin, for one token
-    float* sin_t = cos_t + half;
-    for (int64_t t = t0; t < t1; ++t) {
-      // cos/sin once per token, shared by all heads. The angle in f32 as Hugging Face
-      // computes it (positions.float() @ inv_freq).
-      for (int64_t i = 0; i < half; ++i) {
-        const float angle = static_cast<float>(positions[t]) * inv_freq[i];
-        cos_t[i] = std::cos(angle) * attn_factor;
-        sin_t[i] = std::sin(angle) * attn_factor;
-      }
-      for (int64_t h = 0; h < n_heads; ++h) {
-        float* v0 = x + (t * n_heads + h) * head_dim;
-        float* v1 = v0 + half;
-        int64_t i = 0;
-        for (; i + L <= half; i += L) {
-          const V c = S::load(cos_t + i), s = S::load(sin_t + i);
-          const V a = S::load(v0 + i), b = S::load(v1 + i);
-          S::store(v0 + i, S::sub(S::mul(a, c), S::mul(b, s)));
-          S::store(v1 + i, S::add(S::mul(b, c), S::mul(a, s)));
-        }
-        for (; i < half; ++i) {
-          const float a = v0[i], b = v1[i];
-          v0[i] = a * cos_t[i] - b * sin_t[i];
-          v1[i] = b * cos_t[i] + a * sin_t[i];
-        }
-      }
-    }
-  });
+                   static thread_local Scratch scratch;
+                   float* cos_t = scratch.get(2 * half);  // [half] cos, then [half] sin, for one token
+                   float* sin_t = cos_t + half;
+                   for (int64_t t = t0; t < t1; ++t) {
+                     // cos/sin once per token, shared by all heads. The angle in f32 as Hugging Face
+                     // computes it (positions.float() @ inv_freq).
+                     for (int64_t i = 0; i < half; ++i) {
+                       const float angle = static_cast<float>(positions[t]) * inv_freq[i];
+                       cos_t[i] = std::cos(angle) * attn_factor;
+                       sin_t[i] = std::sin(angle) * attn_factor;
+                     }
+                     for (int64_t h = 0; h < n_heads; ++h) {
+                       float* v0 = x + (t * n_heads + h) * head_dim;
+                       float* v1 = v0 + half;
+                       int64_t i = 0;
+                       for (; i + L <= half; i += L) {
+                         const V c = S::load(cos_t + i), s = S::load(sin_t + i);
+                         const V a = S::load(v0 + i), b = S::load(v1 + i);
+                         S::store(v0 + i, S::sub(S::mul(a, c), S::mul(b, s)));
+                         S::store(v1 + i, S::add(S::mul(b, c), S::mul(a, s)));
+                       }
+                       for (; i < half; ++i) {
+                         const float a = v0[i], b = v1[i];
+                         v0[i] = a * cos_t[i] - b * sin_t[i];
+                         v1[i] = b * cos_t[i] + a * sin_t[i];
+                       }
+                     }
+                   }
+                 });
 }
 
 // ---------------------------------------------------------------------------------------
@@ -449,15 +447,15 @@ void rope_neox(float* x, int64_t n_tokens, int64_t n_heads, int64_t head_dim, in
 // flash-decoding, so both threads work on one sequence) partials are merged afterwards.
 
 constexpr int64_t kMinChunkKeys = 256;  // below this, a chunk's merge costs more than it saves
-constexpr int64_t kMaxTileRows = 64;    // query rows per unit: acc[64][head_dim] stays in L1/L2
+constexpr int64_t kMaxTileRows = 64;  // query rows per unit: acc[64][head_dim] stays in L1/L2
 
 struct UnitState {
-  float* scores;         // [rows, block_size]
-  float* acc;            // [rows, head_dim]
-  float* m;              // [rows]
-  float* l;              // [rows]
+  float* scores;  // [rows, block_size]
+  float* acc;  // [rows, head_dim]
+  float* m;  // [rows]
+  float* l;  // [rows]
   const float** q_rows;  // [rows] the row's query vector
-  int64_t* key_end;      // [rows] causal limit: keys < key_end
+  int64_t* key_end;  // [rows] causal limit: keys < key_end
 };
 
 // K/V element access by the cache's storage dtype: L elements as f32, or one. Conversion
@@ -554,8 +552,8 @@ inline void accumulate_span_rows(float* const* acc, const float* const* p, const
 // n rows (one load/store of acc per page instead of per key), eight vectors at a time (eight
 // independent FMA chains: enough to keep both FMA units busy through the latency).
 template <DType VD>
-inline void accumulate_rows(float* acc, const float* p, const typename KvElem<VD>::T* v, int64_t stride,
-                            int64_t n, int64_t D) {
+inline void accumulate_rows(float* acc, const float* p, const typename KvElem<VD>::T* v, int64_t stride, int64_t n,
+                            int64_t D) {
   using E = KvElem<VD>;
   int64_t d = 0;
   for (; d + 8 * L <= D; d += 8 * L) {
@@ -602,9 +600,8 @@ inline void accumulate_rows_group(float* const* acc, const float* const* p, cons
 // KD: the cache's dtype. int8 folds its per-(token, head) scales into the scores (K) and
 // into the softmax weights (V), so the inner loops stay plain dot products / FMAs.
 template <DType KD>
-void attend_tile(const float* q, int64_t n_heads, int64_t t0, int64_t n_t, int64_t group,
-                 int64_t kvh, int64_t pos0, int64_t key0, int64_t key1, const PagedKv& kv,
-                 float scale, const UnitState& st) {
+void attend_tile(const float* q, int64_t n_heads, int64_t t0, int64_t n_t, int64_t group, int64_t kvh, int64_t pos0,
+                 int64_t key0, int64_t key1, const PagedKv& kv, float scale, const UnitState& st) {
   using T = typename KvElem<KD>::T;
   const T* k_pool = static_cast<const T*>(kv.k_pool);
   const T* v_pool = static_cast<const T*>(kv.v_pool);
@@ -655,7 +652,8 @@ void attend_tile(const float* q, int64_t n_heads, int64_t t0, int64_t n_t, int64
       float* sc = st.scores + r * bs;
       int64_t j = 0;
       if (D % L == 0) {
-        for (; j + L <= valid; j += L) S::store(sc + j, S::mul(dot_keys<KD>(st.q_rows[r], kp + j * D, D), S::set1(scale)));
+        for (; j + L <= valid; j += L)
+          S::store(sc + j, S::mul(dot_keys<KD>(st.q_rows[r], kp + j * D, D), S::set1(scale)));
       }
       for (; j < valid; ++j) sc[j] = dot_kv<KD>(st.q_rows[r], kp + j * D, D) * scale;
       if constexpr (KD == DType::kI8) {
@@ -699,17 +697,20 @@ void attend_tile(const float* q, int64_t n_heads, int64_t t0, int64_t n_t, int64
         acc[i] = st.acc + (r + i) * D;
         pr[i] = st.scores + (r + i) * bs;
       }
-      if (g == 4) accumulate_rows_group<KD, 4>(acc, pr, vp, D, valid, D);
-      else if (g >= 2) accumulate_rows_group<KD, 2>(acc, pr, vp, D, valid, D);
-      else accumulate_rows<KD>(acc[0], pr[0], vp, D, valid, D);
+      if (g == 4)
+        accumulate_rows_group<KD, 4>(acc, pr, vp, D, valid, D);
+      else if (g >= 2)
+        accumulate_rows_group<KD, 2>(acc, pr, vp, D, valid, D);
+      else
+        accumulate_rows<KD>(acc[0], pr[0], vp, D, valid, D);
       r += g == 3 ? 2 : g;  // three: a pair now, the third with what follows
     }
     p += run;
   }
 }
 
-void attention_paged(const float* q, int64_t n_tokens, int64_t n_heads, int64_t pos0,
-                     const PagedKv& kv, float scale, float* out) {
+void attention_paged(const float* q, int64_t n_tokens, int64_t n_heads, int64_t pos0, const PagedKv& kv, float scale,
+                     float* out) {
   const int64_t D = kv.head_dim, bs = kv.block_size, n_kv = kv.n_kv_heads;
   const int64_t group = n_heads / n_kv;
   const int threads = omp_in_parallel() ? 1 : num_threads();
@@ -725,8 +726,7 @@ void attention_paged(const float* q, int64_t n_tokens, int64_t n_heads, int64_t 
   const int64_t base_units = n_tiles * n_kv;
   int64_t n_chunks = 1;
   if (base_units < want_units) {
-    n_chunks = std::clamp<int64_t>(ceil_div(want_units, base_units), 1,
-                                   std::max<int64_t>(1, ctx_max / kMinChunkKeys));
+    n_chunks = std::clamp<int64_t>(ceil_div(want_units, base_units), 1, std::max<int64_t>(1, ctx_max / kMinChunkKeys));
   }
   // Chunk boundaries on block boundaries, so a page run never crosses a chunk.
   const int64_t chunk_len = ceil_div(ceil_div(ctx_max, n_chunks), bs) * bs;
@@ -736,12 +736,10 @@ void attention_paged(const float* q, int64_t n_tokens, int64_t n_heads, int64_t 
   // Partials of every (token, head, chunk): acc[D], m, l. Owned by the calling thread.
   static thread_local Scratch partial_scratch;
   const int64_t pstride = D + 2;
-  float* partials =
-      n_chunks > 1 ? partial_scratch.get(n_tokens * n_heads * n_chunks * pstride) : nullptr;
+  float* partials = n_chunks > 1 ? partial_scratch.get(n_tokens * n_heads * n_chunks * pstride) : nullptr;
 
   const int64_t work = ctx_max * n_tokens * n_heads * D;
-#pragma omp parallel for schedule(dynamic, 1) num_threads(threads) \
-    if (threads > 1 && units > 1 && work > (1 << 16))
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads) if (threads > 1 && units > 1 && work > (1 << 16))
   for (int64_t u = 0; u < units; ++u) {
     // Tiles in reverse: the last tokens see the most keys; start them first.
     const int64_t ti = n_tiles - 1 - u / (n_kv * n_chunks);
@@ -765,9 +763,7 @@ void attention_paged(const float* q, int64_t n_tokens, int64_t n_heads, int64_t 
       case DType::kBF16:
         attend_tile<DType::kBF16>(q, n_heads, t0, n_t, group, kvh, pos0, key0, key1, kv, scale, st);
         break;
-      case DType::kI8:
-        attend_tile<DType::kI8>(q, n_heads, t0, n_t, group, kvh, pos0, key0, key1, kv, scale, st);
-        break;
+      case DType::kI8: attend_tile<DType::kI8>(q, n_heads, t0, n_t, group, kvh, pos0, key0, key1, kv, scale, st); break;
       default:  // kF32 (the public wrapper rejects the rest)
         attend_tile<DType::kF32>(q, n_heads, t0, n_t, group, kvh, pos0, key0, key1, kv, scale, st);
         break;
@@ -808,8 +804,7 @@ void attention_paged(const float* q, int64_t n_tokens, int64_t n_heads, int64_t 
 }  // namespace
 
 const KernelTable& table() {
-  static const KernelTable t{matmul_rows, rmsnorm, silu_mul, softmax, add, rope_neox,
-                             attention_paged};
+  static const KernelTable t{matmul_rows, rmsnorm, silu_mul, softmax, add, rope_neox, attention_paged};
   return t;
 }
 

@@ -10,8 +10,8 @@
 namespace infera::kernels {
 
 struct QuantKernelTable {
-  void (*quantize_activations)(const float* x, int64_t m, int64_t k, int8_t* q, int64_t ld,
-                               float* scale, int32_t* block_sums);
+  void (*quantize_activations)(const float* x, int64_t m, int64_t k, int8_t* q, int64_t ld, float* scale,
+                               int32_t* block_sums);
   void (*qmatmul)(const float* x, int64_t m, const QuantMatRef& w, float* y);
   // Over w.packed (non-null); nullptr on paths without panel kernels (they use qmatmul).
   void (*qmatmul_packed)(const float* x, int64_t m, const QuantMatRef& w, float* y);
@@ -20,8 +20,12 @@ struct QuantKernelTable {
   void (*qgemv_packed_multi)(const float* x, const QuantMatRef* const* ws, float* const* ys, int count);
 };
 
-namespace quant_avx2 { const QuantKernelTable& table(); }
-namespace quant_avx512 { const QuantKernelTable& table(); }
+namespace quant_avx2 {
+const QuantKernelTable& table();
+}
+namespace quant_avx512 {
+const QuantKernelTable& table();
+}
 
 // Activation rows are padded to this many columns (one zmm of int8), so SIMD loops read
 // whole vectors of x; the padding is zero.

@@ -12,8 +12,8 @@
 //   and OS allow it (same integers, bit-identical results).
 #pragma once
 
-#include <immintrin.h>
 #include <cpuid.h>
+#include <immintrin.h>
 #include <omp.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -143,7 +143,7 @@ struct ActivationScratch {
   std::vector<float> scale;
   std::vector<int32_t> block_sums;
   std::vector<int32_t> corr;  // panel kernels: integer correction per token (and group)
-  std::vector<float> xsum8;   // W4A16 panel kernel: 8 * sum of x per token and group
+  std::vector<float> xsum8;  // W4A16 panel kernel: 8 * sum of x per token and group
 };
 ActivationScratch& activation_scratch() {
   static thread_local ActivationScratch s;
@@ -154,8 +154,8 @@ ActivationScratch& activation_scratch() {
 
 // y[i * ldy + r] for i < M, r < R: rows w[r * k ...] against quantized tokens xq[i * ld ...].
 template <int M, int R>
-inline void w8a8_tile(const int8_t* xq, int64_t ld, const float* dx, const int8_t* w, int64_t k,
-                      const float* dw, float* y, int64_t ldy) {
+inline void w8a8_tile(const int8_t* xq, int64_t ld, const float* dx, const int8_t* w, int64_t k, const float* dw,
+                      float* y, int64_t ldy) {
 #if INFERA_QUANT_AVX512
   __m512i acc[M][R], wsum[R];
   for (int r = 0; r < R; ++r) {
@@ -213,8 +213,8 @@ inline void w8a8_tile(const int8_t* xq, int64_t ld, const float* dx, const int8_
 // ---- W4A8 ---------------------------------------------------------------------------------
 
 template <int M, int R>
-inline void w4a8_tile(const int8_t* xq, int64_t ld, const float* dx, const int32_t* bsums, const uint8_t* w,
-                      int64_t k, int64_t gs, const uint16_t* scales, float* y, int64_t ldy) {
+inline void w4a8_tile(const int8_t* xq, int64_t ld, const float* dx, const int32_t* bsums, const uint8_t* w, int64_t k,
+                      int64_t gs, const uint16_t* scales, float* y, int64_t ldy) {
   const int64_t row_bytes = k / 2, groups = k / gs, blocks_per_group = gs / 32, bld = ld / 32;
   __m256 facc[M][R];
   float corr[M][R];
@@ -299,10 +299,10 @@ inline void w4a16_tile(const float* x, int64_t k, const uint8_t* w, int64_t gs, 
 
 struct Operands {
   const QuantMatRef* w;
-  const float* x;     // W4A16: f32 activations [m, k]
-  const int8_t* xq;   // A8: quantized activations [m, ld]
+  const float* x;  // W4A16: f32 activations [m, k]
+  const int8_t* xq;  // A8: quantized activations [m, ld]
   int64_t ld;
-  const float* dx;    // A8: per-token scales [m]
+  const float* dx;  // A8: per-token scales [m]
   const int32_t* bsums;  // W4A8: per-32-column sums of xq [m, ld / 32]
 };
 
@@ -312,7 +312,8 @@ template <template <int, int> class Tile>
 void sweep(const Operands& ops, int64_t m, int64_t n, int64_t row_bytes, float* y) {
   constexpr int64_t kRowsAlign = 4;
   const int64_t target = int64_t{32} << 10;  // ~32 KiB of weights per block: stays in L1/L2 for all tokens
-  int64_t block_rows = std::max<int64_t>(kRowsAlign, target / std::max<int64_t>(row_bytes, 1) / kRowsAlign * kRowsAlign);
+  int64_t block_rows =
+      std::max<int64_t>(kRowsAlign, target / std::max<int64_t>(row_bytes, 1) / kRowsAlign * kRowsAlign);
   const int64_t blocks = (n + block_rows - 1) / block_rows;
   parallel_chunks(blocks, 1, [&](int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; ++b) {
@@ -341,9 +342,8 @@ template <int M, int R>
 struct W8A8Tile {
   static void run(const Operands& ops, int64_t i0, int64_t j, float* y, int64_t ldy) {
     const QuantMatRef& w = *ops.w;
-    w8a8_tile<M, R>(ops.xq + i0 * ops.ld, ops.ld, ops.dx + i0,
-                    static_cast<const int8_t*>(w.qweight) + j * w.cols, w.cols,
-                    static_cast<const float*>(w.scales) + j, y, ldy);
+    w8a8_tile<M, R>(ops.xq + i0 * ops.ld, ops.ld, ops.dx + i0, static_cast<const int8_t*>(w.qweight) + j * w.cols,
+                    w.cols, static_cast<const float*>(w.scales) + j, y, ldy);
   }
 };
 template <int M, int R>
@@ -364,7 +364,6 @@ struct W4A16Tile {
   }
 };
 
-
 #if INFERA_QUANT_AVX512
 // ---- panel kernels over the repacked layout (kernels/quant.h, "Repacked layout") ----------
 //
@@ -382,7 +381,8 @@ constexpr int64_t kPrefillPanels = 3;
 // Decode (one token): panels swept at once, one memory stream each. At one thread four
 // streams read ~5% faster than two (the core keeps more lines in flight).
 constexpr int64_t kDecodePanels = 4;
-constexpr int64_t kPrefetchAhead = 2048;  // bytes: decode kernels prefetch this far ahead in each panel stream (measured: +10% over the hardware prefetcher alone)
+constexpr int64_t kPrefetchAhead = 2048;  // bytes: decode kernels prefetch this far ahead in each panel stream
+                                          // (measured: +10% over the hardware prefetcher alone)
 
 // The panels a decode kernel sweeps after the current group (the next group of the same
 // piece): `count` of them from `first` (count 0: none).
@@ -485,7 +485,8 @@ void w4a8_panels(const uint8_t* panel, int64_t panel_bytes, int64_t chunks, int6
     if constexpr (M == 1) {  // the scales past the first kScaleLead bytes (decode_prefetch has those)
       const int64_t scale_bytes = groups * kPanelRows * 2, at = g * kPanelRows * 2 + kScaleLead;
       if (at < scale_bytes)
-        for (int q = 0; q < P; ++q) _mm_prefetch(reinterpret_cast<const char*>(panel + q * panel_bytes + chunks * 64 + at), _MM_HINT_T0);
+        for (int q = 0; q < P; ++q)
+          _mm_prefetch(reinterpret_cast<const char*>(panel + q * panel_bytes + chunks * 64 + at), _MM_HINT_T0);
     }
     for (int64_t c = 0; c < chunks_per_group; ++c) {
       __m512i lo[P], hi[P];
@@ -531,8 +532,8 @@ void w4a8_panels(const uint8_t* panel, int64_t panel_bytes, int64_t chunks, int6
 // W8A8 over P adjacent panels: y[i, r] = dx[i] * scale[r] * (sum_t (w + 128) * xq[i, t] - 128 * sum_t xq[i, t]).
 template <int M, int P>
 void w8a8_panels(const uint8_t* panel, int64_t panel_bytes, int64_t chunks, const int8_t* xq, int64_t ld,
-                 const int32_t* xsum128, const float* dx, float* y, int64_t ldy, int rows_last,
-                 L2Prefetch pf = {}, NextPanels next = {}) {
+                 const int32_t* xsum128, const float* dx, float* y, int64_t ldy, int rows_last, L2Prefetch pf = {},
+                 NextPanels next = {}) {
   // One token, one panel would be a single dependent vpdpbusd chain: alternate two.
   constexpr int A = (M == 1 && P == 1) ? 2 : 1;
   __m512i acc[P][M][A];
@@ -579,8 +580,9 @@ void w8a8_panels(const uint8_t* panel, int64_t panel_bytes, int64_t chunks, cons
 // starts at byte 4d).
 inline void byte_pickers(__m512i pick[4]) {
   for (int j = 0; j < 4; ++j) {
-    const __m128i lane = _mm_setr_epi32(static_cast<int32_t>(0x80808000u | (0u + j)), static_cast<int32_t>(0x80808000u | (4u + j)),
-                                        static_cast<int32_t>(0x80808000u | (8u + j)), static_cast<int32_t>(0x80808000u | (12u + j)));
+    const __m128i lane =
+        _mm_setr_epi32(static_cast<int32_t>(0x80808000u | (0u + j)), static_cast<int32_t>(0x80808000u | (4u + j)),
+                       static_cast<int32_t>(0x80808000u | (8u + j)), static_cast<int32_t>(0x80808000u | (12u + j)));
     pick[j] = _mm512_broadcast_i32x4(lane);
   }
 }
@@ -672,8 +674,8 @@ constexpr int64_t kW4A16BlockCols = 128;
 
 // wbuf[c, q * 16 + r] = weight of row r of panel q at column c0 + c, c < cols (multiple of 8).
 template <int P>
-void w4a16_unpack_block(const uint8_t* panel, int64_t panel_bytes, int64_t chunks, int64_t gs, int64_t c0,
-                        int64_t cols, float* wbuf) {
+void w4a16_unpack_block(const uint8_t* panel, int64_t panel_bytes, int64_t chunks, int64_t gs, int64_t c0, int64_t cols,
+                        float* wbuf) {
   const __m512i low = _mm512_set1_epi8(0x0f);
   __m512i pick[4];
   byte_pickers(pick);
@@ -683,7 +685,8 @@ void w4a16_unpack_block(const uint8_t* panel, int64_t panel_bytes, int64_t chunk
     const uint16_t* scales = reinterpret_cast<const uint16_t*>(pq + chunks * 64);
     for (int64_t c = 0; c < cols; c += 8) {
       const int64_t col = c0 + c;
-      const __m512 sc = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(scales + col / gs * kPanelRows)));
+      const __m512 sc =
+          _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(scales + col / gs * kPanelRows)));
       const __m512i v = _mm512_load_si512(pq + col / 8 * 64);
       const __m512i nib[2] = {_mm512_and_si512(v, low), _mm512_and_si512(_mm512_srli_epi16(v, 4), low)};
 #pragma GCC unroll 8
@@ -727,9 +730,8 @@ void w4a16_panels_gemm(const uint8_t* panel, int64_t panel_bytes, int64_t chunks
     const int64_t cols = std::min(kW4A16BlockCols, k - c0);
     w4a16_unpack_block<P>(panel, panel_bytes, chunks, gs, c0, cols, wbuf);
     for (int64_t i0 = 0; i0 < m; i0 += kTileTokens) {
-      with_tile_tokens(std::min<int64_t>(kTileTokens, m - i0), [&]<int M>() {
-        w4a16_block_tile<M, P>(wbuf, cols, x + i0 * k, k, c0, acc + i0 * kRows);
-      });
+      with_tile_tokens(std::min<int64_t>(kTileTokens, m - i0),
+                       [&]<int M>() { w4a16_block_tile<M, P>(wbuf, cols, x + i0 * k, k, c0, acc + i0 * kRows); });
     }
   }
   for (int64_t i = 0; i < m; ++i)
@@ -844,11 +846,15 @@ void w8a8_amx_panels(const PackedQuantMat& pk, int64_t p0, int64_t p1, int64_t n
       float* yt = y + i0 * n + p * kPanelRows;
       const int64_t valid = m - i0;
       if (np == 2) {
-        if (two_a) w8a8_amx_tile<2, 2>(panel, pk.panel_bytes, pk.chunks, xt, ld, xsum128 + i0, dx + i0, yt, n, valid, rows_last);
-        else w8a8_amx_tile<1, 2>(panel, pk.panel_bytes, pk.chunks, xt, ld, xsum128 + i0, dx + i0, yt, n, valid, rows_last);
+        if (two_a)
+          w8a8_amx_tile<2, 2>(panel, pk.panel_bytes, pk.chunks, xt, ld, xsum128 + i0, dx + i0, yt, n, valid, rows_last);
+        else
+          w8a8_amx_tile<1, 2>(panel, pk.panel_bytes, pk.chunks, xt, ld, xsum128 + i0, dx + i0, yt, n, valid, rows_last);
       } else {
-        if (two_a) w8a8_amx_tile<2, 1>(panel, pk.panel_bytes, pk.chunks, xt, ld, xsum128 + i0, dx + i0, yt, n, valid, rows_last);
-        else w8a8_amx_tile<1, 1>(panel, pk.panel_bytes, pk.chunks, xt, ld, xsum128 + i0, dx + i0, yt, n, valid, rows_last);
+        if (two_a)
+          w8a8_amx_tile<2, 1>(panel, pk.panel_bytes, pk.chunks, xt, ld, xsum128 + i0, dx + i0, yt, n, valid, rows_last);
+        else
+          w8a8_amx_tile<1, 1>(panel, pk.panel_bytes, pk.chunks, xt, ld, xsum128 + i0, dx + i0, yt, n, valid, rows_last);
       }
     }
   }
@@ -908,8 +914,8 @@ ActivationScratch& prepare_activations(const float* x, int64_t m, const QuantMat
 // next group prefetched from the current one's tail.
 // `after`: the panels swept right after p1 (the next matrix of a joint pass), prefetched from
 // the last group's tail like the piece's own next groups.
-void decode_panels(const QuantMatRef& w, int64_t p0, int64_t p1, const float* x, const ActivationScratch& s,
-                   float* y, NextPanels after = {}) {
+void decode_panels(const QuantMatRef& w, int64_t p0, int64_t p1, const float* x, const ActivationScratch& s, float* y,
+                   NextPanels after = {}) {
   const PackedQuantMat& pk = *w.packed;
   const int64_t k = w.cols, n = w.rows, groups = w.groups_per_row(), gs = w.group_size;
   const int64_t chunks = pk.chunks, pb = pk.panel_bytes, ld = activation_ld(k);
@@ -924,15 +930,16 @@ void decode_panels(const QuantMatRef& w, int64_t p0, int64_t p1, const float* x,
   }
   for (int64_t p = p0; p < p1;) {
     const int64_t np = std::min<int64_t>(kDecodePanels, p1 - p);
-    const NextPanels next = p + np < p1 ? NextPanels{pk.panel(p + np), static_cast<int>(std::min<int64_t>(kDecodePanels, p1 - p - np))}
-                                        : after;
+    const NextPanels next =
+        p + np < p1 ? NextPanels{pk.panel(p + np), static_cast<int>(std::min<int64_t>(kDecodePanels, p1 - p - np))}
+                    : after;
     with_panels<kDecodePanels>(np, [&]<int P>() {
       if (w.scheme == QuantScheme::kW4A8) {
         w4a8_panels<1, P>(pk.panel(p), pb, chunks, groups, gs, xq, ld, corr, dx, y + p * kPanelRows, n,
                           rows_in(p + P - 1), {}, next);
       } else {
-        w8a8_panels<1, P>(pk.panel(p), pb, chunks, xq, ld, corr, dx, y + p * kPanelRows, n, rows_in(p + P - 1),
-                          {}, next);
+        w8a8_panels<1, P>(pk.panel(p), pb, chunks, xq, ld, corr, dx, y + p * kPanelRows, n, rows_in(p + P - 1), {},
+                          next);
       }
     });
     p += np;
@@ -953,8 +960,8 @@ void qmatmul_packed(const float* x, int64_t m, const QuantMatRef& w, float* y) {
   const PackedQuantMat& pk = *w.packed;
   const int64_t k = w.cols, n = w.rows, groups = w.groups_per_row(), gs = w.group_size;
   const int64_t panels = pk.panels, chunks = pk.chunks, pb = pk.panel_bytes;
-  const bool use_amx = w.scheme == QuantScheme::kW8A8 && m >= kAmxMinTokens && k % 64 == 0 &&
-                       quant_amx_enabled() && amx_usable();
+  const bool use_amx =
+      w.scheme == QuantScheme::kW8A8 && m >= kAmxMinTokens && k % 64 == 0 && quant_amx_enabled() && amx_usable();
   const ActivationScratch& s = prepare_activations(x, m, w, use_amx);
   const int64_t ld = activation_ld(k);
   const int8_t* xq = s.q.data();
@@ -973,12 +980,13 @@ void qmatmul_packed(const float* x, int64_t m, const QuantMatRef& w, float* y) {
             const int64_t np = std::min<int64_t>(2, p1 - p);
             const int64_t next_panels = std::min<int64_t>(2, p1 - p - np);
             for (int64_t i0 = 0; i0 < m; i0 += kTileTokens) {
-              const L2Prefetch pf =
-                  next_panels > 0 ? prefetch_part(pk.panel(p + np), next_panels * pb, tiles, i0 / kTileTokens) : L2Prefetch{};
+              const L2Prefetch pf = next_panels > 0
+                                        ? prefetch_part(pk.panel(p + np), next_panels * pb, tiles, i0 / kTileTokens)
+                                        : L2Prefetch{};
               with_tile_tokens(std::min<int64_t>(kTileTokens, m - i0), [&]<int M>() {
                 auto run = [&]<int P>() {
-                  w4a8_panels<M, P>(pk.panel(p), pb, chunks, groups, gs, xq + i0 * ld, ld, corr + i0 * groups,
-                                    dx + i0, y + i0 * n + p * kPanelRows, n, rows_in(p + np - 1), pf);
+                  w4a8_panels<M, P>(pk.panel(p), pb, chunks, groups, gs, xq + i0 * ld, ld, corr + i0 * groups, dx + i0,
+                                    y + i0 * n + p * kPanelRows, n, rows_in(p + np - 1), pf);
                 };
                 with_panels<2>(np, run);
               });
@@ -1005,8 +1013,9 @@ void qmatmul_packed(const float* x, int64_t m, const QuantMatRef& w, float* y) {
           const int64_t next_panels = std::min<int64_t>(kPrefillPanels, p1 - p - np);
           const int64_t tiles = (m + kTileTokens - 1) / kTileTokens;
           for (int64_t i0 = 0; i0 < m; i0 += kTileTokens) {
-            const L2Prefetch pf =
-                next_panels > 0 ? prefetch_part(pk.panel(p + np), next_panels * pb, tiles, i0 / kTileTokens) : L2Prefetch{};
+            const L2Prefetch pf = next_panels > 0
+                                      ? prefetch_part(pk.panel(p + np), next_panels * pb, tiles, i0 / kTileTokens)
+                                      : L2Prefetch{};
             with_tile_tokens(std::min<int64_t>(kTileTokens, m - i0), [&]<int M>() {
               auto run = [&]<int P>() {
                 w8a8_panels<M, P>(pk.panel(p), pb, chunks, xq + i0 * ld, ld, corr + i0, dx + i0,
@@ -1041,7 +1050,7 @@ void qmatmul_packed(const float* x, int64_t m, const QuantMatRef& w, float* y) {
 void qgemv_packed_multi(const float* x, const QuantMatRef* const* ws, float* const* ys, int count) {
   const ActivationScratch& s = prepare_activations(x, 1, *ws[0], false);
   static thread_local std::vector<int64_t> starts;  // per call on the decode path: no allocation once warm
-  std::vector<int64_t>& first = starts;            // (a reference: the workers below must see this thread's)
+  std::vector<int64_t>& first = starts;  // (a reference: the workers below must see this thread's)
   first.assign(static_cast<size_t>(count) + 1, 0);  // first global panel of each matrix
   for (int i = 0; i < count; ++i) first[i + 1] = first[i] + ws[i]->packed->panels;
   const int64_t total = first[count];
@@ -1057,8 +1066,8 @@ void qgemv_packed_multi(const float* x, const QuantMatRef* const* ws, float* con
       NextPanels after;
       if (b == first[i + 1] && i + 1 < count && p1 > first[i + 1] &&
           ws[i + 1]->packed->panel_bytes == ws[i]->packed->panel_bytes) {
-        after = {ws[i + 1]->packed->panel(0), static_cast<int>(std::min<int64_t>({kDecodePanels, p1 - first[i + 1],
-                                                                               ws[i + 1]->packed->panels}))};
+        after = {ws[i + 1]->packed->panel(0),
+                 static_cast<int>(std::min<int64_t>({kDecodePanels, p1 - first[i + 1], ws[i + 1]->packed->panels}))};
       }
       decode_panels(*ws[i], a - first[i], b - first[i], x, s, ys[i], after);
     }

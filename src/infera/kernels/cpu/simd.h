@@ -24,12 +24,12 @@ namespace infera::kernels::INFERA_KERNEL_NS {
 // polynomial for e^r, then 2^n through the exponent bits. Relative error ~2 ulp. Inputs
 // are clamped to [-87.3, 88.0] so 2^n stays a normal number (results below e^-87.3 ~ 1e-38
 // come out as ~1e-38 instead of 0: negligible against any sum they join).
-#define INFERA_EXP_CONSTANTS                                  \
-  constexpr float kExpHi = 88.0f, kExpLo = -87.3f;             \
-  constexpr float kLog2e = 1.44269504088896341f;               \
-  constexpr float kLn2Hi = 0.693359375f, kLn2Lo = -2.12194440e-4f; \
-  constexpr float kP0 = 1.9875691500e-4f, kP1 = 1.3981999507e-3f, kP2 = 8.3334519073e-3f, \
-                  kP3 = 4.1665795894e-2f, kP4 = 1.6666665459e-1f, kP5 = 5.0000001201e-1f;
+#define INFERA_EXP_CONSTANTS                                                                                      \
+  constexpr float kExpHi = 88.0f, kExpLo = -87.3f;                                                                \
+  constexpr float kLog2e = 1.44269504088896341f;                                                                  \
+  constexpr float kLn2Hi = 0.693359375f, kLn2Lo = -2.12194440e-4f;                                                \
+  constexpr float kP0 = 1.9875691500e-4f, kP1 = 1.3981999507e-3f, kP2 = 8.3334519073e-3f, kP3 = 4.1665795894e-2f, \
+                  kP4 = 1.6666665459e-1f, kP5 = 5.0000001201e-1f;
 
 #if INFERA_SIMD_LEVEL == 2
 
@@ -109,8 +109,7 @@ struct Simd {
   static V exp(V x) {
     INFERA_EXP_CONSTANTS
     x = _mm512_min_ps(_mm512_max_ps(x, set1(kExpLo)), set1(kExpHi));
-    const V fx = _mm512_roundscale_ps(_mm512_mul_ps(x, set1(kLog2e)),
-                                      _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const V fx = _mm512_roundscale_ps(_mm512_mul_ps(x, set1(kLog2e)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     x = _mm512_fnmadd_ps(fx, set1(kLn2Hi), x);
     x = _mm512_fnmadd_ps(fx, set1(kLn2Lo), x);
     V y = set1(kP0);
@@ -120,8 +119,7 @@ struct Simd {
     y = fma(y, x, set1(kP4));
     y = fma(y, x, set1(kP5));
     y = fma(y, _mm512_mul_ps(x, x), _mm512_add_ps(x, set1(1.0f)));
-    const __m512i e = _mm512_slli_epi32(
-        _mm512_add_epi32(_mm512_cvtps_epi32(fx), _mm512_set1_epi32(127)), 23);
+    const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(fx), _mm512_set1_epi32(127)), 23);
     return _mm512_mul_ps(y, _mm512_castsi512_ps(e));
   }
 };
@@ -141,9 +139,7 @@ struct Simd {
     const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
   }
-  static V load_f16(const uint16_t* p) {
-    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  }
+  static V load_f16(const uint16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
   static __m256i mask(int n) {
     return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
   }
@@ -202,8 +198,7 @@ struct Simd {
   static V exp(V x) {
     INFERA_EXP_CONSTANTS
     x = _mm256_min_ps(_mm256_max_ps(x, set1(kExpLo)), set1(kExpHi));
-    const V fx = _mm256_round_ps(_mm256_mul_ps(x, set1(kLog2e)),
-                                 _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const V fx = _mm256_round_ps(_mm256_mul_ps(x, set1(kLog2e)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     x = _mm256_fnmadd_ps(fx, set1(kLn2Hi), x);
     x = _mm256_fnmadd_ps(fx, set1(kLn2Lo), x);
     V y = set1(kP0);
@@ -213,8 +208,7 @@ struct Simd {
     y = fma(y, x, set1(kP4));
     y = fma(y, x, set1(kP5));
     y = fma(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, set1(1.0f)));
-    const __m256i e = _mm256_slli_epi32(
-        _mm256_add_epi32(_mm256_cvtps_epi32(fx), _mm256_set1_epi32(127)), 23);
+    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(fx), _mm256_set1_epi32(127)), 23);
     return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
   }
 };

@@ -18,8 +18,7 @@ float weight_at(const MatRef& w, int64_t row, int64_t col) {
     case DType::kF16: return f16_to_f32(static_cast<const uint16_t*>(w.data)[i]);
     default: break;
   }
-  fail("matmul: weight dtype {} is not supported (expected f32, bf16 or f16)",
-       dtype_name(w.dtype));
+  fail("matmul: weight dtype {} is not supported (expected f32, bf16 or f16)", dtype_name(w.dtype));
 }
 
 void matmul(const float* x, int64_t m, const MatRef& w, float* y) {
@@ -33,8 +32,7 @@ void matmul(const float* x, int64_t m, const MatRef& w, float* y) {
   }
 }
 
-void rmsnorm(const float* x, const float* w, float* y, int64_t rows, int64_t n, float eps,
-             float w_offset) {
+void rmsnorm(const float* x, const float* w, float* y, int64_t rows, int64_t n, float eps, float w_offset) {
   for (int64_t r = 0; r < rows; ++r) {
     double ss = 0.0;
     for (int64_t i = 0; i < n; ++i) ss += double(x[r * n + i]) * double(x[r * n + i]);
@@ -65,8 +63,8 @@ void add(float* y, const float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] += x[i];
 }
 
-void rope_neox(float* x, int64_t n_tokens, int64_t n_heads, int64_t head_dim, int64_t rot_dim,
-               const int32_t* positions, const float* inv_freq, float attn_factor) {
+void rope_neox(float* x, int64_t n_tokens, int64_t n_heads, int64_t head_dim, int64_t rot_dim, const int32_t* positions,
+               const float* inv_freq, float attn_factor) {
   const int64_t half = rot_dim / 2;
   for (int64_t t = 0; t < n_tokens; ++t) {
     for (int64_t h = 0; h < n_heads; ++h) {
@@ -84,9 +82,9 @@ void rope_neox(float* x, int64_t n_tokens, int64_t n_heads, int64_t head_dim, in
   }
 }
 
-void attention_contiguous(const float* q, int64_t n_tokens, int64_t n_heads, int64_t pos0,
-                          const float* k, const float* v, int64_t n_ctx, int64_t n_kv_heads,
-                          int64_t head_dim, float scale, float* out) {
+void attention_contiguous(const float* q, int64_t n_tokens, int64_t n_heads, int64_t pos0, const float* k,
+                          const float* v, int64_t n_ctx, int64_t n_kv_heads, int64_t head_dim, float scale,
+                          float* out) {
   INFERA_ASSERT(n_heads % n_kv_heads == 0);
   INFERA_ASSERT(pos0 + n_tokens <= n_ctx);
   const int64_t group = n_heads / n_kv_heads;
