@@ -30,13 +30,6 @@ using namespace std::chrono_literals;
 const std::string kStories = test::stories_dir();
 const std::string kChatml = std::string(INFERA_SOURCE_DIR) + "/tests/conformance/data/chatml.jinja";
 
-std::string read_text(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
 // One model served by a FakeBackend that "generates" `script`.
 class ScriptedServer {
  public:
@@ -52,7 +45,7 @@ class ScriptedServer {
     d.path = kStories;
     auto m =
         std::make_shared<ModelInstance>(d, load_model_config(kStories), Tokenizer::load(kStories),
-                                        std::make_unique<ChatTemplate>(read_text(kChatml)), resolve_limits(d, 512));
+                                        std::make_unique<ChatTemplate>(test::slurp(kChatml)), resolve_limits(d, 512));
     m->set_backend(backend);
     ServerConfig c;
     c.port = 0;

@@ -37,13 +37,6 @@ using Clock = std::chrono::steady_clock;
 const std::string kStories = test::stories_dir();
 const std::string kChatml = std::string(INFERA_SOURCE_DIR) + "/tests/conformance/data/chatml.jinja";
 
-std::string read_text(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
 struct Options {
   int64_t body_limit = 4096;
   std::vector<ApiKeyConfig> keys;
@@ -68,7 +61,7 @@ class Server {
     d.path = kStories;
     auto m =
         std::make_shared<ModelInstance>(d, load_model_config(kStories), std::move(tok),
-                                        std::make_unique<ChatTemplate>(read_text(kChatml)), resolve_limits(d, 512));
+                                        std::make_unique<ChatTemplate>(test::slurp(kChatml)), resolve_limits(d, 512));
     m->set_backend(backend);
     ServerConfig c;
     c.port = 0;
