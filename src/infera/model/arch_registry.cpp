@@ -9,8 +9,15 @@
 namespace infera {
 
 // The model files' create hooks (one per model file).
-std::unique_ptr<Model> create_llama_model(const ModelConfig& cfg, WeightStore store, const LoadOptions& options);
-std::unique_ptr<Model> create_qwen35_model(const ModelConfig& cfg, WeightStore store, const LoadOptions& options);
+std::unique_ptr<Model> create_llama_model(const ModelConfig& cfg, ModelWeights weights, const LoadOptions& options);
+std::unique_ptr<Model> create_qwen35_model(const ModelConfig& cfg, ModelWeights weights, const LoadOptions& options);
+// The config readers (model/config.cpp).
+void read_dense_config(const ConfigReader& r, ModelConfig& c);
+void read_qwen3_moe_config(const ConfigReader& r, ModelConfig& c);
+void read_qwen35_config(const ConfigReader& r, ModelConfig& c);
+void read_qwen35_moe_config(const ConfigReader& r, ModelConfig& c);
+void read_qwen3_next_config(const ConfigReader& r, ModelConfig& c);
+void read_deepseek_config(const ConfigReader& r, ModelConfig& c);
 // The tensor tables (model/tensor_table.cpp).
 void transformer_tensor_table(const ModelConfig& c, const HasTensor& has_tensor, std::vector<TensorSpec>& out);
 void hybrid_tensor_table(const ModelConfig& c, const HasTensor& has_tensor, std::vector<TensorSpec>& out);
@@ -23,6 +30,7 @@ std::vector<ArchInfo> make_registry() {
   {
     ArchInfo a;
     a.arch = Arch::kLlama;
+    a.read_config = read_dense_config;
     a.name = "llama";
     a.model_types = {"llama"};
     a.display_name = "Llama";
@@ -34,6 +42,7 @@ std::vector<ArchInfo> make_registry() {
   {
     ArchInfo a;
     a.arch = Arch::kQwen3;
+    a.read_config = read_dense_config;
     a.name = "qwen3";
     a.model_types = {"qwen3"};
     a.display_name = "Qwen3";
@@ -46,12 +55,12 @@ std::vector<ArchInfo> make_registry() {
   {
     ArchInfo a;
     a.arch = Arch::kQwen3Moe;
+    a.read_config = read_qwen3_moe_config;
     a.name = "qwen3_moe";
     a.model_types = {"qwen3_moe"};
     a.display_name = "Qwen3-MoE";
     a.gguf_arch = "qwen3moe";
     a.traits.qwen3_defaults = true;
-    a.traits.moe_config = true;
     a.tensors = transformer_tensor_table;
     a.create = create_llama_model;  // model/transformer.cpp
     rows.push_back(a);
@@ -59,13 +68,14 @@ std::vector<ArchInfo> make_registry() {
   {
     ArchInfo a;
     a.arch = Arch::kQwen3Next;
+    a.read_config = read_qwen3_next_config;
     a.name = "qwen3_next";
     a.model_types = {"qwen3_next"};
     a.display_name = "Qwen3-Next";
     a.traits.hybrid = true;
     a.traits.qwen3_defaults = true;
-    a.traits.moe_config = true;
     a.traits.zero_centred_norms = true;
+    a.traits.plain_fallback = true;
     a.traits.fused_gdn_projections = true;
     a.traits.mtp_from_tensors = true;
     a.tensors = hybrid_tensor_table;
@@ -75,6 +85,7 @@ std::vector<ArchInfo> make_registry() {
   {
     ArchInfo a;
     a.arch = Arch::kQwen35;
+    a.read_config = read_qwen35_config;
     a.name = "qwen3_5";
     a.model_types = {"qwen3_5", "qwen3_5_text"};
     a.display_name = "Qwen3.5";
@@ -83,6 +94,7 @@ std::vector<ArchInfo> make_registry() {
     a.traits.qwen3_defaults = true;
     a.traits.nested_text = true;
     a.traits.zero_centred_norms = true;
+    a.traits.plain_fallback = true;
     a.tensors = hybrid_tensor_table;
     a.create = create_qwen35_model;  // model/qwen35.cpp
     rows.push_back(a);
@@ -90,15 +102,16 @@ std::vector<ArchInfo> make_registry() {
   {
     ArchInfo a;
     a.arch = Arch::kQwen35Moe;
+    a.read_config = read_qwen35_moe_config;
     a.name = "qwen3_5_moe";
     a.model_types = {"qwen3_5_moe", "qwen3_5_moe_text"};
     a.display_name = "Qwen3.5-MoE";
     a.gguf_arch = "qwen35moe";
     a.traits.hybrid = true;
     a.traits.qwen3_defaults = true;
-    a.traits.moe_config = true;
     a.traits.nested_text = true;
     a.traits.zero_centred_norms = true;
+    a.traits.plain_fallback = true;
     a.traits.experts = ExpertLayout::kFused;
     a.tensors = hybrid_tensor_table;
     a.create = create_qwen35_model;  // model/qwen35.cpp
@@ -108,6 +121,7 @@ std::vector<ArchInfo> make_registry() {
     // Recognised for `infera check` and `infera plan`; no model file yet.
     ArchInfo a;
     a.arch = Arch::kDeepseekV3;
+    a.read_config = read_deepseek_config;
     a.name = "deepseek_v3";
     a.model_types = {"deepseek_v3", "deepseek_v32"};
     a.display_name = "DeepSeek-V3";

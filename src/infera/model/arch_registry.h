@@ -20,7 +20,8 @@
 namespace infera {
 
 class Model;
-class WeightStore;
+class ConfigReader;
+class ModelWeights;
 struct LoadOptions;
 struct TensorSpec;
 
@@ -39,18 +40,26 @@ struct ArchTraits {
   bool hybrid = false;
   bool mla = false;  // multi-head latent attention (DeepSeek): a compressed KV cache
   bool qwen3_defaults = false;  // Qwen3Config defaults (head_dim 128, 32768 positions) and q/k norm
-  bool moe_config = false;  // reads the Qwen MoE keys (num_experts, ...)
   // Multimodal wrapper: the text model may live under model.language_model.* (published
   // checkpoints) instead of model.* (text-only exports); text_prefix() decides per checkpoint.
   bool nested_text = false;
   bool zero_centred_norms = false;  // RMSNorm weights applied as (1 + w)
   bool fused_gdn_projections = false;  // in_proj_qkvz / in_proj_ba (Qwen3-Next) instead of split
   bool mtp_from_tensors = false;  // config.json does not declare the MTP head; the mtp.* tensors do
+  // A quantized checkpoint may store any matrix plainly without an override naming it (GDN
+  // gate projections; directories quantized before these layers were): SafetensorsSource.
+  bool plain_fallback = false;
   ExpertLayout experts = ExpertLayout::kPerExpert;  // the layout published checkpoints use
 };
 
-// The model file's hook that binds a checkpoint's weights and returns the model.
-using CreateModelFn = std::unique_ptr<Model> (*)(const ModelConfig& cfg, WeightStore store, const LoadOptions& options);
+// The model file's hook: binds its weights by role ((layer, slot) of the tensor table, from
+// whatever checkpoint format `weights` reads) and returns the model, whose forward() (and
+// MtpHead::draft(), when it has an MTP head) run it.
+using CreateModelFn = std::unique_ptr<Model> (*)(const ModelConfig& cfg, ModelWeights weights,
+                                                 const LoadOptions& options);
+// Reads the architecture's own config.json keys into cfg, after the keys every architecture
+// shares (sizes, heads, vocabulary) and before RoPE (model/config.cpp has the shared ones).
+using ReadConfigFn = void (*)(const ConfigReader& r, ModelConfig& cfg);
 // Appends the architecture's tensor table (model/tensor_table.h).
 using TensorTableFn = void (*)(const ModelConfig& cfg, const HasTensor& has_tensor, std::vector<TensorSpec>& out);
 
@@ -61,6 +70,10 @@ struct ArchInfo {
   const char* display_name = "";  // "Qwen3.5-MoE"
   const char* gguf_arch = nullptr;  // llama.cpp's general.architecture; nullptr: no GGUF export
   ArchTraits traits;
+  // The hooks, in the order a load runs them: read the config, list the tensors (which the
+  // loaders bind by role: ModelWeights, model/weights.h), create the model (its forward
+  // and, with an MTP head, its draft).
+  ReadConfigFn read_config = nullptr;
   TensorTableFn tensors = nullptr;  // every tensor of the text model and MTP head
   CreateModelFn create = nullptr;  // nullptr: recognised (check, plan) but not runnable
   bool runnable() const { return create != nullptr; }

@@ -18,6 +18,7 @@
 #include "infera/base/options.h"
 #include "infera/base/threads.h"
 #include "infera/model/arch_registry.h"
+#include "infera/model/tensor_table.h"
 #include "infera/model/weights.h"
 
 namespace infera {
@@ -71,12 +72,11 @@ void paged_attention(const ForwardBatch& batch, KvPool& kv, int64_t kv_layer, co
 
 // ---- SwiGLU ----
 
-SwigluWeights load_swiglu(const WeightStore& store, const std::string& prefix, int64_t hidden, int64_t inter,
-                          const QuantizationConfig& qc) {
+SwigluWeights bind_swiglu(const ModelWeights& weights, int layer, bool shared) {
   SwigluWeights w;
-  w.gate = bind_linear(store, prefix + "gate_proj.weight", inter, hidden, qc);
-  w.up = bind_linear(store, prefix + "up_proj.weight", inter, hidden, qc);
-  w.down = bind_linear(store, prefix + "down_proj.weight", hidden, inter, qc);
+  w.gate = weights.linear(layer, shared ? "ffn_gate_shexp" : "ffn_gate");
+  w.up = weights.linear(layer, shared ? "ffn_up_shexp" : "ffn_up");
+  w.down = weights.linear(layer, shared ? "ffn_down_shexp" : "ffn_down");
   return w;
 }
 
@@ -90,15 +90,6 @@ void swiglu(const SwigluWeights& w, const float* x, int64_t T, float* y, std::ve
   kernels::linear_multi(x, T, ws, ys);
   kernels::silu_mul(gate, up, T * F);
   kernels::linear(gate, T, w.down, y);
-}
-
-LinearWeight bind_hybrid_linear(const WeightStore& store, const std::string& name, int64_t rows, int64_t cols,
-                                const QuantizationConfig& qc) {
-  if (qc.present && !qc.overrides.contains(name) && !store.find(name + ".qweight") && store.find(name)) {
-    const TensorInfo& t = store.get(name, {rows, cols});
-    return kernels::dense_linear(as_matrix(t), t.name);
-  }
-  return bind_linear(store, name, rows, cols, qc);
 }
 
 LinearWeight linear_row_slice(const LinearWeight& w, int64_t r0, int64_t r1) {
@@ -136,63 +127,6 @@ void expert_matmul_rows(const float* x, int64_t m, const LinearWeight& w, int64_
   } else {
     kernels::matmul_rows(x, m, w.dense, r0, r1, y, r1 - r0);
   }
-}
-
-// Expert matrices [rows, cols] of tensor `name`, float or quantized as qc says: a fused
-// [E, rows, cols] tensor when `fused` (quantized: <name>.qweight [E, rows, cols or cols / 2],
-// <name>.scales [E, rows, 1 or cols / group]), else one plain [rows, cols] matrix (E == 1).
-// Views into the checkpoint. Quantized experts get the repacked copy dense layers get
-// (bind_linear): a fused tensor is packed once as the [E * rows, cols] matrix it is (rows are
-// quantized independently) and each expert is a quant_row_slice of it, sharing the panels
-// (rows is a multiple of 16 in every published config; otherwise experts after the first
-// fall back to the on-disk layout, still correct).
-std::vector<LinearWeight> bind_experts(const WeightStore& store, const std::string& name, int64_t E, int64_t rows,
-                                       int64_t cols, const QuantizationConfig& qc, bool fused,
-                                       const FileMappings& maps) {
-  INFERA_ASSERT(fused || E == 1);
-  std::vector<LinearWeight> out(static_cast<size_t>(E));
-  auto shape = [&](int64_t c) { return fused ? std::vector<int64_t>{E, rows, c} : std::vector<int64_t>{rows, c}; };
-  auto check = [&](const TensorInfo& t, int64_t c) {
-    if (t.shape != shape(c)) {
-      fail("{}: tensor '{}' has shape {}, expected {} (config.json and the weights disagree)",
-           store.dir() + "/" + t.file, t.name, fmt::format("[{}]", fmt::join(t.shape, ", ")),
-           fmt::format("[{}]", fmt::join(shape(c), ", ")));
-    }
-  };
-  const LayerQuant lq = qc.layer(name);
-  if (lq.dense) {
-    const TensorInfo& t = store.get(name);
-    check(t, cols);
-    if (t.dtype != DType::kF32 && t.dtype != DType::kBF16 && t.dtype != DType::kF16) {
-      fail("{}: tensor '{}' has dtype {}; expert weights must be f32, bf16 or f16", t.file, t.name,
-           dtype_name(t.dtype));
-    }
-    const size_t esize = dtype_size(t.dtype);
-    for (int64_t e = 0; e < E; ++e) {
-      out[e] = kernels::dense_linear(MatRef{t.data + static_cast<size_t>(e * rows * cols) * esize, t.dtype, rows, cols},
-                                     t.name);
-    }
-    return out;
-  }
-  const QuantTensors qt = find_quant_tensors(store, name, lq, cols);
-  const TensorInfo* qw = qt.qweight;
-  const TensorInfo* sc = qt.scales;
-  const int64_t gs = qt.group_size;
-  check(*qw, qt.qweight_cols);
-  check(*sc, qt.scale_cols);
-  QuantMatRef all(lq.scheme, E * rows, cols, gs, qw->data, sc->data);  // [E * rows, cols]
-  kernels::check_quant_matrix(all);
-  if (quant_repack_enabled()) {
-    all.packed = kernels::pack_quant_matrix(all);
-    release_repacked_source(all, maps);
-  }
-  for (int64_t e = 0; e < E; ++e) {
-    LinearWeight& w = out[e];
-    w.quantized = true;
-    w.name = qw->name;
-    w.quant = kernels::quant_row_slice(all, e * rows, (e + 1) * rows);
-  }
-  return out;
 }
 
 }  // namespace
@@ -234,40 +168,38 @@ int64_t MoeWeights::weight_bytes_active() const {
   return bytes;
 }
 
-MoeWeights load_moe(const WeightStore& store, const std::string& prefix, const ModelConfig& cfg, int64_t shared_inter,
-                    const QuantizationConfig& qc) {
-  const int64_t E = cfg.num_experts, H = cfg.hidden_size, I = cfg.moe_intermediate_size;
+MoeWeights bind_moe(const ModelWeights& weights, int layer) {
+  const ModelConfig& cfg = weights.config();
+  const int64_t E = cfg.num_experts, I = cfg.moe_intermediate_size;
   MoeWeights w;
   w.top_k = cfg.num_experts_per_tok;
   w.norm_topk_prob = cfg.norm_topk_prob;
-  w.router = as_matrix(store.get(prefix + "gate.weight", {E, H}));
-  w.gate.resize(E);
-  w.up.resize(E);
-  w.down.resize(E);
-  // One look at the process's mappings for all of this layer's experts (release_repacked_source).
-  const FileMappings maps = qc.present && quant_repack_enabled() ? FileMappings::current() : FileMappings{};
-  const std::string fused = prefix + "experts.gate_up_proj";
-  const auto has = [&store](const std::string& name) { return store.find(name) != nullptr; };
-  if (stored_expert_layout(cfg, prefix, has) == ExpertLayout::kFused) {
-    const std::vector<LinearWeight> gate_up = bind_experts(store, fused, E, 2 * I, H, qc, true, maps);
-    w.down = bind_experts(store, prefix + "experts.down_proj", E, H, I, qc, true, maps);
+  w.router = weights.matrix(layer, "ffn_gate_inp");
+  if (weights.find(layer, "ffn_gate_up_exps")) {
+    const std::vector<LinearWeight> gate_up = weights.experts(layer, "ffn_gate_up_exps");
+    w.gate.resize(E);
+    w.up.resize(E);
     for (int64_t e = 0; e < E; ++e) {
       w.gate[e] = linear_row_slice(gate_up[e], 0, I);
       w.up[e] = linear_row_slice(gate_up[e], I, 2 * I);
     }
   } else {
-    for (int64_t e = 0; e < E; ++e) {
-      const std::string x = prefix + "experts." + std::to_string(e) + ".";
-      w.gate[e] = bind_experts(store, x + "gate_proj.weight", 1, I, H, qc, false, maps)[0];
-      w.up[e] = bind_experts(store, x + "up_proj.weight", 1, I, H, qc, false, maps)[0];
-      w.down[e] = bind_experts(store, x + "down_proj.weight", 1, H, I, qc, false, maps)[0];
-    }
+    w.gate = weights.experts(layer, "ffn_gate_exps");
+    w.up = weights.experts(layer, "ffn_up_exps");
   }
-  if (shared_inter > 0) {
-    w.shared = load_swiglu(store, prefix + "shared_expert.", H, shared_inter, qc);
-    w.shared_gate = as_matrix(store.get(prefix + "shared_expert_gate.weight", {1, H}));
+  w.down = weights.experts(layer, "ffn_down_exps");
+  if (weights.find(layer, "ffn_gate_shexp")) {
+    w.shared = bind_swiglu(weights, layer, true);
+    w.shared_gate = weights.matrix(layer, "ffn_gate_inp_shexp");
   }
   return w;
+}
+
+MoeWeights bind_moe_block(const WeightStore& store, const std::string& block_prefix, const ModelConfig& cfg,
+                          const QuantizationConfig& qc) {
+  auto source = SafetensorsSource::view(store, qc);
+  std::vector<TensorSpec> rows = moe_block_table(cfg, block_prefix, source->has_tensor());
+  return bind_moe(ModelWeights(cfg, std::move(source), std::move(rows)), 0);
 }
 
 MoeFfn::MoeFfn() {
@@ -537,12 +469,14 @@ namespace {
 
 // A Qwen3-Next fused projection: a missing or mis-shaped one gets an error that also
 // spells out the layout the loader expects.
-LinearWeight fused_projection(const WeightStore& store, const std::string& prefix, const std::string& name,
-                              int64_t rows, int64_t hidden, const std::string& layout, const QuantizationConfig& qc) {
+LinearWeight fused_projection(const ModelWeights& weights, int layer, const char* slot, const std::string& layout) {
   try {
-    return bind_hybrid_linear(store, prefix + name, rows, hidden, qc);
+    return weights.linear(layer, slot);
   } catch (const Error& e) {
-    fail("{} (the qwen3_next layout: linear_attn.{} is [{}, {}], {})", e.what(), name, rows, hidden, layout);
+    const TensorSpec& t = weights.spec(layer, slot);
+    const size_t at = t.name.rfind("linear_attn.");
+    fail("{} (the qwen3_next layout: {} is [{}, {}], {})", e.what(),
+         at == std::string::npos ? t.name : t.name.substr(at), t.shape[0], t.shape[1], layout);
   }
 }
 
@@ -571,33 +505,30 @@ void deinterleave_fused(const float* qkvz, const float* ba, int64_t T, const Gdn
 
 }  // namespace
 
-GdnWeights load_gdn(const WeightStore& store, const std::string& prefix, const GdnDims& d, int64_t hidden,
-                    GdnLayout layout, const QuantizationConfig& qc) {
+GdnWeights bind_gdn(const ModelWeights& weights, int layer, const GdnDims& d) {
   GdnWeights w;
   const int64_t C = d.conv_dim(), Hv = d.n_v_heads;
-  if (layout == GdnLayout::kFused) {
+  if (weights.find(layer, "gdn_qkvz")) {
     const int64_t r = d.n_v_heads / d.n_k_heads;
-    w.in_qkvz = fused_projection(store, prefix, "in_proj_qkvz.weight", C + d.value_dim(), hidden,
+    w.in_qkvz = fused_projection(weights, layer, "gdn_qkvz",
                                  fmt::format("{} key-head groups of rows [q {} | k {} | v {}x{} | z {}x{}]",
-                                             d.n_k_heads, d.dk, d.dk, r, d.dv, r, d.dv),
-                                 qc);
-    w.in_ba = fused_projection(store, prefix, "in_proj_ba.weight", 2 * Hv, hidden,
-                               fmt::format("{} key-head groups of rows [b {} | a {}]", d.n_k_heads, r, r), qc);
+                                             d.n_k_heads, d.dk, d.dk, r, d.dv, r, d.dv));
+    w.in_ba = fused_projection(weights, layer, "gdn_ba",
+                               fmt::format("{} key-head groups of rows [b {} | a {}]", d.n_k_heads, r, r));
   } else {
-    w.in_qkv = bind_hybrid_linear(store, prefix + "in_proj_qkv.weight", C, hidden, qc);
-    w.in_z = bind_hybrid_linear(store, prefix + "in_proj_z.weight", d.value_dim(), hidden, qc);
-    w.in_b = bind_hybrid_linear(store, prefix + "in_proj_b.weight", Hv, hidden, qc);
-    w.in_a = bind_hybrid_linear(store, prefix + "in_proj_a.weight", Hv, hidden, qc);
+    w.in_qkv = weights.linear(layer, "gdn_qkv");
+    w.in_z = weights.linear(layer, "gdn_z");
+    w.in_b = weights.linear(layer, "gdn_b");
+    w.in_a = weights.linear(layer, "gdn_a");
   }
-  w.out = bind_hybrid_linear(store, prefix + "out_proj.weight", hidden, d.value_dim(), qc);
-  const TensorInfo& conv = store.get(prefix + "conv1d.weight", {C, 1, d.kernel});
-  w.conv_w.resize(static_cast<size_t>(C * d.kernel));
-  to_f32(conv.data, conv.dtype, C * d.kernel, w.conv_w.data());
-  const std::vector<float> a_log = load_vector(store, prefix + "A_log", Hv);
+  w.out = weights.linear(layer, "gdn_out");
+  w.conv_w = weights.vector(layer, "gdn_conv1d");  // [conv_dim, 1, kernel]
+  INFERA_ASSERT(static_cast<int64_t>(w.conv_w.size()) == C * d.kernel, "GDN conv1d size");
+  const std::vector<float> a_log = weights.vector(layer, "gdn_a_log");
   w.neg_exp_a.resize(Hv);
   for (int64_t h = 0; h < Hv; ++h) w.neg_exp_a[h] = -std::exp(a_log[h]);
-  w.dt_bias = load_vector(store, prefix + "dt_bias", Hv);
-  w.norm = load_vector(store, prefix + "norm.weight", d.dv);
+  w.dt_bias = weights.vector(layer, "gdn_dt_bias");
+  w.norm = weights.vector(layer, "gdn_norm");
   return w;
 }
 

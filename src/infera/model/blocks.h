@@ -22,6 +22,8 @@
 
 namespace infera {
 
+class ModelWeights;
+
 // ---- attention over the paged KV cache ----
 
 // Stores the batch's new K/V rows of KV layer `kv_layer` into the cache, then causal
@@ -45,20 +47,12 @@ struct SwigluWeights {
   int64_t bytes() const { return gate.bytes() + up.bytes() + down.bytes(); }
 };
 
-// Loads <prefix>gate_proj.weight, up_proj, down_proj, each stored as `qc` says (a float
-// checkpoint: qc.present == false).
-SwigluWeights load_swiglu(const WeightStore& store, const std::string& prefix, int64_t hidden, int64_t inter,
-                          const QuantizationConfig& qc = {});
+// Binds layer `layer`'s MLP (ffn_gate, ffn_up, ffn_down), or its shared expert
+// (ffn_*_shexp) when `shared`.
+SwigluWeights bind_swiglu(const ModelWeights& weights, int layer, bool shared = false);
 
 // y[T, H] = down(silu(gate x) * up x). scratch grows as needed.
 void swiglu(const SwigluWeights& w, const float* x, int64_t T, float* y, std::vector<float>& scratch);
-
-// bind_linear for the hybrid's attention, GDN and MTP projections: a quantized checkpoint
-// whose config names no override for `name` but stores it plainly (no <name>.qweight; the
-// GDN gate projections, and directories quantized before these layers were) binds the
-// stored float tensor. A tensor missing in both forms is still an error naming it.
-kernels::LinearWeight bind_hybrid_linear(const WeightStore& store, const std::string& name, int64_t rows, int64_t cols,
-                                         const QuantizationConfig& qc);
 
 // Rows [r0, r1) of a float or quantized matrix, as a matrix of their own (a view: rows are
 // contiguous in both layouts). A quantized matrix's repacked copy is shared when r0 and r1
@@ -84,16 +78,18 @@ struct MoeWeights {
   int64_t weight_bytes_active() const;  // bytes read per token: router, top_k experts, shared
 };
 
-// Loads the MoE block under `prefix` ("model.layers.3.mlp."). Experts may be stored per
-// expert (experts.{e}.{gate,up,down}_proj.weight: Qwen3-MoE, Qwen3-Next) or fused 3-D
-// (experts.gate_up_proj [E, 2I, H] with gate rows first, experts.down_proj [E, H, I]:
-// Qwen3.5). shared_inter > 0 also loads shared_expert.* and shared_expert_gate. A quantized
-// checkpoint (qc.present) keeps the same names with .qweight/.scales, fused tensors as 3-D
-// [E, rows, packed cols] (docs/quantization.md); the router and the shared-expert gate are
-// always float. Quantized experts get the repacked copy (a fused tensor packed once, each
-// expert a view of it) and their mapped pages are released (release_repacked_source).
-MoeWeights load_moe(const WeightStore& store, const std::string& prefix, const ModelConfig& cfg, int64_t shared_inter,
-                    const QuantizationConfig& qc = {});
+// Binds layer `layer`'s MoE block: the router (ffn_gate_inp), the experts stored per expert
+// (ffn_{gate,up,down}_exps of each expert: Qwen3-MoE, Qwen3-Next) or fused 3-D
+// (ffn_gate_up_exps [E, 2I, H] with gate rows first, ffn_down_exps [E, H, I]: Qwen3.5), and
+// the shared expert with its sigmoid gate when the table has one. From a quantized
+// checkpoint (SafetensorsSource) the router and the shared-expert gate are float; quantized
+// experts get the repacked copy (a fused tensor packed once, each expert a view of it) and
+// their mapped pages are released (release_repacked_source).
+MoeWeights bind_moe(const ModelWeights& weights, int layer);
+// The lone MoE block whose tensors are under `block_prefix` ("model.layers.3.") of a
+// safetensors store, as the architecture's table lays out such a block (tests).
+MoeWeights bind_moe_block(const WeightStore& store, const std::string& block_prefix, const ModelConfig& cfg,
+                          const QuantizationConfig& qc = {});
 
 // Runs the MoE FFN over a batch: y[T, H] = Σ_j w_j Expert_j(x) (+ sigmoid(g·x) Shared(x)).
 // Only active experts' weights are read. Two schedules, same arithmetic per row:
@@ -191,15 +187,10 @@ struct GdnDims {
 
 GdnDims gdn_dims(const ModelConfig& cfg);
 
-// kSplit: Qwen3.5 (in_proj_qkv, in_proj_z, in_proj_b, in_proj_a); kFused: Qwen3-Next
-// (in_proj_qkvz, in_proj_ba). The other tensors are the same in both.
-enum class GdnLayout { kSplit, kFused };
-
-// The GDN weights under `prefix` ("model.language_model.layers.0.linear_attn."). Throws
-// infera::Error naming the tensor (and, for a fused one, its expected layout) when a
-// tensor is missing or mis-shaped. Projections are bound as `qc` says (bind_hybrid_linear).
-GdnWeights load_gdn(const WeightStore& store, const std::string& prefix, const GdnDims& d, int64_t hidden,
-                    GdnLayout layout = GdnLayout::kSplit, const QuantizationConfig& qc = {});
+// Binds layer `layer`'s GDN weights, split or fused as the table has them (gdn_qkvz: the
+// fused layout). Throws infera::Error naming the tensor (and, for a fused one, its expected
+// layout) when a tensor is missing or mis-shaped.
+GdnWeights bind_gdn(const ModelWeights& weights, int layer, const GdnDims& d);
 
 // One GDN layer over the batch. x: [T, H] (normed input) -> y: [T, H]. states[i] is the
 // recurrent state of batch.seqs[i]: conv state [kernel-1, conv_dim] followed by S

@@ -16,125 +16,12 @@
 #include "infera/base/error.h"
 #include "infera/base/json_file.h"
 #include "infera/model/arch_registry.h"
+#include "infera/model/config_reader.h"
 
 namespace infera {
 namespace {
 
 using json = nlohmann::json;
-
-// Looks fields up in "text_config" first (multimodal wrappers such as Qwen3.5 keep the
-// language model's fields there), then at the top level. A JSON null counts as absent,
-// as transformers treats it (e.g. "head_dim": null, "rope_scaling": null).
-class FieldReader {
- public:
-  FieldReader(const json& root, const std::string& source) : root_(root), source_(source) {
-    auto it = root.find("text_config");
-    if (it != root.end() && it->is_object()) text_ = &*it;
-  }
-
-  const std::string& source() const { return source_; }
-
-  const json* find(const char* key) const {
-    if (text_) {
-      auto it = text_->find(key);
-      if (it != text_->end() && !it->is_null()) return &*it;
-    }
-    auto it = root_.find(key);
-    if (it != root_.end() && !it->is_null()) return &*it;
-    return nullptr;
-  }
-
-  [[noreturn]] void missing(const char* key) const { fail("{}: required field '{}' is missing", source_, key); }
-
-  [[noreturn]] void wrong_type(const char* key, const char* expected, const json& v) const {
-    fail("{}: field '{}' must be {}, got {} {}", source_, key, expected, v.type_name(), v.dump());
-  }
-
-  std::optional<int64_t> opt_int(const char* key) const {
-    const json* v = find(key);
-    if (!v) return std::nullopt;
-    return as_int(key, *v);
-  }
-  int64_t req_int(const char* key) const {
-    auto v = opt_int(key);
-    if (!v) missing(key);
-    return *v;
-  }
-  // Sizes and counts: an int, in (0, INT_MAX].
-  int req_positive(const char* key) const { return positive(key, req_int(key)); }
-  int opt_positive(const char* key, int fallback) const {
-    auto v = opt_int(key);
-    return v ? positive(key, *v) : fallback;
-  }
-
-  std::optional<double> opt_number(const char* key) const {
-    const json* v = find(key);
-    if (!v) return std::nullopt;
-    if (!v->is_number()) wrong_type(key, "a number", *v);
-    return v->get<double>();
-  }
-  double number(const char* key, double fallback) const { return opt_number(key).value_or(fallback); }
-
-  bool boolean(const char* key, bool fallback) const {
-    const json* v = find(key);
-    if (!v) return fallback;
-    if (!v->is_boolean()) wrong_type(key, "true or false", *v);
-    return v->get<bool>();
-  }
-
-  std::optional<std::string> opt_string(const char* key) const {
-    const json* v = find(key);
-    if (!v) return std::nullopt;
-    if (!v->is_string()) wrong_type(key, "a string", *v);
-    return v->get<std::string>();
-  }
-
-  // An integer or a list of integers (eos_token_id).
-  std::vector<int> int_list(const char* key) const {
-    const json* v = find(key);
-    std::vector<int> out;
-    if (!v) return out;
-    if (v->is_array()) {
-      for (const auto& e : *v) out.push_back(static_cast<int>(checked_int(key, e, "an integer or a list of integers")));
-    } else {
-      out.push_back(static_cast<int>(checked_int(key, *v, "an integer or a list of integers")));
-    }
-    return out;
-  }
-
-  int64_t as_int(const char* key, const json& v) const { return checked_int(key, v, "an integer"); }
-
-  int positive(const char* key, int64_t v) const {
-    if (v <= 0) fail("{}: field '{}' must be positive, got {}", source_, key, v);
-    return static_cast<int>(v);
-  }
-
- private:
-  int64_t checked_int(const char* key, const json& v, const char* expected) const {
-    if (v.is_number_integer()) {
-      const int64_t x = v.get<int64_t>();
-      if (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int>::max())) {
-        fail("{}: field '{}' is out of range: {}", source_, key, v.dump());
-      }
-      if (x < std::numeric_limits<int>::min() || x > std::numeric_limits<int>::max()) {
-        fail("{}: field '{}' is out of range: {}", source_, key, v.dump());
-      }
-      return x;
-    }
-    // Some exporters write 64.0 for 64; accept whole numbers only.
-    if (v.is_number_float()) {
-      const double d = v.get<double>();
-      if (std::isfinite(d) && d == std::floor(d) && std::fabs(d) <= std::numeric_limits<int>::max()) {
-        return static_cast<int64_t>(d);
-      }
-    }
-    wrong_type(key, expected, v);
-  }
-
-  const json& root_;
-  const json* text_ = nullptr;
-  std::string source_;
-};
 
 // HF get_mscale (DeepSeek-style yarn attention scaling).
 double yarn_mscale(double scale, double mscale) { return scale <= 1.0 ? 1.0 : 0.1 * mscale * std::log(scale) + 1.0; }
@@ -143,7 +30,7 @@ double yarn_mscale(double scale, double mscale) { return scale <= 1.0 ? 1.0 : 0.
 // rope_theta and partial_rotary_factor).
 // default_partial: partial_rotary_factor when the config does not say (the hybrid
 // families default to 0.25, everything else rotates the whole head).
-void parse_rope(const FieldReader& r, ModelConfig& c, double default_partial) {
+void parse_rope(const ConfigReader& r, ModelConfig& c, double default_partial) {
   const std::string& src = r.source();
   const json* scaling = r.find("rope_scaling");
   const char* scaling_key = "rope_scaling";
@@ -243,12 +130,15 @@ void parse_rope(const FieldReader& r, ModelConfig& c, double default_partial) {
   }
 }
 
-void parse_moe(const FieldReader& r, ModelConfig& c) {
+// The Qwen MoE keys. norm_topk_default: norm_topk_prob when absent (Qwen3MoeConfig false,
+// Qwen3.5 and Qwen3-Next true); shared_default: shared_expert_intermediate_size when absent
+// (every Qwen3-Next MoE block has a shared expert, Qwen3NextConfig default 512 wide).
+void parse_moe(const ConfigReader& r, ModelConfig& c, bool norm_topk_default = false, int shared_default = 0) {
   const std::string& src = r.source();
   c.num_experts = r.req_positive("num_experts");
   c.num_experts_per_tok = r.req_positive("num_experts_per_tok");
   c.moe_intermediate_size = r.req_positive("moe_intermediate_size");
-  c.norm_topk_prob = r.boolean("norm_topk_prob", false);
+  c.norm_topk_prob = r.boolean("norm_topk_prob", norm_topk_default);
   c.decoder_sparse_step = r.opt_positive("decoder_sparse_step", 1);
   if (c.num_experts_per_tok > c.num_experts) {
     fail("{}: num_experts_per_tok ({}) exceeds num_experts ({})", src, c.num_experts_per_tok, c.num_experts);
@@ -263,11 +153,20 @@ void parse_moe(const FieldReader& r, ModelConfig& c) {
       c.mlp_only_layers.push_back(static_cast<int>(i));
     }
   }
+  c.shared_expert_intermediate_size = shared_default;
+  if (auto shared = r.opt_int("shared_expert_intermediate_size")) {
+    if (*shared < 0) fail("{}: field 'shared_expert_intermediate_size' must be >= 0, got {}", src, *shared);
+    c.shared_expert_intermediate_size = static_cast<int>(*shared);
+  }
+  bool any_dense = false;
+  for (int i = 0; i < c.num_layers; ++i) any_dense = any_dense || !c.is_moe_layer(i);
+  // The dense MLP size matters only when some layer is dense.
+  c.intermediate_size = any_dense ? r.req_positive("intermediate_size") : r.opt_positive("intermediate_size", 0);
 }
 
 // ---- Hybrid attention families (qwen3_next, qwen3_5, qwen3_5_moe) ----------------------
 // Defaults follow Qwen3NextConfig / Qwen3_5(Moe)TextConfig.
-void parse_hybrid(const FieldReader& r, ModelConfig& c) {
+void parse_hybrid(const ConfigReader& r, ModelConfig& c) {
   const std::string& src = r.source();
   if (const json* types = r.find("layer_types")) {
     if (!types->is_array()) r.wrong_type("layer_types", "a list of \"linear_attention\" / \"full_attention\"", *types);
@@ -311,7 +210,7 @@ void parse_hybrid(const FieldReader& r, ModelConfig& c) {
 
 // ---- DeepSeek-V3 / V3.2 (MLA + group-limited MoE) --------------------------------------
 // Defaults follow DeepseekV3Config.
-void parse_deepseek(const FieldReader& r, ModelConfig& c) {
+void parse_deepseek(const ConfigReader& r, ModelConfig& c) {
   const std::string& src = r.source();
   c.mla = true;
   auto non_negative = [&](const char* key, int fallback) {
@@ -350,6 +249,39 @@ void parse_deepseek(const FieldReader& r, ModelConfig& c) {
 
 }  // namespace
 
+// ---- The registry rows' read_config hooks (model/arch_registry.h) ----
+
+void read_dense_config(const ConfigReader& r, ModelConfig& c) {
+  c.intermediate_size = r.req_positive("intermediate_size");
+}
+
+void read_qwen3_moe_config(const ConfigReader& r, ModelConfig& c) { parse_moe(r, c); }
+
+void read_qwen35_config(const ConfigReader& r, ModelConfig& c) {
+  parse_hybrid(r, c);
+  read_dense_config(r, c);
+}
+
+// Qwen3.5 always renormalises the top-k weights.
+void read_qwen35_moe_config(const ConfigReader& r, ModelConfig& c) {
+  parse_hybrid(r, c);
+  parse_moe(r, c, true);
+}
+
+// Qwen3NextConfig: norm_topk_prob true and a 512-wide shared expert unless said otherwise.
+void read_qwen3_next_config(const ConfigReader& r, ModelConfig& c) {
+  parse_hybrid(r, c);
+  parse_moe(r, c, true, 512);
+}
+
+void read_deepseek_config(const ConfigReader& r, ModelConfig& c) {
+  parse_deepseek(r, c);
+  c.head_dim = c.qk_nope_head_dim + c.qk_rope_head_dim;
+  // Layers [0, first_k_dense_replace) are dense.
+  c.intermediate_size = c.first_k_dense_replace > 0 || c.num_experts == 0 ? r.req_positive("intermediate_size")
+                                                                          : r.opt_positive("intermediate_size", 0);
+}
+
 bool ModelConfig::is_linear_attention_layer(int layer) const {
   return layer >= 0 && layer < static_cast<int>(layer_types.size()) &&
          layer_types[layer] == LayerType::kLinearAttention;
@@ -377,7 +309,7 @@ bool ModelConfig::is_moe_layer(int layer) const {
 
 ModelConfig parse_model_config(const json& j, const std::string& source) {
   if (!j.is_object()) fail("{}: expected a JSON object, got {}", source, j.type_name());
-  FieldReader r(j, source);
+  ConfigReader r(j, source);
   ModelConfig c;
 
   // The wrapper's model_type names the architecture; text_config's is a fallback.
@@ -424,30 +356,9 @@ ModelConfig parse_model_config(const json& j, const std::string& source) {
     c.head_dim = c.hidden_size / c.num_heads;
   }
 
-  if (hybrid) parse_hybrid(r, c);
-  if (info->traits.mla) {
-    parse_deepseek(r, c);
-    c.head_dim = c.qk_nope_head_dim + c.qk_rope_head_dim;
-    // Layers [0, first_k_dense_replace) are dense.
-    c.intermediate_size = c.first_k_dense_replace > 0 || c.num_experts == 0 ? r.req_positive("intermediate_size")
-                                                                            : r.opt_positive("intermediate_size", 0);
-  } else if (info->traits.moe_config) {
-    parse_moe(r, c);
-    // Qwen3.5 always renormalises; Qwen3NextConfig defaults norm_topk_prob to true.
-    if (c.arch == Arch::kQwen35Moe || c.arch == Arch::kQwen3Next) c.norm_topk_prob = r.boolean("norm_topk_prob", true);
-    // Every Qwen3-Next MoE block has a shared expert (Qwen3NextConfig default 512 wide).
-    if (c.arch == Arch::kQwen3Next) c.shared_expert_intermediate_size = 512;
-    if (auto shared = r.opt_int("shared_expert_intermediate_size")) {
-      if (*shared < 0) fail("{}: field 'shared_expert_intermediate_size' must be >= 0, got {}", source, *shared);
-      c.shared_expert_intermediate_size = static_cast<int>(*shared);
-    }
-    bool any_dense = false;
-    for (int i = 0; i < c.num_layers; ++i) any_dense = any_dense || !c.is_moe_layer(i);
-    // The dense MLP size matters only when some layer is dense.
-    c.intermediate_size = any_dense ? r.req_positive("intermediate_size") : r.opt_positive("intermediate_size", 0);
-  } else {
-    c.intermediate_size = r.req_positive("intermediate_size");
-  }
+  // The architecture's own keys (the registry row's read_config hook).
+  if (!info->read_config) fail("{}: architecture '{}' has no config reader", source, info->name);
+  info->read_config(r, c);
 
   const double eps = r.number("rms_norm_eps", 1e-6);
   if (!(eps > 0 && eps < 1)) fail("{}: field 'rms_norm_eps' must be in (0, 1), got {}", source, eps);

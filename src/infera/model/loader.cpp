@@ -7,6 +7,7 @@
 #include "infera/io/safetensors.h"
 #include "infera/model/arch_registry.h"
 #include "infera/model/model.h"
+#include "infera/model/weights.h"
 
 namespace infera {
 
@@ -19,7 +20,8 @@ int32_t ForwardBatch::num_logit_rows() const {
 std::unique_ptr<Model> load_model(const std::string& dir, const LoadOptions& options) {
   Timer timer;
   ModelConfig cfg = load_model_config(dir);
-  WeightStore store = WeightStore::open(dir, options.load_into_memory);
+  std::unique_ptr<SafetensorsSource> source = SafetensorsSource::open(dir, options.load_into_memory);
+  const WeightStore& store = source->store();
   const size_t mapped = store.mapped_bytes();
   // "bf16" or "f32+bf16": the dtypes the weights are stored (and computed) in.
   std::map<std::string, size_t> dtype_bytes;
@@ -34,7 +36,9 @@ std::unique_ptr<Model> load_model(const std::string& dir, const LoadOptions& opt
     fail("{}: architecture '{}' is recognised but not implemented yet (supported: {})", dir, cfg.model_type,
          runnable_arch_names());
   }
-  std::unique_ptr<Model> model = info.create(cfg, std::move(store), options);
+  source->set_plain_fallback(info.traits.plain_fallback);
+  // The model file binds its weights by role from the architecture's tensor table.
+  std::unique_ptr<Model> model = info.create(cfg, ModelWeights(cfg, std::move(source)), options);
   LOG_INFO("loaded {} ({}): {} layers, hidden {}, {:.2f} M parameters, {}, {:.1f} MiB {} in {:.2f} s", dir,
            arch_name(cfg.arch), cfg.num_layers, cfg.hidden_size, model->num_parameters() / 1e6, dtypes,
            mapped / 1048576.0, options.load_into_memory ? "read into memory" : "mapped", timer.seconds());

@@ -10,6 +10,8 @@
 #include <filesystem>
 #include <fstream>
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include "infera/base/error.h"
@@ -251,6 +253,56 @@ kernels::LinearWeight bind_linear(const WeightStore& store, const std::string& n
     if (w.quant.packed) release_repacked_source(w.quant, FileMappings::current());
   }
   return w;
+}
+
+std::vector<kernels::LinearWeight> bind_experts(const WeightStore& store, const std::string& name, int64_t E,
+                                                int64_t rows, int64_t cols, const QuantizationConfig& qc, bool fused,
+                                                const FileMappings& maps) {
+  INFERA_ASSERT(fused || E == 1);
+  std::vector<kernels::LinearWeight> out(static_cast<size_t>(E));
+  auto shape = [&](int64_t c) { return fused ? std::vector<int64_t>{E, rows, c} : std::vector<int64_t>{rows, c}; };
+  auto check = [&](const TensorInfo& t, int64_t c) {
+    if (t.shape != shape(c)) {
+      fail("{}: tensor '{}' has shape {}, expected {} (config.json and the weights disagree)",
+           store.dir() + "/" + t.file, t.name, fmt::format("[{}]", fmt::join(t.shape, ", ")),
+           fmt::format("[{}]", fmt::join(shape(c), ", ")));
+    }
+  };
+  const LayerQuant lq = qc.layer(name);
+  if (lq.dense) {
+    const TensorInfo& t = store.get(name);
+    check(t, cols);
+    if (t.dtype != DType::kF32 && t.dtype != DType::kBF16 && t.dtype != DType::kF16) {
+      fail("{}: tensor '{}' has dtype {}; expert weights must be f32, bf16 or f16", t.file, t.name,
+           dtype_name(t.dtype));
+    }
+    const size_t esize = dtype_size(t.dtype);
+    for (int64_t e = 0; e < E; ++e) {
+      out[e] = kernels::dense_linear(kernels::MatRef{t.data + static_cast<size_t>(e * rows * cols) * esize, t.dtype,
+                                                     rows, cols},
+                                     t.name);
+    }
+    return out;
+  }
+  const QuantTensors qt = find_quant_tensors(store, name, lq, cols);
+  const TensorInfo* qw = qt.qweight;
+  const TensorInfo* sc = qt.scales;
+  const int64_t gs = qt.group_size;
+  check(*qw, qt.qweight_cols);
+  check(*sc, qt.scale_cols);
+  kernels::QuantMatRef all(lq.scheme, E * rows, cols, gs, qw->data, sc->data);  // [E * rows, cols]
+  kernels::check_quant_matrix(all);
+  if (quant_repack_enabled()) {
+    all.packed = kernels::pack_quant_matrix(all);
+    release_repacked_source(all, maps);
+  }
+  for (int64_t e = 0; e < E; ++e) {
+    kernels::LinearWeight& w = out[e];
+    w.quantized = true;
+    w.name = qw->name;
+    w.quant = kernels::quant_row_slice(all, e * rows, (e + 1) * rows);
+  }
+  return out;
 }
 
 void linear_row(const kernels::LinearWeight& table, int64_t row, float* out) {

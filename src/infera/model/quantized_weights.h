@@ -109,6 +109,18 @@ QuantTensors find_quant_tensors(const WeightStore& store, const std::string& nam
 kernels::LinearWeight bind_linear(const WeightStore& store, const std::string& name, int64_t rows, int64_t cols,
                                   const QuantizationConfig& qc);
 
+// Expert matrices [rows, cols] of tensor `name`, float or quantized as qc says: a fused
+// [E, rows, cols] tensor when `fused` (quantized: <name>.qweight [E, rows, cols or cols / 2],
+// <name>.scales [E, rows, 1 or cols / group]), else one plain [rows, cols] matrix (E == 1).
+// Views into the checkpoint. Quantized experts get the repacked copy dense layers get
+// (bind_linear): a fused tensor is packed once as the [E * rows, cols] matrix it is (rows are
+// quantized independently) and each expert is a quant_row_slice of it, sharing the panels
+// (rows is a multiple of 16 in every published config; otherwise experts after the first
+// fall back to the on-disk layout, still correct). `maps`: one snapshot for a layer's experts.
+std::vector<kernels::LinearWeight> bind_experts(const WeightStore& store, const std::string& name, int64_t E,
+                                                int64_t rows, int64_t cols, const QuantizationConfig& qc, bool fused,
+                                                const FileMappings& maps);
+
 // Row `row` of an embedding table (dense or quantized) as f32 [cols].
 void linear_row(const kernels::LinearWeight& table, int64_t row, float* out);
 

@@ -62,28 +62,24 @@ struct MtpWeights {
 
 class Qwen35Model final : public Model, public MtpHead {
  public:
-  Qwen35Model(const ModelConfig& cfg, WeightStore store, const LoadOptions& options)
-      : store_(std::move(store)), shard_(options.parallel, cfg, store_.dir(), !options.load_into_memory) {
+  Qwen35Model(const ModelConfig& cfg, ModelWeights weights, const LoadOptions& options)
+      : weights_(std::move(weights)), shard_(options.parallel, cfg, weights_.where(), !options.load_into_memory) {
     config_ = cfg;
-    if (cfg.attention_bias) fail("{}: attention_bias is not supported for {}", store_.dir(), cfg.model_type);
-    const int64_t H = cfg.hidden_size, V = cfg.vocab_size;
-    // Published Qwen3.5 checkpoints nest the language model (VLM layout); text-only exports
-    // (Qwen3_5ForCausalLM) use model.* (the registry's text-prefix rule).
-    prefix_ = text_prefix(cfg, [this](const std::string& name) { return store_.find(name) != nullptr; });
-    // `infera quantize` output: attention, GDN, MTP fc, MLPs and experts may be quantized;
-    // embeddings, head, norms, router and gates stay float.
-    quant_ = read_quantization_config(store_.dir());
-    // Embeddings and head: bf16 by default in a quantized directory, int8/int4 with
-    // `infera quantize --embed-head`; rows of a quantized table are dequantized on lookup.
-    embed_ = bind_hybrid_linear(store_, prefix_ + "embed_tokens.weight", V, H, quant_);
-    final_norm_ = load_vector(store_, prefix_ + "norm.weight", H);
-    lm_head_ = cfg.tie_word_embeddings ? embed_ : bind_hybrid_linear(store_, "lm_head.weight", V, H, quant_);
+    if (cfg.attention_bias) fail("{}: attention_bias is not supported for {}", weights_.where(), cfg.model_type);
+    const ModelWeights& w = weights_;
+    // Published Qwen3.5 checkpoints nest the language model (model.language_model.*), text-
+    // only exports use model.*; `infera quantize` output may quantize attention, GDN, MTP fc,
+    // MLPs and experts, and with --embed-head the embeddings and head (rows of a quantized
+    // table are dequantized on lookup). The table and the source settle both.
+    embed_ = w.linear(-1, "token_embd");
+    final_norm_ = w.vector(-1, "output_norm");
+    lm_head_ = cfg.tie_word_embeddings ? embed_ : w.linear(-1, "output");
     dims_ = gdn_dims(cfg);
     layers_.resize(cfg.num_layers);
     for (int i = 0; i < cfg.num_layers; ++i) {
       HybridLayer& L = layers_[i];
       L.linear = cfg.is_linear_attention_layer(i);
-      load_layer(prefix_ + "layers." + std::to_string(i) + ".", i, L);
+      bind_layer(i, i, L);
       if (L.linear)
         L.state_index = n_linear_++;
       else
@@ -92,20 +88,20 @@ class Qwen35Model final : public Model, public MtpHead {
     dims_ = shard_.gdn_dims(dims_);  // the layers' GDN weights are this rank's heads from here on
     // MTP head: present in the published checkpoints; optional (speculative decoding only).
     // Qwen3-Next's config.json does not declare it: the mtp.layers.* tensors do.
-    config_.mtp_num_hidden_layers =
-        mtp_layers(cfg, [this](const std::string& name) { return store_.find(name) != nullptr; });
+    config_.mtp_num_hidden_layers = mtp_layers(cfg, w.source().has_tensor());
     const int mtp_layers = config_.mtp_num_hidden_layers;
+    const int m = cfg.num_layers;  // the MTP layer's index in the table
     // Drafting is not mirrored across ranks (ParallelModel), so a group leaves the head unloaded.
-    if (mtp_layers > 0 && stored_mtp_layers(store_) > 0 && !shard_.distributed()) {
+    if (mtp_layers > 0 && w.has(m, "mtp_eh_proj") && w.has(m, "attn_norm") && !shard_.distributed()) {
       if (mtp_layers > 1) {
-        fail("{}: the checkpoint has {} MTP layers; only a single MTP layer is supported", store_.dir(), mtp_layers);
+        fail("{}: the checkpoint has {} MTP layers; only a single MTP layer is supported", w.where(), mtp_layers);
       }
-      mtp_.fc = bind_hybrid_linear(store_, "mtp.fc.weight", H, 2 * H, quant_);
-      mtp_.enorm = load_vector(store_, "mtp.pre_fc_norm_embedding.weight", H);
-      mtp_.hnorm = load_vector(store_, "mtp.pre_fc_norm_hidden.weight", H);
-      mtp_.norm = load_vector(store_, "mtp.norm.weight", H);
+      mtp_.fc = w.linear(m, "mtp_eh_proj");
+      mtp_.enorm = w.vector(m, "mtp_enorm");
+      mtp_.hnorm = w.vector(m, "mtp_hnorm");
+      mtp_.norm = w.vector(m, "mtp_head_norm");
       mtp_.layer.linear = false;
-      load_layer("mtp.layers.0.", -1, mtp_.layer);
+      bind_layer(m, -1, mtp_.layer);
       mtp_.layer.kv_layer = n_full_;  // one KV layer after the trunk's
       has_mtp_ = true;
     }
@@ -127,13 +123,7 @@ class Qwen35Model final : public Model, public MtpHead {
     return bytes;
   }
 
-  int64_t num_parameters() const override {
-    int64_t n = 0;
-    for (const auto& name : store_.names()) {
-      if (!name.starts_with("model.visual.")) n += store_.get(name).numel();
-    }
-    return n;
-  }
+  int64_t num_parameters() const override { return weights_.num_parameters(); }
 
   // Per sequence, per GDN layer: conv state then S (GdnLayer's layout); this rank's heads.
   // Per-token states (verification) run the token-by-token recurrence, which a tensor-
@@ -159,30 +149,29 @@ class Qwen35Model final : public Model, public MtpHead {
   void draft(const ForwardBatch& batch, const float* hidden, KvPool& kv, float* logits) override;
 
  private:
-  void load_layer(const std::string& p, int index, HybridLayer& L) {
+  // Binds table layer `layer` (the MTP layer after the trunk's); `index` is the trunk layer
+  // whose MLP kind applies (-1: the MTP layer).
+  void bind_layer(int layer, int index, HybridLayer& L) {
     const ModelConfig& c = config_;
-    const int64_t H = c.hidden_size, nh = c.num_heads, nkv = c.num_kv_heads, hd = c.head_dim;
-    L.attn_norm = load_vector(store_, p + "input_layernorm.weight", H);
-    L.ffn_norm = load_vector(store_, p + "post_attention_layernorm.weight", H);
+    const ModelWeights& w = weights_;
+    L.attn_norm = w.vector(layer, "attn_norm");
+    L.ffn_norm = w.vector(layer, "ffn_norm");
     if (L.linear) {
-      // Qwen3-Next stores the GDN input projections fused per key-head group.
-      L.gdn = load_gdn(store_, p + "linear_attn.", dims_, H,
-                       arch_info(c.arch).traits.fused_gdn_projections ? GdnLayout::kFused : GdnLayout::kSplit, quant_);
+      L.gdn = bind_gdn(w, layer, dims_);  // split (Qwen3.5) or fused per key-head group (Qwen3-Next)
     } else {
-      const int64_t q_rows = nh * hd * (c.attn_output_gate ? 2 : 1);
-      L.attn.wq = bind_hybrid_linear(store_, p + "self_attn.q_proj.weight", q_rows, H, quant_);
-      L.attn.wk = bind_hybrid_linear(store_, p + "self_attn.k_proj.weight", nkv * hd, H, quant_);
-      L.attn.wv = bind_hybrid_linear(store_, p + "self_attn.v_proj.weight", nkv * hd, H, quant_);
-      L.attn.wo = bind_hybrid_linear(store_, p + "self_attn.o_proj.weight", H, nh * hd, quant_);
-      L.attn.q_norm = load_vector(store_, p + "self_attn.q_norm.weight", hd);
-      L.attn.k_norm = load_vector(store_, p + "self_attn.k_norm.weight", hd);
+      L.attn.wq = w.linear(layer, "attn_q");
+      L.attn.wk = w.linear(layer, "attn_k");
+      L.attn.wv = w.linear(layer, "attn_v");
+      L.attn.wo = w.linear(layer, "attn_output");
+      L.attn.q_norm = w.vector(layer, "attn_q_norm");
+      L.attn.k_norm = w.vector(layer, "attn_k_norm");
     }
     // Qwen3.5 layers are all MoE when the model has experts (the MTP layer too).
     L.moe = c.num_experts > 0 && (index < 0 || c.is_moe_layer(index));
     if (L.moe) {
-      L.experts = load_moe(store_, p + "mlp.", c, c.shared_expert_intermediate_size, quant_);
+      L.experts = bind_moe(w, layer);
     } else {
-      L.mlp = load_swiglu(store_, p + "mlp.", H, c.intermediate_size, quant_);
+      L.mlp = bind_swiglu(w, layer);
     }
     shard_layer(L);
   }
@@ -244,10 +233,8 @@ class Qwen35Model final : public Model, public MtpHead {
   void run_layer(const HybridLayer& L, const ForwardBatch& batch, KvPool& kv, uint64_t* counts);
   void gated_attention(const HybridLayer& L, const ForwardBatch& batch, KvPool& kv, const float* a, float* y);
 
-  WeightStore store_;
+  ModelWeights weights_;  // keeps the checkpoint the weights below point into
   TensorShard shard_;  // this rank's part (everything in one process)
-  QuantizationConfig quant_;
-  std::string prefix_;
   kernels::LinearWeight embed_{};  // [V, H], float or quantized
   std::vector<float> final_norm_;  // [H], zero-centred
   kernels::LinearWeight lm_head_{};  // [V, H], float or quantized (embed_ when tied)
@@ -392,7 +379,7 @@ void Qwen35Model::forward(const ForwardBatch& batch, KvPool& kv, float* logits) 
 }
 
 void Qwen35Model::draft(const ForwardBatch& batch, const float* hidden, KvPool& kv, float* logits) {
-  if (!has_mtp_) fail("{}: this checkpoint has no MTP weights (mtp.*); drafting needs them", store_.dir());
+  if (!has_mtp_) fail("{}: this checkpoint has no MTP weights (mtp.*); drafting needs them", weights_.where());
   const ModelConfig& c = config_;
   const int64_t T = static_cast<int64_t>(batch.tokens.size());
   if (T == 0) return;
@@ -425,8 +412,8 @@ void Qwen35Model::draft(const ForwardBatch& batch, const float* hidden, KvPool& 
 
 }  // namespace
 
-std::unique_ptr<Model> create_qwen35_model(const ModelConfig& cfg, WeightStore store, const LoadOptions& options) {
-  return std::make_unique<Qwen35Model>(cfg, std::move(store), options);
+std::unique_ptr<Model> create_qwen35_model(const ModelConfig& cfg, ModelWeights weights, const LoadOptions& options) {
+  return std::make_unique<Qwen35Model>(cfg, std::move(weights), options);
 }
 
 }  // namespace infera

@@ -38,8 +38,29 @@ enum class TpSplit {
 };
 const char* tp_split_name(TpSplit s);
 
+// A tensor's slot: what it is within its layer, the key model files bind it by
+// (ModelWeights, model/weights.h), whatever the checkpoint calls it. The vocabulary:
+//   global (layer -1):   token_embd, output_norm, output
+//   every block:         attn_norm, ffn_norm (the norm before the MLP / MoE)
+//   GQA attention:       attn_q, attn_k, attn_v, attn_output, attn_{q,k,v,output}_bias,
+//                        attn_q_norm, attn_k_norm
+//   MLA attention:       attn_q_a, attn_q_a_norm, attn_q_b, attn_kv_a_mqa, attn_kv_a_norm,
+//                        attn_kv_b, attn_output; V3.2 indexer: indexer_q_b, indexer_k,
+//                        indexer_k_norm, indexer_k_norm_bias, indexer_proj
+//   Gated DeltaNet:      gdn_qkv, gdn_z, gdn_b, gdn_a (split) or gdn_qkvz, gdn_ba (fused),
+//                        gdn_conv1d, gdn_dt_bias, gdn_a_log, gdn_norm, gdn_out
+//   dense MLP:           ffn_gate, ffn_up, ffn_down
+//   MoE:                 ffn_gate_inp (router), exp_probs_b (router bias); experts either
+//                        fused, ffn_gate_up_exps [E, 2I, H] + ffn_down_exps [E, H, I], or per
+//                        expert (TensorSpec::expert), ffn_gate_exps, ffn_up_exps,
+//                        ffn_down_exps; shared expert: ffn_{gate,up,down}_shexp,
+//                        ffn_gate_inp_shexp (its sigmoid gate)
+//   MTP head (its layer after the trunk's): mtp_eh_proj, mtp_enorm, mtp_hnorm,
+//                        mtp_head_norm, mtp_embed, mtp_head, and the block's slots
 struct TensorSpec {
   std::string name;  // Hugging Face name
+  std::string slot;  // what it is in its layer (above)
+  int expert = -1;  // the expert of a per-expert tensor, else -1
   std::vector<int64_t> shape;  // as stored in the checkpoint (fused experts 3-D [E, rows, cols])
   WeightRole role = WeightRole::kLinear;
   bool mtp = false;  // belongs to the multi-token-prediction head (optional in a checkpoint)
@@ -65,5 +86,15 @@ using ExpectedTensor = TensorSpec;
 // architecture's usual layout. Throws infera::Error for an architecture without a table.
 std::vector<TensorSpec> tensor_table(const ModelConfig& cfg, const HasTensor& has_tensor = nullptr);
 inline std::vector<TensorSpec> expected_tensors(const ModelConfig& cfg) { return tensor_table(cfg); }
+
+// The rows of one MoE block whose tensors live under `block_prefix` ("model.layers.3."),
+// as the architecture's table lays them out (for binding a lone block, as tests do).
+std::vector<TensorSpec> moe_block_table(const ModelConfig& cfg, const std::string& block_prefix,
+                                        const HasTensor& has_tensor = nullptr, int layer = 0);
+
+// llama.cpp's name for the tensor the architecture's table calls `hf_name`
+// ("model.layers.3.mlp.up_proj.weight" -> "blk.3.ffn_up.weight"); "" when the table has no
+// such tensor or it has no GGUF counterpart.
+std::string gguf_tensor_name(const ModelConfig& cfg, const std::string& hf_name);
 
 }  // namespace infera

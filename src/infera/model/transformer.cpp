@@ -46,50 +46,39 @@ struct LlamaLayer {
 
 class LlamaModel final : public Model {
  public:
-  LlamaModel(const ModelConfig& cfg, WeightStore store, const LoadOptions& options)
-      : store_(std::move(store)), shard_(options.parallel, cfg, store_.dir(), !options.load_into_memory) {
+  LlamaModel(const ModelConfig& cfg, ModelWeights weights, const LoadOptions& options)
+      : weights_(std::move(weights)), shard_(options.parallel, cfg, weights_.where(), !options.load_into_memory) {
     config_ = cfg;
-    const int64_t H = cfg.hidden_size, F = cfg.intermediate_size, V = cfg.vocab_size;
-    const int64_t nh = cfg.num_heads, nkv = cfg.num_kv_heads, hd = cfg.head_dim;
-    // A checkpoint written by `infera quantize` says in config.json how each layer is stored.
-    const QuantizationConfig qc = read_quantization_config(store_.dir());
-    auto bind = [&](const std::string& name, int64_t rows, int64_t cols) {
-      return bind_linear(store_, name, rows, cols, qc);
-    };
-    embed_ = bind("model.embed_tokens.weight", V, H);
-    final_norm_ = load_vector(store_, "model.norm.weight", H);
-    if (cfg.tie_word_embeddings) {
-      lm_head_ = embed_;
-    } else {
-      lm_head_ = bind("lm_head.weight", V, H);
-    }
+    const ModelWeights& w = weights_;
+    embed_ = w.linear(-1, "token_embd");
+    final_norm_ = w.vector(-1, "output_norm");
+    lm_head_ = cfg.tie_word_embeddings ? embed_ : w.linear(-1, "output");
     layers_.resize(cfg.num_layers);
     for (int i = 0; i < cfg.num_layers; ++i) {
-      const std::string p = "model.layers." + std::to_string(i) + ".";
       LlamaLayer& L = layers_[i];
-      L.attn_norm = load_vector(store_, p + "input_layernorm.weight", H);
-      L.ffn_norm = load_vector(store_, p + "post_attention_layernorm.weight", H);
-      L.wq = bind(p + "self_attn.q_proj.weight", nh * hd, H);
-      L.wk = bind(p + "self_attn.k_proj.weight", nkv * hd, H);
-      L.wv = bind(p + "self_attn.v_proj.weight", nkv * hd, H);
-      L.wo = bind(p + "self_attn.o_proj.weight", H, nh * hd);
+      L.attn_norm = w.vector(i, "attn_norm");
+      L.ffn_norm = w.vector(i, "ffn_norm");
+      L.wq = w.linear(i, "attn_q");
+      L.wk = w.linear(i, "attn_k");
+      L.wv = w.linear(i, "attn_v");
+      L.wo = w.linear(i, "attn_output");
       if (cfg.attention_bias) {
-        L.bq = load_vector(store_, p + "self_attn.q_proj.bias", nh * hd);
-        L.bk = load_vector(store_, p + "self_attn.k_proj.bias", nkv * hd);
-        L.bv = load_vector(store_, p + "self_attn.v_proj.bias", nkv * hd);
-        if (store_.find(p + "self_attn.o_proj.bias")) L.bo = load_vector(store_, p + "self_attn.o_proj.bias", H);
+        L.bq = w.vector(i, "attn_q_bias");
+        L.bk = w.vector(i, "attn_k_bias");
+        L.bv = w.vector(i, "attn_v_bias");
+        if (w.has(i, "attn_output_bias")) L.bo = w.vector(i, "attn_output_bias");
       }
       if (cfg.qk_norm) {
-        L.q_norm = load_vector(store_, p + "self_attn.q_norm.weight", hd);
-        L.k_norm = load_vector(store_, p + "self_attn.k_norm.weight", hd);
+        L.q_norm = w.vector(i, "attn_q_norm");
+        L.k_norm = w.vector(i, "attn_k_norm");
       }
       L.moe = cfg.is_moe_layer(i);
       if (L.moe) {
-        L.experts = load_moe(store_, p + "mlp.", cfg, 0, qc);
+        L.experts = bind_moe(w, i);
       } else {
-        L.w_gate = bind(p + "mlp.gate_proj.weight", F, H);
-        L.w_up = bind(p + "mlp.up_proj.weight", F, H);
-        L.w_down = bind(p + "mlp.down_proj.weight", H, F);
+        L.w_gate = w.linear(i, "ffn_gate");
+        L.w_up = w.linear(i, "ffn_up");
+        L.w_down = w.linear(i, "ffn_down");
       }
       shard_layer(L);
     }
@@ -116,11 +105,7 @@ class LlamaModel final : public Model {
     return bytes;
   }
 
-  int64_t num_parameters() const override {
-    int64_t n = 0;
-    for (const auto& name : store_.names()) n += store_.get(name).numel();
-    return n;
-  }
+  int64_t num_parameters() const override { return weights_.num_parameters(); }
 
   std::vector<uint64_t> expert_counts() const override { return counts_; }
   void reset_expert_counts() override { std::fill(counts_.begin(), counts_.end(), 0); }
@@ -173,7 +158,7 @@ class LlamaModel final : public Model {
     positions_.resize(n_tokens);
   }
 
-  WeightStore store_;
+  ModelWeights weights_;  // keeps the checkpoint the weights below point into
   TensorShard shard_;  // this rank's part (everything without TP)
   LinearWeight embed_;  // [V, H]
   std::vector<float> final_norm_;  // [H]
@@ -283,8 +268,8 @@ void LlamaModel::forward(const ForwardBatch& batch, KvPool& kv, float* logits) {
 
 }  // namespace
 
-std::unique_ptr<Model> create_llama_model(const ModelConfig& cfg, WeightStore store, const LoadOptions& options) {
-  return std::make_unique<LlamaModel>(cfg, std::move(store), options);
+std::unique_ptr<Model> create_llama_model(const ModelConfig& cfg, ModelWeights weights, const LoadOptions& options) {
+  return std::make_unique<LlamaModel>(cfg, std::move(weights), options);
 }
 
 }  // namespace infera

@@ -11,6 +11,7 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -22,6 +23,7 @@
 #include "infera/model/model.h"
 #include "infera/model/tensor_dump.h"
 #include "infera/model/tensor_table.h"
+#include "infera/model/weights.h"
 
 namespace infera {
 namespace {
@@ -139,6 +141,40 @@ TEST(TensorTable, RolesDecideQuantizationAndGgufNames) {
   // No GGUF export for Qwen3-Next or DeepSeek: no GGUF names.
   for (const TensorSpec& s : tensor_table(config_of("qwen3_next"))) EXPECT_EQ(s.gguf, "") << s.name;
   for (const TensorSpec& s : tensor_table(config_of("deepseek_v3"))) EXPECT_EQ(s.gguf, "") << s.name;
+}
+
+// Model files bind by (layer, slot[, expert]): every row of every table has a slot, and no
+// two rows share a key, so a binding names exactly one tensor.
+TEST(TensorTable, EveryRowHasAUniqueSlotKey) {
+  for (const ArchInfo& a : arch_registry()) {
+    ModelConfig c = config_of(std::string(a.model_types.front()), 48);
+    c.mtp_num_hidden_layers = a.traits.hybrid ? 1 : 0;
+    c.num_nextn_predict_layers = a.traits.mla ? 1 : 0;
+    std::set<std::tuple<int, std::string, int>> keys;
+    for (const TensorSpec& s : tensor_table(c)) {
+      EXPECT_FALSE(s.slot.empty()) << a.name << " " << s.name;
+      EXPECT_TRUE(keys.emplace(s.layer, s.slot, s.expert).second) << a.name << " " << s.name << " repeats " << s.slot;
+    }
+  }
+}
+
+// ModelWeights finds rows by role and names what is missing.
+TEST(TensorTable, ModelWeightsBindByRole) {
+  const std::string dir = generated("llama", "--arch llama --vocab 300 --seed 2");
+  const ModelConfig c = load_model_config(dir);
+  ModelWeights w(c, SafetensorsSource::open(dir));
+  ASSERT_NE(w.find(-1, "token_embd"), nullptr);
+  EXPECT_EQ(w.spec(1, "attn_q").name, "model.layers.1.self_attn.q_proj.weight");
+  EXPECT_EQ(w.linear(1, "attn_q").rows(), c.num_heads * c.head_dim);
+  EXPECT_EQ(static_cast<int64_t>(w.vector(0, "attn_norm").size()), c.hidden_size);
+  EXPECT_TRUE(w.has(0, "ffn_down"));
+  EXPECT_FALSE(w.has(0, "gdn_qkv"));  // not in a llama table
+  try {
+    (void)w.linear(0, "gdn_qkv");
+    ADD_FAILURE() << "binding a slot the table lacks should fail";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("no 'gdn_qkv' for layer 0"), std::string::npos) << e.what();
+  }
 }
 
 // The KV geometry counts only the layers that keep a KV cache: a hybrid's linear-attention

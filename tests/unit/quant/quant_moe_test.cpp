@@ -602,7 +602,7 @@ TEST(QuantMoeModel, HybridQuantizedModelsComputeWithTheirDequantizedWeights) {
 }
 
 // Directories quantized before the hybrid's attention and GDN projections were store them
-// plainly, with no override naming them: they still load (bind_hybrid_linear), and compute
+// plainly, with no override naming them: they still load (SafetensorsSource::linear), and compute
 // with those float tensors.
 TEST(QuantMoeModel, HybridDirectoriesWithPlainAttentionStillLoad) {
   const std::string src = generated("qwen3_5_moe", kQwen35MoeArgs);

@@ -94,6 +94,7 @@ struct MoeFixture {
     cfg.moe_intermediate_size = I;
     cfg.num_experts_per_tok = K;
     cfg.norm_topk_prob = true;
+    cfg.shared_expert_intermediate_size = S;
     qc.present = true;
     qc.scheme = scheme;
     qc.group_size = kernels::scheme_is_int4(scheme) ? 32 : 0;
@@ -127,7 +128,10 @@ struct MoeFixture {
     store = WeightStore::open(dir.string());
   }
 
-  MoeWeights load(const std::string& prefix) { return load_moe(store, prefix, cfg, S, qc); }
+  // prefix: "fused.mlp." or "split.mlp." (the block's tensors are under "fused." / "split.").
+  MoeWeights load(const std::string& prefix) {
+    return bind_moe_block(store, prefix.substr(0, prefix.rfind("mlp.")), cfg, qc);
+  }
 };
 
 // Every quantized matrix of w (experts and shared expert), for edits.
@@ -293,7 +297,7 @@ TEST(QuantRepack, MappedPagesAreReleasedAfterRepacking) {
   EXPECT_GT(reread, 0.8);
 }
 
-// The same for fused experts (load_moe), and expert parallelism's drop_expert then gives
+// The same for fused experts (bind_moe_block), and expert parallelism's drop_expert then gives
 // back the dropped experts' share of the packed copy.
 TEST(QuantRepack, FusedExpertsKeepOneCopyAndDroppedExpertsFreeTheirs) {
   if (!repacking()) GTEST_SKIP() << "no repacking on this CPU (no AVX-512 path) or INFERA_QUANT_REPACK=0";
@@ -328,12 +332,12 @@ TEST(QuantRepack, FusedExpertsKeepOneCopyAndDroppedExpertsFreeTheirs) {
 
   WeightStore store = WeightStore::open(dir.string());
   const int64_t before = test::resident_bytes();
-  MoeWeights w = load_moe(store, "moe.mlp.", cfg, 0, qc);
+  MoeWeights w = bind_moe_block(store, "moe.", cfg, qc);
   const double loaded = static_cast<double>(test::resident_bytes() - before) / expert_bytes;
   for (int64_t e = 0; e < E; e += 2) w.drop_expert(e);
   const double kept = static_cast<double>(test::resident_bytes() - before) / expert_bytes;
   std::printf(
-      "[ rss      ] %.1f MiB of fused experts: %.2f copies resident after load_moe, %.2f after dropping "
+      "[ rss      ] %.1f MiB of fused experts: %.2f copies resident after bind_moe_block, %.2f after dropping "
       "half the experts\n",
       expert_bytes / 1048576.0, loaded, kept);
   EXPECT_GT(loaded, 0.9);
