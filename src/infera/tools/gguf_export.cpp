@@ -33,38 +33,6 @@ using json = nlohmann::json;
 
 namespace {
 
-// ---- names as data: HF -> llama.cpp (llama-arch.cpp's LLM_TENSOR_NAMES) ----
-
-struct NameRule {
-  std::string_view hf;
-  std::string_view gguf;
-};
-
-constexpr NameRule kGlobalNames[] = {
-    {"model.embed_tokens.weight", "token_embd.weight"},
-    {"model.norm.weight", "output_norm.weight"},
-    {"lm_head.weight", "output.weight"},
-};
-
-// Per block, in the order the GGUF lists them ("model.layers.N." + hf -> "blk.N." + gguf).
-constexpr NameRule kBlockNames[] = {
-    {"input_layernorm.weight", "attn_norm.weight"},
-    {"self_attn.q_proj.weight", "attn_q.weight"},
-    {"self_attn.k_proj.weight", "attn_k.weight"},
-    {"self_attn.v_proj.weight", "attn_v.weight"},
-    {"self_attn.o_proj.weight", "attn_output.weight"},
-    {"self_attn.q_norm.weight", "attn_q_norm.weight"},  // qwen3
-    {"self_attn.k_norm.weight", "attn_k_norm.weight"},  // qwen3
-    {"post_attention_layernorm.weight", "ffn_norm.weight"},
-    {"mlp.gate_proj.weight", "ffn_gate.weight"},
-    {"mlp.up_proj.weight", "ffn_up.weight"},
-    {"mlp.down_proj.weight", "ffn_down.weight"},
-};
-
-bool is_qk_norm_rule(const NameRule& r) {
-  return r.hf.find("_norm.weight") != std::string_view::npos && r.hf.starts_with("self_attn.");
-}
-
 // llama.cpp token types (llama_token_type / gguf TokenType).
 enum TokenType : int32_t { kNormal = 1, kUnknown = 2, kControl = 3, kUserDefined = 4, kUnused = 5, kByte = 6 };
 
@@ -453,23 +421,6 @@ GgufOutType parse_gguf_out_type(const std::string& text) {
   if (text == "q8_0") return GgufOutType::kQ8_0;
   if (text == "q4_0") return GgufOutType::kQ4_0;
   fail("unknown GGUF output type '{}' (use f32, f16, bf16, q8_0 or q4_0)", text);
-}
-
-std::string gguf_tensor_name(const std::string& hf_name, bool qk_norm) {
-  for (const NameRule& r : kGlobalNames) {
-    if (hf_name == r.hf) return std::string(r.gguf);
-  }
-  constexpr std::string_view kPrefix = "model.layers.";
-  if (!std::string_view(hf_name).starts_with(kPrefix)) return "";
-  const size_t dot = hf_name.find('.', kPrefix.size());
-  if (dot == std::string::npos || dot == kPrefix.size()) return "";
-  const std::string layer = hf_name.substr(kPrefix.size(), dot - kPrefix.size());
-  if (layer.find_first_not_of("0123456789") != std::string::npos) return "";
-  const std::string_view rest = std::string_view(hf_name).substr(dot + 1);
-  for (const NameRule& r : kBlockNames) {
-    if (rest == r.hf && (qk_norm || !is_qk_norm_rule(r))) return "blk." + layer + "." + std::string(r.gguf);
-  }
-  return "";
 }
 
 std::vector<float> llama3_rope_factors(const ModelConfig& c) {

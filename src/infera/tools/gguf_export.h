@@ -2,7 +2,8 @@
 //
 // Supported: model_type llama and qwen3 (dense). What it writes, following llama.cpp's
 // own convert_hf_to_gguf.py so that llama.cpp can serve as the independent reference:
-//   - tensors renamed to llama.cpp's names (table in gguf_export.cpp), in the order
+//   - tensors renamed to llama.cpp's names (the architecture's tensor table,
+//     model/tensor_table.h: gguf_tensor_name), in the order
 //     token_embd, blk.N.*, output_norm, output (omitted when tied);
 //   - llama only: q/k rows permuted back from HF's rotate_half order to the adjacent-pair
 //     order of llama.cpp's NORM rope (qwen3 uses NEOX rope: no permutation);
@@ -41,10 +42,6 @@ struct GgufExportResult {
   size_t n_tensors = 0;
   uint64_t file_bytes = 0;
 };
-
-// llama.cpp's name for an HF tensor name ("model.layers.3.mlp.up_proj.weight" ->
-// "blk.3.ffn_up.weight"); "" when the tensor has no GGUF counterpart for this arch.
-std::string gguf_tensor_name(const std::string& hf_name, bool qk_norm);
 
 // llama3 rope scaling as llama.cpp applies it: one factor per rotated pair (dim / 2),
 // each dividing that pair's frequency (written as rope_freqs.weight).

@@ -16,6 +16,7 @@
 #include "../test_support.h"
 #include "infera/base/error.h"
 #include "infera/model/config.h"
+#include "infera/model/tensor_table.h"
 #include "infera/tensor/dtype.h"
 
 namespace infera {
@@ -148,17 +149,28 @@ TEST(GgufExport, HalfTypesRoundTheSourceAndKeepNormsF32) {
   }
 }
 
+// GGUF names come from the architecture's tensor table (model/tensor_table.h), per config.
 TEST(GgufExport, TensorNameTable) {
-  EXPECT_EQ(gguf_tensor_name("model.embed_tokens.weight", false), "token_embd.weight");
-  EXPECT_EQ(gguf_tensor_name("model.norm.weight", false), "output_norm.weight");
-  EXPECT_EQ(gguf_tensor_name("lm_head.weight", false), "output.weight");
-  EXPECT_EQ(gguf_tensor_name("model.layers.12.self_attn.o_proj.weight", false), "blk.12.attn_output.weight");
-  EXPECT_EQ(gguf_tensor_name("model.layers.0.post_attention_layernorm.weight", false), "blk.0.ffn_norm.weight");
-  EXPECT_EQ(gguf_tensor_name("model.layers.3.mlp.down_proj.weight", false), "blk.3.ffn_down.weight");
-  EXPECT_EQ(gguf_tensor_name("model.layers.1.self_attn.k_norm.weight", true), "blk.1.attn_k_norm.weight");
-  EXPECT_EQ(gguf_tensor_name("model.layers.1.self_attn.k_norm.weight", false), "");
-  EXPECT_EQ(gguf_tensor_name("model.layers.1.self_attn.q_proj.bias", false), "");
-  EXPECT_EQ(gguf_tensor_name("model.layers.x.mlp.up_proj.weight", false), "");
+  auto config = [](const char* model_type, bool attention_bias) {
+    nlohmann::json j = {{"model_type", model_type}, {"hidden_size", 64},
+                        {"intermediate_size", 128}, {"num_hidden_layers", 13},
+                        {"num_attention_heads", 4}, {"num_key_value_heads", 2},
+                        {"vocab_size", 256},        {"attention_bias", attention_bias}};
+    return parse_model_config(j, "config.json");
+  };
+  const ModelConfig llama = config("llama", false), qwen3 = config("qwen3", false), biased = config("llama", true);
+  EXPECT_EQ(gguf_tensor_name(llama, "model.embed_tokens.weight"), "token_embd.weight");
+  EXPECT_EQ(gguf_tensor_name(llama, "model.norm.weight"), "output_norm.weight");
+  EXPECT_EQ(gguf_tensor_name(llama, "lm_head.weight"), "output.weight");
+  EXPECT_EQ(gguf_tensor_name(llama, "model.layers.12.self_attn.o_proj.weight"), "blk.12.attn_output.weight");
+  EXPECT_EQ(gguf_tensor_name(llama, "model.layers.0.post_attention_layernorm.weight"), "blk.0.ffn_norm.weight");
+  EXPECT_EQ(gguf_tensor_name(llama, "model.layers.3.mlp.down_proj.weight"), "blk.3.ffn_down.weight");
+  EXPECT_EQ(gguf_tensor_name(qwen3, "model.layers.1.self_attn.k_norm.weight"), "blk.1.attn_k_norm.weight");
+  EXPECT_EQ(gguf_tensor_name(llama, "model.layers.1.self_attn.k_norm.weight"), "");  // no q/k norm in llama
+  EXPECT_EQ(gguf_tensor_name(llama, "model.layers.1.self_attn.q_proj.bias"), "");
+  EXPECT_EQ(gguf_tensor_name(biased, "model.layers.1.self_attn.q_proj.bias"), "");  // in the table, no GGUF name
+  EXPECT_EQ(gguf_tensor_name(llama, "model.layers.13.mlp.up_proj.weight"), "");  // past the last layer
+  EXPECT_EQ(gguf_tensor_name(llama, "model.layers.x.mlp.up_proj.weight"), "");
 }
 
 TEST(GgufExport, Llama3RopeFactorsMatchTheReferenceConverter) {
