@@ -583,6 +583,11 @@ EngineStats Engine::stats() const {
   return stats_;
 }
 
+std::vector<uint64_t> Engine::expert_counts() const {
+  std::lock_guard lock(mutex_);
+  return expert_counts_;
+}
+
 void Engine::wait_idle() {
   std::unique_lock lock(mutex_);
   idle_cv_.wait(lock, [&] { return stop_ || (!core_has_work_ && pending_.empty() && cancels_.empty()); });
@@ -617,6 +622,11 @@ void Engine::loop() {
     lock.lock();
     stats_ = core_->stats();
     core_has_work_ = core_->has_work();
+    if (const auto now = std::chrono::steady_clock::now();
+        !core_has_work_ || now - expert_counts_at_ >= std::chrono::milliseconds(200)) {
+      expert_counts_ = model_->expert_counts();  // read on this thread, which writes them
+      expert_counts_at_ = now;
+    }
     if (!core_has_work_ && pending_.empty() && cancels_.empty()) idle_cv_.notify_all();
   }
 }

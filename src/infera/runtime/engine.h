@@ -10,6 +10,7 @@
 // incrementally and checks stop strings.
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -187,6 +188,9 @@ class Engine {
   // Returns false when the id is unknown or already finished.
   bool cancel(RequestId id);
   EngineStats stats() const;
+  // The model's tokens routed per expert (Model::expert_counts: [layers * experts], empty
+  // for dense models), as copied by the step loop at most every 200 ms and when it goes idle.
+  std::vector<uint64_t> expert_counts() const;
   // Blocks until no request is waiting or running.
   void wait_idle();
   const EngineConfig& config() const { return core_->config(); }
@@ -213,6 +217,8 @@ class Engine {
   bool core_has_work_ = false;
   bool stop_ = false;
   EngineStats stats_;
+  std::vector<uint64_t> expert_counts_;
+  std::chrono::steady_clock::time_point expert_counts_at_{};
   std::thread thread_;
 };
 

@@ -5,7 +5,9 @@
 // EngineBackend adapts runtime/engine.h; unit tests use a scripted fake.
 #pragma once
 
+#include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "infera/runtime/engine.h"
 #include "infera/runtime/sequence.h"
@@ -22,6 +24,8 @@ class GenerationBackend {
   // Ends a request and frees its KV blocks; its final event (kCancelled) follows.
   virtual void cancel(RequestId id) = 0;
   virtual EngineStats stats() const = 0;
+  // Tokens routed per expert, [layers * experts] layer-major; empty for dense models.
+  virtual std::vector<uint64_t> expert_counts() const { return {}; }
   // False once the engine has failed for good (the model then reports "failed").
   virtual bool healthy() const { return true; }
 };
@@ -34,6 +38,7 @@ class EngineBackend final : public GenerationBackend {
   }
   void cancel(RequestId id) override { engine_->cancel(id); }
   EngineStats stats() const override { return engine_->stats(); }
+  std::vector<uint64_t> expert_counts() const override { return engine_->expert_counts(); }
 
  private:
   std::unique_ptr<Engine> engine_;

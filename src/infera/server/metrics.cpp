@@ -39,6 +39,16 @@ void Histogram::render(std::string& out, const std::string& name, const std::str
   out += fmt::format("{}_count{{{}}} {}\n", name, labels, count_);
 }
 
+nlohmann::json Histogram::to_json() const {
+  nlohmann::json buckets = nlohmann::json::array();
+  uint64_t cumulative = 0;
+  for (uint64_t c : counts_) {
+    cumulative += c;
+    buckets.push_back(cumulative);
+  }
+  return {{"bounds", bounds_}, {"buckets", std::move(buckets)}, {"sum", sum_}, {"count", count_}};
+}
+
 void Metrics::count_request(const std::string& model, int status) {
   std::lock_guard lock(mutex_);
   ++models_[model].requests_by_status[status];
@@ -57,6 +67,18 @@ void Metrics::add_tokens(const std::string& model, int64_t prompt, int64_t gener
   auto& m = models_[model];
   m.prompt_tokens += static_cast<uint64_t>(std::max<int64_t>(prompt, 0));
   m.generated_tokens += static_cast<uint64_t>(std::max<int64_t>(generated, 0));
+}
+
+nlohmann::json Metrics::model_json(const std::string& model) const {
+  PerModel empty;
+  std::lock_guard lock(mutex_);
+  const auto it = models_.find(model);
+  const PerModel& m = it == models_.end() ? empty : it->second;
+  nlohmann::json requests = nlohmann::json::object();
+  for (const auto& [status, n] : m.requests_by_status) requests[std::to_string(status)] = n;
+  return {
+      {"requests", std::move(requests)}, {"prompt_tokens", m.prompt_tokens}, {"generation_tokens", m.generated_tokens},
+      {"ttft", m.ttft.to_json()},        {"tpot", m.tpot.to_json()},         {"e2e", m.e2e.to_json()}};
 }
 
 std::string Metrics::render(const std::vector<ModelGauges>& gauges) const {

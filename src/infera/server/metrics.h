@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "infera/runtime/engine.h"
 
 namespace infera::server {
@@ -18,6 +20,8 @@ class Histogram {
   void observe(double value);
   // Appends the _bucket / _sum / _count lines of `name` with `labels` ("model=\"x\"").
   void render(std::string& out, const std::string& name, const std::string& labels) const;
+  // {"bounds": [...], "buckets": [cumulative counts, the last one +Inf], "sum", "count"}: the same numbers.
+  nlohmann::json to_json() const;
 
  private:
   std::vector<double> bounds_;
@@ -40,6 +44,10 @@ class Metrics {
   void observe_latency(const std::string& model, double e2e_s, double ttft_s, double tpot_s);
   void add_tokens(const std::string& model, int64_t prompt, int64_t generated);
   std::string render(const std::vector<ModelGauges>& models) const;
+  // One model's counters as the console's /v1/stats shows them (the same numbers as
+  // render()): {"requests": {"200": n, ...}, "prompt_tokens", "generation_tokens", "ttft",
+  // "tpot", "e2e" (histograms, Histogram::to_json)}.
+  nlohmann::json model_json(const std::string& model) const;
 
  private:
   struct PerModel {

@@ -72,6 +72,7 @@ void ModelInstance::set_backend(std::shared_ptr<GenerationBackend> backend) {
   std::lock_guard lock(mutex_);
   backend_ = std::move(backend);
   state_ = ModelState::kReady;
+  load_end_ = std::chrono::steady_clock::now();
 }
 
 void ModelInstance::set_failed(const std::string& reason) {
@@ -79,9 +80,29 @@ void ModelInstance::set_failed(const std::string& reason) {
   std::lock_guard lock(mutex_);
   backend_.reset();
   state_ = ModelState::kFailed;
+  failure_ = reason;
+  load_end_ = std::chrono::steady_clock::now();
+}
+
+std::string ModelInstance::failure() const {
+  std::lock_guard lock(mutex_);
+  if (state_ == ModelState::kFailed && failure_.empty()) return "the engine failed (see the server log)";
+  return failure_;
+}
+
+double ModelInstance::load_seconds() const {
+  std::lock_guard lock(mutex_);
+  using std::chrono::steady_clock;
+  if (load_start_ == steady_clock::time_point{}) return 0;
+  const auto end = load_end_ == steady_clock::time_point{} ? steady_clock::now() : load_end_;
+  return std::chrono::duration<double>(end - load_start_).count();
 }
 
 void ModelInstance::load() {
+  {
+    std::lock_guard lock(mutex_);
+    load_start_ = std::chrono::steady_clock::now();
+  }
   try {
     // This loading thread (weight conversion) and the engine's step loop use the model's
     // own thread count; other models keep theirs. The loader returns to the process-wide

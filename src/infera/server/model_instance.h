@@ -5,6 +5,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -47,7 +48,10 @@ class ModelInstance {
   // The backend while the model is ready (a failed engine turns the model "failed").
   std::shared_ptr<GenerationBackend> backend();
   void set_backend(std::shared_ptr<GenerationBackend> backend);  // -> ready
-  void set_failed(const std::string& reason);  // reason is logged, not served
+  void set_failed(const std::string& reason);  // logged, and shown only by the console's /v1/stats
+  std::string failure() const;  // why the model failed ("" otherwise)
+  // Seconds load() has taken so far (while loading) or took (once ready or failed); 0 before it starts.
+  double load_seconds() const;
 
   // Loads the weights and starts the engine (blocking). Never throws: failure -> failed.
   void load();
@@ -76,8 +80,10 @@ class ModelInstance {
   std::vector<int32_t> extra_stop_ids_;
   ModelLoader model_loader_;
   std::atomic<ModelState> state_{ModelState::kLoading};
-  std::mutex mutex_;
+  mutable std::mutex mutex_;
   std::shared_ptr<GenerationBackend> backend_;
+  std::string failure_;
+  std::chrono::steady_clock::time_point load_start_{}, load_end_{};
 };
 
 // Checks every model and server setting against the disk and this machine (paths,
