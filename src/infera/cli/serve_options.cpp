@@ -47,10 +47,11 @@ server::DeployConfig serve_deploy_config(const ServeOptions& o) {
     // The lists of allowed hosts and origins take the flags' entries besides the file's.
     for (const std::string& h : o.text.at("allowed_hosts")) config.server.allowed_hosts.push_back(h);
     for (const std::string& origin : o.text.at("allowed_origins")) config.server.allowed_origins.push_back(origin);
+    if (o.given("console")) config.server.console = false;  // --no-console turns the file's console off too
     std::string ignored;
     for (const auto& [name, flag] : o.flags) {
       if (flag->count() > 0 && name != "host" && name != "port" && name != "allowed_hosts" &&
-          name != "allowed_origins") {
+          name != "allowed_origins" && name != "console") {
         ignored += " " + flag->get_name();
       }
     }

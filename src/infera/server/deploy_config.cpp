@@ -122,6 +122,7 @@ void read_server(Reader& r, const YAML::Node& node, ServerConfig& s) {
   r.read(node, "audit_log", w, s.audit_log_path, "a file path");
   r.read(node, "audit_log_prompts", w, s.audit_log_prompts, "true or false");
   r.read(node, "metrics", w, s.metrics, "true or false");
+  r.read(node, "console", w, s.console, "true or false");
   r.read(node, "http_threads", w, s.http_threads, "an integer");
   r.read(node, "max_concurrent_requests_per_key", w, s.max_concurrent_requests_per_key, "an integer (0: unlimited)");
   if (s.max_concurrent_requests_per_key < 0)

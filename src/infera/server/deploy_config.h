@@ -69,6 +69,7 @@ struct ServerConfig {
   std::string audit_log_path;  // empty: no audit log
   bool audit_log_prompts = false;  // write prompt text into the audit log
   bool metrics = true;
+  bool console = true;  // the web console: GET /, /status, /console/*, /v1/stats
   int32_t http_threads = 64;  // concurrent connections served
   std::vector<ApiKeyConfig> api_keys;  // empty: no authentication
   int32_t max_concurrent_requests_per_key = 32;  // default of api_keys[].max_concurrent_requests; 0: unlimited

@@ -41,9 +41,22 @@ uint64_t random_seed() {
 }
 
 // The endpoints. Those that read a body (and need a key when keys are set) are POSTs.
-enum class Route { kNone, kChat, kCompletion, kModels, kTokenize, kDetokenize, kHealth, kReady, kMetrics };
+// kPage: the console's static files (console.h); kStats: its JSON.
+enum class Route {
+  kNone,
+  kChat,
+  kCompletion,
+  kModels,
+  kTokenize,
+  kDetokenize,
+  kHealth,
+  kReady,
+  kMetrics,
+  kPage,
+  kStats
+};
 
-Route route_of(const HttpRequest& r, bool metrics) {
+Route route_of(const HttpRequest& r, bool metrics, bool console) {
   const std::string& p = r.path;
   if (r.method == "POST") {
     if (p == "/v1/chat/completions") return Route::kChat;
@@ -55,6 +68,8 @@ Route route_of(const HttpRequest& r, bool metrics) {
     if (p == "/health") return Route::kHealth;
     if (p == "/ready") return Route::kReady;
     if (p == "/metrics" && metrics) return Route::kMetrics;
+    if (console && p == "/v1/stats") return Route::kStats;
+    if (console && find_web_asset(p)) return Route::kPage;
   }
   return Route::kNone;
 }
@@ -100,7 +115,8 @@ Routes::Routes(ServerConfig c, std::vector<std::shared_ptr<ModelInstance>> m)
     : config_(std::move(c)),
       models_(std::move(m)),
       keys_(config_.api_keys, config_.max_concurrent_requests_per_key),
-      guard_(GuardConfig{!config_.api_keys.empty(), config_.host, config_.allowed_hosts, config_.allowed_origins}) {
+      guard_(GuardConfig{!config_.api_keys.empty(), config_.host, config_.allowed_hosts, config_.allowed_origins}),
+      console_stats_(config_, models_) {
   if (!config_.audit_log_path.empty())
     audit_ = std::make_unique<AuditLog>(config_.audit_log_path, config_.audit_log_prompts);
   workers_ = std::make_unique<Workers>(static_cast<size_t>(std::clamp(config_.http_threads, 1, 64)));
@@ -166,7 +182,7 @@ HttpResponse Routes::transport_error(int status, const std::string& message) {
 }
 
 std::optional<HttpResponse> Routes::check_head(const Scope& scope, const HttpRequest& head) {
-  const Route route = route_of(head, config_.metrics);
+  const Route route = route_of(head, config_.metrics, config_.console);
   if (route == Route::kNone) {
     return error_response(make_error(404, "invalid_request_error",
                                      fmt::format("no endpoint {} {}", head.method, head.path), "unknown_endpoint"));
@@ -176,6 +192,9 @@ std::optional<HttpResponse> Routes::check_head(const Scope& scope, const HttpReq
                                      "request bodies must not be compressed (Content-Encoding); send plain JSON",
                                      "unsupported_content_encoding"));
   }
+  // The console's pages are the same static files for everyone, hold no data and need no
+  // key: a browser may GET them by any name. What they then call is guarded as usual.
+  if (route == Route::kPage) return std::nullopt;
   // Browsers are kept out of a server without keys (request_guard.h).
   GuardRequest g;
   g.method = head.method;
@@ -189,7 +208,7 @@ std::optional<HttpResponse> Routes::check_head(const Scope& scope, const HttpReq
                                      denial->status == 415 ? "invalid_request_error" : "permission_error",
                                      denial->message, denial->code));
   }
-  if (needs_key(route) || route == Route::kMetrics) {  // /metrics: any valid key, when keys are set
+  if (needs_key(route) || route == Route::kMetrics || route == Route::kStats) {  // any valid key, when keys are set
     try {
       authenticate(head);
     } catch (const ApiException& e) {
@@ -202,7 +221,7 @@ std::optional<HttpResponse> Routes::check_head(const Scope& scope, const HttpReq
 
 void Routes::handle(const Scope& scope, std::shared_ptr<HttpExchange> exchange) {
   const HttpRequest& req = exchange->request();
-  const Route route = route_of(req, config_.metrics);
+  const Route route = route_of(req, config_.metrics, config_.console);
   switch (route) {
     case Route::kHealth: {
       HttpResponse r;
@@ -213,6 +232,8 @@ void Routes::handle(const Scope& scope, std::shared_ptr<HttpExchange> exchange) 
     case Route::kReady: exchange->respond(handle_ready(scope)); return;
     case Route::kMetrics: exchange->respond(handle_metrics(req)); return;
     case Route::kModels: exchange->respond(handle_models(req, scope)); return;
+    case Route::kStats: exchange->respond(handle_stats(req, scope)); return;
+    case Route::kPage: exchange->respond(web_asset_response(*find_web_asset(req.path), req)); return;
     case Route::kNone:
       exchange->respond(
           error_response(make_error(404, "invalid_request_error",
@@ -618,6 +639,25 @@ HttpResponse Routes::handle_ready(const Scope& listener) {
   return json_response(json{{"status", draining ? "draining" : (ok ? "ready" : "not_ready")},
                             {"models", std::move(list)}},
                        ok ? 200 : 503);
+}
+
+HttpResponse Routes::handle_stats(const HttpRequest& req, const Scope& listener) {
+  ApiKeyStore::Key* key = nullptr;
+  try {
+    key = authenticate(req);  // any valid key, when keys are configured (also checked before the body)
+  } catch (const ApiException& e) {
+    return error_response(e.error);
+  }
+  // The models the caller may see, as /v1/models lists them.
+  std::vector<std::shared_ptr<ModelInstance>> visible;
+  for (const auto& m : models_) {
+    if (listener.only_model && listener.only_model != m) continue;
+    if (key && !ApiKeyStore::allows_model(*key, m->name())) continue;
+    visible.push_back(m);
+  }
+  HttpResponse r = json_response(console_stats_.render(visible, metrics_, draining_, in_flight_));
+  r.headers.push_back({"Cache-Control", "no-store"});
+  return r;
 }
 
 HttpResponse Routes::handle_metrics(const HttpRequest& req) {

@@ -1,9 +1,9 @@
 // The server's routes: authentication, rate limits and queue limits, the model router,
 // and the endpoint handlers, over the HTTP transport (http_transport.h). Liveness and
-// readiness (/health, /ready), /metrics and /v1/models are answered on the I/O thread at
-// once; requests that parse JSON, render templates or tokenize run on a bounded worker
-// pool, and a generation then proceeds as a GenerationJob (generation_job.h) without a
-// thread of its own.
+// readiness (/health, /ready), /metrics, /v1/models and the web console (console.h: its
+// pages and /v1/stats) are answered on the I/O thread at once; requests that parse JSON,
+// render templates or tokenize run on a bounded worker pool, and a generation then
+// proceeds as a GenerationJob (generation_job.h) without a thread of its own.
 #pragma once
 
 #include <atomic>
@@ -17,6 +17,7 @@
 
 #include "infera/server/audit_log.h"
 #include "infera/server/auth.h"
+#include "infera/server/console.h"
 #include "infera/server/deploy_config.h"
 #include "infera/server/generation_job.h"
 #include "infera/server/http_transport.h"
@@ -84,11 +85,13 @@ class Routes {
   HttpResponse handle_tokenize(bool detokenize, const HttpRequest& req, const Scope& scope);
   HttpResponse handle_ready(const Scope& scope);
   HttpResponse handle_metrics(const HttpRequest& req);
+  HttpResponse handle_stats(const HttpRequest& req, const Scope& scope);
 
   ServerConfig config_;
   std::vector<std::shared_ptr<ModelInstance>> models_;
   ApiKeyStore keys_;
   RequestGuard guard_;
+  ConsoleStats console_stats_;
   Metrics metrics_;
   std::unique_ptr<AuditLog> audit_;
   ParseLimits parse_limits_;
