@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what Infera needs to build and test on Debian 12, from Debian packages only.
-# Usage: scripts/install-deps.sh [--test]   (--test adds nginx and the npm packages of the conformance tests)
+# Usage: scripts/install-deps.sh [--test]   (--test adds nginx, chromium and the npm packages of the
+# conformance and browser tests)
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 SUDO=""
@@ -34,6 +35,12 @@ if [ "${1:-}" = "--test" ]; then
     $SUDO apt-get update -qq
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq nginx openssl
   fi
+  # chromium: tests/browser/console.mjs drives the web console in it, headless.
+  if ! command -v chromium >/dev/null 2>&1; then
+    echo "installing Debian packages: chromium"
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq chromium
+  fi
   node_major=$(node -p 'process.versions.node.split(".")[0]' 2>/dev/null || echo 0)
   if [ "$node_major" -lt 20 ]; then
     echo "warning: Node.js $(node --version 2>/dev/null) found; the conformance tests need Node.js >= 20 (node-llama-cpp)" >&2
@@ -44,4 +51,7 @@ if [ "${1:-}" = "--test" ]; then
   # npm install (not npm ci): the lock pins every version, and npm ci rejects a lock
   # that omits other platforms' optional prebuilt binaries of node-llama-cpp.
   npm install --no-audit --no-fund --loglevel=error
+  # The browser tests' driver (puppeteer-core, pinned; it uses the chromium above).
+  cd "$here/tests/browser"
+  npm ci --no-audit --no-fund --loglevel=error
 fi
