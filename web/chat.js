@@ -117,9 +117,15 @@ function open(id) {
   save();
   renderList();
   renderMessages();
+  closeSidebar();
+  $("input").focus();
+}
+
+function closeSidebar() {
+  if (!document.body.classList.contains("sidebar-open")) return;
   document.body.classList.remove("sidebar-open");
   $("toggle-sidebar").setAttribute("aria-expanded", "false");
-  $("input").focus();
+  $("toggle-sidebar").focus();
 }
 
 function remove(id) {
@@ -359,11 +365,16 @@ function init() {
     }
   });
   document.addEventListener("keydown", (e) => {
-    if (e.key === "Escape" && controller) {
+    if (e.key !== "Escape") return;
+    if (document.body.classList.contains("sidebar-open")) {
+      e.preventDefault();
+      closeSidebar();
+    } else if (controller) {
       e.preventDefault();
       stop();
     }
   });
+  $("close-sidebar").addEventListener("click", closeSidebar);
   $("stop").addEventListener("click", stop);
   $("new-chat").addEventListener("click", () => {
     current = "";
@@ -382,6 +393,7 @@ function init() {
   $("toggle-sidebar").addEventListener("click", () => {
     const open = document.body.classList.toggle("sidebar-open");
     $("toggle-sidebar").setAttribute("aria-expanded", String(open));
+    if (open) $("new-chat").focus();
   });
   renderList();
   renderMessages();

@@ -303,6 +303,55 @@ try {
   check(await page.evaluate(() => !JSON.stringify(localStorage).includes("console-test-key")), "no key in localStorage");
   await shot(page, "chat-desktop");
 
+  // 6: reasoning, tool calls, Markdown and code as the page renders them, from a canned
+  // stream (the built-in model writes neither reasoning nor tool calls): answered by the
+  // browser's request interception, so the server never sees it.
+  await page.click("#new-chat");
+  const canned = [
+    { choices: [{ index: 0, delta: { role: "assistant", reasoning_content: "Thinking <b>hard</b>" } }] },
+    { choices: [{ index: 0, delta: { content: "# Plan\nHere is code:\n```js\nconst a = 1 < 2;\n```\n**done** and a [link](javascript:alert(1))\n<script>alert(1)</script>" } }] },
+    { choices: [{ index: 0, delta: { tool_calls: [{ index: 0, id: "call_1", type: "function", function: { name: "get_weather", arguments: '{"city":' } }] } }] },
+    { choices: [{ index: 0, delta: { tool_calls: [{ index: 0, function: { arguments: '"Paris"}' } }] }, finish_reason: "tool_calls" }] },
+    { choices: [], usage: { prompt_tokens: 5, completion_tokens: 12, total_tokens: 17 } },
+  ];
+  const cannedBody = canned.map((c) => `data: ${JSON.stringify(c)}\n\n`).join("") + "data: [DONE]\n\n";
+  await page.setRequestInterception(true);
+  const answerCanned = (req) => {
+    if (req.method() === "POST" && req.url().endsWith("/v1/chat/completions")) {
+      req.respond({ status: 200, contentType: "text/event-stream", body: cannedBody });
+    } else req.continue();
+  };
+  page.on("request", answerCanned);
+  await page.type("#input", "What is the weather?");
+  await page.keyboard.press("Enter");
+  await waitFor("the canned answer", async () => (await assistantCount()) === 1 && !(await lastAnswer()).streaming);
+  page.off("request", answerCanned);
+  await page.setRequestInterception(false);
+  const view = await page.$eval("#messages .message.assistant", (n) => ({
+    reasoningOpen: n.querySelector("details.reasoning")?.open,
+    reasoning: n.querySelector(".reasoning-text")?.textContent,
+    heading: n.querySelector(".body h3")?.textContent,
+    code: n.querySelector(".body .code-block pre code")?.textContent,
+    lang: n.querySelector(".body .code-block .code-head")?.firstChild?.textContent,
+    bold: n.querySelector(".body strong")?.textContent,
+    links: [...n.querySelectorAll("a")].map((a) => a.getAttribute("href")),
+    scripts: n.querySelectorAll("script, b").length,
+    tool: n.querySelector(".tool-call pre code")?.textContent,
+    stats: n.querySelector(".stats")?.textContent,
+  }));
+  check(view.reasoningOpen === false && view.reasoning === "Thinking <b>hard</b>", "reasoning shows in a closed, collapsible block, as text", JSON.stringify(view));
+  check(view.heading === "Plan" && view.code === "const a = 1 < 2;" && view.lang === "js" && view.bold === "done", "Markdown: heading, code block with its language, bold", JSON.stringify(view));
+  check(view.links.length === 0 && view.scripts === 0, "no javascript: link and no element from model text");
+  let tool = null;
+  try {
+    tool = JSON.parse(view.tool);
+  } catch {}
+  check(tool?.name === "get_weather" && tool?.arguments?.city === "Paris" && /\n {2}"name"/.test(view.tool), "a tool call shows as formatted JSON", view.tool);
+  check(/^12 tokens/.test(view.stats) && /tool_calls/.test(view.stats), "usage and finish reason of the answer", view.stats);
+  await page.click("#messages details.reasoning summary");
+  check(await page.$eval("#messages details.reasoning", (d) => d.open), "the reasoning block opens");
+  await shot(page, "chat-rendering");
+
   // -- status page against /metrics after a known number of requests ---------------------------
   for (let i = 0; i < 3; ++i) {
     const r = await chat(open.port, { model: "infera-default", messages: [{ role: "user", content: `Psalm ${i}` }], max_tokens: 6 });
@@ -354,6 +403,9 @@ try {
   await sleep(250);
   check(await page.evaluate(() => document.getElementById("sidebar").getBoundingClientRect().left >= 0), "phone: the conversations open from the button");
   await shot(page, "chat-phone-conversations");
+  await page.keyboard.press("Escape");
+  await sleep(250);
+  check(await page.evaluate(() => document.getElementById("sidebar").getBoundingClientRect().right <= 0), "phone: Escape closes them");
 
   // -- a server with keys: the page asks for one and keeps it in the tab only -------------------
   const kpage = await newPage({ expect401: true });
