@@ -351,6 +351,20 @@ try {
   await page.click("#messages details.reasoning summary");
   check(await page.$eval("#messages details.reasoning", (d) => d.open), "the reasoning block opens");
   await shot(page, "chat-rendering");
+  // Export: the JSON file the button downloads holds both conversations.
+  const exported = await page.evaluate(async () => {
+    let blob = null;
+    const create = URL.createObjectURL;
+    URL.createObjectURL = (b) => ((blob = b), create.call(URL, b));
+    const click = HTMLAnchorElement.prototype.click;
+    HTMLAnchorElement.prototype.click = function () {}; // no download dialog in the test
+    document.getElementById("export").click();
+    HTMLAnchorElement.prototype.click = click;
+    URL.createObjectURL = create;
+    return blob ? JSON.parse(await blob.text()) : null;
+  });
+  const titles = (exported?.conversations || []).map((c) => c.messages[0]?.content);
+  check(titles.includes("In the beginning") && titles.includes("What is the weather?"), "Export JSON holds every conversation", JSON.stringify(titles));
 
   // -- status page against /metrics after a known number of requests ---------------------------
   for (let i = 0; i < 3; ++i) {
