@@ -40,7 +40,7 @@ let puppeteer;
 try {
   puppeteer = (await import("puppeteer-core")).default;
 } catch {
-  skip("puppeteer-core is not installed in tests/browser (scripts/install-deps.sh --test runs npm install there)");
+  skip("puppeteer-core is not installed in tests/browser (scripts/install-deps.sh --test runs npm ci there)");
 }
 if (!fs.existsSync(path.join(repo, "models", "infera-default", "config.json"))) skip("the built-in model models/infera-default is missing");
 
