@@ -59,13 +59,13 @@ function niceMax(v) {
   return 10 * p;
 }
 
-// series: [{name, cls, points: [[t, v|null], ...]}]; x spans the last HISTORY seconds.
-function lineChart(title, series, format) {
+// series: [{name, cls, points: [[t, v|null], ...]}]; x spans the last `span` seconds.
+function lineChart(title, series, format, span) {
   const now = Date.now() / 1000;
-  const x0 = now - HISTORY;
+  const x0 = now - span;
   const values = series.flatMap((s) => s.points.map((p) => p[1]).filter((v) => v !== null));
   const ymax = niceMax(Math.max(0, ...values));
-  const x = (t) => PAD.l + ((t - x0) / HISTORY) * (W - PAD.l - PAD.r);
+  const x = (t) => PAD.l + ((t - x0) / span) * (W - PAD.l - PAD.r);
   const y = (v) => H - PAD.b - (v / ymax) * (H - PAD.t - PAD.b);
   const chart = svg("svg", { viewBox: `0 0 ${W} ${H}`, class: "chart", role: "img", "aria-label": title });
   for (const f of [0, 0.5, 1]) {
@@ -73,7 +73,7 @@ function lineChart(title, series, format) {
     chart.append(svg("line", { x1: PAD.l, x2: W - PAD.r, y1: y(v), y2: y(v), class: "grid" }));
     chart.append(svg("text", { x: PAD.l - 6, y: y(v) + 4, class: "axis", "text-anchor": "end" }, format(v)));
   }
-  chart.append(svg("text", { x: PAD.l, y: H - 4, class: "axis" }, "−5 min"));
+  chart.append(svg("text", { x: PAD.l, y: H - 4, class: "axis" }, span >= 120 ? `−${Math.round(span / 60)} min` : `−${Math.round(span)} s`));
   chart.append(svg("text", { x: W - PAD.r, y: H - 4, class: "axis", "text-anchor": "end" }, "now"));
   for (const s of series) {
     let d = "";
@@ -119,9 +119,11 @@ function charts(name) {
     gen.push([samples[i].t, (samples[i].gen - samples[i - 1].gen) / dt]);
     prompt.push([samples[i].t, (samples[i].prompt - samples[i - 1].prompt) / dt]);
   }
+  // The last minute at first, growing to the five minutes kept.
+  const span = Math.min(HISTORY, Math.max(60, samples.length ? samples.at(-1).t - samples[0].t : 0));
   const ttft = percentileSeries(samples, "ttft");
   const itl = percentileSeries(samples, "tpot");
-  const ms = (v) => (v >= 1 ? `${v.toFixed(v >= 10 ? 0 : 1)} s` : `${(v * 1000).toFixed(v >= 0.01 ? 0 : 1)} ms`);
+  const ms = (v) => (v >= 1 ? `${+v.toFixed(v >= 10 ? 0 : 1)} s` : `${+(v * 1000).toFixed(v >= 0.1 ? 0 : 1)} ms`);
   const rate = (v) => formatNumber(v, v < 10 ? 1 : 0);
   return el(
     "div",
@@ -129,17 +131,17 @@ function charts(name) {
     lineChart("Throughput (tokens/s)", [
       { name: "generated", cls: "s1", points: gen },
       { name: "prompt", cls: "s2", points: prompt },
-    ], rate),
+    ], rate, span),
     lineChart(`Time to first token (percentiles over ${WINDOW_S} s)`, [
       { name: "p50", cls: "s1", points: ttft.p50 },
       { name: "p95", cls: "s2", points: ttft.p95 },
       { name: "p99", cls: "s3", points: ttft.p99 },
-    ], ms),
+    ], ms, span),
     lineChart(`Inter-token latency (percentiles over ${WINDOW_S} s)`, [
       { name: "p50", cls: "s1", points: itl.p50 },
       { name: "p95", cls: "s2", points: itl.p95 },
       { name: "p99", cls: "s3", points: itl.p99 },
-    ], ms),
+    ], ms, span),
   );
 }
 

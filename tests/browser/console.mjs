@@ -395,6 +395,14 @@ try {
   check((await status.$$(`${card} svg.chart`)).length === 3, "status page: throughput, TTFT and inter-token latency charts");
   await status.waitForFunction(() => Number(document.body.dataset.polls) >= 3, { timeout: 10000 });
   check(true, "status page polls");
+  // Some load while it watches, so the charts have lines in the screenshot.
+  for (let i = 0; i < 6; ++i) {
+    await chat(open.port, { model: "infera-default", messages: [{ role: "user", content: `Proverbs ${i}` }], max_tokens: 48, ignore_eos: true });
+    await sleep(300);
+  }
+  const polls = await status.evaluate(() => Number(document.body.dataset.polls));
+  await status.waitForFunction((n) => Number(document.body.dataset.polls) >= n + 2, { timeout: 10000 }, polls);
+  check((await status.$$(`${card} svg.chart path.series`)).length >= 3, "status page: the charts draw the load");
   await shot(status, "status-desktop");
 
   // -- a phone-sized viewport --------------------------------------------------------------------
