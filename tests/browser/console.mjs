@@ -351,6 +351,9 @@ try {
   await page.click("#messages details.reasoning summary");
   check(await page.$eval("#messages details.reasoning", (d) => d.open), "the reasoning block opens");
   await shot(page, "chat-rendering");
+  await page.emulateMediaFeatures([{ name: "prefers-color-scheme", value: "dark" }]);
+  await shot(page, "chat-rendering-dark");
+  await page.emulateMediaFeatures([{ name: "prefers-color-scheme", value: "light" }]);
   // Export: the JSON file the button downloads holds both conversations.
   const exported = await page.evaluate(async () => {
     let blob = null;
@@ -404,6 +407,9 @@ try {
   await status.waitForFunction((n) => Number(document.body.dataset.polls) >= n + 2, { timeout: 10000 }, polls);
   check((await status.$$(`${card} svg.chart path.series`)).length >= 3, "status page: the charts draw the load");
   await shot(status, "status-desktop");
+  await status.emulateMediaFeatures([{ name: "prefers-color-scheme", value: "dark" }]);
+  await shot(status, "status-desktop-dark");
+  await status.emulateMediaFeatures([{ name: "prefers-color-scheme", value: "light" }]);
 
   // -- a phone-sized viewport --------------------------------------------------------------------
   for (const [p, name] of [[page, "chat-phone"], [status, "status-phone"]]) {

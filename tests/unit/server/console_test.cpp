@@ -193,6 +193,12 @@ TEST(ConsoleRoutes, PagesAndStats) {
     EXPECT_NE(r->get_header_value("Content-Security-Policy").find("default-src 'self'"), std::string::npos);
     EXPECT_EQ(r->get_header_value("X-Content-Type-Options"), "nosniff");
   }
+  httplib::Client head_client("127.0.0.1", s.server->port());
+  auto h = head_client.Head("/status");
+  ASSERT_TRUE(h);
+  EXPECT_EQ(h->status, 200);
+  EXPECT_TRUE(h->body.empty());
+  EXPECT_EQ(h->get_header_value("Content-Length"), std::to_string(find_web_asset("/status")->body.size()));
   auto r = s.get("/console/chat.js", {{"If-None-Match", std::string(find_web_asset("/console/chat.js")->etag)}});
   ASSERT_TRUE(r);
   EXPECT_EQ(r->status, 304);
