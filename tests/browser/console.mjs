@@ -374,7 +374,17 @@ try {
     const r = await chat(open.port, { model: "infera-default", messages: [{ role: "user", content: `Psalm ${i}` }], max_tokens: 6 });
     check(r.status === 200, `direct request ${i + 1} of 3`);
   }
-  const metricsText = (await request(open.port, "GET", "/metrics")).body;
+  // A request is counted when its response has gone out, so the last one may land a moment
+  // after its client has the answer: wait for the known count, then read everything once.
+  let metricsText = "";
+  try {
+    await waitFor("/metrics to count 6 completed requests", async () => {
+      metricsText = (await request(open.port, "GET", "/metrics")).body;
+      return metric(metricsText, "infera_requests_total", ',status="200"') === 6;
+    }, 5000);
+  } catch {
+    // reported by the check below
+  }
   const expected = {
     ok: metric(metricsText, "infera_requests_total", ',status="200"'),
     generated: metric(metricsText, "infera_generation_tokens_total"),
