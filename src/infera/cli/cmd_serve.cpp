@@ -164,7 +164,8 @@ int serve_http(const DeployConfig& config, Group* group) {
 
   HttpServer server(config.server, models);
   server.bind();
-  LOG_INFO("listening on http://{}:{}", config.server.host, server.port());
+  LOG_INFO("listening on http://{}:{}{}", config.server.host, server.port(),
+           config.server.console ? " (web console: GET / and /status)" : "");
 
   std::atomic<bool> done{false};
   std::atomic<int> exit_code{0};
