@@ -696,6 +696,26 @@ const OptionSpec& option_spec(std::string_view name) {
   std::abort();
 }
 
+double request_default_number(std::string_view name) {
+  const OptionSpec& s = option_spec(name);
+  INFERA_ASSERT(s.used_by(kUseRequest) && (s.type == OptionType::kNumber || s.type == OptionType::kInteger),
+                fmt::format("option '{}' has no numeric request default", name));
+  const std::string text(s.request_default);
+  char* end = nullptr;
+  const double v = std::strtod(text.c_str(), &end);
+  INFERA_ASSERT(!text.empty() && end != nullptr && *end == '\0',
+                fmt::format("option '{}': request default '{}' is not a number", name, text));
+  return v;
+}
+
+bool request_default_flag(std::string_view name) {
+  const OptionSpec& s = option_spec(name);
+  INFERA_ASSERT(s.used_by(kUseRequest) && s.type == OptionType::kFlag &&
+                    (s.request_default == "true" || s.request_default == "false"),
+                fmt::format("option '{}' has no true/false request default", name));
+  return s.request_default == "true";
+}
+
 std::string option_range_text(const OptionSpec& s) {
   if (!s.choices.empty()) {
     std::string out;

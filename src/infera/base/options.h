@@ -70,6 +70,12 @@ std::span<const OptionSpec> option_specs();
 // The row named `name`; an undeclared name is a programming error (INFERA_ASSERT).
 const OptionSpec& option_spec(std::string_view name);
 
+// A request option's default (OptionSpec::request_default) as a number or a flag: what a
+// request that leaves the field out gets (server/openai_api.h GenerationOptions starts from
+// these). An option without a numeric / true-false request default is a programming error.
+double request_default_number(std::string_view name);
+bool request_default_flag(std::string_view name);
+
 // Checks `text` against the row's type, choices and range. Returns "" when it is valid,
 // else what is wrong ("must be in [0, 16]", "must be one of: f32, bf16, int8").
 std::string check_option_value(const OptionSpec& spec, std::string_view text);

@@ -98,6 +98,21 @@ double ModelInstance::load_seconds() const {
   return std::chrono::duration<double>(end - load_start_).count();
 }
 
+EngineConfig engine_config(const ModelDeployConfig& m, const ResolvedLimits& limits) {
+  EngineConfig c;
+  c.kv_cache_bytes = limits.kv_cache_bytes;
+  c.kv_dtype = m.kv_dtype;
+  c.max_batch_tokens = limits.max_batch_tokens;
+  c.max_num_seqs = limits.max_num_seqs;
+  c.prefill_chunk = limits.prefill_chunk;
+  c.enable_prefix_cache = m.enable_prefix_cache;
+  c.max_context = limits.max_context;
+  c.speculative.method = parse_speculative_method(m.speculative.method, "speculative.method");
+  c.speculative.num_draft_tokens = m.speculative.num_draft_tokens;
+  c.threads = m.threads;
+  return c;
+}
+
 void ModelInstance::load() {
   {
     std::lock_guard lock(mutex_);
@@ -116,18 +131,7 @@ void ModelInstance::load() {
     load_options.max_batch_tokens = limits_.max_batch_tokens;
     const std::string dir = deploy_.quantized_path.empty() ? deploy_.path : deploy_.quantized_path;
     auto model = model_loader_ ? model_loader_(dir, load_options) : load_model(dir, load_options);
-    EngineConfig engine_config;
-    engine_config.kv_cache_bytes = limits_.kv_cache_bytes;
-    engine_config.kv_dtype = deploy_.kv_dtype;
-    engine_config.max_batch_tokens = limits_.max_batch_tokens;
-    engine_config.max_num_seqs = limits_.max_num_seqs;
-    engine_config.prefill_chunk = limits_.prefill_chunk;
-    engine_config.enable_prefix_cache = deploy_.enable_prefix_cache;
-    engine_config.max_context = limits_.max_context;
-    engine_config.speculative.method = parse_speculative_method(deploy_.speculative.method, "speculative.method");
-    engine_config.speculative.num_draft_tokens = deploy_.speculative.num_draft_tokens;
-    engine_config.threads = deploy_.threads;
-    auto engine = std::make_unique<Engine>(std::move(model), engine_config);
+    auto engine = std::make_unique<Engine>(std::move(model), engine_config(deploy_, limits_));
     set_backend(std::make_shared<EngineBackend>(std::move(engine)));
     LOG_INFO("model '{}' ready", name());
   } catch (const std::exception& e) {
@@ -386,13 +390,8 @@ std::vector<std::shared_ptr<ModelInstance>> prepare_models(const DeployConfig& c
       problem(fmt::format("{}.max_output_len: {} must be in [1, {}] (the model's context length)", who,
                           limits.max_output_len, limits.max_context));
     if (limits.max_queue < 0) problem(fmt::format("{}.max_queue: must be zero or positive", who));
-    EngineConfig engine_config;
-    engine_config.kv_cache_bytes = limits.kv_cache_bytes;
-    engine_config.max_batch_tokens = limits.max_batch_tokens;
-    engine_config.max_num_seqs = limits.max_num_seqs;
-    engine_config.prefill_chunk = limits.prefill_chunk;
     try {
-      validate_engine_config(engine_config);
+      validate_engine_config(engine_config(m, limits));
     } catch (const Error& e) {
       problem(fmt::format("{}: {}", who, e.what()));
     }

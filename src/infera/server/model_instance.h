@@ -15,6 +15,7 @@
 #include <nlohmann/json_fwd.hpp>
 
 #include "infera/model/config.h"
+#include "infera/runtime/engine_config.h"
 #include "infera/server/backend.h"
 #include "infera/server/deploy_config.h"
 #include "infera/server/openai_api.h"
@@ -29,6 +30,11 @@ struct LoadOptions;
 namespace infera::server {
 
 enum class ModelState { kLoading, kReady, kFailed };
+
+// A deployed model's engine settings, from its options (deploy.yaml keys or `serve` flags)
+// and resolved limits: the one conversion, used to validate a deployment and to start the
+// engine. Throws infera::Error for an unknown speculative method.
+EngineConfig engine_config(const ModelDeployConfig& model, const ResolvedLimits& limits);
 const char* model_state_name(ModelState s);  // "loading", "ready", "failed"
 
 class ModelInstance {

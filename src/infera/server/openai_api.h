@@ -12,6 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "infera/base/options.h"
 #include "infera/chat/text_stream.h"
 #include "infera/server/api_error.h"
 
@@ -27,15 +28,16 @@ using chat::ToolCall;
 struct GenerationOptions {
   std::optional<std::string> model;  // absent: the only model, if there is one
   std::optional<int64_t> max_tokens;  // max_completion_tokens wins over max_tokens
-  float temperature = 1.0f;
-  float top_p = 1.0f;
-  int32_t top_k = 0;
-  float min_p = 0.0f;
+  // The sampling fields start from the request defaults declared in base/options.cpp.
+  float temperature = static_cast<float>(request_default_number("temperature"));
+  float top_p = static_cast<float>(request_default_number("top_p"));
+  int32_t top_k = static_cast<int32_t>(request_default_number("top_k"));
+  float min_p = static_cast<float>(request_default_number("min_p"));
   std::optional<int64_t> seed;
   std::vector<std::string> stop;
-  float presence_penalty = 0.0f;
-  float frequency_penalty = 0.0f;
-  float repetition_penalty = 1.0f;
+  float presence_penalty = static_cast<float>(request_default_number("presence_penalty"));
+  float frequency_penalty = static_cast<float>(request_default_number("frequency_penalty"));
+  float repetition_penalty = static_cast<float>(request_default_number("repetition_penalty"));
   int32_t n = 1;
   bool logprobs = false;
   int32_t top_logprobs = 0;
@@ -44,7 +46,7 @@ struct GenerationOptions {
   int32_t prompt_logprobs = -1;
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
-  bool ignore_eos = false;
+  bool ignore_eos = request_default_flag("ignore_eos");
 };
 
 struct ChatMessage {
