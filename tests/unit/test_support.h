@@ -19,6 +19,7 @@
 #include <fstream>
 #include <functional>
 #include <iterator>
+#include <memory>
 #include <random>
 #include <string>
 #include <system_error>
@@ -28,6 +29,8 @@
 #include "infera/base/cpu.h"
 #include "infera/base/error.h"
 #include "infera/kernels/delta.h"
+#include "infera/model/kv_pool.h"
+#include "infera/model/model.h"
 
 namespace infera::test {
 
@@ -202,5 +205,29 @@ inline DeltaInputs delta_rule_inputs(int64_t T, const kernels::DeltaShape& s, ui
   in.state = random_vec(s.n_v_heads * s.dk * s.dv, seed + 5, 0.3f);
   return in;
 }
+
+// A model loaded for tests that call forward() directly: a small KV pool and the recurrent
+// state of each sequence they run (the runtime's sequence memory owns it in the engine; the
+// model only reads and writes it).
+struct ModelRunner {
+  std::unique_ptr<infera::Model> model;
+  std::unique_ptr<infera::KvPool> kv;
+  std::vector<std::vector<float>> states;
+  explicit ModelRunner(const std::string& dir, int64_t num_blocks = 16, int64_t block_size = 16) {
+    model = infera::load_model(dir);
+    infera::KvPoolShape shape = model->kv_shape(block_size);
+    shape.num_blocks = num_blocks;
+    kv = std::make_unique<infera::KvPool>(shape);
+  }
+  int32_t vocab() const { return model->config().vocab_size; }
+  // Sequence i's recurrent state; nullptr for attention-only models.
+  float* state(size_t i = 0) {
+    const int64_t floats = model->state_shape().floats();
+    if (floats == 0) return nullptr;
+    if (states.size() <= i) states.resize(i + 1);
+    states[i].resize(static_cast<size_t>(floats));
+    return states[i].data();
+  }
+};
 
 }  // namespace infera::test

@@ -35,27 +35,8 @@ const char* kHybridArgs =
 
 constexpr int64_t kBlock = 16;
 
-struct Runner {
-  std::unique_ptr<Model> model;
-  std::unique_ptr<KvPool> kv;
-  explicit Runner(const std::string& dir) {
-    model = load_model(dir);
-    KvPoolShape shape = model->kv_shape(kBlock);
-    shape.num_blocks = 16;
-    kv = std::make_unique<KvPool>(shape);
-  }
-  int32_t vocab() const { return model->config().vocab_size; }
-  // The recurrent state of sequence `i` (nullptr for attention-only models): the runtime's
-  // sequence memory owns it in the engine; the model only reads and writes it.
-  float* state(size_t i) {
-    const int64_t floats = model->state_shape().floats();
-    if (floats == 0) return nullptr;
-    if (states.size() <= i) states.resize(i + 1);
-    states[i].resize(static_cast<size_t>(floats));
-    return states[i].data();
-  }
-  std::vector<std::vector<float>> states;
-};
+// A model with 16 KV blocks and its sequences' recurrent states.
+using Runner = test::ModelRunner;
 
 SeqChunk chunk(int32_t begin, int32_t n, int32_t pos0, const std::vector<int32_t>& blocks, float* state) {
   SeqChunk s;

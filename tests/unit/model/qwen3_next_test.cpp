@@ -36,19 +36,9 @@ std::string generated(const std::string& name, const std::string& args) {
   return test::generate_model(scratch_root() / name, args);
 }
 
-constexpr int64_t kBlock = 16;
-
-struct Runner {
-  std::unique_ptr<Model> model;
-  std::unique_ptr<KvPool> kv;
-  explicit Runner(const std::string& dir) {
-    model = load_model(dir);
-    KvPoolShape shape = model->kv_shape(kBlock);
-    shape.num_blocks = 8;
-    kv = std::make_unique<KvPool>(shape);
-    state.resize(static_cast<size_t>(model->state_shape().floats()));  // the one sequence's recurrent state
-  }
-  std::vector<float> state;
+// A model with 8 KV blocks and one sequence's recurrent state.
+struct Runner : test::ModelRunner {
+  explicit Runner(const std::string& dir) : test::ModelRunner(dir, 8) {}
 };
 
 SeqChunk chunk(int32_t n, int32_t pos0, const std::vector<int32_t>& blocks) {
@@ -74,7 +64,7 @@ std::vector<float> trace(Runner& r) {
   prefill.tokens.assign(kPrompt.begin(), kPrompt.begin() + T);
   prefill.seqs.push_back(chunk(T, 0, blocks));
   prefill.seqs[0].all_logits = true;
-  prefill.seqs[0].state = r.state.data();
+  prefill.seqs[0].state = r.state();
   std::vector<float> logits(T * V);
   MtpHead* head = r.model->mtp_head();  // null without mtp.* weights
   if (head) head->set_hidden_for_all_tokens(true);
@@ -89,7 +79,7 @@ std::vector<float> trace(Runner& r) {
     ForwardBatch step;
     step.tokens = {kPrompt[p]};
     step.seqs.push_back(chunk(1, p, blocks));
-    step.seqs[0].state = r.state.data();
+    step.seqs[0].state = r.state();
     r.model->forward(step, *r.kv, logits.data());
     out.insert(out.end(), logits.begin(), logits.begin() + V);
   }

@@ -20,6 +20,7 @@
 #include "fake_backend.h"
 #include "infera/chat/chat_template.h"
 #include "infera/server/http_server.h"
+#include "server_fixture.h"
 
 namespace infera::server {
 namespace {
@@ -28,10 +29,8 @@ using nlohmann::json;
 using testing::FakeBackend;
 using namespace std::chrono_literals;
 using test::free_port;
-using test::slurp;
 
 const std::string kStories = test::stories_dir();
-const std::string kChatml = std::string(INFERA_SOURCE_DIR) + "/tests/conformance/data/chatml.jinja";
 const json kChat = {{"model", "stories"}, {"messages", {{{"role", "user"}, {"content", "Hi"}}}}, {"max_tokens", 4}};
 
 struct Options {
@@ -45,39 +44,28 @@ struct Options {
 class Server {
  public:
   explicit Server(const Options& o) {
-    static bool sigpipe_ignored = [] {
-      ::signal(SIGPIPE, SIG_IGN);
-      return true;
-    }();
-    (void)sigpipe_ignored;
     Tokenizer tok = Tokenizer::load(kStories);
     backend = std::make_shared<FakeBackend>(tok.encode("Once upon a time there was a cat.", false), o.delay);
     std::vector<std::shared_ptr<ModelInstance>> models;
     for (const char* name : {"stories", "other"}) {
       ModelDeployConfig d;
       d.name = name;
-      d.path = kStories;
       if (std::string(name) == "other" && o.second_model_port) d.port = free_port();
-      auto m = std::make_shared<ModelInstance>(d, load_model_config(kStories), Tokenizer::load(kStories),
-                                               std::make_unique<ChatTemplate>(slurp(kChatml)), resolve_limits(d, 512));
+      auto m = testing::stories_instance(d);
       m->set_backend(backend);
       models.push_back(m);
     }
     ServerConfig c;
-    c.port = 0;
     c.api_keys = o.keys;
     c.max_concurrent_requests_per_key = o.default_concurrency;
     c.allowed_hosts = o.allowed_hosts;
     c.allowed_origins = o.allowed_origins;
-    server = std::make_unique<HttpServer>(c, models);
-    server->bind();
-    server->start();
+    server = testing::start_server(c, models);
   }
   ~Server() { server->stop(); }
 
   httplib::Client client(int port = 0) const {
-    httplib::Client c("127.0.0.1", port ? port : server->port());
-    c.set_read_timeout(30, 0);
+    httplib::Client c = testing::local_client(port ? port : server->port());
     return c;
   }
   httplib::Result post(const std::string& path, const json& body, const std::string& key = "") const {

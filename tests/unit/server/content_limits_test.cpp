@@ -19,6 +19,7 @@
 #include "infera/server/audit_log.h"
 #include "infera/server/http_server.h"
 #include "infera/server/logprobs_json.h"
+#include "server_fixture.h"
 
 namespace infera::server {
 namespace {
@@ -28,41 +29,23 @@ using testing::FakeBackend;
 using namespace std::chrono_literals;
 
 const std::string kStories = test::stories_dir();
-const std::string kChatml = std::string(INFERA_SOURCE_DIR) + "/tests/conformance/data/chatml.jinja";
 
 // One model served by a FakeBackend that "generates" `script`.
 class ScriptedServer {
  public:
   explicit ScriptedServer(std::vector<int32_t> script) {
-    static const bool sigpipe_ignored = [] {
-      ::signal(SIGPIPE, SIG_IGN);
-      return true;
-    }();
-    (void)sigpipe_ignored;
     backend = std::make_shared<FakeBackend>(std::move(script), 1ms);
-    ModelDeployConfig d;
-    d.name = "stories";
-    d.path = kStories;
-    auto m =
-        std::make_shared<ModelInstance>(d, load_model_config(kStories), Tokenizer::load(kStories),
-                                        std::make_unique<ChatTemplate>(test::slurp(kChatml)), resolve_limits(d, 512));
+    auto m = testing::stories_instance("stories");
     m->set_backend(backend);
-    ServerConfig c;
-    c.port = 0;
-    server = std::make_unique<HttpServer>(c, std::vector<std::shared_ptr<ModelInstance>>{m});
-    server->bind();
-    server->start();
+    server = testing::start_server({}, {m});
   }
   ~ScriptedServer() { server->stop(); }
 
   httplib::Result post(const std::string& path, const json& body) const {
-    httplib::Client c("127.0.0.1", server->port());
-    c.set_read_timeout(30, 0);
-    return c.Post(path.c_str(), body.dump(), "application/json");
+    return testing::local_client(server->port()).Post(path.c_str(), body.dump(), "application/json");
   }
   bool healthy() const {
-    httplib::Client c("127.0.0.1", server->port());
-    auto r = c.Get("/health");
+    auto r = testing::local_client(server->port()).Get("/health");
     return r && r->status == 200;
   }
 

@@ -25,6 +25,7 @@
 #include "fake_backend.h"
 #include "infera/chat/chat_template.h"
 #include "infera/server/http_server.h"
+#include "server_fixture.h"
 
 namespace infera::server {
 namespace {
@@ -35,7 +36,6 @@ using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
 
 const std::string kStories = test::stories_dir();
-const std::string kChatml = std::string(INFERA_SOURCE_DIR) + "/tests/conformance/data/chatml.jinja";
 
 struct Options {
   int64_t body_limit = 4096;
@@ -49,28 +49,15 @@ struct Options {
 class Server {
  public:
   explicit Server(const Options& o = {}) {
-    static bool sigpipe = [] {
-      ::signal(SIGPIPE, SIG_IGN);
-      return true;
-    }();
-    (void)sigpipe;
-    Tokenizer tok = Tokenizer::load(kStories);
+    auto m = testing::stories_instance("stories");
+    const Tokenizer& tok = m->tokenizer();
     backend = std::make_shared<FakeBackend>(o.script_ids.empty() ? tok.encode(o.script, false) : o.script_ids, o.delay);
-    ModelDeployConfig d;
-    d.name = "stories";
-    d.path = kStories;
-    auto m =
-        std::make_shared<ModelInstance>(d, load_model_config(kStories), std::move(tok),
-                                        std::make_unique<ChatTemplate>(test::slurp(kChatml)), resolve_limits(d, 512));
     m->set_backend(backend);
     ServerConfig c;
-    c.port = 0;
     c.body_limit_bytes = o.body_limit;
     c.api_keys = o.keys;
     c.request_timeout_s = o.timeout_s;
-    server = std::make_unique<HttpServer>(c, std::vector<std::shared_ptr<ModelInstance>>{m});
-    server->bind();
-    server->start();
+    server = testing::start_server(c, {m});
   }
   ~Server() {
     if (server) server->stop();

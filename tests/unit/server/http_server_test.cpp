@@ -25,6 +25,7 @@
 #include "infera/chat/chat_template.h"
 #include "infera/runtime/sequence_runner.h"
 #include "infera/server/logprobs_json.h"
+#include "server_fixture.h"
 
 namespace infera::server {
 namespace {
@@ -34,15 +35,7 @@ using testing::FakeBackend;
 using namespace std::chrono_literals;
 
 const std::string kStories = test::stories_dir();
-const std::string kChatml = std::string(INFERA_SOURCE_DIR) + "/tests/conformance/data/chatml.jinja";
 const std::string kText = "Once upon a time, there was a little girl. The end is near.";
-
-std::string read_file(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
 
 struct ServerOptions {
   std::vector<ApiKeyConfig> keys;
@@ -60,23 +53,13 @@ struct ServerOptions {
 class TestServer {
  public:
   explicit TestServer(const ServerOptions& o = {}) {
-    static bool sigpipe_ignored = [] {
-      ::signal(SIGPIPE, SIG_IGN);
-      return true;
-    }();
-    (void)sigpipe_ignored;
     tokenizer_ = std::make_unique<Tokenizer>(Tokenizer::load(kStories));
     script = tokenizer_->encode(o.script_text, false);
     backend = std::make_shared<FakeBackend>(script, o.delay);
     std::vector<std::shared_ptr<ModelInstance>> models;
     for (const char* name : {"stories", "other"}) {
       if (std::string(name) == "other" && !o.two_models) break;
-      ModelDeployConfig d;
-      d.name = name;
-      d.path = kStories;
-      auto m =
-          std::make_shared<ModelInstance>(d, load_model_config(kStories), Tokenizer::load(kStories),
-                                          std::make_unique<ChatTemplate>(read_file(kChatml)), resolve_limits(d, 512));
+      auto m = testing::stories_instance(name);
       if (o.load && o.real_engine && models.empty()) {
         EngineConfig ec;
         ec.kv_cache_bytes = 16 << 20;
@@ -93,23 +76,16 @@ class TestServer {
     }
     model = models[0];
     ServerConfig c;
-    c.port = 0;
     c.api_keys = o.keys;
     c.body_limit_bytes = o.body_limit;
     c.audit_log_path = o.audit_log;
     c.audit_log_prompts = o.audit_prompts;
     c.request_timeout_s = o.timeout_s;
-    server = std::make_unique<HttpServer>(c, models);
-    server->bind();
-    server->start();
+    server = testing::start_server(c, models);
   }
   ~TestServer() { server->stop(); }
 
-  httplib::Client client() const {
-    httplib::Client c("127.0.0.1", server->port());
-    c.set_read_timeout(30, 0);
-    return c;
-  }
+  httplib::Client client() const { return testing::local_client(server->port()); }
   httplib::Result post(const std::string& path, const json& body, const httplib::Headers& headers = {}) const {
     return client().Post(path.c_str(), headers, body.dump(), "application/json");
   }
@@ -410,7 +386,7 @@ TEST(HttpServer, ApiKeysPermissionsAndRateLimits) {
     EXPECT_GE(std::stoi(limited->get_header_value("Retry-After")), 1);
     EXPECT_EQ(s.client().Get("/health")->status, 200);  // no key needed
   }
-  const std::string audit = read_file(o.audit_log);
+  const std::string audit = test::slurp(o.audit_log);
   std::filesystem::remove(o.audit_log);
   EXPECT_EQ(audit.find("all-models-key"), std::string::npos) << "a key leaked into the audit log";
   EXPECT_EQ(audit.find("Hi"), std::string::npos) << "prompt text logged without audit_log_prompts";
@@ -441,7 +417,7 @@ TEST(HttpServer, AuditLogHasPromptsOnlyWhenEnabled) {
     TestServer s(o);
     EXPECT_EQ(s.post("/v1/completions", {{"prompt", "A secret prompt"}, {"max_tokens", 2}})->status, 200);
   }
-  const json line = json::parse(read_file(o.audit_log));
+  const json line = json::parse(test::slurp(o.audit_log));
   std::filesystem::remove(o.audit_log);
   EXPECT_EQ(line["prompt"], "A secret prompt");
   EXPECT_EQ(line["endpoint"], "/v1/completions");

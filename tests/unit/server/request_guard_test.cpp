@@ -2,6 +2,10 @@
 
 #include <gtest/gtest.h>
 
+#include <string>
+#include <utility>
+#include <vector>
+
 namespace infera::server {
 namespace {
 
@@ -106,36 +110,24 @@ TEST(RequestGuard, HealthAndReadyStayOpen) {
   }
 }
 
+// Each Host header against a guard, and the status it should get.
+void expect_hosts(const RequestGuard& g, const std::vector<std::pair<std::string, int>>& cases) {
+  Req r;
+  for (const auto& [host, want] : cases) {
+    r.host = host;
+    EXPECT_EQ(status(g, r), want) << host;
+  }
+}
+
 TEST(RequestGuard, ConfiguredAndBoundHosts) {
   const RequestGuard g = loopback({"infera.internal", "GPU-BOX:9000", "fd00::5"});
-  Req r;
-  r.host = "Infera.Internal:8000";
-  EXPECT_EQ(status(g, r), 200);
-  r.host = "gpu-box";
-  EXPECT_EQ(status(g, r), 200);
-  r.host = "[fd00::5]:8000";
-  EXPECT_EQ(status(g, r), 200);
-  r.host = "other.internal";
-  EXPECT_EQ(status(g, r), 403);
-  const RequestGuard any = loopback({"*"});
-  EXPECT_EQ(status(any, r), 200);
-
-  const RequestGuard bound({false, "192.168.1.20", {}, {}});
-  r.host = "192.168.1.20:8000";
-  EXPECT_EQ(status(bound, r), 200);
-  r.host = "192.168.1.21:8000";
-  EXPECT_EQ(status(bound, r), 403);
-  r.host = "localhost:8000";
-  EXPECT_EQ(status(bound, r), 200);
-
+  expect_hosts(g, {{"Infera.Internal:8000", 200}, {"gpu-box", 200}, {"[fd00::5]:8000", 200}, {"other.internal", 403}});
+  expect_hosts(loopback({"*"}), {{"other.internal", 200}});
+  expect_hosts(RequestGuard({false, "192.168.1.20", {}, {}}),
+               {{"192.168.1.20:8000", 200}, {"192.168.1.21:8000", 403}, {"localhost:8000", 200}});
   // Bound to every address: any IP literal (an address cannot be rebound), no names.
-  const RequestGuard wildcard({false, "0.0.0.0", {}, {}});
-  r.host = "10.1.2.3:8000";
-  EXPECT_EQ(status(wildcard, r), 200);
-  r.host = "[2001:db8::1]:8000";
-  EXPECT_EQ(status(wildcard, r), 200);
-  r.host = "myhost.lan:8000";
-  EXPECT_EQ(status(wildcard, r), 403);
+  expect_hosts(RequestGuard({false, "0.0.0.0", {}, {}}),
+               {{"10.1.2.3:8000", 200}, {"[2001:db8::1]:8000", 200}, {"myhost.lan:8000", 403}});
 }
 
 TEST(RequestGuard, OriginMustBeOwnOrConfigured) {
