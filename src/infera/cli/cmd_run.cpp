@@ -60,6 +60,22 @@ double weight_gb_per_s(int64_t weight_bytes_per_step, double steps_per_s) {
   return static_cast<double>(weight_bytes_per_step) * steps_per_s / 1e9;
 }
 
+// What `--json` prints for every run (speculative and parallel runs add their sections).
+nlohmann::json run_json(const RunOptions& o, const std::vector<int32_t>& prompt, const std::vector<int32_t>& generated,
+                        const std::optional<Tokenizer>& tok, const nlohmann::json& token_logprobs, double prompt_tps,
+                        double gen_tps, double gen_gbs, int64_t weight_bytes) {
+  nlohmann::json j = {{"ids", generated},
+                      {"prompt_tokens", prompt.size()},
+                      {"prompt_tokens_per_s", prompt_tps},
+                      {"generated_tokens", generated.size()},
+                      {"generated_tokens_per_s", gen_tps},
+                      {"generated_gb_per_s", gen_gbs},
+                      {"weight_bytes_per_token", weight_bytes}};
+  if (tok) j["text"] = tok->decode(generated);
+  if (o.logprobs >= 0) j["logprobs"] = token_logprobs;
+  return j;
+}
+
 // Speculative decoding: the engine core (one sequence) owns the draft/verify loop, so
 // `infera run` uses it instead of the SequenceRunner. Same prompt, sampling and output.
 int generate_speculative(const RunOptions& o, Model& model, const std::vector<int32_t>& prompt,
@@ -128,24 +144,16 @@ int generate_speculative(const RunOptions& o, Model& model, const std::vector<in
                               : 0.0);
   }
   if (o.json) {
-    nlohmann::json j = {{"ids", generated},
-                        {"prompt_tokens", prompt.size()},
-                        {"prompt_tokens_per_s", prompt_tps},
-                        {"generated_tokens", generated.size()},
-                        {"generated_tokens_per_s", gen_tps},
-                        {"generated_gb_per_s", gen_gbs},
-                        {"weight_bytes_per_token", weight_bytes},
-                        {"speculative",
-                         {{"method", method},
-                          {"draft_tokens", c.speculative.draft_tokens()},
-                          {"drafted", st.spec_drafted},
-                          {"accepted", st.spec_accepted},
-                          {"acceptance_rate", st.spec_acceptance_rate()},
-                          {"tokens_per_step", st.spec_tokens_per_step()},
-                          {"decode_steps", st.spec_decode_steps},
-                          {"acceptance_by_position", by_position}}}};
-    if (tok) j["text"] = tok->decode(generated);
-    if (o.logprobs >= 0) j["logprobs"] = token_logprobs_out;
+    nlohmann::json j =
+        run_json(o, prompt, generated, tok, token_logprobs_out, prompt_tps, gen_tps, gen_gbs, weight_bytes);
+    j["speculative"] = {{"method", method},
+                        {"draft_tokens", c.speculative.draft_tokens()},
+                        {"drafted", st.spec_drafted},
+                        {"accepted", st.spec_accepted},
+                        {"acceptance_rate", st.spec_acceptance_rate()},
+                        {"tokens_per_step", st.spec_tokens_per_step()},
+                        {"decode_steps", st.spec_decode_steps},
+                        {"acceptance_by_position", by_position}};
     std::printf("%s\n", j.dump().c_str());
   } else {
     std::printf("\n\nprompt: %zu tokens, %.2f tokens/s | generated: %zu tokens, %.2f tokens/s, %.2f GB/s\n",
@@ -362,15 +370,8 @@ int generate(const RunOptions& o, parallel::Communicator* comm) {
   // One decode step per generated token after the first.
   const double gen_gbs = weight_gb_per_s(weight_bytes, gen_tps);
   if (o.json) {
-    nlohmann::json j = {{"ids", generated},
-                        {"prompt_tokens", prompt.size()},
-                        {"prompt_tokens_per_s", prompt_tps},
-                        {"generated_tokens", generated.size()},
-                        {"generated_tokens_per_s", gen_tps},
-                        {"generated_gb_per_s", gen_gbs},
-                        {"weight_bytes_per_token", weight_bytes}};
-    if (tok) j["text"] = tok->decode(generated);
-    if (o.logprobs >= 0) j["logprobs"] = token_logprobs_out;
+    nlohmann::json j =
+        run_json(o, prompt, generated, tok, token_logprobs_out, prompt_tps, gen_tps, gen_gbs, weight_bytes);
     if (group) j["parallel"] = parallel_json;
     std::printf("%s\n", j.dump().c_str());
   } else {

@@ -20,6 +20,7 @@
 #include "infera/model/arch_registry.h"
 #include "infera/model/config.h"
 #include "infera/model/tensor_table.h"
+#include "infera/model/weights.h"
 #include "infera/tensor/dtype.h"
 #include "infera/tokenizer/tokenizer.h"
 
@@ -80,25 +81,9 @@ json read_json_file(const fs::path& path) {
 
 // ---- tensor data: dtype conversion and the llama q/k row permutation ----
 
+// Source rows to f32: model/weights.h to_f32 (f32, f16, bf16; the converter reads no other dtype).
 void row_to_f32(const uint8_t* src, DType dtype, size_t n, float* out) {
-  switch (dtype) {
-    case DType::kF32: std::memcpy(out, src, n * 4); return;
-    case DType::kF16:
-      for (size_t i = 0; i < n; ++i) {
-        uint16_t h;
-        std::memcpy(&h, src + 2 * i, 2);
-        out[i] = f16_to_f32(h);
-      }
-      return;
-    case DType::kBF16:
-      for (size_t i = 0; i < n; ++i) {
-        uint16_t h;
-        std::memcpy(&h, src + 2 * i, 2);
-        out[i] = bf16_to_f32(h);
-      }
-      return;
-    default: INFERA_ASSERT(false, "unsupported source dtype");
-  }
+  to_f32(src, dtype, static_cast<int64_t>(n), out);
 }
 
 // llama.cpp's reference quantizers (ggml-quants.c quantize_row_q8_0_ref / _q4_0_ref), bit
