@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "infera/chat/text_stream.h"
+#include "infera/constrain/constraint.h"
 #include "infera/server/api_error.h"
 
 namespace infera::server {
@@ -45,6 +46,13 @@ struct GenerationOptions {
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
   bool ignore_eos = false;
+  // OpenAI's logit_bias: (token id, bias in [-100, 100]).
+  std::vector<std::pair<int32_t, float>> logit_bias;
+  // Structured output from response_format, structured_outputs (or vLLM's guided_*
+  // aliases), or llama.cpp's grammar / json_schema; constraint_param names the field for
+  // errors found when it is compiled.
+  std::optional<constrain::ConstraintSpec> constraint;
+  std::string constraint_param;
 };
 
 struct ChatMessage {
@@ -68,6 +76,8 @@ struct ChatRequest {
   std::vector<ToolDefinition> tools;
   bool tools_enabled = false;  // tools given and tool_choice != "none"
   std::optional<std::string> forced_tool;  // tool_choice {"type":"function","function":{"name"}}
+  bool tool_required = false;  // tool_choice "required"
+  bool parallel_tool_calls = true;
   std::optional<bool> enable_thinking;  // chat_template_kwargs.enable_thinking
 };
 
