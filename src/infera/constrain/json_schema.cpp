@@ -430,6 +430,10 @@ class SchemaCompiler {
   // Decimal strings of [lo, hi], both >= 0 with the same number of digits.
   Seq same_length(const std::string& lo, const std::string& hi) {
     if (lo.empty()) return {};
+    if (lo.find_first_not_of('0') == std::string::npos && hi.find_first_not_of('9') == std::string::npos) {
+      // Every digit string of this length: [0-9]{n} (recursing would branch twice per digit).
+      return Seq(lo.size(), b_.cls(ByteSet::range('0', '9')));
+    }
     if (lo.size() == 1) return {b_.cls(ByteSet::range(static_cast<uint8_t>(lo[0]), static_cast<uint8_t>(hi[0])))};
     if (lo[0] == hi[0]) {
       Seq s{b_.byte(static_cast<uint8_t>(lo[0]))};

@@ -49,13 +49,15 @@ Vocabulary::Vocabulary(std::vector<std::string> token_bytes, std::vector<char> u
       path.pop_back();
     }
     for (size_t d = common; d < s.size(); ++d) {
-      TrieNode n{static_cast<uint8_t>(s[d]), static_cast<uint16_t>(d + 1), 0, 0, 0};
+      TrieNode n{static_cast<uint8_t>(s[d]), static_cast<uint16_t>(d + 1), 0, 0, 0, 0};
       n.tokens_begin = n.tokens_end = static_cast<uint32_t>(trie_tokens_.size());
       path.push_back(static_cast<uint32_t>(trie_.size()));
       trie_.push_back(n);
     }
     trie_tokens_.push_back(id);
     trie_[path.back()].tokens_end = static_cast<uint32_t>(trie_tokens_.size());
+    for (uint32_t node : path)
+      trie_[node].max_depth = std::max<uint16_t>(trie_[node].max_depth, static_cast<uint16_t>(s.size()));
     max_depth_ = std::max<int32_t>(max_depth_, static_cast<int32_t>(s.size()));
     prev = &s;
   }
@@ -249,7 +251,10 @@ int64_t Matcher::fill_mask(const Vocabulary& vocab, uint64_t* mask, uint32_t bud
       to = b_.empty() ? -1 : intern(b_);
       transitions_.emplace(key, to);
     }
-    if (to < 0) {
+    // A byte lowers the fewest bytes to completion by at most one: with a budget, a subtree
+    // whose longest token cannot bring the cost within it is skipped whole.
+    if (to < 0 || (budget<Grammar::kInfinite&& static_cast<int64_t>(states_[to].cost)> static_cast<int64_t>(budget) -
+                   1 + (node.max_depth - node.depth))) {
       i = node.end;
       continue;
     }

@@ -46,6 +46,7 @@ class Vocabulary {
     uint16_t depth;
     uint32_t end;
     uint32_t tokens_begin, tokens_end;  // into trie_tokens(): tokens whose bytes end here
+    uint16_t max_depth;  // of the subtree: its longest token's length
   };
   const std::vector<TrieNode>& trie() const { return trie_; }
   const std::vector<int32_t>& trie_tokens() const { return trie_tokens_; }
