@@ -886,7 +886,11 @@ Grammar compile_tool_calls(const std::vector<ToolSchema>& tools, const ToolCallO
                             : t.parameters;
     Sym args;
     try {
-      SchemaCompiler c(b, params, {});
+      // Models write tool arguments as the chat template showed them (json.dumps style,
+      // ", " and ": "): whitespace between tokens is allowed there.
+      JsonSchemaOptions args_options;
+      args_options.any_whitespace = true;
+      SchemaCompiler c(b, params, args_options);
       args = c.value(params, "#");
     } catch (const ConstraintError& e) {
       constraint_fail("tool '{}': {}", t.name, e.what());
