@@ -20,6 +20,7 @@ LEVELS = [
     ["tensor"],
     ["kernels"],
     ["io", "tokenizer", "chat", "parallel"],
+    ["constrain"],
     ["model"],
     ["runtime"],
     ["quant"],
@@ -33,6 +34,7 @@ NEVER = {
     ("io", "kernels"): "io reads and writes files, it knows nothing of kernels",
     ("model", "tokenizer"): "model/ holds inference only; text is the caller's business",
     ("model", "chat"): "model/ holds inference only; text is the caller's business",
+    ("model", "constrain"): "model/ holds inference only; constrained decoding is the runtime's business",
     ("server", "kernels"): "the server reaches kernels only through the runtime and the model",
 }
 

@@ -3,7 +3,7 @@
 # for a set time, starting from the seed corpus in fuzz/corpus/<target>/ (new inputs go to
 # build-fuzz/corpus/<target>/, crashes to build-fuzz/artifacts/<target>/).
 # Usage: scripts/fuzz.sh [seconds per target, default 60] [target ...]   (targets: openai_request
-#        chat_template tokenizer safetensors gguf config deploy_yaml output_parser)
+#        chat_template tokenizer safetensors gguf config deploy_yaml output_parser constraint)
 # Exits 1 when a target found a crash, a leak or a timeout; reproduce one with
 #   build-fuzz/fuzz/fuzz_<target> build-fuzz/artifacts/<target>/crash-...
 # and turn it into a unit test. Not part of the default test run (it takes minutes).
@@ -13,7 +13,7 @@ cd "$root"
 seconds=${1:-60}
 shift || true
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(openai_request chat_template tokenizer safetensors gguf config deploy_yaml output_parser)
+[ ${#targets[@]} -gt 0 ] || targets=(openai_request chat_template tokenizer safetensors gguf config deploy_yaml output_parser constraint)
 export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$root}"
 generator=()
 command -v ninja >/dev/null 2>&1 && generator=(-G Ninja)

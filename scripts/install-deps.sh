@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what Infera needs to build and test on Debian 12, from Debian packages only.
 # Usage: scripts/install-deps.sh [--test]   (--test adds nginx, chromium and the npm packages of the
-# conformance and browser tests)
+# conformance, browser and structured-output tests)
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 SUDO=""
@@ -53,5 +53,8 @@ if [ "${1:-}" = "--test" ]; then
   npm install --no-audit --no-fund --loglevel=error
   # The browser tests' driver (puppeteer-core, pinned; it uses the chromium above).
   cd "$here/tests/browser"
+  npm ci --no-audit --no-fund --loglevel=error
+  # Structured outputs: ajv + ajv-formats validate every constrained output (pinned).
+  cd "$here/tests/structured"
   npm ci --no-audit --no-fund --loglevel=error
 fi

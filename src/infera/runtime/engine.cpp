@@ -126,6 +126,11 @@ void EngineCore::validate(const Request& r) const {
       fail("request: prompt token {} at index {} is outside the model's vocabulary [0, {})", t, i, vocab_size_);
     }
   }
+  for (const auto& [t, bias] : r.sampling.logit_bias) {
+    if (t < 0 || t >= vocab_size_)
+      fail("request: logit_bias token id {} is outside the vocabulary [0, {})", t, vocab_size_);
+    if (!std::isfinite(bias)) fail("request: logit_bias of token {} is not a finite number", t);
+  }
   for (int32_t t : r.stop_token_ids) {
     if (t < 0 || t >= vocab_size_) fail("request: stop token id {} is outside the vocabulary [0, {})", t, vocab_size_);
   }
@@ -183,6 +188,8 @@ RequestId EngineCore::add_request(Request request, EventCallback on_event, Reque
   seq->num_prompt = n;
   seq->usage.prompt_tokens = n;
   seq->sampler = std::make_unique<Sampler>(request.sampling, vocab_size_);
+  if (request.constraint.compiled)
+    seq->constraint = std::make_unique<ConstraintState>(request.constraint, seq->stop_ids);
   seq->last_block_hash = KvBlockManager::kRootHash;
   seq->submitted = Clock::now();
   seq->on_event = std::move(on_event);
@@ -336,9 +343,19 @@ size_t EngineCore::sample_or_verify(const ScheduledChunk& c, float* logits) {
     if (want_logprobs)
       seq.new_logprobs.push_back(token_logprobs(raw_row_.data(), vocab_size_, token, seq.request.top_logprobs));
   };
+  // A constrained sequence masks each row before it samples (after the raw copy: logprobs
+  // stay those of the model) and advances its matcher with the token taken.
+  auto constrain = [&](float* row) {
+    if (seq.constraint) seq.constraint->apply(row, vocab_size_, seq.max_tokens - seq.num_generated());
+  };
+  auto taken = [&](int32_t token) {
+    if (seq.constraint) seq.constraint->accept(token);
+  };
   if (c.n_draft == 0) {
     keep_raw(logits);
+    constrain(logits);
     seq.tokens.push_back(seq.sampler->sample(logits, seq.tokens));
+    taken(seq.tokens.back());
     add_logprobs(seq.tokens.back());
     scheduler_.commit(c);
     seq.drafts.tokens.clear();
@@ -354,9 +371,11 @@ size_t EngineCore::sample_or_verify(const ScheduledChunk& c, float* logits) {
     const float* q = has_q ? seq.drafts.probs.data() + static_cast<size_t>(accepted) * vocab_size_ : nullptr;
     float* row = rows + static_cast<size_t>(accepted) * vocab_size_;
     keep_raw(row);
+    constrain(row);  // a draft outside the constraint has probability 0: rejected, resampled inside it
     const DraftVerdict v =
         verify_draft(*seq.sampler, row, seq.tokens, draft, q, config_.speculative.acceptance_threshold, prob_scratch_);
     seq.tokens.push_back(v.token);  // the draft, or its replacement
+    taken(v.token);
     add_logprobs(v.token);  // from the row that predicts this position, as plain decoding's
     if (!v.accepted) break;
     ++counters_.spec_accepted_per_pos[accepted];
@@ -364,7 +383,9 @@ size_t EngineCore::sample_or_verify(const ScheduledChunk& c, float* logits) {
   if (accepted == c.n_draft) {
     float* last = rows + static_cast<size_t>(c.n_draft) * vocab_size_;
     keep_raw(last);
+    constrain(last);
     seq.tokens.push_back(seq.sampler->sample(last, seq.tokens));
+    taken(seq.tokens.back());
     add_logprobs(seq.tokens.back());
   }
   ++counters_.spec_verify_steps;
@@ -392,6 +413,7 @@ void EngineCore::emit_tokens(Sequence& seq, size_t first, Clock::time_point now)
                          std::find(seq.stop_ids.begin(), seq.stop_ids.end(), token) != seq.stop_ids.end();
     if (is_stop || generated >= seq.max_tokens) {
       // Tokens after it (accepted in the same verify step) were never emitted.
+      if (seq.constraint) seq.constraint->rollback(seq.tokens.size() - (i + 1));
       seq.tokens.resize(i + 1);
     }
     if (is_stop) {
@@ -406,6 +428,11 @@ void EngineCore::emit_tokens(Sequence& seq, size_t first, Clock::time_point now)
     pending_events_.emplace_back(&seq.on_event, std::move(e));
     if (generated >= seq.max_tokens) {
       finish(seq, FinishReason::kLength, -1);
+      return;
+    }
+    if (seq.constraint && i + 1 == seq.tokens.size() && seq.constraint->finished()) {
+      // The constraint is whole and nothing may follow, with no stop token to end on (ignore_eos).
+      finish(seq, FinishReason::kStop, -1);
       return;
     }
   }

@@ -28,6 +28,9 @@ void Sampler::apply_penalties(float* logits, std::span<const int32_t> history) {
     // truncation, speculative acceptance). The limit keeps at least one id.
     for (int32_t i = std::max<int32_t>(p.vocab_limit, 1); i < vocab_size_; ++i) logits[i] = -INFINITY;
   }
+  for (const auto& [token, bias] : p.logit_bias) {
+    if (token >= 0 && token < vocab_size_) logits[token] += bias;
+  }
   if (p.repetition_penalty == 1.0f && p.presence_penalty == 0.0f && p.frequency_penalty == 0.0f) return;
   size_t begin = 0;
   if (p.penalty_last_n >= 0 && history.size() > static_cast<size_t>(p.penalty_last_n)) {

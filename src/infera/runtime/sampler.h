@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <random>
 #include <span>
+#include <utility>
 #include <vector>
 
 namespace infera {
@@ -25,6 +26,9 @@ struct SamplingParams {
   // head past the vocabulary (Qwen: 151936 rows for 151669 tokens), and an id the tokenizer
   // cannot decode must never reach it.
   int32_t vocab_limit = 0;
+  // OpenAI's logit_bias: (token id, bias in [-100, 100]) added to the logit before
+  // sampling (-100 bans a token, +100 all but forces it); log-probabilities stay raw.
+  std::vector<std::pair<int32_t, float>> logit_bias = {};
 };
 
 class Sampler {
@@ -37,8 +41,8 @@ class Sampler {
 
   const SamplingParams& params() const { return params_; }
 
-  // Exposed for tests and speculative decoding: the penalties (and the vocab_limit mask:
-  // every sampling path starts here), and the final probability vector the random draw uses
+  // Exposed for tests and speculative decoding: the penalties (and the vocab_limit mask and
+  // logit_bias: every sampling path starts here), and the final probability vector the random draw uses
   // (after temperature and truncation), as (token, prob) sorted by prob descending.
   void apply_penalties(float* logits, std::span<const int32_t> history);
   std::vector<std::pair<int32_t, float>> candidates(const float* logits);

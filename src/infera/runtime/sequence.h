@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "infera/runtime/constraint_state.h"
 #include "infera/runtime/sampler.h"
 
 namespace infera {
@@ -37,6 +38,9 @@ struct Request {
   // -1: off. What /v1/completions needs for `echo` with `logprobs` (scoring a text). Such a
   // request computes its whole prompt (no prefix-cache hit) with every row's logits.
   int32_t prompt_logprobs = -1;
+  // Structured output (constraint_state.h): every generated token keeps the output a prefix
+  // of a sentence of the constraint's grammar, and stop tokens are allowed only once it is whole.
+  ConstraintRequest constraint = {};
 };
 
 enum class FinishReason { kNone, kStop, kLength, kCancelled, kError };
@@ -112,6 +116,7 @@ struct Sequence {
   int32_t num_cached_blocks = 0;
   uint64_t last_block_hash = 0;  // chain hash of block num_cached_blocks - 1
   std::unique_ptr<Sampler> sampler;
+  std::unique_ptr<ConstraintState> constraint;  // Request::constraint, when given
   SeqStatus status = SeqStatus::kWaiting;
   bool cancel_requested = false;
   int32_t num_preemptions = 0;

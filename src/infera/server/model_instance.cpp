@@ -139,6 +139,12 @@ void ModelInstance::load() {
   }
 }
 
+std::shared_ptr<const constrain::Vocabulary> ModelInstance::vocabulary() const {
+  std::lock_guard lock(vocab_mutex_);
+  if (!vocabulary_) vocabulary_ = constrain::vocabulary_for(tokenizer_);
+  return vocabulary_;
+}
+
 std::string ModelInstance::render_chat(const ChatRequest& request) const {
   if (!chat_template_) {
     throw_api(bad_request(fmt::format("model '{}' has no chat template; use /v1/completions, or start the server with "

@@ -74,6 +74,8 @@ class ModelInstance {
   bool emits_reasoning() const { return emits_reasoning_; }
   // Token ids a request stops on besides the model's EOS ids (the engine adds those).
   const std::vector<int32_t>& extra_stop_ids() const { return extra_stop_ids_; }
+  // The tokenizer's token bytes and their trie, for constrained decoding (built on first use).
+  std::shared_ptr<const constrain::Vocabulary> vocabulary() const;
 
  private:
   ModelDeployConfig deploy_;
@@ -90,6 +92,8 @@ class ModelInstance {
   std::shared_ptr<GenerationBackend> backend_;
   std::string failure_;
   std::chrono::steady_clock::time_point load_start_{}, load_end_{};
+  mutable std::mutex vocab_mutex_;
+  mutable std::shared_ptr<const constrain::Vocabulary> vocabulary_;
 };
 
 // Checks every model and server setting against the disk and this machine (paths,

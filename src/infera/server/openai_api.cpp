@@ -1,5 +1,6 @@
 #include "infera/server/openai_api.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -98,6 +99,195 @@ const char* max_tokens_key(const json& body) {
   return field(body, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
 }
 
+// Parameters Infera cannot honour: a 400 naming them, never silently ignored.
+void parse_unsupported(const json& body, const GenerationOptions& o) {
+  if (auto v = get_integer(body, "best_of"); v && *v != o.n)
+    out_of_range("best_of", fmt::format("is not supported (only best_of equal to n, {}), got {}", o.n, *v));
+  for (const char* key : {"functions", "function_call"}) {
+    if (field(body, key))
+      throw_api(bad_request(fmt::format("'{}' is not supported; use 'tools' and 'tool_choice'", key), key));
+  }
+  for (const char* key : {"prediction", "audio"}) {
+    if (field(body, key)) throw_api(bad_request(fmt::format("'{}' is not supported", key), key));
+  }
+  if (const json* m = field(body, "modalities")) {
+    if (!m->is_array()) wrong_type("modalities", "an array", *m);
+    for (const json& x : *m) {
+      if (!x.is_string() || x.get<std::string>() != "text")
+        throw_api(bad_request("'modalities' may only hold \"text\"", "modalities"));
+    }
+  }
+}
+
+constexpr size_t kMaxLogitBias = 1024;
+
+void parse_logit_bias(const json& body, GenerationOptions& o) {
+  const json* lb = field(body, "logit_bias");
+  if (!lb) return;
+  if (!lb->is_object()) wrong_type("logit_bias", "an object mapping token ids to numbers", *lb);
+  if (lb->size() > kMaxLogitBias)
+    out_of_range("logit_bias", fmt::format("may hold at most {} token ids, got {}", kMaxLogitBias, lb->size()));
+  for (auto it = lb->begin(); it != lb->end(); ++it) {
+    const std::string& key = it.key();
+    const std::string param = "logit_bias." + key;
+    int64_t id = -1;
+    if (!key.empty() && key.size() <= 10 &&
+        std::all_of(key.begin(), key.end(), [](char c) { return c >= '0' && c <= '9'; }))
+      id = std::stoll(key);
+    if (id < 0 || id > std::numeric_limits<int32_t>::max())
+      throw_api(bad_request(fmt::format("'logit_bias' keys must be token ids (integers as strings), got '{}'", key),
+                            "logit_bias"));
+    if (!it->is_number()) wrong_type(param, "a number", *it);
+    const double bias = it->get<double>();
+    if (!std::isfinite(bias) || bias < -100 || bias > 100)
+      out_of_range(param, fmt::format("must be between -100 and 100, got {}", bias));
+    o.logit_bias.emplace_back(static_cast<int32_t>(id), static_cast<float>(bias));
+  }
+}
+
+using constrain::ConstraintSpec;
+
+// A JSON Schema given as an object or as JSON text (vLLM accepts both).
+json schema_field(const json& v, const std::string& param) {
+  if (v.is_object() || v.is_boolean()) return v;
+  if (v.is_string()) {
+    std::optional<json> parsed = parse_json_within(v.get<std::string>(), kMaxJsonDepth);
+    if (parsed && (parsed->is_object() || parsed->is_boolean())) return *parsed;
+    throw_api(bad_request(fmt::format("'{}' is not a JSON Schema (an object, or its JSON text)", param), param));
+  }
+  wrong_type(param, "a JSON Schema object", v);
+}
+
+void set_constraint(GenerationOptions& o, ConstraintSpec spec, const std::string& param) {
+  if (o.constraint) {
+    throw_api(
+        bad_request(fmt::format("'{}' and '{}' both constrain the output; give only one", o.constraint_param, param),
+                    param));
+  }
+  o.constraint = std::move(spec);
+  o.constraint_param = param;
+}
+
+// The vLLM structured-output fields of `obj` ({json, regex, choice, grammar, json_object});
+// `prefix` is how their names are written ("structured_outputs." or "guided_").
+void parse_structured_fields(const json& obj, GenerationOptions& o, const std::string& prefix, bool nested) {
+  const char* json_key = nested ? "json" : "guided_json";
+  const char* regex_key = nested ? "regex" : "guided_regex";
+  const char* choice_key = nested ? "choice" : "guided_choice";
+  const char* grammar_key = nested ? "grammar" : "guided_grammar";
+  const std::string pfx = nested ? prefix : "";
+  if (const json* v = field(obj, json_key)) {
+    ConstraintSpec spec;
+    spec.kind = ConstraintSpec::Kind::kJsonSchema;
+    spec.json = schema_field(*v, pfx + json_key);
+    set_constraint(o, std::move(spec), pfx + json_key);
+  }
+  if (const json* v = field(obj, regex_key)) {
+    if (!v->is_string()) wrong_type(pfx + regex_key, "a string", *v);
+    ConstraintSpec spec;
+    spec.kind = ConstraintSpec::Kind::kRegex;
+    spec.text = v->get<std::string>();
+    set_constraint(o, std::move(spec), pfx + regex_key);
+  }
+  if (const json* v = field(obj, choice_key)) {
+    const std::string param = pfx + choice_key;
+    if (!v->is_array() || v->empty()) wrong_type(param, "a non-empty array of strings", *v);
+    for (const json& c : *v)
+      if (!c.is_string()) wrong_type(param, "a non-empty array of strings", *v);
+    ConstraintSpec spec;
+    spec.kind = ConstraintSpec::Kind::kChoice;
+    spec.json = *v;
+    set_constraint(o, std::move(spec), param);
+  }
+  if (const json* v = field(obj, grammar_key)) {
+    if (!v->is_string()) wrong_type(pfx + grammar_key, "a string (GBNF)", *v);
+    ConstraintSpec spec;
+    spec.kind = ConstraintSpec::Kind::kGrammar;
+    spec.text = v->get<std::string>();
+    set_constraint(o, std::move(spec), pfx + grammar_key);
+  }
+}
+
+void parse_constraint(const json& body, GenerationOptions& o) {
+  if (const json* rf = field(body, "response_format")) {
+    if (!rf->is_object()) wrong_type("response_format", "an object", *rf);
+    const auto type = get_string(*rf, "type", "response_format.type");
+    if (!type) throw_api(bad_request("'response_format.type' is required", "response_format.type"));
+    if (*type == "json_object") {
+      ConstraintSpec spec;
+      spec.kind = ConstraintSpec::Kind::kJsonObject;
+      set_constraint(o, std::move(spec), "response_format");
+    } else if (*type == "json_schema") {
+      const json* js = field(*rf, "json_schema");
+      if (!js || !js->is_object())
+        throw_api(bad_request("'response_format.json_schema' must be an object with a 'schema'",
+                              "response_format.json_schema"));
+      for (auto it = js->begin(); it != js->end(); ++it) {
+        const std::string& k = it.key();
+        if (k != "name" && k != "schema" && k != "strict" && k != "description")
+          throw_api(bad_request(fmt::format("'response_format.json_schema.{}' is not supported", k),
+                                "response_format.json_schema." + k));
+      }
+      get_bool(*js, "strict");  // type-checked; the schema is always enforced
+      const json* schema = field(*js, "schema");
+      ConstraintSpec spec;
+      spec.kind = ConstraintSpec::Kind::kJsonSchema;
+      spec.json = schema ? schema_field(*schema, "response_format.json_schema.schema") : json::object();
+      set_constraint(o, std::move(spec), "response_format.json_schema.schema");
+    } else if (*type != "text") {
+      throw_api(bad_request(fmt::format("'response_format.type' must be \"text\", \"json_object\" or "
+                                        "\"json_schema\", got \"{}\"",
+                                        *type),
+                            "response_format.type"));
+    }
+  }
+  if (const json* so = field(body, "structured_outputs")) {
+    if (!so->is_object()) wrong_type("structured_outputs", "an object", *so);
+    static const char* kKnown[] = {"json",
+                                   "regex",
+                                   "choice",
+                                   "grammar",
+                                   "json_object",
+                                   "disable_any_whitespace",
+                                   "disable_additional_properties",
+                                   "disable_fallback"};
+    for (auto it = so->begin(); it != so->end(); ++it) {
+      if (it->is_null()) continue;
+      if (std::find(std::begin(kKnown), std::end(kKnown), it.key()) == std::end(kKnown))
+        throw_api(bad_request(fmt::format("'structured_outputs.{}' is not supported", it.key()),
+                              "structured_outputs." + it.key()));
+    }
+    parse_structured_fields(*so, o, "structured_outputs.", /*nested=*/true);
+    if (get_bool(*so, "json_object").value_or(false)) {
+      ConstraintSpec spec;
+      spec.kind = ConstraintSpec::Kind::kJsonObject;
+      set_constraint(o, std::move(spec), "structured_outputs.json_object");
+    }
+    if (auto compact = get_bool(*so, "disable_any_whitespace"); compact && !*compact && o.constraint)
+      o.constraint->schema_options.any_whitespace = true;
+    get_bool(*so, "disable_fallback");  // there is no fallback: a constraint compiles or is a 400
+    if (auto v = get_bool(*so, "disable_additional_properties"); v && !*v)
+      throw_api(bad_request("'structured_outputs.disable_additional_properties' false is not supported",
+                            "structured_outputs.disable_additional_properties"));
+  }
+  parse_structured_fields(body, o, "", /*nested=*/false);
+  if (field(body, "guided_whitespace_pattern"))
+    throw_api(bad_request("'guided_whitespace_pattern' is not supported", "guided_whitespace_pattern"));
+  if (const json* g = field(body, "grammar")) {  // llama.cpp
+    if (!g->is_string()) wrong_type("grammar", "a string (GBNF)", *g);
+    ConstraintSpec spec;
+    spec.kind = ConstraintSpec::Kind::kGrammar;
+    spec.text = g->get<std::string>();
+    set_constraint(o, std::move(spec), "grammar");
+  }
+  if (const json* js = field(body, "json_schema")) {  // llama.cpp
+    ConstraintSpec spec;
+    spec.kind = ConstraintSpec::Kind::kJsonSchema;
+    spec.json = schema_field(*js, "json_schema");
+    set_constraint(o, std::move(spec), "json_schema");
+  }
+}
+
 GenerationOptions parse_options(const json& body, const ParseLimits& limits, bool chat) {
   GenerationOptions o;
   o.model = get_string(body, "model", "model");
@@ -163,6 +353,9 @@ GenerationOptions parse_options(const json& body, const ParseLimits& limits, boo
     o.include_usage = get_bool(*so, "include_usage").value_or(false);
   }
   o.ignore_eos = get_bool(body, "ignore_eos").value_or(false);
+  parse_unsupported(body, o);
+  parse_logit_bias(body, o);
+  parse_constraint(body, o);
   return o;
 }
 
@@ -336,7 +529,9 @@ ChatRequest parse_chat_request(const json& body, const ParseLimits& limits) {
       const auto c = choice->get<std::string>();
       if (c == "none")
         r.tools_enabled = false;
-      else if (c != "auto" && c != "required")
+      else if (c == "required")
+        r.tool_required = true;
+      else if (c != "auto")
         throw_api(bad_request("'tool_choice' must be \"none\", \"auto\", \"required\" or a function", "tool_choice"));
     } else if (choice->is_object()) {
       const json* fn = field(*choice, "function");
@@ -351,6 +546,14 @@ ChatRequest parse_chat_request(const json& body, const ParseLimits& limits) {
       wrong_type("tool_choice", "a string or an object", *choice);
     }
   }
+  if ((r.tool_required || r.forced_tool) && r.tools.empty())
+    throw_api(bad_request("'tool_choice' asks for a tool call but 'tools' is empty", "tool_choice"));
+  if ((r.tool_required || r.forced_tool) && r.options.constraint) {
+    throw_api(bad_request(fmt::format("'tool_choice' forces a tool call; '{}' cannot constrain the output as well",
+                                      r.options.constraint_param),
+                          r.options.constraint_param));
+  }
+  r.parallel_tool_calls = get_bool(body, "parallel_tool_calls").value_or(true);
   if (const json* kw = field(body, "chat_template_kwargs")) {
     if (!kw->is_object()) wrong_type("chat_template_kwargs", "an object", *kw);
     r.enable_thinking = get_bool(*kw, "enable_thinking");

@@ -14,6 +14,7 @@
 
 #include "infera/base/options.h"
 #include "infera/chat/text_stream.h"
+#include "infera/constrain/constraint.h"
 #include "infera/server/api_error.h"
 
 namespace infera::server {
@@ -47,6 +48,13 @@ struct GenerationOptions {
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
   bool ignore_eos = request_default_flag("ignore_eos");
+  // OpenAI's logit_bias: (token id, bias in [-100, 100]).
+  std::vector<std::pair<int32_t, float>> logit_bias;
+  // Structured output from response_format, structured_outputs (or vLLM's guided_*
+  // aliases), or llama.cpp's grammar / json_schema; constraint_param names the field for
+  // errors found when it is compiled.
+  std::optional<constrain::ConstraintSpec> constraint;
+  std::string constraint_param;
 };
 
 struct ChatMessage {
@@ -70,6 +78,8 @@ struct ChatRequest {
   std::vector<ToolDefinition> tools;
   bool tools_enabled = false;  // tools given and tool_choice != "none"
   std::optional<std::string> forced_tool;  // tool_choice {"type":"function","function":{"name"}}
+  bool tool_required = false;  // tool_choice "required"
+  bool parallel_tool_calls = true;
   std::optional<bool> enable_thinking;  // chat_template_kwargs.enable_thinking
 };
 

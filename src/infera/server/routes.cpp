@@ -97,6 +97,58 @@ ApiError model_not_found(const std::string& name) {
   throw_api(e);
 }
 
+// The constraint of a request (docs/structured.md): response_format / structured_outputs /
+// grammar / json_schema, or a forced tool call; with tool_choice "auto", a tool call's
+// arguments from its opening tag on. Reasoning models are constrained after </think>.
+// Compiled here, on the worker thread (cached); a constraint that does not compile is a 400.
+ConstraintRequest constraint_for(const ModelInstance& model, const ChatRequest* chat, const GenerationOptions& options,
+                                 bool opens_think) {
+  ConstraintRequest c;
+  std::optional<constrain::ConstraintSpec> spec = options.constraint;
+  std::string param = options.constraint_param;
+  const Tokenizer& tok = model.tokenizer();
+  bool tool_auto = false;
+  if (chat && chat->tools_enabled && !spec) {
+    const bool forced = chat->tool_required || chat->forced_tool;
+    const auto open = tok.token_to_id("<tool_call>");
+    if (forced || open) {
+      constrain::ConstraintSpec tools;
+      tools.kind = constrain::ConstraintSpec::Kind::kToolCalls;
+      tools.json = json::array();
+      for (const ToolDefinition& t : chat->tools) {
+        if (chat->forced_tool && t.name != *chat->forced_tool) continue;
+        tools.json.push_back({{"name", t.name}, {"parameters", t.parameters}});
+      }
+      tools.tool_options.parallel = chat->parallel_tool_calls && !chat->forced_tool;
+      tools.tool_options.with_open_tag = forced;
+      tool_auto = !forced;
+      spec = std::move(tools);
+      param = "tools";
+    }
+  }
+  if (!spec) return c;
+  try {
+    c.compiled = constrain::compile_cached(*spec, model.vocabulary());
+  } catch (const constrain::ConstraintError& e) {
+    throw_api(bad_request(e.what(), param));
+  }
+  if (tool_auto) {
+    c.start_token = *tok.token_to_id("<tool_call>");
+    c.rearm = true;
+    return c;
+  }
+  if (chat && model.emits_reasoning()) {
+    const auto open = tok.token_to_id("<think>");
+    const auto close = tok.token_to_id("</think>");
+    if (open && close) {
+      c.start_token = *close;
+      if (!opens_think) c.open_token = *open;
+    }
+  }
+  if (c.start_token < 0 || c.open_token >= 0) c.strip_leading_spaces = tok.strip_leading_spaces();
+  return c;
+}
+
 bool needs_key(Route r) {
   return r == Route::kChat || r == Route::kCompletion || r == Route::kTokenize || r == Route::kDetokenize;
 }
@@ -472,6 +524,7 @@ void Routes::handle_generate(Endpoint endpoint, const HttpRequest& req, std::sha
     router_options.parse_reasoning = chat && model->emits_reasoning();
     router_options.start_in_reasoning = router_options.parse_reasoning && opens_think;
     router_options.parse_tool_calls = job->tools;
+    const ConstraintRequest constraint = constraint_for(*model, chat ? &*chat : nullptr, options, opens_think);
     const uint64_t base_seed = options.seed ? static_cast<uint64_t>(*options.seed) : 0;
     std::vector<Request> requests;
     for (size_t p = 0; p < prompt_ids.size(); ++p) {
@@ -493,6 +546,8 @@ void Routes::handle_generate(Endpoint endpoint, const HttpRequest& req, std::sha
         r.sampling.repetition_penalty = options.repetition_penalty;
         r.sampling.seed = options.seed ? base_seed + static_cast<uint64_t>(c->index) : random_seed();
         r.sampling.vocab_limit = tok.vocab_size();  // never an id the decoder cannot turn into text
+        r.sampling.logit_bias = options.logit_bias;
+        r.constraint = constraint;
         const int64_t room = limits.max_context - static_cast<int64_t>(r.prompt_ids.size());
         r.max_tokens = static_cast<int32_t>(options.max_tokens ? *options.max_tokens
                                                                : std::min<int64_t>(limits.max_output_len, room));

@@ -311,6 +311,8 @@ std::optional<int32_t> Tokenizer::token_to_id(std::string_view piece) const {
   return std::nullopt;
 }
 
+int32_t Tokenizer::strip_leading_spaces() const { return impl_->strip_leading_spaces; }
+
 bool Tokenizer::is_special(int32_t id) const { return id >= 0 && id < impl_->vocab_size() && impl_->special[id] != 0; }
 
 const std::string& Tokenizer::chat_template() const { return impl_->chat_template; }

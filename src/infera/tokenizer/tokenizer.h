@@ -49,6 +49,8 @@ class Tokenizer {
   std::string_view token_bytes(int32_t id) const;
   std::optional<int32_t> token_to_id(std::string_view piece) const;
   bool is_special(int32_t id) const;
+  // Leading spaces decode() drops from the start of an output (SentencePiece "▁" prefixes).
+  int32_t strip_leading_spaces() const;
   // tokenizer_config.json's chat_template (of a list of named templates, "default"), else
   // the content of chat_template.jinja or chat_template.json beside it; "" if none.
   const std::string& chat_template() const;

@@ -190,3 +190,64 @@ TEST(OpenAiApi, DeepBodiesAreRefusedWithoutParsing) {
 
 }  // namespace
 }  // namespace infera::server
+
+namespace infera::server {
+namespace {
+
+using constrain::ConstraintSpec;
+
+ChatRequest chat_with(const std::string& extra) {
+  return parse_chat_request(parse_json_body(R"({"messages": [{"role": "user", "content": "hi"}])" + extra + "}"));
+}
+
+TEST(OpenAiApiStructured, ConstraintFieldsParse) {
+  auto r = chat_with(
+      R"(, "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "integer"}, "strict": true}})");
+  ASSERT_TRUE(r.options.constraint);
+  EXPECT_EQ(r.options.constraint->kind, ConstraintSpec::Kind::kJsonSchema);
+  EXPECT_EQ(r.options.constraint->json, json({{"type", "integer"}}));
+  EXPECT_EQ(r.options.constraint_param, "response_format.json_schema.schema");
+  EXPECT_EQ(chat_with(R"(, "response_format": {"type": "json_object"})").options.constraint->kind,
+            ConstraintSpec::Kind::kJsonObject);
+  EXPECT_FALSE(chat_with(R"(, "response_format": {"type": "text"})").options.constraint);
+  EXPECT_EQ(chat_with(R"(, "structured_outputs": {"regex": "a+"})").options.constraint->text, "a+");
+  EXPECT_EQ(chat_with(R"(, "guided_choice": ["a", "b"])").options.constraint->kind, ConstraintSpec::Kind::kChoice);
+  EXPECT_EQ(chat_with(R"(, "guided_grammar": "root ::= \"a\"")").options.constraint->kind,
+            ConstraintSpec::Kind::kGrammar);
+  EXPECT_EQ(chat_with(R"(, "structured_outputs": {"json": "{\"type\": \"string\"}"})").options.constraint->json,
+            json({{"type", "string"}}));
+  EXPECT_EQ(chat_with(R"(, "grammar": "root ::= \"a\"")").options.constraint_param, "grammar");
+  EXPECT_EQ(chat_with(R"(, "json_schema": {"type": "null"})").options.constraint->kind,
+            ConstraintSpec::Kind::kJsonSchema);
+  auto w = chat_with(R"(, "structured_outputs": {"json": {"type": "object"}, "disable_any_whitespace": false})");
+  EXPECT_TRUE(w.options.constraint->schema_options.any_whitespace);
+  auto lb = chat_with(R"(, "logit_bias": {"5": -100, "7": 2.5})");
+  ASSERT_EQ(lb.options.logit_bias.size(), 2u);
+  EXPECT_EQ(lb.options.logit_bias[0], (std::pair<int32_t, float>{5, -100.0f}));
+  auto t = chat_with(
+      R"(, "tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "required", "parallel_tool_calls": false)");
+  EXPECT_TRUE(t.tool_required);
+  EXPECT_FALSE(t.parallel_tool_calls);
+}
+
+TEST(OpenAiApiStructured, UnhonourableParametersAre400s) {
+  const std::string m = R"({"messages": [{"role": "user", "content": "hi"}], )";
+  EXPECT_EQ(chat_error(m + R"("best_of": 3})").param, "best_of");
+  EXPECT_EQ(chat_error(m + R"("response_format": {"type": "yaml"}})").param, "response_format.type");
+  EXPECT_EQ(chat_error(m + R"("response_format": {"type": "json_schema"}})").param, "response_format.json_schema");
+  EXPECT_EQ(chat_error(m + R"("structured_outputs": {"structural_tag": {}}})").param,
+            "structured_outputs.structural_tag");
+  EXPECT_EQ(chat_error(m + R"("guided_regex": "a", "grammar": "root ::= \"a\""})").param, "grammar");
+  EXPECT_EQ(chat_error(m + R"("logit_bias": {"x": 1}})").param, "logit_bias");
+  EXPECT_EQ(chat_error(m + R"("logit_bias": {"1": 200}})").param, "logit_bias.1");
+  EXPECT_EQ(chat_error(m + R"("functions": []})").param, "functions");
+  EXPECT_EQ(chat_error(m + R"("tool_choice": "required"})").param, "tool_choice");
+  EXPECT_EQ(chat_error(m + R"("tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "required",
+                              "response_format": {"type": "json_object"}})")
+                .param,
+            "response_format");
+  EXPECT_NO_THROW(chat_with(R"(, "best_of": 1)"));
+}
+
+}  // namespace
+}  // namespace infera::server
