@@ -23,6 +23,7 @@
 #include "infera/model/kv_pool.h"
 #include "infera/model/model.h"
 #include "infera/model/weights.h"
+#include "infera/runtime/disk_cache.h"
 #include "infera/runtime/engine_config.h"
 
 namespace infera::server {
@@ -123,6 +124,12 @@ void ModelInstance::load() {
     engine_config.max_num_seqs = limits_.max_num_seqs;
     engine_config.prefill_chunk = limits_.prefill_chunk;
     engine_config.enable_prefix_cache = deploy_.enable_prefix_cache;
+    engine_config.prefix_checkpoint_interval = deploy_.prefix_checkpoint_interval;
+    if (!deploy_.cache_dir.empty()) {
+      engine_config.cache_dir = deploy_.cache_dir;
+      engine_config.cache_disk_bytes = deploy_.cache_disk_bytes;
+      engine_config.cache_model_id = model_files_fingerprint(dir);
+    }
     engine_config.max_context = limits_.max_context;
     engine_config.speculative.method = parse_speculative_method(deploy_.speculative.method, "speculative.method");
     engine_config.speculative.num_draft_tokens = deploy_.speculative.num_draft_tokens;
@@ -133,6 +140,35 @@ void ModelInstance::load() {
   } catch (const std::exception& e) {
     set_failed(e.what());
   }
+}
+
+std::vector<int32_t> ModelInstance::message_boundaries(const ChatRequest& request,
+                                                       const std::vector<int32_t>& ids) const {
+  std::vector<int32_t> out;
+  const size_t n = request.messages.size();
+  if (!chat_template_ || n < 2) return out;
+  std::vector<size_t> counts;
+  const std::string& first_role = request.messages[0].role;
+  if (first_role == "system" || first_role == "developer") counts.push_back(1);
+  if (n - 1 > 1) counts.push_back(n - 1);
+  for (size_t k : counts) {
+    ChatRequest prefix;
+    prefix.messages.assign(request.messages.begin(), request.messages.begin() + static_cast<std::ptrdiff_t>(k));
+    json context = {{"messages", messages_to_template_json(prefix.messages)}, {"add_generation_prompt", false}};
+    if (request.tools_enabled) context["tools"] = tools_to_template_json(request.tools);
+    if (request.enable_thinking) context["enable_thinking"] = *request.enable_thinking;
+    const int32_t bos = tokenizer_.bos_id(), eos = tokenizer_.eos_id();
+    context["bos_token"] = bos >= 0 ? std::string(tokenizer_.token_text(bos)) : std::string();
+    context["eos_token"] = eos >= 0 ? std::string(tokenizer_.token_text(eos)) : std::string();
+    try {
+      const std::vector<int32_t> head = tokenizer_.encode(chat_template_->render(context), false);
+      if (!head.empty() && head.size() < ids.size() && std::equal(head.begin(), head.end(), ids.begin()))
+        out.push_back(static_cast<int32_t>(head.size()));
+    } catch (const std::exception&) {
+      // A template may refuse a partial conversation: no hint there.
+    }
+  }
+  return out;
 }
 
 std::string ModelInstance::render_chat(const ChatRequest& request) const {

@@ -163,6 +163,10 @@ GenerationOptions parse_options(const json& body, const ParseLimits& limits, boo
     o.include_usage = get_bool(*so, "include_usage").value_or(false);
   }
   o.ignore_eos = get_bool(body, "ignore_eos").value_or(false);
+  o.cache_salt = get_string(body, "cache_salt", "cache_salt");
+  if (o.cache_salt && (o.cache_salt->empty() || o.cache_salt->size() > 1024)) {
+    throw_api(bad_request("'cache_salt' must be a non-empty string of at most 1024 bytes", "cache_salt"));
+  }
   return o;
 }
 

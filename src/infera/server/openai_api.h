@@ -45,6 +45,9 @@ struct GenerationOptions {
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
   bool ignore_eos = false;
+  // Prefix-cache isolation (vLLM's field): requests with the same salt share cached
+  // prefixes, whatever their API key; absent: the key's own cache (routes.cpp).
+  std::optional<std::string> cache_salt;
 };
 
 struct ChatMessage {
