@@ -25,7 +25,7 @@ trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$WORK"' EXIT
 MODEL=$WORK/model
 # Qwen3.5-MoE-shaped: 8 layers (6 Gated DeltaNet, 2 full attention), GDN 8 key / 16 value
 # heads of 128, 16 experts top-4 (as in docs/hybrid.md's bench model, hidden 512).
-python3 "$ROOT/tools/gen_model.py" "$MODEL" --arch qwen3_5_moe --hidden 512 --layers 8 --heads 8 --kv-heads 2 \
+/usr/bin/python3 "$ROOT/tools/gen_model.py" "$MODEL" --arch qwen3_5_moe --hidden 512 --layers 8 --heads 8 --kv-heads 2 \
   --head-dim 128 --lin-k-heads 8 --lin-v-heads 16 --lin-dk 128 --lin-dv 128 --experts 16 --experts-per-tok 4 \
   --moe-ffn 256 --shared-ffn 256 --vocab 4096 --dtype bf16 --max-pos 32768 --no-mtp > /dev/null
 
