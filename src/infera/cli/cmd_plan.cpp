@@ -30,6 +30,7 @@ struct PlanCmdOptions {
   std::string memory;
   std::string kv_dtype = "f32";
   int64_t prefill_chunk = 512;
+  int64_t prefix_checkpoints = 0;
   std::string reserve = "16MiB";
   bool no_mtp = false;
   bool json = false;
@@ -101,6 +102,7 @@ int run(const PlanCmdOptions& o) {
   p.prefill_chunk = o.prefill_chunk;
   p.reserve_bytes = parse_byte_size(o.reserve);
   p.include_mtp = !o.no_mtp;
+  p.prefix_checkpoints = o.prefix_checkpoints;
   const Plan plan = plan_memory(cfg, p);
   if (o.json)
     std::printf("%s\n", plan.to_json().dump(2).c_str());
@@ -134,6 +136,10 @@ void setup(CLI::App& app) {
       ->check(CLI::PositiveNumber);
   cmd->add_option("--reserve", o->reserve, "Runtime reserve per device (code, libraries, tokenizer, threads)")
       ->default_val("16MiB");
+  cmd->add_option("--prefix-checkpoints", o->prefix_checkpoints,
+                  "Hybrids: recurrent-state checkpoints the prefix cache keeps (each one sequence's state)")
+      ->default_val(0)
+      ->check(CLI::NonNegativeNumber);
   cmd->add_flag("--no-mtp", o->no_mtp, "Leave out multi-token-prediction weights and their KV layer");
   cmd->add_flag("--json", o->json, "Print the plan as one JSON object");
   cmd->callback([o] { set_exit_code(run(*o)); });

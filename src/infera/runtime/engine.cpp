@@ -1,8 +1,11 @@
 #include "infera/runtime/engine.h"
 
+#include <xxhash.h>
+
 #include <algorithm>
 #include <climits>
 #include <cmath>
+#include <cstring>
 #include <unordered_set>
 
 #include "infera/base/error.h"
@@ -85,9 +88,14 @@ EngineCore::EngineCore(Model& model, const EngineConfig& config)
   if (vocab_size_ <= 0) fail("engine: the model reports vocab_size {}", vocab_size_);
   const StateShape state = model_.state_shape();
   if (state.floats() > 0 && config.enable_prefix_cache) {
-    // The recurrent state after a prefix is not cached with the prefix's KV blocks, so a
-    // prefix hit could not resume.
-    LOG_INFO("engine: prefix caching is off for this hybrid (recurrent-state) model");
+    if (memory_->resumes_from_prefix()) {
+      LOG_INFO("engine: prefix caching with recurrent-state checkpoints of {} KiB (= {} KV tokens)",
+               memory_->state_bytes() >> 10,
+               memory_->state_bytes() / std::max<int64_t>(kv_pool().shape().bytes_per_token(), 1));
+    } else {
+      // A hit resumes from a copy of the state after the prefix, which a group splits over its ranks.
+      LOG_INFO("engine: prefix caching is off for this hybrid model over --tp/--ep ranks (its state cannot be copied)");
+    }
   }
   if (state.floats() > 0 && num_draft_ > 0 && !state.local) {
     // Rejected drafts are undone by copies of the state, which a group splits over its ranks.
@@ -105,6 +113,29 @@ EngineCore::EngineCore(Model& model, const EngineConfig& config)
     LOG_INFO("engine: speculative decoding with {}, {} draft tokens per step",
              speculative_method_name(config.speculative.method), num_draft_);
   }
+  if (!config.cache_dir.empty() && blocks_.prefix_cache_enabled()) {
+    if (model_.parallel_stats().ranks > 1) {
+      LOG_WARN("engine: the prefix cache's disk tier is off for a model over --tp/--ep ranks");
+    } else {
+      // The entries' names: the weights, and everything that shapes a block's bytes.
+      const KvPoolShape& kv = kv_pool().shape();
+      const int64_t parts[] = {kv.num_layers,
+                               kv.n_kv_heads,
+                               kv.head_dim,
+                               kv.block_size,
+                               static_cast<int64_t>(kv.dtype),
+                               state.floats(),
+                               vocab_size_,
+                               1 /* entry layout */};
+      const uint64_t fingerprint = XXH3_64bits_withSeed(parts, sizeof(parts), config.cache_model_id);
+      disk_ = std::make_unique<DiskCache>(config.cache_dir, config.cache_disk_bytes, fingerprint);
+      blocks_.set_spill([this](int32_t b, uint64_t h, std::span<const int32_t> t, const std::vector<float>* st) {
+        spill(b, h, t, st, false);
+      });
+      scheduler_.set_before_lookup(
+          [this](const Sequence& seq, int32_t max_blocks) { load_from_disk(seq, max_blocks); });
+    }
+  }
   batch_.tokens.reserve(config.max_batch_tokens);
   batch_.seqs.reserve(config.max_num_seqs);
   logits_.resize(static_cast<size_t>(config.max_num_seqs) * vocab_size_);
@@ -113,7 +144,94 @@ EngineCore::EngineCore(Model& model, const EngineConfig& config)
             config.block_size, kv_pool().bytes_per_block(), max_context_);
 }
 
-EngineCore::~EngineCore() = default;
+EngineCore::~EngineCore() {
+  if (!disk_) return;
+  // What memory still caches goes to disk too, so that a restart finds it (most recently
+  // used first, up to the disk's size).
+  blocks_.set_spill(nullptr);
+  int64_t bytes = 0;
+  blocks_.for_each_registered([&](int32_t b, uint64_t h, std::span<const int32_t> t, const std::vector<float>* st) {
+    if (bytes >= config_.cache_disk_bytes) return;
+    bytes += kv_pool().bytes_per_block() + (st ? static_cast<int64_t>(st->size() * sizeof(float)) : 0);
+    spill(b, h, t, st, true);
+  });
+  disk_->flush();
+}
+
+void EngineCore::copy_block(int32_t block, uint8_t* out, bool into_pool, const uint8_t* in) {
+  KvPool& pool = *memory_->kv();
+  const KvPoolShape& s = pool.shape();
+  const size_t data = static_cast<size_t>(s.n_kv_heads * s.block_size * s.head_dim) * dtype_size(s.dtype);
+  const size_t scales = s.dtype == DType::kI8 ? static_cast<size_t>(s.n_kv_heads * s.block_size) * sizeof(float) : 0;
+  auto move = [&](void* pool_base, size_t n) {
+    uint8_t* p = static_cast<uint8_t*>(pool_base) + static_cast<size_t>(block) * n;
+    if (into_pool) {
+      std::memcpy(p, in, n);
+      in += n;
+    } else {
+      std::memcpy(out, p, n);
+      out += n;
+    }
+  };
+  for (int64_t l = 0; l < s.num_layers; ++l) {
+    move(pool.k_data(l), data);
+    move(pool.v_data(l), data);
+    if (scales > 0) {
+      move(pool.k_scales(l), scales);
+      move(pool.v_scales(l), scales);
+    }
+  }
+}
+
+void EngineCore::spill(int32_t block, uint64_t hash, std::span<const int32_t> tokens, const std::vector<float>* state,
+                       bool wait) {
+  if (disk_->contains(hash)) return;
+  DiskCacheEntry e;
+  e.hash = hash;
+  e.tokens.assign(tokens.begin(), tokens.end());
+  e.kv.resize(static_cast<size_t>(kv_pool().bytes_per_block()));
+  copy_block(block, e.kv.data(), false, nullptr);
+  if (state) e.state = *state;
+  disk_->put(std::move(e), wait);
+}
+
+void EngineCore::load_from_disk(const Sequence& seq, int32_t max_blocks) {
+  // Walk the prefix's chain; blocks memory lacks (or, for a hybrid, checkpoints it lacks)
+  // come from disk while the disk has them. The loaded blocks are held until the walk ends
+  // so that loading one never evicts another, then released as cached.
+  const int32_t bs = config_.block_size;
+  const bool hybrid = blocks_.checkpoints_enabled();
+  std::vector<int32_t> held;
+  uint64_t h = seq.root_hash;
+  for (int32_t i = 0; i < max_blocks; ++i) {
+    const uint64_t parent = h;
+    const std::span<const int32_t> tokens(seq.tokens.data() + static_cast<size_t>(i) * bs, static_cast<size_t>(bs));
+    h = KvBlockManager::chain_hash(parent, tokens);
+    const bool in_memory = blocks_.find(h) >= 0;
+    if (in_memory && (!hybrid || blocks_.has_checkpoint(h))) continue;
+    if (!disk_->contains(h)) {
+      if (in_memory) continue;
+      break;
+    }
+    std::optional<DiskCacheEntry> e = disk_->get(h);
+    if (!e || !std::equal(tokens.begin(), tokens.end(), e->tokens.begin(), e->tokens.end()) ||
+        e->kv.size() != static_cast<size_t>(kv_pool().bytes_per_block())) {
+      if (in_memory) continue;
+      break;
+    }
+    if (!in_memory) {
+      const int32_t b = blocks_.allocate();
+      if (b < 0) break;
+      copy_block(b, nullptr, true, e->kv.data());
+      blocks_.register_block(b, parent, tokens);
+      held.push_back(b);
+    }
+    if (hybrid && e->state.size() == static_cast<size_t>(memory_->state_bytes() / sizeof(float))) {
+      blocks_.add_checkpoint(h, e->state);
+    }
+  }
+  for (auto it = held.rbegin(); it != held.rend(); ++it) blocks_.release(*it);
+}
 
 int64_t EngineCore::kv_capacity_tokens() const { return kv_pool().shape().num_blocks * kv_pool().shape().block_size; }
 
@@ -190,7 +308,9 @@ RequestId EngineCore::add_request(Request request, EventCallback on_event, Reque
   seq->sampler = std::make_unique<Sampler>(request.sampling, vocab_size_);
   if (request.constraint.compiled)
     seq->constraint = std::make_unique<ConstraintState>(request.constraint, seq->stop_ids);
-  seq->last_block_hash = KvBlockManager::kRootHash;
+  seq->root_hash = KvBlockManager::root_hash(request.cache_salt);
+  seq->last_block_hash = seq->root_hash;
+  if (blocks_.checkpoints_enabled()) seq->checkpoint_positions = checkpoint_positions_for(request);
   seq->submitted = Clock::now();
   seq->on_event = std::move(on_event);
   seq->request = std::move(request);
@@ -269,12 +389,14 @@ bool EngineCore::step() {
     }
     if (!c.sample || seq.max_tokens == 0) {
       scheduler_.commit(c);
+      keep_checkpoint(seq, c.pos0);
       seq.max_num_computed = std::max(seq.max_num_computed, seq.num_computed);
       if (c.sample) finish(seq, FinishReason::kLength, -1);  // max_tokens 0: the prompt only
       continue;
     }
     const bool decode = seq.num_generated() > 0;
     const size_t first = sample_or_verify(c, logits);
+    keep_checkpoint(seq, c.pos0);
     seq.max_num_computed = std::max(seq.max_num_computed, seq.num_computed);
     emit_tokens(seq, first, now);
     if (num_draft_ > 0 && decode) {
@@ -285,6 +407,46 @@ bool EngineCore::step() {
   if (drafter_) drafter_->propose(plan, batch_, draft_limit_);
   flush_events();
   return true;
+}
+
+std::vector<int32_t> EngineCore::checkpoint_positions_for(const Request& r) const {
+  const int32_t bs = config_.block_size;
+  const int32_t n = static_cast<int32_t>(r.prompt_ids.size());
+  std::vector<int32_t> out;
+  auto add = [&](int64_t p) {
+    if (p > 0 && p <= n) out.push_back(static_cast<int32_t>(p / bs * bs));
+  };
+  add(n);  // the end of the prompt: the next turn of a conversation starts there
+  // Message boundaries the caller knows (bounded: they come from a client's messages).
+  for (size_t i = 0; i < r.checkpoint_positions.size() && i < 4096; ++i) add(r.checkpoint_positions[i]);
+  const int32_t interval = config_.prefix_checkpoint_interval / bs * bs;
+  if (interval > 0) {
+    for (int32_t p = interval; p <= n; p += interval) add(p);
+  }
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  out.erase(std::remove(out.begin(), out.end(), 0), out.end());
+  return out;
+}
+
+void EngineCore::keep_checkpoint(Sequence& seq, int32_t before) {
+  if (!blocks_.checkpoints_enabled() || seq.status != SeqStatus::kRunning) return;
+  // The deepest block boundary this chunk crossed, if the memory has the state there (the
+  // current length, or inside the last verify chunk with token states).
+  const int32_t bs = config_.block_size;
+  const int32_t p = seq.num_computed / bs * bs;
+  if (p <= before || p == 0 || p / bs > static_cast<int32_t>(seq.block_hashes.size())) return;
+  const uint64_t hash = seq.block_hashes[static_cast<size_t>(p / bs - 1)];
+  const bool planned = std::binary_search(seq.checkpoint_positions.begin(), seq.checkpoint_positions.end(), p);
+  // Past the prompt (decoding) every block boundary is kept, replacing the sequence's
+  // previous one: the deepest is where the conversation's next turn can resume.
+  const bool decoding = p > seq.num_prompt;
+  if (!planned && !decoding) return;
+  if (blocks_.has_checkpoint(hash) || !memory_->has_state_at(seq.id, p)) return;
+  memory_->checkpoint(seq.id, p, checkpoint_scratch_);
+  if (!blocks_.add_checkpoint(hash, checkpoint_scratch_.state) || !decoding) return;
+  if (seq.decode_checkpoint_hash != 0) blocks_.remove_checkpoint(seq.decode_checkpoint_hash);
+  seq.decode_checkpoint_hash = hash;
 }
 
 int64_t EngineCore::build_batch(const StepPlan& plan) {
@@ -303,6 +465,16 @@ int64_t EngineCore::build_batch(const StepPlan& plan) {
     sc.last_logits = c.sample;
     // Drafts may be rejected: the memory keeps what it needs to go back (for a recurrent
     // state the state after each token of the chunk, or a copy of the state before it).
+    if (seq.resume_position >= 0) {
+      // A prefix hit on a hybrid: the state checkpoint kept after the hit blocks.
+      INFERA_ASSERT(c.pos0 == seq.resume_position);
+      MemoryCheckpoint cp;
+      cp.position = seq.resume_position;
+      cp.state = std::move(seq.resume_state);
+      memory_->restore(seq.id, cp);
+      seq.resume_position = -1;
+      seq.resume_state = {};
+    }
     if (c.n_draft > 0) memory_->snapshot(seq.id);
     memory_->bind(seq.id, seq.block_table, sc);
     batch_.seqs.push_back(sc);
@@ -484,6 +656,24 @@ EngineStats EngineCore::stats() const {
   s.prefix_hit_blocks = blocks_.hit_blocks();
   s.prefix_miss_blocks = blocks_.miss_blocks();
   s.prefix_evictions = blocks_.evictions();
+  s.checkpoint_hits = blocks_.checkpoint_hits();
+  s.checkpoints_stored = blocks_.checkpoints_stored();
+  s.checkpoint_evictions = blocks_.checkpoint_evictions();
+  s.checkpoints_cached = blocks_.num_checkpoints();
+  s.checkpoint_bytes = blocks_.checkpoint_bytes();
+  s.kv_blocks_reserved = blocks_.num_reserved();
+  if (disk_) {
+    const DiskCacheStats d = disk_->stats();
+    s.disk_reads = d.reads;
+    s.disk_read_bytes = d.read_bytes;
+    s.disk_writes = d.writes;
+    s.disk_write_bytes = d.write_bytes;
+    s.disk_evictions = d.evictions;
+    s.disk_dropped = d.dropped;
+    s.disk_rejected = d.rejected;
+    s.disk_entries = d.entries;
+    s.disk_bytes = d.bytes;
+  }
   s.preemptions = scheduler_.num_preemptions();
   s.parallel = model_.parallel_stats();
   return s;

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "infera/model/model.h"
+#include "infera/runtime/disk_cache.h"
 #include "infera/runtime/drafter.h"
 #include "infera/runtime/engine_config.h"
 #include "infera/runtime/prefix_cache.h"
@@ -44,6 +45,23 @@ struct EngineStats {
   int64_t prefix_hit_blocks = 0;  // full prompt blocks served by the prefix cache
   int64_t prefix_miss_blocks = 0;  // full prompt blocks looked up and not found
   int64_t prefix_evictions = 0;  // cached blocks reused for new data
+  // Hybrid prefix caching (recurrent-state checkpoints beside the cached blocks).
+  int64_t checkpoint_hits = 0;  // admissions that resumed from a checkpoint
+  int64_t checkpoints_stored = 0;  // checkpoints kept since start
+  int64_t checkpoint_evictions = 0;  // dropped for room (or with their block)
+  int64_t checkpoints_cached = 0;  // kept now
+  int64_t checkpoint_bytes = 0;  // their bytes now (part of the KV cache budget)
+  int32_t kv_blocks_reserved = 0;  // free blocks held back for those bytes
+  // The disk tier (zero without --cache-dir).
+  int64_t disk_reads = 0;  // entries read back on hits
+  int64_t disk_read_bytes = 0;
+  int64_t disk_writes = 0;  // entries written
+  int64_t disk_write_bytes = 0;
+  int64_t disk_evictions = 0;  // files deleted for the size limit
+  int64_t disk_dropped = 0;  // entries not written (the writer's queue was full)
+  int64_t disk_rejected = 0;  // corrupt, truncated or foreign files ignored
+  int64_t disk_entries = 0;  // files now
+  int64_t disk_bytes = 0;  // their bytes now
   int64_t preemptions = 0;  // sequences evicted from the KV cache to be recomputed
   int64_t steps = 0;  // forwards run
   int64_t prompt_tokens_computed = 0;  // prompt tokens fed through the model (cache hits excluded)
@@ -120,6 +138,15 @@ class EngineCore {
   void finish(Sequence& seq, FinishReason reason, int32_t stop_token, std::string error = {});
   void flush_events();
   int32_t max_drafts_for(const Sequence& seq) const;
+  // Hybrid prefix caching: where a request's prefill keeps state checkpoints, and keeping
+  // one after a chunk of seq (that started at `before`) crossed such a position.
+  std::vector<int32_t> checkpoint_positions_for(const Request& r) const;
+  void keep_checkpoint(Sequence& seq, int32_t before);
+  // The disk tier: a block's entry written out (KvBlockManager::SpillFn), and the blocks of
+  // seq's leading prefix found on disk loaded into the cache before its lookup.
+  void spill(int32_t block, uint64_t hash, std::span<const int32_t> tokens, const std::vector<float>* state, bool wait);
+  void load_from_disk(const Sequence& seq, int32_t max_blocks);
+  void copy_block(int32_t block, uint8_t* out, bool into_pool, const uint8_t* in);
   // Request::prompt_logprobs: whether chunk c has rows that score prompt tokens; scoring
   // them (token_logprobs rewrites those rows); handing them to the request's first event.
   static bool scores_prompt(const Sequence& seq, const ScheduledChunk& c);
@@ -145,6 +172,8 @@ class EngineCore {
   EngineStats counters_;
   std::vector<float> prob_scratch_;  // [vocab] verification
   std::vector<float> raw_row_;  // [vocab] a logits row before sampling (Request::logprobs)
+  MemoryCheckpoint checkpoint_scratch_;
+  std::unique_ptr<DiskCache> disk_;  // null: no disk tier
 };
 
 // Events of one request, queued for a consumer thread (the server's HTTP handler).

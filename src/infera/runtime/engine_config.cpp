@@ -110,6 +110,9 @@ void validate_engine_config(const EngineConfig& c) {
         c.max_num_seqs, c.max_batch_tokens);
   }
   if (c.prefill_chunk <= 0) fail("engine config: prefill_chunk must be positive");
+  if (c.prefix_checkpoint_interval < 0) {
+    fail("engine config: prefix_checkpoint_interval {} must be >= 0 (0: none)", c.prefix_checkpoint_interval);
+  }
   if (c.max_context < 0) fail("engine config: max_context must be >= 0 (0: the model's limit)");
   if (c.threads < 0 || c.threads > 1024)
     fail("engine config: threads {} must be in [0, 1024] (0: the process-wide count)", c.threads);

@@ -64,6 +64,18 @@ struct EngineConfig {
   int32_t max_num_seqs = 64;  // sequences per forward (= running sequences at most)
   int32_t prefill_chunk = 512;  // most prompt tokens one sequence feeds in one forward
   bool enable_prefix_cache = true;
+  // Hybrid models: the prefix cache also keeps the recurrent state every this many prompt
+  // tokens (rounded down to a multiple of block_size; 0: only at the end of prompts, at
+  // chat message boundaries and while decoding). Each costs one state copy of the budget.
+  int32_t prefix_checkpoint_interval = 2048;
+  // The prefix cache's second tier (runtime/disk_cache.h): entries evicted from memory are
+  // written to files in cache_dir (empty: none) of at most cache_disk_bytes, and read back
+  // on a hit, also after a restart. cache_model_id names the weights
+  // (model_files_fingerprint); the engine adds the KV geometry, dtype and state shape.
+  // Not for a model split over --tp/--ep ranks.
+  std::string cache_dir;
+  int64_t cache_disk_bytes = int64_t{8} << 30;
+  uint64_t cache_model_id = 0;
   // Longest sequence (prompt + generated) the engine accepts; 0: the model's
   // max_position_embeddings. Larger than the model's limit only with
   // allow_context_beyond_model (RoPE extrapolation: the model may degrade).

@@ -42,15 +42,23 @@ bool Scheduler::reserve_blocks(Sequence& seq, int32_t n_positions) {
 
 void Scheduler::release_blocks(Sequence& seq) {
   // Release the tail first: the LRU then evicts a prefix's last blocks before its first
-  // ones, which other prompts are likelier to share.
-  for (auto it = seq.block_table.rbegin(); it != seq.block_table.rend(); ++it) blocks_.release(*it);
+  // ones, which other prompts are likelier to share. With state checkpoints, blocks past
+  // the deepest one that carries a checkpoint cannot be resumed from: evicted first.
+  bool past_checkpoints = blocks_.checkpoints_enabled();
+  for (auto it = seq.block_table.rbegin(); it != seq.block_table.rend(); ++it) {
+    if (past_checkpoints && blocks_.block_has_checkpoint(*it)) past_checkpoints = false;
+    blocks_.release(*it, past_checkpoints);
+  }
   seq.block_table.clear();
+  seq.block_hashes.clear();
+  seq.resume_position = -1;
+  seq.resume_state.clear();
   seq.num_computed = 0;
   // Drafts were proposed for the KV state just dropped; the MTP head's cache goes with it.
   seq.drafts.tokens.clear();
   seq.drafts.mtp_next_slot = 0;
   seq.num_cached_blocks = 0;
-  seq.last_block_hash = KvBlockManager::kRootHash;
+  seq.last_block_hash = seq.root_hash;
 }
 
 void Scheduler::preempt_newest() {
@@ -68,6 +76,13 @@ int32_t Scheduler::chunk_limit(const Sequence& seq, int32_t score_rows_left) con
   // step together stay within kPromptLogprobsChunk rows, which bounds the logits buffer
   // (and, split over ranks, every gather of it) to kPromptLogprobsChunk x vocab floats.
   return seq.next_prompt_row() >= 0 ? std::min(config_.prefill_chunk, score_rows_left) : config_.prefill_chunk;
+}
+
+int32_t Scheduler::cut_at_checkpoint(const Sequence& seq, int32_t n) const {
+  // A prefill chunk ends at the next checkpoint position, where the state is copied.
+  const auto& cps = seq.checkpoint_positions;
+  const auto it = std::upper_bound(cps.begin(), cps.end(), seq.num_computed);
+  return it != cps.end() && *it < seq.num_computed + n ? *it - seq.num_computed : n;
 }
 
 StepPlan Scheduler::schedule() {
@@ -99,7 +114,7 @@ StepPlan Scheduler::schedule() {
     if (room <= 0) continue;
     const int32_t limit = chunk_limit(seq, score_rows);
     if (limit <= 0) continue;  // this step's scoring rows are taken: next step
-    const int32_t n = std::min({seq.num_uncomputed(), limit, room});
+    const int32_t n = cut_at_checkpoint(seq, std::min({seq.num_uncomputed(), limit, room}));
     bool self_preempted = false;
     while (!reserve_blocks(seq, seq.num_computed + n)) {
       const bool is_self = running_.back().get() == &seq;
@@ -143,12 +158,21 @@ StepPlan Scheduler::schedule() {
     // Prompt log-probabilities need the logits rows of the positions not yet scored: no hit
     // past them (a preempted sequence keeps the ones it has).
     if (const int32_t row = seq.next_prompt_row(); row >= 0) max_blocks = std::min(max_blocks, row / bs);
-    uint64_t chain = KvBlockManager::kRootHash;
-    seq.block_table = blocks_.match_prefix(seq.tokens, max_blocks, &chain);
+    if (before_lookup_ && max_blocks > 0) before_lookup_(seq, max_blocks);
+    uint64_t chain = seq.root_hash;
+    seq.block_table = blocks_.match_prefix(seq.tokens, max_blocks, &chain, &seq.resume_state, seq.root_hash);
     seq.num_cached_blocks = static_cast<int32_t>(seq.block_table.size());
     seq.num_computed = seq.num_cached_blocks * bs;
     seq.last_block_hash = chain;
-    const int32_t n = std::min({seq.num_uncomputed(), chunk_limit(seq, score_rows), budget});
+    // A hybrid restores the state checkpoint kept after the hit blocks.
+    seq.resume_position = blocks_.checkpoints_enabled() && seq.num_computed > 0 ? seq.num_computed : -1;
+    seq.block_hashes.clear();
+    for (int32_t i = 0; i < seq.num_cached_blocks; ++i) {
+      const uint64_t parent = i == 0 ? seq.root_hash : seq.block_hashes.back();
+      seq.block_hashes.push_back(
+          KvBlockManager::chain_hash(parent, std::span<const int32_t>(seq.tokens).subspan(size_t(i) * bs, bs)));
+    }
+    const int32_t n = cut_at_checkpoint(seq, std::min({seq.num_uncomputed(), chunk_limit(seq, score_rows), budget}));
     const int32_t blocks_before = static_cast<int32_t>(seq.block_table.size());
     const int32_t need = (seq.num_computed + n + bs - 1) / bs - blocks_before;
     const bool fits =
@@ -180,6 +204,7 @@ void Scheduler::commit(const ScheduledChunk& chunk, int32_t n_kept) {
     const int32_t i = seq.num_cached_blocks;
     const std::span<const int32_t> block_tokens(seq.tokens.data() + static_cast<size_t>(i) * bs, bs);
     seq.last_block_hash = blocks_.register_block(seq.block_table[i], seq.last_block_hash, block_tokens);
+    seq.block_hashes.push_back(seq.last_block_hash);
     ++seq.num_cached_blocks;
   }
 }

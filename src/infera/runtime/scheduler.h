@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -72,6 +73,12 @@ class Scheduler {
   // its ownership; null when the id is unknown.
   std::unique_ptr<Sequence> remove(RequestId id);
 
+  // Called before a waiting sequence's prefix-cache lookup with the most blocks it may
+  // reuse (the disk tier loads what it has of that prefix into the cache).
+  void set_before_lookup(std::function<void(const Sequence&, int32_t max_blocks)> fn) {
+    before_lookup_ = std::move(fn);
+  }
+
   Sequence* find(RequestId id);
   bool has_work() const { return !running_.empty() || !waiting_.empty(); }
   int32_t num_running() const { return static_cast<int32_t>(running_.size()); }
@@ -89,6 +96,8 @@ class Scheduler {
   // Most tokens one chunk of seq feeds: prefill_chunk, or while it scores its prompt at most
   // the step's scoring rows left.
   int32_t chunk_limit(const Sequence& seq, int32_t score_rows_left) const;
+  // n, or fewer so that a chunk of seq ends at its next state-checkpoint position.
+  int32_t cut_at_checkpoint(const Sequence& seq, int32_t n) const;
 
   EngineConfig config_;
   KvBlockManager& blocks_;
@@ -96,6 +105,7 @@ class Scheduler {
   std::deque<std::unique_ptr<Sequence>> waiting_;
   int32_t watermark_blocks_ = 0;  // admission leaves this many blocks for running decodes
   int64_t num_preemptions_ = 0;
+  std::function<void(const Sequence&, int32_t max_blocks)> before_lookup_;
 };
 
 }  // namespace infera

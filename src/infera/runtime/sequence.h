@@ -41,6 +41,14 @@ struct Request {
   // Structured output (constraint_state.h): every generated token keeps the output a prefix
   // of a sentence of the constraint's grammar, and stop tokens are allowed only once it is whole.
   ConstraintRequest constraint = {};
+  // Prefix cache. Prompt positions where keeping a hybrid model's recurrent state is worth
+  // it (the ends of chat messages: a later request that shares the conversation up to one
+  // resumes there); rounded down to the block size. The end of the prompt and every
+  // EngineConfig::prefix_checkpoint_interval tokens are checkpointed anyway.
+  std::vector<int32_t> checkpoint_positions;
+  // Mixed into the prefix cache's hash chain: only requests with the same salt share cached
+  // prefixes (the server salts per API key). 0: the unsalted chain.
+  uint64_t cache_salt = 0;
 };
 
 enum class FinishReason { kNone, kStop, kLength, kCancelled, kError };
@@ -115,6 +123,18 @@ struct Sequence {
   // Leading blocks of block_table already registered in (or taken from) the prefix cache.
   int32_t num_cached_blocks = 0;
   uint64_t last_block_hash = 0;  // chain hash of block num_cached_blocks - 1
+  uint64_t root_hash = 0;  // the chain's start: KvBlockManager::root_hash(request.cache_salt)
+  std::vector<uint64_t> block_hashes;  // chain hash of each of the num_cached_blocks blocks
+  // Hybrid prefix caching: block-aligned positions of the prompt where the recurrent state
+  // is checkpointed into the prefix cache (prefill chunks end there), ascending.
+  std::vector<int32_t> checkpoint_positions;
+  // A prefix hit with a state checkpoint: the memory restores it before the next chunk,
+  // which starts at resume_position (-1: none).
+  int32_t resume_position = -1;
+  std::vector<float> resume_state;
+  // The chain hash of the block whose checkpoint this sequence last kept while decoding
+  // (0: none): replaced at the next block boundary, so the deepest one stays cached.
+  uint64_t decode_checkpoint_hash = 0;
   std::unique_ptr<Sampler> sampler;
   std::unique_ptr<ConstraintState> constraint;  // Request::constraint, when given
   SeqStatus status = SeqStatus::kWaiting;

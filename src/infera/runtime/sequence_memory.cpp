@@ -210,6 +210,14 @@ int32_t RecurrentMemory::commit(SeqId id, int32_t n) {
   return e.length;
 }
 
+bool RecurrentMemory::has_state_at(SeqId id, int32_t position) const {
+  if (!shape_.local) return false;
+  const auto it = entries_.find(id);
+  if (it == entries_.end()) return false;
+  const Entry& e = it->second;
+  return position == e.length || (position > e.chunk_begin && position - e.chunk_begin <= e.token_states);
+}
+
 void RecurrentMemory::checkpoint(SeqId id, int32_t position, MemoryCheckpoint& out) const {
   require_local("recurrent-state checkpoint");
   const Entry& e = existing(id);
@@ -249,10 +257,12 @@ void RecurrentMemory::restore(SeqId id, const MemoryCheckpoint& cp) {
 // ---- HybridMemory -----------------------------------------------------------------------
 
 HybridMemory::HybridMemory(const KvPoolShape& kv_shape, const StateShape& state_shape, int32_t num_seqs,
-                           int32_t max_verify_tokens)
-    // A prefix hit would need the recurrent state after the prefix, which the prefix cache
-    // does not keep yet: no prefix caching.
-    : kv_(kv_shape, false), state_(state_shape, num_seqs, max_verify_tokens) {}
+                           int32_t max_verify_tokens, bool prefix_cache)
+    // A prefix hit needs the recurrent state after the prefix: the prefix cache keeps state
+    // checkpoints, which a state split over ranks cannot provide (no prefix caching then).
+    : kv_(kv_shape, prefix_cache && state_shape.local), state_(state_shape, num_seqs, max_verify_tokens) {
+  if (prefix_cache && state_shape.local) kv_.blocks_.enable_checkpoints(kv_.kv_.bytes_per_block());
+}
 
 void HybridMemory::bind(SeqId id, std::span<const int32_t> block_table, SeqChunk& chunk) {
   kv_.bind(id, block_table, chunk);
@@ -288,7 +298,8 @@ std::unique_ptr<SequenceMemory> make_sequence_memory(const Model& model, const K
                                                      const SequenceMemoryOptions& options) {
   const StateShape state = model.state_shape();
   if (state.floats() > 0) {
-    return std::make_unique<HybridMemory>(kv_shape, state, options.num_seqs, options.max_verify_tokens);
+    return std::make_unique<HybridMemory>(kv_shape, state, options.num_seqs, options.max_verify_tokens,
+                                          options.prefix_cache);
   }
   return std::make_unique<PagedKvMemory>(kv_shape, options.prefix_cache);
 }

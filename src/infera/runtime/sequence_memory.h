@@ -56,9 +56,12 @@ class SequenceMemory {
   virtual KvBlockManager* blocks() { return nullptr; }
   // Bytes of one sequence's recurrent state (0 without one).
   virtual int64_t state_bytes() const { return 0; }
-  // A sequence can start from a prefix-cache hit (its blocks alone hold everything before
-  // it). False for recurrent state until the prefix cache keeps state checkpoints.
+  // A sequence can start from a prefix-cache hit: its blocks alone hold everything before
+  // it (paged KV), or the prefix cache keeps state checkpoints beside them (hybrid, when
+  // the state can be copied: not over --tp/--ep ranks). False for a bare recurrent memory.
   virtual bool resumes_from_prefix() const { return true; }
+  // Whether checkpoint(id, position) can answer now (see checkpoint()).
+  virtual bool has_state_at(SeqId id, int32_t position) const { return position >= 0 && position <= length(id); }
 
   // Fills `chunk`'s memory fields (block table, recurrent state, token states) for a
   // forward of chunk.n_tokens tokens at chunk.pos0 of sequence `id` (taking its state on the
@@ -123,6 +126,7 @@ class RecurrentMemory final : public SequenceMemory {
 
   int64_t state_bytes() const override { return shape_.bytes(); }
   bool resumes_from_prefix() const override { return false; }
+  bool has_state_at(SeqId id, int32_t position) const override;
   void bind(SeqId id, std::span<const int32_t> block_table, SeqChunk& chunk) override;
   void release(SeqId id) override;
   int32_t length(SeqId id) const override;
@@ -167,12 +171,16 @@ class RecurrentMemory final : public SequenceMemory {
 // Attention layers and recurrent layers: each call goes to both.
 class HybridMemory final : public SequenceMemory {
  public:
-  HybridMemory(const KvPoolShape& kv_shape, const StateShape& state_shape, int32_t num_seqs, int32_t max_verify_tokens);
+  // `prefix_cache`: full blocks are registered and shared, with state checkpoints beside
+  // them (KvBlockManager::enable_checkpoints); only when the state is local (one process).
+  HybridMemory(const KvPoolShape& kv_shape, const StateShape& state_shape, int32_t num_seqs, int32_t max_verify_tokens,
+               bool prefix_cache = false);
 
   KvPool* kv() override { return kv_.kv(); }
   KvBlockManager* blocks() override { return kv_.blocks(); }
   int64_t state_bytes() const override { return state_.state_bytes(); }
-  bool resumes_from_prefix() const override { return false; }
+  bool resumes_from_prefix() const override { return kv_.blocks_.checkpoints_enabled(); }
+  bool has_state_at(SeqId id, int32_t position) const override { return state_.has_state_at(id, position); }
   void bind(SeqId id, std::span<const int32_t> block_table, SeqChunk& chunk) override;
   void release(SeqId id) override;
   int32_t length(SeqId id) const override { return state_.length(id); }
@@ -192,7 +200,7 @@ class HybridMemory final : public SequenceMemory {
 struct SequenceMemoryOptions {
   int32_t num_seqs = 1;  // sequences at once (recurrent states to begin with)
   int32_t max_verify_tokens = 0;  // longest verify chunk whose per-token states are kept (0: none)
-  bool prefix_cache = false;  // attention-only memories; off for recurrent state
+  bool prefix_cache = false;  // hybrids: with state checkpoints, when the state is local
 };
 
 // The memory `model` needs: paged KV for attention-only models, hybrid when the model also

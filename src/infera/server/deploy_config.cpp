@@ -123,6 +123,7 @@ void read_server(Reader& r, const YAML::Node& node, ServerConfig& s) {
   r.read(node, "audit_log_prompts", w, s.audit_log_prompts, "true or false");
   r.read(node, "metrics", w, s.metrics, "true or false");
   r.read(node, "console", w, s.console, "true or false");
+  r.read(node, "shared_prefix_cache", w, s.shared_prefix_cache, "true or false");
   r.read(node, "http_threads", w, s.http_threads, "an integer");
   r.read(node, "max_concurrent_requests_per_key", w, s.max_concurrent_requests_per_key, "an integer (0: unlimited)");
   if (s.max_concurrent_requests_per_key < 0)
@@ -197,6 +198,12 @@ void read_model(Reader& r, const YAML::Node& node, size_t index, ModelDeployConf
   }
   r.read_opt(node, "max_queue", w, m.max_queue, "an integer");
   r.read(node, "enable_prefix_cache", w, m.enable_prefix_cache, "true or false");
+  r.read(node, "prefix_checkpoint_interval", w, m.prefix_checkpoint_interval, "an integer (tokens; 0: none)");
+  r.read(node, "cache_dir", w, m.cache_dir, "a directory");
+  std::optional<int64_t> disk_bytes;
+  r.read_memory(node, "cache_disk_size", w, disk_bytes);
+  if (disk_bytes) m.cache_disk_bytes = *disk_bytes;
+  if (m.prefix_checkpoint_interval < 0) r.problem(w + ".prefix_checkpoint_interval: must be 0 (none) or more");
   r.read(node, "load_into_memory", w, m.load_into_memory, "true or false");
   r.read(node, "port", w, m.port, "a port number");
   r.read(node, "tp", w, m.tp, "an integer (ranks)");

@@ -49,6 +49,9 @@ struct ModelDeployConfig {
   DType kv_dtype = DType::kF32;  // kv_dtype: f32 | bf16 | int8 (KV cache storage)
   std::optional<int32_t> max_queue;  // waiting requests beyond which new ones get 429
   bool enable_prefix_cache = true;
+  int32_t prefix_checkpoint_interval = 2048;  // hybrids: a state checkpoint every this many prompt tokens
+  std::string cache_dir;  // the prefix cache's disk tier (empty: none)
+  int64_t cache_disk_bytes = int64_t{8} << 30;  // its size limit
   bool load_into_memory = false;  // read weights into RAM instead of mmap
   int32_t port = 0;  // 0: none; else this model also answers on its own port
   SpeculativeConfig speculative;
@@ -70,6 +73,8 @@ struct ServerConfig {
   bool audit_log_prompts = false;  // write prompt text into the audit log
   bool metrics = true;
   bool console = true;  // the web console: GET /, /status, /console/*, /v1/stats
+  // API keys share cached prompt prefixes (default: each key has its own).
+  bool shared_prefix_cache = false;
   int32_t http_threads = 64;  // concurrent connections served
   std::vector<ApiKeyConfig> api_keys;  // empty: no authentication
   int32_t max_concurrent_requests_per_key = 32;  // default of api_keys[].max_concurrent_requests; 0: unlimited

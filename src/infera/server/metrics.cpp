@@ -140,6 +140,36 @@ std::string Metrics::render(const std::vector<ModelGauges>& gauges) const {
           const int64_t q = s.prefix_hit_blocks + s.prefix_miss_blocks;
           return q > 0 ? static_cast<double>(s.prefix_hit_blocks) / static_cast<double>(q) : 0.0;
         });
+  // Hybrid prefix caching: recurrent-state checkpoints beside the cached blocks.
+  gauge("infera_prefix_cache_checkpoint_hits_total", "counter",
+        "Admissions that resumed from a cached recurrent-state checkpoint.",
+        [](const EngineStats& s) { return s.checkpoint_hits; });
+  gauge("infera_prefix_cache_checkpoints_stored_total", "counter", "Recurrent-state checkpoints kept.",
+        [](const EngineStats& s) { return s.checkpoints_stored; });
+  gauge("infera_prefix_cache_checkpoint_evictions_total", "counter",
+        "Recurrent-state checkpoints dropped for room or with their block.",
+        [](const EngineStats& s) { return s.checkpoint_evictions; });
+  gauge("infera_prefix_cache_checkpoints", "gauge", "Recurrent-state checkpoints cached now.",
+        [](const EngineStats& s) { return s.checkpoints_cached; });
+  gauge("infera_prefix_cache_checkpoint_bytes", "gauge", "Bytes of the cached checkpoints (part of the KV budget).",
+        [](const EngineStats& s) { return s.checkpoint_bytes; });
+  // The disk tier (--cache-dir; zero without one).
+  gauge("infera_prefix_cache_disk_reads_total", "counter", "Prefix-cache entries read back from disk.",
+        [](const EngineStats& s) { return s.disk_reads; });
+  gauge("infera_prefix_cache_disk_read_bytes_total", "counter", "Bytes of prefix-cache entries read from disk.",
+        [](const EngineStats& s) { return s.disk_read_bytes; });
+  gauge("infera_prefix_cache_disk_writes_total", "counter", "Prefix-cache entries written to disk.",
+        [](const EngineStats& s) { return s.disk_writes; });
+  gauge("infera_prefix_cache_disk_write_bytes_total", "counter", "Bytes of prefix-cache entries written to disk.",
+        [](const EngineStats& s) { return s.disk_write_bytes; });
+  gauge("infera_prefix_cache_disk_evictions_total", "counter", "Disk entries deleted to stay within the size limit.",
+        [](const EngineStats& s) { return s.disk_evictions; });
+  gauge("infera_prefix_cache_disk_dropped_total", "counter", "Entries not written: the disk writer's queue was full.",
+        [](const EngineStats& s) { return s.disk_dropped; });
+  gauge("infera_prefix_cache_disk_rejected_total", "counter", "Disk entries found corrupt, truncated or foreign.",
+        [](const EngineStats& s) { return s.disk_rejected; });
+  gauge("infera_prefix_cache_disk_bytes", "gauge", "Bytes of the disk tier's entries now.",
+        [](const EngineStats& s) { return s.disk_bytes; });
   gauge("infera_preemptions_total", "counter", "Sequences preempted to free KV blocks.",
         [](const EngineStats& s) { return s.preemptions; });
   // Speculative decoding (zero for models without it; see docs/speculative.md).

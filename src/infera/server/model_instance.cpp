@@ -23,6 +23,7 @@
 #include "infera/model/kv_pool.h"
 #include "infera/model/model.h"
 #include "infera/model/weights.h"
+#include "infera/runtime/disk_cache.h"
 #include "infera/runtime/engine_config.h"
 
 namespace infera::server {
@@ -106,6 +107,7 @@ EngineConfig engine_config(const ModelDeployConfig& m, const ResolvedLimits& lim
   c.max_num_seqs = limits.max_num_seqs;
   c.prefill_chunk = limits.prefill_chunk;
   c.enable_prefix_cache = m.enable_prefix_cache;
+  c.prefix_checkpoint_interval = m.prefix_checkpoint_interval;
   c.max_context = limits.max_context;
   c.speculative.method = parse_speculative_method(m.speculative.method, "speculative.method");
   c.speculative.num_draft_tokens = m.speculative.num_draft_tokens;
@@ -131,7 +133,13 @@ void ModelInstance::load() {
     load_options.max_batch_tokens = limits_.max_batch_tokens;
     const std::string dir = deploy_.quantized_path.empty() ? deploy_.path : deploy_.quantized_path;
     auto model = model_loader_ ? model_loader_(dir, load_options) : load_model(dir, load_options);
-    auto engine = std::make_unique<Engine>(std::move(model), engine_config(deploy_, limits_));
+    EngineConfig config = engine_config(deploy_, limits_);
+    if (!deploy_.cache_dir.empty()) {
+      config.cache_dir = deploy_.cache_dir;
+      config.cache_disk_bytes = deploy_.cache_disk_bytes;
+      config.cache_model_id = model_files_fingerprint(dir);
+    }
+    auto engine = std::make_unique<Engine>(std::move(model), std::move(config));
     set_backend(std::make_shared<EngineBackend>(std::move(engine)));
     LOG_INFO("model '{}' ready", name());
   } catch (const std::exception& e) {
@@ -143,6 +151,35 @@ std::shared_ptr<const constrain::Vocabulary> ModelInstance::vocabulary() const {
   std::lock_guard lock(vocab_mutex_);
   if (!vocabulary_) vocabulary_ = constrain::vocabulary_for(tokenizer_);
   return vocabulary_;
+}
+
+std::vector<int32_t> ModelInstance::message_boundaries(const ChatRequest& request,
+                                                       const std::vector<int32_t>& ids) const {
+  std::vector<int32_t> out;
+  const size_t n = request.messages.size();
+  if (!chat_template_ || n < 2) return out;
+  std::vector<size_t> counts;
+  const std::string& first_role = request.messages[0].role;
+  if (first_role == "system" || first_role == "developer") counts.push_back(1);
+  if (n - 1 > 1) counts.push_back(n - 1);
+  for (size_t k : counts) {
+    ChatRequest prefix;
+    prefix.messages.assign(request.messages.begin(), request.messages.begin() + static_cast<std::ptrdiff_t>(k));
+    json context = {{"messages", messages_to_template_json(prefix.messages)}, {"add_generation_prompt", false}};
+    if (request.tools_enabled) context["tools"] = tools_to_template_json(request.tools);
+    if (request.enable_thinking) context["enable_thinking"] = *request.enable_thinking;
+    const int32_t bos = tokenizer_.bos_id(), eos = tokenizer_.eos_id();
+    context["bos_token"] = bos >= 0 ? std::string(tokenizer_.token_text(bos)) : std::string();
+    context["eos_token"] = eos >= 0 ? std::string(tokenizer_.token_text(eos)) : std::string();
+    try {
+      const std::vector<int32_t> head = tokenizer_.encode(chat_template_->render(context), false);
+      if (!head.empty() && head.size() < ids.size() && std::equal(head.begin(), head.end(), ids.begin()))
+        out.push_back(static_cast<int32_t>(head.size()));
+    } catch (const std::exception&) {
+      // A template may refuse a partial conversation: no hint there.
+    }
+  }
+  return out;
 }
 
 std::string ModelInstance::render_chat(const ChatRequest& request) const {

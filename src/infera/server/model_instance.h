@@ -4,6 +4,7 @@
 // serving.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <functional>
@@ -70,6 +71,18 @@ class ModelInstance {
   // Renders the conversation for generation. Throws ApiException when the model has no
   // chat template or the template rejects the conversation (raise_exception).
   std::string render_chat(const ChatRequest& request) const;
+  // Token positions in `ids` (the tokenized render_chat of `request`) where a message ends
+  // and the conversation goes on identically in later requests: after the leading system
+  // message and before the last message. Hints for the prefix cache's state checkpoints
+  // (hybrid models); positions whose prefix does not tokenize as `ids` starts are left out.
+  std::vector<int32_t> message_boundaries(const ChatRequest& request, const std::vector<int32_t>& ids) const;
+  // The prefix cache keeps recurrent-state checkpoints (a hybrid model with prefix caching
+  // on): message_boundaries() are worth computing.
+  bool caches_state() const {
+    return deploy_.enable_prefix_cache &&
+           std::any_of(config_.layer_types.begin(), config_.layer_types.end(),
+                       [](ModelConfig::LayerType t) { return t != ModelConfig::LayerType::kFullAttention; });
+  }
   // The model writes <think>...</think> (its vocabulary has both as tokens).
   bool emits_reasoning() const { return emits_reasoning_; }
   // Token ids a request stops on besides the model's EOS ids (the engine adds those).

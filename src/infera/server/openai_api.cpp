@@ -356,6 +356,10 @@ GenerationOptions parse_options(const json& body, const ParseLimits& limits, boo
   parse_unsupported(body, o);
   parse_logit_bias(body, o);
   parse_constraint(body, o);
+  o.cache_salt = get_string(body, "cache_salt", "cache_salt");
+  if (o.cache_salt && (o.cache_salt->empty() || o.cache_salt->size() > 1024)) {
+    throw_api(bad_request("'cache_salt' must be a non-empty string of at most 1024 bytes", "cache_salt"));
+  }
   return o;
 }
 

@@ -55,6 +55,9 @@ struct GenerationOptions {
   // errors found when it is compiled.
   std::optional<constrain::ConstraintSpec> constraint;
   std::string constraint_param;
+  // Prefix-cache isolation (vLLM's field): requests with the same salt share cached
+  // prefixes, whatever their API key; absent: the key's own cache (routes.cpp).
+  std::optional<std::string> cache_salt;
 };
 
 struct ChatMessage {

@@ -7,6 +7,7 @@
 #include <variant>
 
 #include <fmt/format.h>
+#include <xxhash.h>
 #include <boost/asio/post.hpp>
 #include <boost/asio/thread_pool.hpp>
 #include <nlohmann/json.hpp>
@@ -28,6 +29,19 @@ double seconds_between(SteadyClock::time_point a, SteadyClock::time_point b) {
 
 int64_t unix_now() {
   return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+// The prefix-cache salt of a request (Request::cache_salt): its cache_salt when given (the
+// clients that share a secret salt share cached prefixes), else its API key's own unless
+// the deployment shares the cache; 0 (unsalted) without keys.
+uint64_t prefix_cache_salt(const GenerationOptions& options, const ApiKeyStore::Key* key, bool shared) {
+  uint64_t salt = 0;
+  if (options.cache_salt) {
+    salt = XXH3_64bits_withSeed(options.cache_salt->data(), options.cache_salt->size(), 0x73616c74);
+  } else if (key && !shared) {
+    salt = XXH3_64bits_withSeed(key->config.id.data(), key->config.id.size(), 0x6b6579);
+  }
+  return salt;
 }
 
 std::string random_id(const char* prefix) {
@@ -439,6 +453,7 @@ void Routes::handle_generate(Endpoint endpoint, const HttpRequest& req, std::sha
     const ResolvedLimits& limits = model->limits();
     std::vector<std::vector<int32_t>> prompt_ids;
     std::vector<std::string> prompt_texts;
+    std::vector<int32_t> boundaries;  // chat message ends (prefix-cache checkpoint hints)
     bool opens_think = false;
     if (chat) {
       std::string text = model->render_chat(*chat);
@@ -447,6 +462,7 @@ void Routes::handle_generate(Endpoint endpoint, const HttpRequest& req, std::sha
       opens_think = trimmed.ends_with("<think>");
       prompt_ids.push_back(tok.encode(text, /*add_special_tokens=*/false));
       prompt_texts.push_back(std::move(text));
+      if (model->caches_state()) boundaries = model->message_boundaries(*chat, prompt_ids.back());
       job->tools = chat->tools_enabled;
     } else {
       for (size_t i = 0; i < completion->prompts.size(); ++i) {
@@ -552,6 +568,8 @@ void Routes::handle_generate(Endpoint endpoint, const HttpRequest& req, std::sha
         r.max_tokens = static_cast<int32_t>(options.max_tokens ? *options.max_tokens
                                                                : std::min<int64_t>(limits.max_output_len, room));
         r.ignore_eos = options.ignore_eos;
+        r.cache_salt = prefix_cache_salt(options, key, config_.shared_prefix_cache);
+        r.checkpoint_positions = boundaries;
         r.logprobs = options.logprobs;
         r.top_logprobs = options.top_logprobs;
         r.prompt_logprobs = std::max(options.prompt_logprobs, c->echo_scored ? options.top_logprobs : -1);

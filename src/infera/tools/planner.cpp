@@ -258,9 +258,12 @@ Plan plan_memory(const ModelConfig& c, const PlanOptions& o) {
     dp.kv_bytes = kv_per_token * plan.context_rounded * o.concurrency;
     dp.state_bytes_per_sequence = state_per_seq;
     dp.state_bytes = state_per_seq * o.concurrency;
+    dp.checkpoint_bytes_each = state_per_seq;
+    dp.checkpoint_bytes = state_per_seq * o.prefix_checkpoints;
     dp.activation_bytes = activations;
     dp.reserve_bytes = o.reserve_bytes;
-    dp.total_bytes = dp.weights_bytes + dp.kv_bytes + dp.state_bytes + dp.activation_bytes + dp.reserve_bytes;
+    dp.total_bytes =
+        dp.weights_bytes + dp.kv_bytes + dp.state_bytes + dp.checkpoint_bytes + dp.activation_bytes + dp.reserve_bytes;
     dp.budget_bytes = o.memory_bytes;
     if (o.memory_bytes > 0) {
       dp.fits = dp.total_bytes <= o.memory_bytes;
@@ -314,6 +317,8 @@ json Plan::to_json() const {
                     {"kv_bytes", d.kv_bytes},
                     {"state_bytes_per_sequence", d.state_bytes_per_sequence},
                     {"state_bytes", d.state_bytes},
+                    {"checkpoint_bytes_each", d.checkpoint_bytes_each},
+                    {"checkpoint_bytes", d.checkpoint_bytes},
                     {"activation_bytes", d.activation_bytes},
                     {"reserve_bytes", d.reserve_bytes},
                     {"total_bytes", d.total_bytes},
@@ -343,6 +348,9 @@ json Plan::to_json() const {
           {"kv_bytes_per_token", d0.kv_bytes_per_token},
           {"kv_bytes", d0.kv_bytes},
           {"state_bytes", d0.state_bytes},
+          {"checkpoint_bytes_each", d0.checkpoint_bytes_each},
+          {"checkpoint_bytes", d0.checkpoint_bytes},
+          {"prefix_checkpoints", options.prefix_checkpoints},
           {"activation_bytes", d0.activation_bytes},
           {"reserve_bytes", d0.reserve_bytes},
           {"total_bytes", d0.total_bytes},
@@ -376,6 +384,10 @@ std::string Plan::to_text() const {
   if (d.state_bytes) {
     s += fmt::format("  recurrent      {:>12}  ({} per sequence)\n", format_bytes(d.state_bytes),
                      format_bytes(d.state_bytes_per_sequence));
+    s +=
+        fmt::format("  checkpoints    {:>12}  ({} x {} each = {} KV tokens; prefix cache, --prefix-checkpoints)\n",
+                    format_bytes(d.checkpoint_bytes), options.prefix_checkpoints, format_bytes(d.checkpoint_bytes_each),
+                    d.kv_bytes_per_token > 0 ? d.checkpoint_bytes_each / d.kv_bytes_per_token : 0);
   }
   s += fmt::format("  activations    {:>12}\n", format_bytes(d.activation_bytes));
   s += fmt::format("  runtime        {:>12}\n", format_bytes(d.reserve_bytes));

@@ -48,6 +48,9 @@ struct PlanOptions {
   int64_t reserve_bytes =
       16ll << 20;  // runtime: code, libraries, tokenizer, threads (infera run on a tiny model peaks at ~14 MiB)
   bool include_mtp = true;  // MTP weights and its KV layer count when the config has one
+  // Hybrids: recurrent-state checkpoints the prefix cache keeps (each one sequence's state;
+  // docs/runtime.md). The engine takes them out of the KV budget; the plan adds them.
+  int64_t prefix_checkpoints = 0;
 };
 
 struct DevicePlan {
@@ -59,6 +62,8 @@ struct DevicePlan {
   int64_t kv_bytes = 0;  // ctx (rounded to blocks) x concurrency
   int64_t state_bytes_per_sequence = 0;  // fixed recurrent state (GDN layers)
   int64_t state_bytes = 0;
+  int64_t checkpoint_bytes_each = 0;  // one prefix-cache state checkpoint (= state_bytes_per_sequence)
+  int64_t checkpoint_bytes = 0;  // PlanOptions::prefix_checkpoints of them
   int64_t activation_bytes = 0;
   int64_t reserve_bytes = 0;
   int64_t total_bytes = 0;

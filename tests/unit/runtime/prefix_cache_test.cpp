@@ -118,3 +118,108 @@ TEST(ParseMemorySize, UnitsAndPercent) {
     EXPECT_NE(std::string(e.what()).find("--kv-cache-memory"), std::string::npos);
   }
 }
+
+TEST(KvBlockManager, CheckpointsBoundHitsAndShareTheBudget) {
+  const int32_t bs = 4;
+  KvBlockManager m(8, bs, true);
+  m.enable_checkpoints(/*bytes_per_block=*/64);  // a 16-float state = one block
+  const auto a = iota_tokens(12, 7);  // three blocks
+  std::vector<int32_t> table;
+  std::vector<uint64_t> hashes;
+  uint64_t h = KvBlockManager::kRootHash;
+  for (int i = 0; i < 3; ++i) {
+    table.push_back(m.allocate());
+    h = m.register_block(table.back(), h, std::span(a).subspan(size_t(i) * bs, bs));
+    hashes.push_back(h);
+  }
+  // No checkpoint: a hybrid cannot resume anywhere.
+  uint64_t chain = 0;
+  std::vector<float> state;
+  EXPECT_TRUE(m.match_prefix(a, 3, &chain, &state).empty());
+  EXPECT_EQ(m.num_in_use(), 3);
+  // A checkpoint after block 1 (position 8): hits stop there and copy the state.
+  const std::vector<float> s1(16, 1.5f);
+  ASSERT_TRUE(m.add_checkpoint(hashes[1], s1));
+  EXPECT_FALSE(m.add_checkpoint(hashes[1], s1));  // one per prefix
+  EXPECT_FALSE(m.add_checkpoint(12345, s1));  // no such block
+  EXPECT_TRUE(m.block_has_checkpoint(table[1]));
+  EXPECT_EQ(m.num_reserved(), 1);
+  EXPECT_EQ(m.checkpoint_bytes(), 64);
+  // Reserved blocks still count as available: a checkpoint can always be evicted.
+  EXPECT_EQ(m.num_available(), 5);
+  auto hits = m.match_prefix(a, 3, &chain, &state);
+  EXPECT_EQ(hits, (std::vector<int32_t>{table[0], table[1]}));
+  EXPECT_EQ(chain, hashes[1]);
+  EXPECT_EQ(state, s1);
+  EXPECT_EQ(m.checkpoint_hits(), 1);
+  for (int32_t b : hits) m.release(b);
+  // Release the sequence: block 2 is past the deepest checkpoint (low value, evicted first).
+  m.release(table[2], true);
+  m.release(table[1]);
+  m.release(table[0]);
+  EXPECT_EQ(m.num_evictable(), 3);
+  // 8 blocks, 1 reserved: allocating the 4 free ones leaves the reserve; the next takes the
+  // least valuable cached block (block 2), then the checkpoint goes (older than no block
+  // left? no: blocks 1 and 0 were released after it was stored, so it is the oldest).
+  std::vector<int32_t> taken;
+  for (int i = 0; i < 4; ++i) taken.push_back(m.allocate());
+  EXPECT_EQ(m.num_reserved(), 1);
+  const int32_t fifth = m.allocate();
+  EXPECT_EQ(fifth, table[2]);
+  EXPECT_EQ(m.num_checkpoints(), 1);
+  const int32_t sixth = m.allocate();  // the checkpoint is older than blocks 0 and 1
+  EXPECT_GE(sixth, 0);
+  EXPECT_EQ(m.num_checkpoints(), 0);
+  EXPECT_EQ(m.num_reserved(), 0);
+  EXPECT_EQ(m.checkpoint_evictions(), 1);
+  // Blocks 0 and 1 are still cached, but without a checkpoint they are no hit.
+  EXPECT_TRUE(m.match_prefix(a, 3, &chain, &state).empty());
+  // (That lookup released blocks 0 and 1 at the front of the LRU: past any checkpoint.)
+  // A checkpoint added to a cached block holds it while room is made (the low-value block
+  // 1 goes), then the block is cached again, newer than its checkpoint: under pressure the
+  // checkpoint goes first and block 0 stays.
+  ASSERT_TRUE(m.add_checkpoint(hashes[0], s1));
+  EXPECT_EQ(m.num_reserved(), 1);
+  EXPECT_EQ(m.num_evictable(), 1);
+  EXPECT_EQ(m.prefix_cache_enabled(), true);
+  EXPECT_GE(m.allocate(), 0);
+  EXPECT_EQ(m.num_checkpoints(), 0);
+  EXPECT_EQ(m.num_reserved(), 0);
+  EXPECT_EQ(m.num_evictable(), 1);
+}
+
+TEST(KvBlockManager, EvictingABlockDropsItsCheckpoint) {
+  const int32_t bs = 4;
+  KvBlockManager m(4, bs, true);
+  m.enable_checkpoints(64);
+  const auto a = iota_tokens(4, 1);
+  const int32_t b = m.allocate();
+  const uint64_t h = m.register_block(b, KvBlockManager::kRootHash, a);
+  m.release(b);
+  const std::vector<float> s(16, 2.0f);
+  ASSERT_TRUE(m.add_checkpoint(h, s));
+  // A lookup uses the checkpoint; the block released as low value is the oldest now.
+  uint64_t chain = 0;
+  std::vector<float> got;
+  ASSERT_EQ(m.match_prefix(a, 1, &chain, &got), std::vector<int32_t>{b});
+  m.release(b, /*low_value=*/true);
+  int32_t taken = -1;
+  for (int i = 0; i < 3 && taken != b; ++i) taken = m.allocate();
+  EXPECT_EQ(taken, b);
+  EXPECT_EQ(m.num_checkpoints(), 0);
+  EXPECT_EQ(m.checkpoint_bytes(), 0);
+}
+
+TEST(KvBlockManager, SaltedChainsDoNotMeet) {
+  const int32_t bs = 4;
+  KvBlockManager m(4, bs, true);
+  const auto a = iota_tokens(8, 3);
+  const int32_t b = m.allocate();
+  m.register_block(b, KvBlockManager::root_hash(11), std::span(a).subspan(0, bs));
+  m.release(b);
+  uint64_t chain = 0;
+  EXPECT_TRUE(m.match_prefix(a, 1, &chain).empty());  // unsalted
+  EXPECT_TRUE(m.match_prefix(a, 1, &chain, nullptr, KvBlockManager::root_hash(12)).empty());
+  EXPECT_EQ(m.match_prefix(a, 1, &chain, nullptr, KvBlockManager::root_hash(11)), std::vector<int32_t>{b});
+  EXPECT_EQ(KvBlockManager::root_hash(0), KvBlockManager::kRootHash);
+}

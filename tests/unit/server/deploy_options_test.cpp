@@ -41,28 +41,33 @@ TEST(DeployOptions, TheKeysOfBeforeAreExactlyTheKnownKeys) {
   EXPECT_EQ(known_at("server: {bogus: 1}\nmodels: [{path: /m}]\n", "server"),
             (std::set<std::string>{"host", "port", "body_limit", "request_timeout_s", "drain_grace_s", "audit_log",
                                    "audit_log_prompts", "metrics", "console", "http_threads", "api_keys",
-                                   "max_concurrent_requests_per_key", "allowed_hosts", "allowed_origins"}));
-  EXPECT_EQ(known_at("models: [{path: /m, bogus: 1}]\n", "models[0]"), (std::set<std::string>{"name",
-                                                                                              "path",
-                                                                                              "quantized",
-                                                                                              "scheme",
-                                                                                              "profile",
-                                                                                              "chat_template",
-                                                                                              "threads",
-                                                                                              "max_input_len",
-                                                                                              "max_output_len",
-                                                                                              "max_batch_tokens",
-                                                                                              "max_num_seqs",
-                                                                                              "prefill_chunk",
-                                                                                              "kv_cache_memory",
-                                                                                              "kv_dtype",
-                                                                                              "max_queue",
-                                                                                              "enable_prefix_cache",
-                                                                                              "load_into_memory",
-                                                                                              "port",
-                                                                                              "speculative",
-                                                                                              "tp",
-                                                                                              "ep"}));
+                                   "max_concurrent_requests_per_key", "allowed_hosts", "allowed_origins",
+                                   "shared_prefix_cache"}));
+  EXPECT_EQ(known_at("models: [{path: /m, bogus: 1}]\n", "models[0]"),
+            (std::set<std::string>{"name",
+                                   "path",
+                                   "quantized",
+                                   "scheme",
+                                   "profile",
+                                   "chat_template",
+                                   "threads",
+                                   "max_input_len",
+                                   "max_output_len",
+                                   "max_batch_tokens",
+                                   "max_num_seqs",
+                                   "prefill_chunk",
+                                   "kv_cache_memory",
+                                   "kv_dtype",
+                                   "max_queue",
+                                   "enable_prefix_cache",
+                                   "prefix_checkpoint_interval",
+                                   "cache_dir",
+                                   "cache_disk_size",
+                                   "load_into_memory",
+                                   "port",
+                                   "speculative",
+                                   "tp",
+                                   "ep"}));
   EXPECT_EQ(known_at("models: [{path: /m, speculative: {bogus: 1}}]\n", "models[0].speculative"),
             (std::set<std::string>{"method", "num_draft_tokens"}));
   EXPECT_EQ(known_at("server: {api_keys: [{key: long-enough-key, bogus: 1}]}\nmodels: [{path: /m}]\n",
@@ -216,9 +221,10 @@ TEST(DeployOptions, RequestDefaultsAreThoseTheParserStartsFrom) {
   EXPECT_FLOAT_EQ(o.frequency_penalty, request_default("frequency_penalty"));
   EXPECT_FALSE(o.seed.has_value());
   EXPECT_EQ(option_spec("ignore_eos").request_default, o.ignore_eos ? "true" : "false");
+  EXPECT_FALSE(o.cache_salt.has_value());  // "(none: the API key's own cache)"
   int request_options = 0;
   for (const OptionSpec& s : option_specs()) request_options += s.used_by(kUseRequest);
-  EXPECT_EQ(request_options, 9) << "a new request option needs its check here";
+  EXPECT_EQ(request_options, 10) << "a new request option needs its check here";
   // And a request that sets nothing parses to them.
   const CompletionRequest r = parse_completion_request(nlohmann::json{{"prompt", "x"}});
   EXPECT_FLOAT_EQ(r.options.temperature, request_default("temperature"));
