@@ -20,6 +20,7 @@
 #include "infera/base/threads.h"
 #include "infera/chat/chat_template.h"
 #include "infera/model/arch_registry.h"
+#include "infera/model/gguf_loader.h"
 #include "infera/model/kv_pool.h"
 #include "infera/model/model.h"
 #include "infera/model/weights.h"
@@ -302,13 +303,15 @@ std::vector<std::shared_ptr<ModelInstance>> prepare_models(const DeployConfig& c
     }
 
     std::error_code ec;
-    if (!fs::is_directory(dir, ec)) {
-      problem(fmt::format("{}.path: '{}' is not a readable directory; fix the path", who, m.path));
+    // A GGUF file (llama.cpp's format) holds the config, tokenizer, template and weights.
+    const bool gguf = is_gguf_path(m.path);
+    if (!gguf && !fs::is_directory(dir, ec)) {
+      problem(fmt::format("{}.path: '{}' is not a readable directory or .gguf file; fix the path", who, m.path));
       continue;
     }
     bool files_ok = true;
     for (const char* file : {"config.json", "tokenizer.json"}) {
-      if (!fs::exists(dir / file, ec)) {
+      if (!gguf && !fs::exists(dir / file, ec)) {
         problem(fmt::format("{}.path: '{}' has no {}; point it at a Hugging Face model directory", who, m.path, file));
         files_ok = false;
       }
@@ -317,7 +320,7 @@ std::vector<std::shared_ptr<ModelInstance>> prepare_models(const DeployConfig& c
     if (!m.quantized_path.empty() && !fs::is_directory(weights_dir, ec)) {
       problem(fmt::format("{}.quantized: '{}' is not a readable directory; fix the path or remove it", who,
                           m.quantized_path));
-    } else if (!has_weights(weights_dir)) {
+    } else if (!(gguf && m.quantized_path.empty()) && !has_weights(weights_dir)) {
       problem(fmt::format("{}: '{}' holds no *.safetensors weights", who, weights_dir.string()));
     }
     if (!files_ok) continue;
@@ -348,7 +351,8 @@ std::vector<std::shared_ptr<ModelInstance>> prepare_models(const DeployConfig& c
     } else {
       try {
         template_source = load_chat_template_config(m.path).chat_template;  // also chat_template.jinja
-        template_origin = (dir / "tokenizer_config.json").string() + " chat_template";
+        template_origin =
+            gguf ? m.path + " tokenizer.chat_template" : (dir / "tokenizer_config.json").string() + " chat_template";
       } catch (const Error& e) {
         problem(fmt::format("{}: {}", who, e.what()));
       }
