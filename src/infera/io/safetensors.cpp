@@ -261,6 +261,7 @@ std::string_view safetensors_dtype_name(DType dtype) {
     case DType::kU8: return "U8";
     case DType::kI32: return "I32";
     case DType::kI64: return "I64";
+    case DType::kGgml:
     case DType::kSentinel: break;
   }
   return "?";

@@ -31,6 +31,7 @@ struct TensorInfo {
   const uint8_t* data = nullptr;  // into the mapped (or loaded) file; nullptr from read_safetensors_header
   size_t nbytes = 0;
   std::string file;  // shard file name, relative to the model directory
+  uint32_t ggml_type = 0;  // dtype kGgml (a GGUF tensor in llama.cpp's block format): its ggml type
 
   int64_t numel() const;
 };

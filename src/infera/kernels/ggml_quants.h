@@ -15,6 +15,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "infera/base/cpu.h"
+
 namespace infera::kernels::ggml {
 
 enum Type : uint32_t {
@@ -46,6 +48,17 @@ int64_t row_bytes(uint32_t type, int64_t n);
 // dst[0, n) = the n weights stored at src. n must be a multiple of block_size(type); throws
 // infera::Error for an unknown type or a bad n.
 void dequantize_row(uint32_t type, const void* src, float* dst, int64_t n);
+
+// y[i * ldy + (j - n0)] = x[i, :] · W[j, :] for j in [n0, n1), i < m, with W [rows, k] of
+// `type` stored row after row (rows of row_bytes(type, k) bytes), x f32 [m, k]. Computed as
+// llama.cpp's CPU backend does: x quantized per block to int8 (Q8_0 for Q4_0 / Q5_0 / Q8_0 /
+// IQ4_NL, Q8_1 for Q4_1 / Q5_1, Q8_K for the K types and IQ4_XS), integer block dot
+// products, f32 block scales. Every ISA path gives the same values. F32 / F16 / BF16 are
+// not handled here (kernels::matmul).
+void matmul_rows(Isa isa, uint32_t type, const void* data, int64_t k, const float* x, int64_t m, int64_t n0, int64_t n1,
+                 float* y, int64_t ldy);
+// Whether matmul_rows() computes with `type`.
+bool has_matmul(uint32_t type);
 
 // IQ4_NL / IQ4_XS: the 16 non-uniform levels a 4-bit index selects.
 extern const int8_t kIq4nlValues[16];

@@ -324,7 +324,8 @@ WeightStore bind_gguf(const std::string& path, const ModelConfig& cfg, bool load
     }
     if (summary) {
       summary->parameters += rows * cols;
-      summary->resident_bytes += plain == DType::kSentinel ? rows * cols * 4 : rows * row_bytes;
+      const bool as_f32 = plain == DType::kSentinel && (spec.shape.size() < 2 || !kernels::ggml::has_matmul(type));
+      summary->resident_bytes += as_f32 ? rows * cols * 4 : rows * row_bytes;
       if (counted.insert(t->name).second) {
         ++summary->tensors;
         ++summary->types[type_name(t->type)];
@@ -335,19 +336,23 @@ WeightStore bind_gguf(const std::string& path, const ModelConfig& cfg, bool load
     info.name = spec.name;
     info.shape = spec.shape;
     info.file = spec.gguf;
-    if (plain != DType::kSentinel && !permute) {
-      info.dtype = plain;
-      info.data = src;
+    // Matrices of llama.cpp's block types stay in their blocks (the kernels compute with
+    // them as llama.cpp does); vectors of them, never seen in practice, become f32.
+    const bool blocks = plain == DType::kSentinel && spec.shape.size() >= 2 && kernels::ggml::has_matmul(type);
+    if (plain != DType::kSentinel || blocks) {
+      info.dtype = blocks ? DType::kGgml : plain;
+      info.ggml_type = blocks ? type : 0;
       info.nbytes = static_cast<size_t>(rows * row_bytes);
-    } else if (plain != DType::kSentinel) {
-      info.dtype = plain;
-      info.nbytes = static_cast<size_t>(rows * row_bytes);
-      uint8_t* dst = owner->allocate(info.nbytes);
-      for (int64_t r = 0; r < rows; ++r) {
-        std::memcpy(dst + r * row_bytes, src + unpermuted_source_row(r, cfg.head_dim) * row_bytes,
-                    static_cast<size_t>(row_bytes));
+      if (!permute) {
+        info.data = src;
+      } else {
+        uint8_t* dst = owner->allocate(info.nbytes);
+        for (int64_t r = 0; r < rows; ++r) {
+          std::memcpy(dst + r * row_bytes, src + unpermuted_source_row(r, cfg.head_dim) * row_bytes,
+                      static_cast<size_t>(row_bytes));
+        }
+        info.data = dst;
       }
-      info.data = dst;
     } else {
       info.dtype = DType::kF32;
       info.nbytes = static_cast<size_t>(rows * cols) * sizeof(float);

@@ -8,10 +8,10 @@
 //   - llama: q/k rows were permuted for llama.cpp's adjacent-pair rope; they are put back
 //     in Hugging Face order (rotate_half pairing, which Infera's kernels use);
 //   - stacked experts (ffn_{gate,up,down}_exps, ne = {in, out, E}) are viewed per expert.
-// F32 / F16 / BF16 tensors are used in place (mapped, or read into memory with --no-mmap);
-// tensors of llama.cpp's block types (Q8_0, Q4_K, ...) are dequantized to f32 at load with
-// the bit-exact reference (kernels/ggml_quants.h). Split files
-// ("<prefix>-00001-of-00003.gguf") load as one model.
+// Tensors are used in place (mapped, or read into memory with --no-mmap): F32 / F16 / BF16
+// as those dtypes, matrices of llama.cpp's block types (Q8_0, Q4_K, ...) as DType::kGgml,
+// which the kernels multiply with int8 activations as llama.cpp does
+// (kernels/ggml_quants.h). Split files ("<prefix>-00001-of-00003.gguf") load as one model.
 #pragma once
 
 #include <cstdint>

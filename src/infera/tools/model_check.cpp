@@ -208,16 +208,9 @@ class Checker {
       r_.tensors = w.tensors;
       r_.params_total = w.parameters;
       r_.weight_bytes = w.file_bytes;
-      std::string dtypes, converted;
-      for (const auto& [type, n] : w.types) {
-        dtypes += fmt::format("{}{} x {}", dtypes.empty() ? "" : ", ", type, n);
-        if (type != "F32" && type != "F16" && type != "BF16") converted += (converted.empty() ? "" : ", ") + type;
-      }
+      std::string dtypes;
+      for (const auto& [type, n] : w.types) dtypes += fmt::format("{}{} x {}", dtypes.empty() ? "" : ", ", type, n);
       r_.dtypes = dtypes;
-      if (!converted.empty()) {
-        info("weights", fmt::format("{} tensors are dequantized to f32 at load ({:.2f} GB in memory)", converted,
-                                    static_cast<double>(w.resident_bytes) / 1e9));
-      }
     } catch (const Error& e) {
       error("weights", e.what());
     }
