@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <regex>
 #include <set>
 #include <sstream>
 
@@ -277,8 +278,15 @@ std::vector<std::shared_ptr<ModelInstance>> prepare_models(const DeployConfig& c
       continue;
     }
     const fs::path dir(m.path);
-    if (m.name.empty())
+    if (m.name.empty()) {
       m.name = dir.filename().empty() ? dir.parent_path().filename().string() : dir.filename().string();
+      // model.gguf / model-00001-of-00003.gguf: "model".
+      if (m.name.ends_with(".gguf")) {
+        m.name.resize(m.name.size() - 5);
+        static const std::regex split("-[0-9]{5}-of-[0-9]{5}$");
+        m.name = std::regex_replace(m.name, split, "");
+      }
+    }
     const std::string who = fmt::format("{} ('{}')", w, m.name);
     if (!names.insert(m.name).second)
       problem(fmt::format("{}.name: '{}' is used by two models; names must be unique", w, m.name));
