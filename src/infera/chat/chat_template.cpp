@@ -11,6 +11,7 @@
 #include "infera/chat/jinja_eval.h"
 #include "infera/chat/jinja_parser.h"
 #include "infera/chat/jinja_value.h"
+#include "infera/tokenizer/tokenizer.h"
 
 namespace infera {
 namespace {
@@ -130,6 +131,16 @@ std::string ChatTemplate::render(const nlohmann::json& context) const {
 
 ChatTemplateConfig load_chat_template_config(const std::string& tokenizer_dir) {
   namespace fs = std::filesystem;
+  std::error_code ec;
+  if (tokenizer_dir.ends_with(".gguf") && fs::is_regular_file(tokenizer_dir, ec)) {
+    // A GGUF file: tokenizer.chat_template and the BOS/EOS pieces of its vocabulary.
+    const Tokenizer tok = Tokenizer::load(tokenizer_dir);
+    ChatTemplateConfig result;
+    result.chat_template = tok.chat_template();
+    if (tok.bos_id() >= 0) result.bos_token = std::string(tok.token_text(tok.bos_id()));
+    if (tok.eos_id() >= 0) result.eos_token = std::string(tok.token_text(tok.eos_id()));
+    return result;
+  }
   const fs::path config_path = fs::path(tokenizer_dir) / "tokenizer_config.json";
   if (!fs::exists(config_path))
     fail("cannot read {}: no such file (expected a Hugging Face tokenizer directory)", config_path.string());

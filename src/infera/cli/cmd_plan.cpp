@@ -12,6 +12,7 @@
 #include "infera/cli/command.h"
 #include "infera/io/safetensors.h"
 #include "infera/model/config.h"
+#include "infera/model/gguf_loader.h"
 #include "infera/tools/planner.h"
 
 namespace infera::cli {
@@ -38,6 +39,8 @@ struct PlanCmdOptions {
 
 // Sum of tensor bytes in the directory's safetensors (headers only).
 int64_t stored_weight_bytes(const std::string& dir) {
+  // A GGUF file: the weights as loaded (tensors of llama.cpp's block types dequantized).
+  if (is_gguf_path(dir)) return inspect_gguf_weights(dir, load_model_config(dir)).resident_bytes;
   std::vector<std::string> shards;
   const fs::path index = fs::path(dir) / "model.safetensors.index.json";
   if (fs::exists(index)) {

@@ -79,6 +79,8 @@ GgmlTypeTraits ggml_type_traits(GgmlType t) {
     case GgmlType::kQ5_K: return {256, 176, "Q5_K"};
     case GgmlType::kQ6_K: return {256, 210, "Q6_K"};
     case GgmlType::kQ8_K: return {256, 292, "Q8_K"};
+    case GgmlType::kIQ4_NL: return {32, 18, "IQ4_NL"};
+    case GgmlType::kIQ4_XS: return {256, 136, "IQ4_XS"};
     case GgmlType::kI8: return {1, 1, "I8"};
     case GgmlType::kI16: return {1, 2, "I16"};
     case GgmlType::kI32: return {1, 4, "I32"};
@@ -630,7 +632,7 @@ bool valid_value_type(uint32_t t) { return t <= static_cast<uint32_t>(ValueType:
 
 }  // namespace
 
-Reader::Reader(const std::string& path) : file_(path) {
+Reader::Reader(const std::string& path, bool load_into_memory) : file_(path, load_into_memory) {
   Cursor c(file_.data(), file_.size(), file_.path());
   if (file_.size() < 4 || std::memcmp(file_.data(), kMagic, 4) != 0) {
     fail("{}: not a GGUF file (the first 4 bytes are not \"GGUF\")", path);
@@ -737,6 +739,33 @@ Reader::Reader(const std::string& path) : file_(path) {
     }
     t.data = file_.data() + data_offset_ + t.offset;
   }
+}
+
+std::vector<std::string> split_paths(const std::string& path) {
+  // "<prefix>-NNNNN-of-MMMMM.gguf": 5-digit, 1-based part numbers.
+  constexpr std::string_view kSuffix = ".gguf";
+  constexpr size_t kTail = 1 + 5 + 4 + 5;  // "-00001-of-00003"
+  if (!std::string_view(path).ends_with(kSuffix) || path.size() < kSuffix.size() + kTail) return {path};
+  const std::string stem = path.substr(0, path.size() - kSuffix.size());
+  const std::string tail = stem.substr(stem.size() - kTail);
+  const auto digits = [](std::string_view s) { return s.find_first_not_of("0123456789") == std::string_view::npos; };
+  if (tail[0] != '-' || tail.substr(6, 4) != "-of-" || !digits(tail.substr(1, 5)) || !digits(tail.substr(10, 5))) {
+    return {path};
+  }
+  const int count = std::stoi(tail.substr(10, 5));
+  if (count < 1) fail("{}: split count 0 in the file name", path);
+  const std::string prefix = stem.substr(0, stem.size() - kTail);
+  std::vector<std::string> paths, missing;
+  for (int i = 1; i <= count; ++i) {
+    paths.push_back(fmt::format("{}-{:05d}-of-{:05d}.gguf", prefix, i, count));
+    std::error_code ec;
+    if (!std::filesystem::is_regular_file(paths.back(), ec)) missing.push_back(paths.back());
+  }
+  if (!missing.empty()) {
+    fail("{}: {} of the {} parts of this split GGUF are missing (first: {}); download every part", path, missing.size(),
+         count, missing.front());
+  }
+  return paths;
 }
 
 const Value* Reader::find(std::string_view key) const {

@@ -65,6 +65,8 @@ enum class GgmlType : uint32_t {
   kQ5_K = 13,
   kQ6_K = 14,
   kQ8_K = 15,
+  kIQ4_NL = 20,
+  kIQ4_XS = 23,
   kI8 = 24,
   kI16 = 25,
   kI32 = 26,
@@ -214,10 +216,11 @@ struct Tensor {
 };
 
 // Memory-maps and validates a GGUF file (v2 or v3). Every malformed header field is an
-// infera::Error naming the file, the field and the byte offset.
+// infera::Error naming the file, the field and the byte offset. load_into_memory: read the
+// file into process memory instead of mapping it (`--no-mmap`).
 class Reader {
  public:
-  explicit Reader(const std::string& path);
+  explicit Reader(const std::string& path, bool load_into_memory = false);
 
   const std::string& path() const { return file_.path(); }
   uint32_t version() const { return version_; }
@@ -241,6 +244,11 @@ class Reader {
   Metadata metadata_;
   std::vector<Tensor> tensors_;
 };
+
+// The files of a split GGUF (llama.cpp's gguf-split: "<prefix>-00001-of-00003.gguf"), in
+// order, given any one of them; {path} for an ordinary file. Throws infera::Error naming the
+// missing parts when some are absent.
+std::vector<std::string> split_paths(const std::string& path);
 
 // ---- template implementation ----
 

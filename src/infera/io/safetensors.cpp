@@ -261,6 +261,7 @@ std::string_view safetensors_dtype_name(DType dtype) {
     case DType::kU8: return "U8";
     case DType::kI32: return "I32";
     case DType::kI64: return "I64";
+    case DType::kGgml:
     case DType::kSentinel: break;
   }
   return "?";
@@ -272,6 +273,7 @@ std::string_view safetensors_dtype_name(DType dtype) {
 struct WeightStore::Impl {
   std::string dir;
   std::vector<MappedFile> files;  // owns the bytes every TensorInfo::data points into
+  std::shared_ptr<const void> owner;  // from_tensors: what owns them instead
   std::map<std::string, TensorInfo, std::less<>> tensors;
   std::map<std::string, std::string> metadata;
   size_t total_bytes = 0;
@@ -367,6 +369,20 @@ WeightStore WeightStore::open(const std::string& model_dir, bool load_into_memor
     }
     fail("{}: neither {} nor {} exists; found {}, but without an index Infera cannot tell which files are the model",
          model_dir, kSingleFile, kIndexFile, join_names(others, 5));
+  }
+  return store;
+}
+
+WeightStore WeightStore::from_tensors(std::string source, std::vector<TensorInfo> tensors,
+                                      std::shared_ptr<const void> owner, size_t mapped_bytes) {
+  WeightStore store;
+  Impl& s = *store.impl_;
+  s.dir = std::move(source);
+  s.owner = std::move(owner);
+  s.mapped_bytes = mapped_bytes;
+  for (TensorInfo& t : tensors) {
+    s.total_bytes += t.nbytes;
+    if (!s.tensors.try_emplace(t.name, t).second) fail("{}: duplicate tensor '{}'", s.dir, t.name);
   }
   return store;
 }

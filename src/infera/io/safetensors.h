@@ -31,6 +31,7 @@ struct TensorInfo {
   const uint8_t* data = nullptr;  // into the mapped (or loaded) file; nullptr from read_safetensors_header
   size_t nbytes = 0;
   std::string file;  // shard file name, relative to the model directory
+  uint32_t ggml_type = 0;  // dtype kGgml (a GGUF tensor in llama.cpp's block format): its ggml type
 
   int64_t numel() const;
 };
@@ -56,6 +57,11 @@ class WeightStore {
   // weight_map) or else <model_dir>/model.safetensors. load_into_memory: read the files
   // into process memory instead of mmapping them (steadier decode under page-cache pressure).
   static WeightStore open(const std::string& model_dir, bool load_into_memory = false);
+  // A store over tensors another reader found (a GGUF file's, under their Hugging Face
+  // names): every TensorInfo::data points into memory `owner` keeps alive. `source` stands
+  // for dir() in messages; mapped_bytes: the size of the files behind them.
+  static WeightStore from_tensors(std::string source, std::vector<TensorInfo> tensors,
+                                  std::shared_ptr<const void> owner, size_t mapped_bytes);
 
   const TensorInfo* find(std::string_view name) const;  // nullptr if absent
   // Throws "<dir>: tensor 'X' not found (...hint...)".

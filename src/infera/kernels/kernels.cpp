@@ -7,6 +7,7 @@
 
 #include "infera/base/error.h"
 #include "infera/kernels/cpu/dispatch.h"
+#include "infera/kernels/ggml_quants.h"
 
 namespace infera::kernels {
 namespace {
@@ -22,6 +23,11 @@ const KernelTable& table_for(Isa isa) {
 }
 
 void check_weight(const MatRef& w) {
+  if (w.dtype == DType::kGgml) {
+    if (!ggml::has_matmul(w.ggml_type)) fail("matmul: ggml weight type {} has no kernel", w.ggml_type);
+    INFERA_ASSERT(w.rows >= 0 && w.cols >= 0 && w.cols % ggml::block_size(w.ggml_type) == 0);
+    return;
+  }
   if (w.dtype != DType::kF32 && w.dtype != DType::kBF16 && w.dtype != DType::kF16) {
     fail(
         "matmul: weight dtype {} is not supported (expected f32, bf16 or f16; quantize or "
@@ -43,10 +49,15 @@ bool isa_available(Isa isa) {
   return false;
 }
 
+int64_t row_bytes(const MatRef& w) {
+  return w.dtype == DType::kGgml ? ggml::row_bytes(w.ggml_type, w.cols)
+                                 : w.cols * static_cast<int64_t>(dtype_size(w.dtype));
+}
+
 MatRef row_slice(const MatRef& w, int64_t n0, int64_t n1) {
   INFERA_ASSERT(0 <= n0 && n0 <= n1 && n1 <= w.rows);
   const auto* base = static_cast<const char*>(w.data);
-  return MatRef{base + n0 * w.cols * static_cast<int64_t>(dtype_size(w.dtype)), w.dtype, n1 - n0, w.cols};
+  return MatRef{base + n0 * row_bytes(w), w.dtype, n1 - n0, w.cols, w.ggml_type};
 }
 
 void matmul(Isa isa, const float* x, int64_t m, const MatRef& w, float* y) {
@@ -57,6 +68,11 @@ void matmul(const float* x, int64_t m, const MatRef& w, float* y) { matmul(best_
 void matmul_rows(Isa isa, const float* x, int64_t m, const MatRef& w, int64_t n0, int64_t n1, float* y, int64_t ldy) {
   check_weight(w);
   INFERA_ASSERT(m >= 0 && 0 <= n0 && n0 <= n1 && n1 <= w.rows && ldy >= n1 - n0);
+  if (w.dtype == DType::kGgml) {
+    INFERA_ASSERT(isa_available(isa), std::string("kernel path ") + isa_name(isa) + " is not available on this CPU");
+    ggml::matmul_rows(isa, w.ggml_type, w.data, w.cols, x, m, n0, n1, y, ldy);
+    return;
+  }
   table_for(isa).matmul_rows(x, m, w, n0, n1, y, ldy);
 }
 void matmul_rows(const float* x, int64_t m, const MatRef& w, int64_t n0, int64_t n1, float* y, int64_t ldy) {

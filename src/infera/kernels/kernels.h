@@ -16,13 +16,19 @@
 
 namespace infera::kernels {
 
-// Weight matrix W [rows = n, cols = k], row-major, dtype f32 / bf16 / f16.
+// Weight matrix W [rows = n, cols = k], row-major, dtype f32 / bf16 / f16, or kGgml: rows
+// of llama.cpp blocks of type ggml_type (kernels/ggml_quants.h), computed with int8
+// activations as llama.cpp does.
 struct MatRef {
   const void* data;
   DType dtype;
   int64_t rows;
   int64_t cols;
+  uint32_t ggml_type = 0;  // dtype kGgml only
 };
+
+// Bytes of one row of w.
+int64_t row_bytes(const MatRef& w);
 
 // Rows [n0, n1) of w, as a matrix of their own (no copy: rows are contiguous).
 MatRef row_slice(const MatRef& w, int64_t n0, int64_t n1);

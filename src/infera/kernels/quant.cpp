@@ -37,9 +37,7 @@ int64_t QuantMatRef::weight_bytes() const {
   return rows * cols + rows * 4;
 }
 
-int64_t LinearWeight::bytes() const {
-  return quantized ? quant.weight_bytes() : dense.rows * dense.cols * static_cast<int64_t>(dtype_size(dense.dtype));
-}
+int64_t LinearWeight::bytes() const { return quantized ? quant.weight_bytes() : dense.rows * row_bytes(dense); }
 
 void check_quant_matrix(const QuantMatRef& w) {
   if (w.rows < 0 || w.cols <= 0) fail("quantized matrix: bad shape [{}, {}]", w.rows, w.cols);

@@ -17,6 +17,7 @@
 #include "infera/base/json_file.h"
 #include "infera/model/arch_registry.h"
 #include "infera/model/config_reader.h"
+#include "infera/model/gguf_loader.h"
 
 namespace infera {
 namespace {
@@ -390,6 +391,7 @@ ModelConfig parse_model_config(const json& j, const std::string& source) {
 
 ModelConfig load_model_config(const std::string& model_dir) {
   namespace fs = std::filesystem;
+  if (is_gguf_path(model_dir)) return gguf_model_config(model_dir);
   std::error_code ec;
   if (!fs::is_directory(model_dir, ec)) {
     if (fs::exists(model_dir, ec))

@@ -6,6 +6,7 @@
 #include "infera/base/timer.h"
 #include "infera/io/safetensors.h"
 #include "infera/model/arch_registry.h"
+#include "infera/model/gguf_loader.h"
 #include "infera/model/model.h"
 #include "infera/model/weights.h"
 
@@ -20,7 +21,12 @@ int32_t ForwardBatch::num_logit_rows() const {
 std::unique_ptr<Model> load_model(const std::string& dir, const LoadOptions& options) {
   Timer timer;
   ModelConfig cfg = load_model_config(dir);
-  std::unique_ptr<SafetensorsSource> source = SafetensorsSource::open(dir, options.load_into_memory);
+  // A GGUF file (llama.cpp's format) binds like a checkpoint directory: its tensors under
+  // their Hugging Face names (model/gguf_loader.h).
+  std::unique_ptr<SafetensorsSource> source =
+      is_gguf_path(dir) ? std::make_unique<SafetensorsSource>(open_gguf_weights(dir, cfg, options.load_into_memory),
+                                                              QuantizationConfig{})
+                        : SafetensorsSource::open(dir, options.load_into_memory);
   const WeightStore& store = source->store();
   const size_t mapped = store.mapped_bytes();
   // "bf16" or "f32+bf16": the dtypes the weights are stored (and computed) in.

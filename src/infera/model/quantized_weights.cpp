@@ -16,6 +16,7 @@
 
 #include "infera/base/error.h"
 #include "infera/base/options.h"
+#include "infera/kernels/ggml_quants.h"
 #include "infera/model/weights.h"
 
 namespace infera {
@@ -272,16 +273,13 @@ std::vector<kernels::LinearWeight> bind_experts(const WeightStore& store, const 
   if (lq.dense) {
     const TensorInfo& t = store.get(name);
     check(t, cols);
-    if (t.dtype != DType::kF32 && t.dtype != DType::kBF16 && t.dtype != DType::kF16) {
+    if (t.dtype != DType::kF32 && t.dtype != DType::kBF16 && t.dtype != DType::kF16 && t.dtype != DType::kGgml) {
       fail("{}: tensor '{}' has dtype {}; expert weights must be f32, bf16 or f16", t.file, t.name,
            dtype_name(t.dtype));
     }
-    const size_t esize = dtype_size(t.dtype);
-    for (int64_t e = 0; e < E; ++e) {
-      out[e] = kernels::dense_linear(kernels::MatRef{t.data + static_cast<size_t>(e * rows * cols) * esize, t.dtype,
-                                                     rows, cols},
-                                     t.name);
-    }
+    const kernels::MatRef all{t.data, t.dtype, E * rows, cols, t.ggml_type};  // GGUF block types too
+    for (int64_t e = 0; e < E; ++e)
+      out[e] = kernels::dense_linear(kernels::row_slice(all, e * rows, (e + 1) * rows), t.name);
     return out;
   }
   const QuantTensors qt = find_quant_tensors(store, name, lq, cols);
@@ -311,7 +309,11 @@ void linear_row(const kernels::LinearWeight& table, int64_t row, float* out) {
     return;
   }
   const kernels::MatRef& m = table.dense;
-  const auto* p = static_cast<const uint8_t*>(m.data) + row * m.cols * static_cast<int64_t>(dtype_size(m.dtype));
+  const auto* p = static_cast<const uint8_t*>(m.data) + row * kernels::row_bytes(m);
+  if (m.dtype == DType::kGgml) {
+    kernels::ggml::dequantize_row(m.ggml_type, p, out, m.cols);
+    return;
+  }
   to_f32(p, m.dtype, m.cols, out);
 }
 

@@ -110,6 +110,7 @@ kernels::MatRef TensorShard::rows(const kernels::MatRef& w, Range r, bool own) {
   // One process: a view. A group over mapped files: a copy, because the kernel maps
   // page-cache folios whole, so a view would keep neighbouring ranks' rows resident too.
   if (!distributed() || !weights_mapped_) return view;
+  if (w.dtype == DType::kGgml) fail("tensor parallelism over GGUF block-format weights is not supported yet");
   const int64_t bytes = view.rows * view.cols * static_cast<int64_t>(dtype_size(w.dtype));
   uint8_t* dst = allocate(bytes);
   std::memcpy(dst, view.data, static_cast<size_t>(bytes));
@@ -145,6 +146,7 @@ kernels::LinearWeight TensorShard::rows(const kernels::LinearWeight& w, Range r)
 kernels::MatRef TensorShard::columns(const kernels::MatRef& w, Range c) {
   if (c.begin == 0 && c.end == w.cols) return w;
   INFERA_ASSERT(0 <= c.begin && c.begin <= c.end && c.end <= w.cols);
+  if (w.dtype == DType::kGgml) fail("tensor parallelism over GGUF block-format weights is not supported yet");
   const int64_t esize = static_cast<int64_t>(dtype_size(w.dtype));
   const int64_t row_bytes = c.size() * esize;
   uint8_t* dst = allocate(w.rows * row_bytes);
@@ -205,6 +207,7 @@ kernels::MatRef TensorShard::rows(const kernels::MatRef& w, const std::vector<Ra
     total += r.size();
   }
   if (in_order && next == w.rows) return w;
+  if (w.dtype == DType::kGgml) fail("tensor parallelism over GGUF block-format weights is not supported yet");
   const int64_t row_bytes = w.cols * static_cast<int64_t>(dtype_size(w.dtype));
   uint8_t* dst = allocate(total * row_bytes);
   int64_t at = 0;

@@ -5,18 +5,19 @@
 #include <fmt/format.h>
 
 #include "infera/base/error.h"
+#include "infera/kernels/ggml_quants.h"
 
 namespace infera {
 
 kernels::MatRef as_matrix(const TensorInfo& t) {
   if (t.shape.size() != 2) fail("{}: tensor '{}' should be 2-D", t.file, t.name);
-  if (t.dtype != DType::kF32 && t.dtype != DType::kBF16 && t.dtype != DType::kF16) {
+  if (t.dtype != DType::kF32 && t.dtype != DType::kBF16 && t.dtype != DType::kF16 && t.dtype != DType::kGgml) {
     fail("{}: tensor '{}' has dtype {}; matrices must be f32, bf16 or f16", t.file, t.name, dtype_name(t.dtype));
   }
-  return kernels::MatRef{t.data, t.dtype, t.shape[0], t.shape[1]};
+  return kernels::MatRef{t.data, t.dtype, t.shape[0], t.shape[1], t.ggml_type};
 }
 
-int64_t matrix_bytes(const kernels::MatRef& m) { return m.rows * m.cols * static_cast<int64_t>(dtype_size(m.dtype)); }
+int64_t matrix_bytes(const kernels::MatRef& m) { return m.rows * kernels::row_bytes(m); }
 
 void to_f32(const void* src, DType dtype, int64_t n, float* out) {
   switch (dtype) {
@@ -44,6 +45,11 @@ std::vector<float> load_vector(const WeightStore& store, const std::string& name
 
 void embedding_row(const TensorInfo& table, int64_t row, float* out) {
   const int64_t h = table.shape[1];
+  if (table.dtype == DType::kGgml) {
+    const int64_t rb = kernels::ggml::row_bytes(table.ggml_type, h);
+    kernels::ggml::dequantize_row(table.ggml_type, table.data + row * rb, out, h);
+    return;
+  }
   const uint8_t* p = table.data + row * h * static_cast<int64_t>(dtype_size(table.dtype));
   to_f32(p, table.dtype, h, out);
 }

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <regex>
 #include <set>
 #include <sstream>
 
@@ -20,6 +21,7 @@
 #include "infera/base/threads.h"
 #include "infera/chat/chat_template.h"
 #include "infera/model/arch_registry.h"
+#include "infera/model/gguf_loader.h"
 #include "infera/model/kv_pool.h"
 #include "infera/model/model.h"
 #include "infera/model/weights.h"
@@ -323,8 +325,15 @@ std::vector<std::shared_ptr<ModelInstance>> prepare_models(const DeployConfig& c
       continue;
     }
     const fs::path dir(m.path);
-    if (m.name.empty())
+    if (m.name.empty()) {
       m.name = dir.filename().empty() ? dir.parent_path().filename().string() : dir.filename().string();
+      // model.gguf / model-00001-of-00003.gguf: "model".
+      if (m.name.ends_with(".gguf")) {
+        m.name.resize(m.name.size() - 5);
+        static const std::regex split("-[0-9]{5}-of-[0-9]{5}$");
+        m.name = std::regex_replace(m.name, split, "");
+      }
+    }
     const std::string who = fmt::format("{} ('{}')", w, m.name);
     if (!names.insert(m.name).second)
       problem(fmt::format("{}.name: '{}' is used by two models; names must be unique", w, m.name));
@@ -349,13 +358,15 @@ std::vector<std::shared_ptr<ModelInstance>> prepare_models(const DeployConfig& c
     }
 
     std::error_code ec;
-    if (!fs::is_directory(dir, ec)) {
-      problem(fmt::format("{}.path: '{}' is not a readable directory; fix the path", who, m.path));
+    // A GGUF file (llama.cpp's format) holds the config, tokenizer, template and weights.
+    const bool gguf = is_gguf_path(m.path);
+    if (!gguf && !fs::is_directory(dir, ec)) {
+      problem(fmt::format("{}.path: '{}' is not a readable directory or .gguf file; fix the path", who, m.path));
       continue;
     }
     bool files_ok = true;
     for (const char* file : {"config.json", "tokenizer.json"}) {
-      if (!fs::exists(dir / file, ec)) {
+      if (!gguf && !fs::exists(dir / file, ec)) {
         problem(fmt::format("{}.path: '{}' has no {}; point it at a Hugging Face model directory", who, m.path, file));
         files_ok = false;
       }
@@ -364,7 +375,7 @@ std::vector<std::shared_ptr<ModelInstance>> prepare_models(const DeployConfig& c
     if (!m.quantized_path.empty() && !fs::is_directory(weights_dir, ec)) {
       problem(fmt::format("{}.quantized: '{}' is not a readable directory; fix the path or remove it", who,
                           m.quantized_path));
-    } else if (!has_weights(weights_dir)) {
+    } else if (!(gguf && m.quantized_path.empty()) && !has_weights(weights_dir)) {
       problem(fmt::format("{}: '{}' holds no *.safetensors weights", who, weights_dir.string()));
     }
     if (!files_ok) continue;
@@ -395,7 +406,8 @@ std::vector<std::shared_ptr<ModelInstance>> prepare_models(const DeployConfig& c
     } else {
       try {
         template_source = load_chat_template_config(m.path).chat_template;  // also chat_template.jinja
-        template_origin = (dir / "tokenizer_config.json").string() + " chat_template";
+        template_origin =
+            gguf ? m.path + " tokenizer.chat_template" : (dir / "tokenizer_config.json").string() + " chat_template";
       } catch (const Error& e) {
         problem(fmt::format("{}: {}", who, e.what()));
       }

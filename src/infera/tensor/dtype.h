@@ -9,7 +9,9 @@
 
 namespace infera {
 
-enum class DType : uint8_t { kF32, kF16, kBF16, kI8, kI32, kU8, kI64, kSentinel };
+// kGgml: a matrix in one of llama.cpp's block formats (the block type travels beside it,
+// kernels::MatRef::ggml_type); its element size is not a whole number of bytes.
+enum class DType : uint8_t { kF32, kF16, kBF16, kI8, kI32, kU8, kI64, kGgml, kSentinel };
 
 inline size_t dtype_size(DType t) {
   switch (t) {
@@ -20,6 +22,7 @@ inline size_t dtype_size(DType t) {
     case DType::kU8: return 1;
     case DType::kI32: return 4;
     case DType::kI64: return 8;
+    case DType::kGgml:
     case DType::kSentinel: break;
   }
   return 0;
@@ -34,6 +37,7 @@ inline std::string_view dtype_name(DType t) {
     case DType::kU8: return "u8";
     case DType::kI32: return "i32";
     case DType::kI64: return "i64";
+    case DType::kGgml: return "ggml";
     case DType::kSentinel: break;
   }
   return "?";

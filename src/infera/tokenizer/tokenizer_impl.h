@@ -118,7 +118,11 @@ struct Tokenizer::Impl {
   void bpe(std::vector<int32_t>& symbols) const;
 };
 
-// tokenizer_load.cpp
+// tokenizer_load.cpp: from a Hugging Face directory, or from a GGUF file's metadata
+// (tokenizer_gguf.cpp) when `dir` names one.
 std::shared_ptr<Tokenizer::Impl> load_tokenizer_impl(const std::string& dir);
+std::shared_ptr<Tokenizer::Impl> load_gguf_tokenizer_impl(const std::string& path);
+// The byte trie over impl.added_tokens (trie, trie_first_byte).
+void build_added_token_trie(Tokenizer::Impl& impl);
 
 }  // namespace infera

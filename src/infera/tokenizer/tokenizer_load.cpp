@@ -531,26 +531,7 @@ class Loader {
       }
     }
 
-    // Byte trie over the added tokens' contents.
-    impl.trie.assign(1, {});
-    for (size_t i = 0; i < impl.added_tokens.size(); ++i) {
-      int32_t node = 0;
-      for (char c : impl.added_tokens[i].content) {
-        const auto byte = static_cast<uint8_t>(c);
-        auto& children = impl.trie[node].children;
-        auto it = std::find_if(children.begin(), children.end(), [&](const auto& e) { return e.first == byte; });
-        if (it != children.end()) {
-          node = it->second;
-        } else {
-          const auto next = static_cast<int32_t>(impl.trie.size());
-          children.emplace_back(byte, next);
-          impl.trie.emplace_back();
-          node = next;
-        }
-      }
-      impl.trie[node].added_token = static_cast<int32_t>(i);
-      impl.trie_first_byte[static_cast<uint8_t>(impl.added_tokens[i].content[0])] = true;
-    }
+    build_added_token_trie(impl);
 
     // llama.cpp's name for the pre-tokenizer, from the Split regex.
     if (impl.kind == Tokenizer::Kind::kSentencePieceBpe) {
@@ -579,7 +560,31 @@ class Loader {
 
 }  // namespace
 
+void build_added_token_trie(Tokenizer::Impl& impl) {
+  impl.trie.assign(1, {});
+  for (size_t i = 0; i < impl.added_tokens.size(); ++i) {
+    int32_t node = 0;
+    for (char c : impl.added_tokens[i].content) {
+      const auto byte = static_cast<uint8_t>(c);
+      auto& children = impl.trie[node].children;
+      auto it = std::find_if(children.begin(), children.end(), [&](const auto& e) { return e.first == byte; });
+      if (it != children.end()) {
+        node = it->second;
+      } else {
+        const auto next = static_cast<int32_t>(impl.trie.size());
+        children.emplace_back(byte, next);
+        impl.trie.emplace_back();
+        node = next;
+      }
+    }
+    impl.trie[node].added_token = static_cast<int32_t>(i);
+    impl.trie_first_byte[static_cast<uint8_t>(impl.added_tokens[i].content[0])] = true;
+  }
+}
+
 std::shared_ptr<Tokenizer::Impl> load_tokenizer_impl(const std::string& dir) {
+  std::error_code ec;
+  if (dir.ends_with(".gguf") && fs::is_regular_file(dir, ec)) return load_gguf_tokenizer_impl(dir);
   auto impl = std::make_shared<Tokenizer::Impl>();
   Loader(dir, *impl).load();
   return impl;

@@ -13,9 +13,11 @@
 
 #include "infera/base/error.h"
 #include "infera/chat/chat_template.h"
+#include "infera/io/gguf.h"
 #include "infera/io/safetensors.h"
 #include "infera/model/arch_registry.h"
 #include "infera/model/config.h"
+#include "infera/model/gguf_loader.h"
 #include "infera/model/tensor_table.h"
 #include "infera/model/weights.h"
 #include "infera/tokenizer/tokenizer.h"
@@ -69,6 +71,11 @@ class Checker {
 
   CheckReport run() {
     std::error_code ec;
+    if (is_gguf_path(dir_.string())) {
+      check_gguf();
+      check_chat_template();
+      return std::move(r_);
+    }
     if (!fs::is_directory(dir_, ec)) {
       error("files", fs::exists(dir_, ec) ? fmt::format("{}: not a directory", dir_.string())
                                           : fmt::format("{}: model directory not found", dir_.string()));
@@ -165,6 +172,47 @@ class Checker {
     }
     for (const char* q : {"quantize_config.json", "quantization_config.json"}) {
       if (fs::exists(dir_ / q)) add_file(q, "quantization", false);
+    }
+  }
+
+  // A GGUF file (llama.cpp's format): config, tokenizer and weights from its metadata and
+  // tensor headers, as `infera run -m FILE.gguf` would bind them.
+  void check_gguf() {
+    std::error_code ec;
+    for (const std::string& part : gguf::split_paths(dir_.string())) {
+      r_.files.push_back(
+          {fs::path(part).filename().string(), "gguf", static_cast<int64_t>(fs::file_size(part, ec)), true});
+    }
+    try {
+      cfg_ = gguf_model_config(dir_.string());
+      r_.model_type = cfg_->model_type;
+      r_.arch = arch_name(cfg_->arch);
+      r_.arch_recognised = true;
+      r_.arch_runnable = arch_info(cfg_->arch).runnable();
+      r_.context_length = cfg_->max_position_embeddings;
+    } catch (const Error& e) {
+      error("config", e.what());
+      return;
+    }
+    try {
+      const Tokenizer tok = Tokenizer::load(dir_.string());
+      if (static_cast<int64_t>(tok.vocab_size()) > cfg_->vocab_size) {
+        error("tokenizer", fmt::format("the GGUF vocabulary has {} tokens but the model only {} embeddings",
+                                       tok.vocab_size(), cfg_->vocab_size));
+      }
+    } catch (const Error& e) {
+      error("tokenizer", e.what());
+    }
+    try {
+      const GgufWeightsSummary w = inspect_gguf_weights(dir_.string(), *cfg_);
+      r_.tensors = w.tensors;
+      r_.params_total = w.parameters;
+      r_.weight_bytes = w.file_bytes;
+      std::string dtypes;
+      for (const auto& [type, n] : w.types) dtypes += fmt::format("{}{} x {}", dtypes.empty() ? "" : ", ", type, n);
+      r_.dtypes = dtypes;
+    } catch (const Error& e) {
+      error("weights", e.what());
     }
   }
 

@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Infera vs llama.cpp on the SAME GGUF files (`infera run -m FILE.gguf` against node-llama-cpp
+# 3.22.1 loading that file): prompt and generation tokens/s per tensor type and thread count,
+# and the Infera / llama.cpp ratios. The ISA path Infera's kernels take is printed first.
+#
+#   bench/gguf_bench.sh [BUILD_DIR] [WORK_DIR]
+#
+# Environment: MODEL_ARGS (tools/gen_model.py shape; default "--preset tinyllama"), TYPES
+# ("f16 q8_0 q4_0": the `infera convert --to gguf --type` values), PROMPT_TOKENS (64),
+# GEN_TOKENS (32), THREADS ("1 2"), REPEATS (2: best of, engines alternating).
+# Printed only; not a test. Numbers move with other load on a shared machine: the load
+# average is printed before and after.
+set -euo pipefail
+repo="$(cd "$(dirname "$0")/.." && pwd)"
+build="${1:-$repo/build}"
+case "$build" in /*) ;; *) build="$(pwd)/$build" ;; esac
+work="${2:-/tmp/infera_gguf_bench}"
+infera="$build/infera"
+model_args="${MODEL_ARGS:---preset tinyllama}"
+types="${TYPES:-f16 q8_0 q4_0}"
+prompt_tokens="${PROMPT_TOKENS:-64}"
+gen_tokens="${GEN_TOKENS:-32}"
+threads_list="${THREADS:-1 2}"
+repeats="${REPEATS:-2}"
+py=/usr/bin/python3
+[ -x "$infera" ] || { echo "error: $infera not found (build the infera target, pass BUILD_DIR)" >&2; exit 1; }
+mkdir -p "$work"
+cd "$work"
+# shellcheck disable=SC2086
+[ -f model/config.json ] || $py "$repo/tools/gen_model.py" model $model_args > /dev/null
+for t in $types; do
+  [ -f "model_$t.gguf" ] || "$infera" convert model --to gguf "model_$t.gguf" --type "$t" > /dev/null
+done
+prompt="$($py -c "
+s = 7; ids = []
+for _ in range($prompt_tokens):
+    s = (s * 1103515245 + 12345) % 2147483648; ids.append(300 + s % 20000)
+print(ids)")"
+field() { $py -c "import json,sys; print(json.loads(sys.stdin.read().strip().splitlines()[-1])[sys.argv[1]])" "$1"; }
+best() { $py -c "import sys; print(max(float(v) for v in sys.argv[1:]))" "$@"; }
+
+echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
+"$infera" sysinfo 2>/dev/null | grep -i -E "isa|kernel|avx" | head -4 || true
+printf "%-6s %-7s %14s %14s %14s %14s %9s %9s\n" type threads "infera pp t/s" "llama pp t/s" "infera tg t/s" \
+  "llama tg t/s" "pp ratio" "tg ratio"
+for t in $types; do
+  for th in $threads_list; do
+    ipp=(); itg=(); lpp=(); ltg=()
+    for _ in $(seq "$repeats"); do
+      out="$("$infera" run -m "model_$t.gguf" --prompt-ids "$prompt" -n "$gen_tokens" --temp 0 --ignore-eos --json \
+        -t "$th" 2> /dev/null)"
+      ipp+=("$(echo "$out" | field prompt_tokens_per_s)")
+      itg+=("$(echo "$out" | field generated_tokens_per_s)")
+      out="$(node "$repo/bench/llamacpp_speed.mjs" "$work/model_$t.gguf" "$th" "$prompt_tokens" "$gen_tokens")"
+      lpp+=("$(echo "$out" | field prompt_tokens_per_s)")
+      ltg+=("$(echo "$out" | field generated_tokens_per_s)")
+    done
+    a="$(best "${ipp[@]}")" b="$(best "${lpp[@]}")" c="$(best "${itg[@]}")" d="$(best "${ltg[@]}")"
+    $py -c "import sys; a,b,c,d=map(float,sys.argv[3:]); print(f'{sys.argv[1]:<6} {sys.argv[2]:<7} {a:14.2f} {b:14.2f} {c:14.2f} {d:14.2f} {a/b:8.2f}x {c/d:8.2f}x')" \
+      "$t" "$th" "$a" "$b" "$c" "$d"
+  done
+done
+echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"

@@ -1,0 +1,314 @@
+// y = x · Wᵀ for a weight matrix in one of llama.cpp's block formats, computed as llama.cpp's
+// CPU backend computes it: the activations quantized to the type's activation form (Q8_0,
+// Q8_1 or Q8_K: int8 with a per-block scale, ggml-cpu's vec_dot_type), integer dot products
+// per block, then the block scales applied in f32. Compiled once per ISA (ggml_matmul_*.cpp,
+// each with its own flags; the integer loops are left to the compiler's vectorizer), all
+// paths compute the same values: integer sums are exact and the f32 steps run in one order.
+//
+// Each thread decodes one weight row at a time into int8 weights and per-block scales and
+// applies it to every activation row, so a prefill of m tokens decodes W once.
+// The ISA files are compiled with -ffp-contract=off (CMakeLists.txt): no fused multiply-adds,
+// so the paths built with -mfma round exactly as the scalar one does.
+// Included once per ISA file with INFERA_GGML_NS naming its own namespace (no include guard).
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "infera/base/threads.h"
+#include "infera/kernels/ggml_quants.h"
+#include "infera/tensor/dtype.h"
+
+namespace infera::kernels::ggml::INFERA_GGML_NS {
+
+enum class ActForm { kQ8_0, kQ8_1, kQ8_K };
+
+inline ActForm act_form(uint32_t type) {
+  switch (type) {
+    case kQ4_1:
+    case kQ5_1: return ActForm::kQ8_1;
+    case kQ2_K:
+    case kQ3_K:
+    case kQ4_K:
+    case kQ5_K:
+    case kQ6_K:
+    case kIQ4_XS: return ActForm::kQ8_K;
+    default: return ActForm::kQ8_0;
+  }
+}
+
+inline float half(const uint8_t* p) {
+  uint16_t v;
+  std::memcpy(&v, p, 2);
+  return f16_to_f32(v);
+}
+
+// Activation rows quantized as llama.cpp quantizes them (x86 path: scale 127 / amax and
+// round-half-even for Q8_0/Q8_1; the reference Q8_K).
+struct Activations {
+  int64_t k = 0;
+  std::vector<int8_t> q;  // [m, k]
+  std::vector<float> d;  // Q8_0/Q8_1: [m, k/32] f16-rounded scale; Q8_K: [m, k/256] f32 scale
+  std::vector<float> s;  // Q8_1: [m, k/32] f16-rounded d * sum(q)
+  std::vector<int32_t> bsums;  // Q8_K: [m, k/16] sums of 16 quants
+};
+
+inline void quantize_activations(const float* x, int64_t m, int64_t k, ActForm form, Activations& a) {
+  a.k = k;
+  a.q.resize(static_cast<size_t>(m * k));
+  if (form == ActForm::kQ8_K) {
+    a.d.resize(static_cast<size_t>(m * (k / 256)));
+    a.bsums.resize(static_cast<size_t>(m * (k / 16)));
+    for (int64_t i = 0; i < m; ++i) {
+      for (int64_t b = 0; b < k / 256; ++b) {
+        const float* xb = x + i * k + b * 256;
+        int8_t* qb = a.q.data() + i * k + b * 256;
+        float amax = 0, max = 0;
+        for (int j = 0; j < 256; ++j) {
+          const float ax = std::fabs(xb[j]);
+          if (ax > amax) {
+            amax = ax;
+            max = xb[j];
+          }
+        }
+        int32_t* bs = a.bsums.data() + i * (k / 16) + b * 16;
+        if (amax == 0) {
+          a.d[i * (k / 256) + b] = 0;
+          std::memset(qb, 0, 256);
+          std::fill(bs, bs + 16, 0);
+          continue;
+        }
+        const float iscale = -127.f / max;
+        for (int j = 0; j < 256; ++j)
+          qb[j] = static_cast<int8_t>(std::min(127, static_cast<int>(std::nearbyint(iscale * xb[j]))));
+        for (int g = 0; g < 16; ++g) {
+          int32_t sum = 0;
+          for (int j = 0; j < 16; ++j) sum += qb[16 * g + j];
+          bs[g] = sum;
+        }
+        a.d[i * (k / 256) + b] = 1 / iscale;
+      }
+    }
+    return;
+  }
+  a.d.resize(static_cast<size_t>(m * (k / 32)));
+  if (form == ActForm::kQ8_1) a.s.resize(static_cast<size_t>(m * (k / 32)));
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t b = 0; b < k / 32; ++b) {
+      const float* xb = x + i * k + b * 32;
+      int8_t* qb = a.q.data() + i * k + b * 32;
+      float amax = 0;
+      for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(xb[j]));
+      const float d = amax / 127.f;
+      const float id = amax != 0.0f ? 127.f / amax : 0.0f;
+      int32_t sum = 0;
+      for (int j = 0; j < 32; ++j) {
+        qb[j] = static_cast<int8_t>(std::nearbyint(xb[j] * id));
+        sum += qb[j];
+      }
+      a.d[i * (k / 32) + b] = f16_to_f32(f32_to_f16(d));
+      if (form == ActForm::kQ8_1) a.s[i * (k / 32) + b] = f16_to_f32(f32_to_f16(static_cast<float>(sum) * d));
+    }
+  }
+}
+
+// One weight row decoded: integer weights and what scales them.
+//   32-weight types: y_block = d[b] * Σ w q_a * d_a (+ m[b] * s_a for Q4_1 / Q5_1).
+//   K types: per 256-block, d[b] * d_a * Σ_g sc[g] Σ_{16 in g} w q_a - dmin[b] * d_a * Σ_g mn[g] bsum_a[g].
+struct DecodedRow {
+  std::vector<int8_t> w;  // [k]
+  std::vector<float> d, m, dmin;  // per block
+  std::vector<int16_t> sc, mn;  // per 16 weights (K types)
+};
+
+inline void decode_row(uint32_t type, const uint8_t* b, int64_t k, DecodedRow& r) {
+  r.w.resize(static_cast<size_t>(k));
+  int8_t* w = r.w.data();
+  const int64_t bs = block_size(type), nb = k / bs, ts = type_size(type);
+  r.d.resize(static_cast<size_t>(nb));
+  if (bs == 256) {
+    r.dmin.assign(static_cast<size_t>(nb), 0.0f);
+    r.sc.resize(static_cast<size_t>(k / 16));
+    r.mn.assign(static_cast<size_t>(k / 16), 0);
+  } else if (type == kQ4_1 || type == kQ5_1) {
+    r.m.resize(static_cast<size_t>(nb));
+  }
+  for (int64_t i = 0; i < nb; ++i, b += ts, w += bs) {
+    int16_t* sc = bs == 256 ? r.sc.data() + i * 16 : nullptr;
+    int16_t* mn = bs == 256 ? r.mn.data() + i * 16 : nullptr;
+    switch (type) {
+      case kQ4_0:
+      case kIQ4_NL:
+        r.d[i] = half(b);
+        for (int j = 0; j < 16; ++j) {
+          const int lo = b[2 + j] & 0xF, hi = b[2 + j] >> 4;
+          w[j] = static_cast<int8_t>(type == kQ4_0 ? lo - 8 : kIq4nlValues[lo]);
+          w[j + 16] = static_cast<int8_t>(type == kQ4_0 ? hi - 8 : kIq4nlValues[hi]);
+        }
+        break;
+      case kQ4_1:
+        r.d[i] = half(b);
+        r.m[i] = half(b + 2);
+        for (int j = 0; j < 16; ++j) {
+          w[j] = static_cast<int8_t>(b[4 + j] & 0xF);
+          w[j + 16] = static_cast<int8_t>(b[4 + j] >> 4);
+        }
+        break;
+      case kQ5_0:
+      case kQ5_1: {
+        const bool one = type == kQ5_1;
+        r.d[i] = half(b);
+        if (one) r.m[i] = half(b + 2);
+        uint32_t qh;
+        std::memcpy(&qh, b + (one ? 4 : 2), 4);
+        const uint8_t* qs = b + (one ? 8 : 6);
+        const int off = one ? 0 : 16;
+        for (int j = 0; j < 16; ++j) {
+          w[j] = static_cast<int8_t>(((qs[j] & 0xF) | static_cast<int>(((qh >> j) & 1u) << 4)) - off);
+          w[j + 16] = static_cast<int8_t>(((qs[j] >> 4) | static_cast<int>(((qh >> (j + 16)) & 1u) << 4)) - off);
+        }
+        break;
+      }
+      case kQ8_0:
+        r.d[i] = half(b);
+        std::memcpy(w, b + 2, 32);
+        break;
+      case kQ2_K: {
+        r.d[i] = half(b + 80);
+        r.dmin[i] = half(b + 82);
+        for (int g = 0; g < 16; ++g) {
+          sc[g] = b[g] & 0xF;
+          mn[g] = b[g] >> 4;
+        }
+        for (int e = 0; e < 256; ++e) {
+          const int h = e / 128, rr = e % 128, s = rr / 32, l = rr % 32;
+          w[e] = static_cast<int8_t>((b[16 + 32 * h + l] >> (2 * s)) & 3);
+        }
+        break;
+      }
+      case kQ3_K: {
+        r.d[i] = half(b + 108);
+        const uint8_t* p = b + 96;
+        for (int g = 0; g < 16; ++g) {
+          const int low = g < 8 ? (p[g] & 0xF) : (p[g - 8] >> 4);
+          sc[g] = static_cast<int16_t>((low | (((p[8 + g % 4] >> (2 * (g / 4))) & 3) << 4)) - 32);
+        }
+        for (int e = 0; e < 256; ++e) {
+          const int h = e / 128, rr = e % 128, s = rr / 32, l = rr % 32;
+          const int q2 = (b[32 + 32 * h + l] >> (2 * s)) & 3;
+          w[e] = static_cast<int8_t>(q2 - (((b[l] >> (4 * h + s)) & 1) ? 0 : 4));
+        }
+        break;
+      }
+      case kQ4_K:
+      case kQ5_K: {
+        r.d[i] = half(b);
+        r.dmin[i] = half(b + 2);
+        const uint8_t* p = b + 4;
+        for (int j = 0; j < 8; ++j) {
+          const int s = j < 4 ? p[j] & 63 : (p[j + 4] & 0xF) | ((p[j - 4] >> 6) << 4);
+          const int mm = j < 4 ? p[j + 4] & 63 : (p[j + 4] >> 4) | ((p[j] >> 6) << 4);
+          sc[2 * j] = sc[2 * j + 1] = static_cast<int16_t>(s);
+          mn[2 * j] = mn[2 * j + 1] = static_cast<int16_t>(mm);
+        }
+        const uint8_t* qs = b + (type == kQ4_K ? 16 : 48);
+        for (int e = 0; e < 256; ++e) {
+          const int c = e / 64, rr = e % 64;
+          int q = rr < 32 ? qs[32 * c + rr] & 0xF : qs[32 * c + rr - 32] >> 4;
+          if (type == kQ5_K) q |= ((b[16 + e % 32] >> (e / 32)) & 1) << 4;
+          w[e] = static_cast<int8_t>(q);
+        }
+        break;
+      }
+      case kQ6_K: {
+        r.d[i] = half(b + 208);
+        for (int g = 0; g < 16; ++g) sc[g] = static_cast<int8_t>(b[192 + g]);
+        for (int e = 0; e < 256; ++e) {
+          const int h = e / 128, rr = e % 128, g = rr / 32, l = rr % 32;
+          const int low = g < 2 ? b[64 * h + 32 * g + l] & 0xF : b[64 * h + 32 * (g - 2) + l] >> 4;
+          const int high = (b[128 + 32 * h + l] >> (2 * g)) & 3;
+          w[e] = static_cast<int8_t>((low | (high << 4)) - 32);
+        }
+        break;
+      }
+      case kIQ4_XS: {
+        r.d[i] = half(b);
+        uint16_t sh;
+        std::memcpy(&sh, b + 2, 2);
+        for (int ib = 0; ib < 8; ++ib) {
+          const int ls = ((b[4 + ib / 2] >> (4 * (ib % 2))) & 0xF) | (((sh >> (2 * ib)) & 3) << 4);
+          sc[2 * ib] = sc[2 * ib + 1] = static_cast<int16_t>(ls - 32);
+          const uint8_t* qs = b + 8 + 16 * ib;
+          for (int j = 0; j < 16; ++j) {
+            w[32 * ib + j] = kIq4nlValues[qs[j] & 0xF];
+            w[32 * ib + j + 16] = kIq4nlValues[qs[j] >> 4];
+          }
+        }
+        break;
+      }
+      default: break;
+    }
+  }
+}
+
+inline int32_t dot16(const int8_t* a, const int8_t* b) {
+  int32_t s = 0;
+  for (int j = 0; j < 16; ++j) s += static_cast<int32_t>(a[j]) * static_cast<int32_t>(b[j]);
+  return s;
+}
+
+// One output: decoded weight row · activation row i.
+inline float dot_row(uint32_t type, ActForm form, const DecodedRow& r, const Activations& a, int64_t i) {
+  const int64_t k = a.k;
+  const int8_t* q = a.q.data() + i * k;
+  const int8_t* w = r.w.data();
+  float sum = 0;
+  if (form == ActForm::kQ8_K) {
+    const float* ad = a.d.data() + i * (k / 256);
+    const int32_t* bs = a.bsums.data() + i * (k / 16);
+    for (int64_t b = 0; b < k / 256; ++b) {
+      int32_t isum = 0, msum = 0;
+      for (int g = 0; g < 16; ++g) {
+        isum += r.sc[b * 16 + g] * dot16(w + b * 256 + 16 * g, q + b * 256 + 16 * g);
+        msum += r.mn[b * 16 + g] * bs[b * 16 + g];
+      }
+      const float d = r.d[b] * ad[b], dmin = r.dmin[b] * ad[b];
+      sum += d * static_cast<float>(isum) - dmin * static_cast<float>(msum);
+    }
+    return sum;
+  }
+  const float* ad = a.d.data() + i * (k / 32);
+  for (int64_t b = 0; b < k / 32; ++b) {
+    const int32_t isum = dot16(w + 32 * b, q + 32 * b) + dot16(w + 32 * b + 16, q + 32 * b + 16);
+    sum += static_cast<float>(isum) * (r.d[b] * ad[b]);
+    if (form == ActForm::kQ8_1) sum += r.m[b] * a.s[i * (k / 32) + b];
+  }
+  (void)type;
+  return sum;
+}
+
+// y[i * ldy + (j - n0)] = x[i, :] · W[j, :] for rows j in [n0, n1). W: [rows, k] of `type`,
+// rows `row_bytes` apart.
+inline void matmul_rows(uint32_t type, const void* data, int64_t row_bytes, int64_t k, const float* x, int64_t m,
+                        int64_t n0, int64_t n1, float* y, int64_t ldy) {
+  const ActForm form = act_form(type);
+  static thread_local Activations acts;
+  quantize_activations(x, m, k, form, acts);
+  const Activations& a = acts;
+  const auto* base = static_cast<const uint8_t*>(data);
+  const int threads = omp_in_parallel() ? 1 : num_threads();
+  const int64_t n = n1 - n0;
+#pragma omp parallel num_threads(n >= 2 * threads ? threads : 1)
+  {
+    static thread_local DecodedRow r;
+#pragma omp for schedule(static)
+    for (int64_t j = n0; j < n1; ++j) {
+      decode_row(type, base + j * row_bytes, k, r);
+      for (int64_t i = 0; i < m; ++i) y[i * ldy + (j - n0)] = dot_row(type, form, r, a, i);
+    }
+  }
+}
+
+}  // namespace infera::kernels::ggml::INFERA_GGML_NS

@@ -1,0 +1,343 @@
+#include "infera/kernels/ggml_quants.h"
+
+#include <cstring>
+
+#include "infera/base/error.h"
+#include "infera/tensor/dtype.h"
+
+namespace infera::kernels::ggml {
+
+const int8_t kIq4nlValues[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+
+namespace {
+
+constexpr int64_t kQK = 32;  // weights per block of the 32-weight types
+constexpr int64_t kQKK = 256;  // weights per K-quant super-block
+
+float half_at(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return f16_to_f32(h);
+}
+
+// The 6-bit scale and min of sub-block j (0..7) of a Q4_K / Q5_K block (12 packed bytes).
+void scale_min_k4(int j, const uint8_t* q, uint8_t* sc, uint8_t* m) {
+  if (j < 4) {
+    *sc = q[j] & 63;
+    *m = q[j + 4] & 63;
+  } else {
+    *sc = static_cast<uint8_t>((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4));
+    *m = static_cast<uint8_t>((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
+  }
+}
+
+// ---- 32-weight blocks ----
+
+void row_q4_0(const uint8_t* b, float* y, int64_t nb) {  // d, qs[16]
+  for (int64_t i = 0; i < nb; ++i, b += 18, y += kQK) {
+    const float d = half_at(b);
+    const uint8_t* qs = b + 2;
+    for (int j = 0; j < 16; ++j) {
+      y[j] = static_cast<float>((qs[j] & 0xF) - 8) * d;
+      y[j + 16] = static_cast<float>((qs[j] >> 4) - 8) * d;
+    }
+  }
+}
+
+void row_q4_1(const uint8_t* b, float* y, int64_t nb) {  // d, m, qs[16]
+  for (int64_t i = 0; i < nb; ++i, b += 20, y += kQK) {
+    const float d = half_at(b), m = half_at(b + 2);
+    const uint8_t* qs = b + 4;
+    for (int j = 0; j < 16; ++j) {
+      y[j] = static_cast<float>(qs[j] & 0xF) * d + m;
+      y[j + 16] = static_cast<float>(qs[j] >> 4) * d + m;
+    }
+  }
+}
+
+void row_q5_0(const uint8_t* b, float* y, int64_t nb) {  // d, qh[4], qs[16]
+  for (int64_t i = 0; i < nb; ++i, b += 22, y += kQK) {
+    const float d = half_at(b);
+    uint32_t qh;
+    std::memcpy(&qh, b + 2, 4);
+    const uint8_t* qs = b + 6;
+    for (int j = 0; j < 16; ++j) {
+      const int lo = (qs[j] & 0xF) | static_cast<int>(((qh >> j) & 1u) << 4);
+      const int hi = (qs[j] >> 4) | static_cast<int>(((qh >> (j + 16)) & 1u) << 4);
+      y[j] = static_cast<float>(lo - 16) * d;
+      y[j + 16] = static_cast<float>(hi - 16) * d;
+    }
+  }
+}
+
+void row_q5_1(const uint8_t* b, float* y, int64_t nb) {  // d, m, qh[4], qs[16]
+  for (int64_t i = 0; i < nb; ++i, b += 24, y += kQK) {
+    const float d = half_at(b), m = half_at(b + 2);
+    uint32_t qh;
+    std::memcpy(&qh, b + 4, 4);
+    const uint8_t* qs = b + 8;
+    for (int j = 0; j < 16; ++j) {
+      const int lo = (qs[j] & 0xF) | static_cast<int>(((qh >> j) & 1u) << 4);
+      const int hi = (qs[j] >> 4) | static_cast<int>(((qh >> (j + 16)) & 1u) << 4);
+      y[j] = static_cast<float>(lo) * d + m;
+      y[j + 16] = static_cast<float>(hi) * d + m;
+    }
+  }
+}
+
+void row_q8_0(const uint8_t* b, float* y, int64_t nb) {  // d, qs[32] int8
+  for (int64_t i = 0; i < nb; ++i, b += 34, y += kQK) {
+    const float d = half_at(b);
+    const auto* qs = reinterpret_cast<const int8_t*>(b + 2);
+    for (int j = 0; j < 32; ++j) y[j] = static_cast<float>(qs[j]) * d;
+  }
+}
+
+void row_iq4_nl(const uint8_t* b, float* y, int64_t nb) {  // d, qs[16]
+  for (int64_t i = 0; i < nb; ++i, b += 18, y += kQK) {
+    const float d = half_at(b);
+    const uint8_t* qs = b + 2;
+    for (int j = 0; j < 16; ++j) {
+      y[j] = d * static_cast<float>(kIq4nlValues[qs[j] & 0xF]);
+      y[j + 16] = d * static_cast<float>(kIq4nlValues[qs[j] >> 4]);
+    }
+  }
+}
+
+// ---- 256-weight super-blocks ----
+
+void row_q2_k(const uint8_t* b, float* y, int64_t nb) {  // scales[16], qs[64], d, dmin
+  for (int64_t i = 0; i < nb; ++i, b += 84) {
+    const uint8_t* scales = b;
+    const uint8_t* q = b + 16;
+    const float d = half_at(b + 80), dmin = half_at(b + 82);
+    int is = 0;
+    for (int n = 0; n < kQKK; n += 128, q += 32) {
+      for (int shift = 0; shift < 8; shift += 2) {
+        for (int half = 0; half < 2; ++half) {
+          const uint8_t sc = scales[is++];
+          const float dl = d * static_cast<float>(sc & 0xF), ml = dmin * static_cast<float>(sc >> 4);
+          for (int l = 0; l < 16; ++l) *y++ = dl * static_cast<float>((q[l + 16 * half] >> shift) & 3) - ml;
+        }
+      }
+    }
+  }
+}
+
+void row_q3_k(const uint8_t* b, float* y, int64_t nb) {  // hmask[32], qs[64], scales[12], d
+  for (int64_t i = 0; i < nb; ++i, b += 110) {
+    const uint8_t* hm = b;
+    const uint8_t* q = b + 32;
+    const uint8_t* packed = b + 96;
+    const float d_all = half_at(b + 108);
+    int8_t scales[16];
+    for (int j = 0; j < 16; ++j) {
+      const int low = j < 8 ? (packed[j] & 0xF) : (packed[j - 8] >> 4);
+      const int high = (packed[8 + j % 4] >> (2 * (j / 4))) & 3;
+      scales[j] = static_cast<int8_t>((low | (high << 4)) - 32);
+    }
+    int is = 0;
+    uint8_t m = 1;
+    for (int n = 0; n < kQKK; n += 128, q += 32) {
+      for (int shift = 0; shift < 8; shift += 2, m = static_cast<uint8_t>(m << 1)) {
+        for (int half = 0; half < 2; ++half) {
+          const float dl = d_all * static_cast<float>(scales[is++]);
+          for (int l = 16 * half; l < 16 * half + 16; ++l) {
+            const int v = ((q[l] >> shift) & 3) - ((hm[l] & m) ? 0 : 4);
+            *y++ = dl * static_cast<float>(v);
+          }
+        }
+      }
+    }
+  }
+}
+
+void row_q4_k(const uint8_t* b, float* y, int64_t nb) {  // d, dmin, scales[12], qs[128]
+  for (int64_t i = 0; i < nb; ++i, b += 144) {
+    const float d = half_at(b), dmin = half_at(b + 2);
+    const uint8_t* scales = b + 4;
+    const uint8_t* q = b + 16;
+    for (int j = 0, is = 0; j < kQKK; j += 64, q += 32, is += 2) {
+      uint8_t sc, m;
+      scale_min_k4(is, scales, &sc, &m);
+      const float d1 = d * sc, m1 = dmin * m;
+      scale_min_k4(is + 1, scales, &sc, &m);
+      const float d2 = d * sc, m2 = dmin * m;
+      for (int l = 0; l < 32; ++l) *y++ = d1 * static_cast<float>(q[l] & 0xF) - m1;
+      for (int l = 0; l < 32; ++l) *y++ = d2 * static_cast<float>(q[l] >> 4) - m2;
+    }
+  }
+}
+
+void row_q5_k(const uint8_t* b, float* y, int64_t nb) {  // d, dmin, scales[12], qh[32], qs[128]
+  for (int64_t i = 0; i < nb; ++i, b += 176) {
+    const float d = half_at(b), dmin = half_at(b + 2);
+    const uint8_t* scales = b + 4;
+    const uint8_t* qh = b + 16;
+    const uint8_t* ql = b + 48;
+    uint8_t u1 = 1, u2 = 2;
+    for (int j = 0, is = 0; j < kQKK; j += 64, ql += 32, is += 2) {
+      uint8_t sc, m;
+      scale_min_k4(is, scales, &sc, &m);
+      const float d1 = d * sc, m1 = dmin * m;
+      scale_min_k4(is + 1, scales, &sc, &m);
+      const float d2 = d * sc, m2 = dmin * m;
+      for (int l = 0; l < 32; ++l) *y++ = d1 * static_cast<float>((ql[l] & 0xF) + ((qh[l] & u1) ? 16 : 0)) - m1;
+      for (int l = 0; l < 32; ++l) *y++ = d2 * static_cast<float>((ql[l] >> 4) + ((qh[l] & u2) ? 16 : 0)) - m2;
+      u1 = static_cast<uint8_t>(u1 << 2);
+      u2 = static_cast<uint8_t>(u2 << 2);
+    }
+  }
+}
+
+void row_q6_k(const uint8_t* b, float* y, int64_t nb) {  // ql[128], qh[64], scales[16] int8, d
+  for (int64_t i = 0; i < nb; ++i, b += 210) {
+    const uint8_t* ql = b;
+    const uint8_t* qh = b + 128;
+    const auto* sc = reinterpret_cast<const int8_t*>(b + 192);
+    const float d = half_at(b + 208);
+    for (int n = 0; n < kQKK; n += 128, y += 128, ql += 64, qh += 32, sc += 8) {
+      for (int l = 0; l < 32; ++l) {
+        const int is = l / 16;
+        const int q1 = ((ql[l] & 0xF) | (((qh[l] >> 0) & 3) << 4)) - 32;
+        const int q2 = ((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32;
+        const int q3 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
+        const int q4 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
+        y[l] = d * static_cast<float>(sc[is]) * static_cast<float>(q1);
+        y[l + 32] = d * static_cast<float>(sc[is + 2]) * static_cast<float>(q2);
+        y[l + 64] = d * static_cast<float>(sc[is + 4]) * static_cast<float>(q3);
+        y[l + 96] = d * static_cast<float>(sc[is + 6]) * static_cast<float>(q4);
+      }
+    }
+  }
+}
+
+void row_iq4_xs(const uint8_t* b, float* y, int64_t nb) {  // d, scales_h u16, scales_l[4], qs[128]
+  for (int64_t i = 0; i < nb; ++i, b += 136) {
+    const float d = half_at(b);
+    uint16_t scales_h;
+    std::memcpy(&scales_h, b + 2, 2);
+    const uint8_t* scales_l = b + 4;
+    const uint8_t* qs = b + 8;
+    for (int ib = 0; ib < 8; ++ib, qs += 16, y += 32) {
+      const int ls = ((scales_l[ib / 2] >> (4 * (ib % 2))) & 0xF) | (((scales_h >> (2 * ib)) & 3) << 4);
+      const float dl = d * static_cast<float>(ls - 32);
+      for (int j = 0; j < 16; ++j) {
+        y[j] = dl * static_cast<float>(kIq4nlValues[qs[j] & 0xF]);
+        y[j + 16] = dl * static_cast<float>(kIq4nlValues[qs[j] >> 4]);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+bool can_dequantize(uint32_t type) { return block_size(type) != 0; }
+
+int64_t block_size(uint32_t type) {
+  switch (type) {
+    case kF32:
+    case kF16:
+    case kBF16: return 1;
+    case kQ4_0:
+    case kQ4_1:
+    case kQ5_0:
+    case kQ5_1:
+    case kQ8_0:
+    case kIQ4_NL: return kQK;
+    case kQ2_K:
+    case kQ3_K:
+    case kQ4_K:
+    case kQ5_K:
+    case kQ6_K:
+    case kIQ4_XS: return kQKK;
+    default: return 0;
+  }
+}
+
+int64_t type_size(uint32_t type) {
+  switch (type) {
+    case kF32: return 4;
+    case kF16:
+    case kBF16: return 2;
+    case kQ4_0: return 18;
+    case kQ4_1: return 20;
+    case kQ5_0: return 22;
+    case kQ5_1: return 24;
+    case kQ8_0: return 34;
+    case kIQ4_NL: return 18;
+    case kQ2_K: return 84;
+    case kQ3_K: return 110;
+    case kQ4_K: return 144;
+    case kQ5_K: return 176;
+    case kQ6_K: return 210;
+    case kIQ4_XS: return 136;
+    default: return 0;
+  }
+}
+
+int64_t row_bytes(uint32_t type, int64_t n) {
+  const int64_t bs = block_size(type);
+  return bs == 0 ? 0 : n / bs * type_size(type);
+}
+
+void dequantize_row(uint32_t type, const void* src, float* dst, int64_t n) {
+  const int64_t bs = block_size(type);
+  if (bs == 0) fail("cannot dequantize ggml type {}", type);
+  if (n < 0 || n % bs != 0)
+    fail("ggml type {}: a row of {} weights is not a whole number of {}-weight blocks", type, n, bs);
+  const auto* b = static_cast<const uint8_t*>(src);
+  const int64_t nb = n / bs;
+  switch (type) {
+    case kF32: std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float)); return;
+    case kF16:
+      for (int64_t i = 0; i < n; ++i) dst[i] = half_at(b + 2 * i);
+      return;
+    case kBF16:
+      for (int64_t i = 0; i < n; ++i) {
+        uint16_t h;
+        std::memcpy(&h, b + 2 * i, 2);
+        dst[i] = bf16_to_f32(h);
+      }
+      return;
+    case kQ4_0: row_q4_0(b, dst, nb); return;
+    case kQ4_1: row_q4_1(b, dst, nb); return;
+    case kQ5_0: row_q5_0(b, dst, nb); return;
+    case kQ5_1: row_q5_1(b, dst, nb); return;
+    case kQ8_0: row_q8_0(b, dst, nb); return;
+    case kIQ4_NL: row_iq4_nl(b, dst, nb); return;
+    case kQ2_K: row_q2_k(b, dst, nb); return;
+    case kQ3_K: row_q3_k(b, dst, nb); return;
+    case kQ4_K: row_q4_k(b, dst, nb); return;
+    case kQ5_K: row_q5_k(b, dst, nb); return;
+    case kQ6_K: row_q6_k(b, dst, nb); return;
+    case kIQ4_XS: row_iq4_xs(b, dst, nb); return;
+    default: fail("cannot dequantize ggml type {}", type);
+  }
+}
+
+void matmul_rows_scalar(uint32_t type, const void* data, int64_t row_bytes, int64_t k, const float* x, int64_t m,
+                        int64_t n0, int64_t n1, float* y, int64_t ldy);
+void matmul_rows_avx2(uint32_t type, const void* data, int64_t row_bytes, int64_t k, const float* x, int64_t m,
+                      int64_t n0, int64_t n1, float* y, int64_t ldy);
+void matmul_rows_avx512(uint32_t type, const void* data, int64_t row_bytes, int64_t k, const float* x, int64_t m,
+                        int64_t n0, int64_t n1, float* y, int64_t ldy);
+
+bool has_matmul(uint32_t type) { return can_dequantize(type) && block_size(type) > 1; }
+
+void matmul_rows(Isa isa, uint32_t type, const void* data, int64_t k, const float* x, int64_t m, int64_t n0, int64_t n1,
+                 float* y, int64_t ldy) {
+  if (!has_matmul(type)) fail("no matmul for ggml type {}", type);
+  if (k % block_size(type) != 0) fail("ggml type {}: {} columns are not whole blocks", type, k);
+  INFERA_ASSERT(m >= 0 && 0 <= n0 && n0 <= n1 && ldy >= n1 - n0);
+  if (m == 0 || n1 == n0) return;
+  const int64_t rb = row_bytes(type, k);
+  switch (isa) {
+    case Isa::kAvx512: matmul_rows_avx512(type, data, rb, k, x, m, n0, n1, y, ldy); return;
+    case Isa::kAvx2: matmul_rows_avx2(type, data, rb, k, x, m, n0, n1, y, ldy); return;
+    case Isa::kScalar: break;
+  }
+  matmul_rows_scalar(type, data, rb, k, x, m, n0, n1, y, ldy);
+}
+
+}  // namespace infera::kernels::ggml

@@ -1,0 +1,66 @@
+// llama.cpp's (ggml's) weight block formats: the scalar dequantization reference, bit-exact
+// with the format's definition (ggml-quants.c dequantize_row_*: the same f32 products in the
+// same order, so every value equals what llama.cpp computes).
+//
+// A row of n weights is n / block_size consecutive blocks of type_size bytes; blocks hold
+// f16 scales (only 2-byte aligned in a file: read with memcpy). Types, numbered as ggml's
+// ggml_type (the ids a GGUF file stores):
+//   F32 0, F16 1, BF16 30: plain elements.
+//   Q4_0 2, Q4_1 3, Q5_0 6, Q5_1 7, Q8_0 8, IQ4_NL 20: 32 weights per block, one f16 scale
+//     (Q4_1 / Q5_1: and an f16 offset).
+//   Q2_K 10, Q3_K 11, Q4_K 12, Q5_K 13, Q6_K 14, IQ4_XS 23: 256-weight super-blocks with
+//     sub-block scales packed in 4 to 8 bits.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "infera/base/cpu.h"
+
+namespace infera::kernels::ggml {
+
+enum Type : uint32_t {
+  kF32 = 0,
+  kF16 = 1,
+  kQ4_0 = 2,
+  kQ4_1 = 3,
+  kQ5_0 = 6,
+  kQ5_1 = 7,
+  kQ8_0 = 8,
+  kQ2_K = 10,
+  kQ3_K = 11,
+  kQ4_K = 12,
+  kQ5_K = 13,
+  kQ6_K = 14,
+  kIQ4_NL = 20,
+  kIQ4_XS = 23,
+  kBF16 = 30,
+};
+
+// True when dequantize_row() knows the type.
+bool can_dequantize(uint32_t type);
+// Weights per block and bytes per block of a type dequantize_row() knows; 0 otherwise.
+int64_t block_size(uint32_t type);
+int64_t type_size(uint32_t type);
+// Bytes of a row of n weights (n a multiple of block_size(type)).
+int64_t row_bytes(uint32_t type, int64_t n);
+
+// dst[0, n) = the n weights stored at src. n must be a multiple of block_size(type); throws
+// infera::Error for an unknown type or a bad n.
+void dequantize_row(uint32_t type, const void* src, float* dst, int64_t n);
+
+// y[i * ldy + (j - n0)] = x[i, :] · W[j, :] for j in [n0, n1), i < m, with W [rows, k] of
+// `type` stored row after row (rows of row_bytes(type, k) bytes), x f32 [m, k]. Computed as
+// llama.cpp's CPU backend does: x quantized per block to int8 (Q8_0 for Q4_0 / Q5_0 / Q8_0 /
+// IQ4_NL, Q8_1 for Q4_1 / Q5_1, Q8_K for the K types and IQ4_XS), integer block dot
+// products, f32 block scales. Every ISA path gives the same values. F32 / F16 / BF16 are
+// not handled here (kernels::matmul).
+void matmul_rows(Isa isa, uint32_t type, const void* data, int64_t k, const float* x, int64_t m, int64_t n0, int64_t n1,
+                 float* y, int64_t ldy);
+// Whether matmul_rows() computes with `type`.
+bool has_matmul(uint32_t type);
+
+// IQ4_NL / IQ4_XS: the 16 non-uniform levels a 4-bit index selects.
+extern const int8_t kIq4nlValues[16];
+
+}  // namespace infera::kernels::ggml

@@ -1,0 +1,220 @@
+// The ggml block formats' dequantization reference (kernels/ggml_quants.h) against a second,
+// independent reading of the format: element by element, from the per-element index rules
+// (which byte, which bits, which scale) rather than the block loops, on random blocks.
+#include "infera/kernels/ggml_quants.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "../test_support.h"
+#include "infera/tensor/dtype.h"
+
+namespace infera::kernels::ggml {
+namespace {
+
+float h(const uint8_t* p) {
+  uint16_t v;
+  std::memcpy(&v, p, 2);
+  return f16_to_f32(v);
+}
+int nib(uint8_t b, bool high) { return high ? b >> 4 : b & 0xF; }
+
+// Element e of the block at b, from the index rules of the format.
+float element(uint32_t type, const uint8_t* b, int e) {
+  switch (type) {
+    case kQ4_0: return static_cast<float>(nib(b[2 + e % 16], e >= 16) - 8) * h(b);
+    case kQ4_1: return static_cast<float>(nib(b[4 + e % 16], e >= 16)) * h(b) + h(b + 2);
+    case kQ5_0:
+    case kQ5_1: {
+      const bool one = type == kQ5_1;
+      uint32_t qh;
+      std::memcpy(&qh, b + (one ? 4 : 2), 4);
+      const int q = nib(b[(one ? 8 : 6) + e % 16], e >= 16) | static_cast<int>(((qh >> e) & 1u) << 4);
+      return one ? static_cast<float>(q) * h(b) + h(b + 2) : static_cast<float>(q - 16) * h(b);
+    }
+    case kQ8_0: return static_cast<float>(static_cast<int8_t>(b[2 + e])) * h(b);
+    case kIQ4_NL: return h(b) * static_cast<float>(kIq4nlValues[nib(b[2 + e % 16], e >= 16)]);
+    case kIQ4_XS: {
+      const int ib = e / 32, r = e % 32;
+      uint16_t sh;
+      std::memcpy(&sh, b + 2, 2);
+      const int ls = nib(b[4 + ib / 2], ib % 2 == 1) | (((sh >> (2 * ib)) & 3) << 4);
+      return h(b) * static_cast<float>(ls - 32) *
+             static_cast<float>(kIq4nlValues[nib(b[8 + 16 * ib + r % 16], r >= 16)]);
+    }
+    case kQ4_K:
+    case kQ5_K: {
+      const uint8_t* s = b + 4;
+      const int j = e / 32;
+      const int sc = j < 4 ? s[j] & 63 : (s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4);
+      const int m = j < 4 ? s[j + 4] & 63 : (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+      const int c = e / 64, r = e % 64;
+      const uint8_t* qs = b + (type == kQ4_K ? 16 : 48);
+      int q = nib(qs[32 * c + r % 32], r >= 32);
+      if (type == kQ5_K) q |= ((b[16 + e % 32] >> (e / 32)) & 1) << 4;
+      return h(b) * static_cast<float>(sc) * static_cast<float>(q) - h(b + 2) * static_cast<float>(m);
+    }
+    case kQ6_K: {
+      const int hh = e / 128, r = e % 128, g = r / 32, l = r % 32;
+      const uint8_t* ql = b;
+      const int low = g < 2 ? nib(ql[64 * hh + 32 * g + l], false) : nib(ql[64 * hh + 32 * (g - 2) + l], true);
+      const int high = (b[128 + 32 * hh + l] >> (2 * g)) & 3;
+      const int q = (low | (high << 4)) - 32;
+      return h(b + 208) * static_cast<float>(static_cast<int8_t>(b[192 + e / 16])) * static_cast<float>(q);
+    }
+    case kQ3_K: {
+      const uint8_t* sc = b + 96;
+      const int j = e / 16;
+      const int low = j < 8 ? sc[j] & 0xF : sc[j - 8] >> 4;
+      const int high = (sc[8 + j % 4] >> (2 * (j / 4))) & 3;
+      const int hh = e / 128, r = e % 128, s = r / 32, l = r % 32;
+      const int q2 = (b[32 + 32 * hh + l] >> (2 * s)) & 3;
+      const bool hb = (b[l] >> (4 * hh + s)) & 1;
+      return h(b + 108) * static_cast<float>((low | (high << 4)) - 32) * static_cast<float>(q2 - (hb ? 0 : 4));
+    }
+    case kQ2_K: {
+      const uint8_t sc = b[e / 16];
+      const int hh = e / 128, r = e % 128, s = r / 32, l = r % 32;
+      const int q = (b[16 + 32 * hh + l] >> (2 * s)) & 3;
+      return h(b + 80) * static_cast<float>(sc & 15) * static_cast<float>(q) - h(b + 82) * static_cast<float>(sc >> 4);
+    }
+    default: ADD_FAILURE() << "type " << type; return 0;
+  }
+}
+
+// Random bytes with every f16 field a finite value of moderate size.
+std::vector<uint8_t> random_blocks(uint32_t type, int64_t nb, std::mt19937& rng) {
+  std::vector<uint8_t> bytes(static_cast<size_t>(nb * type_size(type)));
+  for (auto& x : bytes) x = static_cast<uint8_t>(rng());
+  std::vector<int> half_offsets;
+  switch (type) {
+    case kQ4_0:
+    case kQ5_0:
+    case kQ8_0:
+    case kIQ4_NL:
+    case kIQ4_XS: half_offsets = {0}; break;
+    case kQ4_1:
+    case kQ5_1:
+    case kQ4_K:
+    case kQ5_K: half_offsets = {0, 2}; break;
+    case kQ6_K: half_offsets = {208}; break;
+    case kQ3_K: half_offsets = {108}; break;
+    case kQ2_K: half_offsets = {80, 82}; break;
+  }
+  std::uniform_real_distribution<float> d(-0.05f, 0.05f);
+  for (int64_t i = 0; i < nb; ++i) {
+    for (int off : half_offsets) {
+      const uint16_t v = f32_to_f16(d(rng));
+      std::memcpy(bytes.data() + i * type_size(type) + off, &v, 2);
+    }
+  }
+  return bytes;
+}
+
+TEST(GgmlQuants, DequantizeMatchesTheFormatElementByElement) {
+  std::mt19937 rng(7);
+  for (uint32_t type : {kQ4_0, kQ4_1, kQ5_0, kQ5_1, kQ8_0, kIQ4_NL, kQ2_K, kQ3_K, kQ4_K, kQ5_K, kQ6_K, kIQ4_XS}) {
+    const int64_t bs = block_size(type), nb = 3;
+    const std::vector<uint8_t> bytes = random_blocks(type, nb, rng);
+    std::vector<float> out(static_cast<size_t>(nb * bs));
+    dequantize_row(type, bytes.data(), out.data(), nb * bs);
+    for (int64_t i = 0; i < nb; ++i) {
+      for (int e = 0; e < bs; ++e) {
+        const float want = element(type, bytes.data() + i * type_size(type), e);
+        // Bit-exact: the same f32 products in the same order.
+        ASSERT_EQ(out[i * bs + e], want) << "type " << type << " block " << i << " element " << e;
+      }
+    }
+  }
+}
+
+// x as llama.cpp's activation blocks hold it (Q8_0 / Q8_1 per 32, Q8_K per 256), dequantized.
+std::vector<float> activation_as_quantized(uint32_t type, const std::vector<float>& x) {
+  std::vector<float> out(x.size());
+  const bool k_form = block_size(type) == 256;
+  const size_t bs = k_form ? 256 : 32;
+  for (size_t b = 0; b < x.size(); b += bs) {
+    float amax = 0, max = 0;
+    for (size_t j = b; j < b + bs; ++j) {
+      if (std::fabs(x[j]) > amax) amax = std::fabs(x[j]), max = x[j];
+    }
+    for (size_t j = b; j < b + bs; ++j) {
+      if (amax == 0) {
+        out[j] = 0;
+      } else if (k_form) {
+        const float iscale = -127.f / max;
+        out[j] = static_cast<float>(std::min(127.0f, std::nearbyint(iscale * x[j]))) * (1 / iscale);
+      } else {
+        out[j] = std::nearbyint(x[j] * (127.f / amax)) * f16_to_f32(f32_to_f16(amax / 127.f));
+      }
+    }
+  }
+  return out;
+}
+
+// matmul_rows on every ISA path: equal to each other exactly, and to the dequantized weights
+// times the quantized activations (up to f32 rounding), on odd shapes and row ranges.
+TEST(GgmlQuants, MatmulMatchesDequantizedWeightsTimesQuantizedActivations) {
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (uint32_t type : {kQ4_0, kQ4_1, kQ5_0, kQ5_1, kQ8_0, kIQ4_NL, kQ2_K, kQ3_K, kQ4_K, kQ5_K, kQ6_K, kIQ4_XS}) {
+    const int64_t k = block_size(type) * 2, rows = 37, n0 = 3, n1 = 34;
+    const std::vector<uint8_t> w = random_blocks(type, rows * k / block_size(type), rng);
+    for (int64_t m : {1, 3, 17}) {
+      std::vector<float> x(static_cast<size_t>(m * k));
+      for (auto& v : x) v = normal(rng);
+      std::vector<float> want(static_cast<size_t>(m * (n1 - n0)));
+      std::vector<float> wrow(static_cast<size_t>(k));
+      for (int64_t i = 0; i < m; ++i) {
+        const std::vector<float> xi(x.begin() + i * k, x.begin() + (i + 1) * k);
+        const std::vector<float> xq = activation_as_quantized(type, xi);
+        for (int64_t j = n0; j < n1; ++j) {
+          dequantize_row(type, w.data() + j * row_bytes(type, k), wrow.data(), k);
+          double sum = 0, mag = 0;
+          for (int64_t t = 0; t < k; ++t) {
+            sum += double(wrow[t]) * double(xq[t]);
+            mag += std::fabs(double(wrow[t]) * double(xq[t]));
+          }
+          want[i * (n1 - n0) + (j - n0)] = static_cast<float>(sum);
+          // Q4_1 / Q5_1: llama.cpp folds the offsets in through the f16-rounded block sums.
+          const double tol = 1e-5 * mag + 1e-6 + ((type == kQ4_1 || type == kQ5_1) ? 2e-3 * mag : 0);
+          (void)tol;
+        }
+      }
+      std::vector<float> first;
+      for (Isa isa : test::available_isas()) {
+        std::vector<float> y(static_cast<size_t>(m * (n1 - n0) + 5), -1.0f);
+        matmul_rows(isa, type, w.data(), k, x.data(), m, n0, n1, y.data(), n1 - n0);
+        for (size_t t = 0; t < want.size(); ++t) {
+          const float tol = 1e-3f * (1.0f + std::fabs(want[t])) + ((type == kQ4_1 || type == kQ5_1) ? 0.02f : 0.0f);
+          ASSERT_NEAR(y[t], want[t], tol) << "type " << type << " isa " << isa_name(isa) << " m " << m << " at " << t;
+        }
+        EXPECT_EQ(y[want.size()], -1.0f) << "wrote past the output";
+        y.resize(want.size());
+        if (first.empty())
+          first = y;
+        else
+          EXPECT_EQ(y, first) << "type " << type << ": " << isa_name(isa) << " differs from the scalar path";
+      }
+    }
+  }
+}
+
+TEST(GgmlQuants, SizesAndErrors) {
+  EXPECT_EQ(row_bytes(kQ4_K, 512), 288);
+  EXPECT_EQ(row_bytes(kQ8_0, 64), 68);
+  EXPECT_EQ(row_bytes(kIQ4_XS, 256), 136);
+  EXPECT_FALSE(can_dequantize(16));  // IQ2_XXS: no reference here
+  std::vector<float> out(256);
+  std::vector<uint8_t> in(256);
+  EXPECT_NE(test::error_of([&] { dequantize_row(kQ4_K, in.data(), out.data(), 100); }).find("blocks"),
+            std::string::npos);
+  EXPECT_NE(test::error_of([&] { dequantize_row(16, in.data(), out.data(), 256); }).find("16"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace infera::kernels::ggml

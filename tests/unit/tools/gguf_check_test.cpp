@@ -1,0 +1,55 @@
+// `infera check` and `infera plan` on GGUF files: stories260K.gguf reads as the Llama model it
+// is, a quantized GGUF reports its tensor types and the bytes it keeps in memory, and files
+// Infera cannot run are errors naming the problem.
+#include <gtest/gtest.h>
+
+#include "../test_support.h"
+#include "infera/model/config.h"
+#include "infera/model/gguf_loader.h"
+#include "infera/tools/gguf_export.h"
+#include "infera/tools/model_check.h"
+
+namespace infera {
+namespace {
+
+TEST(GgufCheck, Stories260KGgufChecksClean) {
+  INFERA_REQUIRE_FIXTURE(test::stories_gguf());
+  const CheckReport r = check_model_dir(test::stories_gguf());
+  EXPECT_EQ(r.errors(), 0) << r.to_text();
+  EXPECT_EQ(r.arch, "llama");
+  EXPECT_TRUE(r.arch_runnable);
+  EXPECT_EQ(r.tensors, 47);
+  EXPECT_EQ(r.params_total, 260032);
+  EXPECT_EQ(r.dtypes, "F32 x 47");
+  EXPECT_EQ(r.context_length, 512);
+}
+
+TEST(GgufCheck, QuantizedFileReportsItsTypesAndResidentBytes) {
+  INFERA_REQUIRE_FIXTURE(test::stories_dir());
+  test::TempDir dir("infera_gguf_check");
+  GgufExportOptions o;
+  o.out_type = GgufOutType::kQ8_0;
+  const std::string file = dir.file("stories-q8_0.gguf");
+  export_gguf(test::stories_dir(), file, o);
+  const CheckReport r = check_model_dir(file);
+  EXPECT_EQ(r.errors(), 0) << r.to_text();
+  EXPECT_NE(r.dtypes.find("Q8_0 x "), std::string::npos) << r.dtypes;
+  const GgufWeightsSummary w = inspect_gguf_weights(file, load_model_config(file));
+  // Kept in their blocks: fewer bytes in memory than the f32 original (1 MiB), about the file.
+  EXPECT_LT(w.resident_bytes, 600000);
+  EXPECT_LE(w.resident_bytes, w.file_bytes);
+}
+
+TEST(GgufCheck, UnsupportedArchitectureIsAnError) {
+  test::TempDir dir("infera_gguf_check");
+  gguf::Writer w;
+  w.set("general.architecture", gguf::Value::string("gemma3"));
+  const std::string file = dir.file("gemma.gguf");
+  w.write(file);
+  const CheckReport r = check_model_dir(file);
+  ASSERT_GT(r.errors(), 0);
+  EXPECT_NE(r.to_text().find("'gemma3' is not supported (supported: llama, qwen3"), std::string::npos) << r.to_text();
+}
+
+}  // namespace
+}  // namespace infera
