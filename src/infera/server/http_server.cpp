@@ -44,6 +44,9 @@ struct HttpServer::Impl {
   static HttpLimits limits_for(const ServerConfig& c) {
     HttpLimits l;
     l.body_bytes = static_cast<uint64_t>(std::max<int64_t>(c.body_limit_bytes, 0));
+    // At least a millisecond, at most a day (a timer's range).
+    l.head_timeout =
+        std::chrono::milliseconds(static_cast<int64_t>(std::clamp(c.head_timeout_s, 0.001, 86400.0) * 1000));
     const size_t files = raise_open_files_limit();
     l.max_connections = std::clamp<size_t>(files > 256 ? files - 128 : files / 2, 16, 16384);
     return l;

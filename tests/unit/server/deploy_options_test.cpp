@@ -39,8 +39,8 @@ std::set<std::string> known_at(const std::string& yaml, const std::string& where
 
 TEST(DeployOptions, TheKeysOfBeforeAreExactlyTheKnownKeys) {
   EXPECT_EQ(known_at("server: {bogus: 1}\nmodels: [{path: /m}]\n", "server"),
-            (std::set<std::string>{"host", "port", "body_limit", "request_timeout_s", "drain_grace_s", "audit_log",
-                                   "audit_log_prompts", "metrics", "console", "http_threads", "api_keys",
+            (std::set<std::string>{"host", "port", "body_limit", "request_timeout_s", "head_timeout_s", "drain_grace_s",
+                                   "audit_log", "audit_log_prompts", "metrics", "console", "http_threads", "api_keys",
                                    "max_concurrent_requests_per_key", "allowed_hosts", "allowed_origins"}));
   EXPECT_EQ(known_at("models: [{path: /m, bogus: 1}]\n", "models[0]"), (std::set<std::string>{"name",
                                                                                               "path",
@@ -78,6 +78,7 @@ server:
   port: 9000
   body_limit: 2MiB
   request_timeout_s: 31
+  head_timeout_s: 4
   drain_grace_s: 7
   audit_log: /tmp/audit.jsonl
   audit_log_prompts: true
@@ -117,6 +118,7 @@ models:
   EXPECT_EQ(c.server.port, 9000);
   EXPECT_EQ(c.server.body_limit_bytes, 2 << 20);
   EXPECT_DOUBLE_EQ(c.server.request_timeout_s, 31);
+  EXPECT_DOUBLE_EQ(c.server.head_timeout_s, 4);
   EXPECT_DOUBLE_EQ(c.server.drain_grace_s, 7);
   EXPECT_EQ(c.server.audit_log_path, "/tmp/audit.jsonl");
   EXPECT_TRUE(c.server.audit_log_prompts);
