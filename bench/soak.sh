@@ -4,11 +4,13 @@
 # completions with n > 1, tokenize, bad requests, a rate-limited key, with a KV budget small
 # enough that sequences are preempted. Every request has a timeout; the run is bounded in
 # time and in request count. Reports resident memory over time and fails when it is not
-# flat within 5% after warm-up, when KV blocks do not return to zero (/metrics) or when
-# any response is a 5xx.
+# flat within 5% after warm-up, when KV blocks do not return to zero (/metrics), when
+# any response is a 5xx or when nothing was preempted.
 #
 # Usage: bench/soak.sh [--minutes N] [--concurrency C] [--binary build/infera] [--max-requests N]
 #                      [--actions stream,chat,...]   (a subset of the actions, to find which one leaks)
+#                      [--wrap "heaptrack -o /tmp/ht"]  (the server runs under this command)
+#                      [--keep DIR]   (the deploy.yaml and the server's log stay in DIR)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 minutes=30
@@ -16,6 +18,8 @@ concurrency=8
 binary="$root/build/infera"
 max_requests=2000000
 actions=""
+wrap=""
+keep=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --minutes) minutes="$2"; shift 2 ;;
@@ -23,22 +27,32 @@ while [ $# -gt 0 ]; do
     --binary) binary="$2"; shift 2 ;;
     --max-requests) max_requests="$2"; shift 2 ;;
     --actions) actions="$2"; shift 2 ;;
-    -h|--help) sed -n 2,10p "$0"; exit 0 ;;
+    --wrap) wrap="$2"; shift 2 ;;
+    --keep) keep="$2"; shift 2 ;;
+    -h|--help) sed -n 2,12p "$0"; exit 0 ;;
     *) echo "unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done
 [ -x "$binary" ] || { echo "no infera binary at $binary; build first (scripts/build.sh)" >&2; exit 2; }
 command -v node >/dev/null || { echo "node is needed for the load driver" >&2; exit 2; }
 
-tmp=$(mktemp -d)
+if [ -n "$keep" ]; then
+  mkdir -p "$keep"
+  tmp=$(cd "$keep" && pwd)
+else
+  tmp=$(mktemp -d)
+fi
 server_pid=""
+wrapper_pid=""
 cleanup() {
   if [ -n "$server_pid" ] && kill -0 "$server_pid" 2>/dev/null; then
     kill -TERM "$server_pid" 2>/dev/null || true
     for _ in $(seq 1 100); do kill -0 "$server_pid" 2>/dev/null || break; sleep 0.1; done
     kill -KILL "$server_pid" 2>/dev/null || true
   fi
-  rm -rf "$tmp"
+  # A wrapper (a profiler) writes its results after the server ends.
+  if [ -n "$wrapper_pid" ]; then wait "$wrapper_pid" 2>/dev/null || true; fi
+  [ -n "$keep" ] || rm -rf "$tmp"
 }
 trap cleanup EXIT
 
@@ -61,9 +75,10 @@ models:
     max_output_len: 96
     max_num_seqs: 8
     prefill_chunk: 64
-    kv_cache_memory: 1536KiB  # about one full-length sequence: the scheduler preempts
+    kv_cache_memory: 640KiB  # about one full-length sequence: the scheduler preempts
 EOF
-"$binary" serve --config "$tmp/deploy.yaml" > "$tmp/server.log" 2>&1 &
+# shellcheck disable=SC2086
+$wrap "$binary" serve --config "$tmp/deploy.yaml" > "$tmp/server.log" 2>&1 &
 server_pid=$!
 for _ in $(seq 1 600); do
   curl -sf "http://127.0.0.1:$port/ready" >/dev/null 2>&1 && break
@@ -71,6 +86,12 @@ for _ in $(seq 1 600); do
   sleep 0.1
 done
 curl -sf "http://127.0.0.1:$port/ready" >/dev/null || { cat "$tmp/server.log" >&2; echo "not ready" >&2; exit 1; }
+if [ -n "$wrap" ]; then  # the server is a child of the wrapper: measure (and stop) it
+  wrapper_pid=$server_pid
+  server_pid=$(pgrep -n -f -- "serve --config $tmp/deploy.yaml" || true)
+  [ -n "$server_pid" ] || { echo "cannot find the server under --wrap" >&2; exit 1; }
+  [ "$server_pid" != "$wrapper_pid" ] || wrapper_pid=""  # the wrapper became the server (env, nice)
+fi
 
 echo "soak: ${minutes} min, ${concurrency} clients, server pid $server_pid on 127.0.0.1:$port"
 status=0
@@ -228,6 +249,7 @@ const problems = [];
 if (drift > 0.05) problems.push(`resident memory grew ${(drift * 100).toFixed(1)}% (over 5%)`);
 if (used !== 0 || running !== 0 || waiting !== 0) problems.push("KV blocks / requests did not return to zero");
 if (fivexx) problems.push(`${fivexx} responses were 5xx`);
+if (!only.length && !preemptions) problems.push("no sequence was preempted (the KV budget did not bind)");
 if (timeouts) problems.push(`${timeouts} requests got no answer within 60 s`);
 if (connErrors) problems.push(`${connErrors} requests failed to connect or were reset`);
 if (problems.length) {

@@ -241,7 +241,7 @@ async function startServe(name, args) {
 // The servers: one without keys (the keyless loopback default, with small limits), one
 // with keys that carry limits, loading the same model twice under two names.
 const OPEN_ARGS = ["--max-input-len", "256", "--max-output-len", "32", "--body-limit", "256KiB", "--kv-cache-memory", "64MiB",
-                   "--max-num-seqs", "8", "-t", "1", "--request-timeout", "20"];
+                   "--max-num-seqs", "8", "-t", "1", "--request-timeout", "20", "--head-timeout", "2"];
 const KEYS = {
   open: "hostile-open-key-0001",
   rpm: "hostile-rpm-key-00002",
@@ -480,6 +480,12 @@ add("slow clients: 20 connections trickling headers", "open", 200, (s) => withCo
 add("slow clients: 20 connections trickling a body", "open", 200, (s) => withConnections(s, 20, "slow-body", 1500), fast);
 add("slow clients: 200 idle connections", "open", 200, (s) => withConnections(s, 200, "idle", 1500), fast);
 add("slow clients: 200 connections trickling headers", "open", 200, (s) => withConnections(s, 200, "trickle", 2000), fast);
+// The open server's --head-timeout is 2 s: a head still incomplete then loses its connection
+// (408, or the close without a response).
+add("slow clients: a request head that stalls is cut off", "open", [408, null],
+    rawCase(`POST ${P} HTTP/1.1\r\n${H}Content-Ty`, { timeoutMs: 8000 }), closes);
+add("slow clients: a request head trickled a byte at a time is cut off", "open", [408, null],
+    rawCase(`GET /health HTTP/1.1\r\n${H}X-Slow: ${"s".repeat(200)}\r\n\r\n`.split(""), { gapMs: 50, timeoutMs: 12000 }), closes);
 add("slow clients: 64 long generations and /health", "open", 200, async (s) => {
   const streams = Array.from({ length: 64 }, () =>
     request(s.port, "POST", C, { body: chat({ max_tokens: 32, stream: true, ignore_eos: true }), timeoutMs: 20000 }));

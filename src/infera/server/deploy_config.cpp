@@ -118,6 +118,7 @@ void read_server(Reader& r, const YAML::Node& node, ServerConfig& s) {
   r.read_memory(node, "body_limit", w, body_limit);
   if (body_limit) s.body_limit_bytes = *body_limit;
   r.read(node, "request_timeout_s", w, s.request_timeout_s, "a number of seconds");
+  r.read(node, "head_timeout_s", w, s.head_timeout_s, "a number of seconds");
   r.read(node, "drain_grace_s", w, s.drain_grace_s, "a number of seconds");
   r.read(node, "audit_log", w, s.audit_log_path, "a file path");
   r.read(node, "audit_log_prompts", w, s.audit_log_prompts, "true or false");

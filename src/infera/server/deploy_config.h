@@ -68,6 +68,7 @@ struct ServerConfig {
   int32_t port = 8000;
   int64_t body_limit_bytes = 4 << 20;
   double request_timeout_s = 600;
+  double head_timeout_s = 10;  // request line + headers, from their first byte (408 after)
   double drain_grace_s = 30;
   std::string audit_log_path;  // empty: no audit log
   bool audit_log_prompts = false;  // write prompt text into the audit log

@@ -161,8 +161,22 @@ void Job::apply(int index, const Event& e) {
     fail(500);
     return;
   }
+  if (c.awaits_scoring()) {
+    c.held.reasoning += d.reasoning;
+    c.held.content += d.content;
+    c.holding = true;
+    return;
+  }
   std::string out;
   stream_chunks(*this, c, d, c.done, out);
+  // The choices that read this one's scoring and waited for it go out now.
+  for (auto& other : choices) {
+    if (other->prompt_scorer != &c || !other->holding || other->awaits_scoring()) continue;
+    other->holding = false;
+    const OutputDelta held = std::move(other->held);
+    other->held = {};
+    stream_chunks(*this, *other, held, other->done, out);
+  }
   if (!out.empty()) {
     exchange_->write(std::move(out));
     last_write_ = SteadyClock::now();

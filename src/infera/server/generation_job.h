@@ -50,12 +50,17 @@ struct Choice {
   bool echo_scored = false;  // completions with echo and logprobs: the legacy object starts with the prompt
   int32_t first_prompt_token = -1;
   std::optional<std::vector<TokenLogprobs>> prompt_logprobs;
-  // Non-streaming choices after the first of their prompt read its scoring instead of
-  // asking the engine to score the same prompt again.
+  // Choices after the first of their prompt read its scoring instead of asking the engine
+  // to score the same prompt again.
   const Choice* prompt_scorer = nullptr;
   const std::optional<std::vector<TokenLogprobs>>& scored_prompt() const {
     return prompt_scorer ? prompt_scorer->prompt_logprobs : prompt_logprobs;
   }
+  // Streaming: the scoring this choice's first chunk carries has not come yet (its scorer
+  // has neither reported it nor finished). Until it has, the choice's text waits in `held`.
+  bool awaits_scoring() const { return prompt_scorer && !prompt_scorer->prompt_logprobs && !prompt_scorer->done; }
+  OutputDelta held;
+  bool holding = false;
   // Log-probabilities of the tokens taken so far (requests with logprobs): every token
   // up to the one that completed a stop string.
   std::vector<TokenLogprobs> logprobs;

@@ -1,6 +1,9 @@
 #include "infera/server/http_server.h"
 
 #include <sys/resource.h>
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
 
 #include <algorithm>
 #include <thread>
@@ -28,6 +31,18 @@ size_t raise_open_files_limit() {
   return rl.rlim_cur == RLIM_INFINITY ? 65536 : static_cast<size_t>(rl.rlim_cur);
 }
 
+// Hands the allocator's free pages back to the system. glibc keeps what a thread's arena
+// freed (the HTTP workers and I/O threads each allocate from one of up to 8 x cores
+// arenas), so without this the resident set creeps up as every arena reaches its own
+// high-water mark, although the live heap stays flat (docs/server.md, the soak).
+void release_free_memory() {
+#if defined(__GLIBC__)
+  ::malloc_trim(0);
+#endif
+}
+
+constexpr std::chrono::seconds kTrimInterval{10};
+
 }  // namespace
 
 struct HttpServer::Impl {
@@ -40,10 +55,22 @@ struct HttpServer::Impl {
   HttpTransport transport;
   std::vector<Listener> listeners;
   std::thread background;
+  std::shared_ptr<HttpTransport::Timer> trim_timer;  // set before run(), then only on its own I/O-thread callback
+
+  // Every kTrimInterval while serving: free memory back to the system.
+  void schedule_trim() {
+    trim_timer = transport.schedule(kTrimInterval, [this] {
+      release_free_memory();
+      schedule_trim();
+    });
+  }
 
   static HttpLimits limits_for(const ServerConfig& c) {
     HttpLimits l;
     l.body_bytes = static_cast<uint64_t>(std::max<int64_t>(c.body_limit_bytes, 0));
+    // At least a millisecond, at most a day (a timer's range).
+    l.head_timeout =
+        std::chrono::milliseconds(static_cast<int64_t>(std::clamp(c.head_timeout_s, 0.001, 86400.0) * 1000));
     const size_t files = raise_open_files_limit();
     l.max_connections = std::clamp<size_t>(files > 256 ? files - 128 : files / 2, 16, 16384);
     return l;
@@ -94,6 +121,7 @@ void HttpServer::bind() {
 
 void HttpServer::run() {
   Impl& s = *impl_;
+  s.schedule_trim();
   s.transport.run();
   // Stopped: requests being parsed finish, then every generation still running is cancelled.
   s.routes.stop_workers();

@@ -289,6 +289,7 @@ std::vector<std::shared_ptr<ModelInstance>> prepare_models(const DeployConfig& c
   if (s.body_limit_bytes < 1024)
     problem(fmt::format("server.body_limit: {} bytes is too small; give at least 1KiB", s.body_limit_bytes));
   if (!(s.request_timeout_s > 0)) problem("server.request_timeout_s: must be positive");
+  if (!(s.head_timeout_s > 0)) problem("server.head_timeout_s: must be positive");
   if (s.drain_grace_s < 0) problem("server.drain_grace_s: must be zero or positive");
   if (s.http_threads < 2 || s.http_threads > 4096)
     problem(fmt::format("server.http_threads: {} must be in [2, 4096]", s.http_threads));

@@ -573,7 +573,7 @@ void Routes::handle_generate(Endpoint endpoint, const HttpRequest& req, std::sha
         r.logprobs = options.logprobs;
         r.top_logprobs = options.top_logprobs;
         r.prompt_logprobs = std::max(options.prompt_logprobs, c->echo_scored ? options.top_logprobs : -1);
-        if (k > 0 && !options.stream && r.prompt_logprobs >= 0) {  // scored once per prompt
+        if (k > 0 && r.prompt_logprobs >= 0) {  // scored once per prompt
           c->prompt_scorer = job->choices[first_of_prompt].get();
           r.prompt_logprobs = -1;
         }

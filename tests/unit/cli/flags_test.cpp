@@ -281,6 +281,8 @@ TEST_F(ServeFlags, EveryFlagOfBeforeSetsItsField) {
                  "1MiB",
                  "--request-timeout",
                  "30",
+                 "--head-timeout",
+                 "2.5",
                  "--drain-grace",
                  "5",
                  "--load-into-memory",
@@ -313,6 +315,7 @@ TEST_F(ServeFlags, EveryFlagOfBeforeSetsItsField) {
   EXPECT_TRUE(c.server.audit_log_prompts);
   EXPECT_EQ(c.server.body_limit_bytes, 1 << 20);
   EXPECT_DOUBLE_EQ(c.server.request_timeout_s, 30);
+  EXPECT_DOUBLE_EQ(c.server.head_timeout_s, 2.5);
   EXPECT_DOUBLE_EQ(c.server.drain_grace_s, 5);
   EXPECT_TRUE(c.server.metrics);
   EXPECT_EQ(c.server.http_threads, 64);

@@ -8,6 +8,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <thread>
 
@@ -97,6 +98,98 @@ TEST(ContentLimits, APromptIsScoredOncePerRequest) {
   EXPECT_EQ(r->status, 200) << r->body;
   EXPECT_EQ(s.backend->prompt_logprobs_asked(), (std::vector<int32_t>{1, -1, -1, 1, -1, -1}));
   EXPECT_EQ(json::parse(r->body)["choices"].size(), 6u);
+}
+
+// The data chunks of an SSE body, [DONE] left out.
+std::vector<json> sse_chunks(const std::string& body) {
+  std::vector<json> out;
+  std::istringstream in(body);
+  for (std::string line; std::getline(in, line);) {
+    if (line.starts_with("data: ") && line != "data: [DONE]") out.push_back(json::parse(line.substr(6)));
+  }
+  return out;
+}
+
+// Streamed, too: the engine scores each prompt once, and every choice's first chunk carries
+// that scoring, also when the other choices' tokens come before it (they wait for it).
+TEST(ContentLimits, AStreamedPromptIsScoredOncePerRequest) {
+  INFERA_REQUIRE_FIXTURE(kStories);
+  ScriptedServer s({10, 20, 30});
+  s.backend->set_scoring_ticks(3);
+  auto r = s.post("/v1/completions", {{"model", "stories"},
+                                      {"prompt", {"Once upon", "a time there"}},
+                                      {"n", 3},
+                                      {"prompt_logprobs", 1},
+                                      {"max_tokens", 2},
+                                      {"stream", true}});
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200) << r->body;
+  EXPECT_EQ(s.backend->prompt_logprobs_asked(), (std::vector<int32_t>{1, -1, -1, 1, -1, -1}));
+  std::map<int, json> first;  // choice index -> its first chunk's choice
+  std::map<int, std::string> text;
+  for (const json& c : sse_chunks(r->body)) {
+    ASSERT_EQ(c["choices"].size(), 1u) << c;
+    const json& ch = c["choices"][0];
+    const int i = ch["index"];
+    if (!first.contains(i)) first[i] = ch;
+    text[i] += ch["text"].get<std::string>();
+  }
+  ASSERT_EQ(first.size(), 6u) << r->body;
+  for (int i = 0; i < 6; ++i) {
+    const json& scored = first[i]["prompt_logprobs"];
+    ASSERT_TRUE(scored.is_array()) << "choice " << i << ": " << first[i];
+    EXPECT_GT(scored.size(), 1u);
+    EXPECT_EQ(scored, first[i / 3 * 3]["prompt_logprobs"]) << "choice " << i << " reports its prompt's scoring";
+    EXPECT_EQ(text[i], text[0]) << "choice " << i << " lost no text while it waited";
+  }
+  EXPECT_NE(first[0]["prompt_logprobs"], first[3]["prompt_logprobs"]);
+
+  // Chat, n = 2: one scoring, on both choices' first chunks.
+  json body = kChat;
+  body.update({{"n", 2}, {"prompt_logprobs", 0}, {"max_tokens", 2}, {"stream", true}});
+  r = s.post("/v1/chat/completions", body);
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200) << r->body;
+  const auto asked = s.backend->prompt_logprobs_asked();
+  EXPECT_EQ(std::vector<int32_t>(asked.end() - 2, asked.end()), (std::vector<int32_t>{0, -1}));
+  std::map<int, json> chat_first;
+  for (const json& c : sse_chunks(r->body)) {
+    const int i = c["choices"][0]["index"];
+    if (!chat_first.contains(i)) chat_first[i] = c;
+  }
+  ASSERT_EQ(chat_first.size(), 2u) << r->body;
+  ASSERT_TRUE(chat_first[1]["prompt_logprobs"].is_array()) << chat_first[1];
+  EXPECT_EQ(chat_first[1]["prompt_logprobs"], chat_first[0]["prompt_logprobs"]);
+
+  // Echo with logprobs: every choice's first chunk starts with the prompt's tokens, scored once.
+  r = s.post("/v1/completions", {{"model", "stories"},
+                                 {"prompt", "Once upon a time"},
+                                 {"n", 2},
+                                 {"echo", true},
+                                 {"logprobs", 1},
+                                 {"max_tokens", 2},
+                                 {"stream", true}});
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200) << r->body;
+  const auto echo_asked = s.backend->prompt_logprobs_asked();
+  EXPECT_EQ(std::vector<int32_t>(echo_asked.end() - 2, echo_asked.end()), (std::vector<int32_t>{1, -1}));
+  std::map<int, json> echo_first;
+  std::map<int, json> echo_logprobs;  // choice index -> token_logprobs of all its chunks
+  for (const json& c : sse_chunks(r->body)) {
+    const json& ch = c["choices"][0];
+    const int i = ch["index"];
+    if (!echo_first.contains(i)) echo_first[i] = ch;
+    if (!echo_logprobs.contains(i)) echo_logprobs[i] = json::array();
+    if (ch["logprobs"].is_object())
+      for (const json& v : ch["logprobs"]["token_logprobs"]) echo_logprobs[i].push_back(v);
+  }
+  ASSERT_EQ(echo_first.size(), 2u) << r->body;
+  EXPECT_TRUE(echo_first[1]["text"].get<std::string>().starts_with("Once upon a time")) << echo_first[1];
+  ASSERT_TRUE(echo_first[1]["logprobs"].is_object()) << echo_first[1];
+  EXPECT_TRUE(echo_first[1]["logprobs"]["token_logprobs"][0].is_null()) << "the prompt's first token, unscored";
+  EXPECT_GT(echo_logprobs[1].size(), 3u);
+  EXPECT_EQ(echo_logprobs[1], echo_logprobs[0]);
+  EXPECT_TRUE(s.healthy());
 }
 
 // The 2 MB request of the report: tool-call arguments of a million nested brackets.

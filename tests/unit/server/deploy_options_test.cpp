@@ -39,7 +39,7 @@ std::set<std::string> known_at(const std::string& yaml, const std::string& where
 
 TEST(DeployOptions, TheKeysOfBeforeAreExactlyTheKnownKeys) {
   EXPECT_EQ(known_at("server: {bogus: 1}\nmodels: [{path: /m}]\n", "server"),
-            (std::set<std::string>{"host", "port", "body_limit", "request_timeout_s", "drain_grace_s", "audit_log",
+            (std::set<std::string>{"host", "port", "body_limit", "request_timeout_s", "head_timeout_s", "drain_grace_s", "audit_log",
                                    "audit_log_prompts", "metrics", "console", "http_threads", "api_keys",
                                    "max_concurrent_requests_per_key", "allowed_hosts", "allowed_origins",
                                    "shared_prefix_cache"}));
@@ -83,6 +83,7 @@ server:
   port: 9000
   body_limit: 2MiB
   request_timeout_s: 31
+  head_timeout_s: 4
   drain_grace_s: 7
   audit_log: /tmp/audit.jsonl
   audit_log_prompts: true
@@ -122,6 +123,7 @@ models:
   EXPECT_EQ(c.server.port, 9000);
   EXPECT_EQ(c.server.body_limit_bytes, 2 << 20);
   EXPECT_DOUBLE_EQ(c.server.request_timeout_s, 31);
+  EXPECT_DOUBLE_EQ(c.server.head_timeout_s, 4);
   EXPECT_DOUBLE_EQ(c.server.drain_grace_s, 7);
   EXPECT_EQ(c.server.audit_log_path, "/tmp/audit.jsonl");
   EXPECT_TRUE(c.server.audit_log_prompts);

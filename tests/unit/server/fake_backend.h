@@ -2,7 +2,9 @@
 // token script, one token per `delay`, on the backend's own thread, honouring max_tokens,
 // stop token ids and cancel() like the real engine (the final event carries usage; a stop
 // token ends the request without a token event). kv_blocks_used counts live requests.
-// Requests with logprobs get fake_logprobs() on each token event.
+// Requests with logprobs get fake_logprobs() on each token event; requests with
+// prompt_logprobs get those of prompt tokens 1.. on their first event (as the engine), after
+// set_scoring_ticks() silent ticks (a prompt being scored takes longer to its first token).
 #pragma once
 
 #include <algorithm>
@@ -107,6 +109,11 @@ class FakeBackend final : public GenerationBackend {
     std::lock_guard lock(mutex_);
     waiting_override_ = n;
   }
+  // Requests that score their prompt stay silent for `ticks` ticks first.
+  void set_scoring_ticks(int ticks) {
+    std::lock_guard lock(mutex_);
+    scoring_ticks_ = ticks;
+  }
   // Every later request's events go through this gate: when closed, nothing advances.
   void set_paused(bool paused) {
     {
@@ -122,6 +129,8 @@ class FakeBackend final : public GenerationBackend {
     EventCallback on_event;
     size_t pos = 0;
     bool cancelled = false;
+    int ticks = 0;
+    bool prompt_scored = false;
   };
 
   void loop() {
@@ -133,6 +142,8 @@ class FakeBackend final : public GenerationBackend {
       std::vector<std::pair<EventCallback*, Event>> out;
       std::vector<RequestId> finished;
       for (auto& [id, live] : live_) {
+        const bool scores = live.request.prompt_logprobs >= 0;
+        if (scores && !live.cancelled && live.ticks++ < scoring_ticks_) continue;
         Event e;
         e.id = id;
         e.usage.prompt_tokens = static_cast<int32_t>(live.request.prompt_ids.size());
@@ -154,6 +165,13 @@ class FakeBackend final : public GenerationBackend {
             e.token = tok;
             if (live.request.logprobs) e.logprobs = fake_logprobs(tok, live.pos - 1, live.request.top_logprobs);
           }
+        }
+        if (scores && !live.prompt_scored) {
+          live.prompt_scored = true;
+          e.prompt_logprobs.emplace();
+          const auto& ids = live.request.prompt_ids;
+          for (size_t i = 1; i < ids.size(); ++i)
+            e.prompt_logprobs->push_back(fake_logprobs(ids[i], i, live.request.prompt_logprobs));
         }
         out.emplace_back(&live.on_event, e);
         if (e.is_final()) finished.push_back(id);
@@ -191,6 +209,7 @@ class FakeBackend final : public GenerationBackend {
   int64_t cancels_ = 0;
   int64_t submitted_ = 0;
   int32_t waiting_override_ = 0;
+  int scoring_ticks_ = 0;
   bool paused_ = false;
   std::vector<uint64_t> last_seeds_;
   int32_t last_vocab_limit_ = 0;

@@ -42,6 +42,7 @@ struct Options {
   std::vector<ApiKeyConfig> keys;
   std::chrono::milliseconds delay = 1ms;
   double timeout_s = 30;
+  double head_timeout_s = 10;
   std::string script = "Once upon a time, there was a little girl.";
   std::vector<int32_t> script_ids;  // instead of `script` when set
 };
@@ -57,6 +58,7 @@ class Server {
     c.body_limit_bytes = o.body_limit;
     c.api_keys = o.keys;
     c.request_timeout_s = o.timeout_s;
+    c.head_timeout_s = o.head_timeout_s;
     server = testing::start_server(c, {m});
   }
   ~Server() {
@@ -461,6 +463,50 @@ TEST(HttpLayer, HealthAnswersWithAThousandIdleAndSlowConnectionsOpen) {
   idle[1]->send("\r\n");
   EXPECT_EQ(idle[1]->response(), 200);
   EXPECT_LT(process_threads(), 200);
+}
+
+// A client that sends part of a request head and stalls, or trickles it a byte at a time,
+// loses its connection once head_timeout_s has passed since its first byte (bytes that keep
+// coming do not extend it): a 408 or the close without one (the socket is closed when its
+// deadline passes); /health answers meanwhile and after.
+TEST(HttpLayer, AStalledOrTricklingHeadIsCutOff) {
+  INFERA_REQUIRE_FIXTURE(kStories);
+  Options o;
+  o.head_timeout_s = 0.3;
+  Server s(o);
+  Conn stalled(s.port());
+  ASSERT_TRUE(stalled.ok());
+  ASSERT_TRUE(stalled.send("POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Ty"));
+  Conn trickling(s.port());
+  ASSERT_TRUE(trickling.ok());
+  EXPECT_EQ(health(s.port()), 200);
+  // A byte every 20 ms: a head that would take seconds; the server ends it first.
+  const std::string head = "GET /health HTTP/1.1\r\nHost: localhost\r\nX-Slow: " + std::string(400, 'a');
+  bool cut_off = false;
+  for (char ch : head) {
+    if (!trickling.send(std::string_view(&ch, 1)) || trickling.readable()) {
+      cut_off = true;
+      break;
+    }
+    std::this_thread::sleep_for(20ms);
+  }
+  EXPECT_TRUE(cut_off) << "the trickled head was read to its end";
+  for (Conn* c : {&trickling, &stalled}) {
+    std::string body;
+    const int status = c->response(&body);
+    EXPECT_TRUE(status == 0 || status == 408) << status << " " << body;
+    if (status == 408) {
+      EXPECT_EQ(json::parse(body)["error"]["code"], "request_timeout");
+    }
+    EXPECT_TRUE(c->closed_by_peer());
+  }
+  EXPECT_EQ(health(s.port()), 200);
+  // A connection that has sent nothing is idle, not slow: the head timeout does not close it.
+  Conn quiet(s.port());
+  ASSERT_TRUE(quiet.ok());
+  std::this_thread::sleep_for(500ms);
+  ASSERT_TRUE(quiet.send("GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n"));
+  EXPECT_EQ(quiet.response(), 200);
 }
 
 TEST(HttpLayer, ManyStreamsDoNotTakeAThreadEach) {
