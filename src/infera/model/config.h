@@ -11,7 +11,7 @@
 
 namespace infera {
 
-enum class Arch { kLlama, kQwen3, kQwen3Moe, kQwen3Next, kQwen35, kQwen35Moe, kDeepseekV3, kSentinel };
+enum class Arch { kLlama, kQwen3, kQwen3Moe, kQwen3Next, kQwen35, kQwen35Moe, kDeepseekV3, kDeepseekV32, kSentinel };
 
 const char* arch_name(Arch a);
 

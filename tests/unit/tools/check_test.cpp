@@ -198,7 +198,7 @@ TEST_F(CheckTest, MissingFilesAndBadTemplate) {
 TEST_F(CheckTest, RecognisedButNotRunnableIsAWarning) {
   const fs::path d = copy("hybrid");
   json cfg;
-  std::ifstream(kSource + "/examples/configs/DeepSeek-V3.json") >> cfg;
+  std::ifstream(kSource + "/examples/configs/DeepSeek-V3.2.json") >> cfg;
   cfg.erase("quantization_config");
   std::ofstream(d / "config.json") << cfg.dump();
   const CheckReport r = check_model_dir(d.string());
