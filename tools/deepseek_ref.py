@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
-"""NumPy reference of DeepSeek-V3 (deepseek_v3): the whole forward of a small checkpoint, or
-one MLA layer, written from the Hugging Face modeling code's equations (ARCHITECTURES.md
-section 5), independently of Infera's kernels, for tests and the layer-by-layer dump diff.
+"""NumPy reference of DeepSeek-V3 (deepseek_v3) and V3.2 (deepseek_v32): the whole forward of a
+small checkpoint, built from one MLA layer (`mla`, with V3.2's lightning indexer choosing the
+positions each query attends to, `indexer_mask`), written from the Hugging Face / DeepSeek
+reference code's equations (ARCHITECTURES.md section 5), independently of Infera's kernels,
+for tests and the layer-by-layer dump diff.
 
     python3 tools/deepseek_ref.py MODEL_DIR --tokens 3,14,15,92 --out logits.npy [--dump DIR]
 
@@ -17,6 +19,10 @@ Conventions followed (HF modeling_deepseek_v3.py):
     mscale(factor, mscale) / mscale(factor, mscale_all_dim);
   - softmax scale 1/sqrt(qk_nope + qk_rope), times mscale(factor, mscale_all_dim)^2;
   - the naive attention form: k_nope and v expanded from c_kv by kv_b_proj;
+  - V3.2 indexer: q_I = wq_b(c_q), k_I = LayerNorm(wk(x)), both rotated NeoX-style on their
+    first qk_rope_head_dim dims, head weights weights_proj(x) / sqrt(heads * head_dim), score
+    sum_h w_h relu(q_I,h . k_I); the Hadamard rotation of the official kernels is orthogonal
+    and so left out (it changes no score in exact arithmetic);
   - router: sigmoid scores, + e_score_correction_bias for selection, group score = sum of
     the best two in each group, the topk_group best groups kept (others -inf, as
     llama.cpp), top-k, weights the unbiased scores, renormalised, times
@@ -122,8 +128,10 @@ def mla(w, p, cfg, a, pos):
                            cfg["v_head_dim"], cfg["kv_lora_rank"])
     eps = cfg.get("rms_norm_eps", 1e-6)
     s = p + "self_attn."
+    cq = None
     if cfg.get("q_lora_rank"):
-        q = rms(a @ w[s + "q_a_proj.weight"].T, w[s + "q_a_layernorm.weight"], eps) @ w[s + "q_b_proj.weight"].T
+        cq = rms(a @ w[s + "q_a_proj.weight"].T, w[s + "q_a_layernorm.weight"], eps)
+        q = cq @ w[s + "q_b_proj.weight"].T
     else:
         q = a @ w[s + "q_proj.weight"].T
     q = q.reshape(T, nh, nope + pr).transpose(1, 0, 2)  # [nh, T, qk]
@@ -137,10 +145,49 @@ def mla(w, p, cfg, a, pos):
     k_pe = rope_hf(k_pe[None], pos, inv, af)  # [1, T, pr]
     scores = (q[..., :nope] @ k_nope.transpose(0, 2, 1) + q_pe @ np.broadcast_to(k_pe, (nh, T, pr)).transpose(0, 2, 1))
     scores = scores * scale + np.triu(np.full((T, T), -np.inf), 1)
+    if cfg.get("index_n_heads"):
+        scores = scores + indexer_mask(w, s + "indexer.", cfg, a, cq, pos, inv, af)
     scores = np.exp(scores - scores.max(-1, keepdims=True))
     scores /= scores.sum(-1, keepdims=True)
     o = (scores @ v).transpose(1, 0, 2).reshape(T, nh * vd)
     return o @ w[s + "o_proj.weight"].T
+
+
+def rope_neox(x, pos, inv, attn_factor, rot):
+    """NeoX pairing (i, i + rot/2) on the first `rot` dims of x [..., T, d]."""
+    half = rot // 2
+    ang = np.outer(pos, inv)  # [T, rot/2]
+    cos, sin = np.cos(ang) * attn_factor, np.sin(ang) * attn_factor
+    y = x.copy()
+    a, b = x[..., :half], x[..., half:rot]
+    y[..., :half] = a * cos - b * sin
+    y[..., half:rot] = b * cos + a * sin
+    return y
+
+
+def indexer_mask(w, p, cfg, a, cq, pos, inv, af):
+    """DeepSeek-V3.2 lightning indexer: 0 where query t keeps position s (its index_topk best
+    scores among s <= t, ties to the lower position; every s <= t when t + 1 <= index_topk),
+    -inf elsewhere. [T, T]."""
+    T = a.shape[0]
+    nI, dI, k, pr = cfg["index_n_heads"], cfg["index_head_dim"], cfg["index_topk"], cfg["qk_rope_head_dim"]
+    q = (cq @ w[p + "wq_b.weight"].T).reshape(T, nI, dI).transpose(1, 0, 2)  # [nI, T, dI]
+    kk = a @ w[p + "wk.weight"].T
+    mu = kk.mean(-1, keepdims=True)
+    var = ((kk - mu) ** 2).mean(-1, keepdims=True)
+    kk = (kk - mu) / np.sqrt(var + 1e-6) * w[p + "k_norm.weight"] + w[p + "k_norm.bias"]
+    q = rope_neox(q, pos, inv, af, pr)
+    kk = rope_neox(kk, pos, inv, af, pr)
+    wt = (a @ w[p + "weights_proj.weight"].T) / math.sqrt(nI * dI)  # [T, nI]
+    score = np.einsum("th,hts->ts", wt, np.maximum(q @ kk.T, 0.0))  # [T, T]
+    mask = np.full((T, T), -np.inf)
+    for t in range(T):
+        if t + 1 <= k:
+            mask[t, :t + 1] = 0.0
+            continue
+        order = sorted(range(t + 1), key=lambda s_: (-score[t, s_], s_))[:k]
+        mask[t, order] = 0.0
+    return mask
 
 
 def swiglu(w, p, x):
@@ -201,8 +248,8 @@ def main():
     a = ap.parse_args()
     with open(os.path.join(a.model_dir, "config.json")) as f:
         cfg = json.load(f)
-    if cfg.get("model_type") != "deepseek_v3":
-        raise SystemExit(f"{a.model_dir}: model_type {cfg.get('model_type')} is not deepseek_v3")
+    if cfg.get("model_type") not in ("deepseek_v3", "deepseek_v32"):
+        raise SystemExit(f"{a.model_dir}: model_type {cfg.get('model_type')} is not deepseek_v3 or deepseek_v32")
     w = load_safetensors(a.model_dir)
     tokens = [int(t) for t in a.tokens.split(",") if t]
     if a.dump:

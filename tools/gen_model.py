@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Write a random-weight Hugging Face model directory for tests and benchmarks.
 
-    python3 tools/gen_model.py OUT_DIR --arch llama|qwen3|qwen3_moe|qwen3_5|qwen3_5_moe|qwen3_next|deepseek_v3
+    python3 tools/gen_model.py OUT_DIR --arch llama|qwen3|qwen3_moe|qwen3_5|qwen3_5_moe|qwen3_next|deepseek_v3|deepseek_v32
                                [shape options]
                                [--preset tinyllama]
 
@@ -32,7 +32,8 @@ direct q_proj; --kv-lora-rank, --qk-nope-dim, --qk-rope-dim, --v-head-dim), the 
 --first-dense layers dense, the rest MoE with sigmoid routing, e_score_correction_bias,
 --n-group / --topk-group group-limited selection, --n-shared shared experts and
 --routed-scale; the MTP layer model.layers.{layers}.* unless --no-mtp. --rope-scaling yarn
-adds DeepSeek's mscale / mscale_all_dim (--yarn-mscale).
+adds DeepSeek's mscale / mscale_all_dim (--yarn-mscale). deepseek_v32 adds the lightning indexer
+(--index-heads, --index-head-dim, --index-topk) to every attention layer.
 
 Samples are drawn from a 65536-entry table of normal quantiles indexed by random 16-bit
 numbers: as good as normal samples for a test model, and ~20x faster than
@@ -67,6 +68,7 @@ PRESETS = {
 }
 
 HYBRID_ARCHS = ["qwen3_5", "qwen3_5_moe", "qwen3_next"]
+DEEPSEEK_ARCHS = ["deepseek_v3", "deepseek_v32"]
 
 DTYPES = {"f32": ("F32", 4, "float32"), "bf16": ("BF16", 2, "bfloat16"), "f16": ("F16", 2, "float16")}
 
@@ -290,8 +292,16 @@ def deepseek_block_specs(p, a, layer, out_gain):
         TensorSpec(q + "kv_a_layernorm.weight", (r,), "norm", 0.1),
         TensorSpec(q + "kv_b_proj.weight", (nh * (a.qk_nope_dim + a.v_head_dim), r), "normal", 1.0 / math.sqrt(r)),
         TensorSpec(q + "o_proj.weight", (h, nh * a.v_head_dim), "normal", out_gain / math.sqrt(nh * a.v_head_dim)),
-        TensorSpec(p + "post_attention_layernorm.weight", (h,), "norm", 0.1),
     ]
+    if a.arch == "deepseek_v32":  # the lightning indexer
+        x = q + "indexer."
+        specs += [TensorSpec(x + "wq_b.weight", (a.index_heads * a.index_head_dim, a.q_lora_rank), "normal",
+                             1.0 / math.sqrt(a.q_lora_rank)),
+                  TensorSpec(x + "wk.weight", (a.index_head_dim, h), "normal", 1.0 / math.sqrt(h)),
+                  TensorSpec(x + "k_norm.weight", (a.index_head_dim,), "norm", 0.1),
+                  TensorSpec(x + "k_norm.bias", (a.index_head_dim,), "normal", 0.1),
+                  TensorSpec(x + "weights_proj.weight", (a.index_heads, h), "normal", 1.0 / math.sqrt(h))]
+    specs.append(TensorSpec(p + "post_attention_layernorm.weight", (h,), "norm", 0.1))
     if layer < a.first_dense:
         f = a.ffn
         return specs + [TensorSpec(p + "mlp.gate_proj.weight", (f, h), "normal", 1.0 / math.sqrt(h)),
@@ -347,7 +357,7 @@ def tensor_specs(a):
     """HF tensor names, shapes [out, in] and initializations, in file order."""
     if a.arch == "qwen3_next":
         return qwen3_next_specs(a)
-    if a.arch == "deepseek_v3":
+    if a.arch in DEEPSEEK_ARCHS:
         return deepseek_specs(a)
     if a.arch in HYBRID_ARCHS:
         return hybrid_specs(a)
@@ -688,7 +698,7 @@ def rope_scaling(a):
         return {"rope_type": "llama3", "factor": factor, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                 "original_max_position_embeddings": orig}
     if a.rope_scaling == "yarn":
-        if a.arch == "deepseek_v3":  # DeepSeek's attention scale correction
+        if a.arch in DEEPSEEK_ARCHS:  # DeepSeek's attention scale correction
             return {"type": "yarn", "factor": factor, "original_max_position_embeddings": orig, "beta_fast": 32,
                     "beta_slow": 1, "mscale": a.yarn_mscale, "mscale_all_dim": a.yarn_mscale}
         return {"rope_type": "yarn", "type": "yarn", "factor": factor, "original_max_position_embeddings": orig}
@@ -718,7 +728,7 @@ def model_config(a, ids):
                 "router_aux_loss_coef": 0.001, "output_router_logits": False}
     if a.arch == "qwen3_next":
         return qwen3_next_config(a, common)
-    if a.arch == "deepseek_v3":
+    if a.arch in DEEPSEEK_ARCHS:
         return deepseek_config(a, common)
     if a.arch in HYBRID_ARCHS:
         return hybrid_config(a, common)
@@ -783,6 +793,9 @@ def deepseek_config(a, common):
         "norm_topk_prob": a.norm_topk, "routed_scaling_factor": a.routed_scale,
         "num_nextn_predict_layers": 1 if a.mtp else 0, "aux_loss_alpha": 0.001, "seq_aux": True,
     })
+    if a.arch == "deepseek_v32":
+        cfg.update({"index_n_heads": a.index_heads, "index_head_dim": a.index_head_dim, "index_topk": a.index_topk})
+        return {"architectures": ["DeepseekV32ForCausalLM"], "model_type": "deepseek_v32", **cfg}
     return {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", **cfg}
 
 
@@ -807,7 +820,7 @@ def write_json(path, obj):
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("out_dir", help="directory to create (files in it are overwritten)")
-    p.add_argument("--arch", choices=["llama", "qwen3", "qwen3_moe"] + HYBRID_ARCHS + ["deepseek_v3"], default=None,
+    p.add_argument("--arch", choices=["llama", "qwen3", "qwen3_moe"] + HYBRID_ARCHS + DEEPSEEK_ARCHS, default=None,
                    help="architecture (default llama)")
     p.add_argument("--preset", choices=sorted(PRESETS), help="a named shape; explicit options override it")
     p.add_argument("--hidden", type=int, help="hidden size (default 64)")
@@ -858,6 +871,10 @@ def parse_args(argv):
     ds.add_argument("--n-shared", type=int, default=1, help="shared experts, each --moe-ffn wide (default 1)")
     ds.add_argument("--routed-scale", type=float, default=2.5, help="routed_scaling_factor (default 2.5)")
     ds.add_argument("--yarn-mscale", type=float, default=1.0, help="mscale and mscale_all_dim under yarn (default 1)")
+    ds.add_argument("--index-heads", type=int, default=4, help="deepseek_v32: indexer heads (default 4)")
+    ds.add_argument("--index-head-dim", type=int, default=16,
+                    help="deepseek_v32: indexer head dim, >= --qk-rope-dim (default 16)")
+    ds.add_argument("--index-topk", type=int, default=8, help="deepseek_v32: positions each query keeps (default 8)")
     p.add_argument("--max-shard-size", type=parse_size, default=parse_size("2GB"),
                    help="split weights into model-0000X-of-0000Y.safetensors above this size (default 2GB)")
     a = p.parse_args(argv)
@@ -870,12 +887,14 @@ def parse_args(argv):
             setattr(a, k, v)
     if a.rope_theta is None:
         a.rope_theta = {"llama": 10000.0, "qwen3_5": 10000000.0, "qwen3_5_moe": 10000000.0,
-                        "qwen3_next": 10000000.0, "deepseek_v3": 10000.0}.get(a.arch, 1000000.0)
+                        "qwen3_next": 10000000.0, "deepseek_v3": 10000.0, "deepseek_v32": 10000.0}.get(a.arch, 1000000.0)
     if a.arch == "qwen3_5":
         a.experts = 0
-    if a.arch in ("qwen3_moe", "qwen3_5_moe", "qwen3_next", "deepseek_v3") and not 1 <= a.experts_per_tok <= a.experts:
+    if a.arch in ["qwen3_moe", "qwen3_5_moe", "qwen3_next"] + DEEPSEEK_ARCHS and not 1 <= a.experts_per_tok <= a.experts:
         p.error("--experts-per-tok must be in [1, --experts]")
-    if a.arch == "deepseek_v3":
+    if a.arch == "deepseek_v32" and (a.q_lora_rank <= 0 or a.index_head_dim < a.qk_rope_dim or a.index_topk <= 0):
+        p.error("deepseek_v32 needs --q-lora-rank > 0, --index-head-dim >= --qk-rope-dim and --index-topk > 0")
+    if a.arch in DEEPSEEK_ARCHS:
         a.kv_heads = a.heads  # MLA: num_key_value_heads = heads in the published configs
         if a.qk_rope_dim <= 0 or a.qk_rope_dim % 2:
             p.error("--qk-rope-dim must be positive and even")

@@ -159,6 +159,56 @@ void mla_attention_naive(const float* q, int64_t n_tokens, int64_t n_heads, int6
   }
 }
 
+void indexer_scores(const float* q, const float* w, int64_t n_heads, int64_t d, const float* keys, int64_t ld,
+                    int64_t n_keys, float* out) {
+  for (int64_t s = 0; s < n_keys; ++s) {
+    const float* k = keys + s * ld;
+    float acc = 0.0f;
+    for (int64_t h = 0; h < n_heads; ++h) acc += w[h] * std::max(0.0f, dot(q + h * d, k, d));
+    out[s] = acc;
+  }
+}
+
+void topk_indices(const float* scores, int64_t n, int64_t k, int32_t* out) {
+  INFERA_ASSERT(k >= 0 && k <= n, "topk_indices: k out of range");
+  static thread_local std::vector<int32_t> order;
+  order.resize(static_cast<size_t>(n));
+  std::iota(order.begin(), order.end(), 0);
+  auto better = [scores](int32_t a, int32_t b) { return scores[a] > scores[b] || (scores[a] == scores[b] && a < b); };
+  std::nth_element(order.begin(), order.begin() + k, order.end(), better);
+  std::copy(order.begin(), order.begin() + k, out);
+  std::sort(out, out + k);
+}
+
+void mla_attention_sparse(const float* q, int64_t n_tokens, int64_t n_heads, const float* lat, int64_t ld, int64_t R,
+                          int64_t P, const int32_t* idx, const int32_t* n_idx, int64_t idx_stride, float scale,
+                          float* out) {
+  const int64_t D = R + P;
+  const int64_t items = n_tokens * n_heads;
+  const int threads = threads_for(items);
+#pragma omp parallel num_threads(threads) if (threads > 1)
+  {
+    static thread_local std::vector<float> s;
+#pragma omp for schedule(static)
+    for (int64_t it = 0; it < items; ++it) {
+      const int64_t i = it / n_heads;
+      const int32_t* rows = idx + i * idx_stride;
+      const int64_t n = n_idx[i];
+      const float* qh = q + it * D;
+      float* o = out + it * R;
+      std::fill(o, o + R, 0.0f);
+      if (n == 0) continue;
+      s.resize(static_cast<size_t>(n));
+      for (int64_t j = 0; j < n; ++j) {
+        const float* row = lat + static_cast<int64_t>(rows[j]) * ld;
+        s[j] = (dot(qh, row, R) + dot(qh + R, row + R, P)) * scale;
+      }
+      softmax_inplace(s.data(), n);
+      for (int64_t j = 0; j < n; ++j) axpy(s[j], lat + static_cast<int64_t>(rows[j]) * ld, o, R);
+    }
+  }
+}
+
 void moe_route_sigmoid(const float* logits, const float* bias, int64_t n_tokens, int64_t n_experts, int64_t k,
                        int64_t n_group, int64_t topk_group, bool normalize, float scaling, int32_t* ids,
                        float* weights) {
@@ -216,6 +266,53 @@ void moe_route_sigmoid(const float* logits, const float* bias, int64_t n_tokens,
 }
 
 namespace ref {
+
+void indexer_scores(const float* q, const float* w, int64_t n_heads, int64_t d, const float* keys, int64_t ld,
+                    int64_t n_keys, float* out) {
+  for (int64_t s = 0; s < n_keys; ++s) {
+    double acc = 0.0;
+    for (int64_t h = 0; h < n_heads; ++h) {
+      double qk = 0.0;
+      for (int64_t x = 0; x < d; ++x) qk += static_cast<double>(q[h * d + x]) * keys[s * ld + x];
+      acc += static_cast<double>(w[h]) * std::max(0.0, qk);
+    }
+    out[s] = static_cast<float>(acc);
+  }
+}
+
+void topk_indices(const float* scores, int64_t n, int64_t k, int32_t* out) {
+  std::vector<int32_t> order(static_cast<size_t>(n));
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [scores](int32_t a, int32_t b) { return scores[a] > scores[b]; });
+  std::copy(order.begin(), order.begin() + k, out);
+  std::sort(out, out + k);
+}
+
+void mla_attention_masked(const float* q, int64_t n_tokens, int64_t n_heads, int64_t n_ctx, const float* lat,
+                          int64_t ld, int64_t R, int64_t P, const uint8_t* mask, float scale, float* out) {
+  const int64_t D = R + P;
+  for (int64_t i = 0; i < n_tokens; ++i) {
+    for (int64_t h = 0; h < n_heads; ++h) {
+      const float* qh = q + (i * n_heads + h) * D;
+      std::vector<double> s(static_cast<size_t>(n_ctx), 0.0);
+      double m = -1e300;
+      for (int64_t t = 0; t < n_ctx; ++t) {
+        if (!mask[i * n_ctx + t]) continue;
+        double acc = 0.0;
+        for (int64_t d = 0; d < D; ++d) acc += static_cast<double>(qh[d]) * lat[t * ld + d];
+        s[t] = acc * scale;
+        m = std::max(m, s[t]);
+      }
+      double sum = 0.0;
+      for (int64_t t = 0; t < n_ctx; ++t) sum += mask[i * n_ctx + t] ? (s[t] = std::exp(s[t] - m)) : (s[t] = 0.0);
+      for (int64_t r = 0; r < R; ++r) {
+        double acc = 0.0;
+        for (int64_t t = 0; t < n_ctx; ++t) acc += s[t] * lat[t * ld + r];
+        out[(i * n_heads + h) * R + r] = sum > 0 ? static_cast<float>(acc / sum) : 0.0f;
+      }
+    }
+  }
+}
 
 void mla_attention_absorbed(const float* q, int64_t n_tokens, int64_t n_heads, int64_t pos0, const float* lat,
                             int64_t ld, int64_t R, int64_t P, float scale, float* out) {

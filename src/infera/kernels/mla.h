@@ -44,6 +44,24 @@ void mla_attention_absorbed(const float* q, int64_t n_tokens, int64_t n_heads, i
 void mla_attention_naive(const float* q, int64_t n_tokens, int64_t n_heads, int64_t pos0, const float* kv, int64_t nope,
                          int64_t V, const float* k_pe, int64_t k_pe_ld, int64_t P, float scale, float* out);
 
+// ---- DeepSeek-V3.2 sparse attention (DSA) ----
+
+// Lightning-indexer scores of one query over keys: out[s] = Σ_h w[h] · max(0, q[h] · k_s)
+// for s < n_keys; q [n_heads, d], w [n_heads], key s at keys + s * ld (d values).
+void indexer_scores(const float* q, const float* w, int64_t n_heads, int64_t d, const float* keys, int64_t ld,
+                    int64_t n_keys, float* out);
+
+// The positions of the k largest scores[0, n) (ties: the lower position first), in
+// ascending position order; k <= n.
+void topk_indices(const float* scores, int64_t n, int64_t k, int32_t* out);
+
+// Absorbed MLA over a per-query list of positions: query token i (q as for
+// mla_attention_absorbed) attends to rows idx[i * idx_stride + j], j < n_idx[i], of lat.
+// With every position [0, pos0 + i] listed it is mla_attention_absorbed.
+void mla_attention_sparse(const float* q, int64_t n_tokens, int64_t n_heads, const float* lat, int64_t ld, int64_t R,
+                          int64_t P, const int32_t* idx, const int32_t* n_idx, int64_t idx_stride, float scale,
+                          float* out);
+
 // DeepSeek-V3 router (topk_method noaux_tc): s = sigmoid(logits); selection on s + bias
 // (bias may be null), limited to the topk_group best of n_group equal groups of experts
 // (a group scores the sum of its two best biased scores; one expert per group: that one);
@@ -55,6 +73,13 @@ void moe_route_sigmoid(const float* logits, const float* bias, int64_t n_tokens,
                        float* weights);
 
 namespace ref {
+
+void indexer_scores(const float* q, const float* w, int64_t n_heads, int64_t d, const float* keys, int64_t ld,
+                    int64_t n_keys, float* out);
+void topk_indices(const float* scores, int64_t n, int64_t k, int32_t* out);
+// Dense absorbed attention with a mask: row t of query i counts iff mask[i * n_ctx + t].
+void mla_attention_masked(const float* q, int64_t n_tokens, int64_t n_heads, int64_t n_ctx, const float* lat,
+                          int64_t ld, int64_t R, int64_t P, const uint8_t* mask, float scale, float* out);
 
 void mla_attention_absorbed(const float* q, int64_t n_tokens, int64_t n_heads, int64_t pos0, const float* lat,
                             int64_t ld, int64_t R, int64_t P, float scale, float* out);

@@ -132,8 +132,7 @@ std::vector<ArchInfo> make_registry() {
     rows.push_back(a);
   }
   {
-    // DeepSeek-V3.2: V3 plus the lightning indexer (sparse attention); recognised for
-    // `infera check` and `infera plan`, not runnable until the indexer is.
+    // DeepSeek-V3.2: V3 plus the lightning indexer (sparse attention), the same model file.
     ArchInfo a;
     a.arch = Arch::kDeepseekV32;
     a.read_config = read_deepseek_config;
@@ -142,6 +141,7 @@ std::vector<ArchInfo> make_registry() {
     a.display_name = "DeepSeek-V3.2";
     a.traits.mla = true;
     a.tensors = deepseek_tensor_table;
+    a.create = create_deepseek_model;  // model/deepseek.cpp
     rows.push_back(a);
   }
   return rows;

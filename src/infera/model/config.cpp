@@ -295,7 +295,8 @@ int ModelConfig::num_full_attention_layers() const {
 }
 
 int64_t ModelConfig::kv_values_per_token_per_layer() const {
-  if (mla) return static_cast<int64_t>(kv_lora_rank) + qk_rope_head_dim;
+  // DeepSeek-V3.2 keeps the lightning indexer's key beside the latent.
+  if (mla) return static_cast<int64_t>(kv_lora_rank) + qk_rope_head_dim + (index_n_heads > 0 ? index_head_dim : 0);
   return 2LL * num_kv_heads * head_dim;
 }
 

@@ -1,4 +1,5 @@
-// DeepSeek-V3 (deepseek_v3; Kimi-K2-style checkpoints declare the same architecture):
+// DeepSeek-V3 (deepseek_v3; Kimi-K2-style checkpoints declare the same architecture) and
+// DeepSeek-V3.2 (deepseek_v32: V3 plus the lightning indexer, sparse attention):
 // multi-head latent attention (MLA) with a compressed KV cache, a group-limited sigmoid
 // mixture of experts with shared experts, dense first layers, and the multi-token
 // prediction layer (model.layers.{num_hidden_layers}) as an MTP head. ARCHITECTURES.md
@@ -17,6 +18,13 @@
 //   logits = lm_head(rms(x))
 // s = mscale² / sqrt(qk_nope + qk_rope), mscale = 0.1 mscale_all_dim ln(factor) + 1 under
 // YaRN with mscale_all_dim (else 1).
+//
+// V3.2: per layer the lightning indexer scores every earlier position for each query,
+//   q_I = W_Iq c_q [heads, dim], k_I = LayerNorm(W_Ik a), both rotated NeoX-style on their
+//   first qk_rope_head_dim dims; I(t, s) = Σ_h w_h ReLU(q_I,h · k_I,s), w = W_Iw a / sqrt(heads dim)
+// and the query attends (absorbed form) only to its index_topk best positions; with at most
+// index_topk positions of context, all of them: dense MLA. The indexer key is cached in
+// the latent row, after k_pe.
 //
 // The latent cache lives in the paged KvPool as one KV head of (R + P + 1) / 2 values, K
 // half then V half (sequence_geometry; kernels/mla.h), in f32, bf16 or int8. Per chunk,
@@ -47,6 +55,17 @@ namespace {
 
 using kernels::LinearWeight;
 
+// LayerNorm in place (the indexer's key norm, eps 1e-6 as torch.nn.LayerNorm's DeepSeek use).
+void layer_norm(float* x, const float* w, const float* b, int64_t n) {
+  double mean = 0.0, var = 0.0;
+  for (int64_t i = 0; i < n; ++i) mean += x[i];
+  mean /= static_cast<double>(n);
+  for (int64_t i = 0; i < n; ++i) var += (x[i] - mean) * (x[i] - mean);
+  var /= static_cast<double>(n);
+  const double inv = 1.0 / std::sqrt(var + 1e-6);
+  for (int64_t i = 0; i < n; ++i) x[i] = static_cast<float>((x[i] - mean) * inv) * w[i] + b[i];
+}
+
 enum class MlaForm { kAuto, kAbsorbed, kNaive };
 
 MlaForm mla_form_from_env() {
@@ -64,6 +83,11 @@ struct MlaWeights {
   std::vector<float> kv_a_norm;  // [R]
   std::vector<float> kv_b;  // [nh * (nope + V), R] f32 (this rank's heads): per head k_nope rows, then v rows
   LinearWeight o;  // [H, nh * V]
+  // DeepSeek-V3.2 lightning indexer (index_n_heads > 0).
+  LinearWeight idx_wq;  // [nI * dI, qr]
+  LinearWeight idx_wk;  // [dI, H]
+  std::vector<float> idx_k_norm, idx_k_bias;  // [dI] LayerNorm
+  kernels::MatRef idx_weights{};  // [nI, H] weights_proj (float)
 };
 
 struct DsLayer {
@@ -101,8 +125,10 @@ class DeepseekModel final : public Model, public MtpHead {
       fail("{}: num_experts_per_tok ({}) exceeds the experts of topk_group ({}) groups", weights_.where(),
            cfg.num_experts_per_tok, cfg.topk_group);
     }
-    if (cfg.index_n_heads > 0) {
-      fail("{}: DeepSeek-V3.2 sparse attention (the lightning indexer) is not supported yet", weights_.where());
+    if (cfg.index_n_heads > 0 &&
+        (cfg.q_lora_rank == 0 || cfg.index_head_dim < cfg.qk_rope_head_dim || cfg.index_topk <= 0)) {
+      fail("{}: the lightning indexer needs q_lora_rank > 0, index_head_dim >= qk_rope_head_dim and index_topk > 0",
+           weights_.where());
     }
     const ModelWeights& w = weights_;
     embed_ = w.linear(-1, "token_embd");
@@ -154,6 +180,7 @@ class DeepseekModel final : public Model, public MtpHead {
       const MlaWeights& a = L.attn;
       for (const LinearWeight* m : {&a.q_a, &a.q_b, &a.q, &a.kv_a, &a.o}) bytes += m->bytes();
       bytes += static_cast<int64_t>(a.kv_b.size() * sizeof(float));
+      bytes += a.idx_wq.bytes() + a.idx_wk.bytes() + matrix_bytes(a.idx_weights);  // V3.2 indexer
       bytes += L.moe ? L.experts.weight_bytes_active() : L.mlp.bytes();
     }
     return bytes;
@@ -203,6 +230,13 @@ class DeepseekModel final : public Model, public MtpHead {
       w.kv_b.assign(kv_b.begin() + r0 * R, kv_b.begin() + r1 * R);
     }
     w.o = shard_.columns(wt.linear(layer, "attn_output"), o_cols);
+    if (c.index_n_heads > 0) {
+      w.idx_wq = wt.linear(layer, "indexer_q_b");
+      w.idx_wk = wt.linear(layer, "indexer_k");
+      w.idx_k_norm = wt.vector(layer, "indexer_k_norm");
+      w.idx_k_bias = wt.vector(layer, "indexer_k_norm_bias");
+      w.idx_weights = wt.matrix(layer, "indexer_proj");
+    }
     L.moe = c.is_moe_layer(layer);
     if (L.moe) {
       // The routed experts and the (ungated) shared experts, as the table lists them.
@@ -243,6 +277,8 @@ class DeepseekModel final : public Model, public MtpHead {
 
   std::vector<float> x_, xn_, cq_, q_, kva_, lat_, attn_, out_, ffn_, rows_, hidden_, cat_;
   std::vector<float> ctx_, qabs_, olat_, kvx_, cbuf_, swiglu_scratch_;
+  std::vector<float> iq_, ik_, iw_, scores_;  // V3.2 indexer: queries, keys, head weights, scores
+  std::vector<int32_t> sel_, n_sel_;  // V3.2: selected positions per query
   std::vector<int32_t> positions_;
   std::vector<int64_t> slots_;
 };
@@ -272,13 +308,31 @@ void DeepseekModel::attention(const DsLayer& L, const ForwardBatch& batch, KvPoo
     float* ys[] = {q_.data(), kva_.data()};
     kernels::linear_multi(xn_.data(), T, ws, ys);
   }
-  // The cached rows: [rms(c_kv) | rope(k_pe) | 0 pad].
+  // The cached rows: [rms(c_kv) | rope(k_pe) | indexer key (V3.2) | 0 pad].
   lat_.assign(static_cast<size_t>(T * lw), 0.0f);
   for (int64_t t = 0; t < T; ++t) {
     const float* src = kva_.data() + t * (R + P);
     float* dst = lat_.data() + t * lw;
     kernels::rmsnorm(src, w.kv_a_norm.data(), dst, 1, R, c.rms_norm_eps);
     std::memcpy(dst + R, src + R, P * sizeof(float));
+  }
+  const bool indexer = c.index_n_heads > 0;
+  const int64_t nI = c.index_n_heads, dI = c.index_head_dim;
+  if (indexer) {
+    // q_I = W_Iq c_q [nI, dI], k_I = LayerNorm(W_Ik a) [dI], both RoPE'd NeoX-style on
+    // their first qk_rope_head_dim dims ([rope | nope]); head weights W_Iw a / sqrt(nI dI).
+    iq_.resize(static_cast<size_t>(T * nI * dI));
+    ik_.resize(static_cast<size_t>(T * dI));
+    iw_.resize(static_cast<size_t>(T * nI));
+    kernels::linear(cq_.data(), T, w.idx_wq, iq_.data());
+    kernels::linear(xn_.data(), T, w.idx_wk, ik_.data());
+    kernels::matmul(xn_.data(), T, w.idx_weights, iw_.data());
+    const float wscale = 1.0f / std::sqrt(static_cast<float>(nI * dI));
+    for (float& v : iw_) v *= wscale;
+    for (int64_t t = 0; t < T; ++t) layer_norm(ik_.data() + t * dI, w.idx_k_norm.data(), w.idx_k_bias.data(), dI);
+    kernels::rope_neox(iq_.data(), T, nI, dI, P, positions_.data(), rope_.inv_freq.data(), rope_.attn_factor);
+    kernels::rope_neox(ik_.data(), T, 1, dI, P, positions_.data(), rope_.inv_freq.data(), rope_.attn_factor);
+    for (int64_t t = 0; t < T; ++t) std::memcpy(lat_.data() + t * lw + R + P, ik_.data() + t * dI, dI * sizeof(float));
   }
   kernels::rope_interleaved(lat_.data(), T, 1, lw, R, P, positions_.data(), rope_.inv_freq.data(), rope_.attn_factor);
   kernels::rope_interleaved(q_.data(), T, nh, qk, nope, P, positions_.data(), rope_.inv_freq.data(), rope_.attn_factor);
@@ -302,7 +356,11 @@ void DeepseekModel::attention(const DsLayer& L, const ForwardBatch& batch, KvPoo
 
     const float* qs = q_.data() + static_cast<int64_t>(s.token_begin) * nh * qk;
     float* os = out + static_cast<int64_t>(s.token_begin) * nh * V;
-    bool naive = form_ == MlaForm::kNaive;
+    // V3.2 with more context than index_topk: each query attends to the index_topk positions
+    // its indexer scores highest (absorbed form over the selected rows). Up to index_topk
+    // every position is selected: dense MLA, below.
+    const bool sparse = indexer && ctx > c.index_topk;
+    bool naive = form_ == MlaForm::kNaive && !sparse;
     // Absorbing costs n·nh·(2R + P) per context row, expanding nh·R·(nope + V) once per
     // row plus n·nh·(qk + V).
     if (form_ == MlaForm::kAuto) naive = n * (2 * R + P) > R * kvw + n * (qk + V);
@@ -332,7 +390,30 @@ void DeepseekModel::attention(const DsLayer& L, const ForwardBatch& batch, KvPoo
       }
     }
     olat_.resize(static_cast<size_t>(n * nh * R));
-    kernels::mla_attention_absorbed(qabs_.data(), n, nh, s.pos0, ctx_.data(), lw, R, P, scale_, olat_.data());
+    if (sparse) {
+      const int64_t k = c.index_topk;
+      sel_.resize(static_cast<size_t>(n * k));
+      n_sel_.resize(static_cast<size_t>(n));
+      scores_.resize(static_cast<size_t>(ctx));
+      for (int64_t i = 0; i < n; ++i) {
+        const int64_t n_keys = s.pos0 + i + 1;  // causal
+        const int64_t t = s.token_begin + i;
+        int32_t* out_i = sel_.data() + i * k;
+        if (n_keys <= k) {
+          for (int64_t j = 0; j < n_keys; ++j) out_i[j] = static_cast<int32_t>(j);
+          n_sel_[i] = static_cast<int32_t>(n_keys);
+          continue;
+        }
+        kernels::indexer_scores(iq_.data() + t * nI * dI, iw_.data() + t * nI, nI, dI, ctx_.data() + R + P, lw, n_keys,
+                                scores_.data());
+        kernels::topk_indices(scores_.data(), n_keys, k, out_i);
+        n_sel_[i] = static_cast<int32_t>(k);
+      }
+      kernels::mla_attention_sparse(qabs_.data(), n, nh, ctx_.data(), lw, R, P, sel_.data(), n_sel_.data(), k, scale_,
+                                    olat_.data());
+    } else {
+      kernels::mla_attention_absorbed(qabs_.data(), n, nh, s.pos0, ctx_.data(), lw, R, P, scale_, olat_.data());
+    }
     // o_h = W_UV,h · olat_h: rows [h kvw + nope, (h + 1) kvw) of kv_b.
     cbuf_.resize(static_cast<size_t>(n * R));
     const kernels::MatRef kvb{reinterpret_cast<const uint8_t*>(w.kv_b.data()), DType::kF32, nh * kvw, R};

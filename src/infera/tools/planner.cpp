@@ -181,19 +181,13 @@ Plan plan_memory(const ModelConfig& c, const PlanOptions& o) {
   plan.kv_layers = c.num_full_attention_layers() + (mtp ? c.num_mtp_layers() : 0);
   plan.recurrent_layers = c.num_layers - c.num_full_attention_layers();
   plan.kv_values_per_token_per_layer = c.kv_values_per_token_per_layer();
-  const int64_t kv_elem = o.kv_dtype == DType::kF32 ? 4 : o.kv_dtype == DType::kBF16 ? 2 : 1;
   int64_t kv_per_token = 0;
   if (c.mla) {
     // The latent, as the KV pool holds it (sequence_geometry: one KV head, K half and V
     // half; int8 with an f32 scale per half row).
     KvPoolShape pool = sequence_geometry(c, 0, o.kv_dtype, o.block_size).kv;
     pool.num_layers = plan.kv_layers;
-    kv_per_token = pool.bytes_per_token();
-    // DeepSeek-V3.2: the lightning indexer's key cache, index_head_dim values per token and
-    // layer (MTP layer included), in the KV dtype.
-    if (c.index_n_heads > 0) {
-      kv_per_token += plan.kv_layers * (c.index_head_dim * kv_elem + (o.kv_dtype == DType::kI8 ? 4 : 0));
-    }
+    kv_per_token = pool.bytes_per_token();  // V3.2: the indexer key is part of the row
   } else {
     // Exactly what the KV pool allocates (model/kv_pool.h): int8 with an f32 scale per
     // token and KV head, for K and for V. KV heads split across devices; with more devices
@@ -304,9 +298,8 @@ Plan plan_memory(const ModelConfig& c, const PlanOptions& o) {
     plan.notes.push_back(
         "MLA: the KV cache holds the compressed latent (kv_lora_rank + qk_rope_head_dim values per token and layer)");
   if (c.index_n_heads > 0)
-    plan.notes.push_back(fmt::format(
-        "DSA: the lightning indexer adds {} key values per token and layer (its own cache; not runnable yet)",
-        c.index_head_dim));
+    plan.notes.push_back(
+        fmt::format("DSA: the lightning indexer's key adds {} values per token and layer", c.index_head_dim));
   return plan;
 }
 

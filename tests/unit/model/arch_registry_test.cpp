@@ -71,10 +71,11 @@ TEST(ArchRegistry, EveryModelTypeSelectsItsRow) {
   // The lists users see in errors come from the rows.
   EXPECT_EQ(known_model_types(),
             "llama, qwen3, qwen3_moe, qwen3_next, qwen3_5, qwen3_5_moe, deepseek_v3, deepseek_v32");
-  EXPECT_EQ(runnable_arch_names(), "llama, qwen3, qwen3_moe, qwen3_next, qwen3_5, qwen3_5_moe, deepseek_v3");
+  EXPECT_EQ(runnable_arch_names(),
+            "llama, qwen3, qwen3_moe, qwen3_next, qwen3_5, qwen3_5_moe, deepseek_v3, deepseek_v32");
   EXPECT_TRUE(arch_info(Arch::kDeepseekV3).runnable());
   EXPECT_TRUE(arch_info(Arch::kDeepseekV3).traits.mla);
-  EXPECT_FALSE(arch_info(Arch::kDeepseekV32).runnable());  // the lightning indexer is not implemented
+  EXPECT_TRUE(arch_info(Arch::kDeepseekV32).runnable());
   EXPECT_TRUE(arch_info(Arch::kDeepseekV32).traits.mla);
 }
 
