@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Write a random-weight Hugging Face model directory for tests and benchmarks.
 
-    python3 tools/gen_model.py OUT_DIR --arch llama|qwen3|qwen3_moe|qwen3_5|qwen3_5_moe|qwen3_next [shape options]
+    python3 tools/gen_model.py OUT_DIR --arch llama|qwen3|qwen3_moe|qwen3_5|qwen3_5_moe|qwen3_next|deepseek_v3|deepseek_v32
+                               [shape options]
                                [--preset tinyllama]
 
 The directory holds config.json, generation_config.json, model.safetensors (or shards
@@ -25,6 +26,14 @@ options and seed: the GDN projections are fused per key-head group (in_proj_qkvz
 in_proj_ba, the layout transformers' fix_query_key_value_ordering undoes) and the experts
 stored per expert, so both directories describe the same network and must give the same
 logits. --mlp-only-layers / --decoder-sparse-step make some qwen3_next layers dense.
+
+deepseek_v3 (DeepseekV3ForCausalLM): multi-head latent attention (--q-lora-rank, 0 for a
+direct q_proj; --kv-lora-rank, --qk-nope-dim, --qk-rope-dim, --v-head-dim), the first
+--first-dense layers dense, the rest MoE with sigmoid routing, e_score_correction_bias,
+--n-group / --topk-group group-limited selection, --n-shared shared experts and
+--routed-scale; the MTP layer model.layers.{layers}.* unless --no-mtp. --rope-scaling yarn
+adds DeepSeek's mscale / mscale_all_dim (--yarn-mscale). deepseek_v32 adds the lightning indexer
+(--index-heads, --index-head-dim, --index-topk) to every attention layer.
 
 Samples are drawn from a 65536-entry table of normal quantiles indexed by random 16-bit
 numbers: as good as normal samples for a test model, and ~20x faster than
@@ -59,6 +68,7 @@ PRESETS = {
 }
 
 HYBRID_ARCHS = ["qwen3_5", "qwen3_5_moe", "qwen3_next"]
+DEEPSEEK_ARCHS = ["deepseek_v3", "deepseek_v32"]
 
 DTYPES = {"f32": ("F32", 4, "float32"), "bf16": ("BF16", 2, "bfloat16"), "f16": ("F16", 2, "float16")}
 
@@ -263,6 +273,81 @@ def qwen3_next_specs(a):
     return out
 
 
+def deepseek_block_specs(p, a, layer, out_gain):
+    """One DeepSeek-V3 decoder block: MLA attention, then a dense SwiGLU (layer <
+    first_k_dense_replace) or the sigmoid-routed MoE with shared experts."""
+    h, nh = a.hidden, a.heads
+    qk = a.qk_nope_dim + a.qk_rope_dim
+    r, pr = a.kv_lora_rank, a.qk_rope_dim
+    q = p + "self_attn."
+    specs = [TensorSpec(p + "input_layernorm.weight", (h,), "norm", 0.1)]
+    if a.q_lora_rank > 0:
+        specs += [TensorSpec(q + "q_a_proj.weight", (a.q_lora_rank, h), "normal", 1.0 / math.sqrt(h)),
+                  TensorSpec(q + "q_a_layernorm.weight", (a.q_lora_rank,), "norm", 0.1),
+                  TensorSpec(q + "q_b_proj.weight", (nh * qk, a.q_lora_rank), "normal", 1.0 / math.sqrt(a.q_lora_rank))]
+    else:
+        specs.append(TensorSpec(q + "q_proj.weight", (nh * qk, h), "normal", 1.0 / math.sqrt(h)))
+    specs += [
+        TensorSpec(q + "kv_a_proj_with_mqa.weight", (r + pr, h), "normal", 1.0 / math.sqrt(h)),
+        TensorSpec(q + "kv_a_layernorm.weight", (r,), "norm", 0.1),
+        TensorSpec(q + "kv_b_proj.weight", (nh * (a.qk_nope_dim + a.v_head_dim), r), "normal", 1.0 / math.sqrt(r)),
+        TensorSpec(q + "o_proj.weight", (h, nh * a.v_head_dim), "normal", out_gain / math.sqrt(nh * a.v_head_dim)),
+    ]
+    if a.arch == "deepseek_v32":  # the lightning indexer
+        x = q + "indexer."
+        specs += [TensorSpec(x + "wq_b.weight", (a.index_heads * a.index_head_dim, a.q_lora_rank), "normal",
+                             1.0 / math.sqrt(a.q_lora_rank)),
+                  TensorSpec(x + "wk.weight", (a.index_head_dim, h), "normal", 1.0 / math.sqrt(h)),
+                  TensorSpec(x + "k_norm.weight", (a.index_head_dim,), "norm", 0.1),
+                  TensorSpec(x + "k_norm.bias", (a.index_head_dim,), "normal", 0.1),
+                  TensorSpec(x + "weights_proj.weight", (a.index_heads, h), "normal", 1.0 / math.sqrt(h))]
+    specs.append(TensorSpec(p + "post_attention_layernorm.weight", (h,), "norm", 0.1))
+    if layer < a.first_dense:
+        f = a.ffn
+        return specs + [TensorSpec(p + "mlp.gate_proj.weight", (f, h), "normal", 1.0 / math.sqrt(h)),
+                        TensorSpec(p + "mlp.up_proj.weight", (f, h), "normal", 1.0 / math.sqrt(h)),
+                        TensorSpec(p + "mlp.down_proj.weight", (h, f), "normal", 2.0 * out_gain / math.sqrt(f))]
+    e, i = a.experts, a.moe_ffn
+    m = p + "mlp."
+    # The selection bias is large enough to change which experts win.
+    specs += [TensorSpec(m + "gate.weight", (e, h), "normal", 1.0 / math.sqrt(h)),
+              TensorSpec(m + "gate.e_score_correction_bias", (e,), "normal", 0.3)]
+    for x in range(e):
+        t = f"{m}experts.{x}."
+        specs += [TensorSpec(t + "gate_proj.weight", (i, h), "normal", 1.0 / math.sqrt(h)),
+                  TensorSpec(t + "up_proj.weight", (i, h), "normal", 1.0 / math.sqrt(h)),
+                  TensorSpec(t + "down_proj.weight", (h, i), "normal", out_gain / math.sqrt(i))]
+    if a.n_shared > 0:
+        s = i * a.n_shared
+        specs += [TensorSpec(m + "shared_experts.gate_proj.weight", (s, h), "normal", 1.0 / math.sqrt(h)),
+                  TensorSpec(m + "shared_experts.up_proj.weight", (s, h), "normal", 1.0 / math.sqrt(h)),
+                  TensorSpec(m + "shared_experts.down_proj.weight", (h, s), "normal", out_gain / math.sqrt(s))]
+    return specs
+
+
+def deepseek_specs(a):
+    """DeepSeek-V3: model.*, lm_head, and the MTP layer as model.layers.{layers}.*."""
+    h = a.hidden
+    head_std = 3.0 / math.sqrt(h)
+    out_gain = 4.0 if a.tie else 1.0
+    specs = [TensorSpec("model.embed_tokens.weight", (a.vocab, h), "normal", head_std if a.tie else 1.0)]
+    for i in range(a.layers):
+        specs += deepseek_block_specs(f"model.layers.{i}.", a, i, out_gain)
+    specs.append(TensorSpec("model.norm.weight", (h,), "norm", 0.1))
+    if not a.tie:
+        specs.append(TensorSpec("lm_head.weight", (a.vocab, h), "normal", head_std))
+    if a.mtp:
+        p = f"model.layers.{a.layers}."
+        specs += [TensorSpec(p + "embed_tokens.weight", (a.vocab, h), "normal", head_std if a.tie else 1.0),
+                  TensorSpec(p + "enorm.weight", (h,), "norm", 0.1),
+                  TensorSpec(p + "hnorm.weight", (h,), "norm", 0.1),
+                  TensorSpec(p + "eh_proj.weight", (h, 2 * h), "normal", 1.0 / math.sqrt(2 * h))]
+        specs += deepseek_block_specs(p, a, a.layers, out_gain)
+        specs += [TensorSpec(p + "shared_head.norm.weight", (h,), "norm", 0.1),
+                  TensorSpec(p + "shared_head.head.weight", (a.vocab, h), "normal", head_std)]
+    return specs
+
+
 def layer_types(a):
     """Every full_attention_interval-th layer is full attention, the rest Gated DeltaNet."""
     return ["full_attention" if (i + 1) % a.full_attn_interval == 0 else "linear_attention" for i in range(a.layers)]
@@ -272,6 +357,8 @@ def tensor_specs(a):
     """HF tensor names, shapes [out, in] and initializations, in file order."""
     if a.arch == "qwen3_next":
         return qwen3_next_specs(a)
+    if a.arch in DEEPSEEK_ARCHS:
+        return deepseek_specs(a)
     if a.arch in HYBRID_ARCHS:
         return hybrid_specs(a)
     h, hd, ffn = a.hidden, a.head_dim, a.ffn
@@ -611,6 +698,9 @@ def rope_scaling(a):
         return {"rope_type": "llama3", "factor": factor, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                 "original_max_position_embeddings": orig}
     if a.rope_scaling == "yarn":
+        if a.arch in DEEPSEEK_ARCHS:  # DeepSeek's attention scale correction
+            return {"type": "yarn", "factor": factor, "original_max_position_embeddings": orig, "beta_fast": 32,
+                    "beta_slow": 1, "mscale": a.yarn_mscale, "mscale_all_dim": a.yarn_mscale}
         return {"rope_type": "yarn", "type": "yarn", "factor": factor, "original_max_position_embeddings": orig}
     return {"rope_type": "linear", "type": "linear", "factor": factor}
 
@@ -638,6 +728,8 @@ def model_config(a, ids):
                 "router_aux_loss_coef": 0.001, "output_router_logits": False}
     if a.arch == "qwen3_next":
         return qwen3_next_config(a, common)
+    if a.arch in DEEPSEEK_ARCHS:
+        return deepseek_config(a, common)
     if a.arch in HYBRID_ARCHS:
         return hybrid_config(a, common)
     return {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", **common,
@@ -686,6 +778,27 @@ def qwen3_next_config(a, common):
             "router_aux_loss_coef": 0.001, "output_router_logits": False, "use_sliding_window": False}
 
 
+def deepseek_config(a, common):
+    """DeepSeek-V3 as the published config.json lays it out (num_key_value_heads = heads,
+    no head_dim: the q/k head is qk_nope_head_dim + qk_rope_head_dim)."""
+    cfg = dict(common)
+    cfg.pop("head_dim")
+    cfg["num_key_value_heads"] = a.heads
+    cfg.update({
+        "q_lora_rank": a.q_lora_rank if a.q_lora_rank > 0 else None, "kv_lora_rank": a.kv_lora_rank,
+        "qk_nope_head_dim": a.qk_nope_dim, "qk_rope_head_dim": a.qk_rope_dim, "v_head_dim": a.v_head_dim,
+        "n_routed_experts": a.experts, "n_shared_experts": a.n_shared, "num_experts_per_tok": a.experts_per_tok,
+        "moe_intermediate_size": a.moe_ffn, "moe_layer_freq": 1, "first_k_dense_replace": a.first_dense,
+        "n_group": a.n_group, "topk_group": a.topk_group, "topk_method": "noaux_tc", "scoring_func": "sigmoid",
+        "norm_topk_prob": a.norm_topk, "routed_scaling_factor": a.routed_scale,
+        "num_nextn_predict_layers": 1 if a.mtp else 0, "aux_loss_alpha": 0.001, "seq_aux": True,
+    })
+    if a.arch == "deepseek_v32":
+        cfg.update({"index_n_heads": a.index_heads, "index_head_dim": a.index_head_dim, "index_topk": a.index_topk})
+        return {"architectures": ["DeepseekV32ForCausalLM"], "model_type": "deepseek_v32", **cfg}
+    return {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", **cfg}
+
+
 def mrope_section(a):
     """Interleaved M-RoPE: pair i takes stream i % 3, so stream j covers ceil((pairs - j) / 3)
     pairs (Qwen's [11, 11, 10] for 32). llama.cpp rotates a pair outside its stream's section
@@ -707,7 +820,7 @@ def write_json(path, obj):
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("out_dir", help="directory to create (files in it are overwritten)")
-    p.add_argument("--arch", choices=["llama", "qwen3", "qwen3_moe"] + HYBRID_ARCHS, default=None,
+    p.add_argument("--arch", choices=["llama", "qwen3", "qwen3_moe"] + HYBRID_ARCHS + DEEPSEEK_ARCHS, default=None,
                    help="architecture (default llama)")
     p.add_argument("--preset", choices=sorted(PRESETS), help="a named shape; explicit options override it")
     p.add_argument("--hidden", type=int, help="hidden size (default 64)")
@@ -746,6 +859,22 @@ def parse_args(argv):
     hy.add_argument("--conv-kernel", type=int, default=4, help="GDN conv1d width (default 4)")
     hy.add_argument("--partial-rotary", type=float, default=0.25, help="partial_rotary_factor (default 0.25)")
     hy.add_argument("--no-mtp", dest="mtp", action="store_false", help="leave out the mtp.* weights")
+    ds = p.add_argument_group("DeepSeek-V3 (deepseek_v3; also uses --experts, --experts-per-tok, --moe-ffn, --no-mtp)")
+    ds.add_argument("--q-lora-rank", type=int, default=32, help="q low-rank width; 0: a direct q_proj (default 32)")
+    ds.add_argument("--kv-lora-rank", type=int, default=32, help="latent c_kv width (default 32)")
+    ds.add_argument("--qk-nope-dim", type=int, default=16, help="q/k head dims without RoPE (default 16)")
+    ds.add_argument("--qk-rope-dim", type=int, default=8, help="q/k head dims with RoPE, even (default 8)")
+    ds.add_argument("--v-head-dim", type=int, default=16, help="value head dim (default 16)")
+    ds.add_argument("--first-dense", type=int, default=1, help="first_k_dense_replace: dense layers first (default 1)")
+    ds.add_argument("--n-group", type=int, default=1, help="expert groups for group-limited routing (default 1)")
+    ds.add_argument("--topk-group", type=int, default=1, help="groups a token may pick experts from (default 1)")
+    ds.add_argument("--n-shared", type=int, default=1, help="shared experts, each --moe-ffn wide (default 1)")
+    ds.add_argument("--routed-scale", type=float, default=2.5, help="routed_scaling_factor (default 2.5)")
+    ds.add_argument("--yarn-mscale", type=float, default=1.0, help="mscale and mscale_all_dim under yarn (default 1)")
+    ds.add_argument("--index-heads", type=int, default=4, help="deepseek_v32: indexer heads (default 4)")
+    ds.add_argument("--index-head-dim", type=int, default=16,
+                    help="deepseek_v32: indexer head dim, >= --qk-rope-dim (default 16)")
+    ds.add_argument("--index-topk", type=int, default=8, help="deepseek_v32: positions each query keeps (default 8)")
     p.add_argument("--max-shard-size", type=parse_size, default=parse_size("2GB"),
                    help="split weights into model-0000X-of-0000Y.safetensors above this size (default 2GB)")
     a = p.parse_args(argv)
@@ -758,11 +887,21 @@ def parse_args(argv):
             setattr(a, k, v)
     if a.rope_theta is None:
         a.rope_theta = {"llama": 10000.0, "qwen3_5": 10000000.0, "qwen3_5_moe": 10000000.0,
-                        "qwen3_next": 10000000.0}.get(a.arch, 1000000.0)
+                        "qwen3_next": 10000000.0, "deepseek_v3": 10000.0, "deepseek_v32": 10000.0}.get(a.arch, 1000000.0)
     if a.arch == "qwen3_5":
         a.experts = 0
-    if a.arch in ("qwen3_moe", "qwen3_5_moe", "qwen3_next") and not 1 <= a.experts_per_tok <= a.experts:
+    if a.arch in ["qwen3_moe", "qwen3_5_moe", "qwen3_next"] + DEEPSEEK_ARCHS and not 1 <= a.experts_per_tok <= a.experts:
         p.error("--experts-per-tok must be in [1, --experts]")
+    if a.arch == "deepseek_v32" and (a.q_lora_rank <= 0 or a.index_head_dim < a.qk_rope_dim or a.index_topk <= 0):
+        p.error("deepseek_v32 needs --q-lora-rank > 0, --index-head-dim >= --qk-rope-dim and --index-topk > 0")
+    if a.arch in DEEPSEEK_ARCHS:
+        a.kv_heads = a.heads  # MLA: num_key_value_heads = heads in the published configs
+        if a.qk_rope_dim <= 0 or a.qk_rope_dim % 2:
+            p.error("--qk-rope-dim must be positive and even")
+        if a.n_group < 1 or a.experts % a.n_group or not 1 <= a.topk_group <= a.n_group:
+            p.error("--n-group must divide --experts and --topk-group be in [1, --n-group]")
+        if a.experts_per_tok > a.topk_group * (a.experts // a.n_group):
+            p.error("--experts-per-tok exceeds the experts of --topk-group groups")
     if a.arch in HYBRID_ARCHS and a.lin_v_heads % a.lin_k_heads:
         p.error("--lin-v-heads must be a multiple of --lin-k-heads")
     if a.rms_eps is None:

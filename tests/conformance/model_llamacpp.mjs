@@ -52,6 +52,20 @@ const cases = [
   { name: "qwen35-dense-f32", promptLen: 70, args: ["--arch", "qwen3_5", "--hidden", "96", "--layers", "4", "--heads", "4",
       "--kv-heads", "2", "--head-dim", "32", "--lin-k-heads", "1", "--lin-v-heads", "3", "--lin-dk", "32", "--lin-dv", "32",
       "--ffn", "192", "--vocab", "512", "--dtype", "f32", "--seed", "10", "--no-mtp"] },
+  // DeepSeek-V3 (deepseek2): MLA over the latent (kv_b_proj split into attn_k_b / attn_v_b),
+  // sigmoid routing with e_score_correction_bias, group-limited top-k, shared experts,
+  // dense first layers, YaRN with mscale; with and without q_lora. llama.cpp takes a model
+  // without q_lora (a direct q_proj) only in the V2-Lite shape, 26 or 27 layers.
+  { name: "deepseek2-f32-qlora-grouped-yarn", promptLen: 20, args: ["--arch", "deepseek_v3", "--hidden", "128",
+      "--layers", "3", "--heads", "4", "--q-lora-rank", "48", "--kv-lora-rank", "64", "--qk-nope-dim", "32",
+      "--qk-rope-dim", "16", "--v-head-dim", "32", "--ffn", "256", "--experts", "8", "--experts-per-tok", "2",
+      "--moe-ffn", "64", "--n-group", "4", "--topk-group", "2", "--first-dense", "1", "--rope-scaling", "yarn",
+      "--rope-factor", "4", "--rope-orig-max-pos", "32", "--max-pos", "512", "--vocab", "512", "--dtype", "f32",
+      "--seed", "11", "--no-mtp"] },
+  { name: "deepseek2-bf16-direct-q-dense2", args: ["--arch", "deepseek_v3", "--hidden", "64", "--layers", "26",
+      "--heads", "2", "--q-lora-rank", "0", "--kv-lora-rank", "32", "--qk-nope-dim", "16", "--qk-rope-dim", "8",
+      "--v-head-dim", "16", "--ffn", "128", "--experts", "6", "--experts-per-tok", "3", "--moe-ffn", "32",
+      "--n-shared", "2", "--first-dense", "2", "--vocab", "384", "--dtype", "bf16", "--seed", "12", "--no-mtp"] },
 ];
 
 function run(cmd, args) {

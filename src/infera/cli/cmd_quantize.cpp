@@ -1,5 +1,5 @@
 // infera quantize IN_DIR OUT_DIR --scheme w8a8|w4a8|w4a16 [--group-size 32|64|128]
-//                 [--fallback PATTERN ...] [--embed-head bf16|w8a8|scheme]
+//                 [--fallback PATTERN ...] [--embed-head bf16|w8a8|scheme] [--recipe auto|uniform]
 //                 [--calib FILE.txt --calib-tokens N]
 //
 // Writes a quantized Hugging Face-style directory that `infera run` / `serve` load directly
@@ -21,7 +21,7 @@
 namespace {
 
 struct QuantizeCliOptions {
-  std::string in_dir, out_dir, scheme, embed_head = "bf16", calib;
+  std::string in_dir, out_dir, scheme, embed_head = "bf16", calib, recipe = "auto";
   int64_t group_size = 32;
   int64_t calib_tokens = 4096;
   int32_t threads = 0;
@@ -35,6 +35,7 @@ int run_quantize(const QuantizeCliOptions& c) {
   o.group_size = c.group_size;
   o.fallback_patterns = c.fallback;
   o.embed_head = infera::quant::parse_embed_head_mode(c.embed_head);
+  o.recipe = infera::quant::parse_quant_recipe(c.recipe);
   o.calib_file = c.calib;
   o.calib_tokens = c.calib_tokens;
   o.show_progress = ::isatty(STDERR_FILENO) != 0;
@@ -62,6 +63,11 @@ void setup(CLI::App& app) {
   cmd->add_option("--embed-head", o->embed_head,
                   "Token embeddings and output head: bf16 (default), w8a8, or scheme (no fallback)")
       ->default_val("bf16");
+  cmd->add_option("--recipe", o->recipe,
+                  "auto: the family's recipe where it has one (DeepSeek: attention w8a8, routed experts w4a8, MTP "
+                  "experts w8a8, router and kv_b_proj float); uniform: every layer in --scheme")
+      ->default_val("auto")
+      ->check(CLI::IsMember({"auto", "uniform"}));
   cmd->add_option("--calib", o->calib,
                   "Calibration text file: activation statistics choose the scales (AWQ/SmoothQuant-style)");
   cmd->add_option("--calib-tokens", o->calib_tokens, "Calibration tokens to use")

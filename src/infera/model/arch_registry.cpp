@@ -11,6 +11,7 @@ namespace infera {
 // The model files' create hooks (one per model file).
 std::unique_ptr<Model> create_llama_model(const ModelConfig& cfg, ModelWeights weights, const LoadOptions& options);
 std::unique_ptr<Model> create_qwen35_model(const ModelConfig& cfg, ModelWeights weights, const LoadOptions& options);
+std::unique_ptr<Model> create_deepseek_model(const ModelConfig& cfg, ModelWeights weights, const LoadOptions& options);
 // The config readers (model/config.cpp).
 void read_dense_config(const ConfigReader& r, ModelConfig& c);
 void read_qwen3_moe_config(const ConfigReader& r, ModelConfig& c);
@@ -118,15 +119,29 @@ std::vector<ArchInfo> make_registry() {
     rows.push_back(a);
   }
   {
-    // Recognised for `infera check` and `infera plan`; no model file yet.
     ArchInfo a;
     a.arch = Arch::kDeepseekV3;
     a.read_config = read_deepseek_config;
     a.name = "deepseek_v3";
-    a.model_types = {"deepseek_v3", "deepseek_v32"};
+    a.model_types = {"deepseek_v3"};
     a.display_name = "DeepSeek-V3";
+    a.gguf_arch = "deepseek2";
     a.traits.mla = true;
     a.tensors = deepseek_tensor_table;
+    a.create = create_deepseek_model;  // model/deepseek.cpp
+    rows.push_back(a);
+  }
+  {
+    // DeepSeek-V3.2: V3 plus the lightning indexer (sparse attention), the same model file.
+    ArchInfo a;
+    a.arch = Arch::kDeepseekV32;
+    a.read_config = read_deepseek_config;
+    a.name = "deepseek_v32";
+    a.model_types = {"deepseek_v32"};
+    a.display_name = "DeepSeek-V3.2";
+    a.traits.mla = true;
+    a.tensors = deepseek_tensor_table;
+    a.create = create_deepseek_model;  // model/deepseek.cpp
     rows.push_back(a);
   }
   return rows;

@@ -17,6 +17,7 @@
 #include "infera/base/error.h"
 #include "infera/base/options.h"
 #include "infera/base/threads.h"
+#include "infera/kernels/mla.h"
 #include "infera/model/arch_registry.h"
 #include "infera/model/tensor_table.h"
 #include "infera/model/weights.h"
@@ -168,6 +169,16 @@ int64_t MoeWeights::weight_bytes_active() const {
   return bytes;
 }
 
+void route_experts(const MoeWeights& w, const float* logits, int64_t T, int32_t* ids, float* weights) {
+  const int64_t E = w.n_experts(), k = w.top_k;
+  if (w.sigmoid_scores) {
+    kernels::moe_route_sigmoid(logits, w.score_bias.empty() ? nullptr : w.score_bias.data(), T, E, k, w.n_group,
+                               w.topk_group, w.norm_topk_prob, w.routed_scaling, ids, weights);
+  } else {
+    kernels::moe_route_softmax(logits, T, E, k, w.norm_topk_prob, ids, weights);
+  }
+}
+
 MoeWeights bind_moe(const ModelWeights& weights, int layer) {
   const ModelConfig& cfg = weights.config();
   const int64_t E = cfg.num_experts, I = cfg.moe_intermediate_size;
@@ -190,7 +201,8 @@ MoeWeights bind_moe(const ModelWeights& weights, int layer) {
   w.down = weights.experts(layer, "ffn_down_exps");
   if (weights.find(layer, "ffn_gate_shexp")) {
     w.shared = bind_swiglu(weights, layer, true);
-    w.shared_gate = weights.matrix(layer, "ffn_gate_inp_shexp");
+    // DeepSeek's shared experts are ungated (no ffn_gate_inp_shexp row).
+    if (weights.find(layer, "ffn_gate_inp_shexp")) w.shared_gate = weights.matrix(layer, "ffn_gate_inp_shexp");
   }
   return w;
 }
@@ -219,7 +231,7 @@ void MoeFfn::forward(const MoeWeights& w, const float* x, int64_t T, int64_t H, 
   route_ids_.resize(static_cast<size_t>(T * k));
   route_w_.resize(static_cast<size_t>(T * k));
   kernels::matmul(x, T, w.router, logits_.data());
-  kernels::moe_route_softmax(logits_.data(), T, E, k, w.norm_topk_prob, route_ids_.data(), route_w_.data());
+  route_experts(w, logits_.data(), T, route_ids_.data(), route_w_.data());
   kernels::group_by_expert(route_ids_.data(), route_w_.data(), T, k, E, groups_);
   if (counts) {
     for (int64_t e = 0; e < E; ++e) counts[e] += static_cast<uint64_t>(groups_.count(e));
@@ -314,9 +326,10 @@ void MoeFfn::add_shared_expert(const MoeWeights& w, const float* x, int64_t T, i
   shared_.resize(static_cast<size_t>(T * H));
   sgate_.resize(static_cast<size_t>(T));
   swiglu(w.shared, x, T, shared_.data(), gate_);
-  kernels::matmul(x, T, w.shared_gate, sgate_.data());
+  const bool gated = w.shared_gate.data != nullptr;
+  if (gated) kernels::matmul(x, T, w.shared_gate, sgate_.data());
   for (int64_t t = 0; t < T; ++t) {
-    const float s = 1.0f / (1.0f + std::exp(-sgate_[t]));
+    const float s = gated ? 1.0f / (1.0f + std::exp(-sgate_[t])) : 1.0f;
     float* yt = y + t * H;
     const float* st = shared_.data() + t * H;
     for (int64_t i = 0; i < H; ++i) yt[i] += s * st[i];
@@ -358,8 +371,12 @@ void MoeFfn::run_work_items(const MoeWeights& w, const float* x, int64_t T, int6
   }
   if (!w.shared.empty()) {
     sgate_.resize(static_cast<size_t>(T));
-    kernels::matmul(x, T, w.shared_gate, sgate_.data());
-    for (int64_t t = 0; t < T; ++t) sgate_[t] = 1.0f / (1.0f + std::exp(-sgate_[t]));
+    if (w.shared_gate.data != nullptr) {
+      kernels::matmul(x, T, w.shared_gate, sgate_.data());
+      for (int64_t t = 0; t < T; ++t) sgate_[t] = 1.0f / (1.0f + std::exp(-sgate_[t]));
+    } else {
+      std::fill(sgate_.begin(), sgate_.end(), 1.0f);  // ungated (DeepSeek)
+    }
     all_rows_.resize(static_cast<size_t>(T));
     std::iota(all_rows_.begin(), all_rows_.end(), 0);
     active_.push_back({&w.shared.gate, &w.shared.up, &w.shared.down, all_rows_.data(), sgate_.data(), T,

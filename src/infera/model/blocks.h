@@ -66,10 +66,18 @@ struct MoeWeights {
   // Per expert [I, H], [I, H], [H, I], float or quantized. An expert with no weights
   // (has_expert() false) is another rank's under expert parallelism: counted, not computed.
   std::vector<kernels::LinearWeight> gate, up, down;
-  SwigluWeights shared;  // Qwen3-Next / Qwen3.5 shared expert (empty: none)
-  kernels::MatRef shared_gate{};  // [1, H]: sigmoid gate of the shared expert (float)
+  SwigluWeights shared;  // Qwen3-Next / Qwen3.5 / DeepSeek shared expert (empty: none)
+  kernels::MatRef shared_gate{};  // [1, H]: sigmoid gate of the shared expert (float); none (DeepSeek): ungated
   int64_t top_k = 0;
   bool norm_topk_prob = false;
+  // DeepSeek routing (scoring_func sigmoid, kernels::moe_route_sigmoid): sigmoid scores,
+  // selection on score + score_bias (e_score_correction_bias) within the topk_group best of
+  // n_group groups, weights the unbiased scores (renormalised when norm_topk_prob) times
+  // routed_scaling. Off: softmax routing.
+  bool sigmoid_scores = false;
+  std::vector<float> score_bias;  // [E] or empty
+  int64_t n_group = 1, topk_group = 1;
+  float routed_scaling = 1.0f;
   int64_t n_experts() const { return router.rows; }
   bool has_expert(int64_t e) const { return gate[e].quantized || gate[e].dense.data != nullptr; }
   // Forgets expert e (another rank's). The part of a fused tensor's repacked copy holding it
@@ -78,10 +86,14 @@ struct MoeWeights {
   int64_t weight_bytes_active() const;  // bytes read per token: router, top_k experts, shared
 };
 
+// Routes T tokens from router logits [T, E] (softmax, or DeepSeek's sigmoid routing when
+// w.sigmoid_scores): ids / weights [T, top_k].
+void route_experts(const MoeWeights& w, const float* logits, int64_t T, int32_t* ids, float* weights);
+
 // Binds layer `layer`'s MoE block: the router (ffn_gate_inp), the experts stored per expert
 // (ffn_{gate,up,down}_exps of each expert: Qwen3-MoE, Qwen3-Next) or fused 3-D
 // (ffn_gate_up_exps [E, 2I, H] with gate rows first, ffn_down_exps [E, H, I]: Qwen3.5), and
-// the shared expert with its sigmoid gate when the table has one. From a quantized
+// the shared expert with its sigmoid gate when the table has them (DeepSeek's is ungated). From a quantized
 // checkpoint (SafetensorsSource) the router and the shared-expert gate are float; quantized
 // experts get the repacked copy (a fused tensor packed once, each expert a view of it) and
 // their mapped pages are released (release_repacked_source).

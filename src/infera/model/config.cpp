@@ -220,7 +220,8 @@ void parse_deepseek(const ConfigReader& r, ModelConfig& c) {
     if (*v < 0) fail("{}: field '{}' must be >= 0, got {}", src, key, *v);
     return static_cast<int>(*v);
   };
-  c.q_lora_rank = non_negative("q_lora_rank", 1536);  // null = no low-rank q (V2-Lite)
+  // Absent: DeepseekV3Config's 1536; null (V2-Lite style) or 0: q projected directly.
+  c.q_lora_rank = r.is_null("q_lora_rank") ? 0 : non_negative("q_lora_rank", 1536);
   c.kv_lora_rank = r.req_positive("kv_lora_rank");
   c.qk_nope_head_dim = r.req_positive("qk_nope_head_dim");
   c.qk_rope_head_dim = r.req_positive("qk_rope_head_dim");
@@ -295,13 +296,14 @@ int ModelConfig::num_full_attention_layers() const {
 }
 
 int64_t ModelConfig::kv_values_per_token_per_layer() const {
-  if (mla) return static_cast<int64_t>(kv_lora_rank) + qk_rope_head_dim;
+  // DeepSeek-V3.2 keeps the lightning indexer's key beside the latent.
+  if (mla) return static_cast<int64_t>(kv_lora_rank) + qk_rope_head_dim + (index_n_heads > 0 ? index_head_dim : 0);
   return 2LL * num_kv_heads * head_dim;
 }
 
 bool ModelConfig::is_moe_layer(int layer) const {
   if (num_experts <= 0) return false;
-  if (arch == Arch::kDeepseekV3) return layer >= first_k_dense_replace && layer % moe_layer_freq == 0;
+  if (mla) return layer >= first_k_dense_replace && layer % moe_layer_freq == 0;  // DeepSeek
   for (int l : mlp_only_layers) {
     if (l == layer) return false;
   }

@@ -11,7 +11,7 @@
 
 namespace infera {
 
-enum class Arch { kLlama, kQwen3, kQwen3Moe, kQwen3Next, kQwen35, kQwen35Moe, kDeepseekV3, kSentinel };
+enum class Arch { kLlama, kQwen3, kQwen3Moe, kQwen3Next, kQwen35, kQwen35Moe, kDeepseekV3, kDeepseekV32, kSentinel };
 
 const char* arch_name(Arch a);
 
@@ -104,7 +104,8 @@ struct ModelConfig {
   int index_topk = 0;
 
   // Values cached per token per attention layer: MLA caches c_kv ⊕ k_pe
-  // (kv_lora_rank + qk_rope_head_dim = 576), others 2 * num_kv_heads * head_dim.
+  // (kv_lora_rank + qk_rope_head_dim = 576; V3.2 also the indexer key, index_head_dim),
+  // others 2 * num_kv_heads * head_dim.
   int64_t kv_values_per_token_per_layer() const;
   // Multi-token-prediction layers of either family.
   int num_mtp_layers() const { return mtp_num_hidden_layers + num_nextn_predict_layers; }

@@ -37,6 +37,16 @@ class ConfigReader {
     return nullptr;
   }
 
+  // The key is present and null (as opposed to absent).
+  bool is_null(const char* key) const {
+    for (const nlohmann::json* obj : {text_, &root_}) {
+      if (!obj) continue;
+      auto it = obj->find(key);
+      if (it != obj->end()) return it->is_null();
+    }
+    return false;
+  }
+
   [[noreturn]] void missing(const char* key) const { fail("{}: required field '{}' is missing", source_, key); }
 
   [[noreturn]] void wrong_type(const char* key, const char* expected, const nlohmann::json& v) const {

@@ -24,7 +24,7 @@ void ExpertDispatch::forward(parallel::Communicator& comm, const std::vector<int
   route_w_.resize(static_cast<size_t>(n_own * k));
   if (n_own > 0) {
     kernels::matmul(x_own, n_own, w.router, logits_.data());
-    kernels::moe_route_softmax(logits_.data(), n_own, E, k, w.norm_topk_prob, route_ids_.data(), route_w_.data());
+    route_experts(w, logits_.data(), n_own, route_ids_.data(), route_w_.data());
   }
   // 2. Pairs packed by destination rank (stable: token order, then choice order).
   send_pairs_.assign(static_cast<size_t>(P), 0);
@@ -110,9 +110,10 @@ void ExpertDispatch::forward(parallel::Communicator& comm, const std::vector<int
     shared_.resize(static_cast<size_t>(n_own * H));
     sgate_.resize(static_cast<size_t>(n_own));
     swiglu(w.shared, x_own, n_own, shared_.data(), gate_);
-    kernels::matmul(x_own, n_own, w.shared_gate, sgate_.data());
+    const bool gated = w.shared_gate.data != nullptr;  // DeepSeek's shared experts are ungated
+    if (gated) kernels::matmul(x_own, n_own, w.shared_gate, sgate_.data());
     for (int64_t t = 0; t < n_own; ++t) {
-      const float s = 1.0f / (1.0f + std::exp(-sgate_[t]));
+      const float s = gated ? 1.0f / (1.0f + std::exp(-sgate_[t])) : 1.0f;
       for (int64_t c = 0; c < H; ++c) y_own[t * H + c] += s * shared_[t * H + c];
     }
   }

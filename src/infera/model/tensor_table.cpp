@@ -76,22 +76,24 @@ void add_mla(TableBuilder& t, const std::string& p) {
   const int64_t H = c.hidden_size, nh = c.num_heads;
   const int64_t qk = c.qk_nope_head_dim + c.qk_rope_head_dim;
   if (c.q_lora_rank > 0) {
-    t.add(p + "self_attn.q_a_proj.weight", {c.q_lora_rank, H}, WeightRole::kLinear, "attn_q_a", kNoGguf,
+    t.add(p + "self_attn.q_a_proj.weight", {c.q_lora_rank, H}, WeightRole::kLinear, "attn_q_a", "attn_q_a.weight",
           TpSplit::kReplicated);
-    t.add(p + "self_attn.q_a_layernorm.weight", {c.q_lora_rank}, WeightRole::kVector, "attn_q_a_norm", kNoGguf,
-          TpSplit::kReplicated);
-    t.add(p + "self_attn.q_b_proj.weight", {nh * qk, c.q_lora_rank}, WeightRole::kLinear, "attn_q_b", kNoGguf,
+    t.add(p + "self_attn.q_a_layernorm.weight", {c.q_lora_rank}, WeightRole::kVector, "attn_q_a_norm",
+          "attn_q_a_norm.weight", TpSplit::kReplicated);
+    t.add(p + "self_attn.q_b_proj.weight", {nh * qk, c.q_lora_rank}, WeightRole::kLinear, "attn_q_b", "attn_q_b.weight",
           TpSplit::kRows);
   } else {
-    t.add(p + "self_attn.q_proj.weight", {nh * qk, H}, WeightRole::kLinear, "attn_q", kNoGguf, TpSplit::kRows);
+    t.add(p + "self_attn.q_proj.weight", {nh * qk, H}, WeightRole::kLinear, "attn_q", "attn_q.weight", TpSplit::kRows);
   }
   t.add(p + "self_attn.kv_a_proj_with_mqa.weight", {c.kv_lora_rank + c.qk_rope_head_dim, H}, WeightRole::kLinear,
-        "attn_kv_a_mqa", kNoGguf, TpSplit::kReplicated);
-  t.add(p + "self_attn.kv_a_layernorm.weight", {c.kv_lora_rank}, WeightRole::kVector, "attn_kv_a_norm", kNoGguf,
-        TpSplit::kReplicated);
+        "attn_kv_a_mqa", "attn_kv_a_mqa.weight", TpSplit::kReplicated);
+  t.add(p + "self_attn.kv_a_layernorm.weight", {c.kv_lora_rank}, WeightRole::kVector, "attn_kv_a_norm",
+        "attn_kv_a_norm.weight", TpSplit::kReplicated);
+  // kv_b_proj stays float: both attention forms read it per head (absorbed into q and o).
+  // llama.cpp splits it into attn_k_b (named here) and attn_v_b (infera convert writes both).
   t.add(p + "self_attn.kv_b_proj.weight", {nh * (c.qk_nope_head_dim + c.v_head_dim), c.kv_lora_rank},
-        WeightRole::kLinear, "attn_kv_b", kNoGguf, TpSplit::kRows);
-  t.add(p + "self_attn.o_proj.weight", {H, nh * c.v_head_dim}, WeightRole::kLinear, "attn_output", kNoGguf,
+        WeightRole::kFloat, "attn_kv_b", "attn_k_b.weight", TpSplit::kRows);
+  t.add(p + "self_attn.o_proj.weight", {H, nh * c.v_head_dim}, WeightRole::kLinear, "attn_output", "attn_output.weight",
         TpSplit::kColumns);
   if (c.index_n_heads > 0) {  // DeepSeek-V3.2 lightning indexer
     t.add(p + "self_attn.indexer.wq_b.weight", {c.index_n_heads * c.index_head_dim, c.q_lora_rank}, WeightRole::kLinear,
@@ -167,7 +169,7 @@ void add_moe(TableBuilder& t, const std::string& p) {
     t.expert = -1;
   }
   if (c.mla) {
-    t.add(p + "mlp.gate.e_score_correction_bias", {E}, WeightRole::kVector, "exp_probs_b", kNoGguf,
+    t.add(p + "mlp.gate.e_score_correction_bias", {E}, WeightRole::kVector, "exp_probs_b", "exp_probs_b.bias",
           TpSplit::kReplicated);
     if (c.n_shared_experts > 0) add_dense_mlp(t, p, H, I * c.n_shared_experts, "mlp.shared_experts.", true);
   } else if (c.shared_expert_intermediate_size > 0) {
@@ -253,24 +255,30 @@ void hybrid_tensor_table(const ModelConfig& c, const HasTensor& has_tensor, std:
   }
 }
 
-// deepseek_v3 / deepseek_v32 (no model file yet: check and plan only). MTP layers follow
+// deepseek_v3 / deepseek_v32 (model/deepseek.cpp). MTP layers follow
 // the trunk as model.layers.{num_layers + m}.
 void deepseek_tensor_table(const ModelConfig& c, const HasTensor& has_tensor, std::vector<TensorSpec>& out) {
   TableBuilder t(c, has_tensor, out);
   add_trunk(t, "model.");
   const int64_t H = c.hidden_size, V = c.vocab_size;
   t.mtp = true;
+  // llama.cpp's converter appends the MTP layer as blk.{num_layers} with nextn.* extras.
   for (int m = 0; m < c.num_nextn_predict_layers; ++m) {
     const int layer = c.num_layers + m;
     t.layer = layer;
+    t.block = "blk." + std::to_string(layer) + ".";
     const std::string p = "model.layers." + std::to_string(layer) + ".";
-    t.add(p + "embed_tokens.weight", {V, H}, WeightRole::kEmbedding, "mtp_embed", kNoGguf, TpSplit::kVocab);
-    t.add(p + "enorm.weight", {H}, WeightRole::kVector, "mtp_enorm", kNoGguf, TpSplit::kReplicated);
-    t.add(p + "hnorm.weight", {H}, WeightRole::kVector, "mtp_hnorm", kNoGguf, TpSplit::kReplicated);
-    t.add(p + "eh_proj.weight", {H, 2 * H}, WeightRole::kLinear, "mtp_eh_proj", kNoGguf, TpSplit::kReplicated);
+    t.add(p + "embed_tokens.weight", {V, H}, WeightRole::kEmbedding, "mtp_embed", "nextn.embed_tokens.weight",
+          TpSplit::kVocab);
+    t.add(p + "enorm.weight", {H}, WeightRole::kVector, "mtp_enorm", "nextn.enorm.weight", TpSplit::kReplicated);
+    t.add(p + "hnorm.weight", {H}, WeightRole::kVector, "mtp_hnorm", "nextn.hnorm.weight", TpSplit::kReplicated);
+    t.add(p + "eh_proj.weight", {H, 2 * H}, WeightRole::kLinear, "mtp_eh_proj", "nextn.eh_proj.weight",
+          TpSplit::kReplicated);
     add_block(t, p, true, c.is_moe_layer(layer));
-    t.add(p + "shared_head.norm.weight", {H}, WeightRole::kVector, "mtp_head_norm", kNoGguf, TpSplit::kReplicated);
-    t.add(p + "shared_head.head.weight", {V, H}, WeightRole::kHead, "mtp_head", kNoGguf, TpSplit::kVocab);
+    t.add(p + "shared_head.norm.weight", {H}, WeightRole::kVector, "mtp_head_norm", "nextn.shared_head_norm.weight",
+          TpSplit::kReplicated);
+    t.add(p + "shared_head.head.weight", {V, H}, WeightRole::kHead, "mtp_head", "nextn.shared_head_head.weight",
+          TpSplit::kVocab);
   }
 }
 

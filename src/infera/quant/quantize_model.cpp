@@ -10,6 +10,7 @@
 #include <fstream>
 #include <map>
 #include <memory>
+#include <optional>
 #include <regex>
 #include <set>
 #include <sstream>
@@ -44,6 +45,12 @@ EmbedHeadMode parse_embed_head_mode(const std::string& text) {
       "--embed-head: unknown value '{}' (bf16: keep embeddings and head in bf16, w8a8: int8 per channel, "
       "scheme: quantize them like every other layer)",
       text);
+}
+
+QuantRecipe parse_quant_recipe(const std::string& text) {
+  if (text == "auto") return QuantRecipe::kAuto;
+  if (text == "uniform") return QuantRecipe::kUniform;
+  fail("--recipe: unknown recipe '{}' (expected auto or uniform)", text);
 }
 
 namespace {
@@ -244,6 +251,10 @@ QuantizeReport quantize_model(const std::string& in_dir, const std::string& out_
     fail("--group-size {} is not supported (use 32, 64 or 128)", o.group_size);
   }
   const ModelConfig cfg = load_model_config(in_dir);
+  if (o.recipe == QuantRecipe::kAuto && cfg.mla && o.group_size != 32 && o.group_size != 64 && o.group_size != 128) {
+    fail("--group-size {} is not supported (use 32, 64 or 128; the DeepSeek recipe puts routed experts in w4a8)",
+         o.group_size);
+  }
   const ArchInfo& arch = arch_info(cfg.arch);
   if (!arch.runnable()) {
     fail("{}: quantization supports model_type {}, not '{}'", in_dir, runnable_arch_names(), cfg.model_type);
@@ -265,7 +276,25 @@ QuantizeReport quantize_model(const std::string& in_dir, const std::string& out_
   const std::vector<std::string> names = store.names();
   const HasTensor has = [&store](const std::string& name) { return store.find(name) != nullptr; };
   TensorRoles table;
-  for (const TensorSpec& t : tensor_table(cfg, has)) table.roles[t.name] = t.role;
+  std::map<std::string, const TensorSpec*> specs;
+  const std::vector<TensorSpec> all_specs = tensor_table(cfg, has);
+  for (const TensorSpec& t : all_specs) {
+    table.roles[t.name] = t.role;
+    specs[t.name] = &t;
+  }
+  // DeepSeek's recipe (QuantizeOptions::recipe): the scheme of a layer, or none for --scheme.
+  const bool deepseek_recipe = o.recipe == QuantRecipe::kAuto && cfg.mla;
+  auto recipe_scheme = [&](const std::string& name) -> std::optional<std::pair<QuantScheme, std::string>> {
+    if (!deepseek_recipe) return std::nullopt;
+    const TensorSpec* t = specs.at(name);
+    if (t->role == WeightRole::kExpert && !t->mtp) {
+      return std::pair{QuantScheme::kW4A8, std::string("DeepSeek recipe: routed experts w4a8")};
+    }
+    if (t->role == WeightRole::kExpert)
+      return std::pair{QuantScheme::kW8A8, std::string("DeepSeek recipe: MTP experts w8a8")};
+    if (t->role == WeightRole::kLinear) return std::pair{QuantScheme::kW8A8, std::string("DeepSeek recipe: w8a8")};
+    return std::nullopt;
+  };
 
   // ---- per-layer decisions ----
   QuantizationConfig qc;
@@ -290,6 +319,14 @@ QuantizeReport quantize_model(const std::string& in_dir, const std::string& out_
           lq.reason = "--fallback " + o.fallback_patterns[p];
           override = true;
         }
+      }
+    }
+    if (!lq.dense && !table.embed_or_head(name)) {
+      if (const auto r = recipe_scheme(name); r && r->first != lq.scheme) {
+        lq.scheme = r->first;
+        lq.group_size = kernels::scheme_is_int4(r->first) ? o.group_size : 0;
+        lq.reason = r->second;
+        override = true;
       }
     }
     if (!lq.dense && table.embed_or_head(name)) {

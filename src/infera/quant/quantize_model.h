@@ -21,8 +21,19 @@ enum class EmbedHeadMode {
 };
 EmbedHeadMode parse_embed_head_mode(const std::string& text);  // "bf16" | "w8a8" | "scheme"
 
+// Per-family recipes: which layers get which scheme beyond --scheme.
+enum class QuantRecipe {
+  kAuto,  // the architecture family's recipe where it has one (DeepSeek below), else uniform
+  kUniform,  // every quantizable layer in --scheme (embeddings/head as --embed-head says)
+};
+QuantRecipe parse_quant_recipe(const std::string& text);  // "auto" | "uniform"
+
 struct QuantizeOptions {
   kernels::QuantScheme scheme = kernels::QuantScheme::kW8A8;
+  // kAuto on DeepSeek (MLA) checkpoints, the Ascend-style W4A8 recipe: attention and the
+  // dense / shared-expert MLPs W8A8, routed experts W4A8 (group_size), the MTP layer's
+  // experts W8A8; the router and kv_b_proj are float roles and stay as stored.
+  QuantRecipe recipe = QuantRecipe::kAuto;
   int64_t group_size = 32;  // int4 schemes only
   // Glob patterns (fnmatch, '*' also crosses '.') of tensor names kept in bf16.
   std::vector<std::string> fallback_patterns;

@@ -484,7 +484,7 @@ GgufExportResult export_gguf(const std::string& model_dir, const std::string& ou
   if (config.attention_bias || config.mlp_bias) {
     fail("{}: attention/MLP biases are not supported by the GGUF converter", config_path);
   }
-  if (!hybrid && config.rope.rotary_dim != config.head_dim) {
+  if (!hybrid && !config.mla && config.rope.rotary_dim != config.head_dim) {
     fail("{}: partial rotary embeddings are not supported for {}", config_path, arch);
   }
   if (config.arch == Arch::kQwen3Moe) {
@@ -535,6 +535,42 @@ GgufExportResult export_gguf(const std::string& model_dir, const std::string& ou
   add_hparams(writer, config, arch, name, options.out_type);
   const std::string hp = arch + ".";
   if (config.arch == Arch::kQwen3Moe) add_moe_hparams(writer, config, hp);
+  // DeepSeek (deepseek2): MLA as llama.cpp's converter lays it out, MQA over the latent
+  // (one KV head of kv_lora_rank + qk_rope_head_dim), the per-head widths as *_mla.
+  const int n_nextn = config.mla && store.find("model.layers." + std::to_string(config.num_layers) + ".eh_proj.weight")
+                          ? config.num_nextn_predict_layers
+                          : 0;
+  if (config.mla) {
+    writer.set(hp + "block_count", Value::u32(static_cast<uint32_t>(config.num_layers + n_nextn)));
+    if (n_nextn > 0) writer.set(hp + "nextn_predict_layers", Value::u32(static_cast<uint32_t>(n_nextn)));
+    writer.set(hp + "leading_dense_block_count", Value::u32(static_cast<uint32_t>(config.first_k_dense_replace)));
+    if (config.q_lora_rank > 0)
+      writer.set(hp + "attention.q_lora_rank", Value::u32(static_cast<uint32_t>(config.q_lora_rank)));
+    writer.set(hp + "attention.kv_lora_rank", Value::u32(static_cast<uint32_t>(config.kv_lora_rank)));
+    writer.set(hp + "attention.head_count_kv", Value::u32(1));
+    writer.set(hp + "attention.key_length",
+               Value::u32(static_cast<uint32_t>(config.kv_lora_rank + config.qk_rope_head_dim)));
+    writer.set(hp + "attention.value_length", Value::u32(static_cast<uint32_t>(config.kv_lora_rank)));
+    writer.set(hp + "attention.key_length_mla",
+               Value::u32(static_cast<uint32_t>(config.qk_nope_head_dim + config.qk_rope_head_dim)));
+    writer.set(hp + "attention.value_length_mla", Value::u32(static_cast<uint32_t>(config.v_head_dim)));
+    writer.set(hp + "rope.dimension_count", Value::u32(static_cast<uint32_t>(config.qk_rope_head_dim)));
+    if (config.rope.scaling == RopeScaling::kYarn) {
+      // llama.cpp's softmax-scale correction: mscale = 1 + yarn_log_multiplier ln(factor).
+      writer.set(hp + "rope.scaling.yarn_log_multiplier", Value::f32(0.1f * config.rope.mscale_all_dim));
+    }
+    if (config.num_experts > 0) {
+      add_moe_hparams(writer, config, hp);
+      writer.set(hp + "expert_shared_count", Value::u32(static_cast<uint32_t>(config.n_shared_experts)));
+      writer.set(hp + "expert_weights_scale", Value::f32(config.routed_scaling_factor));
+      writer.set(hp + "expert_weights_norm", Value::boolean(config.norm_topk_prob));
+      writer.set(hp + "expert_gating_func", Value::u32(2));  // LLAMA_EXPERT_GATING_FUNC_TYPE_SIGMOID
+      if (config.n_group > 1) {
+        writer.set(hp + "expert_group_count", Value::u32(static_cast<uint32_t>(config.n_group)));
+        writer.set(hp + "expert_group_used_count", Value::u32(static_cast<uint32_t>(config.topk_group)));
+      }
+    }
+  }
   if (hybrid) {
     writer.set(hp + "block_count", Value::u32(static_cast<uint32_t>(config.num_layers + n_mtp)));
     if (n_mtp > 0) writer.set(hp + "nextn_predict_layers", Value::u32(static_cast<uint32_t>(n_mtp)));
@@ -640,7 +676,92 @@ GgufExportResult export_gguf(const std::string& model_dir, const std::string& ou
   const std::string lm = text_prefix(config, has);
   add_matrix(lm + "embed_tokens.weight", V, H);
 
-  if (!hybrid) {
+  // Per-expert tensors [E, rows, cols] of the MoE block under `p` ("model.layers.3.").
+  auto add_per_expert = [&](const std::string& p) {
+    const int64_t E = config.num_experts, I = config.moe_intermediate_size;
+    for (const char* part : {"gate", "up", "down"}) {
+      const bool down = std::string(part) == "down";
+      const std::string first = p + "mlp.experts.0." + part + "_proj.weight";
+      add_experts(gguf_name(first), E, down ? H : I, down ? I : H, [&, part, down](int64_t x) {
+        const std::string hf = p + "mlp.experts." + std::to_string(x) + "." + part + "_proj.weight";
+        return RowSource{&source(hf, {down ? H : I, down ? I : H}), 0};
+      });
+    }
+  };
+
+  if (config.mla) {
+    const int64_t nh = config.num_heads, R = config.kv_lora_rank, P = config.qk_rope_head_dim;
+    const int64_t nope = config.qk_nope_head_dim, Vd = config.v_head_dim, qk = nope + P, kvw = nope + Vd;
+    auto add_block = [&](const std::string& p, int layer) {
+      const std::string a = p + "self_attn.";
+      add_vector(p + "input_layernorm.weight", H);
+      if (config.q_lora_rank > 0) {
+        add_matrix(a + "q_a_proj.weight", config.q_lora_rank, H);
+        add_vector(a + "q_a_layernorm.weight", config.q_lora_rank);
+        add_matrix(a + "q_b_proj.weight", nh * qk, config.q_lora_rank);
+      } else {
+        add_matrix(a + "q_proj.weight", nh * qk, H);
+      }
+      add_matrix(a + "kv_a_proj_with_mqa.weight", R + P, H);
+      add_vector(a + "kv_a_layernorm.weight", R);
+      {
+        // kv_b_proj [nh (nope + V), R] split per head as llama.cpp's converter does:
+        // attn_k_b [nh, R, nope] (each head's k_nope rows transposed), attn_v_b [nh, V, R].
+        const std::string kvb = a + "kv_b_proj.weight";
+        const TensorInfo& t = source(kvb, {nh * kvw, R});
+        std::vector<float> w(static_cast<size_t>(nh * kvw * R));
+        row_to_f32(t.data, t.dtype, w.size(), w.data());
+        ExportTensor k;
+        k.name = gguf_name(kvb);
+        k.cols = nope;
+        k.dims = {static_cast<uint64_t>(nope), static_cast<uint64_t>(R), static_cast<uint64_t>(nh)};
+        k.values.reserve(static_cast<size_t>(nh * R * nope));
+        for (int64_t h = 0; h < nh; ++h)
+          for (int64_t r = 0; r < R; ++r)
+            for (int64_t j = 0; j < nope; ++j) k.values.push_back(w[static_cast<size_t>((h * kvw + j) * R + r)]);
+        std::string vname = k.name;
+        vname.replace(vname.rfind("attn_k_b"), 8, "attn_v_b");
+        plan.push_back(std::move(k));
+        ExportTensor v;
+        v.name = vname;
+        v.type = mat_type_for(R);
+        v.cols = R;
+        v.dims = {static_cast<uint64_t>(R), static_cast<uint64_t>(Vd), static_cast<uint64_t>(nh)};
+        for (int64_t h = 0; h < nh; ++h)
+          for (int64_t j = 0; j < Vd; ++j) v.rows.push_back({&t, h * kvw + nope + j});
+        plan.push_back(std::move(v));
+      }
+      add_matrix(a + "o_proj.weight", H, nh * Vd);
+      add_vector(p + "post_attention_layernorm.weight", H);
+      if (!config.is_moe_layer(layer)) {
+        add_matrix(p + "mlp.gate_proj.weight", F, H);
+        add_matrix(p + "mlp.up_proj.weight", F, H);
+        add_matrix(p + "mlp.down_proj.weight", H, F);
+        return;
+      }
+      const int64_t E = config.num_experts, S = config.moe_intermediate_size * config.n_shared_experts;
+      add_matrix(p + "mlp.gate.weight", E, H);
+      add_vector(p + "mlp.gate.e_score_correction_bias", E);
+      add_per_expert(p);
+      if (S > 0) {
+        add_matrix(p + "mlp.shared_experts.gate_proj.weight", S, H);
+        add_matrix(p + "mlp.shared_experts.up_proj.weight", S, H);
+        add_matrix(p + "mlp.shared_experts.down_proj.weight", H, S);
+      }
+    };
+    for (int l = 0; l < config.num_layers; ++l) add_block("model.layers." + std::to_string(l) + ".", l);
+    for (int m = 0; m < n_nextn; ++m) {
+      const int layer = config.num_layers + m;
+      const std::string p = "model.layers." + std::to_string(layer) + ".";
+      add_block(p, layer);
+      add_matrix(p + "eh_proj.weight", H, 2 * H);
+      add_vector(p + "enorm.weight", H);
+      add_vector(p + "hnorm.weight", H);
+      add_vector(p + "shared_head.norm.weight", H);
+      if (store.find(p + "embed_tokens.weight")) add_matrix(p + "embed_tokens.weight", V, H);
+      if (store.find(p + "shared_head.head.weight")) add_matrix(p + "shared_head.head.weight", V, H);
+    }
+  } else if (!hybrid) {
     for (int l = 0; l < config.num_layers; ++l) {
       const std::string p = "model.layers." + std::to_string(l) + ".";
       add_vector(p + "input_layernorm.weight", H);

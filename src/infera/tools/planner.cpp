@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "infera/base/error.h"
+#include "infera/model/arch_registry.h"
 #include "infera/model/kv_pool.h"
 
 namespace infera {
@@ -180,21 +181,17 @@ Plan plan_memory(const ModelConfig& c, const PlanOptions& o) {
   plan.kv_layers = c.num_full_attention_layers() + (mtp ? c.num_mtp_layers() : 0);
   plan.recurrent_layers = c.num_layers - c.num_full_attention_layers();
   plan.kv_values_per_token_per_layer = c.kv_values_per_token_per_layer();
-  const int64_t kv_elem = o.kv_dtype == DType::kF32 ? 4 : o.kv_dtype == DType::kBF16 ? 2 : 1;
-  int64_t kv_values_device = 0;
-  if (c.mla) {
-    kv_values_device = plan.kv_values_per_token_per_layer;
-  } else {
-    // KV heads split across devices; with more devices than KV heads each keeps a replica.
-    kv_values_device = 2 * split(c.num_kv_heads) * c.head_dim;
-  }
   int64_t kv_per_token = 0;
   if (c.mla) {
-    // The latent: one f32 scale per token and layer with int8.
-    kv_per_token = plan.kv_layers * (kv_values_device * kv_elem + (o.kv_dtype == DType::kI8 ? 4 : 0));
+    // The latent, as the KV pool holds it (sequence_geometry: one KV head, K half and V
+    // half; int8 with an f32 scale per half row).
+    KvPoolShape pool = sequence_geometry(c, 0, o.kv_dtype, o.block_size).kv;
+    pool.num_layers = plan.kv_layers;
+    kv_per_token = pool.bytes_per_token();  // V3.2: the indexer key is part of the row
   } else {
     // Exactly what the KV pool allocates (model/kv_pool.h): int8 with an f32 scale per
-    // token and KV head, for K and for V.
+    // token and KV head, for K and for V. KV heads split across devices; with more devices
+    // than KV heads each keeps a replica.
     KvPoolShape pool;
     pool.num_layers = plan.kv_layers;
     pool.n_kv_heads = split(c.num_kv_heads);
@@ -303,6 +300,9 @@ Plan plan_memory(const ModelConfig& c, const PlanOptions& o) {
   if (c.mla)
     plan.notes.push_back(
         "MLA: the KV cache holds the compressed latent (kv_lora_rank + qk_rope_head_dim values per token and layer)");
+  if (c.index_n_heads > 0)
+    plan.notes.push_back(
+        fmt::format("DSA: the lightning indexer's key adds {} values per token and layer", c.index_head_dim));
   return plan;
 }
 

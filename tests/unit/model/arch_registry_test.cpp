@@ -71,9 +71,12 @@ TEST(ArchRegistry, EveryModelTypeSelectsItsRow) {
   // The lists users see in errors come from the rows.
   EXPECT_EQ(known_model_types(),
             "llama, qwen3, qwen3_moe, qwen3_next, qwen3_5, qwen3_5_moe, deepseek_v3, deepseek_v32");
-  EXPECT_EQ(runnable_arch_names(), "llama, qwen3, qwen3_moe, qwen3_next, qwen3_5, qwen3_5_moe");
-  EXPECT_FALSE(arch_info(Arch::kDeepseekV3).runnable());
+  EXPECT_EQ(runnable_arch_names(),
+            "llama, qwen3, qwen3_moe, qwen3_next, qwen3_5, qwen3_5_moe, deepseek_v3, deepseek_v32");
+  EXPECT_TRUE(arch_info(Arch::kDeepseekV3).runnable());
   EXPECT_TRUE(arch_info(Arch::kDeepseekV3).traits.mla);
+  EXPECT_TRUE(arch_info(Arch::kDeepseekV32).runnable());
+  EXPECT_TRUE(arch_info(Arch::kDeepseekV32).traits.mla);
 }
 
 TEST(ArchRegistry, TextPrefixAndExpertLayoutFollowTheCheckpoint) {
@@ -138,9 +141,14 @@ TEST(TensorTable, RolesDecideQuantizationAndGgufNames) {
   EXPECT_EQ(l["model.layers.2.post_attention_layernorm.weight"].gguf, "blk.2.ffn_norm.weight");
   EXPECT_EQ(l["model.layers.2.self_attn.o_proj.weight"].gguf, "blk.2.attn_output.weight");
   EXPECT_EQ(l["model.norm.weight"].gguf, "output_norm.weight");
-  // No GGUF export for Qwen3-Next or DeepSeek: no GGUF names.
+  // No GGUF export for Qwen3-Next or DeepSeek-V3.2: no GGUF names.
   for (const TensorSpec& s : tensor_table(config_of("qwen3_next"))) EXPECT_EQ(s.gguf, "") << s.name;
-  for (const TensorSpec& s : tensor_table(config_of("deepseek_v3"))) EXPECT_EQ(s.gguf, "") << s.name;
+  for (const TensorSpec& s : tensor_table(config_of("deepseek_v32"))) EXPECT_EQ(s.gguf, "") << s.name;
+  // DeepSeek-V3 as llama.cpp's deepseek2 names it (kv_b_proj becomes attn_k_b + attn_v_b).
+  std::map<std::string, std::string> ds;
+  for (const TensorSpec& s : tensor_table(config_of("deepseek_v3"))) ds[s.name] = s.gguf;
+  EXPECT_EQ(ds["model.layers.0.self_attn.kv_a_proj_with_mqa.weight"], "blk.0.attn_kv_a_mqa.weight");
+  EXPECT_EQ(ds["model.layers.0.self_attn.kv_b_proj.weight"], "blk.0.attn_k_b.weight");
 }
 
 // Model files bind by (layer, slot[, expert]): every row of every table has a slot, and no

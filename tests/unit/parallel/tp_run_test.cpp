@@ -176,6 +176,16 @@ TEST_F(TpRun, Qwen35HybridTensorAndExpertParallelMatchOneProcess) {
   expect_same_as_one_process(dense, {"--tp 2", "--tp 4"});
 }
 
+TEST_F(TpRun, DeepseekHeadsSplitLatentReplicatedMatchOneProcess) {
+  // MLA: q_b / kv_b rows and o_proj columns by head, the latent path and its cache on every
+  // rank; a dense first layer, then grouped sigmoid MoE with a shared expert (split by
+  // columns under TP, by experts under EP, also by all-to-all dispatch).
+  const std::string m = model("deepseek",
+                              "--arch deepseek_v3 --heads 4 --layers 3 --experts 8 --n-group 4 --topk-group 2"
+                              " --rope-scaling yarn --rope-factor 4 --rope-orig-max-pos 32");
+  expect_same_as_one_process(m, {"--tp 2", "--tp 4", "--ep 2", "--tp 2 --ep 2", "--ep-dispatch all-to-all --ep 2"});
+}
+
 TEST_F(TpRun, ExpertDispatchByAllToAllMatchesTheAllReduceCombine) {
   // Tokens split across ranks, each (token, expert) pair sent to the expert's rank and its
   // output sent back; the shared expert (hybrid) runs whole on the token's rank.

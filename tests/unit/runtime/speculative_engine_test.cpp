@@ -229,6 +229,31 @@ TEST(SpeculativeEngine, MtpGreedyEqualsPlainOnHybridBatchedAndPreempted) {
   EXPECT_GT(spec_tight.stats.preemptions, 0);
 }
 
+// DeepSeek-V3: the MTP layer drafts from the latent cache's own KV layer; greedy output
+// is the plain run's, batched, staggered and preempted (the MLA cache rolled back).
+TEST(SpeculativeEngine, MtpGreedyEqualsPlainOnDeepseek) {
+  OneThread one;
+  Model& model = testing_support::deepseek_model();
+  ASSERT_NE(model.mtp_head(), nullptr);
+  std::mt19937 rng(9);
+  std::vector<std::vector<int32_t>> prompts;
+  for (int32_t n : {4, 40, 17}) prompts.push_back(random_tokens(rng, n, 3, 290));
+  prompts.push_back(repetitive(rng, 4, 5, 3, 290));
+  const int32_t gen = 20;
+  const Outcome plain = run_engine(model, config_for(SpeculativeMethod::kNone, 0), prompts, gen);
+  for (int32_t k : {1, 3}) {
+    const std::string what = "deepseek mtp k=" + std::to_string(k);
+    const Outcome spec = run_engine(model, config_for(SpeculativeMethod::kMtp, k), prompts, gen);
+    expect_same(spec, plain, what);
+    EXPECT_GT(spec.stats.spec_drafted, 10) << what;
+  }
+  EngineConfig tight = config_for(SpeculativeMethod::kMtp, 2);
+  tight.kv_cache_bytes = 8 * block_bytes(model);
+  const Outcome spec_tight = run_engine(model, tight, prompts, gen);
+  expect_same(spec_tight, plain, "deepseek mtp k=2, tight KV");
+  EXPECT_GT(spec_tight.stats.preemptions, 0);
+}
+
 TEST(SpeculativeEngine, OracleDraftsWithPlantedErrorsOnHybrid) {
   // Drafts from a drafter that knows the plain run's continuation but gets chosen
   // positions wrong: every pattern of k = 3 (all accepted, 0/1/2 accepted then a

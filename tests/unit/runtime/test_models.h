@@ -44,6 +44,26 @@ inline Model& hybrid_model() {
   return *model;
 }
 
+// A tiny random deepseek_v3 (MLA, grouped sigmoid MoE after a dense first layer, YaRN,
+// and its MTP layer).
+inline Model& deepseek_model() {
+  namespace fs = std::filesystem;
+  static std::unique_ptr<Model> model = [] {
+    const fs::path dir = fs::temp_directory_path() / ("infera_test_deepseek_" + std::to_string(::getpid()));
+    LoadOptions o;
+    o.max_batch_tokens = 512;
+    auto m = load_model(test::generate_model(dir,
+                                             "--arch deepseek_v3 --layers 2 --experts 8 --n-group 4"
+                                             " --topk-group 2 --rope-scaling yarn --rope-factor 4"
+                                             " --rope-orig-max-pos 32 --vocab 300 --seed 6"),
+                        o);
+    std::error_code ec;
+    fs::remove_all(dir, ec);  // the mapping stays valid after the files are unlinked
+    return m;
+  }();
+  return *model;
+}
+
 // A drafter that knows each prompt's plain greedy continuation and proposes it, except at
 // the continuation indices where wrong(index) holds: there it proposes the next token id
 // (mod vocab), a planted rejection. prompts and continuations are read when it runs.

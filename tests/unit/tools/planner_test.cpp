@@ -156,6 +156,14 @@ TEST(Planner, MlaKvIsCompressed) {
   EXPECT_EQ(p.devices[7].kv_bytes_per_token, 62 * 576 * 2);
   o.include_mtp = false;
   EXPECT_EQ(plan_memory(c, o).devices[0].kv_bytes_per_token, 61 * 576 * 2);
+  // int8: the latent as the pool stores it, K half and V half each with an f32 scale.
+  o.kv_dtype = DType::kI8;
+  EXPECT_EQ(plan_memory(c, o).devices[0].kv_bytes_per_token, 61 * (576 + 2 * 4));
+  EXPECT_EQ(plan_memory(example("DeepSeek-V3.2.json"), o).devices[0].kv_bytes_per_token, 61 * (576 + 128 + 2 * 4));
+  // DeepSeek-V3.2: plus the indexer's 128-value key per token and layer.
+  o.kv_dtype = DType::kBF16;
+  o.include_mtp = true;
+  EXPECT_EQ(plan_memory(example("DeepSeek-V3.2.json"), o).devices[0].kv_bytes_per_token, 62 * (576 + 128) * 2);
 }
 
 TEST(Planner, SizesAndErrors) {

@@ -1,0 +1,373 @@
+#include "infera/kernels/mla.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <numeric>
+#include <vector>
+
+#include "infera/base/error.h"
+#include "infera/base/threads.h"
+#include "infera/tensor/dtype.h"
+
+namespace infera::kernels {
+
+void rope_interleaved(float* x, int64_t n_tokens, int64_t n_heads, int64_t head_stride, int64_t offset, int64_t rot_dim,
+                      const int32_t* positions, const float* inv_freq, float attn_factor) {
+  INFERA_ASSERT(rot_dim % 2 == 0 && offset + rot_dim <= head_stride, "rope_interleaved: bad dims");
+  const int64_t half = rot_dim / 2;
+  std::vector<float> cs(static_cast<size_t>(2 * half));
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    const double pos = positions[t];
+    for (int64_t i = 0; i < half; ++i) {
+      const double a = pos * static_cast<double>(inv_freq[i]);
+      cs[2 * i] = static_cast<float>(std::cos(a)) * attn_factor;
+      cs[2 * i + 1] = static_cast<float>(std::sin(a)) * attn_factor;
+    }
+    for (int64_t h = 0; h < n_heads; ++h) {
+      float* p = x + (t * n_heads + h) * head_stride + offset;
+      for (int64_t i = 0; i < half; ++i) {
+        const float c = cs[2 * i], s = cs[2 * i + 1];
+        const float a = p[2 * i], b = p[2 * i + 1];
+        p[2 * i] = a * c - b * s;
+        p[2 * i + 1] = b * c + a * s;
+      }
+    }
+  }
+}
+
+namespace {
+
+void load_half_row(const void* pool, const float* scales, DType dtype, int64_t row, int64_t hd, float* out) {
+  switch (dtype) {
+    case DType::kF32: std::memcpy(out, static_cast<const float*>(pool) + row * hd, hd * sizeof(float)); return;
+    case DType::kBF16: {
+      const uint16_t* p = static_cast<const uint16_t*>(pool) + row * hd;
+      for (int64_t i = 0; i < hd; ++i) out[i] = bf16_to_f32(p[i]);
+      return;
+    }
+    case DType::kI8: {
+      const int8_t* p = static_cast<const int8_t*>(pool) + row * hd;
+      const float s = scales[row];
+      for (int64_t i = 0; i < hd; ++i) out[i] = s * static_cast<float>(p[i]);
+      return;
+    }
+    default: fail("MLA latent cache: dtype {} is not supported (f32, bf16 or int8)", dtype_name(dtype));
+  }
+}
+
+}  // namespace
+
+void mla_load_latent(const PagedKv& kv, int64_t p0, int64_t p1, float* out) {
+  INFERA_ASSERT(kv.n_kv_heads == 1, "mla_load_latent: the latent cache has one KV head");
+  const int64_t hd = kv.head_dim, bs = kv.block_size;
+  for (int64_t p = p0; p < p1; ++p) {
+    const int64_t slot = static_cast<int64_t>(kv.block_table[p / bs]) * bs + p % bs;
+    const int64_t row = kv_row(slot, 0, bs, 1);
+    float* o = out + (p - p0) * 2 * hd;
+    load_half_row(kv.k_pool, kv.k_scales, kv.dtype, row, hd, o);
+    load_half_row(kv.v_pool, kv.v_scales, kv.dtype, row, hd, o + hd);
+  }
+}
+
+namespace {
+
+float dot(const float* a, const float* b, int64_t n) {
+  float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+  for (int64_t i = 0; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+
+void axpy(float a, const float* x, float* y, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
+}
+
+// Softmax of s[0, n) in place; returns nothing (n >= 1).
+void softmax_inplace(float* s, int64_t n) {
+  float m = -std::numeric_limits<float>::infinity();
+  for (int64_t i = 0; i < n; ++i) m = std::max(m, s[i]);
+  float sum = 0.0f;
+  for (int64_t i = 0; i < n; ++i) {
+    s[i] = std::exp(s[i] - m);
+    sum += s[i];
+  }
+  const float inv = 1.0f / sum;
+  for (int64_t i = 0; i < n; ++i) s[i] *= inv;
+}
+
+int threads_for(int64_t work_items) {
+  const int t = omp_in_parallel() ? 1 : num_threads();
+  return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(t, work_items)));
+}
+
+}  // namespace
+
+void mla_attention_absorbed(const float* q, int64_t n_tokens, int64_t n_heads, int64_t pos0, const float* lat,
+                            int64_t ld, int64_t R, int64_t P, float scale, float* out) {
+  const int64_t D = R + P;
+  const int64_t items = n_tokens * n_heads;
+  const int threads = threads_for(items);
+#pragma omp parallel num_threads(threads) if (threads > 1)
+  {
+    static thread_local std::vector<float> s;
+#pragma omp for schedule(static)
+    for (int64_t it = 0; it < items; ++it) {
+      const int64_t i = it / n_heads;
+      const int64_t n_ctx = pos0 + i + 1;
+      const float* qh = q + it * D;
+      s.resize(static_cast<size_t>(n_ctx));
+      for (int64_t t = 0; t < n_ctx; ++t) {
+        const float* row = lat + t * ld;
+        s[t] = (dot(qh, row, R) + dot(qh + R, row + R, P)) * scale;
+      }
+      softmax_inplace(s.data(), n_ctx);
+      float* o = out + it * R;
+      std::fill(o, o + R, 0.0f);
+      for (int64_t t = 0; t < n_ctx; ++t) axpy(s[t], lat + t * ld, o, R);
+    }
+  }
+}
+
+void mla_attention_naive(const float* q, int64_t n_tokens, int64_t n_heads, int64_t pos0, const float* kv, int64_t nope,
+                         int64_t V, const float* k_pe, int64_t k_pe_ld, int64_t P, float scale, float* out) {
+  const int64_t D = nope + P, KV = nope + V;
+  const int64_t items = n_tokens * n_heads;
+  const int threads = threads_for(items);
+#pragma omp parallel num_threads(threads) if (threads > 1)
+  {
+    static thread_local std::vector<float> s;
+#pragma omp for schedule(static)
+    for (int64_t it = 0; it < items; ++it) {
+      const int64_t i = it / n_heads, h = it % n_heads;
+      const int64_t n_ctx = pos0 + i + 1;
+      const float* qh = q + it * D;
+      s.resize(static_cast<size_t>(n_ctx));
+      for (int64_t t = 0; t < n_ctx; ++t) {
+        const float* kh = kv + (t * n_heads + h) * KV;
+        s[t] = (dot(qh, kh, nope) + dot(qh + nope, k_pe + t * k_pe_ld, P)) * scale;
+      }
+      softmax_inplace(s.data(), n_ctx);
+      float* o = out + it * V;
+      std::fill(o, o + V, 0.0f);
+      for (int64_t t = 0; t < n_ctx; ++t) axpy(s[t], kv + (t * n_heads + h) * KV + nope, o, V);
+    }
+  }
+}
+
+void indexer_scores(const float* q, const float* w, int64_t n_heads, int64_t d, const float* keys, int64_t ld,
+                    int64_t n_keys, float* out) {
+  for (int64_t s = 0; s < n_keys; ++s) {
+    const float* k = keys + s * ld;
+    float acc = 0.0f;
+    for (int64_t h = 0; h < n_heads; ++h) acc += w[h] * std::max(0.0f, dot(q + h * d, k, d));
+    out[s] = acc;
+  }
+}
+
+void topk_indices(const float* scores, int64_t n, int64_t k, int32_t* out) {
+  INFERA_ASSERT(k >= 0 && k <= n, "topk_indices: k out of range");
+  static thread_local std::vector<int32_t> order;
+  order.resize(static_cast<size_t>(n));
+  std::iota(order.begin(), order.end(), 0);
+  auto better = [scores](int32_t a, int32_t b) { return scores[a] > scores[b] || (scores[a] == scores[b] && a < b); };
+  std::nth_element(order.begin(), order.begin() + k, order.end(), better);
+  std::copy(order.begin(), order.begin() + k, out);
+  std::sort(out, out + k);
+}
+
+void mla_attention_sparse(const float* q, int64_t n_tokens, int64_t n_heads, const float* lat, int64_t ld, int64_t R,
+                          int64_t P, const int32_t* idx, const int32_t* n_idx, int64_t idx_stride, float scale,
+                          float* out) {
+  const int64_t D = R + P;
+  const int64_t items = n_tokens * n_heads;
+  const int threads = threads_for(items);
+#pragma omp parallel num_threads(threads) if (threads > 1)
+  {
+    static thread_local std::vector<float> s;
+#pragma omp for schedule(static)
+    for (int64_t it = 0; it < items; ++it) {
+      const int64_t i = it / n_heads;
+      const int32_t* rows = idx + i * idx_stride;
+      const int64_t n = n_idx[i];
+      const float* qh = q + it * D;
+      float* o = out + it * R;
+      std::fill(o, o + R, 0.0f);
+      if (n == 0) continue;
+      s.resize(static_cast<size_t>(n));
+      for (int64_t j = 0; j < n; ++j) {
+        const float* row = lat + static_cast<int64_t>(rows[j]) * ld;
+        s[j] = (dot(qh, row, R) + dot(qh + R, row + R, P)) * scale;
+      }
+      softmax_inplace(s.data(), n);
+      for (int64_t j = 0; j < n; ++j) axpy(s[j], lat + static_cast<int64_t>(rows[j]) * ld, o, R);
+    }
+  }
+}
+
+void moe_route_sigmoid(const float* logits, const float* bias, int64_t n_tokens, int64_t n_experts, int64_t k,
+                       int64_t n_group, int64_t topk_group, bool normalize, float scaling, int32_t* ids,
+                       float* weights) {
+  INFERA_ASSERT(k >= 1 && k <= n_experts, "moe_route_sigmoid: bad k");
+  const bool grouped = n_group > 1 && topk_group < n_group;
+  if (grouped) {
+    INFERA_ASSERT(n_experts % n_group == 0 && topk_group >= 1, "moe_route_sigmoid: bad groups");
+    INFERA_ASSERT(k <= topk_group * (n_experts / n_group), "moe_route_sigmoid: k exceeds the experts of the groups");
+  }
+  const int64_t per_group = grouped ? n_experts / n_group : n_experts;
+  std::vector<float> s(static_cast<size_t>(n_experts)), sel(static_cast<size_t>(n_experts));
+  std::vector<float> gscore(static_cast<size_t>(std::max<int64_t>(n_group, 1)));
+  std::vector<int32_t> order(static_cast<size_t>(std::max<int64_t>(n_experts, n_group)));
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    const float* l = logits + t * n_experts;
+    for (int64_t e = 0; e < n_experts; ++e) {
+      s[e] = 1.0f / (1.0f + std::exp(-l[e]));
+      sel[e] = s[e] + (bias ? bias[e] : 0.0f);
+    }
+    if (grouped) {
+      for (int64_t g = 0; g < n_group; ++g) {
+        const float* x = sel.data() + g * per_group;
+        float a = kNegInf, b = kNegInf;  // the two best
+        for (int64_t j = 0; j < per_group; ++j) {
+          if (x[j] > a) {
+            b = a;
+            a = x[j];
+          } else if (x[j] > b) {
+            b = x[j];
+          }
+        }
+        gscore[g] = per_group >= 2 ? a + b : a;
+      }
+      std::iota(order.begin(), order.begin() + n_group, 0);
+      std::stable_sort(order.begin(), order.begin() + n_group,
+                       [&](int32_t x, int32_t y) { return gscore[x] > gscore[y]; });
+      for (int64_t r = topk_group; r < n_group; ++r) {
+        const int64_t g = order[r];
+        std::fill(sel.begin() + g * per_group, sel.begin() + (g + 1) * per_group, kNegInf);
+      }
+    }
+    std::iota(order.begin(), order.begin() + n_experts, 0);
+    std::partial_sort(order.begin(), order.begin() + k, order.begin() + n_experts,
+                      [&](int32_t x, int32_t y) { return sel[x] > sel[y] || (sel[x] == sel[y] && x < y); });
+    float sum = 0.0f;
+    for (int64_t j = 0; j < k; ++j) {
+      ids[t * k + j] = order[j];
+      weights[t * k + j] = s[order[j]];
+      sum += s[order[j]];
+    }
+    const float mul = normalize ? scaling / (sum + 1e-20f) : scaling;
+    for (int64_t j = 0; j < k; ++j) weights[t * k + j] *= mul;
+  }
+}
+
+namespace ref {
+
+void indexer_scores(const float* q, const float* w, int64_t n_heads, int64_t d, const float* keys, int64_t ld,
+                    int64_t n_keys, float* out) {
+  for (int64_t s = 0; s < n_keys; ++s) {
+    double acc = 0.0;
+    for (int64_t h = 0; h < n_heads; ++h) {
+      double qk = 0.0;
+      for (int64_t x = 0; x < d; ++x) qk += static_cast<double>(q[h * d + x]) * keys[s * ld + x];
+      acc += static_cast<double>(w[h]) * std::max(0.0, qk);
+    }
+    out[s] = static_cast<float>(acc);
+  }
+}
+
+void topk_indices(const float* scores, int64_t n, int64_t k, int32_t* out) {
+  std::vector<int32_t> order(static_cast<size_t>(n));
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [scores](int32_t a, int32_t b) { return scores[a] > scores[b]; });
+  std::copy(order.begin(), order.begin() + k, out);
+  std::sort(out, out + k);
+}
+
+void mla_attention_masked(const float* q, int64_t n_tokens, int64_t n_heads, int64_t n_ctx, const float* lat,
+                          int64_t ld, int64_t R, int64_t P, const uint8_t* mask, float scale, float* out) {
+  const int64_t D = R + P;
+  for (int64_t i = 0; i < n_tokens; ++i) {
+    for (int64_t h = 0; h < n_heads; ++h) {
+      const float* qh = q + (i * n_heads + h) * D;
+      std::vector<double> s(static_cast<size_t>(n_ctx), 0.0);
+      double m = -1e300;
+      for (int64_t t = 0; t < n_ctx; ++t) {
+        if (!mask[i * n_ctx + t]) continue;
+        double acc = 0.0;
+        for (int64_t d = 0; d < D; ++d) acc += static_cast<double>(qh[d]) * lat[t * ld + d];
+        s[t] = acc * scale;
+        m = std::max(m, s[t]);
+      }
+      double sum = 0.0;
+      for (int64_t t = 0; t < n_ctx; ++t) sum += mask[i * n_ctx + t] ? (s[t] = std::exp(s[t] - m)) : (s[t] = 0.0);
+      for (int64_t r = 0; r < R; ++r) {
+        double acc = 0.0;
+        for (int64_t t = 0; t < n_ctx; ++t) acc += s[t] * lat[t * ld + r];
+        out[(i * n_heads + h) * R + r] = sum > 0 ? static_cast<float>(acc / sum) : 0.0f;
+      }
+    }
+  }
+}
+
+void mla_attention_absorbed(const float* q, int64_t n_tokens, int64_t n_heads, int64_t pos0, const float* lat,
+                            int64_t ld, int64_t R, int64_t P, float scale, float* out) {
+  const int64_t D = R + P;
+  for (int64_t i = 0; i < n_tokens; ++i) {
+    const int64_t n_ctx = pos0 + i + 1;
+    for (int64_t h = 0; h < n_heads; ++h) {
+      const float* qh = q + (i * n_heads + h) * D;
+      std::vector<double> s(static_cast<size_t>(n_ctx));
+      double m = -1e300;
+      for (int64_t t = 0; t < n_ctx; ++t) {
+        double acc = 0.0;
+        for (int64_t d = 0; d < D; ++d) acc += static_cast<double>(qh[d]) * lat[t * ld + d];
+        s[t] = acc * scale;
+        m = std::max(m, s[t]);
+      }
+      double sum = 0.0;
+      for (double& v : s) sum += (v = std::exp(v - m));
+      for (int64_t r = 0; r < R; ++r) {
+        double acc = 0.0;
+        for (int64_t t = 0; t < n_ctx; ++t) acc += s[t] * lat[t * ld + r];
+        out[(i * n_heads + h) * R + r] = static_cast<float>(acc / sum);
+      }
+    }
+  }
+}
+
+void mla_attention_naive(const float* q, int64_t n_tokens, int64_t n_heads, int64_t pos0, const float* kv, int64_t nope,
+                         int64_t V, const float* k_pe, int64_t k_pe_ld, int64_t P, float scale, float* out) {
+  const int64_t D = nope + P, KV = nope + V;
+  for (int64_t i = 0; i < n_tokens; ++i) {
+    const int64_t n_ctx = pos0 + i + 1;
+    for (int64_t h = 0; h < n_heads; ++h) {
+      const float* qh = q + (i * n_heads + h) * D;
+      std::vector<double> s(static_cast<size_t>(n_ctx));
+      double m = -1e300;
+      for (int64_t t = 0; t < n_ctx; ++t) {
+        const float* kh = kv + (t * n_heads + h) * KV;
+        double acc = 0.0;
+        for (int64_t d = 0; d < nope; ++d) acc += static_cast<double>(qh[d]) * kh[d];
+        for (int64_t d = 0; d < P; ++d) acc += static_cast<double>(qh[nope + d]) * k_pe[t * k_pe_ld + d];
+        s[t] = acc * scale;
+        m = std::max(m, s[t]);
+      }
+      double sum = 0.0;
+      for (double& v : s) sum += (v = std::exp(v - m));
+      for (int64_t r = 0; r < V; ++r) {
+        double acc = 0.0;
+        for (int64_t t = 0; t < n_ctx; ++t) acc += s[t] * kv[(t * n_heads + h) * KV + nope + r];
+        out[(i * n_heads + h) * V + r] = static_cast<float>(acc / sum);
+      }
+    }
+  }
+}
+
+}  // namespace ref
+
+}  // namespace infera::kernels
