@@ -19,7 +19,9 @@ process.on("exit", () => fs.rmSync(tmp, { recursive: true, force: true }));
 const auditPath = path.join(tmp, "audit.jsonl");
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 
-const server = await startServer(["-m", storiesDir, "--name", "stories", "--max-num-seqs", "32", "--audit-log", auditPath]);
+// A drain grace far above what the in-flight streams need, so a slow or loaded machine does
+// not cut them (the grace bounds the test; it is not what is being measured).
+const server = await startServer(["-m", storiesDir, "--name", "stories", "--max-num-seqs", "32", "--audit-log", auditPath, "--drain-grace", "300"]);
 const url = `${server.url}/v1/completions`;
 const label = '{model="stories"}';
 

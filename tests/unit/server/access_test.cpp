@@ -144,6 +144,9 @@ TEST(Access, TokensAreReservedAtAdmissionSoABurstGetsItsBudget) {
   const json body = with(kChat, {{"max_tokens", 100}});
   std::atomic<int> ok{0}, limited{0};
   std::vector<std::thread> clients;
+  // The backend holds every admitted request until all 12 are answered or admitted, so none
+  // finishes (and refunds its reservation) while the burst is still arriving.
+  s.backend->set_paused(true);
   for (int i = 0; i < 12; ++i) {
     clients.emplace_back([&] {
       auto r = s.post("/v1/chat/completions", body, "burst-key-000");
@@ -155,6 +158,8 @@ TEST(Access, TokensAreReservedAtAdmissionSoABurstGetsItsBudget) {
         ADD_FAILURE() << (r ? r->body : "no response");
     });
   }
+  EXPECT_TRUE(wait_for([&] { return limited.load() + static_cast<int>(s.backend->submitted()) == 12; }, 60000ms));
+  s.backend->set_paused(false);
   for (auto& t : clients) t.join();
   EXPECT_GE(ok.load(), 1);
   EXPECT_LE(ok.load(), 4) << "admitted past the budget: charging only at the end lets a burst through";
