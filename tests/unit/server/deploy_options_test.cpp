@@ -39,8 +39,8 @@ std::set<std::string> known_at(const std::string& yaml, const std::string& where
 
 TEST(DeployOptions, TheKeysOfBeforeAreExactlyTheKnownKeys) {
   EXPECT_EQ(known_at("server: {bogus: 1}\nmodels: [{path: /m}]\n", "server"),
-            (std::set<std::string>{"host", "port", "body_limit", "request_timeout_s", "head_timeout_s", "drain_grace_s", "audit_log",
-                                   "audit_log_prompts", "metrics", "console", "http_threads", "api_keys",
+            (std::set<std::string>{"host", "port", "body_limit", "request_timeout_s", "head_timeout_s", "drain_grace_s",
+                                   "audit_log", "audit_log_prompts", "metrics", "console", "http_threads", "api_keys",
                                    "max_concurrent_requests_per_key", "allowed_hosts", "allowed_origins",
                                    "shared_prefix_cache"}));
   EXPECT_EQ(known_at("models: [{path: /m, bogus: 1}]\n", "models[0]"),
