@@ -2,6 +2,7 @@
 #include <unordered_map>
 
 #include "infera/constrain/compile.h"
+#include "infera/tokenizer/unicode.h"
 
 namespace infera::constrain {
 
@@ -226,7 +227,7 @@ class GbnfParser {
         const uint32_t cp = code_point();
         if (cp > 0x10FFFF) error("a code point above U+10FFFF");
         if (cp >= 0xD800 && cp <= 0xDFFF) error("a surrogate code point");
-        append_utf8(bytes, cp);  // as llama.cpp: escapes are code points
+        unicode::append_utf8(bytes, cp);  // as llama.cpp: escapes are code points
       }
       ++pos_;
       return b_.lit(bytes);

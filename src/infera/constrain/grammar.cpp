@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <functional>
 
+#include "infera/tokenizer/unicode.h"
+
 namespace infera::constrain {
 
 uint32_t GrammarBuilder::new_rule(std::string name) {
@@ -307,53 +309,12 @@ CodeRanges complement_ranges(const CodeRanges& in) {
   return clean;
 }
 
-void append_utf8(std::string& out, uint32_t cp) {
-  if (cp < 0x80) {
-    out += static_cast<char>(cp);
-  } else if (cp < 0x800) {
-    out += static_cast<char>(0xC0 | (cp >> 6));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  } else if (cp < 0x10000) {
-    out += static_cast<char>(0xE0 | (cp >> 12));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  } else {
-    out += static_cast<char>(0xF0 | (cp >> 18));
-    out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  }
-}
-
 bool decode_utf8(std::string_view s, size_t& i, uint32_t& cp) {
-  const auto c = static_cast<unsigned char>(s[i]);
-  int len = 0;
-  if (c < 0x80) {
-    cp = c;
-    ++i;
-    return true;
-  }
-  if ((c & 0xE0) == 0xC0) {
-    len = 2;
-    cp = c & 0x1F;
-  } else if ((c & 0xF0) == 0xE0) {
-    len = 3;
-    cp = c & 0x0F;
-  } else if ((c & 0xF8) == 0xF0) {
-    len = 4;
-    cp = c & 0x07;
-  } else {
-    return false;
-  }
-  if (i + len > s.size()) return false;
-  for (int k = 1; k < len; ++k) {
-    const auto cc = static_cast<unsigned char>(s[i + k]);
-    if ((cc & 0xC0) != 0x80) return false;
-    cp = (cp << 6) | (cc & 0x3F);
-  }
-  static const uint32_t kMin[] = {0, 0, 0x80, 0x800, 0x10000};
-  if (cp < kMin[len] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return false;
-  i += len;
+  size_t next = i;
+  char32_t c;
+  if (!unicode::next_code_point(s, next, c)) return false;
+  i = next;
+  cp = c;
   return true;
 }
 
@@ -380,8 +341,8 @@ void utf8_split(GrammarBuilder& b, uint32_t lo, uint32_t hi, std::vector<Seq>& o
     }
   }
   std::string a, z;
-  append_utf8(a, lo);
-  append_utf8(z, hi);
+  unicode::append_utf8(a, lo);
+  unicode::append_utf8(z, hi);
   Seq s;
   for (size_t k = 0; k < a.size(); ++k)
     s.push_back(b.cls(ByteSet::range(static_cast<uint8_t>(a[k]), static_cast<uint8_t>(z[k]))));

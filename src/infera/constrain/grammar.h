@@ -133,8 +133,8 @@ CodeRanges complement_ranges(const CodeRanges& r);  // within [0, 0x10FFFF] minu
 // The alternatives (byte sequences of byte classes) that encode exactly the code points of
 // `ranges` in UTF-8.
 std::vector<Seq> utf8_sequences(GrammarBuilder& b, const CodeRanges& ranges);
-void append_utf8(std::string& out, uint32_t cp);
-// Decodes one code point at s[i] (advancing i); false on invalid UTF-8.
+// Decodes one code point at s[i] (advancing i; unicode::next_code_point); false on invalid
+// UTF-8, leaving i where the invalid sequence starts.
 bool decode_utf8(std::string_view s, size_t& i, uint32_t& cp);
 
 }  // namespace infera::constrain
