@@ -227,16 +227,7 @@ class GgufTokenizerLoader {
   void finish(const std::vector<int64_t>& types) {
     Tokenizer::Impl& impl = impl_;
     impl.kind = impl.byte_level ? Tokenizer::Kind::kByteLevelBpe : Tokenizer::Kind::kSentencePieceBpe;
-    const auto& byte_chars = unicode::byte_to_unicode();
-    for (int b = 0; b < 256; ++b) {
-      std::string mapped;
-      unicode::append_utf8(mapped, byte_chars[b]);
-      auto it = impl.model_vocab.find(mapped);
-      impl.byte_level_ids[b] = it == impl.model_vocab.end() ? -1 : it->second;
-      auto fallback = impl.model_vocab.find(fmt::format("<0x{:02X}>", b));
-      impl.byte_fallback_ids[b] = fallback == impl.model_vocab.end() ? -1 : fallback->second;
-    }
-    if (impl.byte_fallback && std::count(impl.byte_fallback_ids.begin(), impl.byte_fallback_ids.end(), -1) > 0) {
+    if (!find_byte_token_ids(impl) && impl.byte_fallback) {
       fail("{}: the SentencePiece vocabulary lacks some of the 256 <0xNN> byte tokens", path_);
     }
     impl.decoded_bytes.resize(impl.id_to_piece.size());

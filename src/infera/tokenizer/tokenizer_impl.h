@@ -125,4 +125,8 @@ std::shared_ptr<Tokenizer::Impl> load_gguf_tokenizer_impl(const std::string& pat
 // The byte trie over impl.added_tokens (trie, trie_first_byte).
 void build_added_token_trie(Tokenizer::Impl& impl);
 
+// Fills impl.byte_level_ids (GPT-2 byte characters) and impl.byte_fallback_ids (<0xNN>
+// pieces) from the vocabulary; false when some of the 256 <0xNN> tokens are missing.
+bool find_byte_token_ids(Tokenizer::Impl& impl);
+
 }  // namespace infera

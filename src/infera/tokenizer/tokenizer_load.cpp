@@ -481,16 +481,7 @@ class Loader {
                                           [](const auto& s) { return s.type == PreTokenizerStep::Type::kByteLevel; });
     impl.kind = impl.byte_level ? Tokenizer::Kind::kByteLevelBpe : Tokenizer::Kind::kSentencePieceBpe;
 
-    const auto& byte_chars = unicode::byte_to_unicode();
-    for (int b = 0; b < 256; ++b) {
-      std::string mapped;
-      unicode::append_utf8(mapped, byte_chars[b]);
-      auto it = impl.model_vocab.find(mapped);
-      impl.byte_level_ids[b] = it == impl.model_vocab.end() ? -1 : it->second;
-      auto fallback = impl.model_vocab.find(fmt::format("<0x{:02X}>", b));
-      impl.byte_fallback_ids[b] = fallback == impl.model_vocab.end() ? -1 : fallback->second;
-    }
-    if (impl.byte_fallback && std::count(impl.byte_fallback_ids.begin(), impl.byte_fallback_ids.end(), -1) > 0) {
+    if (!find_byte_token_ids(impl) && impl.byte_fallback) {
       fail("{}: model.byte_fallback is set but the vocabulary lacks some <0xNN> byte tokens", file_);
     }
 
@@ -559,6 +550,21 @@ class Loader {
 };
 
 }  // namespace
+
+bool find_byte_token_ids(Tokenizer::Impl& impl) {
+  const auto& byte_chars = unicode::byte_to_unicode();
+  bool all_fallback = true;
+  for (int b = 0; b < 256; ++b) {
+    std::string mapped;
+    unicode::append_utf8(mapped, byte_chars[b]);
+    auto it = impl.model_vocab.find(mapped);
+    impl.byte_level_ids[b] = it == impl.model_vocab.end() ? -1 : it->second;
+    auto fallback = impl.model_vocab.find(fmt::format("<0x{:02X}>", b));
+    impl.byte_fallback_ids[b] = fallback == impl.model_vocab.end() ? -1 : fallback->second;
+    all_fallback = all_fallback && impl.byte_fallback_ids[b] >= 0;
+  }
+  return all_fallback;
+}
 
 void build_added_token_trie(Tokenizer::Impl& impl) {
   impl.trie.assign(1, {});
