@@ -4,13 +4,17 @@
 #pragma once
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <signal.h>
+#include <spawn.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -23,6 +27,7 @@
 #include <random>
 #include <string>
 #include <system_error>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -31,6 +36,8 @@
 #include "infera/kernels/delta.h"
 #include "infera/model/kv_pool.h"
 #include "infera/model/model.h"
+
+extern char** environ;
 
 namespace infera::test {
 
@@ -150,6 +157,67 @@ inline int free_port() {
   ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
   ::close(fd);
   return ntohs(addr.sin_port);
+}
+
+// `infera serve` as a child process, for tests that need the real binary (signals,
+// restarts, MPI ranks).
+struct ServeProcess {
+  pid_t pid = -1;  // -1: not running
+  int port = 0;
+  std::filesystem::path log;  // its stdout and stderr
+};
+
+// Starts `binary serve <args> --port P` on a free port and waits up to `ready_s` seconds for
+// /ready; a failure of the test (naming the log) when it exits or is not ready by then.
+inline ServeProcess spawn_serve(const std::string& binary, std::vector<std::string> args,
+                                const std::filesystem::path& log, double ready_s) {
+  ServeProcess s;
+  s.port = free_port();
+  s.log = log;
+  args.insert(args.begin(), {binary, "serve"});
+  args.insert(args.end(), {"--port", std::to_string(s.port)});
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 1, s.log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_adddup2(&fa, 1, 2);
+  EXPECT_EQ(posix_spawn(&s.pid, argv[0], &fa, nullptr, argv.data(), environ), 0);
+  posix_spawn_file_actions_destroy(&fa);
+  const std::string probe = "curl -sf http://127.0.0.1:" + std::to_string(s.port) + "/ready > /dev/null 2>&1";
+  const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(ready_s);
+  while (std::chrono::steady_clock::now() < until) {
+    if (std::system(probe.c_str()) == 0) return s;
+    int status = 0;
+    if (::waitpid(s.pid, &status, WNOHANG) == s.pid) {
+      ADD_FAILURE() << "infera serve exited before it was ready:\n" << slurp(s.log);
+      s.pid = -1;
+      return s;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ADD_FAILURE() << "infera serve did not become ready:\n" << slurp(s.log);
+  return s;
+}
+
+// Waits up to `seconds` for the server to exit: its exit code (128 + the signal when one ended
+// it), or -1 when it had to be killed.
+inline int wait_exit(ServeProcess& s, double seconds) {
+  if (s.pid < 0) return 0;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  int status = 0;
+  while (std::chrono::steady_clock::now() < until) {
+    if (::waitpid(s.pid, &status, WNOHANG) == s.pid) {
+      s.pid = -1;
+      return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ::kill(s.pid, SIGKILL);
+  ::waitpid(s.pid, &status, 0);
+  s.pid = -1;
+  return -1;
 }
 
 // The kernel paths this CPU can run, scalar first.

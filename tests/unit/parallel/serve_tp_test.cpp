@@ -3,10 +3,8 @@
 // server, for requests that run batched together; SIGTERM drains the group and every
 // process exits 0; a killed worker rank ends the server with a message naming it.
 #include <arpa/inet.h>
-#include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -26,8 +24,6 @@
 #include "infera/parallel/communicator.h"
 #include "process_util.h"
 
-extern char** environ;
-
 namespace infera {
 namespace {
 
@@ -41,11 +37,8 @@ const std::vector<std::string> kPrompts = {"Once upon a time", "The little dog",
 
 using test::free_port;
 
-struct Server {
-  pid_t pid = -1;
-  int port = 0;
-  fs::path log;
-};
+using Server = test::ServeProcess;
+using test::wait_exit;
 
 class ServeTp : public ::testing::Test {
  protected:
@@ -59,40 +52,9 @@ class ServeTp : public ::testing::Test {
     ASSERT_TRUE(fs::exists(kInfera)) << "the infera binary is missing (it is built with the tests)";
   }
 
-  // Starts `infera serve <args> --port P` and waits until /ready answers.
+  // Starts `infera serve <args> --port P` and waits until /ready answers (up to 30 s).
   static Server start(std::vector<std::string> args, const std::string& name) {
-    Server s;
-    s.port = free_port();
-    s.log = dir_ / (name + ".log");
-    args.insert(args.begin(), {kInfera, "serve"});
-    args.insert(args.end(), {"--port", std::to_string(s.port)});
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_addopen(&fa, 1, s.log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    posix_spawn_file_actions_adddup2(&fa, 1, 2);
-    EXPECT_EQ(posix_spawn(&s.pid, argv[0], &fa, nullptr, argv.data(), environ), 0);
-    posix_spawn_file_actions_destroy(&fa);
-    for (int i = 0; i < 300; ++i) {  // up to 30 s on a loaded machine
-      if (curl("/ready", s.port, "") == 0) return s;
-      int status = 0;
-      if (::waitpid(s.pid, &status, WNOHANG) == s.pid) {
-        ADD_FAILURE() << "infera serve exited before it was ready:\n" << slurp(s.log);
-        s.pid = -1;
-        return s;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    }
-    ADD_FAILURE() << "infera serve did not become ready:\n" << slurp(s.log);
-    return s;
-  }
-
-  static int curl(const std::string& path, int port, const std::string& extra) {
-    const std::string cmd =
-        "curl -sf http://127.0.0.1:" + std::to_string(port) + path + " " + extra + " > /dev/null 2>&1";
-    return std::system(cmd.c_str());
+    return test::spawn_serve(kInfera, std::move(args), dir_ / (name + ".log"), 30);
   }
 
   // The prompts sent at once (so the engine batches them); greedy text of each.
@@ -120,23 +82,6 @@ class ServeTp : public ::testing::Test {
       }
     }
     return texts;
-  }
-
-  // Waits up to `seconds` for the server to exit; its exit code, or -1 when it had to be killed.
-  static int wait_exit(Server& s, double seconds) {
-    const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
-    int status = 0;
-    while (std::chrono::steady_clock::now() < until) {
-      if (::waitpid(s.pid, &status, WNOHANG) == s.pid) {
-        s.pid = -1;
-        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    }
-    ::kill(s.pid, SIGKILL);
-    ::waitpid(s.pid, &status, 0);
-    s.pid = -1;
-    return -1;
   }
 
   static fs::path dir_;

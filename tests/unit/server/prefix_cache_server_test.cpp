@@ -4,14 +4,13 @@
 // cache_salt (or the server shares its cache); with --cache-dir the conversation survives a
 // restart (serve, chat, SIGTERM, serve again: the next turn is cached from disk), and a
 // corrupted disk entry is a miss with the same output.
-#include <fcntl.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <cstdlib>
+#include <deque>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -23,8 +22,6 @@
 
 #include "../test_support.h"
 
-extern char** environ;
-
 namespace infera {
 namespace {
 
@@ -35,11 +32,7 @@ using test::slurp;
 const std::string kInfera = std::string(INFERA_BINARY_DIR) + "/infera";
 const std::string kModel = std::string(INFERA_SOURCE_DIR) + "/models/infera-default";
 
-struct Server {
-  pid_t pid = -1;
-  int port = 0;
-  fs::path log;
-};
+using Server = test::ServeProcess;
 
 class PrefixCacheServer : public ::testing::Test {
  protected:
@@ -49,33 +42,9 @@ class PrefixCacheServer : public ::testing::Test {
   }
 
   Server& start(std::vector<std::string> args, const std::string& name) {
-    Server s;
-    s.port = test::free_port();
-    s.log = dir_.path() / (name + ".log");
     if (args.empty() || args[0] != "--config") args.insert(args.begin(), {"--model", kModel, "--threads", "1"});
-    args.insert(args.begin(), {kInfera, "serve"});
-    args.insert(args.end(), {"--port", std::to_string(s.port)});
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_addopen(&fa, 1, s.log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    posix_spawn_file_actions_adddup2(&fa, 1, 2);
-    EXPECT_EQ(posix_spawn(&s.pid, argv[0], &fa, nullptr, argv.data(), environ), 0);
-    posix_spawn_file_actions_destroy(&fa);
-    for (int i = 0; i < 600; ++i) {  // up to 60 s on a loaded machine
-      const std::string cmd = "curl -sf http://127.0.0.1:" + std::to_string(s.port) + "/ready > /dev/null 2>&1";
-      if (std::system(cmd.c_str()) == 0) break;
-      int status = 0;
-      if (::waitpid(s.pid, &status, WNOHANG) == s.pid) {
-        ADD_FAILURE() << "infera serve exited before it was ready:\n" << slurp(s.log);
-        s.pid = -1;
-        break;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    }
-    servers_.push_back(s);
+    // up to 60 s on a loaded machine
+    servers_.push_back(test::spawn_serve(kInfera, std::move(args), dir_.path() / (name + ".log"), 60));
     return servers_.back();
   }
 
@@ -83,18 +52,7 @@ class PrefixCacheServer : public ::testing::Test {
   static int stop(Server& s) {
     if (s.pid < 0) return 0;
     ::kill(s.pid, SIGTERM);
-    int status = 0;
-    for (int i = 0; i < 600; ++i) {
-      if (::waitpid(s.pid, &status, WNOHANG) == s.pid) {
-        s.pid = -1;
-        return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    }
-    ::kill(s.pid, SIGKILL);
-    ::waitpid(s.pid, &status, 0);
-    s.pid = -1;
-    return -1;
+    return test::wait_exit(s, 60);
   }
 
   json chat(const Server& s, const json& messages, const std::string& key = "", const std::string& salt = "") {
@@ -132,7 +90,7 @@ class PrefixCacheServer : public ::testing::Test {
   }
 
   test::TempDir dir_{"infera_prefix_server"};
-  std::vector<Server> servers_;
+  std::deque<Server> servers_;  // start() hands out references that later starts keep valid
 };
 
 TEST_F(PrefixCacheServer, SecondTurnIsCachedAndKeysDoNotShare) {
