@@ -13,6 +13,10 @@
 
 namespace infera::constrain {
 
+// Parenthesised groups a regex or GBNF grammar may nest (their parsers recurse once per
+// group, so the client's text must not choose the stack depth).
+inline constexpr int kMaxGroupDepth = 256;
+
 // --- regular expressions (the ECMAScript subset: literals, escapes \d \w \s \D \W \S \xHH
 // \uHHHH \u{H..}, classes, '.', groups (capturing, (?:...), (?<name>...)), alternation,
 // greedy and lazy quantifiers; ^ and $ only at the ends). Lookaround, backreferences and

@@ -271,7 +271,12 @@ class GbnfParser {
     }
     if (c == '(') {
       ++pos_;
+      if (++depth_ > kMaxGroupDepth) {
+        pos_ = at;
+        error(fmt::format("groups nested more than {} deep", kMaxGroupDepth));
+      }
       std::vector<Seq> alts = alternatives(/*nested=*/true);
+      --depth_;
       if (at_end() || s_[pos_] != ')') {
         pos_ = at;
         error("unterminated group '('");
@@ -285,6 +290,7 @@ class GbnfParser {
 
   std::string_view s_;
   size_t pos_ = 0;
+  int depth_ = 0;  // groups open at pos_ (the parser recurses once per group)
   GrammarBuilder b_;
   std::unordered_map<std::string, uint32_t> ids_;
   std::unordered_map<std::string, bool> defined_;

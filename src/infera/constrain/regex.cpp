@@ -255,7 +255,12 @@ class RegexCompiler {
         pos_ = at;
         error("unsupported group modifier");
       }
+      if (++depth_ > kMaxGroupDepth) {
+        pos_ = at;
+        error(fmt::format("groups nested more than {} deep", kMaxGroupDepth));
+      }
       Seq inner = alternation();
+      --depth_;
       if (at_end() || peek() != ')') {
         pos_ = at;
         error("unterminated group '('");
@@ -317,6 +322,7 @@ class RegexCompiler {
   std::string_view p_;
   bool json_;
   size_t pos_ = 0;
+  int depth_ = 0;  // groups open at pos_ (the parser recurses once per group)
   bool anchored_start_ = false;
   bool anchored_end_ = false;
   std::map<CodeRanges, Sym> memo_;

@@ -59,6 +59,12 @@ TEST(ConstrainRegex, UnsupportedConstructsNamePosition) {
   EXPECT_NE(error_of([] { compile_regex("a(b"); }).find("unterminated group"), std::string::npos);
   EXPECT_NE(error_of([] { compile_regex("*a"); }).find("nothing to repeat"), std::string::npos);
   EXPECT_NE(error_of([] { compile_regex("a^b"); }).find("'^'"), std::string::npos);
+  // Nesting is bounded before it can exhaust the stack; a nesting within the bound compiles.
+  EXPECT_NE(error_of([] {
+              compile_regex(std::string(200000, '(') + "a" + std::string(200000, ')'));
+            }).find("nested more than 256 deep"),
+            std::string::npos);
+  EXPECT_NO_THROW(compile_regex(std::string(256, '(') + "a" + std::string(256, ')')));
 }
 
 TEST(ConstrainChoice, ExactlyOne) {
@@ -90,6 +96,11 @@ TEST(ConstrainGbnf, ErrorsNameTheRuleOrPosition) {
   EXPECT_NE(error_of([] { compile_gbnf("root ::= foo"); }).find("'foo'"), std::string::npos);
   EXPECT_NE(error_of([] { compile_gbnf("start ::= \"a\""); }).find("no 'root'"), std::string::npos);
   EXPECT_NE(error_of([] { compile_gbnf("root ::= root \"a\" | \"b\""); }).find("left-recursive"), std::string::npos);
+  EXPECT_NE(error_of([] {
+              compile_gbnf("root ::= " + std::string(200000, '(') + "\"a\"" + std::string(200000, ')'));
+            }).find("nested more than 256 deep"),
+            std::string::npos);
+  EXPECT_NO_THROW(compile_gbnf("root ::= " + std::string(256, '(') + "\"a\"" + std::string(256, ')')));
   EXPECT_NE(error_of([] { compile_gbnf("root ::= \"a\nroot2 ::= x"); }).find("line 1"), std::string::npos);
   EXPECT_NE(error_of([] { compile_gbnf("root ::= \"a\" x\nx ::= \"b\" x"); }).find("never ends"), std::string::npos);
 }
