@@ -147,6 +147,17 @@ inline std::string error_of(const std::function<void()>& fn) {
 }
 
 // A loopback TCP port that is free now (for a server a test starts).
+// Polls `cond` every 5 ms until it holds or `limit` has passed; its last answer. For effects
+// that land just after a client has its response (metrics, freed blocks, cancels).
+inline bool wait_for(const std::function<bool()>& cond, std::chrono::milliseconds limit = std::chrono::seconds(5)) {
+  const auto until = std::chrono::steady_clock::now() + limit;
+  while (std::chrono::steady_clock::now() < until) {
+    if (cond()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return cond();
+}
+
 inline int free_port() {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in addr{};

@@ -28,6 +28,7 @@ namespace {
 using nlohmann::json;
 using testing::FakeBackend;
 using namespace std::chrono_literals;
+using test::wait_for;
 using test::free_port;
 
 const std::string kStories = test::stories_dir();
@@ -98,15 +99,6 @@ std::string code_of(const httplib::Result& r) {
   const json j = json::parse(r->body, nullptr, false);
   if (!j.is_object() || !j.contains("error") || !j["error"]["code"].is_string()) return "";
   return j["error"]["code"];
-}
-
-bool wait_for(const std::function<bool()>& cond, std::chrono::milliseconds limit = 5000ms) {
-  const auto until = std::chrono::steady_clock::now() + limit;
-  while (std::chrono::steady_clock::now() < until) {
-    if (cond()) return true;
-    std::this_thread::sleep_for(5ms);
-  }
-  return cond();
 }
 
 // Sends raw bytes and returns everything the server wrote until it closed (or 3 s passed).

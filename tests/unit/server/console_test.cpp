@@ -23,6 +23,7 @@ namespace {
 using nlohmann::json;
 using testing::FakeBackend;
 using namespace std::chrono_literals;
+using test::wait_for;
 using test::slurp;
 
 const std::string kStories = test::stories_dir();
@@ -212,7 +213,11 @@ TEST(ConsoleRoutes, PagesAndStats) {
   httplib::Client c("127.0.0.1", s.server->port());
   const json chat = {{"model", "stories"}, {"messages", {{{"role", "user"}, {"content", "Hi"}}}}, {"max_tokens", 4}};
   for (int i = 0; i < 2; ++i) ASSERT_EQ(c.Post("/v1/chat/completions", chat.dump(), "application/json")->status, 200);
-  r = s.get("/v1/stats");
+  // A request is counted just after its client has the response.
+  EXPECT_TRUE(wait_for([&] {
+    r = s.get("/v1/stats");
+    return r && r->status == 200 && json::parse(r->body)["models"][0]["counters"]["ttft"]["count"] == 2;
+  }));
   ASSERT_TRUE(r);
   ASSERT_EQ(r->status, 200) << r->body;
   EXPECT_EQ(r->get_header_value("Cache-Control"), "no-store");

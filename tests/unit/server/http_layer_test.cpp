@@ -33,6 +33,7 @@ namespace {
 using nlohmann::json;
 using testing::FakeBackend;
 using namespace std::chrono_literals;
+using test::wait_for;
 using Clock = std::chrono::steady_clock;
 
 const std::string kStories = test::stories_dir();
@@ -171,15 +172,6 @@ const std::string kChatBody = R"({"model":"stories","messages":[{"role":"user","
 std::string post(const std::string& path, const std::string& body, const std::string& extra_headers = "") {
   return "POST " + path + " HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n" + extra_headers +
          "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
-}
-
-bool wait_for(const std::function<bool()>& cond, std::chrono::milliseconds limit = 5000ms) {
-  const auto until = Clock::now() + limit;
-  while (Clock::now() < until) {
-    if (cond()) return true;
-    std::this_thread::sleep_for(5ms);
-  }
-  return cond();
 }
 
 // GET /health on a fresh connection; the status (0: no answer within `limit`).

@@ -33,6 +33,7 @@ namespace {
 using nlohmann::json;
 using testing::FakeBackend;
 using namespace std::chrono_literals;
+using test::wait_for;
 
 const std::string kStories = test::stories_dir();
 const std::string kText = "Once upon a time, there was a little girl. The end is near.";
@@ -142,15 +143,6 @@ std::string streamed_text(const std::string& body, std::string* finish_reason = 
     if (finish_reason && !c["finish_reason"].is_null()) *finish_reason = c["finish_reason"];
   }
   return text;
-}
-
-bool wait_for(const std::function<bool()>& cond, std::chrono::milliseconds limit = 3000ms) {
-  const auto until = std::chrono::steady_clock::now() + limit;
-  while (std::chrono::steady_clock::now() < until) {
-    if (cond()) return true;
-    std::this_thread::sleep_for(5ms);
-  }
-  return cond();
 }
 
 void expect_error(const httplib::Result& r, int status, const char* code = nullptr) {
