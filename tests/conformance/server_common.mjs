@@ -124,6 +124,17 @@ export async function postJson(url, body, headers = {}) {
 }
 
 // Parses Prometheus text into {"name{labels}": value}.
+// Polls `cond` (async) every 50 ms until it holds or `ms` have passed; its last answer. For
+// effects that land just after a client has its response (metrics, freed blocks).
+export async function waitFor(cond, ms = 10000) {
+  const until = Date.now() + ms;
+  while (Date.now() < until) {
+    if (await cond()) return true;
+    await new Promise((resolve) => setTimeout(resolve, 50));
+  }
+  return cond();
+}
+
 export async function metrics(url) {
   const text = await (await fetch(`${url}/metrics`)).text();
   const out = {};

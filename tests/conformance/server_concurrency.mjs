@@ -10,7 +10,7 @@ import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
 
-import { check, checkEq, finish, metrics, postJson, requireFixture, startServer, storiesDir } from "./server_common.mjs";
+import { check, checkEq, finish, metrics, postJson, requireFixture, startServer, storiesDir, waitFor } from "./server_common.mjs";
 
 requireFixture(storiesDir);
 
@@ -24,15 +24,6 @@ const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 const server = await startServer(["-m", storiesDir, "--name", "stories", "--max-num-seqs", "32", "--audit-log", auditPath, "--drain-grace", "300"]);
 const url = `${server.url}/v1/completions`;
 const label = '{model="stories"}';
-
-async function waitFor(cond, ms = 10000) {
-  const until = Date.now() + ms;
-  while (Date.now() < until) {
-    if (await cond()) return true;
-    await sleep(50);
-  }
-  return cond();
-}
 
 async function streamText(body) {
   const r = await fetch(url, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify({ ...body, stream: true }) });

@@ -10,7 +10,7 @@ import net from "node:net";
 import os from "node:os";
 import path from "node:path";
 
-import { chatmlTemplate, check, checkEq, finish, freePort, postJson, requireFixture, runServeExpectingFailure, startServer, storiesDir } from "./server_common.mjs";
+import { chatmlTemplate, check, checkEq, finish, freePort, postJson, requireFixture, runServeExpectingFailure, startServer, storiesDir, waitFor } from "./server_common.mjs";
 
 requireFixture(storiesDir);
 
@@ -99,7 +99,12 @@ try {
   const ownModels = await (await fetch(`${own}/v1/models`)).json();
   checkEq(ownModels.data.map((d) => d.id), ["gamma"], "gamma's port lists gamma only");
   checkEq((await fetch(`${own}/ready`)).status, 200, "gamma's port is ready");
-  const metricsText = await (await fetch(`${base}/metrics`)).text();
+  // A request is counted just after its client has the response.
+  let metricsText = "";
+  await waitFor(async () => {
+    metricsText = await (await fetch(`${base}/metrics`)).text();
+    return metricsText.includes('infera_requests_total{model="gamma",status="200"} 3');
+  });
   check(metricsText.includes('infera_model_state{model="broken",state="failed"} 1'), "metrics show the failed model");
   check(metricsText.includes('infera_requests_total{model="gamma",status="200"} 3'), "metrics count gamma's requests on both ports");
 } finally {
