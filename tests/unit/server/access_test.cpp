@@ -28,8 +28,8 @@ namespace {
 using nlohmann::json;
 using testing::FakeBackend;
 using namespace std::chrono_literals;
-using test::wait_for;
 using test::free_port;
+using test::wait_for;
 
 const std::string kStories = test::stories_dir();
 const json kChat = {{"model", "stories"}, {"messages", {{{"role", "user"}, {"content", "Hi"}}}}, {"max_tokens", 4}};
