@@ -23,8 +23,8 @@ namespace {
 using nlohmann::json;
 using testing::FakeBackend;
 using namespace std::chrono_literals;
-using test::wait_for;
 using test::slurp;
+using test::wait_for;
 
 const std::string kStories = test::stories_dir();
 const std::string kChatml = std::string(INFERA_SOURCE_DIR) + "/tests/conformance/data/chatml.jinja";
