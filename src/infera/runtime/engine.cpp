@@ -417,6 +417,10 @@ std::vector<int32_t> EngineCore::checkpoint_positions_for(const Request& r) cons
     if (p > 0 && p <= n) out.push_back(static_cast<int32_t>(p / bs * bs));
   };
   add(n);  // the end of the prompt: the next turn of a conversation starts there
+  // The last block boundary before the end: a block-aligned prompt sent again resumes there
+  // (a lookup leaves at least the last token to compute, so the checkpoint at its end is
+  // out of reach) and recomputes its last block. For other prompts the same position.
+  add(n - 1);
   // Message boundaries the caller knows (bounded: they come from a client's messages).
   for (size_t i = 0; i < r.checkpoint_positions.size() && i < 4096; ++i) add(r.checkpoint_positions[i]);
   const int32_t interval = config_.prefix_checkpoint_interval / bs * bs;

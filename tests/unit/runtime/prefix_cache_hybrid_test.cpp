@@ -262,3 +262,46 @@ TEST(PrefixCacheHybrid, CheckpointsCountInTheBudget) {
   EXPECT_EQ(s.kv_blocks_reserved, (s.checkpoint_bytes + s.kv_bytes_per_block - 1) / s.kv_bytes_per_block);
   EXPECT_EQ(s.kv_blocks_used, 0);
 }
+
+TEST(PrefixCacheHybrid, BlockAlignedPromptSentAgainResumesBeforeItsLastBlock) {
+  // A prompt of exactly 3 blocks sent twice: the second resumes from the checkpoint at the
+  // last block boundary before the end (the one at the end is out of reach: the last token
+  // is always computed for its logits), recomputes the last block, and answers the same.
+  OneThread one;
+  Model& model = testing_support::hybrid_model();
+  std::vector<int32_t> prompt;
+  for (int32_t i = 0; i < 48; ++i) prompt.push_back(7 + (i * 29) % 250);
+  auto run = [&](bool cache) {
+    EngineConfig c = base_config();
+    c.enable_prefix_cache = cache;
+    c.prefix_checkpoint_interval = 0;  // only the prompt's own checkpoints
+    EngineCore core(model, c);
+    std::vector<Turn> turns;
+    for (int i = 0; i < 2; ++i) {
+      Request r;
+      r.prompt_ids = prompt;
+      r.max_tokens = 8;
+      r.ignore_eos = true;
+      Turn turn;
+      core.add_request(r, [&](const Event& e) {
+        if (!e.is_final()) {
+          turn.tokens.push_back(e.token);
+        } else {
+          turn.cached_tokens = e.usage.cached_tokens;
+        }
+      });
+      while (core.has_work()) core.step();
+      turns.push_back(turn);
+    }
+    return std::make_pair(turns, core.stats());
+  };
+  const auto [with, stats] = run(true);
+  const auto [without, unused] = run(false);
+  ASSERT_EQ(with.size(), 2u);
+  EXPECT_EQ(with[0].tokens, without[0].tokens);
+  EXPECT_EQ(with[1].tokens, without[1].tokens);
+  EXPECT_EQ(with[1].tokens, with[0].tokens);
+  EXPECT_EQ(with[0].cached_tokens, 0);
+  EXPECT_EQ(with[1].cached_tokens, 32);
+  EXPECT_EQ(stats.checkpoint_hits, 1);
+}
