@@ -99,6 +99,23 @@ class MtpHead {
   virtual void draft(const ForwardBatch& batch, const float* hidden, KvPool& kv, float* logits) = 0;
 };
 
+// A recurrent state split over the ranks of a group (StateShape::local false) copied
+// whole, for state checkpoints (hybrid prefix caching): on rank 0, gather() collects every
+// rank's part of the state that forward() keeps under a chunk's state_id, in rank order, and
+// scatter() hands each rank its part back. Both are collectives of the whole group (rank 0
+// drives them; the other ranks answer between forwards), so they are consistent by
+// construction: only rank 0 decides what is checkpointed and restored.
+class StateTransfer {
+ public:
+  virtual ~StateTransfer() = default;
+  // Floats of the whole state: every rank's part (this rank's is StateShape::floats()).
+  virtual int64_t whole_floats() const = 0;
+  // whole[whole_floats()] := every rank's part of state `state_id`; `local` is this rank's.
+  virtual void gather(int32_t state_id, const float* local, float* whole) = 0;
+  // Every rank's state `state_id` := its part of whole[whole_floats()]; `local` is this rank's.
+  virtual void scatter(int32_t state_id, const float* whole, float* local) = 0;
+};
+
 class Model {
  public:
   virtual ~Model() = default;
@@ -120,6 +137,9 @@ class Model {
   // Geometry of one sequence's recurrent state (zero for attention-only models); the runtime
   // allocates it (runtime/sequence_memory.h) and passes it per chunk (SeqChunk::state).
   virtual StateShape state_shape() const { return {}; }
+  // Copies a state that is not local (StateShape::local false) whole; null when it cannot
+  // (and for a local state, which the runtime copies itself).
+  virtual StateTransfer* state_transfer() { return nullptr; }
 
   // ---- Mixture of experts ----
   // Tokens routed to each expert so far, [num_layers * num_experts] layer-major (dense

@@ -1,6 +1,7 @@
 #include "infera/model/parallel_model.h"
 
 #include <algorithm>
+#include <climits>
 #include <cstdio>
 #include <cstring>
 
@@ -20,6 +21,11 @@ namespace {
 // of a few sequences fits whole) and only longer messages need a second one.
 constexpr int32_t kOpForward = 1;
 constexpr int32_t kOpStop = 2;
+// Between forwards, a recurrent state copied whole (StateTransfer): [6] floats of each
+// rank's part, [7] the state id. Gather: every rank sends its part to rank 0. Scatter: rank
+// 0 broadcasts the whole state and each rank keeps its part.
+constexpr int32_t kOpStateGather = 3;
+constexpr int32_t kOpStateScatter = 4;
 constexpr int64_t kHeaderWords = 10;
 constexpr int64_t kChunkWords = 6;
 constexpr int64_t kInlineWords = 256;  // 1 KiB: one sequence decoding at 3800 tokens of context still fits
@@ -73,6 +79,16 @@ void decode(const std::vector<int32_t>& m, ForwardBatch& b, std::vector<int32_t>
     s.block_table = blocks.data() + off;
     off += s.n_blocks;
   }
+}
+
+void encode_state_op(int32_t op, int32_t state_id, int64_t floats, std::vector<int32_t>& m) {
+  INFERA_ASSERT(floats > 0 && floats <= INT32_MAX && state_id >= 0);
+  m.assign(static_cast<size_t>(kHeaderWords), 0);
+  m[0] = static_cast<int32_t>(kHeaderWords);
+  m[1] = op;
+  m[6] = static_cast<int32_t>(floats);
+  m[7] = state_id;
+  m[9] = state_id + 1;
 }
 
 void send(parallel::Communicator& comm, std::vector<int32_t>& m, bool merged) {
@@ -154,6 +170,24 @@ Model::ParallelStats ParallelModel::parallel_stats() const {
   return ParallelStats{comm_.size(), s.calls(), s.bytes(), s.seconds()};
 }
 
+void ParallelModel::gather(int32_t state_id, const float* local, float* whole) {
+  INFERA_ASSERT(!stopped_, "state transfer after stop_workers");
+  const int64_t floats = local_->state_shape().floats();
+  encode_state_op(kOpStateGather, state_id, floats, message_);
+  send(comm_, message_, merged_sync_);
+  comm_.gather(local, floats * static_cast<int64_t>(sizeof(float)), whole, 0);
+}
+
+void ParallelModel::scatter(int32_t state_id, const float* whole, float* local) {
+  INFERA_ASSERT(!stopped_, "state transfer after stop_workers");
+  const int64_t floats = local_->state_shape().floats();
+  encode_state_op(kOpStateScatter, state_id, floats, message_);
+  send(comm_, message_, merged_sync_);
+  // Broadcast as the communicator has no scatter; restores are rare (a prefix hit).
+  comm_.broadcast(const_cast<float*>(whole), whole_floats() * static_cast<int64_t>(sizeof(float)), 0);
+  std::memcpy(local, whole, static_cast<size_t>(floats) * sizeof(float));
+}
+
 void ParallelModel::stop_workers() {
   if (stopped_) return;
   stopped_ = true;
@@ -174,12 +208,33 @@ void run_parallel_worker(Model& local, parallel::Communicator& comm, bool merged
   // This rank's heads of each sequence's recurrent state, by SeqChunk::state_id (rank 0's
   // sequence memory hands the ids out and zeroes nothing: the model zeroes a state at pos0 0).
   std::vector<std::vector<float>> states;
+  std::vector<float> whole;  // a scattered state, every rank's part
   const int64_t state_floats = local.state_shape().floats();
   ForwardBatch batch;
   const int64_t V = local.config().vocab_size;
   for (;;) {
     receive(comm, message, merged_sync);
     if (message[1] == kOpStop) return;
+    if (message[1] == kOpStateGather || message[1] == kOpStateScatter) {
+      const int64_t floats = message[6];
+      const int32_t id = message[7];
+      if (floats != state_floats || id < 0) {
+        fail("rank {}: a recurrent state of {} floats from rank 0, this rank's part has {} (mismatched shards?)",
+             comm.rank(), floats, state_floats);
+      }
+      if (id >= static_cast<int32_t>(states.size())) states.resize(static_cast<size_t>(id) + 1);
+      std::vector<float>& state = states[static_cast<size_t>(id)];
+      if (state.empty()) state.assign(static_cast<size_t>(state_floats), 0.0f);
+      const int64_t bytes = floats * static_cast<int64_t>(sizeof(float));
+      if (message[1] == kOpStateGather) {
+        comm.gather(state.data(), bytes, nullptr, 0);
+      } else {
+        whole.resize(static_cast<size_t>(floats * comm.size()));
+        comm.broadcast(whole.data(), bytes * comm.size(), 0);
+        std::memcpy(state.data(), whole.data() + static_cast<size_t>(floats) * comm.rank(), static_cast<size_t>(bytes));
+      }
+      continue;
+    }
     if (message[1] != kOpForward)
       fail("rank {}: unknown step op {} from rank 0 (mismatched infera versions?)", comm.rank(), message[1]);
     decode(message, batch, blocks);

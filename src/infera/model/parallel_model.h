@@ -8,7 +8,9 @@
 // sit in run_parallel_worker(): receive a step, run their shard on it, repeat, until rank
 // 0 calls stop_workers() (or destroys the ParallelModel). Block ids come from rank 0's
 // allocator and a worker sizes its own KvPool from the step (same number of blocks, its
-// own KV heads only), so a worker needs no copy of rank 0's engine settings.
+// own KV heads only), so a worker needs no copy of rank 0's engine settings. Between
+// forwards rank 0 may gather every rank's part of a recurrent state or scatter one back
+// (StateTransfer: hybrid prefix caching's state checkpoints, kept whole on rank 0).
 #pragma once
 
 #include <memory>
@@ -18,7 +20,7 @@
 
 namespace infera {
 
-class ParallelModel final : public Model {
+class ParallelModel final : public Model, public StateTransfer {
  public:
   // merged_sync: one broadcast per step (else header, tokens and layout separately; see
   // parallel::ParallelPlan::merged_sync).
@@ -37,6 +39,12 @@ class ParallelModel final : public Model {
   // its heads' part under the chunk's state_id, so the state cannot be snapshotted here;
   // speculative decoding is rejected with --tp/--ep).
   StateShape state_shape() const override { return local_->state_shape(); }
+  // State checkpoints (hybrid prefix caching) copy the state whole: rank 0 gathers every
+  // rank's part of a state id between forwards, and scatters one back before a forward.
+  StateTransfer* state_transfer() override { return local_->state_shape().floats() > 0 ? this : nullptr; }
+  int64_t whole_floats() const override { return local_->state_shape().floats() * comm_.size(); }
+  void gather(int32_t state_id, const float* local, float* whole) override;
+  void scatter(int32_t state_id, const float* whole, float* local) override;
   // mtp_head() stays null: drafting with the MTP head is not mirrored either.
   ParallelStats parallel_stats() const override;
 

@@ -62,7 +62,7 @@ int32_t resolve_max_context(const Model& model, const EngineConfig& config) {
   return config.max_context;
 }
 
-std::unique_ptr<SequenceMemory> memory_for(const Model& model, const EngineConfig& config) {
+std::unique_ptr<SequenceMemory> memory_for(Model& model, const EngineConfig& config) {
   SequenceMemoryOptions options;
   options.num_seqs = config.max_num_seqs;
   options.prefix_cache = config.enable_prefix_cache;
@@ -89,12 +89,13 @@ EngineCore::EngineCore(Model& model, const EngineConfig& config)
   const StateShape state = model_.state_shape();
   if (state.floats() > 0 && config.enable_prefix_cache) {
     if (memory_->resumes_from_prefix()) {
+      // Over --tp/--ep ranks rank 0 keeps the whole state (every rank's part, gathered).
       LOG_INFO("engine: prefix caching with recurrent-state checkpoints of {} KiB (= {} KV tokens)",
-               memory_->state_bytes() >> 10,
-               memory_->state_bytes() / std::max<int64_t>(kv_pool().shape().bytes_per_token(), 1));
+               memory_->checkpoint_state_bytes() >> 10,
+               memory_->checkpoint_state_bytes() / std::max<int64_t>(kv_pool().shape().bytes_per_token(), 1));
     } else {
       // A hit resumes from a copy of the state after the prefix, which a group splits over its ranks.
-      LOG_INFO("engine: prefix caching is off for this hybrid model over --tp/--ep ranks (its state cannot be copied)");
+      LOG_INFO("engine: prefix caching is off for this hybrid model (its state cannot be copied)");
     }
   }
   if (state.floats() > 0 && num_draft_ > 0 && !state.local) {
@@ -226,7 +227,7 @@ void EngineCore::load_from_disk(const Sequence& seq, int32_t max_blocks) {
       blocks_.register_block(b, parent, tokens);
       held.push_back(b);
     }
-    if (hybrid && e->state.size() == static_cast<size_t>(memory_->state_bytes() / sizeof(float))) {
+    if (hybrid && e->state.size() == static_cast<size_t>(memory_->checkpoint_state_bytes() / sizeof(float))) {
       blocks_.add_checkpoint(h, e->state);
     }
   }

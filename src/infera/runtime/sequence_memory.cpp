@@ -73,13 +73,20 @@ void PagedKvMemory::restore(SeqId id, const MemoryCheckpoint& cp) {
 
 // ---- RecurrentMemory --------------------------------------------------------------------
 
-RecurrentMemory::RecurrentMemory(const StateShape& shape, int32_t num_seqs, int32_t max_verify_tokens)
-    : shape_(shape), max_token_states_(shape.token_states && max_verify_tokens > 1 ? max_verify_tokens - 1 : 0) {
+RecurrentMemory::RecurrentMemory(const StateShape& shape, int32_t num_seqs, int32_t max_verify_tokens,
+                                 StateTransfer* transfer)
+    : shape_(shape),
+      transfer_(shape.local ? nullptr : transfer),
+      max_token_states_(shape.token_states && max_verify_tokens > 1 ? max_verify_tokens - 1 : 0) {
   INFERA_ASSERT(shape.floats() > 0, "a recurrent memory for a model without recurrent state");
   slots_.resize(static_cast<size_t>(std::max(num_seqs, 1)));
   for (Slot& s : slots_) s.state.assign(static_cast<size_t>(shape_.floats()), 0.0f);
   // Slot 0 first.
   for (int32_t i = static_cast<int32_t>(slots_.size()) - 1; i >= 0; --i) free_slots_.push_back(i);
+}
+
+int64_t RecurrentMemory::checkpoint_state_bytes() const {
+  return transfer_ ? transfer_->whole_floats() * static_cast<int64_t>(sizeof(float)) : shape_.bytes();
 }
 
 int32_t RecurrentMemory::take_slot() {
@@ -211,7 +218,7 @@ int32_t RecurrentMemory::commit(SeqId id, int32_t n) {
 }
 
 bool RecurrentMemory::has_state_at(SeqId id, int32_t position) const {
-  if (!shape_.local) return false;
+  if (!copyable()) return false;
   const auto it = entries_.find(id);
   if (it == entries_.end()) return false;
   const Entry& e = it->second;
@@ -219,7 +226,7 @@ bool RecurrentMemory::has_state_at(SeqId id, int32_t position) const {
 }
 
 void RecurrentMemory::checkpoint(SeqId id, int32_t position, MemoryCheckpoint& out) const {
-  require_local("recurrent-state checkpoint");
+  if (!copyable()) require_local("recurrent-state checkpoint");
   const Entry& e = existing(id);
   const Slot& slot = slots_[static_cast<size_t>(e.slot)];
   const size_t floats = static_cast<size_t>(shape_.floats());
@@ -235,18 +242,29 @@ void RecurrentMemory::checkpoint(SeqId id, int32_t position, MemoryCheckpoint& o
         position, e.length);
   }
   out.position = position;
+  if (transfer_) {
+    // Every rank's part of the slot (no token states over ranks: src is the slot's state).
+    out.state.resize(static_cast<size_t>(transfer_->whole_floats()));
+    transfer_->gather(e.slot, src, out.state.data());
+    return;
+  }
   out.state.assign(src, src + floats);
 }
 
 void RecurrentMemory::restore(SeqId id, const MemoryCheckpoint& cp) {
-  require_local("recurrent-state restore");
+  if (!copyable()) require_local("recurrent-state restore");
   if (cp.position < 0) fail("sequence memory: restore from an empty checkpoint");
-  if (cp.state.size() != static_cast<size_t>(shape_.floats())) {
-    fail("sequence memory: the checkpoint holds {} state floats, this model's state has {}", cp.state.size(),
-         shape_.floats());
+  const int64_t whole = checkpoint_state_bytes() / static_cast<int64_t>(sizeof(float));
+  if (cp.state.size() != static_cast<size_t>(whole)) {
+    fail("sequence memory: the checkpoint holds {} state floats, this model's state has {}", cp.state.size(), whole);
   }
   Entry& e = entry(id);
-  std::copy(cp.state.begin(), cp.state.end(), slots_[static_cast<size_t>(e.slot)].state.begin());
+  float* state = slots_[static_cast<size_t>(e.slot)].state.data();
+  if (transfer_) {
+    transfer_->scatter(e.slot, cp.state.data(), state);
+  } else {
+    std::copy(cp.state.begin(), cp.state.end(), state);
+  }
   e.length = cp.position;
   e.chunk_begin = cp.position;
   e.token_states = 0;
@@ -257,11 +275,13 @@ void RecurrentMemory::restore(SeqId id, const MemoryCheckpoint& cp) {
 // ---- HybridMemory -----------------------------------------------------------------------
 
 HybridMemory::HybridMemory(const KvPoolShape& kv_shape, const StateShape& state_shape, int32_t num_seqs,
-                           int32_t max_verify_tokens, bool prefix_cache)
+                           int32_t max_verify_tokens, bool prefix_cache, StateTransfer* transfer)
     // A prefix hit needs the recurrent state after the prefix: the prefix cache keeps state
-    // checkpoints, which a state split over ranks cannot provide (no prefix caching then).
-    : kv_(kv_shape, prefix_cache && state_shape.local), state_(state_shape, num_seqs, max_verify_tokens) {
-  if (prefix_cache && state_shape.local) kv_.blocks_.enable_checkpoints(kv_.kv_.bytes_per_block());
+    // checkpoints, which a state split over ranks provides only through a StateTransfer (no
+    // prefix caching without one).
+    : kv_(kv_shape, prefix_cache && (state_shape.local || transfer != nullptr)),
+      state_(state_shape, num_seqs, max_verify_tokens, transfer) {
+  if (kv_.blocks_.prefix_cache_enabled()) kv_.blocks_.enable_checkpoints(kv_.kv_.bytes_per_block());
 }
 
 void HybridMemory::bind(SeqId id, std::span<const int32_t> block_table, SeqChunk& chunk) {
@@ -294,12 +314,12 @@ void HybridMemory::restore(SeqId id, const MemoryCheckpoint& cp) {
   kv_.restore(id, cp);
 }
 
-std::unique_ptr<SequenceMemory> make_sequence_memory(const Model& model, const KvPoolShape& kv_shape,
+std::unique_ptr<SequenceMemory> make_sequence_memory(Model& model, const KvPoolShape& kv_shape,
                                                      const SequenceMemoryOptions& options) {
   const StateShape state = model.state_shape();
   if (state.floats() > 0) {
     return std::make_unique<HybridMemory>(kv_shape, state, options.num_seqs, options.max_verify_tokens,
-                                          options.prefix_cache);
+                                          options.prefix_cache, state.local ? nullptr : model.state_transfer());
   }
   return std::make_unique<PagedKvMemory>(kv_shape, options.prefix_cache);
 }

@@ -54,11 +54,15 @@ class SequenceMemory {
   // The K/V pool and its block manager; null for a memory without attention layers.
   virtual KvPool* kv() { return nullptr; }
   virtual KvBlockManager* blocks() { return nullptr; }
-  // Bytes of one sequence's recurrent state (0 without one).
+  // Bytes of one sequence's recurrent state (0 without one); over --tp/--ep ranks this
+  // rank's part.
   virtual int64_t state_bytes() const { return 0; }
+  // Bytes of the state a checkpoint() copies: the whole state (every rank's part).
+  virtual int64_t checkpoint_state_bytes() const { return state_bytes(); }
   // A sequence can start from a prefix-cache hit: its blocks alone hold everything before
   // it (paged KV), or the prefix cache keeps state checkpoints beside them (hybrid, when
-  // the state can be copied: not over --tp/--ep ranks). False for a bare recurrent memory.
+  // the state can be copied: locally, or through the model's StateTransfer over --tp/--ep
+  // ranks). False for a bare recurrent memory.
   virtual bool resumes_from_prefix() const { return true; }
   // Whether checkpoint(id, position) can answer now (see checkpoint()).
   virtual bool has_state_at(SeqId id, int32_t position) const { return position >= 0 && position <= length(id); }
@@ -122,9 +126,15 @@ class RecurrentMemory final : public SequenceMemory {
   // (more are added when needed: a preempted sequence keeps its state while it waits).
   // `max_verify_tokens`: the longest chunk whose per-token states are kept after snapshot()
   // (0 or 1: none; rollbacks then restore the snapshot and the caller re-feeds).
-  RecurrentMemory(const StateShape& shape, int32_t num_seqs, int32_t max_verify_tokens);
+  // `transfer`: copies a state split over ranks (StateShape::local false) whole for
+  // checkpoint() / restore() (Model::state_transfer(); null: they need a local state).
+  RecurrentMemory(const StateShape& shape, int32_t num_seqs, int32_t max_verify_tokens,
+                  StateTransfer* transfer = nullptr);
 
   int64_t state_bytes() const override { return shape_.bytes(); }
+  int64_t checkpoint_state_bytes() const override;
+  // checkpoint() / restore() work: the state is local, or a StateTransfer copies it.
+  bool copyable() const { return shape_.local || transfer_ != nullptr; }
   bool resumes_from_prefix() const override { return false; }
   bool has_state_at(SeqId id, int32_t position) const override;
   void bind(SeqId id, std::span<const int32_t> block_table, SeqChunk& chunk) override;
@@ -162,6 +172,7 @@ class RecurrentMemory final : public SequenceMemory {
   void require_local(const char* what) const;
 
   StateShape shape_;
+  StateTransfer* transfer_ = nullptr;
   int32_t max_token_states_ = 0;
   std::vector<Slot> slots_;
   std::vector<int32_t> free_slots_;
@@ -172,13 +183,15 @@ class RecurrentMemory final : public SequenceMemory {
 class HybridMemory final : public SequenceMemory {
  public:
   // `prefix_cache`: full blocks are registered and shared, with state checkpoints beside
-  // them (KvBlockManager::enable_checkpoints); only when the state is local (one process).
+  // them (KvBlockManager::enable_checkpoints); only when the state can be copied (local, or
+  // whole through `transfer` over --tp/--ep ranks).
   HybridMemory(const KvPoolShape& kv_shape, const StateShape& state_shape, int32_t num_seqs, int32_t max_verify_tokens,
-               bool prefix_cache = false);
+               bool prefix_cache = false, StateTransfer* transfer = nullptr);
 
   KvPool* kv() override { return kv_.kv(); }
   KvBlockManager* blocks() override { return kv_.blocks(); }
   int64_t state_bytes() const override { return state_.state_bytes(); }
+  int64_t checkpoint_state_bytes() const override { return state_.checkpoint_state_bytes(); }
   bool resumes_from_prefix() const override { return kv_.blocks_.checkpoints_enabled(); }
   bool has_state_at(SeqId id, int32_t position) const override { return state_.has_state_at(id, position); }
   void bind(SeqId id, std::span<const int32_t> block_table, SeqChunk& chunk) override;
@@ -204,8 +217,9 @@ struct SequenceMemoryOptions {
 };
 
 // The memory `model` needs: paged KV for attention-only models, hybrid when the model also
-// has recurrent state. `kv_shape` carries num_blocks and the KV dtype.
-std::unique_ptr<SequenceMemory> make_sequence_memory(const Model& model, const KvPoolShape& kv_shape,
+// has recurrent state. `kv_shape` carries num_blocks and the KV dtype. A state split over
+// ranks is checkpointed through the model's StateTransfer.
+std::unique_ptr<SequenceMemory> make_sequence_memory(Model& model, const KvPoolShape& kv_shape,
                                                      const SequenceMemoryOptions& options);
 
 }  // namespace infera

@@ -255,8 +255,9 @@ Plan plan_memory(const ModelConfig& c, const PlanOptions& o) {
     dp.kv_bytes = kv_per_token * plan.context_rounded * o.concurrency;
     dp.state_bytes_per_sequence = state_per_seq;
     dp.state_bytes = state_per_seq * o.concurrency;
-    dp.checkpoint_bytes_each = state_per_seq;
-    dp.checkpoint_bytes = state_per_seq * o.prefix_checkpoints;
+    // Rank 0 keeps the checkpoints whole (every rank's part; docs/runtime.md).
+    dp.checkpoint_bytes_each = d == 0 ? state_per_seq * o.tp : 0;
+    dp.checkpoint_bytes = dp.checkpoint_bytes_each * o.prefix_checkpoints;
     dp.activation_bytes = activations;
     dp.reserve_bytes = o.reserve_bytes;
     dp.total_bytes =

@@ -62,7 +62,7 @@ struct DevicePlan {
   int64_t kv_bytes = 0;  // ctx (rounded to blocks) x concurrency
   int64_t state_bytes_per_sequence = 0;  // fixed recurrent state (GDN layers)
   int64_t state_bytes = 0;
-  int64_t checkpoint_bytes_each = 0;  // one prefix-cache state checkpoint (= state_bytes_per_sequence)
+  int64_t checkpoint_bytes_each = 0;  // one prefix-cache state checkpoint: the whole state, on device 0 only
   int64_t checkpoint_bytes = 0;  // PlanOptions::prefix_checkpoints of them
   int64_t activation_bytes = 0;
   int64_t reserve_bytes = 0;

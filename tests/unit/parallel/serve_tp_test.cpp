@@ -142,6 +142,81 @@ TEST_F(ServeTp, HybridTp2ServerMatchesOneProcess) {
   EXPECT_EQ(wait_exit(two, 15), 0) << slurp(two.log);
 }
 
+// One greedy completion; the response (null when the server answered no JSON).
+nlohmann::json complete(const test::ServeProcess& s, const fs::path& dir, const std::string& prompt, int max_tokens) {
+  const nlohmann::json body = {
+      {"model", "m"}, {"prompt", prompt}, {"max_tokens", max_tokens}, {"temperature", 0}, {"logprobs", 1}};
+  const fs::path in = dir / "turn_req.json", out = dir / "turn_resp.json";
+  std::ofstream(in) << body.dump();
+  fs::remove(out);
+  const std::string cmd = "curl -s http://127.0.0.1:" + std::to_string(s.port) +
+                          "/v1/completions -H 'Content-Type: application/json' --data @" + in.string() + " -o " +
+                          out.string();
+  EXPECT_EQ(std::system(cmd.c_str()), 0);
+  try {
+    return nlohmann::json::parse(slurp(out));
+  } catch (const nlohmann::json::exception&) {
+    ADD_FAILURE() << "not a completion: " << slurp(out) << "\n" << slurp(s.log);
+    return nullptr;
+  }
+}
+
+TEST_F(ServeTp, HybridTp2PrefixCacheKeepsTheUncachedTokens) {
+  // Hybrid prefix caching over a TP 2 group: rank 0 decides every lookup and gathers each
+  // rank's part of a state checkpoint / scatters it back on a hit. A conversation of three
+  // turns (each prompt is the last one, its answer and a new sentence) gives the same greedy
+  // text with the cache as without, and the later turns resume from cached prefixes. The
+  // tiny model's greedy text barely depends on the state, so the sampled tokens'
+  // log-probabilities are compared too (a worker resuming from a wrong state moves them by
+  // ~0.03; prefill chunked differently, by float rounding only).
+  const fs::path m = dir_ / "qwen35_moe_cache";
+  const std::string gen =
+      "/usr/bin/python3 " + kSource + "/tools/gen_model.py " + m.string() +
+      " --arch qwen3_5_moe --heads 4 --kv-heads 2 --layers 4 --lin-k-heads 2 --lin-v-heads 4 > /dev/null 2>&1";
+  ASSERT_EQ(std::system(gen.c_str()), 0) << gen;
+  const std::vector<std::string> sentences = {
+      "Once upon a time there was a little dog who liked to run in the park with his friends. ",
+      "One day the dog found a red ball under a big tree and took it home. ",
+      "His mother asked him where the ball came from and what he would do with it. "};
+  auto converse = [&](const Server& s, std::vector<int64_t>& cached, std::vector<double>& logprobs) {
+    std::vector<std::string> answers;
+    std::string prompt;
+    for (const std::string& next : sentences) {
+      prompt += next;
+      const nlohmann::json r = complete(s, dir_, prompt, 12);
+      if (r.is_null()) return answers;
+      answers.push_back(r["choices"][0]["text"].get<std::string>());
+      cached.push_back(r["usage"]["prompt_tokens_details"]["cached_tokens"].get<int64_t>());
+      for (const auto& lp : r["choices"][0]["logprobs"]["token_logprobs"]) logprobs.push_back(lp.get<double>());
+      prompt += answers.back();
+    }
+    return answers;
+  };
+  std::vector<int64_t> cached_off, cached_on;
+  std::vector<double> logprobs_off, logprobs_on;
+  Server off = start({"-m", m.string(), "--name", "m", "-t", "1", "--tp", "2", "--no-prefix-cache"}, "cache_off");
+  ASSERT_GT(off.pid, 0);
+  const std::vector<std::string> expected = converse(off, cached_off, logprobs_off);
+  ::kill(off.pid, SIGTERM);
+  EXPECT_EQ(wait_exit(off, 15), 0) << slurp(off.log);
+  ASSERT_EQ(expected.size(), sentences.size());
+  EXPECT_EQ(cached_off, (std::vector<int64_t>{0, 0, 0}));
+
+  Server on = start({"-m", m.string(), "--name", "m", "-t", "1", "--tp", "2"}, "cache_on");
+  ASSERT_GT(on.pid, 0);
+  EXPECT_EQ(converse(on, cached_on, logprobs_on), expected) << slurp(on.log);
+  ASSERT_EQ(logprobs_on.size(), logprobs_off.size());
+  ASSERT_EQ(logprobs_off.size(), 12 * sentences.size());
+  for (size_t i = 0; i < logprobs_on.size(); ++i) EXPECT_NEAR(logprobs_on[i], logprobs_off[i], 2e-3) << "token " << i;
+  ASSERT_EQ(cached_on.size(), sentences.size());
+  EXPECT_EQ(cached_on[0], 0);
+  EXPECT_GT(cached_on[1], 0);
+  EXPECT_GT(cached_on[2], cached_on[1]);
+  EXPECT_NE(slurp(on.log).find("recurrent-state checkpoints"), std::string::npos) << slurp(on.log);
+  ::kill(on.pid, SIGTERM);
+  EXPECT_EQ(wait_exit(on, 15), 0) << slurp(on.log);
+}
+
 TEST_F(ServeTp, GroupMistakesAreRefusedBeforeAnyRankStarts) {
   INFERA_REQUIRE_FIXTURE(kStories);
   // Checked in the launching process: plain messages, no MPI start-up.

@@ -174,6 +174,63 @@ TEST(RecurrentMemory, CheckpointsRestoreAnotherSequence) {
   EXPECT_THROW(tp.checkpoint(1, 2, at4), Error);
 }
 
+// A stand-in for the other rank of a TP 2 group: its part of each state slot is kept here,
+// as ParallelModel's workers keep theirs by state id.
+class FakeTransfer final : public StateTransfer {
+ public:
+  int64_t whole_floats() const override { return 2 * kFloats; }
+  void gather(int32_t id, const float* local, float* whole) override {
+    std::copy(local, local + kFloats, whole);
+    const std::vector<float>& other = part(id);
+    std::copy(other.begin(), other.end(), whole + kFloats);
+    ++gathers;
+  }
+  void scatter(int32_t id, const float* whole, float* local) override {
+    std::copy(whole, whole + kFloats, local);
+    part(id).assign(whole + kFloats, whole + 2 * kFloats);
+    ++scatters;
+  }
+  std::vector<float>& part(int32_t id) {
+    std::vector<float>& p = parts[id];
+    if (p.empty()) p.assign(kFloats, 0.0f);
+    return p;
+  }
+  std::map<int32_t, std::vector<float>> parts;
+  int gathers = 0, scatters = 0;
+};
+
+TEST(RecurrentMemory, SplitStateIsCheckpointedWholeThroughTheTransfer) {
+  StateShape split = fake_shape(false);
+  split.local = false;
+  FakeTransfer other;
+  RecurrentMemory m(split, 1, 0, &other);
+  EXPECT_TRUE(m.copyable());
+  EXPECT_EQ(m.state_bytes(), kFloats * 4);
+  EXPECT_EQ(m.checkpoint_state_bytes(), 2 * kFloats * 4);
+  const std::vector<int32_t> t = {3, 1, 4, 1, 5, 9};
+  fake_feed(m, 1, t, 0, 4);
+  other.part(0) = {-1.0f, -2.0f, -3.0f};  // the other rank's part of slot 0
+  EXPECT_TRUE(m.has_state_at(1, 4));
+  EXPECT_FALSE(m.has_state_at(1, 3));
+  MemoryCheckpoint cp;
+  m.checkpoint(1, 4, cp);
+  EXPECT_EQ(other.gathers, 1);
+  std::vector<float> whole = expected_state(t, 4);
+  whole.insert(whole.end(), {-1.0f, -2.0f, -3.0f});
+  EXPECT_EQ(cp.state, whole);
+  // Another sequence (a new slot) resumes there: each rank gets its part back.
+  m.restore(2, cp);
+  EXPECT_EQ(other.scatters, 1);
+  EXPECT_EQ(state_of(m, 2), expected_state(t, 4));
+  EXPECT_EQ(other.part(1), (std::vector<float>{-1.0f, -2.0f, -3.0f}));
+  // A checkpoint of this rank's part alone does not fit.
+  MemoryCheckpoint part;
+  part.position = 4;
+  part.state = expected_state(t, 4);
+  EXPECT_THROW(m.restore(3, part), Error);
+  EXPECT_THROW(m.snapshot(1), Error);  // speculative rollback still needs a local state
+}
+
 TEST(PagedKvMemory, LengthsSnapshotsAndCheckpoints) {
   KvPoolShape shape;
   shape.num_layers = 1;
@@ -295,7 +352,7 @@ std::vector<int32_t> iota_blocks(int32_t first, int32_t n) {
   return b;
 }
 
-std::unique_ptr<SequenceMemory> memory_for(const Model& model, int32_t max_verify_tokens) {
+std::unique_ptr<SequenceMemory> memory_for(Model& model, int32_t max_verify_tokens) {
   KvPoolShape shape = model.kv_shape(16);
   shape.num_blocks = 32;
   SequenceMemoryOptions o;
