@@ -92,11 +92,13 @@ uint64_t model_files_fingerprint(const std::string& dir) {
   return out;
 }
 
-DiskCache::DiskCache(std::string dir, int64_t max_bytes, uint64_t fingerprint, int32_t max_queue)
+DiskCache::DiskCache(std::string dir, int64_t max_bytes, uint64_t fingerprint, int32_t max_queue,
+                     int64_t max_ready_bytes)
     : dir_(std::move(dir)),
       max_bytes_(max_bytes),
       fingerprint_(fingerprint),
-      max_queue_(static_cast<size_t>(std::max(max_queue, 1))) {
+      max_queue_(static_cast<size_t>(std::max(max_queue, 1))),
+      max_ready_bytes_(max_ready_bytes) {
   std::error_code ec;
   fs::create_directories(dir_, ec);
   if (ec || !fs::is_directory(dir_)) fail("--cache-dir: cannot create the directory '{}': {}", dir_, ec.message());
@@ -125,6 +127,7 @@ DiskCache::DiskCache(std::string dir, int64_t max_bytes, uint64_t fingerprint, i
   stats_.entries = static_cast<int64_t>(files_.size());
   enforce_limit_locked();
   writer_ = std::thread([this] { writer_loop(); });
+  reader_ = std::thread([this] { reader_loop(); });
   LOG_INFO("prefix cache on disk: {} ({} entries, {} MiB of {} MiB)", dir_, stats_.entries, stats_.bytes >> 20,
            max_bytes_ >> 20);
 }
@@ -135,7 +138,95 @@ DiskCache::~DiskCache() {
     stop_ = true;
   }
   queue_cv_.notify_all();
+  read_cv_.notify_all();
+  if (reader_.joinable()) reader_.join();
   if (writer_.joinable()) writer_.join();
+}
+
+uint64_t DiskCache::read_async(std::vector<uint64_t> hashes) {
+  uint64_t ticket = 0;
+  {
+    std::lock_guard lock(mutex_);
+    ticket = next_ticket_++;
+    reads_[ticket];
+    read_queue_.push_back(ReadJob{ticket, std::move(hashes)});
+  }
+  read_cv_.notify_one();
+  return ticket;
+}
+
+std::optional<std::vector<DiskCacheEntry>> DiskCache::take_read(uint64_t ticket) {
+  std::lock_guard lock(mutex_);
+  const auto it = reads_.find(ticket);
+  if (it == reads_.end() || !it->second.done) return std::nullopt;
+  std::vector<DiskCacheEntry> out = std::move(it->second.entries);
+  ready_bytes_ -= it->second.bytes;
+  --ready_;
+  reads_.erase(it);
+  read_cv_.notify_one();  // room for the next prefix
+  return out;
+}
+
+void DiskCache::drop_read(uint64_t ticket) {
+  std::lock_guard lock(mutex_);
+  const auto it = reads_.find(ticket);
+  if (it == reads_.end()) return;
+  if (it->second.done) {
+    ready_bytes_ -= it->second.bytes;
+    --ready_;
+    read_cv_.notify_one();
+  }
+  // A queued job finds its ticket gone and is skipped; one under way is discarded at its end.
+  reads_.erase(it);
+}
+
+bool DiskCache::wait_read(std::chrono::milliseconds timeout) {
+  std::unique_lock lock(mutex_);
+  return read_done_cv_.wait_for(lock, timeout, [&] { return ready_ > 0 || stop_; }) && ready_ > 0;
+}
+
+int32_t DiskCache::reads_pending() const {
+  std::lock_guard lock(mutex_);
+  return static_cast<int32_t>(reads_.size());
+}
+
+void DiskCache::set_read_hook(std::function<void(uint64_t)> hook) {
+  std::lock_guard lock(mutex_);
+  read_hook_ = std::move(hook);
+}
+
+void DiskCache::reader_loop() {
+  std::unique_lock lock(mutex_);
+  for (;;) {
+    // The next prefix once what was read and not taken is under the limit (or nothing is).
+    read_cv_.wait(lock,
+                  [&] { return stop_ || (!read_queue_.empty() && (ready_ == 0 || ready_bytes_ < max_ready_bytes_)); });
+    if (stop_) return;
+    ReadJob job = std::move(read_queue_.front());
+    read_queue_.pop_front();
+    if (!reads_.contains(job.ticket)) continue;  // dropped while queued
+    std::vector<DiskCacheEntry> entries;
+    int64_t bytes = 0;
+    for (const uint64_t h : job.hashes) {
+      const std::function<void(uint64_t)> hook = read_hook_;
+      lock.unlock();
+      if (hook) hook(h);
+      std::optional<DiskCacheEntry> e = get(h);
+      lock.lock();
+      if (stop_ || !reads_.contains(job.ticket)) break;
+      if (!e) continue;
+      bytes += e->bytes();
+      entries.push_back(std::move(*e));
+    }
+    const auto it = reads_.find(job.ticket);
+    if (stop_ || it == reads_.end()) continue;
+    it->second.done = true;
+    it->second.bytes = bytes;
+    it->second.entries = std::move(entries);
+    ready_bytes_ += bytes;
+    ++ready_;
+    read_done_cv_.notify_all();
+  }
 }
 
 std::string DiskCache::name_of(uint64_t hash) const {

@@ -11,14 +11,18 @@
 // deleted), never a wrong answer.
 //
 // Writes go through a bounded queue to one writer thread, so the engine's step never waits
-// for the disk: when the queue is full the entry is dropped (counted). Files are written to
+// for the disk: when the queue is full the entry is dropped (counted). Reads of a prompt's
+// prefix go to one reader thread (read_async / take_read), so a step does not wait for
+// them either: the request waits while others run. Files are written to
 // a temporary name and renamed. The directory's size stays within max_bytes: the least
 // recently used files (by modification time at start, then by use) are deleted first.
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <list>
 #include <mutex>
 #include <optional>
@@ -60,7 +64,8 @@ class DiskCache {
  public:
   // Opens (creates) `dir` and indexes the entries already there. Throws infera::Error when
   // the directory cannot be created or read.
-  DiskCache(std::string dir, int64_t max_bytes, uint64_t fingerprint, int32_t max_queue = 256);
+  DiskCache(std::string dir, int64_t max_bytes, uint64_t fingerprint, int32_t max_queue = 256,
+            int64_t max_ready_bytes = int64_t{512} << 20);
   // Writes what is queued, then stops the writer.
   ~DiskCache();
   DiskCache(const DiskCache&) = delete;
@@ -76,6 +81,24 @@ class DiskCache {
   std::optional<DiskCacheEntry> get(uint64_t hash);
   // Blocks until every queued entry is written.
   void flush();
+
+  // ---- Reads off the caller's thread ----
+  // Queues the reads of `hashes` (one prompt's prefix, in chain order) for the reader
+  // thread; returns a ticket (never 0) for take_read(). The reader works on one prefix at a
+  // time, and starts the next only while the entries read and not yet taken stay under
+  // max_ready_bytes (one prefix is always read), so memory held for reads is bounded.
+  uint64_t read_async(std::vector<uint64_t> hashes);
+  // The entries read for `ticket` (those that were missing or bad left out), once all were
+  // tried; nullopt while the read is under way. A taken ticket is forgotten.
+  std::optional<std::vector<DiskCacheEntry>> take_read(uint64_t ticket);
+  // Forgets a ticket (its request ended): queued, it is not read; done, its entries go.
+  void drop_read(uint64_t ticket);
+  // Waits until some read is done and not taken, at most `timeout`; true when one is.
+  bool wait_read(std::chrono::milliseconds timeout);
+  // Reads queued or under way, and done but not taken.
+  int32_t reads_pending() const;
+  // Tests: called on the reader thread before each entry is read (may block: a slow disk).
+  void set_read_hook(std::function<void(uint64_t hash)> hook);
   DiskCacheStats stats() const;
   const std::string& dir() const { return dir_; }
   uint64_t fingerprint() const { return fingerprint_; }
@@ -88,6 +111,7 @@ class DiskCache {
     std::list<std::string>::iterator lru;
   };
   void writer_loop();
+  void reader_loop();
   void write_entry(const DiskCacheEntry& e);
   // Deletes least recently used files until the total fits max_bytes. Holds mutex_.
   void enforce_limit_locked();
@@ -108,6 +132,25 @@ class DiskCache {
   std::list<std::string> lru_;  // front = least recently used
   DiskCacheStats stats_;
   std::thread writer_;
+  // Reads: jobs in order; results until taken.
+  struct ReadJob {
+    uint64_t ticket = 0;
+    std::vector<uint64_t> hashes;
+  };
+  struct ReadResult {
+    bool done = false;
+    int64_t bytes = 0;
+    std::vector<DiskCacheEntry> entries;
+  };
+  int64_t max_ready_bytes_;
+  std::condition_variable read_cv_, read_done_cv_;
+  std::deque<ReadJob> read_queue_;
+  std::unordered_map<uint64_t, ReadResult> reads_;  // by ticket: queued, under way or done
+  int64_t ready_bytes_ = 0;  // entries of done reads not yet taken
+  int32_t ready_ = 0;  // done reads not yet taken
+  uint64_t next_ticket_ = 1;
+  std::function<void(uint64_t)> read_hook_;
+  std::thread reader_;
 };
 
 }  // namespace infera

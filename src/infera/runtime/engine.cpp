@@ -6,6 +6,7 @@
 #include <climits>
 #include <cmath>
 #include <cstring>
+#include <unordered_map>
 #include <unordered_set>
 
 #include "infera/base/error.h"
@@ -133,8 +134,6 @@ EngineCore::EngineCore(Model& model, const EngineConfig& config)
       blocks_.set_spill([this](int32_t b, uint64_t h, std::span<const int32_t> t, const std::vector<float>* st) {
         spill(b, h, t, st, false);
       });
-      scheduler_.set_before_lookup(
-          [this](const Sequence& seq, int32_t max_blocks) { load_from_disk(seq, max_blocks); });
     }
   }
   batch_.tokens.reserve(config.max_batch_tokens);
@@ -196,12 +195,52 @@ void EngineCore::spill(int32_t block, uint64_t hash, std::span<const int32_t> to
   disk_->put(std::move(e), wait);
 }
 
-void EngineCore::load_from_disk(const Sequence& seq, int32_t max_blocks) {
-  // Walk the prefix's chain; blocks memory lacks (or, for a hybrid, checkpoints it lacks)
-  // come from disk while the disk has them. The loaded blocks are held until the walk ends
-  // so that loading one never evicts another, then released as cached.
+void EngineCore::read_from_disk(Sequence& seq) {
+  // Walk the prefix's chain: the blocks memory lacks (or, for a hybrid, checkpoints it
+  // lacks) that the disk has, up to the first block neither has, are read by the disk
+  // tier's reader thread; the sequence waits until they are in memory (install_from_disk).
   const int32_t bs = config_.block_size;
   const bool hybrid = blocks_.checkpoints_enabled();
+  const int32_t max_blocks = scheduler_.max_lookup_blocks(seq);
+  std::vector<uint64_t> wanted;
+  uint64_t h = seq.root_hash;
+  for (int32_t i = 0; i < max_blocks; ++i) {
+    h = KvBlockManager::chain_hash(h, std::span<const int32_t>(seq.tokens).subspan(static_cast<size_t>(i) * bs, bs));
+    const bool in_memory = blocks_.find(h) >= 0;
+    if (in_memory && (!hybrid || blocks_.has_checkpoint(h))) continue;
+    if (disk_->contains(h)) {
+      wanted.push_back(h);
+    } else if (!in_memory) {
+      break;
+    }
+  }
+  if (wanted.empty()) return;
+  seq.disk_ticket = disk_->read_async(std::move(wanted));
+  ++num_reading_;
+}
+
+void EngineCore::install_reads() {
+  for (const auto& s : scheduler_.waiting()) {
+    Sequence& seq = *s;
+    if (seq.disk_ticket == 0) continue;
+    std::optional<std::vector<DiskCacheEntry>> entries = disk_->take_read(seq.disk_ticket);
+    if (!entries) continue;
+    seq.disk_ticket = 0;
+    --num_reading_;
+    install_from_disk(seq, *entries);
+  }
+}
+
+void EngineCore::install_from_disk(const Sequence& seq, std::vector<DiskCacheEntry>& entries) {
+  // Walk the prefix's chain again (memory may have changed while the disk was read): blocks
+  // memory lacks (or, for a hybrid, checkpoints it lacks) come from the entries read, up to
+  // the first block neither has. The loaded blocks are held until the walk ends so that
+  // loading one never evicts another, then released as cached.
+  const int32_t bs = config_.block_size;
+  const bool hybrid = blocks_.checkpoints_enabled();
+  const int32_t max_blocks = scheduler_.max_lookup_blocks(seq);
+  std::unordered_map<uint64_t, DiskCacheEntry*> by_hash;
+  for (DiskCacheEntry& e : entries) by_hash[e.hash] = &e;
   std::vector<int32_t> held;
   uint64_t h = seq.root_hash;
   for (int32_t i = 0; i < max_blocks; ++i) {
@@ -210,11 +249,8 @@ void EngineCore::load_from_disk(const Sequence& seq, int32_t max_blocks) {
     h = KvBlockManager::chain_hash(parent, tokens);
     const bool in_memory = blocks_.find(h) >= 0;
     if (in_memory && (!hybrid || blocks_.has_checkpoint(h))) continue;
-    if (!disk_->contains(h)) {
-      if (in_memory) continue;
-      break;
-    }
-    std::optional<DiskCacheEntry> e = disk_->get(h);
+    const auto found = by_hash.find(h);
+    DiskCacheEntry* e = found == by_hash.end() ? nullptr : found->second;
     if (!e || !std::equal(tokens.begin(), tokens.end(), e->tokens.begin(), e->tokens.end()) ||
         e->kv.size() != static_cast<size_t>(kv_pool().bytes_per_block())) {
       if (in_memory) continue;
@@ -316,12 +352,18 @@ RequestId EngineCore::add_request(Request request, EventCallback on_event, Reque
   seq->on_event = std::move(on_event);
   seq->request = std::move(request);
   const RequestId out = seq->id;
+  if (disk_) read_from_disk(*seq);
   scheduler_.add(std::move(seq));
   return out;
 }
 
 void EngineCore::finish(Sequence& seq, FinishReason reason, int32_t stop_token, std::string error) {
   memory_->release(seq.id);
+  if (seq.disk_ticket != 0) {  // cancelled while its prefix was read
+    disk_->drop_read(seq.disk_ticket);
+    seq.disk_ticket = 0;
+    --num_reading_;
+  }
   const auto now = Clock::now();
   Event e;
   e.id = seq.id;
@@ -364,8 +406,15 @@ bool EngineCore::cancel(RequestId id) {
 }
 
 bool EngineCore::step() {
+  if (num_reading_ > 0) install_reads();
   StepPlan plan = scheduler_.schedule();
   if (plan.empty()) {
+    if (num_reading_ > 0) {
+      // Only sequences whose prefix the disk tier is reading: wait for one (bounded, so that
+      // a caller's loop sees new requests and cancels).
+      disk_->wait_read(std::chrono::milliseconds(10));
+      return false;
+    }
     INFERA_ASSERT(!scheduler_.has_work() || scheduler_.num_running() > 0,
                   "a waiting sequence does not fit in an empty KV cache");
     return false;

@@ -115,6 +115,8 @@ class EngineCore {
   const EngineConfig& config() const { return config_; }
   const KvPool& kv_pool() const { return *memory_->kv(); }
   SequenceMemory& memory() { return *memory_; }
+  // The prefix cache's disk tier; null without one (tests hold its reads with it).
+  DiskCache* disk_cache() { return disk_.get(); }
   int32_t max_context() const { return max_context_; }
   // Longest sequence the KV cache can hold (all blocks).
   int64_t kv_capacity_tokens() const;
@@ -145,7 +147,11 @@ class EngineCore {
   // The disk tier: a block's entry written out (KvBlockManager::SpillFn), and the blocks of
   // seq's leading prefix found on disk loaded into the cache before its lookup.
   void spill(int32_t block, uint64_t hash, std::span<const int32_t> tokens, const std::vector<float>* state, bool wait);
-  void load_from_disk(const Sequence& seq, int32_t max_blocks);
+  // Reads are queued at add_request (read_from_disk: the sequence waits, unadmitted) and
+  // the entries read are installed at the start of a step (install_reads).
+  void read_from_disk(Sequence& seq);
+  void install_reads();
+  void install_from_disk(const Sequence& seq, std::vector<DiskCacheEntry>& entries);
   void copy_block(int32_t block, uint8_t* out, bool into_pool, const uint8_t* in);
   // Request::prompt_logprobs: whether chunk c has rows that score prompt tokens; scoring
   // them (token_logprobs rewrites those rows); handing them to the request's first event.
@@ -174,6 +180,7 @@ class EngineCore {
   std::vector<float> raw_row_;  // [vocab] a logits row before sampling (Request::logprobs)
   MemoryCheckpoint checkpoint_scratch_;
   std::unique_ptr<DiskCache> disk_;  // null: no disk tier
+  int32_t num_reading_ = 0;  // waiting sequences with a disk read under way
 };
 
 // Events of one request, queued for a consumer thread (the server's HTTP handler).

@@ -85,6 +85,17 @@ int32_t Scheduler::cut_at_checkpoint(const Sequence& seq, int32_t n) const {
   return it != cps.end() && *it < seq.num_computed + n ? *it - seq.num_computed : n;
 }
 
+int32_t Scheduler::max_lookup_blocks(const Sequence& seq) const {
+  // Reuse cached full blocks, but keep at least the last token to compute: its logits give
+  // the next token.
+  const int32_t bs = blocks_.block_size();
+  int32_t max_blocks = (static_cast<int32_t>(seq.tokens.size()) - 1) / bs;
+  // Prompt log-probabilities need the logits rows of the positions not yet scored: no hit
+  // past them (a preempted sequence keeps the ones it has).
+  if (const int32_t row = seq.next_prompt_row(); row >= 0) max_blocks = std::min(max_blocks, row / bs);
+  return max_blocks;
+}
+
 StepPlan Scheduler::schedule() {
   StepPlan plan;
   int32_t budget = config_.max_batch_tokens;
@@ -146,19 +157,19 @@ StepPlan Scheduler::schedule() {
   // 2. Admit waiting sequences, oldest first; stop at the first that does not fit
   // (FIFO: a long prompt is not overtaken indefinitely by short ones). Nothing is
   // admitted in a step that had to preempt: memory is short.
-  while (!preempted && budget > 0 && !waiting_.empty() &&
+  // A sequence whose prefix is being read from disk waits; the ones behind it go on.
+  auto next = waiting_.begin();
+  while (!preempted && budget > 0 && next != waiting_.end() &&
          static_cast<int32_t>(running_.size()) < config_.max_num_seqs) {
-    Sequence& seq = *waiting_.front();
+    if ((*next)->disk_ticket != 0) {
+      ++next;
+      continue;
+    }
+    Sequence& seq = **next;
     INFERA_ASSERT(seq.block_table.empty() && seq.num_computed == 0);
     if (seq.next_prompt_row() >= 0 && score_rows <= 0) break;  // scoring rows taken (FIFO: wait)
-    // Reuse cached full blocks, but keep at least the last token to compute: its
-    // logits give the next token.
     const int32_t bs = blocks_.block_size();
-    int32_t max_blocks = (static_cast<int32_t>(seq.tokens.size()) - 1) / bs;
-    // Prompt log-probabilities need the logits rows of the positions not yet scored: no hit
-    // past them (a preempted sequence keeps the ones it has).
-    if (const int32_t row = seq.next_prompt_row(); row >= 0) max_blocks = std::min(max_blocks, row / bs);
-    if (before_lookup_ && max_blocks > 0) before_lookup_(seq, max_blocks);
+    const int32_t max_blocks = max_lookup_blocks(seq);
     uint64_t chain = seq.root_hash;
     seq.block_table = blocks_.match_prefix(seq.tokens, max_blocks, &chain, &seq.resume_state, seq.root_hash);
     seq.num_cached_blocks = static_cast<int32_t>(seq.block_table.size());
@@ -186,8 +197,8 @@ StepPlan Scheduler::schedule() {
     }
     if (!seq.first_scheduled) seq.first_scheduled = Clock::now();
     seq.status = SeqStatus::kRunning;
-    running_.push_back(std::move(waiting_.front()));
-    waiting_.pop_front();
+    running_.push_back(std::move(*next));
+    next = waiting_.erase(next);
     add_chunk(*running_.back(), n);
   }
   return plan;

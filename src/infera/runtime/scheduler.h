@@ -73,13 +73,9 @@ class Scheduler {
   // its ownership; null when the id is unknown.
   std::unique_ptr<Sequence> remove(RequestId id);
 
-  // Called before a waiting sequence's prefix-cache lookup with the most blocks it may
-  // reuse (the disk tier loads what it has of that prefix into the cache).
-  void set_before_lookup(std::function<void(const Sequence&, int32_t max_blocks)> fn) {
-    before_lookup_ = std::move(fn);
-  }
-
   Sequence* find(RequestId id);
+  // The most leading blocks of seq's tokens a prefix-cache lookup at admission may reuse.
+  int32_t max_lookup_blocks(const Sequence& seq) const;
   bool has_work() const { return !running_.empty() || !waiting_.empty(); }
   int32_t num_running() const { return static_cast<int32_t>(running_.size()); }
   int32_t num_waiting() const { return static_cast<int32_t>(waiting_.size()); }
@@ -105,7 +101,6 @@ class Scheduler {
   std::deque<std::unique_ptr<Sequence>> waiting_;
   int32_t watermark_blocks_ = 0;  // admission leaves this many blocks for running decodes
   int64_t num_preemptions_ = 0;
-  std::function<void(const Sequence&, int32_t max_blocks)> before_lookup_;
 };
 
 }  // namespace infera

@@ -135,6 +135,9 @@ struct Sequence {
   // The chain hash of the block whose checkpoint this sequence last kept while decoding
   // (0: none): replaced at the next block boundary, so the deepest one stays cached.
   uint64_t decode_checkpoint_hash = 0;
+  // The disk tier is reading this prompt's prefix (DiskCache::read_async ticket; 0: none):
+  // the sequence waits, not admitted, until the entries are in memory.
+  uint64_t disk_ticket = 0;
   std::unique_ptr<Sampler> sampler;
   std::unique_ptr<ConstraintState> constraint;  // Request::constraint, when given
   SeqStatus status = SeqStatus::kWaiting;

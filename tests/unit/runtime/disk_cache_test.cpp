@@ -1,14 +1,17 @@
 // The prefix cache's disk tier: entries round-trip, survive a restart, and a corrupt,
 // truncated or foreign file is a miss; the size limit holds under a flood of entries; an
 // engine restarted over the same directory resumes a conversation from disk with the same
-// greedy tokens (dense and hybrid).
+// greedy tokens (dense and hybrid); a slow read holds up only the request that waits for it.
 #include "infera/runtime/disk_cache.h"
 
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <condition_variable>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <mutex>
 #include <random>
 
 #include "../test_support.h"
@@ -191,4 +194,82 @@ TEST(DiskCacheEngine, RestartResumesDenseFromDisk) {
 
 TEST(DiskCacheEngine, RestartResumesHybridFromDisk) {
   expect_restart_resumes_from_disk(testing_support::hybrid_model(), "qwen3_5_moe");
+}
+
+TEST(DiskCacheEngine, ASlowReadHoldsUpOnlyItsOwnRequest) {
+  // Reads run on the disk tier's reader thread: while one is held (a slow disk), the request
+  // waiting for it is not admitted and another sequence runs to its end step by step; once
+  // the read is let go the waiting request resumes from disk with the uncached tokens.
+  OneThread one;
+  Model& model = testing_support::hybrid_model();
+  test::TempDir scratch("infera_disk_slow");
+  EngineConfig c;
+  c.block_size = 16;
+  c.max_batch_tokens = 128;
+  c.max_num_seqs = 2;
+  c.prefill_chunk = 64;
+  c.kv_cache_bytes = 64 << 20;
+  c.cache_dir = (scratch.path() / "cache").string();
+  c.cache_model_id = 99;
+  std::vector<int32_t> prompt;
+  for (int32_t i = 0; i < 90; ++i) prompt.push_back(3 + (i * 53) % 250);
+  const TurnOutcome first = run_turn(model, c, prompt);  // writes its blocks at shutdown
+  std::vector<int32_t> next = prompt;
+  next.insert(next.end(), first.tokens.begin(), first.tokens.end());
+  for (int32_t i = 0; i < 20; ++i) next.push_back(7 + i);
+  EngineConfig off = c;
+  off.cache_dir.clear();
+  off.enable_prefix_cache = false;
+  const TurnOutcome ref = run_turn(model, off, next);
+
+  EngineCore core(model, c);
+  ASSERT_NE(core.disk_cache(), nullptr);
+  std::mutex mutex;
+  std::condition_variable cv;
+  bool release = false;
+  std::atomic<int> reads_entered{0};
+  core.disk_cache()->set_read_hook([&](uint64_t) {
+    ++reads_entered;
+    std::unique_lock lock(mutex);
+    cv.wait(lock, [&] { return release; });
+  });
+  std::vector<int32_t> other_tokens, tokens;
+  bool other_done = false;
+  int32_t cached = -1;
+  Request other;
+  for (int32_t i = 0; i < 20; ++i) other.prompt_ids.push_back(1 + i % 2);  // nothing of it on disk
+  other.max_tokens = 12;
+  other.ignore_eos = true;
+  core.add_request(other, [&](const Event& e) {
+    if (!e.is_final())
+      other_tokens.push_back(e.token);
+    else
+      other_done = true;
+  });
+  Request r;
+  r.prompt_ids = next;
+  r.max_tokens = 8;
+  r.ignore_eos = true;
+  core.add_request(r, [&](const Event& e) {
+    if (!e.is_final())
+      tokens.push_back(e.token);
+    else
+      cached = e.usage.cached_tokens;
+  });
+  ASSERT_TRUE(test::wait_for([&] { return reads_entered.load() > 0; })) << "the reader never started";
+  for (int i = 0; i < 100 && !other_done; ++i) core.step();
+  EXPECT_TRUE(other_done) << "the other sequence did not finish while the read was held";
+  EXPECT_EQ(other_tokens.size(), 12u);
+  EXPECT_TRUE(tokens.empty());
+  EXPECT_EQ(core.stats().waiting, 1);
+  EXPECT_EQ(reads_entered.load(), 1);  // still held in the first entry
+  {
+    std::lock_guard lock(mutex);
+    release = true;
+  }
+  cv.notify_all();
+  while (core.has_work()) core.step();
+  EXPECT_EQ(tokens, ref.tokens);
+  EXPECT_GE(cached, 80);
+  EXPECT_GT(core.stats().disk_reads, 0);
 }
