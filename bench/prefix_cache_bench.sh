@@ -10,6 +10,14 @@
 # Defaults: 12000, 300 and 10 (the issue's conversation). On a small machine scale them
 # down (e.g. 3000 300 10). Prompts are token ids sent to /v1/completions, so no tokenizer
 # is involved; each request generates one token (its latency is the TTFT).
+#
+# PART=interval measures --prefix-checkpoint-interval instead (the default was chosen with
+# it): for each interval in INTERVALS (default "0 512 1024 2048 4096") a fresh server gets a
+# document of FIRST_TOKENS tokens (its TTFT: the cold prefill, checkpoints included), then
+# prompts that share the document's first 30%, 45%, 60%, 75% and 90% and go on with 64 new
+# tokens (an edited or regenerated message: each resumes from the deepest checkpoint
+# before its divergence). One line per interval: cold TTFT, mean TTFT of the divergent
+# prompts, mean tokens recomputed, checkpoints and their bytes.
 set -euo pipefail
 
 BUILD=${1:?usage: bench/prefix_cache_bench.sh BUILD_DIR [FIRST_TOKENS] [TURN_TOKENS] [TURNS]}
@@ -74,8 +82,45 @@ metric() {  # metric NAME: its value from /metrics
   curl -s "http://127.0.0.1:$PORT/metrics" | awk -v n="$1" '$1 ~ "^"n"\\{" {print $2}'
 }
 
+diverge() {  # diverge LABEL: the document, then the divergent prompts; prints one line
+  python3 - "$PORT" "$FIRST" "$1" << 'EOF'
+import json, random, sys, time, urllib.request
+port, first, label = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+rng = random.Random(1)
+doc = [rng.randrange(10, 4000) for _ in range(first)]
+def send(ids):
+    body = json.dumps({"prompt": ids, "max_tokens": 1, "temperature": 0}).encode()
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", body,
+                                 {"Content-Type": "application/json"})
+    t0 = time.perf_counter()
+    with urllib.request.urlopen(req, timeout=3600) as r:
+        resp = json.load(r)
+    cached = resp["usage"].get("prompt_tokens_details", {}).get("cached_tokens", 0)
+    return (time.perf_counter() - t0) * 1000, len(ids) - cached
+cold, _ = send(doc)
+ttft, recomputed = [], []
+for frac in (0.30, 0.45, 0.60, 0.75, 0.90):
+    ids = doc[: int(first * frac)] + [rng.randrange(10, 4000) for _ in range(64)]
+    ms, n = send(ids)
+    ttft.append(ms)
+    recomputed.append(n)
+print(f"{label}\t{cold:.0f}\t{sum(ttft) / len(ttft):.0f}\t{sum(recomputed) / len(recomputed):.0f}", end="\t", flush=True)
+EOF
+}
+
 echo "# model: generated qwen3_5_moe (hidden 512, 8 layers, bf16); first message $FIRST tokens, $TURNS turns of $TURN"
 echo "# threads $THREADS, load $(cut -d' ' -f1-3 /proc/loadavg), ISA $("$INFERA" --version 2>/dev/null | tr '\n' ' ')"
+if [ "${PART:-turns}" = interval ]; then
+  printf "interval\tcold_ttft_ms\tdiverged_ttft_ms\trecomputed\tcheckpoints\tcheckpoint_bytes\n"
+  for I in ${INTERVALS:-0 512 1024 2048 4096}; do
+    serve "$WORK/interval$I.log" --prefix-checkpoint-interval "$I"
+    diverge "$I"
+    printf "%s\t%s\n" "$(metric infera_prefix_cache_checkpoints)" "$(metric infera_prefix_cache_checkpoint_bytes)"
+    stop
+  done
+  grep -m1 "recurrent-state checkpoints" "$WORK/interval0.log" | sed 's/^/# /' || true
+  exit 0
+fi
 printf "mode\tturn\tprompt\tcached\tttft_ms\n"
 serve "$WORK/off.log" --no-prefix-cache
 converse off
