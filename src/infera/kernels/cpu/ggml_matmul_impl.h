@@ -11,6 +11,9 @@
 // so the paths built with -mfma round exactly as the scalar one does.
 // Included once per ISA file with INFERA_GGML_NS naming its own namespace (no include guard).
 #include <omp.h>
+#ifdef __AVX2__
+#include <immintrin.h>
+#endif
 
 #include <algorithm>
 #include <cmath>
@@ -289,6 +292,10 @@ inline float dot_row(uint32_t type, ActForm form, const DecodedRow& r, const Act
   return sum;
 }
 
+#ifdef __AVX2__
+#include "infera/kernels/cpu/ggml_matmul_simd.h"
+#endif
+
 // y[i * ldy + (j - n0)] = x[i, :] · W[j, :] for rows j in [n0, n1). W: [rows, k] of `type`,
 // rows `row_bytes` apart.
 inline void matmul_rows(uint32_t type, const void* data, int64_t row_bytes, int64_t k, const float* x, int64_t m,
@@ -298,6 +305,12 @@ inline void matmul_rows(uint32_t type, const void* data, int64_t row_bytes, int6
   quantize_activations(x, m, k, form, acts);
   const Activations& a = acts;
   const auto* base = static_cast<const uint8_t*>(data);
+#ifdef __AVX2__
+  if (simd::handles(type)) {
+    simd::matmul_rows(type, base, row_bytes, k, a, m, n0, n1, y, ldy);
+    return;
+  }
+#endif
   const int threads = omp_in_parallel() ? 1 : num_threads();
   const int64_t n = n1 - n0;
 #pragma omp parallel num_threads(n >= 2 * threads ? threads : 1)

@@ -1,0 +1,350 @@
+// The AVX2 / AVX-512 path of the ggml block-format matmul (ggml_matmul_impl.h): the same
+// values as the generic loops there, bit for bit, computed faster.
+//
+// Threads take tiles of kTile = 4 weight rows. A tile is decoded once (per-type SIMD
+// decoders for Q4_K, Q5_K, Q6_K, Q8_0, Q4_0, IQ4_XS and IQ4_NL; the generic decode_row for
+// Q2_K, Q3_K and Q5_0) into int8 weights, int16 sub-block scales and mins, and f32 block
+// scales interleaved by row; then each activation row (int8, quantized once per call) is
+// applied to the four rows together, so every activation load serves four rows:
+//   - integer products with maddubs (u8 x s8 -> int16 pairs): weights that can be negative
+//     go in as |w| against sign(q, w), which is exact (|w| <= 128, |q| <= 127: a pair sum
+//     stays below 2^15); unsigned weights (Q4_K, Q5_K, Q2_K) go in directly;
+//   - sub-block scales applied with madd on int16, the block's int32 sums of the four rows
+//     reduced together (one hadd tree per block and tile);
+//   - the f32 steps per block in one __m128 whose lane t is row t, in the generic path's
+//     order and operations (d_w * d_a, then the product with the converted sum, then the
+//     add to the running sum), so each lane rounds exactly as the scalar loop does.
+// Integer sums are exact in any order, so the outputs equal the generic path's.
+// Prefill: activation rows are taken 64 at a time (they stay in L2 while the thread's tiles
+// pass over them); a tile is decoded again per block of 64 rows.
+// Included by ggml_matmul_impl.h inside its namespace (after <immintrin.h>), only when
+// __AVX2__ is defined.
+
+namespace simd {
+
+constexpr int kTile = 4;
+constexpr int64_t kRowBlock = 64;
+
+// Four decoded weight rows.
+struct Tile {
+  std::vector<int8_t> w;  // [kTile][k]
+  std::vector<int16_t> sc, mn;  // [kTile][k / 16] (K types): scale and min per 16 weights
+  std::vector<float> d, dmin;  // [blocks][kTile]: row t's block scale at [b * kTile + t]
+  void resize(int64_t k, int64_t nb, bool k_type) {
+    w.resize(static_cast<size_t>(kTile * k));
+    d.resize(static_cast<size_t>(kTile * nb));
+    dmin.assign(static_cast<size_t>(kTile * nb), 0.0f);
+    if (k_type) {
+      sc.resize(static_cast<size_t>(kTile * k / 16));
+      mn.assign(static_cast<size_t>(kTile * k / 16), 0);
+    }
+  }
+};
+
+// Where the decoders write row t of a tile: w [k], sc / mn [k / 16], d / dmin with stride kTile.
+struct RowOut {
+  int8_t* w;
+  int16_t* sc;
+  int16_t* mn;
+  float* d;
+  float* dmin;
+};
+
+inline __m256i nibbles_lo(__m256i v) { return _mm256_and_si256(v, _mm256_set1_epi8(0x0F)); }
+inline __m256i nibbles_hi(__m256i v) { return _mm256_and_si256(_mm256_srli_epi16(v, 4), _mm256_set1_epi8(0x0F)); }
+inline __m128i nibbles_lo(__m128i v) { return _mm_and_si128(v, _mm_set1_epi8(0x0F)); }
+inline __m128i nibbles_hi(__m128i v) { return _mm_and_si128(_mm_srli_epi16(v, 4), _mm_set1_epi8(0x0F)); }
+inline __m256i load256(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
+inline __m128i load128(const void* p) { return _mm_loadu_si128(static_cast<const __m128i*>(p)); }
+inline void store256(void* p, __m256i v) { _mm256_storeu_si256(static_cast<__m256i*>(p), v); }
+inline void store128(void* p, __m128i v) { _mm_storeu_si128(static_cast<__m128i*>(p), v); }
+
+inline void dec_q8_0(const uint8_t* b, int64_t nb, const RowOut& o) {
+  for (int64_t i = 0; i < nb; ++i, b += 34) {
+    o.d[i * kTile] = half(b);
+    store256(o.w + 32 * i, load256(b + 2));
+  }
+}
+
+// Q4_0 (levels q - 8) and IQ4_NL (levels kIq4nlValues[q]).
+template <bool kNl>
+inline void dec_q4_0(const uint8_t* b, int64_t nb, const RowOut& o) {
+  const __m128i lut = _mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4nlValues));
+  const __m128i eight = _mm_set1_epi8(8);
+  for (int64_t i = 0; i < nb; ++i, b += 18) {
+    o.d[i * kTile] = half(b);
+    const __m128i v = load128(b + 2);
+    const __m128i lo = nibbles_lo(v), hi = nibbles_hi(v);
+    store128(o.w + 32 * i, kNl ? _mm_shuffle_epi8(lut, lo) : _mm_sub_epi8(lo, eight));
+    store128(o.w + 32 * i + 16, kNl ? _mm_shuffle_epi8(lut, hi) : _mm_sub_epi8(hi, eight));
+  }
+}
+
+inline void k4_scales(const uint8_t* p, int16_t* sc, int16_t* mn) {
+  for (int j = 0; j < 8; ++j) {
+    const int s = j < 4 ? p[j] & 63 : (p[j + 4] & 0xF) | ((p[j - 4] >> 6) << 4);
+    const int m = j < 4 ? p[j + 4] & 63 : (p[j + 4] >> 4) | ((p[j] >> 6) << 4);
+    sc[2 * j] = sc[2 * j + 1] = static_cast<int16_t>(s);
+    mn[2 * j] = mn[2 * j + 1] = static_cast<int16_t>(m);
+  }
+}
+
+// Q4_K (kFive false) and Q5_K: 0..15 / 0..31, unsigned.
+template <bool kFive>
+inline void dec_q45_k(const uint8_t* b, int64_t nb, const RowOut& o) {
+  const int64_t ts = kFive ? 176 : 144;
+  for (int64_t i = 0; i < nb; ++i, b += ts) {
+    o.d[i * kTile] = half(b);
+    o.dmin[i * kTile] = half(b + 2);
+    k4_scales(b + 4, o.sc + 16 * i, o.mn + 16 * i);
+    const uint8_t* qs = b + (kFive ? 48 : 16);
+    int8_t* w = o.w + 256 * i;
+    const __m256i qh = kFive ? load256(b + 16) : _mm256_setzero_si256();
+    for (int c = 0; c < 4; ++c) {
+      const __m256i v = load256(qs + 32 * c);
+      __m256i lo = nibbles_lo(v), hi = nibbles_hi(v);
+      if (kFive) {
+        const __m256i m0 = _mm256_set1_epi8(static_cast<char>(1 << (2 * c)));
+        const __m256i m1 = _mm256_set1_epi8(static_cast<char>(1 << (2 * c + 1)));
+        const __m256i bit = _mm256_set1_epi8(0x10);
+        lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, m0), m0), bit));
+        hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, m1), m1), bit));
+      }
+      store256(w + 64 * c, lo);
+      store256(w + 64 * c + 32, hi);
+    }
+  }
+}
+
+inline void dec_q6_k(const uint8_t* b, int64_t nb, const RowOut& o) {
+  const __m256i three = _mm256_set1_epi8(3), off = _mm256_set1_epi8(32);
+  for (int64_t i = 0; i < nb; ++i, b += 210) {
+    o.d[i * kTile] = half(b + 208);
+    for (int g = 0; g < 16; ++g) o.sc[16 * i + g] = static_cast<int8_t>(b[192 + g]);
+    int8_t* w = o.w + 256 * i;
+    for (int h = 0; h < 2; ++h) {
+      const __m256i l0 = load256(b + 64 * h), l1 = load256(b + 64 * h + 32), hb = load256(b + 128 + 32 * h);
+      const __m256i q[4] = {nibbles_lo(l0), nibbles_lo(l1), nibbles_hi(l0), nibbles_hi(l1)};
+      for (int g = 0; g < 4; ++g) {
+        const __m256i high = _mm256_and_si256(_mm256_srli_epi16(hb, 2 * g), three);
+        const __m256i v = _mm256_or_si256(q[g], _mm256_slli_epi16(high, 4));
+        store256(w + 128 * h + 32 * g, _mm256_sub_epi8(v, off));
+      }
+    }
+  }
+}
+
+inline void dec_iq4_xs(const uint8_t* b, int64_t nb, const RowOut& o) {
+  const __m128i lut = _mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4nlValues));
+  for (int64_t i = 0; i < nb; ++i, b += 136) {
+    o.d[i * kTile] = half(b);
+    uint16_t sh;
+    std::memcpy(&sh, b + 2, 2);
+    int8_t* w = o.w + 256 * i;
+    for (int ib = 0; ib < 8; ++ib) {
+      const int ls = ((b[4 + ib / 2] >> (4 * (ib % 2))) & 0xF) | (((sh >> (2 * ib)) & 3) << 4);
+      o.sc[16 * i + 2 * ib] = o.sc[16 * i + 2 * ib + 1] = static_cast<int16_t>(ls - 32);
+      const __m128i v = load128(b + 8 + 16 * ib);
+      store128(w + 32 * ib, _mm_shuffle_epi8(lut, nibbles_lo(v)));
+      store128(w + 32 * ib + 16, _mm_shuffle_epi8(lut, nibbles_hi(v)));
+    }
+  }
+}
+
+// Any other type: the generic decoder, copied into the tile.
+inline void dec_generic(uint32_t type, const uint8_t* b, int64_t k, const RowOut& o) {
+  static thread_local DecodedRow r;
+  decode_row(type, b, k, r);
+  std::memcpy(o.w, r.w.data(), static_cast<size_t>(k));
+  for (size_t i = 0; i < r.d.size(); ++i) o.d[i * kTile] = r.d[i];
+  if (block_size(type) == 256) {
+    for (size_t i = 0; i < r.dmin.size(); ++i) o.dmin[i * kTile] = r.dmin[i];
+    std::memcpy(o.sc, r.sc.data(), r.sc.size() * sizeof(int16_t));
+    std::memcpy(o.mn, r.mn.data(), r.mn.size() * sizeof(int16_t));
+  }
+}
+
+inline void decode_into(uint32_t type, const uint8_t* b, int64_t k, const RowOut& o) {
+  switch (type) {
+    case kQ8_0: dec_q8_0(b, k / 32, o); return;
+    case kQ4_0: dec_q4_0<false>(b, k / 32, o); return;
+    case kIQ4_NL: dec_q4_0<true>(b, k / 32, o); return;
+    case kQ4_K: dec_q45_k<false>(b, k / 256, o); return;
+    case kQ5_K: dec_q45_k<true>(b, k / 256, o); return;
+    case kQ6_K: dec_q6_k(b, k / 256, o); return;
+    case kIQ4_XS: dec_iq4_xs(b, k / 256, o); return;
+    default: dec_generic(type, b, k, o); return;
+  }
+}
+
+// Weights that are never negative (maddubs takes them as they are).
+inline bool unsigned_weights(uint32_t type) { return type == kQ4_K || type == kQ5_K || type == kQ2_K; }
+// The K types whose scale is shared by 32 weights (so one broadcast serves a 32-byte chunk).
+inline bool scale_per_32(uint32_t type) { return type == kQ4_K || type == kQ5_K || type == kIQ4_XS; }
+inline bool has_mins(uint32_t type) { return type == kQ4_K || type == kQ5_K || type == kQ2_K; }
+
+// 16 int16 pair sums of w x q (32 bytes each).
+template <bool kUnsigned>
+inline __m256i pair_products(__m256i w, __m256i q) {
+  if (kUnsigned) return _mm256_maddubs_epi16(w, q);
+  return _mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(q, w));
+}
+
+// [sum(a0), sum(a1), sum(a2), sum(a3)] of four int32 x 8 vectors.
+inline __m128i reduce4(__m256i a0, __m256i a1, __m256i a2, __m256i a3) {
+  const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(a0, a1), _mm256_hadd_epi32(a2, a3));
+  return _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+}
+
+inline void store_outputs(__m128 v, float* y, int rows) {
+  if (rows == kTile) {
+    _mm_storeu_ps(y, v);
+    return;
+  }
+  alignas(16) float tmp[kTile];
+  _mm_store_ps(tmp, v);
+  for (int t = 0; t < rows; ++t) y[t] = tmp[t];
+}
+
+// Q8_0-form types (32-weight blocks): tile x activation row i.
+template <bool kUnsigned>
+inline __m128 dot_tile_32(const Tile& tl, int64_t k, const int8_t* q, const float* ad) {
+  const int8_t* w = tl.w.data();
+  __m128 sum = _mm_setzero_ps();
+#ifndef __AVX512VNNI__
+  const __m256i ones = _mm256_set1_epi16(1);
+#endif
+  for (int64_t b = 0; b < k / 32; ++b) {
+    const __m256i qv = load256(q + 32 * b);
+    __m256i acc[kTile];
+    for (int t = 0; t < kTile; ++t) {
+      const __m256i wv = load256(w + t * k + 32 * b);
+#ifdef __AVX512VNNI__
+      const __m256i wu = kUnsigned ? wv : _mm256_abs_epi8(wv);
+      const __m256i qs = kUnsigned ? qv : _mm256_sign_epi8(qv, wv);
+      acc[t] = _mm256_dpbusd_epi32(_mm256_setzero_si256(), wu, qs);
+#else
+      acc[t] = _mm256_madd_epi16(pair_products<kUnsigned>(wv, qv), ones);
+#endif
+    }
+    const __m128i isum = reduce4(acc[0], acc[1], acc[2], acc[3]);
+    const __m128 d = _mm_mul_ps(_mm_loadu_ps(tl.d.data() + kTile * b), _mm_set1_ps(ad[b]));
+    sum = _mm_add_ps(sum, _mm_mul_ps(_mm_cvtepi32_ps(isum), d));
+  }
+  return sum;
+}
+
+// Q8_K-form types (256-weight super-blocks with scales per 16 weights).
+template <bool kUnsigned, bool kPer32, bool kMins>
+inline __m128 dot_tile_k(const Tile& tl, int64_t k, const int8_t* q, const float* ad, const int16_t* bsums) {
+  const int8_t* w = tl.w.data();
+  const int64_t ng = k / 16;
+  __m128 sum = _mm_setzero_ps();
+  // Per-16 scales: lanes 0-7 take the chunk's first scale, lanes 8-15 its second.
+  const __m256i pick =
+      _mm256_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3);
+  for (int64_t b = 0; b < k / 256; ++b) {
+    __m256i acc[kTile];
+    __m256i scb[kTile];
+    for (int t = 0; t < kTile; ++t) {
+      acc[t] = _mm256_setzero_si256();
+      if (!kPer32) scb[t] = load256(tl.sc.data() + t * ng + 16 * b);
+    }
+    for (int c = 0; c < 8; ++c) {
+      const __m256i qv = load256(q + 256 * b + 32 * c);
+      for (int t = 0; t < kTile; ++t) {
+        const __m256i wv = load256(w + t * k + 256 * b + 32 * c);
+        const __m256i scv = kPer32
+                                ? _mm256_set1_epi16(tl.sc[static_cast<size_t>(t * ng + 16 * b + 2 * c)])
+                                : _mm256_shuffle_epi8(_mm256_permutevar8x32_epi32(scb[t], _mm256_set1_epi32(c)), pick);
+        acc[t] = _mm256_add_epi32(acc[t], _mm256_madd_epi16(pair_products<kUnsigned>(wv, qv), scv));
+      }
+    }
+    const __m128i isum = reduce4(acc[0], acc[1], acc[2], acc[3]);
+    __m128i msum = _mm_setzero_si128();
+    if (kMins) {
+      const __m256i bs = load256(bsums + 16 * b);
+      __m256i mm[kTile];
+      for (int t = 0; t < kTile; ++t) mm[t] = _mm256_madd_epi16(load256(tl.mn.data() + t * ng + 16 * b), bs);
+      msum = reduce4(mm[0], mm[1], mm[2], mm[3]);
+    }
+    const __m128 adb = _mm_set1_ps(ad[b]);
+    const __m128 d = _mm_mul_ps(_mm_loadu_ps(tl.d.data() + kTile * b), adb);
+    const __m128 dmin = _mm_mul_ps(_mm_loadu_ps(tl.dmin.data() + kTile * b), adb);
+    sum = _mm_add_ps(sum, _mm_sub_ps(_mm_mul_ps(d, _mm_cvtepi32_ps(isum)), _mm_mul_ps(dmin, _mm_cvtepi32_ps(msum))));
+  }
+  return sum;
+}
+
+using DotFn = __m128 (*)(const Tile&, int64_t, const int8_t*, const float*, const int16_t*);
+
+template <bool kUnsigned>
+__m128 dot32_fn(const Tile& tl, int64_t k, const int8_t* q, const float* ad, const int16_t*) {
+  return dot_tile_32<kUnsigned>(tl, k, q, ad);
+}
+template <bool kUnsigned, bool kPer32, bool kMins>
+__m128 dotk_fn(const Tile& tl, int64_t k, const int8_t* q, const float* ad, const int16_t* bsums) {
+  return dot_tile_k<kUnsigned, kPer32, kMins>(tl, k, q, ad, bsums);
+}
+
+inline DotFn dot_for(uint32_t type) {
+  if (block_size(type) == 32) return dot32_fn<false>;
+  if (type == kQ4_K || type == kQ5_K) return dotk_fn<true, true, true>;
+  if (type == kQ2_K) return dotk_fn<true, false, true>;
+  if (type == kIQ4_XS) return dotk_fn<false, true, false>;
+  return dotk_fn<false, false, false>;  // Q6_K, Q3_K
+}
+
+// Whether this path computes `type` (the Q8_1-form types Q4_1 / Q5_1 take the generic one).
+inline bool handles(uint32_t type) { return type != kQ4_1 && type != kQ5_1; }
+
+inline void matmul_rows(uint32_t type, const uint8_t* base, int64_t row_bytes, int64_t k, const Activations& a,
+                        int64_t m, int64_t n0, int64_t n1, float* y, int64_t ldy) {
+  const bool k_type = block_size(type) == 256;
+  // Q8_K block sums as int16 (|sum of 16 quants| <= 2032), for madd against the mins.
+  static thread_local std::vector<int16_t> bsums16;
+  if (k_type && has_mins(type)) {
+    bsums16.resize(a.bsums.size());
+    for (size_t i = 0; i < a.bsums.size(); ++i) bsums16[i] = static_cast<int16_t>(a.bsums[i]);
+  }
+  const int16_t* bs16 = k_type && has_mins(type) ? bsums16.data() : nullptr;
+  const DotFn dot = dot_for(type);
+  const int64_t nb = k / block_size(type);
+  const int64_t tiles = (n1 - n0 + kTile - 1) / kTile;
+  const int threads = omp_in_parallel() ? 1 : num_threads();
+#pragma omp parallel num_threads(static_cast <int>(std::min <int64_t>(threads, tiles)))
+  {
+    static thread_local Tile tl;
+    tl.resize(k, nb, k_type);
+    for (int64_t i0 = 0; i0 < m; i0 += kRowBlock) {
+      const int64_t i1 = std::min(m, i0 + kRowBlock);
+#pragma omp for schedule(static) nowait
+      for (int64_t tt = 0; tt < tiles; ++tt) {
+        const int64_t j0 = n0 + tt * kTile;
+        const int rows = static_cast<int>(std::min<int64_t>(kTile, n1 - j0));
+        for (int t = 0; t < kTile; ++t) {
+          const RowOut o{tl.w.data() + t * k, k_type ? tl.sc.data() + t * (k / 16) : nullptr,
+                         k_type ? tl.mn.data() + t * (k / 16) : nullptr, tl.d.data() + t, tl.dmin.data() + t};
+          if (t < rows) {
+            decode_into(type, base + (j0 + t) * row_bytes, k, o);
+          } else {  // past the last row: zero weights and scales
+            std::memset(o.w, 0, static_cast<size_t>(k));
+            for (int64_t b = 0; b < nb; ++b) o.d[b * kTile] = o.dmin[b * kTile] = 0.0f;
+            if (k_type) {
+              std::memset(o.sc, 0, static_cast<size_t>(k / 16) * sizeof(int16_t));
+              std::memset(o.mn, 0, static_cast<size_t>(k / 16) * sizeof(int16_t));
+            }
+          }
+        }
+        for (int64_t i = i0; i < i1; ++i) {
+          const int8_t* q = a.q.data() + i * k;
+          const float* ad = a.d.data() + i * (k_type ? k / 256 : k / 32);
+          const __m128 v = dot(tl, k, q, ad, bs16 != nullptr ? bs16 + i * (k / 16) : nullptr);
+          store_outputs(v, y + i * ldy + (j0 - n0), rows);
+        }
+      }
+    }
+  }
+}
+
+}  // namespace simd
