@@ -8,7 +8,9 @@
 // applied to the four rows together, so every activation load serves four rows:
 //   - integer products with maddubs (u8 x s8 -> int16 pairs): weights that can be negative
 //     go in as |w| against sign(q, w), which is exact (|w| <= 128, |q| <= 127: a pair sum
-//     stays below 2^15); unsigned weights (Q4_K, Q5_K, Q2_K) go in directly;
+//     stays below 2^15); unsigned weights (Q4_K, Q5_K, Q2_K) go in directly, and so do
+//     Q6_K's, decoded as w + 32 (the kernel subtracts 32 * sum of scale x block sum of the
+//     activations, in integers); on AVX-512 VNNI the 32-weight blocks use vpdpbusd;
 //   - sub-block scales applied with madd on int16, the block's int32 sums of the four rows
 //     reduced together (one hadd tree per block and tile);
 //   - the f32 steps per block in one __m128 whose lane t is row t, in the generic path's
@@ -16,7 +18,8 @@
 //     add to the running sum), so each lane rounds exactly as the scalar loop does.
 // Integer sums are exact in any order, so the outputs equal the generic path's.
 // Prefill: activation rows are taken 64 at a time (they stay in L2 while the thread's tiles
-// pass over them); a tile is decoded again per block of 64 rows.
+// pass over them; a tile is decoded again per block of 64 rows), and the K types apply a
+// tile to two activation rows at once (each weight load and scale vector serves both).
 // Included by ggml_matmul_impl.h inside its namespace (after <immintrin.h>), only when
 // __AVX2__ is defined.
 
@@ -116,8 +119,9 @@ inline void dec_q45_k(const uint8_t* b, int64_t nb, const RowOut& o) {
   }
 }
 
+// Stores w + 32 (0..63, unsigned: see kOffset in dot_tile_k).
 inline void dec_q6_k(const uint8_t* b, int64_t nb, const RowOut& o) {
-  const __m256i three = _mm256_set1_epi8(3), off = _mm256_set1_epi8(32);
+  const __m256i three = _mm256_set1_epi8(3);
   for (int64_t i = 0; i < nb; ++i, b += 210) {
     o.d[i * kTile] = half(b + 208);
     for (int g = 0; g < 16; ++g) o.sc[16 * i + g] = static_cast<int8_t>(b[192 + g]);
@@ -128,7 +132,7 @@ inline void dec_q6_k(const uint8_t* b, int64_t nb, const RowOut& o) {
       for (int g = 0; g < 4; ++g) {
         const __m256i high = _mm256_and_si256(_mm256_srli_epi16(hb, 2 * g), three);
         const __m256i v = _mm256_or_si256(q[g], _mm256_slli_epi16(high, 4));
-        store256(w + 128 * h + 32 * g, _mm256_sub_epi8(v, off));
+        store256(w + 128 * h + 32 * g, v);
       }
     }
   }
@@ -177,11 +181,9 @@ inline void decode_into(uint32_t type, const uint8_t* b, int64_t k, const RowOut
   }
 }
 
-// Weights that are never negative (maddubs takes them as they are).
-inline bool unsigned_weights(uint32_t type) { return type == kQ4_K || type == kQ5_K || type == kQ2_K; }
-// The K types whose scale is shared by 32 weights (so one broadcast serves a 32-byte chunk).
-inline bool scale_per_32(uint32_t type) { return type == kQ4_K || type == kQ5_K || type == kIQ4_XS; }
 inline bool has_mins(uint32_t type) { return type == kQ4_K || type == kQ5_K || type == kQ2_K; }
+// What the decoder added to every weight to make it unsigned (the kernel takes it back out).
+inline int weight_offset(uint32_t type) { return type == kQ6_K ? 32 : 0; }
 
 // 16 int16 pair sums of w x q (32 bytes each).
 template <bool kUnsigned>
@@ -206,16 +208,23 @@ inline void store_outputs(__m128 v, float* y, int rows) {
   for (int t = 0; t < rows; ++t) y[t] = tmp[t];
 }
 
-// Q8_0-form types (32-weight blocks): tile x activation row i.
+// One activation row's operands: its int8 quants, block scales and (Q8_K) int16 sums of 16.
+struct ActRow {
+  const int8_t* q;
+  const float* d;
+  const int16_t* bsums;
+};
+
+// Q8_0-form types (32-weight blocks): tile x activation row.
 template <bool kUnsigned>
-inline __m128 dot_tile_32(const Tile& tl, int64_t k, const int8_t* q, const float* ad) {
+inline __m128 dot_tile_32(const Tile& tl, int64_t k, const ActRow& a) {
   const int8_t* w = tl.w.data();
   __m128 sum = _mm_setzero_ps();
 #ifndef __AVX512VNNI__
   const __m256i ones = _mm256_set1_epi16(1);
 #endif
   for (int64_t b = 0; b < k / 32; ++b) {
-    const __m256i qv = load256(q + 32 * b);
+    const __m256i qv = load256(a.q + 32 * b);
     __m256i acc[kTile];
     for (int t = 0; t < kTile; ++t) {
       const __m256i wv = load256(w + t * k + 32 * b);
@@ -228,71 +237,86 @@ inline __m128 dot_tile_32(const Tile& tl, int64_t k, const int8_t* q, const floa
 #endif
     }
     const __m128i isum = reduce4(acc[0], acc[1], acc[2], acc[3]);
-    const __m128 d = _mm_mul_ps(_mm_loadu_ps(tl.d.data() + kTile * b), _mm_set1_ps(ad[b]));
+    const __m128 d = _mm_mul_ps(_mm_loadu_ps(tl.d.data() + kTile * b), _mm_set1_ps(a.d[b]));
     sum = _mm_add_ps(sum, _mm_mul_ps(_mm_cvtepi32_ps(isum), d));
   }
   return sum;
 }
 
-// Q8_K-form types (256-weight super-blocks with scales per 16 weights).
-template <bool kUnsigned, bool kPer32, bool kMins>
-inline __m128 dot_tile_k(const Tile& tl, int64_t k, const int8_t* q, const float* ad, const int16_t* bsums) {
+// Q8_K-form types (256-weight super-blocks with scales per 16 weights): tile x kNt
+// activation rows (the weight loads and scale vectors serve all of them). kOffset: the
+// decoder stored w + kOffset; the integer sum takes back kOffset * sum_g sc[g] * bsum[g]
+// (exact, before any f32 step).
+template <int kNt, bool kUnsigned, bool kPer32, bool kMins, int kOffset>
+inline void dot_tile_k(const Tile& tl, int64_t k, const ActRow* a, __m128* out) {
   const int8_t* w = tl.w.data();
   const int64_t ng = k / 16;
-  __m128 sum = _mm_setzero_ps();
+  __m128 sum[kNt];
+  for (int n = 0; n < kNt; ++n) sum[n] = _mm_setzero_ps();
   // Per-16 scales: lanes 0-7 take the chunk's first scale, lanes 8-15 its second.
   const __m256i pick =
       _mm256_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3);
   for (int64_t b = 0; b < k / 256; ++b) {
-    __m256i acc[kTile];
-    __m256i scb[kTile];
-    for (int t = 0; t < kTile; ++t) {
-      acc[t] = _mm256_setzero_si256();
-      if (!kPer32) scb[t] = load256(tl.sc.data() + t * ng + 16 * b);
-    }
+    __m256i acc[kNt][kTile];
+    for (int n = 0; n < kNt; ++n)
+      for (int t = 0; t < kTile; ++t) acc[n][t] = _mm256_setzero_si256();
     for (int c = 0; c < 8; ++c) {
-      const __m256i qv = load256(q + 256 * b + 32 * c);
+      __m256i qv[kNt];
+      for (int n = 0; n < kNt; ++n) qv[n] = load256(a[n].q + 256 * b + 32 * c);
       for (int t = 0; t < kTile; ++t) {
         const __m256i wv = load256(w + t * k + 256 * b + 32 * c);
-        const __m256i scv = kPer32
-                                ? _mm256_set1_epi16(tl.sc[static_cast<size_t>(t * ng + 16 * b + 2 * c)])
-                                : _mm256_shuffle_epi8(_mm256_permutevar8x32_epi32(scb[t], _mm256_set1_epi32(c)), pick);
-        acc[t] = _mm256_add_epi32(acc[t], _mm256_madd_epi16(pair_products<kUnsigned>(wv, qv), scv));
+        const int16_t* sc = tl.sc.data() + t * ng + 16 * b;
+        const __m256i scv =
+            kPer32 ? _mm256_set1_epi16(sc[2 * c])
+                   : _mm256_shuffle_epi8(_mm256_permutevar8x32_epi32(load256(sc), _mm256_set1_epi32(c)), pick);
+        for (int n = 0; n < kNt; ++n)
+          acc[n][t] = _mm256_add_epi32(acc[n][t], _mm256_madd_epi16(pair_products<kUnsigned>(wv, qv[n]), scv));
       }
     }
-    const __m128i isum = reduce4(acc[0], acc[1], acc[2], acc[3]);
-    __m128i msum = _mm_setzero_si128();
-    if (kMins) {
-      const __m256i bs = load256(bsums + 16 * b);
-      __m256i mm[kTile];
-      for (int t = 0; t < kTile; ++t) mm[t] = _mm256_madd_epi16(load256(tl.mn.data() + t * ng + 16 * b), bs);
-      msum = reduce4(mm[0], mm[1], mm[2], mm[3]);
+    for (int n = 0; n < kNt; ++n) {
+      __m128i isum = reduce4(acc[n][0], acc[n][1], acc[n][2], acc[n][3]);
+      __m128i msum = _mm_setzero_si128();
+      if (kMins || kOffset != 0) {
+        const __m256i bs = load256(a[n].bsums + 16 * b);
+        __m256i mm[kTile];
+        if (kOffset != 0) {
+          for (int t = 0; t < kTile; ++t) mm[t] = _mm256_madd_epi16(load256(tl.sc.data() + t * ng + 16 * b), bs);
+          isum = _mm_sub_epi32(isum, _mm_mullo_epi32(reduce4(mm[0], mm[1], mm[2], mm[3]), _mm_set1_epi32(kOffset)));
+        }
+        if (kMins) {
+          for (int t = 0; t < kTile; ++t) mm[t] = _mm256_madd_epi16(load256(tl.mn.data() + t * ng + 16 * b), bs);
+          msum = reduce4(mm[0], mm[1], mm[2], mm[3]);
+        }
+      }
+      const __m128 adb = _mm_set1_ps(a[n].d[b]);
+      const __m128 d = _mm_mul_ps(_mm_loadu_ps(tl.d.data() + kTile * b), adb);
+      const __m128 dmin = _mm_mul_ps(_mm_loadu_ps(tl.dmin.data() + kTile * b), adb);
+      sum[n] =
+          _mm_add_ps(sum[n], _mm_sub_ps(_mm_mul_ps(d, _mm_cvtepi32_ps(isum)), _mm_mul_ps(dmin, _mm_cvtepi32_ps(msum))));
     }
-    const __m128 adb = _mm_set1_ps(ad[b]);
-    const __m128 d = _mm_mul_ps(_mm_loadu_ps(tl.d.data() + kTile * b), adb);
-    const __m128 dmin = _mm_mul_ps(_mm_loadu_ps(tl.dmin.data() + kTile * b), adb);
-    sum = _mm_add_ps(sum, _mm_sub_ps(_mm_mul_ps(d, _mm_cvtepi32_ps(isum)), _mm_mul_ps(dmin, _mm_cvtepi32_ps(msum))));
   }
-  return sum;
+  for (int n = 0; n < kNt; ++n) out[n] = sum[n];
 }
 
-using DotFn = __m128 (*)(const Tile&, int64_t, const int8_t*, const float*, const int16_t*);
+// A tile against kNt activation rows (1, or 2 for the K types).
+using DotFn = void (*)(const Tile&, int64_t, const ActRow*, __m128*);
 
 template <bool kUnsigned>
-__m128 dot32_fn(const Tile& tl, int64_t k, const int8_t* q, const float* ad, const int16_t*) {
-  return dot_tile_32<kUnsigned>(tl, k, q, ad);
+void dot32_fn(const Tile& tl, int64_t k, const ActRow* a, __m128* out) {
+  out[0] = dot_tile_32<kUnsigned>(tl, k, a[0]);
 }
-template <bool kUnsigned, bool kPer32, bool kMins>
-__m128 dotk_fn(const Tile& tl, int64_t k, const int8_t* q, const float* ad, const int16_t* bsums) {
-  return dot_tile_k<kUnsigned, kPer32, kMins>(tl, k, q, ad, bsums);
+template <int kNt, bool kUnsigned, bool kPer32, bool kMins, int kOffset>
+void dotk_fn(const Tile& tl, int64_t k, const ActRow* a, __m128* out) {
+  dot_tile_k<kNt, kUnsigned, kPer32, kMins, kOffset>(tl, k, a, out);
 }
 
-inline DotFn dot_for(uint32_t type) {
-  if (block_size(type) == 32) return dot32_fn<false>;
-  if (type == kQ4_K || type == kQ5_K) return dotk_fn<true, true, true>;
-  if (type == kQ2_K) return dotk_fn<true, false, true>;
-  if (type == kIQ4_XS) return dotk_fn<false, true, false>;
-  return dotk_fn<false, false, false>;  // Q6_K, Q3_K
+template <int kNt>
+inline DotFn dotk_for(uint32_t type) {
+  if (type == kQ4_K || type == kQ5_K) return dotk_fn<kNt, true, true, true, 0>;
+  if (type == kQ2_K) return dotk_fn<kNt, true, false, true, 0>;
+  if (type == kQ6_K) return dotk_fn<kNt, true, false, false, 32>;
+  if (type == kIQ4_XS) return dotk_fn<kNt, false, true, false, 0>;
+  return dotk_fn<kNt, false, false, false, 0>;  // Q3_K
 }
 
 // Whether this path computes `type` (the Q8_1-form types Q4_1 / Q5_1 take the generic one).
@@ -303,12 +327,14 @@ inline void matmul_rows(uint32_t type, const uint8_t* base, int64_t row_bytes, i
   const bool k_type = block_size(type) == 256;
   // Q8_K block sums as int16 (|sum of 16 quants| <= 2032), for madd against the mins.
   static thread_local std::vector<int16_t> bsums16;
-  if (k_type && has_mins(type)) {
+  const bool sums = k_type && (has_mins(type) || weight_offset(type) != 0);
+  if (sums) {
     bsums16.resize(a.bsums.size());
     for (size_t i = 0; i < a.bsums.size(); ++i) bsums16[i] = static_cast<int16_t>(a.bsums[i]);
   }
-  const int16_t* bs16 = k_type && has_mins(type) ? bsums16.data() : nullptr;
-  const DotFn dot = dot_for(type);
+  const int16_t* bs16 = sums ? bsums16.data() : nullptr;
+  const DotFn dot1 = k_type ? dotk_for<1>(type) : dot32_fn<false>;
+  const DotFn dot2 = k_type ? dotk_for<2>(type) : nullptr;
   const int64_t nb = k / block_size(type);
   const int64_t tiles = (n1 - n0 + kTile - 1) / kTile;
   const int threads = omp_in_parallel() ? 1 : num_threads();
@@ -336,10 +362,24 @@ inline void matmul_rows(uint32_t type, const uint8_t* base, int64_t row_bytes, i
             }
           }
         }
-        for (int64_t i = i0; i < i1; ++i) {
-          const int8_t* q = a.q.data() + i * k;
-          const float* ad = a.d.data() + i * (k_type ? k / 256 : k / 32);
-          const __m128 v = dot(tl, k, q, ad, bs16 != nullptr ? bs16 + i * (k / 16) : nullptr);
+        const auto act = [&](int64_t i) {
+          return ActRow{a.q.data() + i * k, a.d.data() + i * (k_type ? k / 256 : k / 32),
+                        bs16 != nullptr ? bs16 + i * (k / 16) : nullptr};
+        };
+        int64_t i = i0;
+        if (dot2 != nullptr) {
+          for (; i + 2 <= i1; i += 2) {
+            const ActRow two[2] = {act(i), act(i + 1)};
+            __m128 v[2];
+            dot2(tl, k, two, v);
+            store_outputs(v[0], y + i * ldy + (j0 - n0), rows);
+            store_outputs(v[1], y + (i + 1) * ldy + (j0 - n0), rows);
+          }
+        }
+        for (; i < i1; ++i) {
+          const ActRow one = act(i);
+          __m128 v;
+          dot1(tl, k, &one, &v);
           store_outputs(v, y + i * ldy + (j0 - n0), rows);
         }
       }
