@@ -9,7 +9,7 @@
 # picks a Qwen3-30B-A3B-like MoE instead: 64 experts / 8 active, expert FFN 768, 6 layers),
 # TYPES ("q4_k_m q6_k q8_0": f32 f16 bf16 q8_0 q4_0 are written by `infera convert --to gguf`,
 # q4_k_m q5_k_m q6_k iq4_xs by llama.cpp's own llama_model_quantize from the f16 file, through
-# bench/gguf_quantize.c and the libllama node-llama-cpp ships), PROMPT_TOKENS (64),
+# tests/conformance/llama_quantize.c and the libllama node-llama-cpp ships), PROMPT_TOKENS (64),
 # GEN_TOKENS (32), THREADS ("1 2"), REPEATS (2: best of, engines alternating).
 # Printed only; not a test. Numbers move with other load on a shared machine: the load
 # average is printed before and after.
@@ -49,8 +49,8 @@ for t in $types; do
     continue
   fi
   [ -f model_f16.gguf ] || "$infera" convert model --to gguf model_f16.gguf --type f16 > /dev/null
-  [ -x gguf_quantize ] || cc -O1 -o gguf_quantize "$repo/bench/gguf_quantize.c" -ldl
-  ./gguf_quantize "$libllama" model_f16.gguf "model_$t.gguf" "$ft" > "quantize_$t.log" 2>&1 ||
+  [ -x llama_quantize ] || cc -O1 -o llama_quantize "$repo/tests/conformance/llama_quantize.c" -ldl
+  ./llama_quantize "$libllama" model_f16.gguf "model_$t.gguf" "$ft" > "quantize_$t.log" 2>&1 ||
     { echo "error: llama_model_quantize to $t failed (quantize_$t.log)" >&2; exit 1; }
 done
 prompt="$($py -c "

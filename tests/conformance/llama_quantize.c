@@ -1,11 +1,11 @@
 // Re-quantizes an F16/F32 GGUF with llama.cpp's own llama_model_quantize (from the libllama
-// that node-llama-cpp ships), so the GGUF benchmark can compare both engines on the files
-// llama.cpp users actually have (Q4_K_M, Q6_K, ...). Loaded with dlopen: no llama.cpp
-// headers needed; only the two leading fields of llama_model_quantize_params (nthread,
-// ftype) are set, over the library's own defaults.
+// that node-llama-cpp ships), so that the GGUF conformance test and benchmark run both
+// engines on the files llama.cpp users actually have (Q4_K_M, Q6_K, ...). Loaded with
+// dlopen: no llama.cpp headers needed; only the two leading fields of
+// llama_model_quantize_params (nthread, ftype) are set, over the library's own defaults.
 //
-//   cc -O1 -o gguf_quantize bench/gguf_quantize.c -ldl
-//   gguf_quantize LIBLLAMA.so IN.gguf OUT.gguf FTYPE
+//   cc -O1 -o llama_quantize tests/conformance/llama_quantize.c -ldl
+//   llama_quantize LIBLLAMA.so IN.gguf OUT.gguf FTYPE
 // FTYPE: llama.cpp's llama_ftype number (Q8_0 7, Q4_K_M 15, Q5_K_M 17, Q6_K 18, IQ4_XS 30).
 #include <dlfcn.h>
 #include <stdint.h>
