@@ -45,13 +45,22 @@ struct Tile {
 };
 
 // Where the decoders write row t of a tile: w [k], sc / mn [k / 16], d / dmin with stride kTile.
+// pf: the bytes from a block to the same block of the next tile's row (0: none); the
+// decoders prefetch it, so the next tile streams in while this one is computed.
 struct RowOut {
   int8_t* w;
   int16_t* sc;
   int16_t* mn;
   float* d;
   float* dmin;
+  int64_t pf;
 };
+
+// Prefetches the cache lines of the `bytes`-byte block at p.
+inline void prefetch_block(const uint8_t* p, int bytes) {
+  for (int x = 0; x < bytes; x += 64) _mm_prefetch(reinterpret_cast<const char*>(p + x), _MM_HINT_T0);
+  _mm_prefetch(reinterpret_cast<const char*>(p + bytes - 1), _MM_HINT_T0);
+}
 
 inline __m256i nibbles_lo(__m256i v) { return _mm256_and_si256(v, _mm256_set1_epi8(0x0F)); }
 inline __m256i nibbles_hi(__m256i v) { return _mm256_and_si256(_mm256_srli_epi16(v, 4), _mm256_set1_epi8(0x0F)); }
@@ -62,9 +71,17 @@ inline __m128i load128(const void* p) { return _mm_loadu_si128(static_cast<const
 inline void store256(void* p, __m256i v) { _mm256_storeu_si256(static_cast<__m256i*>(p), v); }
 inline void store128(void* p, __m128i v) { _mm_storeu_si128(static_cast<__m128i*>(p), v); }
 
+// f16 -> f32 with F16C (exact, as f16_to_f32).
+inline float half_f16c(const uint8_t* p) {
+  uint16_t v;
+  std::memcpy(&v, p, 2);
+  return _cvtsh_ss(v);
+}
+
 inline void dec_q8_0(const uint8_t* b, int64_t nb, const RowOut& o) {
   for (int64_t i = 0; i < nb; ++i, b += 34) {
-    o.d[i * kTile] = half(b);
+    if (o.pf != 0) prefetch_block(b + o.pf, 34);
+    o.d[i * kTile] = half_f16c(b);
     store256(o.w + 32 * i, load256(b + 2));
   }
 }
@@ -75,7 +92,8 @@ inline void dec_q4_0(const uint8_t* b, int64_t nb, const RowOut& o) {
   const __m128i lut = _mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4nlValues));
   const __m128i eight = _mm_set1_epi8(8);
   for (int64_t i = 0; i < nb; ++i, b += 18) {
-    o.d[i * kTile] = half(b);
+    if (o.pf != 0) prefetch_block(b + o.pf, 18);
+    o.d[i * kTile] = half_f16c(b);
     const __m128i v = load128(b + 2);
     const __m128i lo = nibbles_lo(v), hi = nibbles_hi(v);
     store128(o.w + 32 * i, kNl ? _mm_shuffle_epi8(lut, lo) : _mm_sub_epi8(lo, eight));
@@ -83,13 +101,24 @@ inline void dec_q4_0(const uint8_t* b, int64_t nb, const RowOut& o) {
   }
 }
 
+// The 6-bit scales and mins of a Q4_K / Q5_K block (12 packed bytes), each written twice
+// (once per 16 weights) as int16.
 inline void k4_scales(const uint8_t* p, int16_t* sc, int16_t* mn) {
-  for (int j = 0; j < 8; ++j) {
-    const int s = j < 4 ? p[j] & 63 : (p[j + 4] & 0xF) | ((p[j - 4] >> 6) << 4);
-    const int m = j < 4 ? p[j + 4] & 63 : (p[j + 4] >> 4) | ((p[j] >> 6) << 4);
-    sc[2 * j] = sc[2 * j + 1] = static_cast<int16_t>(s);
-    mn[2 * j] = mn[2 * j + 1] = static_cast<int16_t>(m);
-  }
+  uint32_t u[3];
+  std::memcpy(u, p, 12);
+  const uint32_t m6 = 0x3f3f3f3f, m4 = 0x0f0f0f0f, m2 = 0x03030303;
+  // Bytes 0-3: sub-blocks 0-3 (low 6 bits of p[0..3] / p[4..7]); bytes 4-7: sub-blocks 4-7
+  // (a nibble of p[8..11] and the top two bits of p[0..3] / p[4..7]).
+  const uint64_t scales =
+      static_cast<uint64_t>(u[0] & m6) | static_cast<uint64_t>((u[2] & m4) | (((u[0] >> 6) & m2) << 4)) << 32;
+  const uint64_t mins =
+      static_cast<uint64_t>(u[1] & m6) | static_cast<uint64_t>(((u[2] >> 4) & m4) | (((u[1] >> 6) & m2) << 4)) << 32;
+  const __m128i s16 = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(static_cast<int64_t>(scales)));
+  const __m128i m16 = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(static_cast<int64_t>(mins)));
+  store128(sc, _mm_unpacklo_epi16(s16, s16));
+  store128(sc + 8, _mm_unpackhi_epi16(s16, s16));
+  store128(mn, _mm_unpacklo_epi16(m16, m16));
+  store128(mn + 8, _mm_unpackhi_epi16(m16, m16));
 }
 
 // Q4_K (kFive false) and Q5_K: 0..15 / 0..31, unsigned.
@@ -97,8 +126,9 @@ template <bool kFive>
 inline void dec_q45_k(const uint8_t* b, int64_t nb, const RowOut& o) {
   const int64_t ts = kFive ? 176 : 144;
   for (int64_t i = 0; i < nb; ++i, b += ts) {
-    o.d[i * kTile] = half(b);
-    o.dmin[i * kTile] = half(b + 2);
+    if (o.pf != 0) prefetch_block(b + o.pf, static_cast<int>(ts));
+    o.d[i * kTile] = half_f16c(b);
+    o.dmin[i * kTile] = half_f16c(b + 2);
     k4_scales(b + 4, o.sc + 16 * i, o.mn + 16 * i);
     const uint8_t* qs = b + (kFive ? 48 : 16);
     int8_t* w = o.w + 256 * i;
@@ -123,8 +153,10 @@ inline void dec_q45_k(const uint8_t* b, int64_t nb, const RowOut& o) {
 inline void dec_q6_k(const uint8_t* b, int64_t nb, const RowOut& o) {
   const __m256i three = _mm256_set1_epi8(3);
   for (int64_t i = 0; i < nb; ++i, b += 210) {
-    o.d[i * kTile] = half(b + 208);
-    for (int g = 0; g < 16; ++g) o.sc[16 * i + g] = static_cast<int8_t>(b[192 + g]);
+    if (o.pf != 0) prefetch_block(b + o.pf, 210);
+    o.d[i * kTile] = half_f16c(b + 208);
+    const __m256i sc = _mm256_cvtepi8_epi16(load128(b + 192));
+    store256(o.sc + 16 * i, sc);
     int8_t* w = o.w + 256 * i;
     for (int h = 0; h < 2; ++h) {
       const __m256i l0 = load256(b + 64 * h), l1 = load256(b + 64 * h + 32), hb = load256(b + 128 + 32 * h);
@@ -141,7 +173,8 @@ inline void dec_q6_k(const uint8_t* b, int64_t nb, const RowOut& o) {
 inline void dec_iq4_xs(const uint8_t* b, int64_t nb, const RowOut& o) {
   const __m128i lut = _mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4nlValues));
   for (int64_t i = 0; i < nb; ++i, b += 136) {
-    o.d[i * kTile] = half(b);
+    if (o.pf != 0) prefetch_block(b + o.pf, 136);
+    o.d[i * kTile] = half_f16c(b);
     uint16_t sh;
     std::memcpy(&sh, b + 2, 2);
     int8_t* w = o.w + 256 * i;
@@ -158,6 +191,7 @@ inline void dec_iq4_xs(const uint8_t* b, int64_t nb, const RowOut& o) {
 // Any other type: the generic decoder, copied into the tile.
 inline void dec_generic(uint32_t type, const uint8_t* b, int64_t k, const RowOut& o) {
   static thread_local DecodedRow r;
+  if (o.pf != 0) prefetch_block(b + o.pf, static_cast<int>(row_bytes(type, k)));
   decode_row(type, b, k, r);
   std::memcpy(o.w, r.w.data(), static_cast<size_t>(k));
   for (size_t i = 0; i < r.d.size(); ++i) o.d[i * kTile] = r.d[i];
@@ -298,6 +332,75 @@ inline void dot_tile_k(const Tile& tl, int64_t k, const ActRow* a, __m128* out) 
   for (int n = 0; n < kNt; ++n) out[n] = sum[n];
 }
 
+#ifdef __AVX512BW__
+// The same on 512-bit vectors (64 weights, two 32-weight chunks, per instruction); the
+// integer sums are the same, so are the results.
+template <bool kUnsigned>
+inline __m512i pair_products512(__m512i w, __m512i q) {
+  if (kUnsigned) return _mm512_maddubs_epi16(w, q);
+  // sign(q, w): -q where w < 0 (where w == 0, |w| = 0 zeroes the product anyway).
+  const __m512i qs = _mm512_mask_sub_epi8(q, _mm512_movepi8_mask(w), _mm512_setzero_si512(), q);
+  return _mm512_maddubs_epi16(_mm512_abs_epi8(w), qs);
+}
+
+template <int kNt, bool kUnsigned, bool kMins, int kOffset>
+inline void dot_tile_k512(const Tile& tl, int64_t k, const ActRow* a, __m128* out) {
+  const int8_t* w = tl.w.data();
+  const int64_t ng = k / 16;
+  __m128 sum[kNt];
+  for (int n = 0; n < kNt; ++n) sum[n] = _mm_setzero_ps();
+  // Pair-sum lane L of 64-weight chunk cc has the scale of weights 64 cc + 2 L: sc[4 cc + L / 8].
+  __m512i pick[4];
+  for (int cc = 0; cc < 4; ++cc) {
+    alignas(64) int16_t idx[32];
+    for (int l = 0; l < 32; ++l) idx[l] = static_cast<int16_t>(4 * cc + l / 8);
+    pick[cc] = _mm512_load_si512(idx);
+  }
+  for (int64_t b = 0; b < k / 256; ++b) {
+    __m512i acc[kNt][kTile];
+    __m512i scb[kTile];
+    for (int t = 0; t < kTile; ++t) scb[t] = _mm512_castsi256_si512(load256(tl.sc.data() + t * ng + 16 * b));
+    for (int n = 0; n < kNt; ++n)
+      for (int t = 0; t < kTile; ++t) acc[n][t] = _mm512_setzero_si512();
+    for (int cc = 0; cc < 4; ++cc) {
+      __m512i qv[kNt];
+      for (int n = 0; n < kNt; ++n) qv[n] = _mm512_loadu_si512(a[n].q + 256 * b + 64 * cc);
+      for (int t = 0; t < kTile; ++t) {
+        const __m512i wv = _mm512_loadu_si512(w + t * k + 256 * b + 64 * cc);
+        const __m512i scv = _mm512_permutexvar_epi16(pick[cc], scb[t]);
+        for (int n = 0; n < kNt; ++n)
+          acc[n][t] = _mm512_add_epi32(acc[n][t], _mm512_madd_epi16(pair_products512<kUnsigned>(wv, qv[n]), scv));
+      }
+    }
+    for (int n = 0; n < kNt; ++n) {
+      __m256i half[kTile];
+      for (int t = 0; t < kTile; ++t)
+        half[t] = _mm256_add_epi32(_mm512_castsi512_si256(acc[n][t]), _mm512_extracti64x4_epi64(acc[n][t], 1));
+      __m128i isum = reduce4(half[0], half[1], half[2], half[3]);
+      __m128i msum = _mm_setzero_si128();
+      if (kMins || kOffset != 0) {
+        const __m256i bs = load256(a[n].bsums + 16 * b);
+        __m256i mm[kTile];
+        if (kOffset != 0) {
+          for (int t = 0; t < kTile; ++t) mm[t] = _mm256_madd_epi16(load256(tl.sc.data() + t * ng + 16 * b), bs);
+          isum = _mm_sub_epi32(isum, _mm_mullo_epi32(reduce4(mm[0], mm[1], mm[2], mm[3]), _mm_set1_epi32(kOffset)));
+        }
+        if (kMins) {
+          for (int t = 0; t < kTile; ++t) mm[t] = _mm256_madd_epi16(load256(tl.mn.data() + t * ng + 16 * b), bs);
+          msum = reduce4(mm[0], mm[1], mm[2], mm[3]);
+        }
+      }
+      const __m128 adb = _mm_set1_ps(a[n].d[b]);
+      const __m128 d = _mm_mul_ps(_mm_loadu_ps(tl.d.data() + kTile * b), adb);
+      const __m128 dmin = _mm_mul_ps(_mm_loadu_ps(tl.dmin.data() + kTile * b), adb);
+      sum[n] =
+          _mm_add_ps(sum[n], _mm_sub_ps(_mm_mul_ps(d, _mm_cvtepi32_ps(isum)), _mm_mul_ps(dmin, _mm_cvtepi32_ps(msum))));
+    }
+  }
+  for (int n = 0; n < kNt; ++n) out[n] = sum[n];
+}
+#endif
+
 // A tile against kNt activation rows (1, or 2 for the K types).
 using DotFn = void (*)(const Tile&, int64_t, const ActRow*, __m128*);
 
@@ -307,7 +410,11 @@ void dot32_fn(const Tile& tl, int64_t k, const ActRow* a, __m128* out) {
 }
 template <int kNt, bool kUnsigned, bool kPer32, bool kMins, int kOffset>
 void dotk_fn(const Tile& tl, int64_t k, const ActRow* a, __m128* out) {
+#ifdef __AVX512BW__
+  dot_tile_k512<kNt, kUnsigned, kMins, kOffset>(tl, k, a, out);
+#else
   dot_tile_k<kNt, kUnsigned, kPer32, kMins, kOffset>(tl, k, a, out);
+#endif
 }
 
 template <int kNt>
@@ -349,8 +456,12 @@ inline void matmul_rows(uint32_t type, const uint8_t* base, int64_t row_bytes, i
         const int64_t j0 = n0 + tt * kTile;
         const int rows = static_cast<int>(std::min<int64_t>(kTile, n1 - j0));
         for (int t = 0; t < kTile; ++t) {
-          const RowOut o{tl.w.data() + t * k, k_type ? tl.sc.data() + t * (k / 16) : nullptr,
-                         k_type ? tl.mn.data() + t * (k / 16) : nullptr, tl.d.data() + t, tl.dmin.data() + t};
+          const RowOut o{tl.w.data() + t * k,
+                         k_type ? tl.sc.data() + t * (k / 16) : nullptr,
+                         k_type ? tl.mn.data() + t * (k / 16) : nullptr,
+                         tl.d.data() + t,
+                         tl.dmin.data() + t,
+                         j0 + kTile + t < n1 ? kTile * row_bytes : 0};
           if (t < rows) {
             decode_into(type, base + (j0 + t) * row_bytes, k, o);
           } else {  // past the last row: zero weights and scales
