@@ -18,8 +18,8 @@
 //     add to the running sum), so each lane rounds exactly as the scalar loop does.
 // Integer sums are exact in any order, so the outputs equal the generic path's.
 // Prefill: activation rows are taken 64 at a time (they stay in L2 while the thread's tiles
-// pass over them; a tile is decoded again per block of 64 rows), and the K types apply a
-// tile to two activation rows at once (each weight load and scale vector serves both).
+// pass over them; a tile is decoded again per block of 64 rows), and a tile is applied to
+// two activation rows at once (each weight load and scale vector serves both).
 // Included by ggml_matmul_impl.h inside its namespace (after <immintrin.h>), only when
 // __AVX2__ is defined.
 
@@ -249,32 +249,75 @@ struct ActRow {
   const int16_t* bsums;
 };
 
-// Q8_0-form types (32-weight blocks): tile x activation row.
-template <bool kUnsigned>
-inline __m128 dot_tile_32(const Tile& tl, int64_t k, const ActRow& a) {
+// Q8_0-form types (32-weight blocks): tile x kNt activation rows (two in prefill: the
+// weight loads serve both, and their two f32 accumulation chains run side by side).
+template <int kNt, bool kUnsigned>
+inline void dot_tile_32(const Tile& tl, int64_t k, const ActRow* a, __m128* out) {
   const int8_t* w = tl.w.data();
-  __m128 sum = _mm_setzero_ps();
+  __m128 sum[kNt];
+  for (int n = 0; n < kNt; ++n) sum[n] = _mm_setzero_ps();
 #ifndef __AVX512VNNI__
   const __m256i ones = _mm256_set1_epi16(1);
 #endif
-  for (int64_t b = 0; b < k / 32; ++b) {
-    const __m256i qv = load256(a.q + 32 * b);
-    __m256i acc[kTile];
+  int64_t b = 0;
+#ifdef __AVX512BW__
+  // Two blocks per 512-bit vector; the four rows' sums of each block reduced together.
+  for (; b + 2 <= k / 32; b += 2) {
+    __m512i qv[kNt];
+    for (int n = 0; n < kNt; ++n) qv[n] = _mm512_loadu_si512(a[n].q + 32 * b);
+    __m512i acc[kNt][kTile];
+    for (int t = 0; t < kTile; ++t) {
+      const __m512i wv = _mm512_loadu_si512(w + t * k + 32 * b);
+      const __m512i wu = kUnsigned ? wv : _mm512_abs_epi8(wv);
+      const __mmask64 neg = _mm512_movepi8_mask(wv);
+      for (int n = 0; n < kNt; ++n) {
+        const __m512i qs = kUnsigned ? qv[n] : _mm512_mask_sub_epi8(qv[n], neg, _mm512_setzero_si512(), qv[n]);
+#ifdef __AVX512VNNI__
+        acc[n][t] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wu, qs);
+#else
+        acc[n][t] = _mm512_madd_epi16(_mm512_maddubs_epi16(wu, qs), _mm512_set1_epi16(1));
+#endif
+      }
+    }
+    for (int n = 0; n < kNt; ++n) {
+      // Per 128-bit quarter: [row 0, row 1, row 2, row 3] sums of its four lanes; quarters
+      // 0-1 hold block b, quarters 2-3 block b + 1.
+      const __m512i* r = acc[n];
+      const __m512i x01 = _mm512_add_epi32(_mm512_unpacklo_epi32(r[0], r[1]), _mm512_unpackhi_epi32(r[0], r[1]));
+      const __m512i x23 = _mm512_add_epi32(_mm512_unpacklo_epi32(r[2], r[3]), _mm512_unpackhi_epi32(r[2], r[3]));
+      const __m512i y = _mm512_add_epi32(_mm512_unpacklo_epi64(x01, x23), _mm512_unpackhi_epi64(x01, x23));
+      const __m512i z = _mm512_add_epi32(y, _mm512_shuffle_i64x2(y, y, _MM_SHUFFLE(2, 3, 0, 1)));
+      const __m128i isum0 = _mm512_castsi512_si128(z), isum1 = _mm512_extracti32x4_epi32(z, 2);
+      const __m128 d0 = _mm_mul_ps(_mm_loadu_ps(tl.d.data() + kTile * b), _mm_set1_ps(a[n].d[b]));
+      sum[n] = _mm_add_ps(sum[n], _mm_mul_ps(_mm_cvtepi32_ps(isum0), d0));
+      const __m128 d1 = _mm_mul_ps(_mm_loadu_ps(tl.d.data() + kTile * (b + 1)), _mm_set1_ps(a[n].d[b + 1]));
+      sum[n] = _mm_add_ps(sum[n], _mm_mul_ps(_mm_cvtepi32_ps(isum1), d1));
+    }
+  }
+#endif
+  for (; b < k / 32; ++b) {
+    __m256i qv[kNt];
+    for (int n = 0; n < kNt; ++n) qv[n] = load256(a[n].q + 32 * b);
+    __m256i acc[kNt][kTile];
     for (int t = 0; t < kTile; ++t) {
       const __m256i wv = load256(w + t * k + 32 * b);
+      for (int n = 0; n < kNt; ++n) {
 #ifdef __AVX512VNNI__
-      const __m256i wu = kUnsigned ? wv : _mm256_abs_epi8(wv);
-      const __m256i qs = kUnsigned ? qv : _mm256_sign_epi8(qv, wv);
-      acc[t] = _mm256_dpbusd_epi32(_mm256_setzero_si256(), wu, qs);
+        const __m256i wu = kUnsigned ? wv : _mm256_abs_epi8(wv);
+        const __m256i qs = kUnsigned ? qv[n] : _mm256_sign_epi8(qv[n], wv);
+        acc[n][t] = _mm256_dpbusd_epi32(_mm256_setzero_si256(), wu, qs);
 #else
-      acc[t] = _mm256_madd_epi16(pair_products<kUnsigned>(wv, qv), ones);
+        acc[n][t] = _mm256_madd_epi16(pair_products<kUnsigned>(wv, qv[n]), ones);
 #endif
+      }
     }
-    const __m128i isum = reduce4(acc[0], acc[1], acc[2], acc[3]);
-    const __m128 d = _mm_mul_ps(_mm_loadu_ps(tl.d.data() + kTile * b), _mm_set1_ps(a.d[b]));
-    sum = _mm_add_ps(sum, _mm_mul_ps(_mm_cvtepi32_ps(isum), d));
+    for (int n = 0; n < kNt; ++n) {
+      const __m128i isum = reduce4(acc[n][0], acc[n][1], acc[n][2], acc[n][3]);
+      const __m128 d = _mm_mul_ps(_mm_loadu_ps(tl.d.data() + kTile * b), _mm_set1_ps(a[n].d[b]));
+      sum[n] = _mm_add_ps(sum[n], _mm_mul_ps(_mm_cvtepi32_ps(isum), d));
+    }
   }
-  return sum;
+  for (int n = 0; n < kNt; ++n) out[n] = sum[n];
 }
 
 // Q8_K-form types (256-weight super-blocks with scales per 16 weights): tile x kNt
@@ -401,12 +444,12 @@ inline void dot_tile_k512(const Tile& tl, int64_t k, const ActRow* a, __m128* ou
 }
 #endif
 
-// A tile against kNt activation rows (1, or 2 for the K types).
+// A tile against kNt activation rows (1, or 2 in prefill).
 using DotFn = void (*)(const Tile&, int64_t, const ActRow*, __m128*);
 
-template <bool kUnsigned>
+template <int kNt, bool kUnsigned>
 void dot32_fn(const Tile& tl, int64_t k, const ActRow* a, __m128* out) {
-  out[0] = dot_tile_32<kUnsigned>(tl, k, a[0]);
+  dot_tile_32<kNt, kUnsigned>(tl, k, a, out);
 }
 template <int kNt, bool kUnsigned, bool kPer32, bool kMins, int kOffset>
 void dotk_fn(const Tile& tl, int64_t k, const ActRow* a, __m128* out) {
@@ -440,8 +483,8 @@ inline void matmul_rows(uint32_t type, const uint8_t* base, int64_t row_bytes, i
     for (size_t i = 0; i < a.bsums.size(); ++i) bsums16[i] = static_cast<int16_t>(a.bsums[i]);
   }
   const int16_t* bs16 = sums ? bsums16.data() : nullptr;
-  const DotFn dot1 = k_type ? dotk_for<1>(type) : dot32_fn<false>;
-  const DotFn dot2 = k_type ? dotk_for<2>(type) : nullptr;
+  const DotFn dot1 = k_type ? dotk_for<1>(type) : dot32_fn<1, false>;
+  const DotFn dot2 = k_type ? dotk_for<2>(type) : dot32_fn<2, false>;
   const int64_t nb = k / block_size(type);
   const int64_t tiles = (n1 - n0 + kTile - 1) / kTile;
   const int threads = omp_in_parallel() ? 1 : num_threads();
