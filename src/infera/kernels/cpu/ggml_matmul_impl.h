@@ -2,8 +2,9 @@
 // CPU backend computes it: the activations quantized to the type's activation form (Q8_0,
 // Q8_1 or Q8_K: int8 with a per-block scale, ggml-cpu's vec_dot_type), integer dot products
 // per block, then the block scales applied in f32. Compiled once per ISA (ggml_matmul_*.cpp,
-// each with its own flags; the integer loops are left to the compiler's vectorizer), all
-// paths compute the same values: integer sums are exact and the f32 steps run in one order.
+// each with its own flags). The loops here are the scalar path (and Q4_1 / Q5_1 on every
+// path); the AVX2 and AVX-512 paths run ggml_matmul_simd.h. All paths compute the same
+// values: integer sums are exact and the f32 steps run in one order.
 //
 // Each thread decodes one weight row at a time into int8 weights and per-block scales and
 // applies it to every activation row, so a prefill of m tokens decodes W once.
