@@ -5,8 +5,11 @@
 #
 #   bench/gguf_bench.sh [BUILD_DIR] [WORK_DIR]
 #
-# Environment: MODEL_ARGS (tools/gen_model.py shape; default "--preset tinyllama"), TYPES
-# ("f16 q8_0 q4_0": the `infera convert --to gguf --type` values), PROMPT_TOKENS (64),
+# Environment: MODEL_ARGS (tools/gen_model.py shape; default "--preset tinyllama"; SHAPE=moe
+# picks a Qwen3-30B-A3B-like MoE instead: 64 experts / 8 active, expert FFN 768, 6 layers),
+# TYPES ("q4_k_m q6_k q8_0": f32 f16 bf16 q8_0 q4_0 are written by `infera convert --to gguf`,
+# q4_k_m q5_k_m q6_k iq4_xs by llama.cpp's own llama_model_quantize from the f16 file, through
+# tests/conformance/llama_quantize.c and the libllama node-llama-cpp ships), PROMPT_TOKENS (64),
 # GEN_TOKENS (32), THREADS ("1 2"), REPEATS (2: best of, engines alternating).
 # Printed only; not a test. Numbers move with other load on a shared machine: the load
 # average is printed before and after.
@@ -16,8 +19,14 @@ build="${1:-$repo/build}"
 case "$build" in /*) ;; *) build="$(pwd)/$build" ;; esac
 work="${2:-/tmp/infera_gguf_bench}"
 infera="$build/infera"
-model_args="${MODEL_ARGS:---preset tinyllama}"
-types="${TYPES:-f16 q8_0 q4_0}"
+if [ "${SHAPE:-}" = moe ]; then
+  default_args="--arch qwen3_moe --hidden 2048 --layers 6 --heads 32 --kv-heads 4 --head-dim 128 --experts 64 \
+--experts-per-tok 8 --moe-ffn 768 --vocab 32000 --dtype bf16 --seed 12"
+else
+  default_args="--preset tinyllama"
+fi
+model_args="${MODEL_ARGS:-$default_args}"
+types="${TYPES:-q4_k_m q6_k q8_0}"
 prompt_tokens="${PROMPT_TOKENS:-64}"
 gen_tokens="${GEN_TOKENS:-32}"
 threads_list="${THREADS:-1 2}"
@@ -28,8 +37,21 @@ mkdir -p "$work"
 cd "$work"
 # shellcheck disable=SC2086
 [ -f model/config.json ] || $py "$repo/tools/gen_model.py" model $model_args > /dev/null
+libllama="$repo/tests/conformance/node_modules/@node-llama-cpp/linux-x64/bins/linux-x64/libllama.v0.5.0.so"
+llama_ftype() {  # llama.cpp's llama_ftype numbers
+  case "$1" in q4_k_m) echo 15 ;; q5_k_m) echo 17 ;; q6_k) echo 18 ;; iq4_xs) echo 30 ;; *) echo "" ;; esac
+}
 for t in $types; do
-  [ -f "model_$t.gguf" ] || "$infera" convert model --to gguf "model_$t.gguf" --type "$t" > /dev/null
+  [ -f "model_$t.gguf" ] && continue
+  ft="$(llama_ftype "$t")"
+  if [ -z "$ft" ]; then
+    "$infera" convert model --to gguf "model_$t.gguf" --type "$t" > /dev/null
+    continue
+  fi
+  [ -f model_f16.gguf ] || "$infera" convert model --to gguf model_f16.gguf --type f16 > /dev/null
+  [ -x llama_quantize ] || cc -O1 -o llama_quantize "$repo/tests/conformance/llama_quantize.c" -ldl
+  ./llama_quantize "$libllama" model_f16.gguf "model_$t.gguf" "$ft" > "quantize_$t.log" 2>&1 ||
+    { echo "error: llama_model_quantize to $t failed (quantize_$t.log)" >&2; exit 1; }
 done
 prompt="$($py -c "
 s = 7; ids = []
@@ -41,6 +63,8 @@ best() { $py -c "import sys; print(max(float(v) for v in sys.argv[1:]))" "$@"; }
 
 echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
 "$infera" sysinfo 2>/dev/null | grep -i -E "isa|kernel|avx" | head -4 || true
+$py -c "import json; c = json.load(open('model/config.json')); print('model:', c['model_type'], 'hidden', c['hidden_size'], \
+'layers', c['num_hidden_layers'], 'experts', c.get('num_experts', 0), 'vocab', c['vocab_size'])"
 printf "%-6s %-7s %14s %14s %14s %14s %9s %9s\n" type threads "infera pp t/s" "llama pp t/s" "infera tg t/s" \
   "llama tg t/s" "pp ratio" "tg ratio"
 for t in $types; do

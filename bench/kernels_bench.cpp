@@ -9,6 +9,9 @@
 //   Quantized (w8a8 / w4a8 / w4a16, group 32, repacked panels as loaded by a model): same
 //     shape, m = 1 (decode GEMV) and 64 (prefill GEMM); counter GOP/s = 2 m n k per second
 //     (int8 or f32 operations, whichever the scheme computes in).
+//   GGUF block types (Q4_K, Q6_K, Q8_0; random blocks): same shape, m = 1 and 64, through
+//     kernels::matmul on a DType::kGgml matrix as a GGUF model binds it; counter GOP/s =
+//     2 m n k per second and GB/s = block bytes streamed per second.
 //   Attention decode: one sequence, ctx 4096, 32 query / 8 kv heads, head_dim 128, f32 KV
 //     in 16-slot blocks; counter GB/s = K and V bytes read per second.
 // The last argument of every benchmark is the thread count. The machine is shared, so each
@@ -17,6 +20,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <numeric>
 #include <random>
 #include <string>
@@ -25,6 +29,7 @@
 #include <benchmark/benchmark.h>
 
 #include "infera/base/threads.h"
+#include "infera/kernels/ggml_quants.h"
 #include "infera/kernels/kernels.h"
 #include "infera/kernels/quant.h"
 
@@ -158,6 +163,39 @@ void BM_QuantMatmul(benchmark::State& state) {
 }
 BENCHMARK(BM_QuantMatmul)
     ->ArgsProduct({{0, 1, 2}, {1, 64}, {1, 2}})
+    ->Apply(least_disturbed);
+
+void BM_GgmlMatmul(benchmark::State& state) {
+  namespace ggml = infera::kernels::ggml;
+  const auto type = static_cast<uint32_t>(state.range(0));
+  const int64_t m = state.range(1);
+  infera::set_num_threads(static_cast<int>(state.range(2)));
+  const int64_t rb = ggml::row_bytes(type, kK), ts = ggml::type_size(type);
+  std::vector<uint8_t> q(static_cast<size_t>(kN * rb));
+  std::mt19937 rng(7);
+  for (auto& b : q) b = static_cast<uint8_t>(rng());
+  // Every f16 field of a block a small finite scale (Q4_K: d and dmin; Q6_K: d at 208).
+  const int half_at = type == ggml::kQ6_K ? 208 : 0, halves = type == ggml::kQ4_K ? 2 : 1;
+  const uint16_t d = infera::f32_to_f16(0.01f);
+  for (size_t b = 0; b < q.size(); b += static_cast<size_t>(ts))
+    for (int h = 0; h < halves; ++h) std::memcpy(q.data() + b + half_at + 2 * h, &d, 2);
+  const MatRef w{q.data(), DType::kGgml, kN, kK, type};
+  std::vector<float> x(m * kK), y(m * kN);
+  fill(x, 8);
+  for (auto _ : state) {
+    matmul(x.data(), m, w, y.data());
+    benchmark::DoNotOptimize(y.data());
+    benchmark::ClobberMemory();
+  }
+  state.SetLabel(type == ggml::kQ4_K ? "q4_k" : type == ggml::kQ6_K ? "q6_k" : "q8_0");
+  state.counters["GOP/s"] = benchmark::Counter(2.0 * m * kN * kK * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["GB/s"] = benchmark::Counter(1e-9 * static_cast<double>(q.size()),
+                                              benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(BM_GgmlMatmul)
+    ->ArgsProduct({{infera::kernels::ggml::kQ4_K, infera::kernels::ggml::kQ6_K, infera::kernels::ggml::kQ8_0},
+                   {1, 64},
+                   {1, 2}})
     ->Apply(least_disturbed);
 
 void BM_AttentionDecode(benchmark::State& state) {

@@ -2,7 +2,9 @@
 // load the SAME .gguf file (`infera run -m FILE.gguf`). Random-weight tiny models from
 // tools/gen_model.py are converted with `infera convert --to gguf` into several tensor types
 // (F32, F16, Q8_0, Q4_0: the block types are computed with int8 activations as llama.cpp
-// does), plus llama.cpp's own stories260K.gguf. Required per file: identical greedy
+// does), or from F16 by llama.cpp's own llama_model_quantize into the K-quant mixes users
+// hold (Q4_K_M, Q5_K_M, Q6_K, IQ4_XS: llama_quantize.c, built here with the C compiler;
+// those cases are skipped with a note when there is none), plus llama.cpp's own stories260K.gguf. Required per file: identical greedy
 // continuations (32 tokens) and the same top-1 at every prompt position; the final-position
 // max |logit difference| is printed per file.
 //
@@ -28,10 +30,20 @@ const models = {
     "--head-dim", "32", "--experts", "8", "--experts-per-tok", "2", "--moe-ffn", "64", "--vocab", "512", "--dtype", "f32",
     "--seed", "13"],
 };
+// Widths that are whole 256-weight super-blocks, so the K-quant mixes keep their K types.
+models.llama256 = ["--arch", "llama", "--hidden", "256", "--layers", "2", "--heads", "4", "--kv-heads", "2", "--ffn", "512",
+  "--vocab", "512", "--dtype", "f32", "--seed", "14"];
+models.qwen3moe256 = ["--arch", "qwen3_moe", "--hidden", "256", "--layers", "2", "--heads", "4", "--kv-heads", "2",
+  "--head-dim", "64", "--experts", "8", "--experts-per-tok", "2", "--moe-ffn", "256", "--vocab", "512", "--dtype", "f32",
+  "--seed", "15"];
+// llama.cpp's llama_ftype numbers.
+const llamaFtypes = { q4_k_m: 15, q5_k_m: 17, q6_k: 18, iq4_xs: 30 };
 const cases = [
   { model: "llama", type: "f32" }, { model: "llama", type: "f16" }, { model: "llama", type: "q8_0" },
   { model: "llama", type: "q4_0" }, { model: "qwen3", type: "bf16" }, { model: "qwen3", type: "q8_0" },
   { model: "qwen3moe", type: "q8_0" }, { model: "qwen3moe", type: "q4_0" },
+  { model: "llama256", type: "q4_k_m" }, { model: "llama256", type: "q6_k" }, { model: "llama256", type: "q5_k_m" },
+  { model: "llama256", type: "iq4_xs" }, { model: "qwen3moe256", type: "q4_k_m" },
 ].map((c) => ({ ...c, name: `${c.model}-${c.type}` }));
 const stories = path.resolve(repo, "../shared/models/stories260K.gguf");
 if (fs.existsSync(stories)) cases.push({ name: "stories260K.gguf", gguf: stories, vocab: 512 });
@@ -49,6 +61,22 @@ function argmax(a) {
 
 const tmp = fs.mkdtempSync(path.join(os.tmpdir(), "infera-gguf-conf-"));
 let passed = 0, failed = 0;
+// llama_quantize.c against the libllama node-llama-cpp loads; null when it cannot be built.
+let quantizer;
+function llamaQuantizer() {
+  if (quantizer !== undefined) return quantizer;
+  const lib = path.join(here, "node_modules/@node-llama-cpp/linux-x64/bins/linux-x64/libllama.v0.5.0.so");
+  const bin = path.join(tmp, "llama_quantize");
+  try {
+    if (!fs.existsSync(lib)) throw new Error(`${lib} not found`);
+    run("cc", ["-O1", "-o", bin, path.join(here, "llama_quantize.c"), "-ldl"]);
+    quantizer = { bin, lib };
+  } catch (e) {
+    console.log(`note: cannot build llama_quantize.c (${e.message.split("\n")[0]}): skipping the K-quant cases`);
+    quantizer = null;
+  }
+  return quantizer;
+}
 try {
   const filter = process.argv[3] ?? "";
   for (const c of cases.filter((c) => c.name.includes(filter))) {
@@ -57,7 +85,16 @@ try {
       const dir = path.join(tmp, c.model);
       if (!fs.existsSync(dir)) run(python, [path.join(repo, "tools/gen_model.py"), dir, ...models[c.model]]);
       gguf = path.join(tmp, `${c.name}.gguf`);
-      run(infera, ["convert", dir, "--to", "gguf", gguf, "--type", c.type]);
+      const ftype = llamaFtypes[c.type];
+      if (ftype === undefined) {
+        run(infera, ["convert", dir, "--to", "gguf", gguf, "--type", c.type]);
+      } else {
+        const q = llamaQuantizer();
+        if (!q) continue;
+        const f16 = path.join(tmp, `${c.model}-f16-for-quantize.gguf`);
+        if (!fs.existsSync(f16)) run(infera, ["convert", dir, "--to", "gguf", f16, "--type", "f16"]);
+        run(q.bin, [q.lib, f16, gguf, String(ftype)]);
+      }
       vocab = JSON.parse(fs.readFileSync(path.join(dir, "config.json"), "utf8")).vocab_size;
     }
     let s = 4242 + c.name.length;

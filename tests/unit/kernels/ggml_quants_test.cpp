@@ -157,48 +157,58 @@ std::vector<float> activation_as_quantized(uint32_t type, const std::vector<floa
 }
 
 // matmul_rows on every ISA path: equal to each other exactly, and to the dequantized weights
-// times the quantized activations (up to f32 rounding), on odd shapes and row ranges.
+// times the quantized activations (up to f32 rounding), on odd shapes and row ranges: row
+// ranges that end inside a tile of the SIMD paths (4 rows), an odd number of blocks per row,
+// and more activation rows than one prefill block of those paths (64).
+struct MatmulShape {
+  int64_t blocks, rows, n0, n1;
+  std::vector<int64_t> ms;
+};
+
 TEST(GgmlQuants, MatmulMatchesDequantizedWeightsTimesQuantizedActivations) {
   std::mt19937 rng(11);
   std::normal_distribution<float> normal(0.0f, 1.0f);
-  for (uint32_t type : {kQ4_0, kQ4_1, kQ5_0, kQ5_1, kQ8_0, kIQ4_NL, kQ2_K, kQ3_K, kQ4_K, kQ5_K, kQ6_K, kIQ4_XS}) {
-    const int64_t k = block_size(type) * 2, rows = 37, n0 = 3, n1 = 34;
-    const std::vector<uint8_t> w = random_blocks(type, rows * k / block_size(type), rng);
-    for (int64_t m : {1, 3, 17}) {
-      std::vector<float> x(static_cast<size_t>(m * k));
-      for (auto& v : x) v = normal(rng);
-      std::vector<float> want(static_cast<size_t>(m * (n1 - n0)));
-      std::vector<float> wrow(static_cast<size_t>(k));
-      for (int64_t i = 0; i < m; ++i) {
-        const std::vector<float> xi(x.begin() + i * k, x.begin() + (i + 1) * k);
-        const std::vector<float> xq = activation_as_quantized(type, xi);
-        for (int64_t j = n0; j < n1; ++j) {
-          dequantize_row(type, w.data() + j * row_bytes(type, k), wrow.data(), k);
-          double sum = 0, mag = 0;
-          for (int64_t t = 0; t < k; ++t) {
-            sum += double(wrow[t]) * double(xq[t]);
-            mag += std::fabs(double(wrow[t]) * double(xq[t]));
+  const MatmulShape shapes[] = {{2, 37, 3, 34, {1, 3, 17}}, {3, 23, 1, 22, {2, 70}}, {5, 9, 0, 9, {1}}};
+  for (const MatmulShape& shape : shapes) {
+    for (uint32_t type : {kQ4_0, kQ4_1, kQ5_0, kQ5_1, kQ8_0, kIQ4_NL, kQ2_K, kQ3_K, kQ4_K, kQ5_K, kQ6_K, kIQ4_XS}) {
+      const int64_t k = block_size(type) * shape.blocks, rows = shape.rows, n0 = shape.n0, n1 = shape.n1;
+      const std::vector<uint8_t> w = random_blocks(type, rows * k / block_size(type), rng);
+      for (int64_t m : shape.ms) {
+        std::vector<float> x(static_cast<size_t>(m * k));
+        for (auto& v : x) v = normal(rng);
+        std::vector<float> want(static_cast<size_t>(m * (n1 - n0)));
+        std::vector<float> wrow(static_cast<size_t>(k));
+        for (int64_t i = 0; i < m; ++i) {
+          const std::vector<float> xi(x.begin() + i * k, x.begin() + (i + 1) * k);
+          const std::vector<float> xq = activation_as_quantized(type, xi);
+          for (int64_t j = n0; j < n1; ++j) {
+            dequantize_row(type, w.data() + j * row_bytes(type, k), wrow.data(), k);
+            double sum = 0, mag = 0;
+            for (int64_t t = 0; t < k; ++t) {
+              sum += double(wrow[t]) * double(xq[t]);
+              mag += std::fabs(double(wrow[t]) * double(xq[t]));
+            }
+            want[i * (n1 - n0) + (j - n0)] = static_cast<float>(sum);
+            // Q4_1 / Q5_1: llama.cpp folds the offsets in through the f16-rounded block sums.
+            const double tol = 1e-5 * mag + 1e-6 + ((type == kQ4_1 || type == kQ5_1) ? 2e-3 * mag : 0);
+            (void)tol;
           }
-          want[i * (n1 - n0) + (j - n0)] = static_cast<float>(sum);
-          // Q4_1 / Q5_1: llama.cpp folds the offsets in through the f16-rounded block sums.
-          const double tol = 1e-5 * mag + 1e-6 + ((type == kQ4_1 || type == kQ5_1) ? 2e-3 * mag : 0);
-          (void)tol;
         }
-      }
-      std::vector<float> first;
-      for (Isa isa : test::available_isas()) {
-        std::vector<float> y(static_cast<size_t>(m * (n1 - n0) + 5), -1.0f);
-        matmul_rows(isa, type, w.data(), k, x.data(), m, n0, n1, y.data(), n1 - n0);
-        for (size_t t = 0; t < want.size(); ++t) {
-          const float tol = 1e-3f * (1.0f + std::fabs(want[t])) + ((type == kQ4_1 || type == kQ5_1) ? 0.02f : 0.0f);
-          ASSERT_NEAR(y[t], want[t], tol) << "type " << type << " isa " << isa_name(isa) << " m " << m << " at " << t;
+        std::vector<float> first;
+        for (Isa isa : test::available_isas()) {
+          std::vector<float> y(static_cast<size_t>(m * (n1 - n0) + 5), -1.0f);
+          matmul_rows(isa, type, w.data(), k, x.data(), m, n0, n1, y.data(), n1 - n0);
+          for (size_t t = 0; t < want.size(); ++t) {
+            const float tol = 1e-3f * (1.0f + std::fabs(want[t])) + ((type == kQ4_1 || type == kQ5_1) ? 0.02f : 0.0f);
+            ASSERT_NEAR(y[t], want[t], tol) << "type " << type << " isa " << isa_name(isa) << " m " << m << " at " << t;
+          }
+          EXPECT_EQ(y[want.size()], -1.0f) << "wrote past the output";
+          y.resize(want.size());
+          if (first.empty())
+            first = y;
+          else
+            EXPECT_EQ(y, first) << "type " << type << ": " << isa_name(isa) << " differs from the scalar path";
         }
-        EXPECT_EQ(y[want.size()], -1.0f) << "wrote past the output";
-        y.resize(want.size());
-        if (first.empty())
-          first = y;
-        else
-          EXPECT_EQ(y, first) << "type " << type << ": " << isa_name(isa) << " differs from the scalar path";
       }
     }
   }

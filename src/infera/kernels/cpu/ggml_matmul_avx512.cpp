@@ -1,4 +1,8 @@
 // The ggml block-format matmul (ggml_matmul_impl.h) compiled for the avx512 path.
+// GCC 12 warns about the undefined upper halves inside its own 512-bit cast / extract
+// intrinsics (as in the other AVX-512 files).
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #define INFERA_GGML_NS isa_avx512
 #include "infera/kernels/cpu/ggml_matmul_impl.h"
 

@@ -2,8 +2,9 @@
 // CPU backend computes it: the activations quantized to the type's activation form (Q8_0,
 // Q8_1 or Q8_K: int8 with a per-block scale, ggml-cpu's vec_dot_type), integer dot products
 // per block, then the block scales applied in f32. Compiled once per ISA (ggml_matmul_*.cpp,
-// each with its own flags; the integer loops are left to the compiler's vectorizer), all
-// paths compute the same values: integer sums are exact and the f32 steps run in one order.
+// each with its own flags). The loops here are the scalar path (and Q4_1 / Q5_1 on every
+// path); the AVX2 and AVX-512 paths run ggml_matmul_simd.h. All paths compute the same
+// values: integer sums are exact and the f32 steps run in one order.
 //
 // Each thread decodes one weight row at a time into int8 weights and per-block scales and
 // applies it to every activation row, so a prefill of m tokens decodes W once.
@@ -11,6 +12,9 @@
 // so the paths built with -mfma round exactly as the scalar one does.
 // Included once per ISA file with INFERA_GGML_NS naming its own namespace (no include guard).
 #include <omp.h>
+#ifdef __AVX2__
+#include <immintrin.h>
+#endif
 
 #include <algorithm>
 #include <cmath>
@@ -289,6 +293,10 @@ inline float dot_row(uint32_t type, ActForm form, const DecodedRow& r, const Act
   return sum;
 }
 
+#ifdef __AVX2__
+#include "infera/kernels/cpu/ggml_matmul_simd.h"
+#endif
+
 // y[i * ldy + (j - n0)] = x[i, :] · W[j, :] for rows j in [n0, n1). W: [rows, k] of `type`,
 // rows `row_bytes` apart.
 inline void matmul_rows(uint32_t type, const void* data, int64_t row_bytes, int64_t k, const float* x, int64_t m,
@@ -298,6 +306,12 @@ inline void matmul_rows(uint32_t type, const void* data, int64_t row_bytes, int6
   quantize_activations(x, m, k, form, acts);
   const Activations& a = acts;
   const auto* base = static_cast<const uint8_t*>(data);
+#ifdef __AVX2__
+  if (simd::handles(type)) {
+    simd::matmul_rows(type, base, row_bytes, k, a, m, n0, n1, y, ldy);
+    return;
+  }
+#endif
   const int threads = omp_in_parallel() ? 1 : num_threads();
   const int64_t n = n1 - n0;
 #pragma omp parallel num_threads(n >= 2 * threads ? threads : 1)

@@ -1,0 +1,544 @@
+// The AVX2 / AVX-512 path of the ggml block-format matmul (ggml_matmul_impl.h): the same
+// values as the generic loops there, bit for bit, computed faster.
+//
+// Threads take tiles of kTile = 4 weight rows. A tile is decoded once (per-type SIMD
+// decoders for Q4_K, Q5_K, Q6_K, Q8_0, Q4_0, IQ4_XS and IQ4_NL; the generic decode_row for
+// Q2_K, Q3_K and Q5_0) into int8 weights, int16 sub-block scales and mins, and f32 block
+// scales interleaved by row; then each activation row (int8, quantized once per call) is
+// applied to the four rows together, so every activation load serves four rows:
+//   - integer products with maddubs (u8 x s8 -> int16 pairs): weights that can be negative
+//     go in as |w| against sign(q, w), which is exact (|w| <= 128, |q| <= 127: a pair sum
+//     stays below 2^15); unsigned weights (Q4_K, Q5_K, Q2_K) go in directly, and so do
+//     Q6_K's, decoded as w + 32 (the kernel subtracts 32 * sum of scale x block sum of the
+//     activations, in integers); on AVX-512 VNNI the 32-weight blocks use vpdpbusd;
+//   - sub-block scales applied with madd on int16, the block's int32 sums of the four rows
+//     reduced together (one hadd tree per block and tile);
+//   - the f32 steps per block in one __m128 whose lane t is row t, in the generic path's
+//     order and operations (d_w * d_a, then the product with the converted sum, then the
+//     add to the running sum), so each lane rounds exactly as the scalar loop does.
+// Integer sums are exact in any order, so the outputs equal the generic path's.
+// Prefill: activation rows are taken 64 at a time (they stay in L2 while the thread's tiles
+// pass over them; a tile is decoded again per block of 64 rows), and a tile is applied to
+// two activation rows at once (each weight load and scale vector serves both).
+// Included by ggml_matmul_impl.h inside its namespace (after <immintrin.h>), only when
+// __AVX2__ is defined.
+
+namespace simd {
+
+constexpr int kTile = 4;
+constexpr int64_t kRowBlock = 64;
+
+// Four decoded weight rows.
+struct Tile {
+  std::vector<int8_t> w;  // [kTile][k]
+  std::vector<int16_t> sc, mn;  // [kTile][k / 16] (K types): scale and min per 16 weights
+  std::vector<float> d, dmin;  // [blocks][kTile]: row t's block scale at [b * kTile + t]
+  void resize(int64_t k, int64_t nb, bool k_type) {
+    w.resize(static_cast<size_t>(kTile * k));
+    d.resize(static_cast<size_t>(kTile * nb));
+    dmin.assign(static_cast<size_t>(kTile * nb), 0.0f);
+    if (k_type) {
+      sc.resize(static_cast<size_t>(kTile * k / 16));
+      mn.assign(static_cast<size_t>(kTile * k / 16), 0);
+    }
+  }
+};
+
+// Where the decoders write row t of a tile: w [k], sc / mn [k / 16], d / dmin with stride kTile.
+// pf: the bytes from a block to the same block of the next tile's row (0: none); the
+// decoders prefetch it, so the next tile streams in while this one is computed.
+struct RowOut {
+  int8_t* w;
+  int16_t* sc;
+  int16_t* mn;
+  float* d;
+  float* dmin;
+  int64_t pf;
+};
+
+// Prefetches the cache lines of the `bytes`-byte block at p.
+inline void prefetch_block(const uint8_t* p, int bytes) {
+  for (int x = 0; x < bytes; x += 64) _mm_prefetch(reinterpret_cast<const char*>(p + x), _MM_HINT_T0);
+  _mm_prefetch(reinterpret_cast<const char*>(p + bytes - 1), _MM_HINT_T0);
+}
+
+inline __m256i nibbles_lo(__m256i v) { return _mm256_and_si256(v, _mm256_set1_epi8(0x0F)); }
+inline __m256i nibbles_hi(__m256i v) { return _mm256_and_si256(_mm256_srli_epi16(v, 4), _mm256_set1_epi8(0x0F)); }
+inline __m128i nibbles_lo(__m128i v) { return _mm_and_si128(v, _mm_set1_epi8(0x0F)); }
+inline __m128i nibbles_hi(__m128i v) { return _mm_and_si128(_mm_srli_epi16(v, 4), _mm_set1_epi8(0x0F)); }
+inline __m256i load256(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
+inline __m128i load128(const void* p) { return _mm_loadu_si128(static_cast<const __m128i*>(p)); }
+inline void store256(void* p, __m256i v) { _mm256_storeu_si256(static_cast<__m256i*>(p), v); }
+inline void store128(void* p, __m128i v) { _mm_storeu_si128(static_cast<__m128i*>(p), v); }
+
+// f16 -> f32 with F16C (exact, as f16_to_f32).
+inline float half_f16c(const uint8_t* p) {
+  uint16_t v;
+  std::memcpy(&v, p, 2);
+  return _cvtsh_ss(v);
+}
+
+inline void dec_q8_0(const uint8_t* b, int64_t nb, const RowOut& o) {
+  for (int64_t i = 0; i < nb; ++i, b += 34) {
+    if (o.pf != 0) prefetch_block(b + o.pf, 34);
+    o.d[i * kTile] = half_f16c(b);
+    store256(o.w + 32 * i, load256(b + 2));
+  }
+}
+
+// Q4_0 (levels q - 8) and IQ4_NL (levels kIq4nlValues[q]).
+template <bool kNl>
+inline void dec_q4_0(const uint8_t* b, int64_t nb, const RowOut& o) {
+  const __m128i lut = _mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4nlValues));
+  const __m128i eight = _mm_set1_epi8(8);
+  for (int64_t i = 0; i < nb; ++i, b += 18) {
+    if (o.pf != 0) prefetch_block(b + o.pf, 18);
+    o.d[i * kTile] = half_f16c(b);
+    const __m128i v = load128(b + 2);
+    const __m128i lo = nibbles_lo(v), hi = nibbles_hi(v);
+    store128(o.w + 32 * i, kNl ? _mm_shuffle_epi8(lut, lo) : _mm_sub_epi8(lo, eight));
+    store128(o.w + 32 * i + 16, kNl ? _mm_shuffle_epi8(lut, hi) : _mm_sub_epi8(hi, eight));
+  }
+}
+
+// The 6-bit scales and mins of a Q4_K / Q5_K block (12 packed bytes), each written twice
+// (once per 16 weights) as int16.
+inline void k4_scales(const uint8_t* p, int16_t* sc, int16_t* mn) {
+  uint32_t u[3];
+  std::memcpy(u, p, 12);
+  const uint32_t m6 = 0x3f3f3f3f, m4 = 0x0f0f0f0f, m2 = 0x03030303;
+  // Bytes 0-3: sub-blocks 0-3 (low 6 bits of p[0..3] / p[4..7]); bytes 4-7: sub-blocks 4-7
+  // (a nibble of p[8..11] and the top two bits of p[0..3] / p[4..7]).
+  const uint64_t scales =
+      static_cast<uint64_t>(u[0] & m6) | static_cast<uint64_t>((u[2] & m4) | (((u[0] >> 6) & m2) << 4)) << 32;
+  const uint64_t mins =
+      static_cast<uint64_t>(u[1] & m6) | static_cast<uint64_t>(((u[2] >> 4) & m4) | (((u[1] >> 6) & m2) << 4)) << 32;
+  const __m128i s16 = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(static_cast<int64_t>(scales)));
+  const __m128i m16 = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(static_cast<int64_t>(mins)));
+  store128(sc, _mm_unpacklo_epi16(s16, s16));
+  store128(sc + 8, _mm_unpackhi_epi16(s16, s16));
+  store128(mn, _mm_unpacklo_epi16(m16, m16));
+  store128(mn + 8, _mm_unpackhi_epi16(m16, m16));
+}
+
+// Q4_K (kFive false) and Q5_K: 0..15 / 0..31, unsigned.
+template <bool kFive>
+inline void dec_q45_k(const uint8_t* b, int64_t nb, const RowOut& o) {
+  const int64_t ts = kFive ? 176 : 144;
+  for (int64_t i = 0; i < nb; ++i, b += ts) {
+    if (o.pf != 0) prefetch_block(b + o.pf, static_cast<int>(ts));
+    o.d[i * kTile] = half_f16c(b);
+    o.dmin[i * kTile] = half_f16c(b + 2);
+    k4_scales(b + 4, o.sc + 16 * i, o.mn + 16 * i);
+    const uint8_t* qs = b + (kFive ? 48 : 16);
+    int8_t* w = o.w + 256 * i;
+    const __m256i qh = kFive ? load256(b + 16) : _mm256_setzero_si256();
+    for (int c = 0; c < 4; ++c) {
+      const __m256i v = load256(qs + 32 * c);
+      __m256i lo = nibbles_lo(v), hi = nibbles_hi(v);
+      if (kFive) {
+        const __m256i m0 = _mm256_set1_epi8(static_cast<char>(1 << (2 * c)));
+        const __m256i m1 = _mm256_set1_epi8(static_cast<char>(1 << (2 * c + 1)));
+        const __m256i bit = _mm256_set1_epi8(0x10);
+        lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, m0), m0), bit));
+        hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, m1), m1), bit));
+      }
+      store256(w + 64 * c, lo);
+      store256(w + 64 * c + 32, hi);
+    }
+  }
+}
+
+// Stores w + 32 (0..63, unsigned: see kOffset in dot_tile_k).
+inline void dec_q6_k(const uint8_t* b, int64_t nb, const RowOut& o) {
+  const __m256i three = _mm256_set1_epi8(3);
+  for (int64_t i = 0; i < nb; ++i, b += 210) {
+    if (o.pf != 0) prefetch_block(b + o.pf, 210);
+    o.d[i * kTile] = half_f16c(b + 208);
+    const __m256i sc = _mm256_cvtepi8_epi16(load128(b + 192));
+    store256(o.sc + 16 * i, sc);
+    int8_t* w = o.w + 256 * i;
+    for (int h = 0; h < 2; ++h) {
+      const __m256i l0 = load256(b + 64 * h), l1 = load256(b + 64 * h + 32), hb = load256(b + 128 + 32 * h);
+      const __m256i q[4] = {nibbles_lo(l0), nibbles_lo(l1), nibbles_hi(l0), nibbles_hi(l1)};
+      for (int g = 0; g < 4; ++g) {
+        const __m256i high = _mm256_and_si256(_mm256_srli_epi16(hb, 2 * g), three);
+        const __m256i v = _mm256_or_si256(q[g], _mm256_slli_epi16(high, 4));
+        store256(w + 128 * h + 32 * g, v);
+      }
+    }
+  }
+}
+
+inline void dec_iq4_xs(const uint8_t* b, int64_t nb, const RowOut& o) {
+  const __m128i lut = _mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4nlValues));
+  for (int64_t i = 0; i < nb; ++i, b += 136) {
+    if (o.pf != 0) prefetch_block(b + o.pf, 136);
+    o.d[i * kTile] = half_f16c(b);
+    uint16_t sh;
+    std::memcpy(&sh, b + 2, 2);
+    int8_t* w = o.w + 256 * i;
+    for (int ib = 0; ib < 8; ++ib) {
+      const int ls = ((b[4 + ib / 2] >> (4 * (ib % 2))) & 0xF) | (((sh >> (2 * ib)) & 3) << 4);
+      o.sc[16 * i + 2 * ib] = o.sc[16 * i + 2 * ib + 1] = static_cast<int16_t>(ls - 32);
+      const __m128i v = load128(b + 8 + 16 * ib);
+      store128(w + 32 * ib, _mm_shuffle_epi8(lut, nibbles_lo(v)));
+      store128(w + 32 * ib + 16, _mm_shuffle_epi8(lut, nibbles_hi(v)));
+    }
+  }
+}
+
+// Any other type: the generic decoder, copied into the tile.
+inline void dec_generic(uint32_t type, const uint8_t* b, int64_t k, const RowOut& o) {
+  static thread_local DecodedRow r;
+  if (o.pf != 0) prefetch_block(b + o.pf, static_cast<int>(row_bytes(type, k)));
+  decode_row(type, b, k, r);
+  std::memcpy(o.w, r.w.data(), static_cast<size_t>(k));
+  for (size_t i = 0; i < r.d.size(); ++i) o.d[i * kTile] = r.d[i];
+  if (block_size(type) == 256) {
+    for (size_t i = 0; i < r.dmin.size(); ++i) o.dmin[i * kTile] = r.dmin[i];
+    std::memcpy(o.sc, r.sc.data(), r.sc.size() * sizeof(int16_t));
+    std::memcpy(o.mn, r.mn.data(), r.mn.size() * sizeof(int16_t));
+  }
+}
+
+inline void decode_into(uint32_t type, const uint8_t* b, int64_t k, const RowOut& o) {
+  switch (type) {
+    case kQ8_0: dec_q8_0(b, k / 32, o); return;
+    case kQ4_0: dec_q4_0<false>(b, k / 32, o); return;
+    case kIQ4_NL: dec_q4_0<true>(b, k / 32, o); return;
+    case kQ4_K: dec_q45_k<false>(b, k / 256, o); return;
+    case kQ5_K: dec_q45_k<true>(b, k / 256, o); return;
+    case kQ6_K: dec_q6_k(b, k / 256, o); return;
+    case kIQ4_XS: dec_iq4_xs(b, k / 256, o); return;
+    default: dec_generic(type, b, k, o); return;
+  }
+}
+
+inline bool has_mins(uint32_t type) { return type == kQ4_K || type == kQ5_K || type == kQ2_K; }
+// What the decoder added to every weight to make it unsigned (the kernel takes it back out).
+inline int weight_offset(uint32_t type) { return type == kQ6_K ? 32 : 0; }
+
+// 16 int16 pair sums of w x q (32 bytes each).
+template <bool kUnsigned>
+inline __m256i pair_products(__m256i w, __m256i q) {
+  if (kUnsigned) return _mm256_maddubs_epi16(w, q);
+  return _mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(q, w));
+}
+
+// [sum(a0), sum(a1), sum(a2), sum(a3)] of four int32 x 8 vectors.
+inline __m128i reduce4(__m256i a0, __m256i a1, __m256i a2, __m256i a3) {
+  const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(a0, a1), _mm256_hadd_epi32(a2, a3));
+  return _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+}
+
+inline void store_outputs(__m128 v, float* y, int rows) {
+  if (rows == kTile) {
+    _mm_storeu_ps(y, v);
+    return;
+  }
+  alignas(16) float tmp[kTile];
+  _mm_store_ps(tmp, v);
+  for (int t = 0; t < rows; ++t) y[t] = tmp[t];
+}
+
+// One activation row's operands: its int8 quants, block scales and (Q8_K) int16 sums of 16.
+struct ActRow {
+  const int8_t* q;
+  const float* d;
+  const int16_t* bsums;
+};
+
+// Q8_0-form types (32-weight blocks): tile x kNt activation rows (two in prefill: the
+// weight loads serve both, and their two f32 accumulation chains run side by side).
+template <int kNt, bool kUnsigned>
+inline void dot_tile_32(const Tile& tl, int64_t k, const ActRow* a, __m128* out) {
+  const int8_t* w = tl.w.data();
+  __m128 sum[kNt];
+  for (int n = 0; n < kNt; ++n) sum[n] = _mm_setzero_ps();
+#ifndef __AVX512VNNI__
+  const __m256i ones = _mm256_set1_epi16(1);
+#endif
+  int64_t b = 0;
+#ifdef __AVX512BW__
+  // Two blocks per 512-bit vector; the four rows' sums of each block reduced together.
+  for (; b + 2 <= k / 32; b += 2) {
+    __m512i qv[kNt];
+    for (int n = 0; n < kNt; ++n) qv[n] = _mm512_loadu_si512(a[n].q + 32 * b);
+    __m512i acc[kNt][kTile];
+    for (int t = 0; t < kTile; ++t) {
+      const __m512i wv = _mm512_loadu_si512(w + t * k + 32 * b);
+      const __m512i wu = kUnsigned ? wv : _mm512_abs_epi8(wv);
+      const __mmask64 neg = _mm512_movepi8_mask(wv);
+      for (int n = 0; n < kNt; ++n) {
+        const __m512i qs = kUnsigned ? qv[n] : _mm512_mask_sub_epi8(qv[n], neg, _mm512_setzero_si512(), qv[n]);
+#ifdef __AVX512VNNI__
+        acc[n][t] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wu, qs);
+#else
+        acc[n][t] = _mm512_madd_epi16(_mm512_maddubs_epi16(wu, qs), _mm512_set1_epi16(1));
+#endif
+      }
+    }
+    for (int n = 0; n < kNt; ++n) {
+      // Per 128-bit quarter: [row 0, row 1, row 2, row 3] sums of its four lanes; quarters
+      // 0-1 hold block b, quarters 2-3 block b + 1.
+      const __m512i* r = acc[n];
+      const __m512i x01 = _mm512_add_epi32(_mm512_unpacklo_epi32(r[0], r[1]), _mm512_unpackhi_epi32(r[0], r[1]));
+      const __m512i x23 = _mm512_add_epi32(_mm512_unpacklo_epi32(r[2], r[3]), _mm512_unpackhi_epi32(r[2], r[3]));
+      const __m512i y = _mm512_add_epi32(_mm512_unpacklo_epi64(x01, x23), _mm512_unpackhi_epi64(x01, x23));
+      const __m512i z = _mm512_add_epi32(y, _mm512_shuffle_i64x2(y, y, _MM_SHUFFLE(2, 3, 0, 1)));
+      const __m128i isum0 = _mm512_castsi512_si128(z), isum1 = _mm512_extracti32x4_epi32(z, 2);
+      const __m128 d0 = _mm_mul_ps(_mm_loadu_ps(tl.d.data() + kTile * b), _mm_set1_ps(a[n].d[b]));
+      sum[n] = _mm_add_ps(sum[n], _mm_mul_ps(_mm_cvtepi32_ps(isum0), d0));
+      const __m128 d1 = _mm_mul_ps(_mm_loadu_ps(tl.d.data() + kTile * (b + 1)), _mm_set1_ps(a[n].d[b + 1]));
+      sum[n] = _mm_add_ps(sum[n], _mm_mul_ps(_mm_cvtepi32_ps(isum1), d1));
+    }
+  }
+#endif
+  for (; b < k / 32; ++b) {
+    __m256i qv[kNt];
+    for (int n = 0; n < kNt; ++n) qv[n] = load256(a[n].q + 32 * b);
+    __m256i acc[kNt][kTile];
+    for (int t = 0; t < kTile; ++t) {
+      const __m256i wv = load256(w + t * k + 32 * b);
+      for (int n = 0; n < kNt; ++n) {
+#ifdef __AVX512VNNI__
+        const __m256i wu = kUnsigned ? wv : _mm256_abs_epi8(wv);
+        const __m256i qs = kUnsigned ? qv[n] : _mm256_sign_epi8(qv[n], wv);
+        acc[n][t] = _mm256_dpbusd_epi32(_mm256_setzero_si256(), wu, qs);
+#else
+        acc[n][t] = _mm256_madd_epi16(pair_products<kUnsigned>(wv, qv[n]), ones);
+#endif
+      }
+    }
+    for (int n = 0; n < kNt; ++n) {
+      const __m128i isum = reduce4(acc[n][0], acc[n][1], acc[n][2], acc[n][3]);
+      const __m128 d = _mm_mul_ps(_mm_loadu_ps(tl.d.data() + kTile * b), _mm_set1_ps(a[n].d[b]));
+      sum[n] = _mm_add_ps(sum[n], _mm_mul_ps(_mm_cvtepi32_ps(isum), d));
+    }
+  }
+  for (int n = 0; n < kNt; ++n) out[n] = sum[n];
+}
+
+// Q8_K-form types (256-weight super-blocks with scales per 16 weights): tile x kNt
+// activation rows (the weight loads and scale vectors serve all of them). kOffset: the
+// decoder stored w + kOffset; the integer sum takes back kOffset * sum_g sc[g] * bsum[g]
+// (exact, before any f32 step).
+template <int kNt, bool kUnsigned, bool kPer32, bool kMins, int kOffset>
+inline void dot_tile_k(const Tile& tl, int64_t k, const ActRow* a, __m128* out) {
+  const int8_t* w = tl.w.data();
+  const int64_t ng = k / 16;
+  __m128 sum[kNt];
+  for (int n = 0; n < kNt; ++n) sum[n] = _mm_setzero_ps();
+  // Per-16 scales: lanes 0-7 take the chunk's first scale, lanes 8-15 its second.
+  const __m256i pick =
+      _mm256_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3);
+  for (int64_t b = 0; b < k / 256; ++b) {
+    __m256i acc[kNt][kTile];
+    for (int n = 0; n < kNt; ++n)
+      for (int t = 0; t < kTile; ++t) acc[n][t] = _mm256_setzero_si256();
+    for (int c = 0; c < 8; ++c) {
+      __m256i qv[kNt];
+      for (int n = 0; n < kNt; ++n) qv[n] = load256(a[n].q + 256 * b + 32 * c);
+      for (int t = 0; t < kTile; ++t) {
+        const __m256i wv = load256(w + t * k + 256 * b + 32 * c);
+        const int16_t* sc = tl.sc.data() + t * ng + 16 * b;
+        const __m256i scv =
+            kPer32 ? _mm256_set1_epi16(sc[2 * c])
+                   : _mm256_shuffle_epi8(_mm256_permutevar8x32_epi32(load256(sc), _mm256_set1_epi32(c)), pick);
+        for (int n = 0; n < kNt; ++n)
+          acc[n][t] = _mm256_add_epi32(acc[n][t], _mm256_madd_epi16(pair_products<kUnsigned>(wv, qv[n]), scv));
+      }
+    }
+    for (int n = 0; n < kNt; ++n) {
+      __m128i isum = reduce4(acc[n][0], acc[n][1], acc[n][2], acc[n][3]);
+      __m128i msum = _mm_setzero_si128();
+      if (kMins || kOffset != 0) {
+        const __m256i bs = load256(a[n].bsums + 16 * b);
+        __m256i mm[kTile];
+        if (kOffset != 0) {
+          for (int t = 0; t < kTile; ++t) mm[t] = _mm256_madd_epi16(load256(tl.sc.data() + t * ng + 16 * b), bs);
+          isum = _mm_sub_epi32(isum, _mm_mullo_epi32(reduce4(mm[0], mm[1], mm[2], mm[3]), _mm_set1_epi32(kOffset)));
+        }
+        if (kMins) {
+          for (int t = 0; t < kTile; ++t) mm[t] = _mm256_madd_epi16(load256(tl.mn.data() + t * ng + 16 * b), bs);
+          msum = reduce4(mm[0], mm[1], mm[2], mm[3]);
+        }
+      }
+      const __m128 adb = _mm_set1_ps(a[n].d[b]);
+      const __m128 d = _mm_mul_ps(_mm_loadu_ps(tl.d.data() + kTile * b), adb);
+      const __m128 dmin = _mm_mul_ps(_mm_loadu_ps(tl.dmin.data() + kTile * b), adb);
+      sum[n] =
+          _mm_add_ps(sum[n], _mm_sub_ps(_mm_mul_ps(d, _mm_cvtepi32_ps(isum)), _mm_mul_ps(dmin, _mm_cvtepi32_ps(msum))));
+    }
+  }
+  for (int n = 0; n < kNt; ++n) out[n] = sum[n];
+}
+
+#ifdef __AVX512BW__
+// The same on 512-bit vectors (64 weights, two 32-weight chunks, per instruction); the
+// integer sums are the same, so are the results.
+template <bool kUnsigned>
+inline __m512i pair_products512(__m512i w, __m512i q) {
+  if (kUnsigned) return _mm512_maddubs_epi16(w, q);
+  // sign(q, w): -q where w < 0 (where w == 0, |w| = 0 zeroes the product anyway).
+  const __m512i qs = _mm512_mask_sub_epi8(q, _mm512_movepi8_mask(w), _mm512_setzero_si512(), q);
+  return _mm512_maddubs_epi16(_mm512_abs_epi8(w), qs);
+}
+
+template <int kNt, bool kUnsigned, bool kMins, int kOffset>
+inline void dot_tile_k512(const Tile& tl, int64_t k, const ActRow* a, __m128* out) {
+  const int8_t* w = tl.w.data();
+  const int64_t ng = k / 16;
+  __m128 sum[kNt];
+  for (int n = 0; n < kNt; ++n) sum[n] = _mm_setzero_ps();
+  // Pair-sum lane L of 64-weight chunk cc has the scale of weights 64 cc + 2 L: sc[4 cc + L / 8].
+  __m512i pick[4];
+  for (int cc = 0; cc < 4; ++cc) {
+    alignas(64) int16_t idx[32];
+    for (int l = 0; l < 32; ++l) idx[l] = static_cast<int16_t>(4 * cc + l / 8);
+    pick[cc] = _mm512_load_si512(idx);
+  }
+  for (int64_t b = 0; b < k / 256; ++b) {
+    __m512i acc[kNt][kTile];
+    __m512i scb[kTile];
+    for (int t = 0; t < kTile; ++t) scb[t] = _mm512_castsi256_si512(load256(tl.sc.data() + t * ng + 16 * b));
+    for (int n = 0; n < kNt; ++n)
+      for (int t = 0; t < kTile; ++t) acc[n][t] = _mm512_setzero_si512();
+    for (int cc = 0; cc < 4; ++cc) {
+      __m512i qv[kNt];
+      for (int n = 0; n < kNt; ++n) qv[n] = _mm512_loadu_si512(a[n].q + 256 * b + 64 * cc);
+      for (int t = 0; t < kTile; ++t) {
+        const __m512i wv = _mm512_loadu_si512(w + t * k + 256 * b + 64 * cc);
+        const __m512i scv = _mm512_permutexvar_epi16(pick[cc], scb[t]);
+        for (int n = 0; n < kNt; ++n)
+          acc[n][t] = _mm512_add_epi32(acc[n][t], _mm512_madd_epi16(pair_products512<kUnsigned>(wv, qv[n]), scv));
+      }
+    }
+    for (int n = 0; n < kNt; ++n) {
+      __m256i half[kTile];
+      for (int t = 0; t < kTile; ++t)
+        half[t] = _mm256_add_epi32(_mm512_castsi512_si256(acc[n][t]), _mm512_extracti64x4_epi64(acc[n][t], 1));
+      __m128i isum = reduce4(half[0], half[1], half[2], half[3]);
+      __m128i msum = _mm_setzero_si128();
+      if (kMins || kOffset != 0) {
+        const __m256i bs = load256(a[n].bsums + 16 * b);
+        __m256i mm[kTile];
+        if (kOffset != 0) {
+          for (int t = 0; t < kTile; ++t) mm[t] = _mm256_madd_epi16(load256(tl.sc.data() + t * ng + 16 * b), bs);
+          isum = _mm_sub_epi32(isum, _mm_mullo_epi32(reduce4(mm[0], mm[1], mm[2], mm[3]), _mm_set1_epi32(kOffset)));
+        }
+        if (kMins) {
+          for (int t = 0; t < kTile; ++t) mm[t] = _mm256_madd_epi16(load256(tl.mn.data() + t * ng + 16 * b), bs);
+          msum = reduce4(mm[0], mm[1], mm[2], mm[3]);
+        }
+      }
+      const __m128 adb = _mm_set1_ps(a[n].d[b]);
+      const __m128 d = _mm_mul_ps(_mm_loadu_ps(tl.d.data() + kTile * b), adb);
+      const __m128 dmin = _mm_mul_ps(_mm_loadu_ps(tl.dmin.data() + kTile * b), adb);
+      sum[n] =
+          _mm_add_ps(sum[n], _mm_sub_ps(_mm_mul_ps(d, _mm_cvtepi32_ps(isum)), _mm_mul_ps(dmin, _mm_cvtepi32_ps(msum))));
+    }
+  }
+  for (int n = 0; n < kNt; ++n) out[n] = sum[n];
+}
+#endif
+
+// A tile against kNt activation rows (1, or 2 in prefill).
+using DotFn = void (*)(const Tile&, int64_t, const ActRow*, __m128*);
+
+template <int kNt, bool kUnsigned>
+void dot32_fn(const Tile& tl, int64_t k, const ActRow* a, __m128* out) {
+  dot_tile_32<kNt, kUnsigned>(tl, k, a, out);
+}
+template <int kNt, bool kUnsigned, bool kPer32, bool kMins, int kOffset>
+void dotk_fn(const Tile& tl, int64_t k, const ActRow* a, __m128* out) {
+#ifdef __AVX512BW__
+  dot_tile_k512<kNt, kUnsigned, kMins, kOffset>(tl, k, a, out);
+#else
+  dot_tile_k<kNt, kUnsigned, kPer32, kMins, kOffset>(tl, k, a, out);
+#endif
+}
+
+template <int kNt>
+inline DotFn dotk_for(uint32_t type) {
+  if (type == kQ4_K || type == kQ5_K) return dotk_fn<kNt, true, true, true, 0>;
+  if (type == kQ2_K) return dotk_fn<kNt, true, false, true, 0>;
+  if (type == kQ6_K) return dotk_fn<kNt, true, false, false, 32>;
+  if (type == kIQ4_XS) return dotk_fn<kNt, false, true, false, 0>;
+  return dotk_fn<kNt, false, false, false, 0>;  // Q3_K
+}
+
+// Whether this path computes `type` (the Q8_1-form types Q4_1 / Q5_1 take the generic one).
+inline bool handles(uint32_t type) { return type != kQ4_1 && type != kQ5_1; }
+
+inline void matmul_rows(uint32_t type, const uint8_t* base, int64_t row_bytes, int64_t k, const Activations& a,
+                        int64_t m, int64_t n0, int64_t n1, float* y, int64_t ldy) {
+  const bool k_type = block_size(type) == 256;
+  // Q8_K block sums as int16 (|sum of 16 quants| <= 2032), for madd against the mins.
+  static thread_local std::vector<int16_t> bsums16;
+  const bool sums = k_type && (has_mins(type) || weight_offset(type) != 0);
+  if (sums) {
+    bsums16.resize(a.bsums.size());
+    for (size_t i = 0; i < a.bsums.size(); ++i) bsums16[i] = static_cast<int16_t>(a.bsums[i]);
+  }
+  const int16_t* bs16 = sums ? bsums16.data() : nullptr;
+  const DotFn dot1 = k_type ? dotk_for<1>(type) : dot32_fn<1, false>;
+  const DotFn dot2 = k_type ? dotk_for<2>(type) : dot32_fn<2, false>;
+  const int64_t nb = k / block_size(type);
+  const int64_t tiles = (n1 - n0 + kTile - 1) / kTile;
+  const int threads = omp_in_parallel() ? 1 : num_threads();
+#pragma omp parallel num_threads(static_cast <int>(std::min <int64_t>(threads, tiles)))
+  {
+    static thread_local Tile tl;
+    tl.resize(k, nb, k_type);
+    for (int64_t i0 = 0; i0 < m; i0 += kRowBlock) {
+      const int64_t i1 = std::min(m, i0 + kRowBlock);
+#pragma omp for schedule(static) nowait
+      for (int64_t tt = 0; tt < tiles; ++tt) {
+        const int64_t j0 = n0 + tt * kTile;
+        const int rows = static_cast<int>(std::min<int64_t>(kTile, n1 - j0));
+        for (int t = 0; t < kTile; ++t) {
+          const RowOut o{tl.w.data() + t * k,
+                         k_type ? tl.sc.data() + t * (k / 16) : nullptr,
+                         k_type ? tl.mn.data() + t * (k / 16) : nullptr,
+                         tl.d.data() + t,
+                         tl.dmin.data() + t,
+                         j0 + kTile + t < n1 ? kTile * row_bytes : 0};
+          if (t < rows) {
+            decode_into(type, base + (j0 + t) * row_bytes, k, o);
+          } else {  // past the last row: zero weights and scales
+            std::memset(o.w, 0, static_cast<size_t>(k));
+            for (int64_t b = 0; b < nb; ++b) o.d[b * kTile] = o.dmin[b * kTile] = 0.0f;
+            if (k_type) {
+              std::memset(o.sc, 0, static_cast<size_t>(k / 16) * sizeof(int16_t));
+              std::memset(o.mn, 0, static_cast<size_t>(k / 16) * sizeof(int16_t));
+            }
+          }
+        }
+        const auto act = [&](int64_t i) {
+          return ActRow{a.q.data() + i * k, a.d.data() + i * (k_type ? k / 256 : k / 32),
+                        bs16 != nullptr ? bs16 + i * (k / 16) : nullptr};
+        };
+        int64_t i = i0;
+        if (dot2 != nullptr) {
+          for (; i + 2 <= i1; i += 2) {
+            const ActRow two[2] = {act(i), act(i + 1)};
+            __m128 v[2];
+            dot2(tl, k, two, v);
+            store_outputs(v[0], y + i * ldy + (j0 - n0), rows);
+            store_outputs(v[1], y + (i + 1) * ldy + (j0 - n0), rows);
+          }
+        }
+        for (; i < i1; ++i) {
+          const ActRow one = act(i);
+          __m128 v;
+          dot1(tl, k, &one, &v);
+          store_outputs(v, y + i * ldy + (j0 - n0), rows);
+        }
+      }
+    }
+  }
+}
+
+}  // namespace simd
