@@ -196,7 +196,7 @@ int main(int argc, char** argv) {
         po.ctx = len + ttft_gen;  // the prompt and the generated tokens
         po.concurrency = 1;
         po.prefill_chunk = max_chunk;  // what the model's scratch was sized for
-        po.kv_dtype = kv == DType::kI8 ? KvDType::kInt8 : kv == DType::kBF16 ? KvDType::kBF16 : KvDType::kF32;
+        po.kv_dtype = kv;
         const DevicePlan plan = plan_memory(model->config(), po).devices.at(0);
         reset_peak_rss();
         const double cpu0 = cpu_seconds();
