@@ -31,9 +31,12 @@ if [ "$mode" = asan ]; then
 else
   dir=build-tsan
   flags="-fsanitize=thread -fno-omit-frame-pointer"
-  export TSAN_OPTIONS="${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1}"
-  # libgomp is not instrumented: its barriers look like races to TSan. One OpenMP thread
-  # per region keeps the engine's own threads (scheduler, HTTP workers, queues) under test.
+  # libgomp is not instrumented: its barriers look like races to TSan, so reports from
+  # inside OpenMP parallel regions are suppressed (scripts/tsan_suppressions.txt says why);
+  # the engine's own threads (scheduler, HTTP workers, queues) stay under test.
+  export TSAN_OPTIONS="${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1:history_size=7:suppressions=$root/scripts/tsan_suppressions.txt}"
+  # The engine sizes its own regions (base/threads.cpp, which does not read this); any
+  # other OpenMP code runs on one thread.
   export OMP_NUM_THREADS=1
 fi
 if [ ! -f "$dir/CMakeCache.txt" ]; then
