@@ -286,6 +286,12 @@ TEST(ConstrainMask, MatchesBruteForceOnRandomStates) {
   check_masks_against_brute_force(compile_json_schema(json::parse(R"({"type":"array","items":{"type":"number"}})"),
                                                       pretty),
                                   5);
+  // The vocabulary's own strings as choices: each trie node on a choice's path is a state of
+  // its own, thousands of them (past the walk's transition table, the rest in its hash map).
+  const auto vocab = test_vocab(3000, 6);
+  std::vector<std::string> choices;
+  for (int32_t t = 256; t < 656; ++t) choices.push_back(vocab->bytes(t) + vocab->bytes(t) + "!");
+  check_masks_against_brute_force(compile_choice(choices), 6);
 }
 
 TEST(ConstrainCache, SameSpecSameCompiledConstraint) {
