@@ -131,7 +131,9 @@ ConstraintRequest constraint_for(const ModelInstance& model, const ChatRequest* 
       tools.json = json::array();
       for (const ToolDefinition& t : chat->tools) {
         if (chat->forced_tool && t.name != *chat->forced_tool) continue;
-        tools.json.push_back({{"name", t.name}, {"parameters", t.parameters}});
+        tools.json.push_back({{"name", t.name},
+                              {"parameters", t.ordered_parameters.is_null() ? nlohmann::ordered_json(t.parameters)
+                                                                            : t.ordered_parameters}});
       }
       tools.tool_options.parallel = chat->parallel_tool_calls && !chat->forced_tool;
       tools.tool_options.with_open_tag = forced;
@@ -427,6 +429,7 @@ void Routes::handle_generate(Endpoint endpoint, const HttpRequest& req, std::sha
       chat = parse_chat_request(body, parse_limits_);
     else
       completion = parse_completion_request(body, parse_limits_);
+    keep_declared_order(body, req.body, chat ? chat->options : completion->options, chat ? &chat->tools : nullptr);
     const GenerationOptions& options = chat ? chat->options : completion->options;
     auto model = find_model(options.model, listener);
     model_name = model->name();
