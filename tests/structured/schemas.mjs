@@ -103,6 +103,14 @@ const structures = [
   { name: "oneOf-objects", schema: { oneOf: [
     { type: "object", properties: { kind: { const: "circle" }, r: { type: "number", minimum: 0, maximum: 10 } }, required: ["kind", "r"], additionalProperties: false },
     { type: "object", properties: { kind: { const: "square" }, side: { type: "integer", minimum: 1, maximum: 9 } }, required: ["kind", "side"], additionalProperties: false }] } },
+  // oneOf compiles as anyOf: exact where the alternatives cannot both hold (ajv checks "exactly one").
+  { name: "oneOf-types", schema: { oneOf: [{ type: "integer", minimum: 0, maximum: 99 }, { type: "string", maxLength: 6 }, { type: "boolean" }] } },
+  { name: "oneOf-enum-discriminator", schema: { type: "array", maxItems: 3, items: { oneOf: [
+    { type: "object", properties: { op: { enum: ["add", "sub"] }, a: int, b: int }, required: ["op", "a", "b"] },
+    { type: "object", properties: { op: { enum: ["neg"] }, a: int }, required: ["op", "a"] }] } } },
+  { name: "oneOf-required-keys", schema: { oneOf: [
+    { type: "object", properties: { email: { type: "string", format: "email" } }, required: ["email"] },
+    { type: "object", properties: { phone: { type: "string", pattern: "^[0-9]{6}$" } }, required: ["phone"] }] } },
   { name: "allOf-merge", schema: { allOf: [{ type: "object", properties: { id: int }, required: ["id"] },
     { properties: { tag: { type: "string", maxLength: 5 } }, required: ["tag"] }] } },
   { name: "nullable-openapi", schema: { type: "object", properties: { v: { type: "string", nullable: true, maxLength: 6 } }, required: ["v"] } },

@@ -36,6 +36,34 @@ function validator(schema) {
   return validators.get(key);
 }
 
+// Where an object's keys break the order its schema declares `properties` in (nested objects
+// and array items too); objects with integer-like keys are skipped (JavaScript lists those first).
+function orderError(value, schema, where = "#") {
+  if (!schema || typeof schema !== "object" || value === null || typeof value !== "object") return null;
+  if (Array.isArray(value)) {
+    if (!schema.items || typeof schema.items !== "object" || Array.isArray(schema.items)) return null;
+    for (const [i, v] of value.entries()) {
+      const e = orderError(v, schema.items, `${where}/${i}`);
+      if (e) return e;
+    }
+    return null;
+  }
+  if (!schema.properties || typeof schema.properties !== "object") return null;
+  const keys = Object.keys(value);
+  if (keys.some((k) => /^(0|[1-9][0-9]*)$/.test(k))) return null;
+  const declared = Object.keys(schema.properties);
+  const at = keys.filter((k) => declared.includes(k)).map((k) => declared.indexOf(k));
+  for (let i = 1; i < at.length; ++i) {
+    if (at[i] < at[i - 1]) return `${where}: keys ${JSON.stringify(keys)} out of the declared order ${JSON.stringify(declared)}`;
+  }
+  for (const k of keys) {
+    if (!declared.includes(k)) continue;
+    const e = orderError(value[k], schema.properties[k], `${where}/${k}`);
+    if (e) return e;
+  }
+  return null;
+}
+
 function validJson(text, schema, what) {
   let value;
   try {
@@ -47,7 +75,9 @@ function validJson(text, schema, what) {
   const v = validator(schema);
   const ok = v(value);
   check(ok, `${what}: ${JSON.stringify(text)} fails the schema: ${ajv.errorsText(v.errors)}`);
-  return ok;
+  const order = orderError(value, schema);
+  check(!order, `${what}: ${JSON.stringify(text)}: properties not in the schema's order: ${order}`);
+  return ok && !order;
 }
 
 // Runs `fn` over `items` with at most `limit` in flight (the server batches them).

@@ -17,6 +17,15 @@ constexpr std::string_view kToolOpen = "<tool_call>";
 constexpr std::string_view kToolClose = "</tool_call>";
 // Model output is as untrusted as a request: a tool call nested deeper than this is text.
 constexpr int kMaxToolCallDepth = 64;
+constexpr size_t kMaxOrderedKeys = 256;
+
+// The most keys an object inside `v` has (v nests at most kMaxToolCallDepth deep).
+size_t largest_object(const nlohmann::json& v) {
+  size_t most = v.is_object() ? v.size() : 0;
+  if (v.is_structured())
+    for (const auto& e : v) most = std::max(most, largest_object(e));
+  return most;
+}
 
 bool is_space(char c) { return c == ' ' || c == '\n' || c == '\r' || c == '\t'; }
 
@@ -180,7 +189,12 @@ void OutputRouter::parse_tool_block(OutputDelta& out) {
       ok = false;
       break;
     }
-    const nlohmann::json& j = *parsed;
+    // Parsed again keeping key order: the arguments are passed on with their keys as the
+    // model wrote them (in a schema's declared order when constrained), not sorted. Not for
+    // objects past kMaxOrderedKeys keys (ordered_json inserts in linear time per key).
+    nlohmann::ordered_json j;
+    if (largest_object(*parsed) <= kMaxOrderedKeys) j = nlohmann::ordered_json::parse(trim(body), nullptr, false);
+    if (!j.is_object()) j = nlohmann::ordered_json(*parsed);
     ToolCall call;
     call.id = new_tool_call_id();
     call.name = j["name"].get<std::string>();
@@ -188,8 +202,8 @@ void OutputRouter::parse_tool_block(OutputDelta& out) {
     if (it == j.end())
       call.arguments = "{}";
     else
-      call.arguments =
-          it->is_string() ? it->get<std::string>() : it->dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+      call.arguments = it->is_string() ? it->get<std::string>()
+                                       : it->dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
     calls.push_back(std::move(call));
   }
   if (!ok || calls.empty()) {

@@ -30,17 +30,19 @@ Grammar compile_regex(std::string_view pattern);
 // `pattern` semantics (a match anywhere unless anchored by ^ / $).
 Seq regex_symbols(GrammarBuilder& b, std::string_view pattern, bool json_string, bool search);
 
-// --- JSON Schema (docs/structured.md lists the keywords) ---
+// --- JSON Schema (docs/structured.md lists the keywords). Taken as ordered_json: objects'
+// properties are written in the order the schema declares them (a json argument converts,
+// in its sorted key order). ---
 struct JsonSchemaOptions {
   // false: compact JSON (no whitespace between tokens). true: up to a few spaces or
   // newlines allowed between tokens (pretty-printed output).
   bool any_whitespace = false;
 };
-Grammar compile_json_schema(const nlohmann::json& schema, const JsonSchemaOptions& options = {});
+Grammar compile_json_schema(const nlohmann::ordered_json& schema, const JsonSchemaOptions& options = {});
 // Any JSON object (response_format json_object).
 Grammar compile_json_object(const JsonSchemaOptions& options = {});
 // The value grammar of `schema` as one symbol of `b` (tool calls embed it).
-Sym json_schema_symbol(GrammarBuilder& b, const nlohmann::json& schema, const JsonSchemaOptions& options);
+Sym json_schema_symbol(GrammarBuilder& b, const nlohmann::ordered_json& schema, const JsonSchemaOptions& options);
 
 // --- the output is exactly one of `choices` ---
 Grammar compile_choice(const std::vector<std::string>& choices);
@@ -55,7 +57,7 @@ Grammar compile_gbnf(std::string_view text);
 // ARGS valid against the tool's `parameters` schema. ---
 struct ToolSchema {
   std::string name;
-  nlohmann::json parameters;  // JSON Schema of the arguments object
+  nlohmann::ordered_json parameters;  // JSON Schema of the arguments object
 };
 struct ToolCallOptions {
   bool with_open_tag = true;  // false: the grammar starts after "<tool_call>" (tool_choice auto)

@@ -9,7 +9,7 @@ namespace infera::constrain {
 std::string ConstraintSpec::key() const {
   std::string k = fmt::format("{}|{}|{}{}|", static_cast<int>(kind), schema_options.any_whitespace ? 1 : 0,
                               tool_options.with_open_tag ? 1 : 0, tool_options.parallel ? 1 : 0);
-  k += json.is_null() ? text : json.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  k += json.is_null() ? text : json.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
   return k;
 }
 
@@ -27,7 +27,7 @@ Grammar compile_spec(const ConstraintSpec& spec) {
     case ConstraintSpec::Kind::kToolCalls: {
       std::vector<ToolSchema> tools;
       for (const auto& t : spec.json)
-        tools.push_back({t.at("name").get<std::string>(), t.value("parameters", nlohmann::json())});
+        tools.push_back({t.at("name").get<std::string>(), t.value("parameters", nlohmann::ordered_json())});
       return compile_tool_calls(tools, spec.tool_options);
     }
   }

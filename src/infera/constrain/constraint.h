@@ -24,7 +24,8 @@ struct ConstraintSpec {
   enum class Kind { kJsonSchema, kJsonObject, kRegex, kChoice, kGrammar, kToolCalls };
   Kind kind = Kind::kJsonObject;
   // kJsonSchema: the schema; kToolCalls: [{"name", "parameters"}...]; kChoice: the list.
-  nlohmann::json json;
+  // Keys in the client's order (a schema's properties are written in declared order).
+  nlohmann::ordered_json json;
   std::string text;  // kRegex, kGrammar
   JsonSchemaOptions schema_options;
   ToolCallOptions tool_options;

@@ -10,7 +10,9 @@
 
 namespace infera::constrain {
 
-using nlohmann::json;
+// Schemas keep their keys in the order the client wrote them: properties are written in
+// declared order.
+using json = nlohmann::ordered_json;
 
 namespace {
 
@@ -640,11 +642,12 @@ class SchemaCompiler {
       if (!props.is_object()) fail_at(path, "'properties' must be an object");
     }
     std::set<std::string> required;
+    std::vector<std::string> required_order;  // as listed (required keys not in 'properties' come in this order)
     if (s.contains("required")) {
       if (!s["required"].is_array()) fail_at(path, "'required' must be an array");
       for (const json& r : s["required"]) {
         if (!r.is_string()) fail_at(path, "'required' must hold strings");
-        required.insert(r.get<std::string>());
+        if (required.insert(r.get<std::string>()).second) required_order.push_back(r.get<std::string>());
       }
     }
     // Extra properties: absent means none when 'properties' is given (the model writes the
@@ -661,7 +664,7 @@ class SchemaCompiler {
     for (auto it = props.begin(); it != props.end(); ++it) {
       list.push_back({it.key(), value(it.value(), path + "/properties/" + it.key()), required.contains(it.key())});
     }
-    for (const std::string& r : required) {
+    for (const std::string& r : required_order) {
       if (props.contains(r)) continue;
       if (!extras)
         fail_at(path,

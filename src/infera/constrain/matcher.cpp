@@ -213,10 +213,12 @@ int64_t Matcher::fill_mask(const Vocabulary& vocab, uint64_t* mask, uint32_t bud
   state_tops_.clear();
   state_ids_.clear();
   transitions_.clear();
+  dense_.clear();
   auto intern = [&](std::span<const int32_t> tops) -> int32_t {
     const uint64_t h = set_hash(nodes_.data(), tops);
     auto [it, inserted] = state_ids_.try_emplace(h, static_cast<int32_t>(states_.size()));
     if (!inserted) return it->second;
+    if (states_.size() < kDenseStates) dense_.resize((states_.size() + 1) * 256, kUnknown);
     State s;
     s.begin = static_cast<uint32_t>(state_tops_.size());
     state_tops_.insert(state_tops_.end(), tops.begin(), tops.end());
@@ -240,16 +242,25 @@ int64_t Matcher::fill_mask(const Vocabulary& vocab, uint64_t* mask, uint32_t bud
     }
     const Vocabulary::TrieNode& node = trie[i];
     const int32_t from = level[node.depth - 1];
+    // The transition: a table lookup for the first kDenseStates states (most walks never
+    // leave them), a hash map beyond.
+    int32_t to = kUnknown;
+    const bool dense = static_cast<size_t>(from) < kDenseStates;
     const uint64_t key = (static_cast<uint64_t>(from) << 8) | node.byte;
-    int32_t to;
-    if (auto it = transitions_.find(key); it != transitions_.end()) {
+    if (dense) {
+      to = dense_[static_cast<size_t>(from) * 256 + node.byte];
+    } else if (auto it = transitions_.find(key); it != transitions_.end()) {
       to = it->second;
-    } else {
+    }
+    if (to == kUnknown) {
       const State s = states_[from];
       a_.assign(state_tops_.begin() + s.begin, state_tops_.begin() + s.end);
       advance(a_, node.byte, b_);
       to = b_.empty() ? -1 : intern(b_);
-      transitions_.emplace(key, to);
+      if (dense)
+        dense_[static_cast<size_t>(from) * 256 + node.byte] = to;
+      else
+        transitions_.emplace(key, to);
     }
     // A byte lowers the fewest bytes to completion by at most one: with a budget, a subtree
     // whose longest token cannot bring the cost within it is skipped whole.

@@ -130,7 +130,10 @@ class Matcher {
   std::vector<State> states_;
   std::vector<int32_t> state_tops_;
   std::unordered_map<uint64_t, int32_t> state_ids_;
-  std::unordered_map<uint64_t, int32_t> transitions_;
+  std::unordered_map<uint64_t, int32_t> transitions_;  // (state << 8 | byte) -> state, states past the table
+  static constexpr size_t kDenseStates = 1024;  // states whose transitions sit in dense_ (256 each)
+  static constexpr int32_t kUnknown = -2;
+  std::vector<int32_t> dense_;  // [state * 256 + byte] -> state, -1 dead, kUnknown not computed yet
 };
 
 }  // namespace infera::constrain

@@ -514,6 +514,58 @@ json parse_json_body(const std::string& body) {
   }
 }
 
+namespace {
+// The most keys an object inside `v` has (v nests at most kMaxJsonDepth deep).
+size_t largest_object(const json& v) {
+  size_t most = v.is_object() ? v.size() : 0;
+  if (v.is_structured())
+    for (const auto& e : v) most = std::max(most, largest_object(e));
+  return most;
+}
+}  // namespace
+
+void keep_declared_order(const json& sorted_body, const std::string& raw_body, GenerationOptions& options,
+                         std::vector<ToolDefinition>* tools) {
+  const bool schema = options.constraint && options.constraint->kind == ConstraintSpec::Kind::kJsonSchema;
+  if (!schema && (!tools || tools->empty())) return;
+  if (json_nesting_depth(raw_body, kMaxJsonDepth) > kMaxJsonDepth || largest_object(sorted_body) > kMaxOrderedKeys)
+    return;
+  const nlohmann::ordered_json body = nlohmann::ordered_json::parse(raw_body, nullptr, /*allow_exceptions=*/false);
+  if (!body.is_object()) return;
+  // The ordered value replaces the sorted one only where both hold the same schema.
+  auto same = [](const nlohmann::ordered_json& ordered, const json& sorted) { return json(ordered) == sorted; };
+  if (schema) {
+    const nlohmann::ordered_json* v = &body;
+    size_t from = 0;
+    const std::string& path = options.constraint_param;  // e.g. "response_format.json_schema.schema"
+    while (v && from <= path.size()) {
+      const size_t dot = std::min(path.find('.', from), path.size());
+      const std::string key = path.substr(from, dot - from);
+      v = v->is_object() && v->contains(key) ? &(*v)[key] : nullptr;
+      from = dot + 1;
+    }
+    if (v && v->is_string()) {
+      const std::string text = v->get<std::string>();
+      nlohmann::ordered_json parsed;
+      if (json_nesting_depth(text, kMaxJsonDepth) <= kMaxJsonDepth &&
+          largest_object(json(options.constraint->json)) <= kMaxOrderedKeys)
+        parsed = nlohmann::ordered_json::parse(text, nullptr, /*allow_exceptions=*/false);
+      if (!parsed.is_discarded() && same(parsed, json(options.constraint->json))) options.constraint->json = parsed;
+    } else if (v && same(*v, json(options.constraint->json))) {
+      options.constraint->json = *v;
+    }
+  }
+  if (tools && body.contains("tools") && body["tools"].is_array() && body["tools"].size() == tools->size()) {
+    for (size_t i = 0; i < tools->size(); ++i) {
+      const nlohmann::ordered_json& t = body["tools"][i];
+      if (!t.is_object() || !t.contains("function") || !t["function"].is_object()) continue;
+      const nlohmann::ordered_json& fn = t["function"];
+      if (fn.contains("parameters") && same(fn["parameters"], (*tools)[i].parameters))
+        (*tools)[i].ordered_parameters = fn["parameters"];
+    }
+  }
+}
+
 ChatRequest parse_chat_request(const json& body, const ParseLimits& limits) {
   require_object(body);
   ChatRequest r;

@@ -73,6 +73,9 @@ struct ToolDefinition {
   std::string name;
   std::string description;
   nlohmann::json parameters;  // JSON Schema, handed to the chat template as is
+  // The same with its keys in the client's order (keep_declared_order; null: not set): the
+  // tool-call constraint writes properties in declared order.
+  nlohmann::ordered_json ordered_parameters;
 };
 
 struct ChatRequest {
@@ -115,6 +118,14 @@ struct ParseLimits {
 // than 64 levels, invalid UTF-8, wrong types, out-of-range values.
 nlohmann::json parse_json_body(const std::string& body);
 ChatRequest parse_chat_request(const nlohmann::json& body, const ParseLimits& limits = {});
+// The body's json sorts object keys; a JSON Schema's properties are written in the order the
+// client declared them. For a request with a schema constraint or tools, reads `raw_body`
+// (`body` parsed, so valid) again keeping key order and sets the constraint's schema and each
+// tool's ordered_parameters from it. Not where an object of the body has more than
+// kMaxOrderedKeys keys (ordered_json inserts in linear time per key): those keep sorted order.
+inline constexpr size_t kMaxOrderedKeys = 256;
+void keep_declared_order(const nlohmann::json& body, const std::string& raw_body, GenerationOptions& options,
+                         std::vector<ToolDefinition>* tools);
 CompletionRequest parse_completion_request(const nlohmann::json& body, const ParseLimits& limits = {});
 TokenizeRequest parse_tokenize_request(const nlohmann::json& body);
 DetokenizeRequest parse_detokenize_request(const nlohmann::json& body);

@@ -124,21 +124,20 @@ ConstraintRequest constraint_for(const ModelInstance& model, const ChatRequest* 
   bool tool_auto = false;
   if (chat && chat->tools_enabled && !spec) {
     const bool forced = chat->tool_required || chat->forced_tool;
-    const auto open = tok.token_to_id("<tool_call>");
-    if (forced || open) {
-      constrain::ConstraintSpec tools;
-      tools.kind = constrain::ConstraintSpec::Kind::kToolCalls;
-      tools.json = json::array();
-      for (const ToolDefinition& t : chat->tools) {
-        if (chat->forced_tool && t.name != *chat->forced_tool) continue;
-        tools.json.push_back({{"name", t.name}, {"parameters", t.parameters}});
-      }
-      tools.tool_options.parallel = chat->parallel_tool_calls && !chat->forced_tool;
-      tools.tool_options.with_open_tag = forced;
-      tool_auto = !forced;
-      spec = std::move(tools);
-      param = "tools";
+    constrain::ConstraintSpec tools;
+    tools.kind = constrain::ConstraintSpec::Kind::kToolCalls;
+    tools.json = json::array();
+    for (const ToolDefinition& t : chat->tools) {
+      if (chat->forced_tool && t.name != *chat->forced_tool) continue;
+      tools.json.push_back({{"name", t.name},
+                            {"parameters", t.ordered_parameters.is_null() ? nlohmann::ordered_json(t.parameters)
+                                                                          : t.ordered_parameters}});
     }
+    tools.tool_options.parallel = chat->parallel_tool_calls && !chat->forced_tool;
+    tools.tool_options.with_open_tag = forced;
+    tool_auto = !forced;
+    spec = std::move(tools);
+    param = "tools";
   }
   if (!spec) return c;
   try {
@@ -147,7 +146,9 @@ ConstraintRequest constraint_for(const ModelInstance& model, const ChatRequest* 
     throw_api(bad_request(e.what(), param));
   }
   if (tool_auto) {
-    c.start_token = *tok.token_to_id("<tool_call>");
+    // The opening tag as bytes (one token or several); its token too where it is one.
+    c.start_text = "<tool_call>";
+    c.start_token = tok.token_to_id("<tool_call>").value_or(-1);
     c.rearm = true;
     return c;
   }
@@ -427,6 +428,7 @@ void Routes::handle_generate(Endpoint endpoint, const HttpRequest& req, std::sha
       chat = parse_chat_request(body, parse_limits_);
     else
       completion = parse_completion_request(body, parse_limits_);
+    keep_declared_order(body, req.body, chat ? chat->options : completion->options, chat ? &chat->tools : nullptr);
     const GenerationOptions& options = chat ? chat->options : completion->options;
     auto model = find_model(options.model, listener);
     model_name = model->name();

@@ -106,6 +106,16 @@ TEST(OutputRouter, ParsesHermesToolCalls) {
   }
 }
 
+// The arguments keep the keys in the order the model wrote them (a constrained call writes a
+// schema's properties in declared order), not sorted.
+TEST(OutputRouter, ToolCallArgumentsKeepKeyOrder) {
+  OutputRouter r({.parse_tool_calls = true});
+  r.feed("<tool_call>\n{\"name\": \"f\", \"arguments\": {\"zeta\": 1, \"alpha\": {\"y\": 2, \"b\": 3}}}\n</tool_call>");
+  r.finish();
+  ASSERT_EQ(r.tool_calls().size(), 1u);
+  EXPECT_EQ(r.tool_calls()[0].arguments, R"({"zeta":1,"alpha":{"y":2,"b":3}})");
+}
+
 TEST(OutputRouter, BrokenToolCallComesBackAsContent) {
   OutputRouter r({.parse_tool_calls = true});
   std::string content = r.feed("<tool_call>{not json</tool_call>").content;

@@ -140,6 +140,81 @@ TEST(ConstrainJsonSchema, RecursionRefsAndCombinators) {
   EXPECT_FALSE(matches(ga, R"({"a":"x"})"));
 }
 
+// Properties are written in the order the schema declares them (the schema is taken as
+// ordered_json); required keys that 'properties' lacks follow in the order 'required' lists them.
+TEST(ConstrainJsonSchema, PropertiesInDeclaredOrder) {
+  using ojson = nlohmann::ordered_json;
+  const ojson schema = ojson::parse(R"({"type":"object","properties":{"zeta":{"type":"integer"},
+    "alpha":{"type":"string"},"mid":{"type":"boolean"}},"required":["mid","zeta","alpha"],"additionalProperties":false})");
+  ASSERT_EQ(schema["properties"].begin().key(), "zeta");
+  const Grammar g = compile_json_schema(schema);
+  EXPECT_TRUE(matches(g, R"({"zeta":1,"alpha":"a","mid":true})"));
+  EXPECT_FALSE(matches(g, R"({"alpha":"a","mid":true,"zeta":1})"));  // the sorted order
+  EXPECT_FALSE(matches(g, R"({"mid":true,"zeta":1,"alpha":"a"})"));  // the order of 'required'
+  // Optional properties keep their place; required ones cannot be left out.
+  const Grammar o = compile_json_schema(ojson::parse(
+      R"({"type":"object","properties":{"b":{"type":"integer"},"a":{"type":"integer"},"c":{"type":"integer"}},
+          "required":["c"],"additionalProperties":false})"));
+  EXPECT_TRUE(matches(o, R"({"b":1,"a":2,"c":3})"));
+  EXPECT_TRUE(matches(o, R"({"a":2,"c":3})"));
+  EXPECT_TRUE(matches(o, R"({"c":3})"));
+  EXPECT_FALSE(matches(o, R"({"a":2,"b":1,"c":3})"));
+  EXPECT_FALSE(matches(o, R"({"b":1,"a":2})"));
+  // Required keys outside 'properties' (with additionalProperties) in the order listed.
+  const Grammar r =
+      compile_json_schema(ojson::parse(R"({"type":"object","required":["y","x"],"additionalProperties":true})"));
+  EXPECT_TRUE(matches(r, R"({"y":1,"x":2})"));
+  EXPECT_FALSE(matches(r, R"({"x":2,"y":1})"));
+  // Nested objects, tool arguments and the cache key keep the order too.
+  const Grammar n = compile_json_schema(ojson::parse(R"({"type":"object","properties":{"outer":{"type":"object",
+    "properties":{"q":{"type":"integer"},"p":{"type":"integer"}},"required":["q","p"]}},"required":["outer"]})"));
+  EXPECT_TRUE(matches(n, R"({"outer":{"q":1,"p":2}})"));
+  EXPECT_FALSE(matches(n, R"({"outer":{"p":2,"q":1}})"));
+  const Grammar t = compile_tool_calls(
+      {{"f", ojson::parse(R"({"type":"object","properties":{"to":{"type":"string"},"body":{"type":"string"}},
+                             "required":["to","body"]})")}},
+      {});
+  EXPECT_TRUE(
+      matches(t, "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"to\": \"a\", \"body\": \"b\"}}\n</tool_call>"));
+  EXPECT_FALSE(
+      matches(t, "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"body\": \"b\", \"to\": \"a\"}}\n</tool_call>"));
+  ConstraintSpec a, b;
+  a.kind = b.kind = ConstraintSpec::Kind::kJsonSchema;
+  a.json = ojson::parse(R"({"properties":{"x":{},"y":{}}})");
+  b.json = ojson::parse(R"({"properties":{"y":{},"x":{}}})");
+  EXPECT_NE(a.key(), b.key());
+}
+
+// oneOf compiles as anyOf (as llama.cpp's and xgrammar's converters do): exact where the
+// alternatives cannot both hold (different types, different const / enum discriminators,
+// objects without extra keys whose required properties differ).
+TEST(ConstrainJsonSchema, OneOfOfDistinguishableAlternatives) {
+  const Grammar tagged = compile_json_schema(json::parse(R"({"oneOf":[
+    {"type":"object","properties":{"kind":{"const":"circle"},"r":{"type":"integer"}},"required":["kind","r"],
+     "additionalProperties":false},
+    {"type":"object","properties":{"kind":{"const":"square"},"side":{"type":"integer"}},"required":["kind","side"],
+     "additionalProperties":false}]})"));
+  EXPECT_TRUE(matches(tagged, R"({"kind":"circle","r":2})"));
+  EXPECT_TRUE(matches(tagged, R"({"kind":"square","side":3})"));
+  EXPECT_FALSE(matches(tagged, R"({"kind":"circle","side":3})"));
+  EXPECT_FALSE(matches(tagged, R"({"kind":"square","r":2})"));
+  const Grammar types = compile_json_schema(
+      json::parse(R"({"oneOf":[{"type":"integer","maximum":9},{"type":"string","maxLength":2},{"type":"null"}]})"));
+  EXPECT_TRUE(matches(types, "7"));
+  EXPECT_TRUE(matches(types, R"("ab")"));
+  EXPECT_TRUE(matches(types, "null"));
+  EXPECT_FALSE(matches(types, "10"));
+  EXPECT_FALSE(matches(types, "true"));
+  // Sibling keywords apply to every alternative, as for anyOf.
+  const Grammar shared = compile_json_schema(json::parse(R"({"type":"object","required":["id"],
+    "properties":{"id":{"type":"integer"}},"oneOf":[{"properties":{"a":{"type":"string"}},"required":["a"]},
+    {"properties":{"b":{"type":"boolean"}},"required":["b"]}],"additionalProperties":false})"));
+  EXPECT_TRUE(matches(shared, R"({"id":1,"a":"x"})"));
+  EXPECT_TRUE(matches(shared, R"({"id":1,"b":true})"));
+  EXPECT_FALSE(matches(shared, R"({"id":1,"a":"x","b":true})"));
+  EXPECT_FALSE(matches(shared, R"({"a":"x"})"));
+}
+
 TEST(ConstrainJsonSchema, FormatsPatternsNumbers) {
   EXPECT_TRUE(matches(compile_json_schema({{"type", "string"}, {"format", "date"}}), "\"2024-02-28\""));
   EXPECT_FALSE(matches(compile_json_schema({{"type", "string"}, {"format", "date"}}), "\"2024-02-30\""));
@@ -286,6 +361,12 @@ TEST(ConstrainMask, MatchesBruteForceOnRandomStates) {
   check_masks_against_brute_force(compile_json_schema(json::parse(R"({"type":"array","items":{"type":"number"}})"),
                                                       pretty),
                                   5);
+  // The vocabulary's own strings as choices: each trie node on a choice's path is a state of
+  // its own, thousands of them (past the walk's transition table, the rest in its hash map).
+  const auto vocab = test_vocab(3000, 6);
+  std::vector<std::string> choices;
+  for (int32_t t = 256; t < 656; ++t) choices.push_back(vocab->bytes(t) + vocab->bytes(t) + "!");
+  check_masks_against_brute_force(compile_choice(choices), 6);
 }
 
 TEST(ConstrainCache, SameSpecSameCompiledConstraint) {

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <map>
+#include <random>
 
 #include "infera/constrain/constraint.h"
 #include "infera/runtime/engine.h"
@@ -212,6 +213,163 @@ TEST_F(ConstrainedEngine, ReasoningAndToolTriggersSwitchTheConstraintOn) {
   ASSERT_GE(one, 0);
   t.accept(one);
   EXPECT_FALSE(t.active());
+}
+
+// tool_choice "auto" where the opening tag is several tokens (stories260K has no <tool_call>
+// token): the tag is matched as bytes across tokens, and the constraint starts after it.
+TEST_F(ConstrainedEngine, OpeningTagSpelledOverSeveralTokens) {
+  constrain::ToolCallOptions after_tag;
+  after_tag.with_open_tag = false;
+  ConstraintRequest req;
+  constrain::ConstraintSpec spec;
+  spec.kind = constrain::ConstraintSpec::Kind::kToolCalls;
+  spec.tool_options = after_tag;
+  spec.json = nlohmann::ordered_json::parse(R"([{"name":"f","parameters":{"type":"object"}}])");
+  req.compiled = constrain::compile_cached(spec, vocab_);
+  req.start_text = "<tool_call>";
+  req.rearm = true;
+  const std::vector<int32_t> tag = tok_->encode("<tool_call>", false);
+  ASSERT_GT(tag.size(), 2u) << "the tag is one token in this vocabulary";
+  ASSERT_FALSE(tok_->token_to_id("<tool_call>").has_value());
+  const int32_t stop = 2, n = tok_->vocab_size();
+  int32_t letter = -1;
+  for (int32_t t = 0; t < vocab_->size(); ++t)
+    if (vocab_->usable(t) && vocab_->bytes(t) == "a") letter = t;
+  ASSERT_GE(letter, 0);
+  // Free text, the tag, a whole call, free text, the tag again: every token of it allowed,
+  // the constraint on exactly from the tag's last token to the call's end.
+  const std::string call = "\n{\"name\": \"f\", \"arguments\": {}}\n</tool_call>";
+  const std::string text = "Hello<tool_call>" + call + " and<tool_call>";
+  const std::vector<int32_t> ids = tok_->encode(text, false);
+  ConstraintState s(req, {stop});
+  std::string written;
+  int activations = 0;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    std::vector<float> row(n, 0.0f);
+    s.apply(row.data(), n, 1000);
+    ASSERT_EQ(row[ids[i]], 0.0f) << "token " << i << " '" << vocab_->bytes(ids[i]) << "' after '" << written << "'";
+    const bool was = s.active();
+    s.accept(ids[i]);
+    written += vocab_->bytes(ids[i]);
+    if (!was && s.active()) {
+      ++activations;
+      size_t tags = 0;
+      for (size_t at = written.find("<tool_call>"); at != std::string::npos; at = written.find("<tool_call>", at + 1))
+        ++tags;
+      EXPECT_EQ(tags, static_cast<size_t>(activations)) << "on at the tag's last token: " << written;
+      EXPECT_FALSE(written.substr(0, written.size() - vocab_->bytes(ids[i]).size()).ends_with("<tool_call>"));
+      // The call's first byte is a newline: a letter is masked.
+      std::vector<float> next(n, 0.0f);
+      s.apply(next.data(), n, 1000);
+      EXPECT_TRUE(std::isinf(next[letter]));
+      s.rollback(1);
+      EXPECT_FALSE(s.active());
+      s.accept(ids[i]);
+      EXPECT_TRUE(s.active());
+    }
+    if (was && !s.active()) {
+      EXPECT_TRUE(written.ends_with("</tool_call>")) << written;
+    }
+  }
+  EXPECT_EQ(activations, 2);
+  EXPECT_TRUE(s.active());
+}
+
+// A token that completes the tag and goes on: its bytes after the tag are the call's first;
+// while the tag is partly written, a token that would complete it with bytes the call cannot
+// begin with is masked.
+TEST(ConstraintStateTag, BytesAfterTheTagInOneToken) {
+  std::vector<std::string> bytes = {"<",
+                                    "tool",
+                                    "_call",
+                                    ">",
+                                    ">\n",
+                                    ">{",
+                                    "\n",
+                                    "x",
+                                    "{}",
+                                    "}",
+                                    "\n</tool_call>",
+                                    "<tool_call>\n",
+                                    "{\"name\": \"f\", \"arguments\": ",
+                                    "<eos>"};
+  std::vector<char> usable(bytes.size(), 1);
+  const int32_t eos = static_cast<int32_t>(bytes.size()) - 1;
+  usable[eos] = 0;
+  auto vocab = std::make_shared<const constrain::Vocabulary>(bytes, usable);
+  auto id = [&](const std::string& b) {
+    return static_cast<int32_t>(std::find(bytes.begin(), bytes.end(), b) - bytes.begin());
+  };
+  constrain::ToolCallOptions after_tag;
+  after_tag.with_open_tag = false;
+  ConstraintRequest req;
+  req.compiled = std::make_shared<const constrain::CompiledConstraint>(
+      std::make_shared<const constrain::Grammar>(
+          constrain::compile_tool_calls({{"f", nlohmann::ordered_json::object()}}, after_tag)),
+      vocab);
+  req.start_text = "<tool_call>";
+  req.rearm = true;
+  const int32_t n = vocab->size();
+  auto allowed = [&](ConstraintState& s, const std::string& b) {
+    std::vector<float> logits(n, 0.0f);
+    s.apply(logits.data(), n, 100);
+    return logits[id(b)] == 0.0f;
+  };
+  ConstraintState s(req, {eos});
+  EXPECT_TRUE(allowed(s, ">{"));  // nothing of the tag written yet: free text
+  for (const char* b : {"x", "<", "tool", "_call"}) s.accept(id(b));
+  EXPECT_FALSE(s.active());
+  EXPECT_TRUE(allowed(s, ">"));
+  EXPECT_TRUE(allowed(s, ">\n"));
+  EXPECT_FALSE(allowed(s, ">{"));  // the call begins with a newline
+  EXPECT_TRUE(allowed(s, "x"));  // not the tag after all
+  EXPECT_TRUE(allowed(s, "<eos>"));
+  s.accept(id(">\n"));
+  EXPECT_TRUE(s.active());
+  EXPECT_TRUE(allowed(s, "{\"name\": \"f\", \"arguments\": "));
+  EXPECT_FALSE(allowed(s, "\n"));  // already written by the tag's token
+  for (const char* b : {"{\"name\": \"f\", \"arguments\": ", "{}", "}", "\n</tool_call>"}) s.accept(id(b));
+  EXPECT_FALSE(s.active());  // the call is whole: free text again
+  s.accept(id("<tool_call>\n"));  // the tag and the call's first byte in one token
+  EXPECT_TRUE(s.active());
+  EXPECT_FALSE(allowed(s, "\n"));
+  EXPECT_TRUE(allowed(s, "{\"name\": \"f\", \"arguments\": "));
+  s.rollback(1);
+  EXPECT_FALSE(s.active());
+  EXPECT_TRUE(allowed(s, "x"));
+}
+
+// The mask computed ahead on a mask thread is the mask computed in place, step by step along
+// a random walk (the budget shrinking into max_tokens steering), rollbacks included.
+TEST_F(ConstrainedEngine, MaskComputedAheadEqualsMaskInPlace) {
+  ConstraintRequest req;
+  req.compiled = compile(kSchema);
+  req.strip_leading_spaces = tok_->strip_leading_spaces();
+  const int32_t stop = 2;
+  std::mt19937 rng(3);
+  for (int trial = 0; trial < 3; ++trial) {
+    ConstraintState ahead(req, {stop}), in_place(req, {stop});
+    in_place.set_overlap(false);
+    int32_t budget = 40;
+    for (int step = 0; step < 40 && budget > 0; ++step, --budget) {
+      const std::vector<uint64_t> a = ahead.mask(budget);
+      const std::vector<uint64_t>& b = in_place.mask(budget);
+      ASSERT_EQ(a, b) << "trial " << trial << " step " << step;
+      std::vector<int32_t> allowed;
+      for (int32_t t = 0; t < vocab_->size(); ++t)
+        if ((a[t >> 6] >> (t & 63)) & 1) allowed.push_back(t);
+      ASSERT_FALSE(allowed.empty());
+      const int32_t token = allowed[rng() % allowed.size()];
+      if (token == stop) break;
+      ahead.accept(token);
+      in_place.accept(token);
+      if (step % 7 == 6) {  // a rejected draft
+        ahead.rollback(1);
+        in_place.rollback(1);
+        ++budget;
+      }
+    }
+  }
 }
 
 TEST(SamplerLogitBias, BiasesBanAndForce) {

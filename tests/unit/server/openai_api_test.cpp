@@ -230,6 +230,50 @@ TEST(OpenAiApiStructured, ConstraintFieldsParse) {
   EXPECT_FALSE(t.parallel_tool_calls);
 }
 
+// The body's json sorts keys; keep_declared_order gives the constraint and the tools their
+// schemas with keys in the order the client wrote them (properties are written in that order).
+TEST(OpenAiApiStructured, SchemasKeepDeclaredOrder) {
+  auto keys = [](const nlohmann::ordered_json& props) {
+    std::vector<std::string> out;
+    for (auto it = props.begin(); it != props.end(); ++it) out.push_back(it.key());
+    return out;
+  };
+  const std::vector<std::string> declared = {"zeta", "alpha", "mid"};
+  const std::string props = R"({"type": "object", "properties": {"zeta": {}, "alpha": {}, "mid": {}}})";
+  for (const std::string& field :
+       {R"("response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": )" + props + "}}",
+        R"("structured_outputs": {"json": )" + props + "}", R"("guided_json": )" + props, R"("json_schema": )" + props,
+        R"("structured_outputs": {"json": )" + json(props).dump() + "}"}) {
+    const std::string body = R"({"messages": [{"role": "user", "content": "hi"}], )" + field + "}";
+    ChatRequest r = parse_chat_request(parse_json_body(body));
+    ASSERT_TRUE(r.options.constraint) << field;
+    EXPECT_NE(keys(r.options.constraint->json["properties"]), declared) << "sorted before: " << field;
+    keep_declared_order(parse_json_body(body), body, r.options, &r.tools);
+    EXPECT_EQ(keys(r.options.constraint->json["properties"]), declared) << field;
+  }
+  const std::string body = R"({"messages": [{"role": "user", "content": "hi"}], "tools": [
+    {"type": "function", "function": {"name": "a", "parameters": )" +
+                           props + R"(}}, {"type": "function", "function": {"name": "b"}}]})";
+  ChatRequest r = parse_chat_request(parse_json_body(body));
+  keep_declared_order(parse_json_body(body), body, r.options, &r.tools);
+  ASSERT_EQ(r.tools.size(), 2u);
+  EXPECT_EQ(keys(r.tools[0].ordered_parameters["properties"]), declared);
+  EXPECT_TRUE(r.tools[1].ordered_parameters.is_null());  // no parameters: the sorted {} serves
+  EXPECT_EQ(json(r.tools[0].ordered_parameters), r.tools[0].parameters);
+  // A body holding an object of more than kMaxOrderedKeys keys keeps sorted order (bounded work).
+  std::string big = R"({"type": "object", "properties": {)";
+  for (size_t i = 0; i <= kMaxOrderedKeys; ++i) big += (i ? ", \"k" : "\"k") + std::to_string(999 - i) + "\": {}";
+  big += "}}";
+  const std::string big_body = R"({"messages": [{"role": "user", "content": "hi"}], "json_schema": )" + big + "}";
+  ChatRequest b = parse_chat_request(parse_json_body(big_body));
+  ASSERT_TRUE(b.options.constraint);
+  const std::vector<std::string> sorted = keys(b.options.constraint->json["properties"]);
+  ASSERT_EQ(sorted.size(), kMaxOrderedKeys + 1);
+  EXPECT_EQ(sorted.front(), "k743");
+  keep_declared_order(parse_json_body(big_body), big_body, b.options, &b.tools);
+  EXPECT_EQ(keys(b.options.constraint->json["properties"]), sorted);
+}
+
 TEST(OpenAiApiStructured, UnhonourableParametersAre400s) {
   const std::string m = R"({"messages": [{"role": "user", "content": "hi"}], )";
   EXPECT_EQ(chat_error(m + R"("best_of": 3})").param, "best_of");
