@@ -133,8 +133,11 @@ void ModelInstance::load() {
     LoadOptions load_options;
     load_options.load_into_memory = deploy_.load_into_memory;
     load_options.max_batch_tokens = limits_.max_batch_tokens;
+    load_options.progress = progress_;
+    progress_->plan(1);  // "starting", after the loader's own steps
     const std::string dir = deploy_.quantized_path.empty() ? deploy_.path : deploy_.quantized_path;
     auto model = model_loader_ ? model_loader_(dir, load_options) : load_model(dir, load_options);
+    progress_->begin("starting", 0);
     EngineConfig config = engine_config(deploy_, limits_);
     if (!deploy_.cache_dir.empty()) {
       config.cache_dir = deploy_.cache_dir;
@@ -142,6 +145,7 @@ void ModelInstance::load() {
       config.cache_model_id = model_files_fingerprint(dir);
     }
     auto engine = std::make_unique<Engine>(std::move(model), std::move(config));
+    progress_->end();
     set_backend(std::make_shared<EngineBackend>(std::move(engine)));
     LOG_INFO("model '{}' ready", name());
   } catch (const std::exception& e) {
