@@ -101,22 +101,6 @@ double ModelInstance::load_seconds() const {
   return std::chrono::duration<double>(end - load_start_).count();
 }
 
-EngineConfig engine_config(const ModelDeployConfig& m, const ResolvedLimits& limits) {
-  EngineConfig c;
-  c.kv_cache_bytes = limits.kv_cache_bytes;
-  c.kv_dtype = m.kv_dtype;
-  c.max_batch_tokens = limits.max_batch_tokens;
-  c.max_num_seqs = limits.max_num_seqs;
-  c.prefill_chunk = limits.prefill_chunk;
-  c.enable_prefix_cache = m.enable_prefix_cache;
-  c.prefix_checkpoint_interval = m.prefix_checkpoint_interval;
-  c.max_context = limits.max_context;
-  c.speculative.method = parse_speculative_method(m.speculative.method, "speculative.method");
-  c.speculative.num_draft_tokens = m.speculative.num_draft_tokens;
-  c.threads = m.threads;
-  return c;
-}
-
 void ModelInstance::load() {
   {
     std::lock_guard lock(mutex_);

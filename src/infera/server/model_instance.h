@@ -33,10 +33,6 @@ namespace infera::server {
 
 enum class ModelState { kLoading, kReady, kFailed };
 
-// A deployed model's engine settings, from its options (deploy.yaml keys or `serve` flags)
-// and resolved limits: the one conversion, used to validate a deployment and to start the
-// engine. Throws infera::Error for an unknown speculative method.
-EngineConfig engine_config(const ModelDeployConfig& model, const ResolvedLimits& limits);
 const char* model_state_name(ModelState s);  // "loading", "ready", "failed"
 
 class ModelInstance {
