@@ -92,6 +92,11 @@ class ModelInstance {
   std::shared_ptr<const constrain::Vocabulary> vocabulary() const;
 
  private:
+  // The chat template's input: `messages` with the request's tools and switches and the
+  // tokenizer's BOS/EOS text.
+  nlohmann::json template_context(const ChatRequest& request, const std::vector<ChatMessage>& messages,
+                                  bool add_generation_prompt) const;
+
   ModelDeployConfig deploy_;
   ModelConfig config_;
   Tokenizer tokenizer_;
