@@ -320,6 +320,7 @@ TEST(ConsoleRoutes, StatsShowALoadingModelsProgress) {
   EXPECT_EQ(model["load_progress"]["steps_done"], 0);
   EXPECT_EQ(model["load_progress"]["steps"], 2);
   EXPECT_DOUBLE_EQ(model["load_progress"]["fraction"].get<double>(), 0.125);
+  EXPECT_NE(client.Get("/metrics")->body.find("infera_model_load_progress{model=\"slow\"} 0.125\n"), std::string::npos);
   EXPECT_EQ(client.Get("/ready")->status, 503);  // unchanged: not ready while loading
 
   {
@@ -331,6 +332,7 @@ TEST(ConsoleRoutes, StatsShowALoadingModelsProgress) {
   EXPECT_EQ(model["load_progress"]["fraction"], 1.0);
   EXPECT_EQ(model["load_progress"]["step"], "starting");
   EXPECT_EQ(model["load_progress"]["steps_done"], 2);
+  EXPECT_NE(client.Get("/metrics")->body.find("infera_model_load_progress{model=\"slow\"} 1\n"), std::string::npos);
   EXPECT_EQ(client.Get("/ready")->status, 200);
 }
 
