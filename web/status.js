@@ -201,6 +201,24 @@ function serverCard(s) {
   $("server-facts").append(el("dt", {}, ""), el("dd", {}, memBar));
 }
 
+const LOAD_STEPS = {
+  reading: "reading the weight files",
+  converting: "converting the GGUF tensors",
+  binding: "binding the weights",
+  starting: "starting the engine",
+};
+
+// While a model loads: a bar of the whole load and the step it is in.
+function loadProgress(model) {
+  const p = model.load_progress || { fraction: 0, step: "" };
+  const percent = Math.floor(100 * p.fraction);
+  const step = LOAD_STEPS[p.step] || p.step || "waiting to start";
+  const text = `${percent}% · ${step}` + (p.steps ? ` (step ${Math.min(p.steps_done + 1, p.steps)} of ${p.steps})` : "");
+  return el("div", { class: "load-progress" },
+    el("progress", { max: "100", value: String(percent), "data-stat": "load-progress", "aria-label": `loading ${model.name}: ${text}` }),
+    el("p", { class: "muted", "data-stat": "load-step" }, `${text}, for ${formatSeconds(model.load_seconds)}`));
+}
+
 function stateBadge(model) {
   return el("span", { class: `badge state-${model.state}`, "data-stat": "state" }, model.state);
 }
@@ -212,7 +230,7 @@ function modelCard(model) {
   const requests = Object.values(c.requests).reduce((a, b) => a + b, 0);
   const card = el("section", { class: "card model-card", "data-model": model.name, "aria-label": `Model ${model.name}` });
   card.append(el("h2", {}, model.name, " ", stateBadge(model)));
-  if (model.state === "loading") card.append(el("p", { class: "muted" }, `loading for ${formatSeconds(model.load_seconds)} (progress is not reported while the weights load)`));
+  if (model.state === "loading") card.append(loadProgress(model));
   else if (model.state === "ready") card.append(el("p", { class: "muted" }, `loaded in ${formatSeconds(model.load_seconds)}`));
   if (model.failure) card.append(el("p", { class: "error", "data-stat": "failure" }, `Failed: ${model.failure}`));
 

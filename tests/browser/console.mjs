@@ -3,8 +3,8 @@
 // ports, once without keys and once with one, and checks the chat page (choose the model,
 // send with Enter, streamed text, stop, reload finds the conversation, "<script>" stays
 // text, CSP blocks inline script, keyboard use, a 390 px wide phone viewport) and the status
-// page (its numbers against /metrics after a known number of requests), with no console
-// errors. Screenshots go to the artifacts folder.
+// page (its numbers against /metrics after a known number of requests, a loading model's
+// progress bar), with no console errors. Screenshots go to the artifacts folder.
 //
 //   node tests/browser/console.mjs <path-to-infera-binary> [artifacts-dir]
 //
@@ -420,6 +420,33 @@ try {
   await status.emulateMediaFeatures([{ name: "prefers-color-scheme", value: "dark" }]);
   await shot(status, "status-desktop-dark");
   await status.emulateMediaFeatures([{ name: "prefers-color-scheme", value: "light" }]);
+
+  // A model while it loads, from canned stats (the built-in model loads faster than a poll):
+  // the progress bar and the step it is in, answered by the browser's request interception.
+  const loading = JSON.parse((await request(open.port, "GET", "/v1/stats")).body);
+  Object.assign(loading.models[0], {
+    state: "loading",
+    load_seconds: 3.2,
+    load_progress: { fraction: 0.42, step: "binding", step_done: 42, step_total: 100, steps_done: 0, steps: 2 },
+  });
+  delete loading.models[0].engine;
+  await status.setRequestInterception(true);
+  const answerLoading = (req) => {
+    if (req.url().endsWith("/v1/stats")) req.respond({ status: 200, contentType: "application/json", body: JSON.stringify(loading) });
+    else req.continue();
+  };
+  status.on("request", answerLoading);
+  await status.waitForSelector(`${card} progress[data-stat="load-progress"]`, { timeout: 10000 });
+  const shown = await status.$eval(card, (n) => ({
+    value: Number(n.querySelector('[data-stat="load-progress"]').value),
+    text: n.querySelector('[data-stat="load-step"]').textContent,
+    state: n.querySelector('[data-stat="state"]').textContent,
+  }));
+  check(shown.state === "loading" && shown.value === 42 && /^42% · binding the weights \(step 1 of 2\)/.test(shown.text), "status page: a loading model's progress bar and step", JSON.stringify(shown));
+  await shot(status, "status-loading");
+  status.off("request", answerLoading);
+  await status.setRequestInterception(false);
+  await status.waitForSelector(`${card} [data-stat="requests-ok"]`, { timeout: 10000 });
 
   // -- a phone-sized viewport --------------------------------------------------------------------
   for (const [p, name] of [[page, "chat-phone"], [status, "status-phone"]]) {

@@ -12,10 +12,11 @@
 #include <cstring>
 
 #include "infera/base/error.h"
+#include "infera/base/load_progress.h"
 
 namespace infera {
 
-MappedFile::MappedFile(const std::string& path, bool load_into_memory) : path_(path) {
+MappedFile::MappedFile(const std::string& path, bool load_into_memory, LoadProgress* progress) : path_(path) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) fail("{}: cannot open: {}", path, std::strerror(errno));
   struct stat st {};
@@ -57,6 +58,7 @@ MappedFile::MappedFile(const std::string& path, bool load_into_memory) : path_(p
         fail("{}: read failed at byte {}: {}", path, done, n == 0 ? "unexpected end of file" : std::strerror(e));
       }
       done += static_cast<size_t>(n);
+      if (progress) progress->advance(n);
     }
     if (show) std::fprintf(stderr, "\rreading %s: 100%%\n", path.c_str());
   } else {

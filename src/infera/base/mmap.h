@@ -9,11 +9,14 @@
 
 namespace infera {
 
+class LoadProgress;
+
 class MappedFile {
  public:
   MappedFile() = default;
   // Throws infera::Error naming the path when the file cannot be opened or mapped.
-  explicit MappedFile(const std::string& path, bool load_into_memory = false);
+  // `progress`: the bytes read into memory advance its current step (load_into_memory).
+  explicit MappedFile(const std::string& path, bool load_into_memory = false, LoadProgress* progress = nullptr);
   ~MappedFile();
   MappedFile(MappedFile&& other) noexcept;
   MappedFile& operator=(MappedFile&& other) noexcept;

@@ -25,6 +25,7 @@
 #include "infera/runtime/engine.h"
 #include "infera/runtime/sampler.h"
 #include "infera/runtime/sequence_runner.h"
+#include "infera/server/deploy_config.h"
 #include "infera/tokenizer/tokenizer.h"
 
 namespace infera::cli {
@@ -80,19 +81,25 @@ nlohmann::json run_json(const RunOptions& o, const std::vector<int32_t>& prompt,
 // `infera run` uses it instead of the SequenceRunner. Same prompt, sampling and output.
 int generate_speculative(const RunOptions& o, Model& model, const std::vector<int32_t>& prompt,
                          const SamplingParams& sampling, const std::optional<Tokenizer>& tok) {
-  EngineConfig c;
-  c.speculative.method = parse_speculative_method(o.speculative, "--speculative");
-  c.speculative.num_draft_tokens = o.draft_tokens;
-  c.max_num_seqs = 1;
-  c.max_batch_tokens = o.chunk;  // the model's scratch is sized for --prefill-chunk tokens
-  c.prefill_chunk = o.chunk;
-  c.enable_prefix_cache = false;
-  c.max_context = o.ctx;
+  // The engine settings as a served model's (server::engine_config), for one sequence of
+  // at most --ctx tokens.
+  server::ModelDeployConfig m;
+  parse_speculative_method(o.speculative, "--speculative");  // a bad method named as the flag
+  m.speculative.method = o.speculative;
+  m.speculative.num_draft_tokens = o.draft_tokens;
+  m.enable_prefix_cache = false;
+  m.kv_dtype = parse_kv_cache_dtype(o.kv_dtype);
+  server::ResolvedLimits limits;
+  limits.max_num_seqs = 1;
+  limits.max_batch_tokens = o.chunk;  // the model's scratch is sized for --prefill-chunk tokens
+  limits.prefill_chunk = o.chunk;
+  limits.max_context = o.ctx;
+  const int32_t block_size = EngineConfig{}.block_size;
+  KvPoolShape shape = model.kv_shape(block_size);
+  shape.dtype = m.kv_dtype;
+  limits.kv_cache_bytes = ((o.ctx + block_size - 1) / block_size) * shape.bytes_per_block();
+  EngineConfig c = server::engine_config(m, limits);
   c.allow_context_beyond_model = true;  // as the plain path: --ctx is the user's call
-  c.kv_dtype = parse_kv_cache_dtype(o.kv_dtype);
-  KvPoolShape shape = model.kv_shape(c.block_size);
-  shape.dtype = c.kv_dtype;
-  c.kv_cache_bytes = ((o.ctx + c.block_size - 1) / c.block_size) * shape.bytes_per_block();
   EngineCore core(model, c);
 
   Request r;

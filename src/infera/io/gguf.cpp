@@ -632,7 +632,8 @@ bool valid_value_type(uint32_t t) { return t <= static_cast<uint32_t>(ValueType:
 
 }  // namespace
 
-Reader::Reader(const std::string& path, bool load_into_memory) : file_(path, load_into_memory) {
+Reader::Reader(const std::string& path, bool load_into_memory, LoadProgress* progress)
+    : file_(path, load_into_memory, progress) {
   Cursor c(file_.data(), file_.size(), file_.path());
   if (file_.size() < 4 || std::memcmp(file_.data(), kMagic, 4) != 0) {
     fail("{}: not a GGUF file (the first 4 bytes are not \"GGUF\")", path);

@@ -220,7 +220,8 @@ struct Tensor {
 // file into process memory instead of mapping it (`--no-mmap`).
 class Reader {
  public:
-  explicit Reader(const std::string& path, bool load_into_memory = false);
+  // `progress`: the bytes read into memory advance its current step (base/load_progress.h).
+  explicit Reader(const std::string& path, bool load_into_memory = false, LoadProgress* progress = nullptr);
 
   const std::string& path() const { return file_.path(); }
   uint32_t version() const { return version_; }

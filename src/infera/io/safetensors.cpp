@@ -13,6 +13,7 @@
 
 #include "infera/base/error.h"
 #include "infera/base/json_file.h"
+#include "infera/base/load_progress.h"
 #include "infera/base/mmap.h"
 
 namespace infera {
@@ -278,11 +279,12 @@ struct WeightStore::Impl {
   std::map<std::string, std::string> metadata;
   size_t total_bytes = 0;
   size_t mapped_bytes = 0;
+  LoadProgress* progress = nullptr;  // open(): reports the files read into memory
 
   // Maps one file and adds its tensors; returns their names.
   std::vector<std::string> add_file(const std::string& file_name, bool load_into_memory) {
     const std::string path = join_path(dir, file_name);
-    MappedFile mapped(path, load_into_memory);
+    MappedFile mapped(path, load_into_memory, progress);
     ParsedHeader header = parse_file(mapped.data(), mapped.size(), path, file_name, /*resolve_data=*/true);
     std::vector<std::string> names;
     for (auto& t : header.tensors) {
@@ -298,6 +300,22 @@ struct WeightStore::Impl {
     mapped_bytes += mapped.size();
     files.push_back(std::move(mapped));  // moving keeps the mapping (and data pointers) in place
     return names;
+  }
+
+  // Maps (or reads) the files; reading them into memory is the "reading" step of `progress`.
+  void add_files(const std::set<std::string>& file_names, bool load_into_memory) {
+    const bool report = progress != nullptr && load_into_memory;
+    if (report) {
+      int64_t bytes = 0;
+      for (const auto& f : file_names) {
+        std::error_code ec;
+        const auto size = fs::file_size(join_path(dir, f), ec);
+        if (!ec) bytes += static_cast<int64_t>(size);
+      }
+      progress->begin("reading", bytes);
+    }
+    for (const auto& f : file_names) add_file(f, load_into_memory);
+    if (report) progress->end();
   }
 
   void open_sharded(bool load_into_memory) {
@@ -330,7 +348,7 @@ struct WeightStore::Impl {
       fail("{}: {} of {} shard files named in weight_map are missing: {} (incomplete download?)", index_path,
            missing.size(), shards.size(), join_names(missing, 5));
     }
-    for (const auto& s : shards) add_file(s, load_into_memory);
+    add_files(shards, load_into_memory);
     for (const auto& [tensor, shard] : weight_map) {
       auto it = tensors.find(tensor);
       if (it == tensors.end()) {
@@ -348,7 +366,7 @@ WeightStore::~WeightStore() = default;
 WeightStore::WeightStore(WeightStore&&) noexcept = default;
 WeightStore& WeightStore::operator=(WeightStore&&) noexcept = default;
 
-WeightStore WeightStore::open(const std::string& model_dir, bool load_into_memory) {
+WeightStore WeightStore::open(const std::string& model_dir, bool load_into_memory, LoadProgress* progress) {
   std::error_code ec;
   if (!fs::exists(model_dir, ec)) fail("{}: model directory not found", model_dir);
   if (!fs::is_directory(model_dir, ec)) {
@@ -357,10 +375,11 @@ WeightStore WeightStore::open(const std::string& model_dir, bool load_into_memor
   WeightStore store;
   Impl& s = *store.impl_;
   s.dir = model_dir;
+  s.progress = progress;
   if (fs::exists(join_path(model_dir, kIndexFile), ec)) {
     s.open_sharded(load_into_memory);
   } else if (fs::exists(join_path(model_dir, kSingleFile), ec)) {
-    s.add_file(kSingleFile, load_into_memory);
+    s.add_files({kSingleFile}, load_into_memory);
   } else {
     std::vector<std::string> others = list_safetensors_files(model_dir);
     if (others.empty()) {
@@ -370,6 +389,7 @@ WeightStore WeightStore::open(const std::string& model_dir, bool load_into_memor
     fail("{}: neither {} nor {} exists; found {}, but without an index Infera cannot tell which files are the model",
          model_dir, kSingleFile, kIndexFile, join_names(others, 5));
   }
+  s.progress = nullptr;
   return store;
 }
 

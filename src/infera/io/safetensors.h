@@ -24,6 +24,8 @@
 
 namespace infera {
 
+class LoadProgress;
+
 struct TensorInfo {
   std::string name;
   DType dtype = DType::kF32;
@@ -55,8 +57,10 @@ class WeightStore {
 
   // Opens <model_dir>/model.safetensors.index.json (sharded: every file named in its
   // weight_map) or else <model_dir>/model.safetensors. load_into_memory: read the files
-  // into process memory instead of mmapping them (steadier decode under page-cache pressure).
-  static WeightStore open(const std::string& model_dir, bool load_into_memory = false);
+  // into process memory instead of mmapping them (steadier decode under page-cache pressure);
+  // with `progress`, that reading is its "reading" step (base/load_progress.h).
+  static WeightStore open(const std::string& model_dir, bool load_into_memory = false,
+                          LoadProgress* progress = nullptr);
   // A store over tensors another reader found (a GGUF file's, under their Hugging Face
   // names): every TensorInfo::data points into memory `owner` keeps alive. `source` stands
   // for dir() in messages; mapped_bytes: the size of the files behind them.

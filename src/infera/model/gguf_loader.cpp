@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "infera/base/error.h"
+#include "infera/base/load_progress.h"
 #include "infera/base/log.h"
 #include "infera/io/gguf.h"
 #include "infera/kernels/ggml_quants.h"
@@ -26,11 +27,15 @@ using nlohmann::json;
 // Every part of a (possibly split) GGUF model; metadata comes from the first part.
 class GgufFiles {
  public:
-  GgufFiles(const std::string& path, bool load_into_memory) : path_(path) {
-    for (const std::string& p : gguf::split_paths(path)) {
-      readers_.push_back(std::make_unique<gguf::Reader>(p, load_into_memory));
+  // `progress` (load_into_memory only): reading the parts is its "reading" step.
+  GgufFiles(const std::string& path, bool load_into_memory, LoadProgress* progress = nullptr) : path_(path) {
+    const std::vector<std::string> parts = gguf::split_paths(path);
+    if (progress && load_into_memory) progress->begin("reading", files_bytes(parts));
+    for (const std::string& p : parts) {
+      readers_.push_back(std::make_unique<gguf::Reader>(p, load_into_memory, load_into_memory ? progress : nullptr));
       bytes_ += readers_.back()->file_size();
     }
+    if (progress && load_into_memory) progress->end();
     for (const auto& r : readers_) {
       for (const gguf::Tensor& t : r->tensors()) {
         if (!tensors_.emplace(t.name, &t).second) fail("{}: tensor '{}' is stored in two parts", path_, t.name);
@@ -48,6 +53,16 @@ class GgufFiles {
   size_t bytes() const { return bytes_; }
 
  private:
+  static int64_t files_bytes(const std::vector<std::string>& parts) {
+    int64_t n = 0;
+    for (const std::string& p : parts) {
+      std::error_code ec;
+      const auto size = std::filesystem::file_size(p, ec);
+      if (!ec) n += static_cast<int64_t>(size);
+    }
+    return n;
+  }
+
   std::string path_;
   std::vector<std::unique_ptr<gguf::Reader>> readers_;
   std::map<std::string, const gguf::Tensor*> tensors_;
@@ -280,10 +295,12 @@ namespace {
 
 // Binds (or, with `summary`, only checks) every tensor of the table.
 WeightStore bind_gguf(const std::string& path, const ModelConfig& cfg, bool load_into_memory,
-                      GgufWeightsSummary* summary) {
+                      GgufWeightsSummary* summary, LoadProgress* progress = nullptr) {
   auto owner = std::make_shared<GgufOwner>();
-  owner->files = std::make_unique<GgufFiles>(path, load_into_memory);
+  owner->files = std::make_unique<GgufFiles>(path, load_into_memory, progress);
   const GgufFiles& f = *owner->files;
+  // "converting": the bound tensors' bytes (a little less than the files').
+  if (progress) progress->begin("converting", static_cast<int64_t>(f.bytes()));
   std::set<std::string> counted;  // GGUF tensors summarised
   const bool unpermute_qk = cfg.arch == Arch::kLlama;
   std::map<std::string, size_t> converted;  // ggml type -> bytes dequantized to f32
@@ -365,7 +382,9 @@ WeightStore bind_gguf(const std::string& path, const ModelConfig& cfg, bool load
       converted[type_name(t->type)] += info.nbytes;
     }
     out.push_back(std::move(info));
+    if (progress) progress->advance(rows * row_bytes);
   }
+  if (progress) progress->end();
   for (const auto& [type, bytes] : converted) {
     LOG_INFO("{}: {} tensors dequantized to f32 at load ({:.1f} MiB)", path, type, bytes / 1048576.0);
   }
@@ -376,8 +395,9 @@ WeightStore bind_gguf(const std::string& path, const ModelConfig& cfg, bool load
 
 }  // namespace
 
-WeightStore open_gguf_weights(const std::string& path, const ModelConfig& cfg, bool load_into_memory) {
-  return bind_gguf(path, cfg, load_into_memory, nullptr);
+WeightStore open_gguf_weights(const std::string& path, const ModelConfig& cfg, bool load_into_memory,
+                              LoadProgress* progress) {
+  return bind_gguf(path, cfg, load_into_memory, nullptr, progress);
 }
 
 GgufWeightsSummary inspect_gguf_weights(const std::string& path, const ModelConfig& cfg) {

@@ -34,8 +34,10 @@ ModelConfig gguf_model_config(const std::string& path);
 // The weights of the GGUF model at `path`, named as the architecture's tensor table names
 // them for `cfg` (from gguf_model_config). Throws infera::Error naming the tensor for a
 // missing tensor, a shape that disagrees with the metadata, or a tensor type Infera cannot
-// compute with.
-WeightStore open_gguf_weights(const std::string& path, const ModelConfig& cfg, bool load_into_memory = false);
+// compute with. With `progress`: reading the files into memory (load_into_memory) is its
+// "reading" step and binding the tensors its "converting" step (base/load_progress.h).
+WeightStore open_gguf_weights(const std::string& path, const ModelConfig& cfg, bool load_into_memory = false,
+                              LoadProgress* progress = nullptr);
 
 // What open_gguf_weights would bind, from the headers alone (`infera check`, `infera plan`):
 // every check it makes, without reading or converting a tensor.

@@ -2,6 +2,7 @@
 #include <string>
 
 #include "infera/base/error.h"
+#include "infera/base/load_progress.h"
 #include "infera/base/log.h"
 #include "infera/base/timer.h"
 #include "infera/io/safetensors.h"
@@ -21,12 +22,15 @@ int32_t ForwardBatch::num_logit_rows() const {
 std::unique_ptr<Model> load_model(const std::string& dir, const LoadOptions& options) {
   Timer timer;
   ModelConfig cfg = load_model_config(dir);
+  const bool gguf = is_gguf_path(dir);
+  LoadProgress* progress = options.progress.get();
+  if (progress) progress->plan((options.load_into_memory ? 1 : 0) + (gguf ? 1 : 0) + 1);
   // A GGUF file (llama.cpp's format) binds like a checkpoint directory: its tensors under
   // their Hugging Face names (model/gguf_loader.h).
   std::unique_ptr<SafetensorsSource> source =
-      is_gguf_path(dir) ? std::make_unique<SafetensorsSource>(open_gguf_weights(dir, cfg, options.load_into_memory),
-                                                              QuantizationConfig{})
-                        : SafetensorsSource::open(dir, options.load_into_memory);
+      gguf ? std::make_unique<SafetensorsSource>(open_gguf_weights(dir, cfg, options.load_into_memory, progress),
+                                                 QuantizationConfig{})
+           : SafetensorsSource::open(dir, options.load_into_memory, progress);
   const WeightStore& store = source->store();
   const size_t mapped = store.mapped_bytes();
   // "bf16" or "f32+bf16": the dtypes the weights are stored (and computed) in.
@@ -44,7 +48,10 @@ std::unique_ptr<Model> load_model(const std::string& dir, const LoadOptions& opt
   }
   source->set_plain_fallback(info.traits.plain_fallback);
   // The model file binds its weights by role from the architecture's tensor table.
-  std::unique_ptr<Model> model = info.create(cfg, ModelWeights(cfg, std::move(source)), options);
+  ModelWeights weights(cfg, std::move(source));
+  weights.report_progress(options.progress);
+  std::unique_ptr<Model> model = info.create(cfg, std::move(weights), options);
+  if (progress) progress->end();
   LOG_INFO("loaded {} ({}): {} layers, hidden {}, {:.2f} M parameters, {}, {:.1f} MiB {} in {:.2f} s", dir,
            arch_name(cfg.arch), cfg.num_layers, cfg.hidden_size, model->num_parameters() / 1e6, dtypes,
            mapped / 1048576.0, options.load_into_memory ? "read into memory" : "mapped", timer.seconds());

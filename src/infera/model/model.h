@@ -16,6 +16,7 @@
 
 namespace infera {
 
+class LoadProgress;
 class TensorDump;
 
 // One sequence's slice of a batch: tokens [token_begin, token_begin + n_tokens) of
@@ -58,6 +59,9 @@ struct LoadOptions {
   // Tensor / expert parallelism: which part of the model this rank loads and the group it
   // syncs with (docs/parallel.md). Default: one process, the whole model.
   parallel::ParallelPlan parallel;
+  // Where load_model reports how far it has come (base/load_progress.h): it plans its steps
+  // (reading with load_into_memory, converting for a GGUF file, binding) and ends each.
+  std::shared_ptr<LoadProgress> progress;
 };
 
 // Geometry of one sequence's recurrent state (hybrid models; all zero otherwise): what the

@@ -1,10 +1,12 @@
 #include "infera/model/weights.h"
 
 #include <cstring>
+#include <mutex>
 
 #include <fmt/format.h>
 
 #include "infera/base/error.h"
+#include "infera/base/load_progress.h"
 #include "infera/kernels/ggml_quants.h"
 
 namespace infera {
@@ -77,8 +79,9 @@ SafetensorsSource::SafetensorsSource(std::shared_ptr<const WeightStore> store, Q
 SafetensorsSource::SafetensorsSource(WeightStore store, QuantizationConfig qc)
     : SafetensorsSource(std::make_shared<const WeightStore>(std::move(store)), std::move(qc)) {}
 
-std::unique_ptr<SafetensorsSource> SafetensorsSource::open(const std::string& dir, bool load_into_memory) {
-  WeightStore store = WeightStore::open(dir, load_into_memory);
+std::unique_ptr<SafetensorsSource> SafetensorsSource::open(const std::string& dir, bool load_into_memory,
+                                                           LoadProgress* progress) {
+  WeightStore store = WeightStore::open(dir, load_into_memory, progress);
   // A checkpoint written by `infera quantize` says in config.json how each layer is stored.
   QuantizationConfig qc = read_quantization_config(store.dir());
   return std::make_unique<SafetensorsSource>(std::move(store), std::move(qc));
@@ -148,7 +151,21 @@ int64_t SafetensorsSource::num_parameters() const {
   return n;
 }
 
+int64_t SafetensorsSource::stored_bytes(const TensorSpec& t) const {
+  int64_t n = 0;
+  for (const std::string& name : {t.name, t.name + ".qweight", t.name + ".scales"}) {
+    if (const TensorInfo* info = store_->find(name)) n += static_cast<int64_t>(info->nbytes);
+  }
+  return n;
+}
+
 // ---- ModelWeights ----
+
+struct ModelWeights::Progress {
+  std::shared_ptr<LoadProgress> progress;
+  std::mutex mutex;
+  std::vector<bool> bound;  // per table row
+};
 
 ModelWeights::ModelWeights(const ModelConfig& cfg, std::unique_ptr<WeightSource> source)
     : ModelWeights(cfg, std::move(source), {}) {
@@ -161,6 +178,30 @@ ModelWeights::ModelWeights(const ModelConfig& cfg, std::unique_ptr<WeightSource>
     : cfg_(cfg), source_(std::move(source)), table_(std::move(table)) {
   for (size_t i = 0; i < table_.size(); ++i)
     index_.emplace(std::make_tuple(table_[i].layer, table_[i].slot, table_[i].expert), i);
+}
+
+void ModelWeights::report_progress(std::shared_ptr<LoadProgress> progress) {
+  if (!progress) {
+    progress_.reset();
+    return;
+  }
+  int64_t total = 0;
+  for (const TensorSpec& t : table_) total += source_->stored_bytes(t);
+  progress_ = std::make_unique<Progress>();
+  progress_->progress = std::move(progress);
+  progress_->bound.assign(table_.size(), false);
+  progress_->progress->begin("binding", total);
+}
+
+void ModelWeights::bound(const TensorSpec& t) const {
+  if (!progress_) return;
+  const auto row = static_cast<size_t>(&t - table_.data());
+  {
+    std::lock_guard lock(progress_->mutex);
+    if (row >= progress_->bound.size() || progress_->bound[row]) return;
+    progress_->bound[row] = true;
+  }
+  progress_->progress->advance(source_->stored_bytes(t));
 }
 
 ModelWeights::ModelWeights(ModelWeights&&) noexcept = default;
@@ -186,18 +227,25 @@ bool ModelWeights::has(int layer, std::string_view slot) const {
 }
 
 kernels::LinearWeight ModelWeights::linear(int layer, std::string_view slot) const {
-  return source_->linear(spec(layer, slot));
+  const TensorSpec& t = spec(layer, slot);
+  kernels::LinearWeight w = source_->linear(t);
+  bound(t);
+  return w;
 }
 
 kernels::MatRef ModelWeights::matrix(int layer, std::string_view slot) const {
   const TensorSpec& t = spec(layer, slot);
   const kernels::LinearWeight w = source_->linear(t);
+  bound(t);
   if (w.quantized) fail("{}: tensor '{}' is quantized; it must be stored as float (f32, bf16 or f16)", where(), t.name);
   return w.dense;
 }
 
 std::vector<float> ModelWeights::vector(int layer, std::string_view slot) const {
-  return source_->values(spec(layer, slot));
+  const TensorSpec& t = spec(layer, slot);
+  std::vector<float> v = source_->values(t);
+  bound(t);
+  return v;
 }
 
 std::vector<kernels::LinearWeight> ModelWeights::experts(int layer, std::string_view slot) const {
@@ -207,7 +255,9 @@ std::vector<kernels::LinearWeight> ModelWeights::experts(int layer, std::string_
   } else {
     for (int e = 0; e < cfg_.num_experts; ++e) parts.push_back(&spec(layer, slot, e));
   }
-  return source_->experts(parts);
+  std::vector<kernels::LinearWeight> out = source_->experts(parts);
+  for (const TensorSpec* t : parts) bound(*t);
+  return out;
 }
 
 }  // namespace infera

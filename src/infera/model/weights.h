@@ -59,6 +59,9 @@ class WeightSource {
   virtual std::vector<float> values(const TensorSpec& t) const = 0;
   // Parameters stored (quantized tensors counted as stored), for logs and `run --json`.
   virtual int64_t num_parameters() const = 0;
+  // Bytes the checkpoint stores for this row (all of its parts), which binding it reads:
+  // the unit of the load's "binding" step. The default estimates 2 bytes per element.
+  virtual int64_t stored_bytes(const TensorSpec& t) const { return t.numel() * 2; }
 };
 
 // A Hugging Face directory's safetensors, plain or quantized as its config.json's
@@ -70,8 +73,10 @@ class WeightSource {
 class SafetensorsSource final : public WeightSource {
  public:
   SafetensorsSource(WeightStore store, QuantizationConfig qc);
-  // Opens the directory's weights and reads its quantization_config.
-  static std::unique_ptr<SafetensorsSource> open(const std::string& dir, bool load_into_memory = false);
+  // Opens the directory's weights and reads its quantization_config. `progress`: as
+  // WeightStore::open.
+  static std::unique_ptr<SafetensorsSource> open(const std::string& dir, bool load_into_memory = false,
+                                                 LoadProgress* progress = nullptr);
   // Over a store the caller keeps alive (tests binding a lone block).
   static std::unique_ptr<SafetensorsSource> view(const WeightStore& store, QuantizationConfig qc);
 
@@ -86,6 +91,7 @@ class SafetensorsSource final : public WeightSource {
   std::vector<kernels::LinearWeight> experts(const std::vector<const TensorSpec*>& parts) const override;
   std::vector<float> values(const TensorSpec& t) const override;
   int64_t num_parameters() const override;
+  int64_t stored_bytes(const TensorSpec& t) const override;
 
  private:
   SafetensorsSource(std::shared_ptr<const WeightStore> store, QuantizationConfig qc);
@@ -129,11 +135,20 @@ class ModelWeights {
   std::vector<kernels::LinearWeight> experts(int layer, std::string_view slot) const;
   int64_t num_parameters() const { return source_->num_parameters(); }
 
+  // Reports binding as the "binding" step of `progress` (base/load_progress.h): begins it
+  // over the stored bytes of the table's rows; each row's bytes count once, when it is first
+  // bound. The caller ends the step once the model has bound what it uses.
+  void report_progress(std::shared_ptr<LoadProgress> progress);
+
  private:
+  struct Progress;
+  void bound(const TensorSpec& t) const;
+
   ModelConfig cfg_;
   std::unique_ptr<WeightSource> source_;
   std::vector<TensorSpec> table_;
   std::map<std::tuple<int, std::string, int>, size_t, std::less<>> index_;  // (layer, slot, expert) -> row
+  std::unique_ptr<Progress> progress_;
 };
 
 }  // namespace infera

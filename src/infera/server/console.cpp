@@ -193,6 +193,10 @@ json ConsoleStats::render(const std::vector<std::shared_ptr<ModelInstance>>& vis
     j["name"] = m->name();
     j["state"] = model_state_name(state);
     j["load_seconds"] = m->load_seconds();
+    const LoadProgress::Snapshot progress = m->load_progress();
+    j["load_progress"] = {{"fraction", progress.fraction},     {"step", progress.step},
+                          {"step_done", progress.done},        {"step_total", progress.total},
+                          {"steps_done", progress.steps_done}, {"steps", progress.steps}};
     if (state == ModelState::kFailed) j["failure"] = m->failure();
     j["architecture"] = arch_name(c.arch);
     j["model_type"] = c.model_type;

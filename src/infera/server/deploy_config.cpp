@@ -322,4 +322,20 @@ ResolvedLimits resolve_limits(const ModelDeployConfig& m, int32_t model_max_posi
   return l;
 }
 
+EngineConfig engine_config(const ModelDeployConfig& m, const ResolvedLimits& limits) {
+  EngineConfig c;
+  c.kv_cache_bytes = limits.kv_cache_bytes;
+  c.kv_dtype = m.kv_dtype;
+  c.max_batch_tokens = limits.max_batch_tokens;
+  c.max_num_seqs = limits.max_num_seqs;
+  c.prefill_chunk = limits.prefill_chunk;
+  c.enable_prefix_cache = m.enable_prefix_cache;
+  c.prefix_checkpoint_interval = m.prefix_checkpoint_interval;
+  c.max_context = limits.max_context;
+  c.speculative.method = parse_speculative_method(m.speculative.method, "speculative.method");
+  c.speculative.num_draft_tokens = m.speculative.num_draft_tokens;
+  c.threads = m.threads;
+  return c;
+}
+
 }  // namespace infera::server

@@ -12,6 +12,10 @@
 
 #include "infera/tensor/dtype.h"
 
+namespace infera {
+struct EngineConfig;
+}  // namespace infera
+
 namespace infera::server {
 
 struct ApiKeyConfig {
@@ -123,5 +127,10 @@ struct ResolvedLimits {
 };
 
 ResolvedLimits resolve_limits(const ModelDeployConfig& model, int32_t model_max_position);
+
+// A model's engine settings, from its options (deploy.yaml keys, `serve` or `run` flags)
+// and resolved limits: the one conversion, used to validate a deployment, to start a served
+// model's engine and `infera run`'s. Throws infera::Error for an unknown speculative method.
+EngineConfig engine_config(const ModelDeployConfig& model, const ResolvedLimits& limits);
 
 }  // namespace infera::server

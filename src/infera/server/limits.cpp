@@ -70,16 +70,20 @@ LimitDenial denial(LimitDenial::Kind kind, double retry_s, std::string message) 
 // amount is larger (such a request waits for a full bucket and drives it negative).
 double needed(const TokenBucket& b, double amount) { return std::min(amount, b.capacity()); }
 
+// A key at its limit of requests in flight (0: unlimited) admits none until one finishes.
+std::optional<LimitDenial> concurrency_denial(int32_t max_concurrent, int32_t in_flight) {
+  if (max_concurrent <= 0 || in_flight < max_concurrent) return std::nullopt;
+  return denial(LimitDenial::Kind::kConcurrency, 1,
+                fmt::format("the API key has {} requests in flight, its limit; retry when one has finished",
+                            in_flight));
+}
+
 }  // namespace
 
 std::optional<LimitDenial> KeyLimiter::precheck(Clock::time_point now) {
   std::lock_guard lock(mutex_);
   double retry = 0;
-  if (limits_.max_concurrent > 0 && in_flight_ >= limits_.max_concurrent) {
-    return denial(LimitDenial::Kind::kConcurrency, 1,
-                  fmt::format("the API key has {} requests in flight, its limit; retry when one has finished",
-                              in_flight_));
-  }
+  if (auto d = concurrency_denial(limits_.max_concurrent, in_flight_)) return d;
   if (!requests_.can_take(needed(requests_, 1), &retry, now)) {
     return denial(LimitDenial::Kind::kRequests, retry,
                   fmt::format("the API key's limit of {:g} requests per minute is reached; retry in {:.0f} s",
@@ -96,11 +100,7 @@ std::optional<LimitDenial> KeyLimiter::precheck(Clock::time_point now) {
 std::optional<LimitDenial> KeyLimiter::admit(double requests, double tokens, Clock::time_point now) {
   std::lock_guard lock(mutex_);
   double retry = 0;
-  if (limits_.max_concurrent > 0 && in_flight_ >= limits_.max_concurrent) {
-    return denial(LimitDenial::Kind::kConcurrency, 1,
-                  fmt::format("the API key has {} requests in flight, its limit; retry when one has finished",
-                              in_flight_));
-  }
+  if (auto d = concurrency_denial(limits_.max_concurrent, in_flight_)) return d;
   if (!requests_.can_take(needed(requests_, requests), &retry, now)) {
     return denial(LimitDenial::Kind::kRequests, retry,
                   fmt::format("the request counts {:g} against the API key's limit of {:g} requests per minute "

@@ -115,6 +115,9 @@ std::string Metrics::render(const std::vector<ModelGauges>& gauges) const {
       out += fmt::format("infera_model_state{{{},state=\"{}\"}} {}\n", label(g.name), s, g.state == s ? 1 : 0);
     }
   }
+  header("infera_model_load_progress", "gauge", "Fraction of the model's load done (0 to 1; 1 once ready).");
+  for (const auto& g : gauges)
+    out += fmt::format("infera_model_load_progress{{{}}} {}\n", label(g.name), g.load_fraction);
   auto gauge = [&](const char* name, const char* type, const char* help, auto value_of) {
     header(name, type, help);
     for (const auto& g : gauges) {

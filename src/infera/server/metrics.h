@@ -34,6 +34,7 @@ class Histogram {
 struct ModelGauges {
   std::string name;
   std::string state;  // loading | ready | failed
+  double load_fraction = 0;  // how far its load has come, 0..1 (LoadProgress)
   bool has_stats = false;
   EngineStats stats;
 };

@@ -101,22 +101,6 @@ double ModelInstance::load_seconds() const {
   return std::chrono::duration<double>(end - load_start_).count();
 }
 
-EngineConfig engine_config(const ModelDeployConfig& m, const ResolvedLimits& limits) {
-  EngineConfig c;
-  c.kv_cache_bytes = limits.kv_cache_bytes;
-  c.kv_dtype = m.kv_dtype;
-  c.max_batch_tokens = limits.max_batch_tokens;
-  c.max_num_seqs = limits.max_num_seqs;
-  c.prefill_chunk = limits.prefill_chunk;
-  c.enable_prefix_cache = m.enable_prefix_cache;
-  c.prefix_checkpoint_interval = m.prefix_checkpoint_interval;
-  c.max_context = limits.max_context;
-  c.speculative.method = parse_speculative_method(m.speculative.method, "speculative.method");
-  c.speculative.num_draft_tokens = m.speculative.num_draft_tokens;
-  c.threads = m.threads;
-  return c;
-}
-
 void ModelInstance::load() {
   {
     std::lock_guard lock(mutex_);
@@ -133,8 +117,11 @@ void ModelInstance::load() {
     LoadOptions load_options;
     load_options.load_into_memory = deploy_.load_into_memory;
     load_options.max_batch_tokens = limits_.max_batch_tokens;
+    load_options.progress = progress_;
+    progress_->plan(1);  // "starting", after the loader's own steps
     const std::string dir = deploy_.quantized_path.empty() ? deploy_.path : deploy_.quantized_path;
     auto model = model_loader_ ? model_loader_(dir, load_options) : load_model(dir, load_options);
+    progress_->begin("starting", 0);
     EngineConfig config = engine_config(deploy_, limits_);
     if (!deploy_.cache_dir.empty()) {
       config.cache_dir = deploy_.cache_dir;
@@ -142,6 +129,7 @@ void ModelInstance::load() {
       config.cache_model_id = model_files_fingerprint(dir);
     }
     auto engine = std::make_unique<Engine>(std::move(model), std::move(config));
+    progress_->end();
     set_backend(std::make_shared<EngineBackend>(std::move(engine)));
     LOG_INFO("model '{}' ready", name());
   } catch (const std::exception& e) {
@@ -155,6 +143,17 @@ std::shared_ptr<const constrain::Vocabulary> ModelInstance::vocabulary() const {
   return vocabulary_;
 }
 
+json ModelInstance::template_context(const ChatRequest& request, const std::vector<ChatMessage>& messages,
+                                     bool add_generation_prompt) const {
+  json context = {{"messages", messages_to_template_json(messages)}, {"add_generation_prompt", add_generation_prompt}};
+  if (request.tools_enabled) context["tools"] = tools_to_template_json(request.tools);
+  if (request.enable_thinking) context["enable_thinking"] = *request.enable_thinking;
+  const int32_t bos = tokenizer_.bos_id(), eos = tokenizer_.eos_id();
+  context["bos_token"] = bos >= 0 ? std::string(tokenizer_.token_text(bos)) : std::string();
+  context["eos_token"] = eos >= 0 ? std::string(tokenizer_.token_text(eos)) : std::string();
+  return context;
+}
+
 std::vector<int32_t> ModelInstance::message_boundaries(const ChatRequest& request,
                                                        const std::vector<int32_t>& ids) const {
   std::vector<int32_t> out;
@@ -165,16 +164,11 @@ std::vector<int32_t> ModelInstance::message_boundaries(const ChatRequest& reques
   if (first_role == "system" || first_role == "developer") counts.push_back(1);
   if (n - 1 > 1) counts.push_back(n - 1);
   for (size_t k : counts) {
-    ChatRequest prefix;
-    prefix.messages.assign(request.messages.begin(), request.messages.begin() + static_cast<std::ptrdiff_t>(k));
-    json context = {{"messages", messages_to_template_json(prefix.messages)}, {"add_generation_prompt", false}};
-    if (request.tools_enabled) context["tools"] = tools_to_template_json(request.tools);
-    if (request.enable_thinking) context["enable_thinking"] = *request.enable_thinking;
-    const int32_t bos = tokenizer_.bos_id(), eos = tokenizer_.eos_id();
-    context["bos_token"] = bos >= 0 ? std::string(tokenizer_.token_text(bos)) : std::string();
-    context["eos_token"] = eos >= 0 ? std::string(tokenizer_.token_text(eos)) : std::string();
+    const std::vector<ChatMessage> prefix(request.messages.begin(),
+                                          request.messages.begin() + static_cast<std::ptrdiff_t>(k));
     try {
-      const std::vector<int32_t> head = tokenizer_.encode(chat_template_->render(context), false);
+      const std::vector<int32_t> head =
+          tokenizer_.encode(chat_template_->render(template_context(request, prefix, false)), false);
       if (!head.empty() && head.size() < ids.size() && std::equal(head.begin(), head.end(), ids.begin()))
         out.push_back(static_cast<int32_t>(head.size()));
     } catch (const std::exception&) {
@@ -191,14 +185,8 @@ std::string ModelInstance::render_chat(const ChatRequest& request) const {
                                       name()),
                           "messages"));
   }
-  json context = {{"messages", messages_to_template_json(request.messages)}, {"add_generation_prompt", true}};
-  if (request.tools_enabled) context["tools"] = tools_to_template_json(request.tools);
-  if (request.enable_thinking) context["enable_thinking"] = *request.enable_thinking;
-  const int32_t bos = tokenizer_.bos_id(), eos = tokenizer_.eos_id();
-  context["bos_token"] = bos >= 0 ? std::string(tokenizer_.token_text(bos)) : std::string();
-  context["eos_token"] = eos >= 0 ? std::string(tokenizer_.token_text(eos)) : std::string();
   try {
-    return chat_template_->render(context);
+    return chat_template_->render(template_context(request, request.messages, true));
   } catch (const Error& e) {
     // Templates reject conversations they cannot express (raise_exception): the client's fault.
     throw_api(bad_request(fmt::format("the chat template rejected the conversation: {}", e.what()), "messages"));

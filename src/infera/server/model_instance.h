@@ -15,6 +15,7 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "infera/base/load_progress.h"
 #include "infera/model/config.h"
 #include "infera/runtime/engine_config.h"
 #include "infera/server/backend.h"
@@ -32,10 +33,6 @@ namespace infera::server {
 
 enum class ModelState { kLoading, kReady, kFailed };
 
-// A deployed model's engine settings, from its options (deploy.yaml keys or `serve` flags)
-// and resolved limits: the one conversion, used to validate a deployment and to start the
-// engine. Throws infera::Error for an unknown speculative method.
-EngineConfig engine_config(const ModelDeployConfig& model, const ResolvedLimits& limits);
 const char* model_state_name(ModelState s);  // "loading", "ready", "failed"
 
 class ModelInstance {
@@ -59,11 +56,15 @@ class ModelInstance {
   std::string failure() const;  // why the model failed ("" otherwise)
   // Seconds load() has taken so far (while loading) or took (once ready or failed); 0 before it starts.
   double load_seconds() const;
+  // How far load() has come: the loader's steps (LoadOptions::progress) and then "starting"
+  // the engine; fraction 1 once the model is ready.
+  LoadProgress::Snapshot load_progress() const { return progress_->snapshot(); }
 
   // Loads the weights and starts the engine (blocking). Never throws: failure -> failed.
   void load();
   // How load() turns the weights directory into a Model (default: load_model). `infera
-  // serve --tp` installs one that loads this rank's shard and drives the other ranks.
+  // serve --tp` installs one that loads this rank's shard and drives the other ranks. It
+  // reports progress through options.progress (plan its steps, then begin/advance/end).
   using ModelLoader = std::function<std::unique_ptr<Model>(const std::string& dir, const LoadOptions& options)>;
   void set_model_loader(ModelLoader loader) { model_loader_ = std::move(loader); }
 
@@ -91,6 +92,11 @@ class ModelInstance {
   std::shared_ptr<const constrain::Vocabulary> vocabulary() const;
 
  private:
+  // The chat template's input: `messages` with the request's tools and switches and the
+  // tokenizer's BOS/EOS text.
+  nlohmann::json template_context(const ChatRequest& request, const std::vector<ChatMessage>& messages,
+                                  bool add_generation_prompt) const;
+
   ModelDeployConfig deploy_;
   ModelConfig config_;
   Tokenizer tokenizer_;
@@ -100,6 +106,7 @@ class ModelInstance {
   bool emits_reasoning_ = false;
   std::vector<int32_t> extra_stop_ids_;
   ModelLoader model_loader_;
+  std::shared_ptr<LoadProgress> progress_ = std::make_shared<LoadProgress>();
   std::atomic<ModelState> state_{ModelState::kLoading};
   mutable std::mutex mutex_;
   std::shared_ptr<GenerationBackend> backend_;

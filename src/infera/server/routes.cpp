@@ -747,6 +747,7 @@ HttpResponse Routes::handle_metrics(const HttpRequest& req) {
     g.name = m->name();
     auto backend = m->backend();
     g.state = model_state_name(m->state());
+    g.load_fraction = m->load_progress().fraction;
     if (backend) {
       g.has_stats = true;
       g.stats = backend->stats();

@@ -781,16 +781,8 @@ GgufExportResult export_gguf(const std::string& model_dir, const std::string& ou
       }
       add_vector(p + "post_attention_layernorm.weight", H);
       if (config.arch == Arch::kQwen3Moe) {
-        const int64_t E = config.num_experts, I = config.moe_intermediate_size;
-        add_matrix(p + "mlp.gate.weight", E, H);
-        for (const char* part : {"gate", "up", "down"}) {
-          const bool down = std::string(part) == "down";
-          const std::string first = p + "mlp.experts.0." + part + "_proj.weight";
-          add_experts(gguf_name(first), E, down ? H : I, down ? I : H, [&, part, down](int64_t x) {
-            const std::string hf = p + "mlp.experts." + std::to_string(x) + "." + part + "_proj.weight";
-            return RowSource{&source(hf, {down ? H : I, down ? I : H}), 0};
-          });
-        }
+        add_matrix(p + "mlp.gate.weight", config.num_experts, H);
+        add_per_expert(p);
       } else {
         add_matrix(p + "mlp.gate_proj.weight", F, H);
         add_matrix(p + "mlp.up_proj.weight", F, H);
@@ -869,14 +861,7 @@ GgufExportResult export_gguf(const std::string& model_dir, const std::string& ou
           return RowSource{&dn, x * H};
         });
       } else {
-        for (const char* part : {"gate", "up", "down"}) {
-          const bool down = std::string(part) == "down";
-          const std::string first = p + "mlp.experts.0." + part + "_proj.weight";
-          add_experts(gguf_name(first), E, down ? H : I, down ? I : H, [&, part, down](int64_t x) {
-            const std::string hf = p + "mlp.experts." + std::to_string(x) + "." + part + "_proj.weight";
-            return RowSource{&source(hf, {down ? H : I, down ? I : H}), 0};
-          });
-        }
+        add_per_expert(p);
       }
       if (S > 0) {
         // shared_expert_gate [1, H] -> a vector ne {H} (llama.cpp's ffn_gate_inp_shexp).

@@ -134,12 +134,12 @@ class Checker {
       cfg_ = parse_model_config(config_json_, "config.json");
       r_.arch = arch_name(cfg_->arch);
       r_.arch_recognised = true;
-      r_.arch_runnable = arch_info(cfg_->arch).runnable();
+      r_.arch_runnable = runnable(cfg_->arch);
       r_.context_length = cfg_->max_position_embeddings;
       if (!r_.arch_runnable) {
         warn("config", fmt::format("architecture '{}' is recognised (planning, checks) but Infera cannot run it yet "
                                    "(runs: {})",
-                                   r_.model_type, runnable_arch_names()));
+                                   r_.model_type, runnable_names()));
       }
     } catch (const Error& e) {
       error("config", e.what());
@@ -188,7 +188,7 @@ class Checker {
       r_.model_type = cfg_->model_type;
       r_.arch = arch_name(cfg_->arch);
       r_.arch_recognised = true;
-      r_.arch_runnable = arch_info(cfg_->arch).runnable();
+      r_.arch_runnable = runnable(cfg_->arch);
       r_.context_length = cfg_->max_position_embeddings;
     } catch (const Error& e) {
       error("config", e.what());
@@ -471,6 +471,22 @@ class Checker {
     std::string file;
     DType dtype;
   };
+  // Whether Infera runs `arch`, and the names of those it runs, by the rows the options give.
+  bool runnable(Arch arch) const {
+    if (!opt_.arch_rows) return arch_info(arch).runnable();
+    for (const ArchInfo& a : *opt_.arch_rows) {
+      if (a.arch == arch) return a.runnable();
+    }
+    return false;
+  }
+  std::string runnable_names() const {
+    if (!opt_.arch_rows) return runnable_arch_names();
+    std::string s;
+    for (const ArchInfo& a : *opt_.arch_rows) {
+      if (a.runnable()) s += (s.empty() ? "" : ", ") + std::string(a.name);
+    }
+    return s;
+  }
   fs::path dir_;
   CheckOptions opt_;
   CheckReport r_;

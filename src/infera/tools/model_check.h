@@ -17,6 +17,8 @@
 
 namespace infera {
 
+struct ArchInfo;
+
 enum class CheckSeverity { kInfo, kWarning, kError };
 const char* check_severity_name(CheckSeverity s);
 
@@ -36,6 +38,9 @@ struct CheckFile {
 struct CheckOptions {
   bool write_manifest = false;
   bool verify_manifest = false;
+  // The architecture rows that say which architectures Infera runs (nullptr: the registry,
+  // model/arch_registry.h); tests pass a changed copy.
+  const std::vector<ArchInfo>* arch_rows = nullptr;
 };
 
 struct CheckReport {

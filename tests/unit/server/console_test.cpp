@@ -1,21 +1,28 @@
 // The web console: the files of web/ compiled in (content types, CSP and caching headers,
 // 304 revalidation, no inline script or style), the routes GET /, /status, /console/NAME
 // and /v1/stats (its JSON against /metrics, keys, the browser guard, a failed model's
-// reason, expert load), and --no-console / server.console turning all of it off.
+// reason, expert load, a loading model's progress), and --no-console / server.console
+// turning all of it off.
 // tests/browser/console.mjs drives the pages in a real browser.
 #include <gtest/gtest.h>
 #include <httplib.h>
 #include <signal.h>
 
+#include <condition_variable>
+#include <mutex>
 #include <regex>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 
 #include "../test_support.h"
 #include "fake_backend.h"
+#include "infera/base/load_progress.h"
 #include "infera/chat/chat_template.h"
+#include "infera/model/model.h"
 #include "infera/server/console.h"
 #include "infera/server/http_server.h"
+#include "server_fixture.h"
 
 namespace infera::server {
 namespace {
@@ -255,6 +262,78 @@ TEST(ConsoleRoutes, PagesAndStats) {
   EXPECT_GT(server["memory"]["rss_bytes"].get<int64_t>(), 0);
   EXPECT_GT(server["memory"]["planned_bytes"].get<int64_t>(), 0);
   EXPECT_FALSE(server["api_keys"].get<bool>());
+}
+
+TEST(ConsoleRoutes, StatsShowALoadingModelsProgress) {
+  INFERA_REQUIRE_FIXTURE(kStories);
+  // A loader that reports a quarter of its one step, then waits until the test lets it go.
+  std::mutex mutex;
+  std::condition_variable cv;
+  bool release = false;
+  auto instance = testing::stories_instance("slow");
+  instance->set_model_loader([&](const std::string& dir, const LoadOptions& options) {
+    options.progress->plan(1);
+    options.progress->begin("binding", 1000);
+    options.progress->advance(250);
+    {
+      std::unique_lock lock(mutex);
+      cv.wait(lock, [&] { return release; });
+    }
+    options.progress->advance(750);
+    options.progress->end();
+    LoadOptions plain = options;
+    plain.progress.reset();
+    return load_model(dir, plain);
+  });
+  ServerConfig c;
+  c.console = true;
+  auto server = testing::start_server(c, {instance});
+  httplib::Client client = testing::local_client(server->port());
+  std::thread loader([&] { instance->load(); });
+  struct Release {  // lets the loader go however the test ends
+    std::mutex& m;
+    std::condition_variable& cv;
+    bool& release;
+    std::thread& loader;
+    ~Release() {
+      {
+        std::lock_guard lock(m);
+        release = true;
+      }
+      cv.notify_all();
+      loader.join();
+    }
+  } releaser{mutex, cv, release, loader};
+
+  json model;
+  auto stats = [&] {
+    auto r = client.Get("/v1/stats");
+    if (!r || r->status != 200) return false;
+    model = json::parse(r->body)["models"][0];
+    return true;
+  };
+  // Loader step 1 of 2 (then the engine starts) a quarter done: an eighth of the whole.
+  EXPECT_TRUE(wait_for([&] { return stats() && model["load_progress"]["step_done"] == 250; })) << model.dump();
+  EXPECT_EQ(model["state"], "loading");
+  EXPECT_EQ(model["load_progress"]["step"], "binding");
+  EXPECT_EQ(model["load_progress"]["step_total"], 1000);
+  EXPECT_EQ(model["load_progress"]["steps_done"], 0);
+  EXPECT_EQ(model["load_progress"]["steps"], 2);
+  EXPECT_DOUBLE_EQ(model["load_progress"]["fraction"].get<double>(), 0.125);
+  EXPECT_NE(client.Get("/metrics")->body.find("infera_model_load_progress{model=\"slow\"} 0.125\n"), std::string::npos);
+  EXPECT_EQ(client.Get("/ready")->status, 503);  // unchanged: not ready while loading
+
+  {
+    std::lock_guard lock(mutex);
+    release = true;
+  }
+  cv.notify_all();
+  EXPECT_TRUE(wait_for([&] { return stats() && model["state"] == "ready"; }, 60s)) << model.dump();
+  EXPECT_EQ(model["load_progress"]["fraction"], 1.0);
+  EXPECT_EQ(model["load_progress"]["step"], "starting");
+  EXPECT_EQ(model["load_progress"]["steps_done"], 2);
+  EXPECT_NE(client.Get("/metrics")->body.find("infera_model_load_progress{model=\"slow\"} 1\n"), std::string::npos);
+  EXPECT_EQ(client.Get("/ready")->status, 200);
 }
 
 TEST(ConsoleRoutes, NoConsoleServesNoneOfIt) {
