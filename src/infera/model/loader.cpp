@@ -1,6 +1,8 @@
 #include <map>
 #include <string>
 
+#include <fmt/format.h>
+
 #include "infera/base/error.h"
 #include "infera/base/log.h"
 #include "infera/base/timer.h"
@@ -8,6 +10,7 @@
 #include "infera/model/arch_registry.h"
 #include "infera/model/gguf_loader.h"
 #include "infera/model/model.h"
+#include "infera/model/prequant.h"
 #include "infera/model/weights.h"
 
 namespace infera {
@@ -23,11 +26,18 @@ std::unique_ptr<Model> load_model(const std::string& dir, const LoadOptions& opt
   ModelConfig cfg = load_model_config(dir);
   // A GGUF file (llama.cpp's format) binds like a checkpoint directory: its tensors under
   // their Hugging Face names (model/gguf_loader.h).
-  std::unique_ptr<SafetensorsSource> source =
-      is_gguf_path(dir) ? std::make_unique<SafetensorsSource>(open_gguf_weights(dir, cfg, options.load_into_memory),
-                                                              QuantizationConfig{})
-                        : SafetensorsSource::open(dir, options.load_into_memory);
-  const WeightStore& store = source->store();
+  // A published pre-quantized checkpoint (FP8, compressed-tensors, ...) binds through its
+  // format, converted to the native schemes (model/prequant.h).
+  std::unique_ptr<PrequantSource> prequant =
+      is_gguf_path(dir) ? nullptr : PrequantSource::open(dir, options.load_into_memory);
+  std::unique_ptr<SafetensorsSource> source;
+  if (!prequant) {
+    source = is_gguf_path(dir)
+                 ? std::make_unique<SafetensorsSource>(open_gguf_weights(dir, cfg, options.load_into_memory),
+                                                       QuantizationConfig{})
+                 : SafetensorsSource::open(dir, options.load_into_memory);
+  }
+  const WeightStore& store = prequant ? prequant->store() : source->store();
   const size_t mapped = store.mapped_bytes();
   // "bf16" or "f32+bf16": the dtypes the weights are stored (and computed) in.
   std::map<std::string, size_t> dtype_bytes;
@@ -42,9 +52,24 @@ std::unique_ptr<Model> load_model(const std::string& dir, const LoadOptions& opt
     fail("{}: architecture '{}' is recognised but not implemented yet (supported: {})", dir, cfg.model_type,
          runnable_arch_names());
   }
-  source->set_plain_fallback(info.traits.plain_fallback);
   // The model file binds its weights by role from the architecture's tensor table.
-  std::unique_ptr<Model> model = info.create(cfg, ModelWeights(cfg, std::move(source)), options);
+  std::unique_ptr<Model> model;
+  if (prequant) {
+    prequant->set_plain_fallback(info.traits.plain_fallback);
+    const PrequantSource* pq = prequant.get();  // the model keeps it alive
+    model = info.create(cfg, ModelWeights(cfg, std::move(prequant)), options);
+    const PrequantStats st = pq->stats();
+    LOG_INFO(
+        "{}: {}: {} weights converted to native schemes ({} exact, {} in place), {:.1f} MiB stored -> {:.1f} MiB{}",
+        dir, pq->format().summary(), st.weights, st.exact, st.in_place, st.stored_bytes / 1048576.0,
+        st.native_bytes / 1048576.0,
+        st.weights > st.exact
+            ? fmt::format("; requantized: worst |W - W'| / max|W row| {:.4f} ({})", st.max_rel_error, st.worst)
+            : std::string());
+  } else {
+    source->set_plain_fallback(info.traits.plain_fallback);
+    model = info.create(cfg, ModelWeights(cfg, std::move(source)), options);
+  }
   LOG_INFO("loaded {} ({}): {} layers, hidden {}, {:.2f} M parameters, {}, {:.1f} MiB {} in {:.2f} s", dir,
            arch_name(cfg.arch), cfg.num_layers, cfg.hidden_size, model->num_parameters() / 1e6, dtypes,
            mapped / 1048576.0, options.load_into_memory ? "read into memory" : "mapped", timer.seconds());
