@@ -147,7 +147,10 @@ struct FormatEntry {
 
 // One row per format; a format whose detection is not by quant_method (a description file)
 // is tried in detect_prequant below.
-const std::vector<FormatEntry> kFormats = {};
+const std::vector<FormatEntry> kFormats = {
+    {"fp8", make_fp8_format},
+    {"compressed-tensors", make_compressed_tensors_format},
+};
 
 json read_json_file(const std::filesystem::path& path) {
   std::ifstream in(path);
@@ -421,7 +424,17 @@ std::vector<kernels::LinearWeight> PrequantSource::bind(const std::string& name,
 
 kernels::LinearWeight PrequantSource::linear(const TensorSpec& t) const {
   if (t.shape.size() != 2) fail("{}: tensor '{}' is not a matrix in the tensor table", where(), t.name);
-  if (t.role == WeightRole::kFloat || !format_->quantizes(store(), t.name)) return plain_->linear(t);
+  if (!format_->quantizes(store(), t.name)) return plain_->linear(t);
+  if (t.role == WeightRole::kFloat) {
+    // Kept as float by design (a router, a gate): the checkpoint's values dequantized, f32.
+    const StoredLinear w = format_->locate(store(), t.name, 1, t.shape[0], t.shape[1]);
+    auto buf = std::shared_ptr<float[]>(new float[static_cast<size_t>(w.rows * w.cols)]);
+    format_->dequantize_rows(w, 0, w.rows, buf.get());
+    const kernels::MatRef m{buf.get(), DType::kF32, w.rows, w.cols};
+    std::lock_guard<std::mutex> lock(mu_);
+    owned_.push_back(std::move(buf));
+    return kernels::dense_linear(m, w.parts.begin()->second->name);
+  }
   return bind(t.name, 1, t.shape[0], t.shape[1])[0];
 }
 
@@ -443,7 +456,16 @@ std::vector<kernels::LinearWeight> PrequantSource::experts(const std::vector<con
   return out;
 }
 
-std::vector<float> PrequantSource::values(const TensorSpec& t) const { return plain_->values(t); }
+std::vector<float> PrequantSource::values(const TensorSpec& t) const {
+  // A quantized matrix the model holds as f32 (DeepSeek's kv_b_proj): its values dequantized.
+  if (t.shape.size() == 2 && format_->quantizes(store(), t.name)) {
+    const StoredLinear w = format_->locate(store(), t.name, 1, t.shape[0], t.shape[1]);
+    std::vector<float> v(static_cast<size_t>(w.rows * w.cols));
+    format_->dequantize_rows(w, 0, w.rows, v.data());
+    return v;
+  }
+  return plain_->values(t);
+}
 
 int64_t PrequantSource::num_parameters() const { return plain_->num_parameters(); }
 

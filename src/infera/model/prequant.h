@@ -178,7 +178,9 @@ kernels::QuantMatRef convert_to_native(const PrequantFormat& f, const StoredLine
                                        std::vector<std::shared_ptr<void>>& owned, PrequantStats& stats);
 
 // A directory in a pre-quantized format, bound by role: quantized linear weights converted
-// (above), everything else as SafetensorsSource binds a float checkpoint.
+// (above), everything else as SafetensorsSource binds a float checkpoint. A quantized matrix
+// the model keeps as float (WeightRole::kFloat, or read through values(): DeepSeek's kv_b_proj)
+// is dequantized to f32 (small matrices).
 class PrequantSource final : public WeightSource {
  public:
   PrequantSource(WeightStore store, std::unique_ptr<PrequantFormat> format, PrequantTarget target);

@@ -8,4 +8,11 @@
 
 #include "infera/model/prequant.h"
 
-namespace infera {}  // namespace infera
+namespace infera {
+
+// quant_method "fp8" (model/prequant_fp8.cpp).
+std::unique_ptr<PrequantFormat> make_fp8_format(const PrequantFiles& files);
+// quant_method "compressed-tensors" (model/prequant_ct.cpp).
+std::unique_ptr<PrequantFormat> make_compressed_tensors_format(const PrequantFiles& files);
+
+}  // namespace infera
