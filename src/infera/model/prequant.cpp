@@ -477,7 +477,7 @@ PrequantReport check_prequant(const PrequantFormat& f, const WeightStore& store,
   r.summary = f.summary();
   for (const TensorSpec& t : table) {
     if (t.role == WeightRole::kVector || (t.shape.size() != 2 && t.shape.size() != 3)) continue;
-    if (t.role == WeightRole::kFloat || !f.quantizes(store, t.name)) {
+    if (!f.quantizes(store, t.name)) {
       ++r.plain;
       continue;
     }
@@ -486,11 +486,16 @@ PrequantReport check_prequant(const PrequantFormat& f, const WeightStore& store,
     const int64_t E = fused ? t.shape[0] : 1, rows = t.shape[fused ? 1 : 0], cols = t.shape.back();
     try {
       const StoredLinear w = f.locate(store, t.name, E, rows, cols);
-      const NativePlan p = plan_native(w, target);
-      r.quantized += E;
-      if (p.exact) r.exact += E;
       r.stored_bytes += w.stored_bytes();
-      r.native_bytes += native_bytes(p, E * rows, cols);
+      if (t.role == WeightRole::kFloat) {  // kept as float: dequantized to f32 (PrequantSource)
+        r.dequantized += E;
+        r.native_bytes += E * rows * cols * 4;
+      } else {
+        const NativePlan p = plan_native(w, target);
+        r.quantized += E;
+        if (p.exact) r.exact += E;
+        r.native_bytes += native_bytes(p, E * rows, cols);
+      }
       for (const auto& [role, part] : w.parts) r.used.push_back(part->name);
     } catch (const Error& e) {
       r.errors.push_back(e.what());

@@ -218,6 +218,7 @@ struct PrequantReport {
   int64_t quantized = 0;  // logical weights stored quantized (experts one each)
   int64_t plain = 0;  // matrices of the table stored as float
   int64_t exact = 0;  // of the quantized: mapped exactly onto the native scheme
+  int64_t dequantized = 0;  // stored quantized, held as f32 (WeightRole::kFloat)
   int64_t stored_bytes = 0;  // quantized weights' bytes as stored
   int64_t native_bytes = 0;  // their bytes once converted (without the repacked copy)
   std::vector<std::string> errors;  // one per bad weight (the locate() message)

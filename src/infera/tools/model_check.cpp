@@ -372,10 +372,11 @@ class Checker {
       headers = WeightStore::from_tensors(dir_.string(), std::move(infos), nullptr, 0);
       const PrequantReport pr = check_prequant(*prequant_, *headers, expected);
       used.insert(pr.used.begin(), pr.used.end());
-      info("tensors", fmt::format("{}: {} quantized weights ({} map exactly onto Infera's schemes, the rest are "
-                                  "requantized at load), {} float matrices; {} stored -> {} in memory",
-                                  pr.summary, pr.quantized, pr.exact, pr.plain, format_bytes(pr.stored_bytes),
-                                  format_bytes(pr.native_bytes)));
+      info("tensors", fmt::format("{}: {} quantized weights ({} map exactly onto Infera's schemes, {} are "
+                                  "requantized at load{}), {} float matrices; {} stored -> {} in memory",
+                                  pr.summary, pr.quantized, pr.exact, pr.quantized - pr.exact,
+                                  pr.dequantized > 0 ? fmt::format("; {} kept as f32", pr.dequantized) : std::string(),
+                                  pr.plain, format_bytes(pr.stored_bytes), format_bytes(pr.native_bytes)));
       for (size_t i = 0; i < pr.errors.size() && i < 5; ++i) issue(bad, "tensors", pr.errors[i]);
       if (pr.errors.size() > 5)
         issue(bad, "tensors", fmt::format("{} more quantized weights with problems", pr.errors.size() - 5));
