@@ -362,6 +362,74 @@ TEST(PrequantErrors, UnsupportedVariantsAreRefusedNamingTheField) {
   EXPECT_EQ(detect_prequant(PrequantFiles{dir.string(), {{"quant_method", "infera"}}, nullptr}), nullptr);
 }
 
+// A format of generated values, to drive the conversion directly: kFloat rows sin(r * 31 + c),
+// or (kInt) int4 values with one huge scale per row (does not fit f16).
+class SyntheticFormat final : public PrequantFormat {
+ public:
+  explicit SyntheticFormat(PrequantKind kind) : kind_(kind) {}
+  std::string method() const override { return "synthetic"; }
+  std::string summary() const override { return "synthetic"; }
+  bool quantizes(const WeightStore&, const std::string&) const override { return true; }
+  StoredLinear locate(const WeightStore&, const std::string& name, int64_t experts, int64_t rows,
+                      int64_t cols) const override {
+    StoredLinear w;
+    w.name = name;
+    w.label = "synthetic";
+    w.kind = kind_;
+    w.bits = kind_ == PrequantKind::kInt ? 4 : 8;
+    w.experts = experts;
+    w.rows = rows;
+    w.cols = cols;
+    w.group_size = kind_ == PrequantKind::kInt ? 128 : 0;
+    return w;
+  }
+  void int_rows(const StoredLinear& w, int64_t r0, int64_t r1, IntRows& out) const override {
+    out.resize(r1 - r0, w.cols, 128, true);
+    for (size_t i = 0; i < out.q.size(); ++i) out.q[i] = static_cast<int8_t>(i % 16) - 8;
+    for (float& s : out.scale) s = 1e6f;
+  }
+  void dequantize_rows(const StoredLinear& w, int64_t r0, int64_t r1, float* out) const override {
+    for (int64_t r = r0; r < r1; ++r)
+      for (int64_t c = 0; c < w.cols; ++c) out[(r - r0) * w.cols + c] = std::sin(static_cast<float>(r * 31 + c));
+  }
+
+ private:
+  PrequantKind kind_;
+};
+
+// Matrices of 1M values and more are converted on several threads: the same result, and an
+// error inside comes out as one infera::Error.
+TEST(PrequantFormats, LargeMatricesConvertInParallel) {
+  const SyntheticFormat fp(PrequantKind::kFloat);
+  const WeightStore none;
+  const StoredLinear w = fp.locate(none, "w.weight", 1, 1024, 1024);
+  const NativePlan p = plan_native(w, PrequantTarget::kAuto);
+  ASSERT_EQ(p.scheme, kernels::QuantScheme::kW8A8);
+  std::vector<std::shared_ptr<void>> owned;
+  PrequantStats stats;
+  const kernels::QuantMatRef q = convert_to_native(fp, w, p, owned, stats);
+  std::vector<float> x(1024), y(1024);
+  for (int64_t r = 0; r < 1024; ++r) {
+    fp.dequantize_rows(w, r, r + 1, x.data());
+    kernels::dequantize_row(q, r, y.data());
+    float amax = 0, err = 0;
+    for (int64_t c = 0; c < 1024; ++c) {
+      amax = std::max(amax, std::fabs(x[c]));
+      err = std::max(err, std::fabs(x[c] - y[c]));
+    }
+    ASSERT_LE(err, amax / 254.0f * 1.0001f) << "row " << r;
+  }
+  EXPECT_GT(stats.max_rel_error, 0.0);
+  EXPECT_EQ(stats.worst, "w.weight");
+  const SyntheticFormat in(PrequantKind::kInt);
+  const StoredLinear wi = in.locate(none, "big.weight", 1, 1024, 1024);
+  const NativePlan pi = plan_native(wi, PrequantTarget::kAuto);
+  ASSERT_TRUE(pi.exact);
+  const std::string msg = error_of([&] { convert_to_native(in, wi, pi, owned, stats); });
+  EXPECT_NE(msg.find("'big.weight' (synthetic): scale 1000000 of row"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("does not fit in f16"), std::string::npos) << msg;
+}
+
 TEST(PrequantFormats, Fp8E4m3Decoding) {
   EXPECT_EQ(fp8_e4m3_to_f32(0x00), 0.0f);
   EXPECT_EQ(fp8_e4m3_to_f32(0x38), 1.0f);  // exp 7, mant 0
