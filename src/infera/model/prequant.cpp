@@ -228,9 +228,10 @@ NativePlan plan_native(const StoredLinear& w, PrequantTarget target) {
   NativePlan p;
   const bool is_int = w.kind == PrequantKind::kInt;
   if (target == PrequantTarget::kAuto) {
-    target = !is_int || w.bits > 4     ? PrequantTarget::kW8A8
-             : w.quantized_activations ? PrequantTarget::kW4A8
-                                       : PrequantTarget::kW4A16;
+    // int4 needs input features in whole 32-blocks; otherwise W8A8 (exact for per-channel int4).
+    target = !is_int || w.bits > 4 || w.cols % 32 != 0 ? PrequantTarget::kW8A8
+             : w.quantized_activations                 ? PrequantTarget::kW4A8
+                                                       : PrequantTarget::kW4A16;
   }
   if (target == PrequantTarget::kW8A8) {
     p.scheme = QuantScheme::kW8A8;

@@ -421,7 +421,14 @@ TEST(PrequantFormats, LargeMatricesConvertInParallel) {
   }
   EXPECT_GT(stats.max_rel_error, 0.0);
   EXPECT_EQ(stats.worst, "w.weight");
+  // int4 with input features not in whole 32-blocks: W8A8 under auto, refused when int4 is asked for.
   const SyntheticFormat in(PrequantKind::kInt);
+  StoredLinear odd = in.locate(none, "odd.weight", 1, 64, 172);
+  odd.group_size = 172;
+  EXPECT_EQ(plan_native(odd, PrequantTarget::kAuto).scheme, kernels::QuantScheme::kW8A8);
+  EXPECT_TRUE(plan_native(odd, PrequantTarget::kAuto).exact);
+  EXPECT_NE(error_of([&] { plan_native(odd, PrequantTarget::kW4A16); }).find("not a multiple of 32"),
+            std::string::npos);
   const StoredLinear wi = in.locate(none, "big.weight", 1, 1024, 1024);
   const NativePlan pi = plan_native(wi, PrequantTarget::kAuto);
   ASSERT_TRUE(pi.exact);
