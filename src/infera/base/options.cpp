@@ -613,6 +613,14 @@ const OptionSpec kOptions[] = {
      .help = "Repack quantized weights at load into the kernels' layout; 0 computes from the mapped files "
              "(docs/quantization.md)",
      .choices = "1|0|on|off|true|false"},
+    {.name = "prequant_scheme",
+     .type = T::kChoice,
+     .use = kProcess,
+     .env = "INFERA_PREQUANT_SCHEME",
+     .default_value = "auto",
+     .help = "The native scheme pre-quantized checkpoints (FP8, GPTQ, AWQ, compressed-tensors, ...) run as: auto "
+             "picks per weight (int4 -> w4a16, int8 and FP8 -> w8a8) (docs/quantization.md)",
+     .choices = "auto|w8a8|w4a8|w4a16"},
 
     // ---- set by the MPI launcher; read to find this rank's group (parallel/) ----
     {.name = "ompi_comm_world_size",

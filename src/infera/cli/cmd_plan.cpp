@@ -13,6 +13,8 @@
 #include "infera/io/safetensors.h"
 #include "infera/model/config.h"
 #include "infera/model/gguf_loader.h"
+#include "infera/model/prequant.h"
+#include "infera/model/tensor_table.h"
 #include "infera/tools/planner.h"
 
 namespace infera::cli {
@@ -59,9 +61,24 @@ int64_t stored_weight_bytes(const std::string& dir) {
     shards.push_back("model.safetensors");
   }
   int64_t bytes = 0;
+  std::vector<TensorInfo> all;
   for (const auto& s : shards) {
-    for (const TensorInfo& t : read_safetensors_header((fs::path(dir) / s).string()))
+    for (TensorInfo& t : read_safetensors_header((fs::path(dir) / s).string())) {
       bytes += static_cast<int64_t>(t.nbytes);
+      all.push_back(std::move(t));
+    }
+  }
+  // A published pre-quantized checkpoint: its quantized weights as converted at load
+  // (model/prequant.h), the rest as stored.
+  if (std::unique_ptr<PrequantFormat> f = detect_prequant(dir)) {
+    const WeightStore headers = WeightStore::from_tensors(dir, std::move(all), nullptr, 0);
+    const ModelConfig cfg = load_model_config(dir);
+    const PrequantReport r =
+        check_prequant(*f, headers,
+                       tensor_table(cfg, [&headers, &f](const std::string& n) { return f->stores(headers, n); }),
+                       prequant_target_from_options());
+    if (!r.errors.empty()) fail("{}", r.errors.front());
+    bytes += r.native_bytes - r.stored_bytes;
   }
   return bytes;
 }

@@ -31,9 +31,12 @@ constexpr const char* kSingleFile = "model.safetensors";
 constexpr const char* kIndexFile = "model.safetensors.index.json";
 
 bool parse_dtype(std::string_view name, DType* out) {
+  // F8_E4M3: float8 e4m3fn weights of pre-quantized checkpoints (model/prequant.h); BOOL: one
+  // byte per element, 0 or 1.
   static const std::pair<std::string_view, DType> kTable[] = {
-      {"F32", DType::kF32}, {"F16", DType::kF16}, {"BF16", DType::kBF16}, {"I8", DType::kI8}, {"U8", DType::kU8},
-      {"I32", DType::kI32}, {"I64", DType::kI64}, {"BOOL", DType::kU8},  // one byte per element, 0 or 1
+      {"F32", DType::kF32}, {"F16", DType::kF16}, {"BF16", DType::kBF16},
+      {"I8", DType::kI8},   {"U8", DType::kU8},   {"I32", DType::kI32},
+      {"I64", DType::kI64}, {"BOOL", DType::kU8}, {"F8_E4M3", DType::kF8E4M3},
   };
   for (const auto& [n, t] : kTable) {
     if (n == name) {
@@ -262,6 +265,7 @@ std::string_view safetensors_dtype_name(DType dtype) {
     case DType::kU8: return "U8";
     case DType::kI32: return "I32";
     case DType::kI64: return "I64";
+    case DType::kF8E4M3: return "F8_E4M3";
     case DType::kGgml:
     case DType::kSentinel: break;
   }

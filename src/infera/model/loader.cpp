@@ -1,6 +1,8 @@
 #include <map>
 #include <string>
 
+#include <fmt/format.h>
+
 #include "infera/base/error.h"
 #include "infera/base/load_progress.h"
 #include "infera/base/log.h"
@@ -9,6 +11,7 @@
 #include "infera/model/arch_registry.h"
 #include "infera/model/gguf_loader.h"
 #include "infera/model/model.h"
+#include "infera/model/prequant.h"
 #include "infera/model/weights.h"
 
 namespace infera {
@@ -24,14 +27,20 @@ std::unique_ptr<Model> load_model(const std::string& dir, const LoadOptions& opt
   ModelConfig cfg = load_model_config(dir);
   const bool gguf = is_gguf_path(dir);
   LoadProgress* progress = options.progress.get();
-  if (progress) progress->plan((options.load_into_memory ? 1 : 0) + (gguf ? 1 : 0) + 1);
+  // A published pre-quantized checkpoint (FP8, compressed-tensors, ...) binds through its
+  // format, converted to the native schemes (model/prequant.h); its files are read without
+  // a progress step of their own.
+  std::unique_ptr<PrequantSource> prequant = gguf ? nullptr : PrequantSource::open(dir, options.load_into_memory);
+  if (progress) progress->plan((options.load_into_memory && !prequant ? 1 : 0) + (gguf ? 1 : 0) + 1);
   // A GGUF file (llama.cpp's format) binds like a checkpoint directory: its tensors under
   // their Hugging Face names (model/gguf_loader.h).
-  std::unique_ptr<SafetensorsSource> source =
-      gguf ? std::make_unique<SafetensorsSource>(open_gguf_weights(dir, cfg, options.load_into_memory, progress),
-                                                 QuantizationConfig{})
-           : SafetensorsSource::open(dir, options.load_into_memory, progress);
-  const WeightStore& store = source->store();
+  std::unique_ptr<SafetensorsSource> source;
+  if (!prequant) {
+    source = gguf ? std::make_unique<SafetensorsSource>(open_gguf_weights(dir, cfg, options.load_into_memory, progress),
+                                                        QuantizationConfig{})
+                  : SafetensorsSource::open(dir, options.load_into_memory, progress);
+  }
+  const WeightStore& store = prequant ? prequant->store() : source->store();
   const size_t mapped = store.mapped_bytes();
   // "bf16" or "f32+bf16": the dtypes the weights are stored (and computed) in.
   std::map<std::string, size_t> dtype_bytes;
@@ -46,11 +55,28 @@ std::unique_ptr<Model> load_model(const std::string& dir, const LoadOptions& opt
     fail("{}: architecture '{}' is recognised but not implemented yet (supported: {})", dir, cfg.model_type,
          runnable_arch_names());
   }
-  source->set_plain_fallback(info.traits.plain_fallback);
   // The model file binds its weights by role from the architecture's tensor table.
-  ModelWeights weights(cfg, std::move(source));
-  weights.report_progress(options.progress);
-  std::unique_ptr<Model> model = info.create(cfg, std::move(weights), options);
+  std::unique_ptr<Model> model;
+  if (prequant) {
+    prequant->set_plain_fallback(info.traits.plain_fallback);
+    const PrequantSource* pq = prequant.get();  // the model keeps it alive
+    ModelWeights weights(cfg, std::move(prequant));
+    weights.report_progress(options.progress);
+    model = info.create(cfg, std::move(weights), options);
+    const PrequantStats st = pq->stats();
+    LOG_INFO(
+        "{}: {}: {} weights converted to native schemes ({} exact, {} in place), {:.1f} MiB stored -> {:.1f} MiB{}",
+        dir, pq->format().summary(), st.weights, st.exact, st.in_place, st.stored_bytes / 1048576.0,
+        st.native_bytes / 1048576.0,
+        st.weights > st.exact
+            ? fmt::format("; requantized: worst |W - W'| / max|W row| {:.4f} ({})", st.max_rel_error, st.worst)
+            : std::string());
+  } else {
+    source->set_plain_fallback(info.traits.plain_fallback);
+    ModelWeights weights(cfg, std::move(source));
+    weights.report_progress(options.progress);
+    model = info.create(cfg, std::move(weights), options);
+  }
   if (progress) progress->end();
   LOG_INFO("loaded {} ({}): {} layers, hidden {}, {:.2f} M parameters, {}, {:.1f} MiB {} in {:.2f} s", dir,
            arch_name(cfg.arch), cfg.num_layers, cfg.hidden_size, model->num_parameters() / 1e6, dtypes,

@@ -11,7 +11,9 @@ namespace infera {
 
 // kGgml: a matrix in one of llama.cpp's block formats (the block type travels beside it,
 // kernels::MatRef::ggml_type); its element size is not a whole number of bytes.
-enum class DType : uint8_t { kF32, kF16, kBF16, kI8, kI32, kU8, kI64, kGgml, kSentinel };
+// kF8E4M3: float8 e4m3fn (safetensors "F8_E4M3"), read only by pre-quantized formats
+// (model/prequant.h), which convert it at load; kernels never see it.
+enum class DType : uint8_t { kF32, kF16, kBF16, kI8, kI32, kU8, kI64, kF8E4M3, kGgml, kSentinel };
 
 inline size_t dtype_size(DType t) {
   switch (t) {
@@ -22,6 +24,7 @@ inline size_t dtype_size(DType t) {
     case DType::kU8: return 1;
     case DType::kI32: return 4;
     case DType::kI64: return 8;
+    case DType::kF8E4M3: return 1;
     case DType::kGgml:
     case DType::kSentinel: break;
   }
@@ -37,6 +40,7 @@ inline std::string_view dtype_name(DType t) {
     case DType::kU8: return "u8";
     case DType::kI32: return "i32";
     case DType::kI64: return "i64";
+    case DType::kF8E4M3: return "f8_e4m3";
     case DType::kGgml: return "ggml";
     case DType::kSentinel: break;
   }

@@ -18,6 +18,7 @@
 #include "infera/model/arch_registry.h"
 #include "infera/model/config.h"
 #include "infera/model/gguf_loader.h"
+#include "infera/model/prequant.h"
 #include "infera/model/tensor_table.h"
 #include "infera/model/weights.h"
 #include "infera/tokenizer/tokenizer.h"
@@ -165,9 +166,13 @@ class Checker {
       r_.quantization = method;
       if (method == "infera") r_.quantization += " " + it->value("scheme", std::string("?"));
       if (method != "infera") {
-        warn("config", fmt::format("quantization_config.quant_method '{}': Infera loads only its own quantized "
-                                   "checkpoints ('infera', written by infera quantize)",
-                                   method));
+        // A published pre-quantized format (model/prequant.h): its tensors are checked below.
+        try {
+          prequant_ = detect_prequant(dir_.string());
+          if (prequant_) r_.quantization = prequant_->summary();
+        } catch (const Error& e) {
+          error("config", e.what());
+        }
       }
     }
     for (const char* q : {"quantize_config.json", "quantization_config.json"}) {
@@ -349,7 +354,35 @@ class Checker {
     std::set<std::string> used;
     int missing = 0, wrong = 0;
     std::vector<std::string> examples;
+    // Pre-quantized: every quantized matrix located and validated as the loader will.
+    std::optional<WeightStore> headers;
+    if (prequant_) {
+      std::vector<TensorInfo> infos;
+      for (const auto& [name, f] : found_) {
+        TensorInfo t;
+        t.name = name;
+        t.dtype = f.dtype;
+        t.shape = f.shape;
+        t.file = f.file;
+        int64_t n = 1;
+        for (int64_t d : f.shape) n *= d;
+        t.nbytes = static_cast<size_t>(n) * dtype_size(f.dtype);
+        infos.push_back(std::move(t));
+      }
+      headers = WeightStore::from_tensors(dir_.string(), std::move(infos), nullptr, 0);
+      const PrequantReport pr = check_prequant(*prequant_, *headers, expected);
+      used.insert(pr.used.begin(), pr.used.end());
+      info("tensors", fmt::format("{}: {} quantized weights ({} map exactly onto Infera's schemes, {} are "
+                                  "requantized at load{}), {} float matrices; {} stored -> {} in memory",
+                                  pr.summary, pr.quantized, pr.exact, pr.quantized - pr.exact,
+                                  pr.dequantized > 0 ? fmt::format("; {} kept as f32", pr.dequantized) : std::string(),
+                                  pr.plain, format_bytes(pr.stored_bytes), format_bytes(pr.native_bytes)));
+      for (size_t i = 0; i < pr.errors.size() && i < 5; ++i) issue(bad, "tensors", pr.errors[i]);
+      if (pr.errors.size() > 5)
+        issue(bad, "tensors", fmt::format("{} more quantized weights with problems", pr.errors.size() - 5));
+    }
     for (const TensorSpec& e : expected) {
+      if (headers && e.role != WeightRole::kVector && prequant_->quantizes(*headers, e.name)) continue;  // above
       auto it = found_.find(e.name);
       std::vector<int64_t> want = e.shape;
       if (it == found_.end()) {
@@ -389,7 +422,7 @@ class Checker {
     }
     std::vector<std::string> extra;
     for (const auto& [name, t] : found_) {
-      if (!used.count(name)) extra.push_back(name);
+      if (!used.count(name) && !(prequant_ && prequant_->is_auxiliary(name))) extra.push_back(name);
     }
     if (!extra.empty()) {
       info("tensors", fmt::format("{} tensor{} not used by the text model (e.g. '{}')", extra.size(),
@@ -494,6 +527,7 @@ class Checker {
   std::optional<ModelConfig> cfg_;
   std::map<std::string, std::string> index_map_;
   std::map<std::string, Found> found_;
+  std::unique_ptr<PrequantFormat> prequant_;  // a published pre-quantized format, when config.json says so
   size_t chat_template_chars_ = 0;
 };
 

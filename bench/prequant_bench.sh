@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# Pre-quantized checkpoints (docs/quantization.md, "Pre-quantized checkpoints") against
+# Infera's own scheme of the same bits on the same weights: prompt and generation tokens/s
+# of each format as loaded (converted to the native schemes at load) next to `infera
+# quantize`'s output of the float model.
+#
+#   bench/prequant_bench.sh [BUILD_DIR] [WORK_DIR]        (BUILD_DIR: absolute or repo-relative)
+#
+# Pairs (format -> what it runs as, and the native checkpoint it is compared with):
+#   fp8-block  -> W8A8 (requantized per row)      vs infera w8a8
+#   ct-w8a8    -> W8A8 (int8 in place)            vs infera w8a8
+#   ct-w4a16   -> W4A16 g128 (exact)              vs infera w4a16 --group-size 128
+# Models: SHAPE=tinyllama (tools/gen_model.py --preset tinyllama, 1.1B) and a Qwen3-MoE shape
+# (MOE_ARGS); SHAPE=small runs a 4-layer, 512-wide llama instead (a quick check). Environment:
+# PROMPT_TOKENS (64), GEN_TOKENS (32), REPEATS (2: best of), THREADS (2), MODELS ("llama moe").
+# Needs BUILD_DIR/infera and /usr/bin/python3 with numpy. Printed only; not a test; on a shared
+# machine run it at low load and repeat. The goal (issue 19): a loaded format within 10% of
+# the native scheme of the same bits.
+set -euo pipefail
+repo="$(cd "$(dirname "$0")/.." && pwd)"
+build="${1:-$repo/build}"
+case "$build" in /*) ;; *) build="$(pwd)/$build" ;; esac
+work="${2:-/tmp/infera_prequant_bench}"
+infera="$build/infera"
+prompt_tokens="${PROMPT_TOKENS:-64}"
+gen_tokens="${GEN_TOKENS:-32}"
+repeats="${REPEATS:-2}"
+threads="${THREADS:-2}"
+shape="${SHAPE:-tinyllama}"
+models="${MODELS:-llama moe}"
+py=/usr/bin/python3
+[ -x "$infera" ] || { echo "error: $infera not found (build the infera target, pass BUILD_DIR)" >&2; exit 1; }
+mkdir -p "$work"
+cd "$work"
+
+if [ "$shape" = tinyllama ]; then
+  llama_args="--preset tinyllama"
+  moe_args="${MOE_ARGS:---arch qwen3_moe --hidden 1024 --layers 8 --heads 16 --kv-heads 4 --head-dim 64 --experts 32 --experts-per-tok 4 --moe-ffn 512 --vocab 8192}"
+else
+  llama_args="--arch llama --hidden 512 --layers 4 --heads 8 --kv-heads 4 --head-dim 64 --ffn 1536 --vocab 2048"
+  moe_args="${MOE_ARGS:---arch qwen3_moe --hidden 512 --layers 4 --heads 8 --kv-heads 4 --head-dim 64 --experts 16 --experts-per-tok 2 --moe-ffn 256 --vocab 2048}"
+fi
+
+field() { $py -c "import json,sys; print(json.load(sys.stdin)[sys.argv[1]])" "$1"; }
+best() { $py -c "import sys; print(max(float(v) for v in sys.argv[1:]))" "$@"; }
+prompt_ids="[1$(for i in $(seq 2 "$prompt_tokens"); do printf ',5'; done)]"
+
+echo "shape $shape, $prompt_tokens-token prompt, $gen_tokens generated, $threads thread(s), best of $repeats"
+echo "load average: $(uptime | sed 's/.*load average: //')"
+printf '%-10s %-22s %10s %9s %9s %9s\n' model checkpoint "prompt t/s" "vs native" "gen t/s" "vs native"
+for m in $models; do
+  src="${shape}_$m"
+  args="$llama_args"; [ "$m" = moe ] && args="$moe_args"
+  # shellcheck disable=SC2086  # args is a list of options
+  [ -f "$src/config.json" ] || $py "$repo/tools/gen_model.py" "$src" $args --dtype bf16 > /dev/null
+  for n in w8a8 w4a16; do
+    g=32; [ "$n" = w4a16 ] && g=128
+    [ -f "${src}_native_$n/config.json" ] || "$infera" quantize "$src" "${src}_native_$n" --scheme "$n" --group-size "$g" > /dev/null
+  done
+  for f in fp8-block ct-w8a8 ct-w4a16; do
+    [ -f "${src}_$f/config.json" ] || $py "$repo/tools/prequant_write.py" "$src" "${src}_$f" --format "$f" > /dev/null
+  done
+  declare -A ps gs
+  ckpts="${src}_native_w8a8 ${src}_fp8-block ${src}_ct-w8a8 ${src}_native_w4a16 ${src}_ct-w4a16"
+  for r in $(seq "$repeats"); do
+    for c in $ckpts; do
+      out="$("$infera" run -m "$c" --prompt-ids "$prompt_ids" -n "$gen_tokens" --temp 0 --ignore-eos --json -t "$threads" 2>/dev/null)"
+      ps[$c]+=" $(echo "$out" | field prompt_tokens_per_s)"; gs[$c]+=" $(echo "$out" | field generated_tokens_per_s)"
+    done
+  done
+  for c in $ckpts; do
+    ref="${src}_native_w8a8"; case "$c" in *w4a16*) ref="${src}_native_w4a16" ;; esac
+    # shellcheck disable=SC2086
+    p="$(best ${ps[$c]})"; g="$(best ${gs[$c]})"; rp="$(best ${ps[$ref]})"; rg="$(best ${gs[$ref]})"
+    $py -c "import sys; m,c,p,g,rp,rg=sys.argv[1:]; p,g,rp,rg=map(float,(p,g,rp,rg)); print('%-10s %-22s %10.1f %8.2fx %9.2f %8.2fx' % (m, c.split('_',2)[-1], p, p/rp, g, g/rg))" \
+      "$m" "$c" "$p" "$g" "$rp" "$rg"
+  done
+  unset ps gs
+done
