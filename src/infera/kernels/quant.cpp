@@ -32,9 +32,17 @@ std::string_view scheme_name(QuantScheme s) {
   return "?";
 }
 
+int64_t QuantExtras::bytes(int64_t rows, int64_t cols) const {
+  int64_t b = static_cast<int64_t>(in_perm.size()) * 4;
+  if (corr_group > 0) b += rows * (cols / corr_group) * 4;
+  if (static_act) b += rows * 8;
+  return b;
+}
+
 int64_t QuantMatRef::weight_bytes() const {
-  if (scheme_is_int4(scheme)) return rows * (cols / 2) + rows * groups_per_row() * 2;
-  return rows * cols + rows * 4;
+  const int64_t extra = extras ? extras->bytes(rows, cols) : 0;
+  if (scheme_is_int4(scheme)) return rows * (cols / 2) + rows * groups_per_row() * 2 + extra;
+  return rows * cols + rows * 4 + extra;
 }
 
 int64_t LinearWeight::bytes() const { return quantized ? quant.weight_bytes() : dense.rows * row_bytes(dense); }
@@ -53,6 +61,14 @@ void check_quant_matrix(const QuantMatRef& w) {
          w.group_size);
   }
   if (w.rows > 0 && (w.qweight == nullptr || w.scales == nullptr)) fail("quantized matrix: missing data");
+  if (const QuantExtras* e = w.extras.get()) {
+    if (!e->in_perm.empty() && static_cast<int64_t>(e->in_perm.size()) != w.cols)
+      fail("quantized matrix: input permutation of {} entries for {} columns", e->in_perm.size(), w.cols);
+    if (e->corr_group < 0 || (e->corr_group > 0 && w.cols % e->corr_group != 0))
+      fail("quantized matrix: zero-point group {} does not divide {} columns", e->corr_group, w.cols);
+    if (e->static_act && (scheme_is_int4(w.scheme) || e->static_act_rows() < w.extras_row0 + w.rows))
+      fail("quantized matrix: static activations need w8a8 and one output scale and bias per row");
+  }
 }
 
 // ---- reference ------------------------------------------------------------------------------
@@ -154,10 +170,87 @@ void quantize_activations(Isa isa, const float* x, int64_t m, int64_t k, int8_t*
   quant_table_for(isa).quantize_activations(x, m, k, q, ld, scale, block_sums);
 }
 
+namespace {
+
+// x_q = sat_int8(round(x / in_scale + in_offset)), y = out_scale · (x_q · w + qbias), int32.
+void qmatmul_static(const float* x, int64_t m, const QuantMatRef& w, float* y) {
+  const QuantExtras& e = *w.extras;
+  const int64_t k = w.cols, n = w.rows, r0 = w.extras_row0;
+  static thread_local std::vector<int8_t> xq;
+  xq.resize(static_cast<size_t>(m * k));
+  const float inv = 1.0f / e.in_scale;  // the reciprocal, as Ascend's quantize op is fed
+  for (int64_t i = 0; i < m * k; ++i) {
+    const float v = std::nearbyint(x[i] * inv + e.in_offset);
+    xq[i] = static_cast<int8_t>(std::clamp(v, -128.0f, 127.0f));
+  }
+  const int8_t* xqp = xq.data();  // thread_local: the worker threads read the caller's
+  const auto* wq = static_cast<const int8_t*>(w.qweight);
+  const int nt = num_threads();
+#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1 && n * k * m >= (1 << 16))
+  for (int64_t r = 0; r < n; ++r) {
+    const int8_t* wr = wq + r * k;
+    for (int64_t i = 0; i < m; ++i) {
+      const int8_t* xr = xqp + i * k;
+      int32_t acc = 0;
+      for (int64_t j = 0; j < k; ++j) acc += int32_t{xr[j]} * int32_t{wr[j]};
+      y[i * n + r] = e.out_scale[r0 + r] * static_cast<float>(acc + e.qbias[r0 + r]);
+    }
+  }
+}
+
+void qmatmul_core(Isa isa, const float* x, int64_t m, const QuantMatRef& w, float* y);
+
+// Permutation and zero-point correction around the symmetric kernel.
+void qmatmul_extras(Isa isa, const float* x, int64_t m, const QuantMatRef& w, float* y) {
+  const QuantExtras& e = *w.extras;
+  if (e.static_act) {
+    qmatmul_static(x, m, w, y);
+    return;
+  }
+  const int64_t k = w.cols, n = w.rows;
+  const float* xin = x;
+  static thread_local std::vector<float> xp;
+  if (!e.in_perm.empty()) {
+    xp.resize(static_cast<size_t>(m * k));
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < k; ++j) xp[i * k + j] = x[i * k + e.in_perm[j]];
+    xin = xp.data();
+  }
+  qmatmul_core(isa, xin, m, w, y);
+  if (e.corr_group == 0) return;
+  const int64_t ng = k / e.corr_group;
+  static thread_local std::vector<float> sums;
+  sums.resize(static_cast<size_t>(ng));
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t g = 0; g < ng; ++g) {
+      float s = 0.0f;
+      for (int64_t j = g * e.corr_group; j < (g + 1) * e.corr_group; ++j) s += xin[i * k + j];
+      sums[g] = s;
+    }
+    for (int64_t r = 0; r < n; ++r) {
+      const float* c = e.corr.data() + (w.extras_row0 + r) * ng;
+      float acc = 0.0f;
+      for (int64_t g = 0; g < ng; ++g) acc += c[g] * sums[g];
+      y[i * n + r] += acc;
+    }
+  }
+}
+
+}  // namespace
+
 void qmatmul(Isa isa, const float* x, int64_t m, const QuantMatRef& w, float* y) {
   check_quant_matrix(w);
   INFERA_ASSERT(m >= 0);
   if (m == 0 || w.rows == 0) return;
+  if (w.extras) {
+    qmatmul_extras(isa, x, m, w, y);
+    return;
+  }
+  qmatmul_core(isa, x, m, w, y);
+}
+
+namespace {
+void qmatmul_core(Isa isa, const float* x, int64_t m, const QuantMatRef& w, float* y) {
   const QuantKernelTable& t = quant_table_for(isa);
   if (w.packed && t.qmatmul_packed) {
     const PackedQuantMat& p = *w.packed;
@@ -168,6 +261,7 @@ void qmatmul(Isa isa, const float* x, int64_t m, const QuantMatRef& w, float* y)
     t.qmatmul(x, m, w, y);
   }
 }
+}  // namespace
 void qmatmul(const float* x, int64_t m, const QuantMatRef& w, float* y) { qmatmul(best_isa(), x, m, w, y); }
 
 namespace {
@@ -193,7 +287,7 @@ namespace {
 bool multi_fuses(Isa isa, int64_t m, std::span<const QuantMatRef* const> ws) {
   bool fused = m == 1 && !ws.empty() && quant_table_for(isa).qgemv_packed_multi != nullptr;
   for (const QuantMatRef* w : ws) {
-    fused = fused && w->packed && w->scheme == ws[0]->scheme && w->cols == ws[0]->cols &&
+    fused = fused && w->packed && !w->extras && w->scheme == ws[0]->scheme && w->cols == ws[0]->cols &&
             w->group_size == ws[0]->group_size;
   }
   return fused;
@@ -343,6 +437,8 @@ QuantMatRef quant_row_slice(const QuantMatRef& w, int64_t r0, int64_t r1) {
   const int64_t scales_row = w.groups_per_row() * (int4 ? 2 : 4);  // f16 per group / one f32
   QuantMatRef s(w.scheme, r1 - r0, w.cols, w.group_size, static_cast<const uint8_t*>(w.qweight) + r0 * qweight_row,
                 static_cast<const uint8_t*>(w.scales) + r0 * scales_row);
+  s.extras = w.extras;
+  s.extras_row0 = w.extras_row0 + r0;
   if (w.packed && r0 % kPanelRows == 0 && (r1 % kPanelRows == 0 || r1 == w.rows) && r1 > r0) {
     auto view = std::make_shared<PackedQuantMat>();
     const PackedQuantMat& full = *w.packed;
@@ -390,8 +486,18 @@ void unpack_quant_matrix(const PackedQuantMat& p, void* qweight, void* scales) {
 
 void dequantize_row(const QuantMatRef& w, int64_t row, float* out) {
   INFERA_ASSERT(row >= 0 && row < w.rows);
-  for (int64_t t = 0; t < w.cols; ++t)
-    out[t] = static_cast<float>(ref::qweight_at(w, row, t)) * ref::qscale_at(w, row, t);
+  const QuantExtras* e = w.extras.get();
+  if (e == nullptr || e->static_act) {
+    for (int64_t t = 0; t < w.cols; ++t)
+      out[t] = static_cast<float>(ref::qweight_at(w, row, t)) * ref::qscale_at(w, row, t);
+    return;
+  }
+  const int64_t ng = e->corr_group > 0 ? w.cols / e->corr_group : 0;
+  for (int64_t t = 0; t < w.cols; ++t) {
+    float v = static_cast<float>(ref::qweight_at(w, row, t)) * ref::qscale_at(w, row, t);
+    if (ng > 0) v += e->corr[(w.extras_row0 + row) * ng + t / e->corr_group];
+    out[e->in_perm.empty() ? t : e->in_perm[t]] = v;
+  }
 }
 
 }  // namespace infera::kernels

@@ -39,12 +39,14 @@
 // 4 KiB file mapping: ~25% more read bandwidth on the machines measured).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <span>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 #include "infera/base/cpu.h"
 #include "infera/base/membw.h"
@@ -53,6 +55,7 @@
 namespace infera::kernels {
 
 struct PackedQuantMat;
+struct QuantExtras;
 
 enum class QuantScheme : uint8_t { kW8A8, kW4A8, kW4A16 };
 
@@ -83,9 +86,39 @@ struct QuantMatRef {
   // from it when present, the scalar and AVX2 paths and dequantize_row from the fields above
   // (which must stay valid). Shared: copies of a LinearWeight share one packed copy.
   std::shared_ptr<const PackedQuantMat> packed;
+  // Terms a checkpoint quantized by another tool needs beyond the symmetric scheme (act-order
+  // permutation, zero points, static activations; QuantExtras below); nullptr for Infera's own.
+  // Its rows are indexed from extras_row0 (a row slice shares its parent's).
+  std::shared_ptr<const QuantExtras> extras;
+  int64_t extras_row0 = 0;
 
   int64_t groups_per_row() const { return cols / group_size; }
   int64_t weight_bytes() const;  // qweight + scales
+};
+
+// What pre-quantized checkpoints (GPTQ, AWQ, msModelSlim: model/prequant_*.h) add to a scheme
+// whose weights and scales are otherwise Infera's own layout, kept exact instead of requantized:
+// - in_perm [cols]: the matrix's column j multiplies x[:, in_perm[j]] (GPTQ act-order: columns
+//   sorted by group so that groups are contiguous);
+// - zero points, as a correction per group of corr_group (permuted) columns: with
+//   W = s·(q − z) = s·(q − 8) + s·(8 − z), the kernel computes the first term and
+//   y[r] += Σ_g corr[r, g] · Σ_{j in g} x'[j] adds the second (corr = s·(8 − z), f32);
+// - static activations (msModelSlim W8A8, w8a8 only): x_q = sat_int8(round(x / in_scale +
+//   in_offset)) with calibrated constants, y[r] = out_scale[r] · (Σ_j x_q[j]·w[r, j] + qbias[r])
+//   in int32; the QuantMatRef scales are then out_scale / in_scale (dequantize_row).
+// With extras the matrix is computed apart from the fused multi-matrix pass (qmatmul_multi).
+struct QuantExtras {
+  std::vector<int32_t> in_perm;  // [cols] or empty
+  int64_t corr_group = 0;  // columns per correction group; 0: no correction
+  std::vector<float> corr;  // [rows, cols / corr_group]
+  bool static_act = false;
+  float in_scale = 1.0f;
+  float in_offset = 0.0f;
+  std::vector<float> out_scale;  // [rows]
+  std::vector<int32_t> qbias;  // [rows]
+  // Bytes these terms add for `rows` rows (read per token).
+  int64_t bytes(int64_t rows, int64_t cols) const;
+  int64_t static_act_rows() const { return static_cast<int64_t>(std::min(out_scale.size(), qbias.size())); }
 };
 
 constexpr int64_t kPanelRows = 16;  // rows per panel of the repacked layout

@@ -19,6 +19,17 @@ using parallel::Range;
 
 namespace {
 
+// Column and multi-range shards of a matrix with pre-quantized extras (act-order permutation,
+// zero points, static activations) are not built: they would need the extras split too.
+void refuse_extras(const kernels::LinearWeight& w, const char* what) {
+  if (w.quantized && w.quant.extras) {
+    fail(
+        "tensor '{}': a {} shard of a pre-quantized layer with zero points, act-order or static activations is "
+        "not supported (run it without tensor parallelism)",
+        w.name, what);
+  }
+}
+
 // Drops this process's mapping of the weight bytes [p, p + n) once they were copied: clean
 // file-backed pages leave the resident set (and would be read again from the page cache
 // if touched). Recent kernels map page-cache folios of up to 2 MiB whole, so pages this
@@ -139,6 +150,8 @@ kernels::LinearWeight TensorShard::rows(const kernels::LinearWeight& w, Range r)
     sc = ds;
   }
   out.quant = kernels::QuantMatRef(q.scheme, r.size(), q.cols, q.group_size, qw, sc);
+  out.quant.extras = q.extras;  // indexed by row: the shard reads its rows of them
+  out.quant.extras_row0 = q.extras_row0 + r.begin;
   if (q.packed) out.quant.packed = kernels::pack_quant_matrix(out.quant);
   return out;
 }
@@ -161,6 +174,7 @@ kernels::MatRef TensorShard::columns(const kernels::MatRef& w, Range c) {
 kernels::LinearWeight TensorShard::columns(const kernels::LinearWeight& w, Range c) {
   if (c.begin == 0 && c.end == w.cols()) return w;
   if (!w.quantized) return kernels::dense_linear(columns(w.dense, c), w.name);
+  refuse_extras(w, "column");
   // Quantized, row-parallel: W8A8 has one scale per row, which stays exact for any column
   // slice (the slice is one group of its own width). int4 groups run along k, so a rank's
   // columns must be whole groups; the packing (runs of 32 columns) then splits on bytes.
@@ -231,6 +245,7 @@ kernels::LinearWeight TensorShard::rows(const kernels::LinearWeight& w, const st
     total += r.size();
   }
   if (in_order && next == w.rows()) return w;
+  refuse_extras(w, "multi-range row");
   // Quantized rows (qweight and scales) are contiguous, so the ranges copy like dense rows.
   const kernels::QuantMatRef& q = w.quant;
   const int64_t qb = qweight_row_bytes(q), sb = scale_row_bytes(q);
