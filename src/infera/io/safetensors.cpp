@@ -29,6 +29,9 @@ constexpr uint64_t kMaxHeaderBytes = 100ull << 20;
 
 constexpr const char* kSingleFile = "model.safetensors";
 constexpr const char* kIndexFile = "model.safetensors.index.json";
+// Ascend msModelSlim's names for the same two layouts (beside quant_model_description.json).
+constexpr const char* kSlimSingleFile = "quant_model_weights.safetensors";
+constexpr const char* kSlimIndexFile = "quant_model_weights.safetensors.index.json";
 
 bool parse_dtype(std::string_view name, DType* out) {
   // F8_E4M3: float8 e4m3fn weights of pre-quantized checkpoints (model/prequant.h); BOOL: one
@@ -322,8 +325,8 @@ struct WeightStore::Impl {
     if (report) progress->end();
   }
 
-  void open_sharded(bool load_into_memory) {
-    const std::string index_path = join_path(dir, kIndexFile);
+  void open_sharded(bool load_into_memory, const char* index_file = kIndexFile) {
+    const std::string index_path = join_path(dir, index_file);
     const json index = read_json_file(index_path);
     if (!index.is_object()) fail("{}: expected a JSON object with a \"weight_map\"", index_path);
     auto wm = index.find("weight_map");
@@ -384,6 +387,10 @@ WeightStore WeightStore::open(const std::string& model_dir, bool load_into_memor
     s.open_sharded(load_into_memory);
   } else if (fs::exists(join_path(model_dir, kSingleFile), ec)) {
     s.add_files({kSingleFile}, load_into_memory);
+  } else if (fs::exists(join_path(model_dir, kSlimIndexFile), ec)) {
+    s.open_sharded(load_into_memory, kSlimIndexFile);
+  } else if (fs::exists(join_path(model_dir, kSlimSingleFile), ec)) {
+    s.add_files({kSlimSingleFile}, load_into_memory);
   } else {
     std::vector<std::string> others = list_safetensors_files(model_dir);
     if (others.empty()) {

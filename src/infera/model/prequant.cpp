@@ -159,6 +159,8 @@ struct FormatEntry {
 const std::vector<FormatEntry> kFormats = {
     {"fp8", make_fp8_format},
     {"compressed-tensors", make_compressed_tensors_format},
+    {"gptq", make_gptq_format},
+    {"awq", make_gptq_format},
 };
 
 json read_json_file(const std::filesystem::path& path) {
@@ -187,7 +189,11 @@ std::unique_ptr<PrequantFormat> detect_prequant(const std::string& dir) {
 
 std::unique_ptr<PrequantFormat> detect_prequant(const PrequantFiles& files) {
   const json& qc = files.quantization_config;
-  if (!qc.is_object()) return nullptr;  // a float checkpoint (description-file formats: none yet)
+  if (!qc.is_object()) {
+    // msModelSlim deletes quantization_config and describes every tensor in its own file.
+    if (files.description.is_object()) return make_modelslim_format(files);
+    return nullptr;  // a float checkpoint
+  }
   const std::string method = qc.value("quant_method", std::string());
   if (method == "infera") return nullptr;  // `infera quantize`'s own format (model/quantized_weights.h)
   for (const FormatEntry& f : kFormats) {
@@ -291,7 +297,9 @@ kernels::QuantMatRef convert_to_native(const PrequantFormat& f, const StoredLine
   stats.stored_bytes += w.stored_bytes();
   stats.native_bytes += native_bytes(p, rows, cols);
   kernels::QuantMatRef out;
-  if (p.exact && f.bind_in_place(w, p.scheme, out, owned)) {
+  // A format may bind exactly what the plan would requantize (zero points, act-order) by
+  // carrying the terms the symmetric scheme lacks (kernels::QuantExtras).
+  if ((p.exact || f.binds_exactly(w, p.scheme)) && f.bind_in_place(w, p.scheme, out, owned)) {
     stats.exact += w.experts;
     stats.in_place += w.experts;
     return out;
@@ -444,7 +452,8 @@ std::vector<kernels::LinearWeight> PrequantSource::bind(const std::string& name,
     const FileMappings maps = FileMappings::current();
     for (const auto& [role, t] : w.parts) release_stored(*t, maps);
   }
-  if (quant_repack_enabled()) all.packed = kernels::pack_quant_matrix(all);
+  // Static activations (msModelSlim W8A8) compute from the stored layout: no repacked copy.
+  if (quant_repack_enabled() && !(all.extras && all.extras->static_act)) all.packed = kernels::pack_quant_matrix(all);
   // Names for logs and observers: the stored name of the weight's first part (stable storage).
   const std::string_view label = w.parts.begin()->second->name;
   std::vector<kernels::LinearWeight> out(static_cast<size_t>(experts));
@@ -527,7 +536,7 @@ PrequantReport check_prequant(const PrequantFormat& f, const WeightStore& store,
       } else {
         const NativePlan p = plan_native(w, target);
         r.quantized += E;
-        if (p.exact) r.exact += E;
+        if (p.exact || f.binds_exactly(w, p.scheme)) r.exact += E;
         r.native_bytes += native_bytes(p, E * rows, cols);
       }
       for (const auto& [role, part] : w.parts) r.used.push_back(part->name);

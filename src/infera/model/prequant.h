@@ -122,6 +122,10 @@ class PrequantFormat {
   // `owned`. False: the seam converts.
   virtual bool bind_in_place(const StoredLinear& w, kernels::QuantScheme scheme, kernels::QuantMatRef& out,
                              std::vector<std::shared_ptr<void>>& owned) const;
+  // Whether bind_in_place binds `w` onto `scheme` exactly even where plan_native would
+  // requantize (asymmetric zeros, a g_idx order), carrying what the symmetric scheme lacks as
+  // kernels::QuantExtras on `out` (GPTQ / AWQ). bind_in_place may still decline (false).
+  virtual bool binds_exactly(const StoredLinear& /*w*/, kernels::QuantScheme /*scheme*/) const { return false; }
   // Stored tensors that belong to quantized layers but no kernel reads (activation scales of
   // dynamic schemes, weight_shape): `infera check` counts them as used, not as foreign.
   virtual bool is_auxiliary(const std::string& tensor_name) const { return false; }

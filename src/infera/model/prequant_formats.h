@@ -14,5 +14,9 @@ namespace infera {
 std::unique_ptr<PrequantFormat> make_fp8_format(const PrequantFiles& files);
 // quant_method "compressed-tensors" (model/prequant_ct.cpp).
 std::unique_ptr<PrequantFormat> make_compressed_tensors_format(const PrequantFiles& files);
+// GPTQ (quant_method "gptq") and AWQ ("awq"), int4: model/prequant_gptq.cpp.
+std::unique_ptr<PrequantFormat> make_gptq_format(const PrequantFiles& files);
+// Ascend msModelSlim (quant_model_description.json, no quantization_config): model/prequant_modelslim.cpp.
+std::unique_ptr<PrequantFormat> make_modelslim_format(const PrequantFiles& files);
 
 }  // namespace infera

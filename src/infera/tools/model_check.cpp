@@ -175,6 +175,16 @@ class Checker {
         }
       }
     }
+    if (!config_json_.contains("quantization_config") && fs::exists(dir_ / "quant_model_description.json")) {
+      // Ascend msModelSlim: no quantization_config, every tensor's type in its description file.
+      add_file("quant_model_description.json", "quantization", false);
+      try {
+        prequant_ = detect_prequant(dir_.string());
+        if (prequant_) r_.quantization = prequant_->summary();
+      } catch (const Error& e) {
+        error("config", e.what());
+      }
+    }
     for (const char* q : {"quantize_config.json", "quantization_config.json"}) {
       if (fs::exists(dir_ / q)) add_file(q, "quantization", false);
     }
@@ -268,6 +278,8 @@ class Checker {
       }
     } else if (fs::exists(dir_ / "model.safetensors", ec)) {
       shards.push_back("model.safetensors");
+    } else if (fs::exists(dir_ / "quant_model_weights.safetensors", ec)) {  // msModelSlim
+      shards.push_back("quant_model_weights.safetensors");
     } else {
       error("weights", "no weights: neither model.safetensors nor model.safetensors.index.json is present");
       return;

@@ -223,8 +223,8 @@ TEST(QuantBadInput, ClearErrors) {
       EXPECT_NE(std::string(e.what()).find("q_proj.weight.qweight"), std::string::npos) << e.what();
     }
   }
-  // Unknown quantization_config.
-  for (const char* bad : {R"({"quant_method": "gptq", "bits": 4})",
+  // Unknown quantization_config (GPTQ loads now: docs/prequant.md; bitsandbytes does not).
+  for (const char* bad : {R"({"quant_method": "bitsandbytes", "load_in_4bit": true})",
                           R"({"quant_method": "infera", "format_version": 1, "scheme": "w2a8"})",
                           R"({"quant_method": "infera", "format_version": 7, "scheme": "w8a8"})"}) {
     std::ifstream in(out / "config.json");
