@@ -241,14 +241,23 @@ void Job::heartbeat() {
 }
 
 // The job is finished once its last byte is written (or the client is gone), so the
-// in-flight count and the metrics follow what the client has.
+// in-flight count and the metrics follow what the client has. The key's slot and token
+// reservation are given back before the last bytes go out: a client that sends its next
+// request as soon as it has this answer finds its slot free.
+void Job::settle_admission() {
+  admission.set_used(static_cast<double>(prompt_tokens_total + completion_tokens()));
+  admission.settle();
+}
+
 void Job::respond(HttpResponse r) {
   responded_ = true;
+  settle_admission();
   exchange_->respond(std::move(r), [serial = serial_, self = self_] { serial([self] { self->finish(); }); });
 }
 
 void Job::end_stream() {
   responded_ = true;
+  settle_admission();
   exchange_->end([serial = serial_, self = self_] { serial([self] { self->finish(); }); });
 }
 

@@ -99,7 +99,7 @@ struct Job : std::enable_shared_from_this<Job> {
   int64_t prompt_tokens_total = 0;
   std::string prompt_text;  // for the audit log
   ApiKeyStore::Key* key = nullptr;
-  Admission admission;  // the key's reservation (limits.h), settled in on_finish
+  Admission admission;  // the key's reservation (limits.h), settled as the answer goes out
   SteadyClock::time_point start;
   SteadyClock::time_point deadline;
   double timeout_s = 0;  // request_timeout_s, for the 504 message
@@ -142,6 +142,7 @@ struct Job : std::enable_shared_from_this<Job> {
   void on_deadline();
   void respond(HttpResponse r);
   void end_stream();
+  void settle_admission();  // the key's slot and tokens, before the last bytes go out
 
   HttpTransport* transport_ = nullptr;
   std::function<void(std::function<void()>)> serial_;
