@@ -152,27 +152,42 @@ TurnOutcome run_turn(Model& model, const EngineConfig& c, const std::vector<int3
   return out;
 }
 
-void expect_restart_resumes_from_disk(Model& model, const std::string& what) {
-  OneThread one;
-  test::TempDir scratch("infera_disk_engine");
+// A conversation's second turn after a restart: an engine with its disk tier in `dir` ran the
+// first turn (a 90-token prompt; its blocks are written at shutdown); `next` is that turn
+// plus its answer and 20 new tokens, `ref` its output with no cache at all.
+struct SecondTurn {
   EngineConfig c;
+  std::vector<int32_t> next;
+  TurnOutcome ref;
+};
+
+SecondTurn second_turn_after_restart(Model& model, const fs::path& dir) {
+  SecondTurn t;
+  EngineConfig& c = t.c;
   c.block_size = 16;
   c.max_batch_tokens = 128;
   c.max_num_seqs = 2;
   c.prefill_chunk = 64;
   c.kv_cache_bytes = 64 << 20;
-  c.cache_dir = (scratch.path() / "cache").string();
+  c.cache_dir = (dir / "cache").string();
   c.cache_model_id = 99;
   std::vector<int32_t> prompt;
   for (int32_t i = 0; i < 90; ++i) prompt.push_back(3 + (i * 53) % 250);
   const TurnOutcome first = run_turn(model, c, prompt);  // writes its blocks at shutdown
-  std::vector<int32_t> next = prompt;
-  next.insert(next.end(), first.tokens.begin(), first.tokens.end());
-  for (int32_t i = 0; i < 20; ++i) next.push_back(7 + i);
+  t.next = prompt;
+  t.next.insert(t.next.end(), first.tokens.begin(), first.tokens.end());
+  for (int32_t i = 0; i < 20; ++i) t.next.push_back(7 + i);
   EngineConfig off = c;
   off.cache_dir.clear();
   off.enable_prefix_cache = false;
-  const TurnOutcome ref = run_turn(model, off, next);
+  t.ref = run_turn(model, off, t.next);
+  return t;
+}
+
+void expect_restart_resumes_from_disk(Model& model, const std::string& what) {
+  OneThread one;
+  test::TempDir scratch("infera_disk_engine");
+  const auto [c, next, ref] = second_turn_after_restart(model, scratch.path());
   const TurnOutcome resumed = run_turn(model, c, next);  // a fresh engine: only the disk has it
   EXPECT_EQ(resumed.tokens, ref.tokens) << what;
   EXPECT_GE(resumed.cached, 80) << what;
@@ -203,24 +218,7 @@ TEST(DiskCacheEngine, ASlowReadHoldsUpOnlyItsOwnRequest) {
   OneThread one;
   Model& model = testing_support::hybrid_model();
   test::TempDir scratch("infera_disk_slow");
-  EngineConfig c;
-  c.block_size = 16;
-  c.max_batch_tokens = 128;
-  c.max_num_seqs = 2;
-  c.prefill_chunk = 64;
-  c.kv_cache_bytes = 64 << 20;
-  c.cache_dir = (scratch.path() / "cache").string();
-  c.cache_model_id = 99;
-  std::vector<int32_t> prompt;
-  for (int32_t i = 0; i < 90; ++i) prompt.push_back(3 + (i * 53) % 250);
-  const TurnOutcome first = run_turn(model, c, prompt);  // writes its blocks at shutdown
-  std::vector<int32_t> next = prompt;
-  next.insert(next.end(), first.tokens.begin(), first.tokens.end());
-  for (int32_t i = 0; i < 20; ++i) next.push_back(7 + i);
-  EngineConfig off = c;
-  off.cache_dir.clear();
-  off.enable_prefix_cache = false;
-  const TurnOutcome ref = run_turn(model, off, next);
+  const auto [c, next, ref] = second_turn_after_restart(model, scratch.path());
 
   EngineCore core(model, c);
   ASSERT_NE(core.disk_cache(), nullptr);
