@@ -34,33 +34,19 @@ import argparse
 import json
 import math
 import os
-import struct
 
 import numpy as np
 
+import safetensors_file as st
+
 
 def load_safetensors(model_dir):
-    files = sorted(f for f in os.listdir(model_dir) if f.endswith(".safetensors"))
+    """Every float tensor of the checkpoint, as float64."""
     out = {}
-    for f in files:
-        with open(os.path.join(model_dir, f), "rb") as fh:
-            n = struct.unpack("<Q", fh.read(8))[0]
-            header = json.loads(fh.read(n))
-            data = fh.read()
-        for name, info in header.items():
-            if name == "__metadata__":
-                continue
-            b, e = info["data_offsets"]
-            raw = data[b:e]
-            if info["dtype"] == "F32":
-                arr = np.frombuffer(raw, dtype=np.float32)
-            elif info["dtype"] == "BF16":
-                arr = (np.frombuffer(raw, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
-            elif info["dtype"] == "F16":
-                arr = np.frombuffer(raw, dtype=np.float16).astype(np.float32)
-            else:
-                raise SystemExit(f"{name}: dtype {info['dtype']} not supported")
-            out[name] = arr.reshape(info["shape"]).astype(np.float64)
+    for name, (dtype, arr) in st.read_model(model_dir).items():
+        if dtype not in ("F32", "BF16", "F16"):
+            raise SystemExit(f"{name}: dtype {dtype} not supported")
+        out[name] = st.to_f32(dtype, arr).astype(np.float64)
     return out
 
 

@@ -61,6 +61,8 @@ import sys
 
 import numpy as np
 
+import safetensors_file as st
+
 PRESETS = {
     # TinyLlama-1.1B's shape (hidden 2048, 22 layers, GQA 32/4, SwiGLU 5632, 32000 vocab).
     "tinyllama": dict(arch="llama", hidden=2048, layers=22, heads=32, kv_heads=4, head_dim=64, ffn=5632,
@@ -114,9 +116,7 @@ def encode(values_f32, dtype):
         return values_f32.astype(np.float32, copy=False)
     if dtype == "f16":
         return values_f32.astype(np.float16)
-    u = values_f32.astype(np.float32, copy=False).view(np.uint32)
-    rounded = (u + np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16)  # nearest even
-    return rounded.astype(np.uint16)
+    return st.bf16_bits(values_f32)
 
 
 class TensorSpec:
@@ -456,23 +456,14 @@ def plan_shards(specs, a):
 
 def write_safetensors(path, specs, indices, a, table, progress):
     st_dtype, elem, _ = DTYPES[a.dtype]
-    header, offset = {}, 0
-    for i in indices:
-        s = specs[i]
-        nbytes = s.numel() * elem
-        header[s.name] = {"dtype": st_dtype, "shape": list(s.shape), "data_offsets": [offset, offset + nbytes]}
-        offset += nbytes
-    header["__metadata__"] = {"format": "pt"}
-    blob = json.dumps(header, separators=(",", ":")).encode()
-    blob += b" " * (-len(blob) % 8)  # data section 8-byte aligned, as safetensors does
+    entries = [(specs[i].name, st_dtype, specs[i].shape, specs[i].numel() * elem) for i in indices]
     with open(path, "wb") as f:
-        f.write(len(blob).to_bytes(8, "little"))
-        f.write(blob)
+        f.write(st.header_bytes(entries, metadata={"format": "pt"}))
         for i in indices:
             for part in generate_chunks(specs[i], i, a, table):
                 f.write(part.tobytes())
             progress(specs[i].numel() * elem)
-    return offset
+    return sum(e[3] for e in entries)
 
 
 def write_weights(out, a):

@@ -41,80 +41,12 @@ import json
 import os
 import re
 import shutil
-import struct
 import sys
 
 import numpy as np
 
-# ---- safetensors ----
-
-_DT = {"F32": (np.float32, 4), "F16": (np.float16, 2), "BF16": (np.uint16, 2), "I8": (np.int8, 1),
-       "U8": (np.uint8, 1), "I32": (np.int32, 4), "I64": (np.int64, 8), "F8_E4M3": (np.uint8, 1)}
-
-
-def read_safetensors(path):
-    """name -> (dtype string, numpy array: BF16 as uint16 bits, F8_E4M3 as uint8 codes)."""
-    with open(path, "rb") as f:
-        raw = f.read()
-    (n,) = struct.unpack("<Q", raw[:8])
-    header = json.loads(raw[8:8 + n])
-    out = {}
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        b, e = info["data_offsets"]
-        np_dt, _ = _DT[info["dtype"]]
-        out[name] = (info["dtype"], np.frombuffer(raw[8 + n + b:8 + n + e], dtype=np_dt).reshape(info["shape"]))
-    return out
-
-
-def read_model(src):
-    index = os.path.join(src, "model.safetensors.index.json")
-    if os.path.exists(index):
-        with open(index) as f:
-            files = sorted(set(json.load(f)["weight_map"].values()))
-        out = {}
-        for fn in files:
-            out.update(read_safetensors(os.path.join(src, fn)))
-        return out
-    return read_safetensors(os.path.join(src, "model.safetensors"))
-
-
-def write_safetensors(path, tensors):
-    """tensors: name -> (dtype string, numpy array of the matching storage type)."""
-    header, blobs, off = {}, [], 0
-    # Larger elements first, then by name: every tensor naturally aligned.
-    for name in sorted(tensors, key=lambda k: (-_DT[tensors[k][0]][1], k)):
-        dt, a = tensors[name]
-        data = np.ascontiguousarray(a).astype(a.dtype.newbyteorder("<"), copy=False).tobytes()
-        header[name] = {"dtype": dt, "shape": list(a.shape), "data_offsets": [off, off + len(data)]}
-        blobs.append(data)
-        off += len(data)
-    hb = json.dumps(header, separators=(",", ":")).encode()
-    hb += b" " * (-len(hb) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(hb)))
-        f.write(hb)
-        for d in blobs:
-            f.write(d)
-
-
-def bf16_bits(x):
-    """f32 -> bf16 bits, round to nearest even."""
-    u = np.asarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
-    u = (u + 0x7FFF + ((u >> 16) & 1)) >> 16
-    return u.astype(np.uint16)
-
-
-def bf16_value(bits):
-    return (bits.astype(np.uint32) << 16).view(np.float32)
-
-
-def to_f32(dt, a):
-    if dt == "BF16":
-        return bf16_value(a)
-    return a.astype(np.float32)
-
+import safetensors_file as st
+from safetensors_file import bf16_bits, bf16_value, to_f32
 
 # ---- float8 e4m3fn ----
 
@@ -245,7 +177,7 @@ def main():
 
     fmt = a.format
     sdt = a.scale_dtype or ("f32" if fmt.startswith("fp8") else "bf16")
-    src = read_model(a.src)
+    src = st.read_model(a.src)
     with open(os.path.join(a.src, "config.json")) as f:
         config = json.load(f)
     os.makedirs(a.out, exist_ok=True)
@@ -314,9 +246,9 @@ def main():
     elif a.breakage == "group":
         group_decl = 48  # divides no published model's features of this test's shapes
 
-    write_safetensors(os.path.join(a.out, "model.safetensors"), out)
+    st.write(os.path.join(a.out, "model.safetensors"), out, aligned=True)
     os.makedirs(os.path.join(a.out, "reference"), exist_ok=True)
-    write_safetensors(os.path.join(a.out, "reference", "model.safetensors"), ref)
+    st.write(os.path.join(a.out, "reference", "model.safetensors"), ref, aligned=True)
 
     if fmt.startswith("fp8"):
         qc = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic"}
@@ -358,7 +290,7 @@ def main():
         plain = {}
         for name, (dt, arr) in src.items():
             plain[name] = ("F32", dequant[name]) if name in dequant else (dt, arr)
-        write_safetensors(os.path.join(a.dequantized, "model.safetensors"), plain)
+        st.write(os.path.join(a.dequantized, "model.safetensors"), plain, aligned=True)
         for fn in os.listdir(a.src):
             if fn.endswith(".json") and fn != "model.safetensors.index.json":
                 shutil.copyfile(os.path.join(a.src, fn), os.path.join(a.dequantized, fn))

@@ -38,55 +38,14 @@ import json
 import os
 import re
 import shutil
-import struct
 import sys
 
 import numpy as np
 
-ST_DTYPES = {"F32": np.float32, "F16": np.float16, "I32": np.int32, "I64": np.int64, "I8": np.int8, "U8": np.uint8}
+import safetensors_file as st
+
 LINEAR = re.compile(r"^(model\.layers\.\d+\..*_proj)\.weight$")
 AWQ_ORDER = [0, 2, 4, 6, 1, 3, 5, 7]
-
-
-def read_safetensors(model_dir):
-    index = os.path.join(model_dir, "model.safetensors.index.json")
-    files = sorted(set(json.load(open(index))["weight_map"].values())) if os.path.exists(index) else ["model.safetensors"]
-    out = {}
-    for f in files:
-        with open(os.path.join(model_dir, f), "rb") as fh:
-            n = struct.unpack("<Q", fh.read(8))[0]
-            header = json.loads(fh.read(n))
-            data = fh.read()
-        for name, info in header.items():
-            if name == "__metadata__":
-                continue
-            b, e = info["data_offsets"]
-            raw = data[b:e]
-            if info["dtype"] == "BF16":
-                arr = (np.frombuffer(raw, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
-            else:
-                arr = np.frombuffer(raw, dtype=ST_DTYPES[info["dtype"]])
-            out[name] = (info["dtype"], arr.reshape(info["shape"]))
-    return out
-
-
-def write_safetensors(path, tensors):
-    """tensors: name -> (dtype string, numpy array already in that dtype's layout)."""
-    header, offset, blobs = {}, 0, []
-    for name in sorted(tensors):
-        dtype, arr = tensors[name]
-        b = np.ascontiguousarray(arr).tobytes()
-        header[name] = {"dtype": dtype, "shape": list(arr.shape), "data_offsets": [offset, offset + len(b)]}
-        offset += len(b)
-        blobs.append(b)
-    header["__metadata__"] = {"format": "pt"}
-    blob = json.dumps(header, separators=(",", ":")).encode()
-    blob += b" " * (-len(blob) % 8)
-    with open(path, "wb") as f:
-        f.write(len(blob).to_bytes(8, "little"))
-        f.write(blob)
-        for b in blobs:
-            f.write(b)
 
 
 def as_stored(dtype, arr):
@@ -322,7 +281,8 @@ def main(argv=None):
     a = ap.parse_args(argv)
 
     cfg = json.load(open(os.path.join(a.in_dir, "config.json")))
-    W = read_safetensors(a.in_dir)
+    # BF16 tensors as their f32 values (as_stored() turns them back into bits).
+    W = {n: (dt, st.bf16_value(arr) if dt == "BF16" else arr) for n, (dt, arr) in st.read_model(a.in_dir).items()}
     floats = {n: arr.astype(np.float32) for n, (dt, arr) in W.items() if dt in ("F32", "F16", "BF16")}
     rng = np.random.default_rng(a.seed)
     ranges = calibrate_llama(cfg, floats, a.calib_tokens, a.seed) if a.format == "slim-w8a8" else None
@@ -383,16 +343,16 @@ def main(argv=None):
     if slim_type:
         desc.update({"model_quant_type": slim_type, "version": "1.0.0", "group_size": 0})
         json.dump(desc, open(os.path.join(a.out_dir, "quant_model_description.json"), "w"), indent=2)
-        write_safetensors(os.path.join(a.out_dir, "quant_model_weights.safetensors"), out)
+        st.write(os.path.join(a.out_dir, "quant_model_weights.safetensors"), out, metadata={"format": "pt"})
     else:
-        write_safetensors(os.path.join(a.out_dir, "model.safetensors"), out)
+        st.write(os.path.join(a.out_dir, "model.safetensors"), out, metadata={"format": "pt"})
     if a.dequant_dir:
         os.makedirs(a.dequant_dir, exist_ok=True)
         for f in os.listdir(a.in_dir):
             if f.endswith(".json") and f != "model.safetensors.index.json" or f.endswith(".model"):
                 shutil.copy(os.path.join(a.in_dir, f), os.path.join(a.dequant_dir, f))
         dq = {n: ("F32", ref[n]) if n in ref else (dt, as_stored(dt, arr)) for n, (dt, arr) in W.items()}
-        write_safetensors(os.path.join(a.dequant_dir, "model.safetensors"), dq)
+        st.write(os.path.join(a.dequant_dir, "model.safetensors"), dq, metadata={"format": "pt"})
     print(f"{a.out_dir}: {len(ref)} layers quantized ({a.format}), {len(skipped)} kept float")
 
 
