@@ -26,125 +26,94 @@ void deepseek_tensor_table(const ModelConfig& c, const HasTensor& has_tensor, st
 
 namespace {
 
+// The rows, one per architecture, in the order of the Arch values (arch_registry.h).
 std::vector<ArchInfo> make_registry() {
-  std::vector<ArchInfo> rows;
-  {
-    ArchInfo a;
-    a.arch = Arch::kLlama;
-    a.read_config = read_dense_config;
-    a.name = "llama";
-    a.model_types = {"llama"};
-    a.display_name = "Llama";
-    a.gguf_arch = "llama";
-    a.tensors = transformer_tensor_table;
-    a.create = create_llama_model;  // model/transformer.cpp
-    rows.push_back(a);
-  }
-  {
-    ArchInfo a;
-    a.arch = Arch::kQwen3;
-    a.read_config = read_dense_config;
-    a.name = "qwen3";
-    a.model_types = {"qwen3"};
-    a.display_name = "Qwen3";
-    a.gguf_arch = "qwen3";
-    a.traits.qwen3_defaults = true;
-    a.tensors = transformer_tensor_table;
-    a.create = create_llama_model;  // model/transformer.cpp
-    rows.push_back(a);
-  }
-  {
-    ArchInfo a;
-    a.arch = Arch::kQwen3Moe;
-    a.read_config = read_qwen3_moe_config;
-    a.name = "qwen3_moe";
-    a.model_types = {"qwen3_moe"};
-    a.display_name = "Qwen3-MoE";
-    a.gguf_arch = "qwen3moe";
-    a.traits.qwen3_defaults = true;
-    a.tensors = transformer_tensor_table;
-    a.create = create_llama_model;  // model/transformer.cpp
-    rows.push_back(a);
-  }
-  {
-    ArchInfo a;
-    a.arch = Arch::kQwen3Next;
-    a.read_config = read_qwen3_next_config;
-    a.name = "qwen3_next";
-    a.model_types = {"qwen3_next"};
-    a.display_name = "Qwen3-Next";
-    a.traits.hybrid = true;
-    a.traits.qwen3_defaults = true;
-    a.traits.zero_centred_norms = true;
-    a.traits.plain_fallback = true;
-    a.traits.fused_gdn_projections = true;
-    a.traits.mtp_from_tensors = true;
-    a.tensors = hybrid_tensor_table;
-    a.create = create_qwen35_model;  // model/qwen35.cpp
-    rows.push_back(a);
-  }
-  {
-    ArchInfo a;
-    a.arch = Arch::kQwen35;
-    a.read_config = read_qwen35_config;
-    a.name = "qwen3_5";
-    a.model_types = {"qwen3_5", "qwen3_5_text"};
-    a.display_name = "Qwen3.5";
-    a.gguf_arch = "qwen35";
-    a.traits.hybrid = true;
-    a.traits.qwen3_defaults = true;
-    a.traits.nested_text = true;
-    a.traits.zero_centred_norms = true;
-    a.traits.plain_fallback = true;
-    a.tensors = hybrid_tensor_table;
-    a.create = create_qwen35_model;  // model/qwen35.cpp
-    rows.push_back(a);
-  }
-  {
-    ArchInfo a;
-    a.arch = Arch::kQwen35Moe;
-    a.read_config = read_qwen35_moe_config;
-    a.name = "qwen3_5_moe";
-    a.model_types = {"qwen3_5_moe", "qwen3_5_moe_text"};
-    a.display_name = "Qwen3.5-MoE";
-    a.gguf_arch = "qwen35moe";
-    a.traits.hybrid = true;
-    a.traits.qwen3_defaults = true;
-    a.traits.nested_text = true;
-    a.traits.zero_centred_norms = true;
-    a.traits.plain_fallback = true;
-    a.traits.experts = ExpertLayout::kFused;
-    a.tensors = hybrid_tensor_table;
-    a.create = create_qwen35_model;  // model/qwen35.cpp
-    rows.push_back(a);
-  }
-  {
-    ArchInfo a;
-    a.arch = Arch::kDeepseekV3;
-    a.read_config = read_deepseek_config;
-    a.name = "deepseek_v3";
-    a.model_types = {"deepseek_v3"};
-    a.display_name = "DeepSeek-V3";
-    a.gguf_arch = "deepseek2";
-    a.traits.mla = true;
-    a.tensors = deepseek_tensor_table;
-    a.create = create_deepseek_model;  // model/deepseek.cpp
-    rows.push_back(a);
-  }
-  {
-    // DeepSeek-V3.2: V3 plus the lightning indexer (sparse attention), the same model file.
-    ArchInfo a;
-    a.arch = Arch::kDeepseekV32;
-    a.read_config = read_deepseek_config;
-    a.name = "deepseek_v32";
-    a.model_types = {"deepseek_v32"};
-    a.display_name = "DeepSeek-V3.2";
-    a.traits.mla = true;
-    a.tensors = deepseek_tensor_table;
-    a.create = create_deepseek_model;  // model/deepseek.cpp
-    rows.push_back(a);
-  }
-  return rows;
+  // Traits shared by the Qwen3 family and by its hybrids.
+  constexpr ArchTraits kQwen3{.qwen3_defaults = true};
+  constexpr ArchTraits kHybrid{.hybrid = true,
+                               .qwen3_defaults = true,
+                               .zero_centred_norms = true,
+                               .plain_fallback = true};
+  ArchTraits qwen3_next = kHybrid;
+  qwen3_next.fused_gdn_projections = true;
+  qwen3_next.mtp_from_tensors = true;
+  ArchTraits qwen35 = kHybrid;
+  qwen35.nested_text = true;
+  ArchTraits qwen35_moe = qwen35;
+  qwen35_moe.experts = ExpertLayout::kFused;
+  return {
+      {.arch = Arch::kLlama,
+       .name = "llama",
+       .model_types = {"llama"},
+       .display_name = "Llama",
+       .gguf_arch = "llama",
+       .traits = {.gguf_permuted_qk = true},
+       .read_config = read_dense_config,
+       .tensors = transformer_tensor_table,
+       .create = create_llama_model},  // model/transformer.cpp
+      {.arch = Arch::kQwen3,
+       .name = "qwen3",
+       .model_types = {"qwen3"},
+       .display_name = "Qwen3",
+       .gguf_arch = "qwen3",
+       .traits = kQwen3,
+       .read_config = read_dense_config,
+       .tensors = transformer_tensor_table,
+       .create = create_llama_model},
+      {.arch = Arch::kQwen3Moe,
+       .name = "qwen3_moe",
+       .model_types = {"qwen3_moe"},
+       .display_name = "Qwen3-MoE",
+       .gguf_arch = "qwen3moe",
+       .traits = kQwen3,
+       .read_config = read_qwen3_moe_config,
+       .tensors = transformer_tensor_table,
+       .create = create_llama_model},
+      {.arch = Arch::kQwen3Next,
+       .name = "qwen3_next",
+       .model_types = {"qwen3_next"},
+       .display_name = "Qwen3-Next",
+       .traits = qwen3_next,
+       .read_config = read_qwen3_next_config,
+       .tensors = hybrid_tensor_table,
+       .create = create_qwen35_model},  // model/qwen35.cpp
+      {.arch = Arch::kQwen35,
+       .name = "qwen3_5",
+       .model_types = {"qwen3_5", "qwen3_5_text"},
+       .display_name = "Qwen3.5",
+       .gguf_arch = "qwen35",
+       .traits = qwen35,
+       .read_config = read_qwen35_config,
+       .tensors = hybrid_tensor_table,
+       .create = create_qwen35_model},
+      {.arch = Arch::kQwen35Moe,
+       .name = "qwen3_5_moe",
+       .model_types = {"qwen3_5_moe", "qwen3_5_moe_text"},
+       .display_name = "Qwen3.5-MoE",
+       .gguf_arch = "qwen35moe",
+       .traits = qwen35_moe,
+       .read_config = read_qwen35_moe_config,
+       .tensors = hybrid_tensor_table,
+       .create = create_qwen35_model},
+      {.arch = Arch::kDeepseekV3,
+       .name = "deepseek_v3",
+       .model_types = {"deepseek_v3"},
+       .display_name = "DeepSeek-V3",
+       .gguf_arch = "deepseek2",
+       .traits = {.mla = true},
+       .read_config = read_deepseek_config,
+       .tensors = deepseek_tensor_table,
+       .create = create_deepseek_model},  // model/deepseek.cpp
+      // DeepSeek-V3.2: V3 plus the lightning indexer (sparse attention), the same model file.
+      {.arch = Arch::kDeepseekV32,
+       .name = "deepseek_v32",
+       .model_types = {"deepseek_v32"},
+       .display_name = "DeepSeek-V3.2",
+       .traits = {.mla = true},
+       .read_config = read_deepseek_config,
+       .tensors = deepseek_tensor_table,
+       .create = create_deepseek_model},
+  };
 }
 
 }  // namespace

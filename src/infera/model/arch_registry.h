@@ -25,6 +25,20 @@ class ModelWeights;
 struct LoadOptions;
 struct TensorSpec;
 
+// One value per row, in the rows' order (model/config.h declares the type; ModelConfig::arch
+// starts at the first, Llama).
+enum class Arch : int {
+  kLlama,
+  kQwen3,
+  kQwen3Moe,
+  kQwen3Next,
+  kQwen35,
+  kQwen35Moe,
+  kDeepseekV3,
+  kDeepseekV32,
+  kSentinel
+};
+
 // A checkpoint's tensor names: true when `name` is stored.
 using HasTensor = std::function<bool(const std::string& name)>;
 
@@ -50,6 +64,9 @@ struct ArchTraits {
   // gate projections; directories quantized before these layers were): SafetensorsSource.
   bool plain_fallback = false;
   ExpertLayout experts = ExpertLayout::kPerExpert;  // the layout published checkpoints use
+  // llama.cpp's converter permutes q/k rows for its rope layout (convert writes them so,
+  // the GGUF loader undoes it): its llama architecture.
+  bool gguf_permuted_qk = false;
 };
 
 // The model file's hook: binds its weights by role ((layer, slot) of the tensor table, from

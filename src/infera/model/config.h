@@ -11,7 +11,9 @@
 
 namespace infera {
 
-enum class Arch { kLlama, kQwen3, kQwen3Moe, kQwen3Next, kQwen35, kQwen35Moe, kDeepseekV3, kDeepseekV32, kSentinel };
+// An architecture: the id of its row in the registry, where the values are listed beside
+// the rows (model/arch_registry.h). 0 is Llama.
+enum class Arch : int;
 
 const char* arch_name(Arch a);
 
@@ -33,7 +35,7 @@ struct RopeConfig {
 };
 
 struct ModelConfig {
-  Arch arch = Arch::kLlama;
+  Arch arch{};  // Arch::kLlama unless config.json names another
   std::string model_type;  // as in config.json
   int hidden_size = 0;
   int intermediate_size = 0;

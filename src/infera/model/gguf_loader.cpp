@@ -302,7 +302,7 @@ WeightStore bind_gguf(const std::string& path, const ModelConfig& cfg, bool load
   // "converting": the bound tensors' bytes (a little less than the files').
   if (progress) progress->begin("converting", static_cast<int64_t>(f.bytes()));
   std::set<std::string> counted;  // GGUF tensors summarised
-  const bool unpermute_qk = cfg.arch == Arch::kLlama;
+  const bool unpermute_qk = arch_info(cfg.arch).traits.gguf_permuted_qk;
   std::map<std::string, size_t> converted;  // ggml type -> bytes dequantized to f32
   std::vector<TensorInfo> out;
   for (const TensorSpec& spec : tensor_table(cfg)) {

@@ -487,25 +487,27 @@ GgufExportResult export_gguf(const std::string& model_dir, const std::string& ou
   if (!hybrid && !config.mla && config.rope.rotary_dim != config.head_dim) {
     fail("{}: partial rotary embeddings are not supported for {}", config_path, arch);
   }
-  if (config.arch == Arch::kQwen3Moe) {
-    // llama.cpp's qwen3moe runs every layer as MoE and always renormalises the top-k.
+  // A transformer with experts (qwen3moe): llama.cpp runs every layer as MoE and always
+  // renormalises the top-k.
+  const bool transformer_moe = !hybrid && !config.mla && config.num_experts > 0;
+  if (transformer_moe) {
     for (int l = 0; l < config.num_layers; ++l) {
       if (!config.is_moe_layer(l)) {
         fail(
-            "{}: layer {} is a dense MLP layer (decoder_sparse_step / mlp_only_layers); llama.cpp's qwen3moe "
+            "{}: layer {} is a dense MLP layer (decoder_sparse_step / mlp_only_layers); llama.cpp's {} "
             "needs every layer to be MoE",
-            config_path, l);
+            config_path, l, arch);
       }
     }
     if (!config.norm_topk_prob) {
-      fail("{}: norm_topk_prob is false; llama.cpp's qwen3moe always renormalises the top-k weights", config_path);
+      fail("{}: norm_topk_prob is false; llama.cpp's {} always renormalises the top-k weights", config_path, arch);
     }
   }
   if (hybrid && config.linear_key_head_dim != config.linear_value_head_dim) {
     fail("{}: linear_key_head_dim ({}) != linear_value_head_dim ({}); llama.cpp's {} needs them equal", config_path,
          config.linear_key_head_dim, config.linear_value_head_dim, arch);
   }
-  const bool is_llama = config.arch == Arch::kLlama;
+  const bool permute_qk = info.traits.gguf_permuted_qk;
   const WeightStore store = WeightStore::open(model_dir);
   const HasTensor has = [&store](const std::string& n) { return store.find(n) != nullptr; };
 
@@ -534,7 +536,7 @@ GgufExportResult export_gguf(const std::string& model_dir, const std::string& ou
   gguf::Writer writer;
   add_hparams(writer, config, arch, name, options.out_type);
   const std::string hp = arch + ".";
-  if (config.arch == Arch::kQwen3Moe) add_moe_hparams(writer, config, hp);
+  if (transformer_moe) add_moe_hparams(writer, config, hp);
   // DeepSeek (deepseek2): MLA as llama.cpp's converter lays it out, MQA over the latent
   // (one KV head of kv_lora_rank + qk_rope_head_dim), the per-head widths as *_mla.
   const int n_nextn = config.mla && store.find("model.layers." + std::to_string(config.num_layers) + ".eh_proj.weight")
@@ -588,7 +590,7 @@ GgufExportResult export_gguf(const std::string& model_dir, const std::string& ou
     writer.set(hp + "full_attention_interval",
                Value::u32(
                    static_cast<uint32_t>(config.full_attention_interval > 0 ? config.full_attention_interval : 4)));
-    if (config.arch == Arch::kQwen35Moe) {
+    if (config.num_experts > 0) {
       add_moe_hparams(writer, config, hp);
       if (config.shared_expert_intermediate_size > 0) {
         writer.set(hp + "expert_shared_feed_forward_length",
@@ -767,10 +769,11 @@ GgufExportResult export_gguf(const std::string& model_dir, const std::string& ou
       add_vector(p + "input_layernorm.weight", H);
       const int nh = config.num_heads, nkv = config.num_kv_heads;
       add_matrix(p + "self_attn.q_proj.weight", q_out, H,
-                 is_llama ? std::function<int64_t(int64_t)>([&](int64_t r) { return llama_permuted_row(q_out, nh, r); })
-                          : nullptr);
+                 permute_qk
+                     ? std::function<int64_t(int64_t)>([&](int64_t r) { return llama_permuted_row(q_out, nh, r); })
+                     : nullptr);
       add_matrix(p + "self_attn.k_proj.weight", kv_out, H,
-                 is_llama
+                 permute_qk
                      ? std::function<int64_t(int64_t)>([&](int64_t r) { return llama_permuted_row(kv_out, nkv, r); })
                      : nullptr);
       add_matrix(p + "self_attn.v_proj.weight", kv_out, H);
@@ -780,7 +783,7 @@ GgufExportResult export_gguf(const std::string& model_dir, const std::string& ou
         add_vector(p + "self_attn.k_norm.weight", hd);
       }
       add_vector(p + "post_attention_layernorm.weight", H);
-      if (config.arch == Arch::kQwen3Moe) {
+      if (transformer_moe) {
         add_matrix(p + "mlp.gate.weight", config.num_experts, H);
         add_per_expert(p);
       } else {
@@ -839,7 +842,7 @@ GgufExportResult export_gguf(const std::string& model_dir, const std::string& ou
         add_matrix(a + "out_proj.weight", H, VD, nullptr, std::move(cols));
       }
       add_vector(p + "post_attention_layernorm.weight", H, plus_one);
-      if (config.arch == Arch::kQwen35) {
+      if (config.num_experts == 0) {
         add_matrix(p + "mlp.gate_proj.weight", F, H);
         add_matrix(p + "mlp.up_proj.weight", F, H);
         add_matrix(p + "mlp.down_proj.weight", H, F);

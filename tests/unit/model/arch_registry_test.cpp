@@ -79,6 +79,70 @@ TEST(ArchRegistry, EveryModelTypeSelectsItsRow) {
   EXPECT_TRUE(arch_info(Arch::kDeepseekV32).traits.mla);
 }
 
+// A row is all an architecture needs: every row carries its hooks, its Arch value is its
+// place in the table, and a row with a GGUF name names every tensor of its table (a row
+// without one names none).
+TEST(ArchRegistry, EveryRowIsComplete) {
+  const std::vector<ArchInfo>& rows = arch_registry();
+  ASSERT_EQ(rows.size(), static_cast<size_t>(Arch::kSentinel));
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const ArchInfo& a = rows[i];
+    EXPECT_EQ(static_cast<size_t>(a.arch), i) << a.name;
+    EXPECT_STRNE(a.name, "") << i;
+    EXPECT_STRNE(a.display_name, "") << a.name;
+    EXPECT_NE(a.read_config, nullptr) << a.name;
+    EXPECT_NE(a.tensors, nullptr) << a.name;
+    EXPECT_TRUE(a.runnable()) << a.name << ": every row has a model file today";
+    ModelConfig c = config_of(std::string(a.model_types.front()), 48);
+    c.mtp_num_hidden_layers = a.traits.hybrid ? 1 : 0;
+    c.num_nextn_predict_layers = a.traits.mla ? 1 : 0;
+    const std::vector<TensorSpec> table = tensor_table(c);
+    EXPECT_FALSE(table.empty()) << a.name;
+    for (const TensorSpec& t : table) {
+      if (a.gguf_arch) {
+        EXPECT_FALSE(t.gguf.empty()) << a.name << " " << t.name << ": the row converts to GGUF";
+      } else {
+        EXPECT_TRUE(t.gguf.empty()) << a.name << " " << t.name;
+      }
+    }
+  }
+}
+
+// Nothing outside the registry decides by architecture: no source file but
+// model/arch_registry.* names an Arch value or quotes an architecture's name, model_type or
+// GGUF name (so a new row is picked up everywhere without touching these files). The
+// tokenizer is left out: its kinds share names with architectures (tokenizer.ggml.model
+// "llama", the "qwen35" pre-tokenizer) and it cannot see the model module.
+TEST(ArchRegistry, OnlyTheRegistryNamesArchitectures) {
+  std::set<std::string> quoted;
+  for (const ArchInfo& a : arch_registry()) {
+    quoted.insert("\"" + std::string(a.name) + "\"");
+    for (std::string_view t : a.model_types) quoted.insert("\"" + std::string(t) + "\"");
+    if (a.gguf_arch) quoted.insert("\"" + std::string(a.gguf_arch) + "\"");
+  }
+  const fs::path root = fs::path(INFERA_SOURCE_DIR) / "src" / "infera";
+  ASSERT_TRUE(fs::is_directory(root)) << root;
+  int files = 0;
+  for (const fs::directory_entry& e : fs::recursive_directory_iterator(root)) {
+    const fs::path& p = e.path();
+    if (!e.is_regular_file() || (p.extension() != ".cpp" && p.extension() != ".h")) continue;
+    const std::string rel = fs::relative(p, root).generic_string();
+    if (rel.starts_with("model/arch_registry.") || rel.starts_with("tokenizer/")) continue;
+    ++files;
+    std::ifstream in(p);
+    std::string line;
+    for (int n = 1; std::getline(in, line); ++n) {
+      const std::string code = line.substr(0, line.find("//"));
+      if (code.find("tokenizer.ggml.model") != std::string::npos) continue;  // a tokenizer kind
+      EXPECT_EQ(code.find("Arch::"), std::string::npos) << rel << ":" << n << ": " << line;
+      for (const std::string& q : quoted) {
+        EXPECT_EQ(code.find(q), std::string::npos) << rel << ":" << n << " quotes " << q << ": " << line;
+      }
+    }
+  }
+  EXPECT_GT(files, 100);
+}
+
 TEST(ArchRegistry, TextPrefixAndExpertLayoutFollowTheCheckpoint) {
   const ModelConfig q35 = config_of("qwen3_5_moe");
   const ModelConfig q3 = config_of("qwen3_moe");

@@ -12,6 +12,7 @@
 
 #include "../test_support.h"
 #include "infera/base/error.h"
+#include "infera/model/arch_registry.h"
 
 namespace infera {
 namespace {

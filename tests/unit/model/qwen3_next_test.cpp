@@ -15,6 +15,7 @@
 #include "../test_support.h"
 #include "infera/base/error.h"
 #include "infera/io/safetensors.h"
+#include "infera/model/arch_registry.h"
 #include "infera/model/model.h"
 #include "infera/model/weights.h"
 #include "infera/tools/model_check.h"

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "infera/base/error.h"
+#include "infera/model/arch_registry.h"
 #include "infera/model/config.h"
 
 namespace infera {
