@@ -4,47 +4,29 @@
 
 namespace infera {
 
+namespace table_rows {
+
 namespace {
-
-// Builds one table: the current layer, GGUF block prefix and MTP flag apply to what is added.
-class TableBuilder {
- public:
-  TableBuilder(const ModelConfig& c, const HasTensor& has_tensor, std::vector<TensorSpec>& out)
-      : c_(c), has_(has_tensor), out_(out), gguf_(arch_info(c.arch).gguf_arch != nullptr) {}
-
-  const ModelConfig& config() const { return c_; }
-  bool has(const std::string& name) const { return has_ && has_(name); }
-  bool probing() const { return static_cast<bool>(has_); }
-
-  bool mtp = false;
-  int layer = -1;
-  std::string block;  // GGUF prefix of the current block ("blk.3.")
-
-  int expert = -1;  // per-expert tensors: the expert being added
-
-  void add(std::string name, std::vector<int64_t> shape, WeightRole role, const char* slot, const char* gguf,
-           TpSplit split) {
-    TensorSpec t;
-    t.name = std::move(name);
-    t.slot = slot;
-    t.expert = expert;
-    t.shape = std::move(shape);
-    t.role = role;
-    t.mtp = mtp;
-    t.layer = layer;
-    if (gguf_ && gguf) t.gguf = gguf[0] == '/' ? std::string(gguf + 1) : block + gguf;  // '/': a global name
-    t.split = split;
-    out_.push_back(std::move(t));
-  }
-
- private:
-  const ModelConfig& c_;
-  const HasTensor& has_;
-  std::vector<TensorSpec>& out_;
-  bool gguf_;
-};
-
 constexpr const char* kNoGguf = nullptr;
+}  // namespace
+
+TableBuilder::TableBuilder(const ModelConfig& c, const HasTensor& has_tensor, std::vector<TensorSpec>& out)
+    : c_(c), has_(has_tensor), out_(out), gguf_(arch_info(c.arch).gguf_arch != nullptr) {}
+
+void TableBuilder::add(std::string name, std::vector<int64_t> shape, WeightRole role, const char* slot,
+                       const char* gguf, TpSplit split) {
+  TensorSpec t;
+  t.name = std::move(name);
+  t.slot = slot;
+  t.expert = expert;
+  t.shape = std::move(shape);
+  t.role = role;
+  t.mtp = mtp;
+  t.layer = layer;
+  if (gguf_ && gguf) t.gguf = gguf[0] == '/' ? std::string(gguf + 1) : block + gguf;  // '/': a global name
+  t.split = split;
+  out_.push_back(std::move(t));
+}
 
 // Standard (GQA) attention of llama / qwen3 / the hybrids' full-attention layers.
 void add_attention(TableBuilder& t, const std::string& p) {
@@ -134,8 +116,7 @@ void add_gdn(TableBuilder& t, const std::string& p) {
 }
 
 // shared: a shared expert (slots and GGUF names ffn_*_shexp) instead of the block's MLP.
-void add_dense_mlp(TableBuilder& t, const std::string& p, int64_t H, int64_t F, const char* name = "mlp.",
-                   bool shared = false) {
+void add_dense_mlp(TableBuilder& t, const std::string& p, int64_t H, int64_t F, const char* name, bool shared) {
   t.add(p + name + "gate_proj.weight", {F, H}, WeightRole::kLinear, shared ? "ffn_gate_shexp" : "ffn_gate",
         shared ? "ffn_gate_shexp.weight" : "ffn_gate.weight", TpSplit::kRows);
   t.add(p + name + "up_proj.weight", {F, H}, WeightRole::kLinear, shared ? "ffn_up_shexp" : "ffn_up",
@@ -218,7 +199,12 @@ void add_trunk(TableBuilder& t, const std::string& root) {
   }
 }
 
-}  // namespace
+}  // namespace table_rows
+
+using table_rows::add_block;
+using table_rows::add_moe;
+using table_rows::add_trunk;
+using table_rows::TableBuilder;
 
 // ---- The tables (named in the registry rows) ----
 

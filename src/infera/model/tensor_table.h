@@ -80,6 +80,53 @@ struct TensorSpec {
 };
 using ExpectedTensor = TensorSpec;
 
+// ---- Writing a table ----
+// A registry row's `tensors` hook appends its rows with these: the builder carries the
+// current layer, GGUF block prefix and MTP flag, and the row builders add the tensors of the
+// usual blocks under a Hugging Face prefix `p` ("model.layers.3."). An architecture with a
+// new layout writes its table function beside its model (the existing tables are in
+// tensor_table.cpp: transformer, hybrid, DeepSeek).
+namespace table_rows {
+
+class TableBuilder {
+ public:
+  TableBuilder(const ModelConfig& c, const HasTensor& has_tensor, std::vector<TensorSpec>& out);
+
+  const ModelConfig& config() const { return c_; }
+  bool has(const std::string& name) const { return has_ && has_(name); }
+  bool probing() const { return static_cast<bool>(has_); }  // a checkpoint's names are known
+
+  bool mtp = false;
+  int layer = -1;
+  std::string block;  // GGUF prefix of the current block ("blk.3.")
+  int expert = -1;  // per-expert tensors: the expert being added
+
+  // gguf: the name within the block, "/name" for a global one, nullptr for none; the row
+  // has no GGUF name when the architecture has no GGUF export.
+  void add(std::string name, std::vector<int64_t> shape, WeightRole role, const char* slot, const char* gguf,
+           TpSplit split);
+
+ private:
+  const ModelConfig& c_;
+  const HasTensor& has_;
+  std::vector<TensorSpec>& out_;
+  bool gguf_;
+};
+
+void add_attention(TableBuilder& t, const std::string& p);  // GQA (q/k/v/o, biases, q/k norms)
+void add_mla(TableBuilder& t, const std::string& p);  // DeepSeek MLA (+ the V3.2 indexer)
+void add_gdn(TableBuilder& t, const std::string& p);  // Gated DeltaNet, split or fused projections
+// A SwiGLU MLP under p + name; shared: a shared expert (slots and GGUF names ffn_*_shexp).
+void add_dense_mlp(TableBuilder& t, const std::string& p, int64_t H, int64_t F, const char* name = "mlp.",
+                   bool shared = false);
+void add_moe(TableBuilder& t, const std::string& p);  // router, experts (stored layout), shared expert
+// One decoder block: the two norms, the mixer (MLA, full attention or GDN) and the MLP or MoE.
+void add_block(TableBuilder& t, const std::string& p, bool full_attention, bool moe);
+// The embedding table, every layer's block under root + "layers.{i}.", the final norm and head.
+void add_trunk(TableBuilder& t, const std::string& root);
+
+}  // namespace table_rows
+
 // The architecture's tensor table for this config. With has_tensor (a checkpoint's names),
 // the per-checkpoint choices follow what is stored: the text prefix (model.language_model.
 // or model.), the expert layout and, for Qwen3-Next, the MTP layers; without it, the
