@@ -105,58 +105,68 @@ int threads_for(int64_t work_items) {
   return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(t, work_items)));
 }
 
+// Attention of `items` (token, head) pairs, spread over the threads: for each pair,
+// scores(it, s) sizes s to the pair's context rows and fills their scores, softmax turns
+// them into weights, and mix(it, weights, n) writes the weighted sum of the rows.
+template <typename Scores, typename Mix>
+void attend_each(int64_t items, const Scores& scores, const Mix& mix) {
+  const int threads = threads_for(items);
+#pragma omp parallel num_threads(threads) if (threads > 1)
+  {
+    static thread_local std::vector<float> s;
+#pragma omp for schedule(static)
+    for (int64_t it = 0; it < items; ++it) {
+      scores(it, s);
+      const int64_t n = static_cast<int64_t>(s.size());
+      if (n > 0) softmax_inplace(s.data(), n);
+      mix(it, s.data(), n);
+    }
+  }
+}
+
 }  // namespace
 
 void mla_attention_absorbed(const float* q, int64_t n_tokens, int64_t n_heads, int64_t pos0, const float* lat,
                             int64_t ld, int64_t R, int64_t P, float scale, float* out) {
   const int64_t D = R + P;
-  const int64_t items = n_tokens * n_heads;
-  const int threads = threads_for(items);
-#pragma omp parallel num_threads(threads) if (threads > 1)
-  {
-    static thread_local std::vector<float> s;
-#pragma omp for schedule(static)
-    for (int64_t it = 0; it < items; ++it) {
-      const int64_t i = it / n_heads;
-      const int64_t n_ctx = pos0 + i + 1;
-      const float* qh = q + it * D;
-      s.resize(static_cast<size_t>(n_ctx));
-      for (int64_t t = 0; t < n_ctx; ++t) {
-        const float* row = lat + t * ld;
-        s[t] = (dot(qh, row, R) + dot(qh + R, row + R, P)) * scale;
-      }
-      softmax_inplace(s.data(), n_ctx);
-      float* o = out + it * R;
-      std::fill(o, o + R, 0.0f);
-      for (int64_t t = 0; t < n_ctx; ++t) axpy(s[t], lat + t * ld, o, R);
-    }
-  }
+  attend_each(
+      n_tokens * n_heads,
+      [&](int64_t it, std::vector<float>& s) {
+        const int64_t n_ctx = pos0 + it / n_heads + 1;
+        const float* qh = q + it * D;
+        s.resize(static_cast<size_t>(n_ctx));
+        for (int64_t t = 0; t < n_ctx; ++t) {
+          const float* row = lat + t * ld;
+          s[t] = (dot(qh, row, R) + dot(qh + R, row + R, P)) * scale;
+        }
+      },
+      [&](int64_t it, const float* s, int64_t n_ctx) {
+        float* o = out + it * R;
+        std::fill(o, o + R, 0.0f);
+        for (int64_t t = 0; t < n_ctx; ++t) axpy(s[t], lat + t * ld, o, R);
+      });
 }
 
 void mla_attention_naive(const float* q, int64_t n_tokens, int64_t n_heads, int64_t pos0, const float* kv, int64_t nope,
                          int64_t V, const float* k_pe, int64_t k_pe_ld, int64_t P, float scale, float* out) {
   const int64_t D = nope + P, KV = nope + V;
-  const int64_t items = n_tokens * n_heads;
-  const int threads = threads_for(items);
-#pragma omp parallel num_threads(threads) if (threads > 1)
-  {
-    static thread_local std::vector<float> s;
-#pragma omp for schedule(static)
-    for (int64_t it = 0; it < items; ++it) {
-      const int64_t i = it / n_heads, h = it % n_heads;
-      const int64_t n_ctx = pos0 + i + 1;
-      const float* qh = q + it * D;
-      s.resize(static_cast<size_t>(n_ctx));
-      for (int64_t t = 0; t < n_ctx; ++t) {
-        const float* kh = kv + (t * n_heads + h) * KV;
-        s[t] = (dot(qh, kh, nope) + dot(qh + nope, k_pe + t * k_pe_ld, P)) * scale;
-      }
-      softmax_inplace(s.data(), n_ctx);
-      float* o = out + it * V;
-      std::fill(o, o + V, 0.0f);
-      for (int64_t t = 0; t < n_ctx; ++t) axpy(s[t], kv + (t * n_heads + h) * KV + nope, o, V);
-    }
-  }
+  attend_each(
+      n_tokens * n_heads,
+      [&](int64_t it, std::vector<float>& s) {
+        const int64_t h = it % n_heads, n_ctx = pos0 + it / n_heads + 1;
+        const float* qh = q + it * D;
+        s.resize(static_cast<size_t>(n_ctx));
+        for (int64_t t = 0; t < n_ctx; ++t) {
+          const float* kh = kv + (t * n_heads + h) * KV;
+          s[t] = (dot(qh, kh, nope) + dot(qh + nope, k_pe + t * k_pe_ld, P)) * scale;
+        }
+      },
+      [&](int64_t it, const float* s, int64_t n_ctx) {
+        const int64_t h = it % n_heads;
+        float* o = out + it * V;
+        std::fill(o, o + V, 0.0f);
+        for (int64_t t = 0; t < n_ctx; ++t) axpy(s[t], kv + (t * n_heads + h) * KV + nope, o, V);
+      });
 }
 
 void indexer_scores(const float* q, const float* w, int64_t n_heads, int64_t d, const float* keys, int64_t ld,
@@ -184,29 +194,25 @@ void mla_attention_sparse(const float* q, int64_t n_tokens, int64_t n_heads, con
                           int64_t P, const int32_t* idx, const int32_t* n_idx, int64_t idx_stride, float scale,
                           float* out) {
   const int64_t D = R + P;
-  const int64_t items = n_tokens * n_heads;
-  const int threads = threads_for(items);
-#pragma omp parallel num_threads(threads) if (threads > 1)
-  {
-    static thread_local std::vector<float> s;
-#pragma omp for schedule(static)
-    for (int64_t it = 0; it < items; ++it) {
-      const int64_t i = it / n_heads;
-      const int32_t* rows = idx + i * idx_stride;
-      const int64_t n = n_idx[i];
-      const float* qh = q + it * D;
-      float* o = out + it * R;
-      std::fill(o, o + R, 0.0f);
-      if (n == 0) continue;
-      s.resize(static_cast<size_t>(n));
-      for (int64_t j = 0; j < n; ++j) {
-        const float* row = lat + static_cast<int64_t>(rows[j]) * ld;
-        s[j] = (dot(qh, row, R) + dot(qh + R, row + R, P)) * scale;
-      }
-      softmax_inplace(s.data(), n);
-      for (int64_t j = 0; j < n; ++j) axpy(s[j], lat + static_cast<int64_t>(rows[j]) * ld, o, R);
-    }
-  }
+  attend_each(
+      n_tokens * n_heads,
+      [&](int64_t it, std::vector<float>& s) {
+        const int64_t i = it / n_heads;
+        const int32_t* rows = idx + i * idx_stride;
+        const int64_t n = n_idx[i];
+        const float* qh = q + it * D;
+        s.resize(static_cast<size_t>(n));
+        for (int64_t j = 0; j < n; ++j) {
+          const float* row = lat + static_cast<int64_t>(rows[j]) * ld;
+          s[j] = (dot(qh, row, R) + dot(qh + R, row + R, P)) * scale;
+        }
+      },
+      [&](int64_t it, const float* s, int64_t n) {  // no rows (n == 0): zeros
+        const int32_t* rows = idx + it / n_heads * idx_stride;
+        float* o = out + it * R;
+        std::fill(o, o + R, 0.0f);
+        for (int64_t j = 0; j < n; ++j) axpy(s[j], lat + static_cast<int64_t>(rows[j]) * ld, o, R);
+      });
 }
 
 void moe_route_sigmoid(const float* logits, const float* bias, int64_t n_tokens, int64_t n_experts, int64_t k,
@@ -288,28 +294,48 @@ void topk_indices(const float* scores, int64_t n, int64_t k, int32_t* out) {
   std::sort(out, out + k);
 }
 
+namespace {
+
+// One query's attention in double: softmax over the scores s of the rows that take part
+// (keep[t]; every row without keep), then out[r] = the weighted sum of value(t, r) over
+// them, r < width (zeros when no row takes part).
+template <typename Value>
+void softmax_mix(std::vector<double>& s, const uint8_t* keep, int64_t width, const Value& value, float* out) {
+  const int64_t n = static_cast<int64_t>(s.size());
+  double m = -1e300;
+  for (int64_t t = 0; t < n; ++t) {
+    if (!keep || keep[t]) m = std::max(m, s[t]);
+  }
+  double sum = 0.0;
+  for (int64_t t = 0; t < n; ++t) sum += !keep || keep[t] ? (s[t] = std::exp(s[t] - m)) : (s[t] = 0.0);
+  for (int64_t r = 0; r < width; ++r) {
+    double acc = 0.0;
+    for (int64_t t = 0; t < n; ++t) acc += s[t] * value(t, r);
+    out[r] = sum > 0 ? static_cast<float>(acc / sum) : 0.0f;
+  }
+}
+
+double dot_d(const float* a, const float* b, int64_t n) {
+  double acc = 0.0;
+  for (int64_t d = 0; d < n; ++d) acc += static_cast<double>(a[d]) * b[d];
+  return acc;
+}
+
+}  // namespace
+
 void mla_attention_masked(const float* q, int64_t n_tokens, int64_t n_heads, int64_t n_ctx, const float* lat,
                           int64_t ld, int64_t R, int64_t P, const uint8_t* mask, float scale, float* out) {
   const int64_t D = R + P;
   for (int64_t i = 0; i < n_tokens; ++i) {
+    const uint8_t* keep = mask + i * n_ctx;
     for (int64_t h = 0; h < n_heads; ++h) {
       const float* qh = q + (i * n_heads + h) * D;
       std::vector<double> s(static_cast<size_t>(n_ctx), 0.0);
-      double m = -1e300;
       for (int64_t t = 0; t < n_ctx; ++t) {
-        if (!mask[i * n_ctx + t]) continue;
-        double acc = 0.0;
-        for (int64_t d = 0; d < D; ++d) acc += static_cast<double>(qh[d]) * lat[t * ld + d];
-        s[t] = acc * scale;
-        m = std::max(m, s[t]);
+        if (keep[t]) s[t] = dot_d(qh, lat + t * ld, D) * scale;
       }
-      double sum = 0.0;
-      for (int64_t t = 0; t < n_ctx; ++t) sum += mask[i * n_ctx + t] ? (s[t] = std::exp(s[t] - m)) : (s[t] = 0.0);
-      for (int64_t r = 0; r < R; ++r) {
-        double acc = 0.0;
-        for (int64_t t = 0; t < n_ctx; ++t) acc += s[t] * lat[t * ld + r];
-        out[(i * n_heads + h) * R + r] = sum > 0 ? static_cast<float>(acc / sum) : 0.0f;
-      }
+      softmax_mix(
+          s, keep, R, [&](int64_t t, int64_t r) { return lat[t * ld + r]; }, out + (i * n_heads + h) * R);
     }
   }
 }
@@ -322,20 +348,9 @@ void mla_attention_absorbed(const float* q, int64_t n_tokens, int64_t n_heads, i
     for (int64_t h = 0; h < n_heads; ++h) {
       const float* qh = q + (i * n_heads + h) * D;
       std::vector<double> s(static_cast<size_t>(n_ctx));
-      double m = -1e300;
-      for (int64_t t = 0; t < n_ctx; ++t) {
-        double acc = 0.0;
-        for (int64_t d = 0; d < D; ++d) acc += static_cast<double>(qh[d]) * lat[t * ld + d];
-        s[t] = acc * scale;
-        m = std::max(m, s[t]);
-      }
-      double sum = 0.0;
-      for (double& v : s) sum += (v = std::exp(v - m));
-      for (int64_t r = 0; r < R; ++r) {
-        double acc = 0.0;
-        for (int64_t t = 0; t < n_ctx; ++t) acc += s[t] * lat[t * ld + r];
-        out[(i * n_heads + h) * R + r] = static_cast<float>(acc / sum);
-      }
+      for (int64_t t = 0; t < n_ctx; ++t) s[t] = dot_d(qh, lat + t * ld, D) * scale;
+      softmax_mix(
+          s, nullptr, R, [&](int64_t t, int64_t r) { return lat[t * ld + r]; }, out + (i * n_heads + h) * R);
     }
   }
 }
@@ -348,22 +363,14 @@ void mla_attention_naive(const float* q, int64_t n_tokens, int64_t n_heads, int6
     for (int64_t h = 0; h < n_heads; ++h) {
       const float* qh = q + (i * n_heads + h) * D;
       std::vector<double> s(static_cast<size_t>(n_ctx));
-      double m = -1e300;
       for (int64_t t = 0; t < n_ctx; ++t) {
-        const float* kh = kv + (t * n_heads + h) * KV;
-        double acc = 0.0;
-        for (int64_t d = 0; d < nope; ++d) acc += static_cast<double>(qh[d]) * kh[d];
+        double acc = dot_d(qh, kv + (t * n_heads + h) * KV, nope);
         for (int64_t d = 0; d < P; ++d) acc += static_cast<double>(qh[nope + d]) * k_pe[t * k_pe_ld + d];
         s[t] = acc * scale;
-        m = std::max(m, s[t]);
       }
-      double sum = 0.0;
-      for (double& v : s) sum += (v = std::exp(v - m));
-      for (int64_t r = 0; r < V; ++r) {
-        double acc = 0.0;
-        for (int64_t t = 0; t < n_ctx; ++t) acc += s[t] * kv[(t * n_heads + h) * KV + nope + r];
-        out[(i * n_heads + h) * V + r] = static_cast<float>(acc / sum);
-      }
+      softmax_mix(
+          s, nullptr, V, [&](int64_t t, int64_t r) { return kv[(t * n_heads + h) * KV + nope + r]; },
+          out + (i * n_heads + h) * V);
     }
   }
 }
