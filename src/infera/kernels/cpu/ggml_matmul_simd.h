@@ -320,6 +320,30 @@ inline void dot_tile_32(const Tile& tl, int64_t k, const ActRow* a, __m128* out)
   for (int n = 0; n < kNt; ++n) out[n] = sum[n];
 }
 
+// Super-block b's contribution of one activation row to a tile's four sums, from the
+// integer sums of its weight x activation products (isum): the kOffset correction, the
+// mins (sum_g mn[g] * bsum[g]) and the scales d, dmin.
+template <bool kMins, int kOffset>
+inline __m128 k_block_sum(const Tile& tl, int64_t ng, int64_t b, const ActRow& a, __m128i isum) {
+  __m128i msum = _mm_setzero_si128();
+  if (kMins || kOffset != 0) {
+    const __m256i bs = load256(a.bsums + 16 * b);
+    __m256i mm[kTile];
+    if (kOffset != 0) {
+      for (int t = 0; t < kTile; ++t) mm[t] = _mm256_madd_epi16(load256(tl.sc.data() + t * ng + 16 * b), bs);
+      isum = _mm_sub_epi32(isum, _mm_mullo_epi32(reduce4(mm[0], mm[1], mm[2], mm[3]), _mm_set1_epi32(kOffset)));
+    }
+    if (kMins) {
+      for (int t = 0; t < kTile; ++t) mm[t] = _mm256_madd_epi16(load256(tl.mn.data() + t * ng + 16 * b), bs);
+      msum = reduce4(mm[0], mm[1], mm[2], mm[3]);
+    }
+  }
+  const __m128 adb = _mm_set1_ps(a.d[b]);
+  const __m128 d = _mm_mul_ps(_mm_loadu_ps(tl.d.data() + kTile * b), adb);
+  const __m128 dmin = _mm_mul_ps(_mm_loadu_ps(tl.dmin.data() + kTile * b), adb);
+  return _mm_sub_ps(_mm_mul_ps(d, _mm_cvtepi32_ps(isum)), _mm_mul_ps(dmin, _mm_cvtepi32_ps(msum)));
+}
+
 // Q8_K-form types (256-weight super-blocks with scales per 16 weights): tile x kNt
 // activation rows (the weight loads and scale vectors serve all of them). kOffset: the
 // decoder stored w + kOffset; the integer sum takes back kOffset * sum_g sc[g] * bsum[g]
@@ -351,25 +375,8 @@ inline void dot_tile_k(const Tile& tl, int64_t k, const ActRow* a, __m128* out) 
       }
     }
     for (int n = 0; n < kNt; ++n) {
-      __m128i isum = reduce4(acc[n][0], acc[n][1], acc[n][2], acc[n][3]);
-      __m128i msum = _mm_setzero_si128();
-      if (kMins || kOffset != 0) {
-        const __m256i bs = load256(a[n].bsums + 16 * b);
-        __m256i mm[kTile];
-        if (kOffset != 0) {
-          for (int t = 0; t < kTile; ++t) mm[t] = _mm256_madd_epi16(load256(tl.sc.data() + t * ng + 16 * b), bs);
-          isum = _mm_sub_epi32(isum, _mm_mullo_epi32(reduce4(mm[0], mm[1], mm[2], mm[3]), _mm_set1_epi32(kOffset)));
-        }
-        if (kMins) {
-          for (int t = 0; t < kTile; ++t) mm[t] = _mm256_madd_epi16(load256(tl.mn.data() + t * ng + 16 * b), bs);
-          msum = reduce4(mm[0], mm[1], mm[2], mm[3]);
-        }
-      }
-      const __m128 adb = _mm_set1_ps(a[n].d[b]);
-      const __m128 d = _mm_mul_ps(_mm_loadu_ps(tl.d.data() + kTile * b), adb);
-      const __m128 dmin = _mm_mul_ps(_mm_loadu_ps(tl.dmin.data() + kTile * b), adb);
-      sum[n] =
-          _mm_add_ps(sum[n], _mm_sub_ps(_mm_mul_ps(d, _mm_cvtepi32_ps(isum)), _mm_mul_ps(dmin, _mm_cvtepi32_ps(msum))));
+      sum[n] = _mm_add_ps(sum[n], k_block_sum<kMins, kOffset>(tl, ng, b, a[n],
+                                                              reduce4(acc[n][0], acc[n][1], acc[n][2], acc[n][3])));
     }
   }
   for (int n = 0; n < kNt; ++n) out[n] = sum[n];
@@ -419,25 +426,8 @@ inline void dot_tile_k512(const Tile& tl, int64_t k, const ActRow* a, __m128* ou
       __m256i half[kTile];
       for (int t = 0; t < kTile; ++t)
         half[t] = _mm256_add_epi32(_mm512_castsi512_si256(acc[n][t]), _mm512_extracti64x4_epi64(acc[n][t], 1));
-      __m128i isum = reduce4(half[0], half[1], half[2], half[3]);
-      __m128i msum = _mm_setzero_si128();
-      if (kMins || kOffset != 0) {
-        const __m256i bs = load256(a[n].bsums + 16 * b);
-        __m256i mm[kTile];
-        if (kOffset != 0) {
-          for (int t = 0; t < kTile; ++t) mm[t] = _mm256_madd_epi16(load256(tl.sc.data() + t * ng + 16 * b), bs);
-          isum = _mm_sub_epi32(isum, _mm_mullo_epi32(reduce4(mm[0], mm[1], mm[2], mm[3]), _mm_set1_epi32(kOffset)));
-        }
-        if (kMins) {
-          for (int t = 0; t < kTile; ++t) mm[t] = _mm256_madd_epi16(load256(tl.mn.data() + t * ng + 16 * b), bs);
-          msum = reduce4(mm[0], mm[1], mm[2], mm[3]);
-        }
-      }
-      const __m128 adb = _mm_set1_ps(a[n].d[b]);
-      const __m128 d = _mm_mul_ps(_mm_loadu_ps(tl.d.data() + kTile * b), adb);
-      const __m128 dmin = _mm_mul_ps(_mm_loadu_ps(tl.dmin.data() + kTile * b), adb);
       sum[n] =
-          _mm_add_ps(sum[n], _mm_sub_ps(_mm_mul_ps(d, _mm_cvtepi32_ps(isum)), _mm_mul_ps(dmin, _mm_cvtepi32_ps(msum))));
+          _mm_add_ps(sum[n], k_block_sum<kMins, kOffset>(tl, ng, b, a[n], reduce4(half[0], half[1], half[2], half[3])));
     }
   }
   for (int n = 0; n < kNt; ++n) out[n] = sum[n];
