@@ -37,6 +37,21 @@ void batch_positions(const ForwardBatch& batch, std::vector<int32_t>& positions)
   }
 }
 
+void mtp_input_rows(const ForwardBatch& batch, int64_t vocab_size, const kernels::LinearWeight& embed,
+                    const float* enorm, const float* hnorm, const float* hidden, int64_t H, float eps, float w_offset,
+                    std::vector<float>& out) {
+  const int64_t T = static_cast<int64_t>(batch.tokens.size());
+  out.resize(static_cast<size_t>(T * 2 * H));
+  for (int64_t t = 0; t < T; ++t) {
+    const int32_t tok = batch.tokens[t];
+    INFERA_ASSERT(tok >= 0 && tok < vocab_size, "token id out of range");
+    float* row = out.data() + t * 2 * H;
+    linear_row(embed, tok, row);
+    kernels::rmsnorm(row, enorm, row, 1, H, eps, w_offset);
+    kernels::rmsnorm(hidden + t * H, hnorm, row + H, 1, H, eps, w_offset);
+  }
+}
+
 void gather_logit_rows(const ForwardBatch& batch, const float* x, int64_t H, std::vector<float>& rows) {
   rows.resize(static_cast<size_t>(batch.num_logit_rows() * H));
   int64_t r = 0;

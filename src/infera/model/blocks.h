@@ -38,6 +38,12 @@ void gather_logit_rows(const ForwardBatch& batch, const float* x, int64_t H, std
 // Positions of the batch's tokens, [T].
 void batch_positions(const ForwardBatch& batch, std::vector<int32_t>& positions);
 
+// An MTP head's input rows [T, 2H]: per token [rmsnorm(embed(token), enorm) ;
+// rmsnorm(hidden row, hnorm)], the embedding first (ids checked; w_offset as kernels::rmsnorm).
+void mtp_input_rows(const ForwardBatch& batch, int64_t vocab_size, const kernels::LinearWeight& embed,
+                    const float* enorm, const float* hnorm, const float* hidden, int64_t H, float eps, float w_offset,
+                    std::vector<float>& out);
+
 // ---- SwiGLU MLP ----
 
 struct SwigluWeights {

@@ -463,13 +463,7 @@ void DeepseekModel::forward(const ForwardBatch& batch, KvPool& kv, float* logits
   if (T == 0) return;
   const int64_t H = c.hidden_size;
   x_.resize(static_cast<size_t>(T * H));
-  for (const int32_t tok : batch.tokens) INFERA_ASSERT(tok >= 0 && tok < c.vocab_size, "token id out of range");
-  shard_.embed(batch.tokens.data(), T, H, x_.data(), [&](int32_t tok, float* row) { linear_row(embed_, tok, row); });
-  batch_positions(batch, positions_);
-  if (dump_) {
-    dump_->begin_forward();
-    dump_->write("embed", -1, x_.data(), T, H);
-  }
+  embed_batch(shard_, batch, c.vocab_size, embed_, H, x_.data(), positions_, dump_);
   for (int64_t l = 0; l < c.num_layers; ++l) {
     uint64_t* counts = c.num_experts > 0 ? counts_.data() + l * c.num_experts : nullptr;
     run_layer(layers_[l], batch, kv, counts, static_cast<int>(l));
@@ -485,9 +479,7 @@ void DeepseekModel::forward(const ForwardBatch& batch, KvPool& kv, float* logits
     if (has_mtp_) hidden_.assign(rows_.begin(), rows_.end());  // post-final-norm hidden: the MTP input
   }
   if (R == 0 || logits == nullptr) return;
-  if (dump_) dump_->write("final_norm", -1, rows_.data(), R, H);
-  shard_.logits(rows_.data(), R, lm_head_, logits);  // TP: vocabulary split, gathered to rank 0
-  if (dump_) dump_->write("logits", -1, logits, R, c.vocab_size);
+  head_logits(shard_, rows_.data(), R, H, lm_head_, c.vocab_size, logits, dump_);
 }
 
 void DeepseekModel::draft(const ForwardBatch& batch, const float* hidden, KvPool& kv, float* logits) {
@@ -497,15 +489,8 @@ void DeepseekModel::draft(const ForwardBatch& batch, const float* hidden, KvPool
   if (T == 0) return;
   const int64_t H = c.hidden_size;
   // h' = W_eh [rms_e(embed(x_{p+1})) ; rms_h(h_p)] (embedding first).
-  cat_.resize(static_cast<size_t>(T * 2 * H));
-  for (int64_t t = 0; t < T; ++t) {
-    const int32_t tok = batch.tokens[t];
-    INFERA_ASSERT(tok >= 0 && tok < c.vocab_size, "token id out of range");
-    float* row = cat_.data() + t * 2 * H;
-    linear_row(mtp_.embed, tok, row);
-    kernels::rmsnorm(row, mtp_.enorm.data(), row, 1, H, c.rms_norm_eps);
-    kernels::rmsnorm(hidden + t * H, mtp_.hnorm.data(), row + H, 1, H, c.rms_norm_eps);
-  }
+  mtp_input_rows(batch, c.vocab_size, mtp_.embed, mtp_.enorm.data(), mtp_.hnorm.data(), hidden, H, c.rms_norm_eps, 0.0f,
+                 cat_);
   x_.resize(static_cast<size_t>(T * H));
   kernels::linear(cat_.data(), T, mtp_.eh_proj, x_.data());
   // The entry for (h_p, x_{p+1}) is cached in slot p and rotated as position p + 1.

@@ -373,9 +373,7 @@ void Qwen35Model::forward(const ForwardBatch& batch, KvPool& kv, float* logits) 
     hidden_.assign(rows_.begin(), rows_.end());  // post-final-norm hidden: the MTP input
   }
   if (R == 0 || logits == nullptr) return;
-  if (dump_) dump_->write("final_norm", -1, rows_.data(), R, H);
-  shard_.logits(rows_.data(), R, lm_head_, logits);  // TP: vocabulary split, gathered to rank 0
-  if (dump_) dump_->write("logits", -1, logits, R, c.vocab_size);
+  head_logits(shard_, rows_.data(), R, H, lm_head_, c.vocab_size, logits, dump_);
 }
 
 void Qwen35Model::draft(const ForwardBatch& batch, const float* hidden, KvPool& kv, float* logits) {
@@ -386,15 +384,8 @@ void Qwen35Model::draft(const ForwardBatch& batch, const float* hidden, KvPool& 
   const int64_t H = c.hidden_size;
   if (static_cast<int64_t>(x_.size()) < T * H) reserve(T);
   // u = W_fc [rms0_e(embed(x_{p+1})) ; rms0_h(h_p)] (embedding first).
-  cat_.resize(static_cast<size_t>(T * 2 * H));
-  for (int64_t t = 0; t < T; ++t) {
-    const int32_t tok = batch.tokens[t];
-    INFERA_ASSERT(tok >= 0 && tok < c.vocab_size, "token id out of range");
-    float* row = cat_.data() + t * 2 * H;
-    linear_row(embed_, tok, row);
-    kernels::rmsnorm(row, mtp_.enorm.data(), row, 1, H, c.rms_norm_eps, kZeroCentred);
-    kernels::rmsnorm(hidden + t * H, mtp_.hnorm.data(), row + H, 1, H, c.rms_norm_eps, kZeroCentred);
-  }
+  mtp_input_rows(batch, c.vocab_size, embed_, mtp_.enorm.data(), mtp_.hnorm.data(), hidden, H, c.rms_norm_eps,
+                 kZeroCentred, cat_);
   kernels::linear(cat_.data(), T, mtp_.fc, x_.data());
   // The MTP entry for (h_p, x_{p+1}) is cached in KV slot p (so slots 0..p are all MTP
   // entries when drafting at p) and rotated as position p + 1, as the HF reference does.

@@ -12,6 +12,7 @@
 
 #include "infera/base/error.h"
 #include "infera/model/quantized_weights.h"
+#include "infera/model/tensor_dump.h"
 
 namespace infera {
 
@@ -400,6 +401,25 @@ void TensorShard::logits(const float* rows, int64_t R, const kernels::MatRef& he
                   static_cast<size_t>(vr.size()) * sizeof(float));
     }
   }
+}
+
+void embed_batch(TensorShard& shard, const ForwardBatch& batch, int64_t vocab_size, const kernels::LinearWeight& embed,
+                 int64_t H, float* x, std::vector<int32_t>& positions, TensorDump* dump) {
+  const int64_t T = static_cast<int64_t>(batch.tokens.size());
+  for (const int32_t tok : batch.tokens) INFERA_ASSERT(tok >= 0 && tok < vocab_size, "token id out of range");
+  shard.embed(batch.tokens.data(), T, H, x, [&](int32_t tok, float* row) { linear_row(embed, tok, row); });
+  batch_positions(batch, positions);
+  if (dump) {
+    dump->begin_forward();
+    dump->write("embed", -1, x, T, H);
+  }
+}
+
+void head_logits(TensorShard& shard, const float* rows, int64_t R, int64_t H, const kernels::LinearWeight& head,
+                 int64_t vocab_size, float* logits, TensorDump* dump) {
+  if (dump) dump->write("final_norm", -1, rows, R, H);
+  shard.logits(rows, R, head, logits);
+  if (dump) dump->write("logits", -1, logits, R, vocab_size);
 }
 
 }  // namespace infera

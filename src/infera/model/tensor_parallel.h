@@ -144,4 +144,17 @@ class TensorShard {
   std::vector<float> own_rows_, all_rows_;  // [ceil(T/p), H], [p, ceil(T/p), H]
 };
 
+// ---- A forward's first and last steps, as the model files take them ----
+
+// x[T, H] = the embeddings of the batch's tokens (ids checked; TensorShard::embed, so a
+// rank of a vocabulary-parallel group reads only its rows), their positions [T], and the
+// dump's forward begun with "embed".
+void embed_batch(TensorShard& shard, const ForwardBatch& batch, int64_t vocab_size, const kernels::LinearWeight& embed,
+                 int64_t H, float* x, std::vector<int32_t>& positions, TensorDump* dump);
+
+// logits[R, V] of the final-normed rows [R, H] through the head (TensorShard::logits: rank 0
+// has them all under TP), with the dump's "final_norm" and "logits".
+void head_logits(TensorShard& shard, const float* rows, int64_t R, int64_t H, const kernels::LinearWeight& head,
+                 int64_t vocab_size, float* logits, TensorDump* dump);
+
 }  // namespace infera

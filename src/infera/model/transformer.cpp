@@ -196,13 +196,7 @@ void LlamaModel::forward(const ForwardBatch& batch, KvPool& kv, float* logits) {
   const int64_t nh = shard_.heads.size(), nkv = shard_.kv_heads.size(), hd = c.head_dim;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
 
-  for (const int32_t tok : batch.tokens) INFERA_ASSERT(tok >= 0 && tok < c.vocab_size, "token id out of range");
-  shard_.embed(batch.tokens.data(), T, H, x_.data(), [&](int32_t tok, float* row) { linear_row(embed_, tok, row); });
-  batch_positions(batch, positions_);
-  if (dump_) {
-    dump_->begin_forward();
-    dump_->write("embed", -1, x_.data(), T, H);
-  }
+  embed_batch(shard_, batch, c.vocab_size, embed_, H, x_.data(), positions_, dump_);
 
   for (int64_t l = 0; l < c.num_layers; ++l) {
     const LlamaLayer& L = layers_[l];
@@ -261,9 +255,7 @@ void LlamaModel::forward(const ForwardBatch& batch, KvPool& kv, float* logits) {
   if (R == 0 || logits == nullptr) return;
   gather_logit_rows(batch, x_.data(), H, rows_);
   kernels::rmsnorm(rows_.data(), final_norm_.data(), rows_.data(), R, H, c.rms_norm_eps);
-  if (dump_) dump_->write("final_norm", -1, rows_.data(), R, H);
-  shard_.logits(rows_.data(), R, lm_head_, logits);  // TP: vocabulary split, gathered to rank 0
-  if (dump_) dump_->write("logits", -1, logits, R, c.vocab_size);
+  head_logits(shard_, rows_.data(), R, H, lm_head_, c.vocab_size, logits, dump_);
 }
 
 }  // namespace
