@@ -9,16 +9,11 @@
 // max |logit difference| is printed per file.
 //
 //   node gguf_llamacpp.mjs <infera-binary> [name-filter]
-import { execFileSync } from "node:child_process";
 import fs from "node:fs";
-import os from "node:os";
 import path from "node:path";
-import { fileURLToPath } from "node:url";
 
-const here = path.dirname(fileURLToPath(import.meta.url));
-const repo = path.resolve(here, "../..");
-const infera = path.resolve(process.argv[2] ?? path.join(repo, "build/infera"));
-const python = fs.existsSync("/usr/bin/python3") ? "/usr/bin/python3" : "python3";
+import { compareWithLlamacpp, here, infera, promptIds, python, repo, run, runCases } from "./llamacpp_compare.mjs";
+
 const N = 32;
 
 const models = {
@@ -49,21 +44,9 @@ const stories = path.resolve(repo, "../shared/models/stories260K.gguf");
 if (fs.existsSync(stories)) cases.push({ name: "stories260K.gguf", gguf: stories, vocab: 512 });
 else console.log(`note: fixture ${stories} not found (a plain clone has no ../shared/models), skipping that case`);
 
-function run(cmd, args) {
-  return execFileSync(cmd, args, { encoding: "utf8", maxBuffer: 64 << 20, stdio: ["ignore", "pipe", "pipe"] });
-}
-const lastJsonLine = (text) => JSON.parse(text.trim().split("\n").pop());
-function argmax(a) {
-  let best = 0;
-  for (let i = 1; i < a.length; i++) if (a[i] > a[best]) best = i;
-  return best;
-}
-
-const tmp = fs.mkdtempSync(path.join(os.tmpdir(), "infera-gguf-conf-"));
-let passed = 0, failed = 0;
 // llama_quantize.c against the libllama node-llama-cpp loads; null when it cannot be built.
 let quantizer;
-function llamaQuantizer() {
+function llamaQuantizer(tmp) {
   if (quantizer !== undefined) return quantizer;
   const lib = path.join(here, "node_modules/@node-llama-cpp/linux-x64/bins/linux-x64/libllama.v0.5.0.so");
   const bin = path.join(tmp, "llama_quantize");
@@ -77,59 +60,25 @@ function llamaQuantizer() {
   }
   return quantizer;
 }
-try {
-  const filter = process.argv[3] ?? "";
-  for (const c of cases.filter((c) => c.name.includes(filter))) {
-    let gguf = c.gguf, vocab = c.vocab;
-    if (!gguf) {
-      const dir = path.join(tmp, c.model);
-      if (!fs.existsSync(dir)) run(python, [path.join(repo, "tools/gen_model.py"), dir, ...models[c.model]]);
-      gguf = path.join(tmp, `${c.name}.gguf`);
-      const ftype = llamaFtypes[c.type];
-      if (ftype === undefined) {
-        run(infera, ["convert", dir, "--to", "gguf", gguf, "--type", c.type]);
-      } else {
-        const q = llamaQuantizer();
-        if (!q) continue;
-        const f16 = path.join(tmp, `${c.model}-f16-for-quantize.gguf`);
-        if (!fs.existsSync(f16)) run(infera, ["convert", dir, "--to", "gguf", f16, "--type", "f16"]);
-        run(q.bin, [q.lib, f16, gguf, String(ftype)]);
-      }
-      vocab = JSON.parse(fs.readFileSync(path.join(dir, "config.json"), "utf8")).vocab_size;
-    }
-    let s = 4242 + c.name.length;
-    const prompt = Array.from({ length: 12 }, () => {
-      s = (s * 1103515245 + 12345) % 2147483648;
-      return 3 + (s % (vocab - 3));
-    });
-    const ref = lastJsonLine(run("node", [path.join(here, "llamacpp_ref.mjs"), gguf, JSON.stringify(prompt), String(N), "--all-logits"]));
-    const logitsFile = path.join(tmp, `${c.name}.logits`);
-    const ours = lastJsonLine(run(infera, ["run", "-m", gguf, "--prompt-ids", JSON.stringify(prompt), "-n", String(N),
-      "--temp", "0", "--ignore-eos", "--json", "-t", "1", "--logits-file", logitsFile]));
-    const raw = fs.readFileSync(logitsFile);
-    const ourLogits = new Float32Array(raw.buffer.slice(raw.byteOffset, raw.byteOffset + raw.length));
-    let maxDiff = 0;
-    for (let i = 0; i < ref.logits.length; i++) maxDiff = Math.max(maxDiff, Math.abs(ref.logits[i] - ourLogits[i]));
-    const problems = [];
-    if (JSON.stringify(ref.ids) !== JSON.stringify(ours.ids)) {
-      problems.push(`greedy ids differ:\n  llama.cpp ${JSON.stringify(ref.ids)}\n  infera    ${JSON.stringify(ours.ids)}`);
-    }
-    for (let p = 1; p <= prompt.length; p++) {
-      const expect = argmax(ref.all_logits[p - 1]);
-      const got = lastJsonLine(run(infera, ["run", "-m", gguf, "--prompt-ids", JSON.stringify(prompt.slice(0, p)), "-n", "1",
-        "--temp", "0", "--ignore-eos", "--json", "-t", "1"])).ids[0];
-      if (got !== expect) problems.push(`top-1 differs after ${p} prompt tokens: llama.cpp ${expect}, infera ${got}`);
-    }
-    if (problems.length === 0) {
-      passed++;
-      console.log(`ok   ${c.name}: ${N} greedy tokens identical, top-1 equal at ${prompt.length} positions, final logits max |diff| ${maxDiff.toExponential(2)}`);
+
+runCases(cases, "infera-gguf-conf-", N, (c, tmp) => {
+  let gguf = c.gguf, vocab = c.vocab;
+  if (!gguf) {
+    const dir = path.join(tmp, c.model);
+    if (!fs.existsSync(dir)) run(python, [path.join(repo, "tools/gen_model.py"), dir, ...models[c.model]]);
+    gguf = path.join(tmp, `${c.name}.gguf`);
+    const ftype = llamaFtypes[c.type];
+    if (ftype === undefined) {
+      run(infera, ["convert", dir, "--to", "gguf", gguf, "--type", c.type]);
     } else {
-      failed++;
-      console.log(`FAIL ${c.name} (final logits max |diff| ${maxDiff.toExponential(2)}):\n  ${problems.join("\n  ")}`);
+      const q = llamaQuantizer(tmp);
+      if (!q) return null;
+      const f16 = path.join(tmp, `${c.model}-f16-for-quantize.gguf`);
+      if (!fs.existsSync(f16)) run(infera, ["convert", dir, "--to", "gguf", f16, "--type", "f16"]);
+      run(q.bin, [q.lib, f16, gguf, String(ftype)]);
     }
+    vocab = JSON.parse(fs.readFileSync(path.join(dir, "config.json"), "utf8")).vocab_size;
   }
-} finally {
-  fs.rmSync(tmp, { recursive: true, force: true });
-}
-console.log(`${passed} passed, ${failed} failed`);
-process.exit(failed === 0 ? 0 : 1);
+  const prompt = promptIds(4242 + c.name.length, 12, vocab);
+  return { ...compareWithLlamacpp({ model: gguf, gguf, prompt, n: N, tmp, name: c.name }), positions: prompt.length };
+});

@@ -5,16 +5,11 @@
 // logits within a small tolerance (the max abs difference is printed per model).
 //
 //   node model_llamacpp.mjs <infera-binary> [name-filter]   (filter: run the cases whose name contains it)
-import { execFileSync } from "node:child_process";
 import fs from "node:fs";
-import os from "node:os";
 import path from "node:path";
-import { fileURLToPath } from "node:url";
 
-const here = path.dirname(fileURLToPath(import.meta.url));
-const repo = path.resolve(here, "../..");
-const infera = path.resolve(process.argv[2] ?? path.join(repo, "build/infera"));
-const python = fs.existsSync("/usr/bin/python3") ? "/usr/bin/python3" : "python3";
+import { compareWithLlamacpp, infera, promptIds, python, repo, run, runCases } from "./llamacpp_compare.mjs";
+
 const N = 32;
 // Logits are O(1..10); f32 engines that differ only in summation order agree to ~1e-5.
 const LOGIT_TOL = 1e-3;
@@ -68,70 +63,16 @@ const cases = [
       "--n-shared", "2", "--first-dense", "2", "--vocab", "384", "--dtype", "bf16", "--seed", "12", "--no-mtp"] },
 ];
 
-function run(cmd, args) {
-  return execFileSync(cmd, args, { encoding: "utf8", maxBuffer: 64 << 20, stdio: ["ignore", "pipe", "pipe"] });
-}
-
-function lastJsonLine(text) {
-  const lines = text.trim().split("\n");
-  return JSON.parse(lines[lines.length - 1]);
-}
-
-function argmax(a) {
-  let best = 0;
-  for (let i = 1; i < a.length; i++) if (a[i] > a[best]) best = i;
-  return best;
-}
-
-const tmp = fs.mkdtempSync(path.join(os.tmpdir(), "infera-conf-"));
-let passed = 0, failed = 0;
-try {
-  const filter = process.argv[3] ?? "";
-  for (const c of cases.filter((c) => c.name.includes(filter))) {
-    const dir = path.join(tmp, c.name);
-    run(python, [path.join(repo, "tools/gen_model.py"), dir, ...c.args]);
-    const gguf = path.join(tmp, `${c.name}.gguf`);
-    run(infera, ["convert", dir, "--to", "gguf", gguf, "--type", "f32"]);
-    const config = JSON.parse(fs.readFileSync(path.join(dir, "config.json"), "utf8"));
-    const vocabSize = config.vocab_size ?? config.text_config.vocab_size;  // Qwen3.5 nests it
-    // A fixed pseudo-random prompt of 12 ids (c.promptLen if set; not special tokens).
-    let s = 12345 + c.name.length;
-    const prompt = Array.from({ length: c.promptLen ?? 12 }, () => {
-      s = (s * 1103515245 + 12345) % 2147483648;
-      return 3 + (s % (vocabSize - 3));
-    });
-    const ref = lastJsonLine(run("node", [path.join(here, "llamacpp_ref.mjs"), gguf, JSON.stringify(prompt), String(N), "--all-logits"]));
-    const logitsFile = path.join(tmp, `${c.name}.logits`);
-    const ours = lastJsonLine(run(infera, ["run", "-m", dir, "--prompt-ids", JSON.stringify(prompt), "-n", String(N),
-      "--temp", "0", "--ignore-eos", "--json", "-t", "1", "--logits-file", logitsFile]));
-    const raw = fs.readFileSync(logitsFile);  // may be a view into Node's shared pool
-    const ourLogits = new Float32Array(raw.buffer.slice(raw.byteOffset, raw.byteOffset + raw.length));
-    let maxDiff = 0;
-    for (let i = 0; i < ref.logits.length; i++) maxDiff = Math.max(maxDiff, Math.abs(ref.logits[i] - ourLogits[i]));
-    // Top-1 at every prompt position: Infera's all-position logits come from feeding the
-    // prompt prefixes; compare argmax of llama.cpp's all_logits with Infera's greedy
-    // choice after each prefix.
-    const problems = [];
-    if (JSON.stringify(ref.ids) !== JSON.stringify(ours.ids)) {
-      problems.push(`greedy ids differ:\n  llama.cpp ${JSON.stringify(ref.ids)}\n  infera    ${JSON.stringify(ours.ids)}`);
-    }
-    if (!(maxDiff <= LOGIT_TOL)) problems.push(`final logits max abs diff ${maxDiff} > ${LOGIT_TOL}`);
-    for (let p = 1; p <= prompt.length; p++) {
-      const expect = argmax(ref.all_logits[p - 1]);
-      const got = lastJsonLine(run(infera, ["run", "-m", dir, "--prompt-ids", JSON.stringify(prompt.slice(0, p)), "-n", "1",
-        "--temp", "0", "--ignore-eos", "--json", "-t", "1"])).ids[0];
-      if (got !== expect) problems.push(`top-1 differs after ${p} prompt tokens: llama.cpp ${expect}, infera ${got}`);
-    }
-    if (problems.length === 0) {
-      passed++;
-      console.log(`ok   ${c.name}: ${N} greedy tokens identical, top-1 equal at ${prompt.length} positions, final logits max |diff| ${maxDiff.toExponential(2)}`);
-    } else {
-      failed++;
-      console.log(`FAIL ${c.name}:\n  ${problems.join("\n  ")}`);
-    }
-  }
-} finally {
-  fs.rmSync(tmp, { recursive: true, force: true });
-}
-console.log(`${passed} passed, ${failed} failed`);
-process.exit(failed === 0 ? 0 : 1);
+runCases(cases, "infera-conf-", N, (c, tmp) => {
+  const dir = path.join(tmp, c.name);
+  run(python, [path.join(repo, "tools/gen_model.py"), dir, ...c.args]);
+  const gguf = path.join(tmp, `${c.name}.gguf`);
+  run(infera, ["convert", dir, "--to", "gguf", gguf, "--type", "f32"]);
+  const config = JSON.parse(fs.readFileSync(path.join(dir, "config.json"), "utf8"));
+  const vocabSize = config.vocab_size ?? config.text_config.vocab_size;  // Qwen3.5 nests it
+  // A fixed pseudo-random prompt of 12 ids (c.promptLen if set).
+  const prompt = promptIds(12345 + c.name.length, c.promptLen ?? 12, vocabSize);
+  const r = compareWithLlamacpp({ model: dir, gguf, prompt, n: N, tmp, name: c.name });
+  if (!(r.maxDiff <= LOGIT_TOL)) r.problems.push(`final logits max abs diff ${r.maxDiff} > ${LOGIT_TOL}`);
+  return { ...r, positions: prompt.length };
+});
