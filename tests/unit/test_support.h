@@ -250,6 +250,49 @@ inline std::string generate_model(const std::filesystem::path& dir, const std::s
   return dir.string();
 }
 
+// One forward of `tokens` as one sequence from position 0, over KV blocks 0..n_blocks-1 of
+// kv (a hybrid gets a fresh recurrent state): the logits of every position with all_logits,
+// else of the last.
+inline std::vector<float> forward_chunk(Model& model, KvPool& kv, const std::vector<int32_t>& tokens, int32_t n_blocks,
+                                        bool all_logits) {
+  std::vector<int32_t> blocks(static_cast<size_t>(n_blocks));
+  for (int32_t i = 0; i < n_blocks; ++i) blocks[i] = i;
+  ForwardBatch b;
+  b.tokens = tokens;
+  SeqChunk s;
+  s.n_tokens = static_cast<int32_t>(tokens.size());
+  s.block_table = blocks.data();
+  s.n_blocks = n_blocks;
+  s.all_logits = all_logits;
+  std::vector<float> state(static_cast<size_t>(model.state_shape().floats()));
+  if (!state.empty()) s.state = state.data();
+  b.seqs.push_back(s);
+  std::vector<float> logits(static_cast<size_t>(b.num_logit_rows()) * model.config().vocab_size);
+  model.forward(b, kv, logits.data());
+  return logits;
+}
+
+// Loads the model in `dir` and runs forward_chunk() on a KV pool of two 16-token blocks.
+inline std::vector<float> model_logits(const std::string& dir, const std::vector<int32_t>& tokens, bool all_logits) {
+  std::unique_ptr<Model> model = load_model(dir);
+  KvPoolShape shape = model->kv_shape(16);
+  shape.num_blocks = 2;
+  KvPool kv(shape);
+  return forward_chunk(*model, kv, tokens, 2, all_logits);
+}
+
+// Sets an environment variable for the scope.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) { ::setenv(name, value, 1); }
+  ~ScopedEnv() { ::unsetenv(name_); }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* name_;
+};
+
 // A tiny Qwen3.5-MoE hybrid (Gated DeltaNet + attention + MoE with a shared expert, MTP head).
 inline constexpr const char* kTinyHybridArgs =
     "--arch qwen3_5_moe --hidden 64 --layers 4 --heads 4 --kv-heads 2 --head-dim 32"

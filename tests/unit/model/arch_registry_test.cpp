@@ -273,21 +273,7 @@ TEST(SequenceGeometry, HybridCountsFullAttentionLayersAndTheirState) {
 }
 
 std::vector<float> forward_logits(Model& model, const std::vector<int32_t>& tokens, KvPool& kv, bool all_logits) {
-  static const std::vector<int32_t> blocks = {0, 1, 2, 3};
-  ForwardBatch b;
-  b.tokens = tokens;
-  SeqChunk s;
-  s.n_tokens = static_cast<int32_t>(tokens.size());
-  s.block_table = blocks.data();
-  s.n_blocks = 4;
-  s.all_logits = all_logits;
-  // A hybrid's recurrent state, fresh for each forward at position 0 (the model zeroes it).
-  std::vector<float> state(static_cast<size_t>(model.state_shape().floats()));
-  if (!state.empty()) s.state = state.data();
-  b.seqs.push_back(s);
-  std::vector<float> logits(static_cast<size_t>(b.num_logit_rows()) * model.config().vocab_size);
-  model.forward(b, kv, logits.data());
-  return logits;
+  return test::forward_chunk(model, kv, tokens, 4, all_logits);
 }
 
 // The dump writes exactly what forward computes (logits, the final-norm rows), one file per

@@ -285,15 +285,6 @@ float max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
 
 int64_t argmax(const float* x, int64_t n) { return std::max_element(x, x + n) - x; }
 
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) { ::setenv(name, value, 1); }
-  ~ScopedEnv() { ::unsetenv(name_); }
-
- private:
-  const char* name_;
-};
-
 class DeepseekModelTest : public ::testing::TestWithParam<Variant> {};
 
 TEST_P(DeepseekModelTest, MatchesNumpyReferenceInBothFormsPrefillAndDecode) {
@@ -303,7 +294,7 @@ TEST_P(DeepseekModelTest, MatchesNumpyReferenceInBothFormsPrefillAndDecode) {
   const int64_t V = load_model_config(dir).vocab_size, T = static_cast<int64_t>(kPrompt.size());
   ASSERT_EQ(static_cast<int64_t>(want.size()), T * V);
   for (const char* form : {"naive", "absorbed", "auto"}) {
-    ScopedEnv env("INFERA_MLA_FORM", form);
+    test::ScopedEnv env("INFERA_MLA_FORM", form);
     std::unique_ptr<Model> model = load_model(dir);
     for (int64_t chunk : {T, int64_t{5}, int64_t{1}}) {
       const std::vector<float> got = run_prompt(*model, DType::kF32, chunk);

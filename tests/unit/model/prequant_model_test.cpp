@@ -111,15 +111,6 @@ Diff diff(const std::vector<float>& a, const std::vector<float>& b) {
 
 const std::vector<int32_t> kPrompt = {1, 403, 407, 261, 378, 300, 285, 344, 365, 261, 430, 412};
 
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) { ::setenv(name, value, 1); }
-  ~ScopedEnv() { ::unsetenv(name_); }
-
- private:
-  const char* name_;
-};
-
 struct FormatCase {
   const char* name;
   const char* args;
@@ -172,7 +163,7 @@ TEST(PrequantStories, GptqAsW4A8) {
   INFERA_REQUIRE_FIXTURE(test::stories_dir());
   const std::string dir =
       write(test::stories_dir(), "stories_gptq_act", "--format gptq --group-size 32 --desc-act --asym");
-  ScopedEnv env("INFERA_PREQUANT_SCHEME", "w4a8");
+  test::ScopedEnv env("INFERA_PREQUANT_SCHEME", "w4a8");
   EXPECT_EQ(prequant_target_from_options(), PrequantTarget::kW4A8);
   EXPECT_EQ(compare_layers(dir, 1e-6f), 20);  // still exact: int8 activations change only the arithmetic
   const Diff d = diff(last_logits(dir, kPrompt), last_logits(dir + "-ref", kPrompt));

@@ -24,22 +24,7 @@ namespace fs = std::filesystem;
 const fs::path kWork = test::process_scratch_dir("infera_quant_deepseek_test");
 
 std::vector<float> all_logits(const std::string& dir, const std::vector<int32_t>& tokens) {
-  std::unique_ptr<Model> model = load_model(dir);
-  KvPoolShape shape = model->kv_shape(16);
-  shape.num_blocks = 2;
-  KvPool kv(shape);
-  const std::vector<int32_t> blocks = {0, 1};
-  ForwardBatch b;
-  b.tokens = tokens;
-  SeqChunk s;
-  s.n_tokens = static_cast<int32_t>(tokens.size());
-  s.block_table = blocks.data();
-  s.n_blocks = 2;
-  s.all_logits = true;
-  b.seqs.push_back(s);
-  std::vector<float> logits(tokens.size() * model->config().vocab_size);
-  model->forward(b, kv, logits.data());
-  return logits;
+  return test::model_logits(dir, tokens, true);
 }
 
 const LayerReport* find(const QuantizeReport& r, const std::string& name) {

@@ -38,22 +38,7 @@ std::string gen_args(const ArchInfo& a) {
 
 // Last-token logits of one prompt, checked finite.
 std::vector<float> one_forward(const std::string& dir) {
-  std::unique_ptr<Model> model = load_model(dir);
-  KvPoolShape shape = model->kv_shape(16);
-  shape.num_blocks = 2;
-  KvPool kv(shape);
-  const std::vector<int32_t> blocks = {0, 1};
-  ForwardBatch b;
-  b.tokens = {3, 14, 15, 92, 65};
-  SeqChunk s;
-  s.n_tokens = 5;
-  s.block_table = blocks.data();
-  s.n_blocks = 2;
-  std::vector<float> state(static_cast<size_t>(model->state_shape().floats()));  // a hybrid's recurrent state
-  if (!state.empty()) s.state = state.data();
-  b.seqs.push_back(s);
-  std::vector<float> logits(model->config().vocab_size);
-  model->forward(b, kv, logits.data());
+  const std::vector<float> logits = test::model_logits(dir, {3, 14, 15, 92, 65}, false);
   for (float x : logits) EXPECT_TRUE(std::isfinite(x));
   return logits;
 }
