@@ -19,7 +19,9 @@
 // Integer sums are exact in any order, so the outputs equal the generic path's.
 // Prefill: activation rows are taken 64 at a time (they stay in L2 while the thread's tiles
 // pass over them; a tile is decoded again per block of 64 rows), and a tile is applied to
-// two activation rows at once (each weight load and scale vector serves both).
+// two activation rows at once (each weight load and scale vector serves both). On AVX-512
+// VNNI, from vnni::kMinTokens activation rows on, the 16-row tiles of ggml_matmul_vnni.h
+// take over (no horizontal sums, 4 activation rows per weight load).
 // Included by ggml_matmul_impl.h inside its namespace (after <immintrin.h>), only when
 // __AVX2__ is defined.
 
@@ -44,9 +46,10 @@ struct Tile {
   }
 };
 
-// Where the decoders write row t of a tile: w [k], sc / mn [k / 16], d / dmin with stride kTile.
-// pf: the bytes from a block to the same block of the next tile's row (0: none); the
-// decoders prefetch it, so the next tile streams in while this one is computed.
+// Where the decoders write row t of a tile: w [k], sc / mn [k / 16], d / dmin with stride ds
+// (the rows of a tile interleaved). pf: the bytes from a block to the same block of the
+// next tile's row (0: none); the decoders prefetch it, so the next tile streams in while
+// this one is computed.
 struct RowOut {
   int8_t* w;
   int16_t* sc;
@@ -54,6 +57,7 @@ struct RowOut {
   float* d;
   float* dmin;
   int64_t pf;
+  int64_t ds = kTile;
 };
 
 // Prefetches the cache lines of the `bytes`-byte block at p.
@@ -81,7 +85,7 @@ inline float half_f16c(const uint8_t* p) {
 inline void dec_q8_0(const uint8_t* b, int64_t nb, const RowOut& o) {
   for (int64_t i = 0; i < nb; ++i, b += 34) {
     if (o.pf != 0) prefetch_block(b + o.pf, 34);
-    o.d[i * kTile] = half_f16c(b);
+    o.d[i * o.ds] = half_f16c(b);
     store256(o.w + 32 * i, load256(b + 2));
   }
 }
@@ -93,7 +97,7 @@ inline void dec_q4_0(const uint8_t* b, int64_t nb, const RowOut& o) {
   const __m128i eight = _mm_set1_epi8(8);
   for (int64_t i = 0; i < nb; ++i, b += 18) {
     if (o.pf != 0) prefetch_block(b + o.pf, 18);
-    o.d[i * kTile] = half_f16c(b);
+    o.d[i * o.ds] = half_f16c(b);
     const __m128i v = load128(b + 2);
     const __m128i lo = nibbles_lo(v), hi = nibbles_hi(v);
     store128(o.w + 32 * i, kNl ? _mm_shuffle_epi8(lut, lo) : _mm_sub_epi8(lo, eight));
@@ -127,8 +131,8 @@ inline void dec_q45_k(const uint8_t* b, int64_t nb, const RowOut& o) {
   const int64_t ts = kFive ? 176 : 144;
   for (int64_t i = 0; i < nb; ++i, b += ts) {
     if (o.pf != 0) prefetch_block(b + o.pf, static_cast<int>(ts));
-    o.d[i * kTile] = half_f16c(b);
-    o.dmin[i * kTile] = half_f16c(b + 2);
+    o.d[i * o.ds] = half_f16c(b);
+    o.dmin[i * o.ds] = half_f16c(b + 2);
     k4_scales(b + 4, o.sc + 16 * i, o.mn + 16 * i);
     const uint8_t* qs = b + (kFive ? 48 : 16);
     int8_t* w = o.w + 256 * i;
@@ -154,7 +158,7 @@ inline void dec_q6_k(const uint8_t* b, int64_t nb, const RowOut& o) {
   const __m256i three = _mm256_set1_epi8(3);
   for (int64_t i = 0; i < nb; ++i, b += 210) {
     if (o.pf != 0) prefetch_block(b + o.pf, 210);
-    o.d[i * kTile] = half_f16c(b + 208);
+    o.d[i * o.ds] = half_f16c(b + 208);
     const __m256i sc = _mm256_cvtepi8_epi16(load128(b + 192));
     store256(o.sc + 16 * i, sc);
     int8_t* w = o.w + 256 * i;
@@ -174,7 +178,7 @@ inline void dec_iq4_xs(const uint8_t* b, int64_t nb, const RowOut& o) {
   const __m128i lut = _mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4nlValues));
   for (int64_t i = 0; i < nb; ++i, b += 136) {
     if (o.pf != 0) prefetch_block(b + o.pf, 136);
-    o.d[i * kTile] = half_f16c(b);
+    o.d[i * o.ds] = half_f16c(b);
     uint16_t sh;
     std::memcpy(&sh, b + 2, 2);
     int8_t* w = o.w + 256 * i;
@@ -194,9 +198,9 @@ inline void dec_generic(uint32_t type, const uint8_t* b, int64_t k, const RowOut
   if (o.pf != 0) prefetch_block(b + o.pf, static_cast<int>(row_bytes(type, k)));
   decode_row(type, b, k, r);
   std::memcpy(o.w, r.w.data(), static_cast<size_t>(k));
-  for (size_t i = 0; i < r.d.size(); ++i) o.d[i * kTile] = r.d[i];
+  for (size_t i = 0; i < r.d.size(); ++i) o.d[i * o.ds] = r.d[i];
   if (block_size(type) == 256) {
-    for (size_t i = 0; i < r.dmin.size(); ++i) o.dmin[i * kTile] = r.dmin[i];
+    for (size_t i = 0; i < r.dmin.size(); ++i) o.dmin[i * o.ds] = r.dmin[i];
     std::memcpy(o.sc, r.sc.data(), r.sc.size() * sizeof(int16_t));
     std::memcpy(o.mn, r.mn.data(), r.mn.size() * sizeof(int16_t));
   }
@@ -320,6 +324,30 @@ inline void dot_tile_32(const Tile& tl, int64_t k, const ActRow* a, __m128* out)
   for (int n = 0; n < kNt; ++n) out[n] = sum[n];
 }
 
+// The end of super-block b for one activation row, on the tile's four integer sums
+// isum: the offset taken back out, the mins' sum, then the f32 steps (one lane per row):
+// sum + (d_w d_a isum - dmin_w d_a msum), as the generic loop computes it.
+template <bool kMins, int kOffset>
+inline __m128 k_block_step(const Tile& tl, int64_t ng, int64_t b, const ActRow& a, __m128i isum, __m128 sum) {
+  __m128i msum = _mm_setzero_si128();
+  if (kMins || kOffset != 0) {
+    const __m256i bs = load256(a.bsums + 16 * b);
+    __m256i mm[kTile];
+    if (kOffset != 0) {
+      for (int t = 0; t < kTile; ++t) mm[t] = _mm256_madd_epi16(load256(tl.sc.data() + t * ng + 16 * b), bs);
+      isum = _mm_sub_epi32(isum, _mm_mullo_epi32(reduce4(mm[0], mm[1], mm[2], mm[3]), _mm_set1_epi32(kOffset)));
+    }
+    if (kMins) {
+      for (int t = 0; t < kTile; ++t) mm[t] = _mm256_madd_epi16(load256(tl.mn.data() + t * ng + 16 * b), bs);
+      msum = reduce4(mm[0], mm[1], mm[2], mm[3]);
+    }
+  }
+  const __m128 adb = _mm_set1_ps(a.d[b]);
+  const __m128 d = _mm_mul_ps(_mm_loadu_ps(tl.d.data() + kTile * b), adb);
+  const __m128 dmin = _mm_mul_ps(_mm_loadu_ps(tl.dmin.data() + kTile * b), adb);
+  return _mm_add_ps(sum, _mm_sub_ps(_mm_mul_ps(d, _mm_cvtepi32_ps(isum)), _mm_mul_ps(dmin, _mm_cvtepi32_ps(msum))));
+}
+
 // Q8_K-form types (256-weight super-blocks with scales per 16 weights): tile x kNt
 // activation rows (the weight loads and scale vectors serve all of them). kOffset: the
 // decoder stored w + kOffset; the integer sum takes back kOffset * sum_g sc[g] * bsum[g]
@@ -350,27 +378,9 @@ inline void dot_tile_k(const Tile& tl, int64_t k, const ActRow* a, __m128* out) 
           acc[n][t] = _mm256_add_epi32(acc[n][t], _mm256_madd_epi16(pair_products<kUnsigned>(wv, qv[n]), scv));
       }
     }
-    for (int n = 0; n < kNt; ++n) {
-      __m128i isum = reduce4(acc[n][0], acc[n][1], acc[n][2], acc[n][3]);
-      __m128i msum = _mm_setzero_si128();
-      if (kMins || kOffset != 0) {
-        const __m256i bs = load256(a[n].bsums + 16 * b);
-        __m256i mm[kTile];
-        if (kOffset != 0) {
-          for (int t = 0; t < kTile; ++t) mm[t] = _mm256_madd_epi16(load256(tl.sc.data() + t * ng + 16 * b), bs);
-          isum = _mm_sub_epi32(isum, _mm_mullo_epi32(reduce4(mm[0], mm[1], mm[2], mm[3]), _mm_set1_epi32(kOffset)));
-        }
-        if (kMins) {
-          for (int t = 0; t < kTile; ++t) mm[t] = _mm256_madd_epi16(load256(tl.mn.data() + t * ng + 16 * b), bs);
-          msum = reduce4(mm[0], mm[1], mm[2], mm[3]);
-        }
-      }
-      const __m128 adb = _mm_set1_ps(a[n].d[b]);
-      const __m128 d = _mm_mul_ps(_mm_loadu_ps(tl.d.data() + kTile * b), adb);
-      const __m128 dmin = _mm_mul_ps(_mm_loadu_ps(tl.dmin.data() + kTile * b), adb);
+    for (int n = 0; n < kNt; ++n)
       sum[n] =
-          _mm_add_ps(sum[n], _mm_sub_ps(_mm_mul_ps(d, _mm_cvtepi32_ps(isum)), _mm_mul_ps(dmin, _mm_cvtepi32_ps(msum))));
-    }
+          k_block_step<kMins, kOffset>(tl, ng, b, a[n], reduce4(acc[n][0], acc[n][1], acc[n][2], acc[n][3]), sum[n]);
   }
   for (int n = 0; n < kNt; ++n) out[n] = sum[n];
 }
@@ -419,25 +429,7 @@ inline void dot_tile_k512(const Tile& tl, int64_t k, const ActRow* a, __m128* ou
       __m256i half[kTile];
       for (int t = 0; t < kTile; ++t)
         half[t] = _mm256_add_epi32(_mm512_castsi512_si256(acc[n][t]), _mm512_extracti64x4_epi64(acc[n][t], 1));
-      __m128i isum = reduce4(half[0], half[1], half[2], half[3]);
-      __m128i msum = _mm_setzero_si128();
-      if (kMins || kOffset != 0) {
-        const __m256i bs = load256(a[n].bsums + 16 * b);
-        __m256i mm[kTile];
-        if (kOffset != 0) {
-          for (int t = 0; t < kTile; ++t) mm[t] = _mm256_madd_epi16(load256(tl.sc.data() + t * ng + 16 * b), bs);
-          isum = _mm_sub_epi32(isum, _mm_mullo_epi32(reduce4(mm[0], mm[1], mm[2], mm[3]), _mm_set1_epi32(kOffset)));
-        }
-        if (kMins) {
-          for (int t = 0; t < kTile; ++t) mm[t] = _mm256_madd_epi16(load256(tl.mn.data() + t * ng + 16 * b), bs);
-          msum = reduce4(mm[0], mm[1], mm[2], mm[3]);
-        }
-      }
-      const __m128 adb = _mm_set1_ps(a[n].d[b]);
-      const __m128 d = _mm_mul_ps(_mm_loadu_ps(tl.d.data() + kTile * b), adb);
-      const __m128 dmin = _mm_mul_ps(_mm_loadu_ps(tl.dmin.data() + kTile * b), adb);
-      sum[n] =
-          _mm_add_ps(sum[n], _mm_sub_ps(_mm_mul_ps(d, _mm_cvtepi32_ps(isum)), _mm_mul_ps(dmin, _mm_cvtepi32_ps(msum))));
+      sum[n] = k_block_step<kMins, kOffset>(tl, ng, b, a[n], reduce4(half[0], half[1], half[2], half[3]), sum[n]);
     }
   }
   for (int n = 0; n < kNt; ++n) out[n] = sum[n];
@@ -472,6 +464,10 @@ inline DotFn dotk_for(uint32_t type) {
 // Whether this path computes `type` (the Q8_1-form types Q4_1 / Q5_1 take the generic one).
 inline bool handles(uint32_t type) { return type != kQ4_1 && type != kQ5_1; }
 
+#ifdef __AVX512VNNI__
+#include "infera/kernels/cpu/ggml_matmul_vnni.h"
+#endif
+
 inline void matmul_rows(uint32_t type, const uint8_t* base, int64_t row_bytes, int64_t k, const Activations& a,
                         int64_t m, int64_t n0, int64_t n1, float* y, int64_t ldy) {
   const bool k_type = block_size(type) == 256;
@@ -483,6 +479,12 @@ inline void matmul_rows(uint32_t type, const uint8_t* base, int64_t row_bytes, i
     for (size_t i = 0; i < a.bsums.size(); ++i) bsums16[i] = static_cast<int16_t>(a.bsums[i]);
   }
   const int16_t* bs16 = sums ? bsums16.data() : nullptr;
+#ifdef __AVX512VNNI__
+  if (m >= vnni::kMinTokens) {  // prefill: 16-row VNNI tiles
+    vnni::matmul_rows(type, base, row_bytes, k, a, bs16, m, n0, n1, y, ldy);
+    return;
+  }
+#endif
   const DotFn dot1 = k_type ? dotk_for<1>(type) : dot32_fn<1, false>;
   const DotFn dot2 = k_type ? dotk_for<2>(type) : dot32_fn<2, false>;
   const int64_t nb = k / block_size(type);
