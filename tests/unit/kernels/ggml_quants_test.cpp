@@ -190,6 +190,34 @@ TEST(GgmlQuants, MatmulMatchesDequantizedWeightsTimesQuantizedActivations) {
   }
 }
 
+// Activation blocks with ties of the largest magnitude of both signs, values half way
+// between two quants (rounded half to even) and all-zero blocks: every ISA path quantizes
+// them as the scalar one does.
+TEST(GgmlQuants, ActivationEdgeCasesEqualOnEveryPath) {
+  std::mt19937 rng(5);
+  const int64_t k = 512, rows = 5, m = 6;
+  std::vector<float> x(static_cast<size_t>(m * k), 0.0f);
+  for (int64_t i = 0; i < m - 1; ++i) {
+    for (int64_t j = 0; j < k; ++j) x[i * k + j] = static_cast<float>(static_cast<int>(rng() % 255) - 127) * 0.5f;
+    // Ties of the largest |x| (others are at most 63.5), of both signs in one 256-block.
+    x[i * k + 3 + i] = (i % 2 == 0 ? -1.0f : 1.0f) * 127.0f;
+    x[i * k + 40 + i] = (i % 2 == 0 ? 1.0f : -1.0f) * 127.0f;
+  }
+  // Row m - 1 stays zero.
+  for (uint32_t type : {kQ8_0, kQ4_1, kQ4_K, kQ6_K}) {
+    const std::vector<uint8_t> w = random_blocks(type, rows * k / block_size(type), rng);
+    std::vector<float> first;
+    for (Isa isa : test::available_isas()) {
+      std::vector<float> y(static_cast<size_t>(m * rows));
+      matmul_rows(isa, type, w.data(), k, x.data(), m, 0, rows, y.data(), rows);
+      if (first.empty())
+        first = y;
+      else
+        EXPECT_EQ(y, first) << "type " << type << ": " << isa_name(isa) << " differs from the scalar path";
+    }
+  }
+}
+
 TEST(GgmlQuants, SizesAndErrors) {
   EXPECT_EQ(row_bytes(kQ4_K, 512), 288);
   EXPECT_EQ(row_bytes(kQ8_0, 64), 68);
