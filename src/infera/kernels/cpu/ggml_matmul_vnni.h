@@ -57,9 +57,9 @@ struct VTile {
     wq.resize(static_cast<size_t>(kRows * k / 4));
     d.resize(static_cast<size_t>(kRows * nb));
     dmin.resize(static_cast<size_t>(kRows * nb));
-    if (s.sub != 0) {
-      sc.resize(static_cast<size_t>(kRows * k / 16));
-      mn.resize(static_cast<size_t>(kRows * k / 16));
+    if (s.sub != 0) {  // (+ 2: a gather reads the last row's last scale as a dword)
+      sc.resize(static_cast<size_t>(kRows * k / 16 + 2));
+      mn.resize(static_cast<size_t>(kRows * k / 16 + 2));
       sc32.resize(static_cast<size_t>(kRows * k / s.sub));
     }
     if (s.mins) mnp.resize(static_cast<size_t>(kRows * k / 32));
@@ -91,27 +91,54 @@ inline void build_tile(uint32_t type, const Shape& sh, const uint8_t* base, int6
       std::memset(o.mn, 0, static_cast<size_t>(ng) * sizeof(int16_t));
     }
   }
-  // Dword g of each row into lane r of vector g.
-  const __m512i idx = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                                         _mm512_set1_epi32(static_cast<int>(k)));
+  // Dword g of each row into lane r of vector g: 16 x 16 dword transposes (the tail, when
+  // a row's dwords are not a multiple of 16, by gathers).
   const __m512i flip = _mm512_set1_epi8(static_cast<char>(sh.offset == 128 ? 0x80 : 0));
-  for (int64_t g = 0; g < k / 4; ++g) {
+  const int64_t dwords = k / 4;
+  int64_t g0 = 0;
+  for (; g0 + 16 <= dwords; g0 += 16) {
+    __m512i r[16], u[16];
+    for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_si512(t.rows.data() + i * k + 4 * g0);
+    for (int i = 0; i < 16; i += 2) {  // per 128-bit lane: rows i, i+1 of dwords (0, 1) and (2, 3)
+      u[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+      u[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 16; i += 4) {  // per lane L: rows i..i+3 of dword 4L + j in r[i + j]
+      r[i] = _mm512_unpacklo_epi64(u[i], u[i + 2]);
+      r[i + 1] = _mm512_unpackhi_epi64(u[i], u[i + 2]);
+      r[i + 2] = _mm512_unpacklo_epi64(u[i + 1], u[i + 3]);
+      r[i + 3] = _mm512_unpackhi_epi64(u[i + 1], u[i + 3]);
+    }
+    for (int j = 0; j < 4; ++j) {  // dword 4L + j: lane L of r[j], r[4 + j], r[8 + j], r[12 + j]
+      const __m512i ab_lo = _mm512_shuffle_i32x4(r[j], r[4 + j], 0x44),
+                    ab_hi = _mm512_shuffle_i32x4(r[j], r[4 + j], 0xEE);
+      const __m512i cd_lo = _mm512_shuffle_i32x4(r[8 + j], r[12 + j], 0x44),
+                    cd_hi = _mm512_shuffle_i32x4(r[8 + j], r[12 + j], 0xEE);
+      int32_t* out = t.wq.data() + kRows * (g0 + j);
+      _mm512_storeu_si512(out, _mm512_xor_si512(_mm512_shuffle_i32x4(ab_lo, cd_lo, 0x88), flip));
+      _mm512_storeu_si512(out + 4 * kRows, _mm512_xor_si512(_mm512_shuffle_i32x4(ab_lo, cd_lo, 0xDD), flip));
+      _mm512_storeu_si512(out + 8 * kRows, _mm512_xor_si512(_mm512_shuffle_i32x4(ab_hi, cd_hi, 0x88), flip));
+      _mm512_storeu_si512(out + 12 * kRows, _mm512_xor_si512(_mm512_shuffle_i32x4(ab_hi, cd_hi, 0xDD), flip));
+    }
+  }
+  const __m512i lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  const __m512i idx = _mm512_mullo_epi32(lanes, _mm512_set1_epi32(static_cast<int>(k)));
+  for (int64_t g = g0; g < dwords; ++g) {
     const __m512i v = _mm512_i32gather_epi32(idx, t.rows.data() + 4 * g, 1);
     _mm512_storeu_si512(t.wq.data() + kRows * g, _mm512_xor_si512(v, flip));
   }
+  // Sub-scales and mins of each row into lanes, by gathers of the rows' int16 (pairs).
+  const __m512i idx16 = _mm512_mullo_epi32(lanes, _mm512_set1_epi32(static_cast<int>(2 * ng)));
   if (kt) {
     const int per = sh.sub / 16;
-    for (int64_t s = 0; s < k / sh.sub; ++s)
-      for (int r = 0; r < kRows; ++r) t.sc32[s * kRows + r] = t.sc[r * ng + s * per];
+    for (int64_t s = 0; s < k / sh.sub; ++s) {
+      const __m512i v = _mm512_i32gather_epi32(idx16, t.sc.data() + s * per, 1);
+      _mm512_storeu_si512(t.sc32.data() + s * kRows, _mm512_srai_epi32(_mm512_slli_epi32(v, 16), 16));
+    }
   }
   if (sh.mins) {
-    for (int64_t p = 0; p < k / 32; ++p) {
-      for (int r = 0; r < kRows; ++r) {
-        const auto lo = static_cast<uint16_t>(t.mn[r * ng + 2 * p]),
-                   hi = static_cast<uint16_t>(t.mn[r * ng + 2 * p + 1]);
-        t.mnp[p * kRows + r] = static_cast<int32_t>(static_cast<uint32_t>(lo) | static_cast<uint32_t>(hi) << 16);
-      }
-    }
+    for (int64_t p = 0; p < k / 32; ++p)
+      _mm512_storeu_si512(t.mnp.data() + p * kRows, _mm512_i32gather_epi32(idx16, t.mn.data() + 2 * p, 1));
   }
 }
 
