@@ -66,66 +66,116 @@ struct VTile {
   }
 };
 
+// out[c] lane r = dword c of the 64 bytes at p + r * stride (r < 16): a 16 x 16 dword
+// transpose (unpack / shuffle).
+inline void transpose16(const uint8_t* p, int64_t stride, __m512i* out) {
+  __m512i r[16], u[16];
+  for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_si512(p + i * stride);
+  for (int i = 0; i < 16; i += 2) {  // per 128-bit lane: rows i, i+1 of dwords (0, 1) and (2, 3)
+    u[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+    u[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 16; i += 4) {  // per lane L: rows i..i+3 of dword 4L + j in r[i + j]
+    r[i] = _mm512_unpacklo_epi64(u[i], u[i + 2]);
+    r[i + 1] = _mm512_unpackhi_epi64(u[i], u[i + 2]);
+    r[i + 2] = _mm512_unpacklo_epi64(u[i + 1], u[i + 3]);
+    r[i + 3] = _mm512_unpackhi_epi64(u[i + 1], u[i + 3]);
+  }
+  for (int j = 0; j < 4; ++j) {  // dword 4L + j: lane L of r[j], r[4 + j], r[8 + j], r[12 + j]
+    const __m512i ab_lo = _mm512_shuffle_i32x4(r[j], r[4 + j], 0x44),
+                  ab_hi = _mm512_shuffle_i32x4(r[j], r[4 + j], 0xEE);
+    const __m512i cd_lo = _mm512_shuffle_i32x4(r[8 + j], r[12 + j], 0x44),
+                  cd_hi = _mm512_shuffle_i32x4(r[8 + j], r[12 + j], 0xEE);
+    out[j] = _mm512_shuffle_i32x4(ab_lo, cd_lo, 0x88);
+    out[4 + j] = _mm512_shuffle_i32x4(ab_lo, cd_lo, 0xDD);
+    out[8 + j] = _mm512_shuffle_i32x4(ab_hi, cd_hi, 0x88);
+    out[12 + j] = _mm512_shuffle_i32x4(ab_hi, cd_hi, 0xDD);
+  }
+}
+
+// A whole tile of Q4_K (kFive false) or Q5_K rows straight from the file's blocks: the
+// packed nibbles (and Q5_K's high bits) transposed as they are, then unpacked in the VNNI
+// layout (byte l of 32-byte chunk c holds weights 64c + l (low nibble) and 64c + 32 + l).
+// The scales go to the row-major scratch as decode_into leaves them.
+template <bool kFive>
+inline void build_q45k(const uint8_t* rows0, int64_t row_bytes, int64_t k, bool next, VTile& t) {
+  const int64_t ts = kFive ? 176 : 144, ng = k / 16;
+  const __m512i m4 = _mm512_set1_epi8(0x0F), bit4 = _mm512_set1_epi8(0x10);
+  for (int64_t i = 0; i < k / 256; ++i) {
+    const uint8_t* b0 = rows0 + i * ts;
+    for (int r = 0; r < kRows; ++r) {
+      const uint8_t* b = b0 + r * row_bytes;
+      if (next) prefetch_block(b + kRows * row_bytes, static_cast<int>(ts));
+      t.d[i * kRows + r] = half_f16c(b);
+      t.dmin[i * kRows + r] = half_f16c(b + 2);
+      k4_scales(b + 4, t.sc.data() + r * ng + 16 * i, t.mn.data() + r * ng + 16 * i);
+    }
+    __m512i qh[16];  // Q5_K: [0, 8) the high-bit dwords (bytes 16..47 of the block)
+    if (kFive) transpose16(b0 + 16, row_bytes, qh);
+    for (int h = 0; h < 2; ++h) {
+      __m512i v[16];
+      transpose16(b0 + (kFive ? 48 : 16) + 64 * h, row_bytes, v);
+      for (int j = 0; j < 16; ++j) {
+        const int jj = 16 * h + j, c = jj / 8, j8 = jj % 8;
+        __m512i lo = _mm512_and_si512(v[j], m4), hi = _mm512_and_si512(_mm512_srli_epi16(v[j], 4), m4);
+        if (kFive) {
+          lo = _mm512_or_si512(lo, _mm512_and_si512(_mm512_slli_epi16(_mm512_srli_epi16(qh[j8], 2 * c), 4), bit4));
+          hi = _mm512_or_si512(hi, _mm512_and_si512(_mm512_slli_epi16(_mm512_srli_epi16(qh[j8], 2 * c + 1), 4), bit4));
+        }
+        _mm512_storeu_si512(t.wq.data() + (64 * i + 16 * c + j8) * kRows, lo);
+        _mm512_storeu_si512(t.wq.data() + (64 * i + 16 * c + 8 + j8) * kRows, hi);
+      }
+    }
+  }
+}
+
 // Decodes weight rows [j0, j0 + rows) (rows <= kRows; the others zero) into the tile.
 // next: whether a tile follows at j0 + kRows (its rows are prefetched while decoding).
 inline void build_tile(uint32_t type, const Shape& sh, const uint8_t* base, int64_t row_bytes, int64_t k, int64_t j0,
                        int rows, bool next, VTile& t) {
   const int64_t nb = k / block_size(type), ng = k / 16;
   const bool kt = sh.sub != 0;
-  for (int r = 0; r < kRows; ++r) {
-    const RowOut o{t.rows.data() + r * k,
-                   kt ? t.sc.data() + r * ng : nullptr,
-                   kt ? t.mn.data() + r * ng : nullptr,
-                   t.d.data() + r,
-                   t.dmin.data() + r,
-                   next ? kRows * row_bytes : 0,
-                   kRows};
-    if (r < rows) {
-      decode_into(type, base + (j0 + r) * row_bytes, k, o);  // (dmin untouched where no mins: unread)
-      continue;
-    }
-    std::memset(o.w, 0, static_cast<size_t>(k));
-    for (int64_t b = 0; b < nb; ++b) o.d[b * kRows] = o.dmin[b * kRows] = 0.0f;
-    if (kt) {
-      std::memset(o.sc, 0, static_cast<size_t>(ng) * sizeof(int16_t));
-      std::memset(o.mn, 0, static_cast<size_t>(ng) * sizeof(int16_t));
-    }
-  }
-  // Dword g of each row into lane r of vector g: 16 x 16 dword transposes (the tail, when
-  // a row's dwords are not a multiple of 16, by gathers).
-  const __m512i flip = _mm512_set1_epi8(static_cast<char>(sh.offset == 128 ? 0x80 : 0));
-  const int64_t dwords = k / 4;
-  int64_t g0 = 0;
-  for (; g0 + 16 <= dwords; g0 += 16) {
-    __m512i r[16], u[16];
-    for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_si512(t.rows.data() + i * k + 4 * g0);
-    for (int i = 0; i < 16; i += 2) {  // per 128-bit lane: rows i, i+1 of dwords (0, 1) and (2, 3)
-      u[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
-      u[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
-    }
-    for (int i = 0; i < 16; i += 4) {  // per lane L: rows i..i+3 of dword 4L + j in r[i + j]
-      r[i] = _mm512_unpacklo_epi64(u[i], u[i + 2]);
-      r[i + 1] = _mm512_unpackhi_epi64(u[i], u[i + 2]);
-      r[i + 2] = _mm512_unpacklo_epi64(u[i + 1], u[i + 3]);
-      r[i + 3] = _mm512_unpackhi_epi64(u[i + 1], u[i + 3]);
-    }
-    for (int j = 0; j < 4; ++j) {  // dword 4L + j: lane L of r[j], r[4 + j], r[8 + j], r[12 + j]
-      const __m512i ab_lo = _mm512_shuffle_i32x4(r[j], r[4 + j], 0x44),
-                    ab_hi = _mm512_shuffle_i32x4(r[j], r[4 + j], 0xEE);
-      const __m512i cd_lo = _mm512_shuffle_i32x4(r[8 + j], r[12 + j], 0x44),
-                    cd_hi = _mm512_shuffle_i32x4(r[8 + j], r[12 + j], 0xEE);
-      int32_t* out = t.wq.data() + kRows * (g0 + j);
-      _mm512_storeu_si512(out, _mm512_xor_si512(_mm512_shuffle_i32x4(ab_lo, cd_lo, 0x88), flip));
-      _mm512_storeu_si512(out + 4 * kRows, _mm512_xor_si512(_mm512_shuffle_i32x4(ab_lo, cd_lo, 0xDD), flip));
-      _mm512_storeu_si512(out + 8 * kRows, _mm512_xor_si512(_mm512_shuffle_i32x4(ab_hi, cd_hi, 0x88), flip));
-      _mm512_storeu_si512(out + 12 * kRows, _mm512_xor_si512(_mm512_shuffle_i32x4(ab_hi, cd_hi, 0xDD), flip));
-    }
-  }
   const __m512i lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-  const __m512i idx = _mm512_mullo_epi32(lanes, _mm512_set1_epi32(static_cast<int>(k)));
-  for (int64_t g = g0; g < dwords; ++g) {
-    const __m512i v = _mm512_i32gather_epi32(idx, t.rows.data() + 4 * g, 1);
-    _mm512_storeu_si512(t.wq.data() + kRows * g, _mm512_xor_si512(v, flip));
+  if (rows == kRows && (type == kQ4_K || type == kQ5_K)) {
+    if (type == kQ4_K)
+      build_q45k<false>(base + j0 * row_bytes, row_bytes, k, next, t);
+    else
+      build_q45k<true>(base + j0 * row_bytes, row_bytes, k, next, t);
+  } else {
+    for (int r = 0; r < kRows; ++r) {
+      const RowOut o{t.rows.data() + r * k,
+                     kt ? t.sc.data() + r * ng : nullptr,
+                     kt ? t.mn.data() + r * ng : nullptr,
+                     t.d.data() + r,
+                     t.dmin.data() + r,
+                     next ? kRows * row_bytes : 0,
+                     kRows};
+      if (r < rows) {
+        decode_into(type, base + (j0 + r) * row_bytes, k, o);  // (dmin untouched where no mins: unread)
+        continue;
+      }
+      std::memset(o.w, 0, static_cast<size_t>(k));
+      for (int64_t b = 0; b < nb; ++b) o.d[b * kRows] = o.dmin[b * kRows] = 0.0f;
+      if (kt) {
+        std::memset(o.sc, 0, static_cast<size_t>(ng) * sizeof(int16_t));
+        std::memset(o.mn, 0, static_cast<size_t>(ng) * sizeof(int16_t));
+      }
+    }
+    // Dword g of each row into lane r of vector g: 16 x 16 dword transposes (the tail, when
+    // a row's dwords are not a multiple of 16, by gathers).
+    const __m512i flip = _mm512_set1_epi8(static_cast<char>(sh.offset == 128 ? 0x80 : 0));
+    const int64_t dwords = k / 4;
+    int64_t g0 = 0;
+    for (; g0 + 16 <= dwords; g0 += 16) {
+      __m512i v[16];
+      transpose16(reinterpret_cast<const uint8_t*>(t.rows.data()) + 4 * g0, k, v);
+      for (int c = 0; c < 16; ++c) _mm512_storeu_si512(t.wq.data() + kRows * (g0 + c), _mm512_xor_si512(v[c], flip));
+    }
+    const __m512i idx = _mm512_mullo_epi32(lanes, _mm512_set1_epi32(static_cast<int>(k)));
+    for (int64_t g = g0; g < dwords; ++g) {
+      const __m512i v = _mm512_i32gather_epi32(idx, t.rows.data() + 4 * g, 1);
+      _mm512_storeu_si512(t.wq.data() + kRows * g, _mm512_xor_si512(v, flip));
+    }
   }
   // Sub-scales and mins of each row into lanes, by gathers of the rows' int16 (pairs).
   const __m512i idx16 = _mm512_mullo_epi32(lanes, _mm512_set1_epi32(static_cast<int>(2 * ng)));
