@@ -253,6 +253,21 @@ struct ActRow {
   const int16_t* bsums;
 };
 
+#ifdef __AVX512BW__
+// Four rows' int32 x 16 sums over two 32-weight blocks (lanes 0-7: block b, 8-15: b + 1) ->
+// [row 0..3] of block b in i0, of block b + 1 in i1.
+inline void reduce4x2(const __m512i* r, __m128i& i0, __m128i& i1) {
+  // Per 128-bit quarter: [row 0, row 1, row 2, row 3] sums of its four lanes; quarters
+  // 0-1 hold block b, quarters 2-3 block b + 1.
+  const __m512i x01 = _mm512_add_epi32(_mm512_unpacklo_epi32(r[0], r[1]), _mm512_unpackhi_epi32(r[0], r[1]));
+  const __m512i x23 = _mm512_add_epi32(_mm512_unpacklo_epi32(r[2], r[3]), _mm512_unpackhi_epi32(r[2], r[3]));
+  const __m512i y = _mm512_add_epi32(_mm512_unpacklo_epi64(x01, x23), _mm512_unpackhi_epi64(x01, x23));
+  const __m512i z = _mm512_add_epi32(y, _mm512_shuffle_i64x2(y, y, _MM_SHUFFLE(2, 3, 0, 1)));
+  i0 = _mm512_castsi512_si128(z);
+  i1 = _mm512_extracti32x4_epi32(z, 2);
+}
+#endif
+
 // Q8_0-form types (32-weight blocks): tile x kNt activation rows (two in prefill: the
 // weight loads serve both, and their two f32 accumulation chains run side by side).
 template <int kNt, bool kUnsigned>
@@ -284,14 +299,8 @@ inline void dot_tile_32(const Tile& tl, int64_t k, const ActRow* a, __m128* out)
       }
     }
     for (int n = 0; n < kNt; ++n) {
-      // Per 128-bit quarter: [row 0, row 1, row 2, row 3] sums of its four lanes; quarters
-      // 0-1 hold block b, quarters 2-3 block b + 1.
-      const __m512i* r = acc[n];
-      const __m512i x01 = _mm512_add_epi32(_mm512_unpacklo_epi32(r[0], r[1]), _mm512_unpackhi_epi32(r[0], r[1]));
-      const __m512i x23 = _mm512_add_epi32(_mm512_unpacklo_epi32(r[2], r[3]), _mm512_unpackhi_epi32(r[2], r[3]));
-      const __m512i y = _mm512_add_epi32(_mm512_unpacklo_epi64(x01, x23), _mm512_unpackhi_epi64(x01, x23));
-      const __m512i z = _mm512_add_epi32(y, _mm512_shuffle_i64x2(y, y, _MM_SHUFFLE(2, 3, 0, 1)));
-      const __m128i isum0 = _mm512_castsi512_si128(z), isum1 = _mm512_extracti32x4_epi32(z, 2);
+      __m128i isum0, isum1;
+      reduce4x2(acc[n], isum0, isum1);
       const __m128 d0 = _mm_mul_ps(_mm_loadu_ps(tl.d.data() + kTile * b), _mm_set1_ps(a[n].d[b]));
       sum[n] = _mm_add_ps(sum[n], _mm_mul_ps(_mm_cvtepi32_ps(isum0), d0));
       const __m128 d1 = _mm_mul_ps(_mm_loadu_ps(tl.d.data() + kTile * (b + 1)), _mm_set1_ps(a[n].d[b + 1]));
@@ -466,6 +475,83 @@ inline bool handles(uint32_t type) { return type != kQ4_1 && type != kQ5_1; }
 
 #ifdef __AVX512VNNI__
 #include "infera/kernels/cpu/ggml_matmul_vnni.h"
+
+// One activation row against Q8_0 rows read in place (a decode step): no tile copy; four
+// rows at a time, two blocks per 512-bit vector, the weights made unsigned (the byte xor
+// 0x80: w + 128) so that vpdpbusd takes them with the activation quants as they are, and
+// 128 x the activation's block sum taken back out of each block's integer sum. The f32
+// steps per block as the generic loop's, one lane per row.
+inline void gemv_q8_0(const uint8_t* base, int64_t row_bytes, int64_t k, const Activations& a, int64_t n0, int64_t n1,
+                      float* y) {
+  const int64_t nb = k / 32;
+  static thread_local std::vector<int32_t> corr;
+  corr.resize(static_cast<size_t>(nb));
+  for (int64_t b = 0; b < nb; ++b) {
+    const __m256i q = load256(a.q.data() + 32 * b);
+    const __m256i s16 = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), q), _mm256_set1_epi16(1));
+    const __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s16), _mm256_extracti128_si256(s16, 1));
+    const __m128i s2 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, _MM_SHUFFLE(1, 0, 3, 2)));
+    corr[b] = 128 * _mm_cvtsi128_si32(_mm_add_epi32(s2, _mm_shuffle_epi32(s2, _MM_SHUFFLE(2, 3, 0, 1))));
+  }
+  const int32_t* cp = corr.data();
+  const int8_t* q = a.q.data();
+  const float* ad = a.d.data();
+  const int64_t tiles = (n1 - n0 + kTile - 1) / kTile;
+  const int threads = omp_in_parallel() ? 1 : num_threads();
+#pragma omp parallel for num_threads(static_cast <int>(std::min <int64_t>(threads, tiles))) schedule(static)
+  for (int64_t tt = 0; tt < tiles; ++tt) {
+    const int64_t j0 = n0 + tt * kTile;
+    const int rows = static_cast<int>(std::min<int64_t>(kTile, n1 - j0));
+    const uint8_t* r[kTile];
+    for (int t = 0; t < kTile; ++t) r[t] = base + std::min(j0 + t, n1 - 1) * row_bytes;  // past the end: a copy
+    const bool next = j0 + kTile < n1;
+    const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
+    __m128 sum = _mm_setzero_ps();
+    int64_t b = 0;
+    for (; b + 2 <= nb; b += 2) {
+      const __m512i qv = _mm512_loadu_si512(q + 32 * b);
+      __m512i acc[kTile];
+      for (int t = 0; t < kTile; ++t) {
+        const uint8_t* p = r[t] + 34 * b;
+        if (next) _mm_prefetch(reinterpret_cast<const char*>(p + kTile * row_bytes), _MM_HINT_T0);
+        const __m512i wv = _mm512_inserti64x4(_mm512_castsi256_si512(load256(p + 2)), load256(p + 36), 1);
+        acc[t] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_xor_si512(wv, flip), qv);
+      }
+      __m128i isum0, isum1;
+      reduce4x2(acc, isum0, isum1);
+      isum0 = _mm_sub_epi32(isum0, _mm_set1_epi32(cp[b]));
+      isum1 = _mm_sub_epi32(isum1, _mm_set1_epi32(cp[b + 1]));
+      const __m128i h = _mm_setr_epi16(static_cast<int16_t>(r[0][34 * b] | r[0][34 * b + 1] << 8),
+                                       static_cast<int16_t>(r[1][34 * b] | r[1][34 * b + 1] << 8),
+                                       static_cast<int16_t>(r[2][34 * b] | r[2][34 * b + 1] << 8),
+                                       static_cast<int16_t>(r[3][34 * b] | r[3][34 * b + 1] << 8),
+                                       static_cast<int16_t>(r[0][34 * b + 34] | r[0][34 * b + 35] << 8),
+                                       static_cast<int16_t>(r[1][34 * b + 34] | r[1][34 * b + 35] << 8),
+                                       static_cast<int16_t>(r[2][34 * b + 34] | r[2][34 * b + 35] << 8),
+                                       static_cast<int16_t>(r[3][34 * b + 34] | r[3][34 * b + 35] << 8));
+      const __m256 dw = _mm256_cvtph_ps(h);  // exact, as half_f16c
+      const __m128 d0 = _mm_mul_ps(_mm256_castps256_ps128(dw), _mm_set1_ps(ad[b]));
+      sum = _mm_add_ps(sum, _mm_mul_ps(_mm_cvtepi32_ps(isum0), d0));
+      const __m128 d1 = _mm_mul_ps(_mm256_extractf128_ps(dw, 1), _mm_set1_ps(ad[b + 1]));
+      sum = _mm_add_ps(sum, _mm_mul_ps(_mm_cvtepi32_ps(isum1), d1));
+    }
+    for (; b < nb; ++b) {
+      const __m256i qv = load256(q + 32 * b);
+      __m256i acc[kTile];
+      alignas(16) float dws[kTile];
+      for (int t = 0; t < kTile; ++t) {
+        const uint8_t* p = r[t] + 34 * b;
+        acc[t] = _mm256_dpbusd_epi32(_mm256_setzero_si256(),
+                                     _mm256_xor_si256(load256(p + 2), _mm256_set1_epi8(static_cast<char>(0x80))), qv);
+        dws[t] = half_f16c(p);
+      }
+      const __m128i isum = _mm_sub_epi32(reduce4(acc[0], acc[1], acc[2], acc[3]), _mm_set1_epi32(cp[b]));
+      const __m128 d = _mm_mul_ps(_mm_load_ps(dws), _mm_set1_ps(ad[b]));
+      sum = _mm_add_ps(sum, _mm_mul_ps(_mm_cvtepi32_ps(isum), d));
+    }
+    store_outputs(sum, y + (j0 - n0), rows);
+  }
+}
 #endif
 
 inline void matmul_rows(uint32_t type, const uint8_t* base, int64_t row_bytes, int64_t k, const Activations& a,
@@ -480,6 +566,10 @@ inline void matmul_rows(uint32_t type, const uint8_t* base, int64_t row_bytes, i
   }
   const int16_t* bs16 = sums ? bsums16.data() : nullptr;
 #ifdef __AVX512VNNI__
+  if (m == 1 && type == kQ8_0) {
+    gemv_q8_0(base, row_bytes, k, a, n0, n1, y);
+    return;
+  }
   if (m >= vnni::kMinTokens) {  // prefill: 16-row VNNI tiles
     vnni::matmul_rows(type, base, row_bytes, k, a, bs16, m, n0, n1, y, ldy);
     return;
