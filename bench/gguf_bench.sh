@@ -10,7 +10,9 @@
 # TYPES ("q4_k_m q6_k q8_0": f32 f16 bf16 q8_0 q4_0 are written by `infera convert --to gguf`,
 # q4_k_m q5_k_m q6_k iq4_xs by llama.cpp's own llama_model_quantize from the f16 file, through
 # tests/conformance/llama_quantize.c and the libllama node-llama-cpp ships), PROMPT_TOKENS (64),
-# GEN_TOKENS (32), THREADS ("1 2"), REPEATS (2: best of, engines alternating).
+# GEN_TOKENS (32), THREADS ("1 2"), REPEATS (2: best of, engines alternating), MMAP (1; 0
+# passes --no-mmap: Infera's weights read into memory before its prompt is timed, as
+# llama.cpp's repacked weights are, so page faults of a first touch are not in its prompt time).
 # Printed only; not a test. Numbers move with other load on a shared machine: the load
 # average is printed before and after.
 set -euo pipefail
@@ -31,6 +33,8 @@ prompt_tokens="${PROMPT_TOKENS:-64}"
 gen_tokens="${GEN_TOKENS:-32}"
 threads_list="${THREADS:-1 2}"
 repeats="${REPEATS:-2}"
+mmap_flag=()
+[ "${MMAP:-1}" = 0 ] && mmap_flag=(--no-mmap)
 py=/usr/bin/python3
 [ -x "$infera" ] || { echo "error: $infera not found (build the infera target, pass BUILD_DIR)" >&2; exit 1; }
 mkdir -p "$work"
@@ -62,6 +66,7 @@ field() { $py -c "import json,sys; print(json.loads(sys.stdin.read().strip().spl
 best() { $py -c "import sys; print(max(float(v) for v in sys.argv[1:]))" "$@"; }
 
 echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "infera weights: $([ "${MMAP:-1}" = 0 ] && echo "read into memory (--no-mmap)" || echo mapped)"
 "$infera" sysinfo 2>/dev/null | grep -i -E "isa|kernel|avx" | head -4 || true
 $py -c "import json; c = json.load(open('model/config.json')); print('model:', c['model_type'], 'hidden', c['hidden_size'], \
 'layers', c['num_hidden_layers'], 'experts', c.get('num_experts', 0), 'vocab', c['vocab_size'])"
@@ -72,7 +77,7 @@ for t in $types; do
     ipp=(); itg=(); lpp=(); ltg=()
     for _ in $(seq "$repeats"); do
       out="$("$infera" run -m "model_$t.gguf" --prompt-ids "$prompt" -n "$gen_tokens" --temp 0 --ignore-eos --json \
-        -t "$th" 2> /dev/null)"
+        -t "$th" "${mmap_flag[@]}" 2> /dev/null)"
       ipp+=("$(echo "$out" | field prompt_tokens_per_s)")
       itg+=("$(echo "$out" | field generated_tokens_per_s)")
       out="$(node "$repo/bench/llamacpp_speed.mjs" "$work/model_$t.gguf" "$th" "$prompt_tokens" "$gen_tokens")"

@@ -247,21 +247,47 @@ void MoeFfn::forward(const MoeWeights& w, const float* x, int64_t T, int64_t H, 
   route_w_.resize(static_cast<size_t>(T * k));
   kernels::matmul(x, T, w.router, logits_.data());
   route_experts(w, logits_.data(), T, route_ids_.data(), route_w_.data());
+  // Work items pay off with several threads and enough work to share out (a parallel
+  // region costs microseconds, far more when a thread is descheduled at its barrier): a
+  // decode step with enough expert weights, and every prefill, whose per-expert GEMMs would
+  // otherwise be one parallel region each (three per active expert and layer). One thread
+  // runs each expert's matmuls whole (fewest kernel calls).
+  constexpr int64_t kMinParallelBytes = 256 << 10;
+  const int threads = omp_in_parallel() ? 1 : num_threads();
+  const bool worth = threads > 1 && (T > kWorkItemMaxTokens || w.weight_bytes_active() >= kMinParallelBytes);
+  if (schedule_ == Schedule::kWorkItems || (schedule_ == Schedule::kAuto && worth)) {
+    // The work items keep every active expert's input, hidden and output rows at once
+    // (about T·k·(2H + I) floats): long batches go through in chunks of tokens, each
+    // token's result being independent of the others in its batch.
+    const int64_t chunk = work_item_chunk(w, H);
+    for (int64_t t0 = 0; t0 < T; t0 += chunk) {
+      const int64_t n = std::min(chunk, T - t0);
+      kernels::group_by_expert(route_ids_.data() + t0 * k, route_w_.data() + t0 * k, n, k, E, groups_);
+      if (counts) {
+        for (int64_t e = 0; e < E; ++e) counts[e] += static_cast<uint64_t>(groups_.count(e));
+      }
+      run_work_items(w, x + t0 * H, n, H, y + t0 * H, worth ? threads : 1);
+    }
+    return;
+  }
   kernels::group_by_expert(route_ids_.data(), route_w_.data(), T, k, E, groups_);
   if (counts) {
     for (int64_t e = 0; e < E; ++e) counts[e] += static_cast<uint64_t>(groups_.count(e));
   }
-  // Work items pay off with several threads and enough weights to share out (a parallel
-  // region costs microseconds, far more when a thread is descheduled at its barrier); one
-  // thread runs each expert's matmuls whole (fewest kernel calls).
-  constexpr int64_t kMinParallelBytes = 256 << 10;
-  const int threads = omp_in_parallel() ? 1 : num_threads();
-  const bool worth = threads > 1 && T <= kWorkItemMaxTokens && w.weight_bytes_active() >= kMinParallelBytes;
-  if (schedule_ == Schedule::kWorkItems || (schedule_ == Schedule::kAuto && worth)) {
-    run_work_items(w, x, T, H, y, worth ? threads : 1);
-  } else {
-    run_per_expert(w, x, T, H, y);
+  run_per_expert(w, x, T, H, y);
+}
+
+int64_t MoeFfn::work_item_chunk(const MoeWeights& w, int64_t H) const {
+  if (chunk_tokens_ > 0) return chunk_tokens_;
+  constexpr int64_t kScratchBytes = int64_t{256} << 20;
+  int64_t inter = 0;
+  for (int64_t e = 0; e < static_cast<int64_t>(w.gate.size()) && inter == 0; ++e) {
+    if (w.has_expert(e)) inter = w.gate[e].rows();
   }
+  int64_t per_token = w.top_k * (2 * H + inter);
+  if (!w.shared.empty()) per_token += H + w.shared.inter();
+  per_token *= static_cast<int64_t>(sizeof(float));
+  return std::max(kWorkItemMaxTokens, kScratchBytes / std::max<int64_t>(per_token, 1));
 }
 
 void MoeFfn::run_per_expert(const MoeWeights& w, const float* x, int64_t T, int64_t H, float* y) {

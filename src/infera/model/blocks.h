@@ -111,20 +111,22 @@ MoeWeights bind_moe_block(const WeightStore& store, const std::string& block_pre
 
 // Runs the MoE FFN over a batch: y[T, H] = Σ_j w_j Expert_j(x) (+ sigmoid(g·x) Shared(x)).
 // Only active experts' weights are read. Two schedules, same arithmetic per row:
-//   per expert (prefill): tokens grouped by expert, one GEMM per active expert, each GEMM
-//     split over threads by the kernel;
-//   work items (decode, small batches, several threads): one parallel region runs
-//     (expert, row block) items of every active expert's gate/up (the shared expert's
-//     too), then (expert, row block) items of the down projections, then sums the
-//     experts' outputs by column blocks, so eight small GEMVs keep every thread busy
-//     instead of running one at a time, each split thinly. Outputs are summed in expert
-//     order, as the per-expert schedule does, so the result does not depend on the
-//     schedule or the thread count.
+//   per expert (one thread, or a small decode step): tokens grouped by expert, one GEMM per
+//     active expert, each GEMM split over threads by the kernel;
+//   work items (several threads: prefill, and decode with enough expert weights): tokens
+//     grouped by expert as well, and one parallel region runs (expert, row block) items of
+//     every active expert's gate/up (the shared expert's too; a block of a prefill is
+//     usually the expert's whole matrix, one GEMM over its tokens), then (expert, row
+//     block) items of the down projections, then sums the experts' outputs by column
+//     blocks: three barriers per layer instead of three per active expert, and eight small
+//     GEMVs of a decode step keep every thread busy instead of running one at a time, each
+//     split thinly. Outputs are summed in expert order, as the per-expert schedule does,
+//     so the result does not depend on the schedule or the thread count.
 class MoeFfn {
  public:
   enum class Schedule { kAuto, kPerExpert, kWorkItems };
-  // kAuto: work items for up to kWorkItemMaxTokens tokens, with more than one thread and
-  // at least 256 KiB of active expert weights.
+  // kAuto: work items with more than one thread, for more than kWorkItemMaxTokens tokens
+  // (prefill) or with at least 256 KiB of active expert weights; per expert otherwise.
   static constexpr int64_t kWorkItemMaxTokens = 16;
 
   // The schedule starts as INFERA_MOE_SCHEDULE says (auto, per_expert, work_items; unset:
@@ -134,6 +136,9 @@ class MoeFfn {
   // counts [E]: incremented by the number of tokens routed to each expert.
   void forward(const MoeWeights& w, const float* x, int64_t T, int64_t H, float* y, uint64_t* counts);
   void set_schedule(Schedule s) { schedule_ = s; }  // tests and benchmarks
+  // Tokens per pass of the work-item schedule (0: as many as 256 MiB of scratch holds);
+  // tests set a small one to cover the chunking.
+  void set_chunk_tokens(int64_t n) { chunk_tokens_ = n; }
 
  private:
   // One active expert of a forward: its weights and the tokens routed to it.
@@ -157,8 +162,10 @@ class MoeFfn {
   bool run_one_token(const MoeWeights& w, const float* x, int64_t H, float* y);
   void add_shared_expert(const MoeWeights& w, const float* x, int64_t T, int64_t H, float* y);
   void run_work_items(const MoeWeights& w, const float* x, int64_t T, int64_t H, float* y, int threads);
+  int64_t work_item_chunk(const MoeWeights& w, int64_t H) const;
 
   Schedule schedule_ = Schedule::kAuto;
+  int64_t chunk_tokens_ = 0;
   std::vector<float> logits_, route_w_, xg_, gate_, up_, out_, shared_, sgate_, h_;
   std::vector<int32_t> route_ids_, all_rows_;
   std::vector<Active> active_;

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "../test_support.h"
+#include "ggml_random_blocks.h"
 #include "infera/tensor/dtype.h"
 
 namespace infera::kernels::ggml {
@@ -86,35 +87,6 @@ float element(uint32_t type, const uint8_t* b, int e) {
   }
 }
 
-// Random bytes with every f16 field a finite value of moderate size.
-std::vector<uint8_t> random_blocks(uint32_t type, int64_t nb, std::mt19937& rng) {
-  std::vector<uint8_t> bytes(static_cast<size_t>(nb * type_size(type)));
-  for (auto& x : bytes) x = static_cast<uint8_t>(rng());
-  std::vector<int> half_offsets;
-  switch (type) {
-    case kQ4_0:
-    case kQ5_0:
-    case kQ8_0:
-    case kIQ4_NL:
-    case kIQ4_XS: half_offsets = {0}; break;
-    case kQ4_1:
-    case kQ5_1:
-    case kQ4_K:
-    case kQ5_K: half_offsets = {0, 2}; break;
-    case kQ6_K: half_offsets = {208}; break;
-    case kQ3_K: half_offsets = {108}; break;
-    case kQ2_K: half_offsets = {80, 82}; break;
-  }
-  std::uniform_real_distribution<float> d(-0.05f, 0.05f);
-  for (int64_t i = 0; i < nb; ++i) {
-    for (int off : half_offsets) {
-      const uint16_t v = f32_to_f16(d(rng));
-      std::memcpy(bytes.data() + i * type_size(type) + off, &v, 2);
-    }
-  }
-  return bytes;
-}
-
 TEST(GgmlQuants, DequantizeMatchesTheFormatElementByElement) {
   std::mt19937 rng(7);
   for (uint32_t type : {kQ4_0, kQ4_1, kQ5_0, kQ5_1, kQ8_0, kIQ4_NL, kQ2_K, kQ3_K, kQ4_K, kQ5_K, kQ6_K, kIQ4_XS}) {
@@ -158,8 +130,9 @@ std::vector<float> activation_as_quantized(uint32_t type, const std::vector<floa
 
 // matmul_rows on every ISA path: equal to each other exactly, and to the dequantized weights
 // times the quantized activations (up to f32 rounding), on odd shapes and row ranges: row
-// ranges that end inside a tile of the SIMD paths (4 rows), an odd number of blocks per row,
-// and more activation rows than one prefill block of those paths (64).
+// ranges that end inside a tile of the SIMD paths (4 rows; 16 for the AVX-512 VNNI prefill
+// tiles, from 4 activation rows on, taken 4, 2 and 1 at a time), an odd number of blocks per
+// row, and more activation rows than one prefill block of those paths (64).
 struct MatmulShape {
   int64_t blocks, rows, n0, n1;
   std::vector<int64_t> ms;
@@ -168,7 +141,10 @@ struct MatmulShape {
 TEST(GgmlQuants, MatmulMatchesDequantizedWeightsTimesQuantizedActivations) {
   std::mt19937 rng(11);
   std::normal_distribution<float> normal(0.0f, 1.0f);
-  const MatmulShape shapes[] = {{2, 37, 3, 34, {1, 3, 17}}, {3, 23, 1, 22, {2, 70}}, {5, 9, 0, 9, {1}}};
+  const MatmulShape shapes[] = {{2, 37, 3, 34, {1, 3, 17}},
+                                {3, 23, 1, 22, {2, 70}},
+                                {5, 9, 0, 9, {1}},
+                                {1, 53, 5, 52, {4, 7}}};
   for (const MatmulShape& shape : shapes) {
     for (uint32_t type : {kQ4_0, kQ4_1, kQ5_0, kQ5_1, kQ8_0, kIQ4_NL, kQ2_K, kQ3_K, kQ4_K, kQ5_K, kQ6_K, kIQ4_XS}) {
       const int64_t k = block_size(type) * shape.blocks, rows = shape.rows, n0 = shape.n0, n1 = shape.n1;
@@ -210,6 +186,34 @@ TEST(GgmlQuants, MatmulMatchesDequantizedWeightsTimesQuantizedActivations) {
             EXPECT_EQ(y, first) << "type " << type << ": " << isa_name(isa) << " differs from the scalar path";
         }
       }
+    }
+  }
+}
+
+// Activation blocks with ties of the largest magnitude of both signs, values half way
+// between two quants (rounded half to even) and all-zero blocks: every ISA path quantizes
+// them as the scalar one does.
+TEST(GgmlQuants, ActivationEdgeCasesEqualOnEveryPath) {
+  std::mt19937 rng(5);
+  const int64_t k = 512, rows = 5, m = 6;
+  std::vector<float> x(static_cast<size_t>(m * k), 0.0f);
+  for (int64_t i = 0; i < m - 1; ++i) {
+    for (int64_t j = 0; j < k; ++j) x[i * k + j] = static_cast<float>(static_cast<int>(rng() % 255) - 127) * 0.5f;
+    // Ties of the largest |x| (others are at most 63.5), of both signs in one 256-block.
+    x[i * k + 3 + i] = (i % 2 == 0 ? -1.0f : 1.0f) * 127.0f;
+    x[i * k + 40 + i] = (i % 2 == 0 ? 1.0f : -1.0f) * 127.0f;
+  }
+  // Row m - 1 stays zero.
+  for (uint32_t type : {kQ8_0, kQ4_1, kQ4_K, kQ6_K}) {
+    const std::vector<uint8_t> w = random_blocks(type, rows * k / block_size(type), rng);
+    std::vector<float> first;
+    for (Isa isa : test::available_isas()) {
+      std::vector<float> y(static_cast<size_t>(m * rows));
+      matmul_rows(isa, type, w.data(), k, x.data(), m, 0, rows, y.data(), rows);
+      if (first.empty())
+        first = y;
+      else
+        EXPECT_EQ(y, first) << "type " << type << ": " << isa_name(isa) << " differs from the scalar path";
     }
   }
 }

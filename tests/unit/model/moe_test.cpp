@@ -6,8 +6,10 @@
 #include <random>
 #include <vector>
 
+#include "../kernels/ggml_random_blocks.h"
 #include "../test_support.h"
 #include "infera/base/error.h"
+#include "infera/base/threads.h"
 #include "infera/kernels/moe.h"
 #include "infera/kernels/quant.h"
 #include "infera/model/blocks.h"
@@ -209,6 +211,76 @@ TEST(MoeFfn, WorkItemsMatchPerExpertAndSkipDroppedExperts) {
   uint64_t total = 0;
   for (auto c : counts) total += c;
   EXPECT_EQ(total, static_cast<uint64_t>(2 * T * k));  // dropped experts are counted too
+}
+
+// Experts in llama.cpp's block types (as a GGUF file holds them), on odd shapes: the batch
+// grouped by expert (one GEMM per expert, per-expert or work-item schedule, the latter also
+// in chunks of tokens) gives bit for bit what running the tokens one at a time gives.
+// The router and the shared expert's gate are Q8_0 here (GGUF routers are usually f32): a
+// block-type matmul computes each row alone, so the routing does not depend on the batch.
+struct GgmlMoe {
+  std::vector<std::vector<uint8_t>> blocks;
+  MoeWeights w;
+  GgmlMoe(uint32_t type, int64_t H, int64_t I, int64_t E, int64_t k, int64_t shared_inter) {
+    std::mt19937 rng(type + 5);
+    auto mat = [&](int64_t rows, int64_t cols, uint32_t t) {
+      blocks.push_back(kernels::ggml::random_blocks(t, rows * cols / kernels::ggml::block_size(t), rng));
+      return kernels::MatRef{blocks.back().data(), DType::kGgml, rows, cols, t};
+    };
+    auto add = [&](int64_t rows, int64_t cols) { return kernels::dense_linear(mat(rows, cols, type)); };
+    blocks.reserve(3 * E + 5);
+    w.router = mat(E, H, kernels::ggml::kQ8_0);
+    w.top_k = k;
+    w.norm_topk_prob = true;
+    for (int64_t e = 0; e < E; ++e) {
+      w.gate.push_back(add(I, H));
+      w.up.push_back(add(I, H));
+      w.down.push_back(add(H, I));
+    }
+    if (shared_inter > 0) {
+      w.shared.gate = add(shared_inter, H);
+      w.shared.up = add(shared_inter, H);
+      w.shared.down = add(H, shared_inter);
+      w.shared_gate = mat(1, H, kernels::ggml::kQ8_0);
+    }
+  }
+};
+
+TEST(MoeFfn, GgmlExpertsGroupedEqualTokenAtATime) {
+  using namespace kernels::ggml;
+  struct Case {
+    uint32_t type;
+    int64_t H, I, E, k, shared;
+  };
+  const Case cases[] = {{kQ4_K, 512, 256, 7, 3, 0}, {kQ6_K, 256, 512, 5, 2, 256}, {kQ8_0, 96, 160, 6, 2, 0},
+                        {kQ4_0, 160, 96, 9, 4, 32}, {kQ5_0, 64, 224, 4, 3, 0},    {kIQ4_XS, 256, 256, 6, 1, 0}};
+  for (const Case& c : cases) {
+    GgmlMoe moe(c.type, c.H, c.I, c.E, c.k, c.shared);
+    for (int64_t T : {5, 37}) {
+      const auto x = random_vec(T * c.H, 70 + T);
+      std::vector<float> one(T * c.H);
+      MoeFfn single;
+      single.set_schedule(MoeFfn::Schedule::kPerExpert);
+      set_thread_num_threads(1);
+      for (int64_t t = 0; t < T; ++t) single.forward(moe.w, x.data() + t * c.H, 1, c.H, one.data() + t * c.H, nullptr);
+      set_thread_num_threads(2);  // the work items run in parallel (kAuto picks them) whatever the machine
+      for (int variant = 0; variant < 4; ++variant) {
+        MoeFfn ffn;
+        ffn.set_schedule(variant == 0   ? MoeFfn::Schedule::kPerExpert
+                         : variant == 3 ? MoeFfn::Schedule::kAuto
+                                        : MoeFfn::Schedule::kWorkItems);
+        if (variant == 2) ffn.set_chunk_tokens(8);
+        std::vector<float> y(T * c.H, -1.0f);
+        std::vector<uint64_t> counts(c.E, 0);
+        ffn.forward(moe.w, x.data(), T, c.H, y.data(), counts.data());
+        EXPECT_EQ(y, one) << "type " << c.type << " T=" << T << " variant " << variant;
+        uint64_t total = 0;
+        for (auto n : counts) total += n;
+        EXPECT_EQ(total, static_cast<uint64_t>(T * c.k));
+      }
+      set_thread_num_threads(0);
+    }
+  }
 }
 
 }  // namespace

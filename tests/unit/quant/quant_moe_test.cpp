@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -137,9 +138,10 @@ TEST(QuantMoeFfn, EqualsPerExpertQuantizedReferenceOnBothSchedules) {
   const int64_t H = 96, I = 64, E = 8, k = 3;
   for (QuantScheme scheme : {QuantScheme::kW8A8, QuantScheme::kW4A8, QuantScheme::kW4A16}) {
     QuantMoe moe(scheme, H, I, E, k, 32);
-    for (auto schedule : {MoeFfn::Schedule::kPerExpert, MoeFfn::Schedule::kWorkItems}) {
+    for (int64_t chunk : {int64_t{-1}, int64_t{0}, int64_t{8}}) {  // -1: per expert; else work items in chunks
       MoeFfn ffn;
-      ffn.set_schedule(schedule);
+      ffn.set_schedule(chunk < 0 ? MoeFfn::Schedule::kPerExpert : MoeFfn::Schedule::kWorkItems);
+      ffn.set_chunk_tokens(std::max<int64_t>(chunk, 0));
       for (int64_t T : {1, 4, 21}) {
         const auto x = random_vec(T * H, 50 + T, 1.0f);
         std::vector<float> y(T * H);

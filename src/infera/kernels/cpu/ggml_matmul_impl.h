@@ -50,7 +50,8 @@ inline float half(const uint8_t* p) {
 }
 
 // Activation rows quantized as llama.cpp quantizes them (x86 path: scale 127 / amax and
-// round-half-even for Q8_0/Q8_1; the reference Q8_K).
+// round-half-even for Q8_0/Q8_1; the reference Q8_K). The AVX-512 build computes the same
+// values in vectors (the maxima are order-free, the products and roundings the same).
 struct Activations {
   int64_t k = 0;
   std::vector<int8_t> q;  // [m, k]
@@ -70,6 +71,18 @@ inline void quantize_activations(const float* x, int64_t m, int64_t k, ActForm f
         const float* xb = x + i * k + b * 256;
         int8_t* qb = a.q.data() + i * k + b * 256;
         float amax = 0, max = 0;
+#ifdef __AVX512F__
+        // The largest |x| in vectors, then the first element of that magnitude (its sign).
+        __m512 vmax = _mm512_setzero_ps();
+        for (int c = 0; c < 16; ++c) vmax = _mm512_max_ps(_mm512_abs_ps(_mm512_loadu_ps(xb + 16 * c)), vmax);
+        amax = _mm512_reduce_max_ps(vmax);
+        for (int j = 0; j < 256 && amax > 0; ++j) {
+          if (std::fabs(xb[j]) == amax) {
+            max = xb[j];
+            break;
+          }
+        }
+#else
         for (int j = 0; j < 256; ++j) {
           const float ax = std::fabs(xb[j]);
           if (ax > amax) {
@@ -77,6 +90,7 @@ inline void quantize_activations(const float* x, int64_t m, int64_t k, ActForm f
             max = xb[j];
           }
         }
+#endif
         int32_t* bs = a.bsums.data() + i * (k / 16) + b * 16;
         if (amax == 0) {
           a.d[i * (k / 256) + b] = 0;
@@ -85,6 +99,16 @@ inline void quantize_activations(const float* x, int64_t m, int64_t k, ActForm f
           continue;
         }
         const float iscale = -127.f / max;
+#ifdef __AVX512F__
+        // cvtps rounds half to even, as nearbyint does in the default rounding mode.
+        for (int g = 0; g < 16; ++g) {
+          const __m512i q =
+              _mm512_min_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(_mm512_set1_ps(iscale), _mm512_loadu_ps(xb + 16 * g))),
+                               _mm512_set1_epi32(127));
+          _mm_storeu_si128(reinterpret_cast<__m128i*>(qb + 16 * g), _mm512_cvtsepi32_epi8(q));
+          bs[g] = _mm512_reduce_add_epi32(q);
+        }
+#else
         for (int j = 0; j < 256; ++j)
           qb[j] = static_cast<int8_t>(std::min(127, static_cast<int>(std::nearbyint(iscale * xb[j]))));
         for (int g = 0; g < 16; ++g) {
@@ -92,6 +116,7 @@ inline void quantize_activations(const float* x, int64_t m, int64_t k, ActForm f
           for (int j = 0; j < 16; ++j) sum += qb[16 * g + j];
           bs[g] = sum;
         }
+#endif
         a.d[i * (k / 256) + b] = 1 / iscale;
       }
     }
@@ -103,6 +128,20 @@ inline void quantize_activations(const float* x, int64_t m, int64_t k, ActForm f
     for (int64_t b = 0; b < k / 32; ++b) {
       const float* xb = x + i * k + b * 32;
       int8_t* qb = a.q.data() + i * k + b * 32;
+#ifdef __AVX512F__
+      const __m512 x0 = _mm512_loadu_ps(xb), x1 = _mm512_loadu_ps(xb + 16);
+      // max(|x|, m) keeps m where x is NaN, as std::max(m, |x|) does.
+      const float amax =
+          _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(x0), _mm512_max_ps(_mm512_abs_ps(x1), _mm512_setzero_ps())));
+      const float d = amax / 127.f;
+      const float id = amax != 0.0f ? 127.f / amax : 0.0f;
+      // cvtps rounds half to even, as nearbyint does in the default rounding mode.
+      const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(x0, _mm512_set1_ps(id)));
+      const __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(x1, _mm512_set1_ps(id)));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(qb), _mm512_cvtsepi32_epi8(q0));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(qb + 16), _mm512_cvtsepi32_epi8(q1));
+      const int32_t sum = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+#else
       float amax = 0;
       for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(xb[j]));
       const float d = amax / 127.f;
@@ -112,6 +151,7 @@ inline void quantize_activations(const float* x, int64_t m, int64_t k, ActForm f
         qb[j] = static_cast<int8_t>(std::nearbyint(xb[j] * id));
         sum += qb[j];
       }
+#endif
       a.d[i * (k / 32) + b] = f16_to_f32(f32_to_f16(d));
       if (form == ActForm::kQ8_1) a.s[i * (k / 32) + b] = f16_to_f32(f32_to_f16(static_cast<float>(sum) * d));
     }

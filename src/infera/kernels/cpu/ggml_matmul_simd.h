@@ -19,7 +19,9 @@
 // Integer sums are exact in any order, so the outputs equal the generic path's.
 // Prefill: activation rows are taken 64 at a time (they stay in L2 while the thread's tiles
 // pass over them; a tile is decoded again per block of 64 rows), and a tile is applied to
-// two activation rows at once (each weight load and scale vector serves both).
+// two activation rows at once (each weight load and scale vector serves both). On AVX-512
+// VNNI, from vnni::kMinTokens activation rows on, the 16-row tiles of ggml_matmul_vnni.h
+// take over (no horizontal sums, 4 activation rows per weight load).
 // Included by ggml_matmul_impl.h inside its namespace (after <immintrin.h>), only when
 // __AVX2__ is defined.
 
@@ -44,9 +46,10 @@ struct Tile {
   }
 };
 
-// Where the decoders write row t of a tile: w [k], sc / mn [k / 16], d / dmin with stride kTile.
-// pf: the bytes from a block to the same block of the next tile's row (0: none); the
-// decoders prefetch it, so the next tile streams in while this one is computed.
+// Where the decoders write row t of a tile: w [k], sc / mn [k / 16], d / dmin with stride ds
+// (the rows of a tile interleaved). pf: the bytes from a block to the same block of the
+// next tile's row (0: none); the decoders prefetch it, so the next tile streams in while
+// this one is computed.
 struct RowOut {
   int8_t* w;
   int16_t* sc;
@@ -54,6 +57,7 @@ struct RowOut {
   float* d;
   float* dmin;
   int64_t pf;
+  int64_t ds = kTile;
 };
 
 // Prefetches the cache lines of the `bytes`-byte block at p.
@@ -81,7 +85,7 @@ inline float half_f16c(const uint8_t* p) {
 inline void dec_q8_0(const uint8_t* b, int64_t nb, const RowOut& o) {
   for (int64_t i = 0; i < nb; ++i, b += 34) {
     if (o.pf != 0) prefetch_block(b + o.pf, 34);
-    o.d[i * kTile] = half_f16c(b);
+    o.d[i * o.ds] = half_f16c(b);
     store256(o.w + 32 * i, load256(b + 2));
   }
 }
@@ -93,7 +97,7 @@ inline void dec_q4_0(const uint8_t* b, int64_t nb, const RowOut& o) {
   const __m128i eight = _mm_set1_epi8(8);
   for (int64_t i = 0; i < nb; ++i, b += 18) {
     if (o.pf != 0) prefetch_block(b + o.pf, 18);
-    o.d[i * kTile] = half_f16c(b);
+    o.d[i * o.ds] = half_f16c(b);
     const __m128i v = load128(b + 2);
     const __m128i lo = nibbles_lo(v), hi = nibbles_hi(v);
     store128(o.w + 32 * i, kNl ? _mm_shuffle_epi8(lut, lo) : _mm_sub_epi8(lo, eight));
@@ -127,8 +131,8 @@ inline void dec_q45_k(const uint8_t* b, int64_t nb, const RowOut& o) {
   const int64_t ts = kFive ? 176 : 144;
   for (int64_t i = 0; i < nb; ++i, b += ts) {
     if (o.pf != 0) prefetch_block(b + o.pf, static_cast<int>(ts));
-    o.d[i * kTile] = half_f16c(b);
-    o.dmin[i * kTile] = half_f16c(b + 2);
+    o.d[i * o.ds] = half_f16c(b);
+    o.dmin[i * o.ds] = half_f16c(b + 2);
     k4_scales(b + 4, o.sc + 16 * i, o.mn + 16 * i);
     const uint8_t* qs = b + (kFive ? 48 : 16);
     int8_t* w = o.w + 256 * i;
@@ -154,7 +158,7 @@ inline void dec_q6_k(const uint8_t* b, int64_t nb, const RowOut& o) {
   const __m256i three = _mm256_set1_epi8(3);
   for (int64_t i = 0; i < nb; ++i, b += 210) {
     if (o.pf != 0) prefetch_block(b + o.pf, 210);
-    o.d[i * kTile] = half_f16c(b + 208);
+    o.d[i * o.ds] = half_f16c(b + 208);
     const __m256i sc = _mm256_cvtepi8_epi16(load128(b + 192));
     store256(o.sc + 16 * i, sc);
     int8_t* w = o.w + 256 * i;
@@ -174,7 +178,7 @@ inline void dec_iq4_xs(const uint8_t* b, int64_t nb, const RowOut& o) {
   const __m128i lut = _mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4nlValues));
   for (int64_t i = 0; i < nb; ++i, b += 136) {
     if (o.pf != 0) prefetch_block(b + o.pf, 136);
-    o.d[i * kTile] = half_f16c(b);
+    o.d[i * o.ds] = half_f16c(b);
     uint16_t sh;
     std::memcpy(&sh, b + 2, 2);
     int8_t* w = o.w + 256 * i;
@@ -194,9 +198,9 @@ inline void dec_generic(uint32_t type, const uint8_t* b, int64_t k, const RowOut
   if (o.pf != 0) prefetch_block(b + o.pf, static_cast<int>(row_bytes(type, k)));
   decode_row(type, b, k, r);
   std::memcpy(o.w, r.w.data(), static_cast<size_t>(k));
-  for (size_t i = 0; i < r.d.size(); ++i) o.d[i * kTile] = r.d[i];
+  for (size_t i = 0; i < r.d.size(); ++i) o.d[i * o.ds] = r.d[i];
   if (block_size(type) == 256) {
-    for (size_t i = 0; i < r.dmin.size(); ++i) o.dmin[i * kTile] = r.dmin[i];
+    for (size_t i = 0; i < r.dmin.size(); ++i) o.dmin[i * o.ds] = r.dmin[i];
     std::memcpy(o.sc, r.sc.data(), r.sc.size() * sizeof(int16_t));
     std::memcpy(o.mn, r.mn.data(), r.mn.size() * sizeof(int16_t));
   }
@@ -249,6 +253,21 @@ struct ActRow {
   const int16_t* bsums;
 };
 
+#ifdef __AVX512BW__
+// Four rows' int32 x 16 sums over two 32-weight blocks (lanes 0-7: block b, 8-15: b + 1) ->
+// [row 0..3] of block b in i0, of block b + 1 in i1.
+inline void reduce4x2(const __m512i* r, __m128i& i0, __m128i& i1) {
+  // Per 128-bit quarter: [row 0, row 1, row 2, row 3] sums of its four lanes; quarters
+  // 0-1 hold block b, quarters 2-3 block b + 1.
+  const __m512i x01 = _mm512_add_epi32(_mm512_unpacklo_epi32(r[0], r[1]), _mm512_unpackhi_epi32(r[0], r[1]));
+  const __m512i x23 = _mm512_add_epi32(_mm512_unpacklo_epi32(r[2], r[3]), _mm512_unpackhi_epi32(r[2], r[3]));
+  const __m512i y = _mm512_add_epi32(_mm512_unpacklo_epi64(x01, x23), _mm512_unpackhi_epi64(x01, x23));
+  const __m512i z = _mm512_add_epi32(y, _mm512_shuffle_i64x2(y, y, _MM_SHUFFLE(2, 3, 0, 1)));
+  i0 = _mm512_castsi512_si128(z);
+  i1 = _mm512_extracti32x4_epi32(z, 2);
+}
+#endif
+
 // Q8_0-form types (32-weight blocks): tile x kNt activation rows (two in prefill: the
 // weight loads serve both, and their two f32 accumulation chains run side by side).
 template <int kNt, bool kUnsigned>
@@ -280,14 +299,8 @@ inline void dot_tile_32(const Tile& tl, int64_t k, const ActRow* a, __m128* out)
       }
     }
     for (int n = 0; n < kNt; ++n) {
-      // Per 128-bit quarter: [row 0, row 1, row 2, row 3] sums of its four lanes; quarters
-      // 0-1 hold block b, quarters 2-3 block b + 1.
-      const __m512i* r = acc[n];
-      const __m512i x01 = _mm512_add_epi32(_mm512_unpacklo_epi32(r[0], r[1]), _mm512_unpackhi_epi32(r[0], r[1]));
-      const __m512i x23 = _mm512_add_epi32(_mm512_unpacklo_epi32(r[2], r[3]), _mm512_unpackhi_epi32(r[2], r[3]));
-      const __m512i y = _mm512_add_epi32(_mm512_unpacklo_epi64(x01, x23), _mm512_unpackhi_epi64(x01, x23));
-      const __m512i z = _mm512_add_epi32(y, _mm512_shuffle_i64x2(y, y, _MM_SHUFFLE(2, 3, 0, 1)));
-      const __m128i isum0 = _mm512_castsi512_si128(z), isum1 = _mm512_extracti32x4_epi32(z, 2);
+      __m128i isum0, isum1;
+      reduce4x2(acc[n], isum0, isum1);
       const __m128 d0 = _mm_mul_ps(_mm_loadu_ps(tl.d.data() + kTile * b), _mm_set1_ps(a[n].d[b]));
       sum[n] = _mm_add_ps(sum[n], _mm_mul_ps(_mm_cvtepi32_ps(isum0), d0));
       const __m128 d1 = _mm_mul_ps(_mm_loadu_ps(tl.d.data() + kTile * (b + 1)), _mm_set1_ps(a[n].d[b + 1]));
@@ -320,11 +333,11 @@ inline void dot_tile_32(const Tile& tl, int64_t k, const ActRow* a, __m128* out)
   for (int n = 0; n < kNt; ++n) out[n] = sum[n];
 }
 
-// Super-block b's contribution of one activation row to a tile's four sums, from the
-// integer sums of its weight x activation products (isum): the kOffset correction, the
-// mins (sum_g mn[g] * bsum[g]) and the scales d, dmin.
+// The end of super-block b for one activation row, on the tile's four integer sums
+// isum: the offset taken back out, the mins' sum, then the f32 steps (one lane per row):
+// sum + (d_w d_a isum - dmin_w d_a msum), as the generic loop computes it.
 template <bool kMins, int kOffset>
-inline __m128 k_block_sum(const Tile& tl, int64_t ng, int64_t b, const ActRow& a, __m128i isum) {
+inline __m128 k_block_step(const Tile& tl, int64_t ng, int64_t b, const ActRow& a, __m128i isum, __m128 sum) {
   __m128i msum = _mm_setzero_si128();
   if (kMins || kOffset != 0) {
     const __m256i bs = load256(a.bsums + 16 * b);
@@ -341,7 +354,7 @@ inline __m128 k_block_sum(const Tile& tl, int64_t ng, int64_t b, const ActRow& a
   const __m128 adb = _mm_set1_ps(a.d[b]);
   const __m128 d = _mm_mul_ps(_mm_loadu_ps(tl.d.data() + kTile * b), adb);
   const __m128 dmin = _mm_mul_ps(_mm_loadu_ps(tl.dmin.data() + kTile * b), adb);
-  return _mm_sub_ps(_mm_mul_ps(d, _mm_cvtepi32_ps(isum)), _mm_mul_ps(dmin, _mm_cvtepi32_ps(msum)));
+  return _mm_add_ps(sum, _mm_sub_ps(_mm_mul_ps(d, _mm_cvtepi32_ps(isum)), _mm_mul_ps(dmin, _mm_cvtepi32_ps(msum))));
 }
 
 // Q8_K-form types (256-weight super-blocks with scales per 16 weights): tile x kNt
@@ -374,10 +387,9 @@ inline void dot_tile_k(const Tile& tl, int64_t k, const ActRow* a, __m128* out) 
           acc[n][t] = _mm256_add_epi32(acc[n][t], _mm256_madd_epi16(pair_products<kUnsigned>(wv, qv[n]), scv));
       }
     }
-    for (int n = 0; n < kNt; ++n) {
-      sum[n] = _mm_add_ps(sum[n], k_block_sum<kMins, kOffset>(tl, ng, b, a[n],
-                                                              reduce4(acc[n][0], acc[n][1], acc[n][2], acc[n][3])));
-    }
+    for (int n = 0; n < kNt; ++n)
+      sum[n] =
+          k_block_step<kMins, kOffset>(tl, ng, b, a[n], reduce4(acc[n][0], acc[n][1], acc[n][2], acc[n][3]), sum[n]);
   }
   for (int n = 0; n < kNt; ++n) out[n] = sum[n];
 }
@@ -426,8 +438,7 @@ inline void dot_tile_k512(const Tile& tl, int64_t k, const ActRow* a, __m128* ou
       __m256i half[kTile];
       for (int t = 0; t < kTile; ++t)
         half[t] = _mm256_add_epi32(_mm512_castsi512_si256(acc[n][t]), _mm512_extracti64x4_epi64(acc[n][t], 1));
-      sum[n] =
-          _mm_add_ps(sum[n], k_block_sum<kMins, kOffset>(tl, ng, b, a[n], reduce4(half[0], half[1], half[2], half[3])));
+      sum[n] = k_block_step<kMins, kOffset>(tl, ng, b, a[n], reduce4(half[0], half[1], half[2], half[3]), sum[n]);
     }
   }
   for (int n = 0; n < kNt; ++n) out[n] = sum[n];
@@ -462,6 +473,87 @@ inline DotFn dotk_for(uint32_t type) {
 // Whether this path computes `type` (the Q8_1-form types Q4_1 / Q5_1 take the generic one).
 inline bool handles(uint32_t type) { return type != kQ4_1 && type != kQ5_1; }
 
+#ifdef __AVX512VNNI__
+#include "infera/kernels/cpu/ggml_matmul_vnni.h"
+
+// One activation row against Q8_0 rows read in place (a decode step): no tile copy; four
+// rows at a time, two blocks per 512-bit vector, the weights made unsigned (the byte xor
+// 0x80: w + 128) so that vpdpbusd takes them with the activation quants as they are, and
+// 128 x the activation's block sum taken back out of each block's integer sum. The f32
+// steps per block as the generic loop's, one lane per row.
+inline void gemv_q8_0(const uint8_t* base, int64_t row_bytes, int64_t k, const Activations& a, int64_t n0, int64_t n1,
+                      float* y) {
+  const int64_t nb = k / 32;
+  static thread_local std::vector<int32_t> corr;
+  corr.resize(static_cast<size_t>(nb));
+  for (int64_t b = 0; b < nb; ++b) {
+    const __m256i q = load256(a.q.data() + 32 * b);
+    const __m256i s16 = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), q), _mm256_set1_epi16(1));
+    const __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s16), _mm256_extracti128_si256(s16, 1));
+    const __m128i s2 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, _MM_SHUFFLE(1, 0, 3, 2)));
+    corr[b] = 128 * _mm_cvtsi128_si32(_mm_add_epi32(s2, _mm_shuffle_epi32(s2, _MM_SHUFFLE(2, 3, 0, 1))));
+  }
+  const int32_t* cp = corr.data();
+  const int8_t* q = a.q.data();
+  const float* ad = a.d.data();
+  const int64_t tiles = (n1 - n0 + kTile - 1) / kTile;
+  const int threads = omp_in_parallel() ? 1 : num_threads();
+#pragma omp parallel for num_threads(static_cast <int>(std::min <int64_t>(threads, tiles))) schedule(static)
+  for (int64_t tt = 0; tt < tiles; ++tt) {
+    const int64_t j0 = n0 + tt * kTile;
+    const int rows = static_cast<int>(std::min<int64_t>(kTile, n1 - j0));
+    const uint8_t* r[kTile];
+    for (int t = 0; t < kTile; ++t) r[t] = base + std::min(j0 + t, n1 - 1) * row_bytes;  // past the end: a copy
+    const bool next = j0 + kTile < n1;
+    const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
+    __m128 sum = _mm_setzero_ps();
+    int64_t b = 0;
+    for (; b + 2 <= nb; b += 2) {
+      const __m512i qv = _mm512_loadu_si512(q + 32 * b);
+      __m512i acc[kTile];
+      for (int t = 0; t < kTile; ++t) {
+        const uint8_t* p = r[t] + 34 * b;
+        if (next) _mm_prefetch(reinterpret_cast<const char*>(p + kTile * row_bytes), _MM_HINT_T0);
+        const __m512i wv = _mm512_inserti64x4(_mm512_castsi256_si512(load256(p + 2)), load256(p + 36), 1);
+        acc[t] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_xor_si512(wv, flip), qv);
+      }
+      __m128i isum0, isum1;
+      reduce4x2(acc, isum0, isum1);
+      isum0 = _mm_sub_epi32(isum0, _mm_set1_epi32(cp[b]));
+      isum1 = _mm_sub_epi32(isum1, _mm_set1_epi32(cp[b + 1]));
+      const __m128i h = _mm_setr_epi16(static_cast<int16_t>(r[0][34 * b] | r[0][34 * b + 1] << 8),
+                                       static_cast<int16_t>(r[1][34 * b] | r[1][34 * b + 1] << 8),
+                                       static_cast<int16_t>(r[2][34 * b] | r[2][34 * b + 1] << 8),
+                                       static_cast<int16_t>(r[3][34 * b] | r[3][34 * b + 1] << 8),
+                                       static_cast<int16_t>(r[0][34 * b + 34] | r[0][34 * b + 35] << 8),
+                                       static_cast<int16_t>(r[1][34 * b + 34] | r[1][34 * b + 35] << 8),
+                                       static_cast<int16_t>(r[2][34 * b + 34] | r[2][34 * b + 35] << 8),
+                                       static_cast<int16_t>(r[3][34 * b + 34] | r[3][34 * b + 35] << 8));
+      const __m256 dw = _mm256_cvtph_ps(h);  // exact, as half_f16c
+      const __m128 d0 = _mm_mul_ps(_mm256_castps256_ps128(dw), _mm_set1_ps(ad[b]));
+      sum = _mm_add_ps(sum, _mm_mul_ps(_mm_cvtepi32_ps(isum0), d0));
+      const __m128 d1 = _mm_mul_ps(_mm256_extractf128_ps(dw, 1), _mm_set1_ps(ad[b + 1]));
+      sum = _mm_add_ps(sum, _mm_mul_ps(_mm_cvtepi32_ps(isum1), d1));
+    }
+    for (; b < nb; ++b) {
+      const __m256i qv = load256(q + 32 * b);
+      __m256i acc[kTile];
+      alignas(16) float dws[kTile];
+      for (int t = 0; t < kTile; ++t) {
+        const uint8_t* p = r[t] + 34 * b;
+        acc[t] = _mm256_dpbusd_epi32(_mm256_setzero_si256(),
+                                     _mm256_xor_si256(load256(p + 2), _mm256_set1_epi8(static_cast<char>(0x80))), qv);
+        dws[t] = half_f16c(p);
+      }
+      const __m128i isum = _mm_sub_epi32(reduce4(acc[0], acc[1], acc[2], acc[3]), _mm_set1_epi32(cp[b]));
+      const __m128 d = _mm_mul_ps(_mm_load_ps(dws), _mm_set1_ps(ad[b]));
+      sum = _mm_add_ps(sum, _mm_mul_ps(_mm_cvtepi32_ps(isum), d));
+    }
+    store_outputs(sum, y + (j0 - n0), rows);
+  }
+}
+#endif
+
 inline void matmul_rows(uint32_t type, const uint8_t* base, int64_t row_bytes, int64_t k, const Activations& a,
                         int64_t m, int64_t n0, int64_t n1, float* y, int64_t ldy) {
   const bool k_type = block_size(type) == 256;
@@ -473,6 +565,16 @@ inline void matmul_rows(uint32_t type, const uint8_t* base, int64_t row_bytes, i
     for (size_t i = 0; i < a.bsums.size(); ++i) bsums16[i] = static_cast<int16_t>(a.bsums[i]);
   }
   const int16_t* bs16 = sums ? bsums16.data() : nullptr;
+#ifdef __AVX512VNNI__
+  if (m == 1 && type == kQ8_0) {
+    gemv_q8_0(base, row_bytes, k, a, n0, n1, y);
+    return;
+  }
+  if (m >= vnni::kMinTokens) {  // prefill: 16-row VNNI tiles
+    vnni::matmul_rows(type, base, row_bytes, k, a, bs16, m, n0, n1, y, ldy);
+    return;
+  }
+#endif
   const DotFn dot1 = k_type ? dotk_for<1>(type) : dot32_fn<1, false>;
   const DotFn dot2 = k_type ? dotk_for<2>(type) : dot32_fn<2, false>;
   const int64_t nb = k / block_size(type);
