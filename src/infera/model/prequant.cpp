@@ -423,11 +423,13 @@ PrequantSource::PrequantSource(WeightStore store, std::unique_ptr<PrequantFormat
       format_(std::move(format)),
       target_(target) {}
 
-std::unique_ptr<PrequantSource> PrequantSource::open(const std::string& dir, bool load_into_memory) {
+std::unique_ptr<PrequantSource> PrequantSource::open(const std::string& dir, bool load_into_memory,
+                                                     LoadProgress* progress) {
   std::unique_ptr<PrequantFormat> format = detect_prequant(dir);
   if (!format) return nullptr;
   const PrequantTarget target = prequant_target_from_options();
-  return std::make_unique<PrequantSource>(WeightStore::open(dir, load_into_memory), std::move(format), target);
+  return std::make_unique<PrequantSource>(WeightStore::open(dir, load_into_memory, progress), std::move(format),
+                                          target);
 }
 
 PrequantStats PrequantSource::stats() const {
@@ -511,6 +513,20 @@ std::vector<float> PrequantSource::values(const TensorSpec& t) const {
 }
 
 int64_t PrequantSource::num_parameters() const { return plain_->num_parameters(); }
+
+int64_t PrequantSource::stored_bytes(const TensorSpec& t) const {
+  if (t.role != WeightRole::kVector && (t.shape.size() == 2 || t.shape.size() == 3) &&
+      format_->quantizes(store(), t.name)) {
+    const bool fused = t.shape.size() == 3;
+    try {
+      return format_->locate(store(), t.name, fused ? t.shape[0] : 1, t.shape[fused ? 1 : 0], t.shape.back())
+          .stored_bytes();
+    } catch (const Error&) {
+      // Binding it will name the problem; progress counts what is stored under its name.
+    }
+  }
+  return plain_->stored_bytes(t);
+}
 
 // ---- check / plan ----
 

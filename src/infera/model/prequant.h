@@ -188,8 +188,10 @@ kernels::QuantMatRef convert_to_native(const PrequantFormat& f, const StoredLine
 class PrequantSource final : public WeightSource {
  public:
   PrequantSource(WeightStore store, std::unique_ptr<PrequantFormat> format, PrequantTarget target);
-  // nullptr when `dir` is not pre-quantized (detect_prequant).
-  static std::unique_ptr<PrequantSource> open(const std::string& dir, bool load_into_memory = false);
+  // nullptr when `dir` is not pre-quantized (detect_prequant). `progress`: as WeightStore::open
+  // (the "reading" step when load_into_memory).
+  static std::unique_ptr<PrequantSource> open(const std::string& dir, bool load_into_memory = false,
+                                              LoadProgress* progress = nullptr);
 
   const WeightStore& store() const { return plain_->store(); }
   const PrequantFormat& format() const { return *format_; }
@@ -203,6 +205,10 @@ class PrequantSource final : public WeightSource {
   std::vector<kernels::LinearWeight> experts(const std::vector<const TensorSpec*>& parts) const override;
   std::vector<float> values(const TensorSpec& t) const override;
   int64_t num_parameters() const override;
+  // A quantized row: every stored part of it (FP8 bytes and scales, qweight / qzeros /
+  // scales / g_idx, msModelSlim's weight and its constants); a plain row as a float
+  // checkpoint's. A row the format cannot locate counts what is stored under its name.
+  int64_t stored_bytes(const TensorSpec& t) const override;
 
  private:
   std::vector<kernels::LinearWeight> bind(const std::string& name, int64_t experts, int64_t rows, int64_t cols) const;
