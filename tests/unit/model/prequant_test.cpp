@@ -306,9 +306,13 @@ TEST(PrequantModels, DeepSeekV3Fp8LogitShiftIsTheInt8Arithmetic) {
   // The test model, and the same shape with every expert routed to every token (no discrete
   // choice left to flip).
   const std::string all_experts = std::string(kDeepSeekArgs) + " --experts-per-tok 8 --n-group 1 --topk-group 1";
-  for (const auto& [name, args] : {std::pair<std::string, std::string>{"deepseek", kDeepSeekArgs},
-                                   std::pair<std::string, std::string>{"deepseek_all_experts", all_experts}}) {
-    const std::string src = generated(name, args);
+  struct Case {
+    std::string src, name, args;
+  };
+  for (const Case& c : {Case{"deepseek_v3", "deepseek", kDeepSeekArgs},
+                        Case{"deepseek_all_experts", "deepseek_all_experts", all_experts}}) {
+    const std::string& name = c.name;
+    const std::string src = generated(c.src, c.args);
     const std::string q = write_prequant(src, name + "_fp8_block", "fp8-block");
     // The dequantized model's greedy continuation, as compare() feeds the dense models.
     const std::vector<int32_t> tokens = greedy_tokens(q + "-deq", {1, 17, 250, 33, 90}, 11);
@@ -600,6 +604,55 @@ TEST(PrequantFp8, KlOfW8A8AndW8A16AgainstTheFloatModel) {
     EXPECT_EQ(w8a16.top1_agreement, deq.top1_agreement);
     EXPECT_LT(w8a8.kl_mean, mm.w8a8_kl_bound);
   }
+}
+
+// `infera quantize` from an FP8 checkpoint reads its weights dequantized (e4m3 x scales, f32):
+// the output is byte for byte what quantizing the dequantized f32 model gives, in W8A8 and in
+// W4A8 (the scales are not copied; a DeepSeek kv_b_proj kept as stored becomes f32). An
+// integer checkpoint is refused, naming the tensor.
+TEST(PrequantFp8, QuantizeStartsFromAnFp8Checkpoint) {
+  auto same_files = [](const fs::path& a, const fs::path& b) {
+    const WeightStore x = WeightStore::open(a.string()), y = WeightStore::open(b.string());
+    EXPECT_EQ(x.names(), y.names());
+    for (const std::string& n : x.names()) {
+      const TensorInfo* t = y.find(n);
+      ASSERT_NE(t, nullptr) << n;
+      EXPECT_EQ(x.get(n).dtype, t->dtype) << n;
+      EXPECT_EQ(x.get(n).shape, t->shape) << n;
+      ASSERT_EQ(x.get(n).nbytes, t->nbytes) << n;
+      EXPECT_EQ(0, std::memcmp(x.get(n).data, t->data, t->nbytes)) << n;
+    }
+  };
+  const std::string src = generated("llama", kLlamaArgs);
+  const std::string q = write_prequant(src, "llama_fp8_block", "fp8-block");
+  for (const auto scheme : {kernels::QuantScheme::kW8A8, kernels::QuantScheme::kW4A8}) {
+    const std::string tag(kernels::scheme_name(scheme));
+    SCOPED_TRACE(tag);
+    quant::QuantizeOptions o;
+    o.scheme = scheme;
+    const fs::path from_fp8 = kWork / ("quantized_from_fp8_" + tag), from_deq = kWork / ("quantized_from_deq_" + tag);
+    fs::remove_all(from_fp8);
+    fs::remove_all(from_deq);
+    quant::quantize_model(q, from_fp8.string(), o);
+    quant::quantize_model(q + "-deq", from_deq.string(), o);
+    same_files(from_fp8, from_deq);
+    EXPECT_EQ(detect_prequant(from_fp8.string()), nullptr);  // Infera's own format now
+    EXPECT_EQ(forced_logits(from_fp8.string(), {1, 5, 9}), forced_logits(from_deq.string(), {1, 5, 9}));
+  }
+  // DeepSeek: kv_b_proj (held as f32 by the model) and the router pass through dequantized.
+  const std::string ds = write_prequant(generated("deepseek_v3", kDeepSeekArgs), "deepseek_fp8_block", "fp8-block");
+  const fs::path ds_out = kWork / "quantized_from_fp8_deepseek";
+  fs::remove_all(ds_out);
+  quant::quantize_model(ds, ds_out.string(), quant::QuantizeOptions{});
+  const WeightStore st = WeightStore::open(ds_out.string());
+  EXPECT_EQ(st.get("model.layers.1.self_attn.kv_b_proj.weight").dtype, DType::kF32);
+  for (const std::string& n : st.names()) EXPECT_EQ(n.find("weight_scale"), std::string::npos) << n;
+  const std::vector<float> l = forced_logits(ds_out.string(), {1, 5, 9, 13});
+  EXPECT_TRUE(std::all_of(l.begin(), l.end(), [](float x) { return std::isfinite(x); }));
+  // An integer pre-quantized checkpoint: quantize the float original.
+  const std::string ct = write_prequant(src, "llama_ct_w8a8", "ct-w8a8");
+  const std::string msg = error_of([&] { quant::quantize_model(ct, (kWork / "quantized_from_ct").string(), {}); });
+  EXPECT_NE(msg.find("starts from float or FP8 checkpoints"), std::string::npos) << msg;
 }
 
 TEST(PrequantFormats, Fp8E4m3Decoding) {
