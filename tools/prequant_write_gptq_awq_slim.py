@@ -27,6 +27,11 @@ experts). Layers the layout cannot hold (a group size not dividing the inputs, o
 multiple of 8) stay float and are listed as such (GPTQ "dynamic" "-:" rule, AWQ
 modules_to_not_convert, msModelSlim FLOAT). Everything else is copied as stored.
 
+--fused-experts (gptq, awq): a MoE's experts stored fused, as Infera's own format lays them out:
+<L>.mlp.experts.gate_up_proj.{qweight,qzeros,scales[,g_idx]} (each expert's gate then up
+outputs, the experts first: [E, ...] of the per-module tensors) and <L>.mlp.experts.down_proj.*.
+Needs the per-module layout's g_idx to agree between gate and up (no --desc-act).
+
 --dequant-dir DIR writes the same model with every quantized layer replaced by the f32 weights
 the checkpoint stands for (scale x (q - zero)): the reference tests compare against.
 
@@ -265,6 +270,37 @@ def calibrate_llama(cfg, W, n_tokens, seed):
 # ---- main ------------------------------------------------------------------------------------
 
 
+EXPERT = re.compile(r"^(model\.layers\.\d+\.mlp\.experts)\.(\d+)\.(gate|up|down)_proj\.(\w+)$")
+
+
+def fuse_experts(out):
+    """Per-expert GPTQ/AWQ tensors -> <L>.mlp.experts.{gate_up,down}_proj.<part> [E, ...]: gate and up
+    concatenated along the outputs (the last axis of qweight, qzeros and scales; whole int32 words,
+    as the outputs are multiples of 8), g_idx shared by both."""
+    parts, fused = {}, {}
+    for name, (dt, arr) in out.items():
+        m = EXPERT.match(name)
+        if not m:
+            fused[name] = (dt, arr)
+            continue
+        prefix, e, proj, part = m.group(1), int(m.group(2)), m.group(3), m.group(4)
+        parts.setdefault((prefix, part), {}).setdefault(e, {})[proj] = (dt, arr)
+    for (prefix, part), experts in parts.items():
+        n = len(experts)
+        for target, projs in (("gate_up_proj", ("gate", "up")), ("down_proj", ("down",))):
+            stack = []
+            for e in range(n):
+                arrs = [experts[e][p][1] for p in projs]
+                if part == "g_idx":
+                    if any(not np.array_equal(arrs[0], x) for x in arrs[1:]):
+                        sys.exit(f"--fused-experts: {prefix}.{e}: gate and up have different g_idx")
+                    stack.append(arrs[0])
+                else:
+                    stack.append(np.concatenate(arrs, axis=-1))
+            fused[f"{prefix}.{target}.{part}"] = (experts[0][projs[0]][0], np.stack(stack))
+    return fused
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("in_dir")
@@ -278,6 +314,7 @@ def main(argv=None):
     ap.add_argument("--calib-tokens", type=int, default=64)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--dequant-dir", help="also write the model with the dequantized f32 weights here")
+    ap.add_argument("--fused-experts", action="store_true", help="gptq/awq: experts fused [E, ...] per projection")
     a = ap.parse_args(argv)
 
     cfg = json.load(open(os.path.join(a.in_dir, "config.json")))
@@ -321,6 +358,10 @@ def main(argv=None):
         for suffix, t in tensors.items():
             out[f"{prefix}.{suffix}"] = t
             desc[f"{prefix}.{suffix}"] = layer_type.get(prefix, slim_type)
+    if a.fused_experts:
+        if a.format not in ("gptq", "awq") or a.desc_act:
+            sys.exit("--fused-experts: gptq or awq without --desc-act")
+        out = fuse_experts(out)
     os.makedirs(a.out_dir, exist_ok=True)
     for f in os.listdir(a.in_dir):
         if f.endswith(".json") and f not in ("config.json", "model.safetensors.index.json") or f.endswith(".model"):

@@ -621,6 +621,14 @@ const OptionSpec kOptions[] = {
      .help = "The native scheme pre-quantized checkpoints (FP8, GPTQ, AWQ, compressed-tensors, ...) run as: auto "
              "picks per weight (int4 -> w4a16, int8 and FP8 -> w8a8) (docs/quantization.md)",
      .choices = "auto|w8a8|w4a8|w4a16"},
+    {.name = "prequant_fp8",
+     .type = T::kChoice,
+     .use = kProcess,
+     .env = "INFERA_PREQUANT_FP8",
+     .default_value = "auto",
+     .help = "How FP8 checkpoints run: w8a8 requantizes to int8 (int8 activations), w8a16 decodes the e4m3 bytes "
+             "in the kernel (float activations, no copy); auto: w8a8, the faster (docs/quantization.md)",
+     .choices = "auto|w8a8|w8a16"},
 
     // ---- set by the MPI launcher; read to find this rank's group (parallel/) ----
     {.name = "ompi_comm_world_size",

@@ -76,7 +76,7 @@ int64_t stored_weight_bytes(const std::string& dir) {
     const PrequantReport r =
         check_prequant(*f, headers,
                        tensor_table(cfg, [&headers, &f](const std::string& n) { return f->stores(headers, n); }),
-                       prequant_target_from_options());
+                       prequant_target_from_options(), prequant_fp8_from_options());
     if (!r.errors.empty()) fail("{}", r.errors.front());
     bytes += r.native_bytes - r.stored_bytes;
   }

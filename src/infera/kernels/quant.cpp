@@ -12,6 +12,7 @@
 
 #include "infera/base/error.h"
 #include "infera/base/threads.h"
+#include "infera/kernels/cpu/fp8_dispatch.h"
 #include "infera/kernels/cpu/quant_dispatch.h"
 
 namespace infera::kernels {
@@ -36,7 +37,16 @@ int64_t QuantExtras::bytes(int64_t rows, int64_t cols) const {
   int64_t b = static_cast<int64_t>(in_perm.size()) * 4;
   if (corr_group > 0) b += rows * (cols / corr_group) * 4;
   if (static_act) b += rows * 8;
+  b += rows * fp8_groups(cols) * 4;
   return b;
+}
+
+float fp8_e4m3_value(uint8_t v) {
+  const int exp = (v >> 3) & 0xf, mant = v & 7;
+  if (exp == 0xf && mant == 7) return std::nanf("");
+  // Subnormal (exp 0): mant/8 · 2^-6; normal: (1 + mant/8) · 2^(exp - 7).
+  const float mag = exp == 0 ? std::ldexp(static_cast<float>(mant), -9) : std::ldexp(8.0f + mant, exp - 10);
+  return (v & 0x80) ? -mag : mag;
 }
 
 int64_t QuantMatRef::weight_bytes() const {
@@ -68,6 +78,10 @@ void check_quant_matrix(const QuantMatRef& w) {
       fail("quantized matrix: zero-point group {} does not divide {} columns", e->corr_group, w.cols);
     if (e->static_act && (scheme_is_int4(w.scheme) || e->static_act_rows() < w.extras_row0 + w.rows))
       fail("quantized matrix: static activations need w8a8 and one output scale and bias per row");
+    if (e->fp8_group < 0 ||
+        (e->fp8() && (scheme_is_int4(w.scheme) || e->static_act || !e->in_perm.empty() || e->corr_group > 0 ||
+                      static_cast<int64_t>(e->fp8_scale.size()) < (w.extras_row0 + w.rows) * e->fp8_groups(w.cols))))
+      fail("quantized matrix: fp8 weights need the w8a8 layout, no other extras and one scale per row and group");
   }
 }
 
@@ -141,6 +155,21 @@ void qmatmul(const float* x, int64_t m, const QuantMatRef& w, float* y) {
   }
 }
 
+void fp8_matmul(const float* x, int64_t m, const QuantMatRef& w, float* y) {
+  const QuantExtras& e = *w.extras;
+  const int64_t k = w.cols, n = w.rows, g = e.fp8_group, ng = e.fp8_groups(k);
+  const auto* wq = static_cast<const uint8_t*>(w.qweight);
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t r = 0; r < n; ++r) {
+      const float* s = e.fp8_scale.data() + (w.extras_row0 + r) * ng;
+      double acc = 0.0;
+      for (int64_t c = 0; c < k; ++c)
+        acc += static_cast<double>(fp8_e4m3_value(wq[r * k + c])) * s[c / g] * x[i * k + c];
+      y[i * n + r] = static_cast<float>(acc);
+    }
+  }
+}
+
 }  // namespace ref
 
 // ---- dispatch -------------------------------------------------------------------------------
@@ -200,11 +229,35 @@ void qmatmul_static(const float* x, int64_t m, const QuantMatRef& w, float* y) {
 
 void qmatmul_core(Isa isa, const float* x, int64_t m, const QuantMatRef& w, float* y);
 
+// FP8 weights decoded in the kernel (QuantExtras::fp8_group).
+void qmatmul_fp8(Isa isa, const float* x, int64_t m, const QuantMatRef& w, float* y) {
+  INFERA_ASSERT(isa_available(isa), std::string("kernel path ") + isa_name(isa) + " is not available on this CPU");
+  const QuantExtras& e = *w.extras;
+  Fp8Args a;
+  a.weights = static_cast<const uint8_t*>(w.qweight);
+  a.scales = e.fp8_scale.data() + w.extras_row0 * e.fp8_groups(w.cols);
+  a.rows = w.rows;
+  a.cols = w.cols;
+  a.group = e.fp8_group;
+  a.ldx = w.cols;
+  a.ldy = w.rows;
+  switch (isa) {
+    case Isa::kAvx512: fp8_avx512::fp8_matmul(a, x, m, y); return;
+    case Isa::kAvx2: fp8_avx2::fp8_matmul(a, x, m, y); return;
+    case Isa::kScalar: break;
+  }
+  ref::fp8_matmul(x, m, w, y);
+}
+
 // Permutation and zero-point correction around the symmetric kernel.
 void qmatmul_extras(Isa isa, const float* x, int64_t m, const QuantMatRef& w, float* y) {
   const QuantExtras& e = *w.extras;
   if (e.static_act) {
     qmatmul_static(x, m, w, y);
+    return;
+  }
+  if (e.fp8()) {
+    qmatmul_fp8(isa, x, m, w, y);
     return;
   }
   const int64_t k = w.cols, n = w.rows;
@@ -358,6 +411,7 @@ void linear_multi(const float* x, int64_t m, std::span<const LinearWeight* const
 
 std::shared_ptr<const PackedQuantMat> pack_quant_matrix_always(const QuantMatRef& w, int threads) {
   check_quant_matrix(w);
+  if (quant_is_fp8(w)) return nullptr;  // the FP8 kernel reads the stored bytes
   const bool int4 = scheme_is_int4(w.scheme);
   if (!int4 && w.cols > 65536) return nullptr;  // sum of (w + 128) * x could overflow int32
   auto out = std::make_shared<PackedQuantMat>();
@@ -487,6 +541,13 @@ void unpack_quant_matrix(const PackedQuantMat& p, void* qweight, void* scales) {
 void dequantize_row(const QuantMatRef& w, int64_t row, float* out) {
   INFERA_ASSERT(row >= 0 && row < w.rows);
   const QuantExtras* e = w.extras.get();
+  if (e != nullptr && e->fp8()) {
+    const int64_t ng = e->fp8_groups(w.cols);
+    const uint8_t* q = static_cast<const uint8_t*>(w.qweight) + row * w.cols;
+    const float* s = e->fp8_scale.data() + (w.extras_row0 + row) * ng;
+    for (int64_t t = 0; t < w.cols; ++t) out[t] = fp8_e4m3_value(q[t]) * s[t / e->fp8_group];
+    return;
+  }
   if (e == nullptr || e->static_act) {
     for (int64_t t = 0; t < w.cols; ++t)
       out[t] = static_cast<float>(ref::qweight_at(w, row, t)) * ref::qscale_at(w, row, t);

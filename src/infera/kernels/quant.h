@@ -106,6 +106,13 @@ struct QuantMatRef {
 // - static activations (msModelSlim W8A8, w8a8 only): x_q = sat_int8(round(x / in_scale +
 //   in_offset)) with calibrated constants, y[r] = out_scale[r] · (Σ_j x_q[j]·w[r, j] + qbias[r])
 //   in int32; the QuantMatRef scales are then out_scale / in_scale (dequantize_row).
+// - FP8 weights (W8A16: float8 e4m3 checkpoints decoded in the kernel, f32 activations), when
+//   fp8_group > 0: qweight then holds e4m3 bytes [rows, cols], not int8, and W[r, c] =
+//   e4m3(qweight[r, c]) · fp8_scale[r, c / fp8_group] (the last group of a row may be shorter:
+//   block scales with a ragged edge); the scheme says w8a8 (one byte per weight, rows contiguous,
+//   so row slices and tensor-parallel row shards take it as they take int8) and scales points at
+//   fp8_scale (read by nothing else). No packed copy; paths: ref::fp8_matmul (scalar), AVX2 and
+//   AVX-512 (kernels/cpu/fp8_impl.h).
 // With extras the matrix is computed apart from the fused multi-matrix pass (qmatmul_multi).
 struct QuantExtras {
   std::vector<int32_t> in_perm;  // [cols] or empty
@@ -116,10 +123,20 @@ struct QuantExtras {
   float in_offset = 0.0f;
   std::vector<float> out_scale;  // [rows]
   std::vector<int32_t> qbias;  // [rows]
+  int64_t fp8_group = 0;  // columns per FP8 scale; 0: the weights are integers
+  std::vector<float> fp8_scale;  // [rows, ceil(cols / fp8_group)]
   // Bytes these terms add for `rows` rows (read per token).
   int64_t bytes(int64_t rows, int64_t cols) const;
   int64_t static_act_rows() const { return static_cast<int64_t>(std::min(out_scale.size(), qbias.size())); }
+  bool fp8() const { return fp8_group > 0; }
+  int64_t fp8_groups(int64_t cols) const { return fp8_group > 0 ? (cols + fp8_group - 1) / fp8_group : 0; }
 };
+
+// float8 e4m3fn (sign, 4 exponent bits biased by 7, 3 mantissa bits; no infinities; 0x7f and
+// 0xff are NaN) to f32.
+float fp8_e4m3_value(uint8_t v);
+// Whether w holds FP8 weights (QuantExtras::fp8_group).
+inline bool quant_is_fp8(const QuantMatRef& w) { return w.extras && w.extras->fp8(); }
 
 constexpr int64_t kPanelRows = 16;  // rows per panel of the repacked layout
 
@@ -235,6 +252,8 @@ void quantize_activations(const float* x, int64_t m, int64_t k, int8_t* q, int64
                           int32_t* block_sums);
 // Integer weight value (already minus 8 for int4) and its scale.
 int32_t qweight_at(const QuantMatRef& w, int64_t row, int64_t col);
+// FP8 weights (QuantExtras::fp8_group): y = x · Wᵀ in double, W decoded by fp8_e4m3_value.
+void fp8_matmul(const float* x, int64_t m, const QuantMatRef& w, float* y);
 float qscale_at(const QuantMatRef& w, int64_t row, int64_t col);
 
 }  // namespace ref

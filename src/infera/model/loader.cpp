@@ -28,10 +28,12 @@ std::unique_ptr<Model> load_model(const std::string& dir, const LoadOptions& opt
   const bool gguf = is_gguf_path(dir);
   LoadProgress* progress = options.progress.get();
   // A published pre-quantized checkpoint (FP8, compressed-tensors, ...) binds through its
-  // format, converted to the native schemes (model/prequant.h); its files are read without
-  // a progress step of their own.
-  std::unique_ptr<PrequantSource> prequant = gguf ? nullptr : PrequantSource::open(dir, options.load_into_memory);
-  if (progress) progress->plan((options.load_into_memory && !prequant ? 1 : 0) + (gguf ? 1 : 0) + 1);
+  // format, converted to the native schemes (model/prequant.h). Format detection reads only
+  // JSON files, so the plan is known before any weight file is read.
+  const bool prequantized = !gguf && detect_prequant(dir) != nullptr;
+  if (progress) progress->plan((options.load_into_memory ? 1 : 0) + (gguf ? 1 : 0) + 1);
+  std::unique_ptr<PrequantSource> prequant =
+      prequantized ? PrequantSource::open(dir, options.load_into_memory, progress) : nullptr;
   // A GGUF file (llama.cpp's format) binds like a checkpoint directory: its tensors under
   // their Hugging Face names (model/gguf_loader.h).
   std::unique_ptr<SafetensorsSource> source;

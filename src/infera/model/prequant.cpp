@@ -68,6 +68,10 @@ void PrequantFormat::dequantize_rows(const StoredLinear& w, int64_t r0, int64_t 
   }
 }
 
+void PrequantFormat::fp8_scales(const StoredLinear& w, float*) const {
+  fail("'{}' ({}): the {} format has no FP8 scales", w.name, w.label, method());
+}
+
 bool PrequantFormat::bind_in_place(const StoredLinear&, QuantScheme, kernels::QuantMatRef&,
                                    std::vector<std::shared_ptr<void>>&) const {
   return false;
@@ -218,6 +222,14 @@ PrequantTarget prequant_target_from_options() {
   fail("INFERA_PREQUANT_SCHEME '{}' is not one of auto, w8a8, w4a8, w4a16", s);
 }
 
+Fp8Mode prequant_fp8_from_options() {
+  const std::string s = option_env("prequant_fp8");
+  if (s.empty() || s == "auto") return Fp8Mode::kAuto;
+  if (s == "w8a8") return Fp8Mode::kW8A8;
+  if (s == "w8a16") return Fp8Mode::kW8A16;
+  fail("INFERA_PREQUANT_FP8 '{}' is not one of auto, w8a8, w8a16", s);
+}
+
 namespace {
 
 // The largest native int4 group (128, 64, 32) dividing n; 0 when none does.
@@ -230,9 +242,19 @@ int64_t native_int4_group(int64_t n) {
 
 }  // namespace
 
-NativePlan plan_native(const StoredLinear& w, PrequantTarget target) {
+NativePlan plan_native(const StoredLinear& w, PrequantTarget target, Fp8Mode fp8) {
   NativePlan p;
   const bool is_int = w.kind == PrequantKind::kInt;
+  if (w.fp8_group > 0 && (target == PrequantTarget::kAuto || target == PrequantTarget::kW8A8)) {
+    if (fp8 == Fp8Mode::kAuto) fp8 = target == PrequantTarget::kAuto ? kFp8AutoMode : Fp8Mode::kW8A8;
+    if (fp8 == Fp8Mode::kW8A16) {
+      p.scheme = QuantScheme::kW8A8;
+      p.group_size = w.cols;
+      p.exact = true;
+      p.fp8 = true;
+      return p;
+    }
+  }
   if (target == PrequantTarget::kAuto) {
     // int4 needs input features in whole 32-blocks; otherwise W8A8 (exact for per-channel int4).
     target = !is_int || w.bits > 4 || w.cols % 32 != 0 ? PrequantTarget::kW8A8
@@ -257,7 +279,8 @@ NativePlan plan_native(const StoredLinear& w, PrequantTarget target) {
   return p;
 }
 
-int64_t native_bytes(const NativePlan& p, int64_t rows, int64_t cols) {
+int64_t native_bytes(const NativePlan& p, int64_t rows, int64_t cols, int64_t fp8_group) {
+  if (p.fp8) return rows * cols + rows * ((cols + fp8_group - 1) / std::max<int64_t>(1, fp8_group)) * 4;
   if (p.scheme == QuantScheme::kW8A8) return rows * cols + rows * 4;
   return rows * cols / 2 + rows * (cols / p.group_size) * 2;
 }
@@ -295,8 +318,21 @@ kernels::QuantMatRef convert_to_native(const PrequantFormat& f, const StoredLine
   const int64_t rows = w.total_rows(), cols = w.cols;
   stats.weights += w.experts;
   stats.stored_bytes += w.stored_bytes();
-  stats.native_bytes += native_bytes(p, rows, cols);
+  stats.native_bytes += native_bytes(p, rows, cols, w.fp8_group);
   kernels::QuantMatRef out;
+  if (p.fp8) {
+    // W8A16: the e4m3 bytes as stored, decoded in the kernel; the scales expanded per row.
+    auto e = std::make_shared<kernels::QuantExtras>();
+    e->fp8_group = w.fp8_group;
+    e->fp8_scale.resize(static_cast<size_t>(rows * e->fp8_groups(cols)));
+    f.fp8_scales(w, e->fp8_scale.data());
+    out = kernels::QuantMatRef(QuantScheme::kW8A8, rows, cols, cols, w.part("weight").data, e->fp8_scale.data());
+    out.extras = std::move(e);
+    kernels::check_quant_matrix(out);
+    stats.exact += w.experts;
+    stats.in_place += w.experts;
+    return out;
+  }
   // A format may bind exactly what the plan would requantize (zero points, act-order) by
   // carrying the terms the symmetric scheme lacks (kernels::QuantExtras).
   if ((p.exact || f.binds_exactly(w, p.scheme)) && f.bind_in_place(w, p.scheme, out, owned)) {
@@ -418,16 +454,21 @@ kernels::QuantMatRef convert_to_native(const PrequantFormat& f, const StoredLine
 
 // ---- PrequantSource ----
 
-PrequantSource::PrequantSource(WeightStore store, std::unique_ptr<PrequantFormat> format, PrequantTarget target)
+PrequantSource::PrequantSource(WeightStore store, std::unique_ptr<PrequantFormat> format, PrequantTarget target,
+                               Fp8Mode fp8)
     : plain_(std::make_unique<SafetensorsSource>(std::move(store), QuantizationConfig{})),
       format_(std::move(format)),
-      target_(target) {}
+      target_(target),
+      fp8_(fp8) {}
 
-std::unique_ptr<PrequantSource> PrequantSource::open(const std::string& dir, bool load_into_memory) {
+std::unique_ptr<PrequantSource> PrequantSource::open(const std::string& dir, bool load_into_memory,
+                                                     LoadProgress* progress) {
   std::unique_ptr<PrequantFormat> format = detect_prequant(dir);
   if (!format) return nullptr;
   const PrequantTarget target = prequant_target_from_options();
-  return std::make_unique<PrequantSource>(WeightStore::open(dir, load_into_memory), std::move(format), target);
+  const Fp8Mode fp8 = prequant_fp8_from_options();
+  return std::make_unique<PrequantSource>(WeightStore::open(dir, load_into_memory, progress), std::move(format), target,
+                                          fp8);
 }
 
 PrequantStats PrequantSource::stats() const {
@@ -444,7 +485,7 @@ bool PrequantSource::has(const TensorSpec& t) const { return format_->stores(sto
 std::vector<kernels::LinearWeight> PrequantSource::bind(const std::string& name, int64_t experts, int64_t rows,
                                                         int64_t cols) const {
   const StoredLinear w = format_->locate(store(), name, experts, rows, cols);
-  const NativePlan p = plan_native(w, target_);
+  const NativePlan p = plan_native(w, target_, fp8_);
   std::lock_guard<std::mutex> lock(mu_);
   const int64_t in_place_before = stats_.in_place;
   kernels::QuantMatRef all = convert_to_native(*format_, w, p, owned_, stats_);
@@ -512,10 +553,24 @@ std::vector<float> PrequantSource::values(const TensorSpec& t) const {
 
 int64_t PrequantSource::num_parameters() const { return plain_->num_parameters(); }
 
+int64_t PrequantSource::stored_bytes(const TensorSpec& t) const {
+  if (t.role != WeightRole::kVector && (t.shape.size() == 2 || t.shape.size() == 3) &&
+      format_->quantizes(store(), t.name)) {
+    const bool fused = t.shape.size() == 3;
+    try {
+      return format_->locate(store(), t.name, fused ? t.shape[0] : 1, t.shape[fused ? 1 : 0], t.shape.back())
+          .stored_bytes();
+    } catch (const Error&) {
+      // Binding it will name the problem; progress counts what is stored under its name.
+    }
+  }
+  return plain_->stored_bytes(t);
+}
+
 // ---- check / plan ----
 
 PrequantReport check_prequant(const PrequantFormat& f, const WeightStore& store, const std::vector<TensorSpec>& table,
-                              PrequantTarget target) {
+                              PrequantTarget target, Fp8Mode fp8) {
   PrequantReport r;
   r.summary = f.summary();
   for (const TensorSpec& t : table) {
@@ -534,10 +589,10 @@ PrequantReport check_prequant(const PrequantFormat& f, const WeightStore& store,
         r.dequantized += E;
         r.native_bytes += E * rows * cols * 4;
       } else {
-        const NativePlan p = plan_native(w, target);
+        const NativePlan p = plan_native(w, target, fp8);
         r.quantized += E;
         if (p.exact || f.binds_exactly(w, p.scheme)) r.exact += E;
-        r.native_bytes += native_bytes(p, E * rows, cols);
+        r.native_bytes += native_bytes(p, E * rows, cols, w.fp8_group);
       }
       for (const auto& [role, part] : w.parts) r.used.push_back(part->name);
     } catch (const Error& e) {

@@ -67,6 +67,10 @@ struct StoredLinear {
   // The checkpoint's own scheme quantizes activations (int8 or fp8 per token): the automatic
   // target of an int4 weight is then W4A8 rather than W4A16.
   bool quantized_activations = false;
+  // FP8 e4m3 bytes [total_rows, cols] (part "weight") the kernels can decode as stored (W8A16):
+  // columns per scale group (the last group of a row may be shorter: ragged edge blocks), the
+  // scales given by PrequantFormat::fp8_scales. 0: not FP8.
+  int64_t fp8_group = 0;
   // The stored tensors by their role in the format ("weight", "weight_scale", "qweight", ...).
   std::map<std::string, const TensorInfo*> parts;
   // Set by formats that keep per-weight state of their own (pointers, decoded options).
@@ -126,6 +130,9 @@ class PrequantFormat {
   // requantize (asymmetric zeros, a g_idx order), carrying what the symmetric scheme lacks as
   // kernels::QuantExtras on `out` (GPTQ / AWQ). bind_in_place may still decline (false).
   virtual bool binds_exactly(const StoredLinear& /*w*/, kernels::QuantScheme /*scheme*/) const { return false; }
+  // FP8 weights (w.fp8_group > 0): the f32 scale of every row's groups of fp8_group columns,
+  // [total_rows, ceil(cols / fp8_group)] into `out` (W8A16 binds the e4m3 bytes in place).
+  virtual void fp8_scales(const StoredLinear& w, float* out) const;
   // Stored tensors that belong to quantized layers but no kernel reads (activation scales of
   // dynamic schemes, weight_shape): `infera check` counts them as used, not as foreign.
   virtual bool is_auxiliary(const std::string& tensor_name) const { return false; }
@@ -154,6 +161,15 @@ std::unique_ptr<PrequantFormat> detect_prequant(const PrequantFiles& files);
 enum class PrequantTarget : uint8_t { kAuto, kW8A8, kW4A8, kW4A16 };
 PrequantTarget prequant_target_from_options();  // throws for a bad option value
 
+// How FP8 weights run when the target is not an int4 scheme (option `prequant_fp8`,
+// INFERA_PREQUANT_FP8): kW8A8 requantized to int8 per row (int8 activations per token), or
+// kW8A16 (the e4m3 bytes decoded in the kernel, f32 activations, in place). kAuto: the
+// default, kFp8AutoMode, under the automatic target, and W8A8 when the target is w8a8.
+enum class Fp8Mode : uint8_t { kAuto, kW8A8, kW8A16 };
+Fp8Mode prequant_fp8_from_options();  // throws for a bad option value
+// What kAuto means under the automatic target (docs/quantization.md "FP8" gives the measurements).
+inline constexpr Fp8Mode kFp8AutoMode = Fp8Mode::kW8A8;
+
 // How one weight was converted.
 struct PrequantStats {
   int64_t weights = 0;  // logical weights converted (an expert counts once)
@@ -171,10 +187,14 @@ struct NativePlan {
   kernels::QuantScheme scheme = kernels::QuantScheme::kW8A8;
   int64_t group_size = 0;  // int4: 32/64/128; W8A8: cols
   bool exact = false;
+  // W8A16: the FP8 bytes in place with their scales (kernels::QuantExtras::fp8_group); the
+  // scheme says w8a8 (the layout of one byte per weight). Exact.
+  bool fp8 = false;
 };
-NativePlan plan_native(const StoredLinear& w, PrequantTarget target);
-// Bytes of the native layout of a [rows, cols] matrix (qweight + scales).
-int64_t native_bytes(const NativePlan& p, int64_t rows, int64_t cols);
+NativePlan plan_native(const StoredLinear& w, PrequantTarget target, Fp8Mode fp8 = Fp8Mode::kAuto);
+// Bytes of the native layout of a [rows, cols] matrix (qweight + scales; FP8: the bytes and
+// the scales of w.fp8_group columns).
+int64_t native_bytes(const NativePlan& p, int64_t rows, int64_t cols, int64_t fp8_group = 0);
 
 // The whole [total_rows, cols] matrix converted to the native layout p says; the buffers it
 // points into are appended to `owned` (the caller keeps them alive). `stats` accumulates.
@@ -187,9 +207,12 @@ kernels::QuantMatRef convert_to_native(const PrequantFormat& f, const StoredLine
 // is dequantized to f32 (small matrices).
 class PrequantSource final : public WeightSource {
  public:
-  PrequantSource(WeightStore store, std::unique_ptr<PrequantFormat> format, PrequantTarget target);
-  // nullptr when `dir` is not pre-quantized (detect_prequant).
-  static std::unique_ptr<PrequantSource> open(const std::string& dir, bool load_into_memory = false);
+  PrequantSource(WeightStore store, std::unique_ptr<PrequantFormat> format, PrequantTarget target,
+                 Fp8Mode fp8 = Fp8Mode::kAuto);
+  // nullptr when `dir` is not pre-quantized (detect_prequant). `progress`: as WeightStore::open
+  // (the "reading" step when load_into_memory).
+  static std::unique_ptr<PrequantSource> open(const std::string& dir, bool load_into_memory = false,
+                                              LoadProgress* progress = nullptr);
 
   const WeightStore& store() const { return plain_->store(); }
   const PrequantFormat& format() const { return *format_; }
@@ -203,6 +226,10 @@ class PrequantSource final : public WeightSource {
   std::vector<kernels::LinearWeight> experts(const std::vector<const TensorSpec*>& parts) const override;
   std::vector<float> values(const TensorSpec& t) const override;
   int64_t num_parameters() const override;
+  // A quantized row: every stored part of it (FP8 bytes and scales, qweight / qzeros /
+  // scales / g_idx, msModelSlim's weight and its constants); a plain row as a float
+  // checkpoint's. A row the format cannot locate counts what is stored under its name.
+  int64_t stored_bytes(const TensorSpec& t) const override;
 
  private:
   std::vector<kernels::LinearWeight> bind(const std::string& name, int64_t experts, int64_t rows, int64_t cols) const;
@@ -210,6 +237,7 @@ class PrequantSource final : public WeightSource {
   std::unique_ptr<SafetensorsSource> plain_;
   std::unique_ptr<PrequantFormat> format_;
   PrequantTarget target_;
+  Fp8Mode fp8_;
   mutable std::mutex mu_;
   mutable std::vector<std::shared_ptr<void>> owned_;  // converted weights' buffers
   mutable PrequantStats stats_;
@@ -229,7 +257,7 @@ struct PrequantReport {
   std::vector<std::string> used;  // stored tensor names the quantized weights read
 };
 PrequantReport check_prequant(const PrequantFormat& f, const WeightStore& store, const std::vector<TensorSpec>& table,
-                              PrequantTarget target = PrequantTarget::kAuto);
+                              PrequantTarget target = PrequantTarget::kAuto, Fp8Mode fp8 = Fp8Mode::kAuto);
 
 // ---- Helpers for formats ----
 

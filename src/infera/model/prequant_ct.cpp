@@ -336,6 +336,11 @@ class CtFormatImpl final : public PrequantFormat {
       w.permuted = true;
     }
     w.group_size = s.is_float ? 0 : s.strategy == Strategy::kGroup ? s.group_size : cols;
+    if (s.is_float) {
+      w.fp8_group = s.strategy == Strategy::kGroup   ? s.group_size
+                    : s.strategy == Strategy::kBlock ? s.block_cols
+                                                     : cols;
+    }
     w.label = fmt::format("{} {}{} {}{}", format_name(s.format), s.is_float ? "fp" : "int", s.bits, strategy_label(s),
                           s.symmetric ? "" : " asym");
     w.state = st;
@@ -358,6 +363,13 @@ class CtFormatImpl final : public PrequantFormat {
       }
     }
     (void)s;
+  }
+
+  void fp8_scales(const StoredLinear& w, float* out) const override {
+    const auto& st = *static_cast<const CtState*>(w.state.get());
+    const int64_t ng = (w.cols + w.fp8_group - 1) / w.fp8_group;
+    for (int64_t row = 0; row < w.total_rows(); ++row)
+      for (int64_t g = 0; g < ng; ++g) out[row * ng + g] = scale_at(st, row, g * w.fp8_group, st.scale_cols);
   }
 
   void dequantize_rows(const StoredLinear& w, int64_t r0, int64_t r1, float* out) const override {

@@ -57,7 +57,7 @@ class Fp8Format final : public PrequantFormat {
   std::string method() const override { return "fp8"; }
 
   std::string summary() const override {
-    return fmt::format("fp8 e4m3, {}, {} activations (run as int8 per token)",
+    return fmt::format("fp8 e4m3, {}, {} activations",
                        bn_ > 0 ? fmt::format("block {}x{}", bn_, bk_) : std::string("per tensor / per channel"),
                        activation_scheme_);
   }
@@ -129,12 +129,15 @@ class Fp8Format final : public PrequantFormat {
                                   shape_string(s.shape), shape_string(want), rows, cols, bn_, bk_));
       }
       w.label = fmt::format("fp8 block {}x{}", bn_, bk_);
+      w.fp8_group = bk_;
     } else if (n == 1 && per.size() <= 1) {
       st->grain = Fp8State::Grain::kTensor;
       w.label = "fp8 per tensor";
+      w.fp8_group = cols;
     } else if (per == std::vector<int64_t>{rows} || per == std::vector<int64_t>{rows, 1}) {
       st->grain = Fp8State::Grain::kChannel;
       w.label = "fp8 per channel";
+      w.fp8_group = cols;
     } else {
       prequant_fail(store, s.name,
                     fmt::format("has shape {}: expected one value (per tensor) or [{}] / [{}, 1] (per channel) for "
@@ -171,6 +174,21 @@ class Fp8Format final : public PrequantFormat {
             o[c] = fp8_e4m3_to_f32(row[c]) * prequant_scalar(*st.scale, base + c / st.bk);
           break;
         }
+      }
+    }
+  }
+
+  void fp8_scales(const StoredLinear& w, float* out) const override {
+    const auto& st = *static_cast<const Fp8State*>(w.state.get());
+    const int64_t ng = (w.cols + w.fp8_group - 1) / w.fp8_group;
+    for (int64_t r = 0; r < w.total_rows(); ++r) {
+      const int64_t e = r / w.rows, rr = r % w.rows;
+      for (int64_t g = 0; g < ng; ++g) {
+        const int64_t i = st.grain == Fp8State::Grain::kTensor ? e
+                          : st.grain == Fp8State::Grain::kChannel
+                              ? e * w.rows + rr
+                              : (e * st.scale_rows + rr / st.bn) * st.scale_cols + g;
+        out[r * ng + g] = prequant_scalar(*st.scale, i);
       }
     }
   }

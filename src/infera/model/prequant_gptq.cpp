@@ -331,6 +331,20 @@ namespace {
 
 RawTensor raw(const TensorInfo& t) { return RawTensor{t.data, t.dtype, t.shape}; }
 
+// Expert e of a fused [E, ...] tensor (the whole tensor when experts == 1).
+RawTensor raw(const TensorInfo& t, int64_t e, int64_t experts) {
+  if (experts == 1) return raw(t);
+  const int64_t per = static_cast<int64_t>(t.nbytes) / experts;
+  return RawTensor{t.data + e * per, t.dtype, std::vector<int64_t>(t.shape.begin() + 1, t.shape.end())};
+}
+
+// The module a weight's tensors are stored under: "<m>" of "<m>.weight", or a fused expert
+// tensor's own name ("...mlp.experts.gate_up_proj": its parts are "<name>.qweight", ...).
+std::string module_of(const std::string& name) {
+  std::string m = prequant_module(name);
+  return m.empty() ? name : m;
+}
+
 class GptqFormat final : public PrequantFormat {
  public:
   explicit GptqFormat(const PrequantFiles& files)
@@ -346,24 +360,28 @@ class GptqFormat final : public PrequantFormat {
     return s;
   }
   bool quantizes(const WeightStore& store, const std::string& name) const override {
-    const std::string m = prequant_module(name);
-    return !m.empty() && store.find(m + ".qweight") != nullptr;
+    return store.find(module_of(name) + ".qweight") != nullptr;
+  }
+  bool stores(const WeightStore& store, const std::string& name) const override {
+    return store.find(name) != nullptr || quantizes(store, name);
   }
 
+  // Per module [O, I], or fused experts (the native formats' layout: "<name>.qweight" etc. with
+  // the experts first, [E, ...] of each tensor below).
   StoredLinear locate(const WeightStore& store, const std::string& name, int64_t experts, int64_t rows,
                       int64_t cols) const override {
-    const std::string m = prequant_module(name);
-    if (experts != 1) {
-      prequant_fail(store, name,
-                    fmt::format("is a fused [{}, {}, {}] expert tensor; {} stores experts per module", experts, rows,
-                                cols, method()));
-    }
+    const std::string m = module_of(name);
     StoredLinear w;
     w.name = name;
     w.kind = PrequantKind::kInt;
     w.bits = c_.bits;
+    w.experts = experts;
     w.rows = rows;
     w.cols = cols;
+    auto shape = [experts](std::vector<int64_t> s) {
+      if (experts > 1) s.insert(s.begin(), experts);
+      return s;
+    };
     const int64_t G = c_.group_size == -1 ? cols : c_.group_size;
     if (cols % G != 0) {
       prequant_fail(store, m + ".qweight",
@@ -379,18 +397,18 @@ class GptqFormat final : public PrequantFormat {
     const TensorInfo& sc = prequant_need(store, m + ".scales", "the groups' scales");
     if (c_.awq) {
       if (rows % 8 != 0) prequant_fail(store, qw.name, fmt::format("has {} outputs, not a multiple of 8", rows));
-      prequant_expect(store, qw, {DType::kI32}, {cols, rows / 8});
+      prequant_expect(store, qw, {DType::kI32}, shape({cols, rows / 8}));
     } else {
       if (rows % 8 != 0 || cols % 8 != 0)
         prequant_fail(store, qw.name, fmt::format("holds a [{}, {}] layer, not multiples of 8", rows, cols));
-      prequant_expect(store, qw, {DType::kI32}, {cols / 8, rows});
+      prequant_expect(store, qw, {DType::kI32}, shape({cols / 8, rows}));
     }
-    prequant_expect(store, qz, {DType::kI32}, {ng, rows / 8});
-    prequant_expect(store, sc, {DType::kF16, DType::kBF16, DType::kF32}, {ng, rows});
+    prequant_expect(store, qz, {DType::kI32}, shape({ng, rows / 8}));
+    prequant_expect(store, sc, {DType::kF16, DType::kBF16, DType::kF32}, shape({ng, rows}));
     w.parts = {{"qweight", &qw}, {"qzeros", &qz}, {"scales", &sc}};
     if (!c_.awq) {
       if (const TensorInfo* gi = store.find(m + ".g_idx")) {
-        prequant_expect(store, *gi, {DType::kI32, DType::kI64}, {cols});
+        prequant_expect(store, *gi, {DType::kI32, DType::kI64}, shape({cols}));
         w.parts["g_idx"] = gi;
         w.permuted = c_.desc_act;  // stored order: the data says (checked when bound)
       } else if (c_.desc_act) {
@@ -400,61 +418,121 @@ class GptqFormat final : public PrequantFormat {
     return w;
   }
 
-  IntGroupMatrix unpack(const StoredLinear& w, int64_t r0, int64_t r1) const {
-    const std::string where = fmt::format("{}: {} layer '{}'", w.part("qweight").file, method(), w.name);
+  // Rows [r0, r1) of expert e's [rows, cols] matrix (0 <= r0 < r1 <= w.rows).
+  IntGroupMatrix unpack(const StoredLinear& w, int64_t e, int64_t r0, int64_t r1) const {
+    const std::string where =
+        w.experts > 1 ? fmt::format("{}: {} layer '{}' expert {}", w.part("qweight").file, method(), w.name, e)
+                      : fmt::format("{}: {} layer '{}'", w.part("qweight").file, method(), w.name);
+    const int64_t E = w.experts;
     if (c_.awq)
-      return unpack_awq(raw(w.part("qweight")), raw(w.part("qzeros")), raw(w.part("scales")), w.rows, w.cols,
-                        c_.group_size, where, r0, r1);
+      return unpack_awq(raw(w.part("qweight"), e, E), raw(w.part("qzeros"), e, E), raw(w.part("scales"), e, E), w.rows,
+                        w.cols, c_.group_size, where, r0, r1);
     const auto gi = w.parts.find("g_idx");
-    const RawTensor g = gi != w.parts.end() ? raw(*gi->second) : RawTensor{};
-    return unpack_gptq(raw(w.part("qweight")), raw(w.part("qzeros")), raw(w.part("scales")),
+    const RawTensor g = gi != w.parts.end() ? raw(*gi->second, e, E) : RawTensor{};
+    return unpack_gptq(raw(w.part("qweight"), e, E), raw(w.part("qzeros"), e, E), raw(w.part("scales"), e, E),
                        gi != w.parts.end() ? &g : nullptr, w.rows, w.cols, c_.bits, c_.group_size, c_.v2, where, r0,
                        r1);
   }
 
-  void int_rows(const StoredLinear& w, int64_t r0, int64_t r1, IntRows& out) const override {
-    const IntGroupMatrix m = unpack(w, r0, r1);
-    out.resize(r1 - r0, w.cols, w.group_size, w.symmetric);
-    for (int64_t n = 0; n < m.rows; ++n) {
-      for (int64_t k = 0; k < w.cols; ++k) {
-        if (m.group_of_col[k] != k / w.group_size)
-          fail("'{}': g_idx[{}] = {} is not in input order (act-order without desc_act)", w.name, k, m.group_of_col[k]);
-        out.q[n * w.cols + k] = static_cast<int8_t>(m.q[n * w.cols + k] - 8);
-      }
-      for (int64_t g = 0; g < m.groups; ++g) {
-        out.scale[n * m.groups + g] = m.scales[n * m.groups + g];
-        const int32_t z = m.zeros[n * m.groups + g];
-        if (w.symmetric && z != 8) {
-          fail("'{}': quantization_config.sym is true but row {} group {} has zero point {} (not 8)", w.name, r0 + n, g,
-               z);
-        }
-        if (!w.symmetric) out.zero[n * m.groups + g] = static_cast<int8_t>(z - 8);
-      }
+  // Rows [r0, r1) of the [experts · rows, cols] matrix, expert by expert: f(m, first row of m).
+  template <class F>
+  void for_each_expert(const StoredLinear& w, int64_t r0, int64_t r1, F&& f) const {
+    for (int64_t r = r0; r < r1;) {
+      const int64_t e = r / w.rows, end = std::min(r1, (e + 1) * w.rows);
+      f(unpack(w, e, r - e * w.rows, end - e * w.rows), r - r0);
+      r = end;
     }
+  }
+
+  void int_rows(const StoredLinear& w, int64_t r0, int64_t r1, IntRows& out) const override {
+    out.resize(r1 - r0, w.cols, w.group_size, w.symmetric);
+    for_each_expert(w, r0, r1, [&](const IntGroupMatrix& m, int64_t at) {
+      for (int64_t n = 0; n < m.rows; ++n) {
+        const int64_t o = at + n;
+        for (int64_t k = 0; k < w.cols; ++k) {
+          if (m.group_of_col[k] != k / w.group_size)
+            fail("'{}': g_idx[{}] = {} is not in input order (act-order without desc_act)", w.name, k,
+                 m.group_of_col[k]);
+          out.q[o * w.cols + k] = static_cast<int8_t>(m.q[n * w.cols + k] - 8);
+        }
+        for (int64_t g = 0; g < m.groups; ++g) {
+          out.scale[o * m.groups + g] = m.scales[n * m.groups + g];
+          const int32_t z = m.zeros[n * m.groups + g];
+          if (w.symmetric && z != 8) {
+            fail("'{}': quantization_config.sym is true but row {} group {} has zero point {} (not 8)", w.name, r0 + o,
+                 g, z);
+          }
+          if (!w.symmetric) out.zero[o * m.groups + g] = static_cast<int8_t>(z - 8);
+        }
+      }
+    });
   }
 
   void dequantize_rows(const StoredLinear& w, int64_t r0, int64_t r1, float* out) const override {
-    const std::vector<float> v = unpack(w, r0, r1).dequantize();
-    std::copy(v.begin(), v.end(), out);
+    for_each_expert(w, r0, r1, [&](const IntGroupMatrix& m, int64_t at) {
+      const std::vector<float> v = m.dequantize();
+      std::copy(v.begin(), v.end(), out + at * w.cols);
+    });
   }
 
   bool binds_exactly(const StoredLinear& w, kernels::QuantScheme scheme) const override {
-    return kernels::scheme_is_int4(scheme) && w.bits == 4 && w.experts == 1;
+    return kernels::scheme_is_int4(scheme) && w.bits == 4;
   }
 
+  // Fused experts: each expert mapped on its own, then their rows concatenated (the zero-point
+  // correction is indexed by row; an act-order permutation is one per matrix, so fused experts
+  // with act-order are requantized instead).
   bool bind_in_place(const StoredLinear& w, kernels::QuantScheme scheme, kernels::QuantMatRef& out,
                      std::vector<std::shared_ptr<void>>& owned) const override {
     if (!binds_exactly(w, scheme)) return false;
-    std::string why;
-    std::optional<Int4Layout> l = to_infera_int4(unpack(w, 0, w.rows), &why);
-    if (!l) {
-      LOG_WARN("'{}' ({}): {}: requantized", w.name, w.label, why);
-      return false;
+    std::vector<Int4Layout> ls;
+    for (int64_t e = 0; e < w.experts; ++e) {
+      std::string why;
+      std::optional<Int4Layout> l = to_infera_int4(unpack(w, e, 0, w.rows), &why);
+      if (l && w.experts > 1 && l->extras && !l->extras->in_perm.empty()) why = "act-order in a fused expert tensor";
+      if (!l || !why.empty()) {
+        LOG_WARN("'{}' ({}): {}: requantized", w.name, w.label, why);
+        return false;
+      }
+      ls.push_back(std::move(*l));
     }
-    auto q = std::make_shared<std::vector<uint8_t>>(std::move(l->qweight));
-    auto s = std::make_shared<std::vector<uint16_t>>(std::move(l->scales));
-    out = kernels::QuantMatRef(scheme, w.rows, w.cols, l->group_size, q->data(), s->data());
-    out.extras = std::move(l->extras);
+    if (ls.size() == 1) {
+      auto q = std::make_shared<std::vector<uint8_t>>(std::move(ls[0].qweight));
+      auto s = std::make_shared<std::vector<uint16_t>>(std::move(ls[0].scales));
+      out = kernels::QuantMatRef(scheme, w.rows, w.cols, ls[0].group_size, q->data(), s->data());
+      out.extras = std::move(ls[0].extras);
+      kernels::check_quant_matrix(out);
+      owned.push_back(std::move(q));
+      owned.push_back(std::move(s));
+      return true;
+    }
+    auto q = std::make_shared<std::vector<uint8_t>>();
+    auto s = std::make_shared<std::vector<uint16_t>>();
+    std::shared_ptr<kernels::QuantExtras> extras;
+    int64_t corr_group = 0;
+    for (const Int4Layout& l : ls) {
+      if (l.extras) corr_group = l.extras->corr_group;
+    }
+    if (corr_group > 0) {
+      extras = std::make_shared<kernels::QuantExtras>();
+      extras->corr_group = corr_group;
+    }
+    for (Int4Layout& l : ls) {
+      if (l.group_size != ls[0].group_size || (l.extras && l.extras->corr_group != corr_group)) {
+        LOG_WARN("'{}' ({}): experts with different groups: requantized", w.name, w.label);
+        return false;
+      }
+      q->insert(q->end(), l.qweight.begin(), l.qweight.end());
+      s->insert(s->end(), l.scales.begin(), l.scales.end());
+      if (extras) {
+        if (l.extras)
+          extras->corr.insert(extras->corr.end(), l.extras->corr.begin(), l.extras->corr.end());
+        else  // every zero point 8: no correction
+          extras->corr.insert(extras->corr.end(), static_cast<size_t>(w.rows * (w.cols / corr_group)), 0.0f);
+      }
+    }
+    out = kernels::QuantMatRef(scheme, w.total_rows(), w.cols, ls[0].group_size, q->data(), s->data());
+    out.extras = std::move(extras);
     kernels::check_quant_matrix(out);
     owned.push_back(std::move(q));
     owned.push_back(std::move(s));

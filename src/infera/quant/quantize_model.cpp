@@ -24,6 +24,7 @@
 #include "infera/model/arch_registry.h"
 #include "infera/model/config.h"
 #include "infera/model/model.h"
+#include "infera/model/prequant.h"
 #include "infera/model/quantized_weights.h"
 #include "infera/model/tensor_table.h"
 #include "infera/model/weights.h"
@@ -86,10 +87,54 @@ bool glob_match(const std::string& pattern, const std::string& name) {
   return ::fnmatch(pattern.c_str(), name.c_str(), 0) == 0;
 }
 
-std::vector<float> read_f32(const TensorInfo& t) {
+// An FP8 checkpoint being quantized (model/prequant.h): its e4m3 weights are read dequantized.
+struct Fp8Input {
+  std::unique_ptr<PrequantFormat> format;  // nullptr: a float checkpoint
+  const WeightStore* store = nullptr;
+  std::set<std::string> parts;  // its scales and auxiliary tensors: read through the weights, not copied
+  bool holds(const TensorInfo& t) const {
+    return format && t.dtype == DType::kF8E4M3 && format->quantizes(*store, t.name);
+  }
+};
+
+// A tensor's values as f32 (an FP8 weight of the input dequantized with its scales).
+std::vector<float> read_f32(const TensorInfo& t, const Fp8Input* fp8 = nullptr) {
   std::vector<float> v(static_cast<size_t>(t.numel()));
+  if (fp8 != nullptr && fp8->holds(t)) {
+    const int64_t cols = t.shape.back(), experts = t.shape.size() == 3 ? t.shape[0] : 1;
+    const StoredLinear w = fp8->format->locate(*fp8->store, t.name, experts, t.numel() / cols / experts, cols);
+    fp8->format->dequantize_rows(w, 0, w.total_rows(), v.data());
+    return v;
+  }
   to_f32(t.data, t.dtype, t.numel(), v.data());
   return v;
+}
+
+// The input's FP8 format, when it is a checkpoint of FP8 weights (quant_method fp8, or
+// compressed-tensors float-quantized): every quantized weight must be FP8 (an integer format
+// is refused: quantize its float original). nullptr for a float checkpoint.
+Fp8Input fp8_input(const std::string& in_dir, const WeightStore& store) {
+  Fp8Input in;
+  in.store = &store;
+  in.format = detect_prequant(in_dir);
+  if (!in.format) return in;
+  for (const std::string& name : store.names()) {
+    const TensorInfo& t = store.get(name);
+    if (in.format->is_auxiliary(name)) in.parts.insert(name);
+    if ((t.shape.size() != 2 && t.shape.size() != 3) || !in.format->quantizes(store, name)) continue;
+    const int64_t cols = t.shape.back(), experts = t.shape.size() == 3 ? t.shape[0] : 1;
+    const StoredLinear w = in.format->locate(store, name, experts, t.numel() / cols / experts, cols);
+    if (w.fp8_group == 0 || t.dtype != DType::kF8E4M3) {
+      fail(
+          "{}: '{}' is stored as {} ({}): `infera quantize` starts from float or FP8 checkpoints; quantize the "
+          "original float checkpoint instead",
+          in_dir, name, w.label, in.format->summary());
+    }
+    for (const auto& [role, part] : w.parts) {
+      if (part->name != name) in.parts.insert(part->name);
+    }
+  }
+  return in;
 }
 
 // Smoothing factors decided before the shards are written (calibration only).
@@ -104,6 +149,7 @@ struct Planner {
   const WeightStore& store;
   const QuantizationConfig& qc;
   const ActivationStats& stats;
+  const Fp8Input* fp8 = nullptr;
   SmoothingPlan plan;
 
   // Expected squared output error of the group's quantized layers for smoothing s.
@@ -119,7 +165,7 @@ struct Planner {
     for (const std::string& name : linears) {
       const LayerQuant lq = qc.layer(name);
       const TensorInfo& t = store.get(name);
-      std::vector<float> w = read_f32(t);
+      std::vector<float> w = read_f32(t, fp8);
       const int64_t n = t.shape[0];
       double w2s2 = 0.0;
       for (int64_t r = 0; r < n; ++r)
@@ -152,7 +198,7 @@ struct Planner {
     if (!awq) {
       for (const auto& name : linears) {
         const TensorInfo& t = store.get(name);
-        const std::vector<float> w = read_f32(t);
+        const std::vector<float> w = read_f32(t, fp8);
         for (int64_t r = 0; r < t.shape[0]; ++r)
           for (int64_t c = 0; c < k; ++c) wmax[c] = std::max(wmax[c], std::fabs(w[r * k + c]));
       }
@@ -259,7 +305,9 @@ QuantizeReport quantize_model(const std::string& in_dir, const std::string& out_
   if (!arch.runnable()) {
     fail("{}: quantization supports model_type {}, not '{}'", in_dir, runnable_arch_names(), cfg.model_type);
   }
-  if (read_quantization_config(in_dir).present) {
+  // An FP8 checkpoint (model/prequant.h) is read through its format: its weights dequantized.
+  const bool prequantized = detect_prequant(in_dir) != nullptr;
+  if (!prequantized && read_quantization_config(in_dir).present) {
     fail(
         "{}: the model is already quantized (config.json has a quantization_config); quantize the original "
         "float checkpoint instead",
@@ -273,7 +321,11 @@ QuantizeReport quantize_model(const std::string& in_dir, const std::string& out_
     fail("output directory is the input directory");
 
   const WeightStore store = WeightStore::open(in_dir);
-  const std::vector<std::string> names = store.names();
+  const Fp8Input fp8 = fp8_input(in_dir, store);
+  std::vector<std::string> names;
+  for (const std::string& name : store.names()) {
+    if (!fp8.parts.contains(name)) names.push_back(name);  // FP8 scales: read with their weights
+  }
   const HasTensor has = [&store](const std::string& name) { return store.find(name) != nullptr; };
   TensorRoles table;
   std::map<std::string, const TensorSpec*> specs;
@@ -373,7 +425,7 @@ QuantizeReport quantize_model(const std::string& in_dir, const std::string& out_
     std::unique_ptr<Model> model = load_model(in_dir, lo);
     stats = collect_activation_stats(*model, ids, o.calib_ctx);
     report.calib_tokens_used = static_cast<int64_t>(ids.size());
-    Planner p{store, qc, stats, {}};
+    Planner p{store, qc, stats, &fp8, {}};
     p.plan.zero_centred_norms = arch.traits.zero_centred_norms;
     // The hybrid's text layers may be nested (model.language_model.*). Its GDN layers are
     // not smoothed: their input also feeds in_proj_b / in_proj_a, which stay as stored
@@ -416,6 +468,13 @@ QuantizeReport quantize_model(const std::string& in_dir, const std::string& out_
       const int64_t before = static_cast<int64_t>(t.nbytes);
       const bool linear = table.quantizable(name, t);
       auto norm_it = plan.elem_div.find(name);
+      if (!linear && fp8.holds(t)) {  // an FP8 matrix kept as stored (a router, kv_b_proj): f32, exactly
+        std::vector<float> v = read_f32(t, &fp8);
+        out.push_back(make_tensor(name, DType::kF32, t.shape, from_f32(v, DType::kF32)));
+        report.other_bytes_before += before;
+        report.other_bytes_after += static_cast<int64_t>(v.size()) * 4;
+        continue;
+      }
       if (!linear) {
         if (norm_it != plan.elem_div.end()) {
           std::vector<float> g = read_f32(t);
@@ -438,7 +497,7 @@ QuantizeReport quantize_model(const std::string& in_dir, const std::string& out_
         shape.push_back(c);
         return shape;
       };
-      std::vector<float> w = read_f32(t);
+      std::vector<float> w = read_f32(t, &fp8);
       std::vector<float> imp;
       if (auto st = stats.find(name); st != stats.end()) imp = st->second.mean_sq();
       if (auto cs = plan.col_scale.find(name); cs != plan.col_scale.end()) {

@@ -382,7 +382,8 @@ class Checker {
         infos.push_back(std::move(t));
       }
       headers = WeightStore::from_tensors(dir_.string(), std::move(infos), nullptr, 0);
-      const PrequantReport pr = check_prequant(*prequant_, *headers, expected);
+      const PrequantReport pr =
+          check_prequant(*prequant_, *headers, expected, prequant_target_from_options(), prequant_fp8_from_options());
       used.insert(pr.used.begin(), pr.used.end());
       info("tensors", fmt::format("{}: {} quantized weights ({} map exactly onto Infera's schemes, {} are "
                                   "requantized at load{}), {} float matrices; {} stored -> {} in memory",

@@ -1,9 +1,11 @@
 // kernels::QuantExtras (pre-quantized checkpoints): static int8 activations computed exactly
 // as the formula says, a per-row zero-point correction on w8a8, int8 weights of -128, and
-// the input permutation seen by dequantize_row, on every kernel path.
+// the input permutation seen by dequantize_row, and FP8 weights decoded in the kernel (W8A16),
+// on every kernel path.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -116,6 +118,99 @@ TEST(QuantExtras, RejectsInconsistentExtras) {
   e2->static_act = true;  // no output scales
   q.extras = e2;
   EXPECT_THROW(check_quant_matrix(q), Error);
+}
+
+TEST(QuantExtras, Fp8E4m3Values) {
+  EXPECT_EQ(fp8_e4m3_value(0x00), 0.0f);
+  EXPECT_TRUE(std::signbit(fp8_e4m3_value(0x80)));
+  EXPECT_EQ(fp8_e4m3_value(0x38), 1.0f);  // exponent 7, mantissa 0
+  EXPECT_EQ(fp8_e4m3_value(0x7e), 448.0f);  // the largest
+  EXPECT_EQ(fp8_e4m3_value(0xfe), -448.0f);
+  EXPECT_EQ(fp8_e4m3_value(0x01), std::ldexp(1.0f, -9));  // the smallest subnormal
+  EXPECT_EQ(fp8_e4m3_value(0x0f), 1.875f * std::ldexp(1.0f, -6));  // exponent 1, mantissa 7
+  EXPECT_TRUE(std::isnan(fp8_e4m3_value(0x7f)));
+  EXPECT_TRUE(std::isnan(fp8_e4m3_value(0xff)));
+}
+
+// FP8 weights (QuantExtras::fp8_group) on shapes that exercise every edge of the SIMD paths:
+// columns not a multiple of 8 or 16, a ragged last scale group (block scales: 100 = 3 x 32 + 4,
+// 300 = 2 x 128 + 44), per-channel scales (one group), one column, and 1 to 9 tokens (tiles of
+// 4 and their remainders). Bytes random, subnormals included (no NaN codes). Every path equals
+// the reference up to the order of its f32 sums; a row slice reads its own rows' scales;
+// dequantize_row is the decoded byte times its scale, exactly.
+TEST(QuantExtras, Fp8WeightsMatchTheReferenceOnEveryPath) {
+  struct Shape {
+    int64_t n, k, group;
+  };
+  std::mt19937 rng(21);
+  std::uniform_int_distribution<int> byte(0, 255);
+  std::uniform_real_distribution<float> sd(0.001f, 0.05f);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  for (const Shape sh : {Shape{37, 100, 32}, Shape{5, 300, 128}, Shape{16, 16, 16}, Shape{33, 7, 7},
+                         Shape{70, 1000, 1000}, Shape{3, 1, 1}, Shape{130, 257, 128}}) {
+    const int64_t n = sh.n, k = sh.k, ng = (k + sh.group - 1) / sh.group;
+    std::vector<uint8_t> w(static_cast<size_t>(n * k));
+    for (auto& v : w) {
+      do v = static_cast<uint8_t>(byte(rng));
+      while ((v & 0x7f) == 0x7f);
+    }
+    w[0] = 0x01;  // a subnormal
+    w[w.size() - 1] = 0xfe;  // -448
+    auto e = std::make_shared<QuantExtras>();
+    e->fp8_group = sh.group;
+    for (int64_t i = 0; i < n * ng; ++i) e->fp8_scale.push_back(sd(rng));
+    QuantMatRef q(QuantScheme::kW8A8, n, k, k, w.data(), e->fp8_scale.data());
+    q.extras = e;
+    ASSERT_NO_THROW(check_quant_matrix(q));
+    EXPECT_EQ(pack_quant_matrix_always(q), nullptr);  // computed from the stored bytes
+    for (int64_t m : {1, 2, 3, 4, 5, 9}) {
+      std::vector<float> x(static_cast<size_t>(m * k));
+      for (auto& v : x) v = nd(rng);
+      std::vector<float> want(static_cast<size_t>(m * n)), bound(static_cast<size_t>(m * n));
+      ref::fp8_matmul(x.data(), m, q, want.data());
+      for (int64_t i = 0; i < m; ++i)
+        for (int64_t r = 0; r < n; ++r) {
+          double mag = 0;  // Σ |w·x|: the scale of the f32 rounding of the sums
+          for (int64_t c = 0; c < k; ++c)
+            mag += std::fabs(double{fp8_e4m3_value(w[r * k + c])} * e->fp8_scale[r * ng + c / sh.group] * x[i * k + c]);
+          bound[i * n + r] = static_cast<float>(1e-5 * mag + 1e-30);
+        }
+      for (Isa isa : test::available_isas()) {
+        SCOPED_TRACE(::testing::Message()
+                     << isa_name(isa) << " n " << n << " k " << k << " group " << sh.group << " m " << m);
+        std::vector<float> y(static_cast<size_t>(m * n), -1.0f);
+        qmatmul(isa, x.data(), m, q, y.data());
+        for (size_t i = 0; i < y.size(); ++i) ASSERT_LE(std::fabs(y[i] - want[i]), bound[i]) << i;
+        if (n > 4) {
+          const QuantMatRef s = quant_row_slice(q, 2, n - 1);
+          std::vector<float> ys(static_cast<size_t>(m * (n - 3)));
+          qmatmul(isa, x.data(), m, s, ys.data());
+          for (int64_t i = 0; i < m; ++i)
+            for (int64_t r = 2; r < n - 1; ++r)
+              ASSERT_LE(std::fabs(ys[i * (n - 3) + r - 2] - want[i * n + r]), bound[i * n + r]);
+        }
+      }
+    }
+    std::vector<float> row(static_cast<size_t>(k));
+    dequantize_row(q, n - 1, row.data());
+    for (int64_t c = 0; c < k; ++c)
+      ASSERT_EQ(row[c], fp8_e4m3_value(w[(n - 1) * k + c]) * e->fp8_scale[(n - 1) * ng + c / sh.group]);
+  }
+}
+
+TEST(QuantExtras, Fp8RejectsInconsistentLayouts) {
+  std::vector<uint8_t> w(64, 0x38);
+  auto e = std::make_shared<QuantExtras>();
+  e->fp8_group = 16;
+  e->fp8_scale.assign(3, 1.0f);  // 2 rows x 2 groups need 4
+  QuantMatRef q(QuantScheme::kW8A8, 2, 32, 32, w.data(), e->fp8_scale.data());
+  q.extras = e;
+  EXPECT_THROW(check_quant_matrix(q), Error);
+  e->fp8_scale.assign(4, 1.0f);
+  EXPECT_NO_THROW(check_quant_matrix(q));
+  QuantMatRef q4(QuantScheme::kW4A16, 2, 32, 32, w.data(), e->fp8_scale.data());
+  q4.extras = e;
+  EXPECT_THROW(check_quant_matrix(q4), Error);
 }
 
 }  // namespace

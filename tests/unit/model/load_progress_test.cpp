@@ -1,8 +1,10 @@
 // Load progress (base/load_progress.h): the steps' shares of the whole, and what each loader
 // reports: safetensors mapped and read into memory, a GGUF file, a generated model, and the
-// same model in Infera's quantized format. In every case the fraction only grows and ends at 1.
+// same model in Infera's quantized format and in published pre-quantized formats (FP8,
+// compressed-tensors, GPTQ). In every case the fraction only grows and ends at 1.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <memory>
 #include <string>
@@ -10,7 +12,9 @@
 
 #include "../test_support.h"
 #include "infera/base/load_progress.h"
+#include "infera/io/safetensors.h"
 #include "infera/model/model.h"
+#include "infera/model/prequant.h"
 #include "infera/quant/quantize_model.h"
 
 namespace infera {
@@ -50,13 +54,23 @@ void expect_complete(const std::vector<Snapshot>& seen, const std::vector<std::s
   EXPECT_TRUE(binding_midway) << "binding reported no work before it ended";
 }
 
-void expect_load_completes(const std::string& dir, bool into_memory, const std::vector<std::string>& steps) {
+// The "binding" step's total (bytes the table's rows store); -1 when there was none.
+int64_t binding_total(const std::vector<Snapshot>& seen) {
+  for (const Snapshot& s : seen) {
+    if (s.step == "binding") return s.total;
+  }
+  return -1;
+}
+
+std::vector<Snapshot> expect_load_completes(const std::string& dir, bool into_memory,
+                                            const std::vector<std::string>& steps) {
   Recorder r;
   LoadOptions o;
   o.load_into_memory = into_memory;
   o.progress = r.progress;
   std::unique_ptr<Model> model = load_model(dir, o);
-  ASSERT_NE(model, nullptr);
+  EXPECT_NE(model, nullptr);
+  if (!model) return r.seen;
   expect_complete(r.seen, steps);
   if (into_memory) {  // the reading step counted every byte of the files
     for (const Snapshot& s : r.seen) {
@@ -65,6 +79,7 @@ void expect_load_completes(const std::string& dir, bool into_memory, const std::
       }
     }
   }
+  return r.seen;
 }
 
 TEST(LoadProgress, StepsShareTheWholeAndNeverGoBack) {
@@ -113,6 +128,44 @@ TEST(LoadProgress, GeneratedModelAndItsQuantizedCheckpoint) {
   quant::quantize_model(dir, qdir.string(), qo);
   expect_load_completes(qdir.string(), false, {"binding"});
   expect_load_completes(qdir.string(), true, {"reading", "binding"});
+}
+
+// A published pre-quantized checkpoint binds every tensor it stores (a dense llama: no tensor
+// is left unread), so the binding step counts exactly the bytes of its files' tensors: FP8
+// bytes and their block scales, packed int4 words and their group scales and zeros, GPTQ's
+// qweight / qzeros / scales / g_idx (the default estimate, 2 bytes per element, counts FP8
+// twice over and int4 four times). Read into memory, the files are the load's first step.
+TEST(LoadProgress, PrequantizedCheckpointsCountTheirStoredBytes) {
+  const fs::path scratch = test::process_scratch_dir("infera_load_progress");
+  const std::string src =
+      test::generate_model(scratch / "llama",
+                           "--arch llama --hidden 128 --layers 2 --heads 4 --kv-heads 2 --head-dim 32 --ffn 320 "
+                           "--vocab 300 --seed 3");
+  struct Case {
+    const char* name;
+    std::string cmd;
+  };
+  const std::string tools = std::string(INFERA_SOURCE_DIR) + "/tools/";
+  const std::vector<Case> cases = {
+      {"fp8_block", tools + "prequant_write.py " + src + " {} --format fp8-block"},
+      {"ct_w4a16_asym", tools + "prequant_write.py " + src + " {} --format ct-w4a16 --asym --group-size 64"},
+      {"gptq_act",
+       tools + "prequant_write_gptq_awq_slim.py " + src + " {} --format gptq --group-size 32 --desc-act --asym"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    const std::string dir = (scratch / c.name).string();
+    std::string cmd = c.cmd;
+    cmd.replace(cmd.find("{}"), 2, dir);
+    ASSERT_EQ(std::system(("/usr/bin/python3 " + cmd + " > /dev/null").c_str()), 0) << cmd;
+    ASSERT_NE(detect_prequant(dir), nullptr);
+    const WeightStore store = WeightStore::open(dir);
+    int64_t file_bytes = 0;
+    for (const std::string& name : store.names()) file_bytes += static_cast<int64_t>(store.get(name).nbytes);
+    EXPECT_EQ(binding_total(expect_load_completes(dir, false, {"binding"})), file_bytes);
+    // Read into memory: the reading step first, then binding over the same bytes.
+    EXPECT_EQ(binding_total(expect_load_completes(dir, true, {"reading", "binding"})), file_bytes);
+  }
 }
 
 }  // namespace
