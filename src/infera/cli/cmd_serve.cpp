@@ -30,6 +30,7 @@
 #include "infera/model/tensor_parallel.h"
 #include "infera/parallel/communicator.h"
 #include "infera/parallel/launch.h"
+#include "infera/runtime/disk_shards.h"
 #include "infera/runtime/engine_config.h"
 #include "infera/server/deploy_config.h"
 #include "infera/server/http_server.h"
@@ -227,7 +228,11 @@ int serve_worker(const DeployConfig& config, Group& group) {
   options.max_batch_tokens = limits.max_batch_tokens;
   options.parallel = group.plan;
   std::unique_ptr<Model> local = load_model(weights_dir(m), options);
-  run_parallel_worker(*local, *group.comm, group.plan.merged_sync);
+  DiskShardWorker disk;  // this rank's shard of the prefix cache's disk tier (--cache-dir)
+  run_parallel_worker(*local, *group.comm, group.plan.merged_sync,
+                      [&](const std::vector<int32_t>& words, KvPool& kv, parallel::Communicator& comm) {
+                        disk.handle(words, kv, comm);
+                      });
   return 0;
 }
 
