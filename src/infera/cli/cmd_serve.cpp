@@ -24,6 +24,7 @@
 #include "infera/base/threads.h"
 #include "infera/cli/command.h"
 #include "infera/cli/serve_options.h"
+#include "infera/model/arch_registry.h"
 #include "infera/model/kv_pool.h"
 #include "infera/model/model.h"
 #include "infera/model/parallel_model.h"
@@ -74,11 +75,23 @@ std::optional<GroupModel> find_group_model(const DeployConfig& config) {
           "own `infera serve`",
           found->index, w);
     }
-    if (m.speculative.method != "none") {
+    // N-gram drafts need nothing of the other ranks on an attention-only model (a verify
+    // chunk is a forward with every row's logits; a rejected draft only rewinds rank 0's
+    // positions). MTP needs the head, which a group does not load, and a hybrid's rejected
+    // drafts need copies of a state the ranks split.
+    bool hybrid = false;
+    if (m.speculative.method == "ngram") {
+      try {
+        hybrid = arch_info(load_model_config(m.path).arch).traits.hybrid;
+      } catch (const std::exception&) {
+        // (an unreadable model is reported by the deployment's own checks)
+      }
+    }
+    if (m.speculative.method == "mtp" || (m.speculative.method == "ngram" && hybrid)) {
       fail(
-          "{}: speculative decoding does not combine with tp/ep yet; set speculative.method none (--speculative "
-          "none) or tp/ep 1",
-          w);
+          "{}: speculative decoding with {} does not combine with tp/ep yet; set speculative.method none "
+          "(--speculative none){} or tp/ep 1",
+          w, m.speculative.method, hybrid ? "" : ", use ngram,");
     }
     found = GroupModel{i, ranks};
   }

@@ -123,6 +123,32 @@ TEST_F(ServeTp, Tp2ServerAnswersWithTheGreedyTextOfOneProcessAndDrainsOnSigterm)
   EXPECT_NE(slurp(two.log).find("draining"), std::string::npos) << slurp(two.log);
 }
 
+TEST_F(ServeTp, Tp2NgramSpeculationGivesTheGreedyTextOfOneProcess) {
+  // N-gram drafts over a TP 2 group (an attention-only model): verify chunks are forwards
+  // with every row's logits gathered to rank 0, and a rejected draft only rewinds rank 0's
+  // positions. Same greedy text as one process without speculation; drafts were verified.
+  INFERA_REQUIRE_FIXTURE(kStories);
+  Server one = start({"-m", kStories, "--name", "m", "-t", "1"}, "spec_tp1");
+  ASSERT_GT(one.pid, 0);
+  const std::vector<std::string> expected = complete_all(one);
+  ::kill(one.pid, SIGTERM);
+  EXPECT_EQ(wait_exit(one, 15), 0) << slurp(one.log);
+  Server two = start({"-m", kStories, "--name", "m", "-t", "1", "--tp", "2", "--speculative", "ngram"}, "spec_tp2");
+  ASSERT_GT(two.pid, 0);
+  EXPECT_EQ(complete_all(two), expected) << slurp(two.log);
+  const fs::path metrics = dir_ / "spec_metrics.txt";
+  ASSERT_EQ(std::system(
+                ("curl -sf http://127.0.0.1:" + std::to_string(two.port) + "/metrics -o " + metrics.string()).c_str()),
+            0);
+  const std::string text = slurp(metrics);
+  const std::string key = "infera_spec_drafted_total{model=\"m\"} ";
+  const size_t at = text.find(key);
+  ASSERT_NE(at, std::string::npos) << text;
+  EXPECT_GT(std::stoll(text.substr(at + key.size())), 0) << text;
+  ::kill(two.pid, SIGTERM);
+  EXPECT_EQ(wait_exit(two, 15), 0) << slurp(two.log);
+}
+
 TEST_F(ServeTp, HybridTp2ServerMatchesOneProcess) {
   // Gated DeltaNet layers keep per-sequence recurrent state in slots the engine hands out;
   // the workers follow rank 0's slot count from each step. Three sequences at once.
