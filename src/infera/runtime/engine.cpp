@@ -189,15 +189,21 @@ void EngineCore::read_from_disk(Sequence& seq) {
   const int32_t bs = config_.block_size;
   const bool hybrid = blocks_.checkpoints_enabled();
   const int32_t max_blocks = scheduler_.max_lookup_blocks(seq);
+  // A block memory holds is read again only for a state checkpoint: its file must be larger
+  // than a block without one (a conversation's earlier blocks mostly have none, and reading
+  // them every turn would move the whole prefix's K/V for nothing).
+  const int64_t stateless = DiskCache::file_bytes_for(bs, kv_pool().bytes_per_block(), 0);
   std::vector<uint64_t> wanted;
   uint64_t h = seq.root_hash;
   for (int32_t i = 0; i < max_blocks; ++i) {
     h = KvBlockManager::chain_hash(h, std::span<const int32_t>(seq.tokens).subspan(static_cast<size_t>(i) * bs, bs));
     const bool in_memory = blocks_.find(h) >= 0;
     if (in_memory && (!hybrid || blocks_.has_checkpoint(h))) continue;
-    if (disk_->contains(h)) {
+    if (in_memory) {
+      if (disk_->file_bytes(h) > stateless) wanted.push_back(h);
+    } else if (disk_->contains(h)) {
       wanted.push_back(h);
-    } else if (!in_memory) {
+    } else {
       break;
     }
   }
