@@ -118,7 +118,7 @@ EOF
 }
 
 echo "# model: generated qwen3_5_moe (hidden 512, 8 layers, bf16); first message $FIRST tokens, $TURNS turns of $TURN"
-echo "# threads $THREADS, load $(cut -d' ' -f1-3 /proc/loadavg), ISA $("$INFERA" --version 2>/dev/null | tr '\n' ' ')"
+echo "# threads $THREADS, load $(cut -d' ' -f1-3 /proc/loadavg), $("$INFERA" --version 2>/dev/null | head -1), $("$INFERA" sysinfo 2>/dev/null | grep -m1 "kernel path" | tr -s ' ')"
 if [ "${PART:-turns}" = interval ]; then
   printf "interval\tcold_ttft_ms\tdiverged_ttft_ms\trecomputed\tcheckpoints\tcheckpoint_bytes\n"
   for I in ${INTERVALS:-0 512 1024 2048 4096}; do
