@@ -11,6 +11,12 @@
 # down (e.g. 3000 300 10). Prompts are token ids sent to /v1/completions, so no tokenizer
 # is involved; each request generates one token (its latency is the TTFT).
 #
+# OFF_TURNS lists the turns the cache-off server answers (default: all). A cold prefill of
+# 12K tokens and more takes minutes on a small machine, and the off server recomputes the
+# whole conversation every turn; OFF_TURNS=none skips it and the summary compares each turn
+# with the first message's cold prefill (the memory run's turn 0), which is shorter than
+# the turn's own context and so gives ratios that are upper bounds.
+#
 # PART=interval measures --prefix-checkpoint-interval instead (the default was chosen with
 # it): for each interval in INTERVALS (default "0 512 1024 2048 4096") a fresh server gets a
 # document of FIRST_TOKENS tokens (its TTFT: the cold prefill, checkpoints included), then
@@ -57,15 +63,18 @@ stop() {
   wait "$SERVER" || true
 }
 
-converse() {  # converse LABEL: runs the conversation, prints one line per turn
-  python3 - "$PORT" "$FIRST" "$TURN" "$TURNS" "$1" << 'EOF'
+converse() {  # converse LABEL [TURNS_TO_SEND]: runs the conversation, prints one line per turn sent
+  python3 - "$PORT" "$FIRST" "$TURN" "$TURNS" "$1" "${2:-all}" << 'EOF'
 import json, random, sys, time, urllib.request
 port, first, turn, turns, label = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+send = None if sys.argv[6] == "all" else {int(x) for x in sys.argv[6].split(",") if x}
 rng = random.Random(1)
 ids = [rng.randrange(10, 4000) for _ in range(first)]
 for t in range(turns + 1):
     if t > 0:
         ids += [rng.randrange(10, 4000) for _ in range(turn)]
+    if send is not None and t not in send:
+        continue
     body = json.dumps({"prompt": ids, "max_tokens": 1, "temperature": 0}).encode()
     req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", body,
                                  {"Content-Type": "application/json"})
@@ -109,7 +118,7 @@ EOF
 }
 
 echo "# model: generated qwen3_5_moe (hidden 512, 8 layers, bf16); first message $FIRST tokens, $TURNS turns of $TURN"
-echo "# threads $THREADS, load $(cut -d' ' -f1-3 /proc/loadavg), ISA $("$INFERA" --version 2>/dev/null | tr '\n' ' ')"
+echo "# threads $THREADS, load $(cut -d' ' -f1-3 /proc/loadavg), $("$INFERA" --version 2>/dev/null | head -1), $("$INFERA" sysinfo 2>/dev/null | grep -m1 "kernel path" | tr -s ' ')"
 if [ "${PART:-turns}" = interval ]; then
   printf "interval\tcold_ttft_ms\tdiverged_ttft_ms\trecomputed\tcheckpoints\tcheckpoint_bytes\n"
   for I in ${INTERVALS:-0 512 1024 2048 4096}; do
@@ -122,17 +131,20 @@ if [ "${PART:-turns}" = interval ]; then
   exit 0
 fi
 printf "mode\tturn\tprompt\tcached\tttft_ms\n"
-serve "$WORK/off.log" --no-prefix-cache
-converse off
-stop
+OFF_TURNS=${OFF_TURNS:-all}
+if [ "$OFF_TURNS" != none ]; then
+  serve "$WORK/off.log" --no-prefix-cache
+  converse off "$OFF_TURNS" | tee -a "$WORK/table"
+  stop
+fi
 serve "$WORK/mem.log" --cache-dir "$WORK/cache" --cache-disk-size 4GiB
-converse memory
+converse memory | tee -a "$WORK/table"
 echo "# checkpoint bytes now: $(metric infera_prefix_cache_checkpoint_bytes), checkpoints: $(metric infera_prefix_cache_checkpoints)"
 grep -m1 "recurrent-state checkpoints" "$WORK/mem.log" | sed 's/^/# /' || true
 stop
 echo "# disk tier after shutdown: $(du -sb "$WORK/cache" | cut -f1) bytes in $(ls "$WORK/cache" | wc -l) files"
 serve "$WORK/disk.log" --cache-dir "$WORK/cache" --cache-disk-size 4GiB
-converse disk
+converse disk | tee -a "$WORK/table"
 echo "# disk reads: $(metric infera_prefix_cache_disk_reads_total) entries, $(metric infera_prefix_cache_disk_read_bytes_total) bytes"
 stop
 # The disk's sequential read bandwidth for comparison (a fresh 256 MiB file, page cache dropped when allowed).
@@ -140,3 +152,21 @@ dd if=/dev/urandom of="$WORK/bw" bs=1M count=256 status=none
 sync
 echo 3 > /proc/sys/vm/drop_caches 2> /dev/null || true
 echo "# disk read bandwidth: $(dd if="$WORK/bw" of=/dev/null bs=1M 2>&1 | tail -1)"
+# TTFT of each turn as a share of the cold prefill of its context: the off server's for the
+# turns it answered, else the first message's cold prefill (memory run, turn 0: a bound).
+python3 - "$WORK/table" << 'EOF'
+import sys
+rows = [l.split("\t") for l in open(sys.argv[1]) if l.strip()]
+ttft = {(r[0], int(r[1])): float(r[4]) for r in rows}
+cold0 = ttft.get(("off", 0), ttft.get(("memory", 0)))
+print("# turn\tcold_ms\tmemory_share\tdisk_share")
+for t in sorted({k[1] for k in ttft}):
+    cold = ttft.get(("off", t), cold0)
+    if t == 0:  # the first message: only the restarted server has it cached (on disk)
+        print(f"# 0\t{cold:.0f}\t-\t{100 * ttft[('disk', 0)] / cold:.1f}%" if ("disk", 0) in ttft else "", end="")
+        print()
+        continue
+    mem, disk = ttft.get(("memory", t)), ttft.get(("disk", t))
+    share = lambda v: f"{100 * v / cold:.1f}%" if v is not None else "-"
+    print(f"# {t}\t{cold:.0f}{'' if ('off', t) in ttft else ' (turn 0)'}\t{share(mem)}\t{share(disk)}")
+EOF

@@ -24,12 +24,14 @@
 #include "infera/base/threads.h"
 #include "infera/cli/command.h"
 #include "infera/cli/serve_options.h"
+#include "infera/model/arch_registry.h"
 #include "infera/model/kv_pool.h"
 #include "infera/model/model.h"
 #include "infera/model/parallel_model.h"
 #include "infera/model/tensor_parallel.h"
 #include "infera/parallel/communicator.h"
 #include "infera/parallel/launch.h"
+#include "infera/runtime/disk_shards.h"
 #include "infera/runtime/engine_config.h"
 #include "infera/server/deploy_config.h"
 #include "infera/server/http_server.h"
@@ -73,11 +75,23 @@ std::optional<GroupModel> find_group_model(const DeployConfig& config) {
           "own `infera serve`",
           found->index, w);
     }
-    if (m.speculative.method != "none") {
+    // N-gram drafts need nothing of the other ranks on an attention-only model (a verify
+    // chunk is a forward with every row's logits; a rejected draft only rewinds rank 0's
+    // positions). MTP needs the head, which a group does not load, and a hybrid's rejected
+    // drafts need copies of a state the ranks split.
+    bool hybrid = false;
+    if (m.speculative.method == "ngram") {
+      try {
+        hybrid = arch_info(load_model_config(m.path).arch).traits.hybrid;
+      } catch (const std::exception&) {
+        // (an unreadable model is reported by the deployment's own checks)
+      }
+    }
+    if (m.speculative.method == "mtp" || (m.speculative.method == "ngram" && hybrid)) {
       fail(
-          "{}: speculative decoding does not combine with tp/ep yet; set speculative.method none (--speculative "
-          "none) or tp/ep 1",
-          w);
+          "{}: speculative decoding with {} does not combine with tp/ep yet; set speculative.method none "
+          "(--speculative none){} or tp/ep 1",
+          w, m.speculative.method, hybrid ? "" : ", use ngram,");
     }
     found = GroupModel{i, ranks};
   }
@@ -227,7 +241,11 @@ int serve_worker(const DeployConfig& config, Group& group) {
   options.max_batch_tokens = limits.max_batch_tokens;
   options.parallel = group.plan;
   std::unique_ptr<Model> local = load_model(weights_dir(m), options);
-  run_parallel_worker(*local, *group.comm, group.plan.merged_sync);
+  DiskShardWorker disk;  // this rank's shard of the prefix cache's disk tier (--cache-dir)
+  run_parallel_worker(*local, *group.comm, group.plan.merged_sync,
+                      [&](const std::vector<int32_t>& words, KvPool& kv, parallel::Communicator& comm) {
+                        disk.handle(words, kv, comm);
+                      });
   return 0;
 }
 

@@ -14,6 +14,10 @@
 #include "infera/model/kv_pool.h"
 #include "infera/parallel/plan.h"
 
+namespace infera::parallel {
+class Communicator;
+}
+
 namespace infera {
 
 class LoadProgress;
@@ -120,6 +124,18 @@ class StateTransfer {
   virtual void scatter(int32_t state_id, const float* whole, float* local) = 0;
 };
 
+// Runtime work on every rank of a group between forwards (the prefix cache's disk tier,
+// where each rank keeps its own shard of a KV block). Rank 0 posts a message of int32 words;
+// every other rank's handler (run_parallel_worker's `on_message`) gets it with its own KV
+// pool, sized like rank 0's `kv` as for a forward. After a post, rank 0 and the handlers may
+// meet in collectives of comm(), in the same order on every rank: only rank 0 decides.
+class GroupChannel {
+ public:
+  virtual ~GroupChannel() = default;
+  virtual parallel::Communicator& comm() = 0;
+  virtual void post(const std::vector<int32_t>& words, const KvPool& kv) = 0;
+};
+
 class Model {
  public:
   virtual ~Model() = default;
@@ -144,6 +160,9 @@ class Model {
   // Copies a state that is not local (StateShape::local false) whole; null when it cannot
   // (and for a local state, which the runtime copies itself).
   virtual StateTransfer* state_transfer() { return nullptr; }
+  // Over --tp/--ep ranks (on rank 0): the channel to the other ranks' runtime; null in one
+  // process.
+  virtual GroupChannel* group_channel() { return nullptr; }
 
   // ---- Mixture of experts ----
   // Tokens routed to each expert so far, [num_layers * num_experts] layer-major (dense

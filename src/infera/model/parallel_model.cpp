@@ -26,6 +26,9 @@ constexpr int32_t kOpStop = 2;
 // 0 broadcasts the whole state and each rank keeps its part.
 constexpr int32_t kOpStateGather = 3;
 constexpr int32_t kOpStateScatter = 4;
+// Between forwards, a message for the runtime's handler on every rank (GroupChannel):
+// [3] its words (sent as the step's tokens), [6..8] the KV pool's geometry as for a forward.
+constexpr int32_t kOpRuntime = 5;
 constexpr int64_t kHeaderWords = 10;
 constexpr int64_t kChunkWords = 6;
 constexpr int64_t kInlineWords = 256;  // 1 KiB: one sequence decoding at 3800 tokens of context still fits
@@ -188,6 +191,20 @@ void ParallelModel::scatter(int32_t state_id, const float* whole, float* local) 
   std::memcpy(local, whole, static_cast<size_t>(floats) * sizeof(float));
 }
 
+void ParallelModel::post(const std::vector<int32_t>& words, const KvPool& kv) {
+  INFERA_ASSERT(!stopped_, "post after stop_workers");
+  const KvPoolShape& shape = kv.shape();
+  message_.assign(static_cast<size_t>(kHeaderWords), 0);
+  message_[1] = kOpRuntime;
+  message_[3] = static_cast<int32_t>(words.size());
+  message_[6] = static_cast<int32_t>(shape.num_blocks);
+  message_[7] = static_cast<int32_t>(shape.block_size);
+  message_[8] = static_cast<int32_t>(shape.dtype);
+  message_.insert(message_.end(), words.begin(), words.end());
+  message_[0] = static_cast<int32_t>(message_.size());
+  send(comm_, message_, merged_sync_);
+}
+
 void ParallelModel::stop_workers() {
   if (stopped_) return;
   stopped_ = true;
@@ -200,7 +217,8 @@ void stop_parallel_workers(parallel::Communicator& comm, bool merged_sync) {
   send(comm, message, merged_sync);
 }
 
-void run_parallel_worker(Model& local, parallel::Communicator& comm, bool merged_sync) {
+void run_parallel_worker(Model& local, parallel::Communicator& comm, bool merged_sync,
+                         const GroupMessageHandler& on_message) {
   INFERA_ASSERT(comm.rank() != 0, "rank 0 drives; the other ranks run the worker loop");
   std::vector<int32_t> message, blocks;
   std::vector<float> logits;  // filled only when logits are all-gathered (textbook sync)
@@ -235,9 +253,8 @@ void run_parallel_worker(Model& local, parallel::Communicator& comm, bool merged
       }
       continue;
     }
-    if (message[1] != kOpForward)
+    if (message[1] != kOpForward && message[1] != kOpRuntime)
       fail("rank {}: unknown step op {} from rank 0 (mismatched infera versions?)", comm.rank(), message[1]);
-    decode(message, batch, blocks);
     // Rank 0's pool geometry: created on the first step, again only if it ever changes
     // (the pool reserves address space; pages are committed as blocks are written).
     const auto dtype = static_cast<DType>(message[8]);
@@ -248,6 +265,13 @@ void run_parallel_worker(Model& local, parallel::Communicator& comm, bool merged
       kv.reset();
       kv = std::make_unique<KvPool>(shape);
     }
+    if (message[1] == kOpRuntime) {
+      if (!on_message) fail("rank {}: a runtime message from rank 0 that this rank has no handler for", comm.rank());
+      const std::vector<int32_t> words(message.begin() + kHeaderWords, message.begin() + kHeaderWords + message[3]);
+      on_message(words, *kv, comm);
+      continue;
+    }
+    decode(message, batch, blocks);
     if (state_floats > 0) {
       if (message[9] > static_cast<int32_t>(states.size())) states.resize(static_cast<size_t>(message[9]));
       for (SeqChunk& s : batch.seqs) {

@@ -13,14 +13,16 @@
 // (StateTransfer: hybrid prefix caching's state checkpoints, kept whole on rank 0).
 #pragma once
 
+#include <functional>
 #include <memory>
+#include <vector>
 
 #include "infera/model/model.h"
 #include "infera/parallel/communicator.h"
 
 namespace infera {
 
-class ParallelModel final : public Model, public StateTransfer {
+class ParallelModel final : public Model, public StateTransfer, public GroupChannel {
  public:
   // merged_sync: one broadcast per step (else header, tokens and layout separately; see
   // parallel::ParallelPlan::merged_sync).
@@ -45,6 +47,10 @@ class ParallelModel final : public Model, public StateTransfer {
   int64_t whole_floats() const override { return local_->state_shape().floats() * comm_.size(); }
   void gather(int32_t state_id, const float* local, float* whole) override;
   void scatter(int32_t state_id, const float* whole, float* local) override;
+  // The runtime's messages to the other ranks' handlers (run_parallel_worker's on_message).
+  GroupChannel* group_channel() override { return this; }
+  parallel::Communicator& comm() override { return comm_; }
+  void post(const std::vector<int32_t>& words, const KvPool& kv) override;
   // mtp_head() stays null: drafting with the MTP head is not mirrored either.
   ParallelStats parallel_stats() const override;
 
@@ -63,7 +69,12 @@ class ParallelModel final : public Model, public StateTransfer {
 // Ranks other than 0: mirror rank 0's forwards on the local shard until rank 0 stops the
 // loop. Waiting for the next step is exempt from the communicator's watchdog (a server
 // may idle for hours).
-void run_parallel_worker(Model& local, parallel::Communicator& comm, bool merged_sync);
+// `on_message` gets rank 0's GroupChannel::post messages (a post without one stops the
+// rank with an error).
+using GroupMessageHandler =
+    std::function<void(const std::vector<int32_t>& words, KvPool& kv, parallel::Communicator& comm)>;
+void run_parallel_worker(Model& local, parallel::Communicator& comm, bool merged_sync,
+                         const GroupMessageHandler& on_message = nullptr);
 
 // Ends the workers' loop without a ParallelModel (rank 0 could not build one, e.g. its
 // own load failed while the workers loaded fine). Same message as stop_workers().

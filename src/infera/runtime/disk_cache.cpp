@@ -240,6 +240,17 @@ bool DiskCache::contains(uint64_t hash) const {
   return queued_.contains(hash) || files_.contains(name_of(hash));
 }
 
+int64_t DiskCache::file_bytes(uint64_t hash) const {
+  std::lock_guard lock(mutex_);
+  const auto it = files_.find(name_of(hash));
+  return it == files_.end() ? -1 : it->second.bytes;
+}
+
+int64_t DiskCache::file_bytes_for(int64_t n_tokens, int64_t kv_bytes, int64_t state_floats) {
+  return static_cast<int64_t>(sizeof(Header)) + n_tokens * static_cast<int64_t>(sizeof(int32_t)) + kv_bytes +
+         state_floats * static_cast<int64_t>(sizeof(float));
+}
+
 bool DiskCache::put(DiskCacheEntry entry, bool wait) {
   {
     std::unique_lock lock(mutex_);

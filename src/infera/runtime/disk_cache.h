@@ -76,6 +76,12 @@ class DiskCache {
   bool put(DiskCacheEntry entry, bool wait = false);
   // Whether an entry for `hash` is on disk or queued (cheap: the index in memory).
   bool contains(uint64_t hash) const;
+  // Bytes of the file of `hash` (-1: none; a queued entry has none yet), and those of an
+  // entry of these sizes: a block's file is larger than file_bytes_for(its tokens, its K/V
+  // bytes, 0) only when it carries a state, so a hybrid whose memory holds the block reads
+  // the entry only for its state.
+  int64_t file_bytes(uint64_t hash) const;
+  static int64_t file_bytes_for(int64_t n_tokens, int64_t kv_bytes, int64_t state_floats);
   // Reads and checks the entry for `hash`: nullopt when there is none or the file is
   // corrupt, truncated or another model's.
   std::optional<DiskCacheEntry> get(uint64_t hash);

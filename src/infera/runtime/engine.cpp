@@ -116,21 +116,32 @@ EngineCore::EngineCore(Model& model, const EngineConfig& config)
              speculative_method_name(config.speculative.method), num_draft_);
   }
   if (!config.cache_dir.empty() && blocks_.prefix_cache_enabled()) {
-    if (model_.parallel_stats().ranks > 1) {
-      LOG_WARN("engine: the prefix cache's disk tier is off for a model over --tp/--ep ranks");
+    // The entries' names: the weights, and everything that shapes a block's bytes.
+    const KvPoolShape& kv = kv_pool().shape();
+    const int64_t parts[] = {kv.num_layers,
+                             kv.n_kv_heads,
+                             kv.head_dim,
+                             kv.block_size,
+                             static_cast<int64_t>(kv.dtype),
+                             state.floats(),
+                             vocab_size_,
+                             1 /* entry layout */};
+    const uint64_t fingerprint = XXH3_64bits_withSeed(parts, sizeof(parts), config.cache_model_id);
+    const int ranks = model_.parallel_stats().ranks;
+    GroupChannel* channel = model_.group_channel();
+    if (ranks > 1 && channel == nullptr) {
+      LOG_WARN("engine: the prefix cache's disk tier is off for this model over --tp/--ep ranks");
+    } else if (ranks > 1) {
+      // Each rank keeps its shard of the blocks in its own folder, with 1/ranks of the size
+      // (runtime/disk_shards.h); rank 0's entries carry the whole state checkpoints too.
+      const int64_t share = config.cache_disk_bytes / ranks;
+      disk_ = std::make_unique<DiskCache>(shard_dir(config.cache_dir, 0, ranks), share,
+                                          shard_fingerprint(fingerprint, 0, ranks));
+      shards_ = std::make_unique<DiskShards>(*channel, kv_pool(), config.cache_dir, share, fingerprint);
     } else {
-      // The entries' names: the weights, and everything that shapes a block's bytes.
-      const KvPoolShape& kv = kv_pool().shape();
-      const int64_t parts[] = {kv.num_layers,
-                               kv.n_kv_heads,
-                               kv.head_dim,
-                               kv.block_size,
-                               static_cast<int64_t>(kv.dtype),
-                               state.floats(),
-                               vocab_size_,
-                               1 /* entry layout */};
-      const uint64_t fingerprint = XXH3_64bits_withSeed(parts, sizeof(parts), config.cache_model_id);
       disk_ = std::make_unique<DiskCache>(config.cache_dir, config.cache_disk_bytes, fingerprint);
+    }
+    if (disk_) {
       blocks_.set_spill([this](int32_t b, uint64_t h, std::span<const int32_t> t, const std::vector<float>* st) {
         spill(b, h, t, st, false);
       });
@@ -158,39 +169,15 @@ EngineCore::~EngineCore() {
   disk_->flush();
 }
 
-void EngineCore::copy_block(int32_t block, uint8_t* out, bool into_pool, const uint8_t* in) {
-  KvPool& pool = *memory_->kv();
-  const KvPoolShape& s = pool.shape();
-  const size_t data = static_cast<size_t>(s.n_kv_heads * s.block_size * s.head_dim) * dtype_size(s.dtype);
-  const size_t scales = s.dtype == DType::kI8 ? static_cast<size_t>(s.n_kv_heads * s.block_size) * sizeof(float) : 0;
-  auto move = [&](void* pool_base, size_t n) {
-    uint8_t* p = static_cast<uint8_t*>(pool_base) + static_cast<size_t>(block) * n;
-    if (into_pool) {
-      std::memcpy(p, in, n);
-      in += n;
-    } else {
-      std::memcpy(out, p, n);
-      out += n;
-    }
-  };
-  for (int64_t l = 0; l < s.num_layers; ++l) {
-    move(pool.k_data(l), data);
-    move(pool.v_data(l), data);
-    if (scales > 0) {
-      move(pool.k_scales(l), scales);
-      move(pool.v_scales(l), scales);
-    }
-  }
-}
-
 void EngineCore::spill(int32_t block, uint64_t hash, std::span<const int32_t> tokens, const std::vector<float>* state,
                        bool wait) {
+  if (shards_) shards_->spill(block, hash, tokens, wait);  // (another rank may lack its shard)
   if (disk_->contains(hash)) return;
   DiskCacheEntry e;
   e.hash = hash;
   e.tokens.assign(tokens.begin(), tokens.end());
   e.kv.resize(static_cast<size_t>(kv_pool().bytes_per_block()));
-  copy_block(block, e.kv.data(), false, nullptr);
+  copy_kv_block_out(kv_pool(), block, e.kv.data());
   if (state) e.state = *state;
   disk_->put(std::move(e), wait);
 }
@@ -202,20 +189,27 @@ void EngineCore::read_from_disk(Sequence& seq) {
   const int32_t bs = config_.block_size;
   const bool hybrid = blocks_.checkpoints_enabled();
   const int32_t max_blocks = scheduler_.max_lookup_blocks(seq);
+  // A block memory holds is read again only for a state checkpoint: its file must be larger
+  // than a block without one (a conversation's earlier blocks mostly have none, and reading
+  // them every turn would move the whole prefix's K/V for nothing).
+  const int64_t stateless = DiskCache::file_bytes_for(bs, kv_pool().bytes_per_block(), 0);
   std::vector<uint64_t> wanted;
   uint64_t h = seq.root_hash;
   for (int32_t i = 0; i < max_blocks; ++i) {
     h = KvBlockManager::chain_hash(h, std::span<const int32_t>(seq.tokens).subspan(static_cast<size_t>(i) * bs, bs));
     const bool in_memory = blocks_.find(h) >= 0;
     if (in_memory && (!hybrid || blocks_.has_checkpoint(h))) continue;
-    if (disk_->contains(h)) {
+    if (in_memory) {
+      if (disk_->file_bytes(h) > stateless) wanted.push_back(h);
+    } else if (disk_->contains(h)) {
       wanted.push_back(h);
-    } else if (!in_memory) {
+    } else {
       break;
     }
   }
   if (wanted.empty()) return;
-  seq.disk_ticket = disk_->read_async(std::move(wanted));
+  seq.disk_ticket = disk_->read_async(wanted);
+  if (shards_) shards_->read(seq.disk_ticket, wanted);
   ++num_reading_;
 }
 
@@ -225,13 +219,27 @@ void EngineCore::install_reads() {
     if (seq.disk_ticket == 0) continue;
     std::optional<std::vector<DiskCacheEntry>> entries = disk_->take_read(seq.disk_ticket);
     if (!entries) continue;
+    const uint64_t ticket = seq.disk_ticket;
     seq.disk_ticket = 0;
     --num_reading_;
-    install_from_disk(seq, *entries);
+    if (!shards_) {
+      install_from_disk(seq, *entries);
+      continue;
+    }
+    // An entry another rank lacks (or found corrupt) is a miss on every rank.
+    std::vector<uint64_t> hashes;
+    for (const DiskCacheEntry& e : *entries) hashes.push_back(e.hash);
+    const std::vector<bool> whole = shards_->take(ticket, hashes);
+    std::vector<DiskCacheEntry> kept;
+    for (size_t i = 0; i < entries->size(); ++i) {
+      if (whole[i]) kept.push_back(std::move((*entries)[i]));
+    }
+    shards_->install(install_from_disk(seq, kept));
   }
 }
 
-void EngineCore::install_from_disk(const Sequence& seq, std::vector<DiskCacheEntry>& entries) {
+std::vector<std::pair<uint64_t, int32_t>> EngineCore::install_from_disk(const Sequence& seq,
+                                                                        std::vector<DiskCacheEntry>& entries) {
   // Walk the prefix's chain again (memory may have changed while the disk was read): blocks
   // memory lacks (or, for a hybrid, checkpoints it lacks) come from the entries read, up to
   // the first block neither has. The loaded blocks are held until the walk ends so that
@@ -242,6 +250,7 @@ void EngineCore::install_from_disk(const Sequence& seq, std::vector<DiskCacheEnt
   std::unordered_map<uint64_t, DiskCacheEntry*> by_hash;
   for (DiskCacheEntry& e : entries) by_hash[e.hash] = &e;
   std::vector<int32_t> held;
+  std::vector<std::pair<uint64_t, int32_t>> loaded;
   uint64_t h = seq.root_hash;
   for (int32_t i = 0; i < max_blocks; ++i) {
     const uint64_t parent = h;
@@ -259,15 +268,17 @@ void EngineCore::install_from_disk(const Sequence& seq, std::vector<DiskCacheEnt
     if (!in_memory) {
       const int32_t b = blocks_.allocate();
       if (b < 0) break;
-      copy_block(b, nullptr, true, e->kv.data());
+      copy_kv_block_in(*memory_->kv(), b, e->kv.data());
       blocks_.register_block(b, parent, tokens);
       held.push_back(b);
+      loaded.emplace_back(h, b);
     }
     if (hybrid && e->state.size() == static_cast<size_t>(memory_->checkpoint_state_bytes() / sizeof(float))) {
       blocks_.add_checkpoint(h, e->state);
     }
   }
   for (auto it = held.rbegin(); it != held.rend(); ++it) blocks_.release(*it);
+  return loaded;
 }
 
 int64_t EngineCore::kv_capacity_tokens() const { return kv_pool().shape().num_blocks * kv_pool().shape().block_size; }
@@ -361,6 +372,7 @@ void EngineCore::finish(Sequence& seq, FinishReason reason, int32_t stop_token, 
   memory_->release(seq.id);
   if (seq.disk_ticket != 0) {  // cancelled while its prefix was read
     disk_->drop_read(seq.disk_ticket);
+    if (shards_) shards_->drop(seq.disk_ticket);
     seq.disk_ticket = 0;
     --num_reading_;
   }

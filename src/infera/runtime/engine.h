@@ -24,6 +24,7 @@
 
 #include "infera/model/model.h"
 #include "infera/runtime/disk_cache.h"
+#include "infera/runtime/disk_shards.h"
 #include "infera/runtime/drafter.h"
 #include "infera/runtime/engine_config.h"
 #include "infera/runtime/prefix_cache.h"
@@ -151,8 +152,9 @@ class EngineCore {
   // the entries read are installed at the start of a step (install_reads).
   void read_from_disk(Sequence& seq);
   void install_reads();
-  void install_from_disk(const Sequence& seq, std::vector<DiskCacheEntry>& entries);
-  void copy_block(int32_t block, uint8_t* out, bool into_pool, const uint8_t* in);
+  // The blocks loaded (hash, block id).
+  std::vector<std::pair<uint64_t, int32_t>> install_from_disk(const Sequence& seq,
+                                                              std::vector<DiskCacheEntry>& entries);
   // Request::prompt_logprobs: whether chunk c has rows that score prompt tokens; scoring
   // them (token_logprobs rewrites those rows); handing them to the request's first event.
   static bool scores_prompt(const Sequence& seq, const ScheduledChunk& c);
@@ -180,6 +182,7 @@ class EngineCore {
   std::vector<float> raw_row_;  // [vocab] a logits row before sampling (Request::logprobs)
   MemoryCheckpoint checkpoint_scratch_;
   std::unique_ptr<DiskCache> disk_;  // null: no disk tier
+  std::unique_ptr<DiskShards> shards_;  // over --tp/--ep ranks: the other ranks' shards
   int32_t num_reading_ = 0;  // waiting sequences with a disk read under way
 };
 

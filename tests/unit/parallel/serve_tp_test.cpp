@@ -1,7 +1,8 @@
 // `infera serve` over a group of ranks, end to end on loopback: a TP 2 server (from a
 // deploy file's `tp: 2`) answers /v1/completions with the greedy text of a one-process
 // server, for requests that run batched together; SIGTERM drains the group and every
-// process exits 0; a killed worker rank ends the server with a message naming it.
+// process exits 0; a killed worker rank ends the server with a message naming it. The
+// prefix cache's disk tier keeps each rank's shard and survives a restart of the group.
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -122,6 +123,32 @@ TEST_F(ServeTp, Tp2ServerAnswersWithTheGreedyTextOfOneProcessAndDrainsOnSigterm)
   EXPECT_NE(slurp(two.log).find("draining"), std::string::npos) << slurp(two.log);
 }
 
+TEST_F(ServeTp, Tp2NgramSpeculationGivesTheGreedyTextOfOneProcess) {
+  // N-gram drafts over a TP 2 group (an attention-only model): verify chunks are forwards
+  // with every row's logits gathered to rank 0, and a rejected draft only rewinds rank 0's
+  // positions. Same greedy text as one process without speculation; drafts were verified.
+  INFERA_REQUIRE_FIXTURE(kStories);
+  Server one = start({"-m", kStories, "--name", "m", "-t", "1"}, "spec_tp1");
+  ASSERT_GT(one.pid, 0);
+  const std::vector<std::string> expected = complete_all(one);
+  ::kill(one.pid, SIGTERM);
+  EXPECT_EQ(wait_exit(one, 15), 0) << slurp(one.log);
+  Server two = start({"-m", kStories, "--name", "m", "-t", "1", "--tp", "2", "--speculative", "ngram"}, "spec_tp2");
+  ASSERT_GT(two.pid, 0);
+  EXPECT_EQ(complete_all(two), expected) << slurp(two.log);
+  const fs::path metrics = dir_ / "spec_metrics.txt";
+  ASSERT_EQ(std::system(
+                ("curl -sf http://127.0.0.1:" + std::to_string(two.port) + "/metrics -o " + metrics.string()).c_str()),
+            0);
+  const std::string text = slurp(metrics);
+  const std::string key = "infera_spec_drafted_total{model=\"m\"} ";
+  const size_t at = text.find(key);
+  ASSERT_NE(at, std::string::npos) << text;
+  EXPECT_GT(std::stoll(text.substr(at + key.size())), 0) << text;
+  ::kill(two.pid, SIGTERM);
+  EXPECT_EQ(wait_exit(two, 15), 0) << slurp(two.log);
+}
+
 TEST_F(ServeTp, HybridTp2ServerMatchesOneProcess) {
   // Gated DeltaNet layers keep per-sequence recurrent state in slots the engine hands out;
   // the workers follow rank 0's slot count from each step. Three sequences at once.
@@ -215,6 +242,88 @@ TEST_F(ServeTp, HybridTp2PrefixCacheKeepsTheUncachedTokens) {
   EXPECT_NE(slurp(on.log).find("recurrent-state checkpoints"), std::string::npos) << slurp(on.log);
   ::kill(on.pid, SIGTERM);
   EXPECT_EQ(wait_exit(on, 15), 0) << slurp(on.log);
+}
+
+TEST_F(ServeTp, HybridTp2DiskTierSurvivesARestartAndAMissingShardIsAMissOnEveryRank) {
+  // The disk tier over a TP 2 group: each rank writes its shard of the KV blocks to its own
+  // folder (rank 0's entries carry the whole state checkpoints). After a restart the second
+  // turn resumes from disk with the text and log-probabilities of an uncached group. With
+  // rank 1's shards gone, rank 0 still has its entries, but the ranks decide together: a
+  // miss on every rank, the same answer.
+  const fs::path m = dir_ / "qwen35_moe_disk";
+  const std::string gen =
+      "/usr/bin/python3 " + kSource + "/tools/gen_model.py " + m.string() +
+      " --arch qwen3_5_moe --heads 4 --kv-heads 2 --layers 4 --lin-k-heads 2 --lin-v-heads 4 > /dev/null 2>&1";
+  ASSERT_EQ(std::system(gen.c_str()), 0) << gen;
+  const std::string first = "Once upon a time there was a little dog who liked to run in the park with his friends. ";
+  const std::string next = "One day the dog found a red ball under a big tree and took it home. ";
+  const std::string cache = (dir_ / "disk_cache").string();
+  const std::vector<std::string> base = {"-m", m.string(), "--name", "m", "-t", "1", "--tp", "2"};
+  auto with = [&](std::vector<std::string> extra) {
+    std::vector<std::string> args = base;
+    args.insert(args.end(), extra.begin(), extra.end());
+    return args;
+  };
+  auto logprobs = [](const nlohmann::json& r) {
+    std::vector<double> out;
+    for (const auto& lp : r["choices"][0]["logprobs"]["token_logprobs"]) out.push_back(lp.get<double>());
+    return out;
+  };
+  auto cached = [](const nlohmann::json& r) {
+    return r["usage"]["prompt_tokens_details"]["cached_tokens"].get<int64_t>();
+  };
+  auto stop = [](Server& s) {
+    ::kill(s.pid, SIGTERM);
+    EXPECT_EQ(wait_exit(s, 15), 0) << slurp(s.log);
+  };
+
+  std::string second;
+  nlohmann::json cold;
+  {
+    Server s = start(with({"--cache-dir", cache, "--cache-disk-size", "64MiB"}), "disk_first");
+    ASSERT_GT(s.pid, 0);
+    const nlohmann::json t1 = complete(s, dir_, first, 12);
+    ASSERT_FALSE(t1.is_null());
+    second = first + t1["choices"][0]["text"].get<std::string>() + next;
+    stop(s);  // the engine writes what memory caches; each rank flushes its shard
+  }
+  for (const char* rank : {"rank0of2", "rank1of2"}) {
+    ASSERT_TRUE(fs::exists(fs::path(cache) / rank) && !fs::is_empty(fs::path(cache) / rank)) << rank;
+  }
+  {
+    Server s = start(with({"--no-prefix-cache"}), "disk_cold");
+    ASSERT_GT(s.pid, 0);
+    cold = complete(s, dir_, second, 12);
+    ASSERT_FALSE(cold.is_null());
+    stop(s);
+  }
+  const std::vector<double> cold_logprobs = logprobs(cold);
+  ASSERT_EQ(cold_logprobs.size(), 12u);
+  auto expect_as_cold = [&](const nlohmann::json& r) {
+    EXPECT_EQ(r["choices"][0]["text"], cold["choices"][0]["text"]);
+    const std::vector<double> lp = logprobs(r);
+    ASSERT_EQ(lp.size(), cold_logprobs.size());
+    for (size_t i = 0; i < lp.size(); ++i) EXPECT_NEAR(lp[i], cold_logprobs[i], 2e-3) << "token " << i;
+  };
+  {
+    Server s = start(with({"--cache-dir", cache, "--cache-disk-size", "64MiB"}), "disk_restarted");
+    ASSERT_GT(s.pid, 0);
+    const nlohmann::json t2 = complete(s, dir_, second, 12);
+    ASSERT_FALSE(t2.is_null());
+    EXPECT_GT(cached(t2), 0) << t2.dump() << slurp(s.log);
+    expect_as_cold(t2);
+    stop(s);
+  }
+  fs::remove_all(fs::path(cache) / "rank1of2");
+  {
+    Server s = start(with({"--cache-dir", cache, "--cache-disk-size", "64MiB"}), "disk_shard_gone");
+    ASSERT_GT(s.pid, 0);
+    const nlohmann::json t2 = complete(s, dir_, second, 12);
+    ASSERT_FALSE(t2.is_null());
+    EXPECT_EQ(cached(t2), 0) << t2.dump() << slurp(s.log);
+    expect_as_cold(t2);
+    stop(s);
+  }
 }
 
 TEST_F(ServeTp, GroupMistakesAreRefusedBeforeAnyRankStarts) {

@@ -211,6 +211,39 @@ TEST(DiskCacheEngine, RestartResumesHybridFromDisk) {
   expect_restart_resumes_from_disk(testing_support::hybrid_model(), "qwen3_5_moe");
 }
 
+TEST(DiskCacheEngine, BlocksInMemoryAreNotReadAgainForNothing) {
+  // After a restart the first request reads its prefix from disk; the same prompt again (the
+  // next turn of a conversation repeats it) finds every block in memory, and the disk
+  // entries of blocks without a state checkpoint are not read again for the hybrid.
+  OneThread one;
+  Model& model = testing_support::hybrid_model();
+  test::TempDir scratch("infera_disk_again");
+  const auto [c, next, ref] = second_turn_after_restart(model, scratch.path());
+  EngineCore core(model, c);
+  auto run = [&] {
+    std::vector<int32_t> tokens;
+    int32_t cached = -1;
+    Request r;
+    r.prompt_ids = next;
+    r.max_tokens = 8;
+    r.ignore_eos = true;
+    core.add_request(r, [&](const Event& e) {
+      if (!e.is_final())
+        tokens.push_back(e.token);
+      else
+        cached = e.usage.cached_tokens;
+    });
+    while (core.has_work()) core.step();
+    EXPECT_EQ(tokens, ref.tokens);
+    return cached;
+  };
+  EXPECT_GE(run(), 80);
+  const int64_t reads = core.stats().disk_reads;
+  EXPECT_GT(reads, 0);
+  EXPECT_GE(run(), 80);
+  EXPECT_EQ(core.stats().disk_reads, reads) << "blocks memory holds were read from disk again";
+}
+
 TEST(DiskCacheEngine, ASlowReadHoldsUpOnlyItsOwnRequest) {
   // Reads run on the disk tier's reader thread: while one is held (a slow disk), the request
   // waiting for it is not admitted and another sequence runs to its end step by step; once
