@@ -41,6 +41,27 @@ void rope_interleaved(float* x, int64_t n_tokens, int64_t n_heads, int64_t head_
 
 namespace {
 
+// Elements [a, b) of one half row.
+void load_half_row_part(const void* pool, const float* scales, DType dtype, int64_t row, int64_t hd, int64_t a,
+                        int64_t b, float* out) {
+  const int64_t n = b - a;
+  switch (dtype) {
+    case DType::kF32: std::memcpy(out, static_cast<const float*>(pool) + row * hd + a, n * sizeof(float)); return;
+    case DType::kBF16: {
+      const uint16_t* p = static_cast<const uint16_t*>(pool) + row * hd + a;
+      for (int64_t i = 0; i < n; ++i) out[i] = bf16_to_f32(p[i]);
+      return;
+    }
+    case DType::kI8: {
+      const int8_t* p = static_cast<const int8_t*>(pool) + row * hd + a;
+      const float s = scales[row];
+      for (int64_t i = 0; i < n; ++i) out[i] = s * static_cast<float>(p[i]);
+      return;
+    }
+    default: fail("MLA latent cache: dtype {} is not supported (f32, bf16 or int8)", dtype_name(dtype));
+  }
+}
+
 void load_half_row(const void* pool, const float* scales, DType dtype, int64_t row, int64_t hd, float* out) {
   switch (dtype) {
     case DType::kF32: std::memcpy(out, static_cast<const float*>(pool) + row * hd, hd * sizeof(float)); return;
@@ -60,6 +81,35 @@ void load_half_row(const void* pool, const float* scales, DType dtype, int64_t r
 }
 
 }  // namespace
+
+void mla_load_latent_cols(const PagedKv& kv, int64_t p0, int64_t p1, int64_t c0, int64_t c1, float* out) {
+  INFERA_ASSERT(kv.n_kv_heads == 1, "mla_load_latent_cols: the latent cache has one KV head");
+  const int64_t hd = kv.head_dim, bs = kv.block_size, w = c1 - c0;
+  INFERA_ASSERT(c0 >= 0 && c0 <= c1 && c1 <= 2 * hd, "mla_load_latent_cols: columns out of range");
+  // The part of [c0, c1) in the K half, then in the V half.
+  const int64_t k0 = std::min(c0, hd), k1 = std::min(c1, hd);
+  const int64_t v0 = std::max(c0, hd) - hd, v1 = std::max(c1, hd) - hd;
+  for (int64_t p = p0; p < p1; ++p) {
+    const int64_t slot = static_cast<int64_t>(kv.block_table[p / bs]) * bs + p % bs;
+    const int64_t row = kv_row(slot, 0, bs, 1);
+    float* o = out + (p - p0) * w;
+    if (k1 > k0) load_half_row_part(kv.k_pool, kv.k_scales, kv.dtype, row, hd, k0, k1, o);
+    if (v1 > v0) load_half_row_part(kv.v_pool, kv.v_scales, kv.dtype, row, hd, v0, v1, o + (k1 - k0));
+  }
+}
+
+void mla_load_latent_rows(const PagedKv& kv, const int32_t* positions, int64_t n, float* out) {
+  INFERA_ASSERT(kv.n_kv_heads == 1, "mla_load_latent_rows: the latent cache has one KV head");
+  const int64_t hd = kv.head_dim, bs = kv.block_size;
+  for (int64_t j = 0; j < n; ++j) {
+    const int64_t p = positions[j];
+    const int64_t slot = static_cast<int64_t>(kv.block_table[p / bs]) * bs + p % bs;
+    const int64_t row = kv_row(slot, 0, bs, 1);
+    float* o = out + j * 2 * hd;
+    load_half_row(kv.k_pool, kv.k_scales, kv.dtype, row, hd, o);
+    load_half_row(kv.v_pool, kv.v_scales, kv.dtype, row, hd, o + hd);
+  }
+}
 
 void mla_load_latent(const PagedKv& kv, int64_t p0, int64_t p1, float* out) {
   INFERA_ASSERT(kv.n_kv_heads == 1, "mla_load_latent: the latent cache has one KV head");
@@ -106,6 +156,34 @@ int threads_for(int64_t work_items) {
 }
 
 }  // namespace
+
+void indexer_scores_chunk(const float* q, const float* w, int64_t n, int64_t n_heads, int64_t d, int64_t pos0,
+                          const float* keys, int64_t ld, float* out, int64_t out_ld) {
+  if (n <= 0) return;
+  // Blocks of keys, each read once for every query and head of the chunk while it is in
+  // cache; each score is the same sum (same order) as indexer_scores'.
+  constexpr int64_t kBlock = 64;
+  const int64_t n_keys = pos0 + n;
+  const int64_t blocks = (n_keys + kBlock - 1) / kBlock;
+  const int threads = threads_for(blocks);
+#pragma omp parallel for num_threads(threads) if (threads > 1) schedule(static)
+  for (int64_t b = 0; b < blocks; ++b) {
+    const int64_t s0 = b * kBlock, s1 = std::min(n_keys, s0 + kBlock);
+    // Query i sees keys [0, pos0 + i]: the first query that sees key s0 is max(0, s0 - pos0).
+    for (int64_t i = std::max<int64_t>(0, s0 - pos0); i < n; ++i) {
+      const float* qi = q + i * n_heads * d;
+      const float* wi = w + i * n_heads;
+      float* o = out + i * out_ld;
+      const int64_t end = std::min(s1, pos0 + i + 1);
+      for (int64_t s = s0; s < end; ++s) {
+        const float* k = keys + s * ld;
+        float acc = 0.0f;
+        for (int64_t h = 0; h < n_heads; ++h) acc += wi[h] * std::max(0.0f, dot(qi + h * d, k, d));
+        o[s] = acc;
+      }
+    }
+  }
+}
 
 void mla_attention_absorbed(const float* q, int64_t n_tokens, int64_t n_heads, int64_t pos0, const float* lat,
                             int64_t ld, int64_t R, int64_t P, float scale, float* out) {

@@ -31,6 +31,11 @@ void rope_interleaved(float* x, int64_t n_tokens, int64_t n_heads, int64_t head_
 // Rows [p0, p1) of one sequence's latent cache (a KvPool of one KV head, K half then V
 // half as above) as f32: out [p1 - p0, 2 * kv.head_dim].
 void mla_load_latent(const PagedKv& kv, int64_t p0, int64_t p1, float* out);
+// Columns [c0, c1) of those rows only (the V3.2 indexer keys): out [p1 - p0, c1 - c0].
+void mla_load_latent_cols(const PagedKv& kv, int64_t p0, int64_t p1, int64_t c0, int64_t c1, float* out);
+// The rows of the listed positions (any order): out [n, 2 * kv.head_dim], row j = position
+// positions[j].
+void mla_load_latent_rows(const PagedKv& kv, const int32_t* positions, int64_t n, float* out);
 
 // Absorbed form. lat: [n_ctx, ld] rows [c (R) | k_pe (P) | ...] (ld >= R + P); q: [n_tokens,
 // n_heads, R + P] per head [q̃ | q_pe]. Query token i attends causally to rows
@@ -50,6 +55,13 @@ void mla_attention_naive(const float* q, int64_t n_tokens, int64_t n_heads, int6
 // for s < n_keys; q [n_heads, d], w [n_heads], key s at keys + s * ld (d values).
 void indexer_scores(const float* q, const float* w, int64_t n_heads, int64_t d, const float* keys, int64_t ld,
                     int64_t n_keys, float* out);
+
+// The same for a chunk of n queries at positions pos0 .. pos0 + n - 1, blocked over keys (a
+// block of keys is read once for every query and head): query i scores keys [0, pos0 + i]
+// into out[i * out_ld + s], equal to indexer_scores of that query; the entries of row i
+// past pos0 + i are not written. q [n, n_heads, d], w [n, n_heads].
+void indexer_scores_chunk(const float* q, const float* w, int64_t n, int64_t n_heads, int64_t d, int64_t pos0,
+                          const float* keys, int64_t ld, float* out, int64_t out_ld);
 
 // The positions of the k largest scores[0, n) (ties: the lower position first), in
 // ascending position order; k <= n.
