@@ -139,6 +139,7 @@ std::vector<ArchInfo> make_registry() {
     a.name = "deepseek_v32";
     a.model_types = {"deepseek_v32"};
     a.display_name = "DeepSeek-V3.2";
+    a.gguf_arch = "deepseek32";
     a.traits.mla = true;
     a.tensors = deepseek_tensor_table;
     a.create = create_deepseek_model;  // model/deepseek.cpp
