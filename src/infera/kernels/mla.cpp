@@ -160,26 +160,46 @@ int threads_for(int64_t work_items) {
 void indexer_scores_chunk(const float* q, const float* w, int64_t n, int64_t n_heads, int64_t d, int64_t pos0,
                           const float* keys, int64_t ld, float* out, int64_t out_ld) {
   if (n <= 0) return;
-  // Blocks of keys, each read once for every query and head of the chunk while it is in
-  // cache; each score is the same sum (same order) as indexer_scores'.
+  // Blocks of kBlock keys, each transposed once ([d, kBlock]) and then used by every query
+  // and head of the chunk: a head's dot products with the whole block are d broadcast
+  // multiply-adds over kBlock lanes instead of kBlock separate reductions.
   constexpr int64_t kBlock = 64;
   const int64_t n_keys = pos0 + n;
   const int64_t blocks = (n_keys + kBlock - 1) / kBlock;
   const int threads = threads_for(blocks);
-#pragma omp parallel for num_threads(threads) if (threads > 1) schedule(static)
-  for (int64_t b = 0; b < blocks; ++b) {
-    const int64_t s0 = b * kBlock, s1 = std::min(n_keys, s0 + kBlock);
-    // Query i sees keys [0, pos0 + i]: the first query that sees key s0 is max(0, s0 - pos0).
-    for (int64_t i = std::max<int64_t>(0, s0 - pos0); i < n; ++i) {
-      const float* qi = q + i * n_heads * d;
-      const float* wi = w + i * n_heads;
-      float* o = out + i * out_ld;
-      const int64_t end = std::min(s1, pos0 + i + 1);
-      for (int64_t s = s0; s < end; ++s) {
-        const float* k = keys + s * ld;
-        float acc = 0.0f;
-        for (int64_t h = 0; h < n_heads; ++h) acc += wi[h] * std::max(0.0f, dot(qi + h * d, k, d));
-        o[s] = acc;
+#pragma omp parallel num_threads(threads) if (threads > 1)
+  {
+    static thread_local std::vector<float> kt;
+    kt.resize(static_cast<size_t>(d * kBlock));
+    alignas(64) float dots[kBlock];
+    alignas(64) float acc[kBlock];
+#pragma omp for schedule(static)
+    for (int64_t b = 0; b < blocks; ++b) {
+      const int64_t s0 = b * kBlock, m = std::min(n_keys, s0 + kBlock) - s0;
+      for (int64_t j = 0; j < m; ++j)
+        for (int64_t x = 0; x < d; ++x) kt[x * kBlock + j] = keys[(s0 + j) * ld + x];
+      for (int64_t j = m; j < kBlock; ++j)
+        for (int64_t x = 0; x < d; ++x) kt[x * kBlock + j] = 0.0f;
+      // Query i sees keys [0, pos0 + i]: the first query that sees key s0 is max(0, s0 - pos0).
+      for (int64_t i = std::max<int64_t>(0, s0 - pos0); i < n; ++i) {
+        const float* qi = q + i * n_heads * d;
+        const float* wi = w + i * n_heads;
+        std::fill(acc, acc + kBlock, 0.0f);
+        for (int64_t h = 0; h < n_heads; ++h) {
+          const float* qh = qi + h * d;
+          std::fill(dots, dots + kBlock, 0.0f);
+          for (int64_t x = 0; x < d; ++x) {
+            const float a = qh[x];
+            const float* row = kt.data() + x * kBlock;
+#pragma omp simd
+            for (int64_t j = 0; j < kBlock; ++j) dots[j] += a * row[j];
+          }
+          const float wh = wi[h];
+#pragma omp simd
+          for (int64_t j = 0; j < kBlock; ++j) acc[j] += wh * std::max(0.0f, dots[j]);
+        }
+        const int64_t end = std::min(m, pos0 + i + 1 - s0);
+        std::copy(acc, acc + end, out + i * out_ld + s0);
       }
     }
   }

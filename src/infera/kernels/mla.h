@@ -57,9 +57,10 @@ void indexer_scores(const float* q, const float* w, int64_t n_heads, int64_t d, 
                     int64_t n_keys, float* out);
 
 // The same for a chunk of n queries at positions pos0 .. pos0 + n - 1, blocked over keys (a
-// block of keys is read once for every query and head): query i scores keys [0, pos0 + i]
-// into out[i * out_ld + s], equal to indexer_scores of that query; the entries of row i
-// past pos0 + i are not written. q [n, n_heads, d], w [n, n_heads].
+// block of keys is transposed once and used by every query and head): query i scores keys
+// [0, pos0 + i] into out[i * out_ld + s], indexer_scores of that query up to the order of
+// the f32 sums; the entries of row i past pos0 + i are not written. q [n, n_heads, d],
+// w [n, n_heads].
 void indexer_scores_chunk(const float* q, const float* w, int64_t n, int64_t n_heads, int64_t d, int64_t pos0,
                           const float* keys, int64_t ld, float* out, int64_t out_ld);
 
