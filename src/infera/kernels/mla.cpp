@@ -205,29 +205,80 @@ void indexer_scores_chunk(const float* q, const float* w, int64_t n, int64_t n_h
   }
 }
 
+namespace {
+
+// Absorbed attention of heads [h0, h1) of one query over rows row(0) .. row(n_rows - 1) of
+// the latent, blocked: each block of kRows rows is scored and accumulated by every head
+// while it is in cache (online softmax: a running maximum, sum and output per head), so
+// the context is read from memory once per head group, not once per head.
+template <class RowFn>
+void attend_blocked(const float* q, int64_t h0, int64_t h1, int64_t n_rows, const RowFn& row, int64_t R, int64_t P,
+                    float scale, float* out) {
+  constexpr int64_t kRows = 32;
+  const int64_t D = R + P, nh = h1 - h0;
+  static thread_local std::vector<float> m, l;
+  m.assign(static_cast<size_t>(nh), -std::numeric_limits<float>::infinity());
+  l.assign(static_cast<size_t>(nh), 0.0f);
+  float s[kRows];
+  for (int64_t h = h0; h < h1; ++h) std::fill(out + h * R, out + (h + 1) * R, 0.0f);
+  for (int64_t r0 = 0; r0 < n_rows; r0 += kRows) {
+    const int64_t nb = std::min(kRows, n_rows - r0);
+    for (int64_t h = h0; h < h1; ++h) {
+      const float* qh = q + h * D;
+      float bm = -std::numeric_limits<float>::infinity();
+      for (int64_t j = 0; j < nb; ++j) {
+        const float* r = row(r0 + j);
+        s[j] = (dot(qh, r, R) + dot(qh + R, r + R, P)) * scale;
+        bm = std::max(bm, s[j]);
+      }
+      float& mh = m[h - h0];
+      float* o = out + h * R;
+      if (bm > mh) {
+        const float c = std::exp(mh - bm);  // 0 on the first block
+        l[h - h0] *= c;
+#pragma omp simd
+        for (int64_t x = 0; x < R; ++x) o[x] *= c;
+        mh = bm;
+      }
+      float sum = 0.0f;
+      for (int64_t j = 0; j < nb; ++j) {
+        const float p = std::exp(s[j] - mh);
+        sum += p;
+        axpy(p, row(r0 + j), o, R);
+      }
+      l[h - h0] += sum;
+    }
+  }
+  for (int64_t h = h0; h < h1; ++h) {
+    if (n_rows == 0) continue;
+    const float inv = 1.0f / l[h - h0];
+    float* o = out + h * R;
+#pragma omp simd
+    for (int64_t x = 0; x < R; ++x) o[x] *= inv;
+  }
+}
+
+// Heads per work item: up to 16 (one pass over the context per group), fewer when that
+// leaves threads idle.
+int64_t head_group(int64_t n_tokens, int64_t n_heads) {
+  const int64_t t = omp_in_parallel() ? 1 : num_threads();
+  const int64_t per = (n_tokens * n_heads + t - 1) / t;
+  return std::clamp<int64_t>(std::min(per, n_heads), 1, 16);
+}
+
+}  // namespace
+
 void mla_attention_absorbed(const float* q, int64_t n_tokens, int64_t n_heads, int64_t pos0, const float* lat,
                             int64_t ld, int64_t R, int64_t P, float scale, float* out) {
   const int64_t D = R + P;
-  const int64_t items = n_tokens * n_heads;
+  const int64_t g = head_group(n_tokens, n_heads), groups = (n_heads + g - 1) / g;
+  const int64_t items = n_tokens * groups;
   const int threads = threads_for(items);
-#pragma omp parallel num_threads(threads) if (threads > 1)
-  {
-    static thread_local std::vector<float> s;
-#pragma omp for schedule(static)
-    for (int64_t it = 0; it < items; ++it) {
-      const int64_t i = it / n_heads;
-      const int64_t n_ctx = pos0 + i + 1;
-      const float* qh = q + it * D;
-      s.resize(static_cast<size_t>(n_ctx));
-      for (int64_t t = 0; t < n_ctx; ++t) {
-        const float* row = lat + t * ld;
-        s[t] = (dot(qh, row, R) + dot(qh + R, row + R, P)) * scale;
-      }
-      softmax_inplace(s.data(), n_ctx);
-      float* o = out + it * R;
-      std::fill(o, o + R, 0.0f);
-      for (int64_t t = 0; t < n_ctx; ++t) axpy(s[t], lat + t * ld, o, R);
-    }
+#pragma omp parallel for num_threads(threads) if (threads > 1) schedule(static)
+  for (int64_t it = 0; it < items; ++it) {
+    const int64_t i = it / groups, h0 = it % groups * g, h1 = std::min(n_heads, h0 + g);
+    const auto row = [lat, ld](int64_t t) { return lat + t * ld; };
+    attend_blocked(q + i * n_heads * D, h0, h1, pos0 + i + 1, row, R, P, scale, out + i * n_heads * R);
   }
 }
 
@@ -282,28 +333,15 @@ void mla_attention_sparse(const float* q, int64_t n_tokens, int64_t n_heads, con
                           int64_t P, const int32_t* idx, const int32_t* n_idx, int64_t idx_stride, float scale,
                           float* out) {
   const int64_t D = R + P;
-  const int64_t items = n_tokens * n_heads;
+  const int64_t g = head_group(n_tokens, n_heads), groups = (n_heads + g - 1) / g;
+  const int64_t items = n_tokens * groups;
   const int threads = threads_for(items);
-#pragma omp parallel num_threads(threads) if (threads > 1)
-  {
-    static thread_local std::vector<float> s;
-#pragma omp for schedule(static)
-    for (int64_t it = 0; it < items; ++it) {
-      const int64_t i = it / n_heads;
-      const int32_t* rows = idx + i * idx_stride;
-      const int64_t n = n_idx[i];
-      const float* qh = q + it * D;
-      float* o = out + it * R;
-      std::fill(o, o + R, 0.0f);
-      if (n == 0) continue;
-      s.resize(static_cast<size_t>(n));
-      for (int64_t j = 0; j < n; ++j) {
-        const float* row = lat + static_cast<int64_t>(rows[j]) * ld;
-        s[j] = (dot(qh, row, R) + dot(qh + R, row + R, P)) * scale;
-      }
-      softmax_inplace(s.data(), n);
-      for (int64_t j = 0; j < n; ++j) axpy(s[j], lat + static_cast<int64_t>(rows[j]) * ld, o, R);
-    }
+#pragma omp parallel for num_threads(threads) if (threads > 1) schedule(static)
+  for (int64_t it = 0; it < items; ++it) {
+    const int64_t i = it / groups, h0 = it % groups * g, h1 = std::min(n_heads, h0 + g);
+    const int32_t* rows = idx + i * idx_stride;
+    const auto row = [lat, ld, rows](int64_t j) { return lat + static_cast<int64_t>(rows[j]) * ld; };
+    attend_blocked(q + i * n_heads * D, h0, h1, n_idx[i], row, R, P, scale, out + i * n_heads * R);
   }
 }
 

@@ -30,8 +30,9 @@ namespace fs = std::filesystem;
 // ---- kernels ----
 
 TEST(MlaKernels, AbsorbedMatchesReferenceOnOddShapes) {
-  for (const auto& [n, nh, pos0, R, P] :
-       std::vector<std::array<int64_t, 5>>{{1, 3, 0, 17, 6}, {1, 4, 33, 32, 8}, {5, 2, 11, 20, 4}, {7, 5, 0, 9, 2}}) {
+  for (const auto& [n, nh, pos0, R, P] : std::vector<std::array<int64_t, 5>>{
+           {1, 3, 0, 17, 6}, {1, 4, 33, 32, 8}, {5, 2, 11, 20, 4}, {7, 5, 0, 9, 2}, {2, 37, 99, 24, 8}}) {
+    // (The last: several 32-row blocks and head groups of 16, 16 and 5.)
     const int64_t ctx = pos0 + n, ld = R + P + 3;  // padded rows, as the cache stores them
     const auto q = test::random_vec(n * nh * (R + P), 1 + n, 0.5f);
     const auto lat = test::random_vec(ctx * ld, 2 + R, 1.0f);
