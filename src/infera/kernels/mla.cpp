@@ -9,8 +9,10 @@
 #include <numeric>
 #include <vector>
 
+#include "infera/base/cpu.h"
 #include "infera/base/error.h"
 #include "infera/base/threads.h"
+#include "infera/kernels/cpu/mla_dispatch.h"
 #include "infera/tensor/dtype.h"
 
 namespace infera::kernels {
@@ -155,131 +157,39 @@ int threads_for(int64_t work_items) {
   return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(t, work_items)));
 }
 
+const MlaTable& mla_table_for(Isa isa) {
+  switch (isa) {
+    case Isa::kAvx512:
+      INFERA_ASSERT(cpu_features().has_avx512_path(), "kernel path avx512 is not available on this CPU");
+      return cpu_avx512::mla_table();
+    case Isa::kAvx2:
+      INFERA_ASSERT(cpu_features().has_avx2_path(), "kernel path avx2 is not available on this CPU");
+      return cpu_avx2::mla_table();
+    case Isa::kScalar: break;
+  }
+  return cpu_scalar::mla_table();
+}
+
 }  // namespace
+
+void indexer_scores_chunk(Isa isa, const float* q, const float* w, int64_t n, int64_t n_heads, int64_t d, int64_t pos0,
+                          const float* keys, int64_t ld, float* out, int64_t out_ld) {
+  mla_table_for(isa).indexer_scores_chunk(q, w, n, n_heads, d, pos0, keys, ld, out, out_ld);
+}
 
 void indexer_scores_chunk(const float* q, const float* w, int64_t n, int64_t n_heads, int64_t d, int64_t pos0,
                           const float* keys, int64_t ld, float* out, int64_t out_ld) {
-  if (n <= 0) return;
-  // Blocks of kBlock keys, each transposed once ([d, kBlock]) and then used by every query
-  // and head of the chunk: a head's dot products with the whole block are d broadcast
-  // multiply-adds over kBlock lanes instead of kBlock separate reductions.
-  constexpr int64_t kBlock = 64;
-  const int64_t n_keys = pos0 + n;
-  const int64_t blocks = (n_keys + kBlock - 1) / kBlock;
-  const int threads = threads_for(blocks);
-#pragma omp parallel num_threads(threads) if (threads > 1)
-  {
-    static thread_local std::vector<float> kt;
-    kt.resize(static_cast<size_t>(d * kBlock));
-    alignas(64) float dots[kBlock];
-    alignas(64) float acc[kBlock];
-#pragma omp for schedule(static)
-    for (int64_t b = 0; b < blocks; ++b) {
-      const int64_t s0 = b * kBlock, m = std::min(n_keys, s0 + kBlock) - s0;
-      for (int64_t j = 0; j < m; ++j)
-        for (int64_t x = 0; x < d; ++x) kt[x * kBlock + j] = keys[(s0 + j) * ld + x];
-      for (int64_t j = m; j < kBlock; ++j)
-        for (int64_t x = 0; x < d; ++x) kt[x * kBlock + j] = 0.0f;
-      // Query i sees keys [0, pos0 + i]: the first query that sees key s0 is max(0, s0 - pos0).
-      for (int64_t i = std::max<int64_t>(0, s0 - pos0); i < n; ++i) {
-        const float* qi = q + i * n_heads * d;
-        const float* wi = w + i * n_heads;
-        std::fill(acc, acc + kBlock, 0.0f);
-        for (int64_t h = 0; h < n_heads; ++h) {
-          const float* qh = qi + h * d;
-          std::fill(dots, dots + kBlock, 0.0f);
-          for (int64_t x = 0; x < d; ++x) {
-            const float a = qh[x];
-            const float* row = kt.data() + x * kBlock;
-#pragma omp simd
-            for (int64_t j = 0; j < kBlock; ++j) dots[j] += a * row[j];
-          }
-          const float wh = wi[h];
-#pragma omp simd
-          for (int64_t j = 0; j < kBlock; ++j) acc[j] += wh * std::max(0.0f, dots[j]);
-        }
-        const int64_t end = std::min(m, pos0 + i + 1 - s0);
-        std::copy(acc, acc + end, out + i * out_ld + s0);
-      }
-    }
-  }
+  indexer_scores_chunk(best_isa(), q, w, n, n_heads, d, pos0, keys, ld, out, out_ld);
 }
 
-namespace {
-
-// Absorbed attention of heads [h0, h1) of one query over rows row(0) .. row(n_rows - 1) of
-// the latent, blocked: each block of kRows rows is scored and accumulated by every head
-// while it is in cache (online softmax: a running maximum, sum and output per head), so
-// the context is read from memory once per head group, not once per head.
-template <class RowFn>
-void attend_blocked(const float* q, int64_t h0, int64_t h1, int64_t n_rows, const RowFn& row, int64_t R, int64_t P,
-                    float scale, float* out) {
-  constexpr int64_t kRows = 32;
-  const int64_t D = R + P, nh = h1 - h0;
-  static thread_local std::vector<float> m, l;
-  m.assign(static_cast<size_t>(nh), -std::numeric_limits<float>::infinity());
-  l.assign(static_cast<size_t>(nh), 0.0f);
-  float s[kRows];
-  for (int64_t h = h0; h < h1; ++h) std::fill(out + h * R, out + (h + 1) * R, 0.0f);
-  for (int64_t r0 = 0; r0 < n_rows; r0 += kRows) {
-    const int64_t nb = std::min(kRows, n_rows - r0);
-    for (int64_t h = h0; h < h1; ++h) {
-      const float* qh = q + h * D;
-      float bm = -std::numeric_limits<float>::infinity();
-      for (int64_t j = 0; j < nb; ++j) {
-        const float* r = row(r0 + j);
-        s[j] = (dot(qh, r, R) + dot(qh + R, r + R, P)) * scale;
-        bm = std::max(bm, s[j]);
-      }
-      float& mh = m[h - h0];
-      float* o = out + h * R;
-      if (bm > mh) {
-        const float c = std::exp(mh - bm);  // 0 on the first block
-        l[h - h0] *= c;
-#pragma omp simd
-        for (int64_t x = 0; x < R; ++x) o[x] *= c;
-        mh = bm;
-      }
-      float sum = 0.0f;
-      for (int64_t j = 0; j < nb; ++j) {
-        const float p = std::exp(s[j] - mh);
-        sum += p;
-        axpy(p, row(r0 + j), o, R);
-      }
-      l[h - h0] += sum;
-    }
-  }
-  for (int64_t h = h0; h < h1; ++h) {
-    if (n_rows == 0) continue;
-    const float inv = 1.0f / l[h - h0];
-    float* o = out + h * R;
-#pragma omp simd
-    for (int64_t x = 0; x < R; ++x) o[x] *= inv;
-  }
+void mla_attention_absorbed(Isa isa, const float* q, int64_t n_tokens, int64_t n_heads, int64_t pos0, const float* lat,
+                            int64_t ld, int64_t R, int64_t P, float scale, float* out) {
+  mla_table_for(isa).attention_absorbed(q, n_tokens, n_heads, pos0, lat, ld, R, P, scale, out);
 }
-
-// Heads per work item: up to 16 (one pass over the context per group), fewer when that
-// leaves threads idle.
-int64_t head_group(int64_t n_tokens, int64_t n_heads) {
-  const int64_t t = omp_in_parallel() ? 1 : num_threads();
-  const int64_t per = (n_tokens * n_heads + t - 1) / t;
-  return std::clamp<int64_t>(std::min(per, n_heads), 1, 16);
-}
-
-}  // namespace
 
 void mla_attention_absorbed(const float* q, int64_t n_tokens, int64_t n_heads, int64_t pos0, const float* lat,
                             int64_t ld, int64_t R, int64_t P, float scale, float* out) {
-  const int64_t D = R + P;
-  const int64_t g = head_group(n_tokens, n_heads), groups = (n_heads + g - 1) / g;
-  const int64_t items = n_tokens * groups;
-  const int threads = threads_for(items);
-#pragma omp parallel for num_threads(threads) if (threads > 1) schedule(static)
-  for (int64_t it = 0; it < items; ++it) {
-    const int64_t i = it / groups, h0 = it % groups * g, h1 = std::min(n_heads, h0 + g);
-    const auto row = [lat, ld](int64_t t) { return lat + t * ld; };
-    attend_blocked(q + i * n_heads * D, h0, h1, pos0 + i + 1, row, R, P, scale, out + i * n_heads * R);
-  }
+  mla_attention_absorbed(best_isa(), q, n_tokens, n_heads, pos0, lat, ld, R, P, scale, out);
 }
 
 void mla_attention_naive(const float* q, int64_t n_tokens, int64_t n_heads, int64_t pos0, const float* kv, int64_t nope,
@@ -329,20 +239,16 @@ void topk_indices(const float* scores, int64_t n, int64_t k, int32_t* out) {
   std::sort(out, out + k);
 }
 
+void mla_attention_sparse(Isa isa, const float* q, int64_t n_tokens, int64_t n_heads, const float* lat, int64_t ld,
+                          int64_t R, int64_t P, const int32_t* idx, const int32_t* n_idx, int64_t idx_stride,
+                          float scale, float* out) {
+  mla_table_for(isa).attention_sparse(q, n_tokens, n_heads, lat, ld, R, P, idx, n_idx, idx_stride, scale, out);
+}
+
 void mla_attention_sparse(const float* q, int64_t n_tokens, int64_t n_heads, const float* lat, int64_t ld, int64_t R,
                           int64_t P, const int32_t* idx, const int32_t* n_idx, int64_t idx_stride, float scale,
                           float* out) {
-  const int64_t D = R + P;
-  const int64_t g = head_group(n_tokens, n_heads), groups = (n_heads + g - 1) / g;
-  const int64_t items = n_tokens * groups;
-  const int threads = threads_for(items);
-#pragma omp parallel for num_threads(threads) if (threads > 1) schedule(static)
-  for (int64_t it = 0; it < items; ++it) {
-    const int64_t i = it / groups, h0 = it % groups * g, h1 = std::min(n_heads, h0 + g);
-    const int32_t* rows = idx + i * idx_stride;
-    const auto row = [lat, ld, rows](int64_t j) { return lat + static_cast<int64_t>(rows[j]) * ld; };
-    attend_blocked(q + i * n_heads * D, h0, h1, n_idx[i], row, R, P, scale, out + i * n_heads * R);
-  }
+  mla_attention_sparse(best_isa(), q, n_tokens, n_heads, lat, ld, R, P, idx, n_idx, idx_stride, scale, out);
 }
 
 void moe_route_sigmoid(const float* logits, const float* bias, int64_t n_tokens, int64_t n_experts, int64_t k,

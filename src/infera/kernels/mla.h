@@ -12,11 +12,15 @@
 //     q_pe against k_pe, and the output stays latent (Σ p c_kv, R wide) until W_UV;
 //   naive (prefill): k_nope and v per head are expanded from c_kv by kv_b_proj, and the
 //     heads attend as usual with K = [k_nope | k_pe] (k_pe shared by every head).
-// Activations f32; scores, softmax and sums in f32 (double in the references).
+// Activations f32; scores, softmax and sums in f32 (double in the references). The chunk
+// indexer scores and the absorbed and sparse attention have scalar, AVX2 and AVX-512 paths
+// (kernels/cpu/mla_impl.h) picked at run time by best_isa() (INFERA_ISA caps it); the
+// overloads taking an Isa run that path.
 #pragma once
 
 #include <cstdint>
 
+#include "infera/base/cpu.h"
 #include "infera/kernels/kernels.h"
 
 namespace infera::kernels {
@@ -42,6 +46,8 @@ void mla_load_latent_rows(const PagedKv& kv, const int32_t* positions, int64_t n
 // [0, pos0 + i]. out: [n_tokens, n_heads, R] = Σ_t softmax_t(q · lat_t * scale) c_t.
 void mla_attention_absorbed(const float* q, int64_t n_tokens, int64_t n_heads, int64_t pos0, const float* lat,
                             int64_t ld, int64_t R, int64_t P, float scale, float* out);
+void mla_attention_absorbed(Isa isa, const float* q, int64_t n_tokens, int64_t n_heads, int64_t pos0, const float* lat,
+                            int64_t ld, int64_t R, int64_t P, float scale, float* out);
 
 // Naive form. q: [n_tokens, n_heads, nope + P] per head [q_nope | q_pe]; kv: [n_ctx,
 // n_heads, nope + V] per head [k_nope | v]; k_pe: rows of `k_pe_ld` floats, the first P
@@ -63,6 +69,8 @@ void indexer_scores(const float* q, const float* w, int64_t n_heads, int64_t d, 
 // w [n, n_heads].
 void indexer_scores_chunk(const float* q, const float* w, int64_t n, int64_t n_heads, int64_t d, int64_t pos0,
                           const float* keys, int64_t ld, float* out, int64_t out_ld);
+void indexer_scores_chunk(Isa isa, const float* q, const float* w, int64_t n, int64_t n_heads, int64_t d, int64_t pos0,
+                          const float* keys, int64_t ld, float* out, int64_t out_ld);
 
 // The positions of the k largest scores[0, n) (ties: the lower position first), in
 // ascending position order; k <= n.
@@ -74,6 +82,9 @@ void topk_indices(const float* scores, int64_t n, int64_t k, int32_t* out);
 void mla_attention_sparse(const float* q, int64_t n_tokens, int64_t n_heads, const float* lat, int64_t ld, int64_t R,
                           int64_t P, const int32_t* idx, const int32_t* n_idx, int64_t idx_stride, float scale,
                           float* out);
+void mla_attention_sparse(Isa isa, const float* q, int64_t n_tokens, int64_t n_heads, const float* lat, int64_t ld,
+                          int64_t R, int64_t P, const int32_t* idx, const int32_t* n_idx, int64_t idx_stride,
+                          float scale, float* out);
 
 // DeepSeek-V3 router (topk_method noaux_tc): s = sigmoid(logits); selection on s + bias
 // (bias may be null), limited to the topk_group best of n_group equal groups of experts

@@ -1,5 +1,5 @@
 // DeepSeek-V3 (model/deepseek.cpp, kernels/mla.h): the MLA kernels against their
-// references, the group-limited sigmoid router against a brute force, and generated
+// references (every ISA path), the group-limited sigmoid router against a brute force, and generated
 // checkpoints (with and without q_lora, dense first layers, grouped routing, YaRN) against
 // the NumPy reference tools/deepseek_ref.py; the absorbed and naive attention forms against
 // each other, decode against prefill, and the latent cache in f32 / bf16 / int8.
@@ -37,9 +37,11 @@ TEST(MlaKernels, AbsorbedMatchesReferenceOnOddShapes) {
     const auto q = test::random_vec(n * nh * (R + P), 1 + n, 0.5f);
     const auto lat = test::random_vec(ctx * ld, 2 + R, 1.0f);
     std::vector<float> got(n * nh * R), want(n * nh * R);
-    kernels::mla_attention_absorbed(q.data(), n, nh, pos0, lat.data(), ld, R, P, 0.3f, got.data());
     kernels::ref::mla_attention_absorbed(q.data(), n, nh, pos0, lat.data(), ld, R, P, 0.3f, want.data());
-    for (size_t i = 0; i < got.size(); ++i) ASSERT_NEAR(got[i], want[i], 1e-4f) << i;
+    for (Isa isa : test::available_isas()) {
+      kernels::mla_attention_absorbed(isa, q.data(), n, nh, pos0, lat.data(), ld, R, P, 0.3f, got.data());
+      for (size_t i = 0; i < got.size(); ++i) ASSERT_NEAR(got[i], want[i], 1e-4f) << isa_name(isa) << " " << i;
+    }
   }
 }
 
@@ -147,15 +149,18 @@ TEST(DsaKernels, ChunkScoresEqualPerQueryScores) {
     const auto q = test::random_vec(n * nh * d, 51 + n);
     const auto w = test::random_vec(n * nh, 52 + d);
     const auto keys = test::random_vec(ctx * ld, 53 + pos0);
-    std::vector<float> got(n * out_ld, -7.0f), want(ctx);
-    kernels::indexer_scores_chunk(q.data(), w.data(), n, nh, d, pos0, keys.data(), ld, got.data(), out_ld);
-    for (int64_t i = 0; i < n; ++i) {
-      const int64_t n_keys = pos0 + i + 1;
-      kernels::ref::indexer_scores(q.data() + i * nh * d, w.data() + i * nh, nh, d, keys.data(), ld, n_keys,
-                                   want.data());
-      for (int64_t s = 0; s < n_keys; ++s)
-        ASSERT_NEAR(got[i * out_ld + s], want[s], 1e-4f * (1.0f + std::fabs(want[s]))) << "query " << i << " key " << s;
-      for (int64_t s = n_keys; s < out_ld; ++s) ASSERT_EQ(got[i * out_ld + s], -7.0f) << "past the causal end";
+    for (Isa isa : test::available_isas()) {
+      std::vector<float> got(n * out_ld, -7.0f), want(ctx);
+      kernels::indexer_scores_chunk(isa, q.data(), w.data(), n, nh, d, pos0, keys.data(), ld, got.data(), out_ld);
+      for (int64_t i = 0; i < n; ++i) {
+        const int64_t n_keys = pos0 + i + 1;
+        kernels::ref::indexer_scores(q.data() + i * nh * d, w.data() + i * nh, nh, d, keys.data(), ld, n_keys,
+                                     want.data());
+        for (int64_t s = 0; s < n_keys; ++s)
+          ASSERT_NEAR(got[i * out_ld + s], want[s], 1e-4f * (1.0f + std::fabs(want[s])))
+              << isa_name(isa) << " query " << i << " key " << s;
+        for (int64_t s = n_keys; s < out_ld; ++s) ASSERT_EQ(got[i * out_ld + s], -7.0f) << "past the causal end";
+      }
     }
   }
 }
@@ -198,8 +203,8 @@ TEST(DsaKernels, LatentColumnAndRowReadsMatchTheWholeRead) {
 // equivalent mask, on odd shapes and across 16-row block boundaries; listing every causal
 // position gives the dense kernel's result.
 TEST(DsaKernels, SparseEqualsMaskedDenseAndDenseWhenAllSelected) {
-  for (const auto& [n, nh, ctx, R, P, k] :
-       std::vector<std::array<int64_t, 6>>{{1, 3, 33, 17, 6, 16}, {4, 2, 40, 12, 4, 7}, {3, 5, 17, 9, 2, 17}}) {
+  for (const auto& [n, nh, ctx, R, P, k] : std::vector<std::array<int64_t, 6>>{
+           {1, 3, 33, 17, 6, 16}, {4, 2, 40, 12, 4, 7}, {3, 5, 17, 9, 2, 17}, {2, 19, 90, 24, 8, 70}}) {
     const int64_t ld = R + P + 1;
     const auto q = test::random_vec(n * nh * (R + P), 41 + n, 0.5f);
     const auto lat = test::random_vec(ctx * ld, 42 + R, 1.0f);
@@ -214,9 +219,12 @@ TEST(DsaKernels, SparseEqualsMaskedDenseAndDenseWhenAllSelected) {
       for (int64_t j = 0; j < m; ++j) mask[i * ctx + idx[i * k + j]] = 1;
     }
     std::vector<float> got(n * nh * R), want(n * nh * R);
-    kernels::mla_attention_sparse(q.data(), n, nh, lat.data(), ld, R, P, idx.data(), n_idx.data(), k, 0.3f, got.data());
     kernels::ref::mla_attention_masked(q.data(), n, nh, ctx, lat.data(), ld, R, P, mask.data(), 0.3f, want.data());
-    for (size_t i = 0; i < got.size(); ++i) ASSERT_NEAR(got[i], want[i], 1e-4f) << i;
+    for (Isa isa : test::available_isas()) {
+      kernels::mla_attention_sparse(isa, q.data(), n, nh, lat.data(), ld, R, P, idx.data(), n_idx.data(), k, 0.3f,
+                                    got.data());
+      for (size_t i = 0; i < got.size(); ++i) ASSERT_NEAR(got[i], want[i], 1e-4f) << isa_name(isa) << " " << i;
+    }
     // Every causal position listed: the dense kernel.
     std::vector<int32_t> all(n * ctx), n_all(n);
     for (int64_t i = 0; i < n; ++i) {
