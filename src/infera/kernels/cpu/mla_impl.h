@@ -1,9 +1,9 @@
-// The hot MLA / DSA kernels (mla.h): the chunk indexer scores and the blocked absorbed and
-// sparse attention, written once as plain loops for the compiler's vectorizer and compiled
-// three times: mla_scalar.cpp, mla_avx2.cpp, mla_avx512.cpp each define INFERA_KERNEL_NS,
-// then include this file (include it from nowhere else). mla.cpp picks the table at run
-// time (best_isa(), INFERA_ISA caps it); the references they are tested against are
-// kernels::ref in mla.cpp.
+// The hot MLA / DSA kernels (mla.h): the chunk indexer scores (over the Simd abstraction,
+// simd.h) and the blocked absorbed and sparse attention (plain loops for the compiler's
+// vectorizer), written once and compiled three times: mla_scalar.cpp, mla_avx2.cpp and
+// mla_avx512.cpp each define INFERA_SIMD_LEVEL and INFERA_KERNEL_NS, then include this
+// file (include it from nowhere else). mla.cpp picks the table at run time (best_isa(),
+// INFERA_ISA caps it); the references they are tested against are kernels::ref in mla.cpp.
 #pragma once
 
 #include <omp.h>
@@ -16,9 +16,14 @@
 
 #include "infera/base/threads.h"
 #include "infera/kernels/cpu/mla_dispatch.h"
+#include "infera/kernels/cpu/simd.h"
 
 namespace infera::kernels::INFERA_KERNEL_NS {
 namespace {
+
+using S = Simd;
+using V = S::V;
+constexpr int L = S::kLanes;
 
 float dot(const float* a, const float* b, int64_t n) {
   float s = 0.0f;
@@ -37,13 +42,20 @@ int threads_for(int64_t work_items) {
   return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(t, work_items)));
 }
 
+// GCC 12 warns of the unset pass-through operand inside AVX-512's _mm512_max_ps once it is
+// inlined into the OpenMP region below (-Wmaybe-uninitialized, a false positive).
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 void indexer_scores_chunk_impl(const float* q, const float* w, int64_t n, int64_t n_heads, int64_t d, int64_t pos0,
                                const float* keys, int64_t ld, float* out, int64_t out_ld) {
   if (n <= 0) return;
-  // Blocks of kBlock keys, each transposed once ([d, kBlock]) and then used by every query
-  // and head of the chunk: a head's dot products with the whole block are d broadcast
-  // multiply-adds over kBlock lanes instead of kBlock separate reductions.
-  constexpr int64_t kBlock = 64;
+  // Blocks of kBlock keys (kNv vectors), each transposed once ([d, kBlock]) and then used by
+  // every query and head of the chunk: a head's dot products with the whole block are d
+  // broadcast multiply-adds into kNv independent accumulators held in registers.
+  constexpr int kNv = 4;
+  constexpr int64_t kBlock = kNv * L;
   const int64_t n_keys = pos0 + n;
   const int64_t blocks = (n_keys + kBlock - 1) / kBlock;
   const int threads = threads_for(blocks);
@@ -51,8 +63,7 @@ void indexer_scores_chunk_impl(const float* q, const float* w, int64_t n, int64_
   {
     static thread_local std::vector<float> kt;
     kt.resize(static_cast<size_t>(d * kBlock));
-    alignas(64) float dots[kBlock];
-    alignas(64) float acc[kBlock];
+    alignas(64) float acc_out[kBlock];
 #pragma omp for schedule(static)
     for (int64_t b = 0; b < blocks; ++b) {
       const int64_t s0 = b * kBlock, m = std::min(n_keys, s0 + kBlock) - s0;
@@ -64,26 +75,31 @@ void indexer_scores_chunk_impl(const float* q, const float* w, int64_t n, int64_
       for (int64_t i = std::max<int64_t>(0, s0 - pos0); i < n; ++i) {
         const float* qi = q + i * n_heads * d;
         const float* wi = w + i * n_heads;
-        std::fill(acc, acc + kBlock, 0.0f);
+        const V zero = S::zero();
+        V acc[kNv];
+        for (int v = 0; v < kNv; ++v) acc[v] = zero;
         for (int64_t h = 0; h < n_heads; ++h) {
           const float* qh = qi + h * d;
-          std::fill(dots, dots + kBlock, 0.0f);
+          V dv[kNv];
+          for (int v = 0; v < kNv; ++v) dv[v] = S::zero();
           for (int64_t x = 0; x < d; ++x) {
-            const float a = qh[x];
+            const V a = S::set1(qh[x]);
             const float* row = kt.data() + x * kBlock;
-#pragma omp simd
-            for (int64_t j = 0; j < kBlock; ++j) dots[j] += a * row[j];
+            for (int v = 0; v < kNv; ++v) dv[v] = S::fma(a, S::load(row + v * L), dv[v]);
           }
-          const float wh = wi[h];
-#pragma omp simd
-          for (int64_t j = 0; j < kBlock; ++j) acc[j] += wh * std::max(0.0f, dots[j]);
+          const V wh = S::set1(wi[h]);
+          for (int v = 0; v < kNv; ++v) acc[v] = S::fma(wh, S::max(dv[v], zero), acc[v]);
         }
+        for (int v = 0; v < kNv; ++v) S::store(acc_out + v * L, acc[v]);
         const int64_t end = std::min(m, pos0 + i + 1 - s0);
-        std::copy(acc, acc + end, out + i * out_ld + s0);
+        std::copy(acc_out, acc_out + end, out + i * out_ld + s0);
       }
     }
   }
 }
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
 
 // Absorbed attention of heads [h0, h1) of one query over rows row(0) .. row(n_rows - 1) of
 // the latent, blocked: each block of kRows rows is scored and accumulated by every head
