@@ -37,7 +37,8 @@ export function promptIds(seed, length, vocab) {
 
 // Runs `prompt` through llama.cpp (the GGUF file `gguf`) and Infera (`-m model`, a
 // directory or the same file), `n` greedy tokens. Infera's all-position top-1 comes from
-// feeding the prompt prefixes. Returns the problems found and the final logits' max |diff|.
+// feeding the prompt prefixes. Returns the problems found, the final logits' max |diff| and
+// llama.cpp's greedy ids.
 export function compareWithLlamacpp({ model, gguf, prompt, n, tmp, name }) {
   const ref = lastJsonLine(run("node", [path.join(here, "llamacpp_ref.mjs"), gguf, JSON.stringify(prompt), String(n),
     "--all-logits"]));
@@ -58,7 +59,7 @@ export function compareWithLlamacpp({ model, gguf, prompt, n, tmp, name }) {
       "1", "--temp", "0", "--ignore-eos", "--json", "-t", "1"])).ids[0];
     if (got !== expect) problems.push(`top-1 differs after ${p} prompt tokens: llama.cpp ${expect}, infera ${got}`);
   }
-  return { problems, maxDiff };
+  return { problems, maxDiff, refIds: ref.ids };
 }
 
 // Runs every case whose name contains the script's filter argument (argv[3]): `check(c,

@@ -8,7 +8,7 @@
 import fs from "node:fs";
 import path from "node:path";
 
-import { compareWithLlamacpp, infera, promptIds, python, repo, run, runCases } from "./llamacpp_compare.mjs";
+import { compareWithLlamacpp, infera, lastJsonLine, promptIds, python, repo, run, runCases } from "./llamacpp_compare.mjs";
 
 const N = 32;
 // Logits are O(1..10); f32 engines that differ only in summation order agree to ~1e-5.
@@ -61,6 +61,27 @@ const cases = [
       "--heads", "2", "--q-lora-rank", "0", "--kv-lora-rank", "32", "--qk-nope-dim", "16", "--qk-rope-dim", "8",
       "--v-head-dim", "16", "--ffn", "128", "--experts", "6", "--experts-per-tok", "3", "--moe-ffn", "32",
       "--n-shared", "2", "--first-dense", "2", "--vocab", "384", "--dtype", "bf16", "--seed", "12", "--no-mtp"] },
+  // DeepSeek-V3.2 (deepseek32): the lightning indexer picks index_topk 32 of up to 132
+  // positions, so from prompt position 33 on (and every generated token) each query
+  // attends to a selection. 16 indexer heads make exact score ties (all heads' ReLU at 0)
+  // unlikely; index_head_dim 64 is the smallest llama.cpp's Hadamard rotation of the
+  // indexer keys supports (an orthogonal rotation: it changes no score). denseDiffers: the
+  // same weights attending densely (index_topk beyond the context) must give other greedy
+  // tokens, so that the agreement cannot come from a selection that changes nothing.
+  { name: "deepseek32-f32-topk32", promptLen: 100, denseDiffers: true, args: ["--arch", "deepseek_v32", "--hidden", "128",
+      "--layers", "3", "--heads", "4", "--q-lora-rank", "48", "--kv-lora-rank", "64", "--qk-nope-dim", "32",
+      "--qk-rope-dim", "16", "--v-head-dim", "32", "--ffn", "256", "--experts", "8", "--experts-per-tok", "2",
+      "--moe-ffn", "64", "--n-group", "4", "--topk-group", "2", "--first-dense", "1", "--index-heads", "16",
+      "--index-head-dim", "64", "--index-topk", "32", "--vocab", "512", "--dtype", "f32", "--seed", "13", "--no-mtp"] },
+  // bf16 with YaRN (the indexer's NeoX RoPE takes the same YaRN frequencies and mscale as
+  // MLA's), two shared experts, index_topk 16 under a 64-token prompt.
+  { name: "deepseek32-bf16-yarn-topk16", promptLen: 64, denseDiffers: true, args: ["--arch", "deepseek_v32",
+      "--hidden", "96", "--layers", "2", "--heads", "3", "--q-lora-rank", "32", "--kv-lora-rank", "48",
+      "--qk-nope-dim", "16", "--qk-rope-dim", "8", "--v-head-dim", "24", "--ffn", "192", "--experts", "6",
+      "--experts-per-tok", "2", "--moe-ffn", "48", "--n-shared", "2", "--first-dense", "1", "--rope-scaling", "yarn",
+      "--rope-factor", "4", "--rope-orig-max-pos", "32", "--max-pos", "512", "--index-heads", "16",
+      "--index-head-dim", "64", "--index-topk", "16", "--vocab", "384", "--dtype", "bf16", "--seed", "14",
+      "--no-mtp"] },
 ];
 
 runCases(cases, "infera-conf-", N, (c, tmp) => {
@@ -74,5 +95,18 @@ runCases(cases, "infera-conf-", N, (c, tmp) => {
   const prompt = promptIds(12345 + c.name.length, c.promptLen ?? 12, vocabSize);
   const r = compareWithLlamacpp({ model: dir, gguf, prompt, n: N, tmp, name: c.name });
   if (!(r.maxDiff <= LOGIT_TOL)) r.problems.push(`final logits max abs diff ${r.maxDiff} > ${LOGIT_TOL}`);
+  if (c.denseDiffers) {
+    // The same weights attending densely (index_topk past the context) must give other
+    // greedy tokens: the agreement cannot come from a selection that changes nothing.
+    const dense = path.join(tmp, `${c.name}-dense`);
+    fs.mkdirSync(dense);
+    for (const f of fs.readdirSync(dir)) if (f !== "config.json") fs.symlinkSync(path.join(dir, f), path.join(dense, f));
+    fs.writeFileSync(path.join(dense, "config.json"), JSON.stringify({ ...config, index_topk: 1 << 20 }));
+    const denseIds = lastJsonLine(run(infera, ["run", "-m", dense, "--prompt-ids", JSON.stringify(prompt), "-n",
+      String(N), "--temp", "0", "--ignore-eos", "--json", "-t", "1"])).ids;
+    if (JSON.stringify(denseIds) === JSON.stringify(r.refIds)) {
+      r.problems.push("dense attention gives the same greedy tokens: the test does not exercise the selection");
+    }
+  }
   return { ...r, positions: prompt.length };
 });

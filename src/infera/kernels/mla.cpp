@@ -9,8 +9,10 @@
 #include <numeric>
 #include <vector>
 
+#include "infera/base/cpu.h"
 #include "infera/base/error.h"
 #include "infera/base/threads.h"
+#include "infera/kernels/cpu/mla_dispatch.h"
 #include "infera/tensor/dtype.h"
 
 namespace infera::kernels {
@@ -41,6 +43,27 @@ void rope_interleaved(float* x, int64_t n_tokens, int64_t n_heads, int64_t head_
 
 namespace {
 
+// Elements [a, b) of one half row.
+void load_half_row_part(const void* pool, const float* scales, DType dtype, int64_t row, int64_t hd, int64_t a,
+                        int64_t b, float* out) {
+  const int64_t n = b - a;
+  switch (dtype) {
+    case DType::kF32: std::memcpy(out, static_cast<const float*>(pool) + row * hd + a, n * sizeof(float)); return;
+    case DType::kBF16: {
+      const uint16_t* p = static_cast<const uint16_t*>(pool) + row * hd + a;
+      for (int64_t i = 0; i < n; ++i) out[i] = bf16_to_f32(p[i]);
+      return;
+    }
+    case DType::kI8: {
+      const int8_t* p = static_cast<const int8_t*>(pool) + row * hd + a;
+      const float s = scales[row];
+      for (int64_t i = 0; i < n; ++i) out[i] = s * static_cast<float>(p[i]);
+      return;
+    }
+    default: fail("MLA latent cache: dtype {} is not supported (f32, bf16 or int8)", dtype_name(dtype));
+  }
+}
+
 void load_half_row(const void* pool, const float* scales, DType dtype, int64_t row, int64_t hd, float* out) {
   switch (dtype) {
     case DType::kF32: std::memcpy(out, static_cast<const float*>(pool) + row * hd, hd * sizeof(float)); return;
@@ -60,6 +83,35 @@ void load_half_row(const void* pool, const float* scales, DType dtype, int64_t r
 }
 
 }  // namespace
+
+void mla_load_latent_cols(const PagedKv& kv, int64_t p0, int64_t p1, int64_t c0, int64_t c1, float* out) {
+  INFERA_ASSERT(kv.n_kv_heads == 1, "mla_load_latent_cols: the latent cache has one KV head");
+  const int64_t hd = kv.head_dim, bs = kv.block_size, w = c1 - c0;
+  INFERA_ASSERT(c0 >= 0 && c0 <= c1 && c1 <= 2 * hd, "mla_load_latent_cols: columns out of range");
+  // The part of [c0, c1) in the K half, then in the V half.
+  const int64_t k0 = std::min(c0, hd), k1 = std::min(c1, hd);
+  const int64_t v0 = std::max(c0, hd) - hd, v1 = std::max(c1, hd) - hd;
+  for (int64_t p = p0; p < p1; ++p) {
+    const int64_t slot = static_cast<int64_t>(kv.block_table[p / bs]) * bs + p % bs;
+    const int64_t row = kv_row(slot, 0, bs, 1);
+    float* o = out + (p - p0) * w;
+    if (k1 > k0) load_half_row_part(kv.k_pool, kv.k_scales, kv.dtype, row, hd, k0, k1, o);
+    if (v1 > v0) load_half_row_part(kv.v_pool, kv.v_scales, kv.dtype, row, hd, v0, v1, o + (k1 - k0));
+  }
+}
+
+void mla_load_latent_rows(const PagedKv& kv, const int32_t* positions, int64_t n, float* out) {
+  INFERA_ASSERT(kv.n_kv_heads == 1, "mla_load_latent_rows: the latent cache has one KV head");
+  const int64_t hd = kv.head_dim, bs = kv.block_size;
+  for (int64_t j = 0; j < n; ++j) {
+    const int64_t p = positions[j];
+    const int64_t slot = static_cast<int64_t>(kv.block_table[p / bs]) * bs + p % bs;
+    const int64_t row = kv_row(slot, 0, bs, 1);
+    float* o = out + j * 2 * hd;
+    load_half_row(kv.k_pool, kv.k_scales, kv.dtype, row, hd, o);
+    load_half_row(kv.v_pool, kv.v_scales, kv.dtype, row, hd, o + hd);
+  }
+}
 
 void mla_load_latent(const PagedKv& kv, int64_t p0, int64_t p1, float* out) {
   INFERA_ASSERT(kv.n_kv_heads == 1, "mla_load_latent: the latent cache has one KV head");
@@ -124,27 +176,39 @@ void attend_each(int64_t items, const Scores& scores, const Mix& mix) {
   }
 }
 
+const MlaTable& mla_table_for(Isa isa) {
+  switch (isa) {
+    case Isa::kAvx512:
+      INFERA_ASSERT(cpu_features().has_avx512_path(), "kernel path avx512 is not available on this CPU");
+      return cpu_avx512::mla_table();
+    case Isa::kAvx2:
+      INFERA_ASSERT(cpu_features().has_avx2_path(), "kernel path avx2 is not available on this CPU");
+      return cpu_avx2::mla_table();
+    case Isa::kScalar: break;
+  }
+  return cpu_scalar::mla_table();
+}
+
 }  // namespace
+
+void indexer_scores_chunk(Isa isa, const float* q, const float* w, int64_t n, int64_t n_heads, int64_t d, int64_t pos0,
+                          const float* keys, int64_t ld, float* out, int64_t out_ld) {
+  mla_table_for(isa).indexer_scores_chunk(q, w, n, n_heads, d, pos0, keys, ld, out, out_ld);
+}
+
+void indexer_scores_chunk(const float* q, const float* w, int64_t n, int64_t n_heads, int64_t d, int64_t pos0,
+                          const float* keys, int64_t ld, float* out, int64_t out_ld) {
+  indexer_scores_chunk(best_isa(), q, w, n, n_heads, d, pos0, keys, ld, out, out_ld);
+}
+
+void mla_attention_absorbed(Isa isa, const float* q, int64_t n_tokens, int64_t n_heads, int64_t pos0, const float* lat,
+                            int64_t ld, int64_t R, int64_t P, float scale, float* out) {
+  mla_table_for(isa).attention_absorbed(q, n_tokens, n_heads, pos0, lat, ld, R, P, scale, out);
+}
 
 void mla_attention_absorbed(const float* q, int64_t n_tokens, int64_t n_heads, int64_t pos0, const float* lat,
                             int64_t ld, int64_t R, int64_t P, float scale, float* out) {
-  const int64_t D = R + P;
-  attend_each(
-      n_tokens * n_heads,
-      [&](int64_t it, std::vector<float>& s) {
-        const int64_t n_ctx = pos0 + it / n_heads + 1;
-        const float* qh = q + it * D;
-        s.resize(static_cast<size_t>(n_ctx));
-        for (int64_t t = 0; t < n_ctx; ++t) {
-          const float* row = lat + t * ld;
-          s[t] = (dot(qh, row, R) + dot(qh + R, row + R, P)) * scale;
-        }
-      },
-      [&](int64_t it, const float* s, int64_t n_ctx) {
-        float* o = out + it * R;
-        std::fill(o, o + R, 0.0f);
-        for (int64_t t = 0; t < n_ctx; ++t) axpy(s[t], lat + t * ld, o, R);
-      });
+  mla_attention_absorbed(best_isa(), q, n_tokens, n_heads, pos0, lat, ld, R, P, scale, out);
 }
 
 void mla_attention_naive(const float* q, int64_t n_tokens, int64_t n_heads, int64_t pos0, const float* kv, int64_t nope,
@@ -190,29 +254,16 @@ void topk_indices(const float* scores, int64_t n, int64_t k, int32_t* out) {
   std::sort(out, out + k);
 }
 
+void mla_attention_sparse(Isa isa, const float* q, int64_t n_tokens, int64_t n_heads, const float* lat, int64_t ld,
+                          int64_t R, int64_t P, const int32_t* idx, const int32_t* n_idx, int64_t idx_stride,
+                          float scale, float* out) {
+  mla_table_for(isa).attention_sparse(q, n_tokens, n_heads, lat, ld, R, P, idx, n_idx, idx_stride, scale, out);
+}
+
 void mla_attention_sparse(const float* q, int64_t n_tokens, int64_t n_heads, const float* lat, int64_t ld, int64_t R,
                           int64_t P, const int32_t* idx, const int32_t* n_idx, int64_t idx_stride, float scale,
                           float* out) {
-  const int64_t D = R + P;
-  attend_each(
-      n_tokens * n_heads,
-      [&](int64_t it, std::vector<float>& s) {
-        const int64_t i = it / n_heads;
-        const int32_t* rows = idx + i * idx_stride;
-        const int64_t n = n_idx[i];
-        const float* qh = q + it * D;
-        s.resize(static_cast<size_t>(n));
-        for (int64_t j = 0; j < n; ++j) {
-          const float* row = lat + static_cast<int64_t>(rows[j]) * ld;
-          s[j] = (dot(qh, row, R) + dot(qh + R, row + R, P)) * scale;
-        }
-      },
-      [&](int64_t it, const float* s, int64_t n) {  // no rows (n == 0): zeros
-        const int32_t* rows = idx + it / n_heads * idx_stride;
-        float* o = out + it * R;
-        std::fill(o, o + R, 0.0f);
-        for (int64_t j = 0; j < n; ++j) axpy(s[j], lat + static_cast<int64_t>(rows[j]) * ld, o, R);
-      });
+  mla_attention_sparse(best_isa(), q, n_tokens, n_heads, lat, ld, R, P, idx, n_idx, idx_stride, scale, out);
 }
 
 void moe_route_sigmoid(const float* logits, const float* bias, int64_t n_tokens, int64_t n_experts, int64_t k,

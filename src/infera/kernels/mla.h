@@ -12,11 +12,15 @@
 //     q_pe against k_pe, and the output stays latent (Σ p c_kv, R wide) until W_UV;
 //   naive (prefill): k_nope and v per head are expanded from c_kv by kv_b_proj, and the
 //     heads attend as usual with K = [k_nope | k_pe] (k_pe shared by every head).
-// Activations f32; scores, softmax and sums in f32 (double in the references).
+// Activations f32; scores, softmax and sums in f32 (double in the references). The chunk
+// indexer scores and the absorbed and sparse attention have scalar, AVX2 and AVX-512 paths
+// (kernels/cpu/mla_impl.h) picked at run time by best_isa() (INFERA_ISA caps it); the
+// overloads taking an Isa run that path.
 #pragma once
 
 #include <cstdint>
 
+#include "infera/base/cpu.h"
 #include "infera/kernels/kernels.h"
 
 namespace infera::kernels {
@@ -31,11 +35,18 @@ void rope_interleaved(float* x, int64_t n_tokens, int64_t n_heads, int64_t head_
 // Rows [p0, p1) of one sequence's latent cache (a KvPool of one KV head, K half then V
 // half as above) as f32: out [p1 - p0, 2 * kv.head_dim].
 void mla_load_latent(const PagedKv& kv, int64_t p0, int64_t p1, float* out);
+// Columns [c0, c1) of those rows only (the V3.2 indexer keys): out [p1 - p0, c1 - c0].
+void mla_load_latent_cols(const PagedKv& kv, int64_t p0, int64_t p1, int64_t c0, int64_t c1, float* out);
+// The rows of the listed positions (any order): out [n, 2 * kv.head_dim], row j = position
+// positions[j].
+void mla_load_latent_rows(const PagedKv& kv, const int32_t* positions, int64_t n, float* out);
 
 // Absorbed form. lat: [n_ctx, ld] rows [c (R) | k_pe (P) | ...] (ld >= R + P); q: [n_tokens,
 // n_heads, R + P] per head [q̃ | q_pe]. Query token i attends causally to rows
 // [0, pos0 + i]. out: [n_tokens, n_heads, R] = Σ_t softmax_t(q · lat_t * scale) c_t.
 void mla_attention_absorbed(const float* q, int64_t n_tokens, int64_t n_heads, int64_t pos0, const float* lat,
+                            int64_t ld, int64_t R, int64_t P, float scale, float* out);
+void mla_attention_absorbed(Isa isa, const float* q, int64_t n_tokens, int64_t n_heads, int64_t pos0, const float* lat,
                             int64_t ld, int64_t R, int64_t P, float scale, float* out);
 
 // Naive form. q: [n_tokens, n_heads, nope + P] per head [q_nope | q_pe]; kv: [n_ctx,
@@ -51,6 +62,16 @@ void mla_attention_naive(const float* q, int64_t n_tokens, int64_t n_heads, int6
 void indexer_scores(const float* q, const float* w, int64_t n_heads, int64_t d, const float* keys, int64_t ld,
                     int64_t n_keys, float* out);
 
+// The same for a chunk of n queries at positions pos0 .. pos0 + n - 1, blocked over keys (a
+// block of keys is transposed once and used by every query and head): query i scores keys
+// [0, pos0 + i] into out[i * out_ld + s], indexer_scores of that query up to the order of
+// the f32 sums; the entries of row i past pos0 + i are not written. q [n, n_heads, d],
+// w [n, n_heads].
+void indexer_scores_chunk(const float* q, const float* w, int64_t n, int64_t n_heads, int64_t d, int64_t pos0,
+                          const float* keys, int64_t ld, float* out, int64_t out_ld);
+void indexer_scores_chunk(Isa isa, const float* q, const float* w, int64_t n, int64_t n_heads, int64_t d, int64_t pos0,
+                          const float* keys, int64_t ld, float* out, int64_t out_ld);
+
 // The positions of the k largest scores[0, n) (ties: the lower position first), in
 // ascending position order; k <= n.
 void topk_indices(const float* scores, int64_t n, int64_t k, int32_t* out);
@@ -61,6 +82,9 @@ void topk_indices(const float* scores, int64_t n, int64_t k, int32_t* out);
 void mla_attention_sparse(const float* q, int64_t n_tokens, int64_t n_heads, const float* lat, int64_t ld, int64_t R,
                           int64_t P, const int32_t* idx, const int32_t* n_idx, int64_t idx_stride, float scale,
                           float* out);
+void mla_attention_sparse(Isa isa, const float* q, int64_t n_tokens, int64_t n_heads, const float* lat, int64_t ld,
+                          int64_t R, int64_t P, const int32_t* idx, const int32_t* n_idx, int64_t idx_stride,
+                          float scale, float* out);
 
 // DeepSeek-V3 router (topk_method noaux_tc): s = sigmoid(logits); selection on s + bias
 // (bias may be null), limited to the topk_group best of n_group equal groups of experts

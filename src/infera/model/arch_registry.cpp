@@ -109,6 +109,7 @@ std::vector<ArchInfo> make_registry() {
        .name = "deepseek_v32",
        .model_types = {"deepseek_v32"},
        .display_name = "DeepSeek-V3.2",
+       .gguf_arch = "deepseek32",
        .traits = {.mla = true},
        .read_config = read_deepseek_config,
        .tensors = deepseek_tensor_table,

@@ -278,7 +278,9 @@ class DeepseekModel final : public Model, public MtpHead {
   std::vector<float> x_, xn_, cq_, q_, kva_, lat_, attn_, out_, ffn_, rows_, hidden_, cat_;
   std::vector<float> ctx_, qabs_, olat_, kvx_, cbuf_, swiglu_scratch_;
   std::vector<float> iq_, ik_, iw_, scores_;  // V3.2 indexer: queries, keys, head weights, scores
+  std::vector<float> ikeys_;  // V3.2: the context's indexer keys
   std::vector<int32_t> sel_, n_sel_;  // V3.2: selected positions per query
+  std::vector<int32_t> mark_, picked_;  // V3.2: the union of a chunk's selections
   std::vector<int32_t> positions_;
   std::vector<int64_t> slots_;
 };
@@ -351,19 +353,24 @@ void DeepseekModel::attention(const DsLayer& L, const ForwardBatch& batch, KvPoo
     // exactly what later steps will.
     const float* rows = lat_.data() + static_cast<int64_t>(s.token_begin) * lw;
     kv.write(L.kv_layer, rows, rows + half, lw, n, slots_.data());
-    ctx_.resize(static_cast<size_t>(ctx * lw));
-    kernels::mla_load_latent(kv.view(L.kv_layer, s.block_table), 0, ctx, ctx_.data());
+    const kernels::PagedKv view = kv.view(L.kv_layer, s.block_table);
 
     const float* qs = q_.data() + static_cast<int64_t>(s.token_begin) * nh * qk;
     float* os = out + static_cast<int64_t>(s.token_begin) * nh * V;
     // V3.2 with more context than index_topk: each query attends to the index_topk positions
     // its indexer scores highest (absorbed form over the selected rows). Up to index_topk
-    // every position is selected: dense MLA, below.
+    // every position is selected: dense MLA, below. Sparse chunks read back only the
+    // indexer keys of the context and the latent rows some query selected.
     const bool sparse = indexer && ctx > c.index_topk;
+    if (!sparse) {
+      ctx_.resize(static_cast<size_t>(ctx * lw));
+      kernels::mla_load_latent(view, 0, ctx, ctx_.data());
+    }
     bool naive = form_ == MlaForm::kNaive && !sparse;
     // Absorbing costs n·nh·(2R + P) per context row, expanding nh·R·(nope + V) once per
     // row plus n·nh·(qk + V).
-    if (form_ == MlaForm::kAuto) naive = n * (2 * R + P) > R * kvw + n * (qk + V);
+    // (A sparse chunk always runs absorbed, over its selected rows.)
+    if (form_ == MlaForm::kAuto && !sparse) naive = n * (2 * R + P) > R * kvw + n * (qk + V);
     if (naive) {
       // [k_nope | v] per head for every context row from c_kv.
       cbuf_.resize(static_cast<size_t>(ctx * R));
@@ -394,21 +401,45 @@ void DeepseekModel::attention(const DsLayer& L, const ForwardBatch& batch, KvPoo
       const int64_t k = c.index_topk;
       sel_.resize(static_cast<size_t>(n * k));
       n_sel_.resize(static_cast<size_t>(n));
-      scores_.resize(static_cast<size_t>(ctx));
-      for (int64_t i = 0; i < n; ++i) {
-        const int64_t n_keys = s.pos0 + i + 1;  // causal
-        const int64_t t = s.token_begin + i;
-        int32_t* out_i = sel_.data() + i * k;
-        if (n_keys <= k) {
-          for (int64_t j = 0; j < n_keys; ++j) out_i[j] = static_cast<int32_t>(j);
-          n_sel_[i] = static_cast<int32_t>(n_keys);
-          continue;
+      ikeys_.resize(static_cast<size_t>(ctx * dI));
+      kernels::mla_load_latent_cols(view, 0, ctx, R + P, R + P + dI, ikeys_.data());
+      // The chunk's scores as one [queries, ctx] matrix, a block of queries at a time so
+      // that the matrix stays within kScoreFloats.
+      constexpr int64_t kScoreFloats = int64_t{1} << 22;
+      const int64_t qb = std::clamp<int64_t>(kScoreFloats / ctx, 1, n);
+      scores_.resize(static_cast<size_t>(qb * ctx));
+      for (int64_t i0 = 0; i0 < n; i0 += qb) {
+        const int64_t nb = std::min(qb, n - i0);
+        const int64_t t0 = s.token_begin + i0;
+        kernels::indexer_scores_chunk(iq_.data() + t0 * nI * dI, iw_.data() + t0 * nI, nb, nI, dI, s.pos0 + i0,
+                                      ikeys_.data(), dI, scores_.data(), ctx);
+        for (int64_t i = i0; i < i0 + nb; ++i) {
+          const int64_t n_keys = s.pos0 + i + 1;  // causal
+          int32_t* out_i = sel_.data() + i * k;
+          if (n_keys <= k) {
+            for (int64_t j = 0; j < n_keys; ++j) out_i[j] = static_cast<int32_t>(j);
+            n_sel_[i] = static_cast<int32_t>(n_keys);
+            continue;
+          }
+          kernels::topk_indices(scores_.data() + (i - i0) * ctx, n_keys, k, out_i);
+          n_sel_[i] = static_cast<int32_t>(k);
         }
-        kernels::indexer_scores(iq_.data() + t * nI * dI, iw_.data() + t * nI, nI, dI, ctx_.data() + R + P, lw, n_keys,
-                                scores_.data());
-        kernels::topk_indices(scores_.data(), n_keys, k, out_i);
-        n_sel_[i] = static_cast<int32_t>(k);
       }
+      // Only the rows some query selected are read back, in position order; the lists
+      // then index that compact copy.
+      mark_.assign(static_cast<size_t>(ctx), -1);
+      for (int64_t i = 0; i < n; ++i)
+        for (int64_t j = 0; j < n_sel_[i]; ++j) mark_[sel_[i * k + j]] = 0;
+      picked_.clear();
+      for (int64_t p = 0; p < ctx; ++p) {
+        if (mark_[p] < 0) continue;
+        mark_[p] = static_cast<int32_t>(picked_.size());
+        picked_.push_back(static_cast<int32_t>(p));
+      }
+      for (int64_t i = 0; i < n; ++i)
+        for (int64_t j = 0; j < n_sel_[i]; ++j) sel_[i * k + j] = mark_[sel_[i * k + j]];
+      ctx_.resize(picked_.size() * static_cast<size_t>(lw));
+      kernels::mla_load_latent_rows(view, picked_.data(), static_cast<int64_t>(picked_.size()), ctx_.data());
       kernels::mla_attention_sparse(qabs_.data(), n, nh, ctx_.data(), lw, R, P, sel_.data(), n_sel_.data(), k, scale_,
                                     olat_.data());
     } else {

@@ -77,17 +77,17 @@ void add_mla(TableBuilder& t, const std::string& p) {
         WeightRole::kFloat, "attn_kv_b", "attn_k_b.weight", TpSplit::kRows);
   t.add(p + "self_attn.o_proj.weight", {H, nh * c.v_head_dim}, WeightRole::kLinear, "attn_output", "attn_output.weight",
         TpSplit::kColumns);
-  if (c.index_n_heads > 0) {  // DeepSeek-V3.2 lightning indexer
+  if (c.index_n_heads > 0) {  // DeepSeek-V3.2 lightning indexer (llama.cpp's deepseek32 names)
     t.add(p + "self_attn.indexer.wq_b.weight", {c.index_n_heads * c.index_head_dim, c.q_lora_rank}, WeightRole::kLinear,
-          "indexer_q_b", kNoGguf, TpSplit::kReplicated);
-    t.add(p + "self_attn.indexer.wk.weight", {c.index_head_dim, H}, WeightRole::kLinear, "indexer_k", kNoGguf,
-          TpSplit::kReplicated);
-    t.add(p + "self_attn.indexer.k_norm.weight", {c.index_head_dim}, WeightRole::kVector, "indexer_k_norm", kNoGguf,
-          TpSplit::kReplicated);
-    t.add(p + "self_attn.indexer.k_norm.bias", {c.index_head_dim}, WeightRole::kVector, "indexer_k_norm_bias", kNoGguf,
-          TpSplit::kReplicated);
+          "indexer_q_b", "indexer.attn_q_b.weight", TpSplit::kReplicated);
+    t.add(p + "self_attn.indexer.wk.weight", {c.index_head_dim, H}, WeightRole::kLinear, "indexer_k",
+          "indexer.attn_k.weight", TpSplit::kReplicated);
+    t.add(p + "self_attn.indexer.k_norm.weight", {c.index_head_dim}, WeightRole::kVector, "indexer_k_norm",
+          "indexer.k_norm.weight", TpSplit::kReplicated);
+    t.add(p + "self_attn.indexer.k_norm.bias", {c.index_head_dim}, WeightRole::kVector, "indexer_k_norm_bias",
+          "indexer.k_norm.bias", TpSplit::kReplicated);
     t.add(p + "self_attn.indexer.weights_proj.weight", {c.index_n_heads, H}, WeightRole::kFloat, "indexer_proj",
-          kNoGguf, TpSplit::kReplicated);
+          "indexer.proj.weight", TpSplit::kReplicated);
   }
 }
 

@@ -503,6 +503,15 @@ GgufExportResult export_gguf(const std::string& model_dir, const std::string& ou
       fail("{}: norm_topk_prob is false; llama.cpp's {} always renormalises the top-k weights", config_path, arch);
     }
   }
+  if (config.index_n_heads > 0) {
+    // llama.cpp's deepseek32 always has q_lora (the indexer query comes from it) and keeps the
+    // indexer keys Hadamard-rotated by a matrix it builds for power-of-two sizes from 64 up.
+    if (config.q_lora_rank <= 0) fail("{}: deepseek32 needs q_lora_rank > 0", config_path);
+    const int64_t d = config.index_head_dim;
+    if (d < 64 || (d & (d - 1)) != 0) {
+      fail("{}: index_head_dim {} is not a power of two >= 64, which llama.cpp's deepseek32 needs", config_path, d);
+    }
+  }
   if (hybrid && config.linear_key_head_dim != config.linear_value_head_dim) {
     fail("{}: linear_key_head_dim ({}) != linear_value_head_dim ({}); llama.cpp's {} needs them equal", config_path,
          config.linear_key_head_dim, config.linear_value_head_dim, arch);
@@ -557,6 +566,13 @@ GgufExportResult export_gguf(const std::string& model_dir, const std::string& ou
                Value::u32(static_cast<uint32_t>(config.qk_nope_head_dim + config.qk_rope_head_dim)));
     writer.set(hp + "attention.value_length_mla", Value::u32(static_cast<uint32_t>(config.v_head_dim)));
     writer.set(hp + "rope.dimension_count", Value::u32(static_cast<uint32_t>(config.qk_rope_head_dim)));
+    if (config.index_n_heads > 0) {
+      // deepseek32: the lightning indexer (its RoPE covers the first rope.dimension_count
+      // dims of each indexer head, NeoX-style; llama.cpp knows that from the architecture).
+      writer.set(hp + "attention.indexer.head_count", Value::u32(static_cast<uint32_t>(config.index_n_heads)));
+      writer.set(hp + "attention.indexer.key_length", Value::u32(static_cast<uint32_t>(config.index_head_dim)));
+      writer.set(hp + "attention.indexer.top_k", Value::u32(static_cast<uint32_t>(config.index_topk)));
+    }
     if (config.rope.scaling == RopeScaling::kYarn) {
       // llama.cpp's softmax-scale correction: mscale = 1 + yarn_log_multiplier ln(factor).
       writer.set(hp + "rope.scaling.yarn_log_multiplier", Value::f32(0.1f * config.rope.mscale_all_dim));
@@ -734,6 +750,14 @@ GgufExportResult export_gguf(const std::string& model_dir, const std::string& ou
         plan.push_back(std::move(v));
       }
       add_matrix(a + "o_proj.weight", H, nh * Vd);
+      if (config.index_n_heads > 0) {
+        const int64_t nI = config.index_n_heads, dI = config.index_head_dim;
+        add_matrix(a + "indexer.wq_b.weight", nI * dI, config.q_lora_rank);
+        add_matrix(a + "indexer.wk.weight", dI, H);
+        add_vector(a + "indexer.k_norm.weight", dI);
+        add_vector(a + "indexer.k_norm.bias", dI);
+        add_matrix(a + "indexer.weights_proj.weight", nI, H);
+      }
       add_vector(p + "post_attention_layernorm.weight", H);
       if (!config.is_moe_layer(layer)) {
         add_matrix(p + "mlp.gate_proj.weight", F, H);

@@ -205,14 +205,27 @@ TEST(TensorTable, RolesDecideQuantizationAndGgufNames) {
   EXPECT_EQ(l["model.layers.2.post_attention_layernorm.weight"].gguf, "blk.2.ffn_norm.weight");
   EXPECT_EQ(l["model.layers.2.self_attn.o_proj.weight"].gguf, "blk.2.attn_output.weight");
   EXPECT_EQ(l["model.norm.weight"].gguf, "output_norm.weight");
-  // No GGUF export for Qwen3-Next or DeepSeek-V3.2: no GGUF names.
+  // No GGUF export for Qwen3-Next: no GGUF names.
   for (const TensorSpec& s : tensor_table(config_of("qwen3_next"))) EXPECT_EQ(s.gguf, "") << s.name;
-  for (const TensorSpec& s : tensor_table(config_of("deepseek_v32"))) EXPECT_EQ(s.gguf, "") << s.name;
   // DeepSeek-V3 as llama.cpp's deepseek2 names it (kv_b_proj becomes attn_k_b + attn_v_b).
   std::map<std::string, std::string> ds;
   for (const TensorSpec& s : tensor_table(config_of("deepseek_v3"))) ds[s.name] = s.gguf;
   EXPECT_EQ(ds["model.layers.0.self_attn.kv_a_proj_with_mqa.weight"], "blk.0.attn_kv_a_mqa.weight");
   EXPECT_EQ(ds["model.layers.0.self_attn.kv_b_proj.weight"], "blk.0.attn_k_b.weight");
+  // DeepSeek-V3.2 as llama.cpp's deepseek32: the same plus the lightning indexer.
+  ModelConfig v32_config = config_of("deepseek_v32");
+  v32_config.q_lora_rank = 24;
+  v32_config.index_n_heads = 4;
+  v32_config.index_head_dim = 16;
+  v32_config.index_topk = 8;
+  std::map<std::string, std::string> v32;
+  for (const TensorSpec& s : tensor_table(v32_config)) v32[s.name] = s.gguf;
+  EXPECT_EQ(v32["model.layers.1.self_attn.kv_b_proj.weight"], "blk.1.attn_k_b.weight");
+  EXPECT_EQ(v32["model.layers.1.self_attn.indexer.wq_b.weight"], "blk.1.indexer.attn_q_b.weight");
+  EXPECT_EQ(v32["model.layers.1.self_attn.indexer.wk.weight"], "blk.1.indexer.attn_k.weight");
+  EXPECT_EQ(v32["model.layers.1.self_attn.indexer.k_norm.weight"], "blk.1.indexer.k_norm.weight");
+  EXPECT_EQ(v32["model.layers.1.self_attn.indexer.k_norm.bias"], "blk.1.indexer.k_norm.bias");
+  EXPECT_EQ(v32["model.layers.1.self_attn.indexer.weights_proj.weight"], "blk.1.indexer.proj.weight");
 }
 
 // Model files bind by (layer, slot[, expert]): every row of every table has a slot, and no

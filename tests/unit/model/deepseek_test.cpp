@@ -1,23 +1,26 @@
 // DeepSeek-V3 (model/deepseek.cpp, kernels/mla.h): the MLA kernels against their
-// references, the group-limited sigmoid router against a brute force, and generated
+// references (every ISA path), the group-limited sigmoid router against a brute force, and generated
 // checkpoints (with and without q_lora, dense first layers, grouped routing, YaRN) against
 // the NumPy reference tools/deepseek_ref.py; the absorbed and naive attention forms against
 // each other, decode against prefill, and the latent cache in f32 / bf16 / int8.
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <numeric>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "../test_support.h"
 #include "infera/kernels/mla.h"
 #include "infera/model/arch_registry.h"
 #include "infera/model/model.h"
+#include "infera/tensor/dtype.h"
 
 namespace infera {
 namespace {
@@ -27,15 +30,18 @@ namespace fs = std::filesystem;
 // ---- kernels ----
 
 TEST(MlaKernels, AbsorbedMatchesReferenceOnOddShapes) {
-  for (const auto& [n, nh, pos0, R, P] :
-       std::vector<std::array<int64_t, 5>>{{1, 3, 0, 17, 6}, {1, 4, 33, 32, 8}, {5, 2, 11, 20, 4}, {7, 5, 0, 9, 2}}) {
+  for (const auto& [n, nh, pos0, R, P] : std::vector<std::array<int64_t, 5>>{
+           {1, 3, 0, 17, 6}, {1, 4, 33, 32, 8}, {5, 2, 11, 20, 4}, {7, 5, 0, 9, 2}, {2, 37, 99, 24, 8}}) {
+    // (The last: several 32-row blocks and head groups of 16, 16 and 5.)
     const int64_t ctx = pos0 + n, ld = R + P + 3;  // padded rows, as the cache stores them
     const auto q = test::random_vec(n * nh * (R + P), 1 + n, 0.5f);
     const auto lat = test::random_vec(ctx * ld, 2 + R, 1.0f);
     std::vector<float> got(n * nh * R), want(n * nh * R);
-    kernels::mla_attention_absorbed(q.data(), n, nh, pos0, lat.data(), ld, R, P, 0.3f, got.data());
     kernels::ref::mla_attention_absorbed(q.data(), n, nh, pos0, lat.data(), ld, R, P, 0.3f, want.data());
-    for (size_t i = 0; i < got.size(); ++i) ASSERT_NEAR(got[i], want[i], 1e-4f) << i;
+    for (Isa isa : test::available_isas()) {
+      kernels::mla_attention_absorbed(isa, q.data(), n, nh, pos0, lat.data(), ld, R, P, 0.3f, got.data());
+      for (size_t i = 0; i < got.size(); ++i) ASSERT_NEAR(got[i], want[i], 1e-4f) << isa_name(isa) << " " << i;
+    }
   }
 }
 
@@ -133,12 +139,72 @@ TEST(DsaKernels, IndexerScoresAndTopkMatchReferences) {
   EXPECT_EQ(two, (std::vector<int32_t>{5, 9}));
 }
 
+// The chunk's score matrix, blocked over keys (64 per block; the shapes cross block
+// boundaries), equals the float64 reference per query (causal rows; f32 sums in another
+// order) and writes nothing past a query's last key.
+TEST(DsaKernels, ChunkScoresEqualPerQueryScores) {
+  for (const auto& [n, nh, d, pos0] :
+       std::vector<std::array<int64_t, 4>>{{1, 3, 10, 149}, {7, 2, 9, 60}, {70, 5, 16, 0}, {3, 1, 33, 127}}) {
+    const int64_t ld = d + 3, ctx = pos0 + n, out_ld = ctx + 2;
+    const auto q = test::random_vec(n * nh * d, 51 + n);
+    const auto w = test::random_vec(n * nh, 52 + d);
+    const auto keys = test::random_vec(ctx * ld, 53 + pos0);
+    for (Isa isa : test::available_isas()) {
+      std::vector<float> got(n * out_ld, -7.0f), want(ctx);
+      kernels::indexer_scores_chunk(isa, q.data(), w.data(), n, nh, d, pos0, keys.data(), ld, got.data(), out_ld);
+      for (int64_t i = 0; i < n; ++i) {
+        const int64_t n_keys = pos0 + i + 1;
+        kernels::ref::indexer_scores(q.data() + i * nh * d, w.data() + i * nh, nh, d, keys.data(), ld, n_keys,
+                                     want.data());
+        for (int64_t s = 0; s < n_keys; ++s)
+          ASSERT_NEAR(got[i * out_ld + s], want[s], 1e-4f * (1.0f + std::fabs(want[s])))
+              << isa_name(isa) << " query " << i << " key " << s;
+        for (int64_t s = n_keys; s < out_ld; ++s) ASSERT_EQ(got[i * out_ld + s], -7.0f) << "past the causal end";
+      }
+    }
+  }
+}
+
+// Partial reads of the paged latent cache (columns: the indexer keys; listed rows: the
+// selected positions) equal the matching parts of a whole read, for every dtype, with
+// column ranges inside the K half, inside the V half and across the two.
+TEST(DsaKernels, LatentColumnAndRowReadsMatchTheWholeRead) {
+  const int64_t bs = 4, hd = 7, ctx = 11, lw = 2 * hd;
+  const std::vector<int32_t> table = {2, 0, 1};
+  const auto src = test::random_vec(ctx * lw, 61);
+  for (DType dtype : {DType::kF32, DType::kBF16, DType::kI8}) {
+    const int64_t rows = 3 * bs, esize = dtype == DType::kF32 ? 4 : dtype == DType::kBF16 ? 2 : 1;
+    std::vector<uint8_t> k_pool(rows * hd * esize), v_pool(rows * hd * esize);
+    std::vector<float> k_scales(rows), v_scales(rows);
+    std::vector<int64_t> slots(ctx);
+    for (int64_t p = 0; p < ctx; ++p) slots[p] = static_cast<int64_t>(table[p / bs]) * bs + p % bs;
+    kernels::store_kv_rows(dtype, src.data(), lw, ctx, slots.data(), bs, 1, hd, k_pool.data(), k_scales.data());
+    kernels::store_kv_rows(dtype, src.data() + hd, lw, ctx, slots.data(), bs, 1, hd, v_pool.data(), v_scales.data());
+    kernels::PagedKv kv{k_pool.data(), v_pool.data(), bs, 1, hd, table.data(), dtype, k_scales.data(), v_scales.data()};
+    std::vector<float> whole(ctx * lw);
+    kernels::mla_load_latent(kv, 0, ctx, whole.data());
+    for (const auto& [c0, c1] : std::vector<std::pair<int64_t, int64_t>>{{0, 3}, {2, 7}, {5, 12}, {7, 14}, {9, 10}}) {
+      const int64_t p0 = 1, p1 = ctx, wd = c1 - c0;
+      std::vector<float> cols((p1 - p0) * wd);
+      kernels::mla_load_latent_cols(kv, p0, p1, c0, c1, cols.data());
+      for (int64_t p = p0; p < p1; ++p)
+        for (int64_t c = c0; c < c1; ++c)
+          ASSERT_EQ(cols[(p - p0) * wd + c - c0], whole[p * lw + c]) << dtype_name(dtype) << " " << p << "," << c;
+    }
+    const std::vector<int32_t> picked = {10, 0, 4, 5, 3};
+    std::vector<float> got(picked.size() * lw);
+    kernels::mla_load_latent_rows(kv, picked.data(), static_cast<int64_t>(picked.size()), got.data());
+    for (size_t j = 0; j < picked.size(); ++j)
+      for (int64_t c = 0; c < lw; ++c) ASSERT_EQ(got[j * lw + c], whole[picked[j] * lw + c]) << dtype_name(dtype);
+  }
+}
+
 // Sparse attention over per-query position lists equals dense attention with the
 // equivalent mask, on odd shapes and across 16-row block boundaries; listing every causal
 // position gives the dense kernel's result.
 TEST(DsaKernels, SparseEqualsMaskedDenseAndDenseWhenAllSelected) {
-  for (const auto& [n, nh, ctx, R, P, k] :
-       std::vector<std::array<int64_t, 6>>{{1, 3, 33, 17, 6, 16}, {4, 2, 40, 12, 4, 7}, {3, 5, 17, 9, 2, 17}}) {
+  for (const auto& [n, nh, ctx, R, P, k] : std::vector<std::array<int64_t, 6>>{
+           {1, 3, 33, 17, 6, 16}, {4, 2, 40, 12, 4, 7}, {3, 5, 17, 9, 2, 17}, {2, 19, 90, 24, 8, 70}}) {
     const int64_t ld = R + P + 1;
     const auto q = test::random_vec(n * nh * (R + P), 41 + n, 0.5f);
     const auto lat = test::random_vec(ctx * ld, 42 + R, 1.0f);
@@ -153,9 +219,12 @@ TEST(DsaKernels, SparseEqualsMaskedDenseAndDenseWhenAllSelected) {
       for (int64_t j = 0; j < m; ++j) mask[i * ctx + idx[i * k + j]] = 1;
     }
     std::vector<float> got(n * nh * R), want(n * nh * R);
-    kernels::mla_attention_sparse(q.data(), n, nh, lat.data(), ld, R, P, idx.data(), n_idx.data(), k, 0.3f, got.data());
     kernels::ref::mla_attention_masked(q.data(), n, nh, ctx, lat.data(), ld, R, P, mask.data(), 0.3f, want.data());
-    for (size_t i = 0; i < got.size(); ++i) ASSERT_NEAR(got[i], want[i], 1e-4f) << i;
+    for (Isa isa : test::available_isas()) {
+      kernels::mla_attention_sparse(isa, q.data(), n, nh, lat.data(), ld, R, P, idx.data(), n_idx.data(), k, 0.3f,
+                                    got.data());
+      for (size_t i = 0; i < got.size(); ++i) ASSERT_NEAR(got[i], want[i], 1e-4f) << isa_name(isa) << " " << i;
+    }
     // Every causal position listed: the dense kernel.
     std::vector<int32_t> all(n * ctx), n_all(n);
     for (int64_t i = 0; i < n; ++i) {
@@ -223,6 +292,11 @@ const Variant kVariants[] = {
      "--arch deepseek_v32 --layers 2 --experts 8 --n-group 2 --topk-group 1 --index-heads 3 --index-head-dim 12"
      " --index-topk 6 --rope-scaling yarn --rope-factor 4 --rope-orig-max-pos 32 --vocab 300 --seed 5"},
     {"v32_topk64_dense", "--arch deepseek_v32 --layers 2 --experts 8 --index-topk 64 --vocab 300 --seed 5"},
+    // Shapes for which the cost model picks the naive form for the whole 17-token prompt
+    // (17 (2R + P) > R (nope + V) + 17 (qk + V)): a selecting chunk still runs sparse.
+    {"v32_topk6_naive_shapes",
+     "--arch deepseek_v32 --layers 2 --experts 8 --kv-lora-rank 16 --qk-nope-dim 8 --qk-rope-dim 8 --v-head-dim 8"
+     " --index-heads 4 --index-head-dim 12 --index-topk 6 --vocab 300 --seed 6"},
     {"qlora_grouped_yarn",
      "--arch deepseek_v3 --layers 3 --experts 8 --experts-per-tok 2 --n-group 4 --topk-group 2 --first-dense 1"
      " --rope-scaling yarn --rope-factor 4 --rope-orig-max-pos 32 --yarn-mscale 0.8 --vocab 300 --seed 3"},

@@ -29,10 +29,12 @@ namespace fs = std::filesystem;
 
 // gen_model.py arguments per architecture: small shapes, 4 layers so the hybrids have one
 // full-attention layer (every 4th), equal GDN key and value widths (llama.cpp's hybrids
-// need them for the GGUF export).
+// need them for the GGUF export) and, for DeepSeek-V3.2, an indexer head of 64 (llama.cpp's
+// deepseek32 takes power-of-two sizes from 64 up).
 std::string gen_args(const ArchInfo& a) {
   std::string args = std::string("--arch ") + a.name + " --layers 4 --vocab 300 --seed 11";
   if (a.traits.hybrid) args += " --head-dim 32 --lin-k-heads 2 --lin-v-heads 4 --lin-dk 16 --lin-dv 16";
+  if (a.arch == Arch::kDeepseekV32) args += " --index-head-dim 64";
   return args;
 }
 

@@ -15,6 +15,7 @@
 
 #include "../test_support.h"
 #include "infera/base/error.h"
+#include "infera/io/safetensors.h"
 #include "infera/model/config.h"
 #include "infera/model/tensor_table.h"
 #include "infera/tensor/dtype.h"
@@ -227,6 +228,54 @@ TEST(GgufExport, LlamaRopeScalingAndQwenStyleTokenizerKeys) {
   EXPECT_EQ(l.get("llama.rope.scaling.type").str(), "linear");
   EXPECT_EQ(l.get("llama.rope.scaling.factor").to_f64(), 2.0);
   EXPECT_EQ(l.find_tensor("rope_freqs.weight"), nullptr);
+}
+
+// DeepSeek-V3.2 goes out as llama.cpp's deepseek32: deepseek2's MLA layout plus the
+// lightning indexer's three keys and five tensors per layer, stored as the checkpoint has them.
+TEST(GgufExport, DeepseekV32WritesTheIndexer) {
+  TempDir dir;
+  const std::string model =
+      test::generate_model(dir.path() / "v32",
+                           "--arch deepseek_v32 --hidden 64 --layers 2 --heads 2 --q-lora-rank 24 --kv-lora-rank 32"
+                           " --qk-nope-dim 16 --qk-rope-dim 8 --v-head-dim 16 --experts 4 --experts-per-tok 2"
+                           " --moe-ffn 32 --first-dense 1 --index-heads 3 --index-head-dim 64 --index-topk 16"
+                           " --vocab 300 --dtype f32 --no-mtp --seed 7");
+  const std::string out = dir.file("v32.gguf");
+  GgufExportOptions options;
+  options.out_type = GgufOutType::kF32;
+  export_gguf(model, out, options);
+  const gguf::Reader r(out);
+  EXPECT_EQ(r.get("general.architecture").str(), "deepseek32");
+  EXPECT_EQ(r.get("deepseek32.attention.indexer.head_count").to_u64(), 3u);
+  EXPECT_EQ(r.get("deepseek32.attention.indexer.key_length").to_u64(), 64u);
+  EXPECT_EQ(r.get("deepseek32.attention.indexer.top_k").to_u64(), 16u);
+  EXPECT_EQ(r.get("deepseek32.attention.kv_lora_rank").to_u64(), 32u);
+  EXPECT_EQ(r.get("deepseek32.rope.dimension_count").to_u64(), 8u);
+  const WeightStore src = WeightStore::open(model);
+  struct Expect {
+    const char* gguf;
+    const char* hf;
+    std::vector<uint64_t> ne;
+  };
+  for (int l = 0; l < 2; ++l) {
+    const std::string b = "blk." + std::to_string(l) + ".", p = "model.layers." + std::to_string(l) + ".self_attn.";
+    for (const Expect& e : {Expect{"indexer.attn_q_b.weight", "indexer.wq_b.weight", {24, 3 * 64}},
+                            Expect{"indexer.attn_k.weight", "indexer.wk.weight", {64, 64}},
+                            Expect{"indexer.k_norm.weight", "indexer.k_norm.weight", {64}},
+                            Expect{"indexer.k_norm.bias", "indexer.k_norm.bias", {64}},
+                            Expect{"indexer.proj.weight", "indexer.weights_proj.weight", {64, 3}}}) {
+      const gguf::Tensor& t = r.tensor(b + e.gguf);
+      EXPECT_EQ(t.ne, e.ne) << t.name;
+      ASSERT_EQ(t.type, GgmlType::kF32) << t.name;
+      const TensorInfo& s = src.get(p + e.hf);
+      ASSERT_EQ(t.nbytes, s.nbytes) << t.name;
+      EXPECT_EQ(std::memcmp(t.data, s.data, t.nbytes), 0) << t.name << " differs from " << p + e.hf;
+    }
+  }
+  EXPECT_NE(r.find_tensor("blk.1.attn_k_b.weight"), nullptr);
+  // llama.cpp's deepseek32 rotates indexer keys by a Hadamard matrix it has for 64, 128, ...
+  edit_json(model + "/config.json", [](nlohmann::json& j) { j["index_head_dim"] = 48; });
+  EXPECT_NE(error_of([&] { export_gguf(model, dir.file("bad.gguf")); }).find("power of two"), std::string::npos);
 }
 
 TEST(GgufExport, UntiedWithoutLmHeadIsAnError) {
