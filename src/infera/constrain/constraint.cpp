@@ -129,14 +129,20 @@ TopTokenCacheStats top_token_cache_stats() {
 
 std::shared_ptr<const TopTokens> CompiledConstraint::top_tokens(Matcher& m, std::span<const uint32_t> positions) const {
   const std::string chain(reinterpret_cast<const char*>(positions.data()), positions.size_bytes());
+  bool first = false;
   {
     std::lock_guard lock(top_mutex_);
     if (auto it = top_tokens_.find(chain); it != top_tokens_.end()) return it->second;
+    if (seen_chains_.size() < kMaxSeenChains) first = seen_chains_.insert(chain).second;
   }
   // Computed outside the lock (two threads may both compute a chain; one copy is kept).
   std::string key = grammar_->local_signature(positions, kSharedSignatureElements);
   if (!key.empty()) key = fmt::format("{:016x}|", vocab_->fingerprint()) + key;
   std::shared_ptr<const TopTokens> t = key.empty() ? nullptr : shared_top_tokens().find(key);
+  // A chain met for the first time may never come back (a position inside a bounded
+  // repetition): its sets cost a walk of their own, so the first time the whole-trie walk
+  // serves the mask, and the sets are computed when the chain comes back.
+  if (!t && first) return nullptr;
   if (!t) {
     t = std::make_shared<const TopTokens>(m.top_tokens(*vocab_, positions));
     if (!key.empty()) shared_top_tokens().put(key, t);
@@ -164,7 +170,7 @@ int64_t CompiledConstraint::compute_mask(Matcher& m, uint64_t* out, uint32_t* ma
   std::vector<std::shared_ptr<const TopTokens>> held;
   for (const Matcher::TopChain& c : chains) {
     std::shared_ptr<const TopTokens> t = top_tokens(m, c.positions);
-    if (!t->valid) return m.fill_mask(*vocab_, out, Grammar::kInfinite, max_cost);
+    if (!t || !t->valid) return m.fill_mask(*vocab_, out, Grammar::kInfinite, max_cost);
     if (t->accepted_count > 0)
       most = std::max<uint32_t>(most, static_cast<uint32_t>(
                                           std::min<uint64_t>(uint64_t{t->max_cost} + c.below, Grammar::kInfinite)));

@@ -8,6 +8,7 @@
 #include <mutex>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "infera/constrain/compile.h"
@@ -71,6 +72,8 @@ class CompiledConstraint {
   // Grammar elements a chain's canonical text (Grammar::local_signature) may span for its
   // token sets to be shared with other constraints (kept process-wide, per vocabulary).
   static constexpr size_t kSharedSignatureElements = 4096;
+  // Chains remembered as met once (past it, every chain's sets are computed when first met).
+  static constexpr size_t kMaxSeenChains = size_t{1} << 16;
   // States with more stacks are masked by the whole-trie walk.
   static constexpr size_t kMaxTokenSetTops = 64;
   // Memory for the kept context-independent token sets of one constraint; past it, sets are
@@ -95,6 +98,7 @@ class CompiledConstraint {
   // By the chain's positions (their bytes).
   mutable std::unordered_map<std::string, std::shared_ptr<const TopTokens>> top_tokens_;
   mutable size_t top_bytes_ = 0;
+  mutable std::unordered_set<std::string> seen_chains_;  // met once, sets not computed yet
 };
 
 // The vocabulary of a tokenizer (its decoded token bytes; special tokens unusable), built
