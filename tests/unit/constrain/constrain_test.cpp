@@ -319,9 +319,10 @@ std::shared_ptr<const Vocabulary> test_vocab(size_t n, uint32_t seed) {
 // (Matcher::fill_mask), the context-independent token sets with the context-dependent
 // tokens checked against the state (CompiledConstraint::compute_mask, every mask computed)
 // and the cached path with a budget (CompiledConstraint::mask) against trying every token.
-void check_masks_against_brute_force(const Grammar& grammar, uint32_t seed) {
+void check_masks_against_brute_force(const Grammar& grammar, uint32_t seed,
+                                     std::shared_ptr<const Vocabulary> vocab = nullptr) {
   auto g = std::make_shared<const Grammar>(grammar);
-  auto vocab = test_vocab(3000, seed);
+  if (!vocab) vocab = test_vocab(3000, seed);
   const CompiledConstraint compiled(g, vocab);
   std::mt19937 rng(seed);
   Matcher m(g);
@@ -400,6 +401,22 @@ TEST(ConstrainMask, MatchesBruteForceOnRandomStates) {
   check_masks_against_brute_force(compile_gbnf(R"(root ::= item ("," item)*
 item ::= [a-z]+ | "[" root "]" | "\"" [^"]* "\"")"),
                                   8);
+}
+
+// Two schemas on one vocabulary: the second finds the token sets of its strings (same
+// canonical text) in the process-wide cache, and its masks still match trying every token.
+TEST(ConstrainMask, TokenSetsSharedBetweenConstraints) {
+  auto vocab = test_vocab(3000, 21);
+  check_masks_against_brute_force(compile_json_schema(json::parse(
+                                      R"({"type":"object","properties":{"a":{"type":"string"},"b":{"type":"string"}},
+        "required":["a","b"]})")),
+                                  21, vocab);
+  const int64_t hits = top_token_cache_stats().hits;
+  check_masks_against_brute_force(compile_json_schema(
+                                      json::parse(R"({"type":"object","properties":{"name":{"type":"string"},
+        "n":{"type":"integer"}},"required":["name","n"]})")),
+                                  22, vocab);
+  EXPECT_GT(top_token_cache_stats().hits, hits);
 }
 
 TEST(ConstrainCache, SameSpecSameCompiledConstraint) {
