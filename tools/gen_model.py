@@ -823,6 +823,9 @@ def parse_args(argv):
     p.add_argument("--vocab", type=int, help="vocabulary size incl. special tokens (default 512)")
     p.add_argument("--dtype", choices=sorted(DTYPES), help="weight dtype (default f32)")
     p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    p.add_argument("--tokenizer-from", metavar="DIR",
+                   help="copy DIR's tokenizer.json and tokenizer_config.json instead of generating a tokenizer "
+                        "(byte-level BPE; --vocab must cover its ids)")
     p.add_argument("--tie", action="store_true", default=None, help="tie the output head to the embedding")
     p.add_argument("--max-pos", type=int, help="max_position_embeddings (default 512)")
     p.add_argument("--rope-theta", type=float, help="RoPE base (default 10000 for llama, 1000000 for qwen3)")
@@ -909,12 +912,31 @@ def parse_args(argv):
     return a
 
 
+def copied_tokenizer(a):
+    """tokenizer.json and tokenizer_config.json of --tokenizer-from (a real byte-level BPE
+    tokenizer, e.g. Qwen3's 151,669 tokens, beyond what learn_merges can invent)."""
+    with open(os.path.join(a.tokenizer_from, "tokenizer.json"), encoding="utf-8") as f:
+        tok = json.load(f)
+    with open(os.path.join(a.tokenizer_from, "tokenizer_config.json"), encoding="utf-8") as f:
+        config = json.load(f)
+    added = {t["content"]: t["id"] for t in tok.get("added_tokens", [])}
+    top = max([len(tok["model"]["vocab"])] + [i + 1 for i in added.values()])
+    if top > a.vocab:
+        raise SystemExit(f"gen_model: --vocab {a.vocab} is smaller than the tokenizer's {top} ids")
+    eos = added.get(config.get("eos_token") or "", added.get("<|im_end|>", top - 1))
+    endoftext = added.get("<|endoftext|>", eos)
+    ids = {"bos": endoftext, "eos": eos, "pad": endoftext, "endoftext": endoftext}
+    return tok, config, {"eos_token": config.get("eos_token")}, ids
+
+
 def main(argv=None):
     a = parse_args(sys.argv[1:] if argv is None else argv)
     os.makedirs(a.out_dir, exist_ok=True)
     # Tokenizer randomness has its own stream so that shapes do not change the vocabulary.
     tok_rng = np.random.default_rng([a.seed, 0xC0DE])
-    if a.arch == "llama":
+    if a.tokenizer_from:
+        tok, tok_config, special_map, ids = copied_tokenizer(a)
+    elif a.arch == "llama":
         tok, tok_config, special_map, ids = spm_tokenizer(a, tok_rng)
     else:
         tok, tok_config, special_map, ids = bytelevel_tokenizer(a, tok_rng)

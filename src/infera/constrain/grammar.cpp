@@ -271,6 +271,45 @@ std::string Grammar::to_gbnf() const {
   return out;
 }
 
+std::string Grammar::local_signature(std::span<const uint32_t> chain, size_t max_elements) const {
+  std::string out;
+  std::map<uint32_t, uint32_t> ids;  // rule -> canonical number
+  std::vector<uint32_t> order;
+  size_t seen = 0;
+  auto put32 = [&out](uint32_t v) { out.append(reinterpret_cast<const char*>(&v), sizeof v); };
+  // One alternative's elements from `p` to its end.
+  auto seq = [&](uint32_t p) {
+    for (;; ++p) {
+      const Element& e = elements[p];
+      if (++seen > max_elements) return false;
+      if (e.kind == Element::kEnd) {
+        out += 'E';
+        return true;
+      }
+      if (e.kind == Element::kClass) {
+        out += 'C';
+        out.append(reinterpret_cast<const char*>(classes[e.id].bits.data()), sizeof(classes[e.id].bits));
+      } else {
+        auto [it, inserted] = ids.try_emplace(e.id, static_cast<uint32_t>(ids.size()));
+        if (inserted) order.push_back(e.id);
+        out += 'R';
+        put32(it->second);
+      }
+    }
+  };
+  for (size_t i = 0; i < chain.size(); ++i) {
+    out += 'F';
+    if (!seq(i == 0 ? chain[0] : chain[i] + 1)) return {};
+  }
+  for (size_t k = 0; k < order.size(); ++k) {
+    out += 'A';
+    put32(static_cast<uint32_t>(rule_alts[order[k]].size()));
+    for (uint32_t a : rule_alts[order[k]])
+      if (!seq(a)) return {};
+  }
+  return out;
+}
+
 // --- Unicode ---
 
 CodeRanges normalize_ranges(CodeRanges r) {

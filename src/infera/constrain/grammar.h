@@ -12,6 +12,7 @@
 #include <array>
 #include <cstdint>
 #include <map>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -86,6 +87,13 @@ class Grammar {
   size_t num_rules() const { return rule_alts.size(); }
   // GBNF text of the grammar (debugging, tests).
   std::string to_gbnf() const;
+  // A canonical text of what a matcher stack whose top frames are `chain` (chain[0] the top,
+  // a byte class; then the return points below it, a rule reference each) can match before
+  // it returns below the last of them: the rest of the top's alternative, the rest of each
+  // return point's, and every rule reachable from those, rules numbered in the order first
+  // met (equal texts: equal context-independent token sets, whatever grammar they come
+  // from). Empty when that exceeds `max_elements`.
+  std::string local_signature(std::span<const uint32_t> chain, size_t max_elements) const;
 };
 
 // Builds a Grammar. Rules may be referenced before their alternatives are added.

@@ -90,7 +90,11 @@ void Matcher::expand(uint32_t pos, int32_t parent, std::vector<int32_t>& out) {
   work_.clear();
   work_.emplace_back(pos, parent);
   size_t done = 0;
-  while (!work_.empty() && done++ < kMaxExpandWork) {
+  while (!work_.empty()) {
+    if (done++ >= kMaxExpandWork) {
+      truncated_ = true;
+      break;
+    }
     ++work_done_;
     auto [p, par] = work_.back();
     work_.pop_back();
@@ -100,7 +104,10 @@ void Matcher::expand(uint32_t pos, int32_t parent, std::vector<int32_t>& out) {
     const Grammar::Element& e = g.elements[p];
     switch (e.kind) {
       case Grammar::Element::kClass:
-        if (out.size() < kMaxStacks) out.push_back(make_node(p, par));
+        if (out.size() < kMaxStacks)
+          out.push_back(make_node(p, par));
+        else
+          truncated_ = true;
         break;
       case Grammar::Element::kEnd:
         if (par < 0) {
@@ -206,34 +213,66 @@ uint64_t Matcher::set_hash(const Node* nodes, std::span<const int32_t> tops) {
 
 uint64_t Matcher::state_hash() const { return set_hash(nodes_.data(), current()); }
 
-int64_t Matcher::fill_mask(const Vocabulary& vocab, uint64_t* mask, uint32_t budget) {
-  std::memset(mask, 0, vocab.mask_words() * sizeof(uint64_t));
-  const size_t base_nodes = nodes_.size();
+int32_t Matcher::intern(std::span<const int32_t> tops) {
+  const uint64_t h = set_hash(nodes_.data(), tops);
+  auto [it, inserted] = state_ids_.try_emplace(h, static_cast<int32_t>(states_.size()));
+  if (!inserted) return it->second;
+  if (states_.size() < kDenseStates) dense_.resize((states_.size() + 1) * 256, kUnknown);
+  State s;
+  s.begin = static_cast<uint32_t>(state_tops_.size());
+  state_tops_.insert(state_tops_.end(), tops.begin(), tops.end());
+  s.end = static_cast<uint32_t>(state_tops_.size());
+  s.cost = Grammar::kInfinite;
+  s.complete = false;
+  for (int32_t t : tops) {
+    s.cost = std::min(s.cost, stack_cost(t));
+    s.complete |= t < 0;
+  }
+  states_.push_back(s);
+  return it->second;
+}
+
+int32_t Matcher::walk_begin(std::span<const int32_t> tops) {
   states_.clear();
   state_tops_.clear();
   state_ids_.clear();
   transitions_.clear();
   dense_.clear();
-  auto intern = [&](std::span<const int32_t> tops) -> int32_t {
-    const uint64_t h = set_hash(nodes_.data(), tops);
-    auto [it, inserted] = state_ids_.try_emplace(h, static_cast<int32_t>(states_.size()));
-    if (!inserted) return it->second;
-    if (states_.size() < kDenseStates) dense_.resize((states_.size() + 1) * 256, kUnknown);
-    State s;
-    s.begin = static_cast<uint32_t>(state_tops_.size());
-    state_tops_.insert(state_tops_.end(), tops.begin(), tops.end());
-    s.end = static_cast<uint32_t>(state_tops_.size());
-    s.cost = Grammar::kInfinite;
-    for (int32_t t : tops) s.cost = std::min(s.cost, stack_cost(t));
-    states_.push_back(s);
+  work_done_ = 0;
+  return intern(tops);
+}
+
+int32_t Matcher::transition(int32_t from, uint8_t byte) {
+  // A table lookup for the first kDenseStates states (most walks never leave them), a hash
+  // map beyond.
+  const bool dense = static_cast<size_t>(from) < kDenseStates;
+  const uint64_t key = (static_cast<uint64_t>(from) << 8) | byte;
+  if (dense) {
+    const int32_t to = dense_[static_cast<size_t>(from) * 256 + byte];
+    if (to != kUnknown) return to;
+  } else if (auto it = transitions_.find(key); it != transitions_.end()) {
     return it->second;
-  };
+  }
+  const State s = states_[from];
+  a_.assign(state_tops_.begin() + s.begin, state_tops_.begin() + s.end);
+  advance(a_, byte, b_);
+  const int32_t to = b_.empty() ? -1 : intern(b_);
+  if (dense)
+    dense_[static_cast<size_t>(from) * 256 + byte] = to;
+  else
+    transitions_.emplace(key, to);
+  return to;
+}
+
+int64_t Matcher::fill_mask(const Vocabulary& vocab, uint64_t* mask, uint32_t budget, uint32_t* max_cost) {
+  std::memset(mask, 0, vocab.mask_words() * sizeof(uint64_t));
+  const size_t base_nodes = nodes_.size();
   std::vector<int32_t> level(static_cast<size_t>(vocab.max_depth()) + 1, 0);
-  level[0] = intern(current());
+  level[0] = walk_begin(current());
   const auto& trie = vocab.trie();
   const auto& tokens = vocab.trie_tokens();
   int64_t allowed = 0;
-  work_done_ = 0;
+  uint32_t most = 0;
   for (size_t i = 0; i < trie.size();) {
     if (work_done_ > kMaxMaskWork) {
       // A grammar this ambiguous would stall every sequence of the batch: the tokens not
@@ -241,27 +280,7 @@ int64_t Matcher::fill_mask(const Vocabulary& vocab, uint64_t* mask, uint32_t bud
       break;
     }
     const Vocabulary::TrieNode& node = trie[i];
-    const int32_t from = level[node.depth - 1];
-    // The transition: a table lookup for the first kDenseStates states (most walks never
-    // leave them), a hash map beyond.
-    int32_t to = kUnknown;
-    const bool dense = static_cast<size_t>(from) < kDenseStates;
-    const uint64_t key = (static_cast<uint64_t>(from) << 8) | node.byte;
-    if (dense) {
-      to = dense_[static_cast<size_t>(from) * 256 + node.byte];
-    } else if (auto it = transitions_.find(key); it != transitions_.end()) {
-      to = it->second;
-    }
-    if (to == kUnknown) {
-      const State s = states_[from];
-      a_.assign(state_tops_.begin() + s.begin, state_tops_.begin() + s.end);
-      advance(a_, node.byte, b_);
-      to = b_.empty() ? -1 : intern(b_);
-      if (dense)
-        dense_[static_cast<size_t>(from) * 256 + node.byte] = to;
-      else
-        transitions_.emplace(key, to);
-    }
+    const int32_t to = transition(level[node.depth - 1], node.byte);
     // A byte lowers the fewest bytes to completion by at most one: with a budget, a subtree
     // whose longest token cannot bring the cost within it is skipped whole.
     if (to < 0 || (budget<Grammar::kInfinite&& static_cast<int64_t>(states_[to].cost)> static_cast<int64_t>(budget) -
@@ -277,11 +296,130 @@ int64_t Matcher::fill_mask(const Vocabulary& vocab, uint64_t* mask, uint32_t bud
         mask[t >> 6] |= uint64_t{1} << (t & 63);
         ++allowed;
       }
+      most = std::max(most, states_[to].cost);
     }
     ++i;
   }
   nodes_.resize(base_nodes);
+  if (max_cost) *max_cost = most;
   return allowed;
+}
+
+std::vector<Matcher::TopChain> Matcher::top_chains() const {
+  std::vector<TopChain> out;
+  for (int32_t t : current()) {
+    if (t < 0) continue;
+    TopChain c;
+    int32_t n = t;
+    for (size_t k = 0; k < kChainFrames && n >= 0; ++k) {
+      c.positions.push_back(nodes_[n].pos);
+      c.below = nodes_[n].below;
+      n = nodes_[n].parent;
+    }
+    out.push_back(std::move(c));
+  }
+  return out;
+}
+
+TopTokens Matcher::top_tokens(const Vocabulary& vocab, std::span<const uint32_t> positions) {
+  TopTokens r;
+  const size_t base_nodes = nodes_.size();
+  truncated_ = false;
+  // A lone stack of the chain's frames: an empty stack after a byte means the path returned
+  // below them.
+  int32_t top = -1;
+  for (size_t k = positions.size(); k-- > 0;) top = make_node(positions[k], top);
+  std::vector<int32_t> level(static_cast<size_t>(vocab.max_depth()) + 1, 0);
+  // dep[d]: a path returned below the frame within the first d bytes of the current prefix.
+  std::vector<char> dep(level.size(), 0);
+  level[0] = walk_begin(std::span<const int32_t>(&top, 1));
+  const auto& trie = vocab.trie();
+  const auto& tokens = vocab.trie_tokens();
+  std::vector<uint64_t> bits(vocab.mask_words(), 0);
+  std::vector<int32_t> ids;
+  bool complete_walk = true;
+  for (size_t i = 0; i < trie.size();) {
+    if (work_done_ > kMaxMaskWork) {
+      complete_walk = false;
+      break;
+    }
+    const Vocabulary::TrieNode& node = trie[i];
+    const int32_t from = level[node.depth - 1];
+    const bool dependent = dep[node.depth - 1] || states_[from].complete;
+    const int32_t to = transition(from, node.byte);
+    if (to < 0) {
+      if (dependent) r.dependent.push_back(static_cast<uint32_t>(i));
+      i = node.end;
+      continue;
+    }
+    level[node.depth] = to;
+    dep[node.depth] = dependent;
+    if (node.tokens_begin != node.tokens_end) {
+      for (uint32_t k = node.tokens_begin; k < node.tokens_end; ++k) {
+        const int32_t t = tokens[k];
+        bits[t >> 6] |= uint64_t{1} << (t & 63);
+        ids.push_back(t);
+      }
+      r.max_cost = std::max(r.max_cost, states_[to].cost);
+    }
+    ++i;
+  }
+  nodes_.resize(base_nodes);
+  r.valid = complete_walk && !truncated_;
+  r.accepted_count = static_cast<int64_t>(ids.size());
+  // A short list where it is smaller than the mask.
+  if (ids.size() * sizeof(int32_t) < bits.size() * sizeof(uint64_t))
+    r.accepted_ids = std::move(ids);
+  else
+    r.accepted_bits = std::move(bits);
+  return r;
+}
+
+bool Matcher::fill_mask_subtrees(const Vocabulary& vocab, uint64_t* mask, std::span<const uint32_t> roots,
+                                 uint32_t* max_cost) {
+  if (roots.empty()) return true;
+  const size_t base_nodes = nodes_.size();
+  std::vector<int32_t> level(static_cast<size_t>(vocab.max_depth()) + 1, 0);
+  level[0] = walk_begin(current());
+  const auto& trie = vocab.trie();
+  const auto& tokens = vocab.trie_tokens();
+  uint32_t covered = 0;  // end of the last subtree walked
+  bool whole = true;
+  for (uint32_t root : roots) {
+    if (root < covered) continue;
+    const Vocabulary::TrieNode& r = trie[root];
+    covered = r.end;
+    // The state after the root's prefix (its subtree's first token starts with it).
+    const std::string& first = vocab.bytes(tokens[r.tokens_begin]);
+    int32_t s = level[0];
+    for (size_t d = 0; d + 1 < r.depth && s >= 0; ++d) s = transition(s, static_cast<uint8_t>(first[d]));
+    if (s < 0) continue;
+    level[r.depth - 1] = s;
+    for (uint32_t i = root; i < r.end;) {
+      if (work_done_ > kMaxMaskWork) {
+        whole = false;
+        break;
+      }
+      const Vocabulary::TrieNode& node = trie[i];
+      const int32_t to = transition(level[node.depth - 1], node.byte);
+      if (to < 0) {
+        i = node.end;
+        continue;
+      }
+      level[node.depth] = to;
+      if (node.tokens_begin != node.tokens_end) {
+        for (uint32_t k = node.tokens_begin; k < node.tokens_end; ++k) {
+          const int32_t t = tokens[k];
+          mask[t >> 6] |= uint64_t{1} << (t & 63);
+        }
+        *max_cost = std::max(*max_cost, states_[to].cost);
+      }
+      ++i;
+    }
+    if (!whole) break;
+  }
+  nodes_.resize(base_nodes);
+  return whole;
 }
 
 }  // namespace infera::constrain

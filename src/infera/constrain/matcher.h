@@ -13,6 +13,16 @@
 // token byte strings depth first, advancing the state one byte per trie edge, so tokens
 // sharing a prefix share the work and a dead prefix skips its whole subtree; transitions
 // are memoized per state within one walk.
+//
+// Context-independent token sets (xgrammar's adaptive token mask): top_tokens(chain) walks
+// the trie from a lone stack made of a stack's top frames only (the top, a byte class, and
+// up to kChainFrames - 1 return points below it) with nothing below them, and sorts every
+// token into accepted (a path consumes all its bytes without returning below those frames,
+// so the token is allowed whatever the rest of the stack holds), rejected (every path dies
+// first) or context-dependent (a path returns below the frames before the token's last
+// byte, so the rest of the stack decides). The mask of a state is then the union of its
+// tops' accepted sets plus the context-dependent tokens checked against the whole state
+// (fill_mask_subtrees); CompiledConstraint keeps the sets per chain.
 #pragma once
 
 #include <cstdint>
@@ -61,6 +71,22 @@ class Vocabulary {
   uint64_t fingerprint_ = 0;
 };
 
+// A stack top's context-independent token sets (Matcher::top_tokens).
+struct TopTokens {
+  bool valid = false;  // false: the walk hit a limit (kMaxStacks, kMaxMaskWork); not usable
+  std::vector<uint64_t> accepted_bits;  // a mask (vocab.mask_words() words) when many tokens are accepted
+  std::vector<int32_t> accepted_ids;  // else the accepted tokens
+  int64_t accepted_count = 0;
+  // Trie nodes (ascending) whose subtrees hold the context-dependent tokens.
+  std::vector<uint32_t> dependent;
+  // Most bytes that complete the output after an accepted token, counted up to the end of
+  // the chain's frames (add TopChain::below).
+  uint32_t max_cost = 0;
+  size_t bytes() const {
+    return sizeof(TopTokens) + accepted_bits.size() * 8 + accepted_ids.size() * 4 + dependent.size() * 4;
+  }
+};
+
 class Matcher {
  public:
   explicit Matcher(std::shared_ptr<const Grammar> grammar);
@@ -85,7 +111,30 @@ class Matcher {
   // which the fewest bytes to completion fit in the rest are allowed (each byte can be a
   // token of its own), so a constrained output ends within max_tokens when it can.
   // Returns the number of allowed tokens.
-  int64_t fill_mask(const Vocabulary& vocab, uint64_t* mask, uint32_t budget = Grammar::kInfinite);
+  // `max_cost` (optional): set to the most bytes that complete the output after an allowed
+  // token (a mask computed without a budget serves every budget above it).
+  int64_t fill_mask(const Vocabulary& vocab, uint64_t* mask, uint32_t budget = Grammar::kInfinite,
+                    uint32_t* max_cost = nullptr);
+
+  // The top frames of a stack: positions (the top's, then up to kChainFrames - 1 return
+  // points below it) and the fewest bytes the rest of the stack, below them, needs.
+  // Three frames hold a JSON string whole (a character, the repetition, the closing quote),
+  // so one string's sets serve every string of every schema.
+  static constexpr size_t kChainFrames = 3;
+  struct TopChain {
+    std::vector<uint32_t> positions;
+    uint32_t below = 0;
+  };
+  // The chains of the current state's stacks that may continue.
+  std::vector<TopChain> top_chains() const;
+  // The context-independent token sets of a stack whose top frames are at `positions`
+  // (TopChain). Uses this matcher's scratch; its state is unchanged.
+  TopTokens top_tokens(const Vocabulary& vocab, std::span<const uint32_t> positions);
+  // ORs into `mask` the tokens of the trie subtrees rooted at `roots` (ascending; a root
+  // inside an earlier root's subtree is skipped) that the current state allows (no budget).
+  // `max_cost`: raised to the most bytes that complete the output after such a token.
+  // Returns false when the walk hit kMaxMaskWork (the mask is then incomplete).
+  bool fill_mask_subtrees(const Vocabulary& vocab, uint64_t* mask, std::span<const uint32_t> roots, uint32_t* max_cost);
 
   const Grammar& grammar() const { return *grammar_; }
 
@@ -110,6 +159,10 @@ class Matcher {
   void advance(std::span<const int32_t> in, uint8_t byte, std::vector<int32_t>& out);
   void expand(uint32_t pos, int32_t parent, std::vector<int32_t>& out);
   int32_t make_node(uint32_t pos, int32_t parent);
+  // The walks' interned states and memoized transitions.
+  int32_t walk_begin(std::span<const int32_t> tops);  // clears the tables; the id of `tops`
+  int32_t intern(std::span<const int32_t> tops);
+  int32_t transition(int32_t from, uint8_t byte);  // -1: dead
   uint32_t stack_cost(int32_t top) const;
   static uint64_t set_hash(const Node* nodes, std::span<const int32_t> tops);
 
@@ -122,10 +175,12 @@ class Matcher {
   std::vector<std::pair<uint32_t, int32_t>> work_;
   std::vector<uint64_t> seen_;
   size_t work_done_ = 0;
+  bool truncated_ = false;  // an expansion dropped stacks (kMaxStacks) or stopped (its work limit)
   // fill_mask's interned states and memoized transitions.
   struct State {
     uint32_t begin, end;  // into state_tops_
     uint32_t cost;
+    bool complete;  // holds an empty stack
   };
   std::vector<State> states_;
   std::vector<int32_t> state_tops_;

@@ -315,29 +315,53 @@ std::shared_ptr<const Vocabulary> test_vocab(size_t n, uint32_t seed) {
   return std::make_shared<const Vocabulary>(std::move(tokens), std::move(usable));
 }
 
-void check_masks_against_brute_force(const Grammar& grammar, uint32_t seed) {
+// Checks, on the states of a random walk over allowed tokens, the whole-trie walk
+// (Matcher::fill_mask), the context-independent token sets with the context-dependent
+// tokens checked against the state (CompiledConstraint::compute_mask, every mask computed)
+// and the cached path with a budget (CompiledConstraint::mask) against trying every token.
+void check_masks_against_brute_force(const Grammar& grammar, uint32_t seed,
+                                     std::shared_ptr<const Vocabulary> vocab = nullptr) {
   auto g = std::make_shared<const Grammar>(grammar);
-  auto vocab = test_vocab(3000, seed);
+  if (!vocab) vocab = test_vocab(3000, seed);
+  const CompiledConstraint compiled(g, vocab);
   std::mt19937 rng(seed);
   Matcher m(g);
-  std::vector<uint64_t> mask(vocab->mask_words());
+  std::vector<uint64_t> mask(vocab->mask_words()), sets(vocab->mask_words()), cached(vocab->mask_words());
   for (int step = 0; step < 40; ++step) {
-    for (uint32_t budget : {Grammar::kInfinite, 1 + static_cast<uint32_t>(rng() % 30)}) {
+    for (uint32_t budget :
+         {Grammar::kInfinite, 1 + static_cast<uint32_t>(rng() % 30), 30 + static_cast<uint32_t>(rng() % 200)}) {
       const int64_t n = m.fill_mask(*vocab, mask.data(), budget);
+      int64_t n_sets = -1;
+      uint32_t max_cost = 0;
+      if (budget == Grammar::kInfinite) n_sets = compiled.compute_mask(m, sets.data(), &max_cost);
+      const int64_t n_cached = compiled.mask(m, cached.data(), budget);
       int64_t count = 0;
+      uint32_t most = 0;
       std::vector<int32_t> allowed;
       for (int32_t t = 0; t < vocab->size(); ++t) {
         bool ok = vocab->usable(t) && !vocab->bytes(t).empty() && m.accept(vocab->bytes(t));
         if (ok) {
+          most = std::max(most, m.min_remaining());
           if (budget < Grammar::kInfinite) ok = m.min_remaining() + 1 <= budget;
           m.rollback(1);
         }
         const bool bit = (mask[t >> 6] >> (t & 63)) & 1;
         ASSERT_EQ(bit, ok) << "token " << t << " '" << vocab->bytes(t) << "' step " << step << " budget " << budget;
+        if (budget == Grammar::kInfinite) {
+          ASSERT_EQ((sets[t >> 6] >> (t & 63)) & 1, ok ? 1u : 0u)
+              << "token sets: token " << t << " '" << vocab->bytes(t) << "' step " << step;
+        }
+        ASSERT_EQ((cached[t >> 6] >> (t & 63)) & 1, ok ? 1u : 0u)
+            << "cached: token " << t << " '" << vocab->bytes(t) << "' step " << step << " budget " << budget;
         count += ok;
         if (ok && budget == Grammar::kInfinite) allowed.push_back(t);
       }
       EXPECT_EQ(n, count);
+      EXPECT_EQ(n_cached, count);
+      if (budget == Grammar::kInfinite) {
+        EXPECT_EQ(n_sets, count);
+        EXPECT_GE(max_cost, most);  // an upper bound of the costs after the allowed tokens
+      }
       if (budget == Grammar::kInfinite) {
         if (allowed.empty()) return;
         ASSERT_TRUE(m.accept(vocab->bytes(allowed[rng() % allowed.size()])));
@@ -367,6 +391,32 @@ TEST(ConstrainMask, MatchesBruteForceOnRandomStates) {
   std::vector<std::string> choices;
   for (int32_t t = 256; t < 656; ++t) choices.push_back(vocab->bytes(t) + vocab->bytes(t) + "!");
   check_masks_against_brute_force(compile_choice(choices), 6);
+  // Recursion through $ref, strings in nested objects and pretty whitespace: tops in many
+  // contexts, several tops per state, tokens that close a string and go on in the context.
+  check_masks_against_brute_force(
+      compile_json_schema(json::parse(R"({"$defs":{"node":{"type":"object","properties":{"v":{"type":"string"},
+        "c":{"type":"array","items":{"$ref":"#/$defs/node"}}},"required":["v"]}},"$ref":"#/$defs/node"})"),
+                          pretty),
+      7);
+  check_masks_against_brute_force(compile_gbnf(R"(root ::= item ("," item)*
+item ::= [a-z]+ | "[" root "]" | "\"" [^"]* "\"")"),
+                                  8);
+}
+
+// Two schemas on one vocabulary: the second finds the token sets of its strings (same
+// canonical text) in the process-wide cache, and its masks still match trying every token.
+TEST(ConstrainMask, TokenSetsSharedBetweenConstraints) {
+  auto vocab = test_vocab(3000, 21);
+  check_masks_against_brute_force(compile_json_schema(json::parse(
+                                      R"({"type":"object","properties":{"a":{"type":"string"},"b":{"type":"string"}},
+        "required":["a","b"]})")),
+                                  21, vocab);
+  const int64_t hits = top_token_cache_stats().hits;
+  check_masks_against_brute_force(compile_json_schema(
+                                      json::parse(R"({"type":"object","properties":{"name":{"type":"string"},
+        "n":{"type":"integer"}},"required":["name","n"]})")),
+                                  22, vocab);
+  EXPECT_GT(top_token_cache_stats().hits, hits);
 }
 
 TEST(ConstrainCache, SameSpecSameCompiledConstraint) {
