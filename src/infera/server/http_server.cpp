@@ -108,6 +108,7 @@ HttpServer::~HttpServer() {
   if (impl_->background.joinable()) impl_->background.join();
   impl_->routes.stop_workers();
   impl_->routes.abort_jobs();
+  impl_->transport.release();
 }
 
 void HttpServer::bind() {
@@ -126,6 +127,9 @@ void HttpServer::run() {
   // Stopped: requests being parsed finish, then every generation still running is cancelled.
   s.routes.stop_workers();
   s.routes.abort_jobs();
+  // Then what connections and queued handlers still hold (a finished job's last callbacks)
+  // ends here, while the transport exists.
+  s.transport.release();
 }
 
 void HttpServer::start() {

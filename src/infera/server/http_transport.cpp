@@ -6,6 +6,7 @@
 #include <cerrno>
 #include <deque>
 #include <mutex>
+#include <shared_mutex>
 #include <thread>
 #include <unordered_set>
 #include <utility>  // before Boost 1.74's asio (its awaitable.hpp uses std::exchange)
@@ -107,6 +108,14 @@ struct HttpListener {
   explicit HttpListener(asio::io_context& io) : acceptor(io) {}
 };
 
+// What the serial executors of make_serial() post through. They may be held by threads of
+// other layers (an engine's event callback) past the transport's end: posting then does
+// nothing, and nothing of the io_context is touched.
+struct SerialGate {
+  std::shared_mutex mutex;
+  std::vector<Strand>* strands = nullptr;  // null once the transport is gone
+};
+
 struct HttpTransport::Impl {
   HttpLimits limits;
   int io_threads = 2;
@@ -119,6 +128,20 @@ struct HttpTransport::Impl {
   // Declared last: destroyed first (queued handlers hold connections, which use the above).
   asio::io_context io;
   std::vector<std::unique_ptr<HttpListener>> listeners;
+  // The strands make_serial() hands out, round robin (the layers above need order, not
+  // one strand each): they never outlive the io_context.
+  std::vector<Strand> serials;
+  std::atomic<size_t> next_serial{0};
+  std::shared_ptr<SerialGate> gate = std::make_shared<SerialGate>();
+
+  Impl() {
+    for (int i = 0; i < 64; ++i) serials.push_back(asio::make_strand(io));
+    gate->strands = &serials;
+  }
+  ~Impl() {
+    std::unique_lock lock(gate->mutex);
+    gate->strands = nullptr;
+  }
 
   void accept(HttpListener& l);
 };
@@ -146,10 +169,16 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
     asio::dispatch(strand_, [self = shared_from_this()] { self->read_head(); });
   }
 
-  // Called from HttpTransport::stop() after the I/O threads ended.
+  // Called from HttpTransport::run() after the I/O threads ended.
   void force_close() {
     beast::error_code ec;
     stream_.socket().close(ec);
+  }
+  // Called from HttpTransport::release(): the callbacks still held (a response's on_sent
+  // holds its job, which holds this connection's exchange) are dropped, which ends the
+  // cycle; returned, so that the caller destroys them outside the live-set lock.
+  std::pair<std::function<void()>, std::function<void()>> take_callbacks() {
+    return {std::exchange(after_write_, nullptr), std::exchange(on_disconnect_, nullptr)};
   }
 
   // --- exchange side (any thread) ---
@@ -710,7 +739,7 @@ HttpTransport::HttpTransport(HttpLimits limits, int io_threads, HttpErrorBody er
 
 HttpTransport::~HttpTransport() {
   stop();
-  // Handlers still queued hold connections; destroying the context frees them.
+  if (!impl_->running) release();
 }
 
 int HttpTransport::listen(const std::string& host, int port, HttpHeadCheck check, HttpHandler handler,
@@ -762,6 +791,31 @@ void HttpTransport::run() {
   for (HttpConnection* c : live) c->force_close();
 }
 
+void HttpTransport::release() {
+  Impl& s = *impl_;
+  if (s.running) return;  // only once run() has returned (or never ran)
+  // A connection still holding callbacks keeps itself (and a job) alive: drop them.
+  std::vector<std::shared_ptr<HttpConnection>> live;
+  {
+    std::lock_guard lock(s.live_mutex);
+    for (HttpConnection* c : s.live) {
+      if (auto p = c->weak_from_this().lock()) live.push_back(std::move(p));
+    }
+  }
+  for (auto& c : live) {
+    c->force_close();
+    auto dropped = c->take_callbacks();
+  }
+  live.clear();
+  // Handlers still queued (a job's last steps, connections' completions) run now, on this
+  // thread, so that what they hold ends while the io_context exists. Each round may queue
+  // a few more (a closed socket's completion); a bounded number of rounds.
+  for (int round = 0; round < 64; ++round) {
+    s.io.restart();
+    if (s.io.poll() == 0) break;
+  }
+}
+
 bool HttpTransport::running() const { return impl_->running; }
 bool HttpTransport::stopped() const { return impl_->stopped; }
 
@@ -792,8 +846,11 @@ void HttpTransport::cancel(const std::shared_ptr<Timer>& t) {
 }
 
 std::function<void(std::function<void()>)> HttpTransport::make_serial() {
-  auto strand = std::make_shared<Strand>(asio::make_strand(impl_->io));
-  return [strand](std::function<void()> f) { asio::post(*strand, std::move(f)); };
+  const size_t i = impl_->next_serial.fetch_add(1) % impl_->serials.size();
+  return [gate = impl_->gate, i](std::function<void()> f) {
+    std::shared_lock lock(gate->mutex);
+    if (gate->strands) asio::post((*gate->strands)[i], std::move(f));
+  };
 }
 
 size_t HttpTransport::connections() const { return impl_->connections; }

@@ -123,13 +123,17 @@ class HttpTransport {
   bool stopped() const;
   // Stops accepting and closes every connection at once; run() returns. Thread-safe.
   void stop();
+  // After run() has returned and the layers above have ended their work (their jobs
+  // aborted): drops the callbacks connections still hold and runs the handlers still
+  // queued, so that nothing they own outlives the transport. The destructor calls it too.
+  void release();
   // Runs `f` on an I/O thread after `delay` (timers of the layers above); a handle that
   // cancels it.
   struct Timer;
   std::shared_ptr<Timer> schedule(std::chrono::milliseconds delay, std::function<void()> f);
   static void cancel(const std::shared_ptr<Timer>& t);
   // A serial executor: functions posted through the returned poster run one at a time,
-  // in order, on the I/O threads.
+  // in order, on the I/O threads. It may outlive the transport (posting then does nothing).
   std::function<void(std::function<void()>)> make_serial();
   size_t connections() const;
   const HttpLimits& limits() const;

@@ -347,14 +347,6 @@ TEST(EngineCore, RejectsRequestsThatCanNeverFit) {
   EXPECT_THROW(EngineCore(model, tiny), Error);
 }
 
-// Under ThreadSanitizer (GCC's runtime) every application page touched also touches four
-// times its size of shadow, which resident memory counts too: 5 resident bytes per byte.
-#if defined(__SANITIZE_THREAD__)
-constexpr int64_t kResidentBytesPerByte = 5;
-#else
-constexpr int64_t kResidentBytesPerByte = 1;
-#endif
-
 TEST(EngineCore, ResidentMemoryFollowsUsedTokensNotTheBudget) {
   // 1 KiB of KV per token; a budget for 128K tokens (128 MiB) reserved, 16K used.
   ProbeModel model(kVocab, 1 << 17, /*num_layers=*/2, /*n_kv_heads=*/4, /*head_dim=*/16);
@@ -375,7 +367,7 @@ TEST(EngineCore, ResidentMemoryFollowsUsedTokensNotTheBudget) {
   const RequestId id = h.add(p, 4);
   h.run();
   EXPECT_EQ(h.out[id].tokens, probe_generate(p, 4, kVocab));
-  const int64_t growth = (test::resident_bytes() - before) / kResidentBytesPerByte;
+  const int64_t growth = (test::resident_bytes() - before) / test::kResidentBytesPerByte;
   const int64_t used_bytes = int64_t{used} * 1024;
   EXPECT_GT(growth, used_bytes / 2);
   EXPECT_LT(growth, used_bytes * 2);
