@@ -28,6 +28,7 @@ if [ "$mode" = asan ]; then
   flags="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer -Wno-maybe-uninitialized"
   export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1:strict_string_checks=1:detect_stack_use_after_return=1}"
   export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
+  export LSAN_OPTIONS="${LSAN_OPTIONS:-suppressions=$root/scripts/lsan_suppressions.txt}"
 else
   dir=build-tsan
   flags="-fsanitize=thread -fno-omit-frame-pointer"
@@ -52,7 +53,18 @@ if [ "$mode" = asan ] && [ -n "${SANITIZE_TARGETS:-}" ]; then
   for t in $SANITIZE_TARGETS; do "$dir/$t" "$@"; done
 elif [ "$mode" = asan ]; then
   cmake --build "$dir" -j "$(nproc)"
-  ctest --test-dir "$dir" -L unit -j "$(nproc)" --output-on-failure --timeout 1800 "$@"
+  # Tests whose ranks run under mpirun: Open MPI leaks by design at MPI_Finalize (its
+  # plugins are unloaded, so the stacks cannot even be named for a suppression); they run
+  # with the leak check off, every other check on. Peak-RSS tests compare resident memory
+  # with the planner's figure, which ASan's shadow, redzones and quarantine change; they
+  # run in the normal build only.
+  mpi='^(MpiCommunicator|MpiRanks|TpRun|ServeTp)[.]'
+  rss='PlannerMeasured[.]WithinTenPercentOfPeakRss'
+  status=0
+  ctest --test-dir "$dir" -L unit -E "$mpi|$rss" -j "$(nproc)" --output-on-failure --timeout 1800 "$@" || status=1
+  ASAN_OPTIONS="$ASAN_OPTIONS:detect_leaks=0" ctest --test-dir "$dir" -L unit -R "$mpi" -j "$(nproc)" \
+    --output-on-failure --timeout 1800 "$@" || status=1
+  exit $status
 else
   cmake --build "$dir" -j "$(nproc)" --target test_runtime test_server infera
   # On one CPU: the engine sizes its OpenMP regions by the CPUs it may use, so it then starts
