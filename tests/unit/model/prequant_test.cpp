@@ -171,9 +171,10 @@ std::vector<float> forced_logits(const std::string& dir, const std::vector<int32
   SequenceRunner runner(*m, kv, blocks, 64);
   const int64_t V = m->config().vocab_size;
   std::vector<float> out;
-  const float* l = runner.feed(std::span<const int32_t>(tokens.data(), 4), true);  // a prefill chunk
-  out.insert(out.end(), l, l + 4 * V);
-  for (size_t t = 4; t < tokens.size(); ++t) {  // then decode steps
+  const size_t chunk = std::min<size_t>(4, tokens.size());
+  const float* l = runner.feed(std::span<const int32_t>(tokens.data(), chunk), true);  // a prefill chunk
+  out.insert(out.end(), l, l + static_cast<int64_t>(chunk) * V);
+  for (size_t t = chunk; t < tokens.size(); ++t) {  // then decode steps
     l = runner.feed(std::span<const int32_t>(&tokens[t], 1));
     out.insert(out.end(), l, l + V);
   }
