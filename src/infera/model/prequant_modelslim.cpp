@@ -37,24 +37,14 @@ std::string module_of(const std::string& weight_name) {
   return weight_name.ends_with(".weight") ? weight_name.substr(0, weight_name.size() - 7) : weight_name;
 }
 
+// One element of a constant as f32: the float dtypes as every format reads its scales
+// (prequant_scalar), msModelSlim's integer constants by value.
 float value_at(const TensorInfo& t, int64_t i) {
   const uint8_t* p = t.data;
   switch (t.dtype) {
-    case DType::kF32: {
-      float f;
-      std::memcpy(&f, p + i * 4, 4);
-      return f;
-    }
-    case DType::kF16: {
-      uint16_t h;
-      std::memcpy(&h, p + i * 2, 2);
-      return f16_to_f32(h);
-    }
-    case DType::kBF16: {
-      uint16_t h;
-      std::memcpy(&h, p + i * 2, 2);
-      return bf16_to_f32(h);
-    }
+    case DType::kF32:
+    case DType::kF16:
+    case DType::kBF16: return prequant_scalar(t, i);
     case DType::kI64: {  // deq_scale of an f16 model: the f32 bit pattern in the low 32 bits
       uint64_t v;
       std::memcpy(&v, p + i * 8, 8);
