@@ -160,34 +160,38 @@ int64_t head_group(int64_t n_tokens, int64_t n_heads) {
   return std::clamp<int64_t>(std::min(per, n_heads), 1, 16);
 }
 
-void attention_absorbed(const float* q, int64_t n_tokens, int64_t n_heads, int64_t pos0, const float* lat, int64_t ld,
-                        int64_t R, int64_t P, float scale, float* out) {
-  const int64_t D = R + P;
+// Runs f(i, h0, h1) for every work item, token i's heads [h0, h1) of one head group,
+// spread over the threads.
+template <typename F>
+void for_each_head_group(int64_t n_tokens, int64_t n_heads, const F& f) {
   const int64_t g = head_group(n_tokens, n_heads), groups = (n_heads + g - 1) / g;
   const int64_t items = n_tokens * groups;
   const int threads = threads_for(items);
 #pragma omp parallel for num_threads(threads) if (threads > 1) schedule(static)
   for (int64_t it = 0; it < items; ++it) {
-    const int64_t i = it / groups, h0 = it % groups * g, h1 = std::min(n_heads, h0 + g);
-    const auto row = [lat, ld](int64_t t) { return lat + t * ld; };
-    attend_blocked(q + i * n_heads * D, h0, h1, pos0 + i + 1, row, R, P, scale, out + i * n_heads * R);
+    const int64_t i = it / groups, h0 = it % groups * g;
+    f(i, h0, std::min(n_heads, h0 + g));
   }
+}
+
+void attention_absorbed(const float* q, int64_t n_tokens, int64_t n_heads, int64_t pos0, const float* lat, int64_t ld,
+                        int64_t R, int64_t P, float scale, float* out) {
+  const int64_t D = R + P;
+  const auto row = [lat, ld](int64_t t) { return lat + t * ld; };
+  for_each_head_group(n_tokens, n_heads, [&](int64_t i, int64_t h0, int64_t h1) {
+    attend_blocked(q + i * n_heads * D, h0, h1, pos0 + i + 1, row, R, P, scale, out + i * n_heads * R);
+  });
 }
 
 void attention_sparse(const float* q, int64_t n_tokens, int64_t n_heads, const float* lat, int64_t ld, int64_t R,
                       int64_t P, const int32_t* idx, const int32_t* n_idx, int64_t idx_stride, float scale,
                       float* out) {
   const int64_t D = R + P;
-  const int64_t g = head_group(n_tokens, n_heads), groups = (n_heads + g - 1) / g;
-  const int64_t items = n_tokens * groups;
-  const int threads = threads_for(items);
-#pragma omp parallel for num_threads(threads) if (threads > 1) schedule(static)
-  for (int64_t it = 0; it < items; ++it) {
-    const int64_t i = it / groups, h0 = it % groups * g, h1 = std::min(n_heads, h0 + g);
+  for_each_head_group(n_tokens, n_heads, [&](int64_t i, int64_t h0, int64_t h1) {
     const int32_t* rows = idx + i * idx_stride;
     const auto row = [lat, ld, rows](int64_t j) { return lat + static_cast<int64_t>(rows[j]) * ld; };
     attend_blocked(q + i * n_heads * D, h0, h1, n_idx[i], row, R, P, scale, out + i * n_heads * R);
-  }
+  });
 }
 
 }  // namespace
