@@ -34,6 +34,22 @@ int32_t word(const std::vector<int32_t>& w, size_t at) {
   return w[at];
 }
 
+// A read or a take: the op, the ticket, then the entries' hashes.
+void pack_hashes(std::vector<int32_t>& w, Op op, uint64_t ticket, const std::vector<uint64_t>& hashes) {
+  w = {op};
+  push64(w, ticket);
+  w.push_back(static_cast<int32_t>(hashes.size()));
+  for (uint64_t h : hashes) push64(w, h);
+}
+
+std::pair<uint64_t, std::vector<uint64_t>> unpack_hashes(const std::vector<int32_t>& w) {
+  const uint64_t ticket = read64(w, 1);
+  const int32_t n = word(w, 3);
+  std::vector<uint64_t> hashes;
+  for (int32_t i = 0; i < n; ++i) hashes.push_back(read64(w, static_cast<size_t>(4 + 2 * i)));
+  return {ticket, std::move(hashes)};
+}
+
 // Calls `move(pool_base, bytes)` for each of the block's parts, in the entries' order.
 template <typename Pool, typename Move>
 void for_each_part(Pool& pool, Move&& move) {
@@ -101,18 +117,12 @@ void DiskShards::spill(int32_t block, uint64_t hash, std::span<const int32_t> to
 }
 
 void DiskShards::read(uint64_t ticket, const std::vector<uint64_t>& hashes) {
-  words_ = {kRead};
-  push64(words_, ticket);
-  words_.push_back(static_cast<int32_t>(hashes.size()));
-  for (uint64_t h : hashes) push64(words_, h);
+  pack_hashes(words_, kRead, ticket, hashes);
   channel_.post(words_, kv_);
 }
 
 std::vector<bool> DiskShards::take(uint64_t ticket, const std::vector<uint64_t>& hashes) {
-  words_ = {kTake};
-  push64(words_, ticket);
-  words_.push_back(static_cast<int32_t>(hashes.size()));
-  for (uint64_t h : hashes) push64(words_, h);
+  pack_hashes(words_, kTake, ticket, hashes);
   channel_.post(words_, kv_);
   parallel::Communicator& comm = channel_.comm();
   const size_t n = hashes.size();
@@ -185,18 +195,13 @@ void DiskShardWorker::handle(const std::vector<int32_t>& w, KvPool& kv, parallel
       return;
     }
     case kRead: {
-      const uint64_t ticket = read64(w, 1);
-      const int32_t n = word(w, 3);
-      std::vector<uint64_t> hashes;
-      for (int32_t i = 0; i < n; ++i) hashes.push_back(read64(w, static_cast<size_t>(4 + 2 * i)));
+      auto [ticket, hashes] = unpack_hashes(w);
       if (disk_) tickets_[ticket] = disk_->read_async(std::move(hashes));
       return;
     }
     case kTake: {
-      const uint64_t ticket = read64(w, 1);
-      const int32_t n = word(w, 3);
-      std::vector<uint64_t> hashes;
-      for (int32_t i = 0; i < n; ++i) hashes.push_back(read64(w, static_cast<size_t>(4 + 2 * i)));
+      const auto [ticket, hashes] = unpack_hashes(w);
+      const auto n = static_cast<int32_t>(hashes.size());
       // Rank 0's read of the same entries is done; this rank's ran at the same time.
       std::vector<DiskCacheEntry> entries;
       if (disk_ && tickets_.contains(ticket)) {
