@@ -1,7 +1,7 @@
 // infera convert MODEL_DIR --to gguf OUT.gguf [--type f32|f16|bf16|q8_0|q4_0] [--name NAME]
 //
 // Writes a GGUF file llama.cpp loads (see model/gguf_export.h for what is converted and
-// how). The default type is f16, as with llama.cpp's convert_hf_to_gguf.py; norms stay f32.
+// how). The default type is f16, as with llama.cpp's convert_hf_to_gguf.py; norms and the MoE router stay f32.
 #include <unistd.h>
 
 #include <chrono>
@@ -47,7 +47,7 @@ void setup(CLI::App& app) {
   cmd->add_option("out", opts->out_path, "output file")->required();
   cmd->add_option("--type", opts->type,
                   "tensor type of matrices: f32, f16 (default, like llama.cpp's converter), bf16, or llama.cpp's q8_0 "
-                  "/ q4_0 blocks (rows not a multiple of 32 stay f16); norms stay f32")
+                  "/ q4_0 blocks (rows not a multiple of 32 stay f16); norms and the MoE router stay f32")
       ->default_val("f16");
   cmd->add_option("--name", opts->name, "general.name (default: the model directory's name)");
   cmd->callback([opts] { infera::cli::set_exit_code(run_convert(*opts)); });

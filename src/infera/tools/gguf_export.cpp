@@ -650,6 +650,13 @@ GgufExportResult export_gguf(const std::string& model_dir, const std::string& ou
     e.col_order = std::move(col_order);
     plan.push_back(std::move(e));
   };
+  // The MoE router stays F32 whatever the type of the other matrices, as llama.cpp's
+  // converter keeps it (FFN_GATE_INP) and llama-quantize leaves it: llama.cpp multiplies F16
+  // weights with activations rounded to F16, which moves near-tied expert choices.
+  auto add_router = [&](const std::string& hf, int64_t n_experts) {
+    add_matrix(hf, n_experts, config.hidden_size);
+    plan.back().type = GgmlType::kF32;
+  };
   // A vector (always F32), optionally transformed: (value, GGUF index) -> value.
   auto add_vector = [&](const std::string& hf, int64_t n,
                         const std::function<float(const std::vector<float>&, int64_t)>& f = nullptr) {
@@ -766,7 +773,7 @@ GgufExportResult export_gguf(const std::string& model_dir, const std::string& ou
         return;
       }
       const int64_t E = config.num_experts, S = config.moe_intermediate_size * config.n_shared_experts;
-      add_matrix(p + "mlp.gate.weight", E, H);
+      add_router(p + "mlp.gate.weight", E);
       add_vector(p + "mlp.gate.e_score_correction_bias", E);
       add_per_expert(p);
       if (S > 0) {
@@ -808,7 +815,7 @@ GgufExportResult export_gguf(const std::string& model_dir, const std::string& ou
       }
       add_vector(p + "post_attention_layernorm.weight", H);
       if (transformer_moe) {
-        add_matrix(p + "mlp.gate.weight", config.num_experts, H);
+        add_router(p + "mlp.gate.weight", config.num_experts);
         add_per_expert(p);
       } else {
         add_matrix(p + "mlp.gate_proj.weight", F, H);
@@ -874,7 +881,7 @@ GgufExportResult export_gguf(const std::string& model_dir, const std::string& ou
       }
       const int64_t E = config.num_experts, I = config.moe_intermediate_size,
                     S = config.shared_expert_intermediate_size;
-      add_matrix(p + "mlp.gate.weight", E, H);
+      add_router(p + "mlp.gate.weight", E);
       if (stored_expert_layout(config, p + "mlp.", has) == ExpertLayout::kFused) {
         const TensorInfo& gu = source(p + "mlp.experts.gate_up_proj", {E, 2 * I, H});
         const TensorInfo& dn = source(p + "mlp.experts.down_proj", {E, H, I});
