@@ -19,7 +19,10 @@ FORMAT (what config.json's quantization_config and the tensors then say):
                 (FP8_DYNAMIC)
 
 Quantized: every 2-D "*_proj.weight" of the decoder layers (attention, MLP, experts, shared
-experts) whose input features the scheme can divide; the rest (embeddings, lm_head, norms, the
+experts), and in the fp8 formats fused 3-D experts (Qwen3.5's mlp.experts.gate_up_proj [E, 2F, H]
+and down_proj: e4m3 under the same name, the experts' scales stacked [E, ...] under
+<name>.weight_scale_inv / .weight_scale, as Qwen3.5's FP8 release stores them), whose input
+features the scheme can divide; the rest (embeddings, lm_head, norms, the
 MoE router) stay as stored, and modules left out are listed in the config's ignore list
 (compressed-tensors) or modules_to_not_convert (fp8). Scales are --scale-dtype (fp8 default f32,
 compressed-tensors default bf16, as the writers of each store them).
@@ -158,6 +161,7 @@ def pack_int32(values, bits, axis):
 
 
 PROJ = re.compile(r"\.layers\.\d+\..*_proj(_with_mqa)?\.weight$")
+FUSED_EXPERTS = re.compile(r"\.layers\.\d+\.mlp\.experts\.(gate_up|down)_proj$")
 
 
 def main():
@@ -186,6 +190,19 @@ def main():
     first = None
     for name in sorted(src):
         dt, arr = src[name]
+        if FUSED_EXPERTS.search(name) and arr.ndim == 3 and dt in ("F32", "BF16", "F16") and fmt.startswith("fp8-"):
+            # Fused experts (Qwen3.5's FP8 layout): the e4m3 tensor under its own name, each expert's
+            # scales stacked under <name>.weight_scale_inv (or .weight_scale).
+            w3 = to_f32(dt, arr)
+            res = [quant_fp8_block(w, a.block, sdt) if fmt == "fp8-block"
+                   else quant_fp8_rows(w, fmt == "fp8-tensor", sdt) for w in w3]
+            out[name] = ("F8_E4M3", np.stack([r[0] for r in res]))
+            out[name + (".weight_scale_inv" if fmt == "fp8-block" else ".weight_scale")] = (
+                res[0][1][0], np.stack([np.asarray(r[1][1]) for r in res]))
+            deq = np.stack([r[2] for r in res]).astype(np.float32)
+            ref[name] = ("F32", deq)
+            dequant[name] = deq
+            continue
         if not PROJ.search(name) or arr.ndim != 2 or dt not in ("F32", "BF16", "F16"):
             out[name] = (dt, arr)
             continue

@@ -22,15 +22,21 @@ FORMAT:
               weight_scale / weight_offset [O, 1], scale_bias [O, 1] (or [O, 16] for o_proj/down_proj);
               a layer whose inputs are not a multiple of 32 is written W8A8_DYNAMIC (mixed types).
 
-Quantized: every 2-D "*_proj.weight" of the decoder layers (attention, MLP, per-expert MoE
-experts). Layers the layout cannot hold (a group size not dividing the inputs, outputs not a
-multiple of 8) stay float and are listed as such (GPTQ "dynamic" "-:" rule, AWQ
-modules_to_not_convert, msModelSlim FLOAT). Everything else is copied as stored.
+Quantized: every 2-D "*_proj.weight" of the decoder layers (attention, MLP, shared and per-expert
+MoE experts). A float model with fused experts (Qwen3.5's mlp.experts.gate_up_proj [E, 2F, H] and
+down_proj [E, H, F]) has them split per expert first (<L>.mlp.experts.E.{gate,up,down}_proj), as
+msModelSlim does: its Qwen3.5 and Qwen3-VL-MoE adapters turn the 3-D tensors into one Linear
+module per expert, and its saver writes each module. Layers the layout cannot hold (a group size
+not dividing the inputs, outputs not a multiple of 8) stay float and are listed as such (GPTQ
+"dynamic" "-:" rule, AWQ modules_to_not_convert, msModelSlim FLOAT). Everything else is copied
+as stored.
 
---fused-experts (gptq, awq): a MoE's experts stored fused, as Infera's own format lays them out:
-<L>.mlp.experts.gate_up_proj.{qweight,qzeros,scales[,g_idx]} (each expert's gate then up
-outputs, the experts first: [E, ...] of the per-module tensors) and <L>.mlp.experts.down_proj.*.
-Needs the per-module layout's g_idx to agree between gate and up (no --desc-act).
+--fused-experts: a MoE's experts stored fused, as Infera's own format lays them out: each
+expert's gate and up concatenated along the outputs (gate first) and quantized as one matrix,
+every tensor of the per-module layout then stacked with the experts first, [E, ...]:
+<L>.mlp.experts.gate_up_proj.{qweight,qzeros,scales,g_idx} (GPTQ; --desc-act gives one g_idx
+per expert) or .{weight,weight_scale,weight_offset[,scale_bias]} (msModelSlim W8A8_DYNAMIC /
+W4A8_DYNAMIC, described under <L>.mlp.experts.gate_up_proj.weight), and the same for down_proj.
 
 --dequant-dir DIR writes the same model with every quantized layer replaced by the f32 weights
 the checkpoint stands for (scale x (q - zero)): the reference tests compare against.
@@ -49,7 +55,10 @@ import numpy as np
 
 import safetensors_file as st
 
-LINEAR = re.compile(r"^(model\.layers\.\d+\..*_proj)\.weight$")
+LINEAR = re.compile(r"^(model\.(?:language_model\.)?layers\.\d+\..*_proj(?:_[a-z]+)?)\.weight$")
+# A MoE's experts stored fused in the float model (Qwen3.5, Qwen3-Next's HF layout): [E, 2F, H]
+# gate then up outputs, and [E, H, F].
+FUSED_FLOAT = re.compile(r"^(model\.(?:language_model\.)?layers\.\d+\.mlp\.experts)\.(gate_up_proj|down_proj)$")
 AWQ_ORDER = [0, 2, 4, 6, 1, 3, 5, 7]
 
 
@@ -270,35 +279,79 @@ def calibrate_llama(cfg, W, n_tokens, seed):
 # ---- main ------------------------------------------------------------------------------------
 
 
-EXPERT = re.compile(r"^(model\.layers\.\d+\.mlp\.experts)\.(\d+)\.(gate|up|down)_proj\.(\w+)$")
+EXPERT = re.compile(r"^(model\.(?:language_model\.)?layers\.\d+\.mlp\.experts)\.(\d+)\.(gate|up|down)_proj\.weight$")
+STACKED = re.compile(
+    r"^(model\.(?:language_model\.)?layers\.\d+\.mlp\.experts)\.(\d+)\.(gate_up_proj|down_proj)\.(\w+)$")
 
 
-def fuse_experts(out):
-    """Per-expert GPTQ/AWQ tensors -> <L>.mlp.experts.{gate_up,down}_proj.<part> [E, ...]: gate and up
-    concatenated along the outputs (the last axis of qweight, qzeros and scales; whole int32 words,
-    as the outputs are multiples of 8), g_idx shared by both."""
-    parts, fused = {}, {}
-    for name, (dt, arr) in out.items():
-        m = EXPERT.match(name)
-        if not m:
-            fused[name] = (dt, arr)
+def unstack_experts(W):
+    """Fused float experts -> per-expert 2-D weights <prefix>.E.{gate,up,down}_proj.weight, as msModelSlim
+    does before quantizing (its Qwen3.5 / Qwen3-VL-MoE adapters split the 3-D tensors into Linear
+    modules, and its saver writes one module each)."""
+    out = {}
+    for name, (dt, arr) in W.items():
+        m = FUSED_FLOAT.match(name)
+        if not m or arr.ndim != 3:
+            out[name] = (dt, arr)
             continue
-        prefix, e, proj, part = m.group(1), int(m.group(2)), m.group(3), m.group(4)
-        parts.setdefault((prefix, part), {}).setdefault(e, {})[proj] = (dt, arr)
-    for (prefix, part), experts in parts.items():
+        prefix, proj = m.groups()
+        for e in range(arr.shape[0]):
+            if proj == "down_proj":
+                out[f"{prefix}.{e}.down_proj.weight"] = (dt, arr[e])
+            else:
+                f = arr.shape[1] // 2
+                out[f"{prefix}.{e}.gate_proj.weight"] = (dt, arr[e, :f])
+                out[f"{prefix}.{e}.up_proj.weight"] = (dt, arr[e, f:])
+    return out
+
+
+def fuse_expert_floats(W):
+    """Per-expert gate and up -> one <prefix>.E.gate_up_proj.weight [2F, H] each (gate rows first), so
+    that every expert's fused matrix is quantized as one layer (one act-order permutation per
+    expert and matrix, as a fused checkpoint stores it). Returns the new dict and the split map
+    (fused name -> (gate name, up name))."""
+    out, split, pairs = {}, {}, {}
+    for name, (dt, arr) in W.items():
+        m = EXPERT.match(name)
+        if not m or m.group(3) == "down":
+            out[name] = (dt, arr)
+            continue
+        pairs.setdefault((m.group(1), m.group(2)), {})[m.group(3)] = (name, dt, arr)
+    for (prefix, e), gu in pairs.items():
+        (gn, dt, g), (un, _, u) = gu["gate"], gu["up"]
+        fused = f"{prefix}.{e}.gate_up_proj.weight"
+        out[fused] = (dt, np.concatenate([g, u], axis=0))
+        split[fused] = (gn, un)
+    return out, split
+
+
+def stack_experts(out, desc):
+    """<prefix>.E.{gate_up,down}_proj.<part> -> <prefix>.{gate_up,down}_proj.<part> [E, ...]: every
+    tensor of the per-module layout with the experts first (GPTQ/AWQ qweight, qzeros, scales, g_idx;
+    msModelSlim weight, weight_scale, weight_offset, scale_bias). The description follows."""
+    groups, stacked, sdesc = {}, {}, {}
+    for name, t in out.items():
+        m = STACKED.match(name)
+        if not m:
+            stacked[name] = t
+            if name in desc:
+                sdesc[name] = desc[name]
+            continue
+        prefix, e, proj, part = m.groups()
+        groups.setdefault((prefix, proj, part), {})[int(e)] = (name, t)
+    for (prefix, proj, part), experts in groups.items():
         n = len(experts)
-        for target, projs in (("gate_up_proj", ("gate", "up")), ("down_proj", ("down",))):
-            stack = []
-            for e in range(n):
-                arrs = [experts[e][p][1] for p in projs]
-                if part == "g_idx":
-                    if any(not np.array_equal(arrs[0], x) for x in arrs[1:]):
-                        sys.exit(f"--fused-experts: {prefix}.{e}: gate and up have different g_idx")
-                    stack.append(arrs[0])
-                else:
-                    stack.append(np.concatenate(arrs, axis=-1))
-            fused[f"{prefix}.{target}.{part}"] = (experts[0][projs[0]][0], np.stack(stack))
-    return fused
+        if sorted(experts) != list(range(n)):
+            sys.exit(f"--fused-experts: {prefix}.{proj}.{part}: experts missing")
+        dts = {experts[e][1][0] for e in range(n)}
+        types = {desc.get(experts[e][0]) for e in range(n)}
+        if len(dts) != 1 or len(types) != 1 or (part == "weight" and desc and types == {"FLOAT"}):
+            sys.exit(f"--fused-experts: {prefix}.{proj}: the experts are stored differently")
+        fused = f"{prefix}.{proj}.{part}"
+        stacked[fused] = (dts.pop(), np.stack([experts[e][1][1] for e in range(n)]))
+        if desc:
+            sdesc[fused] = types.pop()
+    return stacked, sdesc
 
 
 def main(argv=None):
@@ -320,6 +373,13 @@ def main(argv=None):
     cfg = json.load(open(os.path.join(a.in_dir, "config.json")))
     # BF16 tensors as their f32 values (as_stored() turns them back into bits).
     W = {n: (dt, st.bf16_value(arr) if dt == "BF16" else arr) for n, (dt, arr) in st.read_model(a.in_dir).items()}
+    W = unstack_experts(W)
+    unfused = W  # the reference model's tensors: per expert (what --dequant-dir writes)
+    split = {}
+    if a.fused_experts:
+        if a.format == "slim-w8a8":
+            sys.exit("--fused-experts: msModelSlim writes MoE experts W8A8_DYNAMIC or W4A8_DYNAMIC, not static W8A8")
+        W, split = fuse_expert_floats(W)
     floats = {n: arr.astype(np.float32) for n, (dt, arr) in W.items() if dt in ("F32", "F16", "BF16")}
     rng = np.random.default_rng(a.seed)
     ranges = calibrate_llama(cfg, floats, a.calib_tokens, a.seed) if a.format == "slim-w8a8" else None
@@ -354,14 +414,16 @@ def main(argv=None):
             desc[name] = "FLOAT"
             continue
         tensors, deq = res
-        ref[name] = deq
+        if name in split:  # the fused gate_up of one expert: its reference as the model stores it
+            f = deq.shape[0] // 2
+            ref[split[name][0]], ref[split[name][1]] = deq[:f], deq[f:]
+        else:
+            ref[name] = deq
         for suffix, t in tensors.items():
             out[f"{prefix}.{suffix}"] = t
             desc[f"{prefix}.{suffix}"] = layer_type.get(prefix, slim_type)
     if a.fused_experts:
-        if a.format not in ("gptq", "awq") or a.desc_act:
-            sys.exit("--fused-experts: gptq or awq without --desc-act")
-        out = fuse_experts(out)
+        out, desc = stack_experts(out, desc)
     os.makedirs(a.out_dir, exist_ok=True)
     for f in os.listdir(a.in_dir):
         if f.endswith(".json") and f not in ("config.json", "model.safetensors.index.json") or f.endswith(".model"):
@@ -392,7 +454,7 @@ def main(argv=None):
         for f in os.listdir(a.in_dir):
             if f.endswith(".json") and f != "model.safetensors.index.json" or f.endswith(".model"):
                 shutil.copy(os.path.join(a.in_dir, f), os.path.join(a.dequant_dir, f))
-        dq = {n: ("F32", ref[n]) if n in ref else (dt, as_stored(dt, arr)) for n, (dt, arr) in W.items()}
+        dq = {n: ("F32", ref[n]) if n in ref else (dt, as_stored(dt, arr)) for n, (dt, arr) in unfused.items()}
         st.write(os.path.join(a.dequant_dir, "model.safetensors"), dq, metadata={"format": "pt"})
     print(f"{a.out_dir}: {len(ref)} layers quantized ({a.format}), {len(skipped)} kept float")
 

@@ -487,6 +487,26 @@ std::vector<kernels::LinearWeight> PrequantSource::bind(const std::string& name,
   const StoredLinear w = format_->locate(store(), name, experts, rows, cols);
   const NativePlan p = plan_native(w, target_, fp8_);
   std::lock_guard<std::mutex> lock(mu_);
+  // Names for logs and observers: the stored name of the weight's first part (stable storage).
+  const std::string_view label = w.parts.begin()->second->name;
+  std::vector<kernels::LinearWeight> out(static_cast<size_t>(experts));
+  std::vector<kernels::QuantMatRef> apart;
+  if (experts > 1 && !p.fp8 && (p.exact || format_->binds_exactly(w, p.scheme)) &&
+      format_->bind_experts_apart(w, p.scheme, apart, owned_)) {
+    INFERA_ASSERT(static_cast<int64_t>(apart.size()) == experts, "bind_experts_apart: one matrix per expert");
+    stats_.weights += experts;
+    stats_.exact += experts;
+    stats_.in_place += experts;
+    stats_.stored_bytes += w.stored_bytes();
+    stats_.native_bytes += native_bytes(p, w.total_rows(), cols, w.fp8_group);
+    for (int64_t e = 0; e < experts; ++e) {
+      if (quant_repack_enabled()) apart[e].packed = kernels::pack_quant_matrix(apart[e]);
+      out[e].quantized = true;
+      out[e].name = label;
+      out[e].quant = std::move(apart[e]);
+    }
+    return out;
+  }
   const int64_t in_place_before = stats_.in_place;
   kernels::QuantMatRef all = convert_to_native(*format_, w, p, owned_, stats_);
   if (stats_.in_place == in_place_before) {  // converted: the stored bytes are read no more
@@ -495,9 +515,6 @@ std::vector<kernels::LinearWeight> PrequantSource::bind(const std::string& name,
   }
   // Static activations (msModelSlim W8A8) compute from the stored layout: no repacked copy.
   if (quant_repack_enabled() && !(all.extras && all.extras->static_act)) all.packed = kernels::pack_quant_matrix(all);
-  // Names for logs and observers: the stored name of the weight's first part (stable storage).
-  const std::string_view label = w.parts.begin()->second->name;
-  std::vector<kernels::LinearWeight> out(static_cast<size_t>(experts));
   for (int64_t e = 0; e < experts; ++e) {
     out[e].quantized = true;
     out[e].name = label;

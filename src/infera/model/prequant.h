@@ -130,6 +130,16 @@ class PrequantFormat {
   // requantize (asymmetric zeros, a g_idx order), carrying what the symmetric scheme lacks as
   // kernels::QuantExtras on `out` (GPTQ / AWQ). bind_in_place may still decline (false).
   virtual bool binds_exactly(const StoredLinear& /*w*/, kernels::QuantScheme /*scheme*/) const { return false; }
+  // Fused experts (w.experts > 1) whose native forms cannot share one matrix: each expert bound
+  // exactly as a matrix of its own, w.experts of them appended to `out` (GPTQ act-order: one
+  // input permutation per expert, where the kernels take one per matrix). Asked before
+  // bind_in_place when the plan is exact or binds_exactly; false: the [experts · rows, cols]
+  // matrix is bound as one.
+  virtual bool bind_experts_apart(const StoredLinear& /*w*/, kernels::QuantScheme /*scheme*/,
+                                  std::vector<kernels::QuantMatRef>& /*out*/,
+                                  std::vector<std::shared_ptr<void>>& /*owned*/) const {
+    return false;
+  }
   // FP8 weights (w.fp8_group > 0): the f32 scale of every row's groups of fp8_group columns,
   // [total_rows, ceil(cols / fp8_group)] into `out` (W8A16 binds the e4m3 bytes in place).
   virtual void fp8_scales(const StoredLinear& w, float* out) const;

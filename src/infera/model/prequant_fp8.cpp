@@ -78,7 +78,9 @@ class Fp8Format final : public PrequantFormat {
 
   StoredLinear locate(const WeightStore& store, const std::string& name, int64_t experts, int64_t rows,
                       int64_t cols) const override {
-    const std::string m = prequant_module(name);
+    // A fused expert tensor ("...mlp.experts.gate_up_proj", Qwen3.5's FP8 release) keeps its
+    // scales under "<name>.weight_scale_inv".
+    const std::string m = prequant_module(name).empty() ? name : prequant_module(name);
     auto st = std::make_shared<Fp8State>();
     const bool fused = experts > 1;
     std::vector<int64_t> wshape = {rows, cols};

@@ -479,9 +479,27 @@ class GptqFormat final : public PrequantFormat {
     return kernels::scheme_is_int4(scheme) && w.bits == 4;
   }
 
+  // Fused experts with act-order (desc_act and a g_idx per expert): each expert its own matrix
+  // with its own input permutation (the kernels take one per matrix), exactly.
+  bool bind_experts_apart(const StoredLinear& w, kernels::QuantScheme scheme, std::vector<kernels::QuantMatRef>& out,
+                          std::vector<std::shared_ptr<void>>& owned) const override {
+    if (w.experts == 1 || !w.permuted || !binds_exactly(w, scheme)) return false;
+    std::vector<Int4Layout> ls;
+    for (int64_t e = 0; e < w.experts; ++e) {
+      std::string why;
+      std::optional<Int4Layout> l = to_infera_int4(unpack(w, e, 0, w.rows), &why);
+      if (!l) {
+        LOG_WARN("'{}' ({}) expert {}: {}: requantized", w.name, w.label, e, why);
+        return false;
+      }
+      ls.push_back(std::move(*l));
+    }
+    for (Int4Layout& l : ls) out.push_back(own_layout(std::move(l), scheme, owned));
+    return true;
+  }
+
   // Fused experts: each expert mapped on its own, then their rows concatenated (the zero-point
-  // correction is indexed by row; an act-order permutation is one per matrix, so fused experts
-  // with act-order are requantized instead).
+  // correction is indexed by row; act-order, a permutation per expert, is bound apart above).
   bool bind_in_place(const StoredLinear& w, kernels::QuantScheme scheme, kernels::QuantMatRef& out,
                      std::vector<std::shared_ptr<void>>& owned) const override {
     if (!binds_exactly(w, scheme)) return false;
@@ -497,13 +515,7 @@ class GptqFormat final : public PrequantFormat {
       ls.push_back(std::move(*l));
     }
     if (ls.size() == 1) {
-      auto q = std::make_shared<std::vector<uint8_t>>(std::move(ls[0].qweight));
-      auto s = std::make_shared<std::vector<uint16_t>>(std::move(ls[0].scales));
-      out = kernels::QuantMatRef(scheme, w.rows, w.cols, ls[0].group_size, q->data(), s->data());
-      out.extras = std::move(ls[0].extras);
-      kernels::check_quant_matrix(out);
-      owned.push_back(std::move(q));
-      owned.push_back(std::move(s));
+      out = own_layout(std::move(ls[0]), scheme, owned);
       return true;
     }
     auto q = std::make_shared<std::vector<uint8_t>>();
@@ -540,6 +552,19 @@ class GptqFormat final : public PrequantFormat {
   }
 
  private:
+  // One expert's (or layer's) Infera layout as a matrix; its buffers go to `owned`.
+  static kernels::QuantMatRef own_layout(Int4Layout&& l, kernels::QuantScheme scheme,
+                                         std::vector<std::shared_ptr<void>>& owned) {
+    auto q = std::make_shared<std::vector<uint8_t>>(std::move(l.qweight));
+    auto s = std::make_shared<std::vector<uint16_t>>(std::move(l.scales));
+    kernels::QuantMatRef m(scheme, l.rows, l.cols, l.group_size, q->data(), s->data());
+    m.extras = std::move(l.extras);
+    kernels::check_quant_matrix(m);
+    owned.push_back(std::move(q));
+    owned.push_back(std::move(s));
+    return m;
+  }
+
   GptqConfig c_;
 };
 

@@ -76,14 +76,19 @@ struct SlimLayer {
   const TensorInfo* deq_scale = nullptr;
   const TensorInfo* quant_bias = nullptr;
   const TensorInfo* scale_second = nullptr;
+  // rows counts every expert's: a fused [E, O, I] weight (and its [E, O, 1] scales) is the
+  // [E · O, I] matrix of the experts' rows one after the other.
+  int64_t experts = 1;
   int64_t rows = 0, cols = 0;
-  bool packed_int4 = false;  // W4A8 weight [O/2, I]
+  bool packed_int4 = false;  // W4A8 weight [O/2, I] (fused: [E, O/2, I])
   int64_t group = 0;  // W4A8 legacy: inputs per second-stage scale
 };
 
-// rows/cols < 0: taken from the tensors (infera check).
-SlimLayer resolve(const SlimDescription& d, const WeightStore& store, const std::string& name, int64_t rows,
-                  int64_t cols) {
+// name: "<module>.weight", or a fused expert tensor's name ("...mlp.experts.gate_up_proj": its
+// weight "<name>.weight", or the tensor stored under that name itself). experts / rows (one
+// expert's) / cols < 0: taken from the tensors (infera check).
+SlimLayer resolve(const SlimDescription& d, const WeightStore& store, const std::string& name, int64_t experts,
+                  int64_t rows, int64_t cols) {
   const std::string module = module_of(name);
   const std::string where = fmt::format("{}: layer '{}' ({})", d.file, module, d.type_of(name));
   SlimLayer l;
@@ -105,10 +110,18 @@ SlimLayer resolve(const SlimDescription& d, const WeightStore& store, const std:
     }
     return t;
   };
+  // n values per expert ([n] or [n, 1]; fused: the experts first, [E, n] or [E, n, 1]).
   auto numel_is = [&](const TensorInfo* t, int64_t n, const char* what) {
-    if (t && (t->numel() != n || t->shape.size() > 2 || (t->shape.size() == 2 && t->shape[1] != 1 && n != 1))) {
+    if (!t) return;
+    std::vector<int64_t> s = t->shape;
+    const bool fused = l.experts > 1 && !s.empty() && s[0] == l.experts;
+    if (fused) s.erase(s.begin());
+    int64_t numel = 1;
+    for (int64_t x : s) numel *= x;
+    if ((l.experts > 1 && !fused) || numel != n || s.size() > 2 || (s.size() == 2 && s[1] != 1 && n != 1)) {
+      const std::string e = l.experts > 1 ? fmt::format("{}, ", l.experts) : std::string();
       fail("{}: tensor '{}' has shape {}, expected {}", where, t->name, shape_string(t->shape),
-           n == 1 ? std::string("[1]") : fmt::format("[{}, 1] or [{}] ({})", n, n, what));
+           n == 1 && l.experts == 1 ? std::string("[1]") : fmt::format("[{}{}, 1] or [{}{}] ({})", e, n, e, n, what));
     }
   };
   // Every tensor of the module must be described with its weight's type.
@@ -119,34 +132,56 @@ SlimLayer resolve(const SlimDescription& d, const WeightStore& store, const std:
            l.type);
     }
   }
-  l.weight = get("weight", true);
-  if (l.weight->dtype != DType::kI8 || l.weight->shape.size() != 2) {
-    fail("{}: tensor '{}' has dtype {} and shape {}; {} stores a 2-D int8 weight", where, name,
-         dtype_name(l.weight->dtype), shape_string(l.weight->shape), l.type);
+  // A fused expert tensor stored under its own name (the float layout's name) rather than
+  // "<name>.weight".
+  const bool bare = name == module && store.find(module + ".weight") == nullptr && store.find(name) != nullptr;
+  l.weight = bare ? store.find(name) : get("weight", true);
+  const size_t rank = l.weight->shape.size();
+  if (l.weight->dtype != DType::kI8 || rank < 2 || rank > 3) {
+    fail("{}: tensor '{}' has dtype {} and shape {}; {} stores an int8 weight, 2-D (or 3-D: fused experts)", where,
+         l.weight->name, dtype_name(l.weight->dtype), shape_string(l.weight->shape), l.type);
+  }
+  l.experts = rank == 3 ? l.weight->shape[0] : 1;
+  if (experts >= 0 && (experts > 1) != (rank == 3)) {
+    fail("{}: tensor '{}' has shape {}; the model's config implies {}", where, l.weight->name,
+         shape_string(l.weight->shape),
+         experts > 1 ? fmt::format("{} experts fused [E, O, I]", experts) : std::string("one [O, I] matrix"));
+  }
+  if (experts > 1 && l.experts != experts) {
+    fail("{}: tensor '{}' holds {} experts, the model's config {}", where, l.weight->name, l.experts, experts);
+  }
+  if (l.experts > 1 && l.type == "W8A8") {
+    fail(
+        "{}: static W8A8 experts stored fused are not supported (msModelSlim quantizes experts W8A8_DYNAMIC or "
+        "W4A8_DYNAMIC)",
+        where);
   }
   l.weight_scale = get("weight_scale", l.type != "W8A8");
   l.weight_offset = get("weight_offset", false);
-  const int64_t stored_rows = l.weight->shape[0];
-  l.cols = l.weight->shape[1];
+  const int64_t stored_rows = l.experts * l.weight->shape[rank - 2];  // every expert's
+  l.cols = l.weight->shape[rank - 1];
   if (l.type == "W4A8_DYNAMIC") {
     l.scale_second = get("weight_scale_second", false);
     l.packed_int4 = l.scale_second == nullptr || d.version == "1.0.0";
     l.rows = l.weight_scale->numel();
     if (l.packed_int4 && l.rows != 2 * stored_rows) {
       fail("{}: tensor '{}' has shape {}: int4 packed along the output needs [{}, {}] for the {} rows of weight_scale",
-           where, name, shape_string(l.weight->shape), l.rows / 2, l.cols, l.rows);
+           where, l.weight->name, shape_string(l.weight->shape), l.rows / 2, l.cols, l.rows);
     }
     if (!l.packed_int4 && l.rows != stored_rows) {
-      fail("{}: tensor '{}' has {} rows, weight_scale {}", where, name, stored_rows, l.rows);
+      fail("{}: tensor '{}' has {} rows, weight_scale {}", where, l.weight->name, stored_rows, l.rows);
     }
     if (l.scale_second) {
       l.group = d.group_size > 0 ? d.group_size : 256;
       if (l.cols % l.group != 0) {
         fail("{}: group_size {} does not divide the layer's {} input features", d.file, l.group, l.cols);
       }
-      if (l.scale_second->shape != std::vector<int64_t>{l.rows, l.cols / l.group}) {
-        fail("{}: tensor '{}' has shape {}, expected [{}, {}] (group_size {})", where, l.scale_second->name,
-             shape_string(l.scale_second->shape), l.rows, l.cols / l.group, l.group);
+      const std::vector<int64_t> want = l.experts > 1
+                                            ? std::vector<int64_t>{l.experts, l.rows / l.experts, l.cols / l.group}
+                                            : std::vector<int64_t>{l.rows, l.cols / l.group};
+      if (l.scale_second->shape != want) {
+        fail("{}: tensor '{}' has shape {}, expected {} (group_size {})", where, l.scale_second->name,
+             shape_string(l.scale_second->shape), shape_string(want), l.group);
       }
       if (const TensorInfo* off2 = get("weight_offset_second", false); off2 && off2->data) {
         for (int64_t i = 0; i < off2->numel(); ++i)
@@ -163,8 +198,12 @@ SlimLayer resolve(const SlimDescription& d, const WeightStore& store, const std:
            l.weight_scale->name, shape_string(l.weight_scale->shape), l.type, l.rows);
     }
   }
-  numel_is(l.weight_scale, l.rows, "one scale per output");
-  numel_is(l.weight_offset, l.rows, "one offset per output");
+  if (l.rows % l.experts != 0 || (l.packed_int4 && (l.rows / l.experts) % 2 != 0)) {
+    fail("{}: tensor '{}' has shape {}: {} rows do not split into {} experts", where, l.weight->name,
+         shape_string(l.weight->shape), l.rows, l.experts);
+  }
+  numel_is(l.weight_scale, l.rows / l.experts, "one scale per output");
+  numel_is(l.weight_offset, l.rows / l.experts, "one offset per output");
   if (l.weight_scale && !is_float(l.weight_scale->dtype))
     fail("{}: tensor '{}' has dtype {}, expected a float", where, l.weight_scale->name,
          dtype_name(l.weight_scale->dtype));
@@ -188,8 +227,9 @@ SlimLayer resolve(const SlimDescription& d, const WeightStore& store, const std:
     if (l.input_scale->data && !(value_at(*l.input_scale, 0) > 0.0f))
       fail("{}: tensor '{}' is {}, not a positive scale", where, l.input_scale->name, value_at(*l.input_scale, 0));
   }
-  if ((rows >= 0 && rows != l.rows) || (cols >= 0 && cols != l.cols)) {
-    fail("{}: the layer is [{}, {}], the model's config implies [{}, {}]", where, l.rows, l.cols, rows, cols);
+  if ((rows >= 0 && rows * l.experts != l.rows) || (cols >= 0 && cols != l.cols)) {
+    fail("{}: the layer is [{}, {}], the model's config implies [{}, {}]", where, l.rows / l.experts, l.cols, rows,
+         cols);
   }
   return l;
 }
@@ -213,7 +253,12 @@ std::vector<int8_t> int4_values(const SlimLayer& l) {
 
 std::string SlimDescription::type_of(const std::string& weight_name) const {
   auto it = types.find(weight_name);
+  if (it == types.end() && !weight_name.ends_with(".weight")) it = types.find(weight_name + ".weight");
   return it == types.end() ? std::string() : it->second;
+}
+
+bool SlimDescription::is_weight(const std::string& key) const {
+  return key.ends_with(".weight") || types.contains(key + ".weight_scale");
 }
 
 bool has_slim_description(const std::string& dir) {
@@ -277,9 +322,9 @@ std::vector<std::string> check_slim(const SlimDescription& d, const WeightStore&
     }
   }
   for (const auto& [name, type] : d.types) {
-    if (!name.ends_with(".weight") || type == "FLOAT" || store.find(name) == nullptr) continue;
+    if (!d.is_weight(name) || type == "FLOAT" || store.find(name) == nullptr) continue;
     try {
-      resolve(d, store, name, -1, -1);
+      resolve(d, store, name, -1, -1, -1);
     } catch (const Error& e) {
       problems.emplace_back(e.what());
     }
@@ -324,6 +369,11 @@ class SlimFormat final : public PrequantFormat {
     const std::string t = d_.type_of(name);
     return !t.empty() && t != "FLOAT";
   }
+  // A fused expert tensor ("...mlp.experts.gate_up_proj") is stored as "<name>.weight" or as
+  // the name itself.
+  bool stores(const WeightStore& store, const std::string& name) const override {
+    return store.find(name) != nullptr || (!name.ends_with(".weight") && store.find(name + ".weight") != nullptr);
+  }
   bool is_auxiliary(const std::string& tensor) const override {
     for (const char* s : {".scale_bias", ".weight_offset", ".weight_offset_second", ".input_offset"})
       if (tensor.ends_with(s)) return true;
@@ -333,16 +383,12 @@ class SlimFormat final : public PrequantFormat {
   StoredLinear locate(const WeightStore& store, const std::string& name, int64_t experts, int64_t rows,
                       int64_t cols) const override {
     check_description(store);
-    if (experts != 1) {
-      prequant_fail(store, name,
-                    fmt::format("is a fused [{}, {}, {}] expert tensor; msModelSlim stores experts per module", experts,
-                                rows, cols));
-    }
-    auto l = std::make_shared<SlimLayer>(resolve(d_, store, name, rows, cols));
+    auto l = std::make_shared<SlimLayer>(resolve(d_, store, name, experts, rows, cols));
     StoredLinear w;
     w.name = name;
     w.kind = PrequantKind::kInt;
     w.bits = l->type == "W4A8_DYNAMIC" ? 4 : 8;
+    w.experts = l->experts;
     w.rows = rows;
     w.cols = cols;
     w.group_size = l->scale_second ? l->group : cols;
@@ -385,7 +431,7 @@ class SlimFormat final : public PrequantFormat {
   bool bind_in_place(const StoredLinear& w, kernels::QuantScheme scheme, kernels::QuantMatRef& out,
                      std::vector<std::shared_ptr<void>>& owned) const override {
     const SlimLayer& l = layer(w);
-    const int64_t rows = w.rows, cols = w.cols;
+    const int64_t rows = w.total_rows(), cols = w.cols;
     if (l.type == "W4A8_DYNAMIC") {
       if (!kernels::scheme_is_int4(scheme)) return false;
       const int64_t gs = cols % 128 == 0 && (!l.scale_second || l.group % 128 == 0) ? 128
@@ -472,7 +518,7 @@ class SlimFormat final : public PrequantFormat {
 
 std::vector<float> dequantize_slim(const WeightStore& store, const std::string& name, int64_t rows, int64_t cols,
                                    const SlimDescription& d) {
-  const SlimLayer l = resolve(d, store, name, rows, cols);
+  const SlimLayer l = resolve(d, store, name, 1, rows, cols);
   std::vector<float> out(static_cast<size_t>(rows * cols));
   dequantize_layer_rows(l, 0, rows, out.data());
   return out;

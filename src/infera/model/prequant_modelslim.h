@@ -18,6 +18,14 @@
 //                 the legacy per-group form adds <p>.weight_scale_second [O, I/G] (and stores one int4
 //                 per byte [O, I] unless version is "1.0.0"). Infera's w4a8 with the channel scale
 //                 (times the group scale) in f16 per group.
+//
+// MoE experts: per expert (mlp.experts.E.{gate,up,down}_proj.*, what msModelSlim writes, also
+// for models whose float release fuses them: its adapters split the 3-D tensors into one
+// module per expert before quantizing), or fused, every tensor above with the experts first:
+// mlp.experts.gate_up_proj.{weight [E, 2F, I] (W4A8: [E, F, I]), weight_scale [E, 2F, 1], ...}
+// (each expert's gate then up outputs) and mlp.experts.down_proj.*, the weight also accepted
+// under the fused name itself (as the float layout names it). A fused tensor is the [E · O, I]
+// matrix of its experts' rows, bound as one.
 #pragma once
 
 #include <cstdint>
@@ -41,9 +49,13 @@ struct SlimDescription {
   std::string version;  // "1.0.0" for msModelSlim v1 outputs
   int64_t group_size = 0;  // 0: per channel
   std::string model_quant_type;  // a summary only; never used per layer
-  // The type of the module whose weight is `weight_name` ("<module>.weight"); "" when the
-  // description does not name it.
+  // The type of the module whose weight is `weight_name` ("<module>.weight", or a fused expert
+  // tensor "...mlp.experts.gate_up_proj" described as itself or as "<name>.weight"); "" when
+  // the description does not name it.
   std::string type_of(const std::string& weight_name) const;
+  // Whether description key `key` is a layer's weight: "<module>.weight", or a fused expert
+  // weight stored under its own name (its scales then "<key>.weight_scale").
+  bool is_weight(const std::string& key) const;
 };
 
 bool has_slim_description(const std::string& dir);

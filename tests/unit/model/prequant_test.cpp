@@ -280,6 +280,59 @@ TEST(PrequantModels, Qwen3MoeExpertsInFp8AndW4A16) {
   check_against_reference((kWork / "moe_fp8_block").string(), false);
 }
 
+// Qwen3.5-MoE in its FP8 release's layout: the fused experts e4m3 [E, 2F, H] under their own names,
+// each expert's block scales stacked [E, ...] under <name>.weight_scale_inv. Under W8A16 every
+// expert row is the writer's dequantized value exactly and the logits are the dequantized
+// model's (to 1e-4); under W8A8 (the default) each row is requantized to int8 (at most half an
+// int8 step of the row's max off, as check_against_reference bounds it).
+TEST(PrequantModels, Qwen35FusedExpertsInFp8) {
+  const std::string src = generated("qwen3_5_moe",
+                                    "--arch qwen3_5_moe --hidden 128 --layers 4 --heads 4 --kv-heads 2 --head-dim 32 "
+                                    "--experts 4 --experts-per-tok 2 --moe-ffn 64 --vocab 300 --seed 7");
+  const std::string q = write_prequant(src, "qwen35_fp8_block", "fp8-block", "--block 32");
+  const WeightStore ref = WeightStore::open(q + "/reference");
+  for (const char* mode : {"w8a16", "w8a8"}) {
+    SCOPED_TRACE(mode);
+    ScopedEnv env("INFERA_PREQUANT_FP8", mode);
+    auto source = PrequantSource::open(q);
+    ASSERT_NE(source, nullptr);
+    for (const char* proj : {"gate_up_proj", "down_proj"}) {
+      const std::string name = std::string("model.language_model.layers.1.mlp.experts.") + proj;
+      const TensorInfo& r = ref.get(name);
+      ASSERT_EQ(r.shape.size(), 3u);
+      ASSERT_EQ(source->store().get(name).dtype, DType::kF8E4M3);
+      EXPECT_EQ(source->store().get(name + ".weight_scale_inv").shape,
+                (std::vector<int64_t>{4, r.shape[1] / 32, r.shape[2] / 32}));
+      TensorSpec t;
+      t.name = name;
+      t.shape = r.shape;
+      const std::vector<kernels::LinearWeight> ws = source->experts({&t});
+      ASSERT_EQ(ws.size(), 4u);
+      const int64_t rows = r.shape[1], cols = r.shape[2];
+      const auto* want = reinterpret_cast<const float*>(r.data);
+      std::vector<float> row(static_cast<size_t>(cols));
+      for (int64_t e = 0; e < 4; ++e) {
+        for (int64_t n = 0; n < rows; ++n) {
+          kernels::dequantize_row(ws[e].quant, n, row.data());
+          const float* w = want + (e * rows + n) * cols;
+          float amax = 0, err = 0;
+          for (int64_t c = 0; c < cols; ++c) {
+            amax = std::max(amax, std::fabs(w[c]));
+            err = std::max(err, std::fabs(row[c] - w[c]));
+          }
+          if (std::string(mode) == "w8a16") {
+            ASSERT_EQ(err, 0.0f) << name << " expert " << e << " row " << n;
+          } else {
+            ASSERT_LE(err, amax / 254.0f * 1.0001f) << name << " expert " << e << " row " << n;
+          }
+        }
+      }
+    }
+  }
+  ScopedEnv env("INFERA_PREQUANT_FP8", "w8a16");
+  check_model("qwen35_fp8_block", src, "fp8-block", "--block 32", 0, 1e-4f);
+}
+
 // DeepSeek-V3 in FP8 blocks: the MLA projections, experts, shared expert and MTP head bind
 // (requantized to W8A8) and reconstruct the writer's values; kv_b_proj (held as f32 by the
 // model) and the router come through dequantized. (Its logits, like the random MoE's, move
