@@ -35,13 +35,18 @@ export function promptIds(seed, length, vocab) {
   });
 }
 
-// Runs `prompt` through llama.cpp (the GGUF file `gguf`) and Infera (`-m model`, a
-// directory or the same file), `n` greedy tokens. Infera's all-position top-1 comes from
-// feeding the prompt prefixes. Returns the problems found, the final logits' max |diff| and
-// llama.cpp's greedy ids.
-export function compareWithLlamacpp({ model, gguf, prompt, n, tmp, name }) {
-  const ref = lastJsonLine(run("node", [path.join(here, "llamacpp_ref.mjs"), gguf, JSON.stringify(prompt), String(n),
+// llama.cpp's run of `prompt` on the GGUF file `gguf`: `n` greedy ids, the final logits
+// and the logits of every prompt position.
+export function llamacppReference(gguf, prompt, n) {
+  return lastJsonLine(run("node", [path.join(here, "llamacpp_ref.mjs"), gguf, JSON.stringify(prompt), String(n),
     "--all-logits"]));
+}
+
+// Runs `prompt` through llama.cpp (the GGUF file `gguf`; or `ref`, its llamacppReference
+// already taken) and Infera (`-m model`, a directory or the same file), `n` greedy tokens.
+// Infera's all-position top-1 comes from feeding the prompt prefixes. Returns the problems
+// found, the final logits' max |diff|, llama.cpp's greedy ids and its reference run.
+export function compareWithLlamacpp({ model, gguf, prompt, n, tmp, name, ref = llamacppReference(gguf, prompt, n) }) {
   const logitsFile = path.join(tmp, `${name}.logits`);
   const ours = lastJsonLine(run(infera, ["run", "-m", model, "--prompt-ids", JSON.stringify(prompt), "-n", String(n),
     "--temp", "0", "--ignore-eos", "--json", "-t", "1", "--logits-file", logitsFile]));
@@ -59,7 +64,7 @@ export function compareWithLlamacpp({ model, gguf, prompt, n, tmp, name }) {
       "1", "--temp", "0", "--ignore-eos", "--json", "-t", "1"])).ids[0];
     if (got !== expect) problems.push(`top-1 differs after ${p} prompt tokens: llama.cpp ${expect}, infera ${got}`);
   }
-  return { problems, maxDiff, refIds: ref.ids };
+  return { problems, maxDiff, refIds: ref.ids, ref };
 }
 
 // Runs every case whose name contains the script's filter argument (argv[3]): `check(c,

@@ -32,6 +32,9 @@ struct RopeConfig {
   float attention_factor = 1.0f;  // yarn: multiplies cos/sin (0.1 ln(factor) + 1 by default)
   float mscale = 0.0f;  // yarn (DeepSeek): 0 when absent; attention_factor already folds it in
   float mscale_all_dim = 0.0f;  // yarn (DeepSeek): 0 when absent
+  // Per-frequency divisors of inv_freq (rotary_dim / 2 of them), after any scaling above:
+  // a GGUF's rope_freqs.weight (llama.cpp's form of Llama 3 scaling); empty: none.
+  std::vector<float> freq_factors;
 };
 
 struct ModelConfig {

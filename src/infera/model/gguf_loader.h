@@ -3,11 +3,16 @@
 // exactly as they bind a safetensors checkpoint.
 //
 // The registry row whose gguf_arch equals general.architecture selects the architecture;
-// its tensor table (model/tensor_table.h) gives each tensor's GGUF name. What llama.cpp's
-// converter baked into the weights is undone at load:
+// its tensor table (model/tensor_table.h) gives each tensor's GGUF name, and its traits
+// which family keys to read (hybrid: ssm.*, MLA: *_mla, kv_lora_rank, indexer.*). What
+// llama.cpp's converter baked into the weights is undone at load:
 //   - llama: q/k rows were permuted for llama.cpp's adjacent-pair rope; they are put back
 //     in Hugging Face order (rotate_half pairing, which Infera's kernels use);
-//   - stacked experts (ffn_{gate,up,down}_exps, ne = {in, out, E}) are viewed per expert.
+//   - the table row's TensorSpec::gguf_form: Qwen3.5's 1 + w norms, -exp(A_log), value
+//     heads tiled instead of grouped, conv1d's shape; DeepSeek's kv_b_proj split into
+//     attn_k_b / attn_v_b;
+//   - stacked experts (ffn_{gate,up,down}_exps, ne = {in, out, E}) are viewed per expert;
+//   - Llama 3's rope_freqs.weight becomes RopeConfig::freq_factors.
 // Tensors are used in place (mapped, or read into memory with --no-mmap): F32 / F16 / BF16
 // as those dtypes, matrices of llama.cpp's block types (Q8_0, Q4_K, ...) as DType::kGgml,
 // which the kernels multiply with int8 activations as llama.cpp does

@@ -65,6 +65,7 @@ RopeTables compute_rope_tables(const RopeConfig& rope, int rot_dim) {
       break;
     }
   }
+  for (size_t i = 0; i < rope.freq_factors.size() && i < t.inv_freq.size(); ++i) t.inv_freq[i] /= rope.freq_factors[i];
   return t;
 }
 

@@ -14,7 +14,7 @@ TableBuilder::TableBuilder(const ModelConfig& c, const HasTensor& has_tensor, st
     : c_(c), has_(has_tensor), out_(out), gguf_(arch_info(c.arch).gguf_arch != nullptr) {}
 
 void TableBuilder::add(std::string name, std::vector<int64_t> shape, WeightRole role, const char* slot,
-                       const char* gguf, TpSplit split) {
+                       const char* gguf, TpSplit split, GgufForm form) {
   TensorSpec t;
   t.name = std::move(name);
   t.slot = slot;
@@ -23,9 +23,16 @@ void TableBuilder::add(std::string name, std::vector<int64_t> shape, WeightRole 
   t.role = role;
   t.mtp = mtp;
   t.layer = layer;
-  if (gguf_ && gguf) t.gguf = gguf[0] == '/' ? std::string(gguf + 1) : block + gguf;  // '/': a global name
+  if (gguf_ && gguf) {
+    t.gguf = gguf[0] == '/' ? std::string(gguf + 1) : block + gguf;  // '/': a global name
+    t.gguf_form = form;
+  }
   t.split = split;
   out_.push_back(std::move(t));
+}
+
+GgufForm TableBuilder::norm_form() const {
+  return arch_info(c_.arch).traits.zero_centred_norms ? GgufForm::kPlusOne : GgufForm::kAsIs;
 }
 
 // Standard (GQA) attention of llama / qwen3 / the hybrids' full-attention layers.
@@ -47,9 +54,9 @@ void add_attention(TableBuilder& t, const std::string& p) {
   }
   if (c.qk_norm) {
     t.add(p + "self_attn.q_norm.weight", {hd}, WeightRole::kVector, "attn_q_norm", "attn_q_norm.weight",
-          TpSplit::kReplicated);
+          TpSplit::kReplicated, t.norm_form());
     t.add(p + "self_attn.k_norm.weight", {hd}, WeightRole::kVector, "attn_k_norm", "attn_k_norm.weight",
-          TpSplit::kReplicated);
+          TpSplit::kReplicated, t.norm_form());
   }
 }
 
@@ -74,7 +81,7 @@ void add_mla(TableBuilder& t, const std::string& p) {
   // kv_b_proj stays float: both attention forms read it per head (absorbed into q and o).
   // llama.cpp splits it into attn_k_b (named here) and attn_v_b (infera convert writes both).
   t.add(p + "self_attn.kv_b_proj.weight", {nh * (c.qk_nope_head_dim + c.v_head_dim), c.kv_lora_rank},
-        WeightRole::kFloat, "attn_kv_b", "attn_k_b.weight", TpSplit::kRows);
+        WeightRole::kFloat, "attn_kv_b", "attn_k_b.weight", TpSplit::kRows, GgufForm::kKvBSplit);
   t.add(p + "self_attn.o_proj.weight", {H, nh * c.v_head_dim}, WeightRole::kLinear, "attn_output", "attn_output.weight",
         TpSplit::kColumns);
   if (c.index_n_heads > 0) {  // DeepSeek-V3.2 lightning indexer (llama.cpp's deepseek32 names)
@@ -102,17 +109,22 @@ void add_gdn(TableBuilder& t, const std::string& p) {
           TpSplit::kRows);
     t.add(a + "in_proj_ba.weight", {2 * hv, H}, WeightRole::kFloat, "gdn_ba", kNoGguf, TpSplit::kRows);
   } else {
-    t.add(a + "in_proj_qkv.weight", {conv_dim, H}, WeightRole::kLinear, "gdn_qkv", "attn_qkv.weight", TpSplit::kRows);
-    t.add(a + "in_proj_z.weight", {hv * dv, H}, WeightRole::kLinear, "gdn_z", "attn_gate.weight", TpSplit::kRows);
-    t.add(a + "in_proj_b.weight", {hv, H}, WeightRole::kFloat, "gdn_b", "ssm_beta.weight", TpSplit::kRows);
-    t.add(a + "in_proj_a.weight", {hv, H}, WeightRole::kFloat, "gdn_a", "ssm_alpha.weight", TpSplit::kRows);
+    t.add(a + "in_proj_qkv.weight", {conv_dim, H}, WeightRole::kLinear, "gdn_qkv", "attn_qkv.weight", TpSplit::kRows,
+          GgufForm::kValueHeads);
+    t.add(a + "in_proj_z.weight", {hv * dv, H}, WeightRole::kLinear, "gdn_z", "attn_gate.weight", TpSplit::kRows,
+          GgufForm::kValueHeads);
+    t.add(a + "in_proj_b.weight", {hv, H}, WeightRole::kFloat, "gdn_b", "ssm_beta.weight", TpSplit::kRows,
+          GgufForm::kValueHeads);
+    t.add(a + "in_proj_a.weight", {hv, H}, WeightRole::kFloat, "gdn_a", "ssm_alpha.weight", TpSplit::kRows,
+          GgufForm::kValueHeads);
   }
   t.add(a + "conv1d.weight", {conv_dim, 1, c.linear_conv_kernel_dim}, WeightRole::kVector, "gdn_conv1d",
-        "ssm_conv1d.weight", TpSplit::kRows);
-  t.add(a + "dt_bias", {hv}, WeightRole::kVector, "gdn_dt_bias", "ssm_dt.bias", TpSplit::kRows);
-  t.add(a + "A_log", {hv}, WeightRole::kVector, "gdn_a_log", "ssm_a", TpSplit::kRows);
+        "ssm_conv1d.weight", TpSplit::kRows, GgufForm::kConv);
+  t.add(a + "dt_bias", {hv}, WeightRole::kVector, "gdn_dt_bias", "ssm_dt.bias", TpSplit::kRows, GgufForm::kValueHeads);
+  t.add(a + "A_log", {hv}, WeightRole::kVector, "gdn_a_log", "ssm_a", TpSplit::kRows, GgufForm::kNegExp);
   t.add(a + "norm.weight", {dv}, WeightRole::kVector, "gdn_norm", "ssm_norm.weight", TpSplit::kReplicated);
-  t.add(a + "out_proj.weight", {H, hv * dv}, WeightRole::kLinear, "gdn_out", "ssm_out.weight", TpSplit::kColumns);
+  t.add(a + "out_proj.weight", {H, hv * dv}, WeightRole::kLinear, "gdn_out", "ssm_out.weight", TpSplit::kColumns,
+        GgufForm::kValueHeadColumns);
 }
 
 // shared: a shared expert (slots and GGUF names ffn_*_shexp) instead of the block's MLP.
@@ -165,10 +177,11 @@ void add_block(TableBuilder& t, const std::string& p, bool full_attention, bool 
   const ModelConfig& c = t.config();
   const int64_t H = c.hidden_size;
   const bool hybrid = arch_info(c.arch).traits.hybrid;
-  t.add(p + "input_layernorm.weight", {H}, WeightRole::kVector, "attn_norm", "attn_norm.weight", TpSplit::kReplicated);
+  t.add(p + "input_layernorm.weight", {H}, WeightRole::kVector, "attn_norm", "attn_norm.weight", TpSplit::kReplicated,
+        t.norm_form());
   // llama.cpp names the second norm of its hybrid blocks post_attention_norm.
   t.add(p + "post_attention_layernorm.weight", {H}, WeightRole::kVector, "ffn_norm",
-        hybrid ? "post_attention_norm.weight" : "ffn_norm.weight", TpSplit::kReplicated);
+        hybrid ? "post_attention_norm.weight" : "ffn_norm.weight", TpSplit::kReplicated, t.norm_form());
   if (c.mla)
     add_mla(t, p);
   else if (full_attention)
@@ -193,7 +206,8 @@ void add_trunk(TableBuilder& t, const std::string& root) {
   }
   t.layer = -1;
   t.block.clear();
-  t.add(root + "norm.weight", {H}, WeightRole::kVector, "output_norm", "/output_norm.weight", TpSplit::kReplicated);
+  t.add(root + "norm.weight", {H}, WeightRole::kVector, "output_norm", "/output_norm.weight", TpSplit::kReplicated,
+        t.norm_form());
   if (!c.tie_word_embeddings) {
     t.add("lm_head.weight", {V, H}, WeightRole::kHead, "output", "/output.weight", TpSplit::kVocab);
   }
@@ -229,11 +243,11 @@ void hybrid_tensor_table(const ModelConfig& c, const HasTensor& has_tensor, std:
       t.add("mtp.fc.weight", {H, 2 * H}, WeightRole::kLinear, "mtp_eh_proj", "nextn.eh_proj.weight",
             TpSplit::kReplicated);
       t.add("mtp.pre_fc_norm_embedding.weight", {H}, WeightRole::kVector, "mtp_enorm", "nextn.enorm.weight",
-            TpSplit::kReplicated);
+            TpSplit::kReplicated, t.norm_form());
       t.add("mtp.pre_fc_norm_hidden.weight", {H}, WeightRole::kVector, "mtp_hnorm", "nextn.hnorm.weight",
-            TpSplit::kReplicated);
+            TpSplit::kReplicated, t.norm_form());
       t.add("mtp.norm.weight", {H}, WeightRole::kVector, "mtp_head_norm", "nextn.shared_head_norm.weight",
-            TpSplit::kReplicated);
+            TpSplit::kReplicated, t.norm_form());
     }
     // The MTP block is a full-attention block, MoE when the model has experts (whatever
     // mlp_only_layers says of the trunk's layers).

@@ -38,6 +38,20 @@ enum class TpSplit {
 };
 const char* tp_split_name(TpSplit s);
 
+// How llama.cpp's converter stores a tensor beyond renaming it (`infera convert` writes it
+// so, the GGUF loader undoes it). Qwen3.5's Gated DeltaNet value heads: Hugging Face groups
+// them by key head (key head k's r = Hv / Hk value heads together, k * r + v); llama.cpp
+// tiles them (v * Hk + k), in every tensor with a per-value-head axis.
+enum class GgufForm : uint8_t {
+  kAsIs,
+  kPlusOne,  // a zero-centred RMSNorm weight w, applied as 1 + w, stored as 1 + w
+  kValueHeads,  // rows (a vector's elements) per value head reordered; in_proj_qkv: after q and k
+  kValueHeadColumns,  // out_proj: the columns per value head reordered
+  kNegExp,  // A_log stored as -exp(A_log), value heads reordered
+  kConv,  // conv1d [C, 1, K] stored as ne {K, C}, the value channels reordered
+  kKvBSplit,  // DeepSeek kv_b_proj stored as attn_k_b ne {nope, R, nh} (named) + attn_v_b ne {R, V, nh}
+};
+
 // A tensor's slot: what it is within its layer, the key model files bind it by
 // (ModelWeights, model/weights.h), whatever the checkpoint calls it. The vocabulary:
 //   global (layer -1):   token_embd, output_norm, output
@@ -69,6 +83,7 @@ struct TensorSpec {
   // tensor names the stacked 3-D GGUF tensor; a fused experts.gate_up_proj names the gate
   // half (ffn_gate_exps), its up half goes to the matching ffn_up_exps.
   std::string gguf;
+  GgufForm gguf_form = GgufForm::kAsIs;
   TpSplit split = TpSplit::kReplicated;
   // `infera quantize` stores it in the scheme (embeddings and head as --embed-head says).
   bool quantizable() const {
@@ -104,7 +119,9 @@ class TableBuilder {
   // gguf: the name within the block, "/name" for a global one, nullptr for none; the row
   // has no GGUF name when the architecture has no GGUF export.
   void add(std::string name, std::vector<int64_t> shape, WeightRole role, const char* slot, const char* gguf,
-           TpSplit split);
+           TpSplit split, GgufForm form = GgufForm::kAsIs);
+  // kPlusOne for an RMSNorm weight of an architecture whose norms are zero-centred, else kAsIs.
+  GgufForm norm_form() const;
 
  private:
   const ModelConfig& c_;

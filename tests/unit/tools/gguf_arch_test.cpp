@@ -1,0 +1,272 @@
+// Running GGUF files of the hybrid (Qwen3.5: qwen35, qwen35moe) and MLA (DeepSeek:
+// deepseek2, deepseek32) architectures (model/gguf_loader.h): tiny random checkpoints from
+// tools/gen_model.py, converted by `infera convert --to gguf` (tools/gguf_export.h), must
+// give the logits of the Hugging Face directory they came from at every prompt position.
+// The converter's transforms (Qwen3.5: norms stored as 1 + w, A_log as -exp(A_log), value
+// heads reordered in every GDN tensor, conv1d reshaped, experts stacked; DeepSeek: kv_b_proj
+// split into attn_k_b / attn_v_b) are undone at load, so f32 and bf16 files give the
+// directory's logits to rounding; a Q8_0 file's weights differ only by its quantization.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "../test_support.h"
+#include "infera/kernels/ggml_quants.h"
+#include "infera/model/gguf_loader.h"
+#include "infera/model/model.h"
+#include "infera/model/rope.h"
+#include "infera/model/weights.h"
+#include "infera/tools/gguf_export.h"
+
+namespace infera {
+namespace {
+
+namespace fs = std::filesystem;
+
+const fs::path kScratch = test::process_scratch_dir("infera_gguf_arch_test");
+
+struct Case {
+  const char* name;
+  const char* args;  // tools/gen_model.py, without --dtype
+  int prompt_len;
+};
+
+// Hk 2 / Hv 4 with value heads 16 wide (a Q8_0 out_proj's heads split its blocks: f32 at
+// load); Hk 2 / Hv 6 with 32-wide heads (whole blocks: reordered in place). (With one key
+// head, or as many key as value heads, the two orders agree.) DeepSeek-V3.2: index_topk 8
+// of a 40-token prompt.
+const Case kCases[] = {
+    {"qwen35moe",
+     "--arch qwen3_5_moe --hidden 64 --layers 4 --heads 4 --kv-heads 2 --head-dim 32 --lin-k-heads 2 "
+     "--lin-v-heads 4 --lin-dk 16 --lin-dv 16 --experts 8 --experts-per-tok 2 --moe-ffn 32 --shared-ffn 48 "
+     "--vocab 320 --seed 21",
+     70},
+    {"qwen35",
+     "--arch qwen3_5 --hidden 96 --layers 4 --heads 4 --kv-heads 2 --head-dim 32 --lin-k-heads 2 --lin-v-heads 6 "
+     "--lin-dk 32 --lin-dv 32 --ffn 192 --vocab 320 --seed 22 --tie",
+     40},
+    {"deepseek2",
+     "--arch deepseek_v3 --hidden 64 --layers 3 --heads 4 --q-lora-rank 32 --kv-lora-rank 32 --qk-nope-dim 16 "
+     "--qk-rope-dim 8 --v-head-dim 16 --ffn 128 --experts 8 --experts-per-tok 2 --moe-ffn 32 --n-group 4 "
+     "--topk-group 2 --first-dense 1 --rope-scaling yarn --rope-factor 4 --rope-orig-max-pos 32 --max-pos 512 "
+     "--vocab 320 --seed 23",
+     30},
+    {"deepseek32",
+     "--arch deepseek_v32 --hidden 64 --layers 2 --heads 2 --q-lora-rank 32 --kv-lora-rank 32 --qk-nope-dim 16 "
+     "--qk-rope-dim 8 --v-head-dim 16 --ffn 128 --experts 6 --experts-per-tok 2 --moe-ffn 32 --n-shared 2 "
+     "--first-dense 1 --index-heads 4 --index-head-dim 64 --index-topk 8 --vocab 320 --seed 24",
+     40},
+};
+
+std::string model_dir(const Case& c, const char* dtype) {
+  return test::generate_model(kScratch / (std::string(c.name) + "-" + dtype),
+                              std::string(c.args) + " --dtype " + dtype);
+}
+
+std::string gguf_of(const std::string& dir, GgufOutType type, const char* tag) {
+  const std::string out = dir + "-" + tag + ".gguf";
+  if (!fs::exists(out)) {
+    GgufExportOptions o;
+    o.out_type = type;
+    export_gguf(dir, out, o);
+  }
+  return out;
+}
+
+std::vector<int32_t> prompt_of(int n, int vocab) {
+  std::vector<int32_t> p;
+  uint32_t s = 12345;
+  for (int i = 0; i < n; ++i) {
+    s = s * 1103515245u + 12345u;
+    p.push_back(3 + static_cast<int32_t>((s >> 8) % static_cast<uint32_t>(vocab - 3)));
+  }
+  return p;
+}
+
+// Logits of every prompt position, [n, vocab], and the model's parameter count.
+std::vector<float> all_logits(const std::string& path, const std::vector<int32_t>& prompt, int64_t* params) {
+  std::unique_ptr<Model> model = load_model(path);
+  *params = model->num_parameters();
+  KvPoolShape shape = model->kv_shape(16);
+  shape.num_blocks = 8;
+  KvPool kv(shape);
+  return test::forward_chunk(*model, kv, prompt, 8, true);
+}
+
+float max_abs(const std::vector<float>& a) {
+  float m = 0;
+  for (float x : a) m = std::max(m, std::fabs(x));
+  return m;
+}
+
+float max_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  float m = 0;
+  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::fabs(a[i] - b[i]));
+  return m;
+}
+
+// The directory and the GGUF: same logits within `tol` (absolute), same parameter count
+// (every tensor, MTP head included, bound from the file).
+void expect_same_logits(const Case& c, const std::string& dir, const std::string& gguf, float tol) {
+  const ModelConfig cfg = load_model_config(dir);
+  const std::vector<int32_t> prompt = prompt_of(c.prompt_len, cfg.vocab_size);
+  int64_t hf_params = 0, gguf_params = 0;
+  const std::vector<float> want = all_logits(dir, prompt, &hf_params);
+  const std::vector<float> got = all_logits(gguf, prompt, &gguf_params);
+  ASSERT_EQ(got.size(), want.size());
+  EXPECT_EQ(gguf_params, hf_params) << gguf;
+  const float diff = max_diff(got, want);
+  EXPECT_LE(diff, tol) << gguf << " (max |logit| " << max_abs(want) << ")";
+  std::printf("%s: max |logit diff| %.3g over %d positions (max |logit| %.3g)\n", fs::path(gguf).filename().c_str(),
+              diff, c.prompt_len, max_abs(want));
+}
+
+class GgufArch : public ::testing::TestWithParam<Case> {};
+
+TEST_P(GgufArch, ConfigMatchesTheDirectory) {
+  const Case& c = GetParam();
+  const std::string dir = model_dir(c, "f32");
+  const ModelConfig h = load_model_config(dir);
+  const ModelConfig g = load_model_config(gguf_of(dir, GgufOutType::kF32, "f32"));
+  EXPECT_EQ(g.arch, h.arch);
+  EXPECT_EQ(g.hidden_size, h.hidden_size);
+  EXPECT_EQ(g.num_layers, h.num_layers);
+  EXPECT_EQ(g.num_heads, h.num_heads);
+  EXPECT_EQ(g.head_dim, h.head_dim);
+  EXPECT_EQ(g.vocab_size, h.vocab_size);
+  EXPECT_EQ(g.rope.rotary_dim, h.rope.rotary_dim);
+  EXPECT_EQ(g.rope.scaling, h.rope.scaling);
+  EXPECT_FLOAT_EQ(g.rope.attention_factor, h.rope.attention_factor);
+  EXPECT_FLOAT_EQ(g.rope.theta, h.rope.theta);
+  EXPECT_EQ(g.tie_word_embeddings, h.tie_word_embeddings);
+  EXPECT_EQ(g.num_experts, h.num_experts);
+  EXPECT_EQ(g.num_experts_per_tok, h.num_experts_per_tok);
+  EXPECT_EQ(g.moe_intermediate_size, h.moe_intermediate_size);
+  EXPECT_EQ(g.norm_topk_prob, h.norm_topk_prob);
+  EXPECT_EQ(g.num_mtp_layers(), h.num_mtp_layers());
+  for (int l = 0; l < h.num_layers; ++l) {
+    EXPECT_EQ(g.is_linear_attention_layer(l), h.is_linear_attention_layer(l)) << l;
+    EXPECT_EQ(g.is_moe_layer(l), h.is_moe_layer(l)) << l;
+  }
+  // Hybrid.
+  EXPECT_EQ(g.linear_conv_kernel_dim, h.linear_conv_kernel_dim);
+  EXPECT_EQ(g.linear_key_head_dim, h.linear_key_head_dim);
+  EXPECT_EQ(g.linear_value_head_dim, h.linear_value_head_dim);
+  EXPECT_EQ(g.linear_num_key_heads, h.linear_num_key_heads);
+  EXPECT_EQ(g.linear_num_value_heads, h.linear_num_value_heads);
+  EXPECT_EQ(g.shared_expert_intermediate_size, h.shared_expert_intermediate_size);
+  EXPECT_EQ(g.attn_output_gate, h.attn_output_gate);
+  // MLA.
+  EXPECT_EQ(g.mla, h.mla);
+  EXPECT_EQ(g.q_lora_rank, h.q_lora_rank);
+  EXPECT_EQ(g.kv_lora_rank, h.kv_lora_rank);
+  EXPECT_EQ(g.qk_nope_head_dim, h.qk_nope_head_dim);
+  EXPECT_EQ(g.qk_rope_head_dim, h.qk_rope_head_dim);
+  EXPECT_EQ(g.v_head_dim, h.v_head_dim);
+  EXPECT_EQ(g.n_shared_experts, h.n_shared_experts);
+  EXPECT_EQ(g.first_k_dense_replace, h.first_k_dense_replace);
+  EXPECT_FLOAT_EQ(g.routed_scaling_factor, h.routed_scaling_factor);
+  EXPECT_EQ(g.scoring_func, h.scoring_func);
+  EXPECT_EQ(std::max(g.n_group, 1), std::max(h.n_group, 1));
+  EXPECT_EQ(std::max(g.topk_group, 1), std::max(h.topk_group, 1));
+  EXPECT_EQ(g.index_n_heads, h.index_n_heads);
+  EXPECT_EQ(g.index_head_dim, h.index_head_dim);
+  EXPECT_EQ(g.index_topk, h.index_topk);
+  EXPECT_FLOAT_EQ(g.rope.mscale_all_dim, h.rope.mscale_all_dim);
+}
+
+// f32: the same weights through the same kernels; only the converter's round trips
+// (1 + w - 1, log(exp)) round, ~1e-7 relative, so logits of magnitude ~10 agree to 1e-4.
+TEST_P(GgufArch, F32LogitsEqualTheDirectory) {
+  const Case& c = GetParam();
+  const std::string dir = model_dir(c, "f32");
+  expect_same_logits(c, dir, gguf_of(dir, GgufOutType::kF32, "f32"), 1e-4f);
+}
+
+// bf16 checkpoint to a bf16 GGUF: matrices bit for bit, vectors f32 in the file.
+TEST_P(GgufArch, Bf16LogitsEqualTheDirectory) {
+  const Case& c = GetParam();
+  const std::string dir = model_dir(c, "bf16");
+  expect_same_logits(c, dir, gguf_of(dir, GgufOutType::kBF16, "bf16"), 1e-3f);
+}
+
+// Q8_0: every tensor bound from the Q8_0 file equals the same tensor bound from the f32
+// file (which gives the directory's logits exactly, above) within Q8_0's rounding: half a
+// block scale, at most max |row| / 127 per value; a row, block or head moved to the wrong
+// place misses by the weights' own size. (Logits are no test here: the random models'
+// routing and gates turn 8-bit rounding into logit changes of several units; the
+// conformance test compares Q8_0 files with llama.cpp's run of the same file.)
+std::vector<float> values_of(const TensorInfo& t) {
+  std::vector<float> v(static_cast<size_t>(t.numel()));
+  if (t.dtype != DType::kGgml) {
+    to_f32(t.data, t.dtype, t.numel(), v.data());
+    return v;
+  }
+  const int64_t cols = t.shape.back(), rows = t.numel() / cols;
+  const int64_t row_bytes = kernels::ggml::row_bytes(t.ggml_type, cols);
+  for (int64_t r = 0; r < rows; ++r)
+    kernels::ggml::dequantize_row(t.ggml_type, t.data + r * row_bytes, v.data() + r * cols, cols);
+  return v;
+}
+
+TEST_P(GgufArch, Q8WeightsEqualTheF32FileWithinRounding) {
+  const Case& c = GetParam();
+  const std::string dir = model_dir(c, "f32");
+  const ModelConfig cfg = load_model_config(dir);
+  const WeightStore f32 = open_gguf_weights(gguf_of(dir, GgufOutType::kF32, "f32"), cfg);
+  const WeightStore q8 = open_gguf_weights(gguf_of(dir, GgufOutType::kQ8_0, "q8_0"), cfg);
+  ASSERT_EQ(q8.names(), f32.names());
+  int blocks = 0;
+  for (const std::string& name : f32.names()) {
+    const TensorInfo& a = f32.get(name);
+    const TensorInfo& b = q8.get(name);
+    ASSERT_EQ(a.shape, b.shape) << name;
+    blocks += b.dtype == DType::kGgml;
+    const std::vector<float> want = values_of(a), got = values_of(b);
+    const int64_t cols = a.shape.back();
+    float worst = 0;  // the largest error as a fraction of its row's bound
+    for (size_t r = 0; r * cols < want.size(); ++r) {
+      float amax = 0, err = 0;
+      for (int64_t i = 0; i < cols; ++i) {
+        amax = std::max(amax, std::fabs(want[r * cols + i]));
+        err = std::max(err, std::fabs(got[r * cols + i] - want[r * cols + i]));
+      }
+      if (amax > 0) worst = std::max(worst, err / (amax / 127.0f));
+    }
+    EXPECT_LE(worst, 1.0f) << name << " (" << dtype_name(b.dtype) << ")";
+  }
+  EXPECT_GT(blocks, 0);  // some matrices are Q8_0 blocks, bound in place
+  // And the model runs from the file.
+  const std::vector<int32_t> prompt = prompt_of(c.prompt_len, cfg.vocab_size);
+  int64_t params = 0;
+  for (float x : all_logits(gguf_of(dir, GgufOutType::kQ8_0, "q8_0"), prompt, &params)) ASSERT_TRUE(std::isfinite(x));
+}
+
+// Llama 3 RoPE scaling goes into a GGUF as rope_freqs.weight (one divisor per rotated
+// pair) instead of metadata; positions past original_max_position_embeddings (64) show it.
+TEST(GgufRopeFreqs, Llama3ScalingFromTheFactorsEqualsTheDirectory) {
+  const Case c{"llama3rope",
+               "--arch llama --hidden 64 --layers 2 --heads 4 --kv-heads 2 --ffn 128 --vocab 320 --seed 25 "
+               "--rope-scaling llama3 --rope-factor 8 --rope-orig-max-pos 16 --max-pos 512",
+               100};
+  const std::string dir = model_dir(c, "f32");
+  const std::string gguf = gguf_of(dir, GgufOutType::kF32, "f32");
+  const ModelConfig g = load_model_config(gguf);
+  ASSERT_EQ(g.rope.freq_factors.size(), static_cast<size_t>(g.rope.rotary_dim / 2));
+  EXPECT_EQ(g.rope.freq_factors, llama3_rope_factors(load_model_config(dir)));
+  expect_same_logits(c, dir, gguf, 1e-4f);
+  // The same file without the factors gives other logits: the test sees them.
+  ModelConfig plain = g;
+  plain.rope.freq_factors.clear();
+  EXPECT_NE(compute_rope_tables(plain.rope, plain.rope.rotary_dim).inv_freq,
+            compute_rope_tables(g.rope, g.rope.rotary_dim).inv_freq);
+}
+
+INSTANTIATE_TEST_SUITE_P(Archs, GgufArch, ::testing::ValuesIn(kCases),
+                         [](const ::testing::TestParamInfo<Case>& i) { return std::string(i.param.name); });
+
+}  // namespace
+}  // namespace infera
