@@ -53,6 +53,8 @@ for (const type of ["q4_0", "q5_1", "q4_k_m", "q5_k_s", "iq4_xs"]) {
   cases.push({ model: "llama", type, imatrix: true, name: `llama-${type}-imatrix` });
 }
 cases.push({ model: "qwen3moe", type: "q4_k_m", imatrix: true, name: "qwen3moe-q4_k_m-imatrix" });
+// The same importance values from a legacy .dat file.
+cases.push({ model: "llama", type: "q4_k_m", imatrix: true, dat: true, name: "llama-q4_k_m-imatrix-dat" });
 
 // ---- GGUF files: just enough to read tensors and to write an imatrix ----
 
@@ -116,10 +118,21 @@ function writeImatrixGguf(file, entries) {
   parts.push(Buffer.from("GGUF"));
   u32(3);
   u64(tensors.length);
-  u64(1);
+  u64(4);
   str("general.type");
   u32(8);
   str("imatrix");
+  str("imatrix.datasets");
+  u32(9);
+  u32(8);
+  u64(1);
+  str("random.txt");
+  str("imatrix.chunk_count");
+  u32(4);
+  u32(16);
+  str("imatrix.chunk_size");
+  u32(4);
+  u32(512);
   let offset = 0;
   for (const t of tensors) {
     str(t.name);
@@ -144,10 +157,11 @@ function writeImatrixGguf(file, entries) {
 
 // Importance data for every matrix of the F32 file: pseudo-random sums over counts that are
 // powers of two (exact quotients); one matrix of the first 3-D tensor has count 0 (weights 1).
-function makeImatrix(f32File, ggufOut, rawOut) {
+function makeImatrix(f32File, ggufOut, rawOut, datOut) {
   let s = 12345;
   const rnd = () => { s = (s * 1103515245 + 12345) % 2147483648; return s / 2147483648; };
-  const entries = [], raw = [];
+  const entries = [], raw = [], dat = [];
+  const i32 = (v) => { const x = Buffer.alloc(4); x.writeInt32LE(v); return x; };
   let zeroDone = false;
   for (const [name, t] of readGguf(f32File)) {
     if (t.ne.length < 2 || name.includes("norm") || name === "token_embd.weight") continue;
@@ -167,9 +181,13 @@ function makeImatrix(f32File, ggufOut, rawOut) {
     const count = Buffer.alloc(4);
     count.writeUInt32LE(values.length);
     raw.push(head, Buffer.from(name), count, Buffer.from(values.buffer));
+    // Legacy .dat: values scaled by ncall (4: exact), divided back on reading.
+    dat.push(i32(Buffer.byteLength(name)), Buffer.from(name), i32(4), i32(values.length),
+      Buffer.from(values.map((v) => v * 4).buffer));
   }
   writeImatrixGguf(ggufOut, entries);
   fs.writeFileSync(rawOut, Buffer.concat(raw));
+  fs.writeFileSync(datOut, Buffer.concat([i32(entries.length), ...dat]));
 }
 
 function compare(ours, ref) {
@@ -206,10 +224,11 @@ try {
       run(infera, ["convert", dir, "--to", "gguf", f32, "--type", "f32"]);
     }
     const imGguf = path.join(tmp, `${c.model}-imatrix.gguf`), imRaw = path.join(tmp, `${c.model}-imatrix.bin`);
-    if (c.imatrix && !fs.existsSync(imGguf)) makeImatrix(f32, imGguf, imRaw);
+    const imDat = path.join(tmp, `${c.model}-imatrix.dat`);
+    if (c.imatrix && !fs.existsSync(imGguf)) makeImatrix(f32, imGguf, imRaw, imDat);
     const ref = path.join(tmp, `${c.name}-ref.gguf`), ours = path.join(tmp, `${c.name}.gguf`);
     run(q.bin, [q.lib, f32, ref, String(ftypes[c.type]), ...(c.imatrix ? [imRaw] : [])]);
-    run(infera, ["convert", dir, "--to", "gguf", ours, "--type", c.type, ...(c.imatrix ? ["--imatrix", imGguf] : [])]);
+    run(infera, ["convert", dir, "--to", "gguf", ours, "--type", c.type, ...(c.imatrix ? ["--imatrix", c.dat ? imDat : imGguf] : [])]);
     const refT = readGguf(ref), ourT = readGguf(ours);
     const problems = compare(ourT, refT);
     if (c.imatrix && c.type !== "q8_0") {

@@ -60,7 +60,8 @@ void setup(CLI::App& app) {
                   "norms and the MoE router stay f32")
       ->default_val("f16");
   cmd->add_option("--imatrix", opts->imatrix,
-                  "importance matrix for the quantized types: an imatrix GGUF written by llama.cpp's llama-imatrix");
+                  "importance matrix for the quantized types, as llama.cpp's llama-imatrix writes it (GGUF or "
+                  "legacy .dat)");
   cmd->add_option("-t,--threads", opts->threads, "quantization threads (default: all cores)");
   cmd->add_option("--name", opts->name, "general.name (default: the model directory's name)");
   cmd->callback([opts] { infera::cli::set_exit_code(run_convert(*opts)); });

@@ -59,8 +59,8 @@ struct GgufExportOptions {
   GgufOutType out_type = GgufOutType::kF16;
   std::string name;  // general.name; default: the model directory's name
   bool show_progress = false;  // a one-line progress meter on stderr
-  // An importance matrix for the quantized types: llama.cpp's imatrix GGUF (llama-imatrix
-  // output: "<tensor>.in_sum2" and "<tensor>.counts" per weight). Empty: none.
+  // An importance matrix for the quantized types, as llama.cpp's llama-imatrix writes it:
+  // its GGUF format ("<tensor>.in_sum2" / "<tensor>.counts") or the legacy .dat. Empty: none.
   std::string imatrix_path;
 };
 
