@@ -36,8 +36,8 @@ const models = {
     "--moe-ffn", "256", "--q-lora-rank", "64", "--kv-lora-rank", "64", "--qk-nope-dim", "32", "--qk-rope-dim", "32",
     "--v-head-dim", "32", "--index-heads", "2", "--index-head-dim", "64", "--vocab", "512", "--seed", "27"],
 };
-// llama.cpp's llama_ftype numbers.
-const ftypes = { q4_0: 2, q4_1: 3, q8_0: 7, q5_0: 8, q5_1: 9, q4_k_s: 14, q4_k_m: 15, q5_k_s: 16, q5_k_m: 17,
+// llama.cpp's llama_ftype numbers; q4_0 is llama-quantize --pure Q4_0 (what it wrote before the mixes).
+const ftypes = { q4_0: "2p", q4_1: 3, q8_0: 7, q5_0: 8, q5_1: 9, q4_k_s: 14, q4_k_m: 15, q5_k_s: 16, q5_k_m: 17,
   q6_k: 18, iq4_nl: 25, iq4_xs: 30 };
 // Every mix on the llama model (every quantizer, every fallback); the rules that differ by
 // architecture (tied output, experts, attn_qkv, MLA's attn_k_b / attn_v_b) on the others.

@@ -8,7 +8,8 @@
 //
 //   cc -O1 -o llama_quantize tests/conformance/llama_quantize.c -ldl
 //   llama_quantize LIBLLAMA.so IN.gguf OUT.gguf FTYPE [IMATRIX]
-// FTYPE: llama.cpp's llama_ftype number (Q8_0 7, Q4_K_M 15, Q5_K_M 17, Q6_K 18, IQ4_XS 30).
+// FTYPE: llama.cpp's llama_ftype number (Q8_0 7, Q4_K_M 15, Q5_K_M 17, Q6_K 18, IQ4_XS 30);
+// a trailing 'p' ("2p") sets `pure` (llama-quantize --pure: no mix, every tensor that type).
 // IMATRIX: importance weights per tensor, records of u32 name length, the name, u32 count,
 // count f32 values (what llama-quantize hands over after reading an imatrix file).
 #include <dlfcn.h>
@@ -77,10 +78,11 @@ int main(int argc, char** argv) {
   const int32_t nthread = 2, ftype = atoi(argv[4]);
   memcpy(p.bytes, &nthread, 4);
   memcpy(p.bytes + 4, &ftype, 4);
-  if (argc == 6) {
+  const int pure = argv[4][strlen(argv[4]) - 1] == 'p';
+  if (argc == 6 || pure) {
     // This version's layout: nthread, ftype, output_tensor_type, token_embedding_type (both
     // GGML_TYPE_COUNT by default), six bools (quantize_output_tensor = 1 at offset 17), then
-    // the imatrix pointer at 24 (NULL by default).
+    // the imatrix pointer at 24 (NULL by default); `pure` is the fourth bool, at 19.
     int32_t out_type, embd_type;
     void* ptr;
     memcpy(&out_type, p.bytes + 8, 4);
@@ -90,6 +92,9 @@ int main(int argc, char** argv) {
       fprintf(stderr, "llama_model_quantize_params has an unexpected layout\n");
       return 1;
     }
+    p.bytes[19] = (unsigned char)pure;
+  }
+  if (argc == 6) {
     imatrix_entry* im = read_imatrix(argv[5]);
     if (!im) {
       fprintf(stderr, "cannot read %s\n", argv[5]);

@@ -53,11 +53,13 @@ void setup(CLI::App& app) {
       ->required();
   cmd->add_option("--to", opts->format, "output format (gguf)")->required();
   cmd->add_option("out", opts->out_path, "output file")->required();
-  cmd->add_option("--type", opts->type,
-                  "tensor type: f32, f16 (default, like llama.cpp's converter) or bf16 for every matrix; or one of "
-                  "llama-quantize's mixes q8_0, q4_0, q4_1, q5_0, q5_1, q4_k_s, q4_k_m, q5_k_s, q5_k_m, q6_k, iq4_nl, "
-                  "iq4_xs (the tensor types and block bytes llama-quantize writes; rows not whole 32-blocks stay f16); "
-                  "norms and the MoE router stay f32")
+  cmd->add_option(
+         "--type", opts->type,
+         "tensor type: f32, f16 (default, like llama.cpp's converter) or bf16 for every matrix; or one of "
+         "llama-quantize's mixes q8_0, q4_0, q4_1, q5_0, q5_1, q4_k_s, q4_k_m, q5_k_s, q5_k_m, q6_k, iq4_nl, "
+         "iq4_xs (the tensor types and block bytes llama-quantize writes; q4_0 as llama-quantize --pure, every "
+         "matrix Q4_0; rows not whole 32-blocks stay f16); "
+         "norms and the MoE router stay f32")
       ->default_val("f16");
   cmd->add_option("--imatrix", opts->imatrix,
                   "importance matrix for the quantized types, as llama.cpp's llama-imatrix writes it (GGUF or "

@@ -1081,7 +1081,9 @@ GgufExportResult export_gguf(const std::string& model_dir, const std::string& ou
     std::vector<QuantMixTensor> tensors;
     tensors.reserve(plan.size());
     for (const ExportTensor& e : plan) tensors.push_back({e.name, e.dims, e.type});
-    const std::vector<GgmlType> types = choose_mix_types(*mix, model, tensors);
+    // q4_0 keeps what it wrote before the mixes: every matrix Q4_0 (llama-quantize --pure).
+    const bool pure = options.out_type == GgufOutType::kQ4_0;
+    const std::vector<GgmlType> types = choose_mix_types(*mix, model, tensors, pure);
     for (size_t i = 0; i < plan.size(); ++i) {
       ExportTensor& e = plan[i];
       e.type = types[i];

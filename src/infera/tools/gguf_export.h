@@ -28,7 +28,8 @@ struct ModelConfig;
 // kF32 / kF16 / kBF16: every matrix in that type (norms and other vectors F32). The others
 // are llama.cpp's quantization mixes (tools/gguf_quant_mix.h): the tensor types and block
 // bytes llama-quantize writes for that ftype from the same weights (kernels/ggml_quants.h
-// quantize_rows); a matrix whose rows are not whole 32-blocks stays F16.
+// quantize_rows); kQ4_0, as before the mixes, puts every matrix in Q4_0 (llama-quantize
+// --pure Q4_0). A matrix whose rows are not whole 32-blocks stays F16.
 enum class GgufOutType {
   kF32,
   kF16,

@@ -232,7 +232,7 @@ bool mix_quantizes(const QuantMixTensor& t) {
 }
 
 std::vector<GgmlType> choose_mix_types(QuantMix mix, const QuantMixModel& model,
-                                       const std::vector<QuantMixTensor>& tensors) {
+                                       const std::vector<QuantMixTensor>& tensors, bool pure) {
   State s{mix, model};
   std::vector<Category> cats(tensors.size());
   for (size_t i = 0; i < tensors.size(); ++i) {
@@ -252,7 +252,11 @@ std::vector<GgmlType> choose_mix_types(QuantMix mix, const QuantMixModel& model,
   std::vector<GgmlType> types(tensors.size());
   for (const size_t i : order) {
     const QuantMixTensor& t = tensors[i];
-    types[i] = mix_quantizes(t) ? fallback(t, mix_type(s, t, cats[i])) : t.type;
+    if (!mix_quantizes(t)) {
+      types[i] = t.type;
+      continue;
+    }
+    types[i] = fallback(t, pure ? default_type(mix) : mix_type(s, t, cats[i]));
   }
   return types;
 }

@@ -60,8 +60,9 @@ struct QuantMixTensor {
 // Whether llama-quantize quantizes this tensor at all.
 bool mix_quantizes(const QuantMixTensor& t);
 
-// The type of each tensor under `mix` (same order as `tensors`).
+// The type of each tensor under `mix` (same order as `tensors`). pure: llama-quantize's
+// --pure, every quantized tensor in the mix's base type (only the fallbacks apply).
 std::vector<gguf::GgmlType> choose_mix_types(QuantMix mix, const QuantMixModel& model,
-                                             const std::vector<QuantMixTensor>& tensors);
+                                             const std::vector<QuantMixTensor>& tensors, bool pure = false);
 
 }  // namespace infera
