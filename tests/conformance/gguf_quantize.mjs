@@ -41,11 +41,11 @@ const ftypes = { q4_0: "2p", q4_1: 3, q8_0: 7, q5_0: 8, q5_1: 9, q4_k_s: 14, q4_
   q6_k: 18, iq4_nl: 25, iq4_xs: 30 };
 // Every mix on the llama model (every quantizer, every fallback); the rules that differ by
 // architecture (tied output, experts, attn_qkv, MLA's attn_k_b / attn_v_b) on the others.
-const typesOf = { llama: Object.keys(ftypes), qwen3: ["q8_0", "q4_0", "q4_k_m", "q6_k", "iq4_xs"],
-  qwen3moe: ["q8_0", "q4_k_m", "iq4_xs"] };
+const typesOf = { llama: Object.keys(ftypes), qwen3: ["q8_0", "q4_k_m", "iq4_xs"], qwen3moe: ["q4_k_m", "iq4_xs"],
+  deepseek2: ["q4_k_m", "iq4_xs"] };
 const cases = [];
 for (const model of Object.keys(models)) {
-  for (const type of typesOf[model] ?? ["q4_k_m", "iq4_xs"]) cases.push({ model, type, name: `${model}-${type}` });
+  for (const type of typesOf[model] ?? ["q4_k_m"]) cases.push({ model, type, name: `${model}-${type}` });
 }
 // Every weighted quantizer: Q4_0 (and Q5_0, the Q4_K fallback), Q5_1 (Q4_1's too), Q4_K
 // with Q6_K, Q5_K, IQ4_XS with IQ4_NL; and per-expert importance rows.

@@ -1070,12 +1070,13 @@ GgufExportResult export_gguf(const std::string& model_dir, const std::string& ou
   if (const auto mix = mix_of(options.out_type)) {
     if (!options.imatrix_path.empty()) imatrix = load_imatrix(options.imatrix_path);
     QuantMixModel model;
-    model.arch = arch;
     const Value* blocks = writer.find(hp + "block_count");
     model.n_layer = blocks ? static_cast<int>(blocks->to_u64()) : config.num_layers;
     model.n_head = config.num_heads;
     const Value* kv = writer.find(hp + "attention.head_count_kv");
     model.n_head_kv = kv ? static_cast<int>(kv->to_u64()) : config.num_kv_heads;
+    // llama.cpp's own llama architecture is the one whose q/k rows its converter permutes.
+    model.llama_70b = permute_qk && model.n_layer == 80 && model.n_head != model.n_head_kv;
     model.n_expert = config.num_experts;
     model.has_imatrix = !options.imatrix_path.empty();
     std::vector<QuantMixTensor> tensors;

@@ -100,8 +100,6 @@ GgmlType mix_type(State& s, const QuantMixTensor& t, Category cat) {
   const QuantMix m = s.mix;
   const QuantMixModel& model = s.model;
   const int n_gqa = model.n_head_kv > 0 ? model.n_head / model.n_head_kv : 0;
-  // llama.cpp's LLM_TYPE_70B: an 80-layer llama with grouped-query attention.
-  const bool is_70b = model.arch == "llama" && model.n_layer == 80 && model.n_head != model.n_head_kv;
   GgmlType type = default_type(m);
   if (cat == Category::kOutput || (s.tied_embeddings && cat == Category::kTokenEmbd)) {
     if (static_cast<int64_t>(t.ne[0]) % block_of(type) != 0) {
@@ -120,7 +118,7 @@ GgmlType mix_type(State& s, const QuantMixTensor& t, Category cat) {
     } else if (m == QuantMix::kQ4_K_S && s.i_attention_wv < 4) {
       type = GgmlType::kQ5_K;
     }
-    if (is_70b && type == GgmlType::kQ4_K) type = GgmlType::kQ5_K;
+    if (model.llama_70b && type == GgmlType::kQ4_K) type = GgmlType::kQ5_K;
     if (model.n_expert == 8) type = GgmlType::kQ8_0;
     ++s.i_attention_wv;
   } else if (cat == Category::kAttnK) {

@@ -43,7 +43,9 @@ std::optional<QuantMix> parse_quant_mix(const std::string& name);
 
 // What the choice depends on besides the tensors themselves.
 struct QuantMixModel {
-  std::string arch;  // general.architecture
+  // llama.cpp's LLM_TYPE_70B (its llama architecture with 80 layers and grouped-query
+  // attention): attn_v gets Q5_K where the mix says Q4_K.
+  bool llama_70b = false;
   int n_layer = 0;  // block_count (every block, MTP / NextN ones included)
   int n_head = 0;  // of layer 0
   int n_head_kv = 0;

@@ -39,7 +39,7 @@ std::map<std::string, GgmlType> choose(QuantMix mix, const QuantMixModel& m, con
 }
 
 TEST(GgufQuantMix, Q4KMGivesMoreBitsToSomeLayersAndTheOutput) {
-  const QuantMixModel m{"llama", 8, 4, 4, 0, false};
+  const QuantMixModel m{false, 8, 4, 4, 0, false};
   const auto ty = choose(QuantMix::kQ4_K_M, m, llama_tensors(8, 256, 512, false));
   // use_more_bits over 8 layers: 0 (first eighth), 3 and 6 (every third), 7 (last eighth).
   for (int l = 0; l < 8; ++l) {
@@ -55,7 +55,7 @@ TEST(GgufQuantMix, Q4KMGivesMoreBitsToSomeLayersAndTheOutput) {
 }
 
 TEST(GgufQuantMix, RowsNotWholeBlocksFallBack) {
-  const QuantMixModel m{"llama", 2, 4, 1, 0, false};
+  const QuantMixModel m{false, 2, 4, 1, 0, false};
   // H = 96: not 256-blocks (Q4_K -> Q5_0, tied output Q6_K -> Q8_0); F = 200: not even 32.
   const auto ty = choose(QuantMix::kQ4_K_M, m, llama_tensors(2, 96, 200, true));
   EXPECT_EQ(ty.at("blk.0.attn_q.weight"), GgmlType::kQ5_0);
@@ -71,7 +71,7 @@ TEST(GgufQuantMix, RowsNotWholeBlocksFallBack) {
 TEST(GgufQuantMix, ExpertsRoutersAndGqa) {
   // 8 experts: attn_v / attn_k Q8_0, attn_output Q5_K; routers never quantized; ffn_down
   // of the experts takes its layer from the name.
-  QuantMixModel m{"qwen3moe", 8, 8, 2, 8, false};
+  QuantMixModel m{false, 8, 8, 2, 8, false};
   std::vector<QuantMixTensor> t;
   for (int l = 0; l < 8; ++l) {
     const std::string p = "blk." + std::to_string(l) + ".";
@@ -90,7 +90,7 @@ TEST(GgufQuantMix, ExpertsRoutersAndGqa) {
   EXPECT_EQ(ty.at("blk.4.ffn_down_exps.weight"), GgmlType::kQ4_K);
   // IQ4_XS with 4 query heads per KV head: attn_v Q5_K (without experts); the first eighth
   // of ffn_down Q5_K, but not with an importance matrix.
-  m = {"llama", 8, 8, 2, 0, false};
+  m = {false, 8, 8, 2, 0, false};
   const auto iq = choose(QuantMix::kIQ4_XS, m, llama_tensors(8, 256, 256, false));
   EXPECT_EQ(iq.at("blk.5.attn_v.weight"), GgmlType::kQ5_K);
   EXPECT_EQ(iq.at("blk.0.ffn_down.weight"), GgmlType::kQ5_K);
@@ -98,6 +98,14 @@ TEST(GgufQuantMix, ExpertsRoutersAndGqa) {
   m.has_imatrix = true;
   EXPECT_EQ(choose(QuantMix::kIQ4_XS, m, llama_tensors(8, 256, 256, false)).at("blk.0.ffn_down.weight"),
             GgmlType::kIQ4_XS);
+}
+
+TEST(GgufQuantMix, Llama70bGivesAttnVQ5K) {
+  // Q4_K_S: attn_v Q5_K in the first 4 layers; in llama.cpp's 70B type in every layer.
+  const auto t = llama_tensors(80, 256, 256, false);
+  EXPECT_EQ(choose(QuantMix::kQ4_K_S, {false, 80, 64, 8, 0, false}, t).at("blk.9.attn_v.weight"), GgmlType::kQ4_K);
+  EXPECT_EQ(choose(QuantMix::kQ4_K_S, {true, 80, 64, 8, 0, false}, t).at("blk.9.attn_v.weight"), GgmlType::kQ5_K);
+  EXPECT_EQ(choose(QuantMix::kQ4_K_S, {true, 80, 64, 8, 0, false}, t).at("blk.2.attn_v.weight"), GgmlType::kQ5_K);
 }
 
 TEST(GgufQuantMix, NamesAndWhatIsQuantized) {
