@@ -12,7 +12,7 @@
 import fs from "node:fs";
 import path from "node:path";
 
-import { compareWithLlamacpp, here, infera, promptIds, python, repo, run, runCases } from "./llamacpp_compare.mjs";
+import { compareWithLlamacpp, infera, llamaQuantizer, promptIds, python, repo, run, runCases } from "./llamacpp_compare.mjs";
 
 const N = 32;
 
@@ -58,23 +58,6 @@ const cases = [
 const stories = path.resolve(repo, "../shared/models/stories260K.gguf");
 if (fs.existsSync(stories)) cases.push({ name: "stories260K.gguf", gguf: stories, vocab: 512 });
 else console.log(`note: fixture ${stories} not found (a plain clone has no ../shared/models), skipping that case`);
-
-// llama_quantize.c against the libllama node-llama-cpp loads; null when it cannot be built.
-let quantizer;
-function llamaQuantizer(tmp) {
-  if (quantizer !== undefined) return quantizer;
-  const lib = path.join(here, "node_modules/@node-llama-cpp/linux-x64/bins/linux-x64/libllama.v0.5.0.so");
-  const bin = path.join(tmp, "llama_quantize");
-  try {
-    if (!fs.existsSync(lib)) throw new Error(`${lib} not found`);
-    run("cc", ["-O1", "-o", bin, path.join(here, "llama_quantize.c"), "-ldl"]);
-    quantizer = { bin, lib };
-  } catch (e) {
-    console.log(`note: cannot build llama_quantize.c (${e.message.split("\n")[0]}): skipping the K-quant cases`);
-    quantizer = null;
-  }
-  return quantizer;
-}
 
 runCases(cases, "infera-gguf-conf-", N, (c, tmp) => {
   let gguf = c.gguf, vocab = c.vocab;

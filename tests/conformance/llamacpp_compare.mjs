@@ -18,6 +18,24 @@ export function run(cmd, args) {
   return execFileSync(cmd, args, { encoding: "utf8", maxBuffer: 64 << 20, stdio: ["ignore", "pipe", "pipe"] });
 }
 
+// llama_quantize.c built against the libllama node-llama-cpp loads ({ bin, lib }); null (with
+// a note) when it cannot be built. Built once per process, into `tmp`.
+let quantizer;
+export function llamaQuantizer(tmp) {
+  if (quantizer !== undefined) return quantizer;
+  const lib = path.join(here, "node_modules/@node-llama-cpp/linux-x64/bins/linux-x64/libllama.v0.5.0.so");
+  const bin = path.join(tmp, "llama_quantize");
+  try {
+    if (!fs.existsSync(lib)) throw new Error(`${lib} not found`);
+    run("cc", ["-O1", "-o", bin, path.join(here, "llama_quantize.c"), "-ldl"]);
+    quantizer = { bin, lib };
+  } catch (e) {
+    console.log(`note: cannot build llama_quantize.c (${e.message.split("\n")[0]}): skipping the cases that need it`);
+    quantizer = null;
+  }
+  return quantizer;
+}
+
 export const lastJsonLine = (text) => JSON.parse(text.trim().split("\n").pop());
 
 function argmax(a) {

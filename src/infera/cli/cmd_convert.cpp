@@ -1,7 +1,10 @@
-// infera convert MODEL_DIR --to gguf OUT.gguf [--type f32|f16|bf16|q8_0|q4_0] [--name NAME]
+// infera convert MODEL_DIR --to gguf OUT.gguf [--type TYPE] [--imatrix FILE] [--name NAME]
 //
-// Writes a GGUF file llama.cpp loads (see model/gguf_export.h for what is converted and
-// how). The default type is f16, as with llama.cpp's convert_hf_to_gguf.py; norms and the MoE router stay f32.
+// Writes a GGUF file llama.cpp loads (see tools/gguf_export.h for what is converted and
+// how). The default type is f16, as with llama.cpp's convert_hf_to_gguf.py; norms and the
+// MoE router stay f32. The quantized types are llama-quantize's mixes (q4_k_m, q6_k,
+// iq4_xs, ...), written with the same per-tensor types and block bytes llama-quantize
+// would write from the same weights.
 #include <unistd.h>
 
 #include <chrono>
@@ -10,6 +13,7 @@
 #include <string>
 
 #include "infera/base/error.h"
+#include "infera/base/threads.h"
 #include "infera/cli/command.h"
 #include "infera/tools/gguf_export.h"
 
@@ -21,6 +25,8 @@ struct ConvertOptions {
   std::string out_path;
   std::string type = "f16";
   std::string name;
+  std::string imatrix;
+  int threads = 0;
 };
 
 int run_convert(const ConvertOptions& o) {
@@ -28,6 +34,8 @@ int run_convert(const ConvertOptions& o) {
   infera::GgufExportOptions options;
   options.out_type = infera::parse_gguf_out_type(o.type);
   options.name = o.name;
+  options.imatrix_path = o.imatrix;
+  if (o.threads > 0) infera::set_num_threads(o.threads);
   options.show_progress = ::isatty(STDERR_FILENO) != 0;
   const auto start = std::chrono::steady_clock::now();
   const infera::GgufExportResult r = infera::export_gguf(o.model_dir, o.out_path, options);
@@ -45,10 +53,18 @@ void setup(CLI::App& app) {
       ->required();
   cmd->add_option("--to", opts->format, "output format (gguf)")->required();
   cmd->add_option("out", opts->out_path, "output file")->required();
-  cmd->add_option("--type", opts->type,
-                  "tensor type of matrices: f32, f16 (default, like llama.cpp's converter), bf16, or llama.cpp's q8_0 "
-                  "/ q4_0 blocks (rows not a multiple of 32 stay f16); norms and the MoE router stay f32")
+  cmd->add_option(
+         "--type", opts->type,
+         "tensor type: f32, f16 (default, like llama.cpp's converter) or bf16 for every matrix; or one of "
+         "llama-quantize's mixes q8_0, q4_0, q4_1, q5_0, q5_1, q4_k_s, q4_k_m, q5_k_s, q5_k_m, q6_k, iq4_nl, "
+         "iq4_xs (the tensor types and block bytes llama-quantize writes; q4_0 as llama-quantize --pure, every "
+         "matrix Q4_0; rows not whole 32-blocks stay f16); "
+         "norms and the MoE router stay f32")
       ->default_val("f16");
+  cmd->add_option("--imatrix", opts->imatrix,
+                  "importance matrix for the quantized types, as llama.cpp's llama-imatrix writes it (GGUF or "
+                  "legacy .dat)");
+  cmd->add_option("-t,--threads", opts->threads, "quantization threads (default: all cores)");
   cmd->add_option("--name", opts->name, "general.name (default: the model directory's name)");
   cmd->callback([opts] { infera::cli::set_exit_code(run_convert(*opts)); });
 }

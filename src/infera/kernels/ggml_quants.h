@@ -60,6 +60,17 @@ void matmul_rows(Isa isa, uint32_t type, const void* data, int64_t k, const floa
 // Whether matmul_rows() computes with `type`.
 bool has_matmul(uint32_t type);
 
+// Whether quantize_rows() writes `type`: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K,
+// IQ4_NL, IQ4_XS.
+bool can_quantize(uint32_t type);
+// dst = nrows rows of n_per_row weights from src (f32 [nrows, n_per_row]) in `type` blocks,
+// byte for byte what llama.cpp's ggml_quantize_chunk writes (ggml_quantize.cpp): its
+// reference quantizers when imatrix is null, else its importance-weighted ones with imatrix
+// [n_per_row] (one weight per column, as llama-quantize passes it; Q8_0 ignores it).
+// n_per_row must be a multiple of block_size(type). Returns the bytes written.
+int64_t quantize_rows(uint32_t type, const float* src, void* dst, int64_t nrows, int64_t n_per_row,
+                      const float* imatrix = nullptr);
+
 // IQ4_NL / IQ4_XS: the 16 non-uniform levels a 4-bit index selects.
 extern const int8_t kIq4nlValues[16];
 

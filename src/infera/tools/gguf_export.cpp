@@ -16,13 +16,16 @@
 #include <nlohmann/json.hpp>
 
 #include "infera/base/error.h"
+#include "infera/base/threads.h"
 #include "infera/io/safetensors.h"
+#include "infera/kernels/ggml_quants.h"
 #include "infera/model/arch_registry.h"
 #include "infera/model/config.h"
 #include "infera/model/tensor_table.h"
 #include "infera/model/weights.h"
 #include "infera/tensor/dtype.h"
 #include "infera/tokenizer/tokenizer.h"
+#include "infera/tools/gguf_quant_mix.h"
 
 namespace infera {
 
@@ -37,27 +40,46 @@ namespace {
 // llama.cpp token types (llama_token_type / gguf TokenType).
 enum TokenType : int32_t { kNormal = 1, kUnknown = 2, kControl = 3, kUserDefined = 4, kUnused = 5, kByte = 6 };
 
-// general.file_type (llama_ftype).
-uint32_t file_type_of(GgufOutType t) {
+// The llama.cpp mix of a quantized output type; nullopt for F32 / F16 / BF16.
+std::optional<QuantMix> mix_of(GgufOutType t) {
   switch (t) {
-    case GgufOutType::kF32: return 0;  // ALL_F32
-    case GgufOutType::kF16: return 1;  // MOSTLY_F16
-    case GgufOutType::kBF16: return 32;  // MOSTLY_BF16
-    case GgufOutType::kQ8_0: return 7;  // MOSTLY_Q8_0
-    case GgufOutType::kQ4_0: return 2;  // MOSTLY_Q4_0
+    case GgufOutType::kF32:
+    case GgufOutType::kF16:
+    case GgufOutType::kBF16: return std::nullopt;
+    case GgufOutType::kQ8_0: return QuantMix::kQ8_0;
+    case GgufOutType::kQ4_0: return QuantMix::kQ4_0;
+    case GgufOutType::kQ4_1: return QuantMix::kQ4_1;
+    case GgufOutType::kQ5_0: return QuantMix::kQ5_0;
+    case GgufOutType::kQ5_1: return QuantMix::kQ5_1;
+    case GgufOutType::kQ4_K_S: return QuantMix::kQ4_K_S;
+    case GgufOutType::kQ4_K_M: return QuantMix::kQ4_K_M;
+    case GgufOutType::kQ5_K_S: return QuantMix::kQ5_K_S;
+    case GgufOutType::kQ5_K_M: return QuantMix::kQ5_K_M;
+    case GgufOutType::kQ6_K: return QuantMix::kQ6_K;
+    case GgufOutType::kIQ4_NL: return QuantMix::kIQ4_NL;
+    case GgufOutType::kIQ4_XS: return QuantMix::kIQ4_XS;
   }
-  return 0;
+  return std::nullopt;
 }
 
-GgmlType ggml_type_of(GgufOutType t) {
+// general.file_type (llama_ftype).
+uint32_t file_type_of(GgufOutType t) {
+  if (const auto mix = mix_of(t)) return static_cast<uint32_t>(*mix);
   switch (t) {
-    case GgufOutType::kF32: return GgmlType::kF32;
+    case GgufOutType::kF16: return 1;  // MOSTLY_F16
+    case GgufOutType::kBF16: return 32;  // MOSTLY_BF16
+    default: return 0;  // ALL_F32
+  }
+}
+
+// The type of every matrix before a mix picks per tensor (quantized mixes start from F32,
+// as llama-quantize does from an F32 file).
+GgmlType plain_type_of(GgufOutType t) {
+  switch (t) {
     case GgufOutType::kF16: return GgmlType::kF16;
     case GgufOutType::kBF16: return GgmlType::kBF16;
-    case GgufOutType::kQ8_0: return GgmlType::kQ8_0;
-    case GgufOutType::kQ4_0: return GgmlType::kQ4_0;
+    default: return GgmlType::kF32;
   }
-  return GgmlType::kF32;
 }
 
 std::optional<GgmlType> ggml_type_of(DType t) {
@@ -86,47 +108,6 @@ void row_to_f32(const uint8_t* src, DType dtype, size_t n, float* out) {
   to_f32(src, dtype, static_cast<int64_t>(n), out);
 }
 
-// llama.cpp's reference quantizers (ggml-quants.c quantize_row_q8_0_ref / _q4_0_ref), bit
-// for bit: Q8_0 block = f16 d + 32 int8, d = amax / 127, q = roundf(x / d); Q4_0 block =
-// f16 d + 16 bytes, d = (signed value of largest magnitude) / -8, nibble j = element j
-// (low) | element j + 16 (high), value (q - 8) * d.
-void quantize_row_q8_0(const float* x, size_t n, std::vector<uint8_t>& out) {
-  out.resize(n / 32 * 34);
-  for (size_t b = 0; b < n / 32; ++b) {
-    const float* xb = x + 32 * b;
-    float amax = 0.0f;
-    for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(xb[j]));
-    const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
-    const uint16_t dh = f32_to_f16(d);
-    uint8_t* o = out.data() + 34 * b;
-    std::memcpy(o, &dh, 2);
-    for (int j = 0; j < 32; ++j) o[2 + j] = static_cast<uint8_t>(static_cast<int8_t>(std::roundf(xb[j] * id)));
-  }
-}
-
-void quantize_row_q4_0(const float* x, size_t n, std::vector<uint8_t>& out) {
-  out.resize(n / 32 * 18);
-  for (size_t b = 0; b < n / 32; ++b) {
-    const float* xb = x + 32 * b;
-    float amax = 0.0f, mx = 0.0f;
-    for (int j = 0; j < 32; ++j) {
-      if (amax < std::fabs(xb[j])) {
-        amax = std::fabs(xb[j]);
-        mx = xb[j];
-      }
-    }
-    const float d = mx / -8.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
-    const uint16_t dh = f32_to_f16(d);
-    uint8_t* o = out.data() + 18 * b;
-    std::memcpy(o, &dh, 2);
-    for (int j = 0; j < 16; ++j) {
-      const uint8_t lo = std::min<uint8_t>(15, static_cast<uint8_t>(static_cast<int8_t>(xb[j] * id + 8.5f)));
-      const uint8_t hi = std::min<uint8_t>(15, static_cast<uint8_t>(static_cast<int8_t>(xb[j + 16] * id + 8.5f)));
-      o[2 + j] = static_cast<uint8_t>(lo | (hi << 4));
-    }
-  }
-}
-
 // One GGUF tensor to write: where its bytes come from and how they are transformed.
 // Matrices are streamed row by row from the checkpoint (never loaded whole): GGUF row r
 // is row rows[r].row of tensor rows[r].src, so one GGUF tensor can stack many HF tensors
@@ -146,10 +127,71 @@ struct ExportTensor {
   GgmlType type = GgmlType::kF32;
   int64_t cols = 1;
   std::vector<uint64_t> dims;  // GGUF ne, innermost first
+  // Quantized types: the importance weights, cols per matrix (dims[2] matrices), or null.
+  const std::vector<float>* imatrix = nullptr;
 };
 
-void stream_tensor(const ExportTensor& t, gguf::ByteSink& out) {
+// GGUF row r of t as f32 (tmp: scratch of t.cols).
+void row_values(const ExportTensor& t, int64_t r, float* out, std::vector<float>& tmp) {
+  const size_t n = static_cast<size_t>(t.cols);
   if (t.rows.empty()) {
+    std::memcpy(out, t.values.data() + static_cast<size_t>(r) * n, n * sizeof(float));
+    return;
+  }
+  const RowSource& src = t.rows[static_cast<size_t>(r)];
+  const DType sdt = src.src->dtype;
+  const uint8_t* p = src.src->data + static_cast<size_t>(src.row) * n * dtype_size(sdt);
+  if (t.col_order.empty()) {
+    row_to_f32(p, sdt, n, out);
+    return;
+  }
+  tmp.resize(n);
+  row_to_f32(p, sdt, n, tmp.data());
+  for (size_t i = 0; i < n; ++i) out[i] = tmp[static_cast<size_t>(t.col_order[i])];
+}
+
+// A block-quantized tensor: rows gathered in chunks of about 16M weights, quantized in
+// parallel (each row on its own, as llama.cpp does), written in order.
+void stream_quantized(const ExportTensor& t, gguf::ByteSink& out) {
+  const auto type = static_cast<uint32_t>(t.type);
+  const int64_t cols = t.cols;
+  const int64_t n_rows = t.rows.empty() ? static_cast<int64_t>(t.values.size()) / cols : std::ssize(t.rows);
+  const int64_t rows_per_matrix = t.dims.size() > 1 ? static_cast<int64_t>(t.dims[1]) : 1;
+  const int64_t rb = kernels::ggml::row_bytes(type, cols);
+  const int64_t chunk = std::max<int64_t>(1, (int64_t{16} << 20) / cols);
+  std::vector<float> f32(static_cast<size_t>(std::min(chunk, n_rows) * cols));
+  std::vector<uint8_t> blocks(static_cast<size_t>(std::min(chunk, n_rows) * rb));
+  for (int64_t r0 = 0; r0 < n_rows; r0 += chunk) {
+    const int64_t nr = std::min(chunk, n_rows - r0);
+#pragma omp parallel num_threads(num_threads())
+    {
+      std::vector<float> tmp;
+#pragma omp for schedule(dynamic, 4)
+      for (int64_t i = 0; i < nr; ++i) {
+        const int64_t r = r0 + i;
+        float* x = f32.data() + i * cols;
+        row_values(t, r, x, tmp);
+        const float* qw = t.imatrix ? t.imatrix->data() + (r / rows_per_matrix) * cols : nullptr;
+        kernels::ggml::quantize_rows(type, x, blocks.data() + i * rb, 1, cols, qw);
+      }
+    }
+    out.write(blocks.data(), static_cast<size_t>(nr * rb));
+  }
+}
+
+void stream_tensor(const ExportTensor& t, gguf::ByteSink& out) {
+  if (kernels::ggml::can_quantize(static_cast<uint32_t>(t.type))) {
+    stream_quantized(t, out);
+    return;
+  }
+  if (t.rows.empty()) {
+    if (t.type == GgmlType::kF16) {  // a computed matrix a mix leaves unquantized (rows not whole 32-blocks)
+      std::vector<uint16_t> half(t.values.size());
+      for (size_t i = 0; i < half.size(); ++i) half[i] = f32_to_f16(t.values[i]);
+      out.write(half.data(), half.size() * 2);
+      return;
+    }
+    INFERA_ASSERT(t.type == GgmlType::kF32, "computed tensors are F32, F16 or quantized");
     out.write(t.values.data(), t.values.size() * sizeof(float));
     return;
   }
@@ -159,7 +201,6 @@ void stream_tensor(const ExportTensor& t, gguf::ByteSink& out) {
   }
   std::vector<float> f32(static_cast<size_t>(t.cols)), tmp(t.col_order.empty() ? 0 : static_cast<size_t>(t.cols));
   std::vector<uint16_t> half(t.type == GgmlType::kF32 ? 0 : static_cast<size_t>(t.cols));
-  std::vector<uint8_t> blocks;
   for (const RowSource& r : t.rows) {
     const DType sdt = r.src->dtype;
     const size_t row_bytes = static_cast<size_t>(t.cols) * dtype_size(sdt);
@@ -182,14 +223,6 @@ void stream_tensor(const ExportTensor& t, gguf::ByteSink& out) {
       case GgmlType::kBF16:
         for (size_t i = 0; i < f32.size(); ++i) half[i] = f32_to_bf16(f32[i]);
         out.write(half.data(), half.size() * 2);
-        break;
-      case GgmlType::kQ8_0:
-        quantize_row_q8_0(f32.data(), f32.size(), blocks);
-        out.write(blocks.data(), blocks.size());
-        break;
-      case GgmlType::kQ4_0:
-        quantize_row_q4_0(f32.data(), f32.size(), blocks);
-        out.write(blocks.data(), blocks.size());
         break;
       default: INFERA_ASSERT(false, "unsupported output type");
     }
@@ -399,13 +432,31 @@ std::string gib(uint64_t bytes) { return fmt::format("{:.2f} GB", static_cast<do
 
 }  // namespace
 
+namespace {
+
+const std::pair<const char*, GgufOutType> kOutTypeNames[] = {
+    {"f32", GgufOutType::kF32},       {"f16", GgufOutType::kF16},       {"bf16", GgufOutType::kBF16},
+    {"q8_0", GgufOutType::kQ8_0},     {"q4_0", GgufOutType::kQ4_0},     {"q4_1", GgufOutType::kQ4_1},
+    {"q5_0", GgufOutType::kQ5_0},     {"q5_1", GgufOutType::kQ5_1},     {"q4_k_s", GgufOutType::kQ4_K_S},
+    {"q4_k_m", GgufOutType::kQ4_K_M}, {"q5_k_s", GgufOutType::kQ5_K_S}, {"q5_k_m", GgufOutType::kQ5_K_M},
+    {"q6_k", GgufOutType::kQ6_K},     {"iq4_nl", GgufOutType::kIQ4_NL}, {"iq4_xs", GgufOutType::kIQ4_XS},
+};
+
+}  // namespace
+
+std::string gguf_out_type_names() {
+  std::string names;
+  for (const auto& [n, t] : kOutTypeNames) names += (names.empty() ? "" : ", ") + std::string(n);
+  return names;
+}
+
 GgufOutType parse_gguf_out_type(const std::string& text) {
-  if (text == "f32") return GgufOutType::kF32;
-  if (text == "f16") return GgufOutType::kF16;
-  if (text == "bf16") return GgufOutType::kBF16;
-  if (text == "q8_0") return GgufOutType::kQ8_0;
-  if (text == "q4_0") return GgufOutType::kQ4_0;
-  fail("unknown GGUF output type '{}' (use f32, f16, bf16, q8_0 or q4_0)", text);
+  std::string lower = text;
+  std::transform(lower.begin(), lower.end(), lower.begin(), [](unsigned char c) { return std::tolower(c); });
+  for (const auto& [n, t] : kOutTypeNames) {
+    if (lower == n) return t;
+  }
+  fail("unknown GGUF output type '{}' (use one of {})", text, gguf_out_type_names());
 }
 
 std::vector<float> llama3_rope_factors(const ModelConfig& c) {
@@ -455,6 +506,80 @@ std::vector<int32_t> mrope_sections(const fs::path& config_path) {
     }
   }
   return {11, 11, 10, 0};
+}
+
+// llama.cpp's importance matrix files, read as llama-quantize reads them. The GGUF format
+// (llama-imatrix's default): per weight "<name>.in_sum2" (F32, ne {cols, matrices}: summed
+// squared activations) and "<name>.counts" (F32, ne {1, matrices}, rounded to integers);
+// importance = in_sum2 / count per matrix, 1 where the count is 0. The legacy .dat format:
+// i32 entries, then per entry i32 name length, the name, i32 ncall, i32 nval, nval f32
+// (already scaled by ncall); importance = value / ncall (the value itself when ncall is 0).
+std::unordered_map<std::string, std::vector<float>> load_imatrix(const std::string& path) {
+  std::unordered_map<std::string, std::vector<float>> out;
+  std::ifstream f(path, std::ios::binary);
+  if (!f) fail("{}: cannot open the importance matrix", path);
+  char magic[4] = {};
+  f.read(magic, 4);
+  if (std::string_view(magic, 4) == "GGUF") {
+    f.close();
+    const gguf::Reader r(path);
+    constexpr std::string_view kSums = ".in_sum2";
+    for (const gguf::Tensor& t : r.tensors()) {
+      if (!std::string_view(t.name).ends_with(kSums)) continue;
+      const std::string name = t.name.substr(0, t.name.size() - kSums.size());
+      const gguf::Tensor* counts = r.find_tensor(name + ".counts");
+      if (!counts) fail("{}: '{}' has no matching '{}.counts'", path, t.name, name);
+      if (t.type != GgmlType::kF32 || counts->type != GgmlType::kF32) {
+        fail("{}: '{}' and its counts must be F32", path, t.name);
+      }
+      const uint64_t n_counts = counts->n_elements(), n_sums = t.n_elements();
+      if (n_counts == 0 || n_sums % n_counts != 0) {
+        fail("{}: '{}' has {} sums for {} counts", path, t.name, n_sums, n_counts);
+      }
+      const uint64_t cols = n_sums / n_counts;
+      std::vector<float> sums(n_sums), cnt(n_counts);
+      std::memcpy(sums.data(), t.data, n_sums * 4);
+      std::memcpy(cnt.data(), counts->data, n_counts * 4);
+      std::vector<float>& v = out[name];
+      v.resize(n_sums);
+      for (uint64_t j = 0; j < n_counts; ++j) {
+        const auto count = static_cast<float>(std::lround(cnt[j]));
+        for (uint64_t i = 0; i < cols; ++i) v[j * cols + i] = count > 0.0f ? sums[j * cols + i] / count : 1.0f;
+      }
+    }
+    if (out.empty()) fail("{}: no '<tensor>.in_sum2' tensors: not an importance matrix", path);
+  } else {
+    f.seekg(0);
+    auto i32 = [&](const char* what) {
+      int32_t v = 0;
+      f.read(reinterpret_cast<char*>(&v), 4);
+      if (!f) fail("{}: truncated importance matrix (reading {})", path, what);
+      return v;
+    };
+    const int32_t entries = i32("the entry count");
+    if (entries < 1) fail("{}: neither an imatrix GGUF nor a legacy imatrix .dat file", path);
+    for (int32_t e = 0; e < entries; ++e) {
+      const int32_t len = i32("a name length");
+      if (len < 1 || len > 4096) fail("{}: entry {} has a name of {} bytes: not an imatrix file", path, e, len);
+      std::string name(static_cast<size_t>(len), '\0');
+      f.read(name.data(), len);
+      const int32_t ncall = i32("ncall"), nval = i32("nval");
+      if (nval < 1) fail("{}: entry '{}' has {} values", path, name, nval);
+      std::vector<float>& v = out[name];
+      v.resize(static_cast<size_t>(nval));
+      f.read(reinterpret_cast<char*>(v.data()), static_cast<std::streamsize>(nval) * 4);
+      if (!f) fail("{}: truncated importance matrix (values of '{}')", path, name);
+      if (ncall > 0) {
+        for (float& x : v) x = x / static_cast<float>(ncall);
+      }
+    }
+  }
+  for (const auto& [name, v] : out) {
+    for (float x : v) {
+      if (!std::isfinite(x)) fail("{}: importance matrix of '{}' has a non-finite value", path, name);
+    }
+  }
+  return out;
 }
 
 void add_moe_hparams(gguf::Writer& w, const ModelConfig& c, const std::string& p) {
@@ -619,11 +744,9 @@ GgufExportResult export_gguf(const std::string& model_dir, const std::string& ou
   // ---- tensors ----
   const int64_t H = config.hidden_size, hd = config.head_dim, F = config.intermediate_size, V = config.vocab_size;
   const int64_t q_out = config.num_heads * hd, kv_out = config.num_kv_heads * hd;
-  const GgmlType out_mat_type = ggml_type_of(options.out_type);
-  const bool block_type = out_mat_type == GgmlType::kQ8_0 || out_mat_type == GgmlType::kQ4_0;
-  // Block formats need rows of whole 32-blocks; other matrices stay F16 (as llama-quantize
-  // falls back for such tensors).
-  auto mat_type_for = [&](int64_t cols) { return block_type && cols % 32 != 0 ? GgmlType::kF16 : out_mat_type; };
+  const GgmlType out_mat_type = plain_type_of(options.out_type);
+  // Quantized mixes choose per tensor once the plan is complete (below).
+  auto mat_type_for = [&](int64_t) { return out_mat_type; };
   std::vector<ExportTensor> plan;
   std::unordered_set<std::string> used;  // HF names consumed
 
@@ -941,6 +1064,43 @@ GgufExportResult export_gguf(const std::string& model_dir, const std::string& ou
     if (hybrid && n.starts_with("model.visual.")) continue;  // Qwen3.5 vision tower (text-only GGUF)
     fail("{}: tensor '{}' has no GGUF counterpart for model_type {} (biases and extra heads are not supported)",
          model_dir, n, config.model_type);
+  }
+
+  std::unordered_map<std::string, std::vector<float>> imatrix;
+  if (const auto mix = mix_of(options.out_type)) {
+    if (!options.imatrix_path.empty()) imatrix = load_imatrix(options.imatrix_path);
+    QuantMixModel model;
+    const Value* blocks = writer.find(hp + "block_count");
+    model.n_layer = blocks ? static_cast<int>(blocks->to_u64()) : config.num_layers;
+    model.n_head = config.num_heads;
+    const Value* kv = writer.find(hp + "attention.head_count_kv");
+    model.n_head_kv = kv ? static_cast<int>(kv->to_u64()) : config.num_kv_heads;
+    // llama.cpp's own llama architecture is the one whose q/k rows its converter permutes.
+    model.llama_70b = permute_qk && model.n_layer == 80 && model.n_head != model.n_head_kv;
+    model.n_expert = config.num_experts;
+    model.has_imatrix = !options.imatrix_path.empty();
+    std::vector<QuantMixTensor> tensors;
+    tensors.reserve(plan.size());
+    for (const ExportTensor& e : plan) tensors.push_back({e.name, e.dims, e.type});
+    // q4_0 keeps what it wrote before the mixes: every matrix Q4_0 (llama-quantize --pure).
+    const bool pure = options.out_type == GgufOutType::kQ4_0;
+    const std::vector<GgmlType> types = choose_mix_types(*mix, model, tensors, pure);
+    for (size_t i = 0; i < plan.size(); ++i) {
+      ExportTensor& e = plan[i];
+      e.type = types[i];
+      if (!kernels::ggml::can_quantize(static_cast<uint32_t>(e.type))) continue;
+      auto it = imatrix.find(e.name);
+      if (it == imatrix.end()) continue;
+      const uint64_t matrices = e.dims.size() > 2 ? e.dims[2] : 1;
+      if (it->second.size() != e.dims[0] * matrices) {
+        // As llama-quantize: a mismatch is an error, except for the token embedding (which
+        // an imatrix run often records with another shape); that one goes without.
+        if (e.name == "token_embd.weight") continue;
+        fail("{}: importance matrix for '{}' has {} values, the tensor needs {}", options.imatrix_path, e.name,
+             it->second.size(), e.dims[0] * matrices);
+      }
+      e.imatrix = &it->second;
+    }
   }
 
   for (const ExportTensor& e : plan) {
