@@ -72,8 +72,18 @@ void indexer_scores_chunk(const float* q, const float* w, int64_t n, int64_t n_h
 void indexer_scores_chunk(Isa isa, const float* q, const float* w, int64_t n, int64_t n_heads, int64_t d, int64_t pos0,
                           const float* keys, int64_t ld, float* out, int64_t out_ld);
 
+// The same with the keys read straight from the paged latent cache (any of its dtypes):
+// key s is columns [c0, c0 + d) of cached row s (the V3.2 indexer key), converted to f32
+// a block at a time, never copied out as a whole.
+void indexer_scores_paged(const float* q, const float* w, int64_t n, int64_t n_heads, int64_t d, int64_t pos0,
+                          const PagedKv& kv, int64_t c0, float* out, int64_t out_ld);
+void indexer_scores_paged(Isa isa, const float* q, const float* w, int64_t n, int64_t n_heads, int64_t d, int64_t pos0,
+                          const PagedKv& kv, int64_t c0, float* out, int64_t out_ld);
+
 // The positions of the k largest scores[0, n) (ties: the lower position first), in
-// ascending position order; k <= n.
+// ascending position order; k <= n. A radix select on the scores' order-preserving bit
+// patterns (a few histogram passes over shrinking candidate sets), then one scan in
+// position order; -0.0 counts as 0.0, and no score may be NaN.
 void topk_indices(const float* scores, int64_t n, int64_t k, int32_t* out);
 
 // Absorbed MLA over a per-query list of positions: query token i (q as for
