@@ -1,7 +1,5 @@
 #include "infera/kernels/mla.h"
 
-#include <omp.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -11,7 +9,6 @@
 
 #include "infera/base/cpu.h"
 #include "infera/base/error.h"
-#include "infera/base/threads.h"
 #include "infera/kernels/cpu/mla_dispatch.h"
 #include "infera/tensor/dtype.h"
 
@@ -134,48 +131,6 @@ float dot(const float* a, const float* b, int64_t n) {
   return s;
 }
 
-void axpy(float a, const float* x, float* y, int64_t n) {
-#pragma omp simd
-  for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
-}
-
-// Softmax of s[0, n) in place; returns nothing (n >= 1).
-void softmax_inplace(float* s, int64_t n) {
-  float m = -std::numeric_limits<float>::infinity();
-  for (int64_t i = 0; i < n; ++i) m = std::max(m, s[i]);
-  float sum = 0.0f;
-  for (int64_t i = 0; i < n; ++i) {
-    s[i] = std::exp(s[i] - m);
-    sum += s[i];
-  }
-  const float inv = 1.0f / sum;
-  for (int64_t i = 0; i < n; ++i) s[i] *= inv;
-}
-
-int threads_for(int64_t work_items) {
-  const int t = omp_in_parallel() ? 1 : num_threads();
-  return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(t, work_items)));
-}
-
-// Attention of `items` (token, head) pairs, spread over the threads: for each pair,
-// scores(it, s) sizes s to the pair's context rows and fills their scores, softmax turns
-// them into weights, and mix(it, weights, n) writes the weighted sum of the rows.
-template <typename Scores, typename Mix>
-void attend_each(int64_t items, const Scores& scores, const Mix& mix) {
-  const int threads = threads_for(items);
-#pragma omp parallel num_threads(threads) if (threads > 1)
-  {
-    static thread_local std::vector<float> s;
-#pragma omp for schedule(static)
-    for (int64_t it = 0; it < items; ++it) {
-      scores(it, s);
-      const int64_t n = static_cast<int64_t>(s.size());
-      if (n > 0) softmax_inplace(s.data(), n);
-      mix(it, s.data(), n);
-    }
-  }
-}
-
 const MlaTable& mla_table_for(Isa isa) {
   switch (isa) {
     case Isa::kAvx512:
@@ -225,26 +180,15 @@ void mla_attention_absorbed(const float* q, int64_t n_tokens, int64_t n_heads, i
   mla_attention_absorbed(best_isa(), q, n_tokens, n_heads, pos0, lat, ld, R, P, scale, out);
 }
 
+void mla_attention_naive(Isa isa, const float* q, int64_t n_tokens, int64_t n_heads, int64_t pos0, const float* kv,
+                         int64_t nope, int64_t V, const float* k_pe, int64_t k_pe_ld, int64_t P, float scale,
+                         float* out) {
+  mla_table_for(isa).attention_naive(q, n_tokens, n_heads, pos0, kv, nope, V, k_pe, k_pe_ld, P, scale, out);
+}
+
 void mla_attention_naive(const float* q, int64_t n_tokens, int64_t n_heads, int64_t pos0, const float* kv, int64_t nope,
                          int64_t V, const float* k_pe, int64_t k_pe_ld, int64_t P, float scale, float* out) {
-  const int64_t D = nope + P, KV = nope + V;
-  attend_each(
-      n_tokens * n_heads,
-      [&](int64_t it, std::vector<float>& s) {
-        const int64_t h = it % n_heads, n_ctx = pos0 + it / n_heads + 1;
-        const float* qh = q + it * D;
-        s.resize(static_cast<size_t>(n_ctx));
-        for (int64_t t = 0; t < n_ctx; ++t) {
-          const float* kh = kv + (t * n_heads + h) * KV;
-          s[t] = (dot(qh, kh, nope) + dot(qh + nope, k_pe + t * k_pe_ld, P)) * scale;
-        }
-      },
-      [&](int64_t it, const float* s, int64_t n_ctx) {
-        const int64_t h = it % n_heads;
-        float* o = out + it * V;
-        std::fill(o, o + V, 0.0f);
-        for (int64_t t = 0; t < n_ctx; ++t) axpy(s[t], kv + (t * n_heads + h) * KV + nope, o, V);
-      });
+  mla_attention_naive(best_isa(), q, n_tokens, n_heads, pos0, kv, nope, V, k_pe, k_pe_ld, P, scale, out);
 }
 
 void indexer_scores(const float* q, const float* w, int64_t n_heads, int64_t d, const float* keys, int64_t ld,

@@ -13,7 +13,7 @@
 //   naive (prefill): k_nope and v per head are expanded from c_kv by kv_b_proj, and the
 //     heads attend as usual with K = [k_nope | k_pe] (k_pe shared by every head).
 // Activations f32; scores, softmax and sums in f32 (double in the references). The chunk
-// indexer scores and the absorbed and sparse attention have scalar, AVX2 and AVX-512 paths
+// indexer scores and the absorbed, sparse and naive attention have scalar, AVX2 and AVX-512 paths
 // (kernels/cpu/mla_impl.h) picked at run time by best_isa() (INFERA_ISA caps it); the
 // overloads taking an Isa run that path.
 #pragma once
@@ -54,6 +54,9 @@ void mla_attention_absorbed(Isa isa, const float* q, int64_t n_tokens, int64_t n
 // used. out: [n_tokens, n_heads, V]. Causal as above.
 void mla_attention_naive(const float* q, int64_t n_tokens, int64_t n_heads, int64_t pos0, const float* kv, int64_t nope,
                          int64_t V, const float* k_pe, int64_t k_pe_ld, int64_t P, float scale, float* out);
+void mla_attention_naive(Isa isa, const float* q, int64_t n_tokens, int64_t n_heads, int64_t pos0, const float* kv,
+                         int64_t nope, int64_t V, const float* k_pe, int64_t k_pe_ld, int64_t P, float scale,
+                         float* out);
 
 // ---- DeepSeek-V3.2 sparse attention (DSA) ----
 

@@ -46,16 +46,24 @@ TEST(MlaKernels, AbsorbedMatchesReferenceOnOddShapes) {
 }
 
 TEST(MlaKernels, NaiveMatchesReferenceOnOddShapes) {
-  for (const auto& [n, nh, pos0, nope, V, P] :
-       std::vector<std::array<int64_t, 6>>{{1, 3, 0, 16, 16, 8}, {3, 4, 17, 7, 5, 2}, {6, 1, 0, 12, 9, 6}}) {
+  for (const auto& [n, nh, pos0, nope, V, P] : std::vector<std::array<int64_t, 6>>{{1, 3, 0, 16, 16, 8},
+                                                                                   {3, 4, 17, 7, 5, 2},
+                                                                                   {6, 1, 0, 12, 9, 6},
+                                                                                   {37, 3, 50, 10, 7, 4},
+                                                                                   {20, 2, 0, 5, 3, 2}}) {
+    // (The last two: several query blocks of 16 and 32-row context blocks, the causal edge
+    // inside a block.)
     const int64_t ctx = pos0 + n, ld = 40;
     const auto q = test::random_vec(n * nh * (nope + P), 3, 0.5f);
     const auto kv = test::random_vec(ctx * nh * (nope + V), 4, 1.0f);
     const auto kpe = test::random_vec(ctx * ld, 5, 1.0f);
     std::vector<float> got(n * nh * V), want(n * nh * V);
-    kernels::mla_attention_naive(q.data(), n, nh, pos0, kv.data(), nope, V, kpe.data(), ld, P, 0.25f, got.data());
     kernels::ref::mla_attention_naive(q.data(), n, nh, pos0, kv.data(), nope, V, kpe.data(), ld, P, 0.25f, want.data());
-    for (size_t i = 0; i < got.size(); ++i) ASSERT_NEAR(got[i], want[i], 1e-4f) << i;
+    for (Isa isa : test::available_isas()) {
+      kernels::mla_attention_naive(isa, q.data(), n, nh, pos0, kv.data(), nope, V, kpe.data(), ld, P, 0.25f,
+                                   got.data());
+      for (size_t i = 0; i < got.size(); ++i) ASSERT_NEAR(got[i], want[i], 1e-4f) << isa_name(isa) << " " << i;
+    }
   }
 }
 

@@ -44,6 +44,14 @@ int threads_for(int64_t work_items) {
   return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(t, work_items)));
 }
 
+// GCC 12 warns of the unset pass-through operands inside AVX-512's intrinsics (max,
+// reduce_add) once they are inlined into the OpenMP regions below (-Wmaybe-uninitialized,
+// -Wuninitialized: false positives).
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
 // ---- Lightning-indexer scores ----
 //
 // score(i, s) = Σ_h w[i, h] · max(0, q[i, h] · k_s). The queries are transposed once
@@ -289,11 +297,74 @@ void attention_sparse(const float* q, int64_t n_tokens, int64_t n_heads, const f
   });
 }
 
+// Naive form, blocked over queries: a work item is one head and a block of up to kQueries
+// consecutive query tokens; the context's expanded rows [k_nope | v] of that head are
+// walked in blocks of kRows, each used by every query of the block while it is in cache
+// (online softmax per query: running maximum, sum and output), so the expanded context is
+// read from memory once per query block rather than once per query.
+void attention_naive(const float* q, int64_t n_tokens, int64_t n_heads, int64_t pos0, const float* kv, int64_t nope,
+                     int64_t V, const float* k_pe, int64_t k_pe_ld, int64_t P, float scale, float* out) {
+  constexpr int64_t kQueries = 16, kRows = 32;
+  const int64_t D = nope + P, KV = nope + V;
+  const int64_t qblocks = (n_tokens + kQueries - 1) / kQueries, items = n_heads * qblocks;
+  const int threads = threads_for(items);
+#pragma omp parallel for num_threads(threads) if (threads > 1) schedule(static)
+  for (int64_t it = 0; it < items; ++it) {
+    const int64_t h = it / qblocks, i0 = it % qblocks * kQueries, i1 = std::min(n_tokens, i0 + kQueries);
+    float m[kQueries], l[kQueries], s[kRows];
+    for (int64_t i = i0; i < i1; ++i) {
+      m[i - i0] = -std::numeric_limits<float>::infinity();
+      l[i - i0] = 0.0f;
+      std::fill(out + (i * n_heads + h) * V, out + (i * n_heads + h + 1) * V, 0.0f);
+    }
+    const int64_t n_rows = pos0 + i1;  // the last query's context
+    for (int64_t r0 = 0; r0 < n_rows; r0 += kRows) {
+      const int64_t nb = std::min(kRows, n_rows - r0);
+      for (int64_t i = std::max(i0, r0 - pos0); i < i1; ++i) {  // queries that see row r0
+        const int64_t nbi = std::min(nb, pos0 + i + 1 - r0);
+        const float* qh = q + (i * n_heads + h) * D;
+        float bm = -std::numeric_limits<float>::infinity();
+        for (int64_t j = 0; j < nbi; ++j) {
+          const int64_t t = r0 + j;
+          s[j] = (dot(qh, kv + (t * n_heads + h) * KV, nope) + dot(qh + nope, k_pe + t * k_pe_ld, P)) * scale;
+          bm = std::max(bm, s[j]);
+        }
+        float& mi = m[i - i0];
+        float* o = out + (i * n_heads + h) * V;
+        if (bm > mi) {
+          const float c = std::exp(mi - bm);  // 0 on the first block
+          l[i - i0] *= c;
+#pragma omp simd
+          for (int64_t x = 0; x < V; ++x) o[x] *= c;
+          mi = bm;
+        }
+        float sum = 0.0f;
+        for (int64_t j = 0; j < nbi; ++j) {
+          const float p = std::exp(s[j] - mi);
+          sum += p;
+          axpy(p, kv + ((r0 + j) * n_heads + h) * KV + nope, o, V);
+        }
+        l[i - i0] += sum;
+      }
+    }
+    for (int64_t i = i0; i < i1; ++i) {
+      const float inv = 1.0f / l[i - i0];
+      float* o = out + (i * n_heads + h) * V;
+#pragma omp simd
+      for (int64_t x = 0; x < V; ++x) o[x] *= inv;
+    }
+  }
+}
+
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
+
 }  // namespace
 
 const MlaTable& mla_table() {
   static const MlaTable table{indexer_scores_chunk_impl, indexer_scores_paged_impl, attention_absorbed,
-                              attention_sparse};
+                              attention_sparse, attention_naive};
   return table;
 }
 
