@@ -369,7 +369,11 @@ void DeepseekModel::attention(const DsLayer& L, const ForwardBatch& batch, KvPoo
     // Absorbing costs n·nh·(2R + P) per context row, expanding nh·R·(nope + V) once per
     // row plus n·nh·(qk + V).
     // (A sparse chunk always runs absorbed, over its selected rows.)
-    if (form_ == MlaForm::kAuto && !sparse) naive = n * (2 * R + P) > R * kvw + n * (qk + V);
+    // The naive form holds the expanded context, ctx·nh·(nope + V) floats: past
+    // kNaiveMaxFloats (2 GiB) the absorbed form runs instead, whatever the cost.
+    constexpr int64_t kNaiveMaxFloats = int64_t{1} << 29;
+    if (form_ == MlaForm::kAuto && !sparse)
+      naive = n * (2 * R + P) > R * kvw + n * (qk + V) && ctx * nh * kvw <= kNaiveMaxFloats;
     if (naive) {
       // [k_nope | v] per head for every context row from c_kv.
       cbuf_.resize(static_cast<size_t>(ctx * R));

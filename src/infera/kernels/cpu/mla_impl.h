@@ -220,30 +220,54 @@ void attend_blocked(const float* q, int64_t h0, int64_t h1, int64_t n_rows, cons
   for (int64_t h = h0; h < h1; ++h) std::fill(out + h * R, out + (h + 1) * R, 0.0f);
   for (int64_t r0 = 0; r0 < n_rows; r0 += kRows) {
     const int64_t nb = std::min(kRows, n_rows - r0);
+    const float* rows[kRows];
+    for (int64_t j = 0; j < nb; ++j) rows[j] = row(r0 + j);
+    for (int64_t j = nb; j < kRows; ++j) rows[j] = rows[nb - 1];  // padding for the 4-row steps
+    const int64_t Rv = R / L * L;  // the part of R in whole vectors
     for (int64_t h = h0; h < h1; ++h) {
       const float* qh = q + h * D;
-      float bm = -std::numeric_limits<float>::infinity();
-      for (int64_t j = 0; j < nb; ++j) {
-        const float* r = row(r0 + j);
-        s[j] = (dot(qh, r, R) + dot(qh + R, r + R, P)) * scale;
-        bm = std::max(bm, s[j]);
+      // Scores, 4 rows at a time: each load of q serves 4 rows.
+      for (int64_t j = 0; j < nb; j += 4) {
+        V acc[4] = {S::zero(), S::zero(), S::zero(), S::zero()};
+        for (int64_t x = 0; x < Rv; x += L) {
+          const V qv = S::load(qh + x);
+          for (int k = 0; k < 4; ++k) acc[k] = S::fma(qv, S::load(rows[j + k] + x), acc[k]);
+        }
+        for (int k = 0; k < 4 && j + k < nb; ++k) {
+          const float* r = rows[j + k];
+          float t = S::reduce_add(acc[k]);
+          for (int64_t x = Rv; x < R; ++x) t += qh[x] * r[x];
+          s[j + k] = (t + dot(qh + R, r + R, P)) * scale;
+        }
       }
+      float bm = -std::numeric_limits<float>::infinity();
+      for (int64_t j = 0; j < nb; ++j) bm = std::max(bm, s[j]);
       float& mh = m[h - h0];
       float* o = out + h * R;
+      float c = 1.0f;
       if (bm > mh) {
-        const float c = std::exp(mh - bm);  // 0 on the first block
+        c = std::exp(mh - bm);  // 0 on the first block
         l[h - h0] *= c;
-#pragma omp simd
-        for (int64_t x = 0; x < R; ++x) o[x] *= c;
         mh = bm;
       }
       float sum = 0.0f;
       for (int64_t j = 0; j < nb; ++j) {
-        const float p = std::exp(s[j] - mh);
-        sum += p;
-        axpy(p, row(r0 + j), o, R);
+        s[j] = std::exp(s[j] - mh);
+        sum += s[j];
       }
       l[h - h0] += sum;
+      // o = c o + Σ_j p_j row_j, a vector of o at a time held in a register across the block.
+      const V cv = S::set1(c);
+      for (int64_t x = 0; x < Rv; x += L) {
+        V ov = S::mul(S::load(o + x), cv);
+        for (int64_t j = 0; j < nb; ++j) ov = S::fma(S::set1(s[j]), S::load(rows[j] + x), ov);
+        S::store(o + x, ov);
+      }
+      for (int64_t x = Rv; x < R; ++x) {
+        float ox = o[x] * c;
+        for (int64_t j = 0; j < nb; ++j) ox += s[j] * rows[j][x];
+        o[x] = ox;
+      }
     }
   }
   for (int64_t h = h0; h < h1; ++h) {
