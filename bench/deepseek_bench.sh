@@ -16,6 +16,11 @@
 #
 #   bench/deepseek_bench.sh WORK_DIR [BUILD_DIR]     (BUILD_DIR default: build-bench)
 #
+# TTFT: BENCH_ARGS="--prefill 512" prefills each CTX for real in chunks of 512 tokens;
+# BENCH_ARGS="--chunk-at 512 --ttft 4096,32768,114688" with CTX="0,2048,4096,32768,114688"
+# times one 512-token chunk at each CTX position and estimates the TTFT of each --ttft
+# length from them (bench/deepseek_bench.cpp says how).
+#
 # Environment: CTX (default "4096,32768,114688"), STEPS (3), THREADS (1), KV_DTYPE
 # (bf16), LAYERS (1), MODELS ("v3 gqa v32 v32dense"), SMALL=1 (hidden 1024, 16 heads,
 # kv_lora 128, indexer 8 heads of 64, index_topk 256: a smoke run). Models are generated
@@ -80,5 +85,6 @@ for m in $models; do
     v32dense) dir=$dense ;;
     *) echo "unknown model '$m'" >&2; exit 2 ;;
   esac
-  "$bench" "$dir" --name "$m" --ctx "$ctx" --steps "$steps" --threads "$threads" --kv-dtype "$kv_dtype"
+  # shellcheck disable=SC2086
+  "$bench" "$dir" --name "$m" --ctx "$ctx" --steps "$steps" --threads "$threads" --kv-dtype "$kv_dtype" ${BENCH_ARGS:-}
 done

@@ -1,7 +1,5 @@
 #include "infera/kernels/mla.h"
 
-#include <omp.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -11,7 +9,6 @@
 
 #include "infera/base/cpu.h"
 #include "infera/base/error.h"
-#include "infera/base/threads.h"
 #include "infera/kernels/cpu/mla_dispatch.h"
 #include "infera/tensor/dtype.h"
 
@@ -134,48 +131,6 @@ float dot(const float* a, const float* b, int64_t n) {
   return s;
 }
 
-void axpy(float a, const float* x, float* y, int64_t n) {
-#pragma omp simd
-  for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
-}
-
-// Softmax of s[0, n) in place; returns nothing (n >= 1).
-void softmax_inplace(float* s, int64_t n) {
-  float m = -std::numeric_limits<float>::infinity();
-  for (int64_t i = 0; i < n; ++i) m = std::max(m, s[i]);
-  float sum = 0.0f;
-  for (int64_t i = 0; i < n; ++i) {
-    s[i] = std::exp(s[i] - m);
-    sum += s[i];
-  }
-  const float inv = 1.0f / sum;
-  for (int64_t i = 0; i < n; ++i) s[i] *= inv;
-}
-
-int threads_for(int64_t work_items) {
-  const int t = omp_in_parallel() ? 1 : num_threads();
-  return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(t, work_items)));
-}
-
-// Attention of `items` (token, head) pairs, spread over the threads: for each pair,
-// scores(it, s) sizes s to the pair's context rows and fills their scores, softmax turns
-// them into weights, and mix(it, weights, n) writes the weighted sum of the rows.
-template <typename Scores, typename Mix>
-void attend_each(int64_t items, const Scores& scores, const Mix& mix) {
-  const int threads = threads_for(items);
-#pragma omp parallel num_threads(threads) if (threads > 1)
-  {
-    static thread_local std::vector<float> s;
-#pragma omp for schedule(static)
-    for (int64_t it = 0; it < items; ++it) {
-      scores(it, s);
-      const int64_t n = static_cast<int64_t>(s.size());
-      if (n > 0) softmax_inplace(s.data(), n);
-      mix(it, s.data(), n);
-    }
-  }
-}
-
 const MlaTable& mla_table_for(Isa isa) {
   switch (isa) {
     case Isa::kAvx512:
@@ -201,6 +156,20 @@ void indexer_scores_chunk(const float* q, const float* w, int64_t n, int64_t n_h
   indexer_scores_chunk(best_isa(), q, w, n, n_heads, d, pos0, keys, ld, out, out_ld);
 }
 
+void indexer_scores_paged(Isa isa, const float* q, const float* w, int64_t n, int64_t n_heads, int64_t d, int64_t pos0,
+                          const PagedKv& kv, int64_t c0, float* out, int64_t out_ld) {
+  INFERA_ASSERT(kv.n_kv_heads == 1, "indexer_scores_paged: the latent cache has one KV head");
+  INFERA_ASSERT(c0 >= 0 && c0 + d <= 2 * kv.head_dim, "indexer_scores_paged: columns out of range");
+  if (kv.dtype != DType::kF32 && kv.dtype != DType::kBF16 && kv.dtype != DType::kI8)
+    fail("MLA latent cache: dtype {} is not supported (f32, bf16 or int8)", dtype_name(kv.dtype));
+  mla_table_for(isa).indexer_scores_paged(q, w, n, n_heads, d, pos0, kv, c0, out, out_ld);
+}
+
+void indexer_scores_paged(const float* q, const float* w, int64_t n, int64_t n_heads, int64_t d, int64_t pos0,
+                          const PagedKv& kv, int64_t c0, float* out, int64_t out_ld) {
+  indexer_scores_paged(best_isa(), q, w, n, n_heads, d, pos0, kv, c0, out, out_ld);
+}
+
 void mla_attention_absorbed(Isa isa, const float* q, int64_t n_tokens, int64_t n_heads, int64_t pos0, const float* lat,
                             int64_t ld, int64_t R, int64_t P, float scale, float* out) {
   mla_table_for(isa).attention_absorbed(q, n_tokens, n_heads, pos0, lat, ld, R, P, scale, out);
@@ -211,26 +180,15 @@ void mla_attention_absorbed(const float* q, int64_t n_tokens, int64_t n_heads, i
   mla_attention_absorbed(best_isa(), q, n_tokens, n_heads, pos0, lat, ld, R, P, scale, out);
 }
 
+void mla_attention_naive(Isa isa, const float* q, int64_t n_tokens, int64_t n_heads, int64_t pos0, const float* kv,
+                         int64_t nope, int64_t V, const float* k_pe, int64_t k_pe_ld, int64_t P, float scale,
+                         float* out) {
+  mla_table_for(isa).attention_naive(q, n_tokens, n_heads, pos0, kv, nope, V, k_pe, k_pe_ld, P, scale, out);
+}
+
 void mla_attention_naive(const float* q, int64_t n_tokens, int64_t n_heads, int64_t pos0, const float* kv, int64_t nope,
                          int64_t V, const float* k_pe, int64_t k_pe_ld, int64_t P, float scale, float* out) {
-  const int64_t D = nope + P, KV = nope + V;
-  attend_each(
-      n_tokens * n_heads,
-      [&](int64_t it, std::vector<float>& s) {
-        const int64_t h = it % n_heads, n_ctx = pos0 + it / n_heads + 1;
-        const float* qh = q + it * D;
-        s.resize(static_cast<size_t>(n_ctx));
-        for (int64_t t = 0; t < n_ctx; ++t) {
-          const float* kh = kv + (t * n_heads + h) * KV;
-          s[t] = (dot(qh, kh, nope) + dot(qh + nope, k_pe + t * k_pe_ld, P)) * scale;
-        }
-      },
-      [&](int64_t it, const float* s, int64_t n_ctx) {
-        const int64_t h = it % n_heads;
-        float* o = out + it * V;
-        std::fill(o, o + V, 0.0f);
-        for (int64_t t = 0; t < n_ctx; ++t) axpy(s[t], kv + (t * n_heads + h) * KV + nope, o, V);
-      });
+  mla_attention_naive(best_isa(), q, n_tokens, n_heads, pos0, kv, nope, V, k_pe, k_pe_ld, P, scale, out);
 }
 
 void indexer_scores(const float* q, const float* w, int64_t n_heads, int64_t d, const float* keys, int64_t ld,
@@ -243,15 +201,73 @@ void indexer_scores(const float* q, const float* w, int64_t n_heads, int64_t d, 
   }
 }
 
+namespace {
+
+// A float's bits mapped so that unsigned order is the float order (-0.0 as 0.0).
+inline uint32_t order_key(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof(u));
+  if (u == 0x80000000u) u = 0;
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+}  // namespace
+
 void topk_indices(const float* scores, int64_t n, int64_t k, int32_t* out) {
   INFERA_ASSERT(k >= 0 && k <= n, "topk_indices: k out of range");
-  static thread_local std::vector<int32_t> order;
-  order.resize(static_cast<size_t>(n));
-  std::iota(order.begin(), order.end(), 0);
-  auto better = [scores](int32_t a, int32_t b) { return scores[a] > scores[b] || (scores[a] == scores[b] && a < b); };
-  std::nth_element(order.begin(), order.begin() + k, order.end(), better);
-  std::copy(order.begin(), order.begin() + k, out);
-  std::sort(out, out + k);
+  if (k == 0) return;
+  // Radix select of the k-th largest key, 12 + 10 + 10 bits: each pass histograms the
+  // remaining candidates (those whose higher bits equal the threshold's so far), finds the
+  // digit of the k-th largest, and keeps the candidates with that digit.
+  static thread_local std::vector<uint32_t> cand, next;
+  constexpr int kShifts[3] = {20, 10, 0};
+  constexpr int kBits[3] = {12, 10, 10};
+  uint32_t prefix = 0;  // the threshold's bits decided so far
+  int64_t above = 0;  // candidates already known to beat the threshold
+  int64_t n_cand = n;
+  static thread_local std::vector<uint32_t> hist;
+  for (int pass = 0; pass < 3; ++pass) {
+    const int shift = kShifts[pass], bins = 1 << kBits[pass];
+    const uint32_t digit_mask = static_cast<uint32_t>(bins - 1);
+    hist.assign(static_cast<size_t>(bins), 0);
+    if (pass == 0) {
+      for (int64_t i = 0; i < n; ++i) ++hist[order_key(scores[i]) >> shift];
+    } else {
+      for (int64_t i = 0; i < n_cand; ++i) ++hist[(cand[i] >> shift) & digit_mask];
+    }
+    // The digit holding the (k - above)-th largest.
+    int64_t need = k - above, digit = bins - 1;
+    for (;; --digit) {
+      if (static_cast<int64_t>(hist[digit]) >= need) break;
+      need -= hist[digit];
+      above += hist[digit];
+    }
+    prefix |= static_cast<uint32_t>(digit) << shift;
+    if (pass == 2) break;
+    // Keep the candidates with this digit (the threshold's bits so far).
+    const uint32_t keep_mask = ~((uint32_t{1} << shift) - 1);
+    next.resize(static_cast<size_t>(hist[digit]));
+    int64_t m = 0;
+    if (pass == 0) {
+      for (int64_t i = 0; i < n; ++i) {
+        const uint32_t key = order_key(scores[i]);
+        if ((key & keep_mask) == prefix) next[m++] = key;
+      }
+    } else {
+      for (int64_t i = 0; i < n_cand; ++i)
+        if ((cand[i] & keep_mask) == prefix) next[m++] = cand[i];
+    }
+    cand.swap(next);
+    n_cand = m;
+  }
+  // prefix is now the k-th largest key: take every key above it and, in position order,
+  // as many equal to it as are still needed.
+  int64_t equal_left = k - above, j = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t key = order_key(scores[i]);
+    if (key > prefix || (key == prefix && equal_left-- > 0)) out[j++] = static_cast<int32_t>(i);
+  }
+  INFERA_ASSERT(j == k, "topk_indices: selection count mismatch");
 }
 
 void mla_attention_sparse(Isa isa, const float* q, int64_t n_tokens, int64_t n_heads, const float* lat, int64_t ld,

@@ -13,7 +13,7 @@
 //   naive (prefill): k_nope and v per head are expanded from c_kv by kv_b_proj, and the
 //     heads attend as usual with K = [k_nope | k_pe] (k_pe shared by every head).
 // Activations f32; scores, softmax and sums in f32 (double in the references). The chunk
-// indexer scores and the absorbed and sparse attention have scalar, AVX2 and AVX-512 paths
+// indexer scores and the absorbed, sparse and naive attention have scalar, AVX2 and AVX-512 paths
 // (kernels/cpu/mla_impl.h) picked at run time by best_isa() (INFERA_ISA caps it); the
 // overloads taking an Isa run that path.
 #pragma once
@@ -54,6 +54,9 @@ void mla_attention_absorbed(Isa isa, const float* q, int64_t n_tokens, int64_t n
 // used. out: [n_tokens, n_heads, V]. Causal as above.
 void mla_attention_naive(const float* q, int64_t n_tokens, int64_t n_heads, int64_t pos0, const float* kv, int64_t nope,
                          int64_t V, const float* k_pe, int64_t k_pe_ld, int64_t P, float scale, float* out);
+void mla_attention_naive(Isa isa, const float* q, int64_t n_tokens, int64_t n_heads, int64_t pos0, const float* kv,
+                         int64_t nope, int64_t V, const float* k_pe, int64_t k_pe_ld, int64_t P, float scale,
+                         float* out);
 
 // ---- DeepSeek-V3.2 sparse attention (DSA) ----
 
@@ -72,8 +75,18 @@ void indexer_scores_chunk(const float* q, const float* w, int64_t n, int64_t n_h
 void indexer_scores_chunk(Isa isa, const float* q, const float* w, int64_t n, int64_t n_heads, int64_t d, int64_t pos0,
                           const float* keys, int64_t ld, float* out, int64_t out_ld);
 
+// The same with the keys read straight from the paged latent cache (any of its dtypes):
+// key s is columns [c0, c0 + d) of cached row s (the V3.2 indexer key), converted to f32
+// a block at a time, never copied out as a whole.
+void indexer_scores_paged(const float* q, const float* w, int64_t n, int64_t n_heads, int64_t d, int64_t pos0,
+                          const PagedKv& kv, int64_t c0, float* out, int64_t out_ld);
+void indexer_scores_paged(Isa isa, const float* q, const float* w, int64_t n, int64_t n_heads, int64_t d, int64_t pos0,
+                          const PagedKv& kv, int64_t c0, float* out, int64_t out_ld);
+
 // The positions of the k largest scores[0, n) (ties: the lower position first), in
-// ascending position order; k <= n.
+// ascending position order; k <= n. A radix select on the scores' order-preserving bit
+// patterns (a few histogram passes over shrinking candidate sets), then one scan in
+// position order; -0.0 counts as 0.0, and no score may be NaN.
 void topk_indices(const float* scores, int64_t n, int64_t k, int32_t* out);
 
 // Absorbed MLA over a per-query list of positions: query token i (q as for

@@ -278,7 +278,6 @@ class DeepseekModel final : public Model, public MtpHead {
   std::vector<float> x_, xn_, cq_, q_, kva_, lat_, attn_, out_, ffn_, rows_, hidden_, cat_;
   std::vector<float> ctx_, qabs_, olat_, kvx_, cbuf_, swiglu_scratch_;
   std::vector<float> iq_, ik_, iw_, scores_;  // V3.2 indexer: queries, keys, head weights, scores
-  std::vector<float> ikeys_;  // V3.2: the context's indexer keys
   std::vector<int32_t> sel_, n_sel_;  // V3.2: selected positions per query
   std::vector<int32_t> mark_, picked_;  // V3.2: the union of a chunk's selections
   std::vector<int32_t> positions_;
@@ -370,7 +369,11 @@ void DeepseekModel::attention(const DsLayer& L, const ForwardBatch& batch, KvPoo
     // Absorbing costs n·nh·(2R + P) per context row, expanding nh·R·(nope + V) once per
     // row plus n·nh·(qk + V).
     // (A sparse chunk always runs absorbed, over its selected rows.)
-    if (form_ == MlaForm::kAuto && !sparse) naive = n * (2 * R + P) > R * kvw + n * (qk + V);
+    // The naive form holds the expanded context, ctx·nh·(nope + V) floats: past
+    // kNaiveMaxFloats (2 GiB) the absorbed form runs instead, whatever the cost.
+    constexpr int64_t kNaiveMaxFloats = int64_t{1} << 29;
+    if (form_ == MlaForm::kAuto && !sparse)
+      naive = n * (2 * R + P) > R * kvw + n * (qk + V) && ctx * nh * kvw <= kNaiveMaxFloats;
     if (naive) {
       // [k_nope | v] per head for every context row from c_kv.
       cbuf_.resize(static_cast<size_t>(ctx * R));
@@ -401,8 +404,6 @@ void DeepseekModel::attention(const DsLayer& L, const ForwardBatch& batch, KvPoo
       const int64_t k = c.index_topk;
       sel_.resize(static_cast<size_t>(n * k));
       n_sel_.resize(static_cast<size_t>(n));
-      ikeys_.resize(static_cast<size_t>(ctx * dI));
-      kernels::mla_load_latent_cols(view, 0, ctx, R + P, R + P + dI, ikeys_.data());
       // The chunk's scores as one [queries, ctx] matrix, a block of queries at a time so
       // that the matrix stays within kScoreFloats.
       constexpr int64_t kScoreFloats = int64_t{1} << 22;
@@ -411,8 +412,8 @@ void DeepseekModel::attention(const DsLayer& L, const ForwardBatch& batch, KvPoo
       for (int64_t i0 = 0; i0 < n; i0 += qb) {
         const int64_t nb = std::min(qb, n - i0);
         const int64_t t0 = s.token_begin + i0;
-        kernels::indexer_scores_chunk(iq_.data() + t0 * nI * dI, iw_.data() + t0 * nI, nb, nI, dI, s.pos0 + i0,
-                                      ikeys_.data(), dI, scores_.data(), ctx);
+        kernels::indexer_scores_paged(iq_.data() + t0 * nI * dI, iw_.data() + t0 * nI, nb, nI, dI, s.pos0 + i0, view,
+                                      R + P, scores_.data(), ctx);
         for (int64_t i = i0; i < i0 + nb; ++i) {
           const int64_t n_keys = s.pos0 + i + 1;  // causal
           int32_t* out_i = sel_.data() + i * k;

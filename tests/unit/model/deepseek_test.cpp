@@ -46,16 +46,24 @@ TEST(MlaKernels, AbsorbedMatchesReferenceOnOddShapes) {
 }
 
 TEST(MlaKernels, NaiveMatchesReferenceOnOddShapes) {
-  for (const auto& [n, nh, pos0, nope, V, P] :
-       std::vector<std::array<int64_t, 6>>{{1, 3, 0, 16, 16, 8}, {3, 4, 17, 7, 5, 2}, {6, 1, 0, 12, 9, 6}}) {
+  for (const auto& [n, nh, pos0, nope, V, P] : std::vector<std::array<int64_t, 6>>{{1, 3, 0, 16, 16, 8},
+                                                                                   {3, 4, 17, 7, 5, 2},
+                                                                                   {6, 1, 0, 12, 9, 6},
+                                                                                   {37, 3, 50, 10, 7, 4},
+                                                                                   {20, 2, 0, 5, 3, 2}}) {
+    // (The last two: several query blocks of 16 and 32-row context blocks, the causal edge
+    // inside a block.)
     const int64_t ctx = pos0 + n, ld = 40;
     const auto q = test::random_vec(n * nh * (nope + P), 3, 0.5f);
     const auto kv = test::random_vec(ctx * nh * (nope + V), 4, 1.0f);
     const auto kpe = test::random_vec(ctx * ld, 5, 1.0f);
     std::vector<float> got(n * nh * V), want(n * nh * V);
-    kernels::mla_attention_naive(q.data(), n, nh, pos0, kv.data(), nope, V, kpe.data(), ld, P, 0.25f, got.data());
     kernels::ref::mla_attention_naive(q.data(), n, nh, pos0, kv.data(), nope, V, kpe.data(), ld, P, 0.25f, want.data());
-    for (size_t i = 0; i < got.size(); ++i) ASSERT_NEAR(got[i], want[i], 1e-4f) << i;
+    for (Isa isa : test::available_isas()) {
+      kernels::mla_attention_naive(isa, q.data(), n, nh, pos0, kv.data(), nope, V, kpe.data(), ld, P, 0.25f,
+                                   got.data());
+      for (size_t i = 0; i < got.size(); ++i) ASSERT_NEAR(got[i], want[i], 1e-4f) << isa_name(isa) << " " << i;
+    }
   }
 }
 
@@ -161,6 +169,82 @@ TEST(DsaKernels, ChunkScoresEqualPerQueryScores) {
               << isa_name(isa) << " query " << i << " key " << s;
         for (int64_t s = n_keys; s < out_ld; ++s) ASSERT_EQ(got[i * out_ld + s], -7.0f) << "past the causal end";
       }
+    }
+  }
+}
+
+// The scores read straight from the paged cache (every dtype, every ISA path) equal the
+// float64 reference over the keys as a whole read gives them: head counts below, at and
+// past whole vectors and head groups (64 heads = 4 AVX-512 vectors), odd key widths, key
+// columns inside the V half and across the K/V boundary, chunks crossing key blocks.
+TEST(DsaKernels, PagedChunkScoresEqualReferenceOverTheCachedKeys) {
+  const int64_t bs = 8;
+  for (const auto& [n, nh, d, pos0, hd, c0] : std::vector<std::array<int64_t, 6>>{
+           {1, 3, 10, 149, 20, 25}, {5, 70, 19, 60, 15, 5}, {3, 64, 32, 130, 40, 48}, {2, 17, 8, 0, 9, 9}}) {
+    const int64_t ctx = pos0 + n, lw = 2 * hd, blocks = (ctx + bs - 1) / bs, out_ld = ctx + 1;
+    std::vector<int32_t> table(blocks);
+    for (int64_t b = 0; b < blocks; ++b) table[b] = static_cast<int32_t>((b * 5 + 3) % blocks);  // scrambled
+    const auto src = test::random_vec(ctx * lw, 71 + d);
+    const auto q = test::random_vec(n * nh * d, 72 + nh);
+    const auto w = test::random_vec(n * nh, 73 + n);
+    std::vector<int64_t> slots(ctx);
+    for (int64_t p = 0; p < ctx; ++p) slots[p] = static_cast<int64_t>(table[p / bs]) * bs + p % bs;
+    for (DType dtype : {DType::kF32, DType::kBF16, DType::kI8}) {
+      const int64_t rows = blocks * bs, esize = dtype == DType::kF32 ? 4 : dtype == DType::kBF16 ? 2 : 1;
+      std::vector<uint8_t> k_pool(rows * hd * esize), v_pool(rows * hd * esize);
+      std::vector<float> k_scales(rows), v_scales(rows);
+      kernels::store_kv_rows(dtype, src.data(), lw, ctx, slots.data(), bs, 1, hd, k_pool.data(), k_scales.data());
+      kernels::store_kv_rows(dtype, src.data() + hd, lw, ctx, slots.data(), bs, 1, hd, v_pool.data(), v_scales.data());
+      kernels::PagedKv kv{k_pool.data(),   v_pool.data(),  bs, 1, hd, table.data(), dtype,
+                          k_scales.data(), v_scales.data()};
+      std::vector<float> keys(ctx * d), want(ctx);
+      kernels::mla_load_latent_cols(kv, 0, ctx, c0, c0 + d, keys.data());
+      for (Isa isa : test::available_isas()) {
+        std::vector<float> got(n * out_ld, -7.0f);
+        kernels::indexer_scores_paged(isa, q.data(), w.data(), n, nh, d, pos0, kv, c0, got.data(), out_ld);
+        for (int64_t i = 0; i < n; ++i) {
+          const int64_t n_keys = pos0 + i + 1;
+          kernels::ref::indexer_scores(q.data() + i * nh * d, w.data() + i * nh, nh, d, keys.data(), d, n_keys,
+                                       want.data());
+          for (int64_t s = 0; s < n_keys; ++s)
+            ASSERT_NEAR(got[i * out_ld + s], want[s], 1e-4f * (1.0f + std::fabs(want[s])))
+                << isa_name(isa) << " " << dtype_name(dtype) << " nh " << nh << " query " << i << " key " << s;
+          for (int64_t s = n_keys; s < out_ld; ++s) ASSERT_EQ(got[i * out_ld + s], -7.0f) << "past the causal end";
+        }
+      }
+    }
+  }
+}
+
+// The radix top-k equals the stable-sort reference on long rows: distinct scores, scores
+// with many exact ties (few distinct values), negative scores, signed zeros, k from 1 to n.
+TEST(DsaKernels, TopkMatchesReferenceOnLongRowsWithTies) {
+  std::vector<std::vector<float>> rows;
+  rows.push_back(test::random_vec(5000, 81, 10.0f));
+  {
+    auto r = test::random_vec(4099, 82);
+    for (float& v : r) v = std::round(v * 4.0f) / 4.0f;  // ~9 distinct values
+    rows.push_back(r);
+  }
+  {
+    auto r = test::random_vec(3000, 83);
+    for (size_t i = 0; i < r.size(); ++i) r[i] = i % 3 == 0 ? 0.0f : i % 3 == 1 ? -0.0f : -std::fabs(r[i]);
+    rows.push_back(r);
+  }
+  rows.push_back(std::vector<float>(777, 1.5f));  // all equal: the first k positions
+  {
+    auto r = test::random_vec(2500, 84, 1e-30f);  // tiny magnitudes: the low mantissa bits decide
+    for (size_t i = 0; i < r.size(); i += 7) r[i] = 1e30f;
+    rows.push_back(r);
+  }
+  for (const auto& r : rows) {
+    const int64_t n = static_cast<int64_t>(r.size());
+    for (int64_t k : {int64_t{1}, int64_t{2}, int64_t{63}, int64_t{2048} % n, n / 2, n - 1, n}) {
+      if (k <= 0) continue;
+      std::vector<int32_t> a(k), b(k);
+      kernels::topk_indices(r.data(), n, k, a.data());
+      kernels::ref::topk_indices(r.data(), n, k, b.data());
+      ASSERT_EQ(a, b) << "n " << n << " k " << k;
     }
   }
 }
