@@ -481,6 +481,24 @@ inline DotFn dotk_for(uint32_t type) {
 // Whether this path computes `type` (the Q8_1-form types Q4_1 / Q5_1 take the generic one).
 inline bool handles(uint32_t type) { return type != kQ4_1 && type != kQ5_1; }
 
+#ifdef __AVX512BW__
+// The decode steps' loop: threads take tiles of kTile rows of [n0, n1); fn(r, j0, rows, next)
+// gets the tile's row pointers (past the last row: copies of it), its first row, how many
+// of its rows are real, and whether a tile follows (to prefetch).
+template <typename Fn>
+inline void for_each_row_tile(const uint8_t* base, int64_t row_bytes, int64_t n0, int64_t n1, const Fn& fn) {
+  const int64_t tiles = (n1 - n0 + kTile - 1) / kTile;
+  const int threads = omp_in_parallel() ? 1 : num_threads();
+#pragma omp parallel for num_threads(static_cast <int>(std::min <int64_t>(threads, tiles))) schedule(static)
+  for (int64_t tt = 0; tt < tiles; ++tt) {
+    const int64_t j0 = n0 + tt * kTile;
+    const uint8_t* r[kTile];
+    for (int t = 0; t < kTile; ++t) r[t] = base + std::min(j0 + t, n1 - 1) * row_bytes;
+    fn(r, j0, static_cast<int>(std::min<int64_t>(kTile, n1 - j0)), j0 + kTile < n1);
+  }
+}
+#endif
+
 #ifdef __AVX512VNNI__
 #include "infera/kernels/cpu/ggml_matmul_vnni.h"
 
@@ -504,15 +522,7 @@ inline void gemv_q8_0(const uint8_t* base, int64_t row_bytes, int64_t k, const A
   const int32_t* cp = corr.data();
   const int8_t* q = a.q.data();
   const float* ad = a.d.data();
-  const int64_t tiles = (n1 - n0 + kTile - 1) / kTile;
-  const int threads = omp_in_parallel() ? 1 : num_threads();
-#pragma omp parallel for num_threads(static_cast <int>(std::min <int64_t>(threads, tiles))) schedule(static)
-  for (int64_t tt = 0; tt < tiles; ++tt) {
-    const int64_t j0 = n0 + tt * kTile;
-    const int rows = static_cast<int>(std::min<int64_t>(kTile, n1 - j0));
-    const uint8_t* r[kTile];
-    for (int t = 0; t < kTile; ++t) r[t] = base + std::min(j0 + t, n1 - 1) * row_bytes;  // past the end: a copy
-    const bool next = j0 + kTile < n1;
+  for_each_row_tile(base, row_bytes, n0, n1, [&](const uint8_t* const* r, int64_t j0, int rows, bool next) {
     const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
     __m128 sum = _mm_setzero_ps();
     int64_t b = 0;
@@ -558,7 +568,7 @@ inline void gemv_q8_0(const uint8_t* base, int64_t row_bytes, int64_t k, const A
       sum = _mm_add_ps(sum, _mm_mul_ps(_mm_cvtepi32_ps(isum), d));
     }
     store_outputs(sum, y + (j0 - n0), rows);
-  }
+  });
 }
 #endif
 
@@ -613,15 +623,7 @@ inline void gemv_k(const uint8_t* base, int64_t row_bytes, int64_t k, const Acti
     pick[v] = _mm512_load_si512(idx);
   }
   const float* ad = a.d.data();
-  const int64_t tiles = (n1 - n0 + kTile - 1) / kTile;
-  const int threads = omp_in_parallel() ? 1 : num_threads();
-#pragma omp parallel for num_threads(static_cast <int>(std::min <int64_t>(threads, tiles))) schedule(static)
-  for (int64_t tt = 0; tt < tiles; ++tt) {
-    const int64_t j0 = n0 + tt * kTile;
-    const int rows = static_cast<int>(std::min<int64_t>(kTile, n1 - j0));
-    const uint8_t* r[kTile];
-    for (int t = 0; t < kTile; ++t) r[t] = base + std::min(j0 + t, n1 - 1) * row_bytes;  // past the end: a copy
-    const bool next = j0 + kTile < n1;
+  for_each_row_tile(base, row_bytes, n0, n1, [&](const uint8_t* const* r, int64_t j0, int rows, bool next) {
     const __m512i m4 = _mm512_set1_epi8(0x0F);
     __m128 sum = _mm_setzero_ps();
     for (int64_t b = 0; b < nb; ++b) {
@@ -698,7 +700,7 @@ inline void gemv_k(const uint8_t* base, int64_t row_bytes, int64_t k, const Acti
       }
     }
     store_outputs(sum, y + (j0 - n0), rows);
-  }
+  });
 }
 #endif
 
