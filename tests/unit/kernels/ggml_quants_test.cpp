@@ -130,9 +130,11 @@ std::vector<float> activation_as_quantized(uint32_t type, const std::vector<floa
 
 // matmul_rows on every ISA path: equal to each other exactly, and to the dequantized weights
 // times the quantized activations (up to f32 rounding), on odd shapes and row ranges: row
-// ranges that end inside a tile of the SIMD paths (4 rows; 16 for the AVX-512 VNNI prefill
-// tiles, from 4 activation rows on, taken 4, 2 and 1 at a time), an odd number of blocks per
-// row, and more activation rows than one prefill block of those paths (64).
+// ranges that end inside a tile of the SIMD paths (4 rows, also of the in-place decode steps
+// of Q8_0 / Q4_K / Q6_K at one activation row; 16 for the AVX-512 VNNI prefill tiles, from 4
+// activation rows on, taken in pairs, the second of a pair partial or alone, and activation
+// rows 4, 2 and 1 at a time), an odd number of blocks per row, and more activation rows than
+// one prefill block of those paths (64).
 struct MatmulShape {
   int64_t blocks, rows, n0, n1;
   std::vector<int64_t> ms;

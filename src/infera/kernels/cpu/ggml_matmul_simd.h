@@ -21,7 +21,9 @@
 // pass over them; a tile is decoded again per block of 64 rows), and a tile is applied to
 // two activation rows at once (each weight load and scale vector serves both). On AVX-512
 // VNNI, from vnni::kMinTokens activation rows on, the 16-row tiles of ggml_matmul_vnni.h
-// take over (no horizontal sums, 4 activation rows per weight load).
+// take over (no horizontal sums, 4 activation rows per weight load). A decode step (one
+// activation row) of Q8_0, Q4_K or Q6_K on AVX-512 reads the blocks in place (gemv_q8_0,
+// gemv_k): no tile copy, the weights streamed once.
 // Included by ggml_matmul_impl.h inside its namespace (after <immintrin.h>), only when
 // __AVX2__ is defined.
 
@@ -105,9 +107,9 @@ inline void dec_q4_0(const uint8_t* b, int64_t nb, const RowOut& o) {
   }
 }
 
-// The 6-bit scales and mins of a Q4_K / Q5_K block (12 packed bytes), each written twice
-// (once per 16 weights) as int16.
-inline void k4_scales(const uint8_t* p, int16_t* sc, int16_t* mn) {
+// The 6-bit scales and mins of a Q4_K / Q5_K block (12 packed bytes at p) as int16, one per
+// 32-weight sub-block: s16 [sc0..sc7], m16 [mn0..mn7].
+inline void k4_scales8(const uint8_t* p, __m128i& s16, __m128i& m16) {
   uint32_t u[3];
   std::memcpy(u, p, 12);
   const uint32_t m6 = 0x3f3f3f3f, m4 = 0x0f0f0f0f, m2 = 0x03030303;
@@ -117,8 +119,14 @@ inline void k4_scales(const uint8_t* p, int16_t* sc, int16_t* mn) {
       static_cast<uint64_t>(u[0] & m6) | static_cast<uint64_t>((u[2] & m4) | (((u[0] >> 6) & m2) << 4)) << 32;
   const uint64_t mins =
       static_cast<uint64_t>(u[1] & m6) | static_cast<uint64_t>(((u[2] >> 4) & m4) | (((u[1] >> 6) & m2) << 4)) << 32;
-  const __m128i s16 = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(static_cast<int64_t>(scales)));
-  const __m128i m16 = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(static_cast<int64_t>(mins)));
+  s16 = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(static_cast<int64_t>(scales)));
+  m16 = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(static_cast<int64_t>(mins)));
+}
+
+// The same, each written twice (once per 16 weights).
+inline void k4_scales(const uint8_t* p, int16_t* sc, int16_t* mn) {
+  __m128i s16, m16;
+  k4_scales8(p, s16, m16);
   store128(sc, _mm_unpacklo_epi16(s16, s16));
   store128(sc + 8, _mm_unpackhi_epi16(s16, s16));
   store128(mn, _mm_unpacklo_epi16(m16, m16));
@@ -473,6 +481,24 @@ inline DotFn dotk_for(uint32_t type) {
 // Whether this path computes `type` (the Q8_1-form types Q4_1 / Q5_1 take the generic one).
 inline bool handles(uint32_t type) { return type != kQ4_1 && type != kQ5_1; }
 
+#ifdef __AVX512BW__
+// The decode steps' loop: threads take tiles of kTile rows of [n0, n1); fn(r, j0, rows, next)
+// gets the tile's row pointers (past the last row: copies of it), its first row, how many
+// of its rows are real, and whether a tile follows (to prefetch).
+template <typename Fn>
+inline void for_each_row_tile(const uint8_t* base, int64_t row_bytes, int64_t n0, int64_t n1, const Fn& fn) {
+  const int64_t tiles = (n1 - n0 + kTile - 1) / kTile;
+  const int threads = omp_in_parallel() ? 1 : num_threads();
+#pragma omp parallel for num_threads(static_cast <int>(std::min <int64_t>(threads, tiles))) schedule(static)
+  for (int64_t tt = 0; tt < tiles; ++tt) {
+    const int64_t j0 = n0 + tt * kTile;
+    const uint8_t* r[kTile];
+    for (int t = 0; t < kTile; ++t) r[t] = base + std::min(j0 + t, n1 - 1) * row_bytes;
+    fn(r, j0, static_cast<int>(std::min<int64_t>(kTile, n1 - j0)), j0 + kTile < n1);
+  }
+}
+#endif
+
 #ifdef __AVX512VNNI__
 #include "infera/kernels/cpu/ggml_matmul_vnni.h"
 
@@ -496,15 +522,7 @@ inline void gemv_q8_0(const uint8_t* base, int64_t row_bytes, int64_t k, const A
   const int32_t* cp = corr.data();
   const int8_t* q = a.q.data();
   const float* ad = a.d.data();
-  const int64_t tiles = (n1 - n0 + kTile - 1) / kTile;
-  const int threads = omp_in_parallel() ? 1 : num_threads();
-#pragma omp parallel for num_threads(static_cast <int>(std::min <int64_t>(threads, tiles))) schedule(static)
-  for (int64_t tt = 0; tt < tiles; ++tt) {
-    const int64_t j0 = n0 + tt * kTile;
-    const int rows = static_cast<int>(std::min<int64_t>(kTile, n1 - j0));
-    const uint8_t* r[kTile];
-    for (int t = 0; t < kTile; ++t) r[t] = base + std::min(j0 + t, n1 - 1) * row_bytes;  // past the end: a copy
-    const bool next = j0 + kTile < n1;
+  for_each_row_tile(base, row_bytes, n0, n1, [&](const uint8_t* const* r, int64_t j0, int rows, bool next) {
     const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
     __m128 sum = _mm_setzero_ps();
     int64_t b = 0;
@@ -550,7 +568,139 @@ inline void gemv_q8_0(const uint8_t* base, int64_t row_bytes, int64_t k, const A
       sum = _mm_add_ps(sum, _mm_mul_ps(_mm_cvtepi32_ps(isum), d));
     }
     store_outputs(sum, y + (j0 - n0), rows);
+  });
+}
+#endif
+
+#ifdef __AVX512BW__
+// One activation row against Q4_K (kSix false) or Q6_K rows read in place (a decode step):
+// no tile copy, four rows at a time, 64 weights per 512-bit vector straight from the
+// block's bytes, so the weights stream from memory once with a few operations per vector.
+// The activation's quants are put once per call in the order the weights come out of a
+// vector (Q6_K's order is the natural one; Q4_K's below), so a weight vector is two to four
+// bitwise operations away from maddubs; madd against the sub-scales picked into its pair
+// lanes sums each row's block in one vector, and the four rows' sums are reduced together.
+// Q6_K is decoded as w + 32 (0..63, unsigned): 32 x the sum of scale x block sum of 16
+// quants is taken back out in integers. The integer sums equal the generic path's; the f32
+// steps per block are its own, one lane per row (as k_block_step).
+template <bool kSix>
+inline void gemv_k(const uint8_t* base, int64_t row_bytes, int64_t k, const Activations& a, const int16_t* bs16,
+                   int64_t n0, int64_t n1, float* y) {
+  constexpr int kBytes = kSix ? 210 : 144;
+  const int64_t nb = k / 256;
+  // Q4_K: byte l < 32 of 32-byte chunk c holds weights 64c + l (low nibble) and 64c + 32 + l
+  // (high). Vector v of a block (0: low nibbles of bytes 0-63, 1: their high nibbles, 2 and
+  // 3: the same of bytes 64-127) so covers the 32-weight sub-blocks s0 and s0 + 2, with
+  // s0 = 4 (v / 2) + v % 2. The quants are permuted to that order; bsum32 holds the sums of
+  // 32 quants (for the mins) as int16.
+  static thread_local std::vector<int8_t> qperm;
+  static thread_local std::vector<int16_t> bsum32;
+  const int8_t* q = a.q.data();
+  if (!kSix) {
+    qperm.resize(static_cast<size_t>(k));
+    bsum32.resize(static_cast<size_t>(k / 32));
+    for (int64_t b = 0; b < nb; ++b) {
+      for (int v = 0; v < 4; ++v) {
+        const int s0 = 4 * (v / 2) + v % 2;
+        std::memcpy(qperm.data() + 256 * b + 64 * v, q + 256 * b + 32 * s0, 32);
+        std::memcpy(qperm.data() + 256 * b + 64 * v + 32, q + 256 * b + 32 * (s0 + 2), 32);
+      }
+      for (int s = 0; s < 8; ++s)
+        bsum32[8 * b + s] = static_cast<int16_t>(bs16[16 * b + 2 * s] + bs16[16 * b + 2 * s + 1]);
+    }
+    q = qperm.data();
   }
+  const int16_t* bs32 = bsum32.data();
+  // Pair lane L of vector v takes the sub-scale of its weights: Q4_K, from the eight of the
+  // block (s16); Q6_K, from the sixteen (one per 16 weights, natural order).
+  __m512i pick[4];
+  for (int v = 0; v < 4; ++v) {
+    alignas(64) int16_t idx[32];
+    for (int l = 0; l < 32; ++l) {
+      const int s0 = 4 * (v / 2) + v % 2;
+      idx[l] = static_cast<int16_t>(kSix ? 4 * v + l / 8 : (l < 16 ? s0 : s0 + 2));
+    }
+    pick[v] = _mm512_load_si512(idx);
+  }
+  const float* ad = a.d.data();
+  for_each_row_tile(base, row_bytes, n0, n1, [&](const uint8_t* const* r, int64_t j0, int rows, bool next) {
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    __m128 sum = _mm_setzero_ps();
+    for (int64_t b = 0; b < nb; ++b) {
+      __m512i qv[4];
+      for (int v = 0; v < 4; ++v) qv[v] = _mm512_loadu_si512(q + 256 * b + 64 * v);
+      __m256i isum[kTile];
+      __m128i msum[kTile];
+      for (int t = 0; t < kTile; ++t) {
+        const uint8_t* p = r[t] + kBytes * b;
+        if (next) prefetch_block(p + kTile * row_bytes, kBytes);
+        __m512i w[4], scb;
+        if (kSix) {
+          const __m512i z0 = _mm512_loadu_si512(p), z1 = _mm512_loadu_si512(p + 64);
+          const __m512i h = _mm512_loadu_si512(p + 128);
+          // High bits of weight 128 hh + 32 g + l: bits 2g, 2g + 1 of qh[32 hh + l].
+          const __m512i h0 = _mm512_shuffle_i64x2(h, h, 0x44), h1 = _mm512_shuffle_i64x2(h, h, 0xEE);
+          const __m512i s01 = _mm512_inserti64x4(_mm512_set1_epi16(0), _mm256_set1_epi16(2), 1);
+          const __m512i s23 = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(6), 1);
+          const __m512i m30 = _mm512_set1_epi8(0x30);
+          const auto high = [&](__m512i hv, __m512i sh) {
+            return _mm512_and_si512(_mm512_slli_epi16(_mm512_srlv_epi16(hv, sh), 4), m30);
+          };
+          w[0] = _mm512_or_si512(_mm512_and_si512(z0, m4), high(h0, s01));
+          w[1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(z0, 4), m4), high(h0, s23));
+          w[2] = _mm512_or_si512(_mm512_and_si512(z1, m4), high(h1, s01));
+          w[3] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(z1, 4), m4), high(h1, s23));
+          scb = _mm512_castsi256_si512(_mm256_cvtepi8_epi16(load128(p + 192)));
+        } else {
+          const __m512i v0 = _mm512_loadu_si512(p + 16), v1 = _mm512_loadu_si512(p + 80);
+          w[0] = _mm512_and_si512(v0, m4);
+          w[1] = _mm512_and_si512(_mm512_srli_epi16(v0, 4), m4);
+          w[2] = _mm512_and_si512(v1, m4);
+          w[3] = _mm512_and_si512(_mm512_srli_epi16(v1, 4), m4);
+          __m128i s8, m8;
+          k4_scales8(p + 4, s8, m8);
+          scb = _mm512_castsi128_si512(s8);
+          msum[t] = _mm_madd_epi16(m8, load128(bs32 + 8 * b));
+        }
+        __m512i acc = _mm512_setzero_si512();
+        for (int v = 0; v < 4; ++v)
+          acc = _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(w[v], qv[v]),
+                                                        _mm512_permutexvar_epi16(pick[v], scb)));
+        isum[t] = _mm256_add_epi32(_mm512_castsi512_si256(acc), _mm512_extracti64x4_epi64(acc, 1));
+        if (kSix)  // the offset: 32 x sum of scale x block sum
+          isum[t] = _mm256_sub_epi32(
+              isum[t], _mm256_slli_epi32(_mm256_madd_epi16(_mm512_castsi512_si256(scb), load256(bs16 + 16 * b)), 5));
+      }
+      const __m128i is = reduce4(isum[0], isum[1], isum[2], isum[3]);
+      const __m128 adb = _mm_set1_ps(ad[b]);
+      if (kSix) {
+        const __m128i hd =
+            _mm_setr_epi16(static_cast<int16_t>(r[0][210 * b + 208] | r[0][210 * b + 209] << 8),
+                           static_cast<int16_t>(r[1][210 * b + 208] | r[1][210 * b + 209] << 8),
+                           static_cast<int16_t>(r[2][210 * b + 208] | r[2][210 * b + 209] << 8),
+                           static_cast<int16_t>(r[3][210 * b + 208] | r[3][210 * b + 209] << 8), 0, 0, 0, 0);
+        const __m128 d = _mm_mul_ps(_mm_cvtph_ps(hd), adb);
+        // The generic path subtracts dmin * msum = 0 * 0: x - 0 is x, bit for bit.
+        sum = _mm_add_ps(sum, _mm_mul_ps(d, _mm_cvtepi32_ps(is)));
+      } else {
+        const __m128i ms = _mm_hadd_epi32(_mm_hadd_epi32(msum[0], msum[1]), _mm_hadd_epi32(msum[2], msum[3]));
+        __m128i hd;  // d of the four rows, then dmin
+        {
+          uint32_t u[kTile];
+          for (int t = 0; t < kTile; ++t) std::memcpy(&u[t], r[t] + 144 * b, 4);
+          const __m128i dd = _mm_setr_epi32(static_cast<int>(u[0]), static_cast<int>(u[1]), static_cast<int>(u[2]),
+                                            static_cast<int>(u[3]));
+          // [d0 dmin0 d1 dmin1 ...] -> [d0 d1 d2 d3 dmin0 dmin1 dmin2 dmin3]
+          hd = _mm_shuffle_epi8(dd, _mm_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15));
+        }
+        const __m256 dw = _mm256_cvtph_ps(hd);  // exact, as half_f16c
+        const __m128 d = _mm_mul_ps(_mm256_castps256_ps128(dw), adb);
+        const __m128 dmin = _mm_mul_ps(_mm256_extractf128_ps(dw, 1), adb);
+        sum = _mm_add_ps(sum, _mm_sub_ps(_mm_mul_ps(d, _mm_cvtepi32_ps(is)), _mm_mul_ps(dmin, _mm_cvtepi32_ps(ms))));
+      }
+    }
+    store_outputs(sum, y + (j0 - n0), rows);
+  });
 }
 #endif
 
@@ -568,6 +718,14 @@ inline void matmul_rows(uint32_t type, const uint8_t* base, int64_t row_bytes, i
 #ifdef __AVX512VNNI__
   if (m == 1 && type == kQ8_0) {
     gemv_q8_0(base, row_bytes, k, a, n0, n1, y);
+    return;
+  }
+  if (m == 1 && type == kQ4_K) {
+    gemv_k<false>(base, row_bytes, k, a, bs16, n0, n1, y);
+    return;
+  }
+  if (m == 1 && type == kQ6_K) {
+    gemv_k<true>(base, row_bytes, k, a, bs16, n0, n1, y);
     return;
   }
   if (m >= vnni::kMinTokens) {  // prefill: 16-row VNNI tiles

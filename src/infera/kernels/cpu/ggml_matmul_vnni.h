@@ -1,6 +1,6 @@
 // Prefill (several activation rows) of the ggml block-format matmul on AVX-512 VNNI: the
 // same values as the generic loops of ggml_matmul_impl.h, bit for bit, with register tiles
-// of 16 weight rows x up to 4 activation rows.
+// of 32 weight rows (two tiles of 16) x up to 4 activation rows.
 //
 // A tile of 16 weight rows is decoded once per block of activation rows (the decoders of
 // ggml_matmul_simd.h, one row at a time) and laid out as VNNI wants it: dword g of the tile
@@ -9,9 +9,10 @@
 // K types with mins are unsigned already). Then one vpdpbusd (unsigned weights x the
 // activation's four int8 quants broadcast to every lane) adds four products to each row's
 // int32 sum: the 16 rows' sums of a block come out in one vector, with no horizontal
-// reduction, and each weight vector loaded serves every activation row of the register
-// tile. The offset is taken back out in integers per block (or per sub-scale group of a K
-// type): sum (w + o) q = sum w q + o sum q, with the activation's block sums computed once
+// reduction; each weight vector loaded serves every activation row of the register tile,
+// and each activation broadcast both tiles of a pair (a thread takes tiles two at a time:
+// the broadcasts, not the vpdpbusd, bounded the one-tile loop). The offset is taken back out in integers per block (or
+// per sub-scale group of a K type): sum (w + o) q = sum w q + o sum q, with the activation's block sums computed once
 // per call. K types then apply their integer sub-scales (vpmulld) and mins (vpdpwssd
 // against the int16 sums of 16 quants), all exact, so every integer sum equals the generic
 // path's; the f32 steps run per block in its order and operations, one lane per row.
@@ -207,92 +208,115 @@ inline __m512i bcast4(const int8_t* p) {
   return _mm512_set1_epi32(v);
 }
 
-// 32-weight-block types (offset 128): out[n] lane r = row r · activation row n.
-template <int kNt>
-inline void dot32(const VTile& t, int64_t k, const VAct* a, __m512* out) {
-  __m512 sum[kNt];
-  for (int n = 0; n < kNt; ++n) sum[n] = _mm512_setzero_ps();
-  const int32_t* wq = t.wq.data();
+// The dot kernels take kT tiles (1 or 2: 16 or 32 weight rows) against kNt activation rows:
+// each activation broadcast serves every tile, each weight vector every activation row.
+// out[u * kNt + n] lane r = row r of tile u · activation row n.
+
+// 32-weight-block types (offset 128).
+template <int kNt, int kT>
+inline void dot32(const VTile* const* t, int64_t k, const VAct* a, __m512* out) {
+  __m512 sum[kT][kNt];
+  for (int u = 0; u < kT; ++u)
+    for (int n = 0; n < kNt; ++n) sum[u][n] = _mm512_setzero_ps();
   for (int64_t b = 0; b < k / 32; ++b) {
-    __m512i acc[kNt];  // starts at -128 x the activations' block sum: the offset taken out
-    for (int n = 0; n < kNt; ++n) acc[n] = _mm512_set1_epi32(-a[n].corr[b]);
+    __m512i acc[kT][kNt];  // starts at -128 x the activations' block sum: the offset taken out
+    for (int u = 0; u < kT; ++u)
+      for (int n = 0; n < kNt; ++n) acc[u][n] = _mm512_set1_epi32(-a[n].corr[b]);
     for (int g = 0; g < 8; ++g) {
-      const __m512i wv = _mm512_loadu_si512(wq + (8 * b + g) * kRows);
-      for (int n = 0; n < kNt; ++n) acc[n] = _mm512_dpbusd_epi32(acc[n], wv, bcast4(a[n].q + 32 * b + 4 * g));
+      __m512i wv[kT];
+      for (int u = 0; u < kT; ++u) wv[u] = _mm512_loadu_si512(t[u]->wq.data() + (8 * b + g) * kRows);
+      for (int n = 0; n < kNt; ++n) {
+        const __m512i av = bcast4(a[n].q + 32 * b + 4 * g);
+        for (int u = 0; u < kT; ++u) acc[u][n] = _mm512_dpbusd_epi32(acc[u][n], wv[u], av);
+      }
     }
-    const __m512 dv = _mm512_loadu_ps(t.d.data() + kRows * b);
-    for (int n = 0; n < kNt; ++n) {
-      sum[n] = _mm512_add_ps(sum[n],
-                             _mm512_mul_ps(_mm512_cvtepi32_ps(acc[n]), _mm512_mul_ps(dv, _mm512_set1_ps(a[n].d[b]))));
+    for (int u = 0; u < kT; ++u) {
+      const __m512 dv = _mm512_loadu_ps(t[u]->d.data() + kRows * b);
+      for (int n = 0; n < kNt; ++n) {
+        sum[u][n] = _mm512_add_ps(sum[u][n], _mm512_mul_ps(_mm512_cvtepi32_ps(acc[u][n]),
+                                                           _mm512_mul_ps(dv, _mm512_set1_ps(a[n].d[b]))));
+      }
     }
   }
-  for (int n = 0; n < kNt; ++n) out[n] = sum[n];
+  for (int u = 0; u < kT; ++u)
+    for (int n = 0; n < kNt; ++n) out[u * kNt + n] = sum[u][n];
 }
 
 // K types (256-weight super-blocks): integer sub-scales per kSub weights, optional mins.
-template <int kNt, int kSub, bool kMins, int kOffset>
-inline void dotk(const VTile& t, int64_t k, const VAct* a, __m512* out) {
+template <int kNt, int kT, int kSub, bool kMins, int kOffset>
+inline void dotk(const VTile* const* t, int64_t k, const VAct* a, __m512* out) {
   constexpr int kGroups = 256 / kSub;
-  __m512 sum[kNt];
-  for (int n = 0; n < kNt; ++n) sum[n] = _mm512_setzero_ps();
-  const int32_t* wq = t.wq.data();
+  __m512 sum[kT][kNt];
+  for (int u = 0; u < kT; ++u)
+    for (int n = 0; n < kNt; ++n) sum[u][n] = _mm512_setzero_ps();
   for (int64_t b = 0; b < k / 256; ++b) {
-    __m512i isum[kNt];
-    for (int n = 0; n < kNt; ++n) isum[n] = _mm512_setzero_si512();
+    __m512i isum[kT][kNt];
+    for (int u = 0; u < kT; ++u)
+      for (int n = 0; n < kNt; ++n) isum[u][n] = _mm512_setzero_si512();
     for (int s = 0; s < kGroups; ++s) {
-      __m512i acc[kNt];  // starts at -offset x the group's activation sum: the offset taken out
-      for (int n = 0; n < kNt; ++n)
-        acc[n] = kOffset != 0 ? _mm512_set1_epi32(-a[n].corr[kGroups * b + s]) : _mm512_setzero_si512();
+      __m512i acc[kT][kNt];  // starts at -offset x the group's activation sum: the offset taken out
+      for (int u = 0; u < kT; ++u)
+        for (int n = 0; n < kNt; ++n)
+          acc[u][n] = kOffset != 0 ? _mm512_set1_epi32(-a[n].corr[kGroups * b + s]) : _mm512_setzero_si512();
       const int64_t w0 = 256 * b + kSub * s;
       for (int g = 0; g < kSub / 4; ++g) {
-        const __m512i wv = _mm512_loadu_si512(wq + (w0 / 4 + g) * kRows);
-        for (int n = 0; n < kNt; ++n) acc[n] = _mm512_dpbusd_epi32(acc[n], wv, bcast4(a[n].q + w0 + 4 * g));
-      }
-      const __m512i scv = _mm512_loadu_si512(t.sc32.data() + (kGroups * b + s) * kRows);
-      for (int n = 0; n < kNt; ++n) isum[n] = _mm512_add_epi32(isum[n], _mm512_mullo_epi32(acc[n], scv));
-    }
-    const __m512 dv = _mm512_loadu_ps(t.d.data() + kRows * b);
-    if (kMins) {
-      __m512i msum[kNt];
-      for (int n = 0; n < kNt; ++n) msum[n] = _mm512_setzero_si512();
-      for (int p = 0; p < 8; ++p) {
-        const __m512i mv = _mm512_loadu_si512(t.mnp.data() + (8 * b + p) * kRows);
+        __m512i wv[kT];
+        for (int u = 0; u < kT; ++u) wv[u] = _mm512_loadu_si512(t[u]->wq.data() + (w0 / 4 + g) * kRows);
         for (int n = 0; n < kNt; ++n) {
-          int32_t pair;
-          std::memcpy(&pair, a[n].bs16 + 16 * b + 2 * p, 4);
-          msum[n] = _mm512_dpwssd_epi32(msum[n], mv, _mm512_set1_epi32(pair));
+          const __m512i av = bcast4(a[n].q + w0 + 4 * g);
+          for (int u = 0; u < kT; ++u) acc[u][n] = _mm512_dpbusd_epi32(acc[u][n], wv[u], av);
         }
       }
-      const __m512 dmv = _mm512_loadu_ps(t.dmin.data() + kRows * b);
-      for (int n = 0; n < kNt; ++n) {
-        const __m512 da = _mm512_set1_ps(a[n].d[b]);
-        const __m512 d = _mm512_mul_ps(dv, da), dmin = _mm512_mul_ps(dmv, da);
-        sum[n] = _mm512_add_ps(sum[n], _mm512_sub_ps(_mm512_mul_ps(d, _mm512_cvtepi32_ps(isum[n])),
-                                                     _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(msum[n]))));
+      for (int u = 0; u < kT; ++u) {
+        const __m512i scv = _mm512_loadu_si512(t[u]->sc32.data() + (kGroups * b + s) * kRows);
+        for (int n = 0; n < kNt; ++n) isum[u][n] = _mm512_add_epi32(isum[u][n], _mm512_mullo_epi32(acc[u][n], scv));
       }
-    } else {
-      // The generic path subtracts dmin * msum = 0 * 0: x - 0 is x, bit for bit.
-      for (int n = 0; n < kNt; ++n) {
-        const __m512 d = _mm512_mul_ps(dv, _mm512_set1_ps(a[n].d[b]));
-        sum[n] = _mm512_add_ps(sum[n], _mm512_mul_ps(d, _mm512_cvtepi32_ps(isum[n])));
+    }
+    for (int u = 0; u < kT; ++u) {
+      const __m512 dv = _mm512_loadu_ps(t[u]->d.data() + kRows * b);
+      if (kMins) {
+        __m512i msum[kNt];
+        for (int n = 0; n < kNt; ++n) msum[n] = _mm512_setzero_si512();
+        for (int p = 0; p < 8; ++p) {
+          const __m512i mv = _mm512_loadu_si512(t[u]->mnp.data() + (8 * b + p) * kRows);
+          for (int n = 0; n < kNt; ++n) {
+            int32_t pair;
+            std::memcpy(&pair, a[n].bs16 + 16 * b + 2 * p, 4);
+            msum[n] = _mm512_dpwssd_epi32(msum[n], mv, _mm512_set1_epi32(pair));
+          }
+        }
+        const __m512 dmv = _mm512_loadu_ps(t[u]->dmin.data() + kRows * b);
+        for (int n = 0; n < kNt; ++n) {
+          const __m512 da = _mm512_set1_ps(a[n].d[b]);
+          const __m512 d = _mm512_mul_ps(dv, da), dmin = _mm512_mul_ps(dmv, da);
+          sum[u][n] = _mm512_add_ps(sum[u][n], _mm512_sub_ps(_mm512_mul_ps(d, _mm512_cvtepi32_ps(isum[u][n])),
+                                                             _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(msum[n]))));
+        }
+      } else {
+        // The generic path subtracts dmin * msum = 0 * 0: x - 0 is x, bit for bit.
+        for (int n = 0; n < kNt; ++n) {
+          const __m512 d = _mm512_mul_ps(dv, _mm512_set1_ps(a[n].d[b]));
+          sum[u][n] = _mm512_add_ps(sum[u][n], _mm512_mul_ps(d, _mm512_cvtepi32_ps(isum[u][n])));
+        }
       }
     }
   }
-  for (int n = 0; n < kNt; ++n) out[n] = sum[n];
+  for (int u = 0; u < kT; ++u)
+    for (int n = 0; n < kNt; ++n) out[u * kNt + n] = sum[u][n];
 }
 
-using VDotFn = void (*)(const VTile&, int64_t, const VAct*, __m512*);
+using VDotFn = void (*)(const VTile* const*, int64_t, const VAct*, __m512*);
 
-template <int kNt>
+template <int kNt, int kT>
 inline VDotFn dot_for(uint32_t type) {
   switch (type) {
     case kQ4_K:
-    case kQ5_K: return dotk<kNt, 32, true, 0>;
-    case kQ2_K: return dotk<kNt, 16, true, 0>;
-    case kQ6_K: return dotk<kNt, 16, false, 32>;
-    case kIQ4_XS: return dotk<kNt, 32, false, 128>;
-    case kQ3_K: return dotk<kNt, 16, false, 128>;
-    default: return dot32<kNt>;
+    case kQ5_K: return dotk<kNt, kT, 32, true, 0>;
+    case kQ2_K: return dotk<kNt, kT, 16, true, 0>;
+    case kQ6_K: return dotk<kNt, kT, 16, false, 32>;
+    case kIQ4_XS: return dotk<kNt, kT, 32, false, 128>;
+    case kQ3_K: return dotk<kNt, kT, 16, false, 128>;
+    default: return dot32<kNt, kT>;
   }
 }
 
@@ -328,17 +352,23 @@ inline void matmul_rows(uint32_t type, const uint8_t* base, int64_t row_bytes, i
     }
   }
   const int32_t* corr_p = corr.data();  // (thread_local: the pointer taken here, for every thread)
-  const VDotFn dot4 = dot_for<4>(type), dot2 = dot_for<2>(type), dot1 = dot_for<1>(type);
+  // [tiles per call: 0 for one, 1 for two][activation rows 4, 2, 1]
+  const VDotFn dots[2][3] = {{dot_for<4, 1>(type), dot_for<2, 1>(type), dot_for<1, 1>(type)},
+                             {dot_for<4, 2>(type), dot_for<2, 2>(type), dot_for<1, 2>(type)}};
   const int64_t tiles = (n1 - n0 + kRows - 1) / kRows;
+  // Threads take pairs of tiles (32 weight rows; a last odd tile alone).
+  const int64_t pairs = (tiles + 1) / 2;
   const int threads = omp_in_parallel() ? 1 : num_threads();
   const int64_t dstride = sh.sub != 0 ? k / 256 : k / 32;
   // Activation rows per pass over the tiles: about 1 MiB of int8 quants (they stay in L2
   // while the thread's tiles pass over them; each tile is decoded once per pass).
   const int64_t row_block = std::max<int64_t>(kRowBlock, (int64_t{1} << 20) / k);
-#pragma omp parallel num_threads(static_cast <int>(std::min <int64_t>(threads, tiles)))
+#pragma omp parallel num_threads(static_cast <int>(std::min <int64_t>(threads, pairs)))
   {
-    static thread_local VTile tl;
-    tl.resize(k, nb, sh);
+    static thread_local VTile tl[2];
+    tl[0].resize(k, nb, sh);
+    tl[1].resize(k, nb, sh);
+    const VTile* const tp[2] = {&tl[0], &tl[1]};
     const auto act = [&](int64_t i) {
       return VAct{a.q.data() + i * k, a.d.data() + i * dstride, corr_p + i * per_row,
                   bs16 != nullptr ? bs16 + i * (k / 16) : nullptr};
@@ -346,27 +376,39 @@ inline void matmul_rows(uint32_t type, const uint8_t* base, int64_t row_bytes, i
     for (int64_t i0 = 0; i0 < m; i0 += row_block) {
       const int64_t i1 = std::min(m, i0 + row_block);
 #pragma omp for schedule(static) nowait
-      for (int64_t tt = 0; tt < tiles; ++tt) {
-        const int64_t j0 = n0 + tt * kRows;
-        const int rows = static_cast<int>(std::min<int64_t>(kRows, n1 - j0));
-        build_tile(type, sh, base, row_bytes, k, j0, rows, j0 + kRows < n1, tl);
-        const __mmask16 mask = static_cast<__mmask16>((1u << rows) - 1);
+      for (int64_t pp = 0; pp < pairs; ++pp) {
+        const int64_t j0 = n0 + 2 * pp * kRows;
+        const int two = j0 + kRows < n1 ? 2 : 1;
+        int rows[2] = {0, 0};
+        for (int u = 0; u < two; ++u) {
+          const int64_t ju = j0 + u * kRows;
+          rows[u] = static_cast<int>(std::min<int64_t>(kRows, n1 - ju));
+          build_tile(type, sh, base, row_bytes, k, ju, rows[u], ju + kRows < n1, tl[u]);
+        }
+        const VDotFn* dot = dots[two - 1];
+        __m512 v[8];
+        const auto store = [&](int64_t i, int nt) {
+          for (int u = 0; u < two; ++u) {
+            const __mmask16 mask = static_cast<__mmask16>((1u << rows[u]) - 1);
+            for (int n = 0; n < nt; ++n)
+              _mm512_mask_storeu_ps(y + (i + n) * ldy + (j0 + u * kRows - n0), mask, v[u * nt + n]);
+          }
+        };
         int64_t i = i0;
-        __m512 v[4];
         for (; i + 4 <= i1; i += 4) {
           const VAct four[4] = {act(i), act(i + 1), act(i + 2), act(i + 3)};
-          dot4(tl, k, four, v);
-          for (int n = 0; n < 4; ++n) _mm512_mask_storeu_ps(y + (i + n) * ldy + (j0 - n0), mask, v[n]);
+          dot[0](tp, k, four, v);
+          store(i, 4);
         }
         for (; i + 2 <= i1; i += 2) {
-          const VAct two[2] = {act(i), act(i + 1)};
-          dot2(tl, k, two, v);
-          for (int n = 0; n < 2; ++n) _mm512_mask_storeu_ps(y + (i + n) * ldy + (j0 - n0), mask, v[n]);
+          const VAct two_rows[2] = {act(i), act(i + 1)};
+          dot[1](tp, k, two_rows, v);
+          store(i, 2);
         }
         for (; i < i1; ++i) {
           const VAct one = act(i);
-          dot1(tl, k, &one, v);
-          _mm512_mask_storeu_ps(y + i * ldy + (j0 - n0), mask, v[0]);
+          dot[2](tp, k, &one, v);
+          store(i, 1);
         }
       }
     }
