@@ -10,14 +10,15 @@
 #
 #   bench/compare_llamacpp.sh [WORK_DIR]      (default: /tmp/infera-bench; ~2.5 GB per dtype)
 #
-# Environment: DTYPE=bf16|f16 (default bf16), SOURCE=hf|gguf (what Infera reads: the
-# Hugging Face directory, bf16 only, or the GGUF file llama.cpp reads; default hf for bf16,
-# gguf for f16), THREADS (default "1 2"), REPEATS (default 2: each figure is the best of
-# that many runs, the two engines alternating), PP / TG (prompt / generated tokens).
+# Environment: INFERA (the binary; default build/infera), DTYPE=bf16|f16 (default bf16),
+# SOURCE=hf|gguf (what Infera reads: the Hugging Face directory, bf16 only, or the GGUF file
+# llama.cpp reads; default hf for bf16, gguf for f16), THREADS (default "1 2"), REPEATS
+# (default 2: each figure is the best of that many runs, the two engines alternating), PP /
+# TG (prompt / generated tokens).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 work=${1:-/tmp/infera-bench}
-infera="$root/build/infera"
+infera=${INFERA:-$root/build/infera}
 python=python3
 /usr/bin/python3 -c "import numpy" 2>/dev/null && python=/usr/bin/python3
 DTYPE=${DTYPE:-bf16}
