@@ -1,14 +1,17 @@
-// infera sysinfo: what this machine offers the engine (ISA path, threads, and on request
-// the measured memory read bandwidth, the decode roofline).
+// infera sysinfo: what this machine offers the engine (ISA path, the float-weight matmul
+// kernels it runs, threads, and on request the measured memory read bandwidth, the decode
+// roofline).
 #include <omp.h>
 
 #include <cstdio>
+#include <string>
 
 #include <nlohmann/json.hpp>
 
 #include "infera/base/cpu.h"
 #include "infera/base/membw.h"
 #include "infera/cli/command.h"
+#include "infera/kernels/kernels.h"
 
 namespace infera::cli {
 namespace {
@@ -23,6 +26,11 @@ int run(const Options& o) {
   j["cpu_features"] = cpu_features().describe();
   j["kernel_path"] = isa_name(best_isa());
   j["cores"] = omp_get_num_procs();
+  // The float-weight matmul kernels that path runs (prefill and decode), per weight dtype.
+  nlohmann::json fm = nlohmann::json::object();
+  for (DType d : {DType::kBF16, DType::kF16, DType::kF32})
+    fm[std::string(dtype_name(d))] = kernels::matmul_path(best_isa(), d);
+  j["float_matmul"] = fm;
   if (o.bandwidth) {
     nlohmann::json bw = nlohmann::json::object();
     for (int t = 1; t <= omp_get_num_procs(); t *= 2) bw[std::to_string(t)] = measure_read_bandwidth_gbs(t);
@@ -36,6 +44,8 @@ int run(const Options& o) {
   } else {
     std::printf("cpu features: %s\nkernel path:  %s\ncores:        %d\n", j["cpu_features"].get<std::string>().c_str(),
                 j["kernel_path"].get<std::string>().c_str(), j["cores"].get<int>());
+    for (auto& [d, p] : j["float_matmul"].items())
+      std::printf("%s matmul: %s\n", d.c_str(), p.get<std::string>().c_str());
     if (o.bandwidth) {
       for (auto& [t, v] : j["read_bandwidth_gbs"].items())
         std::printf("read bandwidth, %s thread(s): %.1f GB/s\n", t.c_str(), v.get<double>());

@@ -2,10 +2,12 @@
 #include "infera/kernels/kernels.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 
 #include "infera/base/error.h"
+#include "infera/base/options.h"
 #include "infera/kernels/cpu/dispatch.h"
 #include "infera/kernels/ggml_quants.h"
 
@@ -39,6 +41,29 @@ void check_weight(const MatRef& w) {
 }
 
 }  // namespace
+
+namespace {
+// -1: not set yet (the environment's INFERA_BF16_DOT decides on first use, after static
+// initialization, when the option table exists).
+std::atomic<int> g_bf16_dot{-1};
+}  // namespace
+
+void set_bf16_dot(bool enabled) { g_bf16_dot.store(enabled ? 1 : 0, std::memory_order_relaxed); }
+bool bf16_dot_enabled() {
+  int v = g_bf16_dot.load(std::memory_order_relaxed);
+  if (v < 0) {
+    static const int from_env = option_env("bf16_dot", BadEnvValue::kWarnAndIgnore) == "0" ? 0 : 1;
+    int expected = -1;
+    g_bf16_dot.compare_exchange_strong(expected, from_env, std::memory_order_relaxed);
+    v = g_bf16_dot.load(std::memory_order_relaxed);
+  }
+  return v == 1;
+}
+
+std::string matmul_path(Isa isa, DType dtype) {
+  INFERA_ASSERT(dtype == DType::kF32 || dtype == DType::kBF16 || dtype == DType::kF16);
+  return table_for(isa).matmul_path(dtype);
+}
 
 bool isa_available(Isa isa) {
   switch (isa) {

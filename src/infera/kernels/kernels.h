@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "infera/base/cpu.h"
 #include "infera/tensor/dtype.h"
@@ -42,6 +43,19 @@ bool isa_available(Isa isa);
 // Throws infera::Error for a weight dtype other than f32/bf16/f16.
 void matmul(const float* x, int64_t m, const MatRef& w, float* y);
 void matmul(Isa isa, const float* x, int64_t m, const MatRef& w, float* y);
+
+// bf16 weights times m >= 16 rows of x (prefill) on a CPU with AVX512_BF16 (the avx512
+// path): x is rounded to bf16 and multiplied with vdpbf16ps, twice the f32 FMA rate, each
+// product exact and summed in f32; the one extra error is x's rounding, relative 2^-8 per
+// term (llama.cpp's bf16 path rounds the same way). On by default (INFERA_BF16_DOT=0 in the
+// environment turns it off); set_bf16_dot(false) gives the f32 products, as the other paths
+// and decode (m < 16) compute them, for tests that need one rounding everywhere.
+void set_bf16_dot(bool enabled);
+bool bf16_dot_enabled();
+
+// The matmul kernels the given path runs for weights of dtype (f32, bf16, f16), prefill
+// and decode, in words (`infera sysinfo`, benchmarks).
+std::string matmul_path(Isa isa, DType dtype);
 
 // Output columns [n0, n1) only (rows n0..n1 of W): y[i * ldy + (j - n0)] for j in [n0, n1),
 // i < m (tensor parallel shards, experts). ldy >= n1 - n0.

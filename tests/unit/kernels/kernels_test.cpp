@@ -75,8 +75,19 @@ void expect_matmul_close(Isa isa, const std::vector<float>& x, int64_t m, const 
   }
 }
 
+// Sets the bf16 prefill's vdpbf16ps path on or off for one scope.
+class Bf16DotScope {
+ public:
+  explicit Bf16DotScope(bool enabled) : saved_(bf16_dot_enabled()) { set_bf16_dot(enabled); }
+  ~Bf16DotScope() { set_bf16_dot(saved_); }
+
+ private:
+  bool saved_;
+};
+
 TEST_P(KernelsTest, MatmulMatchesReferenceOnOddShapes) {
   const Isa isa = GetParam();
+  const Bf16DotScope f32_products(false);  // the vdpbf16ps path has its own tests below
   struct Shape {
     int64_t m, n, k;
   };
@@ -96,6 +107,118 @@ TEST_P(KernelsTest, MatmulMatchesReferenceOnOddShapes) {
                                " m=" + std::to_string(s.m) + " n=" + std::to_string(s.n) + " k=" + std::to_string(s.k);
       expect_matmul_close(isa, x, s.m, w.ref, y.data(), s.n, 0, s.n, what);
     }
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// bf16 prefill on AVX512_BF16 (vdpbf16ps): x rounded to bf16, pairs of products exact, sums
+// in f32. Shapes: m >= 16 (the GEMM) with m % 6 != 0 (partial row tiles), n % 64 != 0
+// (partial panels), odd k (a pair with one element), k below one 16-pair block, and k
+// across the 512-long panels with tails of every kind.
+struct DotShape {
+  int64_t m, n, k;
+};
+const DotShape kDotShapes[] = {{16, 1, 1},      {17, 33, 13},    {18, 64, 32},   {19, 65, 33},
+                               {20, 7, 100},    {23, 130, 129},  {24, 64, 512},  {25, 70, 513},
+                               {31, 129, 1023}, {67, 130, 1100}, {16, 96, 5632}, {21, 17, 5631}};
+
+std::vector<float> bf16_rounded(const std::vector<float>& x) {
+  std::vector<float> r(x.size());
+  for (size_t i = 0; i < x.size(); ++i) r[i] = bf16_to_f32(f32_to_bf16(x[i]));
+  return r;
+}
+
+// The error bound of y = round_bf16(x) . W summed in f32: relative 2^-8 per term for x's
+// rounding (round to nearest even, 8 significant bits), plus the f32 sum of k terms (each
+// lane adds its k products one after the other, then panels of 512 are added: n_eff = k +
+// k / 512 + 32, the classic worst case); rounded_x: x already holds bf16 values, so only the
+// sum's error remains.
+void expect_dot_close(const std::vector<float>& x, int64_t m, const MatRef& w, const std::vector<float>& y,
+                      bool rounded_x, const std::string& what) {
+  const int64_t k = w.cols, n = w.rows;
+  const double rel = (rounded_x ? 0.0 : std::ldexp(1.0, -8)) + (double(k) + double(k) / 512 + 32) * kU;
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t j = 0; j < n; ++j) {
+      double exact = 0.0, magnitude = 0.0;
+      for (int64_t t = 0; t < k; ++t) {
+        const double p = double(x[i * k + t]) * ref::weight_at(w, j, t);
+        exact += p;
+        magnitude += std::fabs(p);
+      }
+      const double got = y[i * n + j];
+      ASSERT_LE(std::fabs(got - exact), rel * magnitude + 1e-30)
+          << what << " at y[" << i << "][" << j << "]: got " << got << ", expected " << exact;
+    }
+  }
+}
+
+TEST(KernelsBf16Dot, PrefillMatchesReferenceOnOddShapes) {
+  if (!isa_available(Isa::kAvx512)) GTEST_SKIP() << "the vdpbf16ps path needs the avx512 path (AVX512_BF16)";
+  const Bf16DotScope dot(true);
+  uint32_t seed = 100;
+  for (const auto& s : kDotShapes) {
+    const TestWeights w(DType::kBF16, s.n, s.k, seed++);
+    const auto x = random_floats(s.m * s.k, seed++);
+    const auto xr = bf16_rounded(x);
+    const std::string what = "m=" + std::to_string(s.m) + " n=" + std::to_string(s.n) + " k=" + std::to_string(s.k);
+    std::vector<float> y(s.m * s.n, NAN), yr(s.m * s.n, NAN);
+    matmul(Isa::kAvx512, x.data(), s.m, w.ref, y.data());
+    expect_dot_close(x, s.m, w.ref, y, false, what);
+    // With x already bf16 the rounding is exact: only the f32 sums' error is left (a lost
+    // tail pair or a wrong pairing shows up far above it), and the result is the same bit
+    // for bit as from the unrounded x (x is rounded once, to nearest even, in the kernel).
+    matmul(Isa::kAvx512, xr.data(), s.m, w.ref, yr.data());
+    expect_dot_close(xr, s.m, w.ref, yr, true, what + " (x bf16)");
+    for (size_t i = 0; i < y.size(); ++i) ASSERT_EQ(y[i], yr[i]) << what << " at " << i;
+  }
+}
+
+TEST(KernelsBf16Dot, RowsAndColumnsOfAShard) {
+  if (!isa_available(Isa::kAvx512)) GTEST_SKIP() << "the vdpbf16ps path needs the avx512 path (AVX512_BF16)";
+  const Bf16DotScope dot(true);
+  const int64_t m = 29, n = 150, k = 77, n0 = 21, n1 = 118, ldy = 130;
+  const TestWeights w(DType::kBF16, n, k, 31);
+  const auto x = random_floats(m * k, 32);
+  std::vector<float> y(m * ldy, -7.0f);
+  matmul_rows(Isa::kAvx512, x.data(), m, w.ref, n0, n1, y.data(), ldy);
+  std::vector<float> y_slice((n1 - n0) * m);
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t c = 0; c < n1 - n0; ++c) y_slice[i * (n1 - n0) + c] = y[i * ldy + c];
+  expect_dot_close(x, m, row_slice(w.ref, n0, n1), y_slice, false, "matmul_rows");
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t c = n1 - n0; c < ldy; ++c) ASSERT_EQ(y[i * ldy + c], -7.0f) << i << "," << c;
+}
+
+TEST(KernelsBf16Dot, OffGivesTheF32Products) {
+  // set_bf16_dot(false): the exact f32 products (the tight bound of the other paths), and
+  // a different result from the vdpbf16ps path on the same unrounded x (the switch works).
+  if (!isa_available(Isa::kAvx512)) GTEST_SKIP() << "the vdpbf16ps path needs the avx512 path (AVX512_BF16)";
+  const int64_t m = 20, n = 70, k = 300;
+  const TestWeights w(DType::kBF16, n, k, 41);
+  const auto x = random_floats(m * k, 42);
+  std::vector<float> y_f32(m * n), y_dot(m * n);
+  {
+    const Bf16DotScope off(false);
+    matmul(Isa::kAvx512, x.data(), m, w.ref, y_f32.data());
+  }
+  {
+    const Bf16DotScope on(true);
+    matmul(Isa::kAvx512, x.data(), m, w.ref, y_dot.data());
+  }
+  expect_matmul_close(Isa::kAvx512, x, m, w.ref, y_f32.data(), n, 0, n, "bf16 dot off");
+  EXPECT_NE(y_f32, y_dot);
+  EXPECT_NE(matmul_path(Isa::kAvx512, DType::kBF16).find("vdpbf16ps"), std::string::npos);
+  const Bf16DotScope off(false);
+  EXPECT_EQ(matmul_path(Isa::kAvx512, DType::kBF16).find("vdpbf16ps"), std::string::npos);
+}
+
+TEST_P(KernelsTest, MatmulPathNamesItsIsa) {
+  const Isa isa = GetParam();
+  for (DType d : {DType::kF32, DType::kBF16, DType::kF16}) {
+    const std::string p = matmul_path(isa, d);
+    EXPECT_NE(p.find(isa_name(isa)), std::string::npos) << p;
+    EXPECT_NE(p.find("prefill"), std::string::npos) << p;
+    EXPECT_NE(p.find("decode"), std::string::npos) << p;
   }
 }
 

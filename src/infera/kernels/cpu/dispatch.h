@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "infera/kernels/kernels.h"
 
@@ -12,6 +13,7 @@ namespace infera::kernels {
 
 struct KernelTable {
   void (*matmul_rows)(const float* x, int64_t m, const MatRef& w, int64_t n0, int64_t n1, float* y, int64_t ldy);
+  std::string (*matmul_path)(DType dtype);
   void (*rmsnorm)(const float* x, const float* w, float* y, int64_t rows, int64_t n, float eps, float w_offset);
   void (*silu_mul)(float* gate, const float* up, int64_t n);
   void (*softmax)(float* x, int64_t n);

@@ -8,6 +8,8 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <string>
+#include <type_traits>
 #include <vector>
 
 #include <omp.h>
@@ -92,25 +94,46 @@ struct Weights<DType::kF16> {
 // straight from its stored dtype, R rows at a time (R independent FMA chains hide latency and keep R
 // streams in flight); each W vector is used for all M rows of x.
 constexpr int kGemvMaxRows = 4;
-// Software prefetch this many weights ahead in each row stream, and R = 8 rows per tile
-// for one row of x: together +15% single-core DRAM bandwidth on 2048 x 5632 bf16 (12.8 ->
-// 14.8 GB/s); farther distances or L2 hints measured worse.
-constexpr int64_t kGemvPrefetch = 256;
+// R = 8 rows per tile for one row of x, each row read a cache line per step, and the next
+// tile (the R rows that follow: contiguous memory) prefetched into L2 as this one is read,
+// a line per row and step, so the prefetches cover the next tile by the time this one
+// ends. Weights mapped from a file sit on 4 KiB pages, where the hardware prefetchers
+// stop at every page boundary (a 2048-long bf16 row is one page): the tile ahead keeps the
+// next pages' lines coming. Measured on the TinyLlama shapes (all 22 layers, bf16, mapped
+// file, one thread, 2-core EPYC, load 8-11): 9.9-13.3 GB/s with a prefetch 512 B ahead in
+// each row (the earlier scheme) -> 11.2-19.1 with the next tile; into L1 instead, or 6
+// rows, no better.
 constexpr int kGemvTileRows = 8;
 constexpr int kAccRegs = L == 16 ? 16 : 8;  // accumulators that fit beside the operands
 
 template <DType D, int M, int R>
 inline void gemv_tile(const float* x, int64_t k, const typename Weights<D>::T* w, float* y, int64_t ldy) {
   using W = Weights<D>;
+  using T = typename W::T;
+  constexpr int64_t kLine = 64;
+  constexpr int64_t kStep = std::max<int64_t>(L, kLine / static_cast<int64_t>(sizeof(T)));  // one line per row
   V acc[M][R];
   for (int i = 0; i < M; ++i)
     for (int r = 0; r < R; ++r) acc[i][r] = S::zero();
+  // The next tile's bytes, a line per row and step (may point past the matrix: a prefetch
+  // never faults).
+  const char* ahead = reinterpret_cast<const char*>(w + R * k);
   int64_t t = 0;
+  for (; t + kStep <= k; t += kStep) {
+    for (int r = 0; r < R; ++r, ahead += kLine) S::prefetch_l2(ahead);
+    for (int64_t u = t; u < t + kStep; u += L) {
+      V xv[M];
+      for (int i = 0; i < M; ++i) xv[i] = S::load(x + i * k + u);
+      for (int r = 0; r < R; ++r) {
+        const V wv = W::load(w + r * k + u);
+        for (int i = 0; i < M; ++i) acc[i][r] = S::fma(xv[i], wv, acc[i][r]);
+      }
+    }
+  }
   for (; t + L <= k; t += L) {
     V xv[M];
     for (int i = 0; i < M; ++i) xv[i] = S::load(x + i * k + t);
     for (int r = 0; r < R; ++r) {
-      S::prefetch(w + r * k + t + kGemvPrefetch);  // may point past the row: never faults
       const V wv = W::load(w + r * k + t);
       for (int i = 0; i < M; ++i) acc[i][r] = S::fma(xv[i], wv, acc[i][r]);
     }
@@ -155,6 +178,27 @@ constexpr int kNV = L == 16 ? 4 : (L == 8 ? 2 : 4);  // 6x4 zmm / 6x2 ymm accumu
 constexpr int kNR = kNV * L;  // 64 (AVX-512), 16 (AVX2), 4 (scalar)
 constexpr int64_t kKC = 256;  // panel: kKC * kNR f32 (64 KiB, L2)
 
+// Stores (or adds to y, when accumulating over k panels) an MR x kNR tile of accumulators;
+// only ncols columns exist in y for the last panel.
+template <int MR>
+inline void store_tile(V (&acc)[MR][kNV], float* y, int64_t ldy, int64_t ncols, bool accumulate) {
+  if (ncols == kNR) {
+    for (int i = 0; i < MR; ++i) {
+      for (int v = 0; v < kNV; ++v) {
+        float* p = y + i * ldy + v * L;
+        S::store(p, accumulate ? S::add(S::load(p), acc[i][v]) : acc[i][v]);
+      }
+    }
+  } else {
+    alignas(64) float tmp[kNR];
+    for (int i = 0; i < MR; ++i) {
+      for (int v = 0; v < kNV; ++v) S::store(tmp + v * L, acc[i][v]);
+      float* p = y + i * ldy;
+      for (int64_t c = 0; c < ncols; ++c) p[c] = accumulate ? p[c] + tmp[c] : tmp[c];
+    }
+  }
+}
+
 template <int MR>
 inline void gemm_micro(const float* x, int64_t ldx, const float* panel, int64_t kc, float* y, int64_t ldy,
                        int64_t ncols, bool accumulate) {
@@ -170,21 +214,7 @@ inline void gemm_micro(const float* x, int64_t ldx, const float* panel, int64_t 
       for (int v = 0; v < kNV; ++v) acc[i][v] = S::fma(a, bv[v], acc[i][v]);
     }
   }
-  if (ncols == kNR) {
-    for (int i = 0; i < MR; ++i) {
-      for (int v = 0; v < kNV; ++v) {
-        float* p = y + i * ldy + v * L;
-        S::store(p, accumulate ? S::add(S::load(p), acc[i][v]) : acc[i][v]);
-      }
-    }
-  } else {  // last panel: only ncols columns exist in y
-    alignas(64) float tmp[kNR];
-    for (int i = 0; i < MR; ++i) {
-      for (int v = 0; v < kNV; ++v) S::store(tmp + v * L, acc[i][v]);
-      float* p = y + i * ldy;
-      for (int64_t c = 0; c < ncols; ++c) p[c] = accumulate ? p[c] + tmp[c] : tmp[c];
-    }
-  }
+  store_tile<MR>(acc, y, ldy, ncols, accumulate);
 }
 
 // panel[t][c] = W[j0 + c][k0 + t] as f32, zero for c >= nr. Blocks of L x L: L weight
@@ -209,6 +239,107 @@ void pack_panel(const typename Weights<D>::T* w, int64_t k, int64_t j0, int64_t 
   }
 }
 
+// Calls f(std::integral_constant<int, R>) with R = rows (1 <= rows <= kMR): the
+// microkernels are instantiated per row count.
+template <class F>
+inline void with_rows(int64_t rows, F&& f) {
+  switch (rows) {
+    case 1: return f(std::integral_constant<int, 1>{});
+    case 2: return f(std::integral_constant<int, 2>{});
+    case 3: return f(std::integral_constant<int, 3>{});
+    case 4: return f(std::integral_constant<int, 4>{});
+    case 5:
+      if constexpr (kMR >= 5) f(std::integral_constant<int, 5>{});
+      return;
+    default:
+      if constexpr (kMR >= 6) f(std::integral_constant<int, kMR>{});
+      return;
+  }
+}
+
+// k per bf16-pair panel (below): 256 pairs x 64 columns x 4 B = 64 KiB (L2).
+constexpr int64_t kDotKC = 512;
+static_assert(kDotKC / 2 * kNR * 4 <= kKC * kNR * 4, "a bf16 panel fits the f32 panel's buffer");
+
+#if INFERA_SIMD_LEVEL == 2
+// ---------------------------------------------------------------------------------------
+// bf16 GEMM on AVX512_BF16 (vdpbf16ps): x is rounded to bf16 once per call and multiplied
+// with the bf16 weights two k at a time, 32 multiply-adds per instruction, twice the f32
+// FMA's; each pair product is exact in f32 and summed in f32, so the only new error is
+// x's rounding to bf16 (relative 2^-8 per term, as llama.cpp's bf16 path). Panels hold
+// kNR weight rows as bf16 pairs, [kc / 2][kNR] 32-bit words, packed by the same 16 x 16
+// transpose as the f32 panels but without a conversion, at half the bytes.
+
+// xb[i * kp + t] = (bf16(x[i][2t]), bf16(x[i][2t + 1])), kp = ceil(k / 2): the low half
+// holds the even k; the odd k's missing partner is 0.
+void x_to_bf16_pairs(const float* x, int64_t m, int64_t k, uint32_t* xb) {
+  const int64_t kp = (k + 1) / 2;
+  for (int64_t i = 0; i < m; ++i) {
+    const float* xi = x + i * k;
+    auto* o = reinterpret_cast<uint16_t*>(xb + i * kp);
+    int64_t t = 0;
+    for (; t + 32 <= k; t += 32) {
+      const __m512bh h = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(xi + t + 16), _mm512_loadu_ps(xi + t));
+      _mm512_storeu_si512(o + t, reinterpret_cast<const __m512i&>(h));
+    }
+    for (; t < k; ++t) o[t] = f32_to_bf16(xi[t]);
+    if (k % 2 != 0) o[k] = 0;
+  }
+}
+
+// panel[t][c] = (W[j0 + c][k0 + 2t], W[j0 + c][k0 + 2t + 1]) for 2t < kc; zero for
+// c >= nr and for the partner of an odd kc's last k.
+void pack_panel_pairs(const uint16_t* w, int64_t k, int64_t j0, int64_t nr, int64_t k0, int64_t kc, uint32_t* panel) {
+  const uint16_t* src = w + j0 * k + k0;
+  const int64_t kp = (kc + 1) / 2;
+  int64_t t = 0;
+  for (; 2 * (t + L) <= kc; t += L) {  // L pairs (2L weights) of L rows per block
+    for (int64_t cb = 0; cb < kNR; cb += L) {
+      V r[L];
+      for (int u = 0; u < L; ++u) {
+        r[u] = cb + u < nr ? _mm512_castsi512_ps(_mm512_loadu_si512(src + (cb + u) * k + 2 * t)) : S::zero();
+      }
+      S::transpose(r);  // moves 32-bit words only: the bf16 pairs travel intact
+      for (int u = 0; u < L; ++u) _mm512_storeu_si512(panel + (t + u) * kNR + cb, _mm512_castps_si512(r[u]));
+    }
+  }
+  for (; t < kp; ++t) {
+    for (int64_t c = 0; c < kNR; ++c) {
+      const uint32_t lo = c < nr ? src[c * k + 2 * t] : 0;
+      const uint32_t hi = c < nr && 2 * t + 1 < kc ? src[c * k + 2 * t + 1] : 0;
+      panel[t * kNR + c] = lo | hi << 16;
+    }
+  }
+}
+
+template <int MR>
+inline void gemm_micro_bf16(const uint32_t* xb, int64_t ldx, const uint32_t* panel, int64_t kp, float* y, int64_t ldy,
+                            int64_t ncols, bool accumulate) {
+  V acc[MR][kNV];
+  for (int i = 0; i < MR; ++i)
+    for (int v = 0; v < kNV; ++v) acc[i][v] = S::zero();
+  for (int64_t t = 0; t < kp; ++t) {
+    const uint32_t* b = panel + t * kNR;
+    __m512bh bv[kNV];
+    for (int v = 0; v < kNV; ++v) {
+      const __m512i raw = _mm512_loadu_si512(b + v * L);
+      bv[v] = reinterpret_cast<const __m512bh&>(raw);
+    }
+    for (int i = 0; i < MR; ++i) {
+      const __m512i araw = _mm512_set1_epi32(static_cast<int>(xb[i * ldx + t]));
+      const __m512bh a = reinterpret_cast<const __m512bh&>(araw);
+      for (int v = 0; v < kNV; ++v) acc[i][v] = _mm512_dpbf16_ps(acc[i][v], a, bv[v]);
+    }
+  }
+  store_tile<MR>(acc, y, ldy, ncols, accumulate);
+}
+#endif
+
+// bf16 weights take the vdpbf16ps GEMM where the CPU has it (the AVX-512 path requires
+// AVX512_BF16) unless set_bf16_dot(false) asks for the f32 products.
+template <DType D>
+constexpr bool kHasDotPath = INFERA_SIMD_LEVEL == 2 && D == DType::kBF16;
+
 template <DType D>
 void gemm(const float* x, int64_t m, int64_t k, const typename Weights<D>::T* w, int64_t n0, int64_t n1, float* y,
           int64_t ldy) {
@@ -223,31 +354,46 @@ void gemm(const float* x, int64_t m, int64_t k, const typename Weights<D>::T* w,
   m_chunks = ceil_div(m, rows_per_chunk);
   const int64_t tasks = n_panels * m_chunks;
   static thread_local Scratch panel_scratch;
+#if INFERA_SIMD_LEVEL == 2
+  const bool dot = kHasDotPath<D> && bf16_dot_enabled();
+  static thread_local Scratch x_scratch;
+  const int64_t kp = (k + 1) / 2;
+  uint32_t* xb = nullptr;
+  if (dot) {
+    xb = reinterpret_cast<uint32_t*>(x_scratch.get(m * kp));
+    x_to_bf16_pairs(x, m, k, xb);
+  }
+#else
+  constexpr bool dot = false;
+#endif
+  const int64_t kc_max = dot ? kDotKC : kKC;
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads) if (threads > 1 && tasks > 1)
   for (int64_t task = 0; task < tasks; ++task) {
     const int64_t p = task / m_chunks, mc = task % m_chunks;
     const int64_t j0 = n0 + p * kNR, nr = std::min<int64_t>(kNR, n1 - j0);
     const int64_t i0 = mc * rows_per_chunk, i1 = std::min(m, i0 + rows_per_chunk);
-    float* panel = panel_scratch.get(kKC * kNR);
-    for (int64_t k0 = 0; k0 < k; k0 += kKC) {
-      const int64_t kc = std::min(kKC, k - k0);
+    float* panel = panel_scratch.get(kKC * kNR);  // also holds a kDotKC bf16 panel: same bytes
+    for (int64_t k0 = 0; k0 < k; k0 += kc_max) {
+      const int64_t kc = std::min(kc_max, k - k0);
+      const bool acc = k0 > 0;
+#if INFERA_SIMD_LEVEL == 2
+      if (dot) {
+        auto* pp = reinterpret_cast<uint32_t*>(panel);
+        pack_panel_pairs(reinterpret_cast<const uint16_t*>(w), k, j0, nr, k0, kc, pp);
+        for (int64_t i = i0; i < i1; i += kMR) {
+          with_rows(std::min<int64_t>(kMR, i1 - i), [&](auto rows) {
+            gemm_micro_bf16<decltype(rows)::value>(xb + i * kp + k0 / 2, kp, pp, (kc + 1) / 2, y + i * ldy + (j0 - n0),
+                                                   ldy, nr, acc);
+          });
+        }
+        continue;
+      }
+#endif
       pack_panel<D>(w, k, j0, nr, k0, kc, panel);
       for (int64_t i = i0; i < i1; i += kMR) {
-        const float* xi = x + i * k + k0;
-        float* yi = y + i * ldy + (j0 - n0);
-        const bool acc = k0 > 0;
-        switch (std::min<int64_t>(kMR, i1 - i)) {
-          case 1: gemm_micro<1>(xi, k, panel, kc, yi, ldy, nr, acc); break;
-          case 2: gemm_micro<2>(xi, k, panel, kc, yi, ldy, nr, acc); break;
-          case 3: gemm_micro<3>(xi, k, panel, kc, yi, ldy, nr, acc); break;
-          case 4: gemm_micro<4>(xi, k, panel, kc, yi, ldy, nr, acc); break;
-          case 5:
-            if constexpr (kMR >= 5) gemm_micro<5>(xi, k, panel, kc, yi, ldy, nr, acc);
-            break;
-          default:
-            if constexpr (kMR >= 6) gemm_micro<kMR>(xi, k, panel, kc, yi, ldy, nr, acc);
-            break;
-        }
+        with_rows(std::min<int64_t>(kMR, i1 - i), [&](auto rows) {
+          gemm_micro<decltype(rows)::value>(x + i * k + k0, k, panel, kc, y + i * ldy + (j0 - n0), ldy, nr, acc);
+        });
       }
     }
   }
@@ -287,6 +433,23 @@ void matmul_rows(const float* x, int64_t m, const MatRef& w, int64_t n0, int64_t
     case DType::kF16: return matmul_typed<DType::kF16>(x, m, w, n0, n1, y, ldy);
     default: INFERA_ASSERT(false, "matmul: unsupported dtype reached a kernel table");
   }
+}
+
+// What matmul_rows runs for weights of dtype d on this path, in words (infera sysinfo).
+std::string matmul_path(DType d) {
+  const char* isa = INFERA_SIMD_LEVEL == 2 ? "avx512" : INFERA_SIMD_LEVEL == 1 ? "avx2" : "scalar";
+  const std::string tile = std::to_string(kMR) + "x" + std::to_string(kNR);
+  const char* convert = d == DType::kBF16  ? " (bf16 widened by a shift)"
+                        : d == DType::kF16 ? (INFERA_SIMD_LEVEL > 0 ? " (f16 converted by F16C)" : " (f16 converted)")
+                                           : "";
+  std::string prefill = std::string(isa) + " f32 FMA " + tile + " tiles on packed f32 panels" + convert;
+  if (d == DType::kBF16 && INFERA_SIMD_LEVEL == 2 && bf16_dot_enabled()) {
+    prefill =
+        std::string(isa) + " vdpbf16ps (AVX512_BF16) " + tile + " tiles on packed bf16-pair panels, x rounded to bf16";
+  }
+  const std::string decode = std::string(isa) + " f32 FMA matvec, " + std::to_string(kGemvTileRows) +
+                             " weight rows per tile, the next tile prefetched into L2" + convert;
+  return "prefill (m >= " + std::to_string(kGemmMinRows) + "): " + prefill + "; decode: " + decode;
 }
 
 // ---------------------------------------------------------------------------------------
@@ -804,7 +967,7 @@ void attention_paged(const float* q, int64_t n_tokens, int64_t n_heads, int64_t 
 }  // namespace
 
 const KernelTable& table() {
-  static const KernelTable t{matmul_rows, rmsnorm, silu_mul, softmax, add, rope_neox, attention_paged};
+  static const KernelTable t{matmul_rows, matmul_path, rmsnorm, silu_mul, softmax, add, rope_neox, attention_paged};
   return t;
 }
 
