@@ -9,6 +9,7 @@ listed as file:line, the include, and the rule it breaks). docs/README.md states
 """
 import os
 import re
+import shutil
 import sys
 import tempfile
 
@@ -115,8 +116,11 @@ def check(root):
 
 def self_test():
     """The check must catch each kind of breach, and pass a tree that keeps the rule."""
+    made = []  # scratch trees, removed at the end
+
     def tree(files):
         top = tempfile.mkdtemp(prefix="infera_layering_")
+        made.append(top)
         root = os.path.join(top, "infera")
         for rel, text in files.items():
             p = os.path.join(root, rel)
@@ -147,6 +151,8 @@ def self_test():
         if len(problems) != 1:
             print(f"self-test: '{name}': expected one problem, got {problems}")
             ok = False
+    for top in made:
+        shutil.rmtree(top, ignore_errors=True)
     print("self-test: " + ("passed" if ok else "FAILED"))
     return 0 if ok else 1
 
