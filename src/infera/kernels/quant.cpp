@@ -271,22 +271,23 @@ void qmatmul_extras(Isa isa, const float* x, int64_t m, const QuantMatRef& w, fl
   }
   qmatmul_core(isa, xin, m, w, y);
   if (e.corr_group == 0) return;
+  // y += S · corrᵀ with S [m, ng] the inputs' group sums: a small f32 matmul, threaded and
+  // vectorized like any other (a scalar loop over rows x groups per token was 15% of an AWQ
+  // prefill).
   const int64_t ng = k / e.corr_group;
-  static thread_local std::vector<float> sums;
-  sums.resize(static_cast<size_t>(ng));
+  static thread_local std::vector<float> sums, add;
+  sums.resize(static_cast<size_t>(m * ng));
+  add.resize(static_cast<size_t>(m * n));
   for (int64_t i = 0; i < m; ++i) {
     for (int64_t g = 0; g < ng; ++g) {
       float s = 0.0f;
       for (int64_t j = g * e.corr_group; j < (g + 1) * e.corr_group; ++j) s += xin[i * k + j];
-      sums[g] = s;
-    }
-    for (int64_t r = 0; r < n; ++r) {
-      const float* c = e.corr.data() + (w.extras_row0 + r) * ng;
-      float acc = 0.0f;
-      for (int64_t g = 0; g < ng; ++g) acc += c[g] * sums[g];
-      y[i * n + r] += acc;
+      sums[i * ng + g] = s;
     }
   }
+  const MatRef corr{e.corr.data() + w.extras_row0 * ng, DType::kF32, n, ng};
+  matmul(isa, sums.data(), m, corr, add.data());
+  for (int64_t i = 0; i < m * n; ++i) y[i] += add[i];
 }
 
 }  // namespace
