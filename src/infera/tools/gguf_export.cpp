@@ -745,8 +745,8 @@ GgufExportResult export_gguf(const std::string& model_dir, const std::string& ou
   const int64_t H = config.hidden_size, hd = config.head_dim, F = config.intermediate_size, V = config.vocab_size;
   const int64_t q_out = config.num_heads * hd, kv_out = config.num_kv_heads * hd;
   const GgmlType out_mat_type = plain_type_of(options.out_type);
-  // Quantized mixes choose per tensor once the plan is complete (below).
-  auto mat_type_for = [&](int64_t) { return out_mat_type; };
+  // Every matrix starts in out_mat_type; quantized mixes choose per tensor once the plan is
+  // complete (below).
   std::vector<ExportTensor> plan;
   std::unordered_set<std::string> used;  // HF names consumed
 
@@ -765,7 +765,7 @@ GgufExportResult export_gguf(const std::string& model_dir, const std::string& ou
     const TensorInfo& t = source(hf, {rows, cols});
     ExportTensor e;
     e.name = gguf_name(hf);
-    e.type = mat_type_for(cols);
+    e.type = out_mat_type;
     e.cols = cols;
     e.dims = {static_cast<uint64_t>(cols), static_cast<uint64_t>(rows)};
     for (int64_t r = 0; r < rows; ++r) e.rows.push_back({&t, row_of ? row_of(r) : r});
@@ -802,7 +802,7 @@ GgufExportResult export_gguf(const std::string& model_dir, const std::string& ou
                          const std::function<RowSource(int64_t)>& part) {
     ExportTensor e;
     e.name = name;
-    e.type = mat_type_for(cols);
+    e.type = out_mat_type;
     e.cols = cols;
     e.dims = {static_cast<uint64_t>(cols), static_cast<uint64_t>(rows), static_cast<uint64_t>(E)};
     for (int64_t x = 0; x < E; ++x) {
@@ -872,7 +872,7 @@ GgufExportResult export_gguf(const std::string& model_dir, const std::string& ou
         plan.push_back(std::move(k));
         ExportTensor v;
         v.name = vname;
-        v.type = mat_type_for(R);
+        v.type = out_mat_type;
         v.cols = R;
         v.dims = {static_cast<uint64_t>(R), static_cast<uint64_t>(Vd), static_cast<uint64_t>(nh)};
         for (int64_t h = 0; h < nh; ++h)
