@@ -7,6 +7,8 @@
 #
 # Environment: MODEL_ARGS (tools/gen_model.py shape; default "--preset tinyllama"; SHAPE=moe
 # picks a Qwen3-30B-A3B-like MoE instead: 64 experts / 8 active, expert FFN 768, 6 layers),
+# LAYERS (decoder layers of the default shapes: TinyLlama's 22, the MoE's 6; e.g. LAYERS=4 for
+# a quick run whose lm_head is a third of the weights; WORK_DIR should then differ per depth),
 # TYPES ("q4_k_m q6_k q8_0": f32 f16 bf16 q8_0 q4_0 are written by `infera convert --to gguf`,
 # q4_k_m q5_k_m q6_k iq4_xs by llama.cpp's own llama_model_quantize from the f16 file, through
 # tests/conformance/llama_quantize.c and the libllama node-llama-cpp ships), PROMPT_TOKENS (64),
@@ -27,6 +29,7 @@ if [ "${SHAPE:-}" = moe ]; then
 else
   default_args="--preset tinyllama"
 fi
+[ -n "${LAYERS:-}" ] && default_args="$default_args --layers $LAYERS"
 model_args="${MODEL_ARGS:-$default_args}"
 types="${TYPES:-q4_k_m q6_k q8_0}"
 prompt_tokens="${PROMPT_TOKENS:-64}"

@@ -11,7 +11,9 @@
 //     (int8 or f32 operations, whichever the scheme computes in).
 //   GGUF block types (Q4_K, Q6_K, Q8_0; random blocks): same shape, m = 1 and 64, through
 //     kernels::matmul on a DType::kGgml matrix as a GGUF model binds it; counter GOP/s =
-//     2 m n k per second and GB/s = block bytes streamed per second.
+//     2 m n k per second and GB/s = block bytes streamed per second. The fourth argument
+//     picks the shape: 0 the 2048 x 5632 above (down_proj), 1 its transpose 5632 x 2048
+//     (gate / up: rows of 2048 weights, as most of a 2048-wide model's matrices have).
 //   Attention decode: one sequence, ctx 4096, 32 query / 8 kv heads, head_dim 128, f32 KV
 //     in 16-slot blocks; counter GB/s = K and V bytes read per second.
 // The last argument of every benchmark is the thread count. The machine is shared, so each
@@ -170,11 +172,12 @@ void BM_GgmlMatmul(benchmark::State& state) {
   const auto type = static_cast<uint32_t>(state.range(0));
   const int64_t m = state.range(1);
   infera::set_num_threads(static_cast<int>(state.range(2)));
-  const int64_t rb = ggml::row_bytes(type, kK), ts = ggml::type_size(type);
+  const int64_t rows = state.range(3) == 0 ? kN : kK, cols = state.range(3) == 0 ? kK : kN;
+  const int64_t rb = ggml::row_bytes(type, cols), ts = ggml::type_size(type);
   // A decode step reads its weights from memory (a model's are far larger than the caches):
   // m = 1 cycles through copies of the matrix that together exceed them.
-  const int64_t copies = m == 1 ? std::max<int64_t>(2, kColdBytes / (kN * rb)) : 1;
-  std::vector<uint8_t> q(static_cast<size_t>(copies * kN * rb));
+  const int64_t copies = m == 1 ? std::max<int64_t>(2, kColdBytes / (rows * rb)) : 1;
+  std::vector<uint8_t> q(static_cast<size_t>(copies * rows * rb));
   uint32_t s = 7;
   for (auto& b : q) {  // xorshift: fast enough for hundreds of MB
     s ^= s << 13;
@@ -187,24 +190,26 @@ void BM_GgmlMatmul(benchmark::State& state) {
   const uint16_t d = infera::f32_to_f16(0.01f);
   for (size_t b = 0; b < q.size(); b += static_cast<size_t>(ts))
     for (int h = 0; h < halves; ++h) std::memcpy(q.data() + b + half_at + 2 * h, &d, 2);
-  std::vector<float> x(m * kK), y(m * kN);
+  std::vector<float> x(m * cols), y(m * rows);
   fill(x, 8);
   int64_t i = 0;
   for (auto _ : state) {
-    const MatRef w{q.data() + (i++ % copies) * kN * rb, DType::kGgml, kN, kK, type};
+    const MatRef w{q.data() + (i++ % copies) * rows * rb, DType::kGgml, rows, cols, type};
     matmul(x.data(), m, w, y.data());
     benchmark::DoNotOptimize(y.data());
     benchmark::ClobberMemory();
   }
   state.SetLabel(type == ggml::kQ4_K ? "q4_k" : type == ggml::kQ6_K ? "q6_k" : "q8_0");
-  state.counters["GOP/s"] = benchmark::Counter(2.0 * m * kN * kK * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
-  state.counters["GB/s"] = benchmark::Counter(1e-9 * static_cast<double>(kN * rb),
+  state.counters["GOP/s"] =
+      benchmark::Counter(2.0 * m * rows * cols * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["GB/s"] = benchmark::Counter(1e-9 * static_cast<double>(rows * rb),
                                               benchmark::Counter::kIsIterationInvariantRate);
 }
 BENCHMARK(BM_GgmlMatmul)
     ->ArgsProduct({{infera::kernels::ggml::kQ4_K, infera::kernels::ggml::kQ6_K, infera::kernels::ggml::kQ8_0},
                    {1, 64},
-                   {1, 2}})
+                   {1, 2},
+                   {0, 1}})
     ->Apply(least_disturbed);
 
 void BM_AttentionDecode(benchmark::State& state) {

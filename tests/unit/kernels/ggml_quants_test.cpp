@@ -134,7 +134,9 @@ std::vector<float> activation_as_quantized(uint32_t type, const std::vector<floa
 // of Q8_0 / Q4_K / Q6_K at one activation row; 16 for the AVX-512 VNNI prefill tiles, from 4
 // activation rows on, taken in pairs, the second of a pair partial or alone, and activation
 // rows 4, 2 and 1 at a time), an odd number of blocks per row, and more activation rows than
-// one prefill block of those paths (64).
+// one prefill block of those paths (64); and matrices with rows enough that the decode steps
+// prefetch tiles ahead (at least 16 KB of weights ahead: tens of tiles of one-block rows),
+// with one block and with many.
 struct MatmulShape {
   int64_t blocks, rows, n0, n1;
   std::vector<int64_t> ms;
@@ -143,10 +145,10 @@ struct MatmulShape {
 TEST(GgmlQuants, MatmulMatchesDequantizedWeightsTimesQuantizedActivations) {
   std::mt19937 rng(11);
   std::normal_distribution<float> normal(0.0f, 1.0f);
-  const MatmulShape shapes[] = {{2, 37, 3, 34, {1, 3, 17}},
-                                {3, 23, 1, 22, {2, 70}},
-                                {5, 9, 0, 9, {1}},
-                                {1, 53, 5, 52, {4, 7}}};
+  const MatmulShape shapes[] = {
+      {2, 37, 3, 34, {1, 3, 17}},         {3, 23, 1, 22, {2, 70}},  {5, 9, 0, 9, {1}}, {1, 53, 5, 52, {4, 7}},
+      {1, 301, 2, 299, {1, 2, 3, 5, 65}}, {9, 150, 1, 149, {1, 5}},
+  };
   for (const MatmulShape& shape : shapes) {
     for (uint32_t type : {kQ4_0, kQ4_1, kQ5_0, kQ5_1, kQ8_0, kIQ4_NL, kQ2_K, kQ3_K, kQ4_K, kQ5_K, kQ6_K, kIQ4_XS}) {
       const int64_t k = block_size(type) * shape.blocks, rows = shape.rows, n0 = shape.n0, n1 = shape.n1;
