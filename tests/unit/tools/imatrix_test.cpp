@@ -133,6 +133,37 @@ TEST(Imatrix, Qwen3MoeMatchesNumpyReferencePerExpert) {
   expect_matches_reference(dir, m, o);
 }
 
+// Fused experts (Qwen3.5-MoE's gate_up_proj [E, 2I, H]): the gate and up halves get the same
+// per-expert entry (one shared input), every token counted top-k times per layer; the GDN
+// projections whose GGUF form reorders their columns are left out, the attention layers' in.
+TEST(Imatrix, FusedExpertsGiveGateAndUpOneEntry) {
+  const std::string dir = test::generate_model(
+      scratch() / "qwen35moe",
+      "--arch qwen3_5_moe --hidden 64 --layers 4 --heads 4 --kv-heads 2 --head-dim 32 --lin-k-heads 2 "
+      "--lin-v-heads 4 --lin-dk 16 --lin-dv 16 --experts 8 --experts-per-tok 2 --moe-ffn 32 --shared-ffn 48 "
+      "--vocab 320 --seed 43 --dtype f32");
+  const Imatrix m = compute_imatrix(dir, options(100));
+  for (int layer = 0; layer < 4; ++layer) {
+    const std::string b = "blk." + std::to_string(layer) + ".";
+    SCOPED_TRACE(b);
+    const ImatrixEntry& gate = m.entries.at(b + "ffn_gate_exps.weight");
+    const ImatrixEntry& up = m.entries.at(b + "ffn_up_exps.weight");
+    const ImatrixEntry& down = m.entries.at(b + "ffn_down_exps.weight");
+    EXPECT_EQ(gate.sums, up.sums);
+    EXPECT_EQ(gate.counts, up.counts);
+    EXPECT_EQ(gate.counts, down.counts);
+    ASSERT_EQ(gate.counts.size(), 8u);
+    EXPECT_EQ(gate.cols, 64);
+    EXPECT_EQ(down.cols, 32);
+    float routed = 0.0f;
+    for (float c : gate.counts) routed += c;
+    EXPECT_EQ(routed, 200.0f);
+    EXPECT_EQ(m.entries.at(b + "ffn_gate_shexp.weight").counts, std::vector<float>{100.0f});
+  }
+  EXPECT_EQ(m.entries.count("blk.3.attn_q.weight"), 1u);  // full attention every fourth layer
+  EXPECT_EQ(m.entries.count("blk.0.ssm_out.weight"), 0u);  // columns reordered per value head
+}
+
 TEST(Imatrix, FileRoundTripAndConvertCalibEqualsConvertImatrixFile) {
   for (const std::string& dir : {llama_model(), moe_model()}) {
     SCOPED_TRACE(dir);
