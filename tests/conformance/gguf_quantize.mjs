@@ -6,7 +6,9 @@
 // Hugging Face directory must write the same tensors, with the same types, shapes and bytes,
 // as llama_model_quantize applied to `infera convert --type f32` of the same directory; and
 // the same again with an importance matrix (`--imatrix FILE.gguf` for Infera, the same
-// values handed to llama_model_quantize).
+// values handed to llama_model_quantize), and with the importance matrix Infera computes
+// from calibration text (`infera imatrix` writes the file llama_model_quantize gets, as
+// llama-quantize reads it; `infera convert --calib` computes it on the fly).
 //
 //   node gguf_quantize.mjs <infera-binary> [name-filter]
 import fs from "node:fs";
@@ -53,6 +55,9 @@ for (const type of ["q4_0", "q5_1", "q4_k_m", "q5_k_s", "iq4_xs"]) {
   cases.push({ model: "llama", type, imatrix: true, name: `llama-${type}-imatrix` });
 }
 cases.push({ model: "qwen3moe", type: "q4_k_m", imatrix: true, name: "qwen3moe-q4_k_m-imatrix" });
+// Importance from Infera's own calibration: dense, and per expert from the routed tokens.
+cases.push({ model: "llama", type: "q4_k_m", calib: true, name: "llama-q4_k_m-calib" });
+cases.push({ model: "qwen3moe", type: "q4_k_m", calib: true, name: "qwen3moe-q4_k_m-calib" });
 // The same importance values from a legacy .dat file.
 cases.push({ model: "llama", type: "q4_k_m", imatrix: true, dat: true, name: "llama-q4_k_m-imatrix-dat" });
 
@@ -190,6 +195,39 @@ function makeImatrix(f32File, ggufOut, rawOut, datOut) {
   fs.writeFileSync(datOut, Buffer.concat([i32(entries.length), ...dat]));
 }
 
+// What llama-quantize hands its quantizers from an imatrix GGUF: in_sum2 / counts per
+// matrix (1 where the count is 0), in llama_quantize.c's raw format.
+function imatrixGgufToRaw(ggufFile, rawOut) {
+  const t = readGguf(ggufFile), raw = [];
+  for (const [name, sums] of t) {
+    if (!name.endsWith(".in_sum2")) continue;
+    const w = name.slice(0, -".in_sum2".length), counts = t.get(`${w}.counts`);
+    const s = new Float32Array(sums.bytes.buffer.slice(sums.bytes.byteOffset, sums.bytes.byteOffset + sums.bytes.length));
+    const c = new Float32Array(counts.bytes.buffer.slice(counts.bytes.byteOffset, counts.bytes.byteOffset + counts.bytes.length));
+    const cols = s.length / c.length, values = new Float32Array(s.length);
+    for (let j = 0; j < c.length; j++) {
+      const n = Math.round(c[j]);
+      for (let i = 0; i < cols; i++) values[j * cols + i] = n > 0 ? Math.fround(s[j * cols + i] / n) : 1;
+    }
+    const head = Buffer.alloc(4);
+    head.writeUInt32LE(Buffer.byteLength(w));
+    const count = Buffer.alloc(4);
+    count.writeUInt32LE(values.length);
+    raw.push(head, Buffer.from(w), count, Buffer.from(values.buffer));
+  }
+  if (raw.length === 0) throw new Error(`${ggufFile}: no in_sum2 tensors`);
+  fs.writeFileSync(rawOut, Buffer.concat(raw));
+}
+
+// Calibration text for the calib cases (any text: the tokenizers fall back to bytes).
+function writeCalibText(file) {
+  const lines = [];
+  for (let i = 0; i < 40; i++) {
+    lines.push(`Line ${i}: the river ${i * 13} carried stones and light past the old mill, while ${i % 7} birds sang.`);
+  }
+  fs.writeFileSync(file, lines.join("\n"));
+}
+
 function compare(ours, ref) {
   const problems = [];
   for (const name of ref.keys()) if (!ours.has(name)) problems.push(`missing tensor ${name}`);
@@ -227,11 +265,22 @@ try {
     const imDat = path.join(tmp, `${c.model}-imatrix.dat`);
     if (c.imatrix && !fs.existsSync(imGguf)) makeImatrix(f32, imGguf, imRaw, imDat);
     const ref = path.join(tmp, `${c.name}-ref.gguf`), ours = path.join(tmp, `${c.name}.gguf`);
-    run(q.bin, [q.lib, f32, ref, String(ftypes[c.type]), ...(c.imatrix ? [imRaw] : [])]);
-    run(infera, ["convert", dir, "--to", "gguf", ours, "--type", c.type, ...(c.imatrix ? ["--imatrix", c.dat ? imDat : imGguf] : [])]);
+    let imArgs = c.imatrix ? [imRaw] : [], ourArgs = c.imatrix ? ["--imatrix", c.dat ? imDat : imGguf] : [];
+    if (c.calib) {
+      const text = path.join(tmp, "calib.txt"), calImatrix = path.join(tmp, `${c.model}-calib-imatrix.gguf`);
+      const calRaw = path.join(tmp, `${c.model}-calib-imatrix.bin`);
+      const calibArgs = ["--calib", text, "--calib-tokens", "300", "--chunk-size", "128"];
+      if (!fs.existsSync(text)) writeCalibText(text);
+      run(infera, ["imatrix", dir, "-o", calImatrix, ...calibArgs]);
+      imatrixGgufToRaw(calImatrix, calRaw);
+      imArgs = [calRaw];
+      ourArgs = calibArgs;
+    }
+    run(q.bin, [q.lib, f32, ref, String(ftypes[c.type]), ...imArgs]);
+    run(infera, ["convert", dir, "--to", "gguf", ours, "--type", c.type, ...ourArgs]);
     const refT = readGguf(ref), ourT = readGguf(ours);
     const problems = compare(ourT, refT);
-    if (c.imatrix && c.type !== "q8_0") {
+    if ((c.imatrix || c.calib) && c.type !== "q8_0") {
       // The importance matrix must have changed something (else the case tests nothing).
       const plain = path.join(tmp, `${c.model}-${c.type}-ref.gguf`);
       if (!fs.existsSync(plain)) run(q.bin, [q.lib, f32, plain, String(ftypes[c.type])]);

@@ -1,10 +1,12 @@
-// infera convert MODEL_DIR --to gguf OUT.gguf [--type TYPE] [--imatrix FILE] [--name NAME]
+// infera convert MODEL_DIR --to gguf OUT.gguf [--type TYPE] [--imatrix FILE | --calib FILE.txt
+//                [--calib-tokens N] [--chunk-size N]] [--name NAME]
 //
 // Writes a GGUF file llama.cpp loads (see tools/gguf_export.h for what is converted and
 // how). The default type is f16, as with llama.cpp's convert_hf_to_gguf.py; norms and the
 // MoE router stay f32. The quantized types are llama-quantize's mixes (q4_k_m, q6_k,
 // iq4_xs, ...), written with the same per-tensor types and block bytes llama-quantize
-// would write from the same weights.
+// would write from the same weights; with an importance matrix read from --imatrix or
+// computed from --calib text (as `infera imatrix` writes it, tools/imatrix.h).
 #include <unistd.h>
 
 #include <chrono>
@@ -16,6 +18,7 @@
 #include "infera/base/threads.h"
 #include "infera/cli/command.h"
 #include "infera/tools/gguf_export.h"
+#include "infera/tools/imatrix.h"
 
 namespace {
 
@@ -26,6 +29,9 @@ struct ConvertOptions {
   std::string type = "f16";
   std::string name;
   std::string imatrix;
+  std::string calib;
+  int64_t calib_tokens = 4096;
+  int32_t chunk_size = 512;
   int threads = 0;
 };
 
@@ -36,6 +42,22 @@ int run_convert(const ConvertOptions& o) {
   options.name = o.name;
   options.imatrix_path = o.imatrix;
   if (o.threads > 0) infera::set_num_threads(o.threads);
+  infera::Imatrix imatrix;
+  if (!o.calib.empty()) {
+    if (!o.imatrix.empty()) infera::fail("--calib and --imatrix both give the importance matrix: pass one");
+    const auto t = options.out_type;
+    if (t == infera::GgufOutType::kF32 || t == infera::GgufOutType::kF16 || t == infera::GgufOutType::kBF16) {
+      infera::fail("--calib computes an importance matrix for the quantized types; --type {} uses none", o.type);
+    }
+    infera::ImatrixOptions io;
+    io.calib_file = o.calib;
+    io.calib_tokens = o.calib_tokens;
+    io.chunk_size = o.chunk_size;
+    imatrix = infera::compute_imatrix(o.model_dir, io);
+    options.imatrix = &imatrix;
+    std::printf("importance matrix: %zu tensors from %lld calibration tokens of %s\n", imatrix.entries.size(),
+                static_cast<long long>(imatrix.tokens), o.calib.c_str());
+  }
   options.show_progress = ::isatty(STDERR_FILENO) != 0;
   const auto start = std::chrono::steady_clock::now();
   const infera::GgufExportResult r = infera::export_gguf(o.model_dir, o.out_path, options);
@@ -64,6 +86,11 @@ void setup(CLI::App& app) {
   cmd->add_option("--imatrix", opts->imatrix,
                   "importance matrix for the quantized types, as llama.cpp's llama-imatrix writes it (GGUF or "
                   "legacy .dat)");
+  cmd->add_option("--calib", opts->calib,
+                  "calibration text: compute the importance matrix for the quantized types from it (what `infera "
+                  "imatrix` would write; instead of --imatrix)");
+  cmd->add_option("--calib-tokens", opts->calib_tokens, "calibration tokens to use with --calib")->default_val(4096);
+  cmd->add_option("--chunk-size", opts->chunk_size, "tokens per calibration window with --calib")->default_val(512);
   cmd->add_option("-t,--threads", opts->threads, "quantization threads (default: all cores)");
   cmd->add_option("--name", opts->name, "general.name (default: the model directory's name)");
   cmd->callback([opts] { infera::cli::set_exit_code(run_convert(*opts)); });

@@ -229,6 +229,15 @@ MoeWeights bind_moe_block(const WeightStore& store, const std::string& block_pre
   return bind_moe(ModelWeights(cfg, std::move(source), std::move(rows)), 0);
 }
 
+namespace {
+ExpertObserver& expert_observer() {
+  static ExpertObserver observer;
+  return observer;
+}
+}  // namespace
+
+void set_expert_observer(ExpertObserver observer) { expert_observer() = std::move(observer); }
+
 MoeFfn::MoeFfn() {
   // INFERA_MOE_SCHEDULE=per_expert|work_items|auto: benchmarks compare the schedules.
   static const Schedule from_env = [] {
@@ -255,7 +264,8 @@ void MoeFfn::forward(const MoeWeights& w, const float* x, int64_t T, int64_t H, 
   constexpr int64_t kMinParallelBytes = 256 << 10;
   const int threads = omp_in_parallel() ? 1 : num_threads();
   const bool worth = threads > 1 && (T > kWorkItemMaxTokens || w.weight_bytes_active() >= kMinParallelBytes);
-  if (schedule_ == Schedule::kWorkItems || (schedule_ == Schedule::kAuto && worth)) {
+  const bool observed = static_cast<bool>(expert_observer());  // calibration: per expert, observed
+  if (!observed && (schedule_ == Schedule::kWorkItems || (schedule_ == Schedule::kAuto && worth))) {
     // The work items keep every active expert's input, hidden and output rows at once
     // (about T·k·(2H + I) floats): long batches go through in chunks of tokens, each
     // token's result being independent of the others in its batch.
@@ -292,7 +302,8 @@ int64_t MoeFfn::work_item_chunk(const MoeWeights& w, int64_t H) const {
 
 void MoeFfn::run_per_expert(const MoeWeights& w, const float* x, int64_t T, int64_t H, float* y) {
   std::fill(y, y + T * H, 0.0f);
-  if (T == 1 && run_one_token(w, x, H, y)) {
+  const ExpertObserver& observer = expert_observer();
+  if (T == 1 && !observer && run_one_token(w, x, H, y)) {
     add_shared_expert(w, x, T, H, y);
     return;
   }
@@ -306,6 +317,10 @@ void MoeFfn::run_per_expert(const MoeWeights& w, const float* x, int64_t T, int6
     up_.resize(static_cast<size_t>(n * I));
     out_.resize(static_cast<size_t>(n * H));
     kernels::gather_rows(x, H, rows, n, xg_.data());
+    if (observer) {
+      observer(w.gate[e].name, e, xg_.data(), n, H);
+      if (w.up[e].name != w.gate[e].name) observer(w.up[e].name, e, xg_.data(), n, H);
+    }
     if (w.gate[e].quantized && w.up[e].quantized) {
       const kernels::QuantMatRef* ws[] = {&w.gate[e].quant, &w.up[e].quant};
       float* ys[] = {gate_.data(), up_.data()};
@@ -315,6 +330,7 @@ void MoeFfn::run_per_expert(const MoeWeights& w, const float* x, int64_t T, int6
       expert_matmul(xg_.data(), n, w.up[e], up_.data());
     }
     kernels::silu_mul(gate_.data(), up_.data(), n * I);
+    if (observer) observer(w.down[e].name, e, gate_.data(), n, I);
     expert_matmul(gate_.data(), n, w.down[e], out_.data());
     kernels::scatter_add_weighted(out_.data(), H, rows, groups_.weights.data() + groups_.offsets[e], n, y);
   }

@@ -8,7 +8,9 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "infera/io/safetensors.h"
@@ -108,6 +110,17 @@ MoeWeights bind_moe(const ModelWeights& weights, int layer);
 // safetensors store, as the architecture's table lays out such a block (tests).
 MoeWeights bind_moe_block(const WeightStore& store, const std::string& block_prefix, const ModelConfig& cfg,
                           const QuantizationConfig& qc = {});
+
+// Calibration hook for routed experts (their matmuls bypass kernels::linear() and its
+// observer): when set, MoeFfn::forward runs the per-expert schedule on one thread's call
+// path and hands each active expert's inputs to the observer: the rows of the tokens routed
+// to expert `expert` for its gate and up matrices (once when both are halves of one fused
+// tensor, which share a name), and silu(gate) * up for its down matrix. `weight_name` is the
+// expert matrix's checkpoint name. Process-wide; set it only while nothing else runs a MoE
+// layer. An empty function removes it.
+using ExpertObserver =
+    std::function<void(std::string_view weight_name, int64_t expert, const float* x, int64_t m, int64_t k)>;
+void set_expert_observer(ExpertObserver observer);
 
 // Runs the MoE FFN over a batch: y[T, H] = Σ_j w_j Expert_j(x) (+ sigmoid(g·x) Shared(x)).
 // Only active experts' weights are read. Two schedules, same arithmetic per row:

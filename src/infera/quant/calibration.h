@@ -42,8 +42,22 @@ struct ChannelStats {
 // Linear-layer name (checkpoint tensor name) -> statistics of its input.
 using ActivationStats = std::map<std::string, ChannelStats>;
 
+// The calibration text file `calib_file` tokenized with the model directory's tokenizer,
+// cut to at most `max_tokens` tokens. Throws infera::Error (naming --calib / --calib-tokens)
+// for an unreadable or empty file, a file that tokenizes to nothing, or max_tokens < 1.
+std::vector<int32_t> calibration_tokens(const std::string& model_dir, const std::string& calib_file,
+                                        int64_t max_tokens);
+
+// Routed experts: expert matrix name (checkpoint name; a fused [E, rows, cols] tensor's own
+// name, its gate and up halves sharing one entry) -> statistics per expert index, each over
+// the tokens routed to that expert (count 0 and empty sums for an expert no token reached).
+using ExpertActivationStats = std::map<std::string, std::vector<ChannelStats>>;
+
 // Runs `model` over `tokens` in windows of `ctx` tokens (each window a fresh sequence) and
-// records the inputs of every linear layer.
-ActivationStats collect_activation_stats(Model& model, const std::vector<int32_t>& tokens, int32_t ctx);
+// records the inputs of every linear layer; with `experts`, also the inputs of every routed
+// expert (model/blocks.h set_expert_observer; the MoE layers then run their per-expert
+// schedule).
+ActivationStats collect_activation_stats(Model& model, const std::vector<int32_t>& tokens, int32_t ctx,
+                                         ExpertActivationStats* experts = nullptr);
 
 }  // namespace infera::quant

@@ -30,7 +30,6 @@
 #include "infera/model/weights.h"
 #include "infera/quant/calibration.h"
 #include "infera/quant/quantizer.h"
-#include "infera/tokenizer/tokenizer.h"
 
 namespace infera::quant {
 
@@ -266,19 +265,6 @@ std::vector<uint8_t> from_f32(const std::vector<float>& v, DType dtype) {
   return out;
 }
 
-std::vector<int32_t> calibration_tokens(const std::string& in_dir, const QuantizeOptions& o) {
-  std::ifstream in(o.calib_file, std::ios::binary);
-  if (!in) fail("--calib {}: cannot read the calibration text file", o.calib_file);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  const std::string text = ss.str();
-  if (text.empty()) fail("--calib {}: the calibration file is empty", o.calib_file);
-  const Tokenizer tok = Tokenizer::load(in_dir);
-  std::vector<int32_t> ids = tok.encode(text);
-  if (static_cast<int64_t>(ids.size()) > o.calib_tokens) ids.resize(static_cast<size_t>(o.calib_tokens));
-  return ids;
-}
-
 void progress_line(bool show, size_t shard, size_t shards, size_t done, size_t total, const std::string& name) {
   if (!show) return;
   const int width = 30;
@@ -419,7 +405,7 @@ QuantizeReport quantize_model(const std::string& in_dir, const std::string& out_
   SmoothingPlan plan;
   ActivationStats stats;
   if (!o.calib_file.empty()) {
-    const std::vector<int32_t> ids = calibration_tokens(in_dir, o);
+    const std::vector<int32_t> ids = calibration_tokens(in_dir, o.calib_file, o.calib_tokens);
     LoadOptions lo;
     lo.max_batch_tokens = 128;
     std::unique_ptr<Model> model = load_model(in_dir, lo);

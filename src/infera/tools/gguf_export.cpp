@@ -26,6 +26,7 @@
 #include "infera/tensor/dtype.h"
 #include "infera/tokenizer/tokenizer.h"
 #include "infera/tools/gguf_quant_mix.h"
+#include "infera/tools/imatrix.h"
 
 namespace infera {
 
@@ -506,80 +507,6 @@ std::vector<int32_t> mrope_sections(const fs::path& config_path) {
     }
   }
   return {11, 11, 10, 0};
-}
-
-// llama.cpp's importance matrix files, read as llama-quantize reads them. The GGUF format
-// (llama-imatrix's default): per weight "<name>.in_sum2" (F32, ne {cols, matrices}: summed
-// squared activations) and "<name>.counts" (F32, ne {1, matrices}, rounded to integers);
-// importance = in_sum2 / count per matrix, 1 where the count is 0. The legacy .dat format:
-// i32 entries, then per entry i32 name length, the name, i32 ncall, i32 nval, nval f32
-// (already scaled by ncall); importance = value / ncall (the value itself when ncall is 0).
-std::unordered_map<std::string, std::vector<float>> load_imatrix(const std::string& path) {
-  std::unordered_map<std::string, std::vector<float>> out;
-  std::ifstream f(path, std::ios::binary);
-  if (!f) fail("{}: cannot open the importance matrix", path);
-  char magic[4] = {};
-  f.read(magic, 4);
-  if (std::string_view(magic, 4) == "GGUF") {
-    f.close();
-    const gguf::Reader r(path);
-    constexpr std::string_view kSums = ".in_sum2";
-    for (const gguf::Tensor& t : r.tensors()) {
-      if (!std::string_view(t.name).ends_with(kSums)) continue;
-      const std::string name = t.name.substr(0, t.name.size() - kSums.size());
-      const gguf::Tensor* counts = r.find_tensor(name + ".counts");
-      if (!counts) fail("{}: '{}' has no matching '{}.counts'", path, t.name, name);
-      if (t.type != GgmlType::kF32 || counts->type != GgmlType::kF32) {
-        fail("{}: '{}' and its counts must be F32", path, t.name);
-      }
-      const uint64_t n_counts = counts->n_elements(), n_sums = t.n_elements();
-      if (n_counts == 0 || n_sums % n_counts != 0) {
-        fail("{}: '{}' has {} sums for {} counts", path, t.name, n_sums, n_counts);
-      }
-      const uint64_t cols = n_sums / n_counts;
-      std::vector<float> sums(n_sums), cnt(n_counts);
-      std::memcpy(sums.data(), t.data, n_sums * 4);
-      std::memcpy(cnt.data(), counts->data, n_counts * 4);
-      std::vector<float>& v = out[name];
-      v.resize(n_sums);
-      for (uint64_t j = 0; j < n_counts; ++j) {
-        const auto count = static_cast<float>(std::lround(cnt[j]));
-        for (uint64_t i = 0; i < cols; ++i) v[j * cols + i] = count > 0.0f ? sums[j * cols + i] / count : 1.0f;
-      }
-    }
-    if (out.empty()) fail("{}: no '<tensor>.in_sum2' tensors: not an importance matrix", path);
-  } else {
-    f.seekg(0);
-    auto i32 = [&](const char* what) {
-      int32_t v = 0;
-      f.read(reinterpret_cast<char*>(&v), 4);
-      if (!f) fail("{}: truncated importance matrix (reading {})", path, what);
-      return v;
-    };
-    const int32_t entries = i32("the entry count");
-    if (entries < 1) fail("{}: neither an imatrix GGUF nor a legacy imatrix .dat file", path);
-    for (int32_t e = 0; e < entries; ++e) {
-      const int32_t len = i32("a name length");
-      if (len < 1 || len > 4096) fail("{}: entry {} has a name of {} bytes: not an imatrix file", path, e, len);
-      std::string name(static_cast<size_t>(len), '\0');
-      f.read(name.data(), len);
-      const int32_t ncall = i32("ncall"), nval = i32("nval");
-      if (nval < 1) fail("{}: entry '{}' has {} values", path, name, nval);
-      std::vector<float>& v = out[name];
-      v.resize(static_cast<size_t>(nval));
-      f.read(reinterpret_cast<char*>(v.data()), static_cast<std::streamsize>(nval) * 4);
-      if (!f) fail("{}: truncated importance matrix (values of '{}')", path, name);
-      if (ncall > 0) {
-        for (float& x : v) x = x / static_cast<float>(ncall);
-      }
-    }
-  }
-  for (const auto& [name, v] : out) {
-    for (float x : v) {
-      if (!std::isfinite(x)) fail("{}: importance matrix of '{}' has a non-finite value", path, name);
-    }
-  }
-  return out;
 }
 
 void add_moe_hparams(gguf::Writer& w, const ModelConfig& c, const std::string& p) {
@@ -1068,7 +995,11 @@ GgufExportResult export_gguf(const std::string& model_dir, const std::string& ou
 
   std::unordered_map<std::string, std::vector<float>> imatrix;
   if (const auto mix = mix_of(options.out_type)) {
-    if (!options.imatrix_path.empty()) imatrix = load_imatrix(options.imatrix_path);
+    if (options.imatrix) {
+      imatrix = imatrix_importance(*options.imatrix);
+    } else if (!options.imatrix_path.empty()) {
+      imatrix = load_imatrix_importance(options.imatrix_path);
+    }
     QuantMixModel model;
     const Value* blocks = writer.find(hp + "block_count");
     model.n_layer = blocks ? static_cast<int>(blocks->to_u64()) : config.num_layers;
@@ -1078,7 +1009,7 @@ GgufExportResult export_gguf(const std::string& model_dir, const std::string& ou
     // llama.cpp's own llama architecture is the one whose q/k rows its converter permutes.
     model.llama_70b = permute_qk && model.n_layer == 80 && model.n_head != model.n_head_kv;
     model.n_expert = config.num_experts;
-    model.has_imatrix = !options.imatrix_path.empty();
+    model.has_imatrix = options.imatrix != nullptr || !options.imatrix_path.empty();
     std::vector<QuantMixTensor> tensors;
     tensors.reserve(plan.size());
     for (const ExportTensor& e : plan) tensors.push_back({e.name, e.dims, e.type});
@@ -1096,8 +1027,9 @@ GgufExportResult export_gguf(const std::string& model_dir, const std::string& ou
         // As llama-quantize: a mismatch is an error, except for the token embedding (which
         // an imatrix run often records with another shape); that one goes without.
         if (e.name == "token_embd.weight") continue;
-        fail("{}: importance matrix for '{}' has {} values, the tensor needs {}", options.imatrix_path, e.name,
-             it->second.size(), e.dims[0] * matrices);
+        fail("{}: importance matrix for '{}' has {} values, the tensor needs {}",
+             options.imatrix ? std::string("the calibration") : options.imatrix_path, e.name, it->second.size(),
+             e.dims[0] * matrices);
       }
       e.imatrix = &it->second;
     }

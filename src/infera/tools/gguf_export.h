@@ -24,6 +24,7 @@
 namespace infera {
 
 struct ModelConfig;
+struct Imatrix;
 
 // kF32 / kF16 / kBF16: every matrix in that type (norms and other vectors F32). The others
 // are llama.cpp's quantization mixes (tools/gguf_quant_mix.h): the tensor types and block
@@ -63,6 +64,10 @@ struct GgufExportOptions {
   // An importance matrix for the quantized types, as llama.cpp's llama-imatrix writes it:
   // its GGUF format ("<tensor>.in_sum2" / "<tensor>.counts") or the legacy .dat. Empty: none.
   std::string imatrix_path;
+  // The same computed in memory (tools/imatrix.h: `convert --calib`); when set, it is used
+  // and imatrix_path is not read. Identical to writing it with write_imatrix_gguf and
+  // passing that file.
+  const Imatrix* imatrix = nullptr;
 };
 
 struct GgufExportResult {
