@@ -239,6 +239,12 @@ TEST(PrequantMoe, DeepSeekV3InEveryFormat) {
     }
     // 3 layers x 5 MLA projections, 1 dense MLP x 3, 2 MoE layers x (8 experts + shared) x 3.
     EXPECT_GE(compare_layers(dir, int4_16 ? 1e-6f : 1e-3f), 15 + 3 + 2 * 9 * 3);
+    // `infera check` finds nothing wrong; `infera plan` reads the format's weight files
+    // (msModelSlim's quant_model_weights.safetensors too).
+    const std::string infera = std::string(INFERA_BINARY_DIR) + "/infera";
+    EXPECT_EQ(test::shell(infera + " check " + dir + " > /dev/null 2>&1").first, 0);
+    const auto [plan_rc, plan_out] = test::shell(infera + " plan -m " + dir + " 2>&1");
+    EXPECT_EQ(plan_rc, 0) << plan_out;
     const Diff d = diff(last_logits(dir, prompt), last_logits(dir + "-ref", prompt));
     std::printf("[ prequant ] deepseek_v3 %-40s max |logit - dequantized| %.2e of %.2f\n", args, d.max_abs, d.max_ref);
     EXPECT_LT(d.rel(), int4_16 ? 1e-4f : 0.06f) << d.max_abs << " of " << d.max_ref;
