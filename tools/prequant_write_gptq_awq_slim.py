@@ -55,7 +55,7 @@ import numpy as np
 
 import safetensors_file as st
 
-LINEAR = re.compile(r"^(model\.(?:language_model\.)?layers\.\d+\..*_proj(?:_[a-z]+)?)\.weight$")
+LINEAR = re.compile(r"^(model\.(?:language_model\.)?layers\.\d+\..*_proj(?:_[a-z]+)*)\.weight$")
 # A MoE's experts stored fused in the float model (Qwen3.5, Qwen3-Next's HF layout): [E, 2F, H]
 # gate then up outputs, and [E, H, F].
 FUSED_FLOAT = re.compile(r"^(model\.(?:language_model\.)?layers\.\d+\.mlp\.experts)\.(gate_up_proj|down_proj)$")

@@ -1,6 +1,7 @@
 #pragma once
 
 #include <chrono>
+#include <ctime>
 
 namespace infera {
 
@@ -13,6 +14,22 @@ class Timer {
 
  private:
   std::chrono::steady_clock::time_point start_;
+};
+
+// CPU time of the whole process (every thread) since construction: what benchmarks on a shared
+// machine compare, as other processes' load stretches wall time but not this.
+class CpuTimer {
+ public:
+  CpuTimer() : start_(now()) {}
+  double seconds() const { return now() - start_; }
+
+ private:
+  static double now() {
+    timespec ts{};
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+  }
+  double start_;
 };
 
 }  // namespace infera

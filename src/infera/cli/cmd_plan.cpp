@@ -44,7 +44,14 @@ int64_t stored_weight_bytes(const std::string& dir) {
   // A GGUF file: the weights as loaded (tensors of llama.cpp's block types dequantized).
   if (is_gguf_path(dir)) return inspect_gguf_weights(dir, load_model_config(dir)).resident_bytes;
   std::vector<std::string> shards;
-  const fs::path index = fs::path(dir) / "model.safetensors.index.json";
+  // Hugging Face's names, else msModelSlim's (its weights beside quant_model_description.json),
+  // as WeightStore::open looks them up.
+  const bool slim = !fs::exists(fs::path(dir) / "model.safetensors.index.json") &&
+                    !fs::exists(fs::path(dir) / "model.safetensors") &&
+                    (fs::exists(fs::path(dir) / "quant_model_weights.safetensors.index.json") ||
+                     fs::exists(fs::path(dir) / "quant_model_weights.safetensors"));
+  const std::string base = slim ? "quant_model_weights.safetensors" : "model.safetensors";
+  const fs::path index = fs::path(dir) / (base + ".index.json");
   if (fs::exists(index)) {
     std::ifstream in(index);
     nlohmann::json j;
@@ -58,7 +65,7 @@ int64_t stored_weight_bytes(const std::string& dir) {
       if (seen.insert(file.get<std::string>()).second) shards.push_back(file.get<std::string>());
     }
   } else {
-    shards.push_back("model.safetensors");
+    shards.push_back(base);
   }
   int64_t bytes = 0;
   std::vector<TensorInfo> all;

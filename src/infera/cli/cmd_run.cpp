@@ -293,8 +293,10 @@ int generate(const RunOptions& o, parallel::Communicator* comm) {
   };
 
   Timer prefill_timer;
+  const CpuTimer prefill_cpu;
   const float* out = runner.feed(prompt);
   const double prefill_s = prefill_timer.seconds();
+  const double prefill_cpu_s = prefill_cpu.seconds();
   std::copy(out, out + cfg.vocab_size, logits.begin());
   if (!o.logits_file.empty()) {
     std::ofstream f(o.logits_file, std::ios::binary);
@@ -307,6 +309,7 @@ int generate(const RunOptions& o, parallel::Communicator* comm) {
   nlohmann::json token_logprobs_out = nlohmann::json::array();
   std::vector<float> raw;  // the row before sampling (the sampler works in place)
   Timer decode_timer;
+  const CpuTimer decode_cpu;
   for (int32_t i = 0; i < o.n_predict; ++i) {
     if (o.logprobs >= 0) raw = logits;
     const int32_t next = sampler.sample(logits.data(), history);
@@ -331,6 +334,7 @@ int generate(const RunOptions& o, parallel::Communicator* comm) {
     std::fwrite(rest.data(), 1, rest.size(), stdout);
   }
   const double decode_s = decode_timer.seconds();
+  const double decode_cpu_s = decode_cpu.seconds();
   int64_t weight_bytes = model->weight_bytes_per_token();  // under --tp/--ep: every rank's shard, summed below
   nlohmann::json parallel_json;
   if (group) {
@@ -379,6 +383,11 @@ int generate(const RunOptions& o, parallel::Communicator* comm) {
   if (o.json) {
     nlohmann::json j =
         run_json(o, prompt, generated, tok, token_logprobs_out, prompt_tps, gen_tps, gen_gbs, weight_bytes);
+    // Tokens per second of the process's CPU time (all threads): steadier than wall time on a
+    // loaded machine; with one thread, the speed the machine would give unloaded.
+    j["prompt_cpu_tokens_per_s"] = prefill_cpu_s > 0 ? prompt.size() / prefill_cpu_s : 0.0;
+    j["generated_cpu_tokens_per_s"] =
+        generated.size() > 1 && decode_cpu_s > 0 ? (generated.size() - 1) / decode_cpu_s : 0.0;
     if (group) j["parallel"] = parallel_json;
     std::printf("%s\n", j.dump().c_str());
   } else {

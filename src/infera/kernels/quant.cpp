@@ -76,6 +76,10 @@ void check_quant_matrix(const QuantMatRef& w) {
       fail("quantized matrix: input permutation of {} entries for {} columns", e->in_perm.size(), w.cols);
     if (e->corr_group < 0 || (e->corr_group > 0 && w.cols % e->corr_group != 0))
       fail("quantized matrix: zero-point group {} does not divide {} columns", e->corr_group, w.cols);
+    if (e->corr_group > 0 && (static_cast<int64_t>(e->corr.size()) % (w.cols / e->corr_group) != 0 ||
+                              e->corr_rows(w.cols) < w.extras_row0 + w.rows))
+      fail("quantized matrix: {} zero-point corrections for {} groups of rows {}..{}", e->corr.size(),
+           w.cols / e->corr_group, w.extras_row0, w.extras_row0 + w.rows);
     if (e->static_act && (scheme_is_int4(w.scheme) || e->static_act_rows() < w.extras_row0 + w.rows))
       fail("quantized matrix: static activations need w8a8 and one output scale and bias per row");
     if (e->fp8_group < 0 ||
@@ -249,6 +253,74 @@ void qmatmul_fp8(Isa isa, const float* x, int64_t m, const QuantMatRef& w, float
   ref::fp8_matmul(x, m, w, y);
 }
 
+// The inputs' sums over groups of g columns: sums [m, k / g]. Eight partial sums a group
+// (summed pairwise at the end), so that the compiler vectorizes it: one running sum was a chain
+// of k dependent adds per token, as long as a decode step's int4 pass over a small expert.
+void group_sums(const float* x, int64_t m, int64_t k, int64_t g, float* sums) {
+  const int64_t ng = k / g;
+  constexpr int kLanes = 8;
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t t = 0; t < ng; ++t) {
+      const float* xg = x + i * k + t * g;
+      float part[kLanes] = {};
+      int64_t j = 0;
+      for (; j + kLanes <= g; j += kLanes)
+        for (int l = 0; l < kLanes; ++l) part[l] += xg[j + l];
+      for (; j < g; ++j) part[j % kLanes] += xg[j];
+      sums[i * ng + t] = ((part[0] + part[4]) + (part[1] + part[5])) + ((part[2] + part[6]) + (part[3] + part[7]));
+    }
+  }
+}
+
+// y += S · corr with S [m, ng] the inputs' group sums (sums_of_x, from group_sums) and corr
+// [ng, rows] (group-major). The fused multi-matrix pass and the per-matrix path both call it, so
+// their results are the same bits. Decode (a few tokens): per token and group one
+// y += S[i, g] · corr[g, :], vectorized over the rows (the f32 GEMV on a row-major [rows, ng]
+// ran each row scalar when ng is below its vector width: 14% of an AWQ MoE decode step). A
+// prompt: a small f32 matmul on the rows transposed, threaded and vectorized like any other (a
+// scalar loop over rows x groups per token was 15% of an AWQ prefill).
+void add_group_correction(Isa isa, const float* sums_of_x, int64_t m, const QuantMatRef& w, float* y) {
+  const QuantExtras& e = *w.extras;
+  const int64_t n = w.rows, ng = w.cols / e.corr_group, stride = e.corr_rows(w.cols);
+  const float* c = e.corr.data() + w.extras_row0;  // group g's rows at c + g * stride
+  constexpr int64_t kAxpyTokens = 4;
+  if (m <= kAxpyTokens) {
+    for (int64_t i = 0; i < m; ++i) {
+      float* yi = y + i * n;
+      for (int64_t g = 0; g < ng; ++g) {
+        const float sg = sums_of_x[i * ng + g];
+        const float* cg = c + g * stride;
+        for (int64_t r = 0; r < n; ++r) yi[r] += sg * cg[r];
+      }
+    }
+    return;
+  }
+  static thread_local std::vector<float> ct, add;
+  ct.resize(static_cast<size_t>(n * ng));
+  add.resize(static_cast<size_t>(m * n));
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t g = 0; g < ng; ++g) ct[r * ng + g] = c[g * stride + r];
+  matmul(isa, sums_of_x, m, MatRef{ct.data(), DType::kF32, n, ng}, add.data());
+  for (int64_t i = 0; i < m * n; ++i) y[i] += add[i];
+}
+
+// The zero-point correction of w (if it has one) for the (permuted) inputs xin.
+void add_zero_point_correction(Isa isa, const float* xin, int64_t m, const QuantMatRef& w, float* y) {
+  const QuantExtras& e = *w.extras;
+  if (e.corr_group == 0) return;
+  static thread_local std::vector<float> sums;
+  sums.resize(static_cast<size_t>(m * (w.cols / e.corr_group)));
+  group_sums(xin, m, w.cols, e.corr_group, sums.data());
+  add_group_correction(isa, sums.data(), m, w, y);
+}
+
+// Extras the fused multi-matrix pass can take: a zero-point correction alone (AWQ, GPTQ
+// sym=false without act-order), added after the pass from the same inputs.
+bool extras_fuse(const QuantMatRef& w) {
+  const QuantExtras* e = w.extras.get();
+  return e == nullptr || (!e->static_act && !e->fp8() && e->in_perm.empty());
+}
+
 // Permutation and zero-point correction around the symmetric kernel.
 void qmatmul_extras(Isa isa, const float* x, int64_t m, const QuantMatRef& w, float* y) {
   const QuantExtras& e = *w.extras;
@@ -260,7 +332,7 @@ void qmatmul_extras(Isa isa, const float* x, int64_t m, const QuantMatRef& w, fl
     qmatmul_fp8(isa, x, m, w, y);
     return;
   }
-  const int64_t k = w.cols, n = w.rows;
+  const int64_t k = w.cols;
   const float* xin = x;
   static thread_local std::vector<float> xp;
   if (!e.in_perm.empty()) {
@@ -270,24 +342,7 @@ void qmatmul_extras(Isa isa, const float* x, int64_t m, const QuantMatRef& w, fl
     xin = xp.data();
   }
   qmatmul_core(isa, xin, m, w, y);
-  if (e.corr_group == 0) return;
-  // y += S · corrᵀ with S [m, ng] the inputs' group sums: a small f32 matmul, threaded and
-  // vectorized like any other (a scalar loop over rows x groups per token was 15% of an AWQ
-  // prefill).
-  const int64_t ng = k / e.corr_group;
-  static thread_local std::vector<float> sums, add;
-  sums.resize(static_cast<size_t>(m * ng));
-  add.resize(static_cast<size_t>(m * n));
-  for (int64_t i = 0; i < m; ++i) {
-    for (int64_t g = 0; g < ng; ++g) {
-      float s = 0.0f;
-      for (int64_t j = g * e.corr_group; j < (g + 1) * e.corr_group; ++j) s += xin[i * k + j];
-      sums[i * ng + g] = s;
-    }
-  }
-  const MatRef corr{e.corr.data() + w.extras_row0 * ng, DType::kF32, n, ng};
-  matmul(isa, sums.data(), m, corr, add.data());
-  for (int64_t i = 0; i < m * n; ++i) y[i] += add[i];
+  add_zero_point_correction(isa, xin, m, w, y);
 }
 
 }  // namespace
@@ -341,7 +396,7 @@ namespace {
 bool multi_fuses(Isa isa, int64_t m, std::span<const QuantMatRef* const> ws) {
   bool fused = m == 1 && !ws.empty() && quant_table_for(isa).qgemv_packed_multi != nullptr;
   for (const QuantMatRef* w : ws) {
-    fused = fused && w->packed && !w->extras && w->scheme == ws[0]->scheme && w->cols == ws[0]->cols &&
+    fused = fused && w->packed && extras_fuse(*w) && w->scheme == ws[0]->scheme && w->cols == ws[0]->cols &&
             w->group_size == ws[0]->group_size;
   }
   return fused;
@@ -362,6 +417,20 @@ void qmatmul_multi(Isa isa, const float* x, int64_t m, std::span<const QuantMatR
                   "packed copy does not match its matrix");
   }
   quant_table_for(isa).qgemv_packed_multi(x, ws.data(), ys.data(), static_cast<int>(ws.size()));
+  // Zero-point corrections after the pass, each matrix's as qmatmul adds it; the group sums
+  // of x are shared by the matrices of one correction group size (an expert's gate and up).
+  static thread_local std::vector<float> sums;
+  int64_t sums_group = 0;
+  for (size_t i = 0; i < ws.size(); ++i) {
+    const QuantMatRef& w = *ws[i];
+    if (!w.extras || w.extras->corr_group == 0 || w.rows == 0) continue;
+    if (w.extras->corr_group != sums_group) {
+      sums_group = w.extras->corr_group;
+      sums.resize(static_cast<size_t>(w.cols / sums_group));
+      group_sums(x, 1, w.cols, sums_group, sums.data());
+    }
+    add_group_correction(isa, sums.data(), 1, w, ys[i]);
+  }
 }
 void qmatmul_multi(const float* x, int64_t m, std::span<const QuantMatRef* const> ws, std::span<float* const> ys) {
   qmatmul_multi(best_isa(), x, m, ws, ys);
@@ -557,7 +626,7 @@ void dequantize_row(const QuantMatRef& w, int64_t row, float* out) {
   const int64_t ng = e->corr_group > 0 ? w.cols / e->corr_group : 0;
   for (int64_t t = 0; t < w.cols; ++t) {
     float v = static_cast<float>(ref::qweight_at(w, row, t)) * ref::qscale_at(w, row, t);
-    if (ng > 0) v += e->corr[(w.extras_row0 + row) * ng + t / e->corr_group];
+    if (ng > 0) v += e->corr[t / e->corr_group * e->corr_rows(w.cols) + w.extras_row0 + row];
     out[e->in_perm.empty() ? t : e->in_perm[t]] = v;
   }
 }

@@ -102,7 +102,9 @@ struct QuantMatRef {
 //   sorted by group so that groups are contiguous);
 // - zero points, as a correction per group of corr_group (permuted) columns: with
 //   W = s·(q − z) = s·(q − 8) + s·(8 − z), the kernel computes the first term and
-//   y[r] += Σ_g corr[r, g] · Σ_{j in g} x'[j] adds the second (corr = s·(8 − z), f32);
+//   y[r] += Σ_g corr[g, r] · Σ_{j in g} x'[j] adds the second (corr = s·(8 − z), f32), corr
+//   stored group-major [cols / corr_group, corr_rows()] so that one token's correction is a
+//   vectorized y += sum_g · corr[g, :] per group (row-major, a row of 8 groups ran scalar);
 // - static activations (msModelSlim W8A8, w8a8 only): x_q = sat_int8(round(x / in_scale +
 //   in_offset)) with calibrated constants, y[r] = out_scale[r] · (Σ_j x_q[j]·w[r, j] + qbias[r])
 //   in int32; the QuantMatRef scales are then out_scale / in_scale (dequantize_row).
@@ -113,11 +115,12 @@ struct QuantMatRef {
 //   so row slices and tensor-parallel row shards take it as they take int8) and scales points at
 //   fp8_scale (read by nothing else). No packed copy; paths: ref::fp8_matmul (scalar), AVX2 and
 //   AVX-512 (kernels/cpu/fp8_impl.h).
-// With extras the matrix is computed apart from the fused multi-matrix pass (qmatmul_multi).
+// The fused multi-matrix pass (qmatmul_multi) takes a matrix whose only extra is the zero-point
+// correction (added after the pass); other extras compute the matrix apart.
 struct QuantExtras {
   std::vector<int32_t> in_perm;  // [cols] or empty
   int64_t corr_group = 0;  // columns per correction group; 0: no correction
-  std::vector<float> corr;  // [rows, cols / corr_group]
+  std::vector<float> corr;  // [cols / corr_group, corr_rows()]: corr[g * corr_rows() + row]
   bool static_act = false;
   float in_scale = 1.0f;
   float in_offset = 0.0f;
@@ -127,6 +130,10 @@ struct QuantExtras {
   std::vector<float> fp8_scale;  // [rows, ceil(cols / fp8_group)]
   // Bytes these terms add for `rows` rows (read per token).
   int64_t bytes(int64_t rows, int64_t cols) const;
+  // The rows corr holds (its stride between groups); 0 without a correction.
+  int64_t corr_rows(int64_t cols) const {
+    return corr_group > 0 ? static_cast<int64_t>(corr.size()) / (cols / corr_group) : 0;
+  }
   int64_t static_act_rows() const { return static_cast<int64_t>(std::min(out_scale.size(), qbias.size())); }
   bool fp8() const { return fp8_group > 0; }
   int64_t fp8_groups(int64_t cols) const { return fp8_group > 0 ? (cols + fp8_group - 1) / fp8_group : 0; }

@@ -255,7 +255,8 @@ class CtFormatImpl final : public PrequantFormat {
     if (experts != 1) {
       prequant_fail(
           store, name,
-          "is a fused expert tensor; compressed-tensors checkpoints store experts as separate Linear modules");
+          "is a fused expert tensor: compressed-tensors experts load per expert (experts.N.*_proj, as "
+          "llm-compressor saves them unless its experts are repacked); the repacked fused layout is not supported");
     }
     auto st = std::make_shared<CtState>();
     st->scheme = *sc;

@@ -208,7 +208,7 @@ std::optional<Int4Layout> to_infera_int4(const IntGroupMatrix& m, std::string* w
       const int32_t g = m.group_of_col[perm[o * G]];
       const uint16_t s16 = f32_to_f16(m.scales[n * m.groups + g]);
       for (int64_t i = o * G / gs; i < (o + 1) * G / gs; ++i) l.scales[n * (cols / gs) + i] = s16;
-      if (!zeros_at_8) corr[n * ng + o] = f16_to_f32(s16) * static_cast<float>(8 - m.zeros[n * m.groups + g]);
+      if (!zeros_at_8) corr[o * rows + n] = f16_to_f32(s16) * static_cast<float>(8 - m.zeros[n * m.groups + g]);
     }
   }
   if (!identity || !zeros_at_8) {
@@ -525,10 +525,13 @@ class GptqFormat final : public PrequantFormat {
     for (const Int4Layout& l : ls) {
       if (l.extras) corr_group = l.extras->corr_group;
     }
+    const int64_t total = w.total_rows(), ng = corr_group > 0 ? w.cols / corr_group : 0;
     if (corr_group > 0) {
       extras = std::make_shared<kernels::QuantExtras>();
       extras->corr_group = corr_group;
+      extras->corr.assign(static_cast<size_t>(ng * total), 0.0f);  // every zero point 8: no correction
     }
+    int64_t row0 = 0;  // the expert's first row in the stacked matrix
     for (Int4Layout& l : ls) {
       if (l.group_size != ls[0].group_size || (l.extras && l.extras->corr_group != corr_group)) {
         LOG_WARN("'{}' ({}): experts with different groups: requantized", w.name, w.label);
@@ -536,12 +539,11 @@ class GptqFormat final : public PrequantFormat {
       }
       q->insert(q->end(), l.qweight.begin(), l.qweight.end());
       s->insert(s->end(), l.scales.begin(), l.scales.end());
-      if (extras) {
-        if (l.extras)
-          extras->corr.insert(extras->corr.end(), l.extras->corr.begin(), l.extras->corr.end());
-        else  // every zero point 8: no correction
-          extras->corr.insert(extras->corr.end(), static_cast<size_t>(w.rows * (w.cols / corr_group)), 0.0f);
+      if (extras && l.extras) {  // group-major: each group's rows of this expert at row0
+        for (int64_t g = 0; g < ng; ++g)
+          std::copy_n(l.extras->corr.data() + g * l.rows, l.rows, extras->corr.data() + g * total + row0);
       }
+      row0 += l.rows;
     }
     out = kernels::QuantMatRef(scheme, w.total_rows(), w.cols, ls[0].group_size, q->data(), s->data());
     out.extras = std::move(extras);

@@ -339,5 +339,114 @@ TEST(QuantPacked, LinearMultiEqualsOneLinearPerWeight) {
   }
 }
 
+// Zero-point corrections (AWQ, GPTQ sym=false: QuantExtras::corr) ride the fused pass: the
+// matrices still fuse (AVX-512), each gets its own correction from its own rows (row slices of
+// one corrected matrix, as fused experts are bound, included), and the results are the bits of
+// one qmatmul per matrix, which is checked against W = s·(q − 8) + corr per group in double.
+// Extras the pass cannot take (act-order permutation) send the whole list per matrix.
+TEST(QuantPacked, MultiPassAddsZeroPointCorrections) {
+  std::mt19937 rng(19);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  for (QuantScheme s : {QuantScheme::kW4A16, QuantScheme::kW4A8, QuantScheme::kW8A8}) {
+    const int64_t k = 384;
+    // Correction groups of 128 (AWQ's), 32, and one per row (corr_group = k); none on one matrix.
+    const int64_t corr_groups[] = {128, 32, k, 0, 128};
+    const int64_t rows[] = {16 * 7 + 3, 37, 1, 16 * 2, 2 * 48};
+    std::vector<TestMatrix> mats;
+    std::vector<LinearWeight> lw;
+    for (size_t i = 0; i < std::size(rows); ++i) {
+      mats.push_back(random_matrix(s, rows[i], k, 64, rng, false));
+      QuantMatRef& q = mats.back().ref;
+      q.packed = pack_quant_matrix_always(q);
+      if (corr_groups[i] > 0) {
+        auto e = std::make_shared<QuantExtras>();
+        e->corr_group = corr_groups[i];
+        for (int64_t j = 0; j < rows[i] * (k / corr_groups[i]); ++j) e->corr.push_back(0.02f * nd(rng));
+        q.extras = e;
+      }
+    }
+    for (size_t i = 0; i < mats.size(); ++i) {
+      LinearWeight w;
+      w.quant = mats[i].ref;
+      w.quantized = true;
+      lw.push_back(w);
+    }
+    // The last one split into an expert's gate and up rows (a row slice keeps its corrections;
+    // cut at a panel edge, it keeps its packed copy).
+    LinearWeight gate = lw.back(), up = lw.back();
+    gate.quant = quant_row_slice(lw.back().quant, 0, 48);
+    up.quant = quant_row_slice(lw.back().quant, 48, 96);
+    // Act-order: a permutation of the inputs.
+    LinearWeight perm = lw[0];
+    {
+      auto e = std::make_shared<QuantExtras>(*lw[0].quant.extras);
+      for (int64_t j = 0; j < k; ++j) e->in_perm.push_back(static_cast<int32_t>((j * 7) % k));
+      perm.quant.extras = e;
+    }
+    std::vector<float> x(static_cast<size_t>(k));
+    for (auto& v : x) v = nd(rng);
+    auto check = [&](Isa isa, std::vector<const LinearWeight*> ws, bool fusable, const std::string& what) {
+      std::vector<std::vector<float>> want(ws.size()), got(ws.size());
+      std::vector<float*> ys;
+      for (size_t i = 0; i < ws.size(); ++i) {
+        want[i].assign(static_cast<size_t>(ws[i]->rows()), 0.0f);
+        got[i].assign(want[i].size(), -1.0f);
+        linear(isa, x.data(), 1, *ws[i], want[i].data());
+        ys.push_back(got[i].data());
+      }
+      EXPECT_EQ(linear_multi_fuses(isa, 1, ws), fusable && isa == Isa::kAvx512) << isa_name(isa) << " " << what;
+      linear_multi(isa, x.data(), 1, ws, ys);
+      for (size_t i = 0; i < ws.size(); ++i)
+        for (size_t j = 0; j < want[i].size(); ++j)
+          ASSERT_EQ(got[i][j], want[i][j])
+              << isa_name(isa) << " " << scheme_name(s) << " " << what << " weight " << i << " row " << j;
+    };
+    for (Isa isa : paths()) {
+      for (int threads : {1, 2}) {
+        set_thread_num_threads(threads);
+        const std::string t = " threads " + std::to_string(threads);
+        check(isa, {&lw[0], &lw[1], &lw[2], &lw[3], &lw[4]}, true, "five matrices, four corrected" + t);
+        check(isa, {&gate, &up}, true, "an expert's gate and up rows" + t);
+        check(isa, {&lw[3], &gate, &lw[1], &up}, true, "uncorrected first" + t);
+        check(isa, {&lw[1], &perm}, false, "an act-order permutation" + t);
+      }
+    }
+    set_thread_num_threads(0);
+    // The corrected result against the dequantized weights plus the correction, in double.
+    for (Isa isa : paths()) {
+      std::vector<float> yg(48), yu(48);
+      std::vector<const QuantMatRef*> ws = {&gate.quant, &up.quant};
+      std::vector<float*> ys = {yg.data(), yu.data()};
+      qmatmul_multi(isa, x.data(), 1, ws, ys);
+      const QuantMatRef& full = lw.back().quant;
+      const QuantExtras& e = *full.extras;
+      std::vector<float> row(static_cast<size_t>(k));
+      std::vector<int8_t> xq(static_cast<size_t>(k));
+      float sx = 1.0f;
+      if (scheme_quantizes_activations(s)) {
+        quantize_activations(Isa::kScalar, x.data(), 1, k, xq.data(), k, &sx, nullptr);
+      }
+      for (int64_t r = 0; r < 96; ++r) {
+        dequantize_row(QuantMatRef{full.scheme, full.rows, full.cols, full.group_size, full.qweight, full.scales}, r,
+                       row.data());
+        double want = 0.0, mag = 0.0;
+        for (int64_t j = 0; j < k; ++j) {
+          const double xv = scheme_quantizes_activations(s) ? double{sx} * xq[j] : double{x[j]};
+          want += double{row[j]} * xv;
+          mag += std::fabs(double{row[j]} * xv);
+        }
+        for (int64_t g = 0; g < k / e.corr_group; ++g) {  // corr is group-major [groups, rows]
+          double sum = 0.0;
+          for (int64_t j = g * e.corr_group; j < (g + 1) * e.corr_group; ++j) sum += x[j];
+          want += double{e.corr[g * 96 + r]} * sum;
+          mag += std::fabs(double{e.corr[g * 96 + r]} * sum);
+        }
+        const float got = r < 48 ? yg[r] : yu[r - 48];
+        ASSERT_NEAR(got, want, 1e-5 * (1.0 + mag)) << isa_name(isa) << " " << scheme_name(s) << " row " << r;
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace infera::kernels

@@ -348,6 +348,22 @@ TEST(PrequantModels, DeepSeekV3Fp8Loads) {
   EXPECT_TRUE(std::all_of(l.begin(), l.end(), [](float x) { return std::isfinite(x); }));
 }
 
+// DeepSeek-V3 in compressed-tensors: W4A16 (group 32) and W8A8 on every MLA projection
+// (kv_b_proj dequantized for the absorbed attention), expert and shared expert: each layer
+// equals the writer's reference exactly (W8A8 per channel binds in place), and W4A16's logits
+// and greedy tokens are the dequantized model's (f32 rounding only: measured 0 of 10.8, 16/16).
+TEST(PrequantModels, DeepSeekV3InCompressedTensors) {
+  const std::string src = generated("deepseek_v3", kDeepSeekArgs);
+  check_model("deepseek_ct_w4a16", src, "ct-w4a16", "--group-size 32", 0, 1e-4f);
+  check_against_reference((kWork / "deepseek_ct_w4a16").string(), true);
+  const WeightStore st = WeightStore::open((kWork / "deepseek_ct_w4a16").string());
+  for (const char* proj : {"q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj"}) {
+    EXPECT_NE(st.find(std::string("model.layers.1.self_attn.") + proj + ".weight_packed"), nullptr) << proj;
+  }
+  const std::string q = write_prequant(src, "deepseek_ct_w8a8", "ct-w8a8");
+  check_against_reference(q, true);
+}
+
 // Where DeepSeek-V3's FP8 logits move (3.8 of 10.7 between the W8A8 checkpoint and its
 // dequantized model). W8A16 runs the checkpoint's weights exactly: it computes what the
 // dequantized f32 model computes, MLA projections, kv_b_proj, experts and all (to 1e-4), so

@@ -40,6 +40,12 @@ TEST_F(RunBandwidth, JsonCarriesGigabytesPerSecondBesideTokensPerSecond) {
          {"ids", "prompt_tokens", "prompt_tokens_per_s", "generated_tokens", "generated_tokens_per_s"}) {
       EXPECT_TRUE(j.contains(field)) << field << " " << extra;
     }
+    // Tokens per second of the process's CPU time (the plain run; the speculative one reports
+    // wall time only).
+    if (extra.empty()) {
+      EXPECT_GT(j.at("prompt_cpu_tokens_per_s").get<double>(), 0.0);
+      EXPECT_GT(j.at("generated_cpu_tokens_per_s").get<double>(), 0.0);
+    }
     const int64_t bytes = j.at("weight_bytes_per_token").get<int64_t>();
     const double gbs = j.at("generated_gb_per_s").get<double>();
     EXPECT_GT(bytes, 0) << extra;
