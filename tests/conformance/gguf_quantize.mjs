@@ -31,6 +31,10 @@ const models = {
     "64", "--ffn", "512", "--vocab", "512", "--seed", "24"],
   qwen35moe: ["--arch", "qwen3_5_moe", "--hidden", "256", "--layers", "4", "--heads", "4", "--kv-heads", "2",
     "--head-dim", "64", "--experts", "4", "--moe-ffn", "256", "--shared-ffn", "128", "--vocab", "512", "--seed", "25"],
+  // Qwen3-Next: attn_qkv / attn_gate / ssm_ba from the fused projections, experts per expert.
+  qwen3next: ["--arch", "qwen3_next", "--hidden", "256", "--layers", "4", "--heads", "4", "--kv-heads", "2",
+    "--head-dim", "64", "--lin-k-heads", "2", "--lin-v-heads", "4", "--lin-dk", "64", "--lin-dv", "64", "--experts", "4",
+    "--moe-ffn", "256", "--shared-ffn", "128", "--vocab", "512", "--seed", "28"],
   deepseek2: ["--arch", "deepseek_v3", "--hidden", "256", "--layers", "3", "--heads", "4", "--experts", "4",
     "--moe-ffn", "256", "--q-lora-rank", "64", "--kv-lora-rank", "64", "--qk-nope-dim", "32", "--qk-rope-dim", "32",
     "--v-head-dim", "32", "--vocab", "512", "--seed", "26"],
@@ -44,7 +48,7 @@ const ftypes = { q4_0: "2p", q4_1: 3, q8_0: 7, q5_0: 8, q5_1: 9, q4_k_s: 14, q4_
 // Every mix on the llama model (every quantizer, every fallback); the rules that differ by
 // architecture (tied output, experts, attn_qkv, MLA's attn_k_b / attn_v_b) on the others.
 const typesOf = { llama: Object.keys(ftypes), qwen3: ["q8_0", "q4_k_m", "iq4_xs"], qwen3moe: ["q4_k_m", "iq4_xs"],
-  deepseek2: ["q4_k_m", "iq4_xs"] };
+  qwen3next: ["q4_k_m", "q6_k"], deepseek2: ["q4_k_m", "iq4_xs"] };
 const cases = [];
 for (const model of Object.keys(models)) {
   for (const type of typesOf[model] ?? ["q4_k_m"]) cases.push({ model, type, name: `${model}-${type}` });

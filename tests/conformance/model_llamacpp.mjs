@@ -54,6 +54,17 @@ const cases = [
   { name: "qwen35-dense-f32", promptLen: 70, fromGguf: true, args: ["--arch", "qwen3_5", "--hidden", "96", "--layers", "4", "--heads", "4",
       "--kv-heads", "2", "--head-dim", "32", "--lin-k-heads", "1", "--lin-v-heads", "3", "--lin-dk", "32", "--lin-dv", "32",
       "--ffn", "192", "--vocab", "512", "--dtype", "f32", "--seed", "10", "--no-mtp"] },
+  // Qwen3-Next (qwen3next): the fused in_proj_qkvz / in_proj_ba of the checkpoint, written
+  // as llama.cpp's converter does (attn_qkv + attn_gate, ssm_ba; value heads in HF's order,
+  // grouped by key head), every layer MoE with a shared expert, the MTP block as blk.N.nextn.*.
+  { name: "qwen3next-f32", promptLen: 80, fromGguf: true, args: ["--arch", "qwen3_next", "--hidden", "128", "--layers", "4",
+      "--heads", "4", "--kv-heads", "2", "--head-dim", "64", "--lin-k-heads", "2", "--lin-v-heads", "4", "--lin-dk", "32",
+      "--lin-dv", "32", "--experts", "8", "--experts-per-tok", "2", "--moe-ffn", "64", "--shared-ffn", "96", "--vocab",
+      "512", "--dtype", "f32", "--seed", "15"] },
+  { name: "qwen3next-bf16-tied-hv6", fromGguf: true, args: ["--arch", "qwen3_next", "--hidden", "64", "--layers", "8",
+      "--heads", "2", "--kv-heads", "1", "--head-dim", "32", "--lin-k-heads", "2", "--lin-v-heads", "6", "--lin-dk", "16",
+      "--lin-dv", "16", "--experts", "16", "--experts-per-tok", "4", "--moe-ffn", "32", "--shared-ffn", "48", "--vocab",
+      "384", "--dtype", "bf16", "--tie", "--seed", "16"] },
   // DeepSeek-V3 (deepseek2): MLA over the latent (kv_b_proj split into attn_k_b / attn_v_b),
   // sigmoid routing with e_score_correction_bias, group-limited top-k, shared experts,
   // dense first layers, YaRN with mscale; with and without q_lora. llama.cpp takes a model

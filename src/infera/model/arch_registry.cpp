@@ -39,6 +39,7 @@ std::vector<ArchInfo> make_registry() {
   qwen3_next.mtp_from_tensors = true;
   ArchTraits qwen35 = kHybrid;
   qwen35.nested_text = true;
+  qwen35.gguf_tiled_value_heads = true;
   ArchTraits qwen35_moe = qwen35;
   qwen35_moe.experts = ExpertLayout::kFused;
   return {
@@ -73,6 +74,7 @@ std::vector<ArchInfo> make_registry() {
        .name = "qwen3_next",
        .model_types = {"qwen3_next"},
        .display_name = "Qwen3-Next",
+       .gguf_arch = "qwen3next",
        .traits = qwen3_next,
        .read_config = read_qwen3_next_config,
        .tensors = hybrid_tensor_table,

@@ -67,6 +67,9 @@ struct ArchTraits {
   // llama.cpp's converter permutes q/k rows for its rope layout (convert writes them so,
   // the GGUF loader undoes it): its llama architecture.
   bool gguf_permuted_qk = false;
+  // llama.cpp's converter tiles the Gated DeltaNet value heads (GgufForm::kValueHeads): its
+  // qwen35 architectures; its qwen3next keeps Hugging Face's order (grouped by key head).
+  bool gguf_tiled_value_heads = false;
 };
 
 // The model file's hook: binds its weights by role ((layer, slot) of the tensor table, from

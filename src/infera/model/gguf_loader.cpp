@@ -458,8 +458,11 @@ namespace {
 
 // The layout a GGUF presents to the tables: the text model under "model.", and experts per
 // expert (views of the stacked *_exps tensors), whatever the architecture's checkpoints use.
+// Qwen3-Next's GDN input projections: q | k | v and z split (attn_qkv, attn_gate), b and a
+// still fused (ssm_ba): the table then has in_proj_qkv, in_proj_z, in_proj_b and in_proj_a.
 bool gguf_layout_has(const std::string& name) {
-  return name == "model.embed_tokens.weight" || name.ends_with(".mlp.experts.0.gate_proj.weight");
+  return name == "model.embed_tokens.weight" || name.ends_with(".mlp.experts.0.gate_proj.weight") ||
+         name.ends_with(".linear_attn.in_proj_qkv.weight") || name.ends_with(".linear_attn.in_proj_z.weight");
 }
 
 // Binds (or, with `summary`, only checks) every tensor of the table.
@@ -500,6 +503,10 @@ WeightStore bind_gguf(const std::string& path, const ModelConfig& cfg, bool load
       require_computable(path, *v_b);
     } else if (form == GgufForm::kConv) {
       require_ne(path, *t, {cols, rows});  // [C, 1, K] stored as ne {K, C}
+    } else if (form == GgufForm::kBaHalf) {
+      require_ne(path, *t, {cols, 2 * rows});  // in_proj_b / in_proj_a: half of ssm_ba's rows
+    } else if (form == GgufForm::kQkvzSplit) {
+      fail("{}: '{}' is a fused Qwen3-Next projection, which GGUF files store split", path, spec.name);
     } else {
       std::vector<int64_t> want(spec.shape.rbegin(), spec.shape.rend());
       if (e >= 0) want.push_back(cfg.num_experts);
@@ -512,13 +519,20 @@ WeightStore bind_gguf(const std::string& path, const ModelConfig& cfg, bool load
     const bool is_q = spec.name.ends_with("self_attn.q_proj.weight");
     const bool is_k = spec.name.ends_with("self_attn.k_proj.weight");
     const bool permute = unpermute_qk && (is_q || is_k);
-    const bool value_heads = cfg.linear_num_value_heads != cfg.linear_num_key_heads;  // else in place
+    // Tiled value heads move back (nothing moves when key and value heads are as many).
+    const bool value_heads =
+        arch_info(cfg.arch).traits.gguf_tiled_value_heads && cfg.linear_num_value_heads != cfg.linear_num_key_heads;
     // Which row of the GGUF holds each row of the Hugging Face tensor.
     std::function<int64_t(int64_t)> row_from;
     if (permute) {
       row_from = [&cfg](int64_t r) { return unpermuted_source_row(r, cfg.head_dim); };
     } else if ((form == GgufForm::kValueHeads && spec.shape.size() >= 2) || form == GgufForm::kConv) {
       if (value_heads) row_from = [vh = ValueHeads(cfg, rows)](int64_t r) { return vh.gguf_index(r); };
+    } else if (form == GgufForm::kBaHalf) {
+      // Value head h of key-head group g = h / r is row g 2r + j (b) or g 2r + r + j (a).
+      const int64_t r = cfg.linear_num_value_heads / cfg.linear_num_key_heads;
+      const int64_t half = spec.slot == "gdn_a" ? r : 0;
+      row_from = [r, half](int64_t h) { return (h / r) * 2 * r + half + h % r; };
     }
 
     const DType plain = plain_dtype(t->type);
@@ -527,7 +541,7 @@ WeightStore bind_gguf(const std::string& path, const ModelConfig& cfg, bool load
     const int64_t unit = plain != DType::kSentinel ? 1 : kernels::ggml::block_size(type);
     const bool col_perm = form == GgufForm::kValueHeadColumns && value_heads;
     const bool keep = (plain != DType::kSentinel || blocks) && !(col_perm && cfg.linear_value_head_dim % unit != 0) &&
-                      (form == GgufForm::kAsIs || form == GgufForm::kValueHeadColumns ||
+                      (form == GgufForm::kAsIs || form == GgufForm::kValueHeadColumns || form == GgufForm::kBaHalf ||
                        (form == GgufForm::kValueHeads && spec.shape.size() >= 2) || form == GgufForm::kConv);
     if (summary) {
       summary->parameters += rows * cols;

@@ -104,27 +104,40 @@ void add_gdn(TableBuilder& t, const std::string& p) {
   const int64_t dk = c.linear_key_head_dim, dv = c.linear_value_head_dim;
   const int64_t conv_dim = 2 * hk * dk + hv * dv;
   const std::string a = p + "linear_attn.";
-  if (arch_info(c.arch).traits.fused_gdn_projections) {
-    t.add(a + "in_proj_qkvz.weight", {2 * hk * dk + 2 * hv * dv, H}, WeightRole::kLinear, "gdn_qkvz", kNoGguf,
-          TpSplit::kRows);
-    t.add(a + "in_proj_ba.weight", {2 * hv, H}, WeightRole::kFloat, "gdn_ba", kNoGguf, TpSplit::kRows);
+  const ArchTraits& traits = arch_info(c.arch).traits;
+  // Value heads reordered in the GGUF (Qwen3.5) or kept in HF's order (Qwen3-Next).
+  const GgufForm heads = traits.gguf_tiled_value_heads ? GgufForm::kValueHeads : GgufForm::kAsIs;
+  // Qwen3-Next checkpoints fuse the projections; its GGUFs (whose layout the GGUF loader
+  // answers with in_proj_qkv and in_proj_z) store q | k | v and z split as Qwen3.5's, b and
+  // a still fused.
+  const bool fused =
+      traits.fused_gdn_projections && !(t.has(a + "in_proj_qkv.weight") && t.has(a + "in_proj_z.weight"));
+  if (fused) {
+    t.add(a + "in_proj_qkvz.weight", {2 * hk * dk + 2 * hv * dv, H}, WeightRole::kLinear, "gdn_qkvz", "attn_qkv.weight",
+          TpSplit::kRows, GgufForm::kQkvzSplit);
+    t.add(a + "in_proj_ba.weight", {2 * hv, H}, WeightRole::kFloat, "gdn_ba", "ssm_ba.weight", TpSplit::kRows);
   } else {
     t.add(a + "in_proj_qkv.weight", {conv_dim, H}, WeightRole::kLinear, "gdn_qkv", "attn_qkv.weight", TpSplit::kRows,
-          GgufForm::kValueHeads);
+          heads);
     t.add(a + "in_proj_z.weight", {hv * dv, H}, WeightRole::kLinear, "gdn_z", "attn_gate.weight", TpSplit::kRows,
-          GgufForm::kValueHeads);
-    t.add(a + "in_proj_b.weight", {hv, H}, WeightRole::kFloat, "gdn_b", "ssm_beta.weight", TpSplit::kRows,
-          GgufForm::kValueHeads);
-    t.add(a + "in_proj_a.weight", {hv, H}, WeightRole::kFloat, "gdn_a", "ssm_alpha.weight", TpSplit::kRows,
-          GgufForm::kValueHeads);
+          heads);
+    if (traits.fused_gdn_projections) {
+      t.add(a + "in_proj_b.weight", {hv, H}, WeightRole::kFloat, "gdn_b", "ssm_ba.weight", TpSplit::kRows,
+            GgufForm::kBaHalf);
+      t.add(a + "in_proj_a.weight", {hv, H}, WeightRole::kFloat, "gdn_a", "ssm_ba.weight", TpSplit::kRows,
+            GgufForm::kBaHalf);
+    } else {
+      t.add(a + "in_proj_b.weight", {hv, H}, WeightRole::kFloat, "gdn_b", "ssm_beta.weight", TpSplit::kRows, heads);
+      t.add(a + "in_proj_a.weight", {hv, H}, WeightRole::kFloat, "gdn_a", "ssm_alpha.weight", TpSplit::kRows, heads);
+    }
   }
   t.add(a + "conv1d.weight", {conv_dim, 1, c.linear_conv_kernel_dim}, WeightRole::kVector, "gdn_conv1d",
         "ssm_conv1d.weight", TpSplit::kRows, GgufForm::kConv);
-  t.add(a + "dt_bias", {hv}, WeightRole::kVector, "gdn_dt_bias", "ssm_dt.bias", TpSplit::kRows, GgufForm::kValueHeads);
+  t.add(a + "dt_bias", {hv}, WeightRole::kVector, "gdn_dt_bias", "ssm_dt.bias", TpSplit::kRows, heads);
   t.add(a + "A_log", {hv}, WeightRole::kVector, "gdn_a_log", "ssm_a", TpSplit::kRows, GgufForm::kNegExp);
   t.add(a + "norm.weight", {dv}, WeightRole::kVector, "gdn_norm", "ssm_norm.weight", TpSplit::kReplicated);
   t.add(a + "out_proj.weight", {H, hv * dv}, WeightRole::kLinear, "gdn_out", "ssm_out.weight", TpSplit::kColumns,
-        GgufForm::kValueHeadColumns);
+        traits.gguf_tiled_value_heads ? GgufForm::kValueHeadColumns : GgufForm::kAsIs);
 }
 
 // shared: a shared expert (slots and GGUF names ffn_*_shexp) instead of the block's MLP.

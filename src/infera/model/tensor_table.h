@@ -41,7 +41,8 @@ const char* tp_split_name(TpSplit s);
 // How llama.cpp's converter stores a tensor beyond renaming it (`infera convert` writes it
 // so, the GGUF loader undoes it). Qwen3.5's Gated DeltaNet value heads: Hugging Face groups
 // them by key head (key head k's r = Hv / Hk value heads together, k * r + v); llama.cpp
-// tiles them (v * Hk + k), in every tensor with a per-value-head axis.
+// tiles them (v * Hk + k), in every tensor with a per-value-head axis (only where the
+// architecture's trait gguf_tiled_value_heads says so: its qwen3next keeps HF's order).
 enum class GgufForm : uint8_t {
   kAsIs,
   kPlusOne,  // a zero-centred RMSNorm weight w, applied as 1 + w, stored as 1 + w
@@ -50,6 +51,12 @@ enum class GgufForm : uint8_t {
   kNegExp,  // A_log stored as -exp(A_log), value heads reordered
   kConv,  // conv1d [C, 1, K] stored as ne {K, C}, the value channels reordered
   kKvBSplit,  // DeepSeek kv_b_proj stored as attn_k_b ne {nope, R, nh} (named) + attn_v_b ne {R, V, nh}
+  // Qwen3-Next in_proj_qkvz (per key-head group q | k | v | z) stored de-interleaved as
+  // attn_qkv (named: all q rows | all k | all v) + attn_gate (the z rows); written only.
+  kQkvzSplit,
+  // Qwen3-Next in_proj_b / in_proj_a as a GGUF presents them: the b (a) rows of ssm_ba, which
+  // keeps in_proj_ba's layout (per key-head group b | a); read only.
+  kBaHalf,
 };
 
 // A tensor's slot: what it is within its layer, the key model files bind it by

@@ -540,9 +540,14 @@ GgufExportResult export_gguf(const std::string& model_dir, const std::string& ou
     fail("{}: partial rotary embeddings are not supported for {}", config_path, arch);
   }
   // A transformer with experts (qwen3moe): llama.cpp runs every layer as MoE and always
-  // renormalises the top-k.
+  // renormalises the top-k. So does its qwen3next (the fused-projection hybrid), whose every
+  // layer also has a shared expert.
   const bool transformer_moe = !hybrid && !config.mla && config.num_experts > 0;
-  if (transformer_moe) {
+  const bool fused_gdn = hybrid && info.traits.fused_gdn_projections;
+  if (fused_gdn && (config.num_experts == 0 || config.shared_expert_intermediate_size <= 0)) {
+    fail("{}: llama.cpp's {} needs experts and a shared expert in every layer", config_path, arch);
+  }
+  if (transformer_moe || fused_gdn) {
     for (int l = 0; l < config.num_layers; ++l) {
       if (!config.is_moe_layer(l)) {
         fail(
@@ -579,6 +584,8 @@ GgufExportResult export_gguf(const std::string& model_dir, const std::string& ou
   // The MTP block (Qwen3.5) goes in as one more block, blk.{num_layers}, as llama.cpp's
   // converter does; only when the checkpoint has its weights.
   const int n_mtp = hybrid && store.find("mtp.fc.weight") ? std::max(config.mtp_num_hidden_layers, 1) : 0;
+  // Gated DeltaNet value heads: tiled as llama.cpp's qwen35 wants them, or kept in HF's order.
+  const bool tiled = info.traits.gguf_tiled_value_heads;
   // GGUF names come from the architecture's tensor table, as this checkpoint lays it out.
   std::unordered_map<std::string, std::string> gguf_names;
   ModelConfig table_config = config;
@@ -644,7 +651,9 @@ GgufExportResult export_gguf(const std::string& model_dir, const std::string& ou
   if (hybrid) {
     writer.set(hp + "block_count", Value::u32(static_cast<uint32_t>(config.num_layers + n_mtp)));
     if (n_mtp > 0) writer.set(hp + "nextn_predict_layers", Value::u32(static_cast<uint32_t>(n_mtp)));
-    writer.set(hp + "rope.dimension_sections", Value::array_of(ValueType::kI32, mrope_sections(config_path)));
+    // Qwen3.5's interleaved MRoPE sections (Qwen3-Next has plain partial RoPE).
+    if (info.traits.nested_text)
+      writer.set(hp + "rope.dimension_sections", Value::array_of(ValueType::kI32, mrope_sections(config_path)));
     writer.set(hp + "ssm.conv_kernel", Value::u32(static_cast<uint32_t>(config.linear_conv_kernel_dim)));
     writer.set(hp + "ssm.state_size", Value::u32(static_cast<uint32_t>(config.linear_key_head_dim)));
     writer.set(hp + "ssm.group_count", Value::u32(static_cast<uint32_t>(config.linear_num_key_heads)));
@@ -687,11 +696,11 @@ GgufExportResult export_gguf(const std::string& model_dir, const std::string& ou
     return t;
   };
   // A matrix [rows, cols] (GGUF ne {cols, rows}); row_of maps GGUF rows to source rows.
-  auto add_matrix = [&](const std::string& hf, int64_t rows, int64_t cols,
-                        const std::function<int64_t(int64_t)>& row_of = nullptr, std::vector<int64_t> col_order = {}) {
-    const TensorInfo& t = source(hf, {rows, cols});
+  // A matrix `name` of `rows` rows of t's (GGUF ne {cols, rows}); row_of as above.
+  auto add_rows = [&](const std::string& name, const TensorInfo& t, int64_t rows, int64_t cols,
+                      const std::function<int64_t(int64_t)>& row_of, std::vector<int64_t> col_order = {}) {
     ExportTensor e;
-    e.name = gguf_name(hf);
+    e.name = name;
     e.type = out_mat_type;
     e.cols = cols;
     e.dims = {static_cast<uint64_t>(cols), static_cast<uint64_t>(rows)};
@@ -699,6 +708,10 @@ GgufExportResult export_gguf(const std::string& model_dir, const std::string& ou
     if (!row_of) e.whole = &t;
     e.col_order = std::move(col_order);
     plan.push_back(std::move(e));
+  };
+  auto add_matrix = [&](const std::string& hf, int64_t rows, int64_t cols,
+                        const std::function<int64_t(int64_t)>& row_of = nullptr, std::vector<int64_t> col_order = {}) {
+    add_rows(gguf_name(hf), source(hf, {rows, cols}), rows, cols, row_of, std::move(col_order));
   };
   // The MoE router stays F32 whatever the type of the other matrices, as llama.cpp's
   // converter keeps it (FFN_GATE_INP) and llama-quantize leaves it: llama.cpp multiplies F16
@@ -877,9 +890,10 @@ GgufExportResult export_gguf(const std::string& model_dir, const std::string& ou
     const int64_t Hk = config.linear_num_key_heads, Hv = config.linear_num_value_heads;
     const int64_t dk = config.linear_key_head_dim, dv = config.linear_value_head_dim, K = config.linear_conv_kernel_dim;
     const int64_t KD = Hk * dk, VD = Hv * dv, CD = 2 * KD + VD;
-    // Value-head reorder (identity when Hk == Hv) for rows / elements in units of `width`.
-    auto vmap = [Hk, Hv](int64_t width) {
-      return [Hk, Hv, width](int64_t i) { return v_head_source(i, Hk, Hv, width); };
+    // Value-head reorder (identity when Hk == Hv or not tiled) for rows / elements in units
+    // of `width`.
+    auto vmap = [Hk, Hv, tiled](int64_t width) {
+      return [Hk, Hv, width, tiled](int64_t i) { return tiled ? v_head_source(i, Hk, Hv, width) : i; };
     };
     // One decoder block; `p` the HF prefix, `b` the GGUF prefix, full = full attention.
     auto add_block = [&](const std::string& p, bool full) {
@@ -893,11 +907,29 @@ GgufExportResult export_gguf(const std::string& model_dir, const std::string& ou
         add_vector(p + "self_attn.k_norm.weight", hd, plus_one);
       } else {
         const std::string a = p + "linear_attn.";
-        add_matrix(a + "in_proj_qkv.weight", CD, H,
-                   [&, vm = vmap(dv)](int64_t r) { return r < 2 * KD ? r : 2 * KD + vm(r - 2 * KD); });
-        add_matrix(a + "in_proj_z.weight", VD, H, vmap(dv));
-        add_matrix(a + "in_proj_b.weight", Hv, H, vmap(1));
-        add_matrix(a + "in_proj_a.weight", Hv, H, vmap(1));
+        if (fused_gdn) {
+          // in_proj_qkvz, per key-head group g: q (dk) | k (dk) | v (r dv) | z (r dv), as
+          // llama.cpp's converter de-interleaves it: attn_qkv = every q | every k | every v
+          // (value heads in HF's order), attn_gate = the z rows; in_proj_ba is ssm_ba as is.
+          const std::string qkvz = a + "in_proj_qkvz.weight";
+          const TensorInfo& t = source(qkvz, {CD + VD, H});
+          const int64_t rv = Hv / Hk * dv, group = 2 * dk + 2 * rv;
+          const std::string qkv = gguf_name(qkvz);
+          add_rows(qkv, t, CD, H, [=](int64_t r) {
+            if (r < 2 * KD) return (r % KD / dk) * group + (r < KD ? 0 : dk) + r % dk;  // q, k
+            return ((r - 2 * KD) / rv) * group + 2 * dk + (r - 2 * KD) % rv;  // v
+          });
+          std::string gate = qkv;
+          gate.replace(gate.rfind("attn_qkv"), 8, "attn_gate");
+          add_rows(gate, t, VD, H, [=](int64_t r) { return (r / rv) * group + 2 * dk + rv + r % rv; });
+          add_matrix(a + "in_proj_ba.weight", 2 * Hv, H);
+        } else {
+          add_matrix(a + "in_proj_qkv.weight", CD, H,
+                     [&, vm = vmap(dv)](int64_t r) { return r < 2 * KD ? r : 2 * KD + vm(r - 2 * KD); });
+          add_matrix(a + "in_proj_z.weight", VD, H, vmap(dv));
+          add_matrix(a + "in_proj_b.weight", Hv, H, vmap(1));
+          add_matrix(a + "in_proj_a.weight", Hv, H, vmap(1));
+        }
         {
           // conv1d.weight [CD, 1, K] -> ne {K, CD}, value channels reordered.
           const TensorInfo& t = source(a + "conv1d.weight", {CD, 1, K});
@@ -918,8 +950,8 @@ GgufExportResult export_gguf(const std::string& model_dir, const std::string& ou
         add_vector(a + "dt_bias", Hv, [vm1](const std::vector<float>& v, int64_t i) { return v[vm1(i)]; });
         add_vector(a + "A_log", Hv, [vm1](const std::vector<float>& v, int64_t i) { return -std::exp(v[vm1(i)]); });
         add_vector(a + "norm.weight", dv);  // RMSNormGated: plain weight
-        std::vector<int64_t> cols(static_cast<size_t>(VD));
-        for (int64_t i = 0; i < VD; ++i) cols[i] = v_head_source(i, Hk, Hv, dv);
+        std::vector<int64_t> cols;  // the value-head columns' sources (none: in place)
+        for (int64_t i = 0; tiled && i < VD; ++i) cols.push_back(v_head_source(i, Hk, Hv, dv));
         add_matrix(a + "out_proj.weight", H, VD, nullptr, std::move(cols));
       }
       add_vector(p + "post_attention_layernorm.weight", H, plus_one);

@@ -205,8 +205,28 @@ TEST(TensorTable, RolesDecideQuantizationAndGgufNames) {
   EXPECT_EQ(l["model.layers.2.post_attention_layernorm.weight"].gguf, "blk.2.ffn_norm.weight");
   EXPECT_EQ(l["model.layers.2.self_attn.o_proj.weight"].gguf, "blk.2.attn_output.weight");
   EXPECT_EQ(l["model.norm.weight"].gguf, "output_norm.weight");
-  // No GGUF export for Qwen3-Next: no GGUF names.
-  for (const TensorSpec& s : tensor_table(config_of("qwen3_next"))) EXPECT_EQ(s.gguf, "") << s.name;
+  // Qwen3-Next as llama.cpp's qwen3next: in_proj_qkvz written as attn_qkv (+ attn_gate),
+  // in_proj_ba as ssm_ba; a GGUF's layout (in_proj_qkv and in_proj_z present) has them
+  // split, b and a both halves of ssm_ba.
+  std::map<std::string, TensorSpec> n;
+  for (const TensorSpec& s : tensor_table(config_of("qwen3_next"))) n[s.name] = s;
+  const std::string q = "model.layers.0.linear_attn.";
+  EXPECT_EQ(n[q + "in_proj_qkvz.weight"].gguf, "blk.0.attn_qkv.weight");
+  EXPECT_EQ(n[q + "in_proj_qkvz.weight"].gguf_form, GgufForm::kQkvzSplit);
+  EXPECT_EQ(n[q + "in_proj_ba.weight"].gguf, "blk.0.ssm_ba.weight");
+  EXPECT_EQ(n[q + "A_log"].gguf, "blk.0.ssm_a");
+  EXPECT_EQ(n[q + "dt_bias"].gguf_form, GgufForm::kAsIs);  // value heads in HF's order
+  EXPECT_EQ(n[q + "out_proj.weight"].gguf_form, GgufForm::kAsIs);
+  std::map<std::string, TensorSpec> g;
+  const auto gguf_layout = [](const std::string& name) {
+    return name.ends_with("linear_attn.in_proj_qkv.weight") || name.ends_with("linear_attn.in_proj_z.weight");
+  };
+  for (const TensorSpec& s : tensor_table(config_of("qwen3_next"), gguf_layout)) g[s.name] = s;
+  EXPECT_EQ(g.count(q + "in_proj_qkvz.weight"), 0u);
+  EXPECT_EQ(g[q + "in_proj_qkv.weight"].gguf, "blk.0.attn_qkv.weight");
+  EXPECT_EQ(g[q + "in_proj_z.weight"].gguf, "blk.0.attn_gate.weight");
+  EXPECT_EQ(g[q + "in_proj_b.weight"].gguf, "blk.0.ssm_ba.weight");
+  EXPECT_EQ(g[q + "in_proj_a.weight"].gguf_form, GgufForm::kBaHalf);
   // DeepSeek-V3 as llama.cpp's deepseek2 names it (kv_b_proj becomes attn_k_b + attn_v_b).
   std::map<std::string, std::string> ds;
   for (const TensorSpec& s : tensor_table(config_of("deepseek_v3"))) ds[s.name] = s.gguf;

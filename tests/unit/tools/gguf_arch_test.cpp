@@ -1,10 +1,11 @@
-// Running GGUF files of the hybrid (Qwen3.5: qwen35, qwen35moe) and MLA (DeepSeek:
-// deepseek2, deepseek32) architectures (model/gguf_loader.h): tiny random checkpoints from
+// Running GGUF files of the hybrid (Qwen3.5: qwen35, qwen35moe; Qwen3-Next: qwen3next) and
+// MLA (DeepSeek: deepseek2, deepseek32) architectures (model/gguf_loader.h): tiny random checkpoints from
 // tools/gen_model.py, converted by `infera convert --to gguf` (tools/gguf_export.h), must
 // give the logits of the Hugging Face directory they came from at every prompt position.
 // The converter's transforms (Qwen3.5: norms stored as 1 + w, A_log as -exp(A_log), value
-// heads reordered in every GDN tensor, conv1d reshaped, experts stacked; DeepSeek: kv_b_proj
-// split into attn_k_b / attn_v_b) are undone at load, so f32 and bf16 files give the
+// heads reordered in every GDN tensor, conv1d reshaped, experts stacked; Qwen3-Next:
+// in_proj_qkvz de-interleaved into attn_qkv + attn_gate; DeepSeek: kv_b_proj split into
+// attn_k_b / attn_v_b) are undone at load, so f32 and bf16 files give the
 // directory's logits to rounding; a Q8_0 file's weights differ only by its quantization.
 #include <gtest/gtest.h>
 
@@ -16,6 +17,7 @@
 #include "../test_support.h"
 #include "infera/kernels/ggml_quants.h"
 #include "infera/kernels/kernels.h"
+#include "infera/model/arch_registry.h"
 #include "infera/model/gguf_loader.h"
 #include "infera/model/model.h"
 #include "infera/model/rope.h"
@@ -49,6 +51,13 @@ const Case kCases[] = {
      "--arch qwen3_5 --hidden 96 --layers 4 --heads 4 --kv-heads 2 --head-dim 32 --lin-k-heads 2 --lin-v-heads 6 "
      "--lin-dk 32 --lin-dv 32 --ffn 192 --vocab 320 --seed 22 --tie",
      40},
+    // Qwen3-Next: in_proj_qkvz written de-interleaved as attn_qkv + attn_gate, in_proj_ba as
+    // ssm_ba, value heads in HF's order; read back as split projections (b / a from ssm_ba).
+    {"qwen3next",
+     "--arch qwen3_next --hidden 64 --layers 4 --heads 4 --kv-heads 2 --head-dim 32 --lin-k-heads 2 "
+     "--lin-v-heads 4 --lin-dk 16 --lin-dv 16 --experts 8 --experts-per-tok 2 --moe-ffn 32 --shared-ffn 48 "
+     "--vocab 320 --seed 26",
+     70},
     {"deepseek2",
      "--arch deepseek_v3 --hidden 64 --layers 3 --heads 4 --q-lora-rank 32 --kv-lora-rank 32 --qk-nope-dim 16 "
      "--qk-rope-dim 8 --v-head-dim 16 --ffn 128 --experts 8 --experts-per-tok 2 --moe-ffn 32 --n-group 4 "
@@ -147,7 +156,9 @@ TEST_P(GgufArch, ConfigMatchesTheDirectory) {
   EXPECT_EQ(g.num_experts_per_tok, h.num_experts_per_tok);
   EXPECT_EQ(g.moe_intermediate_size, h.moe_intermediate_size);
   EXPECT_EQ(g.norm_topk_prob, h.norm_topk_prob);
-  EXPECT_EQ(g.num_mtp_layers(), h.num_mtp_layers());
+  // Qwen3-Next's config.json does not declare its MTP head; the directory's tensors do.
+  const WeightStore store = WeightStore::open(dir);
+  EXPECT_EQ(g.num_mtp_layers(), mtp_layers(h, [&store](const std::string& n) { return store.find(n) != nullptr; }));
   for (int l = 0; l < h.num_layers; ++l) {
     EXPECT_EQ(g.is_linear_attention_layer(l), h.is_linear_attention_layer(l)) << l;
     EXPECT_EQ(g.is_moe_layer(l), h.is_moe_layer(l)) << l;
