@@ -5,6 +5,11 @@
 //     counter GB/s = weight bytes streamed per second. "hot" reuses one matrix (it stays
 //     in the last-level cache when that is large); "cold" cycles through ~600 MB of copies
 //     so every call streams from DRAM.
+//   GEMV over a model's layers (BM_GemvLayers; dtype 0 bf16 / 1 f16 / 2 f32, m, threads):
+//     the seven matrices of a TinyLlama-shaped layer (q, k, v, o: 2048 / 256 rows of 2048;
+//     gate, up: 5632 x 2048; down: 2048 x 5632), one iteration = one layer, cycling
+//     through 8 layers (705 MB in 16 bits) so the weights stream from DRAM as a decode
+//     step's do; counter GB/s = weight bytes per second. Compare by CPU time at one thread.
 //   GEMM (prefill, m = 64 / 512): same weights; counter GFLOP/s = 2 m n k per second.
 //   Quantized (w8a8 / w4a8 / w4a16, group 32, repacked panels as loaded by a model): same
 //     shape, m = 1 (decode GEMV) and 64 (prefill GEMM); counter GOP/s = 2 m n k per second
@@ -46,12 +51,8 @@ constexpr int64_t kColdBytes = int64_t{600} << 20;
 void least_disturbed(benchmark::internal::Benchmark* b) {
   b->UseRealTime()
       ->Repetitions(5)
-      ->ComputeStatistics("min", [](const std::vector<double>& v) {
-        return *std::min_element(v.begin(), v.end());
-      })
-      ->ComputeStatistics("max", [](const std::vector<double>& v) {
-        return *std::max_element(v.begin(), v.end());
-      })
+      ->ComputeStatistics("min", [](const std::vector<double>& v) { return *std::min_element(v.begin(), v.end()); })
+      ->ComputeStatistics("max", [](const std::vector<double>& v) { return *std::max_element(v.begin(), v.end()); })
       ->ReportAggregatesOnly(true);
 }
 
@@ -82,13 +83,13 @@ struct WeightSet {
       for (auto& x : f32) x = next();
     } else {
       half.resize(count);
-      for (auto& h : half) h = infera::f32_to_bf16(next());
+      for (auto& h : half) h = dt == DType::kF16 ? infera::f32_to_f16(next()) : infera::f32_to_bf16(next());
     }
   }
   MatRef matrix(int64_t i) const {
     const int64_t off = (i % copies) * kN * kK;
-    const void* p = dtype == DType::kF32 ? static_cast<const void*>(f32.data() + off)
-                                         : static_cast<const void*>(half.data() + off);
+    const void* p =
+        dtype == DType::kF32 ? static_cast<const void*>(f32.data() + off) : static_cast<const void*>(half.data() + off);
     return MatRef{p, dtype, kN, kK};
   }
   int64_t matrix_bytes() const { return kN * kK * static_cast<int64_t>(infera::dtype_size(dtype)); }
@@ -106,8 +107,8 @@ void run_gemv(benchmark::State& state, DType dtype, bool cold) {
     benchmark::DoNotOptimize(y.data());
     benchmark::ClobberMemory();
   }
-  state.counters["GB/s"] = benchmark::Counter(static_cast<double>(bytes) * 1e-9,
-                                              benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["GB/s"] =
+      benchmark::Counter(static_cast<double>(bytes) * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
 }
 
 void BM_GemvBf16Hot(benchmark::State& s) { run_gemv(s, DType::kBF16, false); }
@@ -118,6 +119,48 @@ BENCHMARK(BM_GemvBf16Hot)->Arg(1)->Arg(2)->Apply(least_disturbed);
 BENCHMARK(BM_GemvBf16Cold)->Arg(1)->Arg(2)->Apply(least_disturbed);
 BENCHMARK(BM_GemvF32Hot)->Arg(1)->Arg(2)->Apply(least_disturbed);
 BENCHMARK(BM_GemvF32Cold)->Arg(1)->Arg(2)->Apply(least_disturbed);
+
+void BM_GemvLayers(benchmark::State& state) {
+  const DType dtype = state.range(0) == 0 ? DType::kBF16 : state.range(0) == 1 ? DType::kF16 : DType::kF32;
+  const int64_t m = state.range(1);
+  infera::set_num_threads(static_cast<int>(state.range(2)));
+  constexpr int64_t kLayers = 8, kH = 2048, kKv = 256, kF = 5632;
+  const int64_t shapes[7][2] = {{kH, kH}, {kKv, kH}, {kKv, kH}, {kH, kH}, {kF, kH}, {kF, kH}, {kH, kF}};
+  const int64_t esize = static_cast<int64_t>(infera::dtype_size(dtype));
+  int64_t layer_elems = 0;
+  for (const auto& sh : shapes) layer_elems += sh[0] * sh[1];
+  // One allocation, filled with finite values of every dtype (f32 reads the bytes as floats).
+  std::vector<uint16_t> storage(static_cast<size_t>(kLayers * layer_elems * esize / 2));
+  uint32_t seed = 99;
+  for (size_t i = 0; i < storage.size(); ++i) {
+    seed ^= seed << 13;
+    seed ^= seed >> 17;
+    seed ^= seed << 5;
+    const float v = (static_cast<float>(seed & 0xffff) - 32768.0f) / 32768.0f;
+    storage[i] = dtype == DType::kF16 ? infera::f32_to_f16(v) : infera::f32_to_bf16(v);
+  }
+  std::vector<float> x(m * kF), y(m * kF);
+  fill(x, 9);
+  int64_t layer = 0;
+  for (auto _ : state) {
+    const auto* base = reinterpret_cast<const uint8_t*>(storage.data()) + (layer++ % kLayers) * layer_elems * esize;
+    for (const auto& sh : shapes) {
+      matmul(x.data(), m, MatRef{base, dtype, sh[0], sh[1]}, y.data());
+      base += sh[0] * sh[1] * esize;
+    }
+    benchmark::DoNotOptimize(y.data());
+    benchmark::ClobberMemory();
+  }
+  state.SetLabel(dtype == DType::kBF16 ? "bf16" : dtype == DType::kF16 ? "f16" : "f32");
+  state.counters["GB/s"] = benchmark::Counter(static_cast<double>(layer_elems * esize) * 1e-9,
+                                              benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(BM_GemvLayers)
+    ->ArgsProduct({{0, 1}, {1}, {1, 2}})
+    ->Args({0, 2, 1})
+    ->Args({0, 4, 1})
+    ->Args({2, 1, 1})
+    ->Apply(least_disturbed);
 
 void run_gemm(benchmark::State& state, DType dtype) {
   const int64_t m = state.range(0);
@@ -130,8 +173,8 @@ void run_gemm(benchmark::State& state, DType dtype) {
     benchmark::DoNotOptimize(y.data());
     benchmark::ClobberMemory();
   }
-  state.counters["GFLOP/s"] = benchmark::Counter(2.0 * m * kN * kK * 1e-9,
-                                                 benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["GFLOP/s"] =
+      benchmark::Counter(2.0 * m * kN * kK * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
 }
 
 void BM_GemmBf16(benchmark::State& s) { run_gemm(s, DType::kBF16); }
@@ -163,9 +206,7 @@ void BM_QuantMatmul(benchmark::State& state) {
   state.SetLabel(std::string(scheme_name(scheme)) + (w.packed ? " packed" : " on-disk layout"));
   state.counters["GOP/s"] = benchmark::Counter(2.0 * m * kN * kK * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
 }
-BENCHMARK(BM_QuantMatmul)
-    ->ArgsProduct({{0, 1, 2}, {1, 64}, {1, 2}})
-    ->Apply(least_disturbed);
+BENCHMARK(BM_QuantMatmul)->ArgsProduct({{0, 1, 2}, {1, 64}, {1, 2}})->Apply(least_disturbed);
 
 void BM_GgmlMatmul(benchmark::State& state) {
   namespace ggml = infera::kernels::ggml;
@@ -233,10 +274,14 @@ void BM_AttentionDecode(benchmark::State& state) {
     benchmark::DoNotOptimize(out.data());
   }
   const double bytes = 2.0 * ctx * kKvHeads * kHeadDim * sizeof(float);
-  state.counters["GB/s"] =
-      benchmark::Counter(bytes * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["GB/s"] = benchmark::Counter(bytes * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
 }
-BENCHMARK(BM_AttentionDecode)->Args({4096, 1})->Args({4096, 2})->Args({32768, 1})->Args({32768, 2})->Apply(least_disturbed);
+BENCHMARK(BM_AttentionDecode)
+    ->Args({4096, 1})
+    ->Args({4096, 2})
+    ->Args({32768, 1})
+    ->Args({32768, 2})
+    ->Apply(least_disturbed);
 
 }  // namespace
 

@@ -94,38 +94,45 @@ struct Weights<DType::kF16> {
 // straight from its stored dtype, R rows at a time (R independent FMA chains hide latency and keep R
 // streams in flight); each W vector is used for all M rows of x.
 constexpr int kGemvMaxRows = 4;
-// R = 8 rows per tile for one row of x, each row read a cache line per step, and the next
-// tile (the R rows that follow: contiguous memory) prefetched into L2 as this one is read,
-// a line per row and step, so the prefetches cover the next tile by the time this one
-// ends. Weights mapped from a file sit on 4 KiB pages, where the hardware prefetchers
-// stop at every page boundary (a 2048-long bf16 row is one page): the tile ahead keeps the
-// next pages' lines coming. Measured on the TinyLlama shapes (all 22 layers, bf16, mapped
-// file, one thread, 2-core EPYC, load 8-11): 9.9-13.3 GB/s with a prefetch 512 B ahead in
-// each row (the earlier scheme) -> 11.2-19.1 with the next tile; into L1 instead, or 6
-// rows, no better.
-constexpr int kGemvTileRows = 8;
+// A piece of rows is read as R streams (R = 4 for one row of x), like the four streams
+// `sysinfo --bandwidth` reads: stream r covers the r-th quarter of the piece's rows,
+// contiguous memory, and a tile takes one row from each, a 64-byte line per row and step,
+// each row prefetched 2 KiB ahead into L1. The prefetch runs on into the stream's next row
+// (the next in memory), so no page boundary stops it: weights mapped from a file sit on 4
+// KiB pages, where the hardware prefetchers stop at every boundary (a 2048-long bf16 row
+// is one page). Measured on the TinyLlama shapes (8 layers' matrices, 705 MB, bf16 / f16,
+// one thread, CPU time, variants alternated in one process, best of 10-12; 2-core AMD
+// EPYC, load 5-7), GB/s: 4 streams 2 KiB ahead 35.8 / 34.9 (1 KiB 33.3, 4 KiB 29.8, into L2
+// 31.1; 6 streams 30.7, 8 streams 26.2), the read probe 35.9 in the same runs; the earlier
+// tiles of 8 adjacent rows with the next tile prefetched into L2 24.7 / 27.0, 4 adjacent
+// rows with the next tile into L1 25.1 / 27.3; on a mapped file 36.7 / 35.5 against the
+// probe's 37.3 (8 adjacent rows: 28.2 / 29.8). AVX2 alike: 4 streams 35.0 / 35.4, 8 streams
+// 22.3 / 24.4, 8 adjacent rows into L2 24.4 / 27.4.
+constexpr int kGemvStreams = 4;
+constexpr int64_t kGemvPrefetchBytes = 2048;
 constexpr int kAccRegs = L == 16 ? 16 : 8;  // accumulators that fit beside the operands
 
+// Rows w + r * rs * k (r < R) against M rows of x; row r's sums go to y[i * ldy + r * rs].
 template <DType D, int M, int R>
-inline void gemv_tile(const float* x, int64_t k, const typename Weights<D>::T* w, float* y, int64_t ldy) {
+inline void gemv_tile(const float* x, int64_t k, const typename Weights<D>::T* w, int64_t rs, float* y, int64_t ldy) {
   using W = Weights<D>;
   using T = typename W::T;
   constexpr int64_t kLine = 64;
   constexpr int64_t kStep = std::max<int64_t>(L, kLine / static_cast<int64_t>(sizeof(T)));  // one line per row
+  const T* row[R];
+  for (int r = 0; r < R; ++r) row[r] = w + r * rs * k;
   V acc[M][R];
   for (int i = 0; i < M; ++i)
     for (int r = 0; r < R; ++r) acc[i][r] = S::zero();
-  // The next tile's bytes, a line per row and step (may point past the matrix: a prefetch
-  // never faults).
-  const char* ahead = reinterpret_cast<const char*>(w + R * k);
   int64_t t = 0;
   for (; t + kStep <= k; t += kStep) {
-    for (int r = 0; r < R; ++r, ahead += kLine) S::prefetch_l2(ahead);
+    // May point past the matrix: a prefetch never faults.
+    for (int r = 0; r < R; ++r) S::prefetch(reinterpret_cast<const char*>(row[r] + t) + kGemvPrefetchBytes);
     for (int64_t u = t; u < t + kStep; u += L) {
       V xv[M];
       for (int i = 0; i < M; ++i) xv[i] = S::load(x + i * k + u);
       for (int r = 0; r < R; ++r) {
-        const V wv = W::load(w + r * k + u);
+        const V wv = W::load(row[r] + u);
         for (int i = 0; i < M; ++i) acc[i][r] = S::fma(xv[i], wv, acc[i][r]);
       }
     }
@@ -134,36 +141,30 @@ inline void gemv_tile(const float* x, int64_t k, const typename Weights<D>::T* w
     V xv[M];
     for (int i = 0; i < M; ++i) xv[i] = S::load(x + i * k + t);
     for (int r = 0; r < R; ++r) {
-      const V wv = W::load(w + r * k + t);
+      const V wv = W::load(row[r] + t);
       for (int i = 0; i < M; ++i) acc[i][r] = S::fma(xv[i], wv, acc[i][r]);
     }
   }
   for (int i = 0; i < M; ++i) {
     for (int r = 0; r < R; ++r) {
       float s = S::reduce_add(acc[i][r]);
-      for (int64_t u = t; u < k; ++u) s += x[i * k + u] * W::one(w + r * k + u);
-      y[i * ldy + r] = s;
+      for (int64_t u = t; u < k; ++u) s += x[i * k + u] * W::one(row[r] + u);
+      y[i * ldy + r * rs] = s;
     }
   }
 }
 
 template <DType D, int M>
 void gemv(const float* x, int64_t k, const typename Weights<D>::T* w, int64_t n0, int64_t n1, float* y, int64_t ldy) {
-  constexpr int R = std::max(1, std::min(kGemvTileRows, kAccRegs / M));
-  const int64_t blocks = ceil_div(n1 - n0, R);
-  // Pieces of ~256 KiB of weights: long contiguous streams for the prefetchers, and enough
-  // pieces (~90 for a 2048 x 5632 bf16 matrix) to balance the threads.
+  constexpr int R = std::max(1, std::min(kGemvStreams, kAccRegs / M));
+  // Pieces of ~256 KiB of weights: enough pieces (~90 for a 2048 x 5632 bf16 matrix) to
+  // balance the threads; one thread takes the whole range as one piece.
   const int64_t row_bytes = k * static_cast<int64_t>(sizeof(typename Weights<D>::T));
-  const int64_t grain = std::max<int64_t>(1, (int64_t{256} << 10) / (row_bytes * R));
-  parallel_chunks(blocks, grain, [&](int64_t b0, int64_t b1) {
-    for (int64_t b = b0; b < b1; ++b) {
-      int64_t j = n0 + b * R;
-      if (j + R <= n1) {
-        gemv_tile<D, M, R>(x, k, w + j * k, y + (j - n0), ldy);
-      } else {
-        for (; j < n1; ++j) gemv_tile<D, M, 1>(x, k, w + j * k, y + (j - n0), ldy);
-      }
-    }
+  const int64_t grain = std::max<int64_t>(R, (int64_t{256} << 10) / row_bytes);
+  parallel_chunks(n1 - n0, grain, [&](int64_t i0, int64_t i1) {
+    const int64_t q = (i1 - i0) / R;  // rows per stream
+    for (int64_t i = i0; i < i0 + q; ++i) gemv_tile<D, M, R>(x, k, w + (n0 + i) * k, q, y + i, ldy);
+    for (int64_t i = i0 + R * q; i < i1; ++i) gemv_tile<D, M, 1>(x, k, w + (n0 + i) * k, 0, y + i, ldy);
   });
 }
 
@@ -447,8 +448,9 @@ std::string matmul_path(DType d) {
     prefill =
         std::string(isa) + " vdpbf16ps (AVX512_BF16) " + tile + " tiles on packed bf16-pair panels, x rounded to bf16";
   }
-  const std::string decode = std::string(isa) + " f32 FMA matvec, " + std::to_string(kGemvTileRows) +
-                             " weight rows per tile, the next tile prefetched into L2" + convert;
+  const std::string decode = std::string(isa) + " f32 FMA matvec, " + std::to_string(kGemvStreams) +
+                             " row streams, each prefetched " + std::to_string(kGemvPrefetchBytes) +
+                             " B ahead into L1" + convert;
   return "prefill (m >= " + std::to_string(kGemmMinRows) + "): " + prefill + "; decode: " + decode;
 }
 
