@@ -243,8 +243,8 @@ void BM_GgmlMatmul(benchmark::State& state) {
   state.SetLabel(type == ggml::kQ4_K ? "q4_k" : type == ggml::kQ6_K ? "q6_k" : "q8_0");
   state.counters["GOP/s"] =
       benchmark::Counter(2.0 * m * rows * cols * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
-  state.counters["GB/s"] = benchmark::Counter(1e-9 * static_cast<double>(rows * rb),
-                                              benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["GB/s"] =
+      benchmark::Counter(1e-9 * static_cast<double>(rows * rb), benchmark::Counter::kIsIterationInvariantRate);
 }
 BENCHMARK(BM_GgmlMatmul)
     ->ArgsProduct({{infera::kernels::ggml::kQ4_K, infera::kernels::ggml::kQ6_K, infera::kernels::ggml::kQ8_0},
