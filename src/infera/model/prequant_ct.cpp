@@ -30,6 +30,7 @@
 
 #include "infera/base/error.h"
 #include "infera/model/prequant_formats.h"
+#include "infera/model/prequant_gptq.h"
 
 namespace infera {
 
@@ -456,8 +457,17 @@ class CtFormatImpl final : public PrequantFormat {
     }
   }
 
+  // Asymmetric int4 (W4A16_ASYM: pack-quantized with packed zero points) binds exactly onto
+  // the int4 schemes, each group's zero point carried as the row-indexed correction (as GPTQ's
+  // and AWQ's), instead of requantized to symmetric int4.
+  bool binds_exactly(const StoredLinear& w, kernels::QuantScheme scheme) const override {
+    return kernels::scheme_is_int4(scheme) && w.kind == PrequantKind::kInt && w.bits == 4 && !w.symmetric &&
+           !w.permuted && w.group_size % 32 == 0;
+  }
+
   bool bind_in_place(const StoredLinear& w, kernels::QuantScheme scheme, kernels::QuantMatRef& out,
                      std::vector<std::shared_ptr<void>>& owned) const override {
+    if (binds_exactly(w, scheme)) return prequant::bind_int4_with_zeros(*this, w, scheme, out, owned);
     const auto& st = *static_cast<const CtState*>(w.state.get());
     // int8 [O, I] used where it lies; the scales as f32 [O] (converted when stored otherwise).
     if (scheme != kernels::QuantScheme::kW8A8 || st.scheme.format == CtFormat::kPackQuantized ||
