@@ -19,10 +19,15 @@ FORMAT (what config.json's quantization_config and the tensors then say):
                 (FP8_DYNAMIC)
 
 Quantized: every 2-D "*_proj.weight" of the decoder layers (attention, MLP, experts, shared
-experts), and in the fp8 formats fused 3-D experts (Qwen3.5's mlp.experts.gate_up_proj [E, 2F, H]
+experts; DeepSeek-V3.2's indexer wq_b and wk, its weights_proj kept float as DeepSeek's FP8
+release keeps it), and in the fp8 formats fused 3-D experts (Qwen3.5's mlp.experts.gate_up_proj [E, 2F, H]
 and down_proj: e4m3 under the same name, the experts' scales stacked [E, ...] under
 <name>.weight_scale_inv / .weight_scale, as Qwen3.5's FP8 release stores them), whose input
-features the scheme can divide; the rest (embeddings, lm_head, norms, the
+features the scheme can divide; in the compressed-tensors formats fused 3-D experts are
+quantized per expert (gate and up apart, as llm-compressor's linearized experts are) and
+stacked as its repack_moe_model saves them: <name>.weight_packed / .weight [E, O, ...],
+.weight_scale [E, O, ...], .weight_zero_point [E, ...], gate_up's gate and up joined along the
+outputs and .weight_shape [E, 4] (gate's (F, I), up's) or [E, 2] (down); the rest (embeddings, lm_head, norms, the
 MoE router) stay as stored, and modules left out are listed in the config's ignore list
 (compressed-tensors) or modules_to_not_convert (fp8). Scales are --scale-dtype (fp8 default f32,
 compressed-tensors default bf16, as the writers of each store them).
@@ -34,7 +39,9 @@ writes a float model directory with those weights (the model the checkpoint stan
 --break KIND damages the first quantized matrix, for tests of the loader's error messages:
   scale-shape (a scale with one row too many), missing-scale, missing-zero (with --asym),
   weight-shape (a weight with one column too few), group (a group size that does not divide
-  the input features, declared in config.json).
+  the input features, declared in config.json); for fused experts (compressed-tensors):
+  fused-scale (the first gate_up_proj's stacked scale one expert short), fused-shape (its
+  weight_shape [E, 2], as if gate and up were not joined).
 
 Requires only python3 and numpy.
 """
@@ -160,7 +167,11 @@ def pack_int32(values, bits, axis):
     return out.T.copy() if axis == 0 else out
 
 
-PROJ = re.compile(r"\.layers\.\d+\..*_proj(_with_mqa)?\.weight$")
+PROJ = re.compile(r"\.layers\.\d+\.(.*_proj(_with_mqa)?|self_attn\.indexer\.(wq_b|wk))\.weight$")
+# DeepSeek-V3.2's lightning indexer: wq_b and wk are e4m3 in DeepSeek's FP8 release, weights_proj
+# bf16 (its reference code holds it in f32). Kept float here in every format (compressed-tensors
+# lists it in ignore).
+KEEP_FLOAT = re.compile(r"\.self_attn\.indexer\.weights_proj\.weight$")
 FUSED_EXPERTS = re.compile(r"\.layers\.\d+\.mlp\.experts\.(gate_up|down)_proj$")
 
 
@@ -176,7 +187,8 @@ def main():
     p.add_argument("--scale-dtype", choices=["f32", "bf16", "f16"], help="dtype of stored scales")
     p.add_argument("--dequantized", help="also write this float model directory with the dequantized weights")
     p.add_argument("--break", dest="breakage",
-                   choices=["scale-shape", "missing-scale", "missing-zero", "weight-shape", "group"])
+                   choices=["scale-shape", "missing-scale", "missing-zero", "weight-shape", "group",
+                            "fused-scale", "fused-shape"])
     a = p.parse_args()
 
     fmt = a.format
@@ -188,6 +200,7 @@ def main():
 
     out, ref, skipped, dequant = {}, {}, [], {}
     first = None
+    first_fused = None
     for name in sorted(src):
         dt, arr = src[name]
         if FUSED_EXPERTS.search(name) and arr.ndim == 3 and dt in ("F32", "BF16", "F16") and fmt.startswith("fp8-"):
@@ -202,6 +215,57 @@ def main():
             deq = np.stack([r[2] for r in res]).astype(np.float32)
             ref[name] = ("F32", deq)
             dequant[name] = deq
+            continue
+        if FUSED_EXPERTS.search(name) and arr.ndim == 3 and dt in ("F32", "BF16", "F16") and fmt.startswith("ct-"):
+            w3 = to_f32(dt, arr)
+            E, O, I = w3.shape
+            parts = 2 if name.endswith("gate_up_proj") else 1
+            F = O // parts
+            if fmt == "ct-w4a16" and (I % a.group_size != 0 or I % 8 != 0 or (a.asym and F % 8 != 0)):
+                skipped.append(name)
+                out[name] = (dt, arr)
+                continue
+            if first_fused is None and parts == 2:
+                first_fused = name
+            per = {}  # tensor -> per expert list of per-part arrays
+            deq = np.zeros((E, O, I), dtype=np.float32)
+            sdtype = None
+            for e in range(E):
+                for p_ in range(parts):
+                    w = w3[e, p_ * F:(p_ + 1) * F]
+                    t = {}
+                    if fmt == "ct-fp8":
+                        code, stored, d = quant_fp8_rows(w, False, sdt)
+                        t["weight"] = code
+                        sdtype, t["weight_scale"] = stored[0], stored[1].reshape(F, 1)
+                    elif fmt == "ct-w8a8":
+                        q, stored, zp, d = quant_int(w, 8, I, a.asym, sdt)
+                        t["weight"] = q
+                        sdtype, t["weight_scale"] = stored[0], stored[1].reshape(F, 1)
+                        if a.asym:
+                            t["weight_zero_point"] = zp.reshape(F, 1)
+                    else:
+                        q, stored, zp, d = quant_int(w, 4, a.group_size, a.asym, sdt)
+                        t["weight_packed"] = pack_int32(q, 4, 1)
+                        t["weight_shape"] = np.array([F, I], dtype=np.int64)
+                        sdtype, t["weight_scale"] = stored
+                        if a.asym:
+                            t["weight_zero_point"] = pack_int32(zp, 4, 0)
+                    deq[e, p_ * F:(p_ + 1) * F] = d
+                    for k, v in t.items():
+                        per.setdefault(k, [[] for _ in range(E)])[e].append(np.asarray(v))
+            dtypes = {"weight": "F8_E4M3" if fmt == "ct-fp8" else "I8", "weight_packed": "I32", "weight_shape": "I64",
+                      "weight_scale": sdtype, "weight_zero_point": "I32" if fmt == "ct-w4a16" else "I8"}
+            for k, experts in per.items():
+                # Joined along the outputs (dimension 0 of each expert's tensor; 1-D ones end to end).
+                out[name + "." + k] = (dtypes[k], np.stack([np.concatenate(x, axis=0) for x in experts]))
+            ref[name] = ("F32", deq)
+            dequant[name] = deq
+            continue
+        if KEEP_FLOAT.search(name):
+            if fmt.startswith("ct-"):
+                skipped.append(name[:-len(".weight")])
+            out[name] = (dt, arr)
             continue
         if not PROJ.search(name) or arr.ndim != 2 or dt not in ("F32", "BF16", "F16"):
             out[name] = (dt, arr)
@@ -262,6 +326,12 @@ def main():
         out[key] = (dt, np.ascontiguousarray(arr[:, :-1]))
     elif a.breakage == "group":
         group_decl = 48  # divides no published model's features of this test's shapes
+    elif a.breakage == "fused-scale":
+        dt, arr = out[first_fused + ".weight_scale"]
+        out[first_fused + ".weight_scale"] = (dt, np.ascontiguousarray(arr[:-1]))
+    elif a.breakage == "fused-shape":
+        dt, arr = out[first_fused + ".weight_shape"]
+        out[first_fused + ".weight_shape"] = (dt, np.ascontiguousarray(arr[:, :2]))
 
     st.write(os.path.join(a.out, "model.safetensors"), out, aligned=True)
     os.makedirs(os.path.join(a.out, "reference"), exist_ok=True)

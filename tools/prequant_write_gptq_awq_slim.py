@@ -23,7 +23,8 @@ FORMAT:
               a layer whose inputs are not a multiple of 32 is written W8A8_DYNAMIC (mixed types).
 
 Quantized: every 2-D "*_proj.weight" of the decoder layers (attention, MLP, shared and per-expert
-MoE experts). A float model with fused experts (Qwen3.5's mlp.experts.gate_up_proj [E, 2F, H] and
+MoE experts) and DeepSeek-V3.2's indexer wq_b and wk; the indexer's weights_proj stays float, as
+DeepSeek's V3.2 FP8 release keeps it. A float model with fused experts (Qwen3.5's mlp.experts.gate_up_proj [E, 2F, H] and
 down_proj [E, H, F]) has them split per expert first (<L>.mlp.experts.E.{gate,up,down}_proj), as
 msModelSlim does: its Qwen3.5 and Qwen3-VL-MoE adapters turn the 3-D tensors into one Linear
 module per expert, and its saver writes each module. Layers the layout cannot hold (a group size
@@ -55,7 +56,11 @@ import numpy as np
 
 import safetensors_file as st
 
-LINEAR = re.compile(r"^(model\.(?:language_model\.)?layers\.\d+\..*_proj(?:_[a-z]+)*)\.weight$")
+LINEAR = re.compile(
+    r"^(model\.(?:language_model\.)?layers\.\d+\.(?:.*_proj(?:_[a-z]+)*|self_attn\.indexer\.(?:wq_b|wk)))\.weight$")
+# Kept float as DeepSeek's V3.2 release keeps it (bf16; its reference code runs it in f32): the
+# lightning indexer's per-head weights. Its query and key projections (wq_b, wk) are quantized.
+KEEP_FLOAT = re.compile(r"\.self_attn\.indexer\.weights_proj\.weight$")
 # A MoE's experts stored fused in the float model (Qwen3.5, Qwen3-Next's HF layout): [E, 2F, H]
 # gate then up outputs, and [E, H, F].
 FUSED_FLOAT = re.compile(r"^(model\.(?:language_model\.)?layers\.\d+\.mlp\.experts)\.(gate_up_proj|down_proj)$")
@@ -388,7 +393,7 @@ def main(argv=None):
     slim_type = {"slim-w8a8-dynamic": "W8A8_DYNAMIC", "slim-w8a8": "W8A8", "slim-w4a8": "W4A8_DYNAMIC"}.get(a.format)
     for name in sorted(W):
         dt, arr = W[name]
-        m = LINEAR.match(name)
+        m = None if KEEP_FLOAT.search(name) else LINEAR.match(name)
         res = None
         if m and arr.ndim == 2 and dt in ("F32", "F16", "BF16"):
             w = arr.astype(np.float64)

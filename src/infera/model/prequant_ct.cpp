@@ -12,6 +12,15 @@
 // ceil(I / c)]), <m>.weight_zero_point when asymmetric (int8 in the scale's shape; packed
 // int32 [ceil(O / pf), groups] along O in pack-quantized), <m>.weight_g_idx I32 [I] with
 // actorder "group". W = scale * (q - zero).
+//
+// Fused experts (llm-compressor's repack_moe_model, for architectures whose Transformers class
+// holds the experts as 3-D tensors: qwen3_5_moe, qwen3_vl_moe): every per-expert tensor above
+// stacked with the experts first under the fused module, "<...>.mlp.experts.gate_up_proj.<param>"
+// and ".down_proj.<param>". gate_up joins each expert's gate and up tensors along the outputs
+// (dimension 1 of the stacked tensor: weight [E, 2F, ...], scales [E, 2F, ...], packed zero points
+// [E, 2 ceil(F / pf), groups]); what is one value per expert (a per-tensor scale) becomes [E, 2]
+// (gate, up), and 1-D tensors are joined along their last dimension (weight_shape [E, 4] = gate's
+// (F, I) then up's). down_proj's tensors are stacked as they are ([E, ...], weight_shape [E, 2]).
 #include <algorithm>
 #include <cctype>
 #include <cstring>
@@ -21,6 +30,7 @@
 
 #include "infera/base/error.h"
 #include "infera/model/prequant_formats.h"
+#include "infera/model/prequant_gptq.h"
 
 namespace infera {
 
@@ -53,6 +63,9 @@ struct Target {
 
 struct CtState {
   CtScheme scheme;
+  // Fused experts: experts, each expert's rows, and the parts its rows are joined from (2 for
+  // gate_up_proj: gate then up, each `sub_rows` = rows / parts); 1, rows, 1 per module.
+  int64_t experts = 1, rows = 0, parts = 1, sub_rows = 0;
   const TensorInfo* weight = nullptr;  // int8 / fp8 [O, I] or packed int32
   const TensorInfo* scale = nullptr;
   const TensorInfo* zero = nullptr;
@@ -125,6 +138,13 @@ int match_rank(const std::vector<Target>& targets, const std::string& module) {
     }
   }
   return best;
+}
+
+// The module a weight's tensors are stored under: "<m>" of "<m>.weight", or a fused expert
+// tensor's own name ("...mlp.experts.gate_up_proj": its tensors are "<name>.weight_packed", ...).
+std::string module_of(const std::string& name) {
+  std::string m = prequant_module(name);
+  return m.empty() ? name : m;
 }
 
 class CtFormatImpl final : public PrequantFormat {
@@ -240,60 +260,83 @@ class CtFormatImpl final : public PrequantFormat {
   }
 
   bool quantizes(const WeightStore& store, const std::string& name) const override {
-    const std::string m = prequant_module(name);
-    if (m.empty() || scheme_of(m) == nullptr) return false;
+    const std::string m = module_of(name);
+    if (scheme_of(m) == nullptr) return false;
+    if (m == name && store.find(m + ".weight_packed") == nullptr && store.find(m + ".weight") == nullptr)
+      return false;  // a fused tensor with no compressed parts: stored as it is
     const TensorInfo* t = store.find(name);
     // A targeted module stored as float (an embedding under "Linear"): plain.
     return !(t != nullptr && (t->dtype == DType::kBF16 || t->dtype == DType::kF16 || t->dtype == DType::kF32));
   }
 
+  bool stores(const WeightStore& store, const std::string& name) const override {
+    const std::string m = module_of(name);
+    return store.find(name) != nullptr || store.find(m + ".weight_packed") != nullptr ||
+           (m == name && store.find(m + ".weight") != nullptr);
+  }
+
   StoredLinear locate(const WeightStore& store, const std::string& name, int64_t experts, int64_t rows,
                       int64_t cols) const override {
-    const std::string m = prequant_module(name);
-    const CtScheme* sc = m.empty() ? nullptr : scheme_of(m);
+    const std::string m = module_of(name);
+    const CtScheme* sc = scheme_of(m);
     if (sc == nullptr) prequant_fail(store, name, "is not targeted by any config_groups entry");
-    if (experts != 1) {
-      prequant_fail(
-          store, name,
-          "is a fused expert tensor: compressed-tensors experts load per expert (experts.N.*_proj, as "
-          "llm-compressor saves them unless its experts are repacked); the repacked fused layout is not supported");
-    }
     auto st = std::make_shared<CtState>();
     st->scheme = *sc;
     const CtScheme& s = st->scheme;
+    st->experts = experts;
+    st->rows = rows;
+    st->parts = experts > 1 && m.ends_with("gate_up_proj") ? 2 : 1;
+    if (rows % st->parts != 0)
+      prequant_fail(store, name, fmt::format("holds {} rows per expert, not gate and up of equal size", rows));
+    st->sub_rows = rows / st->parts;
+    // [E, ...] for fused experts.
+    auto shape = [experts](std::vector<int64_t> v) {
+      if (experts > 1) v.insert(v.begin(), experts);
+      return v;
+    };
     StoredLinear w;
     w.name = name;
+    w.experts = experts;
     w.rows = rows;
     w.cols = cols;
     w.bits = s.bits;
     w.kind = s.is_float ? PrequantKind::kFloat : PrequantKind::kInt;
     w.symmetric = s.symmetric;
     w.quantized_activations = s.quantized_activations;
-    const std::string why = fmt::format("config_groups.{} quantizes '{}' as {}", s.group, m, format_name(s.format));
+    const std::string why = fmt::format("config_groups.{} quantizes '{}' as {}{}", s.group, m, format_name(s.format),
+                                        experts > 1 ? ", experts stacked [E, ...] as llm-compressor repacks them" : "");
     // The values.
     if (s.format == CtFormat::kPackQuantized) {
       const int pf = 32 / s.bits;
       st->words = (cols + pf - 1) / pf;
       st->weight = &prequant_need(store, m + ".weight_packed", why);
-      prequant_expect(store, *st->weight, {DType::kI32}, {rows, st->words});
-      const TensorInfo& shape = prequant_need(store, m + ".weight_shape", why);
-      prequant_expect(store, shape, {DType::kI64, DType::kI32}, {2});
-      if (shape.data != nullptr) {
-        const int64_t o = shape_value(shape, 0), i = shape_value(shape, 1);
-        if (o != rows || i != cols)
-          prequant_fail(store, shape.name,
-                        fmt::format("holds ({}, {}), but config.json implies ({}, {})", o, i, rows, cols));
+      prequant_expect(store, *st->weight, {DType::kI32}, shape({rows, st->words}));
+      const TensorInfo& wshape = prequant_need(store, m + ".weight_shape", why);
+      // Per expert (O, I); gate_up's joined along the last dimension: (F, I, F, I).
+      prequant_expect(store, wshape, {DType::kI64, DType::kI32}, shape({2 * st->parts}));
+      if (wshape.data != nullptr) {
+        for (int64_t e = 0; e < experts; ++e) {
+          for (int64_t p = 0; p < st->parts; ++p) {
+            const int64_t at = (e * st->parts + p) * 2;
+            const int64_t o = shape_value(wshape, at), i = shape_value(wshape, at + 1);
+            if (o != st->sub_rows || i != cols)
+              prequant_fail(store, wshape.name,
+                            fmt::format("holds ({}, {}){}, but config.json implies ({}, {})", o, i,
+                                        experts > 1 ? fmt::format(" for expert {}", e) : std::string(), st->sub_rows,
+                                        cols));
+          }
+        }
       }
-      w.parts["weight_shape"] = &shape;
+      w.parts["weight_shape"] = &wshape;
     } else {
-      st->weight = &prequant_need(store, name, why);
-      prequant_expect(store, *st->weight, {s.is_float ? DType::kF8E4M3 : DType::kI8}, {rows, cols});
+      st->weight = &prequant_need(store, m + ".weight", why);
+      prequant_expect(store, *st->weight, {s.is_float ? DType::kF8E4M3 : DType::kI8}, shape({rows, cols}));
     }
     w.parts["weight"] = st->weight;
     // The scales.
     std::vector<int64_t> sshape;
     switch (s.strategy) {
-      case Strategy::kTensor: sshape = {1}; break;
+      case Strategy::kTensor: sshape = experts > 1 ? std::vector<int64_t>{st->parts} : std::vector<int64_t>{1}; break;
       case Strategy::kChannel: sshape = {rows, 1}; break;
       case Strategy::kGroup:
         if (cols % s.group_size != 0) {
@@ -304,13 +347,22 @@ class CtFormatImpl final : public PrequantFormat {
         sshape = {rows, cols / s.group_size};
         break;
       case Strategy::kBlock:
+        if (st->parts > 1 && st->sub_rows % s.block_rows != 0)
+          prequant_fail(store, name,
+                        fmt::format("has {} rows per gate or up, not a multiple of the block's {}", st->sub_rows,
+                                    s.block_rows));
         sshape = {(rows + s.block_rows - 1) / s.block_rows, (cols + s.block_cols - 1) / s.block_cols};
         break;
     }
+    sshape = shape(sshape);
     st->scale = &prequant_need(store, m + ".weight_scale", why);
     const TensorInfo& scale = *st->scale;
-    const bool scalar_ok = s.strategy == Strategy::kTensor && scale.numel() == 1 && scale.shape.size() <= 1;
-    const bool channel_ok = s.strategy == Strategy::kChannel && scale.shape == std::vector<int64_t>{rows};
+    // Per module, a per-tensor scale may be [] or [1] and a channel scale [O]; fused experts'
+    // are exactly as stacked ([E, parts], [E, rows, 1]).
+    const bool scalar_ok =
+        experts == 1 && s.strategy == Strategy::kTensor && scale.numel() == 1 && scale.shape.size() <= 1;
+    const bool channel_ok =
+        experts == 1 && s.strategy == Strategy::kChannel && scale.shape == std::vector<int64_t>{rows};
     prequant_expect(store, scale, {DType::kF32, DType::kBF16, DType::kF16},
                     scalar_ok || channel_ok ? scale.shape : sshape);
     st->scale_cols = s.strategy == Strategy::kGroup   ? cols / s.group_size
@@ -323,7 +375,8 @@ class CtFormatImpl final : public PrequantFormat {
       if (s.format == CtFormat::kPackQuantized && st->zero->dtype == DType::kI32) {
         const int pf = 32 / s.bits;
         st->zero_packed = true;
-        prequant_expect(store, *st->zero, {DType::kI32}, {(rows + pf - 1) / pf, st->scale_cols});
+        prequant_expect(store, *st->zero, {DType::kI32},
+                        shape({st->parts * ((st->sub_rows + pf - 1) / pf), st->scale_cols}));
       } else {
         // Unpacked int8 (int-quantized; pack-quantized before compressed-tensors 0.10).
         prequant_expect(store, *st->zero, {DType::kI8}, scalar_ok || channel_ok ? st->zero->shape : sshape);
@@ -331,6 +384,9 @@ class CtFormatImpl final : public PrequantFormat {
       w.parts["weight_zero_point"] = st->zero;
     }
     if (s.actorder_group) {
+      if (experts > 1)
+        prequant_fail(store, m + ".weight_g_idx",
+                      "belongs to fused experts with actorder 'group': not supported (store the experts per expert)");
       st->g_idx = &prequant_need(store, m + ".weight_g_idx", why + " with actorder 'group'");
       prequant_expect(store, *st->g_idx, {DType::kI32, DType::kI64}, {cols});
       w.parts["weight_g_idx"] = st->g_idx;
@@ -401,21 +457,31 @@ class CtFormatImpl final : public PrequantFormat {
     }
   }
 
+  // Asymmetric int4 (W4A16_ASYM: pack-quantized with packed zero points) binds exactly onto
+  // the int4 schemes, each group's zero point carried as the row-indexed correction (as GPTQ's
+  // and AWQ's), instead of requantized to symmetric int4.
+  bool binds_exactly(const StoredLinear& w, kernels::QuantScheme scheme) const override {
+    return kernels::scheme_is_int4(scheme) && w.kind == PrequantKind::kInt && w.bits == 4 && !w.symmetric &&
+           !w.permuted && w.group_size % 32 == 0;
+  }
+
   bool bind_in_place(const StoredLinear& w, kernels::QuantScheme scheme, kernels::QuantMatRef& out,
                      std::vector<std::shared_ptr<void>>& owned) const override {
+    if (binds_exactly(w, scheme)) return prequant::bind_int4_with_zeros(*this, w, scheme, out, owned);
     const auto& st = *static_cast<const CtState*>(w.state.get());
     // int8 [O, I] used where it lies; the scales as f32 [O] (converted when stored otherwise).
     if (scheme != kernels::QuantScheme::kW8A8 || st.scheme.format == CtFormat::kPackQuantized ||
         st.weight->dtype != DType::kI8 || w.group_size != w.cols)
       return false;
     const void* scales = st.scale->data;
+    const int64_t rows = w.total_rows();
     if (st.scale->dtype != DType::kF32 || st.scheme.strategy == Strategy::kTensor) {
-      auto buf = std::shared_ptr<float[]>(new float[static_cast<size_t>(w.rows)]);
-      for (int64_t r = 0; r < w.rows; ++r) buf[r] = scale_at(st, r, 0, 1);
+      auto buf = std::shared_ptr<float[]>(new float[static_cast<size_t>(rows)]);
+      for (int64_t r = 0; r < rows; ++r) buf[r] = scale_at(st, r, 0, 1);
       scales = buf.get();
       owned.push_back(std::move(buf));
     }
-    out = kernels::QuantMatRef(scheme, w.rows, w.cols, w.cols, st.weight->data, scales);
+    out = kernels::QuantMatRef(scheme, rows, w.cols, w.cols, st.weight->data, scales);
     kernels::check_quant_matrix(out);
     return true;
   }
@@ -467,13 +533,19 @@ class CtFormatImpl final : public PrequantFormat {
   }
 
   // The scale of (row, column c); scale_cols: the scale tensor's columns per row.
+  // `row` counts over the [experts · rows, cols] matrix.
   static float scale_at(const CtState& st, int64_t row, int64_t c, int64_t scale_cols) {
     const CtScheme& s = st.scheme;
     switch (s.strategy) {
-      case Strategy::kTensor: return prequant_scalar(*st.scale, 0);
+      case Strategy::kTensor:  // one per module, or per (expert, gate/up) stacked [E, parts]
+        return prequant_scalar(*st.scale, (row / st.rows) * st.parts + (row % st.rows) / st.sub_rows);
       case Strategy::kChannel: return prequant_scalar(*st.scale, row);
       case Strategy::kGroup: return prequant_scalar(*st.scale, row * scale_cols + c / s.group_size);
-      case Strategy::kBlock: return prequant_scalar(*st.scale, (row / s.block_rows) * st.scale_cols + c / s.block_cols);
+      case Strategy::kBlock: {
+        const int64_t per = (st.rows + s.block_rows - 1) / s.block_rows;  // block rows per expert
+        return prequant_scalar(*st.scale, ((row / st.rows) * per + (row % st.rows) / s.block_rows) * st.scale_cols +
+                                              c / s.block_cols);
+      }
     }
     return 0;
   }
@@ -482,14 +554,17 @@ class CtFormatImpl final : public PrequantFormat {
   static int zero_at(const CtState& st, int64_t row, int64_t g, int64_t groups) {
     const CtScheme& s = st.scheme;
     if (st.zero_packed) {
+      // Packed along each expert's gate or up rows: [E, parts · ceil(sub_rows / pf), groups].
       const int pf = 32 / s.bits;
+      const int64_t words = (st.sub_rows + pf - 1) / pf;
+      const int64_t part = row / st.sub_rows, r = row % st.sub_rows;  // part counts over experts too
       uint32_t word;
-      std::memcpy(&word, st.zero->data + ((row / pf) * groups + g) * 4, 4);
-      return static_cast<int>((word >> ((row % pf) * s.bits)) & ((1u << s.bits) - 1)) - (1 << (s.bits - 1));
+      std::memcpy(&word, st.zero->data + ((part * words + r / pf) * groups + g) * 4, 4);
+      return static_cast<int>((word >> ((r % pf) * s.bits)) & ((1u << s.bits) - 1)) - (1 << (s.bits - 1));
     }
     const auto* z = reinterpret_cast<const int8_t*>(st.zero->data);
     switch (s.strategy) {
-      case Strategy::kTensor: return z[0];
+      case Strategy::kTensor: return z[(row / st.rows) * st.parts + (row % st.rows) / st.sub_rows];
       case Strategy::kChannel: return z[row];
       default: return z[row * groups + g];
     }

@@ -230,6 +230,89 @@ std::vector<float> dequantize_int4_layout(const Int4Layout& l) {
   return out;
 }
 
+kernels::QuantMatRef own_int4_layout(Int4Layout&& l, kernels::QuantScheme scheme,
+                                     std::vector<std::shared_ptr<void>>& owned) {
+  auto q = std::make_shared<std::vector<uint8_t>>(std::move(l.qweight));
+  auto s = std::make_shared<std::vector<uint16_t>>(std::move(l.scales));
+  kernels::QuantMatRef m(scheme, l.rows, l.cols, l.group_size, q->data(), s->data());
+  m.extras = std::move(l.extras);
+  kernels::check_quant_matrix(m);
+  owned.push_back(std::move(q));
+  owned.push_back(std::move(s));
+  return m;
+}
+
+bool bind_int4_layouts(std::vector<Int4Layout>&& ls, const StoredLinear& w, kernels::QuantScheme scheme,
+                       kernels::QuantMatRef& out, std::vector<std::shared_ptr<void>>& owned) {
+  if (ls.size() == 1) {
+    out = own_int4_layout(std::move(ls[0]), scheme, owned);
+    return true;
+  }
+  auto q = std::make_shared<std::vector<uint8_t>>();
+  auto s = std::make_shared<std::vector<uint16_t>>();
+  std::shared_ptr<kernels::QuantExtras> extras;
+  int64_t corr_group = 0;
+  for (const Int4Layout& l : ls) {
+    if (l.extras) corr_group = l.extras->corr_group;
+  }
+  const int64_t total = w.total_rows(), ng = corr_group > 0 ? w.cols / corr_group : 0;
+  if (corr_group > 0) {
+    extras = std::make_shared<kernels::QuantExtras>();
+    extras->corr_group = corr_group;
+    extras->corr.assign(static_cast<size_t>(ng * total), 0.0f);  // every zero point 8: no correction
+  }
+  int64_t row0 = 0;  // the expert's first row in the stacked matrix
+  for (Int4Layout& l : ls) {
+    if (l.group_size != ls[0].group_size || (l.extras && l.extras->corr_group != corr_group)) {
+      LOG_WARN("'{}' ({}): experts with different groups: requantized", w.name, w.label);
+      return false;
+    }
+    q->insert(q->end(), l.qweight.begin(), l.qweight.end());
+    s->insert(s->end(), l.scales.begin(), l.scales.end());
+    if (extras && l.extras) {  // group-major: each group's rows of this expert at row0
+      for (int64_t g = 0; g < ng; ++g)
+        std::copy_n(l.extras->corr.data() + g * l.rows, l.rows, extras->corr.data() + g * total + row0);
+    }
+    row0 += l.rows;
+  }
+  out = kernels::QuantMatRef(scheme, w.total_rows(), w.cols, ls[0].group_size, q->data(), s->data());
+  out.extras = std::move(extras);
+  kernels::check_quant_matrix(out);
+  owned.push_back(std::move(q));
+  owned.push_back(std::move(s));
+  return true;
+}
+
+bool bind_int4_with_zeros(const PrequantFormat& f, const StoredLinear& w, kernels::QuantScheme scheme,
+                          kernels::QuantMatRef& out, std::vector<std::shared_ptr<void>>& owned) {
+  if (w.kind != PrequantKind::kInt || w.bits != 4 || w.permuted || w.group_size <= 0) return false;
+  std::vector<Int4Layout> ls;
+  IntRows ir;
+  for (int64_t e = 0; e < w.experts; ++e) {
+    f.int_rows(w, e * w.rows, (e + 1) * w.rows, ir);
+    IntGroupMatrix m;
+    m.rows = w.rows;
+    m.cols = w.cols;
+    m.bits = 4;
+    m.groups = w.cols / w.group_size;
+    m.q.resize(ir.q.size());
+    for (size_t i = 0; i < ir.q.size(); ++i) m.q[i] = static_cast<uint8_t>(ir.q[i] + 8);
+    m.scales = ir.scale;
+    m.zeros.resize(m.scales.size(), 8);
+    for (size_t i = 0; i < ir.zero.size(); ++i) m.zeros[i] = ir.zero[i] + 8;
+    m.group_of_col.resize(static_cast<size_t>(w.cols));
+    for (int64_t k = 0; k < w.cols; ++k) m.group_of_col[k] = static_cast<int32_t>(k / w.group_size);
+    std::string why;
+    std::optional<Int4Layout> l = to_infera_int4(m, &why);
+    if (!l) {
+      LOG_WARN("'{}' ({}): {}: requantized", w.name, w.label, why);
+      return false;
+    }
+    ls.push_back(std::move(*l));
+  }
+  return bind_int4_layouts(std::move(ls), w, scheme, out, owned);
+}
+
 GptqConfig parse_gptq_config(const json& qc, const std::string& where) {
   const std::string w = where + ": quantization_config";
   GptqConfig c;
@@ -494,7 +577,7 @@ class GptqFormat final : public PrequantFormat {
       }
       ls.push_back(std::move(*l));
     }
-    for (Int4Layout& l : ls) out.push_back(own_layout(std::move(l), scheme, owned));
+    for (Int4Layout& l : ls) out.push_back(own_int4_layout(std::move(l), scheme, owned));
     return true;
   }
 
@@ -514,59 +597,10 @@ class GptqFormat final : public PrequantFormat {
       }
       ls.push_back(std::move(*l));
     }
-    if (ls.size() == 1) {
-      out = own_layout(std::move(ls[0]), scheme, owned);
-      return true;
-    }
-    auto q = std::make_shared<std::vector<uint8_t>>();
-    auto s = std::make_shared<std::vector<uint16_t>>();
-    std::shared_ptr<kernels::QuantExtras> extras;
-    int64_t corr_group = 0;
-    for (const Int4Layout& l : ls) {
-      if (l.extras) corr_group = l.extras->corr_group;
-    }
-    const int64_t total = w.total_rows(), ng = corr_group > 0 ? w.cols / corr_group : 0;
-    if (corr_group > 0) {
-      extras = std::make_shared<kernels::QuantExtras>();
-      extras->corr_group = corr_group;
-      extras->corr.assign(static_cast<size_t>(ng * total), 0.0f);  // every zero point 8: no correction
-    }
-    int64_t row0 = 0;  // the expert's first row in the stacked matrix
-    for (Int4Layout& l : ls) {
-      if (l.group_size != ls[0].group_size || (l.extras && l.extras->corr_group != corr_group)) {
-        LOG_WARN("'{}' ({}): experts with different groups: requantized", w.name, w.label);
-        return false;
-      }
-      q->insert(q->end(), l.qweight.begin(), l.qweight.end());
-      s->insert(s->end(), l.scales.begin(), l.scales.end());
-      if (extras && l.extras) {  // group-major: each group's rows of this expert at row0
-        for (int64_t g = 0; g < ng; ++g)
-          std::copy_n(l.extras->corr.data() + g * l.rows, l.rows, extras->corr.data() + g * total + row0);
-      }
-      row0 += l.rows;
-    }
-    out = kernels::QuantMatRef(scheme, w.total_rows(), w.cols, ls[0].group_size, q->data(), s->data());
-    out.extras = std::move(extras);
-    kernels::check_quant_matrix(out);
-    owned.push_back(std::move(q));
-    owned.push_back(std::move(s));
-    return true;
+    return bind_int4_layouts(std::move(ls), w, scheme, out, owned);
   }
 
  private:
-  // One expert's (or layer's) Infera layout as a matrix; its buffers go to `owned`.
-  static kernels::QuantMatRef own_layout(Int4Layout&& l, kernels::QuantScheme scheme,
-                                         std::vector<std::shared_ptr<void>>& owned) {
-    auto q = std::make_shared<std::vector<uint8_t>>(std::move(l.qweight));
-    auto s = std::make_shared<std::vector<uint16_t>>(std::move(l.scales));
-    kernels::QuantMatRef m(scheme, l.rows, l.cols, l.group_size, q->data(), s->data());
-    m.extras = std::move(l.extras);
-    kernels::check_quant_matrix(m);
-    owned.push_back(std::move(q));
-    owned.push_back(std::move(s));
-    return m;
-  }
-
   GptqConfig c_;
 };
 

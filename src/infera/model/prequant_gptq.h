@@ -82,6 +82,20 @@ struct Int4Layout {
 // nullopt (and *why) when the kernels cannot hold it: bits other than 4, groups of unequal size
 // or a group size that is not a multiple of 32.
 std::optional<Int4Layout> to_infera_int4(const IntGroupMatrix& m, std::string* why);
+// One Int4Layout as a matrix of `scheme`; its buffers go to `owned`.
+kernels::QuantMatRef own_int4_layout(Int4Layout&& l, kernels::QuantScheme scheme,
+                                     std::vector<std::shared_ptr<void>>& owned);
+// w's experts' layouts (one each, in order; one for a per-module weight) bound as one
+// [w.total_rows(), w.cols] matrix: rows concatenated, the zero-point corrections group-major
+// over all rows. False (logged) when the experts' groups differ.
+bool bind_int4_layouts(std::vector<Int4Layout>&& ls, const StoredLinear& w, kernels::QuantScheme scheme,
+                       kernels::QuantMatRef& out, std::vector<std::shared_ptr<void>>& owned);
+// A 4-bit weight with zero points, read through f.int_rows (signed values and zeros), bound
+// exactly: the values offset to the kernels' unsigned nibbles, each group's zero carried as the
+// row-indexed correction scale · (8 − zero) (kernels::QuantExtras). False where the kernels'
+// groups cannot hold it (a group size not a multiple of 32, act-order): the seam requantizes.
+bool bind_int4_with_zeros(const PrequantFormat& f, const StoredLinear& w, kernels::QuantScheme scheme,
+                          kernels::QuantMatRef& out, std::vector<std::shared_ptr<void>>& owned);
 // The value the kernels compute with for W[n, k] (scales rounded to f16), for tests.
 std::vector<float> dequantize_int4_layout(const Int4Layout& l);
 

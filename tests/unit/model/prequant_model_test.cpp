@@ -220,25 +220,38 @@ TEST(PrequantMoe, ExpertsInEveryFormat) {
 // wrong reading would move the logits), and the logits are the dequantized model's within the
 // bounds above (the w4a16 layouts: f32 rounding, measured 8e-6 of 9.2; int8 activations:
 // their rounding, measured 0.18-0.21 of 8, 2.3-2.5%).
-TEST(PrequantMoe, DeepSeekV3InEveryFormat) {
-  const std::string base = test::generate_model(kScratch / "deepseek_v3",
-                                                "--arch deepseek_v3 --hidden 128 --layers 3 --heads 4 --vocab 300 "
+// DeepSeek-V3 (arch deepseek_v3) or V3.2 (deepseek_v32: the lightning indexer's wq_b and wk
+// quantized, weights_proj kept float as DeepSeek's V3.2 release keeps it) in every format.
+void deepseek_in_every_format(const std::string& arch) {
+  const bool v32 = arch == "deepseek_v32";
+  const std::string base =
+      test::generate_model(kScratch / arch, "--arch " + arch +
+                                                " --hidden 128 --layers 3 --heads 4 --vocab 300 "
                                                 "--experts 8 --experts-per-tok 2 --moe-ffn 64 --seed 7");
   const std::vector<int32_t> prompt = {1, 5, 9, 13, 200, 42, 7, 180};
   for (const char* args : {"--format gptq --group-size 32 --asym", "--format gptq --group-size 32 --desc-act",
                            "--format awq --group-size 32", "--format slim-w8a8-dynamic", "--format slim-w4a8"}) {
     SCOPED_TRACE(args);
     std::string name = std::regex_replace(std::string(args), std::regex("[^a-z0-9]+"), "_");
-    const std::string dir = write(base, "deepseek" + name, args);
+    const std::string dir = write(base, (v32 ? "deepseek32" : "deepseek") + name, args);
     const bool int4_16 = std::string(args).find("slim") == std::string::npos;
     const auto src = PrequantSource::open(dir);
     ASSERT_NE(src, nullptr);
-    for (const char* proj : {"q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj"}) {
-      const std::string p = std::string("model.layers.1.self_attn.") + proj;
+    std::vector<std::string> projs = {"q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj"};
+    if (v32) projs.insert(projs.end(), {"indexer.wq_b", "indexer.wk"});
+    for (const std::string& proj : projs) {
+      const std::string p = "model.layers.1.self_attn." + proj;
       EXPECT_NE(src->store().find(p + (int4_16 ? ".qweight" : ".weight_scale")), nullptr) << p << " is not quantized";
     }
-    // 3 layers x 5 MLA projections, 1 dense MLP x 3, 2 MoE layers x (8 experts + shared) x 3.
-    EXPECT_GE(compare_layers(dir, int4_16 ? 1e-6f : 1e-3f), 15 + 3 + 2 * 9 * 3);
+    if (v32) {
+      const TensorInfo* wp = src->store().find("model.layers.1.self_attn.indexer.weights_proj.weight");
+      ASSERT_NE(wp, nullptr);
+      EXPECT_EQ(wp->dtype, DType::kF32) << "weights_proj stays float";
+      EXPECT_FALSE(src->format().quantizes(src->store(), wp->name));
+    }
+    // 3 layers x 5 MLA projections (V3.2: + 2 indexer projections), 1 dense MLP x 3, 2 MoE
+    // layers x (8 experts + shared) x 3.
+    EXPECT_GE(compare_layers(dir, int4_16 ? 1e-6f : 1e-3f), (v32 ? 21 : 15) + 3 + 2 * 9 * 3);
     // `infera check` finds nothing wrong; `infera plan` reads the format's weight files
     // (msModelSlim's quant_model_weights.safetensors too).
     const std::string infera = std::string(INFERA_BINARY_DIR) + "/infera";
@@ -246,10 +259,15 @@ TEST(PrequantMoe, DeepSeekV3InEveryFormat) {
     const auto [plan_rc, plan_out] = test::shell(infera + " plan -m " + dir + " 2>&1");
     EXPECT_EQ(plan_rc, 0) << plan_out;
     const Diff d = diff(last_logits(dir, prompt), last_logits(dir + "-ref", prompt));
-    std::printf("[ prequant ] deepseek_v3 %-40s max |logit - dequantized| %.2e of %.2f\n", args, d.max_abs, d.max_ref);
+    std::printf("[ prequant ] %s %-40s max |logit - dequantized| %.2e of %.2f\n", arch.c_str(), args, d.max_abs,
+                d.max_ref);
     EXPECT_LT(d.rel(), int4_16 ? 1e-4f : 0.06f) << d.max_abs << " of " << d.max_ref;
   }
 }
+
+TEST(PrequantMoe, DeepSeekV3InEveryFormat) { deepseek_in_every_format("deepseek_v3"); }
+
+TEST(PrequantMoe, DeepSeekV32InEveryFormat) { deepseek_in_every_format("deepseek_v32"); }
 
 std::string check_errors(const std::string& dir);
 
