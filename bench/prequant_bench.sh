@@ -12,6 +12,7 @@
 #   ct-w8a8          -> W8A8 (int8 in place)                    vs infera w8a8
 #   slim-w8a8-dyn    -> W8A8 (msModelSlim W8A8_DYNAMIC in place) vs infera w8a8
 #   ct-w4a16         -> W4A16 g128 (exact)                      vs infera w4a16 g128
+#   ct-w4a16-asym    -> W4A16 g128 (exact, zeros as a term)     vs infera w4a16 g128
 #   gptq, awq        -> W4A16 g128 (exact, AWQ zeros as a term) vs infera w4a16 g128
 #   gptq/w4a8        -> W4A8 g128 (INFERA_PREQUANT_SCHEME=w4a8) vs infera w4a8 g128
 #   slim-w4a8        -> W4A8 g128 (msModelSlim W4A8_DYNAMIC)     vs infera w4a8 g128
@@ -69,6 +70,8 @@ for m in $models; do
   for f in fp8-block ct-w8a8 ct-w4a16; do
     [ -f "${src}_$f/config.json" ] || $py "$repo/tools/prequant_write.py" "$src" "${src}_$f" --format "$f" > /dev/null
   done
+  [ -f "${src}_ct-w4a16-asym/config.json" ] ||
+    $py "$repo/tools/prequant_write.py" "$src" "${src}_ct-w4a16-asym" --format ct-w4a16 --asym > /dev/null
   for f in gptq awq slim-w8a8-dynamic slim-w4a8; do
     [ -f "${src}_$f/config.json" ] || $py "$repo/tools/prequant_write_gptq_awq_slim.py" "$src" "${src}_$f" --format "$f" --group-size 128 > /dev/null
   done
@@ -76,7 +79,7 @@ for m in $models; do
   # checkpoint|environment|native reference
   runs="native_w8a8|-|native_w8a8 fp8-block|-|native_w8a8 fp8-block|INFERA_PREQUANT_FP8=w8a16|native_w8a8
         ct-w8a8|-|native_w8a8 slim-w8a8-dynamic|-|native_w8a8 native_w4a16|-|native_w4a16 ct-w4a16|-|native_w4a16
-        gptq|-|native_w4a16 awq|-|native_w4a16 native_w4a8|-|native_w4a8 gptq|INFERA_PREQUANT_SCHEME=w4a8|native_w4a8
+        ct-w4a16-asym|-|native_w4a16 gptq|-|native_w4a16 awq|-|native_w4a16 native_w4a8|-|native_w4a8 gptq|INFERA_PREQUANT_SCHEME=w4a8|native_w4a8
         slim-w4a8|-|native_w4a8"
   for r in $(seq "$repeats"); do
     for run in $runs; do
