@@ -70,7 +70,7 @@ best() { $py -c "import sys; print(max(float(v) for v in sys.argv[1:]))" "$@"; }
 
 echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "infera weights: $([ "${MMAP:-1}" = 0 ] && echo "read into memory (--no-mmap)" || echo mapped)"
-"$infera" sysinfo 2>/dev/null | grep -i -E "isa|kernel|avx" | head -4 || true
+"$infera" sysinfo 2>/dev/null | grep -i -E "^(cpu features|kernel path|bf16 matmul|f16 matmul|gguf matmul|quantized matmul)" || true
 $py -c "import json; c = json.load(open('model/config.json')); print('model:', c['model_type'], 'hidden', c['hidden_size'], \
 'layers', c['num_hidden_layers'], 'experts', c.get('num_experts', 0), 'vocab', c['vocab_size'])"
 printf "%-6s %-7s %14s %14s %14s %14s %9s %9s\n" type threads "infera pp t/s" "llama pp t/s" "infera tg t/s" \

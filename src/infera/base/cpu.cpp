@@ -1,6 +1,8 @@
 #include "infera/base/cpu.h"
 
 #include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <cstring>
@@ -44,11 +46,15 @@ CpuFeatures detect() {
     f.avx512vl = b7 & (1u << 31);
     f.avx512vnni = c7 & (1u << 11);
     f.avx512bf16 = a71 & (1u << 5);
+    f.amx_bf16 = d7 & (1u << 22);
+    f.amx_tile = d7 & (1u << 24);
+    f.amx_int8 = d7 & (1u << 25);
   }
   const std::string cap = option_env("isa", BadEnvValue::kWarnAndIgnore);  // INFERA_ISA
   if (cap == "scalar") f = CpuFeatures{};
   if (cap == "avx2") {
     f.avx512f = f.avx512bw = f.avx512vl = f.avx512dq = f.avx512vnni = f.avx512bf16 = false;
+    f.amx_tile = f.amx_int8 = f.amx_bf16 = false;
   }
   return f;
 }
@@ -71,12 +77,27 @@ std::string CpuFeatures::describe() const {
   add(avx512vnni, "avx512vnni");
   add(avx512bf16, "avx512bf16");
   add(avxvnni, "avxvnni");
+  add(amx_tile, "amx_tile");
+  add(amx_int8, "amx_int8");
+  add(amx_bf16, "amx_bf16");
   return s.empty() ? "none" : s;
 }
 
 const CpuFeatures& cpu_features() {
   static const CpuFeatures f = detect();
   return f;
+}
+
+const char* amx_unavailable_reason() {
+  static const char* const why = []() -> const char* {
+    if (option_env("amx", BadEnvValue::kWarnAndIgnore) == "0") return "off (INFERA_AMX=0)";  // A/B runs
+    const CpuFeatures& f = cpu_features();
+    if (!f.has_avx512_path() || !f.amx_tile || !f.amx_int8 || !f.amx_bf16) return "not on this CPU";
+    constexpr long kReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;  // asm/prctl.h
+    if (syscall(SYS_arch_prctl, kReqXcompPerm, kXfeatureXtiledata) != 0) return "not granted by the kernel";
+    return nullptr;
+  }();
+  return why;
 }
 
 Isa best_isa() {

@@ -16,6 +16,11 @@ struct CpuFeatures {
   bool avx512vnni = false;
   bool avx512bf16 = false;
   bool avxvnni = false;
+  // AMX (Sapphire Rapids and later): the tile unit and its int8 / bf16 products. Usable only
+  // once Linux grants the process the tile state (amx_unavailable_reason).
+  bool amx_tile = false;
+  bool amx_int8 = false;
+  bool amx_bf16 = false;
 
   bool has_avx2_path() const { return avx2 && fma && f16c; }
   bool has_avx512_path() const {
@@ -27,6 +32,12 @@ struct CpuFeatures {
 // Detected once. The environment variable INFERA_ISA (scalar|avx2|avx512) caps the
 // features reported, so every path can be exercised on one machine.
 const CpuFeatures& cpu_features();
+
+// Why the AMX kernels (AVX-512 path) cannot run, or nullptr when they can: "off
+// (INFERA_AMX=0)", "not on this CPU" (no AMX tile unit with int8 and bf16 products, or the
+// kernel path capped below avx512), "not granted by the kernel" (arch_prctl refused the
+// tile state). Asked once; the first call requests the tile state for the process.
+const char* amx_unavailable_reason();
 
 enum class Isa { kScalar, kAvx2, kAvx512 };
 Isa best_isa();

@@ -12,6 +12,7 @@
 #include "infera/base/membw.h"
 #include "infera/cli/command.h"
 #include "infera/kernels/kernels.h"
+#include "infera/kernels/quant.h"
 
 namespace infera::cli {
 namespace {
@@ -31,6 +32,8 @@ int run(const Options& o) {
   for (DType d : {DType::kBF16, DType::kF16, DType::kF32})
     fm[std::string(dtype_name(d))] = kernels::matmul_path(best_isa(), d);
   j["float_matmul"] = fm;
+  j["quant_matmul"] = kernels::quant_matmul_path(best_isa());
+  j["gguf_matmul"] = kernels::ggml_matmul_path(best_isa());
   if (o.bandwidth) {
     nlohmann::json bw = nlohmann::json::object();
     for (int t = 1; t <= omp_get_num_procs(); t *= 2) bw[std::to_string(t)] = measure_read_bandwidth_gbs(t);
@@ -46,6 +49,8 @@ int run(const Options& o) {
                 j["kernel_path"].get<std::string>().c_str(), j["cores"].get<int>());
     for (auto& [d, p] : j["float_matmul"].items())
       std::printf("%s matmul: %s\n", d.c_str(), p.get<std::string>().c_str());
+    std::printf("quantized matmul: %s\ngguf matmul: %s\n", j["quant_matmul"].get<std::string>().c_str(),
+                j["gguf_matmul"].get<std::string>().c_str());
     if (o.bandwidth) {
       for (auto& [t, v] : j["read_bandwidth_gbs"].items())
         std::printf("read bandwidth, %s thread(s): %.1f GB/s\n", t.c_str(), v.get<double>());

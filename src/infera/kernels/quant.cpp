@@ -181,7 +181,7 @@ void fp8_matmul(const float* x, int64_t m, const QuantMatRef& w, float* y) {
 namespace {
 
 const QuantKernelTable& scalar_table() {
-  static const QuantKernelTable t{&ref::quantize_activations, &ref::qmatmul, nullptr, nullptr};
+  static const QuantKernelTable t{&ref::quantize_activations, &ref::qmatmul, nullptr, nullptr, nullptr};
   return t;
 }
 
@@ -196,6 +196,37 @@ const QuantKernelTable& quant_table_for(Isa isa) {
 }
 
 }  // namespace
+
+std::string quant_matmul_path(Isa isa) {
+  switch (isa) {
+    case Isa::kAvx512: {
+      std::string s =
+          "W8A8 / W4A8 (int8 activations per token): avx512 VNNI (vpdpbusd) on packed panels, a GEMV per token "
+          "and tiles of up to 8 tokens x 16-48 rows; W4A16: int4 widened to f32 FMA; W8A8 prefill (>= 8 tokens, "
+          "k a multiple of 64) on AMX int8 tiles (tdpbsud): ";
+      return s + quant_table_for(isa).amx_status();
+    }
+    case Isa::kAvx2:
+      return "W8A8 / W4A8 (int8 activations per token): avx2 maddubs / madd dot products; W4A16: int4 widened to "
+             "f32 FMA; no AMX";
+    case Isa::kScalar: break;
+  }
+  return "scalar reference";
+}
+
+std::string ggml_matmul_path(Isa isa) {
+  switch (isa) {
+    case Isa::kAvx512:
+      return "avx512: activations as llama.cpp's Q8 blocks; decode: Q4_K / Q6_K / Q8_0 read in place, 4 rows per step "
+             "(vpdpbusd, rows prefetched >= 16 KB ahead), other types decoded per tile of 4 rows; prefill (>= 4 "
+             "tokens): 16-row VNNI tiles decoded once per pass over the tokens (vpdpbusd)";
+    case Isa::kAvx2:
+      return "avx2: activations as llama.cpp's Q8 blocks; decode and prefill: tiles of 4 decoded rows, maddubs / "
+             "madd dot products";
+    case Isa::kScalar: break;
+  }
+  return "scalar reference (decoded rows, integer dot products)";
+}
 
 void quantize_activations(Isa isa, const float* x, int64_t m, int64_t k, int8_t* q, int64_t ld, float* scale,
                           int32_t* block_sums) {

@@ -229,6 +229,11 @@ void qmatmul_multi(Isa isa, const float* x, int64_t m, std::span<const QuantMatR
 using LinearObserver = std::function<void(std::string_view weight_name, const float* x, int64_t m, int64_t k)>;
 void set_linear_observer(LinearObserver observer);
 
+// The quantized matmul kernels `isa` runs, in words (`infera sysinfo`): Infera's schemes (and
+// whether AMX tiles are in use), and llama.cpp's block types of GGUF files.
+std::string quant_matmul_path(Isa isa);
+std::string ggml_matmul_path(Isa isa);
+
 // y[m, n] = x[m, k] · dequant(W)ᵀ, computed in the scheme's precision. x, y f32.
 // With w.packed set, the AVX-512 path runs the panel kernels (GEMV for m = 1, a tiled GEMM
 // of up to 8 tokens x 16-48 rows otherwise, AMX tiles for W8A8 prefill where available);

@@ -185,6 +185,29 @@ TEST(QuantPacked, W8A8AmxAndVnniGemmAgreeExactly) {
   }
 }
 
+// `infera sysinfo` names the quantized kernels: each path its ISA, and on the AVX-512 path
+// whether AMX tiles run W8A8 prefill or why not, consistent with the CPU's AMX bits.
+TEST(QuantPacked, PathsNameTheirIsaAndAmxState) {
+  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512}) {
+    if (!isa_available(isa)) continue;
+    const std::string q = quant_matmul_path(isa), g = ggml_matmul_path(isa);
+    const std::string name = isa == Isa::kScalar ? "scalar" : isa_name(isa);
+    EXPECT_NE(q.find(name), std::string::npos) << q;
+    EXPECT_NE(g.find(name), std::string::npos) << g;
+  }
+  if (!isa_available(Isa::kAvx512)) GTEST_SKIP() << "no AVX-512 path on this CPU (AMX state not reported)";
+  const std::string q = quant_matmul_path(Isa::kAvx512);
+  const CpuFeatures& f = cpu_features();
+  const bool amx = f.amx_tile && f.amx_int8 && f.amx_bf16;
+  const bool off = q.ends_with("off (INFERA_AMX=0)");
+  EXPECT_EQ(q.ends_with("in use"), amx_unavailable_reason() == nullptr) << q;
+  if (!amx) {
+    EXPECT_TRUE(q.ends_with("not on this CPU") || off) << q;
+  } else {
+    EXPECT_TRUE(q.ends_with("in use") || q.ends_with("not granted by the kernel") || off) << q;
+  }
+}
+
 // The AVX-512 path must compute from the packed copy (not silently from the on-disk
 // layout): with the on-disk bytes zeroed, only the packed copy still holds the weights.
 TEST(QuantPacked, Avx512ComputesFromThePackedCopy) {

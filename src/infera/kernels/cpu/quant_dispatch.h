@@ -18,6 +18,10 @@ struct QuantKernelTable {
   // One token against `count` packed matrices of one scheme, cols and group size (linear_multi);
   // nullptr where qmatmul_packed is.
   void (*qgemv_packed_multi)(const float* x, const QuantMatRef* const* ws, float* const* ys, int count);
+  // Whether W8A8 prefill runs on AMX tiles here, for `infera sysinfo`: "in use", or why not
+  // ("off (INFERA_AMX=0)", "not on this CPU", "not granted by the kernel"); nullptr on paths
+  // without the AMX kernel.
+  const char* (*amx_status)();
 };
 
 namespace quant_avx2 {

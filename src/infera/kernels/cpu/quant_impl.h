@@ -754,17 +754,11 @@ void w4a16_panels_gemm(const uint8_t* panel, int64_t panel_bytes, int64_t chunks
 
 constexpr int64_t kAmxMinTokens = 8;
 
-bool amx_usable() {
-  static const bool ok = [] {
-    if (option_env("amx", BadEnvValue::kWarnAndIgnore) == "0") return false;  // the VNNI kernels (A/B runs)
-    unsigned a = 0, b = 0, c = 0, d = 0;
-    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
-    const bool tile = (d >> 24) & 1u, int8 = (d >> 25) & 1u;
-    if (!tile || !int8) return false;
-    constexpr long kReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;  // asm/prctl.h
-    return syscall(SYS_arch_prctl, kReqXcompPerm, kXfeatureXtiledata) == 0;
-  }();
-  return ok;
+bool amx_usable() { return amx_unavailable_reason() == nullptr; }
+
+const char* amx_status() {
+  const char* why = amx_unavailable_reason();
+  return why != nullptr ? why : "in use";
 }
 
 struct alignas(64) TileConfig {
@@ -1103,9 +1097,9 @@ void qmatmul(const float* x, int64_t m, const QuantMatRef& w, float* y) {
 
 const QuantKernelTable& table() {
 #if INFERA_QUANT_AVX512
-  static const QuantKernelTable t{&quantize_activations, &qmatmul, &qmatmul_packed, &qgemv_packed_multi};
+  static const QuantKernelTable t{&quantize_activations, &qmatmul, &qmatmul_packed, &qgemv_packed_multi, &amx_status};
 #else
-  static const QuantKernelTable t{&quantize_activations, &qmatmul, nullptr, nullptr};
+  static const QuantKernelTable t{&quantize_activations, &qmatmul, nullptr, nullptr, nullptr};
 #endif
   return t;
 }
