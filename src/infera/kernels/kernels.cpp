@@ -48,6 +48,13 @@ namespace {
 std::atomic<int> g_bf16_dot{-1};
 }  // namespace
 
+namespace {
+std::atomic<bool> g_bf16_amx{true};
+}  // namespace
+
+void set_bf16_amx(bool enabled) { g_bf16_amx.store(enabled, std::memory_order_relaxed); }
+bool bf16_amx_enabled() { return g_bf16_amx.load(std::memory_order_relaxed) && amx_unavailable_reason() == nullptr; }
+
 void set_bf16_dot(bool enabled) { g_bf16_dot.store(enabled ? 1 : 0, std::memory_order_relaxed); }
 bool bf16_dot_enabled() {
   int v = g_bf16_dot.load(std::memory_order_relaxed);

@@ -53,6 +53,14 @@ void matmul(Isa isa, const float* x, int64_t m, const MatRef& w, float* y);
 void set_bf16_dot(bool enabled);
 bool bf16_dot_enabled();
 
+// That bf16 prefill on AMX tiles (tdpbf16ps, 16 tokens x 16 weight rows x 32 k per
+// instruction) where the CPU has AMX-BF16 and Linux grants the tile state
+// (amx_unavailable_reason): the same products (x rounded to bf16, each product exact, summed
+// in f32 in another order), within the same bound. On by default (INFERA_AMX=0 turns it off
+// with the int8 AMX kernels); set_bf16_amx(false) keeps vdpbf16ps, for tests of both.
+void set_bf16_amx(bool enabled);
+bool bf16_amx_enabled();
+
 // The matmul kernels the given path runs for weights of dtype (f32, bf16, f16), prefill
 // and decode, in words (`infera sysinfo`, benchmarks).
 std::string matmul_path(Isa isa, DType dtype);

@@ -155,9 +155,7 @@ void expect_dot_close(const std::vector<float>& x, int64_t m, const MatRef& w, c
   }
 }
 
-TEST(KernelsBf16Dot, PrefillMatchesReferenceOnOddShapes) {
-  if (!isa_available(Isa::kAvx512)) GTEST_SKIP() << "the vdpbf16ps path needs the avx512 path (AVX512_BF16)";
-  const Bf16DotScope dot(true);
+void bf16_prefill_odd_shapes() {
   uint32_t seed = 100;
   for (const auto& s : kDotShapes) {
     const TestWeights w(DType::kBF16, s.n, s.k, seed++);
@@ -173,6 +171,31 @@ TEST(KernelsBf16Dot, PrefillMatchesReferenceOnOddShapes) {
     matmul(Isa::kAvx512, xr.data(), s.m, w.ref, yr.data());
     expect_dot_close(xr, s.m, w.ref, yr, true, what + " (x bf16)");
     for (size_t i = 0; i < y.size(); ++i) ASSERT_EQ(y[i], yr[i]) << what << " at " << i;
+  }
+}
+
+class Bf16AmxScope {
+ public:
+  explicit Bf16AmxScope(bool enabled) : saved_(bf16_amx_enabled()) { set_bf16_amx(enabled); }
+  ~Bf16AmxScope() { set_bf16_amx(saved_); }
+
+ private:
+  bool saved_;
+};
+
+// Both bf16 prefill kernels on one machine where it has AMX (tdpbf16ps tiles, and
+// vdpbf16ps with AMX off); the vdpbf16ps kernel alone elsewhere.
+TEST(KernelsBf16Dot, PrefillMatchesReferenceOnOddShapes) {
+  if (!isa_available(Isa::kAvx512)) GTEST_SKIP() << "the vdpbf16ps path needs the avx512 path (AVX512_BF16)";
+  const Bf16DotScope dot(true);
+  const bool amx = amx_unavailable_reason() == nullptr;
+  std::printf("[ bf16 ] AMX tiles: %s\n", amx ? "in use (both kernels tested)" : amx_unavailable_reason());
+  for (bool use_amx : {false, true}) {
+    if (use_amx && !amx) break;
+    const Bf16AmxScope scope(use_amx);
+    SCOPED_TRACE(use_amx ? "AMX tdpbf16ps" : "vdpbf16ps");
+    EXPECT_EQ(matmul_path(Isa::kAvx512, DType::kBF16).find("tdpbf16ps") != std::string::npos, use_amx);
+    bf16_prefill_odd_shapes();
   }
 }
 

@@ -334,6 +334,79 @@ inline void gemm_micro_bf16(const uint32_t* xb, int64_t ldx, const uint32_t* pan
   }
   store_tile<MR>(acc, y, ldy, ncols, accumulate);
 }
+
+// ---- AMX-BF16 prefill (Sapphire Rapids and later) -----------------------------------------
+//
+// A bf16-pair panel is, 16 columns at a time, the B operand of tdpbf16ps as it lies: 16
+// pairs (32 k) are 16 tile rows of 64 bytes (16 columns x one pair each), a panel row
+// (kNR words) apart; A is 16 tokens x 16 pairs of xb, a row of x apart. One instruction
+// makes 16 x 16 x 32 products (the pair products exact in f32, summed in f32), 16x a
+// vdpbf16ps. Tiles: 0-1 A (tokens 0-15, 16-31), 2-3 B (columns c0 .. c0 + 31), 4-7 C.
+struct alignas(64) AmxTileConfig {
+  uint8_t palette = 1;
+  uint8_t start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+__attribute__((target("amx-tile,amx-bf16"))) inline void amx_bf16_configure() {
+  AmxTileConfig cfg;
+  for (int t = 0; t < 8; ++t) {
+    cfg.colsb[t] = 64;
+    cfg.rows[t] = 16;
+  }
+  __asm__ volatile("ldtilecfg %0" ::"m"(cfg));  // (GCC 12's _tile_loadconfig drops the stores)
+}
+
+__attribute__((target("amx-tile,amx-bf16"))) inline void amx_bf16_release() { _tile_release(); }
+
+// y[i][c0 + c] (+)= sum over the first `pairs` pairs (a multiple of 16) for TA * 16 tokens
+// and columns c0 .. c0 + ncols (ncols <= 32; the panel is zero past its rows).
+template <int TA>
+__attribute__((target("amx-tile,amx-bf16"))) void amx_bf16_block(const uint32_t* xb, int64_t ldx, const uint32_t* panel,
+                                                                 int64_t pairs, int64_t c0, float* y, int64_t ldy,
+                                                                 int64_t ncols, bool accumulate) {
+  _tile_zero(4);
+  _tile_zero(5);
+  if constexpr (TA == 2) {
+    _tile_zero(6);
+    _tile_zero(7);
+  }
+  const int64_t bstride = kNR * 4, astride = ldx * 4;
+  for (int64_t t = 0; t < pairs; t += 16) {
+    _tile_loadd(2, panel + t * kNR + c0, bstride);
+    _tile_loadd(3, panel + t * kNR + c0 + 16, bstride);
+    _tile_loadd(0, xb + t, astride);
+    _tile_dpbf16ps(4, 0, 2);
+    _tile_dpbf16ps(5, 0, 3);
+    if constexpr (TA == 2) {
+      _tile_loadd(1, xb + 16 * ldx + t, astride);
+      _tile_dpbf16ps(6, 1, 2);
+      _tile_dpbf16ps(7, 1, 3);
+    }
+  }
+  alignas(64) float c_out[4][16 * 16];
+  _tile_stored(4, c_out[0], 64);
+  _tile_stored(5, c_out[1], 64);
+  if constexpr (TA == 2) {
+    _tile_stored(6, c_out[2], 64);
+    _tile_stored(7, c_out[3], 64);
+  }
+  for (int a = 0; a < TA; ++a) {
+    for (int q = 0; q < 2; ++q) {
+      const int64_t cols = std::min<int64_t>(16, ncols - 16 * q);
+      if (cols <= 0) continue;
+      const __mmask16 mask = static_cast<__mmask16>((1u << cols) - 1);
+      for (int r = 0; r < 16; ++r) {
+        float* yr = y + (16 * a + r) * ldy + c0 + 16 * q;
+        __m512 v = _mm512_load_ps(c_out[2 * a + q] + r * 16);
+        if (accumulate) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask, yr));
+        _mm512_mask_storeu_ps(yr, mask, v);
+      }
+    }
+  }
+}
 #endif
 
 // bf16 weights take the vdpbf16ps GEMM where the CPU has it (the AVX-512 path requires
@@ -357,6 +430,7 @@ void gemm(const float* x, int64_t m, int64_t k, const typename Weights<D>::T* w,
   static thread_local Scratch panel_scratch;
 #if INFERA_SIMD_LEVEL == 2
   const bool dot = kHasDotPath<D> && bf16_dot_enabled();
+  const bool amx = dot && m >= 16 && bf16_amx_enabled();
   static thread_local Scratch x_scratch;
   const int64_t kp = (k + 1) / 2;
   uint32_t* xb = nullptr;
@@ -381,7 +455,35 @@ void gemm(const float* x, int64_t m, int64_t k, const typename Weights<D>::T* w,
       if (dot) {
         auto* pp = reinterpret_cast<uint32_t*>(panel);
         pack_panel_pairs(reinterpret_cast<const uint16_t*>(w), k, j0, nr, k0, kc, pp);
-        for (int64_t i = i0; i < i1; i += kMR) {
+        const int64_t kpc = (kc + 1) / 2;
+        const int64_t pa = amx ? kpc / 16 * 16 : 0;  // pairs on AMX tiles; the rest below
+        int64_t i = i0;
+        if (pa > 0 && i1 - i0 >= 16) {
+          amx_bf16_configure();
+          while (i + 16 <= i1) {
+            const int64_t rows = i + 32 <= i1 ? 32 : 16;
+            for (int64_t c0 = 0; c0 < nr; c0 += 32) {
+              const int64_t nc = std::min<int64_t>(32, nr - c0);
+              float* yt = y + i * ldy + (j0 - n0);
+              if (rows == 32) {
+                amx_bf16_block<2>(xb + i * kp + k0 / 2, kp, pp, pa, c0, yt, ldy, nc, acc);
+              } else {
+                amx_bf16_block<1>(xb + i * kp + k0 / 2, kp, pp, pa, c0, yt, ldy, nc, acc);
+              }
+            }
+            if (pa < kpc) {  // the tail pairs of this panel
+              for (int64_t r = i; r < i + rows; r += kMR) {
+                with_rows(std::min<int64_t>(kMR, i + rows - r), [&](auto mr) {
+                  gemm_micro_bf16<decltype(mr)::value>(xb + r * kp + k0 / 2 + pa, kp, pp + pa * kNR, kpc - pa,
+                                                       y + r * ldy + (j0 - n0), ldy, nr, true);
+                });
+              }
+            }
+            i += rows;
+          }
+          amx_bf16_release();
+        }
+        for (; i < i1; i += kMR) {
           with_rows(std::min<int64_t>(kMR, i1 - i), [&](auto rows) {
             gemm_micro_bf16<decltype(rows)::value>(xb + i * kp + k0 / 2, kp, pp, (kc + 1) / 2, y + i * ldy + (j0 - n0),
                                                    ldy, nr, acc);
@@ -447,6 +549,12 @@ std::string matmul_path(DType d) {
   if (d == DType::kBF16 && INFERA_SIMD_LEVEL == 2 && bf16_dot_enabled()) {
     prefill =
         std::string(isa) + " vdpbf16ps (AVX512_BF16) " + tile + " tiles on packed bf16-pair panels, x rounded to bf16";
+    if (bf16_amx_enabled()) {
+      prefill =
+          "AMX tdpbf16ps tiles, 32 tokens x 32 rows per pass, on packed bf16-pair panels, x rounded to bf16 "
+          "(" +
+          std::string(isa) + " vdpbf16ps " + tile + " tiles for the last < 16 tokens and k tails)";
+    }
   }
   const std::string decode = std::string(isa) + " f32 FMA matvec, " + std::to_string(kGemvStreams) +
                              " row streams, each prefetched " + std::to_string(kGemvPrefetchBytes) +
