@@ -474,6 +474,19 @@ TEST(PrequantModels, Qwen35FusedExpertsInCompressedTensors) {
     ASSERT_FALSE(r.errors.empty());
     EXPECT_NE(r.errors.front().find(b.needles.front()), std::string::npos) << r.errors.front();
   }
+  // Fused experts under actorder "group" (each expert's g_idx would be joined end to end) are
+  // refused, naming the stacked g_idx tensor, not read with a wrong column order.
+  const std::string dir = write_prequant(src, "qwen35_ct_fused_actorder", "ct-w4a16", "--group-size 32");
+  auto cfg = nlohmann::json::parse(std::ifstream(dir + "/config.json"));
+  for (auto& [name, group] : cfg["quantization_config"]["config_groups"].items())
+    group["weights"]["actorder"] = "group";
+  std::ofstream(dir + "/config.json") << cfg.dump(1);
+  const auto format = detect_prequant(dir);
+  ASSERT_NE(format, nullptr);
+  const WeightStore store = WeightStore::open(dir);
+  const std::string msg = error_of([&] { format->locate(store, gu, 4, 128, 128); });
+  EXPECT_NE(msg.find(gu + ".weight_g_idx"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("actorder 'group'"), std::string::npos) << msg;
 }
 
 // DeepSeek-V3 in FP8 blocks: the MLA projections, experts, shared expert and MTP head bind
