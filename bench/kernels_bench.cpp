@@ -214,6 +214,7 @@ void BM_GgmlMatmul(benchmark::State& state) {
   const int64_t m = state.range(1);
   infera::set_num_threads(static_cast<int>(state.range(2)));
   const int64_t rows = state.range(3) == 0 ? kN : kK, cols = state.range(3) == 0 ? kK : kN;
+  ggml::set_ggml_amx(state.range(4) != 0);  // prefill on AMX tiles where the CPU has them, or the VNNI tiles
   const int64_t rb = ggml::row_bytes(type, cols), ts = ggml::type_size(type);
   // A decode step reads its weights from memory (a model's are far larger than the caches):
   // m = 1 cycles through copies of the matrix that together exceed them.
@@ -240,7 +241,9 @@ void BM_GgmlMatmul(benchmark::State& state) {
     benchmark::DoNotOptimize(y.data());
     benchmark::ClobberMemory();
   }
-  state.SetLabel(type == ggml::kQ4_K ? "q4_k" : type == ggml::kQ6_K ? "q6_k" : "q8_0");
+  state.SetLabel(std::string(type == ggml::kQ4_K ? "q4_k" : type == ggml::kQ6_K ? "q6_k" : "q8_0") +
+                 (m > 1 && state.range(4) != 0 ? " amx" : ""));
+  ggml::set_ggml_amx(true);
   state.counters["GOP/s"] =
       benchmark::Counter(2.0 * m * rows * cols * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
   state.counters["GB/s"] =
@@ -250,7 +253,8 @@ BENCHMARK(BM_GgmlMatmul)
     ->ArgsProduct({{infera::kernels::ggml::kQ4_K, infera::kernels::ggml::kQ6_K, infera::kernels::ggml::kQ8_0},
                    {1, 64},
                    {1, 2},
-                   {0, 1}})
+                   {0, 1},
+                   {1, 0}})
     ->Apply(least_disturbed);
 
 void BM_AttentionDecode(benchmark::State& state) {

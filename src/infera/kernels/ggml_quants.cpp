@@ -1,5 +1,6 @@
 #include "infera/kernels/ggml_quants.h"
 
+#include <atomic>
 #include <cstring>
 
 #include "infera/base/error.h"
@@ -324,6 +325,13 @@ void matmul_rows_avx512(uint32_t type, const void* data, int64_t row_bytes, int6
                         int64_t n0, int64_t n1, float* y, int64_t ldy);
 
 bool has_matmul(uint32_t type) { return can_dequantize(type) && block_size(type) > 1; }
+
+namespace {
+std::atomic<bool> g_amx{true};
+}  // namespace
+
+void set_ggml_amx(bool enabled) { g_amx.store(enabled, std::memory_order_relaxed); }
+bool ggml_amx_enabled() { return g_amx.load(std::memory_order_relaxed); }
 
 void matmul_rows(Isa isa, uint32_t type, const void* data, int64_t k, const float* x, int64_t m, int64_t n0, int64_t n1,
                  float* y, int64_t ldy) {

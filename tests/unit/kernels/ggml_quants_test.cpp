@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "../test_support.h"
@@ -137,6 +138,34 @@ std::vector<float> activation_as_quantized(uint32_t type, const std::vector<floa
 // one prefill block of those paths (64); and matrices with rows enough that the decode steps
 // prefetch tiles ahead (at least 16 KB of weights ahead: tens of tiles of one-block rows),
 // with one block and with many.
+// Every path the matmul can take here: each ISA, and on the avx512 path the AMX tiles where
+// the CPU has them (prefill of >= 16 rows) as well as the VNNI tiles.
+struct Path {
+  Isa isa;
+  bool amx;
+  std::string name;
+};
+
+std::vector<Path> paths() {
+  std::vector<Path> out;
+  for (Isa isa : test::available_isas()) {
+    out.push_back({isa, false, isa_name(isa)});
+    if (isa == Isa::kAvx512 && amx_unavailable_reason() == nullptr) out.push_back({isa, true, "avx512 + amx"});
+  }
+  return out;
+}
+
+class AmxScope {
+ public:
+  explicit AmxScope(bool enabled) : saved_(ggml_amx_enabled()) { set_ggml_amx(enabled); }
+  ~AmxScope() { set_ggml_amx(saved_); }
+  AmxScope(const AmxScope&) = delete;
+  AmxScope& operator=(const AmxScope&) = delete;
+
+ private:
+  bool saved_;
+};
+
 struct MatmulShape {
   int64_t blocks, rows, n0, n1;
   std::vector<int64_t> ms;
@@ -148,6 +177,9 @@ TEST(GgmlQuants, MatmulMatchesDequantizedWeightsTimesQuantizedActivations) {
   const MatmulShape shapes[] = {
       {2, 37, 3, 34, {1, 3, 17}},         {3, 23, 1, 22, {2, 70}},  {5, 9, 0, 9, {1}}, {1, 53, 5, 52, {4, 7}},
       {1, 301, 2, 299, {1, 2, 3, 5, 65}}, {9, 150, 1, 149, {1, 5}},
+      // Whole and partial 16-row tiles and token blocks, several passes' worth of K-type
+      // super-blocks (the AMX prefill).
+      {8, 48, 0, 48, {16, 32, 33}},       {2, 35, 3, 35, {16, 47}},
   };
   for (const MatmulShape& shape : shapes) {
     for (uint32_t type : {kQ4_0, kQ4_1, kQ5_0, kQ5_1, kQ8_0, kIQ4_NL, kQ2_K, kQ3_K, kQ4_K, kQ5_K, kQ6_K, kIQ4_XS}) {
@@ -169,25 +201,25 @@ TEST(GgmlQuants, MatmulMatchesDequantizedWeightsTimesQuantizedActivations) {
               mag += std::fabs(double(wrow[t]) * double(xq[t]));
             }
             want[i * (n1 - n0) + (j - n0)] = static_cast<float>(sum);
-            // Q4_1 / Q5_1: llama.cpp folds the offsets in through the f16-rounded block sums.
-            const double tol = 1e-5 * mag + 1e-6 + ((type == kQ4_1 || type == kQ5_1) ? 2e-3 * mag : 0);
-            (void)tol;
           }
         }
         std::vector<float> first;
-        for (Isa isa : test::available_isas()) {
+        for (const Path& path : paths()) {
+          AmxScope amx(path.amx);
           std::vector<float> y(static_cast<size_t>(m * (n1 - n0) + 5), -1.0f);
-          matmul_rows(isa, type, w.data(), k, x.data(), m, n0, n1, y.data(), n1 - n0);
+          matmul_rows(path.isa, type, w.data(), k, x.data(), m, n0, n1, y.data(), n1 - n0);
           for (size_t t = 0; t < want.size(); ++t) {
+            // Q4_1 / Q5_1: llama.cpp folds the offsets in through the f16-rounded block sums.
             const float tol = 1e-3f * (1.0f + std::fabs(want[t])) + ((type == kQ4_1 || type == kQ5_1) ? 0.02f : 0.0f);
-            ASSERT_NEAR(y[t], want[t], tol) << "type " << type << " isa " << isa_name(isa) << " m " << m << " at " << t;
+            ASSERT_NEAR(y[t], want[t], tol) << "type " << type << " path " << path.name << " m " << m << " at " << t;
           }
           EXPECT_EQ(y[want.size()], -1.0f) << "wrote past the output";
           y.resize(want.size());
           if (first.empty())
             first = y;
           else
-            EXPECT_EQ(y, first) << "type " << type << ": " << isa_name(isa) << " differs from the scalar path";
+            EXPECT_EQ(y, first) << "type " << type << ": " << path.name << " differs from the scalar path (m " << m
+                                << ", k " << k << ")";
         }
       }
     }
