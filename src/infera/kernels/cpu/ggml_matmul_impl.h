@@ -60,12 +60,17 @@ struct Activations {
   std::vector<int32_t> bsums;  // Q8_K: [m, k/16] sums of 16 quants
 };
 
+// Rows from which the quantization is split among the threads (a prefill's rows are each
+// independent; one row is not worth waking them).
+constexpr int64_t kParallelRows = 8;
+
 inline void quantize_activations(const float* x, int64_t m, int64_t k, ActForm form, Activations& a) {
   a.k = k;
   a.q.resize(static_cast<size_t>(m * k));
   if (form == ActForm::kQ8_K) {
     a.d.resize(static_cast<size_t>(m * (k / 256)));
     a.bsums.resize(static_cast<size_t>(m * (k / 16)));
+#pragma omp parallel for if (m >= kParallelRows && !omp_in_parallel()) num_threads(num_threads())
     for (int64_t i = 0; i < m; ++i) {
       for (int64_t b = 0; b < k / 256; ++b) {
         const float* xb = x + i * k + b * 256;
@@ -124,6 +129,7 @@ inline void quantize_activations(const float* x, int64_t m, int64_t k, ActForm f
   }
   a.d.resize(static_cast<size_t>(m * (k / 32)));
   if (form == ActForm::kQ8_1) a.s.resize(static_cast<size_t>(m * (k / 32)));
+#pragma omp parallel for if (m >= kParallelRows && !omp_in_parallel()) num_threads(num_threads())
   for (int64_t i = 0; i < m; ++i) {
     for (int64_t b = 0; b < k / 32; ++b) {
       const float* xb = x + i * k + b * 32;

@@ -700,32 +700,35 @@ inline void matmul_rows(uint32_t type, const uint8_t* base, int64_t row_bytes, i
   const bool q4k = type == kQ4_K;
   const int64_t dstride = q4k ? k / 256 : k / 32;
   const int64_t tbs = (m + kTokens - 1) / kTokens;
-  // The activations per block of 16 tokens, once per call.
+  // The activations per block of 16 tokens, once per call (packed by the threads below).
   static thread_local Aligned64 bq;
   static thread_local std::vector<float> bd;
   static thread_local std::vector<int32_t> bbs;
   bq.resize(static_cast<size_t>(tbs * 16 * k));
   bd.assign(static_cast<size_t>(tbs * 16 * dstride), 0.0f);
   if (q4k) bbs.assign(static_cast<size_t>(tbs * 16 * (k / 32)), 0);
-  for (int64_t tb = 0; tb < tbs; ++tb) {
-    int32_t* q4 = reinterpret_cast<int32_t*>(bq.data() + tb * 16 * k);  // [k / 4][16]
+  int8_t* bq_p = bq.data();  // (thread_local: the pointers taken here, for every thread)
+  float* bd_p = bd.data();
+  int32_t* bbs_p = bbs.data();
+  const int8_t* aq = a.q.data();
+  const float* ad = a.d.data();
+  // Token block tb of the activations as B tiles, its scales and sums lane per token.
+  const auto pack = [&](int64_t tb) {
+    int32_t* q4 = reinterpret_cast<int32_t*>(bq_p + tb * 16 * k);  // [k / 4][16]
     for (int t = 0; t < 16; ++t) {
       const int64_t i = tb * 16 + t;
       if (i >= m) {
         for (int64_t j = 0; j < k / 4; ++j) q4[j * 16 + t] = 0;
         continue;
       }
-      const int8_t* q = a.q.data() + i * k;
+      const int8_t* q = aq + i * k;
       for (int64_t j = 0; j < k / 4; ++j) std::memcpy(q4 + j * 16 + t, q + 4 * j, 4);
-      for (int64_t b = 0; b < dstride; ++b) bd[(tb * dstride + b) * 16 + t] = a.d[i * dstride + b];
+      for (int64_t b = 0; b < dstride; ++b) bd_p[(tb * dstride + b) * 16 + t] = ad[i * dstride + b];
       if (q4k)
         for (int64_t p = 0; p < k / 32; ++p)
-          std::memcpy(bbs.data() + (tb * (k / 32) + p) * 16 + t, bs16 + i * (k / 16) + 2 * p, 4);
+          std::memcpy(bbs_p + (tb * (k / 32) + p) * 16 + t, bs16 + i * (k / 16) + 2 * p, 4);
     }
-  }
-  const int8_t* bq_p = bq.data();  // (thread_local: the pointers taken here, for every thread)
-  const float* bd_p = bd.data();
-  const int32_t* bbs_p = bbs.data();
+  };
   const int64_t tiles = (n1 - n0 + 15) / 16;
   const int threads = omp_in_parallel() ? 1 : num_threads();
   // Token blocks per pass over the tiles: about 1 MiB of B tiles (they stay in L2 while the
@@ -733,12 +736,15 @@ inline void matmul_rows(uint32_t type, const uint8_t* base, int64_t row_bytes, i
   const int64_t pass = std::min(kMaxPass, std::max<int64_t>(4, (int64_t{1} << 20) / (16 * k)));
 #pragma omp parallel num_threads(static_cast <int>(std::min <int64_t>(threads, tiles)))
   {
+#pragma omp for schedule(static)
+    for (int64_t tb = 0; tb < tbs; ++tb) pack(tb);
     configure(q4k ? 64 : 32);
     static thread_local WTile w;
     w.resize(type, k);
     for (int64_t t0 = 0; t0 < tbs; t0 += pass) {
       const int64_t t1 = std::min(tbs, t0 + pass);
-#pragma omp for schedule(static) nowait
+      // (dynamic: the two threads of a VM's cores often run at different speeds)
+#pragma omp for schedule(dynamic, 2) nowait
       for (int64_t tt = 0; tt < tiles; ++tt) {
         const int64_t j0 = n0 + tt * 16;
         const int rows = static_cast<int>(std::min<int64_t>(16, n1 - j0));
