@@ -228,7 +228,7 @@ void BM_GgmlMatmul(benchmark::State& state) {
     b = static_cast<uint8_t>(s >> 8);
   }
   // Every f16 field of a block a small finite scale (Q4_K: d and dmin; Q6_K: d at 208).
-  const int half_at = type == ggml::kQ6_K ? 208 : 0, halves = type == ggml::kQ4_K ? 2 : 1;
+  const int half_at = type == ggml::kQ6_K ? 208 : 0, halves = type == ggml::kQ4_K || type == ggml::kQ5_K ? 2 : 1;
   const uint16_t d = infera::f32_to_f16(0.01f);
   for (size_t b = 0; b < q.size(); b += static_cast<size_t>(ts))
     for (int h = 0; h < halves; ++h) std::memcpy(q.data() + b + half_at + 2 * h, &d, 2);
@@ -241,7 +241,10 @@ void BM_GgmlMatmul(benchmark::State& state) {
     benchmark::DoNotOptimize(y.data());
     benchmark::ClobberMemory();
   }
-  state.SetLabel(std::string(type == ggml::kQ4_K ? "q4_k" : type == ggml::kQ6_K ? "q6_k" : "q8_0") +
+  state.SetLabel(std::string(type == ggml::kQ4_K   ? "q4_k"
+                             : type == ggml::kQ5_K ? "q5_k"
+                             : type == ggml::kQ6_K ? "q6_k"
+                                                   : "q8_0") +
                  (m > 1 && state.range(4) != 0 ? " amx" : ""));
   ggml::set_ggml_amx(true);
   state.counters["GOP/s"] =
@@ -250,7 +253,8 @@ void BM_GgmlMatmul(benchmark::State& state) {
       benchmark::Counter(1e-9 * static_cast<double>(rows * rb), benchmark::Counter::kIsIterationInvariantRate);
 }
 BENCHMARK(BM_GgmlMatmul)
-    ->ArgsProduct({{infera::kernels::ggml::kQ4_K, infera::kernels::ggml::kQ6_K, infera::kernels::ggml::kQ8_0},
+    ->ArgsProduct({{infera::kernels::ggml::kQ4_K, infera::kernels::ggml::kQ5_K, infera::kernels::ggml::kQ6_K,
+                    infera::kernels::ggml::kQ8_0},
                    {1, 64},
                    {1, 2},
                    {0, 1},

@@ -320,7 +320,7 @@ inline VDotFn dot_for(uint32_t type) {
   }
 }
 
-// ---- AMX-INT8 (Sapphire Rapids and later): Q8_0 and Q4_K prefill on tile registers --------
+// ---- AMX-INT8 (Sapphire Rapids and later): Q8_0, Q4_K and Q5_K prefill on tile registers --
 //
 // The roles of the VNNI tiles swap: 16 weight rows are the A tile and 16 activation rows,
 // laid out once per call as B tiles (dword-row j of a group of weights holds quants
@@ -338,15 +338,16 @@ inline VDotFn dot_for(uint32_t type) {
 //   plane_l q): the products need no per-sub-block scale, a tile product covers 64 weights,
 //   the C tiles sum a 256-weight super-block and the vector steps run once per super-block
 //   (8 times fewer). The planes are built per pass from the file's nibbles (a table lookup
-//   per 64 weights), laid out an A tile (16 rows x 64, contiguous) per 64 weights.
-// Measured on a Xeon with AMX, 64 tokens, against the VNNI tiles: Q8_0 1.3-1.5x, Q4_K
-// 1.4-1.5x; other types measured no faster with tiles (Q6_K's sub-scales need four planes)
-// and keep the VNNI tiles.
+//   per 64 weights), laid out an A tile (16 rows x 64, contiguous) per 64 weights. Q5_K is
+//   the same with 5-bit weights (planes up to 217: unsigned, tdpbusd).
+// Measured on a Xeon with AMX, 64 tokens, against the VNNI tiles (kernels_bench): Q8_0
+// 1.4-1.65x, Q4_K 1.35-1.65x, Q5_K 1.5x; other types measured no faster with tiles (Q6_K's
+// signed 8-bit sub-scales need four planes) and keep the VNNI tiles.
 namespace amx {
 
 constexpr int64_t kTokens = 16;  // activation rows per B tile (calls with fewer take the VNNI tiles)
 
-inline bool handles(uint32_t type) { return type == kQ8_0 || type == kQ4_K; }
+inline bool handles(uint32_t type) { return type == kQ8_0 || type == kQ4_K || type == kQ5_K; }
 
 inline bool usable() { return ggml_amx_enabled() && amx_unavailable_reason() == nullptr; }
 
@@ -359,7 +360,7 @@ struct alignas(64) TileConfig {
 };
 
 // Tiles 0-3: C (16 weight rows x 16 tokens, int32); 4-5: A (16 weight rows x step weights);
-// 6-7: B (step / 4 dword-rows of 16 tokens). step: 32 (Q8_0) or 64 (Q4_K).
+// 6-7: B (step / 4 dword-rows of 16 tokens). step: 32 (Q8_0) or 64 (Q4_K, Q5_K).
 __attribute__((target("amx-tile,amx-int8"))) inline void configure(int step) {
   TileConfig cfg;
   for (int t = 0; t < 4; ++t) {
@@ -397,14 +398,14 @@ class Aligned64 {
 // 16 weight rows as the kernels read them.
 struct WTile {
   Aligned64 rows;  // Q8_0 of a last tile of fewer rows: [16][k] decoded (the rest zero)
-  Aligned64 planes;  // Q4_K: [2][k / 64][16][64], plane l then plane h
-  std::vector<int16_t> sc, mn;  // Q4_K: [16][k / 16]
+  Aligned64 planes;  // Q4_K / Q5_K: [2][k / 64][16][64], plane l then plane h
+  std::vector<int16_t> sc, mn;  // Q4_K / Q5_K: [16][k / 16]
   std::vector<float> d, dmin;  // [blocks][16]
   void resize(uint32_t type, int64_t k) {
     const int64_t nb = k / block_size(type);
     d.resize(static_cast<size_t>(16 * nb));
     dmin.resize(static_cast<size_t>(16 * nb));
-    if (type == kQ4_K) {
+    if (type == kQ4_K || type == kQ5_K) {
       planes.resize(static_cast<size_t>(2 * 16 * k));
       sc.resize(static_cast<size_t>(k));
       mn.resize(static_cast<size_t>(k));
@@ -553,24 +554,29 @@ inline Src prepare_q8_0(const uint8_t* base, int64_t row_bytes, int64_t k, int64
 
 // ---- Q4_K ----
 
-// Rows [j0, j0 + rows) of a Q4_K matrix into w (the planes, scales and mins; rows past
-// `rows` zero) straight from the file's blocks: a block's 32 bytes of nibbles are 64
-// weights (low nibbles sub-block 2c, high 2c + 1), and digit x nibble is a lookup in a
-// 16-entry table (vpshufb), the tables for the digits 0..7 built once.
-inline void prepare_q4_k(const uint8_t* base, int64_t row_bytes, int64_t k, int64_t j0, int rows, bool next,
-                         WTile& w) {
+// Rows [j0, j0 + rows) of a Q4_K (kFive false) or Q5_K matrix into w (the planes, scales
+// and mins; rows past `rows` zero) straight from the file's blocks: a block's 32 bytes of
+// nibbles are 64 weights (low nibbles sub-block 2c, high 2c + 1; Q5_K adds bit 2c / 2c + 1
+// of each of its 32 high-bit bytes as bit 4), and digit x weight is a table lookup: Q4_K's
+// 16 values by vpshufb, Q5_K's 32 by vpermb (AVX512-VBMI, which every CPU with AMX has),
+// the tables for the digits 0..7 built once.
+template <bool kFive>
+__attribute__((target("avx512vbmi"))) inline void prepare_q45_k(const uint8_t* base, int64_t row_bytes, int64_t k,
+                                                                 int64_t j0, int rows, bool next, WTile& w) {
   alignas(64) static const struct Luts {
-    __m512i t[8];  // t[d] byte i of each 128-bit lane: i * d (i < 16)
+    __m512i t[8];  // t[d] byte i: (i % (kFive ? 32 : 16)) * d
     Luts() {
       for (int d = 0; d < 8; ++d) {
-        alignas(64) int8_t v[64];
-        for (int i = 0; i < 64; ++i) v[i] = static_cast<int8_t>((i % 16) * d);
+        alignas(64) uint8_t v[64];
+        for (int i = 0; i < 64; ++i) v[i] = static_cast<uint8_t>((i % (kFive ? 32 : 16)) * d);
         t[d] = _mm512_load_si512(v);
       }
     }
   } luts;
+  constexpr int64_t kBytes = kFive ? 176 : 144, kQs = kFive ? 48 : 16;
   const int64_t ng = k / 16, nb = k / 256;
-  const __m256i m4 = _mm256_set1_epi8(0x0F);
+  const __m256i m4 = _mm256_set1_epi8(0x0F), bit4 = _mm256_set1_epi8(0x10);
+  constexpr __mmask64 kHigh = 0xFFFFFFFF00000000ull;
   for (int r = 0; r < 16; ++r) {
     int16_t* sc = w.sc.data() + r * ng;
     int16_t* mn = w.mn.data() + r * ng;
@@ -585,31 +591,51 @@ inline void prepare_q4_k(const uint8_t* base, int64_t row_bytes, int64_t k, int6
       continue;
     }
     const uint8_t* b = base + (j0 + r) * row_bytes;
-    for (int64_t i = 0; i < nb; ++i, b += 144) {
-      if (next) prefetch_block(b + 16 * row_bytes, 144);
+    for (int64_t i = 0; i < nb; ++i, b += kBytes) {
+      if (next) prefetch_block(b + 16 * row_bytes, static_cast<int>(kBytes));
       w.d[i * 16 + r] = half_f16c(b);
       w.dmin[i * 16 + r] = half_f16c(b + 2);
       k4_scales(b + 4, sc + 16 * i, mn + 16 * i);
+      const __m256i qh = kFive ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 16)) : _mm256_setzero_si256();
       for (int c = 0; c < 4; ++c) {
-        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 16 + 32 * c));
-        const __m512i nib = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(v, m4)),
-                                               _mm256_and_si256(_mm256_srli_epi16(v, 4), m4), 1);
+        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + kQs + 32 * c));
+        __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+        if (kFive) {
+          lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_slli_epi16(_mm256_srli_epi16(qh, 2 * c), 4), bit4));
+          hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_slli_epi16(_mm256_srli_epi16(qh, 2 * c + 1), 4), bit4));
+        }
+        const __m512i u = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
         const int s0 = sc[16 * i + 4 * c], s1 = sc[16 * i + 4 * c + 2];  // sub-blocks 2c, 2c + 1
         int8_t* dst = w.planes.data() + ((4 * i + c) * 16 + r) * 64;
-        _mm512_store_si512(dst, _mm512_shuffle_epi8(_mm512_mask_blend_epi64(0xF0, luts.t[s0 & 7], luts.t[s1 & 7]), nib));
-        _mm512_store_si512(dst + 16 * k,
-                           _mm512_shuffle_epi8(_mm512_mask_blend_epi64(0xF0, luts.t[s0 >> 3], luts.t[s1 >> 3]), nib));
+        __m512i pl, ph;
+        if constexpr (kFive) {
+          pl = _mm512_mask_permutexvar_epi8(_mm512_permutexvar_epi8(u, luts.t[s0 & 7]), kHigh, u, luts.t[s1 & 7]);
+          ph = _mm512_mask_permutexvar_epi8(_mm512_permutexvar_epi8(u, luts.t[s0 >> 3]), kHigh, u, luts.t[s1 >> 3]);
+        } else {
+          pl = _mm512_shuffle_epi8(_mm512_mask_blend_epi64(0xF0, luts.t[s0 & 7], luts.t[s1 & 7]), u);
+          ph = _mm512_shuffle_epi8(_mm512_mask_blend_epi64(0xF0, luts.t[s0 >> 3], luts.t[s1 >> 3]), u);
+        }
+        _mm512_store_si512(dst, pl);
+        _mm512_store_si512(dst + 16 * k, ph);
       }
     }
   }
 }
 
-// A step of the Q4_K pipeline: one super-block (b) x one token block (B tiles bq), the
-// plane-l sums in C tile C0 and plane-h's in C1, with B tile B; take_stepS stores them to
+// A step of the Q4_K / Q5_K pipeline: one super-block (b) x one token block (B tiles bq),
+// the plane-l sums in C tile C0 and plane-h's in C1, with B tile B (Q5_K's planes, up to
+// 217, are unsigned: tdpbusd); take_stepS stores them to
 // c[0], c[1]. Two sets of tiles (S = 0, 1) alternate, so step s + 1's products are issued
 // before step s's sums are taken: the tile unit works while the vector units run step s's
 // f32 steps.
+#define INFERA_AMX_DP(C, A, B) \
+  if constexpr (kUnsigned) {   \
+    _tile_dpbusd(C, A, B);     \
+  } else {                     \
+    _tile_dpbssd(C, A, B);     \
+  }
 #define INFERA_AMX_STEP(S, C0, C1, B)                                                                             \
+  template <bool kUnsigned>                                                                                       \
   __attribute__((target("amx-tile,amx-int8"))) inline void issue_step##S(const int8_t* pl, int64_t k,            \
                                                                          const int8_t* bq, int64_t b) {          \
     const int64_t w0 = 256 * b;                                                                                   \
@@ -619,9 +645,9 @@ inline void prepare_q4_k(const uint8_t* base, int64_t row_bytes, int64_t k, int6
       const int8_t* a = pl + (w0 + 64 * ch) * 16;                                                                 \
       _tile_loadd(B, bq + (w0 + 64 * ch) * 16, 64);                                                               \
       _tile_loadd(4, a, 64);                                                                                      \
-      _tile_dpbssd(C0, 4, B);                                                                                     \
+      INFERA_AMX_DP(C0, 4, B)                                                                                     \
       _tile_loadd(5, a + 16 * k, 64);                                                                             \
-      _tile_dpbssd(C1, 5, B);                                                                                     \
+      INFERA_AMX_DP(C1, 5, B)                                                                                     \
     }                                                                                                             \
   }                                                                                                               \
   __attribute__((target("amx-tile,amx-int8"))) inline void take_step##S(int32_t(*c)[256]) {                      \
@@ -631,17 +657,19 @@ inline void prepare_q4_k(const uint8_t* base, int64_t row_bytes, int64_t k, int6
 INFERA_AMX_STEP(0, 0, 1, 6)
 INFERA_AMX_STEP(1, 2, 3, 7)
 #undef INFERA_AMX_STEP
+#undef INFERA_AMX_DP
 
 // Token blocks per pass over a tile (the Q4_K sums of a pass: 32 KB).
 constexpr int64_t kMaxPass = 32;
 
 // y[(16 * tb + t) * ldy + r] (tokens < m, rows r < rows) for the ntb token blocks of a pass
-// against a Q4_K tile: dotk's f32 steps per super-block on isum = c_l + (c_h << 3).
+// against a Q4_K / Q5_K tile: dotk's f32 steps per super-block on isum = c_l + (c_h << 3).
 // Steps (super-block b, token block tb) in order, super-blocks outer: a super-block's
 // planes (8 KB) stay in L1 while the token blocks' B tiles pass.
-__attribute__((target("amx-tile,amx-int8"))) inline void tile_q4_k(const WTile& w, int64_t k, const TokenBlock* tbs,
-                                                                   int64_t ntb, float* y, int64_t ldy, int64_t m,
-                                                                   int rows) {
+template <bool kUnsigned>
+__attribute__((target("amx-tile,amx-int8"))) inline void tile_q45_k(const WTile& w, int64_t k, const TokenBlock* tbs,
+                                                                    int64_t ntb, float* y, int64_t ldy, int64_t m,
+                                                                    int rows) {
   alignas(64) int32_t c[2][2][256];
   alignas(64) float sums[kMaxPass][16][16];
   std::memset(sums, 0, static_cast<size_t>(ntb) * sizeof(sums[0]));
@@ -649,9 +677,9 @@ __attribute__((target("amx-tile,amx-int8"))) inline void tile_q4_k(const WTile& 
   const int8_t* pl = w.planes.data();
   const auto issue_step = [&](int64_t s) {
     if (s % 2 == 0)
-      issue_step0(pl, k, tbs[s % ntb].b, s / ntb);
+      issue_step0<kUnsigned>(pl, k, tbs[s % ntb].b, s / ntb);
     else
-      issue_step1(pl, k, tbs[s % ntb].b, s / ntb);
+      issue_step1<kUnsigned>(pl, k, tbs[s % ntb].b, s / ntb);
   };
   issue_step(0);
   for (int64_t s = 0; s < steps; ++s) {
@@ -697,7 +725,7 @@ __attribute__((target("amx-tile,amx-int8"))) inline void tile_q4_k(const WTile& 
 // a type amx::handles().
 inline void matmul_rows(uint32_t type, const uint8_t* base, int64_t row_bytes, int64_t k, const Activations& a,
                         const int16_t* bs16, int64_t m, int64_t n0, int64_t n1, float* y, int64_t ldy) {
-  const bool q4k = type == kQ4_K;
+  const bool q4k = type == kQ4_K || type == kQ5_K;  // (Q5_K as Q4_K, its planes unsigned)
   const int64_t dstride = q4k ? k / 256 : k / 32;
   const int64_t tbs = (m + kTokens - 1) / kTokens;
   // The activations per block of 16 tokens, once per call (packed by the threads below).
@@ -751,11 +779,17 @@ inline void matmul_rows(uint32_t type, const uint8_t* base, int64_t row_bytes, i
         const bool next = j0 + 16 < n1;
         float* yt = y + t0 * 16 * ldy + (j0 - n0);
         if (q4k) {
-          prepare_q4_k(base, row_bytes, k, j0, rows, next && j0 + 32 <= n1, w);
+          if (type == kQ4_K)
+            prepare_q45_k<false>(base, row_bytes, k, j0, rows, next && j0 + 32 <= n1, w);
+          else
+            prepare_q45_k<true>(base, row_bytes, k, j0, rows, next && j0 + 32 <= n1, w);
           TokenBlock blks[kMaxPass];
           for (int64_t tb = t0; tb < t1; ++tb)
             blks[tb - t0] = TokenBlock{bq_p + tb * 16 * k, bd_p + tb * 16 * dstride, bbs_p + tb * 16 * (k / 32)};
-          tile_q4_k(w, k, blks, t1 - t0, yt, ldy, m - t0 * 16, rows);
+          if (type == kQ4_K)
+            tile_q45_k<false>(w, k, blks, t1 - t0, yt, ldy, m - t0 * 16, rows);
+          else
+            tile_q45_k<true>(w, k, blks, t1 - t0, yt, ldy, m - t0 * 16, rows);
           continue;
         }
         Src src = prepare_q8_0(base, row_bytes, k, j0, rows, next && j0 + 32 <= n1, w);
