@@ -320,7 +320,7 @@ inline VDotFn dot_for(uint32_t type) {
   }
 }
 
-// ---- AMX-INT8 (Sapphire Rapids and later): Q8_0, Q4_K and Q5_K prefill on tile registers --
+// ---- AMX-INT8 (Sapphire Rapids and later): Q8_0 and Q4_K / Q5_K / Q6_K prefill on tiles -----
 //
 // The roles of the VNNI tiles swap: 16 weight rows are the A tile and 16 activation rows,
 // laid out once per call as B tiles (dword-row j of a group of weights holds quants
@@ -339,15 +339,18 @@ inline VDotFn dot_for(uint32_t type) {
 //   the C tiles sum a 256-weight super-block and the vector steps run once per super-block
 //   (8 times fewer). The planes are built per pass from the file's nibbles (a table lookup
 //   per 64 weights), laid out an A tile (16 rows x 64, contiguous) per 64 weights. Q5_K is
-//   the same with 5-bit weights (planes up to 217: unsigned, tdpbusd).
-// Measured on a Xeon with AMX, 64 tokens, against the VNNI tiles (kernels_bench): Q8_0
-// 1.4-1.65x, Q4_K 1.35-1.65x, Q5_K 1.5x; other types measured no faster with tiles (Q6_K's
-// signed 8-bit sub-scales need four planes) and keep the VNNI tiles.
+//   the same with 5-bit weights (planes up to 217: unsigned, tdpbusd); Q6_K's signed 8-bit
+//   sub-scales take four 2-bit digits, so four planes (a step's four C tiles pipelined in
+//   halves).
+// Measured on a Xeon with AMX against the VNNI tiles (kernels_bench, one thread), 64 / 256
+// tokens: Q8_0 1.4-1.65x / 1.25x, Q4_K 1.35-1.65x / 1.55x, Q5_K 1.5x, Q6_K 1.05x / 1.15x
+// (building four planes per pass costs about as much as their products at 64 tokens).
+// Other types (Q4_0, Q5_0, IQ4_NL, IQ4_XS, Q2_K, Q3_K) keep the VNNI tiles.
 namespace amx {
 
 constexpr int64_t kTokens = 16;  // activation rows per B tile (calls with fewer take the VNNI tiles)
 
-inline bool handles(uint32_t type) { return type == kQ8_0 || type == kQ4_K || type == kQ5_K; }
+inline bool handles(uint32_t type) { return type == kQ8_0 || type == kQ4_K || type == kQ5_K || type == kQ6_K; }
 
 inline bool usable() { return ggml_amx_enabled() && amx_unavailable_reason() == nullptr; }
 
@@ -360,7 +363,7 @@ struct alignas(64) TileConfig {
 };
 
 // Tiles 0-3: C (16 weight rows x 16 tokens, int32); 4-5: A (16 weight rows x step weights);
-// 6-7: B (step / 4 dword-rows of 16 tokens). step: 32 (Q8_0) or 64 (Q4_K, Q5_K).
+// 6-7: B (step / 4 dword-rows of 16 tokens). step: 32 (Q8_0) or 64 (Q4_K, Q5_K, Q6_K).
 __attribute__((target("amx-tile,amx-int8"))) inline void configure(int step) {
   TileConfig cfg;
   for (int t = 0; t < 4; ++t) {
@@ -405,8 +408,8 @@ struct WTile {
     const int64_t nb = k / block_size(type);
     d.resize(static_cast<size_t>(16 * nb));
     dmin.resize(static_cast<size_t>(16 * nb));
-    if (type == kQ4_K || type == kQ5_K) {
-      planes.resize(static_cast<size_t>(2 * 16 * k));
+    if (type == kQ4_K || type == kQ5_K || type == kQ6_K) {
+      planes.resize(static_cast<size_t>((type == kQ6_K ? 4 : 2) * 16 * k));
       sc.resize(static_cast<size_t>(k));
       mn.resize(static_cast<size_t>(k));
     } else {
@@ -622,6 +625,100 @@ __attribute__((target("avx512vbmi"))) inline void prepare_q45_k(const uint8_t* b
   }
 }
 
+// Rows [j0, j0 + rows) of a Q6_K matrix into w as four planes (rows past `rows` zero). Its
+// sub-scales are signed bytes (-128..127) and its weights w = u - 32 (-32..31): four 2-bit
+// digits, sc = 64 d3 + 16 d2 + 4 d1 + d0 (d3 signed: b6 - 2 b7), keep every digit x w
+// within a byte (|.| <= 96). The 6-bit u put together from ql / qh as dec_q6_k does; per 64
+// weights the four sub-scales (one per 16 weights) are spread over the vector's 16-byte
+// lanes and each of their bits becomes a byte mask (vptestmb), so digit x w is w and 2 w
+// added under masks: no table per scale, no scalar work per weight.
+inline void prepare_q6_k(const uint8_t* base, int64_t row_bytes, int64_t k, int64_t j0, int rows, bool next,
+                         WTile& w) {
+  const int64_t nb = k / 256;
+  const __m256i m4 = _mm256_set1_epi8(0x0F), three = _mm256_set1_epi8(3);
+  const __m512i c32 = _mm512_set1_epi8(32);
+  for (int r = 0; r < 16; ++r) {
+    if (r >= rows) {  // past the last row: zero planes and scales
+      for (int p = 0; p < 4; ++p)
+        for (int64_t c = 0; c < k / 64; ++c)
+          _mm512_store_si512(w.planes.data() + p * 16 * k + (c * 16 + r) * 64, _mm512_setzero_si512());
+      for (int64_t i = 0; i < nb; ++i) w.d[i * 16 + r] = 0.0f;
+      continue;
+    }
+    const uint8_t* b = base + (j0 + r) * row_bytes;
+    for (int64_t i = 0; i < nb; ++i, b += 210) {
+      if (next) prefetch_block(b + 16 * row_bytes, 210);
+      w.d[i * 16 + r] = half_f16c(b + 208);
+      const __m512i scales = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 192)));
+      for (int h = 0; h < 2; ++h) {
+        const __m256i l0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 64 * h));
+        const __m256i l1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 64 * h + 32));
+        const __m256i hb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 128 + 32 * h));
+        const __m256i lo4[4] = {_mm256_and_si256(l0, m4), _mm256_and_si256(l1, m4),
+                                _mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
+                                _mm256_and_si256(_mm256_srli_epi16(l1, 4), m4)};
+        __m256i u[4];
+        for (int g = 0; g < 4; ++g)
+          u[g] = _mm256_or_si256(lo4[g], _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2 * g), three), 4));
+        for (int c = 0; c < 2; ++c) {  // 64-weight chunk 2h + c of the block: sub-blocks 8h + 4c + j
+          const __m512i wv = _mm512_sub_epi8(_mm512_inserti64x4(_mm512_castsi256_si512(u[2 * c]), u[2 * c + 1], 1), c32);
+          const __m512i w2 = _mm512_add_epi8(wv, wv);
+          const int s0 = 8 * h + 4 * c;
+          const __m512i sv = _mm512_shuffle_epi8(
+              scales, _mm512_set_epi64(0x0101010101010101ll * (s0 + 3), 0x0101010101010101ll * (s0 + 3),
+                                       0x0101010101010101ll * (s0 + 2), 0x0101010101010101ll * (s0 + 2),
+                                       0x0101010101010101ll * (s0 + 1), 0x0101010101010101ll * (s0 + 1),
+                                       0x0101010101010101ll * s0, 0x0101010101010101ll * s0));
+          int8_t* dst = w.planes.data() + ((4 * i + 2 * h + c) * 16 + r) * 64;
+          for (int p = 0; p < 4; ++p) {
+            const __mmask64 lo = _mm512_test_epi8_mask(sv, _mm512_set1_epi8(static_cast<char>(1 << (2 * p))));
+            const __mmask64 hi = _mm512_test_epi8_mask(sv, _mm512_set1_epi8(static_cast<char>(1 << (2 * p + 1))));
+            const __m512i base_w = _mm512_maskz_mov_epi8(lo, wv);
+            const __m512i v = p == 3 ? _mm512_mask_sub_epi8(base_w, hi, base_w, w2)   // (b6 - 2 b7) w
+                                     : _mm512_mask_add_epi8(base_w, hi, base_w, w2);  // (b0 + 2 b1) w
+            _mm512_store_si512(dst + p * 16 * k, v);
+          }
+        }
+      }
+    }
+  }
+}
+
+// Half a step of the Q6_K pipeline (super-block b x a token block): planes 2H, 2H + 1 in C
+// tiles 2H, 2H + 1, B tile B (6 or 7 by the step's parity); take_halfH stores them to
+// c[2H], c[2H + 1]. Half-steps alternate between the two pairs of C tiles, so step s + 1's
+// first half is issued before step s's second half is taken, and its second half before
+// step s's f32 steps run.
+#define INFERA_AMX_HALF(H, C0, C1, B, NAME)                                                               \
+  __attribute__((target("amx-tile,amx-int8"))) inline void NAME(const int8_t* pl, int64_t k,             \
+                                                                const int8_t* bq, int64_t b) {           \
+    const int64_t w0 = 256 * b;                                                                           \
+    _tile_zero(C0);                                                                                       \
+    _tile_zero(C1);                                                                                       \
+    for (int ch = 0; ch < 4; ++ch) {                                                                      \
+      const int8_t* a = pl + 2 * (H) * 16 * k + (w0 + 64 * ch) * 16;                                      \
+      _tile_loadd(B, bq + (w0 + 64 * ch) * 16, 64);                                                       \
+      _tile_loadd(4, a, 64);                                                                              \
+      _tile_dpbssd(C0, 4, B);                                                                             \
+      _tile_loadd(5, a + 16 * k, 64);                                                                     \
+      _tile_dpbssd(C1, 5, B);                                                                             \
+    }                                                                                                     \
+  }
+INFERA_AMX_HALF(0, 0, 1, 6, issue_half0_b6)
+INFERA_AMX_HALF(0, 0, 1, 7, issue_half0_b7)
+INFERA_AMX_HALF(1, 2, 3, 6, issue_half1_b6)
+INFERA_AMX_HALF(1, 2, 3, 7, issue_half1_b7)
+#undef INFERA_AMX_HALF
+
+__attribute__((target("amx-tile,amx-int8"))) inline void take_half0(int32_t (*c)[256]) {
+  _tile_stored(0, c[0], 64);
+  _tile_stored(1, c[1], 64);
+}
+__attribute__((target("amx-tile,amx-int8"))) inline void take_half1(int32_t (*c)[256]) {
+  _tile_stored(2, c[2], 64);
+  _tile_stored(3, c[3], 64);
+}
+
 // A step of the Q4_K / Q5_K pipeline: one super-block (b) x one token block (B tiles bq),
 // the plane-l sums in C tile C0 and plane-h's in C1, with B tile B (Q5_K's planes, up to
 // 217, are unsigned: tdpbusd); take_stepS stores them to
@@ -721,12 +818,61 @@ __attribute__((target("amx-tile,amx-int8"))) inline void tile_q45_k(const WTile&
   }
 }
 
+// y as tile_q45_k computes it, for a Q6_K tile: dotk's f32 steps per super-block (no mins)
+// on isum = c0 + (c1 << 2) + (c2 << 4) + (c3 << 6).
+__attribute__((target("amx-tile,amx-int8"))) inline void tile_q6_k(const WTile& w, int64_t k, const TokenBlock* tbs,
+                                                                   int64_t ntb, float* y, int64_t ldy, int64_t m,
+                                                                   int rows) {
+  alignas(64) int32_t c[4][256];
+  alignas(64) float sums[kMaxPass][16][16];
+  std::memset(sums, 0, static_cast<size_t>(ntb) * sizeof(sums[0]));
+  const int64_t steps = k / 256 * ntb;
+  const int8_t* pl = w.planes.data();
+  const auto half = [&](int h, int64_t s) {
+    const int8_t* bq = tbs[s % ntb].b;
+    const int64_t b = s / ntb;
+    if (h == 0)
+      (s % 2 == 0 ? issue_half0_b6 : issue_half0_b7)(pl, k, bq, b);
+    else
+      (s % 2 == 0 ? issue_half1_b6 : issue_half1_b7)(pl, k, bq, b);
+  };
+  half(0, 0);
+  half(1, 0);
+  for (int64_t s = 0; s < steps; ++s) {
+    take_half0(c);
+    if (s + 1 < steps) half(0, s + 1);
+    take_half1(c);
+    if (s + 1 < steps) half(1, s + 1);
+    if (s + 2 < steps) {  // the B tiles after next (4 KB) from L2 meanwhile
+      const int8_t* nb = tbs[(s + 2) % ntb].b + 256 * ((s + 2) / ntb) * 16;
+      for (int l = 0; l < 64; ++l) _mm_prefetch(reinterpret_cast<const char*>(nb + 64 * l), _MM_HINT_T0);
+    }
+    const int64_t b = s / ntb, tb = s % ntb;
+    const float* dw = w.d.data() + 16 * b;
+    const __m512 da = _mm512_loadu_ps(tbs[tb].d + 16 * b);
+    for (int r = 0; r < 16; ++r) {
+      __m512i isum = _mm512_load_si512(c[0] + 16 * r);
+      isum = _mm512_add_epi32(isum, _mm512_slli_epi32(_mm512_load_si512(c[1] + 16 * r), 2));
+      isum = _mm512_add_epi32(isum, _mm512_slli_epi32(_mm512_load_si512(c[2] + 16 * r), 4));
+      isum = _mm512_add_epi32(isum, _mm512_slli_epi32(_mm512_load_si512(c[3] + 16 * r), 6));
+      const __m512 d = _mm512_mul_ps(_mm512_set1_ps(dw[r]), da);
+      _mm512_store_ps(sums[tb][r], _mm512_add_ps(_mm512_load_ps(sums[tb][r]), _mm512_mul_ps(d, _mm512_cvtepi32_ps(isum))));
+    }
+  }
+  for (int64_t tb = 0; tb < ntb; ++tb) {
+    __m512 sum[16];
+    for (int r = 0; r < 16; ++r) sum[r] = _mm512_load_ps(sums[tb][r]);
+    store_out(sum, y + tb * 16 * ldy, ldy, static_cast<int>(std::min<int64_t>(16, m - 16 * tb)), rows);
+  }
+}
+
 // y[i * ldy + (j - n0)] for rows j in [n0, n1), activation rows [0, m) (m >= kTokens), for
 // a type amx::handles().
 inline void matmul_rows(uint32_t type, const uint8_t* base, int64_t row_bytes, int64_t k, const Activations& a,
                         const int16_t* bs16, int64_t m, int64_t n0, int64_t n1, float* y, int64_t ldy) {
   const bool q4k = type == kQ4_K || type == kQ5_K;  // (Q5_K as Q4_K, its planes unsigned)
-  const int64_t dstride = q4k ? k / 256 : k / 32;
+  const bool planes = q4k || type == kQ6_K;
+  const int64_t dstride = planes ? k / 256 : k / 32;
   const int64_t tbs = (m + kTokens - 1) / kTokens;
   // The activations per block of 16 tokens, once per call (packed by the threads below).
   static thread_local Aligned64 bq;
@@ -766,7 +912,7 @@ inline void matmul_rows(uint32_t type, const uint8_t* base, int64_t row_bytes, i
   {
 #pragma omp for schedule(static)
     for (int64_t tb = 0; tb < tbs; ++tb) pack(tb);
-    configure(q4k ? 64 : 32);
+    configure(planes ? 64 : 32);
     static thread_local WTile w;
     w.resize(type, k);
     for (int64_t t0 = 0; t0 < tbs; t0 += pass) {
@@ -778,6 +924,13 @@ inline void matmul_rows(uint32_t type, const uint8_t* base, int64_t row_bytes, i
         const int rows = static_cast<int>(std::min<int64_t>(16, n1 - j0));
         const bool next = j0 + 16 < n1;
         float* yt = y + t0 * 16 * ldy + (j0 - n0);
+        if (type == kQ6_K) {
+          prepare_q6_k(base, row_bytes, k, j0, rows, next && j0 + 32 <= n1, w);
+          TokenBlock blks[kMaxPass];
+          for (int64_t tb = t0; tb < t1; ++tb) blks[tb - t0] = TokenBlock{bq_p + tb * 16 * k, bd_p + tb * 16 * dstride, nullptr};
+          tile_q6_k(w, k, blks, t1 - t0, yt, ldy, m - t0 * 16, rows);
+          continue;
+        }
         if (q4k) {
           if (type == kQ4_K)
             prepare_q45_k<false>(base, row_bytes, k, j0, rows, next && j0 + 32 <= n1, w);
