@@ -13,8 +13,8 @@
 #include "infera/base/error.h"
 #include "infera/base/threads.h"
 #include "infera/kernels/cpu/fp8_dispatch.h"
-#include "infera/kernels/ggml_quants.h"
 #include "infera/kernels/cpu/quant_dispatch.h"
+#include "infera/kernels/ggml_quants.h"
 
 namespace infera::kernels {
 
@@ -223,8 +223,11 @@ std::string ggml_matmul_path(Isa isa) {
                  "avx512: activations as llama.cpp's Q8 blocks; decode: Q4_K / Q6_K / Q8_0 read in place, 4 rows per "
                  "step (vpdpbusd, rows prefetched >= 16 KB ahead), other types decoded per tile of 4 rows; prefill (>= "
                  "4 tokens): 16-row VNNI tiles decoded once per pass over the tokens (vpdpbusd); Q8_0 / Q4_K / Q5_K / "
-                 "Q6_K prefill (>= 16 tokens) on AMX int8 tiles (Q8_0 read in place; the K types as sub-scale planes): ") +
-             (amx != nullptr ? amx : ggml::ggml_amx_enabled() ? "in use" : "off (set_ggml_amx)");
+                 "Q6_K prefill (>= 16 tokens) on AMX int8 tiles (Q8_0 read in place; the K types as sub-scale "
+                 "planes): ") +
+             (amx != nullptr             ? amx
+              : ggml::ggml_amx_enabled() ? "in use"
+                                         : "off (set_ggml_amx)");
     }
     case Isa::kAvx2:
       return "avx2: activations as llama.cpp's Q8 blocks; decode and prefill: tiles of 4 decoded rows, maddubs / "

@@ -462,17 +462,17 @@ inline void issue(const Src& s, int64_t g);
 template <int C>
 inline void take(int32_t* c);
 
-#define INFERA_AMX_STAGE(C, A, B)                                                                   \
-  template <>                                                                                       \
-  __attribute__((target("amx-tile,amx-int8"))) inline void issue<C>(const Src& s, int64_t g) {     \
-    _tile_loadd(A, s.a + s.ags * g, s.lda);                                                         \
-    _tile_loadd(B, s.b + 512 * g, 64);                                                              \
-    _tile_zero(C);                                                                                  \
-    _tile_dpbssd(C, A, B);                                                                          \
-  }                                                                                                 \
-  template <>                                                                                       \
-  __attribute__((target("amx-tile,amx-int8"))) inline void take<C>(int32_t * c) {                  \
-    _tile_stored(C, c, 64);                                                                         \
+#define INFERA_AMX_STAGE(C, A, B)                                                              \
+  template <>                                                                                  \
+  __attribute__((target("amx-tile,amx-int8"))) inline void issue<C>(const Src& s, int64_t g) { \
+    _tile_loadd(A, s.a + s.ags * g, s.lda);                                                    \
+    _tile_loadd(B, s.b + 512 * g, 64);                                                         \
+    _tile_zero(C);                                                                             \
+    _tile_dpbssd(C, A, B);                                                                     \
+  }                                                                                            \
+  template <>                                                                                  \
+  __attribute__((target("amx-tile,amx-int8"))) inline void take<C>(int32_t * c) {              \
+    _tile_stored(C, c, 64);                                                                    \
   }
 INFERA_AMX_STAGE(0, 4, 6)
 INFERA_AMX_STAGE(1, 5, 7)
@@ -569,7 +569,7 @@ inline Src prepare_q8_0(const uint8_t* base, int64_t row_bytes, int64_t k, int64
 // the tables for the digits 0..7 built once.
 template <bool kFive>
 __attribute__((target("avx512vbmi"))) inline void prepare_q45_k(const uint8_t* base, int64_t row_bytes, int64_t k,
-                                                                 int64_t j0, int rows, bool next, WTile& w) {
+                                                                int64_t j0, int rows, bool next, WTile& w) {
   alignas(64) static const struct Luts {
     __m512i t[8];  // t[d] byte i: (i % (kFive ? 32 : 16)) * d
     Luts() {
@@ -636,8 +636,7 @@ __attribute__((target("avx512vbmi"))) inline void prepare_q45_k(const uint8_t* b
 // weights the four sub-scales (one per 16 weights) are spread over the vector's 16-byte
 // lanes and each of their bits becomes a byte mask (vptestmb), so digit x w is w and 2 w
 // added under masks: no table per scale, no scalar work per weight.
-inline void prepare_q6_k(const uint8_t* base, int64_t row_bytes, int64_t k, int64_t j0, int rows, bool next,
-                         WTile& w) {
+inline void prepare_q6_k(const uint8_t* base, int64_t row_bytes, int64_t k, int64_t j0, int rows, bool next, WTile& w) {
   const int64_t nb = k / 256;
   const __m256i m4 = _mm256_set1_epi8(0x0F), three = _mm256_set1_epi8(3);
   const __m512i c32 = _mm512_set1_epi8(32);
@@ -665,20 +664,22 @@ inline void prepare_q6_k(const uint8_t* base, int64_t row_bytes, int64_t k, int6
         for (int g = 0; g < 4; ++g)
           u[g] = _mm256_or_si256(lo4[g], _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2 * g), three), 4));
         for (int c = 0; c < 2; ++c) {  // 64-weight chunk 2h + c of the block: sub-blocks 8h + 4c + j
-          const __m512i wv = _mm512_sub_epi8(_mm512_inserti64x4(_mm512_castsi256_si512(u[2 * c]), u[2 * c + 1], 1), c32);
+          const __m512i wv =
+              _mm512_sub_epi8(_mm512_inserti64x4(_mm512_castsi256_si512(u[2 * c]), u[2 * c + 1], 1), c32);
           const __m512i w2 = _mm512_add_epi8(wv, wv);
           const int s0 = 8 * h + 4 * c;
-          const __m512i sv = _mm512_shuffle_epi8(
-              scales, _mm512_set_epi64(0x0101010101010101ll * (s0 + 3), 0x0101010101010101ll * (s0 + 3),
-                                       0x0101010101010101ll * (s0 + 2), 0x0101010101010101ll * (s0 + 2),
-                                       0x0101010101010101ll * (s0 + 1), 0x0101010101010101ll * (s0 + 1),
-                                       0x0101010101010101ll * s0, 0x0101010101010101ll * s0));
+          const __m512i sv =
+              _mm512_shuffle_epi8(scales,
+                                  _mm512_set_epi64(0x0101010101010101ll * (s0 + 3), 0x0101010101010101ll * (s0 + 3),
+                                                   0x0101010101010101ll * (s0 + 2), 0x0101010101010101ll * (s0 + 2),
+                                                   0x0101010101010101ll * (s0 + 1), 0x0101010101010101ll * (s0 + 1),
+                                                   0x0101010101010101ll * s0, 0x0101010101010101ll * s0));
           int8_t* dst = w.planes.data() + ((4 * i + 2 * h + c) * 16 + r) * 64;
           for (int p = 0; p < 4; ++p) {
             const __mmask64 lo = _mm512_test_epi8_mask(sv, _mm512_set1_epi8(static_cast<char>(1 << (2 * p))));
             const __mmask64 hi = _mm512_test_epi8_mask(sv, _mm512_set1_epi8(static_cast<char>(1 << (2 * p + 1))));
             const __m512i base_w = _mm512_maskz_mov_epi8(lo, wv);
-            const __m512i v = p == 3 ? _mm512_mask_sub_epi8(base_w, hi, base_w, w2)   // (b6 - 2 b7) w
+            const __m512i v = p == 3 ? _mm512_mask_sub_epi8(base_w, hi, base_w, w2)  // (b6 - 2 b7) w
                                      : _mm512_mask_add_epi8(base_w, hi, base_w, w2);  // (b0 + 2 b1) w
             _mm512_store_si512(dst + p * 16 * k, v);
           }
@@ -693,20 +694,20 @@ inline void prepare_q6_k(const uint8_t* base, int64_t row_bytes, int64_t k, int6
 // c[2H], c[2H + 1]. Half-steps alternate between the two pairs of C tiles, so step s + 1's
 // first half is issued before step s's second half is taken, and its second half before
 // step s's f32 steps run.
-#define INFERA_AMX_HALF(H, C0, C1, B, NAME)                                                               \
-  __attribute__((target("amx-tile,amx-int8"))) inline void NAME(const int8_t* pl, int64_t k,             \
-                                                                const int8_t* bq, int64_t b) {           \
-    const int64_t w0 = 256 * b;                                                                           \
-    _tile_zero(C0);                                                                                       \
-    _tile_zero(C1);                                                                                       \
-    for (int ch = 0; ch < 4; ++ch) {                                                                      \
-      const int8_t* a = pl + 2 * (H) * 16 * k + (w0 + 64 * ch) * 16;                                      \
-      _tile_loadd(B, bq + (w0 + 64 * ch) * 16, 64);                                                       \
-      _tile_loadd(4, a, 64);                                                                              \
-      _tile_dpbssd(C0, 4, B);                                                                             \
-      _tile_loadd(5, a + 16 * k, 64);                                                                     \
-      _tile_dpbssd(C1, 5, B);                                                                             \
-    }                                                                                                     \
+#define INFERA_AMX_HALF(H, C0, C1, B, NAME)                                                                    \
+  __attribute__((target("amx-tile,amx-int8"))) inline void NAME(const int8_t* pl, int64_t k, const int8_t* bq, \
+                                                                int64_t b) {                                   \
+    const int64_t w0 = 256 * b;                                                                                \
+    _tile_zero(C0);                                                                                            \
+    _tile_zero(C1);                                                                                            \
+    for (int ch = 0; ch < 4; ++ch) {                                                                           \
+      const int8_t* a = pl + 2 * (H)*16 * k + (w0 + 64 * ch) * 16;                                             \
+      _tile_loadd(B, bq + (w0 + 64 * ch) * 16, 64);                                                            \
+      _tile_loadd(4, a, 64);                                                                                   \
+      _tile_dpbssd(C0, 4, B);                                                                                  \
+      _tile_loadd(5, a + 16 * k, 64);                                                                          \
+      _tile_dpbssd(C1, 5, B);                                                                                  \
+    }                                                                                                          \
   }
 INFERA_AMX_HALF(0, 0, 1, 6, issue_half0_b6)
 INFERA_AMX_HALF(0, 0, 1, 7, issue_half0_b7)
@@ -735,25 +736,25 @@ __attribute__((target("amx-tile,amx-int8"))) inline void take_half1(int32_t (*c)
   } else {                     \
     _tile_dpbssd(C, A, B);     \
   }
-#define INFERA_AMX_STEP(S, C0, C1, B)                                                                             \
-  template <bool kUnsigned>                                                                                       \
-  __attribute__((target("amx-tile,amx-int8"))) inline void issue_step##S(const int8_t* pl, int64_t k,            \
-                                                                         const int8_t* bq, int64_t b) {          \
-    const int64_t w0 = 256 * b;                                                                                   \
-    _tile_zero(C0);                                                                                               \
-    _tile_zero(C1);                                                                                               \
-    for (int ch = 0; ch < 4; ++ch) {                                                                              \
-      const int8_t* a = pl + (w0 + 64 * ch) * 16;                                                                 \
-      _tile_loadd(B, bq + (w0 + 64 * ch) * 16, 64);                                                               \
-      _tile_loadd(4, a, 64);                                                                                      \
-      INFERA_AMX_DP(C0, 4, B)                                                                                     \
-      _tile_loadd(5, a + 16 * k, 64);                                                                             \
-      INFERA_AMX_DP(C1, 5, B)                                                                                     \
-    }                                                                                                             \
-  }                                                                                                               \
-  __attribute__((target("amx-tile,amx-int8"))) inline void take_step##S(int32_t(*c)[256]) {                      \
-    _tile_stored(C0, c[0], 64);                                                                                   \
-    _tile_stored(C1, c[1], 64);                                                                                   \
+#define INFERA_AMX_STEP(S, C0, C1, B)                                                                   \
+  template <bool kUnsigned>                                                                             \
+  __attribute__((target("amx-tile,amx-int8"))) inline void issue_step##S(const int8_t* pl, int64_t k,   \
+                                                                         const int8_t* bq, int64_t b) { \
+    const int64_t w0 = 256 * b;                                                                         \
+    _tile_zero(C0);                                                                                     \
+    _tile_zero(C1);                                                                                     \
+    for (int ch = 0; ch < 4; ++ch) {                                                                    \
+      const int8_t* a = pl + (w0 + 64 * ch) * 16;                                                       \
+      _tile_loadd(B, bq + (w0 + 64 * ch) * 16, 64);                                                     \
+      _tile_loadd(4, a, 64);                                                                            \
+      INFERA_AMX_DP(C0, 4, B)                                                                           \
+      _tile_loadd(5, a + 16 * k, 64);                                                                   \
+      INFERA_AMX_DP(C1, 5, B)                                                                           \
+    }                                                                                                   \
+  }                                                                                                     \
+  __attribute__((target("amx-tile,amx-int8"))) inline void take_step##S(int32_t(*c)[256]) {             \
+    _tile_stored(C0, c[0], 64);                                                                         \
+    _tile_stored(C1, c[1], 64);                                                                         \
   }
 INFERA_AMX_STEP(0, 0, 1, 6)
 INFERA_AMX_STEP(1, 2, 3, 7)
@@ -860,7 +861,8 @@ __attribute__((target("amx-tile,amx-int8"))) inline void tile_q6_k(const WTile& 
       isum = _mm512_add_epi32(isum, _mm512_slli_epi32(_mm512_load_si512(c[2] + 16 * r), 4));
       isum = _mm512_add_epi32(isum, _mm512_slli_epi32(_mm512_load_si512(c[3] + 16 * r), 6));
       const __m512 d = _mm512_mul_ps(_mm512_set1_ps(dw[r]), da);
-      _mm512_store_ps(sums[tb][r], _mm512_add_ps(_mm512_load_ps(sums[tb][r]), _mm512_mul_ps(d, _mm512_cvtepi32_ps(isum))));
+      _mm512_store_ps(sums[tb][r],
+                      _mm512_add_ps(_mm512_load_ps(sums[tb][r]), _mm512_mul_ps(d, _mm512_cvtepi32_ps(isum))));
     }
   }
   for (int64_t tb = 0; tb < ntb; ++tb) {
@@ -930,7 +932,8 @@ inline void matmul_rows(uint32_t type, const uint8_t* base, int64_t row_bytes, i
         if (type == kQ6_K) {
           prepare_q6_k(base, row_bytes, k, j0, rows, next && j0 + 32 <= n1, w);
           TokenBlock blks[kMaxPass];
-          for (int64_t tb = t0; tb < t1; ++tb) blks[tb - t0] = TokenBlock{bq_p + tb * 16 * k, bd_p + tb * 16 * dstride, nullptr};
+          for (int64_t tb = t0; tb < t1; ++tb)
+            blks[tb - t0] = TokenBlock{bq_p + tb * 16 * k, bd_p + tb * 16 * dstride, nullptr};
           tile_q6_k(w, k, blks, t1 - t0, yt, ldy, m - t0 * 16, rows);
           continue;
         }
