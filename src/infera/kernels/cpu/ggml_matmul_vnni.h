@@ -894,6 +894,17 @@ inline void matmul_rows(uint32_t type, const uint8_t* base, int64_t row_bytes, i
   // Token block tb of the activations as B tiles, its scales and sums lane per token.
   const auto pack = [&](int64_t tb) {
     int32_t* q4 = reinterpret_cast<int32_t*>(bq_p + tb * 16 * k);  // [k / 4][16]
+    // A whole block's quants by 16 x 16 dword transposes; a last partial one (and the
+    // dwords past the last whole 16) one dword at a time.
+    const bool whole = tb * 16 + 16 <= m;
+    int64_t j0 = 0;
+    if (whole) {
+      for (; j0 + 16 <= k / 4; j0 += 16) {
+        __m512i v[16];
+        transpose16(reinterpret_cast<const uint8_t*>(aq + tb * 16 * k + 4 * j0), k, v);
+        for (int c = 0; c < 16; ++c) _mm512_store_si512(q4 + (j0 + c) * 16, v[c]);
+      }
+    }
     for (int t = 0; t < 16; ++t) {
       const int64_t i = tb * 16 + t;
       if (i >= m) {
@@ -901,7 +912,7 @@ inline void matmul_rows(uint32_t type, const uint8_t* base, int64_t row_bytes, i
         continue;
       }
       const int8_t* q = aq + i * k;
-      for (int64_t j = 0; j < k / 4; ++j) std::memcpy(q4 + j * 16 + t, q + 4 * j, 4);
+      for (int64_t j = j0; j < k / 4; ++j) std::memcpy(q4 + j * 16 + t, q + 4 * j, 4);
       for (int64_t b = 0; b < dstride; ++b) bd_p[(tb * dstride + b) * 16 + t] = ad[i * dstride + b];
       if (q4k)
         for (int64_t p = 0; p < k / 32; ++p)
