@@ -199,6 +199,54 @@ TEST(KernelsBf16Dot, PrefillMatchesReferenceOnOddShapes) {
   }
 }
 
+// f16 prefill on AMX-BF16 tiles: each f16 weight split exactly into two bf16 parts and x into
+// two, three products (xh.wh + xh.wl + xl.wh). Per term the dropped xl.wl and x's rest are
+// each below 2^-17 |x w| (bound: 2^-16), plus the f32 sums of the three products' k terms
+// one after the other (n_eff = 3 k + k / 512 + 32). With x already bf16 (xl = 0) the
+// products are exact and only the sums' error is left, so a lost or misplaced weight part
+// (2^-9 of a term) shows far above it.
+TEST(KernelsF16Amx, PrefillMatchesReferenceOnOddShapes) {
+  if (!isa_available(Isa::kAvx512) || amx_unavailable_reason() != nullptr)
+    GTEST_SKIP() << "f16 prefill on AMX tiles needs AMX: "
+                 << (isa_available(Isa::kAvx512) ? amx_unavailable_reason() : "no avx512 path");
+  const Bf16DotScope dot(true);
+  const Bf16AmxScope amx(true);
+  EXPECT_NE(matmul_path(Isa::kAvx512, DType::kF16).find("tdpbf16ps"), std::string::npos);
+  uint32_t seed = 300;
+  for (const auto& s : kDotShapes) {
+    const TestWeights w(DType::kF16, s.n, s.k, seed++);
+    const auto x = random_floats(s.m * s.k, seed++);
+    const auto xr = bf16_rounded(x);
+    for (bool rounded : {false, true}) {
+      const std::vector<float>& xs = rounded ? xr : x;
+      std::vector<float> y(s.m * s.n, NAN);
+      matmul(Isa::kAvx512, xs.data(), s.m, w.ref, y.data());
+      const double rel = (rounded ? 0.0 : std::ldexp(1.0, -16)) + (3.0 * s.k + s.k / 512.0 + 32) * kU;
+      for (int64_t i = 0; i < s.m; ++i) {
+        for (int64_t j = 0; j < s.n; ++j) {
+          double exact = 0.0, magnitude = 0.0;
+          for (int64_t t = 0; t < s.k; ++t) {
+            const double p = double(xs[i * s.k + t]) * ref::weight_at(w.ref, j, t);
+            exact += p;
+            magnitude += std::fabs(p);
+          }
+          ASSERT_LE(std::fabs(y[i * s.n + j] - exact), rel * magnitude + 1e-30)
+              << "m=" << s.m << " n=" << s.n << " k=" << s.k << (rounded ? " (x bf16)" : "") << " at y[" << i << "]["
+              << j << "]";
+        }
+      }
+    }
+  }
+  // AMX off: the f32 products of the FMA tiles again (the tight bound).
+  const Bf16AmxScope off(false);
+  EXPECT_EQ(matmul_path(Isa::kAvx512, DType::kF16).find("tdpbf16ps"), std::string::npos);
+  const TestWeights w(DType::kF16, 70, 300, 77);
+  const auto x = random_floats(20 * 300, 78);
+  std::vector<float> y(20 * 70);
+  matmul(Isa::kAvx512, x.data(), 20, w.ref, y.data());
+  expect_matmul_close(Isa::kAvx512, x, 20, w.ref, y.data(), 70, 0, 70, "f16, AMX off");
+}
+
 TEST(KernelsBf16Dot, RowsAndColumnsOfAShard) {
   if (!isa_available(Isa::kAvx512)) GTEST_SKIP() << "the vdpbf16ps path needs the avx512 path (AVX512_BF16)";
   const Bf16DotScope dot(true);

@@ -409,6 +409,160 @@ __attribute__((target("amx-tile,amx-bf16"))) void amx_bf16_block(const uint32_t*
 }
 #endif
 
+#if INFERA_SIMD_LEVEL == 2
+// ---- f16 weights on AMX-BF16 -------------------------------------------------------------
+//
+// An f16 weight is exactly wh + wl with wh = bf16(w) and wl = bf16(w - wh): f16 has 11
+// significant bits, bf16 8, so the remainder has at most 3 and bf16's exponent range holds
+// it. x is split the same way, x ~ xh + xl (16 significant bits), and y = xh.wh + xh.wl +
+// xl.wh, three tile products summed in f32 (each bf16 pair product exact): the dropped
+// xl.wl and x's remainder are each below 2^-17 |x w| per term, against llama.cpp's 2^-12
+// from its f16 activations. 16 tokens x 32 columns per pass: tiles 0-1 A (xh, xl), 2-3 B
+// (wh, columns c0 .. c0 + 31), 4-5 B (wl), 6-7 C.
+void x_to_bf16_split(const float* x, int64_t m, int64_t k, uint32_t* xh, uint32_t* xl) {
+  const int64_t kp = (k + 1) / 2;
+  for (int64_t i = 0; i < m; ++i) {
+    const float* xi = x + i * k;
+    auto* h = reinterpret_cast<uint16_t*>(xh + i * kp);
+    auto* l = reinterpret_cast<uint16_t*>(xl + i * kp);
+    int64_t t = 0;
+    for (; t + 32 <= k; t += 32) {
+      const __m512 a = _mm512_loadu_ps(xi + t), b = _mm512_loadu_ps(xi + t + 16);
+      const __m512bh hb = _mm512_cvtne2ps_pbh(b, a);
+      const __m512i hi = reinterpret_cast<const __m512i&>(hb);
+      // The bf16 halves back to f32 (a shift), then the remainders rounded to bf16.
+      const __m512 ha = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(hi)), 16));
+      const __m512 hbf =
+          _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(hi, 1)), 16));
+      const __m512bh lb = _mm512_cvtne2ps_pbh(_mm512_sub_ps(b, hbf), _mm512_sub_ps(a, ha));
+      _mm512_storeu_si512(h + t, hi);
+      _mm512_storeu_si512(l + t, reinterpret_cast<const __m512i&>(lb));
+    }
+    for (; t < k; ++t) {
+      h[t] = f32_to_bf16(xi[t]);
+      l[t] = f32_to_bf16(xi[t] - bf16_to_f32(h[t]));
+    }
+    if (k % 2 != 0) h[k] = l[k] = 0;
+  }
+}
+
+// The rows [j0, j0 + nr) x [k0, k0 + kc) of f16 weights (kc a multiple of 32) as two
+// bf16-pair panels (pack_panel_pairs' layout): ph the bf16 roundings, pl the exact rests.
+// The f16 pairs are laid out first (one transpose, into ph), then split in one linear pass
+// (the pairs keep their places).
+void pack_panel_pairs_f16(const uint16_t* w, int64_t k, int64_t j0, int64_t nr, int64_t k0, int64_t kc, uint32_t* ph,
+                          uint32_t* pl) {
+  pack_panel_pairs(w, k, j0, nr, k0, kc, ph);
+  auto* h = reinterpret_cast<uint16_t*>(ph);
+  auto* l = reinterpret_cast<uint16_t*>(pl);
+  for (int64_t t = 0; t < kc * kNR; t += 32) {
+    const __m512 a = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(h + t)));
+    const __m512 b = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(h + t + 16)));
+    const __m512bh hb = _mm512_cvtne2ps_pbh(b, a);
+    const __m512i hi = reinterpret_cast<const __m512i&>(hb);
+    const __m512 ha = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(hi)), 16));
+    const __m512 hbf =
+        _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(hi, 1)), 16));
+    const __m512bh lb = _mm512_cvtne2ps_pbh(_mm512_sub_ps(b, hbf), _mm512_sub_ps(a, ha));  // exact rests
+    _mm512_storeu_si512(h + t, hi);
+    _mm512_storeu_si512(l + t, reinterpret_cast<const __m512i&>(lb));
+  }
+}
+
+// y[r][c0 + c] (+)= the three products over `pairs` pairs (a multiple of 16) for 16 tokens
+// (xh, xl rows ldx words apart) and columns c0 .. c0 + ncols (ncols <= 32).
+__attribute__((target("amx-tile,amx-bf16"))) void amx_f16_block(const uint32_t* xh, const uint32_t* xl, int64_t ldx,
+                                                                const uint32_t* ph, const uint32_t* pl, int64_t pairs,
+                                                                int64_t c0, float* y, int64_t ldy, int64_t ncols,
+                                                                bool accumulate) {
+  _tile_zero(6);
+  _tile_zero(7);
+  const int64_t bstride = kNR * 4, astride = ldx * 4;
+  for (int64_t t = 0; t < pairs; t += 16) {
+    _tile_loadd(0, xh + t, astride);
+    _tile_loadd(1, xl + t, astride);
+    _tile_loadd(2, ph + t * kNR + c0, bstride);
+    _tile_loadd(3, ph + t * kNR + c0 + 16, bstride);
+    _tile_loadd(4, pl + t * kNR + c0, bstride);
+    _tile_loadd(5, pl + t * kNR + c0 + 16, bstride);
+    _tile_dpbf16ps(6, 0, 2);
+    _tile_dpbf16ps(7, 0, 3);
+    _tile_dpbf16ps(6, 0, 4);
+    _tile_dpbf16ps(7, 0, 5);
+    _tile_dpbf16ps(6, 1, 2);
+    _tile_dpbf16ps(7, 1, 3);
+  }
+  alignas(64) float c_out[2][16 * 16];
+  _tile_stored(6, c_out[0], 64);
+  _tile_stored(7, c_out[1], 64);
+  for (int q = 0; q < 2; ++q) {
+    const int64_t cols = std::min<int64_t>(16, ncols - 16 * q);
+    if (cols <= 0) continue;
+    const __mmask16 mask = static_cast<__mmask16>((1u << cols) - 1);
+    for (int r = 0; r < 16; ++r) {
+      float* yr = y + r * ldy + c0 + 16 * q;
+      __m512 v = _mm512_load_ps(c_out[q] + r * 16);
+      if (accumulate) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask, yr));
+      _mm512_mask_storeu_ps(yr, mask, v);
+    }
+  }
+}
+
+// The f16 GEMM with AMX (m >= 16): per panel and 512-long slice of k, the weights split into
+// two bf16-pair panels once and swept by 16-token tiles; the last < 16 tokens, and slices
+// whose length is not a multiple of 32, take the f32 FMA microkernel on the f32 panel.
+void gemm_f16_amx(const float* x, int64_t m, int64_t k, const uint16_t* w, int64_t n0, int64_t n1, float* y,
+                  int64_t ldy) {
+  const int threads = omp_in_parallel() ? 1 : num_threads();
+  const int64_t n_panels = ceil_div(n1 - n0, kNR);
+  const int64_t kp = (k + 1) / 2;
+  static thread_local Scratch x_scratch;
+  auto* xh = reinterpret_cast<uint32_t*>(x_scratch.get(2 * m * kp));
+  uint32_t* xl = xh + m * kp;
+  x_to_bf16_split(x, m, k, xh, xl);
+  const int64_t m16 = m / 16 * 16;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads) if (threads > 1 && n_panels > 1)
+  for (int64_t p = 0; p < n_panels; ++p) {
+    static thread_local Scratch panel_scratch;
+    const int64_t j0 = n0 + p * kNR, nr = std::min<int64_t>(kNR, n1 - j0);
+    float* panel = panel_scratch.get(kDotKC * kNR + kKC * kNR);  // two bf16-pair panels, then an f32 one
+    auto* ph = reinterpret_cast<uint32_t*>(panel);
+    uint32_t* pl = ph + kDotKC / 2 * kNR;
+    float* pf = panel + kDotKC * kNR;
+    float* yp = y + (j0 - n0);
+    // The f32 microkernel over rows [i0, m) and k [k0, k0 + kc).
+    const auto f32_rows = [&](int64_t i0, int64_t k0, int64_t kc) {
+      for (int64_t kk = k0; kk < k0 + kc; kk += kKC) {
+        const int64_t kcc = std::min(kKC, k0 + kc - kk);
+        pack_panel<DType::kF16>(w, k, j0, nr, kk, kcc, pf);
+        for (int64_t i = i0; i < m; i += kMR) {
+          with_rows(std::min<int64_t>(kMR, m - i), [&](auto r) {
+            gemm_micro<decltype(r)::value>(x + i * k + kk, k, pf, kcc, yp + i * ldy, ldy, nr, kk > 0);
+          });
+        }
+      }
+    };
+    for (int64_t k0 = 0; k0 < k; k0 += kDotKC) {
+      const int64_t kc = std::min(kDotKC, k - k0);
+      if (kc % 32 != 0) {
+        f32_rows(0, k0, kc);
+        continue;
+      }
+      pack_panel_pairs_f16(w, k, j0, nr, k0, kc, ph, pl);
+      amx_bf16_configure();
+      for (int64_t i = 0; i < m16; i += 16) {
+        for (int64_t c0 = 0; c0 < nr; c0 += 32) {
+          amx_f16_block(xh + i * kp + k0 / 2, xl + i * kp + k0 / 2, kp, ph, pl, kc / 2, c0, yp + i * ldy, ldy,
+                        std::min<int64_t>(32, nr - c0), k0 > 0);
+        }
+      }
+      amx_bf16_release();
+      if (m16 < m) f32_rows(m16, k0, kc);
+    }
+  }
+}
+#endif
+
 // bf16 weights take the vdpbf16ps GEMM where the CPU has it (the AVX-512 path requires
 // AVX512_BF16) unless set_bf16_dot(false) asks for the f32 products.
 template <DType D>
@@ -417,6 +571,11 @@ constexpr bool kHasDotPath = INFERA_SIMD_LEVEL == 2 && D == DType::kBF16;
 template <DType D>
 void gemm(const float* x, int64_t m, int64_t k, const typename Weights<D>::T* w, int64_t n0, int64_t n1, float* y,
           int64_t ldy) {
+#if INFERA_SIMD_LEVEL == 2
+  if constexpr (D == DType::kF16) {
+    if (bf16_dot_enabled() && bf16_amx_enabled()) return gemm_f16_amx(x, m, k, w, n0, n1, y, ldy);
+  }
+#endif
   const int threads = omp_in_parallel() ? 1 : num_threads();
   const int64_t n_panels = ceil_div(n1 - n0, kNR);
   const int64_t m_blocks = ceil_div(m, kMR);
@@ -546,6 +705,12 @@ std::string matmul_path(DType d) {
                         : d == DType::kF16 ? (INFERA_SIMD_LEVEL > 0 ? " (f16 converted by F16C)" : " (f16 converted)")
                                            : "";
   std::string prefill = std::string(isa) + " f32 FMA " + tile + " tiles on packed f32 panels" + convert;
+  if (d == DType::kF16 && INFERA_SIMD_LEVEL == 2 && bf16_dot_enabled() && bf16_amx_enabled()) {
+    prefill =
+        "AMX tdpbf16ps tiles, 16 tokens x 32 rows per pass, each f16 weight split exactly into two bf16 parts and "
+        "x into two (three products, below 2^-17 |x w| per term), on packed bf16-pair panels (" +
+        prefill + " for the last < 16 tokens and k slices not a multiple of 32)";
+  }
   if (d == DType::kBF16 && INFERA_SIMD_LEVEL == 2 && bf16_dot_enabled()) {
     prefill =
         std::string(isa) + " vdpbf16ps (AVX512_BF16) " + tile + " tiles on packed bf16-pair panels, x rounded to bf16";
