@@ -511,20 +511,54 @@ __attribute__((target("amx-tile,amx-int8"))) inline void pipeline(const Src& s, 
 }
 
 // y[t * ldy + r] for tokens t < valid and rows r < rows: the 16 tokens of tb against a
-// Q8_0 tile, dot32's f32 steps per block.
+// Q8_0 tile, dot32's f32 steps per block. (The pipeline and the steps written out here as
+// macros, not through a lambda: the 16 sums then stay in registers; captured by a lambda
+// they lived in memory.)
 __attribute__((target("amx-tile,amx-int8"))) inline void tile_q8_0(const WTile& w, const Src& src, int64_t k,
                                                                    const TokenBlock& tb, float* y, int64_t ldy,
                                                                    int valid, int rows) {
   __m512 sum[16];
+#pragma GCC unroll 16
   for (int r = 0; r < 16; ++r) sum[r] = _mm512_setzero_ps();
-  pipeline(src, k / 32, [&](int64_t b, const int32_t* c) {
-    const __m512 da = _mm512_loadu_ps(tb.d + 16 * b);
-    const float* dw = w.d.data() + 16 * b;
-    for (int r = 0; r < 16; ++r)
-      sum[r] = _mm512_add_ps(sum[r], _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_load_si512(c + 16 * r)),
-                                                   _mm512_mul_ps(_mm512_set1_ps(dw[r]), da)));
-  });
-  store_out(sum, y, ldy, valid, rows);
+  alignas(64) int32_t c[2][256];
+  const int64_t groups = k / 32;
+  const float* wd = w.d.data();
+#define INFERA_Q8_USE(B, CB)                                                                      \
+  {                                                                                               \
+    const __m512 da = _mm512_loadu_ps(tb.d + 16 * (B));                                           \
+    const float* dw = wd + 16 * (B);                                                              \
+    _Pragma("GCC unroll 16") for (int r = 0; r < 16; ++r) sum[r] =                                \
+        _mm512_add_ps(sum[r], _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_load_si512((CB) + 16 * r)), \
+                                            _mm512_mul_ps(_mm512_set1_ps(dw[r]), da)));           \
+  }
+  issue<0>(src, 0);
+  if (groups > 1) issue<1>(src, 1);
+  if (groups > 2) issue<2>(src, 2);
+#define INFERA_Q8_STAGE(I)                                                                               \
+  {                                                                                                      \
+    const int64_t gi = g + (I);                                                                          \
+    if (gi < groups) {                                                                                   \
+      if (gi + 3 < groups) issue<((I) + 3) % 4>(src, gi + 3);                                            \
+      if (src.pf != nullptr)                                                                             \
+        for (int r = 0; r < 16; ++r)                                                                     \
+          _mm_prefetch(reinterpret_cast<const char*>(src.pf + r * src.lda + src.ags * gi), _MM_HINT_T1); \
+      take<I>(c[(I) % 2]);                                                                               \
+      if (gi > 0) INFERA_Q8_USE(gi - 1, c[((I) + 1) % 2])                                                \
+    }                                                                                                    \
+  }
+  for (int64_t g = 0; g < groups; g += 4) {
+    INFERA_Q8_STAGE(0)
+    INFERA_Q8_STAGE(1)
+    INFERA_Q8_STAGE(2)
+    INFERA_Q8_STAGE(3)
+  }
+#undef INFERA_Q8_STAGE
+  INFERA_Q8_USE(groups - 1, c[(groups - 1) % 2])
+#undef INFERA_Q8_USE
+  __m512 out[16];  // (a copy: passing sum's address would keep sum in memory throughout)
+#pragma GCC unroll 16
+  for (int r = 0; r < 16; ++r) out[r] = sum[r];
+  store_out(out, y, ldy, valid, rows);
 }
 
 // Rows [j0, j0 + rows) of a Q8_0 matrix into w: the block scales, and where the products
