@@ -181,10 +181,10 @@ TEST(GgmlQuants, MatmulMatchesDequantizedWeightsTimesQuantizedActivations) {
       {1, 53, 5, 52, {4, 7}},
       {1, 301, 2, 299, {1, 2, 3, 5, 65}},
       {9, 150, 1, 149, {1, 5}},
-      // Whole and partial 16-row tiles and token blocks, several passes' worth of K-type
-      // super-blocks (the AMX prefill).
+      // Whole and partial 16-row tiles and token blocks (9: one padded block), several
+      // passes' worth of K-type super-blocks (the AMX prefill).
       {8, 48, 0, 48, {16, 32, 33, 80}},
-      {2, 35, 3, 35, {16, 47, 64}},
+      {2, 35, 3, 35, {9, 16, 47, 64}},
   };
   for (const MatmulShape& shape : shapes) {
     for (uint32_t type : {kQ4_0, kQ4_1, kQ5_0, kQ5_1, kQ8_0, kIQ4_NL, kQ2_K, kQ3_K, kQ4_K, kQ5_K, kQ6_K, kIQ4_XS}) {

@@ -348,12 +348,15 @@ inline VDotFn dot_for(uint32_t type) {
 // Other types (Q4_0, Q5_0, IQ4_NL, IQ4_XS, Q2_K, Q3_K) keep the VNNI tiles.
 namespace amx {
 
-constexpr int64_t kTokens = 16;  // activation rows per B tile (calls with fewer take the VNNI tiles)
+constexpr int64_t kTokens = 16;  // activation rows per B tile
 
-// Whether the tiles take a call of m activation rows of `type`: Q6_K's four planes are
-// built per pass, which fewer than 64 rows do not repay (measured 0.9x the VNNI tiles at 32).
+// Whether the tiles take a call of m activation rows of `type` (a last token block is padded
+// to 16 rows). Q8_0, read in place, from 8 rows (2.5x the VNNI tiles at 8: those decode and
+// transpose the weights per call); the planes of the K types are built per pass, which
+// Q4_K / Q5_K repay from 16 rows (0.84x at 8) and Q6_K's four from 64 (0.9x at 32).
 inline bool handles(uint32_t type, int64_t m) {
-  return m >= kTokens && (type == kQ8_0 || type == kQ4_K || type == kQ5_K || (type == kQ6_K && m >= 64));
+  if (type == kQ8_0) return m >= 8;
+  return (m >= kTokens && (type == kQ4_K || type == kQ5_K)) || (type == kQ6_K && m >= 64);
 }
 
 inline bool usable() { return ggml_amx_enabled() && amx_unavailable_reason() == nullptr; }
