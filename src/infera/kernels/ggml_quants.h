@@ -59,9 +59,10 @@ void matmul_rows(Isa isa, uint32_t type, const void* data, int64_t k, const floa
                  float* y, int64_t ldy);
 // Whether matmul_rows() computes with `type`.
 bool has_matmul(uint32_t type);
-// Prefill (>= 16 activation rows) of the avx512 path on AMX int8 tiles where the CPU has
-// them and Linux grants the tile state (base/cpu.h amx_unavailable_reason): the same integer
-// sums and f32 steps as the VNNI tiles, so the same values. On by default;
+// Prefill of the avx512 path on AMX int8 tiles (Q8_0 from 8 activation rows, Q4_K / Q5_K
+// from 16, Q6_K from 64) where the CPU has them and Linux grants the tile state (base/cpu.h
+// amx_unavailable_reason): the same integer sums and f32 steps as the VNNI tiles, so the
+// same values. On by default;
 // set_ggml_amx(false) forces the VNNI tiles (tests, A/B runs; INFERA_AMX=0 too).
 void set_ggml_amx(bool enabled);
 bool ggml_amx_enabled();

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "infera/base/threads.h"
+#include "infera/kernels/cpu/amx_tiles.h"
 #include "infera/kernels/ggml_quants.h"
 #include "infera/tensor/dtype.h"
 

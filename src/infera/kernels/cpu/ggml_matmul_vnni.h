@@ -361,30 +361,16 @@ inline bool handles(uint32_t type, int64_t m) {
 
 inline bool usable() { return ggml_amx_enabled() && amx_unavailable_reason() == nullptr; }
 
-struct alignas(64) TileConfig {
-  uint8_t palette = 1;
-  uint8_t start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
-
 // Tiles 0-3: C (16 weight rows x 16 tokens, int32); 4-5: A (16 weight rows x step weights);
 // 6-7: B (step / 4 dword-rows of 16 tokens). step: 32 (Q8_0) or 64 (Q4_K, Q5_K, Q6_K).
 __attribute__((target("amx-tile,amx-int8"))) inline void configure(int step) {
-  TileConfig cfg;
-  for (int t = 0; t < 4; ++t) {
-    cfg.colsb[t] = 64;
-    cfg.rows[t] = 16;
-  }
+  amx_tiles::TileConfig cfg;
+  for (int t = 0; t < 4; ++t) cfg.set(t, 16, 64);
   for (int t = 0; t < 2; ++t) {
-    cfg.colsb[4 + t] = static_cast<uint16_t>(step);
-    cfg.rows[4 + t] = 16;
-    cfg.colsb[6 + t] = 64;
-    cfg.rows[6 + t] = static_cast<uint8_t>(step / 4);
+    cfg.set(4 + t, 16, step);
+    cfg.set(6 + t, step / 4, 64);
   }
-  // Not _tile_loadconfig: GCC 12's declares only the first 8 bytes read (see quant_impl.h).
-  __asm__ volatile("ldtilecfg %0" ::"m"(cfg));
+  amx_tiles::load_tiles(cfg);
 }
 
 __attribute__((target("amx-tile,amx-int8"))) inline void release() { _tile_release(); }
@@ -408,19 +394,21 @@ class Aligned64 {
 // 16 weight rows as the kernels read them.
 struct WTile {
   Aligned64 rows;  // Q8_0 of a last tile of fewer rows: [16][k] decoded (the rest zero)
-  Aligned64 planes;  // Q4_K / Q5_K: [2][k / 64][16][64], plane l then plane h
+  Aligned64 planes;  // Q4_K / Q5_K: [2][k / 64][16][64], plane l then plane h (Q6_K: [4]...)
   std::vector<int16_t> sc, mn;  // Q4_K / Q5_K: [16][k / 16]
   std::vector<float> d, dmin;  // [blocks][16]
   void resize(uint32_t type, int64_t k) {
     const int64_t nb = k / block_size(type);
     d.resize(static_cast<size_t>(16 * nb));
     dmin.resize(static_cast<size_t>(16 * nb));
-    if (type == kQ4_K || type == kQ5_K || type == kQ6_K) {
-      planes.resize(static_cast<size_t>((type == kQ6_K ? 4 : 2) * 16 * k));
+    if (type == kQ8_0) {
+      rows.resize(static_cast<size_t>(16 * k));
+      return;
+    }
+    planes.resize(static_cast<size_t>((type == kQ6_K ? 4 : 2) * 16 * k));
+    if (type != kQ6_K) {  // (Q6_K's scales go straight into its planes)
       sc.resize(static_cast<size_t>(k));
       mn.resize(static_cast<size_t>(k));
-    } else {
-      rows.resize(static_cast<size_t>(16 * k));
     }
   }
 };
@@ -482,36 +470,6 @@ INFERA_AMX_STAGE(1, 5, 7)
 INFERA_AMX_STAGE(2, 4, 6)
 INFERA_AMX_STAGE(3, 5, 7)
 #undef INFERA_AMX_STAGE
-
-// Stage I of the unrolled pipeline: block g + 3 started, block g taken from C tile I into
-// c[I % 2], and block g - 1's sums (taken one stage earlier: a tile store is slow to reach
-// the loads) handed to use.
-template <int I, typename Use>
-__attribute__((target("amx-tile,amx-int8"))) inline void stage(const Src& s, int64_t g, int64_t groups,
-                                                               int32_t (*c)[256], Use& use) {
-  if (g >= groups) return;
-  if (g + 3 < groups) issue<(I + 3) % 4>(s, g + 3);
-  if (s.pf != nullptr)  // (a block is 34 bytes per row: every line of the next tile touched)
-    for (int r = 0; r < 16; ++r) _mm_prefetch(reinterpret_cast<const char*>(s.pf + r * s.lda + s.ags * g), _MM_HINT_T1);
-  take<I>(c[I % 2]);
-  if (g > 0) use(g - 1, c[(I + 1) % 2]);
-}
-
-// The products of blocks [0, groups), each handed to use(g, c) in order.
-template <typename Use>
-__attribute__((target("amx-tile,amx-int8"))) inline void pipeline(const Src& s, int64_t groups, Use&& use) {
-  alignas(64) int32_t c[2][256];
-  issue<0>(s, 0);
-  if (groups > 1) issue<1>(s, 1);
-  if (groups > 2) issue<2>(s, 2);
-  for (int64_t g = 0; g < groups; g += 4) {
-    stage<0>(s, g, groups, c, use);
-    stage<1>(s, g + 1, groups, c, use);
-    stage<2>(s, g + 2, groups, c, use);
-    stage<3>(s, g + 3, groups, c, use);
-  }
-  use(groups - 1, c[(groups - 1) % 2]);
-}
 
 // y[t * ldy + r] for tokens t < valid and rows r < rows: the 16 tokens of tb against a
 // Q8_0 tile, dot32's f32 steps per block. (The pipeline and the steps written out here as
@@ -801,6 +759,21 @@ INFERA_AMX_STEP(1, 2, 3, 7)
 // Token blocks per pass over a tile (the Q4_K sums of a pass: 32 KB).
 constexpr int64_t kMaxPass = 32;
 
+// The B tiles of step s (super-block s / ntb, token block s % ntb: 4 KB) from L2 into L1.
+inline void prefetch_step(const TokenBlock* tbs, int64_t ntb, int64_t s) {
+  const int8_t* nb = tbs[s % ntb].b + 256 * (s / ntb) * 16;
+  for (int l = 0; l < 64; ++l) _mm_prefetch(reinterpret_cast<const char*>(nb + 64 * l), _MM_HINT_T0);
+}
+
+// The plane kernels' sums of a pass, sums[tb][r] lane t, to y[(16 tb + t) * ldy + r].
+inline void store_sums(const float (*sums)[16][16], int64_t ntb, float* y, int64_t ldy, int64_t m, int rows) {
+  for (int64_t tb = 0; tb < ntb; ++tb) {
+    __m512 sum[16];
+    for (int r = 0; r < 16; ++r) sum[r] = _mm512_load_ps(sums[tb][r]);
+    store_out(sum, y + tb * 16 * ldy, ldy, static_cast<int>(std::min<int64_t>(16, m - 16 * tb)), rows);
+  }
+}
+
 // y[(16 * tb + t) * ldy + r] (tokens < m, rows r < rows) for the ntb token blocks of a pass
 // against a Q4_K / Q5_K tile: dotk's f32 steps per super-block on isum = c_l + (c_h << 3).
 // Steps (super-block b, token block tb) in order, super-blocks outer: a super-block's
@@ -823,10 +796,7 @@ __attribute__((target("amx-tile,amx-int8"))) inline void tile_q45_k(const WTile&
   issue_step(0);
   for (int64_t s = 0; s < steps; ++s) {
     if (s + 1 < steps) issue_step(s + 1);
-    if (s + 2 < steps) {  // the B tiles after next (4 KB) from L2 meanwhile
-      const int8_t* nb = tbs[(s + 2) % ntb].b + 256 * ((s + 2) / ntb) * 16;
-      for (int l = 0; l < 64; ++l) _mm_prefetch(reinterpret_cast<const char*>(nb + 64 * l), _MM_HINT_T0);
-    }
+    if (s + 2 < steps) prefetch_step(tbs, ntb, s + 2);  // the B tiles after next, meanwhile
     int32_t(*ct)[256] = c[s % 2];
     if (s % 2 == 0)
       take_step0(ct);
@@ -853,11 +823,7 @@ __attribute__((target("amx-tile,amx-int8"))) inline void tile_q45_k(const WTile&
       _mm512_store_ps(sums[tb][r], _mm512_add_ps(_mm512_load_ps(sums[tb][r]), add));
     }
   }
-  for (int64_t tb = 0; tb < ntb; ++tb) {
-    __m512 sum[16];
-    for (int r = 0; r < 16; ++r) sum[r] = _mm512_load_ps(sums[tb][r]);
-    store_out(sum, y + tb * 16 * ldy, ldy, static_cast<int>(std::min<int64_t>(16, m - 16 * tb)), rows);
-  }
+  store_sums(sums, ntb, y, ldy, m, rows);
 }
 
 // y as tile_q45_k computes it, for a Q6_K tile: dotk's f32 steps per super-block (no mins)
@@ -885,10 +851,7 @@ __attribute__((target("amx-tile,amx-int8"))) inline void tile_q6_k(const WTile& 
     if (s + 1 < steps) half(0, s + 1);
     take_half1(c);
     if (s + 1 < steps) half(1, s + 1);
-    if (s + 2 < steps) {  // the B tiles after next (4 KB) from L2 meanwhile
-      const int8_t* nb = tbs[(s + 2) % ntb].b + 256 * ((s + 2) / ntb) * 16;
-      for (int l = 0; l < 64; ++l) _mm_prefetch(reinterpret_cast<const char*>(nb + 64 * l), _MM_HINT_T0);
-    }
+    if (s + 2 < steps) prefetch_step(tbs, ntb, s + 2);  // the B tiles after next, meanwhile
     const int64_t b = s / ntb, tb = s % ntb;
     const float* dw = w.d.data() + 16 * b;
     const __m512 da = _mm512_loadu_ps(tbs[tb].d + 16 * b);
@@ -902,11 +865,7 @@ __attribute__((target("amx-tile,amx-int8"))) inline void tile_q6_k(const WTile& 
                       _mm512_add_ps(_mm512_load_ps(sums[tb][r]), _mm512_mul_ps(d, _mm512_cvtepi32_ps(isum))));
     }
   }
-  for (int64_t tb = 0; tb < ntb; ++tb) {
-    __m512 sum[16];
-    for (int r = 0; r < 16; ++r) sum[r] = _mm512_load_ps(sums[tb][r]);
-    store_out(sum, y + tb * 16 * ldy, ldy, static_cast<int>(std::min<int64_t>(16, m - 16 * tb)), rows);
-  }
+  store_sums(sums, ntb, y, ldy, m, rows);
 }
 
 // y[i * ldy + (j - n0)] for rows j in [n0, n1), activation rows [0, m), when handles(type, m).
@@ -975,31 +934,26 @@ inline void matmul_rows(uint32_t type, const uint8_t* base, int64_t row_bytes, i
       for (int64_t tt = 0; tt < tiles; ++tt) {
         const int64_t j0 = n0 + tt * 16;
         const int rows = static_cast<int>(std::min<int64_t>(16, n1 - j0));
-        const bool next = j0 + 16 < n1;
+        const bool next = j0 + 32 <= n1;  // a whole tile follows: its rows are prefetched
         float* yt = y + t0 * 16 * ldy + (j0 - n0);
-        if (type == kQ6_K) {
-          prepare_q6_k(base, row_bytes, k, j0, rows, next && j0 + 32 <= n1, w);
+        if (planes) {
+          switch (type) {
+            case kQ4_K: prepare_q45_k<false>(base, row_bytes, k, j0, rows, next, w); break;
+            case kQ5_K: prepare_q45_k<true>(base, row_bytes, k, j0, rows, next, w); break;
+            default: prepare_q6_k(base, row_bytes, k, j0, rows, next, w); break;
+          }
           TokenBlock blks[kMaxPass];
           for (int64_t tb = t0; tb < t1; ++tb)
-            blks[tb - t0] = TokenBlock{bq_p + tb * 16 * k, bd_p + tb * 16 * dstride, nullptr};
-          tile_q6_k(w, k, blks, t1 - t0, yt, ldy, m - t0 * 16, rows);
+            blks[tb - t0] =
+                TokenBlock{bq_p + tb * 16 * k, bd_p + tb * 16 * dstride, q4k ? bbs_p + tb * 16 * (k / 32) : nullptr};
+          switch (type) {
+            case kQ4_K: tile_q45_k<false>(w, k, blks, t1 - t0, yt, ldy, m - t0 * 16, rows); break;
+            case kQ5_K: tile_q45_k<true>(w, k, blks, t1 - t0, yt, ldy, m - t0 * 16, rows); break;
+            default: tile_q6_k(w, k, blks, t1 - t0, yt, ldy, m - t0 * 16, rows); break;
+          }
           continue;
         }
-        if (q4k) {
-          if (type == kQ4_K)
-            prepare_q45_k<false>(base, row_bytes, k, j0, rows, next && j0 + 32 <= n1, w);
-          else
-            prepare_q45_k<true>(base, row_bytes, k, j0, rows, next && j0 + 32 <= n1, w);
-          TokenBlock blks[kMaxPass];
-          for (int64_t tb = t0; tb < t1; ++tb)
-            blks[tb - t0] = TokenBlock{bq_p + tb * 16 * k, bd_p + tb * 16 * dstride, bbs_p + tb * 16 * (k / 32)};
-          if (type == kQ4_K)
-            tile_q45_k<false>(w, k, blks, t1 - t0, yt, ldy, m - t0 * 16, rows);
-          else
-            tile_q45_k<true>(w, k, blks, t1 - t0, yt, ldy, m - t0 * 16, rows);
-          continue;
-        }
-        Src src = prepare_q8_0(base, row_bytes, k, j0, rows, next && j0 + 32 <= n1, w);
+        Src src = prepare_q8_0(base, row_bytes, k, j0, rows, next, w);
         const int8_t* pf = src.pf;  // the next tile streamed in during the first token block
         for (int64_t tb = t0; tb < t1; ++tb) {
           src.b = bq_p + tb * 16 * k;

@@ -16,6 +16,7 @@
 
 #include "infera/base/error.h"
 #include "infera/base/threads.h"
+#include "infera/kernels/cpu/amx_tiles.h"
 #include "infera/kernels/cpu/dispatch.h"
 #include "infera/kernels/cpu/simd.h"
 
@@ -342,21 +343,8 @@ inline void gemm_micro_bf16(const uint32_t* xb, int64_t ldx, const uint32_t* pan
 // (kNR words) apart; A is 16 tokens x 16 pairs of xb, a row of x apart. One instruction
 // makes 16 x 16 x 32 products (the pair products exact in f32, summed in f32), 16x a
 // vdpbf16ps. Tiles: 0-1 A (tokens 0-15, 16-31), 2-3 B (columns c0 .. c0 + 31), 4-7 C.
-struct alignas(64) AmxTileConfig {
-  uint8_t palette = 1;
-  uint8_t start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
-
 __attribute__((target("amx-tile,amx-bf16"))) inline void amx_bf16_configure() {
-  AmxTileConfig cfg;
-  for (int t = 0; t < 8; ++t) {
-    cfg.colsb[t] = 64;
-    cfg.rows[t] = 16;
-  }
-  __asm__ volatile("ldtilecfg %0" ::"m"(cfg));  // (GCC 12's _tile_loadconfig drops the stores)
+  amx_tiles::load_tiles(amx_tiles::all_16x64());
 }
 
 __attribute__((target("amx-tile,amx-bf16"))) inline void amx_bf16_release() { _tile_release(); }
@@ -419,6 +407,19 @@ __attribute__((target("amx-tile,amx-bf16"))) void amx_bf16_block(const uint32_t*
 // xl.wl and x's remainder are each below 2^-17 |x w| per term, against llama.cpp's 2^-12
 // from its f16 activations. 16 tokens x 32 columns per pass: tiles 0-1 A (xh, xl), 2-3 B
 // (wh, columns c0 .. c0 + 31), 4-5 B (wl), 6-7 C.
+// 32 values (a then b) as bf16 at hi, and what the rounding left, rounded to bf16, at lo:
+// v ~ hi + lo (exact when v has at most 16 significant bits). hi may alias the source.
+inline void split_bf16(__m512 a, __m512 b, uint16_t* hi, uint16_t* lo) {
+  const __m512bh hb = _mm512_cvtne2ps_pbh(b, a);
+  const __m512i h = reinterpret_cast<const __m512i&>(hb);
+  // The bf16 halves back to f32 (a shift), then the remainders rounded to bf16.
+  const __m512 ha = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(h)), 16));
+  const __m512 hbf = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(h, 1)), 16));
+  const __m512bh lb = _mm512_cvtne2ps_pbh(_mm512_sub_ps(b, hbf), _mm512_sub_ps(a, ha));
+  _mm512_storeu_si512(hi, h);
+  _mm512_storeu_si512(lo, reinterpret_cast<const __m512i&>(lb));
+}
+
 void x_to_bf16_split(const float* x, int64_t m, int64_t k, uint32_t* xh, uint32_t* xl) {
   const int64_t kp = (k + 1) / 2;
   for (int64_t i = 0; i < m; ++i) {
@@ -427,16 +428,7 @@ void x_to_bf16_split(const float* x, int64_t m, int64_t k, uint32_t* xh, uint32_
     auto* l = reinterpret_cast<uint16_t*>(xl + i * kp);
     int64_t t = 0;
     for (; t + 32 <= k; t += 32) {
-      const __m512 a = _mm512_loadu_ps(xi + t), b = _mm512_loadu_ps(xi + t + 16);
-      const __m512bh hb = _mm512_cvtne2ps_pbh(b, a);
-      const __m512i hi = reinterpret_cast<const __m512i&>(hb);
-      // The bf16 halves back to f32 (a shift), then the remainders rounded to bf16.
-      const __m512 ha = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(hi)), 16));
-      const __m512 hbf =
-          _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(hi, 1)), 16));
-      const __m512bh lb = _mm512_cvtne2ps_pbh(_mm512_sub_ps(b, hbf), _mm512_sub_ps(a, ha));
-      _mm512_storeu_si512(h + t, hi);
-      _mm512_storeu_si512(l + t, reinterpret_cast<const __m512i&>(lb));
+      split_bf16(_mm512_loadu_ps(xi + t), _mm512_loadu_ps(xi + t + 16), h + t, l + t);
     }
     for (; t < k; ++t) {
       h[t] = f32_to_bf16(xi[t]);
@@ -456,16 +448,9 @@ void pack_panel_pairs_f16(const uint16_t* w, int64_t k, int64_t j0, int64_t nr, 
   auto* h = reinterpret_cast<uint16_t*>(ph);
   auto* l = reinterpret_cast<uint16_t*>(pl);
   for (int64_t t = 0; t < kc * kNR; t += 32) {
-    const __m512 a = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(h + t)));
-    const __m512 b = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(h + t + 16)));
-    const __m512bh hb = _mm512_cvtne2ps_pbh(b, a);
-    const __m512i hi = reinterpret_cast<const __m512i&>(hb);
-    const __m512 ha = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(hi)), 16));
-    const __m512 hbf =
-        _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(hi, 1)), 16));
-    const __m512bh lb = _mm512_cvtne2ps_pbh(_mm512_sub_ps(b, hbf), _mm512_sub_ps(a, ha));  // exact rests
-    _mm512_storeu_si512(h + t, hi);
-    _mm512_storeu_si512(l + t, reinterpret_cast<const __m512i&>(lb));
+    // (f16 to f32 is exact, and so is the rest: at most 3 significant bits)
+    split_bf16(_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(h + t))),
+               _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(h + t + 16))), h + t, l + t);
   }
 }
 

@@ -28,6 +28,7 @@
 
 #include "infera/base/options.h"
 #include "infera/base/threads.h"
+#include "infera/kernels/cpu/amx_tiles.h"
 #include "infera/kernels/cpu/quant_dispatch.h"
 
 namespace infera::kernels::INFERA_QUANT_NS {
@@ -761,26 +762,9 @@ const char* amx_status() {
   return why != nullptr ? why : "in use";
 }
 
-struct alignas(64) TileConfig {
-  uint8_t palette = 1;
-  uint8_t start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
-
 // Tiles 0-1: A (16 tokens x 64 columns of xq), 2-3: B (a panel's 64 columns), 4-7: C
 // (16 tokens x 16 rows of int32), C[4 + 2a + b] = A[a] . B[b].
-__attribute__((target("amx-tile,amx-int8"))) void amx_configure() {
-  TileConfig cfg;
-  for (int t = 0; t < 8; ++t) {
-    cfg.colsb[t] = 64;
-    cfg.rows[t] = 16;
-  }
-  // Not _tile_loadconfig: GCC 12's declares only the first 8 bytes read, and drops the
-  // stores to the rest of cfg.
-  __asm__ volatile("ldtilecfg %0" ::"m"(cfg));
-}
+__attribute__((target("amx-tile,amx-int8"))) void amx_configure() { amx_tiles::load_tiles(amx_tiles::all_16x64()); }
 
 __attribute__((target("amx-tile,amx-int8"))) void amx_release() { _tile_release(); }
 
