@@ -185,6 +185,9 @@ TEST(GgmlQuants, MatmulMatchesDequantizedWeightsTimesQuantizedActivations) {
       // passes' worth of K-type super-blocks (the AMX prefill).
       {8, 48, 0, 48, {16, 32, 33, 80}},
       {2, 35, 3, 35, {9, 16, 47, 64}},
+      // Several 512-weight chunks of the VNNI tiles and a shorter last one, for the 32-weight
+      // block types too (800 weights).
+      {25, 20, 0, 20, {5, 9}},
   };
   for (const MatmulShape& shape : shapes) {
     for (uint32_t type : {kQ4_0, kQ4_1, kQ5_0, kQ5_1, kQ8_0, kIQ4_NL, kQ2_K, kQ3_K, kQ4_K, kQ5_K, kQ6_K, kIQ4_XS}) {

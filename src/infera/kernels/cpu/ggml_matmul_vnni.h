@@ -2,8 +2,12 @@
 // same values as the generic loops of ggml_matmul_impl.h, bit for bit, with register tiles
 // of 32 weight rows (two tiles of 16) x up to 4 activation rows.
 //
-// A tile of 16 weight rows is decoded once per block of activation rows (the decoders of
-// ggml_matmul_simd.h, one row at a time) and laid out as VNNI wants it: dword g of the tile
+// A pair of tiles of 16 weight rows is decoded once per block of activation rows, kChunk
+// weights at a time, and each chunk multiplied by every activation row of the block while
+// it is in L1 (the f32 sums carried from chunk to chunk in the generic path's order). Whole
+// Q4_K / Q5_K / Q6_K tiles are unpacked straight from the file's blocks (16 x 16 dword
+// transposes, the scales by gathers); other types and partial tiles go through the decoders
+// of ggml_matmul_simd.h, one row at a time. A tile is laid out as VNNI wants it: dword g of the tile
 // holds weights 4g..4g+3 of each of the 16 rows, one row per 32-bit lane, made unsigned by
 // an offset (signed types: the byte xor 0x80, i.e. w + 128; Q6_K is decoded as w + 32; the
 // K types with mins are unsigned already). Then one vpdpbusd (unsigned weights x the
@@ -24,6 +28,8 @@ constexpr int kRows = 16;
 // Fewer activation rows than this take the 4-row tiles above (a decode step is bound by
 // reading the weights; the VNNI layout costs a transposition per tile).
 constexpr int64_t kMinTokens = 4;
+// Weights per chunk of a pair of tiles (a multiple of 256: whole K super-blocks).
+constexpr int64_t kChunk = 512;
 
 // How a type's tile is computed: the offset that makes its decoded weights unsigned, the
 // weights per integer sub-scale (K types: 16 or 32; 0: 32-weight blocks with one f32 scale),
@@ -94,30 +100,49 @@ inline void transpose16(const uint8_t* p, int64_t stride, __m512i* out) {
   }
 }
 
-// A whole tile of Q4_K (kFive false) or Q5_K rows straight from the file's blocks: the
-// packed nibbles (and Q5_K's high bits) transposed as they are, then unpacked in the VNNI
-// layout (byte l of 32-byte chunk c holds weights 64c + l (low nibble) and 64c + 32 + l).
-// The scales go to the row-major scratch as decode_into leaves them.
+// A whole tile of Q4_K (kFive false) or Q5_K rows straight from the file's blocks (rows0:
+// the tile's first row at the chunk's first block; k: the chunk's weights): the packed
+// nibbles (and Q5_K's high bits) transposed as they are, then unpacked in the VNNI layout
+// (byte l of 32-byte chunk c holds weights 64c + l (low nibble) and 64c + 32 + l). The
+// scales go straight into lanes: four dword gathers per super-block (d and dmin, the 12
+// scale bytes) and get_scale_min_k4's 6-bit fields taken apart on all 16 rows at once.
 template <bool kFive>
-inline void build_q45k(const uint8_t* rows0, int64_t row_bytes, int64_t k, bool next, VTile& t) {
-  const int64_t ts = kFive ? 176 : 144, ng = k / 16;
+inline void build_q45k(const uint8_t* rows0, int64_t row_bytes, int64_t k, int64_t pf, VTile& t) {
+  const int64_t ts = kFive ? 176 : 144;
   const __m512i m4 = _mm512_set1_epi8(0x0F), bit4 = _mm512_set1_epi8(0x10);
+  const __m512i idx = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                         _mm512_set1_epi32(static_cast<int>(row_bytes)));
+  const __m512i m63 = _mm512_set1_epi32(63), m15 = _mm512_set1_epi32(15), m3 = _mm512_set1_epi32(3);
   for (int64_t i = 0; i < k / 256; ++i) {
     const uint8_t* b0 = rows0 + i * ts;
-    for (int r = 0; r < kRows; ++r) {
-      const uint8_t* b = b0 + r * row_bytes;
-      if (next) prefetch_block(b + kRows * row_bytes, static_cast<int>(ts));
-      t.d[i * kRows + r] = half_f16c(b);
-      t.dmin[i * kRows + r] = half_f16c(b + 2);
-      k4_scales(b + 4, t.sc.data() + r * ng + 16 * i, t.mn.data() + r * ng + 16 * i);
+    if (pf != 0)
+      for (int r = 0; r < kRows; ++r) prefetch_block(b0 + r * row_bytes + pf, static_cast<int>(ts));
+    const __m512i h = _mm512_i32gather_epi32(idx, b0, 1);  // d | dmin << 16
+    const __m512i qa = _mm512_i32gather_epi32(idx, b0 + 4, 1), qb = _mm512_i32gather_epi32(idx, b0 + 8, 1),
+                  qc = _mm512_i32gather_epi32(idx, b0 + 12, 1);
+    _mm512_storeu_ps(t.d.data() + i * kRows, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(h)));
+    _mm512_storeu_ps(t.dmin.data() + i * kRows, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(h, 16))));
+    for (int j = 0; j < 4; ++j) {  // sub-blocks j and 4 + j
+      const __m512i a = _mm512_srli_epi32(qa, 8 * j), b = _mm512_srli_epi32(qb, 8 * j),
+                    c = _mm512_srli_epi32(qc, 8 * j);
+      const __m512i sc = _mm512_and_si512(a, m63), mn = _mm512_and_si512(b, m63);
+      const __m512i sc4 = _mm512_or_si512(_mm512_and_si512(c, m15),
+                                          _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(a, 6), m3), 4));
+      const __m512i mn4 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(c, 4), m15),
+                                          _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(b, 6), m3), 4));
+      _mm512_storeu_si512(t.sc32.data() + (8 * i + j) * kRows, sc);
+      _mm512_storeu_si512(t.sc32.data() + (8 * i + 4 + j) * kRows, sc4);
+      // (a 32-weight sub-block's min for both of its 16-weight groups)
+      _mm512_storeu_si512(t.mnp.data() + (8 * i + j) * kRows, _mm512_or_si512(mn, _mm512_slli_epi32(mn, 16)));
+      _mm512_storeu_si512(t.mnp.data() + (8 * i + 4 + j) * kRows, _mm512_or_si512(mn4, _mm512_slli_epi32(mn4, 16)));
     }
     __m512i qh[16];  // Q5_K: [0, 8) the high-bit dwords (bytes 16..47 of the block)
     if (kFive) transpose16(b0 + 16, row_bytes, qh);
-    for (int h = 0; h < 2; ++h) {
+    for (int hh = 0; hh < 2; ++hh) {
       __m512i v[16];
-      transpose16(b0 + (kFive ? 48 : 16) + 64 * h, row_bytes, v);
+      transpose16(b0 + (kFive ? 48 : 16) + 64 * hh, row_bytes, v);
       for (int j = 0; j < 16; ++j) {
-        const int jj = 16 * h + j, c = jj / 8, j8 = jj % 8;
+        const int jj = 16 * hh + j, c = jj / 8, j8 = jj % 8;
         __m512i lo = _mm512_and_si512(v[j], m4), hi = _mm512_and_si512(_mm512_srli_epi16(v[j], 4), m4);
         if (kFive) {
           lo = _mm512_or_si512(lo, _mm512_and_si512(_mm512_slli_epi16(_mm512_srli_epi16(qh[j8], 2 * c), 4), bit4));
@@ -130,53 +155,100 @@ inline void build_q45k(const uint8_t* rows0, int64_t row_bytes, int64_t k, bool 
   }
 }
 
-// Decodes weight rows [j0, j0 + rows) (rows <= kRows; the others zero) into the tile.
-// next: whether a tile follows at j0 + kRows (its rows are prefetched while decoding).
-inline void build_tile(uint32_t type, const Shape& sh, const uint8_t* base, int64_t row_bytes, int64_t k, int64_t j0,
-                       int rows, bool next, VTile& t) {
+// A whole tile of Q6_K rows straight from the file's blocks, as build_q45k: the 4-bit and
+// 2-bit halves transposed as they are and joined in the VNNI layout (q + 32, unsigned: byte
+// l of ql's bytes 0-31 of a 128-weight half holds weights l (low nibble) and 64 + l, of
+// bytes 32-63 weights 32 + l and 96 + l, with qh's bit pairs 0, 2, 4, 6 of byte l); the 16
+// signed sub-scales and d by dword gathers.
+inline void build_q6k(const uint8_t* rows0, int64_t row_bytes, int64_t k, int64_t pf, VTile& t) {
+  const __m512i idx = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                         _mm512_set1_epi32(static_cast<int>(row_bytes)));
+  const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
+  for (int64_t i = 0; i < k / 256; ++i) {
+    const uint8_t* b0 = rows0 + i * 210;
+    if (pf != 0)
+      for (int r = 0; r < kRows; ++r) prefetch_block(b0 + r * row_bytes + pf, 210);
+    // (d read as the upper half of the dword at 206: a dword at 208 would pass the block)
+    const __m512i dw = _mm512_i32gather_epi32(idx, b0 + 206, 1);
+    _mm512_storeu_ps(t.d.data() + i * kRows, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(dw, 16))));
+    for (int c = 0; c < 4; ++c) {  // sub-scales 4c..4c+3, sign-extended
+      const __m512i v = _mm512_i32gather_epi32(idx, b0 + 192 + 4 * c, 1);
+      for (int j = 0; j < 4; ++j)
+        _mm512_storeu_si512(t.sc32.data() + (16 * i + 4 * c + j) * kRows,
+                            _mm512_srai_epi32(_mm512_slli_epi32(v, 24 - 8 * j), 24));
+    }
+    __m512i qh[16];  // [8h, 8h + 8): half h's 32 high-bit bytes, 4 per dword
+    transpose16(b0 + 128, row_bytes, qh);
+    for (int h = 0; h < 2; ++h) {
+      __m512i ql[16];  // [0, 8): ql bytes 0-31 of the half; [8, 16): bytes 32-63
+      transpose16(b0 + 64 * h, row_bytes, ql);
+      int32_t* w = t.wq.data() + (64 * i + 32 * h) * kRows;
+      for (int j = 0; j < 8; ++j) {
+        const __m512i a = ql[j], b = ql[8 + j], hb = qh[8 * h + j];
+        const __m512i q1 = _mm512_or_si512(_mm512_and_si512(a, m4), _mm512_and_si512(_mm512_slli_epi16(hb, 4), m30));
+        const __m512i q2 = _mm512_or_si512(_mm512_and_si512(b, m4), _mm512_and_si512(_mm512_slli_epi16(hb, 2), m30));
+        const __m512i q3 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(a, 4), m4), _mm512_and_si512(hb, m30));
+        const __m512i q4 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(b, 4), m4),
+                                           _mm512_and_si512(_mm512_srli_epi16(hb, 2), m30));
+        _mm512_storeu_si512(w + j * kRows, q1);
+        _mm512_storeu_si512(w + (8 + j) * kRows, q2);
+        _mm512_storeu_si512(w + (16 + j) * kRows, q3);
+        _mm512_storeu_si512(w + (24 + j) * kRows, q4);
+      }
+    }
+  }
+}
+
+// Decodes the weights [c0, c0 + k) of rows [j0, j0 + rows) (rows <= kRows; the others zero)
+// into the tile; src: row j0's block holding weight c0. pf: what each block read prefetches,
+// as an offset from it (the weights decoded next; 0: none).
+inline void build_tile(uint32_t type, const Shape& sh, const uint8_t* src, int64_t row_bytes, int64_t k, int rows,
+                       int64_t pf, VTile& t) {
   const int64_t nb = k / block_size(type), ng = k / 16;
   const bool kt = sh.sub != 0;
   const __m512i lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-  if (rows == kRows && (type == kQ4_K || type == kQ5_K)) {
+  if (rows == kRows && (type == kQ4_K || type == kQ5_K || type == kQ6_K)) {
     if (type == kQ4_K)
-      build_q45k<false>(base + j0 * row_bytes, row_bytes, k, next, t);
+      build_q45k<false>(src, row_bytes, k, pf, t);
+    else if (type == kQ5_K)
+      build_q45k<true>(src, row_bytes, k, pf, t);
     else
-      build_q45k<true>(base + j0 * row_bytes, row_bytes, k, next, t);
-  } else {
-    for (int r = 0; r < kRows; ++r) {
-      const RowOut o{t.rows.data() + r * k,
-                     kt ? t.sc.data() + r * ng : nullptr,
-                     kt ? t.mn.data() + r * ng : nullptr,
-                     t.d.data() + r,
-                     t.dmin.data() + r,
-                     next ? kRows * row_bytes : 0,
-                     kRows};
-      if (r < rows) {
-        decode_into(type, base + (j0 + r) * row_bytes, k, o);  // (dmin untouched where no mins: unread)
-        continue;
-      }
-      std::memset(o.w, 0, static_cast<size_t>(k));
-      for (int64_t b = 0; b < nb; ++b) o.d[b * kRows] = o.dmin[b * kRows] = 0.0f;
-      if (kt) {
-        std::memset(o.sc, 0, static_cast<size_t>(ng) * sizeof(int16_t));
-        std::memset(o.mn, 0, static_cast<size_t>(ng) * sizeof(int16_t));
-      }
+      build_q6k(src, row_bytes, k, pf, t);
+    return;
+  }
+  for (int r = 0; r < kRows; ++r) {
+    const RowOut o{t.rows.data() + r * k,
+                   kt ? t.sc.data() + r * ng : nullptr,
+                   kt ? t.mn.data() + r * ng : nullptr,
+                   t.d.data() + r,
+                   t.dmin.data() + r,
+                   pf,
+                   kRows};
+    if (r < rows) {
+      decode_into(type, src + r * row_bytes, k, o);  // (dmin untouched where no mins: unread)
+      continue;
     }
-    // Dword g of each row into lane r of vector g: 16 x 16 dword transposes (the tail, when
-    // a row's dwords are not a multiple of 16, by gathers).
-    const __m512i flip = _mm512_set1_epi8(static_cast<char>(sh.offset == 128 ? 0x80 : 0));
-    const int64_t dwords = k / 4;
-    int64_t g0 = 0;
-    for (; g0 + 16 <= dwords; g0 += 16) {
-      __m512i v[16];
-      transpose16(reinterpret_cast<const uint8_t*>(t.rows.data()) + 4 * g0, k, v);
-      for (int c = 0; c < 16; ++c) _mm512_storeu_si512(t.wq.data() + kRows * (g0 + c), _mm512_xor_si512(v[c], flip));
+    std::memset(o.w, 0, static_cast<size_t>(k));
+    for (int64_t b = 0; b < nb; ++b) o.d[b * kRows] = o.dmin[b * kRows] = 0.0f;
+    if (kt) {
+      std::memset(o.sc, 0, static_cast<size_t>(ng) * sizeof(int16_t));
+      std::memset(o.mn, 0, static_cast<size_t>(ng) * sizeof(int16_t));
     }
-    const __m512i idx = _mm512_mullo_epi32(lanes, _mm512_set1_epi32(static_cast<int>(k)));
-    for (int64_t g = g0; g < dwords; ++g) {
-      const __m512i v = _mm512_i32gather_epi32(idx, t.rows.data() + 4 * g, 1);
-      _mm512_storeu_si512(t.wq.data() + kRows * g, _mm512_xor_si512(v, flip));
-    }
+  }
+  // Dword g of each row into lane r of vector g: 16 x 16 dword transposes (the tail, when
+  // a row's dwords are not a multiple of 16, by gathers).
+  const __m512i flip = _mm512_set1_epi8(static_cast<char>(sh.offset == 128 ? 0x80 : 0));
+  const int64_t dwords = k / 4;
+  int64_t g0 = 0;
+  for (; g0 + 16 <= dwords; g0 += 16) {
+    __m512i v[16];
+    transpose16(reinterpret_cast<const uint8_t*>(t.rows.data()) + 4 * g0, k, v);
+    for (int c = 0; c < 16; ++c) _mm512_storeu_si512(t.wq.data() + kRows * (g0 + c), _mm512_xor_si512(v[c], flip));
+  }
+  const __m512i idx = _mm512_mullo_epi32(lanes, _mm512_set1_epi32(static_cast<int>(k)));
+  for (int64_t g = g0; g < dwords; ++g) {
+    const __m512i v = _mm512_i32gather_epi32(idx, t.rows.data() + 4 * g, 1);
+    _mm512_storeu_si512(t.wq.data() + kRows * g, _mm512_xor_si512(v, flip));
   }
   // Sub-scales and mins of each row into lanes, by gathers of the rows' int16 (pairs).
   const __m512i idx16 = _mm512_mullo_epi32(lanes, _mm512_set1_epi32(static_cast<int>(2 * ng)));
@@ -192,6 +264,11 @@ inline void build_tile(uint32_t type, const Shape& sh, const uint8_t* base, int6
       _mm512_storeu_si512(t.mnp.data() + p * kRows, _mm512_i32gather_epi32(idx16, t.mn.data() + 2 * p, 1));
   }
 }
+
+// 16 lanes of f32 sums, kept across the chunks of k.
+struct alignas(64) Sums16 {
+  float v[16];
+};
 
 // One activation row: int8 quants, block scales, offset x block sums (per 32 weights, or
 // per sub-scale group of a K type), int16 sums of 16 quants (K types with mins).
@@ -210,14 +287,15 @@ inline __m512i bcast4(const int8_t* p) {
 
 // The dot kernels take kT tiles (1 or 2: 16 or 32 weight rows) against kNt activation rows:
 // each activation broadcast serves every tile, each weight vector every activation row.
-// out[u * kNt + n] lane r = row r of tile u · activation row n.
+// out[u * kNt + n] lane r += row r of tile u · activation row n (a chunk of k at a time: the
+// f32 steps continue in the generic path's order).
 
 // 32-weight-block types (offset 128).
 template <int kNt, int kT>
 inline void dot32(const VTile* const* t, int64_t k, const VAct* a, __m512* out) {
   __m512 sum[kT][kNt];
   for (int u = 0; u < kT; ++u)
-    for (int n = 0; n < kNt; ++n) sum[u][n] = _mm512_setzero_ps();
+    for (int n = 0; n < kNt; ++n) sum[u][n] = out[u * kNt + n];
   for (int64_t b = 0; b < k / 32; ++b) {
     __m512i acc[kT][kNt];  // starts at -128 x the activations' block sum: the offset taken out
     for (int u = 0; u < kT; ++u)
@@ -248,7 +326,7 @@ inline void dotk(const VTile* const* t, int64_t k, const VAct* a, __m512* out) {
   constexpr int kGroups = 256 / kSub;
   __m512 sum[kT][kNt];
   for (int u = 0; u < kT; ++u)
-    for (int n = 0; n < kNt; ++n) sum[u][n] = _mm512_setzero_ps();
+    for (int n = 0; n < kNt; ++n) sum[u][n] = out[u * kNt + n];
   for (int64_t b = 0; b < k / 256; ++b) {
     __m512i isum[kT][kNt];
     for (int u = 0; u < kT; ++u)
@@ -1017,15 +1095,21 @@ inline void matmul_rows(uint32_t type, const uint8_t* base, int64_t row_bytes, i
   // Activation rows per pass over the tiles: about 1 MiB of int8 quants (they stay in L2
   // while the thread's tiles pass over them; each tile is decoded once per pass).
   const int64_t row_block = std::max<int64_t>(kRowBlock, (int64_t{1} << 20) / k);
+  // Weights per chunk: a pair of tiles is decoded and multiplied kChunk weights at a time,
+  // so its decoded chunk (16 KiB) stays in L1 between the build and the dot products.
+  const int64_t chunk = std::min(k, kChunk), block_bytes = row_bytes / nb;
 #pragma omp parallel num_threads(static_cast <int>(std::min <int64_t>(threads, pairs)))
   {
     static thread_local VTile tl[2];
-    tl[0].resize(k, nb, sh);
-    tl[1].resize(k, nb, sh);
+    static thread_local std::vector<Sums16> acc;  // [token group][tile][token]: the f32 sums
+    tl[0].resize(chunk, chunk / block_size(type), sh);
+    tl[1].resize(chunk, chunk / block_size(type), sh);
+    acc.resize(static_cast<size_t>(2 * std::min(m, row_block)));
     const VTile* const tp[2] = {&tl[0], &tl[1]};
-    const auto act = [&](int64_t i) {
-      return VAct{a.q.data() + i * k, a.d.data() + i * dstride, corr_p + i * per_row,
-                  bs16 != nullptr ? bs16 + i * (k / 16) : nullptr};
+    const auto act = [&](int64_t i, int64_t c0) {
+      return VAct{a.q.data() + i * k + c0, a.d.data() + i * dstride + c0 / (sh.sub != 0 ? 256 : 32),
+                  corr_p + i * per_row + c0 / (sh.sub != 0 ? sh.sub : 32),
+                  bs16 != nullptr ? bs16 + i * (k / 16) + c0 / 16 : nullptr};
     };
     for (int64_t i0 = 0; i0 < m; i0 += row_block) {
       const int64_t i1 = std::min(m, i0 + row_block);
@@ -1034,14 +1118,37 @@ inline void matmul_rows(uint32_t type, const uint8_t* base, int64_t row_bytes, i
         const int64_t j0 = n0 + 2 * pp * kRows;
         const int two = j0 + kRows < n1 ? 2 : 1;
         int rows[2] = {0, 0};
-        for (int u = 0; u < two; ++u) {
-          const int64_t ju = j0 + u * kRows;
-          rows[u] = static_cast<int>(std::min<int64_t>(kRows, n1 - ju));
-          build_tile(type, sh, base, row_bytes, k, ju, rows[u], ju + kRows < n1, tl[u]);
-        }
+        for (int u = 0; u < two; ++u) rows[u] = static_cast<int>(std::min<int64_t>(kRows, n1 - j0 - u * kRows));
         const VDotFn* dot = dots[two - 1];
-        __m512 v[8];
+        std::fill(acc.begin(), acc.begin() + 2 * (i1 - i0), Sums16{});
+        __m512* const sums = reinterpret_cast<__m512*>(acc.data());
+        for (int64_t c0 = 0; c0 < k; c0 += chunk) {
+          const int64_t kc = std::min(chunk, k - c0);
+          // Each block read prefetches the same rows' next chunk, or the next pair's first
+          // (a chunk's work ahead: the weights come from memory).
+          const int64_t c0_bytes = c0 / block_size(type) * block_bytes;
+          const int64_t pf = c0 + chunk < k         ? chunk / block_size(type) * block_bytes
+                             : j0 + 4 * kRows <= n1 ? 2 * kRows * row_bytes - c0_bytes
+                                                    : 0;
+          for (int u = 0; u < two; ++u)
+            build_tile(type, sh, base + (j0 + u * kRows) * row_bytes + c0_bytes, row_bytes, kc, rows[u], pf, tl[u]);
+          // Token groups of 4, then 2, then 1: group i's sums at acc[2 * (i - i0)].
+          int64_t i = i0;
+          for (; i + 4 <= i1; i += 4) {
+            const VAct four[4] = {act(i, c0), act(i + 1, c0), act(i + 2, c0), act(i + 3, c0)};
+            dot[0](tp, kc, four, sums + 2 * (i - i0));
+          }
+          for (; i + 2 <= i1; i += 2) {
+            const VAct two_rows[2] = {act(i, c0), act(i + 1, c0)};
+            dot[1](tp, kc, two_rows, sums + 2 * (i - i0));
+          }
+          for (; i < i1; ++i) {
+            const VAct one = act(i, c0);
+            dot[2](tp, kc, &one, sums + 2 * (i - i0));
+          }
+        }
         const auto store = [&](int64_t i, int nt) {
+          const __m512* v = sums + 2 * (i - i0);
           for (int u = 0; u < two; ++u) {
             const __mmask16 mask = static_cast<__mmask16>((1u << rows[u]) - 1);
             for (int n = 0; n < nt; ++n)
@@ -1049,21 +1156,9 @@ inline void matmul_rows(uint32_t type, const uint8_t* base, int64_t row_bytes, i
           }
         };
         int64_t i = i0;
-        for (; i + 4 <= i1; i += 4) {
-          const VAct four[4] = {act(i), act(i + 1), act(i + 2), act(i + 3)};
-          dot[0](tp, k, four, v);
-          store(i, 4);
-        }
-        for (; i + 2 <= i1; i += 2) {
-          const VAct two_rows[2] = {act(i), act(i + 1)};
-          dot[1](tp, k, two_rows, v);
-          store(i, 2);
-        }
-        for (; i < i1; ++i) {
-          const VAct one = act(i);
-          dot[2](tp, k, &one, v);
-          store(i, 1);
-        }
+        for (; i + 4 <= i1; i += 4) store(i, 4);
+        for (; i + 2 <= i1; i += 2) store(i, 2);
+        for (; i < i1; ++i) store(i, 1);
       }
     }
   }
