@@ -255,7 +255,7 @@ void BM_GgmlMatmul(benchmark::State& state) {
 BENCHMARK(BM_GgmlMatmul)
     ->ArgsProduct({{infera::kernels::ggml::kQ4_K, infera::kernels::ggml::kQ5_K, infera::kernels::ggml::kQ6_K,
                     infera::kernels::ggml::kQ8_0},
-                   {1, 8, 16, 32, 64, 256},
+                   {1, 8, 16, 32, 64, 128, 256},
                    {1, 2},
                    {0, 1},
                    {1, 0}})

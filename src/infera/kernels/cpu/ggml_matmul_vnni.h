@@ -1113,7 +1113,7 @@ inline void matmul_rows(uint32_t type, const uint8_t* base, int64_t row_bytes, i
     };
     for (int64_t i0 = 0; i0 < m; i0 += row_block) {
       const int64_t i1 = std::min(m, i0 + row_block);
-#pragma omp for schedule(static) nowait
+#pragma omp for schedule(dynamic, 1) nowait
       for (int64_t pp = 0; pp < pairs; ++pp) {
         const int64_t j0 = n0 + 2 * pp * kRows;
         const int two = j0 + kRows < n1 ? 2 : 1;
