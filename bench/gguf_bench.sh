@@ -15,6 +15,10 @@
 # GEN_TOKENS (32), THREADS ("1 2"), REPEATS (2: best of, engines alternating), MMAP (1; 0
 # passes --no-mmap: Infera's weights read into memory before its prompt is timed, as
 # llama.cpp's repacked weights are, so page faults of a first touch are not in its prompt time).
+# NO_AMX=1 compares the two engines without AMX on a CPU that has it: Infera with INFERA_AMX=0,
+# llama.cpp from an overlay of tests/conformance/node_modules in WORK_DIR without its
+# sapphirerapids CPU variant (the one with ggml's AMX repacking), so it loads its next best
+# (AVX-512 VNNI / BF16). The llama.cpp CPU variant loaded is printed.
 # Printed only; not a test. Numbers move with other load on a shared machine: the load
 # average is printed before and after.
 set -euo pipefail
@@ -68,6 +72,28 @@ print(ids)")"
 field() { $py -c "import json,sys; print(json.loads(sys.stdin.read().strip().splitlines()[-1])[sys.argv[1]])" "$1"; }
 best() { $py -c "import sys; print(max(float(v) for v in sys.argv[1:]))" "$@"; }
 
+nlc_node=(node)
+if [ "${NO_AMX:-0}" = 1 ]; then
+  export INFERA_AMX=0
+  nlc="$work/nlc_noamx/node_modules"
+  src="$repo/tests/conformance/node_modules"
+  if [ ! -d "$nlc/@node-llama-cpp/linux-x64" ]; then
+    mkdir -p "$nlc/@node-llama-cpp"
+    for e in "$src"/* "$src"/.bin; do
+      [ "$(basename "$e")" = @node-llama-cpp ] || ln -sfn "$e" "$nlc/$(basename "$e")"
+    done
+    for e in "$src"/@node-llama-cpp/*; do
+      [ "$(basename "$e")" = linux-x64 ] || ln -sfn "$e" "$nlc/@node-llama-cpp/$(basename "$e")"
+    done
+    cp -r "$src/@node-llama-cpp/linux-x64" "$nlc/@node-llama-cpp/"
+    rm -f "$nlc/@node-llama-cpp/linux-x64/bins/linux-x64/libggml-cpu-sapphirerapids.so"
+  fi
+  export NLC_ROOT="$work/nlc_noamx"
+  nlc_node=(node --preserve-symlinks --preserve-symlinks-main)  # (the overlay's own linux-x64)
+fi
+first_type="${types%% *}"
+echo "llama.cpp $(NLC_LOG=1 "${nlc_node[@]}" "$repo/bench/llamacpp_speed.mjs" "model_$first_type.gguf" 1 8 1 2>&1 |
+  grep -o -m1 'loaded CPU backend from .*' | sed 's|from .*/|: |')"
 echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "infera weights: $([ "${MMAP:-1}" = 0 ] && echo "read into memory (--no-mmap)" || echo mapped)"
 "$infera" sysinfo 2>/dev/null | grep -i -E "^(cpu features|kernel path|bf16 matmul|f16 matmul|gguf matmul|quantized matmul)" || true
@@ -83,7 +109,7 @@ for t in $types; do
         -t "$th" "${mmap_flag[@]}" 2> /dev/null)"
       ipp+=("$(echo "$out" | field prompt_tokens_per_s)")
       itg+=("$(echo "$out" | field generated_tokens_per_s)")
-      out="$(node "$repo/bench/llamacpp_speed.mjs" "$work/model_$t.gguf" "$th" "$prompt_tokens" "$gen_tokens")"
+      out="$("${nlc_node[@]}" "$repo/bench/llamacpp_speed.mjs" "$work/model_$t.gguf" "$th" "$prompt_tokens" "$gen_tokens")"
       lpp+=("$(echo "$out" | field prompt_tokens_per_s)")
       ltg+=("$(echo "$out" | field generated_tokens_per_s)")
     done

@@ -244,7 +244,8 @@ void BM_GgmlMatmul(benchmark::State& state) {
   state.SetLabel(std::string(type == ggml::kQ4_K   ? "q4_k"
                              : type == ggml::kQ5_K ? "q5_k"
                              : type == ggml::kQ6_K ? "q6_k"
-                                                   : "q8_0") +
+                             : type == ggml::kQ8_0 ? "q8_0"
+                                                   : "iq4_xs") +
                  (m > 1 && state.range(4) != 0 ? " amx" : ""));
   ggml::set_ggml_amx(true);
   state.counters["GOP/s"] =
@@ -254,7 +255,7 @@ void BM_GgmlMatmul(benchmark::State& state) {
 }
 BENCHMARK(BM_GgmlMatmul)
     ->ArgsProduct({{infera::kernels::ggml::kQ4_K, infera::kernels::ggml::kQ5_K, infera::kernels::ggml::kQ6_K,
-                    infera::kernels::ggml::kQ8_0},
+                    infera::kernels::ggml::kQ8_0, infera::kernels::ggml::kIQ4_XS},
                    {1, 8, 16, 32, 64, 128, 256},
                    {1, 2},
                    {0, 1},

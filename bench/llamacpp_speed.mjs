@@ -3,17 +3,19 @@
 // GGUF at a given thread count, with llama.cpp's default settings otherwise.
 //
 //   node llamacpp_speed.mjs MODEL.gguf THREADS PROMPT_TOKENS GEN_TOKENS
-// Prints {"prompt_tokens_per_s": x, "generated_tokens_per_s": y}.
+// Prints {"prompt_tokens_per_s": x, "generated_tokens_per_s": y}. NLC_ROOT: another folder whose
+// node_modules holds node-llama-cpp (gguf_bench.sh's overlay without AMX); NLC_LOG=1: llama.cpp's
+// debug log on stderr (which CPU variant it loaded, whether it repacked weights for AMX).
 import path from "node:path";
 import { fileURLToPath, pathToFileURL } from "node:url";
 
 const here = path.dirname(fileURLToPath(import.meta.url));
-const lib = pathToFileURL(path.join(here, "../tests/conformance/node_modules/node-llama-cpp/dist/index.js")).href;
+const lib = pathToFileURL(path.join(process.env.NLC_ROOT ?? path.join(here, "../tests/conformance"), "node_modules/node-llama-cpp/dist/index.js")).href;
 const { getLlama, LlamaLogLevel } = await import(lib);
 
 const [modelPath, threadsText, promptText, genText] = process.argv.slice(2);
 const threads = Number(threadsText), nPrompt = Number(promptText), nGen = Number(genText);
-const llama = await getLlama({ gpu: false, build: "never", logLevel: LlamaLogLevel.error });
+const llama = await getLlama({ gpu: false, build: "never", logLevel: process.env.NLC_LOG ? LlamaLogLevel.debug : LlamaLogLevel.error });
 const model = await llama.loadModel({ modelPath, gpuLayers: 0 });
 const context = await model.createContext({ contextSize: nPrompt + nGen + 16, batchSize: Math.min(nPrompt, 512), threads });
 const seq = context.getSequence();

@@ -5,7 +5,7 @@
 // A pair of tiles of 16 weight rows is decoded once per block of activation rows, kChunk
 // weights at a time, and each chunk multiplied by every activation row of the block while
 // it is in L1 (the f32 sums carried from chunk to chunk in the generic path's order). Whole
-// Q4_K / Q5_K / Q6_K tiles are unpacked straight from the file's blocks (16 x 16 dword
+// Q4_K / Q5_K / Q6_K / IQ4_XS tiles are unpacked straight from the file's blocks (16 x 16 dword
 // transposes, the scales by gathers); other types and partial tiles go through the decoders
 // of ggml_matmul_simd.h, one row at a time. A tile is laid out as VNNI wants it: dword g of the tile
 // holds weights 4g..4g+3 of each of the 16 rows, one row per 32-bit lane, made unsigned by
@@ -199,6 +199,43 @@ inline void build_q6k(const uint8_t* rows0, int64_t row_bytes, int64_t k, int64_
   }
 }
 
+// A whole tile of IQ4_XS rows straight from the file's blocks, as build_q45k: the quants
+// transposed as they are, each nibble looked up in kIq4nlValues (vpshufb) and made unsigned
+// (xor 0x80: the offset 128); byte l of the 16 bytes of sub-block s holds weights 32s + l
+// (low nibble) and 32s + 16 + l. The 6-bit sub-scales (minus 32) and d by dword gathers.
+inline void build_iq4xs(const uint8_t* rows0, int64_t row_bytes, int64_t k, int64_t pf, VTile& t) {
+  const __m512i idx = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                         _mm512_set1_epi32(static_cast<int>(row_bytes)));
+  const __m512i lut = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4nlValues)));
+  const __m512i m4 = _mm512_set1_epi8(0x0F), flip = _mm512_set1_epi8(static_cast<char>(0x80));
+  const __m512i m15 = _mm512_set1_epi32(15), m3 = _mm512_set1_epi32(3), k32 = _mm512_set1_epi32(32);
+  for (int64_t i = 0; i < k / 256; ++i) {
+    const uint8_t* b0 = rows0 + i * 136;
+    if (pf != 0)
+      for (int r = 0; r < kRows; ++r) prefetch_block(b0 + r * row_bytes + pf, 136);
+    const __m512i h = _mm512_i32gather_epi32(idx, b0, 1);  // d | scales_h << 16
+    const __m512i lo4 = _mm512_i32gather_epi32(idx, b0 + 4, 1), hi2 = _mm512_srli_epi32(h, 16);
+    _mm512_storeu_ps(t.d.data() + i * kRows, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(h)));
+    for (int s = 0; s < 8; ++s) {
+      const __m512i ls = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(lo4, 4 * s), m15),
+                                         _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(hi2, 2 * s), m3), 4));
+      _mm512_storeu_si512(t.sc32.data() + (8 * i + s) * kRows, _mm512_sub_epi32(ls, k32));
+    }
+    for (int hh = 0; hh < 2; ++hh) {
+      __m512i v[16];
+      transpose16(b0 + 8 + 64 * hh, row_bytes, v);
+      for (int j = 0; j < 16; ++j) {
+        const int s = 4 * hh + j / 4, l4 = j % 4;
+        const __m512i lo = _mm512_xor_si512(_mm512_shuffle_epi8(lut, _mm512_and_si512(v[j], m4)), flip);
+        const __m512i hi =
+            _mm512_xor_si512(_mm512_shuffle_epi8(lut, _mm512_and_si512(_mm512_srli_epi16(v[j], 4), m4)), flip);
+        _mm512_storeu_si512(t.wq.data() + (64 * i + 8 * s + l4) * kRows, lo);
+        _mm512_storeu_si512(t.wq.data() + (64 * i + 8 * s + 4 + l4) * kRows, hi);
+      }
+    }
+  }
+}
+
 // Decodes the weights [c0, c0 + k) of rows [j0, j0 + rows) (rows <= kRows; the others zero)
 // into the tile; src: row j0's block holding weight c0. pf: what each block read prefetches,
 // as an offset from it (the weights decoded next; 0: none).
@@ -207,14 +244,13 @@ inline void build_tile(uint32_t type, const Shape& sh, const uint8_t* src, int64
   const int64_t nb = k / block_size(type), ng = k / 16;
   const bool kt = sh.sub != 0;
   const __m512i lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-  if (rows == kRows && (type == kQ4_K || type == kQ5_K || type == kQ6_K)) {
-    if (type == kQ4_K)
-      build_q45k<false>(src, row_bytes, k, pf, t);
-    else if (type == kQ5_K)
-      build_q45k<true>(src, row_bytes, k, pf, t);
-    else
-      build_q6k(src, row_bytes, k, pf, t);
-    return;
+  if (rows == kRows && (type == kQ4_K || type == kQ5_K || type == kQ6_K || type == kIQ4_XS)) {
+    switch (type) {
+      case kQ4_K: build_q45k<false>(src, row_bytes, k, pf, t); return;
+      case kQ5_K: build_q45k<true>(src, row_bytes, k, pf, t); return;
+      case kQ6_K: build_q6k(src, row_bytes, k, pf, t); return;
+      default: build_iq4xs(src, row_bytes, k, pf, t); return;
+    }
   }
   for (int r = 0; r < kRows; ++r) {
     const RowOut o{t.rows.data() + r * k,
