@@ -712,6 +712,80 @@ inline void gemv_k(const uint8_t* base, int64_t row_bytes, int64_t k, const Acti
     store_outputs(sum, y + (j0 - n0), rows);
   });
 }
+// One activation row against IQ4_XS rows read in place (a decode step), four rows at a
+// time as gemv_k. Byte l of sub-block s's 16 quant bytes holds weights 32 s + l (low nibble)
+// and 32 s + 16 + l (high); vector v of a block (0: low nibbles of bytes 0-63, 1: their high
+// nibbles, 2 and 3: the same of bytes 64-127) so holds sub-blocks 4 (v / 2) .. + 3, 16
+// weights of each, and the quants are permuted to that order once. Each nibble is looked up
+// in kIq4nlValues (vpshufb); signed x signed by |w| x (q with w's sign) (vpmaddubsw), the
+// pairs times their sub-scale (vpmaddwd). The integer sums are the generic path's and the
+// f32 steps per block its order, one lane per row.
+inline void gemv_iq4xs(const uint8_t* base, int64_t row_bytes, int64_t k, const Activations& a, int64_t n0, int64_t n1,
+                       float* y) {
+  const int64_t nb = k / 256;
+  static thread_local std::vector<int8_t> qperm;
+  qperm.resize(static_cast<size_t>(k));
+  for (int64_t b = 0; b < nb; ++b)
+    for (int v = 0; v < 4; ++v)
+      for (int c = 0; c < 4; ++c)
+        std::memcpy(qperm.data() + 256 * b + 64 * v + 16 * c,
+                    a.q.data() + 256 * b + 32 * (4 * (v / 2) + c) + 16 * (v % 2), 16);
+  const int8_t* q = qperm.data();
+  __m512i pick[4];  // pair lane p of vector v: sub-block 4 (v / 2) + p / 8
+  for (int v = 0; v < 4; ++v) {
+    alignas(64) int16_t idx[32];
+    for (int p = 0; p < 32; ++p) idx[p] = static_cast<int16_t>(4 * (v / 2) + p / 8);
+    pick[v] = _mm512_load_si512(idx);
+  }
+  const __m512i lut = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4nlValues)));
+  const __m256i lo_shift = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28),
+                hi_shift = _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14);
+  const float* ad = a.d.data();
+  for_each_row_tile(base, row_bytes, n0, n1, [&](const uint8_t* const* r, int64_t j0, int rows, int64_t pf) {
+    const __m512i m4 = _mm512_set1_epi8(0x0F), zero = _mm512_setzero_si512();
+    __m128 sum = _mm_setzero_ps();
+    for (int64_t b = 0; b < nb; ++b) {
+      __m512i qv[4];
+      for (int v = 0; v < 4; ++v) qv[v] = _mm512_loadu_si512(q + 256 * b + 64 * v);
+      __m256i isum[kTile];
+      for (int t = 0; t < kTile; ++t) {
+        const uint8_t* p = r[t] + 136 * b;
+        if (pf != 0) prefetch_block(p + pf, 136);
+        const __m512i v0 = _mm512_loadu_si512(p + 8), v1 = _mm512_loadu_si512(p + 72);
+        const __m512i nib[4] = {_mm512_and_si512(v0, m4), _mm512_and_si512(_mm512_srli_epi16(v0, 4), m4),
+                                _mm512_and_si512(v1, m4), _mm512_and_si512(_mm512_srli_epi16(v1, 4), m4)};
+        // The eight sub-scales: ((scales_l >> 4 s) & 15) | (((scales_h >> 2 s) & 3) << 4), minus 32.
+        uint16_t sh;
+        uint32_t sl;
+        std::memcpy(&sh, p + 2, 2);
+        std::memcpy(&sl, p + 4, 4);
+        const __m256i ls =
+            _mm256_or_si256(_mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(sl)), lo_shift),
+                                             _mm256_set1_epi32(15)),
+                            _mm256_slli_epi32(_mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(sh), hi_shift),
+                                                               _mm256_set1_epi32(3)),
+                                              4));
+        const __m512i scb = _mm512_castsi128_si512(_mm256_cvtepi32_epi16(_mm256_sub_epi32(ls, _mm256_set1_epi32(32))));
+        __m512i acc = _mm512_setzero_si512();
+        for (int v = 0; v < 4; ++v) {
+          const __m512i w = _mm512_shuffle_epi8(lut, nib[v]);
+          const __m512i qs = _mm512_mask_sub_epi8(qv[v], _mm512_movepi8_mask(w), zero, qv[v]);  // q with w's sign
+          acc = _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(_mm512_abs_epi8(w), qs),
+                                                        _mm512_permutexvar_epi16(pick[v], scb)));
+        }
+        isum[t] = _mm256_add_epi32(_mm512_castsi512_si256(acc), _mm512_extracti64x4_epi64(acc, 1));
+      }
+      const __m128i is = reduce4(isum[0], isum[1], isum[2], isum[3]);
+      uint16_t h[kTile];
+      for (int t = 0; t < kTile; ++t) std::memcpy(&h[t], r[t] + 136 * b, 2);
+      const __m128i hd = _mm_setr_epi16(static_cast<int16_t>(h[0]), static_cast<int16_t>(h[1]),
+                                        static_cast<int16_t>(h[2]), static_cast<int16_t>(h[3]), 0, 0, 0, 0);
+      const __m128 d = _mm_mul_ps(_mm_cvtph_ps(hd), _mm_set1_ps(ad[b]));
+      sum = _mm_add_ps(sum, _mm_mul_ps(d, _mm_cvtepi32_ps(is)));
+    }
+    store_outputs(sum, y + (j0 - n0), rows);
+  });
+}
 #endif
 
 inline void matmul_rows(uint32_t type, const uint8_t* base, int64_t row_bytes, int64_t k, const Activations& a,
@@ -736,6 +810,10 @@ inline void matmul_rows(uint32_t type, const uint8_t* base, int64_t row_bytes, i
   }
   if (m == 1 && type == kQ6_K) {
     gemv_k<true>(base, row_bytes, k, a, bs16, n0, n1, y);
+    return;
+  }
+  if (m == 1 && type == kIQ4_XS) {
+    gemv_iq4xs(base, row_bytes, k, a, n0, n1, y);
     return;
   }
   if (m >= vnni::kMinTokens) {  // prefill: 16-row VNNI tiles

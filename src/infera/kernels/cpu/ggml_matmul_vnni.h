@@ -459,6 +459,9 @@ inline VDotFn dot_for(uint32_t type) {
 // Measured on a Xeon with AMX against the VNNI tiles (kernels_bench, one thread), 64 / 256
 // tokens: Q8_0 1.4-1.65x / 1.25x, Q4_K 1.35-1.65x / 1.55x, Q5_K 1.5x, Q6_K 1.05x / 1.15x
 // (building four planes per pass costs about as much as their products at 64 tokens).
+// Those ratios are against the VNNI tiles before their chunked build; against the chunked
+// ones the K types' planes measured 0.72-1.16x at 16-64 tokens (inside this VM's noise)
+// and 1.8-2.0x at 256, so the thresholds stay.
 // Other types (Q4_0, Q5_0, IQ4_NL, IQ4_XS, Q2_K, Q3_K) keep the VNNI tiles.
 namespace amx {
 
