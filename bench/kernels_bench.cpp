@@ -245,6 +245,8 @@ void BM_GgmlMatmul(benchmark::State& state) {
                              : type == ggml::kQ5_K ? "q5_k"
                              : type == ggml::kQ6_K ? "q6_k"
                              : type == ggml::kQ8_0 ? "q8_0"
+                             : type == ggml::kQ4_0 ? "q4_0"
+                             : type == ggml::kIQ4_NL ? "iq4_nl"
                                                    : "iq4_xs") +
                  (m > 1 && state.range(4) != 0 ? " amx" : ""));
   ggml::set_ggml_amx(true);
@@ -255,7 +257,8 @@ void BM_GgmlMatmul(benchmark::State& state) {
 }
 BENCHMARK(BM_GgmlMatmul)
     ->ArgsProduct({{infera::kernels::ggml::kQ4_K, infera::kernels::ggml::kQ5_K, infera::kernels::ggml::kQ6_K,
-                    infera::kernels::ggml::kQ8_0, infera::kernels::ggml::kIQ4_XS},
+                    infera::kernels::ggml::kQ8_0, infera::kernels::ggml::kIQ4_XS, infera::kernels::ggml::kQ4_0,
+                    infera::kernels::ggml::kIQ4_NL},
                    {1, 8, 16, 32, 64, 128, 256},
                    {1, 2},
                    {0, 1},

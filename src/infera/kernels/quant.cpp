@@ -220,7 +220,8 @@ std::string ggml_matmul_path(Isa isa) {
     case Isa::kAvx512: {
       const char* amx = amx_unavailable_reason();
       return std::string(
-                 "avx512: activations as llama.cpp's Q8 blocks; decode: Q4_K / Q6_K / Q8_0 / IQ4_XS read in place, 4 "
+                 "avx512: activations as llama.cpp's Q8 blocks; decode: Q4_0 / Q8_0 / IQ4_NL / Q4_K / Q6_K / IQ4_XS "
+                 "read in place, 4 "
                  "rows per "
                  "step (vpdpbusd, rows prefetched >= 16 KB ahead), other types decoded per tile of 4 rows; prefill (>= "
                  "4 tokens): pairs of 16-row VNNI tiles decoded 512 weights at a time, each chunk multiplied by every "

@@ -22,8 +22,8 @@
 // two activation rows at once (each weight load and scale vector serves both). On AVX-512
 // VNNI, from vnni::kMinTokens activation rows on, the 16-row tiles of ggml_matmul_vnni.h
 // take over (no horizontal sums, 4 activation rows per weight load). A decode step (one
-// activation row) of Q8_0, Q4_K or Q6_K on AVX-512 reads the blocks in place (gemv_q8_0,
-// gemv_k): no tile copy, the weights streamed once.
+// activation row) of Q8_0, Q4_0, IQ4_NL, Q4_K, Q6_K or IQ4_XS on AVX-512 reads the blocks in
+// place (gemv_blocks32, gemv_k, gemv_iq4xs): no tile copy, the weights streamed once.
 // Included by ggml_matmul_impl.h inside its namespace (after <immintrin.h>), only when
 // __AVX2__ is defined.
 
@@ -512,13 +512,18 @@ inline void for_each_row_tile(const uint8_t* base, int64_t row_bytes, int64_t n0
 #ifdef __AVX512VNNI__
 #include "infera/kernels/cpu/ggml_matmul_vnni.h"
 
-// One activation row against Q8_0 rows read in place (a decode step): no tile copy; four
-// rows at a time, two blocks per 512-bit vector, the weights made unsigned (the byte xor
-// 0x80: w + 128) so that vpdpbusd takes them with the activation quants as they are, and
-// 128 x the activation's block sum taken back out of each block's integer sum. The f32
+// One activation row against 32-weight-block rows read in place (a decode step): no tile
+// copy; four rows at a time, two blocks per 512-bit vector, the weights made unsigned so
+// that vpdpbusd takes them with the activation quants as they are, and offset x the
+// activation's block sum taken back out of each block's integer sum. Q8_0: the byte xor
+// 0x80 (w + 128); Q4_0: the nibbles themselves (w + 8; low nibbles weights 0-15, high
+// 16-31); IQ4_NL: the nibbles looked up in kIq4nlValues (vpshufb), then xor 0x80. The f32
 // steps per block as the generic loop's, one lane per row.
-inline void gemv_q8_0(const uint8_t* base, int64_t row_bytes, int64_t k, const Activations& a, int64_t n0, int64_t n1,
-                      float* y) {
+template <uint32_t kType>
+inline void gemv_blocks32(const uint8_t* base, int64_t row_bytes, int64_t k, const Activations& a, int64_t n0,
+                          int64_t n1, float* y) {
+  static_assert(kType == kQ8_0 || kType == kQ4_0 || kType == kIQ4_NL);
+  constexpr int kBytes = kType == kQ8_0 ? 34 : 18, kOffset = kType == kQ4_0 ? 8 : 128;
   const int64_t nb = k / 32;
   static thread_local std::vector<int32_t> corr;
   corr.resize(static_cast<size_t>(nb));
@@ -527,36 +532,44 @@ inline void gemv_q8_0(const uint8_t* base, int64_t row_bytes, int64_t k, const A
     const __m256i s16 = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), q), _mm256_set1_epi16(1));
     const __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s16), _mm256_extracti128_si256(s16, 1));
     const __m128i s2 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, _MM_SHUFFLE(1, 0, 3, 2)));
-    corr[b] = 128 * _mm_cvtsi128_si32(_mm_add_epi32(s2, _mm_shuffle_epi32(s2, _MM_SHUFFLE(2, 3, 0, 1))));
+    corr[b] = kOffset * _mm_cvtsi128_si32(_mm_add_epi32(s2, _mm_shuffle_epi32(s2, _MM_SHUFFLE(2, 3, 0, 1))));
   }
   const int32_t* cp = corr.data();
   const int8_t* q = a.q.data();
   const float* ad = a.d.data();
+  // A block's 32 weights, unsigned, in order (one 256-bit half).
+  const auto weights = [](const uint8_t* p) {
+    if constexpr (kType == kQ8_0) {
+      return _mm256_xor_si256(load256(p + 2), _mm256_set1_epi8(static_cast<char>(0x80)));
+    } else {
+      const __m128i v = load128(p + 2), m4 = _mm_set1_epi8(0x0F);
+      const __m256i n = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), m4), _mm_and_si128(v, m4));
+      if constexpr (kType == kQ4_0) return n;
+      const __m256i lut = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4nlValues)));
+      return _mm256_xor_si256(_mm256_shuffle_epi8(lut, n), _mm256_set1_epi8(static_cast<char>(0x80)));
+    }
+  };
+  const auto half = [](const uint8_t* p) { return static_cast<int16_t>(p[0] | p[1] << 8); };
   for_each_row_tile(base, row_bytes, n0, n1, [&](const uint8_t* const* r, int64_t j0, int rows, int64_t pf) {
-    const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
     __m128 sum = _mm_setzero_ps();
     int64_t b = 0;
     for (; b + 2 <= nb; b += 2) {
       const __m512i qv = _mm512_loadu_si512(q + 32 * b);
       __m512i acc[kTile];
       for (int t = 0; t < kTile; ++t) {
-        const uint8_t* p = r[t] + 34 * b;
-        if (pf != 0) prefetch_block(p + pf, 68);
-        const __m512i wv = _mm512_inserti64x4(_mm512_castsi256_si512(load256(p + 2)), load256(p + 36), 1);
-        acc[t] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_xor_si512(wv, flip), qv);
+        const uint8_t* p = r[t] + kBytes * b;
+        if (pf != 0) prefetch_block(p + pf, 2 * kBytes);
+        const __m512i wv = _mm512_inserti64x4(_mm512_castsi256_si512(weights(p)), weights(p + kBytes), 1);
+        acc[t] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv, qv);
       }
       __m128i isum0, isum1;
       reduce4x2(acc, isum0, isum1);
       isum0 = _mm_sub_epi32(isum0, _mm_set1_epi32(cp[b]));
       isum1 = _mm_sub_epi32(isum1, _mm_set1_epi32(cp[b + 1]));
-      const __m128i h = _mm_setr_epi16(static_cast<int16_t>(r[0][34 * b] | r[0][34 * b + 1] << 8),
-                                       static_cast<int16_t>(r[1][34 * b] | r[1][34 * b + 1] << 8),
-                                       static_cast<int16_t>(r[2][34 * b] | r[2][34 * b + 1] << 8),
-                                       static_cast<int16_t>(r[3][34 * b] | r[3][34 * b + 1] << 8),
-                                       static_cast<int16_t>(r[0][34 * b + 34] | r[0][34 * b + 35] << 8),
-                                       static_cast<int16_t>(r[1][34 * b + 34] | r[1][34 * b + 35] << 8),
-                                       static_cast<int16_t>(r[2][34 * b + 34] | r[2][34 * b + 35] << 8),
-                                       static_cast<int16_t>(r[3][34 * b + 34] | r[3][34 * b + 35] << 8));
+      const int64_t o = kBytes * b;
+      const __m128i h =
+          _mm_setr_epi16(half(r[0] + o), half(r[1] + o), half(r[2] + o), half(r[3] + o), half(r[0] + o + kBytes),
+                         half(r[1] + o + kBytes), half(r[2] + o + kBytes), half(r[3] + o + kBytes));
       const __m256 dw = _mm256_cvtph_ps(h);  // exact, as half_f16c
       const __m128 d0 = _mm_mul_ps(_mm256_castps256_ps128(dw), _mm_set1_ps(ad[b]));
       sum = _mm_add_ps(sum, _mm_mul_ps(_mm_cvtepi32_ps(isum0), d0));
@@ -568,9 +581,8 @@ inline void gemv_q8_0(const uint8_t* base, int64_t row_bytes, int64_t k, const A
       __m256i acc[kTile];
       alignas(16) float dws[kTile];
       for (int t = 0; t < kTile; ++t) {
-        const uint8_t* p = r[t] + 34 * b;
-        acc[t] = _mm256_dpbusd_epi32(_mm256_setzero_si256(),
-                                     _mm256_xor_si256(load256(p + 2), _mm256_set1_epi8(static_cast<char>(0x80))), qv);
+        const uint8_t* p = r[t] + kBytes * b;
+        acc[t] = _mm256_dpbusd_epi32(_mm256_setzero_si256(), weights(p), qv);
         dws[t] = half_f16c(p);
       }
       const __m128i isum = _mm_sub_epi32(reduce4(acc[0], acc[1], acc[2], acc[3]), _mm_set1_epi32(cp[b]));
@@ -801,7 +813,15 @@ inline void matmul_rows(uint32_t type, const uint8_t* base, int64_t row_bytes, i
   const int16_t* bs16 = sums ? bsums16.data() : nullptr;
 #ifdef __AVX512VNNI__
   if (m == 1 && type == kQ8_0) {
-    gemv_q8_0(base, row_bytes, k, a, n0, n1, y);
+    gemv_blocks32<kQ8_0>(base, row_bytes, k, a, n0, n1, y);
+    return;
+  }
+  if (m == 1 && type == kQ4_0) {
+    gemv_blocks32<kQ4_0>(base, row_bytes, k, a, n0, n1, y);
+    return;
+  }
+  if (m == 1 && type == kIQ4_NL) {
+    gemv_blocks32<kIQ4_NL>(base, row_bytes, k, a, n0, n1, y);
     return;
   }
   if (m == 1 && type == kQ4_K) {
