@@ -264,12 +264,19 @@ struct ActRow {
 #ifdef __AVX512BW__
 // Four rows' int32 x 16 sums over two 32-weight blocks (lanes 0-7: block b, 8-15: b + 1) ->
 // [row 0..3] of block b in i0, of block b + 1 in i1.
+// kInterleaved: quarters 0 and 2 hold block b, 1 and 3 block b + 1 (else 0-1 and 2-3).
+template <bool kInterleaved = false>
 inline void reduce4x2(const __m512i* r, __m128i& i0, __m128i& i1) {
-  // Per 128-bit quarter: [row 0, row 1, row 2, row 3] sums of its four lanes; quarters
-  // 0-1 hold block b, quarters 2-3 block b + 1.
+  // Per 128-bit quarter: [row 0, row 1, row 2, row 3] sums of its four lanes.
   const __m512i x01 = _mm512_add_epi32(_mm512_unpacklo_epi32(r[0], r[1]), _mm512_unpackhi_epi32(r[0], r[1]));
   const __m512i x23 = _mm512_add_epi32(_mm512_unpacklo_epi32(r[2], r[3]), _mm512_unpackhi_epi32(r[2], r[3]));
   const __m512i y = _mm512_add_epi32(_mm512_unpacklo_epi64(x01, x23), _mm512_unpackhi_epi64(x01, x23));
+  if (kInterleaved) {
+    const __m512i z = _mm512_add_epi32(y, _mm512_shuffle_i64x2(y, y, _MM_SHUFFLE(1, 0, 3, 2)));
+    i0 = _mm512_castsi512_si128(z);
+    i1 = _mm512_extracti32x4_epi32(z, 1);
+    return;
+  }
   const __m512i z = _mm512_add_epi32(y, _mm512_shuffle_i64x2(y, y, _MM_SHUFFLE(2, 3, 0, 1)));
   i0 = _mm512_castsi512_si128(z);
   i1 = _mm512_extracti32x4_epi32(z, 2);
@@ -536,6 +543,16 @@ inline void gemv_blocks32(const uint8_t* base, int64_t row_bytes, int64_t k, con
   }
   const int32_t* cp = corr.data();
   const int8_t* q = a.q.data();
+  if constexpr (kType != kQ8_0) {
+    // Pairs of blocks as the 4-bit types' pair vectors hold them (below): [b 0-15, b + 1
+    // 0-15, b 16-31, b + 1 16-31]; a last odd block in order.
+    static thread_local std::vector<int8_t> qperm;
+    qperm.assign(a.q.begin(), a.q.begin() + k);
+    for (int64_t b = 0; b + 2 <= nb; b += 2)
+      for (int c = 0; c < 4; ++c)
+        std::memcpy(qperm.data() + 32 * b + 16 * c, a.q.data() + 32 * (b + c % 2) + 16 * (c / 2), 16);
+    q = qperm.data();
+  }
   const float* ad = a.d.data();
   // A block's 32 weights, unsigned, in order (one 256-bit half).
   const auto weights = [](const uint8_t* p) {
@@ -549,6 +566,21 @@ inline void gemv_blocks32(const uint8_t* base, int64_t row_bytes, int64_t k, con
       return _mm256_xor_si256(_mm256_shuffle_epi8(lut, n), _mm256_set1_epi8(static_cast<char>(0x80)));
     }
   };
+  // Blocks b and b + 1 (at p and p + kBytes) as one vector: Q8_0 in order; the 4-bit types'
+  // nibbles of both split at once, [b 0-15, b + 1 0-15, b 16-31, b + 1 16-31].
+  const auto pair = [&weights](const uint8_t* p) {
+    if constexpr (kType == kQ8_0) {
+      return _mm512_inserti64x4(_mm512_castsi256_si512(weights(p)), weights(p + kBytes), 1);
+    } else {
+      const __m256i v = _mm256_inserti128_si256(_mm256_castsi128_si256(load128(p + 2)), load128(p + kBytes + 2), 1);
+      const __m256i m4 = _mm256_set1_epi8(0x0F);
+      const __m512i n = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(v, m4)),
+                                           _mm256_and_si256(_mm256_srli_epi16(v, 4), m4), 1);
+      if constexpr (kType == kQ4_0) return n;
+      const __m512i lut = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4nlValues)));
+      return _mm512_xor_si512(_mm512_shuffle_epi8(lut, n), _mm512_set1_epi8(static_cast<char>(0x80)));
+    }
+  };
   const auto half = [](const uint8_t* p) { return static_cast<int16_t>(p[0] | p[1] << 8); };
   for_each_row_tile(base, row_bytes, n0, n1, [&](const uint8_t* const* r, int64_t j0, int rows, int64_t pf) {
     __m128 sum = _mm_setzero_ps();
@@ -559,11 +591,10 @@ inline void gemv_blocks32(const uint8_t* base, int64_t row_bytes, int64_t k, con
       for (int t = 0; t < kTile; ++t) {
         const uint8_t* p = r[t] + kBytes * b;
         if (pf != 0) prefetch_block(p + pf, 2 * kBytes);
-        const __m512i wv = _mm512_inserti64x4(_mm512_castsi256_si512(weights(p)), weights(p + kBytes), 1);
-        acc[t] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv, qv);
+        acc[t] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), pair(p), qv);
       }
       __m128i isum0, isum1;
-      reduce4x2(acc, isum0, isum1);
+      reduce4x2<kType != kQ8_0>(acc, isum0, isum1);
       isum0 = _mm_sub_epi32(isum0, _mm_set1_epi32(cp[b]));
       isum1 = _mm_sub_epi32(isum1, _mm_set1_epi32(cp[b + 1]));
       const int64_t o = kBytes * b;
