@@ -221,15 +221,11 @@ std::string ggml_matmul_path(Isa isa) {
       const char* amx = amx_unavailable_reason();
       return std::string(
                  "avx512: activations as llama.cpp's Q8 blocks; decode: Q4_0 / Q8_0 / IQ4_NL / Q4_K / Q6_K / IQ4_XS "
-                 "read in place, 4 "
-                 "rows per "
-                 "step (vpdpbusd, rows prefetched >= 16 KB ahead), other types decoded per tile of 4 rows; prefill (>= "
-                 "4 tokens): pairs of 16-row VNNI tiles decoded 512 weights at a time, each chunk multiplied by every "
-                 "token while it is in L1 (vpdpbusd; Q4_K / Q5_K / Q6_K / IQ4_XS unpacked straight from the file); "
-                 "prefill on "
-                 "AMX int8 "
-                 "tiles for Q8_0 (>= 8 tokens, read in place) and Q4_K / Q5_K (>= 16) / Q6_K (>= 64) as sub-scale "
-                 "planes: ") +
+                 "read in place, 4 rows per step (vpdpbusd, rows prefetched >= 16 KB ahead), other types decoded per "
+                 "tile of 4 rows; prefill (>= 4 tokens): pairs of 16-row VNNI tiles decoded 512 weights at a time, "
+                 "each chunk multiplied by every token while it is in L1 (vpdpbusd; Q4_K / Q5_K / Q6_K / IQ4_XS "
+                 "unpacked straight from the file); prefill on AMX int8 tiles for Q8_0 (>= 8 tokens, read in place) "
+                 "and Q4_K / Q5_K (>= 16) / Q6_K (>= 64) as sub-scale planes: ") +
              (amx != nullptr             ? amx
               : ggml::ggml_amx_enabled() ? "in use"
                                          : "off (set_ggml_amx)");

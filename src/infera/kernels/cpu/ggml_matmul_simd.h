@@ -547,10 +547,11 @@ inline void gemv_blocks32(const uint8_t* base, int64_t row_bytes, int64_t k, con
     // Pairs of blocks as the 4-bit types' pair vectors hold them (below): [b 0-15, b + 1
     // 0-15, b 16-31, b + 1 16-31]; a last odd block in order.
     static thread_local std::vector<int8_t> qperm;
-    qperm.assign(a.q.begin(), a.q.begin() + k);
+    qperm.resize(static_cast<size_t>(k));
     for (int64_t b = 0; b + 2 <= nb; b += 2)
       for (int c = 0; c < 4; ++c)
         std::memcpy(qperm.data() + 32 * b + 16 * c, a.q.data() + 32 * (b + c % 2) + 16 * (c / 2), 16);
+    if (nb % 2 != 0) std::memcpy(qperm.data() + 32 * (nb - 1), a.q.data() + 32 * (nb - 1), 32);
     q = qperm.data();
   }
   const float* ad = a.d.data();

@@ -100,6 +100,19 @@ inline void transpose16(const uint8_t* p, int64_t stride, __m512i* out) {
   }
 }
 
+// Lane r = r x stride: the byte offsets of 16 rows (gathers) or 16 columns.
+inline __m512i lane_offsets(int64_t stride) {
+  return _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                            _mm512_set1_epi32(static_cast<int>(stride)));
+}
+
+// Prefetches the `bytes`-byte block at b0 + pf of each of the 16 rows (row_bytes apart);
+// pf 0: none.
+inline void prefetch_rows(const uint8_t* b0, int64_t row_bytes, int64_t pf, int bytes) {
+  if (pf == 0) return;
+  for (int r = 0; r < kRows; ++r) prefetch_block(b0 + r * row_bytes + pf, bytes);
+}
+
 // A whole tile of Q4_K (kFive false) or Q5_K rows straight from the file's blocks (rows0:
 // the tile's first row at the chunk's first block; k: the chunk's weights): the packed
 // nibbles (and Q5_K's high bits) transposed as they are, then unpacked in the VNNI layout
@@ -110,13 +123,11 @@ template <bool kFive>
 inline void build_q45k(const uint8_t* rows0, int64_t row_bytes, int64_t k, int64_t pf, VTile& t) {
   const int64_t ts = kFive ? 176 : 144;
   const __m512i m4 = _mm512_set1_epi8(0x0F), bit4 = _mm512_set1_epi8(0x10);
-  const __m512i idx = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                                         _mm512_set1_epi32(static_cast<int>(row_bytes)));
+  const __m512i idx = lane_offsets(row_bytes);
   const __m512i m63 = _mm512_set1_epi32(63), m15 = _mm512_set1_epi32(15), m3 = _mm512_set1_epi32(3);
   for (int64_t i = 0; i < k / 256; ++i) {
     const uint8_t* b0 = rows0 + i * ts;
-    if (pf != 0)
-      for (int r = 0; r < kRows; ++r) prefetch_block(b0 + r * row_bytes + pf, static_cast<int>(ts));
+    prefetch_rows(b0, row_bytes, pf, static_cast<int>(ts));
     const __m512i h = _mm512_i32gather_epi32(idx, b0, 1);  // d | dmin << 16
     const __m512i qa = _mm512_i32gather_epi32(idx, b0 + 4, 1), qb = _mm512_i32gather_epi32(idx, b0 + 8, 1),
                   qc = _mm512_i32gather_epi32(idx, b0 + 12, 1);
@@ -161,13 +172,11 @@ inline void build_q45k(const uint8_t* rows0, int64_t row_bytes, int64_t k, int64
 // bytes 32-63 weights 32 + l and 96 + l, with qh's bit pairs 0, 2, 4, 6 of byte l); the 16
 // signed sub-scales and d by dword gathers.
 inline void build_q6k(const uint8_t* rows0, int64_t row_bytes, int64_t k, int64_t pf, VTile& t) {
-  const __m512i idx = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                                         _mm512_set1_epi32(static_cast<int>(row_bytes)));
+  const __m512i idx = lane_offsets(row_bytes);
   const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
   for (int64_t i = 0; i < k / 256; ++i) {
     const uint8_t* b0 = rows0 + i * 210;
-    if (pf != 0)
-      for (int r = 0; r < kRows; ++r) prefetch_block(b0 + r * row_bytes + pf, 210);
+    prefetch_rows(b0, row_bytes, pf, 210);
     // (d read as the upper half of the dword at 206: a dword at 208 would pass the block)
     const __m512i dw = _mm512_i32gather_epi32(idx, b0 + 206, 1);
     _mm512_storeu_ps(t.d.data() + i * kRows, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(dw, 16))));
@@ -204,15 +213,13 @@ inline void build_q6k(const uint8_t* rows0, int64_t row_bytes, int64_t k, int64_
 // (xor 0x80: the offset 128); byte l of the 16 bytes of sub-block s holds weights 32s + l
 // (low nibble) and 32s + 16 + l. The 6-bit sub-scales (minus 32) and d by dword gathers.
 inline void build_iq4xs(const uint8_t* rows0, int64_t row_bytes, int64_t k, int64_t pf, VTile& t) {
-  const __m512i idx = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                                         _mm512_set1_epi32(static_cast<int>(row_bytes)));
+  const __m512i idx = lane_offsets(row_bytes);
   const __m512i lut = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4nlValues)));
   const __m512i m4 = _mm512_set1_epi8(0x0F), flip = _mm512_set1_epi8(static_cast<char>(0x80));
   const __m512i m15 = _mm512_set1_epi32(15), m3 = _mm512_set1_epi32(3), k32 = _mm512_set1_epi32(32);
   for (int64_t i = 0; i < k / 256; ++i) {
     const uint8_t* b0 = rows0 + i * 136;
-    if (pf != 0)
-      for (int r = 0; r < kRows; ++r) prefetch_block(b0 + r * row_bytes + pf, 136);
+    prefetch_rows(b0, row_bytes, pf, 136);
     const __m512i h = _mm512_i32gather_epi32(idx, b0, 1);  // d | scales_h << 16
     const __m512i lo4 = _mm512_i32gather_epi32(idx, b0 + 4, 1), hi2 = _mm512_srli_epi32(h, 16);
     _mm512_storeu_ps(t.d.data() + i * kRows, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(h)));
@@ -243,7 +250,6 @@ inline void build_tile(uint32_t type, const Shape& sh, const uint8_t* src, int64
                        int64_t pf, VTile& t) {
   const int64_t nb = k / block_size(type), ng = k / 16;
   const bool kt = sh.sub != 0;
-  const __m512i lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
   if (rows == kRows && (type == kQ4_K || type == kQ5_K || type == kQ6_K || type == kIQ4_XS)) {
     switch (type) {
       case kQ4_K: build_q45k<false>(src, row_bytes, k, pf, t); return;
@@ -281,13 +287,13 @@ inline void build_tile(uint32_t type, const Shape& sh, const uint8_t* src, int64
     transpose16(reinterpret_cast<const uint8_t*>(t.rows.data()) + 4 * g0, k, v);
     for (int c = 0; c < 16; ++c) _mm512_storeu_si512(t.wq.data() + kRows * (g0 + c), _mm512_xor_si512(v[c], flip));
   }
-  const __m512i idx = _mm512_mullo_epi32(lanes, _mm512_set1_epi32(static_cast<int>(k)));
+  const __m512i idx = lane_offsets(k);
   for (int64_t g = g0; g < dwords; ++g) {
     const __m512i v = _mm512_i32gather_epi32(idx, t.rows.data() + 4 * g, 1);
     _mm512_storeu_si512(t.wq.data() + kRows * g, _mm512_xor_si512(v, flip));
   }
   // Sub-scales and mins of each row into lanes, by gathers of the rows' int16 (pairs).
-  const __m512i idx16 = _mm512_mullo_epi32(lanes, _mm512_set1_epi32(static_cast<int>(2 * ng)));
+  const __m512i idx16 = lane_offsets(2 * ng);
   if (kt) {
     const int per = sh.sub / 16;
     for (int64_t s = 0; s < k / sh.sub; ++s) {
@@ -542,8 +548,7 @@ struct TokenBlock {
 inline void store_out(const __m512* sum, float* y, int64_t ldy, int valid, int rows) {
   alignas(64) float out[16][16];
   for (int r = 0; r < 16; ++r) _mm512_store_ps(out[r], sum[r]);
-  const __m512i col = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                                         _mm512_set1_epi32(16));
+  const __m512i col = lane_offsets(16);
   const __mmask16 mask = static_cast<__mmask16>((1u << rows) - 1);
   for (int t = 0; t < valid; ++t)
     _mm512_mask_storeu_ps(y + t * ldy, mask,
@@ -645,8 +650,7 @@ inline Src prepare_q8_0(const uint8_t* base, int64_t row_bytes, int64_t k, int64
   const int64_t nb = k / 32;
   const uint8_t* b0 = base + j0 * row_bytes;
   if (rows == 16) {
-    const __m512i offs = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                                            _mm512_set1_epi32(static_cast<int>(row_bytes)));
+    const __m512i offs = lane_offsets(row_bytes);
     for (int64_t b = 0; b < nb; ++b) {
       // (A block's f16 scale is its first 2 bytes; the gather reads 4, inside the block.)
       const __m512i h = _mm512_i32gather_epi32(offs, b0 + 34 * b, 1);
@@ -1136,17 +1140,17 @@ inline void matmul_rows(uint32_t type, const uint8_t* base, int64_t row_bytes, i
   const int64_t row_block = std::max<int64_t>(kRowBlock, (int64_t{1} << 20) / k);
   // Weights per chunk: a pair of tiles is decoded and multiplied kChunk weights at a time,
   // so its decoded chunk (16 KiB) stays in L1 between the build and the dot products.
-  const int64_t chunk = std::min(k, kChunk), block_bytes = row_bytes / nb;
+  const int64_t bsize = block_size(type), chunk = std::min(k, kChunk), block_bytes = row_bytes / nb;
 #pragma omp parallel num_threads(static_cast <int>(std::min <int64_t>(threads, pairs)))
   {
     static thread_local VTile tl[2];
     static thread_local std::vector<Sums16> acc;  // [token group][tile][token]: the f32 sums
-    tl[0].resize(chunk, chunk / block_size(type), sh);
-    tl[1].resize(chunk, chunk / block_size(type), sh);
+    tl[0].resize(chunk, chunk / bsize, sh);
+    tl[1].resize(chunk, chunk / bsize, sh);
     acc.resize(static_cast<size_t>(2 * std::min(m, row_block)));
     const VTile* const tp[2] = {&tl[0], &tl[1]};
     const auto act = [&](int64_t i, int64_t c0) {
-      return VAct{a.q.data() + i * k + c0, a.d.data() + i * dstride + c0 / (sh.sub != 0 ? 256 : 32),
+      return VAct{a.q.data() + i * k + c0, a.d.data() + i * dstride + c0 / bsize,
                   corr_p + i * per_row + c0 / (sh.sub != 0 ? sh.sub : 32),
                   bs16 != nullptr ? bs16 + i * (k / 16) + c0 / 16 : nullptr};
     };
@@ -1159,45 +1163,40 @@ inline void matmul_rows(uint32_t type, const uint8_t* base, int64_t row_bytes, i
         int rows[2] = {0, 0};
         for (int u = 0; u < two; ++u) rows[u] = static_cast<int>(std::min<int64_t>(kRows, n1 - j0 - u * kRows));
         const VDotFn* dot = dots[two - 1];
+        // Token groups of 4, then 2, then 1 (dot[0], dot[1], dot[2]): group i's sums at
+        // sums + 2 (i - i0), [tile][token].
+        const auto groups = [&](const auto& fn) {
+          int64_t i = i0;
+          for (; i + 4 <= i1; i += 4) fn(i, 4, 0);
+          for (; i + 2 <= i1; i += 2) fn(i, 2, 1);
+          for (; i < i1; ++i) fn(i, 1, 2);
+        };
         std::fill(acc.begin(), acc.begin() + 2 * (i1 - i0), Sums16{});
         __m512* const sums = reinterpret_cast<__m512*>(acc.data());
         for (int64_t c0 = 0; c0 < k; c0 += chunk) {
           const int64_t kc = std::min(chunk, k - c0);
           // Each block read prefetches the same rows' next chunk, or the next pair's first
           // (a chunk's work ahead: the weights come from memory).
-          const int64_t c0_bytes = c0 / block_size(type) * block_bytes;
-          const int64_t pf = c0 + chunk < k         ? chunk / block_size(type) * block_bytes
+          const int64_t c0_bytes = c0 / bsize * block_bytes;
+          const int64_t pf = c0 + chunk < k         ? chunk / bsize * block_bytes
                              : j0 + 4 * kRows <= n1 ? 2 * kRows * row_bytes - c0_bytes
                                                     : 0;
           for (int u = 0; u < two; ++u)
             build_tile(type, sh, base + (j0 + u * kRows) * row_bytes + c0_bytes, row_bytes, kc, rows[u], pf, tl[u]);
-          // Token groups of 4, then 2, then 1: group i's sums at acc[2 * (i - i0)].
-          int64_t i = i0;
-          for (; i + 4 <= i1; i += 4) {
-            const VAct four[4] = {act(i, c0), act(i + 1, c0), act(i + 2, c0), act(i + 3, c0)};
-            dot[0](tp, kc, four, sums + 2 * (i - i0));
-          }
-          for (; i + 2 <= i1; i += 2) {
-            const VAct two_rows[2] = {act(i, c0), act(i + 1, c0)};
-            dot[1](tp, kc, two_rows, sums + 2 * (i - i0));
-          }
-          for (; i < i1; ++i) {
-            const VAct one = act(i, c0);
-            dot[2](tp, kc, &one, sums + 2 * (i - i0));
-          }
+          groups([&](int64_t i, int nt, int g) {
+            VAct group[4];
+            for (int n = 0; n < nt; ++n) group[n] = act(i + n, c0);
+            dot[g](tp, kc, group, sums + 2 * (i - i0));
+          });
         }
-        const auto store = [&](int64_t i, int nt) {
+        groups([&](int64_t i, int nt, int) {
           const __m512* v = sums + 2 * (i - i0);
           for (int u = 0; u < two; ++u) {
             const __mmask16 mask = static_cast<__mmask16>((1u << rows[u]) - 1);
             for (int n = 0; n < nt; ++n)
               _mm512_mask_storeu_ps(y + (i + n) * ldy + (j0 + u * kRows - n0), mask, v[u * nt + n]);
           }
-        };
-        int64_t i = i0;
-        for (; i + 4 <= i1; i += 4) store(i, 4);
-        for (; i + 2 <= i1; i += 2) store(i, 2);
-        for (; i < i1; ++i) store(i, 1);
+        });
       }
     }
   }
