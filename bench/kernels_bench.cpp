@@ -234,10 +234,15 @@ void BM_GgmlMatmul(benchmark::State& state) {
     for (int h = 0; h < halves; ++h) std::memcpy(q.data() + b + half_at + 2 * h, &d, 2);
   std::vector<float> x(m * cols), y(m * rows);
   fill(x, 8);
+  // Q4_0 / IQ4_NL from their load-time panels (the sixth argument), as a loaded model has them.
+  std::vector<MatRef> ws;
+  for (int64_t c = 0; c < copies; ++c) {
+    ws.push_back(MatRef{q.data() + c * rows * rb, DType::kGgml, rows, cols, type});
+    if (state.range(5) != 0) ws.back().panels = ggml::pack_panels(type, ws.back().data, rows, cols);
+  }
   int64_t i = 0;
   for (auto _ : state) {
-    const MatRef w{q.data() + (i++ % copies) * rows * rb, DType::kGgml, rows, cols, type};
-    matmul(x.data(), m, w, y.data());
+    matmul(x.data(), m, ws[static_cast<size_t>(i++ % copies)], y.data());
     benchmark::DoNotOptimize(y.data());
     benchmark::ClobberMemory();
   }
@@ -248,7 +253,7 @@ void BM_GgmlMatmul(benchmark::State& state) {
                              : type == ggml::kQ4_0 ? "q4_0"
                              : type == ggml::kIQ4_NL ? "iq4_nl"
                                                    : "iq4_xs") +
-                 (m > 1 && state.range(4) != 0 ? " amx" : ""));
+                 (m > 1 && state.range(4) != 0 ? " amx" : "") + (state.range(5) != 0 ? " panels" : ""));
   ggml::set_ggml_amx(true);
   state.counters["GOP/s"] =
       benchmark::Counter(2.0 * m * rows * cols * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
@@ -262,7 +267,16 @@ BENCHMARK(BM_GgmlMatmul)
                    {1, 8, 16, 32, 64, 128, 256},
                    {1, 2},
                    {0, 1},
-                   {1, 0}})
+                   {1, 0},
+                   {0}})
+    ->Apply(least_disturbed);
+BENCHMARK(BM_GgmlMatmul)
+    ->ArgsProduct({{infera::kernels::ggml::kQ4_0, infera::kernels::ggml::kIQ4_NL},
+                   {1, 8, 16, 32, 64, 128, 256},
+                   {1, 2},
+                   {0, 1},
+                   {0},
+                   {1}})
     ->Apply(least_disturbed);
 
 void BM_AttentionDecode(benchmark::State& state) {

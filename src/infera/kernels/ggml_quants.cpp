@@ -1,9 +1,13 @@
 #include "infera/kernels/ggml_quants.h"
 
+#include <omp.h>
+
 #include <atomic>
+#include <cstdlib>
 #include <cstring>
 
 #include "infera/base/error.h"
+#include "infera/base/threads.h"
 #include "infera/tensor/dtype.h"
 
 namespace infera::kernels::ggml {
@@ -322,7 +326,7 @@ void matmul_rows_scalar(uint32_t type, const void* data, int64_t row_bytes, int6
 void matmul_rows_avx2(uint32_t type, const void* data, int64_t row_bytes, int64_t k, const float* x, int64_t m,
                       int64_t n0, int64_t n1, float* y, int64_t ldy);
 void matmul_rows_avx512(uint32_t type, const void* data, int64_t row_bytes, int64_t k, const float* x, int64_t m,
-                        int64_t n0, int64_t n1, float* y, int64_t ldy);
+                        int64_t n0, int64_t n1, float* y, int64_t ldy, const uint8_t* panels);
 
 bool has_matmul(uint32_t type) { return can_dequantize(type) && block_size(type) > 1; }
 
@@ -334,18 +338,64 @@ void set_ggml_amx(bool enabled) { g_amx.store(enabled, std::memory_order_relaxed
 bool ggml_amx_enabled() { return g_amx.load(std::memory_order_relaxed); }
 
 void matmul_rows(Isa isa, uint32_t type, const void* data, int64_t k, const float* x, int64_t m, int64_t n0, int64_t n1,
-                 float* y, int64_t ldy) {
+                 float* y, int64_t ldy, const uint8_t* panels) {
   if (!has_matmul(type)) fail("no matmul for ggml type {}", type);
   if (k % block_size(type) != 0) fail("ggml type {}: {} columns are not whole blocks", type, k);
   INFERA_ASSERT(m >= 0 && 0 <= n0 && n0 <= n1 && ldy >= n1 - n0);
   if (m == 0 || n1 == n0) return;
   const int64_t rb = row_bytes(type, k);
   switch (isa) {
-    case Isa::kAvx512: matmul_rows_avx512(type, data, rb, k, x, m, n0, n1, y, ldy); return;
+    case Isa::kAvx512:
+      matmul_rows_avx512(type, data, rb, k, x, m, n0, n1, y, ldy,
+                         can_pack_panels(type) && n0 % kPanelRows == 0 ? panels : nullptr);
+      return;
     case Isa::kAvx2: matmul_rows_avx2(type, data, rb, k, x, m, n0, n1, y, ldy); return;
     case Isa::kScalar: break;
   }
   matmul_rows_scalar(type, data, rb, k, x, m, n0, n1, y, ldy);
+}
+
+bool can_pack_panels(uint32_t type) { return type == kQ4_0 || type == kIQ4_NL; }
+
+namespace {
+// Bytes of a panel's scale region: 32 a block, padded so that the nibbles start 64-aligned.
+int64_t panel_scale_bytes(int64_t nb) { return (32 * nb + 63) / 64 * 64; }
+}  // namespace
+
+int64_t panel_bytes(uint32_t type, int64_t k) {
+  INFERA_ASSERT(can_pack_panels(type) && k % 32 == 0);
+  const int64_t nb = k / 32;
+  return panel_scale_bytes(nb) + 256 * nb;
+}
+
+std::shared_ptr<const uint8_t> pack_panels(uint32_t type, const void* data, int64_t rows, int64_t k, int threads) {
+  INFERA_ASSERT(rows >= 0);
+  const int64_t nb = k / 32, pb = panel_bytes(type, k), panels = (rows + kPanelRows - 1) / kPanelRows;
+  const int64_t rb = row_bytes(type, k), sbytes = panel_scale_bytes(nb);
+  const size_t total = static_cast<size_t>(std::max<int64_t>(1, panels * pb));
+  auto* out = static_cast<uint8_t*>(std::aligned_alloc(64, (total + 63) / 64 * 64));
+  if (out == nullptr) fail("out of memory repacking a {} x {} matrix ({} bytes)", rows, k, total);
+  std::shared_ptr<const uint8_t> owner(out, [](const uint8_t* p) { std::free(const_cast<uint8_t*>(p)); });
+  const auto* src = static_cast<const uint8_t*>(data);
+  const int nt = threads > 0 ? threads : num_threads();
+#pragma omp parallel for num_threads(nt) schedule(static)
+  for (int64_t p = 0; p < panels; ++p) {
+    uint8_t* panel = out + p * pb;
+    std::memset(panel, 0, static_cast<size_t>(pb));
+    for (int r = 0; r < kPanelRows && p * kPanelRows + r < rows; ++r) {
+      const uint8_t* row = src + (p * kPanelRows + r) * rb;
+      for (int64_t b = 0; b < nb; ++b) {
+        const uint8_t* blk = row + 18 * b;  // f16 scale, 16 bytes of nibbles (weights j, j + 16)
+        std::memcpy(panel + 32 * b + 2 * r, blk, 2);
+        uint8_t* nib = panel + sbytes + 256 * b;
+        const auto index = [blk](int j) { return j < 16 ? blk[2 + j] & 0xF : blk[2 + j - 16] >> 4; };
+        for (int part = 0; part < 4; ++part)
+          for (int e = 0; e < 4; ++e)
+            nib[64 * part + 4 * r + e] = static_cast<uint8_t>(index(8 * part + e) | index(8 * part + 4 + e) << 4);
+      }
+    }
+  }
+  return owner;
 }
 
 }  // namespace infera::kernels::ggml

@@ -14,6 +14,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 
 #include "infera/base/cpu.h"
 
@@ -55,8 +56,11 @@ void dequantize_row(uint32_t type, const void* src, float* dst, int64_t n);
 // IQ4_NL, Q8_1 for Q4_1 / Q5_1, Q8_K for the K types and IQ4_XS), integer block dot
 // products, f32 block scales. Every ISA path gives the same values. F32 / F16 / BF16 are
 // not handled here (kernels::matmul).
+// panels: the same matrix repacked (pack_panels), from its row 0, or null; the avx512 path
+// computes from it when n0 is a multiple of kPanelRows (else, and on the other paths, from
+// data): the same values either way.
 void matmul_rows(Isa isa, uint32_t type, const void* data, int64_t k, const float* x, int64_t m, int64_t n0, int64_t n1,
-                 float* y, int64_t ldy);
+                 float* y, int64_t ldy, const uint8_t* panels = nullptr);
 // Whether matmul_rows() computes with `type`.
 bool has_matmul(uint32_t type);
 // Prefill of the avx512 path on AMX int8 tiles (Q8_0 from 8 activation rows, Q4_K / Q5_K
@@ -77,6 +81,25 @@ bool can_quantize(uint32_t type);
 // n_per_row must be a multiple of block_size(type). Returns the bytes written.
 int64_t quantize_rows(uint32_t type, const float* src, void* dst, int64_t nrows, int64_t n_per_row,
                       const float* imatrix = nullptr);
+
+// Q4_0 and IQ4_NL matrices repacked at load for the avx512 path (AVX-512 VNNI), as
+// llama.cpp's AMX buffer repacks them: rows in panels of kPanelRows, so that one vector load
+// holds a block's weights of 16 rows and vpdpbusd sums them against an activation's four
+// quants broadcast, one row per 32-bit lane, with no horizontal reduction and no scale
+// gathering. Panel p holds rows 16p..16p+15 (past the last row: zero scales and nibbles) of
+// nb = k / 32 blocks: first the blocks' f16 scales, 16 per block in row order (32 bytes a
+// block; the region padded to a multiple of 64 bytes), then the blocks' nibbles, 256 bytes
+// a block in four 64-byte parts: byte 4r + e of part L holds the index of weight 8L + e of
+// row r in its low nibble and of weight 8L + 4 + e in its high one (Q4_0: the quant q, the
+// weight d (q - 8); IQ4_NL: the index into kIq4nlValues). So the low nibbles of part L are
+// the block's dword 2L of every row, the high ones dword 2L + 1. Same bytes as the rows'.
+constexpr int64_t kPanelRows = 16;
+bool can_pack_panels(uint32_t type);
+// Bytes of one panel of k-weight rows (k a multiple of 32).
+int64_t panel_bytes(uint32_t type, int64_t k);
+// The panels of rows [0, rows) of a matrix stored row after row at data (64-byte aligned),
+// packed by `threads` OpenMP threads (0: all).
+std::shared_ptr<const uint8_t> pack_panels(uint32_t type, const void* data, int64_t rows, int64_t k, int threads = 0);
 
 // IQ4_NL / IQ4_XS: the 16 non-uniform levels a 4-bit index selects.
 extern const int8_t kIq4nlValues[16];

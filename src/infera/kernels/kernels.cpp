@@ -89,7 +89,11 @@ int64_t row_bytes(const MatRef& w) {
 MatRef row_slice(const MatRef& w, int64_t n0, int64_t n1) {
   INFERA_ASSERT(0 <= n0 && n0 <= n1 && n1 <= w.rows);
   const auto* base = static_cast<const char*>(w.data);
-  return MatRef{base + n0 * row_bytes(w), w.dtype, n1 - n0, w.cols, w.ggml_type};
+  MatRef s{base + n0 * row_bytes(w), w.dtype, n1 - n0, w.cols, w.ggml_type};
+  if (w.panels && n0 % ggml::kPanelRows == 0 && n1 > n0)  // (a view into the same copy)
+    s.panels = std::shared_ptr<const uint8_t>(w.panels, w.panels.get() + n0 / ggml::kPanelRows *
+                                                                             ggml::panel_bytes(w.ggml_type, w.cols));
+  return s;
 }
 
 void matmul(Isa isa, const float* x, int64_t m, const MatRef& w, float* y) {
@@ -102,7 +106,7 @@ void matmul_rows(Isa isa, const float* x, int64_t m, const MatRef& w, int64_t n0
   INFERA_ASSERT(m >= 0 && 0 <= n0 && n0 <= n1 && n1 <= w.rows && ldy >= n1 - n0);
   if (w.dtype == DType::kGgml) {
     INFERA_ASSERT(isa_available(isa), std::string("kernel path ") + isa_name(isa) + " is not available on this CPU");
-    ggml::matmul_rows(isa, w.ggml_type, w.data, w.cols, x, m, n0, n1, y, ldy);
+    ggml::matmul_rows(isa, w.ggml_type, w.data, w.cols, x, m, n0, n1, y, ldy, w.panels.get());
     return;
   }
   table_for(isa).matmul_rows(x, m, w, n0, n1, y, ldy);

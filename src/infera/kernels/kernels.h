@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "infera/base/cpu.h"
@@ -26,12 +27,17 @@ struct MatRef {
   int64_t rows;
   int64_t cols;
   uint32_t ggml_type = 0;  // dtype kGgml only
+  // dtype kGgml of a type ggml::can_pack_panels() takes: optionally the same rows repacked
+  // (ggml::pack_panels) from row 0, which the avx512 path computes from; data stays valid
+  // (it may be dropped from memory and read back from its file).
+  std::shared_ptr<const uint8_t> panels = nullptr;
 };
 
 // Bytes of one row of w.
 int64_t row_bytes(const MatRef& w);
 
-// Rows [n0, n1) of w, as a matrix of their own (no copy: rows are contiguous).
+// Rows [n0, n1) of w, as a matrix of their own (no copy: rows are contiguous). Its panels
+// are kept (shared) when n0 falls on a panel boundary (ggml::kPanelRows).
 MatRef row_slice(const MatRef& w, int64_t n0, int64_t n1);
 
 // True when this CPU (after the INFERA_ISA cap) can run the given path.

@@ -196,6 +196,15 @@ void release_repacked_source(const kernels::QuantMatRef& w, const FileMappings& 
   release_file_pages(w.scales, static_cast<size_t>(sbytes), maps);
 }
 
+kernels::MatRef with_panels(kernels::MatRef m, const FileMappings& maps) {
+  if (m.dtype != DType::kGgml || !kernels::ggml::can_pack_panels(m.ggml_type) || !quant_repack_enabled() ||
+      best_isa() != Isa::kAvx512 || m.rows == 0)
+    return m;
+  m.panels = kernels::ggml::pack_panels(m.ggml_type, m.data, m.rows, m.cols);
+  release_file_pages(m.data, static_cast<size_t>(m.rows * kernels::row_bytes(m)), maps);
+  return m;
+}
+
 QuantTensors find_quant_tensors(const WeightStore& store, const std::string& name, const LayerQuant& lq, int64_t cols) {
   const std::string qname = name + ".qweight", sname = name + ".scales";
   QuantTensors t;
@@ -231,7 +240,10 @@ kernels::LinearWeight bind_linear(const WeightStore& store, const std::string& n
   const LayerQuant lq = qc.layer(name);
   if (lq.dense) {
     const TensorInfo& t = store.get(name, {rows, cols});
-    return kernels::dense_linear(as_matrix(t), t.name);
+    const kernels::MatRef m = as_matrix(t);
+    return kernels::dense_linear(kernels::ggml::can_pack_panels(m.ggml_type) ? with_panels(m, FileMappings::current())
+                                                                             : m,
+                                 t.name);
   }
   const QuantTensors qt = find_quant_tensors(store, name, lq, cols);
   const TensorInfo* qw = qt.qweight;
@@ -277,7 +289,7 @@ std::vector<kernels::LinearWeight> bind_experts(const WeightStore& store, const 
       fail("{}: tensor '{}' has dtype {}; expert weights must be f32, bf16 or f16", t.file, t.name,
            dtype_name(t.dtype));
     }
-    const kernels::MatRef all{t.data, t.dtype, E * rows, cols, t.ggml_type};  // GGUF block types too
+    const kernels::MatRef all = with_panels({t.data, t.dtype, E * rows, cols, t.ggml_type}, maps);  // GGUF types too
     for (int64_t e = 0; e < E; ++e)
       out[e] = kernels::dense_linear(kernels::row_slice(all, e * rows, (e + 1) * rows), t.name);
     return out;

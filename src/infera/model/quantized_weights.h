@@ -90,6 +90,12 @@ class FileMappings {
 // would zero them under those readers. No-op without a packed copy.
 void release_repacked_source(const kernels::QuantMatRef& w, const FileMappings& maps);
 
+// A GGUF matrix (dtype kGgml) of a type with panel kernels (kernels::ggml::can_pack_panels:
+// Q4_0, IQ4_NL) with its repacked copy (MatRef::panels) on CPUs with the AVX-512 path unless
+// INFERA_QUANT_REPACK=0, its file pages then dropped as release_repacked_source drops them;
+// any other matrix as it is.
+kernels::MatRef with_panels(kernels::MatRef m, const FileMappings& maps);
+
 // A quantized layer's stored pair, <name>.qweight and <name>.scales, found and checked
 // against its scheme (dtypes; cols a multiple of the group size). Shapes are the caller's:
 // [rows, ...] for one layer, [E, rows, ...] for fused experts. Throws infera::Error naming

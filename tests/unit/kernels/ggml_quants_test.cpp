@@ -9,10 +9,13 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "../test_support.h"
 #include "ggml_random_blocks.h"
+#include "infera/base/threads.h"
+#include "infera/kernels/kernels.h"
 #include "infera/tensor/dtype.h"
 
 namespace infera::kernels::ggml {
@@ -140,10 +143,13 @@ std::vector<float> activation_as_quantized(uint32_t type, const std::vector<floa
 // with one block and with many.
 // Every path the matmul can take here: each ISA, and on the avx512 path the AMX tiles where
 // the CPU has them (prefill of >= 16 rows) as well as the VNNI tiles.
+// Q4_0 / IQ4_NL also from their panels (pack_panels) on the avx512 path, used where n0 is a
+// multiple of 16 (else that path falls back to the rows, also checked).
 struct Path {
   Isa isa;
   bool amx;
   std::string name;
+  bool panels = false;
 };
 
 std::vector<Path> paths() {
@@ -151,6 +157,7 @@ std::vector<Path> paths() {
   for (Isa isa : test::available_isas()) {
     out.push_back({isa, false, isa_name(isa)});
     if (isa == Isa::kAvx512 && amx_unavailable_reason() == nullptr) out.push_back({isa, true, "avx512 + amx"});
+    if (isa == Isa::kAvx512) out.push_back({isa, false, "avx512 + panels", true});
   }
   return out;
 }
@@ -188,6 +195,10 @@ TEST(GgmlQuants, MatmulMatchesDequantizedWeightsTimesQuantizedActivations) {
       // Several 512-weight chunks of the VNNI tiles and a shorter last one, for the 32-weight
       // block types too (800 weights).
       {25, 20, 0, 20, {5, 9}},
+      // Panels from the second on, the last partial; 1 to 4 tokens in one pass, more over
+      // 16-block chunks (a shorter last one), a last group of 1 to 3 tokens; an odd number of panels.
+      {19, 70, 16, 61, {1, 2, 3, 4, 6, 7, 13}},
+      {17, 33, 0, 33, {1, 5}},
   };
   for (const MatmulShape& shape : shapes) {
     for (uint32_t type : {kQ4_0, kQ4_1, kQ5_0, kQ5_1, kQ8_0, kIQ4_NL, kQ2_K, kQ3_K, kQ4_K, kQ5_K, kQ6_K, kIQ4_XS}) {
@@ -215,7 +226,9 @@ TEST(GgmlQuants, MatmulMatchesDequantizedWeightsTimesQuantizedActivations) {
         for (const Path& path : paths()) {
           AmxScope amx(path.amx);
           std::vector<float> y(static_cast<size_t>(m * (n1 - n0) + 5), -1.0f);
-          matmul_rows(path.isa, type, w.data(), k, x.data(), m, n0, n1, y.data(), n1 - n0);
+          if (path.panels && !can_pack_panels(type)) continue;
+          const std::shared_ptr<const uint8_t> panels = path.panels ? pack_panels(type, w.data(), rows, k) : nullptr;
+          matmul_rows(path.isa, type, w.data(), k, x.data(), m, n0, n1, y.data(), n1 - n0, panels.get());
           for (size_t t = 0; t < want.size(); ++t) {
             // Q4_1 / Q5_1: llama.cpp folds the offsets in through the f16-rounded block sums.
             const float tol = 1e-3f * (1.0f + std::fabs(want[t])) + ((type == kQ4_1 || type == kQ5_1) ? 0.02f : 0.0f);
@@ -231,6 +244,52 @@ TEST(GgmlQuants, MatmulMatchesDequantizedWeightsTimesQuantizedActivations) {
         }
       }
     }
+  }
+}
+
+// The avx512 path computes Q4_0 / IQ4_NL from the panels (not silently from the rows): with
+// the rows zeroed, only the panels still hold the weights. A row slice keeps the panels
+// (a view into the same copy) when it starts on a panel boundary and has none elsewhere;
+// every slice computes its rows as the whole matrix does, bit for bit, on every path.
+TEST(GgmlQuants, PanelsAreWhatTheAvx512PathReadsAndRowSlicesShareThem) {
+  if (!isa_available(Isa::kAvx512)) GTEST_SKIP() << "no AVX-512 path on this CPU";
+  std::mt19937 rng(23);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  const int64_t rows = 16 * 4 + 5, k = 32 * 7, m = 3;
+  for (uint32_t type : {kQ4_0, kIQ4_NL}) {
+    std::vector<uint8_t> w = random_blocks(type, rows * k / 32, rng);
+    std::vector<float> x(static_cast<size_t>(m * k));
+    for (auto& v : x) v = normal(rng);
+    std::vector<float> want(static_cast<size_t>(m * rows)), y(want.size(), -1.0f);
+    kernels::MatRef mat{w.data(), DType::kGgml, rows, k, type};
+    kernels::matmul(Isa::kScalar, x.data(), m, mat, want.data());
+    mat.panels = pack_panels(type, w.data(), rows, k);
+    for (auto [r0, r1, kept] : {std::tuple<int64_t, int64_t, bool>{16, 48, true},
+                                {32, rows, true},
+                                {0, 16, true},
+                                {5, 40, false},
+                                {17, rows, false}}) {
+      const kernels::MatRef s = kernels::row_slice(mat, r0, r1);
+      EXPECT_EQ(s.panels != nullptr, kept) << r0 << ".." << r1;
+      if (s.panels) {
+        EXPECT_EQ(s.panels.get(), mat.panels.get() + r0 / kPanelRows * panel_bytes(type, k));
+      }
+      for (Isa isa : test::available_isas()) {
+        std::vector<float> ys(static_cast<size_t>(m * (r1 - r0)));
+        kernels::matmul(isa, x.data(), m, s, ys.data());
+        for (int64_t i = 0; i < m; ++i)
+          for (int64_t r = r0; r < r1; ++r)
+            ASSERT_EQ(ys[i * (r1 - r0) + (r - r0)], want[i * rows + r])
+                << "type " << type << " " << isa_name(isa) << " rows " << r0 << ".." << r1;
+      }
+    }
+    std::fill(w.begin(), w.end(), uint8_t{0});  // the rows gone: only the panels hold the weights
+    for (int threads : {1, 2}) {
+      set_num_threads(threads);
+      kernels::matmul(Isa::kAvx512, x.data(), m, mat, y.data());
+      EXPECT_EQ(y, want) << "type " << type << ", " << threads << " threads";
+    }
+    set_num_threads(0);
   }
 }
 

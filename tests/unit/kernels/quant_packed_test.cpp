@@ -210,7 +210,9 @@ TEST(QuantPacked, PathsNameTheirIsaAndAmxState) {
   const std::string g = ggml_matmul_path(Isa::kAvx512);
   EXPECT_NE(g.find("AMX int8 tiles"), std::string::npos) << g;
   EXPECT_EQ(g.ends_with("in use"), amx_unavailable_reason() == nullptr) << g;
-  if (amx_unavailable_reason() != nullptr) EXPECT_TRUE(g.ends_with(amx_unavailable_reason())) << g;
+  if (amx_unavailable_reason() != nullptr) {
+    EXPECT_TRUE(g.ends_with(amx_unavailable_reason())) << g;
+  }
 }
 
 // The AVX-512 path must compute from the packed copy (not silently from the on-disk

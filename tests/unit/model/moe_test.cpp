@@ -223,11 +223,14 @@ TEST(MoeFfn, WorkItemsMatchPerExpertAndSkipDroppedExperts) {
 struct GgmlMoe {
   std::vector<std::vector<uint8_t>> blocks;
   MoeWeights w;
-  GgmlMoe(uint32_t type, int64_t H, int64_t I, int64_t E, int64_t k, int64_t shared_inter) {
+  // panels: Q4_0 / IQ4_NL matrices with their load-time panels (kernels::ggml::pack_panels).
+  GgmlMoe(uint32_t type, int64_t H, int64_t I, int64_t E, int64_t k, int64_t shared_inter, bool panels = false) {
     std::mt19937 rng(type + 5);
     auto mat = [&](int64_t rows, int64_t cols, uint32_t t) {
       blocks.push_back(kernels::ggml::random_blocks(t, rows * cols / kernels::ggml::block_size(t), rng));
-      return kernels::MatRef{blocks.back().data(), DType::kGgml, rows, cols, t};
+      kernels::MatRef m{blocks.back().data(), DType::kGgml, rows, cols, t};
+      if (panels && kernels::ggml::can_pack_panels(t)) m.panels = kernels::ggml::pack_panels(t, m.data, rows, cols);
+      return m;
     };
     auto add = [&](int64_t rows, int64_t cols) { return kernels::dense_linear(mat(rows, cols, type)); };
     blocks.reserve(3 * E + 5);
@@ -253,11 +256,13 @@ TEST(MoeFfn, GgmlExpertsGroupedEqualTokenAtATime) {
   struct Case {
     uint32_t type;
     int64_t H, I, E, k, shared;
+    bool panels = false;
   };
-  const Case cases[] = {{kQ4_K, 512, 256, 7, 3, 0}, {kQ6_K, 256, 512, 5, 2, 256}, {kQ8_0, 96, 160, 6, 2, 0},
-                        {kQ4_0, 160, 96, 9, 4, 32}, {kQ5_0, 64, 224, 4, 3, 0},    {kIQ4_XS, 256, 256, 6, 1, 0}};
+  const Case cases[] = {{kQ4_K, 512, 256, 7, 3, 0},       {kQ6_K, 256, 512, 5, 2, 256},    {kQ8_0, 96, 160, 6, 2, 0},
+                        {kQ4_0, 160, 96, 9, 4, 32},       {kQ5_0, 64, 224, 4, 3, 0},       {kIQ4_XS, 256, 256, 6, 1, 0},
+                        {kQ4_0, 160, 96, 9, 4, 32, true}, {kIQ4_NL, 96, 64, 5, 2, 0, true}};
   for (const Case& c : cases) {
-    GgmlMoe moe(c.type, c.H, c.I, c.E, c.k, c.shared);
+    GgmlMoe moe(c.type, c.H, c.I, c.E, c.k, c.shared, c.panels);
     for (int64_t T : {5, 37}) {
       const auto x = random_vec(T * c.H, 70 + T);
       std::vector<float> one(T * c.H);
@@ -275,7 +280,7 @@ TEST(MoeFfn, GgmlExpertsGroupedEqualTokenAtATime) {
         std::vector<float> y(T * c.H, -1.0f);
         std::vector<uint64_t> counts(c.E, 0);
         ffn.forward(moe.w, x.data(), T, c.H, y.data(), counts.data());
-        EXPECT_EQ(y, one) << "type " << c.type << " T=" << T << " variant " << variant;
+        EXPECT_EQ(y, one) << "type " << c.type << (c.panels ? " (panels)" : "") << " T=" << T << " variant " << variant;
         uint64_t total = 0;
         for (auto n : counts) total += n;
         EXPECT_EQ(total, static_cast<uint64_t>(T * c.k));

@@ -517,6 +517,7 @@ inline void for_each_row_tile(const uint8_t* base, int64_t row_bytes, int64_t n0
 #endif
 
 #ifdef __AVX512VNNI__
+#include "infera/kernels/cpu/ggml_matmul_panels.h"
 #include "infera/kernels/cpu/ggml_matmul_vnni.h"
 
 // One activation row against 32-weight-block rows read in place (a decode step): no tile
@@ -833,7 +834,8 @@ inline void gemv_iq4xs(const uint8_t* base, int64_t row_bytes, int64_t k, const 
 #endif
 
 inline void matmul_rows(uint32_t type, const uint8_t* base, int64_t row_bytes, int64_t k, const Activations& a,
-                        int64_t m, int64_t n0, int64_t n1, float* y, int64_t ldy) {
+                        int64_t m, int64_t n0, int64_t n1, float* y, int64_t ldy, const uint8_t* panels) {
+  (void)panels;  // (the AVX2 build has no panel kernels)
   const bool k_type = block_size(type) == 256;
   // Q8_K block sums as int16 (|sum of 16 quants| <= 2032), for madd against the mins.
   static thread_local std::vector<int16_t> bsums16;
@@ -844,6 +846,13 @@ inline void matmul_rows(uint32_t type, const uint8_t* base, int64_t row_bytes, i
   }
   const int16_t* bs16 = sums ? bsums16.data() : nullptr;
 #ifdef __AVX512VNNI__
+  if (panels != nullptr && (type == kQ4_0 || type == kIQ4_NL)) {
+    if (type == kQ4_0)
+      panel::matmul<kQ4_0>(panels, k, a, m, n0, n1, y, ldy);
+    else
+      panel::matmul<kIQ4_NL>(panels, k, a, m, n0, n1, y, ldy);
+    return;
+  }
   if (m == 1 && type == kQ8_0) {
     gemv_blocks32<kQ8_0>(base, row_bytes, k, a, n0, n1, y);
     return;
