@@ -234,7 +234,7 @@ void BM_GgmlMatmul(benchmark::State& state) {
     for (int h = 0; h < halves; ++h) std::memcpy(q.data() + b + half_at + 2 * h, &d, 2);
   std::vector<float> x(m * cols), y(m * rows);
   fill(x, 8);
-  // Q4_0 / IQ4_NL from their load-time panels (the sixth argument), as a loaded model has them.
+  // Q4_0 / IQ4_NL / Q8_0 from their load-time panels (the sixth argument), as a loaded model has them.
   std::vector<MatRef> ws;
   for (int64_t c = 0; c < copies; ++c) {
     ws.push_back(MatRef{q.data() + c * rows * rb, DType::kGgml, rows, cols, type});
@@ -271,11 +271,11 @@ BENCHMARK(BM_GgmlMatmul)
                    {0}})
     ->Apply(least_disturbed);
 BENCHMARK(BM_GgmlMatmul)
-    ->ArgsProduct({{infera::kernels::ggml::kQ4_0, infera::kernels::ggml::kIQ4_NL},
+    ->ArgsProduct({{infera::kernels::ggml::kQ4_0, infera::kernels::ggml::kIQ4_NL, infera::kernels::ggml::kQ8_0},
                    {1, 8, 16, 32, 64, 128, 256},
                    {1, 2},
                    {0, 1},
-                   {0},
+                   {1, 0},
                    {1}})
     ->Apply(least_disturbed);
 

@@ -355,7 +355,7 @@ void matmul_rows(Isa isa, uint32_t type, const void* data, int64_t k, const floa
   matmul_rows_scalar(type, data, rb, k, x, m, n0, n1, y, ldy);
 }
 
-bool can_pack_panels(uint32_t type) { return type == kQ4_0 || type == kIQ4_NL; }
+bool can_pack_panels(uint32_t type) { return type == kQ4_0 || type == kIQ4_NL || type == kQ8_0; }
 
 namespace {
 // Bytes of a panel's scale region: 32 a block, padded so that the nibbles start 64-aligned.
@@ -365,7 +365,7 @@ int64_t panel_scale_bytes(int64_t nb) { return (32 * nb + 63) / 64 * 64; }
 int64_t panel_bytes(uint32_t type, int64_t k) {
   INFERA_ASSERT(can_pack_panels(type) && k % 32 == 0);
   const int64_t nb = k / 32;
-  return panel_scale_bytes(nb) + 256 * nb;
+  return panel_scale_bytes(nb) + (type == kQ8_0 ? 512 : 256) * nb;
 }
 
 std::shared_ptr<const uint8_t> pack_panels(uint32_t type, const void* data, int64_t rows, int64_t k, int threads) {
@@ -385,6 +385,13 @@ std::shared_ptr<const uint8_t> pack_panels(uint32_t type, const void* data, int6
     for (int r = 0; r < kPanelRows && p * kPanelRows + r < rows; ++r) {
       const uint8_t* row = src + (p * kPanelRows + r) * rb;
       for (int64_t b = 0; b < nb; ++b) {
+        if (type == kQ8_0) {  // f16 scale, 32 int8 quants -> dword g of the row
+          const uint8_t* blk = row + 34 * b;
+          std::memcpy(panel + 32 * b + 2 * r, blk, 2);
+          uint8_t* qs = panel + sbytes + 512 * b;
+          for (int g = 0; g < 8; ++g) std::memcpy(qs + 64 * g + 4 * r, blk + 2 + 4 * g, 4);
+          continue;
+        }
         const uint8_t* blk = row + 18 * b;  // f16 scale, 16 bytes of nibbles (weights j, j + 16)
         std::memcpy(panel + 32 * b + 2 * r, blk, 2);
         uint8_t* nib = panel + sbytes + 256 * b;

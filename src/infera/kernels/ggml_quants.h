@@ -82,7 +82,7 @@ bool can_quantize(uint32_t type);
 int64_t quantize_rows(uint32_t type, const float* src, void* dst, int64_t nrows, int64_t n_per_row,
                       const float* imatrix = nullptr);
 
-// Q4_0 and IQ4_NL matrices repacked at load for the avx512 path (AVX-512 VNNI), as
+// Q4_0, IQ4_NL and Q8_0 matrices repacked at load for the avx512 path (AVX-512 VNNI), as
 // llama.cpp's AMX buffer repacks them: rows in panels of kPanelRows, so that one vector load
 // holds a block's weights of 16 rows and vpdpbusd sums them against an activation's four
 // quants broadcast, one row per 32-bit lane, with no horizontal reduction and no scale
@@ -92,7 +92,9 @@ int64_t quantize_rows(uint32_t type, const float* src, void* dst, int64_t nrows,
 // a block in four 64-byte parts: byte 4r + e of part L holds the index of weight 8L + e of
 // row r in its low nibble and of weight 8L + 4 + e in its high one (Q4_0: the quant q, the
 // weight d (q - 8); IQ4_NL: the index into kIq4nlValues). So the low nibbles of part L are
-// the block's dword 2L of every row, the high ones dword 2L + 1. Same bytes as the rows'.
+// the block's dword 2L of every row, the high ones dword 2L + 1. Q8_0 the same with 512
+// bytes a block, its eight dwords in order (an AMX B tile of the 16 rows). Same bytes as the
+// rows'.
 constexpr int64_t kPanelRows = 16;
 bool can_pack_panels(uint32_t type);
 // Bytes of one panel of k-weight rows (k a multiple of 32).

@@ -143,8 +143,9 @@ std::vector<float> activation_as_quantized(uint32_t type, const std::vector<floa
 // with one block and with many.
 // Every path the matmul can take here: each ISA, and on the avx512 path the AMX tiles where
 // the CPU has them (prefill of >= 16 rows) as well as the VNNI tiles.
-// Q4_0 / IQ4_NL also from their panels (pack_panels) on the avx512 path, used where n0 is a
-// multiple of 16 (else that path falls back to the rows, also checked).
+// Q4_0 / IQ4_NL / Q8_0 also from their panels (pack_panels) on the avx512 path, used where n0 is a
+// multiple of 16 (else that path falls back to the rows, also checked), with and without AMX
+// (Q8_0's whole groups of 16 tokens).
 struct Path {
   Isa isa;
   bool amx;
@@ -158,6 +159,8 @@ std::vector<Path> paths() {
     out.push_back({isa, false, isa_name(isa)});
     if (isa == Isa::kAvx512 && amx_unavailable_reason() == nullptr) out.push_back({isa, true, "avx512 + amx"});
     if (isa == Isa::kAvx512) out.push_back({isa, false, "avx512 + panels", true});
+    if (isa == Isa::kAvx512 && amx_unavailable_reason() == nullptr)
+      out.push_back({isa, true, "avx512 + amx + panels", true});
   }
   return out;
 }
@@ -197,7 +200,7 @@ TEST(GgmlQuants, MatmulMatchesDequantizedWeightsTimesQuantizedActivations) {
       {25, 20, 0, 20, {5, 9}},
       // Panels from the second on, the last partial; 1 to 4 tokens in one pass, more over
       // 16-block chunks (a shorter last one), a last group of 1 to 3 tokens; an odd number of panels.
-      {19, 70, 16, 61, {1, 2, 3, 4, 6, 7, 13}},
+      {19, 70, 16, 61, {1, 2, 3, 4, 6, 7, 13, 37}},
       {17, 33, 0, 33, {1, 5}},
   };
   for (const MatmulShape& shape : shapes) {
@@ -247,7 +250,7 @@ TEST(GgmlQuants, MatmulMatchesDequantizedWeightsTimesQuantizedActivations) {
   }
 }
 
-// The avx512 path computes Q4_0 / IQ4_NL from the panels (not silently from the rows): with
+// The avx512 path computes Q4_0 / IQ4_NL / Q8_0 from the panels (not silently from the rows): with
 // the rows zeroed, only the panels still hold the weights. A row slice keeps the panels
 // (a view into the same copy) when it starts on a panel boundary and has none elsewhere;
 // every slice computes its rows as the whole matrix does, bit for bit, on every path.
@@ -256,7 +259,7 @@ TEST(GgmlQuants, PanelsAreWhatTheAvx512PathReadsAndRowSlicesShareThem) {
   std::mt19937 rng(23);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   const int64_t rows = 16 * 4 + 5, k = 32 * 7, m = 3;
-  for (uint32_t type : {kQ4_0, kIQ4_NL}) {
+  for (uint32_t type : {kQ4_0, kIQ4_NL, kQ8_0}) {
     std::vector<uint8_t> w = random_blocks(type, rows * k / 32, rng);
     std::vector<float> x(static_cast<size_t>(m * k));
     for (auto& v : x) v = normal(rng);

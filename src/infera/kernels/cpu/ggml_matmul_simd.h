@@ -517,8 +517,8 @@ inline void for_each_row_tile(const uint8_t* base, int64_t row_bytes, int64_t n0
 #endif
 
 #ifdef __AVX512VNNI__
-#include "infera/kernels/cpu/ggml_matmul_panels.h"
 #include "infera/kernels/cpu/ggml_matmul_vnni.h"
+#include "infera/kernels/cpu/ggml_matmul_vnni_panels.h"
 
 // One activation row against 32-weight-block rows read in place (a decode step): no tile
 // copy; four rows at a time, two blocks per 512-bit vector, the weights made unsigned so
@@ -846,11 +846,13 @@ inline void matmul_rows(uint32_t type, const uint8_t* base, int64_t row_bytes, i
   }
   const int16_t* bs16 = sums ? bsums16.data() : nullptr;
 #ifdef __AVX512VNNI__
-  if (panels != nullptr && (type == kQ4_0 || type == kIQ4_NL)) {
+  if (panels != nullptr && (type == kQ4_0 || type == kIQ4_NL || type == kQ8_0)) {
     if (type == kQ4_0)
       panel::matmul<kQ4_0>(panels, k, a, m, n0, n1, y, ldy);
-    else
+    else if (type == kIQ4_NL)
       panel::matmul<kIQ4_NL>(panels, k, a, m, n0, n1, y, ldy);
+    else
+      panel::matmul<kQ8_0>(panels, k, a, m, n0, n1, y, ldy);
     return;
   }
   if (m == 1 && type == kQ8_0) {

@@ -1,4 +1,4 @@
-// Q4_0 and IQ4_NL from their panels (pack_panels, ggml_quants.h) on AVX-512 VNNI, for every
+// Q4_0, IQ4_NL and Q8_0 from their panels (pack_panels, ggml_quants.h) on AVX-512 VNNI, for every
 // number of activation rows: the same values as the generic loops of ggml_matmul_impl.h, bit
 // for bit.
 //
@@ -41,7 +41,8 @@ inline __m512i bcast4(const int8_t* p) {
 }
 
 // A part's low and high nibbles as vpdpbusd's unsigned operands: Q4_0 as they are (w + 8),
-// IQ4_NL through the levels + 128.
+// IQ4_NL through the levels + 128 (Q8_0 has no nibbles: its panels hold the quants, which
+// xor 0x80 makes unsigned).
 template <uint32_t kType>
 struct Unpack {
   __m512i m4 = _mm512_set1_epi8(0x0F);
@@ -104,11 +105,21 @@ inline void dot(const uint8_t* const* sc, const uint8_t* const* nib, int64_t b0,
           _mm_prefetch(reinterpret_cast<const char*>(nib[u] + 256 * b + kPrefetch + 64 * l), _MM_HINT_T0);
         if (b % 2 == 0) _mm_prefetch(reinterpret_cast<const char*>(sc[u] + 32 * b + kPrefetch / 8), _MM_HINT_T0);
       }
+    } else if (kType == kQ8_0) {  // (straight from the panel: streamed too)
+      for (int u = 0; u < kT; ++u) {
+        for (int l = 0; l < 8; ++l)
+          _mm_prefetch(reinterpret_cast<const char*>(nib[u] + 512 * (b - b0) + 2 * kPrefetch + 64 * l), _MM_HINT_T0);
+        if (b % 4 == 0) _mm_prefetch(reinterpret_cast<const char*>(sc[u] + 32 * b + kPrefetch / 8), _MM_HINT_T0);
+      }
     }
     for (int part = 0; part < 4; ++part) {
       __m512i lo[kT], hi[kT];
       for (int u = 0; u < kT; ++u) {
-        if constexpr (kPre) {
+        if constexpr (kType == kQ8_0) {  // (signed in the panel: + 128)
+          const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
+          lo[u] = _mm512_xor_si512(_mm512_load_si512(nib[u] + 512 * (b - b0) + 128 * part), flip);
+          hi[u] = _mm512_xor_si512(_mm512_load_si512(nib[u] + 512 * (b - b0) + 128 * part + 64), flip);
+        } else if constexpr (kPre) {
           lo[u] = _mm512_load_si512(nib[u] + 512 * (b - b0) + 128 * part);
           hi[u] = _mm512_load_si512(nib[u] + 512 * (b - b0) + 128 * part + 64);
         } else {
@@ -149,14 +160,66 @@ inline DotFn dot_for(int rows) {
   }
 }
 
+// ---- Q8_0 on AMX int8 tiles ----
+// Sixteen activation rows (tokens) against one panel: a block's 32 quants of the tokens are
+// the A tile (rows k apart) and the panel's 512 bytes of the block, as stored, the B tile, so
+// tdpbssd gives C[token][row] straight from the panel, with no layout pass; four C tiles
+// pipelined over the blocks, as vnni::amx::tile_q8_0 does for rows read in place (issue /
+// take). The f32 steps per block are dot's (sum[t] lane r = token t · row r).
+__attribute__((target("amx-tile,amx-int8"))) inline void amx_q8_0(const uint8_t* sc, const uint8_t* qs,
+                                                                  const int8_t* aq, const float* ad, int64_t k,
+                                                                  float* y, int64_t ldy, __mmask16 mask) {
+  namespace amx = vnni::amx;
+  __m512 sum[16];
+#pragma GCC unroll 16
+  for (int t = 0; t < 16; ++t) sum[t] = _mm512_setzero_ps();
+  alignas(64) int32_t c[2][256];
+  const int64_t nb = k / 32;
+  const amx::Src src{aq, k, 32, reinterpret_cast<const int8_t*>(qs), nullptr};
+#define INFERA_PANEL_USE(B, CB)                                                                             \
+  {                                                                                                         \
+    const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc + 32 * (B)))); \
+    _Pragma("GCC unroll 16") for (int t = 0; t < 16; ++t) sum[t] =                                          \
+        _mm512_add_ps(sum[t], _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_load_si512((CB) + 16 * t)),           \
+                                            _mm512_mul_ps(dv, _mm512_set1_ps(ad[t * nb + (B)]))));          \
+  }
+  amx::issue<0>(src, 0);
+  if (nb > 1) amx::issue<1>(src, 1);
+  if (nb > 2) amx::issue<2>(src, 2);
+#define INFERA_PANEL_STAGE(I)                                  \
+  {                                                            \
+    const int64_t gi = g + (I);                                \
+    if (gi < nb) {                                             \
+      if (gi + 3 < nb) amx::issue<((I) + 3) % 4>(src, gi + 3); \
+      amx::take<I>(c[(I) % 2]);                                \
+      if (gi > 0) INFERA_PANEL_USE(gi - 1, c[((I) + 1) % 2])   \
+    }                                                          \
+  }
+  for (int64_t g = 0; g < nb; g += 4) {
+    INFERA_PANEL_STAGE(0)
+    INFERA_PANEL_STAGE(1)
+    INFERA_PANEL_STAGE(2)
+    INFERA_PANEL_STAGE(3)
+  }
+#undef INFERA_PANEL_STAGE
+  INFERA_PANEL_USE(nb - 1, c[(nb - 1) % 2])
+#undef INFERA_PANEL_USE
+#pragma GCC unroll 16
+  for (int t = 0; t < 16; ++t) _mm512_mask_storeu_ps(y + t * ldy, mask, sum[t]);
+}
+
+// Q8_0 calls of at least this many rows run their whole groups of 16 on AMX (the rest, and
+// smaller calls, on the VNNI steps: 1.8-2.7x AMX's rows-in-place tiles at 8 tokens).
+constexpr int64_t kAmxRows = 16;
+
 // y[i * ldy + (j - n0)] = activation row i · row j for j in [n0, n1), i < m; panels: the
 // panels from row 0 (n0 a multiple of kPanelRows).
 template <uint32_t kType>
 inline void matmul(const uint8_t* panels, int64_t k, const Activations& a, int64_t m, int64_t n0, int64_t n1, float* y,
                    int64_t ldy) {
-  static_assert(kType == kQ4_0 || kType == kIQ4_NL);
+  static_assert(kType == kQ4_0 || kType == kIQ4_NL || kType == kQ8_0);
   constexpr int kOffset = kType == kQ4_0 ? 8 : 128;
-  const int64_t nb = k / 32, pb = panel_bytes(kType, k), sbytes = pb - 256 * nb;
+  const int64_t nb = k / 32, pb = panel_bytes(kType, k), sbytes = pb - (kType == kQ8_0 ? 512 : 256) * nb;
   // Offset x each activation row's block sums (exact: |sum| <= 32 x 127).
   static thread_local std::vector<int32_t> corr;
   corr.resize(static_cast<size_t>(m * nb));
@@ -169,7 +232,35 @@ inline void matmul(const uint8_t* panels, int64_t k, const Activations& a, int64
   }
   const int32_t* corr_all = corr.data();  // (the caller's: thread_local names differ per thread below)
   const uint8_t* first = panels + (n0 / kPanelRows) * pb;
-  const int64_t np = (n1 - n0 + kPanelRows - 1) / kPanelRows, units = (np + 1) / 2;
+  const int64_t np = (n1 - n0 + kPanelRows - 1) / kPanelRows;
+  if (kType == kQ8_0 && m >= kAmxRows && vnni::amx::usable()) {
+    const int64_t groups = m / 16, tokens = 16 * groups;
+    const int threads = omp_in_parallel() ? 1 : num_threads();
+#pragma omp parallel num_threads(static_cast <int>(std::min <int64_t>(threads, np)))
+    {
+      vnni::amx::configure(32);
+#pragma omp for schedule(dynamic, 1)
+      for (int64_t p = 0; p < np; ++p) {
+        const uint8_t* sc = first + p * pb;
+        const int64_t j0 = n0 + kPanelRows * p;
+        const int rows = static_cast<int>(std::min<int64_t>(kPanelRows, n1 - j0));
+        const auto mask = static_cast<__mmask16>((1u << rows) - 1);
+        for (int64_t g = 0; g < groups; ++g)
+          amx_q8_0(sc, sc + sbytes, a.q.data() + 16 * g * k, a.d.data() + 16 * g * nb, k, y + 16 * g * ldy + (j0 - n0),
+                   ldy, mask);
+      }
+      vnni::amx::release();
+    }
+    if (tokens == m) return;
+    // The last tokens on the VNNI steps, as a call of their own.
+    Activations rest;
+    rest.k = k;
+    rest.q.assign(a.q.begin() + tokens * k, a.q.end());
+    rest.d.assign(a.d.begin() + tokens * nb, a.d.end());
+    matmul<kType>(panels, k, rest, m - tokens, n0, n1, y + tokens * ldy, ldy);
+    return;
+  }
+  const int64_t units = (np + 1) / 2;
   const int64_t chunk = m <= 4 ? nb : kChunkBlocks;
   const int threads = omp_in_parallel() ? 1 : num_threads();
 #pragma omp parallel num_threads(static_cast <int>(std::min <int64_t>(threads, units)))
@@ -188,11 +279,14 @@ inline void matmul(const uint8_t* panels, int64_t k, const Activations& a, int64
         nib[u] = sc[u] + sbytes;
       }
       std::fill(sums.begin(), sums.end(), Sums16{});
-      const bool pre = m > kDirectRows;
+      // Q8_0's panels are in the unpacked layout already.
+      const bool pre = kType == kQ8_0 || m > kDirectRows;
       const uint8_t* w[2] = {nib[0], nib[1]};
       for (int64_t b0 = 0; b0 < nb; b0 += chunk) {
         const int64_t b1 = std::min(nb, b0 + chunk);
-        if (pre) {
+        if (kType == kQ8_0) {
+          for (int u = 0; u < 2; ++u) w[u] = nib[u] + 512 * b0;
+        } else if (pre) {
           for (int u = 0; u < kT; ++u) {
             auto* out = reinterpret_cast<uint8_t*>(unpacked[u]);
             unpack_chunk<kType>(sc[u], nib[u], b0, b1, out);
