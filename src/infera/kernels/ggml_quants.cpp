@@ -395,10 +395,16 @@ std::shared_ptr<const uint8_t> pack_panels(uint32_t type, const void* data, int6
         const uint8_t* blk = row + 18 * b;  // f16 scale, 16 bytes of nibbles (weights j, j + 16)
         std::memcpy(panel + 32 * b + 2 * r, blk, 2);
         uint8_t* nib = panel + sbytes + 256 * b;
-        const auto index = [blk](int j) { return j < 16 ? blk[2 + j] & 0xF : blk[2 + j - 16] >> 4; };
-        for (int part = 0; part < 4; ++part)
-          for (int e = 0; e < 4; ++e)
-            nib[64 * part + 4 * r + e] = static_cast<uint8_t>(index(8 * part + e) | index(8 * part + 4 + e) << 4);
+        // Part L takes weights 8L'..8L'+7 (L' = L % 2) from bytes 8L'.. of the block: their
+        // low nibbles for L < 2, their high ones (weights + 16) for L >= 2; four at a time.
+        for (int part = 0; part < 4; ++part) {
+          uint32_t lo, hi;
+          std::memcpy(&lo, blk + 2 + 8 * (part % 2), 4);
+          std::memcpy(&hi, blk + 2 + 8 * (part % 2) + 4, 4);
+          const uint32_t v = part < 2 ? (lo & 0x0F0F0F0Fu) | ((hi & 0x0F0F0F0Fu) << 4)
+                                      : ((lo >> 4) & 0x0F0F0F0Fu) | (hi & 0xF0F0F0F0u);
+          std::memcpy(nib + 64 * part + 4 * r, &v, 4);
+        }
       }
     }
   }
