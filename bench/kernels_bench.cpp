@@ -234,7 +234,7 @@ void BM_GgmlMatmul(benchmark::State& state) {
     for (int h = 0; h < halves; ++h) std::memcpy(q.data() + b + half_at + 2 * h, &d, 2);
   std::vector<float> x(m * cols), y(m * rows);
   fill(x, 8);
-  // Q4_0 / IQ4_NL / Q8_0 from their load-time panels (the sixth argument), as a loaded model has them.
+  // The 32-weight block types from their load-time panels (the sixth argument), as a loaded model has them.
   std::vector<MatRef> ws;
   for (int64_t c = 0; c < copies; ++c) {
     ws.push_back(MatRef{q.data() + c * rows * rb, DType::kGgml, rows, cols, type});
@@ -252,6 +252,9 @@ void BM_GgmlMatmul(benchmark::State& state) {
                              : type == ggml::kQ8_0 ? "q8_0"
                              : type == ggml::kQ4_0 ? "q4_0"
                              : type == ggml::kIQ4_NL ? "iq4_nl"
+                             : type == ggml::kQ4_1   ? "q4_1"
+                             : type == ggml::kQ5_0   ? "q5_0"
+                             : type == ggml::kQ5_1   ? "q5_1"
                                                    : "iq4_xs") +
                  (m > 1 && state.range(4) != 0 ? " amx" : "") + (state.range(5) != 0 ? " panels" : ""));
   ggml::set_ggml_amx(true);
@@ -277,6 +280,14 @@ BENCHMARK(BM_GgmlMatmul)
                    {0, 1},
                    {1, 0},
                    {1}})
+    ->Apply(least_disturbed);
+BENCHMARK(BM_GgmlMatmul)  // the types that are only ever repacked in a model: from the rows, then the panels
+    ->ArgsProduct({{infera::kernels::ggml::kQ4_1, infera::kernels::ggml::kQ5_0, infera::kernels::ggml::kQ5_1},
+                   {1, 8, 64},
+                   {1, 2},
+                   {0},
+                   {0},
+                   {0, 1}})
     ->Apply(least_disturbed);
 
 void BM_AttentionDecode(benchmark::State& state) {

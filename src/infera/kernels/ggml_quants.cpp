@@ -355,28 +355,44 @@ void matmul_rows(Isa isa, uint32_t type, const void* data, int64_t k, const floa
   matmul_rows_scalar(type, data, rb, k, x, m, n0, n1, y, ldy);
 }
 
-bool can_pack_panels(uint32_t type) { return type == kQ4_0 || type == kIQ4_NL || type == kQ8_0; }
-
-namespace {
-// Bytes of a panel's scale region: 32 a block, padded so that the nibbles start 64-aligned.
-int64_t panel_scale_bytes(int64_t nb) { return (32 * nb + 63) / 64 * 64; }
-}  // namespace
-
-int64_t panel_bytes(uint32_t type, int64_t k) {
-  INFERA_ASSERT(can_pack_panels(type) && k % 32 == 0);
-  const int64_t nb = k / 32;
-  return panel_scale_bytes(nb) + (type == kQ8_0 ? 512 : 256) * nb;
+bool can_pack_panels(uint32_t type) {
+  switch (type) {
+    case kQ4_0:
+    case kQ4_1:
+    case kQ5_0:
+    case kQ5_1:
+    case kQ8_0:
+    case kIQ4_NL: return true;
+    default: return false;
+  }
 }
+
+PanelLayout panel_layout(uint32_t type, int64_t k) {
+  INFERA_ASSERT(can_pack_panels(type) && k % 32 == 0);
+  PanelLayout l;
+  l.blocks = k / 32;
+  l.scale_stride = type == kQ4_1 || type == kQ5_1 ? 64 : 32;
+  l.scale_bytes = (l.scale_stride * l.blocks + 63) / 64 * 64;
+  l.quant_stride = type == kQ8_0 ? 512 : type == kQ5_0 || type == kQ5_1 ? 320 : 256;
+  l.bytes = l.scale_bytes + l.quant_stride * l.blocks;
+  return l;
+}
+
+int64_t panel_bytes(uint32_t type, int64_t k) { return panel_layout(type, k).bytes; }
 
 std::shared_ptr<const uint8_t> pack_panels(uint32_t type, const void* data, int64_t rows, int64_t k, int threads) {
   INFERA_ASSERT(rows >= 0);
-  const int64_t nb = k / 32, pb = panel_bytes(type, k), panels = (rows + kPanelRows - 1) / kPanelRows;
-  const int64_t rb = row_bytes(type, k), sbytes = panel_scale_bytes(nb);
+  const PanelLayout lay = panel_layout(type, k);
+  const int64_t nb = lay.blocks, pb = lay.bytes, panels = (rows + kPanelRows - 1) / kPanelRows;
+  const int64_t rb = row_bytes(type, k), ts = type_size(type);
   const size_t total = static_cast<size_t>(std::max<int64_t>(1, panels * pb));
   auto* out = static_cast<uint8_t*>(std::aligned_alloc(64, (total + 63) / 64 * 64));
   if (out == nullptr) fail("out of memory repacking a {} x {} matrix ({} bytes)", rows, k, total);
   std::shared_ptr<const uint8_t> owner(out, [](const uint8_t* p) { std::free(const_cast<uint8_t*>(p)); });
   const auto* src = static_cast<const uint8_t*>(data);
+  const bool offset = type == kQ4_1 || type == kQ5_1, five = type == kQ5_0 || type == kQ5_1;
+  // Where a block's 16 bytes of nibbles start (after d, m and the 5-bit types' qh).
+  const int qs_at = 2 + (offset ? 2 : 0) + (five ? 4 : 0);
   const int nt = threads > 0 ? threads : num_threads();
 #pragma omp parallel for num_threads(nt) schedule(static)
   for (int64_t p = 0; p < panels; ++p) {
@@ -385,25 +401,39 @@ std::shared_ptr<const uint8_t> pack_panels(uint32_t type, const void* data, int6
     for (int r = 0; r < kPanelRows && p * kPanelRows + r < rows; ++r) {
       const uint8_t* row = src + (p * kPanelRows + r) * rb;
       for (int64_t b = 0; b < nb; ++b) {
-        if (type == kQ8_0) {  // f16 scale, 32 int8 quants -> dword g of the row
-          const uint8_t* blk = row + 34 * b;
-          std::memcpy(panel + 32 * b + 2 * r, blk, 2);
-          uint8_t* qs = panel + sbytes + 512 * b;
+        const uint8_t* blk = row + ts * b;
+        uint8_t* scales = panel + lay.scale_stride * b;
+        uint8_t* qs = panel + lay.scale_bytes + lay.quant_stride * b;
+        std::memcpy(scales + 2 * r, blk, 2);  // d
+        if (offset) std::memcpy(scales + 32 + 2 * r, blk + 2, 2);  // m
+        if (type == kQ8_0) {  // 32 int8 quants -> dword g of the row
           for (int g = 0; g < 8; ++g) std::memcpy(qs + 64 * g + 4 * r, blk + 2 + 4 * g, 4);
           continue;
         }
-        const uint8_t* blk = row + 18 * b;  // f16 scale, 16 bytes of nibbles (weights j, j + 16)
-        std::memcpy(panel + 32 * b + 2 * r, blk, 2);
-        uint8_t* nib = panel + sbytes + 256 * b;
-        // Part L takes weights 8L'..8L'+7 (L' = L % 2) from bytes 8L'.. of the block: their
+        // Part L takes weights 8L'..8L'+7 (L' = L % 2) from bytes 8L'.. of the nibbles: their
         // low nibbles for L < 2, their high ones (weights + 16) for L >= 2; four at a time.
         for (int part = 0; part < 4; ++part) {
           uint32_t lo, hi;
-          std::memcpy(&lo, blk + 2 + 8 * (part % 2), 4);
-          std::memcpy(&hi, blk + 2 + 8 * (part % 2) + 4, 4);
+          std::memcpy(&lo, blk + qs_at + 8 * (part % 2), 4);
+          std::memcpy(&hi, blk + qs_at + 8 * (part % 2) + 4, 4);
           const uint32_t v = part < 2 ? (lo & 0x0F0F0F0Fu) | ((hi & 0x0F0F0F0Fu) << 4)
                                       : ((lo >> 4) & 0x0F0F0F0Fu) | (hi & 0xF0F0F0F0u);
-          std::memcpy(nib + 64 * part + 4 * r, &v, 4);
+          std::memcpy(qs + 64 * part + 4 * r, &v, 4);
+        }
+        if (five) {  // the fifth bits: mask 2L + h, bit 4r + e, of weight 16(L / 2) + 8(L % 2) + 4h + e
+          uint32_t qh;
+          std::memcpy(&qh, blk + qs_at - 4, 4);
+          for (int part = 0; part < 4; ++part) {
+            for (int h = 0; h < 2; ++h) {
+              uint64_t mask;
+              std::memcpy(&mask, qs + 256 + 8 * (2 * part + h), 8);
+              for (int e = 0; e < 4; ++e) {
+                const int j = 16 * (part / 2) + 8 * (part % 2) + 4 * h + e;
+                mask |= static_cast<uint64_t>((qh >> j) & 1u) << (4 * r + e);
+              }
+              std::memcpy(qs + 256 + 8 * (2 * part + h), &mask, 8);
+            }
+          }
         }
       }
     }

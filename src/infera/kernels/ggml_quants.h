@@ -82,7 +82,7 @@ bool can_quantize(uint32_t type);
 int64_t quantize_rows(uint32_t type, const float* src, void* dst, int64_t nrows, int64_t n_per_row,
                       const float* imatrix = nullptr);
 
-// Q4_0, IQ4_NL and Q8_0 matrices repacked at load for the avx512 path (AVX-512 VNNI), as
+// Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL and Q8_0 matrices repacked at load for the avx512 path (AVX-512 VNNI), as
 // llama.cpp's AMX buffer repacks them: rows in panels of kPanelRows, so that one vector load
 // holds a block's weights of 16 rows and vpdpbusd sums them against an activation's four
 // quants broadcast, one row per 32-bit lane, with no horizontal reduction and no scale
@@ -95,9 +95,17 @@ int64_t quantize_rows(uint32_t type, const float* src, void* dst, int64_t nrows,
 // the block's dword 2L of every row, the high ones dword 2L + 1. Q8_0 the same with 512
 // bytes a block, its eight dwords in order (an AMX B tile of the 16 rows). Same bytes as the
 // rows'.
+// Q4_1 / Q5_1 add the 16 rows' f16 offsets m after each block's scales (64 bytes a block);
+// Q5_0 / Q5_1 add after each block's nibbles its fifth bits as eight 64-bit masks, mask
+// 2L + h (h: the low, then the high nibbles of part L) with bit 4r + e for byte 4r + e.
 constexpr int64_t kPanelRows = 16;
 bool can_pack_panels(uint32_t type);
-// Bytes of one panel of k-weight rows (k a multiple of 32).
+// Where things are in a panel of k-weight rows (k a multiple of 32): block b's scales at
+// scale_stride * b, its quants at scale_bytes + quant_stride * b; `bytes` in all.
+struct PanelLayout {
+  int64_t blocks, scale_stride, scale_bytes, quant_stride, bytes;
+};
+PanelLayout panel_layout(uint32_t type, int64_t k);
 int64_t panel_bytes(uint32_t type, int64_t k);
 // The panels of rows [0, rows) of a matrix stored row after row at data (64-byte aligned),
 // packed by `threads` OpenMP threads (0: all).

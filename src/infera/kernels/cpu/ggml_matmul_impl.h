@@ -358,7 +358,7 @@ inline void matmul_rows(uint32_t type, const void* data, int64_t row_bytes, int6
   (void)panels;
 #endif
 #ifdef __AVX2__
-  if (simd::handles(type)) {
+  if (simd::handles(type) || panels != nullptr) {  // (Q4_1 / Q5_1: only from panels)
     simd::matmul_rows(type, base, row_bytes, k, a, m, n0, n1, y, ldy, panels);
     return;
   }

@@ -846,14 +846,16 @@ inline void matmul_rows(uint32_t type, const uint8_t* base, int64_t row_bytes, i
   }
   const int16_t* bs16 = sums ? bsums16.data() : nullptr;
 #ifdef __AVX512VNNI__
-  if (panels != nullptr && (type == kQ4_0 || type == kIQ4_NL || type == kQ8_0)) {
-    if (type == kQ4_0)
-      panel::matmul<kQ4_0>(panels, k, a, m, n0, n1, y, ldy);
-    else if (type == kIQ4_NL)
-      panel::matmul<kIQ4_NL>(panels, k, a, m, n0, n1, y, ldy);
-    else
-      panel::matmul<kQ8_0>(panels, k, a, m, n0, n1, y, ldy);
-    return;
+  if (panels != nullptr) {
+    switch (type) {
+      case kQ4_0: panel::matmul<kQ4_0>(panels, k, a, m, n0, n1, y, ldy); return;
+      case kQ4_1: panel::matmul<kQ4_1>(panels, k, a, m, n0, n1, y, ldy); return;
+      case kQ5_0: panel::matmul<kQ5_0>(panels, k, a, m, n0, n1, y, ldy); return;
+      case kQ5_1: panel::matmul<kQ5_1>(panels, k, a, m, n0, n1, y, ldy); return;
+      case kQ8_0: panel::matmul<kQ8_0>(panels, k, a, m, n0, n1, y, ldy); return;
+      case kIQ4_NL: panel::matmul<kIQ4_NL>(panels, k, a, m, n0, n1, y, ldy); return;
+      default: break;
+    }
   }
   if (m == 1 && type == kQ8_0) {
     gemv_blocks32<kQ8_0>(base, row_bytes, k, a, n0, n1, y);

@@ -40,53 +40,92 @@ inline __m512i bcast4(const int8_t* p) {
   return _mm512_set1_epi32(v);
 }
 
-// A part's low and high nibbles as vpdpbusd's unsigned operands: Q4_0 as they are (w + 8),
-// IQ4_NL through the levels + 128 (Q8_0 has no nibbles: its panels hold the quants, which
-// xor 0x80 makes unsigned).
+// What a panel type holds (ggml_quants.h): the offset that makes its weights unsigned (taken
+// back out as offset x the activation's block sums), whether it has f16 offsets m (Q4_1 /
+// Q5_1, against the Q8_1 activations' sums) and fifth bits (Q5_0 / Q5_1), its strides.
+template <uint32_t kType>
+struct Traits {
+  static constexpr int kOffset = kType == kQ4_0 ? 8 : kType == kQ5_0 ? 16 : kType == kQ4_1 || kType == kQ5_1 ? 0 : 128;
+  static constexpr bool kMin = kType == kQ4_1 || kType == kQ5_1;
+  static constexpr bool kFive = kType == kQ5_0 || kType == kQ5_1;
+  static constexpr int kScaleStride = kMin ? 64 : 32;
+  static constexpr int kQuantStride = kType == kQ8_0 ? 512 : kFive ? 320 : 256;
+};
+
+// A part's low and high nibbles as vpdpbusd's unsigned operands: Q4_0 / Q4_1 as they are
+// (w + 8; q), Q5_0 / Q5_1 with their fifth bits added (masked byte adds of 16), IQ4_NL
+// through the levels + 128 (Q8_0 has no nibbles: its panels hold the quants, which xor 0x80
+// makes unsigned).
 template <uint32_t kType>
 struct Unpack {
   __m512i m4 = _mm512_set1_epi8(0x0F);
   __m512i lut =
-      kType == kQ4_0
+      kType != kIQ4_NL
           ? _mm512_setzero_si512()
           : _mm512_xor_si512(_mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4nlValues))),
                              _mm512_set1_epi8(static_cast<char>(0x80)));
-  __m512i weights(__m512i n) const {
-    if constexpr (kType == kQ4_0) return n;
-    return _mm512_shuffle_epi8(lut, n);
-  }
-  void operator()(const uint8_t* p, __m512i& lo, __m512i& hi) const {
-    const __m512i v = _mm512_load_si512(p);
-    lo = weights(_mm512_and_si512(v, m4));
-    hi = weights(_mm512_and_si512(_mm512_srli_epi16(v, 4), m4));
+  // blk: the block's quants in the panel.
+  void operator()(const uint8_t* blk, int part, __m512i& lo, __m512i& hi) const {
+    const __m512i v = _mm512_load_si512(blk + 64 * part);
+    lo = _mm512_and_si512(v, m4);
+    hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+    if constexpr (Traits<kType>::kFive) {
+      uint64_t mlo, mhi;
+      std::memcpy(&mlo, blk + 256 + 16 * part, 8);
+      std::memcpy(&mhi, blk + 256 + 16 * part + 8, 8);
+      const __m512i b4 = _mm512_set1_epi8(16);
+      lo = _mm512_mask_add_epi8(lo, _cvtu64_mask64(mlo), lo, b4);
+      hi = _mm512_mask_add_epi8(hi, _cvtu64_mask64(mhi), hi, b4);
+    }
+    if constexpr (kType == kIQ4_NL) {
+      lo = _mm512_shuffle_epi8(lut, lo);
+      hi = _mm512_shuffle_epi8(lut, hi);
+    }
   }
 };
+
+// Prefetches block b's quants and scales kPrefetch ahead (the scale lines once per line).
+template <uint32_t kType>
+inline void prefetch_block(const uint8_t* sc, const uint8_t* qs, int64_t b) {
+  using T = Traits<kType>;
+  for (int l = 0; l < T::kQuantStride / 64; ++l)
+    _mm_prefetch(reinterpret_cast<const char*>(qs + T::kQuantStride * b + kPrefetch + 64 * l), _MM_HINT_T0);
+  if ((T::kScaleStride * b) % 64 == 0)
+    _mm_prefetch(reinterpret_cast<const char*>(sc + T::kScaleStride * b + kPrefetch / 8), _MM_HINT_T0);
+}
 
 // A chunk of blocks [b0, b1) of a panel unpacked for the passes of a multi-row call: 512
 // bytes a block, part L's low nibbles' operand then its high ones'.
 template <uint32_t kType>
-inline void unpack_chunk(const uint8_t* sc, const uint8_t* nib, int64_t b0, int64_t b1, uint8_t* out) {
+inline void unpack_chunk(const uint8_t* sc, const uint8_t* qs, int64_t b0, int64_t b1, uint8_t* out) {
   const Unpack<kType> unpack;
   for (int64_t b = b0; b < b1; ++b) {
-    for (int l = 0; l < 4; ++l)
-      _mm_prefetch(reinterpret_cast<const char*>(nib + 256 * b + kPrefetch + 64 * l), _MM_HINT_T0);
-    if (b % 2 == 0) _mm_prefetch(reinterpret_cast<const char*>(sc + 32 * b + kPrefetch / 8), _MM_HINT_T0);
+    prefetch_block<kType>(sc, qs, b);
     for (int part = 0; part < 4; ++part) {
       __m512i lo, hi;
-      unpack(nib + 256 * b + 64 * part, lo, hi);
+      unpack(qs + Traits<kType>::kQuantStride * b, part, lo, hi);
       _mm512_store_si512(out + 512 * (b - b0) + 128 * part, lo);
       _mm512_store_si512(out + 512 * (b - b0) + 128 * part + 64, hi);
     }
   }
 }
 
+// One pass's activation rows: quants, block scales, offset x block sums (types with an
+// offset), f16-rounded d x block sums (Q8_1: types with m).
+struct PAct {
+  const int8_t* q[4];
+  const float* d[4];
+  const int32_t* corr[4];
+  const float* s[4];
+};
+
 // sum[2 n + u] lane r += row r of panel u · activation row n over blocks [b0, b1) (kT panels
-// of scales sc[u] and nibbles nib[u], or with kPre their chunk unpacked at nib[u] (block b0
-// first); kNt activation rows with quants q[n], block scales ad[n] and offset x block sums
-// corr[n]).
+// of scales sc[u] and quants qs[u], or with kPre their chunk unpacked at qs[u] (block b0
+// first); kNt activation rows).
 template <uint32_t kType, int kNt, int kT, bool kPre>
-inline void dot(const uint8_t* const* sc, const uint8_t* const* nib, int64_t b0, int64_t b1, const int8_t* const* q,
-                const float* const* ad, const int32_t* const* corr, Sums16* sum) {
+inline void dot(const uint8_t* const* sc, const uint8_t* const* qs, int64_t b0, int64_t b1, const PAct& a,
+                Sums16* sum) {
+  using T = Traits<kType>;
   const Unpack<kType> unpack;
   __m512 s[kT][kNt];
   for (int u = 0; u < kT; ++u)
@@ -96,20 +135,16 @@ inline void dot(const uint8_t* const* sc, const uint8_t* const* nib, int64_t b0,
     __m512i lo_acc[kT][kNt], hi_acc[kT][kNt];
     for (int u = 0; u < kT; ++u)
       for (int n = 0; n < kNt; ++n) {
-        lo_acc[u][n] = _mm512_set1_epi32(-corr[n][b]);
+        lo_acc[u][n] = T::kOffset != 0 ? _mm512_set1_epi32(-a.corr[n][b]) : _mm512_setzero_si512();
         hi_acc[u][n] = _mm512_setzero_si512();
       }
     if (!kPre) {
-      for (int u = 0; u < kT; ++u) {
-        for (int l = 0; l < 4; ++l)
-          _mm_prefetch(reinterpret_cast<const char*>(nib[u] + 256 * b + kPrefetch + 64 * l), _MM_HINT_T0);
-        if (b % 2 == 0) _mm_prefetch(reinterpret_cast<const char*>(sc[u] + 32 * b + kPrefetch / 8), _MM_HINT_T0);
-      }
+      for (int u = 0; u < kT; ++u) prefetch_block<kType>(sc[u], qs[u], b);
     } else if (kType == kQ8_0) {  // (straight from the panel: streamed too)
       for (int u = 0; u < kT; ++u) {
         for (int l = 0; l < 8; ++l)
-          _mm_prefetch(reinterpret_cast<const char*>(nib[u] + 512 * (b - b0) + 2 * kPrefetch + 64 * l), _MM_HINT_T0);
-        if (b % 4 == 0) _mm_prefetch(reinterpret_cast<const char*>(sc[u] + 32 * b + kPrefetch / 8), _MM_HINT_T0);
+          _mm_prefetch(reinterpret_cast<const char*>(qs[u] + 512 * (b - b0) + 2 * kPrefetch + 64 * l), _MM_HINT_T0);
+        if (b % 2 == 0) _mm_prefetch(reinterpret_cast<const char*>(sc[u] + 32 * b + kPrefetch / 8), _MM_HINT_T0);
       }
     }
     for (int part = 0; part < 4; ++part) {
@@ -117,17 +152,17 @@ inline void dot(const uint8_t* const* sc, const uint8_t* const* nib, int64_t b0,
       for (int u = 0; u < kT; ++u) {
         if constexpr (kType == kQ8_0) {  // (signed in the panel: + 128)
           const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
-          lo[u] = _mm512_xor_si512(_mm512_load_si512(nib[u] + 512 * (b - b0) + 128 * part), flip);
-          hi[u] = _mm512_xor_si512(_mm512_load_si512(nib[u] + 512 * (b - b0) + 128 * part + 64), flip);
+          lo[u] = _mm512_xor_si512(_mm512_load_si512(qs[u] + 512 * (b - b0) + 128 * part), flip);
+          hi[u] = _mm512_xor_si512(_mm512_load_si512(qs[u] + 512 * (b - b0) + 128 * part + 64), flip);
         } else if constexpr (kPre) {
-          lo[u] = _mm512_load_si512(nib[u] + 512 * (b - b0) + 128 * part);
-          hi[u] = _mm512_load_si512(nib[u] + 512 * (b - b0) + 128 * part + 64);
+          lo[u] = _mm512_load_si512(qs[u] + 512 * (b - b0) + 128 * part);
+          hi[u] = _mm512_load_si512(qs[u] + 512 * (b - b0) + 128 * part + 64);
         } else {
-          unpack(nib[u] + 256 * b + 64 * part, lo[u], hi[u]);
+          unpack(qs[u] + T::kQuantStride * b, part, lo[u], hi[u]);
         }
       }
       for (int n = 0; n < kNt; ++n) {
-        const __m512i a0 = bcast4(q[n] + 32 * b + 8 * part), a1 = bcast4(q[n] + 32 * b + 8 * part + 4);
+        const __m512i a0 = bcast4(a.q[n] + 32 * b + 8 * part), a1 = bcast4(a.q[n] + 32 * b + 8 * part + 4);
         for (int u = 0; u < kT; ++u) {
           lo_acc[u][n] = _mm512_dpbusd_epi32(lo_acc[u][n], lo[u], a0);
           hi_acc[u][n] = _mm512_dpbusd_epi32(hi_acc[u][n], hi[u], a1);
@@ -135,11 +170,16 @@ inline void dot(const uint8_t* const* sc, const uint8_t* const* nib, int64_t b0,
       }
     }
     for (int u = 0; u < kT; ++u) {
-      const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc[u] + 32 * b)));
+      const uint8_t* scales = sc[u] + T::kScaleStride * b;
+      const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(scales)));
       for (int n = 0; n < kNt; ++n) {
         const __m512i isum = _mm512_add_epi32(lo_acc[u][n], hi_acc[u][n]);
         s[u][n] = _mm512_add_ps(s[u][n],
-                                _mm512_mul_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dv, _mm512_set1_ps(ad[n][b]))));
+                                _mm512_mul_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dv, _mm512_set1_ps(a.d[n][b]))));
+      }
+      if constexpr (T::kMin) {  // + m x the activation's f16-rounded d x block sum, as its own step
+        const __m512 mv = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(scales + 32)));
+        for (int n = 0; n < kNt; ++n) s[u][n] = _mm512_add_ps(s[u][n], _mm512_mul_ps(mv, _mm512_set1_ps(a.s[n][b])));
       }
     }
   }
@@ -147,8 +187,7 @@ inline void dot(const uint8_t* const* sc, const uint8_t* const* nib, int64_t b0,
     for (int n = 0; n < kNt; ++n) _mm512_store_ps(sum[2 * n + u].v, s[u][n]);
 }
 
-using DotFn = void (*)(const uint8_t* const*, const uint8_t* const*, int64_t, int64_t, const int8_t* const*,
-                       const float* const*, const int32_t* const*, Sums16*);
+using DotFn = void (*)(const uint8_t* const*, const uint8_t* const*, int64_t, int64_t, const PAct&, Sums16*);
 
 template <uint32_t kType, int kT, bool kPre>
 inline DotFn dot_for(int rows) {
@@ -217,13 +256,13 @@ constexpr int64_t kAmxRows = 16;
 template <uint32_t kType>
 inline void matmul(const uint8_t* panels, int64_t k, const Activations& a, int64_t m, int64_t n0, int64_t n1, float* y,
                    int64_t ldy) {
-  static_assert(kType == kQ4_0 || kType == kIQ4_NL || kType == kQ8_0);
-  constexpr int kOffset = kType == kQ4_0 ? 8 : 128;
-  const int64_t nb = k / 32, pb = panel_bytes(kType, k), sbytes = pb - (kType == kQ8_0 ? 512 : 256) * nb;
+  constexpr int kOffset = Traits<kType>::kOffset;
+  const PanelLayout lay = panel_layout(kType, k);
+  const int64_t nb = lay.blocks, pb = lay.bytes, sbytes = lay.scale_bytes;
   // Offset x each activation row's block sums (exact: |sum| <= 32 x 127).
   static thread_local std::vector<int32_t> corr;
   corr.resize(static_cast<size_t>(m * nb));
-  for (int64_t i = 0; i < m * nb; ++i) {
+  for (int64_t i = 0; i < (kOffset != 0 ? m * nb : 0); ++i) {
     const __m256i qv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.q.data() + 32 * i));
     const __m256i s16 = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), qv), _mm256_set1_epi16(1));
     const __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s16), _mm256_extracti128_si256(s16, 1));
@@ -295,17 +334,16 @@ inline void matmul(const uint8_t* panels, int64_t k, const Activations& a, int64
         }
         for (int64_t i = 0; i < m;) {
           const int nt = static_cast<int>(std::min<int64_t>(4, m - i));
-          const int8_t* q[4];
-          const float* ad[4];
-          const int32_t* cr[4];
+          PAct pa{};
           for (int n = 0; n < nt; ++n) {
-            q[n] = a.q.data() + (i + n) * k;
-            ad[n] = a.d.data() + (i + n) * nb;
-            cr[n] = corr_all + (i + n) * nb;
+            pa.q[n] = a.q.data() + (i + n) * k;
+            pa.d[n] = a.d.data() + (i + n) * nb;
+            pa.corr[n] = corr_all + (i + n) * nb;
+            pa.s[n] = Traits<kType>::kMin ? a.s.data() + (i + n) * nb : nullptr;
           }
           const DotFn fn = pre ? (kT == 2 ? dot_for<kType, 2, true>(nt) : dot_for<kType, 1, true>(nt))
                                : (kT == 2 ? dot_for<kType, 2, false>(nt) : dot_for<kType, 1, false>(nt));
-          fn(sc, w, b0, b1, q, ad, cr, sums.data() + 2 * i);
+          fn(sc, w, b0, b1, pa, sums.data() + 2 * i);
           i += nt;
         }
       }
