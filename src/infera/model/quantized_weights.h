@@ -91,7 +91,7 @@ class FileMappings {
 void release_repacked_source(const kernels::QuantMatRef& w, const FileMappings& maps);
 
 // A GGUF matrix (dtype kGgml) of a type with panel kernels (kernels::ggml::can_pack_panels:
-// Q4_0, IQ4_NL; Q8_0 only for `experts`) with its repacked copy (MatRef::panels) on CPUs with
+// Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL; Q8_0 only for `experts`) with its repacked copy (MatRef::panels) on CPUs with
 // the AVX-512 path unless INFERA_QUANT_REPACK=0, its file pages then dropped as
 // release_repacked_source drops them; any other matrix as it is. Q8_0's panels win on the few
 // tokens an expert sees per call (1.8-2.7x at 8 tokens) and decode as fast as the rows, but its
