@@ -274,7 +274,8 @@ BENCHMARK(BM_GgmlMatmul)
                    {0}})
     ->Apply(least_disturbed);
 BENCHMARK(BM_GgmlMatmul)
-    ->ArgsProduct({{infera::kernels::ggml::kQ4_0, infera::kernels::ggml::kIQ4_NL, infera::kernels::ggml::kQ8_0},
+    ->ArgsProduct({{infera::kernels::ggml::kQ4_0, infera::kernels::ggml::kIQ4_NL, infera::kernels::ggml::kQ8_0,
+                    infera::kernels::ggml::kQ4_K},
                    {1, 8, 16, 32, 64, 128, 256},
                    {1, 2},
                    {0, 1},

@@ -362,6 +362,7 @@ bool can_pack_panels(uint32_t type) {
     case kQ5_0:
     case kQ5_1:
     case kQ8_0:
+    case kQ4_K:
     case kIQ4_NL: return true;
     default: return false;
   }
@@ -370,6 +371,15 @@ bool can_pack_panels(uint32_t type) {
 PanelLayout panel_layout(uint32_t type, int64_t k) {
   INFERA_ASSERT(can_pack_panels(type) && k % 32 == 0);
   PanelLayout l;
+  if (type == kQ4_K) {
+    INFERA_ASSERT(k % 256 == 0);
+    l.blocks = k / 256;
+    l.scale_stride = 64;
+    l.scale_bytes = 64 * l.blocks;
+    l.quant_stride = 8 * 256 + 128 + 128;
+    l.bytes = l.scale_bytes + l.quant_stride * l.blocks;
+    return l;
+  }
   l.blocks = k / 32;
   l.scale_stride = type == kQ4_1 || type == kQ5_1 ? 64 : 32;
   l.scale_bytes = (l.scale_stride * l.blocks + 63) / 64 * 64;
@@ -404,6 +414,30 @@ std::shared_ptr<const uint8_t> pack_panels(uint32_t type, const void* data, int6
         const uint8_t* blk = row + ts * b;
         uint8_t* scales = panel + lay.scale_stride * b;
         uint8_t* qs = panel + lay.scale_bytes + lay.quant_stride * b;
+        if (type == kQ4_K) {
+          // d, dmin; per sub-block s its nibbles as a 32-weight block's (weight j of s: the
+          // low nibble of byte 32 (s / 2) + j for even s, the high one for odd s), then the
+          // 6-bit scales [s][row] and mins [pair p][row][2] as bytes.
+          std::memcpy(scales + 2 * r, blk, 2);
+          std::memcpy(scales + 32 + 2 * r, blk + 2, 2);
+          const uint8_t* sm = blk + 4;
+          for (int sb = 0; sb < 8; ++sb) {
+            const int sc = sb < 4 ? sm[sb] & 63 : (sm[sb + 4] & 0xF) | ((sm[sb - 4] >> 6) << 4);
+            const int mn = sb < 4 ? sm[sb + 4] & 63 : (sm[sb + 4] >> 4) | ((sm[sb] >> 6) << 4);
+            qs[2048 + 16 * sb + r] = static_cast<uint8_t>(sc);
+            qs[2048 + 128 + 32 * (sb / 2) + 2 * r + sb % 2] = static_cast<uint8_t>(mn);
+            const uint8_t* q = blk + 16 + 32 * (sb / 2);
+            const int shift = 4 * (sb % 2);
+            for (int part = 0; part < 4; ++part) {
+              uint32_t lo, hi;
+              std::memcpy(&lo, q + 8 * part, 4);
+              std::memcpy(&hi, q + 8 * part + 4, 4);
+              const uint32_t v = ((lo >> shift) & 0x0F0F0F0Fu) | (((hi >> shift) & 0x0F0F0F0Fu) << 4);
+              std::memcpy(qs + 256 * sb + 64 * part + 4 * r, &v, 4);
+            }
+          }
+          continue;
+        }
         std::memcpy(scales + 2 * r, blk, 2);  // d
         if (offset) std::memcpy(scales + 32 + 2 * r, blk + 2, 2);  // m
         if (type == kQ8_0) {  // 32 int8 quants -> dword g of the row

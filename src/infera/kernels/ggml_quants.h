@@ -98,6 +98,9 @@ int64_t quantize_rows(uint32_t type, const float* src, void* dst, int64_t nrows,
 // Q4_1 / Q5_1 add the 16 rows' f16 offsets m after each block's scales (64 bytes a block);
 // Q5_0 / Q5_1 add after each block's nibbles its fifth bits as eight 64-bit masks, mask
 // 2L + h (h: the low, then the high nibbles of part L) with bit 4r + e for byte 4r + e.
+// Q4_K: per 256-weight super-block its 16 rows' d then dmin (64 bytes of scales), then per
+// 32-weight sub-block s its nibbles as a 32-weight block's (256 bytes), then the sub-blocks'
+// 6-bit scales as bytes [s][row] (128) and mins as bytes [pair p][row][s % 2] (128).
 constexpr int64_t kPanelRows = 16;
 bool can_pack_panels(uint32_t type);
 // Where things are in a panel of k-weight rows (k a multiple of 32): block b's scales at

@@ -143,7 +143,7 @@ std::vector<float> activation_as_quantized(uint32_t type, const std::vector<floa
 // with one block and with many.
 // Every path the matmul can take here: each ISA, and on the avx512 path the AMX tiles where
 // the CPU has them (prefill of >= 16 rows) as well as the VNNI tiles.
-// The 32-weight block types also from their panels (pack_panels) on the avx512 path, used where n0 is a
+// The panel types also from their panels (pack_panels) on the avx512 path, used where n0 is a
 // multiple of 16 (else that path falls back to the rows, also checked), with and without AMX
 // (Q8_0's whole groups of 16 tokens).
 struct Path {
@@ -250,7 +250,7 @@ TEST(GgmlQuants, MatmulMatchesDequantizedWeightsTimesQuantizedActivations) {
   }
 }
 
-// The avx512 path computes the 32-weight block types from their panels (not silently from the rows): with
+// The avx512 path computes the panel types from their panels (not silently from the rows): with
 // the rows zeroed, only the panels still hold the weights. A row slice keeps the panels
 // (a view into the same copy) when it starts on a panel boundary and has none elsewhere;
 // every slice computes its rows as the whole matrix does, bit for bit, on every path.
@@ -258,9 +258,10 @@ TEST(GgmlQuants, PanelsAreWhatTheAvx512PathReadsAndRowSlicesShareThem) {
   if (!isa_available(Isa::kAvx512)) GTEST_SKIP() << "no AVX-512 path on this CPU";
   std::mt19937 rng(23);
   std::normal_distribution<float> normal(0.0f, 1.0f);
-  const int64_t rows = 16 * 4 + 5, k = 32 * 7, m = 3;
-  for (uint32_t type : {kQ4_0, kQ4_1, kQ5_0, kQ5_1, kIQ4_NL, kQ8_0}) {
-    std::vector<uint8_t> w = random_blocks(type, rows * k / 32, rng);
+  const int64_t rows = 16 * 4 + 5, m = 3;
+  for (uint32_t type : {kQ4_0, kQ4_1, kQ5_0, kQ5_1, kIQ4_NL, kQ8_0, kQ4_K}) {
+    const int64_t k = block_size(type) * 7;
+    std::vector<uint8_t> w = random_blocks(type, rows * 7, rng);
     std::vector<float> x(static_cast<size_t>(m * k));
     for (auto& v : x) v = normal(rng);
     std::vector<float> want(static_cast<size_t>(m * rows)), y(want.size(), -1.0f);

@@ -223,7 +223,7 @@ TEST(MoeFfn, WorkItemsMatchPerExpertAndSkipDroppedExperts) {
 struct GgmlMoe {
   std::vector<std::vector<uint8_t>> blocks;
   MoeWeights w;
-  // panels: the 32-weight block types' matrices with their load-time panels (kernels::ggml::pack_panels).
+  // panels: the panel types' matrices with their load-time panels (kernels::ggml::pack_panels).
   GgmlMoe(uint32_t type, int64_t H, int64_t I, int64_t E, int64_t k, int64_t shared_inter, bool panels = false) {
     std::mt19937 rng(type + 5);
     auto mat = [&](int64_t rows, int64_t cols, uint32_t t) {
@@ -262,7 +262,8 @@ TEST(MoeFfn, GgmlExpertsGroupedEqualTokenAtATime) {
                         {kQ8_0, 96, 160, 6, 2, 0},        {kQ4_0, 160, 96, 9, 4, 32},
                         {kQ5_0, 64, 224, 4, 3, 0},        {kIQ4_XS, 256, 256, 6, 1, 0},
                         {kQ4_0, 160, 96, 9, 4, 32, true}, {kIQ4_NL, 96, 64, 5, 2, 0, true},
-                        {kQ8_0, 96, 160, 6, 2, 0, true},  {kQ5_1, 64, 96, 4, 2, 0, true}};
+                        {kQ8_0, 96, 160, 6, 2, 0, true},  {kQ5_1, 64, 96, 4, 2, 0, true},
+                        {kQ4_K, 512, 256, 7, 3, 0, true}};
   for (const Case& c : cases) {
     GgmlMoe moe(c.type, c.H, c.I, c.E, c.k, c.shared, c.panels);
     for (int64_t T : {5, 37}) {
