@@ -220,8 +220,8 @@ std::string ggml_matmul_path(Isa isa) {
     case Isa::kAvx512: {
       const char* amx = amx_unavailable_reason();
       return std::string(
-                 "avx512: activations as llama.cpp's Q8 blocks; Q4_0 / Q4_1 / Q5_0 / Q5_1 / IQ4_NL (and Q8_0 experts) "
-                 "repacked at load into 16-row panels "
+                 "avx512: activations as llama.cpp's Q8 blocks; Q4_0 / Q4_1 / Q5_0 / Q5_1 / IQ4_NL (and Q8_0 / Q4_K "
+                 "experts) repacked at load into 16-row panels "
                  "(decode and prefill: vpdpbusd on 16 rows per vector, 2 panels x up to 4 tokens per step; Q8_0 from "
                  "16 "
                  "tokens on AMX tiles, B straight from the panel); decode: "

@@ -91,12 +91,13 @@ class FileMappings {
 void release_repacked_source(const kernels::QuantMatRef& w, const FileMappings& maps);
 
 // A GGUF matrix (dtype kGgml) of a type with panel kernels (kernels::ggml::can_pack_panels:
-// Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL; Q8_0 only for `experts`) with its repacked copy (MatRef::panels) on CPUs with
-// the AVX-512 path unless INFERA_QUANT_REPACK=0, its file pages then dropped as
-// release_repacked_source drops them; any other matrix as it is. Q8_0's panels win on the few
-// tokens an expert sees per call (1.8-2.7x at 8 tokens) and decode as fast as the rows, but its
-// AMX tiles read in place stay ahead on a dense layer's prompt (panels 0.9x at 64-256 tokens,
-// kernels_bench; 0.75-0.85x end to end at 64 tokens), so dense Q8_0 layers keep the rows.
+// Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL; Q8_0 and Q4_K only for `experts`) with its repacked copy
+// (MatRef::panels) on CPUs with the AVX-512 path unless INFERA_QUANT_REPACK=0, its file pages
+// then dropped as release_repacked_source drops them; any other matrix as it is. Q8_0's and
+// Q4_K's panels win on the few tokens an expert sees per call (Q8_0 1.8-2.7x at 8 tokens,
+// Q4_K 1.3-1.7x at 8-16) and decode (Q4_K 1.25-1.6x), but their AMX tiles from the rows stay
+// ahead on a dense layer's prompt (Q8_0 panels 0.9x at 64-256 tokens in kernels_bench,
+// 0.75-0.85x end to end at 64; Q4_K panels 0.7-0.87x at 64), so dense layers keep the rows.
 kernels::MatRef with_panels(kernels::MatRef m, const FileMappings& maps, bool experts);
 
 // A quantized layer's stored pair, <name>.qweight and <name>.scales, found and checked
