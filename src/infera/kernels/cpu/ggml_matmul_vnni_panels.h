@@ -1,6 +1,6 @@
-// Q4_0, IQ4_NL and Q8_0 from their panels (pack_panels, ggml_quants.h) on AVX-512 VNNI, for every
-// number of activation rows: the same values as the generic loops of ggml_matmul_impl.h, bit
-// for bit.
+// The panel types (Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q8_0, Q4_K) from their panels (pack_panels,
+// ggml_quants.h) on AVX-512 VNNI, for every number of activation rows (Q8_0 from 16 on AMX
+// tiles): the same values as the generic loops of ggml_matmul_impl.h, bit for bit.
 //
 // A panel's 64-byte part is four weights of each of its 16 rows in the low nibbles and the
 // next four in the high ones, so two bitwise steps make two vpdpbusd operands (Q4_0: the
@@ -8,12 +8,14 @@
 // and each vpdpbusd against an activation's four quants broadcast adds four products to
 // each row's int32 sum: 16 rows' block sums come out in one vector, with no horizontal
 // reduction and no decoded copy, and the 16 rows' f16 scales of a block are one load. The
-// offset (8 or 128) x the activation's block sum starts each sum, so the integer sums equal
-// the generic path's; the f32 steps are its own, per block in its order, one lane per row.
+// offset (8, 16 or 128; none for Q4_1 / Q5_1 / Q4_K) x the activation's block sum starts
+// each sum, so the integer sums equal the generic path's; the f32 steps are its own, per
+// block in its order, one lane per row (Q4_K: per super-block, its sub-scales in integers).
 // A thread takes two panels at a time (each activation broadcast serves both) against up to
 // four activation rows; a call of more rows runs its rows over 16-block chunks of the pair
 // in turn, so the chunk is read from memory once and from L1 by the other rows, and past
-// kDirectRows rows the chunk is unpacked once (16 KB for the pair) for all of them.
+// kDirectRows rows the chunk is unpacked once (16 KB for the pair) for all of them (Q8_0's
+// panels hold its operands already; Q4_K takes 2-super-block chunks, unpacked per pass).
 // Measured (kernels_bench, 2048 x 5632, against the rows read in place and the VNNI tiles,
 // one thread): decode 1.3-1.5x (11.5-13 GB/s of 17), 8 tokens 2-3x, 64 1.1-1.25x, 256 1.4x.
 // Included by ggml_matmul_simd.h inside namespace simd, only when __AVX512VNNI__ is defined.
