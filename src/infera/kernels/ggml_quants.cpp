@@ -390,6 +390,17 @@ PanelLayout panel_layout(uint32_t type, int64_t k) {
 
 int64_t panel_bytes(uint32_t type, int64_t k) { return panel_layout(type, k).bytes; }
 
+namespace {
+// One row's dword of a panel part: the nibbles (low: shift 0, high: 4) of bytes q[0..3] in
+// the low nibbles, of q[4..7] in the high ones.
+uint32_t panel_dword(const uint8_t* q, int shift) {
+  uint32_t lo, hi;
+  std::memcpy(&lo, q, 4);
+  std::memcpy(&hi, q + 4, 4);
+  return ((lo >> shift) & 0x0F0F0F0Fu) | (((hi >> shift) & 0x0F0F0F0Fu) << 4);
+}
+}  // namespace
+
 std::shared_ptr<const uint8_t> pack_panels(uint32_t type, const void* data, int64_t rows, int64_t k, int threads) {
   INFERA_ASSERT(rows >= 0);
   const PanelLayout lay = panel_layout(type, k);
@@ -427,12 +438,8 @@ std::shared_ptr<const uint8_t> pack_panels(uint32_t type, const void* data, int6
             qs[2048 + 16 * sb + r] = static_cast<uint8_t>(sc);
             qs[2048 + 128 + 32 * (sb / 2) + 2 * r + sb % 2] = static_cast<uint8_t>(mn);
             const uint8_t* q = blk + 16 + 32 * (sb / 2);
-            const int shift = 4 * (sb % 2);
             for (int part = 0; part < 4; ++part) {
-              uint32_t lo, hi;
-              std::memcpy(&lo, q + 8 * part, 4);
-              std::memcpy(&hi, q + 8 * part + 4, 4);
-              const uint32_t v = ((lo >> shift) & 0x0F0F0F0Fu) | (((hi >> shift) & 0x0F0F0F0Fu) << 4);
+              const uint32_t v = panel_dword(q + 8 * part, 4 * (sb % 2));
               std::memcpy(qs + 256 * sb + 64 * part + 4 * r, &v, 4);
             }
           }
@@ -447,11 +454,7 @@ std::shared_ptr<const uint8_t> pack_panels(uint32_t type, const void* data, int6
         // Part L takes weights 8L'..8L'+7 (L' = L % 2) from bytes 8L'.. of the nibbles: their
         // low nibbles for L < 2, their high ones (weights + 16) for L >= 2; four at a time.
         for (int part = 0; part < 4; ++part) {
-          uint32_t lo, hi;
-          std::memcpy(&lo, blk + qs_at + 8 * (part % 2), 4);
-          std::memcpy(&hi, blk + qs_at + 8 * (part % 2) + 4, 4);
-          const uint32_t v = part < 2 ? (lo & 0x0F0F0F0Fu) | ((hi & 0x0F0F0F0Fu) << 4)
-                                      : ((lo >> 4) & 0x0F0F0F0Fu) | (hi & 0xF0F0F0F0u);
+          const uint32_t v = panel_dword(blk + qs_at + 8 * (part % 2), 4 * (part / 2));
           std::memcpy(qs + 64 * part + 4 * r, &v, 4);
         }
         if (five) {  // the fifth bits: mask 2L + h, bit 4r + e, of weight 16(L / 2) + 8(L % 2) + 4h + e

@@ -196,13 +196,13 @@ void release_repacked_source(const kernels::QuantMatRef& w, const FileMappings& 
   release_file_pages(w.scales, static_cast<size_t>(sbytes), maps);
 }
 
-kernels::MatRef with_panels(kernels::MatRef m, const FileMappings& maps, bool experts) {
+kernels::MatRef with_panels(kernels::MatRef m, bool experts) {
   if (m.dtype != DType::kGgml || !kernels::ggml::can_pack_panels(m.ggml_type) || !quant_repack_enabled() ||
       best_isa() != Isa::kAvx512 || m.rows == 0 ||
       ((m.ggml_type == kernels::ggml::kQ8_0 || m.ggml_type == kernels::ggml::kQ4_K) && !experts))
     return m;
   m.panels = kernels::ggml::pack_panels(m.ggml_type, m.data, m.rows, m.cols);
-  release_file_pages(m.data, static_cast<size_t>(m.rows * kernels::row_bytes(m)), maps);
+  release_file_pages(m.data, static_cast<size_t>(m.rows * kernels::row_bytes(m)), FileMappings::current());
   return m;
 }
 
@@ -241,9 +241,7 @@ kernels::LinearWeight bind_linear(const WeightStore& store, const std::string& n
   const LayerQuant lq = qc.layer(name);
   if (lq.dense) {
     const TensorInfo& t = store.get(name, {rows, cols});
-    const kernels::MatRef m = as_matrix(t);
-    return kernels::dense_linear(
-        kernels::ggml::can_pack_panels(m.ggml_type) ? with_panels(m, FileMappings::current(), false) : m, t.name);
+    return kernels::dense_linear(with_panels(as_matrix(t), false), t.name);
   }
   const QuantTensors qt = find_quant_tensors(store, name, lq, cols);
   const TensorInfo* qw = qt.qweight;
@@ -289,8 +287,7 @@ std::vector<kernels::LinearWeight> bind_experts(const WeightStore& store, const 
       fail("{}: tensor '{}' has dtype {}; expert weights must be f32, bf16 or f16", t.file, t.name,
            dtype_name(t.dtype));
     }
-    const kernels::MatRef all =
-        with_panels({t.data, t.dtype, E * rows, cols, t.ggml_type}, maps, true);  // GGUF types too
+    const kernels::MatRef all = with_panels({t.data, t.dtype, E * rows, cols, t.ggml_type}, true);  // GGUF types too
     for (int64_t e = 0; e < E; ++e)
       out[e] = kernels::dense_linear(kernels::row_slice(all, e * rows, (e + 1) * rows), t.name);
     return out;

@@ -98,7 +98,8 @@ void release_repacked_source(const kernels::QuantMatRef& w, const FileMappings& 
 // Q4_K 1.3-1.7x at 8-16) and decode (Q4_K 1.25-1.6x), but their AMX tiles from the rows stay
 // ahead on a dense layer's prompt (Q8_0 panels 0.9x at 64-256 tokens in kernels_bench,
 // 0.75-0.85x end to end at 64; Q4_K panels 0.7-0.87x at 64), so dense layers keep the rows.
-kernels::MatRef with_panels(kernels::MatRef m, const FileMappings& maps, bool experts);
+// The snapshot of the file mappings is taken only when a copy is made.
+kernels::MatRef with_panels(kernels::MatRef m, bool experts);
 
 // A quantized layer's stored pair, <name>.qweight and <name>.scales, found and checked
 // against its scheme (dtypes; cols a multiple of the group size). Shapes are the caller's:

@@ -114,7 +114,7 @@ kernels::LinearWeight SafetensorsSource::linear(const TensorSpec& t) const {
 
 std::vector<kernels::LinearWeight> SafetensorsSource::experts(const std::vector<const TensorSpec*>& parts) const {
   // One look at the process's mappings for all of them (release_repacked_source).
-  const FileMappings maps = quant_repack_enabled() ? FileMappings::current() : FileMappings{};
+  const FileMappings maps = qc_.present && quant_repack_enabled() ? FileMappings::current() : FileMappings{};
   if (parts.size() == 1 && parts[0]->shape.size() == 3) {
     const std::vector<int64_t>& s = parts[0]->shape;
     return bind_experts(*store_, parts[0]->name, s[0], s[1], s[2], qc_, true, maps);

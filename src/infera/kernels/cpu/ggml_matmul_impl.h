@@ -354,7 +354,7 @@ inline void matmul_rows(uint32_t type, const void* data, int64_t row_bytes, int6
   quantize_activations(x, m, k, form, acts);
   const Activations& a = acts;
   const auto* base = static_cast<const uint8_t*>(data);
-#ifndef __AVX512VNNI__
+#ifndef __AVX2__
   (void)panels;
 #endif
 #ifdef __AVX2__

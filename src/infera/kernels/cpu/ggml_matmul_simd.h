@@ -76,6 +76,13 @@ inline __m256i load256(const void* p) { return _mm256_loadu_si256(static_cast<co
 inline __m128i load128(const void* p) { return _mm_loadu_si128(static_cast<const __m128i*>(p)); }
 inline void store256(void* p, __m256i v) { _mm256_storeu_si256(static_cast<__m256i*>(p), v); }
 inline void store128(void* p, __m128i v) { _mm_storeu_si128(static_cast<__m128i*>(p), v); }
+// The sum of 32 int8 quants (exact).
+inline int32_t sum32(const int8_t* q) {
+  const __m256i s16 = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), load256(q)), _mm256_set1_epi16(1));
+  const __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s16), _mm256_extracti128_si256(s16, 1));
+  const __m128i s2 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, _MM_SHUFFLE(1, 0, 3, 2)));
+  return _mm_cvtsi128_si32(_mm_add_epi32(s2, _mm_shuffle_epi32(s2, _MM_SHUFFLE(2, 3, 0, 1))));
+}
 
 // f16 -> f32 with F16C (exact, as f16_to_f32).
 inline float half_f16c(const uint8_t* p) {
@@ -535,13 +542,7 @@ inline void gemv_blocks32(const uint8_t* base, int64_t row_bytes, int64_t k, con
   const int64_t nb = k / 32;
   static thread_local std::vector<int32_t> corr;
   corr.resize(static_cast<size_t>(nb));
-  for (int64_t b = 0; b < nb; ++b) {
-    const __m256i q = load256(a.q.data() + 32 * b);
-    const __m256i s16 = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), q), _mm256_set1_epi16(1));
-    const __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s16), _mm256_extracti128_si256(s16, 1));
-    const __m128i s2 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, _MM_SHUFFLE(1, 0, 3, 2)));
-    corr[b] = kOffset * _mm_cvtsi128_si32(_mm_add_epi32(s2, _mm_shuffle_epi32(s2, _MM_SHUFFLE(2, 3, 0, 1))));
-  }
+  for (int64_t b = 0; b < nb; ++b) corr[b] = kOffset * sum32(a.q.data() + 32 * b);
   const int32_t* cp = corr.data();
   const int8_t* q = a.q.data();
   if constexpr (kType != kQ8_0) {

@@ -344,25 +344,6 @@ inline void matmul(const uint8_t* panels, int64_t k, const Activations& a, int64
   constexpr int kOffset = kK ? 0 : Traits<kType>::kOffset;
   const PanelLayout lay = panel_layout(kType, k);
   const int64_t nb = lay.blocks, pb = lay.bytes, sbytes = lay.scale_bytes;
-  // Offset x each activation row's block sums (exact: |sum| <= 32 x 127).
-  static thread_local std::vector<int32_t> corr;
-  corr.resize(static_cast<size_t>(m * nb));
-  for (int64_t i = 0; i < (kOffset != 0 ? m * nb : 0); ++i) {
-    const __m256i qv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.q.data() + 32 * i));
-    const __m256i s16 = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), qv), _mm256_set1_epi16(1));
-    const __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s16), _mm256_extracti128_si256(s16, 1));
-    const __m128i s2 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, _MM_SHUFFLE(1, 0, 3, 2)));
-    corr[i] = kOffset * _mm_cvtsi128_si32(_mm_add_epi32(s2, _mm_shuffle_epi32(s2, _MM_SHUFFLE(2, 3, 0, 1))));
-  }
-  if (kK) {  // Q4_K: the int16 pairs of the activation's sums of 32 (|sum| <= 32 x 127), 4 per super-block
-    corr.resize(static_cast<size_t>(m * nb * 4));
-    for (int64_t i = 0; i < m * nb * 4; ++i) {
-      const int32_t* bs = a.bsums.data() + 4 * i;  // (16 sums of 16 per super-block)
-      const auto lo = static_cast<uint16_t>(bs[0] + bs[1]), hi = static_cast<uint16_t>(bs[2] + bs[3]);
-      corr[i] = static_cast<int32_t>(static_cast<uint32_t>(lo) | static_cast<uint32_t>(hi) << 16);
-    }
-  }
-  const int32_t* corr_all = corr.data();  // (the caller's: thread_local names differ per thread below)
   const uint8_t* first = panels + (n0 / kPanelRows) * pb;
   const int64_t np = (n1 - n0 + kPanelRows - 1) / kPanelRows;
   if (kType == kQ8_0 && m >= kAmxRows && vnni::amx::usable()) {
@@ -392,6 +373,19 @@ inline void matmul(const uint8_t* panels, int64_t k, const Activations& a, int64
     matmul<kType>(panels, k, rest, m - tokens, n0, n1, y + tokens * ldy, ldy);
     return;
   }
+  // Offset x each activation row's block sums (exact: |sum| <= 32 x 127); Q4_K: the int16
+  // pairs of its sums of 32, 4 per super-block.
+  static thread_local std::vector<int32_t> corr;
+  corr.resize(static_cast<size_t>(m * nb * (kK ? 4 : 1)));
+  for (int64_t i = 0; i < (kOffset != 0 ? m * nb : 0); ++i) corr[i] = kOffset * sum32(a.q.data() + 32 * i);
+  if (kK) {
+    for (int64_t i = 0; i < m * nb * 4; ++i) {
+      const int32_t* bs = a.bsums.data() + 4 * i;  // (16 sums of 16 per super-block)
+      const auto lo = static_cast<uint16_t>(bs[0] + bs[1]), hi = static_cast<uint16_t>(bs[2] + bs[3]);
+      corr[i] = static_cast<int32_t>(static_cast<uint32_t>(lo) | static_cast<uint32_t>(hi) << 16);
+    }
+  }
+  const int32_t* corr_all = corr.data();  // (the caller's: thread_local names differ per thread below)
   const int64_t units = (np + 1) / 2;
   const int64_t chunk = m <= 4 ? nb : kK ? 2 : kChunkBlocks;  // (Q4_K: super-blocks)
   const int threads = omp_in_parallel() ? 1 : num_threads();
