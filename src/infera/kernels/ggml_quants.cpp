@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "infera/base/error.h"
+#include "infera/base/membw.h"
 #include "infera/base/threads.h"
 #include "infera/tensor/dtype.h"
 
@@ -407,9 +408,11 @@ std::shared_ptr<const uint8_t> pack_panels(uint32_t type, const void* data, int6
   const int64_t nb = lay.blocks, pb = lay.bytes, panels = (rows + kPanelRows - 1) / kPanelRows;
   const int64_t rb = row_bytes(type, k), ts = type_size(type);
   const size_t total = static_cast<size_t>(std::max<int64_t>(1, panels * pb));
-  auto* out = static_cast<uint8_t*>(std::aligned_alloc(64, (total + 63) / 64 * 64));
-  if (out == nullptr) fail("out of memory repacking a {} x {} matrix ({} bytes)", rows, k, total);
-  std::shared_ptr<const uint8_t> owner(out, [](const uint8_t* p) { std::free(const_cast<uint8_t*>(p)); });
+  // Advised huge pages, as Infera's own repacked layers are: a decode step streams the panels,
+  // and with 4 KiB pages its TLB misses cost it (membw.h).
+  auto storage = std::make_shared<HugePageBuffer>(total);
+  uint8_t* out = storage->data();
+  std::shared_ptr<const uint8_t> owner(std::move(storage), out);
   const auto* src = static_cast<const uint8_t*>(data);
   const bool offset = type == kQ4_1 || type == kQ5_1, five = type == kQ5_0 || type == kQ5_1;
   // Where a block's 16 bytes of nibbles start (after d, m and the 5-bit types' qh).

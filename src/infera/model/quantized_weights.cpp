@@ -196,10 +196,9 @@ void release_repacked_source(const kernels::QuantMatRef& w, const FileMappings& 
   release_file_pages(w.scales, static_cast<size_t>(sbytes), maps);
 }
 
-kernels::MatRef with_panels(kernels::MatRef m, bool experts) {
+kernels::MatRef with_panels(kernels::MatRef m) {
   if (m.dtype != DType::kGgml || !kernels::ggml::can_pack_panels(m.ggml_type) || !quant_repack_enabled() ||
-      best_isa() != Isa::kAvx512 || m.rows == 0 ||
-      ((m.ggml_type == kernels::ggml::kQ8_0 || m.ggml_type == kernels::ggml::kQ4_K) && !experts))
+      best_isa() != Isa::kAvx512 || m.rows == 0)
     return m;
   m.panels = kernels::ggml::pack_panels(m.ggml_type, m.data, m.rows, m.cols);
   release_file_pages(m.data, static_cast<size_t>(m.rows * kernels::row_bytes(m)), FileMappings::current());
@@ -241,7 +240,7 @@ kernels::LinearWeight bind_linear(const WeightStore& store, const std::string& n
   const LayerQuant lq = qc.layer(name);
   if (lq.dense) {
     const TensorInfo& t = store.get(name, {rows, cols});
-    return kernels::dense_linear(with_panels(as_matrix(t), false), t.name);
+    return kernels::dense_linear(with_panels(as_matrix(t)), t.name);
   }
   const QuantTensors qt = find_quant_tensors(store, name, lq, cols);
   const TensorInfo* qw = qt.qweight;
@@ -287,7 +286,7 @@ std::vector<kernels::LinearWeight> bind_experts(const WeightStore& store, const 
       fail("{}: tensor '{}' has dtype {}; expert weights must be f32, bf16 or f16", t.file, t.name,
            dtype_name(t.dtype));
     }
-    const kernels::MatRef all = with_panels({t.data, t.dtype, E * rows, cols, t.ggml_type}, true);  // GGUF types too
+    const kernels::MatRef all = with_panels({t.data, t.dtype, E * rows, cols, t.ggml_type});  // GGUF types too
     for (int64_t e = 0; e < E; ++e)
       out[e] = kernels::dense_linear(kernels::row_slice(all, e * rows, (e + 1) * rows), t.name);
     return out;

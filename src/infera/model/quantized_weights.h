@@ -91,15 +91,15 @@ class FileMappings {
 void release_repacked_source(const kernels::QuantMatRef& w, const FileMappings& maps);
 
 // A GGUF matrix (dtype kGgml) of a type with panel kernels (kernels::ggml::can_pack_panels:
-// Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL; Q8_0 and Q4_K only for `experts`) with its repacked copy
-// (MatRef::panels) on CPUs with the AVX-512 path unless INFERA_QUANT_REPACK=0, its file pages
-// then dropped as release_repacked_source drops them; any other matrix as it is. Q8_0's and
-// Q4_K's panels win on the few tokens an expert sees per call (Q8_0 1.8-2.7x at 8 tokens,
-// Q4_K 1.3-1.7x at 8-16) and decode (Q4_K 1.25-1.6x), but their AMX tiles from the rows stay
-// ahead on a dense layer's prompt (Q8_0 panels 0.9x at 64-256 tokens in kernels_bench,
-// 0.75-0.85x end to end at 64; Q4_K panels 0.7-0.87x at 64), so dense layers keep the rows.
-// The snapshot of the file mappings is taken only when a copy is made.
-kernels::MatRef with_panels(kernels::MatRef m, bool experts);
+// Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q8_0, Q4_K) with its repacked copy (MatRef::panels) on CPUs
+// with the AVX-512 path unless INFERA_QUANT_REPACK=0, its file pages then dropped as
+// release_repacked_source drops them; any other matrix as it is. Dense layers and experts
+// alike: with the panels' AMX tiles (Q8_0; Q4_K from scaled planes) a dense layer's prompt is
+// at least as fast as from the rows (kernels_bench, 2048 x 5632, Q4_K 1.05-1.7x at 16-256
+// tokens), and decode reads the panels faster (end to end, a TinyLlama-shaped Q4_K_M file:
+// generation 1.3-1.5x, prompt 1.1-1.7x; Q8_0: generation 1.2x). The snapshot of the file
+// mappings is taken only when a copy is made.
+kernels::MatRef with_panels(kernels::MatRef m);
 
 // A quantized layer's stored pair, <name>.qweight and <name>.scales, found and checked
 // against its scheme (dtypes; cols a multiple of the group size). Shapes are the caller's:

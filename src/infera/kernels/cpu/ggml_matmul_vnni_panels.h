@@ -1,6 +1,6 @@
 // The panel types (Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q8_0, Q4_K) from their panels (pack_panels,
-// ggml_quants.h) on AVX-512 VNNI, for every number of activation rows (Q8_0 from 16 on AMX
-// tiles): the same values as the generic loops of ggml_matmul_impl.h, bit for bit.
+// ggml_quants.h) on AVX-512 VNNI, for every number of activation rows (Q8_0 and Q4_K from 16
+// on AMX tiles): the same values as the generic loops of ggml_matmul_impl.h, bit for bit.
 //
 // A panel's 64-byte part is four weights of each of its 16 rows in the low nibbles and the
 // next four in the high ones, so two bitwise steps make two vpdpbusd operands (Q4_0: the
@@ -11,7 +11,8 @@
 // offset (8, 16 or 128; none for Q4_1 / Q5_1 / Q4_K) x the activation's block sum starts
 // each sum, so the integer sums equal the generic path's; the f32 steps are its own, per
 // block in its order, one lane per row (Q4_K: per super-block, its sub-scales in integers).
-// A thread takes two panels at a time (each activation broadcast serves both) against up to
+// A decode step takes four panels at a time (four streams from memory: 1.1-1.2x over two);
+// a thread otherwise takes two panels at a time (each activation broadcast serves both) against up to
 // four activation rows; a call of more rows runs its rows over 16-block chunks of the pair
 // in turn, so the chunk is read from memory once and from L1 by the other rows, and past
 // kDirectRows rows the chunk is unpacked once (16 KB for the pair) for all of them (Q8_0's
@@ -30,6 +31,10 @@ constexpr int64_t kDirectRows = 8;
 // Bytes ahead that a block's nibbles (and scales, an eighth as far) prefetch: a decode step
 // measured 1.2-1.3x with 1-2 KB against none (hardware prefetch alone), one thread and two.
 constexpr int64_t kPrefetch = 2048;
+
+// Panels a thread takes at a time at most, and the stride of its sums: sum[kSumStride n + u]
+// is panel u's with activation row n.
+constexpr int kSumStride = 4;
 
 // 16 lanes of f32 sums, kept across the chunks of k.
 struct alignas(64) Sums16 {
@@ -121,7 +126,7 @@ struct PAct {
   const float* s[4];
 };
 
-// sum[2 n + u] lane r += row r of panel u · activation row n over blocks [b0, b1) (kT panels
+// sum[kSumStride n + u] lane r += row r of panel u · activation row n over blocks [b0, b1) (kT panels
 // of scales sc[u] and quants qs[u], or with kPre their chunk unpacked at qs[u] (block b0
 // first); kNt activation rows).
 template <uint32_t kType, int kNt, int kT, bool kPre>
@@ -131,7 +136,7 @@ inline void dot(const uint8_t* const* sc, const uint8_t* const* qs, int64_t b0, 
   const Unpack<kType> unpack;
   __m512 s[kT][kNt];
   for (int u = 0; u < kT; ++u)
-    for (int n = 0; n < kNt; ++n) s[u][n] = _mm512_load_ps(sum[2 * n + u].v);
+    for (int n = 0; n < kNt; ++n) s[u][n] = _mm512_load_ps(sum[kSumStride * n + u].v);
   for (int64_t b = b0; b < b1; ++b) {
     // Two chains per sum (low and high nibbles), so one row's products do not wait on each other.
     __m512i lo_acc[kT][kNt], hi_acc[kT][kNt];
@@ -186,23 +191,31 @@ inline void dot(const uint8_t* const* sc, const uint8_t* const* qs, int64_t b0, 
     }
   }
   for (int u = 0; u < kT; ++u)
-    for (int n = 0; n < kNt; ++n) _mm512_store_ps(sum[2 * n + u].v, s[u][n]);
+    for (int n = 0; n < kNt; ++n) _mm512_store_ps(sum[kSumStride * n + u].v, s[u][n]);
 }
 
 using DotFn = void (*)(const uint8_t* const*, const uint8_t* const*, int64_t, int64_t, const PAct&, Sums16*);
 
-template <uint32_t kType, int kT, bool kPre>
-inline DotFn dot_for(int rows) {
+// kT panels (1-4; 3-4 only for one activation row) against `rows` activation rows (1-4).
+template <uint32_t kType, bool kPre>
+inline DotFn dot_for(int kt, int rows) {
+  if (rows == 1) {
+    switch (kt) {
+      case 1: return dot<kType, 1, 1, kPre>;
+      case 2: return dot<kType, 1, 2, kPre>;
+      case 3: return dot<kType, 1, 3, kPre>;
+      default: return dot<kType, 1, 4, kPre>;
+    }
+  }
   switch (rows) {
-    case 1: return dot<kType, 1, kT, kPre>;
-    case 2: return dot<kType, 2, kT, kPre>;
-    case 3: return dot<kType, 3, kT, kPre>;
-    default: return dot<kType, 4, kT, kPre>;
+    case 2: return kt == 1 ? dot<kType, 2, 1, kPre> : dot<kType, 2, 2, kPre>;
+    case 3: return kt == 1 ? dot<kType, 3, 1, kPre> : dot<kType, 3, 2, kPre>;
+    default: return kt == 1 ? dot<kType, 4, 1, kPre> : dot<kType, 4, 2, kPre>;
   }
 }
 
 // ---- Q4_K ----
-// sum[2 n + u] lane r += row r of panel u · activation row n over super-blocks [b0, b1): per
+// sum[kSumStride n + u] lane r += row r of panel u · activation row n over super-blocks [b0, b1): per
 // sub-block s the nibbles' products as a 32-weight block's, times the rows' scale s
 // (vpmulld, exact), the mins against the activation's sums of 32 (vpdpwssd on int16 pairs),
 // then the generic path's f32 step per super-block. a.corr[n]: the activation's int16 pairs
@@ -214,7 +227,7 @@ inline void dot_q4k(const uint8_t* const* sc, const uint8_t* const* qs, int64_t 
   const Unpack<kQ4_0> unpack;  // (the nibbles as they are)
   __m512 s[kT][kNt];
   for (int u = 0; u < kT; ++u)
-    for (int n = 0; n < kNt; ++n) s[u][n] = _mm512_load_ps(sum[2 * n + u].v);
+    for (int n = 0; n < kNt; ++n) s[u][n] = _mm512_load_ps(sum[kSumStride * n + u].v);
   for (int64_t b = b0; b < b1; ++b) {
     __m512i isum[kT][kNt];
     for (int u = 0; u < kT; ++u) {
@@ -270,25 +283,31 @@ inline void dot_q4k(const uint8_t* const* sc, const uint8_t* const* qs, int64_t 
     }
   }
   for (int u = 0; u < kT; ++u)
-    for (int n = 0; n < kNt; ++n) _mm512_store_ps(sum[2 * n + u].v, s[u][n]);
+    for (int n = 0; n < kNt; ++n) _mm512_store_ps(sum[kSumStride * n + u].v, s[u][n]);
 }
 
-template <int kT>
-inline DotFn dot_q4k_for(int rows) {
+inline DotFn dot_q4k_for(int kt, int rows) {
+  if (rows == 1) {
+    switch (kt) {
+      case 1: return dot_q4k<1, 1>;
+      case 2: return dot_q4k<1, 2>;
+      case 3: return dot_q4k<1, 3>;
+      default: return dot_q4k<1, 4>;
+    }
+  }
   switch (rows) {
-    case 1: return dot_q4k<1, kT>;
-    case 2: return dot_q4k<2, kT>;
-    case 3: return dot_q4k<3, kT>;
-    default: return dot_q4k<4, kT>;
+    case 2: return kt == 1 ? dot_q4k<2, 1> : dot_q4k<2, 2>;
+    case 3: return kt == 1 ? dot_q4k<3, 1> : dot_q4k<3, 2>;
+    default: return kt == 1 ? dot_q4k<4, 1> : dot_q4k<4, 2>;
   }
 }
 
 // ---- Q8_0 on AMX int8 tiles ----
 // Sixteen activation rows (tokens) against one panel: a block's 32 quants of the tokens are
-// the A tile (rows k apart) and the panel's 512 bytes of the block, as stored, the B tile, so
-// tdpbssd gives C[token][row] straight from the panel, with no layout pass; four C tiles
-// pipelined over the blocks, as vnni::amx::tile_q8_0 does for rows read in place (issue /
-// take). The f32 steps per block are dot's (sum[t] lane r = token t · row r).
+// the A tile (aq: 512 bytes a block, token t's 32 at 32 t) and the panel's 512 bytes of the block, as stored, the B
+// tile, so tdpbssd gives C[token][row] straight from the panel, with no layout pass; four C tiles pipelined over the
+// blocks, as vnni::amx::tile_q8_0 does for rows read in place (issue / take). The f32 steps per block are dot's (sum[t]
+// lane r = token t · row r).
 __attribute__((target("amx-tile,amx-int8"))) inline void amx_q8_0(const uint8_t* sc, const uint8_t* qs,
                                                                   const int8_t* aq, const float* ad, int64_t k,
                                                                   float* y, int64_t ldy, __mmask16 mask) {
@@ -298,7 +317,7 @@ __attribute__((target("amx-tile,amx-int8"))) inline void amx_q8_0(const uint8_t*
   for (int t = 0; t < 16; ++t) sum[t] = _mm512_setzero_ps();
   alignas(64) int32_t c[2][256];
   const int64_t nb = k / 32;
-  const amx::Src src{aq, k, 32, reinterpret_cast<const int8_t*>(qs), nullptr};
+  const amx::Src src{aq, 32, 512, reinterpret_cast<const int8_t*>(qs), nullptr};
 #define INFERA_PANEL_USE(B, CB)                                                                             \
   {                                                                                                         \
     const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc + 32 * (B)))); \
@@ -331,7 +350,127 @@ __attribute__((target("amx-tile,amx-int8"))) inline void amx_q8_0(const uint8_t*
   for (int t = 0; t < 16; ++t) _mm512_mask_storeu_ps(y + t * ldy, mask, sum[t]);
 }
 
-// Q8_0 calls of at least this many rows run their whole groups of 16 on AMX (the rest, and
+// Q4_K's activation sums for the mins: from the Q8_K sums of 16 (16 per super-block), n
+// dwords, each the int16 pair of the sums of 32 of sub-blocks 2 p and 2 p + 1.
+inline void sum_pairs(const int32_t* bsums, int64_t n, int32_t* out) {
+  for (int64_t i = 0; i < n; ++i) {
+    const int32_t* bs = bsums + 4 * i;
+    const auto lo = static_cast<uint16_t>(bs[0] + bs[1]), hi = static_cast<uint16_t>(bs[2] + bs[3]);
+    out[i] = static_cast<int32_t>(static_cast<uint32_t>(lo) | static_cast<uint32_t>(hi) << 16);
+  }
+}
+
+// ---- Q4_K on AMX int8 tiles ----
+// A panel's super-blocks made ready for the tiles, with the rows' 6-bit sub-scales folded in
+// so that a super-block's 256 products add up in the tiles: scale s = 8 sh + sl (both <= 7),
+// plane L holds q sl and plane H q sh (<= 105, unsigned bytes) and C_L + 8 C_H is the
+// generic path's sum over the sub-blocks of s x (nibbles · quants), exactly. Per super-block
+// 8 KB: plane L's sub-blocks then plane H's, 512 bytes each (dword-row 2 p + h of a
+// sub-block: weights 8 p + 4 h .. + 3 of each row, as the panel's parts hold them), so any
+// two consecutive sub-blocks of a plane are a B tile of 64 weights x 16 rows.
+inline void unpack_q4k_planes(const uint8_t* qs, int64_t nb, uint8_t* out) {
+  const Unpack<kQ4_0> unpack;  // (the nibbles as they are)
+  const __m512i seven = _mm512_set1_epi8(7), even = _mm512_set1_epi16(0x00FF), odd = _mm512_set1_epi16(-256);
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* sb_qs = qs + 2304 * b;
+    for (int l = 0; l < 36; ++l) _mm_prefetch(reinterpret_cast<const char*>(sb_qs + 2304 + 64 * l), _MM_HINT_T0);
+    uint8_t* lo_plane = out + 8192 * b;
+    for (int sb = 0; sb < 8; ++sb) {
+      // The rows' scale as each of their bytes (byte 4 r + e: row r).
+      const __m512i s = _mm512_mullo_epi32(_mm512_cvtepu8_epi32(_mm_loadu_si128(
+                                               reinterpret_cast<const __m128i*>(sb_qs + 2048 + 16 * sb))),
+                                           _mm512_set1_epi32(0x01010101));
+      const __m512i sl = _mm512_and_si512(s, seven), sh = _mm512_and_si512(_mm512_srli_epi16(s, 3), seven);
+      const __m512i sl_even = _mm512_and_si512(sl, even), sl_odd = _mm512_and_si512(sl, odd);
+      const __m512i sh_even = _mm512_and_si512(sh, even), sh_odd = _mm512_and_si512(sh, odd);
+      // Byte products q x f of the even and the odd bytes (vpmaddubsw against f in one byte of
+      // each pair), put back together.
+      const auto times = [](__m512i q, __m512i f_even, __m512i f_odd) {
+        return _mm512_or_si512(_mm512_maddubs_epi16(q, f_even), _mm512_slli_epi16(_mm512_maddubs_epi16(q, f_odd), 8));
+      };
+      for (int part = 0; part < 4; ++part) {
+        __m512i lo, hi;
+        unpack(sb_qs + 256 * sb, part, lo, hi);
+        uint8_t* o = lo_plane + 512 * sb + 128 * part;
+        _mm512_store_si512(o, times(lo, sl_even, sl_odd));
+        _mm512_store_si512(o + 64, times(hi, sl_even, sl_odd));
+        _mm512_store_si512(o + 4096, times(lo, sh_even, sh_odd));
+        _mm512_store_si512(o + 4096 + 64, times(hi, sh_even, sh_odd));
+      }
+    }
+  }
+}
+
+// Sixteen activation rows (tokens) against one Q4_K panel, from its planes (w) on AMX int8
+// tiles configured for 64-weight steps: per super-block, A tiles of the tokens' quants
+// (aq: 1 KB per 64 weights, token t's at 64 t; signed) against both planes (unsigned,
+// tdpbsud) into two C tiles, a super-block's C tiles stored while the next one's products
+// run (tiles 0-1 and 2-3 in turn); then dot_q4k's steps per super-block: the mins against
+// the tokens' sums of 32 and the f32 step. sc / qs: the panel's d / dmin and quants (the min
+// bytes); corr: the tokens' int16 pairs of sums of 32 (4 per super-block, token t's from
+// corr + 4 nb t).
+__attribute__((target("amx-tile,amx-int8"))) inline void amx_q4k(const uint8_t* sc, const uint8_t* qs, const uint8_t* w,
+                                                                 const int8_t* aq, const float* ad, const int32_t* corr,
+                                                                 int64_t k, float* y, int64_t ldy, __mmask16 mask) {
+  constexpr int kStride = 2304;
+  const int64_t nb = k / 256;
+  __m512 acc[16];
+#pragma GCC unroll 16
+  for (int t = 0; t < 16; ++t) acc[t] = _mm512_setzero_ps();
+  alignas(64) int32_t cl[256], ch[256];
+#define INFERA_Q4K_ISSUE(CL, CH, B)                  \
+  {                                                  \
+    _tile_zero(CL);                                  \
+    _tile_zero(CH);                                  \
+    for (int j = 0; j < 4; ++j) {                    \
+      const uint8_t* w_ = w + 8192 * (B) + 1024 * j; \
+      _tile_loadd(4, aq + 1024 * (4 * (B) + j), 64); \
+      _tile_loadd(6, w_, 64);                        \
+      _tile_loadd(7, w_ + 4096, 64);                 \
+      _tile_dpbsud(CL, 4, 6);                        \
+      _tile_dpbsud(CH, 4, 7);                        \
+    }                                                \
+  }
+  INFERA_Q4K_ISSUE(0, 1, 0)
+  for (int64_t b = 0; b < nb; ++b) {
+    if (b + 1 < nb) {
+      if ((b + 1) % 2 == 0)
+        INFERA_Q4K_ISSUE(0, 1, b + 1)
+      else
+        INFERA_Q4K_ISSUE(2, 3, b + 1)
+    }
+    if (b % 2 == 0) {
+      _tile_stored(0, cl, 64);
+      _tile_stored(1, ch, 64);
+    } else {
+      _tile_stored(2, cl, 64);
+      _tile_stored(3, ch, 64);
+    }
+    __m512i mv[4];
+    for (int p = 0; p < 4; ++p)
+      mv[p] = _mm512_cvtepu8_epi16(
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + kStride * b + 2048 + 128 + 32 * p)));
+    const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc + 64 * b)));
+    const __m512 dmv = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc + 64 * b + 32)));
+#pragma GCC unroll 16
+    for (int t = 0; t < 16; ++t) {
+      const __m512i isum =
+          _mm512_add_epi32(_mm512_load_si512(cl + 16 * t), _mm512_slli_epi32(_mm512_load_si512(ch + 16 * t), 3));
+      __m512i msum = _mm512_setzero_si512();
+      for (int p = 0; p < 4; ++p)
+        msum = _mm512_dpwssd_epi32(msum, mv[p], _mm512_set1_epi32(corr[4 * nb * t + 4 * b + p]));
+      const __m512 da = _mm512_set1_ps(ad[t * nb + b]);
+      const __m512 d = _mm512_mul_ps(dv, da), dmin = _mm512_mul_ps(dmv, da);
+      acc[t] = _mm512_add_ps(acc[t], _mm512_sub_ps(_mm512_mul_ps(d, _mm512_cvtepi32_ps(isum)),
+                                                   _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(msum))));
+    }
+  }
+#undef INFERA_Q4K_ISSUE
+#pragma GCC unroll 16
+  for (int t = 0; t < 16; ++t) _mm512_mask_storeu_ps(y + t * ldy, mask, acc[t]);
+}
+
+// Q8_0 and Q4_K calls of at least this many rows run their whole groups of 16 on AMX (the rest, and
 // smaller calls, on the VNNI steps: 1.8-2.7x AMX's rows-in-place tiles at 8 tokens).
 constexpr int64_t kAmxRows = 16;
 
@@ -346,21 +485,49 @@ inline void matmul(const uint8_t* panels, int64_t k, const Activations& a, int64
   const int64_t nb = lay.blocks, pb = lay.bytes, sbytes = lay.scale_bytes;
   const uint8_t* first = panels + (n0 / kPanelRows) * pb;
   const int64_t np = (n1 - n0 + kPanelRows - 1) / kPanelRows;
-  if (kType == kQ8_0 && m >= kAmxRows && vnni::amx::usable()) {
+  if ((kType == kQ8_0 || kK) && m >= kAmxRows && vnni::amx::usable()) {
     const int64_t groups = m / 16, tokens = 16 * groups;
+    // Q4_K: the tokens' int16 pairs of sums of 32, as the VNNI steps take them.
+    static thread_local std::vector<int32_t> pairs;
+    if (kK) {
+      pairs.resize(static_cast<size_t>(tokens * nb * 4));
+      sum_pairs(a.bsums.data(), tokens * nb * 4, pairs.data());
+    }
+    const int32_t* pairs_all = pairs.data();
+    // The tokens' quants as A tiles: per group of 16 and step of 32 weights (Q4_K: 64), the
+    // 16 tokens' together (rows k apart would fall in a few L1 sets when k is a power of two).
+    constexpr int64_t step = kK ? 64 : 32;
+    static thread_local vnni::amx::Aligned64 tiles;
+    tiles.resize(static_cast<size_t>(tokens * k));
+    for (int64_t g = 0; g < groups; ++g)
+      for (int64_t t = 0; t < 16; ++t)
+        for (int64_t j = 0; j < k / step; ++j)
+          std::memcpy(tiles.data() + 16 * g * k + 16 * step * j + step * t, a.q.data() + (16 * g + t) * k + step * j,
+                      step);
+    const int8_t* tiles_all = tiles.data();
     const int threads = omp_in_parallel() ? 1 : num_threads();
 #pragma omp parallel num_threads(static_cast <int>(std::min <int64_t>(threads, np)))
     {
-      vnni::amx::configure(32);
+      vnni::amx::configure(static_cast<int>(step));
+      static thread_local vnni::amx::Aligned64 planes;  // Q4_K: one panel's planes (32 bytes per weight)
+      if (kK) planes.resize(static_cast<size_t>(32 * k));
 #pragma omp for schedule(dynamic, 1)
       for (int64_t p = 0; p < np; ++p) {
         const uint8_t* sc = first + p * pb;
         const int64_t j0 = n0 + kPanelRows * p;
         const int rows = static_cast<int>(std::min<int64_t>(kPanelRows, n1 - j0));
         const auto mask = static_cast<__mmask16>((1u << rows) - 1);
-        for (int64_t g = 0; g < groups; ++g)
-          amx_q8_0(sc, sc + sbytes, a.q.data() + 16 * g * k, a.d.data() + 16 * g * nb, k, y + 16 * g * ldy + (j0 - n0),
-                   ldy, mask);
+        if constexpr (kK) {
+          auto* w = reinterpret_cast<uint8_t*>(planes.data());
+          unpack_q4k_planes(sc + sbytes, nb, w);
+          for (int64_t g = 0; g < groups; ++g)
+            amx_q4k(sc, sc + sbytes, w, tiles_all + 16 * g * k, a.d.data() + 16 * g * nb, pairs_all + 16 * g * nb * 4,
+                    k, y + 16 * g * ldy + (j0 - n0), ldy, mask);
+        } else {
+          for (int64_t g = 0; g < groups; ++g)
+            amx_q8_0(sc, sc + sbytes, tiles_all + 16 * g * k, a.d.data() + 16 * g * nb, k, y + 16 * g * ldy + (j0 - n0),
+                     ldy, mask);
+        }
       }
       vnni::amx::release();
     }
@@ -370,6 +537,7 @@ inline void matmul(const uint8_t* panels, int64_t k, const Activations& a, int64
     rest.k = k;
     rest.q.assign(a.q.begin() + tokens * k, a.q.end());
     rest.d.assign(a.d.begin() + tokens * nb, a.d.end());
+    if (kK) rest.bsums.assign(a.bsums.begin() + tokens * nb * 16, a.bsums.end());
     matmul<kType>(panels, k, rest, m - tokens, n0, n1, y + tokens * ldy, ldy);
     return;
   }
@@ -379,39 +547,38 @@ inline void matmul(const uint8_t* panels, int64_t k, const Activations& a, int64
   corr.resize(static_cast<size_t>(m * nb * (kK ? 4 : 1)));
   for (int64_t i = 0; i < (kOffset != 0 ? m * nb : 0); ++i) corr[i] = kOffset * sum32(a.q.data() + 32 * i);
   if (kK) {
-    for (int64_t i = 0; i < m * nb * 4; ++i) {
-      const int32_t* bs = a.bsums.data() + 4 * i;  // (16 sums of 16 per super-block)
-      const auto lo = static_cast<uint16_t>(bs[0] + bs[1]), hi = static_cast<uint16_t>(bs[2] + bs[3]);
-      corr[i] = static_cast<int32_t>(static_cast<uint32_t>(lo) | static_cast<uint32_t>(hi) << 16);
-    }
+    sum_pairs(a.bsums.data(), m * nb * 4, corr.data());
   }
   const int32_t* corr_all = corr.data();  // (the caller's: thread_local names differ per thread below)
-  const int64_t units = (np + 1) / 2;
+  // A decode step (one activation row) takes four panels at a time, so that four streams are
+  // read at once; more rows take two (their sums' registers).
+  const int per_unit = m == 1 ? 4 : 2;
+  const int64_t units = (np + per_unit - 1) / per_unit;
   const int64_t chunk = m <= 4 ? nb : kK ? 2 : kChunkBlocks;  // (Q4_K: super-blocks)
   const int threads = omp_in_parallel() ? 1 : num_threads();
 #pragma omp parallel num_threads(static_cast <int>(std::min <int64_t>(threads, units)))
   {
     static thread_local std::vector<Sums16> sums;
-    sums.resize(static_cast<size_t>(2 * m));
+    sums.resize(static_cast<size_t>(kSumStride * m));
     static thread_local Sums16 unpacked[2][kChunkBlocks * 512 / sizeof(Sums16)];
 #pragma omp for schedule(dynamic, 1)
     for (int64_t unit = 0; unit < units; ++unit) {
-      const int64_t p0 = 2 * unit;
-      const int kT = np - p0 >= 2 ? 2 : 1;
-      const uint8_t* sc[2];
-      const uint8_t* nib[2];
-      for (int u = 0; u < 2; ++u) {
+      const int64_t p0 = per_unit * unit;
+      const int kT = static_cast<int>(std::min<int64_t>(per_unit, np - p0));
+      const uint8_t* sc[kSumStride];
+      const uint8_t* nib[kSumStride];
+      for (int u = 0; u < kSumStride; ++u) {
         sc[u] = first + (p0 + std::min(u, kT - 1)) * pb;
         nib[u] = sc[u] + sbytes;
       }
       std::fill(sums.begin(), sums.end(), Sums16{});
       // Q8_0's panels are in the unpacked layout already.
       const bool pre = !kK && (kType == kQ8_0 || m > kDirectRows);
-      const uint8_t* w[2] = {nib[0], nib[1]};
+      const uint8_t* w[kSumStride] = {nib[0], nib[1], nib[2], nib[3]};
       for (int64_t b0 = 0; b0 < nb; b0 += chunk) {
         const int64_t b1 = std::min(nb, b0 + chunk);
         if (kType == kQ8_0) {
-          for (int u = 0; u < 2; ++u) w[u] = nib[u] + 512 * b0;
+          for (int u = 0; u < kT; ++u) w[u] = nib[u] + 512 * b0;
         } else if (!kK && pre) {
           for (int u = 0; u < kT; ++u) {
             auto* out = reinterpret_cast<uint8_t*>(unpacked[u]);
@@ -430,11 +597,10 @@ inline void matmul(const uint8_t* panels, int64_t k, const Activations& a, int64
           }
           DotFn fn;
           if constexpr (kK)
-            fn = kT == 2 ? dot_q4k_for<2>(nt) : dot_q4k_for<1>(nt);
+            fn = dot_q4k_for(kT, nt);
           else
-            fn = pre ? (kT == 2 ? dot_for<kType, 2, true>(nt) : dot_for<kType, 1, true>(nt))
-                     : (kT == 2 ? dot_for<kType, 2, false>(nt) : dot_for<kType, 1, false>(nt));
-          fn(sc, w, b0, b1, pa, sums.data() + 2 * i);
+            fn = pre ? dot_for<kType, true>(kT, nt) : dot_for<kType, false>(kT, nt);
+          fn(sc, w, b0, b1, pa, sums.data() + kSumStride * i);
           i += nt;
         }
       }
@@ -443,7 +609,7 @@ inline void matmul(const uint8_t* panels, int64_t k, const Activations& a, int64
         const int rows = static_cast<int>(std::min<int64_t>(kPanelRows, n1 - j0));
         const __mmask16 mask = static_cast<__mmask16>((1u << rows) - 1);
         for (int64_t i = 0; i < m; ++i)
-          _mm512_mask_storeu_ps(y + i * ldy + (j0 - n0), mask, _mm512_load_ps(sums[2 * i + u].v));
+          _mm512_mask_storeu_ps(y + i * ldy + (j0 - n0), mask, _mm512_load_ps(sums[kSumStride * i + u].v));
       }
     }
   }
