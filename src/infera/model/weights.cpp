@@ -109,6 +109,12 @@ kernels::LinearWeight SafetensorsSource::linear(const TensorSpec& t) const {
     const TensorInfo& info = store_->get(t.name, {rows, cols});
     return kernels::dense_linear(as_matrix(info), info.name);
   }
+  // A GGUF token embedding is read by rows (linear_row), so no panels: a panel copy would sit
+  // beside the rows that the lookups fault back in (tied, the head then reads the rows too).
+  if (t.role == WeightRole::kEmbedding && store_->find(t.name) && store_->find(t.name)->dtype == DType::kGgml) {
+    const TensorInfo& info = store_->get(t.name, {rows, cols});
+    return kernels::dense_linear(as_matrix(info), info.name);
+  }
   return bind_linear(*store_, t.name, rows, cols, qc_);
 }
 

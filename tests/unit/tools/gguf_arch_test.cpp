@@ -11,15 +11,18 @@
 
 #include <algorithm>
 #include <cmath>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "../test_support.h"
+#include "infera/base/cpu.h"
 #include "infera/kernels/ggml_quants.h"
 #include "infera/kernels/kernels.h"
 #include "infera/model/arch_registry.h"
 #include "infera/model/gguf_loader.h"
 #include "infera/model/model.h"
+#include "infera/model/quantized_weights.h"
 #include "infera/model/rope.h"
 #include "infera/model/weights.h"
 #include "infera/tools/gguf_export.h"
@@ -262,6 +265,28 @@ TEST_P(GgufArch, Q8WeightsEqualTheF32FileWithinRounding) {
   const std::vector<int32_t> prompt = prompt_of(c.prompt_len, cfg.vocab_size);
   int64_t params = 0;
   for (float x : all_logits(gguf_of(dir, GgufOutType::kQ8_0, "q8_0"), prompt, &params)) ASSERT_TRUE(std::isfinite(x));
+}
+
+// A GGUF token embedding is read by rows, so it gets no panels (a copy beside the rows that its
+// lookups fault back in); the head, a matrix like the layers', gets them where they are made
+// (AVX-512, INFERA_QUANT_REPACK on); with a tied head neither does.
+TEST(GgufPanels, TheTokenEmbeddingKeepsItsRowsAndTheHeadIsRepacked) {
+  for (const Case& c : {kCases[0], kCases[1]}) {  // qwen35moe: its own head; qwen35: tied
+    const std::string dir = model_dir(c, "f32");
+    const ModelConfig cfg = load_model_config(dir);
+    const ModelWeights w(cfg,
+                         std::make_unique<SafetensorsSource>(open_gguf_weights(gguf_of(dir, GgufOutType::kQ8_0, "q8_0"),
+                                                                               cfg),
+                                                             QuantizationConfig{}));
+    const kernels::LinearWeight embed = w.linear(-1, "token_embd");
+    ASSERT_EQ(embed.dense.dtype, DType::kGgml) << c.name;
+    EXPECT_EQ(embed.dense.panels, nullptr) << c.name;
+    if (cfg.tie_word_embeddings) continue;
+    const kernels::LinearWeight head = w.linear(-1, "output");
+    ASSERT_EQ(head.dense.dtype, DType::kGgml) << c.name;
+    const bool made = best_isa() == Isa::kAvx512 && quant_repack_enabled();
+    EXPECT_EQ(head.dense.panels != nullptr, made) << c.name;
+  }
 }
 
 // Llama 3 RoPE scaling goes into a GGUF as rope_freqs.weight (one divisor per rotated
