@@ -2,6 +2,7 @@
 
 #include <omp.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
@@ -422,10 +423,12 @@ std::shared_ptr<const uint8_t> pack_panels(uint32_t type, const void* data, int6
   for (int64_t p = 0; p < panels; ++p) {
     uint8_t* panel = out + p * pb;
     std::memset(panel, 0, static_cast<size_t>(pb));
-    for (int r = 0; r < kPanelRows && p * kPanelRows + r < rows; ++r) {
-      const uint8_t* row = src + (p * kPanelRows + r) * rb;
-      for (int64_t b = 0; b < nb; ++b) {
-        const uint8_t* blk = row + ts * b;
+    // Block by block, the panel's rows of each in turn: the writes of a block stay in L1 (row by
+    // row they strided the whole panel, from L2; 16 row streams read instead).
+    const int panel_rows = static_cast<int>(std::min<int64_t>(kPanelRows, rows - p * kPanelRows));
+    for (int64_t b = 0; b < nb; ++b) {
+      for (int r = 0; r < panel_rows; ++r) {
+        const uint8_t* blk = src + (p * kPanelRows + r) * rb + ts * b;
         uint8_t* scales = panel + lay.scale_stride * b;
         uint8_t* qs = panel + lay.scale_bytes + lay.quant_stride * b;
         if (type == kQ4_K) {
