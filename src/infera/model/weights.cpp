@@ -104,14 +104,13 @@ kernels::LinearWeight SafetensorsSource::linear(const TensorSpec& t) const {
   if (t.shape.size() != 2) fail("{}: tensor '{}' is not a matrix in the tensor table", store_->dir(), t.name);
   const int64_t rows = t.shape[0], cols = t.shape[1];
   const bool plain_ok = plain_fallback_ || t.role == WeightRole::kFloat;
-  if (plain_ok && qc_.present && !qc_.overrides.contains(t.name) && !store_->find(t.name + ".qweight") &&
-      store_->find(t.name)) {
-    const TensorInfo& info = store_->get(t.name, {rows, cols});
-    return kernels::dense_linear(as_matrix(info), info.name);
-  }
-  // A GGUF token embedding is read by rows (linear_row), so no panels: a panel copy would sit
+  const TensorInfo* stored = store_->find(t.name);
+  // Bound as stored: a plain tensor of a quantized checkpoint where that is allowed, and a
+  // GGUF token embedding, read by rows (linear_row), so without panels: a panel copy would sit
   // beside the rows that the lookups fault back in (tied, the head then reads the rows too).
-  if (t.role == WeightRole::kEmbedding && store_->find(t.name) && store_->find(t.name)->dtype == DType::kGgml) {
+  const bool plain = plain_ok && qc_.present && !qc_.overrides.contains(t.name) && !store_->find(t.name + ".qweight");
+  const bool gguf_embedding = t.role == WeightRole::kEmbedding && stored && stored->dtype == DType::kGgml;
+  if (stored && (plain || gguf_embedding)) {
     const TensorInfo& info = store_->get(t.name, {rows, cols});
     return kernels::dense_linear(as_matrix(info), info.name);
   }
