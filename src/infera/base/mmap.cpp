@@ -10,11 +10,46 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 
 #include "infera/base/error.h"
 #include "infera/base/load_progress.h"
 
 namespace infera {
+
+namespace {
+
+struct Registry {
+  std::mutex mu;
+  std::vector<std::pair<uintptr_t, uintptr_t>> ranges;  // sorted
+};
+
+Registry& registry() {
+  static Registry* r = new Registry;  // never destroyed: files may be unmapped during exit
+  return *r;
+}
+
+void register_mapping(const uint8_t* p, size_t n) {
+  Registry& r = registry();
+  const auto range = std::make_pair(reinterpret_cast<uintptr_t>(p), reinterpret_cast<uintptr_t>(p) + n);
+  std::lock_guard lock(r.mu);
+  r.ranges.insert(std::upper_bound(r.ranges.begin(), r.ranges.end(), range), range);
+}
+
+void unregister_mapping(const uint8_t* p) {
+  Registry& r = registry();
+  const auto begin = reinterpret_cast<uintptr_t>(p);
+  std::lock_guard lock(r.mu);
+  std::erase_if(r.ranges, [&](const auto& range) { return range.first == begin; });
+}
+
+}  // namespace
+
+std::vector<std::pair<uintptr_t, uintptr_t>> mapped_file_ranges() {
+  Registry& r = registry();
+  std::lock_guard lock(r.mu);
+  return r.ranges;
+}
 
 MappedFile::MappedFile(const std::string& path, bool load_into_memory, LoadProgress* progress) : path_(path) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
@@ -70,6 +105,7 @@ MappedFile::MappedFile(const std::string& path, bool load_into_memory, LoadProgr
     }
     data_ = static_cast<uint8_t*>(p);
     mapped_ = true;
+    register_mapping(data_, size_);
   }
   ::close(fd);
 }
@@ -97,9 +133,10 @@ MappedFile& MappedFile::operator=(MappedFile&& o) noexcept {
 
 void MappedFile::release() {
   if (!data_) return;
-  if (mapped_)
+  if (mapped_) {
+    unregister_mapping(data_);
     ::munmap(data_, size_);
-  else
+  } else
     std::free(data_);
   data_ = nullptr;
   size_ = 0;

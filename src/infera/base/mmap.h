@@ -6,6 +6,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace infera {
 
@@ -34,5 +36,12 @@ class MappedFile {
   size_t size_ = 0;
   bool mapped_ = false;  // false: data_ is heap memory (or empty file)
 };
+
+// The ranges [begin, end) of the files this process has mapped through MappedFile and not
+// yet unmapped, sorted: each MappedFile adds its mapping when it maps the file and takes it
+// away before unmapping. Readers that drop file pages (MADV_DONTNEED) ask here whether an
+// address is file-backed: there it only drops pages, in anonymous memory it would zero them.
+// One lock and a copy of a few ranges, instead of parsing /proc/self/maps.
+std::vector<std::pair<uintptr_t, uintptr_t>> mapped_file_ranges();
 
 }  // namespace infera

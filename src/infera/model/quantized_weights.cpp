@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "infera/base/error.h"
+#include "infera/base/mmap.h"
 #include "infera/base/options.h"
 #include "infera/kernels/ggml_quants.h"
 #include "infera/model/weights.h"
@@ -149,16 +150,7 @@ bool quant_repack_enabled() {
 
 FileMappings FileMappings::current() {
   FileMappings m;
-  std::ifstream maps("/proc/self/maps");
-  std::string line;
-  while (std::getline(maps, line)) {
-    unsigned long begin = 0, end = 0, inode = 0;
-    char perms[8] = {0};
-    if (std::sscanf(line.c_str(), "%lx-%lx %7s %*s %*s %lu", &begin, &end, perms, &inode) != 4) continue;
-    // Read-only and backed by a file (inode != 0): MADV_DONTNEED there only drops pages.
-    if (inode != 0 && perms[0] == 'r' && perms[1] == '-') m.ranges_.emplace_back(begin, end);
-  }
-  std::sort(m.ranges_.begin(), m.ranges_.end());
+  m.ranges_ = mapped_file_ranges();
   return m;
 }
 

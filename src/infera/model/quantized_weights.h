@@ -64,9 +64,10 @@ QuantizationConfig read_quantization_config(const std::string& model_dir);
 // on-disk layout). Throws infera::Error for a value other than 0/1/on/off/true/false.
 bool quant_repack_enabled();
 
-// The process's read-only file mappings (/proc/self/maps), as a snapshot: release_repacked_source
-// drops pages only inside them. Take it after the weights are mapped and use it only while
-// they stay mapped (an address range can be reused by other memory after an unmap).
+// The files this process has mapped (base/mmap.h, mapped_file_ranges), as a snapshot:
+// release_repacked_source drops pages only inside them. Take it after the weights are mapped
+// and use it only while they stay mapped (an address range can be reused by other memory
+// after an unmap). Taking one copies a few ranges under a lock: cheap per matrix.
 class FileMappings {
  public:
   static FileMappings current();
