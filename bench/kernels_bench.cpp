@@ -234,7 +234,7 @@ void BM_GgmlMatmul(benchmark::State& state) {
     for (int h = 0; h < halves; ++h) std::memcpy(q.data() + b + half_at + 2 * h, &d, 2);
   std::vector<float> x(m * cols), y(m * rows);
   fill(x, 8);
-  // The 32-weight block types from their load-time panels (the sixth argument), as a loaded model has them.
+  // The panel types from their load-time panels (the sixth argument), as a loaded model has them.
   std::vector<MatRef> ws;
   for (int64_t c = 0; c < copies; ++c) {
     ws.push_back(MatRef{q.data() + c * rows * rb, DType::kGgml, rows, cols, type});
@@ -275,7 +275,7 @@ BENCHMARK(BM_GgmlMatmul)
     ->Apply(least_disturbed);
 BENCHMARK(BM_GgmlMatmul)
     ->ArgsProduct({{infera::kernels::ggml::kQ4_0, infera::kernels::ggml::kIQ4_NL, infera::kernels::ggml::kQ8_0,
-                    infera::kernels::ggml::kQ4_K},
+                    infera::kernels::ggml::kQ4_K, infera::kernels::ggml::kQ6_K},
                    {1, 2, 8, 16, 32, 64, 128, 256},
                    {1, 2},
                    {0, 1},

@@ -365,6 +365,7 @@ bool can_pack_panels(uint32_t type) {
     case kQ5_1:
     case kQ8_0:
     case kQ4_K:
+    case kQ6_K:
     case kIQ4_NL: return true;
     default: return false;
   }
@@ -379,6 +380,15 @@ PanelLayout panel_layout(uint32_t type, int64_t k) {
     l.scale_stride = 64;
     l.scale_bytes = 64 * l.blocks;
     l.quant_stride = 8 * 256 + 128 + 128;
+    l.bytes = l.scale_bytes + l.quant_stride * l.blocks;
+    return l;
+  }
+  if (type == kQ6_K) {
+    INFERA_ASSERT(k % 256 == 0);
+    l.blocks = k / 256;
+    l.scale_stride = 32;
+    l.scale_bytes = (32 * l.blocks + 63) / 64 * 64;
+    l.quant_stride = 8 * 256 + 8 * 128 + 256;
     l.bytes = l.scale_bytes + l.quant_stride * l.blocks;
     return l;
   }
@@ -449,6 +459,34 @@ std::shared_ptr<const uint8_t> pack_panels(uint32_t type, const void* data, int6
               std::memcpy(qs + 256 * sb + 64 * part + 4 * r, &v, 4);
             }
           }
+          continue;
+        }
+        if (type == kQ6_K) {
+          // d; the 6-bit quants u (w + 32) put together from ql / qh as dequantize_row does,
+          // then per 32-weight chunk c their low four bits as a 32-weight block's nibbles,
+          // their top two bits as two 64-byte vectors (field f of byte 4 r + e of vector v:
+          // weight 32 c + 16 v + 4 f + e) and the 16 sub-scales as bytes [s][row].
+          std::memcpy(scales + 2 * r, blk + 208, 2);
+          uint8_t u[256];
+          for (int i = 0; i < 256; ++i) {
+            const int n = i / 128, g = i % 128 / 32, l = i % 32;
+            const uint8_t ql = blk[64 * n + 32 * (g % 2) + l];
+            u[i] =
+                static_cast<uint8_t>(((g < 2 ? ql : ql >> 4) & 0x0F) | ((blk[128 + 32 * n + l] >> (2 * g)) & 3) << 4);
+          }
+          for (int c = 0; c < 8; ++c) {
+            for (int part = 0; part < 4; ++part)
+              for (int e = 0; e < 4; ++e)
+                qs[256 * c + 64 * part + 4 * r + e] = static_cast<uint8_t>((u[32 * c + 8 * part + e] & 0x0F) |
+                                                                           (u[32 * c + 8 * part + 4 + e] & 0x0F) << 4);
+            for (int v = 0; v < 2; ++v)
+              for (int e = 0; e < 4; ++e) {
+                int bits = 0;
+                for (int f = 0; f < 4; ++f) bits |= (u[32 * c + 16 * v + 4 * f + e] >> 4) << (2 * f);
+                qs[2048 + 128 * c + 64 * v + 4 * r + e] = static_cast<uint8_t>(bits);
+              }
+          }
+          for (int sb = 0; sb < 16; ++sb) qs[3072 + 16 * sb + r] = blk[192 + sb];
           continue;
         }
         std::memcpy(scales + 2 * r, blk, 2);  // d

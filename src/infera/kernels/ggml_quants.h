@@ -82,7 +82,7 @@ bool can_quantize(uint32_t type);
 int64_t quantize_rows(uint32_t type, const float* src, void* dst, int64_t nrows, int64_t n_per_row,
                       const float* imatrix = nullptr);
 
-// Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL and Q8_0 matrices repacked at load for the avx512 path (AVX-512 VNNI), as
+// Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q8_0, Q4_K and Q6_K matrices repacked at load for the avx512 path (AVX-512 VNNI), as
 // llama.cpp's AMX buffer repacks them: rows in panels of kPanelRows, so that one vector load
 // holds a block's weights of 16 rows and vpdpbusd sums them against an activation's four
 // quants broadcast, one row per 32-bit lane, with no horizontal reduction and no scale
@@ -101,6 +101,12 @@ int64_t quantize_rows(uint32_t type, const float* src, void* dst, int64_t nrows,
 // Q4_K: per 256-weight super-block its 16 rows' d then dmin (64 bytes of scales), then per
 // 32-weight sub-block s its nibbles as a 32-weight block's (256 bytes), then the sub-blocks'
 // 6-bit scales as bytes [s][row] (128) and mins as bytes [pair p][row][s % 2] (128).
+// Q6_K: per super-block its 16 rows' d (32 bytes of scales), then its 6-bit quants u = w + 32
+// per 32-weight chunk c: their low four bits as a 32-weight block's nibbles (256 bytes a
+// chunk, 2048), their top two bits as 128 bytes a chunk (1024: vector v's byte 4r + e holds
+// in bits 2f, 2f + 1 those of weight 32c + 16v + 4f + e of row r, so vector v is the 16-weight
+// sub-block 2c + v), then the 16 signed sub-scales as bytes [s][row] (256). Same bytes as the
+// rows'.
 constexpr int64_t kPanelRows = 16;
 bool can_pack_panels(uint32_t type);
 // Where things are in a panel of k-weight rows (k a multiple of 32): block b's scales at

@@ -220,16 +220,16 @@ std::string ggml_matmul_path(Isa isa) {
     case Isa::kAvx512: {
       const char* amx = amx_unavailable_reason();
       return std::string(
-                 "avx512: activations as llama.cpp's Q8 blocks; Q4_0 / Q4_1 / Q5_0 / Q5_1 / IQ4_NL / Q8_0 / Q4_K "
-                 "repacked at load into 16-row panels (huge pages; decode: vpdpbusd on 16 rows per vector, 4 panels "
-                 "per step; prefill: 2 panels x up to 4 tokens per step, from 16 tokens on AMX tiles: Q8_0's B "
-                 "straight from the panel, Q4_K's from two planes with the sub-scales folded in, 256 weights per "
-                 "sum); decode: Q6_K / Q5_K / IQ4_XS (and the panel types not repacked) read in place, 4 rows per "
-                 "step (vpdpbusd, rows prefetched >= 16 KB ahead), other types decoded per tile of 4 rows; prefill "
-                 "(>= 4 tokens): pairs of 16-row VNNI tiles decoded 512 weights at a time, each chunk multiplied by "
-                 "every token while it is in L1 (vpdpbusd; Q4_K / Q5_K / Q6_K / IQ4_XS unpacked straight from the "
-                 "file); prefill on AMX int8 tiles for Q8_0 (>= 8 tokens, read in place) and Q4_K / Q5_K (>= 16) / "
-                 "Q6_K (>= 64) as sub-scale planes when read in place: ") +
+                 "avx512: activations as llama.cpp's Q8 blocks; Q4_0 / Q4_1 / Q5_0 / Q5_1 / IQ4_NL / Q8_0 / Q4_K / "
+                 "Q6_K repacked at load into 16-row panels (huge pages; decode: vpdpbusd on 16 rows per vector, 4 "
+                 "panels per step; prefill: 2 panels x up to 4 tokens per step, from 16 tokens on AMX tiles: Q8_0's "
+                 "B straight from the panel, Q4_K's from two planes and Q6_K's from four with the sub-scales folded "
+                 "in, 256 weights per sum); decode: Q5_K / IQ4_XS (and the panel types not repacked) read in place, "
+                 "4 rows per step (vpdpbusd, rows prefetched >= 16 KB ahead), other types decoded per tile of 4 "
+                 "rows; prefill (>= 4 tokens): pairs of 16-row VNNI tiles decoded 512 weights at a time, each chunk "
+                 "multiplied by every token while it is in L1 (vpdpbusd; Q4_K / Q5_K / Q6_K / IQ4_XS unpacked "
+                 "straight from the file); prefill on AMX int8 tiles for Q8_0 (>= 8 tokens, read in place) and "
+                 "Q4_K / Q5_K (>= 16) / Q6_K (>= 64) as sub-scale planes when read in place: ") +
              (amx != nullptr             ? amx
               : ggml::ggml_amx_enabled() ? "in use"
                                          : "off (set_ggml_amx)");

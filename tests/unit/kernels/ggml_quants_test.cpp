@@ -259,7 +259,10 @@ TEST(GgmlQuants, PanelsAreWhatTheAvx512PathReadsAndRowSlicesShareThem) {
   std::mt19937 rng(23);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   const int64_t rows = 16 * 4 + 5, m = 3;
-  for (uint32_t type : {kQ4_0, kQ4_1, kQ5_0, kQ5_1, kIQ4_NL, kQ8_0, kQ4_K}) {
+  int packed = 0;
+  for (uint32_t type : {kQ4_0, kQ4_1, kQ5_0, kQ5_1, kQ8_0, kIQ4_NL, kQ2_K, kQ3_K, kQ4_K, kQ5_K, kQ6_K, kIQ4_XS}) {
+    if (!can_pack_panels(type)) continue;
+    ++packed;
     const int64_t k = block_size(type) * 7;
     std::vector<uint8_t> w = random_blocks(type, rows * 7, rng);
     std::vector<float> x(static_cast<size_t>(m * k));
@@ -295,6 +298,7 @@ TEST(GgmlQuants, PanelsAreWhatTheAvx512PathReadsAndRowSlicesShareThem) {
     }
     set_num_threads(0);
   }
+  EXPECT_EQ(packed, 8);  // Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, Q4_K, Q6_K
 }
 
 // Activation blocks with ties of the largest magnitude of both signs, values half way

@@ -1,6 +1,7 @@
-// The panel types (Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q8_0, Q4_K) from their panels (pack_panels,
-// ggml_quants.h) on AVX-512 VNNI, for every number of activation rows (Q8_0 and Q4_K from 16
-// on AMX tiles): the same values as the generic loops of ggml_matmul_impl.h, bit for bit.
+// The panel types (Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q8_0, Q4_K, Q6_K) from their panels
+// (pack_panels, ggml_quants.h) on AVX-512 VNNI, for every number of activation rows (Q8_0,
+// Q4_K and Q6_K from 16 on AMX tiles): the same values as the generic loops of
+// ggml_matmul_impl.h, bit for bit.
 //
 // A panel's 64-byte part is four weights of each of its 16 rows in the low nibbles and the
 // next four in the high ones, so two bitwise steps make two vpdpbusd operands (Q4_0: the
@@ -302,6 +303,101 @@ inline DotFn dot_q4k_for(int kt, int rows) {
   }
 }
 
+// ---- Q6_K ----
+// sum[kSumStride n + u] lane r += row r of panel u · activation row n over super-blocks [b0, b1):
+// per 16-weight sub-block s, the quants u = w + 32 put together from the nibbles and the two
+// top bits (a shift, a mask and one vpternlogd an operand), their products with the
+// activation from -32 x its sum of those 16 quants (a.corr[n]: one per sub-block), so the sum
+// is of w, times the rows' signed sub-scale s (vpmulld, exact), then the generic path's f32
+// step per super-block (no mins: x - 0 is x).
+template <int kNt, int kT>
+inline void dot_q6k(const uint8_t* const* sc, const uint8_t* const* qs, int64_t b0, int64_t b1, const PAct& a,
+                    Sums16* sum) {
+  constexpr int kStride = 3328;
+  const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
+  // The top two bits of field f (bits 2f, 2f + 1 of each byte) at bits 4-5.
+  const auto field = [&](__m512i h, int f) {
+    switch (f) {
+      case 0: return _mm512_and_si512(_mm512_slli_epi16(h, 4), m30);
+      case 1: return _mm512_and_si512(_mm512_slli_epi16(h, 2), m30);
+      case 2: return _mm512_and_si512(h, m30);
+      default: return _mm512_and_si512(_mm512_srli_epi16(h, 2), m30);
+    }
+  };
+  __m512 s[kT][kNt];
+  for (int u = 0; u < kT; ++u)
+    for (int n = 0; n < kNt; ++n) s[u][n] = _mm512_load_ps(sum[kSumStride * n + u].v);
+  for (int64_t b = b0; b < b1; ++b) {
+    __m512i isum[kT][kNt];
+    for (int u = 0; u < kT; ++u) {
+      for (int n = 0; n < kNt; ++n) isum[u][n] = _mm512_setzero_si512();
+      _mm_prefetch(reinterpret_cast<const char*>(sc[u] + 32 * b + 128), _MM_HINT_T0);
+    }
+    for (int sb = 0; sb < 16; ++sb) {
+      for (int u = 0; u < kT; ++u)  // (the next super-block, its 52 lines spread over these sub-blocks)
+        for (int l = 52 * sb / 16; l < 52 * (sb + 1) / 16; ++l)
+          _mm_prefetch(reinterpret_cast<const char*>(qs[u] + kStride * (b + 1) + 64 * l), _MM_HINT_T0);
+      const int c = sb / 2, v = sb % 2;
+      __m512i lo_acc[kT][kNt], hi_acc[kT][kNt];
+      for (int u = 0; u < kT; ++u)
+        for (int n = 0; n < kNt; ++n) {
+          lo_acc[u][n] = _mm512_set1_epi32(-a.corr[n][16 * b + sb]);
+          hi_acc[u][n] = _mm512_setzero_si512();
+        }
+      __m512i hb[kT];
+      for (int u = 0; u < kT; ++u) hb[u] = _mm512_load_si512(qs[u] + kStride * b + 2048 + 128 * c + 64 * v);
+      for (int h = 0; h < 2; ++h) {
+        __m512i lo[kT], hi[kT];
+        for (int u = 0; u < kT; ++u) {
+          const __m512i nib = _mm512_load_si512(qs[u] + kStride * b + 256 * c + 64 * (2 * v + h));
+          // (A & B) | C: the low four bits, the top two put in bits 4-5.
+          lo[u] = _mm512_ternarylogic_epi32(nib, m4, field(hb[u], 2 * h), 0xEA);
+          hi[u] = _mm512_ternarylogic_epi32(_mm512_srli_epi16(nib, 4), m4, field(hb[u], 2 * h + 1), 0xEA);
+        }
+        for (int n = 0; n < kNt; ++n) {
+          const int8_t* q = a.q[n] + 256 * b + 16 * sb + 8 * h;
+          const __m512i a0 = bcast4(q), a1 = bcast4(q + 4);
+          for (int u = 0; u < kT; ++u) {
+            lo_acc[u][n] = _mm512_dpbusd_epi32(lo_acc[u][n], lo[u], a0);
+            hi_acc[u][n] = _mm512_dpbusd_epi32(hi_acc[u][n], hi[u], a1);
+          }
+        }
+      }
+      for (int u = 0; u < kT; ++u) {
+        const __m512i scv = _mm512_cvtepi8_epi32(
+            _mm_load_si128(reinterpret_cast<const __m128i*>(qs[u] + kStride * b + 3072 + 16 * sb)));
+        for (int n = 0; n < kNt; ++n)
+          isum[u][n] =
+              _mm512_add_epi32(isum[u][n], _mm512_mullo_epi32(_mm512_add_epi32(lo_acc[u][n], hi_acc[u][n]), scv));
+      }
+    }
+    for (int u = 0; u < kT; ++u) {
+      const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc[u] + 32 * b)));
+      for (int n = 0; n < kNt; ++n)
+        s[u][n] = _mm512_add_ps(s[u][n], _mm512_mul_ps(_mm512_mul_ps(dv, _mm512_set1_ps(a.d[n][b])),
+                                                       _mm512_cvtepi32_ps(isum[u][n])));
+    }
+  }
+  for (int u = 0; u < kT; ++u)
+    for (int n = 0; n < kNt; ++n) _mm512_store_ps(sum[kSumStride * n + u].v, s[u][n]);
+}
+
+inline DotFn dot_q6k_for(int kt, int rows) {
+  if (rows == 1) {
+    switch (kt) {
+      case 1: return dot_q6k<1, 1>;
+      case 2: return dot_q6k<1, 2>;
+      case 3: return dot_q6k<1, 3>;
+      default: return dot_q6k<1, 4>;
+    }
+  }
+  switch (rows) {
+    case 2: return kt == 1 ? dot_q6k<2, 1> : dot_q6k<2, 2>;
+    case 3: return kt == 1 ? dot_q6k<3, 1> : dot_q6k<3, 2>;
+    default: return kt == 1 ? dot_q6k<4, 1> : dot_q6k<4, 2>;
+  }
+}
+
 // ---- Q8_0 on AMX int8 tiles ----
 // Sixteen activation rows (tokens) against one panel: a block's 32 quants of the tokens are
 // the A tile (aq: 512 bytes a block, token t's 32 at 32 t) and the panel's 512 bytes of the block, as stored, the B
@@ -470,8 +566,116 @@ __attribute__((target("amx-tile,amx-int8"))) inline void amx_q4k(const uint8_t* 
   for (int t = 0; t < 16; ++t) _mm512_mask_storeu_ps(y + t * ldy, mask, acc[t]);
 }
 
-// Q8_0 and Q4_K calls of at least this many rows run their whole groups of 16 on AMX (the rest, and
-// smaller calls, on the VNNI steps: 1.8-2.7x AMX's rows-in-place tiles at 8 tokens).
+// ---- Q6_K on AMX int8 tiles ----
+// A panel's super-blocks made ready for the tiles as the rows' path does it (vnni::amx::
+// prepare_q6_k): the signed sub-scale s = 64 d3 + 16 d2 + 4 d1 + d0 (d0-d2 in 0..3, d3 =
+// b6 - 2 b7 in -2..1) and plane p holds d_p x w, w = u - 32 (|.| <= 96, signed bytes), so
+// C_0 + 4 C_1 + 16 C_2 + 64 C_3 over a super-block is the generic path's sum of s x (w ·
+// quants), exactly. Per super-block 16 KB: per 64-weight chunk J (4 KB) plane p's B tile
+// (1 KB at 1024 p: dword-row i holds weights 64 J + 4 i .. + 3 of each row, as the panel's
+// operands hold them). Each digit is picked by byte masks of the scales' bits (vptestmb):
+// w and 2 w added under masks.
+inline void unpack_q6k_planes(const uint8_t* qs, int64_t nb, uint8_t* out) {
+  constexpr int kStride = 3328;
+  const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30), c32 = _mm512_set1_epi8(32);
+  alignas(64) int8_t spread[64];  // byte 4 r + e <- row r's scale
+  for (int i = 0; i < 64; ++i) spread[i] = static_cast<int8_t>(i / 4 % 4);
+  const __m512i spread_v = _mm512_load_si512(spread);
+  __m512i bit[8];
+  for (int i = 0; i < 8; ++i) bit[i] = _mm512_set1_epi8(static_cast<char>(1 << i));
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* sb_qs = qs + kStride * b;
+    for (int l = 0; l < 52; ++l) _mm_prefetch(reinterpret_cast<const char*>(sb_qs + kStride + 64 * l), _MM_HINT_T0);
+    for (int sb = 0; sb < 16; ++sb) {
+      // Rows 4 L .. 4 L + 3 in 128-bit lane L: the lane's four scales, each to its row's 4 bytes.
+      const __m128i s16 = _mm_load_si128(reinterpret_cast<const __m128i*>(sb_qs + 3072 + 16 * sb));
+      const __m512i sv = _mm512_shuffle_epi8(
+          _mm512_inserti64x4(
+              _mm512_castsi256_si512(_mm256_inserti128_si256(_mm256_castsi128_si256(s16), _mm_srli_si128(s16, 4), 1)),
+              _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_srli_si128(s16, 8)), _mm_srli_si128(s16, 12), 1), 1),
+          spread_v);
+      __mmask64 mask[8];
+      for (int i = 0; i < 8; ++i) mask[i] = _mm512_test_epi8_mask(sv, bit[i]);
+      const int c = sb / 2, v = sb % 2;
+      const __m512i hb = _mm512_load_si512(sb_qs + 2048 + 128 * c + 64 * v);
+      for (int h = 0; h < 2; ++h) {
+        const __m512i nib = _mm512_load_si512(sb_qs + 256 * c + 64 * (2 * v + h));
+        const __m512i hl = h == 0 ? _mm512_slli_epi16(hb, 4) : hb,
+                      hh = h == 0 ? _mm512_slli_epi16(hb, 2) : _mm512_srli_epi16(hb, 2);
+        const __m512i u2[2] = {_mm512_ternarylogic_epi32(nib, m4, _mm512_and_si512(hl, m30), 0xEA),
+                               _mm512_ternarylogic_epi32(_mm512_srli_epi16(nib, 4), m4, _mm512_and_si512(hh, m30),
+                                                         0xEA)};
+        for (int o = 0; o < 2; ++o) {
+          const __m512i w = _mm512_sub_epi8(u2[o], c32), w2 = _mm512_add_epi8(w, w);
+          // Weights 16 sb + 8 h + 4 o .. + 3: dword-row 4 (sb % 4) + 2 h + o of chunk sb / 4.
+          uint8_t* dst = out + 16384 * b + 4096 * (sb / 4) + 64 * (4 * (sb % 4) + 2 * h + o);
+          for (int p = 0; p < 4; ++p) {
+            const __m512i base_w = _mm512_maskz_mov_epi8(mask[2 * p], w);
+            const __m512i plane = p == 3 ? _mm512_mask_sub_epi8(base_w, mask[7], base_w, w2)  // (b6 - 2 b7) w
+                                         : _mm512_mask_add_epi8(base_w, mask[2 * p + 1], base_w, w2);  // (b0 + 2 b1) w
+            _mm512_store_si512(dst + 1024 * p, plane);
+          }
+        }
+      }
+    }
+  }
+}
+
+// Sixteen activation rows (tokens) against one Q6_K panel, from its planes (w) on AMX int8
+// tiles configured for 64-weight steps: per super-block, A tiles of the tokens' quants (aq,
+// as amx_q4k takes them) against the four planes (signed: tdpbssd) into C tiles 0-3, in two
+// halves (planes 0-1, then 2-3), each half of the next super-block issued as soon as its C
+// tiles are stored, so the products run while the vector steps do; then dot_q6k's f32 step.
+__attribute__((target("amx-tile,amx-int8"))) inline void amx_q6k(const uint8_t* sc, const uint8_t* w, const int8_t* aq,
+                                                                 const float* ad, int64_t k, float* y, int64_t ldy,
+                                                                 __mmask16 mask) {
+  const int64_t nb = k / 256;
+  __m512 acc[16];
+#pragma GCC unroll 16
+  for (int t = 0; t < 16; ++t) acc[t] = _mm512_setzero_ps();
+  alignas(64) int32_t c[4][256];
+#define INFERA_Q6K_HALF(C0, C1, P, B)                              \
+  {                                                                \
+    _tile_zero(C0);                                                \
+    _tile_zero(C1);                                                \
+    for (int j = 0; j < 4; ++j) {                                  \
+      const uint8_t* w_ = w + 16384 * (B) + 4096 * j + 1024 * (P); \
+      _tile_loadd(4, aq + 1024 * (4 * (B) + j), 64);               \
+      _tile_loadd(6, w_, 64);                                      \
+      _tile_loadd(7, w_ + 1024, 64);                               \
+      _tile_dpbssd(C0, 4, 6);                                      \
+      _tile_dpbssd(C1, 4, 7);                                      \
+    }                                                              \
+  }
+  INFERA_Q6K_HALF(0, 1, 0, 0)
+  INFERA_Q6K_HALF(2, 3, 2, 0)
+  for (int64_t b = 0; b < nb; ++b) {
+    _tile_stored(0, c[0], 64);
+    _tile_stored(1, c[1], 64);
+    if (b + 1 < nb) INFERA_Q6K_HALF(0, 1, 0, b + 1)
+    _tile_stored(2, c[2], 64);
+    _tile_stored(3, c[3], 64);
+    if (b + 1 < nb) INFERA_Q6K_HALF(2, 3, 2, b + 1)
+    const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc + 32 * b)));
+#pragma GCC unroll 16
+    for (int t = 0; t < 16; ++t) {
+      __m512i isum = _mm512_load_si512(c[0] + 16 * t);
+      isum = _mm512_add_epi32(isum, _mm512_slli_epi32(_mm512_load_si512(c[1] + 16 * t), 2));
+      isum = _mm512_add_epi32(isum, _mm512_slli_epi32(_mm512_load_si512(c[2] + 16 * t), 4));
+      isum = _mm512_add_epi32(isum, _mm512_slli_epi32(_mm512_load_si512(c[3] + 16 * t), 6));
+      acc[t] = _mm512_add_ps(acc[t], _mm512_mul_ps(_mm512_mul_ps(dv, _mm512_set1_ps(ad[t * nb + b])),
+                                                   _mm512_cvtepi32_ps(isum)));
+    }
+  }
+#undef INFERA_Q6K_HALF
+#pragma GCC unroll 16
+  for (int t = 0; t < 16; ++t) _mm512_mask_storeu_ps(y + t * ldy, mask, acc[t]);
+}
+
+// Q8_0, Q4_K and Q6_K calls of at least this many rows run their whole groups of 16 on AMX (the
+// rest, and smaller calls, on the VNNI steps: 1.8-2.7x AMX's rows-in-place tiles at 8 tokens;
+// Q6_K's four planes against its VNNI steps: 0.96-1.31x at 16 tokens, 0.94-1.55x at 32, 1.5-2x
+// at 64, kernels_bench 2048 x 5632, one and two threads).
 constexpr int64_t kAmxRows = 16;
 
 // y[i * ldy + (j - n0)] = activation row i · row j for j in [n0, n1), i < m; panels: the
@@ -479,13 +683,15 @@ constexpr int64_t kAmxRows = 16;
 template <uint32_t kType>
 inline void matmul(const uint8_t* panels, int64_t k, const Activations& a, int64_t m, int64_t n0, int64_t n1, float* y,
                    int64_t ldy) {
-  constexpr bool kK = kType == kQ4_K;
-  constexpr int kOffset = kK ? 0 : Traits<kType>::kOffset;
+  constexpr bool kK = kType == kQ4_K, kSix = kType == kQ6_K;
+  constexpr int kOffset = kK || kSix ? 0 : Traits<kType>::kOffset;
+  // Activation sums a dot step takes per block: Q4_K's 4 pairs of sums of 32, Q6_K's 16 sums of 16.
+  constexpr int64_t kCorr = kK ? 4 : kSix ? 16 : 1;
   const PanelLayout lay = panel_layout(kType, k);
   const int64_t nb = lay.blocks, pb = lay.bytes, sbytes = lay.scale_bytes;
   const uint8_t* first = panels + (n0 / kPanelRows) * pb;
   const int64_t np = (n1 - n0 + kPanelRows - 1) / kPanelRows;
-  if ((kType == kQ8_0 || kK) && m >= kAmxRows && vnni::amx::usable()) {
+  if ((kType == kQ8_0 || kK || kSix) && m >= kAmxRows && vnni::amx::usable()) {
     const int64_t groups = m / 16, tokens = 16 * groups;
     // Q4_K: the tokens' int16 pairs of sums of 32, as the VNNI steps take them.
     static thread_local std::vector<int32_t> pairs;
@@ -496,7 +702,7 @@ inline void matmul(const uint8_t* panels, int64_t k, const Activations& a, int64
     const int32_t* pairs_all = pairs.data();
     // The tokens' quants as A tiles: per group of 16 and step of 32 weights (Q4_K: 64), the
     // 16 tokens' together (rows k apart would fall in a few L1 sets when k is a power of two).
-    constexpr int64_t step = kK ? 64 : 32;
+    constexpr int64_t step = kK || kSix ? 64 : 32;
     static thread_local vnni::amx::Aligned64 tiles;
     tiles.resize(static_cast<size_t>(tokens * k));
     for (int64_t g = 0; g < groups; ++g)
@@ -509,8 +715,9 @@ inline void matmul(const uint8_t* panels, int64_t k, const Activations& a, int64
 #pragma omp parallel num_threads(static_cast <int>(std::min <int64_t>(threads, np)))
     {
       vnni::amx::configure(static_cast<int>(step));
-      static thread_local vnni::amx::Aligned64 planes;  // Q4_K: one panel's planes (32 bytes per weight)
-      if (kK) planes.resize(static_cast<size_t>(32 * k));
+      // One panel's planes: Q4_K 32 bytes per weight, Q6_K 64.
+      static thread_local vnni::amx::Aligned64 planes;
+      if (kK || kSix) planes.resize(static_cast<size_t>((kSix ? 64 : 32) * k));
 #pragma omp for schedule(dynamic, 1)
       for (int64_t p = 0; p < np; ++p) {
         const uint8_t* sc = first + p * pb;
@@ -523,6 +730,12 @@ inline void matmul(const uint8_t* panels, int64_t k, const Activations& a, int64
           for (int64_t g = 0; g < groups; ++g)
             amx_q4k(sc, sc + sbytes, w, tiles_all + 16 * g * k, a.d.data() + 16 * g * nb, pairs_all + 16 * g * nb * 4,
                     k, y + 16 * g * ldy + (j0 - n0), ldy, mask);
+        } else if constexpr (kSix) {
+          auto* w = reinterpret_cast<uint8_t*>(planes.data());
+          unpack_q6k_planes(sc + sbytes, nb, w);
+          for (int64_t g = 0; g < groups; ++g)
+            amx_q6k(sc, w, tiles_all + 16 * g * k, a.d.data() + 16 * g * nb, k, y + 16 * g * ldy + (j0 - n0), ldy,
+                    mask);
         } else {
           for (int64_t g = 0; g < groups; ++g)
             amx_q8_0(sc, sc + sbytes, tiles_all + 16 * g * k, a.d.data() + 16 * g * nb, k, y + 16 * g * ldy + (j0 - n0),
@@ -537,24 +750,25 @@ inline void matmul(const uint8_t* panels, int64_t k, const Activations& a, int64
     rest.k = k;
     rest.q.assign(a.q.begin() + tokens * k, a.q.end());
     rest.d.assign(a.d.begin() + tokens * nb, a.d.end());
-    if (kK) rest.bsums.assign(a.bsums.begin() + tokens * nb * 16, a.bsums.end());
+    if (kK || kSix) rest.bsums.assign(a.bsums.begin() + tokens * nb * 16, a.bsums.end());
     matmul<kType>(panels, k, rest, m - tokens, n0, n1, y + tokens * ldy, ldy);
     return;
   }
   // Offset x each activation row's block sums (exact: |sum| <= 32 x 127); Q4_K: the int16
-  // pairs of its sums of 32, 4 per super-block.
+  // pairs of its sums of 32, 4 per super-block; Q6_K: 32 x its sums of 16.
   static thread_local std::vector<int32_t> corr;
-  corr.resize(static_cast<size_t>(m * nb * (kK ? 4 : 1)));
+  corr.resize(static_cast<size_t>(m * nb * kCorr));
   for (int64_t i = 0; i < (kOffset != 0 ? m * nb : 0); ++i) corr[i] = kOffset * sum32(a.q.data() + 32 * i);
   if (kK) {
     sum_pairs(a.bsums.data(), m * nb * 4, corr.data());
   }
+  for (int64_t i = 0; i < (kSix ? m * nb * 16 : 0); ++i) corr[i] = 32 * a.bsums[i];
   const int32_t* corr_all = corr.data();  // (the caller's: thread_local names differ per thread below)
   // A decode step (one activation row) takes four panels at a time, so that four streams are
   // read at once; more rows take two (their sums' registers).
   const int per_unit = m == 1 ? 4 : 2;
   const int64_t units = (np + per_unit - 1) / per_unit;
-  const int64_t chunk = m <= 4 ? nb : kK ? 2 : kChunkBlocks;  // (Q4_K: super-blocks)
+  const int64_t chunk = m <= 4 ? nb : kK || kSix ? 2 : kChunkBlocks;  // (Q4_K, Q6_K: super-blocks)
   const int threads = omp_in_parallel() ? 1 : num_threads();
 #pragma omp parallel num_threads(static_cast <int>(std::min <int64_t>(threads, units)))
   {
@@ -573,13 +787,13 @@ inline void matmul(const uint8_t* panels, int64_t k, const Activations& a, int64
       }
       std::fill(sums.begin(), sums.end(), Sums16{});
       // Q8_0's panels are in the unpacked layout already.
-      const bool pre = !kK && (kType == kQ8_0 || m > kDirectRows);
+      const bool pre = !kK && !kSix && (kType == kQ8_0 || m > kDirectRows);
       const uint8_t* w[kSumStride] = {nib[0], nib[1], nib[2], nib[3]};
       for (int64_t b0 = 0; b0 < nb; b0 += chunk) {
         const int64_t b1 = std::min(nb, b0 + chunk);
         if (kType == kQ8_0) {
           for (int u = 0; u < kT; ++u) w[u] = nib[u] + 512 * b0;
-        } else if (!kK && pre) {
+        } else if (pre) {
           for (int u = 0; u < kT; ++u) {
             auto* out = reinterpret_cast<uint8_t*>(unpacked[u]);
             unpack_chunk<kType>(sc[u], nib[u], b0, b1, out);
@@ -592,12 +806,14 @@ inline void matmul(const uint8_t* panels, int64_t k, const Activations& a, int64
           for (int n = 0; n < nt; ++n) {
             pa.q[n] = a.q.data() + (i + n) * k;
             pa.d[n] = a.d.data() + (i + n) * nb;
-            pa.corr[n] = corr_all + (i + n) * nb * (kK ? 4 : 1);
+            pa.corr[n] = corr_all + (i + n) * nb * kCorr;
             pa.s[n] = Traits<kType>::kMin ? a.s.data() + (i + n) * nb : nullptr;
           }
           DotFn fn;
           if constexpr (kK)
             fn = dot_q4k_for(kT, nt);
+          else if constexpr (kSix)
+            fn = dot_q6k_for(kT, nt);
           else
             fn = pre ? dot_for<kType, true>(kT, nt) : dot_for<kType, false>(kT, nt);
           fn(sc, w, b0, b1, pa, sums.data() + kSumStride * i);
