@@ -365,6 +365,7 @@ bool can_pack_panels(uint32_t type) {
     case kQ5_1:
     case kQ8_0:
     case kQ4_K:
+    case kQ5_K:
     case kQ6_K:
     case kIQ4_NL: return true;
     default: return false;
@@ -374,12 +375,12 @@ bool can_pack_panels(uint32_t type) {
 PanelLayout panel_layout(uint32_t type, int64_t k) {
   INFERA_ASSERT(can_pack_panels(type) && k % 32 == 0);
   PanelLayout l;
-  if (type == kQ4_K) {
+  if (type == kQ4_K || type == kQ5_K) {
     INFERA_ASSERT(k % 256 == 0);
     l.blocks = k / 256;
     l.scale_stride = 64;
     l.scale_bytes = 64 * l.blocks;
-    l.quant_stride = 8 * 256 + 128 + 128;
+    l.quant_stride = 8 * 256 + 128 + 128 + (type == kQ5_K ? 8 * 64 : 0);
     l.bytes = l.scale_bytes + l.quant_stride * l.blocks;
     return l;
   }
@@ -441,10 +442,11 @@ std::shared_ptr<const uint8_t> pack_panels(uint32_t type, const void* data, int6
         const uint8_t* blk = src + (p * kPanelRows + r) * rb + ts * b;
         uint8_t* scales = panel + lay.scale_stride * b;
         uint8_t* qs = panel + lay.scale_bytes + lay.quant_stride * b;
-        if (type == kQ4_K) {
+        if (type == kQ4_K || type == kQ5_K) {
           // d, dmin; per sub-block s its nibbles as a 32-weight block's (weight j of s: the
           // low nibble of byte 32 (s / 2) + j for even s, the high one for odd s), then the
-          // 6-bit scales [s][row] and mins [pair p][row][2] as bytes.
+          // 6-bit scales [s][row] and mins [pair p][row][2] as bytes; Q5_K then per sub-block
+          // its fifth bits (bit s of qh[j]) as Q5_0's masks (64 bytes a sub-block).
           std::memcpy(scales + 2 * r, blk, 2);
           std::memcpy(scales + 32 + 2 * r, blk + 2, 2);
           const uint8_t* sm = blk + 4;
@@ -453,10 +455,17 @@ std::shared_ptr<const uint8_t> pack_panels(uint32_t type, const void* data, int6
             const int mn = sb < 4 ? sm[sb + 4] & 63 : (sm[sb + 4] >> 4) | ((sm[sb] >> 6) << 4);
             qs[2048 + 16 * sb + r] = static_cast<uint8_t>(sc);
             qs[2048 + 128 + 32 * (sb / 2) + 2 * r + sb % 2] = static_cast<uint8_t>(mn);
-            const uint8_t* q = blk + 16 + 32 * (sb / 2);
+            const uint8_t* q = blk + (type == kQ5_K ? 48 : 16) + 32 * (sb / 2);
             for (int part = 0; part < 4; ++part) {
               const uint32_t v = panel_dword(q + 8 * part, 4 * (sb % 2));
               std::memcpy(qs + 256 * sb + 64 * part + 4 * r, &v, 4);
+              for (int h = 0; h < 2 && type == kQ5_K; ++h) {
+                uint64_t mask;
+                std::memcpy(&mask, qs + 2304 + 64 * sb + 16 * part + 8 * h, 8);
+                for (int e = 0; e < 4; ++e)
+                  mask |= static_cast<uint64_t>((blk[16 + 8 * part + 4 * h + e] >> sb) & 1) << (4 * r + e);
+                std::memcpy(qs + 2304 + 64 * sb + 16 * part + 8 * h, &mask, 8);
+              }
             }
           }
           continue;

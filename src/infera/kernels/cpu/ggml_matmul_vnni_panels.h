@@ -1,6 +1,6 @@
-// The panel types (Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q8_0, Q4_K, Q6_K) from their panels
-// (pack_panels, ggml_quants.h) on AVX-512 VNNI, for every number of activation rows (Q8_0,
-// Q4_K and Q6_K from 16 on AMX tiles): the same values as the generic loops of
+// The panel types (Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q8_0, Q4_K, Q5_K, Q6_K) from their panels
+// (pack_panels, ggml_quants.h) on AVX-512 VNNI, for every number of activation rows (Q8_0
+// and the K types from 16 on AMX tiles): the same values as the generic loops of
 // ggml_matmul_impl.h, bit for bit.
 //
 // A panel's 64-byte part is four weights of each of its 16 rows in the low nibbles and the
@@ -215,17 +215,37 @@ inline DotFn dot_for(int kt, int rows) {
   }
 }
 
-// ---- Q4_K ----
+// ---- Q4_K and Q5_K ----
+// The bytes of a super-block in a Q4_K / Q5_K panel (Q5_K's fifth bits after the scales and mins).
+template <uint32_t kType>
+constexpr int kKStride = kType == kQ5_K ? 2816 : 2304;
+
+// Part `part` of sub-block sb of a super-block's quants (sbq) as vpdpbusd's unsigned operands:
+// the nibbles as they are, Q5_K's fifth bits added (masked byte adds of 16, as Q5_0's).
+template <uint32_t kType>
+inline void unpack_k(const uint8_t* sbq, int sb, int part, __m512i& lo, __m512i& hi) {
+  const __m512i v = _mm512_load_si512(sbq + 256 * sb + 64 * part), m4 = _mm512_set1_epi8(0x0F);
+  lo = _mm512_and_si512(v, m4);
+  hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+  if constexpr (kType == kQ5_K) {
+    uint64_t mlo, mhi;
+    std::memcpy(&mlo, sbq + 2304 + 64 * sb + 16 * part, 8);
+    std::memcpy(&mhi, sbq + 2304 + 64 * sb + 16 * part + 8, 8);
+    const __m512i b4 = _mm512_set1_epi8(16);
+    lo = _mm512_mask_add_epi8(lo, _cvtu64_mask64(mlo), lo, b4);
+    hi = _mm512_mask_add_epi8(hi, _cvtu64_mask64(mhi), hi, b4);
+  }
+}
+
 // sum[kSumStride n + u] lane r += row r of panel u · activation row n over super-blocks [b0, b1): per
-// sub-block s the nibbles' products as a 32-weight block's, times the rows' scale s
+// sub-block s the quants' products as a 32-weight block's, times the rows' scale s
 // (vpmulld, exact), the mins against the activation's sums of 32 (vpdpwssd on int16 pairs),
 // then the generic path's f32 step per super-block. a.corr[n]: the activation's int16 pairs
 // of sums of 32 (sub-blocks 2p, 2p + 1 in dword p of the super-block's four).
-template <int kNt, int kT>
+template <uint32_t kType, int kNt, int kT>
 inline void dot_q4k(const uint8_t* const* sc, const uint8_t* const* qs, int64_t b0, int64_t b1, const PAct& a,
                     Sums16* sum) {
-  constexpr int kStride = 2304;
-  const Unpack<kQ4_0> unpack;  // (the nibbles as they are)
+  constexpr int kStride = kKStride<kType>;
   __m512 s[kT][kNt];
   for (int u = 0; u < kT; ++u)
     for (int n = 0; n < kNt; ++n) s[u][n] = _mm512_load_ps(sum[kSumStride * n + u].v);
@@ -238,14 +258,14 @@ inline void dot_q4k(const uint8_t* const* sc, const uint8_t* const* qs, int64_t 
     for (int sb = 0; sb < 8; ++sb) {
       for (int u = 0; u < kT; ++u)  // (the next super-block, its lines spread over these sub-blocks: 1 ahead
                                     // measured 9.7-11.4 GB/s at one thread, 2 and 3 ahead 8.3-10.4)
-        for (int l = 36 * sb / 8; l < 36 * (sb + 1) / 8; ++l)
+        for (int l = kStride / 64 * sb / 8; l < kStride / 64 * (sb + 1) / 8; ++l)
           _mm_prefetch(reinterpret_cast<const char*>(qs[u] + kStride * (b + 1) + 64 * l), _MM_HINT_T0);
       __m512i lo_acc[kT][kNt], hi_acc[kT][kNt];
       for (int u = 0; u < kT; ++u)
         for (int n = 0; n < kNt; ++n) lo_acc[u][n] = hi_acc[u][n] = _mm512_setzero_si512();
       for (int part = 0; part < 4; ++part) {
         __m512i lo[kT], hi[kT];
-        for (int u = 0; u < kT; ++u) unpack(qs[u] + kStride * b + 256 * sb, part, lo[u], hi[u]);
+        for (int u = 0; u < kT; ++u) unpack_k<kType>(qs[u] + kStride * b, sb, part, lo[u], hi[u]);
         for (int n = 0; n < kNt; ++n) {
           const int8_t* q = a.q[n] + 256 * b + 32 * sb + 8 * part;
           const __m512i a0 = bcast4(q), a1 = bcast4(q + 4);
@@ -287,19 +307,20 @@ inline void dot_q4k(const uint8_t* const* sc, const uint8_t* const* qs, int64_t 
     for (int n = 0; n < kNt; ++n) _mm512_store_ps(sum[kSumStride * n + u].v, s[u][n]);
 }
 
+template <uint32_t kType>
 inline DotFn dot_q4k_for(int kt, int rows) {
   if (rows == 1) {
     switch (kt) {
-      case 1: return dot_q4k<1, 1>;
-      case 2: return dot_q4k<1, 2>;
-      case 3: return dot_q4k<1, 3>;
-      default: return dot_q4k<1, 4>;
+      case 1: return dot_q4k<kType, 1, 1>;
+      case 2: return dot_q4k<kType, 1, 2>;
+      case 3: return dot_q4k<kType, 1, 3>;
+      default: return dot_q4k<kType, 1, 4>;
     }
   }
   switch (rows) {
-    case 2: return kt == 1 ? dot_q4k<2, 1> : dot_q4k<2, 2>;
-    case 3: return kt == 1 ? dot_q4k<3, 1> : dot_q4k<3, 2>;
-    default: return kt == 1 ? dot_q4k<4, 1> : dot_q4k<4, 2>;
+    case 2: return kt == 1 ? dot_q4k<kType, 2, 1> : dot_q4k<kType, 2, 2>;
+    case 3: return kt == 1 ? dot_q4k<kType, 3, 1> : dot_q4k<kType, 3, 2>;
+    default: return kt == 1 ? dot_q4k<kType, 4, 1> : dot_q4k<kType, 4, 2>;
   }
 }
 
@@ -464,12 +485,15 @@ inline void sum_pairs(const int32_t* bsums, int64_t n, int32_t* out) {
 // 8 KB: plane L's sub-blocks then plane H's, 512 bytes each (dword-row 2 p + h of a
 // sub-block: weights 8 p + 4 h .. + 3 of each row, as the panel's parts hold them), so any
 // two consecutive sub-blocks of a plane are a B tile of 64 weights x 16 rows.
+// Q5_K the same with its 5-bit quants (q sl, q sh at most 217: still unsigned bytes).
+template <uint32_t kType>
 inline void unpack_q4k_planes(const uint8_t* qs, int64_t nb, uint8_t* out) {
-  const Unpack<kQ4_0> unpack;  // (the nibbles as they are)
+  constexpr int kStride = kKStride<kType>;
   const __m512i seven = _mm512_set1_epi8(7), even = _mm512_set1_epi16(0x00FF), odd = _mm512_set1_epi16(-256);
   for (int64_t b = 0; b < nb; ++b) {
-    const uint8_t* sb_qs = qs + 2304 * b;
-    for (int l = 0; l < 36; ++l) _mm_prefetch(reinterpret_cast<const char*>(sb_qs + 2304 + 64 * l), _MM_HINT_T0);
+    const uint8_t* sb_qs = qs + kStride * b;
+    for (int l = 0; l < kStride / 64; ++l)
+      _mm_prefetch(reinterpret_cast<const char*>(sb_qs + kStride + 64 * l), _MM_HINT_T0);
     uint8_t* lo_plane = out + 8192 * b;
     for (int sb = 0; sb < 8; ++sb) {
       // The rows' scale as each of their bytes (byte 4 r + e: row r).
@@ -486,7 +510,7 @@ inline void unpack_q4k_planes(const uint8_t* qs, int64_t nb, uint8_t* out) {
       };
       for (int part = 0; part < 4; ++part) {
         __m512i lo, hi;
-        unpack(sb_qs + 256 * sb, part, lo, hi);
+        unpack_k<kType>(sb_qs, sb, part, lo, hi);
         uint8_t* o = lo_plane + 512 * sb + 128 * part;
         _mm512_store_si512(o, times(lo, sl_even, sl_odd));
         _mm512_store_si512(o + 64, times(hi, sl_even, sl_odd));
@@ -505,10 +529,11 @@ inline void unpack_q4k_planes(const uint8_t* qs, int64_t nb, uint8_t* out) {
 // the tokens' sums of 32 and the f32 step. sc / qs: the panel's d / dmin and quants (the min
 // bytes); corr: the tokens' int16 pairs of sums of 32 (4 per super-block, token t's from
 // corr + 4 nb t).
+template <uint32_t kType>
 __attribute__((target("amx-tile,amx-int8"))) inline void amx_q4k(const uint8_t* sc, const uint8_t* qs, const uint8_t* w,
                                                                  const int8_t* aq, const float* ad, const int32_t* corr,
                                                                  int64_t k, float* y, int64_t ldy, __mmask16 mask) {
-  constexpr int kStride = 2304;
+  constexpr int kStride = kKStride<kType>;
   const int64_t nb = k / 256;
   __m512 acc[16];
 #pragma GCC unroll 16
@@ -672,7 +697,7 @@ __attribute__((target("amx-tile,amx-int8"))) inline void amx_q6k(const uint8_t* 
   for (int t = 0; t < 16; ++t) _mm512_mask_storeu_ps(y + t * ldy, mask, acc[t]);
 }
 
-// Q8_0, Q4_K and Q6_K calls of at least this many rows run their whole groups of 16 on AMX (the
+// Q8_0 and K-type calls of at least this many rows run their whole groups of 16 on AMX (the
 // rest, and smaller calls, on the VNNI steps: 1.8-2.7x AMX's rows-in-place tiles at 8 tokens;
 // Q6_K's four planes against its VNNI steps: 0.96-1.31x at 16 tokens, 0.94-1.55x at 32, 1.5-2x
 // at 64, kernels_bench 2048 x 5632, one and two threads).
@@ -683,7 +708,7 @@ constexpr int64_t kAmxRows = 16;
 template <uint32_t kType>
 inline void matmul(const uint8_t* panels, int64_t k, const Activations& a, int64_t m, int64_t n0, int64_t n1, float* y,
                    int64_t ldy) {
-  constexpr bool kK = kType == kQ4_K, kSix = kType == kQ6_K;
+  constexpr bool kK = kType == kQ4_K || kType == kQ5_K, kSix = kType == kQ6_K;
   constexpr int kOffset = kK || kSix ? 0 : Traits<kType>::kOffset;
   // Activation sums a dot step takes per block: Q4_K's 4 pairs of sums of 32, Q6_K's 16 sums of 16.
   constexpr int64_t kCorr = kK ? 4 : kSix ? 16 : 1;
@@ -726,10 +751,10 @@ inline void matmul(const uint8_t* panels, int64_t k, const Activations& a, int64
         const auto mask = static_cast<__mmask16>((1u << rows) - 1);
         if constexpr (kK) {
           auto* w = reinterpret_cast<uint8_t*>(planes.data());
-          unpack_q4k_planes(sc + sbytes, nb, w);
+          unpack_q4k_planes<kType>(sc + sbytes, nb, w);
           for (int64_t g = 0; g < groups; ++g)
-            amx_q4k(sc, sc + sbytes, w, tiles_all + 16 * g * k, a.d.data() + 16 * g * nb, pairs_all + 16 * g * nb * 4,
-                    k, y + 16 * g * ldy + (j0 - n0), ldy, mask);
+            amx_q4k<kType>(sc, sc + sbytes, w, tiles_all + 16 * g * k, a.d.data() + 16 * g * nb,
+                           pairs_all + 16 * g * nb * 4, k, y + 16 * g * ldy + (j0 - n0), ldy, mask);
         } else if constexpr (kSix) {
           auto* w = reinterpret_cast<uint8_t*>(planes.data());
           unpack_q6k_planes(sc + sbytes, nb, w);
@@ -768,7 +793,7 @@ inline void matmul(const uint8_t* panels, int64_t k, const Activations& a, int64
   // read at once; more rows take two (their sums' registers).
   const int per_unit = m == 1 ? 4 : 2;
   const int64_t units = (np + per_unit - 1) / per_unit;
-  const int64_t chunk = m <= 4 ? nb : kK || kSix ? 2 : kChunkBlocks;  // (Q4_K, Q6_K: super-blocks)
+  const int64_t chunk = m <= 4 ? nb : kK || kSix ? 2 : kChunkBlocks;  // (K types: super-blocks)
   const int threads = omp_in_parallel() ? 1 : num_threads();
 #pragma omp parallel num_threads(static_cast <int>(std::min <int64_t>(threads, units)))
   {
@@ -811,7 +836,7 @@ inline void matmul(const uint8_t* panels, int64_t k, const Activations& a, int64
           }
           DotFn fn;
           if constexpr (kK)
-            fn = dot_q4k_for(kT, nt);
+            fn = dot_q4k_for<kType>(kT, nt);
           else if constexpr (kSix)
             fn = dot_q6k_for(kT, nt);
           else
