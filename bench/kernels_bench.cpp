@@ -275,7 +275,8 @@ BENCHMARK(BM_GgmlMatmul)
     ->Apply(least_disturbed);
 BENCHMARK(BM_GgmlMatmul)
     ->ArgsProduct({{infera::kernels::ggml::kQ4_0, infera::kernels::ggml::kIQ4_NL, infera::kernels::ggml::kQ8_0,
-                    infera::kernels::ggml::kQ4_K, infera::kernels::ggml::kQ5_K, infera::kernels::ggml::kQ6_K},
+                    infera::kernels::ggml::kQ4_K, infera::kernels::ggml::kQ5_K, infera::kernels::ggml::kQ6_K,
+                    infera::kernels::ggml::kIQ4_XS},
                    {1, 2, 8, 16, 32, 64, 128, 256},
                    {1, 2},
                    {0, 1},

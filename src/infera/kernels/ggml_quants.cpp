@@ -367,7 +367,8 @@ bool can_pack_panels(uint32_t type) {
     case kQ4_K:
     case kQ5_K:
     case kQ6_K:
-    case kIQ4_NL: return true;
+    case kIQ4_NL:
+    case kIQ4_XS: return true;
     default: return false;
   }
 }
@@ -384,12 +385,12 @@ PanelLayout panel_layout(uint32_t type, int64_t k) {
     l.bytes = l.scale_bytes + l.quant_stride * l.blocks;
     return l;
   }
-  if (type == kQ6_K) {
+  if (type == kQ6_K || type == kIQ4_XS) {
     INFERA_ASSERT(k % 256 == 0);
     l.blocks = k / 256;
     l.scale_stride = 32;
     l.scale_bytes = (32 * l.blocks + 63) / 64 * 64;
-    l.quant_stride = 8 * 256 + 8 * 128 + 256;
+    l.quant_stride = type == kQ6_K ? 8 * 256 + 8 * 128 + 256 : 8 * 256 + 128;
     l.bytes = l.scale_bytes + l.quant_stride * l.blocks;
     return l;
   }
@@ -466,6 +467,22 @@ std::shared_ptr<const uint8_t> pack_panels(uint32_t type, const void* data, int6
                   mask |= static_cast<uint64_t>((blk[16 + 8 * part + 4 * h + e] >> sb) & 1) << (4 * r + e);
                 std::memcpy(qs + 2304 + 64 * sb + 16 * part + 8 * h, &mask, 8);
               }
+            }
+          }
+          continue;
+        }
+        if (type == kIQ4_XS) {
+          // d; per 32-weight sub-block s its nibbles as an IQ4_NL block's (its 16 bytes at
+          // 8 + 16 s), then the signed scales ls - 32 as bytes [s][row].
+          std::memcpy(scales + 2 * r, blk, 2);
+          uint16_t sh;
+          std::memcpy(&sh, blk + 2, 2);
+          for (int sb = 0; sb < 8; ++sb) {
+            const int ls = ((blk[4 + sb / 2] >> (4 * (sb % 2))) & 0xF) | (((sh >> (2 * sb)) & 3) << 4);
+            qs[2048 + 16 * sb + r] = static_cast<uint8_t>(static_cast<int8_t>(ls - 32));
+            for (int part = 0; part < 4; ++part) {
+              const uint32_t v = panel_dword(blk + 8 + 16 * sb + 8 * (part % 2), 4 * (part / 2));
+              std::memcpy(qs + 256 * sb + 64 * part + 4 * r, &v, 4);
             }
           }
           continue;

@@ -82,12 +82,13 @@ bool can_quantize(uint32_t type);
 int64_t quantize_rows(uint32_t type, const float* src, void* dst, int64_t nrows, int64_t n_per_row,
                       const float* imatrix = nullptr);
 
-// Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q8_0, Q4_K, Q5_K and Q6_K matrices repacked at load for the avx512 path (AVX-512
-// VNNI), as llama.cpp's AMX buffer repacks them: rows in panels of kPanelRows, so that one vector load holds a block's
-// weights of 16 rows and vpdpbusd sums them against an activation's four quants broadcast, one row per 32-bit lane,
-// with no horizontal reduction and no scale gathering. Panel p holds rows 16p..16p+15 (past the last row: zero scales
-// and nibbles) of nb = k / 32 blocks: first the blocks' f16 scales, 16 per block in row order (32 bytes a block; the
-// region padded to a multiple of 64 bytes), then the blocks' nibbles, 256 bytes a block in four 64-byte parts: byte 4r
+// Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q8_0, Q4_K, Q5_K, Q6_K and IQ4_XS matrices repacked at load for the avx512 path
+// (AVX-512 VNNI), as llama.cpp's AMX buffer repacks them: rows in panels of kPanelRows, so that one vector load holds a
+// block's weights of 16 rows and vpdpbusd sums them against an activation's four quants broadcast, one row per 32-bit
+// lane, with no horizontal reduction and no scale gathering. Panel p holds rows 16p..16p+15 (past the last row: zero
+// scales and nibbles) of nb = k / 32 blocks: first the blocks' f16 scales, 16 per block in row order (32 bytes a block;
+// the region padded to a multiple of 64 bytes), then the blocks' nibbles, 256 bytes a block in four 64-byte parts: byte
+// 4r
 // + e of part L holds the index of weight 8L + e of row r in its low nibble and of weight 8L + 4 + e in its high one
 // (Q4_0: the quant q, the weight d (q - 8); IQ4_NL: the index into kIq4nlValues). So the low nibbles of part L are the
 // block's dword 2L of every row, the high ones dword 2L + 1. Q8_0 the same with 512 bytes a block, its eight dwords in

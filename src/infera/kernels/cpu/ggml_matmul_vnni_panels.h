@@ -1,6 +1,6 @@
-// The panel types (Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q8_0, Q4_K, Q5_K, Q6_K) from their panels
-// (pack_panels, ggml_quants.h) on AVX-512 VNNI, for every number of activation rows (Q8_0
-// and the K types from 16 on AMX tiles): the same values as the generic loops of
+// The panel types (Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q8_0, Q4_K, Q5_K, Q6_K, IQ4_XS) from their
+// panels (pack_panels, ggml_quants.h) on AVX-512 VNNI, for every number of activation rows
+// (Q8_0, Q4_K, Q5_K and Q6_K from 16 on AMX tiles): the same values as the generic loops of
 // ggml_matmul_impl.h, bit for bit.
 //
 // A panel's 64-byte part is four weights of each of its 16 rows in the low nibbles and the
@@ -215,15 +215,23 @@ inline DotFn dot_for(int kt, int rows) {
   }
 }
 
-// ---- Q4_K and Q5_K ----
-// The bytes of a super-block in a Q4_K / Q5_K panel (Q5_K's fifth bits after the scales and mins).
+// ---- Q4_K, Q5_K and IQ4_XS ----
+// The bytes of a super-block in a Q4_K / Q5_K / IQ4_XS panel (Q5_K's fifth bits after the
+// scales and mins; IQ4_XS has no mins).
 template <uint32_t kType>
-constexpr int kKStride = kType == kQ5_K ? 2816 : 2304;
+constexpr int kKStride = kType == kQ5_K     ? 2816
+                         : kType == kIQ4_XS ? 2176
+                                            : 2304;
 
 // Part `part` of sub-block sb of a super-block's quants (sbq) as vpdpbusd's unsigned operands:
-// the nibbles as they are, Q5_K's fifth bits added (masked byte adds of 16, as Q5_0's).
+// the nibbles as they are, Q5_K's fifth bits added (masked byte adds of 16, as Q5_0's),
+// IQ4_XS's through the levels + 128 as IQ4_NL's.
 template <uint32_t kType>
 inline void unpack_k(const uint8_t* sbq, int sb, int part, __m512i& lo, __m512i& hi) {
+  if constexpr (kType == kIQ4_XS) {
+    Unpack<kIQ4_NL>{}(sbq + 256 * sb, part, lo, hi);
+    return;
+  }
   const __m512i v = _mm512_load_si512(sbq + 256 * sb + 64 * part), m4 = _mm512_set1_epi8(0x0F);
   lo = _mm512_and_si512(v, m4);
   hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
@@ -241,11 +249,28 @@ inline void unpack_k(const uint8_t* sbq, int sb, int part, __m512i& lo, __m512i&
 // sub-block s the quants' products as a 32-weight block's, times the rows' scale s
 // (vpmulld, exact), the mins against the activation's sums of 32 (vpdpwssd on int16 pairs),
 // then the generic path's f32 step per super-block. a.corr[n]: the activation's int16 pairs
-// of sums of 32 (sub-blocks 2p, 2p + 1 in dword p of the super-block's four).
-template <uint32_t kType, int kNt, int kT>
+// of sums of 32 (sub-blocks 2p, 2p + 1 in dword p of the super-block's four). IQ4_XS: the
+// levels + 128, its products from -128 x the sums of 32 (a.corr[n]: one per sub-block), its
+// signed scales, no mins (x - 0 is x); with kPre its operands unpacked per chunk (qs[u]: the
+// chunk's, super-block b0 first, kPreStride bytes a super-block: unpack_xs_chunk).
+constexpr int kPreStride = 4096 + 128;
+
+// IQ4_XS super-blocks [b0, b1) of a panel's quants (qs) unpacked for the passes of a multi-row
+// call: per super-block its sub-blocks' operands as unpack_chunk lays out 32-weight blocks
+// (4 KB), then its scales (128 bytes).
+inline void unpack_xs_chunk(const uint8_t* qs, int64_t b0, int64_t b1, uint8_t* out) {
+  for (int64_t b = b0; b < b1; ++b) {
+    const uint8_t* sbq = qs + 2176 * b;
+    unpack_chunk<kIQ4_NL>(sbq, sbq, 0, 8, out + kPreStride * (b - b0));
+    std::memcpy(out + kPreStride * (b - b0) + 4096, sbq + 2048, 128);
+  }
+}
+
+template <uint32_t kType, int kNt, int kT, bool kPre = false>
 inline void dot_q4k(const uint8_t* const* sc, const uint8_t* const* qs, int64_t b0, int64_t b1, const PAct& a,
                     Sums16* sum) {
-  constexpr int kStride = kKStride<kType>;
+  constexpr int kStride = kKStride<kType>, kScale = kType == kIQ4_XS ? 32 : 64;
+  constexpr bool kXs = kType == kIQ4_XS;
   __m512 s[kT][kNt];
   for (int u = 0; u < kT; ++u)
     for (int n = 0; n < kNt; ++n) s[u][n] = _mm512_load_ps(sum[kSumStride * n + u].v);
@@ -253,19 +278,29 @@ inline void dot_q4k(const uint8_t* const* sc, const uint8_t* const* qs, int64_t 
     __m512i isum[kT][kNt];
     for (int u = 0; u < kT; ++u) {
       for (int n = 0; n < kNt; ++n) isum[u][n] = _mm512_setzero_si512();
-      _mm_prefetch(reinterpret_cast<const char*>(sc[u] + 64 * (b + 1)), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(sc[u] + kScale * (b + 1)), _MM_HINT_T0);
     }
     for (int sb = 0; sb < 8; ++sb) {
       for (int u = 0; u < kT; ++u)  // (the next super-block, its lines spread over these sub-blocks: 1 ahead
                                     // measured 9.7-11.4 GB/s at one thread, 2 and 3 ahead 8.3-10.4)
-        for (int l = kStride / 64 * sb / 8; l < kStride / 64 * (sb + 1) / 8; ++l)
+        for (int l = kStride / 64 * sb / 8; l < kStride / 64 * (sb + 1) / 8 && !kPre; ++l)
           _mm_prefetch(reinterpret_cast<const char*>(qs[u] + kStride * (b + 1) + 64 * l), _MM_HINT_T0);
       __m512i lo_acc[kT][kNt], hi_acc[kT][kNt];
       for (int u = 0; u < kT; ++u)
-        for (int n = 0; n < kNt; ++n) lo_acc[u][n] = hi_acc[u][n] = _mm512_setzero_si512();
+        for (int n = 0; n < kNt; ++n) {
+          lo_acc[u][n] = kXs ? _mm512_set1_epi32(-a.corr[n][8 * b + sb]) : _mm512_setzero_si512();
+          hi_acc[u][n] = _mm512_setzero_si512();
+        }
       for (int part = 0; part < 4; ++part) {
         __m512i lo[kT], hi[kT];
-        for (int u = 0; u < kT; ++u) unpack_k<kType>(qs[u] + kStride * b, sb, part, lo[u], hi[u]);
+        for (int u = 0; u < kT; ++u) {
+          if constexpr (kPre) {
+            lo[u] = _mm512_load_si512(qs[u] + kPreStride * (b - b0) + 512 * sb + 128 * part);
+            hi[u] = _mm512_load_si512(qs[u] + kPreStride * (b - b0) + 512 * sb + 128 * part + 64);
+          } else {
+            unpack_k<kType>(qs[u] + kStride * b, sb, part, lo[u], hi[u]);
+          }
+        }
         for (int n = 0; n < kNt; ++n) {
           const int8_t* q = a.q[n] + 256 * b + 32 * sb + 8 * part;
           const __m512i a0 = bcast4(q), a1 = bcast4(q + 4);
@@ -276,14 +311,23 @@ inline void dot_q4k(const uint8_t* const* sc, const uint8_t* const* qs, int64_t 
         }
       }
       for (int u = 0; u < kT; ++u) {
-        const __m512i scv = _mm512_cvtepu8_epi32(
-            _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs[u] + kStride * b + 2048 + 16 * sb)));
+        const uint8_t* s8p =
+            kPre ? qs[u] + kPreStride * (b - b0) + 4096 + 16 * sb : qs[u] + kStride * b + 2048 + 16 * sb;
+        const __m128i s8 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s8p));
+        const __m512i scv = kXs ? _mm512_cvtepi8_epi32(s8) : _mm512_cvtepu8_epi32(s8);
         for (int n = 0; n < kNt; ++n)
           isum[u][n] =
               _mm512_add_epi32(isum[u][n], _mm512_mullo_epi32(_mm512_add_epi32(lo_acc[u][n], hi_acc[u][n]), scv));
       }
     }
     for (int u = 0; u < kT; ++u) {
+      if constexpr (kXs) {
+        const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc[u] + 32 * b)));
+        for (int n = 0; n < kNt; ++n)
+          s[u][n] = _mm512_add_ps(s[u][n], _mm512_mul_ps(_mm512_mul_ps(dv, _mm512_set1_ps(a.d[n][b])),
+                                                         _mm512_cvtepi32_ps(isum[u][n])));
+        continue;
+      }
       __m512i msum[kNt];
       for (int n = 0; n < kNt; ++n) msum[n] = _mm512_setzero_si512();
       for (int p = 0; p < 4; ++p) {
@@ -307,20 +351,20 @@ inline void dot_q4k(const uint8_t* const* sc, const uint8_t* const* qs, int64_t 
     for (int n = 0; n < kNt; ++n) _mm512_store_ps(sum[kSumStride * n + u].v, s[u][n]);
 }
 
-template <uint32_t kType>
+template <uint32_t kType, bool kPre = false>
 inline DotFn dot_q4k_for(int kt, int rows) {
   if (rows == 1) {
     switch (kt) {
-      case 1: return dot_q4k<kType, 1, 1>;
-      case 2: return dot_q4k<kType, 1, 2>;
-      case 3: return dot_q4k<kType, 1, 3>;
-      default: return dot_q4k<kType, 1, 4>;
+      case 1: return dot_q4k<kType, 1, 1, kPre>;
+      case 2: return dot_q4k<kType, 1, 2, kPre>;
+      case 3: return dot_q4k<kType, 1, 3, kPre>;
+      default: return dot_q4k<kType, 1, 4, kPre>;
     }
   }
   switch (rows) {
-    case 2: return kt == 1 ? dot_q4k<kType, 2, 1> : dot_q4k<kType, 2, 2>;
-    case 3: return kt == 1 ? dot_q4k<kType, 3, 1> : dot_q4k<kType, 3, 2>;
-    default: return kt == 1 ? dot_q4k<kType, 4, 1> : dot_q4k<kType, 4, 2>;
+    case 2: return kt == 1 ? dot_q4k<kType, 2, 1, kPre> : dot_q4k<kType, 2, 2, kPre>;
+    case 3: return kt == 1 ? dot_q4k<kType, 3, 1, kPre> : dot_q4k<kType, 3, 2, kPre>;
+    default: return kt == 1 ? dot_q4k<kType, 4, 1, kPre> : dot_q4k<kType, 4, 2, kPre>;
   }
 }
 
@@ -697,7 +741,7 @@ __attribute__((target("amx-tile,amx-int8"))) inline void amx_q6k(const uint8_t* 
   for (int t = 0; t < 16; ++t) _mm512_mask_storeu_ps(y + t * ldy, mask, acc[t]);
 }
 
-// Q8_0 and K-type calls of at least this many rows run their whole groups of 16 on AMX (the
+// Q8_0 and Q4_K / Q5_K / Q6_K calls of at least this many rows run their whole groups of 16 on AMX (the
 // rest, and smaller calls, on the VNNI steps: 1.8-2.7x AMX's rows-in-place tiles at 8 tokens;
 // Q6_K's four planes against its VNNI steps: 0.96-1.31x at 16 tokens, 0.94-1.55x at 32, 1.5-2x
 // at 64, kernels_bench 2048 x 5632, one and two threads).
@@ -708,10 +752,11 @@ constexpr int64_t kAmxRows = 16;
 template <uint32_t kType>
 inline void matmul(const uint8_t* panels, int64_t k, const Activations& a, int64_t m, int64_t n0, int64_t n1, float* y,
                    int64_t ldy) {
-  constexpr bool kK = kType == kQ4_K || kType == kQ5_K, kSix = kType == kQ6_K;
-  constexpr int kOffset = kK || kSix ? 0 : Traits<kType>::kOffset;
-  // Activation sums a dot step takes per block: Q4_K's 4 pairs of sums of 32, Q6_K's 16 sums of 16.
-  constexpr int64_t kCorr = kK ? 4 : kSix ? 16 : 1;
+  constexpr bool kK = kType == kQ4_K || kType == kQ5_K, kSix = kType == kQ6_K, kXs = kType == kIQ4_XS;
+  constexpr int kOffset = kK || kSix ? 0 : Traits<kType>::kOffset;  // (IQ4_XS: 128, per 32 weights)
+  // Activation sums a dot step takes per block: Q4_K's 4 pairs of sums of 32, Q6_K's 16 sums
+  // of 16, IQ4_XS's 8 sums of 32.
+  constexpr int64_t kCorr = kK ? 4 : kSix ? 16 : kXs ? 8 : 1;
   const PanelLayout lay = panel_layout(kType, k);
   const int64_t nb = lay.blocks, pb = lay.bytes, sbytes = lay.scale_bytes;
   const uint8_t* first = panels + (n0 / kPanelRows) * pb;
@@ -783,7 +828,7 @@ inline void matmul(const uint8_t* panels, int64_t k, const Activations& a, int64
   // pairs of its sums of 32, 4 per super-block; Q6_K: 32 x its sums of 16.
   static thread_local std::vector<int32_t> corr;
   corr.resize(static_cast<size_t>(m * nb * kCorr));
-  for (int64_t i = 0; i < (kOffset != 0 ? m * nb : 0); ++i) corr[i] = kOffset * sum32(a.q.data() + 32 * i);
+  for (int64_t i = 0; i < (kOffset != 0 ? m * k / 32 : 0); ++i) corr[i] = kOffset * sum32(a.q.data() + 32 * i);
   if (kK) {
     sum_pairs(a.bsums.data(), m * nb * 4, corr.data());
   }
@@ -793,13 +838,14 @@ inline void matmul(const uint8_t* panels, int64_t k, const Activations& a, int64
   // read at once; more rows take two (their sums' registers).
   const int per_unit = m == 1 ? 4 : 2;
   const int64_t units = (np + per_unit - 1) / per_unit;
-  const int64_t chunk = m <= 4 ? nb : kK || kSix ? 2 : kChunkBlocks;  // (K types: super-blocks)
+  const int64_t chunk = m <= 4 ? nb : kK || kSix || kXs ? 2 : kChunkBlocks;  // (K types: super-blocks)
   const int threads = omp_in_parallel() ? 1 : num_threads();
 #pragma omp parallel num_threads(static_cast <int>(std::min <int64_t>(threads, units)))
   {
     static thread_local std::vector<Sums16> sums;
     sums.resize(static_cast<size_t>(kSumStride * m));
-    static thread_local Sums16 unpacked[2][kChunkBlocks * 512 / sizeof(Sums16)];
+    // (IQ4_XS: two super-blocks of kPreStride)
+    static thread_local Sums16 unpacked[2][(kChunkBlocks * 512 + 256) / sizeof(Sums16)];
 #pragma omp for schedule(dynamic, 1)
     for (int64_t unit = 0; unit < units; ++unit) {
       const int64_t p0 = per_unit * unit;
@@ -821,7 +867,10 @@ inline void matmul(const uint8_t* panels, int64_t k, const Activations& a, int64
         } else if (pre) {
           for (int u = 0; u < kT; ++u) {
             auto* out = reinterpret_cast<uint8_t*>(unpacked[u]);
-            unpack_chunk<kType>(sc[u], nib[u], b0, b1, out);
+            if constexpr (kXs)
+              unpack_xs_chunk(nib[u], b0, b1, out);
+            else
+              unpack_chunk<kType>(sc[u], nib[u], b0, b1, out);
             w[u] = out;
           }
         }
@@ -837,6 +886,8 @@ inline void matmul(const uint8_t* panels, int64_t k, const Activations& a, int64
           DotFn fn;
           if constexpr (kK)
             fn = dot_q4k_for<kType>(kT, nt);
+          else if constexpr (kXs)
+            fn = pre ? dot_q4k_for<kType, true>(kT, nt) : dot_q4k_for<kType, false>(kT, nt);
           else if constexpr (kSix)
             fn = dot_q6k_for(kT, nt);
           else
