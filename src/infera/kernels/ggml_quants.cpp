@@ -461,10 +461,14 @@ std::shared_ptr<const uint8_t> pack_panels(uint32_t type, const void* data, int6
               const uint32_t v = panel_dword(q + 8 * part, 4 * (sb % 2));
               std::memcpy(qs + 256 * sb + 64 * part + 4 * r, &v, 4);
               for (int h = 0; h < 2 && type == kQ5_K; ++h) {
+                // Bit sb of qh[8 part + 4 h + e], e < 4, gathered into four bits (the bits at 0,
+                // 8, 16 and 24 multiplied into 28-31, the other products below them, no carries).
+                uint32_t x;
+                std::memcpy(&x, blk + 16 + 8 * part + 4 * h, 4);
+                const uint32_t four = (((x >> sb) & 0x01010101u) * 0x10204080u) >> 28;
                 uint64_t mask;
                 std::memcpy(&mask, qs + 2304 + 64 * sb + 16 * part + 8 * h, 8);
-                for (int e = 0; e < 4; ++e)
-                  mask |= static_cast<uint64_t>((blk[16 + 8 * part + 4 * h + e] >> sb) & 1) << (4 * r + e);
+                mask |= static_cast<uint64_t>(four) << (4 * r);
                 std::memcpy(qs + 2304 + 64 * sb + 16 * part + 8 * h, &mask, 8);
               }
             }
@@ -488,29 +492,30 @@ std::shared_ptr<const uint8_t> pack_panels(uint32_t type, const void* data, int6
           continue;
         }
         if (type == kQ6_K) {
-          // d; the 6-bit quants u (w + 32) put together from ql / qh as dequantize_row does,
-          // then per 32-weight chunk c their low four bits as a 32-weight block's nibbles,
-          // their top two bits as two 64-byte vectors (field f of byte 4 r + e of vector v:
-          // weight 32 c + 16 v + 4 f + e) and the 16 sub-scales as bytes [s][row].
+          // d; the 6-bit quants u (w + 32) per 32-weight chunk c: their low four bits as a
+          // 32-weight block's nibbles, their top two bits as two 64-byte vectors (field f of
+          // byte 4 r + e of vector v: weight 32 c + 16 v + 4 f + e) and the 16 sub-scales as
+          // bytes [s][row]. Chunk c is group g = c % 4 of half c / 4 in the block: its low bits
+          // the low (g < 2) or high nibbles of ql[64 (c / 4) + 32 (g % 2) + l], its top bits
+          // bits 2g, 2g + 1 of qh[32 (c / 4) + l], l < 32; four weights at a time.
           std::memcpy(scales + 2 * r, blk + 208, 2);
-          uint8_t u[256];
-          for (int i = 0; i < 256; ++i) {
-            const int n = i / 128, g = i % 128 / 32, l = i % 32;
-            const uint8_t ql = blk[64 * n + 32 * (g % 2) + l];
-            u[i] =
-                static_cast<uint8_t>(((g < 2 ? ql : ql >> 4) & 0x0F) | ((blk[128 + 32 * n + l] >> (2 * g)) & 3) << 4);
-          }
           for (int c = 0; c < 8; ++c) {
-            for (int part = 0; part < 4; ++part)
-              for (int e = 0; e < 4; ++e)
-                qs[256 * c + 64 * part + 4 * r + e] = static_cast<uint8_t>((u[32 * c + 8 * part + e] & 0x0F) |
-                                                                           (u[32 * c + 8 * part + 4 + e] & 0x0F) << 4);
-            for (int v = 0; v < 2; ++v)
-              for (int e = 0; e < 4; ++e) {
-                int bits = 0;
-                for (int f = 0; f < 4; ++f) bits |= (u[32 * c + 16 * v + 4 * f + e] >> 4) << (2 * f);
-                qs[2048 + 128 * c + 64 * v + 4 * r + e] = static_cast<uint8_t>(bits);
+            const int n = c / 4, g = c % 4;
+            const uint8_t* ql = blk + 64 * n + 32 * (g % 2);
+            const uint8_t* qh = blk + 128 + 32 * n;
+            for (int part = 0; part < 4; ++part) {
+              const uint32_t v = panel_dword(ql + 8 * part, 4 * (g / 2));
+              std::memcpy(qs + 256 * c + 64 * part + 4 * r, &v, 4);
+            }
+            for (int v = 0; v < 2; ++v) {
+              uint32_t bits = 0;
+              for (int f = 0; f < 4; ++f) {
+                uint32_t x;
+                std::memcpy(&x, qh + 16 * v + 4 * f, 4);
+                bits |= ((x >> (2 * g)) & 0x03030303u) << (2 * f);
               }
+              std::memcpy(qs + 2048 + 128 * c + 64 * v + 4 * r, &bits, 4);
+            }
           }
           for (int sb = 0; sb < 16; ++sb) qs[3072 + 16 * sb + r] = blk[192 + sb];
           continue;
