@@ -127,6 +127,21 @@ struct PAct {
   const float* s[4];
 };
 
+// One step of eight weights: lo_acc[u][n] += operand lo[u] against activation row n's quants
+// at..at + 3 broadcast, hi_acc[u][n] += hi[u] against the next four (vpdpbusd), for kT panels
+// and kNt activation rows (two chains per sum, so one row's products do not wait on each other).
+template <int kNt, int kT>
+inline void dp_step(const PAct& a, int64_t at, const __m512i* lo, const __m512i* hi, __m512i (*lo_acc)[kNt],
+                    __m512i (*hi_acc)[kNt]) {
+  for (int n = 0; n < kNt; ++n) {
+    const __m512i a0 = bcast4(a.q[n] + at), a1 = bcast4(a.q[n] + at + 4);
+    for (int u = 0; u < kT; ++u) {
+      lo_acc[u][n] = _mm512_dpbusd_epi32(lo_acc[u][n], lo[u], a0);
+      hi_acc[u][n] = _mm512_dpbusd_epi32(hi_acc[u][n], hi[u], a1);
+    }
+  }
+}
+
 // sum[kSumStride n + u] lane r += row r of panel u · activation row n over blocks [b0, b1) (kT panels
 // of scales sc[u] and quants qs[u], or with kPre their chunk unpacked at qs[u] (block b0
 // first); kNt activation rows).
@@ -169,13 +184,7 @@ inline void dot(const uint8_t* const* sc, const uint8_t* const* qs, int64_t b0, 
           unpack(qs[u] + T::kQuantStride * b, part, lo[u], hi[u]);
         }
       }
-      for (int n = 0; n < kNt; ++n) {
-        const __m512i a0 = bcast4(a.q[n] + 32 * b + 8 * part), a1 = bcast4(a.q[n] + 32 * b + 8 * part + 4);
-        for (int u = 0; u < kT; ++u) {
-          lo_acc[u][n] = _mm512_dpbusd_epi32(lo_acc[u][n], lo[u], a0);
-          hi_acc[u][n] = _mm512_dpbusd_epi32(hi_acc[u][n], hi[u], a1);
-        }
-      }
+      dp_step<kNt, kT>(a, 32 * b + 8 * part, lo, hi, lo_acc, hi_acc);
     }
     for (int u = 0; u < kT; ++u) {
       const uint8_t* scales = sc[u] + T::kScaleStride * b;
@@ -197,22 +206,28 @@ inline void dot(const uint8_t* const* sc, const uint8_t* const* qs, int64_t b0, 
 
 using DotFn = void (*)(const uint8_t* const*, const uint8_t* const*, int64_t, int64_t, const PAct&, Sums16*);
 
-// kT panels (1-4; 3-4 only for one activation row) against `rows` activation rows (1-4).
-template <uint32_t kType, bool kPre>
-inline DotFn dot_for(int kt, int rows) {
+// A dot kernel family's instance for kT panels (1-4; 3-4 only for one activation row) against
+// `rows` activation rows (1-4): pick.template operator()<kNt, kT>() returns it.
+template <class Pick>
+inline DotFn dot_by_shape(int kt, int rows, Pick pick) {
   if (rows == 1) {
     switch (kt) {
-      case 1: return dot<kType, 1, 1, kPre>;
-      case 2: return dot<kType, 1, 2, kPre>;
-      case 3: return dot<kType, 1, 3, kPre>;
-      default: return dot<kType, 1, 4, kPre>;
+      case 1: return pick.template operator()<1, 1>();
+      case 2: return pick.template operator()<1, 2>();
+      case 3: return pick.template operator()<1, 3>();
+      default: return pick.template operator()<1, 4>();
     }
   }
   switch (rows) {
-    case 2: return kt == 1 ? dot<kType, 2, 1, kPre> : dot<kType, 2, 2, kPre>;
-    case 3: return kt == 1 ? dot<kType, 3, 1, kPre> : dot<kType, 3, 2, kPre>;
-    default: return kt == 1 ? dot<kType, 4, 1, kPre> : dot<kType, 4, 2, kPre>;
+    case 2: return kt == 1 ? pick.template operator()<2, 1>() : pick.template operator()<2, 2>();
+    case 3: return kt == 1 ? pick.template operator()<3, 1>() : pick.template operator()<3, 2>();
+    default: return kt == 1 ? pick.template operator()<4, 1>() : pick.template operator()<4, 2>();
   }
+}
+
+template <uint32_t kType, bool kPre>
+inline DotFn dot_for(int kt, int rows) {
+  return dot_by_shape(kt, rows, []<int kNt, int kT>() -> DotFn { return dot<kType, kNt, kT, kPre>; });
 }
 
 // ---- Q4_K, Q5_K and IQ4_XS ----
@@ -301,14 +316,7 @@ inline void dot_q4k(const uint8_t* const* sc, const uint8_t* const* qs, int64_t 
             unpack_k<kType>(qs[u] + kStride * b, sb, part, lo[u], hi[u]);
           }
         }
-        for (int n = 0; n < kNt; ++n) {
-          const int8_t* q = a.q[n] + 256 * b + 32 * sb + 8 * part;
-          const __m512i a0 = bcast4(q), a1 = bcast4(q + 4);
-          for (int u = 0; u < kT; ++u) {
-            lo_acc[u][n] = _mm512_dpbusd_epi32(lo_acc[u][n], lo[u], a0);
-            hi_acc[u][n] = _mm512_dpbusd_epi32(hi_acc[u][n], hi[u], a1);
-          }
-        }
+        dp_step<kNt, kT>(a, 256 * b + 32 * sb + 8 * part, lo, hi, lo_acc, hi_acc);
       }
       for (int u = 0; u < kT; ++u) {
         const uint8_t* s8p =
@@ -353,19 +361,7 @@ inline void dot_q4k(const uint8_t* const* sc, const uint8_t* const* qs, int64_t 
 
 template <uint32_t kType, bool kPre = false>
 inline DotFn dot_q4k_for(int kt, int rows) {
-  if (rows == 1) {
-    switch (kt) {
-      case 1: return dot_q4k<kType, 1, 1, kPre>;
-      case 2: return dot_q4k<kType, 1, 2, kPre>;
-      case 3: return dot_q4k<kType, 1, 3, kPre>;
-      default: return dot_q4k<kType, 1, 4, kPre>;
-    }
-  }
-  switch (rows) {
-    case 2: return kt == 1 ? dot_q4k<kType, 2, 1, kPre> : dot_q4k<kType, 2, 2, kPre>;
-    case 3: return kt == 1 ? dot_q4k<kType, 3, 1, kPre> : dot_q4k<kType, 3, 2, kPre>;
-    default: return kt == 1 ? dot_q4k<kType, 4, 1, kPre> : dot_q4k<kType, 4, 2, kPre>;
-  }
+  return dot_by_shape(kt, rows, []<int kNt, int kT>() -> DotFn { return dot_q4k<kType, kNt, kT, kPre>; });
 }
 
 // ---- Q6_K ----
@@ -419,14 +415,7 @@ inline void dot_q6k(const uint8_t* const* sc, const uint8_t* const* qs, int64_t 
           lo[u] = _mm512_ternarylogic_epi32(nib, m4, field(hb[u], 2 * h), 0xEA);
           hi[u] = _mm512_ternarylogic_epi32(_mm512_srli_epi16(nib, 4), m4, field(hb[u], 2 * h + 1), 0xEA);
         }
-        for (int n = 0; n < kNt; ++n) {
-          const int8_t* q = a.q[n] + 256 * b + 16 * sb + 8 * h;
-          const __m512i a0 = bcast4(q), a1 = bcast4(q + 4);
-          for (int u = 0; u < kT; ++u) {
-            lo_acc[u][n] = _mm512_dpbusd_epi32(lo_acc[u][n], lo[u], a0);
-            hi_acc[u][n] = _mm512_dpbusd_epi32(hi_acc[u][n], hi[u], a1);
-          }
-        }
+        dp_step<kNt, kT>(a, 256 * b + 16 * sb + 8 * h, lo, hi, lo_acc, hi_acc);
       }
       for (int u = 0; u < kT; ++u) {
         const __m512i scv = _mm512_cvtepi8_epi32(
@@ -448,19 +437,7 @@ inline void dot_q6k(const uint8_t* const* sc, const uint8_t* const* qs, int64_t 
 }
 
 inline DotFn dot_q6k_for(int kt, int rows) {
-  if (rows == 1) {
-    switch (kt) {
-      case 1: return dot_q6k<1, 1>;
-      case 2: return dot_q6k<1, 2>;
-      case 3: return dot_q6k<1, 3>;
-      default: return dot_q6k<1, 4>;
-    }
-  }
-  switch (rows) {
-    case 2: return kt == 1 ? dot_q6k<2, 1> : dot_q6k<2, 2>;
-    case 3: return kt == 1 ? dot_q6k<3, 1> : dot_q6k<3, 2>;
-    default: return kt == 1 ? dot_q6k<4, 1> : dot_q6k<4, 2>;
-  }
+  return dot_by_shape(kt, rows, []<int kNt, int kT>() -> DotFn { return dot_q6k<kNt, kT>; });
 }
 
 // ---- Q8_0 on AMX int8 tiles ----
