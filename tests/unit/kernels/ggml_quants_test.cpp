@@ -202,6 +202,9 @@ TEST(GgmlQuants, MatmulMatchesDequantizedWeightsTimesQuantizedActivations) {
       // 16-block chunks (a shorter last one), a last group of 1 to 3 tokens; an odd number of panels.
       {19, 70, 16, 61, {1, 2, 3, 4, 6, 7, 13, 37}},
       {17, 33, 0, 33, {1, 5}},
+      // Past the AMX threshold of the 32-weight block types' panels (128 tokens), a partial
+      // last group and a partial last panel.
+      {3, 21, 0, 21, {130}},
   };
   for (const MatmulShape& shape : shapes) {
     for (uint32_t type : {kQ4_0, kQ4_1, kQ5_0, kQ5_1, kQ8_0, kIQ4_NL, kQ2_K, kQ3_K, kQ4_K, kQ5_K, kQ6_K, kIQ4_XS}) {

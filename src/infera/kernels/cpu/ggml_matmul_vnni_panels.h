@@ -488,6 +488,25 @@ __attribute__((target("amx-tile,amx-int8"))) inline void amx_q8_0(const uint8_t*
   for (int t = 0; t < 16; ++t) _mm512_mask_storeu_ps(y + t * ldy, mask, sum[t]);
 }
 
+// Q4_0 / Q5_0 / IQ4_NL blocks [0, nb) of a panel for the AMX tiles: their weights as signed
+// bytes (the quant less its offset, 8 or 16; IQ4_NL's level), laid out as a Q8_0 panel's
+// quants (512 bytes a block, dword-row g: weights 4g .. 4g + 3 of the 16 rows), so amx_q8_0
+// takes them as it takes Q8_0's and its products are the generic path's block sums.
+template <uint32_t kType>
+inline void unpack_signed(const uint8_t* qs, int64_t nb, uint8_t* out) {
+  const Unpack<kType> unpack;
+  const __m512i off = _mm512_set1_epi8(static_cast<char>(Traits<kType>::kOffset));
+  for (int64_t b = 0; b < nb; ++b) {
+    prefetch_block<kType>(qs, qs, b);
+    for (int part = 0; part < 4; ++part) {
+      __m512i lo, hi;
+      unpack(qs + Traits<kType>::kQuantStride * b, part, lo, hi);
+      _mm512_store_si512(out + 512 * b + 128 * part, _mm512_sub_epi8(lo, off));
+      _mm512_store_si512(out + 512 * b + 128 * part + 64, _mm512_sub_epi8(hi, off));
+    }
+  }
+}
+
 // Q4_K's activation sums for the mins: from the Q8_K sums of 16 (16 per super-block), n
 // dwords, each the int16 pair of the sums of 32 of sub-blocks 2 p and 2 p + 1.
 inline void sum_pairs(const int32_t* bsums, int64_t n, int32_t* out) {
@@ -723,6 +742,13 @@ __attribute__((target("amx-tile,amx-int8"))) inline void amx_q6k(const uint8_t* 
 // Q6_K's four planes against its VNNI steps: 0.96-1.31x at 16 tokens, 0.94-1.55x at 32, 1.5-2x
 // at 64, kernels_bench 2048 x 5632, one and two threads).
 constexpr int64_t kAmxRows = 16;
+// Q4_0 / Q5_0 / IQ4_NL from this many: their tiles are Q8_0's, a vector step per 32-weight
+// block after each product, and that step bounds them (kernels_bench, 2048 x 5632, against
+// their VNNI steps, two alternating rounds, one | two threads: Q4_0 0.95-1.0x | 0.97-0.98x
+// at 16 tokens, 0.96-1.10x | 0.69-0.96x at 64, 1.40-1.42x | 1.11-1.18x at 128, 1.10-1.18x |
+// 1.11-1.23x at 256; IQ4_NL 0.78-0.98x | 0.74-0.90x at 16, 1.36-1.46x | 0.79-0.93x at
+// 128, 1.0-1.09x | 1.09-1.78x at 256).
+constexpr int64_t kAmxRowsAsQ8 = 128;
 
 // y[i * ldy + (j - n0)] = activation row i · row j for j in [n0, n1), i < m; panels: the
 // panels from row 0 (n0 a multiple of kPanelRows).
@@ -738,7 +764,10 @@ inline void matmul(const uint8_t* panels, int64_t k, const Activations& a, int64
   const int64_t nb = lay.blocks, pb = lay.bytes, sbytes = lay.scale_bytes;
   const uint8_t* first = panels + (n0 / kPanelRows) * pb;
   const int64_t np = (n1 - n0 + kPanelRows - 1) / kPanelRows;
-  if ((kType == kQ8_0 || kK || kSix) && m >= kAmxRows && vnni::amx::usable()) {
+  // Q4_0 / Q5_0 / IQ4_NL: unpacked per call to signed bytes in Q8_0's layout (unpack_signed),
+  // from kAmxRowsAsQ8 rows.
+  constexpr bool kAsQ8 = kType == kQ4_0 || kType == kQ5_0 || kType == kIQ4_NL;
+  if ((kType == kQ8_0 || kK || kSix || kAsQ8) && m >= (kAsQ8 ? kAmxRowsAsQ8 : kAmxRows) && vnni::amx::usable()) {
     const int64_t groups = m / 16, tokens = 16 * groups;
     // Q4_K: the tokens' int16 pairs of sums of 32, as the VNNI steps take them.
     static thread_local std::vector<int32_t> pairs;
@@ -764,7 +793,7 @@ inline void matmul(const uint8_t* panels, int64_t k, const Activations& a, int64
       vnni::amx::configure(static_cast<int>(step));
       // One panel's planes: Q4_K 32 bytes per weight, Q6_K 64.
       static thread_local vnni::amx::Aligned64 planes;
-      if (kK || kSix) planes.resize(static_cast<size_t>((kSix ? 64 : 32) * k));
+      if (kK || kSix || kAsQ8) planes.resize(static_cast<size_t>((kSix ? 64 : kK ? 32 : 16) * k));
 #pragma omp for schedule(dynamic, 1)
       for (int64_t p = 0; p < np; ++p) {
         const uint8_t* sc = first + p * pb;
@@ -784,9 +813,14 @@ inline void matmul(const uint8_t* panels, int64_t k, const Activations& a, int64
             amx_q6k(sc, w, tiles_all + 16 * g * k, a.d.data() + 16 * g * nb, k, y + 16 * g * ldy + (j0 - n0), ldy,
                     mask);
         } else {
+          const uint8_t* qs = sc + sbytes;
+          if constexpr (kAsQ8) {
+            unpack_signed<kType>(qs, nb, reinterpret_cast<uint8_t*>(planes.data()));
+            qs = reinterpret_cast<const uint8_t*>(planes.data());
+          }
           for (int64_t g = 0; g < groups; ++g)
-            amx_q8_0(sc, sc + sbytes, tiles_all + 16 * g * k, a.d.data() + 16 * g * nb, k, y + 16 * g * ldy + (j0 - n0),
-                     ldy, mask);
+            amx_q8_0(sc, qs, tiles_all + 16 * g * k, a.d.data() + 16 * g * nb, k, y + 16 * g * ldy + (j0 - n0), ldy,
+                     mask);
         }
       }
       vnni::amx::release();
