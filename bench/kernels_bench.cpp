@@ -255,6 +255,7 @@ void BM_GgmlMatmul(benchmark::State& state) {
                              : type == ggml::kQ4_1   ? "q4_1"
                              : type == ggml::kQ5_0   ? "q5_0"
                              : type == ggml::kQ5_1   ? "q5_1"
+                             : type == ggml::kQ3_K   ? "q3_k"
                                                    : "iq4_xs") +
                  (m > 1 && state.range(4) != 0 ? " amx" : "") + (state.range(5) != 0 ? " panels" : ""));
   ggml::set_ggml_amx(true);
@@ -266,7 +267,7 @@ void BM_GgmlMatmul(benchmark::State& state) {
 BENCHMARK(BM_GgmlMatmul)
     ->ArgsProduct({{infera::kernels::ggml::kQ4_K, infera::kernels::ggml::kQ5_K, infera::kernels::ggml::kQ6_K,
                     infera::kernels::ggml::kQ8_0, infera::kernels::ggml::kIQ4_XS, infera::kernels::ggml::kQ4_0,
-                    infera::kernels::ggml::kIQ4_NL},
+                    infera::kernels::ggml::kIQ4_NL, infera::kernels::ggml::kQ3_K},
                    {1, 8, 16, 32, 64, 128, 256},
                    {1, 2},
                    {0, 1},
@@ -275,8 +276,8 @@ BENCHMARK(BM_GgmlMatmul)
     ->Apply(least_disturbed);
 BENCHMARK(BM_GgmlMatmul)
     ->ArgsProduct({{infera::kernels::ggml::kQ4_0, infera::kernels::ggml::kIQ4_NL, infera::kernels::ggml::kQ8_0,
-                    infera::kernels::ggml::kQ4_K, infera::kernels::ggml::kQ5_K, infera::kernels::ggml::kQ6_K,
-                    infera::kernels::ggml::kIQ4_XS},
+                    infera::kernels::ggml::kQ3_K, infera::kernels::ggml::kQ4_K, infera::kernels::ggml::kQ5_K,
+                    infera::kernels::ggml::kQ6_K, infera::kernels::ggml::kIQ4_XS},
                    {1, 2, 8, 16, 32, 64, 128, 256},
                    {1, 2},
                    {0, 1},

@@ -364,6 +364,7 @@ bool can_pack_panels(uint32_t type) {
     case kQ5_0:
     case kQ5_1:
     case kQ8_0:
+    case kQ3_K:
     case kQ4_K:
     case kQ5_K:
     case kQ6_K:
@@ -385,12 +386,12 @@ PanelLayout panel_layout(uint32_t type, int64_t k) {
     l.bytes = l.scale_bytes + l.quant_stride * l.blocks;
     return l;
   }
-  if (type == kQ6_K || type == kIQ4_XS) {
+  if (type == kQ6_K || type == kIQ4_XS || type == kQ3_K) {
     INFERA_ASSERT(k % 256 == 0);
     l.blocks = k / 256;
     l.scale_stride = 32;
     l.scale_bytes = (32 * l.blocks + 63) / 64 * 64;
-    l.quant_stride = type == kQ6_K ? 8 * 256 + 8 * 128 + 256 : 8 * 256 + 128;
+    l.quant_stride = type == kQ6_K ? 8 * 256 + 8 * 128 + 256 : type == kQ3_K ? 8 * 128 + 8 * 64 + 256 : 8 * 256 + 128;
     l.bytes = l.scale_bytes + l.quant_stride * l.blocks;
     return l;
   }
@@ -472,6 +473,43 @@ std::shared_ptr<const uint8_t> pack_panels(uint32_t type, const void* data, int6
                 std::memcpy(qs + 2304 + 64 * sb + 16 * part + 8 * h, &mask, 8);
               }
             }
+          }
+          continue;
+        }
+        if (type == kQ3_K) {
+          // d; per 32-weight chunk c its quants' two low bits as two 64-byte vectors (as Q6_K's
+          // top bits: field f of byte 4 r + e of vector v is weight 32 c + 16 v + 4 f + e), then
+          // per chunk eight 64-bit masks of their third bits (mask o, bit 4 r + e: weight
+          // 32 c + 4 o + e), then the 16 signed sub-scales (sc - 32) as bytes [s][row]. Chunk c
+          // is group c % 4 of half c / 4: its low bits bits 2 (c % 4) of qs[32 (c / 4) + l],
+          // its third bit bit c of hmask[l], l < 32.
+          std::memcpy(scales + 2 * r, blk + 108, 2);
+          for (int c = 0; c < 8; ++c) {
+            const uint8_t* q2 = blk + 32 + 32 * (c / 4);
+            for (int v = 0; v < 2; ++v) {
+              uint32_t bits = 0;
+              for (int f = 0; f < 4; ++f) {
+                uint32_t x;
+                std::memcpy(&x, q2 + 16 * v + 4 * f, 4);
+                bits |= ((x >> (2 * (c % 4))) & 0x03030303u) << (2 * f);
+              }
+              std::memcpy(qs + 128 * c + 64 * v + 4 * r, &bits, 4);
+            }
+            for (int o = 0; o < 8; ++o) {
+              uint32_t x;
+              std::memcpy(&x, blk + 4 * o, 4);
+              const uint32_t four = (((x >> c) & 0x01010101u) * 0x10204080u) >> 28;  // (as Q5_K's)
+              uint64_t mask;
+              std::memcpy(&mask, qs + 1024 + 64 * c + 8 * o, 8);
+              mask |= static_cast<uint64_t>(four) << (4 * r);
+              std::memcpy(qs + 1024 + 64 * c + 8 * o, &mask, 8);
+            }
+          }
+          const uint8_t* p = blk + 96;
+          for (int g = 0; g < 16; ++g) {
+            const int low = g < 8 ? (p[g] & 0xF) : (p[g - 8] >> 4);
+            qs[1536 + 16 * g + r] =
+                static_cast<uint8_t>(static_cast<int8_t>((low | (((p[8 + g % 4] >> (2 * (g / 4))) & 3) << 4)) - 32));
           }
           continue;
         }

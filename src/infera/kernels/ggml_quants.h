@@ -82,7 +82,7 @@ bool can_quantize(uint32_t type);
 int64_t quantize_rows(uint32_t type, const float* src, void* dst, int64_t nrows, int64_t n_per_row,
                       const float* imatrix = nullptr);
 
-// Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q8_0, Q4_K, Q5_K, Q6_K and IQ4_XS matrices repacked at load for the avx512 path
+// Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q8_0, Q3_K, Q4_K, Q5_K, Q6_K and IQ4_XS matrices repacked at load for the avx512 path
 // (AVX-512 VNNI), as llama.cpp's AMX buffer repacks them: rows in panels of kPanelRows, so that one vector load holds a
 // block's weights of 16 rows and vpdpbusd sums them against an activation's four quants broadcast, one row per 32-bit
 // lane, with no horizontal reduction and no scale gathering. Panel p holds rows 16p..16p+15 (past the last row: zero

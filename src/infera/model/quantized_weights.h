@@ -92,7 +92,7 @@ class FileMappings {
 void release_repacked_source(const kernels::QuantMatRef& w, const FileMappings& maps);
 
 // A GGUF matrix (dtype kGgml) of a type with panel kernels (kernels::ggml::can_pack_panels:
-// Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q8_0, Q4_K, Q5_K, Q6_K, IQ4_XS) with its repacked copy (MatRef::panels) on CPUs
+// Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q8_0, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS) with its repacked copy (MatRef::panels) on CPUs
 // with the AVX-512 path unless INFERA_QUANT_REPACK=0, its file pages then dropped as
 // release_repacked_source drops them; any other matrix as it is. Dense layers and experts
 // alike: with the panels' AMX tiles (Q8_0; Q4_K from scaled planes) a dense layer's prompt is

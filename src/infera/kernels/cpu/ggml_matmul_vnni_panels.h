@@ -1,5 +1,5 @@
-// The panel types (Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q8_0, Q4_K, Q5_K, Q6_K, IQ4_XS) from their
-// panels (pack_panels, ggml_quants.h) on AVX-512 VNNI, for every number of activation rows
+// The panel types (Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q8_0, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS) from
+// their panels (pack_panels, ggml_quants.h) on AVX-512 VNNI, for every number of activation rows
 // (Q8_0, Q4_K, Q5_K and Q6_K from 16 on AMX tiles): the same values as the generic loops of
 // ggml_matmul_impl.h, bit for bit.
 //
@@ -364,18 +364,21 @@ inline DotFn dot_q4k_for(int kt, int rows) {
   return dot_by_shape(kt, rows, []<int kNt, int kT>() -> DotFn { return dot_q4k<kType, kNt, kT, kPre>; });
 }
 
-// ---- Q6_K ----
+// ---- Q6_K and Q3_K ----
 // sum[kSumStride n + u] lane r += row r of panel u · activation row n over super-blocks [b0, b1):
 // per 16-weight sub-block s, the quants u = w + 32 put together from the nibbles and the two
 // top bits (a shift, a mask and one vpternlogd an operand), their products with the
 // activation from -32 x its sum of those 16 quants (a.corr[n]: one per sub-block), so the sum
 // is of w, times the rows' signed sub-scale s (vpmulld, exact), then the generic path's f32
-// step per super-block (no mins: x - 0 is x).
-template <int kNt, int kT>
+// step per super-block (no mins: x - 0 is x). Q3_K the same with u = w + 4 from its two low
+// bits (a shift and a mask) and its third (a masked byte add of 4), and -4 x the sums.
+template <uint32_t kType, int kNt, int kT>
 inline void dot_q6k(const uint8_t* const* sc, const uint8_t* const* qs, int64_t b0, int64_t b1, const PAct& a,
                     Sums16* sum) {
-  constexpr int kStride = 3328;
-  const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
+  constexpr bool kThree = kType == kQ3_K;
+  constexpr int kStride = kThree ? 1792 : 3328, kTop = kThree ? 0 : 2048, kScales = kThree ? 1536 : 3072;
+  const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30), m3 = _mm512_set1_epi8(3),
+                four = _mm512_set1_epi8(4);
   // The top two bits of field f (bits 2f, 2f + 1 of each byte) at bits 4-5.
   const auto field = [&](__m512i h, int f) {
     switch (f) {
@@ -395,8 +398,8 @@ inline void dot_q6k(const uint8_t* const* sc, const uint8_t* const* qs, int64_t 
       _mm_prefetch(reinterpret_cast<const char*>(sc[u] + 32 * b + 128), _MM_HINT_T0);
     }
     for (int sb = 0; sb < 16; ++sb) {
-      for (int u = 0; u < kT; ++u)  // (the next super-block, its 52 lines spread over these sub-blocks)
-        for (int l = 52 * sb / 16; l < 52 * (sb + 1) / 16; ++l)
+      for (int u = 0; u < kT; ++u)  // (the next super-block, its lines spread over these sub-blocks)
+        for (int l = kStride / 64 * sb / 16; l < kStride / 64 * (sb + 1) / 16; ++l)
           _mm_prefetch(reinterpret_cast<const char*>(qs[u] + kStride * (b + 1) + 64 * l), _MM_HINT_T0);
       const int c = sb / 2, v = sb % 2;
       __m512i lo_acc[kT][kNt], hi_acc[kT][kNt];
@@ -406,10 +409,20 @@ inline void dot_q6k(const uint8_t* const* sc, const uint8_t* const* qs, int64_t 
           hi_acc[u][n] = _mm512_setzero_si512();
         }
       __m512i hb[kT];
-      for (int u = 0; u < kT; ++u) hb[u] = _mm512_load_si512(qs[u] + kStride * b + 2048 + 128 * c + 64 * v);
+      for (int u = 0; u < kT; ++u) hb[u] = _mm512_load_si512(qs[u] + kStride * b + kTop + 128 * c + 64 * v);
       for (int h = 0; h < 2; ++h) {
         __m512i lo[kT], hi[kT];
         for (int u = 0; u < kT; ++u) {
+          if constexpr (kThree) {  // fields 2h, 2h + 1 of the two-bit vector, the third bits' masks
+            uint64_t mlo, mhi;
+            std::memcpy(&mlo, qs[u] + kStride * b + 1024 + 64 * c + 8 * (4 * v + 2 * h), 8);
+            std::memcpy(&mhi, qs[u] + kStride * b + 1024 + 64 * c + 8 * (4 * v + 2 * h + 1), 8);
+            const __m512i f0 = _mm512_and_si512(_mm512_srli_epi16(hb[u], 4 * h), m3);
+            const __m512i f1 = _mm512_and_si512(_mm512_srli_epi16(hb[u], 4 * h + 2), m3);
+            lo[u] = _mm512_mask_add_epi8(f0, _cvtu64_mask64(mlo), f0, four);
+            hi[u] = _mm512_mask_add_epi8(f1, _cvtu64_mask64(mhi), f1, four);
+            continue;
+          }
           const __m512i nib = _mm512_load_si512(qs[u] + kStride * b + 256 * c + 64 * (2 * v + h));
           // (A & B) | C: the low four bits, the top two put in bits 4-5.
           lo[u] = _mm512_ternarylogic_epi32(nib, m4, field(hb[u], 2 * h), 0xEA);
@@ -419,7 +432,7 @@ inline void dot_q6k(const uint8_t* const* sc, const uint8_t* const* qs, int64_t 
       }
       for (int u = 0; u < kT; ++u) {
         const __m512i scv = _mm512_cvtepi8_epi32(
-            _mm_load_si128(reinterpret_cast<const __m128i*>(qs[u] + kStride * b + 3072 + 16 * sb)));
+            _mm_load_si128(reinterpret_cast<const __m128i*>(qs[u] + kStride * b + kScales + 16 * sb)));
         for (int n = 0; n < kNt; ++n)
           isum[u][n] =
               _mm512_add_epi32(isum[u][n], _mm512_mullo_epi32(_mm512_add_epi32(lo_acc[u][n], hi_acc[u][n]), scv));
@@ -436,8 +449,9 @@ inline void dot_q6k(const uint8_t* const* sc, const uint8_t* const* qs, int64_t 
     for (int n = 0; n < kNt; ++n) _mm512_store_ps(sum[kSumStride * n + u].v, s[u][n]);
 }
 
+template <uint32_t kType>
 inline DotFn dot_q6k_for(int kt, int rows) {
-  return dot_by_shape(kt, rows, []<int kNt, int kT>() -> DotFn { return dot_q6k<kNt, kT>; });
+  return dot_by_shape(kt, rows, []<int kNt, int kT>() -> DotFn { return dot_q6k<kType, kNt, kT>; });
 }
 
 // ---- Q8_0 on AMX int8 tiles ----
@@ -756,10 +770,11 @@ template <uint32_t kType>
 inline void matmul(const uint8_t* panels, int64_t k, const Activations& a, int64_t m, int64_t n0, int64_t n1, float* y,
                    int64_t ldy) {
   constexpr bool kK = kType == kQ4_K || kType == kQ5_K, kSix = kType == kQ6_K, kXs = kType == kIQ4_XS;
-  constexpr int kOffset = kK || kSix ? 0 : Traits<kType>::kOffset;  // (IQ4_XS: 128, per 32 weights)
+  constexpr bool kSub16 = kSix || kType == kQ3_K;  // (16-weight sub-blocks, dot_q6k)
+  constexpr int kOffset = kK || kSub16 ? 0 : Traits<kType>::kOffset;  // (IQ4_XS: 128, per 32 weights)
   // Activation sums a dot step takes per block: Q4_K's 4 pairs of sums of 32, Q6_K's 16 sums
   // of 16, IQ4_XS's 8 sums of 32.
-  constexpr int64_t kCorr = kK ? 4 : kSix ? 16 : kXs ? 8 : 1;
+  constexpr int64_t kCorr = kK ? 4 : kSub16 ? 16 : kXs ? 8 : 1;
   const PanelLayout lay = panel_layout(kType, k);
   const int64_t nb = lay.blocks, pb = lay.bytes, sbytes = lay.scale_bytes;
   const uint8_t* first = panels + (n0 / kPanelRows) * pb;
@@ -843,13 +858,13 @@ inline void matmul(const uint8_t* panels, int64_t k, const Activations& a, int64
   if (kK) {
     sum_pairs(a.bsums.data(), m * nb * 4, corr.data());
   }
-  for (int64_t i = 0; i < (kSix ? m * nb * 16 : 0); ++i) corr[i] = 32 * a.bsums[i];
+  for (int64_t i = 0; i < (kSub16 ? m * nb * 16 : 0); ++i) corr[i] = (kSix ? 32 : 4) * a.bsums[i];
   const int32_t* corr_all = corr.data();  // (the caller's: thread_local names differ per thread below)
   // A decode step (one activation row) takes four panels at a time, so that four streams are
   // read at once; more rows take two (their sums' registers).
   const int per_unit = m == 1 ? 4 : 2;
   const int64_t units = (np + per_unit - 1) / per_unit;
-  const int64_t chunk = m <= 4 ? nb : kK || kSix || kXs ? 2 : kChunkBlocks;  // (K types: super-blocks)
+  const int64_t chunk = m <= 4 ? nb : kK || kSub16 || kXs ? 2 : kChunkBlocks;  // (K types: super-blocks)
   const int threads = omp_in_parallel() ? 1 : num_threads();
 #pragma omp parallel num_threads(static_cast <int>(std::min <int64_t>(threads, units)))
   {
@@ -869,7 +884,7 @@ inline void matmul(const uint8_t* panels, int64_t k, const Activations& a, int64
       }
       std::fill(sums.begin(), sums.end(), Sums16{});
       // Q8_0's panels are in the unpacked layout already.
-      const bool pre = !kK && !kSix && (kType == kQ8_0 || m > kDirectRows);
+      const bool pre = !kK && !kSub16 && (kType == kQ8_0 || m > kDirectRows);
       const uint8_t* w[kSumStride] = {nib[0], nib[1], nib[2], nib[3]};
       for (int64_t b0 = 0; b0 < nb; b0 += chunk) {
         const int64_t b1 = std::min(nb, b0 + chunk);
@@ -899,8 +914,8 @@ inline void matmul(const uint8_t* panels, int64_t k, const Activations& a, int64
             fn = dot_q4k_for<kType>(kT, nt);
           else if constexpr (kXs)
             fn = pre ? dot_q4k_for<kType, true>(kT, nt) : dot_q4k_for<kType, false>(kT, nt);
-          else if constexpr (kSix)
-            fn = dot_q6k_for(kT, nt);
+          else if constexpr (kSub16)
+            fn = dot_q6k_for<kType>(kT, nt);
           else
             fn = pre ? dot_for<kType, true>(kT, nt) : dot_for<kType, false>(kT, nt);
           fn(sc, w, b0, b1, pa, sums.data() + kSumStride * i);
