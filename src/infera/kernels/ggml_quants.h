@@ -102,8 +102,14 @@ int64_t quantize_rows(uint32_t type, const float* src, void* dst, int64_t nrows,
 // per 32-weight chunk c: their low four bits as a 32-weight block's nibbles (256 bytes a
 // chunk, 2048), their top two bits as 128 bytes a chunk (1024: vector v's byte 4r + e holds
 // in bits 2f, 2f + 1 those of weight 32c + 16v + 4f + e of row r, so vector v is the 16-weight
-// sub-block 2c + v), then the 16 signed sub-scales as bytes [s][row] (256). Same bytes as the
-// rows'.
+// sub-block 2c + v), then the 16 signed sub-scales as bytes [s][row] (256). IQ4_XS: per
+// super-block its 16 rows' d (32 bytes of scales), then per 32-weight sub-block its nibbles
+// as an IQ4_NL block's (256 bytes), then the sub-blocks' signed scales (ls - 32) as bytes
+// [s][row] (128). Q3_K: per super-block its 16 rows' d (32 bytes of scales), then per
+// 32-weight chunk c the quants' two low bits as two 64-byte vectors (as Q6_K's top bits,
+// 1024), then per chunk eight 64-bit masks of their third bits (mask o, bit 4r + e: weight
+// 32c + 4o + e; 512), then the 16 signed sub-scales as bytes [s][row] (256). Same bytes as
+// the rows' (Q5_K, Q3_K: the same bits).
 constexpr int64_t kPanelRows = 16;
 bool can_pack_panels(uint32_t type);
 // Where things are in a panel of k-weight rows (k a multiple of 32): block b's scales at
