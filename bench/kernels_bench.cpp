@@ -227,8 +227,13 @@ void BM_GgmlMatmul(benchmark::State& state) {
     s ^= s << 5;
     b = static_cast<uint8_t>(s >> 8);
   }
-  // Every f16 field of a block a small finite scale (Q4_K: d and dmin; Q6_K: d at 208).
-  const int half_at = type == ggml::kQ6_K ? 208 : 0, halves = type == ggml::kQ4_K || type == ggml::kQ5_K ? 2 : 1;
+  // Every f16 field of a block a small finite scale (Q4_K / Q5_K: d and dmin; Q6_K: d at 208;
+  // Q3_K: d at 108; Q2_K: d and dmin at 80).
+  const int half_at = type == ggml::kQ6_K   ? 208
+                      : type == ggml::kQ3_K ? 108
+                      : type == ggml::kQ2_K ? 80
+                                            : 0;
+  const int halves = type == ggml::kQ4_K || type == ggml::kQ5_K || type == ggml::kQ2_K ? 2 : 1;
   const uint16_t d = infera::f32_to_f16(0.01f);
   for (size_t b = 0; b < q.size(); b += static_cast<size_t>(ts))
     for (int h = 0; h < halves; ++h) std::memcpy(q.data() + b + half_at + 2 * h, &d, 2);
@@ -256,6 +261,7 @@ void BM_GgmlMatmul(benchmark::State& state) {
                              : type == ggml::kQ5_0   ? "q5_0"
                              : type == ggml::kQ5_1   ? "q5_1"
                              : type == ggml::kQ3_K   ? "q3_k"
+                             : type == ggml::kQ2_K   ? "q2_k"
                                                    : "iq4_xs") +
                  (m > 1 && state.range(4) != 0 ? " amx" : "") + (state.range(5) != 0 ? " panels" : ""));
   ggml::set_ggml_amx(true);
@@ -267,7 +273,7 @@ void BM_GgmlMatmul(benchmark::State& state) {
 BENCHMARK(BM_GgmlMatmul)
     ->ArgsProduct({{infera::kernels::ggml::kQ4_K, infera::kernels::ggml::kQ5_K, infera::kernels::ggml::kQ6_K,
                     infera::kernels::ggml::kQ8_0, infera::kernels::ggml::kIQ4_XS, infera::kernels::ggml::kQ4_0,
-                    infera::kernels::ggml::kIQ4_NL, infera::kernels::ggml::kQ3_K},
+                    infera::kernels::ggml::kIQ4_NL, infera::kernels::ggml::kQ3_K, infera::kernels::ggml::kQ2_K},
                    {1, 8, 16, 32, 64, 128, 256},
                    {1, 2},
                    {0, 1},
@@ -276,8 +282,8 @@ BENCHMARK(BM_GgmlMatmul)
     ->Apply(least_disturbed);
 BENCHMARK(BM_GgmlMatmul)
     ->ArgsProduct({{infera::kernels::ggml::kQ4_0, infera::kernels::ggml::kIQ4_NL, infera::kernels::ggml::kQ8_0,
-                    infera::kernels::ggml::kQ3_K, infera::kernels::ggml::kQ4_K, infera::kernels::ggml::kQ5_K,
-                    infera::kernels::ggml::kQ6_K, infera::kernels::ggml::kIQ4_XS},
+                    infera::kernels::ggml::kQ2_K, infera::kernels::ggml::kQ3_K, infera::kernels::ggml::kQ4_K,
+                    infera::kernels::ggml::kQ5_K, infera::kernels::ggml::kQ6_K, infera::kernels::ggml::kIQ4_XS},
                    {1, 2, 8, 16, 32, 64, 128, 256},
                    {1, 2},
                    {0, 1},

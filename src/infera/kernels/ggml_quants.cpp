@@ -364,6 +364,7 @@ bool can_pack_panels(uint32_t type) {
     case kQ5_0:
     case kQ5_1:
     case kQ8_0:
+    case kQ2_K:
     case kQ3_K:
     case kQ4_K:
     case kQ5_K:
@@ -377,6 +378,15 @@ bool can_pack_panels(uint32_t type) {
 PanelLayout panel_layout(uint32_t type, int64_t k) {
   INFERA_ASSERT(can_pack_panels(type) && k % 32 == 0);
   PanelLayout l;
+  if (type == kQ2_K) {
+    INFERA_ASSERT(k % 256 == 0);
+    l.blocks = k / 256;
+    l.scale_stride = 64;
+    l.scale_bytes = 64 * l.blocks;
+    l.quant_stride = 8 * 128 + 256 + 256;
+    l.bytes = l.scale_bytes + l.quant_stride * l.blocks;
+    return l;
+  }
   if (type == kQ4_K || type == kQ5_K) {
     INFERA_ASSERT(k % 256 == 0);
     l.blocks = k / 256;
@@ -473,6 +483,30 @@ std::shared_ptr<const uint8_t> pack_panels(uint32_t type, const void* data, int6
                 std::memcpy(qs + 2304 + 64 * sb + 16 * part + 8 * h, &mask, 8);
               }
             }
+          }
+          continue;
+        }
+        if (type == kQ2_K) {
+          // d, dmin; per 32-weight chunk c its quants as two 64-byte vectors of two-bit fields
+          // (as Q3_K's low bits: bits 2 (c % 4) of qs[32 (c / 4) + l]), then the 16 sub-blocks'
+          // 4-bit scales as bytes [s][row] and mins as bytes [pair p][row][s % 2].
+          std::memcpy(scales + 2 * r, blk + 80, 2);
+          std::memcpy(scales + 32 + 2 * r, blk + 82, 2);
+          for (int c = 0; c < 8; ++c) {
+            const uint8_t* q2 = blk + 16 + 32 * (c / 4);
+            for (int v = 0; v < 2; ++v) {
+              uint32_t bits = 0;
+              for (int f = 0; f < 4; ++f) {
+                uint32_t x;
+                std::memcpy(&x, q2 + 16 * v + 4 * f, 4);
+                bits |= ((x >> (2 * (c % 4))) & 0x03030303u) << (2 * f);
+              }
+              std::memcpy(qs + 128 * c + 64 * v + 4 * r, &bits, 4);
+            }
+          }
+          for (int g = 0; g < 16; ++g) {
+            qs[1024 + 16 * g + r] = static_cast<uint8_t>(blk[g] & 0xF);
+            qs[1280 + 32 * (g / 2) + 2 * r + g % 2] = static_cast<uint8_t>(blk[g] >> 4);
           }
           continue;
         }

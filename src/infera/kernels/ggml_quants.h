@@ -82,13 +82,13 @@ bool can_quantize(uint32_t type);
 int64_t quantize_rows(uint32_t type, const float* src, void* dst, int64_t nrows, int64_t n_per_row,
                       const float* imatrix = nullptr);
 
-// Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q8_0, Q3_K, Q4_K, Q5_K, Q6_K and IQ4_XS matrices repacked at load for the avx512 path
-// (AVX-512 VNNI), as llama.cpp's AMX buffer repacks them: rows in panels of kPanelRows, so that one vector load holds a
-// block's weights of 16 rows and vpdpbusd sums them against an activation's four quants broadcast, one row per 32-bit
-// lane, with no horizontal reduction and no scale gathering. Panel p holds rows 16p..16p+15 (past the last row: zero
-// scales and nibbles) of nb = k / 32 blocks: first the blocks' f16 scales, 16 per block in row order (32 bytes a block;
-// the region padded to a multiple of 64 bytes), then the blocks' nibbles, 256 bytes a block in four 64-byte parts: byte
-// 4r
+// Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K and IQ4_XS matrices repacked at load for the
+// avx512 path (AVX-512 VNNI), as llama.cpp's AMX buffer repacks them: rows in panels of kPanelRows, so that one vector
+// load holds a block's weights of 16 rows and vpdpbusd sums them against an activation's four quants broadcast, one row
+// per 32-bit lane, with no horizontal reduction and no scale gathering. Panel p holds rows 16p..16p+15 (past the last
+// row: zero scales and nibbles) of nb = k / 32 blocks: first the blocks' f16 scales, 16 per block in row order (32
+// bytes a block; the region padded to a multiple of 64 bytes), then the blocks' nibbles, 256 bytes a block in four
+// 64-byte parts: byte 4r
 // + e of part L holds the index of weight 8L + e of row r in its low nibble and of weight 8L + 4 + e in its high one
 // (Q4_0: the quant q, the weight d (q - 8); IQ4_NL: the index into kIq4nlValues). So the low nibbles of part L are the
 // block's dword 2L of every row, the high ones dword 2L + 1. Q8_0 the same with 512 bytes a block, its eight dwords in
@@ -108,8 +108,10 @@ int64_t quantize_rows(uint32_t type, const float* src, void* dst, int64_t nrows,
 // [s][row] (128). Q3_K: per super-block its 16 rows' d (32 bytes of scales), then per
 // 32-weight chunk c the quants' two low bits as two 64-byte vectors (as Q6_K's top bits,
 // 1024), then per chunk eight 64-bit masks of their third bits (mask o, bit 4r + e: weight
-// 32c + 4o + e; 512), then the 16 signed sub-scales as bytes [s][row] (256). Same bytes as
-// the rows' (Q5_K, Q3_K: the same bits).
+// 32c + 4o + e; 512), then the 16 signed sub-scales as bytes [s][row] (256). Q2_K: per
+// super-block its 16 rows' d then dmin (64 bytes of scales), then its quants as Q3_K's low
+// bits (1024), then the 4-bit scales as bytes [s][row] (256) and mins as bytes [pair p][row]
+// [s % 2] (256). Same bytes as the rows' (Q5_K, Q3_K, Q2_K: the same bits).
 constexpr int64_t kPanelRows = 16;
 bool can_pack_panels(uint32_t type);
 // Where things are in a panel of k-weight rows (k a multiple of 32): block b's scales at

@@ -220,8 +220,9 @@ std::string ggml_matmul_path(Isa isa) {
     case Isa::kAvx512: {
       const char* amx = amx_unavailable_reason();
       return std::string(
-                 "avx512: activations as llama.cpp's Q8 blocks; Q4_0 / Q4_1 / Q5_0 / Q5_1 / IQ4_NL / Q8_0 / Q3_K / "
-                 "Q4_K / Q5_K / Q6_K / IQ4_XS repacked at load into 16-row panels (huge pages; decode: vpdpbusd on 16 "
+                 "avx512: activations as llama.cpp's Q8 blocks; Q4_0 / Q4_1 / Q5_0 / Q5_1 / IQ4_NL / Q8_0 / Q2_K / "
+                 "Q3_K / Q4_K / Q5_K / Q6_K / IQ4_XS repacked at load into 16-row panels (huge pages; decode: vpdpbusd "
+                 "on 16 "
                  "rows "
                  "per vector, 4 panels per step; prefill: 2 panels x up to 4 tokens per step, from 16 tokens on AMX "
                  "tiles: Q8_0's B straight from the panel, Q4_K's / Q5_K's from two planes and Q6_K's from four with "

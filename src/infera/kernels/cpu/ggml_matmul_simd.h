@@ -857,6 +857,7 @@ inline void matmul_rows(uint32_t type, const uint8_t* base, int64_t row_bytes, i
       case kIQ4_NL: panel::matmul<kIQ4_NL>(panels, k, a, m, n0, n1, y, ldy); return;
       case kQ4_K: panel::matmul<kQ4_K>(panels, k, a, m, n0, n1, y, ldy); return;
       case kQ5_K: panel::matmul<kQ5_K>(panels, k, a, m, n0, n1, y, ldy); return;
+      case kQ2_K: panel::matmul<kQ2_K>(panels, k, a, m, n0, n1, y, ldy); return;
       case kQ3_K: panel::matmul<kQ3_K>(panels, k, a, m, n0, n1, y, ldy); return;
       case kQ6_K: panel::matmul<kQ6_K>(panels, k, a, m, n0, n1, y, ldy); return;
       case kIQ4_XS: panel::matmul<kIQ4_XS>(panels, k, a, m, n0, n1, y, ldy); return;

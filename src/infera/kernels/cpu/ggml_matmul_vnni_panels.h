@@ -1,5 +1,5 @@
-// The panel types (Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q8_0, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS) from
-// their panels (pack_panels, ggml_quants.h) on AVX-512 VNNI, for every number of activation rows
+// The panel types (Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS)
+// from their panels (pack_panels, ggml_quants.h) on AVX-512 VNNI, for every number of activation rows
 // (Q8_0, Q4_K, Q5_K and Q6_K from 16 on AMX tiles): the same values as the generic loops of
 // ggml_matmul_impl.h, bit for bit.
 //
@@ -371,12 +371,15 @@ inline DotFn dot_q4k_for(int kt, int rows) {
 // activation from -32 x its sum of those 16 quants (a.corr[n]: one per sub-block), so the sum
 // is of w, times the rows' signed sub-scale s (vpmulld, exact), then the generic path's f32
 // step per super-block (no mins: x - 0 is x). Q3_K the same with u = w + 4 from its two low
-// bits (a shift and a mask) and its third (a masked byte add of 4), and -4 x the sums.
+// bits (a shift and a mask) and its third (a masked byte add of 4), and -4 x the sums. Q2_K:
+// its two bits as Q3_K's low ones, unsigned scales, no offset, and Q4_K's mins (a.corr[n]:
+// the activation's int16 pairs of sums of 16, 8 per super-block) and f32 step.
 template <uint32_t kType, int kNt, int kT>
 inline void dot_q6k(const uint8_t* const* sc, const uint8_t* const* qs, int64_t b0, int64_t b1, const PAct& a,
                     Sums16* sum) {
-  constexpr bool kThree = kType == kQ3_K;
-  constexpr int kStride = kThree ? 1792 : 3328, kTop = kThree ? 0 : 2048, kScales = kThree ? 1536 : 3072;
+  constexpr bool kThree = kType == kQ3_K, kTwo = kType == kQ2_K;
+  constexpr int kStride = kThree ? 1792 : kTwo ? 1536 : 3328, kTop = kThree || kTwo ? 0 : 2048;
+  constexpr int kScales = kThree ? 1536 : kTwo ? 1024 : 3072, kScStride = kTwo ? 64 : 32;
   const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30), m3 = _mm512_set1_epi8(3),
                 four = _mm512_set1_epi8(4);
   // The top two bits of field f (bits 2f, 2f + 1 of each byte) at bits 4-5.
@@ -395,7 +398,7 @@ inline void dot_q6k(const uint8_t* const* sc, const uint8_t* const* qs, int64_t 
     __m512i isum[kT][kNt];
     for (int u = 0; u < kT; ++u) {
       for (int n = 0; n < kNt; ++n) isum[u][n] = _mm512_setzero_si512();
-      _mm_prefetch(reinterpret_cast<const char*>(sc[u] + 32 * b + 128), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(sc[u] + kScStride * b + 128), _MM_HINT_T0);
     }
     for (int sb = 0; sb < 16; ++sb) {
       for (int u = 0; u < kT; ++u)  // (the next super-block, its lines spread over these sub-blocks)
@@ -405,7 +408,7 @@ inline void dot_q6k(const uint8_t* const* sc, const uint8_t* const* qs, int64_t 
       __m512i lo_acc[kT][kNt], hi_acc[kT][kNt];
       for (int u = 0; u < kT; ++u)
         for (int n = 0; n < kNt; ++n) {
-          lo_acc[u][n] = _mm512_set1_epi32(-a.corr[n][16 * b + sb]);
+          lo_acc[u][n] = kTwo ? _mm512_setzero_si512() : _mm512_set1_epi32(-a.corr[n][16 * b + sb]);
           hi_acc[u][n] = _mm512_setzero_si512();
         }
       __m512i hb[kT];
@@ -413,14 +416,16 @@ inline void dot_q6k(const uint8_t* const* sc, const uint8_t* const* qs, int64_t 
       for (int h = 0; h < 2; ++h) {
         __m512i lo[kT], hi[kT];
         for (int u = 0; u < kT; ++u) {
-          if constexpr (kThree) {  // fields 2h, 2h + 1 of the two-bit vector, the third bits' masks
-            uint64_t mlo, mhi;
-            std::memcpy(&mlo, qs[u] + kStride * b + 1024 + 64 * c + 8 * (4 * v + 2 * h), 8);
-            std::memcpy(&mhi, qs[u] + kStride * b + 1024 + 64 * c + 8 * (4 * v + 2 * h + 1), 8);
-            const __m512i f0 = _mm512_and_si512(_mm512_srli_epi16(hb[u], 4 * h), m3);
-            const __m512i f1 = _mm512_and_si512(_mm512_srli_epi16(hb[u], 4 * h + 2), m3);
-            lo[u] = _mm512_mask_add_epi8(f0, _cvtu64_mask64(mlo), f0, four);
-            hi[u] = _mm512_mask_add_epi8(f1, _cvtu64_mask64(mhi), f1, four);
+          if constexpr (kThree || kTwo) {  // fields 2h, 2h + 1 of the two-bit vector (Q3_K: + its third bits)
+            lo[u] = _mm512_and_si512(_mm512_srli_epi16(hb[u], 4 * h), m3);
+            hi[u] = _mm512_and_si512(_mm512_srli_epi16(hb[u], 4 * h + 2), m3);
+            if constexpr (kThree) {
+              uint64_t mlo, mhi;
+              std::memcpy(&mlo, qs[u] + kStride * b + 1024 + 64 * c + 8 * (4 * v + 2 * h), 8);
+              std::memcpy(&mhi, qs[u] + kStride * b + 1024 + 64 * c + 8 * (4 * v + 2 * h + 1), 8);
+              lo[u] = _mm512_mask_add_epi8(lo[u], _cvtu64_mask64(mlo), lo[u], four);
+              hi[u] = _mm512_mask_add_epi8(hi[u], _cvtu64_mask64(mhi), hi[u], four);
+            }
             continue;
           }
           const __m512i nib = _mm512_load_si512(qs[u] + kStride * b + 256 * c + 64 * (2 * v + h));
@@ -431,15 +436,34 @@ inline void dot_q6k(const uint8_t* const* sc, const uint8_t* const* qs, int64_t 
         dp_step<kNt, kT>(a, 256 * b + 16 * sb + 8 * h, lo, hi, lo_acc, hi_acc);
       }
       for (int u = 0; u < kT; ++u) {
-        const __m512i scv = _mm512_cvtepi8_epi32(
-            _mm_load_si128(reinterpret_cast<const __m128i*>(qs[u] + kStride * b + kScales + 16 * sb)));
+        const __m128i s8 = _mm_load_si128(reinterpret_cast<const __m128i*>(qs[u] + kStride * b + kScales + 16 * sb));
+        const __m512i scv = kTwo ? _mm512_cvtepu8_epi32(s8) : _mm512_cvtepi8_epi32(s8);
         for (int n = 0; n < kNt; ++n)
           isum[u][n] =
               _mm512_add_epi32(isum[u][n], _mm512_mullo_epi32(_mm512_add_epi32(lo_acc[u][n], hi_acc[u][n]), scv));
       }
     }
     for (int u = 0; u < kT; ++u) {
-      const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc[u] + 32 * b)));
+      const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc[u] + kScStride * b)));
+      if constexpr (kTwo) {  // the mins against the activation's sums of 16, then Q4_K's f32 step
+        const __m512 dmv =
+            _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc[u] + kScStride * b + 32)));
+        __m512i msum[kNt];
+        for (int n = 0; n < kNt; ++n) msum[n] = _mm512_setzero_si512();
+        for (int p = 0; p < 8; ++p) {
+          const __m512i mv = _mm512_cvtepu8_epi16(
+              _mm256_load_si256(reinterpret_cast<const __m256i*>(qs[u] + kStride * b + 1280 + 32 * p)));
+          for (int n = 0; n < kNt; ++n)
+            msum[n] = _mm512_dpwssd_epi32(msum[n], mv, _mm512_set1_epi32(a.corr[n][8 * b + p]));
+        }
+        for (int n = 0; n < kNt; ++n) {
+          const __m512 da = _mm512_set1_ps(a.d[n][b]);
+          const __m512 d = _mm512_mul_ps(dv, da), dmin = _mm512_mul_ps(dmv, da);
+          s[u][n] = _mm512_add_ps(s[u][n], _mm512_sub_ps(_mm512_mul_ps(d, _mm512_cvtepi32_ps(isum[u][n])),
+                                                         _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(msum[n]))));
+        }
+        continue;
+      }
       for (int n = 0; n < kNt; ++n)
         s[u][n] = _mm512_add_ps(s[u][n], _mm512_mul_ps(_mm512_mul_ps(dv, _mm512_set1_ps(a.d[n][b])),
                                                        _mm512_cvtepi32_ps(isum[u][n])));
@@ -770,11 +794,11 @@ template <uint32_t kType>
 inline void matmul(const uint8_t* panels, int64_t k, const Activations& a, int64_t m, int64_t n0, int64_t n1, float* y,
                    int64_t ldy) {
   constexpr bool kK = kType == kQ4_K || kType == kQ5_K, kSix = kType == kQ6_K, kXs = kType == kIQ4_XS;
-  constexpr bool kSub16 = kSix || kType == kQ3_K;  // (16-weight sub-blocks, dot_q6k)
+  constexpr bool kSub16 = kSix || kType == kQ3_K || kType == kQ2_K;  // (16-weight sub-blocks, dot_q6k)
   constexpr int kOffset = kK || kSub16 ? 0 : Traits<kType>::kOffset;  // (IQ4_XS: 128, per 32 weights)
   // Activation sums a dot step takes per block: Q4_K's 4 pairs of sums of 32, Q6_K's 16 sums
   // of 16, IQ4_XS's 8 sums of 32.
-  constexpr int64_t kCorr = kK ? 4 : kSub16 ? 16 : kXs ? 8 : 1;
+  constexpr int64_t kCorr = kK ? 4 : kType == kQ2_K ? 8 : kSub16 ? 16 : kXs ? 8 : 1;
   const PanelLayout lay = panel_layout(kType, k);
   const int64_t nb = lay.blocks, pb = lay.bytes, sbytes = lay.scale_bytes;
   const uint8_t* first = panels + (n0 / kPanelRows) * pb;
@@ -858,7 +882,13 @@ inline void matmul(const uint8_t* panels, int64_t k, const Activations& a, int64
   if (kK) {
     sum_pairs(a.bsums.data(), m * nb * 4, corr.data());
   }
-  for (int64_t i = 0; i < (kSub16 ? m * nb * 16 : 0); ++i) corr[i] = (kSix ? 32 : 4) * a.bsums[i];
+  if constexpr (kType == kQ2_K) {  // int16 pairs of sums of 16, for the mins
+    for (int64_t i = 0; i < m * nb * 8; ++i)
+      corr[i] = static_cast<int32_t>(static_cast<uint32_t>(static_cast<uint16_t>(a.bsums[2 * i])) |
+                                     static_cast<uint32_t>(static_cast<uint16_t>(a.bsums[2 * i + 1])) << 16);
+  } else if constexpr (kSub16) {
+    for (int64_t i = 0; i < m * nb * 16; ++i) corr[i] = (kSix ? 32 : 4) * a.bsums[i];
+  }
   const int32_t* corr_all = corr.data();  // (the caller's: thread_local names differ per thread below)
   // A decode step (one activation row) takes four panels at a time, so that four streams are
   // read at once; more rows take two (their sums' registers).
