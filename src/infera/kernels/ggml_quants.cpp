@@ -383,7 +383,7 @@ PanelLayout panel_layout(uint32_t type, int64_t k) {
     l.blocks = k / 256;
     l.scale_stride = 64;
     l.scale_bytes = 64 * l.blocks;
-    l.quant_stride = 8 * 128 + 256 + 256;
+    l.quant_stride = 8 * 128 + 256;
     l.bytes = l.scale_bytes + l.quant_stride * l.blocks;
     return l;
   }
@@ -489,7 +489,7 @@ std::shared_ptr<const uint8_t> pack_panels(uint32_t type, const void* data, int6
         if (type == kQ2_K) {
           // d, dmin; per 32-weight chunk c its quants as two 64-byte vectors of two-bit fields
           // (as Q3_K's low bits: bits 2 (c % 4) of qs[32 (c / 4) + l]), then the 16 sub-blocks'
-          // 4-bit scales as bytes [s][row] and mins as bytes [pair p][row][s % 2].
+          // scale / min bytes as stored (scale in the low four bits), [s][row].
           std::memcpy(scales + 2 * r, blk + 80, 2);
           std::memcpy(scales + 32 + 2 * r, blk + 82, 2);
           for (int c = 0; c < 8; ++c) {
@@ -504,10 +504,7 @@ std::shared_ptr<const uint8_t> pack_panels(uint32_t type, const void* data, int6
               std::memcpy(qs + 128 * c + 64 * v + 4 * r, &bits, 4);
             }
           }
-          for (int g = 0; g < 16; ++g) {
-            qs[1024 + 16 * g + r] = static_cast<uint8_t>(blk[g] & 0xF);
-            qs[1280 + 32 * (g / 2) + 2 * r + g % 2] = static_cast<uint8_t>(blk[g] >> 4);
-          }
+          for (int g = 0; g < 16; ++g) qs[1024 + 16 * g + r] = blk[g];
           continue;
         }
         if (type == kQ3_K) {

@@ -110,8 +110,8 @@ int64_t quantize_rows(uint32_t type, const float* src, void* dst, int64_t nrows,
 // 1024), then per chunk eight 64-bit masks of their third bits (mask o, bit 4r + e: weight
 // 32c + 4o + e; 512), then the 16 signed sub-scales as bytes [s][row] (256). Q2_K: per
 // super-block its 16 rows' d then dmin (64 bytes of scales), then its quants as Q3_K's low
-// bits (1024), then the 4-bit scales as bytes [s][row] (256) and mins as bytes [pair p][row]
-// [s % 2] (256). Same bytes as the rows' (Q5_K, Q3_K, Q2_K: the same bits).
+// bits (1024), then the sub-blocks' scale / min bytes as stored, [s][row] (256). Same bytes
+// as the rows' (Q5_K, Q3_K, Q2_K: the same bits).
 constexpr int64_t kPanelRows = 16;
 bool can_pack_panels(uint32_t type);
 // Where things are in a panel of k-weight rows (k a multiple of 32): block b's scales at

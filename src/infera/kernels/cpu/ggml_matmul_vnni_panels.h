@@ -378,7 +378,7 @@ template <uint32_t kType, int kNt, int kT>
 inline void dot_q6k(const uint8_t* const* sc, const uint8_t* const* qs, int64_t b0, int64_t b1, const PAct& a,
                     Sums16* sum) {
   constexpr bool kThree = kType == kQ3_K, kTwo = kType == kQ2_K;
-  constexpr int kStride = kThree ? 1792 : kTwo ? 1536 : 3328, kTop = kThree || kTwo ? 0 : 2048;
+  constexpr int kStride = kThree ? 1792 : kTwo ? 1280 : 3328, kTop = kThree || kTwo ? 0 : 2048;
   constexpr int kScales = kThree ? 1536 : kTwo ? 1024 : 3072, kScStride = kTwo ? 64 : 32;
   const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30), m3 = _mm512_set1_epi8(3),
                 four = _mm512_set1_epi8(4);
@@ -437,7 +437,9 @@ inline void dot_q6k(const uint8_t* const* sc, const uint8_t* const* qs, int64_t 
       }
       for (int u = 0; u < kT; ++u) {
         const __m128i s8 = _mm_load_si128(reinterpret_cast<const __m128i*>(qs[u] + kStride * b + kScales + 16 * sb));
-        const __m512i scv = kTwo ? _mm512_cvtepu8_epi32(s8) : _mm512_cvtepi8_epi32(s8);
+        // (Q2_K: a byte holds the scale in its low four bits, the min in its high four)
+        const __m512i scv =
+            kTwo ? _mm512_and_si512(_mm512_cvtepu8_epi32(s8), _mm512_set1_epi32(0xF)) : _mm512_cvtepi8_epi32(s8);
         for (int n = 0; n < kNt; ++n)
           isum[u][n] =
               _mm512_add_epi32(isum[u][n], _mm512_mullo_epi32(_mm512_add_epi32(lo_acc[u][n], hi_acc[u][n]), scv));
@@ -451,8 +453,13 @@ inline void dot_q6k(const uint8_t* const* sc, const uint8_t* const* qs, int64_t 
         __m512i msum[kNt];
         for (int n = 0; n < kNt; ++n) msum[n] = _mm512_setzero_si512();
         for (int p = 0; p < 8; ++p) {
-          const __m512i mv = _mm512_cvtepu8_epi16(
-              _mm256_load_si256(reinterpret_cast<const __m256i*>(qs[u] + kStride * b + 1280 + 32 * p)));
+          // The rows' mins of sub-blocks 2p, 2p + 1 as int16 pairs (row r's in dword r).
+          const uint8_t* sm = qs[u] + kStride * b + kScales + 32 * p;
+          const __m128i s0 = _mm_load_si128(reinterpret_cast<const __m128i*>(sm)),
+                        s1 = _mm_load_si128(reinterpret_cast<const __m128i*>(sm + 16));
+          const __m512i mv = _mm512_srli_epi16(_mm512_cvtepu8_epi16(_mm256_set_m128i(_mm_unpackhi_epi8(s0, s1),
+                                                                                     _mm_unpacklo_epi8(s0, s1))),
+                                               4);
           for (int n = 0; n < kNt; ++n)
             msum[n] = _mm512_dpwssd_epi32(msum[n], mv, _mm512_set1_epi32(a.corr[n][8 * b + p]));
         }
