@@ -1,7 +1,7 @@
 // The panel types (Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS)
 // from their panels (pack_panels, ggml_quants.h) on AVX-512 VNNI, for every number of activation rows
-// (Q8_0, Q4_K, Q5_K and Q6_K from 16 on AMX tiles): the same values as the generic loops of
-// ggml_matmul_impl.h, bit for bit.
+// (Q8_0, Q4_K, Q5_K and Q6_K from 16 on AMX tiles, Q4_0 / Q5_0 / IQ4_NL from 128): the same
+// values as the generic loops of ggml_matmul_impl.h, bit for bit.
 //
 // A panel's 64-byte part is four weights of each of its 16 rows in the low nibbles and the
 // next four in the high ones, so two bitwise steps make two vpdpbusd operands (Q4_0: the
@@ -17,7 +17,8 @@
 // four activation rows; a call of more rows runs its rows over 16-block chunks of the pair
 // in turn, so the chunk is read from memory once and from L1 by the other rows, and past
 // kDirectRows rows the chunk is unpacked once (16 KB for the pair) for all of them (Q8_0's
-// panels hold its operands already; Q4_K takes 2-super-block chunks, unpacked per pass).
+// panels hold its operands already; the K types take 2-super-block chunks, unpacked per pass
+// but IQ4_XS's, unpacked once).
 // Measured (kernels_bench, 2048 x 5632, against the rows read in place and the VNNI tiles,
 // one thread): decode 1.3-1.5x (11.5-13 GB/s of 17), 8 tokens 2-3x, 64 1.1-1.25x, 256 1.4x.
 // Included by ggml_matmul_simd.h inside namespace simd, only when __AVX512VNNI__ is defined.
@@ -837,7 +838,8 @@ inline void matmul(const uint8_t* panels, int64_t k, const Activations& a, int64
 #pragma omp parallel num_threads(static_cast <int>(std::min <int64_t>(threads, np)))
     {
       vnni::amx::configure(static_cast<int>(step));
-      // One panel's planes: Q4_K 32 bytes per weight, Q6_K 64.
+      // One panel's planes: Q4_K / Q5_K 32 bytes per weight, Q6_K 64; Q4_0 / Q5_0 / IQ4_NL's
+      // signed bytes 16.
       static thread_local vnni::amx::Aligned64 planes;
       if (kK || kSix || kAsQ8) planes.resize(static_cast<size_t>((kSix ? 64 : kK ? 32 : 16) * k));
 #pragma omp for schedule(dynamic, 1)
