@@ -424,6 +424,21 @@ uint32_t panel_dword(const uint8_t* q, int shift) {
   std::memcpy(&hi, q + 4, 4);
   return ((lo >> shift) & 0x0F0F0F0Fu) | (((hi >> shift) & 0x0F0F0F0Fu) << 4);
 }
+
+// Bits shift, shift + 1 of 32 bytes q as row r's dwords of a chunk's two 64-byte vectors of
+// two-bit fields (out: the chunk's 128 bytes): field f of byte 4r + e of vector v holds those
+// of q[16v + 4f + e] (Q6_K's top bits, Q3_K's low ones, Q2_K's quants).
+void pack_two_bit_fields(const uint8_t* q, int shift, int r, uint8_t* out) {
+  for (int v = 0; v < 2; ++v) {
+    uint32_t bits = 0;
+    for (int f = 0; f < 4; ++f) {
+      uint32_t x;
+      std::memcpy(&x, q + 16 * v + 4 * f, 4);
+      bits |= ((x >> shift) & 0x03030303u) << (2 * f);
+    }
+    std::memcpy(out + 64 * v + 4 * r, &bits, 4);
+  }
+}
 }  // namespace
 
 std::shared_ptr<const uint8_t> pack_panels(uint32_t type, const void* data, int64_t rows, int64_t k, int threads) {
@@ -492,18 +507,7 @@ std::shared_ptr<const uint8_t> pack_panels(uint32_t type, const void* data, int6
           // scale / min bytes as stored (scale in the low four bits), [s][row].
           std::memcpy(scales + 2 * r, blk + 80, 2);
           std::memcpy(scales + 32 + 2 * r, blk + 82, 2);
-          for (int c = 0; c < 8; ++c) {
-            const uint8_t* q2 = blk + 16 + 32 * (c / 4);
-            for (int v = 0; v < 2; ++v) {
-              uint32_t bits = 0;
-              for (int f = 0; f < 4; ++f) {
-                uint32_t x;
-                std::memcpy(&x, q2 + 16 * v + 4 * f, 4);
-                bits |= ((x >> (2 * (c % 4))) & 0x03030303u) << (2 * f);
-              }
-              std::memcpy(qs + 128 * c + 64 * v + 4 * r, &bits, 4);
-            }
-          }
+          for (int c = 0; c < 8; ++c) pack_two_bit_fields(blk + 16 + 32 * (c / 4), 2 * (c % 4), r, qs + 128 * c);
           for (int g = 0; g < 16; ++g) qs[1024 + 16 * g + r] = blk[g];
           continue;
         }
@@ -516,16 +520,7 @@ std::shared_ptr<const uint8_t> pack_panels(uint32_t type, const void* data, int6
           // its third bit bit c of hmask[l], l < 32.
           std::memcpy(scales + 2 * r, blk + 108, 2);
           for (int c = 0; c < 8; ++c) {
-            const uint8_t* q2 = blk + 32 + 32 * (c / 4);
-            for (int v = 0; v < 2; ++v) {
-              uint32_t bits = 0;
-              for (int f = 0; f < 4; ++f) {
-                uint32_t x;
-                std::memcpy(&x, q2 + 16 * v + 4 * f, 4);
-                bits |= ((x >> (2 * (c % 4))) & 0x03030303u) << (2 * f);
-              }
-              std::memcpy(qs + 128 * c + 64 * v + 4 * r, &bits, 4);
-            }
+            pack_two_bit_fields(blk + 32 + 32 * (c / 4), 2 * (c % 4), r, qs + 128 * c);
             for (int o = 0; o < 8; ++o) {
               uint32_t x;
               std::memcpy(&x, blk + 4 * o, 4);
@@ -571,20 +566,11 @@ std::shared_ptr<const uint8_t> pack_panels(uint32_t type, const void* data, int6
           for (int c = 0; c < 8; ++c) {
             const int n = c / 4, g = c % 4;
             const uint8_t* ql = blk + 64 * n + 32 * (g % 2);
-            const uint8_t* qh = blk + 128 + 32 * n;
             for (int part = 0; part < 4; ++part) {
               const uint32_t v = panel_dword(ql + 8 * part, 4 * (g / 2));
               std::memcpy(qs + 256 * c + 64 * part + 4 * r, &v, 4);
             }
-            for (int v = 0; v < 2; ++v) {
-              uint32_t bits = 0;
-              for (int f = 0; f < 4; ++f) {
-                uint32_t x;
-                std::memcpy(&x, qh + 16 * v + 4 * f, 4);
-                bits |= ((x >> (2 * g)) & 0x03030303u) << (2 * f);
-              }
-              std::memcpy(qs + 2048 + 128 * c + 64 * v + 4 * r, &bits, 4);
-            }
+            pack_two_bit_fields(blk + 128 + 32 * n, 2 * g, r, qs + 2048 + 128 * c);
           }
           for (int sb = 0; sb < 16; ++sb) qs[3072 + 16 * sb + r] = blk[192 + sb];
           continue;
