@@ -619,10 +619,8 @@ const OptionSpec kOptions[] = {
      .env = "INFERA_QUANT_REPACK",
      .default_value = "1",
      .help = "Repack quantized weights at load into the kernels' layout (also GGUF Q4_0 / Q4_1 / Q5_0 / Q5_1 / "
-             "IQ4_NL / Q8_0 / Q2_K / Q3_K / Q4_K / Q5_K / Q6_K / IQ4_XS matrices: 16-row panels); 0 computes from the "
-             "mapped "
-             "files "
-             "(docs/quantization.md, docs/model.md)",
+             "IQ4_NL / Q8_0 / Q2_K / Q3_K / Q4_K / Q5_K / Q6_K / IQ4_XS matrices: 16-row panels); 0 computes "
+             "from the mapped files (docs/quantization.md, docs/model.md)",
      .choices = "1|0|on|off|true|false"},
     {.name = "prequant_scheme",
      .type = T::kChoice,

@@ -376,39 +376,12 @@ bool can_pack_panels(uint32_t type) {
 }
 
 PanelLayout panel_layout(uint32_t type, int64_t k) {
-  INFERA_ASSERT(can_pack_panels(type) && k % 32 == 0);
+  INFERA_ASSERT(can_pack_panels(type) && k % block_size(type) == 0);
   PanelLayout l;
-  if (type == kQ2_K) {
-    INFERA_ASSERT(k % 256 == 0);
-    l.blocks = k / 256;
-    l.scale_stride = 64;
-    l.scale_bytes = 64 * l.blocks;
-    l.quant_stride = 8 * 128 + 256;
-    l.bytes = l.scale_bytes + l.quant_stride * l.blocks;
-    return l;
-  }
-  if (type == kQ4_K || type == kQ5_K) {
-    INFERA_ASSERT(k % 256 == 0);
-    l.blocks = k / 256;
-    l.scale_stride = 64;
-    l.scale_bytes = 64 * l.blocks;
-    l.quant_stride = 8 * 256 + 128 + 128 + (type == kQ5_K ? 8 * 64 : 0);
-    l.bytes = l.scale_bytes + l.quant_stride * l.blocks;
-    return l;
-  }
-  if (type == kQ6_K || type == kIQ4_XS || type == kQ3_K) {
-    INFERA_ASSERT(k % 256 == 0);
-    l.blocks = k / 256;
-    l.scale_stride = 32;
-    l.scale_bytes = (32 * l.blocks + 63) / 64 * 64;
-    l.quant_stride = type == kQ6_K ? 8 * 256 + 8 * 128 + 256 : type == kQ3_K ? 8 * 128 + 8 * 64 + 256 : 8 * 256 + 128;
-    l.bytes = l.scale_bytes + l.quant_stride * l.blocks;
-    return l;
-  }
-  l.blocks = k / 32;
-  l.scale_stride = type == kQ4_1 || type == kQ5_1 ? 64 : 32;
+  l.blocks = k / block_size(type);
+  l.scale_stride = panel_scale_stride(type);
   l.scale_bytes = (l.scale_stride * l.blocks + 63) / 64 * 64;
-  l.quant_stride = type == kQ8_0 ? 512 : type == kQ5_0 || type == kQ5_1 ? 320 : 256;
+  l.quant_stride = panel_quant_stride(type);
   l.bytes = l.scale_bytes + l.quant_stride * l.blocks;
   return l;
 }
@@ -438,6 +411,19 @@ void pack_two_bit_fields(const uint8_t* q, int shift, int r, uint8_t* out) {
     }
     std::memcpy(out + 64 * v + 4 * r, &bits, 4);
   }
+}
+
+// Bit `bit` of the four bytes q[0..3] into bits 4r .. 4r + 3 of the 64-bit mask at `mask` (the
+// bits at 0, 8, 16 and 24 multiplied into 28-31, the other products below them, no carries):
+// Q5_K's fifth bits and Q3_K's third bits as Q5_0's masks.
+void or_mask_bits(const uint8_t* q, int bit, int r, uint8_t* mask) {
+  uint32_t x;
+  std::memcpy(&x, q, 4);
+  const uint32_t four = (((x >> bit) & 0x01010101u) * 0x10204080u) >> 28;
+  uint64_t m;
+  std::memcpy(&m, mask, 8);
+  m |= static_cast<uint64_t>(four) << (4 * r);
+  std::memcpy(mask, &m, 8);
 }
 }  // namespace
 
@@ -486,17 +472,9 @@ std::shared_ptr<const uint8_t> pack_panels(uint32_t type, const void* data, int6
             for (int part = 0; part < 4; ++part) {
               const uint32_t v = panel_dword(q + 8 * part, 4 * (sb % 2));
               std::memcpy(qs + 256 * sb + 64 * part + 4 * r, &v, 4);
-              for (int h = 0; h < 2 && type == kQ5_K; ++h) {
-                // Bit sb of qh[8 part + 4 h + e], e < 4, gathered into four bits (the bits at 0,
-                // 8, 16 and 24 multiplied into 28-31, the other products below them, no carries).
-                uint32_t x;
-                std::memcpy(&x, blk + 16 + 8 * part + 4 * h, 4);
-                const uint32_t four = (((x >> sb) & 0x01010101u) * 0x10204080u) >> 28;
-                uint64_t mask;
-                std::memcpy(&mask, qs + 2304 + 64 * sb + 16 * part + 8 * h, 8);
-                mask |= static_cast<uint64_t>(four) << (4 * r);
-                std::memcpy(qs + 2304 + 64 * sb + 16 * part + 8 * h, &mask, 8);
-              }
+              for (int h = 0; h < 2 && type == kQ5_K; ++h)  // bit sb of qh[8 part + 4 h + e]
+                or_mask_bits(blk + 16 + 8 * part + 4 * h, sb, r,
+                             qs + panel_quant_stride(kQ4_K) + 64 * sb + 16 * part + 8 * h);
             }
           }
           continue;
@@ -521,15 +499,7 @@ std::shared_ptr<const uint8_t> pack_panels(uint32_t type, const void* data, int6
           std::memcpy(scales + 2 * r, blk + 108, 2);
           for (int c = 0; c < 8; ++c) {
             pack_two_bit_fields(blk + 32 + 32 * (c / 4), 2 * (c % 4), r, qs + 128 * c);
-            for (int o = 0; o < 8; ++o) {
-              uint32_t x;
-              std::memcpy(&x, blk + 4 * o, 4);
-              const uint32_t four = (((x >> c) & 0x01010101u) * 0x10204080u) >> 28;  // (as Q5_K's)
-              uint64_t mask;
-              std::memcpy(&mask, qs + 1024 + 64 * c + 8 * o, 8);
-              mask |= static_cast<uint64_t>(four) << (4 * r);
-              std::memcpy(qs + 1024 + 64 * c + 8 * o, &mask, 8);
-            }
+            for (int o = 0; o < 8; ++o) or_mask_bits(blk + 4 * o, c, r, qs + 1024 + 64 * c + 8 * o);
           }
           const uint8_t* p = blk + 96;
           for (int g = 0; g < 16; ++g) {

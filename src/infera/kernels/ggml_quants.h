@@ -114,6 +114,26 @@ int64_t quantize_rows(uint32_t type, const float* src, void* dst, int64_t nrows,
 // as the rows' (Q5_K, Q3_K, Q2_K: the same bits).
 constexpr int64_t kPanelRows = 16;
 bool can_pack_panels(uint32_t type);
+// A panel block's bytes (32 weights; 256 for the K types and IQ4_XS) as laid out above: its 16
+// rows' scales, then its quants. pack_panels lays panels out by these and the kernels read them
+// by these.
+constexpr int panel_scale_stride(uint32_t type) {
+  return type == kQ4_1 || type == kQ5_1 || type == kQ2_K || type == kQ4_K || type == kQ5_K ? 64 : 32;
+}
+constexpr int panel_quant_stride(uint32_t type) {
+  switch (type) {
+    case kQ8_0: return 512;
+    case kQ5_0:
+    case kQ5_1: return 320;
+    case kQ2_K: return 8 * 128 + 256;
+    case kQ3_K: return 8 * 128 + 8 * 64 + 256;
+    case kQ4_K: return 8 * 256 + 128 + 128;
+    case kQ5_K: return 8 * 256 + 128 + 128 + 8 * 64;
+    case kQ6_K: return 8 * 256 + 8 * 128 + 256;
+    case kIQ4_XS: return 8 * 256 + 128;
+    default: return 256;  // Q4_0, Q4_1, IQ4_NL
+  }
+}
 // Where things are in a panel of k-weight rows (k a multiple of 32): block b's scales at
 // scale_stride * b, its quants at scale_bytes + quant_stride * b; `bytes` in all.
 struct PanelLayout {

@@ -57,8 +57,8 @@ struct Traits {
   static constexpr int kOffset = kType == kQ4_0 ? 8 : kType == kQ5_0 ? 16 : kType == kQ4_1 || kType == kQ5_1 ? 0 : 128;
   static constexpr bool kMin = kType == kQ4_1 || kType == kQ5_1;
   static constexpr bool kFive = kType == kQ5_0 || kType == kQ5_1;
-  static constexpr int kScaleStride = kMin ? 64 : 32;
-  static constexpr int kQuantStride = kType == kQ8_0 ? 512 : kFive ? 320 : 256;
+  static constexpr int kScaleStride = panel_scale_stride(kType);
+  static constexpr int kQuantStride = panel_quant_stride(kType);
 };
 
 // A part's low and high nibbles as vpdpbusd's unsigned operands: Q4_0 / Q4_1 as they are
@@ -232,12 +232,6 @@ inline DotFn dot_for(int kt, int rows) {
 }
 
 // ---- Q4_K, Q5_K and IQ4_XS ----
-// The bytes of a super-block in a Q4_K / Q5_K / IQ4_XS panel (Q5_K's fifth bits after the
-// scales and mins; IQ4_XS has no mins).
-template <uint32_t kType>
-constexpr int kKStride = kType == kQ5_K     ? 2816
-                         : kType == kIQ4_XS ? 2176
-                                            : 2304;
 
 // Part `part` of sub-block sb of a super-block's quants (sbq) as vpdpbusd's unsigned operands:
 // the nibbles as they are, Q5_K's fifth bits added (masked byte adds of 16, as Q5_0's),
@@ -253,8 +247,9 @@ inline void unpack_k(const uint8_t* sbq, int sb, int part, __m512i& lo, __m512i&
   hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
   if constexpr (kType == kQ5_K) {
     uint64_t mlo, mhi;
-    std::memcpy(&mlo, sbq + 2304 + 64 * sb + 16 * part, 8);
-    std::memcpy(&mhi, sbq + 2304 + 64 * sb + 16 * part + 8, 8);
+    // (after Q4_K's layout)
+    std::memcpy(&mlo, sbq + panel_quant_stride(kQ4_K) + 64 * sb + 16 * part, 8);
+    std::memcpy(&mhi, sbq + panel_quant_stride(kQ4_K) + 64 * sb + 16 * part + 8, 8);
     const __m512i b4 = _mm512_set1_epi8(16);
     lo = _mm512_mask_add_epi8(lo, _cvtu64_mask64(mlo), lo, b4);
     hi = _mm512_mask_add_epi8(hi, _cvtu64_mask64(mhi), hi, b4);
@@ -276,7 +271,7 @@ constexpr int kPreStride = 4096 + 128;
 // (4 KB), then its scales (128 bytes).
 inline void unpack_xs_chunk(const uint8_t* qs, int64_t b0, int64_t b1, uint8_t* out) {
   for (int64_t b = b0; b < b1; ++b) {
-    const uint8_t* sbq = qs + 2176 * b;
+    const uint8_t* sbq = qs + panel_quant_stride(kIQ4_XS) * b;
     unpack_chunk<kIQ4_NL>(sbq, sbq, 0, 8, out + kPreStride * (b - b0));
     std::memcpy(out + kPreStride * (b - b0) + 4096, sbq + 2048, 128);
   }
@@ -285,7 +280,7 @@ inline void unpack_xs_chunk(const uint8_t* qs, int64_t b0, int64_t b1, uint8_t* 
 template <uint32_t kType, int kNt, int kT, bool kPre = false>
 inline void dot_q4k(const uint8_t* const* sc, const uint8_t* const* qs, int64_t b0, int64_t b1, const PAct& a,
                     Sums16* sum) {
-  constexpr int kStride = kKStride<kType>, kScale = kType == kIQ4_XS ? 32 : 64;
+  constexpr int kStride = panel_quant_stride(kType), kScale = panel_scale_stride(kType);
   constexpr bool kXs = kType == kIQ4_XS;
   __m512 s[kT][kNt];
   for (int u = 0; u < kT; ++u)
@@ -379,8 +374,8 @@ template <uint32_t kType, int kNt, int kT>
 inline void dot_q6k(const uint8_t* const* sc, const uint8_t* const* qs, int64_t b0, int64_t b1, const PAct& a,
                     Sums16* sum) {
   constexpr bool kThree = kType == kQ3_K, kTwo = kType == kQ2_K;
-  constexpr int kStride = kThree ? 1792 : kTwo ? 1280 : 3328, kTop = kThree || kTwo ? 0 : 2048;
-  constexpr int kScales = kThree ? 1536 : kTwo ? 1024 : 3072, kScStride = kTwo ? 64 : 32;
+  constexpr int kStride = panel_quant_stride(kType), kScStride = panel_scale_stride(kType);
+  constexpr int kTop = kThree || kTwo ? 0 : 2048, kScales = kThree ? 1536 : kTwo ? 1024 : 3072;
   const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30), m3 = _mm512_set1_epi8(3),
                 four = _mm512_set1_epi8(4);
   // The top two bits of field f (bits 2f, 2f + 1 of each byte) at bits 4-5.
@@ -574,7 +569,7 @@ inline void sum_pairs(const int32_t* bsums, int64_t n, int32_t* out) {
 // Q5_K the same with its 5-bit quants (q sl, q sh at most 217: still unsigned bytes).
 template <uint32_t kType>
 inline void unpack_q4k_planes(const uint8_t* qs, int64_t nb, uint8_t* out) {
-  constexpr int kStride = kKStride<kType>;
+  constexpr int kStride = panel_quant_stride(kType);
   const __m512i seven = _mm512_set1_epi8(7), even = _mm512_set1_epi16(0x00FF), odd = _mm512_set1_epi16(-256);
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* sb_qs = qs + kStride * b;
@@ -619,7 +614,7 @@ template <uint32_t kType>
 __attribute__((target("amx-tile,amx-int8"))) inline void amx_q4k(const uint8_t* sc, const uint8_t* qs, const uint8_t* w,
                                                                  const int8_t* aq, const float* ad, const int32_t* corr,
                                                                  int64_t k, float* y, int64_t ldy, __mmask16 mask) {
-  constexpr int kStride = kKStride<kType>;
+  constexpr int kStride = panel_quant_stride(kType);
   const int64_t nb = k / 256;
   __m512 acc[16];
 #pragma GCC unroll 16
@@ -687,7 +682,7 @@ __attribute__((target("amx-tile,amx-int8"))) inline void amx_q4k(const uint8_t* 
 // operands hold them). Each digit is picked by byte masks of the scales' bits (vptestmb):
 // w and 2 w added under masks.
 inline void unpack_q6k_planes(const uint8_t* qs, int64_t nb, uint8_t* out) {
-  constexpr int kStride = 3328;
+  constexpr int kStride = panel_quant_stride(kQ6_K);
   const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30), c32 = _mm512_set1_epi8(32);
   alignas(64) int8_t spread[64];  // byte 4 r + e <- row r's scale
   for (int i = 0; i < 64; ++i) spread[i] = static_cast<int8_t>(i / 4 % 4);
@@ -696,7 +691,8 @@ inline void unpack_q6k_planes(const uint8_t* qs, int64_t nb, uint8_t* out) {
   for (int i = 0; i < 8; ++i) bit[i] = _mm512_set1_epi8(static_cast<char>(1 << i));
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* sb_qs = qs + kStride * b;
-    for (int l = 0; l < 52; ++l) _mm_prefetch(reinterpret_cast<const char*>(sb_qs + kStride + 64 * l), _MM_HINT_T0);
+    for (int l = 0; l < kStride / 64; ++l)
+      _mm_prefetch(reinterpret_cast<const char*>(sb_qs + kStride + 64 * l), _MM_HINT_T0);
     for (int sb = 0; sb < 16; ++sb) {
       // Rows 4 L .. 4 L + 3 in 128-bit lane L: the lane's four scales, each to its row's 4 bytes.
       const __m128i s16 = _mm_load_si128(reinterpret_cast<const __m128i*>(sb_qs + 3072 + 16 * sb));
