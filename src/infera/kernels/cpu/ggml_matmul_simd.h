@@ -1,9 +1,8 @@
 // The AVX2 / AVX-512 path of the ggml block-format matmul (ggml_matmul_impl.h): the same
 // values as the generic loops there, bit for bit, computed faster.
 //
-// Threads take tiles of kTile = 4 weight rows. A tile is decoded once (per-type SIMD
-// decoders for Q4_K, Q5_K, Q6_K, Q8_0, Q4_0, IQ4_XS and IQ4_NL; the generic decode_row for
-// Q2_K, Q3_K and Q5_0) into int8 weights, int16 sub-block scales and mins, and f32 block
+// Threads take tiles of kTile = 4 weight rows. A tile is decoded once (a SIMD decoder per
+// type) into int8 weights, int16 sub-block scales and mins, and f32 block
 // scales interleaved by row; then each activation row (int8, quantized once per call) is
 // applied to the four rows together, so every activation load serves four rows:
 //   - integer products with maddubs (u8 x s8 -> int16 pairs): weights that can be negative
@@ -207,7 +206,79 @@ inline void dec_iq4_xs(const uint8_t* b, int64_t nb, const RowOut& o) {
   }
 }
 
-// Any other type: the generic decoder, copied into the tile.
+// Q5_0: the nibbles with the fifth bits of qh (bit j: weight j), minus 16.
+inline void dec_q5_0(const uint8_t* b, int64_t nb, const RowOut& o) {
+  // Byte i of the vector takes byte i / 8 of qh and tests bit i % 8 of it.
+  const __m256i spread =
+      _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+  const __m256i bits = _mm256_set1_epi64x(static_cast<int64_t>(0x8040201008040201ull));
+  for (int64_t i = 0; i < nb; ++i, b += 22) {
+    if (o.pf != 0) prefetch_block(b + o.pf, 22);
+    o.d[i * o.ds] = half_f16c(b);
+    uint32_t qh;
+    std::memcpy(&qh, b + 2, 4);
+    const __m256i h = _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(qh)), spread);
+    const __m256i fifth = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(h, bits), bits), _mm256_set1_epi8(0x10));
+    const __m128i v = load128(b + 6);
+    const __m256i n = _mm256_set_m128i(nibbles_hi(v), nibbles_lo(v));
+    store256(o.w + 32 * i, _mm256_sub_epi8(_mm256_or_si256(n, fifth), _mm256_set1_epi8(16)));
+  }
+}
+
+// Q2_K: weight 128 h + 32 s + l is bits 2s, 2s + 1 of qs[32 h + l] (0..3, unsigned); sub-block
+// g's scale is the low nibble of byte g, its min the high one.
+inline void dec_q2_k(const uint8_t* b, int64_t nb, const RowOut& o) {
+  const __m256i three = _mm256_set1_epi8(3);
+  for (int64_t i = 0; i < nb; ++i, b += 84) {
+    if (o.pf != 0) prefetch_block(b + o.pf, 84);
+    o.d[i * o.ds] = half_f16c(b + 80);
+    o.dmin[i * o.ds] = half_f16c(b + 82);
+    const __m128i sm = load128(b);
+    store256(o.sc + 16 * i, _mm256_cvtepu8_epi16(nibbles_lo(sm)));
+    store256(o.mn + 16 * i, _mm256_cvtepu8_epi16(nibbles_hi(sm)));
+    int8_t* w = o.w + 256 * i;
+    for (int h = 0; h < 2; ++h) {
+      const __m256i v = load256(b + 16 + 32 * h);
+      for (int s = 0; s < 4; ++s) store256(w + 128 * h + 32 * s, _mm256_and_si256(_mm256_srli_epi16(v, 2 * s), three));
+    }
+  }
+}
+
+// Q3_K: weight 128 h + 32 s + l is bits 2s, 2s + 1 of qs[32 h + l], minus 4 where bit 4h + s
+// of hmask[l] is clear; the sixteen 6-bit scales (minus 32) as Q3_K packs them: the low
+// nibbles in bytes 0-7 (sub-blocks 0-7 low, 8-15 high), the top two bits in bytes 8-11.
+inline void dec_q3_k(const uint8_t* b, int64_t nb, const RowOut& o) {
+  const __m256i three = _mm256_set1_epi8(3), four = _mm256_set1_epi8(4);
+  for (int64_t i = 0; i < nb; ++i, b += 110) {
+    if (o.pf != 0) prefetch_block(b + o.pf, 110);
+    o.d[i * o.ds] = half_f16c(b + 108);
+    uint32_t u[3];
+    std::memcpy(u, b + 96, 12);
+    const uint32_t lo4 = 0x0f0f0f0f, lo2 = 0x03030303;
+    // Word j holds the scales of sub-blocks 4j .. 4j + 3.
+    const uint32_t sw[4] = {(u[0] & lo4) | ((u[2] & lo2) << 4), (u[1] & lo4) | (((u[2] >> 2) & lo2) << 4),
+                            ((u[0] >> 4) & lo4) | (((u[2] >> 4) & lo2) << 4),
+                            ((u[1] >> 4) & lo4) | (((u[2] >> 6) & lo2) << 4)};
+    const __m128i s8 = _mm_sub_epi8(_mm_setr_epi32(static_cast<int>(sw[0]), static_cast<int>(sw[1]),
+                                                   static_cast<int>(sw[2]), static_cast<int>(sw[3])),
+                                    _mm_set1_epi8(32));
+    store256(o.sc + 16 * i, _mm256_cvtepi8_epi16(s8));
+    const __m256i hm = load256(b);
+    int8_t* w = o.w + 256 * i;
+    for (int h = 0; h < 2; ++h) {
+      const __m256i v = load256(b + 32 + 32 * h);
+      for (int s = 0; s < 4; ++s) {
+        const __m256i bit = _mm256_set1_epi8(static_cast<char>(1 << (4 * h + s)));
+        const __m256i clear = _mm256_cmpeq_epi8(_mm256_and_si256(hm, bit), _mm256_setzero_si256());
+        const __m256i q2 = _mm256_and_si256(_mm256_srli_epi16(v, 2 * s), three);
+        store256(w + 128 * h + 32 * s, _mm256_sub_epi8(q2, _mm256_and_si256(clear, four)));
+      }
+    }
+  }
+}
+
+// Any other type (Q4_1 / Q5_1, which this path leaves to the generic one): the generic
+// decoder, copied into the tile.
 inline void dec_generic(uint32_t type, const uint8_t* b, int64_t k, const RowOut& o) {
   static thread_local DecodedRow r;
   if (o.pf != 0) prefetch_block(b + o.pf, static_cast<int>(row_bytes(type, k)));
@@ -230,6 +301,9 @@ inline void decode_into(uint32_t type, const uint8_t* b, int64_t k, const RowOut
     case kQ5_K: dec_q45_k<true>(b, k / 256, o); return;
     case kQ6_K: dec_q6_k(b, k / 256, o); return;
     case kIQ4_XS: dec_iq4_xs(b, k / 256, o); return;
+    case kQ5_0: dec_q5_0(b, k / 32, o); return;
+    case kQ2_K: dec_q2_k(b, k / 256, o); return;
+    case kQ3_K: dec_q3_k(b, k / 256, o); return;
     default: dec_generic(type, b, k, o); return;
   }
 }
