@@ -2,8 +2,8 @@
 // CPU backend computes it: the activations quantized to the type's activation form (Q8_0,
 // Q8_1 or Q8_K: int8 with a per-block scale, ggml-cpu's vec_dot_type), integer dot products
 // per block, then the block scales applied in f32. Compiled once per ISA (ggml_matmul_*.cpp,
-// each with its own flags). The loops here are the scalar path (and Q4_1 / Q5_1 on every
-// path); the AVX2 and AVX-512 paths run ggml_matmul_simd.h. All paths compute the same
+// each with its own flags). The loops here are the scalar path; the AVX2 and AVX-512 paths
+// run ggml_matmul_simd.h. All paths compute the same
 // values: integer sums are exact and the f32 steps run in one order.
 //
 // Each thread decodes one weight row at a time into int8 weights and per-block scales and
@@ -354,14 +354,11 @@ inline void matmul_rows(uint32_t type, const void* data, int64_t row_bytes, int6
   quantize_activations(x, m, k, form, acts);
   const Activations& a = acts;
   const auto* base = static_cast<const uint8_t*>(data);
-#ifndef __AVX2__
-  (void)panels;
-#endif
 #ifdef __AVX2__
-  if (simd::handles(type) || panels != nullptr) {  // (Q4_1 / Q5_1: only from panels)
-    simd::matmul_rows(type, base, row_bytes, k, a, m, n0, n1, y, ldy, panels);
-    return;
-  }
+  simd::matmul_rows(type, base, row_bytes, k, a, m, n0, n1, y, ldy, panels);
+  return;
+#else
+  (void)panels;
 #endif
   const int threads = omp_in_parallel() ? 1 : num_threads();
   const int64_t n = n1 - n0;

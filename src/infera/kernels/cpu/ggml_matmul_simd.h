@@ -7,7 +7,7 @@
 // applied to the four rows together, so every activation load serves four rows:
 //   - integer products with maddubs (u8 x s8 -> int16 pairs): weights that can be negative
 //     go in as |w| against sign(q, w), which is exact (|w| <= 128, |q| <= 127: a pair sum
-//     stays below 2^15); unsigned weights (Q4_K, Q5_K, Q2_K) go in directly, and so do
+//     stays below 2^15); unsigned weights (Q4_K, Q5_K, Q2_K, Q4_1, Q5_1) go in directly, and so do
 //     Q6_K's, decoded as w + 32 (the kernel subtracts 32 * sum of scale x block sum of the
 //     activations, in integers); on AVX-512 VNNI the 32-weight blocks use vpdpbusd;
 //   - sub-block scales applied with madd on int16, the block's int32 sums of the four rows
@@ -15,6 +15,7 @@
 //   - the f32 steps per block in one __m128 whose lane t is row t, in the generic path's
 //     order and operations (d_w * d_a, then the product with the converted sum, then the
 //     add to the running sum), so each lane rounds exactly as the scalar loop does.
+//     Q4_1 / Q5_1 (Q8_1 activations) then add min x the activation block's d x sum.
 // Integer sums are exact in any order, so the outputs equal the generic path's.
 // Prefill: activation rows are taken 64 at a time (they stay in L2 while the thread's tiles
 // pass over them; a tile is decoded again per block of 64 rows), and a tile is applied to
@@ -36,10 +37,12 @@ struct Tile {
   std::vector<int8_t> w;  // [kTile][k]
   std::vector<int16_t> sc, mn;  // [kTile][k / 16] (K types): scale and min per 16 weights
   std::vector<float> d, dmin;  // [blocks][kTile]: row t's block scale at [b * kTile + t]
+  std::vector<float> m;  // [blocks][kTile] (Q4_1 / Q5_1): row t's block min
   void resize(int64_t k, int64_t nb, bool k_type) {
     w.resize(static_cast<size_t>(kTile * k));
     d.resize(static_cast<size_t>(kTile * nb));
     dmin.assign(static_cast<size_t>(kTile * nb), 0.0f);
+    m.resize(static_cast<size_t>(kTile * nb));
     if (k_type) {
       sc.resize(static_cast<size_t>(kTile * k / 16));
       mn.assign(static_cast<size_t>(kTile * k / 16), 0);
@@ -47,7 +50,7 @@ struct Tile {
   }
 };
 
-// Where the decoders write row t of a tile: w [k], sc / mn [k / 16], d / dmin with stride ds
+// Where the decoders write row t of a tile: w [k], sc / mn [k / 16], d / dmin / m with stride ds
 // (the rows of a tile interleaved). pf: the bytes from a block to the same block of the
 // next tile's row (0: none); the decoders prefetch it, so the next tile streams in while
 // this one is computed.
@@ -57,6 +60,7 @@ struct RowOut {
   int16_t* mn;
   float* d;
   float* dmin;
+  float* m;
   int64_t pf;
   int64_t ds = kTile;
 };
@@ -206,22 +210,31 @@ inline void dec_iq4_xs(const uint8_t* b, int64_t nb, const RowOut& o) {
   }
 }
 
-// Q5_0: the nibbles with the fifth bits of qh (bit j: weight j), minus 16.
-inline void dec_q5_0(const uint8_t* b, int64_t nb, const RowOut& o) {
+// Q4_1 / Q5_1 (kOne) and Q4_0 / Q5_0: the nibbles (weight j the low one of byte j, j + 16
+// its high one), with Q5_*'s fifth bits from qh (bit j: weight j); Q4_0 / Q5_0 minus 8 / 16,
+// Q4_1 / Q5_1 unsigned with their min.
+template <bool kFive, bool kOne>
+inline void dec_q45(const uint8_t* b, int64_t nb, const RowOut& o) {
+  constexpr int kBytes = 2 + (kOne ? 2 : 0) + (kFive ? 4 : 0) + 16, kQs = kBytes - 16;
   // Byte i of the vector takes byte i / 8 of qh and tests bit i % 8 of it.
   const __m256i spread =
       _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
   const __m256i bits = _mm256_set1_epi64x(static_cast<int64_t>(0x8040201008040201ull));
-  for (int64_t i = 0; i < nb; ++i, b += 22) {
-    if (o.pf != 0) prefetch_block(b + o.pf, 22);
+  for (int64_t i = 0; i < nb; ++i, b += kBytes) {
+    if (o.pf != 0) prefetch_block(b + o.pf, kBytes);
     o.d[i * o.ds] = half_f16c(b);
-    uint32_t qh;
-    std::memcpy(&qh, b + 2, 4);
-    const __m256i h = _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(qh)), spread);
-    const __m256i fifth = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(h, bits), bits), _mm256_set1_epi8(0x10));
-    const __m128i v = load128(b + 6);
-    const __m256i n = _mm256_set_m128i(nibbles_hi(v), nibbles_lo(v));
-    store256(o.w + 32 * i, _mm256_sub_epi8(_mm256_or_si256(n, fifth), _mm256_set1_epi8(16)));
+    if (kOne) o.m[i * o.ds] = half_f16c(b + 2);
+    const __m128i v = load128(b + kQs);
+    __m256i w = _mm256_set_m128i(nibbles_hi(v), nibbles_lo(v));
+    if (kFive) {
+      uint32_t qh;
+      std::memcpy(&qh, b + kQs - 4, 4);
+      const __m256i h = _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(qh)), spread);
+      w = _mm256_or_si256(w,
+                          _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(h, bits), bits), _mm256_set1_epi8(0x10)));
+    }
+    if (!kOne) w = _mm256_sub_epi8(w, _mm256_set1_epi8(kFive ? 16 : 8));
+    store256(o.w + 32 * i, w);
   }
 }
 
@@ -277,8 +290,7 @@ inline void dec_q3_k(const uint8_t* b, int64_t nb, const RowOut& o) {
   }
 }
 
-// Any other type (Q4_1 / Q5_1, which this path leaves to the generic one): the generic
-// decoder, copied into the tile.
+// Any other type: the generic decoder, copied into the tile.
 inline void dec_generic(uint32_t type, const uint8_t* b, int64_t k, const RowOut& o) {
   static thread_local DecodedRow r;
   if (o.pf != 0) prefetch_block(b + o.pf, static_cast<int>(row_bytes(type, k)));
@@ -301,7 +313,9 @@ inline void decode_into(uint32_t type, const uint8_t* b, int64_t k, const RowOut
     case kQ5_K: dec_q45_k<true>(b, k / 256, o); return;
     case kQ6_K: dec_q6_k(b, k / 256, o); return;
     case kIQ4_XS: dec_iq4_xs(b, k / 256, o); return;
-    case kQ5_0: dec_q5_0(b, k / 32, o); return;
+    case kQ5_0: dec_q45<true, false>(b, k / 32, o); return;
+    case kQ4_1: dec_q45<false, true>(b, k / 32, o); return;
+    case kQ5_1: dec_q45<true, true>(b, k / 32, o); return;
     case kQ2_K: dec_q2_k(b, k / 256, o); return;
     case kQ3_K: dec_q3_k(b, k / 256, o); return;
     default: dec_generic(type, b, k, o); return;
@@ -340,7 +354,13 @@ struct ActRow {
   const int8_t* q;
   const float* d;
   const int16_t* bsums;
+  const float* s;  // Q8_1: the blocks' d x sum of quants
 };
+
+// Q4_1 / Q5_1's second step of block b: sum + m_w x s_a (one lane per row).
+inline __m128 min_step(const Tile& tl, int64_t b, const ActRow& a, __m128 sum) {
+  return _mm_add_ps(sum, _mm_mul_ps(_mm_loadu_ps(tl.m.data() + kTile * b), _mm_set1_ps(a.s[b])));
+}
 
 #ifdef __AVX512BW__
 // Four rows' int32 x 16 sums over two 32-weight blocks (lanes 0-7: block b, 8-15: b + 1) ->
@@ -366,7 +386,9 @@ inline void reduce4x2(const __m512i* r, __m128i& i0, __m128i& i1) {
 
 // Q8_0-form types (32-weight blocks): tile x kNt activation rows (two in prefill: the
 // weight loads serve both, and their two f32 accumulation chains run side by side).
-template <int kNt, bool kUnsigned>
+// kMin (Q4_1 / Q5_1, Q8_1-form activations): each block then adds min x the activation
+// block's d x sum, as the generic loop does.
+template <int kNt, bool kUnsigned, bool kMin>
 inline void dot_tile_32(const Tile& tl, int64_t k, const ActRow* a, __m128* out) {
   const int8_t* w = tl.w.data();
   __m128 sum[kNt];
@@ -399,8 +421,10 @@ inline void dot_tile_32(const Tile& tl, int64_t k, const ActRow* a, __m128* out)
       reduce4x2(acc[n], isum0, isum1);
       const __m128 d0 = _mm_mul_ps(_mm_loadu_ps(tl.d.data() + kTile * b), _mm_set1_ps(a[n].d[b]));
       sum[n] = _mm_add_ps(sum[n], _mm_mul_ps(_mm_cvtepi32_ps(isum0), d0));
+      if (kMin) sum[n] = min_step(tl, b, a[n], sum[n]);
       const __m128 d1 = _mm_mul_ps(_mm_loadu_ps(tl.d.data() + kTile * (b + 1)), _mm_set1_ps(a[n].d[b + 1]));
       sum[n] = _mm_add_ps(sum[n], _mm_mul_ps(_mm_cvtepi32_ps(isum1), d1));
+      if (kMin) sum[n] = min_step(tl, b + 1, a[n], sum[n]);
     }
   }
 #endif
@@ -424,6 +448,7 @@ inline void dot_tile_32(const Tile& tl, int64_t k, const ActRow* a, __m128* out)
       const __m128i isum = reduce4(acc[n][0], acc[n][1], acc[n][2], acc[n][3]);
       const __m128 d = _mm_mul_ps(_mm_loadu_ps(tl.d.data() + kTile * b), _mm_set1_ps(a[n].d[b]));
       sum[n] = _mm_add_ps(sum[n], _mm_mul_ps(_mm_cvtepi32_ps(isum), d));
+      if (kMin) sum[n] = min_step(tl, b, a[n], sum[n]);
     }
   }
   for (int n = 0; n < kNt; ++n) out[n] = sum[n];
@@ -544,9 +569,9 @@ inline void dot_tile_k512(const Tile& tl, int64_t k, const ActRow* a, __m128* ou
 // A tile against kNt activation rows (1, or 2 in prefill).
 using DotFn = void (*)(const Tile&, int64_t, const ActRow*, __m128*);
 
-template <int kNt, bool kUnsigned>
+template <int kNt, bool kUnsigned, bool kMin>
 void dot32_fn(const Tile& tl, int64_t k, const ActRow* a, __m128* out) {
-  dot_tile_32<kNt, kUnsigned>(tl, k, a, out);
+  dot_tile_32<kNt, kUnsigned, kMin>(tl, k, a, out);
 }
 template <int kNt, bool kUnsigned, bool kPer32, bool kMins, int kOffset>
 void dotk_fn(const Tile& tl, int64_t k, const ActRow* a, __m128* out) {
@@ -566,8 +591,11 @@ inline DotFn dotk_for(uint32_t type) {
   return dotk_fn<kNt, false, false, false, 0>;  // Q3_K
 }
 
-// Whether this path computes `type` (the Q8_1-form types Q4_1 / Q5_1 take the generic one).
-inline bool handles(uint32_t type) { return type != kQ4_1 && type != kQ5_1; }
+template <int kNt>
+inline DotFn dot32_for(uint32_t type) {
+  if (type == kQ4_1 || type == kQ5_1) return dot32_fn<kNt, true, true>;
+  return dot32_fn<kNt, false, false>;
+}
 
 #ifdef __AVX512BW__
 // How far ahead a decode step prefetches: at least this many bytes of weights, in whole
@@ -962,13 +990,14 @@ inline void matmul_rows(uint32_t type, const uint8_t* base, int64_t row_bytes, i
     gemv_iq4xs(base, row_bytes, k, a, n0, n1, y);
     return;
   }
-  if (m >= vnni::kMinTokens) {  // prefill: 16-row VNNI tiles
+  if (m >= vnni::kMinTokens && act_form(type) != ActForm::kQ8_1) {  // prefill: 16-row VNNI tiles
     vnni::matmul_rows(type, base, row_bytes, k, a, bs16, m, n0, n1, y, ldy);
     return;
   }
 #endif
-  const DotFn dot1 = k_type ? dotk_for<1>(type) : dot32_fn<1, false>;
-  const DotFn dot2 = k_type ? dotk_for<2>(type) : dot32_fn<2, false>;
+  const DotFn dot1 = k_type ? dotk_for<1>(type) : dot32_for<1>(type);
+  const DotFn dot2 = k_type ? dotk_for<2>(type) : dot32_for<2>(type);
+  const bool q8_1 = act_form(type) == ActForm::kQ8_1;
   const int64_t nb = k / block_size(type);
   const int64_t tiles = (n1 - n0 + kTile - 1) / kTile;
   const int threads = omp_in_parallel() ? 1 : num_threads();
@@ -988,12 +1017,13 @@ inline void matmul_rows(uint32_t type, const uint8_t* base, int64_t row_bytes, i
                          k_type ? tl.mn.data() + t * (k / 16) : nullptr,
                          tl.d.data() + t,
                          tl.dmin.data() + t,
+                         tl.m.data() + t,
                          j0 + kTile + t < n1 ? kTile * row_bytes : 0};
           if (t < rows) {
             decode_into(type, base + (j0 + t) * row_bytes, k, o);
           } else {  // past the last row: zero weights and scales
             std::memset(o.w, 0, static_cast<size_t>(k));
-            for (int64_t b = 0; b < nb; ++b) o.d[b * kTile] = o.dmin[b * kTile] = 0.0f;
+            for (int64_t b = 0; b < nb; ++b) o.d[b * kTile] = o.dmin[b * kTile] = o.m[b * kTile] = 0.0f;
             if (k_type) {
               std::memset(o.sc, 0, static_cast<size_t>(k / 16) * sizeof(int16_t));
               std::memset(o.mn, 0, static_cast<size_t>(k / 16) * sizeof(int16_t));
@@ -1002,7 +1032,7 @@ inline void matmul_rows(uint32_t type, const uint8_t* base, int64_t row_bytes, i
         }
         const auto act = [&](int64_t i) {
           return ActRow{a.q.data() + i * k, a.d.data() + i * (k_type ? k / 256 : k / 32),
-                        bs16 != nullptr ? bs16 + i * (k / 16) : nullptr};
+                        bs16 != nullptr ? bs16 + i * (k / 16) : nullptr, q8_1 ? a.s.data() + i * (k / 32) : nullptr};
         };
         int64_t i = i0;
         if (dot2 != nullptr) {

@@ -264,6 +264,7 @@ inline void build_tile(uint32_t type, const Shape& sh, const uint8_t* src, int64
                    kt ? t.mn.data() + r * ng : nullptr,
                    t.d.data() + r,
                    t.dmin.data() + r,
+                   nullptr,  // (no Q4_1 / Q5_1 here)
                    pf,
                    kRows};
     if (r < rows) {
