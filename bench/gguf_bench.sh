@@ -10,7 +10,7 @@
 # LAYERS (decoder layers of the default shapes: TinyLlama's 22, the MoE's 6; e.g. LAYERS=4 for
 # a quick run whose lm_head is a third of the weights; WORK_DIR should then differ per depth),
 # TYPES ("q4_k_m q6_k q8_0": f32 f16 bf16 q8_0 q4_0 are written by `infera convert --to gguf`,
-# q4_k_m q5_k_m q6_k iq4_xs by llama.cpp's own llama_model_quantize from the f16 file, through
+# q2_k q3_k_m q4_k_m q5_k_m q6_k iq4_xs by llama.cpp's own llama_model_quantize from the f16 file, through
 # tests/conformance/llama_quantize.c and the libllama node-llama-cpp ships), PROMPT_TOKENS (64),
 # GEN_TOKENS (32), THREADS ("1 2"), REPEATS (2: best of, engines alternating), MMAP (1; 0
 # passes --no-mmap: Infera's weights read into memory before its prompt is timed, as
@@ -50,7 +50,7 @@ cd "$work"
 [ -f model/config.json ] || $py "$repo/tools/gen_model.py" model $model_args > /dev/null
 libllama="$repo/tests/conformance/node_modules/@node-llama-cpp/linux-x64/bins/linux-x64/libllama.v0.5.0.so"
 llama_ftype() {  # llama.cpp's llama_ftype numbers
-  case "$1" in q4_k_m) echo 15 ;; q5_k_m) echo 17 ;; q6_k) echo 18 ;; iq4_xs) echo 30 ;; *) echo "" ;; esac
+  case "$1" in q2_k) echo 10 ;; q3_k_m) echo 12 ;; q4_k_m) echo 15 ;; q5_k_m) echo 17 ;; q6_k) echo 18 ;; iq4_xs) echo 30 ;; *) echo "" ;; esac
 }
 for t in $types; do
   [ -f "model_$t.gguf" ] && continue
