@@ -21,6 +21,13 @@ uint64_t xgetbv0() {
 CpuFeatures detect() {
   CpuFeatures f;
   unsigned a = 0, b = 0, c = 0, d = 0;
+  if (__get_cpuid(0, &a, &b, &c, &d)) {
+    char vendor[13] = {};
+    std::memcpy(vendor, &b, 4);
+    std::memcpy(vendor + 4, &d, 4);
+    std::memcpy(vendor + 8, &c, 4);
+    f.amd = std::strcmp(vendor, "AuthenticAMD") == 0;
+  }
   if (!__get_cpuid(1, &a, &b, &c, &d)) return f;
   const bool osxsave = c & (1u << 27);
   const bool fma = c & (1u << 12);

@@ -21,6 +21,10 @@ struct CpuFeatures {
   bool amx_tile = false;
   bool amx_int8 = false;
   bool amx_bf16 = false;
+  // The vendor is AMD (AuthenticAMD). Zen 4 / 5 issue one 512-bit FMA per cycle (two 256-bit
+  // pipes) where Intel's server cores issue two, so there AVX512_BF16's vdpbf16ps (32
+  // products an instruction) outruns the f32 FMAs, and on Intel it does not (kernels.h).
+  bool amd = false;
 
   bool has_avx2_path() const { return avx2 && fma && f16c; }
   bool has_avx512_path() const {

@@ -587,10 +587,11 @@ const OptionSpec kOptions[] = {
      .type = T::kChoice,
      .use = kProcess,
      .env = "INFERA_BF16_DOT",
-     .default_value = "1",
-     .help = "0: bf16 prefill matmuls multiply in f32 (x kept f32) instead of rounding x to bf16 for vdpbf16ps on "
-             "CPUs with AVX512_BF16 (A/B runs)",
-     .choices = "0|1"},
+     .default_value = "auto",
+     .help = "0: bf16 prefill matmuls multiply in f32 (x kept f32), never rounding x to bf16; 1: round x to bf16 for "
+             "vdpbf16ps on every CPU with AVX512_BF16; auto: bf16 products on AMX tiles where usable, and vdpbf16ps "
+             "only where it outruns the f32 FMAs (AMD; A/B runs)",
+     .choices = "0|1|auto"},
     {.name = "gdn_kernels",
      .type = T::kChoice,
      .use = kProcess,

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "infera/base/cpu.h"
 #include "infera/base/error.h"
 #include "infera/base/options.h"
 #include "infera/kernels/cpu/dispatch.h"
@@ -55,16 +56,24 @@ std::atomic<bool> g_bf16_amx{true};
 void set_bf16_amx(bool enabled) { g_bf16_amx.store(enabled, std::memory_order_relaxed); }
 bool bf16_amx_enabled() { return g_bf16_amx.load(std::memory_order_relaxed) && amx_unavailable_reason() == nullptr; }
 
-void set_bf16_dot(bool enabled) { g_bf16_dot.store(enabled ? 1 : 0, std::memory_order_relaxed); }
-bool bf16_dot_enabled() {
+void set_bf16_dot(Bf16Dot mode) { g_bf16_dot.store(static_cast<int>(mode), std::memory_order_relaxed); }
+Bf16Dot bf16_dot_mode() {
   int v = g_bf16_dot.load(std::memory_order_relaxed);
   if (v < 0) {
-    static const int from_env = option_env("bf16_dot", BadEnvValue::kWarnAndIgnore) == "0" ? 0 : 1;
+    static const int from_env = [] {
+      const std::string e = option_env("bf16_dot", BadEnvValue::kWarnAndIgnore);
+      return static_cast<int>(e == "0" ? Bf16Dot::kOff : e == "1" ? Bf16Dot::kOn : Bf16Dot::kAuto);
+    }();
     int expected = -1;
     g_bf16_dot.compare_exchange_strong(expected, from_env, std::memory_order_relaxed);
     v = g_bf16_dot.load(std::memory_order_relaxed);
   }
-  return v == 1;
+  return static_cast<Bf16Dot>(v);
+}
+bool bf16_dot_enabled() { return bf16_dot_mode() != Bf16Dot::kOff; }
+bool bf16_vector_dot() {
+  const Bf16Dot mode = bf16_dot_mode();
+  return mode == Bf16Dot::kOn || (mode == Bf16Dot::kAuto && cpu_features().amd);
 }
 
 std::string matmul_path(Isa isa, DType dtype) {

@@ -51,19 +51,30 @@ void matmul(const float* x, int64_t m, const MatRef& w, float* y);
 void matmul(Isa isa, const float* x, int64_t m, const MatRef& w, float* y);
 
 // bf16 weights times m >= 16 rows of x (prefill) on a CPU with AVX512_BF16 (the avx512
-// path): x is rounded to bf16 and multiplied with vdpbf16ps, twice the f32 FMA rate, each
-// product exact and summed in f32; the one extra error is x's rounding, relative 2^-8 per
-// term (llama.cpp's bf16 path rounds the same way). On by default (INFERA_BF16_DOT=0 in the
-// environment turns it off); set_bf16_dot(false) gives the f32 products, as the other paths
-// and decode (m < 16) compute them, for tests that need one rounding everywhere.
-void set_bf16_dot(bool enabled);
+// path) may round x to bf16 and multiply in bf16 pairs, each product exact and summed in f32;
+// the one extra error is x's rounding, relative 2^-8 per term (llama.cpp's bf16 path rounds
+// the same way). Bf16Dot::kAuto (the default; INFERA_BF16_DOT=auto) does so on AMX tiles
+// where they are usable, and with vdpbf16ps only where that outruns the f32 FMAs: on AMD
+// (Zen 4 / 5: one 512-bit FMA a cycle, vdpbf16ps twice its products); on Intel, whose two
+// FMA ports match vdpbf16ps, the f32 products stay (measured there 1.4-1.7x a TinyLlama
+// prompt's rate). kOn (INFERA_BF16_DOT=1) takes vdpbf16ps on every AVX512_BF16 CPU; kOff
+// (INFERA_BF16_DOT=0, set_bf16_dot(false)) gives the f32 products, as the other paths and
+// decode (m < 16) compute them, for tests that need one rounding everywhere.
+enum class Bf16Dot { kOff, kOn, kAuto };
+void set_bf16_dot(Bf16Dot mode);
+Bf16Dot bf16_dot_mode();
+inline void set_bf16_dot(bool enabled) { set_bf16_dot(enabled ? Bf16Dot::kOn : Bf16Dot::kOff); }
+// Whether bf16 products are allowed at all (not kOff).
 bool bf16_dot_enabled();
+// Whether prefill off the AMX tiles takes vdpbf16ps (kOn, or kAuto on AMD).
+bool bf16_vector_dot();
 
 // That bf16 prefill on AMX tiles (tdpbf16ps, 16 tokens x 16 weight rows x 32 k per
 // instruction) where the CPU has AMX-BF16 and Linux grants the tile state
 // (amx_unavailable_reason): the same products (x rounded to bf16, each product exact, summed
 // in f32 in another order), within the same bound. On by default (INFERA_AMX=0 turns it off
-// with the int8 AMX kernels); set_bf16_amx(false) keeps vdpbf16ps, for tests of both.
+// with the int8 AMX kernels); set_bf16_amx(false) keeps the path off the tiles (vdpbf16ps
+// where bf16_vector_dot()), for tests of both.
 void set_bf16_amx(bool enabled);
 bool bf16_amx_enabled();
 

@@ -49,7 +49,7 @@ TEST_P(TrainedModel, LogitsMatchTrainingScriptForward) {
   auto tok = Tokenizer::load(dir);
   const int32_t vocab = model->config().vocab_size;
   ASSERT_GE(ref["cases"].size(), 2u);
-  const bool saved_dot = kernels::bf16_dot_enabled();
+  const kernels::Bf16Dot saved_dot = kernels::bf16_dot_mode();
   for (const bool dot : {false, true}) {
     kernels::set_bf16_dot(dot);
     const float tolerance = dot ? 5e-2f : 2e-3f;

@@ -11,6 +11,7 @@
 #include <gtest/gtest.h>
 
 #include "../test_support.h"
+#include "infera/base/cpu.h"
 #include "infera/base/error.h"
 #include "infera/kernels/kernels.h"
 
@@ -78,11 +79,11 @@ void expect_matmul_close(Isa isa, const std::vector<float>& x, int64_t m, const 
 // Sets the bf16 prefill's vdpbf16ps path on or off for one scope.
 class Bf16DotScope {
  public:
-  explicit Bf16DotScope(bool enabled) : saved_(bf16_dot_enabled()) { set_bf16_dot(enabled); }
+  explicit Bf16DotScope(bool enabled) : saved_(bf16_dot_mode()) { set_bf16_dot(enabled); }
   ~Bf16DotScope() { set_bf16_dot(saved_); }
 
  private:
-  bool saved_;
+  Bf16Dot saved_;
 };
 
 TEST_P(KernelsTest, MatmulMatchesReferenceOnOddShapes) {
@@ -281,9 +282,37 @@ TEST(KernelsBf16Dot, OffGivesTheF32Products) {
   }
   expect_matmul_close(Isa::kAvx512, x, m, w.ref, y_f32.data(), n, 0, n, "bf16 dot off");
   EXPECT_NE(y_f32, y_dot);
-  EXPECT_NE(matmul_path(Isa::kAvx512, DType::kBF16).find("vdpbf16ps"), std::string::npos);
+  {
+    const Bf16DotScope on(true);
+    EXPECT_NE(matmul_path(Isa::kAvx512, DType::kBF16).find("vdpbf16ps"), std::string::npos);
+  }
   const Bf16DotScope off(false);
   EXPECT_EQ(matmul_path(Isa::kAvx512, DType::kBF16).find("vdpbf16ps"), std::string::npos);
+}
+
+TEST(KernelsBf16Dot, AutoTakesVdpbf16psOnlyOnAmd) {
+  // kAuto: vdpbf16ps off the AMX tiles only where it outruns the f32 FMAs (AMD); off the
+  // tiles elsewhere the f32 products, the same sums as kOff.
+  const Bf16DotScope saved(true);
+  set_bf16_dot(Bf16Dot::kAuto);
+  EXPECT_TRUE(bf16_dot_enabled());
+  EXPECT_EQ(bf16_vector_dot(), cpu_features().amd);
+  set_bf16_dot(Bf16Dot::kOn);
+  EXPECT_TRUE(bf16_vector_dot());
+  set_bf16_dot(Bf16Dot::kOff);
+  EXPECT_FALSE(bf16_dot_enabled());
+  EXPECT_FALSE(bf16_vector_dot());
+  if (!isa_available(Isa::kAvx512) || cpu_features().amd) return;
+  const int64_t m = 20, n = 70, k = 300;  // (a GEMM: m >= 16, off the AMX tiles)
+  const TestWeights w(DType::kBF16, n, k, 43);
+  const auto x = random_floats(m * k, 44);
+  std::vector<float> y_auto(m * n), y_f32(m * n);
+  const Bf16AmxScope tiles_off(false);
+  set_bf16_dot(Bf16Dot::kAuto);
+  matmul(Isa::kAvx512, x.data(), m, w.ref, y_auto.data());
+  set_bf16_dot(Bf16Dot::kOff);
+  matmul(Isa::kAvx512, x.data(), m, w.ref, y_f32.data());
+  EXPECT_EQ(y_auto, y_f32);
 }
 
 TEST_P(KernelsTest, MatmulPathNamesItsIsa) {

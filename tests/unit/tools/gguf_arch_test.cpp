@@ -209,7 +209,7 @@ TEST_P(GgufArch, F32LogitsEqualTheDirectory) {
 TEST_P(GgufArch, Bf16LogitsEqualTheDirectory) {
   const Case& c = GetParam();
   const std::string dir = model_dir(c, "bf16");
-  const bool saved_dot = kernels::bf16_dot_enabled();
+  const kernels::Bf16Dot saved_dot = kernels::bf16_dot_mode();
   kernels::set_bf16_dot(false);
   expect_same_logits(c, dir, gguf_of(dir, GgufOutType::kBF16, "bf16"), 1e-3f);
   kernels::set_bf16_dot(saved_dot);
