@@ -1,6 +1,6 @@
 // The panel types (Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS)
 // from their panels (pack_panels, ggml_quants.h) on AVX-512 VNNI, for every number of activation rows
-// (Q8_0, Q4_K, Q5_K and Q6_K from 16 on AMX tiles, Q4_0 / Q5_0 / IQ4_NL from 128): the same
+// (Q8_0, Q4_K, Q5_K, Q6_K and Q3_K from 16 on AMX tiles, Q4_0 / Q5_0 / IQ4_NL from 128): the same
 // values as the generic loops of ggml_matmul_impl.h, bit for bit.
 //
 // A panel's 64-byte part is four weights of each of its 16 rows in the low nibbles and the
@@ -728,48 +728,109 @@ inline void unpack_q6k_planes(const uint8_t* qs, int64_t nb, uint8_t* out) {
   }
 }
 
-// Sixteen activation rows (tokens) against one Q6_K panel, from its planes (w) on AMX int8
-// tiles configured for 64-weight steps: per super-block, A tiles of the tokens' quants (aq,
-// as amx_q4k takes them) against the four planes (signed: tdpbssd) into C tiles 0-3, in two
-// halves (planes 0-1, then 2-3), each half of the next super-block issued as soon as its C
-// tiles are stored, so the products run while the vector steps do; then dot_q6k's f32 step.
+// A Q3_K panel's super-blocks made ready for the same tiles in two planes: the signed
+// sub-scale s = 8 hi + lo (lo = bits 0-2 in 0..7, hi = b3 + 2 b4 - 4 b5 in -4..3, s being in
+// -32..31) and plane 0 holds lo x w, plane 1 hi x w, w = u - 4 in -4..3 (|.| <= 28), so
+// C_0 + 8 C_1 over a super-block is the generic path's sum of s x (w · quants), exactly. Per
+// super-block 8 KB: per 64-weight chunk J (2 KB) plane p's B tile at 1024 p, dword-rows as
+// unpack_q6k_planes lays them out.
+inline void unpack_q3k_planes(const uint8_t* qs, int64_t nb, uint8_t* out) {
+  constexpr int kStride = panel_quant_stride(kQ3_K);
+  const __m512i m3 = _mm512_set1_epi8(3), four = _mm512_set1_epi8(4);
+  alignas(64) int8_t spread[64];  // byte 4 r + e <- row r's scale
+  for (int i = 0; i < 64; ++i) spread[i] = static_cast<int8_t>(i / 4 % 4);
+  const __m512i spread_v = _mm512_load_si512(spread);
+  __m512i bit[6];
+  for (int i = 0; i < 6; ++i) bit[i] = _mm512_set1_epi8(static_cast<char>(1 << i));
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* sb_qs = qs + kStride * b;
+    for (int l = 0; l < kStride / 64; ++l)
+      _mm_prefetch(reinterpret_cast<const char*>(sb_qs + kStride + 64 * l), _MM_HINT_T0);
+    for (int sb = 0; sb < 16; ++sb) {
+      const __m128i s16 = _mm_load_si128(reinterpret_cast<const __m128i*>(sb_qs + 1536 + 16 * sb));
+      const __m512i sv = _mm512_shuffle_epi8(
+          _mm512_inserti64x4(
+              _mm512_castsi256_si512(_mm256_inserti128_si256(_mm256_castsi128_si256(s16), _mm_srli_si128(s16, 4), 1)),
+              _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_srli_si128(s16, 8)), _mm_srli_si128(s16, 12), 1), 1),
+          spread_v);
+      __mmask64 mask[6];
+      for (int i = 0; i < 6; ++i) mask[i] = _mm512_test_epi8_mask(sv, bit[i]);
+      const int c = sb / 2, v = sb % 2;
+      const __m512i hb = _mm512_load_si512(sb_qs + 128 * c + 64 * v);
+      for (int h = 0; h < 2; ++h) {
+        for (int o = 0; o < 2; ++o) {
+          uint64_t third;
+          std::memcpy(&third, sb_qs + 1024 + 64 * c + 8 * (4 * v + 2 * h + o), 8);
+          // u = the two low bits + 4 where the third is set; w = u - 4.
+          const __m512i q2 = _mm512_and_si512(_mm512_srli_epi16(hb, 4 * h + 2 * o), m3);
+          const __m512i w = _mm512_sub_epi8(_mm512_mask_add_epi8(q2, _cvtu64_mask64(third), q2, four), four);
+          const __m512i w2 = _mm512_add_epi8(w, w), w4 = _mm512_add_epi8(w2, w2);
+          uint8_t* dst = out + 8192 * b + 2048 * (sb / 4) + 64 * (4 * (sb % 4) + 2 * h + o);
+          __m512i p0 = _mm512_maskz_mov_epi8(mask[0], w);
+          p0 = _mm512_mask_add_epi8(p0, mask[1], p0, w2);
+          p0 = _mm512_mask_add_epi8(p0, mask[2], p0, w4);
+          __m512i p1 = _mm512_maskz_mov_epi8(mask[3], w);
+          p1 = _mm512_mask_add_epi8(p1, mask[4], p1, w2);
+          p1 = _mm512_mask_sub_epi8(p1, mask[5], p1, w4);
+          _mm512_store_si512(dst, p0);
+          _mm512_store_si512(dst + 1024, p1);
+        }
+      }
+    }
+  }
+}
+
+// Sixteen activation rows (tokens) against one Q6_K panel (kPlanes 4, digits of 2 bits) or
+// Q3_K panel (kPlanes 2, digits of 3 bits), from its planes (w) on AMX int8 tiles configured
+// for 64-weight steps: per super-block, A tiles of the tokens' quants (aq, as amx_q4k takes
+// them) against the planes (signed: tdpbssd) into C tiles 0-3, in halves of two planes, each
+// half of the next super-block issued as soon as its C tiles are stored, so the products run
+// while the vector steps do; then dot_q6k's f32 step on sum_p C_p << (p x the digit's bits).
+template <int kPlanes>
 __attribute__((target("amx-tile,amx-int8"))) inline void amx_q6k(const uint8_t* sc, const uint8_t* w, const int8_t* aq,
                                                                  const float* ad, int64_t k, float* y, int64_t ldy,
                                                                  __mmask16 mask) {
+  static_assert(kPlanes == 2 || kPlanes == 4);
+  constexpr int kBits = kPlanes == 4 ? 2 : 3;
+  constexpr int64_t kChunkBytes = 1024 * kPlanes, kSbBytes = 4 * kChunkBytes;
   const int64_t nb = k / 256;
   __m512 acc[16];
 #pragma GCC unroll 16
   for (int t = 0; t < 16; ++t) acc[t] = _mm512_setzero_ps();
-  alignas(64) int32_t c[4][256];
-#define INFERA_Q6K_HALF(C0, C1, P, B)                              \
-  {                                                                \
-    _tile_zero(C0);                                                \
-    _tile_zero(C1);                                                \
-    for (int j = 0; j < 4; ++j) {                                  \
-      const uint8_t* w_ = w + 16384 * (B) + 4096 * j + 1024 * (P); \
-      _tile_loadd(4, aq + 1024 * (4 * (B) + j), 64);               \
-      _tile_loadd(6, w_, 64);                                      \
-      _tile_loadd(7, w_ + 1024, 64);                               \
-      _tile_dpbssd(C0, 4, 6);                                      \
-      _tile_dpbssd(C1, 4, 7);                                      \
-    }                                                              \
+  alignas(64) int32_t c[kPlanes][256];
+#define INFERA_Q6K_HALF(C0, C1, P, B)                                        \
+  {                                                                          \
+    _tile_zero(C0);                                                          \
+    _tile_zero(C1);                                                          \
+    for (int j = 0; j < 4; ++j) {                                            \
+      const uint8_t* w_ = w + kSbBytes * (B) + kChunkBytes * j + 1024 * (P); \
+      _tile_loadd(4, aq + 1024 * (4 * (B) + j), 64);                         \
+      _tile_loadd(6, w_, 64);                                                \
+      _tile_loadd(7, w_ + 1024, 64);                                         \
+      _tile_dpbssd(C0, 4, 6);                                                \
+      _tile_dpbssd(C1, 4, 7);                                                \
+    }                                                                        \
   }
   INFERA_Q6K_HALF(0, 1, 0, 0)
-  INFERA_Q6K_HALF(2, 3, 2, 0)
+  if constexpr (kPlanes == 4) INFERA_Q6K_HALF(2, 3, 2, 0)
   for (int64_t b = 0; b < nb; ++b) {
     _tile_stored(0, c[0], 64);
     _tile_stored(1, c[1], 64);
     if (b + 1 < nb) INFERA_Q6K_HALF(0, 1, 0, b + 1)
-    _tile_stored(2, c[2], 64);
-    _tile_stored(3, c[3], 64);
-    if (b + 1 < nb) INFERA_Q6K_HALF(2, 3, 2, b + 1)
+    if constexpr (kPlanes == 4) {
+      _tile_stored(2, c[2], 64);
+      _tile_stored(3, c[3], 64);
+      if (b + 1 < nb) INFERA_Q6K_HALF(2, 3, 2, b + 1)
+    }
     const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc + 32 * b)));
 #pragma GCC unroll 16
     for (int t = 0; t < 16; ++t) {
       __m512i isum = _mm512_load_si512(c[0] + 16 * t);
-      isum = _mm512_add_epi32(isum, _mm512_slli_epi32(_mm512_load_si512(c[1] + 16 * t), 2));
-      isum = _mm512_add_epi32(isum, _mm512_slli_epi32(_mm512_load_si512(c[2] + 16 * t), 4));
-      isum = _mm512_add_epi32(isum, _mm512_slli_epi32(_mm512_load_si512(c[3] + 16 * t), 6));
+      isum = _mm512_add_epi32(isum, _mm512_slli_epi32(_mm512_load_si512(c[1] + 16 * t), kBits));
+      if constexpr (kPlanes == 4) {
+        isum = _mm512_add_epi32(isum, _mm512_slli_epi32(_mm512_load_si512(c[2] + 16 * t), 2 * kBits));
+        isum = _mm512_add_epi32(isum, _mm512_slli_epi32(_mm512_load_si512(c[3] + 16 * t), 3 * kBits));
+      }
       acc[t] = _mm512_add_ps(acc[t], _mm512_mul_ps(_mm512_mul_ps(dv, _mm512_set1_ps(ad[t * nb + b])),
                                                    _mm512_cvtepi32_ps(isum)));
     }
@@ -779,10 +840,11 @@ __attribute__((target("amx-tile,amx-int8"))) inline void amx_q6k(const uint8_t* 
   for (int t = 0; t < 16; ++t) _mm512_mask_storeu_ps(y + t * ldy, mask, acc[t]);
 }
 
-// Q8_0 and Q4_K / Q5_K / Q6_K calls of at least this many rows run their whole groups of 16 on AMX (the
-// rest, and smaller calls, on the VNNI steps: 1.8-2.7x AMX's rows-in-place tiles at 8 tokens;
+// Q8_0 and Q4_K / Q5_K / Q6_K / Q3_K calls of at least this many rows run their whole groups of 16 on AMX
+// (the rest, and smaller calls, on the VNNI steps: 1.8-2.7x AMX's rows-in-place tiles at 8 tokens;
 // Q6_K's four planes against its VNNI steps: 0.96-1.31x at 16 tokens, 0.94-1.55x at 32, 1.5-2x
-// at 64, kernels_bench 2048 x 5632, one and two threads).
+// at 64; Q3_K's two 1.25-1.33x at 16, 1.8-2x at 32, 2.4-2.7x at 64, 2.7-3.2x at 256;
+// kernels_bench 2048 x 5632, one and two threads).
 constexpr int64_t kAmxRows = 16;
 // Q4_0 / Q5_0 / IQ4_NL from this many: their tiles are Q8_0's, a vector step per 32-weight
 // block after each product, and that step bounds them (kernels_bench, 2048 x 5632, against
@@ -798,7 +860,8 @@ template <uint32_t kType>
 inline void matmul(const uint8_t* panels, int64_t k, const Activations& a, int64_t m, int64_t n0, int64_t n1, float* y,
                    int64_t ldy) {
   constexpr bool kK = kType == kQ4_K || kType == kQ5_K, kSix = kType == kQ6_K, kXs = kType == kIQ4_XS;
-  constexpr bool kSub16 = kSix || kType == kQ3_K || kType == kQ2_K;  // (16-weight sub-blocks, dot_q6k)
+  constexpr bool kThree = kType == kQ3_K;
+  constexpr bool kSub16 = kSix || kThree || kType == kQ2_K;  // (16-weight sub-blocks, dot_q6k)
   constexpr int kOffset = kK || kSub16 ? 0 : Traits<kType>::kOffset;  // (IQ4_XS: 128, per 32 weights)
   // Activation sums a dot step takes per block: Q4_K's 4 pairs of sums of 32, Q6_K's 16 sums
   // of 16, IQ4_XS's 8 sums of 32.
@@ -810,7 +873,8 @@ inline void matmul(const uint8_t* panels, int64_t k, const Activations& a, int64
   // Q4_0 / Q5_0 / IQ4_NL: unpacked per call to signed bytes in Q8_0's layout (unpack_signed),
   // from kAmxRowsAsQ8 rows.
   constexpr bool kAsQ8 = kType == kQ4_0 || kType == kQ5_0 || kType == kIQ4_NL;
-  if ((kType == kQ8_0 || kK || kSix || kAsQ8) && m >= (kAsQ8 ? kAmxRowsAsQ8 : kAmxRows) && vnni::amx::usable()) {
+  if ((kType == kQ8_0 || kK || kSix || kThree || kAsQ8) && m >= (kAsQ8 ? kAmxRowsAsQ8 : kAmxRows) &&
+      vnni::amx::usable()) {
     const int64_t groups = m / 16, tokens = 16 * groups;
     // Q4_K: the tokens' int16 pairs of sums of 32, as the VNNI steps take them.
     static thread_local std::vector<int32_t> pairs;
@@ -821,7 +885,7 @@ inline void matmul(const uint8_t* panels, int64_t k, const Activations& a, int64
     const int32_t* pairs_all = pairs.data();
     // The tokens' quants as A tiles: per group of 16 and step of 32 weights (Q4_K: 64), the
     // 16 tokens' together (rows k apart would fall in a few L1 sets when k is a power of two).
-    constexpr int64_t step = kK || kSix ? 64 : 32;
+    constexpr int64_t step = kK || kSix || kThree ? 64 : 32;
     static thread_local vnni::amx::Aligned64 tiles;
     tiles.resize(static_cast<size_t>(tokens * k));
     for (int64_t g = 0; g < groups; ++g)
@@ -834,10 +898,10 @@ inline void matmul(const uint8_t* panels, int64_t k, const Activations& a, int64
 #pragma omp parallel num_threads(static_cast <int>(std::min <int64_t>(threads, np)))
     {
       vnni::amx::configure(static_cast<int>(step));
-      // One panel's planes: Q4_K / Q5_K 32 bytes per weight, Q6_K 64; Q4_0 / Q5_0 / IQ4_NL's
+      // One panel's planes: Q4_K / Q5_K / Q3_K 32 bytes per weight, Q6_K 64; Q4_0 / Q5_0 / IQ4_NL's
       // signed bytes 16.
       static thread_local vnni::amx::Aligned64 planes;
-      if (kK || kSix || kAsQ8) planes.resize(static_cast<size_t>((kSix ? 64 : kK ? 32 : 16) * k));
+      if (kK || kSix || kThree || kAsQ8) planes.resize(static_cast<size_t>((kSix ? 64 : kK || kThree ? 32 : 16) * k));
 #pragma omp for schedule(dynamic, 1)
       for (int64_t p = 0; p < np; ++p) {
         const uint8_t* sc = first + p * pb;
@@ -850,12 +914,15 @@ inline void matmul(const uint8_t* panels, int64_t k, const Activations& a, int64
           for (int64_t g = 0; g < groups; ++g)
             amx_q4k<kType>(sc, sc + sbytes, w, tiles_all + 16 * g * k, a.d.data() + 16 * g * nb,
                            pairs_all + 16 * g * nb * 4, k, y + 16 * g * ldy + (j0 - n0), ldy, mask);
-        } else if constexpr (kSix) {
+        } else if constexpr (kSix || kThree) {
           auto* w = reinterpret_cast<uint8_t*>(planes.data());
-          unpack_q6k_planes(sc + sbytes, nb, w);
+          if constexpr (kSix)
+            unpack_q6k_planes(sc + sbytes, nb, w);
+          else
+            unpack_q3k_planes(sc + sbytes, nb, w);
           for (int64_t g = 0; g < groups; ++g)
-            amx_q6k(sc, w, tiles_all + 16 * g * k, a.d.data() + 16 * g * nb, k, y + 16 * g * ldy + (j0 - n0), ldy,
-                    mask);
+            amx_q6k<kSix ? 4 : 2>(sc, w, tiles_all + 16 * g * k, a.d.data() + 16 * g * nb, k,
+                                  y + 16 * g * ldy + (j0 - n0), ldy, mask);
         } else {
           const uint8_t* qs = sc + sbytes;
           if constexpr (kAsQ8) {
@@ -875,7 +942,7 @@ inline void matmul(const uint8_t* panels, int64_t k, const Activations& a, int64
     rest.k = k;
     rest.q.assign(a.q.begin() + tokens * k, a.q.end());
     rest.d.assign(a.d.begin() + tokens * nb, a.d.end());
-    if (kK || kSix) rest.bsums.assign(a.bsums.begin() + tokens * nb * 16, a.bsums.end());
+    if (kK || kSix || kThree) rest.bsums.assign(a.bsums.begin() + tokens * nb * 16, a.bsums.end());
     matmul<kType>(panels, k, rest, m - tokens, n0, n1, y + tokens * ldy, ldy);
     return;
   }
