@@ -780,6 +780,109 @@ inline void unpack_q3k_planes(const uint8_t* qs, int64_t nb, uint8_t* out) {
   }
 }
 
+// A Q2_K panel's super-blocks made ready for the tiles in one plane: the sub-scale s (the
+// low four bits of its stored byte, 0..15) times w (0..3), at most 45, a signed byte, so C
+// over a super-block is the generic path's sum of s x (w · quants); the mins stay with the
+// vector steps (amx_q2k). Per super-block 4 KB: per 64-weight chunk J a B tile at 1024 J,
+// dword-rows as unpack_q6k_planes lays them out.
+inline void unpack_q2k_plane(const uint8_t* qs, int64_t nb, uint8_t* out) {
+  constexpr int kStride = panel_quant_stride(kQ2_K);
+  const __m512i m3 = _mm512_set1_epi8(3);
+  alignas(64) int8_t spread[64];  // byte 4 r + e <- row r's scale byte
+  for (int i = 0; i < 64; ++i) spread[i] = static_cast<int8_t>(i / 4 % 4);
+  const __m512i spread_v = _mm512_load_si512(spread);
+  __m512i bit[4];
+  for (int i = 0; i < 4; ++i) bit[i] = _mm512_set1_epi8(static_cast<char>(1 << i));
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* sb_qs = qs + kStride * b;
+    for (int l = 0; l < kStride / 64; ++l)
+      _mm_prefetch(reinterpret_cast<const char*>(sb_qs + kStride + 64 * l), _MM_HINT_T0);
+    for (int sb = 0; sb < 16; ++sb) {
+      const __m128i s16 = _mm_load_si128(reinterpret_cast<const __m128i*>(sb_qs + 1024 + 16 * sb));
+      const __m512i sv = _mm512_shuffle_epi8(
+          _mm512_inserti64x4(
+              _mm512_castsi256_si512(_mm256_inserti128_si256(_mm256_castsi128_si256(s16), _mm_srli_si128(s16, 4), 1)),
+              _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_srli_si128(s16, 8)), _mm_srli_si128(s16, 12), 1), 1),
+          spread_v);
+      __mmask64 mask[4];
+      for (int i = 0; i < 4; ++i) mask[i] = _mm512_test_epi8_mask(sv, bit[i]);
+      const int c = sb / 2, v = sb % 2;
+      const __m512i hb = _mm512_load_si512(sb_qs + 128 * c + 64 * v);
+      for (int h = 0; h < 2; ++h) {
+        for (int o = 0; o < 2; ++o) {
+          const __m512i w = _mm512_and_si512(_mm512_srli_epi16(hb, 4 * h + 2 * o), m3);
+          const __m512i w2 = _mm512_add_epi8(w, w), w4 = _mm512_add_epi8(w2, w2), w8 = _mm512_add_epi8(w4, w4);
+          __m512i p = _mm512_maskz_mov_epi8(mask[0], w);
+          p = _mm512_mask_add_epi8(p, mask[1], p, w2);
+          p = _mm512_mask_add_epi8(p, mask[2], p, w4);
+          p = _mm512_mask_add_epi8(p, mask[3], p, w8);
+          _mm512_store_si512(out + 4096 * b + 1024 * (sb / 4) + 64 * (4 * (sb % 4) + 2 * h + o), p);
+        }
+      }
+    }
+  }
+}
+
+// Sixteen activation rows (tokens) against one Q2_K panel, from its plane (w) on AMX int8
+// tiles configured for 64-weight steps: per super-block the products of the tokens' quants
+// (aq, as amx_q4k takes them) and the plane into C tile 0 or 1 in turn, the next super-block's
+// issued before this one's vector steps; those take the mins as dot_q6k does (the rows' min
+// pairs from the panel's bytes qs, vpdpwssd against each token's int16 pairs of sums of 16,
+// pairs: [token][super-block][8]) and its f32 step.
+__attribute__((target("amx-tile,amx-int8"))) inline void amx_q2k(const uint8_t* sc, const uint8_t* qs, const uint8_t* w,
+                                                                 const int8_t* aq, const float* ad,
+                                                                 const int32_t* pairs, int64_t k, float* y, int64_t ldy,
+                                                                 __mmask16 mask) {
+  constexpr int kStride = panel_quant_stride(kQ2_K), kScStride = panel_scale_stride(kQ2_K);
+  const int64_t nb = k / 256;
+  __m512 acc[16];
+#pragma GCC unroll 16
+  for (int t = 0; t < 16; ++t) acc[t] = _mm512_setzero_ps();
+  alignas(64) int32_t c[256];
+#define INFERA_Q2K_SB(C, B)                          \
+  {                                                  \
+    _tile_zero(C);                                   \
+    for (int j = 0; j < 4; ++j) {                    \
+      _tile_loadd(4, aq + 1024 * (4 * (B) + j), 64); \
+      _tile_loadd(6, w + 4096 * (B) + 1024 * j, 64); \
+      _tile_dpbssd(C, 4, 6);                         \
+    }                                                \
+  }
+  INFERA_Q2K_SB(0, 0)
+  for (int64_t b = 0; b < nb; ++b) {
+    if (b % 2 == 0) {
+      _tile_stored(0, c, 64);
+      if (b + 1 < nb) INFERA_Q2K_SB(1, b + 1)
+    } else {
+      _tile_stored(1, c, 64);
+      if (b + 1 < nb) INFERA_Q2K_SB(0, b + 1)
+    }
+    const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc + kScStride * b)));
+    const __m512 dmv = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc + kScStride * b + 32)));
+    __m512i mv[8];  // the rows' mins of sub-blocks 2p, 2p + 1 as int16 pairs (row r's in dword r)
+    for (int p = 0; p < 8; ++p) {
+      const uint8_t* sm = qs + kStride * b + 1024 + 32 * p;
+      const __m128i s0 = _mm_load_si128(reinterpret_cast<const __m128i*>(sm)),
+                    s1 = _mm_load_si128(reinterpret_cast<const __m128i*>(sm + 16));
+      mv[p] = _mm512_srli_epi16(_mm512_cvtepu8_epi16(
+                                    _mm256_set_m128i(_mm_unpackhi_epi8(s0, s1), _mm_unpacklo_epi8(s0, s1))),
+                                4);
+    }
+    for (int t = 0; t < 16; ++t) {
+      __m512i msum = _mm512_setzero_si512();
+      for (int p = 0; p < 8; ++p)
+        msum = _mm512_dpwssd_epi32(msum, mv[p], _mm512_set1_epi32(pairs[(t * nb + b) * 8 + p]));
+      const __m512 da = _mm512_set1_ps(ad[t * nb + b]);
+      const __m512 d = _mm512_mul_ps(dv, da), dmin = _mm512_mul_ps(dmv, da);
+      acc[t] = _mm512_add_ps(acc[t], _mm512_sub_ps(_mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_load_si512(c + 16 * t))),
+                                                   _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(msum))));
+    }
+  }
+#undef INFERA_Q2K_SB
+#pragma GCC unroll 16
+  for (int t = 0; t < 16; ++t) _mm512_mask_storeu_ps(y + t * ldy, mask, acc[t]);
+}
+
 // Sixteen activation rows (tokens) against one Q6_K panel (kPlanes 4, digits of 2 bits) or
 // Q3_K panel (kPlanes 2, digits of 3 bits), from its planes (w) on AMX int8 tiles configured
 // for 64-weight steps: per super-block, A tiles of the tokens' quants (aq, as amx_q4k takes
@@ -860,7 +963,7 @@ template <uint32_t kType>
 inline void matmul(const uint8_t* panels, int64_t k, const Activations& a, int64_t m, int64_t n0, int64_t n1, float* y,
                    int64_t ldy) {
   constexpr bool kK = kType == kQ4_K || kType == kQ5_K, kSix = kType == kQ6_K, kXs = kType == kIQ4_XS;
-  constexpr bool kThree = kType == kQ3_K;
+  constexpr bool kThree = kType == kQ3_K, kTwo = kType == kQ2_K;
   constexpr bool kSub16 = kSix || kThree || kType == kQ2_K;  // (16-weight sub-blocks, dot_q6k)
   constexpr int kOffset = kK || kSub16 ? 0 : Traits<kType>::kOffset;  // (IQ4_XS: 128, per 32 weights)
   // Activation sums a dot step takes per block: Q4_K's 4 pairs of sums of 32, Q6_K's 16 sums
@@ -873,7 +976,7 @@ inline void matmul(const uint8_t* panels, int64_t k, const Activations& a, int64
   // Q4_0 / Q5_0 / IQ4_NL: unpacked per call to signed bytes in Q8_0's layout (unpack_signed),
   // from kAmxRowsAsQ8 rows.
   constexpr bool kAsQ8 = kType == kQ4_0 || kType == kQ5_0 || kType == kIQ4_NL;
-  if ((kType == kQ8_0 || kK || kSix || kThree || kAsQ8) && m >= (kAsQ8 ? kAmxRowsAsQ8 : kAmxRows) &&
+  if ((kType == kQ8_0 || kK || kSix || kThree || kTwo || kAsQ8) && m >= (kAsQ8 ? kAmxRowsAsQ8 : kAmxRows) &&
       vnni::amx::usable()) {
     const int64_t groups = m / 16, tokens = 16 * groups;
     // Q4_K: the tokens' int16 pairs of sums of 32, as the VNNI steps take them.
@@ -882,10 +985,16 @@ inline void matmul(const uint8_t* panels, int64_t k, const Activations& a, int64
       pairs.resize(static_cast<size_t>(tokens * nb * 4));
       sum_pairs(a.bsums.data(), tokens * nb * 4, pairs.data());
     }
+    if (kTwo) {  // Q2_K: the int16 pairs of sums of 16, as its VNNI steps take them
+      pairs.resize(static_cast<size_t>(tokens * nb * 8));
+      for (int64_t i = 0; i < tokens * nb * 8; ++i)
+        pairs[i] = static_cast<int32_t>(static_cast<uint32_t>(static_cast<uint16_t>(a.bsums[2 * i])) |
+                                        static_cast<uint32_t>(static_cast<uint16_t>(a.bsums[2 * i + 1])) << 16);
+    }
     const int32_t* pairs_all = pairs.data();
     // The tokens' quants as A tiles: per group of 16 and step of 32 weights (Q4_K: 64), the
     // 16 tokens' together (rows k apart would fall in a few L1 sets when k is a power of two).
-    constexpr int64_t step = kK || kSix || kThree ? 64 : 32;
+    constexpr int64_t step = kK || kSix || kThree || kTwo ? 64 : 32;
     static thread_local vnni::amx::Aligned64 tiles;
     tiles.resize(static_cast<size_t>(tokens * k));
     for (int64_t g = 0; g < groups; ++g)
@@ -901,7 +1010,8 @@ inline void matmul(const uint8_t* panels, int64_t k, const Activations& a, int64
       // One panel's planes: Q4_K / Q5_K / Q3_K 32 bytes per weight, Q6_K 64; Q4_0 / Q5_0 / IQ4_NL's
       // signed bytes 16.
       static thread_local vnni::amx::Aligned64 planes;
-      if (kK || kSix || kThree || kAsQ8) planes.resize(static_cast<size_t>((kSix ? 64 : kK || kThree ? 32 : 16) * k));
+      if (kK || kSix || kThree || kTwo || kAsQ8)
+        planes.resize(static_cast<size_t>((kSix ? 64 : kK || kThree ? 32 : 16) * k));
 #pragma omp for schedule(dynamic, 1)
       for (int64_t p = 0; p < np; ++p) {
         const uint8_t* sc = first + p * pb;
@@ -914,6 +1024,12 @@ inline void matmul(const uint8_t* panels, int64_t k, const Activations& a, int64
           for (int64_t g = 0; g < groups; ++g)
             amx_q4k<kType>(sc, sc + sbytes, w, tiles_all + 16 * g * k, a.d.data() + 16 * g * nb,
                            pairs_all + 16 * g * nb * 4, k, y + 16 * g * ldy + (j0 - n0), ldy, mask);
+        } else if constexpr (kTwo) {
+          auto* w = reinterpret_cast<uint8_t*>(planes.data());
+          unpack_q2k_plane(sc + sbytes, nb, w);
+          for (int64_t g = 0; g < groups; ++g)
+            amx_q2k(sc, sc + sbytes, w, tiles_all + 16 * g * k, a.d.data() + 16 * g * nb, pairs_all + 16 * g * nb * 8,
+                    k, y + 16 * g * ldy + (j0 - n0), ldy, mask);
         } else if constexpr (kSix || kThree) {
           auto* w = reinterpret_cast<uint8_t*>(planes.data());
           if constexpr (kSix)
@@ -942,7 +1058,7 @@ inline void matmul(const uint8_t* panels, int64_t k, const Activations& a, int64
     rest.k = k;
     rest.q.assign(a.q.begin() + tokens * k, a.q.end());
     rest.d.assign(a.d.begin() + tokens * nb, a.d.end());
-    if (kK || kSix || kThree) rest.bsums.assign(a.bsums.begin() + tokens * nb * 16, a.bsums.end());
+    if (kK || kSix || kThree || kTwo) rest.bsums.assign(a.bsums.begin() + tokens * nb * 16, a.bsums.end());
     matmul<kType>(panels, k, rest, m - tokens, n0, n1, y + tokens * ldy, ldy);
     return;
   }
