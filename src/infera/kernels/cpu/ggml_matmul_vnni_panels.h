@@ -1,6 +1,6 @@
 // The panel types (Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS)
 // from their panels (pack_panels, ggml_quants.h) on AVX-512 VNNI, for every number of activation rows
-// (Q8_0, Q4_K, Q5_K, Q6_K and Q3_K from 16 on AMX tiles, Q4_0 / Q5_0 / IQ4_NL from 128): the same
+// (Q8_0, Q4_K, Q5_K, Q6_K, Q3_K and Q2_K from 16 on AMX tiles, Q4_0 / Q5_0 / IQ4_NL from 128): the same
 // values as the generic loops of ggml_matmul_impl.h, bit for bit.
 //
 // A panel's 64-byte part is four weights of each of its 16 rows in the low nibbles and the
@@ -943,10 +943,11 @@ __attribute__((target("amx-tile,amx-int8"))) inline void amx_q6k(const uint8_t* 
   for (int t = 0; t < 16; ++t) _mm512_mask_storeu_ps(y + t * ldy, mask, acc[t]);
 }
 
-// Q8_0 and Q4_K / Q5_K / Q6_K / Q3_K calls of at least this many rows run their whole groups of 16 on AMX
+// Q8_0 and Q4_K / Q5_K / Q6_K / Q3_K / Q2_K calls of at least this many rows run their whole groups of 16 on AMX
 // (the rest, and smaller calls, on the VNNI steps: 1.8-2.7x AMX's rows-in-place tiles at 8 tokens;
 // Q6_K's four planes against its VNNI steps: 0.96-1.31x at 16 tokens, 0.94-1.55x at 32, 1.5-2x
-// at 64; Q3_K's two 1.25-1.33x at 16, 1.8-2x at 32, 2.4-2.7x at 64, 2.7-3.2x at 256;
+// at 64; Q3_K's two 1.25-1.33x at 16, 1.8-2x at 32, 2.4-2.7x at 64, 2.7-3.2x at 256; Q2_K's
+// one 1.5x at 16, 1.8-2x at 32, 2.1-2.3x at 64, 2.4-2.6x at 256;
 // kernels_bench 2048 x 5632, one and two threads).
 constexpr int64_t kAmxRows = 16;
 // Q4_0 / Q5_0 / IQ4_NL from this many: their tiles are Q8_0's, a vector step per 32-weight
