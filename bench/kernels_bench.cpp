@@ -14,11 +14,13 @@
 //   Quantized (w8a8 / w4a8 / w4a16, group 32, repacked panels as loaded by a model): same
 //     shape, m = 1 (decode GEMV) and 64 (prefill GEMM); counter GOP/s = 2 m n k per second
 //     (int8 or f32 operations, whichever the scheme computes in).
-//   GGUF block types (Q4_K, Q6_K, Q8_0; random blocks): same shape, m = 1 and 64, through
+//   GGUF block types (every type with a matmul; random blocks), m = 1 to 256, through
 //     kernels::matmul on a DType::kGgml matrix as a GGUF model binds it; counter GOP/s =
 //     2 m n k per second and GB/s = block bytes streamed per second. The fourth argument
 //     picks the shape: 0 the 2048 x 5632 above (down_proj), 1 its transpose 5632 x 2048
-//     (gate / up: rows of 2048 weights, as most of a 2048-wide model's matrices have).
+//     (gate / up: rows of 2048 weights, as most of a 2048-wide model's matrices have); the
+//     fifth asks for AMX prefill, the sixth for the load-time panels; the label names the
+//     ISA path, and "amx" / "panels" where that path took them.
 //   Attention decode: one sequence, ctx 4096, 32 query / 8 kv heads, head_dim 128, f32 KV
 //     in 16-slot blocks; counter GB/s = K and V bytes read per second.
 // The last argument of every benchmark is the thread count. The machine is shared, so each
@@ -35,6 +37,7 @@
 
 #include <benchmark/benchmark.h>
 
+#include "infera/base/cpu.h"
 #include "infera/base/threads.h"
 #include "infera/kernels/ggml_quants.h"
 #include "infera/kernels/kernels.h"
@@ -215,6 +218,11 @@ void BM_GgmlMatmul(benchmark::State& state) {
   infera::set_num_threads(static_cast<int>(state.range(2)));
   const int64_t rows = state.range(3) == 0 ? kN : kK, cols = state.range(3) == 0 ? kK : kN;
   ggml::set_ggml_amx(state.range(4) != 0);  // prefill on AMX tiles where the CPU has them, or the VNNI tiles
+  // The label names the path that ran: the ISA (INFERA_ISA caps it), AMX where the tiles are
+  // usable, panels where that path reads them (the avx512 one).
+  const infera::Isa isa = infera::best_isa();
+  const bool amx = state.range(4) != 0 && isa == infera::Isa::kAvx512 && infera::amx_unavailable_reason() == nullptr;
+  const bool panels = state.range(5) != 0 && isa == infera::Isa::kAvx512;
   const int64_t rb = ggml::row_bytes(type, cols), ts = ggml::type_size(type);
   // A decode step reads its weights from memory (a model's are far larger than the caches):
   // m = 1 cycles through copies of the matrix that together exceed them.
@@ -263,7 +271,7 @@ void BM_GgmlMatmul(benchmark::State& state) {
                              : type == ggml::kQ3_K   ? "q3_k"
                              : type == ggml::kQ2_K   ? "q2_k"
                                                    : "iq4_xs") +
-                 (m > 1 && state.range(4) != 0 ? " amx" : "") + (state.range(5) != 0 ? " panels" : ""));
+                 " " + infera::isa_name(isa) + (m > 1 && amx ? " amx" : "") + (panels ? " panels" : ""));
   ggml::set_ggml_amx(true);
   state.counters["GOP/s"] =
       benchmark::Counter(2.0 * m * rows * cols * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
