@@ -673,6 +673,21 @@ __attribute__((target("amx-tile,amx-int8"))) inline void amx_q4k(const uint8_t* 
 }
 
 // ---- Q6_K on AMX int8 tiles ----
+// The 16 rows' sub-scale bytes at p (row r's at byte r) as byte masks of their bits 0 ..
+// kBits - 1: row r's bit set in bytes 4 r .. 4 r + 3, the dword lane its weights take in a
+// plane's B tile rows.
+template <int kBits>
+inline void scale_bit_masks(const uint8_t* p, __mmask64* mask) {
+  const __m128i s16 = _mm_load_si128(reinterpret_cast<const __m128i*>(p));
+  // Rows 4 L .. 4 L + 3 in 128-bit lane L, each byte spread to its row's four.
+  const __m512i lanes = _mm512_inserti64x4(
+      _mm512_castsi256_si512(_mm256_inserti128_si256(_mm256_castsi128_si256(s16), _mm_srli_si128(s16, 4), 1)),
+      _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_srli_si128(s16, 8)), _mm_srli_si128(s16, 12), 1), 1);
+  const __m512i sv =
+      _mm512_shuffle_epi8(lanes, _mm512_broadcast_i32x4(_mm_setr_epi8(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3)));
+  for (int i = 0; i < kBits; ++i) mask[i] = _mm512_test_epi8_mask(sv, _mm512_set1_epi8(static_cast<char>(1 << i)));
+}
+
 // A panel's super-blocks made ready for the tiles as the rows' path does it (vnni::amx::
 // prepare_q6_k): the signed sub-scale s = 64 d3 + 16 d2 + 4 d1 + d0 (d0-d2 in 0..3, d3 =
 // b6 - 2 b7 in -2..1) and plane p holds d_p x w, w = u - 32 (|.| <= 96, signed bytes), so
@@ -684,25 +699,13 @@ __attribute__((target("amx-tile,amx-int8"))) inline void amx_q4k(const uint8_t* 
 inline void unpack_q6k_planes(const uint8_t* qs, int64_t nb, uint8_t* out) {
   constexpr int kStride = panel_quant_stride(kQ6_K);
   const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30), c32 = _mm512_set1_epi8(32);
-  alignas(64) int8_t spread[64];  // byte 4 r + e <- row r's scale
-  for (int i = 0; i < 64; ++i) spread[i] = static_cast<int8_t>(i / 4 % 4);
-  const __m512i spread_v = _mm512_load_si512(spread);
-  __m512i bit[8];
-  for (int i = 0; i < 8; ++i) bit[i] = _mm512_set1_epi8(static_cast<char>(1 << i));
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* sb_qs = qs + kStride * b;
     for (int l = 0; l < kStride / 64; ++l)
       _mm_prefetch(reinterpret_cast<const char*>(sb_qs + kStride + 64 * l), _MM_HINT_T0);
     for (int sb = 0; sb < 16; ++sb) {
-      // Rows 4 L .. 4 L + 3 in 128-bit lane L: the lane's four scales, each to its row's 4 bytes.
-      const __m128i s16 = _mm_load_si128(reinterpret_cast<const __m128i*>(sb_qs + 3072 + 16 * sb));
-      const __m512i sv = _mm512_shuffle_epi8(
-          _mm512_inserti64x4(
-              _mm512_castsi256_si512(_mm256_inserti128_si256(_mm256_castsi128_si256(s16), _mm_srli_si128(s16, 4), 1)),
-              _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_srli_si128(s16, 8)), _mm_srli_si128(s16, 12), 1), 1),
-          spread_v);
       __mmask64 mask[8];
-      for (int i = 0; i < 8; ++i) mask[i] = _mm512_test_epi8_mask(sv, bit[i]);
+      scale_bit_masks<8>(sb_qs + 3072 + 16 * sb, mask);
       const int c = sb / 2, v = sb % 2;
       const __m512i hb = _mm512_load_si512(sb_qs + 2048 + 128 * c + 64 * v);
       for (int h = 0; h < 2; ++h) {
@@ -731,92 +734,48 @@ inline void unpack_q6k_planes(const uint8_t* qs, int64_t nb, uint8_t* out) {
 // A Q3_K panel's super-blocks made ready for the same tiles in two planes: the signed
 // sub-scale s = 8 hi + lo (lo = bits 0-2 in 0..7, hi = b3 + 2 b4 - 4 b5 in -4..3, s being in
 // -32..31) and plane 0 holds lo x w, plane 1 hi x w, w = u - 4 in -4..3 (|.| <= 28), so
-// C_0 + 8 C_1 over a super-block is the generic path's sum of s x (w · quants), exactly. Per
-// super-block 8 KB: per 64-weight chunk J (2 KB) plane p's B tile at 1024 p, dword-rows as
-// unpack_q6k_planes lays them out.
-inline void unpack_q3k_planes(const uint8_t* qs, int64_t nb, uint8_t* out) {
-  constexpr int kStride = panel_quant_stride(kQ3_K);
+// C_0 + 8 C_1 over a super-block is the generic path's sum of s x (w · quants), exactly.
+// A Q2_K panel's in one plane: the sub-scale (the low four bits of its stored byte, 0..15)
+// times w (0..3), at most 45, so C is the generic sum of s x (w · quants); its mins stay with
+// the vector steps (amx_q2k). Per super-block 4 KB a plane: per 64-weight chunk J plane p's B
+// tile at 1024 (kPlanes J + p), dword-rows as unpack_q6k_planes lays them out.
+template <uint32_t kType>
+inline void unpack_two_bit_planes(const uint8_t* qs, int64_t nb, uint8_t* out) {
+  constexpr bool kThree = kType == kQ3_K;
+  constexpr int kStride = panel_quant_stride(kType), kScales = kThree ? 1536 : 1024, kBits = kThree ? 6 : 4;
+  constexpr int kPlanes = kThree ? 2 : 1;
   const __m512i m3 = _mm512_set1_epi8(3), four = _mm512_set1_epi8(4);
-  alignas(64) int8_t spread[64];  // byte 4 r + e <- row r's scale
-  for (int i = 0; i < 64; ++i) spread[i] = static_cast<int8_t>(i / 4 % 4);
-  const __m512i spread_v = _mm512_load_si512(spread);
-  __m512i bit[6];
-  for (int i = 0; i < 6; ++i) bit[i] = _mm512_set1_epi8(static_cast<char>(1 << i));
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* sb_qs = qs + kStride * b;
     for (int l = 0; l < kStride / 64; ++l)
       _mm_prefetch(reinterpret_cast<const char*>(sb_qs + kStride + 64 * l), _MM_HINT_T0);
     for (int sb = 0; sb < 16; ++sb) {
-      const __m128i s16 = _mm_load_si128(reinterpret_cast<const __m128i*>(sb_qs + 1536 + 16 * sb));
-      const __m512i sv = _mm512_shuffle_epi8(
-          _mm512_inserti64x4(
-              _mm512_castsi256_si512(_mm256_inserti128_si256(_mm256_castsi128_si256(s16), _mm_srli_si128(s16, 4), 1)),
-              _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_srli_si128(s16, 8)), _mm_srli_si128(s16, 12), 1), 1),
-          spread_v);
-      __mmask64 mask[6];
-      for (int i = 0; i < 6; ++i) mask[i] = _mm512_test_epi8_mask(sv, bit[i]);
+      __mmask64 mask[kBits];
+      scale_bit_masks<kBits>(sb_qs + kScales + 16 * sb, mask);
       const int c = sb / 2, v = sb % 2;
       const __m512i hb = _mm512_load_si512(sb_qs + 128 * c + 64 * v);
       for (int h = 0; h < 2; ++h) {
         for (int o = 0; o < 2; ++o) {
-          uint64_t third;
-          std::memcpy(&third, sb_qs + 1024 + 64 * c + 8 * (4 * v + 2 * h + o), 8);
-          // u = the two low bits + 4 where the third is set; w = u - 4.
-          const __m512i q2 = _mm512_and_si512(_mm512_srli_epi16(hb, 4 * h + 2 * o), m3);
-          const __m512i w = _mm512_sub_epi8(_mm512_mask_add_epi8(q2, _cvtu64_mask64(third), q2, four), four);
+          __m512i w = _mm512_and_si512(_mm512_srli_epi16(hb, 4 * h + 2 * o), m3);
+          if constexpr (kThree) {  // + 4 where the third bit is set, then w = u - 4
+            uint64_t third;
+            std::memcpy(&third, sb_qs + 1024 + 64 * c + 8 * (4 * v + 2 * h + o), 8);
+            w = _mm512_sub_epi8(_mm512_mask_add_epi8(w, _cvtu64_mask64(third), w, four), four);
+          }
           const __m512i w2 = _mm512_add_epi8(w, w), w4 = _mm512_add_epi8(w2, w2);
-          uint8_t* dst = out + 8192 * b + 2048 * (sb / 4) + 64 * (4 * (sb % 4) + 2 * h + o);
-          __m512i p0 = _mm512_maskz_mov_epi8(mask[0], w);
+          uint8_t* dst = out + 4096 * kPlanes * b + 1024 * kPlanes * (sb / 4) + 64 * (4 * (sb % 4) + 2 * h + o);
+          __m512i p0 = _mm512_maskz_mov_epi8(mask[0], w);  // (b0 + 2 b1 + 4 b2 [+ 8 b3]) w
           p0 = _mm512_mask_add_epi8(p0, mask[1], p0, w2);
           p0 = _mm512_mask_add_epi8(p0, mask[2], p0, w4);
-          __m512i p1 = _mm512_maskz_mov_epi8(mask[3], w);
-          p1 = _mm512_mask_add_epi8(p1, mask[4], p1, w2);
-          p1 = _mm512_mask_sub_epi8(p1, mask[5], p1, w4);
+          if constexpr (kThree) {
+            __m512i p1 = _mm512_maskz_mov_epi8(mask[3], w);  // (b3 + 2 b4 - 4 b5) w
+            p1 = _mm512_mask_add_epi8(p1, mask[4], p1, w2);
+            p1 = _mm512_mask_sub_epi8(p1, mask[5], p1, w4);
+            _mm512_store_si512(dst + 1024, p1);
+          } else {
+            p0 = _mm512_mask_add_epi8(p0, mask[3], p0, _mm512_add_epi8(w4, w4));
+          }
           _mm512_store_si512(dst, p0);
-          _mm512_store_si512(dst + 1024, p1);
-        }
-      }
-    }
-  }
-}
-
-// A Q2_K panel's super-blocks made ready for the tiles in one plane: the sub-scale s (the
-// low four bits of its stored byte, 0..15) times w (0..3), at most 45, a signed byte, so C
-// over a super-block is the generic path's sum of s x (w · quants); the mins stay with the
-// vector steps (amx_q2k). Per super-block 4 KB: per 64-weight chunk J a B tile at 1024 J,
-// dword-rows as unpack_q6k_planes lays them out.
-inline void unpack_q2k_plane(const uint8_t* qs, int64_t nb, uint8_t* out) {
-  constexpr int kStride = panel_quant_stride(kQ2_K);
-  const __m512i m3 = _mm512_set1_epi8(3);
-  alignas(64) int8_t spread[64];  // byte 4 r + e <- row r's scale byte
-  for (int i = 0; i < 64; ++i) spread[i] = static_cast<int8_t>(i / 4 % 4);
-  const __m512i spread_v = _mm512_load_si512(spread);
-  __m512i bit[4];
-  for (int i = 0; i < 4; ++i) bit[i] = _mm512_set1_epi8(static_cast<char>(1 << i));
-  for (int64_t b = 0; b < nb; ++b) {
-    const uint8_t* sb_qs = qs + kStride * b;
-    for (int l = 0; l < kStride / 64; ++l)
-      _mm_prefetch(reinterpret_cast<const char*>(sb_qs + kStride + 64 * l), _MM_HINT_T0);
-    for (int sb = 0; sb < 16; ++sb) {
-      const __m128i s16 = _mm_load_si128(reinterpret_cast<const __m128i*>(sb_qs + 1024 + 16 * sb));
-      const __m512i sv = _mm512_shuffle_epi8(
-          _mm512_inserti64x4(
-              _mm512_castsi256_si512(_mm256_inserti128_si256(_mm256_castsi128_si256(s16), _mm_srli_si128(s16, 4), 1)),
-              _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_srli_si128(s16, 8)), _mm_srli_si128(s16, 12), 1), 1),
-          spread_v);
-      __mmask64 mask[4];
-      for (int i = 0; i < 4; ++i) mask[i] = _mm512_test_epi8_mask(sv, bit[i]);
-      const int c = sb / 2, v = sb % 2;
-      const __m512i hb = _mm512_load_si512(sb_qs + 128 * c + 64 * v);
-      for (int h = 0; h < 2; ++h) {
-        for (int o = 0; o < 2; ++o) {
-          const __m512i w = _mm512_and_si512(_mm512_srli_epi16(hb, 4 * h + 2 * o), m3);
-          const __m512i w2 = _mm512_add_epi8(w, w), w4 = _mm512_add_epi8(w2, w2), w8 = _mm512_add_epi8(w4, w4);
-          __m512i p = _mm512_maskz_mov_epi8(mask[0], w);
-          p = _mm512_mask_add_epi8(p, mask[1], p, w2);
-          p = _mm512_mask_add_epi8(p, mask[2], p, w4);
-          p = _mm512_mask_add_epi8(p, mask[3], p, w8);
-          _mm512_store_si512(out + 4096 * b + 1024 * (sb / 4) + 64 * (4 * (sb % 4) + 2 * h + o), p);
         }
       }
     }
@@ -1027,7 +986,7 @@ inline void matmul(const uint8_t* panels, int64_t k, const Activations& a, int64
                            pairs_all + 16 * g * nb * 4, k, y + 16 * g * ldy + (j0 - n0), ldy, mask);
         } else if constexpr (kTwo) {
           auto* w = reinterpret_cast<uint8_t*>(planes.data());
-          unpack_q2k_plane(sc + sbytes, nb, w);
+          unpack_two_bit_planes<kQ2_K>(sc + sbytes, nb, w);
           for (int64_t g = 0; g < groups; ++g)
             amx_q2k(sc, sc + sbytes, w, tiles_all + 16 * g * k, a.d.data() + 16 * g * nb, pairs_all + 16 * g * nb * 8,
                     k, y + 16 * g * ldy + (j0 - n0), ldy, mask);
@@ -1036,7 +995,7 @@ inline void matmul(const uint8_t* panels, int64_t k, const Activations& a, int64
           if constexpr (kSix)
             unpack_q6k_planes(sc + sbytes, nb, w);
           else
-            unpack_q3k_planes(sc + sbytes, nb, w);
+            unpack_two_bit_planes<kQ3_K>(sc + sbytes, nb, w);
           for (int64_t g = 0; g < groups; ++g)
             amx_q6k<kSix ? 4 : 2>(sc, w, tiles_all + 16 * g * k, a.d.data() + 16 * g * nb, k,
                                   y + 16 * g * ldy + (j0 - n0), ldy, mask);
