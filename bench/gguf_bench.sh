@@ -18,7 +18,9 @@
 # NO_AMX=1 compares the two engines without AMX on a CPU that has it: Infera with INFERA_AMX=0,
 # llama.cpp from an overlay of tests/conformance/node_modules in WORK_DIR without its
 # sapphirerapids CPU variant (the one with ggml's AMX repacking), so it loads its next best
-# (AVX-512 VNNI / BF16). The llama.cpp CPU variant loaded is printed.
+# (AVX-512 VNNI / BF16). AVX2=1 compares them on AVX2 alone: Infera with INFERA_ISA=avx2,
+# llama.cpp from an overlay without any variant that has AVX-512 or AVX-VNNI (so its haswell
+# one). The llama.cpp CPU variant loaded is printed.
 # Printed only; not a test. Numbers move with other load on a shared machine: the load
 # average is printed before and after.
 set -euo pipefail
@@ -73,10 +75,12 @@ field() { $py -c "import json,sys; print(json.loads(sys.stdin.read().strip().spl
 best() { $py -c "import sys; print(max(float(v) for v in sys.argv[1:]))" "$@"; }
 
 nlc_node=(node)
-if [ "${NO_AMX:-0}" = 1 ]; then
-  export INFERA_AMX=0
-  nlc="$work/nlc_noamx/node_modules"
-  src="$repo/tests/conformance/node_modules"
+# An overlay of tests/conformance/node_modules in WORK_DIR/$1 whose linux-x64 package lacks the
+# CPU variants named after it, so llama.cpp loads its best remaining one.
+llama_overlay() {
+  local name="$1"
+  shift
+  local nlc="$work/$name/node_modules" src="$repo/tests/conformance/node_modules"
   if [ ! -d "$nlc/@node-llama-cpp/linux-x64" ]; then
     mkdir -p "$nlc/@node-llama-cpp"
     for e in "$src"/* "$src"/.bin; do
@@ -86,10 +90,19 @@ if [ "${NO_AMX:-0}" = 1 ]; then
       [ "$(basename "$e")" = linux-x64 ] || ln -sfn "$e" "$nlc/@node-llama-cpp/$(basename "$e")"
     done
     cp -r "$src/@node-llama-cpp/linux-x64" "$nlc/@node-llama-cpp/"
-    rm -f "$nlc/@node-llama-cpp/linux-x64/bins/linux-x64/libggml-cpu-sapphirerapids.so"
+    for v in "$@"; do rm -f "$nlc/@node-llama-cpp/linux-x64/bins/linux-x64/libggml-cpu-$v.so"; done
   fi
-  export NLC_ROOT="$work/nlc_noamx"
+  export NLC_ROOT="$work/$name"
   nlc_node=(node --preserve-symlinks --preserve-symlinks-main)  # (the overlay's own linux-x64)
+}
+if [ "${AVX2:-0}" = 1 ]; then
+  # Both engines on AVX2 only: Infera's avx2 path, llama.cpp's haswell variant (AVX2 / FMA /
+  # F16C: every variant with AVX-512 or AVX-VNNI removed).
+  export INFERA_ISA=avx2
+  llama_overlay nlc_avx2 sapphirerapids zen4 cooperlake cascadelake icelake cannonlake skylakex alderlake
+elif [ "${NO_AMX:-0}" = 1 ]; then
+  export INFERA_AMX=0
+  llama_overlay nlc_noamx sapphirerapids
 fi
 first_type="${types%% *}"
 echo "llama.cpp $(NLC_LOG=1 "${nlc_node[@]}" "$repo/bench/llamacpp_speed.mjs" "model_$first_type.gguf" 1 8 1 2>&1 |
