@@ -102,18 +102,15 @@ inline void dec_q8_0(const uint8_t* b, int64_t nb, const RowOut& o) {
   }
 }
 
-// Q4_0 (levels q - 8) and IQ4_NL (levels kIq4nlValues[q]).
-template <bool kNl>
-inline void dec_q4_0(const uint8_t* b, int64_t nb, const RowOut& o) {
+// IQ4_NL: the nibbles looked up in kIq4nlValues.
+inline void dec_iq4_nl(const uint8_t* b, int64_t nb, const RowOut& o) {
   const __m128i lut = _mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4nlValues));
-  const __m128i eight = _mm_set1_epi8(8);
   for (int64_t i = 0; i < nb; ++i, b += 18) {
     if (o.pf != 0) prefetch_block(b + o.pf, 18);
     o.d[i * o.ds] = half_f16c(b);
     const __m128i v = load128(b + 2);
-    const __m128i lo = nibbles_lo(v), hi = nibbles_hi(v);
-    store128(o.w + 32 * i, kNl ? _mm_shuffle_epi8(lut, lo) : _mm_sub_epi8(lo, eight));
-    store128(o.w + 32 * i + 16, kNl ? _mm_shuffle_epi8(lut, hi) : _mm_sub_epi8(hi, eight));
+    store128(o.w + 32 * i, _mm_shuffle_epi8(lut, nibbles_lo(v)));
+    store128(o.w + 32 * i + 16, _mm_shuffle_epi8(lut, nibbles_hi(v)));
   }
 }
 
@@ -290,25 +287,11 @@ inline void dec_q3_k(const uint8_t* b, int64_t nb, const RowOut& o) {
   }
 }
 
-// Any other type: the generic decoder, copied into the tile.
-inline void dec_generic(uint32_t type, const uint8_t* b, int64_t k, const RowOut& o) {
-  static thread_local DecodedRow r;
-  if (o.pf != 0) prefetch_block(b + o.pf, static_cast<int>(row_bytes(type, k)));
-  decode_row(type, b, k, r);
-  std::memcpy(o.w, r.w.data(), static_cast<size_t>(k));
-  for (size_t i = 0; i < r.d.size(); ++i) o.d[i * o.ds] = r.d[i];
-  if (block_size(type) == 256) {
-    for (size_t i = 0; i < r.dmin.size(); ++i) o.dmin[i * o.ds] = r.dmin[i];
-    std::memcpy(o.sc, r.sc.data(), r.sc.size() * sizeof(int16_t));
-    std::memcpy(o.mn, r.mn.data(), r.mn.size() * sizeof(int16_t));
-  }
-}
-
 inline void decode_into(uint32_t type, const uint8_t* b, int64_t k, const RowOut& o) {
   switch (type) {
     case kQ8_0: dec_q8_0(b, k / 32, o); return;
-    case kQ4_0: dec_q4_0<false>(b, k / 32, o); return;
-    case kIQ4_NL: dec_q4_0<true>(b, k / 32, o); return;
+    case kQ4_0: dec_q45<false, false>(b, k / 32, o); return;
+    case kIQ4_NL: dec_iq4_nl(b, k / 32, o); return;
     case kQ4_K: dec_q45_k<false>(b, k / 256, o); return;
     case kQ5_K: dec_q45_k<true>(b, k / 256, o); return;
     case kQ6_K: dec_q6_k(b, k / 256, o); return;
@@ -318,7 +301,7 @@ inline void decode_into(uint32_t type, const uint8_t* b, int64_t k, const RowOut
     case kQ5_1: dec_q45<true, true>(b, k / 32, o); return;
     case kQ2_K: dec_q2_k(b, k / 256, o); return;
     case kQ3_K: dec_q3_k(b, k / 256, o); return;
-    default: dec_generic(type, b, k, o); return;
+    default: return;  // (none other: matmul_rows admits only the types has_matmul names)
   }
 }
 

@@ -360,6 +360,23 @@ inline DotFn dot_q4k_for(int kt, int rows) {
   return dot_by_shape(kt, rows, []<int kNt, int kT>() -> DotFn { return dot_q4k<kType, kNt, kT, kPre>; });
 }
 
+// Q2_K's mins: the rows' mins of sub-blocks 2 p, 2 p + 1 as int16 pairs (row r's in dword r),
+// from the panel's stored scale / min bytes of those sub-blocks at sm (16 rows each).
+inline __m512i q2k_min_pairs(const uint8_t* sm) {
+  const __m128i s0 = _mm_load_si128(reinterpret_cast<const __m128i*>(sm)),
+                s1 = _mm_load_si128(reinterpret_cast<const __m128i*>(sm + 16));
+  return _mm512_srli_epi16(_mm512_cvtepu8_epi16(_mm256_set_m128i(_mm_unpackhi_epi8(s0, s1), _mm_unpacklo_epi8(s0, s1))),
+                           4);
+}
+
+// The activation side of Q2_K's mins: n dwords, each the int16 pair of two consecutive Q8_K
+// sums of 16 (exact: |sum| <= 2032).
+inline void pairs_of_16(const int32_t* bsums, int64_t n, int32_t* out) {
+  for (int64_t i = 0; i < n; ++i)
+    out[i] = static_cast<int32_t>(static_cast<uint32_t>(static_cast<uint16_t>(bsums[2 * i])) |
+                                  static_cast<uint32_t>(static_cast<uint16_t>(bsums[2 * i + 1])) << 16);
+}
+
 // ---- Q6_K and Q3_K ----
 // sum[kSumStride n + u] lane r += row r of panel u · activation row n over super-blocks [b0, b1):
 // per 16-weight sub-block s, the quants u = w + 32 put together from the nibbles and the two
@@ -449,13 +466,7 @@ inline void dot_q6k(const uint8_t* const* sc, const uint8_t* const* qs, int64_t 
         __m512i msum[kNt];
         for (int n = 0; n < kNt; ++n) msum[n] = _mm512_setzero_si512();
         for (int p = 0; p < 8; ++p) {
-          // The rows' mins of sub-blocks 2p, 2p + 1 as int16 pairs (row r's in dword r).
-          const uint8_t* sm = qs[u] + kStride * b + kScales + 32 * p;
-          const __m128i s0 = _mm_load_si128(reinterpret_cast<const __m128i*>(sm)),
-                        s1 = _mm_load_si128(reinterpret_cast<const __m128i*>(sm + 16));
-          const __m512i mv = _mm512_srli_epi16(_mm512_cvtepu8_epi16(_mm256_set_m128i(_mm_unpackhi_epi8(s0, s1),
-                                                                                     _mm_unpacklo_epi8(s0, s1))),
-                                               4);
+          const __m512i mv = q2k_min_pairs(qs[u] + kStride * b + kScales + 32 * p);
           for (int n = 0; n < kNt; ++n)
             msum[n] = _mm512_dpwssd_epi32(msum[n], mv, _mm512_set1_epi32(a.corr[n][8 * b + p]));
         }
@@ -818,15 +829,8 @@ __attribute__((target("amx-tile,amx-int8"))) inline void amx_q2k(const uint8_t* 
     }
     const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc + kScStride * b)));
     const __m512 dmv = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc + kScStride * b + 32)));
-    __m512i mv[8];  // the rows' mins of sub-blocks 2p, 2p + 1 as int16 pairs (row r's in dword r)
-    for (int p = 0; p < 8; ++p) {
-      const uint8_t* sm = qs + kStride * b + 1024 + 32 * p;
-      const __m128i s0 = _mm_load_si128(reinterpret_cast<const __m128i*>(sm)),
-                    s1 = _mm_load_si128(reinterpret_cast<const __m128i*>(sm + 16));
-      mv[p] = _mm512_srli_epi16(_mm512_cvtepu8_epi16(
-                                    _mm256_set_m128i(_mm_unpackhi_epi8(s0, s1), _mm_unpacklo_epi8(s0, s1))),
-                                4);
-    }
+    __m512i mv[8];
+    for (int p = 0; p < 8; ++p) mv[p] = q2k_min_pairs(qs + kStride * b + 1024 + 32 * p);
     for (int t = 0; t < 16; ++t) {
       __m512i msum = _mm512_setzero_si512();
       for (int p = 0; p < 8; ++p)
@@ -947,9 +951,7 @@ inline void matmul(const uint8_t* panels, int64_t k, const Activations& a, int64
     }
     if (kTwo) {  // Q2_K: the int16 pairs of sums of 16, as its VNNI steps take them
       pairs.resize(static_cast<size_t>(tokens * nb * 8));
-      for (int64_t i = 0; i < tokens * nb * 8; ++i)
-        pairs[i] = static_cast<int32_t>(static_cast<uint32_t>(static_cast<uint16_t>(a.bsums[2 * i])) |
-                                        static_cast<uint32_t>(static_cast<uint16_t>(a.bsums[2 * i + 1])) << 16);
+      pairs_of_16(a.bsums.data(), tokens * nb * 8, pairs.data());
     }
     const int32_t* pairs_all = pairs.data();
     // The tokens' quants as A tiles: per group of 16 and step of 32 weights (Q4_K: 64), the
@@ -1031,9 +1033,7 @@ inline void matmul(const uint8_t* panels, int64_t k, const Activations& a, int64
     sum_pairs(a.bsums.data(), m * nb * 4, corr.data());
   }
   if constexpr (kType == kQ2_K) {  // int16 pairs of sums of 16, for the mins
-    for (int64_t i = 0; i < m * nb * 8; ++i)
-      corr[i] = static_cast<int32_t>(static_cast<uint32_t>(static_cast<uint16_t>(a.bsums[2 * i])) |
-                                     static_cast<uint32_t>(static_cast<uint16_t>(a.bsums[2 * i + 1])) << 16);
+    pairs_of_16(a.bsums.data(), m * nb * 8, corr.data());
   } else if constexpr (kSub16) {
     for (int64_t i = 0; i < m * nb * 16; ++i) corr[i] = (kSix ? 32 : 4) * a.bsums[i];
   }

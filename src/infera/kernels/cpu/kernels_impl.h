@@ -573,8 +573,9 @@ void gemm(const float* x, int64_t m, int64_t k, const typename Weights<D>::T* w,
   const int64_t tasks = n_panels * m_chunks;
   static thread_local Scratch panel_scratch;
 #if INFERA_SIMD_LEVEL == 2
-  const bool amx = kHasDotPath<D> && bf16_dot_enabled() && m >= 16 && bf16_amx_enabled();
-  const bool dot = kHasDotPath<D> && bf16_dot_enabled() && (amx || bf16_vector_dot());
+  const bool bf16_products = kHasDotPath<D> && bf16_dot_enabled();
+  const bool amx = bf16_products && m >= 16 && bf16_amx_enabled();
+  const bool dot = bf16_products && (amx || bf16_vector_dot());
   static thread_local Scratch x_scratch;
   const int64_t kp = (k + 1) / 2;
   uint32_t* xb = nullptr;
@@ -696,11 +697,11 @@ std::string matmul_path(DType d) {
         "x into two (three products, below 2^-17 |x w| per term), on packed bf16-pair panels (" +
         prefill + " for the last < 16 tokens and k slices not a multiple of 32)";
   }
-  if (d == DType::kBF16 && INFERA_SIMD_LEVEL == 2 && bf16_dot_enabled() && bf16_vector_dot()) {
-    prefill =
-        std::string(isa) + " vdpbf16ps (AVX512_BF16) " + tile + " tiles on packed bf16-pair panels, x rounded to bf16";
-  }
   if (d == DType::kBF16 && INFERA_SIMD_LEVEL == 2 && bf16_dot_enabled()) {
+    if (bf16_vector_dot()) {
+      prefill = std::string(isa) + " vdpbf16ps (AVX512_BF16) " + tile +
+                " tiles on packed bf16-pair panels, x rounded to bf16";
+    }
     if (bf16_amx_enabled()) {
       prefill =
           "AMX tdpbf16ps tiles, 32 tokens x 32 rows per pass, on packed bf16-pair panels, x rounded to bf16 "
