@@ -219,10 +219,10 @@ void BM_GgmlMatmul(benchmark::State& state) {
   const int64_t rows = state.range(3) == 0 ? kN : kK, cols = state.range(3) == 0 ? kK : kN;
   ggml::set_ggml_amx(state.range(4) != 0);  // prefill on AMX tiles where the CPU has them, or the VNNI tiles
   // The label names the path that ran: the ISA (INFERA_ISA caps it), AMX where the tiles are
-  // usable, panels where that path reads them (the avx512 one).
+  // usable, panels where that path reads them (avx512, avx2).
   const infera::Isa isa = infera::best_isa();
   const bool amx = state.range(4) != 0 && isa == infera::Isa::kAvx512 && infera::amx_unavailable_reason() == nullptr;
-  const bool panels = state.range(5) != 0 && isa == infera::Isa::kAvx512;
+  const bool panels = state.range(5) != 0 && isa != infera::Isa::kScalar;
   const int64_t rb = ggml::row_bytes(type, cols), ts = ggml::type_size(type);
   // A decode step reads its weights from memory (a model's are far larger than the caches):
   // m = 1 cycles through copies of the matrix that together exceed them.

@@ -326,7 +326,7 @@ void dequantize_row(uint32_t type, const void* src, float* dst, int64_t n) {
 void matmul_rows_scalar(uint32_t type, const void* data, int64_t row_bytes, int64_t k, const float* x, int64_t m,
                         int64_t n0, int64_t n1, float* y, int64_t ldy);
 void matmul_rows_avx2(uint32_t type, const void* data, int64_t row_bytes, int64_t k, const float* x, int64_t m,
-                      int64_t n0, int64_t n1, float* y, int64_t ldy);
+                      int64_t n0, int64_t n1, float* y, int64_t ldy, const uint8_t* panels);
 void matmul_rows_avx512(uint32_t type, const void* data, int64_t row_bytes, int64_t k, const float* x, int64_t m,
                         int64_t n0, int64_t n1, float* y, int64_t ldy, const uint8_t* panels);
 
@@ -346,12 +346,10 @@ void matmul_rows(Isa isa, uint32_t type, const void* data, int64_t k, const floa
   INFERA_ASSERT(m >= 0 && 0 <= n0 && n0 <= n1 && ldy >= n1 - n0);
   if (m == 0 || n1 == n0) return;
   const int64_t rb = row_bytes(type, k);
+  const uint8_t* p = can_pack_panels(type) && n0 % kPanelRows == 0 ? panels : nullptr;
   switch (isa) {
-    case Isa::kAvx512:
-      matmul_rows_avx512(type, data, rb, k, x, m, n0, n1, y, ldy,
-                         can_pack_panels(type) && n0 % kPanelRows == 0 ? panels : nullptr);
-      return;
-    case Isa::kAvx2: matmul_rows_avx2(type, data, rb, k, x, m, n0, n1, y, ldy); return;
+    case Isa::kAvx512: matmul_rows_avx512(type, data, rb, k, x, m, n0, n1, y, ldy, p); return;
+    case Isa::kAvx2: matmul_rows_avx2(type, data, rb, k, x, m, n0, n1, y, ldy, p); return;
     case Isa::kScalar: break;
   }
   matmul_rows_scalar(type, data, rb, k, x, m, n0, n1, y, ldy);

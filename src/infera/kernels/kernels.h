@@ -28,7 +28,7 @@ struct MatRef {
   int64_t cols;
   uint32_t ggml_type = 0;  // dtype kGgml only
   // dtype kGgml of a type ggml::can_pack_panels() takes: optionally the same rows repacked
-  // (ggml::pack_panels) from row 0, which the avx512 path computes from; data stays valid
+  // (ggml::pack_panels) from row 0, which the avx512 and avx2 paths compute from; data stays valid
   // (it may be dropped from memory and read back from its file).
   std::shared_ptr<const uint8_t> panels = nullptr;
 };

@@ -190,7 +190,7 @@ void release_repacked_source(const kernels::QuantMatRef& w, const FileMappings& 
 
 kernels::MatRef with_panels(kernels::MatRef m) {
   if (m.dtype != DType::kGgml || !kernels::ggml::can_pack_panels(m.ggml_type) || !quant_repack_enabled() ||
-      best_isa() != Isa::kAvx512 || m.rows == 0)
+      best_isa() == Isa::kScalar || m.rows == 0)
     return m;
   m.panels = kernels::ggml::pack_panels(m.ggml_type, m.data, m.rows, m.cols);
   release_file_pages(m.data, static_cast<size_t>(m.rows * kernels::row_bytes(m)), FileMappings::current());

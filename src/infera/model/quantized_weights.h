@@ -93,14 +93,15 @@ void release_repacked_source(const kernels::QuantMatRef& w, const FileMappings& 
 
 // A GGUF matrix (dtype kGgml) of a type with panel kernels (kernels::ggml::can_pack_panels:
 // every type with a matmul: Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K,
-// Q6_K, IQ4_XS) with its repacked copy (MatRef::panels) on CPUs with the AVX-512 path unless
-// INFERA_QUANT_REPACK=0, its file pages then dropped as release_repacked_source drops them;
+// Q6_K, IQ4_XS) with its repacked copy (MatRef::panels) on CPUs with the AVX-512 or AVX2 path
+// unless INFERA_QUANT_REPACK=0, its file pages then dropped as release_repacked_source drops them;
 // any other matrix as it is. Dense layers and experts alike: with the panels' AMX tiles (Q8_0;
 // Q4_K from scaled planes) a dense layer's prompt is at least as fast as from the rows
 // (kernels_bench, 2048 x 5632, Q4_K 1.05-1.7x at 16-256 tokens), and decode reads the panels
 // faster (end to end, a TinyLlama-shaped Q4_K_M file:
-// generation 1.3-1.5x, prompt 1.1-1.7x; Q8_0: generation 1.2x). The snapshot of the file
-// mappings is taken only when a copy is made.
+// generation 1.3-1.5x, prompt 1.1-1.7x; Q8_0: generation 1.2x; on AVX2 alone, kernels_bench
+// one thread, decode 1.2-2.9x and 8 tokens 1.2-3x the rows' 4-row tiles). The snapshot of the
+// file mappings is taken only when a copy is made.
 kernels::MatRef with_panels(kernels::MatRef m);
 
 // A quantized layer's stored pair, <name>.qweight and <name>.scales, found and checked

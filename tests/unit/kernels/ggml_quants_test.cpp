@@ -143,9 +143,9 @@ std::vector<float> activation_as_quantized(uint32_t type, const std::vector<floa
 // with one block and with many.
 // Every path the matmul can take here: each ISA, and on the avx512 path the AMX tiles where
 // the CPU has them (prefill of >= 16 rows) as well as the VNNI tiles.
-// The panel types also from their panels (pack_panels) on the avx512 path, used where n0 is a
-// multiple of 16 (else that path falls back to the rows, also checked), with and without AMX
-// (Q8_0's whole groups of 16 tokens).
+// The panel types also from their panels (pack_panels) on the avx512 and avx2 paths, used where
+// n0 is a multiple of 16 (else those paths fall back to the rows, also checked), on avx512 with
+// and without AMX (Q8_0's whole groups of 16 tokens).
 struct Path {
   Isa isa;
   bool amx;
@@ -158,7 +158,7 @@ std::vector<Path> paths() {
   for (Isa isa : test::available_isas()) {
     out.push_back({isa, false, isa_name(isa)});
     if (isa == Isa::kAvx512 && amx_unavailable_reason() == nullptr) out.push_back({isa, true, "avx512 + amx"});
-    if (isa == Isa::kAvx512) out.push_back({isa, false, "avx512 + panels", true});
+    if (isa != Isa::kScalar) out.push_back({isa, false, std::string(isa_name(isa)) + " + panels", true});
     if (isa == Isa::kAvx512 && amx_unavailable_reason() == nullptr)
       out.push_back({isa, true, "avx512 + amx + panels", true});
   }
@@ -253,12 +253,12 @@ TEST(GgmlQuants, MatmulMatchesDequantizedWeightsTimesQuantizedActivations) {
   }
 }
 
-// The avx512 path computes the panel types from their panels (not silently from the rows): with
-// the rows zeroed, only the panels still hold the weights. A row slice keeps the panels
-// (a view into the same copy) when it starts on a panel boundary and has none elsewhere;
+// The avx512 and avx2 paths compute the panel types from their panels (not silently from the
+// rows): with the rows zeroed, only the panels still hold the weights. A row slice keeps the
+// panels (a view into the same copy) when it starts on a panel boundary and has none elsewhere;
 // every slice computes its rows as the whole matrix does, bit for bit, on every path.
-TEST(GgmlQuants, PanelsAreWhatTheAvx512PathReadsAndRowSlicesShareThem) {
-  if (!isa_available(Isa::kAvx512)) GTEST_SKIP() << "no AVX-512 path on this CPU";
+TEST(GgmlQuants, PanelsAreWhatTheSimdPathsReadAndRowSlicesShareThem) {
+  if (!isa_available(Isa::kAvx2)) GTEST_SKIP() << "no AVX2 path on this CPU";
   std::mt19937 rng(23);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   const int64_t rows = 16 * 4 + 5, m = 3;
@@ -294,10 +294,14 @@ TEST(GgmlQuants, PanelsAreWhatTheAvx512PathReadsAndRowSlicesShareThem) {
       }
     }
     std::fill(w.begin(), w.end(), uint8_t{0});  // the rows gone: only the panels hold the weights
-    for (int threads : {1, 2}) {
-      set_num_threads(threads);
-      kernels::matmul(Isa::kAvx512, x.data(), m, mat, y.data());
-      EXPECT_EQ(y, want) << "type " << type << ", " << threads << " threads";
+    for (Isa isa : test::available_isas()) {
+      if (isa == Isa::kScalar) continue;
+      for (int threads : {1, 2}) {
+        set_num_threads(threads);
+        std::fill(y.begin(), y.end(), -1.0f);
+        kernels::matmul(isa, x.data(), m, mat, y.data());
+        EXPECT_EQ(y, want) << "type " << type << ", " << isa_name(isa) << ", " << threads << " threads";
+      }
     }
     set_num_threads(0);
   }

@@ -24,6 +24,8 @@
 // take over (no horizontal sums, 4 activation rows per weight load). A decode step (one
 // activation row) of Q8_0, Q4_0, IQ4_NL, Q4_K, Q6_K or IQ4_XS on AVX-512 reads the blocks in
 // place (gemv_blocks32, gemv_k, gemv_iq4xs): no tile copy, the weights streamed once.
+// Where a panel type comes with its load-time panels (pack_panels), both ISAs compute from
+// them instead (ggml_matmul_panels.h: 16 rows per vector, no horizontal sums).
 // Included by ggml_matmul_impl.h inside its namespace (after <immintrin.h>), only when
 // __AVX2__ is defined.
 
@@ -610,7 +612,10 @@ inline void for_each_row_tile(const uint8_t* base, int64_t row_bytes, int64_t n0
 
 #ifdef __AVX512VNNI__
 #include "infera/kernels/cpu/ggml_matmul_vnni.h"
-#include "infera/kernels/cpu/ggml_matmul_vnni_panels.h"
+#endif
+#include "infera/kernels/cpu/ggml_matmul_panels.h"
+
+#ifdef __AVX512VNNI__
 
 // One activation row against 32-weight-block rows read in place (a decode step): no tile
 // copy; four rows at a time, two blocks per 512-bit vector, the weights made unsigned so
@@ -921,7 +926,6 @@ inline void gemv_iq4xs(const uint8_t* base, int64_t row_bytes, int64_t k, const 
 
 inline void matmul_rows(uint32_t type, const uint8_t* base, int64_t row_bytes, int64_t k, const Activations& a,
                         int64_t m, int64_t n0, int64_t n1, float* y, int64_t ldy, const uint8_t* panels) {
-  (void)panels;  // (the AVX2 build has no panel kernels)
   const bool k_type = block_size(type) == 256;
   // Q8_K block sums as int16 (|sum of 16 quants| <= 2032), for madd against the mins.
   static thread_local std::vector<int16_t> bsums16;
@@ -931,7 +935,6 @@ inline void matmul_rows(uint32_t type, const uint8_t* base, int64_t row_bytes, i
     for (size_t i = 0; i < a.bsums.size(); ++i) bsums16[i] = static_cast<int16_t>(a.bsums[i]);
   }
   const int16_t* bs16 = sums ? bsums16.data() : nullptr;
-#ifdef __AVX512VNNI__
   if (panels != nullptr) {
     switch (type) {
       case kQ4_0: panel::matmul<kQ4_0>(panels, k, a, m, n0, n1, y, ldy); return;
@@ -949,6 +952,7 @@ inline void matmul_rows(uint32_t type, const uint8_t* base, int64_t row_bytes, i
       default: break;
     }
   }
+#ifdef __AVX512VNNI__
   if (m == 1 && type == kQ8_0) {
     gemv_blocks32<kQ8_0>(base, row_bytes, k, a, n0, n1, y);
     return;

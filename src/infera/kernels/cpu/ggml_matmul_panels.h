@@ -1,35 +1,40 @@
 // The panel types (Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS)
-// from their panels (pack_panels, ggml_quants.h) on AVX-512 VNNI, for every number of activation rows
-// (Q8_0, Q4_K, Q5_K, Q6_K, Q3_K and Q2_K from 16 on AMX tiles, Q4_0 / Q5_0 / IQ4_NL from 128): the same
-// values as the generic loops of ggml_matmul_impl.h, bit for bit.
+// from their panels (pack_panels, ggml_quants.h) on AVX-512 VNNI and AVX2, for every number of
+// activation rows (on AVX-512, Q8_0, Q4_K, Q5_K, Q6_K, Q3_K and Q2_K from 16 on AMX tiles,
+// Q4_0 / Q5_0 / IQ4_NL from 128): the same values as the generic loops of ggml_matmul_impl.h,
+// bit for bit.
 //
 // A panel's 64-byte part is four weights of each of its 16 rows in the low nibbles and the
-// next four in the high ones, so two bitwise steps make two vpdpbusd operands (Q4_0: the
-// quants q = w + 8, unsigned as they are; IQ4_NL: a vpshufb through the levels plus 128),
-// and each vpdpbusd against an activation's four quants broadcast adds four products to
-// each row's int32 sum: 16 rows' block sums come out in one vector, with no horizontal
-// reduction and no decoded copy, and the 16 rows' f16 scales of a block are one load. The
-// offset (8, 16 or 128; none for Q4_1 / Q5_1 / Q4_K) x the activation's block sum starts
-// each sum, so the integer sums equal the generic path's; the f32 steps are its own, per
-// block in its order, one lane per row (Q4_K: per super-block, its sub-scales in integers).
-// A decode step takes four panels at a time (four streams from memory: 1.1-1.2x over two);
-// a thread otherwise takes two panels at a time (each activation broadcast serves both) against up to
-// four activation rows; a call of more rows runs its rows over 16-block chunks of the pair
-// in turn, so the chunk is read from memory once and from L1 by the other rows, and past
-// kDirectRows rows the chunk is unpacked once (16 KB for the pair) for all of them (Q8_0's
-// panels hold its operands already; the K types take 2-super-block chunks, unpacked per pass
-// but IQ4_XS's, unpacked once).
+// next four in the high ones, so two bitwise steps make two product operands (Q4_0: the
+// quants q = w + 8, unsigned as they are; IQ4_NL: a vpshufb through the levels, plus 128 on
+// VNNI), and each step against an activation's four quants broadcast adds four products to
+// each row's int32 sum (vpdpbusd; on AVX2 vpmaddubsw, ggml_panel_vec.h): 16 rows' block sums
+// come out in one vector, with no horizontal reduction and no decoded copy, and the 16 rows'
+// f16 scales of a block are one load. The offset (8, 16, or on VNNI 128; none for Q4_1 /
+// Q5_1 / Q4_K) x the activation's block sum is taken out of each sum, so the integer sums
+// equal the generic path's; the f32 steps are its own, per block in its order, one lane per
+// row (Q4_K: per super-block, its sub-scales in integers).
+// On AVX-512 a decode step takes four panels at a time (four streams from memory: 1.1-1.2x
+// over two); a thread otherwise takes two panels at a time (each activation broadcast serves
+// both) against up to four activation rows. AVX2 has half the registers at half the width:
+// one panel at a time against up to two activation rows. A call of more rows runs its rows
+// over 16-block chunks of the unit in turn, so the chunk is read from memory once and from L1
+// by the other rows, and past kDirectRows rows the chunk is unpacked once (16 KB for a pair)
+// for all of them (Q8_0's panels hold its operands already; the K types take 2-super-block
+// chunks, unpacked per pass but IQ4_XS's, unpacked once).
 // Measured (kernels_bench, 2048 x 5632, against the rows read in place and the VNNI tiles,
 // one thread): decode 1.3-1.5x (11.5-13 GB/s of 17), 8 tokens 2-3x, 64 1.1-1.25x, 256 1.4x.
-// Included by ggml_matmul_simd.h inside namespace simd, only when __AVX512VNNI__ is defined.
+// Included by ggml_matmul_simd.h inside namespace simd.
 
 namespace panel {
+
+#include "infera/kernels/cpu/ggml_panel_vec.h"
 
 constexpr int64_t kChunkBlocks = 16;  // blocks per chunk when the rows take several passes
 // Up to this many activation rows each pass unpacks the nibbles it reads; more unpack a chunk
 // once into L1 for all passes (kernels_bench, Q4_0, 2048 x 5632: unpacking per pass 1.5x at 8
 // rows, unpacking once 1.37-1.47x better at 256, even at 16-32).
-constexpr int64_t kDirectRows = 8;
+constexpr int64_t kDirectRows = vec::kVnni ? 8 : 2;
 // Bytes ahead that a block's nibbles (and scales, an eighth as far) prefetch: a decode step
 // measured 1.2-1.3x with 1-2 KB against none (hardware prefetch alone), one thread and two.
 constexpr int64_t kPrefetch = 2048;
@@ -37,58 +42,55 @@ constexpr int64_t kPrefetch = 2048;
 // Panels a thread takes at a time at most, and the stride of its sums: sum[kSumStride n + u]
 // is panel u's with activation row n.
 constexpr int kSumStride = 4;
+// The unit shapes: panels at a time in a decode step and otherwise, activation rows per pass.
+constexpr int kDecodePanels = vec::kVnni ? 4 : 1;
+constexpr int kPanels = vec::kVnni ? 2 : 1;
+constexpr int kPassRows = vec::kVnni ? 4 : 2;
 
 // 16 lanes of f32 sums, kept across the chunks of k.
 struct alignas(64) Sums16 {
   float v[16];
 };
 
-inline __m512i bcast4(const int8_t* p) {
-  int32_t v;
-  std::memcpy(&v, p, 4);
-  return _mm512_set1_epi32(v);
-}
-
-// What a panel type holds (ggml_quants.h): the offset that makes its weights unsigned (taken
-// back out as offset x the activation's block sums), whether it has f16 offsets m (Q4_1 /
-// Q5_1, against the Q8_1 activations' sums) and fifth bits (Q5_0 / Q5_1), its strides.
+// What a panel type holds (ggml_quants.h): the offset that makes its weights unsigned on VNNI
+// (taken back out as offset x the activation's block sums; kSigned: none on AVX2, where the
+// products take them signed), whether it has f16 offsets m (Q4_1 / Q5_1, against the Q8_1
+// activations' sums) and fifth bits (Q5_0 / Q5_1), its strides, its operands' largest value.
 template <uint32_t kType>
 struct Traits {
-  static constexpr int kOffset = kType == kQ4_0 ? 8 : kType == kQ5_0 ? 16 : kType == kQ4_1 || kType == kQ5_1 ? 0 : 128;
+  static constexpr bool kSigned = !vec::kVnni && (kType == kQ8_0 || kType == kIQ4_NL || kType == kIQ4_XS);
+  static constexpr int kOffset = kType == kQ4_0                     ? 8
+                                 : kType == kQ5_0                   ? 16
+                                 : kType == kQ4_1 || kType == kQ5_1 ? 0
+                                 : kSigned                          ? 0
+                                                                    : 128;
   static constexpr bool kMin = kType == kQ4_1 || kType == kQ5_1;
-  static constexpr bool kFive = kType == kQ5_0 || kType == kQ5_1;
+  static constexpr bool kFive = kType == kQ5_0 || kType == kQ5_1 || kType == kQ5_K;
   static constexpr int kScaleStride = panel_scale_stride(kType);
   static constexpr int kQuantStride = panel_quant_stride(kType);
+  static constexpr int kMaxOperand = kType == kQ6_K ? 63 : kType == kQ3_K ? 7 : kType == kQ2_K ? 3 : kFive ? 31 : 15;
 };
 
-// A part's low and high nibbles as vpdpbusd's unsigned operands: Q4_0 / Q4_1 as they are
-// (w + 8; q), Q5_0 / Q5_1 with their fifth bits added (masked byte adds of 16), IQ4_NL
-// through the levels + 128 (Q8_0 has no nibbles: its panels hold the quants, which xor 0x80
-// makes unsigned).
+// A part's low and high nibbles as the products' operands: Q4_0 / Q4_1 as they are (w + 8;
+// q), Q5_0 / Q5_1 with their fifth bits added (masked byte adds of 16), IQ4_NL through the
+// levels (+ 128 on VNNI) (Q8_0 has no nibbles: its panels hold the quants, which xor 0x80
+// makes unsigned on VNNI).
 template <uint32_t kType>
 struct Unpack {
-  __m512i m4 = _mm512_set1_epi8(0x0F);
-  __m512i lut =
-      kType != kIQ4_NL
-          ? _mm512_setzero_si512()
-          : _mm512_xor_si512(_mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4nlValues))),
-                             _mm512_set1_epi8(static_cast<char>(0x80)));
+  vec::I m4 = vec::set8(0x0F);
+  vec::I lut = kType != kIQ4_NL ? vec::zero() : vec::xor_(vec::table16(kIq4nlValues), vec::set8(vec::kVnni ? 0x80 : 0));
   // blk: the block's quants in the panel.
-  void operator()(const uint8_t* blk, int part, __m512i& lo, __m512i& hi) const {
-    const __m512i v = _mm512_load_si512(blk + 64 * part);
-    lo = _mm512_and_si512(v, m4);
-    hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
-    if constexpr (Traits<kType>::kFive) {
-      uint64_t mlo, mhi;
-      std::memcpy(&mlo, blk + 256 + 16 * part, 8);
-      std::memcpy(&mhi, blk + 256 + 16 * part + 8, 8);
-      const __m512i b4 = _mm512_set1_epi8(16);
-      lo = _mm512_mask_add_epi8(lo, _cvtu64_mask64(mlo), lo, b4);
-      hi = _mm512_mask_add_epi8(hi, _cvtu64_mask64(mhi), hi, b4);
+  void operator()(const uint8_t* blk, int part, vec::I& lo, vec::I& hi) const {
+    const vec::I v = vec::load(blk + 64 * part);
+    lo = vec::and_(v, m4);
+    hi = vec::and_(vec::srl16(v, 4), m4);
+    if constexpr (kType == kQ5_0 || kType == kQ5_1) {
+      lo = vec::add8_where(lo, blk + 256 + 16 * part, vec::set8(16));
+      hi = vec::add8_where(hi, blk + 256 + 16 * part + 8, vec::set8(16));
     }
     if constexpr (kType == kIQ4_NL) {
-      lo = _mm512_shuffle_epi8(lut, lo);
-      hi = _mm512_shuffle_epi8(lut, hi);
+      lo = vec::shuffle8(lut, lo);
+      hi = vec::shuffle8(lut, hi);
     }
   }
 };
@@ -111,10 +113,10 @@ inline void unpack_chunk(const uint8_t* sc, const uint8_t* qs, int64_t b0, int64
   for (int64_t b = b0; b < b1; ++b) {
     prefetch_block<kType>(sc, qs, b);
     for (int part = 0; part < 4; ++part) {
-      __m512i lo, hi;
+      vec::I lo, hi;
       unpack(qs + Traits<kType>::kQuantStride * b, part, lo, hi);
-      _mm512_store_si512(out + 512 * (b - b0) + 128 * part, lo);
-      _mm512_store_si512(out + 512 * (b - b0) + 128 * part + 64, hi);
+      vec::store(out + 512 * (b - b0) + 128 * part, lo);
+      vec::store(out + 512 * (b - b0) + 128 * part + 64, hi);
     }
   }
 }
@@ -129,16 +131,16 @@ struct PAct {
 };
 
 // One step of eight weights: lo_acc[u][n] += operand lo[u] against activation row n's quants
-// at..at + 3 broadcast, hi_acc[u][n] += hi[u] against the next four (vpdpbusd), for kT panels
-// and kNt activation rows (two chains per sum, so one row's products do not wait on each other).
-template <int kNt, int kT>
-inline void dp_step(const PAct& a, int64_t at, const __m512i* lo, const __m512i* hi, __m512i (*lo_acc)[kNt],
-                    __m512i (*hi_acc)[kNt]) {
+// at..at + 3 broadcast, hi_acc[u][n] += hi[u] against the next four, for kT panels and kNt
+// activation rows (two chains per sum, so one row's products do not wait on each other).
+template <bool kSigned, int kNt, int kT>
+inline void dp_step(const PAct& a, int64_t at, const vec::I* lo, const vec::I* hi, vec::I (*lo_acc)[kNt],
+                    vec::I (*hi_acc)[kNt]) {
   for (int n = 0; n < kNt; ++n) {
-    const __m512i a0 = bcast4(a.q[n] + at), a1 = bcast4(a.q[n] + at + 4);
+    const vec::I a0 = vec::bcast4(a.q[n] + at), a1 = vec::bcast4(a.q[n] + at + 4);
     for (int u = 0; u < kT; ++u) {
-      lo_acc[u][n] = _mm512_dpbusd_epi32(lo_acc[u][n], lo[u], a0);
-      hi_acc[u][n] = _mm512_dpbusd_epi32(hi_acc[u][n], hi[u], a1);
+      lo_acc[u][n] = vec::chain_step<kSigned>(lo_acc[u][n], lo[u], a0);
+      hi_acc[u][n] = vec::chain_step<kSigned>(hi_acc[u][n], hi[u], a1);
     }
   }
 }
@@ -150,17 +152,18 @@ template <uint32_t kType, int kNt, int kT, bool kPre>
 inline void dot(const uint8_t* const* sc, const uint8_t* const* qs, int64_t b0, int64_t b1, const PAct& a,
                 Sums16* sum) {
   using T = Traits<kType>;
+  static_assert(T::kSigned || vec::kVnni || vec::chain_fits(4, T::kMaxOperand), "a chain's int16 sums overflow");
   const Unpack<kType> unpack;
-  __m512 s[kT][kNt];
+  vec::F s[kT][kNt];
   for (int u = 0; u < kT; ++u)
-    for (int n = 0; n < kNt; ++n) s[u][n] = _mm512_load_ps(sum[kSumStride * n + u].v);
+    for (int n = 0; n < kNt; ++n) s[u][n] = vec::loadf(sum[kSumStride * n + u].v);
   for (int64_t b = b0; b < b1; ++b) {
     // Two chains per sum (low and high nibbles), so one row's products do not wait on each other.
-    __m512i lo_acc[kT][kNt], hi_acc[kT][kNt];
+    vec::I lo_acc[kT][kNt], hi_acc[kT][kNt];
     for (int u = 0; u < kT; ++u)
       for (int n = 0; n < kNt; ++n) {
-        lo_acc[u][n] = T::kOffset != 0 ? _mm512_set1_epi32(-a.corr[n][b]) : _mm512_setzero_si512();
-        hi_acc[u][n] = _mm512_setzero_si512();
+        lo_acc[u][n] = vec::chain_start<T::kSigned>(T::kOffset != 0 ? a.corr[n][b] : 0);
+        hi_acc[u][n] = vec::zero();
       }
     if (!kPre) {
       for (int u = 0; u < kT; ++u) prefetch_block<kType>(sc[u], qs[u], b);
@@ -172,57 +175,61 @@ inline void dot(const uint8_t* const* sc, const uint8_t* const* qs, int64_t b0, 
       }
     }
     for (int part = 0; part < 4; ++part) {
-      __m512i lo[kT], hi[kT];
+      vec::I lo[kT], hi[kT];
       for (int u = 0; u < kT; ++u) {
-        if constexpr (kType == kQ8_0) {  // (signed in the panel: + 128)
-          const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
-          lo[u] = _mm512_xor_si512(_mm512_load_si512(qs[u] + 512 * (b - b0) + 128 * part), flip);
-          hi[u] = _mm512_xor_si512(_mm512_load_si512(qs[u] + 512 * (b - b0) + 128 * part + 64), flip);
+        if constexpr (kType == kQ8_0) {  // (signed in the panel: + 128 on VNNI)
+          const vec::I flip = vec::set8(T::kSigned ? 0 : 0x80);
+          lo[u] = vec::xor_(vec::load(qs[u] + 512 * (b - b0) + 128 * part), flip);
+          hi[u] = vec::xor_(vec::load(qs[u] + 512 * (b - b0) + 128 * part + 64), flip);
         } else if constexpr (kPre) {
-          lo[u] = _mm512_load_si512(qs[u] + 512 * (b - b0) + 128 * part);
-          hi[u] = _mm512_load_si512(qs[u] + 512 * (b - b0) + 128 * part + 64);
+          lo[u] = vec::load(qs[u] + 512 * (b - b0) + 128 * part);
+          hi[u] = vec::load(qs[u] + 512 * (b - b0) + 128 * part + 64);
         } else {
           unpack(qs[u] + T::kQuantStride * b, part, lo[u], hi[u]);
         }
       }
-      dp_step<kNt, kT>(a, 32 * b + 8 * part, lo, hi, lo_acc, hi_acc);
+      dp_step<T::kSigned, kNt, kT>(a, 32 * b + 8 * part, lo, hi, lo_acc, hi_acc);
     }
     for (int u = 0; u < kT; ++u) {
       const uint8_t* scales = sc[u] + T::kScaleStride * b;
-      const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(scales)));
+      const vec::F dv = vec::halves(scales);
       for (int n = 0; n < kNt; ++n) {
-        const __m512i isum = _mm512_add_epi32(lo_acc[u][n], hi_acc[u][n]);
-        s[u][n] = _mm512_add_ps(s[u][n],
-                                _mm512_mul_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dv, _mm512_set1_ps(a.d[n][b]))));
+        const vec::I isum = vec::chain_sum<T::kSigned>(lo_acc[u][n], hi_acc[u][n], T::kOffset != 0 ? a.corr[n][b] : 0);
+        s[u][n] = vec::addf(s[u][n], vec::mulf(vec::cvt(isum), vec::mulf(dv, vec::setf(a.d[n][b]))));
       }
       if constexpr (T::kMin) {  // + m x the activation's f16-rounded d x block sum, as its own step
-        const __m512 mv = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(scales + 32)));
-        for (int n = 0; n < kNt; ++n) s[u][n] = _mm512_add_ps(s[u][n], _mm512_mul_ps(mv, _mm512_set1_ps(a.s[n][b])));
+        const vec::F mv = vec::halves(scales + 32);
+        for (int n = 0; n < kNt; ++n) s[u][n] = vec::addf(s[u][n], vec::mulf(mv, vec::setf(a.s[n][b])));
       }
     }
   }
   for (int u = 0; u < kT; ++u)
-    for (int n = 0; n < kNt; ++n) _mm512_store_ps(sum[kSumStride * n + u].v, s[u][n]);
+    for (int n = 0; n < kNt; ++n) vec::storef(sum[kSumStride * n + u].v, s[u][n]);
 }
 
 using DotFn = void (*)(const uint8_t* const*, const uint8_t* const*, int64_t, int64_t, const PAct&, Sums16*);
 
 // A dot kernel family's instance for kT panels (1-4; 3-4 only for one activation row) against
-// `rows` activation rows (1-4): pick.template operator()<kNt, kT>() returns it.
+// `rows` activation rows (1-4): pick.template operator()<kNt, kT>() returns it. (AVX2: one
+// panel, up to two rows.)
 template <class Pick>
 inline DotFn dot_by_shape(int kt, int rows, Pick pick) {
-  if (rows == 1) {
-    switch (kt) {
-      case 1: return pick.template operator()<1, 1>();
-      case 2: return pick.template operator()<1, 2>();
-      case 3: return pick.template operator()<1, 3>();
-      default: return pick.template operator()<1, 4>();
+  if constexpr (!vec::kVnni) {
+    return rows == 1 ? pick.template operator()<1, 1>() : pick.template operator()<2, 1>();
+  } else {
+    if (rows == 1) {
+      switch (kt) {
+        case 1: return pick.template operator()<1, 1>();
+        case 2: return pick.template operator()<1, 2>();
+        case 3: return pick.template operator()<1, 3>();
+        default: return pick.template operator()<1, 4>();
+      }
     }
-  }
-  switch (rows) {
-    case 2: return kt == 1 ? pick.template operator()<2, 1>() : pick.template operator()<2, 2>();
-    case 3: return kt == 1 ? pick.template operator()<3, 1>() : pick.template operator()<3, 2>();
-    default: return kt == 1 ? pick.template operator()<4, 1>() : pick.template operator()<4, 2>();
+    switch (rows) {
+      case 2: return kt == 1 ? pick.template operator()<2, 1>() : pick.template operator()<2, 2>();
+      case 3: return kt == 1 ? pick.template operator()<3, 1>() : pick.template operator()<3, 2>();
+      default: return kt == 1 ? pick.template operator()<4, 1>() : pick.template operator()<4, 2>();
+    }
   }
 }
 
@@ -233,26 +240,22 @@ inline DotFn dot_for(int kt, int rows) {
 
 // ---- Q4_K, Q5_K and IQ4_XS ----
 
-// Part `part` of sub-block sb of a super-block's quants (sbq) as vpdpbusd's unsigned operands:
-// the nibbles as they are, Q5_K's fifth bits added (masked byte adds of 16, as Q5_0's),
-// IQ4_XS's through the levels + 128 as IQ4_NL's.
+// Part `part` of sub-block sb of a super-block's quants (sbq) as the products' operands: the
+// nibbles as they are, Q5_K's fifth bits added (masked byte adds of 16, as Q5_0's), IQ4_XS's
+// through the levels as IQ4_NL's.
 template <uint32_t kType>
-inline void unpack_k(const uint8_t* sbq, int sb, int part, __m512i& lo, __m512i& hi) {
+inline void unpack_k(const uint8_t* sbq, int sb, int part, vec::I& lo, vec::I& hi) {
   if constexpr (kType == kIQ4_XS) {
     Unpack<kIQ4_NL>{}(sbq + 256 * sb, part, lo, hi);
     return;
   }
-  const __m512i v = _mm512_load_si512(sbq + 256 * sb + 64 * part), m4 = _mm512_set1_epi8(0x0F);
-  lo = _mm512_and_si512(v, m4);
-  hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
-  if constexpr (kType == kQ5_K) {
-    uint64_t mlo, mhi;
-    // (after Q4_K's layout)
-    std::memcpy(&mlo, sbq + panel_quant_stride(kQ4_K) + 64 * sb + 16 * part, 8);
-    std::memcpy(&mhi, sbq + panel_quant_stride(kQ4_K) + 64 * sb + 16 * part + 8, 8);
-    const __m512i b4 = _mm512_set1_epi8(16);
-    lo = _mm512_mask_add_epi8(lo, _cvtu64_mask64(mlo), lo, b4);
-    hi = _mm512_mask_add_epi8(hi, _cvtu64_mask64(mhi), hi, b4);
+  const vec::I v = vec::load(sbq + 256 * sb + 64 * part), m4 = vec::set8(0x0F);
+  lo = vec::and_(v, m4);
+  hi = vec::and_(vec::srl16(v, 4), m4);
+  if constexpr (kType == kQ5_K) {  // (the masks after Q4_K's layout)
+    const uint8_t* bits = sbq + panel_quant_stride(kQ4_K) + 64 * sb + 16 * part;
+    lo = vec::add8_where(lo, bits, vec::set8(16));
+    hi = vec::add8_where(hi, bits + 8, vec::set8(16));
   }
 }
 
@@ -261,19 +264,30 @@ inline void unpack_k(const uint8_t* sbq, int sb, int part, __m512i& lo, __m512i&
 // (vpmulld, exact), the mins against the activation's sums of 32 (vpdpwssd on int16 pairs),
 // then the generic path's f32 step per super-block. a.corr[n]: the activation's int16 pairs
 // of sums of 32 (sub-blocks 2p, 2p + 1 in dword p of the super-block's four). IQ4_XS: the
-// levels + 128, its products from -128 x the sums of 32 (a.corr[n]: one per sub-block), its
+// levels (+ 128 on VNNI, its products then from -128 x the sums of 32, a.corr[n]: one per sub-block), its
 // signed scales, no mins (x - 0 is x); with kPre its operands unpacked per chunk (qs[u]: the
-// chunk's, super-block b0 first, kPreStride bytes a super-block: unpack_xs_chunk).
-constexpr int kPreStride = 4096 + 128;
+// chunk's, super-block b0 first, kPreStride bytes a super-block: unpack_k_chunk).
+constexpr int kPreStride = 4096 + 256;
 
-// IQ4_XS super-blocks [b0, b1) of a panel's quants (qs) unpacked for the passes of a multi-row
-// call: per super-block its sub-blocks' operands as unpack_chunk lays out 32-weight blocks
-// (4 KB), then its scales (128 bytes).
-inline void unpack_xs_chunk(const uint8_t* qs, int64_t b0, int64_t b1, uint8_t* out) {
+// Super-blocks [b0, b1) of a Q4_K / Q5_K / IQ4_XS panel's quants (qs) unpacked for the passes
+// of a multi-row call: per super-block its sub-blocks' operands as unpack_chunk lays out
+// 32-weight blocks (4 KB), then its scales (128 bytes) and mins (Q4_K / Q5_K: 128 more).
+template <uint32_t kType>
+inline void unpack_k_chunk(const uint8_t* qs, int64_t b0, int64_t b1, uint8_t* out) {
+  constexpr int kStride = panel_quant_stride(kType);
   for (int64_t b = b0; b < b1; ++b) {
-    const uint8_t* sbq = qs + panel_quant_stride(kIQ4_XS) * b;
-    unpack_chunk<kIQ4_NL>(sbq, sbq, 0, 8, out + kPreStride * (b - b0));
-    std::memcpy(out + kPreStride * (b - b0) + 4096, sbq + 2048, 128);
+    const uint8_t* sbq = qs + kStride * b;
+    uint8_t* o = out + kPreStride * (b - b0);
+    for (int l = 0; l < kStride / 64; ++l)  // (the next super-block)
+      _mm_prefetch(reinterpret_cast<const char*>(sbq + kStride + 64 * l), _MM_HINT_T0);
+    for (int sb = 0; sb < 8; ++sb)
+      for (int part = 0; part < 4; ++part) {
+        vec::I lo, hi;
+        unpack_k<kType>(sbq, sb, part, lo, hi);
+        vec::store(o + 512 * sb + 128 * part, lo);
+        vec::store(o + 512 * sb + 128 * part + 64, hi);
+      }
+    std::memcpy(o + 4096, sbq + 2048, kType == kIQ4_XS ? 128 : 256);
   }
 }
 
@@ -281,14 +295,16 @@ template <uint32_t kType, int kNt, int kT, bool kPre = false>
 inline void dot_q4k(const uint8_t* const* sc, const uint8_t* const* qs, int64_t b0, int64_t b1, const PAct& a,
                     Sums16* sum) {
   constexpr int kStride = panel_quant_stride(kType), kScale = panel_scale_stride(kType);
-  constexpr bool kXs = kType == kIQ4_XS;
-  __m512 s[kT][kNt];
+  constexpr bool kXs = kType == kIQ4_XS, kSigned = Traits<kType>::kSigned, kCorr = kXs && !kSigned;
+  static_assert(kSigned || vec::kVnni || vec::chain_fits(4, Traits<kType>::kMaxOperand),
+                "a chain's int16 sums overflow");
+  vec::F s[kT][kNt];
   for (int u = 0; u < kT; ++u)
-    for (int n = 0; n < kNt; ++n) s[u][n] = _mm512_load_ps(sum[kSumStride * n + u].v);
+    for (int n = 0; n < kNt; ++n) s[u][n] = vec::loadf(sum[kSumStride * n + u].v);
   for (int64_t b = b0; b < b1; ++b) {
-    __m512i isum[kT][kNt];
+    vec::I isum[kT][kNt];
     for (int u = 0; u < kT; ++u) {
-      for (int n = 0; n < kNt; ++n) isum[u][n] = _mm512_setzero_si512();
+      for (int n = 0; n < kNt; ++n) isum[u][n] = vec::zero();
       _mm_prefetch(reinterpret_cast<const char*>(sc[u] + kScale * (b + 1)), _MM_HINT_T0);
     }
     for (int sb = 0; sb < 8; ++sb) {
@@ -296,63 +312,60 @@ inline void dot_q4k(const uint8_t* const* sc, const uint8_t* const* qs, int64_t 
                                     // measured 9.7-11.4 GB/s at one thread, 2 and 3 ahead 8.3-10.4)
         for (int l = kStride / 64 * sb / 8; l < kStride / 64 * (sb + 1) / 8 && !kPre; ++l)
           _mm_prefetch(reinterpret_cast<const char*>(qs[u] + kStride * (b + 1) + 64 * l), _MM_HINT_T0);
-      __m512i lo_acc[kT][kNt], hi_acc[kT][kNt];
+      vec::I lo_acc[kT][kNt], hi_acc[kT][kNt];
       for (int u = 0; u < kT; ++u)
         for (int n = 0; n < kNt; ++n) {
-          lo_acc[u][n] = kXs ? _mm512_set1_epi32(-a.corr[n][8 * b + sb]) : _mm512_setzero_si512();
-          hi_acc[u][n] = _mm512_setzero_si512();
+          lo_acc[u][n] = vec::chain_start<kSigned>(kCorr ? a.corr[n][8 * b + sb] : 0);
+          hi_acc[u][n] = vec::zero();
         }
       for (int part = 0; part < 4; ++part) {
-        __m512i lo[kT], hi[kT];
+        vec::I lo[kT], hi[kT];
         for (int u = 0; u < kT; ++u) {
           if constexpr (kPre) {
-            lo[u] = _mm512_load_si512(qs[u] + kPreStride * (b - b0) + 512 * sb + 128 * part);
-            hi[u] = _mm512_load_si512(qs[u] + kPreStride * (b - b0) + 512 * sb + 128 * part + 64);
+            lo[u] = vec::load(qs[u] + kPreStride * (b - b0) + 512 * sb + 128 * part);
+            hi[u] = vec::load(qs[u] + kPreStride * (b - b0) + 512 * sb + 128 * part + 64);
           } else {
             unpack_k<kType>(qs[u] + kStride * b, sb, part, lo[u], hi[u]);
           }
         }
-        dp_step<kNt, kT>(a, 256 * b + 32 * sb + 8 * part, lo, hi, lo_acc, hi_acc);
+        dp_step<kSigned, kNt, kT>(a, 256 * b + 32 * sb + 8 * part, lo, hi, lo_acc, hi_acc);
       }
       for (int u = 0; u < kT; ++u) {
         const uint8_t* s8p =
             kPre ? qs[u] + kPreStride * (b - b0) + 4096 + 16 * sb : qs[u] + kStride * b + 2048 + 16 * sb;
-        const __m128i s8 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s8p));
-        const __m512i scv = kXs ? _mm512_cvtepi8_epi32(s8) : _mm512_cvtepu8_epi32(s8);
+        const vec::I scv = kXs ? vec::i8_lanes(s8p) : vec::u8_lanes(s8p);
         for (int n = 0; n < kNt; ++n)
-          isum[u][n] =
-              _mm512_add_epi32(isum[u][n], _mm512_mullo_epi32(_mm512_add_epi32(lo_acc[u][n], hi_acc[u][n]), scv));
+          isum[u][n] = vec::add32(isum[u][n], vec::mul32(vec::chain_sum<kSigned>(lo_acc[u][n], hi_acc[u][n],
+                                                                                 kCorr ? a.corr[n][8 * b + sb] : 0),
+                                                         scv));
       }
     }
     for (int u = 0; u < kT; ++u) {
       if constexpr (kXs) {
-        const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc[u] + 32 * b)));
+        const vec::F dv = vec::halves(sc[u] + 32 * b);
         for (int n = 0; n < kNt; ++n)
-          s[u][n] = _mm512_add_ps(s[u][n], _mm512_mul_ps(_mm512_mul_ps(dv, _mm512_set1_ps(a.d[n][b])),
-                                                         _mm512_cvtepi32_ps(isum[u][n])));
+          s[u][n] = vec::addf(s[u][n], vec::mulf(vec::mulf(dv, vec::setf(a.d[n][b])), vec::cvt(isum[u][n])));
         continue;
       }
-      __m512i msum[kNt];
-      for (int n = 0; n < kNt; ++n) msum[n] = _mm512_setzero_si512();
+      vec::I msum[kNt];
+      for (int n = 0; n < kNt; ++n) msum[n] = vec::zero();
       for (int p = 0; p < 4; ++p) {
-        const __m512i mv = _mm512_cvtepu8_epi16(
-            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs[u] + kStride * b + 2048 + 128 + 32 * p)));
-        for (int n = 0; n < kNt; ++n)
-          msum[n] = _mm512_dpwssd_epi32(msum[n], mv, _mm512_set1_epi32(a.corr[n][4 * b + p]));
+        const uint8_t* mp = (kPre ? qs[u] + kPreStride * (b - b0) + 4096 : qs[u] + kStride * b + 2048) + 128 + 32 * p;
+        const vec::I mv = vec::u8_pairs(_mm_loadu_si128(reinterpret_cast<const __m128i*>(mp)),
+                                        _mm_loadu_si128(reinterpret_cast<const __m128i*>(mp + 16)));
+        for (int n = 0; n < kNt; ++n) msum[n] = vec::dot16(msum[n], mv, vec::set32(a.corr[n][4 * b + p]));
       }
       const uint8_t* scales = sc[u] + 64 * b;
-      const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(scales)));
-      const __m512 dmv = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(scales + 32)));
+      const vec::F dv = vec::halves(scales), dmv = vec::halves(scales + 32);
       for (int n = 0; n < kNt; ++n) {
-        const __m512 da = _mm512_set1_ps(a.d[n][b]);
-        const __m512 d = _mm512_mul_ps(dv, da), dmin = _mm512_mul_ps(dmv, da);
-        s[u][n] = _mm512_add_ps(s[u][n], _mm512_sub_ps(_mm512_mul_ps(d, _mm512_cvtepi32_ps(isum[u][n])),
-                                                       _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(msum[n]))));
+        const vec::F da = vec::setf(a.d[n][b]);
+        const vec::F d = vec::mulf(dv, da), dmin = vec::mulf(dmv, da);
+        s[u][n] = vec::addf(s[u][n], vec::subf(vec::mulf(d, vec::cvt(isum[u][n])), vec::mulf(dmin, vec::cvt(msum[n]))));
       }
     }
   }
   for (int u = 0; u < kT; ++u)
-    for (int n = 0; n < kNt; ++n) _mm512_store_ps(sum[kSumStride * n + u].v, s[u][n]);
+    for (int n = 0; n < kNt; ++n) vec::storef(sum[kSumStride * n + u].v, s[u][n]);
 }
 
 template <uint32_t kType, bool kPre = false>
@@ -362,11 +375,10 @@ inline DotFn dot_q4k_for(int kt, int rows) {
 
 // Q2_K's mins: the rows' mins of sub-blocks 2 p, 2 p + 1 as int16 pairs (row r's in dword r),
 // from the panel's stored scale / min bytes of those sub-blocks at sm (16 rows each).
-inline __m512i q2k_min_pairs(const uint8_t* sm) {
+inline vec::I q2k_min_pairs(const uint8_t* sm) {
   const __m128i s0 = _mm_load_si128(reinterpret_cast<const __m128i*>(sm)),
                 s1 = _mm_load_si128(reinterpret_cast<const __m128i*>(sm + 16));
-  return _mm512_srli_epi16(_mm512_cvtepu8_epi16(_mm256_set_m128i(_mm_unpackhi_epi8(s0, s1), _mm_unpacklo_epi8(s0, s1))),
-                           4);
+  return vec::srl16(vec::u8_pairs(_mm_unpacklo_epi8(s0, s1), _mm_unpackhi_epi8(s0, s1)), 4);
 }
 
 // The activation side of Q2_K's mins: n dwords, each the int16 pair of two consecutive Q8_K
@@ -386,112 +398,167 @@ inline void pairs_of_16(const int32_t* bsums, int64_t n, int32_t* out) {
 // step per super-block (no mins: x - 0 is x). Q3_K the same with u = w + 4 from its two low
 // bits (a shift and a mask) and its third (a masked byte add of 4), and -4 x the sums. Q2_K:
 // its two bits as Q3_K's low ones, unsigned scales, no offset, and Q4_K's mins (a.corr[n]:
-// the activation's int16 pairs of sums of 16, 8 per super-block) and f32 step.
-template <uint32_t kType, int kNt, int kT>
+// the activation's int16 pairs of sums of 16, 8 per super-block) and f32 step. With kPre the
+// operands come unpacked per chunk (qs[u]: the chunk's, kPreStride16 bytes a super-block:
+// unpack_sub16_chunk).
+template <uint32_t kType>
+struct Sub16 {
+  static constexpr bool kThree = kType == kQ3_K, kTwo = kType == kQ2_K;
+  static constexpr int kStride = panel_quant_stride(kType);
+  static constexpr int kTop = kThree || kTwo ? 0 : 2048, kScales = kThree ? 1536 : kTwo ? 1024 : 3072;
+  vec::I m4 = vec::set8(0x0F), m30 = vec::set8(0x30), m3 = vec::set8(3), four = vec::set8(4);
+  // The top two bits of field f (bits 2f, 2f + 1 of each byte) at bits 4-5.
+  vec::I field(vec::I h, int f) const {
+    switch (f) {
+      case 0: return vec::and_(vec::sll16(h, 4), m30);
+      case 1: return vec::and_(vec::sll16(h, 2), m30);
+      case 2: return vec::and_(h, m30);
+      default: return vec::and_(vec::srl16(h, 2), m30);
+    }
+  }
+  // Sub-block sb's operands of weights 8h .. 8h + 7 (lo: the first four, hi: the next) from a
+  // super-block's quants sbq, hb its two-bit vector.
+  void operator()(const uint8_t* sbq, vec::I hb, int sb, int h, vec::I& lo, vec::I& hi) const {
+    const int c = sb / 2, v = sb % 2;
+    if constexpr (kThree || kTwo) {  // fields 2h, 2h + 1 of the two-bit vector (Q3_K: + its third bits)
+      lo = vec::and_(vec::srl16(hb, 4 * h), m3);
+      hi = vec::and_(vec::srl16(hb, 4 * h + 2), m3);
+      if constexpr (kThree) {
+        const uint8_t* bits = sbq + 1024 + 64 * c + 8 * (4 * v + 2 * h);
+        lo = vec::add8_where(lo, bits, four);
+        hi = vec::add8_where(hi, bits + 8, four);
+      }
+      return;
+    }
+    const vec::I nib = vec::load(sbq + 256 * c + 64 * (2 * v + h));
+    // (A & B) | C: the low four bits, the top two put in bits 4-5.
+    lo = vec::and_or(nib, m4, field(hb, 2 * h));
+    hi = vec::and_or(vec::srl16(nib, 4), m4, field(hb, 2 * h + 1));
+  }
+  vec::I top(const uint8_t* sbq, int sb) const { return vec::load(sbq + kTop + 128 * (sb / 2) + 64 * (sb % 2)); }
+};
+
+// Per super-block: its 16 sub-blocks' operands (256 bytes each: h = 0's lo, hi, then h = 1's),
+// then its 256 bytes of scales (Q2_K: scales and mins) as the panel has them.
+constexpr int kPreStride16 = 4096 + 256;
+
+template <uint32_t kType>
+inline void unpack_sub16_chunk(const uint8_t* qs, int64_t b0, int64_t b1, uint8_t* out) {
+  const Sub16<kType> ops;
+  for (int64_t b = b0; b < b1; ++b) {
+    const uint8_t* sbq = qs + Sub16<kType>::kStride * b;
+    uint8_t* o = out + kPreStride16 * (b - b0);
+    for (int sb = 0; sb < 16; ++sb) {
+      const vec::I hb = ops.top(sbq, sb);
+      for (int h = 0; h < 2; ++h) {
+        vec::I lo, hi;
+        ops(sbq, hb, sb, h, lo, hi);
+        vec::store(o + 256 * sb + 128 * h, lo);
+        vec::store(o + 256 * sb + 128 * h + 64, hi);
+      }
+    }
+    std::memcpy(o + 4096, sbq + Sub16<kType>::kScales, 256);
+  }
+}
+
+template <uint32_t kType, int kNt, int kT, bool kPre = false>
 inline void dot_q6k(const uint8_t* const* sc, const uint8_t* const* qs, int64_t b0, int64_t b1, const PAct& a,
                     Sums16* sum) {
-  constexpr bool kThree = kType == kQ3_K, kTwo = kType == kQ2_K;
-  constexpr int kStride = panel_quant_stride(kType), kScStride = panel_scale_stride(kType);
-  constexpr int kTop = kThree || kTwo ? 0 : 2048, kScales = kThree ? 1536 : kTwo ? 1024 : 3072;
-  const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30), m3 = _mm512_set1_epi8(3),
-                four = _mm512_set1_epi8(4);
-  // The top two bits of field f (bits 2f, 2f + 1 of each byte) at bits 4-5.
-  const auto field = [&](__m512i h, int f) {
-    switch (f) {
-      case 0: return _mm512_and_si512(_mm512_slli_epi16(h, 4), m30);
-      case 1: return _mm512_and_si512(_mm512_slli_epi16(h, 2), m30);
-      case 2: return _mm512_and_si512(h, m30);
-      default: return _mm512_and_si512(_mm512_srli_epi16(h, 2), m30);
-    }
+  using S = Sub16<kType>;
+  constexpr bool kTwo = S::kTwo;
+  constexpr int kStride = S::kStride, kScStride = panel_scale_stride(kType);
+  static_assert(vec::kVnni || vec::chain_fits(2, Traits<kType>::kMaxOperand), "a chain's int16 sums overflow");
+  const S ops;
+  // Where super-block b's scales are (Q2_K: and mins).
+  const auto scales_at = [&](int u, int64_t b) {
+    return kPre ? qs[u] + kPreStride16 * (b - b0) + 4096 : qs[u] + kStride * b + S::kScales;
   };
-  __m512 s[kT][kNt];
+  vec::F s[kT][kNt];
   for (int u = 0; u < kT; ++u)
-    for (int n = 0; n < kNt; ++n) s[u][n] = _mm512_load_ps(sum[kSumStride * n + u].v);
+    for (int n = 0; n < kNt; ++n) s[u][n] = vec::loadf(sum[kSumStride * n + u].v);
   for (int64_t b = b0; b < b1; ++b) {
-    __m512i isum[kT][kNt];
+    vec::I isum[kT][kNt];
     for (int u = 0; u < kT; ++u) {
-      for (int n = 0; n < kNt; ++n) isum[u][n] = _mm512_setzero_si512();
+      for (int n = 0; n < kNt; ++n) isum[u][n] = vec::zero();
       _mm_prefetch(reinterpret_cast<const char*>(sc[u] + kScStride * b + 128), _MM_HINT_T0);
     }
     for (int sb = 0; sb < 16; ++sb) {
       for (int u = 0; u < kT; ++u)  // (the next super-block, its lines spread over these sub-blocks)
-        for (int l = kStride / 64 * sb / 16; l < kStride / 64 * (sb + 1) / 16; ++l)
+        for (int l = kStride / 64 * sb / 16; l < kStride / 64 * (sb + 1) / 16 && !kPre; ++l)
           _mm_prefetch(reinterpret_cast<const char*>(qs[u] + kStride * (b + 1) + 64 * l), _MM_HINT_T0);
-      const int c = sb / 2, v = sb % 2;
-      __m512i lo_acc[kT][kNt], hi_acc[kT][kNt];
+      vec::I lo_acc[kT][kNt], hi_acc[kT][kNt];
       for (int u = 0; u < kT; ++u)
         for (int n = 0; n < kNt; ++n) {
-          lo_acc[u][n] = kTwo ? _mm512_setzero_si512() : _mm512_set1_epi32(-a.corr[n][16 * b + sb]);
-          hi_acc[u][n] = _mm512_setzero_si512();
+          lo_acc[u][n] = vec::chain_start<false>(kTwo ? 0 : a.corr[n][16 * b + sb]);
+          hi_acc[u][n] = vec::zero();
         }
-      __m512i hb[kT];
-      for (int u = 0; u < kT; ++u) hb[u] = _mm512_load_si512(qs[u] + kStride * b + kTop + 128 * c + 64 * v);
+      vec::I hb[kT];
+      for (int u = 0; u < kT; ++u)
+        if constexpr (!kPre) hb[u] = ops.top(qs[u] + kStride * b, sb);
       for (int h = 0; h < 2; ++h) {
-        __m512i lo[kT], hi[kT];
+        vec::I lo[kT], hi[kT];
         for (int u = 0; u < kT; ++u) {
-          if constexpr (kThree || kTwo) {  // fields 2h, 2h + 1 of the two-bit vector (Q3_K: + its third bits)
-            lo[u] = _mm512_and_si512(_mm512_srli_epi16(hb[u], 4 * h), m3);
-            hi[u] = _mm512_and_si512(_mm512_srli_epi16(hb[u], 4 * h + 2), m3);
-            if constexpr (kThree) {
-              uint64_t mlo, mhi;
-              std::memcpy(&mlo, qs[u] + kStride * b + 1024 + 64 * c + 8 * (4 * v + 2 * h), 8);
-              std::memcpy(&mhi, qs[u] + kStride * b + 1024 + 64 * c + 8 * (4 * v + 2 * h + 1), 8);
-              lo[u] = _mm512_mask_add_epi8(lo[u], _cvtu64_mask64(mlo), lo[u], four);
-              hi[u] = _mm512_mask_add_epi8(hi[u], _cvtu64_mask64(mhi), hi[u], four);
-            }
-            continue;
+          if constexpr (kPre) {
+            lo[u] = vec::load(qs[u] + kPreStride16 * (b - b0) + 256 * sb + 128 * h);
+            hi[u] = vec::load(qs[u] + kPreStride16 * (b - b0) + 256 * sb + 128 * h + 64);
+          } else {
+            ops(qs[u] + kStride * b, hb[u], sb, h, lo[u], hi[u]);
           }
-          const __m512i nib = _mm512_load_si512(qs[u] + kStride * b + 256 * c + 64 * (2 * v + h));
-          // (A & B) | C: the low four bits, the top two put in bits 4-5.
-          lo[u] = _mm512_ternarylogic_epi32(nib, m4, field(hb[u], 2 * h), 0xEA);
-          hi[u] = _mm512_ternarylogic_epi32(_mm512_srli_epi16(nib, 4), m4, field(hb[u], 2 * h + 1), 0xEA);
         }
-        dp_step<kNt, kT>(a, 256 * b + 16 * sb + 8 * h, lo, hi, lo_acc, hi_acc);
+        dp_step<false, kNt, kT>(a, 256 * b + 16 * sb + 8 * h, lo, hi, lo_acc, hi_acc);
       }
       for (int u = 0; u < kT; ++u) {
-        const __m128i s8 = _mm_load_si128(reinterpret_cast<const __m128i*>(qs[u] + kStride * b + kScales + 16 * sb));
+        const uint8_t* s8p = scales_at(u, b) + 16 * sb;
         // (Q2_K: a byte holds the scale in its low four bits, the min in its high four)
-        const __m512i scv =
-            kTwo ? _mm512_and_si512(_mm512_cvtepu8_epi32(s8), _mm512_set1_epi32(0xF)) : _mm512_cvtepi8_epi32(s8);
+        const vec::I scv = kTwo ? vec::and_(vec::u8_lanes(s8p), vec::set32(0xF)) : vec::i8_lanes(s8p);
         for (int n = 0; n < kNt; ++n)
-          isum[u][n] =
-              _mm512_add_epi32(isum[u][n], _mm512_mullo_epi32(_mm512_add_epi32(lo_acc[u][n], hi_acc[u][n]), scv));
+          isum[u][n] = vec::add32(isum[u][n], vec::mul32(vec::chain_sum<false>(lo_acc[u][n], hi_acc[u][n],
+                                                                               kTwo ? 0 : a.corr[n][16 * b + sb]),
+                                                         scv));
       }
     }
     for (int u = 0; u < kT; ++u) {
-      const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc[u] + kScStride * b)));
+      const vec::F dv = vec::halves(sc[u] + kScStride * b);
       if constexpr (kTwo) {  // the mins against the activation's sums of 16, then Q4_K's f32 step
-        const __m512 dmv =
-            _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc[u] + kScStride * b + 32)));
-        __m512i msum[kNt];
-        for (int n = 0; n < kNt; ++n) msum[n] = _mm512_setzero_si512();
+        const vec::F dmv = vec::halves(sc[u] + kScStride * b + 32);
+        vec::I msum[kNt];
+        for (int n = 0; n < kNt; ++n) msum[n] = vec::zero();
         for (int p = 0; p < 8; ++p) {
-          const __m512i mv = q2k_min_pairs(qs[u] + kStride * b + kScales + 32 * p);
-          for (int n = 0; n < kNt; ++n)
-            msum[n] = _mm512_dpwssd_epi32(msum[n], mv, _mm512_set1_epi32(a.corr[n][8 * b + p]));
+          const vec::I mv = q2k_min_pairs(scales_at(u, b) + 32 * p);
+          for (int n = 0; n < kNt; ++n) msum[n] = vec::dot16(msum[n], mv, vec::set32(a.corr[n][8 * b + p]));
         }
         for (int n = 0; n < kNt; ++n) {
-          const __m512 da = _mm512_set1_ps(a.d[n][b]);
-          const __m512 d = _mm512_mul_ps(dv, da), dmin = _mm512_mul_ps(dmv, da);
-          s[u][n] = _mm512_add_ps(s[u][n], _mm512_sub_ps(_mm512_mul_ps(d, _mm512_cvtepi32_ps(isum[u][n])),
-                                                         _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(msum[n]))));
+          const vec::F da = vec::setf(a.d[n][b]);
+          const vec::F d = vec::mulf(dv, da), dmin = vec::mulf(dmv, da);
+          s[u][n] =
+              vec::addf(s[u][n], vec::subf(vec::mulf(d, vec::cvt(isum[u][n])), vec::mulf(dmin, vec::cvt(msum[n]))));
         }
         continue;
       }
       for (int n = 0; n < kNt; ++n)
-        s[u][n] = _mm512_add_ps(s[u][n], _mm512_mul_ps(_mm512_mul_ps(dv, _mm512_set1_ps(a.d[n][b])),
-                                                       _mm512_cvtepi32_ps(isum[u][n])));
+        s[u][n] = vec::addf(s[u][n], vec::mulf(vec::mulf(dv, vec::setf(a.d[n][b])), vec::cvt(isum[u][n])));
     }
   }
   for (int u = 0; u < kT; ++u)
-    for (int n = 0; n < kNt; ++n) _mm512_store_ps(sum[kSumStride * n + u].v, s[u][n]);
+    for (int n = 0; n < kNt; ++n) vec::storef(sum[kSumStride * n + u].v, s[u][n]);
 }
 
-template <uint32_t kType>
+template <uint32_t kType, bool kPre = false>
 inline DotFn dot_q6k_for(int kt, int rows) {
-  return dot_by_shape(kt, rows, []<int kNt, int kT>() -> DotFn { return dot_q6k<kType, kNt, kT>; });
+  return dot_by_shape(kt, rows, []<int kNt, int kT>() -> DotFn { return dot_q6k<kType, kNt, kT, kPre>; });
 }
 
+// Q4_K's activation sums for the mins: from the Q8_K sums of 16 (16 per super-block), n
+// dwords, each the int16 pair of the sums of 32 of sub-blocks 2 p and 2 p + 1.
+inline void sum_pairs(const int32_t* bsums, int64_t n, int32_t* out) {
+  for (int64_t i = 0; i < n; ++i) {
+    const int32_t* bs = bsums + 4 * i;
+    const auto lo = static_cast<uint16_t>(bs[0] + bs[1]), hi = static_cast<uint16_t>(bs[2] + bs[3]);
+    out[i] = static_cast<int32_t>(static_cast<uint32_t>(lo) | static_cast<uint32_t>(hi) << 16);
+  }
+}
+
+#ifdef __AVX512VNNI__
 // ---- Q8_0 on AMX int8 tiles ----
 // Sixteen activation rows (tokens) against one panel: a block's 32 quants of the tokens are
 // the A tile (aq: 512 bytes a block, token t's 32 at 32 t) and the panel's 512 bytes of the block, as stored, the B
@@ -556,16 +623,6 @@ inline void unpack_signed(const uint8_t* qs, int64_t nb, uint8_t* out) {
       _mm512_store_si512(out + 512 * b + 128 * part, _mm512_sub_epi8(lo, off));
       _mm512_store_si512(out + 512 * b + 128 * part + 64, _mm512_sub_epi8(hi, off));
     }
-  }
-}
-
-// Q4_K's activation sums for the mins: from the Q8_K sums of 16 (16 per super-block), n
-// dwords, each the int16 pair of the sums of 32 of sub-blocks 2 p and 2 p + 1.
-inline void sum_pairs(const int32_t* bsums, int64_t n, int32_t* out) {
-  for (int64_t i = 0; i < n; ++i) {
-    const int32_t* bs = bsums + 4 * i;
-    const auto lo = static_cast<uint16_t>(bs[0] + bs[1]), hi = static_cast<uint16_t>(bs[2] + bs[3]);
-    out[i] = static_cast<int32_t>(static_cast<uint32_t>(lo) | static_cast<uint32_t>(hi) << 16);
   }
 }
 
@@ -920,6 +977,7 @@ constexpr int64_t kAmxRows = 16;
 // 1.11-1.23x at 256; IQ4_NL 0.78-0.98x | 0.74-0.90x at 16, 1.36-1.46x | 0.79-0.93x at
 // 128, 1.0-1.09x | 1.09-1.78x at 256).
 constexpr int64_t kAmxRowsAsQ8 = 128;
+#endif  // __AVX512VNNI__
 
 // y[i * ldy + (j - n0)] = activation row i · row j for j in [n0, n1), i < m; panels: the
 // panels from row 0 (n0 a multiple of kPanelRows).
@@ -928,15 +986,16 @@ inline void matmul(const uint8_t* panels, int64_t k, const Activations& a, int64
                    int64_t ldy) {
   constexpr bool kK = kType == kQ4_K || kType == kQ5_K, kSix = kType == kQ6_K, kXs = kType == kIQ4_XS;
   constexpr bool kThree = kType == kQ3_K, kTwo = kType == kQ2_K;
-  constexpr bool kSub16 = kSix || kThree || kType == kQ2_K;  // (16-weight sub-blocks, dot_q6k)
-  constexpr int kOffset = kK || kSub16 ? 0 : Traits<kType>::kOffset;  // (IQ4_XS: 128, per 32 weights)
+  constexpr bool kSub16 = kSix || kThree || kTwo;  // (16-weight sub-blocks, dot_q6k)
+  constexpr int kOffset = kK || kSub16 ? 0 : Traits<kType>::kOffset;  // (IQ4_XS on VNNI: 128, per 32 weights)
   // Activation sums a dot step takes per block: Q4_K's 4 pairs of sums of 32, Q6_K's 16 sums
   // of 16, IQ4_XS's 8 sums of 32.
-  constexpr int64_t kCorr = kK ? 4 : kType == kQ2_K ? 8 : kSub16 ? 16 : kXs ? 8 : 1;
+  constexpr int64_t kCorr = kK ? 4 : kTwo ? 8 : kSub16 ? 16 : kXs ? 8 : 1;
   const PanelLayout lay = panel_layout(kType, k);
   const int64_t nb = lay.blocks, pb = lay.bytes, sbytes = lay.scale_bytes;
   const uint8_t* first = panels + (n0 / kPanelRows) * pb;
   const int64_t np = (n1 - n0 + kPanelRows - 1) / kPanelRows;
+#ifdef __AVX512VNNI__
   // Q4_0 / Q5_0 / IQ4_NL: unpacked per call to signed bytes in Q8_0's layout (unpack_signed),
   // from kAmxRowsAsQ8 rows.
   constexpr bool kAsQ8 = kType == kQ4_0 || kType == kQ5_0 || kType == kIQ4_NL;
@@ -1024,6 +1083,7 @@ inline void matmul(const uint8_t* panels, int64_t k, const Activations& a, int64
     matmul<kType>(panels, k, rest, m - tokens, n0, n1, y + tokens * ldy, ldy);
     return;
   }
+#endif
   // Offset x each activation row's block sums (exact: |sum| <= 32 x 127); Q4_K: the int16
   // pairs of its sums of 32, 4 per super-block; Q6_K: 32 x its sums of 16.
   static thread_local std::vector<int32_t> corr;
@@ -1040,16 +1100,18 @@ inline void matmul(const uint8_t* panels, int64_t k, const Activations& a, int64
   const int32_t* corr_all = corr.data();  // (the caller's: thread_local names differ per thread below)
   // A decode step (one activation row) takes four panels at a time, so that four streams are
   // read at once; more rows take two (their sums' registers).
-  const int per_unit = m == 1 ? 4 : 2;
+  const int per_unit = m == 1 ? kDecodePanels : kPanels;
   const int64_t units = (np + per_unit - 1) / per_unit;
-  const int64_t chunk = m <= 4 ? nb : kK || kSub16 || kXs ? 2 : kChunkBlocks;  // (K types: super-blocks)
+  // (one pass, nothing unpacked: the whole row; K types: super-blocks)
+  const int64_t chunk = m <= std::min<int64_t>(kPassRows, kDirectRows) ? nb : kK || kSub16 || kXs ? 2 : kChunkBlocks;
   const int threads = omp_in_parallel() ? 1 : num_threads();
 #pragma omp parallel num_threads(static_cast <int>(std::min <int64_t>(threads, units)))
   {
     static thread_local std::vector<Sums16> sums;
     sums.resize(static_cast<size_t>(kSumStride * m));
-    // (IQ4_XS: two super-blocks of kPreStride)
-    static thread_local Sums16 unpacked[2][(kChunkBlocks * 512 + 256) / sizeof(Sums16)];
+    // (the K types: two super-blocks of kPreStride or kPreStride16)
+    static thread_local Sums16
+        unpacked[2][(std::max(kChunkBlocks * 512, int64_t{2} * kPreStride16) + 256) / sizeof(Sums16)];
 #pragma omp for schedule(dynamic, 1)
     for (int64_t unit = 0; unit < units; ++unit) {
       const int64_t p0 = per_unit * unit;
@@ -1061,8 +1123,9 @@ inline void matmul(const uint8_t* panels, int64_t k, const Activations& a, int64
         nib[u] = sc[u] + sbytes;
       }
       std::fill(sums.begin(), sums.end(), Sums16{});
-      // Q8_0's panels are in the unpacked layout already.
-      const bool pre = !kK && !kSub16 && (kType == kQ8_0 || m > kDirectRows);
+      // Q8_0's panels are in the unpacked layout already. The K types but IQ4_XS on VNNI
+      // unpack per pass (their operands a step or two from the panel's bytes there).
+      const bool pre = kType == kQ8_0 || (m > kDirectRows && (kXs || !vec::kVnni || (!kK && !kSub16)));
       const uint8_t* w[kSumStride] = {nib[0], nib[1], nib[2], nib[3]};
       for (int64_t b0 = 0; b0 < nb; b0 += chunk) {
         const int64_t b1 = std::min(nb, b0 + chunk);
@@ -1071,15 +1134,17 @@ inline void matmul(const uint8_t* panels, int64_t k, const Activations& a, int64
         } else if (pre) {
           for (int u = 0; u < kT; ++u) {
             auto* out = reinterpret_cast<uint8_t*>(unpacked[u]);
-            if constexpr (kXs)
-              unpack_xs_chunk(nib[u], b0, b1, out);
+            if constexpr (kK || kXs)
+              unpack_k_chunk<kType>(nib[u], b0, b1, out);
+            else if constexpr (kSub16)
+              unpack_sub16_chunk<kType>(nib[u], b0, b1, out);
             else
               unpack_chunk<kType>(sc[u], nib[u], b0, b1, out);
             w[u] = out;
           }
         }
         for (int64_t i = 0; i < m;) {
-          const int nt = static_cast<int>(std::min<int64_t>(4, m - i));
+          const int nt = static_cast<int>(std::min<int64_t>(kPassRows, m - i));
           PAct pa{};
           for (int n = 0; n < nt; ++n) {
             pa.q[n] = a.q.data() + (i + n) * k;
@@ -1088,12 +1153,10 @@ inline void matmul(const uint8_t* panels, int64_t k, const Activations& a, int64
             pa.s[n] = Traits<kType>::kMin ? a.s.data() + (i + n) * nb : nullptr;
           }
           DotFn fn;
-          if constexpr (kK)
-            fn = dot_q4k_for<kType>(kT, nt);
-          else if constexpr (kXs)
+          if constexpr (kK || kXs)
             fn = pre ? dot_q4k_for<kType, true>(kT, nt) : dot_q4k_for<kType, false>(kT, nt);
           else if constexpr (kSub16)
-            fn = dot_q6k_for<kType>(kT, nt);
+            fn = pre ? dot_q6k_for<kType, true>(kT, nt) : dot_q6k_for<kType, false>(kT, nt);
           else
             fn = pre ? dot_for<kType, true>(kT, nt) : dot_for<kType, false>(kT, nt);
           fn(sc, w, b0, b1, pa, sums.data() + kSumStride * i);
@@ -1103,9 +1166,8 @@ inline void matmul(const uint8_t* panels, int64_t k, const Activations& a, int64
       for (int u = 0; u < kT; ++u) {
         const int64_t j0 = n0 + kPanelRows * (p0 + u);
         const int rows = static_cast<int>(std::min<int64_t>(kPanelRows, n1 - j0));
-        const __mmask16 mask = static_cast<__mmask16>((1u << rows) - 1);
         for (int64_t i = 0; i < m; ++i)
-          _mm512_mask_storeu_ps(y + i * ldy + (j0 - n0), mask, _mm512_load_ps(sums[kSumStride * i + u].v));
+          vec::store_rows(y + i * ldy + (j0 - n0), vec::loadf(sums[kSumStride * i + u].v), rows);
       }
     }
   }

@@ -1,0 +1,234 @@
+// The 16-lane vectors the panel kernels (ggml_matmul_panels.h) are written in: one row of a
+// panel per 32-bit lane. On AVX-512 VNNI a vector is one 512-bit register and each operation
+// its one instruction; on AVX2 it is two 256-bit halves (rows 0-7, rows 8-15), each
+// operation done on both. The lanes' values are the same on both, so are the results.
+//
+// The products (u8 weights x s8 activation quants, four per lane): on VNNI vpdpbusd adds them
+// to int32 sums. AVX2 has no such instruction: vpmaddubsw gives int16 sums of pairs, and an
+// unsigned chain keeps adding those in int16 (the panel kernels bound every chain: at most
+// 32767, see kChainBound) until vpmaddwd widens them once per chain; the types whose VNNI
+// operands are w + 128 (Q8_0, IQ4_NL, IQ4_XS) take w itself on AVX2, as |w| against q with
+// w's sign (vpsignb), widened per step (a pair reaches 2 x 128 x 127).
+// Included by ggml_matmul_panels.h inside namespace panel.
+
+namespace vec {
+
+#ifdef __AVX512VNNI__
+constexpr bool kVnni = true;
+using I = __m512i;
+using F = __m512;
+
+inline I load(const void* p) { return _mm512_load_si512(p); }
+inline void store(void* p, I v) { _mm512_store_si512(p, v); }
+inline I zero() { return _mm512_setzero_si512(); }
+inline I set8(int v) { return _mm512_set1_epi8(static_cast<char>(v)); }
+inline I set32(int32_t v) { return _mm512_set1_epi32(v); }
+inline I and_(I a, I b) { return _mm512_and_si512(a, b); }
+inline I or_(I a, I b) { return _mm512_or_si512(a, b); }
+inline I xor_(I a, I b) { return _mm512_xor_si512(a, b); }
+inline I srl16(I v, int n) { return _mm512_srli_epi16(v, static_cast<unsigned>(n)); }
+inline I sll16(I v, int n) { return _mm512_slli_epi16(v, static_cast<unsigned>(n)); }
+inline I add32(I a, I b) { return _mm512_add_epi32(a, b); }
+inline I sub32(I a, I b) { return _mm512_sub_epi32(a, b); }
+inline I mul32(I a, I b) { return _mm512_mullo_epi32(a, b); }
+// (A & B) | C.
+inline I and_or(I a, I b, I c) { return _mm512_ternarylogic_epi32(a, b, c, 0xEA); }
+// 16 bytes in every 128-bit quarter, and a lookup in them per byte (idx < 16).
+inline I table16(const int8_t* p) {
+  return _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+inline I shuffle8(I table, I idx) { return _mm512_shuffle_epi8(table, idx); }
+// v + add in the bytes whose bit is set in the 64-bit mask at `bits` (byte i: bit i).
+inline I add8_where(I v, const uint8_t* bits, I add) {
+  uint64_t m;
+  std::memcpy(&m, bits, 8);
+  return _mm512_mask_add_epi8(v, _cvtu64_mask64(m), v, add);
+}
+// Four bytes at p in every lane.
+inline I bcast4(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return _mm512_set1_epi32(v);
+}
+// 16 bytes at p, one per lane, zero- / sign-extended.
+inline I u8_lanes(const uint8_t* p) {
+  return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+inline I i8_lanes(const uint8_t* p) {
+  return _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+// 32 bytes as int16: lo's 16 for lanes 0-7, hi's for lanes 8-15 (two per lane).
+inline I u8_pairs(__m128i lo, __m128i hi) { return _mm512_cvtepu8_epi16(_mm256_set_m128i(hi, lo)); }
+// acc + the int16 pairs of a times those of b, per lane (vpdpwssd).
+inline I dot16(I acc, I a, I b) { return _mm512_dpwssd_epi32(acc, a, b); }
+
+inline F loadf(const float* p) { return _mm512_load_ps(p); }
+inline void storef(float* p, F v) { _mm512_store_ps(p, v); }
+// Lanes [0, rows) to y.
+inline void store_rows(float* y, F v, int rows) {
+  _mm512_mask_storeu_ps(y, static_cast<__mmask16>((1u << rows) - 1), v);
+}
+// 16 f16 at p as f32.
+inline F halves(const uint8_t* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
+inline F setf(float v) { return _mm512_set1_ps(v); }
+inline F cvt(I v) { return _mm512_cvtepi32_ps(v); }
+inline F addf(F a, F b) { return _mm512_add_ps(a, b); }
+inline F subf(F a, F b) { return _mm512_sub_ps(a, b); }
+inline F mulf(F a, F b) { return _mm512_mul_ps(a, b); }
+
+// A chain of products: starts at -corr (int32), vpdpbusd per step.
+template <bool kSigned>
+inline I chain_start(int32_t corr) {
+  static_assert(!kSigned, "VNNI operands are unsigned");
+  return corr != 0 ? _mm512_set1_epi32(-corr) : _mm512_setzero_si512();
+}
+template <bool kSigned>
+inline I chain_step(I acc, I w, I a) {
+  return _mm512_dpbusd_epi32(acc, w, a);
+}
+// Two chains' int32 sum (the start's -corr in it already).
+template <bool kSigned>
+inline I chain_sum(I lo, I hi, int32_t corr) {
+  (void)corr;
+  return _mm512_add_epi32(lo, hi);
+}
+#else
+constexpr bool kVnni = false;
+struct I {
+  __m256i a, b;  // rows 0-7, 8-15
+};
+struct F {
+  __m256 a, b;
+};
+
+inline __m256i h256(const void* p) { return _mm256_load_si256(static_cast<const __m256i*>(p)); }
+inline I load(const void* p) { return {h256(p), h256(static_cast<const uint8_t*>(p) + 32)}; }
+inline void store(void* p, I v) {
+  _mm256_store_si256(static_cast<__m256i*>(p), v.a);
+  _mm256_store_si256(reinterpret_cast<__m256i*>(static_cast<uint8_t*>(p) + 32), v.b);
+}
+inline I zero() { return {_mm256_setzero_si256(), _mm256_setzero_si256()}; }
+inline I set8(int v) {
+  const __m256i x = _mm256_set1_epi8(static_cast<char>(v));
+  return {x, x};
+}
+inline I set32(int32_t v) {
+  const __m256i x = _mm256_set1_epi32(v);
+  return {x, x};
+}
+inline I and_(I x, I y) { return {_mm256_and_si256(x.a, y.a), _mm256_and_si256(x.b, y.b)}; }
+inline I or_(I x, I y) { return {_mm256_or_si256(x.a, y.a), _mm256_or_si256(x.b, y.b)}; }
+inline I xor_(I x, I y) { return {_mm256_xor_si256(x.a, y.a), _mm256_xor_si256(x.b, y.b)}; }
+inline I srl16(I v, int n) { return {_mm256_srli_epi16(v.a, n), _mm256_srli_epi16(v.b, n)}; }
+inline I sll16(I v, int n) { return {_mm256_slli_epi16(v.a, n), _mm256_slli_epi16(v.b, n)}; }
+inline I add32(I x, I y) { return {_mm256_add_epi32(x.a, y.a), _mm256_add_epi32(x.b, y.b)}; }
+inline I sub32(I x, I y) { return {_mm256_sub_epi32(x.a, y.a), _mm256_sub_epi32(x.b, y.b)}; }
+inline I mul32(I x, I y) { return {_mm256_mullo_epi32(x.a, y.a), _mm256_mullo_epi32(x.b, y.b)}; }
+inline I and_or(I x, I y, I z) { return or_(and_(x, y), z); }
+inline I table16(const int8_t* p) {
+  const __m256i t = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return {t, t};
+}
+inline I shuffle8(I table, I idx) { return {_mm256_shuffle_epi8(table.a, idx.a), _mm256_shuffle_epi8(table.b, idx.b)}; }
+// 32 mask bits as 32 bytes (0xFF where set; byte i: bit i).
+inline __m256i bit_bytes(uint32_t m) {
+  const __m256i spread =
+      _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+  const __m256i bits = _mm256_set1_epi64x(static_cast<int64_t>(0x8040201008040201ull));
+  const __m256i h = _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(m)), spread);
+  return _mm256_cmpeq_epi8(_mm256_and_si256(h, bits), bits);
+}
+inline I add8_where(I v, const uint8_t* bits, I add) {
+  uint32_t m[2];
+  std::memcpy(m, bits, 8);
+  return {_mm256_add_epi8(v.a, _mm256_and_si256(bit_bytes(m[0]), add.a)),
+          _mm256_add_epi8(v.b, _mm256_and_si256(bit_bytes(m[1]), add.b))};
+}
+inline I bcast4(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return set32(v);
+}
+inline I u8_lanes(const uint8_t* p) {
+  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return {_mm256_cvtepu8_epi32(v), _mm256_cvtepu8_epi32(_mm_srli_si128(v, 8))};
+}
+inline I i8_lanes(const uint8_t* p) {
+  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return {_mm256_cvtepi8_epi32(v), _mm256_cvtepi8_epi32(_mm_srli_si128(v, 8))};
+}
+inline I u8_pairs(__m128i lo, __m128i hi) { return {_mm256_cvtepu8_epi16(lo), _mm256_cvtepu8_epi16(hi)}; }
+inline I dot16(I acc, I x, I y) {
+  return {_mm256_add_epi32(acc.a, _mm256_madd_epi16(x.a, y.a)), _mm256_add_epi32(acc.b, _mm256_madd_epi16(x.b, y.b))};
+}
+
+inline F loadf(const float* p) { return {_mm256_load_ps(p), _mm256_load_ps(p + 8)}; }
+inline void storef(float* p, F v) {
+  _mm256_store_ps(p, v.a);
+  _mm256_store_ps(p + 8, v.b);
+}
+inline void store_rows(float* y, F v, int rows) {
+  if (rows == 16) {
+    _mm256_storeu_ps(y, v.a);
+    _mm256_storeu_ps(y + 8, v.b);
+    return;
+  }
+  alignas(32) float tmp[16];
+  storef(tmp, v);
+  std::memcpy(y, tmp, sizeof(float) * static_cast<size_t>(rows));
+}
+inline F halves(const uint8_t* p) {
+  return {_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))),
+          _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16)))};
+}
+inline F setf(float v) {
+  const __m256 x = _mm256_set1_ps(v);
+  return {x, x};
+}
+inline F cvt(I v) { return {_mm256_cvtepi32_ps(v.a), _mm256_cvtepi32_ps(v.b)}; }
+inline F addf(F x, F y) { return {_mm256_add_ps(x.a, y.a), _mm256_add_ps(x.b, y.b)}; }
+inline F subf(F x, F y) { return {_mm256_sub_ps(x.a, y.a), _mm256_sub_ps(x.b, y.b)}; }
+inline F mulf(F x, F y) { return {_mm256_mul_ps(x.a, y.a), _mm256_mul_ps(x.b, y.b)}; }
+
+// A chain of products: unsigned operands as int16 pair sums (vpmaddubsw, added in int16:
+// the caller keeps a chain's sum within kChainBound), signed ones (w as it is) as int32
+// (|w| x sign(q, w), widened per step). corr is taken out at the end.
+template <bool kSigned>
+inline I chain_start(int32_t) {
+  return zero();
+}
+template <bool kSigned>
+inline I chain_step(I acc, I w, I q) {
+  if constexpr (kSigned) {
+    const __m256i one = _mm256_set1_epi16(1);
+    return {_mm256_add_epi32(acc.a,
+                             _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(w.a), _mm256_sign_epi8(q.a, w.a)),
+                                               one)),
+            _mm256_add_epi32(acc.b,
+                             _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(w.b), _mm256_sign_epi8(q.b, w.b)),
+                                               one))};
+  } else {
+    return {_mm256_add_epi16(acc.a, _mm256_maddubs_epi16(w.a, q.a)),
+            _mm256_add_epi16(acc.b, _mm256_maddubs_epi16(w.b, q.b))};
+  }
+}
+template <bool kSigned>
+inline I chain_sum(I lo, I hi, int32_t corr) {
+  I s;
+  if constexpr (kSigned) {
+    s = add32(lo, hi);
+  } else {
+    const __m256i one = _mm256_set1_epi16(1);
+    s = {_mm256_add_epi32(_mm256_madd_epi16(lo.a, one), _mm256_madd_epi16(hi.a, one)),
+         _mm256_add_epi32(_mm256_madd_epi16(lo.b, one), _mm256_madd_epi16(hi.b, one))};
+  }
+  return corr != 0 ? sub32(s, set32(corr)) : s;
+}
+#endif
+
+// The most an unsigned chain may add up to on AVX2 (int16): steps x 2 x the largest operand x
+// 127 (the activation quants are within +-127).
+constexpr int kChainBound = 32767;
+constexpr bool chain_fits(int steps, int max_operand) { return steps * 2 * max_operand * 127 <= kChainBound; }
+
+}  // namespace vec
