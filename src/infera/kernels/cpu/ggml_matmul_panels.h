@@ -131,6 +131,42 @@ struct PAct {
   const float* s[4];
 };
 
+// s[u][n]: the f32 sums of panel u with activation row n (sum[kSumStride n + u]), kept across
+// the chunks of k.
+template <int kNt, int kT>
+inline void load_sums(const Sums16* sum, vec::F (*s)[kNt]) {
+  for (int u = 0; u < kT; ++u)
+    for (int n = 0; n < kNt; ++n) s[u][n] = vec::loadf(sum[kSumStride * n + u].v);
+}
+template <int kNt, int kT>
+inline void store_sums(Sums16* sum, const vec::F (*s)[kNt]) {
+  for (int u = 0; u < kT; ++u)
+    for (int n = 0; n < kNt; ++n) vec::storef(sum[kSumStride * n + u].v, s[u][n]);
+}
+
+// A super-block's f32 step with mins, the generic path's: s + (d_w d_a isum - dmin_w d_a msum)
+// (dv, dmv: the rows' d and dmin; da: the activation's d).
+inline vec::F step_with_mins(vec::F s, vec::F dv, vec::F dmv, float da, vec::I isum, vec::I msum) {
+  const vec::F d = vec::mulf(dv, vec::setf(da)), dmin = vec::mulf(dmv, vec::setf(da));
+  return vec::addf(s, vec::subf(vec::mulf(d, vec::cvt(isum)), vec::mulf(dmin, vec::cvt(msum))));
+}
+
+// The chains of kT panels x kNt activation rows: lo_acc[u][n] starting from -corr(n).
+template <bool kSigned, int kNt, int kT, class Corr>
+inline void start_chains(vec::I (*lo_acc)[kNt], vec::I (*hi_acc)[kNt], const Corr& corr) {
+  for (int u = 0; u < kT; ++u)
+    for (int n = 0; n < kNt; ++n) {
+      lo_acc[u][n] = vec::chain_start<kSigned>(corr(n));
+      hi_acc[u][n] = vec::zero();
+    }
+}
+
+// An unpacked step's operands (64 bytes each, lo then hi) at p.
+inline void load_pair(const uint8_t* p, vec::I& lo, vec::I& hi) {
+  lo = vec::load(p);
+  hi = vec::load(p + 64);
+}
+
 // One step of eight weights: lo_acc[u][n] += operand lo[u] against activation row n's quants
 // at..at + 3 broadcast, hi_acc[u][n] += hi[u] against the next four, for kT panels and kNt
 // activation rows (two chains per sum, so one row's products do not wait on each other).
@@ -156,16 +192,11 @@ inline void dot(const uint8_t* const* sc, const uint8_t* const* qs, int64_t b0, 
   static_assert(T::kSigned || vec::kVnni || vec::chain_fits(4, T::kMaxOperand), "a chain's int16 sums overflow");
   const Unpack<kType> unpack;
   vec::F s[kT][kNt];
-  for (int u = 0; u < kT; ++u)
-    for (int n = 0; n < kNt; ++n) s[u][n] = vec::loadf(sum[kSumStride * n + u].v);
+  load_sums<kNt, kT>(sum, s);
   for (int64_t b = b0; b < b1; ++b) {
     // Two chains per sum (low and high nibbles), so one row's products do not wait on each other.
     vec::I lo_acc[kT][kNt], hi_acc[kT][kNt];
-    for (int u = 0; u < kT; ++u)
-      for (int n = 0; n < kNt; ++n) {
-        lo_acc[u][n] = vec::chain_start<T::kSigned>(T::kOffset != 0 ? a.corr[n][b] : 0);
-        hi_acc[u][n] = vec::zero();
-      }
+    start_chains<T::kSigned, kNt, kT>(lo_acc, hi_acc, [&](int n) { return T::kOffset != 0 ? a.corr[n][b] : 0; });
     if (!kPre) {
       for (int u = 0; u < kT; ++u) prefetch_block<kType>(sc[u], qs[u], b);
     } else if (kType == kQ8_0) {  // (straight from the panel: streamed too)
@@ -183,8 +214,7 @@ inline void dot(const uint8_t* const* sc, const uint8_t* const* qs, int64_t b0, 
           lo[u] = vec::xor_(vec::load(qs[u] + 512 * (b - b0) + 128 * part), flip);
           hi[u] = vec::xor_(vec::load(qs[u] + 512 * (b - b0) + 128 * part + 64), flip);
         } else if constexpr (kPre) {
-          lo[u] = vec::load(qs[u] + 512 * (b - b0) + 128 * part);
-          hi[u] = vec::load(qs[u] + 512 * (b - b0) + 128 * part + 64);
+          load_pair(qs[u] + 512 * (b - b0) + 128 * part, lo[u], hi[u]);
         } else {
           unpack(qs[u] + T::kQuantStride * b, part, lo[u], hi[u]);
         }
@@ -204,8 +234,7 @@ inline void dot(const uint8_t* const* sc, const uint8_t* const* qs, int64_t b0, 
       }
     }
   }
-  for (int u = 0; u < kT; ++u)
-    for (int n = 0; n < kNt; ++n) vec::storef(sum[kSumStride * n + u].v, s[u][n]);
+  store_sums<kNt, kT>(sum, s);
 }
 
 using DotFn = void (*)(const uint8_t* const*, const uint8_t* const*, int64_t, int64_t, const PAct&, Sums16*);
@@ -301,8 +330,7 @@ inline void dot_q4k(const uint8_t* const* sc, const uint8_t* const* qs, int64_t 
   static_assert(kSigned || vec::kVnni || vec::chain_fits(4, Traits<kType>::kMaxOperand),
                 "a chain's int16 sums overflow");
   vec::F s[kT][kNt];
-  for (int u = 0; u < kT; ++u)
-    for (int n = 0; n < kNt; ++n) s[u][n] = vec::loadf(sum[kSumStride * n + u].v);
+  load_sums<kNt, kT>(sum, s);
   for (int64_t b = b0; b < b1; ++b) {
     vec::I isum[kT][kNt];
     for (int u = 0; u < kT; ++u) {
@@ -315,17 +343,12 @@ inline void dot_q4k(const uint8_t* const* sc, const uint8_t* const* qs, int64_t 
         for (int l = kStride / 64 * sb / 8; l < kStride / 64 * (sb + 1) / 8 && !kPre; ++l)
           _mm_prefetch(reinterpret_cast<const char*>(qs[u] + kStride * (b + 1) + 64 * l), _MM_HINT_T0);
       vec::I lo_acc[kT][kNt], hi_acc[kT][kNt];
-      for (int u = 0; u < kT; ++u)
-        for (int n = 0; n < kNt; ++n) {
-          lo_acc[u][n] = vec::chain_start<kSigned>(kCorr ? a.corr[n][8 * b + sb] : 0);
-          hi_acc[u][n] = vec::zero();
-        }
+      start_chains<kSigned, kNt, kT>(lo_acc, hi_acc, [&](int n) { return kCorr ? a.corr[n][8 * b + sb] : 0; });
       for (int part = 0; part < 4; ++part) {
         vec::I lo[kT], hi[kT];
         for (int u = 0; u < kT; ++u) {
           if constexpr (kPre) {
-            lo[u] = vec::load(qs[u] + kPreStride * (b - b0) + 512 * sb + 128 * part);
-            hi[u] = vec::load(qs[u] + kPreStride * (b - b0) + 512 * sb + 128 * part + 64);
+            load_pair(qs[u] + kPreStride * (b - b0) + 512 * sb + 128 * part, lo[u], hi[u]);
           } else {
             unpack_k<kType>(qs[u] + kStride * b, sb, part, lo[u], hi[u]);
           }
@@ -359,15 +382,10 @@ inline void dot_q4k(const uint8_t* const* sc, const uint8_t* const* qs, int64_t 
       }
       const uint8_t* scales = sc[u] + 64 * b;
       const vec::F dv = vec::halves(scales), dmv = vec::halves(scales + 32);
-      for (int n = 0; n < kNt; ++n) {
-        const vec::F da = vec::setf(a.d[n][b]);
-        const vec::F d = vec::mulf(dv, da), dmin = vec::mulf(dmv, da);
-        s[u][n] = vec::addf(s[u][n], vec::subf(vec::mulf(d, vec::cvt(isum[u][n])), vec::mulf(dmin, vec::cvt(msum[n]))));
-      }
+      for (int n = 0; n < kNt; ++n) s[u][n] = step_with_mins(s[u][n], dv, dmv, a.d[n][b], isum[u][n], msum[n]);
     }
   }
-  for (int u = 0; u < kT; ++u)
-    for (int n = 0; n < kNt; ++n) vec::storef(sum[kSumStride * n + u].v, s[u][n]);
+  store_sums<kNt, kT>(sum, s);
 }
 
 template <uint32_t kType, bool kPre = false>
@@ -476,8 +494,7 @@ inline void dot_q6k(const uint8_t* const* sc, const uint8_t* const* qs, int64_t 
     return kPre ? qs[u] + kPreStride16 * (b - b0) + 4096 : qs[u] + kStride * b + S::kScales;
   };
   vec::F s[kT][kNt];
-  for (int u = 0; u < kT; ++u)
-    for (int n = 0; n < kNt; ++n) s[u][n] = vec::loadf(sum[kSumStride * n + u].v);
+  load_sums<kNt, kT>(sum, s);
   for (int64_t b = b0; b < b1; ++b) {
     vec::I isum[kT][kNt];
     for (int u = 0; u < kT; ++u) {
@@ -489,11 +506,7 @@ inline void dot_q6k(const uint8_t* const* sc, const uint8_t* const* qs, int64_t 
         for (int l = kStride / 64 * sb / 16; l < kStride / 64 * (sb + 1) / 16 && !kPre; ++l)
           _mm_prefetch(reinterpret_cast<const char*>(qs[u] + kStride * (b + 1) + 64 * l), _MM_HINT_T0);
       vec::I lo_acc[kT][kNt], hi_acc[kT][kNt];
-      for (int u = 0; u < kT; ++u)
-        for (int n = 0; n < kNt; ++n) {
-          lo_acc[u][n] = vec::chain_start<false>(kTwo ? 0 : a.corr[n][16 * b + sb]);
-          hi_acc[u][n] = vec::zero();
-        }
+      start_chains<false, kNt, kT>(lo_acc, hi_acc, [&](int n) { return kTwo ? 0 : a.corr[n][16 * b + sb]; });
       vec::I hb[kT];
       for (int u = 0; u < kT; ++u)
         if constexpr (!kPre) hb[u] = ops.top(qs[u] + kStride * b, sb);
@@ -501,8 +514,7 @@ inline void dot_q6k(const uint8_t* const* sc, const uint8_t* const* qs, int64_t 
         vec::I lo[kT], hi[kT];
         for (int u = 0; u < kT; ++u) {
           if constexpr (kPre) {
-            lo[u] = vec::load(qs[u] + kPreStride16 * (b - b0) + 256 * sb + 128 * h);
-            hi[u] = vec::load(qs[u] + kPreStride16 * (b - b0) + 256 * sb + 128 * h + 64);
+            load_pair(qs[u] + kPreStride16 * (b - b0) + 256 * sb + 128 * h, lo[u], hi[u]);
           } else {
             ops(qs[u] + kStride * b, hb[u], sb, h, lo[u], hi[u]);
           }
@@ -529,20 +541,14 @@ inline void dot_q6k(const uint8_t* const* sc, const uint8_t* const* qs, int64_t 
           const vec::I mv = q2k_min_pairs(scales_at(u, b) + 32 * p);
           for (int n = 0; n < kNt; ++n) msum[n] = vec::dot16(msum[n], mv, vec::set32(a.corr[n][8 * b + p]));
         }
-        for (int n = 0; n < kNt; ++n) {
-          const vec::F da = vec::setf(a.d[n][b]);
-          const vec::F d = vec::mulf(dv, da), dmin = vec::mulf(dmv, da);
-          s[u][n] =
-              vec::addf(s[u][n], vec::subf(vec::mulf(d, vec::cvt(isum[u][n])), vec::mulf(dmin, vec::cvt(msum[n]))));
-        }
+        for (int n = 0; n < kNt; ++n) s[u][n] = step_with_mins(s[u][n], dv, dmv, a.d[n][b], isum[u][n], msum[n]);
         continue;
       }
       for (int n = 0; n < kNt; ++n)
         s[u][n] = vec::addf(s[u][n], vec::mulf(vec::mulf(dv, vec::setf(a.d[n][b])), vec::cvt(isum[u][n])));
     }
   }
-  for (int u = 0; u < kT; ++u)
-    for (int n = 0; n < kNt; ++n) vec::storef(sum[kSumStride * n + u].v, s[u][n]);
+  store_sums<kNt, kT>(sum, s);
 }
 
 template <uint32_t kType, bool kPre = false>
