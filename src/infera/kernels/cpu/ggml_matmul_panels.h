@@ -18,7 +18,8 @@
 // over two); a thread otherwise takes two panels at a time (each activation broadcast serves
 // both) against up to four activation rows. AVX2 has half the registers at half the width:
 // two panels in a decode step (kernels_bench, one thread, 2048 x 5632: 1.1-1.5x over one),
-// otherwise one against up to two activation rows. A call of more rows runs its rows
+// otherwise one against up to four activation rows where a sum's products fit one int16 chain
+// (Traits::kMerge; 64-256 tokens 1.03-1.2x over two rows per pass), else two. A call of more rows runs its rows
 // over 16-block chunks of the unit in turn, so the chunk is read from memory once and from L1
 // by the other rows, and past kDirectRows rows the chunk is unpacked once (16 KB for a pair)
 // for all of them (Q8_0's panels hold its operands already; the K types take 2-super-block
@@ -43,10 +44,10 @@ constexpr int64_t kPrefetch = 2048;
 // Panels a thread takes at a time at most, and the stride of its sums: sum[kSumStride n + u]
 // is panel u's with activation row n.
 constexpr int kSumStride = 4;
-// The unit shapes: panels at a time in a decode step and otherwise, activation rows per pass.
+// The unit shapes: panels at a time in a decode step and otherwise (activation rows per pass:
+// Traits::kPassRows).
 constexpr int kDecodePanels = vec::kVnni ? 4 : 2;
 constexpr int kPanels = vec::kVnni ? 2 : 1;
-constexpr int kPassRows = vec::kVnni ? 4 : 2;
 
 // 16 lanes of f32 sums, kept across the chunks of k.
 struct alignas(64) Sums16 {
@@ -70,6 +71,14 @@ struct Traits {
   static constexpr int kScaleStride = panel_scale_stride(kType);
   static constexpr int kQuantStride = panel_quant_stride(kType);
   static constexpr int kMaxOperand = kType == kQ6_K ? 63 : kType == kQ3_K ? 7 : kType == kQ2_K ? 3 : kFive ? 31 : 15;
+  // The steps of a chain: a 32-weight block's (or sub-block's) four for each of its low and
+  // high chains, a 16-weight sub-block's two.
+  static constexpr int kChainSteps = kType == kQ6_K || kType == kQ3_K || kType == kQ2_K ? 2 : 4;
+  // AVX2: one chain for both where the int16 bound allows (the 4-bit, 3-bit, 2-bit and signed
+  // ones; not the 5-bit types or Q6_K), so that four activation rows' chains fit the 16
+  // registers; two rows per pass otherwise.
+  static constexpr bool kMerge = !vec::kVnni && (kSigned || vec::chain_fits(2 * kChainSteps, kMaxOperand));
+  static constexpr int kPassRows = vec::kVnni || kMerge ? 4 : 2;
 };
 
 // A part's low and high nibbles as the products' operands: Q4_0 / Q4_1 as they are (w + 8;
@@ -170,14 +179,17 @@ inline void load_pair(const uint8_t* p, vec::I& lo, vec::I& hi) {
 // One step of eight weights: lo_acc[u][n] += operand lo[u] against activation row n's quants
 // at..at + 3 broadcast, hi_acc[u][n] += hi[u] against the next four, for kT panels and kNt
 // activation rows (two chains per sum, so one row's products do not wait on each other).
-template <bool kSigned, int kNt, int kT>
+template <bool kSigned, bool kMerge, int kNt, int kT>
 inline void dp_step(const PAct& a, int64_t at, const vec::I* lo, const vec::I* hi, vec::I (*lo_acc)[kNt],
                     vec::I (*hi_acc)[kNt]) {
   for (int n = 0; n < kNt; ++n) {
     const vec::I a0 = vec::bcast4(a.q[n] + at), a1 = vec::bcast4(a.q[n] + at + 4);
     for (int u = 0; u < kT; ++u) {
       lo_acc[u][n] = vec::chain_step<kSigned>(lo_acc[u][n], lo[u], a0);
-      hi_acc[u][n] = vec::chain_step<kSigned>(hi_acc[u][n], hi[u], a1);
+      if constexpr (kMerge)
+        lo_acc[u][n] = vec::chain_step<kSigned>(lo_acc[u][n], hi[u], a1);
+      else
+        hi_acc[u][n] = vec::chain_step<kSigned>(hi_acc[u][n], hi[u], a1);
     }
   }
 }
@@ -189,7 +201,8 @@ template <uint32_t kType, int kNt, int kT, bool kPre>
 inline void dot(const uint8_t* const* sc, const uint8_t* const* qs, int64_t b0, int64_t b1, const PAct& a,
                 Sums16* sum) {
   using T = Traits<kType>;
-  static_assert(T::kSigned || vec::kVnni || vec::chain_fits(4, T::kMaxOperand), "a chain's int16 sums overflow");
+  static_assert(T::kSigned || vec::kVnni || vec::chain_fits(T::kChainSteps * (T::kMerge ? 2 : 1), T::kMaxOperand),
+                "a chain's int16 sums overflow");
   const Unpack<kType> unpack;
   vec::F s[kT][kNt];
   load_sums<kNt, kT>(sum, s);
@@ -219,13 +232,14 @@ inline void dot(const uint8_t* const* sc, const uint8_t* const* qs, int64_t b0, 
           unpack(qs[u] + T::kQuantStride * b, part, lo[u], hi[u]);
         }
       }
-      dp_step<T::kSigned, kNt, kT>(a, 32 * b + 8 * part, lo, hi, lo_acc, hi_acc);
+      dp_step<T::kSigned, T::kMerge, kNt, kT>(a, 32 * b + 8 * part, lo, hi, lo_acc, hi_acc);
     }
     for (int u = 0; u < kT; ++u) {
       const uint8_t* scales = sc[u] + T::kScaleStride * b;
       const vec::F dv = vec::halves(scales);
       for (int n = 0; n < kNt; ++n) {
-        const vec::I isum = vec::chain_sum<T::kSigned>(lo_acc[u][n], hi_acc[u][n], T::kOffset != 0 ? a.corr[n][b] : 0);
+        const vec::I isum =
+            vec::chain_sum<T::kSigned, T::kMerge>(lo_acc[u][n], hi_acc[u][n], T::kOffset != 0 ? a.corr[n][b] : 0);
         s[u][n] = vec::addf(s[u][n], vec::mulf(vec::cvt(isum), vec::mulf(dv, vec::setf(a.d[n][b]))));
       }
       if constexpr (T::kMin) {  // + m x the activation's f16-rounded d x block sum, as its own step
@@ -245,8 +259,12 @@ using DotFn = void (*)(const uint8_t* const*, const uint8_t* const*, int64_t, in
 template <class Pick>
 inline DotFn dot_by_shape(int kt, int rows, Pick pick) {
   if constexpr (!vec::kVnni) {
-    if (rows == 1) return kt == 1 ? pick.template operator()<1, 1>() : pick.template operator()<1, 2>();
-    return pick.template operator()<2, 1>();
+    switch (rows) {
+      case 1: return kt == 1 ? pick.template operator()<1, 1>() : pick.template operator()<1, 2>();
+      case 2: return pick.template operator()<2, 1>();
+      case 3: return pick.template operator()<3, 1>();
+      default: return pick.template operator()<4, 1>();
+    }
   } else {
     if (rows == 1) {
       switch (kt) {
@@ -327,7 +345,8 @@ inline void dot_q4k(const uint8_t* const* sc, const uint8_t* const* qs, int64_t 
                     Sums16* sum) {
   constexpr int kStride = panel_quant_stride(kType), kScale = panel_scale_stride(kType);
   constexpr bool kXs = kType == kIQ4_XS, kSigned = Traits<kType>::kSigned, kCorr = kXs && !kSigned;
-  static_assert(kSigned || vec::kVnni || vec::chain_fits(4, Traits<kType>::kMaxOperand),
+  using T = Traits<kType>;
+  static_assert(kSigned || vec::kVnni || vec::chain_fits(T::kChainSteps * (T::kMerge ? 2 : 1), T::kMaxOperand),
                 "a chain's int16 sums overflow");
   vec::F s[kT][kNt];
   load_sums<kNt, kT>(sum, s);
@@ -353,16 +372,18 @@ inline void dot_q4k(const uint8_t* const* sc, const uint8_t* const* qs, int64_t 
             unpack_k<kType>(qs[u] + kStride * b, sb, part, lo[u], hi[u]);
           }
         }
-        dp_step<kSigned, kNt, kT>(a, 256 * b + 32 * sb + 8 * part, lo, hi, lo_acc, hi_acc);
+        dp_step<kSigned, Traits<kType>::kMerge, kNt, kT>(a, 256 * b + 32 * sb + 8 * part, lo, hi, lo_acc, hi_acc);
       }
       for (int u = 0; u < kT; ++u) {
         const uint8_t* s8p =
             kPre ? qs[u] + kPreStride * (b - b0) + 4096 + 16 * sb : qs[u] + kStride * b + 2048 + 16 * sb;
         const vec::I scv = kXs ? vec::i8_lanes(s8p) : vec::u8_lanes(s8p);
         for (int n = 0; n < kNt; ++n)
-          isum[u][n] = vec::add32(isum[u][n], vec::mul32(vec::chain_sum<kSigned>(lo_acc[u][n], hi_acc[u][n],
-                                                                                 kCorr ? a.corr[n][8 * b + sb] : 0),
-                                                         scv));
+          isum[u][n] =
+              vec::add32(isum[u][n],
+                         vec::mul32(vec::chain_sum<kSigned, Traits<kType>::kMerge>(lo_acc[u][n], hi_acc[u][n],
+                                                                                   kCorr ? a.corr[n][8 * b + sb] : 0),
+                                    scv));
       }
     }
     for (int u = 0; u < kT; ++u) {
@@ -487,7 +508,9 @@ inline void dot_q6k(const uint8_t* const* sc, const uint8_t* const* qs, int64_t 
   using S = Sub16<kType>;
   constexpr bool kTwo = S::kTwo;
   constexpr int kStride = S::kStride, kScStride = panel_scale_stride(kType);
-  static_assert(vec::kVnni || vec::chain_fits(2, Traits<kType>::kMaxOperand), "a chain's int16 sums overflow");
+  using T = Traits<kType>;
+  static_assert(vec::kVnni || vec::chain_fits(T::kChainSteps * (T::kMerge ? 2 : 1), T::kMaxOperand),
+                "a chain's int16 sums overflow");
   const S ops;
   // Where super-block b's scales are (Q2_K: and mins).
   const auto scales_at = [&](int u, int64_t b) {
@@ -519,16 +542,18 @@ inline void dot_q6k(const uint8_t* const* sc, const uint8_t* const* qs, int64_t 
             ops(qs[u] + kStride * b, hb[u], sb, h, lo[u], hi[u]);
           }
         }
-        dp_step<false, kNt, kT>(a, 256 * b + 16 * sb + 8 * h, lo, hi, lo_acc, hi_acc);
+        dp_step<false, Traits<kType>::kMerge, kNt, kT>(a, 256 * b + 16 * sb + 8 * h, lo, hi, lo_acc, hi_acc);
       }
       for (int u = 0; u < kT; ++u) {
         const uint8_t* s8p = scales_at(u, b) + 16 * sb;
         // (Q2_K: a byte holds the scale in its low four bits, the min in its high four)
         const vec::I scv = kTwo ? vec::and_(vec::u8_lanes(s8p), vec::set32(0xF)) : vec::i8_lanes(s8p);
         for (int n = 0; n < kNt; ++n)
-          isum[u][n] = vec::add32(isum[u][n], vec::mul32(vec::chain_sum<false>(lo_acc[u][n], hi_acc[u][n],
-                                                                               kTwo ? 0 : a.corr[n][16 * b + sb]),
-                                                         scv));
+          isum[u][n] =
+              vec::add32(isum[u][n],
+                         vec::mul32(vec::chain_sum<false, Traits<kType>::kMerge>(lo_acc[u][n], hi_acc[u][n],
+                                                                                 kTwo ? 0 : a.corr[n][16 * b + sb]),
+                                    scv));
       }
     }
     for (int u = 0; u < kT; ++u) {
@@ -1111,7 +1136,9 @@ inline void matmul(const uint8_t* panels, int64_t k, const Activations& a, int64
   const int per_unit = m == 1 ? kDecodePanels : kPanels;
   const int64_t units = (np + per_unit - 1) / per_unit;
   // (one pass, nothing unpacked: the whole row; K types: super-blocks)
-  const int64_t chunk = m <= std::min<int64_t>(kPassRows, kDirectRows) ? nb : kK || kSub16 || kXs ? 2 : kChunkBlocks;
+  const int64_t chunk = m <= std::min<int64_t>(Traits<kType>::kPassRows, kDirectRows) ? nb
+                        : kK || kSub16 || kXs                                         ? 2
+                                                                                      : kChunkBlocks;
   const int threads = omp_in_parallel() ? 1 : num_threads();
 #pragma omp parallel num_threads(static_cast <int>(std::min <int64_t>(threads, units)))
   {
@@ -1152,7 +1179,7 @@ inline void matmul(const uint8_t* panels, int64_t k, const Activations& a, int64
           }
         }
         for (int64_t i = 0; i < m;) {
-          const int nt = static_cast<int>(std::min<int64_t>(kPassRows, m - i));
+          const int nt = static_cast<int>(std::min<int64_t>(Traits<kType>::kPassRows, m - i));
           PAct pa{};
           for (int n = 0; n < nt; ++n) {
             pa.q[n] = a.q.data() + (i + n) * k;

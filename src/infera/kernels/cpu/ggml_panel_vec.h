@@ -86,9 +86,10 @@ template <bool kSigned>
 inline I chain_step(I acc, I w, I a) {
   return _mm512_dpbusd_epi32(acc, w, a);
 }
-// Two chains' int32 sum (the start's -corr in it already).
-template <bool kSigned>
+// Two chains' int32 sum (the start's -corr in it already; kMerge: one chain, lo).
+template <bool kSigned, bool kMerge = false>
 inline I chain_sum(I lo, I hi, int32_t corr) {
+  static_assert(!kMerge, "VNNI keeps two chains");
   (void)corr;
   return _mm512_add_epi32(lo, hi);
 }
@@ -212,11 +213,15 @@ inline I chain_step(I acc, I w, I q) {
             _mm256_add_epi16(acc.b, _mm256_maddubs_epi16(w.b, q.b))};
   }
 }
-template <bool kSigned>
+// (kMerge: one chain, lo, that took both halves' steps.)
+template <bool kSigned, bool kMerge = false>
 inline I chain_sum(I lo, I hi, int32_t corr) {
   I s;
   if constexpr (kSigned) {
-    s = add32(lo, hi);
+    s = kMerge ? lo : add32(lo, hi);
+  } else if constexpr (kMerge) {
+    const __m256i one = _mm256_set1_epi16(1);
+    s = {_mm256_madd_epi16(lo.a, one), _mm256_madd_epi16(lo.b, one)};
   } else {
     const __m256i one = _mm256_set1_epi16(1);
     s = {_mm256_add_epi32(_mm256_madd_epi16(lo.a, one), _mm256_madd_epi16(hi.a, one)),
