@@ -23,7 +23,7 @@
 // over 16-block chunks of the unit in turn, so the chunk is read from memory once and from L1
 // by the other rows, and past kDirectRows rows the chunk is unpacked once (16 KB for a pair)
 // for all of them (Q8_0's panels hold its operands already; the K types take 2-super-block
-// chunks, unpacked per pass but IQ4_XS's, unpacked once).
+// chunks).
 // Measured (kernels_bench, 2048 x 5632, against the rows read in place and the VNNI tiles,
 // one thread): decode 1.3-1.5x (11.5-13 GB/s of 17), 8 tokens 2-3x, 64 1.1-1.25x, 256 1.4x.
 // Included by ggml_matmul_simd.h inside namespace simd.
@@ -1158,9 +1158,11 @@ inline void matmul(const uint8_t* panels, int64_t k, const Activations& a, int64
         nib[u] = sc[u] + sbytes;
       }
       std::fill(sums.begin(), sums.end(), Sums16{});
-      // Q8_0's panels are in the unpacked layout already. The K types but IQ4_XS on VNNI
-      // unpack per pass (their operands a step or two from the panel's bytes there).
-      const bool pre = kType == kQ8_0 || (m > kDirectRows && (kXs || !vec::kVnni || (!kK && !kSub16)));
+      // Q8_0's panels are in the unpacked layout already. (The K types' chunks unpacked once
+      // against per pass on the VNNI steps, kernels_bench 2048 x 5632 with AMX off, one | two
+      // threads, best of two rounds: 16 tokens 0.9-1.3x, 64 1.1-1.4x | 1.2-1.35x, 256
+      // 1.2-1.9x | 1.2-1.45x.)
+      const bool pre = kType == kQ8_0 || m > kDirectRows;
       const uint8_t* w[kSumStride] = {nib[0], nib[1], nib[2], nib[3]};
       for (int64_t b0 = 0; b0 < nb; b0 += chunk) {
         const int64_t b1 = std::min(nb, b0 + chunk);
