@@ -57,7 +57,8 @@ struct alignas(64) Sums16 {
 // What a panel type holds (ggml_quants.h): the offset that makes its weights unsigned on VNNI
 // (taken back out as offset x the activation's block sums; kSigned: none on AVX2, where the
 // products take them signed), whether it has f16 offsets m (Q4_1 / Q5_1, against the Q8_1
-// activations' sums) and fifth bits (Q5_0 / Q5_1), its strides, its operands' largest value.
+// activations' sums) and five-bit quants (Q5_0 / Q5_1 / Q5_K), its strides, its operands'
+// largest value and how its products' chains go.
 template <uint32_t kType>
 struct Traits {
   static constexpr bool kSigned = !vec::kVnni && (kType == kQ8_0 || kType == kIQ4_NL || kType == kIQ4_XS);
@@ -79,6 +80,8 @@ struct Traits {
   // registers; two rows per pass otherwise.
   static constexpr bool kMerge = !vec::kVnni && (kSigned || vec::chain_fits(2 * kChainSteps, kMaxOperand));
   static constexpr int kPassRows = vec::kVnni || kMerge ? 4 : 2;
+  static_assert(kSigned || vec::kVnni || vec::chain_fits(kChainSteps * (kMerge ? 2 : 1), kMaxOperand),
+                "a chain's int16 sums overflow");
 };
 
 // A part's low and high nibbles as the products' operands: Q4_0 / Q4_1 as they are (w + 8;
@@ -153,6 +156,11 @@ inline void store_sums(Sums16* sum, const vec::F (*s)[kNt]) {
     for (int n = 0; n < kNt; ++n) vec::storef(sum[kSumStride * n + u].v, s[u][n]);
 }
 
+// A block's f32 step, the generic path's: s + d_w d_a isum (dv: the rows' d; da: the activation's).
+inline vec::F block_step(vec::F s, vec::F dv, float da, vec::I isum) {
+  return vec::addf(s, vec::mulf(vec::mulf(dv, vec::setf(da)), vec::cvt(isum)));
+}
+
 // A super-block's f32 step with mins, the generic path's: s + (d_w d_a isum - dmin_w d_a msum)
 // (dv, dmv: the rows' d and dmin; da: the activation's d).
 inline vec::F step_with_mins(vec::F s, vec::F dv, vec::F dmv, float da, vec::I isum, vec::I msum) {
@@ -178,7 +186,8 @@ inline void load_pair(const uint8_t* p, vec::I& lo, vec::I& hi) {
 
 // One step of eight weights: lo_acc[u][n] += operand lo[u] against activation row n's quants
 // at..at + 3 broadcast, hi_acc[u][n] += hi[u] against the next four, for kT panels and kNt
-// activation rows (two chains per sum, so one row's products do not wait on each other).
+// activation rows (two chains per sum, so one row's products do not wait on each other; kMerge:
+// hi's into lo_acc too, one chain).
 template <bool kSigned, bool kMerge, int kNt, int kT>
 inline void dp_step(const PAct& a, int64_t at, const vec::I* lo, const vec::I* hi, vec::I (*lo_acc)[kNt],
                     vec::I (*hi_acc)[kNt]) {
@@ -201,15 +210,15 @@ template <uint32_t kType, int kNt, int kT, bool kPre>
 inline void dot(const uint8_t* const* sc, const uint8_t* const* qs, int64_t b0, int64_t b1, const PAct& a,
                 Sums16* sum) {
   using T = Traits<kType>;
-  static_assert(T::kSigned || vec::kVnni || vec::chain_fits(T::kChainSteps * (T::kMerge ? 2 : 1), T::kMaxOperand),
-                "a chain's int16 sums overflow");
+  static_assert(kType != kQ8_0 || kPre, "Q8_0's panels hold its operands: always kPre");
   const Unpack<kType> unpack;
+  const auto corr = [&](int n, int64_t b) { return T::kOffset != 0 ? a.corr[n][b] : 0; };
   vec::F s[kT][kNt];
   load_sums<kNt, kT>(sum, s);
   for (int64_t b = b0; b < b1; ++b) {
     // Two chains per sum (low and high nibbles), so one row's products do not wait on each other.
     vec::I lo_acc[kT][kNt], hi_acc[kT][kNt];
-    start_chains<T::kSigned, kNt, kT>(lo_acc, hi_acc, [&](int n) { return T::kOffset != 0 ? a.corr[n][b] : 0; });
+    start_chains<T::kSigned, kNt, kT>(lo_acc, hi_acc, [&](int n) { return corr(n, b); });
     if (!kPre) {
       for (int u = 0; u < kT; ++u) prefetch_block<kType>(sc[u], qs[u], b);
     } else if (kType == kQ8_0) {  // (straight from the panel: streamed too)
@@ -222,8 +231,8 @@ inline void dot(const uint8_t* const* sc, const uint8_t* const* qs, int64_t b0, 
     for (int part = 0; part < 4; ++part) {
       vec::I lo[kT], hi[kT];
       for (int u = 0; u < kT; ++u) {
-        if constexpr (kType == kQ8_0) {  // (signed in the panel: + 128 on VNNI)
-          const vec::I flip = vec::set8(T::kSigned ? 0 : 0x80);
+        if constexpr (kType == kQ8_0 && !T::kSigned) {  // (signed in the panel: + 128 on VNNI)
+          const vec::I flip = vec::set8(0x80);
           lo[u] = vec::xor_(vec::load(qs[u] + 512 * (b - b0) + 128 * part), flip);
           hi[u] = vec::xor_(vec::load(qs[u] + 512 * (b - b0) + 128 * part + 64), flip);
         } else if constexpr (kPre) {
@@ -238,9 +247,8 @@ inline void dot(const uint8_t* const* sc, const uint8_t* const* qs, int64_t b0, 
       const uint8_t* scales = sc[u] + T::kScaleStride * b;
       const vec::F dv = vec::halves(scales);
       for (int n = 0; n < kNt; ++n) {
-        const vec::I isum =
-            vec::chain_sum<T::kSigned, T::kMerge>(lo_acc[u][n], hi_acc[u][n], T::kOffset != 0 ? a.corr[n][b] : 0);
-        s[u][n] = vec::addf(s[u][n], vec::mulf(vec::cvt(isum), vec::mulf(dv, vec::setf(a.d[n][b]))));
+        s[u][n] = block_step(s[u][n], dv, a.d[n][b],
+                             vec::chain_sum<T::kSigned, T::kMerge>(lo_acc[u][n], hi_acc[u][n], corr(n, b)));
       }
       if constexpr (T::kMin) {  // + m x the activation's f16-rounded d x block sum, as its own step
         const vec::F mv = vec::halves(scales + 32);
@@ -254,8 +262,8 @@ inline void dot(const uint8_t* const* sc, const uint8_t* const* qs, int64_t b0, 
 using DotFn = void (*)(const uint8_t* const*, const uint8_t* const*, int64_t, int64_t, const PAct&, Sums16*);
 
 // A dot kernel family's instance for kT panels (1-4; 3-4 only for one activation row) against
-// `rows` activation rows (1-4): pick.template operator()<kNt, kT>() returns it. (AVX2: one
-// panel, up to two rows.)
+// `rows` activation rows (1-4): pick.template operator()<kNt, kT>() returns it. (AVX2: two
+// panels for one row, else one.)
 template <class Pick>
 inline DotFn dot_by_shape(int kt, int rows, Pick pick) {
   if constexpr (!vec::kVnni) {
@@ -344,10 +352,9 @@ template <uint32_t kType, int kNt, int kT, bool kPre = false>
 inline void dot_q4k(const uint8_t* const* sc, const uint8_t* const* qs, int64_t b0, int64_t b1, const PAct& a,
                     Sums16* sum) {
   constexpr int kStride = panel_quant_stride(kType), kScale = panel_scale_stride(kType);
-  constexpr bool kXs = kType == kIQ4_XS, kSigned = Traits<kType>::kSigned, kCorr = kXs && !kSigned;
-  using T = Traits<kType>;
-  static_assert(kSigned || vec::kVnni || vec::chain_fits(T::kChainSteps * (T::kMerge ? 2 : 1), T::kMaxOperand),
-                "a chain's int16 sums overflow");
+  constexpr bool kXs = kType == kIQ4_XS, kSigned = Traits<kType>::kSigned, kMerge = Traits<kType>::kMerge;
+  // (IQ4_XS on VNNI: 128 x the activation's sum of sub-block sb's 32 quants)
+  const auto corr = [&](int n, int64_t b, int sb) { return kXs && !kSigned ? a.corr[n][8 * b + sb] : 0; };
   vec::F s[kT][kNt];
   load_sums<kNt, kT>(sum, s);
   for (int64_t b = b0; b < b1; ++b) {
@@ -362,7 +369,7 @@ inline void dot_q4k(const uint8_t* const* sc, const uint8_t* const* qs, int64_t 
         for (int l = kStride / 64 * sb / 8; l < kStride / 64 * (sb + 1) / 8 && !kPre; ++l)
           _mm_prefetch(reinterpret_cast<const char*>(qs[u] + kStride * (b + 1) + 64 * l), _MM_HINT_T0);
       vec::I lo_acc[kT][kNt], hi_acc[kT][kNt];
-      start_chains<kSigned, kNt, kT>(lo_acc, hi_acc, [&](int n) { return kCorr ? a.corr[n][8 * b + sb] : 0; });
+      start_chains<kSigned, kNt, kT>(lo_acc, hi_acc, [&](int n) { return corr(n, b, sb); });
       for (int part = 0; part < 4; ++part) {
         vec::I lo[kT], hi[kT];
         for (int u = 0; u < kT; ++u) {
@@ -372,7 +379,7 @@ inline void dot_q4k(const uint8_t* const* sc, const uint8_t* const* qs, int64_t 
             unpack_k<kType>(qs[u] + kStride * b, sb, part, lo[u], hi[u]);
           }
         }
-        dp_step<kSigned, Traits<kType>::kMerge, kNt, kT>(a, 256 * b + 32 * sb + 8 * part, lo, hi, lo_acc, hi_acc);
+        dp_step<kSigned, kMerge, kNt, kT>(a, 256 * b + 32 * sb + 8 * part, lo, hi, lo_acc, hi_acc);
       }
       for (int u = 0; u < kT; ++u) {
         const uint8_t* s8p =
@@ -381,16 +388,13 @@ inline void dot_q4k(const uint8_t* const* sc, const uint8_t* const* qs, int64_t 
         for (int n = 0; n < kNt; ++n)
           isum[u][n] =
               vec::add32(isum[u][n],
-                         vec::mul32(vec::chain_sum<kSigned, Traits<kType>::kMerge>(lo_acc[u][n], hi_acc[u][n],
-                                                                                   kCorr ? a.corr[n][8 * b + sb] : 0),
-                                    scv));
+                         vec::mul32(vec::chain_sum<kSigned, kMerge>(lo_acc[u][n], hi_acc[u][n], corr(n, b, sb)), scv));
       }
     }
     for (int u = 0; u < kT; ++u) {
       if constexpr (kXs) {
         const vec::F dv = vec::halves(sc[u] + 32 * b);
-        for (int n = 0; n < kNt; ++n)
-          s[u][n] = vec::addf(s[u][n], vec::mulf(vec::mulf(dv, vec::setf(a.d[n][b])), vec::cvt(isum[u][n])));
+        for (int n = 0; n < kNt; ++n) s[u][n] = block_step(s[u][n], dv, a.d[n][b], isum[u][n]);
         continue;
       }
       vec::I msum[kNt];
@@ -508,10 +512,10 @@ inline void dot_q6k(const uint8_t* const* sc, const uint8_t* const* qs, int64_t 
   using S = Sub16<kType>;
   constexpr bool kTwo = S::kTwo;
   constexpr int kStride = S::kStride, kScStride = panel_scale_stride(kType);
-  using T = Traits<kType>;
-  static_assert(vec::kVnni || vec::chain_fits(T::kChainSteps * (T::kMerge ? 2 : 1), T::kMaxOperand),
-                "a chain's int16 sums overflow");
+  constexpr bool kMerge = Traits<kType>::kMerge;
   const S ops;
+  // (Q6_K / Q3_K: 32 / 4 x the activation's sum of sub-block sb's 16 quants)
+  const auto corr = [&](int n, int64_t b, int sb) { return kTwo ? 0 : a.corr[n][16 * b + sb]; };
   // Where super-block b's scales are (Q2_K: and mins).
   const auto scales_at = [&](int u, int64_t b) {
     return kPre ? qs[u] + kPreStride16 * (b - b0) + 4096 : qs[u] + kStride * b + S::kScales;
@@ -529,7 +533,7 @@ inline void dot_q6k(const uint8_t* const* sc, const uint8_t* const* qs, int64_t 
         for (int l = kStride / 64 * sb / 16; l < kStride / 64 * (sb + 1) / 16 && !kPre; ++l)
           _mm_prefetch(reinterpret_cast<const char*>(qs[u] + kStride * (b + 1) + 64 * l), _MM_HINT_T0);
       vec::I lo_acc[kT][kNt], hi_acc[kT][kNt];
-      start_chains<false, kNt, kT>(lo_acc, hi_acc, [&](int n) { return kTwo ? 0 : a.corr[n][16 * b + sb]; });
+      start_chains<false, kNt, kT>(lo_acc, hi_acc, [&](int n) { return corr(n, b, sb); });
       vec::I hb[kT];
       for (int u = 0; u < kT; ++u)
         if constexpr (!kPre) hb[u] = ops.top(qs[u] + kStride * b, sb);
@@ -542,7 +546,7 @@ inline void dot_q6k(const uint8_t* const* sc, const uint8_t* const* qs, int64_t 
             ops(qs[u] + kStride * b, hb[u], sb, h, lo[u], hi[u]);
           }
         }
-        dp_step<false, Traits<kType>::kMerge, kNt, kT>(a, 256 * b + 16 * sb + 8 * h, lo, hi, lo_acc, hi_acc);
+        dp_step<false, kMerge, kNt, kT>(a, 256 * b + 16 * sb + 8 * h, lo, hi, lo_acc, hi_acc);
       }
       for (int u = 0; u < kT; ++u) {
         const uint8_t* s8p = scales_at(u, b) + 16 * sb;
@@ -551,9 +555,7 @@ inline void dot_q6k(const uint8_t* const* sc, const uint8_t* const* qs, int64_t 
         for (int n = 0; n < kNt; ++n)
           isum[u][n] =
               vec::add32(isum[u][n],
-                         vec::mul32(vec::chain_sum<false, Traits<kType>::kMerge>(lo_acc[u][n], hi_acc[u][n],
-                                                                                 kTwo ? 0 : a.corr[n][16 * b + sb]),
-                                    scv));
+                         vec::mul32(vec::chain_sum<false, kMerge>(lo_acc[u][n], hi_acc[u][n], corr(n, b, sb)), scv));
       }
     }
     for (int u = 0; u < kT; ++u) {
@@ -569,8 +571,7 @@ inline void dot_q6k(const uint8_t* const* sc, const uint8_t* const* qs, int64_t 
         for (int n = 0; n < kNt; ++n) s[u][n] = step_with_mins(s[u][n], dv, dmv, a.d[n][b], isum[u][n], msum[n]);
         continue;
       }
-      for (int n = 0; n < kNt; ++n)
-        s[u][n] = vec::addf(s[u][n], vec::mulf(vec::mulf(dv, vec::setf(a.d[n][b])), vec::cvt(isum[u][n])));
+      for (int n = 0; n < kNt; ++n) s[u][n] = block_step(s[u][n], dv, a.d[n][b], isum[u][n]);
     }
   }
   store_sums<kNt, kT>(sum, s);
@@ -1131,14 +1132,19 @@ inline void matmul(const uint8_t* panels, int64_t k, const Activations& a, int64
     for (int64_t i = 0; i < m * nb * 16; ++i) corr[i] = (kSix ? 32 : 4) * a.bsums[i];
   }
   const int32_t* corr_all = corr.data();  // (the caller's: thread_local names differ per thread below)
-  // A decode step (one activation row) takes four panels at a time, so that four streams are
-  // read at once; more rows take two (their sums' registers).
+  // A decode step (one activation row) takes kDecodePanels panels at a time, so that several
+  // streams are read at once; more rows take kPanels (their sums' registers).
   const int per_unit = m == 1 ? kDecodePanels : kPanels;
   const int64_t units = (np + per_unit - 1) / per_unit;
-  // (one pass, nothing unpacked: the whole row; K types: super-blocks)
-  const int64_t chunk = m <= std::min<int64_t>(Traits<kType>::kPassRows, kDirectRows) ? nb
-                        : kK || kSub16 || kXs                                         ? 2
-                                                                                      : kChunkBlocks;
+  // Q8_0's panels are in the unpacked layout already. (The K types' chunks unpacked once
+  // against per pass on the VNNI steps, kernels_bench 2048 x 5632 with AMX off, one | two
+  // threads, best of two rounds: 16 tokens 0.9-1.3x, 64 1.1-1.4x | 1.2-1.35x, 256
+  // 1.2-1.9x | 1.2-1.45x.)
+  const bool pre = kType == kQ8_0 || m > kDirectRows;
+  // One pass with nothing unpacked takes the whole row; else chunks (K types: super-blocks).
+  const int64_t chunk = (!pre || kType == kQ8_0) && m <= Traits<kType>::kPassRows ? nb
+                        : kK || kSub16 || kXs                                     ? 2
+                                                                                  : kChunkBlocks;
   const int threads = omp_in_parallel() ? 1 : num_threads();
 #pragma omp parallel num_threads(static_cast <int>(std::min <int64_t>(threads, units)))
   {
@@ -1158,11 +1164,6 @@ inline void matmul(const uint8_t* panels, int64_t k, const Activations& a, int64
         nib[u] = sc[u] + sbytes;
       }
       std::fill(sums.begin(), sums.end(), Sums16{});
-      // Q8_0's panels are in the unpacked layout already. (The K types' chunks unpacked once
-      // against per pass on the VNNI steps, kernels_bench 2048 x 5632 with AMX off, one | two
-      // threads, best of two rounds: 16 tokens 0.9-1.3x, 64 1.1-1.4x | 1.2-1.35x, 256
-      // 1.2-1.9x | 1.2-1.45x.)
-      const bool pre = kType == kQ8_0 || m > kDirectRows;
       const uint8_t* w[kSumStride] = {nib[0], nib[1], nib[2], nib[3]};
       for (int64_t b0 = 0; b0 < nb; b0 += chunk) {
         const int64_t b1 = std::min(nb, b0 + chunk);
@@ -1194,6 +1195,8 @@ inline void matmul(const uint8_t* panels, int64_t k, const Activations& a, int64
             fn = pre ? dot_q4k_for<kType, true>(kT, nt) : dot_q4k_for<kType, false>(kT, nt);
           else if constexpr (kSub16)
             fn = pre ? dot_q6k_for<kType, true>(kT, nt) : dot_q6k_for<kType, false>(kT, nt);
+          else if constexpr (kType == kQ8_0)
+            fn = dot_for<kType, true>(kT, nt);
           else
             fn = pre ? dot_for<kType, true>(kT, nt) : dot_for<kType, false>(kT, nt);
           fn(sc, w, b0, b1, pa, sums.data() + kSumStride * i);

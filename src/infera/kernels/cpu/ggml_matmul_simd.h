@@ -79,6 +79,15 @@ inline __m128i nibbles_lo(__m128i v) { return _mm_and_si128(v, _mm_set1_epi8(0x0
 inline __m128i nibbles_hi(__m128i v) { return _mm_and_si128(_mm_srli_epi16(v, 4), _mm_set1_epi8(0x0F)); }
 inline __m256i load256(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
 inline __m128i load128(const void* p) { return _mm_loadu_si128(static_cast<const __m128i*>(p)); }
+// 32 bits as 32 bytes, 0xFF where the bit is set (byte i: bit i).
+inline __m256i bit_bytes(uint32_t m) {
+  // Byte i takes byte i / 8 of m and tests bit i % 8 of it.
+  const __m256i spread =
+      _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+  const __m256i bits = _mm256_set1_epi64x(static_cast<int64_t>(0x8040201008040201ull));
+  const __m256i h = _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(m)), spread);
+  return _mm256_cmpeq_epi8(_mm256_and_si256(h, bits), bits);
+}
 inline void store256(void* p, __m256i v) { _mm256_storeu_si256(static_cast<__m256i*>(p), v); }
 inline void store128(void* p, __m128i v) { _mm_storeu_si128(static_cast<__m128i*>(p), v); }
 // The sum of 32 int8 quants (exact).
@@ -215,10 +224,6 @@ inline void dec_iq4_xs(const uint8_t* b, int64_t nb, const RowOut& o) {
 template <bool kFive, bool kOne>
 inline void dec_q45(const uint8_t* b, int64_t nb, const RowOut& o) {
   constexpr int kBytes = 2 + (kOne ? 2 : 0) + (kFive ? 4 : 0) + 16, kQs = kBytes - 16;
-  // Byte i of the vector takes byte i / 8 of qh and tests bit i % 8 of it.
-  const __m256i spread =
-      _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
-  const __m256i bits = _mm256_set1_epi64x(static_cast<int64_t>(0x8040201008040201ull));
   for (int64_t i = 0; i < nb; ++i, b += kBytes) {
     if (o.pf != 0) prefetch_block(b + o.pf, kBytes);
     o.d[i * o.ds] = half_f16c(b);
@@ -228,9 +233,7 @@ inline void dec_q45(const uint8_t* b, int64_t nb, const RowOut& o) {
     if (kFive) {
       uint32_t qh;
       std::memcpy(&qh, b + kQs - 4, 4);
-      const __m256i h = _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(qh)), spread);
-      w = _mm256_or_si256(w,
-                          _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(h, bits), bits), _mm256_set1_epi8(0x10)));
+      w = _mm256_or_si256(w, _mm256_and_si256(bit_bytes(qh), _mm256_set1_epi8(0x10)));
     }
     if (!kOne) w = _mm256_sub_epi8(w, _mm256_set1_epi8(kFive ? 16 : 8));
     store256(o.w + 32 * i, w);

@@ -9,7 +9,7 @@
 // 32767, see kChainBound) until vpmaddwd widens them once per chain; the types whose VNNI
 // operands are w + 128 (Q8_0, IQ4_NL, IQ4_XS) take w itself on AVX2, as |w| against q with
 // w's sign (vpsignb), widened per step (a pair reaches 2 x 128 x 127).
-// Included by ggml_matmul_panels.h inside namespace panel.
+// Included by ggml_matmul_panels.h inside namespace panel (within ggml_matmul_simd.h's simd).
 
 namespace vec {
 
@@ -131,14 +131,7 @@ inline I table16(const int8_t* p) {
   return {t, t};
 }
 inline I shuffle8(I table, I idx) { return {_mm256_shuffle_epi8(table.a, idx.a), _mm256_shuffle_epi8(table.b, idx.b)}; }
-// 32 mask bits as 32 bytes (0xFF where set; byte i: bit i).
-inline __m256i bit_bytes(uint32_t m) {
-  const __m256i spread =
-      _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
-  const __m256i bits = _mm256_set1_epi64x(static_cast<int64_t>(0x8040201008040201ull));
-  const __m256i h = _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(m)), spread);
-  return _mm256_cmpeq_epi8(_mm256_and_si256(h, bits), bits);
-}
+// (bit_bytes: ggml_matmul_simd.h, as the rows' Q5_0 / Q5_1 decoder expands its fifth bits.)
 inline I add8_where(I v, const uint8_t* bits, I add) {
   uint32_t m[2];
   std::memcpy(m, bits, 8);
