@@ -70,11 +70,13 @@ MappedFile::MappedFile(const std::string& path, bool load_into_memory, LoadProgr
     return;
   }
   if (load_into_memory) {
-    data_ = static_cast<uint8_t*>(std::aligned_alloc(64, (size_ + 63) / 64 * 64));
-    if (!data_) {
+    try {
+      heap_ = HugePageBuffer(size_);
+    } catch (const Error&) {
       ::close(fd);
       fail("{}: out of memory reading {} bytes", path, size_);
     }
+    data_ = heap_.data();
     // Multi-GB files show progress on a terminal.
     const bool show = size_ >= (size_t{256} << 20) && isatty(STDERR_FILENO);
     const size_t step = size_t{64} << 20;
@@ -88,7 +90,7 @@ MappedFile::MappedFile(const std::string& path, bool load_into_memory, LoadProgr
       if (n <= 0) {
         int e = errno;
         ::close(fd);
-        std::free(data_);
+        heap_ = HugePageBuffer();
         data_ = nullptr;
         fail("{}: read failed at byte {}: {}", path, done, n == 0 ? "unexpected end of file" : std::strerror(e));
       }
@@ -113,7 +115,7 @@ MappedFile::MappedFile(const std::string& path, bool load_into_memory, LoadProgr
 MappedFile::~MappedFile() { release(); }
 
 MappedFile::MappedFile(MappedFile&& o) noexcept
-    : path_(std::move(o.path_)), data_(o.data_), size_(o.size_), mapped_(o.mapped_) {
+    : path_(std::move(o.path_)), data_(o.data_), size_(o.size_), mapped_(o.mapped_), heap_(std::move(o.heap_)) {
   o.data_ = nullptr;
   o.size_ = 0;
 }
@@ -125,6 +127,7 @@ MappedFile& MappedFile::operator=(MappedFile&& o) noexcept {
     data_ = o.data_;
     size_ = o.size_;
     mapped_ = o.mapped_;
+    heap_ = std::move(o.heap_);
     o.data_ = nullptr;
     o.size_ = 0;
   }
@@ -137,7 +140,7 @@ void MappedFile::release() {
     unregister_mapping(data_);
     ::munmap(data_, size_);
   } else
-    std::free(data_);
+    heap_ = HugePageBuffer();
   data_ = nullptr;
   size_ = 0;
 }
