@@ -211,12 +211,14 @@ void BM_QuantMatmul(benchmark::State& state) {
 }
 BENCHMARK(BM_QuantMatmul)->ArgsProduct({{0, 1, 2}, {1, 64}, {1, 2}})->Apply(least_disturbed);
 
-void BM_GgmlMatmul(benchmark::State& state) {
+// hot_rows > 0: that many rows of one copy, read again and again from the caches (a decode
+// step's compute bound, apart from memory).
+void run_ggml(benchmark::State& state, int64_t hot_rows) {
   namespace ggml = infera::kernels::ggml;
   const auto type = static_cast<uint32_t>(state.range(0));
   const int64_t m = state.range(1);
   infera::set_num_threads(static_cast<int>(state.range(2)));
-  const int64_t rows = state.range(3) == 0 ? kN : kK, cols = state.range(3) == 0 ? kK : kN;
+  const int64_t rows = hot_rows > 0 ? hot_rows : state.range(3) == 0 ? kN : kK, cols = state.range(3) == 0 ? kK : kN;
   ggml::set_ggml_amx(state.range(4) != 0);  // prefill on AMX tiles where the CPU has them, or the VNNI tiles
   // The label names the path that ran: the ISA (INFERA_ISA caps it), AMX where the tiles are
   // usable, panels where that path reads them (avx512, avx2).
@@ -226,7 +228,7 @@ void BM_GgmlMatmul(benchmark::State& state) {
   const int64_t rb = ggml::row_bytes(type, cols), ts = ggml::type_size(type);
   // A decode step reads its weights from memory (a model's are far larger than the caches):
   // m = 1 cycles through copies of the matrix that together exceed them.
-  const int64_t copies = m == 1 ? std::max<int64_t>(2, kColdBytes / (rows * rb)) : 1;
+  const int64_t copies = m == 1 && hot_rows == 0 ? std::max<int64_t>(2, kColdBytes / (rows * rb)) : 1;
   std::vector<uint8_t> q(static_cast<size_t>(copies * rows * rb));
   uint32_t s = 7;
   for (auto& b : q) {  // xorshift: fast enough for hundreds of MB
@@ -271,13 +273,26 @@ void BM_GgmlMatmul(benchmark::State& state) {
                              : type == ggml::kQ3_K   ? "q3_k"
                              : type == ggml::kQ2_K   ? "q2_k"
                                                    : "iq4_xs") +
-                 " " + infera::isa_name(isa) + (m > 1 && amx ? " amx" : "") + (panels ? " panels" : ""));
+                 " " + infera::isa_name(isa) + (m > 1 && amx ? " amx" : "") + (panels ? " panels" : "") +
+                 (hot_rows > 0 ? " hot" : ""));
   ggml::set_ggml_amx(true);
   state.counters["GOP/s"] =
       benchmark::Counter(2.0 * m * rows * cols * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
   state.counters["GB/s"] =
       benchmark::Counter(1e-9 * static_cast<double>(rows * rb), benchmark::Counter::kIsIterationInvariantRate);
 }
+void BM_GgmlMatmul(benchmark::State& state) { run_ggml(state, 0); }
+// 256 rows x 5632 (0.4-1.2 MB): in L2 / L3 on the CPUs measured.
+void BM_GgmlDecodeHot(benchmark::State& state) { run_ggml(state, 256); }
+BENCHMARK(BM_GgmlDecodeHot)
+    ->ArgsProduct({{infera::kernels::ggml::kQ4_0, infera::kernels::ggml::kQ8_0, infera::kernels::ggml::kQ4_K,
+                    infera::kernels::ggml::kQ5_K, infera::kernels::ggml::kQ6_K, infera::kernels::ggml::kIQ4_XS},
+                   {1},
+                   {1},
+                   {0},
+                   {0},
+                   {1}})
+    ->Apply(least_disturbed);
 BENCHMARK(BM_GgmlMatmul)
     ->ArgsProduct({{infera::kernels::ggml::kQ4_K, infera::kernels::ggml::kQ5_K, infera::kernels::ggml::kQ6_K,
                     infera::kernels::ggml::kQ8_0, infera::kernels::ggml::kIQ4_XS, infera::kernels::ggml::kQ4_0,

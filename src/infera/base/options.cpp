@@ -592,6 +592,23 @@ const OptionSpec kOptions[] = {
              "vdpbf16ps on every CPU with AVX512_BF16; auto: bf16 products on AMX tiles where usable, and vdpbf16ps "
              "only where it outruns the f32 FMAs (AMD; A/B runs)",
      .choices = "0|1|auto"},
+    {.name = "gemv_prefetch",
+     .type = T::kChoice,
+     .use = kProcess,
+     .env = "INFERA_GEMV_PREFETCH",
+     .default_value = "auto",
+     .help = "How far ahead (bytes) the f32 / bf16 / f16 decode matmuls prefetch each weight row, 0 for not at all; "
+             "auto: times none, 512 and 2048 on the first decode calls and keeps the fastest (A/B runs)",
+     .choices = "auto|0|512|2048"},
+    {.name = "gguf_prefetch",
+     .type = T::kChoice,
+     .use = kProcess,
+     .env = "INFERA_GGUF_PREFETCH",
+     .default_value = "auto",
+     .help = "How the GGUF decode matmuls (weights repacked into panels) prefetch the lines ahead: into L1, into L2 "
+             "only, or not at all; auto: times the three per tensor type on the first decode calls and keeps the "
+             "fastest (A/B runs)",
+     .choices = "auto|l1|l2|none"},
     {.name = "gdn_kernels",
      .type = T::kChoice,
      .use = kProcess,

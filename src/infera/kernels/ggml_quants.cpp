@@ -326,9 +326,9 @@ void dequantize_row(uint32_t type, const void* src, float* dst, int64_t n) {
 void matmul_rows_scalar(uint32_t type, const void* data, int64_t row_bytes, int64_t k, const float* x, int64_t m,
                         int64_t n0, int64_t n1, float* y, int64_t ldy);
 void matmul_rows_avx2(uint32_t type, const void* data, int64_t row_bytes, int64_t k, const float* x, int64_t m,
-                      int64_t n0, int64_t n1, float* y, int64_t ldy, const uint8_t* panels);
+                      int64_t n0, int64_t n1, float* y, int64_t ldy, const uint8_t* panels, PanelPrefetch pf);
 void matmul_rows_avx512(uint32_t type, const void* data, int64_t row_bytes, int64_t k, const float* x, int64_t m,
-                        int64_t n0, int64_t n1, float* y, int64_t ldy, const uint8_t* panels);
+                        int64_t n0, int64_t n1, float* y, int64_t ldy, const uint8_t* panels, PanelPrefetch pf);
 
 bool has_matmul(uint32_t type) { return can_dequantize(type) && block_size(type) > 1; }
 
@@ -340,7 +340,7 @@ void set_ggml_amx(bool enabled) { g_amx.store(enabled, std::memory_order_relaxed
 bool ggml_amx_enabled() { return g_amx.load(std::memory_order_relaxed); }
 
 void matmul_rows(Isa isa, uint32_t type, const void* data, int64_t k, const float* x, int64_t m, int64_t n0, int64_t n1,
-                 float* y, int64_t ldy, const uint8_t* panels) {
+                 float* y, int64_t ldy, const uint8_t* panels, PanelPrefetch pf) {
   if (!has_matmul(type)) fail("no matmul for ggml type {}", type);
   if (k % block_size(type) != 0) fail("ggml type {}: {} columns are not whole blocks", type, k);
   INFERA_ASSERT(m >= 0 && 0 <= n0 && n0 <= n1 && ldy >= n1 - n0);
@@ -348,8 +348,8 @@ void matmul_rows(Isa isa, uint32_t type, const void* data, int64_t k, const floa
   const int64_t rb = row_bytes(type, k);
   const uint8_t* p = can_pack_panels(type) && n0 % kPanelRows == 0 ? panels : nullptr;
   switch (isa) {
-    case Isa::kAvx512: matmul_rows_avx512(type, data, rb, k, x, m, n0, n1, y, ldy, p); return;
-    case Isa::kAvx2: matmul_rows_avx2(type, data, rb, k, x, m, n0, n1, y, ldy, p); return;
+    case Isa::kAvx512: matmul_rows_avx512(type, data, rb, k, x, m, n0, n1, y, ldy, p, pf); return;
+    case Isa::kAvx2: matmul_rows_avx2(type, data, rb, k, x, m, n0, n1, y, ldy, p, pf); return;
     case Isa::kScalar: break;
   }
   matmul_rows_scalar(type, data, rb, k, x, m, n0, n1, y, ldy);

@@ -56,11 +56,15 @@ void dequantize_row(uint32_t type, const void* src, float* dst, int64_t n);
 // IQ4_NL, Q8_1 for Q4_1 / Q5_1, Q8_K for the K types and IQ4_XS), integer block dot
 // products, f32 block scales. Every ISA path gives the same values. F32 / F16 / BF16 are
 // not handled here (kernels::matmul).
-// panels: the same matrix repacked (pack_panels), from its row 0, or null; the avx512 path
-// computes from it when n0 is a multiple of kPanelRows (else, and on the other paths, from
-// data): the same values either way.
+// panels: the same matrix repacked (pack_panels), from its row 0, or null; the avx512 and
+// avx2 paths compute from it when n0 is a multiple of kPanelRows (else, and on the scalar
+// path, from data): the same values either way. pf: how a decode step (m == 1) over the
+// panels prefetches the lines ahead (the values do not depend on it): into L1, into L2
+// only, or not at all, where the hardware prefetchers alone keep up. Which is fastest
+// differs by machine: kernels::matmul_rows times them (kernels.h, gguf_prefetch).
+enum class PanelPrefetch : int { kL1 = 0, kL2 = 1, kNone = 2 };
 void matmul_rows(Isa isa, uint32_t type, const void* data, int64_t k, const float* x, int64_t m, int64_t n0, int64_t n1,
-                 float* y, int64_t ldy, const uint8_t* panels = nullptr);
+                 float* y, int64_t ldy, const uint8_t* panels = nullptr, PanelPrefetch pf = PanelPrefetch::kL1);
 // Whether matmul_rows() computes with `type`.
 bool has_matmul(uint32_t type);
 // Prefill of the avx512 path on AMX int8 tiles (Q8_0 from 8 activation rows, Q4_K / Q5_K

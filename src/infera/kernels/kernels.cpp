@@ -3,12 +3,17 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 
+#include <omp.h>
+
 #include "infera/base/cpu.h"
 #include "infera/base/error.h"
+#include "infera/base/log.h"
 #include "infera/base/options.h"
+#include "infera/base/threads.h"
 #include "infera/kernels/cpu/dispatch.h"
 #include "infera/kernels/ggml_quants.h"
 
@@ -76,6 +81,185 @@ bool bf16_vector_dot() {
   return mode == Bf16Dot::kOn || (mode == Bf16Dot::kAuto && cpu_features().amd);
 }
 
+namespace {
+// A choice among kKinds variants of a kernel that give the same values and differ only in
+// speed, by machine: the first calls fit to time (trial slots handed out round-robin over
+// the variants, kTrialCallsEach each) sum each variant's time and bytes, and the one with the
+// most bytes per second is kept.
+constexpr int kKinds = 3;
+constexpr int kTrialCallsEach = 64;
+constexpr int kTrialCalls = kTrialCallsEach * kKinds;
+constexpr int64_t kTrialMinBytes = int64_t{1} << 20;  // smaller matrices may sit in cache
+constexpr int kDecodeMaxRows = 16;  // m below this takes the decode kernels (kGemmMinRows)
+
+struct Tuner {
+  std::atomic<int> chosen{-1};  // the variant, or -1 while timing
+  std::atomic<int> handed{0};  // trial slots handed out
+  std::atomic<int> recorded{0};  // trial calls timed
+  std::atomic<int64_t> ns[kKinds] = {};
+  std::atomic<int64_t> bytes[kKinds] = {};
+  void reset() {
+    for (int c = 0; c < kKinds; ++c) {
+      ns[c] = 0;
+      bytes[c] = 0;
+    }
+    recorded = 0;
+    handed = 0;
+    chosen = -1;
+  }
+  // Runs run(variant) for a call of `bytes` of weights: the chosen variant, or while timing a
+  // trial slot's (timed) where `timed` allows, else `untimed`. `what` names the choice
+  // (logged when made); names[c] the variants.
+  template <class Run>
+  void call(int64_t call_bytes, bool timed, int untimed, const char* what, const char* const* names, Run run) {
+    const int c = chosen.load(std::memory_order_relaxed);
+    if (c >= 0) return run(c);
+    const int slot = timed && call_bytes >= kTrialMinBytes ? handed.fetch_add(1) : -1;
+    if (slot < 0 || slot >= kTrialCalls) return run(untimed);
+    const int v = slot % kKinds;
+    const auto t0 = std::chrono::steady_clock::now();
+    run(v);
+    const auto t1 = std::chrono::steady_clock::now();
+    ns[v].fetch_add(std::max<int64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(t1 - t0).count(), 1));
+    bytes[v].fetch_add(call_bytes);
+    if (recorded.fetch_add(1) + 1 != kTrialCalls) return;
+    int best = 0;
+    double rate[kKinds];
+    for (int i = 0; i < kKinds; ++i) {
+      rate[i] = static_cast<double>(bytes[i].load()) / static_cast<double>(std::max<int64_t>(ns[i].load(), 1));
+      if (rate[i] > rate[best]) best = i;
+    }
+    chosen = best;
+    LOG_DEBUG("{}: {} (GB/s: {} {:.1f}, {} {:.1f}, {} {:.1f})", what, names[best], names[0], rate[0], names[1], rate[1],
+              names[2], rate[2]);
+  }
+  // The variant decided, or -1.
+  int decided() const { return chosen.load(std::memory_order_relaxed); }
+};
+
+// A setting read from the environment on first use (after static initialization, when the
+// option table exists): -1 auto, else a variant; set_* overrides it.
+struct Setting {
+  std::atomic<int> value{-2};  // -2: not read yet
+  int get(const char* option, const char* const* env_names) {
+    int v = value.load(std::memory_order_relaxed);
+    if (v != -2) return v;
+    const std::string e = option_env(option, BadEnvValue::kWarnAndIgnore);
+    int from_env = -1;
+    for (int c = 0; c < kKinds; ++c)
+      if (e == env_names[c]) from_env = c;
+    int expected = -2;
+    value.compare_exchange_strong(expected, from_env, std::memory_order_relaxed);
+    return value.load(std::memory_order_relaxed);
+  }
+};
+
+// f32 / bf16 / f16 decode: prefetch distances in bytes.
+constexpr int kGemvPrefetchBytes[kKinds] = {0, 512, 2048};
+constexpr const char* kGemvPrefetchNames[kKinds] = {"none", "512 B", "2 KiB"};
+constexpr const char* kGemvPrefetchEnv[kKinds] = {"0", "512", "2048"};
+constexpr int kGemvUntimed = 2;  // 2 KiB: calls outside the timing, while it runs
+Tuner g_gemv_tuners[2];  // one thread, several
+Setting g_gemv_setting;
+
+// GGUF panel decode: PanelPrefetch values.
+constexpr const char* kPanelPrefetchNames[kKinds] = {"L1", "L2", "none"};
+constexpr const char* kPanelPrefetchEnv[kKinds] = {"l1", "l2", "none"};
+constexpr int kPanelUntimed = 0;  // L1
+constexpr int kGgmlTypes = 64;  // ggml type ids below this are timed apart
+Tuner g_panel_tuners[kGgmlTypes][2];
+Setting g_panel_setting;
+
+int gemv_setting() { return g_gemv_setting.get("gemv_prefetch", kGemvPrefetchEnv); }
+int panel_setting() { return g_panel_setting.get("gguf_prefetch", kPanelPrefetchEnv); }
+
+// Single-token calls not nested in a parallel region (whose other threads would share the
+// time) are timed.
+bool timeable(int64_t m) { return m == 1 && !omp_in_parallel(); }
+
+// The table's matmul_rows with the decode prefetch distance chosen (and timed, while auto
+// is still timing).
+void table_matmul_rows(const KernelTable& t, const float* x, int64_t m, const MatRef& w, int64_t n0, int64_t n1,
+                       float* y, int64_t ldy) {
+  const auto run = [&](int v) { t.matmul_rows(x, m, w, n0, n1, y, ldy, kGemvPrefetchBytes[v]); };
+  const int setting = gemv_setting();
+  if (setting >= 0 || m >= kDecodeMaxRows) return run(setting >= 0 ? setting : kGemvUntimed);
+  const bool several = num_threads() > 1;
+  const int64_t bytes = (n1 - n0) * w.cols * static_cast<int64_t>(dtype_size(w.dtype));
+  g_gemv_tuners[several ? 1 : 0].call(bytes, timeable(m), kGemvUntimed,
+                                      several ? "decode matmul prefetch (several threads)"
+                                              : "decode matmul prefetch (one thread)",
+                                      kGemvPrefetchNames, run);
+}
+
+void ggml_matmul_rows(Isa isa, const float* x, int64_t m, const MatRef& w, int64_t n0, int64_t n1, float* y,
+                      int64_t ldy) {
+  const auto run = [&](int v) {
+    ggml::matmul_rows(isa, w.ggml_type, w.data, w.cols, x, m, n0, n1, y, ldy, w.panels.get(),
+                      static_cast<ggml::PanelPrefetch>(v));
+  };
+  const int setting = panel_setting();
+  if (setting >= 0 || m != 1 || !w.panels || w.ggml_type >= kGgmlTypes)
+    return run(setting >= 0 ? setting : kPanelUntimed);
+  const bool several = num_threads() > 1;
+  const int64_t bytes = (n1 - n0) * ggml::row_bytes(w.ggml_type, w.cols);
+  g_panel_tuners[w.ggml_type][several ? 1 : 0].call(bytes, timeable(m), kPanelUntimed,
+                                                    several ? "gguf decode prefetch (several threads)"
+                                                            : "gguf decode prefetch (one thread)",
+                                                    kPanelPrefetchNames, run);
+}
+
+std::string tuner_state(const Tuner& t, const char* const* names) {
+  const int c = t.decided();
+  return c >= 0 ? names[c] : "not yet timed";
+}
+}  // namespace
+
+void set_gemv_prefetch(int bytes) {
+  INFERA_ASSERT(bytes >= kGemvPrefetchAuto);
+  for (auto& t : g_gemv_tuners) t.reset();
+  int v = -1;
+  for (int c = 0; c < kKinds; ++c)
+    if (bytes == kGemvPrefetchBytes[c]) v = c;
+  INFERA_ASSERT(bytes == kGemvPrefetchAuto || v >= 0, "gemv prefetch: 0, 512 or 2048 bytes");
+  g_gemv_setting.value.store(v, std::memory_order_relaxed);
+}
+
+GemvPrefetch gemv_prefetch_for(int threads) {
+  const int setting = gemv_setting();
+  if (setting >= 0) return {kGemvPrefetchBytes[setting], true};
+  const int c = g_gemv_tuners[threads > 1 ? 1 : 0].decided();
+  return c >= 0 ? GemvPrefetch{kGemvPrefetchBytes[c], true} : GemvPrefetch{kGemvPrefetchBytes[kGemvUntimed], false};
+}
+
+std::string gemv_prefetch_text() {
+  const int setting = gemv_setting();
+  if (setting >= 0) return std::string(kGemvPrefetchNames[setting]) + " ahead (fixed)";
+  return std::string("none, 512 B or 2 KiB ahead, chosen at run time (timed on the first decode calls; one thread: ") +
+         tuner_state(g_gemv_tuners[0], kGemvPrefetchNames) +
+         ", several: " + tuner_state(g_gemv_tuners[1], kGemvPrefetchNames) + ")";
+}
+
+void set_gguf_prefetch(int mode) {
+  INFERA_ASSERT(mode >= -1 && mode < kKinds);
+  for (auto& per_type : g_panel_tuners)
+    for (auto& t : per_type) t.reset();
+  g_panel_setting.value.store(mode, std::memory_order_relaxed);
+}
+
+int gguf_prefetch_for(uint32_t type, int threads) {
+  const int setting = panel_setting();
+  if (setting >= 0) return setting;
+  return type < kGgmlTypes ? g_panel_tuners[type][threads > 1 ? 1 : 0].decided() : -1;
+}
+
+std::string gguf_prefetch_text() {
+  const int setting = panel_setting();
+  if (setting >= 0) return std::string("the lines ahead: ") + kPanelPrefetchNames[setting] + " (fixed)";
+  return "the lines ahead into L1, into L2 or not at all, chosen at run time per type and for one thread and several "
+         "(timed on the first decode calls)";
+}
+
 std::string matmul_path(Isa isa, DType dtype) {
   INFERA_ASSERT(dtype == DType::kF32 || dtype == DType::kBF16 || dtype == DType::kF16);
   return table_for(isa).matmul_path(dtype);
@@ -115,10 +299,10 @@ void matmul_rows(Isa isa, const float* x, int64_t m, const MatRef& w, int64_t n0
   INFERA_ASSERT(m >= 0 && 0 <= n0 && n0 <= n1 && n1 <= w.rows && ldy >= n1 - n0);
   if (w.dtype == DType::kGgml) {
     INFERA_ASSERT(isa_available(isa), std::string("kernel path ") + isa_name(isa) + " is not available on this CPU");
-    ggml::matmul_rows(isa, w.ggml_type, w.data, w.cols, x, m, n0, n1, y, ldy, w.panels.get());
+    ggml_matmul_rows(isa, x, m, w, n0, n1, y, ldy);
     return;
   }
-  table_for(isa).matmul_rows(x, m, w, n0, n1, y, ldy);
+  table_matmul_rows(table_for(isa), x, m, w, n0, n1, y, ldy);
 }
 void matmul_rows(const float* x, int64_t m, const MatRef& w, int64_t n0, int64_t n1, float* y, int64_t ldy) {
   matmul_rows(best_isa(), x, m, w, n0, n1, y, ldy);

@@ -78,6 +78,36 @@ bool bf16_vector_dot();
 void set_bf16_amx(bool enabled);
 bool bf16_amx_enabled();
 
+// The decode (m < 16) kernels of f32 / bf16 / f16 weights read W as four row streams, each
+// also prefetched in software some bytes ahead into L1, or not: the one setting whose best
+// value differs between machines (2 KiB ahead won by ~15% on one AMD EPYC and lost by ~20%
+// to none on another). Auto (kGemvPrefetchAuto; INFERA_GEMV_PREFETCH=auto, the default)
+// times the candidates (none, 512 B, 2 KiB) on the process's first single-token calls over
+// matrices of at least 1 MiB, interleaved, 64 calls each, separately for one thread and for
+// several, and keeps the fastest (bytes per second over its calls); until then other calls
+// take 2 KiB. A number of bytes (0: none) fixes it. Results do not depend on it.
+constexpr int kGemvPrefetchAuto = -1;
+void set_gemv_prefetch(int bytes);  // kGemvPrefetchAuto (restarts the timing) or bytes >= 0
+// The distance in bytes the next decode call with `threads` threads takes (0: none), and
+// whether it is settled (fixed, or auto and timed).
+struct GemvPrefetch {
+  int bytes;
+  bool settled;
+};
+GemvPrefetch gemv_prefetch_for(int threads);
+// In words, for sysinfo and the benchmarks.
+std::string gemv_prefetch_text();
+
+// The same for GGUF weights repacked into panels (ggml::PanelPrefetch: a decode step's lines
+// ahead into L1, into L2 only, or none; the values do not depend on it): auto
+// (INFERA_GGUF_PREFETCH=auto, the default) times the three per tensor type and thread bucket
+// as above (Q4_K on a Zen 4 EPYC: L2 1.15x L1 at one thread, 1.1-1.35x at two; Q4_0: none
+// 1.2x L1); l1 / l2 / none fix it. set_gguf_prefetch(-1) is auto (restarts the timing), else a
+// PanelPrefetch value; gguf_prefetch_for gives the mode decided for the type (-1: not yet).
+void set_gguf_prefetch(int mode);
+int gguf_prefetch_for(uint32_t type, int threads);
+std::string gguf_prefetch_text();
+
 // The matmul kernels the given path runs for weights of dtype (f32, bf16, f16), prefill
 // and decode, in words (`infera sysinfo`, benchmarks).
 std::string matmul_path(Isa isa, DType dtype);

@@ -222,9 +222,9 @@ std::string ggml_matmul_path(Isa isa) {
       return std::string(
                  "avx512: activations as llama.cpp's Q8 blocks; Q4_0 / Q4_1 / Q5_0 / Q5_1 / IQ4_NL / Q8_0 / Q2_K / "
                  "Q3_K / Q4_K / Q5_K / Q6_K / IQ4_XS repacked at load into 16-row panels (huge pages; decode: vpdpbusd "
-                 "on 16 "
-                 "rows "
-                 "per vector, 4 panels per step; prefill: 2 panels x up to 4 tokens per step, from 16 tokens on AMX "
+                 "on 16 rows per vector, 4 panels per step, prefetching " +
+                 gguf_prefetch_text() +
+                 "; prefill: 2 panels x up to 4 tokens per step, from 16 tokens on AMX "
                  "tiles: Q8_0's B straight from the panel, Q4_K's / Q5_K's / Q3_K's from two planes, Q6_K's from "
                  "four and Q2_K's from one (its mins on vectors) with the sub-scales folded in, 256 weights per sum; "
                  "Q4_0 / Q5_0 / IQ4_NL from 128 tokens as Q8_0's, "
@@ -241,7 +241,10 @@ std::string ggml_matmul_path(Isa isa) {
     case Isa::kAvx2:
       return "avx2: activations as llama.cpp's Q8 blocks; Q4_0 / Q4_1 / Q5_0 / Q5_1 / IQ4_NL / Q8_0 / Q2_K / Q3_K / "
              "Q4_K / Q5_K / Q6_K / IQ4_XS repacked at load into 16-row panels (huge pages; maddubs on 8 rows per "
-             "vector, the unsigned ones' int16 sums widened once per (sub-)block; decode: 2 panels per step; prefill: "
+             "vector, the unsigned ones' int16 sums widened once per (sub-)block; decode: 2 panels per step, "
+             "prefetching " +
+             gguf_prefetch_text() +
+             "; prefill: "
              "1 panel x up to 4 tokens per step (2 for Q5_0 / Q5_1 / Q5_K / Q6_K, whose sums take two int16 chains), "
              "from 3 tokens on each chunk unpacked once); other types and rows read in place: "
              "tiles of 4 decoded rows, maddubs / madd dot products";

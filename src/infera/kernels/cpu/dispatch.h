@@ -12,7 +12,10 @@
 namespace infera::kernels {
 
 struct KernelTable {
-  void (*matmul_rows)(const float* x, int64_t m, const MatRef& w, int64_t n0, int64_t n1, float* y, int64_t ldy);
+  // gemv_prefetch: how far ahead the decode (m < 16) kernels prefetch each weight row in
+  // bytes, 0 for not at all (kernels::gemv_prefetch_for chooses it).
+  void (*matmul_rows)(const float* x, int64_t m, const MatRef& w, int64_t n0, int64_t n1, float* y, int64_t ldy,
+                      int gemv_prefetch);
   std::string (*matmul_path)(DType dtype);
   void (*rmsnorm)(const float* x, const float* w, float* y, int64_t rows, int64_t n, float eps, float w_offset);
   void (*silu_mul)(float* gate, const float* up, int64_t n);

@@ -348,17 +348,19 @@ inline float dot_row(uint32_t type, ActForm form, const DecodedRow& r, const Act
 // rows `row_bytes` apart.
 // panels: pack_panels' copy from row 0 (n0 a multiple of kPanelRows), or null.
 inline void matmul_rows(uint32_t type, const void* data, int64_t row_bytes, int64_t k, const float* x, int64_t m,
-                        int64_t n0, int64_t n1, float* y, int64_t ldy, const uint8_t* panels = nullptr) {
+                        int64_t n0, int64_t n1, float* y, int64_t ldy, const uint8_t* panels = nullptr,
+                        PanelPrefetch pf = PanelPrefetch::kL1) {
   const ActForm form = act_form(type);
   static thread_local Activations acts;
   quantize_activations(x, m, k, form, acts);
   const Activations& a = acts;
   const auto* base = static_cast<const uint8_t*>(data);
 #ifdef __AVX2__
-  simd::matmul_rows(type, base, row_bytes, k, a, m, n0, n1, y, ldy, panels);
+  simd::matmul_rows(type, base, row_bytes, k, a, m, n0, n1, y, ldy, panels, pf);
   return;
 #else
   (void)panels;
+  (void)pf;
 #endif
   const int threads = omp_in_parallel() ? 1 : num_threads();
   const int64_t n = n1 - n0;

@@ -41,6 +41,20 @@ constexpr int64_t kDirectRows = vec::kVnni ? 8 : 2;
 // measured 1.2-1.3x with 1-2 KB against none (hardware prefetch alone), one thread and two.
 constexpr int64_t kPrefetch = 2048;
 
+// How a decode step prefetches (kPf: a PanelPrefetch): the lines ahead into L1 (kL1, and
+// every call of more rows), into L2 only (kL2), or not at all (kNone). Which wins differs by
+// machine (kernels_bench, 2048 x 5632, one thread, GB/s, on a Zen 4 EPYC whose read probe
+// gives 28: Q4_0 22 / - / 26.8, Q4_K 19 / 22 / 18.5, Q6_K 16.5 / 21.7 / 13.3; where the
+// panels were first measured, L1 against none 1.2-1.3x): kernels::matmul_rows times them.
+template <int kPf>
+inline void prefetch_line(const void* p) {
+  if constexpr (kPf == static_cast<int>(PanelPrefetch::kL1))
+    _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T0);
+  else if constexpr (kPf == static_cast<int>(PanelPrefetch::kL2))
+    _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T1);
+}
+constexpr int kPfL1 = static_cast<int>(PanelPrefetch::kL1);
+
 // Panels a thread takes at a time at most, and the stride of its sums: sum[kSumStride n + u]
 // is panel u's with activation row n.
 constexpr int kSumStride = 4;
@@ -109,13 +123,11 @@ struct Unpack {
 };
 
 // Prefetches block b's quants and scales kPrefetch ahead (the scale lines once per line).
-template <uint32_t kType>
+template <uint32_t kType, int kPf = kPfL1>
 inline void prefetch_block(const uint8_t* sc, const uint8_t* qs, int64_t b) {
   using T = Traits<kType>;
-  for (int l = 0; l < T::kQuantStride / 64; ++l)
-    _mm_prefetch(reinterpret_cast<const char*>(qs + T::kQuantStride * b + kPrefetch + 64 * l), _MM_HINT_T0);
-  if ((T::kScaleStride * b) % 64 == 0)
-    _mm_prefetch(reinterpret_cast<const char*>(sc + T::kScaleStride * b + kPrefetch / 8), _MM_HINT_T0);
+  for (int l = 0; l < T::kQuantStride / 64; ++l) prefetch_line<kPf>(qs + T::kQuantStride * b + kPrefetch + 64 * l);
+  if ((T::kScaleStride * b) % 64 == 0) prefetch_line<kPf>(sc + T::kScaleStride * b + kPrefetch / 8);
 }
 
 // A chunk of blocks [b0, b1) of a panel unpacked for the passes of a multi-row call: 512
@@ -206,7 +218,7 @@ inline void dp_step(const PAct& a, int64_t at, const vec::I* lo, const vec::I* h
 // sum[kSumStride n + u] lane r += row r of panel u · activation row n over blocks [b0, b1) (kT panels
 // of scales sc[u] and quants qs[u], or with kPre their chunk unpacked at qs[u] (block b0
 // first); kNt activation rows).
-template <uint32_t kType, int kNt, int kT, bool kPre>
+template <uint32_t kType, int kNt, int kT, bool kPre, int kPf = kPfL1>
 inline void dot(const uint8_t* const* sc, const uint8_t* const* qs, int64_t b0, int64_t b1, const PAct& a,
                 Sums16* sum) {
   using T = Traits<kType>;
@@ -220,12 +232,11 @@ inline void dot(const uint8_t* const* sc, const uint8_t* const* qs, int64_t b0, 
     vec::I lo_acc[kT][kNt], hi_acc[kT][kNt];
     start_chains<T::kSigned, kNt, kT>(lo_acc, hi_acc, [&](int n) { return corr(n, b); });
     if (!kPre) {
-      for (int u = 0; u < kT; ++u) prefetch_block<kType>(sc[u], qs[u], b);
+      for (int u = 0; u < kT; ++u) prefetch_block<kType, kPf>(sc[u], qs[u], b);
     } else if (kType == kQ8_0) {  // (straight from the panel: streamed too)
       for (int u = 0; u < kT; ++u) {
-        for (int l = 0; l < 8; ++l)
-          _mm_prefetch(reinterpret_cast<const char*>(qs[u] + 512 * (b - b0) + 2 * kPrefetch + 64 * l), _MM_HINT_T0);
-        if (b % 2 == 0) _mm_prefetch(reinterpret_cast<const char*>(sc[u] + 32 * b + kPrefetch / 8), _MM_HINT_T0);
+        for (int l = 0; l < 8; ++l) prefetch_line<kPf>(qs[u] + 512 * (b - b0) + 2 * kPrefetch + 64 * l);
+        if (b % 2 == 0) prefetch_line<kPf>(sc[u] + 32 * b + kPrefetch / 8);
       }
     }
     for (int part = 0; part < 4; ++part) {
@@ -262,37 +273,50 @@ inline void dot(const uint8_t* const* sc, const uint8_t* const* qs, int64_t b0, 
 using DotFn = void (*)(const uint8_t* const*, const uint8_t* const*, int64_t, int64_t, const PAct&, Sums16*);
 
 // A dot kernel family's instance for kT panels (1-4; 3-4 only for one activation row) against
-// `rows` activation rows (1-4): pick.template operator()<kNt, kT>() returns it. (AVX2: two
-// panels for one row, else one.)
-template <class Pick>
-inline DotFn dot_by_shape(int kt, int rows, Pick pick) {
+// `rows` activation rows (1-4): pick.template operator()<kNt, kT, kPf>() returns it. (AVX2: two
+// panels for one row, else one.) One row (a decode step) prefetches as pf asks where kModes
+// (the calls that read the panel itself, not an unpacked chunk); all else kPfL1.
+template <bool kModes, class Pick>
+inline DotFn dot_by_shape(int kt, int rows, PanelPrefetch pf, Pick pick) {
+  if (rows == 1) {
+    const auto one_row = [&]<int kPf>() -> DotFn {
+      if constexpr (!vec::kVnni) {
+        return kt == 1 ? pick.template operator()<1, 1, kPf>() : pick.template operator()<1, 2, kPf>();
+      } else {
+        switch (kt) {
+          case 1: return pick.template operator()<1, 1, kPf>();
+          case 2: return pick.template operator()<1, 2, kPf>();
+          case 3: return pick.template operator()<1, 3, kPf>();
+          default: return pick.template operator()<1, 4, kPf>();
+        }
+      }
+    };
+    if constexpr (kModes) {
+      if (pf == PanelPrefetch::kL2) return one_row.template operator()<static_cast<int>(PanelPrefetch::kL2)>();
+      if (pf == PanelPrefetch::kNone) return one_row.template operator()<static_cast<int>(PanelPrefetch::kNone)>();
+    }
+    return one_row.template operator()<kPfL1>();
+  }
   if constexpr (!vec::kVnni) {
     switch (rows) {
-      case 1: return kt == 1 ? pick.template operator()<1, 1>() : pick.template operator()<1, 2>();
-      case 2: return pick.template operator()<2, 1>();
-      case 3: return pick.template operator()<3, 1>();
-      default: return pick.template operator()<4, 1>();
+      case 2: return pick.template operator()<2, 1, kPfL1>();
+      case 3: return pick.template operator()<3, 1, kPfL1>();
+      default: return pick.template operator()<4, 1, kPfL1>();
     }
   } else {
-    if (rows == 1) {
-      switch (kt) {
-        case 1: return pick.template operator()<1, 1>();
-        case 2: return pick.template operator()<1, 2>();
-        case 3: return pick.template operator()<1, 3>();
-        default: return pick.template operator()<1, 4>();
-      }
-    }
     switch (rows) {
-      case 2: return kt == 1 ? pick.template operator()<2, 1>() : pick.template operator()<2, 2>();
-      case 3: return kt == 1 ? pick.template operator()<3, 1>() : pick.template operator()<3, 2>();
-      default: return kt == 1 ? pick.template operator()<4, 1>() : pick.template operator()<4, 2>();
+      case 2: return kt == 1 ? pick.template operator()<2, 1, kPfL1>() : pick.template operator()<2, 2, kPfL1>();
+      case 3: return kt == 1 ? pick.template operator()<3, 1, kPfL1>() : pick.template operator()<3, 2, kPfL1>();
+      default: return kt == 1 ? pick.template operator()<4, 1, kPfL1>() : pick.template operator()<4, 2, kPfL1>();
     }
   }
 }
 
 template <uint32_t kType, bool kPre>
-inline DotFn dot_for(int kt, int rows) {
-  return dot_by_shape(kt, rows, []<int kNt, int kT>() -> DotFn { return dot<kType, kNt, kT, kPre>; });
+inline DotFn dot_for(int kt, int rows, PanelPrefetch pf) {
+  return dot_by_shape < !kPre || kType == kQ8_0 > (kt, rows, pf, []<int kNt, int kT, int kPf>() -> DotFn {
+                                            return dot<kType, kNt, kT, kPre, kPf>;
+                                          });
 }
 
 // ---- Q4_K, Q5_K and IQ4_XS ----
@@ -348,7 +372,7 @@ inline void unpack_k_chunk(const uint8_t* qs, int64_t b0, int64_t b1, uint8_t* o
   }
 }
 
-template <uint32_t kType, int kNt, int kT, bool kPre = false>
+template <uint32_t kType, int kNt, int kT, bool kPre = false, int kPf = kPfL1>
 inline void dot_q4k(const uint8_t* const* sc, const uint8_t* const* qs, int64_t b0, int64_t b1, const PAct& a,
                     Sums16* sum) {
   constexpr int kStride = panel_quant_stride(kType), kScale = panel_scale_stride(kType);
@@ -361,13 +385,13 @@ inline void dot_q4k(const uint8_t* const* sc, const uint8_t* const* qs, int64_t 
     vec::I isum[kT][kNt];
     for (int u = 0; u < kT; ++u) {
       for (int n = 0; n < kNt; ++n) isum[u][n] = vec::zero();
-      _mm_prefetch(reinterpret_cast<const char*>(sc[u] + kScale * (b + 1)), _MM_HINT_T0);
+      prefetch_line<kPf>(sc[u] + kScale * (b + 1));
     }
     for (int sb = 0; sb < 8; ++sb) {
       for (int u = 0; u < kT; ++u)  // (the next super-block, its lines spread over these sub-blocks: 1 ahead
                                     // measured 9.7-11.4 GB/s at one thread, 2 and 3 ahead 8.3-10.4)
         for (int l = kStride / 64 * sb / 8; l < kStride / 64 * (sb + 1) / 8 && !kPre; ++l)
-          _mm_prefetch(reinterpret_cast<const char*>(qs[u] + kStride * (b + 1) + 64 * l), _MM_HINT_T0);
+          prefetch_line<kPf>(qs[u] + kStride * (b + 1) + 64 * l);
       vec::I lo_acc[kT][kNt], hi_acc[kT][kNt];
       start_chains<kSigned, kNt, kT>(lo_acc, hi_acc, [&](int n) { return corr(n, b, sb); });
       for (int part = 0; part < 4; ++part) {
@@ -414,8 +438,9 @@ inline void dot_q4k(const uint8_t* const* sc, const uint8_t* const* qs, int64_t 
 }
 
 template <uint32_t kType, bool kPre = false>
-inline DotFn dot_q4k_for(int kt, int rows) {
-  return dot_by_shape(kt, rows, []<int kNt, int kT>() -> DotFn { return dot_q4k<kType, kNt, kT, kPre>; });
+inline DotFn dot_q4k_for(int kt, int rows, PanelPrefetch pf) {
+  return dot_by_shape<!kPre>(kt, rows, pf,
+                             []<int kNt, int kT, int kPf>() -> DotFn { return dot_q4k<kType, kNt, kT, kPre, kPf>; });
 }
 
 // Q2_K's mins: the rows' mins of sub-blocks 2 p, 2 p + 1 as int16 pairs (row r's in dword r),
@@ -506,7 +531,7 @@ inline void unpack_sub16_chunk(const uint8_t* qs, int64_t b0, int64_t b1, uint8_
   }
 }
 
-template <uint32_t kType, int kNt, int kT, bool kPre = false>
+template <uint32_t kType, int kNt, int kT, bool kPre = false, int kPf = kPfL1>
 inline void dot_q6k(const uint8_t* const* sc, const uint8_t* const* qs, int64_t b0, int64_t b1, const PAct& a,
                     Sums16* sum) {
   using S = Sub16<kType>;
@@ -526,12 +551,12 @@ inline void dot_q6k(const uint8_t* const* sc, const uint8_t* const* qs, int64_t 
     vec::I isum[kT][kNt];
     for (int u = 0; u < kT; ++u) {
       for (int n = 0; n < kNt; ++n) isum[u][n] = vec::zero();
-      _mm_prefetch(reinterpret_cast<const char*>(sc[u] + kScStride * b + 128), _MM_HINT_T0);
+      prefetch_line<kPf>(sc[u] + kScStride * b + 128);
     }
     for (int sb = 0; sb < 16; ++sb) {
       for (int u = 0; u < kT; ++u)  // (the next super-block, its lines spread over these sub-blocks)
         for (int l = kStride / 64 * sb / 16; l < kStride / 64 * (sb + 1) / 16 && !kPre; ++l)
-          _mm_prefetch(reinterpret_cast<const char*>(qs[u] + kStride * (b + 1) + 64 * l), _MM_HINT_T0);
+          prefetch_line<kPf>(qs[u] + kStride * (b + 1) + 64 * l);
       vec::I lo_acc[kT][kNt], hi_acc[kT][kNt];
       start_chains<false, kNt, kT>(lo_acc, hi_acc, [&](int n) { return corr(n, b, sb); });
       vec::I hb[kT];
@@ -578,8 +603,9 @@ inline void dot_q6k(const uint8_t* const* sc, const uint8_t* const* qs, int64_t 
 }
 
 template <uint32_t kType, bool kPre = false>
-inline DotFn dot_q6k_for(int kt, int rows) {
-  return dot_by_shape(kt, rows, []<int kNt, int kT>() -> DotFn { return dot_q6k<kType, kNt, kT, kPre>; });
+inline DotFn dot_q6k_for(int kt, int rows, PanelPrefetch pf) {
+  return dot_by_shape<!kPre>(kt, rows, pf,
+                             []<int kNt, int kT, int kPf>() -> DotFn { return dot_q6k<kType, kNt, kT, kPre, kPf>; });
 }
 
 // Q4_K's activation sums for the mins: from the Q8_K sums of 16 (16 per super-block), n
@@ -1017,7 +1043,7 @@ constexpr int64_t kAmxRowsAsQ8 = 128;
 // panels from row 0 (n0 a multiple of kPanelRows).
 template <uint32_t kType>
 inline void matmul(const uint8_t* panels, int64_t k, const Activations& a, int64_t m, int64_t n0, int64_t n1, float* y,
-                   int64_t ldy) {
+                   int64_t ldy, PanelPrefetch pf) {
   constexpr bool kK = kType == kQ4_K || kType == kQ5_K, kSix = kType == kQ6_K, kXs = kType == kIQ4_XS;
   constexpr bool kThree = kType == kQ3_K, kTwo = kType == kQ2_K;
   constexpr bool kSub16 = kSix || kThree || kTwo;  // (16-weight sub-blocks, dot_q6k)
@@ -1114,7 +1140,7 @@ inline void matmul(const uint8_t* panels, int64_t k, const Activations& a, int64
     rest.q.assign(a.q.begin() + tokens * k, a.q.end());
     rest.d.assign(a.d.begin() + tokens * nb, a.d.end());
     if (kK || kSix || kThree || kTwo) rest.bsums.assign(a.bsums.begin() + tokens * nb * 16, a.bsums.end());
-    matmul<kType>(panels, k, rest, m - tokens, n0, n1, y + tokens * ldy, ldy);
+    matmul<kType>(panels, k, rest, m - tokens, n0, n1, y + tokens * ldy, ldy, pf);
     return;
   }
 #endif
@@ -1192,13 +1218,13 @@ inline void matmul(const uint8_t* panels, int64_t k, const Activations& a, int64
           }
           DotFn fn;
           if constexpr (kK || kXs)
-            fn = pre ? dot_q4k_for<kType, true>(kT, nt) : dot_q4k_for<kType, false>(kT, nt);
+            fn = pre ? dot_q4k_for<kType, true>(kT, nt, pf) : dot_q4k_for<kType, false>(kT, nt, pf);
           else if constexpr (kSub16)
-            fn = pre ? dot_q6k_for<kType, true>(kT, nt) : dot_q6k_for<kType, false>(kT, nt);
+            fn = pre ? dot_q6k_for<kType, true>(kT, nt, pf) : dot_q6k_for<kType, false>(kT, nt, pf);
           else if constexpr (kType == kQ8_0)
-            fn = dot_for<kType, true>(kT, nt);
+            fn = dot_for<kType, true>(kT, nt, pf);
           else
-            fn = pre ? dot_for<kType, true>(kT, nt) : dot_for<kType, false>(kT, nt);
+            fn = pre ? dot_for<kType, true>(kT, nt, pf) : dot_for<kType, false>(kT, nt, pf);
           fn(sc, w, b0, b1, pa, sums.data() + kSumStride * i);
           i += nt;
         }

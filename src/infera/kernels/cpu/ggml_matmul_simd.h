@@ -928,7 +928,8 @@ inline void gemv_iq4xs(const uint8_t* base, int64_t row_bytes, int64_t k, const 
 #endif
 
 inline void matmul_rows(uint32_t type, const uint8_t* base, int64_t row_bytes, int64_t k, const Activations& a,
-                        int64_t m, int64_t n0, int64_t n1, float* y, int64_t ldy, const uint8_t* panels) {
+                        int64_t m, int64_t n0, int64_t n1, float* y, int64_t ldy, const uint8_t* panels,
+                        PanelPrefetch pf) {
   const bool k_type = block_size(type) == 256;
   // Q8_K block sums as int16 (|sum of 16 quants| <= 2032), for madd against the mins.
   static thread_local std::vector<int16_t> bsums16;
@@ -940,18 +941,18 @@ inline void matmul_rows(uint32_t type, const uint8_t* base, int64_t row_bytes, i
   const int16_t* bs16 = sums ? bsums16.data() : nullptr;
   if (panels != nullptr) {
     switch (type) {
-      case kQ4_0: panel::matmul<kQ4_0>(panels, k, a, m, n0, n1, y, ldy); return;
-      case kQ4_1: panel::matmul<kQ4_1>(panels, k, a, m, n0, n1, y, ldy); return;
-      case kQ5_0: panel::matmul<kQ5_0>(panels, k, a, m, n0, n1, y, ldy); return;
-      case kQ5_1: panel::matmul<kQ5_1>(panels, k, a, m, n0, n1, y, ldy); return;
-      case kQ8_0: panel::matmul<kQ8_0>(panels, k, a, m, n0, n1, y, ldy); return;
-      case kIQ4_NL: panel::matmul<kIQ4_NL>(panels, k, a, m, n0, n1, y, ldy); return;
-      case kQ4_K: panel::matmul<kQ4_K>(panels, k, a, m, n0, n1, y, ldy); return;
-      case kQ5_K: panel::matmul<kQ5_K>(panels, k, a, m, n0, n1, y, ldy); return;
-      case kQ2_K: panel::matmul<kQ2_K>(panels, k, a, m, n0, n1, y, ldy); return;
-      case kQ3_K: panel::matmul<kQ3_K>(panels, k, a, m, n0, n1, y, ldy); return;
-      case kQ6_K: panel::matmul<kQ6_K>(panels, k, a, m, n0, n1, y, ldy); return;
-      case kIQ4_XS: panel::matmul<kIQ4_XS>(panels, k, a, m, n0, n1, y, ldy); return;
+      case kQ4_0: panel::matmul<kQ4_0>(panels, k, a, m, n0, n1, y, ldy, pf); return;
+      case kQ4_1: panel::matmul<kQ4_1>(panels, k, a, m, n0, n1, y, ldy, pf); return;
+      case kQ5_0: panel::matmul<kQ5_0>(panels, k, a, m, n0, n1, y, ldy, pf); return;
+      case kQ5_1: panel::matmul<kQ5_1>(panels, k, a, m, n0, n1, y, ldy, pf); return;
+      case kQ8_0: panel::matmul<kQ8_0>(panels, k, a, m, n0, n1, y, ldy, pf); return;
+      case kIQ4_NL: panel::matmul<kIQ4_NL>(panels, k, a, m, n0, n1, y, ldy, pf); return;
+      case kQ4_K: panel::matmul<kQ4_K>(panels, k, a, m, n0, n1, y, ldy, pf); return;
+      case kQ5_K: panel::matmul<kQ5_K>(panels, k, a, m, n0, n1, y, ldy, pf); return;
+      case kQ2_K: panel::matmul<kQ2_K>(panels, k, a, m, n0, n1, y, ldy, pf); return;
+      case kQ3_K: panel::matmul<kQ3_K>(panels, k, a, m, n0, n1, y, ldy, pf); return;
+      case kQ6_K: panel::matmul<kQ6_K>(panels, k, a, m, n0, n1, y, ldy, pf); return;
+      case kIQ4_XS: panel::matmul<kIQ4_XS>(panels, k, a, m, n0, n1, y, ldy, pf); return;
       default: break;
     }
   }

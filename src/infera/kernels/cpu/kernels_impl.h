@@ -97,25 +97,26 @@ struct Weights<DType::kF16> {
 constexpr int kGemvMaxRows = 4;
 // A piece of rows is read as R streams (R = 4 for one row of x), like the four streams
 // `sysinfo --bandwidth` reads: stream r covers the r-th quarter of the piece's rows,
-// contiguous memory, and a tile takes one row from each, a 64-byte line per row and step,
-// each row prefetched 2 KiB ahead into L1. The prefetch runs on into the stream's next row
-// (the next in memory), so no page boundary stops it: weights mapped from a file sit on 4
-// KiB pages, where the hardware prefetchers stop at every boundary (a 2048-long bf16 row
-// is one page). Measured on the TinyLlama shapes (8 layers' matrices, 705 MB, bf16 / f16,
-// one thread, CPU time, variants alternated in one process, best of 10-12; 2-core AMD
-// EPYC, load 5-7), GB/s: 4 streams 2 KiB ahead 35.8 / 34.9 (1 KiB 33.3, 4 KiB 29.8, into L2
-// 31.1; 6 streams 30.7, 8 streams 26.2), the read probe 35.9 in the same runs; the earlier
-// tiles of 8 adjacent rows with the next tile prefetched into L2 24.7 / 27.0, 4 adjacent
-// rows with the next tile into L1 25.1 / 27.3; on a mapped file 36.7 / 35.5 against the
-// probe's 37.3 (8 adjacent rows: 28.2 / 29.8). AVX2 alike: 4 streams 35.0 / 35.4, 8 streams
-// 22.3 / 24.4, 8 adjacent rows into L2 24.4 / 27.4.
+// contiguous memory, and a tile takes one row from each, a 64-byte line per row and step.
+// Whether each row is also prefetched in software, and how far ahead into L1, is the one
+// setting whose best value differs between machines, so it is chosen at run time
+// (kernels::gemv_prefetch_for: `pf` bytes ahead, 0 for none). A prefetch runs on into the
+// stream's next row (the next in memory), so no page boundary stops it: weights mapped from
+// a file sit on 4 KiB pages, where the hardware prefetchers stop at every boundary (a
+// 2048-long bf16 row is one page). Measured on the TinyLlama shapes (8 layers' matrices,
+// 705 MB, bf16 / f16, one thread), GB/s: on a 2-core AMD EPYC under load 5-7, 4 streams 2
+// KiB ahead 35.8 / 34.9 (1 KiB 33.3, 4 KiB 29.8, into L2 31.1; 6 streams 30.7, 8 streams
+// 26.2), the read probe 35.9 in the same runs; the earlier tiles of 8 adjacent rows with
+// the next tile prefetched into L2 24.7 / 27.0. On another, idle AMD EPYC (Zen 4, probe
+// 28.2) the same 2 KiB prefetch lost: 4 streams 2 KiB ahead 23.1, 512 B 28.5, none 28.9
+// (huge pages 23.8 / 29.8 / 30.3; 2 streams 25.5, 8 streams 25.5, one row at a time 17.5).
 constexpr int kGemvStreams = 4;
-constexpr int64_t kGemvPrefetchBytes = 2048;
 constexpr int kAccRegs = L == 16 ? 16 : 8;  // accumulators that fit beside the operands
 
 // Rows w + r * rs * k (r < R) against M rows of x; row r's sums go to y[i * ldy + r * rs].
-template <DType D, int M, int R>
-inline void gemv_tile(const float* x, int64_t k, const typename Weights<D>::T* w, int64_t rs, float* y, int64_t ldy) {
+template <DType D, int M, int R, bool kPrefetch>
+inline void gemv_tile(const float* x, int64_t k, const typename Weights<D>::T* w, int64_t rs, float* y, int64_t ldy,
+                      int64_t pf) {
   using W = Weights<D>;
   using T = typename W::T;
   constexpr int64_t kLine = 64;
@@ -128,7 +129,9 @@ inline void gemv_tile(const float* x, int64_t k, const typename Weights<D>::T* w
   int64_t t = 0;
   for (; t + kStep <= k; t += kStep) {
     // May point past the matrix: a prefetch never faults.
-    for (int r = 0; r < R; ++r) S::prefetch(reinterpret_cast<const char*>(row[r] + t) + kGemvPrefetchBytes);
+    if constexpr (kPrefetch) {
+      for (int r = 0; r < R; ++r) S::prefetch(reinterpret_cast<const char*>(row[r] + t) + pf);
+    }
     for (int64_t u = t; u < t + kStep; u += L) {
       V xv[M];
       for (int i = 0; i < M; ++i) xv[i] = S::load(x + i * k + u);
@@ -155,8 +158,9 @@ inline void gemv_tile(const float* x, int64_t k, const typename Weights<D>::T* w
   }
 }
 
-template <DType D, int M>
-void gemv(const float* x, int64_t k, const typename Weights<D>::T* w, int64_t n0, int64_t n1, float* y, int64_t ldy) {
+template <DType D, int M, bool kPrefetch>
+void gemv(const float* x, int64_t k, const typename Weights<D>::T* w, int64_t n0, int64_t n1, float* y, int64_t ldy,
+          int64_t pf) {
   constexpr int R = std::max(1, std::min(kGemvStreams, kAccRegs / M));
   // Pieces of ~256 KiB of weights: enough pieces (~90 for a 2048 x 5632 bf16 matrix) to
   // balance the threads; one thread takes the whole range as one piece.
@@ -164,8 +168,8 @@ void gemv(const float* x, int64_t k, const typename Weights<D>::T* w, int64_t n0
   const int64_t grain = std::max<int64_t>(R, (int64_t{256} << 10) / row_bytes);
   parallel_chunks(n1 - n0, grain, [&](int64_t i0, int64_t i1) {
     const int64_t q = (i1 - i0) / R;  // rows per stream
-    for (int64_t i = i0; i < i0 + q; ++i) gemv_tile<D, M, R>(x, k, w + (n0 + i) * k, q, y + i, ldy);
-    for (int64_t i = i0 + R * q; i < i1; ++i) gemv_tile<D, M, 1>(x, k, w + (n0 + i) * k, 0, y + i, ldy);
+    for (int64_t i = i0; i < i0 + q; ++i) gemv_tile<D, M, R, kPrefetch>(x, k, w + (n0 + i) * k, q, y + i, ldy, pf);
+    for (int64_t i = i0 + R * q; i < i1; ++i) gemv_tile<D, M, 1, kPrefetch>(x, k, w + (n0 + i) * k, 0, y + i, ldy, pf);
   });
 }
 
@@ -652,33 +656,42 @@ void gemm(const float* x, int64_t m, int64_t k, const typename Weights<D>::T* w,
 // W streams, and with weights coming from DRAM each extra pass costs one stream.
 constexpr int64_t kGemmMinRows = 16;
 
-template <DType D>
-void matmul_typed(const float* x, int64_t m, const MatRef& w, int64_t n0, int64_t n1, float* y, int64_t ldy) {
-  const auto* wd = static_cast<const typename Weights<D>::T*>(w.data);
-  const int64_t k = w.cols;
-  if (m >= kGemmMinRows) return gemm<D>(x, m, k, wd, n0, n1, y, ldy);
+template <DType D, bool kPrefetch>
+void gemv_rows(const float* x, int64_t m, int64_t k, const typename Weights<D>::T* w, int64_t n0, int64_t n1, float* y,
+               int64_t ldy, int64_t pf) {
   for (int64_t i = 0; i < m; i += kGemvMaxRows) {
     const float* xi = x + i * k;
     float* yi = y + i * ldy;
     switch (std::min<int64_t>(kGemvMaxRows, m - i)) {
-      case 1: gemv<D, 1>(xi, k, wd, n0, n1, yi, ldy); break;
-      case 2: gemv<D, 2>(xi, k, wd, n0, n1, yi, ldy); break;
-      case 3: gemv<D, 3>(xi, k, wd, n0, n1, yi, ldy); break;
-      default: gemv<D, 4>(xi, k, wd, n0, n1, yi, ldy); break;
+      case 1: gemv<D, 1, kPrefetch>(xi, k, w, n0, n1, yi, ldy, pf); break;
+      case 2: gemv<D, 2, kPrefetch>(xi, k, w, n0, n1, yi, ldy, pf); break;
+      case 3: gemv<D, 3, kPrefetch>(xi, k, w, n0, n1, yi, ldy, pf); break;
+      default: gemv<D, 4, kPrefetch>(xi, k, w, n0, n1, yi, ldy, pf); break;
     }
   }
 }
 
-void matmul_rows(const float* x, int64_t m, const MatRef& w, int64_t n0, int64_t n1, float* y, int64_t ldy) {
+template <DType D>
+void matmul_typed(const float* x, int64_t m, const MatRef& w, int64_t n0, int64_t n1, float* y, int64_t ldy,
+                  int gemv_prefetch) {
+  const auto* wd = static_cast<const typename Weights<D>::T*>(w.data);
+  const int64_t k = w.cols;
+  if (m >= kGemmMinRows) return gemm<D>(x, m, k, wd, n0, n1, y, ldy);
+  if (gemv_prefetch > 0) return gemv_rows<D, true>(x, m, k, wd, n0, n1, y, ldy, gemv_prefetch);
+  gemv_rows<D, false>(x, m, k, wd, n0, n1, y, ldy, 0);
+}
+
+void matmul_rows(const float* x, int64_t m, const MatRef& w, int64_t n0, int64_t n1, float* y, int64_t ldy,
+                 int gemv_prefetch) {
   if (m <= 0 || n1 <= n0) return;
   if (w.cols == 0) {  // empty sum
     for (int64_t i = 0; i < m; ++i) std::fill(y + i * ldy, y + i * ldy + (n1 - n0), 0.0f);
     return;
   }
   switch (w.dtype) {
-    case DType::kF32: return matmul_typed<DType::kF32>(x, m, w, n0, n1, y, ldy);
-    case DType::kBF16: return matmul_typed<DType::kBF16>(x, m, w, n0, n1, y, ldy);
-    case DType::kF16: return matmul_typed<DType::kF16>(x, m, w, n0, n1, y, ldy);
+    case DType::kF32: return matmul_typed<DType::kF32>(x, m, w, n0, n1, y, ldy, gemv_prefetch);
+    case DType::kBF16: return matmul_typed<DType::kBF16>(x, m, w, n0, n1, y, ldy, gemv_prefetch);
+    case DType::kF16: return matmul_typed<DType::kF16>(x, m, w, n0, n1, y, ldy, gemv_prefetch);
     default: INFERA_ASSERT(false, "matmul: unsupported dtype reached a kernel table");
   }
 }
@@ -710,8 +723,7 @@ std::string matmul_path(DType d) {
     }
   }
   const std::string decode = std::string(isa) + " f32 FMA matvec, " + std::to_string(kGemvStreams) +
-                             " row streams, each prefetched " + std::to_string(kGemvPrefetchBytes) +
-                             " B ahead into L1" + convert;
+                             " row streams, software prefetch into L1 " + gemv_prefetch_text() + convert;
   return "prefill (m >= " + std::to_string(kGemmMinRows) + "): " + prefill + "; decode: " + decode;
 }
 
