@@ -173,9 +173,11 @@ Setting g_panel_setting;
 int gemv_setting() { return g_gemv_setting.get("gemv_prefetch", kGemvPrefetchEnv); }
 int panel_setting() { return g_panel_setting.get("gguf_prefetch", kPanelPrefetchEnv); }
 
-// Single-token calls not nested in a parallel region (whose other threads would share the
-// time) are timed.
-bool timeable(int64_t m) { return m == 1 && !omp_in_parallel(); }
+// Calls that stream the weights once (the f32 / bf16 / f16 decode kernels take up to 4 rows
+// of x in one pass; the panels' prefetch modes apply to one row), not nested in a parallel
+// region (whose other threads would share the time), are timed.
+constexpr int64_t kGemvPassRows = 4;
+bool timeable(int64_t m, int64_t max_rows) { return m >= 1 && m <= max_rows && !omp_in_parallel(); }
 
 // The table's matmul_rows with the decode prefetch distance chosen (and timed, while auto
 // is still timing).
@@ -186,7 +188,7 @@ void table_matmul_rows(const KernelTable& t, const float* x, int64_t m, const Ma
   if (setting >= 0 || m >= kDecodeMaxRows) return run(setting >= 0 ? setting : kGemvUntimed);
   const bool several = num_threads() > 1;
   const int64_t bytes = (n1 - n0) * w.cols * static_cast<int64_t>(dtype_size(w.dtype));
-  g_gemv_tuners[several ? 1 : 0].call(bytes, timeable(m), kGemvUntimed,
+  g_gemv_tuners[several ? 1 : 0].call(bytes, timeable(m, kGemvPassRows), kGemvUntimed,
                                       several ? "decode matmul prefetch (several threads)"
                                               : "decode matmul prefetch (one thread)",
                                       kGemvPrefetchNames, run);
@@ -203,7 +205,7 @@ void ggml_matmul_rows(Isa isa, const float* x, int64_t m, const MatRef& w, int64
     return run(setting >= 0 ? setting : kPanelUntimed);
   const bool several = num_threads() > 1;
   const int64_t bytes = (n1 - n0) * ggml::row_bytes(w.ggml_type, w.cols);
-  g_panel_tuners[w.ggml_type][several ? 1 : 0].call(bytes, timeable(m), kPanelUntimed,
+  g_panel_tuners[w.ggml_type][several ? 1 : 0].call(bytes, timeable(m, 1), kPanelUntimed,
                                                     several ? "gguf decode prefetch (several threads)"
                                                             : "gguf decode prefetch (one thread)",
                                                     kPanelPrefetchNames, run);
