@@ -90,7 +90,6 @@ constexpr int kKinds = 3;
 constexpr int kTrialCallsEach = 64;
 constexpr int kTrialCalls = kTrialCallsEach * kKinds;
 constexpr int64_t kTrialMinBytes = int64_t{1} << 20;  // smaller matrices may sit in cache
-constexpr int kDecodeMaxRows = 16;  // m below this takes the decode kernels (kGemmMinRows)
 
 struct Tuner {
   std::atomic<int> chosen{-1};  // the variant, or -1 while timing
@@ -176,7 +175,6 @@ int panel_setting() { return g_panel_setting.get("gguf_prefetch", kPanelPrefetch
 // Calls that stream the weights once (the f32 / bf16 / f16 decode kernels take up to 4 rows
 // of x in one pass; the panels' prefetch modes apply to one row), not nested in a parallel
 // region (whose other threads would share the time), are timed.
-constexpr int64_t kGemvPassRows = 4;
 bool timeable(int64_t m, int64_t max_rows) { return m >= 1 && m <= max_rows && !omp_in_parallel(); }
 
 // The table's matmul_rows with the decode prefetch distance chosen (and timed, while auto
@@ -185,10 +183,10 @@ void table_matmul_rows(const KernelTable& t, const float* x, int64_t m, const Ma
                        float* y, int64_t ldy) {
   const auto run = [&](int v) { t.matmul_rows(x, m, w, n0, n1, y, ldy, kGemvPrefetchBytes[v]); };
   const int setting = gemv_setting();
-  if (setting >= 0 || m >= kDecodeMaxRows) return run(setting >= 0 ? setting : kGemvUntimed);
+  if (setting >= 0 || m >= kGemmMinRows) return run(setting >= 0 ? setting : kGemvUntimed);
   const bool several = num_threads() > 1;
   const int64_t bytes = (n1 - n0) * w.cols * static_cast<int64_t>(dtype_size(w.dtype));
-  g_gemv_tuners[several ? 1 : 0].call(bytes, timeable(m, kGemvPassRows), kGemvUntimed,
+  g_gemv_tuners[several ? 1 : 0].call(bytes, timeable(m, kGemvMaxRows), kGemvUntimed,
                                       several ? "decode matmul prefetch (several threads)"
                                               : "decode matmul prefetch (one thread)",
                                       kGemvPrefetchNames, run);

@@ -11,6 +11,14 @@
 
 namespace infera::kernels {
 
+// The f32 / bf16 / f16 matmul's shapes (kernels_impl.h), which kernels.cpp's timing of the
+// decode prefetch follows too: GEMV passes take up to kGemvMaxRows rows of x per pass over W;
+// from kGemmMinRows rows the cache-blocked GEMM takes over (below it, GEMV passes beat packing
+// W into panels: measured on a 2048 x 5632 bf16 matrix, packing costs about two W streams,
+// and with weights coming from DRAM each extra pass costs one stream).
+constexpr int kGemvMaxRows = 4;
+constexpr int64_t kGemmMinRows = 16;
+
 struct KernelTable {
   // gemv_prefetch: how far ahead the decode (m < 16) kernels prefetch each weight row in
   // bytes, 0 for not at all (kernels::gemv_prefetch_for chooses it).

@@ -314,9 +314,9 @@ inline DotFn dot_by_shape(int kt, int rows, PanelPrefetch pf, Pick pick) {
 
 template <uint32_t kType, bool kPre>
 inline DotFn dot_for(int kt, int rows, PanelPrefetch pf) {
-  return dot_by_shape < !kPre || kType == kQ8_0 > (kt, rows, pf, []<int kNt, int kT, int kPf>() -> DotFn {
-                                            return dot<kType, kNt, kT, kPre, kPf>;
-                                          });
+  constexpr bool kModes = !kPre || kType == kQ8_0;  // (Q8_0's panels are always read as unpacked)
+  return dot_by_shape<kModes>(kt, rows, pf,
+                              []<int kNt, int kT, int kPf>() -> DotFn { return dot<kType, kNt, kT, kPre, kPf>; });
 }
 
 // ---- Q4_K, Q5_K and IQ4_XS ----

@@ -93,8 +93,8 @@ struct Weights<DType::kF16> {
 // ---------------------------------------------------------------------------------------
 // GEMV (m < kGemmMinRows): memory bound, so W is streamed once per kGemvMaxRows rows of x,
 // straight from its stored dtype, R rows at a time (R independent FMA chains hide latency and keep R
-// streams in flight); each W vector is used for all M rows of x.
-constexpr int kGemvMaxRows = 4;
+// streams in flight); each W vector is used for all M rows of x. (kGemvMaxRows and
+// kGemmMinRows: dispatch.h.)
 // A piece of rows is read as R streams (R = 4 for one row of x), like the four streams
 // `sysinfo --bandwidth` reads: stream r covers the r-th quarter of the piece's rows,
 // contiguous memory, and a tile takes one row from each, a 64-byte line per row and step.
@@ -651,11 +651,6 @@ void gemm(const float* x, int64_t m, int64_t k, const typename Weights<D>::T* w,
   }
 }
 
-// Below this many rows of x, GEMV passes (4 rows each, W streamed once per pass) beat
-// packing W into panels: measured on a 2048 x 5632 bf16 matrix, packing costs about two
-// W streams, and with weights coming from DRAM each extra pass costs one stream.
-constexpr int64_t kGemmMinRows = 16;
-
 template <DType D, bool kPrefetch>
 void gemv_rows(const float* x, int64_t m, int64_t k, const typename Weights<D>::T* w, int64_t n0, int64_t n1, float* y,
                int64_t ldy, int64_t pf) {
@@ -723,7 +718,7 @@ std::string matmul_path(DType d) {
     }
   }
   const std::string decode = std::string(isa) + " f32 FMA matvec, " + std::to_string(kGemvStreams) +
-                             " row streams, software prefetch into L1 " + gemv_prefetch_text() + convert;
+                             " row streams, software prefetch into L1: " + gemv_prefetch_text() + convert;
   return "prefill (m >= " + std::to_string(kGemmMinRows) + "): " + prefill + "; decode: " + decode;
 }
 
