@@ -54,6 +54,12 @@ inline void prefetch_line(const void* p) {
     _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T1);
 }
 constexpr int kPfL1 = static_cast<int>(PanelPrefetch::kL1);
+constexpr int kPfNone = static_cast<int>(PanelPrefetch::kNone);
+// The K types' decode steps prefetch each line beside the load it serves, one super-block on
+// (a constant offset from the same address): a loop over each sub-block's share of the next
+// super-block's lines cost the step from the caches 10-50% (kernels_bench BM_GgmlDecodeHot,
+// one thread, Zen 4 EPYC, into L2: Q4_K 41-46 -> 47-50 GB/s, Q6_K 31 -> 40, IQ4_XS 25 -> 36-39;
+// from memory Q6_K 1.16x, IQ4_XS 1.21x, Q5_K 1.04x, Q4_K the same).
 
 // Panels a thread takes at a time at most, and the stride of its sums: sum[kSumStride n + u]
 // is panel u's with activation row n.
@@ -324,8 +330,10 @@ inline DotFn dot_for(int kt, int rows, PanelPrefetch pf) {
 // Part `part` of sub-block sb of a super-block's quants (sbq) as the products' operands: the
 // nibbles as they are, Q5_K's fifth bits added (masked byte adds of 16, as Q5_0's), IQ4_XS's
 // through the levels as IQ4_NL's.
-template <uint32_t kType>
+template <uint32_t kType, int kPf = kPfNone>
 inline void unpack_k(const uint8_t* sbq, int sb, int part, vec::I& lo, vec::I& hi) {
+  // (a decode step: the line one super-block on, by a constant offset from this one)
+  prefetch_line<kPf>(sbq + panel_quant_stride(kType) + 256 * sb + 64 * part);
   if constexpr (kType == kIQ4_XS) {
     Unpack<kIQ4_NL>{}(sbq + 256 * sb, part, lo, hi);
     return;
@@ -388,10 +396,6 @@ inline void dot_q4k(const uint8_t* const* sc, const uint8_t* const* qs, int64_t 
       prefetch_line<kPf>(sc[u] + kScale * (b + 1));
     }
     for (int sb = 0; sb < 8; ++sb) {
-      for (int u = 0; u < kT; ++u)  // (the next super-block, its lines spread over these sub-blocks: 1 ahead
-                                    // measured 9.7-11.4 GB/s at one thread, 2 and 3 ahead 8.3-10.4)
-        for (int l = kStride / 64 * sb / 8; l < kStride / 64 * (sb + 1) / 8 && !kPre; ++l)
-          prefetch_line<kPf>(qs[u] + kStride * (b + 1) + 64 * l);
       vec::I lo_acc[kT][kNt], hi_acc[kT][kNt];
       start_chains<kSigned, kNt, kT>(lo_acc, hi_acc, [&](int n) { return corr(n, b, sb); });
       for (int part = 0; part < 4; ++part) {
@@ -400,7 +404,7 @@ inline void dot_q4k(const uint8_t* const* sc, const uint8_t* const* qs, int64_t 
           if constexpr (kPre) {
             load_pair(qs[u] + kPreStride * (b - b0) + 512 * sb + 128 * part, lo[u], hi[u]);
           } else {
-            unpack_k<kType>(qs[u] + kStride * b, sb, part, lo[u], hi[u]);
+            unpack_k<kType, kPf>(qs[u] + kStride * b, sb, part, lo[u], hi[u]);
           }
         }
         dp_step<kSigned, kMerge, kNt, kT>(a, 256 * b + 32 * sb + 8 * part, lo, hi, lo_acc, hi_acc);
@@ -408,6 +412,11 @@ inline void dot_q4k(const uint8_t* const* sc, const uint8_t* const* qs, int64_t 
       for (int u = 0; u < kT; ++u) {
         const uint8_t* s8p =
             kPre ? qs[u] + kPreStride * (b - b0) + 4096 + 16 * sb : qs[u] + kStride * b + 2048 + 16 * sb;
+        if constexpr (!kPre) {  // (one super-block on: the scales', Q5_K's fifth bits' lines)
+          prefetch_line<kPf>(s8p + kStride);
+          if constexpr (kType == kQ5_K)
+            prefetch_line<kPf>(qs[u] + kStride * b + kStride + panel_quant_stride(kQ4_K) + 64 * sb);
+        }
         const vec::I scv = kXs ? vec::i8_lanes(s8p) : vec::u8_lanes(s8p);
         for (int n = 0; n < kNt; ++n)
           isum[u][n] =
@@ -425,6 +434,7 @@ inline void dot_q4k(const uint8_t* const* sc, const uint8_t* const* qs, int64_t 
       for (int n = 0; n < kNt; ++n) msum[n] = vec::zero();
       for (int p = 0; p < 4; ++p) {
         const uint8_t* mp = (kPre ? qs[u] + kPreStride * (b - b0) + 4096 : qs[u] + kStride * b + 2048) + 128 + 32 * p;
+        if constexpr (!kPre) prefetch_line<kPf>(mp + kStride);
         const vec::I mv = vec::u8_pairs(_mm_loadu_si128(reinterpret_cast<const __m128i*>(mp)),
                                         _mm_loadu_si128(reinterpret_cast<const __m128i*>(mp + 16)));
         for (int n = 0; n < kNt; ++n) msum[n] = vec::dot16(msum[n], mv, vec::set32(a.corr[n][4 * b + p]));
@@ -505,7 +515,15 @@ struct Sub16 {
     lo = vec::and_or(nib, m4, field(hb, 2 * h));
     hi = vec::and_or(vec::srl16(nib, 4), m4, field(hb, 2 * h + 1));
   }
-  vec::I top(const uint8_t* sbq, int sb) const { return vec::load(sbq + kTop + 128 * (sb / 2) + 64 * (sb % 2)); }
+  vec::I top(const uint8_t* sbq, int sb) const { return vec::load(sbq + kTop + 64 * sb); }
+  // A decode step's prefetch of the lines operator()(sbq, ., sb, h) reads, one super-block on
+  // (top's: kPf by the caller).
+  template <int kPf>
+  void prefetch(const uint8_t* sbq, int sb, int h) const {
+    if constexpr (!kThree && !kTwo) prefetch_line<kPf>(sbq + kStride + 128 * sb + 64 * h);  // (256 c + 64 (2 v + h))
+    if constexpr (kThree)
+      if (h == 0) prefetch_line<kPf>(sbq + kStride + 1024 + 32 * sb);  // (the third bits: 64 bytes a chunk)
+  }
 };
 
 // Per super-block: its 16 sub-blocks' operands (256 bytes each: h = 0's lo, hi, then h = 1's),
@@ -554,20 +572,21 @@ inline void dot_q6k(const uint8_t* const* sc, const uint8_t* const* qs, int64_t 
       prefetch_line<kPf>(sc[u] + kScStride * b + 128);
     }
     for (int sb = 0; sb < 16; ++sb) {
-      for (int u = 0; u < kT; ++u)  // (the next super-block, its lines spread over these sub-blocks)
-        for (int l = kStride / 64 * sb / 16; l < kStride / 64 * (sb + 1) / 16 && !kPre; ++l)
-          prefetch_line<kPf>(qs[u] + kStride * (b + 1) + 64 * l);
       vec::I lo_acc[kT][kNt], hi_acc[kT][kNt];
       start_chains<false, kNt, kT>(lo_acc, hi_acc, [&](int n) { return corr(n, b, sb); });
       vec::I hb[kT];
       for (int u = 0; u < kT; ++u)
-        if constexpr (!kPre) hb[u] = ops.top(qs[u] + kStride * b, sb);
+        if constexpr (!kPre) {
+          prefetch_line<kPf>(qs[u] + kStride * b + kStride + S::kTop + 64 * sb);
+          hb[u] = ops.top(qs[u] + kStride * b, sb);
+        }
       for (int h = 0; h < 2; ++h) {
         vec::I lo[kT], hi[kT];
         for (int u = 0; u < kT; ++u) {
           if constexpr (kPre) {
             load_pair(qs[u] + kPreStride16 * (b - b0) + 256 * sb + 128 * h, lo[u], hi[u]);
           } else {
+            ops.template prefetch<kPf>(qs[u] + kStride * b, sb, h);
             ops(qs[u] + kStride * b, hb[u], sb, h, lo[u], hi[u]);
           }
         }
@@ -575,6 +594,7 @@ inline void dot_q6k(const uint8_t* const* sc, const uint8_t* const* qs, int64_t 
       }
       for (int u = 0; u < kT; ++u) {
         const uint8_t* s8p = scales_at(u, b) + 16 * sb;
+        if constexpr (!kPre) prefetch_line<kPf>(s8p + kStride);
         // (Q2_K: a byte holds the scale in its low four bits, the min in its high four)
         const vec::I scv = kTwo ? vec::and_(vec::u8_lanes(s8p), vec::set32(0xF)) : vec::i8_lanes(s8p);
         for (int n = 0; n < kNt; ++n)
