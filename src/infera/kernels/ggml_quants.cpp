@@ -454,93 +454,96 @@ std::shared_ptr<const uint8_t> pack_panels(uint32_t type, const void* data, int6
         uint8_t* scales = panel + lay.scale_stride * b;
         uint8_t* qs = panel + lay.scale_bytes + lay.quant_stride * b;
         if (type == kQ4_K || type == kQ5_K) {
-          // d, dmin; per sub-block s its nibbles as a 32-weight block's (weight j of s: the
-          // low nibble of byte 32 (s / 2) + j for even s, the high one for odd s), then the
-          // 6-bit scales [s][row] and mins [pair p][row][2] as bytes; Q5_K then per sub-block
-          // its fifth bits (bit s of qh[j]) as Q5_0's masks (64 bytes a sub-block).
+          // d, dmin; the 6-bit scales [s][row] and mins [pair p][row][2] as bytes, then per
+          // sub-block s its nibbles as a 32-weight block's (weight j of s: the low nibble of
+          // byte 32 (s / 2) + j for even s, the high one for odd s), Q5_K's followed by its
+          // fifth bits (bit s of qh[j]) as Q5_0's masks.
           std::memcpy(scales + 2 * r, blk, 2);
           std::memcpy(scales + 32 + 2 * r, blk + 2, 2);
           const uint8_t* sm = blk + 4;
           for (int sb = 0; sb < 8; ++sb) {
             const int sc = sb < 4 ? sm[sb] & 63 : (sm[sb + 4] & 0xF) | ((sm[sb - 4] >> 6) << 4);
             const int mn = sb < 4 ? sm[sb + 4] & 63 : (sm[sb + 4] >> 4) | ((sm[sb] >> 6) << 4);
-            qs[2048 + 16 * sb + r] = static_cast<uint8_t>(sc);
-            qs[2048 + 128 + 32 * (sb / 2) + 2 * r + sb % 2] = static_cast<uint8_t>(mn);
+            qs[16 * sb + r] = static_cast<uint8_t>(sc);
+            qs[128 + 32 * (sb / 2) + 2 * r + sb % 2] = static_cast<uint8_t>(mn);
             const uint8_t* q = blk + (type == kQ5_K ? 48 : 16) + 32 * (sb / 2);
+            uint8_t* chunk = qs + panel_k_chunk(type, sb);
             for (int part = 0; part < 4; ++part) {
               const uint32_t v = panel_dword(q + 8 * part, 4 * (sb % 2));
-              std::memcpy(qs + 256 * sb + 64 * part + 4 * r, &v, 4);
+              std::memcpy(chunk + 64 * part + 4 * r, &v, 4);
               for (int h = 0; h < 2 && type == kQ5_K; ++h)  // bit sb of qh[8 part + 4 h + e]
-                or_mask_bits(blk + 16 + 8 * part + 4 * h, sb, r,
-                             qs + panel_quant_stride(kQ4_K) + 64 * sb + 16 * part + 8 * h);
+                or_mask_bits(blk + 16 + 8 * part + 4 * h, sb, r, qs + panel_k_bits(kQ5_K, sb) + 16 * part + 8 * h);
             }
           }
           continue;
         }
         if (type == kQ2_K) {
-          // d, dmin; per 32-weight chunk c its quants as two 64-byte vectors of two-bit fields
-          // (as Q3_K's low bits: bits 2 (c % 4) of qs[32 (c / 4) + l]), then the 16 sub-blocks'
-          // scale / min bytes as stored (scale in the low four bits), [s][row].
+          // d, dmin; the 16 sub-blocks' scale / min bytes as stored (scale in the low four
+          // bits), [s][row], then per 32-weight chunk c its quants as two 64-byte vectors of
+          // two-bit fields (as Q3_K's low bits: bits 2 (c % 4) of qs[32 (c / 4) + l]).
           std::memcpy(scales + 2 * r, blk + 80, 2);
           std::memcpy(scales + 32 + 2 * r, blk + 82, 2);
-          for (int c = 0; c < 8; ++c) pack_two_bit_fields(blk + 16 + 32 * (c / 4), 2 * (c % 4), r, qs + 128 * c);
-          for (int g = 0; g < 16; ++g) qs[1024 + 16 * g + r] = blk[g];
+          for (int g = 0; g < 16; ++g) qs[16 * g + r] = blk[g];
+          for (int c = 0; c < 8; ++c)
+            pack_two_bit_fields(blk + 16 + 32 * (c / 4), 2 * (c % 4), r, qs + panel_k_chunk(kQ2_K, c));
           continue;
         }
         if (type == kQ3_K) {
-          // d; per 32-weight chunk c its quants' two low bits as two 64-byte vectors (as Q6_K's
-          // top bits: field f of byte 4 r + e of vector v is weight 32 c + 16 v + 4 f + e), then
-          // per chunk eight 64-bit masks of their third bits (mask o, bit 4 r + e: weight
-          // 32 c + 4 o + e), then the 16 signed sub-scales (sc - 32) as bytes [s][row]. Chunk c
-          // is group c % 4 of half c / 4: its low bits bits 2 (c % 4) of qs[32 (c / 4) + l],
-          // its third bit bit c of hmask[l], l < 32.
+          // d; the 16 signed sub-scales (sc - 32) as bytes [s][row], then per 32-weight chunk c
+          // its quants' two low bits as two 64-byte vectors (as Q6_K's top bits: field f of
+          // byte 4 r + e of vector v is weight 32 c + 16 v + 4 f + e) and eight 64-bit masks of
+          // their third bits (mask o, bit 4 r + e: weight 32 c + 4 o + e). Chunk c is group
+          // c % 4 of half c / 4: its low bits bits 2 (c % 4) of qs[32 (c / 4) + l], its third
+          // bit bit c of hmask[l], l < 32.
           std::memcpy(scales + 2 * r, blk + 108, 2);
           for (int c = 0; c < 8; ++c) {
-            pack_two_bit_fields(blk + 32 + 32 * (c / 4), 2 * (c % 4), r, qs + 128 * c);
-            for (int o = 0; o < 8; ++o) or_mask_bits(blk + 4 * o, c, r, qs + 1024 + 64 * c + 8 * o);
+            uint8_t* chunk = qs + panel_k_chunk(kQ3_K, c);
+            pack_two_bit_fields(blk + 32 + 32 * (c / 4), 2 * (c % 4), r, chunk);
+            for (int o = 0; o < 8; ++o) or_mask_bits(blk + 4 * o, c, r, qs + panel_k_bits(kQ3_K, c) + 8 * o);
           }
           const uint8_t* p = blk + 96;
           for (int g = 0; g < 16; ++g) {
             const int low = g < 8 ? (p[g] & 0xF) : (p[g - 8] >> 4);
-            qs[1536 + 16 * g + r] =
+            qs[16 * g + r] =
                 static_cast<uint8_t>(static_cast<int8_t>((low | (((p[8 + g % 4] >> (2 * (g / 4))) & 3) << 4)) - 32));
           }
           continue;
         }
         if (type == kIQ4_XS) {
-          // d; per 32-weight sub-block s its nibbles as an IQ4_NL block's (its 16 bytes at
-          // 8 + 16 s), then the signed scales ls - 32 as bytes [s][row].
+          // d; the signed scales ls - 32 as bytes [s][row], then per 32-weight sub-block s its
+          // nibbles as an IQ4_NL block's (its 16 bytes at 8 + 16 s).
           std::memcpy(scales + 2 * r, blk, 2);
           uint16_t sh;
           std::memcpy(&sh, blk + 2, 2);
           for (int sb = 0; sb < 8; ++sb) {
             const int ls = ((blk[4 + sb / 2] >> (4 * (sb % 2))) & 0xF) | (((sh >> (2 * sb)) & 3) << 4);
-            qs[2048 + 16 * sb + r] = static_cast<uint8_t>(static_cast<int8_t>(ls - 32));
+            qs[16 * sb + r] = static_cast<uint8_t>(static_cast<int8_t>(ls - 32));
             for (int part = 0; part < 4; ++part) {
               const uint32_t v = panel_dword(blk + 8 + 16 * sb + 8 * (part % 2), 4 * (part / 2));
-              std::memcpy(qs + 256 * sb + 64 * part + 4 * r, &v, 4);
+              std::memcpy(qs + panel_k_chunk(kIQ4_XS, sb) + 64 * part + 4 * r, &v, 4);
             }
           }
           continue;
         }
         if (type == kQ6_K) {
-          // d; the 6-bit quants u (w + 32) per 32-weight chunk c: their low four bits as a
-          // 32-weight block's nibbles, their top two bits as two 64-byte vectors (field f of
-          // byte 4 r + e of vector v: weight 32 c + 16 v + 4 f + e) and the 16 sub-scales as
-          // bytes [s][row]. Chunk c is group g = c % 4 of half c / 4 in the block: its low bits
+          // d; the 16 sub-scales as bytes [s][row]; the 6-bit quants u (w + 32) per 32-weight
+          // chunk c: their low four bits as a 32-weight block's nibbles, their top two bits as
+          // two 64-byte vectors (field f of byte 4 r + e of vector v: weight 32 c + 16 v + 4 f
+          // + e). Chunk c is group g = c % 4 of half c / 4 in the block: its low bits
           // the low (g < 2) or high nibbles of ql[64 (c / 4) + 32 (g % 2) + l], its top bits
           // bits 2g, 2g + 1 of qh[32 (c / 4) + l], l < 32; four weights at a time.
           std::memcpy(scales + 2 * r, blk + 208, 2);
+          for (int sb = 0; sb < 16; ++sb) qs[panel_k_scales(kQ6_K) + 16 * sb + r] = blk[192 + sb];
           for (int c = 0; c < 8; ++c) {
             const int n = c / 4, g = c % 4;
             const uint8_t* ql = blk + 64 * n + 32 * (g % 2);
+            uint8_t* chunk = qs + panel_k_chunk(kQ6_K, c);
             for (int part = 0; part < 4; ++part) {
               const uint32_t v = panel_dword(ql + 8 * part, 4 * (g / 2));
-              std::memcpy(qs + 256 * c + 64 * part + 4 * r, &v, 4);
+              std::memcpy(chunk + 64 * part + 4 * r, &v, 4);
             }
-            pack_two_bit_fields(blk + 128 + 32 * n, 2 * g, r, qs + 2048 + 128 * c);
+            pack_two_bit_fields(blk + 128 + 32 * n, 2 * g, r, qs + panel_k_bits(kQ6_K, c));
           }
-          for (int sb = 0; sb < 16; ++sb) qs[3072 + 16 * sb + r] = blk[192 + sb];
           continue;
         }
         std::memcpy(scales + 2 * r, blk, 2);  // d

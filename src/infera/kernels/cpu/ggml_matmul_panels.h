@@ -333,16 +333,17 @@ inline DotFn dot_for(int kt, int rows, PanelPrefetch pf) {
 template <uint32_t kType, int kPf = kPfNone>
 inline void unpack_k(const uint8_t* sbq, int sb, int part, vec::I& lo, vec::I& hi) {
   // (a decode step: the line one super-block on, by a constant offset from this one)
-  prefetch_line<kPf>(sbq + panel_quant_stride(kType) + 256 * sb + 64 * part);
+  const uint8_t* chunk = sbq + panel_k_chunk(kType, sb);
+  prefetch_line<kPf>(chunk + panel_quant_stride(kType) + 64 * part);
   if constexpr (kType == kIQ4_XS) {
-    Unpack<kIQ4_NL>{}(sbq + 256 * sb, part, lo, hi);
+    Unpack<kIQ4_NL>{}(chunk, part, lo, hi);
     return;
   }
-  const vec::I v = vec::load(sbq + 256 * sb + 64 * part), m4 = vec::set8(0x0F);
+  const vec::I v = vec::load(chunk + 64 * part), m4 = vec::set8(0x0F);
   lo = vec::and_(v, m4);
   hi = vec::and_(vec::srl16(v, 4), m4);
-  if constexpr (kType == kQ5_K) {  // (the masks after Q4_K's layout)
-    const uint8_t* bits = sbq + panel_quant_stride(kQ4_K) + 64 * sb + 16 * part;
+  if constexpr (kType == kQ5_K) {  // (the masks after the sub-block's nibbles)
+    const uint8_t* bits = sbq + panel_k_bits(kQ5_K, sb) + 16 * part;
     lo = vec::add8_where(lo, bits, vec::set8(16));
     hi = vec::add8_where(hi, bits + 8, vec::set8(16));
   }
@@ -376,7 +377,7 @@ inline void unpack_k_chunk(const uint8_t* qs, int64_t b0, int64_t b1, uint8_t* o
         vec::store(o + 512 * sb + 128 * part, lo);
         vec::store(o + 512 * sb + 128 * part + 64, hi);
       }
-    std::memcpy(o + 4096, sbq + 2048, kType == kIQ4_XS ? 128 : 256);
+    std::memcpy(o + 4096, sbq, panel_k_head(kType));
   }
 }
 
@@ -410,15 +411,13 @@ inline void dot_q4k(const uint8_t* const* sc, const uint8_t* const* qs, int64_t 
         dp_step<kSigned, kMerge, kNt, kT>(a, 256 * b + 32 * sb + 8 * part, lo, hi, lo_acc, hi_acc);
       }
       for (int u = 0; u < kT; ++u) {
-        const uint8_t* s8p =
-            kPre ? qs[u] + kPreStride * (b - b0) + 4096 + 16 * sb : qs[u] + kStride * b + 2048 + 16 * sb;
+        const uint8_t* s8p = kPre ? qs[u] + kPreStride * (b - b0) + 4096 + 16 * sb : qs[u] + kStride * b + 16 * sb;
         // One super-block on: the scales', Q5_K's fifth bits' lines (those here, not in unpack_k
         // under part == 0, where the test kept the compiler from unrolling the parts: Q5_K's
         // step from the caches 30 against 36 GB/s).
         if constexpr (!kPre) {
           prefetch_line<kPf>(s8p + kStride);
-          if constexpr (kType == kQ5_K)
-            prefetch_line<kPf>(qs[u] + kStride * b + kStride + panel_quant_stride(kQ4_K) + 64 * sb);
+          if constexpr (kType == kQ5_K) prefetch_line<kPf>(qs[u] + kStride * b + kStride + panel_k_bits(kQ5_K, sb));
         }
         const vec::I scv = kXs ? vec::i8_lanes(s8p) : vec::u8_lanes(s8p);
         for (int n = 0; n < kNt; ++n)
@@ -436,7 +435,7 @@ inline void dot_q4k(const uint8_t* const* sc, const uint8_t* const* qs, int64_t 
       vec::I msum[kNt];
       for (int n = 0; n < kNt; ++n) msum[n] = vec::zero();
       for (int p = 0; p < 4; ++p) {
-        const uint8_t* mp = (kPre ? qs[u] + kPreStride * (b - b0) + 4096 : qs[u] + kStride * b + 2048) + 128 + 32 * p;
+        const uint8_t* mp = (kPre ? qs[u] + kPreStride * (b - b0) + 4096 : qs[u] + kStride * b) + 128 + 32 * p;
         if constexpr (!kPre) prefetch_line<kPf>(mp + kStride);
         const vec::I mv = vec::u8_pairs(_mm_loadu_si128(reinterpret_cast<const __m128i*>(mp)),
                                         _mm_loadu_si128(reinterpret_cast<const __m128i*>(mp + 16)));
@@ -488,7 +487,12 @@ template <uint32_t kType>
 struct Sub16 {
   static constexpr bool kThree = kType == kQ3_K, kTwo = kType == kQ2_K;
   static constexpr int kStride = panel_quant_stride(kType);
-  static constexpr int kTop = kThree || kTwo ? 0 : 2048, kScales = kThree ? 1536 : kTwo ? 1024 : 3072;
+  // Sub-block sb's two-bit vector (Q6_K: its top bits; Q3_K / Q2_K: its two low bits) and the
+  // sub-scales in a super-block's quants.
+  static constexpr int top_at(int sb) {
+    return (kThree || kTwo ? panel_k_chunk(kType, sb / 2) : panel_k_bits(kType, sb / 2)) + 64 * (sb % 2);
+  }
+  static constexpr int kScales = panel_k_scales(kType);
   vec::I m4 = vec::set8(0x0F), m30 = vec::set8(0x30), m3 = vec::set8(3), four = vec::set8(4);
   // The top two bits of field f (bits 2f, 2f + 1 of each byte) at bits 4-5.
   vec::I field(vec::I h, int f) const {
@@ -507,26 +511,27 @@ struct Sub16 {
       lo = vec::and_(vec::srl16(hb, 4 * h), m3);
       hi = vec::and_(vec::srl16(hb, 4 * h + 2), m3);
       if constexpr (kThree) {
-        const uint8_t* bits = sbq + 1024 + 64 * c + 8 * (4 * v + 2 * h);
+        const uint8_t* bits = sbq + panel_k_bits(kType, c) + 8 * (4 * v + 2 * h);
         lo = vec::add8_where(lo, bits, four);
         hi = vec::add8_where(hi, bits + 8, four);
       }
       return;
     }
-    const vec::I nib = vec::load(sbq + 256 * c + 64 * (2 * v + h));
+    const vec::I nib = vec::load(sbq + panel_k_chunk(kType, c) + 64 * (2 * v + h));
     // (A & B) | C: the low four bits, the top two put in bits 4-5.
     lo = vec::and_or(nib, m4, field(hb, 2 * h));
     hi = vec::and_or(vec::srl16(nib, 4), m4, field(hb, 2 * h + 1));
   }
-  vec::I top(const uint8_t* sbq, int sb) const { return vec::load(sbq + kTop + 64 * sb); }
+  vec::I top(const uint8_t* sbq, int sb) const { return vec::load(sbq + top_at(sb)); }
   // A decode step's prefetch of the lines operator()(sbq, ., sb, h) reads, one super-block on.
   // (top's line: by the caller, beside its load; taken in here under h == 0 it halved Q3_K's
   // decode step from memory, kernels_bench 2048 x 5632, one thread: 9 against 18 GB/s.)
   template <int kPf>
   void prefetch(const uint8_t* sbq, int sb, int h) const {
-    if constexpr (!kThree && !kTwo) prefetch_line<kPf>(sbq + kStride + 128 * sb + 64 * h);  // (256 c + 64 (2 v + h))
+    const uint8_t* chunk = sbq + kStride + panel_k_chunk(kType, sb / 2);
+    if constexpr (!kThree && !kTwo) prefetch_line<kPf>(chunk + 64 * (2 * (sb % 2) + h));
     if constexpr (kThree)
-      if (h == 0) prefetch_line<kPf>(sbq + kStride + 1024 + 32 * sb);  // (the third bits: 64 bytes a chunk)
+      if (h == 0) prefetch_line<kPf>(sbq + kStride + panel_k_bits(kQ3_K, sb / 2));  // (the third bits: a line a chunk)
   }
 };
 
@@ -581,7 +586,7 @@ inline void dot_q6k(const uint8_t* const* sc, const uint8_t* const* qs, int64_t 
       vec::I hb[kT];
       for (int u = 0; u < kT; ++u)
         if constexpr (!kPre) {
-          prefetch_line<kPf>(qs[u] + kStride * b + kStride + S::kTop + 64 * sb);
+          prefetch_line<kPf>(qs[u] + kStride * b + kStride + S::top_at(sb));
           hb[u] = ops.top(qs[u] + kStride * b, sb);
         }
       for (int h = 0; h < 2; ++h) {
@@ -730,9 +735,9 @@ inline void unpack_q4k_planes(const uint8_t* qs, int64_t nb, uint8_t* out) {
     uint8_t* lo_plane = out + 8192 * b;
     for (int sb = 0; sb < 8; ++sb) {
       // The rows' scale as each of their bytes (byte 4 r + e: row r).
-      const __m512i s = _mm512_mullo_epi32(_mm512_cvtepu8_epi32(_mm_loadu_si128(
-                                               reinterpret_cast<const __m128i*>(sb_qs + 2048 + 16 * sb))),
-                                           _mm512_set1_epi32(0x01010101));
+      const __m512i s =
+          _mm512_mullo_epi32(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sb_qs + 16 * sb))),
+                             _mm512_set1_epi32(0x01010101));
       const __m512i sl = _mm512_and_si512(s, seven), sh = _mm512_and_si512(_mm512_srli_epi16(s, 3), seven);
       const __m512i sl_even = _mm512_and_si512(sl, even), sl_odd = _mm512_and_si512(sl, odd);
       const __m512i sh_even = _mm512_and_si512(sh, even), sh_odd = _mm512_and_si512(sh, odd);
@@ -802,8 +807,8 @@ __attribute__((target("amx-tile,amx-int8"))) inline void amx_q4k(const uint8_t* 
     }
     __m512i mv[4];
     for (int p = 0; p < 4; ++p)
-      mv[p] = _mm512_cvtepu8_epi16(
-          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + kStride * b + 2048 + 128 + 32 * p)));
+      mv[p] =
+          _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + kStride * b + 128 + 32 * p)));
     const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc + 64 * b)));
     const __m512 dmv = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc + 64 * b + 32)));
 #pragma GCC unroll 16
@@ -857,11 +862,11 @@ inline void unpack_q6k_planes(const uint8_t* qs, int64_t nb, uint8_t* out) {
       _mm_prefetch(reinterpret_cast<const char*>(sb_qs + kStride + 64 * l), _MM_HINT_T0);
     for (int sb = 0; sb < 16; ++sb) {
       __mmask64 mask[8];
-      scale_bit_masks<8>(sb_qs + 3072 + 16 * sb, mask);
-      const int c = sb / 2, v = sb % 2;
-      const __m512i hb = _mm512_load_si512(sb_qs + 2048 + 128 * c + 64 * v);
+      scale_bit_masks<8>(sb_qs + Sub16<kQ6_K>::kScales + 16 * sb, mask);
+      const int v = sb % 2;
+      const __m512i hb = _mm512_load_si512(sb_qs + Sub16<kQ6_K>::top_at(sb));
       for (int h = 0; h < 2; ++h) {
-        const __m512i nib = _mm512_load_si512(sb_qs + 256 * c + 64 * (2 * v + h));
+        const __m512i nib = _mm512_load_si512(sb_qs + panel_k_chunk(kQ6_K, sb / 2) + 64 * (2 * v + h));
         const __m512i hl = h == 0 ? _mm512_slli_epi16(hb, 4) : hb,
                       hh = h == 0 ? _mm512_slli_epi16(hb, 2) : _mm512_srli_epi16(hb, 2);
         const __m512i u2[2] = {_mm512_ternarylogic_epi32(nib, m4, _mm512_and_si512(hl, m30), 0xEA),
@@ -894,7 +899,7 @@ inline void unpack_q6k_planes(const uint8_t* qs, int64_t nb, uint8_t* out) {
 template <uint32_t kType>
 inline void unpack_two_bit_planes(const uint8_t* qs, int64_t nb, uint8_t* out) {
   constexpr bool kThree = kType == kQ3_K;
-  constexpr int kStride = panel_quant_stride(kType), kScales = kThree ? 1536 : 1024, kBits = kThree ? 6 : 4;
+  constexpr int kStride = panel_quant_stride(kType), kBits = kThree ? 6 : 4;
   constexpr int kPlanes = kThree ? 2 : 1;
   const __m512i m3 = _mm512_set1_epi8(3), four = _mm512_set1_epi8(4);
   for (int64_t b = 0; b < nb; ++b) {
@@ -903,15 +908,15 @@ inline void unpack_two_bit_planes(const uint8_t* qs, int64_t nb, uint8_t* out) {
       _mm_prefetch(reinterpret_cast<const char*>(sb_qs + kStride + 64 * l), _MM_HINT_T0);
     for (int sb = 0; sb < 16; ++sb) {
       __mmask64 mask[kBits];
-      scale_bit_masks<kBits>(sb_qs + kScales + 16 * sb, mask);
+      scale_bit_masks<kBits>(sb_qs + Sub16<kType>::kScales + 16 * sb, mask);
       const int c = sb / 2, v = sb % 2;
-      const __m512i hb = _mm512_load_si512(sb_qs + 128 * c + 64 * v);
+      const __m512i hb = _mm512_load_si512(sb_qs + Sub16<kType>::top_at(sb));
       for (int h = 0; h < 2; ++h) {
         for (int o = 0; o < 2; ++o) {
           __m512i w = _mm512_and_si512(_mm512_srli_epi16(hb, 4 * h + 2 * o), m3);
           if constexpr (kThree) {  // + 4 where the third bit is set, then w = u - 4
             uint64_t third;
-            std::memcpy(&third, sb_qs + 1024 + 64 * c + 8 * (4 * v + 2 * h + o), 8);
+            std::memcpy(&third, sb_qs + panel_k_bits(kQ3_K, c) + 8 * (4 * v + 2 * h + o), 8);
             w = _mm512_sub_epi8(_mm512_mask_add_epi8(w, _cvtu64_mask64(third), w, four), four);
           }
           const __m512i w2 = _mm512_add_epi8(w, w), w4 = _mm512_add_epi8(w2, w2);
@@ -971,7 +976,7 @@ __attribute__((target("amx-tile,amx-int8"))) inline void amx_q2k(const uint8_t* 
     const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc + kScStride * b)));
     const __m512 dmv = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc + kScStride * b + 32)));
     __m512i mv[8];
-    for (int p = 0; p < 8; ++p) mv[p] = q2k_min_pairs(qs + kStride * b + 1024 + 32 * p);
+    for (int p = 0; p < 8; ++p) mv[p] = q2k_min_pairs(qs + kStride * b + Sub16<kQ2_K>::kScales + 32 * p);
     for (int t = 0; t < 16; ++t) {
       __m512i msum = _mm512_setzero_si512();
       for (int p = 0; p < 8; ++p)
