@@ -464,8 +464,8 @@ std::shared_ptr<const uint8_t> pack_panels(uint32_t type, const void* data, int6
           for (int sb = 0; sb < 8; ++sb) {
             const int sc = sb < 4 ? sm[sb] & 63 : (sm[sb + 4] & 0xF) | ((sm[sb - 4] >> 6) << 4);
             const int mn = sb < 4 ? sm[sb + 4] & 63 : (sm[sb + 4] >> 4) | ((sm[sb] >> 6) << 4);
-            qs[16 * sb + r] = static_cast<uint8_t>(sc);
-            qs[128 + 32 * (sb / 2) + 2 * r + sb % 2] = static_cast<uint8_t>(mn);
+            qs[panel_k_scales(type) + 16 * sb + r] = static_cast<uint8_t>(sc);
+            qs[panel_k_scales(type) + 128 + 32 * (sb / 2) + 2 * r + sb % 2] = static_cast<uint8_t>(mn);
             const uint8_t* q = blk + (type == kQ5_K ? 48 : 16) + 32 * (sb / 2);
             uint8_t* chunk = qs + panel_k_chunk(type, sb);
             for (int part = 0; part < 4; ++part) {
@@ -483,7 +483,7 @@ std::shared_ptr<const uint8_t> pack_panels(uint32_t type, const void* data, int6
           // two-bit fields (as Q3_K's low bits: bits 2 (c % 4) of qs[32 (c / 4) + l]).
           std::memcpy(scales + 2 * r, blk + 80, 2);
           std::memcpy(scales + 32 + 2 * r, blk + 82, 2);
-          for (int g = 0; g < 16; ++g) qs[16 * g + r] = blk[g];
+          for (int g = 0; g < 16; ++g) qs[panel_k_scales(kQ2_K) + 16 * g + r] = blk[g];
           for (int c = 0; c < 8; ++c)
             pack_two_bit_fields(blk + 16 + 32 * (c / 4), 2 * (c % 4), r, qs + panel_k_chunk(kQ2_K, c));
           continue;
@@ -504,7 +504,7 @@ std::shared_ptr<const uint8_t> pack_panels(uint32_t type, const void* data, int6
           const uint8_t* p = blk + 96;
           for (int g = 0; g < 16; ++g) {
             const int low = g < 8 ? (p[g] & 0xF) : (p[g - 8] >> 4);
-            qs[16 * g + r] =
+            qs[panel_k_scales(kQ3_K) + 16 * g + r] =
                 static_cast<uint8_t>(static_cast<int8_t>((low | (((p[8 + g % 4] >> (2 * (g / 4))) & 3) << 4)) - 32));
           }
           continue;
@@ -517,7 +517,7 @@ std::shared_ptr<const uint8_t> pack_panels(uint32_t type, const void* data, int6
           std::memcpy(&sh, blk + 2, 2);
           for (int sb = 0; sb < 8; ++sb) {
             const int ls = ((blk[4 + sb / 2] >> (4 * (sb % 2))) & 0xF) | (((sh >> (2 * sb)) & 3) << 4);
-            qs[16 * sb + r] = static_cast<uint8_t>(static_cast<int8_t>(ls - 32));
+            qs[panel_k_scales(kIQ4_XS) + 16 * sb + r] = static_cast<uint8_t>(static_cast<int8_t>(ls - 32));
             for (int part = 0; part < 4; ++part) {
               const uint32_t v = panel_dword(blk + 8 + 16 * sb + 8 * (part % 2), 4 * (part / 2));
               std::memcpy(qs + panel_k_chunk(kIQ4_XS, sb) + 64 * part + 4 * r, &v, 4);

@@ -377,7 +377,7 @@ inline void unpack_k_chunk(const uint8_t* qs, int64_t b0, int64_t b1, uint8_t* o
         vec::store(o + 512 * sb + 128 * part, lo);
         vec::store(o + 512 * sb + 128 * part + 64, hi);
       }
-    std::memcpy(o + 4096, sbq, panel_k_head(kType));
+    std::memcpy(o + 4096, sbq + panel_k_scales(kType), panel_k_head(kType));
   }
 }
 
@@ -411,7 +411,8 @@ inline void dot_q4k(const uint8_t* const* sc, const uint8_t* const* qs, int64_t 
         dp_step<kSigned, kMerge, kNt, kT>(a, 256 * b + 32 * sb + 8 * part, lo, hi, lo_acc, hi_acc);
       }
       for (int u = 0; u < kT; ++u) {
-        const uint8_t* s8p = kPre ? qs[u] + kPreStride * (b - b0) + 4096 + 16 * sb : qs[u] + kStride * b + 16 * sb;
+        const uint8_t* s8p =
+            (kPre ? qs[u] + kPreStride * (b - b0) + 4096 : qs[u] + kStride * b + panel_k_scales(kType)) + 16 * sb;
         // One super-block on: the scales', Q5_K's fifth bits' lines (those here, not in unpack_k
         // under part == 0, where the test kept the compiler from unrolling the parts: Q5_K's
         // step from the caches 30 against 36 GB/s).
@@ -435,7 +436,8 @@ inline void dot_q4k(const uint8_t* const* sc, const uint8_t* const* qs, int64_t 
       vec::I msum[kNt];
       for (int n = 0; n < kNt; ++n) msum[n] = vec::zero();
       for (int p = 0; p < 4; ++p) {
-        const uint8_t* mp = (kPre ? qs[u] + kPreStride * (b - b0) + 4096 : qs[u] + kStride * b) + 128 + 32 * p;
+        const uint8_t* mp =
+            (kPre ? qs[u] + kPreStride * (b - b0) + 4096 : qs[u] + kStride * b + panel_k_scales(kType)) + 128 + 32 * p;
         if constexpr (!kPre) prefetch_line<kPf>(mp + kStride);
         const vec::I mv = vec::u8_pairs(_mm_loadu_si128(reinterpret_cast<const __m128i*>(mp)),
                                         _mm_loadu_si128(reinterpret_cast<const __m128i*>(mp + 16)));
@@ -735,9 +737,9 @@ inline void unpack_q4k_planes(const uint8_t* qs, int64_t nb, uint8_t* out) {
     uint8_t* lo_plane = out + 8192 * b;
     for (int sb = 0; sb < 8; ++sb) {
       // The rows' scale as each of their bytes (byte 4 r + e: row r).
-      const __m512i s =
-          _mm512_mullo_epi32(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sb_qs + 16 * sb))),
-                             _mm512_set1_epi32(0x01010101));
+      const __m512i s = _mm512_mullo_epi32(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(
+                                               sb_qs + panel_k_scales(kType) + 16 * sb))),
+                                           _mm512_set1_epi32(0x01010101));
       const __m512i sl = _mm512_and_si512(s, seven), sh = _mm512_and_si512(_mm512_srli_epi16(s, 3), seven);
       const __m512i sl_even = _mm512_and_si512(sl, even), sl_odd = _mm512_and_si512(sl, odd);
       const __m512i sh_even = _mm512_and_si512(sh, even), sh_odd = _mm512_and_si512(sh, odd);
@@ -807,8 +809,8 @@ __attribute__((target("amx-tile,amx-int8"))) inline void amx_q4k(const uint8_t* 
     }
     __m512i mv[4];
     for (int p = 0; p < 4; ++p)
-      mv[p] =
-          _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + kStride * b + 128 + 32 * p)));
+      mv[p] = _mm512_cvtepu8_epi16(_mm256_loadu_si256(
+          reinterpret_cast<const __m256i*>(qs + kStride * b + panel_k_scales(kType) + 128 + 32 * p)));
     const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc + 64 * b)));
     const __m512 dmv = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc + 64 * b + 32)));
 #pragma GCC unroll 16
