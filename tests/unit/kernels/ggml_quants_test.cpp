@@ -309,35 +309,39 @@ TEST(GgmlQuants, PanelsAreWhatTheSimdPathsReadAndRowSlicesShareThem) {
 }
 
 // A decode step over the panels prefetches into L1, into L2 or not at all (PanelPrefetch):
-// the same values, bit for bit, on every path, for units of 1-4 panels and 1-2 threads; and
+// the same values, bit for bit, on every path, for units of 1-4 panels and 1-2 threads (a
+// thread's panels split into up to four streams of unequal lengths); and
 // auto times the three on the first single-token calls over a matrix of >= 1 MiB and settles
 // on one of them for the type and thread bucket.
 TEST(GgmlQuants, DecodePrefetchModesGiveTheSameValuesAndAutoSettles) {
   if (!isa_available(Isa::kAvx2)) GTEST_SKIP() << "no AVX2 path on this CPU";
   std::mt19937 rng(41);
   std::normal_distribution<float> normal(0.0f, 1.0f);
-  const int64_t rows = 16 * 7 + 3;  // units of 4 panels, then 3 (and a partial panel)
-  for (uint32_t type : {kQ4_0, kQ8_0, kIQ4_NL, kQ4_K, kQ5_K, kQ6_K, kQ3_K, kQ2_K, kIQ4_XS}) {
-    const int64_t k = 256 * 3;
-    std::vector<uint8_t> w = random_blocks(type, rows * k / block_size(type), rng);
-    std::vector<float> x(static_cast<size_t>(k));
-    for (auto& v : x) v = normal(rng);
-    std::vector<float> want(static_cast<size_t>(rows));
-    matmul_rows(Isa::kScalar, type, w.data(), k, x.data(), 1, 0, rows, want.data(), rows);
-    const auto panels = pack_panels(type, w.data(), rows, k);
-    for (Isa isa : test::available_isas()) {
-      if (isa == Isa::kScalar) continue;
-      for (int threads : {1, 2}) {
-        set_num_threads(threads);
-        for (PanelPrefetch pf : {PanelPrefetch::kL1, PanelPrefetch::kL2, PanelPrefetch::kNone}) {
-          std::vector<float> y(static_cast<size_t>(rows), -1.0f);
-          matmul_rows(isa, type, w.data(), k, x.data(), 1, 0, rows, y.data(), rows, panels.get(), pf);
-          ASSERT_EQ(y, want) << "type " << type << " " << isa_name(isa) << " mode " << static_cast<int>(pf) << ", "
-                             << threads << " threads";
+  // 8 panels (the last partial): one thread's two units of 4, two threads' one each; 5: one
+  // thread's units of 3 and 2 panels, two threads' of 2 and 3; 1; 71: groups of streams
+  // (4 x 16 panels on AVX-512, 2 x 16 on AVX2) and a shorter last group.
+  for (const int64_t rows : std::initializer_list<int64_t>{16 * 7 + 3, 16 * 4 + 5, 9, 16 * 70 + 5})
+    for (uint32_t type : {kQ4_0, kQ8_0, kIQ4_NL, kQ4_K, kQ5_K, kQ6_K, kQ3_K, kQ2_K, kIQ4_XS}) {
+      const int64_t k = 256 * 3;
+      std::vector<uint8_t> w = random_blocks(type, rows * k / block_size(type), rng);
+      std::vector<float> x(static_cast<size_t>(k));
+      for (auto& v : x) v = normal(rng);
+      std::vector<float> want(static_cast<size_t>(rows));
+      matmul_rows(Isa::kScalar, type, w.data(), k, x.data(), 1, 0, rows, want.data(), rows);
+      const auto panels = pack_panels(type, w.data(), rows, k);
+      for (Isa isa : test::available_isas()) {
+        if (isa == Isa::kScalar) continue;
+        for (int threads : {1, 2}) {
+          set_num_threads(threads);
+          for (PanelPrefetch pf : {PanelPrefetch::kL1, PanelPrefetch::kL2, PanelPrefetch::kNone}) {
+            std::vector<float> y(static_cast<size_t>(rows), -1.0f);
+            matmul_rows(isa, type, w.data(), k, x.data(), 1, 0, rows, y.data(), rows, panels.get(), pf);
+            ASSERT_EQ(y, want) << "type " << type << " " << isa_name(isa) << " mode " << static_cast<int>(pf) << ", "
+                               << threads << " threads, " << rows << " rows";
+          }
         }
       }
     }
-  }
   set_num_threads(1);
   kernels::set_gguf_prefetch(-1);
   EXPECT_EQ(kernels::gguf_prefetch_for(kQ8_0, 1), -1);  // not yet timed

@@ -15,14 +15,15 @@
 // equal the generic path's; the f32 steps are its own, per block in its order, one lane per
 // row (Q4_K: per super-block, its sub-scales in integers).
 // On AVX-512 a decode step takes four panels at a time (four streams from memory: 1.1-1.2x
-// over two); a thread otherwise takes two panels at a time (each activation broadcast serves
-// both) against up to four activation rows. AVX2 has half the registers at half the width:
-// two panels in a decode step (kernels_bench, one thread, 2048 x 5632: 1.1-1.5x over one),
-// otherwise one against up to four activation rows where a sum's products fit one int16 chain
-// (Traits::kMerge; 64-256 tokens 1.03-1.2x over two rows per pass), else two. A call of more rows runs its rows
-// over 16-block chunks of the unit in turn, so the chunk is read from memory once and from L1
-// by the other rows, and past kDirectRows rows the chunk is unpacked once (16 KB for a pair)
-// for all of them (Q8_0's panels hold its operands already; the K types take 2-super-block
+// over two; each stream runs on through kStreamPanels panels); a thread otherwise takes two
+// panels at a time (each activation broadcast serves both) against up to four activation
+// rows. AVX2 has half the registers at half the width: two panels in a decode step
+// (kernels_bench, one thread, 2048 x 5632: 1.1-1.5x over one), otherwise one against up to
+// four activation rows where a sum's products fit one int16 chain (Traits::kMerge; 64-256
+// tokens 1.03-1.2x over two rows per pass), else two. A call of more rows runs its rows over
+// 16-block chunks of the unit in turn, so the chunk is read from memory once and from L1 by
+// the other rows, and past kDirectRows rows the chunk is unpacked once (16 KB for a pair) for
+// all of them (Q8_0's panels hold its operands already; the K types take 2-super-block
 // chunks).
 // Measured (kernels_bench, 2048 x 5632, against the rows read in place and the VNNI tiles,
 // one thread): decode 1.3-1.5x (11.5-13 GB/s of 17), 8 tokens 2-3x, 64 1.1-1.25x, 256 1.4x.
@@ -67,6 +68,16 @@ constexpr int kSumStride = 4;
 // The unit shapes: panels at a time in a decode step and otherwise (activation rows per pass:
 // Traits::kPassRows).
 constexpr int kDecodePanels = vec::kVnni ? 4 : 2;
+// A decode step's streams each run through this many consecutive panels (matmul). From
+// memory (kernels_bench 5632 x 2048, one thread, two rounds, GB/s into L2 / no prefetch)
+// against 1 (a unit's panels side by side, as before): Q4_K 22.7-23.5 / 22.2-22.9 against
+// 21.4 / 19.4-20.5, Q6_K 22.4-23.1 / 12.8-13.3 against 21.7-22.2 / 12.9, Q4_0 24.8-25.1 /
+// 22.6-24.0 against 23.8-24.9 / 22.0-23.0, Q8_0 26.3-27.5 / 26.2-27.2 against 26.6-28.3 /
+// 24.8-27.9; 4 panels between the two; a quarter of the thread's panels each (one long
+// stream apiece) lost on Q4_0 and Q8_0 (22.4-22.7 and 25.0-25.1 into L2). On AVX2 (two
+// streams) a quarter each against 1: Q4_K 19.4-19.6 against 16.8-16.9, Q6_K 23.8-24.9
+// against 20.6, Q4_0 16.1-16.8 against 17.4-17.9.
+constexpr int64_t kStreamPanels = 16;
 constexpr int kPanels = vec::kVnni ? 2 : 1;
 
 // 16 lanes of f32 sums, kept across the chunks of k.
@@ -1210,14 +1221,12 @@ inline void matmul(const uint8_t* panels, int64_t k, const Activations& a, int64
     // (the K types: two super-blocks of kPreStride or kPreStride16)
     static thread_local Sums16
         unpacked[2][(std::max(kChunkBlocks * 512, int64_t{2} * kPreStride16) + 256) / sizeof(Sums16)];
-#pragma omp for schedule(dynamic, 1)
-    for (int64_t unit = 0; unit < units; ++unit) {
-      const int64_t p0 = per_unit * unit;
-      const int kT = static_cast<int>(std::min<int64_t>(per_unit, np - p0));
+    // Panels idx[0 .. kT) (kT >= 1; the rest repeat the last).
+    const auto run_unit = [&](const int64_t* idx, int kT) {
       const uint8_t* sc[kSumStride];
       const uint8_t* nib[kSumStride];
       for (int u = 0; u < kSumStride; ++u) {
-        sc[u] = first + (p0 + std::min(u, kT - 1)) * pb;
+        sc[u] = first + idx[std::min(u, kT - 1)] * pb;
         nib[u] = sc[u] + sbytes;
       }
       std::fill(sums.begin(), sums.end(), Sums16{});
@@ -1261,10 +1270,36 @@ inline void matmul(const uint8_t* panels, int64_t k, const Activations& a, int64
         }
       }
       for (int u = 0; u < kT; ++u) {
-        const int64_t j0 = n0 + kPanelRows * (p0 + u);
+        const int64_t j0 = n0 + kPanelRows * idx[u];
         const int rows = static_cast<int>(std::min<int64_t>(kPanelRows, n1 - j0));
         for (int64_t i = 0; i < m; ++i)
           vec::store_rows(y + i * ldy + (j0 - n0), vec::loadf(sums[kSumStride * i + u].v), rows);
+      }
+    };
+    int64_t idx[kSumStride];
+    if (m == 1) {
+      // A decode step: each thread takes its contiguous share of the panels, in groups of
+      // per_unit x kStreamPanels, and reads each group as per_unit streams, stream u over
+      // the group's u-th kStreamPanels panels (a unit: the i-th panel of each), so that a
+      // stream runs on through kStreamPanels panels instead of restarting after one.
+      const int64_t nth = omp_get_num_threads(), tid = omp_get_thread_num();
+      const int64_t end = np * (tid + 1) / nth;
+      for (int64_t g0 = np * tid / nth; g0 < end; g0 += per_unit * kStreamPanels) {
+        const int64_t share = std::min<int64_t>(per_unit * kStreamPanels, end - g0);
+        const int64_t steps = (share + per_unit - 1) / per_unit;
+        for (int64_t i = 0; i < steps; ++i) {
+          int kT = 0;
+          for (int u = 0; u < per_unit && u * steps + i < share; ++u) idx[kT++] = g0 + u * steps + i;
+          run_unit(idx, kT);
+        }
+      }
+    } else {
+#pragma omp for schedule(dynamic, 1)
+      for (int64_t unit = 0; unit < units; ++unit) {
+        const int64_t p0 = per_unit * unit;
+        const int kT = static_cast<int>(std::min<int64_t>(per_unit, np - p0));
+        for (int u = 0; u < kT; ++u) idx[u] = p0 + u;
+        run_unit(idx, kT);
       }
     }
   }
