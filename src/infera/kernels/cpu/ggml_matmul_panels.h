@@ -56,6 +56,18 @@ inline void prefetch_line(const void* p) {
 }
 constexpr int kPfL1 = static_cast<int>(PanelPrefetch::kL1);
 constexpr int kPfNone = static_cast<int>(PanelPrefetch::kNone);
+// A panel keeps its scales ahead of its quants, and a decode step's prefetch of them runs
+// kLead bytes ahead, so the first kLead bytes of the next panel's (at qs[u] + next: the
+// stream's next panel, where a decode step's call ends at the panel's end) it never reaches:
+// these, as a panel starts (kernels_bench, one thread, into L2: Q6_K 25.2-25.5 -> 27.1 GB/s
+// at 2048 x 5632, 23.9-24.1 -> 25.3-25.9 at 5632 x 2048, Q4_K 24.4-24.7 -> 25.1-25.4; end to
+// end, one thread, the Q6_K file 26.2-26.9 -> 27.6-28.8 tokens/s, Q4_K_M 35.2-35.8 ->
+// 35.6-37.2). Calls of a few rows end at a chunk: the line after it, harmless.
+template <int kPf, int kLead>
+inline void prefetch_next_scales(const uint8_t* const* qs, int kT, int64_t next) {
+  for (int u = 0; u < kT; ++u)
+    for (int l = 0; l < kLead; l += 64) prefetch_line<kPf>(qs[u] + next + l);
+}
 // The K types' decode steps prefetch each line beside the load it serves, one super-block on
 // (a constant offset from the same address): a loop over each sub-block's share of the next
 // super-block's lines cost the step from the caches 10-50% (kernels_bench BM_GgmlDecodeHot,
@@ -401,14 +413,7 @@ inline void dot_q4k(const uint8_t* const* sc, const uint8_t* const* qs, int64_t 
   const auto corr = [&](int n, int64_t b, int sb) { return kXs && !kSigned ? a.corr[n][8 * b + sb] : 0; };
   vec::F s[kT][kNt];
   load_sums<kNt, kT>(sum, s);
-  // A decode step's call takes the whole row (b1: the panel's end; calls of a few rows read
-  // the next chunk's first line), so the next panel in memory, the stream's next, starts at
-  // qs[u] + kStride b1 with its scales, whose first line the per-super-block prefetch below
-  // never reaches (kernels_bench, one thread,
-  // into L2: Q4_K 24.4-24.7 -> 25.1-25.4 GB/s at 2048 x 5632; the Q4_K_M file end to end
-  // 35.2-35.8 -> 35.6-37.2 tokens/s, Q6_K's below).
-  if constexpr (!kPre)
-    for (int u = 0; u < kT; ++u) prefetch_line<kPf>(qs[u] + kStride * b1);
+  if constexpr (!kPre) prefetch_next_scales<kPf, kScale>(qs, kT, kStride * b1);  // (the loop's lead: kScale)
   for (int64_t b = b0; b < b1; ++b) {
     vec::I isum[kT][kNt];
     for (int u = 0; u < kT; ++u) {
@@ -585,6 +590,7 @@ inline void dot_q6k(const uint8_t* const* sc, const uint8_t* const* qs, int64_t 
   using S = Sub16<kType>;
   constexpr bool kTwo = S::kTwo;
   constexpr int kStride = S::kStride, kScStride = panel_scale_stride(kType);
+  constexpr int kScaleLead = 128;  // (bytes the decode step's prefetch runs ahead on the scales)
   constexpr bool kMerge = Traits<kType>::kMerge;
   const S ops;
   // (Q6_K / Q3_K: 32 / 4 x the activation's sum of sub-block sb's 16 quants)
@@ -595,20 +601,12 @@ inline void dot_q6k(const uint8_t* const* sc, const uint8_t* const* qs, int64_t 
   };
   vec::F s[kT][kNt];
   load_sums<kNt, kT>(sum, s);
-  // The next panel's first two lines of scales, as dot_q4k's (the per-super-block prefetch
-  // runs four super-blocks ahead on them; kernels_bench, one thread, into L2: Q6_K
-  // 25.2-25.5 -> 27.1 GB/s at 2048 x 5632, 23.9-24.1 -> 25.3-25.9 at 5632 x 2048; the Q6_K
-  // file end to end 26.2-26.9 -> 27.6-28.8 tokens/s).
-  if constexpr (!kPre)
-    for (int u = 0; u < kT; ++u) {
-      prefetch_line<kPf>(qs[u] + kStride * b1);
-      prefetch_line<kPf>(qs[u] + kStride * b1 + 64);
-    }
+  if constexpr (!kPre) prefetch_next_scales<kPf, kScaleLead>(qs, kT, kStride * b1);
   for (int64_t b = b0; b < b1; ++b) {
     vec::I isum[kT][kNt];
     for (int u = 0; u < kT; ++u) {
       for (int n = 0; n < kNt; ++n) isum[u][n] = vec::zero();
-      prefetch_line<kPf>(sc[u] + kScStride * b + 128);
+      prefetch_line<kPf>(sc[u] + kScStride * b + kScaleLead);
     }
     for (int sb = 0; sb < 16; ++sb) {
       vec::I lo_acc[kT][kNt], hi_acc[kT][kNt];
