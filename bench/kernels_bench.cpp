@@ -21,6 +21,9 @@
 //     (gate / up: rows of 2048 weights, as most of a 2048-wide model's matrices have); the
 //     fifth asks for AMX prefill, the sixth for the load-time panels; the label names the
 //     ISA path, and "amx" / "panels" where that path took them.
+//   A MoE decode step's experts (BM_GgmlMoeDecode/type/threads): 8 of 64 Qwen3-30B-A3B-shaped
+//     experts per iteration, each one's gate, up and down, packed as a GGUF model packs them;
+//     counter GB/s = their block bytes per second.
 //   Attention decode: one sequence, ctx 4096, 32 query / 8 kv heads, head_dim 128, f32 KV
 //     in 16-slot blocks; counter GB/s = K and V bytes read per second.
 // The last argument of every benchmark is the thread count. The machine is shared, so each
@@ -320,6 +323,71 @@ BENCHMARK(BM_GgmlMatmul)  // the types that are only ever repacked in a model: f
                    {0},
                    {0},
                    {0, 1}})
+    ->Apply(least_disturbed);
+
+// A Qwen3-30B-A3B-shaped MoE decode step's experts (BM_GgmlMoeDecode/type/threads): 64
+// experts of one layer (gate and up 768 x 2048, down 2048 x 768, packed at load as a GGUF
+// model packs them; 64 x 3 x 0.9 MB in Q4_K, beyond the caches), 8 of them drawn per iteration as a router
+// picks them, each expert's gate and up then its down, as MoeFfn runs one token on one
+// thread. Counter GB/s: the 24 matrices' block bytes per second.
+void BM_GgmlMoeDecode(benchmark::State& state) {
+  namespace ggml = infera::kernels::ggml;
+  const auto type = static_cast<uint32_t>(state.range(0));
+  infera::set_num_threads(static_cast<int>(state.range(1)));
+  constexpr int64_t kH = 2048, kI = 768, kE = 64, kTop = 8;
+  const int64_t up_bytes = kI * ggml::row_bytes(type, kH), down_bytes = kH * ggml::row_bytes(type, kI);
+  // A GGUF file's ffn_{gate,up,down}_exps: each one tensor of all the experts.
+  std::vector<uint8_t> q(static_cast<size_t>(kE * (2 * up_bytes + down_bytes)));
+  uint32_t s = 7;
+  for (auto& b : q) {
+    s ^= s << 13;
+    s ^= s >> 17;
+    s ^= s << 5;
+    b = static_cast<uint8_t>(s >> 8);
+  }
+  // Small finite f16 scales, as run_ggml sets them.
+  const int64_t ts = ggml::type_size(type);
+  const int half_at = type == ggml::kQ6_K ? 208 : 0, halves = type == ggml::kQ4_K || type == ggml::kQ5_K ? 2 : 1;
+  const uint16_t d = infera::f32_to_f16(0.01f);
+  for (size_t b = 0; b < q.size(); b += static_cast<size_t>(ts))
+    for (int h = 0; h < halves; ++h) std::memcpy(q.data() + b + half_at + 2 * h, &d, 2);
+  // Packed as a model packs them (one matrix of all the experts, each expert a row slice).
+  const auto fused = [&](const uint8_t* data, int64_t rows, int64_t cols) {
+    MatRef all{data, DType::kGgml, kE * rows, cols, type};
+    all.panels = ggml::pack_panels(type, data, all.rows, cols);
+    std::vector<MatRef> out;
+    for (int64_t e = 0; e < kE; ++e) out.push_back(row_slice(all, e * rows, (e + 1) * rows));
+    return out;
+  };
+  const std::vector<MatRef> gate = fused(q.data(), kI, kH), up = fused(q.data() + kE * up_bytes, kI, kH),
+                            down = fused(q.data() + 2 * kE * up_bytes, kH, kI);
+  std::vector<float> x(kH), g(kI), u(kI), y(kH);
+  fill(x, 8);
+  std::mt19937 rng(5);
+  for (auto _ : state) {
+    int64_t picked[kTop];
+    for (int64_t a = 0; a < kTop; ++a) {
+      bool fresh = false;
+      while (!fresh) {
+        picked[a] = static_cast<int64_t>(rng() % kE);
+        fresh = std::find(picked, picked + a, picked[a]) == picked + a;
+      }
+    }
+    for (const int64_t e : picked) {
+      matmul(x.data(), 1, gate[static_cast<size_t>(e)], g.data());
+      matmul(x.data(), 1, up[static_cast<size_t>(e)], u.data());
+      for (int64_t i = 0; i < kI; ++i) g[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+      matmul(g.data(), 1, down[static_cast<size_t>(e)], y.data());
+      benchmark::DoNotOptimize(y.data());
+    }
+    benchmark::ClobberMemory();
+  }
+  state.SetLabel(std::string(infera::isa_name(infera::best_isa())) + " panels");
+  state.counters["GB/s"] = benchmark::Counter(1e-9 * static_cast<double>(kTop * (2 * up_bytes + down_bytes)),
+                                              benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(BM_GgmlMoeDecode)
+    ->ArgsProduct({{infera::kernels::ggml::kQ4_K, infera::kernels::ggml::kQ6_K, infera::kernels::ggml::kQ8_0}, {1, 2}})
     ->Apply(least_disturbed);
 
 void BM_AttentionDecode(benchmark::State& state) {
