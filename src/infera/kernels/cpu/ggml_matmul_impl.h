@@ -65,14 +65,25 @@ struct Activations {
 // independent; one row is not worth waking them).
 constexpr int64_t kParallelRows = 8;
 
+// row(i) for i in [0, m): split among the threads from kParallelRows rows, else on this thread
+// alone (no parallel region: a decode step's one row).
+template <class Row>
+inline void for_rows(int64_t m, const Row& row) {
+  if (m >= kParallelRows && !omp_in_parallel()) {
+#pragma omp parallel for num_threads(num_threads())
+    for (int64_t i = 0; i < m; ++i) row(i);
+    return;
+  }
+  for (int64_t i = 0; i < m; ++i) row(i);
+}
+
 inline void quantize_activations(const float* x, int64_t m, int64_t k, ActForm form, Activations& a) {
   a.k = k;
   a.q.resize(static_cast<size_t>(m * k));
   if (form == ActForm::kQ8_K) {
     a.d.resize(static_cast<size_t>(m * (k / 256)));
     a.bsums.resize(static_cast<size_t>(m * (k / 16)));
-#pragma omp parallel for if (m >= kParallelRows && !omp_in_parallel()) num_threads(num_threads())
-    for (int64_t i = 0; i < m; ++i) {
+    const auto row = [&](int64_t i) {
       for (int64_t b = 0; b < k / 256; ++b) {
         const float* xb = x + i * k + b * 256;
         int8_t* qb = a.q.data() + i * k + b * 256;
@@ -82,9 +93,11 @@ inline void quantize_activations(const float* x, int64_t m, int64_t k, ActForm f
         __m512 vmax = _mm512_setzero_ps();
         for (int c = 0; c < 16; ++c) vmax = _mm512_max_ps(_mm512_abs_ps(_mm512_loadu_ps(xb + 16 * c)), vmax);
         amax = _mm512_reduce_max_ps(vmax);
-        for (int j = 0; j < 256 && amax > 0; ++j) {
-          if (std::fabs(xb[j]) == amax) {
-            max = xb[j];
+        for (int c = 0; c < 16 && amax > 0; ++c) {
+          const __mmask16 at =
+              _mm512_cmp_ps_mask(_mm512_abs_ps(_mm512_loadu_ps(xb + 16 * c)), _mm512_set1_ps(amax), _CMP_EQ_OQ);
+          if (at != 0) {
+            max = xb[16 * c + __builtin_ctz(at)];
             break;
           }
         }
@@ -125,13 +138,13 @@ inline void quantize_activations(const float* x, int64_t m, int64_t k, ActForm f
 #endif
         a.d[i * (k / 256) + b] = 1 / iscale;
       }
-    }
+    };
+    for_rows(m, row);
     return;
   }
   a.d.resize(static_cast<size_t>(m * (k / 32)));
   if (form == ActForm::kQ8_1) a.s.resize(static_cast<size_t>(m * (k / 32)));
-#pragma omp parallel for if (m >= kParallelRows && !omp_in_parallel()) num_threads(num_threads())
-  for (int64_t i = 0; i < m; ++i) {
+  const auto row = [&](int64_t i) {
     for (int64_t b = 0; b < k / 32; ++b) {
       const float* xb = x + i * k + b * 32;
       int8_t* qb = a.q.data() + i * k + b * 32;
@@ -162,7 +175,8 @@ inline void quantize_activations(const float* x, int64_t m, int64_t k, ActForm f
       a.d[i * (k / 32) + b] = f16_to_f32(f32_to_f16(d));
       if (form == ActForm::kQ8_1) a.s[i * (k / 32) + b] = f16_to_f32(f32_to_f16(static_cast<float>(sum) * d));
     }
-  }
+  };
+  for_rows(m, row);
 }
 
 // One weight row decoded: integer weights and what scales them.

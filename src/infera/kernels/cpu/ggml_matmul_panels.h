@@ -1229,8 +1229,7 @@ inline void matmul(const uint8_t* panels, int64_t k, const Activations& a, int64
                         : kK || kSub16 || kXs                                     ? 2
                                                                                   : kChunkBlocks;
   const int threads = omp_in_parallel() ? 1 : num_threads();
-#pragma omp parallel num_threads(static_cast <int>(std::min <int64_t>(threads, units)))
-  {
+  parallel_region(static_cast<int>(std::min<int64_t>(threads, units)), [&] {
     static thread_local std::vector<Sums16> sums;
     sums.resize(static_cast<size_t>(kSumStride * m));
     // (the K types: two super-blocks of kPreStride or kPreStride16)
@@ -1317,7 +1316,7 @@ inline void matmul(const uint8_t* panels, int64_t k, const Activations& a, int64
         run_unit(idx, kT);
       }
     }
-  }
+  });
 }
 
 }  // namespace panel

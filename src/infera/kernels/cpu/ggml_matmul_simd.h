@@ -992,8 +992,7 @@ inline void matmul_rows(uint32_t type, const uint8_t* base, int64_t row_bytes, i
   const int64_t nb = k / block_size(type);
   const int64_t tiles = (n1 - n0 + kTile - 1) / kTile;
   const int threads = omp_in_parallel() ? 1 : num_threads();
-#pragma omp parallel num_threads(static_cast <int>(std::min <int64_t>(threads, tiles)))
-  {
+  parallel_region(static_cast<int>(std::min<int64_t>(threads, tiles)), [&] {
     static thread_local Tile tl;
     tl.resize(k, nb, k_type);
     for (int64_t i0 = 0; i0 < m; i0 += kRowBlock) {
@@ -1043,7 +1042,7 @@ inline void matmul_rows(uint32_t type, const uint8_t* base, int64_t row_bytes, i
         }
       }
     }
-  }
+  });
 }
 
 }  // namespace simd

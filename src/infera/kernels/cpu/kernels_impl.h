@@ -1172,49 +1172,53 @@ void attention_paged(const float* q, int64_t n_tokens, int64_t n_heads, int64_t 
   float* partials = n_chunks > 1 ? partial_scratch.get(n_tokens * n_heads * n_chunks * pstride) : nullptr;
 
   const int64_t work = ctx_max * n_tokens * n_heads * D;
-#pragma omp parallel for schedule(dynamic, 1) num_threads(threads) if (threads > 1 && units > 1 && work > (1 << 16))
-  for (int64_t u = 0; u < units; ++u) {
-    // Tiles in reverse: the last tokens see the most keys; start them first.
-    const int64_t ti = n_tiles - 1 - u / (n_kv * n_chunks);
-    const int64_t kvh = (u / n_chunks) % n_kv;
-    const int64_t c = u % n_chunks;
-    const int64_t t0 = ti * tile, n_t = std::min(tile, n_tokens - t0);
-    const int64_t rows = n_t * group;
-    const int64_t key0 = c * chunk_len;
-    const int64_t key1 = std::min(pos0 + t0 + n_t, key0 + chunk_len);  // last row's limit
-    static thread_local Scratch unit_scratch;
-    static thread_local std::vector<const float*> q_rows;
-    static thread_local std::vector<int64_t> key_end;
-    if (static_cast<int64_t>(q_rows.size()) < rows) {
-      q_rows.resize(rows);
-      key_end.resize(rows);
-    }
-    float* buf = unit_scratch.get(rows * (bs + D + 2));
-    const UnitState st{buf,           buf + rows * bs, buf + rows * (bs + D), buf + rows * (bs + D + 1),
-                       q_rows.data(), key_end.data()};
-    switch (kv.dtype) {
-      case DType::kBF16:
-        attend_tile<DType::kBF16>(q, n_heads, t0, n_t, group, kvh, pos0, key0, key1, kv, scale, st);
-        break;
-      case DType::kI8: attend_tile<DType::kI8>(q, n_heads, t0, n_t, group, kvh, pos0, key0, key1, kv, scale, st); break;
-      default:  // kF32 (the public wrapper rejects the rest)
-        attend_tile<DType::kF32>(q, n_heads, t0, n_t, group, kvh, pos0, key0, key1, kv, scale, st);
-        break;
-    }
-    for (int64_t r = 0; r < rows; ++r) {
-      const int64_t t = t0 + r / group, h = kvh * group + r % group;
-      if (n_chunks == 1) {
-        float* o = out + (t * n_heads + h) * D;
-        const float inv = 1.0f / st.l[r];
-        for (int64_t d = 0; d < D; ++d) o[d] = st.acc[r * D + d] * inv;
-      } else {  // rows with no key in this chunk leave m = -inf, l = 0, acc = 0
-        float* pp = partials + ((t * n_heads + h) * n_chunks + c) * pstride;
-        std::copy(st.acc + r * D, st.acc + (r + 1) * D, pp);
-        pp[D] = st.m[r];
-        pp[D + 1] = st.l[r];
+  parallel_region(threads > 1 && units > 1 && work > (1 << 16) ? threads : 1, [&] {
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t u = 0; u < units; ++u) {
+      // Tiles in reverse: the last tokens see the most keys; start them first.
+      const int64_t ti = n_tiles - 1 - u / (n_kv * n_chunks);
+      const int64_t kvh = (u / n_chunks) % n_kv;
+      const int64_t c = u % n_chunks;
+      const int64_t t0 = ti * tile, n_t = std::min(tile, n_tokens - t0);
+      const int64_t rows = n_t * group;
+      const int64_t key0 = c * chunk_len;
+      const int64_t key1 = std::min(pos0 + t0 + n_t, key0 + chunk_len);  // last row's limit
+      static thread_local Scratch unit_scratch;
+      static thread_local std::vector<const float*> q_rows;
+      static thread_local std::vector<int64_t> key_end;
+      if (static_cast<int64_t>(q_rows.size()) < rows) {
+        q_rows.resize(rows);
+        key_end.resize(rows);
+      }
+      float* buf = unit_scratch.get(rows * (bs + D + 2));
+      const UnitState st{buf,           buf + rows * bs, buf + rows * (bs + D), buf + rows * (bs + D + 1),
+                         q_rows.data(), key_end.data()};
+      switch (kv.dtype) {
+        case DType::kBF16:
+          attend_tile<DType::kBF16>(q, n_heads, t0, n_t, group, kvh, pos0, key0, key1, kv, scale, st);
+          break;
+        case DType::kI8:
+          attend_tile<DType::kI8>(q, n_heads, t0, n_t, group, kvh, pos0, key0, key1, kv, scale, st);
+          break;
+        default:  // kF32 (the public wrapper rejects the rest)
+          attend_tile<DType::kF32>(q, n_heads, t0, n_t, group, kvh, pos0, key0, key1, kv, scale, st);
+          break;
+      }
+      for (int64_t r = 0; r < rows; ++r) {
+        const int64_t t = t0 + r / group, h = kvh * group + r % group;
+        if (n_chunks == 1) {
+          float* o = out + (t * n_heads + h) * D;
+          const float inv = 1.0f / st.l[r];
+          for (int64_t d = 0; d < D; ++d) o[d] = st.acc[r * D + d] * inv;
+        } else {  // rows with no key in this chunk leave m = -inf, l = 0, acc = 0
+          float* pp = partials + ((t * n_heads + h) * n_chunks + c) * pstride;
+          std::copy(st.acc + r * D, st.acc + (r + 1) * D, pp);
+          pp[D] = st.m[r];
+          pp[D + 1] = st.l[r];
+        }
       }
     }
-  }
+  });
   if (n_chunks == 1) return;
 
   // Merge: out = sum_c e^(m_c - M) acc_c / sum_c e^(m_c - M) l_c, M = max_c m_c.
