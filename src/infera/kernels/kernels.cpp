@@ -84,44 +84,59 @@ bool bf16_vector_dot() {
 namespace {
 // A choice among kKinds variants of a kernel that give the same values and differ only in
 // speed, by machine: the first calls fit to time (trial slots handed out round-robin over
-// the variants, kTrialCallsEach each) sum each variant's time and bytes, and the one with the
-// most bytes per second is kept.
+// the variants) sum each variant's time and bytes until each has kTrialCallsEach calls, or
+// kTrialBytesEach bytes over at least kTrialMinCallsEach (a model's output head, one call a
+// token: 54 MB of Q6_K in a Qwen3-MoE-shaped model, which otherwise ran 192 tokens of
+// trials, two thirds of them on the slower variants), and the one with the most bytes per
+// second is kept.
 constexpr int kKinds = 3;
 constexpr int kTrialCallsEach = 64;
-constexpr int kTrialCalls = kTrialCallsEach * kKinds;
-constexpr int64_t kTrialMinBytes = int64_t{1} << 20;  // smaller matrices may sit in cache
+constexpr int kTrialMinCallsEach = 3;
+constexpr int64_t kTrialBytesEach = int64_t{64} << 20;
+constexpr int64_t kTrialMinBytes = int64_t{1} << 20;  // smaller matrices may sit in cache (f32 / bf16 / f16)
 
 struct Tuner {
   std::atomic<int> chosen{-1};  // the variant, or -1 while timing
   std::atomic<int> handed{0};  // trial slots handed out
-  std::atomic<int> recorded{0};  // trial calls timed
+  std::atomic<bool> deciding{false};  // a thread has taken the decision
+  std::atomic<int> calls[kKinds] = {};
   std::atomic<int64_t> ns[kKinds] = {};
   std::atomic<int64_t> bytes[kKinds] = {};
   void reset() {
     for (int c = 0; c < kKinds; ++c) {
       ns[c] = 0;
       bytes[c] = 0;
+      calls[c] = 0;
     }
-    recorded = 0;
     handed = 0;
+    deciding = false;
     chosen = -1;
   }
+  bool timed_enough(int v) const {
+    const int n = calls[v].load();
+    return n >= kTrialCallsEach || (n >= kTrialMinCallsEach && bytes[v].load() >= kTrialBytesEach);
+  }
   // Runs run(variant) for a call of `bytes` of weights: the chosen variant, or while timing a
-  // trial slot's (timed) where `timed` allows, else `untimed`. `what` names the choice
+  // trial slot's (timed) where `timed` allows, else `untimed`. `what` (and `type`, a ggml type
+  // id where >= 0) names the choice
   // (logged when made); names[c] the variants.
   template <class Run>
-  void call(int64_t call_bytes, bool timed, int untimed, const char* what, const char* const* names, Run run) {
+  void call(int64_t call_bytes, bool timed, int untimed, const char* what, int type, const char* const* names,
+            Run run) {
     const int c = chosen.load(std::memory_order_relaxed);
     if (c >= 0) return run(c);
-    const int slot = timed && call_bytes >= kTrialMinBytes ? handed.fetch_add(1) : -1;
-    if (slot < 0 || slot >= kTrialCalls) return run(untimed);
+    const int slot = timed ? handed.fetch_add(1) : -1;
+    if (slot < 0) return run(untimed);
     const int v = slot % kKinds;
     const auto t0 = std::chrono::steady_clock::now();
     run(v);
     const auto t1 = std::chrono::steady_clock::now();
     ns[v].fetch_add(std::max<int64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(t1 - t0).count(), 1));
     bytes[v].fetch_add(call_bytes);
-    if (recorded.fetch_add(1) + 1 != kTrialCalls) return;
+    calls[v].fetch_add(1);
+    for (int i = 0; i < kKinds; ++i)
+      if (!timed_enough(i)) return;
+    if (deciding.exchange(true)) return;  // another thread's call completed the trials first
     int best = 0;
     double rate[kKinds];
     for (int i = 0; i < kKinds; ++i) {
@@ -129,8 +144,9 @@ struct Tuner {
       if (rate[i] > rate[best]) best = i;
     }
     chosen = best;
-    LOG_DEBUG("{}: {} (GB/s: {} {:.1f}, {} {:.1f}, {} {:.1f})", what, names[best], names[0], rate[0], names[1], rate[1],
-              names[2], rate[2]);
+    LOG_DEBUG("{}{}: {} (GB/s: {} {:.1f}, {} {:.1f}, {} {:.1f})", what,
+              type >= 0 ? fmt::format(", ggml type {}", type) : std::string(), names[best], names[0], rate[0], names[1],
+              rate[1], names[2], rate[2]);
   }
   // The variant decided, or -1.
   int decided() const { return chosen.load(std::memory_order_relaxed); }
@@ -166,7 +182,14 @@ constexpr const char* kPanelPrefetchNames[kKinds] = {"L1", "L2", "none"};
 constexpr const char* kPanelPrefetchEnv[kKinds] = {"l1", "l2", "none"};
 constexpr int kPanelUntimed = 0;  // L1
 constexpr int kGgmlTypes = 64;  // ggml type ids below this are timed apart
-Tuner g_panel_tuners[kGgmlTypes][2];
+// Calls of kPanelSmallBytes to kPanelLargeBytes and larger ones are timed apart: which mode
+// wins differs (a Qwen3-MoE-shaped Q4_K_M model at one thread on a Zen 4 EPYC, GB/s L1 / L2
+// / none: its 4.7 MB Q4_K attention matrices 15-16 / 24-25 / 24-26, its 0.9 MB Q4_K experts
+// 14 / 23 / 20 (kernels_bench BM_GgmlMoeDecode), so none for the first, which the experts,
+// never timed below 1 MiB, took too). Until a bucket is timed it takes the other's choice
+// where that is made. Smaller calls than kPanelSmallBytes are not timed (in the caches).
+constexpr int64_t kPanelSmallBytes = int64_t{256} << 10, kPanelLargeBytes = int64_t{2} << 20;
+Tuner g_panel_tuners[kGgmlTypes][2][2];  // [type][several threads][large calls]
 Setting g_panel_setting;
 
 int gemv_setting() { return g_gemv_setting.get("gemv_prefetch", kGemvPrefetchEnv); }
@@ -186,10 +209,10 @@ void table_matmul_rows(const KernelTable& t, const float* x, int64_t m, const Ma
   if (setting >= 0 || m >= kGemmMinRows) return run(setting >= 0 ? setting : kGemvUntimed);
   const bool several = num_threads() > 1;
   const int64_t bytes = (n1 - n0) * w.cols * static_cast<int64_t>(dtype_size(w.dtype));
-  g_gemv_tuners[several ? 1 : 0].call(bytes, timeable(m, kGemvMaxRows), kGemvUntimed,
+  g_gemv_tuners[several ? 1 : 0].call(bytes, timeable(m, kGemvMaxRows) && bytes >= kTrialMinBytes, kGemvUntimed,
                                       several ? "decode matmul prefetch (several threads)"
                                               : "decode matmul prefetch (one thread)",
-                                      kGemvPrefetchNames, run);
+                                      -1, kGemvPrefetchNames, run);
 }
 
 void ggml_matmul_rows(Isa isa, const float* x, int64_t m, const MatRef& w, int64_t n0, int64_t n1, float* y,
@@ -201,12 +224,15 @@ void ggml_matmul_rows(Isa isa, const float* x, int64_t m, const MatRef& w, int64
   const int setting = panel_setting();
   if (setting >= 0 || m != 1 || !w.panels || w.ggml_type >= kGgmlTypes)
     return run(setting >= 0 ? setting : kPanelUntimed);
-  const bool several = num_threads() > 1;
   const int64_t bytes = (n1 - n0) * ggml::row_bytes(w.ggml_type, w.cols);
-  g_panel_tuners[w.ggml_type][several ? 1 : 0].call(bytes, timeable(m, 1), kPanelUntimed,
-                                                    several ? "gguf decode prefetch (several threads)"
-                                                            : "gguf decode prefetch (one thread)",
-                                                    kPanelPrefetchNames, run);
+  const bool several = num_threads() > 1, large = bytes >= kPanelLargeBytes;
+  const int other = g_panel_tuners[w.ggml_type][several ? 1 : 0][large ? 0 : 1].decided();
+  g_panel_tuners[w.ggml_type][several ? 1 : 0][large ? 1 : 0].call(
+      bytes, timeable(m, 1) && bytes >= kPanelSmallBytes, other >= 0 ? other : kPanelUntimed,
+      several ? (large ? "gguf decode prefetch (several threads)"
+                       : "gguf decode prefetch (several threads, small matrices)")
+              : (large ? "gguf decode prefetch (one thread)" : "gguf decode prefetch (one thread, small matrices)"),
+      static_cast<int>(w.ggml_type), kPanelPrefetchNames, run);
 }
 
 std::string tuner_state(const Tuner& t, const char* const* names) {
@@ -243,14 +269,16 @@ std::string gemv_prefetch_text() {
 void set_gguf_prefetch(int mode) {
   INFERA_ASSERT(mode >= -1 && mode < kKinds);
   for (auto& per_type : g_panel_tuners)
-    for (auto& t : per_type) t.reset();
+    for (auto& per_threads : per_type)
+      for (auto& t : per_threads) t.reset();
   g_panel_setting.value.store(mode, std::memory_order_relaxed);
 }
 
-int gguf_prefetch_for(uint32_t type, int threads) {
+int gguf_prefetch_for(uint32_t type, int threads, int64_t bytes) {
   const int setting = panel_setting();
   if (setting >= 0) return setting;
-  return type < kGgmlTypes ? g_panel_tuners[type][threads > 1 ? 1 : 0].decided() : -1;
+  return type < kGgmlTypes ? g_panel_tuners[type][threads > 1 ? 1 : 0][bytes >= kPanelLargeBytes ? 1 : 0].decided()
+                           : -1;
 }
 
 std::string gguf_prefetch_text() {

@@ -83,7 +83,8 @@ bool bf16_amx_enabled();
 // value differs between machines (2 KiB ahead won by ~15% on one AMD EPYC and lost by ~20%
 // to none on another). Auto (kGemvPrefetchAuto; INFERA_GEMV_PREFETCH=auto, the default)
 // times the candidates (none, 512 B, 2 KiB) on the process's first calls of 1-4 rows of x
-// (one pass over W) over matrices of at least 1 MiB, interleaved, 64 calls each, separately
+// (one pass over W) over matrices of at least 1 MiB, interleaved, 64 calls each (or 64 MiB over at
+// least 3 calls), separately
 // for one thread and for several, and keeps the fastest (bytes per second over its calls); until then other calls
 // take 2 KiB. A number of bytes (0: none) fixes it. Results do not depend on it.
 constexpr int kGemvPrefetchAuto = -1;
@@ -103,9 +104,11 @@ std::string gemv_prefetch_text();
 // (INFERA_GGUF_PREFETCH=auto, the default) times the three per tensor type and thread bucket
 // as above (Q4_K on a Zen 4 EPYC: L2 1.15x L1 at one thread, 1.1-1.35x at two; Q4_0: none
 // 1.2x L1); l1 / l2 / none fix it. set_gguf_prefetch(-1) is auto (restarts the timing), else a
-// PanelPrefetch value; gguf_prefetch_for gives the mode decided for the type (-1: not yet).
+// PanelPrefetch value; gguf_prefetch_for gives the mode decided for the type and calls of
+// `bytes` of weights (-1: not yet). Calls of 256 KiB to 2 MiB (a MoE's experts) are timed
+// apart from larger ones, and a trial ends early for matrices that stream much (kernels.cpp).
 void set_gguf_prefetch(int mode);
-int gguf_prefetch_for(uint32_t type, int threads);
+int gguf_prefetch_for(uint32_t type, int threads, int64_t bytes = int64_t{4} << 20);
 std::string gguf_prefetch_text();
 
 // The matmul kernels the given path runs for weights of dtype (f32, bf16, f16), prefill

@@ -344,8 +344,8 @@ TEST(GgmlQuants, DecodePrefetchModesGiveTheSameValuesAndAutoSettles) {
     }
   set_num_threads(1);
   kernels::set_gguf_prefetch(-1);
-  EXPECT_EQ(kernels::gguf_prefetch_for(kQ8_0, 1), -1);  // not yet timed
   const int64_t n = 512, k = 2048;  // 1.1 MB of Q8_0
+  EXPECT_EQ(kernels::gguf_prefetch_for(kQ8_0, 1, n * k / 32 * 34), -1);  // not yet timed
   std::vector<uint8_t> w = random_blocks(kQ8_0, n * k / 32, rng);
   std::vector<float> x(static_cast<size_t>(k));
   for (auto& v : x) v = normal(rng);
@@ -357,9 +357,23 @@ TEST(GgmlQuants, DecodePrefetchModesGiveTheSameValuesAndAutoSettles) {
     kernels::matmul(x.data(), 1, mat, y.data());
     ASSERT_EQ(y, want) << "call " << call;
   }
-  const int mode = kernels::gguf_prefetch_for(kQ8_0, 1);
+  const int mode = kernels::gguf_prefetch_for(kQ8_0, 1, n * k / 32 * 34);
   EXPECT_TRUE(mode == 0 || mode == 1 || mode == 2) << mode;
   EXPECT_EQ(kernels::gguf_prefetch_for(kQ4_K, 1), -1);  // timed per type
+  EXPECT_EQ(kernels::gguf_prefetch_for(kQ8_0, 1), -1);  // larger calls timed apart
+  {
+    // A matrix that streams much (24.5 MB) ends its trial after 3 calls a mode (64 MiB each).
+    kernels::set_gguf_prefetch(-1);
+    const int64_t rows = 8192, cols = 2816;
+    std::vector<uint8_t> big = random_blocks(kQ8_0, rows * cols / 32, rng);
+    kernels::MatRef head{big.data(), DType::kGgml, rows, cols, kQ8_0};
+    head.panels = pack_panels(kQ8_0, big.data(), rows, cols);
+    std::vector<float> xb(static_cast<size_t>(cols), 0.5f), yb(static_cast<size_t>(rows));
+    for (int call = 0; call < 8; ++call) kernels::matmul(xb.data(), 1, head, yb.data());
+    EXPECT_EQ(kernels::gguf_prefetch_for(kQ8_0, 1), -1);  // the third mode has had 2 calls
+    kernels::matmul(xb.data(), 1, head, yb.data());
+    EXPECT_NE(kernels::gguf_prefetch_for(kQ8_0, 1), -1);
+  }
   kernels::set_gguf_prefetch(-1);
   set_num_threads(0);
 }
