@@ -606,8 +606,8 @@ const OptionSpec kOptions[] = {
      .env = "INFERA_GGUF_PREFETCH",
      .default_value = "auto",
      .help = "How the GGUF decode matmuls (weights repacked into panels) prefetch the lines ahead: into L1, into L2 "
-             "only, or not at all; auto: times the three per tensor type on the first decode calls and keeps the "
-             "fastest (A/B runs)",
+             "only, or not at all; auto: times the three per tensor type on the first decode calls, matrices of "
+             "256 KiB to 2 MiB (a MoE's experts) apart from larger ones, and keeps the fastest (A/B runs)",
      .choices = "auto|l1|l2|none"},
     {.name = "gdn_kernels",
      .type = T::kChoice,
