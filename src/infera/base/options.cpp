@@ -598,7 +598,7 @@ const OptionSpec kOptions[] = {
      .env = "INFERA_GEMV_PREFETCH",
      .default_value = "auto",
      .help = "How far ahead (bytes) the f32 / bf16 / f16 decode matmuls prefetch each weight row, 0 for not at all; "
-             "auto: times none, 512 and 2048 on the first decode calls and keeps the fastest (A/B runs)",
+             "auto: times none, 512 and 2048 on the first decode calls of one row and keeps the fastest (A/B runs)",
      .choices = "auto|0|512|2048"},
     {.name = "gguf_prefetch",
      .type = T::kChoice,

@@ -84,11 +84,14 @@ bool bf16_vector_dot() {
 namespace {
 // A choice among kKinds variants of a kernel that give the same values and differ only in
 // speed, by machine: the first calls fit to time (trial slots handed out round-robin over
-// the variants) sum each variant's time and bytes until each has kTrialCallsEach calls, or
-// kTrialBytesEach bytes over at least kTrialMinCallsEach (a model's output head, one call a
-// token: 54 MB of Q6_K in a Qwen3-MoE-shaped model, which otherwise ran 192 tokens of
-// trials, two thirds of them on the slower variants), and the one with the most bytes per
-// second is kept.
+// the variants) are timed until each variant has kTrialCallsEach calls, or kTrialBytesEach
+// bytes over at least kTrialMinCallsEach (a model's output head, one call a token: 54 MB of
+// Q6_K in a Qwen3-MoE-shaped model, which otherwise ran 192 tokens of trials, two thirds of
+// them on the slower variants), and the variant whose calls read the most bytes per second
+// is kept, by the mean of the logarithms of its calls' rates: every call counts alike, as
+// the round robin gives each variant the same mix of a model's matrices (summed bytes over
+// summed time let the one or two calls of an output head, 131 MB in bf16 against 1-23 MB,
+// decide: a bf16 TinyLlama-shaped model's trials picked 512 B where none ran 6% faster).
 constexpr int kKinds = 3;
 constexpr int kTrialCallsEach = 64;
 constexpr int kTrialMinCallsEach = 3;
@@ -100,11 +103,11 @@ struct Tuner {
   std::atomic<int> handed{0};  // trial slots handed out
   std::atomic<bool> deciding{false};  // a thread has taken the decision
   std::atomic<int> calls[kKinds] = {};
-  std::atomic<int64_t> ns[kKinds] = {};
+  std::atomic<int64_t> log_rates[kKinds] = {};  // sum over the calls of ln(bytes per ns), in millionths
   std::atomic<int64_t> bytes[kKinds] = {};
   void reset() {
     for (int c = 0; c < kKinds; ++c) {
-      ns[c] = 0;
+      log_rates[c] = 0;
       bytes[c] = 0;
       calls[c] = 0;
     }
@@ -131,7 +134,9 @@ struct Tuner {
     const auto t0 = std::chrono::steady_clock::now();
     run(v);
     const auto t1 = std::chrono::steady_clock::now();
-    ns[v].fetch_add(std::max<int64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(t1 - t0).count(), 1));
+    const int64_t ns = std::max<int64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(t1 - t0).count(), 1);
+    log_rates[v].fetch_add(
+        std::llround(1e6 * std::log(static_cast<double>(std::max<int64_t>(call_bytes, 1)) / static_cast<double>(ns))));
     bytes[v].fetch_add(call_bytes);
     calls[v].fetch_add(1);
     for (int i = 0; i < kKinds; ++i)
@@ -140,7 +145,7 @@ struct Tuner {
     int best = 0;
     double rate[kKinds];
     for (int i = 0; i < kKinds; ++i) {
-      rate[i] = static_cast<double>(bytes[i].load()) / static_cast<double>(std::max<int64_t>(ns[i].load(), 1));
+      rate[i] = std::exp(1e-6 * static_cast<double>(log_rates[i].load()) / calls[i].load());  // GB/s
       if (rate[i] > rate[best]) best = i;
     }
     chosen = best;
@@ -195,10 +200,10 @@ Setting g_panel_setting;
 int gemv_setting() { return g_gemv_setting.get("gemv_prefetch", kGemvPrefetchEnv); }
 int panel_setting() { return g_panel_setting.get("gguf_prefetch", kPanelPrefetchEnv); }
 
-// Calls that stream the weights once (the f32 / bf16 / f16 decode kernels take up to 4 rows
-// of x in one pass; the panels' prefetch modes apply to one row), not nested in a parallel
-// region (whose other threads would share the time), are timed.
-bool timeable(int64_t m, int64_t max_rows) { return m >= 1 && m <= max_rows && !omp_in_parallel(); }
+// Decode calls of one row of x (what the settings are for: the f32 / bf16 / f16 kernels' calls
+// of 2-4 rows are compute bound, and the panels' modes apply to one row), not nested in a
+// parallel region (whose other threads would share the time), are timed.
+bool timeable(int64_t m) { return m == 1 && !omp_in_parallel(); }
 
 // The table's matmul_rows with the decode prefetch distance chosen (and timed, while auto
 // is still timing).
@@ -209,7 +214,7 @@ void table_matmul_rows(const KernelTable& t, const float* x, int64_t m, const Ma
   if (setting >= 0 || m >= kGemmMinRows) return run(setting >= 0 ? setting : kGemvUntimed);
   const bool several = num_threads() > 1;
   const int64_t bytes = (n1 - n0) * w.cols * static_cast<int64_t>(dtype_size(w.dtype));
-  g_gemv_tuners[several ? 1 : 0].call(bytes, timeable(m, kGemvMaxRows) && bytes >= kTrialMinBytes, kGemvUntimed,
+  g_gemv_tuners[several ? 1 : 0].call(bytes, timeable(m) && bytes >= kTrialMinBytes, kGemvUntimed,
                                       several ? "decode matmul prefetch (several threads)"
                                               : "decode matmul prefetch (one thread)",
                                       -1, kGemvPrefetchNames, run);
@@ -228,7 +233,7 @@ void ggml_matmul_rows(Isa isa, const float* x, int64_t m, const MatRef& w, int64
   const bool several = num_threads() > 1, large = bytes >= kPanelLargeBytes;
   const int other = g_panel_tuners[w.ggml_type][several ? 1 : 0][large ? 0 : 1].decided();
   g_panel_tuners[w.ggml_type][several ? 1 : 0][large ? 1 : 0].call(
-      bytes, timeable(m, 1) && bytes >= kPanelSmallBytes, other >= 0 ? other : kPanelUntimed,
+      bytes, timeable(m) && bytes >= kPanelSmallBytes, other >= 0 ? other : kPanelUntimed,
       several ? (large ? "gguf decode prefetch (several threads)"
                        : "gguf decode prefetch (several threads, small matrices)")
               : (large ? "gguf decode prefetch (one thread)" : "gguf decode prefetch (one thread, small matrices)"),

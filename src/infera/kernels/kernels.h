@@ -82,11 +82,12 @@ bool bf16_amx_enabled();
 // also prefetched in software some bytes ahead into L1, or not: the one setting whose best
 // value differs between machines (2 KiB ahead won by ~15% on one AMD EPYC and lost by ~20%
 // to none on another). Auto (kGemvPrefetchAuto; INFERA_GEMV_PREFETCH=auto, the default)
-// times the candidates (none, 512 B, 2 KiB) on the process's first calls of 1-4 rows of x
-// (one pass over W) over matrices of at least 1 MiB, interleaved, 64 calls each (or 64 MiB over at
-// least 3 calls), separately
-// for one thread and for several, and keeps the fastest (bytes per second over its calls); until then other calls
-// take 2 KiB. A number of bytes (0: none) fixes it. Results do not depend on it.
+// times the candidates (none, 512 B, 2 KiB) on the process's first calls of one row of x
+// (a decode step: calls of 2-4 rows, such as a short prompt's, are compute bound and favoured
+// other distances) over matrices of at least 1 MiB, interleaved, 64 calls each (or 64 MiB
+// over at least 3 calls), separately for one thread and for several, and keeps the fastest
+// (by the mean log of its calls' bytes per second); until then other calls take 2 KiB. A
+// number of bytes (0: none) fixes it. Results do not depend on it.
 constexpr int kGemvPrefetchAuto = -1;
 void set_gemv_prefetch(int bytes);  // kGemvPrefetchAuto (restarts the timing) or bytes >= 0
 // The distance in bytes the next decode call with `threads` threads takes (0: none), and
