@@ -49,6 +49,13 @@ struct Simd {
   static V load_f16(const uint16_t* p) {
     return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
   }
+  // 2 x kLanes bf16 as f32: the even-indexed ones and the odd-indexed ones (a shift and a
+  // mask of one load: no widening shuffle).
+  static void load_bf16_pairs(const uint16_t* p, V& even, V& odd) {
+    const __m512i v = _mm512_loadu_si512(p);
+    even = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+    odd = _mm512_castsi512_ps(_mm512_and_si512(v, _mm512_set1_epi32(static_cast<int>(0xFFFF0000u))));
+  }
   static __mmask16 mask(int n) { return static_cast<__mmask16>((1u << n) - 1u); }
   // First n lanes (0 <= n < kLanes); the others read as 0 / are not written.
   static V load_partial(const float* p, int n) { return _mm512_maskz_loadu_ps(mask(n), p); }
@@ -140,6 +147,11 @@ struct Simd {
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
   }
   static V load_f16(const uint16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+  static void load_bf16_pairs(const uint16_t* p, V& even, V& odd) {
+    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    even = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+    odd = _mm256_castsi256_ps(_mm256_and_si256(v, _mm256_set1_epi32(static_cast<int>(0xFFFF0000u))));
+  }
   static __m256i mask(int n) {
     return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
   }
@@ -226,6 +238,10 @@ struct Simd {
   static void store(float* p, V v) { *p = v; }
   static V load_bf16(const uint16_t* p) { return bf16_to_f32(*p); }
   static V load_f16(const uint16_t* p) { return f16_to_f32(*p); }
+  static void load_bf16_pairs(const uint16_t* p, V& even, V& odd) {
+    even = bf16_to_f32(p[0]);
+    odd = bf16_to_f32(p[1]);
+  }
   static V load_partial(const float*, int) { return 0.0f; }  // n is always 0 with one lane
   static void store_partial(float*, V, int) {}
   static V keep_first(V v, int n) { return n > 0 ? v : 0.0f; }
