@@ -602,14 +602,16 @@ inline void for_each_row_tile(const uint8_t* base, int64_t row_bytes, int64_t n0
   const int64_t tiles = (n1 - n0 + kTile - 1) / kTile;
   const int64_t ahead = std::max<int64_t>(1, (kPrefetchBytes + kTile * row_bytes - 1) / (kTile * row_bytes));
   const int threads = omp_in_parallel() ? 1 : num_threads();
-#pragma omp parallel for num_threads(static_cast <int>(std::min <int64_t>(threads, tiles))) schedule(static)
-  for (int64_t tt = 0; tt < tiles; ++tt) {
-    const int64_t j0 = n0 + tt * kTile;
-    const uint8_t* r[kTile];
-    for (int t = 0; t < kTile; ++t) r[t] = base + std::min(j0 + t, n1 - 1) * row_bytes;
-    fn(r, j0, static_cast<int>(std::min<int64_t>(kTile, n1 - j0)),
-       j0 + ahead * kTile < n1 ? ahead * kTile * row_bytes : 0);
-  }
+  parallel_region(static_cast<int>(std::min<int64_t>(threads, tiles)), [&] {
+#pragma omp for schedule(static)
+    for (int64_t tt = 0; tt < tiles; ++tt) {
+      const int64_t j0 = n0 + tt * kTile;
+      const uint8_t* r[kTile];
+      for (int t = 0; t < kTile; ++t) r[t] = base + std::min(j0 + t, n1 - 1) * row_bytes;
+      fn(r, j0, static_cast<int>(std::min<int64_t>(kTile, n1 - j0)),
+         j0 + ahead * kTile < n1 ? ahead * kTile * row_bytes : 0);
+    }
+  });
 }
 #endif
 
