@@ -83,6 +83,13 @@ struct Weights<DType::kBF16> {
   static V load(const T* p) { return S::load_bf16(p); }
   static float one(const T* p) { return bf16_to_f32(*p); }
 };
+template <>
+struct Weights<DType::kF16> {
+  using T = uint16_t;
+  static V load(const T* p) { return S::load_f16(p); }
+  static float one(const T* p) { return f16_to_f32(*p); }
+};
+
 // Whether a decode step reads D's weights as even / odd pairs (S::load_bf16_pairs) against x
 // deinterleaved to match (deinterleave_pairs): bf16 on the vector paths. A 64-byte load, a
 // shift and a mask instead of two widening loads (a shuffle each): from L2 (128 x 2048, one
@@ -90,7 +97,7 @@ struct Weights<DType::kBF16> {
 // TinyLlama-shaped, one thread, 13.8-14.1 -> 13.8-14.6 tokens/s); the sums' order changes
 // (each lane sums every other weight), alike for every row count.
 template <DType D>
-constexpr bool kPairs = D == DType::kBF16&& L > 1;
+constexpr bool kPairs = (D == DType::kBF16) && L > 1;
 
 // x's rows [m, k] with each block of 2L elements as its L even-indexed ones then its L odd
 // ones (the blocks that fit whole; the rest as they are): what a bf16 pair load multiplies.
@@ -107,12 +114,6 @@ inline void deinterleave_pairs(const float* x, int64_t m, int64_t k, float* out)
     for (; t < k; ++t) o[t] = xi[t];
   }
 }
-template <>
-struct Weights<DType::kF16> {
-  using T = uint16_t;
-  static V load(const T* p) { return S::load_f16(p); }
-  static float one(const T* p) { return f16_to_f32(*p); }
-};
 
 // ---------------------------------------------------------------------------------------
 // GEMV (m < kGemmMinRows): memory bound, so W is streamed once per kGemvMaxRows rows of x,
