@@ -214,6 +214,30 @@ void BM_QuantMatmul(benchmark::State& state) {
 }
 BENCHMARK(BM_QuantMatmul)->ArgsProduct({{0, 1, 2}, {1, 64}, {1, 2}})->Apply(least_disturbed);
 
+// `bytes` of random blocks of a GGUF type (whole blocks), every f16 field of a block a small
+// finite scale (Q4_K / Q5_K: d and dmin; Q6_K: d at 208; Q3_K: d at 108; Q2_K: d and dmin at
+// 80; the 32-weight types: d first).
+std::vector<uint8_t> random_ggml_blocks(uint32_t type, int64_t bytes) {
+  namespace ggml = infera::kernels::ggml;
+  std::vector<uint8_t> q(static_cast<size_t>(bytes));
+  uint32_t s = 7;
+  for (auto& b : q) {  // xorshift: fast enough for hundreds of MB
+    s ^= s << 13;
+    s ^= s >> 17;
+    s ^= s << 5;
+    b = static_cast<uint8_t>(s >> 8);
+  }
+  const int half_at = type == ggml::kQ6_K   ? 208
+                      : type == ggml::kQ3_K ? 108
+                      : type == ggml::kQ2_K ? 80
+                                            : 0;
+  const int halves = type == ggml::kQ4_K || type == ggml::kQ5_K || type == ggml::kQ2_K ? 2 : 1;
+  const uint16_t d = infera::f32_to_f16(0.01f);
+  for (size_t b = 0; b < q.size(); b += static_cast<size_t>(ggml::type_size(type)))
+    for (int h = 0; h < halves; ++h) std::memcpy(q.data() + b + half_at + 2 * h, &d, 2);
+  return q;
+}
+
 // hot_rows > 0: that many rows of one copy, read again and again from the caches (a decode
 // step's compute bound, apart from memory).
 void run_ggml(benchmark::State& state, int64_t hot_rows) {
@@ -228,28 +252,11 @@ void run_ggml(benchmark::State& state, int64_t hot_rows) {
   const infera::Isa isa = infera::best_isa();
   const bool amx = state.range(4) != 0 && isa == infera::Isa::kAvx512 && infera::amx_unavailable_reason() == nullptr;
   const bool panels = state.range(5) != 0 && isa != infera::Isa::kScalar;
-  const int64_t rb = ggml::row_bytes(type, cols), ts = ggml::type_size(type);
+  const int64_t rb = ggml::row_bytes(type, cols);
   // A decode step reads its weights from memory (a model's are far larger than the caches):
   // m = 1 cycles through copies of the matrix that together exceed them.
   const int64_t copies = m == 1 && hot_rows == 0 ? std::max<int64_t>(2, kColdBytes / (rows * rb)) : 1;
-  std::vector<uint8_t> q(static_cast<size_t>(copies * rows * rb));
-  uint32_t s = 7;
-  for (auto& b : q) {  // xorshift: fast enough for hundreds of MB
-    s ^= s << 13;
-    s ^= s >> 17;
-    s ^= s << 5;
-    b = static_cast<uint8_t>(s >> 8);
-  }
-  // Every f16 field of a block a small finite scale (Q4_K / Q5_K: d and dmin; Q6_K: d at 208;
-  // Q3_K: d at 108; Q2_K: d and dmin at 80).
-  const int half_at = type == ggml::kQ6_K   ? 208
-                      : type == ggml::kQ3_K ? 108
-                      : type == ggml::kQ2_K ? 80
-                                            : 0;
-  const int halves = type == ggml::kQ4_K || type == ggml::kQ5_K || type == ggml::kQ2_K ? 2 : 1;
-  const uint16_t d = infera::f32_to_f16(0.01f);
-  for (size_t b = 0; b < q.size(); b += static_cast<size_t>(ts))
-    for (int h = 0; h < halves; ++h) std::memcpy(q.data() + b + half_at + 2 * h, &d, 2);
+  const std::vector<uint8_t> q = random_ggml_blocks(type, copies * rows * rb);
   std::vector<float> x(m * cols), y(m * rows);
   fill(x, 8);
   // The panel types from their load-time panels (the sixth argument), as a loaded model has them.
@@ -337,20 +344,7 @@ void BM_GgmlMoeDecode(benchmark::State& state) {
   constexpr int64_t kH = 2048, kI = 768, kE = 64, kTop = 8;
   const int64_t up_bytes = kI * ggml::row_bytes(type, kH), down_bytes = kH * ggml::row_bytes(type, kI);
   // A GGUF file's ffn_{gate,up,down}_exps: each one tensor of all the experts.
-  std::vector<uint8_t> q(static_cast<size_t>(kE * (2 * up_bytes + down_bytes)));
-  uint32_t s = 7;
-  for (auto& b : q) {
-    s ^= s << 13;
-    s ^= s >> 17;
-    s ^= s << 5;
-    b = static_cast<uint8_t>(s >> 8);
-  }
-  // Small finite f16 scales, as run_ggml sets them.
-  const int64_t ts = ggml::type_size(type);
-  const int half_at = type == ggml::kQ6_K ? 208 : 0, halves = type == ggml::kQ4_K || type == ggml::kQ5_K ? 2 : 1;
-  const uint16_t d = infera::f32_to_f16(0.01f);
-  for (size_t b = 0; b < q.size(); b += static_cast<size_t>(ts))
-    for (int h = 0; h < halves; ++h) std::memcpy(q.data() + b + half_at + 2 * h, &d, 2);
+  const std::vector<uint8_t> q = random_ggml_blocks(type, kE * (2 * up_bytes + down_bytes));
   // Packed as a model packs them (one matrix of all the experts, each expert a row slice).
   const auto fused = [&](const uint8_t* data, int64_t rows, int64_t cols) {
     MatRef all{data, DType::kGgml, kE * rows, cols, type};
