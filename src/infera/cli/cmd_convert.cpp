@@ -17,6 +17,7 @@
 #include "infera/base/error.h"
 #include "infera/base/threads.h"
 #include "infera/cli/command.h"
+#include "infera/model/arch_registry.h"
 #include "infera/tools/gguf_export.h"
 #include "infera/tools/imatrix.h"
 
@@ -68,7 +69,8 @@ int run_convert(const ConvertOptions& o) {
 }
 
 void setup(CLI::App& app) {
-  auto* cmd = app.add_subcommand("convert", "Convert a Hugging Face model directory to GGUF (llama, qwen3)");
+  auto* cmd = app.add_subcommand("convert", "Convert a Hugging Face model directory to GGUF (" +
+                                                infera::gguf_export_arch_names() + ")");
   auto opts = std::make_shared<ConvertOptions>();
   cmd->add_option("model_dir", opts->model_dir,
                   "Hugging Face model directory (config.json, *.safetensors, tokenizer.json)")

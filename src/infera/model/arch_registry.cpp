@@ -161,6 +161,14 @@ std::string runnable_arch_names() {
   return s;
 }
 
+std::string gguf_export_arch_names() {
+  std::string s;
+  for (const ArchInfo& a : arch_registry()) {
+    if (a.gguf_arch != nullptr) s += (s.empty() ? "" : ", ") + std::string(a.name);
+  }
+  return s;
+}
+
 const char* arch_name(Arch a) {
   for (const ArchInfo& row : arch_registry()) {
     if (row.arch == a) return row.name;

@@ -107,6 +107,8 @@ const ArchInfo* find_arch(std::string_view model_type);
 // "llama, qwen3, ..." (every model_type, or only the runnable architectures' names).
 std::string known_model_types();
 std::string runnable_arch_names();
+// "llama, qwen3, ...": the architectures `infera convert --to gguf` writes (a gguf_arch).
+std::string gguf_export_arch_names();
 
 // Where the text model's tensors live: "model.language_model." when the architecture may
 // nest it and the checkpoint does (the embedding table, float or quantized, is there),

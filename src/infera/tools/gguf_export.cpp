@@ -524,12 +524,8 @@ GgufExportResult export_gguf(const std::string& model_dir, const std::string& ou
   const ModelConfig config = load_model_config(model_dir);
   const ArchInfo& info = arch_info(config.arch);
   if (info.gguf_arch == nullptr) {
-    std::string supported;
-    for (const ArchInfo& a : arch_registry()) {
-      if (a.gguf_arch) supported += (supported.empty() ? "" : ", ") + std::string(a.name);
-    }
     fail("{}: model_type '{}' cannot be converted to GGUF yet (supported: {})", config_path, config.model_type,
-         supported);
+         gguf_export_arch_names());
   }
   const std::string arch = info.gguf_arch;
   const bool hybrid = info.traits.hybrid;
