@@ -336,7 +336,9 @@ TEST_P(KernelsTest, DecodePrefetchDistancesGiveTheSameValues) {
                             std::string(dtype_name(dtype)) + " m " + std::to_string(m) + " prefetch " +
                                 std::to_string(bytes));
         if (m == 1 && first.empty()) first = y;
-        if (m == 1) EXPECT_EQ(y, first) << dtype_name(dtype) << " prefetch " << bytes;
+        if (m == 1) {
+          EXPECT_EQ(y, first) << dtype_name(dtype) << " prefetch " << bytes;
+        }
       }
     }
   }
