@@ -362,6 +362,19 @@ ModelConfig parse_model_config(const json& j, const std::string& source) {
   // The architecture's own keys (the registry row's read_config hook).
   if (!info->read_config) fail("{}: architecture '{}' has no config reader", source, info->name);
   info->read_config(r, c);
+  // Counts that size the tensor table before any checkpoint is read: a config (or GGUF
+  // metadata) claiming a million layers would otherwise take minutes and gigabytes listing
+  // tensors that cannot be there. The bounds are far above any published model (DeepSeek-V3:
+  // 61 layers x 256 experts; Qwen3.5-397B-A17B: 60 x 512).
+  const int64_t mtp = int64_t{c.mtp_num_hidden_layers} + c.num_nextn_predict_layers, layers = c.num_layers + mtp;
+  if (layers > kMaxLayers) {
+    fail("{}: {} layers ({} + {} MTP); Infera reads models of at most {} layers", source, layers, c.num_layers, mtp,
+         kMaxLayers);
+  }
+  if (layers * c.num_experts > kMaxExpertsInAll) {
+    fail("{}: {} layers x {} experts; Infera reads models of at most {} experts in all", source, layers, c.num_experts,
+         kMaxExpertsInAll);
+  }
 
   const double eps = r.number("rms_norm_eps", 1e-6);
   if (!(eps > 0 && eps < 1)) fail("{}: field 'rms_norm_eps' must be in (0, 1), got {}", source, eps);

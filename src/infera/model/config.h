@@ -37,6 +37,12 @@ struct RopeConfig {
   std::vector<float> freq_factors;
 };
 
+// The most layers (trunk and MTP) and experts in all (layers x experts) a config may give:
+// far above any published model, they bound what a config or GGUF header can make a load
+// list before its checkpoint is read (parse_model_config).
+inline constexpr int64_t kMaxLayers = 1024;
+inline constexpr int64_t kMaxExpertsInAll = int64_t{1} << 18;
+
 struct ModelConfig {
   Arch arch{};  // Arch::kLlama unless config.json names another
   std::string model_type;  // as in config.json

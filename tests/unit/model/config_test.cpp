@@ -426,6 +426,17 @@ TEST(ModelConfig, BadMoeConfigs) {
        {"'mlp_only_layers' holds layer 48"}},
       {"mlp_only_layers not a list", [](json& j) { j["mlp_only_layers"] = 3; }, {"'mlp_only_layers' must be a list"}},
       {"zero sparse step", [](json& j) { j["decoder_sparse_step"] = 0; }, {"'decoder_sparse_step' must be positive"}},
+      // Counts that would size the tensor table far beyond any checkpoint (a million layers
+      // listed minutes and gigabytes of tensors before the first missing one was reported).
+      {"a million layers",
+       [](json& j) { j["num_hidden_layers"] = 1000000; },
+       {"1000000 layers (1000000 + 0 MTP); Infera reads models of at most 1024 layers"}},
+      {"experts in all",
+       [](json& j) {
+         j["num_hidden_layers"] = 1000;
+         j["num_experts"] = 1000;
+       },
+       {"1000 layers x 1000 experts; Infera reads models of at most 262144 experts in all"}},
   };
   for (const auto& c : cases) {
     SCOPED_TRACE(c.label);
