@@ -54,6 +54,8 @@ class GgufFiles {
     return it == tensors_.end() ? nullptr : it->second;
   }
   size_t bytes() const { return bytes_; }
+  // Every tensor of every part, by name.
+  const std::map<std::string, const gguf::Tensor*>& tensors() const { return tensors_; }
 
  private:
   static int64_t files_bytes(const std::vector<std::string>& parts) {
@@ -269,7 +271,15 @@ ModelConfig config_from(const GgufFiles& f) {
   json j;
   j["model_type"] = std::string(row.model_types.front());
   j["hidden_size"] = k.required("embedding_length");
-  j["num_hidden_layers"] = k.required("block_count") - k.count("nextn_predict_layers").value_or(0);
+  // block_count counts the MTP blocks (nextn_predict_layers) after the trunk's.
+  const int64_t blocks = k.required("block_count"), nextn = k.count("nextn_predict_layers").value_or(0);
+  if (nextn < 0 || nextn >= blocks) {
+    fail(
+        "{}: {}.nextn_predict_layers {} must be at least 0 and below block_count {} (the MTP blocks follow the "
+        "trunk's)",
+        f.path(), row.gguf_arch, nextn, blocks);
+  }
+  j["num_hidden_layers"] = blocks - nextn;
   const int64_t heads = k.required("attention.head_count");
   j["num_attention_heads"] = heads;
   j["num_key_value_heads"] = k.count("attention.head_count_kv").value_or(heads);
@@ -474,6 +484,7 @@ WeightStore bind_gguf(const std::string& path, const ModelConfig& cfg, bool load
   // "converting": the bound tensors' bytes (a little less than the files').
   if (progress) progress->begin("converting", static_cast<int64_t>(f.bytes()));
   std::set<std::string> counted;  // GGUF tensors summarised
+  std::set<std::string> used = {"rope_freqs.weight"};  // GGUF tensors read (rope_freqs: by config_from)
   const bool unpermute_qk = arch_info(cfg.arch).traits.gguf_permuted_qk;
   std::map<std::string, size_t> converted;  // ggml type -> bytes dequantized to f32
   std::vector<TensorInfo> out;
@@ -513,6 +524,8 @@ WeightStore bind_gguf(const std::string& path, const ModelConfig& cfg, bool load
       require_ne(path, *t, want);
     }
     require_computable(path, *t);
+    used.insert(t->name);
+    if (v_b) used.insert(v_b->name);
     const uint32_t type = static_cast<uint32_t>(t->type);
     const int64_t row_bytes = form == GgufForm::kKvBSplit ? 0 : row_bytes_of(*t, cols);
     const uint8_t* src = t->data + (e >= 0 ? e * rows * row_bytes : 0);
@@ -613,6 +626,20 @@ WeightStore bind_gguf(const std::string& path, const ModelConfig& cfg, bool load
     if (progress) progress->advance(rows * row_bytes);
   }
   if (progress) progress->end();
+  // Every tensor of the file must be one the model reads, as llama.cpp's loader requires: one
+  // left over means the metadata describes another network than the tensors hold (a
+  // block_count or nextn_predict_layers that disagrees with them), which would run, wrongly.
+  std::vector<std::string> unused;
+  for (const auto& [name, t] : f.tensors()) {
+    if (!used.contains(name)) unused.push_back(name);
+  }
+  if (!unused.empty()) {
+    fail(
+        "{}: {} GGUF tensor{} not part of the {} model the metadata describes ({} layers{}), e.g. '{}': the "
+        "metadata and the tensors disagree",
+        path, unused.size(), unused.size() == 1 ? " is" : "s are", arch_info(cfg.arch).display_name, cfg.num_layers,
+        cfg.num_mtp_layers() > 0 ? fmt::format(" + {} MTP", cfg.num_mtp_layers()) : "", unused.front());
+  }
   for (const auto& [type, bytes] : converted) {
     LOG_INFO("{}: {} tensors dequantized to f32 at load ({:.1f} MiB)", path, type, bytes / 1048576.0);
   }

@@ -12,11 +12,13 @@
 #include <algorithm>
 #include <cmath>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "../test_support.h"
 #include "infera/base/cpu.h"
+#include "infera/io/gguf.h"
 #include "infera/kernels/ggml_quants.h"
 #include "infera/kernels/kernels.h"
 #include "infera/model/arch_registry.h"
@@ -237,7 +239,9 @@ std::vector<float> values_of(const TensorInfo& t) {
 TEST_P(GgufArch, Q8WeightsEqualTheF32FileWithinRounding) {
   const Case& c = GetParam();
   const std::string dir = model_dir(c, "f32");
-  const ModelConfig cfg = load_model_config(dir);
+  // The file's own config (Qwen3-Next's config.json does not declare the MTP head the file
+  // holds, and a load refuses tensors its config leaves out).
+  const ModelConfig cfg = load_model_config(gguf_of(dir, GgufOutType::kF32, "f32"));
   const WeightStore f32 = open_gguf_weights(gguf_of(dir, GgufOutType::kF32, "f32"), cfg);
   const WeightStore q8 = open_gguf_weights(gguf_of(dir, GgufOutType::kQ8_0, "q8_0"), cfg);
   ASSERT_EQ(q8.names(), f32.names());
@@ -307,6 +311,57 @@ TEST(GgufRopeFreqs, Llama3ScalingFromTheFactorsEqualsTheDirectory) {
   plain.rope.freq_factors.clear();
   EXPECT_NE(compute_rope_tables(plain.rope, plain.rope.rotary_dim).inv_freq,
             compute_rope_tables(g.rope, g.rope.rotary_dim).inv_freq);
+}
+
+// The file rewritten with metadata key `key` set to `value` (or dropped, value empty).
+std::string with_key(const std::string& gguf, const std::string& tag, const std::string& key,
+                     std::optional<gguf::Value> value) {
+  const std::string out = (kScratch / (fs::path(gguf).stem().string() + "-" + tag + ".gguf")).string();
+  const gguf::Reader r(gguf);
+  gguf::Writer w;
+  for (const auto& [k, v] : r.metadata()) {
+    if (k != key) w.set(k, v);
+  }
+  if (value) w.set(key, *value);
+  for (const gguf::Tensor& t : r.tensors()) w.add_tensor(t.name, t.type, t.ne, t.data);
+  w.write(out);
+  return out;
+}
+
+// Metadata that disagrees with the tensors is refused, naming what disagrees, at once: a
+// block count of a million (which used to list tensors for minutes and take gigabytes before
+// the first missing one), an MTP block count that leaves no trunk, and tensors the metadata
+// leaves out (here DeepSeek's MTP block, read as a fourth trunk layer once its count is gone,
+// and a Qwen3.5 layer past a smaller block_count), which would otherwise run, wrongly.
+TEST(GgufMetadata, CountsThatDisagreeWithTheTensorsAreErrors) {
+  const std::string ds = gguf_of(model_dir(kCases[3], "f32"), GgufOutType::kF32, "f32");
+  ASSERT_NO_THROW(load_model_config(ds));
+  const auto load_error = [](const std::string& file) {
+    return test::error_of([&] {
+      const ModelConfig cfg = load_model_config(file);
+      open_gguf_weights(file, cfg);
+    });
+  };
+  std::string e = load_error(with_key(ds, "layers", "deepseek2.block_count", gguf::Value::u32(1000000)));
+  EXPECT_NE(e.find("1000000 layers (999999 + 1 MTP); Infera reads models of at most 1024 layers"), std::string::npos)
+      << e;
+  e = load_error(with_key(ds, "nextn", "deepseek2.nextn_predict_layers", gguf::Value::u32(4)));
+  EXPECT_NE(e.find("deepseek2.nextn_predict_layers 4 must be at least 0 and below block_count 4"), std::string::npos)
+      << e;
+  e = load_error(with_key(ds, "no-nextn", "deepseek2.nextn_predict_layers", std::nullopt));
+  EXPECT_NE(e.find("GGUF tensors are not part of the DeepSeek-V3 model the metadata describes (4 layers), e.g. "
+                   "'blk.3.nextn."),
+            std::string::npos)
+      << e;
+  // (`infera check` reports it too: the same binding, without the data.)
+  const std::string no_nextn = (kScratch / (fs::path(ds).stem().string() + "-no-nextn.gguf")).string();
+  e = test::error_of([&] { inspect_gguf_weights(no_nextn, load_model_config(no_nextn)); });
+  EXPECT_NE(e.find("metadata and the tensors disagree"), std::string::npos) << e;
+
+  const std::string q35 = gguf_of(model_dir(kCases[0], "f32"), GgufOutType::kF32, "f32");
+  const int64_t blocks = gguf::Reader(q35).find("qwen35moe.block_count")->to_i64();
+  e = load_error(with_key(q35, "fewer", "qwen35moe.block_count", gguf::Value::u32(static_cast<uint32_t>(blocks - 1))));
+  EXPECT_NE(e.find("not part of the Qwen3.5-MoE model the metadata describes"), std::string::npos) << e;
 }
 
 INSTANTIATE_TEST_SUITE_P(Archs, GgufArch, ::testing::ValuesIn(kCases),
