@@ -1,6 +1,7 @@
 #include "infera/tools/model_check.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -440,6 +441,28 @@ class Checker {
     if (!extra.empty()) {
       info("tensors", fmt::format("{} tensor{} not used by the text model (e.g. '{}')", extra.size(),
                                   extra.size() > 1 ? "s" : "", extra.front()));
+    }
+    // Unused tensors of decoder layers past num_hidden_layers: config.json describes fewer
+    // layers than the checkpoint holds (a model that would run truncated, or with an MTP
+    // block as a trunk layer), not a vision tower or an extra head left aside.
+    int past = 0;
+    std::string first_past;
+    for (const std::string& name : extra) {
+      for (const char* prefix : {"model.layers.", "model.language_model.layers."}) {
+        if (!name.starts_with(prefix)) continue;
+        const size_t at = std::string_view(prefix).size();
+        const size_t dot = name.find('.', at);
+        const std::string index = name.substr(at, dot == std::string::npos ? std::string::npos : dot - at);
+        if (index.empty() || index.size() > 6 || !std::all_of(index.begin(), index.end(), ::isdigit)) continue;
+        if (std::stoi(index) >= cfg_->num_layers) {
+          if (past++ == 0) first_past = name;
+        }
+      }
+    }
+    if (past > 0) {
+      warn("tensors", fmt::format("{} unused tensor{} of decoder layers past num_hidden_layers {} (e.g. '{}'): "
+                                  "config.json describes fewer layers than the checkpoint holds",
+                                  past, past > 1 ? "s" : "", cfg_->num_layers, first_past));
     }
   }
 

@@ -182,6 +182,26 @@ TEST_F(CheckTest, ShapesFollowTheConfig) {
   EXPECT_TRUE(has_issue(r, CheckSeverity::kWarning, "some_new_field")) << dump(r);
 }
 
+// A config.json with fewer layers than the checkpoint: the model would load and run
+// truncated, so the layers left over are a warning, not just the info line that tensors
+// outside the text model get.
+TEST_F(CheckTest, FewerLayersThanTheCheckpointIsAWarning) {
+  const fs::path d = copy("fewer_layers");
+  json cfg;
+  std::ifstream(d / "config.json") >> cfg;
+  const int layers = cfg["num_hidden_layers"].get<int>();
+  ASSERT_GE(layers, 2);
+  EXPECT_FALSE(has_issue(check_model_dir(d.string()), CheckSeverity::kWarning, "past num_hidden_layers"));
+  cfg["num_hidden_layers"] = layers - 1;
+  std::ofstream(d / "config.json") << cfg.dump(2);
+  const CheckReport r = check_model_dir(d.string());
+  EXPECT_EQ(r.exit_code(), 1) << dump(r);
+  EXPECT_TRUE(has_issue(r, CheckSeverity::kWarning,
+                        "unused tensors of decoder layers past num_hidden_layers " + std::to_string(layers - 1) +
+                            " (e.g. 'model.layers." + std::to_string(layers - 1) + "."))
+      << dump(r);
+}
+
 TEST_F(CheckTest, MissingFilesAndBadTemplate) {
   const fs::path d = copy("files");
   fs::remove(d / "tokenizer.json");
