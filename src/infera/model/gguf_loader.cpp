@@ -525,7 +525,14 @@ WeightStore bind_gguf(const std::string& path, const ModelConfig& cfg, bool load
     }
     require_computable(path, *t);
     used.insert(t->name);
-    if (v_b) used.insert(v_b->name);
+    if (v_b) {
+      used.insert(v_b->name);
+      // Some converters (ik_llama.cpp's) keep the unsplit attn_kv_b beside attn_k_b / attn_v_b:
+      // the same weights again, left unread rather than refused.
+      std::string kv_b = spec.gguf;
+      kv_b.replace(kv_b.rfind("attn_k_b"), 8, "attn_kv_b");
+      used.insert(kv_b);
+    }
     const uint32_t type = static_cast<uint32_t>(t->type);
     const int64_t row_bytes = form == GgufForm::kKvBSplit ? 0 : row_bytes_of(*t, cols);
     const uint8_t* src = t->data + (e >= 0 ? e * rows * row_bytes : 0);

@@ -358,6 +358,26 @@ TEST(GgufMetadata, CountsThatDisagreeWithTheTensorsAreErrors) {
   e = test::error_of([&] { inspect_gguf_weights(no_nextn, load_model_config(no_nextn)); });
   EXPECT_NE(e.find("metadata and the tensors disagree"), std::string::npos) << e;
 
+  // The unsplit attn_kv_b beside attn_k_b / attn_v_b (as ik_llama.cpp's converter keeps it)
+  // is the same weights again: left unread, not refused.
+  {
+    const std::string kv_b = (kScratch / (fs::path(ds).stem().string() + "-kv-b.gguf")).string();
+    const gguf::Reader r(ds);
+    gguf::Writer w;
+    for (const auto& [k, v] : r.metadata()) w.set(k, v);
+    int added = 0;
+    for (const gguf::Tensor& t : r.tensors()) {
+      w.add_tensor(t.name, t.type, t.ne, t.data);
+      if (!t.name.ends_with("attn_k_b.weight")) continue;
+      std::string name = t.name;
+      w.add_tensor(name.replace(name.rfind("attn_k_b"), 8, "attn_kv_b"), t.type, t.ne, t.data);
+      ++added;
+    }
+    w.write(kv_b);
+    EXPECT_GT(added, 0);
+    EXPECT_NO_THROW(open_gguf_weights(kv_b, load_model_config(kv_b)));
+  }
+
   const std::string q35 = gguf_of(model_dir(kCases[0], "f32"), GgufOutType::kF32, "f32");
   const int64_t blocks = gguf::Reader(q35).find("qwen35moe.block_count")->to_i64();
   e = load_error(with_key(q35, "fewer", "qwen35moe.block_count", gguf::Value::u32(static_cast<uint32_t>(blocks - 1))));
