@@ -503,12 +503,16 @@ WeightStore bind_gguf(const std::string& path, const ModelConfig& cfg, bool load
     const int64_t e = spec.role == WeightRole::kExpert && spec.shape.size() == 2 ? expert_index(spec.name) : -1;
     const gguf::Tensor* v_b = nullptr;  // kKvBSplit: the V half
     if (form == GgufForm::kKvBSplit) {
-      std::string v_name = spec.gguf;
-      const size_t at = v_name.rfind("attn_k_b");
+      const size_t at = spec.gguf.rfind("attn_k_b");
       if (at == std::string::npos) fail("{}: '{}' is not an attn_k_b tensor", path, spec.gguf);
-      v_name.replace(at, 8, "attn_v_b");
+      const auto sibling = [&](const char* name) { return std::string(spec.gguf).replace(at, 8, name); };
+      const std::string v_name = sibling("attn_v_b");
       v_b = f.tensor(v_name);
       if (!v_b) fail("{}: GGUF tensor '{}' is missing (the V half of Infera's '{}')", path, v_name, spec.name);
+      used.insert(v_name);
+      // Some converters (ik_llama.cpp's) keep the unsplit attn_kv_b beside attn_k_b / attn_v_b:
+      // the same weights again, left unread rather than refused.
+      used.insert(sibling("attn_kv_b"));
       require_ne(path, *t, {cfg.qk_nope_head_dim, cfg.kv_lora_rank, cfg.num_heads});
       require_ne(path, *v_b, {cfg.kv_lora_rank, cfg.v_head_dim, cfg.num_heads});
       require_computable(path, *v_b);
@@ -525,14 +529,6 @@ WeightStore bind_gguf(const std::string& path, const ModelConfig& cfg, bool load
     }
     require_computable(path, *t);
     used.insert(t->name);
-    if (v_b) {
-      used.insert(v_b->name);
-      // Some converters (ik_llama.cpp's) keep the unsplit attn_kv_b beside attn_k_b / attn_v_b:
-      // the same weights again, left unread rather than refused.
-      std::string kv_b = spec.gguf;
-      kv_b.replace(kv_b.rfind("attn_k_b"), 8, "attn_kv_b");
-      used.insert(kv_b);
-    }
     const uint32_t type = static_cast<uint32_t>(t->type);
     const int64_t row_bytes = form == GgufForm::kKvBSplit ? 0 : row_bytes_of(*t, cols);
     const uint8_t* src = t->data + (e >= 0 ? e * rows * row_bytes : 0);
