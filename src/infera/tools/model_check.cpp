@@ -1,7 +1,7 @@
 #include "infera/tools/model_check.h"
 
 #include <algorithm>
-#include <cctype>
+#include <charconv>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -349,6 +349,7 @@ class Checker {
   void check_tensors() {
     if (!cfg_ || found_.empty()) return;
     std::vector<TensorSpec> expected;
+    std::string layers_prefix;  // "model.layers." (or the nested text model's)
     try {
       ModelConfig cfg = *cfg_;
       // The table as this checkpoint lays it out (text prefix, expert layout, MTP layers).
@@ -356,6 +357,7 @@ class Checker {
       // Qwen3-Next's config.json does not declare its MTP head; its tensors do.
       if (arch_info(cfg.arch).traits.mtp_from_tensors) cfg.mtp_num_hidden_layers = mtp_layers(cfg, has);
       expected = tensor_table(cfg, has);
+      layers_prefix = text_prefix(cfg, has) + "layers.";
       const ParamCounts pc = count_parameters(cfg);
       r_.params_active = r_.params_total - (pc.total + pc.mtp - pc.active);
     } catch (const Error& e) {
@@ -448,16 +450,11 @@ class Checker {
     int past = 0;
     std::string first_past;
     for (const std::string& name : extra) {
-      for (const char* prefix : {"model.layers.", "model.language_model.layers."}) {
-        if (!name.starts_with(prefix)) continue;
-        const size_t at = std::string_view(prefix).size();
-        const size_t dot = name.find('.', at);
-        const std::string index = name.substr(at, dot == std::string::npos ? std::string::npos : dot - at);
-        if (index.empty() || index.size() > 6 || !std::all_of(index.begin(), index.end(), ::isdigit)) continue;
-        if (std::stoi(index) >= cfg_->num_layers) {
-          if (past++ == 0) first_past = name;
-        }
-      }
+      if (!name.starts_with(layers_prefix)) continue;
+      int layer = 0;
+      const char* at = name.data() + layers_prefix.size();
+      const auto [end, ec] = std::from_chars(at, name.data() + name.size(), layer);
+      if (ec == std::errc() && end != at && *end == '.' && layer >= cfg_->num_layers && past++ == 0) first_past = name;
     }
     if (past > 0) {
       warn("tensors", fmt::format("{} unused tensor{} of decoder layers past num_hidden_layers {} (e.g. '{}'): "
