@@ -17,8 +17,8 @@
 // On AVX-512 a decode step takes four panels at a time (four streams from memory: 1.1-1.2x
 // over two; each stream runs on through kStreamPanels panels); a thread otherwise takes two
 // panels at a time (each activation broadcast serves both) against up to four activation
-// rows. AVX2 has half the registers at half the width: two panels in a decode step
-// (kernels_bench, one thread, 2048 x 5632: 1.1-1.5x over one), otherwise one against up to
+// rows. AVX2 has half the registers at half the width: four panels in a decode step where a
+// panel's sums are one int16 chain, else two (Traits::kDecodePanels), otherwise one against up to
 // four activation rows where a sum's products fit one int16 chain (Traits::kMerge; 64-256
 // tokens 1.03-1.2x over two rows per pass), else two. A call of more rows runs its rows over
 // 16-block chunks of the unit in turn, so the chunk is read from memory once and from L1 by
@@ -77,9 +77,8 @@ inline void prefetch_next_scales(const uint8_t* const* qs, int kT, int64_t next)
 // Panels a thread takes at a time at most, and the stride of its sums: sum[kSumStride n + u]
 // is panel u's with activation row n.
 constexpr int kSumStride = 4;
-// The unit shapes: panels at a time in a decode step and otherwise (activation rows per pass:
-// Traits::kPassRows).
-constexpr int kDecodePanels = vec::kVnni ? 4 : 2;
+// The unit shape otherwise: panels at a time for several activation rows (a decode step's:
+// Traits::kDecodePanels; activation rows per pass: Traits::kPassRows).
 // A decode step's streams each run through this many consecutive panels (matmul). From
 // memory (kernels_bench 5632 x 2048, one thread, two rounds, GB/s into L2 / no prefetch)
 // against 1 (a unit's panels side by side, as before): Q4_K 22.7-23.5 / 22.2-22.9 against
@@ -87,8 +86,8 @@ constexpr int kDecodePanels = vec::kVnni ? 4 : 2;
 // 22.6-24.0 against 23.8-24.9 / 22.0-23.0, Q8_0 26.3-27.5 / 26.2-27.2 against 26.6-28.3 /
 // 24.8-27.9; 4 panels between the two; a quarter of the thread's panels each (one long
 // stream apiece) lost on Q4_0 and Q8_0 (22.4-22.7 and 25.0-25.1 into L2). On AVX2 (two
-// streams) a quarter each against 1: Q4_K 19.4-19.6 against 16.8-16.9, Q6_K 23.8-24.9
-// against 20.6, Q4_0 16.1-16.8 against 17.4-17.9.
+// streams, as the types of two chains still take) a quarter each against 1: Q4_K 19.4-19.6 against 16.8-16.9,
+// Q6_K 23.8-24.9 against 20.6, Q4_0 16.1-16.8 against 17.4-17.9.
 constexpr int64_t kStreamPanels = 16;
 constexpr int kPanels = vec::kVnni ? 2 : 1;
 
@@ -123,6 +122,13 @@ struct Traits {
   // registers; two rows per pass otherwise.
   static constexpr bool kMerge = !vec::kVnni && (kSigned || vec::chain_fits(2 * kChainSteps, kMaxOperand));
   static constexpr int kPassRows = vec::kVnni || kMerge ? 4 : 2;
+  // Panels in a decode step (one activation row): four streams on AVX-512; on AVX2 four where
+  // a panel's sums are one chain (two registers), else two (four would spill). kernels_bench
+  // 2048 x 5632 from memory, one thread, Zen 4 EPYC with INFERA_ISA=avx2, GB/s, four panels
+  // against two (best prefetch mode of each, alternating): Q8_0 27.8-30.1 / 20.8, Q4_0
+  // 26.5 / 20.6, IQ4_NL 20.1 / 18.6, IQ4_XS 22.7 / 20.6, Q4_K 30.8 / 24.5; Q6_K (two chains)
+  // 20.6 / 23.9.
+  static constexpr int kDecodePanels = vec::kVnni || kMerge ? 4 : 2;
   static_assert(kSigned || vec::kVnni || vec::chain_fits(kChainSteps * (kMerge ? 2 : 1), kMaxOperand),
                 "a chain's int16 sums overflow");
 };
@@ -301,15 +307,16 @@ inline void dot(const uint8_t* const* sc, const uint8_t* const* qs, int64_t b0, 
 
 using DotFn = void (*)(const uint8_t* const*, const uint8_t* const*, int64_t, int64_t, const PAct&, Sums16*);
 
-// A dot kernel family's instance for kT panels (1-4; 3-4 only for one activation row) against
-// `rows` activation rows (1-4): pick.template operator()<kNt, kT, kPf>() returns it. (AVX2: two
-// panels for one row, else one.) One row (a decode step) prefetches as pf asks where kModes
-// (the calls that read the panel itself, not an unpacked chunk); all else kPfL1.
-template <bool kModes, class Pick>
+// A dot kernel family's instance for kT panels (1 - kDecode for one activation row, else 1-2
+// on AVX-512 and 1 on AVX2) against `rows` activation rows (1-4): pick.template
+// operator()<kNt, kT, kPf>() returns it. One row (a decode step) prefetches as pf asks where
+// kModes (the calls that read the panel itself, not an unpacked chunk); all else kPfL1.
+template <bool kModes, int kDecode, class Pick>
 inline DotFn dot_by_shape(int kt, int rows, PanelPrefetch pf, Pick pick) {
+  static_assert(kDecode == 2 || kDecode == 4);
   if (rows == 1) {
     const auto one_row = [&]<int kPf>() -> DotFn {
-      if constexpr (!vec::kVnni) {
+      if constexpr (kDecode == 2) {
         return kt == 1 ? pick.template operator()<1, 1, kPf>() : pick.template operator()<1, 2, kPf>();
       } else {
         switch (kt) {
@@ -344,8 +351,9 @@ inline DotFn dot_by_shape(int kt, int rows, PanelPrefetch pf, Pick pick) {
 template <uint32_t kType, bool kPre>
 inline DotFn dot_for(int kt, int rows, PanelPrefetch pf) {
   constexpr bool kModes = !kPre || kType == kQ8_0;  // (Q8_0's panels are always read as unpacked)
-  return dot_by_shape<kModes>(kt, rows, pf,
-                              []<int kNt, int kT, int kPf>() -> DotFn { return dot<kType, kNt, kT, kPre, kPf>; });
+  return dot_by_shape<kModes, Traits<kType>::kDecodePanels>(kt, rows, pf, []<int kNt, int kT, int kPf>() -> DotFn {
+    return dot<kType, kNt, kT, kPre, kPf>;
+  });
 }
 
 // ---- Q4_K, Q5_K and IQ4_XS ----
@@ -477,8 +485,9 @@ inline void dot_q4k(const uint8_t* const* sc, const uint8_t* const* qs, int64_t 
 
 template <uint32_t kType, bool kPre = false>
 inline DotFn dot_q4k_for(int kt, int rows, PanelPrefetch pf) {
-  return dot_by_shape<!kPre>(kt, rows, pf,
-                             []<int kNt, int kT, int kPf>() -> DotFn { return dot_q4k<kType, kNt, kT, kPre, kPf>; });
+  return dot_by_shape<!kPre, Traits<kType>::kDecodePanels>(kt, rows, pf, []<int kNt, int kT, int kPf>() -> DotFn {
+    return dot_q4k<kType, kNt, kT, kPre, kPf>;
+  });
 }
 
 // Q2_K's mins: the rows' mins of sub-blocks 2 p, 2 p + 1 as int16 pairs (row r's in dword r),
@@ -661,8 +670,9 @@ inline void dot_q6k(const uint8_t* const* sc, const uint8_t* const* qs, int64_t 
 
 template <uint32_t kType, bool kPre = false>
 inline DotFn dot_q6k_for(int kt, int rows, PanelPrefetch pf) {
-  return dot_by_shape<!kPre>(kt, rows, pf,
-                             []<int kNt, int kT, int kPf>() -> DotFn { return dot_q6k<kType, kNt, kT, kPre, kPf>; });
+  return dot_by_shape<!kPre, Traits<kType>::kDecodePanels>(kt, rows, pf, []<int kNt, int kT, int kPf>() -> DotFn {
+    return dot_q6k<kType, kNt, kT, kPre, kPf>;
+  });
 }
 
 // Q4_K's activation sums for the mins: from the Q8_K sums of 16 (16 per super-block), n
@@ -1215,9 +1225,9 @@ inline void matmul(const uint8_t* panels, int64_t k, const Activations& a, int64
     for (int64_t i = 0; i < m * nb * 16; ++i) corr[i] = (kSix ? 32 : 4) * a.bsums[i];
   }
   const int32_t* corr_all = corr.data();  // (the caller's: thread_local names differ per thread below)
-  // A decode step (one activation row) takes kDecodePanels panels at a time, so that several
+  // A decode step (one activation row) takes Traits::kDecodePanels panels at a time, so that several
   // streams are read at once; more rows take kPanels (their sums' registers).
-  const int per_unit = m == 1 ? kDecodePanels : kPanels;
+  const int per_unit = m == 1 ? Traits<kType>::kDecodePanels : kPanels;
   const int64_t units = (np + per_unit - 1) / per_unit;
   // Q8_0's panels are in the unpacked layout already. (The K types' chunks unpacked once
   // against per pass on the VNNI steps, kernels_bench 2048 x 5632 with AMX off, one | two
