@@ -18,7 +18,7 @@
 // over two; each stream runs on through kStreamPanels panels); a thread otherwise takes two
 // panels at a time (each activation broadcast serves both) against up to four activation
 // rows. AVX2 has half the registers at half the width: four panels in a decode step where a
-// panel's sums are one int16 chain, else two (Traits::kDecodePanels), otherwise one against up to
+// panel's sums are one int16 chain (not Q3_K), else two (Traits::kDecodePanels), otherwise one against up to
 // four activation rows where a sum's products fit one int16 chain (Traits::kMerge; 64-256
 // tokens 1.03-1.2x over two rows per pass), else two. A call of more rows runs its rows over
 // 16-block chunks of the unit in turn, so the chunk is read from memory once and from L1 by
@@ -127,8 +127,9 @@ struct Traits {
   // 2048 x 5632 from memory, one thread, Zen 4 EPYC with INFERA_ISA=avx2, GB/s, four panels
   // against two (best prefetch mode of each, alternating): Q8_0 27.8-30.1 / 20.8, Q4_0
   // 26.5 / 20.6, IQ4_NL 20.1 / 18.6, IQ4_XS 22.7 / 20.6, Q4_K 30.8 / 24.5; Q6_K (two chains)
-  // 20.6 / 23.9.
-  static constexpr int kDecodePanels = vec::kVnni || kMerge ? 4 : 2;
+  // 20.6 / 23.9, Q3_K (one chain, but its third bits expanded per step) 11.6 / 13.6, Q2_K
+  // 17.7 / 15.7.
+  static constexpr int kDecodePanels = vec::kVnni || (kMerge && kType != kQ3_K) ? 4 : 2;
   static_assert(kSigned || vec::kVnni || vec::chain_fits(kChainSteps * (kMerge ? 2 : 1), kMaxOperand),
                 "a chain's int16 sums overflow");
 };
