@@ -18,13 +18,13 @@
 // over two; each stream runs on through kStreamPanels panels); a thread otherwise takes two
 // panels at a time (each activation broadcast serves both) against up to four activation
 // rows. AVX2 has half the registers at half the width: four panels in a decode step where a
-// panel's sums are one int16 chain (not Q3_K), else two (Traits::kDecodePanels), otherwise one against up to
-// four activation rows where a sum's products fit one int16 chain (Traits::kMerge; 64-256
-// tokens 1.03-1.2x over two rows per pass), else two. A call of more rows runs its rows over
-// 16-block chunks of the unit in turn, so the chunk is read from memory once and from L1 by
-// the other rows, and past kDirectRows rows the chunk is unpacked once (16 KB for a pair) for
-// all of them (Q8_0's panels hold its operands already; the K types take 2-super-block
-// chunks).
+// panel's sums are one int16 chain (not Q3_K), else two (Traits::kDecodePanels); otherwise
+// one panel against up to four activation rows where a sum's products fit one int16 chain
+// (Traits::kMerge; 64-256 tokens 1.03-1.2x over two rows per pass), else two. A call of
+// more rows runs its rows over 16-block chunks of the unit in turn, so the chunk is read from
+// memory once and from L1 by the other rows, and past kDirectRows rows the chunk is unpacked
+// once (16 KB for a pair) for all of them (Q8_0's panels hold its operands already; the K
+// types take 2-super-block chunks).
 // Measured (kernels_bench, 2048 x 5632, against the rows read in place and the VNNI tiles,
 // one thread): decode 1.3-1.5x (11.5-13 GB/s of 17), 8 tokens 2-3x, 64 1.1-1.25x, 256 1.4x.
 // Included by ggml_matmul_simd.h inside namespace simd.
@@ -77,18 +77,18 @@ inline void prefetch_next_scales(const uint8_t* const* qs, int kT, int64_t next)
 // Panels a thread takes at a time at most, and the stride of its sums: sum[kSumStride n + u]
 // is panel u's with activation row n.
 constexpr int kSumStride = 4;
-// The unit shape otherwise: panels at a time for several activation rows (a decode step's:
-// Traits::kDecodePanels; activation rows per pass: Traits::kPassRows).
 // A decode step's streams each run through this many consecutive panels (matmul). From
 // memory (kernels_bench 5632 x 2048, one thread, two rounds, GB/s into L2 / no prefetch)
 // against 1 (a unit's panels side by side, as before): Q4_K 22.7-23.5 / 22.2-22.9 against
 // 21.4 / 19.4-20.5, Q6_K 22.4-23.1 / 12.8-13.3 against 21.7-22.2 / 12.9, Q4_0 24.8-25.1 /
 // 22.6-24.0 against 23.8-24.9 / 22.0-23.0, Q8_0 26.3-27.5 / 26.2-27.2 against 26.6-28.3 /
 // 24.8-27.9; 4 panels between the two; a quarter of the thread's panels each (one long
-// stream apiece) lost on Q4_0 and Q8_0 (22.4-22.7 and 25.0-25.1 into L2). On AVX2 (two
-// streams, as the types of two chains still take) a quarter each against 1: Q4_K 19.4-19.6 against 16.8-16.9,
-// Q6_K 23.8-24.9 against 20.6, Q4_0 16.1-16.8 against 17.4-17.9.
+// stream apiece) lost on Q4_0 and Q8_0 (22.4-22.7 and 25.0-25.1 into L2). On AVX2 with two
+// streams (as Q3_K and the two-chain types still take) a quarter each against 1: Q4_K
+// 19.4-19.6 against 16.8-16.9, Q6_K 23.8-24.9 against 20.6, Q4_0 16.1-16.8 against 17.4-17.9.
 constexpr int64_t kStreamPanels = 16;
+// Panels at a time for several activation rows (a decode step's: Traits::kDecodePanels;
+// activation rows per pass: Traits::kPassRows).
 constexpr int kPanels = vec::kVnni ? 2 : 1;
 
 // 16 lanes of f32 sums, kept across the chunks of k.
@@ -1226,8 +1226,8 @@ inline void matmul(const uint8_t* panels, int64_t k, const Activations& a, int64
     for (int64_t i = 0; i < m * nb * 16; ++i) corr[i] = (kSix ? 32 : 4) * a.bsums[i];
   }
   const int32_t* corr_all = corr.data();  // (the caller's: thread_local names differ per thread below)
-  // A decode step (one activation row) takes Traits::kDecodePanels panels at a time, so that several
-  // streams are read at once; more rows take kPanels (their sums' registers).
+  // A decode step (one activation row) takes Traits::kDecodePanels panels at a time, so that
+  // several streams are read at once; more rows take kPanels (their sums' registers).
   const int per_unit = m == 1 ? Traits<kType>::kDecodePanels : kPanels;
   const int64_t units = (np + per_unit - 1) / per_unit;
   // Q8_0's panels are in the unpacked layout already. (The K types' chunks unpacked once
