@@ -241,7 +241,8 @@ std::string ggml_matmul_path(Isa isa) {
     case Isa::kAvx2:
       return "avx2: activations as llama.cpp's Q8 blocks; Q4_0 / Q4_1 / Q5_0 / Q5_1 / IQ4_NL / Q8_0 / Q2_K / Q3_K / "
              "Q4_K / Q5_K / Q6_K / IQ4_XS repacked at load into 16-row panels (huge pages; maddubs on 8 rows per "
-             "vector, the unsigned ones' int16 sums widened once per (sub-)block; decode: 4 panels per step "
+             "vector, the unsigned ones' int16 sums widened once per (sub-)block, IQ4_XS's per step against its "
+             "sub-block scales; decode: 4 panels per step "
              "(2 for Q3_K / Q5_0 / Q5_1 / Q5_K / Q6_K), "
              "prefetching " +
              gguf_prefetch_text() +

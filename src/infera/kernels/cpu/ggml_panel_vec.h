@@ -61,6 +61,18 @@ inline I i8_lanes(const uint8_t* p) {
 inline I u8_pairs(__m128i lo, __m128i hi) { return _mm512_cvtepu8_epi16(_mm256_set_m128i(hi, lo)); }
 // acc + the int16 pairs of a times those of b, per lane (vpdpwssd).
 inline I dot16(I acc, I a, I b) { return _mm512_dpwssd_epi32(acc, a, b); }
+// 16 signed bytes at p, one per lane as an int16 pair (s, s).
+inline I i8_pairs(const uint8_t* p) {
+  const I v = i8_lanes(p);
+  return _mm512_or_si512(_mm512_and_si512(v, _mm512_set1_epi32(0xFFFF)), _mm512_slli_epi32(v, 16));
+}
+// acc + scale x the products of signed w and q: |w| against q with w's sign, the int16 pairs
+// times the lane's scale pair (the AVX2 signed step with the scale folded in; there for the
+// shared code's sake, VNNI takes the unsigned chains).
+inline I signed_step_scaled(I acc, I w, I q, I scale) {
+  const I sq = _mm512_mask_sub_epi8(q, _mm512_movepi8_mask(w), _mm512_setzero_si512(), q);
+  return _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(_mm512_abs_epi8(w), sq), scale));
+}
 
 inline F loadf(const float* p) { return _mm512_load_ps(p); }
 inline void storef(float* p, F v) { _mm512_store_ps(p, v); }
@@ -154,6 +166,20 @@ inline I i8_lanes(const uint8_t* p) {
 inline I u8_pairs(__m128i lo, __m128i hi) { return {_mm256_cvtepu8_epi16(lo), _mm256_cvtepu8_epi16(hi)}; }
 inline I dot16(I acc, I x, I y) {
   return {_mm256_add_epi32(acc.a, _mm256_madd_epi16(x.a, y.a)), _mm256_add_epi32(acc.b, _mm256_madd_epi16(x.b, y.b))};
+}
+inline I i8_pairs(const uint8_t* p) {
+  const __m128i v = _mm_cvtepi8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))),
+                w = _mm_cvtepi8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 8)));
+  return {_mm256_set_m128i(_mm_unpackhi_epi16(v, v), _mm_unpacklo_epi16(v, v)),
+          _mm256_set_m128i(_mm_unpackhi_epi16(w, w), _mm_unpacklo_epi16(w, w))};
+}
+inline I signed_step_scaled(I acc, I w, I q, I scale) {
+  return {_mm256_add_epi32(acc.a,
+                           _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(w.a), _mm256_sign_epi8(q.a, w.a)),
+                                             scale.a)),
+          _mm256_add_epi32(acc.b,
+                           _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(w.b), _mm256_sign_epi8(q.b, w.b)),
+                                             scale.b))};
 }
 
 inline F loadf(const float* p) { return {_mm256_load_ps(p), _mm256_load_ps(p + 8)}; }
