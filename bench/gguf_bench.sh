@@ -112,23 +112,33 @@ echo "infera weights: $([ "${MMAP:-1}" = 0 ] && echo "read into memory (--no-mma
 "$infera" sysinfo 2>/dev/null | grep -i -E "^(cpu features|kernel path|bf16 matmul|f16 matmul|gguf matmul|quantized matmul)" || true
 $py -c "import json; c = json.load(open('model/config.json')); print('model:', c['model_type'], 'hidden', c['hidden_size'], \
 'layers', c['num_hidden_layers'], 'experts', c.get('num_experts', 0), 'vocab', c['vocab_size'])"
-printf "%-6s %-7s %14s %14s %14s %14s %9s %9s\n" type threads "infera pp t/s" "llama pp t/s" "infera tg t/s" \
-  "llama tg t/s" "pp ratio" "tg ratio"
+# Generation against the read roofline: the weight bytes a token reads (Infera's
+# weight_bytes_per_token; llama.cpp reads the same tensors of the same file) times tokens/s,
+# against `infera sysinfo --bandwidth` at that thread count, measured in each repeat beside the
+# two engines' runs (this figure moves from run to run on a shared machine; best of each).
+printf "%-6s %-7s %14s %14s %14s %14s %9s %9s %11s %11s %11s %8s %8s\n" type threads "infera pp t/s" \
+  "llama pp t/s" "infera tg t/s" "llama tg t/s" "pp ratio" "tg ratio" "infera GB/s" "llama GB/s" "probe GB/s" \
+  "infera %" "llama %"
 for t in $types; do
   for th in $threads_list; do
-    ipp=(); itg=(); lpp=(); ltg=()
+    ipp=(); itg=(); lpp=(); ltg=(); probe=()
     for _ in $(seq "$repeats"); do
       out="$("$infera" run -m "model_$t.gguf" --prompt-ids "$prompt" -n "$gen_tokens" --temp 0 --ignore-eos --json \
         -t "$th" "${mmap_flag[@]}" 2> /dev/null)"
       ipp+=("$(echo "$out" | field prompt_tokens_per_s)")
       itg+=("$(echo "$out" | field generated_tokens_per_s)")
+      bytes="$(echo "$out" | field weight_bytes_per_token)"
       out="$("${nlc_node[@]}" "$repo/bench/llamacpp_speed.mjs" "$work/model_$t.gguf" "$th" "$prompt_tokens" "$gen_tokens")"
       lpp+=("$(echo "$out" | field prompt_tokens_per_s)")
       ltg+=("$(echo "$out" | field generated_tokens_per_s)")
+      probe+=("$("$infera" sysinfo --bandwidth --json 2> /dev/null | $py -c \
+        "import json,sys; print(json.load(sys.stdin)['read_bandwidth_gbs'][sys.argv[1]])" "$th")")
     done
     a="$(best "${ipp[@]}")" b="$(best "${lpp[@]}")" c="$(best "${itg[@]}")" d="$(best "${ltg[@]}")"
-    $py -c "import sys; a,b,c,d=map(float,sys.argv[3:]); print(f'{sys.argv[1]:<6} {sys.argv[2]:<7} {a:14.2f} {b:14.2f} {c:14.2f} {d:14.2f} {a/b:8.2f}x {c/d:8.2f}x')" \
-      "$t" "$th" "$a" "$b" "$c" "$d"
+    e="$(best "${probe[@]}")"
+    $py -c "import sys; a,b,c,d,e,n=map(float,sys.argv[3:]); g,h=n*c/1e9,n*d/1e9; print(f'{sys.argv[1]:<6} {sys.argv[2]:<7} \
+{a:14.2f} {b:14.2f} {c:14.2f} {d:14.2f} {a/b:8.2f}x {c/d:8.2f}x {g:11.1f} {h:11.1f} {e:11.1f} {100*g/e:7.0f}% {100*h/e:7.0f}%')" \
+      "$t" "$th" "$a" "$b" "$c" "$d" "$e" "$bytes"
   done
 done
 echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
