@@ -423,6 +423,20 @@ inline void dot_q4k(const uint8_t* const* sc, const uint8_t* const* qs, int64_t 
   vec::F s[kT][kNt];
   load_sums<kNt, kT>(sum, s);
   if constexpr (!kPre) prefetch_next_scales<kPf, kScale>(qs, kT, kStride * b1);  // (the loop's lead: kScale)
+  // Part `part` of sub-block sb of super-block b as each panel's operands.
+  const auto operands = [&](int64_t b, int sb, int part, vec::I* lo, vec::I* hi) {
+    for (int u = 0; u < kT; ++u) {
+      if constexpr (kPre) {
+        load_pair(qs[u] + kPreStride * (b - b0) + 512 * sb + 128 * part, lo[u], hi[u]);
+      } else {
+        unpack_k<kType, kPf>(qs[u] + kStride * b, sb, part, lo[u], hi[u]);
+      }
+    }
+  };
+  // Super-block b's scales in panel u (Q4_K / Q5_K: its mins 128 bytes on).
+  const auto scales_at = [&](int u, int64_t b) {
+    return kPre ? qs[u] + kPreStride * (b - b0) + 4096 : qs[u] + kStride * b + panel_k_scales(kType);
+  };
   for (int64_t b = b0; b < b1; ++b) {
     vec::I isum[kT][kNt];
     for (int u = 0; u < kT; ++u) {
@@ -442,20 +456,13 @@ inline void dot_q4k(const uint8_t* const* sc, const uint8_t* const* qs, int64_t 
     for (int sb = 0; kXs && kSigned && sb < 8; ++sb) {
       vec::I scv[kT];
       for (int u = 0; u < kT; ++u) {
-        const uint8_t* s8p =
-            (kPre ? qs[u] + kPreStride * (b - b0) + 4096 : qs[u] + kStride * b + panel_k_scales(kType)) + 16 * sb;
+        const uint8_t* s8p = scales_at(u, b) + 16 * sb;
         if constexpr (!kPre) prefetch_line<kPf>(s8p + kStride);
         scv[u] = vec::i8_pairs(s8p);
       }
       for (int part = 0; part < 4; ++part) {
         vec::I lo[kT], hi[kT];
-        for (int u = 0; u < kT; ++u) {
-          if constexpr (kPre) {
-            load_pair(qs[u] + kPreStride * (b - b0) + 512 * sb + 128 * part, lo[u], hi[u]);
-          } else {
-            unpack_k<kType, kPf>(qs[u] + kStride * b, sb, part, lo[u], hi[u]);
-          }
-        }
+        operands(b, sb, part, lo, hi);
         const int64_t at = 256 * b + 32 * sb + 8 * part;
         for (int n = 0; n < kNt; ++n) {
           const vec::I a0 = vec::bcast4(a.q[n] + at), a1 = vec::bcast4(a.q[n] + at + 4);
@@ -471,18 +478,11 @@ inline void dot_q4k(const uint8_t* const* sc, const uint8_t* const* qs, int64_t 
       start_chains<kSigned, kNt, kT>(lo_acc, hi_acc, [&](int n) { return corr(n, b, sb); });
       for (int part = 0; part < 4; ++part) {
         vec::I lo[kT], hi[kT];
-        for (int u = 0; u < kT; ++u) {
-          if constexpr (kPre) {
-            load_pair(qs[u] + kPreStride * (b - b0) + 512 * sb + 128 * part, lo[u], hi[u]);
-          } else {
-            unpack_k<kType, kPf>(qs[u] + kStride * b, sb, part, lo[u], hi[u]);
-          }
-        }
+        operands(b, sb, part, lo, hi);
         dp_step<kSigned, kMerge, kNt, kT>(a, 256 * b + 32 * sb + 8 * part, lo, hi, lo_acc, hi_acc);
       }
       for (int u = 0; u < kT; ++u) {
-        const uint8_t* s8p =
-            (kPre ? qs[u] + kPreStride * (b - b0) + 4096 : qs[u] + kStride * b + panel_k_scales(kType)) + 16 * sb;
+        const uint8_t* s8p = scales_at(u, b) + 16 * sb;
         // One super-block on: the scales', Q5_K's fifth bits' lines (those here, not in unpack_k
         // under part == 0, where the test kept the compiler from unrolling the parts: Q5_K's
         // step from the caches 30 against 36 GB/s).
@@ -506,8 +506,7 @@ inline void dot_q4k(const uint8_t* const* sc, const uint8_t* const* qs, int64_t 
       vec::I msum[kNt];
       for (int n = 0; n < kNt; ++n) msum[n] = vec::zero();
       for (int p = 0; p < 4; ++p) {
-        const uint8_t* mp =
-            (kPre ? qs[u] + kPreStride * (b - b0) + 4096 : qs[u] + kStride * b + panel_k_scales(kType)) + 128 + 32 * p;
+        const uint8_t* mp = scales_at(u, b) + 128 + 32 * p;
         if constexpr (!kPre) prefetch_line<kPf>(mp + kStride);
         const vec::I mv = vec::u8_pairs(_mm_loadu_si128(reinterpret_cast<const __m128i*>(mp)),
                                         _mm_loadu_si128(reinterpret_cast<const __m128i*>(mp + 16)));
