@@ -243,7 +243,7 @@ std::string ggml_matmul_path(Isa isa) {
              "Q4_K / Q5_K / Q6_K / IQ4_XS repacked at load into 16-row panels (huge pages; maddubs on 8 rows per "
              "vector, the unsigned ones' int16 sums widened once per (sub-)block, IQ4_XS's per step against its "
              "sub-block scales; decode: 4 panels per step "
-             "(2 for Q3_K / Q5_0 / Q5_1 / Q5_K / Q6_K), "
+             "(2 for Q3_K / Q5_0 / Q5_1 / Q5_K; Q6_K's sub-blocks one chain against their scales), "
              "prefetching " +
              gguf_prefetch_text() +
              "; prefill: "

@@ -128,8 +128,9 @@ struct Traits {
   // against two (best prefetch mode of each, alternating): Q8_0 27.8-30.1 / 20.8, Q4_0
   // 26.5 / 20.6, IQ4_NL 20.1 / 18.6, IQ4_XS 22.7 / 20.6, Q4_K 30.8 / 24.5; Q6_K (two chains)
   // 20.6 / 23.9, Q3_K (one chain, but its third bits expanded per step) 11.6 / 13.6, Q2_K
-  // 17.7 / 15.7.
-  static constexpr int kDecodePanels = vec::kVnni || (kMerge && kType != kQ3_K) ? 4 : 2;
+  // 17.7 / 15.7. Q6_K since its decode step keeps one chain (kQ6kFold): four, 29.6-31.6 /
+  // 25.3-25.9 (5632 x 2048: 26.3-30.1 / 24.0-25.3), though from the caches 29.5 / 32.9.
+  static constexpr int kDecodePanels = vec::kVnni || (kMerge && kType != kQ3_K) || kType == kQ6_K ? 4 : 2;
   static_assert(kSigned || vec::kVnni || vec::chain_fits(kChainSteps * (kMerge ? 2 : 1), kMaxOperand),
                 "a chain's int16 sums overflow");
 };
@@ -555,6 +556,34 @@ inline void pairs_of_16(const int32_t* bsums, int64_t n, int32_t* out) {
 // the activation's int16 pairs of sums of 16, 8 per super-block) and f32 step. With kPre the
 // operands come unpacked per chunk (qs[u]: the chunk's, kPreStride16 bytes a super-block:
 // unpack_sub16_chunk).
+// Q6_K's decode step on AVX2 (one activation row): a sub-block's 16 products in one int16
+// chain per row, taken against the rows' scale pair by one vpmaddwd (in place of two chains,
+// each widened against ones, and a vpmulld by the scale), so four panels' chains fit the
+// registers (Traits::kDecodePanels). Its operands u = w + 32 reach 16002 per pair, so the
+// chain starts from minus 32 x the activation's sums of the quants each of a lane's two int16
+// halves meets (q6k_fold_corr): its adds wrap, but what it ends at, the sum of w q over those
+// eight weights, is within 8 x 32 x 127 (exact). Not for several rows: there the compiler
+// sums the chain's steps as a tree and spills them (64 tokens 0.8x, with four-row passes
+// 0.9x; kernels_bench 2048 x 5632, one thread, INFERA_ISA=avx2).
+template <uint32_t kType>
+constexpr bool kQ6kFold = !vec::kVnni && kType == kQ6_K;
+
+// The chain starts of kQ6kFold, one per 16-weight sub-block of n of them at q: -32 x the sum
+// of quants 0, 1, 4, 5, 8, 9, 12, 13 in the low int16, of 2, 3, 6, 7, 10, 11, 14, 15 in the high
+// (the weight pairs whose products vpmaddubsw adds into each half of a lane, four steps a
+// sub-block).
+inline void q6k_fold_corr(const int8_t* q, int64_t n, int32_t* out) {
+  for (int64_t i = 0; i < n; ++i, q += 16) {
+    int32_t lo = 0, hi = 0;
+    for (int g = 0; g < 16; g += 4) {
+      lo += q[g] + q[g + 1];
+      hi += q[g + 2] + q[g + 3];
+    }
+    out[i] = static_cast<int32_t>(static_cast<uint32_t>(static_cast<uint16_t>(-32 * lo)) |
+                                  static_cast<uint32_t>(static_cast<uint16_t>(-32 * hi)) << 16);
+  }
+}
+
 template <uint32_t kType>
 struct Sub16 {
   static constexpr bool kThree = kType == kQ3_K, kTwo = kType == kQ2_K;
@@ -637,9 +666,10 @@ inline void dot_q6k(const uint8_t* const* sc, const uint8_t* const* qs, int64_t 
   constexpr bool kTwo = S::kTwo;
   constexpr int kStride = S::kStride, kScStride = panel_scale_stride(kType);
   constexpr int kScaleLead = 128;  // (bytes the decode step's prefetch runs ahead on the scales)
-  constexpr bool kMerge = Traits<kType>::kMerge;
+  constexpr bool kMerge = Traits<kType>::kMerge, kFold = kQ6kFold<kType> && kNt == 1 && !kPre;
   const S ops;
-  // (Q6_K / Q3_K: 32 / 4 x the activation's sum of sub-block sb's 16 quants)
+  // (Q6_K / Q3_K: 32 / 4 x the activation's sum of sub-block sb's 16 quants; kFold: the
+  // int16 pair q6k_fold_corr lays out)
   const auto corr = [&](int n, int64_t b, int sb) { return kTwo ? 0 : a.corr[n][16 * b + sb]; };
   // Where super-block b's scales are (Q2_K: and mins).
   const auto scales_at = [&](int u, int64_t b) {
@@ -657,6 +687,10 @@ inline void dot_q6k(const uint8_t* const* sc, const uint8_t* const* qs, int64_t 
     for (int sb = 0; sb < 16; ++sb) {
       vec::I lo_acc[kT][kNt], hi_acc[kT][kNt];
       start_chains<false, kNt, kT>(lo_acc, hi_acc, [&](int n) { return corr(n, b, sb); });
+      if constexpr (kFold) {
+        for (int u = 0; u < kT; ++u)
+          for (int n = 0; n < kNt; ++n) lo_acc[u][n] = vec::set32(corr(n, b, sb));
+      }
       vec::I hb[kT];
       for (int u = 0; u < kT; ++u)
         if constexpr (!kPre) {
@@ -673,11 +707,16 @@ inline void dot_q6k(const uint8_t* const* sc, const uint8_t* const* qs, int64_t 
             ops(qs[u] + kStride * b, hb[u], sb, h, lo[u], hi[u]);
           }
         }
-        dp_step<false, kMerge, kNt, kT>(a, 256 * b + 16 * sb + 8 * h, lo, hi, lo_acc, hi_acc);
+        dp_step<false, kMerge || kFold, kNt, kT>(a, 256 * b + 16 * sb + 8 * h, lo, hi, lo_acc, hi_acc);
       }
       for (int u = 0; u < kT; ++u) {
         const uint8_t* s8p = scales_at(u, b) + 16 * sb;
         if constexpr (!kPre) prefetch_line<kPf>(s8p + kStride);
+        if constexpr (kFold) {  // the chain's pairs times the rows' scale pair
+          const vec::I scv = vec::i8_pairs(s8p);
+          for (int n = 0; n < kNt; ++n) isum[u][n] = vec::dot16(isum[u][n], lo_acc[u][n], scv);
+          continue;
+        }
         // (Q2_K: a byte holds the scale in its low four bits, the min in its high four)
         const vec::I scv = kTwo ? vec::and_(vec::u8_lanes(s8p), vec::set32(0xF)) : vec::i8_lanes(s8p);
         for (int n = 0; n < kNt; ++n)
@@ -1258,6 +1297,8 @@ inline void matmul(const uint8_t* panels, int64_t k, const Activations& a, int64
   }
   if constexpr (kType == kQ2_K) {  // int16 pairs of sums of 16, for the mins
     pairs_of_16(a.bsums.data(), m * nb * 8, corr.data());
+  } else if (kQ6kFold<kType> && m == 1) {
+    q6k_fold_corr(a.q.data(), nb * 16, corr.data());
   } else if constexpr (kSub16) {
     for (int64_t i = 0; i < m * nb * 16; ++i) corr[i] = (kSix ? 32 : 4) * a.bsums[i];
   }
