@@ -7,7 +7,6 @@
 
 #include <cstdint>
 #include <numeric>
-#include <vector>
 
 #include "infera/base/cpu.h"
 

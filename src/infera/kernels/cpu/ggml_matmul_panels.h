@@ -18,7 +18,8 @@
 // over two; each stream runs on through kStreamPanels panels); a thread otherwise takes two
 // panels at a time (each activation broadcast serves both) against up to four activation
 // rows. AVX2 has half the registers at half the width: four panels in a decode step where a
-// panel's sums are one int16 chain (not Q3_K), else two (Traits::kDecodePanels); otherwise
+// panel's sums are one int16 chain (not Q3_K; Q6_K's decode step keeps one: kQ6kFold), else
+// two (Traits::kDecodePanels); otherwise
 // one panel against up to four activation rows where a sum's products fit one int16 chain
 // (Traits::kMerge; 64-256 tokens 1.03-1.2x over two rows per pass), else two. A call of
 // more rows runs its rows over 16-block chunks of the unit in turn, so the chunk is read from
@@ -419,6 +420,7 @@ inline void dot_q4k(const uint8_t* const* sc, const uint8_t* const* qs, int64_t 
                     Sums16* sum) {
   constexpr int kStride = panel_quant_stride(kType), kScale = panel_scale_stride(kType);
   constexpr bool kXs = kType == kIQ4_XS, kSigned = Traits<kType>::kSigned, kMerge = Traits<kType>::kMerge;
+  constexpr bool kScaledSteps = kXs && kSigned;  // (IQ4_XS on AVX2: see the loop below)
   // (IQ4_XS on VNNI: 128 x the activation's sum of sub-block sb's 32 quants)
   const auto corr = [&](int n, int64_t b, int sb) { return kXs && !kSigned ? a.corr[n][8 * b + sb] : 0; };
   vec::F s[kT][kNt];
@@ -454,7 +456,7 @@ inline void dot_q4k(const uint8_t* const* sc, const uint8_t* const* qs, int64_t 
     // signed step's vpsignb runs beside the multipliers, so the multiplier ports' count per
     // weight is the same; three activation rows per pass 0.93x; the sums in registers (the
     // halves of a vector taken in turn, or the parts unrolled) no faster.
-    for (int sb = 0; kXs && kSigned && sb < 8; ++sb) {
+    for (int sb = 0; kScaledSteps && sb < 8; ++sb) {
       vec::I scv[kT];
       for (int u = 0; u < kT; ++u) {
         const uint8_t* s8p = scales_at(u, b) + 16 * sb;
@@ -474,7 +476,7 @@ inline void dot_q4k(const uint8_t* const* sc, const uint8_t* const* qs, int64_t 
         }
       }
     }
-    for (int sb = 0; !(kXs && kSigned) && sb < 8; ++sb) {
+    for (int sb = 0; !kScaledSteps && sb < 8; ++sb) {
       vec::I lo_acc[kT][kNt], hi_acc[kT][kNt];
       start_chains<kSigned, kNt, kT>(lo_acc, hi_acc, [&](int n) { return corr(n, b, sb); });
       for (int part = 0; part < 4; ++part) {
@@ -567,6 +569,10 @@ inline void pairs_of_16(const int32_t* bsums, int64_t n, int32_t* out) {
 // 0.9x; kernels_bench 2048 x 5632, one thread, INFERA_ISA=avx2).
 template <uint32_t kType>
 constexpr bool kQ6kFold = !vec::kVnni && kType == kQ6_K;
+// matmul lays the chain starts out so for a call of one row, which is what dot_q6k's one-row,
+// read-in-place instance then serves: a call that reads the panels in place (kDirectRows rows
+// at most) must take one pass, so no other call reaches that instance.
+static_assert(!kQ6kFold<kQ6_K> || kDirectRows <= Traits<kQ6_K>::kPassRows);
 
 // The chain starts of kQ6kFold, one per 16-weight sub-block of n of them at q: -32 x the sum
 // of quants 0, 1, 4, 5, 8, 9, 12, 13 in the low int16, of 2, 3, 6, 7, 10, 11, 14, 15 in the high
@@ -686,10 +692,11 @@ inline void dot_q6k(const uint8_t* const* sc, const uint8_t* const* qs, int64_t 
     }
     for (int sb = 0; sb < 16; ++sb) {
       vec::I lo_acc[kT][kNt], hi_acc[kT][kNt];
-      start_chains<false, kNt, kT>(lo_acc, hi_acc, [&](int n) { return corr(n, b, sb); });
-      if constexpr (kFold) {
+      if constexpr (kFold) {  // (one chain, lo_acc, from its start)
         for (int u = 0; u < kT; ++u)
           for (int n = 0; n < kNt; ++n) lo_acc[u][n] = vec::set32(corr(n, b, sb));
+      } else {
+        start_chains<false, kNt, kT>(lo_acc, hi_acc, [&](int n) { return corr(n, b, sb); });
       }
       vec::I hb[kT];
       for (int u = 0; u < kT; ++u)
