@@ -33,6 +33,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <numeric>
 #include <random>
 #include <string>
@@ -41,6 +42,7 @@
 #include <benchmark/benchmark.h>
 
 #include "infera/base/cpu.h"
+#include "infera/base/membw.h"
 #include "infera/base/threads.h"
 #include "infera/kernels/ggml_quants.h"
 #include "infera/kernels/kernels.h"
@@ -259,11 +261,19 @@ void run_ggml(benchmark::State& state, int64_t hot_rows) {
   const std::vector<uint8_t> q = random_ggml_blocks(type, copies * rows * rb);
   std::vector<float> x(m * cols), y(m * rows);
   fill(x, 8);
-  // The panel types from their load-time panels (the sixth argument), as a loaded model has them.
+  // The panel types from their load-time panels (the sixth argument: 1 each copy's in one run,
+  // 2 all copies' over one LaneBuffer's lanes, as a GGUF model has them by default).
   std::vector<MatRef> ws;
+  const auto lanes = state.range(5) == 2 ? std::make_shared<infera::LaneBuffer>(copies * rows * rb / 2 + (64 << 20))
+                                         : nullptr;
   for (int64_t c = 0; c < copies; ++c) {
     ws.push_back(MatRef{q.data() + c * rows * rb, DType::kGgml, rows, cols, type});
-    if (state.range(5) != 0) ws.back().panels = ggml::pack_panels(type, ws.back().data, rows, cols);
+    if (state.range(5) != 0) {
+      ggml::LanePanels packed = ggml::pack_panels(type, ws.back().data, rows, cols, lanes);
+      ws.back().panels = std::move(packed.owner);
+      ws.back().panel_lane = packed.ref.lane;
+      ws.back().panel_phase = packed.ref.phase;
+    }
   }
   int64_t i = 0;
   for (auto _ : state) {
@@ -283,7 +293,8 @@ void run_ggml(benchmark::State& state, int64_t hot_rows) {
                              : type == ggml::kQ3_K   ? "q3_k"
                              : type == ggml::kQ2_K   ? "q2_k"
                                                    : "iq4_xs") +
-                 " " + infera::isa_name(isa) + (m > 1 && amx ? " amx" : "") + (panels ? " panels" : "") +
+                 " " + infera::isa_name(isa) + (m > 1 && amx ? " amx" : "") +
+                 (panels ? state.range(5) == 2 ? " panels over lanes" : " panels" : "") +
                  (hot_rows > 0 ? " hot" : ""));
   ggml::set_ggml_amx(true);
   state.counters["GOP/s"] =
@@ -322,6 +333,15 @@ BENCHMARK(BM_GgmlMatmul)
                    {0, 1},
                    {1, 0},
                    {1}})
+    ->Apply(least_disturbed);
+BENCHMARK(BM_GgmlMatmul)  // a decode step over lanes (panels in one run above)
+    ->ArgsProduct({{infera::kernels::ggml::kQ4_K, infera::kernels::ggml::kQ6_K, infera::kernels::ggml::kQ8_0,
+                    infera::kernels::ggml::kIQ4_XS, infera::kernels::ggml::kQ4_0},
+                   {1},
+                   {1, 2},
+                   {0, 1},
+                   {0},
+                   {2}})
     ->Apply(least_disturbed);
 BENCHMARK(BM_GgmlMatmul)  // the types that are only ever repacked in a model: from the rows, then the panels
     ->ArgsProduct({{infera::kernels::ggml::kQ4_1, infera::kernels::ggml::kQ5_0, infera::kernels::ggml::kQ5_1},

@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
+#include <mutex>
 #include <utility>
 
 #include "infera/base/cpu.h"
@@ -74,6 +75,39 @@ HugePageBuffer& HugePageBuffer::operator=(HugePageBuffer&& other) noexcept {
     base_ = std::exchange(other.base_, nullptr);
   }
   return *this;
+}
+
+struct LaneBuffer::State {
+  std::mutex mu;
+  size_t used = 0;
+};
+
+LaneBuffer::LaneBuffer(size_t lane_bytes) : state_(std::make_unique<State>()) {
+  stride_ = std::max<size_t>(1, (lane_bytes + kHugePage - 1) / kHugePage) * kHugePage;
+  mapped_ = kLanes * stride_ + kHugePage;
+  void* p = ::mmap(nullptr, mapped_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (p == MAP_FAILED)
+    fail("cannot reserve {} lanes of {:.1f} MiB of address space: {}", kLanes, stride_ / 1048576.0,
+         std::strerror(errno));
+  base_ = static_cast<uint8_t*>(p);
+  lane0_ = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(base_) + kHugePage - 1) / kHugePage * kHugePage);
+  ::madvise(lane0_, kLanes * stride_, MADV_HUGEPAGE);  // (advice only, as HugePageBuffer's)
+}
+
+LaneBuffer::~LaneBuffer() { ::munmap(base_, mapped_); }
+
+uint8_t* LaneBuffer::take(size_t bytes) {
+  const size_t rounded = (bytes + 63) / 64 * 64;
+  std::lock_guard<std::mutex> lock(state_->mu);
+  if (rounded > stride_ - state_->used) return nullptr;
+  uint8_t* at = lane0_ + state_->used;
+  state_->used += rounded;
+  return at;
+}
+
+size_t LaneBuffer::used() const {
+  std::lock_guard<std::mutex> lock(state_->mu);
+  return state_->used;
 }
 
 double measure_read_bandwidth_gbs(int threads, double bytes, int repeats) {

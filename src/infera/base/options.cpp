@@ -640,6 +640,14 @@ const OptionSpec kOptions[] = {
              "IQ4_NL / Q8_0 / Q2_K / Q3_K / Q4_K / Q5_K / Q6_K / IQ4_XS matrices: 16-row panels); 0 computes "
              "from the mapped files (docs/quantization.md, docs/model.md)",
      .choices = "1|0|on|off|true|false"},
+    {.name = "panel_lanes",
+     .type = T::kChoice,
+     .use = kProcess,
+     .env = "INFERA_PANEL_LANES",
+     .default_value = "1",
+     .help = "Lay a GGUF model's repacked panels over four lanes of memory far apart, so that a decode step reads "
+             "four streams far apart (docs/model.md); 0 keeps each matrix's panels in one run (A/B runs)",
+     .choices = "1|0|on|off|true|false"},
     {.name = "prequant_scheme",
      .type = T::kChoice,
      .use = kProcess,

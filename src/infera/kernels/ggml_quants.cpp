@@ -9,6 +9,7 @@
 
 #include "infera/base/error.h"
 #include "infera/base/membw.h"
+#include "infera/base/options.h"
 #include "infera/base/threads.h"
 #include "infera/tensor/dtype.h"
 
@@ -326,9 +327,9 @@ void dequantize_row(uint32_t type, const void* src, float* dst, int64_t n) {
 void matmul_rows_scalar(uint32_t type, const void* data, int64_t row_bytes, int64_t k, const float* x, int64_t m,
                         int64_t n0, int64_t n1, float* y, int64_t ldy);
 void matmul_rows_avx2(uint32_t type, const void* data, int64_t row_bytes, int64_t k, const float* x, int64_t m,
-                      int64_t n0, int64_t n1, float* y, int64_t ldy, const uint8_t* panels, PanelPrefetch pf);
+                      int64_t n0, int64_t n1, float* y, int64_t ldy, PanelRef panels, PanelPrefetch pf);
 void matmul_rows_avx512(uint32_t type, const void* data, int64_t row_bytes, int64_t k, const float* x, int64_t m,
-                        int64_t n0, int64_t n1, float* y, int64_t ldy, const uint8_t* panels, PanelPrefetch pf);
+                        int64_t n0, int64_t n1, float* y, int64_t ldy, PanelRef panels, PanelPrefetch pf);
 
 bool has_matmul(uint32_t type) { return can_dequantize(type) && block_size(type) > 1; }
 
@@ -340,13 +341,13 @@ void set_ggml_amx(bool enabled) { g_amx.store(enabled, std::memory_order_relaxed
 bool ggml_amx_enabled() { return g_amx.load(std::memory_order_relaxed); }
 
 void matmul_rows(Isa isa, uint32_t type, const void* data, int64_t k, const float* x, int64_t m, int64_t n0, int64_t n1,
-                 float* y, int64_t ldy, const uint8_t* panels, PanelPrefetch pf) {
+                 float* y, int64_t ldy, PanelRef panels, PanelPrefetch pf) {
   if (!has_matmul(type)) fail("no matmul for ggml type {}", type);
   if (k % block_size(type) != 0) fail("ggml type {}: {} columns are not whole blocks", type, k);
   INFERA_ASSERT(m >= 0 && 0 <= n0 && n0 <= n1 && ldy >= n1 - n0);
   if (m == 0 || n1 == n0) return;
   const int64_t rb = row_bytes(type, k);
-  const uint8_t* p = can_pack_panels(type) && n0 % kPanelRows == 0 ? panels : nullptr;
+  const PanelRef p = can_pack_panels(type) && n0 % kPanelRows == 0 ? panels : PanelRef();
   switch (isa) {
     case Isa::kAvx512: matmul_rows_avx512(type, data, rb, k, x, m, n0, n1, y, ldy, p, pf); return;
     case Isa::kAvx2: matmul_rows_avx2(type, data, rb, k, x, m, n0, n1, y, ldy, p, pf); return;
@@ -425,17 +426,13 @@ void or_mask_bits(const uint8_t* q, int bit, int r, uint8_t* mask) {
 }
 }  // namespace
 
-std::shared_ptr<const uint8_t> pack_panels(uint32_t type, const void* data, int64_t rows, int64_t k, int threads) {
+namespace {
+// Writes the panels of rows [0, rows) at out (zeroed memory or not: each panel is cleared first).
+void write_panels(uint32_t type, const void* data, int64_t rows, int64_t k, int threads, PanelRef out) {
   INFERA_ASSERT(rows >= 0);
   const PanelLayout lay = panel_layout(type, k);
   const int64_t nb = lay.blocks, pb = lay.bytes, panels = (rows + kPanelRows - 1) / kPanelRows;
   const int64_t rb = row_bytes(type, k), ts = type_size(type);
-  const size_t total = static_cast<size_t>(std::max<int64_t>(1, panels * pb));
-  // Advised huge pages, as Infera's own repacked layers are: a decode step streams the panels,
-  // and with 4 KiB pages its TLB misses cost it (membw.h).
-  auto storage = std::make_shared<HugePageBuffer>(total);
-  uint8_t* out = storage->data();
-  std::shared_ptr<const uint8_t> owner(std::move(storage), out);
   const auto* src = static_cast<const uint8_t*>(data);
   const bool offset = type == kQ4_1 || type == kQ5_1, five = type == kQ5_0 || type == kQ5_1;
   // Where a block's 16 bytes of nibbles start (after d, m and the 5-bit types' qh).
@@ -443,7 +440,7 @@ std::shared_ptr<const uint8_t> pack_panels(uint32_t type, const void* data, int6
   const int nt = threads > 0 ? threads : num_threads();
 #pragma omp parallel for num_threads(nt) schedule(static)
   for (int64_t p = 0; p < panels; ++p) {
-    uint8_t* panel = out + p * pb;
+    auto* panel = const_cast<uint8_t*>(out.at(p, pb));
     std::memset(panel, 0, static_cast<size_t>(pb));
     // Block by block, the panel's rows of each in turn: the writes of a block stay in L1 (row by
     // row they strided the whole panel, from L2; 16 row streams read instead).
@@ -576,7 +573,44 @@ std::shared_ptr<const uint8_t> pack_panels(uint32_t type, const void* data, int6
       }
     }
   }
+}
+}  // namespace
+
+std::shared_ptr<const uint8_t> pack_panels(uint32_t type, const void* data, int64_t rows, int64_t k, int threads) {
+  INFERA_ASSERT(rows >= 0);
+  const int64_t panels = (rows + kPanelRows - 1) / kPanelRows;
+  const size_t total = static_cast<size_t>(std::max<int64_t>(1, panels * panel_bytes(type, k)));
+  // Advised huge pages, as Infera's own repacked layers are: a decode step streams the panels,
+  // and with 4 KiB pages its TLB misses cost it (membw.h).
+  auto storage = std::make_shared<HugePageBuffer>(total);
+  uint8_t* out = storage->data();
+  std::shared_ptr<const uint8_t> owner(std::move(storage), out);
+  write_panels(type, data, rows, k, threads, PanelRef(out));
   return owner;
+}
+
+bool panel_lanes_enabled() {
+  static const bool enabled = [] {
+    const std::string s = option_env("panel_lanes");  // INFERA_PANEL_LANES, checked against its values
+    return !(s == "0" || s == "off" || s == "false");
+  }();
+  return enabled;
+}
+
+LanePanels pack_panels(uint32_t type, const void* data, int64_t rows, int64_t k,
+                       const std::shared_ptr<LaneBuffer>& lanes, int threads) {
+  INFERA_ASSERT(rows >= 0);
+  const int64_t pb = panel_bytes(type, k), groups = (rows + 4 * kPanelRows - 1) / (4 * kPanelRows);
+  uint8_t* at = lanes && rows > 0 ? lanes->take(static_cast<size_t>(groups * pb)) : nullptr;
+  if (at == nullptr) {
+    LanePanels one;
+    one.owner = pack_panels(type, data, rows, k, threads);
+    one.ref = PanelRef(one.owner.get());
+    return one;
+  }
+  const PanelRef ref(at, static_cast<int64_t>(lanes->stride()), 0);
+  write_panels(type, data, rows, k, threads, ref);
+  return {std::shared_ptr<const uint8_t>(lanes, at), ref};
 }
 
 }  // namespace infera::kernels::ggml

@@ -17,6 +17,7 @@
 #include <memory>
 
 #include "infera/base/cpu.h"
+#include "infera/base/membw.h"
 
 namespace infera::kernels::ggml {
 
@@ -50,6 +51,33 @@ int64_t row_bytes(uint32_t type, int64_t n);
 // infera::Error for an unknown type or a bad n.
 void dequantize_row(uint32_t type, const void* src, float* dst, int64_t n);
 
+// Where a matrix's panels (pack_panels) lie, each panel_bytes(type, k) bytes: one run (lane 0:
+// panel p at base + p x bytes), or spread over the four lanes of a LaneBuffer (lane: its
+// stride): panel p at base + (q % 4) x lane + (q / 4) x bytes with q = phase + p, so that a
+// decode step's four consecutive panels are four streams far apart, each running on through
+// its lane (a matrix's panels from a panel not a multiple of four on keep their lanes: phase).
+struct PanelRef {
+  const uint8_t* base = nullptr;
+  int64_t lane = 0;
+  int64_t phase = 0;  // (lanes only) 0-3
+
+  PanelRef() = default;
+  PanelRef(const uint8_t* run) : base(run) {}  // NOLINT(google-explicit-constructor): one run
+  PanelRef(const uint8_t* b, int64_t lane_stride, int64_t first) : base(b), lane(lane_stride), phase(first) {}
+  explicit operator bool() const { return base != nullptr; }
+  const uint8_t* at(int64_t p, int64_t bytes) const {
+    if (lane == 0) return base + p * bytes;
+    p += phase;
+    return base + (p & 3) * lane + (p >> 2) * bytes;
+  }
+  // The panels from panel p on, as a matrix's of their own.
+  PanelRef from(int64_t p, int64_t bytes) const {
+    if (lane == 0) return PanelRef(base + p * bytes);
+    p += phase;
+    return {base + (p >> 2) * bytes, lane, p & 3};
+  }
+};
+
 // y[i * ldy + (j - n0)] = x[i, :] · W[j, :] for j in [n0, n1), i < m, with W [rows, k] of
 // `type` stored row after row (rows of row_bytes(type, k) bytes), x f32 [m, k]. Computed as
 // llama.cpp's CPU backend does: x quantized per block to int8 (Q8_0 for Q4_0 / Q5_0 / Q8_0 /
@@ -64,7 +92,7 @@ void dequantize_row(uint32_t type, const void* src, float* dst, int64_t n);
 // differs by machine: kernels::matmul_rows times them (kernels.h, gguf_prefetch).
 enum class PanelPrefetch : int { kL1 = 0, kL2 = 1, kNone = 2 };
 void matmul_rows(Isa isa, uint32_t type, const void* data, int64_t k, const float* x, int64_t m, int64_t n0, int64_t n1,
-                 float* y, int64_t ldy, const uint8_t* panels = nullptr, PanelPrefetch pf = PanelPrefetch::kL1);
+                 float* y, int64_t ldy, PanelRef panels = {}, PanelPrefetch pf = PanelPrefetch::kL1);
 // Whether matmul_rows() computes with `type`.
 bool has_matmul(uint32_t type);
 // Prefill of the avx512 path on AMX int8 tiles (Q8_0 from 8 activation rows, Q4_K / Q5_K
@@ -163,6 +191,17 @@ int64_t panel_bytes(uint32_t type, int64_t k);
 // The panels of rows [0, rows) of a matrix stored row after row at data (64-byte aligned),
 // packed by `threads` OpenMP threads (0: all).
 std::shared_ptr<const uint8_t> pack_panels(uint32_t type, const void* data, int64_t rows, int64_t k, int threads = 0);
+// The same panels laid over the lanes of `lanes` (PanelRef) where it has room (else one run, as
+// above); `owner` keeps the memory (and so `lanes`) alive. The values computed from either are
+// the same.
+struct LanePanels {
+  std::shared_ptr<const uint8_t> owner;
+  PanelRef ref;
+};
+LanePanels pack_panels(uint32_t type, const void* data, int64_t rows, int64_t k,
+                       const std::shared_ptr<LaneBuffer>& lanes, int threads = 0);
+// Whether a model's GGUF panels go over lanes (INFERA_PANEL_LANES, default on).
+bool panel_lanes_enabled();
 
 // IQ4_NL / IQ4_XS: the 16 non-uniform levels a 4-bit index selects.
 extern const int8_t kIq4nlValues[16];

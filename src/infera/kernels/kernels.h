@@ -31,6 +31,9 @@ struct MatRef {
   // (ggml::pack_panels) from row 0, which the avx512 and avx2 paths compute from; data stays valid
   // (it may be dropped from memory and read back from its file).
   std::shared_ptr<const uint8_t> panels = nullptr;
+  // Where they lie: ggml::PanelRef's lane stride (0: one run from panels) and phase.
+  int64_t panel_lane = 0;
+  int64_t panel_phase = 0;
 };
 
 // Bytes of one row of w.

@@ -215,14 +215,22 @@ std::string quant_matmul_path(Isa isa) {
   return "scalar reference";
 }
 
+namespace {
+std::string gguf_lanes_text() {
+  return ggml::panel_lanes_enabled() ? "a model's panels over four lanes far apart in memory, a decode step's panels "
+                                       "one from each"
+                                     : "each matrix's panels in one run (INFERA_PANEL_LANES=0)";
+}
+}  // namespace
+
 std::string ggml_matmul_path(Isa isa) {
   switch (isa) {
     case Isa::kAvx512: {
       const char* amx = amx_unavailable_reason();
       return std::string(
                  "avx512: activations as llama.cpp's Q8 blocks; Q4_0 / Q4_1 / Q5_0 / Q5_1 / IQ4_NL / Q8_0 / Q2_K / "
-                 "Q3_K / Q4_K / Q5_K / Q6_K / IQ4_XS repacked at load into 16-row panels (huge pages; decode: vpdpbusd "
-                 "on 16 rows per vector, 4 panels per step, prefetching " +
+                 "Q3_K / Q4_K / Q5_K / Q6_K / IQ4_XS repacked at load into 16-row panels (huge pages; " +
+                 gguf_lanes_text() + "; decode: vpdpbusd on 16 rows per vector, 4 panels per step, prefetching " +
                  gguf_prefetch_text() +
                  "; prefill: 2 panels x up to 4 tokens per step, from 16 tokens on AMX "
                  "tiles: Q8_0's B straight from the panel, Q4_K's / Q5_K's / Q3_K's from two planes, Q6_K's from "
@@ -240,8 +248,10 @@ std::string ggml_matmul_path(Isa isa) {
     }
     case Isa::kAvx2:
       return "avx2: activations as llama.cpp's Q8 blocks; Q4_0 / Q4_1 / Q5_0 / Q5_1 / IQ4_NL / Q8_0 / Q2_K / Q3_K / "
-             "Q4_K / Q5_K / Q6_K / IQ4_XS repacked at load into 16-row panels (huge pages; maddubs on 8 rows per "
-             "vector, the unsigned ones' int16 sums widened once per (sub-)block, IQ4_XS's per step against its "
+             "Q4_K / Q5_K / Q6_K / IQ4_XS repacked at load into 16-row panels (huge pages; " +
+             gguf_lanes_text() +
+             "; maddubs on 8 rows per vector, the unsigned ones' int16 sums widened once per (sub-)block, IQ4_XS's per "
+             "step against its "
              "sub-block scales; decode: 4 panels per step "
              "(2 for Q3_K / Q5_0 / Q5_1 / Q5_K; Q6_K's sub-blocks one chain against their scales), "
              "prefetching " +

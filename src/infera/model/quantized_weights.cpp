@@ -188,11 +188,14 @@ void release_repacked_source(const kernels::QuantMatRef& w, const FileMappings& 
   release_file_pages(w.scales, static_cast<size_t>(sbytes), maps);
 }
 
-kernels::MatRef with_panels(kernels::MatRef m) {
+kernels::MatRef with_panels(kernels::MatRef m, const std::shared_ptr<LaneBuffer>& lanes) {
   if (m.dtype != DType::kGgml || !kernels::ggml::can_pack_panels(m.ggml_type) || !quant_repack_enabled() ||
       best_isa() == Isa::kScalar || m.rows == 0)
     return m;
-  m.panels = kernels::ggml::pack_panels(m.ggml_type, m.data, m.rows, m.cols);
+  kernels::ggml::LanePanels packed = kernels::ggml::pack_panels(m.ggml_type, m.data, m.rows, m.cols, lanes);
+  m.panels = std::move(packed.owner);
+  m.panel_lane = packed.ref.lane;
+  m.panel_phase = packed.ref.phase;
   release_file_pages(m.data, static_cast<size_t>(m.rows * kernels::row_bytes(m)), FileMappings::current());
   return m;
 }
@@ -227,12 +230,29 @@ QuantTensors find_quant_tensors(const WeightStore& store, const std::string& nam
   return t;
 }
 
+std::shared_ptr<LaneBuffer> panel_lanes_for(const WeightStore& store) {
+  if (!kernels::ggml::panel_lanes_enabled() || !quant_repack_enabled() || best_isa() == Isa::kScalar) return nullptr;
+  size_t bytes = 0;
+  for (const std::string& name : store.names()) {
+    const TensorInfo* t = store.find(name);
+    if (t && t->dtype == DType::kGgml && kernels::ggml::can_pack_panels(t->ggml_type)) bytes += t->nbytes;
+  }
+  if (bytes == 0) return nullptr;
+  // A lane takes a quarter of each matrix's panels, its last group of four rounded up: half of
+  // them all leaves ample room (only what is written is committed).
+  try {
+    return std::make_shared<LaneBuffer>(bytes / 2 + (size_t{64} << 20));
+  } catch (const Error&) {
+    return nullptr;
+  }
+}
+
 kernels::LinearWeight bind_linear(const WeightStore& store, const std::string& name, int64_t rows, int64_t cols,
-                                  const QuantizationConfig& qc) {
+                                  const QuantizationConfig& qc, const std::shared_ptr<LaneBuffer>& lanes) {
   const LayerQuant lq = qc.layer(name);
   if (lq.dense) {
     const TensorInfo& t = store.get(name, {rows, cols});
-    return kernels::dense_linear(with_panels(as_matrix(t)), t.name);
+    return kernels::dense_linear(with_panels(as_matrix(t), lanes), t.name);
   }
   const QuantTensors qt = find_quant_tensors(store, name, lq, cols);
   const TensorInfo* qw = qt.qweight;
@@ -259,7 +279,7 @@ kernels::LinearWeight bind_linear(const WeightStore& store, const std::string& n
 
 std::vector<kernels::LinearWeight> bind_experts(const WeightStore& store, const std::string& name, int64_t E,
                                                 int64_t rows, int64_t cols, const QuantizationConfig& qc, bool fused,
-                                                const FileMappings& maps) {
+                                                const FileMappings& maps, const std::shared_ptr<LaneBuffer>& lanes) {
   INFERA_ASSERT(fused || E == 1);
   std::vector<kernels::LinearWeight> out(static_cast<size_t>(E));
   auto shape = [&](int64_t c) { return fused ? std::vector<int64_t>{E, rows, c} : std::vector<int64_t>{rows, c}; };
@@ -278,7 +298,7 @@ std::vector<kernels::LinearWeight> bind_experts(const WeightStore& store, const 
       fail("{}: tensor '{}' has dtype {}; expert weights must be f32, bf16 or f16", t.file, t.name,
            dtype_name(t.dtype));
     }
-    const kernels::MatRef all = with_panels({t.data, t.dtype, E * rows, cols, t.ggml_type});  // GGUF types too
+    const kernels::MatRef all = with_panels({t.data, t.dtype, E * rows, cols, t.ggml_type}, lanes);  // GGUF types too
     for (int64_t e = 0; e < E; ++e)
       out[e] = kernels::dense_linear(kernels::row_slice(all, e * rows, (e + 1) * rows), t.name);
     return out;

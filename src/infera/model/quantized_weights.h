@@ -14,12 +14,14 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "infera/base/membw.h"
 #include "infera/io/safetensors.h"
 #include "infera/kernels/quant.h"
 
@@ -101,8 +103,13 @@ void release_repacked_source(const kernels::QuantMatRef& w, const FileMappings& 
 // faster (end to end, a TinyLlama-shaped Q4_K_M file:
 // generation 1.3-1.5x, prompt 1.1-1.7x; Q8_0: generation 1.2x; on AVX2 alone, kernels_bench
 // one thread, decode 1.2-2.9x and 8 tokens 1.2-3x the rows' 4-row tiles). The snapshot of the
-// file mappings is taken only when a copy is made.
-kernels::MatRef with_panels(kernels::MatRef m);
+// file mappings is taken only when a copy is made. With `lanes` (a model's LaneBuffer, while it
+// has room) the panels are laid over its four lanes (kernels::ggml::PanelRef).
+kernels::MatRef with_panels(kernels::MatRef m, const std::shared_ptr<LaneBuffer>& lanes = nullptr);
+// The LaneBuffer for the GGUF matrices of `store` that get panels (with_panels), reserving
+// room for all of them; null when there are none, lanes are off, or the address space cannot
+// be reserved (each matrix's panels in one run then).
+std::shared_ptr<LaneBuffer> panel_lanes_for(const WeightStore& store);
 
 // A quantized layer's stored pair, <name>.qweight and <name>.scales, found and checked
 // against its scheme (dtypes; cols a multiple of the group size). Shapes are the caller's:
@@ -121,7 +128,7 @@ QuantTensors find_quant_tensors(const WeightStore& store, const std::string& nam
 // infera::Error naming the tensor and the directory when a tensor is missing, has the
 // wrong dtype or shape. A repacked layer's mapped pages are released (release_repacked_source).
 kernels::LinearWeight bind_linear(const WeightStore& store, const std::string& name, int64_t rows, int64_t cols,
-                                  const QuantizationConfig& qc);
+                                  const QuantizationConfig& qc, const std::shared_ptr<LaneBuffer>& lanes = nullptr);
 
 // Expert matrices [rows, cols] of tensor `name`, float or quantized as qc says: a fused
 // [E, rows, cols] tensor when `fused` (quantized: <name>.qweight [E, rows, cols or cols / 2],
@@ -133,7 +140,8 @@ kernels::LinearWeight bind_linear(const WeightStore& store, const std::string& n
 // fall back to the on-disk layout, still correct). `maps`: one snapshot for a layer's experts.
 std::vector<kernels::LinearWeight> bind_experts(const WeightStore& store, const std::string& name, int64_t E,
                                                 int64_t rows, int64_t cols, const QuantizationConfig& qc, bool fused,
-                                                const FileMappings& maps);
+                                                const FileMappings& maps,
+                                                const std::shared_ptr<LaneBuffer>& lanes = nullptr);
 
 // Row `row` of an embedding table (dense or quantized) as f32 [cols].
 void linear_row(const kernels::LinearWeight& table, int64_t row, float* out);

@@ -98,6 +98,7 @@ class SafetensorsSource final : public WeightSource {
   std::shared_ptr<const WeightStore> store_;
   QuantizationConfig qc_;
   bool plain_fallback_ = false;
+  std::shared_ptr<LaneBuffer> lanes_;  // the GGUF panels' lanes (panel_lanes_for), or null
 };
 
 // A model's weights by role: the architecture's tensor table for this checkpoint, and the

@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <string>
 #include <tuple>
@@ -14,6 +15,7 @@
 
 #include "../test_support.h"
 #include "ggml_random_blocks.h"
+#include "infera/base/membw.h"
 #include "infera/base/threads.h"
 #include "infera/kernels/kernels.h"
 #include "infera/tensor/dtype.h"
@@ -306,6 +308,81 @@ TEST(GgmlQuants, PanelsAreWhatTheSimdPathsReadAndRowSlicesShareThem) {
     set_num_threads(0);
   }
   EXPECT_EQ(packed, 12);  // every type with a matmul
+}
+
+// Panels laid over a LaneBuffer's four lanes (PanelRef: panel p in lane p % 4) are the same
+// panels: every type, decode and several rows, one and two threads, every prefetch mode, and
+// row slices that start on any panel (so in any lane: their phase) compute what the matrix in
+// one run computes, bit for bit; the rows zeroed, only the lanes hold the weights. A LaneBuffer
+// without room leaves the panels in one run.
+TEST(GgmlQuants, PanelsOverLanesComputeWhatPanelsInOneRunDo) {
+  if (!isa_available(Isa::kAvx2)) GTEST_SKIP() << "no AVX2 path on this CPU";
+  std::mt19937 rng(47);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  // 10 panels (the last partial): two groups of four and a partial one; 1 panel; 23 panels.
+  for (const int64_t rows : std::initializer_list<int64_t>{16 * 9 + 5, 7, 16 * 23})
+    for (uint32_t type : {kQ4_0, kQ4_1, kQ5_0, kQ5_1, kQ8_0, kIQ4_NL, kQ2_K, kQ3_K, kQ4_K, kQ5_K, kQ6_K, kIQ4_XS}) {
+      const int64_t k = block_size(type) * 5;
+      std::vector<uint8_t> w = random_blocks(type, rows * 5, rng);
+      const int64_t m_most = 19;
+      std::vector<float> x(static_cast<size_t>(m_most * k));
+      for (auto& v : x) v = normal(rng);
+      kernels::MatRef run{w.data(), DType::kGgml, rows, k, type};
+      run.panels = pack_panels(type, w.data(), rows, k);
+      const auto lanes = std::make_shared<LaneBuffer>(size_t{1} << 20);
+      LanePanels packed = pack_panels(type, w.data(), rows, k, lanes);
+      ASSERT_EQ(packed.ref.lane, static_cast<int64_t>(lanes->stride())) << "type " << type;
+      EXPECT_EQ(packed.ref.phase, 0);
+      EXPECT_EQ(packed.ref.base, packed.owner.get());
+      const int64_t groups = (rows + 63) / 64;
+      EXPECT_EQ(lanes->used(), static_cast<size_t>((groups * panel_bytes(type, k) + 63) / 64 * 64));
+      kernels::MatRef laned = run;
+      laned.panels = packed.owner;
+      laned.panel_lane = packed.ref.lane;
+      laned.panel_phase = packed.ref.phase;
+      // Each matrix and its slices from panels 1, 2 and 3 (phases 1-3 over the lanes).
+      const auto slices = [&](const kernels::MatRef& mat) {
+        std::vector<kernels::MatRef> out{mat};
+        for (int64_t p0 = 1; p0 < 4 && 16 * p0 < rows; ++p0) out.push_back(kernels::row_slice(mat, 16 * p0, rows));
+        return out;
+      };
+      const std::vector<kernels::MatRef> runs = slices(run), laneds = slices(laned);
+      std::fill(w.begin(), w.end(), uint8_t{0});  // only the panels hold the weights now
+      for (size_t v = 0; v < runs.size(); ++v) {
+        ASSERT_TRUE(laneds[v].panels) << "slice " << v;
+        EXPECT_EQ(laneds[v].panel_phase, static_cast<int64_t>(v));
+        for (Isa isa : test::available_isas()) {
+          if (isa == Isa::kScalar) continue;
+          for (int threads : {1, 2})
+            for (int64_t m : {int64_t{1}, int64_t{3}, m_most}) {
+              set_num_threads(threads);
+              const int64_t n = runs[v].rows;
+              std::vector<float> want(static_cast<size_t>(m * n)), got(want.size());
+              kernels::matmul(isa, x.data(), m, runs[v], want.data());
+              kernels::matmul(isa, x.data(), m, laneds[v], got.data());
+              EXPECT_EQ(got, want) << "type " << type << ", " << isa_name(isa) << ", " << threads << " threads, m " << m
+                                   << ", rows " << rows << ", slice from panel " << v;
+              if (m == 1)
+                for (PanelPrefetch pf : {PanelPrefetch::kL1, PanelPrefetch::kL2, PanelPrefetch::kNone}) {
+                  std::fill(got.begin(), got.end(), -1.0f);
+                  matmul_rows(isa, type, laneds[v].data, k, x.data(), 1, 0, n, got.data(), n,
+                              PanelRef(laneds[v].panels.get(), laneds[v].panel_lane, laneds[v].panel_phase), pf);
+                  EXPECT_EQ(got, want) << "type " << type << ", prefetch mode " << static_cast<int>(pf);
+                }
+            }
+        }
+      }
+      set_num_threads(0);
+    }
+  // No room: one run, the same values.
+  std::vector<uint8_t> w = random_blocks(kQ4_K, 16 * 3, rng);
+  const auto small = std::make_shared<LaneBuffer>(4096);
+  ASSERT_NE(small->take(small->stride() - 64), nullptr);
+  const LanePanels one = pack_panels(kQ4_K, w.data(), 16 * 3, 256, small);
+  EXPECT_EQ(one.ref.lane, 0);
+  EXPECT_EQ(one.ref.base, one.owner.get());
+  const std::shared_ptr<const uint8_t> ref = pack_panels(kQ4_K, w.data(), 16 * 3, 256);
+  EXPECT_EQ(std::memcmp(one.owner.get(), ref.get(), static_cast<size_t>(3 * panel_bytes(kQ4_K, 256))), 0);
 }
 
 // A decode step over the panels prefetches into L1, into L2 or not at all (PanelPrefetch):

@@ -5,7 +5,7 @@
 namespace infera::kernels::ggml {
 
 void matmul_rows_avx2(uint32_t type, const void* data, int64_t row_bytes, int64_t k, const float* x, int64_t m,
-                      int64_t n0, int64_t n1, float* y, int64_t ldy, const uint8_t* panels, PanelPrefetch pf) {
+                      int64_t n0, int64_t n1, float* y, int64_t ldy, PanelRef panels, PanelPrefetch pf) {
   isa_avx2::matmul_rows(type, data, row_bytes, k, x, m, n0, n1, y, ldy, panels, pf);
 }
 

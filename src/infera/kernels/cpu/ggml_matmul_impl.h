@@ -360,9 +360,9 @@ inline float dot_row(uint32_t type, ActForm form, const DecodedRow& r, const Act
 
 // y[i * ldy + (j - n0)] = x[i, :] · W[j, :] for rows j in [n0, n1). W: [rows, k] of `type`,
 // rows `row_bytes` apart.
-// panels: pack_panels' copy from row 0 (n0 a multiple of kPanelRows), or null.
+// panels: pack_panels' copy from row 0 (n0 a multiple of kPanelRows), or none.
 inline void matmul_rows(uint32_t type, const void* data, int64_t row_bytes, int64_t k, const float* x, int64_t m,
-                        int64_t n0, int64_t n1, float* y, int64_t ldy, const uint8_t* panels = nullptr,
+                        int64_t n0, int64_t n1, float* y, int64_t ldy, PanelRef panels = {},
                         PanelPrefetch pf = PanelPrefetch::kL1) {
   const ActForm form = act_form(type);
   static thread_local Activations acts;

@@ -1190,9 +1190,9 @@ constexpr int64_t kAmxRowsAsQ8 = 128;
 #endif  // __AVX512VNNI__
 
 // y[i * ldy + (j - n0)] = activation row i · row j for j in [n0, n1), i < m; panels: the
-// panels from row 0 (n0 a multiple of kPanelRows).
+// panels from row 0 (n0 a multiple of kPanelRows), in one run or over four lanes (PanelRef).
 template <uint32_t kType>
-inline void matmul(const uint8_t* panels, int64_t k, const Activations& a, int64_t m, int64_t n0, int64_t n1, float* y,
+inline void matmul(PanelRef panels, int64_t k, const Activations& a, int64_t m, int64_t n0, int64_t n1, float* y,
                    int64_t ldy, PanelPrefetch pf) {
   constexpr bool kK = kType == kQ4_K || kType == kQ5_K, kSix = kType == kQ6_K, kXs = kType == kIQ4_XS;
   constexpr bool kThree = kType == kQ3_K, kTwo = kType == kQ2_K;
@@ -1203,7 +1203,7 @@ inline void matmul(const uint8_t* panels, int64_t k, const Activations& a, int64
   constexpr int64_t kCorr = kK ? 4 : kTwo ? 8 : kSub16 ? 16 : kXs ? 8 : 1;
   const PanelLayout lay = panel_layout(kType, k);
   const int64_t nb = lay.blocks, pb = lay.bytes, sbytes = lay.scale_bytes;
-  const uint8_t* first = panels + (n0 / kPanelRows) * pb;
+  const PanelRef first = panels.from(n0 / kPanelRows, pb);
   const int64_t np = (n1 - n0 + kPanelRows - 1) / kPanelRows;
 #ifdef __AVX512VNNI__
   // Q4_0 / Q5_0 / IQ4_NL: unpacked per call to signed bytes in Q8_0's layout (unpack_signed),
@@ -1245,7 +1245,7 @@ inline void matmul(const uint8_t* panels, int64_t k, const Activations& a, int64
         planes.resize(static_cast<size_t>((kSix ? 64 : kK || kThree ? 32 : 16) * k));
 #pragma omp for schedule(dynamic, 1)
       for (int64_t p = 0; p < np; ++p) {
-        const uint8_t* sc = first + p * pb;
+        const uint8_t* sc = first.at(p, pb);
         const int64_t j0 = n0 + kPanelRows * p;
         const int rows = static_cast<int>(std::min<int64_t>(kPanelRows, n1 - j0));
         const auto mask = static_cast<__mmask16>((1u << rows) - 1);
@@ -1335,7 +1335,7 @@ inline void matmul(const uint8_t* panels, int64_t k, const Activations& a, int64
       const uint8_t* sc[kSumStride];
       const uint8_t* nib[kSumStride];
       for (int u = 0; u < kSumStride; ++u) {
-        sc[u] = first + idx[std::min(u, kT - 1)] * pb;
+        sc[u] = first.at(idx[std::min(u, kT - 1)], pb);
         nib[u] = sc[u] + sbytes;
       }
       std::fill(sums.begin(), sums.end(), Sums16{});
@@ -1386,7 +1386,18 @@ inline void matmul(const uint8_t* panels, int64_t k, const Activations& a, int64
       }
     };
     int64_t idx[kSumStride];
-    if (m == 1) {
+    if (m == 1 && first.lane != 0) {
+      // A decode step over lanes: each thread takes its contiguous share of the panels, per_unit
+      // consecutive ones at a time, which lie in per_unit different lanes, each lane's panels
+      // read front to back (so each stream runs on through its lane).
+      const int64_t nth = omp_get_num_threads(), tid = omp_get_thread_num();
+      const int64_t end = np * (tid + 1) / nth;
+      for (int64_t p0 = np * tid / nth; p0 < end; p0 += per_unit) {
+        const int kT = static_cast<int>(std::min<int64_t>(per_unit, end - p0));
+        for (int u = 0; u < kT; ++u) idx[u] = p0 + u;
+        run_unit(idx, kT);
+      }
+    } else if (m == 1) {
       // A decode step: each thread takes its contiguous share of the panels, in groups of
       // per_unit x kStreamPanels, and reads each group as per_unit streams, stream u over
       // the group's u-th kStreamPanels panels (a unit: the i-th panel of each), so that a

@@ -930,8 +930,7 @@ inline void gemv_iq4xs(const uint8_t* base, int64_t row_bytes, int64_t k, const 
 #endif
 
 inline void matmul_rows(uint32_t type, const uint8_t* base, int64_t row_bytes, int64_t k, const Activations& a,
-                        int64_t m, int64_t n0, int64_t n1, float* y, int64_t ldy, const uint8_t* panels,
-                        PanelPrefetch pf) {
+                        int64_t m, int64_t n0, int64_t n1, float* y, int64_t ldy, PanelRef panels, PanelPrefetch pf) {
   const bool k_type = block_size(type) == 256;
   // Q8_K block sums as int16 (|sum of 16 quants| <= 2032), for madd against the mins.
   static thread_local std::vector<int16_t> bsums16;
@@ -941,7 +940,7 @@ inline void matmul_rows(uint32_t type, const uint8_t* base, int64_t row_bytes, i
     for (size_t i = 0; i < a.bsums.size(); ++i) bsums16[i] = static_cast<int16_t>(a.bsums[i]);
   }
   const int16_t* bs16 = sums ? bsums16.data() : nullptr;
-  if (panels != nullptr) {
+  if (panels) {
     switch (type) {
       case kQ4_0: panel::matmul<kQ4_0>(panels, k, a, m, n0, n1, y, ldy, pf); return;
       case kQ4_1: panel::matmul<kQ4_1>(panels, k, a, m, n0, n1, y, ldy, pf); return;
