@@ -420,7 +420,7 @@ inline void dot_q4k(const uint8_t* const* sc, const uint8_t* const* qs, int64_t 
                     Sums16* sum) {
   constexpr int kStride = panel_quant_stride(kType), kScale = panel_scale_stride(kType);
   constexpr bool kXs = kType == kIQ4_XS, kSigned = Traits<kType>::kSigned, kMerge = Traits<kType>::kMerge;
-  constexpr bool kScaledSteps = kXs && kSigned;  // (IQ4_XS on AVX2: see the loop below)
+  constexpr bool kScaledSteps = kXs && kSigned;  // (IQ4_XS on AVX2: see the loops below)
   // (IQ4_XS on VNNI: 128 x the activation's sum of sub-block sb's 32 quants)
   const auto corr = [&](int n, int64_t b, int sb) { return kXs && !kSigned ? a.corr[n][8 * b + sb] : 0; };
   vec::F s[kT][kNt];
@@ -456,48 +456,52 @@ inline void dot_q4k(const uint8_t* const* sc, const uint8_t* const* qs, int64_t 
     // signed step's vpsignb runs beside the multipliers, so the multiplier ports' count per
     // weight is the same; three activation rows per pass 0.93x; the sums in registers (the
     // halves of a vector taken in turn, or the parts unrolled) no faster.
-    for (int sb = 0; kScaledSteps && sb < 8; ++sb) {
-      vec::I scv[kT];
-      for (int u = 0; u < kT; ++u) {
-        const uint8_t* s8p = scales_at(u, b) + 16 * sb;
-        if constexpr (!kPre) prefetch_line<kPf>(s8p + kStride);
-        scv[u] = vec::i8_pairs(s8p);
-      }
-      for (int part = 0; part < 4; ++part) {
-        vec::I lo[kT], hi[kT];
-        operands(b, sb, part, lo, hi);
-        const int64_t at = 256 * b + 32 * sb + 8 * part;
-        for (int n = 0; n < kNt; ++n) {
-          const vec::I a0 = vec::bcast4(a.q[n] + at), a1 = vec::bcast4(a.q[n] + at + 4);
-          for (int u = 0; u < kT; ++u) {
-            isum[u][n] = vec::signed_step_scaled(isum[u][n], lo[u], a0, scv[u]);
-            isum[u][n] = vec::signed_step_scaled(isum[u][n], hi[u], a1, scv[u]);
+    if constexpr (kScaledSteps) {
+      for (int sb = 0; sb < 8; ++sb) {
+        vec::I scv[kT];
+        for (int u = 0; u < kT; ++u) {
+          const uint8_t* s8p = scales_at(u, b) + 16 * sb;
+          if constexpr (!kPre) prefetch_line<kPf>(s8p + kStride);
+          scv[u] = vec::i8_pairs(s8p);
+        }
+        for (int part = 0; part < 4; ++part) {
+          vec::I lo[kT], hi[kT];
+          operands(b, sb, part, lo, hi);
+          const int64_t at = 256 * b + 32 * sb + 8 * part;
+          for (int n = 0; n < kNt; ++n) {
+            const vec::I a0 = vec::bcast4(a.q[n] + at), a1 = vec::bcast4(a.q[n] + at + 4);
+            for (int u = 0; u < kT; ++u) {
+              isum[u][n] = vec::signed_step_scaled(isum[u][n], lo[u], a0, scv[u]);
+              isum[u][n] = vec::signed_step_scaled(isum[u][n], hi[u], a1, scv[u]);
+            }
           }
         }
       }
-    }
-    for (int sb = 0; !kScaledSteps && sb < 8; ++sb) {
-      vec::I lo_acc[kT][kNt], hi_acc[kT][kNt];
-      start_chains<kSigned, kNt, kT>(lo_acc, hi_acc, [&](int n) { return corr(n, b, sb); });
-      for (int part = 0; part < 4; ++part) {
-        vec::I lo[kT], hi[kT];
-        operands(b, sb, part, lo, hi);
-        dp_step<kSigned, kMerge, kNt, kT>(a, 256 * b + 32 * sb + 8 * part, lo, hi, lo_acc, hi_acc);
-      }
-      for (int u = 0; u < kT; ++u) {
-        const uint8_t* s8p = scales_at(u, b) + 16 * sb;
-        // One super-block on: the scales', Q5_K's fifth bits' lines (those here, not in unpack_k
-        // under part == 0, where the test kept the compiler from unrolling the parts: Q5_K's
-        // step from the caches 30 against 36 GB/s).
-        if constexpr (!kPre) {
-          prefetch_line<kPf>(s8p + kStride);
-          if constexpr (kType == kQ5_K) prefetch_line<kPf>(qs[u] + kStride * b + kStride + panel_k_bits(kQ5_K, sb));
+    } else {
+      for (int sb = 0; sb < 8; ++sb) {
+        vec::I lo_acc[kT][kNt], hi_acc[kT][kNt];
+        start_chains<kSigned, kNt, kT>(lo_acc, hi_acc, [&](int n) { return corr(n, b, sb); });
+        for (int part = 0; part < 4; ++part) {
+          vec::I lo[kT], hi[kT];
+          operands(b, sb, part, lo, hi);
+          dp_step<kSigned, kMerge, kNt, kT>(a, 256 * b + 32 * sb + 8 * part, lo, hi, lo_acc, hi_acc);
         }
-        const vec::I scv = kXs ? vec::i8_lanes(s8p) : vec::u8_lanes(s8p);
-        for (int n = 0; n < kNt; ++n)
-          isum[u][n] =
-              vec::add32(isum[u][n],
-                         vec::mul32(vec::chain_sum<kSigned, kMerge>(lo_acc[u][n], hi_acc[u][n], corr(n, b, sb)), scv));
+        for (int u = 0; u < kT; ++u) {
+          const uint8_t* s8p = scales_at(u, b) + 16 * sb;
+          // One super-block on: the scales', Q5_K's fifth bits' lines (those here, not in unpack_k
+          // under part == 0, where the test kept the compiler from unrolling the parts: Q5_K's
+          // step from the caches 30 against 36 GB/s).
+          if constexpr (!kPre) {
+            prefetch_line<kPf>(s8p + kStride);
+            if constexpr (kType == kQ5_K) prefetch_line<kPf>(qs[u] + kStride * b + kStride + panel_k_bits(kQ5_K, sb));
+          }
+          const vec::I scv = kXs ? vec::i8_lanes(s8p) : vec::u8_lanes(s8p);
+          for (int n = 0; n < kNt; ++n)
+            isum[u][n] =
+                vec::add32(isum[u][n],
+                           vec::mul32(vec::chain_sum<kSigned, kMerge>(lo_acc[u][n], hi_acc[u][n], corr(n, b, sb)),
+                                      scv));
+        }
       }
     }
     for (int u = 0; u < kT; ++u) {

@@ -61,18 +61,11 @@ inline I i8_lanes(const uint8_t* p) {
 inline I u8_pairs(__m128i lo, __m128i hi) { return _mm512_cvtepu8_epi16(_mm256_set_m128i(hi, lo)); }
 // acc + the int16 pairs of a times those of b, per lane (vpdpwssd).
 inline I dot16(I acc, I a, I b) { return _mm512_dpwssd_epi32(acc, a, b); }
-// 16 signed bytes at p, one per lane as an int16 pair (s, s).
-inline I i8_pairs(const uint8_t* p) {
-  const I v = i8_lanes(p);
-  return _mm512_or_si512(_mm512_and_si512(v, _mm512_set1_epi32(0xFFFF)), _mm512_slli_epi32(v, 16));
-}
-// acc + scale x the products of signed w and q: |w| against q with w's sign, the int16 pairs
-// times the lane's scale pair (the AVX2 signed step with the scale folded in; there for the
-// shared code's sake, VNNI takes the unsigned chains).
-inline I signed_step_scaled(I acc, I w, I q, I scale) {
-  const I sq = _mm512_mask_sub_epi8(q, _mm512_movepi8_mask(w), _mm512_setzero_si512(), q);
-  return _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(_mm512_abs_epi8(w), sq), scale));
-}
+// AVX2's steps that take a sub-block's scale as an int16 pair (IQ4_XS's, Q6_K's one-chain
+// decode step): declared for the shared code's discarded branches (if constexpr on AVX2
+// alone); VNNI takes the unsigned chains and never calls them.
+I i8_pairs(const uint8_t* p);
+I signed_step_scaled(I acc, I w, I q, I scale);
 
 inline F loadf(const float* p) { return _mm512_load_ps(p); }
 inline void storef(float* p, F v) { _mm512_store_ps(p, v); }
