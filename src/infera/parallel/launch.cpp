@@ -152,6 +152,16 @@ uint64_t model_files_fingerprint(const std::string& model_dir) {
   XXH64_state_t* st = XXH64_createState();
   XXH64_reset(st, 0);
   const fs::path dir(model_dir);
+  std::error_code file_ec;
+  if (fs::is_regular_file(dir, file_ec)) {  // a GGUF file: its name and size
+    const std::string name = dir.filename().string();
+    const auto size = static_cast<uint64_t>(fs::file_size(dir, file_ec));
+    XXH64_update(st, name.data(), name.size() + 1);
+    XXH64_update(st, &size, sizeof(size));
+    const uint64_t h = XXH64_digest(st);
+    XXH64_freeState(st);
+    return h;
+  }
   {
     std::ifstream in(dir / "config.json", std::ios::binary);
     if (!in) {

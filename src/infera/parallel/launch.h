@@ -31,8 +31,8 @@ enum class GroupSignals {
 int run_under_mpirun(int ranks, GroupSignals signals);
 
 // A hash of what a rank sees of the model directory: config.json's bytes and the names
-// and sizes of the weight files (*.safetensors, the shard index). Cheap: no weight bytes
-// are read.
+// and sizes of the weight files (*.safetensors, the shard index); of a GGUF file, its name and
+// size. Cheap: no weight bytes are read.
 uint64_t model_files_fingerprint(const std::string& model_dir);
 
 // All-gathers every rank's fingerprint of `model_dir` and throws infera::Error naming the

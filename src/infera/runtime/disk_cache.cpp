@@ -11,6 +11,7 @@
 
 #include "infera/base/error.h"
 #include "infera/base/log.h"
+#include "infera/io/gguf.h"
 
 namespace infera {
 
@@ -58,10 +59,18 @@ uint64_t checksum_of(Header h, const void* tokens, size_t tb, const void* kv, si
 uint64_t model_files_fingerprint(const std::string& dir) {
   std::error_code ec;
   std::vector<fs::path> files;
-  for (const auto& de : fs::directory_iterator(dir, ec)) {
-    if (de.is_regular_file(ec)) files.push_back(de.path());
+  if (fs::is_regular_file(dir, ec)) {  // a GGUF file: it and the other parts of a split one
+    try {
+      for (const std::string& part : gguf::split_paths(dir)) files.emplace_back(part);
+    } catch (const Error&) {
+      return 0;
+    }
+  } else {
+    for (const auto& de : fs::directory_iterator(dir, ec)) {
+      if (de.is_regular_file(ec)) files.push_back(de.path());
+    }
+    if (ec) return 0;
   }
-  if (ec) return 0;
   std::sort(files.begin(), files.end());
   XXH3_state_t* s = XXH3_createState();
   XXH3_64bits_reset(s);

@@ -44,8 +44,8 @@ struct DiskCacheEntry {
 };
 
 // A fingerprint of the model files in `dir` (every regular file: its name, size, and the
-// XXH3 of its first and last MiB; config.json whole), for the entries' names. 0 when the
-// directory cannot be read.
+// XXH3 of its first and last MiB; config.json whole), for the entries' names; `dir` may be a
+// GGUF file (it, and every part of a split one, the same way). 0 when they cannot be read.
 uint64_t model_files_fingerprint(const std::string& dir);
 
 struct DiskCacheStats {

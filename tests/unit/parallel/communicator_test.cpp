@@ -89,6 +89,12 @@ TEST(ModelFingerprint, ChangesWithConfigOrShardSizes) {
   EXPECT_NE(a, b);
   std::ofstream(dir / "config.json") << R"({"model_type": "qwen3"})";
   EXPECT_NE(b, model_files_fingerprint(dir.string()));
+  // A GGUF file: its name and size (no config.json beside it).
+  std::ofstream(dir / "model.gguf") << std::string(100, 'g');
+  const uint64_t g = model_files_fingerprint((dir / "model.gguf").string());
+  EXPECT_EQ(g, model_files_fingerprint((dir / "model.gguf").string()));
+  std::ofstream(dir / "model.gguf") << std::string(101, 'g');
+  EXPECT_NE(g, model_files_fingerprint((dir / "model.gguf").string()));
   fs::remove_all(dir);
   EXPECT_THROW(model_files_fingerprint(dir.string()), Error);
 }

@@ -5,6 +5,7 @@
 #include "infera/runtime/disk_cache.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <condition_variable>
@@ -97,6 +98,32 @@ TEST(DiskCache, RoundTripRestartAndBadFilesAreMisses) {
   EXPECT_EQ(cache.stats().rejected, 2);
   EXPECT_FALSE(fs::exists(cache.path_of(2)));  // rejected files are deleted
   EXPECT_TRUE(cache.get(4).has_value());
+}
+
+// The entries' model id for a GGUF file: not 0 (the id every unreadable directory shares),
+// the same for the same file, another for another file or other bytes, and a split GGUF's
+// other parts count.
+TEST(DiskCache, ModelFingerprintOfGgufFiles) {
+  const fs::path dir = fs::temp_directory_path() / ("infera_fp_gguf_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  std::ofstream(dir / "a.gguf") << std::string(100, 'a');
+  std::ofstream(dir / "b.gguf") << std::string(100, 'b');
+  const uint64_t a = model_files_fingerprint((dir / "a.gguf").string());
+  EXPECT_NE(a, 0u);
+  EXPECT_EQ(a, model_files_fingerprint((dir / "a.gguf").string()));
+  EXPECT_NE(a, model_files_fingerprint((dir / "b.gguf").string()));
+  std::ofstream(dir / "a.gguf") << std::string(100, 'c');
+  EXPECT_NE(a, model_files_fingerprint((dir / "a.gguf").string()));
+  const fs::path first = dir / "m-00001-of-00002.gguf", second = dir / "m-00002-of-00002.gguf";
+  std::ofstream(first) << std::string(64, 'x');
+  std::ofstream(second) << std::string(64, 'y');
+  const uint64_t split = model_files_fingerprint(first.string());
+  EXPECT_NE(split, 0u);
+  std::ofstream(second) << std::string(64, 'z');
+  EXPECT_NE(split, model_files_fingerprint(first.string()));
+  fs::remove(second);
+  EXPECT_EQ(model_files_fingerprint(first.string()), 0u);  // a part missing: unreadable
+  fs::remove_all(dir);
 }
 
 TEST(DiskCache, SizeLimitHoldsUnderAFlood) {
