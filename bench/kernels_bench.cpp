@@ -268,12 +268,7 @@ void run_ggml(benchmark::State& state, int64_t hot_rows) {
                                          : nullptr;
   for (int64_t c = 0; c < copies; ++c) {
     ws.push_back(MatRef{q.data() + c * rows * rb, DType::kGgml, rows, cols, type});
-    if (state.range(5) != 0) {
-      ggml::LanePanels packed = ggml::pack_panels(type, ws.back().data, rows, cols, lanes);
-      ws.back().panels = std::move(packed.owner);
-      ws.back().panel_lane = packed.ref.lane;
-      ws.back().panel_phase = packed.ref.phase;
-    }
+    if (state.range(5) != 0) ws.back().set_panels(ggml::pack_panels(type, ws.back().data, rows, cols, lanes));
   }
   int64_t i = 0;
   for (auto _ : state) {

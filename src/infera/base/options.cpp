@@ -857,6 +857,11 @@ std::string check_option_value(const OptionSpec& s, std::string_view text) {
   return "";
 }
 
+bool option_env_on(std::string_view name) {
+  const std::string s = option_env(name);
+  return !(s == "0" || s == "off" || s == "false");
+}
+
 std::string option_env(std::string_view name, BadEnvValue on_bad) {
   const OptionSpec& s = option_spec(name);
   INFERA_ASSERT(!s.env.empty(), fmt::format("option '{}' has no environment variable", name));

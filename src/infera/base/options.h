@@ -88,6 +88,9 @@ enum class BadEnvValue { kFail, kWarnAndIgnore };
 // it takes and what it does (kFail), or is logged once and read as unset (kWarnAndIgnore,
 // for switches read where an exception cannot go).
 std::string option_env(std::string_view name, BadEnvValue on_bad = BadEnvValue::kFail);
+// An on / off switch's environment variable (choices 1|0|on|off|true|false, checked as
+// option_env does): false for 0, off or false, true otherwise (unset too: on by default).
+bool option_env_on(std::string_view name);
 // A launcher variable (kUseLauncher) by its variable name: its value, "" when unset.
 std::string launcher_env(std::string_view variable);
 // True when the launcher variable is set (even to "").

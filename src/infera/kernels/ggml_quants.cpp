@@ -590,17 +590,15 @@ std::shared_ptr<const uint8_t> pack_panels(uint32_t type, const void* data, int6
 }
 
 bool panel_lanes_enabled() {
-  static const bool enabled = [] {
-    const std::string s = option_env("panel_lanes");  // INFERA_PANEL_LANES, checked against its values
-    return !(s == "0" || s == "off" || s == "false");
-  }();
+  static const bool enabled = option_env_on("panel_lanes");  // INFERA_PANEL_LANES
   return enabled;
 }
 
 LanePanels pack_panels(uint32_t type, const void* data, int64_t rows, int64_t k,
                        const std::shared_ptr<LaneBuffer>& lanes, int threads) {
   INFERA_ASSERT(rows >= 0);
-  const int64_t pb = panel_bytes(type, k), groups = (rows + 4 * kPanelRows - 1) / (4 * kPanelRows);
+  constexpr int64_t kGroupRows = LaneBuffer::kLanes * kPanelRows;  // (a panel from each lane)
+  const int64_t pb = panel_bytes(type, k), groups = (rows + kGroupRows - 1) / kGroupRows;
   uint8_t* at = lanes && rows > 0 ? lanes->take(static_cast<size_t>(groups * pb)) : nullptr;
   if (at == nullptr) {
     LanePanels one;

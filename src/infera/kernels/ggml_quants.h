@@ -57,6 +57,7 @@ void dequantize_row(uint32_t type, const void* src, float* dst, int64_t n);
 // decode step's four consecutive panels are four streams far apart, each running on through
 // its lane (a matrix's panels from a panel not a multiple of four on keep their lanes: phase).
 struct PanelRef {
+  static_assert(LaneBuffer::kLanes == 4, "PanelRef spreads panels over four lanes");
   const uint8_t* base = nullptr;
   int64_t lane = 0;
   int64_t phase = 0;  // (lanes only) 0-3

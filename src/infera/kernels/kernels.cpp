@@ -223,8 +223,8 @@ void table_matmul_rows(const KernelTable& t, const float* x, int64_t m, const Ma
 void ggml_matmul_rows(Isa isa, const float* x, int64_t m, const MatRef& w, int64_t n0, int64_t n1, float* y,
                       int64_t ldy) {
   const auto run = [&](int v) {
-    ggml::matmul_rows(isa, w.ggml_type, w.data, w.cols, x, m, n0, n1, y, ldy,
-                      ggml::PanelRef(w.panels.get(), w.panel_lane, w.panel_phase), static_cast<ggml::PanelPrefetch>(v));
+    ggml::matmul_rows(isa, w.ggml_type, w.data, w.cols, x, m, n0, n1, y, ldy, w.panel_ref(),
+                      static_cast<ggml::PanelPrefetch>(v));
   };
   const int setting = panel_setting();
   if (setting >= 0 || m != 1 || !w.panels || w.ggml_type >= kGgmlTypes)
@@ -317,8 +317,7 @@ MatRef row_slice(const MatRef& w, int64_t n0, int64_t n1) {
   const auto* base = static_cast<const char*>(w.data);
   MatRef s{base + n0 * row_bytes(w), w.dtype, n1 - n0, w.cols, w.ggml_type};
   if (w.panels && n0 % ggml::kPanelRows == 0 && n1 > n0) {  // (a view into the same copy)
-    const ggml::PanelRef from = ggml::PanelRef(w.panels.get(), w.panel_lane, w.panel_phase)
-                                    .from(n0 / ggml::kPanelRows, ggml::panel_bytes(w.ggml_type, w.cols));
+    const ggml::PanelRef from = w.panel_ref().from(n0 / ggml::kPanelRows, ggml::panel_bytes(w.ggml_type, w.cols));
     s.panels = std::shared_ptr<const uint8_t>(w.panels, from.base);
     s.panel_lane = from.lane;
     s.panel_phase = from.phase;

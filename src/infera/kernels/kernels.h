@@ -14,6 +14,7 @@
 #include <string>
 
 #include "infera/base/cpu.h"
+#include "infera/kernels/ggml_quants.h"
 #include "infera/tensor/dtype.h"
 
 namespace infera::kernels {
@@ -34,6 +35,15 @@ struct MatRef {
   // Where they lie: ggml::PanelRef's lane stride (0: one run from panels) and phase.
   int64_t panel_lane = 0;
   int64_t panel_phase = 0;
+
+  // The panels as the kernels address them.
+  ggml::PanelRef panel_ref() const { return {panels.get(), panel_lane, panel_phase}; }
+  // Takes the panels pack_panels laid out (over lanes or in one run).
+  void set_panels(ggml::LanePanels packed) {
+    panels = std::move(packed.owner);
+    panel_lane = packed.ref.lane;
+    panel_phase = packed.ref.phase;
+  }
 };
 
 // Bytes of one row of w.

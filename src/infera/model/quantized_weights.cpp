@@ -141,10 +141,7 @@ QuantizationConfig read_quantization_config(const std::string& model_dir) {
 }
 
 bool quant_repack_enabled() {
-  static const bool enabled = [] {
-    const std::string s = option_env("quant_repack");  // INFERA_QUANT_REPACK, checked against its values
-    return !(s == "0" || s == "off" || s == "false");
-  }();
+  static const bool enabled = option_env_on("quant_repack");  // INFERA_QUANT_REPACK
   return enabled;
 }
 
@@ -192,10 +189,7 @@ kernels::MatRef with_panels(kernels::MatRef m, const std::shared_ptr<LaneBuffer>
   if (m.dtype != DType::kGgml || !kernels::ggml::can_pack_panels(m.ggml_type) || !quant_repack_enabled() ||
       best_isa() == Isa::kScalar || m.rows == 0)
     return m;
-  kernels::ggml::LanePanels packed = kernels::ggml::pack_panels(m.ggml_type, m.data, m.rows, m.cols, lanes);
-  m.panels = std::move(packed.owner);
-  m.panel_lane = packed.ref.lane;
-  m.panel_phase = packed.ref.phase;
+  m.set_panels(kernels::ggml::pack_panels(m.ggml_type, m.data, m.rows, m.cols, lanes));
   release_file_pages(m.data, static_cast<size_t>(m.rows * kernels::row_bytes(m)), FileMappings::current());
   return m;
 }

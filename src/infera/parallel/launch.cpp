@@ -152,33 +152,27 @@ uint64_t model_files_fingerprint(const std::string& model_dir) {
   XXH64_state_t* st = XXH64_createState();
   XXH64_reset(st, 0);
   const fs::path dir(model_dir);
-  std::error_code file_ec;
-  if (fs::is_regular_file(dir, file_ec)) {  // a GGUF file: its name and size
-    const std::string name = dir.filename().string();
-    const auto size = static_cast<uint64_t>(fs::file_size(dir, file_ec));
-    XXH64_update(st, name.data(), name.size() + 1);
-    XXH64_update(st, &size, sizeof(size));
-    const uint64_t h = XXH64_digest(st);
-    XXH64_freeState(st);
-    return h;
-  }
-  {
-    std::ifstream in(dir / "config.json", std::ios::binary);
-    if (!in) {
-      XXH64_freeState(st);
-      fail("{}: config.json not found", (dir / "config.json").string());
-    }
-    std::stringstream ss;
-    ss << in.rdbuf();
-    const std::string text = ss.str();
-    XXH64_update(st, text.data(), text.size());
-  }
   std::vector<std::pair<std::string, uint64_t>> files;
   std::error_code ec;
-  for (const auto& e : fs::directory_iterator(dir, ec)) {
-    const std::string name = e.path().filename().string();
-    const bool weights = name.ends_with(".safetensors") || name == "model.safetensors.index.json";
-    if (weights && e.is_regular_file()) files.emplace_back(name, static_cast<uint64_t>(e.file_size()));
+  if (fs::is_regular_file(dir, ec)) {  // a GGUF file: its name and size
+    files.emplace_back(dir.filename().string(), static_cast<uint64_t>(fs::file_size(dir, ec)));
+  } else {
+    {
+      std::ifstream in(dir / "config.json", std::ios::binary);
+      if (!in) {
+        XXH64_freeState(st);
+        fail("{}: config.json not found", (dir / "config.json").string());
+      }
+      std::stringstream ss;
+      ss << in.rdbuf();
+      const std::string text = ss.str();
+      XXH64_update(st, text.data(), text.size());
+    }
+    for (const auto& e : fs::directory_iterator(dir, ec)) {
+      const std::string name = e.path().filename().string();
+      const bool weights = name.ends_with(".safetensors") || name == "model.safetensors.index.json";
+      if (weights && e.is_regular_file()) files.emplace_back(name, static_cast<uint64_t>(e.file_size()));
+    }
   }
   std::sort(files.begin(), files.end());
   for (const auto& [name, size] : files) {

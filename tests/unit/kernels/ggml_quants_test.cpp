@@ -337,9 +337,7 @@ TEST(GgmlQuants, PanelsOverLanesComputeWhatPanelsInOneRunDo) {
       const int64_t groups = (rows + 63) / 64;
       EXPECT_EQ(lanes->used(), static_cast<size_t>((groups * panel_bytes(type, k) + 63) / 64 * 64));
       kernels::MatRef laned = run;
-      laned.panels = packed.owner;
-      laned.panel_lane = packed.ref.lane;
-      laned.panel_phase = packed.ref.phase;
+      laned.set_panels(packed);
       // Each matrix and its slices from panels 1, 2 and 3 (phases 1-3 over the lanes).
       const auto slices = [&](const kernels::MatRef& mat) {
         std::vector<kernels::MatRef> out{mat};
@@ -365,8 +363,8 @@ TEST(GgmlQuants, PanelsOverLanesComputeWhatPanelsInOneRunDo) {
               if (m == 1)
                 for (PanelPrefetch pf : {PanelPrefetch::kL1, PanelPrefetch::kL2, PanelPrefetch::kNone}) {
                   std::fill(got.begin(), got.end(), -1.0f);
-                  matmul_rows(isa, type, laneds[v].data, k, x.data(), 1, 0, n, got.data(), n,
-                              PanelRef(laneds[v].panels.get(), laneds[v].panel_lane, laneds[v].panel_phase), pf);
+                  matmul_rows(isa, type, laneds[v].data, k, x.data(), 1, 0, n, got.data(), n, laneds[v].panel_ref(),
+                              pf);
                   EXPECT_EQ(got, want) << "type " << type << ", prefetch mode " << static_cast<int>(pf);
                 }
             }

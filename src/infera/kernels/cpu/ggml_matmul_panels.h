@@ -1390,26 +1390,18 @@ inline void matmul(PanelRef panels, int64_t k, const Activations& a, int64_t m, 
       }
     };
     int64_t idx[kSumStride];
-    if (m == 1 && first.lane != 0) {
-      // A decode step over lanes: each thread takes its contiguous share of the panels, per_unit
-      // consecutive ones at a time, which lie in per_unit different lanes, each lane's panels
-      // read front to back (so each stream runs on through its lane).
-      const int64_t nth = omp_get_num_threads(), tid = omp_get_thread_num();
-      const int64_t end = np * (tid + 1) / nth;
-      for (int64_t p0 = np * tid / nth; p0 < end; p0 += per_unit) {
-        const int kT = static_cast<int>(std::min<int64_t>(per_unit, end - p0));
-        for (int u = 0; u < kT; ++u) idx[u] = p0 + u;
-        run_unit(idx, kT);
-      }
-    } else if (m == 1) {
+    if (m == 1) {
       // A decode step: each thread takes its contiguous share of the panels, in groups of
       // per_unit x kStreamPanels, and reads each group as per_unit streams, stream u over
       // the group's u-th kStreamPanels panels (a unit: the i-th panel of each), so that a
-      // stream runs on through kStreamPanels panels instead of restarting after one.
+      // stream runs on through kStreamPanels panels instead of restarting after one. Over
+      // lanes a panel's successor in its lane is already four panels on: runs of one, so a
+      // unit is per_unit consecutive panels, one from each lane, each lane read front to back.
+      const int64_t run = first.lane != 0 ? 1 : kStreamPanels;
       const int64_t nth = omp_get_num_threads(), tid = omp_get_thread_num();
       const int64_t end = np * (tid + 1) / nth;
-      for (int64_t g0 = np * tid / nth; g0 < end; g0 += per_unit * kStreamPanels) {
-        const int64_t share = std::min<int64_t>(per_unit * kStreamPanels, end - g0);
+      for (int64_t g0 = np * tid / nth; g0 < end; g0 += per_unit * run) {
+        const int64_t share = std::min<int64_t>(per_unit * run, end - g0);
         const int64_t steps = (share + per_unit - 1) / per_unit;
         for (int64_t i = 0; i < steps; ++i) {
           int kT = 0;
