@@ -6,6 +6,10 @@
 
 #include <omp.h>
 
+#include <atomic>
+#include <cstdint>
+#include <memory>
+
 namespace infera {
 
 void set_num_threads(int n);  // process-wide
@@ -31,5 +35,35 @@ inline void parallel_region(int nt, Body&& body) {
 #pragma omp parallel num_threads(nt)
   body();
 }
+
+// Units [0, n) split into `parts` contiguous shares, each taken front to back by its own
+// thread, and what a slow thread has not started yet taken from the back of its share by
+// the threads done with theirs. For work whose order matters within a share (a decode
+// step's weight streams run on through the share) but whose threads may not finish
+// together: on a shared machine one thread's half of a matrix routinely took 5-20% longer
+// than the other's (kernels_bench, two threads), which a plain static split waited out per
+// matrix. Create it before the region; every thread of the region calls run(). Each unit
+// runs exactly once, whatever the number of threads that call run() (fewer than parts:
+// the others' shares are taken whole).
+class Shares {
+ public:
+  Shares(int64_t n, int parts);
+  // f(u) for this thread's share `part` (parts wrap around), then for the units left in the
+  // other shares, from their backs.
+  template <class F>
+  void run(int part, F&& f) {
+    for (int64_t u; (u = take(part % parts_, true)) >= 0;) f(u);
+    for (int d = 1; d < parts_; ++d)
+      for (int64_t u; (u = take((part + d) % parts_, false)) >= 0;) f(u);
+  }
+
+ private:
+  struct alignas(64) Share {
+    std::atomic<uint64_t> range;  // front << 32 | back
+  };
+  int64_t take(int part, bool front);
+  int parts_;
+  std::unique_ptr<Share[]> shares_;
+};
 
 }  // namespace infera
