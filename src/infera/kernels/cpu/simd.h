@@ -56,6 +56,12 @@ struct Simd {
     even = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
     odd = _mm512_castsi512_ps(_mm512_and_si512(v, _mm512_set1_epi32(static_cast<int>(0xFFFF0000u))));
   }
+  // The same with each of the 2L halves ANDed with keep's (0 or 0xFFFF: a zero weight).
+  static void load_bf16_pairs_kept(const uint16_t* p, const uint16_t* keep, V& even, V& odd) {
+    const __m512i v = _mm512_and_si512(_mm512_loadu_si512(p), _mm512_loadu_si512(keep));
+    even = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+    odd = _mm512_castsi512_ps(_mm512_and_si512(v, _mm512_set1_epi32(static_cast<int>(0xFFFF0000u))));
+  }
   static __mmask16 mask(int n) { return static_cast<__mmask16>((1u << n) - 1u); }
   // First n lanes (0 <= n < kLanes); the others read as 0 / are not written.
   static V load_partial(const float* p, int n) { return _mm512_maskz_loadu_ps(mask(n), p); }
@@ -152,6 +158,12 @@ struct Simd {
     even = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
     odd = _mm256_castsi256_ps(_mm256_and_si256(v, _mm256_set1_epi32(static_cast<int>(0xFFFF0000u))));
   }
+  static void load_bf16_pairs_kept(const uint16_t* p, const uint16_t* keep, V& even, V& odd) {
+    const __m256i v = _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)),
+                                       _mm256_loadu_si256(reinterpret_cast<const __m256i*>(keep)));
+    even = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+    odd = _mm256_castsi256_ps(_mm256_and_si256(v, _mm256_set1_epi32(static_cast<int>(0xFFFF0000u))));
+  }
   static __m256i mask(int n) {
     return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
   }
@@ -241,6 +253,10 @@ struct Simd {
   static void load_bf16_pairs(const uint16_t* p, V& even, V& odd) {
     even = bf16_to_f32(p[0]);
     odd = bf16_to_f32(p[1]);
+  }
+  static void load_bf16_pairs_kept(const uint16_t* p, const uint16_t* keep, V& even, V& odd) {
+    even = bf16_to_f32(static_cast<uint16_t>(p[0] & keep[0]));
+    odd = bf16_to_f32(static_cast<uint16_t>(p[1] & keep[1]));
   }
   static V load_partial(const float*, int) { return 0.0f; }  // n is always 0 with one lane
   static void store_partial(float*, V, int) {}
