@@ -66,4 +66,23 @@ class Shares {
   std::unique_ptr<Share[]> shares_;
 };
 
+// Runs f(i0, i1) over [0, n) in pieces of `grain` on up to `threads` threads, each thread
+// a contiguous share of the pieces front to back and a lagging thread's last pieces taken
+// by the others (Shares): a decode step's weight rows stream on through a thread's share.
+// Inline on the calling thread when there is one thread, too little work for a region (two
+// pieces) or a region around it already.
+template <class F>
+void parallel_shares(int64_t n, int64_t grain, int threads, F&& f) {
+  if (threads <= 1 || n < 2 * grain || omp_in_parallel()) {
+    f(int64_t{0}, n);
+    return;
+  }
+  const int64_t pieces = (n + grain - 1) / grain;
+  const int nt = static_cast<int>(pieces < threads ? pieces : threads);
+  Shares shares(pieces, nt);
+  parallel_region(nt, [&] {
+    shares.run(omp_get_thread_num(), [&](int64_t p) { f(p * grain, n < (p + 1) * grain ? n : (p + 1) * grain); });
+  });
+}
+
 }  // namespace infera

@@ -53,24 +53,6 @@ void parallel_range(int64_t n, int64_t grain, F&& f) {
   for (int64_t p = 0; p < pieces; ++p) f(n * p / pieces, n * (p + 1) / pieces);
 }
 
-// Runs f(i0, i1) over [0, n) in pieces of `grain`, each thread a contiguous share of them
-// front to back, a lagging thread's last pieces taken by the others (Shares): a decode
-// step's weight rows stream on through a thread's share.
-template <class F>
-void parallel_shares(int64_t n, int64_t grain, F&& f) {
-  const int threads = num_threads();
-  if (threads <= 1 || n < 2 * grain || omp_in_parallel()) {
-    f(int64_t{0}, n);
-    return;
-  }
-  const int64_t pieces = ceil_div(n, grain);
-  const int nt = static_cast<int>(std::min<int64_t>(threads, pieces));
-  Shares shares(pieces, nt);
-  parallel_region(nt, [&] {
-    shares.run(omp_get_thread_num(), [&](int64_t p) { f(p * grain, std::min(n, (p + 1) * grain)); });
-  });
-}
-
 // ---------------------------------------------------------------------------------------
 // Weight access by dtype: a vector of L weights as f32, or one weight.
 template <DType D>
@@ -292,7 +274,7 @@ void gemv(const float* x, int64_t k, const typename Weights<D>::T* w, int64_t n0
         keep[kLineHalves + v] = last < k + a ? 0xFFFF : 0;
       }
       const uint16_t* wl = w - a;  // (the line holding row n0's first weight)
-      parallel_shares(n1 - n0, grain, [&](int64_t i0, int64_t i1) {
+      parallel_shares(n1 - n0, grain, num_threads(), [&](int64_t i0, int64_t i1) {
         const int64_t q = (i1 - i0) / R;
         for (int64_t i = i0; i < i0 + q; ++i)
           gemv_tile_lines<M, R, kPrefetch>(xl, lines, k, wl + (n0 + i) * k, q, keep, y + i, ldy, pf);
@@ -306,7 +288,7 @@ void gemv(const float* x, int64_t k, const typename Weights<D>::T* w, int64_t n0
     deinterleave_pairs(x, M, k, buf);
     xd = buf;
   }
-  parallel_shares(n1 - n0, grain, [&](int64_t i0, int64_t i1) {
+  parallel_shares(n1 - n0, grain, num_threads(), [&](int64_t i0, int64_t i1) {
     const int64_t q = (i1 - i0) / R;  // rows per stream
     for (int64_t i = i0; i < i0 + q; ++i) gemv_tile<D, M, R, kPrefetch>(x, xd, k, w + (n0 + i) * k, q, y + i, ldy, pf);
     for (int64_t i = i0 + R * q; i < i1; ++i)

@@ -932,7 +932,7 @@ int64_t piece_grain(int64_t panels, int64_t m, int threads) {
   return (grain + multiple - 1) / multiple * multiple;
 }
 
-// Threads split the panels (in pieces handed out dynamically); inside a piece every panel
+// Threads split the panels (prefill: pieces handed out dynamically; decode: shares); inside a piece every panel
 // (or pair, w8a8) is swept by all tokens in tiles of kTileTokens while it sits in L1/L2.
 void qmatmul_packed(const float* x, int64_t m, const QuantMatRef& w, float* y) {
   const PackedQuantMat& pk = *w.packed;
@@ -947,7 +947,7 @@ void qmatmul_packed(const float* x, int64_t m, const QuantMatRef& w, float* y) {
   const int32_t* corr = s.corr.data();
   const int64_t grain = piece_grain(panels, m, num_threads());
   auto rows_in = [&](int64_t p) { return static_cast<int>(std::min<int64_t>(kPanelRows, n - p * kPanelRows)); };
-  parallel_chunks(panels, grain, [&](int64_t p0, int64_t p1) {
+  const auto piece = [&](int64_t p0, int64_t p1) {
     switch (w.scheme) {
       case QuantScheme::kW4A8:
         if (m > 1) {
@@ -1018,7 +1018,14 @@ void qmatmul_packed(const float* x, int64_t m, const QuantMatRef& w, float* y) {
         }
         break;
     }
-  });
+  };
+  // A decode step: each thread's share front to back, a lagging thread's last pieces taken
+  // by the others (parallel_shares; W4A8 TinyLlama-shaped, two threads, end to end,
+  // alternating: 63.2-64.6 tokens/s against 54.9-62.8 with pieces handed out one by one).
+  if (m == 1)
+    parallel_shares(panels, grain, num_threads(), piece);
+  else
+    parallel_chunks(panels, grain, piece);
 }
 
 // One token against several matrices that share it (q/k/v, gate/up): the activations are
@@ -1035,7 +1042,7 @@ void qgemv_packed_multi(const float* x, const QuantMatRef* const* ws, float* con
   // Pieces in whole decode groups of every matrix: a piece may span matrices, each part runs
   // as its own range.
   const int64_t grain = piece_grain(total, 1, num_threads());
-  parallel_chunks(total, grain, [&](int64_t p0, int64_t p1) {
+  parallel_shares(total, grain, num_threads(), [&](int64_t p0, int64_t p1) {
     for (int i = 0; i < count; ++i) {
       const int64_t a = std::max(p0, first[i]), b = std::min(p1, first[i + 1]);
       if (a >= b) continue;
