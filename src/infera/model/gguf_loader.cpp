@@ -475,16 +475,53 @@ bool gguf_layout_has(const std::string& name) {
          name.ends_with(".linear_attn.in_proj_qkv.weight") || name.ends_with(".linear_attn.in_proj_z.weight");
 }
 
+// attn_k_b's sibling `name` (attn_v_b, attn_kv_b) in the same block.
+std::string kv_b_sibling(const std::string& k_b, const char* name) {
+  const size_t at = k_b.rfind("attn_k_b");
+  return at == std::string::npos ? std::string() : std::string(k_b).replace(at, 8, name);
+}
+
+// Every tensor of the file must be one the model reads, as llama.cpp's loader requires: one
+// left over means the metadata describes another network than the tensors hold (a
+// block_count or nextn_predict_layers that disagrees with them), which would run, wrongly.
+// Checked from the names alone, before any tensor is read or converted (a large file
+// --no-mmap would otherwise be read whole first).
+void check_no_leftovers(const std::string& path, const ModelConfig& cfg, const GgufFiles& f) {
+  std::set<std::string> used = {"rope_freqs.weight"};  // (rope_freqs: read by config_from)
+  for (const TensorSpec& spec : tensor_table(cfg, gguf_layout_has)) {
+    used.insert(spec.gguf);
+    if (spec.gguf_form == GgufForm::kKvBSplit) {
+      used.insert(kv_b_sibling(spec.gguf, "attn_v_b"));
+      // Some converters (ik_llama.cpp's) keep the unsplit attn_kv_b beside attn_k_b /
+      // attn_v_b: the same weights again, left unread rather than refused.
+      used.insert(kv_b_sibling(spec.gguf, "attn_kv_b"));
+    }
+  }
+  std::vector<std::string> unused;
+  for (const auto& [name, t] : f.tensors()) {
+    if (!used.contains(name)) unused.push_back(name);
+  }
+  if (!unused.empty()) {
+    fail(
+        "{}: {} GGUF tensor{} not part of the {} model the metadata describes ({} layers{}), e.g. '{}': the "
+        "metadata and the tensors disagree",
+        path, unused.size(), unused.size() == 1 ? " is" : "s are", arch_info(cfg.arch).display_name, cfg.num_layers,
+        cfg.num_mtp_layers() > 0 ? fmt::format(" + {} MTP", cfg.num_mtp_layers()) : "", unused.front());
+  }
+}
+
 // Binds (or, with `summary`, only checks) every tensor of the table.
 WeightStore bind_gguf(const std::string& path, const ModelConfig& cfg, bool load_into_memory,
                       GgufWeightsSummary* summary, LoadProgress* progress = nullptr) {
+  // (read into memory: the names are checked on the mapped files first, before the reading)
+  if (load_into_memory) check_no_leftovers(path, cfg, GgufFiles(path, false));
   auto owner = std::make_shared<GgufOwner>();
   owner->files = std::make_unique<GgufFiles>(path, load_into_memory, progress);
   const GgufFiles& f = *owner->files;
+  if (!load_into_memory) check_no_leftovers(path, cfg, f);
   // "converting": the bound tensors' bytes (a little less than the files').
   if (progress) progress->begin("converting", static_cast<int64_t>(f.bytes()));
   std::set<std::string> counted;  // GGUF tensors summarised
-  std::set<std::string> used = {"rope_freqs.weight"};  // GGUF tensors read (rope_freqs: by config_from)
   const bool unpermute_qk = arch_info(cfg.arch).traits.gguf_permuted_qk;
   std::map<std::string, size_t> converted;  // ggml type -> bytes dequantized to f32
   std::vector<TensorInfo> out;
@@ -503,16 +540,10 @@ WeightStore bind_gguf(const std::string& path, const ModelConfig& cfg, bool load
     const int64_t e = spec.role == WeightRole::kExpert && spec.shape.size() == 2 ? expert_index(spec.name) : -1;
     const gguf::Tensor* v_b = nullptr;  // kKvBSplit: the V half
     if (form == GgufForm::kKvBSplit) {
-      const size_t at = spec.gguf.rfind("attn_k_b");
-      if (at == std::string::npos) fail("{}: '{}' is not an attn_k_b tensor", path, spec.gguf);
-      const auto sibling = [&](const char* name) { return std::string(spec.gguf).replace(at, 8, name); };
-      const std::string v_name = sibling("attn_v_b");
+      const std::string v_name = kv_b_sibling(spec.gguf, "attn_v_b");
+      if (v_name.empty()) fail("{}: '{}' is not an attn_k_b tensor", path, spec.gguf);
       v_b = f.tensor(v_name);
       if (!v_b) fail("{}: GGUF tensor '{}' is missing (the V half of Infera's '{}')", path, v_name, spec.name);
-      used.insert(v_name);
-      // Some converters (ik_llama.cpp's) keep the unsplit attn_kv_b beside attn_k_b / attn_v_b:
-      // the same weights again, left unread rather than refused.
-      used.insert(sibling("attn_kv_b"));
       require_ne(path, *t, {cfg.qk_nope_head_dim, cfg.kv_lora_rank, cfg.num_heads});
       require_ne(path, *v_b, {cfg.kv_lora_rank, cfg.v_head_dim, cfg.num_heads});
       require_computable(path, *v_b);
@@ -528,7 +559,6 @@ WeightStore bind_gguf(const std::string& path, const ModelConfig& cfg, bool load
       require_ne(path, *t, want);
     }
     require_computable(path, *t);
-    used.insert(t->name);
     const uint32_t type = static_cast<uint32_t>(t->type);
     const int64_t row_bytes = form == GgufForm::kKvBSplit ? 0 : row_bytes_of(*t, cols);
     const uint8_t* src = t->data + (e >= 0 ? e * rows * row_bytes : 0);
@@ -629,20 +659,6 @@ WeightStore bind_gguf(const std::string& path, const ModelConfig& cfg, bool load
     if (progress) progress->advance(rows * row_bytes);
   }
   if (progress) progress->end();
-  // Every tensor of the file must be one the model reads, as llama.cpp's loader requires: one
-  // left over means the metadata describes another network than the tensors hold (a
-  // block_count or nextn_predict_layers that disagrees with them), which would run, wrongly.
-  std::vector<std::string> unused;
-  for (const auto& [name, t] : f.tensors()) {
-    if (!used.contains(name)) unused.push_back(name);
-  }
-  if (!unused.empty()) {
-    fail(
-        "{}: {} GGUF tensor{} not part of the {} model the metadata describes ({} layers{}), e.g. '{}': the "
-        "metadata and the tensors disagree",
-        path, unused.size(), unused.size() == 1 ? " is" : "s are", arch_info(cfg.arch).display_name, cfg.num_layers,
-        cfg.num_mtp_layers() > 0 ? fmt::format(" + {} MTP", cfg.num_mtp_layers()) : "", unused.front());
-  }
   for (const auto& [type, bytes] : converted) {
     LOG_INFO("{}: {} tensors dequantized to f32 at load ({:.1f} MiB)", path, type, bytes / 1048576.0);
   }

@@ -18,6 +18,7 @@
 
 #include "../test_support.h"
 #include "infera/base/cpu.h"
+#include "infera/base/load_progress.h"
 #include "infera/io/gguf.h"
 #include "infera/kernels/ggml_quants.h"
 #include "infera/kernels/kernels.h"
@@ -355,6 +356,18 @@ TEST(GgufMetadata, CountsThatDisagreeWithTheTensorsAreErrors) {
       << e;
   // (`infera check` reports it too: the same binding, without the data.)
   const std::string no_nextn = (kScratch / (fs::path(ds).stem().string() + "-no-nextn.gguf")).string();
+  // Found from the names, before a byte is read into memory or converted.
+  for (const bool into_memory : {false, true}) {
+    std::vector<std::string> steps;
+    LoadProgress progress([&](const LoadProgress::Snapshot& s) {
+      if (s.done > 0) steps.push_back(s.step);
+    });
+    e = test::error_of([&] { open_gguf_weights(no_nextn, load_model_config(no_nextn), into_memory, &progress); });
+    EXPECT_NE(e.find("metadata and the tensors disagree"), std::string::npos) << e;
+    EXPECT_TRUE(steps.empty()) << (into_memory ? "read into memory: " : "mapped: ") << steps.size()
+                               << " progress updates with work done before the error, the first in step '"
+                               << steps.front() << "'";
+  }
   e = test::error_of([&] { inspect_gguf_weights(no_nextn, load_model_config(no_nextn)); });
   EXPECT_NE(e.find("metadata and the tensors disagree"), std::string::npos) << e;
 
