@@ -115,40 +115,43 @@ TEST_P(KernelsTest, MatmulMatchesReferenceOnOddShapes) {
   }
 }
 
-// bf16 decode of rows that do not start on a 64-byte line (a safetensors tensor sits at any
-// even offset): read as whole lines from the line holding each row's first weight, the
-// weights before and after the row masked. The memory around the matrix holds NaN and Inf
-// patterns, which a missed mask would carry into y; rows k long with k a multiple of 32
+// bf16 and f16 decode of rows that do not start on a 64-byte line (a safetensors tensor sits
+// at any even offset): read as whole lines from the line holding each row's first weight,
+// the weights before and after the row masked. The memory around the matrix holds NaN and
+// Inf patterns, which a missed mask would carry into y; rows k long with k a multiple of 32
 // (the line path) and not (the plain one), one and two threads, n past a tile of 4 rows.
-TEST_P(KernelsTest, Bf16DecodeOfRowsOffALine) {
+TEST_P(KernelsTest, HalfDecodeOfRowsOffALine) {
   const Isa isa = GetParam();
   struct Shape {
     int64_t m, n, k;
   };
   const Shape shapes[] = {{1, 1, 32}, {1, 5, 64}, {2, 9, 96}, {1, 13, 2048}, {4, 6, 160}, {1, 7, 40}, {3, 3, 70}};
   uint32_t seed = 300;
-  for (const auto& s : shapes)
-    for (const int64_t off : {0, 1, 8, 16, 31})
-      for (const int threads : {1, 2}) {
-        const TestWeights w(DType::kBF16, s.n, s.k, seed++);
-        std::vector<uint16_t> buf(static_cast<size_t>(s.n * s.k + 128));
-        for (size_t i = 0; i < buf.size(); ++i) buf[i] = i % 2 == 0 ? 0x7fc0 : 0xff80;  // NaN, -Inf
-        size_t base = 0;
-        while (reinterpret_cast<uintptr_t>(buf.data() + base) % 64 != 0) ++base;
-        uint16_t* at = buf.data() + base + 32 + off;  // a line of garbage before the matrix at least
-        std::copy(w.half.begin(), w.half.end(), at);
-        const MatRef ref{at, DType::kBF16, s.n, s.k};
-        const auto x = random_floats(s.m * s.k, seed++);
-        std::vector<float> y(s.m * s.n, NAN);
-        set_num_threads(threads);
-        matmul(isa, x.data(), s.m, ref, y.data());
-        set_num_threads(0);
-        const std::string what = std::string(isa_name(isa)) + " m=" + std::to_string(s.m) +
-                                 " n=" + std::to_string(s.n) + " k=" + std::to_string(s.k) + " " +
-                                 std::to_string(2 * off) + " bytes off a line, " + std::to_string(threads) +
-                                 " thread(s)";
-        expect_matmul_close(isa, x, s.m, ref, y.data(), s.n, 0, s.n, what);
-      }
+  for (const DType dtype : {DType::kBF16, DType::kF16})
+    for (const auto& s : shapes)
+      for (const int64_t off : {0, 1, 8, 16, 31})
+        for (const int threads : {1, 2}) {
+          const TestWeights w(dtype, s.n, s.k, seed++);
+          std::vector<uint16_t> buf(static_cast<size_t>(s.n * s.k + 128));
+          const uint16_t nan = dtype == DType::kBF16 ? 0x7fc0 : 0x7e00,
+                         minus_inf = dtype == DType::kBF16 ? 0xff80 : 0xfc00;
+          for (size_t i = 0; i < buf.size(); ++i) buf[i] = i % 2 == 0 ? nan : minus_inf;
+          size_t base = 0;
+          while (reinterpret_cast<uintptr_t>(buf.data() + base) % 64 != 0) ++base;
+          uint16_t* at = buf.data() + base + 32 + off;  // a line of garbage before the matrix at least
+          std::copy(w.half.begin(), w.half.end(), at);
+          const MatRef ref{at, dtype, s.n, s.k};
+          const auto x = random_floats(s.m * s.k, seed++);
+          std::vector<float> y(s.m * s.n, NAN);
+          set_num_threads(threads);
+          matmul(isa, x.data(), s.m, ref, y.data());
+          set_num_threads(0);
+          const std::string what = std::string(isa_name(isa)) + " " + std::string(dtype_name(dtype)) +
+                                   " m=" + std::to_string(s.m) + " n=" + std::to_string(s.n) +
+                                   " k=" + std::to_string(s.k) + " " + std::to_string(2 * off) + " bytes off a line, " +
+                                   std::to_string(threads) + " thread(s)";
+          expect_matmul_close(isa, x, s.m, ref, y.data(), s.n, 0, s.n, what);
+        }
 }
 
 // ---------------------------------------------------------------------------------------

@@ -49,6 +49,10 @@ struct Simd {
   static V load_f16(const uint16_t* p) {
     return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
   }
+  static V load_f16_kept(const uint16_t* p, const uint16_t* keep) {
+    return _mm512_cvtph_ps(_mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)),
+                                            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(keep))));
+  }
   // 2 x kLanes bf16 as f32: the even-indexed ones and the odd-indexed ones (a shift and a
   // mask of one load: no widening shuffle).
   static void load_bf16_pairs(const uint16_t* p, V& even, V& odd) {
@@ -153,6 +157,10 @@ struct Simd {
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
   }
   static V load_f16(const uint16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+  static V load_f16_kept(const uint16_t* p, const uint16_t* keep) {
+    return _mm256_cvtph_ps(_mm_and_si128(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)),
+                                         _mm_loadu_si128(reinterpret_cast<const __m128i*>(keep))));
+  }
   static void load_bf16_pairs(const uint16_t* p, V& even, V& odd) {
     const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
     even = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
@@ -250,6 +258,9 @@ struct Simd {
   static void store(float* p, V v) { *p = v; }
   static V load_bf16(const uint16_t* p) { return bf16_to_f32(*p); }
   static V load_f16(const uint16_t* p) { return f16_to_f32(*p); }
+  static V load_f16_kept(const uint16_t* p, const uint16_t* keep) {
+    return f16_to_f32(static_cast<uint16_t>(*p & *keep));
+  }
   static void load_bf16_pairs(const uint16_t* p, V& even, V& odd) {
     even = bf16_to_f32(p[0]);
     odd = bf16_to_f32(p[1]);
