@@ -318,9 +318,7 @@ MatRef row_slice(const MatRef& w, int64_t n0, int64_t n1) {
   MatRef s{base + n0 * row_bytes(w), w.dtype, n1 - n0, w.cols, w.ggml_type};
   if (w.panels && n0 % ggml::kPanelRows == 0 && n1 > n0) {  // (a view into the same copy)
     const ggml::PanelRef from = w.panel_ref().from(n0 / ggml::kPanelRows, ggml::panel_bytes(w.ggml_type, w.cols));
-    s.panels = std::shared_ptr<const uint8_t>(w.panels, from.base);
-    s.panel_lane = from.lane;
-    s.panel_phase = from.phase;
+    s.set_panels({std::shared_ptr<const uint8_t>(w.panels, from.base), from});
   }
   return s;
 }

@@ -284,6 +284,15 @@ void gemv(const float* x, int64_t k, const typename Weights<D>::T* w, int64_t n0
   // whole range as one piece.
   const int64_t row_bytes = k * static_cast<int64_t>(sizeof(typename Weights<D>::T));
   const int64_t grain = std::max<int64_t>(R, (int64_t{256} << 10) / row_bytes);
+  // A thread's piece of rows [i0, i1) as R streams of q rows (tile.template operator()<R>(i,
+  // q): rows i, i + q, ...), the rows left over one at a time (<1>(i, 0)).
+  const auto pieces = [&](const auto& tile) {
+    parallel_shares(n1 - n0, grain, num_threads(), [&](int64_t i0, int64_t i1) {
+      const int64_t q = (i1 - i0) / R;  // rows per stream
+      for (int64_t i = i0; i < i0 + q; ++i) tile.template operator()<R>(i, q);
+      for (int64_t i = i0 + R * q; i < i1; ++i) tile.template operator()<1>(i, 0);
+    });
+  };
   const float* xd = nullptr;
   if constexpr (kPairs<D> || (D == DType::kF16 && L > 1)) {
     const auto addr = reinterpret_cast<uintptr_t>(w + n0 * k);
@@ -299,12 +308,8 @@ void gemv(const float* x, int64_t k, const typename Weights<D>::T* w, int64_t n0
         keep[kLineHalves + v] = last < k + a ? 0xFFFF : 0;
       }
       const uint16_t* wl = w - a;  // (the line holding row n0's first weight)
-      parallel_shares(n1 - n0, grain, num_threads(), [&](int64_t i0, int64_t i1) {
-        const int64_t q = (i1 - i0) / R;
-        for (int64_t i = i0; i < i0 + q; ++i)
-          gemv_tile_lines<D, M, R, kPrefetch>(xl, lines, k, wl + (n0 + i) * k, q, keep, y + i, ldy, pf);
-        for (int64_t i = i0 + R * q; i < i1; ++i)
-          gemv_tile_lines<D, M, 1, kPrefetch>(xl, lines, k, wl + (n0 + i) * k, 0, keep, y + i, ldy, pf);
+      pieces([&]<int kR>(int64_t i, int64_t rs) {
+        gemv_tile_lines<D, M, kR, kPrefetch>(xl, lines, k, wl + (n0 + i) * k, rs, keep, y + i, ldy, pf);
       });
       return;
     }
@@ -315,11 +320,8 @@ void gemv(const float* x, int64_t k, const typename Weights<D>::T* w, int64_t n0
     deinterleave_pairs(x, M, k, buf);
     xd = buf;
   }
-  parallel_shares(n1 - n0, grain, num_threads(), [&](int64_t i0, int64_t i1) {
-    const int64_t q = (i1 - i0) / R;  // rows per stream
-    for (int64_t i = i0; i < i0 + q; ++i) gemv_tile<D, M, R, kPrefetch>(x, xd, k, w + (n0 + i) * k, q, y + i, ldy, pf);
-    for (int64_t i = i0 + R * q; i < i1; ++i)
-      gemv_tile<D, M, 1, kPrefetch>(x, xd, k, w + (n0 + i) * k, 0, y + i, ldy, pf);
+  pieces([&]<int kR>(int64_t i, int64_t rs) {
+    gemv_tile<D, M, kR, kPrefetch>(x, xd, k, w + (n0 + i) * k, rs, y + i, ldy, pf);
   });
 }
 

@@ -932,8 +932,9 @@ int64_t piece_grain(int64_t panels, int64_t m, int threads) {
   return (grain + multiple - 1) / multiple * multiple;
 }
 
-// Threads split the panels (prefill: pieces handed out dynamically; decode: shares); inside a piece every panel
-// (or pair, w8a8) is swept by all tokens in tiles of kTileTokens while it sits in L1/L2.
+// Threads split the panels (prefill: pieces handed out dynamically; decode: shares); inside
+// a piece every panel (or pair, w8a8) is swept by all tokens in tiles of kTileTokens while it
+// sits in L1/L2.
 void qmatmul_packed(const float* x, int64_t m, const QuantMatRef& w, float* y) {
   const PackedQuantMat& pk = *w.packed;
   const int64_t k = w.cols, n = w.rows, groups = w.groups_per_row(), gs = w.group_size;
