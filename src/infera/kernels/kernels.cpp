@@ -222,6 +222,12 @@ void table_matmul_rows(const KernelTable& t, const float* x, int64_t m, const Ma
 
 void ggml_matmul_rows(Isa isa, const float* x, int64_t m, const MatRef& w, int64_t n0, int64_t n1, float* y,
                       int64_t ldy) {
+  if (w.data == nullptr && (isa == Isa::kScalar || !w.panels || n0 % ggml::kPanelRows != 0)) {
+    fail(
+        "matmul: this GGUF matrix is held as panels only (a tensor-parallel slice), which the {} path cannot "
+        "read{}",
+        isa_name(isa), w.panels && isa != Isa::kScalar ? " from a row off a panel boundary" : "");
+  }
   const auto run = [&](int v) {
     ggml::matmul_rows(isa, w.ggml_type, w.data, w.cols, x, m, n0, n1, y, ldy, w.panel_ref(),
                       static_cast<ggml::PanelPrefetch>(v));
@@ -315,7 +321,7 @@ int64_t row_bytes(const MatRef& w) {
 MatRef row_slice(const MatRef& w, int64_t n0, int64_t n1) {
   INFERA_ASSERT(0 <= n0 && n0 <= n1 && n1 <= w.rows);
   const auto* base = static_cast<const char*>(w.data);
-  MatRef s{base + n0 * row_bytes(w), w.dtype, n1 - n0, w.cols, w.ggml_type};
+  MatRef s{base ? base + n0 * row_bytes(w) : nullptr, w.dtype, n1 - n0, w.cols, w.ggml_type};
   if (w.panels && n0 % ggml::kPanelRows == 0 && n1 > n0) {  // (a view into the same copy)
     const ggml::PanelRef from = w.panel_ref().from(n0 / ggml::kPanelRows, ggml::panel_bytes(w.ggml_type, w.cols));
     s.set_panels({std::shared_ptr<const uint8_t>(w.panels, from.base), from});

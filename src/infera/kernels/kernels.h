@@ -30,7 +30,9 @@ struct MatRef {
   uint32_t ggml_type = 0;  // dtype kGgml only
   // dtype kGgml of a type ggml::can_pack_panels() takes: optionally the same rows repacked
   // (ggml::pack_panels) from row 0, which the avx512 and avx2 paths compute from; data stays valid
-  // (it may be dropped from memory and read back from its file).
+  // (it may be dropped from memory and read back from its file), or is null where the rows
+  // exist only as panels (a tensor-parallel rank's column slice: model/tensor_parallel.h), which
+  // the scalar path and row ranges off a panel boundary then refuse.
   std::shared_ptr<const uint8_t> panels = nullptr;
   // Where they lie: ggml::PanelRef's lane stride (0: one run from panels) and phase.
   int64_t panel_lane = 0;

@@ -87,7 +87,7 @@ struct MoeWeights {
   int64_t n_group = 1, topk_group = 1;
   float routed_scaling = 1.0f;
   int64_t n_experts() const { return router.rows; }
-  bool has_expert(int64_t e) const { return gate[e].quantized || gate[e].dense.data != nullptr; }
+  bool has_expert(int64_t e) const { return gate[e].quantized || gate[e].dense.data || gate[e].dense.panels; }
   // Forgets expert e (another rank's). The part of a fused tensor's repacked copy holding it
   // is given back to the system when nothing else holds this expert's views.
   void drop_expert(int64_t e);

@@ -133,7 +133,7 @@ class DeepseekModel final : public Model, public MtpHead {
     const ModelWeights& w = weights_;
     embed_ = w.linear(-1, "token_embd");
     final_norm_ = w.vector(-1, "output_norm");
-    lm_head_ = cfg.tie_word_embeddings ? embed_ : w.linear(-1, "output");
+    lm_head_ = cfg.tie_word_embeddings ? embed_ : shard_.head(w.linear(-1, "output"));
     layers_.resize(cfg.num_layers);
     for (int i = 0; i < cfg.num_layers; ++i) {
       bind_layer(i, layers_[i]);
@@ -214,13 +214,13 @@ class DeepseekModel final : public Model, public MtpHead {
     const parallel::Range q_rows{heads.begin * qk, heads.end * qk};
     const parallel::Range o_cols{heads.begin * c.v_head_dim, heads.end * c.v_head_dim};
     if (c.q_lora_rank > 0) {
-      w.q_a = wt.linear(layer, "attn_q_a");
+      w.q_a = shard_.replicated(wt.linear(layer, "attn_q_a"));
       w.q_a_norm = wt.vector(layer, "attn_q_a_norm");
       w.q_b = shard_.rows(wt.linear(layer, "attn_q_b"), q_rows);
     } else {
       w.q = shard_.rows(wt.linear(layer, "attn_q"), q_rows);
     }
-    w.kv_a = wt.linear(layer, "attn_kv_a_mqa");
+    w.kv_a = shard_.replicated(wt.linear(layer, "attn_kv_a_mqa"));
     w.kv_a_norm = wt.vector(layer, "attn_kv_a_norm");
     {
       // kv_b_proj stays float (the quantizer keeps it so): both forms read this rank's
@@ -231,8 +231,8 @@ class DeepseekModel final : public Model, public MtpHead {
     }
     w.o = shard_.columns(wt.linear(layer, "attn_output"), o_cols);
     if (c.index_n_heads > 0) {
-      w.idx_wq = wt.linear(layer, "indexer_q_b");
-      w.idx_wk = wt.linear(layer, "indexer_k");
+      w.idx_wq = shard_.replicated(wt.linear(layer, "indexer_q_b"));
+      w.idx_wk = shard_.replicated(wt.linear(layer, "indexer_k"));
       w.idx_k_norm = wt.vector(layer, "indexer_k_norm");
       w.idx_k_bias = wt.vector(layer, "indexer_k_norm_bias");
       w.idx_weights = wt.matrix(layer, "indexer_proj");

@@ -75,6 +75,7 @@ std::unique_ptr<Model> load_model(const std::string& dir, const LoadOptions& opt
             : std::string());
   } else {
     source->set_plain_fallback(info.traits.plain_fallback);
+    if (options.parallel.distributed()) source->defer_panels();
     ModelWeights weights(cfg, std::move(source));
     weights.report_progress(options.progress);
     model = info.create(cfg, std::move(weights), options);

@@ -185,10 +185,13 @@ void release_repacked_source(const kernels::QuantMatRef& w, const FileMappings& 
   release_file_pages(w.scales, static_cast<size_t>(sbytes), maps);
 }
 
+bool takes_panels(const kernels::MatRef& m) {
+  return m.dtype == DType::kGgml && kernels::ggml::can_pack_panels(m.ggml_type) && quant_repack_enabled() &&
+         best_isa() != Isa::kScalar && m.rows > 0;
+}
+
 kernels::MatRef with_panels(kernels::MatRef m, const std::shared_ptr<LaneBuffer>& lanes) {
-  if (m.dtype != DType::kGgml || !kernels::ggml::can_pack_panels(m.ggml_type) || !quant_repack_enabled() ||
-      best_isa() == Isa::kScalar || m.rows == 0)
-    return m;
+  if (!takes_panels(m)) return m;
   m.set_panels(kernels::ggml::pack_panels(m.ggml_type, m.data, m.rows, m.cols, lanes));
   release_file_pages(m.data, static_cast<size_t>(m.rows * kernels::row_bytes(m)), FileMappings::current());
   return m;
@@ -242,11 +245,11 @@ std::shared_ptr<LaneBuffer> panel_lanes_for(const WeightStore& store) {
 }
 
 kernels::LinearWeight bind_linear(const WeightStore& store, const std::string& name, int64_t rows, int64_t cols,
-                                  const QuantizationConfig& qc, const std::shared_ptr<LaneBuffer>& lanes) {
+                                  const QuantizationConfig& qc, const std::shared_ptr<LaneBuffer>& lanes, bool panels) {
   const LayerQuant lq = qc.layer(name);
   if (lq.dense) {
     const TensorInfo& t = store.get(name, {rows, cols});
-    return kernels::dense_linear(with_panels(as_matrix(t), lanes), t.name);
+    return kernels::dense_linear(panels ? with_panels(as_matrix(t), lanes) : as_matrix(t), t.name);
   }
   const QuantTensors qt = find_quant_tensors(store, name, lq, cols);
   const TensorInfo* qw = qt.qweight;
@@ -273,7 +276,8 @@ kernels::LinearWeight bind_linear(const WeightStore& store, const std::string& n
 
 std::vector<kernels::LinearWeight> bind_experts(const WeightStore& store, const std::string& name, int64_t E,
                                                 int64_t rows, int64_t cols, const QuantizationConfig& qc, bool fused,
-                                                const FileMappings& maps, const std::shared_ptr<LaneBuffer>& lanes) {
+                                                const FileMappings& maps, const std::shared_ptr<LaneBuffer>& lanes,
+                                                bool panels) {
   INFERA_ASSERT(fused || E == 1);
   std::vector<kernels::LinearWeight> out(static_cast<size_t>(E));
   auto shape = [&](int64_t c) { return fused ? std::vector<int64_t>{E, rows, c} : std::vector<int64_t>{rows, c}; };
@@ -292,7 +296,8 @@ std::vector<kernels::LinearWeight> bind_experts(const WeightStore& store, const 
       fail("{}: tensor '{}' has dtype {}; expert weights must be f32, bf16 or f16", t.file, t.name,
            dtype_name(t.dtype));
     }
-    const kernels::MatRef all = with_panels({t.data, t.dtype, E * rows, cols, t.ggml_type}, lanes);  // GGUF types too
+    const kernels::MatRef stored{t.data, t.dtype, E * rows, cols, t.ggml_type};
+    const kernels::MatRef all = panels ? with_panels(stored, lanes) : stored;  // GGUF types too
     for (int64_t e = 0; e < E; ++e)
       out[e] = kernels::dense_linear(kernels::row_slice(all, e * rows, (e + 1) * rows), t.name);
     return out;

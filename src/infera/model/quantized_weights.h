@@ -106,6 +106,8 @@ void release_repacked_source(const kernels::QuantMatRef& w, const FileMappings& 
 // file mappings is taken only when a copy is made. With `lanes` (a model's LaneBuffer, while it
 // has room) the panels are laid over its four lanes (kernels::ggml::PanelRef).
 kernels::MatRef with_panels(kernels::MatRef m, const std::shared_ptr<LaneBuffer>& lanes = nullptr);
+// Whether with_panels gives m panels (a GGUF matrix of a panel type, repacking on, a SIMD path).
+bool takes_panels(const kernels::MatRef& m);
 // The LaneBuffer for the GGUF matrices of `store` that get panels (with_panels), reserving
 // room for all of them; null when there are none, lanes are off, or the address space cannot
 // be reserved (each matrix's panels in one run then).
@@ -127,8 +129,11 @@ QuantTensors find_quant_tensors(const WeightStore& store, const std::string& nam
 // The linear layer `name` [rows, cols] as the config says it is stored; throws
 // infera::Error naming the tensor and the directory when a tensor is missing, has the
 // wrong dtype or shape. A repacked layer's mapped pages are released (release_repacked_source).
+// panels false: a GGUF matrix is bound as stored, its panels left to whoever slices it (a
+// tensor-parallel rank packs only its part: TensorShard).
 kernels::LinearWeight bind_linear(const WeightStore& store, const std::string& name, int64_t rows, int64_t cols,
-                                  const QuantizationConfig& qc, const std::shared_ptr<LaneBuffer>& lanes = nullptr);
+                                  const QuantizationConfig& qc, const std::shared_ptr<LaneBuffer>& lanes = nullptr,
+                                  bool panels = true);
 
 // Expert matrices [rows, cols] of tensor `name`, float or quantized as qc says: a fused
 // [E, rows, cols] tensor when `fused` (quantized: <name>.qweight [E, rows, cols or cols / 2],
@@ -138,10 +143,11 @@ kernels::LinearWeight bind_linear(const WeightStore& store, const std::string& n
 // quantized independently) and each expert is a quant_row_slice of it, sharing the panels
 // (rows is a multiple of 16 in every published config; otherwise experts after the first
 // fall back to the on-disk layout, still correct). `maps`: one snapshot for a layer's experts.
+// panels: as bind_linear's.
 std::vector<kernels::LinearWeight> bind_experts(const WeightStore& store, const std::string& name, int64_t E,
                                                 int64_t rows, int64_t cols, const QuantizationConfig& qc, bool fused,
                                                 const FileMappings& maps,
-                                                const std::shared_ptr<LaneBuffer>& lanes = nullptr);
+                                                const std::shared_ptr<LaneBuffer>& lanes = nullptr, bool panels = true);
 
 // Row `row` of an embedding table (dense or quantized) as f32 [cols].
 void linear_row(const kernels::LinearWeight& table, int64_t row, float* out);

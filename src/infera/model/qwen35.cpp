@@ -73,7 +73,7 @@ class Qwen35Model final : public Model, public MtpHead {
     // table are dequantized on lookup). The table and the source settle both.
     embed_ = w.linear(-1, "token_embd");
     final_norm_ = w.vector(-1, "output_norm");
-    lm_head_ = cfg.tie_word_embeddings ? embed_ : w.linear(-1, "output");
+    lm_head_ = cfg.tie_word_embeddings ? embed_ : shard_.head(w.linear(-1, "output"));
     dims_ = gdn_dims(cfg);
     layers_.resize(cfg.num_layers);
     for (int i = 0; i < cfg.num_layers; ++i) {

@@ -7,10 +7,14 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "infera/base/error.h"
+#include "infera/io/gguf.h"
+#include "infera/kernels/ggml_quants.h"
 #include "infera/model/quantized_weights.h"
 #include "infera/model/tensor_dump.h"
 
@@ -72,6 +76,7 @@ TensorShard::TensorShard(const parallel::ParallelPlan& plan, const ModelConfig& 
   ffn = parallel::split_range(cfg.intermediate_size, tp_, tp_ > 1 ? r : 0);
   vocab = parallel::split_range(cfg.vocab_size, tp_, tp_ > 1 ? r : 0);
   vocab_size_ = cfg.vocab_size;
+  num_experts_ = cfg.num_experts;
   if (cfg.linear_num_key_heads > 0) {
     gdn_key_heads = parallel::split_range(cfg.linear_num_key_heads, tp_, tp_ > 1 ? r : 0);
     const int64_t per_key = cfg.linear_num_value_heads / cfg.linear_num_key_heads;
@@ -115,24 +120,55 @@ uint8_t* TensorShard::allocate(int64_t bytes) {
   return p;
 }
 
+kernels::MatRef TensorShard::gathered(kernels::MatRef shape, const std::function<void(uint8_t*)>& gather) {
+  const int64_t bytes = shape.rows * kernels::row_bytes(shape);
+  if (!takes_panels(shape)) {
+    uint8_t* dst = allocate(bytes);
+    gather(dst);
+    shape.data = dst;
+    return shape;
+  }
+  // A GGUF matrix of a panel type: packed from a scratch copy, then held as panels only.
+  std::vector<uint8_t> scratch(static_cast<size_t>(bytes));
+  gather(scratch.data());
+  shape.data = scratch.data();
+  kernels::MatRef m = with_panels(shape);
+  m.data = nullptr;
+  return m;
+}
+
+kernels::MatRef TensorShard::packed(const kernels::MatRef& w) const {
+  return distributed() && !w.panels && takes_panels(w) ? with_panels(w) : w;
+}
+
+kernels::LinearWeight TensorShard::replicated(const kernels::LinearWeight& w) const {
+  return w.quantized ? w : kernels::dense_linear(packed(w.dense), w.name);
+}
+
 kernels::MatRef TensorShard::rows(const kernels::MatRef& w, Range r, bool own) {
   const bool whole = r.begin == 0 && r.end == w.rows;
-  if (whole && !own) return w;
+  if (whole && !own) return packed(w);
   const kernels::MatRef view = whole ? w : kernels::row_slice(w, r.begin, r.end);
   // One process: a view. A group over mapped files: a copy, because the kernel maps
   // page-cache folios whole, so a view would keep neighbouring ranks' rows resident too.
-  if (!distributed() || !weights_mapped_) return view;
-  if (w.dtype == DType::kGgml) fail("tensor parallelism over GGUF block-format weights is not supported yet");
-  const int64_t bytes = view.rows * view.cols * static_cast<int64_t>(dtype_size(w.dtype));
+  if (!distributed() || !weights_mapped_) return packed(view);
+  const int64_t bytes = view.rows * kernels::row_bytes(w);
+  if (takes_panels(view)) {
+    // A GGUF matrix computes from its panels: they are this rank's copy, and the rows stay a
+    // view of the file (read back from it only by the scalar path), their pages dropped.
+    const kernels::MatRef out = with_panels(view);
+    release_mapped_pages(w.data, w.rows * kernels::row_bytes(w));
+    return out;
+  }
   uint8_t* dst = allocate(bytes);
   std::memcpy(dst, view.data, static_cast<size_t>(bytes));
-  release_mapped_pages(w.data, w.rows * w.cols * static_cast<int64_t>(dtype_size(w.dtype)));
-  return kernels::MatRef{dst, w.dtype, view.rows, view.cols};
+  release_mapped_pages(w.data, w.rows * kernels::row_bytes(w));
+  return kernels::MatRef{dst, w.dtype, view.rows, view.cols, w.ggml_type};
 }
 
 kernels::LinearWeight TensorShard::rows(const kernels::LinearWeight& w, Range r) {
-  if (r.begin == 0 && r.end == w.rows()) return w;
   if (!w.quantized) return kernels::dense_linear(rows(w.dense, r), w.name);
+  if (r.begin == 0 && r.end == w.rows()) return w;
   // Quantized: rows of qweight and of the scales are contiguous in the stored layout (the
   // fields every path keeps valid); a repacked copy is rebuilt from the slice.
   const kernels::QuantMatRef& q = w.quant;
@@ -157,24 +193,39 @@ kernels::LinearWeight TensorShard::rows(const kernels::LinearWeight& w, Range r)
   return out;
 }
 
-kernels::MatRef TensorShard::columns(const kernels::MatRef& w, Range c) {
-  if (c.begin == 0 && c.end == w.cols) return w;
+kernels::MatRef TensorShard::columns(const kernels::MatRef& w, Range c, std::string_view name) {
+  if (c.begin == 0 && c.end == w.cols) return packed(w);
   INFERA_ASSERT(0 <= c.begin && c.begin <= c.end && c.end <= w.cols);
-  if (w.dtype == DType::kGgml) fail("tensor parallelism over GGUF block-format weights is not supported yet");
-  const int64_t esize = static_cast<int64_t>(dtype_size(w.dtype));
-  const int64_t row_bytes = c.size() * esize;
-  uint8_t* dst = allocate(w.rows * row_bytes);
-  const auto* src = static_cast<const uint8_t*>(w.data);
-  for (int64_t i = 0; i < w.rows; ++i) {
-    std::memcpy(dst + i * row_bytes, src + (i * w.cols + c.begin) * esize, static_cast<size_t>(row_bytes));
+  if (w.dtype == DType::kGgml) {
+    // GGUF blocks run along the input columns: a rank takes whole blocks of every row.
+    const int64_t block = kernels::ggml::block_size(w.ggml_type);
+    if (c.begin % block != 0 || c.end % block != 0) {
+      fail(
+          "{}: tensor parallelism splits its {} input columns at [{}, {}), inside the {}-column blocks of its GGUF "
+          "type {}; pick a --tp that gives each rank whole blocks{}",
+          name.empty() ? std::string_view("a GGUF matrix") : name, w.cols, c.begin, c.end, block,
+          gguf::ggml_type_traits(static_cast<gguf::GgmlType>(w.ggml_type)).name,
+          num_experts_ > 0 ? " (or split the experts with --ep)" : "");
+    }
   }
-  release_mapped_pages(w.data, w.rows * w.cols * esize);
-  return kernels::MatRef{dst, w.dtype, w.rows, c.size()};
+  const int64_t src_row = kernels::row_bytes(w);
+  const kernels::MatRef shape{nullptr, w.dtype, w.rows, c.size(), w.ggml_type};
+  const int64_t row = kernels::row_bytes(shape);
+  const int64_t offset = w.dtype == DType::kGgml ? kernels::ggml::row_bytes(w.ggml_type, c.begin)
+                                                 : c.begin * static_cast<int64_t>(dtype_size(w.dtype));
+  const auto gather = [&](uint8_t* dst) {
+    const auto* src = static_cast<const uint8_t*>(w.data);
+    for (int64_t i = 0; i < w.rows; ++i)
+      std::memcpy(dst + i * row, src + i * src_row + offset, static_cast<size_t>(row));
+  };
+  const kernels::MatRef out = gathered(shape, gather);
+  release_mapped_pages(w.data, w.rows * src_row);
+  return out;
 }
 
 kernels::LinearWeight TensorShard::columns(const kernels::LinearWeight& w, Range c) {
+  if (!w.quantized) return kernels::dense_linear(columns(w.dense, c, w.name), w.name);
   if (c.begin == 0 && c.end == w.cols()) return w;
-  if (!w.quantized) return kernels::dense_linear(columns(w.dense, c), w.name);
   refuse_extras(w, "column");
   // Quantized, row-parallel: W8A8 has one scale per row, which stays exact for any column
   // slice (the slice is one group of its own width). int4 groups run along k, so a rank's
@@ -221,18 +272,19 @@ kernels::MatRef TensorShard::rows(const kernels::MatRef& w, const std::vector<Ra
     next = r.end;
     total += r.size();
   }
-  if (in_order && next == w.rows) return w;
-  if (w.dtype == DType::kGgml) fail("tensor parallelism over GGUF block-format weights is not supported yet");
-  const int64_t row_bytes = w.cols * static_cast<int64_t>(dtype_size(w.dtype));
-  uint8_t* dst = allocate(total * row_bytes);
-  int64_t at = 0;
-  for (const Range& r : ranges) {
-    std::memcpy(dst + at * row_bytes, static_cast<const uint8_t*>(w.data) + r.begin * row_bytes,
-                static_cast<size_t>(r.size() * row_bytes));
-    at += r.size();
-  }
+  if (in_order && next == w.rows) return packed(w);
+  const int64_t row_bytes = kernels::row_bytes(w);
+  const auto gather = [&](uint8_t* dst) {
+    int64_t at = 0;
+    for (const Range& r : ranges) {
+      std::memcpy(dst + at * row_bytes, static_cast<const uint8_t*>(w.data) + r.begin * row_bytes,
+                  static_cast<size_t>(r.size() * row_bytes));
+      at += r.size();
+    }
+  };
+  const kernels::MatRef out = gathered({nullptr, w.dtype, total, w.cols, w.ggml_type}, gather);
   release_mapped_pages(w.data, w.rows * row_bytes);
-  return kernels::MatRef{dst, w.dtype, total, w.cols};
+  return out;
 }
 
 kernels::LinearWeight TensorShard::rows(const kernels::LinearWeight& w, const std::vector<Range>& ranges) {
@@ -290,15 +342,18 @@ void TensorShard::shard_moe(MoeWeights& w) {
     kernels::MatRef &gate = w.gate[e].dense, &up = w.up[e].dense, &down = w.down[e].dense;
     gate = rows(gate, expert_ffn, expert_parallel());
     up = rows(up, expert_ffn, expert_parallel());
-    down = expert_parallel() ? rows(down, {0, down.rows}, /*own=*/true) : columns(down, expert_ffn);
+    down = expert_parallel() ? rows(down, {0, down.rows}, /*own=*/true) : columns(down, expert_ffn, w.down[e].name);
   }
+  if (w.shared.empty()) return;
   // All-to-all dispatch: each rank runs the shared expert whole, for its own tokens.
-  if (!w.shared.empty() && !plan_.ep_all_to_all) {
-    const Range cols = parallel::split_range(w.shared.inter(), plan_.world(), rank());
-    w.shared.gate = rows(w.shared.gate, cols);
-    w.shared.up = rows(w.shared.up, cols);
-    w.shared.down = columns(w.shared.down, cols);
+  if (plan_.ep_all_to_all) {
+    for (kernels::LinearWeight* m : {&w.shared.gate, &w.shared.up, &w.shared.down}) *m = replicated(*m);
+    return;
   }
+  const Range cols = parallel::split_range(w.shared.inter(), plan_.world(), rank());
+  w.shared.gate = rows(w.shared.gate, cols);
+  w.shared.up = rows(w.shared.up, cols);
+  w.shared.down = columns(w.shared.down, cols);
 }
 
 GdnDims TensorShard::gdn_dims(const GdnDims& whole) const {
@@ -375,6 +430,11 @@ void TensorShard::logits(const float* rows, int64_t R, const kernels::LinearWeig
   logits(rows, R, head.dense, out);
 }
 
+kernels::LinearWeight TensorShard::head(const kernels::LinearWeight& w) {
+  if (!tensor_parallel() || w.quantized || w.dense.dtype != DType::kGgml) return replicated(w);
+  return rows(w, vocab);
+}
+
 void TensorShard::logits(const float* rows, int64_t R, const kernels::MatRef& head, float* out) {
   if (!tensor_parallel()) {
     kernels::matmul(rows, R, head, out);
@@ -384,7 +444,10 @@ void TensorShard::logits(const float* rows, int64_t R, const kernels::MatRef& he
   // fixed-size gather carries them.
   const int64_t Vc = (vocab_size_ + tp_ - 1) / tp_;
   local_logits_.assign(static_cast<size_t>(R * Vc), 0.0f);
-  kernels::matmul_rows(rows, R, head, vocab.begin, vocab.end, local_logits_.data(), Vc);
+  const bool sliced = head.rows == vocab.size() && vocab.size() < vocab_size_;  // head(): this rank's rows
+  INFERA_ASSERT(sliced || head.rows == vocab_size_, "output head of neither the whole vocabulary nor this rank's rows");
+  kernels::matmul_rows(rows, R, head, sliced ? 0 : vocab.begin, sliced ? vocab.size() : vocab.end, local_logits_.data(),
+                       Vc);
   const int64_t bytes = R * Vc * static_cast<int64_t>(sizeof(float));
   const bool everyone = !merged_sync();
   if (everyone || rank() == 0) gathered_.resize(static_cast<size_t>(tp_ * R * Vc));

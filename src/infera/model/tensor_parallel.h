@@ -21,8 +21,10 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "infera/kernels/kernels.h"
@@ -63,11 +65,21 @@ class TensorShard {
 
   // Column-parallel: output rows r of w (a view in one process, a copy in a group; a
   // whole matrix stays a view unless `own`: expert-parallel ranks own their experts).
+  // GGUF matrices: a rank's group binds them without panels (SafetensorsSource::defer_panels)
+  // and packs here only the slices it keeps; their panels are then the copy it owns, the rows
+  // a view of the file whose pages are dropped.
   kernels::MatRef rows(const kernels::MatRef& w, parallel::Range r, bool own = false);
   kernels::LinearWeight rows(const kernels::LinearWeight& w, parallel::Range r);
-  // Row-parallel: input columns c of w, copied once into memory this shard owns.
-  kernels::MatRef columns(const kernels::MatRef& w, parallel::Range c);
+  // Row-parallel: input columns c of w, copied once into memory this shard owns. A GGUF
+  // matrix's split must fall on its blocks (infera::Error naming `name` otherwise) and the
+  // copy is kept as panels only (MatRef::data null) where its type has them.
+  kernels::MatRef columns(const kernels::MatRef& w, parallel::Range c, std::string_view name = {});
   kernels::LinearWeight columns(const kernels::LinearWeight& w, parallel::Range c);
+  // A matrix every rank keeps whole (DeepSeek's latent projections, the shared expert under
+  // all-to-all dispatch, the output head without TP): in a group, a GGUF matrix gets the
+  // panels binding left out; otherwise w as it is.
+  kernels::LinearWeight replicated(const kernels::LinearWeight& w) const;
+  kernels::MatRef packed(const kernels::MatRef& w) const;
   static std::vector<float> slice(const std::vector<float>& v, parallel::Range r);
   // Column-parallel over several row ranges, concatenated in the given order (a fused
   // projection whose parts each split by head: GDN's q | k | v rows). A copy this shard
@@ -122,7 +134,12 @@ class TensorShard {
     if (vocab_parallel) all_reduce(x, T * H);
   }
 
-  // logits[R, V] = rows[R, H] · headᵀ. Tensor parallel: each rank computes its vocabulary
+  // The output head as this rank keeps it: under TP a GGUF head (not tied to the embeddings)
+  // is cut to this rank's vocabulary rows, so their panels are its copy; otherwise
+  // replicated(w) (under TP a float head stays whole: each rank reads its rows of the file).
+  kernels::LinearWeight head(const kernels::LinearWeight& w);
+  // logits[R, V] = rows[R, H] · headᵀ, head the whole vocabulary's rows or this rank's
+  // (head()). Tensor parallel: each rank computes its vocabulary
   // rows and rank 0 receives the whole [R, V] (merged sync: gather to rank 0 only; else
   // all-gather, every rank's `logits` filled).
   void logits(const float* rows, int64_t R, const kernels::LinearWeight& head, float* logits);
@@ -133,9 +150,14 @@ class TensorShard {
     void operator()(uint8_t* p) const;
   };
   uint8_t* allocate(int64_t bytes);
+  // A slice of `shape` (data unset) whose rows gather(dst) writes: into memory this shard owns,
+  // or, for a GGUF matrix with panels, into a scratch copy they are packed from (the result
+  // then holds the panels only, MatRef::data null).
+  kernels::MatRef gathered(kernels::MatRef shape, const std::function<void(uint8_t*)>& gather);
   parallel::ParallelPlan plan_;
   int tp_ = 1, ep_ = 1;
   int64_t vocab_size_ = 0;
+  int64_t num_experts_ = 0;
   bool weights_mapped_ = true;
   std::vector<std::unique_ptr<uint8_t, FreeDeleter>> owned_;  // row-parallel weight copies
   std::vector<float> local_logits_, gathered_;  // [R, Vc], [tp, R, Vc]

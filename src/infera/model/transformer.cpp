@@ -52,7 +52,7 @@ class LlamaModel final : public Model {
     const ModelWeights& w = weights_;
     embed_ = w.linear(-1, "token_embd");
     final_norm_ = w.vector(-1, "output_norm");
-    lm_head_ = cfg.tie_word_embeddings ? embed_ : w.linear(-1, "output");
+    lm_head_ = cfg.tie_word_embeddings ? embed_ : shard_.head(w.linear(-1, "output"));
     layers_.resize(cfg.num_layers);
     for (int i = 0; i < cfg.num_layers; ++i) {
       LlamaLayer& L = layers_[i];

@@ -114,7 +114,7 @@ kernels::LinearWeight SafetensorsSource::linear(const TensorSpec& t) const {
     const TensorInfo& info = store_->get(t.name, {rows, cols});
     return kernels::dense_linear(as_matrix(info), info.name);
   }
-  return bind_linear(*store_, t.name, rows, cols, qc_, lanes_);
+  return bind_linear(*store_, t.name, rows, cols, qc_, lanes_, panels_);
 }
 
 std::vector<kernels::LinearWeight> SafetensorsSource::experts(const std::vector<const TensorSpec*>& parts) const {
@@ -122,14 +122,14 @@ std::vector<kernels::LinearWeight> SafetensorsSource::experts(const std::vector<
   const FileMappings maps = qc_.present && quant_repack_enabled() ? FileMappings::current() : FileMappings{};
   if (parts.size() == 1 && parts[0]->shape.size() == 3) {
     const std::vector<int64_t>& s = parts[0]->shape;
-    return bind_experts(*store_, parts[0]->name, s[0], s[1], s[2], qc_, true, maps, lanes_);
+    return bind_experts(*store_, parts[0]->name, s[0], s[1], s[2], qc_, true, maps, lanes_, panels_);
   }
   std::vector<kernels::LinearWeight> out;
   out.reserve(parts.size());
   for (const TensorSpec* p : parts) {
     if (p->shape.size() != 2)
       fail("{}: expert tensor '{}' is not a matrix in the tensor table", store_->dir(), p->name);
-    out.push_back(bind_experts(*store_, p->name, 1, p->shape[0], p->shape[1], qc_, false, maps, lanes_)[0]);
+    out.push_back(bind_experts(*store_, p->name, 1, p->shape[0], p->shape[1], qc_, false, maps, lanes_, panels_)[0]);
   }
   return out;
 }

@@ -82,6 +82,13 @@ class SafetensorsSource final : public WeightSource {
 
   const WeightStore& store() const { return *store_; }
   void set_plain_fallback(bool on) { plain_fallback_ = on; }
+  // GGUF matrices bound without their panels (bind_linear's `panels`): a tensor-parallel or
+  // expert-parallel rank packs only the slices it keeps (TensorShard), so the whole model's
+  // panels are never built in each rank.
+  void defer_panels() {
+    panels_ = false;
+    lanes_.reset();
+  }
   const QuantizationConfig& quantization() const { return qc_; }
 
   const std::string& where() const override { return store_->dir(); }
@@ -98,6 +105,7 @@ class SafetensorsSource final : public WeightSource {
   std::shared_ptr<const WeightStore> store_;
   QuantizationConfig qc_;
   bool plain_fallback_ = false;
+  bool panels_ = true;
   std::shared_ptr<LaneBuffer> lanes_;  // the GGUF panels' lanes (panel_lanes_for), or null
 };
 

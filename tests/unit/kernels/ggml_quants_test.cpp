@@ -306,6 +306,30 @@ TEST(GgmlQuants, PanelsAreWhatTheSimdPathsReadAndRowSlicesShareThem) {
       }
     }
     set_num_threads(0);
+    // Held as panels only (a tensor-parallel column slice): the same values where the panels
+    // are read, a clear error where the rows would be.
+    kernels::MatRef only = mat;
+    only.data = nullptr;
+    for (Isa isa : test::available_isas()) {
+      if (isa == Isa::kScalar) {
+        EXPECT_THROW(kernels::matmul(isa, x.data(), m, only, y.data()), Error);
+        continue;
+      }
+      std::fill(y.begin(), y.end(), -1.0f);
+      kernels::matmul(isa, x.data(), m, only, y.data());
+      EXPECT_EQ(y, want) << "type " << type << ", " << isa_name(isa) << ", panels only";
+      const kernels::MatRef tail = kernels::row_slice(only, 16, rows);
+      EXPECT_EQ(tail.data, nullptr);
+      std::vector<float> ys(static_cast<size_t>(m * (rows - 16)));
+      kernels::matmul(isa, x.data(), m, tail, ys.data());
+      for (int64_t i = 0; i < m; ++i) ASSERT_EQ(ys[i * (rows - 16)], want[i * rows + 16]) << "type " << type;
+      try {
+        kernels::matmul_rows(isa, x.data(), m, only, 5, rows, ys.data(), rows - 5);
+        ADD_FAILURE() << "rows off a panel boundary of a matrix held as panels only";
+      } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("held as panels only"), std::string::npos) << e.what();
+      }
+    }
   }
   EXPECT_EQ(packed, 12);  // every type with a matmul
 }
