@@ -59,6 +59,10 @@ struct ModelConfig {
   bool attention_bias = false;
   bool mlp_bias = false;
   bool qk_norm = false;  // qwen3 family: per-head RMSNorm on q and k before RoPE
+  // q_proj / k_proj rows in llama.cpp's order (a `llama` GGUF file): within each head, rows
+  // 2i and 2i + 1 are Hugging Face's rows i and head_dim / 2 + i (the rotary pairs adjacent).
+  // The weights stay as stored; the model restores Hugging Face's order on q and k.
+  bool qk_rows_pairs_adjacent = false;
   RopeConfig rope;
   std::string torch_dtype;  // informational
   int bos_token_id = -1;

@@ -362,6 +362,7 @@ ModelConfig config_from(const GgufFiles& f) {
   }
   if (!eos.empty()) j["eos_token_id"] = eos;
   ModelConfig cfg = parse_model_config(j, f.path());
+  cfg.qk_rows_pairs_adjacent = arch_info(cfg.arch).traits.gguf_permuted_qk;
   if (const gguf::Tensor* t = f.tensor("rope_freqs.weight")) {
     // Llama 3 scaling as llama.cpp stores it: one divisor per rotated pair.
     const int64_t n = cfg.rope.rotary_dim / 2;
@@ -522,6 +523,10 @@ WeightStore bind_gguf(const std::string& path, const ModelConfig& cfg, bool load
   // "converting": the bound tensors' bytes (a little less than the files').
   if (progress) progress->begin("converting", static_cast<int64_t>(f.bytes()));
   std::set<std::string> counted;  // GGUF tensors summarised
+  // llama.cpp's llama q / k rows (rotary pairs adjacent) stay as stored, views of the file like
+  // every other matrix, where the config says so (ModelConfig::qk_rows_pairs_adjacent, set by
+  // gguf_model_config: the model puts q and k back in Hugging Face's order). A copy in that
+  // order stayed resident beside the panels packed from it, and kept the file's pages it read.
   const bool unpermute_qk = arch_info(cfg.arch).traits.gguf_permuted_qk;
   std::map<std::string, size_t> converted;  // ggml type -> bytes dequantized to f32
   std::vector<TensorInfo> out;
@@ -564,7 +569,7 @@ WeightStore bind_gguf(const std::string& path, const ModelConfig& cfg, bool load
     const uint8_t* src = t->data + (e >= 0 ? e * rows * row_bytes : 0);
     const bool is_q = spec.name.ends_with("self_attn.q_proj.weight");
     const bool is_k = spec.name.ends_with("self_attn.k_proj.weight");
-    const bool permute = unpermute_qk && (is_q || is_k);
+    const bool permute = unpermute_qk && (is_q || is_k) && !cfg.qk_rows_pairs_adjacent;
     // Tiled value heads move back (nothing moves when key and value heads are as many).
     const bool value_heads =
         arch_info(cfg.arch).traits.gguf_tiled_value_heads && cfg.linear_num_value_heads != cfg.linear_num_key_heads;

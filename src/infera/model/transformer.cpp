@@ -210,6 +210,10 @@ void LlamaModel::forward(const ForwardBatch& batch, KvPool& kv, float* logits) {
     add_bias(q_.data(), L.bq, T);
     add_bias(k_.data(), L.bk, T);
     add_bias(v_.data(), L.bv, T);
+    if (c.qk_rows_pairs_adjacent) {  // a llama GGUF's q / k rows as stored: Hugging Face's order back
+      pairs_to_halves(q_.data(), T * nh, hd);
+      pairs_to_halves(k_.data(), T * nkv, hd);
+    }
     if (c.qk_norm) {
       kernels::rmsnorm(q_.data(), L.q_norm.data(), q_.data(), T * nh, hd, c.rms_norm_eps);
       kernels::rmsnorm(k_.data(), L.k_norm.data(), k_.data(), T * nkv, hd, c.rms_norm_eps);

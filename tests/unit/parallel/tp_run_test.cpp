@@ -326,6 +326,11 @@ TEST_F(TpRun, GgufFilesSplitByRowsAndWholeBlocks) {
       "--vocab 512";
   expect_split_within_quantization("gguf_dense", dense, "q4_k_m", {"--tp 2"});
   expect_split_within_quantization("gguf_dense", dense, "q8_0", {"--tp 2", "--tp 4"});
+  // llama: q / k rows in llama.cpp's order (pairs adjacent within each head), split by head.
+  expect_split_within_quantization("gguf_llama",
+                                   "--arch llama --hidden 256 --heads 4 --kv-heads 2 --head-dim 64 --ffn 512 "
+                                   "--layers 2 --vocab 512",
+                                   "q8_0", {"--tp 2"});
   // Experts whole (EP, also by all-to-all dispatch) or by columns (TP).
   expect_split_within_quantization("gguf_moe", "--arch qwen3_moe --heads 8 --kv-heads 4 --layers 3", "q8_0",
                                    {"--ep 2", "--tp 2", "--tp 2 --ep 2", "--ep-dispatch all-to-all --ep 2"});

@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <memory>
 #include <optional>
 #include <string>
@@ -312,6 +313,38 @@ TEST(GgufRopeFreqs, Llama3ScalingFromTheFactorsEqualsTheDirectory) {
   plain.rope.freq_factors.clear();
   EXPECT_NE(compute_rope_tables(plain.rope, plain.rope.rotary_dim).inv_freq,
             compute_rope_tables(g.rope, g.rope.rotary_dim).inv_freq);
+}
+
+// A llama file's q / k rows are stored with the rotary pairs adjacent (llama.cpp's order):
+// they stay views of the file, in that order (no copy in Hugging Face's order beside the
+// panels), and the model puts q and k back in Hugging Face's order (the f32 file gives the
+// directory's logits at every prompt position).
+TEST(GgufLlamaQk, RowsStayViewsOfTheFileInItsOrder) {
+  const Case c{"llamaqk", "--arch llama --hidden 64 --layers 2 --heads 4 --kv-heads 2 --ffn 128 --vocab 320 --seed 31",
+               100};
+  const std::string dir = model_dir(c, "f32");
+  for (const auto& [type, tag] : {std::pair{GgufOutType::kF32, "f32"}, std::pair{GgufOutType::kQ8_0, "q8_0"}}) {
+    const std::string gguf = gguf_of(dir, type, tag);
+    const ModelConfig cfg = load_model_config(gguf);
+    ASSERT_TRUE(cfg.qk_rows_pairs_adjacent);
+    EXPECT_FALSE(load_model_config(dir).qk_rows_pairs_adjacent);
+    const WeightStore store = open_gguf_weights(gguf, cfg);
+    const FileMappings maps = FileMappings::current();
+    for (const char* name : {"model.layers.1.self_attn.q_proj.weight", "model.layers.1.self_attn.k_proj.weight"}) {
+      const TensorInfo& t = store.get(name);
+      EXPECT_TRUE(maps.contains(t.data, t.nbytes)) << tag << " " << name << ": copied out of the file";
+    }
+    // A config that does not say so gets the rows in Hugging Face's order (a copy).
+    ModelConfig hf_order = cfg;
+    hf_order.qk_rows_pairs_adjacent = false;
+    const WeightStore moved = open_gguf_weights(gguf, hf_order);
+    const TensorInfo& q = moved.get("model.layers.1.self_attn.q_proj.weight");
+    EXPECT_FALSE(FileMappings::current().contains(q.data, q.nbytes)) << tag;
+    const size_t row = q.nbytes / static_cast<size_t>(q.shape[0]);
+    EXPECT_NE(std::memcmp(q.data + row, store.get("model.layers.1.self_attn.q_proj.weight").data + row, row), 0)
+        << tag << ": row 1 should move (it is the file's row 2)";
+  }
+  expect_same_logits(c, dir, gguf_of(dir, GgufOutType::kF32, "f32"), 1e-4f);
 }
 
 // The file rewritten with metadata key `key` set to `value` (or dropped, value empty).
