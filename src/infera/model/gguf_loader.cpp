@@ -18,6 +18,7 @@
 #include "infera/io/gguf.h"
 #include "infera/kernels/ggml_quants.h"
 #include "infera/model/arch_registry.h"
+#include "infera/model/quantized_weights.h"
 #include "infera/model/tensor_table.h"
 #include "infera/model/weights.h"
 
@@ -529,6 +530,9 @@ WeightStore bind_gguf(const std::string& path, const ModelConfig& cfg, bool load
   // order stayed resident beside the panels packed from it, and kept the file's pages it read.
   const bool unpermute_qk = arch_info(cfg.arch).traits.gguf_permuted_qk;
   std::map<std::string, size_t> converted;  // ggml type -> bytes dequantized to f32
+  // The file pages a copy (rows moved, or converted to f32) read are dropped after it: nothing
+  // reads them again, and they would stay in the resident set (mapped files only).
+  const FileMappings maps = load_into_memory || summary ? FileMappings{} : FileMappings::current();
   std::vector<TensorInfo> out;
   for (const TensorSpec& spec : tensor_table(cfg, gguf_layout_has)) {
     if (spec.gguf.empty()) fail("{}: tensor '{}' has no GGUF counterpart in Infera's tables", path, spec.name);
@@ -632,6 +636,7 @@ WeightStore bind_gguf(const std::string& path, const ModelConfig& cfg, bool load
             std::memcpy(to + u * unit_bytes, from + vh.gguf_index(u) * unit_bytes, static_cast<size_t>(unit_bytes));
         }
         info.data = dst;
+        release_file_pages(src, static_cast<size_t>(rows * row_bytes), maps);
       }
     } else {
       // f32: vectors of block types (never seen in practice), the transformed vectors, kv_b,
@@ -659,6 +664,11 @@ WeightStore bind_gguf(const std::string& path, const ModelConfig& cfg, bool load
       }
       info.data = reinterpret_cast<const uint8_t*>(dst);
       if (plain == DType::kSentinel) converted[type_name(t->type)] += info.nbytes;
+      if (form == GgufForm::kKvBSplit) {
+        for (const gguf::Tensor* x : {t, v_b}) release_file_pages(x->data, static_cast<size_t>(x->nbytes), maps);
+      } else {
+        release_file_pages(src, static_cast<size_t>(rows * row_bytes), maps);
+      }
     }
     out.push_back(std::move(info));
     if (progress) progress->advance(rows * row_bytes);

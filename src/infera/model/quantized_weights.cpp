@@ -163,9 +163,6 @@ bool FileMappings::contains(const void* p, size_t n) const {
   return begin != 0 && reinterpret_cast<uintptr_t>(p) + n <= end;
 }
 
-namespace {
-
-// The whole pages inside [p, p + n), when they lie in a read-only file mapping.
 void release_file_pages(const void* p, size_t n, const FileMappings& maps) {
   if (n == 0 || !maps.contains(p, n)) return;
   static const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
@@ -173,8 +170,6 @@ void release_file_pages(const void* p, size_t n, const FileMappings& maps) {
   const uintptr_t begin = (a + page - 1) / page * page, end = (a + n) / page * page;
   if (end > begin) ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
 }
-
-}  // namespace
 
 void release_repacked_source(const kernels::QuantMatRef& w, const FileMappings& maps) {
   if (!w.packed) return;

@@ -92,6 +92,10 @@ class FileMappings {
 // Weights read into memory (load_into_memory) are anonymous and kept: dropping those pages
 // would zero them under those readers. No-op without a packed copy.
 void release_repacked_source(const kernels::QuantMatRef& w, const FileMappings& maps);
+// Drops this process's mapping of the whole pages inside [p, p + n) when they lie in a
+// read-only file mapping of `maps` (clean file pages: read back from the page cache if
+// touched again); anything else is left alone.
+void release_file_pages(const void* p, size_t n, const FileMappings& maps);
 
 // A GGUF matrix (dtype kGgml) of a type with panel kernels (kernels::ggml::can_pack_panels:
 // every type with a matmul: Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K,
