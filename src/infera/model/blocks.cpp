@@ -577,6 +577,25 @@ void deinterleave_fused(const float* qkvz, const float* ba, int64_t T, const Gdn
   }
 }
 
+// Value heads between llama.cpp's tiled order and Hugging Face's grouped one, in place, in each
+// of T rows of `stride` floats: Hv heads of `width` floats from `offset` on. Grouped head j is
+// tiled head (j % r) Hk + j / r (r = Hv / Hk); to_grouped moves tiled rows to grouped ones,
+// else the other way. scratch: [Hv width].
+void move_value_heads(float* x, int64_t T, int64_t stride, int64_t offset, const GdnDims& d, int64_t width,
+                      bool to_grouped, std::vector<float>& scratch) {
+  const int64_t hk = d.n_k_heads, hv = d.n_v_heads, r = hv / hk;
+  scratch.resize(static_cast<size_t>(hv * width));
+  for (int64_t t = 0; t < T; ++t) {
+    float* heads = x + t * stride + offset;
+    std::copy(heads, heads + hv * width, scratch.begin());
+    for (int64_t j = 0; j < hv; ++j) {
+      const int64_t tiled = (j % r) * hk + j / r;
+      const float* from = scratch.data() + (to_grouped ? tiled : j) * width;
+      std::copy(from, from + width, heads + (to_grouped ? j : tiled) * width);
+    }
+  }
+}
+
 }  // namespace
 
 GdnWeights bind_gdn(const ModelWeights& weights, int layer, const GdnDims& d) {
@@ -603,6 +622,7 @@ GdnWeights bind_gdn(const ModelWeights& weights, int layer, const GdnDims& d) {
   for (int64_t h = 0; h < Hv; ++h) w.neg_exp_a[h] = -std::exp(a_log[h]);
   w.dt_bias = weights.vector(layer, "gdn_dt_bias");
   w.norm = weights.vector(layer, "gdn_norm");
+  w.value_heads_tiled = weights.config().gdn_value_heads_tiled && !w.fused();
   return w;
 }
 
@@ -634,6 +654,12 @@ void GdnLayer::forward(const GdnWeights& w, const GdnDims& d, const ForwardBatch
     const LinearWeight* ws[] = {&w.in_qkv, &w.in_z, &w.in_b, &w.in_a};
     float* ys[] = {mixed_.data(), z_.data(), b_.data(), a_.data()};
     kernels::linear_multi(x, T, ws, ys);
+    if (w.value_heads_tiled) {  // a Qwen3.5 GGUF's projections as stored: the value heads grouped
+      move_value_heads(mixed_.data(), T, C, 2 * KD, d, d.dv, true, heads_);
+      move_value_heads(z_.data(), T, VD, 0, d, d.dv, true, heads_);
+      move_value_heads(b_.data(), T, Hv, 0, d, 1, true, heads_);
+      move_value_heads(a_.data(), T, Hv, 0, d, 1, true, heads_);
+    }
   }
   kernels::gdn_gates(a_.data(), b_.data(), T, Hv, w.neg_exp_a.data(), w.dt_bias.data(), g_.data(), beta_.data());
 
@@ -696,6 +722,7 @@ void GdnLayer::forward(const GdnWeights& w, const GdnDims& d, const ForwardBatch
     }
   }
   kernels::rmsnorm_gated(o_.data(), z_.data(), w.norm.data(), T * Hv, d.dv, eps);
+  if (w.value_heads_tiled) move_value_heads(o_.data(), T, VD, 0, d, d.dv, false, heads_);  // out's columns: tiled
   kernels::linear(o_.data(), T, w.out, y);
 }
 

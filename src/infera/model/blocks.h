@@ -209,6 +209,9 @@ struct GdnWeights {
   std::vector<float> neg_exp_a;  // [Hv] = -exp(A_log)
   std::vector<float> dt_bias;  // [Hv]
   std::vector<float> norm;  // [dv] (plain weight)
+  // in_qkv's v rows, in_z / in_b / in_a rows and out's columns in llama.cpp's tiled value-head
+  // order (ModelConfig::gdn_value_heads_tiled); forward() moves the activations.
+  bool value_heads_tiled = false;
   bool fused() const { return in_qkvz.rows() > 0; }
   int64_t weight_bytes() const;  // bytes of the projection matrices read per token
 };
@@ -247,6 +250,7 @@ class GdnLayer {
 
  private:
   std::vector<float> mixed_, z_, a_, b_, g_, beta_, q_, k_, v_, o_, qkvz_, ba_;
+  std::vector<float> heads_;  // [Hv dv]: one row's value heads being moved (GdnWeights::value_heads_tiled)
   std::vector<float> window_;  // [kernel - 1 + n_tokens, conv_dim]: conv inputs of a chunk keeping token states
 };
 

@@ -63,6 +63,11 @@ struct ModelConfig {
   // 2i and 2i + 1 are Hugging Face's rows i and head_dim / 2 + i (the rotary pairs adjacent).
   // The weights stay as stored; the model restores Hugging Face's order on q and k.
   bool qk_rows_pairs_adjacent = false;
+  // Gated DeltaNet value heads in llama.cpp's tiled order (a Qwen3.5 GGUF file with more value
+  // than key heads): value head j of Hugging Face's grouped order is head (j % r) Hk + j / r
+  // (r = Hv / Hk) of in_proj_qkv's v rows, in_proj_z / in_proj_b / in_proj_a rows and
+  // out_proj's columns. Those matrices stay as stored; the layer moves its activations.
+  bool gdn_value_heads_tiled = false;
   RopeConfig rope;
   std::string torch_dtype;  // informational
   int bos_token_id = -1;

@@ -364,6 +364,8 @@ ModelConfig config_from(const GgufFiles& f) {
   if (!eos.empty()) j["eos_token_id"] = eos;
   ModelConfig cfg = parse_model_config(j, f.path());
   cfg.qk_rows_pairs_adjacent = arch_info(cfg.arch).traits.gguf_permuted_qk;
+  cfg.gdn_value_heads_tiled =
+      arch_info(cfg.arch).traits.gguf_tiled_value_heads && cfg.linear_num_value_heads != cfg.linear_num_key_heads;
   if (const gguf::Tensor* t = f.tensor("rope_freqs.weight")) {
     // Llama 3 scaling as llama.cpp stores it: one divisor per rotated pair.
     const int64_t n = cfg.rope.rotary_dim / 2;
@@ -574,14 +576,19 @@ WeightStore bind_gguf(const std::string& path, const ModelConfig& cfg, bool load
     const bool is_q = spec.name.ends_with("self_attn.q_proj.weight");
     const bool is_k = spec.name.ends_with("self_attn.k_proj.weight");
     const bool permute = unpermute_qk && (is_q || is_k) && !cfg.qk_rows_pairs_adjacent;
-    // Tiled value heads move back (nothing moves when key and value heads are as many).
+    // Tiled value heads move back (nothing moves when key and value heads are as many), in the
+    // vectors and conv channels; the projection matrices only where the config does not say the
+    // layer takes them tiled (ModelConfig::gdn_value_heads_tiled: views of the file then).
     const bool value_heads =
         arch_info(cfg.arch).traits.gguf_tiled_value_heads && cfg.linear_num_value_heads != cfg.linear_num_key_heads;
+    const bool move_matrices = value_heads && !cfg.gdn_value_heads_tiled;
     // Which row of the GGUF holds each row of the Hugging Face tensor.
     std::function<int64_t(int64_t)> row_from;
     if (permute) {
       row_from = [&cfg](int64_t r) { return unpermuted_source_row(r, cfg.head_dim); };
-    } else if ((form == GgufForm::kValueHeads && spec.shape.size() >= 2) || form == GgufForm::kConv) {
+    } else if (form == GgufForm::kValueHeads && spec.shape.size() >= 2) {
+      if (move_matrices) row_from = [vh = ValueHeads(cfg, rows)](int64_t r) { return vh.gguf_index(r); };
+    } else if (form == GgufForm::kConv) {
       if (value_heads) row_from = [vh = ValueHeads(cfg, rows)](int64_t r) { return vh.gguf_index(r); };
     } else if (form == GgufForm::kBaHalf) {
       // Value head h of key-head group g = h / r is row g 2r + j (b) or g 2r + r + j (a).
@@ -594,7 +601,7 @@ WeightStore bind_gguf(const std::string& path, const ModelConfig& cfg, bool load
     const bool blocks = plain == DType::kSentinel && spec.shape.size() >= 2 && kernels::ggml::has_matmul(type);
     // out_proj's value-head columns move in the stored encoding when each head is whole blocks.
     const int64_t unit = plain != DType::kSentinel ? 1 : kernels::ggml::block_size(type);
-    const bool col_perm = form == GgufForm::kValueHeadColumns && value_heads;
+    const bool col_perm = form == GgufForm::kValueHeadColumns && move_matrices;
     const bool keep = (plain != DType::kSentinel || blocks) && !(col_perm && cfg.linear_value_head_dim % unit != 0) &&
                       (form == GgufForm::kAsIs || form == GgufForm::kValueHeadColumns || form == GgufForm::kBaHalf ||
                        (form == GgufForm::kValueHeads && spec.shape.size() >= 2) || form == GgufForm::kConv);

@@ -26,6 +26,9 @@ std::unique_ptr<Model> load_model(const std::string& dir, const LoadOptions& opt
   Timer timer;
   ModelConfig cfg = load_model_config(dir);
   const bool gguf = is_gguf_path(dir);
+  // A group splits the Gated DeltaNet projections by Hugging Face's value-head ranges: the
+  // GGUF loader moves them into that order (a copy) instead of leaving them tiled.
+  if (options.parallel.distributed()) cfg.gdn_value_heads_tiled = false;
   LoadProgress* progress = options.progress.get();
   // A published pre-quantized checkpoint (FP8, compressed-tensors, ...) binds through its
   // format, converted to the native schemes (model/prequant.h). Format detection reads only

@@ -366,6 +366,7 @@ GdnDims TensorShard::gdn_dims(const GdnDims& whole) const {
 
 void TensorShard::shard_gdn(GdnWeights& w, const GdnDims& d) {
   if (!tensor_parallel()) return;
+  INFERA_ASSERT(!w.value_heads_tiled, "a group's GDN projections are bound in Hugging Face's value-head order");
   const Range kh = gdn_key_heads, vh = gdn_value_heads;
   const int64_t kd = d.key_dim(), per_key = d.n_v_heads / d.n_k_heads;
   // Conv channels and the split in_proj_qkv rows: q | k | v, each cut to this rank's heads.

@@ -361,17 +361,41 @@ int64_t present_pages(uintptr_t begin, uintptr_t end) {
   return std::count_if(entries.begin(), entries.end(), [](uint64_t e) { return (e >> 63) & 1; });
 }
 
-// The tensors the loader copies (Qwen3.5's value heads moved back into Hugging Face's order)
-// leave no file pages mapped behind them. After binding, the file's mapping holds the header's
-// pages and those the kernel's fault-around mapped beside each read (views, read when their
-// panels are packed): 104 of this file's 735 pages; with the copies' pages kept, 304.
+const Case kQwen35Pages{"qwen35pages",
+                        "--arch qwen3_5 --hidden 256 --layers 4 --heads 4 --kv-heads 2 --head-dim 64 --lin-k-heads 2 "
+                        "--lin-v-heads 4 --lin-dk 64 --lin-dv 64 --ffn 512 --vocab 320 --seed 27 --no-mtp",
+                        8};
+
+// A Qwen3.5 file's Gated DeltaNet projections keep llama.cpp's tiled value heads: views of the
+// file like every other matrix (ModelConfig::gdn_value_heads_tiled; the layer moves its
+// activations instead: the Archs tests' logits equal the directory's). Bound for a group (the
+// flag off) they are copies in Hugging Face's order.
+TEST(GgufQwen35, ValueHeadProjectionsStayViewsOfTheFile) {
+  const std::string gguf = gguf_of(model_dir(kQwen35Pages, "f32"), GgufOutType::kQ8_0, "q8_0");
+  ModelConfig cfg = load_model_config(gguf);
+  ASSERT_TRUE(cfg.gdn_value_heads_tiled);
+  const char* names[] = {"model.layers.0.linear_attn.in_proj_qkv.weight", "model.layers.0.linear_attn.in_proj_z.weight",
+                         "model.layers.0.linear_attn.in_proj_b.weight", "model.layers.0.linear_attn.out_proj.weight"};
+  for (bool tiled : {true, false}) {
+    cfg.gdn_value_heads_tiled = tiled;
+    const WeightStore store = open_gguf_weights(gguf, cfg);
+    const FileMappings maps = FileMappings::current();
+    for (const char* name : names) {
+      const TensorInfo& t = store.get(name);
+      EXPECT_EQ(maps.contains(t.data, t.nbytes), tiled) << name << (tiled ? ": copied" : ": not moved");
+    }
+  }
+}
+
+// The tensors the loader copies (here Qwen3.5's value heads moved back into Hugging Face's
+// order, as for a group) leave no file pages mapped behind them. After binding, the file's
+// mapping holds the header's pages and those the kernel's fault-around mapped beside each read
+// (views, read when their panels are packed): 104 of this file's 735 pages; with the copies'
+// pages kept, 304.
 TEST(GgufLoad, CopiesDropTheFilePagesTheyRead) {
-  const Case c{"qwen35pages",
-               "--arch qwen3_5 --hidden 256 --layers 4 --heads 4 --kv-heads 2 --head-dim 64 --lin-k-heads 2 "
-               "--lin-v-heads 4 --lin-dk 64 --lin-dv 64 --ffn 512 --vocab 320 --seed 27 --no-mtp",
-               8};
-  const std::string gguf = gguf_of(model_dir(c, "f32"), GgufOutType::kQ8_0, "q8_0");
-  const ModelConfig cfg = load_model_config(gguf);
+  const std::string gguf = gguf_of(model_dir(kQwen35Pages, "f32"), GgufOutType::kQ8_0, "q8_0");
+  ModelConfig cfg = load_model_config(gguf);
+  cfg.gdn_value_heads_tiled = false;
   const WeightStore store = open_gguf_weights(gguf, cfg);
   const TensorInfo& view = store.get("model.layers.0.mlp.gate_proj.weight");  // as stored: in the mapping
   const auto [begin, end] = FileMappings::current().range_of(view.data);
