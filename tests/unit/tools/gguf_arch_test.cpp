@@ -45,8 +45,9 @@ struct Case {
   int prompt_len;
 };
 
-// Hk 2 / Hv 4 with value heads 16 wide (a Q8_0 out_proj's heads split its blocks: f32 at
-// load); Hk 2 / Hv 6 with 32-wide heads (whole blocks: reordered in place). (With one key
+// Hk 2 / Hv 4 with value heads 16 wide (a Q8_0 out_proj's heads split its blocks: kept tiled
+// as stored, or dequantized to f32 when moved back for a group); Hk 2 / Hv 6 with 32-wide heads
+// (whole blocks). (With one key
 // head, or as many key as value heads, the two orders agree.) DeepSeek-V3.2: index_topk 8
 // of a 40-token prompt.
 const Case kCases[] = {
