@@ -265,6 +265,12 @@ void mla_keys(const GgufFiles& f, const Keys& k, const ArchInfo& row, json& j) {
   }
 }
 
+// Whether the file tiles the Gated DeltaNet value heads (llama.cpp's qwen35 / qwen35moe, with more
+// value than key heads; with as many, the tiled and grouped orders agree).
+bool value_heads_tiled_in_file(const ModelConfig& c) {
+  return arch_info(c.arch).traits.gguf_tiled_value_heads && c.linear_num_value_heads != c.linear_num_key_heads;
+}
+
 ModelConfig config_from(const GgufFiles& f) {
   const ArchInfo& row = gguf_arch_row(f);
   const Keys k(f, std::string(row.gguf_arch) + ".");
@@ -364,8 +370,7 @@ ModelConfig config_from(const GgufFiles& f) {
   if (!eos.empty()) j["eos_token_id"] = eos;
   ModelConfig cfg = parse_model_config(j, f.path());
   cfg.qk_rows_pairs_adjacent = arch_info(cfg.arch).traits.gguf_permuted_qk;
-  cfg.gdn_value_heads_tiled =
-      arch_info(cfg.arch).traits.gguf_tiled_value_heads && cfg.linear_num_value_heads != cfg.linear_num_key_heads;
+  cfg.gdn_value_heads_tiled = value_heads_tiled_in_file(cfg);
   if (const gguf::Tensor* t = f.tensor("rope_freqs.weight")) {
     // Llama 3 scaling as llama.cpp stores it: one divisor per rotated pair.
     const int64_t n = cfg.rope.rotary_dim / 2;
@@ -579,8 +584,7 @@ WeightStore bind_gguf(const std::string& path, const ModelConfig& cfg, bool load
     // Tiled value heads move back (nothing moves when key and value heads are as many), in the
     // vectors and conv channels; the projection matrices only where the config does not say the
     // layer takes them tiled (ModelConfig::gdn_value_heads_tiled: views of the file then).
-    const bool value_heads =
-        arch_info(cfg.arch).traits.gguf_tiled_value_heads && cfg.linear_num_value_heads != cfg.linear_num_key_heads;
+    const bool value_heads = value_heads_tiled_in_file(cfg);
     const bool move_matrices = value_heads && !cfg.gdn_value_heads_tiled;
     // Which row of the GGUF holds each row of the Hugging Face tensor.
     std::function<int64_t(int64_t)> row_from;

@@ -71,7 +71,8 @@ RopeTables compute_rope_tables(const RopeConfig& rope, int rot_dim) {
 
 void pairs_to_halves(float* x, int64_t rows, int64_t head_dim) {
   const int64_t half = head_dim / 2;
-  std::vector<float> row(static_cast<size_t>(head_dim));
+  static thread_local std::vector<float> row;  // (per layer of every forward: no allocation once sized)
+  row.resize(static_cast<size_t>(head_dim));
   for (int64_t r = 0; r < rows; ++r) {
     float* h = x + r * head_dim;
     for (int64_t i = 0; i < half; ++i) {

@@ -76,7 +76,6 @@ TensorShard::TensorShard(const parallel::ParallelPlan& plan, const ModelConfig& 
   ffn = parallel::split_range(cfg.intermediate_size, tp_, tp_ > 1 ? r : 0);
   vocab = parallel::split_range(cfg.vocab_size, tp_, tp_ > 1 ? r : 0);
   vocab_size_ = cfg.vocab_size;
-  num_experts_ = cfg.num_experts;
   if (cfg.linear_num_key_heads > 0) {
     gdn_key_heads = parallel::split_range(cfg.linear_num_key_heads, tp_, tp_ > 1 ? r : 0);
     const int64_t per_key = cfg.linear_num_value_heads / cfg.linear_num_key_heads;
@@ -152,18 +151,19 @@ kernels::MatRef TensorShard::rows(const kernels::MatRef& w, Range r, bool own) {
   // One process: a view. A group over mapped files: a copy, because the kernel maps
   // page-cache folios whole, so a view would keep neighbouring ranks' rows resident too.
   if (!distributed() || !weights_mapped_) return packed(view);
-  const int64_t bytes = view.rows * kernels::row_bytes(w);
+  kernels::MatRef out = view;
   if (takes_panels(view)) {
     // A GGUF matrix computes from its panels: they are this rank's copy, and the rows stay a
     // view of the file (read back from it only by the scalar path), their pages dropped.
-    const kernels::MatRef out = with_panels(view);
-    release_mapped_pages(w.data, w.rows * kernels::row_bytes(w));
-    return out;
+    out = with_panels(view);
+  } else {
+    const int64_t bytes = view.rows * kernels::row_bytes(w);
+    uint8_t* dst = allocate(bytes);
+    std::memcpy(dst, view.data, static_cast<size_t>(bytes));
+    out.data = dst;
   }
-  uint8_t* dst = allocate(bytes);
-  std::memcpy(dst, view.data, static_cast<size_t>(bytes));
   release_mapped_pages(w.data, w.rows * kernels::row_bytes(w));
-  return kernels::MatRef{dst, w.dtype, view.rows, view.cols, w.ggml_type};
+  return out;
 }
 
 kernels::LinearWeight TensorShard::rows(const kernels::LinearWeight& w, Range r) {
@@ -205,7 +205,7 @@ kernels::MatRef TensorShard::columns(const kernels::MatRef& w, Range c, std::str
           "type {}; pick a --tp that gives each rank whole blocks{}",
           name.empty() ? std::string_view("a GGUF matrix") : name, w.cols, c.begin, c.end, block,
           gguf::ggml_type_traits(static_cast<gguf::GgmlType>(w.ggml_type)).name,
-          num_experts_ > 0 ? " (or split the experts with --ep)" : "");
+          !expert_owner_.empty() ? " (or split the experts with --ep)" : "");
     }
   }
   const int64_t src_row = kernels::row_bytes(w);

@@ -157,7 +157,6 @@ class TensorShard {
   parallel::ParallelPlan plan_;
   int tp_ = 1, ep_ = 1;
   int64_t vocab_size_ = 0;
-  int64_t num_experts_ = 0;
   bool weights_mapped_ = true;
   std::vector<std::unique_ptr<uint8_t, FreeDeleter>> owned_;  // row-parallel weight copies
   std::vector<float> local_logits_, gathered_;  // [R, Vc], [tp, R, Vc]
