@@ -257,7 +257,8 @@ std::string ggml_matmul_path(Isa isa) {
              "prefetching " +
              gguf_prefetch_text() +
              "; prefill: "
-             "1 panel x up to 4 tokens per step (2 for Q5_0 / Q5_1 / Q5_K / Q6_K, whose sums take two int16 chains), "
+             "1 panel x up to 4 tokens per step (2 for Q5_0 / Q5_1 / Q5_K, whose sums take two int16 chains; Q6_K's "
+             "sub-blocks one chain against their scales), "
              "from 3 tokens on each chunk unpacked once); other types and rows read in place: "
              "tiles of 4 decoded rows, maddubs / madd dot products";
     case Isa::kScalar: break;

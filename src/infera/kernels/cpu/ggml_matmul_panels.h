@@ -18,10 +18,10 @@
 // over two; each stream runs on through kStreamPanels panels); a thread otherwise takes two
 // panels at a time (each activation broadcast serves both) against up to four activation
 // rows. AVX2 has half the registers at half the width: four panels in a decode step where a
-// panel's sums are one int16 chain (not Q3_K; Q6_K's decode step keeps one: kQ6kFold), else
-// two (Traits::kDecodePanels); otherwise
-// one panel against up to four activation rows where a sum's products fit one int16 chain
-// (Traits::kMerge; 64-256 tokens 1.03-1.2x over two rows per pass), else two. A call of
+// panel's sums are one int16 chain (not Q3_K; Q6_K's steps keep one: kQ6kFold), else two
+// (Traits::kDecodePanels); otherwise one panel against up to four activation rows where a
+// sum's products fit one int16 chain (Traits::kMerge, and Q6_K; 64-256 tokens 1.03-1.2x over
+// two rows per pass), else two. A call of
 // more rows runs its rows over 16-block chunks of the unit in turn, so the chunk is read from
 // memory once and from L1 by the other rows, and past kDirectRows rows the chunk is unpacked
 // once (16 KB for a pair) for all of them (Q8_0's panels hold its operands already; the K
@@ -122,7 +122,8 @@ struct Traits {
   // ones; not the 5-bit types or Q6_K), so that four activation rows' chains fit the 16
   // registers; two rows per pass otherwise.
   static constexpr bool kMerge = !vec::kVnni && (kSigned || vec::chain_fits(2 * kChainSteps, kMaxOperand));
-  static constexpr int kPassRows = vec::kVnni || kMerge ? 4 : 2;
+  // (Q6_K on AVX2: one chain per sub-block, kQ6kFold)
+  static constexpr int kPassRows = vec::kVnni || kMerge || kType == kQ6_K ? 4 : 2;
   // Panels in a decode step (one activation row): four streams on AVX-512; on AVX2 four where
   // a panel's sums are one chain (two registers), else two (four would spill). kernels_bench
   // 2048 x 5632 from memory, one thread, Zen 4 EPYC with INFERA_ISA=avx2, GB/s, four panels
@@ -568,15 +569,11 @@ inline void pairs_of_16(const int32_t* bsums, int64_t n, int32_t* out) {
 // registers (Traits::kDecodePanels). Its operands u = w + 32 reach 16002 per pair, so the
 // chain starts from minus 32 x the activation's sums of the quants each of a lane's two int16
 // halves meets (q6k_fold_corr): its adds wrap, but what it ends at, the sum of w q over those
-// eight weights, is within 8 x 32 x 127 (exact). Not for several rows: there the compiler
-// sums the chain's steps as a tree and spills them (64 tokens 0.8x, with four-row passes
-// 0.9x; kernels_bench 2048 x 5632, one thread, INFERA_ISA=avx2).
+// eight weights, is within 8 x 32 x 127 (exact). Several rows take it too, four per pass
+// (Traits::kPassRows), now that a chain's steps stay a chain (vec::chain_step) where the
+// compiler summed them as a tree and spilled them (64 tokens then 0.8x).
 template <uint32_t kType>
 constexpr bool kQ6kFold = !vec::kVnni && kType == kQ6_K;
-// matmul lays the chain starts out so for a call of one row, which is what dot_q6k's one-row,
-// read-in-place instance then serves: a call that reads the panels in place (kDirectRows rows
-// at most) must take one pass, so no other call reaches that instance.
-static_assert(!kQ6kFold<kQ6_K> || kDirectRows <= Traits<kQ6_K>::kPassRows);
 
 // The chain starts of kQ6kFold, one per 16-weight sub-block of n of them at q: -32 x the sum
 // of quants 0, 1, 4, 5, 8, 9, 12, 13 in the low int16, of 2, 3, 6, 7, 10, 11, 14, 15 in the high
@@ -676,7 +673,7 @@ inline void dot_q6k(const uint8_t* const* sc, const uint8_t* const* qs, int64_t 
   constexpr bool kTwo = S::kTwo;
   constexpr int kStride = S::kStride, kScStride = panel_scale_stride(kType);
   constexpr int kScaleLead = 128;  // (bytes the decode step's prefetch runs ahead on the scales)
-  constexpr bool kMerge = Traits<kType>::kMerge, kFold = kQ6kFold<kType> && kNt == 1 && !kPre;
+  constexpr bool kMerge = Traits<kType>::kMerge, kFold = kQ6kFold<kType>;
   const S ops;
   // (Q6_K / Q3_K: 32 / 4 x the activation's sum of sub-block sb's 16 quants; kFold: the
   // int16 pair q6k_fold_corr lays out)
@@ -1308,8 +1305,8 @@ inline void matmul(PanelRef panels, int64_t k, const Activations& a, int64_t m, 
   }
   if constexpr (kType == kQ2_K) {  // int16 pairs of sums of 16, for the mins
     pairs_of_16(a.bsums.data(), m * nb * 8, corr.data());
-  } else if (kQ6kFold<kType> && m == 1) {
-    q6k_fold_corr(a.q.data(), nb * 16, corr.data());
+  } else if (kQ6kFold<kType>) {
+    q6k_fold_corr(a.q.data(), m * nb * 16, corr.data());
   } else if constexpr (kSub16) {
     for (int64_t i = 0; i < m * nb * 16; ++i) corr[i] = (kSix ? 32 : 4) * a.bsums[i];
   }

@@ -160,6 +160,17 @@ inline I u8_pairs(__m128i lo, __m128i hi) { return {_mm256_cvtepu8_epi16(lo), _m
 inline I dot16(I acc, I x, I y) {
   return {_mm256_add_epi32(acc.a, _mm256_madd_epi16(x.a, y.a)), _mm256_add_epi32(acc.b, _mm256_madd_epi16(x.b, y.b))};
 }
+// A step's result as it stands, in its two registers: the compiler may not take the steps of
+// a chain apart. Integer adds reassociate, and GCC 12 summed the int16 chains of several
+// activation rows as trees (every row's products first, then their sums), which needs
+// registers for all the products: 16 YMM registers spill, and the multi-row kernels ran from
+// the stack (kernels_bench 2048 x 5632, one thread, INFERA_ISA=avx2, 64 tokens: Q4_K 127-152
+// -> 193-217 GOP/s, Q5_K 116-138 -> 165-195; end to end, a TinyLlama-shaped Q4_K_M file's
+// 64-token prompt 61-77 -> 103-105 tokens/s). The sums are exact either way.
+inline I in_registers(I r) {
+  __asm__("" : "+x"(r.a), "+x"(r.b));
+  return r;
+}
 inline I i8_pairs(const uint8_t* p) {
   const __m128i v = _mm_cvtepi8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))),
                 w = _mm_cvtepi8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 8)));
@@ -167,12 +178,11 @@ inline I i8_pairs(const uint8_t* p) {
           _mm256_set_m128i(_mm_unpackhi_epi16(w, w), _mm_unpacklo_epi16(w, w))};
 }
 inline I signed_step_scaled(I acc, I w, I q, I scale) {
-  return {_mm256_add_epi32(acc.a,
-                           _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(w.a), _mm256_sign_epi8(q.a, w.a)),
-                                             scale.a)),
-          _mm256_add_epi32(acc.b,
-                           _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(w.b), _mm256_sign_epi8(q.b, w.b)),
-                                             scale.b))};
+  I r{_mm256_add_epi32(acc.a, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(w.a), _mm256_sign_epi8(q.a, w.a)),
+                                                scale.a)),
+      _mm256_add_epi32(acc.b, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(w.b), _mm256_sign_epi8(q.b, w.b)),
+                                                scale.b))};
+  return in_registers(r);
 }
 
 inline F loadf(const float* p) { return {_mm256_load_ps(p), _mm256_load_ps(p + 8)}; }
@@ -214,15 +224,17 @@ template <bool kSigned>
 inline I chain_step(I acc, I w, I q) {
   if constexpr (kSigned) {
     const __m256i one = _mm256_set1_epi16(1);
-    return {_mm256_add_epi32(acc.a,
-                             _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(w.a), _mm256_sign_epi8(q.a, w.a)),
-                                               one)),
-            _mm256_add_epi32(acc.b,
-                             _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(w.b), _mm256_sign_epi8(q.b, w.b)),
-                                               one))};
+    I r{_mm256_add_epi32(acc.a,
+                         _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(w.a), _mm256_sign_epi8(q.a, w.a)),
+                                           one)),
+        _mm256_add_epi32(acc.b,
+                         _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(w.b), _mm256_sign_epi8(q.b, w.b)),
+                                           one))};
+    return in_registers(r);
   } else {
-    return {_mm256_add_epi16(acc.a, _mm256_maddubs_epi16(w.a, q.a)),
-            _mm256_add_epi16(acc.b, _mm256_maddubs_epi16(w.b, q.b))};
+    I r{_mm256_add_epi16(acc.a, _mm256_maddubs_epi16(w.a, q.a)),
+        _mm256_add_epi16(acc.b, _mm256_maddubs_epi16(w.b, q.b))};
+    return in_registers(r);
   }
 }
 // (kMerge: one chain, lo, that took both halves' steps.)
