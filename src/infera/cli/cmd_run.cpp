@@ -19,6 +19,7 @@
 #include "infera/model/model.h"
 #include "infera/model/parallel_model.h"
 #include "infera/model/tensor_dump.h"
+#include "infera/model/tensor_parallel.h"
 #include "infera/parallel/communicator.h"
 #include "infera/parallel/launch.h"
 #include "infera/runtime/block_allocator.h"
@@ -410,7 +411,12 @@ int run(std::shared_ptr<RunOptions> opts) {
   }
   if (!parallel::launched_by_mpi()) {
     const int ranks = std::max(o.tp, o.ep);
-    if (ranks > 1) return parallel::run_under_mpirun(ranks, parallel::GroupSignals::kStop);
+    if (ranks > 1) {
+      // Checked here, once, before any rank starts (the ranks check again as they bind).
+      TensorShard::check_split(o.model_dir.empty() ? default_model_dir() : o.model_dir, o.tp, o.ep,
+                               o.ep_dispatch == "all-to-all");
+      return parallel::run_under_mpirun(ranks, parallel::GroupSignals::kStop);
+    }
     return generate(o, nullptr);
   }
   if (parallel::launcher_world_size() > 1 && o.tp == 1 && o.ep == 1) o.tp = parallel::launcher_world_size();

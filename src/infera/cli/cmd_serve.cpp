@@ -25,6 +25,7 @@
 #include "infera/cli/command.h"
 #include "infera/cli/serve_options.h"
 #include "infera/model/arch_registry.h"
+#include "infera/model/gguf_loader.h"
 #include "infera/model/kv_pool.h"
 #include "infera/model/model.h"
 #include "infera/model/parallel_model.h"
@@ -260,6 +261,8 @@ int serve(const ServeOptions& options) {
     {
       const auto models = prepare_models(config);
       TensorShard::check_split(models.at(group_model->index)->model_config(), m.tp, m.ep, m.path);
+      // (a GGUF file's row-parallel matrices: whole blocks on every rank)
+      if (is_gguf_path(weights_dir(m))) TensorShard::check_split(weights_dir(m), m.tp, m.ep, false);
       name = models.at(group_model->index)->name();
     }
     LOG_INFO("starting {} ranks with mpirun for model '{}' (tp {}, ep {}); SIGTERM drains them", group_model->ranks,

@@ -612,8 +612,12 @@ WeightStore bind_gguf(const std::string& path, const ModelConfig& cfg, bool load
     if (summary) {
       summary->parameters += rows * cols;
       summary->resident_bytes += keep ? rows * row_bytes : rows * cols * 4;
+      const bool first = counted.insert(t->name).second;
+      if (first && keep && blocks &&
+          (spec.split == TpSplit::kColumns || (spec.split == TpSplit::kExperts && spec.slot == "ffn_down_exps")))
+        summary->column_splits.push_back({spec.gguf, spec.slot, cols, type});
       for (const gguf::Tensor* x : {t, v_b}) {
-        if (x && counted.insert(x->name).second) {
+        if (x && (x == t ? first : counted.insert(x->name).second)) {
           ++summary->tensors;
           ++summary->types[type_name(x->type)];
         }

@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "infera/io/safetensors.h"
 #include "infera/model/config.h"
@@ -52,6 +53,16 @@ struct GgufWeightsSummary {
   int64_t file_bytes = 0;  // of every part
   int64_t resident_bytes = 0;  // weights in memory once loaded (dequantized tensors as f32)
   std::map<std::string, int64_t> types;  // ggml type name -> tensors
+  // The block-type matrices a tensor-parallel group splits by their input columns (the
+  // table's TpSplit::kColumns, and the experts' down projections), which must split on
+  // whole blocks (TensorShard::check_split). One per GGUF tensor.
+  struct ColumnSplit {
+    std::string gguf;  // GGUF name
+    std::string slot;  // TensorSpec::slot: which dimension splits them
+    int64_t cols = 0;
+    uint32_t ggml_type = 0;
+  };
+  std::vector<ColumnSplit> column_splits;
 };
 GgufWeightsSummary inspect_gguf_weights(const std::string& path, const ModelConfig& cfg);
 

@@ -59,6 +59,18 @@ int64_t scale_row_bytes(const kernels::QuantMatRef& w) {
   return kernels::scheme_is_int4(w.scheme) ? w.groups_per_row() * 2 : static_cast<int64_t>(sizeof(float));
 }
 
+// A GGUF matrix's input columns c of cols, split on the blocks of its type (experts: the model
+// has experts, which --ep splits whole instead).
+void check_whole_blocks(std::string_view name, int64_t cols, Range c, uint32_t ggml_type, bool experts) {
+  const int64_t block = kernels::ggml::block_size(ggml_type);
+  if (c.begin % block == 0 && c.end % block == 0) return;
+  fail(
+      "{}: tensor parallelism splits its {} input columns at [{}, {}), inside the {}-column blocks of its GGUF type "
+      "{}; pick a --tp that gives each rank whole blocks{}",
+      name, cols, c.begin, c.end, block, gguf::ggml_type_traits(static_cast<gguf::GgmlType>(ggml_type)).name,
+      experts ? " (or split the experts with --ep)" : "");
+}
+
 }  // namespace
 
 void TensorShard::FreeDeleter::operator()(uint8_t* p) const { std::free(p); }
@@ -93,7 +105,8 @@ TensorShard::TensorShard(const parallel::ParallelPlan& plan, const ModelConfig& 
   }
 }
 
-void TensorShard::check_split(const ModelConfig& cfg, int tp, int ep, const std::string& where) {
+void TensorShard::check_split(const ModelConfig& cfg, int tp, int ep, const std::string& where,
+                              const std::vector<GgufWeightsSummary::ColumnSplit>& gguf_columns, bool ep_all_to_all) {
   if (cfg.num_heads % tp != 0 || cfg.num_kv_heads % tp != 0) {
     fail("{}: --tp {} must divide num_attention_heads ({}) and num_key_value_heads ({}); pick a divisor of both", where,
          tp, cfg.num_heads, cfg.num_kv_heads);
@@ -109,6 +122,37 @@ void TensorShard::check_split(const ModelConfig& cfg, int tp, int ep, const std:
         "least one",
         where, tp, cfg.linear_num_key_heads);
   }
+  // A GGUF file's row-parallel matrices, each rank's columns as the binding cuts them
+  // (shard_layer, shard_moe, shard_gdn): attention outputs and GDN's out_proj by heads, the
+  // dense and shared MLPs' and (TP without EP) the experts' down projections by columns.
+  for (const GgufWeightsSummary::ColumnSplit& m : gguf_columns) {
+    int64_t units = m.cols;
+    int parts = tp;
+    if (m.slot == "attn_output") {
+      units = cfg.num_heads;
+    } else if (m.slot == "gdn_out") {
+      units = cfg.linear_num_key_heads;
+    } else if (m.slot == "ffn_down_exps") {
+      if (ep > 1) continue;
+    } else if (m.slot == "ffn_down_shexp") {
+      if (ep_all_to_all) continue;
+      parts = std::max(tp, ep);
+    }
+    if (parts <= 1 || units <= 0) continue;
+    const int64_t width = m.cols / units;
+    for (int r = 0; r < parts; ++r) {
+      const Range u = parallel::split_range(units, parts, r);
+      check_whole_blocks(m.gguf, m.cols, Range{u.begin * width, u.end * width}, m.ggml_type, cfg.num_experts > 0);
+    }
+  }
+}
+
+void TensorShard::check_split(const std::string& path, int tp, int ep, bool ep_all_to_all) {
+  ModelConfig cfg = load_model_config(path);
+  check_split(cfg, tp, ep, path, {}, ep_all_to_all);
+  if (!is_gguf_path(path) || std::max(tp, ep) <= 1) return;
+  cfg.gdn_value_heads_tiled = false;  // (as load_model binds a GGUF file for a group)
+  check_split(cfg, tp, ep, path, inspect_gguf_weights(path, cfg).column_splits, ep_all_to_all);
 }
 
 uint8_t* TensorShard::allocate(int64_t bytes) {
@@ -196,18 +240,10 @@ kernels::LinearWeight TensorShard::rows(const kernels::LinearWeight& w, Range r)
 kernels::MatRef TensorShard::columns(const kernels::MatRef& w, Range c, std::string_view name) {
   if (c.begin == 0 && c.end == w.cols) return packed(w);
   INFERA_ASSERT(0 <= c.begin && c.begin <= c.end && c.end <= w.cols);
-  if (w.dtype == DType::kGgml) {
-    // GGUF blocks run along the input columns: a rank takes whole blocks of every row.
-    const int64_t block = kernels::ggml::block_size(w.ggml_type);
-    if (c.begin % block != 0 || c.end % block != 0) {
-      fail(
-          "{}: tensor parallelism splits its {} input columns at [{}, {}), inside the {}-column blocks of its GGUF "
-          "type {}; pick a --tp that gives each rank whole blocks{}",
-          name.empty() ? std::string_view("a GGUF matrix") : name, w.cols, c.begin, c.end, block,
-          gguf::ggml_type_traits(static_cast<gguf::GgmlType>(w.ggml_type)).name,
-          !expert_owner_.empty() ? " (or split the experts with --ep)" : "");
-    }
-  }
+  // GGUF blocks run along the input columns: a rank takes whole blocks of every row.
+  if (w.dtype == DType::kGgml)
+    check_whole_blocks(name.empty() ? std::string_view("a GGUF matrix") : name, w.cols, c, w.ggml_type,
+                       !expert_owner_.empty());
   const int64_t src_row = kernels::row_bytes(w);
   const kernels::MatRef shape{nullptr, w.dtype, w.rows, c.size(), w.ggml_type};
   const int64_t row = kernels::row_bytes(shape);

@@ -286,6 +286,12 @@ TEST_F(TpRun, QuantizedCheckpointsSplitByRowsAndWholeGroups) {
   const Result bad = greedy(quantized("w4a16", "--group-size 128"), "--tp 4", two, 1);
   EXPECT_NE(bad.exit_code, 0);
   EXPECT_NE(bad.err.find("not a multiple of the quantization group size 128"), std::string::npos) << bad.err;
+
+  // What the config alone rules out is refused by `infera run` itself, before mpirun starts.
+  const Result heads = greedy(w8, "--tp 3", two, 1);
+  EXPECT_NE(heads.exit_code, 0);
+  EXPECT_NE(heads.err.find("--tp 3 must divide num_attention_heads"), std::string::npos) << heads.err;
+  EXPECT_EQ(heads.err.find("error: rank"), std::string::npos) << heads.err;
 }
 
 TEST_F(TpRun, GgufFilesSplitByRowsAndWholeBlocks) {
@@ -344,14 +350,23 @@ TEST_F(TpRun, GgufFilesSplitByRowsAndWholeBlocks) {
                                    "--arch deepseek_v3 --heads 4 --layers 3 --experts 8 --n-group 4 --topk-group 2",
                                    "q8_0", {"--tp 2", "--ep 2", "--tp 2 --ep 2"});
 
-  // A split inside a block is refused by name (TP 4: o_proj's 512 columns at multiples of 128).
+  // A split inside a block is refused by name (TP 4: o_proj's 512 columns at multiples of 128),
+  // by the launcher from the file's headers, before any rank starts (a rank's error says
+  // "error: rank R of N"); the MoE file's experts split by columns the same way, where --ep would not.
   std::vector<float> logits;
   const Result bad = greedy(gguf("gguf_dense", dense, "q4_k_m"), "--tp 4", logits, 1);
   EXPECT_NE(bad.exit_code, 0);
-  EXPECT_NE(bad.err.find("inside the 256-column blocks of its GGUF type Q4_K; pick a --tp that gives each rank "
-                         "whole blocks"),
+  EXPECT_NE(bad.err.find(
+                "blk.0.attn_output.weight: tensor parallelism splits its 512 input columns at [0, 128), inside "
+                "the 256-column blocks of its GGUF type Q4_K; pick a --tp that gives each rank whole blocks"),
             std::string::npos)
       << bad.err;
+  EXPECT_EQ(bad.err.find("error: rank"), std::string::npos) << bad.err;
+  const std::string moe_args = "--arch qwen3_moe --heads 8 --kv-heads 4 --layers 2 --moe-ffn 512";
+  const Result bad_moe = greedy(gguf("gguf_moe_k", moe_args, "q4_k_m"), "--tp 4", logits, 1);
+  EXPECT_NE(bad_moe.exit_code, 0);
+  EXPECT_NE(bad_moe.err.find("(or split the experts with --ep)"), std::string::npos) << bad_moe.err;
+  EXPECT_EQ(bad_moe.err.find("error: rank"), std::string::npos) << bad_moe.err;
 }
 
 TEST_F(TpRun, GgufPerRankWeightMemoryIsAboutOneOverTp) {
