@@ -613,7 +613,8 @@ WeightStore bind_gguf(const std::string& path, const ModelConfig& cfg, bool load
       summary->parameters += rows * cols;
       summary->resident_bytes += keep ? rows * row_bytes : rows * cols * 4;
       const bool first = counted.insert(t->name).second;
-      if (first && keep && blocks &&
+      // (a group leaves the MTP head out: it never splits those)
+      if (first && keep && blocks && !spec.mtp &&
           (spec.split == TpSplit::kColumns || (spec.split == TpSplit::kExperts && spec.slot == "ffn_down_exps")))
         summary->column_splits.push_back({spec.gguf, spec.slot, cols, type});
       for (const gguf::Tensor* x : {t, v_b}) {

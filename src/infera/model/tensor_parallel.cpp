@@ -59,16 +59,23 @@ int64_t scale_row_bytes(const kernels::QuantMatRef& w) {
   return kernels::scheme_is_int4(w.scheme) ? w.groups_per_row() * 2 : static_cast<int64_t>(sizeof(float));
 }
 
-// A GGUF matrix's input columns c of cols, split on the blocks of its type (experts: the model
-// has experts, which --ep splits whole instead).
-void check_whole_blocks(std::string_view name, int64_t cols, Range c, uint32_t ggml_type, bool experts) {
+// What else a GGUF matrix whose split falls inside its blocks could do: a MoE's experts split
+// whole with --ep; its shared expert splits over every rank under --ep too, and is kept whole
+// by all-to-all dispatch.
+enum class BlockHint { kNone, kExperts, kSharedExpert };
+
+// A GGUF matrix's input columns c of cols, split on the blocks of its type.
+void check_whole_blocks(std::string_view name, int64_t cols, Range c, uint32_t ggml_type, BlockHint hint) {
   const int64_t block = kernels::ggml::block_size(ggml_type);
   if (c.begin % block == 0 && c.end % block == 0) return;
   fail(
       "{}: tensor parallelism splits its {} input columns at [{}, {}), inside the {}-column blocks of its GGUF type "
       "{}; pick a --tp that gives each rank whole blocks{}",
       name, cols, c.begin, c.end, block, gguf::ggml_type_traits(static_cast<gguf::GgmlType>(ggml_type)).name,
-      experts ? " (or split the experts with --ep)" : "");
+      hint == BlockHint::kExperts        ? " (or split the experts with --ep)"
+      : hint == BlockHint::kSharedExpert ? " (the shared expert splits over every rank, also with --ep; "
+                                           "--ep N --ep-dispatch all-to-all keeps it whole)"
+                                         : "");
 }
 
 }  // namespace
@@ -142,12 +149,16 @@ void TensorShard::check_split(const ModelConfig& cfg, int tp, int ep, const std:
     const int64_t width = m.cols / units;
     for (int r = 0; r < parts; ++r) {
       const Range u = parallel::split_range(units, parts, r);
-      check_whole_blocks(m.gguf, m.cols, Range{u.begin * width, u.end * width}, m.ggml_type, cfg.num_experts > 0);
+      check_whole_blocks(m.gguf, m.cols, Range{u.begin * width, u.end * width}, m.ggml_type,
+                         m.slot == "ffn_down_shexp" ? BlockHint::kSharedExpert
+                         : cfg.num_experts > 0      ? BlockHint::kExperts
+                                                    : BlockHint::kNone);
     }
   }
 }
 
 void TensorShard::check_split(const std::string& path, int tp, int ep, bool ep_all_to_all) {
+  parallel::validate_sizes(tp, ep, std::max(tp, ep));
   ModelConfig cfg = load_model_config(path);
   check_split(cfg, tp, ep, path, {}, ep_all_to_all);
   if (!is_gguf_path(path) || std::max(tp, ep) <= 1) return;
@@ -237,13 +248,15 @@ kernels::LinearWeight TensorShard::rows(const kernels::LinearWeight& w, Range r)
   return out;
 }
 
-kernels::MatRef TensorShard::columns(const kernels::MatRef& w, Range c, std::string_view name) {
+kernels::MatRef TensorShard::columns(const kernels::MatRef& w, Range c, std::string_view name, bool shared_expert) {
   if (c.begin == 0 && c.end == w.cols) return packed(w);
   INFERA_ASSERT(0 <= c.begin && c.begin <= c.end && c.end <= w.cols);
   // GGUF blocks run along the input columns: a rank takes whole blocks of every row.
   if (w.dtype == DType::kGgml)
     check_whole_blocks(name.empty() ? std::string_view("a GGUF matrix") : name, w.cols, c, w.ggml_type,
-                       !expert_owner_.empty());
+                       shared_expert            ? BlockHint::kSharedExpert
+                       : !expert_owner_.empty() ? BlockHint::kExperts
+                                                : BlockHint::kNone);
   const int64_t src_row = kernels::row_bytes(w);
   const kernels::MatRef shape{nullptr, w.dtype, w.rows, c.size(), w.ggml_type};
   const int64_t row = kernels::row_bytes(shape);
@@ -259,8 +272,8 @@ kernels::MatRef TensorShard::columns(const kernels::MatRef& w, Range c, std::str
   return out;
 }
 
-kernels::LinearWeight TensorShard::columns(const kernels::LinearWeight& w, Range c) {
-  if (!w.quantized) return kernels::dense_linear(columns(w.dense, c, w.name), w.name);
+kernels::LinearWeight TensorShard::columns(const kernels::LinearWeight& w, Range c, bool shared_expert) {
+  if (!w.quantized) return kernels::dense_linear(columns(w.dense, c, w.name, shared_expert), w.name);
   if (c.begin == 0 && c.end == w.cols()) return w;
   refuse_extras(w, "column");
   // Quantized, row-parallel: W8A8 has one scale per row, which stays exact for any column
@@ -389,7 +402,7 @@ void TensorShard::shard_moe(MoeWeights& w) {
   const Range cols = parallel::split_range(w.shared.inter(), plan_.world(), rank());
   w.shared.gate = rows(w.shared.gate, cols);
   w.shared.up = rows(w.shared.up, cols);
-  w.shared.down = columns(w.shared.down, cols);
+  w.shared.down = columns(w.shared.down, cols, /*shared_expert=*/true);
 }
 
 GdnDims TensorShard::gdn_dims(const GdnDims& whole) const {

@@ -82,8 +82,10 @@ class TensorShard {
   // Row-parallel: input columns c of w, copied once into memory this shard owns. A GGUF
   // matrix's split must fall on its blocks (infera::Error naming `name` otherwise) and the
   // copy is kept as panels only (MatRef::data null) where its type has them.
-  kernels::MatRef columns(const kernels::MatRef& w, parallel::Range c, std::string_view name = {});
-  kernels::LinearWeight columns(const kernels::LinearWeight& w, parallel::Range c);
+  // (shared_expert: a MoE's shared expert, for the error's hint)
+  kernels::MatRef columns(const kernels::MatRef& w, parallel::Range c, std::string_view name = {},
+                          bool shared_expert = false);
+  kernels::LinearWeight columns(const kernels::LinearWeight& w, parallel::Range c, bool shared_expert = false);
   // A matrix every rank keeps whole (DeepSeek's latent projections, the shared expert under
   // all-to-all dispatch, the output head without TP): in a group, a GGUF matrix gets the
   // panels binding left out; otherwise w as it is.

@@ -13,17 +13,20 @@ Range split_range(int64_t n, int parts, int part) {
   return Range{begin, begin + base + (part < extra ? 1 : 0)};
 }
 
+void validate_sizes(int tp, int ep, int world) {
+  if (tp < 1 || ep < 1) fail("--tp and --ep must be at least 1 (got {} and {})", tp, ep);
+  if (std::max(tp, ep) != world)
+    fail("the group has {} ranks but --tp {} --ep {} needs {}; start max(tp, ep) ranks", world, tp, ep,
+         std::max(tp, ep));
+  if ((tp != 1 && tp != world) || (ep != 1 && ep != world)) {
+    fail("--tp {} --ep {}: each must be 1 or the group size {} (attention and experts are split over the same ranks)",
+         tp, ep, world);
+  }
+}
+
 void validate_plan(const ParallelPlan& plan) {
   const int world = plan.world();
-  if (plan.tp < 1 || plan.ep < 1) fail("--tp and --ep must be at least 1 (got {} and {})", plan.tp, plan.ep);
-  if (std::max(plan.tp, plan.ep) != world) {
-    fail("the group has {} ranks but --tp {} --ep {} needs {}; start max(tp, ep) ranks", world, plan.tp, plan.ep,
-         std::max(plan.tp, plan.ep));
-  }
-  if ((plan.tp != 1 && plan.tp != world) || (plan.ep != 1 && plan.ep != world)) {
-    fail("--tp {} --ep {}: each must be 1 or the group size {} (attention and experts are split over the same ranks)",
-         plan.tp, plan.ep, world);
-  }
+  validate_sizes(plan.tp, plan.ep, world);
   if (plan.ep_all_to_all && (plan.ep == 1 || plan.tp != 1)) {
     fail(
         "--ep-dispatch all-to-all needs --ep N without --tp (tokens split across ranks); with tensor-parallel "

@@ -55,5 +55,8 @@ struct ParallelPlan {
 // Throws infera::Error unless tp and ep are each 1 or the group size and the group size is
 // max(tp, ep).
 void validate_plan(const ParallelPlan& plan);
+// The sizes part of validate_plan, for a launcher before the group exists (world: the ranks
+// it would start).
+void validate_sizes(int tp, int ep, int world);
 
 }  // namespace infera::parallel

@@ -367,6 +367,19 @@ TEST_F(TpRun, GgufFilesSplitByRowsAndWholeBlocks) {
   EXPECT_NE(bad_moe.exit_code, 0);
   EXPECT_NE(bad_moe.err.find("(or split the experts with --ep)"), std::string::npos) << bad_moe.err;
   EXPECT_EQ(bad_moe.err.find("error: rank"), std::string::npos) << bad_moe.err;
+  // A shared expert splits over every rank under --ep too (Q8_0: 32-column blocks, its 96
+  // columns at 48); all-to-all dispatch keeps it whole, which the error says.
+  const std::string shexp = gguf("gguf_shexp",
+                                 "--arch qwen3_5_moe --heads 4 --kv-heads 2 --layers 2 --lin-k-heads 2 --lin-v-heads 4 "
+                                 "--shared-ffn 96",
+                                 "q8_0");
+  const Result bad_shexp = greedy(shexp, "--ep 2", logits, 1);
+  EXPECT_NE(bad_shexp.exit_code, 0);
+  EXPECT_NE(bad_shexp.err.find("ffn_down_shexp.weight: tensor parallelism splits its 96 input columns at [0, 48)"),
+            std::string::npos)
+      << bad_shexp.err;
+  EXPECT_NE(bad_shexp.err.find("--ep-dispatch all-to-all keeps it whole"), std::string::npos) << bad_shexp.err;
+  EXPECT_EQ(greedy(shexp, "--ep 2 --ep-dispatch all-to-all", logits, 1).exit_code, 0);
 }
 
 TEST_F(TpRun, GgufPerRankWeightMemoryIsAboutOneOverTp) {

@@ -1296,7 +1296,8 @@ inline void matmul(PanelRef panels, int64_t k, const Activations& a, int64_t m, 
   }
 #endif
   // Offset x each activation row's block sums (exact: |sum| <= 32 x 127); Q4_K: the int16
-  // pairs of its sums of 32, 4 per super-block; Q6_K: 32 x its sums of 16.
+  // pairs of its sums of 32, 4 per super-block; Q6_K: 32 x its sums of 16 (on AVX2 the int16
+  // pairs of kQ6kFold's chain starts).
   static thread_local std::vector<int32_t> corr;
   corr.resize(static_cast<size_t>(m * nb * kCorr));
   for (int64_t i = 0; i < (kOffset != 0 ? m * k / 32 : 0); ++i) corr[i] = kOffset * sum32(a.q.data() + 32 * i);
