@@ -16,6 +16,7 @@
 #include "infera/cli/command.h"
 #include "infera/cli/model_paths.h"
 #include "infera/cli/run_options.h"
+#include "infera/io/gguf.h"
 #include "infera/model/model.h"
 #include "infera/model/parallel_model.h"
 #include "infera/model/tensor_dump.h"
@@ -192,7 +193,7 @@ int generate(const RunOptions& o, parallel::Communicator* comm) {
   load.load_into_memory = o.no_mmap;
   load.max_batch_tokens = o.chunk;
   if (group) {
-    parallel::check_same_model_files(*comm, dir);
+    parallel::check_same_model_files(*comm, dir, gguf::split_paths);
     load.parallel.comm = comm;
     load.parallel.tp = o.tp;
     load.parallel.ep = o.ep;

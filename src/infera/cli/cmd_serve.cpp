@@ -24,6 +24,7 @@
 #include "infera/base/threads.h"
 #include "infera/cli/command.h"
 #include "infera/cli/serve_options.h"
+#include "infera/io/gguf.h"
 #include "infera/model/arch_registry.h"
 #include "infera/model/gguf_loader.h"
 #include "infera/model/kv_pool.h"
@@ -122,7 +123,7 @@ struct Group {
 void attach_group(std::vector<std::shared_ptr<ModelInstance>>& models, Group& group) {
   ModelInstance& instance = *models.at(group.model_index);
   const ModelDeployConfig& m = instance.deploy();
-  parallel::check_same_model_files(*group.comm, weights_dir(m));
+  parallel::check_same_model_files(*group.comm, weights_dir(m), gguf::split_paths);
   LOG_INFO("model '{}' runs over {} ranks (tp {}, ep {}, {} threads each on this host)", instance.name(),
            group.comm->size(), m.tp, m.ep, m.threads);
   instance.set_model_loader([&group](const std::string& dir, const LoadOptions& base) -> std::unique_ptr<Model> {
@@ -235,7 +236,7 @@ int serve_worker(const DeployConfig& config, Group& group) {
   const ModelDeployConfig& m = config.models.at(group.model_index);
   const ModelConfig model_config = load_model_config(m.path);
   const ResolvedLimits limits = resolve_limits(m, model_config.max_position_embeddings);
-  parallel::check_same_model_files(*group.comm, weights_dir(m));
+  parallel::check_same_model_files(*group.comm, weights_dir(m), gguf::split_paths);
   set_num_threads(m.threads);
   LoadOptions options;
   options.load_into_memory = m.load_into_memory;

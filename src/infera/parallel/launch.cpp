@@ -148,14 +148,15 @@ int run_under_mpirun(int ranks, GroupSignals signals) {
   return code;
 }
 
-uint64_t model_files_fingerprint(const std::string& model_dir) {
+uint64_t model_files_fingerprint(const std::string& model_dir, const std::vector<std::string>& gguf_parts) {
   XXH64_state_t* st = XXH64_createState();
   XXH64_reset(st, 0);
   const fs::path dir(model_dir);
   std::vector<std::pair<std::string, uint64_t>> files;
   std::error_code ec;
-  if (fs::is_regular_file(dir, ec)) {  // a GGUF file: its name and size
-    files.emplace_back(dir.filename().string(), static_cast<uint64_t>(fs::file_size(dir, ec)));
+  if (fs::is_regular_file(dir, ec)) {  // a GGUF file: its name and size (of a split one, every part's)
+    for (const fs::path part : gguf_parts.empty() ? std::vector<std::string>{model_dir} : gguf_parts)
+      files.emplace_back(part.filename().string(), static_cast<uint64_t>(fs::file_size(part, ec)));
   } else {
     {
       std::ifstream in(dir / "config.json", std::ios::binary);
@@ -184,13 +185,15 @@ uint64_t model_files_fingerprint(const std::string& model_dir) {
   return h;
 }
 
-void check_same_model_files(Communicator& comm, const std::string& model_dir) {
+void check_same_model_files(Communicator& comm, const std::string& model_dir, const GgufParts& gguf_parts) {
   // A rank that cannot read the directory must not leave the others waiting in the
   // all-gather: it contributes 0 and reports its own error after the collective.
   uint64_t mine = 0;
   std::string my_error;
   try {
-    mine = model_files_fingerprint(model_dir);
+    mine =
+        model_files_fingerprint(model_dir, gguf_parts && fs::is_regular_file(model_dir) ? gguf_parts(model_dir)
+                                                                                        : std::vector<std::string>{});
   } catch (const Error& e) {
     my_error = e.what();
   }

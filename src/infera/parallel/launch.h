@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -32,12 +33,18 @@ int run_under_mpirun(int ranks, GroupSignals signals);
 
 // A hash of what a rank sees of the model directory: config.json's bytes and the names
 // and sizes of the weight files (*.safetensors, the shard index); of a GGUF file, its name and
-// size. Cheap: no weight bytes are read.
-uint64_t model_files_fingerprint(const std::string& model_dir);
+// size, or those of gguf_parts (every part of a split file) where given. Cheap: no weight
+// bytes are read.
+uint64_t model_files_fingerprint(const std::string& model_dir, const std::vector<std::string>& gguf_parts = {});
+
+// The files of the GGUF model at a path (a split one's parts, gguf::split_paths; parallel/
+// does not read GGUF names itself). Throws infera::Error when a part is missing.
+using GgufParts = std::function<std::vector<std::string>(const std::string&)>;
 
 // All-gathers every rank's fingerprint of `model_dir` and throws infera::Error naming the
 // ranks whose files differ from rank 0's (same on every rank, so all ranks stop together).
-void check_same_model_files(Communicator& comm, const std::string& model_dir);
+// gguf_parts is called inside, so that a rank missing a part reports it after the collective.
+void check_same_model_files(Communicator& comm, const std::string& model_dir, const GgufParts& gguf_parts = {});
 
 // This process's peak resident set (VmHWM) and current resident set (VmRSS), KiB; -1
 // when /proc is unavailable.

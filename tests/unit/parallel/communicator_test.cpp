@@ -95,6 +95,15 @@ TEST(ModelFingerprint, ChangesWithConfigOrShardSizes) {
   EXPECT_EQ(g, model_files_fingerprint((dir / "model.gguf").string()));
   std::ofstream(dir / "model.gguf") << std::string(101, 'g');
   EXPECT_NE(g, model_files_fingerprint((dir / "model.gguf").string()));
+  // A split GGUF: every part the caller lists counts (a rank whose second part differs).
+  const fs::path first = dir / "m-00001-of-00002.gguf", second = dir / "m-00002-of-00002.gguf";
+  std::ofstream(first) << std::string(64, 'x');
+  std::ofstream(second) << std::string(64, 'y');
+  const std::vector<std::string> parts = {first.string(), second.string()};
+  const uint64_t split = model_files_fingerprint(first.string(), parts);
+  EXPECT_NE(split, model_files_fingerprint(first.string()));
+  std::ofstream(second) << std::string(65, 'y');
+  EXPECT_NE(split, model_files_fingerprint(first.string(), parts));
   fs::remove_all(dir);
   EXPECT_THROW(model_files_fingerprint(dir.string()), Error);
 }
