@@ -578,18 +578,18 @@ void deinterleave_fused(const float* qkvz, const float* ba, int64_t T, const Gdn
 }
 
 // Value heads between llama.cpp's tiled order and Hugging Face's grouped one, in place, in each
-// of T rows of `stride` floats: Hv heads of `width` floats from `offset` on. Grouped head j is
-// tiled head (j % r) Hk + j / r (r = Hv / Hk); to_grouped moves tiled rows to grouped ones,
-// else the other way. scratch: [Hv width].
+// of T rows of `stride` floats: Hv heads of `width` floats from `offset` on (grouped head j is
+// tiled head tiled_value_head(j)); to_grouped moves tiled rows to grouped ones, else the other
+// way. scratch: [Hv width].
 void move_value_heads(float* x, int64_t T, int64_t stride, int64_t offset, const GdnDims& d, int64_t width,
                       bool to_grouped, std::vector<float>& scratch) {
-  const int64_t hk = d.n_k_heads, hv = d.n_v_heads, r = hv / hk;
+  const int64_t hk = d.n_k_heads, hv = d.n_v_heads;
   scratch.resize(static_cast<size_t>(hv * width));
   for (int64_t t = 0; t < T; ++t) {
     float* heads = x + t * stride + offset;
     std::copy(heads, heads + hv * width, scratch.begin());
     for (int64_t j = 0; j < hv; ++j) {
-      const int64_t tiled = (j % r) * hk + j / r;
+      const int64_t tiled = tiled_value_head(j, hk, hv);
       const float* from = scratch.data() + (to_grouped ? tiled : j) * width;
       std::copy(from, from + width, heads + (to_grouped ? j : tiled) * width);
     }

@@ -133,6 +133,13 @@ struct ModelConfig {
   bool is_moe_layer(int layer) const;
 };
 
+// Which head of llama.cpp's tiled order holds value head j of Hugging Face's grouped order, of
+// hv value heads reading hk key heads (ModelConfig::gdn_value_heads_tiled).
+inline int64_t tiled_value_head(int64_t j, int64_t hk, int64_t hv) {
+  const int64_t r = hv / hk;
+  return (j % r) * hk + j / r;
+}
+
 // Parses config.json content. `source` names the file in error messages. Throws
 // infera::Error naming the missing/invalid field.
 ModelConfig parse_model_config(const nlohmann::json& j, const std::string& source);

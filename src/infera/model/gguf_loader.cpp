@@ -431,8 +431,8 @@ struct ValueHeads {
   }
   int64_t gguf_index(int64_t i) const {
     if (i < offset) return i;
-    const int64_t j = i - offset, head = j / width, r = hv / hk;
-    return offset + ((head % r) * hk + head / r) * width + j % width;
+    const int64_t j = i - offset;
+    return offset + tiled_value_head(j / width, hk, hv) * width + j % width;
   }
 };
 

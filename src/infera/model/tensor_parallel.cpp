@@ -15,6 +15,7 @@
 #include "infera/base/error.h"
 #include "infera/io/gguf.h"
 #include "infera/kernels/ggml_quants.h"
+#include "infera/model/gguf_loader.h"
 #include "infera/model/quantized_weights.h"
 #include "infera/model/tensor_dump.h"
 
@@ -78,6 +79,37 @@ void check_whole_blocks(std::string_view name, int64_t cols, Range c, uint32_t g
                                          : "");
 }
 
+// A GGUF file's row-parallel matrices (inspect_gguf_weights), each rank's columns as the
+// binding cuts them (shard_layer, shard_moe, shard_gdn): attention outputs and GDN's out_proj by
+// heads, the dense and shared MLPs' and (TP without EP) the experts' down projections by
+// columns; each must be whole blocks of its type.
+void check_gguf_columns(const ModelConfig& cfg, int tp, int ep,
+                        const std::vector<GgufWeightsSummary::ColumnSplit>& gguf_columns, bool ep_all_to_all) {
+  for (const GgufWeightsSummary::ColumnSplit& m : gguf_columns) {
+    int64_t units = m.cols;
+    int parts = tp;
+    if (m.slot == "attn_output") {
+      units = cfg.num_heads;
+    } else if (m.slot == "gdn_out") {
+      units = cfg.linear_num_key_heads;
+    } else if (m.slot == "ffn_down_exps") {
+      if (ep > 1) continue;
+    } else if (m.slot == "ffn_down_shexp") {
+      if (ep_all_to_all) continue;
+      parts = std::max(tp, ep);
+    }
+    if (parts <= 1 || units <= 0) continue;
+    const int64_t width = m.cols / units;
+    for (int r = 0; r < parts; ++r) {
+      const Range u = parallel::split_range(units, parts, r);
+      check_whole_blocks(m.gguf, m.cols, Range{u.begin * width, u.end * width}, m.ggml_type,
+                         m.slot == "ffn_down_shexp" ? BlockHint::kSharedExpert
+                         : cfg.num_experts > 0      ? BlockHint::kExperts
+                                                    : BlockHint::kNone);
+    }
+  }
+}
+
 }  // namespace
 
 void TensorShard::FreeDeleter::operator()(uint8_t* p) const { std::free(p); }
@@ -112,8 +144,7 @@ TensorShard::TensorShard(const parallel::ParallelPlan& plan, const ModelConfig& 
   }
 }
 
-void TensorShard::check_split(const ModelConfig& cfg, int tp, int ep, const std::string& where,
-                              const std::vector<GgufWeightsSummary::ColumnSplit>& gguf_columns, bool ep_all_to_all) {
+void TensorShard::check_split(const ModelConfig& cfg, int tp, int ep, const std::string& where) {
   if (cfg.num_heads % tp != 0 || cfg.num_kv_heads % tp != 0) {
     fail("{}: --tp {} must divide num_attention_heads ({}) and num_key_value_heads ({}); pick a divisor of both", where,
          tp, cfg.num_heads, cfg.num_kv_heads);
@@ -129,41 +160,15 @@ void TensorShard::check_split(const ModelConfig& cfg, int tp, int ep, const std:
         "least one",
         where, tp, cfg.linear_num_key_heads);
   }
-  // A GGUF file's row-parallel matrices, each rank's columns as the binding cuts them
-  // (shard_layer, shard_moe, shard_gdn): attention outputs and GDN's out_proj by heads, the
-  // dense and shared MLPs' and (TP without EP) the experts' down projections by columns.
-  for (const GgufWeightsSummary::ColumnSplit& m : gguf_columns) {
-    int64_t units = m.cols;
-    int parts = tp;
-    if (m.slot == "attn_output") {
-      units = cfg.num_heads;
-    } else if (m.slot == "gdn_out") {
-      units = cfg.linear_num_key_heads;
-    } else if (m.slot == "ffn_down_exps") {
-      if (ep > 1) continue;
-    } else if (m.slot == "ffn_down_shexp") {
-      if (ep_all_to_all) continue;
-      parts = std::max(tp, ep);
-    }
-    if (parts <= 1 || units <= 0) continue;
-    const int64_t width = m.cols / units;
-    for (int r = 0; r < parts; ++r) {
-      const Range u = parallel::split_range(units, parts, r);
-      check_whole_blocks(m.gguf, m.cols, Range{u.begin * width, u.end * width}, m.ggml_type,
-                         m.slot == "ffn_down_shexp" ? BlockHint::kSharedExpert
-                         : cfg.num_experts > 0      ? BlockHint::kExperts
-                                                    : BlockHint::kNone);
-    }
-  }
 }
 
 void TensorShard::check_split(const std::string& path, int tp, int ep, bool ep_all_to_all) {
   parallel::validate_sizes(tp, ep, std::max(tp, ep));
   ModelConfig cfg = load_model_config(path);
-  check_split(cfg, tp, ep, path, {}, ep_all_to_all);
+  check_split(cfg, tp, ep, path);
   if (!is_gguf_path(path) || std::max(tp, ep) <= 1) return;
   cfg.gdn_value_heads_tiled = false;  // (as load_model binds a GGUF file for a group)
-  check_split(cfg, tp, ep, path, inspect_gguf_weights(path, cfg).column_splits, ep_all_to_all);
+  check_gguf_columns(cfg, tp, ep, inspect_gguf_weights(path, cfg).column_splits, ep_all_to_all);
 }
 
 uint8_t* TensorShard::allocate(int64_t bytes) {

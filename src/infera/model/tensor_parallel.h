@@ -32,7 +32,6 @@
 #include "infera/model/blocks.h"
 #include "infera/model/config.h"
 #include "infera/model/expert_dispatch.h"
-#include "infera/model/gguf_loader.h"
 #include "infera/parallel/plan.h"
 
 namespace infera {
@@ -45,15 +44,12 @@ class TensorShard {
   TensorShard(const parallel::ParallelPlan& plan, const ModelConfig& cfg, const std::string& where,
               bool weights_mapped);
   // The checks the constructor makes, without loading anything (a launcher checks a
-  // deployment before it starts the ranks). Throws infera::Error naming `where`. With a
-  // GGUF file's row-parallel matrices (inspect_gguf_weights, for a config as a group binds
-  // it), also that each rank's input columns are whole blocks of their type, which the
-  // binding checks again (columns()).
-  static void check_split(const ModelConfig& cfg, int tp, int ep, const std::string& where,
-                          const std::vector<GgufWeightsSummary::ColumnSplit>& gguf_columns = {},
-                          bool ep_all_to_all = false);
-  // check_split for the model at `path` (a Hugging Face directory or a GGUF file): its config,
-  // and for a GGUF file the block types of its row-parallel matrices, from the headers.
+  // deployment before it starts the ranks). Throws infera::Error naming `where`.
+  static void check_split(const ModelConfig& cfg, int tp, int ep, const std::string& where);
+  // check_split for the model at `path` (a Hugging Face directory or a GGUF file), after the
+  // tp / ep sizes; for a GGUF file also that each rank's input columns of its row-parallel
+  // matrices are whole blocks of their type, from the headers (the binding checks again:
+  // columns()).
   static void check_split(const std::string& path, int tp, int ep, bool ep_all_to_all);
   TensorShard(TensorShard&&) = default;
   TensorShard& operator=(TensorShard&&) = default;
