@@ -74,32 +74,10 @@ print(ids)")"
 field() { $py -c "import json,sys; print(json.loads(sys.stdin.read().strip().splitlines()[-1])[sys.argv[1]])" "$1"; }
 best() { $py -c "import sys; print(max(float(v) for v in sys.argv[1:]))" "$@"; }
 
-nlc_node=(node)
-# An overlay of tests/conformance/node_modules in WORK_DIR/$1 whose linux-x64 package lacks the
-# CPU variants named after it, so llama.cpp loads its best remaining one.
-llama_overlay() {
-  local name="$1"
-  shift
-  local nlc="$work/$name/node_modules" src="$repo/tests/conformance/node_modules"
-  if [ ! -d "$nlc/@node-llama-cpp/linux-x64" ]; then
-    mkdir -p "$nlc/@node-llama-cpp"
-    for e in "$src"/* "$src"/.bin; do
-      [ "$(basename "$e")" = @node-llama-cpp ] || ln -sfn "$e" "$nlc/$(basename "$e")"
-    done
-    for e in "$src"/@node-llama-cpp/*; do
-      [ "$(basename "$e")" = linux-x64 ] || ln -sfn "$e" "$nlc/@node-llama-cpp/$(basename "$e")"
-    done
-    cp -r "$src/@node-llama-cpp/linux-x64" "$nlc/@node-llama-cpp/"
-    for v in "$@"; do rm -f "$nlc/@node-llama-cpp/linux-x64/bins/linux-x64/libggml-cpu-$v.so"; done
-  fi
-  export NLC_ROOT="$work/$name"
-  nlc_node=(node --preserve-symlinks --preserve-symlinks-main)  # (the overlay's own linux-x64)
-}
+# shellcheck source=bench/llama_overlay.sh
+source "$repo/bench/llama_overlay.sh"
 if [ "${AVX2:-0}" = 1 ]; then
-  # Both engines on AVX2 only: Infera's avx2 path, llama.cpp's haswell variant (AVX2 / FMA /
-  # F16C: every variant with AVX-512 or AVX-VNNI removed).
-  export INFERA_ISA=avx2
-  llama_overlay nlc_avx2 sapphirerapids zen4 cooperlake cascadelake icelake cannonlake skylakex alderlake
+  avx2_only
 elif [ "${NO_AMX:-0}" = 1 ]; then
   export INFERA_AMX=0
   llama_overlay nlc_noamx sapphirerapids

@@ -6,7 +6,9 @@
 #   bench/quant_bench.sh [BUILD_DIR] [WORK_DIR]        (BUILD_DIR: absolute or repo-relative)
 #
 # Environment: PROMPT_TOKENS (64), GEN_TOKENS (32), REPEATS (2: best of), THREADS ("1 2"),
-# INFERA_QUANT_REPACK=0 to measure the zero-copy path (kernels on the mapped files).
+# INFERA_QUANT_REPACK=0 to measure the zero-copy path (kernels on the mapped files), AVX2=1 to
+# compare the two engines on AVX2 alone (Infera's avx2 path, llama.cpp's haswell variant; the
+# overlay that makes llama.cpp load it is kept in WORK_DIR).
 #
 # Roofline: bytes actually read per generated token = every weight tensor except the token
 # embedding table (one row of it is read) — for Infera the safetensors tensors, for llama.cpp
@@ -31,6 +33,9 @@ py=/usr/bin/python3
 [ -x "$infera" ] || { echo "error: $infera not found (build the infera target, pass BUILD_DIR)" >&2; exit 1; }
 mkdir -p "$work"
 cd "$work"
+# shellcheck source=bench/llama_overlay.sh
+source "$repo/bench/llama_overlay.sh"
+[ "${AVX2:-0}" = 1 ] && avx2_only
 
 [ -f tl/config.json ] || $py "$repo/tools/gen_model.py" tl --preset tinyllama
 # w4a8g128: W4A8 with group 128 (the common AWQ/GPTQ choice, 4.125 instead of 4.5 bits per
@@ -93,7 +98,7 @@ for threads in $threads_list; do
       ps_all[$s,$threads]+=" $(echo "$out" | field prompt_tokens_per_s)"; gs_all[$s,$threads]+=" $(echo "$out" | field generated_tokens_per_s)"
     done
     for t in q8_0 q4_0; do
-      out="$(node "$repo/bench/quant_llamacpp.mjs" "tl_$t.gguf" "$threads" "$prompt_tokens" "$gen_tokens")"
+      out="$("${nlc_node[@]}" "$repo/bench/quant_llamacpp.mjs" "tl_$t.gguf" "$threads" "$prompt_tokens" "$gen_tokens")"
       ps_all[$t,$threads]+=" $(echo "$out" | field prompt_tokens_per_s)"; gs_all[$t,$threads]+=" $(echo "$out" | field gen_tokens_per_s)"
     done
   done
@@ -113,6 +118,9 @@ print(max(b.get(t, max(b.values())) for b in bs))" "$threads" "$bw_before" "$bw_
 done
 
 echo "TinyLlama shape, $prompt_tokens-token prompt, $gen_tokens generated, best of $repeats; INFERA_QUANT_REPACK=${INFERA_QUANT_REPACK:-1}"
+echo "infera kernel path: $("$infera" sysinfo --json | $py -c "import json,sys; print(json.load(sys.stdin)['kernel_path'])")"
+echo "llama.cpp $(NLC_LOG=1 "${nlc_node[@]}" "$repo/bench/llamacpp_speed.mjs" tl_q4_0.gguf 1 8 1 2>&1 |
+  grep -o -m1 'loaded CPU backend from .*' | sed 's|loaded CPU backend from .*/|CPU variant: |')"
 echo "load average before: $load_before; after: $load_after"
 for threads in $threads_list; do echo "read bandwidth ceiling, $threads thread(s): ${ceiling[$threads]} GB/s"; done
 printf '%-16s %3s %10s %9s %11s %9s %7s %9s\n' "engine/format" thr "prompt t/s" "vs ref" "gen t/s" "vs ref" "GB/tok" "roofline"

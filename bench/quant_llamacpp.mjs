@@ -5,13 +5,13 @@
 // Prints one JSON object: {"prompt_tokens_per_s": ..., "gen_tokens_per_s": ...}. The
 // prompt is PROMPT_TOKENS copies of token 1000 (ids only; no tokenizer involved); decoding
 // is greedy. Threads must be explicit (node-llama-cpp's default busy-waits on small machines).
-import { createRequire } from "node:module";
+// NLC_ROOT: another folder whose node_modules holds node-llama-cpp (bench/llama_overlay.sh).
 import path from "node:path";
-import { fileURLToPath } from "node:url";
+import { fileURLToPath, pathToFileURL } from "node:url";
 
 const here = path.dirname(fileURLToPath(import.meta.url));
-const require = createRequire(path.join(here, "../tests/conformance/package.json"));
-const { getLlama, LlamaLogLevel } = await import(require.resolve("node-llama-cpp"));
+const lib = pathToFileURL(path.join(process.env.NLC_ROOT ?? path.join(here, "../tests/conformance"), "node_modules/node-llama-cpp/dist/index.js")).href;
+const { getLlama, LlamaLogLevel } = await import(lib);
 
 const [modelPath, threadsText, promptText, genText] = process.argv.slice(2);
 if (!modelPath) {

@@ -208,8 +208,9 @@ std::string quant_matmul_path(Isa isa) {
       return s + quant_table_for(isa).amx_status();
     }
     case Isa::kAvx2:
-      return "W8A8 / W4A8 (int8 activations per token): avx2 maddubs / madd dot products; W4A16: int4 widened to "
-             "f32 FMA; no AMX";
+      return "W8A8 / W4A8 (int8 activations per token): avx2 on packed panels (8 rows per vector, vpmaddubsw: W4A8 "
+             "summing 32 columns in int16 before vpmaddwd widens them, W8A8 as |w| x q with w's sign, widened per "
+             "step), a GEMV per token and tiles of up to 8 tokens; W4A16: int4 widened to f32 FMA; no AMX";
     case Isa::kScalar: break;
   }
   return "scalar reference";
@@ -619,7 +620,7 @@ std::shared_ptr<const PackedQuantMat> pack_quant_matrix_always(const QuantMatRef
 }
 
 std::shared_ptr<const PackedQuantMat> pack_quant_matrix(const QuantMatRef& w, int threads) {
-  if (!isa_available(Isa::kAvx512) || best_isa() != Isa::kAvx512) return nullptr;
+  if (best_isa() == Isa::kScalar) return nullptr;  // (the reference reads the on-disk layout)
   return pack_quant_matrix_always(w, threads);
 }
 

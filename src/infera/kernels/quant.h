@@ -26,9 +26,10 @@
 //
 // Repacked layout (PackedQuantMat, pack_quant_matrix): the on-disk layout is row-major, so
 // a GEMV over it keeps one accumulator per row and needs a horizontal sum per row. At load
-// the AVX-512 path instead gets a copy in panels of 16 rows, one 4-byte lane per row, so a
-// 512-bit vpdpbusd accumulates 16 rows at once against 4 broadcast activation bytes and no
-// horizontal sums are needed. Panel p (rows 16p .. 16p+15), 64-byte aligned:
+// the SIMD paths instead get a copy in panels of 16 rows, one 4-byte lane per row, so a
+// 512-bit vpdpbusd accumulates 16 rows at once against 4 broadcast activation bytes (AVX2:
+// two 256-bit halves of 8 rows, vpmaddubsw) and no horizontal sums are needed. Panel p (rows 16p .. 16p+15), 64-byte
+// aligned:
 //   int4  [cols / 8 chunks of 64 B][groups x 16 f16 scales], padded to 64 B. Chunk c (columns
 //         8c .. 8c+7): lane r (row 16p + r), byte b = nibble(col 8c+b) | nibble(col 8c+4+b) << 4.
 //   w8a8  [ceil(cols / 4) chunks of 64 B][16 f32 scales]. Chunk c: lane r, byte b = u8(w[row,
@@ -82,8 +83,8 @@ struct QuantMatRef {
   int64_t group_size = 0;  // W8A8: == cols (per channel); int4: 32, 64 or 128
   const void* qweight = nullptr;  // W8A8: int8 [rows, cols]; int4: uint8 [rows, cols / 2]
   const void* scales = nullptr;  // W8A8: f32 [rows]; int4: f16 [rows, cols / group_size]
-  // Optional repacked copy of the same matrix (pack_quant_matrix); the AVX-512 path computes
-  // from it when present, the scalar and AVX2 paths and dequantize_row from the fields above
+  // Optional repacked copy of the same matrix (pack_quant_matrix); the AVX-512 and AVX2 paths
+  // compute from it when present, the scalar path and dequantize_row from the fields above
   // (which must stay valid). Shared: copies of a LinearWeight share one packed copy.
   std::shared_ptr<const PackedQuantMat> packed;
   // Terms a checkpoint quantized by another tool needs beyond the symmetric scheme (act-order
@@ -166,8 +167,8 @@ struct PackedQuantMat {
 };
 
 // The repacked copy of w (checked first), packed by `threads` OpenMP threads (0: the
-// kernels' count). nullptr when no kernel uses one: the CPU has no AVX-512 path (the
-// AVX2 path reads the on-disk layout), or a w8a8 matrix too wide for int32 sums of u8 x s8
+// kernels' count). nullptr when no kernel uses one: the kernel path is the scalar reference
+// (no AVX2 either, or INFERA_ISA=scalar), or a w8a8 matrix too wide for int32 sums of u8 x s8
 // (cols > 65536). Memory: about w.weight_bytes() more, in huge pages.
 std::shared_ptr<const PackedQuantMat> pack_quant_matrix(const QuantMatRef& w, int threads = 0);
 // Same, regardless of the CPU (tests).

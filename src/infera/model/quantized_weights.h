@@ -62,7 +62,7 @@ QuantizationConfig read_quantization_config(const std::string& model_dir);
 // Whether bind_linear gives quantized layers a repacked copy (kernels/quant.h, "Repacked
 // layout") in huge-page memory: yes unless the environment says INFERA_QUANT_REPACK=0, which
 // keeps the zero-copy path (kernels read the mmapped/loaded files; less memory, slower
-// decode and prefill). Only CPUs with the AVX-512 path repack (the AVX2 path reads the
+// decode and prefill). CPUs with the AVX-512 or AVX2 path repack (the scalar path reads the
 // on-disk layout). Throws infera::Error for a value other than 0/1/on/off/true/false.
 bool quant_repack_enabled();
 

@@ -1,6 +1,6 @@
 // Repacked quantized weights (kernels/quant.h, "Repacked layout"): the packing round-trips,
-// and qmatmul over a packed matrix (AVX-512 panel GEMV/GEMM; the other paths fall back to
-// the on-disk layout) matches the scalar reference on every path, odd shapes included.
+// and qmatmul over a packed matrix (the AVX-512 and AVX2 panel GEMV/GEMM; the scalar path
+// reads the on-disk layout) matches the scalar reference on every path, odd shapes included.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -215,25 +215,58 @@ TEST(QuantPacked, PathsNameTheirIsaAndAmxState) {
   }
 }
 
-// The AVX-512 path must compute from the packed copy (not silently from the on-disk
-// layout): with the on-disk bytes zeroed, only the packed copy still holds the weights.
-TEST(QuantPacked, Avx512ComputesFromThePackedCopy) {
-  if (!isa_available(Isa::kAvx512)) GTEST_SKIP() << "no AVX-512 path on this CPU";
+// The SIMD paths must compute from the packed copy (not silently from the on-disk layout):
+// with the on-disk bytes zeroed, only the packed copy still holds the weights. A decode
+// token and a prefill tile each.
+TEST(QuantPacked, SimdPathsComputeFromThePackedCopy) {
   std::mt19937 rng(14);
   std::normal_distribution<float> nd(0.0f, 1.0f);
-  for (QuantScheme s : {QuantScheme::kW8A8, QuantScheme::kW4A8, QuantScheme::kW4A16}) {
-    TestMatrix w = random_matrix(s, 40, 128, 32, rng, false);
-    std::vector<float> x(5 * 128), y_ref(5 * 40), y(5 * 40);
-    for (auto& v : x) v = nd(rng);
-    ref::qmatmul(x.data(), 5, w.ref, y_ref.data());
-    QuantMatRef stale = w.ref;
-    stale.packed = pack_quant_matrix_always(w.ref);
-    std::vector<uint8_t> zeros(w.q.size(), 0);
-    stale.qweight = zeros.data();
-    qmatmul(Isa::kAvx512, x.data(), 5, stale, y.data());
-    for (size_t i = 0; i < y.size(); ++i)
-      ASSERT_NEAR(y[i], y_ref[i], 1e-3 * (std::fabs(y_ref[i]) + 1.0f)) << scheme_name(s);
+  int checked = 0;
+  for (Isa isa : paths()) {
+    if (isa == Isa::kScalar) continue;
+    for (QuantScheme s : {QuantScheme::kW8A8, QuantScheme::kW4A8, QuantScheme::kW4A16}) {
+      TestMatrix w = random_matrix(s, 40, 128, 32, rng, false);
+      for (int64_t m : {1, 5}) {
+        std::vector<float> x(m * 128), y_ref(m * 40), y(m * 40);
+        for (auto& v : x) v = nd(rng);
+        ref::qmatmul(x.data(), m, w.ref, y_ref.data());
+        QuantMatRef stale = w.ref;
+        stale.packed = pack_quant_matrix_always(w.ref);
+        std::vector<uint8_t> zeros(w.q.size(), 0);
+        stale.qweight = zeros.data();
+        qmatmul(isa, x.data(), m, stale, y.data());
+        for (size_t i = 0; i < y.size(); ++i)
+          ASSERT_NEAR(y[i], y_ref[i], 1e-3 * (std::fabs(y_ref[i]) + 1.0f))
+              << isa_name(isa) << " " << scheme_name(s) << " m=" << m;
+        ++checked;
+      }
+    }
   }
+  if (checked == 0) GTEST_SKIP() << "no SIMD path on this CPU";
+}
+
+// The AVX2 and AVX-512 panel kernels add the same integers and run the same float epilogue:
+// W8A8 and W4A8 give the same bits on both for every token count, W4A16 its prefill (its
+// decode adds the column products in a different number of chains).
+TEST(QuantPacked, Avx2AndAvx512PanelsGiveTheSameBits) {
+  if (!isa_available(Isa::kAvx512)) GTEST_SKIP() << "no AVX-512 path on this CPU to compare the AVX2 path with";
+  std::mt19937 rng(15);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  set_quant_amx(false);  // (AMX tiles give the VNNI kernel's bits: W8A8AmxAndVnniGemmAgreeExactly)
+  for (const Shape& sh : shapes()) {
+    TestMatrix w = random_matrix(sh.scheme, sh.n, sh.k, sh.gs, rng, false);
+    w.ref.packed = pack_quant_matrix_always(w.ref);
+    for (int64_t m : kTokenCounts) {
+      if (sh.scheme == QuantScheme::kW4A16 && m == 1) continue;
+      std::vector<float> x(static_cast<size_t>(m * sh.k));
+      for (auto& v : x) v = nd(rng);
+      std::vector<float> y2(m * sh.n, -1.0f), y512(m * sh.n, -2.0f);
+      qmatmul(Isa::kAvx2, x.data(), m, w.ref, y2.data());
+      qmatmul(Isa::kAvx512, x.data(), m, w.ref, y512.data());
+      ASSERT_EQ(y2, y512) << describe(Isa::kAvx2, sh, m);
+    }
+  }
+  set_quant_amx(true);
 }
 
 // A row slice on panel boundaries keeps a packed view (same panels, no copy); elsewhere it
@@ -316,7 +349,7 @@ TEST(QuantPacked, LinearMultiEqualsOneLinearPerWeight) {
     }
     std::vector<float> x(2 * k);
     for (auto& v : x) v = nd(rng);
-    // Only the AVX-512 path has panel kernels; elsewhere every call is per weight.
+    // The SIMD paths have panel kernels; the scalar one calls per weight.
     auto check = [&](Isa isa, std::vector<const LinearWeight*> ws, int64_t m, bool fusable, const std::string& what) {
       std::vector<std::vector<float>> want(ws.size()), got(ws.size());
       std::vector<float*> ys;
@@ -326,7 +359,7 @@ TEST(QuantPacked, LinearMultiEqualsOneLinearPerWeight) {
         linear(isa, x.data(), m, *ws[i], want[i].data());
         ys.push_back(got[i].data());
       }
-      EXPECT_EQ(linear_multi_fuses(isa, m, ws), fusable && isa == Isa::kAvx512) << isa_name(isa) << " " << what;
+      EXPECT_EQ(linear_multi_fuses(isa, m, ws), fusable && isa != Isa::kScalar) << isa_name(isa) << " " << what;
       linear_multi(isa, x.data(), m, ws, ys);
       for (size_t i = 0; i < ws.size(); ++i)
         for (size_t j = 0; j < want[i].size(); ++j)
@@ -370,7 +403,7 @@ TEST(QuantPacked, LinearMultiEqualsOneLinearPerWeight) {
 }
 
 // Zero-point corrections (AWQ, GPTQ sym=false: QuantExtras::corr) ride the fused pass: the
-// matrices still fuse (AVX-512), each gets its own correction from its own rows (row slices of
+// matrices still fuse (AVX-512, AVX2), each gets its own correction from its own rows (row slices of
 // one corrected matrix, as fused experts are bound, included), and the results are the bits of
 // one qmatmul per matrix, which is checked against W = s·(q − 8) + corr per group in double.
 // Extras the pass cannot take (act-order permutation) send the whole list per matrix.
@@ -424,7 +457,7 @@ TEST(QuantPacked, MultiPassAddsZeroPointCorrections) {
         linear(isa, x.data(), 1, *ws[i], want[i].data());
         ys.push_back(got[i].data());
       }
-      EXPECT_EQ(linear_multi_fuses(isa, 1, ws), fusable && isa == Isa::kAvx512) << isa_name(isa) << " " << what;
+      EXPECT_EQ(linear_multi_fuses(isa, 1, ws), fusable && isa != Isa::kScalar) << isa_name(isa) << " " << what;
       linear_multi(isa, x.data(), 1, ws, ys);
       for (size_t i = 0; i < ws.size(); ++i)
         for (size_t j = 0; j < want[i].size(); ++j)

@@ -31,7 +31,7 @@ const fs::path kWork = test::process_scratch_dir("infera_quant_repack_test");
 
 using test::random_vec;
 
-// Whether bind_linear repacks here (an AVX-512 CPU, INFERA_QUANT_REPACK not 0).
+// Whether bind_linear repacks here (a SIMD kernel path, INFERA_QUANT_REPACK not 0).
 bool repacking() {
   if (!quant_repack_enabled()) return false;
   const QuantizedMatrix q = quantize_matrix(random_vec(16 * 32, 1, 1.0f).data(), 16, 32, QuantScheme::kW8A8, 0);
@@ -157,7 +157,7 @@ std::vector<float> run(const MoeWeights& w, MoeFfn::Schedule schedule, const std
 // zeros the results do not change (a work item that fell back to the on-disk layout would
 // compute zeros there).
 TEST(QuantRepack, MoeExpertsComputeFromThePackedCopy) {
-  if (!repacking()) GTEST_SKIP() << "no repacking on this CPU (no AVX-512 path) or INFERA_QUANT_REPACK=0";
+  if (!repacking()) GTEST_SKIP() << "no repacking here (the scalar kernel path) or INFERA_QUANT_REPACK=0";
   for (QuantScheme scheme : {QuantScheme::kW8A8, QuantScheme::kW4A8, QuantScheme::kW4A16}) {
     MoeFixture f(scheme);
     for (const std::string prefix : {"fused.mlp.", "split.mlp."}) {
@@ -201,7 +201,7 @@ TEST(QuantRepack, MoeExpertsComputeFromThePackedCopy) {
 // dropped experts' panels of the shared packed copy, and the kept experts (whose panels
 // border them) must compute exactly as before.
 TEST(QuantRepack, DroppedExpertsLeaveTheOthersIntact) {
-  if (!repacking()) GTEST_SKIP() << "no repacking on this CPU (no AVX-512 path) or INFERA_QUANT_REPACK=0";
+  if (!repacking()) GTEST_SKIP() << "no repacking here (the scalar kernel path) or INFERA_QUANT_REPACK=0";
   MoeFixture f(QuantScheme::kW4A8);
   MoeWeights w = f.load("fused.mlp.");
   MoeWeights unpacked = w;
@@ -226,7 +226,7 @@ TEST(QuantRepack, DroppedExpertsLeaveTheOthersIntact) {
 // on-disk layout afterwards still sees the file's bytes (file-backed pages fault back in)
 // and adds the second copy, which shows the measurement can see it.
 TEST(QuantRepack, MappedPagesAreReleasedAfterRepacking) {
-  if (!repacking()) GTEST_SKIP() << "no repacking on this CPU (no AVX-512 path) or INFERA_QUANT_REPACK=0";
+  if (!repacking()) GTEST_SKIP() << "no repacking here (the scalar kernel path) or INFERA_QUANT_REPACK=0";
   // Random bytes are valid weights (int8 / nibbles); scales a fixed finite value.
   constexpr int64_t kRows = 2048, kCols = 4096, kLayers = 4;  // 4 x ~8 MiB (w8a8) / ~4.5 MiB (w4a8)
   QuantizationConfig qc;
@@ -300,7 +300,7 @@ TEST(QuantRepack, MappedPagesAreReleasedAfterRepacking) {
 // The same for fused experts (bind_moe_block), and expert parallelism's drop_expert then gives
 // back the dropped experts' share of the packed copy.
 TEST(QuantRepack, FusedExpertsKeepOneCopyAndDroppedExpertsFreeTheirs) {
-  if (!repacking()) GTEST_SKIP() << "no repacking on this CPU (no AVX-512 path) or INFERA_QUANT_REPACK=0";
+  if (!repacking()) GTEST_SKIP() << "no repacking here (the scalar kernel path) or INFERA_QUANT_REPACK=0";
   constexpr int64_t E = 16, H = 1024, I = 256;  // w8a8: gate_up 8 MiB, down 4 MiB
   std::mt19937 rng(6);
   auto random_int8 = [&](std::vector<int64_t> shape, int64_t n) {

@@ -7,9 +7,9 @@
 //   M tokens x R weight rows (M * R <= 4 accumulator sets). Weight rows are split into blocks
 //   of ~32 KiB handed to threads dynamically; inside a block every group of 4 tokens sweeps
 //   the block while it sits in L1/L2, so each weight is unpacked once per 4 tokens.
-// - over the repacked 16-row panels (AVX-512 only; qmatmul_packed, used when the matrix has
-//   a packed copy): see "panel kernels" below; W8A8 prefill runs on AMX tiles where the CPU
-//   and OS allow it (same integers, bit-identical results).
+// - over the repacked 16-row panels (qmatmul_packed, used when the matrix has a packed copy):
+//   see "panel kernels" below (AVX2's in quant_panels_avx2.h); W8A8 prefill runs on AMX tiles
+//   where the CPU and OS allow it (same integers, bit-identical results).
 #pragma once
 
 #include <cpuid.h>
@@ -365,14 +365,14 @@ struct W4A16Tile {
   }
 };
 
-#if INFERA_QUANT_AVX512
 // ---- panel kernels over the repacked layout (kernels/quant.h, "Repacked layout") ----------
 //
-// One zmm holds 16 rows' accumulators (lane r = row r of the panel): each 64-byte chunk is
-// loaded (and for int4 unpacked) once and multiplied against M tokens' broadcast activation
-// bytes, so a decode token (M = 1) streams the panel once and a prefill tile of M tokens
-// reuses every unpacked chunk M times. Results go out with a masked store (the last panel's
-// padding rows are dropped).
+// One zmm holds 16 rows' accumulators (lane r = row r of the panel; AVX2: two ymm of 8): each
+// 64-byte chunk is loaded (and for int4 unpacked) once and multiplied against M tokens'
+// broadcast activation bytes, so a decode token (M = 1) streams the panel once and a prefill
+// tile of M tokens reuses every unpacked chunk M times. Results go out with a masked store
+// (the last panel's padding rows are dropped). The constants and drivers below serve both
+// ISAs; the kernels are each ISA's own.
 
 constexpr int kTileTokens = 8;
 // W8A8 (VNNI) and W4A16 prefill tiles: kTileTokens tokens x this many panels (8 x 3 = 24
@@ -414,20 +414,6 @@ inline void decode_prefetch(const uint8_t* panel, int q, int64_t panel_bytes, in
   if (at) _mm_prefetch(reinterpret_cast<const char*>(at), _MM_HINT_T0);
 }
 
-// acc += u8 x s8 dot products of 4 bytes per lane (vpdpbusd). Written as asm: with the
-// intrinsic GCC 12 copies every accumulator of a tile through a spare register (or the
-// stack) around each instruction, ~2x the uops of the inner loop.
-inline __m512i dpbusd(__m512i acc, __m512i u, __m512i s) {
-  __asm__("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(u), "v"(s));
-  return acc;
-}
-
-inline __m512i bcast4(const int8_t* p) {
-  int32_t v;
-  std::memcpy(&v, p, 4);
-  return _mm512_set1_epi32(v);
-}
-
 // Prefill: while a tile of tokens sweeps panels already in L2, pull the next panels of the
 // thread's piece from memory into L2 (one line per chunk step), so the next tile's first
 // sweep does not stall on DRAM (the hardware prefetcher does not cross into them early).
@@ -450,6 +436,62 @@ inline L2Prefetch prefetch_part(const uint8_t* begin, int64_t bytes, int64_t par
   const int64_t lines = (bytes + 63) / 64, per = (lines + parts - 1) / parts;
   const int64_t l0 = std::min(lines, i * per), l1 = std::min(lines, l0 + per);
   return {begin + l0 * 64, begin + l1 * 64};
+}
+
+// f.template operator()<P>() for P = np in [1, MaxP]: a kernel over np adjacent panels
+// (only P <= MaxP is instantiated: a prefill tile of 8 tokens x 4 panels would not fit the
+// registers).
+template <int MaxP, class F>
+inline void with_panels(int64_t np, F&& f) {
+  static_assert(MaxP >= 1 && MaxP <= 4);
+  if constexpr (MaxP >= 4) {
+    if (np >= 4) return f.template operator()<4>();
+  }
+  if constexpr (MaxP >= 3) {
+    if (np == 3) return f.template operator()<3>();
+  }
+  if constexpr (MaxP >= 2) {
+    if (np == 2) return f.template operator()<2>();
+  }
+  f.template operator()<1>();
+}
+
+// Calls f.template operator()<M>() with M = mt in [1, kTileTokens].
+template <class F>
+inline void with_tile_tokens(int64_t mt, F&& f) {
+  switch (mt) {
+    case 1: f.template operator()<1>(); break;
+    case 2: f.template operator()<2>(); break;
+    case 3: f.template operator()<3>(); break;
+    case 4: f.template operator()<4>(); break;
+    case 5: f.template operator()<5>(); break;
+    case 6: f.template operator()<6>(); break;
+    case 7: f.template operator()<7>(); break;
+    default: f.template operator()<8>(); break;
+  }
+}
+
+// W4A16 prefill: a block of kW4A16BlockCols columns of P panels is unpacked once to f32
+// weights (w = (nibble - 8) * scale, exact in f32: a 4-bit integer times an f16) in an
+// L1-resident buffer, then every token of the call runs an f32 FMA tile over it, so the
+// unpacking is paid once per block instead of once per token tile. Accumulators of all
+// tokens live in `acc` [m, P * 16] across blocks. Error: plain f32 sums of exact products
+// in column order, |y - y_exact| <= k * 2^-24 * sum_t |w_t x_t| (first order).
+constexpr int64_t kW4A16BlockCols = 128;
+
+#if INFERA_QUANT_AVX512
+// acc += u8 x s8 dot products of 4 bytes per lane (vpdpbusd). Written as asm: with the
+// intrinsic GCC 12 copies every accumulator of a tile through a spare register (or the
+// stack) around each instruction, ~2x the uops of the inner loop.
+inline __m512i dpbusd(__m512i acc, __m512i u, __m512i s) {
+  __asm__("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(u), "v"(s));
+  return acc;
+}
+
+inline __m512i bcast4(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return _mm512_set1_epi32(v);
 }
 
 // Rows past the matrix exist only in its last panel: a kernel over P adjacent panels is told
@@ -632,47 +674,6 @@ void w4a16_panel(const uint8_t* panel, int64_t chunks, int64_t groups, int64_t g
   for (int i = 0; i < M; ++i) _mm512_mask_storeu_ps(y + i * ldy, row_mask(rows_valid), facc[i]);
 }
 
-// f.template operator()<P>() for P = np in [1, MaxP]: a kernel over np adjacent panels
-// (only P <= MaxP is instantiated: a prefill tile of 8 tokens x 4 panels would not fit the
-// registers).
-template <int MaxP, class F>
-inline void with_panels(int64_t np, F&& f) {
-  static_assert(MaxP >= 1 && MaxP <= 4);
-  if constexpr (MaxP >= 4) {
-    if (np >= 4) return f.template operator()<4>();
-  }
-  if constexpr (MaxP >= 3) {
-    if (np == 3) return f.template operator()<3>();
-  }
-  if constexpr (MaxP >= 2) {
-    if (np == 2) return f.template operator()<2>();
-  }
-  f.template operator()<1>();
-}
-
-// Calls f.template operator()<M>() with M = mt in [1, kTileTokens].
-template <class F>
-inline void with_tile_tokens(int64_t mt, F&& f) {
-  switch (mt) {
-    case 1: f.template operator()<1>(); break;
-    case 2: f.template operator()<2>(); break;
-    case 3: f.template operator()<3>(); break;
-    case 4: f.template operator()<4>(); break;
-    case 5: f.template operator()<5>(); break;
-    case 6: f.template operator()<6>(); break;
-    case 7: f.template operator()<7>(); break;
-    default: f.template operator()<8>(); break;
-  }
-}
-
-// W4A16 prefill: a block of kW4A16BlockCols columns of P panels is unpacked once to f32
-// weights (w = (nibble - 8) * scale, exact in f32: a 4-bit integer times an f16) in an
-// L1-resident buffer, then every token of the call runs an f32 FMA tile over it, so the
-// unpacking is paid once per block instead of once per token tile. Accumulators of all
-// tokens live in `acc` [m, P * 16] across blocks. Error: plain f32 sums of exact products
-// in column order, |y - y_exact| <= k * 2^-24 * sum_t |w_t x_t| (first order).
-constexpr int64_t kW4A16BlockCols = 128;
-
 // wbuf[c, q * 16 + r] = weight of row r of panel q at column c0 + c, c < cols (multiple of 8).
 template <int P>
 void w4a16_unpack_block(const uint8_t* panel, int64_t panel_bytes, int64_t chunks, int64_t gs, int64_t c0, int64_t cols,
@@ -716,30 +717,6 @@ void w4a16_block_tile(const float* wbuf, int64_t cols, const float* x, int64_t k
   }
   for (int i = 0; i < M; ++i)
     for (int q = 0; q < P; ++q) _mm512_storeu_ps(acc + i * (P * kPanelRows) + q * kPanelRows, a[i][q]);
-}
-
-// y[i, 16 * q + r] for all m tokens over P adjacent panels.
-template <int P>
-void w4a16_panels_gemm(const uint8_t* panel, int64_t panel_bytes, int64_t chunks, int64_t gs, const float* x, int64_t m,
-                       int64_t k, float* y, int64_t ldy, int rows_last) {
-  constexpr int64_t kRows = P * kPanelRows;
-  alignas(64) static thread_local float wbuf[kW4A16BlockCols * kPrefillPanels * kPanelRows];
-  static thread_local std::vector<float> acc_storage;
-  acc_storage.assign(static_cast<size_t>(m * kRows), 0.0f);
-  float* acc = acc_storage.data();
-  for (int64_t c0 = 0; c0 < k; c0 += kW4A16BlockCols) {
-    const int64_t cols = std::min(kW4A16BlockCols, k - c0);
-    w4a16_unpack_block<P>(panel, panel_bytes, chunks, gs, c0, cols, wbuf);
-    for (int64_t i0 = 0; i0 < m; i0 += kTileTokens) {
-      with_tile_tokens(std::min<int64_t>(kTileTokens, m - i0),
-                       [&]<int M>() { w4a16_block_tile<M, P>(wbuf, cols, x + i0 * k, k, c0, acc + i0 * kRows); });
-    }
-  }
-  for (int64_t i = 0; i < m; ++i)
-    for (int q = 0; q < P; ++q) {
-      const __mmask16 mask = row_mask(q == P - 1 ? rows_last : static_cast<int>(kPanelRows));
-      _mm512_mask_storeu_ps(y + i * ldy + q * kPanelRows, mask, _mm512_loadu_ps(acc + i * kRows + q * kPanelRows));
-    }
 }
 
 // ---- AMX (Sapphire Rapids and later): W8A8 prefill on tile registers ----------------------
@@ -837,6 +814,37 @@ void w8a8_amx_panels(const PackedQuantMat& pk, int64_t p0, int64_t p1, int64_t n
     }
   }
   amx_release();
+}
+
+// Lanes [0, rows) of the 16 floats at v to y.
+inline void store_panel_rows(float* y, const float* v, int rows) {
+  _mm512_mask_storeu_ps(y, row_mask(rows), _mm512_loadu_ps(v));
+}
+#else
+#include "infera/kernels/cpu/quant_panels_avx2.h"
+#endif
+
+// y[i, 16 * q + r] for all m tokens over P adjacent panels.
+template <int P>
+void w4a16_panels_gemm(const uint8_t* panel, int64_t panel_bytes, int64_t chunks, int64_t gs, const float* x, int64_t m,
+                       int64_t k, float* y, int64_t ldy, int rows_last) {
+  constexpr int64_t kRows = P * kPanelRows;
+  alignas(64) static thread_local float wbuf[kW4A16BlockCols * kPrefillPanels * kPanelRows];
+  static thread_local std::vector<float> acc_storage;
+  acc_storage.assign(static_cast<size_t>(m * kRows), 0.0f);
+  float* acc = acc_storage.data();
+  for (int64_t c0 = 0; c0 < k; c0 += kW4A16BlockCols) {
+    const int64_t cols = std::min(kW4A16BlockCols, k - c0);
+    w4a16_unpack_block<P>(panel, panel_bytes, chunks, gs, c0, cols, wbuf);
+    for (int64_t i0 = 0; i0 < m; i0 += kTileTokens) {
+      with_tile_tokens(std::min<int64_t>(kTileTokens, m - i0),
+                       [&]<int M>() { w4a16_block_tile<M, P>(wbuf, cols, x + i0 * k, k, c0, acc + i0 * kRows); });
+    }
+  }
+  for (int64_t i = 0; i < m; ++i)
+    for (int q = 0; q < P; ++q)
+      store_panel_rows(y + i * ldy + q * kPanelRows, acc + i * kRows + q * kPanelRows,
+                       q == P - 1 ? rows_last : static_cast<int>(kPanelRows));
 }
 
 // Quantizes x [m, w.cols] for the panel kernels of w's scheme into the thread's scratch
@@ -939,8 +947,12 @@ void qmatmul_packed(const float* x, int64_t m, const QuantMatRef& w, float* y) {
   const PackedQuantMat& pk = *w.packed;
   const int64_t k = w.cols, n = w.rows, groups = w.groups_per_row(), gs = w.group_size;
   const int64_t panels = pk.panels, chunks = pk.chunks, pb = pk.panel_bytes;
+#if INFERA_QUANT_AVX512
   const bool use_amx =
       w.scheme == QuantScheme::kW8A8 && m >= kAmxMinTokens && k % 64 == 0 && quant_amx_enabled() && amx_usable();
+#else
+  constexpr bool use_amx = false;  // (AVX-512 CPUs alone have AMX)
+#endif
   const ActivationScratch& s = prepare_activations(x, m, w, use_amx);
   const int64_t ld = activation_ld(k);
   const int8_t* xq = s.q.data();
@@ -976,10 +988,12 @@ void qmatmul_packed(const float* x, int64_t m, const QuantMatRef& w, float* y) {
         decode_panels(w, p0, p1, x, s, y);
         break;
       case QuantScheme::kW8A8:
+#if INFERA_QUANT_AVX512
         if (use_amx) {
           w8a8_amx_panels(pk, p0, p1, n, xq, ld, corr, dx, m, y);
           break;
         }
+#endif
         if (m == 1) {
           decode_panels(w, p0, p1, x, s, y);
           break;
@@ -1059,7 +1073,6 @@ void qgemv_packed_multi(const float* x, const QuantMatRef* const* ws, float* con
     }
   });
 }
-#endif  // INFERA_QUANT_AVX512
 
 void qmatmul(const float* x, int64_t m, const QuantMatRef& w, float* y) {
   if (m == 0 || w.rows == 0) return;
@@ -1091,7 +1104,7 @@ const QuantKernelTable& table() {
 #if INFERA_QUANT_AVX512
   static const QuantKernelTable t{&quantize_activations, &qmatmul, &qmatmul_packed, &qgemv_packed_multi, &amx_status};
 #else
-  static const QuantKernelTable t{&quantize_activations, &qmatmul, nullptr, nullptr, nullptr};
+  static const QuantKernelTable t{&quantize_activations, &qmatmul, &qmatmul_packed, &qgemv_packed_multi, nullptr};
 #endif
   return t;
 }
