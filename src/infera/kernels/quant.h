@@ -211,7 +211,7 @@ void linear(Isa isa, const float* x, int64_t m, const LinearWeight& w, float* y)
 // y_i[m, n_i] = x[m, k] · W_iᵀ for several weights that share their input (q/k/v, gate/up),
 // the same results as one linear() per weight. For one token (m = 1), the quantized W_i
 // with packed copies of one scheme, k and group size are computed in one pass on the AVX-512
-// path: x quantized once, the panels of all of them swept in one parallel region (no small
+// and AVX2 paths: x quantized once, the panels of all of them swept in one parallel region (no small
 // matrix left to run alone); any other weight is computed on its own.
 void linear_multi(const float* x, int64_t m, std::span<const LinearWeight* const> ws, std::span<float* const> ys);
 void linear_multi(Isa isa, const float* x, int64_t m, std::span<const LinearWeight* const> ws,
@@ -236,8 +236,8 @@ std::string quant_matmul_path(Isa isa);
 std::string ggml_matmul_path(Isa isa);
 
 // y[m, n] = x[m, k] · dequant(W)ᵀ, computed in the scheme's precision. x, y f32.
-// With w.packed set, the AVX-512 path runs the panel kernels (GEMV for m = 1, a tiled GEMM
-// of up to 8 tokens x 16-48 rows otherwise, AMX tiles for W8A8 prefill where available);
+// With w.packed set, the AVX-512 and AVX2 paths run the panel kernels (GEMV for m = 1, a
+// tiled GEMM of up to 8 tokens otherwise, AMX tiles for W8A8 prefill where available);
 // results are the same as without it (integer parts exactly, floats within the stated bound).
 void qmatmul(const float* x, int64_t m, const QuantMatRef& w, float* y);
 void qmatmul(Isa isa, const float* x, int64_t m, const QuantMatRef& w, float* y);

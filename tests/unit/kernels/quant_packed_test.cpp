@@ -215,6 +215,43 @@ TEST(QuantPacked, PathsNameTheirIsaAndAmxState) {
   }
 }
 
+// The extremes the AVX2 kernels' int16 pair sums are sized for: W4A8 nibbles all 15 (weight
+// 7) or all 0 (-8) against quants of +-127 over whole 32-column chains (8 vpmaddubsw steps of
+// 2 x 15 x 127: 30480), W8A8 weights of -128 (|w| 128: pairs of 32512, as pre-quantized int8
+// checkpoints may hold) and 127. Integer activations with max |x| = 127 and unit scales: the
+// exact integers on every path.
+TEST(QuantPacked, ExtremeWeightsAndActivationsExactOnEveryPath) {
+  const int64_t n = 17, k = 256;
+  for (QuantScheme s : {QuantScheme::kW4A8, QuantScheme::kW8A8}) {
+    const bool int4 = s == QuantScheme::kW4A8;
+    for (int w_case = 0; w_case < 3; ++w_case) {
+      std::vector<uint8_t> q(static_cast<size_t>(int4 ? n * k / 2 : n * k));
+      for (size_t b = 0; b < q.size(); ++b) {
+        const uint8_t hi = int4 ? 0xff : 0x7f, lo = int4 ? 0x00 : 0x80;  // int4: 7 / -8; int8: 127 / -128
+        q[b] = w_case == 0 ? hi : w_case == 1 ? lo : (b % 3 == 0 ? hi : lo);
+      }
+      std::vector<uint16_t> s16(static_cast<size_t>(n * (k / 32)), f32_to_f16(1.0f));
+      std::vector<float> s32(static_cast<size_t>(n), 1.0f);
+      QuantMatRef w{s, n, k, int4 ? 32 : k, q.data(), int4 ? static_cast<const void*>(s16.data()) : s32.data()};
+      w.packed = pack_quant_matrix_always(w);
+      for (int x_case = 0; x_case < 3; ++x_case) {
+        for (int64_t m : {1, 3, 9}) {
+          std::vector<float> x(static_cast<size_t>(m * k));
+          for (size_t t = 0; t < x.size(); ++t)
+            x[t] = x_case == 0 ? 127.0f : x_case == 1 ? -127.0f : ((t / 8) % 2 == 0 ? 127.0f : -127.0f);
+          std::vector<float> y_ref(m * n), y(m * n, -1.0f);
+          ref::qmatmul(x.data(), m, w, y_ref.data());
+          for (Isa isa : paths()) {
+            qmatmul(isa, x.data(), m, w, y.data());
+            ASSERT_EQ(y, y_ref) << isa_name(isa) << " " << scheme_name(s) << " weights " << w_case << " x " << x_case
+                                << " m=" << m;
+          }
+        }
+      }
+    }
+  }
+}
+
 // The SIMD paths must compute from the packed copy (not silently from the on-disk layout):
 // with the on-disk bytes zeroed, only the packed copy still holds the weights. A decode
 // token and a prefill tile each.
@@ -252,7 +289,12 @@ TEST(QuantPacked, Avx2AndAvx512PanelsGiveTheSameBits) {
   if (!isa_available(Isa::kAvx512)) GTEST_SKIP() << "no AVX-512 path on this CPU to compare the AVX2 path with";
   std::mt19937 rng(15);
   std::normal_distribution<float> nd(0.0f, 1.0f);
-  set_quant_amx(false);  // (AMX tiles give the VNNI kernel's bits: W8A8AmxAndVnniGemmAgreeExactly)
+  // (AMX tiles give the VNNI kernel's bits: W8A8AmxAndVnniGemmAgreeExactly.) Back on however
+  // the test ends.
+  struct AmxOff {
+    AmxOff() { set_quant_amx(false); }
+    ~AmxOff() { set_quant_amx(true); }
+  } amx_off;
   for (const Shape& sh : shapes()) {
     TestMatrix w = random_matrix(sh.scheme, sh.n, sh.k, sh.gs, rng, false);
     w.ref.packed = pack_quant_matrix_always(w.ref);
@@ -266,7 +308,6 @@ TEST(QuantPacked, Avx2AndAvx512PanelsGiveTheSameBits) {
       ASSERT_EQ(y2, y512) << describe(Isa::kAvx2, sh, m);
     }
   }
-  set_quant_amx(true);
 }
 
 // A row slice on panel boundaries keeps a packed view (same panels, no copy); elsewhere it

@@ -371,12 +371,13 @@ struct W4A16Tile {
 // 64-byte chunk is loaded (and for int4 unpacked) once and multiplied against M tokens'
 // broadcast activation bytes, so a decode token (M = 1) streams the panel once and a prefill
 // tile of M tokens reuses every unpacked chunk M times. Results go out with a masked store
-// (the last panel's padding rows are dropped). The constants and drivers below serve both
-// ISAs; the kernels are each ISA's own.
+// (AVX2: store_half; the last panel's padding rows are dropped). The constants and drivers
+// below serve both ISAs; the kernels are each ISA's own (AVX2's tile shapes, register counts
+// and chains: quant_panels_avx2.h).
 
 constexpr int kTileTokens = 8;
-// W8A8 (VNNI) and W4A16 prefill tiles: kTileTokens tokens x this many panels (8 x 3 = 24
-// accumulators, 3 weight vectors and a broadcast: 28 of the 32 zmm; w8a8: 11 loads per 24
+// W8A8 (VNNI) and W4A16 prefill tiles: kTileTokens tokens x this many panels (AVX-512: 8 x 3 =
+// 24 accumulators, 3 weight vectors and a broadcast: 28 of the 32 zmm; w8a8: 11 loads per 24
 // vpdpbusd).
 constexpr int64_t kPrefillPanels = 3;
 // Decode (one token): panels swept at once, one memory stream each. At one thread four

@@ -71,7 +71,7 @@ void w4a8_panels(const uint8_t* panel, int64_t panel_bytes, int64_t chunks, int6
                  int rows_last, L2Prefetch pf = {}, NextPanels next = {}) {
   const __m256i low = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
   const int64_t chunks_per_group = gs / 8;
-  alignas(32) int32_t isum[P][M][2][8];
+  alignas(32) int32_t isum[P][M][2][8] = {};  // (each written before it is read)
   alignas(32) float facc[P][M][2][8] = {};
   // The chain of token i, half h of panel q over the 32 columns from chunk c0 is done: into
   // the group's int32 sum (from -gcorr), and at the group's end times its scales into facc.
