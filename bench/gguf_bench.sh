@@ -20,7 +20,8 @@
 # sapphirerapids CPU variant (the one with ggml's AMX repacking), so it loads its next best
 # (AVX-512 VNNI / BF16). AVX2=1 compares them on AVX2 alone: Infera with INFERA_ISA=avx2,
 # llama.cpp from an overlay without any variant that has AVX-512 or AVX-VNNI (so its haswell
-# one). The llama.cpp CPU variant loaded is printed.
+# one); AVX2=vnni keeps its alderlake variant (AVX-VNNI), for a CPU that has AVX-VNNI. The
+# llama.cpp CPU variant loaded is printed.
 # Printed only; not a test. Numbers move with other load on a shared machine: the load
 # average is printed before and after.
 set -euo pipefail
@@ -76,7 +77,7 @@ best() { $py -c "import sys; print(max(float(v) for v in sys.argv[1:]))" "$@"; }
 
 # shellcheck source=bench/llama_overlay.sh
 source "$repo/bench/llama_overlay.sh"
-if [ "${AVX2:-0}" = 1 ]; then
+if [ "${AVX2:-0}" != 0 ]; then
   avx2_only
 elif [ "${NO_AMX:-0}" = 1 ]; then
   export INFERA_AMX=0

@@ -23,9 +23,15 @@ llama_overlay() {
   export NLC_ROOT="$work/$name"
   nlc_node=(node --preserve-symlinks --preserve-symlinks-main)  # (the overlay's own linux-x64)
 }
-# The comparison on AVX2 alone (AVX2=1 in the environment): Infera's avx2 path, llama.cpp's
+# The comparison without AVX-512 (AVX2=1 in the environment): Infera's avx2 path, llama.cpp's
 # haswell variant (AVX2 / FMA / F16C: every variant with AVX-512 or AVX-VNNI removed).
+# AVX2=vnni keeps llama.cpp's alderlake variant (AVX2 with the 256-bit AVX-VNNI dot products
+# of Intel's client CPUs and E-core Xeons), for a CPU that has AVX-VNNI.
 avx2_only() {
   export INFERA_ISA=avx2
-  llama_overlay nlc_avx2 sapphirerapids zen4 cooperlake cascadelake icelake cannonlake skylakex alderlake
+  if [ "${AVX2:-0}" = vnni ]; then
+    llama_overlay nlc_avxvnni sapphirerapids zen4 cooperlake cascadelake icelake cannonlake skylakex
+  else
+    llama_overlay nlc_avx2 sapphirerapids zen4 cooperlake cascadelake icelake cannonlake skylakex alderlake
+  fi
 }

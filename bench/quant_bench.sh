@@ -8,7 +8,8 @@
 # Environment: PROMPT_TOKENS (64), GEN_TOKENS (32), REPEATS (2: best of), THREADS ("1 2"),
 # INFERA_QUANT_REPACK=0 to measure the zero-copy path (kernels on the mapped files), AVX2=1 to
 # compare the two engines on AVX2 alone (Infera's avx2 path, llama.cpp's haswell variant; the
-# overlay that makes llama.cpp load it is kept in WORK_DIR).
+# overlay that makes llama.cpp load it is kept in WORK_DIR), AVX2=vnni against llama.cpp's
+# alderlake variant (AVX-VNNI) instead.
 #
 # Roofline: bytes actually read per generated token = every weight tensor except the token
 # embedding table (one row of it is read) — for Infera the safetensors tensors, for llama.cpp
@@ -35,7 +36,7 @@ mkdir -p "$work"
 cd "$work"
 # shellcheck source=bench/llama_overlay.sh
 source "$repo/bench/llama_overlay.sh"
-[ "${AVX2:-0}" = 1 ] && avx2_only
+[ "${AVX2:-0}" != 0 ] && avx2_only
 
 [ -f tl/config.json ] || $py "$repo/tools/gen_model.py" tl --preset tinyllama
 # w4a8g128: W4A8 with group 128 (the common AWQ/GPTQ choice, 4.125 instead of 4.5 bits per

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "infera/base/error.h"
+#include "infera/base/options.h"
 #include "infera/base/threads.h"
 #include "infera/kernels/cpu/fp8_dispatch.h"
 #include "infera/kernels/cpu/quant_dispatch.h"
@@ -20,10 +21,21 @@ namespace infera::kernels {
 
 namespace {
 std::atomic<bool> g_quant_amx{true};
+std::atomic<bool> g_quant_avxvnni{true};
 }  // namespace
 
 void set_quant_amx(bool enabled) { g_quant_amx.store(enabled, std::memory_order_relaxed); }
 bool quant_amx_enabled() { return g_quant_amx.load(std::memory_order_relaxed); }
+
+void set_quant_avxvnni(bool enabled) { g_quant_avxvnni.store(enabled, std::memory_order_relaxed); }
+const char* avxvnni_unavailable_reason() {
+  static const char* const why = []() -> const char* {
+    if (option_env("avxvnni", BadEnvValue::kWarnAndIgnore) == "0") return "off (INFERA_AVXVNNI=0)";  // A/B runs
+    return cpu_features().avxvnni ? nullptr : "not on this CPU";
+  }();
+  if (why == nullptr && !g_quant_avxvnni.load(std::memory_order_relaxed)) return "off";
+  return why;
+}
 
 std::string_view scheme_name(QuantScheme s) {
   switch (s) {
@@ -190,7 +202,7 @@ const QuantKernelTable& quant_table_for(Isa isa) {
   INFERA_ASSERT(isa_available(isa), std::string("kernel path ") + isa_name(isa) + " is not available on this CPU");
   switch (isa) {
     case Isa::kAvx512: return quant_avx512::table();
-    case Isa::kAvx2: return quant_avx2::table();
+    case Isa::kAvx2: return avxvnni_unavailable_reason() == nullptr ? quant_avxvnni::table() : quant_avx2::table();
     case Isa::kScalar: break;
   }
   return scalar_table();
@@ -207,10 +219,15 @@ std::string quant_matmul_path(Isa isa) {
           "k a multiple of 64) on AMX int8 tiles (tdpbsud): ";
       return s + quant_table_for(isa).amx_status();
     }
-    case Isa::kAvx2:
-      return "W8A8 / W4A8 (int8 activations per token): avx2 on packed panels (8 rows per vector, vpmaddubsw: W4A8 "
-             "summing 32 columns in int16 before vpmaddwd widens them, W8A8 as |w| x q with w's sign, widened per "
-             "step), a GEMV per token and tiles of up to 8 tokens; W4A16: int4 widened to f32 FMA; no AMX";
+    case Isa::kAvx2: {
+      const char* vnni = avxvnni_unavailable_reason();
+      return std::string(
+                 "W8A8 / W4A8 (int8 activations per token): avx2 on packed panels (8 rows per vector, vpmaddubsw: "
+                 "W4A8 summing 32 columns in int16 before vpmaddwd widens them, W8A8 as |w| x q with w's sign, "
+                 "widened per step), a GEMV per token and tiles of up to 8 tokens; W4A16: int4 widened to f32 FMA; "
+                 "no AMX; W8A8 on AVX-VNNI's 256-bit vpdpbusd: ") +
+             (vnni == nullptr ? "in use" : vnni);
+    }
     case Isa::kScalar: break;
   }
   return "scalar reference";

@@ -248,6 +248,14 @@ void qmatmul(Isa isa, const float* x, int64_t m, const QuantMatRef& w, float* y)
 void set_quant_amx(bool enabled);
 bool quant_amx_enabled();
 
+// The AVX2 path's W8A8 kernels use AVX-VNNI's 256-bit vpdpbusd (Intel client CPUs from Alder
+// Lake, E-core Xeons) where the CPU has it: nullptr then, else why not ("not on this
+// CPU", "off (INFERA_AVXVNNI=0)", or "off" after set_quant_avxvnni(false)). The same integers
+// and results either way. set_quant_avxvnni(false) forces vpmaddubsw (tests compare both);
+// process-wide, not to be changed while qmatmul runs.
+void set_quant_avxvnni(bool enabled);
+const char* avxvnni_unavailable_reason();
+
 // Row `row` of W dequantized to f32 [cols] (quantized embedding tables).
 void dequantize_row(const QuantMatRef& w, int64_t row, float* out);
 

@@ -11,13 +11,36 @@
 #include <vector>
 
 #include "../test_support.h"
+#include "infera/base/cpu.h"
 #include "infera/base/threads.h"
 #include "infera/kernels/quant.h"
 
 namespace infera::kernels {
 namespace {
 
-std::vector<Isa> paths() { return test::available_isas(); }
+// A kernel path to test: its Isa, and on the AVX2 path of a CPU with AVX-VNNI both of its
+// kernel sets (vpmaddubsw first, then AVX-VNNI's vpdpbusd, which stays selected after the
+// loop as by default). select() sets the switch and gives the Isa.
+struct Path {
+  Isa isa;
+  bool vnni = true;
+  Isa select() const {
+    set_quant_avxvnni(vnni);
+    return isa;
+  }
+  std::string name() const {
+    return std::string(isa_name(isa)) +
+           (isa == Isa::kAvx2 ? (vnni && cpu_features().avxvnni ? " avx-vnni" : " maddubs") : "");
+  }
+};
+std::vector<Path> paths() {
+  std::vector<Path> out;
+  for (Isa isa : test::available_isas()) {
+    if (isa == Isa::kAvx2 && cpu_features().avxvnni) out.push_back({isa, false});
+    out.push_back({isa, true});
+  }
+  return out;
+}
 
 struct TestMatrix {
   std::vector<uint8_t> q, scales;
@@ -111,7 +134,9 @@ TEST(QuantPacked, IntegerPartsExactlyEqualOnEveryPath) {
       for (int64_t i = 0; i < m; ++i) x[i * sh.k] = 127.0f;
       std::vector<float> y_ref(m * sh.n), y(m * sh.n, -1.0f);
       ref::qmatmul(x.data(), m, w.ref, y_ref.data());
-      for (Isa isa : paths()) {
+      for (const Path& path : paths()) {
+        const Isa isa = path.select();
+        SCOPED_TRACE(path.name());
         qmatmul(isa, x.data(), m, w.ref, y.data());
         ASSERT_EQ(y, y_ref) << describe(isa, sh, m);
       }
@@ -134,7 +159,9 @@ TEST(QuantPacked, FloatResultsWithinBoundOnEveryPath) {
       for (auto& v : x) v = nd(rng);
       std::vector<float> y_ref(m * sh.n), y(m * sh.n);
       ref::qmatmul(x.data(), m, w.ref, y_ref.data());
-      for (Isa isa : paths()) {
+      for (const Path& path : paths()) {
+        const Isa isa = path.select();
+        SCOPED_TRACE(path.name());
         qmatmul(isa, x.data(), m, w.ref, y.data());
         for (int64_t i = 0; i < m; ++i)
           for (int64_t r = 0; r < sh.n; ++r) {
@@ -195,6 +222,20 @@ TEST(QuantPacked, PathsNameTheirIsaAndAmxState) {
     EXPECT_NE(q.find(name), std::string::npos) << q;
     EXPECT_NE(g.find(name), std::string::npos) << g;
   }
+  // The AVX2 path names whether its AVX-VNNI kernels run, and set_quant_avxvnni turns them off.
+  if (isa_available(Isa::kAvx2)) {
+    const char* why = avxvnni_unavailable_reason();
+    const std::string on = quant_matmul_path(Isa::kAvx2);
+    EXPECT_EQ(on.ends_with("in use"), why == nullptr) << on;
+    if (why == nullptr) {
+      EXPECT_TRUE(cpu_features().avxvnni);
+    }
+    set_quant_avxvnni(false);
+    const std::string off = quant_matmul_path(Isa::kAvx2);
+    set_quant_avxvnni(true);
+    EXPECT_TRUE(off.ends_with("off") || off.ends_with("not on this CPU") || off.ends_with("off (INFERA_AVXVNNI=0)"))
+        << off;
+  }
   if (!isa_available(Isa::kAvx512)) GTEST_SKIP() << "no AVX-512 path on this CPU (AMX state not reported)";
   const std::string q = quant_matmul_path(Isa::kAvx512);
   const CpuFeatures& f = cpu_features();
@@ -241,7 +282,9 @@ TEST(QuantPacked, ExtremeWeightsAndActivationsExactOnEveryPath) {
             x[t] = x_case == 0 ? 127.0f : x_case == 1 ? -127.0f : ((t / 8) % 2 == 0 ? 127.0f : -127.0f);
           std::vector<float> y_ref(m * n), y(m * n, -1.0f);
           ref::qmatmul(x.data(), m, w, y_ref.data());
-          for (Isa isa : paths()) {
+          for (const Path& path : paths()) {
+            const Isa isa = path.select();
+            SCOPED_TRACE(path.name());
             qmatmul(isa, x.data(), m, w, y.data());
             ASSERT_EQ(y, y_ref) << isa_name(isa) << " " << scheme_name(s) << " weights " << w_case << " x " << x_case
                                 << " m=" << m;
@@ -259,7 +302,9 @@ TEST(QuantPacked, SimdPathsComputeFromThePackedCopy) {
   std::mt19937 rng(14);
   std::normal_distribution<float> nd(0.0f, 1.0f);
   int checked = 0;
-  for (Isa isa : paths()) {
+  for (const Path& path : paths()) {
+    const Isa isa = path.select();
+    SCOPED_TRACE(path.name());
     if (isa == Isa::kScalar) continue;
     for (QuantScheme s : {QuantScheme::kW8A8, QuantScheme::kW4A8, QuantScheme::kW4A16}) {
       TestMatrix w = random_matrix(s, 40, 128, 32, rng, false);
@@ -282,9 +327,9 @@ TEST(QuantPacked, SimdPathsComputeFromThePackedCopy) {
   if (checked == 0) GTEST_SKIP() << "no SIMD path on this CPU";
 }
 
-// The AVX2 and AVX-512 panel kernels add the same integers and run the same float epilogue:
-// W8A8 and W4A8 give the same bits on both for every token count, W4A16 its prefill (its
-// decode adds the column products in a different number of chains).
+// The AVX2 (both kernel sets) and AVX-512 panel kernels add the same integers and run the
+// same float epilogue: W8A8 and W4A8 give the same bits on both for every token count, W4A16
+// its prefill (its decode adds the column products in a different number of chains).
 TEST(QuantPacked, Avx2AndAvx512PanelsGiveTheSameBits) {
   if (!isa_available(Isa::kAvx512)) GTEST_SKIP() << "no AVX-512 path on this CPU to compare the AVX2 path with";
   std::mt19937 rng(15);
@@ -302,10 +347,14 @@ TEST(QuantPacked, Avx2AndAvx512PanelsGiveTheSameBits) {
       if (sh.scheme == QuantScheme::kW4A16 && m == 1) continue;
       std::vector<float> x(static_cast<size_t>(m * sh.k));
       for (auto& v : x) v = nd(rng);
-      std::vector<float> y2(m * sh.n, -1.0f), y512(m * sh.n, -2.0f);
-      qmatmul(Isa::kAvx2, x.data(), m, w.ref, y2.data());
+      std::vector<float> y512(m * sh.n, -2.0f);
       qmatmul(Isa::kAvx512, x.data(), m, w.ref, y512.data());
-      ASSERT_EQ(y2, y512) << describe(Isa::kAvx2, sh, m);
+      for (const Path& path : paths()) {
+        if (path.isa != Isa::kAvx2) continue;
+        std::vector<float> y2(m * sh.n, -1.0f);
+        qmatmul(path.select(), x.data(), m, w.ref, y2.data());
+        ASSERT_EQ(y2, y512) << path.name() << " " << describe(Isa::kAvx2, sh, m);
+      }
     }
   }
 }
@@ -335,7 +384,9 @@ TEST(QuantPacked, RowSliceSharesPanelsOnBoundaries) {
         EXPECT_EQ(slice.packed->panel(0), w.ref.packed->panel(r0 / kPanelRows));
       }
       std::vector<float> y(m * (r1 - r0));
-      for (Isa isa : paths()) {
+      for (const Path& path : paths()) {
+        const Isa isa = path.select();
+        SCOPED_TRACE(path.name());
         qmatmul(isa, x.data(), m, slice, y.data());
         for (int64_t i = 0; i < m; ++i)
           for (int64_t r = r0; r < r1; ++r)
@@ -359,7 +410,9 @@ TEST(QuantPacked, ThreadedSplitMatchesReference) {
     for (auto& v : x) v = static_cast<float>(iv(rng));
     for (int64_t i = 0; i < m; ++i) x[i * k] = 127.0f;
     ref::qmatmul(x.data(), m, w.ref, y_ref.data());
-    for (Isa isa : paths()) {
+    for (const Path& path : paths()) {
+      const Isa isa = path.select();
+      SCOPED_TRACE(path.name());
       for (int64_t mm : {int64_t{1}, m}) {
         qmatmul(isa, x.data(), mm, w.ref, y.data());
         for (int64_t i = 0; i < mm * n; ++i)
@@ -407,7 +460,9 @@ TEST(QuantPacked, LinearMultiEqualsOneLinearPerWeight) {
           ASSERT_EQ(got[i][j], want[i][j])
               << isa_name(isa) << " " << scheme_name(s) << " " << what << " weight " << i << " value " << j;
     };
-    for (Isa isa : paths()) {
+    for (const Path& path : paths()) {
+      const Isa isa = path.select();
+      SCOPED_TRACE(path.name());
       for (int threads : {1, 2}) {
         set_thread_num_threads(threads);
         const std::string t = " threads " + std::to_string(threads);
@@ -434,7 +489,9 @@ TEST(QuantPacked, LinearMultiEqualsOneLinearPerWeight) {
     const LinearWeight ld2 = dense_linear(MatRef{dense2.data(), DType::kF32, 3, k});
     LinearWeight unpacked = lw[2];
     unpacked.quant.packed = nullptr;
-    for (Isa isa : paths()) {
+    for (const Path& path : paths()) {
+      const Isa isa = path.select();
+      SCOPED_TRACE(path.name());
       check(isa, {&lw[0], &lo}, 1, false, "mixed schemes");
       check(isa, {&lw[0], &ld}, 1, false, "a float weight");
       check(isa, {&ld, &lw[0], &ld2, &lw[3]}, 1, true, "two float weights among two quantized ones");
@@ -505,7 +562,9 @@ TEST(QuantPacked, MultiPassAddsZeroPointCorrections) {
           ASSERT_EQ(got[i][j], want[i][j])
               << isa_name(isa) << " " << scheme_name(s) << " " << what << " weight " << i << " row " << j;
     };
-    for (Isa isa : paths()) {
+    for (const Path& path : paths()) {
+      const Isa isa = path.select();
+      SCOPED_TRACE(path.name());
       for (int threads : {1, 2}) {
         set_thread_num_threads(threads);
         const std::string t = " threads " + std::to_string(threads);
@@ -517,7 +576,9 @@ TEST(QuantPacked, MultiPassAddsZeroPointCorrections) {
     }
     set_thread_num_threads(0);
     // The corrected result against the dequantized weights plus the correction, in double.
-    for (Isa isa : paths()) {
+    for (const Path& path : paths()) {
+      const Isa isa = path.select();
+      SCOPED_TRACE(path.name());
       std::vector<float> yg(48), yu(48);
       std::vector<const QuantMatRef*> ws = {&gate.quant, &up.quant};
       std::vector<float*> ys = {yg.data(), yu.data()};

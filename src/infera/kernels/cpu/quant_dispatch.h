@@ -27,6 +27,9 @@ struct QuantKernelTable {
 namespace quant_avx2 {
 const QuantKernelTable& table();
 }
+namespace quant_avxvnni {  // the AVX2 path's kernels with AVX-VNNI's vpdpbusd
+const QuantKernelTable& table();
+}
 namespace quant_avx512 {
 const QuantKernelTable& table();
 }

@@ -1,5 +1,6 @@
-// The SIMD quantized kernels, written once and compiled twice: quant_avx2.cpp
-// (INFERA_QUANT_AVX512 0: maddubs/madd) and quant_avx512.cpp (1: vpdpbusd, AVX-512 VNNI).
+// The SIMD quantized kernels, written once and compiled three times: quant_avx2.cpp
+// (INFERA_QUANT_AVX512 0: maddubs/madd), quant_avxvnni.cpp (0, with INFERA_QUANT_AVXVNNI 1:
+// AVX2 with the 256-bit vpdpbusd of AVX-VNNI) and quant_avx512.cpp (1: vpdpbusd, AVX-512 VNNI).
 // Include it from nowhere else. See kernels/quant.h for the formats and the u8 x s8 tricks.
 //
 // Two families:
@@ -31,6 +32,10 @@
 #include "infera/kernels/cpu/amx_tiles.h"
 #include "infera/kernels/cpu/quant_dispatch.h"
 
+#ifndef INFERA_QUANT_AVXVNNI
+#define INFERA_QUANT_AVXVNNI 0
+#endif
+
 namespace infera::kernels::INFERA_QUANT_NS {
 namespace {
 
@@ -40,6 +45,8 @@ namespace {
 inline __m256i dot_u8s8(__m256i acc, __m256i u, __m256i s) {
 #if INFERA_QUANT_AVX512
   return _mm256_dpbusd_epi32(acc, u, s);
+#elif INFERA_QUANT_AVXVNNI
+  return _mm256_dpbusd_avx_epi32(acc, u, s);
 #else
   // u <= 15 here (int4 nibbles): 2 * 15 * 127 fits int16, maddubs cannot saturate.
   const __m256i p16 = _mm256_maddubs_epi16(u, s);

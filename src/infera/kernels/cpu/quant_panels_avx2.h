@@ -4,7 +4,7 @@
 // of every 64-byte chunk hold rows 8h .. 8h + 7, one 4-byte lane a row, and every
 // accumulator is one 256-bit register of a half.
 //
-// No vpdpbusd here: vpmaddubsw multiplies u8 by s8 and adds pairs into int16, vpmaddwd
+// AVX2 has no vpdpbusd: vpmaddubsw multiplies u8 by s8 and adds pairs into int16, vpmaddwd
 // widens. W4A8's nibbles (<= 15) against activation quants (|q| <= 127) give pair sums of at
 // most 3810, so a chain adds 32 columns (8 steps: at most 30480) in int16 before one widening,
 // about one multiply per 32 products. W8A8's bytes are w + 128 in the panel, whose pairs
@@ -13,6 +13,17 @@
 // AVX-512 kernel's after its -128 * sum(q). Integer sums and the float epilogues are the
 // AVX-512 kernels' lane for lane (W4A8, W8A8 and the W4A16 prefill give the same bits on
 // both paths; the W4A16 decode adds its column products in two chains instead of four).
+//
+// On a CPU with AVX-VNNI (quant_avxvnni.cpp, INFERA_QUANT_AVXVNNI 1) W8A8's step is the
+// 256-bit VEX vpdpbusd, as on AVX-512: its w + 128 bytes as they are, 128 * sum(q) subtracted
+// at the end, one instruction where AVX2 takes four (two of them multiplies): the same
+// integers. W4A8 keeps its int16 chains there (a vpmaddubsw and an add a step, where vpdpbusd
+// would be one instruction but its accumulator a chain of its latency): its chains on
+// vpdpbusd measured no faster on the one AVX-VNNI CPU at hand, a Zen 4 capped to the avx2 path
+// (kernels_bench 2048 x 5632, one thread, four alternating rounds: 0.73-1.0x at one token,
+// 0.89-1.01x at 64); not measured on an Intel CPU.
+
+constexpr bool kAvxVnni = INFERA_QUANT_AVXVNNI != 0;
 
 inline __m256i bcast4(const int8_t* p) {
   int32_t v;
@@ -27,6 +38,13 @@ inline __m256i kept(__m256i v) {
   __asm__("" : "+x"(v));
   return v;
 }
+
+// A W4A8 chain's step: acc + the products of the nibbles u (u8) and the activation bytes q
+// (s8), as int16 pair sums (chain_sum widens them).
+inline __m256i chain_step(__m256i acc, __m256i u, __m256i q) {
+  return kept(_mm256_add_epi16(acc, _mm256_maddubs_epi16(u, q)));
+}
+inline __m256i chain_sum(__m256i chain, __m256i ones16) { return _mm256_madd_epi16(chain, ones16); }
 
 // The first `rows` (<= 8) of a half's 8 results to y.
 inline void store_half(float* y, __m256 v, int rows) {
@@ -76,7 +94,7 @@ void w4a8_panels(const uint8_t* panel, int64_t panel_bytes, int64_t chunks, int6
   // The chain of token i, half h of panel q over the 32 columns from chunk c0 is done: into
   // the group's int32 sum (from -gcorr), and at the group's end times its scales into facc.
   const auto widen = [&](int q, int i, int h, int64_t c0, int64_t g, __m256i chain) {
-    __m256i sum = _mm256_madd_epi16(chain, ones);
+    __m256i sum = chain_sum(chain, ones);
     auto* at = reinterpret_cast<__m256i*>(isum[q][i][h]);
     sum = c0 == g * chunks_per_group ? _mm256_sub_epi32(sum, _mm256_set1_epi32(gcorr[i * groups + g]))
                                      : _mm256_add_epi32(sum, _mm256_load_si256(at));
@@ -108,8 +126,8 @@ void w4a8_panels(const uint8_t* panel, int64_t panel_bytes, int64_t chunks, int6
               const __m256i v =
                   _mm256_load_si256(reinterpret_cast<const __m256i*>(panel + q * panel_bytes + c * 64 + 32 * h));
               const __m256i lo = _mm256_and_si256(v, low), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
-              acc[q][h] = kept(_mm256_add_epi16(acc[q][h], _mm256_maddubs_epi16(lo, xl)));
-              acc[q][h] = kept(_mm256_add_epi16(acc[q][h], _mm256_maddubs_epi16(hi, xh)));
+              acc[q][h] = chain_step(acc[q][h], lo, xl);
+              acc[q][h] = chain_step(acc[q][h], hi, xh);
             }
           }
         }
@@ -126,8 +144,8 @@ void w4a8_panels(const uint8_t* panel, int64_t panel_bytes, int64_t chunks, int6
               const __m256i lo = _mm256_and_si256(v, low), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
               for (int i = 0; i < M; ++i) {
                 const int8_t* xc = xq + i * ld + c * 8;
-                acc[i] = kept(_mm256_add_epi16(acc[i], _mm256_maddubs_epi16(lo, bcast4(xc))));
-                acc[i] = kept(_mm256_add_epi16(acc[i], _mm256_maddubs_epi16(hi, bcast4(xc + 4))));
+                acc[i] = chain_step(acc[i], lo, bcast4(xc));
+                acc[i] = chain_step(acc[i], hi, bcast4(xc + 4));
               }
             }
             for (int i = 0; i < M; ++i) widen(q, i, h, c0, g, acc[i]);
@@ -146,27 +164,34 @@ void w4a8_panels(const uint8_t* panel, int64_t panel_bytes, int64_t chunks, int6
   }
 }
 
-// W8A8 over P adjacent panels: y[i, r] = dx[i] * scale[r] * sum_t w[r, t] * xq[i, t] (xsum128,
-// the AVX-512 kernel's correction for its w + 128, is not needed: the products are signed).
-// A decode step runs every panel's halves together (2P int32 chains); a prefill tile runs one
-// half at a time over its M tokens.
+// W8A8 over P adjacent panels: y[i, r] = dx[i] * scale[r] * sum_t w[r, t] * xq[i, t]. AVX2
+// takes w itself (xsum128, the AVX-512 kernel's correction for its w + 128, is not needed:
+// the products are signed); AVX-VNNI takes w + 128 against q as AVX-512 does and subtracts
+// xsum128 at the end. A decode step runs every panel's halves together (2P int32 chains); a
+// prefill tile runs one half at a time over its M tokens.
 template <int M, int P>
 void w8a8_panels(const uint8_t* panel, int64_t panel_bytes, int64_t chunks, const int8_t* xq, int64_t ld,
                  const int32_t* xsum128, const float* dx, float* y, int64_t ldy, int rows_last, L2Prefetch pf = {},
                  NextPanels next = {}) {
-  (void)xsum128;
   const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80)), ones = _mm256_set1_epi16(1);
-  // acc + w x q, four pairs a lane: |w| x (q with w's sign) in int16 pairs (|w| <= 128, |q| <=
-  // 127: at most 32512), widened.
+  // acc + w x q, four pairs a lane. AVX2: |w| x (q with w's sign) in int16 pairs (|w| <= 128,
+  // |q| <= 127: at most 32512), widened; AVX-VNNI: (w + 128) x q into int32.
   const auto step = [&](__m256i acc, __m256i w, __m256i aw, __m256i q) {
-    return kept(_mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(q, w)), ones)));
+    if constexpr (kAvxVnni) {
+      return kept(_mm256_dpbusd_avx_epi32(acc, w, q));
+    } else {
+      return kept(_mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(q, w)), ones)));
+    }
   };
+  // The weight bytes: w + 128 as the panel holds them (AVX-VNNI), or w (the top bit flipped).
   const auto weights = [&](int q, int64_t c, int h) {
-    return _mm256_xor_si256(_mm256_load_si256(
-                                reinterpret_cast<const __m256i*>(panel + q * panel_bytes + c * 64 + 32 * h)),
-                            flip);
+    const __m256i u = _mm256_load_si256(reinterpret_cast<const __m256i*>(panel + q * panel_bytes + c * 64 + 32 * h));
+    return kAvxVnni ? u : _mm256_xor_si256(u, flip);
   };
+  // |w| (AVX2's operand; unused with AVX-VNNI).
+  const auto magnitudes = [](__m256i w) { return kAvxVnni ? w : _mm256_abs_epi8(w); };
   const auto finish = [&](int q, int h, int i, __m256i acc) {
+    if constexpr (kAvxVnni) acc = _mm256_sub_epi32(acc, _mm256_set1_epi32(xsum128[i]));
     const __m256 sc = _mm256_load_ps(reinterpret_cast<const float*>(panel + q * panel_bytes + chunks * 64) + 8 * h);
     const __m256 r = _mm256_mul_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(acc), sc), _mm256_set1_ps(dx[i]));
     store_half(y + i * ldy + q * kPanelRows + 8 * h, r,
@@ -182,7 +207,7 @@ void w8a8_panels(const uint8_t* panel, int64_t panel_bytes, int64_t chunks, cons
         decode_prefetch(panel, q, panel_bytes, panel_bytes, c * 64, next, 0, 0);
         for (int h = 0; h < 2; ++h) {
           const __m256i w = weights(q, c, h);
-          acc[q][h] = step(acc[q][h], w, _mm256_abs_epi8(w), xb);
+          acc[q][h] = step(acc[q][h], w, magnitudes(w), xb);
         }
       }
     }
@@ -196,7 +221,7 @@ void w8a8_panels(const uint8_t* panel, int64_t panel_bytes, int64_t chunks, cons
         for (int i = 0; i < M; ++i) acc[i] = _mm256_setzero_si256();
         for (int64_t c = 0; c < chunks; ++c) {
           if (q == 0 && h == 0) pf.step();
-          const __m256i w = weights(q, c, h), aw = _mm256_abs_epi8(w);
+          const __m256i w = weights(q, c, h), aw = magnitudes(w);
           for (int i = 0; i < M; ++i) acc[i] = step(acc[i], w, aw, bcast4(xq + i * ld + c * 4));
         }
         for (int i = 0; i < M; ++i) finish(q, h, i, acc[i]);
