@@ -34,6 +34,7 @@
 #include "infera/base/cpu.h"
 #include "infera/base/error.h"
 #include "infera/kernels/delta.h"
+#include "infera/kernels/quant.h"
 #include "infera/model/kv_pool.h"
 #include "infera/model/model.h"
 
@@ -245,6 +246,31 @@ inline std::vector<Isa> available_isas() {
   std::vector<Isa> out = {Isa::kScalar};
   if (cpu_features().has_avx2_path()) out.push_back(Isa::kAvx2);
   if (cpu_features().has_avx512_path()) out.push_back(Isa::kAvx512);
+  return out;
+}
+
+// A path of the quantized kernels to test: its Isa, and on the AVX2 path of a CPU with
+// AVX-VNNI both of its kernel sets (vpmaddubsw first, then the AVX-VNNI ones, which stay
+// selected after a loop over quant_paths(), as by default). select() sets the switch and
+// gives the Isa; name() says which set runs (after select()).
+struct QuantPath {
+  Isa isa;
+  bool vnni = true;
+  Isa select() const {
+    kernels::set_quant_avxvnni(vnni);
+    return isa;
+  }
+  std::string name() const {
+    if (isa != Isa::kAvx2) return isa_name(isa);
+    return std::string(isa_name(isa)) + (kernels::avxvnni_unavailable_reason() == nullptr ? " avx-vnni" : " maddubs");
+  }
+};
+inline std::vector<QuantPath> quant_paths() {
+  std::vector<QuantPath> out;
+  for (Isa isa : available_isas()) {
+    if (isa == Isa::kAvx2 && cpu_features().avxvnni) out.push_back({isa, false});
+    out.push_back({isa, true});
+  }
   return out;
 }
 

@@ -223,9 +223,10 @@ std::string quant_matmul_path(Isa isa) {
       const char* vnni = avxvnni_unavailable_reason();
       return std::string(
                  "W8A8 / W4A8 (int8 activations per token): avx2 on packed panels (8 rows per vector, vpmaddubsw: "
-                 "W4A8 summing 32 columns in int16 before vpmaddwd widens them, W8A8 as |w| x q with w's sign, "
-                 "widened per step), a GEMV per token and tiles of up to 8 tokens; W4A16: int4 widened to f32 FMA; "
-                 "no AMX; W8A8 on AVX-VNNI's 256-bit vpdpbusd: ") +
+                 "W4A8 summing 32 columns in int16 before vpmaddwd widens them; W8A8 ") +
+             (vnni == nullptr ? "as w + 128 against q by AVX-VNNI's 256-bit vpdpbusd"
+                              : "as |w| x q with w's sign, widened per step") +
+             "), a GEMV per token and tiles of up to 8 tokens; W4A16: int4 widened to f32 FMA; no AMX; AVX-VNNI: " +
              (vnni == nullptr ? "in use" : vnni);
     }
     case Isa::kScalar: break;

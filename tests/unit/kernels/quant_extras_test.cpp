@@ -37,7 +37,9 @@ TEST(QuantExtras, StaticActivationsAreExact) {
   for (auto& v : x) v = nd(rng);
   QuantMatRef q(QuantScheme::kW8A8, n, k, k, w.data(), scales.data());
   q.extras = e;
-  for (Isa isa : test::available_isas()) {
+  for (const test::QuantPath& path : test::quant_paths()) {
+    const Isa isa = path.select();
+    SCOPED_TRACE(path.name());
     std::vector<float> y(static_cast<size_t>(m * n));
     qmatmul(isa, x.data(), m, q, y.data());
     for (int64_t i = 0; i < m; ++i)
@@ -78,7 +80,9 @@ TEST(QuantExtras, W8A8RowCorrectionAndFullRange) {
   for (auto& v : x) v = nd(rng);
   QuantMatRef q(QuantScheme::kW8A8, n, k, k, w.data(), scales.data());
   q.extras = e;
-  for (Isa isa : test::available_isas()) {
+  for (const test::QuantPath& path : test::quant_paths()) {
+    const Isa isa = path.select();
+    SCOPED_TRACE(path.name());
     for (bool packed : {false, true}) {
       QuantMatRef p = q;
       if (packed) p.packed = pack_quant_matrix_always(q);
@@ -175,7 +179,9 @@ TEST(QuantExtras, Fp8WeightsMatchTheReferenceOnEveryPath) {
             mag += std::fabs(double{fp8_e4m3_value(w[r * k + c])} * e->fp8_scale[r * ng + c / sh.group] * x[i * k + c]);
           bound[i * n + r] = static_cast<float>(1e-5 * mag + 1e-30);
         }
-      for (Isa isa : test::available_isas()) {
+      for (const test::QuantPath& path : test::quant_paths()) {
+        const Isa isa = path.select();
+        SCOPED_TRACE(path.name());
         SCOPED_TRACE(::testing::Message()
                      << isa_name(isa) << " n " << n << " k " << k << " group " << sh.group << " m " << m);
         std::vector<float> y(static_cast<size_t>(m * n), -1.0f);

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
@@ -18,30 +19,8 @@
 namespace infera::kernels {
 namespace {
 
-// A kernel path to test: its Isa, and on the AVX2 path of a CPU with AVX-VNNI both of its
-// kernel sets (vpmaddubsw first, then AVX-VNNI's vpdpbusd, which stays selected after the
-// loop as by default). select() sets the switch and gives the Isa.
-struct Path {
-  Isa isa;
-  bool vnni = true;
-  Isa select() const {
-    set_quant_avxvnni(vnni);
-    return isa;
-  }
-  std::string name() const {
-    return std::string(isa_name(isa)) +
-           (isa == Isa::kAvx2 ? (vnni && cpu_features().avxvnni ? " avx-vnni" : " maddubs") : "");
-  }
-};
-std::vector<Path> paths() {
-  std::vector<Path> out;
-  for (Isa isa : test::available_isas()) {
-    if (isa == Isa::kAvx2 && cpu_features().avxvnni) out.push_back({isa, false});
-    out.push_back({isa, true});
-  }
-  return out;
-}
-
+using Path = test::QuantPath;
+std::vector<Path> paths() { return test::quant_paths(); }
 struct TestMatrix {
   std::vector<uint8_t> q, scales;
   QuantMatRef ref;
@@ -229,6 +208,10 @@ TEST(QuantPacked, PathsNameTheirIsaAndAmxState) {
     EXPECT_EQ(on.ends_with("in use"), why == nullptr) << on;
     if (why == nullptr) {
       EXPECT_TRUE(cpu_features().avxvnni);
+    }
+    // A CPU with AVX-VNNI runs its kernels unless the environment says otherwise.
+    if (cpu_features().avxvnni && std::getenv("INFERA_AVXVNNI") == nullptr) {
+      EXPECT_EQ(why, nullptr);
     }
     set_quant_avxvnni(false);
     const std::string off = quant_matmul_path(Isa::kAvx2);

@@ -12,7 +12,7 @@
 namespace infera::kernels {
 namespace {
 
-std::vector<Isa> paths() { return test::available_isas(); }
+std::vector<test::QuantPath> paths() { return test::quant_paths(); }  // (AVX2: both kernel sets)
 
 // A random quantized matrix with its backing storage.
 struct TestMatrix {
@@ -59,7 +59,9 @@ TEST(QuantActivations, EveryPathBitIdenticalToReference) {
     std::vector<int32_t> b_ref(m * ld / 32), b(m * ld / 32);
     ref::quantize_activations(x.data(), m, k, q_ref.data(), ld, s_ref.data(), b_ref.data());
     EXPECT_EQ(s_ref[1], 0.0f);
-    for (Isa isa : paths()) {
+    for (const test::QuantPath& path : paths()) {
+      const Isa isa = path.select();
+      SCOPED_TRACE(path.name());
       std::fill(q.begin(), q.end(), int8_t{99});
       quantize_activations(isa, x.data(), m, k, q.data(), ld, s.data(), b.data());
       EXPECT_EQ(q, q_ref) << isa_name(isa) << " k=" << k;
@@ -115,7 +117,9 @@ TEST(QuantMatmul, IntegerPartsExactlyEqualOnEveryPath) {
           dot += int64_t{ref::qweight_at(w.ref, r, t)} * static_cast<int64_t>(x[i * sh.k + t]);
         ASSERT_EQ(y_ref[i * sh.n + r], static_cast<float>(dot));
       }
-    for (Isa isa : paths()) {
+    for (const test::QuantPath& path : paths()) {
+      const Isa isa = path.select();
+      SCOPED_TRACE(path.name());
       qmatmul(isa, x.data(), sh.m, w.ref, y.data());
       ASSERT_EQ(y, y_ref) << isa_name(isa) << " " << scheme_name(sh.scheme) << " m=" << sh.m << " n=" << sh.n
                           << " k=" << sh.k << " g=" << sh.gs;
@@ -134,7 +138,9 @@ TEST(QuantMatmul, FloatResultsWithinBoundOnEveryPath) {
     for (auto& v : x) v = nd(rng);
     std::vector<float> y_ref(sh.m * sh.n), y(sh.m * sh.n);
     ref::qmatmul(x.data(), sh.m, w.ref, y_ref.data());
-    for (Isa isa : paths()) {
+    for (const test::QuantPath& path : paths()) {
+      const Isa isa = path.select();
+      SCOPED_TRACE(path.name());
       qmatmul(isa, x.data(), sh.m, w.ref, y.data());
       for (int64_t i = 0; i < sh.m; ++i)
         for (int64_t r = 0; r < sh.n; ++r) {

@@ -45,8 +45,6 @@ namespace {
 inline __m256i dot_u8s8(__m256i acc, __m256i u, __m256i s) {
 #if INFERA_QUANT_AVX512
   return _mm256_dpbusd_epi32(acc, u, s);
-#elif INFERA_QUANT_AVXVNNI
-  return _mm256_dpbusd_avx_epi32(acc, u, s);
 #else
   // u <= 15 here (int4 nibbles): 2 * 15 * 127 fits int16, maddubs cannot saturate.
   const __m256i p16 = _mm256_maddubs_epi16(u, s);
