@@ -18,10 +18,11 @@
 // 256-bit VEX vpdpbusd, as on AVX-512: its w + 128 bytes as they are, 128 * sum(q) subtracted
 // at the end, one instruction where AVX2 takes four (two of them multiplies): the same
 // integers. W4A8 keeps its int16 chains there (a vpmaddubsw and an add a step, where vpdpbusd
-// would be one instruction but its accumulator a chain of its latency): its chains on
-// vpdpbusd measured no faster on the one AVX-VNNI CPU at hand, a Zen 4 capped to the avx2 path
-// (kernels_bench 2048 x 5632, one thread, four alternating rounds: 0.73-1.0x at one token,
-// 0.89-1.01x at 64); not measured on an Intel CPU.
+// would be one instruction but its accumulator a chain of its latency): on the one AVX-VNNI
+// CPU at hand, a Zen 4 capped to the avx2 path (kernels_bench 2048 x 5632, one thread,
+// alternating rounds), one vpdpbusd chain a token measured 0.73-1.0x at one token and
+// 0.89-1.01x at 64, and two a token (the low and the high nibbles, tokens in fours) 0.75x at
+// 64; not measured on an Intel CPU.
 
 constexpr bool kAvxVnni = INFERA_QUANT_AVXVNNI != 0;
 
@@ -37,6 +38,14 @@ inline __m256i bcast4(const int8_t* p) {
 inline __m256i kept(__m256i v) {
   __asm__("" : "+x"(v));
   return v;
+}
+
+// acc + u8 x s8 dot products of 4 bytes per lane: AVX-VNNI's vpdpbusd (VEX-encoded). Written
+// as asm, as the AVX-512 kernels' dpbusd is: with the intrinsic GCC 12 copied the accumulators
+// through spare registers around each instruction. (Only the AVX-VNNI build calls it.)
+inline __m256i dpbusd_vex(__m256i acc, __m256i u, __m256i s) {
+  __asm__("%{vex%} vpdpbusd %2, %1, %0" : "+x"(acc) : "x"(u), "x"(s));
+  return acc;
 }
 
 // A W4A8 chain's step: acc + the products of the nibbles u (u8) and the activation bytes q
@@ -93,8 +102,8 @@ void w4a8_panels(const uint8_t* panel, int64_t panel_bytes, int64_t chunks, int6
   alignas(32) float facc[P][M][2][8] = {};
   // The chain of token i, half h of panel q over the 32 columns from chunk c0 is done: into
   // the group's int32 sum (from -gcorr), and at the group's end times its scales into facc.
-  const auto widen = [&](int q, int i, int h, int64_t c0, int64_t g, __m256i chain) {
-    __m256i sum = chain_sum(chain, ones);
+  // (sum: the 32 columns' int32 sums)
+  const auto widen = [&](int q, int i, int h, int64_t c0, int64_t g, __m256i sum) {
     auto* at = reinterpret_cast<__m256i*>(isum[q][i][h]);
     sum = c0 == g * chunks_per_group ? _mm256_sub_epi32(sum, _mm256_set1_epi32(gcorr[i * groups + g]))
                                      : _mm256_add_epi32(sum, _mm256_load_si256(at));
@@ -132,7 +141,7 @@ void w4a8_panels(const uint8_t* panel, int64_t panel_bytes, int64_t chunks, int6
           }
         }
         for (int q = 0; q < P; ++q)
-          for (int h = 0; h < 2; ++h) widen(q, 0, h, c0, g, acc[q][h]);
+          for (int h = 0; h < 2; ++h) widen(q, 0, h, c0, g, chain_sum(acc[q][h], ones));
       } else {
         for (int q = 0; q < P; ++q) {
           for (int h = 0; h < 2; ++h) {
@@ -148,7 +157,7 @@ void w4a8_panels(const uint8_t* panel, int64_t panel_bytes, int64_t chunks, int6
                 acc[i] = chain_step(acc[i], hi, bcast4(xc + 4));
               }
             }
-            for (int i = 0; i < M; ++i) widen(q, i, h, c0, g, acc[i]);
+            for (int i = 0; i < M; ++i) widen(q, i, h, c0, g, chain_sum(acc[i], ones));
           }
         }
       }
@@ -178,7 +187,7 @@ void w8a8_panels(const uint8_t* panel, int64_t panel_bytes, int64_t chunks, cons
   // |q| <= 127: at most 32512), widened; AVX-VNNI: (w + 128) x q into int32.
   const auto step = [&](__m256i acc, __m256i w, __m256i aw, __m256i q) {
     if constexpr (kAvxVnni) {
-      return kept(_mm256_dpbusd_avx_epi32(acc, w, q));
+      return dpbusd_vex(acc, w, q);
     } else {
       return kept(_mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(q, w)), ones)));
     }
