@@ -420,6 +420,25 @@ inline void decode_prefetch(const uint8_t* panel, int q, int64_t panel_bytes, in
   if (at) _mm_prefetch(reinterpret_cast<const char*>(at), _MM_HINT_T0);
 }
 
+// An int4 decode step's prefetch of group g's scales in each of its P panels, those past the
+// first kScaleLead bytes (decode_prefetch brought those in from the previous group's tail).
+template <int P>
+inline void prefetch_group_scales(const uint8_t* panel, int64_t panel_bytes, int64_t chunks, int64_t groups,
+                                  int64_t g) {
+  const int64_t scale_bytes = groups * kPanelRows * 2, at = g * kPanelRows * 2 + kScaleLead;
+  if (at < scale_bytes)
+    for (int q = 0; q < P; ++q)
+      _mm_prefetch(reinterpret_cast<const char*>(panel + q * panel_bytes + chunks * 64 + at), _MM_HINT_T0);
+}
+
+// The 128-bit vpshufb control that moves byte j of every 32-bit lane to the lane's low byte,
+// zeros elsewhere (vpshufb indexes bytes within each 128-bit lane: dword d of a lane starts
+// at byte 4d); byte_pickers broadcasts it to each ISA's vectors.
+inline __m128i byte_picker_lane(int j) {
+  return _mm_setr_epi32(static_cast<int32_t>(0x80808000u | (0u + j)), static_cast<int32_t>(0x80808000u | (4u + j)),
+                        static_cast<int32_t>(0x80808000u | (8u + j)), static_cast<int32_t>(0x80808000u | (12u + j)));
+}
+
 // Prefill: while a tile of tokens sweeps panels already in L2, pull the next panels of the
 // thread's piece from memory into L2 (one line per chunk step), so the next tile's first
 // sweep does not stall on DRAM (the hardware prefetcher does not cross into them early).
@@ -531,12 +550,7 @@ void w4a8_panels(const uint8_t* panel, int64_t panel_bytes, int64_t chunks, int6
     const int8_t* xg = xq + g * gs;
     const uint8_t* pg = panel + g * chunks_per_group * 64;
     for (int q = 0; q < P; ++q) pf.step();
-    if constexpr (M == 1) {  // the scales past the first kScaleLead bytes (decode_prefetch has those)
-      const int64_t scale_bytes = groups * kPanelRows * 2, at = g * kPanelRows * 2 + kScaleLead;
-      if (at < scale_bytes)
-        for (int q = 0; q < P; ++q)
-          _mm_prefetch(reinterpret_cast<const char*>(panel + q * panel_bytes + chunks * 64 + at), _MM_HINT_T0);
-    }
+    if constexpr (M == 1) prefetch_group_scales<P>(panel, panel_bytes, chunks, groups, g);
     for (int64_t c = 0; c < chunks_per_group; ++c) {
       __m512i lo[P], hi[P];
       for (int q = 0; q < P; ++q) {
@@ -624,16 +638,9 @@ void w8a8_panels(const uint8_t* panel, int64_t panel_bytes, int64_t chunks, cons
   }
 }
 
-// pick[j]: the vpshufb control that moves byte j of every 32-bit lane to the lane's low
-// byte, zeros elsewhere (vpshufb indexes bytes within each 128-bit lane: dword d of a lane
-// starts at byte 4d).
+// pick[j]: byte_picker_lane(j) in every 128-bit lane.
 inline void byte_pickers(__m512i pick[4]) {
-  for (int j = 0; j < 4; ++j) {
-    const __m128i lane =
-        _mm_setr_epi32(static_cast<int32_t>(0x80808000u | (0u + j)), static_cast<int32_t>(0x80808000u | (4u + j)),
-                       static_cast<int32_t>(0x80808000u | (8u + j)), static_cast<int32_t>(0x80808000u | (12u + j)));
-    pick[j] = _mm512_broadcast_i32x4(lane);
-  }
+  for (int j = 0; j < 4; ++j) pick[j] = _mm512_broadcast_i32x4(byte_picker_lane(j));
 }
 
 // W4A16: int4 chunks unpacked to f32 in registers, f32 FMA against broadcast activations:

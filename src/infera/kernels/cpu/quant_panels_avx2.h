@@ -74,15 +74,9 @@ inline void store_panel_rows(float* y, const float* v, int rows) {
 // The rows of half h among a panel's `rows` valid ones.
 inline int half_rows(int rows, int h) { return std::clamp(rows - 8 * h, 0, 8); }
 
-// pick[j]: the vpshufb control that moves byte j of every 32-bit lane to the lane's low byte,
-// zeros above (within each 128-bit lane, as vpshufb indexes).
+// pick[j]: byte_picker_lane(j) in both 128-bit lanes.
 inline void byte_pickers(__m256i pick[4]) {
-  for (int j = 0; j < 4; ++j) {
-    const __m128i lane =
-        _mm_setr_epi32(static_cast<int32_t>(0x80808000u | (0u + j)), static_cast<int32_t>(0x80808000u | (4u + j)),
-                       static_cast<int32_t>(0x80808000u | (8u + j)), static_cast<int32_t>(0x80808000u | (12u + j)));
-    pick[j] = _mm256_broadcastsi128_si256(lane);
-  }
+  for (int j = 0; j < 4; ++j) pick[j] = _mm256_broadcastsi128_si256(byte_picker_lane(j));
 }
 
 // W4A8 over P adjacent panels (as the AVX-512 kernel: y[i, r] = dx[i] * sum_g scale[r, g] *
@@ -117,12 +111,7 @@ void w4a8_panels(const uint8_t* panel, int64_t panel_bytes, int64_t chunks, int6
   };
   for (int64_t g = 0; g < groups; ++g) {
     for (int q = 0; q < P; ++q) pf.step();
-    if constexpr (M == 1) {  // the scales past the first kScaleLead bytes (decode_prefetch has those)
-      const int64_t scale_bytes = groups * kPanelRows * 2, at = g * kPanelRows * 2 + kScaleLead;
-      if (at < scale_bytes)
-        for (int q = 0; q < P; ++q)
-          _mm_prefetch(reinterpret_cast<const char*>(panel + q * panel_bytes + chunks * 64 + at), _MM_HINT_T0);
-    }
+    if constexpr (M == 1) prefetch_group_scales<P>(panel, panel_bytes, chunks, groups, g);
     for (int64_t c0 = g * chunks_per_group; c0 < (g + 1) * chunks_per_group; c0 += 4) {  // 32 columns
       if constexpr (M == 1) {
         __m256i acc[P][2];
