@@ -84,8 +84,7 @@ elif [ "${NO_AMX:-0}" = 1 ]; then
   llama_overlay nlc_noamx sapphirerapids
 fi
 first_type="${types%% *}"
-echo "llama.cpp $(NLC_LOG=1 "${nlc_node[@]}" "$repo/bench/llamacpp_speed.mjs" "model_$first_type.gguf" 1 8 1 2>&1 |
-  grep -o -m1 'loaded CPU backend from .*' | sed 's|loaded CPU backend from .*/|CPU variant: |')"
+echo "llama.cpp $(llama_variant "model_$first_type.gguf")"
 echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "infera weights: $([ "${MMAP:-1}" = 0 ] && echo "read into memory (--no-mmap)" || echo mapped)"
 "$infera" sysinfo 2>/dev/null | grep -i -E "^(cpu features|kernel path|bf16 matmul|f16 matmul|gguf matmul|quantized matmul)" || true

@@ -23,6 +23,12 @@ llama_overlay() {
   export NLC_ROOT="$work/$name"
   nlc_node=(node --preserve-symlinks --preserve-symlinks-main)  # (the overlay's own linux-x64)
 }
+# "CPU variant: libggml-cpu-<variant>.so": the build llama.cpp loads here (from its debug log
+# while it evaluates a few tokens of the GGUF file $1).
+llama_variant() {
+  NLC_LOG=1 "${nlc_node[@]}" "$repo/bench/llamacpp_speed.mjs" "$1" 1 8 1 2>&1 |
+    grep -o -m1 'loaded CPU backend from .*' | sed 's|loaded CPU backend from .*/|CPU variant: |'
+}
 # The comparison without AVX-512 (AVX2=1 in the environment): Infera's avx2 path, llama.cpp's
 # haswell variant (AVX2 / FMA / F16C: every variant with AVX-512 or AVX-VNNI removed).
 # AVX2=vnni keeps llama.cpp's alderlake variant (AVX2 with the 256-bit AVX-VNNI dot products

@@ -120,8 +120,7 @@ done
 
 echo "TinyLlama shape, $prompt_tokens-token prompt, $gen_tokens generated, best of $repeats; INFERA_QUANT_REPACK=${INFERA_QUANT_REPACK:-1}"
 echo "infera kernel path: $("$infera" sysinfo --json | $py -c "import json,sys; print(json.load(sys.stdin)['kernel_path'])")"
-echo "llama.cpp $(NLC_LOG=1 "${nlc_node[@]}" "$repo/bench/llamacpp_speed.mjs" tl_q4_0.gguf 1 8 1 2>&1 |
-  grep -o -m1 'loaded CPU backend from .*' | sed 's|loaded CPU backend from .*/|CPU variant: |')"
+echo "llama.cpp $(llama_variant tl_q4_0.gguf)"
 echo "load average before: $load_before; after: $load_after"
 for threads in $threads_list; do echo "read bandwidth ceiling, $threads thread(s): ${ceiling[$threads]} GB/s"; done
 printf '%-16s %3s %10s %9s %11s %9s %7s %9s\n' "engine/format" thr "prompt t/s" "vs ref" "gen t/s" "vs ref" "GB/tok" "roofline"
