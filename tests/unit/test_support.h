@@ -24,6 +24,7 @@
 #include <functional>
 #include <iterator>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <system_error>
@@ -316,16 +317,31 @@ inline std::vector<float> model_logits(const std::string& dir, const std::vector
   return forward_chunk(*model, kv, tokens, 2, all_logits);
 }
 
-// Sets an environment variable for the scope.
+// Sets an environment variable for the scope (nullptr: unsets it), then restores the value it
+// had before (HOME, say, is set in every process).
 class ScopedEnv {
  public:
-  ScopedEnv(const char* name, const char* value) : name_(name) { ::setenv(name, value, 1); }
-  ~ScopedEnv() { ::unsetenv(name_); }
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* old = ::getenv(name)) old_ = old;
+    if (value != nullptr) {
+      ::setenv(name, value, 1);
+    } else {
+      ::unsetenv(name);
+    }
+  }
+  ~ScopedEnv() {
+    if (old_) {
+      ::setenv(name_, old_->c_str(), 1);
+    } else {
+      ::unsetenv(name_);
+    }
+  }
   ScopedEnv(const ScopedEnv&) = delete;
   ScopedEnv& operator=(const ScopedEnv&) = delete;
 
  private:
   const char* name_;
+  std::optional<std::string> old_;
 };
 
 // A tiny Qwen3.5-MoE hybrid (Gated DeltaNet + attention + MoE with a shared expert, MTP head).

@@ -131,8 +131,7 @@ std::string ChatTemplate::render(const nlohmann::json& context) const {
 
 ChatTemplateConfig load_chat_template_config(const std::string& tokenizer_dir) {
   namespace fs = std::filesystem;
-  std::error_code ec;
-  if (tokenizer_dir.ends_with(".gguf") && fs::is_regular_file(tokenizer_dir, ec)) {
+  if (Tokenizer::is_gguf(tokenizer_dir)) {
     // A GGUF file: tokenizer.chat_template and the BOS/EOS pieces of its vocabulary.
     const Tokenizer tok = Tokenizer::load(tokenizer_dir);
     ChatTemplateConfig result;

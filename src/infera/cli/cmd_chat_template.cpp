@@ -22,6 +22,7 @@
 #include "infera/base/error.h"
 #include "infera/chat/chat_template.h"
 #include "infera/cli/command.h"
+#include "infera/cli/model_paths.h"
 
 namespace {
 
@@ -107,7 +108,9 @@ void setup(CLI::App& app) {
   auto* cmd = app.add_subcommand("chat-template", "Render a conversation (JSON on stdin) with a chat template");
   auto opts = std::make_shared<Options>();
   cmd->add_option("--tokenizer", opts->tokenizer_dir,
-                  "Directory with tokenizer_config.json (template, bos/eos tokens)");
+                  "Directory with tokenizer_config.json (template, bos/eos tokens), a GGUF file, ollama:NAME or "
+                  "hf:ORG/NAME")
+      ->transform(infera::cli::model_ref_transform());
   cmd->add_option("--template", opts->template_file, "Jinja template file (overrides the directory's template)");
   cmd->add_flag("--jsonl", opts->jsonl, "One JSON conversation per input line, one JSON string per output line");
   cmd->callback([opts] { infera::cli::set_exit_code(run(*opts)); });

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "infera/cli/command.h"
+#include "infera/cli/model_paths.h"
 #include "infera/tools/model_check.h"
 
 namespace infera::cli {
@@ -37,7 +38,10 @@ void setup(CLI::App& app) {
       "Check a model directory before loading it (files, shards, tensor shapes, chat template, checksums); "
       "exit 0 ok, 1 warnings, 2 errors");
   auto o = std::make_shared<CheckCmdOptions>();
-  cmd->add_option("model_dir", o->model_dir, "Model directory (Hugging Face layout)")->required();
+  cmd->add_option("model_dir", o->model_dir,
+                  "Model: a directory (Hugging Face layout), a GGUF file, ollama:NAME or hf:ORG/NAME")
+      ->required()
+      ->transform(infera::cli::model_ref_transform());
   auto* w =
       cmd->add_flag("--write-manifest", o->write_manifest, "Write MANIFEST.sha256 (sha256sum -c format) of every file");
   auto* v = cmd->add_flag("--verify", o->verify, "Check every file against MANIFEST.sha256 and name those that differ");

@@ -17,6 +17,7 @@
 #include "infera/base/error.h"
 #include "infera/base/threads.h"
 #include "infera/cli/command.h"
+#include "infera/cli/model_paths.h"
 #include "infera/model/arch_registry.h"
 #include "infera/tools/gguf_export.h"
 #include "infera/tools/imatrix.h"
@@ -73,8 +74,9 @@ void setup(CLI::App& app) {
                                                 infera::gguf_export_arch_names() + ")");
   auto opts = std::make_shared<ConvertOptions>();
   cmd->add_option("model_dir", opts->model_dir,
-                  "Hugging Face model directory (config.json, *.safetensors, tokenizer.json)")
-      ->required();
+                  "Hugging Face model directory (config.json, *.safetensors, tokenizer.json), or hf:ORG/NAME")
+      ->required()
+      ->transform(infera::cli::model_ref_transform());
   cmd->add_option("--to", opts->format, "output format (gguf)")->required();
   cmd->add_option("out", opts->out_path, "output file")->required();
   cmd->add_option(

@@ -12,6 +12,7 @@
 #include "infera/base/error.h"
 #include "infera/base/threads.h"
 #include "infera/cli/command.h"
+#include "infera/cli/model_paths.h"
 #include "infera/model/model.h"
 #include "infera/tokenizer/tokenizer.h"
 #include "infera/tools/eval.h"
@@ -57,7 +58,10 @@ void setup(CLI::App& app) {
   auto* cmd =
       app.add_subcommand("eval", "Perplexity over a text; KL divergence and top-1 agreement against a reference");
   auto o = std::make_shared<EvalCliOptions>();
-  cmd->add_option("-m,--model", o->model_dir, "Model directory (quantized or not)")->required();
+  cmd->add_option("-m,--model", o->model_dir,
+                  "Model: a directory (quantized or not), a GGUF file, ollama:NAME or hf:ORG/NAME")
+      ->required()
+      ->transform(infera::cli::model_ref_transform());
   cmd->add_option("--ref", o->ref_dir, "Reference model directory (e.g. the float original)");
   cmd->add_option("--text", o->text_file, "UTF-8 text file to score")->required();
   cmd->add_option("--ctx", o->ctx, "Window length in tokens (each window is a fresh sequence)")

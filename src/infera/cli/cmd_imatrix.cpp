@@ -12,6 +12,7 @@
 #include "infera/base/threads.h"
 #include "infera/base/timer.h"
 #include "infera/cli/command.h"
+#include "infera/cli/model_paths.h"
 #include "infera/tools/imatrix.h"
 
 namespace {
@@ -49,7 +50,9 @@ void setup(CLI::App& app) {
       "imatrix",
       "Compute an importance matrix (llama-imatrix's GGUF format) from calibration text, for the GGUF mixes");
   auto c = std::make_shared<ImatrixCliOptions>();
-  cmd->add_option("model_dir", c->model_dir, "Hugging Face model directory (float weights)")->required();
+  cmd->add_option("model_dir", c->model_dir, "Hugging Face model directory (float weights), or hf:ORG/NAME")
+      ->required()
+      ->transform(infera::cli::model_ref_transform());
   cmd->add_option("-o,--output", c->out_path, "output file (imatrix.gguf)")->required();
   cmd->add_option("--calib", c->o.calib_file, "Calibration text file (UTF-8)")->required();
   cmd->add_option("--calib-tokens", c->o.calib_tokens, "Calibration tokens to use (the first N)")->default_val(4096);

@@ -10,6 +10,7 @@
 
 #include "infera/base/error.h"
 #include "infera/cli/command.h"
+#include "infera/cli/model_paths.h"
 #include "infera/io/safetensors.h"
 #include "infera/model/config.h"
 #include "infera/model/gguf_loader.h"
@@ -142,7 +143,8 @@ void setup(CLI::App& app) {
   auto* cmd =
       app.add_subcommand("plan", "Memory and capacity plan per device (weights, KV cache, activations) before loading");
   auto o = std::make_shared<PlanCmdOptions>();
-  cmd->add_option("-m,--model", o->model_dir, "Model directory");
+  cmd->add_option("-m,--model", o->model_dir, "Model: a directory, a GGUF file, ollama:NAME or hf:ORG/NAME")
+      ->transform(infera::cli::model_ref_transform());
   cmd->add_option("--arch-config", o->arch_config, "A config.json instead of a model directory (see examples/configs)");
   cmd->add_option("--scheme", o->scheme, "Weight scheme: auto (as stored), f32, bf16, f16, w8a8, w4a8, w4a16")
       ->default_val("auto");

@@ -15,6 +15,7 @@
 #include "infera/base/threads.h"
 #include "infera/base/timer.h"
 #include "infera/cli/command.h"
+#include "infera/cli/model_paths.h"
 #include "infera/model/arch_registry.h"
 #include "infera/model/quantized_weights.h"
 #include "infera/quant/quantize_model.h"
@@ -55,8 +56,10 @@ void setup(CLI::App& app) {
   auto* cmd = app.add_subcommand("quantize", "Quantize a model directory (W8A8, W4A8, W4A16) for infera run/serve");
   auto o = std::make_shared<QuantizeCliOptions>();
   cmd->add_option("in_dir", o->in_dir,
-                  "Hugging Face model directory (" + infera::runnable_arch_names() + "; f32/bf16/f16, or FP8)")
-      ->required();
+                  "Hugging Face model directory (" + infera::runnable_arch_names() +
+                      "; f32/bf16/f16, or FP8), or hf:ORG/NAME")
+      ->required()
+      ->transform(infera::cli::model_ref_transform());
   cmd->add_option("out_dir", o->out_dir, "Output directory (new or empty)")->required();
   cmd->add_option("--scheme", o->scheme, "w8a8 (int8 per channel, int8 activations), w4a8 or w4a16 (int4 groups)")
       ->required();

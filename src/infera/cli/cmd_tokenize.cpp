@@ -18,6 +18,7 @@
 
 #include "infera/base/error.h"
 #include "infera/cli/command.h"
+#include "infera/cli/model_paths.h"
 #include "infera/tokenizer/tokenizer.h"
 
 namespace {
@@ -101,8 +102,10 @@ int run(const Options& opts) {
 void setup(CLI::App& app) {
   auto* cmd = app.add_subcommand("tokenize", "Turn text into token ids (or --decode ids into text)");
   auto opts = std::make_shared<Options>();
-  cmd->add_option("--tokenizer", opts->tokenizer_dir, "Directory with tokenizer.json and tokenizer_config.json")
-      ->required();
+  cmd->add_option("--tokenizer", opts->tokenizer_dir,
+                  "Directory with tokenizer.json and tokenizer_config.json, a GGUF file, ollama:NAME or hf:ORG/NAME")
+      ->required()
+      ->transform(infera::cli::model_ref_transform());
   cmd->add_option("input", opts->input,
                   "Text to encode, or with --decode a JSON array of ids (default: read all of stdin)");
   cmd->add_flag("--decode", opts->decode, "Decode a JSON array of token ids into text");

@@ -4,12 +4,13 @@
 
 #include "infera/base/error.h"
 #include "infera/base/options.h"
+#include "infera/io/model_ref.h"
 
 namespace infera::cli {
 
 std::string default_model_dir() {
   namespace fs = std::filesystem;
-  if (std::string env = option_env("model"); !env.empty()) return env;  // INFERA_DEFAULT_MODEL
+  if (std::string env = option_env("model"); !env.empty()) return model_path_of(env);  // INFERA_DEFAULT_MODEL
   std::error_code ec;
   fs::path dir = fs::read_symlink("/proc/self/exe", ec).parent_path();
   for (int up = 0; up < 4 && !dir.empty(); ++up) {
@@ -18,6 +19,20 @@ std::string default_model_dir() {
     dir = dir.parent_path();
   }
   fail("no model given and the built-in default model (models/infera-default) was not found; pass -m MODEL_DIR");
+}
+
+CLI::Validator model_ref_transform() {
+  return CLI::Validator(
+      [](std::string& value) -> std::string {
+        if (!is_store_ref(value)) return {};
+        try {
+          value = resolve_store_ref(value).path;
+        } catch (const Error& e) {
+          return e.what();
+        }
+        return {};
+      },
+      "", "model reference");
 }
 
 }  // namespace infera::cli

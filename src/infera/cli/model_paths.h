@@ -1,12 +1,21 @@
-// Where the built-in default model lives when no -m is given.
+// Where the model of a command comes from: the built-in default model when no -m is given,
+// and models named in other tools' stores.
 #pragma once
 
 #include <string>
+
+#include <CLI/CLI.hpp>
 
 namespace infera::cli {
 
 // INFERA_DEFAULT_MODEL if set, else models/infera-default found beside (or above) the
 // directory of the running executable. Throws infera::Error with a hint when absent.
 std::string default_model_dir();
+
+// A CLI11 transform for the options that name a model (-m, a command's MODEL_DIR): a model in
+// Ollama's store or the Hugging Face cache (ollama:NAME[:TAG], hf:ORG/NAME[@REV][:QUANT];
+// io/model_ref.h) becomes its file or directory; any other value passes as it is. A
+// reference that does not resolve is the option's error.
+CLI::Validator model_ref_transform();
 
 }  // namespace infera::cli

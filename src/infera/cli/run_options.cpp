@@ -1,4 +1,5 @@
 #include "infera/cli/run_options.h"
+#include "infera/cli/model_paths.h"
 
 #include "infera/base/options.h"
 #include "infera/cli/option_flags.h"
@@ -7,7 +8,7 @@ namespace infera::cli {
 
 void add_run_flags(CLI::App* cmd, RunOptions& o) {
   auto add = [cmd](std::string_view name, auto& field) { return add_declared(cmd, name, field, kUseRun); };
-  add("model", o.model_dir);
+  add("model", o.model_dir)->transform(model_ref_transform());
   CLI::Option* prompt = add("prompt", o.prompt);
   CLI::Option* file = add("file", o.prompt_file);
   CLI::Option* ids = add("prompt_ids", o.prompt_ids);

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <limits>
 #include <unordered_set>
 
@@ -767,6 +768,15 @@ std::vector<std::string> split_paths(const std::string& path) {
          count, missing.front());
   }
   return paths;
+}
+
+bool is_gguf_file(const std::string& path) {
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec)) return false;
+  if (std::string_view(path).ends_with(".gguf")) return true;
+  char magic[4] = {};
+  std::ifstream in(path, std::ios::binary);
+  return in.read(magic, sizeof magic) && std::memcmp(magic, "GGUF", sizeof magic) == 0;
 }
 
 const Value* Reader::find(std::string_view key) const {

@@ -251,6 +251,11 @@ class Reader {
 // missing parts when some are absent.
 std::vector<std::string> split_paths(const std::string& path);
 
+// Whether `path` is a GGUF file: a regular file named *.gguf, or one that starts with the
+// magic "GGUF" whatever its name (an Ollama blob, "blobs/sha256-<hex>"). A .gguf file that is
+// not valid inside is still one: the reader then names its problem.
+bool is_gguf_file(const std::string& path);
+
 // ---- template implementation ----
 
 template <typename T>

@@ -3,6 +3,7 @@
 #include <openssl/evp.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -22,12 +23,6 @@ struct MdCtxDeleter {
 };
 using MdCtx = std::unique_ptr<EVP_MD_CTX, MdCtxDeleter>;
 
-MdCtx new_sha256() {
-  MdCtx ctx(EVP_MD_CTX_new());
-  if (!ctx || EVP_DigestInit_ex(ctx.get(), EVP_sha256(), nullptr) != 1) fail("SHA-256: OpenSSL initialisation failed");
-  return ctx;
-}
-
 std::string finish_hex(EVP_MD_CTX* ctx) {
   unsigned char md[EVP_MAX_MD_SIZE];
   unsigned int len = 0;
@@ -40,6 +35,30 @@ std::string finish_hex(EVP_MD_CTX* ctx) {
     out.push_back(hex[md[i] & 15]);
   }
   return out;
+}
+
+MdCtx new_digest(const EVP_MD* md) {
+  MdCtx ctx(EVP_MD_CTX_new());
+  if (!ctx || EVP_DigestInit_ex(ctx.get(), md, nullptr) != 1) fail("SHA-256: OpenSSL initialisation failed");
+  return ctx;
+}
+MdCtx new_sha256() { return new_digest(EVP_sha256()); }
+
+// The digest of a file's bytes after `prefix`, streamed.
+std::string file_digest(const std::string& path, MdCtx ctx, std::string_view prefix = {}) {
+  std::unique_ptr<FILE, int (*)(FILE*)> f(std::fopen(path.c_str(), "rb"), &std::fclose);
+  if (!f) fail("{}: cannot open for reading", path);
+  if (!prefix.empty() && EVP_DigestUpdate(ctx.get(), prefix.data(), prefix.size()) != 1) fail("OpenSSL digest failed");
+  std::vector<unsigned char> buf(1 << 20);
+  for (;;) {
+    const size_t got = std::fread(buf.data(), 1, buf.size(), f.get());
+    if (got > 0 && EVP_DigestUpdate(ctx.get(), buf.data(), got) != 1) fail("SHA-256: OpenSSL digest failed");
+    if (got < buf.size()) {
+      if (std::ferror(f.get())) fail("{}: read error while hashing", path);
+      break;
+    }
+  }
+  return finish_hex(ctx.get());
 }
 
 bool hidden(const fs::path& rel) {
@@ -64,21 +83,7 @@ std::string sha256_hex(const void* data, size_t n) {
   return finish_hex(ctx.get());
 }
 
-std::string sha256_file(const std::string& path) {
-  std::unique_ptr<FILE, int (*)(FILE*)> f(std::fopen(path.c_str(), "rb"), &std::fclose);
-  if (!f) fail("{}: cannot open for reading", path);
-  MdCtx ctx = new_sha256();
-  std::vector<unsigned char> buf(1 << 20);
-  for (;;) {
-    const size_t got = std::fread(buf.data(), 1, buf.size(), f.get());
-    if (got > 0 && EVP_DigestUpdate(ctx.get(), buf.data(), got) != 1) fail("SHA-256: OpenSSL digest failed");
-    if (got < buf.size()) {
-      if (std::ferror(f.get())) fail("{}: read error while hashing", path);
-      break;
-    }
-  }
-  return finish_hex(ctx.get());
-}
+std::string sha256_file(const std::string& path) { return file_digest(path, new_sha256()); }
 
 std::vector<std::string> manifest_files(const std::string& dir) {
   std::error_code ec;
@@ -86,7 +91,7 @@ std::vector<std::string> manifest_files(const std::string& dir) {
   std::vector<std::string> out;
   for (auto it = fs::recursive_directory_iterator(dir, ec); !ec && it != fs::recursive_directory_iterator();
        it.increment(ec)) {
-    const fs::path rel = fs::relative(it->path(), dir);
+    const fs::path rel = it->path().lexically_relative(dir);
     if (hidden(rel)) {
       if (it->is_directory()) it.disable_recursion_pending();
       continue;
@@ -199,6 +204,61 @@ ManifestVerification verify_manifest(const std::string& dir) {
   }
   for (const std::string& rel : manifest_files(dir)) {
     if (!listed.count(rel)) result.problems.push_back({ManifestMismatch::Kind::kUnlisted, rel, "", ""});
+  }
+  return result;
+}
+
+StoreDigest store_digest(const std::string& path) {
+  const fs::path p(path);
+  const std::string name = p.filename().string();
+  // Ollama: blobs/sha256-<hex> (older versions: sha256:<hex>).
+  for (std::string_view prefix : {"sha256-", "sha256:"}) {
+    if (name.starts_with(prefix) && is_hex64(name.substr(prefix.size()))) {
+      return {StoreDigest::Kind::kSha256, name.substr(prefix.size())};
+    }
+  }
+  // The Hugging Face cache: snapshots/<commit>/<file> links to ../../blobs/<hex>.
+  std::error_code ec;
+  if (!fs::is_symlink(p, ec)) return {};
+  const fs::path target = fs::read_symlink(p, ec);
+  if (ec || target.parent_path().filename() != "blobs") return {};
+  const std::string hex = target.filename().string();
+  const bool sha1 = hex.size() == 40 && std::all_of(hex.begin(), hex.end(), [](char c) {
+                      return std::isxdigit(static_cast<unsigned char>(c));
+                    });
+  if (is_hex64(hex)) return {StoreDigest::Kind::kSha256, hex};
+  if (sha1) return {StoreDigest::Kind::kGitSha1, hex};
+  return {};
+}
+
+std::string git_blob_sha1_file(const std::string& path) {
+  std::error_code ec;
+  const uintmax_t size = fs::file_size(path, ec);
+  if (ec) fail("{}: cannot open for reading", path);
+  const std::string header = fmt::format("blob {}", size) + std::string(1, '\0');
+  return file_digest(path, new_digest(EVP_sha1()), header);
+}
+
+ManifestVerification verify_store_digests(const std::vector<std::string>& files, const std::string& base) {
+  ManifestVerification result;
+  for (const std::string& file : files) {
+    std::string rel = fs::path(file).lexically_relative(base).generic_string();
+    if (rel.empty() || rel.starts_with("..")) rel = file;
+    const StoreDigest want = store_digest(file);
+    if (want.kind == StoreDigest::Kind::kNone) {
+      result.problems.push_back({ManifestMismatch::Kind::kUnlisted, rel, "", ""});
+      continue;
+    }
+    ++result.files_checked;
+    try {
+      const std::string got = want.kind == StoreDigest::Kind::kSha256 ? sha256_file(file) : git_blob_sha1_file(file);
+      std::string expected = want.hex;
+      std::transform(expected.begin(), expected.end(), expected.begin(),
+                     [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+      if (got != expected) result.problems.push_back({ManifestMismatch::Kind::kChanged, rel, expected, got});
+    } catch (const Error& e) {
+      result.problems.push_back({ManifestMismatch::Kind::kUnreadable, rel, want.hex, e.what()});
+    }
   }
   return result;
 }

@@ -61,4 +61,23 @@ bool manifest_file_affects_loading(std::string_view rel_path);
 // reported as kUnlisted. Throws infera::Error when the manifest is absent or malformed.
 ManifestVerification verify_manifest(const std::string& dir);
 
+// The checksum a model store put in a file's name. Ollama names its blobs by their SHA-256
+// (blobs/sha256-<hex>); the Hugging Face cache links a snapshot's files to blobs named by
+// their SHA-256 (large, LFS files) or by git's SHA-1 of the blob (small files). kNone: the
+// path promises nothing (a plain copy).
+struct StoreDigest {
+  enum class Kind { kNone, kSha256, kGitSha1 };
+  Kind kind = Kind::kNone;
+  std::string hex;
+};
+StoreDigest store_digest(const std::string& path);
+
+// git's object id of a file: SHA-1 of "blob <size>\0" and its bytes (lower-case hex).
+std::string git_blob_sha1_file(const std::string& path);
+
+// Checks each of `files` against its store_digest: one that differs is kChanged, one that
+// cannot be read kUnreadable, one whose name promises no checksum kUnlisted (paths in the
+// result relative to `base`). files_checked counts those with a checksum.
+ManifestVerification verify_store_digests(const std::vector<std::string>& files, const std::string& base);
+
 }  // namespace infera

@@ -463,10 +463,7 @@ void join_kv_b(const ModelConfig& c, const gguf::Tensor& k_b, const gguf::Tensor
 
 }  // namespace
 
-bool is_gguf_path(const std::string& path) {
-  std::error_code ec;
-  return std::string_view(path).ends_with(".gguf") && std::filesystem::is_regular_file(path, ec);
-}
+bool is_gguf_path(const std::string& path) { return gguf::is_gguf_file(path); }
 
 ModelConfig gguf_model_config(const std::string& path) {
   const GgufFiles files(path, false);

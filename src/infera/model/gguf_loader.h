@@ -29,7 +29,8 @@
 
 namespace infera {
 
-// True when `path` names a GGUF file (a regular file ending in ".gguf").
+// True when `path` names a GGUF file: a regular file ending in ".gguf", or one starting with
+// the GGUF magic whatever its name (gguf::is_gguf_file: an Ollama blob).
 bool is_gguf_path(const std::string& path);
 
 // The configuration of the GGUF model at `path` (any part of a split file). Throws

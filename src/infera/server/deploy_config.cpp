@@ -11,6 +11,7 @@
 
 #include "infera/base/error.h"
 #include "infera/base/options.h"
+#include "infera/io/model_ref.h"
 #include "infera/model/kv_pool.h"
 #include "infera/runtime/engine_config.h"
 
@@ -233,6 +234,17 @@ DeployConfig read_deploy_config(const YAML::Node& root, const std::string& sourc
     for (size_t i = 0; i < models.size(); ++i) {
       ModelDeployConfig m;
       read_model(r, models[i], i, m);
+      // A model in Ollama's store or the Hugging Face cache (ollama:NAME, hf:ORG/NAME): its
+      // file or directory, served under the name the reference gives unless one is set.
+      if (is_store_ref(m.path)) {
+        try {
+          const ResolvedModelRef ref = resolve_store_ref(m.path);
+          if (m.name.empty()) m.name = ref.name;
+          m.path = ref.path;
+        } catch (const Error& e) {
+          r.problem(fmt::format("models[{}].path: {}", i, e.what()));
+        }
+      }
       config.models.push_back(std::move(m));
     }
   }

@@ -29,6 +29,9 @@ class Tokenizer {
   // Reads dir/tokenizer.json, dir/tokenizer_config.json and, when present,
   // dir/special_tokens_map.json. Throws infera::Error naming the file and the problem.
   static Tokenizer load(const std::string& dir);
+  // Whether `path` is a GGUF file, whose tokenizer load() reads from its metadata
+  // (gguf::is_gguf_file: a *.gguf file, or any file with the GGUF magic).
+  static bool is_gguf(const std::string& path);
 
   // add_special_tokens adds BOS/EOS as tokenizer_config.json's add_bos_token /
   // add_eos_token say, or else as tokenizer.json's post_processor template says.

@@ -13,6 +13,7 @@
 #include "infera/base/error.h"
 #include "infera/base/json_file.h"
 #include "infera/base/log.h"
+#include "infera/io/gguf.h"
 #include "infera/tokenizer/tokenizer_impl.h"
 #include "infera/tokenizer/unicode.h"
 
@@ -588,9 +589,10 @@ void build_added_token_trie(Tokenizer::Impl& impl) {
   }
 }
 
+bool Tokenizer::is_gguf(const std::string& path) { return gguf::is_gguf_file(path); }
+
 std::shared_ptr<Tokenizer::Impl> load_tokenizer_impl(const std::string& dir) {
-  std::error_code ec;
-  if (dir.ends_with(".gguf") && fs::is_regular_file(dir, ec)) return load_gguf_tokenizer_impl(dir);
+  if (gguf::is_gguf_file(dir)) return load_gguf_tokenizer_impl(dir);
   auto impl = std::make_shared<Tokenizer::Impl>();
   Loader(dir, *impl).load();
   return impl;

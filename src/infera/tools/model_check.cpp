@@ -76,6 +76,7 @@ class Checker {
     if (is_gguf_path(dir_.string())) {
       check_gguf();
       check_chat_template();
+      if (opt_.verify_manifest) verify_gguf_digests();
       return std::move(r_);
     }
     if (!fs::is_directory(dir_, ec)) {
@@ -230,6 +231,58 @@ class Checker {
     } catch (const Error& e) {
       error("weights", e.what());
     }
+  }
+
+  // --verify on a GGUF file: a file carries no checksum of itself, but one from Ollama's
+  // store or the Hugging Face cache is named by its SHA-256 (io/manifest.h store_digest).
+  void verify_gguf_digests() {
+    std::vector<std::string> parts;
+    try {
+      parts = gguf::split_paths(dir_.string());
+    } catch (const Error& e) {
+      error("manifest", e.what());
+      return;
+    }
+    ManifestVerification v = verify_store_digests(parts, dir_.parent_path().string());
+    if (v.files_checked == 0) {
+      error("manifest", fmt::format("{}: nothing to verify it against: a GGUF file holds no checksum of itself, and "
+                                    "only a file of Ollama's store or the Hugging Face cache is named by one",
+                                    dir_.filename().string()));
+      return;
+    }
+    report_mismatches(v, "its store's name for it");
+    r_.manifest = std::move(v);
+  }
+
+  void report_mismatches(const ManifestVerification& v, const std::string& source) {
+    for (const ManifestMismatch& m : v.problems) {
+      switch (m.kind) {
+        case ManifestMismatch::Kind::kChanged:
+          error("manifest",
+                fmt::format("{}: {} differs from {} (expected {}, got {})", m.path,
+                            m.expected.size() == 40 ? "git SHA-1" : "SHA-256", source, m.expected, m.actual));
+          break;
+        case ManifestMismatch::Kind::kMissing:
+          error("manifest", fmt::format("{}: listed in {} but missing", m.path, source));
+          break;
+        case ManifestMismatch::Kind::kUnreadable: error("manifest", m.actual); break;
+        case ManifestMismatch::Kind::kUnlisted:
+          // An unlisted index.json or chat_template.jinja changes what loads: an error.
+          if (manifest_file_affects_loading(m.path)) {
+            error("manifest",
+                  fmt::format("{}: present but not listed in {}, and it changes what loads", m.path, source));
+          } else {
+            warn("manifest", fmt::format("{}: present but not listed in {}", m.path, source));
+          }
+          break;
+      }
+    }
+  }
+
+  // Whether the directory's config.json is a link into a store's blobs (a Hugging Face cache
+  // snapshot).
+  bool has_store_digests() const {
+    return store_digest((dir_ / "config.json").string()).kind != StoreDigest::Kind::kNone;
   }
 
   void check_tokenizer() {
@@ -494,28 +547,19 @@ class Checker {
   void check_manifest() {
     if (opt_.verify_manifest) {
       try {
-        ManifestVerification v = verify_manifest(dir_.string());
-        for (const ManifestMismatch& m : v.problems) {
-          switch (m.kind) {
-            case ManifestMismatch::Kind::kChanged:
-              error("manifest", fmt::format("{}: SHA-256 differs from {} (expected {}, got {})", m.path, kManifestName,
-                                            m.expected, m.actual));
-              break;
-            case ManifestMismatch::Kind::kMissing:
-              error("manifest", fmt::format("{}: listed in {} but missing", m.path, kManifestName));
-              break;
-            case ManifestMismatch::Kind::kUnreadable: error("manifest", m.actual); break;
-            case ManifestMismatch::Kind::kUnlisted:
-              // An unlisted index.json or chat_template.jinja changes what loads: an error.
-              if (manifest_file_affects_loading(m.path)) {
-                error("manifest", fmt::format("{}: present but not listed in {}, and it changes what loads", m.path,
-                                              kManifestName));
-              } else {
-                warn("manifest", fmt::format("{}: present but not listed in {}", m.path, kManifestName));
-              }
-              break;
-          }
+        std::error_code ec;
+        ManifestVerification v;
+        std::string source = kManifestName;
+        if (!fs::exists(dir_ / kManifestName, ec) && has_store_digests()) {
+          // A Hugging Face cache snapshot: its files' links name their checksums.
+          std::vector<std::string> files;
+          for (const std::string& rel : manifest_files(dir_.string())) files.push_back((dir_ / rel).string());
+          v = verify_store_digests(files, dir_.string());
+          source = "the Hugging Face cache's names for them";
+        } else {
+          v = verify_manifest(dir_.string());
         }
+        report_mismatches(v, source);
         r_.manifest = std::move(v);
       } catch (const Error& e) {
         error("manifest", e.what());

@@ -407,5 +407,46 @@ TEST_F(ServeFlags, BadValuesAreRejected) {
   }
 }
 
+// Models in Ollama's store: `run -m ollama:NAME` opens the blob; `serve -m ollama:NAME` (and
+// a deploy.yaml path) serves it under the name Ollama's clients ask for, unless --name; a
+// name the store lacks is the flag's error.
+TEST_F(ServeFlags, OllamaReferencesResolveToTheirBlobs) {
+  namespace fs = std::filesystem;
+  const fs::path store = fs::temp_directory_path() / ("infera_flags_ollama_" + std::to_string(::getpid()));
+  const std::string hex(64, 'a');
+  fs::create_directories(store / "blobs");
+  fs::create_directories(store / "manifests/registry.ollama.ai/library/qwen3");
+  std::ofstream(store / "blobs" / ("sha256-" + hex)) << "GGUF";
+  std::ofstream(store / "manifests/registry.ollama.ai/library/qwen3/8b")
+      << R"({"layers":[{"mediaType":"application/vnd.ollama.image.model","digest":"sha256:)" << hex << R"("}]})";
+  ::setenv("OLLAMA_MODELS", store.c_str(), 1);
+  const std::string blob = (store / "blobs" / ("sha256-" + hex)).string();
+  EXPECT_EQ(parse_run({"-m", "ollama:qwen3:8b"}).model_dir, blob);
+  EXPECT_EQ(parse_run({"-m", "/plain/dir"}).model_dir, "/plain/dir");
+  EXPECT_TRUE(run_rejects({"-m", "ollama:qwen3:14b"}));
+  DeployConfig c = Serve({"-m", "ollama:qwen3:8b"}).config();
+  EXPECT_EQ(c.models.at(0).path, blob);
+  EXPECT_EQ(c.models.at(0).name, "qwen3:8b");
+  c = Serve({"-m", "ollama:qwen3:8b", "--name", "chat"}).config();
+  EXPECT_EQ(c.models.at(0).name, "chat");
+  const fs::path file = store / "deploy.yaml";
+  std::ofstream(file) << "models:\n  - {path: 'ollama:qwen3:8b'}\n  - {path: 'ollama:qwen3:14b', name: b}\n";
+  std::string e;
+  try {
+    Serve({"--config", file.string()}).config();
+  } catch (const Error& err) {
+    e = err.what();
+  }
+  EXPECT_NE(e.find("models[1].path: ollama:qwen3:14b: Ollama has no tag '14b' of qwen3 (its tags here: 8b)"),
+            std::string::npos)
+      << e;
+  std::ofstream(file) << "models:\n  - {path: 'ollama:qwen3:8b'}\n";
+  c = Serve({"--config", file.string()}).config();
+  EXPECT_EQ(c.models.at(0).path, blob);
+  EXPECT_EQ(c.models.at(0).name, "qwen3:8b");
+  ::unsetenv("OLLAMA_MODELS");
+  fs::remove_all(store);
+}
+
 }  // namespace
 }  // namespace infera::cli

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <span>
 #include <string>
@@ -15,6 +16,8 @@
 #include "../runtime/greedy_reference.h"
 #include "../test_support.h"
 #include "infera/chat/chat_template.h"
+#include "infera/io/manifest.h"
+#include "infera/io/model_ref.h"
 #include "infera/model/gguf_loader.h"
 #include "infera/model/model.h"
 #include "infera/runtime/block_allocator.h"
@@ -82,6 +85,31 @@ TEST(GgufStories, LogitsEqualTheDirectoryAndGreedyMatchesGolden) {
     EXPECT_LE(max_diff, 1e-5f) << "load_into_memory=" << in_memory;
     EXPECT_EQ(testing_support::greedy_alone(*model, {1}, 40), testing_support::greedy_alone(*hf, {1}, 40));
   }
+}
+
+// The same file as Ollama keeps it: a blob named by its SHA-256, no .gguf in its name,
+// reached through the store's manifest (`-m ollama:stories:260k`), gives the same model,
+// tokenizer and greedy text.
+TEST(GgufStories, OllamaBlobRunsAsTheFile) {
+  INFERA_REQUIRE_FIXTURE(kGguf);
+  namespace fs = std::filesystem;
+  test::TempDir store("infera_ollama_store");
+  const std::string hex = sha256_file(kGguf);
+  const fs::path blob = store.path() / "blobs" / ("sha256-" + hex);
+  fs::create_directories(blob.parent_path());
+  fs::copy_file(kGguf, blob);
+  const fs::path manifest = store.path() / "manifests/registry.ollama.ai/library/stories/260k";
+  fs::create_directories(manifest.parent_path());
+  std::ofstream(manifest) << R"({"schemaVersion":2,"layers":[{"mediaType":"application/vnd.ollama.image.model",)"
+                          << R"("digest":"sha256:)" << hex << R"(","size":)" << fs::file_size(blob) << "}]}";
+  test::ScopedEnv env("OLLAMA_MODELS", store.path().c_str());
+  const std::string path = model_path_of("ollama:stories:260k");
+  ASSERT_EQ(path, blob.string());
+  ASSERT_TRUE(is_gguf_path(path));
+  auto from_blob = load_model(path);
+  auto from_file = load_model(kGguf);
+  EXPECT_EQ(testing_support::greedy_alone(*from_blob, {1}, 40), testing_support::greedy_alone(*from_file, {1}, 40));
+  EXPECT_EQ(Tokenizer::load(path).encode("Once upon a time"), Tokenizer::load(kGguf).encode("Once upon a time"));
 }
 
 TEST(GgufStories, TokenizerEqualsTheDirectoryTokenizer) {

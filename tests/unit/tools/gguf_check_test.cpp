@@ -3,7 +3,11 @@
 // Infera cannot run are errors naming the problem.
 #include <gtest/gtest.h>
 
+#include <filesystem>
+#include <fstream>
+
 #include "../test_support.h"
+#include "infera/io/manifest.h"
 #include "infera/model/config.h"
 #include "infera/model/gguf_loader.h"
 #include "infera/tools/gguf_export.h"
@@ -49,6 +53,39 @@ TEST(GgufCheck, UnsupportedArchitectureIsAnError) {
   const CheckReport r = check_model_dir(file);
   ASSERT_GT(r.errors(), 0);
   EXPECT_NE(r.to_text().find("'gemma3' is not supported (supported: llama, qwen3"), std::string::npos) << r.to_text();
+}
+
+// --verify on a GGUF file: a plain file holds no checksum to check; one named by its SHA-256
+// in Ollama's store (blobs/sha256-<hex>) is checked against that name, and a changed byte is
+// an error naming both sums.
+TEST(GgufCheck, VerifyChecksAStoreBlobAgainstItsName) {
+  test::TempDir dir("infera_gguf_check");
+  gguf::Writer w;
+  w.set("general.architecture", gguf::Value::string("gemma3"));
+  const std::string plain = dir.file("model.gguf");
+  w.write(plain);
+  CheckOptions o;
+  o.verify_manifest = true;
+  CheckReport r = check_model_dir(plain, o);
+  EXPECT_NE(r.to_text().find("nothing to verify it against"), std::string::npos) << r.to_text();
+  EXPECT_FALSE(r.manifest.has_value());
+
+  const std::string hex = sha256_file(plain);
+  const std::string blob = dir.file("sha256-" + hex);
+  std::filesystem::copy_file(plain, blob);
+  r = check_model_dir(blob, o);
+  ASSERT_TRUE(r.manifest.has_value()) << r.to_text();
+  EXPECT_EQ(r.manifest->files_checked, 1u);
+  EXPECT_TRUE(r.manifest->problems.empty());
+  EXPECT_EQ(r.to_text().find("[manifest]"), std::string::npos) << r.to_text();
+  EXPECT_NE(r.to_text().find("'gemma3' is not supported"), std::string::npos) << "a blob is read as a GGUF file";
+
+  { std::ofstream(blob, std::ios::binary | std::ios::app) << "tail"; }
+  r = check_model_dir(blob, o);
+  ASSERT_TRUE(r.manifest.has_value());
+  EXPECT_FALSE(r.manifest->ok());
+  EXPECT_NE(r.to_text().find("SHA-256 differs from its store's name for it (expected " + hex), std::string::npos)
+      << r.to_text();
 }
 
 }  // namespace

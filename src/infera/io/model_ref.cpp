@@ -1,0 +1,355 @@
+#include "infera/io/model_ref.h"
+
+#include <algorithm>
+#include <cctype>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "infera/base/error.h"
+#include "infera/base/json_file.h"
+#include "infera/base/options.h"
+#include "infera/io/gguf.h"
+
+namespace infera {
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr std::string_view kOllama = "ollama:", kHf = "hf:";
+// A manifest is a few hundred bytes: anything near this is not one.
+constexpr uintmax_t kMaxManifestBytes = 1 << 20;
+
+std::string lower(std::string s) {
+  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  return s;
+}
+
+// A name part as the stores write it on disk: letters, digits, '.', '_', '-', not starting
+// with '.' (so no "..", nothing that leaves the store).
+bool plain_part(std::string_view s) {
+  if (s.empty() || s.front() == '.' || s.size() > 255) return false;
+  return std::all_of(s.begin(), s.end(),
+                     [](unsigned char c) { return std::isalnum(c) || c == '.' || c == '_' || c == '-'; });
+}
+
+std::vector<std::string> split(std::string_view s, char sep) {
+  std::vector<std::string> parts;
+  size_t start = 0;
+  for (size_t i = 0; i <= s.size(); ++i) {
+    if (i == s.size() || s[i] == sep) {
+      parts.emplace_back(s.substr(start, i - start));
+      start = i + 1;
+    }
+  }
+  return parts;
+}
+
+std::string join(const std::vector<std::string>& items, std::string_view sep) {
+  std::string out;
+  for (const std::string& s : items) out += (out.empty() ? "" : std::string(sep)) + s;
+  return out;
+}
+
+bool is_dir(const fs::path& p) {
+  std::error_code ec;
+  return fs::is_directory(p, ec);
+}
+
+bool is_file(const fs::path& p) {
+  std::error_code ec;
+  return fs::is_regular_file(p, ec);
+}
+
+// Names of the entries of `dir` (sorted; empty when it cannot be read).
+std::vector<std::string> entries(const fs::path& dir) {
+  std::vector<std::string> names;
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    names.push_back(it->path().filename().string());
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+std::string home() { return option_env("home"); }
+
+// ---- Ollama ----
+
+struct OllamaName {
+  std::string host = "registry.ollama.ai", ns = "library", model, tag = "latest";
+};
+
+// [HOST/][NAMESPACE/]MODEL[:TAG], as `ollama pull` takes it.
+OllamaName parse_ollama_name(const std::string& ref, std::string_view name) {
+  OllamaName n;
+  std::string_view path = name;
+  const size_t slash = name.rfind('/'), colon = name.rfind(':');
+  if (colon != std::string_view::npos && (slash == std::string_view::npos || colon > slash)) {
+    n.tag = std::string(name.substr(colon + 1));
+    path = name.substr(0, colon);
+  }
+  const std::vector<std::string> parts = split(path, '/');
+  const bool bad_tag = !plain_part(n.tag);
+  bool bad = bad_tag || parts.size() > 3 || name.find('@') != std::string_view::npos;
+  for (const std::string& p : parts) bad = bad || !plain_part(p);
+  if (bad) {
+    fail(
+        "{}: not an Ollama model name; write ollama:NAME[:TAG] as `ollama list` shows it (ollama:qwen3:30b-a3b, "
+        "ollama:hf.co/ORG/REPO:TAG)",
+        ref);
+  }
+  n.model = parts.back();
+  if (parts.size() >= 2) n.ns = parts[parts.size() - 2];
+  if (parts.size() == 3) n.host = parts[0];
+  return n;
+}
+
+ResolvedModelRef resolve_ollama(const std::string& ref) {
+  const std::string name = ref.substr(kOllama.size());
+  const OllamaName n = parse_ollama_name(ref, name);
+  const std::vector<std::string> stores = ollama_stores();
+  fs::path store, manifest;
+  for (const std::string& s : stores) {
+    // As written, then lower case (Ollama's names are case-insensitive).
+    for (const fs::path& m :
+         {fs::path(s) / "manifests" / n.host / n.ns / n.model / n.tag,
+          fs::path(s) / "manifests" / lower(n.host) / lower(n.ns) / lower(n.model) / lower(n.tag)}) {
+      if (is_file(m)) {
+        store = s;
+        manifest = m;
+        break;
+      }
+    }
+    if (!manifest.empty()) break;
+  }
+  if (manifest.empty()) {
+    std::string tags;
+    for (const std::string& s : stores) {
+      const fs::path model_dir = fs::path(s) / "manifests" / n.host / n.ns / n.model;
+      if (is_dir(model_dir)) tags = join(entries(model_dir), ", ");
+    }
+    if (!tags.empty()) fail("{}: Ollama has no tag '{}' of {} (its tags here: {})", ref, n.tag, n.model, tags);
+    fail(
+        "{}: no such model in the Ollama store{} {} (pull it with `ollama pull {}`, or set OLLAMA_MODELS to the "
+        "store that has it)",
+        ref, stores.size() == 1 ? "" : "s", join(stores, ", "), name);
+  }
+  std::error_code ec;
+  if (fs::file_size(manifest, ec) > kMaxManifestBytes)
+    fail("{}: {} is too large to be an Ollama manifest", ref, manifest.string());
+  const nlohmann::json j = read_json_file(manifest.string());
+  if (!j.is_object() || !j.contains("layers") || !j["layers"].is_array()) {
+    fail("{}: {} is not an Ollama manifest (no list of layers)", ref, manifest.string());
+  }
+  std::string digest;
+  std::set<std::string> kinds;
+  for (const nlohmann::json& layer : j["layers"]) {
+    if (!layer.is_object() || !layer.contains("mediaType") || !layer["mediaType"].is_string()) continue;
+    const std::string type = layer["mediaType"].get<std::string>();
+    kinds.insert(type);
+    if (type == "application/vnd.ollama.image.adapter") {
+      fail(
+          "{}: this Ollama model applies a LoRA adapter to its base model (a layer {}); Infera does not apply "
+          "adapters: merge it into the weights first",
+          ref, type);
+    }
+    if (type == "application/vnd.ollama.image.model" && digest.empty() && layer.contains("digest") &&
+        layer["digest"].is_string()) {
+      digest = layer["digest"].get<std::string>();
+    }
+  }
+  if (digest.empty()) {
+    fail("{}: {} lists no model weights (application/vnd.ollama.image.model); its layers: {}", ref, manifest.string(),
+         kinds.empty() ? std::string("none") : join({kinds.begin(), kinds.end()}, ", "));
+  }
+  const bool hex = digest.size() == 7 + 64 && digest.starts_with("sha256:") &&
+                   std::all_of(digest.begin() + 7, digest.end(),
+                               [](char c) { return std::isxdigit(static_cast<unsigned char>(c)); });
+  if (!hex) fail("{}: {} names its weights '{}', not a sha256 digest", ref, manifest.string(), digest);
+  // Blobs are named sha256-<hex> (older Ollama: sha256:<hex>).
+  fs::path blob = store / "blobs" / ("sha256-" + digest.substr(7));
+  if (!is_file(blob) && is_file(store / "blobs" / digest)) blob = store / "blobs" / digest;
+  if (!is_file(blob)) {
+    fail("{}: its weights {} are missing from {} (an interrupted pull? run `ollama pull {}`)", ref,
+         blob.filename().string(), (store / "blobs").string(), name);
+  }
+  if (!gguf::is_gguf_file(blob.string())) {
+    fail("{}: its weights {} are not a GGUF file (Infera runs Ollama's GGUF models)", ref, blob.string());
+  }
+  return {blob.string(), name, "ollama"};
+}
+
+// ---- Hugging Face hub cache ----
+
+struct HfName {
+  std::string repo, revision = "main", quant;
+};
+
+// ORG/NAME[@REVISION][:QUANT] (ORG may be absent, as for the oldest repositories).
+HfName parse_hf_name(const std::string& ref, std::string_view name) {
+  HfName n;
+  std::string_view rest = name;
+  if (const size_t colon = rest.rfind(':'); colon != std::string_view::npos) {
+    n.quant = std::string(rest.substr(colon + 1));
+    rest = rest.substr(0, colon);
+  }
+  if (const size_t at = rest.find('@'); at != std::string_view::npos) {
+    n.revision = std::string(rest.substr(at + 1));
+    rest = rest.substr(0, at);
+  }
+  n.repo = std::string(rest);
+  const std::vector<std::string> parts = split(rest, '/');
+  bool bad =
+      parts.size() > 2 || !plain_part(n.revision) || (name.find(':') != std::string_view::npos && !plain_part(n.quant));
+  for (const std::string& p : parts) bad = bad || !plain_part(p) || p.find("--") != std::string::npos;
+  if (bad) {
+    fail(
+        "{}: not a Hugging Face repository; write hf:ORG/NAME, with @REVISION for a branch, tag or commit and :QUANT "
+        "for a GGUF repository's file of that type (hf:unsloth/Qwen3-30B-A3B-GGUF:Q4_K_M)",
+        ref);
+  }
+  return n;
+}
+
+bool is_split_tail(std::string_view stem, bool first_only) {
+  // "...-00001-of-00003"
+  if (stem.size() < 15) return false;
+  const std::string_view t = stem.substr(stem.size() - 15);
+  const auto digits = [](std::string_view s) {
+    return std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
+  };
+  const bool split_name = t[0] == '-' && t.substr(6, 4) == "-of-" && digits(t.substr(1, 5)) && digits(t.substr(10, 5));
+  return split_name && (!first_only || t.substr(1, 5) == "00001");
+}
+
+// The model GGUF files of a snapshot (relative paths, sorted): split files by their first
+// part; projector files (mmproj) left out.
+std::vector<std::string> snapshot_ggufs(const fs::path& snap) {
+  std::vector<std::string> files;
+  std::error_code ec;
+  for (fs::recursive_directory_iterator it(snap, ec), end; !ec && it != end; it.increment(ec)) {
+    const fs::path& p = it->path();
+    if (p.extension() != ".gguf" || !is_file(p)) continue;
+    const std::string file = p.filename().string(), stem = p.stem().string();
+    if (lower(file).find("mmproj") != std::string::npos) continue;
+    if (is_split_tail(stem, false) && !is_split_tail(stem, true)) continue;
+    files.push_back(p.lexically_relative(snap).generic_string());
+  }
+  std::sort(files.begin(), files.end());
+  return files;
+}
+
+// Whether `quant` is in the file's path as a whole word ('-', '.', '/' or an end on either
+// side: Q4_K matches neither Q4_K_M nor Q4_K_S).
+bool names_quant(const std::string& rel, const std::string& quant) {
+  const std::string s = lower(rel), q = lower(quant);
+  const auto edge = [](char c) { return c == '-' || c == '.' || c == '/'; };
+  for (size_t at = s.find(q); at != std::string::npos; at = s.find(q, at + 1)) {
+    const size_t after = at + q.size();
+    if ((at == 0 || edge(s[at - 1])) && (after == s.size() || edge(s[after]))) return true;
+  }
+  return false;
+}
+
+// The quant labels of a GGUF repository's files, for messages: the part before ".gguf" (or
+// before the split tail) after the last '-'.
+std::string quant_labels(const std::vector<std::string>& files) {
+  std::set<std::string> labels;
+  for (const std::string& f : files) {
+    std::string stem = fs::path(f).stem().string();
+    if (is_split_tail(stem, false)) stem.resize(stem.size() - 15);
+    const size_t dash = stem.rfind('-');
+    labels.insert(dash == std::string::npos ? stem : stem.substr(dash + 1));
+  }
+  return join({labels.begin(), labels.end()}, ", ");
+}
+
+ResolvedModelRef resolve_hf(const std::string& ref) {
+  const std::string name = ref.substr(kHf.size());
+  const HfName n = parse_hf_name(ref, name);
+  const fs::path cache = hf_hub_cache();
+  // models--ORG--NAME (models--NAME without an organization)
+  std::string folder = "models--" + n.repo;
+  if (const size_t slash = n.repo.find('/'); slash != std::string::npos) {
+    folder = "models--" + n.repo.substr(0, slash) + "--" + n.repo.substr(slash + 1);
+  }
+  const fs::path repo = cache / folder;
+  if (!is_dir(repo)) {
+    fail(
+        "{}: {} is not in the Hugging Face cache {} (download it with `huggingface-cli download {}`, or set "
+        "HF_HUB_CACHE / HF_HOME to the cache that has it)",
+        ref, n.repo, cache.string(), n.repo);
+  }
+  // A branch or tag names its commit in refs/; a commit names itself.
+  std::string commit = n.revision;
+  if (std::ifstream in(repo / "refs" / n.revision); in) {
+    std::getline(in, commit);
+    while (!commit.empty() && std::isspace(static_cast<unsigned char>(commit.back()))) commit.pop_back();
+    if (!plain_part(commit)) fail("{}: {} does not name a commit", ref, (repo / "refs" / n.revision).string());
+  }
+  const fs::path snap = repo / "snapshots" / commit;
+  if (!is_dir(snap)) {
+    const std::vector<std::string> refs = entries(repo / "refs");
+    fail("{}: the cache has no snapshot of revision '{}' of {} (revisions here: {}; snapshots: {})", ref, n.revision,
+         n.repo, refs.empty() ? std::string("none") : join(refs, ", "), join(entries(repo / "snapshots"), ", "));
+  }
+  const std::string served = name;
+  if (n.quant.empty() && is_file(snap / "config.json")) return {snap.string(), served, "hf"};
+  const std::vector<std::string> ggufs = snapshot_ggufs(snap);
+  if (ggufs.empty()) {
+    fail(
+        "{}: the snapshot {} has neither config.json nor a .gguf file (a partial download? `huggingface-cli download "
+        "{}` completes it)",
+        ref, snap.string(), n.repo);
+  }
+  std::vector<std::string> picked;
+  if (n.quant.empty()) {
+    picked = ggufs;
+  } else {
+    for (const std::string& f : ggufs) {
+      if (names_quant(f, n.quant)) picked.push_back(f);
+    }
+    if (picked.empty()) {
+      for (const std::string& f : ggufs) {
+        if (lower(f).find(lower(n.quant)) != std::string::npos) picked.push_back(f);
+      }
+    }
+  }
+  if (picked.empty()) fail("{}: no {} file in {} (its files: {})", ref, n.quant, n.repo, quant_labels(ggufs));
+  if (picked.size() > 1) {
+    fail("{}: {} GGUF files match in {}: {}; name one with :QUANT (its files: {})", ref, picked.size(), n.repo,
+         join(picked, ", "), quant_labels(picked));
+  }
+  return {(snap / picked.front()).string(), served, "hf"};
+}
+
+}  // namespace
+
+bool is_store_ref(std::string_view ref) { return ref.starts_with(kOllama) || ref.starts_with(kHf); }
+
+ResolvedModelRef resolve_store_ref(const std::string& ref) {
+  INFERA_ASSERT(is_store_ref(ref), "resolve_store_ref: not a store reference");
+  return ref.starts_with(kOllama) ? resolve_ollama(ref) : resolve_hf(ref);
+}
+
+std::string model_path_of(const std::string& ref) { return is_store_ref(ref) ? resolve_store_ref(ref).path : ref; }
+
+std::vector<std::string> ollama_stores() {
+  if (std::string s = option_env("ollama_models"); !s.empty()) return {s};
+  std::vector<std::string> stores;
+  if (std::string h = home(); !h.empty()) stores.push_back((fs::path(h) / ".ollama" / "models").string());
+  stores.emplace_back("/usr/share/ollama/.ollama/models");
+  stores.emplace_back("/var/lib/ollama/.ollama/models");
+  return stores;
+}
+
+std::string hf_hub_cache() {
+  if (std::string s = option_env("hf_hub_cache"); !s.empty()) return s;
+  if (std::string s = option_env("hf_home"); !s.empty()) return (fs::path(s) / "hub").string();
+  if (std::string s = option_env("xdg_cache_home"); !s.empty()) return (fs::path(s) / "huggingface" / "hub").string();
+  return (fs::path(home()) / ".cache" / "huggingface" / "hub").string();
+}
+
+}  // namespace infera
