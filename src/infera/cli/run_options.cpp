@@ -1,7 +1,7 @@
 #include "infera/cli/run_options.h"
-#include "infera/cli/model_paths.h"
 
 #include "infera/base/options.h"
+#include "infera/cli/model_paths.h"
 #include "infera/cli/option_flags.h"
 
 namespace infera::cli {

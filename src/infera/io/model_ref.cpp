@@ -137,7 +137,7 @@ ResolvedModelRef resolve_ollama(const std::string& ref) {
         ref, stores.size() == 1 ? "" : "s", join(stores, ", "), name);
   }
   std::error_code ec;
-  if (fs::file_size(manifest, ec) > kMaxManifestBytes)
+  if (const uintmax_t size = fs::file_size(manifest, ec); !ec && size > kMaxManifestBytes)
     fail("{}: {} is too large to be an Ollama manifest", ref, manifest.string());
   const nlohmann::json j = read_json_file(manifest.string());
   if (!j.is_object() || !j.contains("layers") || !j["layers"].is_array()) {

@@ -8,7 +8,9 @@
 #include <fmt/format.h>
 
 #include "infera/base/cpu.h"
+#include "infera/base/error.h"
 #include "infera/base/threads.h"
+#include "infera/io/gguf.h"
 #include "infera/model/config.h"
 #include "infera/model/quantized_weights.h"
 #include "infera/tensor/dtype.h"
@@ -74,11 +76,23 @@ bool etag_matches(std::string_view header, std::string_view etag) {
   return false;
 }
 
-// Bytes of the weight files (*.safetensors, *.gguf) in `dir`.
-int64_t weight_file_bytes(const std::string& dir) {
+}  // namespace
+
+int64_t weight_file_bytes(const std::string& path) {
   int64_t total = 0;
   std::error_code ec;
-  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+  if (gguf::is_gguf_file(path)) {
+    try {
+      for (const std::string& part : gguf::split_paths(path)) {
+        const auto size = fs::file_size(part, ec);
+        if (!ec) total += static_cast<int64_t>(size);
+      }
+    } catch (const Error&) {
+      // (a split file with parts missing does not load: nothing to count)
+    }
+    return total;
+  }
+  for (const auto& entry : fs::directory_iterator(path, ec)) {
     const auto ext = entry.path().extension();
     if (ext != ".safetensors" && ext != ".gguf") continue;
     const auto size = entry.file_size(ec);
@@ -86,6 +100,8 @@ int64_t weight_file_bytes(const std::string& dir) {
   }
   return total;
 }
+
+namespace {
 
 // VmRSS and VmHWM of this process in bytes (0 when /proc is not there).
 std::pair<int64_t, int64_t> resident_bytes() {

@@ -43,6 +43,10 @@ extern const char* const kConsoleCsp;
 // or 304 without a body when the request's If-None-Match names its ETag.
 HttpResponse web_asset_response(const WebAsset& asset, const HttpRequest& request);
 
+// Bytes of the weight files a model path names: a GGUF file's (every part of a split one), or
+// the *.safetensors and *.gguf files of a directory.
+int64_t weight_file_bytes(const std::string& path);
+
 // The JSON of GET /v1/stats: per model its state (with the failure's reason), layout,
 // limits, engine gauges, expert load and the request counters of /metrics, and a server
 // section (uptime, version, build, kernel path, memory against the plan).

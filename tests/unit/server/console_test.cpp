@@ -5,8 +5,11 @@
 // turning all of it off.
 // tests/browser/console.mjs drives the pages in a real browser.
 #include <gtest/gtest.h>
+
 #include <httplib.h>
 #include <signal.h>
+#include <filesystem>
+#include <fstream>
 
 #include <condition_variable>
 #include <mutex>
@@ -115,6 +118,25 @@ TEST(WebAssets, HeadersAndRevalidation) {
   EXPECT_EQ(web_asset_response(a, req).status, 304);
   req.headers[0].value = "\"other\"";
   EXPECT_EQ(web_asset_response(a, req).status, 200);
+}
+
+// /v1/stats' weights_bytes: a GGUF model is a file, not a directory (every part of a split
+// one counted), and a blob without the .gguf name is one by its magic.
+TEST(ConsoleStatsFacts, WeightBytesOfDirectoriesAndGgufFiles) {
+  test::TempDir d("infera_console_weights");
+  const auto write = [&](const std::string& name, size_t bytes) {
+    std::ofstream(d.file(name), std::ios::binary) << "GGUF" << std::string(bytes - 4, 'x');
+  };
+  write("model-00001-of-00002.gguf", 100);
+  write("model-00002-of-00002.gguf", 50);
+  write("sha256-0123", 70);
+  write("model.safetensors", 30);
+  write("README.md", 1000);
+  EXPECT_EQ(weight_file_bytes(d.file("model-00002-of-00002.gguf")), 150);
+  EXPECT_EQ(weight_file_bytes(d.file("sha256-0123")), 70);
+  EXPECT_EQ(weight_file_bytes(d.path().string()), 100 + 50 + 30) << "a directory's *.gguf and *.safetensors";
+  std::filesystem::remove(d.file("model-00001-of-00002.gguf"));
+  EXPECT_EQ(weight_file_bytes(d.file("model-00002-of-00002.gguf")), 0) << "a part missing: it does not load";
 }
 
 TEST(ConsoleOption, DeployKeyAndFlagTurnItOff) {
