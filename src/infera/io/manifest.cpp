@@ -39,7 +39,8 @@ std::string finish_hex(EVP_MD_CTX* ctx) {
 
 MdCtx new_digest(const EVP_MD* md) {
   MdCtx ctx(EVP_MD_CTX_new());
-  if (!ctx || EVP_DigestInit_ex(ctx.get(), md, nullptr) != 1) fail("SHA-256: OpenSSL initialisation failed");
+  if (!ctx || EVP_DigestInit_ex(ctx.get(), md, nullptr) != 1)
+    fail("{}: OpenSSL initialisation failed", EVP_MD_get0_name(md));
   return ctx;
 }
 MdCtx new_sha256() { return new_digest(EVP_sha256()); }
@@ -52,7 +53,7 @@ std::string file_digest(const std::string& path, MdCtx ctx, std::string_view pre
   std::vector<unsigned char> buf(1 << 20);
   for (;;) {
     const size_t got = std::fread(buf.data(), 1, buf.size(), f.get());
-    if (got > 0 && EVP_DigestUpdate(ctx.get(), buf.data(), got) != 1) fail("SHA-256: OpenSSL digest failed");
+    if (got > 0 && EVP_DigestUpdate(ctx.get(), buf.data(), got) != 1) fail("{}: OpenSSL digest failed", path);
     if (got < buf.size()) {
       if (std::ferror(f.get())) fail("{}: read error while hashing", path);
       break;
@@ -92,11 +93,15 @@ std::vector<std::string> manifest_files(const std::string& dir) {
   for (auto it = fs::recursive_directory_iterator(dir, ec); !ec && it != fs::recursive_directory_iterator();
        it.increment(ec)) {
     const fs::path rel = it->path().lexically_relative(dir);
+    std::error_code type_ec;
     if (hidden(rel)) {
-      if (it->is_directory()) it.disable_recursion_pending();
+      if (it->is_directory(type_ec)) it.disable_recursion_pending();
       continue;
     }
-    if (!it->is_regular_file()) continue;
+    // A link whose target is gone (a hub cache snapshot whose blob was pruned or never
+    // arrived) is listed: verification reports it missing.
+    const bool dangling = it->is_symlink(type_ec) && !fs::exists(it->path(), type_ec);
+    if (!it->is_regular_file(type_ec) && !dangling) continue;
     const std::string name = rel.generic_string();
     if (name == kManifestName) continue;
     out.push_back(name);
@@ -247,6 +252,11 @@ ManifestVerification verify_store_digests(const std::vector<std::string>& files,
     const StoreDigest want = store_digest(file);
     if (want.kind == StoreDigest::Kind::kNone) {
       result.problems.push_back({ManifestMismatch::Kind::kUnlisted, rel, "", ""});
+      continue;
+    }
+    std::error_code ec;
+    if (!fs::exists(file, ec)) {  // a link into blobs/ whose blob is gone
+      result.problems.push_back({ManifestMismatch::Kind::kMissing, rel, want.hex, ""});
       continue;
     }
     ++result.files_checked;

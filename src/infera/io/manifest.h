@@ -24,7 +24,7 @@ struct ManifestEntry {
 };
 
 // Every regular file under `dir` (recursively; hidden files and the manifest itself
-// excluded), sorted by path.
+// excluded), and every link whose target is gone, sorted by path.
 std::vector<std::string> manifest_files(const std::string& dir);
 
 // Hashes manifest_files(dir) and writes <dir>/MANIFEST.sha256 (via a temporary file and
@@ -75,9 +75,9 @@ StoreDigest store_digest(const std::string& path);
 // git's object id of a file: SHA-1 of "blob <size>\0" and its bytes (lower-case hex).
 std::string git_blob_sha1_file(const std::string& path);
 
-// Checks each of `files` against its store_digest: one that differs is kChanged, one that
-// cannot be read kUnreadable, one whose name promises no checksum kUnlisted (paths in the
-// result relative to `base`). files_checked counts those with a checksum.
+// Checks each of `files` against its store_digest: one that differs is kChanged, a link
+// whose blob is gone kMissing, one that cannot be read kUnreadable, one whose name promises no checksum kUnlisted
+// (paths in the result relative to `base`). files_checked counts those with a checksum.
 ManifestVerification verify_store_digests(const std::vector<std::string>& files, const std::string& base);
 
 }  // namespace infera

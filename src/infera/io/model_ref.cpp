@@ -1,5 +1,8 @@
 #include "infera/io/model_ref.h"
 
+#include <pwd.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cctype>
 #include <filesystem>
@@ -73,7 +76,35 @@ std::vector<std::string> entries(const fs::path& dir) {
   return names;
 }
 
-std::string home() { return option_env("home"); }
+// $HOME, else the password database's home of this user ("" when neither says).
+std::string home() {
+  if (std::string h = option_env("home"); !h.empty()) return h;
+  const long size = ::sysconf(_SC_GETPW_R_SIZE_MAX);
+  std::vector<char> buf(static_cast<size_t>(size > 0 ? size : 16384));
+  passwd pw{};
+  passwd* found = nullptr;
+  if (::getpwuid_r(::getuid(), &pw, buf.data(), buf.size(), &found) == 0 && found && found->pw_dir)
+    return found->pw_dir;
+  return {};
+}
+
+// "~" or "~/..." against home(), as the stores' own tools expand their variables.
+std::string expand_home(const std::string& path) {
+  if (path == "~" || path.starts_with("~/")) return home() + path.substr(1);
+  return path;
+}
+
+// dir/name when it exists, else the entry of `dir` whose name equals `name` in any case, else
+// dir/name.
+fs::path child_any_case(const fs::path& dir, const std::string& name) {
+  std::error_code ec;
+  if (fs::exists(dir / name, ec)) return dir / name;
+  const std::string want = lower(name);
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    if (lower(it->path().filename().string()) == want) return it->path();
+  }
+  return dir / name;
+}
 
 // ---- Ollama ----
 
@@ -93,7 +124,15 @@ OllamaName parse_ollama_name(const std::string& ref, std::string_view name) {
   const std::vector<std::string> parts = split(path, '/');
   const bool bad_tag = !plain_part(n.tag);
   bool bad = bad_tag || parts.size() > 3 || name.find('@') != std::string_view::npos;
-  for (const std::string& p : parts) bad = bad || !plain_part(p);
+  for (size_t i = 0; i < parts.size(); ++i) {
+    // A host may carry a port (localhost:5000/ns/model:tag).
+    const bool host = parts.size() == 3 && i == 0;
+    const std::string_view p = parts[i];
+    const size_t port = host ? p.find(':') : std::string_view::npos;
+    bad = bad || !plain_part(p.substr(0, port)) ||
+          (port != std::string_view::npos &&
+           (p.size() == port + 1 || p.find_first_not_of("0123456789", port + 1) != std::string_view::npos));
+  }
   if (bad) {
     fail(
         "{}: not an Ollama model name; write ollama:NAME[:TAG] as `ollama list` shows it (ollama:qwen3:30b-a3b, "
@@ -111,25 +150,20 @@ ResolvedModelRef resolve_ollama(const std::string& ref) {
   const OllamaName n = parse_ollama_name(ref, name);
   const std::vector<std::string> stores = ollama_stores();
   fs::path store, manifest;
+  std::string tags;
   for (const std::string& s : stores) {
-    // As written, then lower case (Ollama's names are case-insensitive).
-    for (const fs::path& m :
-         {fs::path(s) / "manifests" / n.host / n.ns / n.model / n.tag,
-          fs::path(s) / "manifests" / lower(n.host) / lower(n.ns) / lower(n.model) / lower(n.tag)}) {
-      if (is_file(m)) {
-        store = s;
-        manifest = m;
-        break;
-      }
+    // Ollama's names are case-insensitive: each part found as written, else in any case.
+    fs::path at = fs::path(s) / "manifests";
+    for (const std::string& part : {n.host, n.ns, n.model}) at = child_any_case(at, part);
+    if (!is_dir(at)) continue;
+    if (const fs::path m = child_any_case(at, n.tag); is_file(m)) {
+      store = s;
+      manifest = m;
+      break;
     }
-    if (!manifest.empty()) break;
+    if (tags.empty()) tags = join(entries(at), ", ");
   }
   if (manifest.empty()) {
-    std::string tags;
-    for (const std::string& s : stores) {
-      const fs::path model_dir = fs::path(s) / "manifests" / n.host / n.ns / n.model;
-      if (is_dir(model_dir)) tags = join(entries(model_dir), ", ");
-    }
     if (!tags.empty()) fail("{}: Ollama has no tag '{}' of {} (its tags here: {})", ref, n.tag, n.model, tags);
     fail(
         "{}: no such model in the Ollama store{} {} (pull it with `ollama pull {}`, or set OLLAMA_MODELS to the "
@@ -201,8 +235,9 @@ HfName parse_hf_name(const std::string& ref, std::string_view name) {
   }
   n.repo = std::string(rest);
   const std::vector<std::string> parts = split(rest, '/');
-  bool bad =
-      parts.size() > 2 || !plain_part(n.revision) || (name.find(':') != std::string_view::npos && !plain_part(n.quant));
+  // A revision may be a path of refs/ (refs/pr/1, a branch with slashes), each part plain.
+  bool bad = parts.size() > 2 || (name.find(':') != std::string_view::npos && !plain_part(n.quant));
+  for (const std::string& p : split(n.revision, '/')) bad = bad || !plain_part(p);
   for (const std::string& p : parts) bad = bad || !plain_part(p) || p.find("--") != std::string::npos;
   if (bad) {
     fail(
@@ -327,6 +362,16 @@ ResolvedModelRef resolve_hf(const std::string& ref) {
 
 }  // namespace
 
+std::string hf_snapshot_repo_name(const std::string& path) {
+  const fs::path p = fs::path(path).lexically_normal();
+  const fs::path dir = p.has_filename() ? p : p.parent_path();
+  const fs::path repo = dir.parent_path().parent_path();
+  const std::string folder = repo.filename().string();
+  if (dir.parent_path().filename() != "snapshots" || !folder.starts_with("models--")) return {};
+  const size_t sep = folder.rfind("--");
+  return folder.substr(sep + 2);
+}
+
 bool is_store_ref(std::string_view ref) { return ref.starts_with(kOllama) || ref.starts_with(kHf); }
 
 ResolvedModelRef resolve_store_ref(const std::string& ref) {
@@ -337,7 +382,7 @@ ResolvedModelRef resolve_store_ref(const std::string& ref) {
 std::string model_path_of(const std::string& ref) { return is_store_ref(ref) ? resolve_store_ref(ref).path : ref; }
 
 std::vector<std::string> ollama_stores() {
-  if (std::string s = option_env("ollama_models"); !s.empty()) return {s};
+  if (std::string s = option_env("ollama_models"); !s.empty()) return {expand_home(s)};
   std::vector<std::string> stores;
   if (std::string h = home(); !h.empty()) stores.push_back((fs::path(h) / ".ollama" / "models").string());
   stores.emplace_back("/usr/share/ollama/.ollama/models");
@@ -346,9 +391,12 @@ std::vector<std::string> ollama_stores() {
 }
 
 std::string hf_hub_cache() {
-  if (std::string s = option_env("hf_hub_cache"); !s.empty()) return s;
-  if (std::string s = option_env("hf_home"); !s.empty()) return (fs::path(s) / "hub").string();
-  if (std::string s = option_env("xdg_cache_home"); !s.empty()) return (fs::path(s) / "huggingface" / "hub").string();
+  if (std::string s = option_env("hf_hub_cache"); !s.empty()) return expand_home(s);
+  if (std::string s = option_env("huggingface_hub_cache"); !s.empty()) return expand_home(s);
+  if (std::string s = option_env("hf_home"); !s.empty()) return (fs::path(expand_home(s)) / "hub").string();
+  if (std::string s = option_env("xdg_cache_home"); !s.empty()) {
+    return (fs::path(expand_home(s)) / "huggingface" / "hub").string();
+  }
   return (fs::path(home()) / ".cache" / "huggingface" / "hub").string();
 }
 

@@ -12,8 +12,10 @@
 //                                     (huggingface-cli download, transformers, vLLM): its
 //                                     snapshot directory; with QUANT, its GGUF file of that
 //                                     type (hf:unsloth/Qwen3-30B-A3B-GGUF:Q4_K_M, as
-//                                     llama.cpp's -hf names them). Cache: $HF_HUB_CACHE,
-//                                     else $HF_HOME/hub, else ~/.cache/huggingface/hub.
+//                                     llama.cpp's -hf names them). Cache: $HF_HUB_CACHE
+//                                     (or the older $HUGGINGFACE_HUB_CACHE), else
+//                                     $HF_HOME/hub, else $XDG_CACHE_HOME/huggingface/hub,
+//                                     else ~/.cache/huggingface/hub.
 //
 // Resolution only reads the stores' files (offline); a missing model is an error that says
 // where it looked and what is there instead.
@@ -43,6 +45,11 @@ ResolvedModelRef resolve_store_ref(const std::string& ref);
 // resolve_store_ref's path for a store reference; any other `ref` as it is (a path, checked
 // by whoever opens it).
 std::string model_path_of(const std::string& ref);
+
+// The repository's name ("Qwen3-8B") when `path` is a snapshot directory of the Hugging
+// Face cache (.../models--Qwen--Qwen3-8B/snapshots/<commit>), else "": what to call a model
+// whose directory is named by a commit id.
+std::string hf_snapshot_repo_name(const std::string& path);
 
 // The Ollama model stores looked in, in order, and the Hugging Face hub cache (messages,
 // tests).

@@ -17,6 +17,7 @@
 
 #include "infera/base/error.h"
 #include "infera/base/threads.h"
+#include "infera/io/model_ref.h"
 #include "infera/io/safetensors.h"
 #include "infera/kernels/ggml_quants.h"
 #include "infera/model/arch_registry.h"
@@ -574,6 +575,7 @@ GgufExportResult export_gguf(const std::string& model_dir, const std::string& ou
   const HasTensor has = [&store](const std::string& n) { return store.find(n) != nullptr; };
 
   std::string name = options.name;
+  if (name.empty()) name = hf_snapshot_repo_name(model_dir);  // (not its commit id)
   if (name.empty()) name = fs::path(model_dir).lexically_normal().filename().string();
   if (name.empty()) name = fs::absolute(dir).lexically_normal().parent_path().filename().string();
 

@@ -250,11 +250,12 @@ class Checker {
                                     dir_.filename().string()));
       return;
     }
-    report_mismatches(v, "its store's name for it");
+    report_mismatches(v, "its store's name for it", true);
     r_.manifest = std::move(v);
   }
 
-  void report_mismatches(const ManifestVerification& v, const std::string& source) {
+  // store: the sums are the names a store gave the files (not a manifest's lines).
+  void report_mismatches(const ManifestVerification& v, const std::string& source, bool store) {
     for (const ManifestMismatch& m : v.problems) {
       switch (m.kind) {
         case ManifestMismatch::Kind::kChanged:
@@ -263,7 +264,10 @@ class Checker {
                             m.expected.size() == 40 ? "git SHA-1" : "SHA-256", source, m.expected, m.actual));
           break;
         case ManifestMismatch::Kind::kMissing:
-          error("manifest", fmt::format("{}: listed in {} but missing", m.path, source));
+          error("manifest", store ? fmt::format("{}: links to a blob that is missing (an interrupted download or a "
+                                                "pruned cache: download the model again)",
+                                                m.path)
+                                  : fmt::format("{}: listed in {} but missing", m.path, source));
           break;
         case ManifestMismatch::Kind::kUnreadable: error("manifest", m.actual); break;
         case ManifestMismatch::Kind::kUnlisted:
@@ -550,7 +554,8 @@ class Checker {
         std::error_code ec;
         ManifestVerification v;
         std::string source = kManifestName;
-        if (!fs::exists(dir_ / kManifestName, ec) && has_store_digests()) {
+        const bool store = !fs::exists(dir_ / kManifestName, ec) && has_store_digests();
+        if (store) {
           // A Hugging Face cache snapshot: its files' links name their checksums.
           std::vector<std::string> files;
           for (const std::string& rel : manifest_files(dir_.string())) files.push_back((dir_ / rel).string());
@@ -559,7 +564,7 @@ class Checker {
         } else {
           v = verify_manifest(dir_.string());
         }
-        report_mismatches(v, source);
+        report_mismatches(v, source, store);
         r_.manifest = std::move(v);
       } catch (const Error& e) {
         error("manifest", e.what());

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "../test_support.h"
 #include "infera/base/error.h"
 #include "infera/base/options.h"
 #include "infera/cli/option_flags.h"
@@ -412,15 +413,15 @@ TEST_F(ServeFlags, BadValuesAreRejected) {
 // name the store lacks is the flag's error.
 TEST_F(ServeFlags, OllamaReferencesResolveToTheirBlobs) {
   namespace fs = std::filesystem;
-  const fs::path store = fs::temp_directory_path() / ("infera_flags_ollama_" + std::to_string(::getpid()));
+  test::TempDir store("infera_flags_ollama");
   const std::string hex(64, 'a');
-  fs::create_directories(store / "blobs");
-  fs::create_directories(store / "manifests/registry.ollama.ai/library/qwen3");
-  std::ofstream(store / "blobs" / ("sha256-" + hex)) << "GGUF";
-  std::ofstream(store / "manifests/registry.ollama.ai/library/qwen3/8b")
+  fs::create_directories(store.path() / "blobs");
+  fs::create_directories(store.path() / "manifests/registry.ollama.ai/library/qwen3");
+  std::ofstream(store.path() / "blobs" / ("sha256-" + hex)) << "GGUF";
+  std::ofstream(store.path() / "manifests/registry.ollama.ai/library/qwen3/8b")
       << R"({"layers":[{"mediaType":"application/vnd.ollama.image.model","digest":"sha256:)" << hex << R"("}]})";
-  ::setenv("OLLAMA_MODELS", store.c_str(), 1);
-  const std::string blob = (store / "blobs" / ("sha256-" + hex)).string();
+  test::ScopedEnv env("OLLAMA_MODELS", store.path().c_str());
+  const std::string blob = (store.path() / "blobs" / ("sha256-" + hex)).string();
   EXPECT_EQ(parse_run({"-m", "ollama:qwen3:8b"}).model_dir, blob);
   EXPECT_EQ(parse_run({"-m", "/plain/dir"}).model_dir, "/plain/dir");
   EXPECT_TRUE(run_rejects({"-m", "ollama:qwen3:14b"}));
@@ -429,11 +430,11 @@ TEST_F(ServeFlags, OllamaReferencesResolveToTheirBlobs) {
   EXPECT_EQ(c.models.at(0).name, "qwen3:8b");
   c = Serve({"-m", "ollama:qwen3:8b", "--name", "chat"}).config();
   EXPECT_EQ(c.models.at(0).name, "chat");
-  const fs::path file = store / "deploy.yaml";
+  const std::string file = store.file("deploy.yaml");
   std::ofstream(file) << "models:\n  - {path: 'ollama:qwen3:8b'}\n  - {path: 'ollama:qwen3:14b', name: b}\n";
   std::string e;
   try {
-    Serve({"--config", file.string()}).config();
+    Serve({"--config", file}).config();
   } catch (const Error& err) {
     e = err.what();
   }
@@ -441,11 +442,9 @@ TEST_F(ServeFlags, OllamaReferencesResolveToTheirBlobs) {
             std::string::npos)
       << e;
   std::ofstream(file) << "models:\n  - {path: 'ollama:qwen3:8b'}\n";
-  c = Serve({"--config", file.string()}).config();
+  c = Serve({"--config", file}).config();
   EXPECT_EQ(c.models.at(0).path, blob);
   EXPECT_EQ(c.models.at(0).name, "qwen3:8b");
-  ::unsetenv("OLLAMA_MODELS");
-  fs::remove_all(store);
 }
 
 }  // namespace

@@ -78,6 +78,15 @@ TEST(ModelRef, OllamaNameResolvesToItsGgufBlob) {
   EXPECT_EQ(resolve_store_ref("ollama:someone/model:q4").path, user.string());
   EXPECT_EQ(resolve_store_ref("ollama:hf.co/unsloth/Qwen3-8B-GGUF:Q4_K_M").path, hosted.string());
   EXPECT_EQ(model_path_of("ollama:tiny"), latest.string());
+  // A mixed-case name on disk, asked for in another case; a registry host with a port.
+  const fs::path mixed = s.add("registry.ollama.ai", "library", "MixedCase", "Q4_K_M");
+  EXPECT_EQ(resolve_store_ref("ollama:mixedcase:q4_k_m").path, mixed.string());
+  const fs::path ported = s.add("localhost:5000", "team", "m", "v1");
+  EXPECT_EQ(resolve_store_ref("ollama:localhost:5000/team/m:v1").path, ported.string());
+  for (const char* bad : {"ollama:localhost:/team/m:v1", "ollama:localhost:50x0/team/m:v1", "ollama:team:1/m:v1"}) {
+    EXPECT_NE(test::error_of([&] { resolve_store_ref(bad); }).find("not an Ollama model name"), std::string::npos)
+        << bad;
+  }
 }
 
 TEST(ModelRef, OllamaErrorsSayWhatIsThere) {
@@ -110,7 +119,8 @@ TEST(ModelRef, OllamaErrorsSayWhatIsThere) {
   EXPECT_NE(e.find("lists no model weights"), std::string::npos) << e;
   EXPECT_NE(e.find("application/vnd.ollama.image.license"), std::string::npos) << e;
   write_text(s.root() / "manifests/registry.ollama.ai/library/junk/latest", "{[");
-  EXPECT_FALSE(test::error_of([] { resolve_store_ref("ollama:junk"); }).empty());
+  e = test::error_of([] { resolve_store_ref("ollama:junk"); });
+  EXPECT_NE(e.find("malformed JSON"), std::string::npos) << e;
 }
 
 TEST(ModelRef, OllamaBlobThatIsNotGgufIsAnError) {
@@ -171,12 +181,18 @@ TEST(ModelRef, HfRepositoryResolvesToItsSnapshot) {
   EXPECT_EQ(resolve_store_ref(std::string("hf:Qwen/Qwen3-8B@") + HfCache::kCommit).path, r.path) << "a commit";
   write_text(c.repo("models--Qwen--Qwen3-8B") / "refs" / "v1", HfCache::kCommit);
   EXPECT_EQ(resolve_store_ref("hf:Qwen/Qwen3-8B@v1").path, r.path) << "a tag in refs/";
+  EXPECT_EQ(hf_snapshot_repo_name(r.path), "Qwen3-8B");
+  EXPECT_EQ(hf_snapshot_repo_name(r.path + "/"), "Qwen3-8B");
+  EXPECT_EQ(hf_snapshot_repo_name("/models/Qwen3-8B"), "");
   std::string e = test::error_of([] { resolve_store_ref("hf:Qwen/Qwen3-8B@v2"); });
   EXPECT_NE(e.find("no snapshot of revision 'v2'"), std::string::npos) << e;
   EXPECT_NE(e.find("revisions here: main, v1"), std::string::npos) << e;
+  write_text(c.repo("models--Qwen--Qwen3-8B") / "refs" / "refs" / "pr" / "1", HfCache::kCommit);
+  EXPECT_EQ(resolve_store_ref("hf:Qwen/Qwen3-8B@refs/pr/1").path, r.path) << "a pull request's ref";
   e = test::error_of([] { resolve_store_ref("hf:Qwen/Qwen3-32B"); });
   EXPECT_NE(e.find("not in the Hugging Face cache " + c.hub().string()), std::string::npos) << e;
-  for (const char* bad : {"hf:a/b/c", "hf:../x", "hf:Qwen/..", "hf:a--b/c", "hf:Qwen/Qwen3-8B@"}) {
+  for (const char* bad : {"hf:a/b/c", "hf:../x", "hf:Qwen/..", "hf:a--b/c", "hf:Qwen/Qwen3-8B@",
+                          "hf:Qwen/Qwen3-8B@../x", "hf:Qwen/Qwen3-8B@refs//1"}) {
     e = test::error_of([&] { resolve_store_ref(bad); });
     EXPECT_NE(e.find("not a Hugging Face repository"), std::string::npos) << bad << ": " << e;
   }
@@ -216,6 +232,14 @@ TEST(ModelRef, HfGgufRepositoryPicksTheFileOfItsQuant) {
 
 TEST(ModelRef, HfCacheFollowsHfHomeAndXdg) {
   test::ScopedEnv no_cache("HF_HUB_CACHE", nullptr);
+  {
+    test::ScopedEnv legacy("HUGGINGFACE_HUB_CACHE", "/old/hub");
+    EXPECT_EQ(hf_hub_cache(), "/old/hub");
+    test::ScopedEnv home("HOME", "/home/someone");
+    test::ScopedEnv tilde("HF_HUB_CACHE", "~/hub");
+    EXPECT_EQ(hf_hub_cache(), "/home/someone/hub") << "~ expanded, and the newer variable first";
+  }
+  test::ScopedEnv no_legacy("HUGGINGFACE_HUB_CACHE", nullptr);
   {
     test::ScopedEnv home("HF_HOME", "/data/hf");
     EXPECT_EQ(hf_hub_cache(), "/data/hf/hub");

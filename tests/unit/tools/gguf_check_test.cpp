@@ -88,5 +88,40 @@ TEST(GgufCheck, VerifyChecksAStoreBlobAgainstItsName) {
       << r.to_text();
 }
 
+// --verify on a Hugging Face cache snapshot, which has no MANIFEST.sha256: each file is a
+// link to a blob named by its checksum (git's SHA-1 for small files, SHA-256 for large ones),
+// and a link whose blob is gone is missing.
+TEST(GgufCheck, VerifyChecksAHubSnapshotAgainstItsBlobNames) {
+  namespace fs = std::filesystem;
+  test::TempDir cache("infera_hub_verify");
+  const fs::path repo = cache.path() / "models--o--n";
+  const fs::path snap = repo / "snapshots" / "0123456789abcdef0123456789abcdef01234567";
+  fs::create_directories(repo / "blobs");
+  fs::create_directories(snap);
+  const auto add = [&](const std::string& name, const std::string& text, bool large) {
+    const fs::path tmp = cache.path() / "tmp";
+    std::ofstream(tmp, std::ios::binary) << text;
+    const fs::path blob = repo / "blobs" / (large ? sha256_file(tmp.string()) : git_blob_sha1_file(tmp.string()));
+    fs::rename(tmp, blob);
+    fs::create_symlink(fs::path("../../blobs") / blob.filename(), snap / name);
+    return blob;
+  };
+  add("config.json", R"({"model_type": "llama"})", false);
+  const fs::path weights = add("model.safetensors", "not really weights", true);
+  CheckOptions o;
+  o.verify_manifest = true;
+  CheckReport r = check_model_dir(snap.string(), o);
+  ASSERT_TRUE(r.manifest.has_value()) << r.to_text();
+  EXPECT_EQ(r.manifest->files_checked, 2u) << r.to_text();
+  EXPECT_TRUE(r.manifest->problems.empty()) << r.to_text();
+  EXPECT_EQ(r.to_text().find("not found (write one"), std::string::npos) << "no manifest is asked for";
+
+  fs::remove(weights);
+  r = check_model_dir(snap.string(), o);
+  ASSERT_TRUE(r.manifest.has_value());
+  EXPECT_FALSE(r.manifest->ok());
+  EXPECT_NE(r.to_text().find("model.safetensors: links to a blob that is missing"), std::string::npos) << r.to_text();
+}
+
 }  // namespace
 }  // namespace infera
