@@ -317,6 +317,16 @@ const OptionSpec kOptions[] = {
      .yaml = "models[].chat_template",
      .default_value = "(the model's: tokenizer_config.json, chat_template.jinja)",
      .help = "Jinja chat template file overriding the model's"},
+    {.name = "generation_config",
+     .type = T::kText,
+     .use = kServe | kDeploy,
+     .flags = "--generation-config",
+     .yaml = "models[].generation_config",
+     .default_value = "auto",
+     .help = "Sampling defaults for the fields a request leaves out (temperature, top_p, top_k, min_p, "
+             "repetition_penalty; an Ollama model's stop too): auto takes the model's own (generation_config.json, "
+             "as vLLM does; an Ollama model's params), none keeps Infera's request defaults, a path names a "
+             "generation_config.json or a folder holding one"},
     {.name = "model_port",
      .type = T::kInteger,
      .use = kDeploy,

@@ -177,7 +177,7 @@ ResolvedModelRef resolve_ollama(const std::string& ref) {
   if (!j.is_object() || !j.contains("layers") || !j["layers"].is_array()) {
     fail("{}: {} is not an Ollama manifest (no list of layers)", ref, manifest.string());
   }
-  std::string digest;
+  std::string digest, params;
   std::set<std::string> kinds;
   for (const nlohmann::json& layer : j["layers"]) {
     if (!layer.is_object() || !layer.contains("mediaType") || !layer["mediaType"].is_string()) continue;
@@ -192,6 +192,9 @@ ResolvedModelRef resolve_ollama(const std::string& ref) {
     if (type == "application/vnd.ollama.image.model" && digest.empty() && layer.contains("digest") &&
         layer["digest"].is_string()) {
       digest = layer["digest"].get<std::string>();
+    }
+    if (type == "application/vnd.ollama.image.params" && layer.contains("digest") && layer["digest"].is_string()) {
+      params = layer["digest"].get<std::string>();
     }
   }
   if (digest.empty()) {
@@ -212,7 +215,15 @@ ResolvedModelRef resolve_ollama(const std::string& ref) {
   if (!gguf::is_gguf_file(blob.string())) {
     fail("{}: its weights {} are not a GGUF file (Infera runs Ollama's GGUF models)", ref, blob.string());
   }
-  return {blob.string(), name, "ollama"};
+  // The params blob, when it is a well-formed digest whose blob is there (else no defaults).
+  fs::path params_blob;
+  if (params.size() == 7 + 64 && params.starts_with("sha256:") &&
+      std::all_of(params.begin() + 7, params.end(),
+                  [](char c) { return std::isxdigit(static_cast<unsigned char>(c)); })) {
+    params_blob = store / "blobs" / ("sha256-" + params.substr(7));
+    if (!is_file(params_blob)) params_blob.clear();
+  }
+  return {blob.string(), name, "ollama", params_blob.string()};
 }
 
 // ---- Hugging Face hub cache ----
@@ -331,7 +342,7 @@ ResolvedModelRef resolve_hf(const std::string& ref) {
          n.repo, refs.empty() ? std::string("none") : join(refs, ", "), join(entries(repo / "snapshots"), ", "));
   }
   const std::string served = name;
-  if (n.quant.empty() && is_file(snap / "config.json")) return {snap.string(), served, "hf"};
+  if (n.quant.empty() && is_file(snap / "config.json")) return {snap.string(), served, "hf", ""};
   const std::vector<std::string> ggufs = snapshot_ggufs(snap);
   if (ggufs.empty()) {
     fail(
@@ -357,7 +368,7 @@ ResolvedModelRef resolve_hf(const std::string& ref) {
     fail("{}: {} GGUF files match in {}: {}; name one with :QUANT (its files: {})", ref, picked.size(), n.repo,
          join(picked, ", "), quant_labels(picked));
   }
-  return {(snap / picked.front()).string(), served, "hf"};
+  return {(snap / picked.front()).string(), served, "hf", ""};
 }
 
 }  // namespace

@@ -33,6 +33,9 @@ struct ResolvedModelRef {
   // ("qwen3:30b-a3b", "Qwen/Qwen3-8B"), as Ollama's and vLLM's clients ask for it.
   std::string name;
   std::string store;  // "ollama" or "hf"
+  // Ollama: the blob of the model's params layer (its sampling defaults, a JSON object), or
+  // "" when it has none.
+  std::string params;
 };
 
 // Whether `ref` names a model in a store (starts with "ollama:" or "hf:").

@@ -184,6 +184,7 @@ void read_model(Reader& r, const YAML::Node& node, size_t index, ModelDeployConf
   r.read(node, "scheme", w, m.scheme, "a quantization scheme name");
   r.read(node, "profile", w, m.profile, "chat or long-context");
   r.read(node, "chat_template", w, m.chat_template_file, "a template file path");
+  r.read(node, "generation_config", w, m.generation_config, "auto, none or a path");
   r.read(node, "threads", w, m.threads, "an integer");
   r.read_opt(node, "max_input_len", w, m.max_input_len, "an integer");
   r.read_opt(node, "max_output_len", w, m.max_output_len, "an integer");
@@ -241,6 +242,7 @@ DeployConfig read_deploy_config(const YAML::Node& root, const std::string& sourc
           const ResolvedModelRef ref = resolve_store_ref(m.path);
           if (m.name.empty()) m.name = ref.name;
           m.path = ref.path;
+          m.ollama_params = ref.params;
         } catch (const Error& e) {
           r.problem(fmt::format("models[{}].path: {}", i, e.what()));
         }

@@ -43,6 +43,12 @@ struct ModelDeployConfig {
   std::string scheme;  // informational: bf16, w8a8, w4a16, ...
   std::string profile = "chat";  // chat | long-context
   std::string chat_template_file;  // overrides tokenizer_config.json's chat_template
+  // Sampling defaults for what a request leaves out (server/generation_defaults.h): auto
+  // (the model's own), none, or a path.
+  std::string generation_config = "auto";
+  // An Ollama model's params layer (its sampling defaults), set when `path` was an
+  // ollama: reference; not a deploy.yaml key.
+  std::string ollama_params;
   int32_t threads = 0;  // 0: all cores
   std::optional<int32_t> max_input_len;
   std::optional<int32_t> max_output_len;

@@ -426,6 +426,12 @@ std::vector<std::shared_ptr<ModelInstance>> prepare_models(const DeployConfig& c
                       "none (mtp_num_hidden_layers); use ngram or none",
                       who, (dir / "config.json").string()));
     }
+    GenerationDefaults sampling;
+    try {
+      sampling = load_generation_defaults(m);
+    } catch (const Error& e) {
+      problem(fmt::format("{}.generation_config: {}", who, e.what()));
+    }
     const ResolvedLimits limits = resolve_limits(m, model_config.max_position_embeddings);
     if (limits.max_input_len < 1 || limits.max_input_len > limits.max_context)
       problem(fmt::format("{}.max_input_len: {} must be in [1, {}] (the model's context length)", who,
@@ -449,8 +455,14 @@ std::vector<std::shared_ptr<ModelInstance>> prepare_models(const DeployConfig& c
                       who, limits.kv_cache_bytes, limits.kv_cache_bytes / per_token, longest, longest * per_token));
     }
     if (tokenizer) {
+      for (const std::string& why : sampling.ignored) LOG_WARN("{}: ignoring a sampling default: {}", who, why);
+      if (!sampling.empty()) {
+        LOG_INFO("{}: sampling defaults for requests that leave them out, from {}: {}", who, sampling.source,
+                 sampling.describe());
+      }
       instances.push_back(std::make_shared<ModelInstance>(std::move(m), std::move(model_config), std::move(*tokenizer),
                                                           std::move(chat_template), limits));
+      instances.back()->set_generation_defaults(std::move(sampling));
     }
   }
   for (const auto& key : s.api_keys) {

@@ -20,6 +20,7 @@
 #include "infera/runtime/engine_config.h"
 #include "infera/server/backend.h"
 #include "infera/server/deploy_config.h"
+#include "infera/server/generation_defaults.h"
 #include "infera/server/openai_api.h"
 #include "infera/tokenizer/tokenizer.h"
 
@@ -69,6 +70,9 @@ class ModelInstance {
   void set_model_loader(ModelLoader loader) { model_loader_ = std::move(loader); }
 
   bool has_chat_template() const { return chat_template_ != nullptr; }
+  // The model's sampling defaults for what a request leaves out (generation_defaults.h).
+  const GenerationDefaults& generation_defaults() const { return generation_defaults_; }
+  void set_generation_defaults(GenerationDefaults d) { generation_defaults_ = std::move(d); }
   // Renders the conversation for generation. Throws ApiException when the model has no
   // chat template or the template rejects the conversation (raise_exception).
   std::string render_chat(const ChatRequest& request) const;
@@ -105,6 +109,7 @@ class ModelInstance {
   int64_t created_unix_ = 0;
   bool emits_reasoning_ = false;
   std::vector<int32_t> extra_stop_ids_;
+  GenerationDefaults generation_defaults_;
   ModelLoader model_loader_;
   std::shared_ptr<LoadProgress> progress_ = std::make_shared<LoadProgress>();
   std::atomic<ModelState> state_{ModelState::kLoading};

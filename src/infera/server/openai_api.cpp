@@ -299,22 +299,34 @@ GenerationOptions parse_options(const json& body, const ParseLimits& limits, boo
   if (o.max_tokens && *o.max_tokens < min_tokens) {
     out_of_range(max_key, fmt::format("must be at least {}, got {}", min_tokens, *o.max_tokens));
   }
-  if (auto v = get_number(body, "temperature", 0.0, 2.0)) o.temperature = static_cast<float>(*v);
+  if (auto v = get_number(body, "temperature", 0.0, 2.0)) {
+    o.temperature = static_cast<float>(*v);
+    o.given |= kGivenTemperature;
+  }
   if (auto v = get_number(body, "top_p", 0.0, 1.0)) {
     if (*v == 0.0) out_of_range("top_p", "must be greater than 0");
     o.top_p = static_cast<float>(*v);
+    o.given |= kGivenTopP;
   }
-  if (auto v = get_integer_in(body, "top_k", -1, 1 << 20)) o.top_k = static_cast<int32_t>(std::max<int64_t>(*v, 0));
-  if (auto v = get_number(body, "min_p", 0.0, 1.0)) o.min_p = static_cast<float>(*v);
+  if (auto v = get_integer_in(body, "top_k", -1, 1 << 20)) {
+    o.top_k = static_cast<int32_t>(std::max<int64_t>(*v, 0));
+    o.given |= kGivenTopK;
+  }
+  if (auto v = get_number(body, "min_p", 0.0, 1.0)) {
+    o.min_p = static_cast<float>(*v);
+    o.given |= kGivenMinP;
+  }
   o.seed = get_integer(body, "seed");
   if (auto v = get_number(body, "presence_penalty", -2.0, 2.0)) o.presence_penalty = static_cast<float>(*v);
   if (auto v = get_number(body, "frequency_penalty", -2.0, 2.0)) o.frequency_penalty = static_cast<float>(*v);
   if (auto v = get_number(body, "repetition_penalty", 0.0, 10.0)) {
     if (*v == 0.0) out_of_range("repetition_penalty", "must be greater than 0");
     o.repetition_penalty = static_cast<float>(*v);
+    o.given |= kGivenRepetitionPenalty;
   }
   if (auto v = get_integer_in(body, "n", 1, limits.max_n)) o.n = static_cast<int32_t>(*v);
   if (const json* stop = field(body, "stop")) {
+    o.given |= kGivenStop;
     if (stop->is_string()) {
       o.stop.push_back(stop->get<std::string>());
     } else if (stop->is_array()) {

@@ -25,6 +25,17 @@ using chat::OutputRouter;
 using chat::StopMatcher;
 using chat::ToolCall;
 
+// Sampling fields a request set itself (GenerationOptions::given): a model's own defaults
+// (server/generation_defaults.h) fill the others.
+enum GivenField : uint32_t {
+  kGivenTemperature = 1u << 0,
+  kGivenTopP = 1u << 1,
+  kGivenTopK = 1u << 2,
+  kGivenMinP = 1u << 3,
+  kGivenRepetitionPenalty = 1u << 4,
+  kGivenStop = 1u << 5,
+};
+
 // Options shared by /v1/chat/completions and /v1/completions.
 struct GenerationOptions {
   std::optional<std::string> model;  // absent: the only model, if there is one
@@ -58,6 +69,7 @@ struct GenerationOptions {
   // Prefix-cache isolation (vLLM's field): requests with the same salt share cached
   // prefixes, whatever their API key; absent: the key's own cache (routes.cpp).
   std::optional<std::string> cache_salt;
+  uint32_t given = 0;  // GivenField bits
 };
 
 struct ChatMessage {

@@ -429,8 +429,10 @@ void Routes::handle_generate(Endpoint endpoint, const HttpRequest& req, std::sha
     else
       completion = parse_completion_request(body, parse_limits_);
     keep_declared_order(body, req.body, chat ? chat->options : completion->options, chat ? &chat->tools : nullptr);
-    const GenerationOptions& options = chat ? chat->options : completion->options;
-    auto model = find_model(options.model, listener);
+    GenerationOptions& request_options = chat ? chat->options : completion->options;
+    auto model = find_model(request_options.model, listener);
+    model->generation_defaults().apply(request_options);  // the model's own, for what the request left out
+    const GenerationOptions& options = request_options;
     model_name = model->name();
     check_model_access(key, *model);
     if (key) {  // a cheap check first; the reservation follows once the cost is known

@@ -123,6 +123,22 @@ TEST(ModelRef, OllamaErrorsSayWhatIsThere) {
   EXPECT_NE(e.find("malformed JSON"), std::string::npos) << e;
 }
 
+// A model's params layer (its sampling defaults, server/generation_defaults.h) comes with it.
+TEST(ModelRef, OllamaParamsLayerComesWithTheModel) {
+  OllamaStore s;
+  const fs::path params = s.root() / "blobs" / ("sha256-" + std::string(64, 'c'));
+  write_text(params, R"({"temperature": 0.6})");
+  s.add("registry.ollama.ai", "library", "tuned", "latest",
+        R"({"mediaType":"application/vnd.ollama.image.params","digest":"sha256:)" + std::string(64, 'c') + R"("},)");
+  s.add("registry.ollama.ai", "library", "lost", "latest",
+        R"({"mediaType":"application/vnd.ollama.image.params","digest":"sha256:)" + std::string(64, 'd') + R"("},)");
+  s.add("registry.ollama.ai", "library", "plain", "latest");
+  test::ScopedEnv env("OLLAMA_MODELS", s.root().c_str());
+  EXPECT_EQ(resolve_store_ref("ollama:tuned").params, params.string());
+  EXPECT_EQ(resolve_store_ref("ollama:lost").params, "") << "its blob is not there: no defaults, not an error";
+  EXPECT_EQ(resolve_store_ref("ollama:plain").params, "");
+}
+
 TEST(ModelRef, OllamaBlobThatIsNotGgufIsAnError) {
   OllamaStore s;
   const fs::path blob = s.add("registry.ollama.ai", "library", "odd", "latest");

@@ -50,6 +50,7 @@ TEST(DeployOptions, TheKeysOfBeforeAreExactlyTheKnownKeys) {
                                    "scheme",
                                    "profile",
                                    "chat_template",
+                                   "generation_config",
                                    "threads",
                                    "max_input_len",
                                    "max_output_len",

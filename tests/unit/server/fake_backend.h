@@ -57,6 +57,7 @@ class FakeBackend final : public GenerationBackend {
     live_.emplace(id, std::move(live));
     ++submitted_;
     last_seeds_.push_back(live_.at(id).request.sampling.seed);
+    last_sampling_ = live_.at(id).request.sampling;
     last_vocab_limit_ = live_.at(id).request.sampling.vocab_limit;
     prompt_logprobs_asked_.push_back(live_.at(id).request.prompt_logprobs);
     cv_.notify_all();
@@ -100,6 +101,11 @@ class FakeBackend final : public GenerationBackend {
   std::vector<int32_t> prompt_logprobs_asked() const {
     std::lock_guard lock(mutex_);
     return prompt_logprobs_asked_;
+  }
+  // The sampling parameters of the last request submitted.
+  SamplingParams last_sampling() const {
+    std::lock_guard lock(mutex_);
+    return last_sampling_;
   }
   int32_t last_vocab_limit() const {
     std::lock_guard lock(mutex_);
@@ -213,6 +219,7 @@ class FakeBackend final : public GenerationBackend {
   bool paused_ = false;
   std::vector<uint64_t> last_seeds_;
   int32_t last_vocab_limit_ = 0;
+  SamplingParams last_sampling_;
   std::vector<int32_t> prompt_logprobs_asked_;
   bool stop_ = false;
   std::thread thread_;

@@ -1,0 +1,120 @@
+#include "infera/server/generation_defaults.h"
+
+#include <algorithm>
+#include <filesystem>
+
+#include <fmt/format.h>
+
+#include "infera/base/error.h"
+#include "infera/base/json_file.h"
+
+namespace infera::server {
+namespace fs = std::filesystem;
+
+namespace {
+
+// At most this many stop strings, each at most this long, as ParseLimits' defaults allow a
+// request.
+constexpr size_t kMaxStops = 16, kMaxStopLength = 256;
+
+// The number under `key` when it is one within [lo, hi] (exclusive of lo when open_lo).
+std::optional<double> number_in(const nlohmann::json& j, const char* key, double lo, double hi, bool open_lo,
+                                const std::string& source, std::vector<std::string>* ignored) {
+  const auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return std::nullopt;
+  if (it->is_number()) {
+    const double v = it->get<double>();
+    if ((open_lo ? v > lo : v >= lo) && v <= hi) return v;
+  }
+  if (ignored) {
+    ignored->push_back(fmt::format("{}: {} {} is not {} {}, {}]", source, key, json_excerpt(*it, 40), "a number in",
+                                   open_lo ? fmt::format("({}", lo) : fmt::format("[{}", lo), hi));
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+bool GenerationDefaults::empty() const {
+  return !temperature && !top_p && !min_p && !repetition_penalty && !top_k && stop.empty();
+}
+
+void GenerationDefaults::apply(GenerationOptions& o) const {
+  if (temperature && !(o.given & kGivenTemperature)) o.temperature = *temperature;
+  if (top_p && !(o.given & kGivenTopP)) o.top_p = *top_p;
+  if (top_k && !(o.given & kGivenTopK)) o.top_k = *top_k;
+  if (min_p && !(o.given & kGivenMinP)) o.min_p = *min_p;
+  if (repetition_penalty && !(o.given & kGivenRepetitionPenalty)) o.repetition_penalty = *repetition_penalty;
+  if (!stop.empty() && !(o.given & kGivenStop)) o.stop = stop;
+}
+
+std::string GenerationDefaults::describe() const {
+  std::string out;
+  const auto add = [&out](const std::string& item) { out += (out.empty() ? "" : ", ") + item; };
+  if (temperature) add(fmt::format("temperature {}", *temperature));
+  if (top_p) add(fmt::format("top_p {}", *top_p));
+  if (top_k) add(fmt::format("top_k {}", *top_k));
+  if (min_p) add(fmt::format("min_p {}", *min_p));
+  if (repetition_penalty) add(fmt::format("repetition_penalty {}", *repetition_penalty));
+  if (!stop.empty()) add(fmt::format("{} stop string{}", stop.size(), stop.size() == 1 ? "" : "s"));
+  return out.empty() ? "none" : out;
+}
+
+GenerationDefaults parse_generation_defaults(const nlohmann::json& j, const std::string& source,
+                                             std::vector<std::string>* ignored) {
+  GenerationDefaults d;
+  d.source = source;
+  if (!j.is_object()) return d;
+  // The ranges a request may send (openai_api.cpp parse_options).
+  if (auto v = number_in(j, "temperature", 0.0, 2.0, false, source, ignored)) d.temperature = static_cast<float>(*v);
+  if (auto v = number_in(j, "top_p", 0.0, 1.0, true, source, ignored)) d.top_p = static_cast<float>(*v);
+  if (auto v = number_in(j, "top_k", -1, 1 << 20, false, source, ignored)) {
+    d.top_k = static_cast<int32_t>(std::max(*v, 0.0));  // (-1 or 0: off)
+  }
+  if (auto v = number_in(j, "min_p", 0.0, 1.0, false, source, ignored)) d.min_p = static_cast<float>(*v);
+  for (const char* key : {"repetition_penalty", "repeat_penalty"}) {  // (Hugging Face's, Ollama's)
+    if (d.repetition_penalty) break;
+    if (auto v = number_in(j, key, 0.0, 10.0, true, source, ignored)) d.repetition_penalty = static_cast<float>(*v);
+  }
+  if (const auto it = j.find("stop"); it != j.end() && !it->is_null()) {
+    const nlohmann::json list = it->is_string() ? nlohmann::json::array({*it}) : *it;
+    const bool ok =
+        list.is_array() && list.size() <= kMaxStops &&
+        std::all_of(list.begin(), list.end(), [](const nlohmann::json& s) {
+          return s.is_string() && !s.get<std::string>().empty() && s.get<std::string>().size() <= kMaxStopLength;
+        });
+    if (ok) {
+      for (const auto& s : list) d.stop.push_back(s.get<std::string>());
+    } else if (ignored) {
+      ignored->push_back(fmt::format("{}: stop {} is not a list of at most {} strings of 1 to {} bytes", source,
+                                     json_excerpt(*it, 40), kMaxStops, kMaxStopLength));
+    }
+  }
+  return d;
+}
+
+GenerationDefaults load_generation_defaults(const ModelDeployConfig& m) {
+  const std::string& how = m.generation_config;
+  if (how == "none") return {};
+  fs::path file;
+  std::error_code ec;
+  if (how.empty() || how == "auto") {
+    if (!m.ollama_params.empty()) {
+      file = m.ollama_params;
+    } else if (fs::is_directory(m.path, ec) && fs::is_regular_file(fs::path(m.path) / "generation_config.json", ec)) {
+      file = fs::path(m.path) / "generation_config.json";
+    } else {
+      return {};  // a GGUF file, a directory without one
+    }
+  } else {
+    file = fs::is_directory(how, ec) ? fs::path(how) / "generation_config.json" : fs::path(how);
+  }
+  const nlohmann::json j = read_json_file(file.string(), "cannot read the generation defaults (generation_config)");
+  if (!j.is_object()) fail("{}: expected a JSON object of sampling defaults (generation_config)", file.string());
+  std::vector<std::string> ignored;
+  GenerationDefaults d = parse_generation_defaults(j, file.string(), &ignored);
+  for (const std::string& why : ignored) d.ignored.push_back(why);
+  return d;
+}
+
+}  // namespace infera::server

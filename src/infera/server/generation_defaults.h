@@ -1,0 +1,46 @@
+// A model's own sampling defaults, for the fields a request leaves out: what vLLM applies
+// from generation_config.json (its `--generation-config auto`) and Ollama from a model's
+// params layer. deploy.yaml's `generation_config` (flag --generation-config) says where they
+// come from: auto (the model's: generation_config.json of a Hugging Face directory, the
+// params of an Ollama model; a GGUF file has none), none (the request defaults of
+// base/options.cpp alone, as before), or a path (a directory holding
+// generation_config.json, or a JSON file of either kind).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "infera/server/deploy_config.h"
+#include "infera/server/openai_api.h"
+
+namespace infera::server {
+
+struct GenerationDefaults {
+  std::optional<float> temperature, top_p, min_p, repetition_penalty;
+  std::optional<int32_t> top_k;
+  std::vector<std::string> stop;  // Ollama's "stop"; a request's own stop list replaces it
+  std::string source;  // where they were read ("" when none)
+  std::vector<std::string> ignored;  // values left out, and why (logged when the model loads)
+
+  bool empty() const;
+  // Sets the fields `o` was not given (GenerationOptions::given) to these defaults.
+  void apply(GenerationOptions& o) const;
+  // "temperature 0.6, top_p 0.95, top_k 20" ("none" when empty).
+  std::string describe() const;
+};
+
+// The defaults in a generation_config.json (temperature, top_p, top_k, min_p,
+// repetition_penalty) or an Ollama params object (the same, repeat_penalty, stop). A value
+// of the wrong type or outside what a request may send is left out and named in `ignored`.
+GenerationDefaults parse_generation_defaults(const nlohmann::json& j, const std::string& source,
+                                             std::vector<std::string>* ignored = nullptr);
+
+// The model's defaults as m.generation_config says (auto, none, or a path); throws
+// infera::Error for an unknown value, an unreadable file or one that is not a JSON object.
+GenerationDefaults load_generation_defaults(const ModelDeployConfig& m);
+
+}  // namespace infera::server

@@ -1,0 +1,140 @@
+// A model's own sampling defaults (server/generation_defaults.h): read from
+// generation_config.json (as vLLM does) or an Ollama model's params, applied only to what a
+// request leaves out, and reaching the sampler through the server.
+#include <gtest/gtest.h>
+#include <httplib.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "../test_support.h"
+#include "fake_backend.h"
+#include "infera/server/generation_defaults.h"
+#include "infera/server/http_server.h"
+#include "server_fixture.h"
+
+namespace infera::server {
+namespace {
+
+using json = nlohmann::json;
+using namespace std::chrono_literals;
+
+TEST(GenerationDefaults, ReadFromGenerationConfigAndOllamaParams) {
+  // Qwen3's generation_config.json.
+  GenerationDefaults d =
+      parse_generation_defaults(json::parse(
+                                    R"({"bos_token_id": 151643, "do_sample": true, "eos_token_id": [151645, 151643],
+                      "pad_token_id": 151643, "temperature": 0.6, "top_k": 20, "top_p": 0.95})"),
+                                "generation_config.json");
+  EXPECT_EQ(d.temperature, 0.6f);
+  EXPECT_EQ(d.top_k, 20);
+  EXPECT_EQ(d.top_p, 0.95f);
+  EXPECT_FALSE(d.min_p);
+  EXPECT_FALSE(d.repetition_penalty);
+  EXPECT_EQ(d.describe(), "temperature 0.6, top_p 0.95, top_k 20");
+  // An Ollama params layer: repeat_penalty and stop are its names.
+  d = parse_generation_defaults(
+      json::parse(R"({"repeat_penalty": 1.1, "stop": ["<|im_start|>", "<|im_end|>"], "temperature": 0.7})"), "params");
+  EXPECT_EQ(d.repetition_penalty, 1.1f);
+  EXPECT_EQ(d.stop, (std::vector<std::string>{"<|im_start|>", "<|im_end|>"}));
+  EXPECT_EQ(d.temperature, 0.7f);
+  // Values a request could not send are left out and named.
+  std::vector<std::string> ignored;
+  d = parse_generation_defaults(json::parse(
+                                    R"({"temperature": 5, "top_p": 0, "top_k": "20", "min_p": 0.05, "stop": [1, 2]})"),
+                                "g.json", &ignored);
+  EXPECT_FALSE(d.temperature);
+  EXPECT_FALSE(d.top_p);
+  EXPECT_FALSE(d.top_k);
+  EXPECT_EQ(d.min_p, 0.05f);
+  EXPECT_TRUE(d.stop.empty());
+  ASSERT_EQ(ignored.size(), 4u);
+  EXPECT_NE(ignored[0].find("g.json: temperature 5 is not a number in [0, 2]"), std::string::npos) << ignored[0];
+  EXPECT_TRUE(parse_generation_defaults(json::array(), "x").empty());
+}
+
+TEST(GenerationDefaults, FillOnlyWhatTheRequestLeftOut) {
+  GenerationDefaults d;
+  d.temperature = 0.6f;
+  d.top_k = 20;
+  d.stop = {"###"};
+  ChatRequest r = parse_chat_request(
+      json::parse(R"({"messages": [{"role": "user", "content": "hi"}], "temperature": 1.0, "stop": []})"));
+  d.apply(r.options);
+  EXPECT_EQ(r.options.temperature, 1.0f) << "given, so kept";
+  EXPECT_EQ(r.options.top_k, 20);
+  EXPECT_TRUE(r.options.stop.empty()) << "an explicit empty stop list is the request's";
+  CompletionRequest c = parse_completion_request(json::parse(R"({"prompt": "x", "temperature": null})"));
+  d.apply(c.options);
+  EXPECT_EQ(c.options.temperature, 0.6f) << "null is left out";
+  EXPECT_EQ(c.options.stop, std::vector<std::string>{"###"});
+}
+
+TEST(GenerationDefaults, LoadedAsTheDeployConfigSays) {
+  test::TempDir dir("infera_gen_defaults");
+  std::ofstream(dir.file("generation_config.json")) << R"({"temperature": 0.6, "top_p": 0.95})";
+  std::ofstream(dir.file("other.json")) << R"({"top_k": 5})";
+  std::ofstream(dir.file("params")) << R"({"temperature": 0.2, "stop": ["</s>"]})";
+  std::ofstream(dir.file("list.json")) << "[1, 2]";
+  ModelDeployConfig m;
+  m.path = dir.path().string();
+  GenerationDefaults d = load_generation_defaults(m);
+  EXPECT_EQ(d.temperature, 0.6f) << "auto: the directory's generation_config.json";
+  EXPECT_EQ(d.source, dir.file("generation_config.json"));
+  m.generation_config = "none";
+  EXPECT_TRUE(load_generation_defaults(m).empty());
+  m.generation_config = dir.file("other.json");
+  EXPECT_EQ(load_generation_defaults(m).top_k, 5);
+  m.generation_config = dir.path().string();
+  EXPECT_EQ(load_generation_defaults(m).top_p, 0.95f) << "a folder holding generation_config.json";
+  m.generation_config = "auto";
+  m.ollama_params = dir.file("params");
+  d = load_generation_defaults(m);
+  EXPECT_EQ(d.temperature, 0.2f) << "an Ollama model's params layer";
+  EXPECT_EQ(d.stop, std::vector<std::string>{"</s>"});
+  m.ollama_params.clear();
+  m.path = dir.file("model.gguf");
+  EXPECT_TRUE(load_generation_defaults(m).empty()) << "a GGUF file carries none";
+  m.generation_config = dir.file("missing.json");
+  EXPECT_NE(test::error_of([&] { load_generation_defaults(m); }).find("missing.json"), std::string::npos);
+  m.generation_config = dir.file("list.json");
+  EXPECT_NE(test::error_of([&] { load_generation_defaults(m); }).find("expected a JSON object"), std::string::npos);
+}
+
+// Through the server: the sampler gets the model's defaults for what the request left out.
+TEST(GenerationDefaults, ReachTheSampler) {
+  INFERA_REQUIRE_FIXTURE(test::stories_dir());
+  const Tokenizer tok = Tokenizer::load(test::stories_dir());
+  auto backend = std::make_shared<testing::FakeBackend>(tok.encode("Once upon a time.", false), 1ms);
+  ModelDeployConfig d;
+  d.name = "stories";
+  auto model = testing::stories_instance(d);
+  GenerationDefaults defaults;
+  defaults.temperature = 0.6f;
+  defaults.top_k = 20;
+  defaults.repetition_penalty = 1.1f;
+  model->set_generation_defaults(defaults);
+  model->set_backend(backend);
+  auto server = testing::start_server({}, {model});
+  httplib::Client c = testing::local_client(server->port());
+  const json chat = {{"model", "stories"}, {"messages", {{{"role", "user"}, {"content", "Hi"}}}}, {"max_tokens", 2}};
+  ASSERT_EQ(c.Post("/v1/chat/completions", chat.dump(), "application/json")->status, 200);
+  SamplingParams p = backend->last_sampling();
+  EXPECT_EQ(p.temperature, 0.6f);
+  EXPECT_EQ(p.top_k, 20);
+  EXPECT_EQ(p.repetition_penalty, 1.1f);
+  json given = chat;
+  given["temperature"] = 0.0;
+  given["top_k"] = 3;
+  ASSERT_EQ(c.Post("/v1/chat/completions", given.dump(), "application/json")->status, 200);
+  p = backend->last_sampling();
+  EXPECT_EQ(p.temperature, 0.0f);
+  EXPECT_EQ(p.top_k, 3);
+  EXPECT_EQ(p.repetition_penalty, 1.1f);
+  server->stop();
+}
+
+}  // namespace
+}  // namespace infera::server
