@@ -323,9 +323,9 @@ const OptionSpec kOptions[] = {
      .flags = "--generation-config",
      .yaml = "models[].generation_config",
      .default_value = "auto",
-     .help = "Sampling defaults for the fields a request leaves out (temperature, top_p, top_k, min_p, "
-             "repetition_penalty; an Ollama model's stop too): auto takes the model's own (generation_config.json, "
-             "as vLLM does; an Ollama model's params), none keeps Infera's request defaults, a path names a "
+     .help = "Sampling defaults for the fields a request leaves out (temperature, top_p, top_k, min_p, the "
+             "penalties; an Ollama model's stop too): auto takes the model's own (generation_config.json, as vLLM "
+             "does; an Ollama model's params), none (or vllm) keeps Infera's request defaults, a path names a "
              "generation_config.json or a folder holding one"},
     {.name = "model_port",
      .type = T::kInteger,

@@ -8,9 +8,11 @@
 
 namespace infera::cli {
 
-std::string default_model_dir() {
+std::string default_model_dir() { return model_path_of(default_model_ref()); }
+
+std::string default_model_ref() {
   namespace fs = std::filesystem;
-  if (std::string env = option_env("model"); !env.empty()) return model_path_of(env);  // INFERA_DEFAULT_MODEL
+  if (std::string env = option_env("model"); !env.empty()) return env;  // INFERA_DEFAULT_MODEL
   std::error_code ec;
   fs::path dir = fs::read_symlink("/proc/self/exe", ec).parent_path();
   for (int up = 0; up < 4 && !dir.empty(); ++up) {

@@ -11,6 +11,9 @@ namespace infera::cli {
 // INFERA_DEFAULT_MODEL if set, else models/infera-default found beside (or above) the
 // directory of the running executable. Throws infera::Error with a hint when absent.
 std::string default_model_dir();
+// The same before a store reference in INFERA_DEFAULT_MODEL is resolved (`serve` resolves it
+// with the deployment's models, keeping what the reference brings besides the path).
+std::string default_model_ref();
 
 // A CLI11 transform for the options that name a model (-m, a command's MODEL_DIR): a model in
 // Ollama's store or the Hugging Face cache (ollama:NAME[:TAG], hf:ORG/NAME[@REV][:QUANT];

@@ -59,7 +59,7 @@ server::DeployConfig serve_deploy_config(const ServeOptions& o) {
     return config;
   }
   std::vector<server::DeploySetting> settings;
-  settings.push_back({"models[].path", {o.model_dir.empty() ? default_model_dir() : o.model_dir}});
+  settings.push_back({"models[].path", {o.model_dir.empty() ? default_model_ref() : o.model_dir}});
   const std::string name = o.name.empty() && o.model_dir.empty() ? "infera-default" : o.name;
   if (!name.empty()) settings.push_back({"models[].name", {name}});
   std::vector<std::string> keys = o.api_keys;

@@ -1,6 +1,7 @@
 #include "infera/server/generation_defaults.h"
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 
 #include <fmt/format.h>
@@ -36,7 +37,8 @@ std::optional<double> number_in(const nlohmann::json& j, const char* key, double
 }  // namespace
 
 bool GenerationDefaults::empty() const {
-  return !temperature && !top_p && !min_p && !repetition_penalty && !top_k && stop.empty();
+  return !temperature && !top_p && !min_p && !repetition_penalty && !presence_penalty && !frequency_penalty && !top_k &&
+         stop.empty();
 }
 
 void GenerationDefaults::apply(GenerationOptions& o) const {
@@ -45,6 +47,8 @@ void GenerationDefaults::apply(GenerationOptions& o) const {
   if (top_k && !(o.given & kGivenTopK)) o.top_k = *top_k;
   if (min_p && !(o.given & kGivenMinP)) o.min_p = *min_p;
   if (repetition_penalty && !(o.given & kGivenRepetitionPenalty)) o.repetition_penalty = *repetition_penalty;
+  if (presence_penalty && !(o.given & kGivenPresencePenalty)) o.presence_penalty = *presence_penalty;
+  if (frequency_penalty && !(o.given & kGivenFrequencyPenalty)) o.frequency_penalty = *frequency_penalty;
   if (!stop.empty() && !(o.given & kGivenStop)) o.stop = stop;
 }
 
@@ -56,27 +60,47 @@ std::string GenerationDefaults::describe() const {
   if (top_k) add(fmt::format("top_k {}", *top_k));
   if (min_p) add(fmt::format("min_p {}", *min_p));
   if (repetition_penalty) add(fmt::format("repetition_penalty {}", *repetition_penalty));
+  if (presence_penalty) add(fmt::format("presence_penalty {}", *presence_penalty));
+  if (frequency_penalty) add(fmt::format("frequency_penalty {}", *frequency_penalty));
   if (!stop.empty()) add(fmt::format("{} stop string{}", stop.size(), stop.size() == 1 ? "" : "s"));
   return out.empty() ? "none" : out;
 }
 
 GenerationDefaults parse_generation_defaults(const nlohmann::json& j, const std::string& source,
-                                             std::vector<std::string>* ignored) {
+                                             std::vector<std::string>* ignored, DefaultsKind kind) {
   GenerationDefaults d;
   d.source = source;
   if (!j.is_object()) return d;
+  const bool hf = kind == DefaultsKind::kGenerationConfig;
+  // A generation_config.json value equal to transformers' own default (temperature 1, top_p
+  // 1, top_k 50, repetition_penalty 1) says nothing of the model: vLLM reads the file's
+  // difference from those (to_diff_dict), so such a value is not taken either.
+  const auto transformers_default = [hf](const char* key, double v) {
+    if (!hf) return false;
+    const std::string_view k = key;
+    return ((k == "temperature" || k == "top_p" || k == "repetition_penalty") && v == 1.0) || (k == "top_k" && v == 50);
+  };
+  const auto take = [&](const char* key, double lo, double hi, bool open_lo) -> std::optional<double> {
+    std::optional<double> v = number_in(j, key, lo, hi, open_lo, source, ignored);
+    return v && transformers_default(key, *v) ? std::nullopt : v;
+  };
   // The ranges a request may send (openai_api.cpp parse_options).
-  if (auto v = number_in(j, "temperature", 0.0, 2.0, false, source, ignored)) d.temperature = static_cast<float>(*v);
-  if (auto v = number_in(j, "top_p", 0.0, 1.0, true, source, ignored)) d.top_p = static_cast<float>(*v);
-  if (auto v = number_in(j, "top_k", -1, 1 << 20, false, source, ignored)) {
-    d.top_k = static_cast<int32_t>(std::max(*v, 0.0));  // (-1 or 0: off)
+  if (auto v = take("temperature", 0.0, 2.0, false)) d.temperature = static_cast<float>(*v);
+  if (auto v = take("top_p", 0.0, 1.0, true)) d.top_p = static_cast<float>(*v);
+  if (auto v = take("top_k", -1, 1 << 20, false)) {
+    if (*v == std::floor(*v)) {
+      d.top_k = static_cast<int32_t>(std::max(*v, 0.0));  // (-1 or 0: off)
+    } else if (ignored) {
+      ignored->push_back(fmt::format("{}: top_k {} is not a whole number", source, *v));
+    }
   }
-  if (auto v = number_in(j, "min_p", 0.0, 1.0, false, source, ignored)) d.min_p = static_cast<float>(*v);
-  for (const char* key : {"repetition_penalty", "repeat_penalty"}) {  // (Hugging Face's, Ollama's)
-    if (d.repetition_penalty) break;
-    if (auto v = number_in(j, key, 0.0, 10.0, true, source, ignored)) d.repetition_penalty = static_cast<float>(*v);
+  if (auto v = take("min_p", 0.0, 1.0, false)) d.min_p = static_cast<float>(*v);
+  if (auto v = take(hf ? "repetition_penalty" : "repeat_penalty", 0.0, 10.0, true)) {
+    d.repetition_penalty = static_cast<float>(*v);
   }
-  if (const auto it = j.find("stop"); it != j.end() && !it->is_null()) {
+  if (auto v = take("presence_penalty", -2.0, 2.0, false)) d.presence_penalty = static_cast<float>(*v);
+  if (auto v = take("frequency_penalty", -2.0, 2.0, false)) d.frequency_penalty = static_cast<float>(*v);
+  if (const auto it = j.find("stop"); !hf && it != j.end() && !it->is_null()) {
     const nlohmann::json list = it->is_string() ? nlohmann::json::array({*it}) : *it;
     const bool ok =
         list.is_array() && list.size() <= kMaxStops &&
@@ -90,17 +114,28 @@ GenerationDefaults parse_generation_defaults(const nlohmann::json& j, const std:
                                      json_excerpt(*it, 40), kMaxStops, kMaxStopLength));
     }
   }
+  // Settings of the file Infera does not take as request defaults: named, so nobody
+  // wonders why they have no effect.
+  static constexpr const char* kUnused[] = {"max_new_tokens", "num_predict", "num_ctx",      "repeat_last_n",
+                                            "seed",           "mirostat",    "mirostat_eta", "mirostat_tau",
+                                            "typical_p",      "tfs_z",       "num_keep",     "penalize_newline"};
+  for (const char* key : kUnused) {
+    if (ignored && j.contains(key)) ignored->push_back(fmt::format("{}: {} is not applied", source, key));
+  }
   return d;
 }
 
 GenerationDefaults load_generation_defaults(const ModelDeployConfig& m) {
   const std::string& how = m.generation_config;
-  if (how == "none") return {};
+  if (how == "none" || how == "vllm") return {};  // ("vllm": vLLM's name for the same)
   fs::path file;
   std::error_code ec;
-  if (how.empty() || how == "auto") {
+  const bool automatic = how.empty() || how == "auto";
+  DefaultsKind kind = DefaultsKind::kGenerationConfig;
+  if (automatic) {
     if (!m.ollama_params.empty()) {
       file = m.ollama_params;
+      kind = DefaultsKind::kOllamaParams;
     } else if (fs::is_directory(m.path, ec) && fs::is_regular_file(fs::path(m.path) / "generation_config.json", ec)) {
       file = fs::path(m.path) / "generation_config.json";
     } else {
@@ -108,11 +143,24 @@ GenerationDefaults load_generation_defaults(const ModelDeployConfig& m) {
     }
   } else {
     file = fs::is_directory(how, ec) ? fs::path(how) / "generation_config.json" : fs::path(how);
+    if (!fs::is_regular_file(file, ec)) {
+      fail("'{}' is neither auto, none nor a generation_config.json (or a folder holding one)", how);
+    }
   }
-  const nlohmann::json j = read_json_file(file.string(), "cannot read the generation defaults (generation_config)");
-  if (!j.is_object()) fail("{}: expected a JSON object of sampling defaults (generation_config)", file.string());
+  nlohmann::json j;
+  try {
+    j = read_json_file(file.string(), "cannot read the generation defaults (generation_config)");
+    if (!j.is_object()) fail("{}: expected a JSON object of sampling defaults (generation_config)", file.string());
+  } catch (const Error& e) {
+    // The model's own file (auto) is advisory, as vLLM treats it: the model serves without
+    // its defaults. A file the deployment names is not.
+    if (!automatic) throw;
+    GenerationDefaults none;
+    none.ignored.push_back(fmt::format("{} (no sampling defaults taken from it)", e.what()));
+    return none;
+  }
   std::vector<std::string> ignored;
-  GenerationDefaults d = parse_generation_defaults(j, file.string(), &ignored);
+  GenerationDefaults d = parse_generation_defaults(j, file.string(), &ignored, kind);
   for (const std::string& why : ignored) d.ignored.push_back(why);
   return d;
 }

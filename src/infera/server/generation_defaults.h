@@ -2,7 +2,7 @@
 // from generation_config.json (its `--generation-config auto`) and Ollama from a model's
 // params layer. deploy.yaml's `generation_config` (flag --generation-config) says where they
 // come from: auto (the model's: generation_config.json of a Hugging Face directory, the
-// params of an Ollama model; a GGUF file has none), none (the request defaults of
+// params of an Ollama model; a GGUF file has none), none or vllm (the request defaults of
 // base/options.cpp alone, as before), or a path (a directory holding
 // generation_config.json, or a JSON file of either kind).
 #pragma once
@@ -20,7 +20,7 @@
 namespace infera::server {
 
 struct GenerationDefaults {
-  std::optional<float> temperature, top_p, min_p, repetition_penalty;
+  std::optional<float> temperature, top_p, min_p, repetition_penalty, presence_penalty, frequency_penalty;
   std::optional<int32_t> top_k;
   std::vector<std::string> stop;  // Ollama's "stop"; a request's own stop list replaces it
   std::string source;  // where they were read ("" when none)
@@ -33,14 +33,21 @@ struct GenerationDefaults {
   std::string describe() const;
 };
 
-// The defaults in a generation_config.json (temperature, top_p, top_k, min_p,
-// repetition_penalty) or an Ollama params object (the same, repeat_penalty, stop). A value
-// of the wrong type or outside what a request may send is left out and named in `ignored`.
-GenerationDefaults parse_generation_defaults(const nlohmann::json& j, const std::string& source,
-                                             std::vector<std::string>* ignored = nullptr);
+enum class DefaultsKind { kGenerationConfig, kOllamaParams };
 
-// The model's defaults as m.generation_config says (auto, none, or a path); throws
-// infera::Error for an unknown value, an unreadable file or one that is not a JSON object.
+// The defaults in a generation_config.json (temperature, top_p, top_k, min_p,
+// repetition_penalty, presence_penalty, frequency_penalty; a value equal to transformers'
+// own default is not the model's and is not taken, as vLLM does not) or an Ollama params
+// object (the same with repeat_penalty, and stop). A value of the wrong type or outside what
+// a request may send, and a setting that is not applied (max_new_tokens, num_ctx, ...), are
+// named in `ignored`.
+GenerationDefaults parse_generation_defaults(const nlohmann::json& j, const std::string& source,
+                                             std::vector<std::string>* ignored = nullptr,
+                                             DefaultsKind kind = DefaultsKind::kGenerationConfig);
+
+// The model's defaults as m.generation_config says: auto (a model's own file that cannot be
+// read or is not a JSON object gives none, named in `ignored`), none (or vllm, vLLM's name
+// for it), or a path; throws infera::Error for a named path that is not such a file.
 GenerationDefaults load_generation_defaults(const ModelDeployConfig& m);
 
 }  // namespace infera::server

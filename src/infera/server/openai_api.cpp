@@ -317,8 +317,14 @@ GenerationOptions parse_options(const json& body, const ParseLimits& limits, boo
     o.given |= kGivenMinP;
   }
   o.seed = get_integer(body, "seed");
-  if (auto v = get_number(body, "presence_penalty", -2.0, 2.0)) o.presence_penalty = static_cast<float>(*v);
-  if (auto v = get_number(body, "frequency_penalty", -2.0, 2.0)) o.frequency_penalty = static_cast<float>(*v);
+  if (auto v = get_number(body, "presence_penalty", -2.0, 2.0)) {
+    o.presence_penalty = static_cast<float>(*v);
+    o.given |= kGivenPresencePenalty;
+  }
+  if (auto v = get_number(body, "frequency_penalty", -2.0, 2.0)) {
+    o.frequency_penalty = static_cast<float>(*v);
+    o.given |= kGivenFrequencyPenalty;
+  }
   if (auto v = get_number(body, "repetition_penalty", 0.0, 10.0)) {
     if (*v == 0.0) out_of_range("repetition_penalty", "must be greater than 0");
     o.repetition_penalty = static_cast<float>(*v);

@@ -34,6 +34,8 @@ enum GivenField : uint32_t {
   kGivenMinP = 1u << 3,
   kGivenRepetitionPenalty = 1u << 4,
   kGivenStop = 1u << 5,
+  kGivenPresencePenalty = 1u << 6,
+  kGivenFrequencyPenalty = 1u << 7,
 };
 
 // Options shared by /v1/chat/completions and /v1/completions.

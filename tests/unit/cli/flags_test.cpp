@@ -418,8 +418,11 @@ TEST_F(ServeFlags, OllamaReferencesResolveToTheirBlobs) {
   fs::create_directories(store.path() / "blobs");
   fs::create_directories(store.path() / "manifests/registry.ollama.ai/library/qwen3");
   std::ofstream(store.path() / "blobs" / ("sha256-" + hex)) << "GGUF";
+  const std::string params_hex(64, 'b');
+  std::ofstream(store.path() / "blobs" / ("sha256-" + params_hex)) << R"({"temperature": 0.6})";
   std::ofstream(store.path() / "manifests/registry.ollama.ai/library/qwen3/8b")
-      << R"({"layers":[{"mediaType":"application/vnd.ollama.image.model","digest":"sha256:)" << hex << R"("}]})";
+      << R"({"layers":[{"mediaType":"application/vnd.ollama.image.model","digest":"sha256:)" << hex
+      << R"("},{"mediaType":"application/vnd.ollama.image.params","digest":"sha256:)" << params_hex << R"("}]})";
   test::ScopedEnv env("OLLAMA_MODELS", store.path().c_str());
   const std::string blob = (store.path() / "blobs" / ("sha256-" + hex)).string();
   EXPECT_EQ(parse_run({"-m", "ollama:qwen3:8b"}).model_dir, blob);
@@ -428,6 +431,16 @@ TEST_F(ServeFlags, OllamaReferencesResolveToTheirBlobs) {
   DeployConfig c = Serve({"-m", "ollama:qwen3:8b"}).config();
   EXPECT_EQ(c.models.at(0).path, blob);
   EXPECT_EQ(c.models.at(0).name, "qwen3:8b");
+  EXPECT_EQ(c.models.at(0).ollama_params, (store.path() / "blobs" / ("sha256-" + params_hex)).string())
+      << "its params layer: the model's sampling defaults";
+  {
+    // The built-in model's variable may name one too; serve keeps what the reference brings.
+    test::ScopedEnv builtin("INFERA_DEFAULT_MODEL", "ollama:qwen3:8b");
+    c = Serve({}).config();
+    EXPECT_EQ(c.models.at(0).path, blob);
+    EXPECT_EQ(c.models.at(0).name, "infera-default");
+    EXPECT_FALSE(c.models.at(0).ollama_params.empty());
+  }
   c = Serve({"-m", "ollama:qwen3:8b", "--name", "chat"}).config();
   EXPECT_EQ(c.models.at(0).name, "chat");
   const std::string file = store.file("deploy.yaml");

@@ -145,6 +145,34 @@ TEST(PrepareModels, LoadsTokenizerAndTemplateWithoutWeights) {
   EXPECT_EQ(models[0]->limits().max_context, 512);
 }
 
+// The model directory's generation_config.json becomes the instance's sampling defaults;
+// a file the deployment names that is not one is a configuration error.
+TEST(PrepareModels, TakesTheModelsSamplingDefaults) {
+  INFERA_REQUIRE_FIXTURE(kStories);
+  test::TempDir dir("infera_prepare_gen");
+  for (const auto& e : std::filesystem::directory_iterator(kStories)) {
+    if (e.path().filename() != "generation_config.json")
+      std::filesystem::create_symlink(e.path(), dir.path() / e.path().filename());
+  }
+  std::ofstream(dir.file("generation_config.json")) << R"({"eos_token_id": 2, "temperature": 0.6, "top_k": 20})";
+  DeployConfig c;
+  ModelDeployConfig m;
+  m.path = dir.path().string();
+  m.chat_template_file = kChatml;
+  c.models.push_back(m);
+  c.server.port = free_port();
+  auto models = prepare_models(c);
+  ASSERT_EQ(models.size(), 1u);
+  EXPECT_EQ(models[0]->generation_defaults().temperature, 0.6f);
+  EXPECT_EQ(models[0]->generation_defaults().top_k, 20);
+  c.models[0].generation_config = "none";
+  EXPECT_TRUE(prepare_models(c).at(0)->generation_defaults().empty());
+  c.models[0].generation_config = dir.file("nope.json");
+  const std::string e = error_of([&] { prepare_models(c); });
+  EXPECT_NE(e.find(".generation_config: '" + dir.file("nope.json") + "' is neither auto, none nor"), std::string::npos)
+      << e;
+}
+
 TEST(PrepareModels, EveryConfigurationErrorIsNamed) {
   INFERA_REQUIRE_FIXTURE(kStories);
   const auto dir = std::filesystem::temp_directory_path() / ("infera_server_test_" + std::to_string(::getpid()));

@@ -36,23 +36,41 @@ TEST(GenerationDefaults, ReadFromGenerationConfigAndOllamaParams) {
   EXPECT_EQ(d.describe(), "temperature 0.6, top_p 0.95, top_k 20");
   // An Ollama params layer: repeat_penalty and stop are its names.
   d = parse_generation_defaults(
-      json::parse(R"({"repeat_penalty": 1.1, "stop": ["<|im_start|>", "<|im_end|>"], "temperature": 0.7})"), "params");
+      json::parse(R"({"repeat_penalty": 1.1, "stop": ["<|im_start|>", "<|im_end|>"], "temperature": 0.7})"), "params",
+      nullptr, DefaultsKind::kOllamaParams);
   EXPECT_EQ(d.repetition_penalty, 1.1f);
   EXPECT_EQ(d.stop, (std::vector<std::string>{"<|im_start|>", "<|im_end|>"}));
   EXPECT_EQ(d.temperature, 0.7f);
-  // Values a request could not send are left out and named.
+  // Values a request could not send are left out and named, as are settings not applied.
   std::vector<std::string> ignored;
-  d = parse_generation_defaults(json::parse(
-                                    R"({"temperature": 5, "top_p": 0, "top_k": "20", "min_p": 0.05, "stop": [1, 2]})"),
-                                "g.json", &ignored);
+  d = parse_generation_defaults(
+      json::parse(R"({"temperature": 5, "top_p": 0, "top_k": "20", "min_p": 0.05, "stop": [1, 2], "num_ctx": 8192})"),
+      "g.json", &ignored, DefaultsKind::kOllamaParams);
   EXPECT_FALSE(d.temperature);
   EXPECT_FALSE(d.top_p);
   EXPECT_FALSE(d.top_k);
   EXPECT_EQ(d.min_p, 0.05f);
   EXPECT_TRUE(d.stop.empty());
-  ASSERT_EQ(ignored.size(), 4u);
+  ASSERT_EQ(ignored.size(), 5u);
   EXPECT_NE(ignored[0].find("g.json: temperature 5 is not a number in [0, 2]"), std::string::npos) << ignored[0];
+  EXPECT_NE(ignored[4].find("g.json: num_ctx is not applied"), std::string::npos) << ignored[4];
   EXPECT_TRUE(parse_generation_defaults(json::array(), "x").empty());
+  // transformers' own defaults in a generation_config.json say nothing of the model (vLLM
+  // drops them too); an Ollama model's params say what they say.
+  const json plain = json::parse(R"({"temperature": 1.0, "top_p": 1.0, "top_k": 50, "repetition_penalty": 1.0})");
+  EXPECT_TRUE(parse_generation_defaults(plain, "g").empty());
+  d = parse_generation_defaults(json::parse(R"({"temperature": 1.0, "top_k": 50})"), "p", nullptr,
+                                DefaultsKind::kOllamaParams);
+  EXPECT_EQ(d.temperature, 1.0f);
+  EXPECT_EQ(d.top_k, 50);
+  ignored.clear();
+  d = parse_generation_defaults(json::parse(R"({"top_k": 20.5, "max_new_tokens": 2048, "presence_penalty": 1.5})"), "g",
+                                &ignored);
+  EXPECT_FALSE(d.top_k) << "a request could not send it";
+  EXPECT_EQ(d.presence_penalty, 1.5f);
+  ASSERT_EQ(ignored.size(), 2u);
+  EXPECT_NE(ignored[0].find("top_k 20.5 is not a whole number"), std::string::npos) << ignored[0];
+  EXPECT_NE(ignored[1].find("max_new_tokens is not applied"), std::string::npos) << ignored[1];
 }
 
 TEST(GenerationDefaults, FillOnlyWhatTheRequestLeftOut) {
@@ -95,12 +113,23 @@ TEST(GenerationDefaults, LoadedAsTheDeployConfigSays) {
   EXPECT_EQ(d.temperature, 0.2f) << "an Ollama model's params layer";
   EXPECT_EQ(d.stop, std::vector<std::string>{"</s>"});
   m.ollama_params.clear();
+  std::ofstream(dir.file("model.gguf")) << "GGUF";
   m.path = dir.file("model.gguf");
   EXPECT_TRUE(load_generation_defaults(m).empty()) << "a GGUF file carries none";
+  m.path = dir.path().string();
+  m.generation_config = "vllm";
+  EXPECT_TRUE(load_generation_defaults(m).empty()) << "vLLM's name for none";
   m.generation_config = dir.file("missing.json");
-  EXPECT_NE(test::error_of([&] { load_generation_defaults(m); }).find("missing.json"), std::string::npos);
+  EXPECT_NE(test::error_of([&] { load_generation_defaults(m); }).find("is neither auto, none nor"), std::string::npos);
   m.generation_config = dir.file("list.json");
   EXPECT_NE(test::error_of([&] { load_generation_defaults(m); }).find("expected a JSON object"), std::string::npos);
+  // The model's own file is advisory: one that is not JSON leaves the model without defaults.
+  std::ofstream(dir.file("generation_config.json")) << R"({"temperature": 0.7,})";
+  m.generation_config = "auto";
+  d = load_generation_defaults(m);
+  EXPECT_TRUE(d.empty());
+  ASSERT_EQ(d.ignored.size(), 1u);
+  EXPECT_NE(d.ignored[0].find("malformed JSON"), std::string::npos) << d.ignored[0];
 }
 
 // Through the server: the sampler gets the model's defaults for what the request left out.
