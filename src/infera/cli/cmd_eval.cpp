@@ -62,7 +62,9 @@ void setup(CLI::App& app) {
                   "Model: a directory (quantized or not), a GGUF file, ollama:NAME or hf:ORG/NAME")
       ->required()
       ->transform(infera::cli::model_ref_transform());
-  cmd->add_option("--ref", o->ref_dir, "Reference model directory (e.g. the float original)");
+  cmd->add_option("--ref", o->ref_dir,
+                  "Reference model (e.g. the float original): a directory, a GGUF file, ollama:NAME or hf:ORG/NAME")
+      ->transform(infera::cli::model_ref_transform());
   cmd->add_option("--text", o->text_file, "UTF-8 text file to score")->required();
   cmd->add_option("--ctx", o->ctx, "Window length in tokens (each window is a fresh sequence)")
       ->default_val(512)

@@ -15,6 +15,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -483,9 +484,15 @@ TEST_F(TpRun, GroupsStartedSideBySideEachGetAPrivateSessionFolder) {
   std::vector<nlohmann::json> ids;
   for (int i = 0; i < 2; ++i) {
     const std::string out = slurp(dir_ / ("side" + std::to_string(i)));
-    const size_t line = out.rfind("\n{");  // the JSON line (stderr's log lines come first)
-    ASSERT_NE(line, std::string::npos) << out;
-    ids.push_back(nlohmann::json::parse(out.substr(line + 1))["ids"]);
+    // The JSON line: the other rank's log lines (stderr, the same file) may come before or
+    // after it.
+    std::string json_line;
+    std::stringstream lines(out);
+    for (std::string l; std::getline(lines, l);) {
+      if (l.starts_with("{")) json_line = l;
+    }
+    ASSERT_FALSE(json_line.empty()) << out;
+    ids.push_back(nlohmann::json::parse(json_line)["ids"]);
   }
   EXPECT_EQ(ids[0], ids[1]);
   EXPECT_TRUE(fs::is_empty(base)) << "a launch left its session folder behind";
