@@ -145,6 +145,12 @@ OllamaName parse_ollama_name(const std::string& ref, std::string_view name) {
   return n;
 }
 
+// "sha256:<64 hex digits>", as a manifest names a blob.
+bool is_sha256_digest(const std::string& d) {
+  return d.size() == 7 + 64 && d.starts_with("sha256:") &&
+         std::all_of(d.begin() + 7, d.end(), [](char c) { return std::isxdigit(static_cast<unsigned char>(c)); });
+}
+
 ResolvedModelRef resolve_ollama(const std::string& ref) {
   const std::string name = ref.substr(kOllama.size());
   const OllamaName n = parse_ollama_name(ref, name);
@@ -201,10 +207,8 @@ ResolvedModelRef resolve_ollama(const std::string& ref) {
     fail("{}: {} lists no model weights (application/vnd.ollama.image.model); its layers: {}", ref, manifest.string(),
          kinds.empty() ? std::string("none") : join({kinds.begin(), kinds.end()}, ", "));
   }
-  const bool hex = digest.size() == 7 + 64 && digest.starts_with("sha256:") &&
-                   std::all_of(digest.begin() + 7, digest.end(),
-                               [](char c) { return std::isxdigit(static_cast<unsigned char>(c)); });
-  if (!hex) fail("{}: {} names its weights '{}', not a sha256 digest", ref, manifest.string(), digest);
+  if (!is_sha256_digest(digest))
+    fail("{}: {} names its weights '{}', not a sha256 digest", ref, manifest.string(), digest);
   // Blobs are named sha256-<hex> (older Ollama: sha256:<hex>).
   fs::path blob = store / "blobs" / ("sha256-" + digest.substr(7));
   if (!is_file(blob) && is_file(store / "blobs" / digest)) blob = store / "blobs" / digest;
@@ -217,9 +221,7 @@ ResolvedModelRef resolve_ollama(const std::string& ref) {
   }
   // The params blob, when it is a well-formed digest whose blob is there (else no defaults).
   fs::path params_blob;
-  if (params.size() == 7 + 64 && params.starts_with("sha256:") &&
-      std::all_of(params.begin() + 7, params.end(),
-                  [](char c) { return std::isxdigit(static_cast<unsigned char>(c)); })) {
+  if (is_sha256_digest(params)) {
     params_blob = store / "blobs" / ("sha256-" + params.substr(7));
     if (!is_file(params_blob)) params_blob.clear();
   }
