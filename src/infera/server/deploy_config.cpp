@@ -247,6 +247,13 @@ DeployConfig read_deploy_config(const YAML::Node& root, const std::string& sourc
           r.problem(fmt::format("models[{}].path: {}", i, e.what()));
         }
       }
+      if (is_store_ref(m.quantized_path)) {  // (hf:ORG/NAME of a quantized checkpoint)
+        try {
+          m.quantized_path = resolve_store_ref(m.quantized_path).path;
+        } catch (const Error& e) {
+          r.problem(fmt::format("models[{}].quantized: {}", i, e.what()));
+        }
+      }
       config.models.push_back(std::move(m));
     }
   }

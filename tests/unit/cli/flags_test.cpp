@@ -454,10 +454,11 @@ TEST_F(ServeFlags, OllamaReferencesResolveToTheirBlobs) {
   EXPECT_NE(e.find("models[1].path: ollama:qwen3:14b: Ollama has no tag '14b' of qwen3 (its tags here: 8b)"),
             std::string::npos)
       << e;
-  std::ofstream(file) << "models:\n  - {path: 'ollama:qwen3:8b'}\n";
+  std::ofstream(file) << "models:\n  - {path: 'ollama:qwen3:8b', quantized: 'ollama:qwen3:8b'}\n";
   c = Serve({"--config", file}).config();
   EXPECT_EQ(c.models.at(0).path, blob);
   EXPECT_EQ(c.models.at(0).name, "qwen3:8b");
+  EXPECT_EQ(c.models.at(0).quantized_path, blob) << "quantized: resolves as path: does";
 }
 
 }  // namespace
