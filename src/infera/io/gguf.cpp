@@ -743,20 +743,26 @@ Reader::Reader(const std::string& path, bool load_into_memory, LoadProgress* pro
   }
 }
 
-std::vector<std::string> split_paths(const std::string& path) {
-  // "<prefix>-NNNNN-of-MMMMM.gguf": 5-digit, 1-based part numbers.
+std::optional<SplitName> parse_split_name(std::string_view path) {
   constexpr std::string_view kSuffix = ".gguf";
   constexpr size_t kTail = 1 + 5 + 4 + 5;  // "-00001-of-00003"
-  if (!std::string_view(path).ends_with(kSuffix) || path.size() < kSuffix.size() + kTail) return {path};
-  const std::string stem = path.substr(0, path.size() - kSuffix.size());
-  const std::string tail = stem.substr(stem.size() - kTail);
+  if (!path.ends_with(kSuffix) || path.size() < kSuffix.size() + kTail) return std::nullopt;
+  const std::string_view stem = path.substr(0, path.size() - kSuffix.size());
+  const std::string_view tail = stem.substr(stem.size() - kTail);
   const auto digits = [](std::string_view s) { return s.find_first_not_of("0123456789") == std::string_view::npos; };
   if (tail[0] != '-' || tail.substr(6, 4) != "-of-" || !digits(tail.substr(1, 5)) || !digits(tail.substr(10, 5))) {
-    return {path};
+    return std::nullopt;
   }
-  const int count = std::stoi(tail.substr(10, 5));
+  return SplitName{std::string(stem.substr(0, stem.size() - kTail)), std::stoi(std::string(tail.substr(1, 5))),
+                   std::stoi(std::string(tail.substr(10, 5)))};
+}
+
+std::vector<std::string> split_paths(const std::string& path) {
+  const std::optional<SplitName> name = parse_split_name(path);
+  if (!name) return {path};
+  const int count = name->count;
   if (count < 1) fail("{}: split count 0 in the file name", path);
-  const std::string prefix = stem.substr(0, stem.size() - kTail);
+  const std::string& prefix = name->prefix;
   std::vector<std::string> paths, missing;
   for (int i = 1; i <= count; ++i) {
     paths.push_back(fmt::format("{}-{:05d}-of-{:05d}.gguf", prefix, i, count));

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -245,6 +246,15 @@ class Reader {
   Metadata metadata_;
   std::vector<Tensor> tensors_;
 };
+
+// A split GGUF's file name, "<prefix>-NNNNN-of-MMMMM.gguf" (llama.cpp's gguf-split: 5-digit,
+// 1-based part numbers): the path before the tail, the part and the count; nullopt for any
+// other name.
+struct SplitName {
+  std::string prefix;
+  int part = 0, count = 0;
+};
+std::optional<SplitName> parse_split_name(std::string_view path);
 
 // The files of a split GGUF (llama.cpp's gguf-split: "<prefix>-00001-of-00003.gguf"), in
 // order, given any one of them; {path} for an ordinary file. Throws infera::Error naming the

@@ -49,7 +49,8 @@ MdCtx new_sha256() { return new_digest(EVP_sha256()); }
 std::string file_digest(const std::string& path, MdCtx ctx, std::string_view prefix = {}) {
   std::unique_ptr<FILE, int (*)(FILE*)> f(std::fopen(path.c_str(), "rb"), &std::fclose);
   if (!f) fail("{}: cannot open for reading", path);
-  if (!prefix.empty() && EVP_DigestUpdate(ctx.get(), prefix.data(), prefix.size()) != 1) fail("OpenSSL digest failed");
+  if (!prefix.empty() && EVP_DigestUpdate(ctx.get(), prefix.data(), prefix.size()) != 1)
+    fail("{}: OpenSSL digest failed", path);
   std::vector<unsigned char> buf(1 << 20);
   for (;;) {
     const size_t got = std::fread(buf.data(), 1, buf.size(), f.get());
@@ -70,10 +71,17 @@ bool hidden(const fs::path& rel) {
   return false;
 }
 
-bool is_hex64(const std::string& s) {
-  if (s.size() != 64) return false;
+// Whether `s` is `digits` hex digits (a SHA-256 is 64, a git SHA-1 40).
+bool is_hex(std::string_view s, size_t digits) {
+  if (s.size() != digits) return false;
   return std::all_of(s.begin(), s.end(),
                      [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F'); });
+}
+bool is_hex64(std::string_view s) { return is_hex(s, 64); }
+
+std::string lower_hex(std::string s) {
+  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  return s;
 }
 
 }  // namespace
@@ -144,9 +152,7 @@ std::vector<ManifestEntry> parse_manifest(const std::string& text, const std::st
       fail("{}: line {}: expected '<64 hex digits>  <file>' (the sha256sum format), got '{}'", source, lineno,
            line.substr(0, 80));
     }
-    ManifestEntry e{line.substr(66), line.substr(0, 64)};
-    std::transform(e.sha256.begin(), e.sha256.end(), e.sha256.begin(),
-                   [](char c) { return static_cast<char>(std::tolower(c)); });
+    ManifestEntry e{line.substr(66), lower_hex(line.substr(0, 64))};
     const fs::path p(e.path);
     bool escapes = p.is_absolute();
     for (const auto& part : p) escapes = escapes || part == "..";
@@ -219,7 +225,7 @@ StoreDigest store_digest(const std::string& path) {
   // Ollama: blobs/sha256-<hex> (older versions: sha256:<hex>).
   for (std::string_view prefix : {"sha256-", "sha256:"}) {
     if (name.starts_with(prefix) && is_hex64(name.substr(prefix.size()))) {
-      return {StoreDigest::Kind::kSha256, name.substr(prefix.size())};
+      return {StoreDigest::Kind::kSha256, lower_hex(name.substr(prefix.size()))};
     }
   }
   // The Hugging Face cache: snapshots/<commit>/<file> links to ../../blobs/<hex>.
@@ -227,12 +233,9 @@ StoreDigest store_digest(const std::string& path) {
   if (!fs::is_symlink(p, ec)) return {};
   const fs::path target = fs::read_symlink(p, ec);
   if (ec || target.parent_path().filename() != "blobs") return {};
-  const std::string hex = target.filename().string();
-  const bool sha1 = hex.size() == 40 && std::all_of(hex.begin(), hex.end(), [](char c) {
-                      return std::isxdigit(static_cast<unsigned char>(c));
-                    });
+  const std::string hex = lower_hex(target.filename().string());
   if (is_hex64(hex)) return {StoreDigest::Kind::kSha256, hex};
-  if (sha1) return {StoreDigest::Kind::kGitSha1, hex};
+  if (is_hex(hex, 40)) return {StoreDigest::Kind::kGitSha1, hex};
   return {};
 }
 
@@ -262,10 +265,7 @@ ManifestVerification verify_store_digests(const std::vector<std::string>& files,
     ++result.files_checked;
     try {
       const std::string got = want.kind == StoreDigest::Kind::kSha256 ? sha256_file(file) : git_blob_sha1_file(file);
-      std::string expected = want.hex;
-      std::transform(expected.begin(), expected.end(), expected.begin(),
-                     [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-      if (got != expected) result.problems.push_back({ManifestMismatch::Kind::kChanged, rel, expected, got});
+      if (got != want.hex) result.problems.push_back({ManifestMismatch::Kind::kChanged, rel, want.hex, got});
     } catch (const Error& e) {
       result.problems.push_back({ManifestMismatch::Kind::kUnreadable, rel, want.hex, e.what()});
     }

@@ -68,7 +68,7 @@ ManifestVerification verify_manifest(const std::string& dir);
 struct StoreDigest {
   enum class Kind { kNone, kSha256, kGitSha1 };
   Kind kind = Kind::kNone;
-  std::string hex;
+  std::string hex;  // lower case
 };
 StoreDigest store_digest(const std::string& path);
 

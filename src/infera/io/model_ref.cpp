@@ -261,17 +261,6 @@ HfName parse_hf_name(const std::string& ref, std::string_view name) {
   return n;
 }
 
-bool is_split_tail(std::string_view stem, bool first_only) {
-  // "...-00001-of-00003"
-  if (stem.size() < 15) return false;
-  const std::string_view t = stem.substr(stem.size() - 15);
-  const auto digits = [](std::string_view s) {
-    return std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
-  };
-  const bool split_name = t[0] == '-' && t.substr(6, 4) == "-of-" && digits(t.substr(1, 5)) && digits(t.substr(10, 5));
-  return split_name && (!first_only || t.substr(1, 5) == "00001");
-}
-
 // The model GGUF files of a snapshot (relative paths, sorted): split files by their first
 // part; projector files (mmproj) left out.
 std::vector<std::string> snapshot_ggufs(const fs::path& snap) {
@@ -280,9 +269,9 @@ std::vector<std::string> snapshot_ggufs(const fs::path& snap) {
   for (fs::recursive_directory_iterator it(snap, ec), end; !ec && it != end; it.increment(ec)) {
     const fs::path& p = it->path();
     if (p.extension() != ".gguf" || !is_file(p)) continue;
-    const std::string file = p.filename().string(), stem = p.stem().string();
+    const std::string file = p.filename().string();
     if (lower(file).find("mmproj") != std::string::npos) continue;
-    if (is_split_tail(stem, false) && !is_split_tail(stem, true)) continue;
+    if (const auto split = gguf::parse_split_name(file); split && split->part != 1) continue;
     files.push_back(p.lexically_relative(snap).generic_string());
   }
   std::sort(files.begin(), files.end());
@@ -306,8 +295,8 @@ bool names_quant(const std::string& rel, const std::string& quant) {
 std::string quant_labels(const std::vector<std::string>& files) {
   std::set<std::string> labels;
   for (const std::string& f : files) {
-    std::string stem = fs::path(f).stem().string();
-    if (is_split_tail(stem, false)) stem.resize(stem.size() - 15);
+    const auto split = gguf::parse_split_name(f);
+    const std::string stem = split ? fs::path(split->prefix).filename().string() : fs::path(f).stem().string();
     const size_t dash = stem.rfind('-');
     labels.insert(dash == std::string::npos ? stem : stem.substr(dash + 1));
   }
@@ -343,8 +332,7 @@ ResolvedModelRef resolve_hf(const std::string& ref) {
     fail("{}: the cache has no snapshot of revision '{}' of {} (revisions here: {}; snapshots: {})", ref, n.revision,
          n.repo, refs.empty() ? std::string("none") : join(refs, ", "), join(entries(repo / "snapshots"), ", "));
   }
-  const std::string served = name;
-  if (n.quant.empty() && is_file(snap / "config.json")) return {snap.string(), served, "hf", ""};
+  if (n.quant.empty() && is_file(snap / "config.json")) return {snap.string(), name, "hf", ""};
   const std::vector<std::string> ggufs = snapshot_ggufs(snap);
   if (ggufs.empty()) {
     fail(
@@ -370,7 +358,7 @@ ResolvedModelRef resolve_hf(const std::string& ref) {
     fail("{}: {} GGUF files match in {}: {}; name one with :QUANT (its files: {})", ref, picked.size(), n.repo,
          join(picked, ", "), quant_labels(picked));
   }
-  return {(snap / picked.front()).string(), served, "hf", ""};
+  return {(snap / picked.front()).string(), name, "hf", ""};
 }
 
 }  // namespace

@@ -28,8 +28,8 @@ std::optional<double> number_in(const nlohmann::json& j, const char* key, double
     if ((open_lo ? v > lo : v >= lo) && v <= hi) return v;
   }
   if (ignored) {
-    ignored->push_back(fmt::format("{}: {} {} is not {} {}, {}]", source, key, json_excerpt(*it, 40), "a number in",
-                                   open_lo ? fmt::format("({}", lo) : fmt::format("[{}", lo), hi));
+    ignored->push_back(fmt::format("{}: {} {} is not a number in {}{}, {}]", source, key, json_excerpt(*it, 40),
+                                   open_lo ? '(' : '[', lo, hi));
   }
   return std::nullopt;
 }
@@ -161,7 +161,7 @@ GenerationDefaults load_generation_defaults(const ModelDeployConfig& m) {
   }
   std::vector<std::string> ignored;
   GenerationDefaults d = parse_generation_defaults(j, file.string(), &ignored, kind);
-  for (const std::string& why : ignored) d.ignored.push_back(why);
+  d.ignored = std::move(ignored);
   return d;
 }
 
