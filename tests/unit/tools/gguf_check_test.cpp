@@ -44,12 +44,17 @@ TEST(GgufCheck, QuantizedFileReportsItsTypesAndResidentBytes) {
   EXPECT_LE(w.resident_bytes, w.file_bytes);
 }
 
-TEST(GgufCheck, UnsupportedArchitectureIsAnError) {
-  test::TempDir dir("infera_gguf_check");
+// A GGUF file of an architecture Infera does not run (metadata only), at `file`.
+void write_gemma3_gguf(const std::string& file) {
   gguf::Writer w;
   w.set("general.architecture", gguf::Value::string("gemma3"));
-  const std::string file = dir.file("gemma.gguf");
   w.write(file);
+}
+
+TEST(GgufCheck, UnsupportedArchitectureIsAnError) {
+  test::TempDir dir("infera_gguf_check");
+  const std::string file = dir.file("gemma.gguf");
+  write_gemma3_gguf(file);
   const CheckReport r = check_model_dir(file);
   ASSERT_GT(r.errors(), 0);
   EXPECT_NE(r.to_text().find("'gemma3' is not supported (supported: llama, qwen3"), std::string::npos) << r.to_text();
@@ -60,10 +65,8 @@ TEST(GgufCheck, UnsupportedArchitectureIsAnError) {
 // an error naming both sums.
 TEST(GgufCheck, VerifyChecksAStoreBlobAgainstItsName) {
   test::TempDir dir("infera_gguf_check");
-  gguf::Writer w;
-  w.set("general.architecture", gguf::Value::string("gemma3"));
   const std::string plain = dir.file("model.gguf");
-  w.write(plain);
+  write_gemma3_gguf(plain);
   CheckOptions o;
   o.verify_manifest = true;
   CheckReport r = check_model_dir(plain, o);
