@@ -347,11 +347,13 @@ BENCHMARK(BM_GgmlMatmul)  // the types that are only ever repacked in a model: f
                    {0, 1}})
     ->Apply(least_disturbed);
 
-// A Qwen3-30B-A3B-shaped MoE decode step's experts (BM_GgmlMoeDecode/type/threads): 64
+// A Qwen3-30B-A3B-shaped MoE decode step's experts (BM_GgmlMoeDecode/type/threads/joint): 64
 // experts of one layer (gate and up 768 x 2048, down 2048 x 768, packed at load as a GGUF
 // model packs them; 64 x 3 x 0.9 MB in Q4_K, beyond the caches), 8 of them drawn per iteration as a router
 // picks them, each expert's gate and up then its down, as MoeFfn runs one token on one
-// thread. Counter GB/s: the 24 matrices' block bytes per second.
+// thread, or (joint) as MoeFfn runs a GGUF model's: all gate and up matrices in one
+// kernels::matvec_many pass, then the downs in another. Counter GB/s: the 24 matrices' block
+// bytes per second.
 void BM_GgmlMoeDecode(benchmark::State& state) {
   namespace ggml = infera::kernels::ggml;
   const auto type = static_cast<uint32_t>(state.range(0));
@@ -360,10 +362,12 @@ void BM_GgmlMoeDecode(benchmark::State& state) {
   const int64_t up_bytes = kI * ggml::row_bytes(type, kH), down_bytes = kH * ggml::row_bytes(type, kI);
   // A GGUF file's ffn_{gate,up,down}_exps: each one tensor of all the experts.
   const std::vector<uint8_t> q = random_ggml_blocks(type, kE * (2 * up_bytes + down_bytes));
-  // Packed as a model packs them (one matrix of all the experts, each expert a row slice).
+  // Packed as a model packs them (one matrix of all the experts, each expert a row slice), over
+  // the lanes of one LaneBuffer.
+  const auto lanes = std::make_shared<infera::LaneBuffer>(kE * (2 * up_bytes + down_bytes) / 2 + (64 << 20));
   const auto fused = [&](const uint8_t* data, int64_t rows, int64_t cols) {
     MatRef all{data, DType::kGgml, kE * rows, cols, type};
-    all.panels = ggml::pack_panels(type, data, all.rows, cols);
+    all.set_panels(ggml::pack_panels(type, data, all.rows, cols, lanes));
     std::vector<MatRef> out;
     for (int64_t e = 0; e < kE; ++e) out.push_back(row_slice(all, e * rows, (e + 1) * rows));
     return out;
@@ -373,6 +377,9 @@ void BM_GgmlMoeDecode(benchmark::State& state) {
   std::vector<float> x(kH), g(kI), u(kI), y(kH);
   fill(x, 8);
   std::mt19937 rng(5);
+  const bool joint = state.range(2) != 0;
+  std::vector<float> h(kTop * 2 * kI), outs(kTop * kH);
+  std::vector<infera::kernels::MatVec> steps;
   for (auto _ : state) {
     int64_t picked[kTop];
     for (int64_t a = 0; a < kTop; ++a) {
@@ -381,6 +388,24 @@ void BM_GgmlMoeDecode(benchmark::State& state) {
         picked[a] = static_cast<int64_t>(rng() % kE);
         fresh = std::find(picked, picked + a, picked[a]) == picked + a;
       }
+    }
+    if (joint) {  // as MoeFfn::run_one_token_shared: every gate and up in one pass, then every down
+      steps.clear();
+      for (int64_t a = 0; a < kTop; ++a) {
+        steps.push_back({x.data(), &gate[static_cast<size_t>(picked[a])], h.data() + 2 * kI * a});
+        steps.push_back({x.data(), &up[static_cast<size_t>(picked[a])], h.data() + 2 * kI * a + kI});
+      }
+      infera::kernels::matvec_many(steps);
+      steps.clear();
+      for (int64_t a = 0; a < kTop; ++a) {
+        float* ha = h.data() + 2 * kI * a;
+        for (int64_t i = 0; i < kI; ++i) ha[i] = ha[i] / (1.0f + std::exp(-ha[i])) * ha[kI + i];
+        steps.push_back({ha, &down[static_cast<size_t>(picked[a])], outs.data() + kH * a});
+      }
+      infera::kernels::matvec_many(steps);
+      benchmark::DoNotOptimize(outs.data());
+      benchmark::ClobberMemory();
+      continue;
     }
     for (const int64_t e : picked) {
       matmul(x.data(), 1, gate[static_cast<size_t>(e)], g.data());
@@ -396,7 +421,8 @@ void BM_GgmlMoeDecode(benchmark::State& state) {
                                               benchmark::Counter::kIsIterationInvariantRate);
 }
 BENCHMARK(BM_GgmlMoeDecode)
-    ->ArgsProduct({{infera::kernels::ggml::kQ4_K, infera::kernels::ggml::kQ6_K, infera::kernels::ggml::kQ8_0}, {1, 2}})
+    ->ArgsProduct(
+        {{infera::kernels::ggml::kQ4_K, infera::kernels::ggml::kQ6_K, infera::kernels::ggml::kQ8_0}, {1, 2}, {0, 1}})
     ->Apply(least_disturbed);
 
 void BM_AttentionDecode(benchmark::State& state) {

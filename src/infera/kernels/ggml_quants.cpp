@@ -333,6 +333,22 @@ void matmul_rows_avx512(uint32_t type, const void* data, int64_t row_bytes, int6
 
 bool has_matmul(uint32_t type) { return can_dequantize(type) && block_size(type) > 1; }
 
+void matvec_many_avx2(std::span<const PanelMatVec> steps, PanelPrefetch pf);
+void matvec_many_avx512(std::span<const PanelMatVec> steps, PanelPrefetch pf);
+
+void matvec_many(Isa isa, std::span<const PanelMatVec> steps, PanelPrefetch pf) {
+  for (const PanelMatVec& s : steps) {
+    INFERA_ASSERT(can_pack_panels(s.type) && s.panels && s.k > 0 && s.k % block_size(s.type) == 0 && s.rows >= 0,
+                  "matvec_many: a step without panels");
+  }
+  switch (isa) {
+    case Isa::kAvx512: matvec_many_avx512(steps, pf); return;
+    case Isa::kAvx2: matvec_many_avx2(steps, pf); return;
+    case Isa::kScalar: break;
+  }
+  fail("matvec_many: the scalar path has no panels");
+}
+
 namespace {
 std::atomic<bool> g_amx{true};
 }  // namespace

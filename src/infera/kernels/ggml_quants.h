@@ -15,6 +15,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <span>
 
 #include "infera/base/cpu.h"
 #include "infera/base/membw.h"
@@ -96,6 +97,24 @@ void matmul_rows(Isa isa, uint32_t type, const void* data, int64_t k, const floa
                  float* y, int64_t ldy, PanelRef panels = {}, PanelPrefetch pf = PanelPrefetch::kL1);
 // Whether matmul_rows() computes with `type`.
 bool has_matmul(uint32_t type);
+
+// One decode step of matvec_many: y[j] = x · W[j, :] for j < rows, the rows whose panels
+// start at `panels` (a matrix's PanelRef from a panel on: PanelRef::from), W of `type`
+// (can_pack_panels) with k columns.
+struct PanelMatVec {
+  uint32_t type = 0;
+  int64_t k = 0;
+  const float* x = nullptr;
+  PanelRef panels;
+  int64_t rows = 0;
+  float* y = nullptr;
+};
+// The steps, each computed as matmul_rows computes one activation row from panels (the same
+// values), in one parallel region whose threads share all the steps' panels (base/threads.h
+// Shares over their units, step after step): a MoE token's experts, or the matrices that
+// read one input, without a region and a wait per matrix. Each distinct x (and activation
+// form) is quantized once. The avx512 and avx2 paths only (the panels are theirs).
+void matvec_many(Isa isa, std::span<const PanelMatVec> steps, PanelPrefetch pf = PanelPrefetch::kL1);
 // Prefill of the avx512 path on AMX int8 tiles (Q8_0 from 8 activation rows, Q4_K / Q5_K
 // from 16, Q6_K from 64) where the CPU has them and Linux grants the tile state (base/cpu.h
 // amx_unavailable_reason): the same integer sums and f32 steps as the VNNI tiles, so the

@@ -195,6 +195,8 @@ constexpr int kGgmlTypes = 64;  // ggml type ids below this are timed apart
 // where that is made. Smaller calls than kPanelSmallBytes are not timed (in the caches).
 constexpr int64_t kPanelSmallBytes = int64_t{256} << 10, kPanelLargeBytes = int64_t{2} << 20;
 Tuner g_panel_tuners[kGgmlTypes][2][2];  // [type][several threads][large calls]
+// matvec_many's, by its first step's type: [type][several threads][steps of kPanelLargeBytes on average]
+Tuner g_joint_tuners[kGgmlTypes][2][2];
 Setting g_panel_setting;
 
 int gemv_setting() { return g_gemv_setting.get("gemv_prefetch", kGemvPrefetchEnv); }
@@ -246,6 +248,36 @@ void ggml_matmul_rows(Isa isa, const float* x, int64_t m, const MatRef& w, int64
       static_cast<int>(w.ggml_type), kPanelPrefetchNames, run);
 }
 
+// matvec_many's steps in one pass, its prefetch mode timed apart (its calls stream several
+// matrices; until timed, the mode matmul_rows's calls of that type decided).
+void ggml_matvec_many(Isa isa, std::span<const MatVec> steps) {
+  static thread_local std::vector<ggml::PanelMatVec> panel_steps;
+  panel_steps.clear();
+  int64_t bytes = 0;
+  for (const MatVec& s : steps) {
+    const MatRef& w = *s.w;
+    const int64_t r1 = s.r1 < 0 ? w.rows : s.r1;
+    const int64_t pb = ggml::panel_bytes(w.ggml_type, w.cols);
+    panel_steps.push_back({w.ggml_type, w.cols, s.x, w.panel_ref().from(s.r0 / ggml::kPanelRows, pb), r1 - s.r0, s.y});
+    bytes += (r1 - s.r0) * ggml::row_bytes(w.ggml_type, w.cols);
+  }
+  const auto run = [&](int v) { ggml::matvec_many(isa, panel_steps, static_cast<ggml::PanelPrefetch>(v)); };
+  const int setting = panel_setting();
+  const uint32_t type = steps.front().w->ggml_type;
+  if (setting >= 0 || type >= kGgmlTypes) return run(setting >= 0 ? setting : kPanelUntimed);
+  const bool several = num_threads() > 1;
+  const bool large = bytes >= kPanelLargeBytes * static_cast<int64_t>(steps.size());
+  int other = g_panel_tuners[type][several ? 1 : 0][large ? 1 : 0].decided();
+  if (other < 0) other = g_panel_tuners[type][several ? 1 : 0][large ? 0 : 1].decided();
+  g_joint_tuners[type][several ? 1 : 0][large ? 1 : 0].call(
+      bytes, timeable(1) && bytes >= kPanelSmallBytes, other >= 0 ? other : kPanelUntimed,
+      several ? (large ? "gguf decode prefetch, matrices at once (several threads)"
+                       : "gguf decode prefetch, small matrices at once (several threads)")
+              : (large ? "gguf decode prefetch, matrices at once (one thread)"
+                       : "gguf decode prefetch, small matrices at once (one thread)"),
+      static_cast<int>(type), kPanelPrefetchNames, run);
+}
+
 std::string tuner_state(const Tuner& t, const char* const* names) {
   const int c = t.decided();
   return c >= 0 ? names[c] : "not yet timed";
@@ -280,6 +312,9 @@ std::string gemv_prefetch_text() {
 void set_gguf_prefetch(int mode) {
   INFERA_ASSERT(mode >= -1 && mode < kKinds);
   for (auto& per_type : g_panel_tuners)
+    for (auto& per_threads : per_type)
+      for (auto& t : per_threads) t.reset();
+  for (auto& per_type : g_joint_tuners)
     for (auto& per_threads : per_type)
       for (auto& t : per_threads) t.reset();
   g_panel_setting.value.store(mode, std::memory_order_relaxed);
@@ -347,6 +382,29 @@ void matmul_rows(Isa isa, const float* x, int64_t m, const MatRef& w, int64_t n0
 void matmul_rows(const float* x, int64_t m, const MatRef& w, int64_t n0, int64_t n1, float* y, int64_t ldy) {
   matmul_rows(best_isa(), x, m, w, n0, n1, y, ldy);
 }
+
+bool matvec_shares(Isa isa, const MatRef& w, int64_t r0) {
+  return isa != Isa::kScalar && w.dtype == DType::kGgml && w.panels != nullptr && ggml::can_pack_panels(w.ggml_type) &&
+         r0 % ggml::kPanelRows == 0 && isa_available(isa);
+}
+bool matvec_shares(const MatRef& w, int64_t r0) { return matvec_shares(best_isa(), w, r0); }
+
+void matvec_many(Isa isa, std::span<const MatVec> steps) {
+  bool shares = !steps.empty();
+  for (const MatVec& s : steps) {
+    INFERA_ASSERT(s.w != nullptr && s.x != nullptr && s.y != nullptr, "matvec_many: a step without its operands");
+    check_weight(*s.w);
+    const int64_t r1 = s.r1 < 0 ? s.w->rows : s.r1;
+    INFERA_ASSERT(0 <= s.r0 && s.r0 <= r1 && r1 <= s.w->rows);
+    shares = shares && matvec_shares(isa, *s.w, s.r0);
+  }
+  if (shares) return ggml_matvec_many(isa, steps);
+  for (const MatVec& s : steps) {
+    const int64_t r1 = s.r1 < 0 ? s.w->rows : s.r1;
+    matmul_rows(isa, s.x, 1, *s.w, s.r0, r1, s.y, r1 - s.r0);
+  }
+}
+void matvec_many(std::span<const MatVec> steps) { matvec_many(best_isa(), steps); }
 
 void rmsnorm(Isa isa, const float* x, const float* w, float* y, int64_t rows, int64_t n, float eps, float w_offset) {
   INFERA_ASSERT(rows >= 0 && n > 0);

@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 
 #include "infera/base/cpu.h"
@@ -135,6 +136,26 @@ std::string matmul_path(Isa isa, DType dtype);
 // i < m (tensor parallel shards, experts). ldy >= n1 - n0.
 void matmul_rows(const float* x, int64_t m, const MatRef& w, int64_t n0, int64_t n1, float* y, int64_t ldy);
 void matmul_rows(Isa isa, const float* x, int64_t m, const MatRef& w, int64_t n0, int64_t n1, float* y, int64_t ldy);
+
+// One decode step of matvec_many: y[j - r0] = x · W[j, :] for rows j in [r0, r1) (r1 < 0: to
+// the last row) of *w.
+struct MatVec {
+  const float* x = nullptr;
+  const MatRef* w = nullptr;
+  float* y = nullptr;
+  int64_t r0 = 0, r1 = -1;
+};
+// The steps (one activation row each), each with the values matmul_rows gives it. Where every
+// step can be shared (matvec_shares), in one parallel region whose threads share all the
+// steps' panels (ggml::matvec_many): a MoE token's experts, or matrices that read one input,
+// stream as one matrix instead of a region and a wait each; its prefetch mode is timed as
+// matmul_rows's (gguf_prefetch), apart. Else one matmul_rows call per step, in order.
+void matvec_many(std::span<const MatVec> steps);
+void matvec_many(Isa isa, std::span<const MatVec> steps);
+// Whether matvec_many shares out a step over rows [r0, ...) of w on this path: a GGUF matrix
+// with panels (ggml::can_pack_panels), r0 on a panel boundary, the avx512 or avx2 path.
+bool matvec_shares(Isa isa, const MatRef& w, int64_t r0 = 0);
+bool matvec_shares(const MatRef& w, int64_t r0 = 0);
 
 // y[r, :] = x[r, :] / sqrt(mean(x[r, :]^2) + eps) * (w + w_offset); x, y [rows, n];
 // in place allowed (x == y). w_offset = 1 for norms stored as (1 + w) (Gemma, Qwen3-Next).

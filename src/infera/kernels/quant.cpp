@@ -555,10 +555,21 @@ void linear_multi(Isa isa, const float* x, int64_t m, std::span<const LinearWeig
   // GDN gate projections, runs on its own). Per-thread lists: this runs per layer and token.
   static thread_local QuantizedPart part;
   part.assign(ws, ys);
+  // A decode step's GGUF matrices (q, k and v; gate and up) with several threads: one shared
+  // pass (matvec_many), one region instead of one each.
+  static thread_local std::vector<MatVec> shared;
+  shared.clear();
+  const bool joint = m == 1 && ws.size() > 1 && !omp_in_parallel() && num_threads() > 1;
   for (size_t i = 0; i < ws.size(); ++i) {
     if (const LinearObserver& obs = linear_observer()) obs(ws[i]->name, x, m, ws[i]->cols());
-    if (!ws[i]->quantized) matmul(isa, x, m, ws[i]->dense, ys[i]);
+    if (ws[i]->quantized) continue;
+    if (joint && matvec_shares(isa, ws[i]->dense))
+      shared.push_back({x, &ws[i]->dense, ys[i]});
+    else
+      matmul(isa, x, m, ws[i]->dense, ys[i]);
   }
+  if (shared.size() == 1) matmul(isa, x, m, *shared[0].w, shared[0].y);
+  if (shared.size() > 1) matvec_many(isa, shared);
   qmatmul_multi(isa, x, m, part.mats, part.outs);
 }
 void linear_multi(const float* x, int64_t m, std::span<const LinearWeight* const> ws, std::span<float* const> ys) {

@@ -135,6 +135,10 @@ void set_expert_observer(ExpertObserver observer);
 //     GEMVs of a decode step keep every thread busy instead of running one at a time, each
 //     split thinly. Outputs are summed in expert order, as the per-expert schedule does,
 //     so the result does not depend on the schedule or the thread count.
+//   A decode step on several threads whose active experts are all GGUF matrices with panels
+//     runs, under auto, as two shared passes instead (run_one_token_shared): every gate and up matrix, then every
+//     down matrix, each pass's panels shared among the threads as one matrix's are; the same
+//     values.
 class MoeFfn {
  public:
   enum class Schedule { kAuto, kPerExpert, kWorkItems };
@@ -173,6 +177,12 @@ class MoeFfn {
   // run_per_expert for one token with quantized experts: all gate/up in one joint pass.
   // false (nothing done) when an active expert is not quantized.
   bool run_one_token(const MoeWeights& w, const float* x, int64_t H, float* y);
+  // One token whose active experts (and shared expert) are all GGUF matrices with panels
+  // (kernels::matvec_shares): every gate and up in one kernels::matvec_many pass, then every
+  // down in another, the threads sharing all of a pass's panels (no (expert, row block) items,
+  // no wait per matrix); outputs summed in expert order as the work items do. false (nothing
+  // done) otherwise. groups_ must hold the token's routing.
+  bool run_one_token_shared(const MoeWeights& w, const float* x, int64_t H, float* y);
   void add_shared_expert(const MoeWeights& w, const float* x, int64_t T, int64_t H, float* y);
   void run_work_items(const MoeWeights& w, const float* x, int64_t T, int64_t H, float* y, int threads);
   int64_t work_item_chunk(const MoeWeights& w, int64_t H) const;
@@ -186,6 +196,7 @@ class MoeFfn {
   std::vector<int64_t> experts_;  // run_one_token: active experts
   std::vector<const kernels::QuantMatRef*> joint_mats_;  // their gate, up, gate, up, ...
   std::vector<float*> joint_outs_;
+  std::vector<kernels::MatVec> steps_;  // run_one_token_shared's
   kernels::ExpertGroups groups_;
 };
 

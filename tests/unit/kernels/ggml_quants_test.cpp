@@ -407,6 +407,114 @@ TEST(GgmlQuants, PanelsOverLanesComputeWhatPanelsInOneRunDo) {
   EXPECT_EQ(std::memcmp(one.owner.get(), ref.get(), static_cast<size_t>(3 * panel_bytes(kQ4_K, 256))), 0);
 }
 
+// Several decode steps at once (kernels::matvec_many; ggml::matvec_many: the threads share all
+// the steps' panels) give each step what matmul_rows gives it alone, bit for bit: every panel
+// type, steps of different types and sizes (a partial last panel, one panel), steps that read
+// one x and steps that read their own, row ranges from a panel on (any phase over the lanes),
+// panels in one run and over lanes, one to three threads, every prefetch mode. Steps that
+// cannot be shared (no panels, a row range off a panel boundary, the scalar path) run one call
+// each with the same values.
+TEST(GgmlQuants, MatvecManyGivesEachStepWhatItsOwnCallGives) {
+  if (!isa_available(Isa::kAvx2)) GTEST_SKIP() << "no AVX2 path on this CPU";
+  std::mt19937 rng(53);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  const uint32_t types[] = {kQ4_0, kQ4_1, kQ5_0, kQ5_1, kQ8_0, kIQ4_NL, kQ2_K, kQ3_K, kQ4_K, kQ5_K, kQ6_K, kIQ4_XS};
+  const auto lanes = std::make_shared<LaneBuffer>(size_t{4} << 20);
+  struct Mat {
+    std::vector<uint8_t> w;
+    kernels::MatRef run, laned;
+  };
+  std::vector<Mat> mats;
+  mats.reserve(std::size(types));
+  const int64_t rows_of[] = {16 * 9 + 5, 7, 16 * 5, 16 * 13 + 1};
+  for (size_t i = 0; i < std::size(types); ++i) {
+    const uint32_t type = types[i];
+    const int64_t rows = rows_of[i % 4], k = block_size(type) * (i % 2 ? 3 : 8);
+    Mat m;
+    m.w = random_blocks(type, rows * k / block_size(type), rng);
+    m.run = {m.w.data(), DType::kGgml, rows, k, type};
+    m.run.panels = pack_panels(type, m.w.data(), rows, k);
+    m.laned = m.run;
+    m.laned.set_panels(pack_panels(type, m.w.data(), rows, k, lanes));
+    ASSERT_NE(m.laned.panel_lane, 0) << "type " << type;
+    mats.push_back(std::move(m));
+  }
+  // One x per column count (steps of equal k read the same x), and one of its own per step.
+  std::vector<std::vector<float>> xs(2 * mats.size());
+  for (size_t i = 0; i < mats.size(); ++i)
+    for (size_t c = 0; c < 2; ++c) {
+      xs[2 * i + c].resize(static_cast<size_t>(mats[i].run.cols));
+      for (auto& v : xs[2 * i + c]) v = normal(rng);
+    }
+  const auto shared_x = [&](int64_t k) {
+    for (size_t i = 0; i < mats.size(); ++i)
+      if (mats[i].run.cols == k) return xs[2 * i].data();
+    return static_cast<float*>(nullptr);
+  };
+  for (Isa isa : test::available_isas()) {
+    for (bool over_lanes : {false, true})
+      for (bool own_x : {false, true})
+        for (int threads : {1, 2, 3}) {
+          set_num_threads(threads);
+          // Every matrix whole, then rows from panel 1 (phase 1) and from panel 2 to one row short.
+          std::vector<kernels::MatVec> steps;
+          std::vector<std::vector<float>> want, got;
+          for (size_t i = 0; i < mats.size(); ++i) {
+            const kernels::MatRef& w = over_lanes ? mats[i].laned : mats[i].run;
+            const float* x = own_x ? xs[2 * i + 1].data() : shared_x(w.cols);
+            const int64_t ranges[3][2] = {{0, w.rows}, {16, w.rows}, {32, w.rows - 1}};
+            for (const auto& r : ranges) {
+              if (r[0] >= r[1]) continue;
+              steps.push_back({x, &w, nullptr, r[0], r[1] == w.rows && r[0] == 0 ? -1 : r[1]});
+              want.emplace_back(static_cast<size_t>(r[1] - r[0]));
+              kernels::matmul_rows(isa, x, 1, w, r[0], r[1], want.back().data(), r[1] - r[0]);
+            }
+          }
+          for (size_t s = 0; s < steps.size(); ++s) {
+            got.emplace_back(want[s].size(), -1.0f);
+            steps[s].y = got.back().data();
+          }
+          for (int pf = -1; pf < 3; ++pf) {
+            kernels::set_gguf_prefetch(pf);
+            for (auto& g : got) std::fill(g.begin(), g.end(), -1.0f);
+            if (isa != Isa::kScalar) {
+              for (const kernels::MatVec& st : steps) ASSERT_TRUE(kernels::matvec_shares(isa, *st.w, st.r0));
+            }
+            kernels::matvec_many(isa, steps);
+            for (size_t s = 0; s < steps.size(); ++s)
+              ASSERT_EQ(got[s], want[s]) << isa_name(isa) << ", step " << s << " (type " << steps[s].w->ggml_type
+                                         << ", rows " << steps[s].r0 << "-" << steps[s].r1 << "), "
+                                         << (over_lanes ? "over lanes" : "one run") << (own_x ? ", own x" : "") << ", "
+                                         << threads << " threads, prefetch " << pf;
+          }
+          kernels::set_gguf_prefetch(-1);
+        }
+    // Steps that are not shared: an f32 matrix, rows off a panel boundary, a GGUF matrix without
+    // panels; run one by one, with the same values.
+    const Mat& q = mats[8];  // Q4_K
+    std::vector<float> f32(static_cast<size_t>(5 * q.run.cols));
+    for (auto& v : f32) v = normal(rng);
+    const kernels::MatRef dense{f32.data(), DType::kF32, 5, q.run.cols};
+    kernels::MatRef bare = q.run;
+    bare.panels = nullptr;
+    EXPECT_FALSE(kernels::matvec_shares(isa, dense));
+    EXPECT_FALSE(kernels::matvec_shares(isa, q.laned, 3));
+    EXPECT_FALSE(kernels::matvec_shares(isa, bare));
+    const float* x = xs[16].data();
+    std::vector<float> a(5), b(static_cast<size_t>(q.run.rows - 3)), c(static_cast<size_t>(q.run.rows)), d(a.size()),
+        e(b.size()), f(c.size());
+    const kernels::MatVec mixed[] = {{x, &dense, a.data()}, {x, &q.laned, b.data(), 3}, {x, &bare, c.data()}};
+    kernels::matvec_many(isa, mixed);
+    kernels::matmul(isa, x, 1, dense, d.data());
+    kernels::matmul_rows(isa, x, 1, q.run, 3, q.run.rows, e.data(), q.run.rows - 3);
+    kernels::matmul(isa, x, 1, q.run, f.data());
+    EXPECT_EQ(a, d) << isa_name(isa);
+    EXPECT_EQ(b, e) << isa_name(isa);
+    EXPECT_EQ(c, f) << isa_name(isa);
+  }
+  set_num_threads(0);
+}
+
 // A decode step over the panels prefetches into L1, into L2 or not at all (PanelPrefetch):
 // the same values, bit for bit, on every path, for units of 1-4 panels and 1-2 threads (a
 // thread's panels split into up to four streams of unequal lengths); and

@@ -3,13 +3,16 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <memory>
 #include <random>
 #include <vector>
 
 #include "../kernels/ggml_random_blocks.h"
 #include "../test_support.h"
 #include "infera/base/error.h"
+#include "infera/base/membw.h"
 #include "infera/base/threads.h"
+#include "infera/kernels/kernels.h"
 #include "infera/kernels/moe.h"
 #include "infera/kernels/quant.h"
 #include "infera/model/blocks.h"
@@ -223,13 +226,20 @@ TEST(MoeFfn, WorkItemsMatchPerExpertAndSkipDroppedExperts) {
 struct GgmlMoe {
   std::vector<std::vector<uint8_t>> blocks;
   MoeWeights w;
-  // panels: the panel types' matrices with their load-time panels (kernels::ggml::pack_panels).
-  GgmlMoe(uint32_t type, int64_t H, int64_t I, int64_t E, int64_t k, int64_t shared_inter, bool panels = false) {
+  // panels: the panel types' matrices with their load-time panels (kernels::ggml::pack_panels),
+  // over the lanes of `lanes` where given, as a GGUF model lays them.
+  GgmlMoe(uint32_t type, int64_t H, int64_t I, int64_t E, int64_t k, int64_t shared_inter, bool panels = false,
+          const std::shared_ptr<LaneBuffer>& lanes = nullptr) {
     std::mt19937 rng(type + 5);
     auto mat = [&](int64_t rows, int64_t cols, uint32_t t) {
       blocks.push_back(kernels::ggml::random_blocks(t, rows * cols / kernels::ggml::block_size(t), rng));
       kernels::MatRef m{blocks.back().data(), DType::kGgml, rows, cols, t};
-      if (panels && kernels::ggml::can_pack_panels(t)) m.panels = kernels::ggml::pack_panels(t, m.data, rows, cols);
+      if (panels && kernels::ggml::can_pack_panels(t)) {
+        if (lanes)
+          m.set_panels(kernels::ggml::pack_panels(t, m.data, rows, cols, lanes));
+        else
+          m.panels = kernels::ggml::pack_panels(t, m.data, rows, cols);
+      }
       return m;
     };
     auto add = [&](int64_t rows, int64_t cols) { return kernels::dense_linear(mat(rows, cols, type)); };
@@ -287,6 +297,62 @@ TEST(MoeFfn, GgmlExpertsGroupedEqualTokenAtATime) {
         uint64_t total = 0;
         for (auto n : counts) total += n;
         EXPECT_EQ(total, static_cast<uint64_t>(T * c.k));
+      }
+      set_thread_num_threads(0);
+    }
+  }
+}
+
+// A decode step on several threads whose experts are GGUF matrices with panels runs as two
+// shared passes (MoeFfn::run_one_token_shared: every gate and up, then every down, through
+// kernels::matvec_many): token by token, the same values bit for bit as the per-expert calls
+// on one thread and as the work items on two, with a shared expert (gated) or none, an expert
+// of another rank dropped, panels in one run or over lanes, two and three threads.
+TEST(MoeFfn, GgmlDecodeStepInSharedPassesEqualsPerExpertCalls) {
+  if (!kernels::isa_available(Isa::kAvx2)) GTEST_SKIP() << "no AVX2 path on this CPU (the panels are its)";
+  using namespace kernels::ggml;
+  struct Case {
+    uint32_t type;
+    int64_t H, I, E, k, shared;
+    bool lanes;
+  };
+  const Case cases[] = {{kQ4_K, 512, 256, 7, 3, 0, true},
+                        {kQ6_K, 256, 512, 5, 2, 256, true},
+                        {kQ8_0, 96, 160, 6, 2, 32, false},
+                        {kIQ4_XS, 256, 256, 6, 1, 0, false},
+                        {kQ5_1, 64, 96, 4, 2, 0, true}};
+  for (const Case& c : cases) {
+    const auto lanes = c.lanes ? std::make_shared<LaneBuffer>(size_t{8} << 20) : nullptr;
+    GgmlMoe moe(c.type, c.H, c.I, c.E, c.k, c.shared, true, lanes);
+    ASSERT_TRUE(kernels::matvec_shares(moe.w.gate[0].dense)) << "type " << c.type;
+    ASSERT_TRUE(kernels::matvec_shares(moe.w.down[0].dense)) << "type " << c.type;
+    for (bool dropped : {false, true}) {
+      if (dropped) moe.w.drop_expert(1);
+      const int64_t T = 6;
+      const auto x = random_vec(T * c.H, 90 + c.type);
+      std::vector<float> want(T * c.H), items(T * c.H);
+      MoeFfn per_expert, work_items;
+      per_expert.set_schedule(MoeFfn::Schedule::kPerExpert);
+      work_items.set_schedule(MoeFfn::Schedule::kWorkItems);
+      set_thread_num_threads(1);
+      for (int64_t t = 0; t < T; ++t)
+        per_expert.forward(moe.w, x.data() + t * c.H, 1, c.H, want.data() + t * c.H, nullptr);
+      set_thread_num_threads(2);
+      for (int64_t t = 0; t < T; ++t)
+        work_items.forward(moe.w, x.data() + t * c.H, 1, c.H, items.data() + t * c.H, nullptr);
+      EXPECT_EQ(items, want) << "type " << c.type;
+      for (int threads : {2, 3}) {
+        set_thread_num_threads(threads);
+        MoeFfn ffn;  // kAuto
+        std::vector<float> y(T * c.H, -1.0f);
+        std::vector<uint64_t> counts(c.E, 0);
+        for (int64_t t = 0; t < T; ++t)
+          ffn.forward(moe.w, x.data() + t * c.H, 1, c.H, y.data() + t * c.H, counts.data());
+        EXPECT_EQ(y, want) << "type " << c.type << (c.lanes ? " over lanes" : "")
+                           << (dropped ? ", expert 1 dropped" : "") << ", " << threads << " threads";
+        uint64_t total = 0;
+        for (auto n : counts) total += n;
+        EXPECT_EQ(total, static_cast<uint64_t>(T * c.k));  // dropped experts are counted too
       }
       set_thread_num_threads(0);
     }

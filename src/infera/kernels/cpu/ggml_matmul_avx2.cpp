@@ -9,4 +9,6 @@ void matmul_rows_avx2(uint32_t type, const void* data, int64_t row_bytes, int64_
   isa_avx2::matmul_rows(type, data, row_bytes, k, x, m, n0, n1, y, ldy, panels, pf);
 }
 
+void matvec_many_avx2(std::span<const PanelMatVec> steps, PanelPrefetch pf) { isa_avx2::matvec_many(steps, pf); }
+
 }  // namespace infera::kernels::ggml

@@ -13,4 +13,6 @@ void matmul_rows_avx512(uint32_t type, const void* data, int64_t row_bytes, int6
   isa_avx512::matmul_rows(type, data, row_bytes, k, x, m, n0, n1, y, ldy, panels, pf);
 }
 
+void matvec_many_avx512(std::span<const PanelMatVec> steps, PanelPrefetch pf) { isa_avx512::matvec_many(steps, pf); }
+
 }  // namespace infera::kernels::ggml

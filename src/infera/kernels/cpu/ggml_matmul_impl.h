@@ -20,6 +20,7 @@
 #include <cmath>
 #include <cstring>
 #include <optional>
+#include <span>
 #include <vector>
 
 #include "infera/base/threads.h"
@@ -357,6 +358,53 @@ inline float dot_row(uint32_t type, ActForm form, const DecodedRow& r, const Act
 
 #ifdef __AVX2__
 #include "infera/kernels/cpu/ggml_matmul_simd.h"
+
+// ggml::matvec_many on this path: each distinct (x, k, activation form) quantized once, each
+// step a panel::DecodeJob, their units shared among the threads (Shares) in one region.
+inline void matvec_many(std::span<const PanelMatVec> steps, PanelPrefetch pf) {
+  const size_t n = steps.size();
+  if (n == 0) return;
+  static thread_local std::vector<Activations> acts;
+  static thread_local std::vector<std::vector<int32_t>> corrs;
+  static thread_local std::vector<simd::panel::DecodeJob> jobs;
+  static thread_local std::vector<int64_t> ends;  // units of steps [0, j] in all
+  if (acts.size() < n) acts.resize(n);
+  if (corrs.size() < n) corrs.resize(n);
+  jobs.resize(n);
+  ends.resize(n);
+  int64_t units = 0;
+  for (size_t j = 0; j < n; ++j) {
+    const PanelMatVec& s = steps[j];
+    const ActForm form = act_form(s.type);
+    size_t in = j;  // the step whose quantized x this one takes
+    for (size_t i = 0; i < j && in == j; ++i)
+      if (steps[i].x == s.x && steps[i].k == s.k && act_form(steps[i].type) == form) in = i;
+    if (in == j) quantize_activations(s.x, 1, s.k, form, acts[j]);
+    const Activations& a = acts[in];
+    const bool panel_type = simd::panel::with_panel_type(s.type, [&]<uint32_t kType>() {
+      simd::panel::Corr<kType>::fill(a, 1, s.k, corrs[j]);
+      jobs[j] = simd::panel::decode_job<kType>(s.panels, s.k, a, corrs[j].data(), 0, s.rows, s.y, pf);
+    });
+    if (!panel_type) jobs[j] = {};  // (none: ggml::matvec_many lets only panel types through)
+    units += jobs[j].units();
+    ends[j] = units;
+  }
+  // (the caller's: thread_local names differ per thread inside the region)
+  const simd::panel::DecodeJob* job = jobs.data();
+  const int64_t* end = ends.data();
+  const auto run = [job, end, n](int64_t u) {
+    const size_t j = static_cast<size_t>(std::upper_bound(end, end + n, u) - end);
+    job[j].run(u - (j > 0 ? end[j - 1] : 0));
+  };
+  const int threads = omp_in_parallel() ? 1 : num_threads();
+  const int nt = static_cast<int>(std::min<int64_t>(threads, units));
+  if (nt <= 1) {
+    for (int64_t u = 0; u < units; ++u) run(u);
+    return;
+  }
+  Shares shares(units, nt);
+  parallel_region(nt, [&] { shares.run(omp_get_thread_num(), run); });
+}
 #endif
 
 // y[i * ldy + (j - n0)] = x[i, :] · W[j, :] for rows j in [n0, n1). W: [rows, k] of `type`,

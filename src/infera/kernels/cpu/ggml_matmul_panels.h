@@ -1190,6 +1190,126 @@ constexpr int64_t kAmxRows = 16;
 constexpr int64_t kAmxRowsAsQ8 = 128;
 #endif  // __AVX512VNNI__
 
+// f.template operator()<kType>() for a panel type (can_pack_panels) given at run time; false
+// (f not called) for another.
+template <class F>
+inline bool with_panel_type(uint32_t type, F&& f) {
+  switch (type) {
+    case kQ4_0: f.template operator()<kQ4_0>(); return true;
+    case kQ4_1: f.template operator()<kQ4_1>(); return true;
+    case kQ5_0: f.template operator()<kQ5_0>(); return true;
+    case kQ5_1: f.template operator()<kQ5_1>(); return true;
+    case kQ8_0: f.template operator()<kQ8_0>(); return true;
+    case kIQ4_NL: f.template operator()<kIQ4_NL>(); return true;
+    case kQ4_K: f.template operator()<kQ4_K>(); return true;
+    case kQ5_K: f.template operator()<kQ5_K>(); return true;
+    case kQ2_K: f.template operator()<kQ2_K>(); return true;
+    case kQ3_K: f.template operator()<kQ3_K>(); return true;
+    case kQ6_K: f.template operator()<kQ6_K>(); return true;
+    case kIQ4_XS: f.template operator()<kIQ4_XS>(); return true;
+    default: return false;
+  }
+}
+
+// The activation side of a panel type's integer sums, per activation row of m at a (corr:
+// m x blocks x kCorr): offset x each block's sum (exact: |sum| <= 32 x 127); Q4_K: the int16
+// pairs of its sums of 32, 4 per super-block; Q6_K: 32 x its sums of 16 (on AVX2 the int16
+// pairs of kQ6kFold's chain starts); IQ4_XS on VNNI: 128 x its sums of 32.
+template <uint32_t kType>
+struct Corr {
+  static constexpr bool kK = kType == kQ4_K || kType == kQ5_K, kSix = kType == kQ6_K, kXs = kType == kIQ4_XS;
+  static constexpr bool kThree = kType == kQ3_K, kTwo = kType == kQ2_K;
+  static constexpr bool kSub16 = kSix || kThree || kTwo;
+  static constexpr int kOffset = kK || kSub16 ? 0 : Traits<kType>::kOffset;
+  // Activation sums a dot step takes per block: Q4_K's 4 pairs of sums of 32, Q6_K's 16 sums
+  // of 16, IQ4_XS's 8 sums of 32.
+  static constexpr int64_t kPerBlock = kK ? 4 : kTwo ? 8 : kSub16 ? 16 : kXs ? 8 : 1;
+  static void fill(const Activations& a, int64_t m, int64_t k, std::vector<int32_t>& corr) {
+    const int64_t nb = k / block_size(kType);
+    corr.resize(static_cast<size_t>(m * nb * kPerBlock));
+    for (int64_t i = 0; i < (kOffset != 0 ? m * k / 32 : 0); ++i) corr[i] = kOffset * sum32(a.q.data() + 32 * i);
+    if (kK) {
+      sum_pairs(a.bsums.data(), m * nb * 4, corr.data());
+    }
+    if constexpr (kType == kQ2_K) {  // int16 pairs of sums of 16, for the mins
+      pairs_of_16(a.bsums.data(), m * nb * 8, corr.data());
+    } else if (kQ6kFold<kType>) {
+      q6k_fold_corr(a.q.data(), m * nb * 16, corr.data());
+    } else if constexpr (kSub16) {
+      for (int64_t i = 0; i < m * nb * 16; ++i) corr[i] = (kSix ? 32 : 4) * a.bsums[i];
+    }
+  }
+};
+
+// The dot kernel of kT panels (1 - kDecodePanels) against one activation row, reading the
+// panels themselves, prefetching as pf asks.
+template <uint32_t kType>
+inline DotFn decode_dot(int kt, PanelPrefetch pf) {
+  constexpr bool kK = kType == kQ4_K || kType == kQ5_K, kXs = kType == kIQ4_XS;
+  constexpr bool kSub16 = kType == kQ6_K || kType == kQ3_K || kType == kQ2_K;
+  if constexpr (kK || kXs)
+    return dot_q4k_for<kType, false>(kt, 1, pf);
+  else if constexpr (kSub16)
+    return dot_q6k_for<kType, false>(kt, 1, pf);
+  else if constexpr (kType == kQ8_0)
+    return dot_for<kType, true>(kt, 1, pf);  // (Q8_0's panels hold its operands already)
+  else
+    return dot_for<kType, false>(kt, 1, pf);
+}
+
+// A decode step (one activation row) against panels [n0, n1) of a matrix, cut into units of
+// Traits::kDecodePanels consecutive panels (over lanes, one from each lane), so that the units
+// of several steps can be shared among the threads of one region (matvec_many) as one step's
+// are (matmul): the same dot kernels, so the same values.
+struct DecodeJob {
+  PanelRef first;  // panel n0 / kPanelRows
+  int64_t nb = 0, pb = 0, sbytes = 0, np = 0, rows = 0;
+  int per_unit = 1;
+  float* y = nullptr;  // [rows]
+  PAct pa{};
+  DotFn fn[kSumStride] = {};  // by kT - 1
+
+  int64_t units() const { return (np + per_unit - 1) / per_unit; }
+  void run(int64_t unit) const {
+    const int64_t p0 = per_unit * unit;
+    const int kT = static_cast<int>(std::min<int64_t>(per_unit, np - p0));
+    const uint8_t* sc[kSumStride];
+    const uint8_t* nib[kSumStride];
+    for (int u = 0; u < kSumStride; ++u) {
+      sc[u] = first.at(p0 + std::min(u, kT - 1), pb);
+      nib[u] = sc[u] + sbytes;
+    }
+    Sums16 sums[kSumStride] = {};
+    fn[kT - 1](sc, nib, 0, nb, pa, sums);
+    for (int u = 0; u < kT; ++u) {
+      const int64_t j0 = kPanelRows * (p0 + u);
+      vec::store_rows(y + j0, vec::loadf(sums[u].v), static_cast<int>(std::min<int64_t>(kPanelRows, rows - j0)));
+    }
+  }
+};
+
+// The decode job of activation row 0 of a (corr: its Corr<kType>::fill) against panels [n0, n1).
+template <uint32_t kType>
+inline DecodeJob decode_job(PanelRef panels, int64_t k, const Activations& a, const int32_t* corr, int64_t n0,
+                            int64_t n1, float* y, PanelPrefetch pf) {
+  const PanelLayout lay = panel_layout(kType, k);
+  DecodeJob j;
+  j.first = panels.from(n0 / kPanelRows, lay.bytes);
+  j.nb = lay.blocks;
+  j.pb = lay.bytes;
+  j.sbytes = lay.scale_bytes;
+  j.rows = n1 - n0;
+  j.np = (j.rows + kPanelRows - 1) / kPanelRows;
+  j.per_unit = Traits<kType>::kDecodePanels;
+  j.y = y;
+  j.pa.q[0] = a.q.data();
+  j.pa.d[0] = a.d.data();
+  j.pa.corr[0] = corr;
+  j.pa.s[0] = Traits<kType>::kMin ? a.s.data() : nullptr;
+  for (int kt = 1; kt <= j.per_unit; ++kt) j.fn[kt - 1] = decode_dot<kType>(kt, pf);
+  return j;
+}
+
 // y[i * ldy + (j - n0)] = activation row i · row j for j in [n0, n1), i < m; panels: the
 // panels from row 0 (n0 a multiple of kPanelRows), in one run or over four lanes (PanelRef).
 template <uint32_t kType>
@@ -1198,10 +1318,7 @@ inline void matmul(PanelRef panels, int64_t k, const Activations& a, int64_t m, 
   constexpr bool kK = kType == kQ4_K || kType == kQ5_K, kSix = kType == kQ6_K, kXs = kType == kIQ4_XS;
   constexpr bool kThree = kType == kQ3_K, kTwo = kType == kQ2_K;
   constexpr bool kSub16 = kSix || kThree || kTwo;  // (16-weight sub-blocks, dot_q6k)
-  constexpr int kOffset = kK || kSub16 ? 0 : Traits<kType>::kOffset;  // (IQ4_XS on VNNI: 128, per 32 weights)
-  // Activation sums a dot step takes per block: Q4_K's 4 pairs of sums of 32, Q6_K's 16 sums
-  // of 16, IQ4_XS's 8 sums of 32.
-  constexpr int64_t kCorr = kK ? 4 : kTwo ? 8 : kSub16 ? 16 : kXs ? 8 : 1;
+  constexpr int64_t kCorr = Corr<kType>::kPerBlock;
   const PanelLayout lay = panel_layout(kType, k);
   const int64_t nb = lay.blocks, pb = lay.bytes, sbytes = lay.scale_bytes;
   const PanelRef first = panels.from(n0 / kPanelRows, pb);
@@ -1295,22 +1412,8 @@ inline void matmul(PanelRef panels, int64_t k, const Activations& a, int64_t m, 
     return;
   }
 #endif
-  // Offset x each activation row's block sums (exact: |sum| <= 32 x 127); Q4_K: the int16
-  // pairs of its sums of 32, 4 per super-block; Q6_K: 32 x its sums of 16 (on AVX2 the int16
-  // pairs of kQ6kFold's chain starts).
   static thread_local std::vector<int32_t> corr;
-  corr.resize(static_cast<size_t>(m * nb * kCorr));
-  for (int64_t i = 0; i < (kOffset != 0 ? m * k / 32 : 0); ++i) corr[i] = kOffset * sum32(a.q.data() + 32 * i);
-  if (kK) {
-    sum_pairs(a.bsums.data(), m * nb * 4, corr.data());
-  }
-  if constexpr (kType == kQ2_K) {  // int16 pairs of sums of 16, for the mins
-    pairs_of_16(a.bsums.data(), m * nb * 8, corr.data());
-  } else if (kQ6kFold<kType>) {
-    q6k_fold_corr(a.q.data(), m * nb * 16, corr.data());
-  } else if constexpr (kSub16) {
-    for (int64_t i = 0; i < m * nb * 16; ++i) corr[i] = (kSix ? 32 : 4) * a.bsums[i];
-  }
+  Corr<kType>::fill(a, m, k, corr);
   const int32_t* corr_all = corr.data();  // (the caller's: thread_local names differ per thread below)
   // A decode step (one activation row) takes Traits::kDecodePanels panels at a time, so that
   // several streams are read at once; more rows take kPanels (their sums' registers).
@@ -1328,7 +1431,11 @@ inline void matmul(PanelRef panels, int64_t k, const Activations& a, int64_t m, 
   const int threads = omp_in_parallel() ? 1 : num_threads();
   const int nt = static_cast<int>(std::min<int64_t>(threads, units));
   std::optional<Shares> shares;
-  if (m == 1 && first.lane != 0 && nt > 1) shares.emplace(units, nt);
+  DecodeJob job;
+  if (m == 1 && first.lane != 0 && nt > 1) {
+    shares.emplace(units, nt);
+    job = decode_job<kType>(panels, k, a, corr_all, n0, n1, y, pf);
+  }
   // alone: the calling thread computes everything, outside a team of its own (a decode step
   // of one thread inside another region, such as a MoE work item's).
   const auto body = [&](bool alone) {
@@ -1406,12 +1513,7 @@ inline void matmul(PanelRef panels, int64_t k, const Activations& a, int64_t m, 
       const int64_t run = first.lane != 0 ? 1 : kStreamPanels;
       const int64_t nth = alone ? 1 : omp_get_num_threads(), tid = alone ? 0 : omp_get_thread_num();
       if (shares) {
-        shares->run(static_cast<int>(tid), [&](int64_t unit) {
-          const int64_t p0 = per_unit * unit;
-          const int kT = static_cast<int>(std::min<int64_t>(per_unit, np - p0));
-          for (int u = 0; u < kT; ++u) idx[u] = p0 + u;
-          run_unit(idx, kT);
-        });
+        shares->run(static_cast<int>(tid), [&](int64_t unit) { job.run(unit); });
         return;
       }
       const int64_t end = np * (tid + 1) / nth;

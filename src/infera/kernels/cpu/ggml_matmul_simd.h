@@ -940,23 +940,10 @@ inline void matmul_rows(uint32_t type, const uint8_t* base, int64_t row_bytes, i
     for (size_t i = 0; i < a.bsums.size(); ++i) bsums16[i] = static_cast<int16_t>(a.bsums[i]);
   }
   const int16_t* bs16 = sums ? bsums16.data() : nullptr;
-  if (panels) {
-    switch (type) {
-      case kQ4_0: panel::matmul<kQ4_0>(panels, k, a, m, n0, n1, y, ldy, pf); return;
-      case kQ4_1: panel::matmul<kQ4_1>(panels, k, a, m, n0, n1, y, ldy, pf); return;
-      case kQ5_0: panel::matmul<kQ5_0>(panels, k, a, m, n0, n1, y, ldy, pf); return;
-      case kQ5_1: panel::matmul<kQ5_1>(panels, k, a, m, n0, n1, y, ldy, pf); return;
-      case kQ8_0: panel::matmul<kQ8_0>(panels, k, a, m, n0, n1, y, ldy, pf); return;
-      case kIQ4_NL: panel::matmul<kIQ4_NL>(panels, k, a, m, n0, n1, y, ldy, pf); return;
-      case kQ4_K: panel::matmul<kQ4_K>(panels, k, a, m, n0, n1, y, ldy, pf); return;
-      case kQ5_K: panel::matmul<kQ5_K>(panels, k, a, m, n0, n1, y, ldy, pf); return;
-      case kQ2_K: panel::matmul<kQ2_K>(panels, k, a, m, n0, n1, y, ldy, pf); return;
-      case kQ3_K: panel::matmul<kQ3_K>(panels, k, a, m, n0, n1, y, ldy, pf); return;
-      case kQ6_K: panel::matmul<kQ6_K>(panels, k, a, m, n0, n1, y, ldy, pf); return;
-      case kIQ4_XS: panel::matmul<kIQ4_XS>(panels, k, a, m, n0, n1, y, ldy, pf); return;
-      default: break;
-    }
-  }
+  if (panels && panel::with_panel_type(type, [&]<uint32_t kType>() {
+        panel::matmul<kType>(panels, k, a, m, n0, n1, y, ldy, pf);
+      }))
+    return;
 #ifdef __AVX512VNNI__
   if (m == 1 && type == kQ8_0) {
     gemv_blocks32<kQ8_0>(base, row_bytes, k, a, n0, n1, y);
