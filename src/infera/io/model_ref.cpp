@@ -183,7 +183,7 @@ ResolvedModelRef resolve_ollama(const std::string& ref) {
   if (!j.is_object() || !j.contains("layers") || !j["layers"].is_array()) {
     fail("{}: {} is not an Ollama manifest (no list of layers)", ref, manifest.string());
   }
-  std::string digest, params;
+  std::string digest, params, system;
   std::set<std::string> kinds;
   for (const nlohmann::json& layer : j["layers"]) {
     if (!layer.is_object() || !layer.contains("mediaType") || !layer["mediaType"].is_string()) continue;
@@ -202,6 +202,9 @@ ResolvedModelRef resolve_ollama(const std::string& ref) {
     if (type == "application/vnd.ollama.image.params" && layer.contains("digest") && layer["digest"].is_string()) {
       params = layer["digest"].get<std::string>();
     }
+    if (type == "application/vnd.ollama.image.system" && layer.contains("digest") && layer["digest"].is_string()) {
+      system = layer["digest"].get<std::string>();
+    }
   }
   if (digest.empty()) {
     fail("{}: {} lists no model weights (application/vnd.ollama.image.model); its layers: {}", ref, manifest.string(),
@@ -219,13 +222,14 @@ ResolvedModelRef resolve_ollama(const std::string& ref) {
   if (!gguf::is_gguf_file(blob.string())) {
     fail("{}: its weights {} are not a GGUF file (Infera runs Ollama's GGUF models)", ref, blob.string());
   }
-  // The params blob, when it is a well-formed digest whose blob is there (else no defaults).
-  fs::path params_blob;
-  if (is_sha256_digest(params)) {
-    params_blob = store / "blobs" / ("sha256-" + params.substr(7));
-    if (!is_file(params_blob)) params_blob.clear();
-  }
-  return {blob.string(), name, "ollama", params_blob.string()};
+  // The params and system blobs, when a layer names a well-formed digest whose blob is there
+  // (else no defaults, no system prompt).
+  const auto layer_blob = [&](const std::string& layer_digest) {
+    if (!is_sha256_digest(layer_digest)) return std::string();
+    const fs::path b = store / "blobs" / ("sha256-" + layer_digest.substr(7));
+    return is_file(b) ? b.string() : std::string();
+  };
+  return {blob.string(), name, "ollama", layer_blob(params), layer_blob(system)};
 }
 
 // ---- Hugging Face hub cache ----
@@ -332,7 +336,7 @@ ResolvedModelRef resolve_hf(const std::string& ref) {
     fail("{}: the cache has no snapshot of revision '{}' of {} (revisions here: {}; snapshots: {})", ref, n.revision,
          n.repo, refs.empty() ? std::string("none") : join(refs, ", "), join(entries(repo / "snapshots"), ", "));
   }
-  if (n.quant.empty() && is_file(snap / "config.json")) return {snap.string(), name, "hf", ""};
+  if (n.quant.empty() && is_file(snap / "config.json")) return {snap.string(), name, "hf", "", ""};
   const std::vector<std::string> ggufs = snapshot_ggufs(snap);
   if (ggufs.empty()) {
     fail(
@@ -358,7 +362,7 @@ ResolvedModelRef resolve_hf(const std::string& ref) {
     fail("{}: {} GGUF files match in {}: {}; name one with :QUANT (its files: {})", ref, picked.size(), n.repo,
          join(picked, ", "), quant_labels(picked));
   }
-  return {(snap / picked.front()).string(), name, "hf", ""};
+  return {(snap / picked.front()).string(), name, "hf", "", ""};
 }
 
 }  // namespace

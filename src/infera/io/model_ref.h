@@ -36,6 +36,9 @@ struct ResolvedModelRef {
   // Ollama: the blob of the model's params layer (its sampling defaults, a JSON object), or
   // "" when it has none.
   std::string params;
+  // Ollama: the blob of the model's system layer (the system prompt its Modelfile's SYSTEM
+  // sets, text), or "" when it has none.
+  std::string system;
 };
 
 // Whether `ref` names a model in a store (starts with "ollama:" or "hf:").

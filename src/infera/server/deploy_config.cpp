@@ -243,6 +243,7 @@ DeployConfig read_deploy_config(const YAML::Node& root, const std::string& sourc
           if (m.name.empty()) m.name = ref.name;
           m.path = ref.path;
           m.ollama_params = ref.params;
+          m.ollama_system = ref.system;
         } catch (const Error& e) {
           r.problem(fmt::format("models[{}].path: {}", i, e.what()));
         }

@@ -49,6 +49,8 @@ struct ModelDeployConfig {
   // An Ollama model's params layer (its sampling defaults), set when `path` was an
   // ollama: reference; not a deploy.yaml key.
   std::string ollama_params;
+  // Its system layer (the system prompt a chat request without one gets), likewise.
+  std::string ollama_system;
   int32_t threads = 0;  // 0: all cores
   std::optional<int32_t> max_input_len;
   std::optional<int32_t> max_output_len;

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 
 #include <fmt/format.h>
 
@@ -38,7 +40,16 @@ std::optional<double> number_in(const nlohmann::json& j, const char* key, double
 
 bool GenerationDefaults::empty() const {
   return !temperature && !top_p && !min_p && !repetition_penalty && !presence_penalty && !frequency_penalty && !top_k &&
-         stop.empty();
+         stop.empty() && !system;
+}
+
+void GenerationDefaults::apply_system(std::vector<ChatMessage>& messages) const {
+  if (!system) return;
+  if (!messages.empty() && (messages.front().role == "system" || messages.front().role == "developer")) return;
+  ChatMessage m;
+  m.role = "system";
+  m.content = *system;
+  messages.insert(messages.begin(), std::move(m));
 }
 
 void GenerationDefaults::apply(GenerationOptions& o) const {
@@ -63,6 +74,7 @@ std::string GenerationDefaults::describe() const {
   if (presence_penalty) add(fmt::format("presence_penalty {}", *presence_penalty));
   if (frequency_penalty) add(fmt::format("frequency_penalty {}", *frequency_penalty));
   if (!stop.empty()) add(fmt::format("{} stop string{}", stop.size(), stop.size() == 1 ? "" : "s"));
+  if (system) add(fmt::format("a system prompt of {} bytes", system->size()));
   return out.empty() ? "none" : out;
 }
 
@@ -125,28 +137,10 @@ GenerationDefaults parse_generation_defaults(const nlohmann::json& j, const std:
   return d;
 }
 
-GenerationDefaults load_generation_defaults(const ModelDeployConfig& m) {
-  const std::string& how = m.generation_config;
-  if (how == "none" || how == "vllm") return {};  // ("vllm": vLLM's name for the same)
-  fs::path file;
-  std::error_code ec;
-  const bool automatic = how.empty() || how == "auto";
-  DefaultsKind kind = DefaultsKind::kGenerationConfig;
-  if (automatic) {
-    if (!m.ollama_params.empty()) {
-      file = m.ollama_params;
-      kind = DefaultsKind::kOllamaParams;
-    } else if (fs::is_directory(m.path, ec) && fs::is_regular_file(fs::path(m.path) / "generation_config.json", ec)) {
-      file = fs::path(m.path) / "generation_config.json";
-    } else {
-      return {};  // a GGUF file, a directory without one
-    }
-  } else {
-    file = fs::is_directory(how, ec) ? fs::path(how) / "generation_config.json" : fs::path(how);
-    if (!fs::is_regular_file(file, ec)) {
-      fail("'{}' is neither auto, none nor a generation_config.json (or a folder holding one)", how);
-    }
-  }
+namespace {
+
+// The defaults in `file` (automatic: the model's own, advisory; else the deployment's).
+GenerationDefaults load_defaults_file(const fs::path& file, DefaultsKind kind, bool automatic) {
   nlohmann::json j;
   try {
     j = read_json_file(file.string(), "cannot read the generation defaults (generation_config)");
@@ -163,6 +157,59 @@ GenerationDefaults load_generation_defaults(const ModelDeployConfig& m) {
   GenerationDefaults d = parse_generation_defaults(j, file.string(), &ignored, kind);
   d.ignored = std::move(ignored);
   return d;
+}
+
+}  // namespace
+
+GenerationDefaults load_generation_defaults(const ModelDeployConfig& m) {
+  const std::string& how = m.generation_config;
+  if (how == "none" || how == "vllm") return {};  // ("vllm": vLLM's name for the same)
+  fs::path file;
+  std::error_code ec;
+  DefaultsKind kind = DefaultsKind::kGenerationConfig;
+  if (how.empty() || how == "auto") {
+    // An Ollama model's system prompt, with its params or without.
+    std::optional<std::string> system;
+    std::string system_problem;
+    if (!m.ollama_system.empty()) {
+      const uintmax_t size = fs::file_size(m.ollama_system, ec);
+      if (ec) {
+        system_problem = fmt::format("{}: cannot read the system prompt: {}", m.ollama_system, ec.message());
+      } else if (size > static_cast<uintmax_t>(kMaxSystemBytes)) {
+        system_problem = fmt::format("{}: the system prompt is {} bytes, more than the {} taken", m.ollama_system, size,
+                                     kMaxSystemBytes);
+      } else {
+        std::ifstream in(m.ollama_system, std::ios::binary);
+        std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+        if (in.bad())
+          system_problem = fmt::format("{}: cannot read the system prompt", m.ollama_system);
+        else if (!text.empty())  // (an empty one is none, as in Ollama)
+          system = std::move(text);
+      }
+    }
+    const auto with_system = [&](GenerationDefaults d) {
+      if (system) {
+        d.system = std::move(system);
+        if (d.source.empty()) d.source = m.ollama_system;
+      }
+      if (!system_problem.empty()) d.ignored.push_back(system_problem);
+      return d;
+    };
+    if (!m.ollama_params.empty()) {
+      file = m.ollama_params;
+      kind = DefaultsKind::kOllamaParams;
+    } else if (fs::is_directory(m.path, ec) && fs::is_regular_file(fs::path(m.path) / "generation_config.json", ec)) {
+      file = fs::path(m.path) / "generation_config.json";
+    } else {
+      return with_system({});  // a GGUF file, a directory without one
+    }
+    return with_system(load_defaults_file(file, kind, true));
+  }
+  file = fs::is_directory(how, ec) ? fs::path(how) / "generation_config.json" : fs::path(how);
+  if (!fs::is_regular_file(file, ec)) {
+    fail("'{}' is neither auto, none nor a generation_config.json (or a folder holding one)", how);
+  }
+  return load_defaults_file(file, kind, false);
 }
 
 }  // namespace infera::server

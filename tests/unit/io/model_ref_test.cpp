@@ -123,7 +123,8 @@ TEST(ModelRef, OllamaErrorsSayWhatIsThere) {
   EXPECT_NE(e.find("malformed JSON"), std::string::npos) << e;
 }
 
-// A model's params layer (its sampling defaults, server/generation_defaults.h) comes with it.
+// A model's params layer (its sampling defaults, server/generation_defaults.h) and system layer
+// (its system prompt) come with it.
 TEST(ModelRef, OllamaParamsLayerComesWithTheModel) {
   OllamaStore s;
   const fs::path params = s.root() / "blobs" / ("sha256-" + std::string(64, 'c'));
@@ -137,6 +138,14 @@ TEST(ModelRef, OllamaParamsLayerComesWithTheModel) {
   EXPECT_EQ(resolve_store_ref("ollama:tuned").params, params.string());
   EXPECT_EQ(resolve_store_ref("ollama:lost").params, "") << "its blob is not there: no defaults, not an error";
   EXPECT_EQ(resolve_store_ref("ollama:plain").params, "");
+  EXPECT_EQ(resolve_store_ref("ollama:plain").system, "");
+  // Its system layer (a Modelfile's SYSTEM) likewise.
+  const fs::path system = s.root() / "blobs" / ("sha256-" + std::string(64, 'e'));
+  write_text(system, "You are a pirate.");
+  s.add("registry.ollama.ai", "library", "pirate", "latest",
+        R"({"mediaType":"application/vnd.ollama.image.system","digest":"sha256:)" + std::string(64, 'e') + R"("},)");
+  EXPECT_EQ(resolve_store_ref("ollama:pirate").system, system.string());
+  EXPECT_EQ(resolve_store_ref("ollama:pirate").params, "");
 }
 
 TEST(ModelRef, OllamaBlobThatIsNotGgufIsAnError) {

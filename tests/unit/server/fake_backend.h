@@ -58,6 +58,7 @@ class FakeBackend final : public GenerationBackend {
     ++submitted_;
     last_seeds_.push_back(live_.at(id).request.sampling.seed);
     last_sampling_ = live_.at(id).request.sampling;
+    last_prompt_ids_ = live_.at(id).request.prompt_ids;
     last_vocab_limit_ = live_.at(id).request.sampling.vocab_limit;
     prompt_logprobs_asked_.push_back(live_.at(id).request.prompt_logprobs);
     cv_.notify_all();
@@ -110,6 +111,11 @@ class FakeBackend final : public GenerationBackend {
   int32_t last_vocab_limit() const {
     std::lock_guard lock(mutex_);
     return last_vocab_limit_;
+  }
+  // The prompt of the last request submitted.
+  std::vector<int32_t> last_prompt_ids() const {
+    std::lock_guard lock(mutex_);
+    return last_prompt_ids_;
   }
   void set_waiting(int32_t n) {
     std::lock_guard lock(mutex_);
@@ -220,6 +226,7 @@ class FakeBackend final : public GenerationBackend {
   std::vector<uint64_t> last_seeds_;
   int32_t last_vocab_limit_ = 0;
   SamplingParams last_sampling_;
+  std::vector<int32_t> last_prompt_ids_;
   std::vector<int32_t> prompt_logprobs_asked_;
   bool stop_ = false;
   std::thread thread_;

@@ -123,6 +123,34 @@ TEST(GenerationDefaults, LoadedAsTheDeployConfigSays) {
   EXPECT_NE(test::error_of([&] { load_generation_defaults(m); }).find("is neither auto, none nor"), std::string::npos);
   m.generation_config = dir.file("list.json");
   EXPECT_NE(test::error_of([&] { load_generation_defaults(m); }).find("expected a JSON object"), std::string::npos);
+  // An Ollama model's system layer: its system prompt, with params or without; an empty one
+  // is none (as in Ollama); one past kMaxSystemBytes is named and left out; none takes none.
+  m.generation_config = "auto";
+  std::ofstream(dir.file("system")) << "You are a pirate.";
+  m.ollama_system = dir.file("system");
+  m.ollama_params = dir.file("params");
+  d = load_generation_defaults(m);
+  EXPECT_EQ(d.system, "You are a pirate.");
+  EXPECT_EQ(d.temperature, 0.2f);
+  EXPECT_NE(d.describe().find("a system prompt of 17 bytes"), std::string::npos) << d.describe();
+  m.ollama_params.clear();
+  m.path = dir.file("model.gguf");
+  d = load_generation_defaults(m);
+  EXPECT_EQ(d.system, "You are a pirate.") << "a system prompt alone";
+  EXPECT_FALSE(d.empty());
+  EXPECT_EQ(d.source, dir.file("system"));
+  m.generation_config = "none";
+  EXPECT_TRUE(load_generation_defaults(m).empty());
+  m.generation_config = "auto";
+  std::ofstream(dir.file("system"), std::ios::trunc).flush();
+  EXPECT_TRUE(load_generation_defaults(m).empty()) << "an empty system layer";
+  std::ofstream(dir.file("system")) << std::string(static_cast<size_t>(kMaxSystemBytes) + 1, 'x');
+  d = load_generation_defaults(m);
+  EXPECT_FALSE(d.system.has_value());
+  ASSERT_EQ(d.ignored.size(), 1u);
+  EXPECT_NE(d.ignored[0].find("more than the"), std::string::npos) << d.ignored[0];
+  m.ollama_system.clear();
+  m.path = dir.path().string();
   // The model's own file is advisory: one that is not JSON leaves the model without defaults.
   std::ofstream(dir.file("generation_config.json")) << R"({"temperature": 0.7,})";
   m.generation_config = "auto";
@@ -130,6 +158,32 @@ TEST(GenerationDefaults, LoadedAsTheDeployConfigSays) {
   EXPECT_TRUE(d.empty());
   ASSERT_EQ(d.ignored.size(), 1u);
   EXPECT_NE(d.ignored[0].find("malformed JSON"), std::string::npos) << d.ignored[0];
+}
+
+// A chat that does not open with a system (or developer) message gets the model's system
+// prompt in front, as Ollama's chat does; one that does keeps its own.
+TEST(GenerationDefaults, SystemPromptOnlyWhereTheChatHasNone) {
+  GenerationDefaults d;
+  std::vector<ChatMessage> msgs(1);
+  msgs[0].role = "user";
+  msgs[0].content = "Hi";
+  d.apply_system(msgs);
+  EXPECT_EQ(msgs.size(), 1u) << "no system prompt: nothing added";
+  d.system = "Be brief.";
+  d.apply_system(msgs);
+  ASSERT_EQ(msgs.size(), 2u);
+  EXPECT_EQ(msgs[0].role, "system");
+  EXPECT_EQ(msgs[0].content, "Be brief.");
+  EXPECT_EQ(msgs[1].content, "Hi");
+  d.apply_system(msgs);
+  EXPECT_EQ(msgs.size(), 2u) << "a chat that opens with a system message keeps it";
+  msgs[0].role = "developer";
+  d.apply_system(msgs);
+  EXPECT_EQ(msgs.size(), 2u) << "developer is the system role of newer OpenAI clients";
+  std::vector<ChatMessage> none;
+  d.apply_system(none);
+  ASSERT_EQ(none.size(), 1u);
+  EXPECT_EQ(none[0].role, "system");
 }
 
 // Through the server: the sampler gets the model's defaults for what the request left out.
@@ -162,6 +216,18 @@ TEST(GenerationDefaults, ReachTheSampler) {
   EXPECT_EQ(p.temperature, 0.0f);
   EXPECT_EQ(p.top_k, 3);
   EXPECT_EQ(p.repetition_penalty, 1.1f);
+  // An Ollama model's system prompt reaches the prompt of a chat without one, and only there.
+  defaults.system = "You are a pirate.";
+  model->set_generation_defaults(defaults);
+  ASSERT_EQ(c.Post("/v1/chat/completions", chat.dump(), "application/json")->status, 200);
+  EXPECT_NE(tok.decode(backend->last_prompt_ids()).find("You are a pirate."), std::string::npos)
+      << tok.decode(backend->last_prompt_ids());
+  json own = chat;
+  own["messages"] = {{{"role", "system"}, {"content", "You are a poet."}}, {{"role", "user"}, {"content", "Hi"}}};
+  ASSERT_EQ(c.Post("/v1/chat/completions", own.dump(), "application/json")->status, 200);
+  const std::string text = tok.decode(backend->last_prompt_ids());
+  EXPECT_EQ(text.find("pirate"), std::string::npos) << text;
+  EXPECT_NE(text.find("You are a poet."), std::string::npos) << text;
   server->stop();
 }
 
