@@ -1,4 +1,5 @@
 #include "infera/io/manifest.h"
+#include "infera/base/ascii.h"
 
 #include <openssl/evp.h>
 
@@ -79,11 +80,6 @@ bool is_hex(std::string_view s, size_t digits) {
 }
 bool is_hex64(std::string_view s) { return is_hex(s, 64); }
 
-std::string lower_hex(std::string s) {
-  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-  return s;
-}
-
 }  // namespace
 
 std::string sha256_hex(const void* data, size_t n) {
@@ -152,7 +148,7 @@ std::vector<ManifestEntry> parse_manifest(const std::string& text, const std::st
       fail("{}: line {}: expected '<64 hex digits>  <file>' (the sha256sum format), got '{}'", source, lineno,
            line.substr(0, 80));
     }
-    ManifestEntry e{line.substr(66), lower_hex(line.substr(0, 64))};
+    ManifestEntry e{line.substr(66), ascii_lower(line.substr(0, 64))};
     const fs::path p(e.path);
     bool escapes = p.is_absolute();
     for (const auto& part : p) escapes = escapes || part == "..";
@@ -225,7 +221,7 @@ StoreDigest store_digest(const std::string& path) {
   // Ollama: blobs/sha256-<hex> (older versions: sha256:<hex>).
   for (std::string_view prefix : {"sha256-", "sha256:"}) {
     if (name.starts_with(prefix) && is_hex64(name.substr(prefix.size()))) {
-      return {StoreDigest::Kind::kSha256, lower_hex(name.substr(prefix.size()))};
+      return {StoreDigest::Kind::kSha256, ascii_lower(name.substr(prefix.size()))};
     }
   }
   // The Hugging Face cache: snapshots/<commit>/<file> links to ../../blobs/<hex>.
@@ -233,7 +229,7 @@ StoreDigest store_digest(const std::string& path) {
   if (!fs::is_symlink(p, ec)) return {};
   const fs::path target = fs::read_symlink(p, ec);
   if (ec || target.parent_path().filename() != "blobs") return {};
-  const std::string hex = lower_hex(target.filename().string());
+  const std::string hex = ascii_lower(target.filename().string());
   if (is_hex64(hex)) return {StoreDigest::Kind::kSha256, hex};
   if (is_hex(hex, 40)) return {StoreDigest::Kind::kGitSha1, hex};
   return {};

@@ -1,4 +1,5 @@
 #include "infera/io/model_ref.h"
+#include "infera/base/ascii.h"
 
 #include <pwd.h>
 #include <unistd.h>
@@ -23,11 +24,6 @@ namespace {
 constexpr std::string_view kOllama = "ollama:", kHf = "hf:";
 // A manifest is a few hundred bytes: anything near this is not one.
 constexpr uintmax_t kMaxManifestBytes = 1 << 20;
-
-std::string lower(std::string s) {
-  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-  return s;
-}
 
 // A name part as the stores write it on disk: letters, digits, '.', '_', '-', not starting
 // with '.' (so no "..", nothing that leaves the store).
@@ -99,9 +95,9 @@ std::string expand_home(const std::string& path) {
 fs::path child_any_case(const fs::path& dir, const std::string& name) {
   std::error_code ec;
   if (fs::exists(dir / name, ec)) return dir / name;
-  const std::string want = lower(name);
+  const std::string want = ascii_lower(name);
   for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
-    if (lower(it->path().filename().string()) == want) return it->path();
+    if (ascii_lower(it->path().filename().string()) == want) return it->path();
   }
   return dir / name;
 }
@@ -274,7 +270,7 @@ std::vector<std::string> snapshot_ggufs(const fs::path& snap) {
     const fs::path& p = it->path();
     if (p.extension() != ".gguf" || !is_file(p)) continue;
     const std::string file = p.filename().string();
-    if (lower(file).find("mmproj") != std::string::npos) continue;
+    if (ascii_lower(file).find("mmproj") != std::string::npos) continue;
     if (const auto split = gguf::parse_split_name(file); split && split->part != 1) continue;
     files.push_back(p.lexically_relative(snap).generic_string());
   }
@@ -285,7 +281,7 @@ std::vector<std::string> snapshot_ggufs(const fs::path& snap) {
 // Whether `quant` is in the file's path as a whole word ('-', '.', '/' or an end on either
 // side: Q4_K matches neither Q4_K_M nor Q4_K_S).
 bool names_quant(const std::string& rel, const std::string& quant) {
-  const std::string s = lower(rel), q = lower(quant);
+  const std::string s = ascii_lower(rel), q = ascii_lower(quant);
   const auto edge = [](char c) { return c == '-' || c == '.' || c == '/'; };
   for (size_t at = s.find(q); at != std::string::npos; at = s.find(q, at + 1)) {
     const size_t after = at + q.size();
@@ -353,7 +349,7 @@ ResolvedModelRef resolve_hf(const std::string& ref) {
     }
     if (picked.empty()) {
       for (const std::string& f : ggufs) {
-        if (lower(f).find(lower(n.quant)) != std::string::npos) picked.push_back(f);
+        if (ascii_lower(f).find(ascii_lower(n.quant)) != std::string::npos) picked.push_back(f);
       }
     }
   }

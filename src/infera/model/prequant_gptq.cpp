@@ -1,4 +1,5 @@
 #include "infera/model/prequant_gptq.h"
+#include "infera/base/ascii.h"
 
 #include <algorithm>
 #include <cctype>
@@ -357,9 +358,7 @@ GptqConfig parse_gptq_config(const json& qc, const std::string& where) {
           w);
     }
     const std::string version = string_field({"version"}, "gemm");
-    std::string v = version;
-    std::transform(v.begin(), v.end(), v.begin(), [](unsigned char ch) { return std::tolower(ch); });
-    if (v != "gemm") {
+    if (ascii_lower(version) != "gemm") {
       fail("{}.version is '{}': only AWQ's GEMM layout is supported (GEMV and Marlin layouts differ)", w, version);
     }
     if (qc.contains("modules_to_not_convert") && qc["modules_to_not_convert"].is_array()) {

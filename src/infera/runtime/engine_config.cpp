@@ -1,4 +1,5 @@
 #include "infera/runtime/engine_config.h"
+#include "infera/base/ascii.h"
 
 #include <unistd.h>
 
@@ -37,8 +38,7 @@ int64_t parse_memory_size(const std::string& text, const std::string& what) {
   }
   std::string unit;
   for (char c : s.substr(i)) {
-    if (!std::isspace(static_cast<unsigned char>(c)))
-      unit += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    if (!std::isspace(static_cast<unsigned char>(c))) unit += ascii_lower(c);
   }
   double bytes = 0;
   if (unit == "%") {

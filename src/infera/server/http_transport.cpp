@@ -1,4 +1,5 @@
 #include "infera/server/http_transport.h"
+#include "infera/base/ascii.h"
 
 #include <sys/socket.h>
 
@@ -28,14 +29,6 @@ using tcp = asio::ip::tcp;
 using Strand = asio::strand<asio::io_context::executor_type>;
 
 namespace {
-
-bool iequals(std::string_view a, std::string_view b) {
-  if (a.size() != b.size()) return false;
-  for (size_t i = 0; i < a.size(); ++i) {
-    if (std::tolower(static_cast<unsigned char>(a[i])) != std::tolower(static_cast<unsigned char>(b[i]))) return false;
-  }
-  return true;
-}
 
 std::string_view trim(std::string_view s) {
   while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
@@ -86,7 +79,7 @@ int check_raw_head(std::string_view head, size_t max_headers, std::string& why) 
 
 const std::string* HttpRequest::find(std::string_view name) const {
   for (const auto& h : headers) {
-    if (iequals(h.name, name)) return &h.value;
+    if (ascii_iequals(h.name, name)) return &h.value;
   }
   return nullptr;
 }
@@ -354,16 +347,16 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
     int content_lengths = 0, transfer_encodings = 0;
     for (const auto& f : msg) {
       HttpHeader h{std::string(f.name_string()), std::string(f.value())};
-      if (iequals(h.name, "Content-Length")) {
+      if (ascii_iequals(h.name, "Content-Length")) {
         ++content_lengths;
         const std::string_view v = trim(h.value);
         if (v.empty() || v.find_first_not_of("0123456789") != std::string_view::npos) {
           reject(400, "Content-Length must be one decimal number");
           return;
         }
-      } else if (iequals(h.name, "Transfer-Encoding")) {
+      } else if (ascii_iequals(h.name, "Transfer-Encoding")) {
         ++transfer_encodings;
-        if (!iequals(trim(h.value), "chunked")) {
+        if (!ascii_iequals(trim(h.value), "chunked")) {
           reject(400, "only 'Transfer-Encoding: chunked' is accepted");
           return;
         }
@@ -406,7 +399,7 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
       dispatch();
       return;
     }
-    if (iequals(trim(request_.header("Expect")), "100-continue") && request_.version == 11) {
+    if (ascii_iequals(trim(request_.header("Expect")), "100-continue") && request_.version == 11) {
       queue(status_line(100, 11) + "\r\n");
     }
     body_buf_.consume(body_buf_.size());

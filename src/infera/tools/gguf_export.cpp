@@ -1,4 +1,5 @@
 #include "infera/tools/gguf_export.h"
+#include "infera/base/ascii.h"
 
 #include <algorithm>
 #include <cmath>
@@ -453,8 +454,7 @@ std::string gguf_out_type_names() {
 }
 
 GgufOutType parse_gguf_out_type(const std::string& text) {
-  std::string lower = text;
-  std::transform(lower.begin(), lower.end(), lower.begin(), [](unsigned char c) { return std::tolower(c); });
+  const std::string lower = ascii_lower(text);
   for (const auto& [n, t] : kOutTypeNames) {
     if (lower == n) return t;
   }

@@ -1,4 +1,5 @@
 #include "infera/tools/planner.h"
+#include "infera/base/ascii.h"
 
 #include <algorithm>
 #include <cctype>
@@ -67,7 +68,7 @@ int64_t parse_byte_size(const std::string& text) {
   }
   std::string unit = text.substr(i);
   while (!unit.empty() && unit.front() == ' ') unit.erase(unit.begin());
-  for (char& ch : unit) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  unit = ascii_lower(unit);
   double mult = 0;
   if (unit.empty() || unit == "b")
     mult = 1;
