@@ -195,7 +195,7 @@ constexpr int kGgmlTypes = 64;  // ggml type ids below this are timed apart
 // where that is made. Smaller calls than kPanelSmallBytes are not timed (in the caches).
 constexpr int64_t kPanelSmallBytes = int64_t{256} << 10, kPanelLargeBytes = int64_t{2} << 20;
 Tuner g_panel_tuners[kGgmlTypes][2][2];  // [type][several threads][large calls]
-// matvec_many's, by its first step's type: [type][several threads][steps of kPanelLargeBytes on average]
+// matvec_many's, by the type of most of its bytes: [type][several threads][steps of kPanelLargeBytes on average]
 Tuner g_joint_tuners[kGgmlTypes][2][2];
 Setting g_panel_setting;
 
@@ -263,7 +263,19 @@ void ggml_matvec_many(Isa isa, std::span<const MatVec> steps) {
   }
   const auto run = [&](int v) { ggml::matvec_many(isa, panel_steps, static_cast<ggml::PanelPrefetch>(v)); };
   const int setting = panel_setting();
-  const uint32_t type = steps.front().w->ggml_type;
+  // Timed under the type that holds most of the pass's bytes (a Q4_K_M layer's Q4_K q and k
+  // with its Q6_K v: Q4_K).
+  uint32_t type = steps.front().w->ggml_type;
+  int64_t most = 0;
+  for (const ggml::PanelMatVec& s : panel_steps) {
+    int64_t of_type = 0;
+    for (const ggml::PanelMatVec& t : panel_steps)
+      if (t.type == s.type) of_type += t.rows * ggml::row_bytes(t.type, t.k);
+    if (of_type > most) {
+      most = of_type;
+      type = s.type;
+    }
+  }
   if (setting >= 0 || type >= kGgmlTypes) return run(setting >= 0 ? setting : kPanelUntimed);
   const bool several = num_threads() > 1;
   const bool large = bytes >= kPanelLargeBytes * static_cast<int64_t>(steps.size());

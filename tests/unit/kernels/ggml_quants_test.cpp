@@ -18,6 +18,7 @@
 #include "infera/base/membw.h"
 #include "infera/base/threads.h"
 #include "infera/kernels/kernels.h"
+#include "infera/kernels/quant.h"
 #include "infera/tensor/dtype.h"
 
 namespace infera::kernels::ggml {
@@ -512,6 +513,50 @@ TEST(GgmlQuants, MatvecManyGivesEachStepWhatItsOwnCallGives) {
     EXPECT_EQ(b, e) << isa_name(isa);
     EXPECT_EQ(c, f) << isa_name(isa);
   }
+  set_num_threads(0);
+}
+
+// kernels::linear_multi at a decode step with several threads runs a layer's GGUF matrices
+// that read one input (q, k, v of mixed types; two of them; one) in one shared pass: each
+// output what its own matmul gives, bit for bit.
+TEST(GgmlQuants, LinearMultiSharesSameInputMatricesAndKeepsTheirValues) {
+  if (!isa_available(Isa::kAvx2)) GTEST_SKIP() << "no AVX2 path on this CPU";
+  std::mt19937 rng(59);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  const int64_t k = 512;
+  const auto lanes = std::make_shared<LaneBuffer>(size_t{2} << 20);
+  const struct {
+    uint32_t type;
+    int64_t rows;
+  } shapes[] = {{kQ4_K, 16 * 7 + 3}, {kQ4_K, 32}, {kQ6_K, 16 * 5}};
+  std::vector<std::vector<uint8_t>> blocks;
+  std::vector<kernels::LinearWeight> ws;
+  blocks.reserve(std::size(shapes));
+  for (const auto& sh : shapes) {
+    blocks.push_back(random_blocks(sh.type, sh.rows * k / block_size(sh.type), rng));
+    kernels::MatRef m{blocks.back().data(), DType::kGgml, sh.rows, k, sh.type};
+    m.set_panels(pack_panels(sh.type, m.data, sh.rows, k, lanes));
+    ws.push_back(kernels::dense_linear(m));
+  }
+  std::vector<float> x(static_cast<size_t>(k));
+  for (auto& v : x) v = normal(rng);
+  for (size_t n : {size_t{1}, size_t{2}, size_t{3}})
+    for (int threads : {1, 2, 3}) {
+      set_num_threads(threads);
+      std::vector<std::vector<float>> want(n), got(n);
+      std::vector<const kernels::LinearWeight*> wp;
+      std::vector<float*> yp;
+      for (size_t i = 0; i < n; ++i) {
+        want[i].resize(static_cast<size_t>(ws[i].rows()));
+        got[i].assign(want[i].size(), -1.0f);
+        kernels::matmul(x.data(), 1, ws[i].dense, want[i].data());
+        wp.push_back(&ws[i]);
+        yp.push_back(got[i].data());
+      }
+      kernels::linear_multi(x.data(), 1, wp, yp);
+      for (size_t i = 0; i < n; ++i)
+        EXPECT_EQ(got[i], want[i]) << n << " matrices, matrix " << i << ", " << threads << " threads";
+    }
   set_num_threads(0);
 }
 

@@ -306,7 +306,7 @@ TEST(MoeFfn, GgmlExpertsGroupedEqualTokenAtATime) {
 // A decode step on several threads whose experts are GGUF matrices with panels runs as two
 // shared passes (MoeFfn::run_one_token_shared: every gate and up, then every down, through
 // kernels::matvec_many): token by token, the same values bit for bit as the per-expert calls
-// on one thread and as the work items on two, with a shared expert (gated) or none, an expert
+// on one thread and as the work items on two, with a shared expert (gated or not) or none, an expert
 // of another rank dropped, panels in one run or over lanes, two and three threads.
 TEST(MoeFfn, GgmlDecodeStepInSharedPassesEqualsPerExpertCalls) {
   if (!kernels::isa_available(Isa::kAvx2)) GTEST_SKIP() << "no AVX2 path on this CPU (the panels are its)";
@@ -324,6 +324,7 @@ TEST(MoeFfn, GgmlDecodeStepInSharedPassesEqualsPerExpertCalls) {
   for (const Case& c : cases) {
     const auto lanes = c.lanes ? std::make_shared<LaneBuffer>(size_t{8} << 20) : nullptr;
     GgmlMoe moe(c.type, c.H, c.I, c.E, c.k, c.shared, true, lanes);
+    if (c.type == kQ8_0) moe.w.shared_gate.data = nullptr;  // an ungated shared expert (DeepSeek's)
     ASSERT_TRUE(kernels::matvec_shares(moe.w.gate[0].dense)) << "type " << c.type;
     ASSERT_TRUE(kernels::matvec_shares(moe.w.down[0].dense)) << "type " << c.type;
     for (bool dropped : {false, true}) {
