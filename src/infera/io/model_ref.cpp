@@ -223,7 +223,9 @@ ResolvedModelRef resolve_ollama(const std::string& ref) {
   const auto layer_blob = [&](const std::string& layer_digest) {
     if (!is_sha256_digest(layer_digest)) return std::string();
     const fs::path b = store / "blobs" / ("sha256-" + layer_digest.substr(7));
-    return is_file(b) ? b.string() : std::string();
+    if (is_file(b)) return b.string();
+    const fs::path old_name = store / "blobs" / layer_digest;  // (older Ollama: sha256:<hex>)
+    return is_file(old_name) ? old_name.string() : std::string();
   };
   return {blob.string(), name, "ollama", layer_blob(params), layer_blob(system)};
 }

@@ -180,8 +180,9 @@ GenerationDefaults load_generation_defaults(const ModelDeployConfig& m) {
                                      kMaxSystemBytes);
       } else {
         std::ifstream in(m.ollama_system, std::ios::binary);
-        std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-        if (in.bad())
+        std::string text;
+        if (in) text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+        if (!in.is_open() || in.bad())
           system_problem = fmt::format("{}: cannot read the system prompt", m.ollama_system);
         else if (!text.empty())  // (an empty one is none, as in Ollama)
           system = std::move(text);

@@ -455,13 +455,38 @@ std::vector<std::shared_ptr<ModelInstance>> prepare_models(const DeployConfig& c
                       who, limits.kv_cache_bytes, limits.kv_cache_bytes / per_token, longest, longest * per_token));
     }
     if (tokenizer) {
+      const std::string system_file = m.ollama_system;
+      instances.push_back(std::make_shared<ModelInstance>(std::move(m), std::move(model_config), std::move(*tokenizer),
+                                                          std::move(chat_template), limits));
+      // An Ollama system prompt meets the GGUF's Jinja template, not the Go template Ollama
+      // renders it with: a template that takes no system role (raise_exception) would refuse
+      // every chat that brings none, for a message its client never sent. Rendered once here;
+      // refused, it is left out.
+      if (sampling.system) {
+        ChatRequest probe;
+        probe.messages.resize(2);
+        probe.messages[0].role = "system";
+        probe.messages[0].content = *sampling.system;
+        probe.messages[1].role = "user";
+        probe.messages[1].content = "Hi";
+        std::string refused;
+        try {
+          instances.back()->tokenizer().encode(instances.back()->render_chat(probe), false);
+        } catch (const ApiException& e) {  // (render_chat's: no template, or the template refused)
+          refused = e.error.message;
+        } catch (const std::exception& e) {
+          refused = e.what();
+        }
+        if (!refused.empty()) {
+          sampling.ignored.push_back(fmt::format("{}: the system prompt is left out: {}", system_file, refused));
+          sampling.system.reset();
+        }
+      }
       for (const std::string& why : sampling.ignored) LOG_WARN("{}: ignoring a sampling default: {}", who, why);
       if (!sampling.empty()) {
         LOG_INFO("{}: sampling defaults for requests that leave them out, from {}: {}", who, sampling.source,
                  sampling.describe());
       }
-      instances.push_back(std::make_shared<ModelInstance>(std::move(m), std::move(model_config), std::move(*tokenizer),
-                                                          std::move(chat_template), limits));
       instances.back()->set_generation_defaults(std::move(sampling));
     }
   }

@@ -146,6 +146,12 @@ TEST(ModelRef, OllamaParamsLayerComesWithTheModel) {
         R"({"mediaType":"application/vnd.ollama.image.system","digest":"sha256:)" + std::string(64, 'e') + R"("},)");
   EXPECT_EQ(resolve_store_ref("ollama:pirate").system, system.string());
   EXPECT_EQ(resolve_store_ref("ollama:pirate").params, "");
+  // An older Ollama's blob name (sha256:<hex>) is found too.
+  const fs::path old_name = s.root() / "blobs" / ("sha256:" + std::string(64, 'f'));
+  write_text(old_name, "You are a parrot.");
+  s.add("registry.ollama.ai", "library", "parrot", "latest",
+        R"({"mediaType":"application/vnd.ollama.image.system","digest":"sha256:)" + std::string(64, 'f') + R"("},)");
+  EXPECT_EQ(resolve_store_ref("ollama:parrot").system, old_name.string());
 }
 
 TEST(ModelRef, OllamaBlobThatIsNotGgufIsAnError) {

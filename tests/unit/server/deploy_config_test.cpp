@@ -173,6 +173,34 @@ TEST(PrepareModels, TakesTheModelsSamplingDefaults) {
       << e;
 }
 
+// An Ollama model's system prompt is kept where the chat template renders it, and left out
+// (not a failure of every chat) where the template takes no system role.
+TEST(PrepareModels, AnOllamaSystemPromptTheTemplateRefusesIsLeftOut) {
+  INFERA_REQUIRE_FIXTURE(kStories);
+  test::TempDir dir("infera_prepare_system");
+  std::ofstream(dir.file("system")) << "You are a pirate.";
+  std::ofstream(dir.file("no_system.jinja"))
+      << "{% for m in messages %}{% if m.role == 'system' %}{{ raise_exception('System role not supported') }}"
+         "{% endif %}{{ m.content }}{% endfor %}";
+  DeployConfig c;
+  ModelDeployConfig m;
+  m.path = kStories;
+  m.chat_template_file = kChatml;
+  m.ollama_system = dir.file("system");
+  c.models.push_back(m);
+  c.server.port = free_port();
+  EXPECT_EQ(prepare_models(c).at(0)->generation_defaults().system, "You are a pirate.");
+  c.models[0].chat_template_file = dir.file("no_system.jinja");
+  const auto refused = prepare_models(c).at(0);
+  EXPECT_FALSE(refused->generation_defaults().system.has_value());
+  ChatRequest chat;
+  chat.messages.resize(1);
+  chat.messages[0].role = "user";
+  chat.messages[0].content = "Hi";
+  refused->generation_defaults().apply_system(chat.messages);
+  EXPECT_EQ(refused->render_chat(chat), "Hi") << "a chat without a system message still renders";
+}
+
 TEST(PrepareModels, EveryConfigurationErrorIsNamed) {
   INFERA_REQUIRE_FIXTURE(kStories);
   const auto dir = std::filesystem::temp_directory_path() / ("infera_server_test_" + std::to_string(::getpid()));

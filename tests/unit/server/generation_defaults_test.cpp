@@ -149,6 +149,12 @@ TEST(GenerationDefaults, LoadedAsTheDeployConfigSays) {
   EXPECT_FALSE(d.system.has_value());
   ASSERT_EQ(d.ignored.size(), 1u);
   EXPECT_NE(d.ignored[0].find("more than the"), std::string::npos) << d.ignored[0];
+  std::filesystem::remove(dir.file("system"));
+  std::filesystem::create_directory(dir.file("system"));
+  d = load_generation_defaults(m);
+  EXPECT_FALSE(d.system.has_value()) << "a system layer that cannot be read";
+  ASSERT_EQ(d.ignored.size(), 1u);
+  EXPECT_NE(d.ignored[0].find("cannot read the system prompt"), std::string::npos) << d.ignored[0];
   m.ollama_system.clear();
   m.path = dir.path().string();
   // The model's own file is advisory: one that is not JSON leaves the model without defaults.
