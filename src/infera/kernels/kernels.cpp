@@ -396,8 +396,8 @@ void matmul_rows(const float* x, int64_t m, const MatRef& w, int64_t n0, int64_t
 }
 
 bool matvec_shares(Isa isa, const MatRef& w, int64_t r0) {
-  return isa != Isa::kScalar && w.dtype == DType::kGgml && w.panels != nullptr && ggml::can_pack_panels(w.ggml_type) &&
-         r0 % ggml::kPanelRows == 0 && isa_available(isa);
+  return isa != Isa::kScalar && w.dtype == DType::kGgml && w.panels != nullptr && w.panel_lane != 0 &&
+         ggml::can_pack_panels(w.ggml_type) && r0 % ggml::kPanelRows == 0 && isa_available(isa);
 }
 bool matvec_shares(const MatRef& w, int64_t r0) { return matvec_shares(best_isa(), w, r0); }
 

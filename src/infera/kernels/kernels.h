@@ -153,7 +153,9 @@ struct MatVec {
 void matvec_many(std::span<const MatVec> steps);
 void matvec_many(Isa isa, std::span<const MatVec> steps);
 // Whether matvec_many shares out a step over rows [r0, ...) of w on this path: a GGUF matrix
-// with panels (ggml::can_pack_panels), r0 on a panel boundary, the avx512 or avx2 path.
+// with panels (ggml::can_pack_panels) over lanes, as a model lays them (panels in one run keep
+// their own calls, which read them as 16-panel streams), r0 on a panel boundary, the avx512 or
+// avx2 path.
 bool matvec_shares(Isa isa, const MatRef& w, int64_t r0 = 0);
 bool matvec_shares(const MatRef& w, int64_t r0 = 0);
 

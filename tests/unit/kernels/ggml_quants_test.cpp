@@ -412,9 +412,10 @@ TEST(GgmlQuants, PanelsOverLanesComputeWhatPanelsInOneRunDo) {
 // the steps' panels) give each step what matmul_rows gives it alone, bit for bit: every panel
 // type, steps of different types and sizes (a partial last panel, one panel), steps that read
 // one x and steps that read their own, row ranges from a panel on (any phase over the lanes),
-// panels in one run and over lanes, one to three threads, every prefetch mode. Steps that
-// cannot be shared (no panels, a row range off a panel boundary, the scalar path) run one call
-// each with the same values.
+// panels over lanes (and in one run, where kernels::matvec_many makes a call each and
+// ggml::matvec_many shares them all the same), one to three threads, every prefetch mode. Steps
+// that cannot be shared (no panels, a row range off a panel boundary, the scalar path) run one
+// call each with the same values.
 TEST(GgmlQuants, MatvecManyGivesEachStepWhatItsOwnCallGives) {
   if (!isa_available(Isa::kAvx2)) GTEST_SKIP() << "no AVX2 path on this CPU";
   std::mt19937 rng(53);
@@ -478,9 +479,8 @@ TEST(GgmlQuants, MatvecManyGivesEachStepWhatItsOwnCallGives) {
           for (int pf = -1; pf < 3; ++pf) {
             kernels::set_gguf_prefetch(pf);
             for (auto& g : got) std::fill(g.begin(), g.end(), -1.0f);
-            if (isa != Isa::kScalar) {
-              for (const kernels::MatVec& st : steps) ASSERT_TRUE(kernels::matvec_shares(isa, *st.w, st.r0));
-            }
+            for (const kernels::MatVec& st : steps)  // (panels in one run: a call each)
+              ASSERT_EQ(kernels::matvec_shares(isa, *st.w, st.r0), isa != Isa::kScalar && over_lanes);
             kernels::matvec_many(isa, steps);
             for (size_t s = 0; s < steps.size(); ++s)
               ASSERT_EQ(got[s], want[s]) << isa_name(isa) << ", step " << s << " (type " << steps[s].w->ggml_type
@@ -490,6 +490,24 @@ TEST(GgmlQuants, MatvecManyGivesEachStepWhatItsOwnCallGives) {
           }
           kernels::set_gguf_prefetch(-1);
         }
+    // ggml::matvec_many itself takes panels in one run too.
+    if (isa != Isa::kScalar) {
+      std::vector<PanelMatVec> one_run;
+      std::vector<std::vector<float>> out(mats.size());
+      for (size_t i = 0; i < mats.size(); ++i) {
+        out[i].assign(static_cast<size_t>(mats[i].run.rows), -1.0f);
+        one_run.push_back({mats[i].run.ggml_type, mats[i].run.cols, xs[2 * i].data(), mats[i].run.panel_ref(),
+                           mats[i].run.rows, out[i].data()});
+      }
+      set_num_threads(2);
+      matvec_many(isa, one_run);
+      for (size_t i = 0; i < mats.size(); ++i) {
+        std::vector<float> want(out[i].size());
+        kernels::matmul(isa, xs[2 * i].data(), 1, mats[i].run, want.data());
+        EXPECT_EQ(out[i], want) << isa_name(isa) << ", one run, type " << mats[i].run.ggml_type;
+      }
+      set_num_threads(0);
+    }
     // Steps that are not shared: an f32 matrix, rows off a panel boundary, a GGUF matrix without
     // panels; run one by one, with the same values.
     const Mat& q = mats[8];  // Q4_K
@@ -501,6 +519,7 @@ TEST(GgmlQuants, MatvecManyGivesEachStepWhatItsOwnCallGives) {
     EXPECT_FALSE(kernels::matvec_shares(isa, dense));
     EXPECT_FALSE(kernels::matvec_shares(isa, q.laned, 3));
     EXPECT_FALSE(kernels::matvec_shares(isa, bare));
+    EXPECT_FALSE(kernels::matvec_shares(isa, q.run));
     const float* x = xs[16].data();
     std::vector<float> a(5), b(static_cast<size_t>(q.run.rows - 3)), c(static_cast<size_t>(q.run.rows)), d(a.size()),
         e(b.size()), f(c.size());
