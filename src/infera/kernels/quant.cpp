@@ -236,9 +236,11 @@ std::string quant_matmul_path(Isa isa) {
 
 namespace {
 std::string gguf_lanes_text() {
-  return ggml::panel_lanes_enabled() ? "a model's panels over four lanes far apart in memory, a decode step's panels "
-                                       "one from each"
-                                     : "each matrix's panels in one run (INFERA_PANEL_LANES=0)";
+  return ggml::panel_lanes_enabled()
+             ? "a model's panels over four lanes far apart in memory, a decode step's panels one from each; with "
+               "several threads a decode step's matrices that read one input, and a MoE token's experts, in one "
+               "shared pass"
+             : "each matrix's panels in one run (INFERA_PANEL_LANES=0)";
 }
 }  // namespace
 
