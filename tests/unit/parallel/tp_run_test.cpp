@@ -107,11 +107,13 @@ class TpRun : public ::testing::Test {
   }
 
   // Greedy run with --json; logits of the prompt's last position into `logits`.
-  static Result greedy(const std::string& model_dir, const std::string& extra, std::vector<float>& logits, int n = 16) {
+  static Result greedy(const std::string& model_dir, const std::string& extra, std::vector<float>& logits, int n = 16,
+                       int threads = 1) {
     const fs::path lf = dir_ / "logits.bin";
     fs::remove(lf);
     Result r = run(kInfera + " run -m " + model_dir + " --prompt-ids [1,5,9,13,17] -n " + std::to_string(n) +
-                   " --temp 0 --ignore-eos --json -t 1 --logits-file " + lf.string() + " " + extra);
+                   " --temp 0 --ignore-eos --json -t " + std::to_string(threads) + " --logits-file " + lf.string() +
+                   " " + extra);
     const std::string bytes = slurp(lf);
     logits.assign(bytes.size() / sizeof(float), 0.0f);
     // (none when the run failed, as some are meant to: memcpy may not take a null pointer)
@@ -294,6 +296,32 @@ TEST_F(TpRun, QuantizedCheckpointsSplitByRowsAndWholeGroups) {
   EXPECT_NE(heads.exit_code, 0);
   EXPECT_NE(heads.err.find("--tp 3 must divide num_attention_heads"), std::string::npos) << heads.err;
   EXPECT_EQ(heads.err.find("error: rank"), std::string::npos) << heads.err;
+}
+
+// A GGUF model's decode on two threads takes the shared passes (kernels::matvec_many: a MoE
+// token's experts, a layer's q / k / v and gate / up) where one thread makes a call per
+// matrix: the same tokens and the same logits, bit for bit, dense and MoE (with a shared
+// expert), K types and Q8_0.
+TEST_F(TpRun, GgufDecodeOnTwoThreadsEqualsOneBitForBit) {
+  const std::string dense =
+      "--arch qwen3 --hidden 512 --heads 8 --kv-heads 4 --head-dim 64 --ffn 1024 --layers 2 --vocab 512";
+  const std::string moe = "--arch qwen3_moe --heads 8 --kv-heads 4 --layers 2 --moe-ffn 512";
+  const std::string shexp =
+      "--arch qwen3_5_moe --heads 4 --kv-heads 2 --layers 2 --lin-k-heads 2 --lin-v-heads 4 --shared-ffn 96";
+  const std::pair<std::string, std::string> files[] = {{gguf("gguf_dense", dense, "q4_k_m"), "dense Q4_K_M"},
+                                                       {gguf("gguf_moe_k", moe, "q4_k_m"), "MoE Q4_K_M"},
+                                                       {gguf("gguf_moe", moe, "q8_0"), "MoE Q8_0"},
+                                                       {gguf("gguf_shexp", shexp, "q8_0"), "MoE Q8_0, shared expert"}};
+  for (const auto& [file, what] : files) {
+    std::vector<float> one, two;
+    const Result a = greedy(file, "", one, 8, 1);
+    ASSERT_EQ(a.exit_code, 0) << what << "\n" << a.err;
+    const Result b = greedy(file, "", two, 8, 2);
+    ASSERT_EQ(b.exit_code, 0) << what << "\n" << b.err;
+    EXPECT_EQ(b.json["ids"], a.json["ids"]) << what;
+    ASSERT_FALSE(one.empty()) << what;
+    EXPECT_EQ(two, one) << what << ": the final logits differ between one and two threads";
+  }
 }
 
 TEST_F(TpRun, GgufFilesSplitByRowsAndWholeBlocks) {
