@@ -191,16 +191,10 @@ ResolvedModelRef resolve_ollama(const std::string& ref) {
           "adapters: merge it into the weights first",
           ref, type);
     }
-    if (type == "application/vnd.ollama.image.model" && digest.empty() && layer.contains("digest") &&
-        layer["digest"].is_string()) {
-      digest = layer["digest"].get<std::string>();
-    }
-    if (type == "application/vnd.ollama.image.params" && layer.contains("digest") && layer["digest"].is_string()) {
-      params = layer["digest"].get<std::string>();
-    }
-    if (type == "application/vnd.ollama.image.system" && layer.contains("digest") && layer["digest"].is_string()) {
-      system = layer["digest"].get<std::string>();
-    }
+    if (!layer.contains("digest") || !layer["digest"].is_string()) continue;
+    if (type == "application/vnd.ollama.image.model" && digest.empty()) digest = layer["digest"].get<std::string>();
+    if (type == "application/vnd.ollama.image.params") params = layer["digest"].get<std::string>();
+    if (type == "application/vnd.ollama.image.system") system = layer["digest"].get<std::string>();
   }
   if (digest.empty()) {
     fail("{}: {} lists no model weights (application/vnd.ollama.image.model); its layers: {}", ref, manifest.string(),
@@ -208,9 +202,12 @@ ResolvedModelRef resolve_ollama(const std::string& ref) {
   }
   if (!is_sha256_digest(digest))
     fail("{}: {} names its weights '{}', not a sha256 digest", ref, manifest.string(), digest);
-  // Blobs are named sha256-<hex> (older Ollama: sha256:<hex>).
-  fs::path blob = store / "blobs" / ("sha256-" + digest.substr(7));
-  if (!is_file(blob) && is_file(store / "blobs" / digest)) blob = store / "blobs" / digest;
+  // Blobs are named sha256-<hex> (older Ollama: sha256:<hex>): the one there, else the first.
+  const auto blob_of = [&](const std::string& d) {
+    const fs::path named = store / "blobs" / ("sha256-" + d.substr(7)), old_name = store / "blobs" / d;
+    return !is_file(named) && is_file(old_name) ? old_name : named;
+  };
+  const fs::path blob = blob_of(digest);
   if (!is_file(blob)) {
     fail("{}: its weights {} are missing from {} (an interrupted pull? run `ollama pull {}`)", ref,
          blob.filename().string(), (store / "blobs").string(), name);
@@ -222,10 +219,8 @@ ResolvedModelRef resolve_ollama(const std::string& ref) {
   // (else no defaults, no system prompt).
   const auto layer_blob = [&](const std::string& layer_digest) {
     if (!is_sha256_digest(layer_digest)) return std::string();
-    const fs::path b = store / "blobs" / ("sha256-" + layer_digest.substr(7));
-    if (is_file(b)) return b.string();
-    const fs::path old_name = store / "blobs" / layer_digest;  // (older Ollama: sha256:<hex>)
-    return is_file(old_name) ? old_name.string() : std::string();
+    const fs::path b = blob_of(layer_digest);
+    return is_file(b) ? b.string() : std::string();
   };
   return {blob.string(), name, "ollama", layer_blob(params), layer_blob(system)};
 }

@@ -253,30 +253,24 @@ void ggml_matmul_rows(Isa isa, const float* x, int64_t m, const MatRef& w, int64
 void ggml_matvec_many(Isa isa, std::span<const MatVec> steps) {
   static thread_local std::vector<ggml::PanelMatVec> panel_steps;
   panel_steps.clear();
-  int64_t bytes = 0;
+  // Timed under the type that holds most of the pass's bytes (a Q4_K_M layer's Q4_K q and k
+  // with its Q6_K v: Q4_K). Every step is of a panel type (matvec_shares), each below kGgmlTypes.
+  static_assert(ggml::kIQ4_XS < kGgmlTypes, "the panel types' ids index the tuners");
+  int64_t bytes = 0, of_type[kGgmlTypes] = {};
+  uint32_t type = steps.front().w->ggml_type;
   for (const MatVec& s : steps) {
     const MatRef& w = *s.w;
-    const int64_t r1 = s.r1 < 0 ? w.rows : s.r1;
-    const int64_t pb = ggml::panel_bytes(w.ggml_type, w.cols);
-    panel_steps.push_back({w.ggml_type, w.cols, s.x, w.panel_ref().from(s.r0 / ggml::kPanelRows, pb), r1 - s.r0, s.y});
-    bytes += (r1 - s.r0) * ggml::row_bytes(w.ggml_type, w.cols);
+    const int64_t pb = ggml::panel_bytes(w.ggml_type, w.cols), step_bytes = (s.end() - s.r0) * row_bytes(w);
+    panel_steps.push_back(
+        {w.ggml_type, w.cols, s.x, w.panel_ref().from(s.r0 / ggml::kPanelRows, pb), s.end() - s.r0, s.y});
+    bytes += step_bytes;
+    of_type[w.ggml_type] += step_bytes;
   }
+  for (const MatVec& s : steps)  // (ties: the first step's of them)
+    if (of_type[s.w->ggml_type] > of_type[type]) type = s.w->ggml_type;
   const auto run = [&](int v) { ggml::matvec_many(isa, panel_steps, static_cast<ggml::PanelPrefetch>(v)); };
   const int setting = panel_setting();
-  // Timed under the type that holds most of the pass's bytes (a Q4_K_M layer's Q4_K q and k
-  // with its Q6_K v: Q4_K).
-  uint32_t type = steps.front().w->ggml_type;
-  int64_t most = 0;
-  for (const ggml::PanelMatVec& s : panel_steps) {
-    int64_t of_type = 0;
-    for (const ggml::PanelMatVec& t : panel_steps)
-      if (t.type == s.type) of_type += t.rows * ggml::row_bytes(t.type, t.k);
-    if (of_type > most) {
-      most = of_type;
-      type = s.type;
-    }
-  }
-  if (setting >= 0 || type >= kGgmlTypes) return run(setting >= 0 ? setting : kPanelUntimed);
+  if (setting >= 0) return run(setting);
   const bool several = num_threads() > 1;
   const bool large = bytes >= kPanelLargeBytes * static_cast<int64_t>(steps.size());
   int other = g_panel_tuners[type][several ? 1 : 0][large ? 1 : 0].decided();
@@ -406,15 +400,11 @@ void matvec_many(Isa isa, std::span<const MatVec> steps) {
   for (const MatVec& s : steps) {
     INFERA_ASSERT(s.w != nullptr && s.x != nullptr && s.y != nullptr, "matvec_many: a step without its operands");
     check_weight(*s.w);
-    const int64_t r1 = s.r1 < 0 ? s.w->rows : s.r1;
-    INFERA_ASSERT(0 <= s.r0 && s.r0 <= r1 && r1 <= s.w->rows);
+    INFERA_ASSERT(0 <= s.r0 && s.r0 <= s.end() && s.end() <= s.w->rows);
     shares = shares && matvec_shares(isa, *s.w, s.r0);
   }
   if (shares) return ggml_matvec_many(isa, steps);
-  for (const MatVec& s : steps) {
-    const int64_t r1 = s.r1 < 0 ? s.w->rows : s.r1;
-    matmul_rows(isa, s.x, 1, *s.w, s.r0, r1, s.y, r1 - s.r0);
-  }
+  for (const MatVec& s : steps) matmul_rows(isa, s.x, 1, *s.w, s.r0, s.end(), s.y, s.end() - s.r0);
 }
 void matvec_many(std::span<const MatVec> steps) { matvec_many(best_isa(), steps); }
 

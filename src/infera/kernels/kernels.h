@@ -144,6 +144,8 @@ struct MatVec {
   const MatRef* w = nullptr;
   float* y = nullptr;
   int64_t r0 = 0, r1 = -1;
+
+  int64_t end() const { return r1 < 0 ? w->rows : r1; }  // r1, resolved
 };
 // The steps (one activation row each), each with the values matmul_rows gives it. Where every
 // step can be shared (matvec_shares), in one parallel region whose threads share all the

@@ -265,6 +265,10 @@ void MoeFfn::forward(const MoeWeights& w, const float* x, int64_t T, int64_t H, 
   const int threads = omp_in_parallel() ? 1 : num_threads();
   const bool worth = threads > 1 && (T > kWorkItemMaxTokens || w.weight_bytes_active() >= kMinParallelBytes);
   const bool observed = static_cast<bool>(expert_observer());  // calibration: per expert, observed
+  const auto count_routed = [&] {  // counts[e] += the tokens groups_ routes to expert e
+    if (!counts) return;
+    for (int64_t e = 0; e < E; ++e) counts[e] += static_cast<uint64_t>(groups_.count(e));
+  };
   // A decode step with several threads: two shared passes where the experts allow
   // (kernels_bench BM_GgmlMoeDecode, Qwen3-30B-A3B-shaped Q4_K experts over lanes, Zen 4 EPYC,
   // two threads, interleaved: 1.07-1.15x over a call per matrix; one thread 0.9-1.0x, so
@@ -272,9 +276,7 @@ void MoeFfn::forward(const MoeWeights& w, const float* x, int64_t T, int64_t H, 
   if (T == 1 && threads > 1 && !observed && schedule_ == Schedule::kAuto) {
     kernels::group_by_expert(route_ids_.data(), route_w_.data(), T, k, E, groups_);
     if (run_one_token_shared(w, x, H, y)) {
-      if (counts) {
-        for (int64_t e = 0; e < E; ++e) counts[e] += static_cast<uint64_t>(groups_.count(e));
-      }
+      count_routed();
       return;
     }
   }
@@ -286,17 +288,13 @@ void MoeFfn::forward(const MoeWeights& w, const float* x, int64_t T, int64_t H, 
     for (int64_t t0 = 0; t0 < T; t0 += chunk) {
       const int64_t n = std::min(chunk, T - t0);
       kernels::group_by_expert(route_ids_.data() + t0 * k, route_w_.data() + t0 * k, n, k, E, groups_);
-      if (counts) {
-        for (int64_t e = 0; e < E; ++e) counts[e] += static_cast<uint64_t>(groups_.count(e));
-      }
+      count_routed();
       run_work_items(w, x + t0 * H, n, H, y + t0 * H, worth ? threads : 1);
     }
     return;
   }
   kernels::group_by_expert(route_ids_.data(), route_w_.data(), T, k, E, groups_);
-  if (counts) {
-    for (int64_t e = 0; e < E; ++e) counts[e] += static_cast<uint64_t>(groups_.count(e));
-  }
+  count_routed();
   run_per_expert(w, x, T, H, y);
 }
 

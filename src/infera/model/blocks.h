@@ -136,8 +136,9 @@ void set_expert_observer(ExpertObserver observer);
 //     split thinly. Outputs are summed in expert order, as the per-expert schedule does,
 //     so the result does not depend on the schedule or the thread count.
 //   A decode step on several threads whose active experts are all GGUF matrices with panels
-//     over lanes runs, under auto, as two shared passes instead (run_one_token_shared): every gate and up matrix, then
-//     every down matrix, each pass's panels shared among the threads as one matrix's are; the same values.
+//     over lanes runs, under auto, as two shared passes instead (run_one_token_shared):
+//     every gate and up matrix, then every down matrix, each pass's panels shared among the
+//     threads as one matrix's are; the same values.
 class MoeFfn {
  public:
   enum class Schedule { kAuto, kPerExpert, kWorkItems };
