@@ -1,9 +1,7 @@
 #include "infera/base/json_file.h"
 
-#include <fstream>
-#include <sstream>
-
 #include "infera/base/error.h"
+#include "infera/base/text_file.h"
 
 namespace infera {
 
@@ -17,11 +15,9 @@ std::string json_error_text(const nlohmann::json::exception& e) {
 }
 
 nlohmann::json read_json_file(const std::string& path, const std::string& if_missing) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail("{}: {}", path, if_missing);
-  std::stringstream text;
-  text << in.rdbuf();
-  const std::string body = text.str();
+  TextFile file = load_text_file(path);
+  if (!file.ok()) fail("{}: {} ({})", path, if_missing, file.error);
+  const std::string& body = file.text;
   if (json_nesting_depth(body, kMaxJsonFileDepth) > kMaxJsonFileDepth) {
     fail("{}: malformed JSON: nested deeper than {} levels", path, kMaxJsonFileDepth);
   }

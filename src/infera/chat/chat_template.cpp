@@ -3,11 +3,11 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 #include <string_view>
 
 #include "infera/base/error.h"
+#include "infera/base/json_file.h"
+#include "infera/base/text_file.h"
 #include "infera/chat/jinja_eval.h"
 #include "infera/chat/jinja_parser.h"
 #include "infera/chat/jinja_value.h"
@@ -92,14 +92,6 @@ std::string render_with(const std::string& source, const jinja::Program& program
   }
 }
 
-std::string read_text_file(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail("cannot read {}", path.string());
-  std::ostringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
 std::optional<std::string> token_text(const nlohmann::json& config, const char* field) {
   const auto it = config.find(field);
   if (it == config.end() || it->is_null()) return std::nullopt;
@@ -143,12 +135,7 @@ ChatTemplateConfig load_chat_template_config(const std::string& tokenizer_dir) {
   const fs::path config_path = fs::path(tokenizer_dir) / "tokenizer_config.json";
   if (!fs::exists(config_path))
     fail("cannot read {}: no such file (expected a Hugging Face tokenizer directory)", config_path.string());
-  nlohmann::json config;
-  try {
-    config = nlohmann::json::parse(read_text_file(config_path));
-  } catch (const nlohmann::json::parse_error& e) {
-    fail("{}: invalid JSON: {}", config_path.string(), e.what());
-  }
+  const nlohmann::json config = read_json_file(config_path.string(), "cannot read the tokenizer config");
   if (!config.is_object()) fail("{}: expected a JSON object", config_path.string());
   ChatTemplateConfig result;
   result.bos_token = token_text(config, "bos_token");
@@ -172,14 +159,9 @@ ChatTemplateConfig load_chat_template_config(const std::string& tokenizer_dir) {
   const fs::path jinja_path = fs::path(tokenizer_dir) / "chat_template.jinja";
   const fs::path json_path = fs::path(tokenizer_dir) / "chat_template.json";
   if (result.chat_template.empty() && fs::exists(jinja_path)) {
-    result.chat_template = read_text_file(jinja_path);
+    result.chat_template = read_text_file(jinja_path.string(), "the chat template");
   } else if (result.chat_template.empty() && fs::exists(json_path)) {
-    nlohmann::json saved;
-    try {
-      saved = nlohmann::json::parse(read_text_file(json_path));
-    } catch (const nlohmann::json::parse_error& e) {
-      fail("{}: invalid JSON: {}", json_path.string(), e.what());
-    }
+    const nlohmann::json saved = read_json_file(json_path.string(), "cannot read the chat template");
     if (!saved.is_object() || !saved.contains("chat_template") || !saved["chat_template"].is_string()) {
       fail("{}: expected {{\"chat_template\": \"...\"}}", json_path.string());
     }

@@ -9,17 +9,16 @@
 // DIR/tokenizer_config.json unless the conversation sets them. In --jsonl mode each
 // input line gives one output line: the prompt as a JSON string, or {"error": "..."}
 // when that conversation fails (the exit code is then 1).
-#include <fstream>
 #include <iostream>
 #include <iterator>
 #include <memory>
 #include <optional>
-#include <sstream>
 #include <string>
 
 #include <nlohmann/json.hpp>
 
 #include "infera/base/error.h"
+#include "infera/base/text_file.h"
 #include "infera/chat/chat_template.h"
 #include "infera/cli/command.h"
 #include "infera/cli/model_paths.h"
@@ -52,11 +51,7 @@ Renderer load(const Options& opts) {
   if (!opts.tokenizer_dir.empty()) renderer.config = infera::load_chat_template_config(opts.tokenizer_dir);
   std::string source = renderer.config.chat_template;
   if (!opts.template_file.empty()) {
-    std::ifstream in(opts.template_file, std::ios::binary);
-    if (!in) infera::fail("cannot read template file {}", opts.template_file);
-    std::ostringstream text;
-    text << in.rdbuf();
-    source = text.str();
+    source = infera::read_text_file(opts.template_file, "the template (--template)");
   } else if (source.empty()) {
     infera::fail("{}/tokenizer_config.json has no chat_template; pass one with --template FILE", opts.tokenizer_dir);
   }

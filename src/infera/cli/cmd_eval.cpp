@@ -4,12 +4,11 @@
 // a quantized model) the mean / 99th-percentile KL divergence and top-1 agreement of the
 // next-token distributions.
 #include <cstdio>
-#include <fstream>
 #include <memory>
-#include <sstream>
 #include <string>
 
 #include "infera/base/error.h"
+#include "infera/base/text_file.h"
 #include "infera/base/threads.h"
 #include "infera/cli/command.h"
 #include "infera/cli/model_paths.h"
@@ -28,12 +27,9 @@ struct EvalCliOptions {
 
 int run_eval(const EvalCliOptions& o) {
   infera::set_num_threads(o.threads);
-  std::ifstream in(o.text_file, std::ios::binary);
-  if (!in) infera::fail("--text {}: cannot read the file", o.text_file);
-  std::stringstream ss;
-  ss << in.rdbuf();
+  const std::string text = infera::read_text_file(o.text_file, "the evaluation text (--text)");
   const infera::Tokenizer tok = infera::Tokenizer::load(o.model_dir);
-  const std::vector<int32_t> ids = tok.encode(ss.str());
+  const std::vector<int32_t> ids = tok.encode(text);
   infera::LoadOptions lo;
   lo.max_batch_tokens = 128;
   std::unique_ptr<infera::Model> model = infera::load_model(o.model_dir, lo);

@@ -4,13 +4,13 @@
 #include <iostream>
 #include <memory>
 #include <random>
-#include <sstream>
 #include <thread>
 
 #include <nlohmann/json.hpp>
 
 #include "infera/base/error.h"
 #include "infera/base/log.h"
+#include "infera/base/text_file.h"
 #include "infera/base/threads.h"
 #include "infera/base/timer.h"
 #include "infera/cli/command.h"
@@ -245,13 +245,7 @@ int generate(const RunOptions& o, parallel::Communicator* comm) {
   if (prompt.empty() || !o.json) tok = Tokenizer::load(dir);
   if (o.prompt_ids.empty()) {
     std::string text = o.prompt;
-    if (!o.prompt_file.empty()) {
-      std::ifstream in(o.prompt_file, std::ios::binary);
-      if (!in) fail("{}: cannot read the prompt file", o.prompt_file);
-      std::stringstream ss;
-      ss << in.rdbuf();
-      text = ss.str();
-    }
+    if (!o.prompt_file.empty()) text = read_text_file(o.prompt_file, "the prompt file (--file)");
     prompt = tok->encode(text, /*add_special_tokens=*/true);
   }
   if (prompt.empty()) fail("the prompt is empty and this tokenizer adds no BOS token; give -p TEXT");

@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include "infera/base/error.h"
+#include "infera/base/text_file.h"
 
 namespace infera {
 namespace {
@@ -185,11 +186,9 @@ bool ManifestVerification::ok() const {
 
 ManifestVerification verify_manifest(const std::string& dir) {
   const fs::path manifest = fs::path(dir) / kManifestName;
-  std::ifstream in(manifest, std::ios::binary);
-  if (!in) fail("{}: not found (write one with `infera check {} --write-manifest`)", manifest.string(), dir);
-  std::stringstream text;
-  text << in.rdbuf();
-  const std::vector<ManifestEntry> entries = parse_manifest(text.str(), manifest.string());
+  const std::optional<std::string> text = read_text_file_if_present(manifest.string(), "the manifest");
+  if (!text) fail("{}: not found (write one with `infera check {} --write-manifest`)", manifest.string(), dir);
+  const std::vector<ManifestEntry> entries = parse_manifest(*text, manifest.string());
 
   ManifestVerification result;
   std::map<std::string, bool> listed;

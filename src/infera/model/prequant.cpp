@@ -8,11 +8,11 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 
 #include <fmt/format.h>
 
 #include "infera/base/error.h"
+#include "infera/base/json_file.h"
 #include "infera/base/log.h"
 #include "infera/base/options.h"
 #include "infera/base/threads.h"
@@ -167,14 +167,10 @@ const std::vector<FormatEntry> kFormats = {
     {"awq", make_gptq_format},
 };
 
-json read_json_file(const std::filesystem::path& path) {
-  std::ifstream in(path);
-  if (!in) return nullptr;
-  try {
-    return json::parse(in);
-  } catch (const json::exception& e) {
-    fail("{}: invalid JSON: {}", path.string(), e.what());
-  }
+// The JSON in `path`; null where there is no such file.
+json read_json_if_present(const std::filesystem::path& path) {
+  std::error_code ec;
+  return std::filesystem::exists(path, ec) ? infera::read_json_file(path.string()) : json();
 }
 
 }  // namespace
@@ -183,11 +179,11 @@ std::unique_ptr<PrequantFormat> detect_prequant(const std::string& dir) {
   PrequantFiles files;
   files.dir = dir;
   const std::filesystem::path d(dir);
-  const json config = read_json_file(d / "config.json");
+  const json config = read_json_if_present(d / "config.json");
   if (config.is_object()) {
     if (auto it = config.find("quantization_config"); it != config.end()) files.quantization_config = *it;
   }
-  files.description = read_json_file(d / "quant_model_description.json");
+  files.description = read_json_if_present(d / "quant_model_description.json");
   return detect_prequant(files);
 }
 

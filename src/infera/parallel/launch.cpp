@@ -18,6 +18,7 @@
 
 #include "infera/base/error.h"
 #include "infera/base/options.h"
+#include "infera/base/text_file.h"
 
 namespace infera::parallel {
 
@@ -149,26 +150,19 @@ int run_under_mpirun(int ranks, GroupSignals signals) {
 }
 
 uint64_t model_files_fingerprint(const std::string& model_dir, const std::vector<std::string>& gguf_parts) {
+  const fs::path dir(model_dir);
+  std::error_code ec;
+  const bool gguf = fs::is_regular_file(dir, ec);
+  const std::string config =
+      gguf ? std::string() : read_text_file((dir / "config.json").string(), "the model's config");
   XXH64_state_t* st = XXH64_createState();
   XXH64_reset(st, 0);
-  const fs::path dir(model_dir);
   std::vector<std::pair<std::string, uint64_t>> files;
-  std::error_code ec;
-  if (fs::is_regular_file(dir, ec)) {  // a GGUF file: its name and size (of a split one, every part's)
+  if (gguf) {  // a GGUF file: its name and size (of a split one, every part's)
     for (const fs::path part : gguf_parts.empty() ? std::vector<std::string>{model_dir} : gguf_parts)
       files.emplace_back(part.filename().string(), static_cast<uint64_t>(fs::file_size(part, ec)));
   } else {
-    {
-      std::ifstream in(dir / "config.json", std::ios::binary);
-      if (!in) {
-        XXH64_freeState(st);
-        fail("{}: config.json not found", (dir / "config.json").string());
-      }
-      std::stringstream ss;
-      ss << in.rdbuf();
-      const std::string text = ss.str();
-      XXH64_update(st, text.data(), text.size());
-    }
+    XXH64_update(st, config.data(), config.size());
     for (const auto& e : fs::directory_iterator(dir, ec)) {
       const std::string name = e.path().filename().string();
       const bool weights = name.ends_with(".safetensors") || name == "model.safetensors.index.json";

@@ -2,11 +2,10 @@
 
 #include <algorithm>
 #include <cmath>
-#include <fstream>
 #include <span>
-#include <sstream>
 
 #include "infera/base/error.h"
+#include "infera/base/text_file.h"
 #include "infera/model/blocks.h"
 #include "infera/model/model.h"
 #include "infera/runtime/block_allocator.h"
@@ -57,11 +56,7 @@ void remove_observers() {
 std::vector<int32_t> calibration_tokens(const std::string& model_dir, const std::string& calib_file,
                                         int64_t max_tokens) {
   if (max_tokens < 1) fail("--calib-tokens {}: the calibration needs at least 1 token", max_tokens);
-  std::ifstream in(calib_file, std::ios::binary);
-  if (!in) fail("--calib {}: cannot read the calibration text file", calib_file);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  const std::string text = ss.str();
+  const std::string text = read_text_file(calib_file, "the calibration text (--calib)");
   if (text.empty()) fail("--calib {}: the calibration file is empty", calib_file);
   const Tokenizer tok = Tokenizer::load(model_dir);
   std::vector<int32_t> ids = tok.encode(text);

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cstdlib>
-#include <fstream>
 #include <set>
 #include <sstream>
 
@@ -11,6 +10,7 @@
 
 #include "infera/base/error.h"
 #include "infera/base/options.h"
+#include "infera/base/text_file.h"
 #include "infera/io/model_ref.h"
 #include "infera/model/kv_pool.h"
 #include "infera/runtime/engine_config.h"
@@ -322,11 +322,7 @@ DeployConfig deploy_config_from_settings(const std::vector<DeploySetting>& setti
 }
 
 DeployConfig load_deploy_config(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail("cannot read the deployment config {}: check the path given to --config", path);
-  std::stringstream text;
-  text << in.rdbuf();
-  return parse_deploy_config(text.str(), path);
+  return parse_deploy_config(read_text_file(path, "the deployment config (check the path given to --config)"), path);
 }
 
 ResolvedLimits resolve_limits(const ModelDeployConfig& m, int32_t model_max_position) {

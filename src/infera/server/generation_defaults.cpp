@@ -3,13 +3,13 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
-#include <fstream>
 #include <iterator>
 
 #include <fmt/format.h>
 
 #include "infera/base/error.h"
 #include "infera/base/json_file.h"
+#include "infera/base/text_file.h"
 
 namespace infera::server {
 namespace fs = std::filesystem;
@@ -172,20 +172,11 @@ GenerationDefaults load_generation_defaults(const ModelDeployConfig& m) {
     std::optional<std::string> system;
     std::string system_problem;
     if (!m.ollama_system.empty()) {
-      const uintmax_t size = fs::file_size(m.ollama_system, ec);
-      if (ec) {
-        system_problem = fmt::format("{}: cannot read the system prompt: {}", m.ollama_system, ec.message());
-      } else if (size > static_cast<uintmax_t>(kMaxSystemBytes)) {
-        system_problem = fmt::format("{}: the system prompt is {} bytes, more than the {} taken", m.ollama_system, size,
-                                     kMaxSystemBytes);
-      } else {
-        std::ifstream in(m.ollama_system, std::ios::binary);
-        std::string text;
-        if (in) text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-        if (!in.is_open() || in.bad())
-          system_problem = fmt::format("{}: cannot read the system prompt", m.ollama_system);
-        else if (!text.empty())  // (an empty one is none, as in Ollama)
-          system = std::move(text);
+      try {
+        std::string text = read_text_file(m.ollama_system, "the system prompt", kMaxSystemBytes);
+        if (!text.empty()) system = std::move(text);  // (an empty one is none, as in Ollama)
+      } catch (const Error& e) {
+        system_problem = e.what();
       }
     }
     const auto with_system = [&](GenerationDefaults d) {

@@ -11,13 +11,13 @@
 #include <map>
 #include <regex>
 #include <set>
-#include <sstream>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "infera/base/error.h"
 #include "infera/base/log.h"
+#include "infera/base/text_file.h"
 #include "infera/base/threads.h"
 #include "infera/chat/chat_template.h"
 #include "infera/model/arch_registry.h"
@@ -227,14 +227,6 @@ bool port_available(const std::string& host, int port, std::string* why) {
 
 namespace {
 
-std::string read_text_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail("cannot read {}", path);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
 bool has_weights(const fs::path& dir) {
   std::error_code ec;
   if (fs::exists(dir / "model.safetensors.index.json", ec)) return true;
@@ -387,7 +379,7 @@ std::vector<std::shared_ptr<ModelInstance>> prepare_models(const DeployConfig& c
     std::string template_origin;
     if (!m.chat_template_file.empty()) {
       try {
-        template_source = read_text_file(m.chat_template_file);
+        template_source = read_text_file(m.chat_template_file, "the chat template");
         template_origin = m.chat_template_file;
       } catch (const Error&) {
         problem(fmt::format("{}.chat_template: cannot read '{}'; fix the path", who, m.chat_template_file));

@@ -5,14 +5,13 @@
 #include <algorithm>
 #include <cctype>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 
 #include <nlohmann/json.hpp>
 
 #include "infera/base/error.h"
 #include "infera/base/json_file.h"
 #include "infera/base/log.h"
+#include "infera/base/text_file.h"
 #include "infera/io/gguf.h"
 #include "infera/tokenizer/tokenizer_impl.h"
 #include "infera/tokenizer/unicode.h"
@@ -41,15 +40,13 @@ constexpr std::string_view kLlama3Pattern =
 
 // Reads and parses a JSON file; returns null json when the file is absent and optional.
 json read_json_file(const fs::path& path, bool required) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    if (!required && !fs::exists(path)) return json();
+  const TextFile file = load_text_file(path.string());
+  if (file.absent && !required) return json();
+  if (!file.ok()) {
     fail("cannot read {}: {} (a tokenizer directory needs tokenizer.json and tokenizer_config.json)", path.string(),
-         fs::exists(path) ? "permission denied or not a file" : "file not found");
+         file.absent ? "file not found" : file.error);
   }
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  const std::string text = buffer.str();
+  const std::string& text = file.text;
   if (json_nesting_depth(text, kMaxJsonFileDepth) > kMaxJsonFileDepth) {
     fail("{}: malformed JSON: nested deeper than {} levels", path.string(), kMaxJsonFileDepth);
   }
@@ -464,10 +461,8 @@ class Loader {
     }
     // Newer transformers versions save the template beside the config instead.
     if (impl_.chat_template.empty()) {
-      if (std::ifstream in(dir_ / "chat_template.jinja", std::ios::binary); in) {
-        std::stringstream buffer;
-        buffer << in.rdbuf();
-        impl_.chat_template = buffer.str();
+      if (auto jinja = read_text_file_if_present((dir_ / "chat_template.jinja").string(), "the chat template")) {
+        impl_.chat_template = std::move(*jinja);
       } else if (const json file = read_json_file(dir_ / "chat_template.json", false); !file.is_null()) {
         file_ = (dir_ / "chat_template.json").string();
         impl_.chat_template = get_string(file, "chat_template");

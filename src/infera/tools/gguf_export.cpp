@@ -6,7 +6,6 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <functional>
 #include <numbers>
 #include <optional>
@@ -17,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "infera/base/error.h"
+#include "infera/base/json_file.h"
 #include "infera/base/threads.h"
 #include "infera/io/model_ref.h"
 #include "infera/io/safetensors.h"
@@ -91,16 +91,6 @@ std::optional<GgmlType> ggml_type_of(DType t) {
     case DType::kF16: return GgmlType::kF16;
     case DType::kBF16: return GgmlType::kBF16;
     default: return std::nullopt;
-  }
-}
-
-json read_json_file(const fs::path& path) {
-  std::ifstream f(path);
-  if (!f) fail("{}: cannot open", path.string());
-  try {
-    return json::parse(f);
-  } catch (const json::exception& e) {
-    fail("{}: invalid JSON: {}", path.string(), e.what());
   }
 }
 
@@ -334,9 +324,9 @@ bool adds_space_prefix(const json& tok) {
 
 void add_tokenizer(gguf::Writer& w, const ModelConfig& c, const fs::path& dir) {
   const Tokenizer tok = Tokenizer::load(dir.string());
-  const json tok_json = read_json_file(dir / "tokenizer.json");
+  const json tok_json = read_json_file((dir / "tokenizer.json").string());
   const fs::path config_path = dir / "tokenizer_config.json";
-  const json tok_config = fs::exists(config_path) ? read_json_file(config_path) : json::object();
+  const json tok_config = fs::exists(config_path) ? read_json_file(config_path.string()) : json::object();
 
   const int32_t n_tok = tok.vocab_size();
   if (n_tok > c.vocab_size) {
@@ -491,7 +481,7 @@ namespace {
 // mrope_section from config.json (text_config.rope_parameters or rope_scaling), padded to
 // 4 entries; llama.cpp's converter writes [11, 11, 10, 0] when the field is absent.
 std::vector<int32_t> mrope_sections(const fs::path& config_path) {
-  const json j = read_json_file(config_path);
+  const json j = read_json_file(config_path.string());
   const json& text = j.contains("text_config") && j["text_config"].is_object() ? j["text_config"] : j;
   for (const char* key : {"rope_parameters", "rope_scaling"}) {
     for (const json* node : {&text, &j}) {

@@ -7,12 +7,12 @@
 #include <fstream>
 #include <map>
 #include <set>
-#include <sstream>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "infera/base/error.h"
+#include "infera/base/text_file.h"
 #include "infera/chat/chat_template.h"
 #include "infera/io/gguf.h"
 #include "infera/io/safetensors.h"
@@ -60,11 +60,9 @@ const std::set<std::string>& known_config_keys() {
 }
 
 std::optional<std::string> read_text(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  if (!in) return std::nullopt;
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+  TextFile f = load_text_file(p.string());
+  if (!f.ok()) return std::nullopt;
+  return std::move(f.text);
 }
 
 class Checker {

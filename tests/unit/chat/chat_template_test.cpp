@@ -170,7 +170,7 @@ TEST_F(TokenizerConfigTest, BadInputsNameTheFile) {
             }).find("tokenizer_config.json: no such file"),
             std::string::npos);
   write("tokenizer_config.json", "{not json");
-  EXPECT_NE(error_of([&] { load_chat_template_config(dir_.string()); }).find("tokenizer_config.json: invalid JSON"),
+  EXPECT_NE(error_of([&] { load_chat_template_config(dir_.string()); }).find("tokenizer_config.json: malformed JSON"),
             std::string::npos);
   write("tokenizer_config.json", R"({"bos_token": 5})");
   EXPECT_NE(error_of([&] { load_chat_template_config(dir_.string()); }).find("bos_token must be a string"),
