@@ -325,9 +325,9 @@ const OptionSpec kOptions[] = {
      .default_value = "auto",
      .help = "Sampling defaults for the fields a request leaves out (temperature, top_p, top_k, min_p, the "
              "penalties; an Ollama model's stop too): auto takes the model's own (generation_config.json, as vLLM "
-             "does; an Ollama model's params, and its system prompt for chats without one), none (or vllm) keeps "
-             "Infera's request defaults, a path names a generation_config.json or a folder holding one (neither "
-             "takes an Ollama system prompt)"},
+             "does; an Ollama model's params, its system prompt for chats without one and its preset messages), "
+             "none (or vllm) keeps Infera's request defaults, a path names a generation_config.json or a folder "
+             "holding one (neither takes an Ollama system prompt or preset messages)"},
     {.name = "model_port",
      .type = T::kInteger,
      .use = kDeploy,

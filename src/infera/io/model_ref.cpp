@@ -179,7 +179,7 @@ ResolvedModelRef resolve_ollama(const std::string& ref) {
   if (!j.is_object() || !j.contains("layers") || !j["layers"].is_array()) {
     fail("{}: {} is not an Ollama manifest (no list of layers)", ref, manifest.string());
   }
-  std::string digest, params, system;
+  std::string digest, params, system, messages;
   std::set<std::string> kinds;
   for (const nlohmann::json& layer : j["layers"]) {
     if (!layer.is_object() || !layer.contains("mediaType") || !layer["mediaType"].is_string()) continue;
@@ -195,6 +195,7 @@ ResolvedModelRef resolve_ollama(const std::string& ref) {
     if (type == "application/vnd.ollama.image.model" && digest.empty()) digest = layer["digest"].get<std::string>();
     if (type == "application/vnd.ollama.image.params") params = layer["digest"].get<std::string>();
     if (type == "application/vnd.ollama.image.system") system = layer["digest"].get<std::string>();
+    if (type == "application/vnd.ollama.image.messages") messages = layer["digest"].get<std::string>();
   }
   if (digest.empty()) {
     fail("{}: {} lists no model weights (application/vnd.ollama.image.model); its layers: {}", ref, manifest.string(),
@@ -215,14 +216,14 @@ ResolvedModelRef resolve_ollama(const std::string& ref) {
   if (!gguf::is_gguf_file(blob.string())) {
     fail("{}: its weights {} are not a GGUF file (Infera runs Ollama's GGUF models)", ref, blob.string());
   }
-  // The params and system blobs, when a layer names a well-formed digest whose blob is there
-  // (else no defaults, no system prompt).
+  // The params, system and messages blobs, when a layer names a well-formed digest whose blob
+  // is there (else no defaults, no system prompt, no preset messages).
   const auto layer_blob = [&](const std::string& layer_digest) {
     if (!is_sha256_digest(layer_digest)) return std::string();
     const fs::path b = blob_of(layer_digest);
     return is_file(b) ? b.string() : std::string();
   };
-  return {blob.string(), name, "ollama", layer_blob(params), layer_blob(system)};
+  return {blob.string(), name, "ollama", layer_blob(params), layer_blob(system), layer_blob(messages)};
 }
 
 // ---- Hugging Face hub cache ----
@@ -329,7 +330,7 @@ ResolvedModelRef resolve_hf(const std::string& ref) {
     fail("{}: the cache has no snapshot of revision '{}' of {} (revisions here: {}; snapshots: {})", ref, n.revision,
          n.repo, refs.empty() ? std::string("none") : join(refs, ", "), join(entries(repo / "snapshots"), ", "));
   }
-  if (n.quant.empty() && is_file(snap / "config.json")) return {snap.string(), name, "hf", "", ""};
+  if (n.quant.empty() && is_file(snap / "config.json")) return {snap.string(), name, "hf", "", "", ""};
   const std::vector<std::string> ggufs = snapshot_ggufs(snap);
   if (ggufs.empty()) {
     fail(
@@ -355,7 +356,7 @@ ResolvedModelRef resolve_hf(const std::string& ref) {
     fail("{}: {} GGUF files match in {}: {}; name one with :QUANT (its files: {})", ref, picked.size(), n.repo,
          join(picked, ", "), quant_labels(picked));
   }
-  return {(snap / picked.front()).string(), name, "hf", "", ""};
+  return {(snap / picked.front()).string(), name, "hf", "", "", ""};
 }
 
 }  // namespace

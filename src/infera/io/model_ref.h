@@ -39,6 +39,9 @@ struct ResolvedModelRef {
   // Ollama: the blob of the model's system layer (the system prompt its Modelfile's SYSTEM
   // sets, text), or "" when it has none.
   std::string system;
+  // Ollama: the blob of the model's messages layer (the preset conversation its Modelfile's
+  // MESSAGE lines set, a JSON array of {role, content}), or "" when it has none.
+  std::string messages;
 };
 
 // Whether `ref` names a model in a store (starts with "ollama:" or "hf:").

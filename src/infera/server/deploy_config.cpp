@@ -244,6 +244,7 @@ DeployConfig read_deploy_config(const YAML::Node& root, const std::string& sourc
           m.path = ref.path;
           m.ollama_params = ref.params;
           m.ollama_system = ref.system;
+          m.ollama_messages = ref.messages;
         } catch (const Error& e) {
           r.problem(fmt::format("models[{}].path: {}", i, e.what()));
         }

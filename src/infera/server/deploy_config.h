@@ -51,6 +51,8 @@ struct ModelDeployConfig {
   std::string ollama_params;
   // Its system layer (the system prompt a chat request without one gets), likewise.
   std::string ollama_system;
+  // Its messages layer (the preset messages every chat request gets first), likewise.
+  std::string ollama_messages;
   int32_t threads = 0;  // 0: all cores
   std::optional<int32_t> max_input_len;
   std::optional<int32_t> max_output_len;

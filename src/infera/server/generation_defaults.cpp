@@ -40,16 +40,20 @@ std::optional<double> number_in(const nlohmann::json& j, const char* key, double
 
 bool GenerationDefaults::empty() const {
   return !temperature && !top_p && !min_p && !repetition_penalty && !presence_penalty && !frequency_penalty && !top_k &&
-         stop.empty() && !system;
+         stop.empty() && !system && messages.empty();
 }
 
-void GenerationDefaults::apply_system(std::vector<ChatMessage>& messages) const {
-  if (!system) return;
-  if (!messages.empty() && (messages.front().role == "system" || messages.front().role == "developer")) return;
-  ChatMessage m;
-  m.role = "system";
-  m.content = *system;
-  messages.insert(messages.begin(), std::move(m));
+void GenerationDefaults::apply_chat(std::vector<ChatMessage>& chat) const {
+  const auto is_system = [](const ChatMessage& m) { return m.role == "system" || m.role == "developer"; };
+  const bool own_system = !chat.empty() && is_system(chat.front());
+  if (!messages.empty())
+    chat.insert(std::find_if_not(chat.begin(), chat.end(), is_system), messages.begin(), messages.end());
+  if (system && !own_system) {
+    ChatMessage m;
+    m.role = "system";
+    m.content = *system;
+    chat.insert(chat.begin(), std::move(m));
+  }
 }
 
 void GenerationDefaults::apply(GenerationOptions& o) const {
@@ -75,6 +79,7 @@ std::string GenerationDefaults::describe() const {
   if (frequency_penalty) add(fmt::format("frequency_penalty {}", *frequency_penalty));
   if (!stop.empty()) add(fmt::format("{} stop string{}", stop.size(), stop.size() == 1 ? "" : "s"));
   if (system) add(fmt::format("a system prompt of {} bytes", system->size()));
+  if (!messages.empty()) add(fmt::format("{} preset message{}", messages.size(), messages.size() == 1 ? "" : "s"));
   return out.empty() ? "none" : out;
 }
 
@@ -137,6 +142,30 @@ GenerationDefaults parse_generation_defaults(const nlohmann::json& j, const std:
   return d;
 }
 
+std::vector<ChatMessage> parse_preset_messages(const nlohmann::json& j, const std::string& source) {
+  if (!j.is_array()) fail("{}: expected a JSON array of messages", source);
+  if (j.size() > kMaxPresetMessages)
+    fail("{}: {} messages, more than the {} taken", source, j.size(), kMaxPresetMessages);
+  std::vector<ChatMessage> out;
+  for (size_t i = 0; i < j.size(); ++i) {
+    const nlohmann::json& e = j[i];
+    const auto role = e.is_object() ? e.find("role") : e.end();
+    if (!e.is_object() || role == e.end() || !role->is_string() ||
+        (*role != "system" && *role != "user" && *role != "assistant")) {
+      fail("{}: message {} ({}) is not an object with a role of system, user or assistant", source, i,
+           json_excerpt(e, 60));
+    }
+    ChatMessage m;
+    m.role = role->get<std::string>();
+    const auto content = e.find("content");
+    if (content != e.end() && !content->is_null() && !content->is_string())
+      fail("{}: message {}'s content {} is not a string", source, i, json_excerpt(*content, 40));
+    m.content = content != e.end() && content->is_string() ? content->get<std::string>() : std::string();
+    out.push_back(std::move(m));
+  }
+  return out;
+}
+
 namespace {
 
 // The defaults in `file` (automatic: the model's own, advisory; else the deployment's).
@@ -168,23 +197,42 @@ GenerationDefaults load_generation_defaults(const ModelDeployConfig& m) {
   std::error_code ec;
   DefaultsKind kind = DefaultsKind::kGenerationConfig;
   if (how.empty() || how == "auto") {
-    // An Ollama model's system prompt, with its params or without.
+    // An Ollama model's system prompt and preset messages, with its params or without.
     std::optional<std::string> system;
-    std::string system_problem;
+    std::vector<ChatMessage> messages;
+    std::vector<std::string> problems;
     if (!m.ollama_system.empty()) {
       try {
         std::string text = read_text_file(m.ollama_system, "the system prompt", kMaxSystemBytes);
         if (!text.empty()) system = std::move(text);  // (an empty one is none, as in Ollama)
       } catch (const Error& e) {
-        system_problem = e.what();
+        problems.push_back(e.what());
+      }
+    }
+    if (!m.ollama_messages.empty()) {
+      try {
+        const std::string text = read_text_file(m.ollama_messages, "the preset messages", kMaxSystemBytes);
+        const std::optional<nlohmann::json> j = parse_json_within(text, kMaxJsonFileDepth);
+        if (!j) fail("{}: the preset messages are not JSON (or nest too deep)", m.ollama_messages);
+        messages = parse_preset_messages(*j, m.ollama_messages);
+      } catch (const Error& e) {
+        problems.push_back(fmt::format("{} (no preset messages taken)", e.what()));
       }
     }
     const auto with_system = [&](GenerationDefaults d) {
+      // `source`: every file that gave something ("" where none did)
+      std::string source = d.empty() ? std::string() : d.source;
+      const auto from = [&source](const std::string& file) { source += (source.empty() ? "" : ", ") + file; };
       if (system) {
         d.system = std::move(system);
-        if (d.source.empty()) d.source = m.ollama_system;
+        from(m.ollama_system);
       }
-      if (!system_problem.empty()) d.ignored.push_back(system_problem);
+      if (!messages.empty()) {
+        d.messages = std::move(messages);
+        from(m.ollama_messages);
+      }
+      d.source = source;
+      d.ignored.insert(d.ignored.end(), problems.begin(), problems.end());
       return d;
     };
     if (!m.ollama_params.empty()) {

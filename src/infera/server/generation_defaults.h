@@ -2,9 +2,9 @@
 // from generation_config.json (its `--generation-config auto`) and Ollama from a model's
 // params layer. deploy.yaml's `generation_config` (flag --generation-config) says where they
 // come from: auto (the model's: generation_config.json of a Hugging Face directory, the
-// params and system prompt of an Ollama model; a GGUF file has none), none or vllm (the request defaults of
-// base/options.cpp alone, as before), or a path (a directory holding
-// generation_config.json, or a JSON file of either kind).
+// params, system prompt and preset messages of an Ollama model; a GGUF file has none), none or
+// vllm (the request defaults of base/options.cpp alone, as before), or a path (a directory
+// holding generation_config.json, or a JSON file of either kind).
 #pragma once
 
 #include <cstdint>
@@ -26,15 +26,19 @@ struct GenerationDefaults {
   // An Ollama model's system prompt (its system layer): what a chat request whose first
   // message is not a system (or developer) message gets in front, as Ollama's chat does.
   std::optional<std::string> system;
+  // An Ollama model's preset messages (its messages layer: a Modelfile's MESSAGE lines), put
+  // in front of every chat's own messages, after the chat's leading system messages.
+  std::vector<ChatMessage> messages;
   std::string source;  // where they were read ("" when none)
   std::vector<std::string> ignored;  // values left out, and why (logged when the model loads)
 
   bool empty() const;
   // Sets the fields `o` was not given (GenerationOptions::given) to these defaults.
   void apply(GenerationOptions& o) const;
-  // Puts `system` in front of a chat's messages that do not start with a system (or
-  // developer) message.
-  void apply_system(std::vector<ChatMessage>& messages) const;
+  // Puts `messages` in a chat, after its leading system (or developer) messages, and then
+  // `system` in front where the chat did not start with a system message (Ollama's order,
+  // but for a chat's own system message, which stays first where templates look for it).
+  void apply_chat(std::vector<ChatMessage>& chat) const;
   // "temperature 0.6, top_p 0.95, top_k 20" ("none" when empty).
   std::string describe() const;
 };
@@ -51,10 +55,18 @@ GenerationDefaults parse_generation_defaults(const nlohmann::json& j, const std:
                                              std::vector<std::string>* ignored = nullptr,
                                              DefaultsKind kind = DefaultsKind::kGenerationConfig);
 
+// An Ollama messages layer: a JSON array of at most kMaxPresetMessages objects, each with a
+// role (system, user or assistant, as a Modelfile's MESSAGE takes) and a string content (an
+// absent or null one is empty); other fields (images, thinking) are not taken. Throws
+// infera::Error naming `source` and the first entry that is not such a message.
+constexpr size_t kMaxPresetMessages = 256;
+std::vector<ChatMessage> parse_preset_messages(const nlohmann::json& j, const std::string& source);
+
 // The model's defaults as m.generation_config says: auto (a model's own file that cannot be
 // read or is not a JSON object gives none, named in `ignored`; an Ollama model's system layer
-// of up to kMaxSystemBytes gives `system`), none (or vllm, vLLM's name for it), or a path;
-// throws infera::Error for a named path that is not such a file.
+// and messages layer, each of up to kMaxSystemBytes, give `system` and `messages`; one that
+// cannot be read or parsed is named in `ignored`), none (or vllm, vLLM's name for it), or a
+// path; throws infera::Error for a named path that is not such a file.
 constexpr int64_t kMaxSystemBytes = int64_t{1} << 20;
 GenerationDefaults load_generation_defaults(const ModelDeployConfig& m);
 

@@ -447,31 +447,40 @@ std::vector<std::shared_ptr<ModelInstance>> prepare_models(const DeployConfig& c
                       who, limits.kv_cache_bytes, limits.kv_cache_bytes / per_token, longest, longest * per_token));
     }
     if (tokenizer) {
-      const std::string system_file = m.ollama_system;
+      const std::string system_file = m.ollama_system, messages_file = m.ollama_messages;
       instances.push_back(std::make_shared<ModelInstance>(std::move(m), std::move(model_config), std::move(*tokenizer),
                                                           std::move(chat_template), limits));
-      // An Ollama system prompt meets the GGUF's Jinja template, not the Go template Ollama
-      // renders it with: a template that takes no system role (raise_exception) would refuse
-      // every chat that brings none, for a message its client never sent. Rendered once here;
-      // refused, it is left out.
-      if (sampling.system) {
+      // An Ollama system prompt and preset messages meet the GGUF's Jinja template, not the
+      // Go template Ollama renders them with: a template that takes no system role, or wants
+      // roles to alternate (raise_exception), would refuse every chat, for messages its client
+      // never sent. Each is rendered once here, in front of a user's "Hi"; refused, it is left out.
+      const auto refusal = [&](const GenerationDefaults& with) {
         ChatRequest probe;
-        probe.messages.resize(2);
-        probe.messages[0].role = "system";
-        probe.messages[0].content = *sampling.system;
-        probe.messages[1].role = "user";
-        probe.messages[1].content = "Hi";
-        std::string refused;
+        probe.messages.resize(1);
+        probe.messages[0].role = "user";
+        probe.messages[0].content = "Hi";
+        with.apply_chat(probe.messages);
         try {
           instances.back()->tokenizer().encode(instances.back()->render_chat(probe), false);
         } catch (const ApiException& e) {  // (render_chat's: no template, or the template refused)
-          refused = e.error.message;
+          return e.error.message;
         } catch (const std::exception& e) {
-          refused = e.what();
+          return std::string(e.what());
         }
-        if (!refused.empty()) {
+        return std::string();
+      };
+      if (sampling.system) {
+        GenerationDefaults alone;
+        alone.system = sampling.system;
+        if (const std::string refused = refusal(alone); !refused.empty()) {
           sampling.ignored.push_back(fmt::format("{}: the system prompt is left out: {}", system_file, refused));
           sampling.system.reset();
+        }
+      }
+      if (!sampling.messages.empty()) {
+        if (const std::string refused = refusal(sampling); !refused.empty()) {
+          sampling.ignored.push_back(fmt::format("{}: the preset messages are left out: {}", messages_file, refused));
+          sampling.messages.clear();
         }
       }
       for (const std::string& why : sampling.ignored) LOG_WARN("{}: ignoring a sampling default: {}", who, why);

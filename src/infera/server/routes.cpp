@@ -432,7 +432,7 @@ void Routes::handle_generate(Endpoint endpoint, const HttpRequest& req, std::sha
     GenerationOptions& request_options = chat ? chat->options : completion->options;
     auto model = find_model(request_options.model, listener);
     model->generation_defaults().apply(request_options);  // the model's own, for what the request left out
-    if (chat) model->generation_defaults().apply_system(chat->messages);  // an Ollama model's SYSTEM
+    if (chat) model->generation_defaults().apply_chat(chat->messages);  // an Ollama model's SYSTEM, MESSAGEs
     const GenerationOptions& options = request_options;
     model_name = model->name();
     check_model_access(key, *model);

@@ -422,10 +422,13 @@ TEST_F(ServeFlags, OllamaReferencesResolveToTheirBlobs) {
   std::ofstream(store.path() / "blobs" / ("sha256-" + params_hex)) << R"({"temperature": 0.6})";
   const std::string system_hex(64, 'c');
   std::ofstream(store.path() / "blobs" / ("sha256-" + system_hex)) << "You are a pirate.";
+  const std::string messages_hex(64, 'd');
+  std::ofstream(store.path() / "blobs" / ("sha256-" + messages_hex)) << R"([{"role":"user","content":"Ahoy?"}])";
   std::ofstream(store.path() / "manifests/registry.ollama.ai/library/qwen3/8b")
       << R"({"layers":[{"mediaType":"application/vnd.ollama.image.model","digest":"sha256:)" << hex
       << R"("},{"mediaType":"application/vnd.ollama.image.params","digest":"sha256:)" << params_hex
-      << R"("},{"mediaType":"application/vnd.ollama.image.system","digest":"sha256:)" << system_hex << R"("}]})";
+      << R"("},{"mediaType":"application/vnd.ollama.image.system","digest":"sha256:)" << system_hex
+      << R"("},{"mediaType":"application/vnd.ollama.image.messages","digest":"sha256:)" << messages_hex << R"("}]})";
   test::ScopedEnv env("OLLAMA_MODELS", store.path().c_str());
   const std::string blob = (store.path() / "blobs" / ("sha256-" + hex)).string();
   EXPECT_EQ(parse_run({"-m", "ollama:qwen3:8b"}).model_dir, blob);
@@ -438,6 +441,8 @@ TEST_F(ServeFlags, OllamaReferencesResolveToTheirBlobs) {
       << "its params layer: the model's sampling defaults";
   EXPECT_EQ(c.models.at(0).ollama_system, (store.path() / "blobs" / ("sha256-" + system_hex)).string())
       << "its system layer: the system prompt of chats without one";
+  EXPECT_EQ(c.models.at(0).ollama_messages, (store.path() / "blobs" / ("sha256-" + messages_hex)).string())
+      << "its messages layer: the preset turns of every chat";
   {
     // The built-in model's variable may name one too; serve keeps what the reference brings.
     test::ScopedEnv builtin("INFERA_DEFAULT_MODEL", "ollama:qwen3:8b");

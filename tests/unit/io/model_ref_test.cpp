@@ -123,8 +123,8 @@ TEST(ModelRef, OllamaErrorsSayWhatIsThere) {
   EXPECT_NE(e.find("malformed JSON"), std::string::npos) << e;
 }
 
-// A model's params layer (its sampling defaults, server/generation_defaults.h) and system layer
-// (its system prompt) come with it.
+// A model's params layer (its sampling defaults, server/generation_defaults.h), system layer
+// (its system prompt) and messages layer (its preset messages) come with it.
 TEST(ModelRef, OllamaParamsLayerComesWithTheModel) {
   OllamaStore s;
   const fs::path params = s.root() / "blobs" / ("sha256-" + std::string(64, 'c'));
@@ -152,6 +152,17 @@ TEST(ModelRef, OllamaParamsLayerComesWithTheModel) {
   s.add("registry.ollama.ai", "library", "parrot", "latest",
         R"({"mediaType":"application/vnd.ollama.image.system","digest":"sha256:)" + std::string(64, 'f') + R"("},)");
   EXPECT_EQ(resolve_store_ref("ollama:parrot").system, old_name.string());
+  // Its messages layer (a Modelfile's MESSAGE lines), beside the others.
+  const fs::path messages = s.root() / "blobs" / ("sha256-" + std::string(64, 'a'));
+  write_text(messages, R"([{"role":"user","content":"Ahoy?"},{"role":"assistant","content":"Arr."}])");
+  s.add("registry.ollama.ai", "library", "crew", "latest",
+        R"({"mediaType":"application/vnd.ollama.image.system","digest":"sha256:)" + std::string(64, 'e') + R"("},)" +
+            R"({"mediaType":"application/vnd.ollama.image.messages","digest":"sha256:)" + std::string(64, 'a') +
+            R"("},)");
+  const ResolvedModelRef crew = resolve_store_ref("ollama:crew");
+  EXPECT_EQ(crew.messages, messages.string());
+  EXPECT_EQ(crew.system, system.string());
+  EXPECT_EQ(resolve_store_ref("ollama:pirate").messages, "");
 }
 
 TEST(ModelRef, OllamaBlobThatIsNotGgufIsAnError) {

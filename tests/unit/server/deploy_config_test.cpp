@@ -197,8 +197,41 @@ TEST(PrepareModels, AnOllamaSystemPromptTheTemplateRefusesIsLeftOut) {
   chat.messages.resize(1);
   chat.messages[0].role = "user";
   chat.messages[0].content = "Hi";
-  refused->generation_defaults().apply_system(chat.messages);
+  refused->generation_defaults().apply_chat(chat.messages);
   EXPECT_EQ(refused->render_chat(chat), "Hi") << "a chat without a system message still renders";
+}
+
+// Preset messages (an Ollama messages layer) likewise: kept where the template renders them in
+// front of a user's message, left out where it wants roles to alternate and they end on a user.
+TEST(PrepareModels, OllamaPresetMessagesTheTemplateRefusesAreLeftOut) {
+  INFERA_REQUIRE_FIXTURE(kStories);
+  test::TempDir dir("infera_prepare_messages");
+  std::ofstream(dir.file("alternate.jinja"))
+      << "{% for m in messages %}{% if loop.index0 > 0 and m.role == messages[loop.index0 - 1].role %}"
+         "{{ raise_exception('Conversation roles must alternate') }}{% endif %}{{ m.role }}={{ m.content }};"
+         "{% endfor %}";
+  DeployConfig c;
+  ModelDeployConfig m;
+  m.path = kStories;
+  m.chat_template_file = dir.file("alternate.jinja");
+  m.ollama_messages = dir.file("messages");
+  c.models.push_back(m);
+  c.server.port = free_port();
+  std::ofstream(dir.file("messages")) << R"([{"role":"user","content":"Ahoy?"},{"role":"assistant","content":"Arr."}])";
+  const auto kept = prepare_models(c).at(0);
+  ASSERT_EQ(kept->generation_defaults().messages.size(), 2u);
+  ChatRequest chat;
+  chat.messages.resize(1);
+  chat.messages[0].role = "user";
+  chat.messages[0].content = "Hi";
+  ChatRequest with = chat;
+  kept->generation_defaults().apply_chat(with.messages);
+  EXPECT_EQ(kept->render_chat(with), "user=Ahoy?;assistant=Arr.;user=Hi;");
+  std::ofstream(dir.file("messages"), std::ios::trunc) << R"([{"role":"user","content":"Ahoy?"}])";
+  const auto refused = prepare_models(c).at(0);
+  EXPECT_TRUE(refused->generation_defaults().messages.empty());
+  refused->generation_defaults().apply_chat(chat.messages);
+  EXPECT_EQ(refused->render_chat(chat), "user=Hi;") << "chats still render, without them";
 }
 
 TEST(PrepareModels, EveryConfigurationErrorIsNamed) {

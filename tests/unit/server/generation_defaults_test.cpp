@@ -133,6 +133,7 @@ TEST(GenerationDefaults, LoadedAsTheDeployConfigSays) {
   EXPECT_EQ(d.system, "You are a pirate.");
   EXPECT_EQ(d.temperature, 0.2f);
   EXPECT_NE(d.describe().find("a system prompt of 17 bytes"), std::string::npos) << d.describe();
+  EXPECT_EQ(d.source, dir.file("params") + ", " + dir.file("system")) << "every file that gave something";
   m.ollama_params.clear();
   m.path = dir.file("model.gguf");
   d = load_generation_defaults(m);
@@ -156,6 +157,59 @@ TEST(GenerationDefaults, LoadedAsTheDeployConfigSays) {
   ASSERT_EQ(d.ignored.size(), 1u);
   EXPECT_NE(d.ignored[0].find("cannot read the system prompt"), std::string::npos) << d.ignored[0];
   m.ollama_system.clear();
+  // Its messages layer: preset messages, alone or with the rest; one that is not such a list
+  // is named and left out, the other defaults kept.
+  std::ofstream(dir.file("messages")) << R"([{"role":"user","content":"Ahoy?"},{"role":"assistant","content":"Arr."},)"
+                                      << R"({"role":"user","content":null,"images":["x"]}])";
+  m.ollama_messages = dir.file("messages");
+  d = load_generation_defaults(m);
+  ASSERT_EQ(d.messages.size(), 3u);
+  EXPECT_EQ(d.messages[0].role, "user");
+  EXPECT_EQ(d.messages[0].content, "Ahoy?");
+  EXPECT_EQ(d.messages[1].role, "assistant");
+  EXPECT_EQ(d.messages[2].content, "") << "a null content is empty; images are not taken";
+  EXPECT_EQ(d.source, dir.file("messages"));
+  EXPECT_TRUE(d.ignored.empty());
+  EXPECT_NE(d.describe().find("3 preset messages"), std::string::npos) << d.describe();
+  m.generation_config = "none";
+  EXPECT_TRUE(load_generation_defaults(m).empty());
+  m.generation_config = "auto";
+  m.ollama_params = dir.file("params");
+  const std::pair<std::string, std::string> bad[] = {
+      {R"({"role":"user","content":"Hi"})", "expected a JSON array of messages"},
+      {R"([{"role":"tool","content":"x"}])", R"(message 0 ({"content":"x","role":"tool"}) is not an object)"},
+      {R"([{"role":"user","content":"a"},{"content":"b"}])", "message 1"},
+      {R"([{"role":"user","content":7}])", "message 0's content 7 is not a string"},
+      {R"([{"role":"user","content":"a"})", "are not JSON"},
+      {std::string(200, '[') + std::string(200, ']'), "are not JSON (or nest too deep)"},
+      {"[" + std::string(kMaxPresetMessages, ' ') + "]", ""},  // (an empty list: none, and no problem)
+  };
+  for (const auto& [text, why] : bad) {
+    std::ofstream(dir.file("messages"), std::ios::trunc) << text;
+    d = load_generation_defaults(m);
+    EXPECT_TRUE(d.messages.empty()) << text;
+    EXPECT_EQ(d.temperature, 0.2f) << "the params are kept: " << text;
+    if (why.empty()) {
+      EXPECT_TRUE(d.ignored.empty()) << text;
+      continue;
+    }
+    ASSERT_EQ(d.ignored.size(), 1u) << text;
+    EXPECT_NE(d.ignored[0].find(dir.file("messages") + ": "), std::string::npos) << d.ignored[0];
+    EXPECT_NE(d.ignored[0].find(why), std::string::npos) << d.ignored[0];
+    EXPECT_NE(d.ignored[0].find("(no preset messages taken)"), std::string::npos) << d.ignored[0];
+  }
+  nlohmann::json many = nlohmann::json::array();
+  for (size_t i = 0; i <= kMaxPresetMessages; ++i) many.push_back({{"role", "user"}, {"content", "x"}});
+  EXPECT_NE(test::error_of([&] { parse_preset_messages(many, "m"); }).find("257 messages, more than the 256 taken"),
+            std::string::npos);
+  many.erase(many.begin());
+  EXPECT_EQ(parse_preset_messages(many, "m").size(), kMaxPresetMessages);
+  std::ofstream(dir.file("messages"), std::ios::trunc) << std::string(static_cast<size_t>(kMaxSystemBytes) + 1, ' ');
+  d = load_generation_defaults(m);
+  ASSERT_EQ(d.ignored.size(), 1u);
+  EXPECT_NE(d.ignored[0].find("more than the"), std::string::npos) << d.ignored[0];
+  m.ollama_messages.clear();
+  m.ollama_params.clear();
   m.path = dir.path().string();
   // The model's own file is advisory: one that is not JSON leaves the model without defaults.
   std::ofstream(dir.file("generation_config.json")) << R"({"temperature": 0.7,})";
@@ -173,23 +227,66 @@ TEST(GenerationDefaults, SystemPromptOnlyWhereTheChatHasNone) {
   std::vector<ChatMessage> msgs(1);
   msgs[0].role = "user";
   msgs[0].content = "Hi";
-  d.apply_system(msgs);
+  d.apply_chat(msgs);
   EXPECT_EQ(msgs.size(), 1u) << "no system prompt: nothing added";
   d.system = "Be brief.";
-  d.apply_system(msgs);
+  d.apply_chat(msgs);
   ASSERT_EQ(msgs.size(), 2u);
   EXPECT_EQ(msgs[0].role, "system");
   EXPECT_EQ(msgs[0].content, "Be brief.");
   EXPECT_EQ(msgs[1].content, "Hi");
-  d.apply_system(msgs);
+  d.apply_chat(msgs);
   EXPECT_EQ(msgs.size(), 2u) << "a chat that opens with a system message keeps it";
   msgs[0].role = "developer";
-  d.apply_system(msgs);
+  d.apply_chat(msgs);
   EXPECT_EQ(msgs.size(), 2u) << "developer is the system role of newer OpenAI clients";
   std::vector<ChatMessage> none;
-  d.apply_system(none);
+  d.apply_chat(none);
   ASSERT_EQ(none.size(), 1u);
   EXPECT_EQ(none[0].role, "system");
+}
+
+std::string roles_and_contents(const std::vector<ChatMessage>& chat) {
+  std::string out;
+  for (const ChatMessage& m : chat) out += m.role + ":" + m.content.value_or("") + " ";
+  return out;
+}
+
+// Preset messages come before the chat's own, after its leading system messages; the model's
+// system prompt goes in front only where the chat brought none (Ollama's order, but for a
+// chat's own system message, which stays first).
+TEST(GenerationDefaults, PresetMessagesBeforeTheChatsOwn) {
+  GenerationDefaults d;
+  d.messages.resize(2);
+  d.messages[0].role = "user";
+  d.messages[0].content = "Ahoy?";
+  d.messages[1].role = "assistant";
+  d.messages[1].content = "Arr.";
+  const auto chat = [](std::vector<std::pair<std::string, std::string>> turns) {
+    std::vector<ChatMessage> out;
+    for (auto& [role, content] : turns) {
+      out.emplace_back();
+      out.back().role = role;
+      out.back().content = content;
+    }
+    return out;
+  };
+  std::vector<ChatMessage> c = chat({{"user", "Hi"}});
+  d.apply_chat(c);
+  EXPECT_EQ(roles_and_contents(c), "user:Ahoy? assistant:Arr. user:Hi ");
+  c = chat({{"system", "S"}, {"developer", "D"}, {"user", "Hi"}});
+  d.apply_chat(c);
+  EXPECT_EQ(roles_and_contents(c), "system:S developer:D user:Ahoy? assistant:Arr. user:Hi ");
+  d.system = "Be brief.";
+  c = chat({{"user", "Hi"}, {"assistant", "Hello"}, {"user", "More"}});
+  d.apply_chat(c);
+  EXPECT_EQ(roles_and_contents(c), "system:Be brief. user:Ahoy? assistant:Arr. user:Hi assistant:Hello user:More ");
+  c = chat({{"system", "S"}, {"user", "Hi"}});
+  d.apply_chat(c);
+  EXPECT_EQ(roles_and_contents(c), "system:S user:Ahoy? assistant:Arr. user:Hi ");
+  c.clear();
+  d.apply_chat(c);
+  EXPECT_EQ(roles_and_contents(c), "system:Be brief. user:Ahoy? assistant:Arr. ");
 }
 
 // Through the server: the sampler gets the model's defaults for what the request left out.
@@ -234,6 +331,21 @@ TEST(GenerationDefaults, ReachTheSampler) {
   const std::string text = tok.decode(backend->last_prompt_ids());
   EXPECT_EQ(text.find("pirate"), std::string::npos) << text;
   EXPECT_NE(text.find("You are a poet."), std::string::npos) << text;
+  // Its preset messages reach every chat's prompt, after the system prompt, before the
+  // chat's own; a completion's prompt is left as sent.
+  defaults.messages.resize(1);
+  defaults.messages[0].role = "assistant";
+  defaults.messages[0].content = "Arr, matey.";
+  model->set_generation_defaults(defaults);
+  ASSERT_EQ(c.Post("/v1/chat/completions", chat.dump(), "application/json")->status, 200);
+  const std::string with = tok.decode(backend->last_prompt_ids());
+  const size_t pirate = with.find("You are a pirate."), preset = with.find("Arr, matey."), hi = with.rfind("Hi");
+  ASSERT_NE(preset, std::string::npos) << with;
+  EXPECT_LT(pirate, preset) << with;
+  EXPECT_LT(preset, hi) << with;
+  const json completion = {{"model", "stories"}, {"prompt", "Once"}, {"max_tokens", 2}};
+  ASSERT_EQ(c.Post("/v1/completions", completion.dump(), "application/json")->status, 200);
+  EXPECT_EQ(tok.decode(backend->last_prompt_ids()).find("matey"), std::string::npos);
   server->stop();
 }
 
