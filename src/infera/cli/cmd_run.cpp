@@ -17,6 +17,7 @@
 #include "infera/cli/model_paths.h"
 #include "infera/cli/run_options.h"
 #include "infera/io/gguf.h"
+#include "infera/io/model_ref.h"
 #include "infera/model/model.h"
 #include "infera/model/parallel_model.h"
 #include "infera/model/tensor_dump.h"
@@ -28,6 +29,7 @@
 #include "infera/runtime/sampler.h"
 #include "infera/runtime/sequence_runner.h"
 #include "infera/server/deploy_config.h"
+#include "infera/server/generation_defaults.h"
 #include "infera/tokenizer/tokenizer.h"
 
 namespace infera::cli {
@@ -64,9 +66,10 @@ double weight_gb_per_s(int64_t weight_bytes_per_step, double steps_per_s) {
 }
 
 // What `--json` prints for every run (speculative and parallel runs add their sections).
-nlohmann::json run_json(const RunOptions& o, const std::vector<int32_t>& prompt, const std::vector<int32_t>& generated,
-                        const std::optional<Tokenizer>& tok, const nlohmann::json& token_logprobs, double prompt_tps,
-                        double gen_tps, double gen_gbs, int64_t weight_bytes) {
+nlohmann::json run_json(const RunOptions& o, const SamplingParams& sp, const std::vector<int32_t>& prompt,
+                        const std::vector<int32_t>& generated, const std::optional<Tokenizer>& tok,
+                        const nlohmann::json& token_logprobs, double prompt_tps, double gen_tps, double gen_gbs,
+                        int64_t weight_bytes) {
   nlohmann::json j = {{"ids", generated},
                       {"prompt_tokens", prompt.size()},
                       {"prompt_tokens_per_s", prompt_tps},
@@ -76,7 +79,46 @@ nlohmann::json run_json(const RunOptions& o, const std::vector<int32_t>& prompt,
                       {"weight_bytes_per_token", weight_bytes}};
   if (tok) j["text"] = tok->decode(generated);
   if (o.logprobs >= 0) j["logprobs"] = token_logprobs;
+  // What the sampler used: the flags, the model's defaults for those not given, the seed.
+  // (A float as its shortest decimal: 0.05, not 0.05000000074505806.)
+  const auto decimal = [](float v) { return std::stod(fmt::format("{}", v)); };
+  j["sampling"] = {{"temperature", decimal(sp.temperature)},
+                   {"top_k", sp.top_k},
+                   {"top_p", decimal(sp.top_p)},
+                   {"min_p", decimal(sp.min_p)},
+                   {"repetition_penalty", decimal(sp.repetition_penalty)},
+                   {"presence_penalty", decimal(sp.presence_penalty)},
+                   {"frequency_penalty", decimal(sp.frequency_penalty)},
+                   {"seed", sp.seed}};
   return j;
+}
+
+// The sampling flags, the model's own defaults (--generation-config: generation_config.json,
+// an Ollama model's params) filling those not given, as serve fills a request's.
+SamplingParams run_sampling(const RunOptions& o, const std::string& dir, const std::string& ollama_params) {
+  server::GenerationOptions g;
+  g.temperature = o.temperature;
+  g.top_k = o.top_k;
+  g.top_p = o.top_p;
+  g.min_p = o.min_p;
+  g.repetition_penalty = o.repeat_penalty;
+  g.presence_penalty = o.presence_penalty;
+  g.frequency_penalty = o.frequency_penalty;
+  g.given = o.given;
+  server::ModelDeployConfig m;
+  m.path = dir;
+  m.generation_config = o.generation_config;
+  m.ollama_params = ollama_params;
+  const server::GenerationDefaults d = server::load_generation_defaults(m);
+  for (const std::string& why : d.ignored) LOG_WARN("ignoring a sampling default: {}", why);
+  d.apply(g);
+  const uint32_t sampling_given = server::kGivenTemperature | server::kGivenTopP | server::kGivenTopK |
+                                  server::kGivenMinP | server::kGivenRepetitionPenalty | server::kGivenPresencePenalty |
+                                  server::kGivenFrequencyPenalty;
+  if (!d.empty() && (o.given & sampling_given) != sampling_given) {
+    LOG_INFO("the model's sampling defaults for the flags not given, from {}: {}", d.source, d.describe());
+  }
+  return server::sampling_of(g);
 }
 
 // Speculative decoding: the engine core (one sequence) owns the draft/verify loop, so
@@ -154,7 +196,7 @@ int generate_speculative(const RunOptions& o, Model& model, const std::vector<in
   }
   if (o.json) {
     nlohmann::json j =
-        run_json(o, prompt, generated, tok, token_logprobs_out, prompt_tps, gen_tps, gen_gbs, weight_bytes);
+        run_json(o, sampling, prompt, generated, tok, token_logprobs_out, prompt_tps, gen_tps, gen_gbs, weight_bytes);
     j["speculative"] = {{"method", method},
                         {"draft_tokens", c.speculative.draft_tokens()},
                         {"drafted", st.spec_drafted},
@@ -188,7 +230,15 @@ int generate(const RunOptions& o, parallel::Communicator* comm) {
     threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / parallel::launcher_local_size());
   }
   set_num_threads(threads);
-  const std::string dir = o.model_dir.empty() ? default_model_dir() : o.model_dir;
+  std::string dir = o.model_dir, ollama_params = o.ollama_params;
+  if (dir.empty()) {  // the built-in model, or the one INFERA_DEFAULT_MODEL names (a store's too)
+    dir = default_model_ref();
+    if (is_store_ref(dir)) {
+      ResolvedModelRef ref = resolve_store_ref(dir);
+      dir = std::move(ref.path);
+      ollama_params = std::move(ref.params);
+    }
+  }
   LoadOptions load;
   load.load_into_memory = o.no_mmap;
   load.max_batch_tokens = o.chunk;
@@ -253,14 +303,7 @@ int generate(const RunOptions& o, parallel::Communicator* comm) {
     fail("prompt ({} tokens) + -n {} exceeds the context of {} tokens; raise --ctx", prompt.size(), o.n_predict, o.ctx);
   }
 
-  SamplingParams sp;
-  sp.temperature = o.temperature;
-  sp.top_k = o.top_k;
-  sp.top_p = o.top_p;
-  sp.min_p = o.min_p;
-  sp.repetition_penalty = o.repeat_penalty;
-  sp.presence_penalty = o.presence_penalty;
-  sp.frequency_penalty = o.frequency_penalty;
+  SamplingParams sp = run_sampling(o, dir, ollama_params);
   sp.seed = o.seed >= 0 ? static_cast<uint64_t>(o.seed) : std::random_device{}();
   if (o.seed < 0 && sp.temperature > 0) LOG_INFO("sampling seed {} (pass --seed to reproduce)", sp.seed);
   if (o.speculative != "none" && o.n_predict > 0) {
@@ -378,7 +421,7 @@ int generate(const RunOptions& o, parallel::Communicator* comm) {
   const double gen_gbs = weight_gb_per_s(weight_bytes, gen_tps);
   if (o.json) {
     nlohmann::json j =
-        run_json(o, prompt, generated, tok, token_logprobs_out, prompt_tps, gen_tps, gen_gbs, weight_bytes);
+        run_json(o, sp, prompt, generated, tok, token_logprobs_out, prompt_tps, gen_tps, gen_gbs, weight_bytes);
     // Tokens per second of the process's CPU time (all threads): steadier than wall time on a
     // loaded machine; with one thread, the speed the machine would give unloaded.
     j["prompt_cpu_tokens_per_s"] = prefill_cpu_s > 0 ? prompt.size() / prefill_cpu_s : 0.0;

@@ -23,12 +23,15 @@ std::string default_model_ref() {
   fail("no model given and the built-in default model (models/infera-default) was not found; pass -m MODEL_DIR");
 }
 
-CLI::Validator model_ref_transform() {
+CLI::Validator model_ref_transform(std::string* ollama_params) {
   return CLI::Validator(
-      [](std::string& value) -> std::string {
+      [ollama_params](std::string& value) -> std::string {
+        if (ollama_params) ollama_params->clear();
         if (!is_store_ref(value)) return {};
         try {
-          value = resolve_store_ref(value).path;
+          ResolvedModelRef ref = resolve_store_ref(value);
+          value = std::move(ref.path);
+          if (ollama_params) *ollama_params = std::move(ref.params);
         } catch (const Error& e) {
           return e.what();
         }

@@ -18,7 +18,8 @@ std::string default_model_ref();
 // A CLI11 transform for the options that name a model (-m, a command's MODEL_DIR): a model in
 // Ollama's store or the Hugging Face cache (ollama:NAME[:TAG], hf:ORG/NAME[@REV][:QUANT];
 // io/model_ref.h) becomes its file or directory; any other value passes as it is. A
-// reference that does not resolve is the option's error.
-CLI::Validator model_ref_transform();
+// reference that does not resolve is the option's error. `ollama_params`, when given, gets an
+// ollama: model's params layer (its sampling defaults; "" for any other value).
+CLI::Validator model_ref_transform(std::string* ollama_params = nullptr);
 
 }  // namespace infera::cli

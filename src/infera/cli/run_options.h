@@ -27,6 +27,11 @@ struct RunOptions {
   float presence_penalty = 0.0f;
   float frequency_penalty = 0.0f;
   int64_t seed = -1;
+  // Where the sampling defaults of the flags above that are not given come from
+  // (server/generation_defaults.h): auto (the model's own), none, or a path.
+  std::string generation_config = "auto";
+  uint32_t given = 0;  // server::kGiven* bits of the sampling flags given
+  std::string ollama_params;  // an ollama: model's params layer ("" for other models)
   bool json = false;
   bool ignore_eos = false;
   bool no_mmap = false;

@@ -67,6 +67,18 @@ void GenerationDefaults::apply(GenerationOptions& o) const {
   if (!stop.empty() && !(o.given & kGivenStop)) o.stop = stop;
 }
 
+SamplingParams sampling_of(const GenerationOptions& o) {
+  SamplingParams sp;
+  sp.temperature = o.temperature;
+  sp.top_p = o.top_p;
+  sp.top_k = o.top_k;
+  sp.min_p = o.min_p;
+  sp.presence_penalty = o.presence_penalty;
+  sp.frequency_penalty = o.frequency_penalty;
+  sp.repetition_penalty = o.repetition_penalty;
+  return sp;
+}
+
 std::string GenerationDefaults::describe() const {
   std::string out;
   const auto add = [&out](const std::string& item) { out += (out.empty() ? "" : ", ") + item; };

@@ -14,6 +14,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "infera/runtime/sampler.h"
 #include "infera/server/deploy_config.h"
 #include "infera/server/openai_api.h"
 
@@ -42,6 +43,10 @@ struct GenerationDefaults {
   // "temperature 0.6, top_p 0.95, top_k 20" ("none" when empty).
   std::string describe() const;
 };
+
+// The sampler's settings of `o` (temperature, top_p, top_k, min_p and the three penalties); the
+// seed, bias and vocabulary bound are the caller's.
+SamplingParams sampling_of(const GenerationOptions& o);
 
 enum class DefaultsKind { kGenerationConfig, kOllamaParams };
 

@@ -558,13 +558,7 @@ void Routes::handle_generate(Endpoint endpoint, const HttpRequest& req, std::sha
         c->echo_scored = completion && completion->echo && options.logprobs;
         Request r;
         r.prompt_ids = prompt_ids[p];
-        r.sampling.temperature = options.temperature;
-        r.sampling.top_p = options.top_p;
-        r.sampling.top_k = options.top_k;
-        r.sampling.min_p = options.min_p;
-        r.sampling.presence_penalty = options.presence_penalty;
-        r.sampling.frequency_penalty = options.frequency_penalty;
-        r.sampling.repetition_penalty = options.repetition_penalty;
+        r.sampling = sampling_of(options);
         r.sampling.seed = options.seed ? base_seed + static_cast<uint64_t>(c->index) : random_seed();
         r.sampling.vocab_limit = tok.vocab_size();  // never an id the decoder cannot turn into text
         r.sampling.logit_bias = options.logit_bias;

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "../test_support.h"
@@ -16,6 +17,7 @@
 #include "infera/cli/run_options.h"
 #include "infera/cli/serve_options.h"
 #include "infera/runtime/engine_config.h"
+#include "infera/server/openai_api.h"
 
 namespace infera::cli {
 namespace {
@@ -53,6 +55,27 @@ bool run_rejects(const std::vector<std::string>& args) {
     return true;
   }
   return false;
+}
+
+// The sampling flags a user gave are marked: the model's own defaults (--generation-config,
+// auto unless told) fill only the others.
+TEST(RunFlags, SamplingFlagsGivenAreMarked) {
+  EXPECT_EQ(parse_run({}).given, 0u) << "defaults are not given";
+  EXPECT_EQ(parse_run({}).generation_config, "auto");
+  EXPECT_EQ(parse_run({"--generation-config", "none"}).generation_config, "none");
+  const std::pair<std::vector<std::string>, uint32_t> flags[] = {
+      {{"--temp", "0.5"}, server::kGivenTemperature},
+      {{"--top-k", "3"}, server::kGivenTopK},
+      {{"--top-p", "0.9"}, server::kGivenTopP},
+      {{"--min-p", "0.1"}, server::kGivenMinP},
+      {{"--repeat-penalty", "1.1"}, server::kGivenRepetitionPenalty},
+      {{"--presence-penalty", "0.5"}, server::kGivenPresencePenalty},
+      {{"--frequency-penalty", "0.5"}, server::kGivenFrequencyPenalty},
+      {{"--temp", "0.8"}, server::kGivenTemperature},  // (a value equal to the default is given too)
+  };
+  for (const auto& [args, bit] : flags) EXPECT_EQ(parse_run(args).given, bit) << args[0];
+  EXPECT_EQ(parse_run({"--temp", "0", "--top-k", "1", "-n", "4"}).given,
+            server::kGivenTemperature | server::kGivenTopK);
 }
 
 TEST(RunFlags, DefaultsAreThoseOfBefore) {
@@ -432,6 +455,10 @@ TEST_F(ServeFlags, OllamaReferencesResolveToTheirBlobs) {
   test::ScopedEnv env("OLLAMA_MODELS", store.path().c_str());
   const std::string blob = (store.path() / "blobs" / ("sha256-" + hex)).string();
   EXPECT_EQ(parse_run({"-m", "ollama:qwen3:8b"}).model_dir, blob);
+  EXPECT_EQ(parse_run({"-m", "ollama:qwen3:8b"}).ollama_params,
+            (store.path() / "blobs" / ("sha256-" + params_hex)).string())
+      << "run takes its params layer's sampling defaults too";
+  EXPECT_EQ(parse_run({"-m", "/plain/dir"}).ollama_params, "");
   EXPECT_EQ(parse_run({"-m", "/plain/dir"}).model_dir, "/plain/dir");
   EXPECT_TRUE(run_rejects({"-m", "ollama:qwen3:14b"}));
   DeployConfig c = Serve({"-m", "ollama:qwen3:8b"}).config();
