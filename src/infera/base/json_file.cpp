@@ -15,14 +15,17 @@ std::string json_error_text(const nlohmann::json::exception& e) {
 }
 
 nlohmann::json read_json_file(const std::string& path, const std::string& if_missing) {
-  TextFile file = load_text_file(path);
-  if (!file.ok()) fail("{}: {} ({})", path, if_missing, file.error);
-  const std::string& body = file.text;
-  if (json_nesting_depth(body, kMaxJsonFileDepth) > kMaxJsonFileDepth) {
+  const TextFile file = load_text_file(path);
+  if (!file.ok()) fail("{}: {}: {}", path, if_missing, file.error);
+  return parse_json_file_text(file.text, path);
+}
+
+nlohmann::json parse_json_file_text(std::string_view text, const std::string& path) {
+  if (json_nesting_depth(text, kMaxJsonFileDepth) > kMaxJsonFileDepth) {
     fail("{}: malformed JSON: nested deeper than {} levels", path, kMaxJsonFileDepth);
   }
   try {
-    return nlohmann::json::parse(body);
+    return nlohmann::json::parse(text);
   } catch (const nlohmann::json::exception& e) {
     fail("{}: malformed JSON: {}", path, json_error_text(e));
   }

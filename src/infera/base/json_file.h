@@ -13,9 +13,14 @@ namespace infera {
 // the part with line and column.
 std::string json_error_text(const nlohmann::json::exception& e);
 
-// Parses the file at `path`. Throws infera::Error "<path>: <if_missing>" when it cannot be
-// opened and "<path>: malformed JSON: <line/column>" when it does not parse.
+// Parses the file at `path` (base/text_file.h's bound). Throws infera::Error
+// "<path>: <if_missing>: <reason>" when it cannot be read (the system's reason, "it is a
+// directory", ...) and parse_json_file_text's errors when it does not parse.
 nlohmann::json read_json_file(const std::string& path, const std::string& if_missing = "cannot open");
+
+// `text`, the contents of the file at `path`, parsed; throws infera::Error
+// "<path>: malformed JSON: <line/column>" (or "nested deeper than N levels": kMaxJsonFileDepth).
+nlohmann::json parse_json_file_text(std::string_view text, const std::string& path);
 
 // Deepest bracket nesting of a JSON text, string contents skipped; stops counting (and
 // returns limit + 1) as soon as `limit` is passed. Text from clients, models and model files

@@ -17,7 +17,7 @@ TextFile load_text_file(const std::string& path, uint64_t max_bytes) {
   TextFile f;
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
-    f.absent = errno == ENOENT;
+    f.absent = errno == ENOENT || errno == ENOTDIR;  // (as std::filesystem::exists takes them)
     f.error = std::strerror(errno);
     return f;
   }

@@ -16,7 +16,8 @@ inline constexpr uint64_t kMaxTextFileBytes = uint64_t{1} << 30;
 
 // A file's bytes, or why they could not be read: the system's reason, "it is a directory",
 // or "it is more than the N bytes taken" (checked as it is read, so pipes and devices are
-// bounded too). `absent`: nothing exists at the path.
+// bounded too). `absent`: nothing exists at the path (ENOENT, or ENOTDIR: a path through a
+// file).
 struct TextFile {
   std::string text;
   std::string error;  // empty when read

@@ -10,7 +10,6 @@
 // input line gives one output line: the prompt as a JSON string, or {"error": "..."}
 // when that conversation fails (the exit code is then 1).
 #include <iostream>
-#include <iterator>
 #include <memory>
 #include <optional>
 #include <string>
@@ -75,7 +74,7 @@ std::string dump_string(const std::string& text) {
 int run(const Options& opts) {
   const Renderer renderer = load(opts);
   if (!opts.jsonl) {
-    const std::string input((std::istreambuf_iterator<char>(std::cin)), std::istreambuf_iterator<char>());
+    const std::string input = infera::read_text_file("/dev/stdin", "standard input");
     std::cout << renderer.render(parse_conversation(input, "stdin"));
     std::cout.flush();
     return 0;

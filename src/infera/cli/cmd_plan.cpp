@@ -2,13 +2,12 @@
 // weight scheme, context, concurrency and tensor parallelism. Nothing is loaded.
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <set>
-#include <sstream>
 
 #include <nlohmann/json.hpp>
 
 #include "infera/base/error.h"
+#include "infera/base/json_file.h"
 #include "infera/cli/command.h"
 #include "infera/cli/model_paths.h"
 #include "infera/io/safetensors.h"
@@ -54,13 +53,7 @@ int64_t stored_weight_bytes(const std::string& dir) {
   const std::string base = slim ? "quant_model_weights.safetensors" : "model.safetensors";
   const fs::path index = fs::path(dir) / (base + ".index.json");
   if (fs::exists(index)) {
-    std::ifstream in(index);
-    nlohmann::json j;
-    try {
-      j = nlohmann::json::parse(in);
-    } catch (const nlohmann::json::exception& e) {
-      fail("{}: malformed JSON: {}", index.string(), e.what());
-    }
+    const nlohmann::json j = read_json_file(index.string(), "cannot read the weights' index");
     std::set<std::string> seen;
     for (auto& [name, file] : j.at("weight_map").items()) {
       if (seen.insert(file.get<std::string>()).second) shards.push_back(file.get<std::string>());
@@ -98,15 +91,7 @@ int run(const PlanCmdOptions& o) {
   if (!o.model_dir.empty()) {
     cfg = load_model_config(o.model_dir);
   } else {
-    std::ifstream in(o.arch_config, std::ios::binary);
-    if (!in) fail("{}: cannot read", o.arch_config);
-    nlohmann::json j;
-    try {
-      j = nlohmann::json::parse(in);
-    } catch (const nlohmann::json::exception& e) {
-      fail("{}: malformed JSON: {}", o.arch_config, e.what());
-    }
-    cfg = parse_model_config(j, o.arch_config);
+    cfg = parse_model_config(read_json_file(o.arch_config, "cannot read the --arch-config"), o.arch_config);
   }
   PlanOptions p;
   if (o.scheme == "auto") {

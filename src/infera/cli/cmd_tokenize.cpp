@@ -10,13 +10,13 @@
 
 #include <cstdio>
 #include <iostream>
-#include <iterator>
 #include <memory>
 #include <string>
 
 #include <nlohmann/json.hpp>
 
 #include "infera/base/error.h"
+#include "infera/base/text_file.h"
 #include "infera/cli/command.h"
 #include "infera/cli/model_paths.h"
 #include "infera/tokenizer/tokenizer.h"
@@ -87,7 +87,7 @@ int run(const Options& opts) {
     return 0;
   }
   std::string input = opts.input;
-  if (!opts.has_input) input.assign(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
+  if (!opts.has_input) input = infera::read_text_file("/dev/stdin", "standard input");
   if (opts.decode) {
     const std::string text = tokenizer.decode(parse_ids(input, opts.has_input ? "ids" : "stdin"), opts.skip_special);
     std::cout << text;

@@ -414,7 +414,7 @@ ModelConfig load_model_config(const std::string& model_dir) {
     fail("{}: model directory not found", model_dir);
   }
   const std::string path = (fs::path(model_dir) / "config.json").string();
-  const json j = read_json_file(path, "not found (a Hugging Face model directory needs config.json)");
+  const json j = read_json_file(path, "cannot read it (a Hugging Face model directory needs config.json)");
   return parse_model_config(j, path);
 }
 

@@ -8,13 +8,13 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include "infera/base/error.h"
+#include "infera/base/json_file.h"
 #include "infera/base/mmap.h"
 #include "infera/base/options.h"
 #include "infera/kernels/ggml_quants.h"
@@ -128,14 +128,9 @@ void quantization_config_to_json(const QuantizationConfig& qc, json& out) {
 
 QuantizationConfig read_quantization_config(const std::string& model_dir) {
   const std::string path = (std::filesystem::path(model_dir) / "config.json").string();
-  std::ifstream in(path);
-  if (!in) return {};
-  json j;
-  try {
-    j = json::parse(in);
-  } catch (const json::exception& e) {
-    fail("{}: invalid JSON: {}", path, e.what());
-  }
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) return {};
+  const json j = read_json_file(path, "cannot read the model's config");
   if (!j.is_object() || !j.contains("quantization_config") || j["quantization_config"].is_null()) return {};
   return parse_quantization_config(j["quantization_config"], path);
 }

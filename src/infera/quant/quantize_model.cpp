@@ -13,12 +13,12 @@
 #include <optional>
 #include <regex>
 #include <set>
-#include <sstream>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "infera/base/error.h"
+#include "infera/base/json_file.h"
 #include "infera/base/log.h"
 #include "infera/io/safetensors.h"
 #include "infera/model/arch_registry.h"
@@ -528,8 +528,7 @@ QuantizeReport quantize_model(const std::string& in_dir, const std::string& out_
 
   // ---- config, index, tokenizer files ----
   {
-    std::ifstream in(fs::path(in_dir) / "config.json");
-    json config = json::parse(in);
+    json config = read_json_file((fs::path(in_dir) / "config.json").string(), "cannot read the model's config");
     json qj;
     quantization_config_to_json(qc, qj);
     config["quantization_config"] = qj;

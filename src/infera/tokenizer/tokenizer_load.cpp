@@ -46,17 +46,9 @@ json read_json_file(const fs::path& path, bool required) {
     fail("cannot read {}: {} (a tokenizer directory needs tokenizer.json and tokenizer_config.json)", path.string(),
          file.absent ? "file not found" : file.error);
   }
-  const std::string& text = file.text;
-  if (json_nesting_depth(text, kMaxJsonFileDepth) > kMaxJsonFileDepth) {
-    fail("{}: malformed JSON: nested deeper than {} levels", path.string(), kMaxJsonFileDepth);
-  }
-  try {
-    json parsed = json::parse(text);
-    if (!parsed.is_object()) fail("{}: expected a JSON object at the top level", path.string());
-    return parsed;
-  } catch (const json::parse_error& e) {
-    fail("{}: malformed JSON: {}", path.string(), e.what());
-  }
+  json parsed = parse_json_file_text(file.text, path.string());
+  if (!parsed.is_object()) fail("{}: expected a JSON object at the top level", path.string());
+  return parsed;
 }
 
 // A field that is present and not null, or nullptr.

@@ -25,6 +25,7 @@
 #include <nlohmann/json.hpp>
 
 #include "infera/base/error.h"
+#include "infera/base/json_file.h"
 #include "infera/tools/svg_chart.h"
 
 namespace infera::tools {
@@ -509,15 +510,7 @@ double num(const json& j, const std::vector<const char*>& path) {
 
 // ---------------------------------------------------------------- result files
 
-json load_result(const std::string& p) {
-  std::ifstream in(p);
-  if (!in) fail("{}: cannot read", p);
-  try {
-    return json::parse(in);
-  } catch (const json::exception& e) {
-    fail("{}: not a bench result: {}", p, e.what());
-  }
-}
+json load_result(const std::string& p) { return read_json_file(p, "cannot read the bench result"); }
 
 }  // namespace
 

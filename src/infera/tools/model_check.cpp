@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "infera/base/error.h"
+#include "infera/base/json_file.h"
 #include "infera/base/text_file.h"
 #include "infera/chat/chat_template.h"
 #include "infera/io/gguf.h"
@@ -119,11 +120,10 @@ class Checker {
 
   void check_config() {
     if (add_file("config.json", "config", true, "every Hugging Face model directory has one") < 0) return;
-    const auto text = read_text(dir_ / "config.json");
     try {
-      config_json_ = json::parse(text.value_or(""));
-    } catch (const json::exception& e) {
-      error("config", fmt::format("config.json: malformed JSON: {}", e.what()));
+      config_json_ = parse_json_file_text(read_text(dir_ / "config.json").value_or(""), "config.json");
+    } catch (const Error& e) {
+      error("config", e.what());
       return;
     }
     if (!config_json_.is_object()) {
@@ -313,9 +313,9 @@ class Checker {
       add_file("model.safetensors.index.json", "index", true);
       json j;
       try {
-        j = json::parse(read_text(index).value_or(""));
-      } catch (const json::exception& e) {
-        error("weights", fmt::format("model.safetensors.index.json: malformed JSON: {}", e.what()));
+        j = parse_json_file_text(read_text(index).value_or(""), "model.safetensors.index.json");
+      } catch (const Error& e) {
+        error("weights", e.what());
         return;
       }
       auto wm = j.find("weight_map");

@@ -38,6 +38,9 @@ TEST(TextFile, NamesTheFileWhatItWasAndWhy) {
   EXPECT_EQ(test::error_of([&] { read_text_file(missing, "the prompt file"); }),
             missing + ": cannot read the prompt file: No such file or directory");
   EXPECT_FALSE(read_text_file_if_present(missing, "the prompt file").has_value());
+  // A path through a file (ENOTDIR) is absent too, as std::filesystem::exists says.
+  std::ofstream(dir.file("plain"), std::ios::binary) << "x";
+  EXPECT_FALSE(read_text_file_if_present(dir.file("plain") + "/inner.json", "it").has_value());
   const TextFile absent = load_text_file(missing);
   EXPECT_TRUE(absent.absent);
   EXPECT_FALSE(absent.ok());

@@ -455,7 +455,12 @@ TEST(ModelConfig, LoadErrors) {
   fs::create_directories(dir);
   const std::string path = (dir / "config.json").string();
   std::string msg = error_of([&] { load_model_config(dir.string()); });
-  EXPECT_NE(msg.find(path + ": not found"), std::string::npos) << msg;
+  EXPECT_EQ(msg,
+            path + ": cannot read it (a Hugging Face model directory needs config.json): No such file or directory");
+  fs::create_directory(path);
+  msg = error_of([&] { load_model_config(dir.string()); });
+  EXPECT_NE(msg.find("needs config.json): it is a directory"), std::string::npos) << msg;
+  fs::remove(path);
 
   std::ofstream(path) << "{\n  \"model_type\": \"llama\",\n  \"hidden_size\": 64,,\n}";
   msg = error_of([&] { load_model_config(dir.string()); });
