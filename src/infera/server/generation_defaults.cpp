@@ -43,17 +43,57 @@ bool GenerationDefaults::empty() const {
          stop.empty() && !system && messages.empty();
 }
 
-void GenerationDefaults::apply_chat(std::vector<ChatMessage>& chat) const {
-  const auto is_system = [](const ChatMessage& m) { return m.role == "system" || m.role == "developer"; };
-  const bool own_system = !chat.empty() && is_system(chat.front());
-  if (!messages.empty())
-    chat.insert(std::find_if_not(chat.begin(), chat.end(), is_system), messages.begin(), messages.end());
-  if (system && !own_system) {
-    ChatMessage m;
-    m.role = "system";
-    m.content = *system;
-    chat.insert(chat.begin(), std::move(m));
+namespace {
+
+bool is_system_turn(const ChatMessage& m) { return m.role == "system" || m.role == "developer"; }
+
+// `to` + a blank line + `from`'s text (Ollama's collate joins same-role neighbours so).
+void join_into(ChatMessage& to, const ChatMessage& from) {
+  to.content = to.content.value_or("") + "\n\n" + from.content.value_or("");
+}
+
+// A plain turn: text only (no tool calls or results, no reasoning, no name), safe to join.
+bool plain_turn(const ChatMessage& m) {
+  return m.tool_calls.empty() && !m.tool_call_id && !m.reasoning_content && !m.name;
+}
+
+}  // namespace
+
+size_t GenerationDefaults::apply_chat(std::vector<ChatMessage>& chat) const {
+  const bool own_system = !chat.empty() && is_system_turn(chat.front());
+  auto preset = messages.begin();
+  // The model's system turns: its system prompt and its presets' leading system messages, as
+  // one message; a chat's own system message replaces them all.
+  std::optional<ChatMessage> model_system;
+  if (!own_system && system) {
+    model_system.emplace();
+    model_system->role = "system";
+    model_system->content = *system;
   }
+  for (; preset != messages.end() && is_system_turn(*preset); ++preset) {
+    if (own_system) continue;
+    if (model_system)
+      join_into(*model_system, *preset);
+    else
+      model_system = *preset;
+  }
+  // The other presets after the chat's leading system messages; where the last meets a chat
+  // turn of its own role, the two are one (templates that want roles to alternate take it).
+  auto at = std::find_if_not(chat.begin(), chat.end(), is_system_turn);
+  if (preset != messages.end()) {
+    const auto n = messages.end() - preset;
+    at = chat.insert(at, preset, messages.end()) + n;
+    if (at != chat.end() && at->role == (at - 1)->role && plain_turn(*at)) {
+      join_into(*(at - 1), *at);
+      at = chat.erase(at) - 1;  // (the joined turn differs from chat to chat)
+    }
+  }
+  size_t shared = static_cast<size_t>(at - chat.begin());
+  if (model_system) {
+    chat.insert(chat.begin(), std::move(*model_system));
+    ++shared;
+  }
+  return shared;
 }
 
 void GenerationDefaults::apply(GenerationOptions& o) const {

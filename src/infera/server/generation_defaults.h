@@ -36,10 +36,19 @@ struct GenerationDefaults {
   bool empty() const;
   // Sets the fields `o` was not given (GenerationOptions::given) to these defaults.
   void apply(GenerationOptions& o) const;
-  // Puts `messages` in a chat, after its leading system (or developer) messages, and then
-  // `system` in front where the chat did not start with a system message (Ollama's order,
-  // but for a chat's own system message, which stays first where templates look for it).
-  void apply_chat(std::vector<ChatMessage>& chat) const;
+  // Puts the model's turns in a chat, as Ollama does, with two differences for templates
+  // that read the system prompt from the first message only:
+  // - a chat that starts with a system (or developer) message keeps it first and takes none
+  //   of the model's system turns (`system` and the presets' leading system messages);
+  // - a chat without one gets those in front, as one system message (joined by a blank
+  //   line, as Ollama's template collates system messages).
+  // The other presets follow the chat's leading system messages; where the last meets a
+  // chat turn of the same role (user after user), the two become one, joined by a blank line
+  // (Ollama merges same-role neighbours), unless the chat's turn carries tool calls or more.
+  // Returns how many of the chat's first messages are then the same in every chat that
+  // brings the same system messages (theirs, the model's turns, a joined turn not counted):
+  // a prefix-cache boundary (ModelInstance::message_boundaries).
+  size_t apply_chat(std::vector<ChatMessage>& chat) const;
   // "temperature 0.6, top_p 0.95, top_k 20" ("none" when empty).
   std::string describe() const;
 };

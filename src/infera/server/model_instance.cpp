@@ -154,15 +154,16 @@ json ModelInstance::template_context(const ChatRequest& request, const std::vect
   return context;
 }
 
-std::vector<int32_t> ModelInstance::message_boundaries(const ChatRequest& request,
-                                                       const std::vector<int32_t>& ids) const {
+std::vector<int32_t> ModelInstance::message_boundaries(const ChatRequest& request, const std::vector<int32_t>& ids,
+                                                       size_t shared) const {
   std::vector<int32_t> out;
   const size_t n = request.messages.size();
   if (!chat_template_ || n < 2) return out;
   std::vector<size_t> counts;
   const std::string& first_role = request.messages[0].role;
   if (first_role == "system" || first_role == "developer") counts.push_back(1);
-  if (n - 1 > 1) counts.push_back(n - 1);
+  if (shared > 1 && shared < n - 1) counts.push_back(shared);
+  if (n - 1 > 1 && n - 1 != shared) counts.push_back(n - 1);
   for (size_t k : counts) {
     const std::vector<ChatMessage> prefix(request.messages.begin(),
                                           request.messages.begin() + static_cast<std::ptrdiff_t>(k));
@@ -226,6 +227,67 @@ bool port_available(const std::string& host, int port, std::string* why) {
 }
 
 namespace {
+
+// An Ollama system prompt and preset messages meet the GGUF's Jinja template, not the Go
+// template Ollama renders them with: a template that takes no system role, or wants roles to
+// alternate (raise_exception), would refuse every chat, for messages its client never sent,
+// and turns that fill max_input_len would leave no room for any. Each is rendered once here,
+// in front of a user's "Hi" (the presets also after a chat's own system message); refused, or
+// max_input_len tokens or more, it is left out with a warning (`d.ignored`).
+void check_chat_defaults(const ModelInstance& model, GenerationDefaults& d, const std::string& system_file,
+                         const std::string& messages_file, int32_t max_input_len) {
+  const auto refusal = [&](const GenerationDefaults& with, bool own_system) {
+    ChatRequest probe;
+    if (own_system) {
+      probe.messages.emplace_back();
+      probe.messages.back().role = "system";
+      probe.messages.back().content = "You are a helpful assistant.";
+    }
+    probe.messages.emplace_back();
+    probe.messages.back().role = "user";
+    probe.messages.back().content = "Hi";
+    with.apply_chat(probe.messages);
+    try {
+      const size_t tokens = model.tokenizer().encode(model.render_chat(probe), false).size();
+      if (tokens >= static_cast<size_t>(max_input_len))
+        return fmt::format("with a user's \"Hi\" they take {} tokens, max_input_len is {}", tokens, max_input_len);
+    } catch (const ApiException& e) {  // (render_chat's: no template, or the template refused)
+      return e.error.message;
+    } catch (const std::exception& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  // d.source without `file` (a list of the files that gave something)
+  const auto forget = [&d](const std::string& file) {
+    std::string kept;
+    for (size_t at = 0; at <= d.source.size();) {
+      const size_t end = std::min(d.source.find(", ", at), d.source.size());
+      if (const std::string item = d.source.substr(at, end - at); item != file)
+        kept += (kept.empty() ? "" : ", ") + item;
+      at = end + 2;
+    }
+    d.source = kept;
+  };
+  if (d.system) {
+    GenerationDefaults alone;
+    alone.system = d.system;
+    if (const std::string refused = refusal(alone, false); !refused.empty()) {
+      d.ignored.push_back(fmt::format("{}: the system prompt is left out: {}", system_file, refused));
+      d.system.reset();
+      forget(system_file);
+    }
+  }
+  if (!d.messages.empty()) {
+    std::string refused = refusal(d, false);
+    if (refused.empty()) refused = refusal(d, true);
+    if (!refused.empty()) {
+      d.ignored.push_back(fmt::format("{}: the preset messages are left out: {}", messages_file, refused));
+      d.messages.clear();
+      forget(messages_file);
+    }
+  }
+}
 
 bool has_weights(const fs::path& dir) {
   std::error_code ec;
@@ -381,8 +443,8 @@ std::vector<std::shared_ptr<ModelInstance>> prepare_models(const DeployConfig& c
       try {
         template_source = read_text_file(m.chat_template_file, "the chat template");
         template_origin = m.chat_template_file;
-      } catch (const Error&) {
-        problem(fmt::format("{}.chat_template: cannot read '{}'; fix the path", who, m.chat_template_file));
+      } catch (const Error& e) {
+        problem(fmt::format("{}.chat_template: {}; fix the path", who, e.what()));
       }
     } else {
       try {
@@ -450,39 +512,7 @@ std::vector<std::shared_ptr<ModelInstance>> prepare_models(const DeployConfig& c
       const std::string system_file = m.ollama_system, messages_file = m.ollama_messages;
       instances.push_back(std::make_shared<ModelInstance>(std::move(m), std::move(model_config), std::move(*tokenizer),
                                                           std::move(chat_template), limits));
-      // An Ollama system prompt and preset messages meet the GGUF's Jinja template, not the
-      // Go template Ollama renders them with: a template that takes no system role, or wants
-      // roles to alternate (raise_exception), would refuse every chat, for messages its client
-      // never sent. Each is rendered once here, in front of a user's "Hi"; refused, it is left out.
-      const auto refusal = [&](const GenerationDefaults& with) {
-        ChatRequest probe;
-        probe.messages.resize(1);
-        probe.messages[0].role = "user";
-        probe.messages[0].content = "Hi";
-        with.apply_chat(probe.messages);
-        try {
-          instances.back()->tokenizer().encode(instances.back()->render_chat(probe), false);
-        } catch (const ApiException& e) {  // (render_chat's: no template, or the template refused)
-          return e.error.message;
-        } catch (const std::exception& e) {
-          return std::string(e.what());
-        }
-        return std::string();
-      };
-      if (sampling.system) {
-        GenerationDefaults alone;
-        alone.system = sampling.system;
-        if (const std::string refused = refusal(alone); !refused.empty()) {
-          sampling.ignored.push_back(fmt::format("{}: the system prompt is left out: {}", system_file, refused));
-          sampling.system.reset();
-        }
-      }
-      if (!sampling.messages.empty()) {
-        if (const std::string refused = refusal(sampling); !refused.empty()) {
-          sampling.ignored.push_back(fmt::format("{}: the preset messages are left out: {}", messages_file, refused));
-          sampling.messages.clear();
-        }
-      }
+      check_chat_defaults(*instances.back(), sampling, system_file, messages_file, limits.max_input_len);
       for (const std::string& why : sampling.ignored) LOG_WARN("{}: ignoring a sampling default: {}", who, why);
       if (!sampling.empty()) {
         LOG_INFO("{}: sampling defaults for requests that leave them out, from {}: {}", who, sampling.source,

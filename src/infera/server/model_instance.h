@@ -78,9 +78,12 @@ class ModelInstance {
   std::string render_chat(const ChatRequest& request) const;
   // Token positions in `ids` (the tokenized render_chat of `request`) where a message ends
   // and the conversation goes on identically in later requests: after the leading system
-  // message and before the last message. Hints for the prefix cache's state checkpoints
-  // (hybrid models); positions whose prefix does not tokenize as `ids` starts are left out.
-  std::vector<int32_t> message_boundaries(const ChatRequest& request, const std::vector<int32_t>& ids) const;
+  // message, after the first `shared` messages (the model's own turns:
+  // GenerationDefaults::apply_chat) and before the last message. Hints for the prefix
+  // cache's state checkpoints (hybrid models); positions whose prefix does not tokenize as
+  // `ids` starts are left out.
+  std::vector<int32_t> message_boundaries(const ChatRequest& request, const std::vector<int32_t>& ids,
+                                          size_t shared = 0) const;
   // The prefix cache keeps recurrent-state checkpoints (a hybrid model with prefix caching
   // on): message_boundaries() are worth computing.
   bool caches_state() const {

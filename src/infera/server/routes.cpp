@@ -432,7 +432,8 @@ void Routes::handle_generate(Endpoint endpoint, const HttpRequest& req, std::sha
     GenerationOptions& request_options = chat ? chat->options : completion->options;
     auto model = find_model(request_options.model, listener);
     model->generation_defaults().apply(request_options);  // the model's own, for what the request left out
-    if (chat) model->generation_defaults().apply_chat(chat->messages);  // an Ollama model's SYSTEM, MESSAGEs
+    // An Ollama model's SYSTEM and MESSAGE turns (`shared_turns`: those every chat starts with)
+    const size_t shared_turns = chat ? model->generation_defaults().apply_chat(chat->messages) : 0;
     const GenerationOptions& options = request_options;
     model_name = model->name();
     check_model_access(key, *model);
@@ -467,7 +468,7 @@ void Routes::handle_generate(Endpoint endpoint, const HttpRequest& req, std::sha
       opens_think = trimmed.ends_with("<think>");
       prompt_ids.push_back(tok.encode(text, /*add_special_tokens=*/false));
       prompt_texts.push_back(std::move(text));
-      if (model->caches_state()) boundaries = model->message_boundaries(*chat, prompt_ids.back());
+      if (model->caches_state()) boundaries = model->message_boundaries(*chat, prompt_ids.back(), shared_turns);
       job->tools = chat->tools_enabled;
     } else {
       for (size_t i = 0; i < completion->prompts.size(); ++i) {

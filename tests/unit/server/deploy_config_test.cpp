@@ -202,13 +202,16 @@ TEST(PrepareModels, AnOllamaSystemPromptTheTemplateRefusesIsLeftOut) {
 }
 
 // Preset messages (an Ollama messages layer) likewise: kept where the template renders them in
-// front of a user's message, left out where it wants roles to alternate and they end on a user.
+// front of a user's message (one that ends on a user turn joins it), left out where it
+// refuses them, or where with a user's turn they fill max_input_len.
 TEST(PrepareModels, OllamaPresetMessagesTheTemplateRefusesAreLeftOut) {
   INFERA_REQUIRE_FIXTURE(kStories);
   test::TempDir dir("infera_prepare_messages");
   std::ofstream(dir.file("alternate.jinja"))
       << "{% for m in messages %}{% if loop.index0 > 0 and m.role == messages[loop.index0 - 1].role %}"
-         "{{ raise_exception('Conversation roles must alternate') }}{% endif %}{{ m.role }}={{ m.content }};"
+         "{{ raise_exception('Conversation roles must alternate') }}{% endif %}"
+         "{% if m.role == 'assistant' and (loop.first or messages[loop.index0 - 1].role == 'system') %}"
+         "{{ raise_exception('The first turn must be the user\\'s') }}{% endif %}{{ m.role }}={{ m.content }};"
          "{% endfor %}";
   DeployConfig c;
   ModelDeployConfig m;
@@ -227,11 +230,39 @@ TEST(PrepareModels, OllamaPresetMessagesTheTemplateRefusesAreLeftOut) {
   ChatRequest with = chat;
   kept->generation_defaults().apply_chat(with.messages);
   EXPECT_EQ(kept->render_chat(with), "user=Ahoy?;assistant=Arr.;user=Hi;");
+  // With a chat's own system message the presets follow it.
+  with = chat;
+  with.messages.insert(with.messages.begin(), ChatMessage{"system", "Be brief.", {}, {}, {}, {}});
+  kept->generation_defaults().apply_chat(with.messages);
+  EXPECT_EQ(kept->render_chat(with), "system=Be brief.;user=Ahoy?;assistant=Arr.;user=Hi;");
+  // Presets that end on a user turn: joined with the chat's first one, so they alternate.
   std::ofstream(dir.file("messages"), std::ios::trunc) << R"([{"role":"user","content":"Ahoy?"}])";
+  const auto joined = prepare_models(c).at(0);
+  ASSERT_EQ(joined->generation_defaults().messages.size(), 1u);
+  with = chat;
+  joined->generation_defaults().apply_chat(with.messages);
+  EXPECT_EQ(joined->render_chat(with), "user=Ahoy?\n\nHi;");
+  // Presets that open on an assistant turn: this template refuses them.
+  std::ofstream(dir.file("messages"), std::ios::trunc) << R"([{"role":"assistant","content":"Arr."}])";
   const auto refused = prepare_models(c).at(0);
   EXPECT_TRUE(refused->generation_defaults().messages.empty());
-  refused->generation_defaults().apply_chat(chat.messages);
-  EXPECT_EQ(refused->render_chat(chat), "user=Hi;") << "chats still render, without them";
+  EXPECT_EQ(refused->generation_defaults().source, "") << "the dropped layer is no longer named as a source";
+  with = chat;
+  refused->generation_defaults().apply_chat(with.messages);
+  EXPECT_EQ(refused->render_chat(with), "user=Hi;") << "chats still render, without them";
+  // Presets (or a system prompt) that fill max_input_len with a user's turn.
+  std::ofstream(dir.file("messages"), std::ios::trunc)
+      << R"([{"role":"user","content":")" << std::string(100, 'a') << R"("},{"role":"assistant","content":"b"}])";
+  std::ofstream(dir.file("system")) << std::string(100, 'a');
+  c.models[0].ollama_system = dir.file("system");
+  c.models[0].max_input_len = 64;
+  c.models[0].max_output_len = 64;
+  const auto full = prepare_models(c).at(0);
+  EXPECT_TRUE(full->generation_defaults().messages.empty());
+  EXPECT_FALSE(full->generation_defaults().system.has_value());
+  c.models[0].max_input_len.reset();
+  c.models[0].max_output_len.reset();
+  EXPECT_EQ(prepare_models(c).at(0)->generation_defaults().messages.size(), 2u) << "room enough";
 }
 
 TEST(PrepareModels, EveryConfigurationErrorIsNamed) {

@@ -252,34 +252,33 @@ std::string roles_and_contents(const std::vector<ChatMessage>& chat) {
   return out;
 }
 
+// Messages of (role, content) pairs.
+std::vector<ChatMessage> turns(const std::vector<std::pair<std::string, std::string>>& pairs) {
+  std::vector<ChatMessage> out;
+  for (const auto& [role, content] : pairs) {
+    out.emplace_back();
+    out.back().role = role;
+    out.back().content = content;
+  }
+  return out;
+}
+
 // Preset messages come before the chat's own, after its leading system messages; the model's
 // system prompt goes in front only where the chat brought none (Ollama's order, but for a
-// chat's own system message, which stays first).
+// chat's own system message, which stays first and replaces the model's system turns).
 TEST(GenerationDefaults, PresetMessagesBeforeTheChatsOwn) {
   GenerationDefaults d;
-  d.messages.resize(2);
-  d.messages[0].role = "user";
-  d.messages[0].content = "Ahoy?";
-  d.messages[1].role = "assistant";
-  d.messages[1].content = "Arr.";
-  const auto chat = [](std::vector<std::pair<std::string, std::string>> turns) {
-    std::vector<ChatMessage> out;
-    for (auto& [role, content] : turns) {
-      out.emplace_back();
-      out.back().role = role;
-      out.back().content = content;
-    }
-    return out;
-  };
+  d.messages = turns({{"user", "Ahoy?"}, {"assistant", "Arr."}});
+  const auto chat = turns;
   std::vector<ChatMessage> c = chat({{"user", "Hi"}});
-  d.apply_chat(c);
+  EXPECT_EQ(d.apply_chat(c), 2u) << "the turns every such chat starts with";
   EXPECT_EQ(roles_and_contents(c), "user:Ahoy? assistant:Arr. user:Hi ");
   c = chat({{"system", "S"}, {"developer", "D"}, {"user", "Hi"}});
-  d.apply_chat(c);
+  EXPECT_EQ(d.apply_chat(c), 4u);
   EXPECT_EQ(roles_and_contents(c), "system:S developer:D user:Ahoy? assistant:Arr. user:Hi ");
   d.system = "Be brief.";
   c = chat({{"user", "Hi"}, {"assistant", "Hello"}, {"user", "More"}});
-  d.apply_chat(c);
+  EXPECT_EQ(d.apply_chat(c), 3u);
   EXPECT_EQ(roles_and_contents(c), "system:Be brief. user:Ahoy? assistant:Arr. user:Hi assistant:Hello user:More ");
   c = chat({{"system", "S"}, {"user", "Hi"}});
   d.apply_chat(c);
@@ -287,6 +286,67 @@ TEST(GenerationDefaults, PresetMessagesBeforeTheChatsOwn) {
   c.clear();
   d.apply_chat(c);
   EXPECT_EQ(roles_and_contents(c), "system:Be brief. user:Ahoy? assistant:Arr. ");
+
+  // Presets that open with a system message (a Modelfile's MESSAGE system): joined with the
+  // system prompt into one system message; a chat's own replaces both (a second system
+  // message after the first is what many templates refuse).
+  d.messages.insert(d.messages.begin(), ChatMessage{"system", "Talk like a pirate.", {}, {}, {}, {}});
+  c = chat({{"user", "Hi"}});
+  d.apply_chat(c);
+  EXPECT_EQ(roles_and_contents(c), "system:Be brief.\n\nTalk like a pirate. user:Ahoy? assistant:Arr. user:Hi ");
+  c = chat({{"developer", "D"}, {"user", "Hi"}});
+  d.apply_chat(c);
+  EXPECT_EQ(roles_and_contents(c), "developer:D user:Ahoy? assistant:Arr. user:Hi ");
+  d.system.reset();
+  c = chat({{"user", "Hi"}});
+  d.apply_chat(c);
+  EXPECT_EQ(roles_and_contents(c), "system:Talk like a pirate. user:Ahoy? assistant:Arr. user:Hi ");
+
+  // Presets that end on the role of the chat's first turn: the two are one turn, as Ollama
+  // merges same-role neighbours; not a turn that carries more than text.
+  d.messages.pop_back();
+  c = chat({{"user", "Hi"}, {"assistant", "Hello"}});
+  EXPECT_EQ(d.apply_chat(c), 1u) << "the joined turn is the chat's own";
+  EXPECT_EQ(roles_and_contents(c), "system:Talk like a pirate. user:Ahoy?\n\nHi assistant:Hello ");
+  d.messages.back().role = "assistant";
+  c = chat({{"assistant", "Calling"}});
+  c[0].tool_calls.emplace_back();
+  d.apply_chat(c);
+  EXPECT_EQ(roles_and_contents(c), "system:Talk like a pirate. assistant:Ahoy? assistant:Calling ");
+  EXPECT_EQ(c[2].tool_calls.size(), 1u);
+  // Without the model's turns: the chat's leading system messages.
+  c = chat({{"system", "S"}, {"user", "Hi"}});
+  EXPECT_EQ(GenerationDefaults().apply_chat(c), 1u);
+  EXPECT_EQ(roles_and_contents(c), "system:S user:Hi ");
+}
+
+// The end of the model's turns is a prefix-cache boundary (a state checkpoint on hybrid
+// models): the token count of the conversation rendered up to there, beside the others.
+TEST(GenerationDefaults, TheModelsTurnsEndAtAPrefixBoundary) {
+  INFERA_REQUIRE_FIXTURE(test::stories_dir());
+  ModelDeployConfig md;
+  md.name = "stories";
+  auto model = testing::stories_instance(md);
+  GenerationDefaults d;
+  d.system = "You are a pirate.";
+  d.messages = turns({{"user", "Ahoy?"}, {"assistant", "Arr."}});
+  ChatRequest r;
+  r.messages = turns({{"user", "Hi"}, {"assistant", "Hello"}, {"user", "Where is the gold?"}});
+  const size_t shared = d.apply_chat(r.messages);
+  ASSERT_EQ(shared, 3u);
+  const Tokenizer& tok = model->tokenizer();
+  const std::vector<int32_t> ids = tok.encode(model->render_chat(r), false);
+  const std::vector<int32_t> at = model->message_boundaries(r, ids, shared);
+  ASSERT_EQ(at.size(), 3u);
+  const std::vector<int32_t> before = model->message_boundaries(r, ids);
+  ASSERT_EQ(before.size(), 2u) << "without it: after the system message, before the last";
+  EXPECT_EQ(at[0], before[0]);
+  EXPECT_EQ(at[2], before[1]);
+  EXPECT_LT(at[0], at[1]);
+  EXPECT_LT(at[1], at[2]);
+  const std::string head = tok.decode(std::vector<int32_t>(ids.begin(), ids.begin() + at[1]));
+  EXPECT_TRUE(head.ends_with("Arr.<|im_end|>\n")) << head;
+  EXPECT_EQ(head.find("Hi"), std::string::npos) << head;
 }
 
 // Through the server: the sampler gets the model's defaults for what the request left out.
