@@ -324,11 +324,10 @@ const OptionSpec kOptions[] = {
      .yaml = "models[].generation_config",
      .default_value = "auto",
      .help = "Sampling defaults for the fields a request (or `infera run`'s flags) leaves out (temperature, top_p, "
-             "top_k, min_p, the penalties; an Ollama model's stop too, for requests): auto takes the model's own "
-             "(generation_config.json, as vLLM "
-             "does; an Ollama model's params, its system prompt for chats without one and its preset messages), "
-             "none (or vllm) keeps Infera's request defaults, a path names a generation_config.json or a folder "
-             "holding one (neither takes an Ollama system prompt or preset messages)"},
+             "top_k, min_p, the penalties; for requests, an Ollama model's stop too): auto takes the model's own "
+             "(generation_config.json, as vLLM does; an Ollama model's params, and for chats its system prompt and "
+             "preset messages), none (or vllm) keeps Infera's own defaults, a path names a generation_config.json or "
+             "a folder holding one (no Ollama system prompt or preset messages then)"},
     {.name = "model_port",
      .type = T::kInteger,
      .use = kDeploy,

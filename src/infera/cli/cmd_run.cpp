@@ -94,8 +94,9 @@ nlohmann::json run_json(const RunOptions& o, const SamplingParams& sp, const std
 }
 
 // The sampling flags, the model's own defaults (--generation-config: generation_config.json,
-// an Ollama model's params) filling those not given, as serve fills a request's.
-SamplingParams run_sampling(const RunOptions& o, const std::string& dir, const std::string& ollama_params) {
+// an Ollama model's params) filling those not given, as serve fills a request's; `log`: name
+// the values taken and those left out.
+SamplingParams run_sampling(const RunOptions& o, const std::string& dir, const std::string& ollama_params, bool log) {
   server::GenerationOptions g;
   g.temperature = o.temperature;
   g.top_k = o.top_k;
@@ -110,13 +111,24 @@ SamplingParams run_sampling(const RunOptions& o, const std::string& dir, const s
   m.generation_config = o.generation_config;
   m.ollama_params = ollama_params;
   const server::GenerationDefaults d = server::load_generation_defaults(m);
-  for (const std::string& why : d.ignored) LOG_WARN("ignoring a sampling default: {}", why);
   d.apply(g);
-  const uint32_t sampling_given = server::kGivenTemperature | server::kGivenTopP | server::kGivenTopK |
-                                  server::kGivenMinP | server::kGivenRepetitionPenalty | server::kGivenPresencePenalty |
-                                  server::kGivenFrequencyPenalty;
-  if (!d.empty() && (o.given & sampling_given) != sampling_given) {
-    LOG_INFO("the model's sampling defaults for the flags not given, from {}: {}", d.source, d.describe());
+  if (log) {
+    for (const std::string& why : d.ignored) LOG_WARN("ignoring a sampling default: {}", why);
+    // What was taken: the values of flags not given (stop strings, a system prompt and
+    // preset messages are the server's).
+    server::GenerationDefaults taken;
+    const auto take = [&o](const auto& value, auto& to, uint32_t bit) {
+      if (!(o.given & bit)) to = value;
+    };
+    take(d.temperature, taken.temperature, server::kGivenTemperature);
+    take(d.top_k, taken.top_k, server::kGivenTopK);
+    take(d.top_p, taken.top_p, server::kGivenTopP);
+    take(d.min_p, taken.min_p, server::kGivenMinP);
+    take(d.repetition_penalty, taken.repetition_penalty, server::kGivenRepetitionPenalty);
+    take(d.presence_penalty, taken.presence_penalty, server::kGivenPresencePenalty);
+    take(d.frequency_penalty, taken.frequency_penalty, server::kGivenFrequencyPenalty);
+    if (!taken.empty())
+      LOG_INFO("the model's sampling defaults for the flags not given, from {}: {}", d.source, taken.describe());
   }
   return server::sampling_of(g);
 }
@@ -239,6 +251,8 @@ int generate(const RunOptions& o, parallel::Communicator* comm) {
       ollama_params = std::move(ref.params);
     }
   }
+  // Before the load: a --generation-config that cannot be read fails at once (on every rank).
+  SamplingParams sp = run_sampling(o, dir, ollama_params, rank == 0);
   LoadOptions load;
   load.load_into_memory = o.no_mmap;
   load.max_batch_tokens = o.chunk;
@@ -303,7 +317,6 @@ int generate(const RunOptions& o, parallel::Communicator* comm) {
     fail("prompt ({} tokens) + -n {} exceeds the context of {} tokens; raise --ctx", prompt.size(), o.n_predict, o.ctx);
   }
 
-  SamplingParams sp = run_sampling(o, dir, ollama_params);
   sp.seed = o.seed >= 0 ? static_cast<uint64_t>(o.seed) : std::random_device{}();
   if (o.seed < 0 && sp.temperature > 0) LOG_INFO("sampling seed {} (pass --seed to reproduce)", sp.seed);
   if (o.speculative != "none" && o.n_predict > 0) {

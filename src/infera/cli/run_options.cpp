@@ -1,5 +1,8 @@
 #include "infera/cli/run_options.h"
 
+#include <utility>
+#include <vector>
+
 #include "infera/base/options.h"
 #include "infera/cli/model_paths.h"
 #include "infera/cli/option_flags.h"
@@ -20,17 +23,21 @@ void add_run_flags(CLI::App* cmd, RunOptions& o) {
   add("ctx", o.ctx);
   add("prefill_chunk", o.chunk);
   add("kv_dtype", o.kv_dtype);
-  // The sampling flags given: the model's own defaults (--generation-config) fill the others.
-  const auto sampling = [&](std::string_view name, float& field, uint32_t bit) {
-    add(name, field)->each([&o, bit](const std::string&) { o.given |= bit; });
-  };
-  sampling("temperature", o.temperature, server::kGivenTemperature);
-  add("top_k", o.top_k)->each([&o](const std::string&) { o.given |= server::kGivenTopK; });
-  sampling("top_p", o.top_p, server::kGivenTopP);
-  sampling("min_p", o.min_p, server::kGivenMinP);
-  sampling("repetition_penalty", o.repeat_penalty, server::kGivenRepetitionPenalty);
-  sampling("presence_penalty", o.presence_penalty, server::kGivenPresencePenalty);
-  sampling("frequency_penalty", o.frequency_penalty, server::kGivenFrequencyPenalty);
+  // The sampling flags given (counted once parsed: a default is not given), for the model's
+  // own defaults (--generation-config) to fill the others.
+  std::vector<std::pair<CLI::Option*, uint32_t>> sampling = {
+      {add("temperature", o.temperature), server::kGivenTemperature},
+      {add("top_k", o.top_k), server::kGivenTopK},
+      {add("top_p", o.top_p), server::kGivenTopP},
+      {add("min_p", o.min_p), server::kGivenMinP},
+      {add("repetition_penalty", o.repeat_penalty), server::kGivenRepetitionPenalty},
+      {add("presence_penalty", o.presence_penalty), server::kGivenPresencePenalty},
+      {add("frequency_penalty", o.frequency_penalty), server::kGivenFrequencyPenalty}};
+  cmd->parse_complete_callback([&o, sampling = std::move(sampling)] {
+    o.given = 0;
+    for (const auto& [opt, bit] : sampling)
+      if (opt->count() > 0) o.given |= bit;
+  });
   add("generation_config", o.generation_config);
   add("seed", o.seed);
   add("json", o.json);

@@ -59,10 +59,18 @@ TEST(RunSampling, TheModelsDefaultsFillTheFlagsNotGiven) {
   EXPECT_EQ(s.at("top_p"), 0.5) << "a named file instead of the model's";
   EXPECT_EQ(s.at("temperature"), 0.8);
 
+  // The log names what was taken: not a value whose flag was given.
+  const auto [logged_rc, log] = shell(kInfera + " run -m " + model.string() + " -p Hi -n 1 --temp 0 2>&1");
+  EXPECT_EQ(logged_rc, 0) << log;
+  EXPECT_NE(log.find("for the flags not given, from " + (model / "generation_config.json").string() +
+                     ": top_k 5, repetition_penalty 1.3"),
+            std::string::npos)
+      << log;
   const auto [rc, out] = shell(kInfera + " run -m " + model.string() + " -p Hi -n 1 --generation-config " +
                                dir.file("missing.json") + " 2>&1");
   EXPECT_NE(rc, 0);
   EXPECT_NE(out.find("is neither auto, none nor a generation_config.json"), std::string::npos) << out;
+  EXPECT_EQ(out.find("loaded"), std::string::npos) << "a bad --generation-config fails before the load: " << out;
 }
 
 }  // namespace
