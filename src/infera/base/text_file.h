@@ -29,6 +29,11 @@ TextFile load_text_file(const std::string& path, uint64_t max_bytes = kMaxTextFi
 // The bytes of `path`; throws infera::Error "<path>: cannot read <what>: <reason>".
 std::string read_text_file(const std::string& path, std::string_view what, uint64_t max_bytes = kMaxTextFileBytes);
 
+// All of standard input (a file, pipe or socket: not reopened by name, which fails for a
+// socket), at most max_bytes; throws infera::Error "cannot read <what> from standard input:
+// <reason>".
+std::string read_standard_input(std::string_view what, uint64_t max_bytes = kMaxTextFileBytes);
+
 // As read_text_file, but nullopt where nothing exists at `path` (an optional file).
 std::optional<std::string> read_text_file_if_present(const std::string& path, std::string_view what,
                                                      uint64_t max_bytes = kMaxTextFileBytes);

@@ -74,7 +74,7 @@ std::string dump_string(const std::string& text) {
 int run(const Options& opts) {
   const Renderer renderer = load(opts);
   if (!opts.jsonl) {
-    const std::string input = infera::read_text_file("/dev/stdin", "standard input");
+    const std::string input = infera::read_standard_input("the conversation");
     std::cout << renderer.render(parse_conversation(input, "stdin"));
     std::cout.flush();
     return 0;

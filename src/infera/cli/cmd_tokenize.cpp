@@ -87,7 +87,7 @@ int run(const Options& opts) {
     return 0;
   }
   std::string input = opts.input;
-  if (!opts.has_input) input = infera::read_text_file("/dev/stdin", "standard input");
+  if (!opts.has_input) input = infera::read_standard_input("the text or ids");
   if (opts.decode) {
     const std::string text = tokenizer.decode(parse_ids(input, opts.has_input ? "ids" : "stdin"), opts.skip_special);
     std::cout << text;

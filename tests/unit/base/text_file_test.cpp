@@ -4,8 +4,11 @@
 #include "infera/base/text_file.h"
 
 #include <gtest/gtest.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <fstream>
+#include <functional>
 #include <string>
 
 #include "../test_support.h"
@@ -59,6 +62,37 @@ TEST(TextFile, BoundsADeviceThatNeverEnds) {
   const TextFile f = load_text_file("/dev/zero", 1 << 20);
   EXPECT_EQ(f.error, "it is more than the 1048576 bytes taken");
   EXPECT_TRUE(f.text.empty());
+}
+
+// Standard input is read as it is, not reopened by name: /dev/stdin cannot be opened when it is
+// a socket (as a parent process's spawn may give), nor is it bounded by a size.
+TEST(TextFile, ReadsStandardInputOfAnyKind) {
+  const auto with_stdin = [](int fd, const std::function<void()>& fn) {
+    const int saved = ::dup(STDIN_FILENO);
+    ASSERT_GE(saved, 0);
+    ASSERT_EQ(::dup2(fd, STDIN_FILENO), STDIN_FILENO);
+    ::close(fd);
+    fn();
+    ::dup2(saved, STDIN_FILENO);
+    ::close(saved);
+  };
+  int pipe_fds[2];
+  ASSERT_EQ(::pipe(pipe_fds), 0);
+  ASSERT_EQ(::write(pipe_fds[1], "from a pipe", 11), 11);
+  ::close(pipe_fds[1]);
+  with_stdin(pipe_fds[0], [] { EXPECT_EQ(read_standard_input("the text"), "from a pipe"); });
+  int socket_fds[2];
+  ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM, 0, socket_fds), 0);
+  ASSERT_EQ(::write(socket_fds[1], "from a socket", 13), 13);
+  ::close(socket_fds[1]);
+  with_stdin(socket_fds[0], [] { EXPECT_EQ(read_standard_input("the text"), "from a socket"); });
+  ASSERT_EQ(::pipe(pipe_fds), 0);
+  ASSERT_EQ(::write(pipe_fds[1], "0123456789", 10), 10);
+  ::close(pipe_fds[1]);
+  with_stdin(pipe_fds[0], [] {
+    EXPECT_EQ(test::error_of([] { read_standard_input("the text", 9); }),
+              "cannot read the text from standard input: it is more than the 9 bytes taken");
+  });
 }
 
 }  // namespace
