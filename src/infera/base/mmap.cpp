@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <utility>
 
 #include "infera/base/error.h"
 #include "infera/base/load_progress.h"
@@ -19,9 +20,15 @@ namespace infera {
 
 namespace {
 
+struct Copy {
+  uintptr_t begin, end;
+  int fd;  // the file, offset 0 at begin
+};
+
 struct Registry {
   std::mutex mu;
   std::vector<std::pair<uintptr_t, uintptr_t>> ranges;  // sorted
+  std::vector<Copy> copies;  // files read into memory
 };
 
 Registry& registry() {
@@ -43,12 +50,50 @@ void unregister_mapping(const uint8_t* p) {
   std::erase_if(r.ranges, [&](const auto& range) { return range.first == begin; });
 }
 
+void register_copy(const uint8_t* p, size_t n, int fd) {
+  Registry& r = registry();
+  std::lock_guard lock(r.mu);
+  r.copies.push_back({reinterpret_cast<uintptr_t>(p), reinterpret_cast<uintptr_t>(p) + n, fd});
+}
+
+void unregister_copy(const uint8_t* p) {
+  Registry& r = registry();
+  std::lock_guard lock(r.mu);
+  std::erase_if(r.copies, [&](const Copy& c) { return c.begin == reinterpret_cast<uintptr_t>(p); });
+}
+
 }  // namespace
 
 std::vector<std::pair<uintptr_t, uintptr_t>> mapped_file_ranges() {
   Registry& r = registry();
   std::lock_guard lock(r.mu);
   return r.ranges;
+}
+
+std::vector<std::pair<uintptr_t, uintptr_t>> copied_file_ranges() {
+  Registry& r = registry();
+  std::lock_guard lock(r.mu);
+  std::vector<std::pair<uintptr_t, uintptr_t>> out;
+  for (const Copy& c : r.copies) out.emplace_back(c.begin, c.end);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+size_t map_back_file_pages(const void* p, size_t n) {
+  static const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  Registry& r = registry();
+  std::lock_guard lock(r.mu);  // (held: the copy cannot be freed meanwhile)
+  for (const Copy& c : r.copies) {
+    if (a < c.begin || a + n > c.end) continue;
+    const uintptr_t begin = (a + page - 1) / page * page, end = (a + n) / page * page;
+    if (end <= begin) return 0;
+    void* q = ::mmap(reinterpret_cast<void*>(begin), end - begin, PROT_READ, MAP_PRIVATE | MAP_FIXED, c.fd,
+                     static_cast<off_t>(begin - c.begin));
+    // (MAP_FIXED replaces the pages only when it succeeds: a failure leaves the copy intact)
+    return q == MAP_FAILED ? 0 : end - begin;
+  }
+  return 0;
 }
 
 MappedFile::MappedFile(const std::string& path, bool load_into_memory, LoadProgress* progress) : path_(path) {
@@ -98,6 +143,9 @@ MappedFile::MappedFile(const std::string& path, bool load_into_memory, LoadProgr
       if (progress) progress->advance(n);
     }
     if (show) std::fprintf(stderr, "\rreading %s: 100%%\n", path.c_str());
+    fd_ = fd;  // kept for map_back_file_pages
+    register_copy(data_, size_, fd_);
+    return;
   } else {
     void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
     if (p == MAP_FAILED) {
@@ -115,7 +163,12 @@ MappedFile::MappedFile(const std::string& path, bool load_into_memory, LoadProgr
 MappedFile::~MappedFile() { release(); }
 
 MappedFile::MappedFile(MappedFile&& o) noexcept
-    : path_(std::move(o.path_)), data_(o.data_), size_(o.size_), mapped_(o.mapped_), heap_(std::move(o.heap_)) {
+    : path_(std::move(o.path_)),
+      data_(o.data_),
+      size_(o.size_),
+      mapped_(o.mapped_),
+      heap_(std::move(o.heap_)),
+      fd_(std::exchange(o.fd_, -1)) {
   o.data_ = nullptr;
   o.size_ = 0;
 }
@@ -128,6 +181,7 @@ MappedFile& MappedFile::operator=(MappedFile&& o) noexcept {
     size_ = o.size_;
     mapped_ = o.mapped_;
     heap_ = std::move(o.heap_);
+    fd_ = std::exchange(o.fd_, -1);
     o.data_ = nullptr;
     o.size_ = 0;
   }
@@ -139,8 +193,11 @@ void MappedFile::release() {
   if (mapped_) {
     unregister_mapping(data_);
     ::munmap(data_, size_);
-  } else
+  } else {
+    unregister_copy(data_);  // (before the memory goes: map_back_file_pages holds the lock)
     heap_ = HugePageBuffer();
+  }
+  if (fd_ >= 0) ::close(std::exchange(fd_, -1));
   data_ = nullptr;
   size_ = 0;
 }

@@ -40,6 +40,7 @@ class MappedFile {
   size_t size_ = 0;
   bool mapped_ = false;  // false: data_ is heap_'s memory (or empty file)
   HugePageBuffer heap_;  // the file's bytes when read into memory
+  int fd_ = -1;  // the file, kept open while read into memory (map_back_file_pages maps it)
 };
 
 // The ranges [begin, end) of the files this process has mapped through MappedFile and not
@@ -48,5 +49,18 @@ class MappedFile {
 // address is file-backed: there it only drops pages, in anonymous memory it would zero them.
 // One lock and a copy of a few ranges, instead of parsing /proc/self/maps.
 std::vector<std::pair<uintptr_t, uintptr_t>> mapped_file_ranges();
+
+// The ranges of the files read into memory through MappedFile (load_into_memory) and not yet
+// freed, sorted, likewise.
+std::vector<std::pair<uintptr_t, uintptr_t>> copied_file_ranges();
+
+// Inside a file MappedFile read into memory, gives back the memory of the whole pages in
+// [p, p + n): they become a read-only mapping of the same bytes of the file (MAP_FIXED, none
+// read yet), so the bytes read the same (from the file, if touched again) and the copy's
+// pages leave the resident set, as MADV_DONTNEED drops a mapped file's. For bytes copied
+// elsewhere (repacked, converted, sliced) that nothing reads in place any more. Returns the
+// bytes given back: 0 outside such a copy, or where the mapping could not be made (the copy
+// then stays as it was).
+size_t map_back_file_pages(const void* p, size_t n);
 
 }  // namespace infera

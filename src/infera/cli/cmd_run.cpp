@@ -264,7 +264,8 @@ int generate(const RunOptions& o, parallel::Communicator* comm) {
     load.parallel.merged_sync = !o.tp_textbook_sync;
     load.parallel.ep_all_to_all = o.ep_dispatch == "all-to-all";
     comm->set_watchdog_seconds(o.tp_timeout);
-    if (o.no_mmap) LOG_WARN("--no-mmap with --tp/--ep: every rank reads the whole checkpoint into memory");
+    if (o.no_mmap)
+      LOG_WARN("--no-mmap with --tp/--ep: every rank reads the whole checkpoint into memory while it loads");
   }
   std::unique_ptr<Model> model = load_model(dir, load);
   std::unique_ptr<TensorDump> dump;

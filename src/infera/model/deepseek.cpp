@@ -110,7 +110,7 @@ struct DsMtp {
 class DeepseekModel final : public Model, public MtpHead {
  public:
   DeepseekModel(const ModelConfig& cfg, ModelWeights weights, const LoadOptions& options)
-      : weights_(std::move(weights)), shard_(options.parallel, cfg, weights_.where(), !options.load_into_memory) {
+      : weights_(std::move(weights)), shard_(options.parallel, cfg, weights_.where()) {
     config_ = cfg;
     if (cfg.scoring_func != "sigmoid" && cfg.num_experts > 0) {
       fail("{}: scoring_func '{}' is not supported (DeepSeek-V3 routes with sigmoid scores)", weights_.where(),

@@ -534,9 +534,10 @@ WeightStore bind_gguf(const std::string& path, const ModelConfig& cfg, bool load
   // order stayed resident beside the panels packed from it, and kept the file's pages it read.
   const bool unpermute_qk = arch_info(cfg.arch).traits.gguf_permuted_qk;
   std::map<std::string, size_t> converted;  // ggml type -> bytes dequantized to f32
-  // The file pages a copy (rows moved, or converted to f32) read are dropped after it: nothing
-  // reads them again, and they would stay in the resident set (mapped files only).
-  const FileMappings maps = load_into_memory || summary ? FileMappings{} : FileMappings::current();
+  // The file pages a copy (rows moved, or converted to f32) read are given back after it:
+  // nothing reads them again, and they would stay in the resident set (a mapping's dropped, a
+  // file read into memory's mapped back: release_file_pages).
+  const FileMappings maps = summary ? FileMappings{} : FileMappings::current();
   std::vector<TensorInfo> out;
   for (const TensorSpec& spec : tensor_table(cfg, gguf_layout_has)) {
     if (spec.gguf.empty()) fail("{}: tensor '{}' has no GGUF counterpart in Infera's tables", path, spec.name);

@@ -283,14 +283,10 @@ int64_t native_bytes(const NativePlan& p, int64_t rows, int64_t cols, int64_t fp
 
 namespace {
 
-// Drops this process's pages of a stored tensor once nothing reads it (the pages of the
-// mapped file stay in the page cache; weights read into memory are kept).
+// Gives back this process's pages of a stored tensor once nothing reads it
+// (release_file_pages: the file's bytes stay readable).
 void release_stored(const TensorInfo& t, const FileMappings& maps) {
-  if (t.data == nullptr || t.nbytes == 0 || !maps.contains(t.data, t.nbytes)) return;
-  static const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
-  const auto a = reinterpret_cast<uintptr_t>(t.data);
-  const uintptr_t begin = (a + page - 1) / page * page, end = (a + t.nbytes) / page * page;
-  if (end > begin) ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
+  if (t.data != nullptr) release_file_pages(t.data, t.nbytes, maps);
 }
 
 // Q4_0 order (kernels/quant.h): in each run of 32 columns from c0, byte c0/2 + j holds

@@ -143,6 +143,7 @@ bool quant_repack_enabled() {
 FileMappings FileMappings::current() {
   FileMappings m;
   m.ranges_ = mapped_file_ranges();
+  m.copies_ = copied_file_ranges();
   return m;
 }
 
@@ -158,8 +159,19 @@ bool FileMappings::contains(const void* p, size_t n) const {
   return begin != 0 && reinterpret_cast<uintptr_t>(p) + n <= end;
 }
 
+bool FileMappings::in_copy(const void* p, size_t n) const {
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  auto it = std::upper_bound(copies_.begin(), copies_.end(), std::make_pair(a, UINTPTR_MAX));
+  return it != copies_.begin() && a + n <= (it - 1)->second;
+}
+
 void release_file_pages(const void* p, size_t n, const FileMappings& maps) {
-  if (n == 0 || !maps.contains(p, n)) return;
+  if (n == 0) return;
+  if (maps.in_copy(p, n)) {
+    map_back_file_pages(p, n);
+    return;
+  }
+  if (!maps.contains(p, n)) return;
   static const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
   const auto a = reinterpret_cast<uintptr_t>(p);
   const uintptr_t begin = (a + page - 1) / page * page, end = (a + n) / page * page;

@@ -66,10 +66,11 @@ QuantizationConfig read_quantization_config(const std::string& model_dir);
 // on-disk layout). Throws infera::Error for a value other than 0/1/on/off/true/false.
 bool quant_repack_enabled();
 
-// The files this process has mapped (base/mmap.h, mapped_file_ranges), as a snapshot:
-// release_repacked_source drops pages only inside them. Take it after the weights are mapped
-// and use it only while they stay mapped (an address range can be reused by other memory
-// after an unmap). Taking one copies a few ranges under a lock: cheap per matrix.
+// The files this process has mapped (base/mmap.h, mapped_file_ranges) and read into memory
+// (copied_file_ranges), as a snapshot: release_repacked_source gives back pages only inside
+// them. Take it after the weights are mapped (or read) and use it only while they stay so (an
+// address range can be reused by other memory after an unmap). Taking one copies a few ranges
+// under a lock: cheap per matrix.
 class FileMappings {
  public:
   static FileMappings current();
@@ -78,23 +79,27 @@ class FileMappings {
   // The read-only file mapping [begin, end) holding p; {0, 0} when p is in none (weights
   // read into memory).
   std::pair<uintptr_t, uintptr_t> range_of(const void* p) const;
+  // Whether [p, p + n) lies within one file read into memory.
+  bool in_copy(const void* p, size_t n) const;
 
  private:
   std::vector<std::pair<uintptr_t, uintptr_t>> ranges_;  // [begin, end), sorted
+  std::vector<std::pair<uintptr_t, uintptr_t>> copies_;  // likewise, of the files read into memory
 };
 
 // Once w has its repacked copy, the compute path no longer reads the on-disk bytes (qweight,
 // scales), yet the pages it read to pack them stay resident: a second copy of the weights in
-// RSS until memory pressure evicts them. This drops this process's mapping of the whole pages
-// inside both ranges when they are file-backed (maps); readers that still use the on-disk
-// layout (dequantize_row for a quantized embedding table, tensor-parallel slicing, the AVX2 and
-// scalar paths under an explicit ISA) fault them back in from the page cache, unchanged.
-// Weights read into memory (load_into_memory) are anonymous and kept: dropping those pages
-// would zero them under those readers. No-op without a packed copy.
+// RSS until memory pressure evicts them. This gives back the whole pages inside both ranges
+// (release_file_pages); readers that still use the on-disk layout (dequantize_row for a
+// quantized embedding table, tensor-parallel slicing, the AVX2 and scalar paths under an
+// explicit ISA) fault them back in from the file, unchanged. No-op without a packed copy.
 void release_repacked_source(const kernels::QuantMatRef& w, const FileMappings& maps);
-// Drops this process's mapping of the whole pages inside [p, p + n) when they lie in a
-// read-only file mapping of `maps` (clean file pages: read back from the page cache if
-// touched again); anything else is left alone.
+// Gives back this process's memory of the whole pages inside [p, p + n) once nothing reads
+// them in place: in a read-only file mapping of `maps` they are dropped (MADV_DONTNEED: clean
+// file pages, read back from the page cache if touched again); in a file read into memory
+// (load_into_memory) they become a mapping of the same bytes of the file
+// (map_back_file_pages: the anonymous copy would read as zeros if dropped); anything else is
+// left alone.
 void release_file_pages(const void* p, size_t n, const FileMappings& maps);
 
 // A GGUF matrix (dtype kGgml) of a type with panel kernels (kernels::ggml::can_pack_panels:

@@ -63,7 +63,7 @@ struct MtpWeights {
 class Qwen35Model final : public Model, public MtpHead {
  public:
   Qwen35Model(const ModelConfig& cfg, ModelWeights weights, const LoadOptions& options)
-      : weights_(std::move(weights)), shard_(options.parallel, cfg, weights_.where(), !options.load_into_memory) {
+      : weights_(std::move(weights)), shard_(options.parallel, cfg, weights_.where()) {
     config_ = cfg;
     if (cfg.attention_bias) fail("{}: attention_bias is not supported for {}", weights_.where(), cfg.model_type);
     const ModelWeights& w = weights_;

@@ -41,10 +41,15 @@ void refuse_extras(const kernels::LinearWeight& w, const char* what) {
 // if touched). Recent kernels map page-cache folios of up to 2 MiB whole, so pages this
 // rank never asked for (its neighbours' rows, the next tensor) come along with the ones it
 // read; the range is widened to 2 MiB boundaries, clipped to the file's mapping, to drop
-// them too. Only file mappings: MADV_DONTNEED would zero anonymous memory.
+// them too. A file read into memory: its whole pages in the range mapped back from the file
+// (release_file_pages; MADV_DONTNEED would zero anonymous memory).
 void release_mapped_pages(const void* p, int64_t n) {
-  const auto [map_begin, map_end] = FileMappings::current().range_of(p);
-  if (map_begin == 0) return;
+  const FileMappings maps = FileMappings::current();
+  const auto [map_begin, map_end] = maps.range_of(p);
+  if (map_begin == 0) {
+    release_file_pages(p, static_cast<size_t>(n), maps);
+    return;
+  }
   constexpr uintptr_t kFolio = uintptr_t{2} << 20;
   const auto a = reinterpret_cast<uintptr_t>(p);
   const uintptr_t begin = std::max(map_begin, a / kFolio * kFolio);
@@ -114,9 +119,8 @@ void check_gguf_columns(const ModelConfig& cfg, int tp, int ep,
 
 void TensorShard::FreeDeleter::operator()(uint8_t* p) const { std::free(p); }
 
-TensorShard::TensorShard(const parallel::ParallelPlan& plan, const ModelConfig& cfg, const std::string& where,
-                         bool weights_mapped)
-    : plan_(plan), weights_mapped_(weights_mapped) {
+TensorShard::TensorShard(const parallel::ParallelPlan& plan, const ModelConfig& cfg, const std::string& where)
+    : plan_(plan) {
   if (plan.distributed()) parallel::validate_plan(plan);
   tp_ = plan.distributed() ? plan.tp : 1;
   ep_ = plan.distributed() ? plan.ep : 1;
@@ -208,9 +212,10 @@ kernels::MatRef TensorShard::rows(const kernels::MatRef& w, Range r, bool own) {
   const bool whole = r.begin == 0 && r.end == w.rows;
   if (whole && !own) return packed(w);
   const kernels::MatRef view = whole ? w : kernels::row_slice(w, r.begin, r.end);
-  // One process: a view. A group over mapped files: a copy, because the kernel maps
-  // page-cache folios whole, so a view would keep neighbouring ranks' rows resident too.
-  if (!distributed() || !weights_mapped_) return packed(view);
+  // One process: a view. A group: a copy, because the kernel maps page-cache folios whole, so
+  // a view would keep neighbouring ranks' rows resident too (and, read into memory, every
+  // rank would keep the whole file).
+  if (!distributed()) return packed(view);
   kernels::MatRef out = view;
   if (takes_panels(view)) {
     // A GGUF matrix computes from its panels: they are this rank's copy, and the rows stay a
@@ -236,7 +241,7 @@ kernels::LinearWeight TensorShard::rows(const kernels::LinearWeight& w, Range r)
   const auto* qw = static_cast<const uint8_t*>(q.qweight) + r.begin * qb;
   const auto* sc = static_cast<const uint8_t*>(q.scales) + r.begin * sb;
   kernels::LinearWeight out = w;
-  if (distributed() && weights_mapped_) {
+  if (distributed()) {
     uint8_t* dq = allocate(r.size() * qb);
     uint8_t* ds = allocate(r.size() * sb);
     std::memcpy(dq, qw, static_cast<size_t>(r.size() * qb));

@@ -40,9 +40,10 @@ class TensorShard {
  public:
   TensorShard() = default;
   // Throws infera::Error (naming `where`) when tp does not divide the attention and KV
-  // heads. weights_mapped: the checkpoint is mmapped (row-parallel copies release pages).
-  TensorShard(const parallel::ParallelPlan& plan, const ModelConfig& cfg, const std::string& where,
-              bool weights_mapped);
+  // heads. In a group, row-parallel slices are this rank's copies, and the checkpoint's
+  // pages they were read from are given back (mapped or read into memory alike:
+  // release_file_pages).
+  TensorShard(const parallel::ParallelPlan& plan, const ModelConfig& cfg, const std::string& where);
   // The checks the constructor makes, without loading anything (a launcher checks a
   // deployment before it starts the ranks). Throws infera::Error naming `where`.
   static void check_split(const ModelConfig& cfg, int tp, int ep, const std::string& where);
@@ -164,7 +165,6 @@ class TensorShard {
   parallel::ParallelPlan plan_;
   int tp_ = 1, ep_ = 1;
   int64_t vocab_size_ = 0;
-  bool weights_mapped_ = true;
   std::vector<std::unique_ptr<uint8_t, FreeDeleter>> owned_;  // row-parallel weight copies
   std::vector<float> local_logits_, gathered_;  // [R, Vc], [tp, R, Vc]
   std::vector<int32_t> expert_owner_;  // [E] rank holding each expert

@@ -47,7 +47,7 @@ struct LlamaLayer {
 class LlamaModel final : public Model {
  public:
   LlamaModel(const ModelConfig& cfg, ModelWeights weights, const LoadOptions& options)
-      : weights_(std::move(weights)), shard_(options.parallel, cfg, weights_.where(), !options.load_into_memory) {
+      : weights_(std::move(weights)), shard_(options.parallel, cfg, weights_.where()) {
     config_ = cfg;
     const ModelWeights& w = weights_;
     embed_ = w.linear(-1, "token_embd");

@@ -61,5 +61,50 @@ TEST_F(MappedFileTest, AFileReadIntoMemoryIsNotListed) {
     EXPECT_FALSE(a >= b && a < e) << "heap memory inside a listed mapping";
 }
 
+// The /proc/self/maps line of the mapping that holds address a ("" when none does).
+std::string maps_line_of(uintptr_t a) {
+  std::ifstream in("/proc/self/maps");
+  std::string line;
+  while (std::getline(in, line)) {
+    const size_t dash = line.find('-'), space = line.find(' ');
+    const uintptr_t b = std::stoull(line.substr(0, dash), nullptr, 16);
+    const uintptr_t e = std::stoull(line.substr(dash + 1, space - dash - 1), nullptr, 16);
+    if (a >= b && a < e) return line;
+  }
+  return "";
+}
+
+// A file read into memory gives back the whole pages of a range (repacked weights' source)
+// by mapping the file's same bytes there: they read the same, and the memory is the file's,
+// not anonymous; the pages at the range's edges, and everything outside it, stay as read.
+TEST_F(MappedFileTest, AFileReadIntoMemoryMapsBackWholePages) {
+  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  std::string bytes(5 * page + 123, '\0');
+  for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<char>(i * 7 + i / page);
+  std::ofstream(path_, std::ios::binary | std::ios::trunc) << bytes;
+  uintptr_t begin = 0;
+  {
+    MappedFile f(path_.string(), /*load_into_memory=*/true);
+    begin = reinterpret_cast<uintptr_t>(f.data());
+    const auto copies = copied_file_ranges();
+    ASSERT_EQ(std::count(copies.begin(), copies.end(), std::make_pair(begin, begin + f.size())), 1);
+    EXPECT_EQ(maps_line_of(begin + page).find(path_.string()), std::string::npos) << "anonymous before";
+    // [page / 2, 4 pages + 10): pages 1, 2 and 3 are inside it.
+    EXPECT_EQ(map_back_file_pages(f.data() + page / 2, 3 * page + page / 2 + 10), 3 * page);
+    EXPECT_EQ(std::string(reinterpret_cast<const char*>(f.data()), f.size()), bytes) << "the bytes read the same";
+    for (size_t p : {1, 2, 3})
+      EXPECT_NE(maps_line_of(begin + p * page).find(path_.string()), std::string::npos) << "page " << p;
+    for (size_t p : {0, 4})
+      EXPECT_EQ(maps_line_of(begin + p * page).find(path_.string()), std::string::npos) << "page " << p;
+    EXPECT_EQ(map_back_file_pages(f.data() + 10, page - 20), 0u) << "no whole page inside";
+    int outside = 0;
+    EXPECT_EQ(map_back_file_pages(&outside, sizeof outside), 0u) << "not a file's copy";
+    MappedFile mapped(path_.string());
+    EXPECT_EQ(map_back_file_pages(mapped.data(), mapped.size()), 0u) << "a mapping is not a copy";
+  }
+  const auto copies = copied_file_ranges();
+  EXPECT_TRUE(std::none_of(copies.begin(), copies.end(), [&](const auto& r) { return r.first == begin; }));
+}
+
 }  // namespace
 }  // namespace infera
