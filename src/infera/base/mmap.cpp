@@ -79,19 +79,69 @@ std::vector<std::pair<uintptr_t, uintptr_t>> copied_file_ranges() {
   return out;
 }
 
+namespace {
+
+// The mappings map_back_file_pages may still add: a quarter of vm.max_map_count (one per
+// call at most, most merging with their neighbours), so that a checkpoint of many small
+// tensors (experts stored one by one) never exhausts the process's mappings, after which
+// every mmap (buffers, thread stacks) would fail. Past it a copy keeps its pages.
+int64_t& map_back_budget() {
+  static int64_t budget = [] {
+    int64_t max_count = 65530;  // (the kernel's default)
+    if (std::FILE* f = std::fopen("/proc/sys/vm/max_map_count", "r")) {
+      long long v = 0;
+      if (std::fscanf(f, "%lld", &v) == 1 && v > 0) max_count = v;
+      std::fclose(f);
+    }
+    return max_count / 4;
+  }();
+  return budget;
+}
+
+}  // namespace
+
 size_t map_back_file_pages(const void* p, size_t n) {
   static const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  constexpr uintptr_t kHuge = uintptr_t{2} << 20;
   const auto a = reinterpret_cast<uintptr_t>(p);
   Registry& r = registry();
   std::lock_guard lock(r.mu);  // (held: the copy cannot be freed meanwhile)
   for (const Copy& c : r.copies) {
     if (a < c.begin || a + n > c.end) continue;
-    const uintptr_t begin = (a + page - 1) / page * page, end = (a + n) / page * page;
-    if (end <= begin) return 0;
-    void* q = ::mmap(reinterpret_cast<void*>(begin), end - begin, PROT_READ, MAP_PRIVATE | MAP_FIXED, c.fd,
-                     static_cast<off_t>(begin - c.begin));
-    // (MAP_FIXED replaces the pages only when it succeeds: a failure leaves the copy intact)
-    return q == MAP_FAILED ? 0 : end - begin;
+    if ((a + page - 1) / page * page >= (a + n) / page * page) return 0;  // no whole page inside
+    // Widened to 2 MiB boundaries, clipped to the copy's whole pages: whole huge pages leave
+    // (a part of one stays allocated until the kernel splits it), and consecutive ranges
+    // become one mapping of the file (contiguous offsets merge) instead of one each. The
+    // neighbours' bytes are the same in the file: a reader still using them in place reads
+    // them from there.
+    const uintptr_t copy_end = c.end / page * page;
+    const uintptr_t begin = std::max(c.begin, a / kHuge * kHuge);
+    const uintptr_t end = std::min(copy_end, (a + n + kHuge - 1) / kHuge * kHuge);
+    if (end <= begin || map_back_budget() <= 0) return 0;
+    const auto off = static_cast<off_t>(begin - c.begin);
+    if (::mmap(reinterpret_cast<void*>(begin), end - begin, PROT_READ, MAP_PRIVATE | MAP_FIXED, c.fd, off) !=
+        MAP_FAILED) {
+      --map_back_budget();
+      return end - begin;
+    }
+    // A failed MAP_FIXED may have unmapped the range already (POSIX allows it; a file
+    // system's mmap can fail after the old pages went): put the bytes back from the file.
+    const int err = errno;
+    void* hole = ::mmap(reinterpret_cast<void*>(begin), end - begin, PROT_READ | PROT_WRITE,
+                        MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
+    size_t done = 0;
+    while (hole != MAP_FAILED && done < end - begin) {
+      const ssize_t got =
+          ::pread(c.fd, reinterpret_cast<uint8_t*>(begin) + done, end - begin - done, off + static_cast<off_t>(done));
+      if (got < 0 && errno == EINTR) continue;
+      if (got <= 0) break;
+      done += static_cast<size_t>(got);
+    }
+    // (weights with a hole in them would give wrong answers: the load fails, freeing them)
+    if (hole == MAP_FAILED || done < end - begin)
+      fail("cannot give back memory of a file read into memory ({}), nor restore it", std::strerror(err));
+    map_back_budget() = 0;  // (this file system maps no more: keep the copies as they are)
+    return 0;
   }
   return 0;
 }
@@ -143,8 +193,13 @@ MappedFile::MappedFile(const std::string& path, bool load_into_memory, LoadProgr
       if (progress) progress->advance(n);
     }
     if (show) std::fprintf(stderr, "\rreading %s: 100%%\n", path.c_str());
+    try {
+      register_copy(data_, size_, fd);
+    } catch (...) {
+      ::close(fd);
+      throw;
+    }
     fd_ = fd;  // kept for map_back_file_pages
-    register_copy(data_, size_, fd_);
     return;
   } else {
     void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);

@@ -2,7 +2,9 @@
 // stored dtype is the compute dtype; `load_into_memory` reads the file into anonymous
 // memory instead (advised MADV_HUGEPAGE: HugePageBuffer), for steadier decode on hosts with
 // page-cache pressure and fewer TLB misses where the decode kernels read weights in place
-// (f16 / bf16 matrices: 1 thread streams ~5% faster from huge pages on an AMD EPYC).
+// (f16 / bf16 matrices: 1 thread streams ~5% faster from huge pages on an AMD EPYC). What
+// the loaders copy elsewhere (repacked panels, converted or sliced tensors) is then given
+// back by mapping the file there (map_back_file_pages): the file stays open and in use.
 #pragma once
 
 #include <cstddef>
@@ -54,13 +56,16 @@ std::vector<std::pair<uintptr_t, uintptr_t>> mapped_file_ranges();
 // freed, sorted, likewise.
 std::vector<std::pair<uintptr_t, uintptr_t>> copied_file_ranges();
 
-// Inside a file MappedFile read into memory, gives back the memory of the whole pages in
-// [p, p + n): they become a read-only mapping of the same bytes of the file (MAP_FIXED, none
-// read yet), so the bytes read the same (from the file, if touched again) and the copy's
-// pages leave the resident set, as MADV_DONTNEED drops a mapped file's. For bytes copied
-// elsewhere (repacked, converted, sliced) that nothing reads in place any more. Returns the
-// bytes given back: 0 outside such a copy, or where the mapping could not be made (the copy
-// then stays as it was).
+// Inside a file MappedFile read into memory, gives back the memory of the pages holding
+// [p, p + n), widened to 2 MiB boundaries within the copy's whole pages (whole huge pages
+// leave, and consecutive ranges merge into one mapping): they become a read-only mapping of
+// the same bytes of the file (MAP_FIXED, none read yet), so the bytes read the same (from the
+// file, if touched again) and the copy's pages leave the resident set, as MADV_DONTNEED
+// drops a mapped file's. For bytes copied elsewhere (repacked, converted, sliced). The file
+// must then stay as it was read, as for a mapped one (truncated, its readers fault). Returns
+// the bytes given back: 0 when the range holds no whole page, lies outside such a copy, or
+// the mappings allowed (a quarter of vm.max_map_count) are spent, or where the file system
+// cannot map (the copy then stays as it was; throws infera::Error if it could not be restored).
 size_t map_back_file_pages(const void* p, size_t n);
 
 }  // namespace infera

@@ -309,7 +309,8 @@ const OptionSpec kOptions[] = {
      .flags = "--load-into-memory,--no-mmap",
      .yaml = "models[].load_into_memory",
      .default_value = "false",
-     .help = "Read weights into memory instead of mapping the files"},
+     .help = "Read weights into memory instead of mapping the files (what is repacked or copied is then given "
+             "back and mapped from the file again: keep the files in place while serving)"},
     {.name = "chat_template",
      .type = T::kText,
      .use = kServe | kDeploy,

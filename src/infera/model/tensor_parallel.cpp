@@ -389,6 +389,10 @@ void TensorShard::shard_moe(MoeWeights& w) {
   if (!distributed()) return;
   for (int64_t e = 0; e < w.n_experts(); ++e) {
     if (!experts.contains(e)) {  // another rank's expert: MoeFfn skips it
+      // Its stored rows, read into memory with the file, given back (mapped: untouched).
+      for (const kernels::LinearWeight* m : {&w.gate[e], &w.up[e], &w.down[e]})
+        if (!m->quantized && m->dense.data)
+          release_mapped_pages(m->dense.data, m->dense.rows * kernels::row_bytes(m->dense));
       w.drop_expert(e);
       continue;
     }

@@ -8,9 +8,11 @@
 //     are contiguous (kernels::row_slice).
 //   row-parallel (o_proj/down): a rank needs input columns [c0, c1) of every row, which are
 //     strided.
-// In a group over mmapped weights every rank copies its slices once at load into memory it
-// owns (the stored dtype, [rows, cols] of the slice) and releases the mapped pages right
-// after each copy (MADV_DONTNEED: clean file pages, nothing is lost), one tensor at a time.
+// In a group every rank copies its slices once at load into memory it owns (the stored
+// dtype, [rows, cols] of the slice) and releases the file's pages right after each copy, one
+// tensor at a time: a mapping's dropped (MADV_DONTNEED: clean file pages, nothing is lost), a
+// file read into memory's mapped back from the file (release_file_pages), as are the other
+// ranks' experts.
 // Net resident weights per rank ~ 1/TP; peak at load = that + about one full matrix. Views
 // into the mapping would avoid the copy, but recent kernels map page-cache folios (up to
 // 2 MiB) whole, so the neighbouring ranks' rows, and for row-parallel layers the whole

@@ -74,29 +74,37 @@ std::string maps_line_of(uintptr_t a) {
   return "";
 }
 
-// A file read into memory gives back the whole pages of a range (repacked weights' source)
-// by mapping the file's same bytes there: they read the same, and the memory is the file's,
-// not anonymous; the pages at the range's edges, and everything outside it, stay as read.
+// A file read into memory gives back the pages of a range (repacked weights' source), widened
+// to 2 MiB boundaries within its whole pages, by mapping the file's same bytes there: they
+// read the same, and the memory is the file's, not anonymous; pages outside the window, and
+// the file's partial last page, stay as read.
 TEST_F(MappedFileTest, AFileReadIntoMemoryMapsBackWholePages) {
-  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
-  std::string bytes(5 * page + 123, '\0');
+  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE)), mib = size_t{1} << 20;
+  std::string bytes(3 * mib + 123, '\0');
   for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<char>(i * 7 + i / page);
   std::ofstream(path_, std::ios::binary | std::ios::trunc) << bytes;
+  const std::string file = fs::canonical(path_).string();  // (as /proc/self/maps names it)
   uintptr_t begin = 0;
   {
     MappedFile f(path_.string(), /*load_into_memory=*/true);
     begin = reinterpret_cast<uintptr_t>(f.data());
+    ASSERT_EQ(begin % (2 * mib), 0u) << "a copy of 2 MiB or more starts on a huge page";
     const auto copies = copied_file_ranges();
     ASSERT_EQ(std::count(copies.begin(), copies.end(), std::make_pair(begin, begin + f.size())), 1);
-    EXPECT_EQ(maps_line_of(begin + page).find(path_.string()), std::string::npos) << "anonymous before";
-    // [page / 2, 4 pages + 10): pages 1, 2 and 3 are inside it.
-    EXPECT_EQ(map_back_file_pages(f.data() + page / 2, 3 * page + page / 2 + 10), 3 * page);
-    EXPECT_EQ(std::string(reinterpret_cast<const char*>(f.data()), f.size()), bytes) << "the bytes read the same";
-    for (size_t p : {1, 2, 3})
-      EXPECT_NE(maps_line_of(begin + p * page).find(path_.string()), std::string::npos) << "page " << p;
-    for (size_t p : {0, 4})
-      EXPECT_EQ(maps_line_of(begin + p * page).find(path_.string()), std::string::npos) << "page " << p;
+    EXPECT_EQ(maps_line_of(begin + 2 * mib).find(file), std::string::npos) << "anonymous before";
     EXPECT_EQ(map_back_file_pages(f.data() + 10, page - 20), 0u) << "no whole page inside";
+    // [2 MiB + 100, + 10 pages): the window [2 MiB, 3 MiB), the copy's whole pages ending there.
+    EXPECT_EQ(map_back_file_pages(f.data() + 2 * mib + 100, 10 * page), mib);
+    EXPECT_EQ(std::string(reinterpret_cast<const char*>(f.data()), f.size()), bytes) << "the bytes read the same";
+    for (size_t at : {2 * mib, 2 * mib + 100 * page, 3 * mib - page})
+      EXPECT_NE(maps_line_of(begin + at).find(file), std::string::npos) << "byte " << at;
+    for (size_t at : {size_t{0}, 2 * mib - page, 3 * mib})
+      EXPECT_EQ(maps_line_of(begin + at).find(file), std::string::npos) << "byte " << at;
+    // The first 2 MiB: mapped back as one more range, which the file system merges into one
+    // mapping with the first (contiguous offsets).
+    EXPECT_EQ(map_back_file_pages(f.data() + page, page), 2 * mib);
+    EXPECT_EQ(maps_line_of(begin), maps_line_of(begin + 3 * mib - page)) << "one mapping of [0, 3 MiB)";
+    EXPECT_EQ(std::string(reinterpret_cast<const char*>(f.data()), f.size()), bytes);
     int outside = 0;
     EXPECT_EQ(map_back_file_pages(&outside, sizeof outside), 0u) << "not a file's copy";
     MappedFile mapped(path_.string());

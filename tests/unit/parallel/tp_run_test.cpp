@@ -175,7 +175,7 @@ TEST_F(TpRun, Qwen3Tp2AndTp4MatchOneProcess) {
 TEST_F(TpRun, Qwen3MoeExpertAndTensorParallelMatchOneProcess) {
   // Layer 1 dense (mlp_only_layers): EP leaves it whole, TP splits it.
   const std::string m = model("moe", "--arch qwen3_moe --heads 8 --kv-heads 4 --layers 3 --mlp-only-layers 1");
-  expect_same_as_one_process(m, {"--ep 2", "--tp 2", "--tp 2 --ep 2"});
+  expect_same_as_one_process(m, {"--ep 2", "--tp 2", "--tp 2 --ep 2", "--no-mmap --tp 2 --ep 2"});
 }
 
 TEST_F(TpRun, Qwen35HybridTensorAndExpertParallelMatchOneProcess) {
@@ -360,7 +360,8 @@ TEST_F(TpRun, GgufFilesSplitByRowsAndWholeBlocks) {
   const std::string dense =
       "--arch qwen3 --hidden 512 --heads 8 --kv-heads 4 --head-dim 64 --ffn 1024 --layers 2 "
       "--vocab 512";
-  expect_split_within_quantization("gguf_dense", dense, "q4_k_m", {"--tp 2"});
+  // (--no-mmap: slices copied from the file read into memory, whose pages are then mapped back)
+  expect_split_within_quantization("gguf_dense", dense, "q4_k_m", {"--tp 2", "--no-mmap --tp 2"});
   expect_split_within_quantization("gguf_dense", dense, "q8_0", {"--tp 2", "--tp 4"});
   // llama: q / k rows in llama.cpp's order (pairs adjacent within each head), split by head.
   expect_split_within_quantization("gguf_llama",
@@ -369,7 +370,8 @@ TEST_F(TpRun, GgufFilesSplitByRowsAndWholeBlocks) {
                                    "q8_0", {"--tp 2"});
   // Experts whole (EP, also by all-to-all dispatch) or by columns (TP).
   expect_split_within_quantization("gguf_moe", "--arch qwen3_moe --heads 8 --kv-heads 4 --layers 3", "q8_0",
-                                   {"--ep 2", "--tp 2", "--tp 2 --ep 2", "--ep-dispatch all-to-all --ep 2"});
+                                   {"--ep 2", "--tp 2", "--tp 2 --ep 2", "--ep-dispatch all-to-all --ep 2",
+                                    "--no-mmap --ep 2"});
   // Gated DeltaNet projections from several row ranges, the shared expert by columns.
   expect_split_within_quantization("gguf_hybrid",
                                    "--arch qwen3_5_moe --heads 4 --kv-heads 2 --layers 4 --lin-k-heads 2 "
