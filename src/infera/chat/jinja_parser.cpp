@@ -479,7 +479,7 @@ class Parser {
         } else if (t && t->type == TokenType::kNumber && t->value.find('.') == std::string::npos &&
                    t->value[0] != '-' && t->value[0] != '+') {
           node->b = make(NodeKind::kInt, t->offset);
-          node->b->int_value = std::stoll(t->value);
+          node->b->int_value = int_literal(*t);
         } else {
           error("expected a name or an integer after '.'");
         }
@@ -488,6 +488,16 @@ class Parser {
       object = std::move(node);
     }
     return object;
+  }
+
+  // An integer literal's value; a SourceError where it does not fit 64 bits (std::stoll's
+  // out_of_range is not the parser's error: templates come from model files).
+  static int64_t int_literal(const Token& t) {
+    try {
+      return std::stoll(t.value);
+    } catch (const std::exception&) {
+      throw SourceError("integer literal " + t.value.substr(0, 40) + " is too large", t.offset);
+    }
   }
 
   // [index] or a slice [start:stop:step] with any part omitted.
@@ -529,15 +539,15 @@ class Parser {
       case TokenType::kNumber: {
         if (t.value.find('.') != std::string::npos) {
           auto node = make(NodeKind::kFloat, t.offset);
-          node->float_value = std::stod(t.value);
+          try {
+            node->float_value = std::stod(t.value);
+          } catch (const std::exception&) {  // (out_of_range: beyond a double)
+            throw SourceError("number literal " + t.value.substr(0, 40) + " is out of range", t.offset);
+          }
           return node;
         }
         auto node = make(NodeKind::kInt, t.offset);
-        try {
-          node->int_value = std::stoll(t.value);
-        } catch (const std::out_of_range&) {
-          throw SourceError("integer literal " + t.value + " is too large", t.offset);
-        }
+        node->int_value = int_literal(t);
         return node;
       }
       case TokenType::kString: {

@@ -147,6 +147,21 @@ TEST(JinjaTest, MemberAccessAndSlicing) {
   EXPECT_EQ(render("{{ xs.0 }}", ctx), "10");
 }
 
+// Number literals past 64-bit integers or doubles are the template's error (named, with its
+// line), not a library exception that nothing catches: templates come from model files. (A
+// member index past int64 ended the chat-template fuzzer's process.)
+TEST(JinjaTest, NumberLiteralsOutOfRangeAreTemplateErrors) {
+  const std::string big(30, '4');
+  for (const std::string& source :
+       {"{{ x." + big + " }}", "{{ " + big + " }}", "{{ -" + big + " }}", "{{ " + std::string(400, '9') + ".5 }}",
+        "{% for k, v in extra." + big + "items() %}{% endfor %}"}) {
+    const std::string e = render_error(source);
+    EXPECT_TRUE(e.find("is too large") != std::string::npos || e.find("is out of range") != std::string::npos)
+        << source << ": " << e;
+  }
+  EXPECT_EQ(render("{{ x.1 }}", R"({"x": [5, 6]})"), "6") << "an index that fits still works";
+}
+
 TEST(JinjaTest, StringMethods) {
   EXPECT_EQ(render("{{ 'Ab c'.upper() }}{{ 'Ab C'.lower() }}{{ 'hello wORLD-x'.title() }}{{ 'abc'.capitalize() }}"),
             "AB Cab cHello WORLD-XAbc");
