@@ -116,17 +116,7 @@ SamplingParams run_sampling(const RunOptions& o, const std::string& dir, const s
     for (const std::string& why : d.ignored) LOG_WARN("ignoring a sampling default: {}", why);
     // What was taken: the values of flags not given (stop strings, a system prompt and
     // preset messages are the server's).
-    server::GenerationDefaults taken;
-    const auto take = [&o](const auto& value, auto& to, uint32_t bit) {
-      if (!(o.given & bit)) to = value;
-    };
-    take(d.temperature, taken.temperature, server::kGivenTemperature);
-    take(d.top_k, taken.top_k, server::kGivenTopK);
-    take(d.top_p, taken.top_p, server::kGivenTopP);
-    take(d.min_p, taken.min_p, server::kGivenMinP);
-    take(d.repetition_penalty, taken.repetition_penalty, server::kGivenRepetitionPenalty);
-    take(d.presence_penalty, taken.presence_penalty, server::kGivenPresencePenalty);
-    take(d.frequency_penalty, taken.frequency_penalty, server::kGivenFrequencyPenalty);
+    const server::GenerationDefaults taken = d.taken_by(o.given | server::kGivenStop);
     if (!taken.empty())
       LOG_INFO("the model's sampling defaults for the flags not given, from {}: {}", d.source, taken.describe());
   }
@@ -244,12 +234,9 @@ int generate(const RunOptions& o, parallel::Communicator* comm) {
   set_num_threads(threads);
   std::string dir = o.model_dir, ollama_params = o.ollama_params;
   if (dir.empty()) {  // the built-in model, or the one INFERA_DEFAULT_MODEL names (a store's too)
-    dir = default_model_ref();
-    if (is_store_ref(dir)) {
-      ResolvedModelRef ref = resolve_store_ref(dir);
-      dir = std::move(ref.path);
-      ollama_params = std::move(ref.params);
-    }
+    ResolvedModelRef ref = resolve_model_ref(default_model_ref());
+    dir = std::move(ref.path);
+    ollama_params = std::move(ref.params);
   }
   // Before the load: a --generation-config that cannot be read fails at once (on every rank).
   SamplingParams sp = run_sampling(o, dir, ollama_params, rank == 0);

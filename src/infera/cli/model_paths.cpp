@@ -26,10 +26,8 @@ std::string default_model_ref() {
 CLI::Validator model_ref_transform(std::string* ollama_params) {
   return CLI::Validator(
       [ollama_params](std::string& value) -> std::string {
-        if (ollama_params) ollama_params->clear();
-        if (!is_store_ref(value)) return {};
         try {
-          ResolvedModelRef ref = resolve_store_ref(value);
+          ResolvedModelRef ref = resolve_model_ref(value);
           value = std::move(ref.path);
           if (ollama_params) *ollama_params = std::move(ref.params);
         } catch (const Error& e) {

@@ -378,7 +378,14 @@ ResolvedModelRef resolve_store_ref(const std::string& ref) {
   return ref.starts_with(kOllama) ? resolve_ollama(ref) : resolve_hf(ref);
 }
 
-std::string model_path_of(const std::string& ref) { return is_store_ref(ref) ? resolve_store_ref(ref).path : ref; }
+ResolvedModelRef resolve_model_ref(const std::string& ref) {
+  if (is_store_ref(ref)) return resolve_store_ref(ref);
+  ResolvedModelRef r;
+  r.path = ref;
+  return r;
+}
+
+std::string model_path_of(const std::string& ref) { return resolve_model_ref(ref).path; }
 
 std::vector<std::string> ollama_stores() {
   if (std::string s = option_env("ollama_models"); !s.empty()) return {expand_home(s)};

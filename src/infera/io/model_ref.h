@@ -51,8 +51,10 @@ bool is_store_ref(std::string_view ref);
 // which models or files are there instead. `ref` must satisfy is_store_ref.
 ResolvedModelRef resolve_store_ref(const std::string& ref);
 
-// resolve_store_ref's path for a store reference; any other `ref` as it is (a path, checked
-// by whoever opens it).
+// resolve_store_ref for a store reference; any other `ref` as its path, with nothing else (a
+// path, checked by whoever opens it).
+ResolvedModelRef resolve_model_ref(const std::string& ref);
+// resolve_model_ref(ref).path.
 std::string model_path_of(const std::string& ref);
 
 // The repository's name ("Qwen3-8B") when `path` is a snapshot directory of the Hugging

@@ -95,15 +95,33 @@ size_t GenerationDefaults::apply_chat(std::vector<ChatMessage>& chat) const {
   return shared;
 }
 
+GenerationDefaults GenerationDefaults::taken_by(uint32_t given) const {
+  GenerationDefaults t;
+  const auto take = [given](const auto& value, auto& to, uint32_t bit) {
+    if (!(given & bit)) to = value;
+  };
+  take(temperature, t.temperature, kGivenTemperature);
+  take(top_p, t.top_p, kGivenTopP);
+  take(top_k, t.top_k, kGivenTopK);
+  take(min_p, t.min_p, kGivenMinP);
+  take(repetition_penalty, t.repetition_penalty, kGivenRepetitionPenalty);
+  take(presence_penalty, t.presence_penalty, kGivenPresencePenalty);
+  take(frequency_penalty, t.frequency_penalty, kGivenFrequencyPenalty);
+  take(stop, t.stop, kGivenStop);
+  t.source = source;
+  return t;
+}
+
 void GenerationDefaults::apply(GenerationOptions& o) const {
-  if (temperature && !(o.given & kGivenTemperature)) o.temperature = *temperature;
-  if (top_p && !(o.given & kGivenTopP)) o.top_p = *top_p;
-  if (top_k && !(o.given & kGivenTopK)) o.top_k = *top_k;
-  if (min_p && !(o.given & kGivenMinP)) o.min_p = *min_p;
-  if (repetition_penalty && !(o.given & kGivenRepetitionPenalty)) o.repetition_penalty = *repetition_penalty;
-  if (presence_penalty && !(o.given & kGivenPresencePenalty)) o.presence_penalty = *presence_penalty;
-  if (frequency_penalty && !(o.given & kGivenFrequencyPenalty)) o.frequency_penalty = *frequency_penalty;
-  if (!stop.empty() && !(o.given & kGivenStop)) o.stop = stop;
+  const GenerationDefaults t = taken_by(o.given);
+  if (t.temperature) o.temperature = *t.temperature;
+  if (t.top_p) o.top_p = *t.top_p;
+  if (t.top_k) o.top_k = *t.top_k;
+  if (t.min_p) o.min_p = *t.min_p;
+  if (t.repetition_penalty) o.repetition_penalty = *t.repetition_penalty;
+  if (t.presence_penalty) o.presence_penalty = *t.presence_penalty;
+  if (t.frequency_penalty) o.frequency_penalty = *t.frequency_penalty;
+  if (!t.stop.empty()) o.stop = t.stop;
 }
 
 SamplingParams sampling_of(const GenerationOptions& o) {

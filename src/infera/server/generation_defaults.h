@@ -34,6 +34,9 @@ struct GenerationDefaults {
   std::vector<std::string> ignored;  // values left out, and why (logged when the model loads)
 
   bool empty() const;
+  // The sampling defaults and stop strings of these that fields not `given`
+  // (GenerationOptions::given bits) take, with `source`: what apply() sets.
+  GenerationDefaults taken_by(uint32_t given) const;
   // Sets the fields `o` was not given (GenerationOptions::given) to these defaults.
   void apply(GenerationOptions& o) const;
   // Puts the model's turns in a chat, as Ollama does, with two differences for templates
