@@ -20,6 +20,13 @@ nlohmann::json read_json_file(const std::string& path, const std::string& if_mis
   return parse_json_file_text(file.text, path);
 }
 
+std::optional<nlohmann::json> read_json_file_if_present(const std::string& path, const std::string& if_unreadable) {
+  const TextFile file = load_text_file(path);
+  if (file.absent) return std::nullopt;
+  if (!file.ok()) fail("{}: {}: {}", path, if_unreadable, file.error);
+  return parse_json_file_text(file.text, path);
+}
+
 nlohmann::json parse_json_file_text(std::string_view text, const std::string& path) {
   if (json_nesting_depth(text, kMaxJsonFileDepth) > kMaxJsonFileDepth) {
     fail("{}: malformed JSON: nested deeper than {} levels", path, kMaxJsonFileDepth);

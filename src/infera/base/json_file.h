@@ -18,6 +18,10 @@ std::string json_error_text(const nlohmann::json::exception& e);
 // directory", ...) and parse_json_file_text's errors when it does not parse.
 nlohmann::json read_json_file(const std::string& path, const std::string& if_missing = "cannot open");
 
+// As read_json_file, but nullopt where nothing exists at `path` (an optional file).
+std::optional<nlohmann::json> read_json_file_if_present(const std::string& path,
+                                                        const std::string& if_unreadable = "cannot open");
+
 // `text`, the contents of the file at `path`, parsed; throws infera::Error
 // "<path>: malformed JSON: <line/column>" (or "nested deeper than N levels": kMaxJsonFileDepth).
 nlohmann::json parse_json_file_text(std::string_view text, const std::string& path);

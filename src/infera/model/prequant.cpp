@@ -169,8 +169,7 @@ const std::vector<FormatEntry> kFormats = {
 
 // The JSON in `path`; null where there is no such file.
 json read_json_if_present(const std::filesystem::path& path) {
-  std::error_code ec;
-  return std::filesystem::exists(path, ec) ? infera::read_json_file(path.string()) : json();
+  return read_json_file_if_present(path.string()).value_or(json());
 }
 
 }  // namespace

@@ -128,9 +128,9 @@ void quantization_config_to_json(const QuantizationConfig& qc, json& out) {
 
 QuantizationConfig read_quantization_config(const std::string& model_dir) {
   const std::string path = (std::filesystem::path(model_dir) / "config.json").string();
-  std::error_code ec;
-  if (!std::filesystem::exists(path, ec)) return {};
-  const json j = read_json_file(path, "cannot read the model's config");
+  const std::optional<json> config = read_json_file_if_present(path, "cannot read the model's config");
+  if (!config) return {};
+  const json& j = *config;
   if (!j.is_object() || !j.contains("quantization_config") || j["quantization_config"].is_null()) return {};
   return parse_quantization_config(j["quantization_config"], path);
 }
