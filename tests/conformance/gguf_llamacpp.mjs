@@ -5,8 +5,11 @@
 // does), or from F16 by llama.cpp's own llama_model_quantize into the K-quant mixes users
 // hold (Q4_K_M, Q5_K_M, Q6_K, IQ4_XS: llama_quantize.c, built here with the C compiler;
 // those cases are skipped with a note when there is none), plus llama.cpp's own stories260K.gguf. Required per file: identical greedy
-// continuations (32 tokens) and the same top-1 at every prompt position; the final-position
-// max |logit difference| is printed per file.
+// continuations (32 tokens) and the same top-1 at every prompt position, but for near ties
+// (llamacpp_compare.mjs: an int8 activation that the two engines round apart; the
+// Qwen3-MoE-shaped Q4_K_M file has one at greedy step 17 against llama.cpp's haswell and
+// generic x86 variants, none against its zen4 one); the final-position max |logit
+// difference| is printed per file.
 //
 //   node gguf_llamacpp.mjs <infera-binary> [name-filter]
 import fs from "node:fs";
