@@ -1,7 +1,8 @@
 // Model conformance against llama.cpp (node-llama-cpp, CPU build): random-weight tiny
 // models from tools/gen_model.py are converted with `infera convert --to gguf`, then
 // llama.cpp and Infera each run the same prompt ids. Required: identical greedy
-// continuations (32 tokens), the same top-1 at every prompt position, and final-position
+// continuations (32 tokens), the same top-1 at every prompt position (f32 files: no near
+// ties allowed, llamacpp_compare.mjs), and final-position
 // logits within a small tolerance (the max abs difference is printed per model). For the
 // cases marked fromGguf (the hybrid and MLA architectures) Infera also runs the GGUF file
 // itself and must meet the same requirements against the same llama.cpp run.
@@ -118,6 +119,7 @@ runCases(cases, "infera-conf-", N, (c, tmp) => {
     const g = compareWithLlamacpp({ model: gguf, gguf, prompt, n: N, tmp, name: `${c.name}-gguf`, ref: r.ref });
     if (!(g.maxDiff <= LOGIT_TOL)) g.problems.push(`final logits max abs diff ${g.maxDiff} > ${LOGIT_TOL}`);
     r.problems.push(...g.problems.map((p) => `infera -m ${c.name}.gguf: ${p}`));
+    r.nearTies.push(...g.nearTies.map((p) => `infera -m ${c.name}.gguf: ${p}`));
     r.maxDiff = Math.max(r.maxDiff, g.maxDiff);
   }
   if (c.denseDiffers) {
