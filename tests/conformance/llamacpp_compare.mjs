@@ -96,9 +96,13 @@ function pickCheck(ref, ours, got, bound, where) {
   if (expect === got) return null;
   const diff = maxAbsDiff(ref, ours), gap = ref[expect] - ref[got];
   if (gap <= diff && diff <= bound) {
-    return { nearTie: `${where}: llama.cpp ${expect}, infera ${got} (gap ${gap.toExponential(1)} within |diff| ${diff.toExponential(1)})` };
+    return {
+      nearTie: `${where}: llama.cpp ${expect}, infera ${got} ` +
+        `(gap ${gap.toExponential(1)} within |diff| ${diff.toExponential(1)})`,
+    };
   }
-  return `top-1 differs ${where}: llama.cpp ${expect}, infera ${got} (llama.cpp's gap ${gap.toExponential(2)}, |diff| ${diff.toExponential(2)})`;
+  return `top-1 differs ${where}: llama.cpp ${expect}, infera ${got} ` +
+    `(llama.cpp's gap ${gap.toExponential(2)}, |diff| ${diff.toExponential(2)})`;
 }
 
 // Runs `prompt` through llama.cpp (the GGUF file `gguf`; or `ref`, its llamacppReference
