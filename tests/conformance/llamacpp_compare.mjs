@@ -80,12 +80,17 @@ function maxAbsDiff(a, b) {
   return d;
 }
 
+// The logits `infera run --logits-file` wrote to `file`.
+function readLogits(file) {
+  const raw = fs.readFileSync(file);  // may be a view into Node's shared pool
+  return new Float32Array(raw.buffer.slice(raw.byteOffset, raw.byteOffset + raw.length));
+}
+
 // Infera's logits after `ids` (a prefix run, no generation; `extra`: more flags).
 function inferaLogits(model, ids, file, extra = []) {
   run(infera, ["run", "-m", model, "--prompt-ids", JSON.stringify(ids), "-n", "0", "--temp", "0", "--json", "-t", "1",
     "--logits-file", file, ...extra]);
-  const raw = fs.readFileSync(file);  // may be a view into Node's shared pool
-  return new Float32Array(raw.buffer.slice(raw.byteOffset, raw.byteOffset + raw.length));
+  return readLogits(file);
 }
 
 // Infera's pick `got` against llama.cpp's logits `ref` at one position, `ours` Infera's
@@ -120,8 +125,7 @@ export function compareWithLlamacpp({ model, gguf, prompt, n, tmp, name, ref = l
   const logitsFile = path.join(tmp, `${name}.logits`);
   const ours = lastJsonLine(run(infera, ["run", "-m", model, "--prompt-ids", JSON.stringify(prompt), "-n", String(n),
     "--temp", "0", "--ignore-eos", "--json", "-t", "1", "--logits-file", logitsFile]));
-  const raw = fs.readFileSync(logitsFile);  // may be a view into Node's shared pool
-  const ourLogits = new Float32Array(raw.buffer.slice(raw.byteOffset, raw.byteOffset + raw.length));
+  const ourLogits = readLogits(logitsFile);  // (after the whole prompt)
   const maxDiff = maxAbsDiff(ref.logits, ourLogits);
   const problems = [], nearTies = [];
   const note = (r) => {
@@ -130,7 +134,7 @@ export function compareWithLlamacpp({ model, gguf, prompt, n, tmp, name, ref = l
     else nearTies.push(r.nearTie);
   };
   for (let p = 1; p <= prompt.length; p++) {
-    const logits = inferaLogits(model, prompt.slice(0, p), logitsFile);
+    const logits = p === prompt.length ? ourLogits : inferaLogits(model, prompt.slice(0, p), logitsFile);
     note(pickCheck(ref.all_logits[p - 1], logits, argmax(logits), nearTieDiff, `after ${p} prompt tokens`));
   }
   const idsText = `\n  llama.cpp ${JSON.stringify(ref.ids)}\n  infera    ${JSON.stringify(ours.ids)}`;
@@ -173,7 +177,7 @@ export function runCases(cases, tmpPrefix, n, check) {
       const r = check(c, tmp);
       if (!r) continue;
       const diff = r.maxDiff.toExponential(2);
-      if (r.problems.length === 0 && (r.nearTies ?? []).length > 0) {
+      if (r.problems.length === 0 && r.nearTies.length > 0) {
         passed++;
         console.log(`ok   ${c.name}: ${n} greedy tokens and top-1 at ${r.positions} prompt positions equal but for near ties ` +
           `(final logits max |diff| ${diff}):\n  ${r.nearTies.join("\n  ")}`);
