@@ -669,6 +669,15 @@ const OptionSpec kOptions[] = {
      .help = "Lay a GGUF model's repacked panels over four lanes of memory far apart, so that a decode step reads "
              "four streams far apart (docs/model.md); 0 keeps each matrix's panels in one run (A/B runs)",
      .choices = "1|0|on|off|true|false"},
+    {.name = "q6k_panels",
+     .type = T::kChoice,
+     .use = kProcess,
+     .env = "INFERA_Q6K_PANELS",
+     .default_value = "auto",
+     .help = "How GGUF Q6_K panels lay out a super-block's quants: apart (all low bits, then all top bits) or beside "
+             "(each 32-weight chunk's top bits after its low bits, read front to back); auto: apart on CPUs with "
+             "AVX-512, beside on the others, where each measured faster (docs/model.md; A/B runs)",
+     .choices = "auto|apart|beside"},
     {.name = "prequant_scheme",
      .type = T::kChoice,
      .use = kProcess,

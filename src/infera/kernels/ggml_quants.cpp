@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "infera/base/cpu.h"
 #include "infera/base/error.h"
 #include "infera/base/membw.h"
 #include "infera/base/options.h"
@@ -454,6 +455,7 @@ void write_panels(uint32_t type, const void* data, int64_t rows, int64_t k, int 
   // Where a block's 16 bytes of nibbles start (after d, m and the 5-bit types' qh).
   const int qs_at = 2 + (offset ? 2 : 0) + (five ? 4 : 0);
   const int nt = threads > 0 ? threads : num_threads();
+  const bool q6k_beside = type == kQ6_K && q6k_panels_beside();
 #pragma omp parallel for num_threads(nt) schedule(static)
   for (int64_t p = 0; p < panels; ++p) {
     auto* panel = const_cast<uint8_t*>(out.at(p, pb));
@@ -547,15 +549,16 @@ void write_panels(uint32_t type, const void* data, int64_t rows, int64_t k, int 
           // bits 2g, 2g + 1 of qh[32 (c / 4) + l], l < 32; four weights at a time.
           std::memcpy(scales + 2 * r, blk + 208, 2);
           for (int sb = 0; sb < 16; ++sb) qs[panel_k_scales(kQ6_K) + 16 * sb + r] = blk[192 + sb];
+          const bool beside = q6k_beside;
           for (int c = 0; c < 8; ++c) {
             const int n = c / 4, g = c % 4;
             const uint8_t* ql = blk + 64 * n + 32 * (g % 2);
-            uint8_t* chunk = qs + panel_k_chunk(kQ6_K, c);
+            uint8_t* chunk = qs + panel_k_chunk(kQ6_K, c, beside);
             for (int part = 0; part < 4; ++part) {
               const uint32_t v = panel_dword(ql + 8 * part, 4 * (g / 2));
               std::memcpy(chunk + 64 * part + 4 * r, &v, 4);
             }
-            pack_two_bit_fields(blk + 128 + 32 * n, 2 * g, r, qs + panel_k_bits(kQ6_K, c));
+            pack_two_bit_fields(blk + 128 + 32 * n, 2 * g, r, qs + panel_k_bits(kQ6_K, c, beside));
           }
           continue;
         }
@@ -604,6 +607,23 @@ std::shared_ptr<const uint8_t> pack_panels(uint32_t type, const void* data, int6
   write_panels(type, data, rows, k, threads, PanelRef(out));
   return owner;
 }
+
+namespace {
+std::atomic<int> g_q6k_beside_override{-1};
+}  // namespace
+
+bool q6k_panels_beside() {
+  const int forced = g_q6k_beside_override.load(std::memory_order_relaxed);
+  if (forced >= 0) return forced != 0;
+  static const bool beside = [] {
+    const std::string e = option_env("q6k_panels", BadEnvValue::kWarnAndIgnore);  // INFERA_Q6K_PANELS
+    if (e == "apart" || e == "beside") return e == "beside";
+    return !cpu_features().avx512f;
+  }();
+  return beside;
+}
+
+void set_q6k_panels_beside(int beside) { g_q6k_beside_override.store(beside < 0 ? -1 : beside != 0); }
 
 bool panel_lanes_enabled() {
   static const bool enabled = option_env_on("panel_lanes");  // INFERA_PANEL_LANES

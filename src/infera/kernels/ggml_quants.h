@@ -155,11 +155,12 @@ int64_t quantize_rows(uint32_t type, const float* src, void* dst, int64_t nrows,
 // its quants with their extra bits beside them. Q4_K: the 6-bit
 // scales as bytes [s][row] (128) and mins as bytes [pair p][row][s % 2] (128), then per sub-block s its nibbles as a
 // 32-weight block's (256 bytes). Q5_K: Q4_K's, each sub-block's nibbles followed by its fifth bits as Q5_0's eight
-// masks (64 bytes). Q6_K keeps its fields apart, as one front-to-back pass over them measured
-// slower end to end (22.4 against 24.8 tokens/s, Zen 4, one thread): its 6-bit quants u = w + 32 per chunk c, their
-// low four bits as a 32-weight block's nibbles (256 bytes a chunk, 2048), then their top two bits as two 64-byte
-// vectors a chunk (1024: vector v's byte 4r + e holds in bits 2f, 2f + 1 those of weight 32c + 16v + 4f + e of row r,
-// so vector v is the 16-weight sub-block 2c + v), then the 16 signed sub-scales as bytes [s][row] (256). IQ4_XS: the
+// masks (64 bytes). Q6_K has two layouts (q6k_panels_beside, below: which is faster differs by machine). Apart: its
+// 6-bit quants u = w + 32 per chunk c, their low four bits as a 32-weight block's nibbles (256 bytes a chunk, 2048),
+// then their top two bits as two 64-byte vectors a chunk (1024: vector v's byte 4r + e holds in bits 2f, 2f + 1
+// those of weight 32c + 16v + 4f + e of row r, so vector v is the 16-weight sub-block 2c + v), then the 16 signed
+// sub-scales as bytes [s][row] (256). Beside: the same fields, each chunk's two top-bit vectors right after its
+// nibbles (384 bytes a chunk), then the sub-scales. IQ4_XS: the
 // signed scales (ls - 32) as bytes [s][row] (128), then per sub-block its nibbles as an IQ4_NL block's (256). Q3_K: the
 // 16 signed sub-scales as bytes [s][row] (256), then per chunk c the quants' two low bits as two 64-byte vectors (as
 // Q6_K's top bits) and eight 64-bit masks of their third bits (mask o, bit 4r + e: weight 32c + 4o + e; 64 bytes).
@@ -181,12 +182,25 @@ constexpr int panel_k_head(uint32_t type) { return type == kIQ4_XS ? 128 : 256; 
 constexpr int panel_k_low_bytes(uint32_t type) { return type == kQ2_K || type == kQ3_K ? 128 : 256; }
 constexpr int panel_k_bit_bytes(uint32_t type) { return type == kQ6_K ? 128 : type == kQ5_K || type == kQ3_K ? 64 : 0; }
 constexpr int panel_k_scales(uint32_t type) { return type == kQ6_K ? 8 * (256 + 128) : 0; }
-constexpr int panel_k_chunk(uint32_t type, int c) {
-  return type == kQ6_K ? 256 * c : panel_k_head(type) + (panel_k_low_bytes(type) + panel_k_bit_bytes(type)) * c;
+// (q6_beside: Q6_K's other layout, q6k_panels_beside)
+constexpr int panel_k_chunk(uint32_t type, int c, bool q6_beside = false) {
+  if (type == kQ6_K) return (q6_beside ? 256 + 128 : 256) * c;
+  return panel_k_head(type) + (panel_k_low_bytes(type) + panel_k_bit_bytes(type)) * c;
 }
-constexpr int panel_k_bits(uint32_t type, int c) {
-  return type == kQ6_K ? 8 * 256 + 128 * c : panel_k_chunk(type, c) + panel_k_low_bytes(type);
+constexpr int panel_k_bits(uint32_t type, int c, bool q6_beside = false) {
+  if (type == kQ6_K && !q6_beside) return 8 * 256 + 128 * c;
+  return panel_k_chunk(type, c, q6_beside) + panel_k_low_bytes(type);
 }
+// Which of its two layouts Q6_K's panels take (pack_panels writes it, the kernels read it):
+// apart (false), as above, or beside (true): per chunk c its 256 bytes of nibbles then its
+// 128 bytes of top bits (at 384 c), the sub-scales after the eight chunks as before, so a
+// decode step reads a super-block front to back but for the scales. Which is faster differs
+// by machine (docs/model.md): INFERA_Q6K_PANELS=auto (the default) takes apart on CPUs with
+// AVX-512 and beside on the others; apart / beside fix it. The values are the same.
+bool q6k_panels_beside();
+// Tests only: the layout panels packed from now on take (-1: back to the setting). Panels
+// packed before are read wrongly after a change.
+void set_q6k_panels_beside(int beside);
 constexpr int panel_quant_stride(uint32_t type) {
   switch (type) {
     case kQ8_0: return 512;

@@ -242,6 +242,11 @@ std::string gguf_lanes_text() {
                "shared pass"
              : "each matrix's panels in one run (INFERA_PANEL_LANES=0)";
 }
+// (INFERA_Q6K_PANELS)
+std::string q6k_layout_text() {
+  return ggml::q6k_panels_beside() ? "; Q6_K's top bits beside each chunk's nibbles"
+                                   : "; Q6_K's nibbles, top bits and sub-scales apart";
+}
 }  // namespace
 
 std::string ggml_matmul_path(Isa isa) {
@@ -251,8 +256,8 @@ std::string ggml_matmul_path(Isa isa) {
       return std::string(
                  "avx512: activations as llama.cpp's Q8 blocks; Q4_0 / Q4_1 / Q5_0 / Q5_1 / IQ4_NL / Q8_0 / Q2_K / "
                  "Q3_K / Q4_K / Q5_K / Q6_K / IQ4_XS repacked at load into 16-row panels (huge pages; " +
-                 gguf_lanes_text() + "; decode: vpdpbusd on 16 rows per vector, 4 panels per step, prefetching " +
-                 gguf_prefetch_text() +
+                 gguf_lanes_text() + q6k_layout_text() +
+                 "; decode: vpdpbusd on 16 rows per vector, 4 panels per step, prefetching " + gguf_prefetch_text() +
                  "; prefill: 2 panels x up to 4 tokens per step, from 16 tokens on AMX "
                  "tiles: Q8_0's B straight from the panel, Q4_K's / Q5_K's / Q3_K's from two planes, Q6_K's from "
                  "four and Q2_K's from one (its mins on vectors) with the sub-scales folded in, 256 weights per sum; "
@@ -270,7 +275,7 @@ std::string ggml_matmul_path(Isa isa) {
     case Isa::kAvx2:
       return "avx2: activations as llama.cpp's Q8 blocks; Q4_0 / Q4_1 / Q5_0 / Q5_1 / IQ4_NL / Q8_0 / Q2_K / Q3_K / "
              "Q4_K / Q5_K / Q6_K / IQ4_XS repacked at load into 16-row panels (huge pages; " +
-             gguf_lanes_text() +
+             gguf_lanes_text() + q6k_layout_text() +
              "; maddubs on 8 rows per vector, the unsigned ones' int16 sums widened once per (sub-)block, IQ4_XS's per "
              "step against its "
              "sub-block scales; decode: 4 panels per step "

@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <memory>
@@ -179,6 +180,15 @@ class AmxScope {
   bool saved_;
 };
 
+// Q6_K's panels in the layout given (ggml::q6k_panels_beside) while in scope.
+class Q6kLayoutScope {
+ public:
+  explicit Q6kLayoutScope(int beside) { set_q6k_panels_beside(beside); }
+  ~Q6kLayoutScope() { set_q6k_panels_beside(-1); }
+  Q6kLayoutScope(const Q6kLayoutScope&) = delete;
+  Q6kLayoutScope& operator=(const Q6kLayoutScope&) = delete;
+};
+
 struct MatmulShape {
   int64_t blocks, rows, n0, n1;
   std::vector<int64_t> ms;
@@ -233,27 +243,55 @@ TEST(GgmlQuants, MatmulMatchesDequantizedWeightsTimesQuantizedActivations) {
         }
         std::vector<float> first;
         for (const Path& path : paths()) {
-          AmxScope amx(path.amx);
-          std::vector<float> y(static_cast<size_t>(m * (n1 - n0) + 5), -1.0f);
-          if (path.panels && !can_pack_panels(type)) continue;
-          const std::shared_ptr<const uint8_t> panels = path.panels ? pack_panels(type, w.data(), rows, k) : nullptr;
-          matmul_rows(path.isa, type, w.data(), k, x.data(), m, n0, n1, y.data(), n1 - n0, panels.get());
-          for (size_t t = 0; t < want.size(); ++t) {
-            // Q4_1 / Q5_1: llama.cpp folds the offsets in through the f16-rounded block sums.
-            const float tol = 1e-3f * (1.0f + std::fabs(want[t])) + ((type == kQ4_1 || type == kQ5_1) ? 0.02f : 0.0f);
-            ASSERT_NEAR(y[t], want[t], tol) << "type " << type << " path " << path.name << " m " << m << " at " << t;
+          // (Q6_K's panels in each of their two layouts)
+          for (int beside : {0, 1}) {
+            if (beside == 1 && (!path.panels || type != kQ6_K)) continue;
+            const Q6kLayoutScope layout(beside);
+            const std::string name =
+                path.name + (path.panels && type == kQ6_K ? beside ? " (beside)" : " (apart)" : "");
+            AmxScope amx(path.amx);
+            std::vector<float> y(static_cast<size_t>(m * (n1 - n0) + 5), -1.0f);
+            if (path.panels && !can_pack_panels(type)) continue;
+            const std::shared_ptr<const uint8_t> panels = path.panels ? pack_panels(type, w.data(), rows, k) : nullptr;
+            matmul_rows(path.isa, type, w.data(), k, x.data(), m, n0, n1, y.data(), n1 - n0, panels.get());
+            for (size_t t = 0; t < want.size(); ++t) {
+              // Q4_1 / Q5_1: llama.cpp folds the offsets in through the f16-rounded block sums.
+              const float tol = 1e-3f * (1.0f + std::fabs(want[t])) + ((type == kQ4_1 || type == kQ5_1) ? 0.02f : 0.0f);
+              ASSERT_NEAR(y[t], want[t], tol) << "type " << type << " path " << name << " m " << m << " at " << t;
+            }
+            EXPECT_EQ(y[want.size()], -1.0f) << "wrote past the output";
+            y.resize(want.size());
+            if (first.empty())
+              first = y;
+            else
+              EXPECT_EQ(y, first) << "type " << type << ": " << name << " differs from the scalar path (m " << m
+                                  << ", k " << k << ")";
           }
-          EXPECT_EQ(y[want.size()], -1.0f) << "wrote past the output";
-          y.resize(want.size());
-          if (first.empty())
-            first = y;
-          else
-            EXPECT_EQ(y, first) << "type " << type << ": " << path.name << " differs from the scalar path (m " << m
-                                << ", k " << k << ")";
         }
       }
     }
   }
+}
+
+// Q6_K's two panel layouts hold the same bytes in other places (so the test above reads each),
+// and q6k_panels_beside follows set_q6k_panels_beside until it is reset.
+TEST(GgmlQuants, Q6kPanelLayoutsDiffer) {
+  std::mt19937 rng(5);
+  const int64_t rows = 32, k = 512;
+  const std::vector<uint8_t> w = random_blocks(kQ6_K, rows * k / block_size(kQ6_K), rng);
+  const int64_t bytes = 2 * panel_bytes(kQ6_K, k);
+  std::shared_ptr<const uint8_t> packed[2];
+  for (int beside : {0, 1}) {
+    const Q6kLayoutScope layout(beside);
+    EXPECT_EQ(q6k_panels_beside(), beside == 1);
+    packed[beside] = pack_panels(kQ6_K, w.data(), rows, k);
+  }
+  EXPECT_NE(std::memcmp(packed[0].get(), packed[1].get(), static_cast<size_t>(bytes)), 0);
+  // The same multiset of bytes: a permutation of where each 64-byte vector sits.
+  std::vector<uint8_t> a(packed[0].get(), packed[0].get() + bytes), b(packed[1].get(), packed[1].get() + bytes);
+  std::sort(a.begin(), a.end());
+  std::sort(b.begin(), b.end());
+  EXPECT_EQ(a, b);
 }
 
 // The avx512 and avx2 paths compute the panel types from their panels (not silently from the

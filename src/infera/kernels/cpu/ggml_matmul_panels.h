@@ -591,14 +591,16 @@ inline void q6k_fold_corr(const int8_t* q, int64_t n, int32_t* out) {
   }
 }
 
-template <uint32_t kType>
+// kBeside: Q6_K's panels laid out beside (q6k_panels_beside), each chunk's top bits after its
+// nibbles.
+template <uint32_t kType, bool kBeside = false>
 struct Sub16 {
   static constexpr bool kThree = kType == kQ3_K, kTwo = kType == kQ2_K;
   static constexpr int kStride = panel_quant_stride(kType);
   // Sub-block sb's two-bit vector (Q6_K: its top bits; Q3_K / Q2_K: its two low bits) and the
   // sub-scales in a super-block's quants.
   static constexpr int top_at(int sb) {
-    return (kThree || kTwo ? panel_k_chunk(kType, sb / 2) : panel_k_bits(kType, sb / 2)) + 64 * (sb % 2);
+    return (kThree || kTwo ? panel_k_chunk(kType, sb / 2) : panel_k_bits(kType, sb / 2, kBeside)) + 64 * (sb % 2);
   }
   static constexpr int kScales = panel_k_scales(kType);
   vec::I m4 = vec::set8(0x0F), m30 = vec::set8(0x30), m3 = vec::set8(3), four = vec::set8(4);
@@ -625,7 +627,7 @@ struct Sub16 {
       }
       return;
     }
-    const vec::I nib = vec::load(sbq + panel_k_chunk(kType, c) + 64 * (2 * v + h));
+    const vec::I nib = vec::load(sbq + panel_k_chunk(kType, c, kBeside) + 64 * (2 * v + h));
     // (A & B) | C: the low four bits, the top two put in bits 4-5.
     lo = vec::and_or(nib, m4, field(hb, 2 * h));
     hi = vec::and_or(vec::srl16(nib, 4), m4, field(hb, 2 * h + 1));
@@ -636,7 +638,7 @@ struct Sub16 {
   // decode step from memory, kernels_bench 2048 x 5632, one thread: 9 against 18 GB/s.)
   template <int kPf>
   void prefetch(const uint8_t* sbq, int sb, int h) const {
-    const uint8_t* chunk = sbq + kStride + panel_k_chunk(kType, sb / 2);
+    const uint8_t* chunk = sbq + kStride + panel_k_chunk(kType, sb / 2, kBeside);
     if constexpr (!kThree && !kTwo) prefetch_line<kPf>(chunk + 64 * (2 * (sb % 2) + h));
     if constexpr (kThree)
       if (h == 0) prefetch_line<kPf>(sbq + kStride + panel_k_bits(kQ3_K, sb / 2));  // (the third bits: a line a chunk)
@@ -647,9 +649,9 @@ struct Sub16 {
 // then its 256 bytes of scales (Q2_K: scales and mins) as the panel has them.
 constexpr int kPreStride16 = 4096 + 256;
 
-template <uint32_t kType>
+template <uint32_t kType, bool kBeside = false>
 inline void unpack_sub16_chunk(const uint8_t* qs, int64_t b0, int64_t b1, uint8_t* out) {
-  const Sub16<kType> ops;
+  const Sub16<kType, kBeside> ops;
   for (int64_t b = b0; b < b1; ++b) {
     const uint8_t* sbq = qs + Sub16<kType>::kStride * b;
     uint8_t* o = out + kPreStride16 * (b - b0);
@@ -666,10 +668,10 @@ inline void unpack_sub16_chunk(const uint8_t* qs, int64_t b0, int64_t b1, uint8_
   }
 }
 
-template <uint32_t kType, int kNt, int kT, bool kPre = false, int kPf = kPfL1>
+template <uint32_t kType, int kNt, int kT, bool kPre = false, int kPf = kPfL1, bool kBeside = false>
 inline void dot_q6k(const uint8_t* const* sc, const uint8_t* const* qs, int64_t b0, int64_t b1, const PAct& a,
                     Sums16* sum) {
-  using S = Sub16<kType>;
+  using S = Sub16<kType, kBeside>;
   constexpr bool kTwo = S::kTwo;
   constexpr int kStride = S::kStride, kScStride = panel_scale_stride(kType);
   constexpr int kScaleLead = 128;  // (bytes the decode step's prefetch runs ahead on the scales)
@@ -752,8 +754,15 @@ inline void dot_q6k(const uint8_t* const* sc, const uint8_t* const* qs, int64_t 
   store_sums<kNt, kT>(sum, s);
 }
 
+// (kPre: the chunks unpacked, the same either layout)
 template <uint32_t kType, bool kPre = false>
 inline DotFn dot_q6k_for(int kt, int rows, PanelPrefetch pf) {
+  if constexpr (kType == kQ6_K && !kPre) {
+    if (q6k_panels_beside())
+      return dot_by_shape<true, Traits<kType>::kDecodePanels>(kt, rows, pf, []<int kNt, int kT, int kPf>() -> DotFn {
+        return dot_q6k<kType, kNt, kT, false, kPf, true>;
+      });
+  }
   return dot_by_shape<!kPre, Traits<kType>::kDecodePanels>(kt, rows, pf, []<int kNt, int kT, int kPf>() -> DotFn {
     return dot_q6k<kType, kNt, kT, kPre, kPf>;
   });
@@ -975,6 +984,7 @@ inline void scale_bit_masks(const uint8_t* p, __mmask64* mask) {
 // (1 KB at 1024 p: dword-row i holds weights 64 J + 4 i .. + 3 of each row, as the panel's
 // operands hold them). Each digit is picked by byte masks of the scales' bits (vptestmb):
 // w and 2 w added under masks.
+template <bool kBeside>
 inline void unpack_q6k_planes(const uint8_t* qs, int64_t nb, uint8_t* out) {
   constexpr int kStride = panel_quant_stride(kQ6_K);
   const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30), c32 = _mm512_set1_epi8(32);
@@ -986,9 +996,9 @@ inline void unpack_q6k_planes(const uint8_t* qs, int64_t nb, uint8_t* out) {
       __mmask64 mask[8];
       scale_bit_masks<8>(sb_qs + Sub16<kQ6_K>::kScales + 16 * sb, mask);
       const int v = sb % 2;
-      const __m512i hb = _mm512_load_si512(sb_qs + Sub16<kQ6_K>::top_at(sb));
+      const __m512i hb = _mm512_load_si512(sb_qs + Sub16<kQ6_K, kBeside>::top_at(sb));
       for (int h = 0; h < 2; ++h) {
-        const __m512i nib = _mm512_load_si512(sb_qs + panel_k_chunk(kQ6_K, sb / 2) + 64 * (2 * v + h));
+        const __m512i nib = _mm512_load_si512(sb_qs + panel_k_chunk(kQ6_K, sb / 2, kBeside) + 64 * (2 * v + h));
         const __m512i hl = h == 0 ? _mm512_slli_epi16(hb, 4) : hb,
                       hh = h == 0 ? _mm512_slli_epi16(hb, 2) : _mm512_srli_epi16(hb, 2);
         const __m512i u2[2] = {_mm512_ternarylogic_epi32(nib, m4, _mm512_and_si512(hl, m30), 0xEA),
@@ -1381,10 +1391,14 @@ inline void matmul(PanelRef panels, int64_t k, const Activations& a, int64_t m, 
                     k, y + 16 * g * ldy + (j0 - n0), ldy, mask);
         } else if constexpr (kSix || kThree) {
           auto* w = reinterpret_cast<uint8_t*>(planes.data());
-          if constexpr (kSix)
-            unpack_q6k_planes(sc + sbytes, nb, w);
-          else
+          if constexpr (kSix) {
+            if (q6k_panels_beside())
+              unpack_q6k_planes<true>(sc + sbytes, nb, w);
+            else
+              unpack_q6k_planes<false>(sc + sbytes, nb, w);
+          } else {
             unpack_two_bit_planes<kQ3_K>(sc + sbytes, nb, w);
+          }
           for (int64_t g = 0; g < groups; ++g)
             amx_q6k<kSix ? 4 : 2>(sc, w, tiles_all + 16 * g * k, a.d.data() + 16 * g * nb, k,
                                   y + 16 * g * ldy + (j0 - n0), ldy, mask);
@@ -1424,6 +1438,7 @@ inline void matmul(PanelRef panels, int64_t k, const Activations& a, int64_t m, 
   // threads, best of two rounds: 16 tokens 0.9-1.3x, 64 1.1-1.4x | 1.2-1.35x, 256
   // 1.2-1.9x | 1.2-1.45x.)
   const bool pre = kType == kQ8_0 || m > kDirectRows;
+  const bool q6k_beside = kType == kQ6_K && q6k_panels_beside();  // (its chunks unpacked from either layout)
   // One pass with nothing unpacked takes the whole row; else chunks (K types: super-blocks).
   const int64_t chunk = (!pre || kType == kQ8_0) && m <= Traits<kType>::kPassRows ? nb
                         : kK || kSub16 || kXs                                     ? 2
@@ -1463,6 +1478,9 @@ inline void matmul(PanelRef panels, int64_t k, const Activations& a, int64_t m, 
             auto* out = reinterpret_cast<uint8_t*>(unpacked[u]);
             if constexpr (kK || kXs)
               unpack_k_chunk<kType>(nib[u], b0, b1, out);
+            else if constexpr (kType == kQ6_K)
+              q6k_beside ? unpack_sub16_chunk<kType, true>(nib[u], b0, b1, out)
+                         : unpack_sub16_chunk<kType, false>(nib[u], b0, b1, out);
             else if constexpr (kSub16)
               unpack_sub16_chunk<kType>(nib[u], b0, b1, out);
             else
