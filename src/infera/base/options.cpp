@@ -675,8 +675,9 @@ const OptionSpec kOptions[] = {
      .env = "INFERA_Q6K_PANELS",
      .default_value = "auto",
      .help = "How GGUF Q6_K panels lay out a super-block's quants: apart (all low bits, then all top bits) or beside "
-             "(each 32-weight chunk's top bits after its low bits, read front to back); auto: apart on CPUs with "
-             "AVX-512, beside on the others, where each measured faster (docs/model.md; A/B runs)",
+             "(each 32-weight chunk's top bits after its low bits, read front to back); auto: apart on CPUs with the "
+             "avx512 kernel path (AVX-512 VNNI and BF16), beside on the others, where each measured faster "
+             "(docs/model.md; A/B runs)",
      .choices = "auto|apart|beside"},
     {.name = "prequant_scheme",
      .type = T::kChoice,

@@ -196,7 +196,8 @@ constexpr int panel_k_bits(uint32_t type, int c, bool q6_beside = false) {
 // 128 bytes of top bits (at 384 c), the sub-scales after the eight chunks as before, so a
 // decode step reads a super-block front to back but for the scales. Which is faster differs
 // by machine (docs/model.md): INFERA_Q6K_PANELS=auto (the default) takes apart on CPUs with
-// AVX-512 and beside on the others; apart / beside fix it. The values are the same.
+// the avx512 kernel path (AVX-512 VNNI and BF16) and beside on the others; apart / beside fix
+// it. The values are the same.
 bool q6k_panels_beside();
 // Tests only: the layout panels packed from now on take (-1: back to the setting). Panels
 // packed before are read wrongly after a change.

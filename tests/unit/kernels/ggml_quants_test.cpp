@@ -454,8 +454,7 @@ TEST(GgmlQuants, PanelsOverLanesComputeWhatPanelsInOneRunDo) {
 // ggml::matvec_many shares them all the same), one to three threads, every prefetch mode. Steps
 // that cannot be shared (no panels, a row range off a panel boundary, the scalar path) run one
 // call each with the same values.
-TEST(GgmlQuants, MatvecManyGivesEachStepWhatItsOwnCallGives) {
-  if (!isa_available(Isa::kAvx2)) GTEST_SKIP() << "no AVX2 path on this CPU";
+void check_matvec_many() {
   std::mt19937 rng(53);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   const uint32_t types[] = {kQ4_0, kQ4_1, kQ5_0, kQ5_1, kQ8_0, kIQ4_NL, kQ2_K, kQ3_K, kQ4_K, kQ5_K, kQ6_K, kIQ4_XS};
@@ -573,6 +572,15 @@ TEST(GgmlQuants, MatvecManyGivesEachStepWhatItsOwnCallGives) {
   set_num_threads(0);
 }
 
+TEST(GgmlQuants, MatvecManyGivesEachStepWhatItsOwnCallGives) {
+  if (!isa_available(Isa::kAvx2)) GTEST_SKIP() << "no AVX2 path on this CPU";
+  for (int beside : {0, 1}) {  // (Q6_K's panels in each of their layouts)
+    SCOPED_TRACE(beside ? "q6k beside" : "q6k apart");
+    const Q6kLayoutScope layout(beside);
+    check_matvec_many();
+  }
+}
+
 // kernels::linear_multi at a decode step with several threads runs a layer's GGUF matrices
 // that read one input (q, k, v of mixed types; two of them; one) in one shared pass: each
 // output what its own matmul gives, bit for bit.
@@ -637,16 +645,20 @@ TEST(GgmlQuants, DecodePrefetchModesGiveTheSameValuesAndAutoSettles) {
       for (auto& v : x) v = normal(rng);
       std::vector<float> want(static_cast<size_t>(rows));
       matmul_rows(Isa::kScalar, type, w.data(), k, x.data(), 1, 0, rows, want.data(), rows);
-      const auto panels = pack_panels(type, w.data(), rows, k);
-      for (Isa isa : test::available_isas()) {
-        if (isa == Isa::kScalar) continue;
-        for (int threads : {1, 2}) {
-          set_num_threads(threads);
-          for (PanelPrefetch pf : {PanelPrefetch::kL1, PanelPrefetch::kL2, PanelPrefetch::kNone}) {
-            std::vector<float> y(static_cast<size_t>(rows), -1.0f);
-            matmul_rows(isa, type, w.data(), k, x.data(), 1, 0, rows, y.data(), rows, panels.get(), pf);
-            ASSERT_EQ(y, want) << "type " << type << " " << isa_name(isa) << " mode " << static_cast<int>(pf) << ", "
-                               << threads << " threads, " << rows << " rows";
+      for (int beside : {0, 1}) {  // (Q6_K's panels in each of their layouts)
+        if (beside == 1 && type != kQ6_K) continue;
+        const Q6kLayoutScope layout(beside);
+        const auto panels = pack_panels(type, w.data(), rows, k);
+        for (Isa isa : test::available_isas()) {
+          if (isa == Isa::kScalar) continue;
+          for (int threads : {1, 2}) {
+            set_num_threads(threads);
+            for (PanelPrefetch pf : {PanelPrefetch::kL1, PanelPrefetch::kL2, PanelPrefetch::kNone}) {
+              std::vector<float> y(static_cast<size_t>(rows), -1.0f);
+              matmul_rows(isa, type, w.data(), k, x.data(), 1, 0, rows, y.data(), rows, panels.get(), pf);
+              ASSERT_EQ(y, want) << "type " << type << " " << isa_name(isa) << " mode " << static_cast<int>(pf) << ", "
+                                 << threads << " threads, " << rows << " rows, q6k beside " << beside;
+            }
           }
         }
       }
