@@ -549,16 +549,15 @@ void write_panels(uint32_t type, const void* data, int64_t rows, int64_t k, int 
           // bits 2g, 2g + 1 of qh[32 (c / 4) + l], l < 32; four weights at a time.
           std::memcpy(scales + 2 * r, blk + 208, 2);
           for (int sb = 0; sb < 16; ++sb) qs[panel_k_scales(kQ6_K) + 16 * sb + r] = blk[192 + sb];
-          const bool beside = q6k_beside;
           for (int c = 0; c < 8; ++c) {
             const int n = c / 4, g = c % 4;
             const uint8_t* ql = blk + 64 * n + 32 * (g % 2);
-            uint8_t* chunk = qs + panel_k_chunk(kQ6_K, c, beside);
+            uint8_t* chunk = qs + panel_k_chunk(kQ6_K, c, q6k_beside);
             for (int part = 0; part < 4; ++part) {
               const uint32_t v = panel_dword(ql + 8 * part, 4 * (g / 2));
               std::memcpy(chunk + 64 * part + 4 * r, &v, 4);
             }
-            pack_two_bit_fields(blk + 128 + 32 * n, 2 * g, r, qs + panel_k_bits(kQ6_K, c, beside));
+            pack_two_bit_fields(blk + 128 + 32 * n, 2 * g, r, qs + panel_k_bits(kQ6_K, c, q6k_beside));
           }
           continue;
         }

@@ -184,7 +184,7 @@ constexpr int panel_k_bit_bytes(uint32_t type) { return type == kQ6_K ? 128 : ty
 constexpr int panel_k_scales(uint32_t type) { return type == kQ6_K ? 8 * (256 + 128) : 0; }
 // (q6_beside: Q6_K's other layout, q6k_panels_beside)
 constexpr int panel_k_chunk(uint32_t type, int c, bool q6_beside = false) {
-  if (type == kQ6_K) return (q6_beside ? 256 + 128 : 256) * c;
+  if (type == kQ6_K) return (panel_k_low_bytes(type) + (q6_beside ? panel_k_bit_bytes(type) : 0)) * c;
   return panel_k_head(type) + (panel_k_low_bytes(type) + panel_k_bit_bytes(type)) * c;
 }
 constexpr int panel_k_bits(uint32_t type, int c, bool q6_beside = false) {

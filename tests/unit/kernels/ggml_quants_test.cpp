@@ -189,6 +189,9 @@ class Q6kLayoutScope {
   Q6kLayoutScope& operator=(const Q6kLayoutScope&) = delete;
 };
 
+// The layouts a case runs under (Q6kLayoutScope): both where it computes from Q6_K panels.
+std::vector<int> q6k_layouts(bool q6k_panels) { return q6k_panels ? std::vector<int>{0, 1} : std::vector<int>{0}; }
+
 struct MatmulShape {
   int64_t blocks, rows, n0, n1;
   std::vector<int64_t> ms;
@@ -243,9 +246,7 @@ TEST(GgmlQuants, MatmulMatchesDequantizedWeightsTimesQuantizedActivations) {
         }
         std::vector<float> first;
         for (const Path& path : paths()) {
-          // (Q6_K's panels in each of their two layouts)
-          for (int beside : {0, 1}) {
-            if (beside == 1 && (!path.panels || type != kQ6_K)) continue;
+          for (int beside : q6k_layouts(path.panels && type == kQ6_K)) {
             const Q6kLayoutScope layout(beside);
             const std::string name =
                 path.name + (path.panels && type == kQ6_K ? beside ? " (beside)" : " (apart)" : "");
@@ -574,7 +575,7 @@ void check_matvec_many() {
 
 TEST(GgmlQuants, MatvecManyGivesEachStepWhatItsOwnCallGives) {
   if (!isa_available(Isa::kAvx2)) GTEST_SKIP() << "no AVX2 path on this CPU";
-  for (int beside : {0, 1}) {  // (Q6_K's panels in each of their layouts)
+  for (int beside : q6k_layouts(true)) {
     SCOPED_TRACE(beside ? "q6k beside" : "q6k apart");
     const Q6kLayoutScope layout(beside);
     check_matvec_many();
@@ -645,8 +646,7 @@ TEST(GgmlQuants, DecodePrefetchModesGiveTheSameValuesAndAutoSettles) {
       for (auto& v : x) v = normal(rng);
       std::vector<float> want(static_cast<size_t>(rows));
       matmul_rows(Isa::kScalar, type, w.data(), k, x.data(), 1, 0, rows, want.data(), rows);
-      for (int beside : {0, 1}) {  // (Q6_K's panels in each of their layouts)
-        if (beside == 1 && type != kQ6_K) continue;
+      for (int beside : q6k_layouts(type == kQ6_K)) {
         const Q6kLayoutScope layout(beside);
         const auto panels = pack_panels(type, w.data(), rows, k);
         for (Isa isa : test::available_isas()) {

@@ -757,15 +757,14 @@ inline void dot_q6k(const uint8_t* const* sc, const uint8_t* const* qs, int64_t 
 // (kPre: the chunks unpacked, the same either layout)
 template <uint32_t kType, bool kPre = false>
 inline DotFn dot_q6k_for(int kt, int rows, PanelPrefetch pf) {
-  if constexpr (kType == kQ6_K && !kPre) {
-    if (q6k_panels_beside())
-      return dot_by_shape<true, Traits<kType>::kDecodePanels>(kt, rows, pf, []<int kNt, int kT, int kPf>() -> DotFn {
-        return dot_q6k<kType, kNt, kT, false, kPf, true>;
-      });
-  }
-  return dot_by_shape<!kPre, Traits<kType>::kDecodePanels>(kt, rows, pf, []<int kNt, int kT, int kPf>() -> DotFn {
-    return dot_q6k<kType, kNt, kT, kPre, kPf>;
-  });
+  const auto pick = [&]<bool kBeside>() {
+    return dot_by_shape<!kPre, Traits<kType>::kDecodePanels>(kt, rows, pf, []<int kNt, int kT, int kPf>() -> DotFn {
+      return dot_q6k<kType, kNt, kT, kPre, kPf, kBeside>;
+    });
+  };
+  if constexpr (kType == kQ6_K && !kPre)
+    if (q6k_panels_beside()) return pick.template operator()<true>();
+  return pick.template operator()<false>();
 }
 
 // Q4_K's activation sums for the mins: from the Q8_K sums of 16 (16 per super-block), n
