@@ -352,9 +352,64 @@ inline DotFn dot_by_shape(int kt, int rows, PanelPrefetch pf, Pick pick) {
   }
 }
 
+#ifndef __AVX512VNNI__
+// Q8_0 on AVX2 against 2-4 activation rows (one panel): dot's values, one half of the panel
+// (8 rows) at a time. A signed step is two multiplies (vpmaddubsw, then vpmaddwd to widen),
+// and on the CPUs with one vector integer multiplier (Zen 2) those bound it; dot's sums of
+// both halves (four rows' int32 chains and f32 sums: 16 registers) spilled to the stack in
+// its inner loop, and a half's (8) leave room for the operands.
+template <int kNt>
+inline void dot_q8_0_halves(const uint8_t* const* sc, const uint8_t* const* qs, int64_t b0, int64_t b1, const PAct& a,
+                            Sums16* sum) {
+  const __m256i one = _mm256_set1_epi16(1);
+  const auto step = [&](__m256i acc, __m256i w, __m256i aw, const int8_t* q) {
+    int32_t v;
+    std::memcpy(&v, q, 4);
+    const __m256i p = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(_mm256_set1_epi32(v), w));
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(p, one));
+  };
+  for (int h = 0; h < 2; ++h) {  // rows 0-7, rows 8-15
+    __m256 s[kNt];
+    for (int n = 0; n < kNt; ++n) s[n] = _mm256_load_ps(sum[kSumStride * n].v + 8 * h);
+    for (int64_t b = b0; b < b1; ++b) {
+      const uint8_t* p = qs[0] + 512 * (b - b0) + 32 * h;
+      if (h == 0) {  // (straight from the panel: streamed too)
+        for (int l = 0; l < 8; ++l) prefetch_line<kPfL1>(qs[0] + 512 * (b - b0) + 2 * kPrefetch + 64 * l);
+        if (b % 2 == 0) prefetch_line<kPfL1>(sc[0] + 32 * b + kPrefetch / 8);
+      }
+      __m256i acc[kNt];
+      for (int n = 0; n < kNt; ++n) acc[n] = _mm256_setzero_si256();
+      for (int part = 0; part < 4; ++part) {
+        const __m256i lo = _mm256_load_si256(reinterpret_cast<const __m256i*>(p + 128 * part));
+        const __m256i hi = _mm256_load_si256(reinterpret_cast<const __m256i*>(p + 128 * part + 64));
+        const __m256i alo = _mm256_abs_epi8(lo), ahi = _mm256_abs_epi8(hi);
+        for (int n = 0; n < kNt; ++n) {
+          const int8_t* q = a.q[n] + 32 * b + 8 * part;
+          acc[n] = step(acc[n], lo, alo, q);
+          acc[n] = step(acc[n], hi, ahi, q + 4);
+          __asm__("" : "+x"(acc[n]));  // (each row's chain in its register; see vec::in_registers)
+        }
+      }
+      const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sc[0] + 32 * b + 16 * h)));
+      for (int n = 0; n < kNt; ++n)
+        s[n] = _mm256_add_ps(s[n],
+                             _mm256_mul_ps(_mm256_mul_ps(dv, _mm256_set1_ps(a.d[n][b])), _mm256_cvtepi32_ps(acc[n])));
+    }
+    for (int n = 0; n < kNt; ++n) _mm256_store_ps(sum[kSumStride * n].v + 8 * h, s[n]);
+  }
+}
+#endif
+
 template <uint32_t kType, bool kPre>
 inline DotFn dot_for(int kt, int rows, PanelPrefetch pf) {
   constexpr bool kModes = !kPre || kType == kQ8_0;  // (Q8_0's panels are always read as unpacked)
+#ifndef __AVX512VNNI__
+  if constexpr (kType == kQ8_0) {
+    if (rows == 2) return dot_q8_0_halves<2>;
+    if (rows == 3) return dot_q8_0_halves<3>;
+    if (rows >= 4) return dot_q8_0_halves<4>;
+  }
+#endif
   return dot_by_shape<kModes, Traits<kType>::kDecodePanels>(kt, rows, pf, []<int kNt, int kT, int kPf>() -> DotFn {
     return dot<kType, kNt, kT, kPre, kPf>;
   });
@@ -528,8 +583,89 @@ inline void dot_q4k(const uint8_t* const* sc, const uint8_t* const* qs, int64_t 
   store_sums<kNt, kT>(sum, s);
 }
 
+#ifndef __AVX512VNNI__
+// Q4_K / Q5_K on AVX2 against 2-4 activation rows from an unpacked chunk (one panel):
+// dot_q4k's values, one half of the panel (8 rows) at a time, so that the rows' chains and
+// super-block sums stay in registers (dot_q4k's, both halves, spilled in its inner loop), and
+// each sub-block's chains widened and scaled in one vpmaddwd against the scale as an int16
+// pair (s, s), in place of vpmaddwd against ones and vpmulld: on a CPU with one vector
+// integer multiplier (Zen 2) vpmulld takes it two cycles, a chain of Q4_K's eight steps
+// eleven in all.
+template <uint32_t kType, int kNt>
+inline void dot_q4k_halves(const uint8_t* const* sc, const uint8_t* const* qs, int64_t b0, int64_t b1, const PAct& a,
+                           Sums16* sum) {
+  static_assert(kType == kQ4_K || kType == kQ5_K);
+  constexpr bool kMerge = Traits<kType>::kMerge;
+  for (int h = 0; h < 2; ++h) {  // rows 0-7, rows 8-15
+    for (int64_t b = b0; b < b1; ++b) {
+      const uint8_t* sb_q = qs[0] + kPreStride * (b - b0) + 32 * h;
+      const uint8_t* heads = qs[0] + kPreStride * (b - b0) + 4096;  // scales, then mins 128 on
+      __m256i isum[kNt];
+      for (int n = 0; n < kNt; ++n) isum[n] = _mm256_setzero_si256();
+      for (int sb = 0; sb < 8; ++sb) {
+        __m256i lo_acc[kNt], hi_acc[kNt];
+        for (int n = 0; n < kNt; ++n) lo_acc[n] = hi_acc[n] = _mm256_setzero_si256();
+        for (int part = 0; part < 4; ++part) {
+          const uint8_t* p = sb_q + 512 * sb + 128 * part;
+          const __m256i lo = _mm256_load_si256(reinterpret_cast<const __m256i*>(p));
+          const __m256i hi = _mm256_load_si256(reinterpret_cast<const __m256i*>(p + 64));
+          const int64_t at = 256 * b + 32 * sb + 8 * part;
+          for (int n = 0; n < kNt; ++n) {
+            int32_t q0, q1;
+            std::memcpy(&q0, a.q[n] + at, 4);
+            std::memcpy(&q1, a.q[n] + at + 4, 4);
+            lo_acc[n] = _mm256_add_epi16(lo_acc[n], _mm256_maddubs_epi16(lo, _mm256_set1_epi32(q0)));
+            if constexpr (kMerge) {
+              lo_acc[n] = _mm256_add_epi16(lo_acc[n], _mm256_maddubs_epi16(hi, _mm256_set1_epi32(q1)));
+              __asm__("" : "+x"(lo_acc[n]));  // (each row's chain in its register; see vec::in_registers)
+            } else {
+              hi_acc[n] = _mm256_add_epi16(hi_acc[n], _mm256_maddubs_epi16(hi, _mm256_set1_epi32(q1)));
+              __asm__("" : "+x"(lo_acc[n]), "+x"(hi_acc[n]));
+            }
+          }
+        }
+        // The 8 rows' scales of sub-block sb as int16 pairs (s, s).
+        const __m256i s32 =
+            _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(heads + 16 * sb + 8 * h)));
+        const __m256i pair = _mm256_or_si256(s32, _mm256_slli_epi32(s32, 16));
+        for (int n = 0; n < kNt; ++n) {
+          isum[n] = _mm256_add_epi32(isum[n], _mm256_madd_epi16(lo_acc[n], pair));
+          if constexpr (!kMerge) isum[n] = _mm256_add_epi32(isum[n], _mm256_madd_epi16(hi_acc[n], pair));
+        }
+      }
+      __m256i msum[kNt];
+      for (int n = 0; n < kNt; ++n) msum[n] = _mm256_setzero_si256();
+      for (int p = 0; p < 4; ++p) {
+        const __m256i mv =
+            _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(heads + 128 + 32 * p + 16 * h)));
+        for (int n = 0; n < kNt; ++n)
+          msum[n] = _mm256_add_epi32(msum[n], _mm256_madd_epi16(mv, _mm256_set1_epi32(a.corr[n][4 * b + p])));
+      }
+      const uint8_t* scales = sc[0] + 64 * b + 16 * h;
+      const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scales)));
+      const __m256 dmv = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scales + 32)));
+      for (int n = 0; n < kNt; ++n) {  // step_with_mins, on this half
+        float* s = sum[kSumStride * n].v + 8 * h;
+        const __m256 da = _mm256_set1_ps(a.d[n][b]);
+        const __m256 d = _mm256_mul_ps(dv, da), dmin = _mm256_mul_ps(dmv, da);
+        _mm256_store_ps(s, _mm256_add_ps(_mm256_load_ps(s),
+                                         _mm256_sub_ps(_mm256_mul_ps(d, _mm256_cvtepi32_ps(isum[n])),
+                                                       _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(msum[n])))));
+      }
+    }
+  }
+}
+#endif
+
 template <uint32_t kType, bool kPre = false>
 inline DotFn dot_q4k_for(int kt, int rows, PanelPrefetch pf) {
+#ifndef __AVX512VNNI__
+  if constexpr (kPre && (kType == kQ4_K || kType == kQ5_K)) {
+    if (rows == 2) return dot_q4k_halves<kType, 2>;
+    if (rows == 3) return dot_q4k_halves<kType, 3>;
+    if (rows >= 4) return dot_q4k_halves<kType, 4>;
+  }
+#endif
   return dot_by_shape<!kPre, Traits<kType>::kDecodePanels>(kt, rows, pf, []<int kNt, int kT, int kPf>() -> DotFn {
     return dot_q4k<kType, kNt, kT, kPre, kPf>;
   });
