@@ -284,7 +284,8 @@ std::string ggml_matmul_path(Isa isa) {
              gguf_prefetch_text() +
              "; prefill: "
              "1 panel x up to 4 tokens per step (2 for Q5_0 / Q5_1 / Q5_K, whose sums take two int16 chains; Q6_K's "
-             "sub-blocks one chain against their scales; Q8_0 / Q4_K / Q5_K one half of the panel, 8 rows, at a time, "
+             "sub-blocks one chain against their scales; Q8_0 / Q4_K / Q5_K / IQ4_XS one half of the panel, 8 rows, at "
+             "a time, "
              "Q4_K / Q5_K's sub-block chains widened and scaled in one madd), "
              "from 3 tokens on each chunk unpacked once (Q4_K from 33; fewer read the panels as they are)); other "
              "types and rows read in place: "

@@ -681,6 +681,53 @@ inline void dot_q4k_halves(const uint8_t* const* sc, const uint8_t* const* qs, i
 }
 #endif
 
+#ifndef __AVX512VNNI__
+// IQ4_XS on AVX2 against 2-4 activation rows from an unpacked chunk (one panel): dot_q4k's
+// values (its scaled signed steps: each step's int16 pairs times the rows' sub-block scale
+// pair, vpmaddwd), one half of the panel (8 rows) at a time, as dot_q4k_halves, so that the
+// rows' sums stay in registers.
+template <int kNt>
+inline void dot_iq4xs_halves(const uint8_t* const* sc, const uint8_t* const* qs, int64_t b0, int64_t b1, const PAct& a,
+                             Sums16* sum) {
+  for (int h = 0; h < 2; ++h) {  // rows 0-7, rows 8-15
+    for (int64_t b = b0; b < b1; ++b) {
+      const uint8_t* ops = qs[0] + kPreStride * (b - b0) + 32 * h;
+      const uint8_t* heads = qs[0] + kPreStride * (b - b0) + 4096 + 8 * h;  // the sub-block scales
+      __m256i isum[kNt];
+      for (int n = 0; n < kNt; ++n) isum[n] = _mm256_setzero_si256();
+      for (int sb = 0; sb < 8; ++sb) {
+        // The 8 rows' signed scales of sub-block sb as int16 pairs (s, s) (vec::i8_pairs).
+        const __m128i s16 = _mm_cvtepi8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(heads + 16 * sb)));
+        const __m256i pair = _mm256_set_m128i(_mm_unpackhi_epi16(s16, s16), _mm_unpacklo_epi16(s16, s16));
+        for (int part = 0; part < 4; ++part) {
+          const uint8_t* p = ops + 512 * sb + 128 * part;
+          const __m256i lo = _mm256_load_si256(reinterpret_cast<const __m256i*>(p));
+          const __m256i hi = _mm256_load_si256(reinterpret_cast<const __m256i*>(p + 64));
+          const __m256i alo = _mm256_abs_epi8(lo), ahi = _mm256_abs_epi8(hi);
+          const int64_t at = 256 * b + 32 * sb + 8 * part;
+          for (int n = 0; n < kNt; ++n) {
+            int32_t q0, q1;
+            std::memcpy(&q0, a.q[n] + at, 4);
+            std::memcpy(&q1, a.q[n] + at + 4, 4);
+            const __m256i p0 = _mm256_maddubs_epi16(alo, _mm256_sign_epi8(_mm256_set1_epi32(q0), lo));
+            const __m256i p1 = _mm256_maddubs_epi16(ahi, _mm256_sign_epi8(_mm256_set1_epi32(q1), hi));
+            isum[n] = _mm256_add_epi32(isum[n], _mm256_madd_epi16(p0, pair));
+            isum[n] = _mm256_add_epi32(isum[n], _mm256_madd_epi16(p1, pair));
+            __asm__("" : "+x"(isum[n]));  // (each row's sum in its register; see vec::in_registers)
+          }
+        }
+      }
+      const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sc[0] + 32 * b + 16 * h)));
+      for (int n = 0; n < kNt; ++n) {  // block_step, on this half
+        float* s = sum[kSumStride * n].v + 8 * h;
+        _mm256_store_ps(s, _mm256_add_ps(_mm256_load_ps(s), _mm256_mul_ps(_mm256_mul_ps(dv, _mm256_set1_ps(a.d[n][b])),
+                                                                          _mm256_cvtepi32_ps(isum[n]))));
+      }
+    }
+  }
+}
+#endif
+
 template <uint32_t kType, bool kPre = false>
 inline DotFn dot_q4k_for(int kt, int rows, PanelPrefetch pf) {
 #ifndef __AVX512VNNI__
@@ -688,6 +735,11 @@ inline DotFn dot_q4k_for(int kt, int rows, PanelPrefetch pf) {
     if (rows == 2) return dot_q4k_halves<kType, 2>;
     if (rows == 3) return dot_q4k_halves<kType, 3>;
     if (rows >= 4) return dot_q4k_halves<kType, 4>;
+  }
+  if constexpr (kPre && kType == kIQ4_XS) {
+    if (rows == 2) return dot_iq4xs_halves<2>;
+    if (rows == 3) return dot_iq4xs_halves<3>;
+    if (rows >= 4) return dot_iq4xs_halves<4>;
   }
   if constexpr (!kPre && kType == kQ4_K) {
     if (rows == 3) return dot_q4k_halves<kType, 3, true>;
