@@ -353,6 +353,14 @@ inline DotFn dot_by_shape(int kt, int rows, PanelPrefetch pf, Pick pick) {
 }
 
 #ifndef __AVX512VNNI__
+// The half-panel kernels below for a call's 2-4 activation rows (rows >= 2), through
+// dot_by_shape's row switch: pick.template operator()<kNt>() returns the one for kNt rows.
+template <class Pick>
+inline DotFn halves_by_rows(int rows, Pick pick) {
+  return dot_by_shape<false, 4>(1, rows, PanelPrefetch::kL1,
+                                [&]<int kNt, int kT, int kPf>() -> DotFn { return pick.template operator()<kNt>(); });
+}
+
 // Q8_0 on AVX2 against 2-4 activation rows (one panel): dot's values, one half of the panel
 // (8 rows) at a time. A signed step is two multiplies (vpmaddubsw, then vpmaddwd to widen),
 // and on the CPUs with one vector integer multiplier (Zen 2) those bound it; dot's sums of
@@ -363,9 +371,7 @@ inline void dot_q8_0_halves(const uint8_t* const* sc, const uint8_t* const* qs, 
                             Sums16* sum) {
   const __m256i one = _mm256_set1_epi16(1);
   const auto step = [&](__m256i acc, __m256i w, __m256i aw, const int8_t* q) {
-    int32_t v;
-    std::memcpy(&v, q, 4);
-    const __m256i p = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(_mm256_set1_epi32(v), w));
+    const __m256i p = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(vec::bcast4(q).a, w));
     return _mm256_add_epi32(acc, _mm256_madd_epi16(p, one));
   };
   for (int h = 0; h < 2; ++h) {  // rows 0-7, rows 8-15
@@ -405,9 +411,7 @@ inline DotFn dot_for(int kt, int rows, PanelPrefetch pf) {
   constexpr bool kModes = !kPre || kType == kQ8_0;  // (Q8_0's panels are always read as unpacked)
 #ifndef __AVX512VNNI__
   if constexpr (kType == kQ8_0) {
-    if (rows == 2) return dot_q8_0_halves<2>;
-    if (rows == 3) return dot_q8_0_halves<3>;
-    if (rows >= 4) return dot_q8_0_halves<4>;
+    if (rows >= 2) return halves_by_rows(rows, []<int kNt>() -> DotFn { return dot_q8_0_halves<kNt>; });
   }
 #endif
   return dot_by_shape<kModes, Traits<kType>::kDecodePanels>(kt, rows, pf, []<int kNt, int kT, int kPf>() -> DotFn {
@@ -611,8 +615,7 @@ inline void dot_q4k_halves(const uint8_t* const* sc, const uint8_t* const* qs, i
       // kPacked: the panel's nibbles as they are (a sub-block's part at 64 part, its low nibbles
       // weights 0-3 and its high ones 4-7), split here: three bitwise steps a part, on ports
       // the multiplies leave free, in place of unpack_k_chunk's stores and loads.
-      const uint8_t* sb_q =
-          kPacked ? qs[0] + kStride * b + panel_k_chunk(kType, 0) + 32 * h : qs[0] + kPreStride * (b - b0) + 32 * h;
+      const uint8_t* sb_q = kPacked ? qs[0] + kStride * b + 32 * h : qs[0] + kPreStride * (b - b0) + 32 * h;
       const uint8_t* heads = kPacked ? qs[0] + kStride * b + panel_k_scales(kType)
                                      : qs[0] + kPreStride * (b - b0) + 4096;  // scales, then mins 128 on
       __m256i isum[kNt];
@@ -623,7 +626,7 @@ inline void dot_q4k_halves(const uint8_t* const* sc, const uint8_t* const* qs, i
         for (int part = 0; part < 4; ++part) {
           __m256i lo, hi;
           if constexpr (kPacked) {
-            const uint8_t* p = sb_q + 256 * sb + 64 * part;
+            const uint8_t* p = sb_q + panel_k_chunk(kType, sb) + 64 * part;
             if (h == 0) prefetch_line<kPfL1>(p + kStride);  // (the first pass over a chunk reads it from memory)
             const __m256i v = _mm256_load_si256(reinterpret_cast<const __m256i*>(p));
             lo = _mm256_and_si256(v, m4);
@@ -635,15 +638,13 @@ inline void dot_q4k_halves(const uint8_t* const* sc, const uint8_t* const* qs, i
           }
           const int64_t at = 256 * b + 32 * sb + 8 * part;
           for (int n = 0; n < kNt; ++n) {
-            int32_t q0, q1;
-            std::memcpy(&q0, a.q[n] + at, 4);
-            std::memcpy(&q1, a.q[n] + at + 4, 4);
-            lo_acc[n] = _mm256_add_epi16(lo_acc[n], _mm256_maddubs_epi16(lo, _mm256_set1_epi32(q0)));
+            const __m256i q0 = vec::bcast4(a.q[n] + at).a, q1 = vec::bcast4(a.q[n] + at + 4).a;
+            lo_acc[n] = _mm256_add_epi16(lo_acc[n], _mm256_maddubs_epi16(lo, q0));
             if constexpr (kMerge) {
-              lo_acc[n] = _mm256_add_epi16(lo_acc[n], _mm256_maddubs_epi16(hi, _mm256_set1_epi32(q1)));
+              lo_acc[n] = _mm256_add_epi16(lo_acc[n], _mm256_maddubs_epi16(hi, q1));
               __asm__("" : "+x"(lo_acc[n]));  // (each row's chain in its register; see vec::in_registers)
             } else {
-              hi_acc[n] = _mm256_add_epi16(hi_acc[n], _mm256_maddubs_epi16(hi, _mm256_set1_epi32(q1)));
+              hi_acc[n] = _mm256_add_epi16(hi_acc[n], _mm256_maddubs_epi16(hi, q1));
               __asm__("" : "+x"(lo_acc[n]), "+x"(hi_acc[n]));
             }
           }
@@ -696,9 +697,7 @@ inline void dot_iq4xs_halves(const uint8_t* const* sc, const uint8_t* const* qs,
       __m256i isum[kNt];
       for (int n = 0; n < kNt; ++n) isum[n] = _mm256_setzero_si256();
       for (int sb = 0; sb < 8; ++sb) {
-        // The 8 rows' signed scales of sub-block sb as int16 pairs (s, s) (vec::i8_pairs).
-        const __m128i s16 = _mm_cvtepi8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(heads + 16 * sb)));
-        const __m256i pair = _mm256_set_m128i(_mm_unpackhi_epi16(s16, s16), _mm_unpacklo_epi16(s16, s16));
+        const __m256i pair = vec::i8_pairs8(heads + 16 * sb);  // the 8 rows' signed scales of sub-block sb
         for (int part = 0; part < 4; ++part) {
           const uint8_t* p = ops + 512 * sb + 128 * part;
           const __m256i lo = _mm256_load_si256(reinterpret_cast<const __m256i*>(p));
@@ -706,11 +705,8 @@ inline void dot_iq4xs_halves(const uint8_t* const* sc, const uint8_t* const* qs,
           const __m256i alo = _mm256_abs_epi8(lo), ahi = _mm256_abs_epi8(hi);
           const int64_t at = 256 * b + 32 * sb + 8 * part;
           for (int n = 0; n < kNt; ++n) {
-            int32_t q0, q1;
-            std::memcpy(&q0, a.q[n] + at, 4);
-            std::memcpy(&q1, a.q[n] + at + 4, 4);
-            const __m256i p0 = _mm256_maddubs_epi16(alo, _mm256_sign_epi8(_mm256_set1_epi32(q0), lo));
-            const __m256i p1 = _mm256_maddubs_epi16(ahi, _mm256_sign_epi8(_mm256_set1_epi32(q1), hi));
+            const __m256i p0 = _mm256_maddubs_epi16(alo, _mm256_sign_epi8(vec::bcast4(a.q[n] + at).a, lo));
+            const __m256i p1 = _mm256_maddubs_epi16(ahi, _mm256_sign_epi8(vec::bcast4(a.q[n] + at + 4).a, hi));
             isum[n] = _mm256_add_epi32(isum[n], _mm256_madd_epi16(p0, pair));
             isum[n] = _mm256_add_epi32(isum[n], _mm256_madd_epi16(p1, pair));
             __asm__("" : "+x"(isum[n]));  // (each row's sum in its register; see vec::in_registers)
@@ -732,18 +728,13 @@ template <uint32_t kType, bool kPre = false>
 inline DotFn dot_q4k_for(int kt, int rows, PanelPrefetch pf) {
 #ifndef __AVX512VNNI__
   if constexpr (kPre && (kType == kQ4_K || kType == kQ5_K)) {
-    if (rows == 2) return dot_q4k_halves<kType, 2>;
-    if (rows == 3) return dot_q4k_halves<kType, 3>;
-    if (rows >= 4) return dot_q4k_halves<kType, 4>;
+    if (rows >= 2) return halves_by_rows(rows, []<int kNt>() -> DotFn { return dot_q4k_halves<kType, kNt>; });
   }
   if constexpr (kPre && kType == kIQ4_XS) {
-    if (rows == 2) return dot_iq4xs_halves<2>;
-    if (rows == 3) return dot_iq4xs_halves<3>;
-    if (rows >= 4) return dot_iq4xs_halves<4>;
+    if (rows >= 2) return halves_by_rows(rows, []<int kNt>() -> DotFn { return dot_iq4xs_halves<kNt>; });
   }
-  if constexpr (!kPre && kType == kQ4_K) {
-    if (rows == 3) return dot_q4k_halves<kType, 3, true>;
-    if (rows >= 4) return dot_q4k_halves<kType, 4, true>;
+  if constexpr (!kPre && kType == kQ4_K) {  // (2 rows: dot_q4k in place, kQ4kPacked)
+    if (rows >= 3) return halves_by_rows(rows, []<int kNt>() -> DotFn { return dot_q4k_halves<kType, kNt, true>; });
   }
 #endif
   return dot_by_shape<!kPre, Traits<kType>::kDecodePanels>(kt, rows, pf, []<int kNt, int kT, int kPf>() -> DotFn {

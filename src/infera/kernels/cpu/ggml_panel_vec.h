@@ -171,12 +171,13 @@ inline I in_registers(I r) {
   __asm__("" : "+x"(r.a), "+x"(r.b));
   return r;
 }
-inline I i8_pairs(const uint8_t* p) {
-  const __m128i v = _mm_cvtepi8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))),
-                w = _mm_cvtepi8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 8)));
-  return {_mm256_set_m128i(_mm_unpackhi_epi16(v, v), _mm_unpacklo_epi16(v, v)),
-          _mm256_set_m128i(_mm_unpackhi_epi16(w, w), _mm_unpacklo_epi16(w, w))};
+// 8 signed bytes at p as int16 pairs (s, s), one per lane: one half of i8_pairs (the
+// half-panel kernels take them alone).
+inline __m256i i8_pairs8(const uint8_t* p) {
+  const __m128i v = _mm_cvtepi8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+  return _mm256_set_m128i(_mm_unpackhi_epi16(v, v), _mm_unpacklo_epi16(v, v));
 }
+inline I i8_pairs(const uint8_t* p) { return {i8_pairs8(p), i8_pairs8(p + 8)}; }
 inline I signed_step_scaled(I acc, I w, I q, I scale) {
   I r{_mm256_add_epi32(acc.a, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(w.a), _mm256_sign_epi8(q.a, w.a)),
                                                 scale.a)),
