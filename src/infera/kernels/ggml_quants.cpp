@@ -548,7 +548,7 @@ void write_panels(uint32_t type, const void* data, int64_t rows, int64_t k, int 
           // the low (g < 2) or high nibbles of ql[64 (c / 4) + 32 (g % 2) + l], its top bits
           // bits 2g, 2g + 1 of qh[32 (c / 4) + l], l < 32; four weights at a time.
           std::memcpy(scales + 2 * r, blk + 208, 2);
-          for (int sb = 0; sb < 16; ++sb) qs[panel_k_scales(kQ6_K) + 16 * sb + r] = blk[192 + sb];
+          for (int sb = 0; sb < 16; ++sb) qs[panel_k_scales(kQ6_K, q6k_beside) + 16 * sb + r] = blk[192 + sb];
           for (int c = 0; c < 8; ++c) {
             const int n = c / 4, g = c % 4;
             const uint8_t* ql = blk + 64 * n + 32 * (g % 2);

@@ -244,7 +244,7 @@ std::string gguf_lanes_text() {
 }
 // (INFERA_Q6K_PANELS)
 std::string q6k_layout_text() {
-  return ggml::q6k_panels_beside() ? "; Q6_K's top bits beside each chunk's nibbles"
+  return ggml::q6k_panels_beside() ? "; Q6_K's sub-scales first, its top bits beside each chunk's nibbles"
                                    : "; Q6_K's nibbles, top bits and sub-scales apart";
 }
 }  // namespace
@@ -279,7 +279,8 @@ std::string ggml_matmul_path(Isa isa) {
              "; maddubs on 8 rows per vector, the unsigned ones' int16 sums widened once per (sub-)block, IQ4_XS's per "
              "step against its "
              "sub-block scales; decode: 4 panels per step "
-             "(2 for Q3_K / Q5_0 / Q5_1 / Q5_K; Q6_K's sub-blocks one chain against their scales), "
+             "(2 for Q3_K / Q5_0 / Q5_1 / Q5_K; Q6_K's sub-blocks one chain against their scales, one panel's "
+             "chains at a time), "
              "prefetching " +
              gguf_prefetch_text() +
              "; prefill: "

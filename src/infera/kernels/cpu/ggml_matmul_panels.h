@@ -809,7 +809,7 @@ struct Sub16 {
   static constexpr int top_at(int sb) {
     return (kThree || kTwo ? panel_k_chunk(kType, sb / 2) : panel_k_bits(kType, sb / 2, kBeside)) + 64 * (sb % 2);
   }
-  static constexpr int kScales = panel_k_scales(kType);
+  static constexpr int kScales = panel_k_scales(kType, kBeside);
   vec::I m4 = vec::set8(0x0F), m30 = vec::set8(0x30), m3 = vec::set8(3), four = vec::set8(4);
   // The top two bits of field f (bits 2f, 2f + 1 of each byte) at bits 4-5.
   vec::I field(vec::I h, int f) const {
@@ -871,7 +871,7 @@ inline void unpack_sub16_chunk(const uint8_t* qs, int64_t b0, int64_t b1, uint8_
         vec::store(o + 256 * sb + 128 * h + 64, hi);
       }
     }
-    std::memcpy(o + 4096, sbq + Sub16<kType>::kScales, 256);
+    std::memcpy(o + 4096, sbq + Sub16<kType, kBeside>::kScales, 256);
   }
 }
 
@@ -961,6 +961,78 @@ inline void dot_q6k(const uint8_t* const* sc, const uint8_t* const* qs, int64_t 
   store_sums<kNt, kT>(sum, s);
 }
 
+#ifndef __AVX512VNNI__
+// Q6_K's decode step on AVX2 (one activation row, kT panels): dot_q6k's values (kQ6kFold's
+// one chain per sub-block and row, widened against the rows' scale pair), the kT panels taken
+// one after another within each sub-block, so that one panel's chains are live at a time and
+// the panels' super-block sums wait in memory. dot_q6k keeps all kT panels' chains, top bits
+// and sums (four panels: 24 registers) and ran from the stack. kernels_bench 2048 x 5632, Zen
+// 2, one thread, GB/s: from the caches (BM_GgmlDecodeHot) 19.3 -> 24.9; from memory 17.2 ->
+// 18.4 (two threads 32.2 -> 33.9) on the beside layout. Each panel's whole super-block before
+// the next panel's read as fast from the caches but 15.3 -> 11.9 from memory (the sub-scales
+// last then): the kT streams have to advance together, as dot_q6k's do.
+template <int kT, int kPf, bool kBeside>
+inline void dot_q6k_decode(const uint8_t* const* sc, const uint8_t* const* qs, int64_t b0, int64_t b1, const PAct& a,
+                           Sums16* sum) {
+  using S = Sub16<kQ6_K, kBeside>;
+  constexpr int kStride = S::kStride, kScStride = panel_scale_stride(kQ6_K);
+  constexpr int kScaleLead = 128;  // (as dot_q6k's)
+  const __m256i m4 = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);
+  // The top two bits of field f of t (bits 2f, 2f + 1 of each byte) at bits 4-5.
+  const auto field = [&](__m256i t, int f) {
+    switch (f) {
+      case 0: return _mm256_and_si256(_mm256_slli_epi16(t, 4), m30);
+      case 1: return _mm256_and_si256(_mm256_slli_epi16(t, 2), m30);
+      case 2: return _mm256_and_si256(t, m30);
+      default: return _mm256_and_si256(_mm256_srli_epi16(t, 2), m30);
+    }
+  };
+  const auto ld = [](const uint8_t* p) { return _mm256_load_si256(reinterpret_cast<const __m256i*>(p)); };
+  prefetch_next_scales<kPf, kScaleLead>(qs, kT, kStride * b1);
+  for (int64_t b = b0; b < b1; ++b) {
+    const int8_t* q = a.q[0] + 256 * b;
+    const int32_t* corr = a.corr[0] + 16 * b;
+    alignas(32) __m256i isum[kT][2];  // (in memory: a step keeps one panel's chains in registers)
+    for (int u = 0; u < kT; ++u) {
+      prefetch_line<kPf>(sc[u] + kScStride * b + kScaleLead);
+      isum[u][0] = isum[u][1] = _mm256_setzero_si256();
+    }
+    for (int sb = 0; sb < 16; ++sb) {
+      for (int u = 0; u < kT; ++u) {
+        const uint8_t* sbq = qs[u] + kStride * b;
+        const uint8_t* top = sbq + S::top_at(sb);
+        prefetch_line<kPf>(top + kStride);
+        __m256i chain[2];
+        chain[0] = chain[1] = _mm256_set1_epi32(corr[sb]);
+        const auto half = [&]<int kH>() {  // weights 8 kH .. 8 kH + 7 of sub-block sb
+          const uint8_t* nib = sbq + panel_k_chunk(kQ6_K, sb / 2, kBeside) + 64 * (2 * (sb % 2) + kH);
+          prefetch_line<kPf>(nib + kStride);
+          const __m256i q0 = vec::bcast4(q + 16 * sb + 8 * kH).a, q1 = vec::bcast4(q + 16 * sb + 8 * kH + 4).a;
+          for (int j = 0; j < 2; ++j) {  // rows 0-7, rows 8-15
+            const __m256i n = ld(nib + 32 * j), t = ld(top + 32 * j);
+            const __m256i lo = _mm256_or_si256(_mm256_and_si256(n, m4), field(t, 2 * kH));
+            const __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(n, 4), m4), field(t, 2 * kH + 1));
+            chain[j] = _mm256_add_epi16(chain[j], _mm256_maddubs_epi16(lo, q0));
+            chain[j] = _mm256_add_epi16(chain[j], _mm256_maddubs_epi16(hi, q1));
+          }
+        };
+        half.template operator()<0>();
+        half.template operator()<1>();
+        const uint8_t* s8p = sbq + S::kScales + 16 * sb;  // the rows' signed sub-scales
+        prefetch_line<kPf>(s8p + kStride);
+        isum[u][0] = _mm256_add_epi32(isum[u][0], _mm256_madd_epi16(chain[0], vec::i8_pairs8(s8p)));
+        isum[u][1] = _mm256_add_epi32(isum[u][1], _mm256_madd_epi16(chain[1], vec::i8_pairs8(s8p + 8)));
+      }
+    }
+    for (int u = 0; u < kT; ++u) {
+      const vec::F s = vec::loadf(sum[u].v);
+      vec::storef(sum[u].v,
+                  block_step(s, vec::halves(sc[u] + kScStride * b), a.d[0][b], vec::I{isum[u][0], isum[u][1]}));
+    }
+  }
+}
+#endif
+
 // (kPre: the chunks unpacked, the same either layout)
 template <uint32_t kType, bool kPre = false>
 inline DotFn dot_q6k_for(int kt, int rows, PanelPrefetch pf) {
@@ -969,6 +1041,18 @@ inline DotFn dot_q6k_for(int kt, int rows, PanelPrefetch pf) {
       return dot_q6k<kType, kNt, kT, kPre, kPf, kBeside>;
     });
   };
+#ifndef __AVX512VNNI__
+  if constexpr (kType == kQ6_K && !kPre) {
+    if (rows == 1) {
+      const auto decode = [&]<bool kBeside>() {
+        return dot_by_shape<true, 4>(kt, 1, pf, []<int kNt, int kT, int kPf>() -> DotFn {
+          return dot_q6k_decode<kT, kPf, kBeside>;
+        });
+      };
+      return q6k_panels_beside() ? decode.template operator()<true>() : decode.template operator()<false>();
+    }
+  }
+#endif
   if constexpr (kType == kQ6_K && !kPre)
     if (q6k_panels_beside()) return pick.template operator()<true>();
   return pick.template operator()<false>();
@@ -1200,7 +1284,7 @@ inline void unpack_q6k_planes(const uint8_t* qs, int64_t nb, uint8_t* out) {
       _mm_prefetch(reinterpret_cast<const char*>(sb_qs + kStride + 64 * l), _MM_HINT_T0);
     for (int sb = 0; sb < 16; ++sb) {
       __mmask64 mask[8];
-      scale_bit_masks<8>(sb_qs + Sub16<kQ6_K>::kScales + 16 * sb, mask);
+      scale_bit_masks<8>(sb_qs + Sub16<kQ6_K, kBeside>::kScales + 16 * sb, mask);
       const int v = sb % 2;
       const __m512i hb = _mm512_load_si512(sb_qs + Sub16<kQ6_K, kBeside>::top_at(sb));
       for (int h = 0; h < 2; ++h) {
