@@ -175,8 +175,8 @@ constexpr int panel_scale_stride(uint32_t type) {
   return type == kQ4_1 || type == kQ5_1 || type == kQ2_K || type == kQ4_K || type == kQ5_K ? 64 : 32;
 }
 // A K type's (or IQ4_XS's) super-block of panel quants, as laid out above: the sub-blocks' scales (and mins) at
-// panel_k_scales (the first panel_k_head bytes but for Q6_K's), per 32-weight chunk c its quants at panel_k_chunk and
-// their extra bits (Q5_K's fifth bits, Q6_K's top bits, Q3_K's third bits) at panel_k_bits.
+// panel_k_scales (the first panel_k_head bytes but for Q6_K's apart layout), per 32-weight chunk c its quants at
+// panel_k_chunk and their extra bits (Q5_K's fifth bits, Q6_K's top bits, Q3_K's third bits) at panel_k_bits.
 constexpr int panel_k_head(uint32_t type) { return type == kIQ4_XS ? 128 : 256; }
 // A chunk's quants' bytes (the low bits: nibbles or two-bit fields) and extra bits' bytes.
 constexpr int panel_k_low_bytes(uint32_t type) { return type == kQ2_K || type == kQ3_K ? 128 : 256; }

@@ -798,8 +798,8 @@ inline void q6k_fold_corr(const int8_t* q, int64_t n, int32_t* out) {
   }
 }
 
-// kBeside: Q6_K's panels laid out beside (q6k_panels_beside), each chunk's top bits after its
-// nibbles.
+// kBeside: Q6_K's panels laid out beside (q6k_panels_beside): the sub-scales first, each
+// chunk's top bits after its nibbles.
 template <uint32_t kType, bool kBeside = false>
 struct Sub16 {
   static constexpr bool kThree = kType == kQ3_K, kTwo = kType == kQ2_K;
