@@ -219,6 +219,19 @@ inline vec::F step_with_mins(vec::F s, vec::F dv, vec::F dmv, float da, vec::I i
   return vec::addf(s, vec::subf(vec::mulf(d, vec::cvt(isum)), vec::mulf(dmin, vec::cvt(msum))));
 }
 
+#ifndef __AVX512VNNI__
+// block_step and step_with_mins on one half of a panel (8 rows; AVX2's half-panel kernels),
+// the same steps in the same order.
+inline __m256 block_step8(__m256 s, __m256 dv, float da, __m256i isum) {
+  return _mm256_add_ps(s, _mm256_mul_ps(_mm256_mul_ps(dv, _mm256_set1_ps(da)), _mm256_cvtepi32_ps(isum)));
+}
+inline __m256 step_with_mins8(__m256 s, __m256 dv, __m256 dmv, float da, __m256i isum, __m256i msum) {
+  const __m256 d = _mm256_mul_ps(dv, _mm256_set1_ps(da)), dmin = _mm256_mul_ps(dmv, _mm256_set1_ps(da));
+  return _mm256_add_ps(s, _mm256_sub_ps(_mm256_mul_ps(d, _mm256_cvtepi32_ps(isum)),
+                                        _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(msum))));
+}
+#endif
+
 // The chains of kT panels x kNt activation rows: lo_acc[u][n] starting from -corr(n).
 template <bool kSigned, int kNt, int kT, class Corr>
 inline void start_chains(vec::I (*lo_acc)[kNt], vec::I (*hi_acc)[kNt], const Corr& corr) {
@@ -396,10 +409,8 @@ inline void dot_q8_0_halves(const uint8_t* const* sc, const uint8_t* const* qs, 
           __asm__("" : "+x"(acc[n]));  // (each row's chain in its register; see vec::in_registers)
         }
       }
-      const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sc[0] + 32 * b + 16 * h)));
-      for (int n = 0; n < kNt; ++n)
-        s[n] = _mm256_add_ps(s[n],
-                             _mm256_mul_ps(_mm256_mul_ps(dv, _mm256_set1_ps(a.d[n][b])), _mm256_cvtepi32_ps(acc[n])));
+      const __m256 dv = vec::halves8(sc[0] + 32 * b + 16 * h);
+      for (int n = 0; n < kNt; ++n) s[n] = block_step8(s[n], dv, a.d[n][b], acc[n]);
     }
     for (int n = 0; n < kNt; ++n) _mm256_store_ps(sum[kSumStride * n].v + 8 * h, s[n]);
   }
@@ -649,10 +660,7 @@ inline void dot_q4k_halves(const uint8_t* const* sc, const uint8_t* const* qs, i
             }
           }
         }
-        // The 8 rows' scales of sub-block sb as int16 pairs (s, s).
-        const __m256i s32 =
-            _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(heads + 16 * sb + 8 * h)));
-        const __m256i pair = _mm256_or_si256(s32, _mm256_slli_epi32(s32, 16));
+        const __m256i pair = vec::u8_pairs8(heads + 16 * sb + 8 * h);  // the 8 rows' scales of sub-block sb
         for (int n = 0; n < kNt; ++n) {
           isum[n] = _mm256_add_epi32(isum[n], _mm256_madd_epi16(lo_acc[n], pair));
           if constexpr (!kMerge) isum[n] = _mm256_add_epi32(isum[n], _mm256_madd_epi16(hi_acc[n], pair));
@@ -667,15 +675,10 @@ inline void dot_q4k_halves(const uint8_t* const* sc, const uint8_t* const* qs, i
           msum[n] = _mm256_add_epi32(msum[n], _mm256_madd_epi16(mv, _mm256_set1_epi32(a.corr[n][4 * b + p])));
       }
       const uint8_t* scales = sc[0] + 64 * b + 16 * h;
-      const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scales)));
-      const __m256 dmv = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scales + 32)));
-      for (int n = 0; n < kNt; ++n) {  // step_with_mins, on this half
+      const __m256 dv = vec::halves8(scales), dmv = vec::halves8(scales + 32);
+      for (int n = 0; n < kNt; ++n) {
         float* s = sum[kSumStride * n].v + 8 * h;
-        const __m256 da = _mm256_set1_ps(a.d[n][b]);
-        const __m256 d = _mm256_mul_ps(dv, da), dmin = _mm256_mul_ps(dmv, da);
-        _mm256_store_ps(s, _mm256_add_ps(_mm256_load_ps(s),
-                                         _mm256_sub_ps(_mm256_mul_ps(d, _mm256_cvtepi32_ps(isum[n])),
-                                                       _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(msum[n])))));
+        _mm256_store_ps(s, step_with_mins8(_mm256_load_ps(s), dv, dmv, a.d[n][b], isum[n], msum[n]));
       }
     }
   }
@@ -713,11 +716,10 @@ inline void dot_iq4xs_halves(const uint8_t* const* sc, const uint8_t* const* qs,
           }
         }
       }
-      const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sc[0] + 32 * b + 16 * h)));
-      for (int n = 0; n < kNt; ++n) {  // block_step, on this half
+      const __m256 dv = vec::halves8(sc[0] + 32 * b + 16 * h);
+      for (int n = 0; n < kNt; ++n) {
         float* s = sum[kSumStride * n].v + 8 * h;
-        _mm256_store_ps(s, _mm256_add_ps(_mm256_load_ps(s), _mm256_mul_ps(_mm256_mul_ps(dv, _mm256_set1_ps(a.d[n][b])),
-                                                                          _mm256_cvtepi32_ps(isum[n]))));
+        _mm256_store_ps(s, block_step8(_mm256_load_ps(s), dv, a.d[n][b], isum[n]));
       }
     }
   }

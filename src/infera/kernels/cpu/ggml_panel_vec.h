@@ -178,6 +178,11 @@ inline __m256i i8_pairs8(const uint8_t* p) {
   return _mm256_set_m128i(_mm_unpackhi_epi16(v, v), _mm_unpacklo_epi16(v, v));
 }
 inline I i8_pairs(const uint8_t* p) { return {i8_pairs8(p), i8_pairs8(p + 8)}; }
+// 8 unsigned bytes at p as int16 pairs (s, s), one per lane (Q4_K's sub-scales, 0..63).
+inline __m256i u8_pairs8(const uint8_t* p) {
+  const __m256i s32 = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+  return _mm256_or_si256(s32, _mm256_slli_epi32(s32, 16));
+}
 inline I signed_step_scaled(I acc, I w, I q, I scale) {
   I r{_mm256_add_epi32(acc.a, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(w.a), _mm256_sign_epi8(q.a, w.a)),
                                                 scale.a)),
@@ -201,10 +206,11 @@ inline void store_rows(float* y, F v, int rows) {
   storef(tmp, v);
   std::memcpy(y, tmp, sizeof(float) * static_cast<size_t>(rows));
 }
-inline F halves(const uint8_t* p) {
-  return {_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))),
-          _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16)))};
+// 8 f16 at p as f32: one half of halves (the half-panel kernels take them alone).
+inline __m256 halves8(const uint8_t* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
+inline F halves(const uint8_t* p) { return {halves8(p), halves8(p + 16)}; }
 inline F setf(float v) {
   const __m256 x = _mm256_set1_ps(v);
   return {x, x};
