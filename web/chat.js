@@ -285,6 +285,7 @@ async function send() {
   let first = 0;
   let chunks = 0;
   let usage = null;
+  let timings = null;
   let frame = 0;
   const redraw = () => {
     if (frame) return;
@@ -302,6 +303,7 @@ async function send() {
       const chunk = JSON.parse(data);
       if (chunk.error) throw new Error(chunk.error.message || "the server reported an error");
       if (chunk.usage) usage = chunk.usage;
+      if (chunk.timings) timings = chunk.timings;
       const choice = chunk.choices?.find((c) => (c.index ?? 0) === 0);
       if (!choice) continue;
       const delta = choice.delta || {};
@@ -329,7 +331,10 @@ async function send() {
     answer.stats = { tokens, finish: answer.finish };
     if (first) {
       answer.stats.ttft_ms = Math.round(first - started);
-      if (tokens > 1 && end > first) answer.stats.tokens_per_s = ((tokens - 1) * 1000) / (end - first);
+      // The engine's own decode rate where the server reports it (the browser's clock
+      // cannot time a short answer that arrives within a millisecond), else the browser's.
+      if (timings?.predicted_per_second > 0) answer.stats.tokens_per_s = timings.predicted_per_second;
+      else if (tokens > 1 && end > first) answer.stats.tokens_per_s = ((tokens - 1) * 1000) / (end - first);
     }
     delete answer.finish;
     if (!answer.tool_calls.length) delete answer.tool_calls;

@@ -193,6 +193,7 @@ void Job::complete() {
   if (options.include_usage) {
     json u = chunk(*this, json::array());
     u["usage"] = usage_json(*this);
+    u["timings"] = timings_json(*this);
     tail += sse(u);
   }
   tail += kSseDone;
@@ -289,6 +290,7 @@ OutputDelta apply_event(Job& job, Choice& c, const Event& e) {
   c.engine_error = e.error;
   if (e.usage.completion_tokens > 0 || e.usage.prompt_tokens > 0) c.completion_tokens = e.usage.completion_tokens;
   c.cached_tokens = e.usage.cached_tokens;
+  c.timings = e.timings;
   if (c.stop.stopped()) {
     c.finish_reason = "stop";
   } else {

@@ -41,6 +41,7 @@ struct Choice {
   std::string engine_error;
   int32_t completion_tokens = 0;
   int32_t cached_tokens = 0;
+  Timings timings;  // the engine's, from the final event
   IncrementalDecoder decoder;
   StopMatcher stop;
   OutputRouter router;

@@ -1,5 +1,7 @@
 #include "infera/server/openai_response.h"
 
+#include <algorithm>
+#include <cmath>
 #include <span>
 
 #include <fmt/format.h>
@@ -55,6 +57,32 @@ json usage_json(const Job& job) {
             {"total_tokens", job.prompt_tokens_total + completion}};
   u["prompt_tokens_details"] = {{"cached_tokens", job.cached_tokens()}};
   return u;
+}
+
+json timings_json(const Job& job) {
+  double queue_ms = 0;
+  double first_ms = 0;  // submit -> the earliest first token
+  double last_ms = 0;  // submit -> the latest finish
+  int generating = 0;  // choices with a first token
+  for (const auto& c : job.choices) {
+    queue_ms = std::max(queue_ms, c->timings.queue_ms);
+    if (c->completion_tokens == 0 || c->timings.ttft_ms <= 0) continue;
+    first_ms = generating ? std::min(first_ms, c->timings.ttft_ms) : c->timings.ttft_ms;
+    last_ms = std::max(last_ms, c->timings.total_ms);
+    ++generating;
+  }
+  const int64_t cached = job.cached_tokens();
+  const int64_t prompt_n = std::max<int64_t>(0, job.prompt_tokens_total - cached);
+  const int64_t predicted_n = job.completion_tokens();
+  const double prompt_ms = generating ? std::max(0.0, first_ms - queue_ms) : 0.0;
+  const double predicted_ms = generating ? std::max(0.0, last_ms - first_ms) : 0.0;
+  const auto round3 = [](double v) { return std::round(v * 1000) / 1000; };
+  json t = {{"queue_ms", round3(queue_ms)},   {"cache_n", cached},          {"prompt_n", prompt_n},
+            {"prompt_ms", round3(prompt_ms)}, {"predicted_n", predicted_n}, {"predicted_ms", round3(predicted_ms)}};
+  if (prompt_n > 0 && prompt_ms > 0) t["prompt_per_second"] = round3(prompt_n * 1000.0 / prompt_ms);
+  if (predicted_n > generating && predicted_ms > 0)
+    t["predicted_per_second"] = round3((predicted_n - generating) * 1000.0 / predicted_ms);
+  return t;
 }
 
 namespace {
@@ -123,7 +151,8 @@ json final_response(const Job& job) {
               {"created", job.created},
               {"model", job.model->name()},
               {"choices", std::move(choices)},
-              {"usage", usage_json(job)}};
+              {"usage", usage_json(job)},
+              {"timings", timings_json(job)}};
   // Chat: one prompt for every choice, so one list beside them (as vLLM).
   if (job.endpoint == Endpoint::kChat && job.options.prompt_logprobs >= 0)
     out["prompt_logprobs"] = vllm_prompt_json(job, *job.choices[0]);

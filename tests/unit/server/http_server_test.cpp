@@ -797,6 +797,46 @@ TEST(HttpServer, LogprobsFromTheRealEngineAreTheModels) {
   EXPECT_EQ(joined.substr(joined.size() - text.size()), text);
 }
 
+// `timings` beside `usage`: the engine's clock, whole and streamed. The rate is the
+// tokens after the first over the time from the first token to the last, so a short
+// answer that reaches the client within a millisecond still has one.
+TEST(HttpServer, TimingsAreTheEnginesOwn) {
+  INFERA_REQUIRE_FIXTURE(kStories);
+  ServerOptions o;
+  o.real_engine = true;
+  TestServer s(o);
+  const int n = 12;
+  auto check = [&](const json& usage, const json& t) {
+    ASSERT_TRUE(t.is_object()) << t;
+    EXPECT_EQ(t["predicted_n"], usage["completion_tokens"]);
+    EXPECT_EQ(t["predicted_n"], n);
+    EXPECT_EQ(t["cache_n"], usage["prompt_tokens_details"]["cached_tokens"]);
+    EXPECT_EQ(t["prompt_n"].get<int64_t>() + t["cache_n"].get<int64_t>(), usage["prompt_tokens"].get<int64_t>());
+    EXPECT_GE(t["queue_ms"].get<double>(), 0.0);
+    EXPECT_GE(t["prompt_ms"].get<double>(), 0.0);
+    const double ms = t["predicted_ms"].get<double>();
+    ASSERT_GT(ms, 0.0) << t;
+    ASSERT_TRUE(t.contains("predicted_per_second")) << t;
+    EXPECT_NEAR(t["predicted_per_second"].get<double>(), (n - 1) * 1000.0 / ms, 1e-3 + 1e-3 * (n - 1) * 1000.0 / ms);
+  };
+  const json req = with(kChat, {{"max_tokens", n}, {"temperature", 0}, {"ignore_eos", true}});
+  auto whole = s.post("/v1/chat/completions", req);
+  ASSERT_EQ(whole->status, 200) << whole->body;
+  const json j = json::parse(whole->body);
+  check(j["usage"], j["timings"]);
+
+  json streamed = req;
+  streamed["stream"] = true;
+  streamed["stream_options"] = {{"include_usage", true}};
+  auto st = s.post("/v1/chat/completions", streamed);
+  ASSERT_EQ(st->status, 200);
+  const auto payloads = sse_payloads(st->body);
+  const json tail = json::parse(payloads[payloads.size() - 2]);
+  check(tail["usage"], tail["timings"]);
+  // Only the usage chunk carries them.
+  EXPECT_FALSE(json::parse(payloads.front()).contains("timings"));
+}
+
 // echo with logprobs: the prompt's tokens (the first unscored), each scored by the row of
 // an independent all-rows run at the position before it, then the completion's; the same
 // whether streamed or not, with a completion or max_tokens 0.
