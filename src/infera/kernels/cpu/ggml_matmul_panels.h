@@ -151,8 +151,7 @@ struct Unpack {
     lo = vec::and_(v, m4);
     hi = vec::and_(vec::srl16(v, 4), m4);
     if constexpr (kType == kQ5_0 || kType == kQ5_1) {
-      lo = vec::add8_where(lo, blk + 256 + 16 * part, vec::set8(16));
-      hi = vec::add8_where(hi, blk + 256 + 16 * part + 8, vec::set8(16));
+      vec::add8_where2(lo, hi, blk + 256 + 16 * part, vec::set8(16));
     }
     if constexpr (kType == kIQ4_NL) {
       lo = vec::shuffle8(lut, lo);
@@ -449,8 +448,7 @@ inline void unpack_k(const uint8_t* sbq, int sb, int part, vec::I& lo, vec::I& h
   hi = vec::and_(vec::srl16(v, 4), m4);
   if constexpr (kType == kQ5_K) {  // (the masks after the sub-block's nibbles)
     const uint8_t* bits = sbq + panel_k_bits(kQ5_K, sb) + 16 * part;
-    lo = vec::add8_where(lo, bits, vec::set8(16));
-    hi = vec::add8_where(hi, bits + 8, vec::set8(16));
+    vec::add8_where2(lo, hi, bits, vec::set8(16));
   }
 }
 
@@ -831,8 +829,7 @@ struct Sub16 {
       hi = vec::and_(vec::srl16(hb, 4 * h + 2), m3);
       if constexpr (kThree) {
         const uint8_t* bits = sbq + panel_k_bits(kType, c) + 8 * (4 * v + 2 * h);
-        lo = vec::add8_where(lo, bits, four);
-        hi = vec::add8_where(hi, bits + 8, four);
+        vec::add8_where2(lo, hi, bits, four);
       }
       return;
     }

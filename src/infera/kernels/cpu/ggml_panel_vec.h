@@ -44,6 +44,11 @@ inline I add8_where(I v, const uint8_t* bits, I add) {
   std::memcpy(&m, bits, 8);
   return _mm512_mask_add_epi8(v, _cvtu64_mask64(m), v, add);
 }
+// lo, hi: add8_where with the 64-bit masks at bits and bits + 8.
+inline void add8_where2(I& lo, I& hi, const uint8_t* bits, I add) {
+  lo = add8_where(lo, bits, add);
+  hi = add8_where(hi, bits + 8, add);
+}
 // Four bytes at p in every lane.
 inline I bcast4(const int8_t* p) {
   int32_t v;
@@ -142,6 +147,24 @@ inline I add8_where(I v, const uint8_t* bits, I add) {
   std::memcpy(m, bits, 8);
   return {_mm256_add_epi8(v.a, _mm256_and_si256(bit_bytes(m[0]), add.a)),
           _mm256_add_epi8(v.b, _mm256_and_si256(bit_bytes(m[1]), add.b))};
+}
+// lo, hi: add8_where with the masks at bits and bits + 8, the 16 bytes loaded once into both
+// 128-bit lanes and each quarter's spread by one vpshufb (bit_bytes takes a move from a
+// general register and a broadcast besides, per 32 bytes).
+inline void add8_where2(I& lo, I& hi, const uint8_t* bits, I add) {
+  const __m256i b = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(bits)));
+  const __m256i sel = _mm256_set1_epi64x(static_cast<int64_t>(0x8040201008040201ull));
+  // Byte i of quarter q (lo.a, lo.b, hi.a, hi.b) tests bit i % 8 of byte 4q + i / 8.
+  const auto quarter = [&](int q) {
+    const __m256i spread = _mm256_add_epi8(_mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2,
+                                                            2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3),
+                                           _mm256_set1_epi8(static_cast<char>(4 * q)));
+    return _mm256_cmpeq_epi8(_mm256_and_si256(_mm256_shuffle_epi8(b, spread), sel), sel);
+  };
+  lo = {_mm256_add_epi8(lo.a, _mm256_and_si256(quarter(0), add.a)),
+        _mm256_add_epi8(lo.b, _mm256_and_si256(quarter(1), add.b))};
+  hi = {_mm256_add_epi8(hi.a, _mm256_and_si256(quarter(2), add.a)),
+        _mm256_add_epi8(hi.b, _mm256_and_si256(quarter(3), add.b))};
 }
 inline I bcast4(const int8_t* p) {
   int32_t v;
