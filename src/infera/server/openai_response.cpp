@@ -60,22 +60,26 @@ json usage_json(const Job& job) {
 }
 
 json timings_json(const Job& job) {
-  double queue_ms = 0;
-  double first_ms = 0;  // submit -> the earliest first token
-  double last_ms = 0;  // submit -> the latest finish
+  // Per choice, from its submission (the job's choices are submitted together): queued until
+  // first scheduled, its first token, its finish. The job's windows cover every choice: the
+  // prompts from the earliest scheduling to the latest first token, the decoding from the
+  // earliest first token to the latest finish.
+  double queue_ms = 0, first_min = 0, first_max = 0, last_ms = 0;
   int generating = 0;  // choices with a first token
   for (const auto& c : job.choices) {
-    queue_ms = std::max(queue_ms, c->timings.queue_ms);
     if (c->completion_tokens == 0 || c->timings.ttft_ms <= 0) continue;
-    first_ms = generating ? std::min(first_ms, c->timings.ttft_ms) : c->timings.ttft_ms;
-    last_ms = std::max(last_ms, c->timings.total_ms);
+    const Timings& t = c->timings;
+    queue_ms = generating ? std::min(queue_ms, t.queue_ms) : t.queue_ms;
+    first_min = generating ? std::min(first_min, t.ttft_ms) : t.ttft_ms;
+    first_max = generating ? std::max(first_max, t.ttft_ms) : t.ttft_ms;
+    last_ms = generating ? std::max(last_ms, t.total_ms) : t.total_ms;
     ++generating;
   }
   const int64_t cached = job.cached_tokens();
   const int64_t prompt_n = std::max<int64_t>(0, job.prompt_tokens_total - cached);
   const int64_t predicted_n = job.completion_tokens();
-  const double prompt_ms = generating ? std::max(0.0, first_ms - queue_ms) : 0.0;
-  const double predicted_ms = generating ? std::max(0.0, last_ms - first_ms) : 0.0;
+  const double prompt_ms = std::max(0.0, first_max - queue_ms);
+  const double predicted_ms = std::max(0.0, last_ms - first_min);
   const auto round3 = [](double v) { return std::round(v * 1000) / 1000; };
   json t = {{"queue_ms", round3(queue_ms)},   {"cache_n", cached},          {"prompt_n", prompt_n},
             {"prompt_ms", round3(prompt_ms)}, {"predicted_n", predicted_n}, {"predicted_ms", round3(predicted_ms)}};

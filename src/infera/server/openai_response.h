@@ -28,13 +28,15 @@ std::string sse(const nlohmann::json& j);  // one `data:` event
 inline constexpr const char* kSseDone = "data: [DONE]\n\n";
 
 nlohmann::json usage_json(const Job& job);
-// The engine's own timings of the job (llama-server's `timings` names), beside `usage`
-// in a whole response and in the stream's usage chunk: `prompt_n` prompt tokens not
-// served by the prefix cache, `prompt_ms` from first scheduled to first token, `cache_n`,
-// `queue_ms`, `predicted_n` completion tokens, `predicted_ms` from the first token to the
-// last, and the rates over them (`predicted_per_second` counts the tokens after the
-// first; absent where a rate has no time to divide by). Choices run side by side, so
-// the job's figures span them all: the earliest first token to the latest finish.
+// The engine's own timings of the job, beside `usage` in a whole response and in the
+// stream's usage chunk, under llama-server's names (not all with its meanings):
+// `queue_ms` submission to the first choice scheduled; `cache_n` prompt tokens served by the
+// prefix cache; `prompt_n` the others; `prompt_ms` from the first choice scheduled to the
+// last choice's first token; `predicted_n` completion tokens; `predicted_ms` from the first
+// first token to the last choice's finish (its last token, or later for a stop string or a
+// cancel); the rates over those windows, `predicted_per_second` counting each choice's tokens
+// after its first (llama-server counts every token), absent where there is no time to divide
+// by. A job with no token has them all 0.
 nlohmann::json timings_json(const Job& job);
 // The non-streaming body (chat.completion / text_completion).
 nlohmann::json final_response(const Job& job);

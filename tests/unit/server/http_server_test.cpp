@@ -806,24 +806,29 @@ TEST(HttpServer, TimingsAreTheEnginesOwn) {
   o.real_engine = true;
   TestServer s(o);
   const int n = 12;
-  auto check = [&](const json& usage, const json& t) {
+  // choices: how many generated; each counts its tokens after its first.
+  auto check = [&](const json& usage, const json& t, int choices) {
     ASSERT_TRUE(t.is_object()) << t;
     EXPECT_EQ(t["predicted_n"], usage["completion_tokens"]);
-    EXPECT_EQ(t["predicted_n"], n);
+    EXPECT_EQ(t["predicted_n"], n * choices);
     EXPECT_EQ(t["cache_n"], usage["prompt_tokens_details"]["cached_tokens"]);
     EXPECT_EQ(t["prompt_n"].get<int64_t>() + t["cache_n"].get<int64_t>(), usage["prompt_tokens"].get<int64_t>());
     EXPECT_GE(t["queue_ms"].get<double>(), 0.0);
     EXPECT_GE(t["prompt_ms"].get<double>(), 0.0);
+    // predicted_ms is rounded to 1 us and the rate computed from the unrounded time (and
+    // then rounded to 1e-3): the rate lies between those over ms + 0.0005 and ms - 0.0005.
     const double ms = t["predicted_ms"].get<double>();
-    ASSERT_GT(ms, 0.0) << t;
+    ASSERT_GT(ms, 0.0005) << t;
     ASSERT_TRUE(t.contains("predicted_per_second")) << t;
-    EXPECT_NEAR(t["predicted_per_second"].get<double>(), (n - 1) * 1000.0 / ms, 1e-3 + 1e-3 * (n - 1) * 1000.0 / ms);
+    const double tokens = (n - 1) * choices * 1000.0, rate = t["predicted_per_second"].get<double>();
+    EXPECT_GE(rate, tokens / (ms + 0.0005) - 0.001) << t;
+    EXPECT_LE(rate, tokens / (ms - 0.0005) + 0.001) << t;
   };
   const json req = with(kChat, {{"max_tokens", n}, {"temperature", 0}, {"ignore_eos", true}});
   auto whole = s.post("/v1/chat/completions", req);
   ASSERT_EQ(whole->status, 200) << whole->body;
   const json j = json::parse(whole->body);
-  check(j["usage"], j["timings"]);
+  check(j["usage"], j["timings"], 1);
 
   json streamed = req;
   streamed["stream"] = true;
@@ -831,10 +836,20 @@ TEST(HttpServer, TimingsAreTheEnginesOwn) {
   auto st = s.post("/v1/chat/completions", streamed);
   ASSERT_EQ(st->status, 200);
   const auto payloads = sse_payloads(st->body);
+  ASSERT_GE(payloads.size(), 3u) << st->body;
   const json tail = json::parse(payloads[payloads.size() - 2]);
-  check(tail["usage"], tail["timings"]);
+  check(tail["usage"], tail["timings"], 1);
   // Only the usage chunk carries them.
   EXPECT_FALSE(json::parse(payloads.front()).contains("timings"));
+
+  // Two choices: the windows and the counts cover both.
+  json two = req;
+  two["n"] = 2;
+  auto both = s.post("/v1/chat/completions", two);
+  ASSERT_EQ(both->status, 200) << both->body;
+  const json b = json::parse(both->body);
+  ASSERT_EQ(b["choices"].size(), 2u);
+  check(b["usage"], b["timings"], 2);
 }
 
 // echo with logprobs: the prompt's tokens (the first unscored), each scored by the row of
