@@ -81,8 +81,11 @@ inline float half(const uint8_t* p) {
 
 // Activation rows quantized as llama.cpp quantizes them (x86 path: scale 127 / amax and
 // round-half-even for Q8_0/Q8_1; the reference Q8_K). The AVX-512 and AVX2 builds compute the
-// same values in vectors (the maxima are order-free, the products and roundings the same); on
-// AVX2 the scalar loops took a decode call's fixed cost: Q8_K's search for its largest |x|
+// same values in vectors (the maxima are order-free, the products and roundings the same) for
+// finite blocks whose largest |x| is 0 or above 127 / FLT_MAX; below that, and for inf / NaN,
+// their conversions saturate (-128) where the scalar one is out of range (the block's scale
+// then rounds to 0, or its input was not finite: no product a model uses changes). On AVX2
+// the scalar loops took a decode call's fixed cost: Q8_K's search for its largest |x|
 // runs a chain of compares and blends, about 1 ns a weight, 5.6 us of a 256 x 5632 Q4_K
 // call's 32 (kernels_bench "hot", Zen 2: Q4_K 25.1 -> 28.7 GB/s, 64 rows 16.5 -> 24.4).
 struct Activations {

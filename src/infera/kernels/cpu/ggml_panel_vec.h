@@ -141,16 +141,11 @@ inline I table16(const int8_t* p) {
   return {t, t};
 }
 inline I shuffle8(I table, I idx) { return {_mm256_shuffle_epi8(table.a, idx.a), _mm256_shuffle_epi8(table.b, idx.b)}; }
-// (bit_bytes: ggml_matmul_simd.h, as the rows' Q5_0 / Q5_1 decoder expands its fifth bits.)
-inline I add8_where(I v, const uint8_t* bits, I add) {
-  uint32_t m[2];
-  std::memcpy(m, bits, 8);
-  return {_mm256_add_epi8(v.a, _mm256_and_si256(bit_bytes(m[0]), add.a)),
-          _mm256_add_epi8(v.b, _mm256_and_si256(bit_bytes(m[1]), add.b))};
-}
-// lo, hi: add8_where with the masks at bits and bits + 8, the 16 bytes loaded once into both
-// 128-bit lanes and each quarter's spread by one vpshufb (bit_bytes takes a move from a
-// general register and a broadcast besides, per 32 bytes).
+// lo + add in the bytes whose bit is set in the 64-bit mask at bits, hi likewise with the mask
+// at bits + 8 (byte i: bit i % 8 of mask byte i / 8), as the AVX-512 build's add8_where pair:
+// the 16 bytes loaded once into both 128-bit lanes and each quarter spread by one vpshufb
+// (ggml_matmul_simd.h's bit_bytes, which the rows' Q5_0 / Q5_1 decoder uses, takes a move
+// from a general register and a broadcast besides, per 32 bytes).
 inline void add8_where2(I& lo, I& hi, const uint8_t* bits, I add) {
   const __m256i b = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(bits)));
   const __m256i sel = _mm256_set1_epi64x(static_cast<int64_t>(0x8040201008040201ull));
