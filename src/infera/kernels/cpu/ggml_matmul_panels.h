@@ -18,7 +18,7 @@
 // over two; each stream runs on through kStreamPanels panels); a thread otherwise takes two
 // panels at a time (each activation broadcast serves both) against up to four activation
 // rows. AVX2 has half the registers at half the width: four panels in a decode step where a
-// panel's sums are one int16 chain (not Q3_K; Q6_K's steps keep one: kQ6kFold), else two
+// panel's sums are one int16 chain (not Q3_K; Q6_K's steps keep one: kSub16Fold), else two
 // (Traits::kDecodePanels); otherwise one panel against up to four activation rows where a
 // sum's products fit one int16 chain (Traits::kMerge, and Q6_K; 64-256 tokens 1.03-1.2x over
 // two rows per pass), else two. A call of
@@ -122,7 +122,7 @@ struct Traits {
   // ones; not the 5-bit types or Q6_K), so that four activation rows' chains fit the 16
   // registers; two rows per pass otherwise.
   static constexpr bool kMerge = !vec::kVnni && (kSigned || vec::chain_fits(2 * kChainSteps, kMaxOperand));
-  // (Q6_K on AVX2: one chain per sub-block, kQ6kFold)
+  // (Q6_K on AVX2: one chain per sub-block, kSub16Fold)
   static constexpr int kPassRows = vec::kVnni || kMerge || kType == kQ6_K ? 4 : 2;
   // Panels in a decode step (one activation row): four streams on AVX-512; on AVX2 four where
   // a panel's sums are one chain (two registers), else two (four would spill). kernels_bench
@@ -130,7 +130,7 @@ struct Traits {
   // against two (best prefetch mode of each, alternating): Q8_0 27.8-30.1 / 20.8, Q4_0
   // 26.5 / 20.6, IQ4_NL 20.1 / 18.6, IQ4_XS 22.7 / 20.6, Q4_K 30.8 / 24.5; Q6_K (two chains)
   // 20.6 / 23.9, Q3_K (one chain, but its third bits expanded per step) 11.6 / 13.6, Q2_K
-  // 17.7 / 15.7. Q6_K since its decode step keeps one chain (kQ6kFold): four, 29.6-31.6 /
+  // 17.7 / 15.7. Q6_K since its decode step keeps one chain (kSub16Fold): four, 29.6-31.6 /
   // 25.3-25.9 (5632 x 2048: 26.3-30.1 / 24.0-25.3), though from the caches 29.5 / 32.9.
   static constexpr int kDecodePanels = vec::kVnni || (kMerge && kType != kQ3_K) || kType == kQ6_K ? 4 : 2;
   static_assert(kSigned || vec::kVnni || vec::chain_fits(kChainSteps * (kMerge ? 2 : 1), kMaxOperand),
@@ -811,26 +811,32 @@ inline void pairs_of_16(const int32_t* bsums, int64_t n, int32_t* out) {
 // each widened against ones, and a vpmulld by the scale), so four panels' chains fit the
 // registers (Traits::kDecodePanels). Its operands u = w + 32 reach 16002 per pair, so the
 // chain starts from minus 32 x the activation's sums of the quants each of a lane's two int16
-// halves meets (q6k_fold_corr): its adds wrap, but what it ends at, the sum of w q over those
+// halves meets (sub16_fold_corr): its adds wrap, but what it ends at, the sum of w q over those
 // eight weights, is within 8 x 32 x 127 (exact). Several rows take it too, four per pass
 // (Traits::kPassRows), now that a chain's steps stay a chain (vec::chain_step) where the
-// compiler summed them as a tree and spilled them (64 tokens then 0.8x).
+// compiler summed them as a tree and spilled them (64 tokens then 0.8x). Q3_K folds the same
+// way (u = w + 4, its chain from minus 4 x the sums, never wrapping): the vpmovsxbd and the
+// two vpmulld a sub-block's scale took cost its decode step (kernels_bench 2048 x 5632, Zen 2,
+// one thread, 10.6 -> 12.4 GB/s from memory; see kSub16FoldOffset).
 template <uint32_t kType>
-constexpr bool kQ6kFold = !vec::kVnni && kType == kQ6_K;
+constexpr bool kSub16Fold = !vec::kVnni && (kType == kQ6_K || kType == kQ3_K);
+// The offset kSub16Fold's operands carry (u = w + offset).
+template <uint32_t kType>
+constexpr int kSub16FoldOffset = kType == kQ6_K ? 32 : 4;
 
-// The chain starts of kQ6kFold, one per 16-weight sub-block of n of them at q: -32 x the sum
-// of quants 0, 1, 4, 5, 8, 9, 12, 13 in the low int16, of 2, 3, 6, 7, 10, 11, 14, 15 in the high
-// (the weight pairs whose products vpmaddubsw adds into each half of a lane, four steps a
+// The chain starts of kSub16Fold, one per 16-weight sub-block of n of them at q: -offset x the
+// sum of quants 0, 1, 4, 5, 8, 9, 12, 13 in the low int16, of 2, 3, 6, 7, 10, 11, 14, 15 in the
+// high (the weight pairs whose products vpmaddubsw adds into each half of a lane, four steps a
 // sub-block).
-inline void q6k_fold_corr(const int8_t* q, int64_t n, int32_t* out) {
+inline void sub16_fold_corr(const int8_t* q, int64_t n, int offset, int32_t* out) {
   for (int64_t i = 0; i < n; ++i, q += 16) {
     int32_t lo = 0, hi = 0;
     for (int g = 0; g < 16; g += 4) {
       lo += q[g] + q[g + 1];
       hi += q[g + 2] + q[g + 3];
     }
-    out[i] = static_cast<int32_t>(static_cast<uint32_t>(static_cast<uint16_t>(-32 * lo)) |
-                                  static_cast<uint32_t>(static_cast<uint16_t>(-32 * hi)) << 16);
+    out[i] = static_cast<int32_t>(static_cast<uint32_t>(static_cast<uint16_t>(-offset * lo)) |
+                                  static_cast<uint32_t>(static_cast<uint16_t>(-offset * hi)) << 16);
   }
 }
 
@@ -917,10 +923,10 @@ inline void dot_q6k(const uint8_t* const* sc, const uint8_t* const* qs, int64_t 
   constexpr bool kTwo = S::kTwo;
   constexpr int kStride = S::kStride, kScStride = panel_scale_stride(kType);
   constexpr int kScaleLead = 128;  // (bytes the decode step's prefetch runs ahead on the scales)
-  constexpr bool kMerge = Traits<kType>::kMerge, kFold = kQ6kFold<kType>;
+  constexpr bool kMerge = Traits<kType>::kMerge, kFold = kSub16Fold<kType>;
   const S ops;
   // (Q6_K / Q3_K: 32 / 4 x the activation's sum of sub-block sb's 16 quants; kFold: the
-  // int16 pair q6k_fold_corr lays out)
+  // int16 pair sub16_fold_corr lays out)
   const auto corr = [&](int n, int64_t b, int sb) { return kTwo ? 0 : a.corr[n][16 * b + sb]; };
   // Where super-block b's scales are (Q2_K: and mins).
   const auto scales_at = [&](int u, int64_t b) {
@@ -997,7 +1003,7 @@ inline void dot_q6k(const uint8_t* const* sc, const uint8_t* const* qs, int64_t 
 }
 
 #ifndef __AVX512VNNI__
-// Q6_K's decode step on AVX2 (one activation row, kT panels): dot_q6k's values (kQ6kFold's
+// Q6_K's decode step on AVX2 (one activation row, kT panels): dot_q6k's values (kSub16Fold's
 // one chain per sub-block and row, widened against the rows' scale pair), the kT panels taken
 // one after another within each sub-block, so that one panel's chains are live at a time and
 // the panels' super-block sums wait in memory. dot_q6k keeps all kT panels' chains, top bits
@@ -1549,7 +1555,7 @@ inline bool with_panel_type(uint32_t type, F&& f) {
 // The activation side of a panel type's integer sums, per activation row of m at a (corr:
 // m x blocks x kCorr): offset x each block's sum (exact: |sum| <= 32 x 127); Q4_K: the int16
 // pairs of its sums of 32, 4 per super-block; Q6_K: 32 x its sums of 16 (on AVX2 the int16
-// pairs of kQ6kFold's chain starts); IQ4_XS on VNNI: 128 x its sums of 32.
+// pairs of kSub16Fold's chain starts); IQ4_XS on VNNI: 128 x its sums of 32.
 template <uint32_t kType>
 struct Corr {
   static constexpr bool kK = kType == kQ4_K || kType == kQ5_K, kSix = kType == kQ6_K, kXs = kType == kIQ4_XS;
@@ -1568,8 +1574,8 @@ struct Corr {
     }
     if constexpr (kType == kQ2_K) {  // int16 pairs of sums of 16, for the mins
       pairs_of_16(a.bsums.data(), m * nb * 8, corr.data());
-    } else if (kQ6kFold<kType>) {
-      q6k_fold_corr(a.q.data(), m * nb * 16, corr.data());
+    } else if (kSub16Fold<kType>) {
+      sub16_fold_corr(a.q.data(), m * nb * 16, kSub16FoldOffset<kType>, corr.data());
     } else if constexpr (kSub16) {
       for (int64_t i = 0; i < m * nb * 16; ++i) corr[i] = (kSix ? 32 : 4) * a.bsums[i];
     }
