@@ -975,6 +975,20 @@ inline void dot_q6k(const uint8_t* const* sc, const uint8_t* const* qs, int64_t 
           for (int n = 0; n < kNt; ++n) isum[u][n] = vec::dot16(isum[u][n], lo_acc[u][n], scv);
           continue;
         }
+#ifndef __AVX512VNNI__
+        if constexpr (kTwo) {
+          // Q2_K (no offset: its chains start at 0): the chain widened and scaled in one vpmaddwd
+          // against the rows' scale as an int16 pair (s, s), in place of vpmaddwd against ones
+          // and vpmulld (two cycles on a CPU with one vector integer multiplier).
+          const __m256i m = _mm256_set1_epi16(0xF);  // (the scale: a byte's low four bits)
+          const vec::I pair = {_mm256_and_si256(vec::u8_pairs8(s8p), m), _mm256_and_si256(vec::u8_pairs8(s8p + 8), m)};
+          for (int n = 0; n < kNt; ++n) {
+            isum[u][n] = vec::dot16(isum[u][n], lo_acc[u][n], pair);
+            if constexpr (!kMerge) isum[u][n] = vec::dot16(isum[u][n], hi_acc[u][n], pair);
+          }
+          continue;
+        }
+#endif
         // (Q2_K: a byte holds the scale in its low four bits, the min in its high four)
         const vec::I scv = kTwo ? vec::and_(vec::u8_lanes(s8p), vec::set32(0xF)) : vec::i8_lanes(s8p);
         for (int n = 0; n < kNt; ++n)
