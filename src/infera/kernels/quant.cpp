@@ -279,15 +279,15 @@ std::string ggml_matmul_path(Isa isa) {
              "; maddubs on 8 rows per vector, the unsigned ones' int16 sums widened once per (sub-)block, IQ4_XS's per "
              "step against its "
              "sub-block scales; decode: 4 panels per step "
-             "(2 for Q3_K / Q5_0 / Q5_1 / Q5_K; Q6_K's sub-blocks one chain against their scales, one panel's "
-             "chains at a time), "
+             "(2 for Q3_K / Q5_0 / Q5_1 / Q5_K; Q6_K's and Q3_K's sub-blocks one chain against their scales, Q6_K "
+             "one panel's chains at a time; IQ4_XS's level magnitudes from a second lookup), "
              "prefetching " +
              gguf_prefetch_text() +
              "; prefill: "
              "1 panel x up to 4 tokens per step (2 for Q5_0 / Q5_1 / Q5_K, whose sums take two int16 chains; Q6_K's "
-             "sub-blocks one chain against their scales; Q8_0 / Q4_K / Q5_K / IQ4_XS one half of the panel, 8 rows, at "
-             "a time, "
-             "Q4_K / Q5_K's sub-block chains widened and scaled in one madd), "
+             "and Q3_K's sub-blocks one chain against their scales; Q8_0 / Q4_K / Q5_K / IQ4_XS one half of the panel, "
+             "8 rows, at a time, "
+             "Q4_K / Q5_K's and Q2_K's sub-block chains widened and scaled in one madd), "
              "from 3 tokens on each chunk unpacked once (Q4_K from 33; fewer read the panels as they are)); other "
              "types and rows read in place: "
              "tiles of 4 decoded rows, maddubs / madd dot products";
