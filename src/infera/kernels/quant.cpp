@@ -280,7 +280,7 @@ std::string ggml_matmul_path(Isa isa) {
              "step against its "
              "sub-block scales; decode: 4 panels per step "
              "(2 for Q3_K / Q5_0 / Q5_1 / Q5_K; Q6_K's and Q3_K's sub-blocks one chain against their scales, Q6_K "
-             "one panel's chains at a time; IQ4_XS's level magnitudes from a second lookup), "
+             "one panel's chains at a time; IQ4_NL's and IQ4_XS's level magnitudes from a second lookup), "
              "prefetching " +
              gguf_prefetch_text() +
              "; prefill: "

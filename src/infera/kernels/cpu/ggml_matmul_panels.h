@@ -266,6 +266,32 @@ inline void dp_step(const PAct& a, int64_t at, const vec::I* lo, const vec::I* h
   }
 }
 
+#ifndef __AVX512VNNI__
+// IQ4_NL's levels (IQ4_NL's blocks, IQ4_XS's sub-blocks) in an AVX2 decode step: the nibbles
+// looked up twice, the levels for their signs and |levels| for vpmaddubsw's unsigned operand,
+// in place of vpabsb on the looked-up levels (a shuffle port's work for one on the ports the
+// signs and the multiplies share). kernels_bench 2048 x 5632, Zen 2, from memory, one | two
+// threads: IQ4_XS 16.0 -> 17.8 | 29.9-30.3 -> 33.3-33.6 GB/s, IQ4_NL 15.8 -> 17.8 | 30.3 -> 33.9.
+struct Iq4nlLevels {
+  __m256i m4 = _mm256_set1_epi8(0x0F);
+  __m256i lut = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4nlValues)));
+  __m256i alut = _mm256_abs_epi8(lut);
+  // acc + the products of the 32 bytes at p (8 rows) with a0 (low nibbles) and a1 (high),
+  // each int16 pair of them times `pair` (ones, or the rows' sub-block scale as a pair).
+  __m256i step(__m256i acc, const uint8_t* p, __m256i a0, __m256i a1, __m256i pair) const {
+    const __m256i v = _mm256_load_si256(reinterpret_cast<const __m256i*>(p));
+    const __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+    const auto product = [&](__m256i n, __m256i q) {
+      return _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_shuffle_epi8(alut, n),
+                                                    _mm256_sign_epi8(q, _mm256_shuffle_epi8(lut, n))),
+                               pair);
+    };
+    acc = _mm256_add_epi32(acc, product(lo, a0));
+    return _mm256_add_epi32(acc, product(hi, a1));
+  }
+};
+#endif
+
 // sum[kSumStride n + u] lane r += row r of panel u · activation row n over blocks [b0, b1) (kT panels
 // of scales sc[u] and quants qs[u], or with kPre their chunk unpacked at qs[u] (block b0
 // first); kNt activation rows).
@@ -290,21 +316,37 @@ inline void dot(const uint8_t* const* sc, const uint8_t* const* qs, int64_t b0, 
         if (b % 2 == 0) prefetch_line<kPf>(sc[u] + 32 * b + kPrefetch / 8);
       }
     }
-    for (int part = 0; part < 4; ++part) {
-      vec::I lo[kT], hi[kT];
-      for (int u = 0; u < kT; ++u) {
-        if constexpr (kType == kQ8_0 && !T::kSigned) {  // (signed in the panel: + 128 on VNNI)
-          const vec::I flip = vec::set8(0x80);
-          lo[u] = vec::xor_(vec::load(qs[u] + 512 * (b - b0) + 128 * part), flip);
-          hi[u] = vec::xor_(vec::load(qs[u] + 512 * (b - b0) + 128 * part + 64), flip);
-        } else if constexpr (kPre) {
-          load_pair(qs[u] + 512 * (b - b0) + 128 * part, lo[u], hi[u]);
-        } else {
-          unpack(qs[u] + T::kQuantStride * b, part, lo[u], hi[u]);
+#ifndef __AVX512VNNI__
+    if constexpr (kType == kIQ4_NL && !kPre && kNt == 1) {  // (a decode step: Iq4nlLevels)
+      static_assert(T::kSigned && T::kOffset == 0);
+      const Iq4nlLevels levels;
+      const __m256i one = _mm256_set1_epi16(1);
+      for (int part = 0; part < 4; ++part) {
+        const __m256i a0 = vec::bcast4(a.q[0] + 32 * b + 8 * part).a,
+                      a1 = vec::bcast4(a.q[0] + 32 * b + 8 * part + 4).a;
+        for (int u = 0; u < kT; ++u) {
+          const uint8_t* p = qs[u] + T::kQuantStride * b + 64 * part;
+          lo_acc[u][0].a = levels.step(lo_acc[u][0].a, p, a0, a1, one);
+          lo_acc[u][0].b = levels.step(lo_acc[u][0].b, p + 32, a0, a1, one);
         }
       }
-      dp_step<T::kSigned, T::kMerge, kNt, kT>(a, 32 * b + 8 * part, lo, hi, lo_acc, hi_acc);
-    }
+    } else
+#endif
+      for (int part = 0; part < 4; ++part) {
+        vec::I lo[kT], hi[kT];
+        for (int u = 0; u < kT; ++u) {
+          if constexpr (kType == kQ8_0 && !T::kSigned) {  // (signed in the panel: + 128 on VNNI)
+            const vec::I flip = vec::set8(0x80);
+            lo[u] = vec::xor_(vec::load(qs[u] + 512 * (b - b0) + 128 * part), flip);
+            hi[u] = vec::xor_(vec::load(qs[u] + 512 * (b - b0) + 128 * part + 64), flip);
+          } else if constexpr (kPre) {
+            load_pair(qs[u] + 512 * (b - b0) + 128 * part, lo[u], hi[u]);
+          } else {
+            unpack(qs[u] + T::kQuantStride * b, part, lo[u], hi[u]);
+          }
+        }
+        dp_step<T::kSigned, T::kMerge, kNt, kT>(a, 32 * b + 8 * part, lo, hi, lo_acc, hi_acc);
+      }
     for (int u = 0; u < kT; ++u) {
       const uint8_t* scales = sc[u] + T::kScaleStride * b;
       const vec::F dv = vec::halves(scales);
@@ -534,36 +576,16 @@ inline void dot_q4k(const uint8_t* const* sc, const uint8_t* const* qs, int64_t 
           scv[u] = vec::i8_pairs(s8p);
         }
 #ifndef __AVX512VNNI__
-        // A decode step (one activation row, the panels read in place) on AVX2: the levels'
-        // magnitudes from a second lookup, |levels|, in place of vpabsb on the looked-up levels
-        // (a shuffle port's work for the ports the signs and the multiplies share), half a
-        // panel at a time: kernels_bench 2048 x 5632, Zen 2, from the caches 16.6-16.9 ->
-        // 18.5-19.1 GB/s, from memory 16.0 -> 17.8 at one thread and 29.9-30.3 -> 33.3-33.6 at two.
-        if constexpr (!kPre && kNt == 1) {
-          const __m256i m4 = _mm256_set1_epi8(0x0F);
-          const __m256i lut =
-              _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4nlValues)));
-          const __m256i alut = _mm256_abs_epi8(lut);
+        if constexpr (!kPre && kNt == 1) {  // (a decode step: Iq4nlLevels, half a panel at a time)
+          const Iq4nlLevels levels;
           for (int part = 0; part < 4; ++part) {
             const int64_t at = 256 * b + 32 * sb + 8 * part;
             const __m256i a0 = vec::bcast4(a.q[0] + at).a, a1 = vec::bcast4(a.q[0] + at + 4).a;
             for (int u = 0; u < kT; ++u) {
-              const uint8_t* chunk = qs[u] + kStride * b + panel_k_chunk(kType, sb);
-              prefetch_line<kPf>(chunk + kStride + 64 * part);
-              for (int h = 0; h < 2; ++h) {
-                const __m256i v = _mm256_load_si256(reinterpret_cast<const __m256i*>(chunk + 64 * part + 32 * h));
-                const __m256i nlo = _mm256_and_si256(v, m4), nhi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
-                const __m256i sc2 = h == 0 ? scv[u].a : scv[u].b;
-                __m256i& acc = h == 0 ? isum[u][0].a : isum[u][0].b;
-                acc = _mm256_add_epi32(
-                    acc, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_shuffle_epi8(alut, nlo),
-                                                                _mm256_sign_epi8(a0, _mm256_shuffle_epi8(lut, nlo))),
-                                           sc2));
-                acc = _mm256_add_epi32(
-                    acc, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_shuffle_epi8(alut, nhi),
-                                                                _mm256_sign_epi8(a1, _mm256_shuffle_epi8(lut, nhi))),
-                                           sc2));
-              }
+              const uint8_t* chunk = qs[u] + kStride * b + panel_k_chunk(kType, sb) + 64 * part;
+              prefetch_line<kPf>(chunk + kStride);
+              isum[u][0].a = levels.step(isum[u][0].a, chunk, a0, a1, scv[u].a);
+              isum[u][0].b = levels.step(isum[u][0].b, chunk + 32, a0, a1, scv[u].b);
             }
           }
           continue;
