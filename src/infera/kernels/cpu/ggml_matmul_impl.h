@@ -46,11 +46,12 @@ inline ActForm act_form(uint32_t type) {
   }
 }
 
-#if defined(__AVX2__) && !defined(__AVX512F__)
-// The quantizer's vector steps on AVX2 (the AVX-512 build has its own below): |x|, the
-// largest of 8 lanes (order-free: no NaN reaches it, see quantize_activations), the sum of 8
-// int32 lanes, and 32 int32 quants in [-128, 127] stored in order as bytes.
-namespace act2 {
+#ifdef __AVX2__
+// Steps on 256-bit vectors (the AVX2 quantizer below, the rows' decoders in
+// ggml_matmul_simd.h): |x|, the largest of 8 lanes (order-free where no NaN reaches it, as in
+// quantize_activations), the sum of 8 int32 lanes, and 32 int32 quants in [-128, 127] stored
+// in order as bytes.
+namespace ymm {
 inline __m256 abs(__m256 v) { return _mm256_andnot_ps(_mm256_set1_ps(-0.0f), v); }
 inline float hmax(__m256 v) {
   __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -70,7 +71,7 @@ inline void store32(int8_t* out, __m256i q0, __m256i q1, __m256i q2, __m256i q3)
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(out),
                       _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
 }
-}  // namespace act2
+}  // namespace ymm
 #endif
 
 inline float half(const uint8_t* p) {
@@ -140,11 +141,11 @@ inline void quantize_activations(const float* x, int64_t m, int64_t k, ActForm f
         // As above, 8 lanes at a time. max(|x|, m) keeps m where x is NaN, as the scalar
         // loop's `ax > amax` skips it.
         __m256 vmax = _mm256_setzero_ps();
-        for (int c = 0; c < 32; ++c) vmax = _mm256_max_ps(act2::abs(_mm256_loadu_ps(xb + 8 * c)), vmax);
-        amax = act2::hmax(vmax);
+        for (int c = 0; c < 32; ++c) vmax = _mm256_max_ps(ymm::abs(_mm256_loadu_ps(xb + 8 * c)), vmax);
+        amax = ymm::hmax(vmax);
         for (int c = 0; c < 32 && amax > 0; ++c) {
           const int at = _mm256_movemask_ps(
-              _mm256_cmp_ps(act2::abs(_mm256_loadu_ps(xb + 8 * c)), _mm256_set1_ps(amax), _CMP_EQ_OQ));
+              _mm256_cmp_ps(ymm::abs(_mm256_loadu_ps(xb + 8 * c)), _mm256_set1_ps(amax), _CMP_EQ_OQ));
           if (at != 0) {
             max = xb[8 * c + __builtin_ctz(static_cast<unsigned>(at))];
             break;
@@ -183,9 +184,9 @@ inline void quantize_activations(const float* x, int64_t m, int64_t k, ActForm f
             q[v] = _mm256_min_epi32(_mm256_cvtps_epi32(
                                         _mm256_mul_ps(_mm256_set1_ps(iscale), _mm256_loadu_ps(xb + 32 * g + 8 * v))),
                                     _mm256_set1_epi32(127));
-          act2::store32(qb + 32 * g, q[0], q[1], q[2], q[3]);
-          bs[2 * g] = act2::hsum(_mm256_add_epi32(q[0], q[1]));
-          bs[2 * g + 1] = act2::hsum(_mm256_add_epi32(q[2], q[3]));
+          ymm::store32(qb + 32 * g, q[0], q[1], q[2], q[3]);
+          bs[2 * g] = ymm::hsum(_mm256_add_epi32(q[0], q[1]));
+          bs[2 * g + 1] = ymm::hsum(_mm256_add_epi32(q[2], q[3]));
         }
 #else
         for (int j = 0; j < 256; ++j)
@@ -225,15 +226,15 @@ inline void quantize_activations(const float* x, int64_t m, int64_t k, ActForm f
       __m256 xv[4], mv = _mm256_setzero_ps();
       for (int v = 0; v < 4; ++v) {
         xv[v] = _mm256_loadu_ps(xb + 8 * v);
-        mv = _mm256_max_ps(act2::abs(xv[v]), mv);  // (m where x is NaN, as std::max(m, |x|))
+        mv = _mm256_max_ps(ymm::abs(xv[v]), mv);  // (m where x is NaN, as std::max(m, |x|))
       }
-      const float amax = act2::hmax(mv);
+      const float amax = ymm::hmax(mv);
       const float d = amax / 127.f;
       const float id = amax != 0.0f ? 127.f / amax : 0.0f;
       __m256i q[4];
       for (int v = 0; v < 4; ++v) q[v] = _mm256_cvtps_epi32(_mm256_mul_ps(xv[v], _mm256_set1_ps(id)));
-      act2::store32(qb, q[0], q[1], q[2], q[3]);
-      const int32_t sum = act2::hsum(_mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3])));
+      ymm::store32(qb, q[0], q[1], q[2], q[3]);
+      const int32_t sum = ymm::hsum(_mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3])));
 #else
       float amax = 0;
       for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(xb[j]));

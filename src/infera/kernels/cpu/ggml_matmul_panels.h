@@ -18,7 +18,7 @@
 // over two; each stream runs on through kStreamPanels panels); a thread otherwise takes two
 // panels at a time (each activation broadcast serves both) against up to four activation
 // rows. AVX2 has half the registers at half the width: four panels in a decode step where a
-// panel's sums are one int16 chain (not Q3_K; Q6_K's steps keep one: kSub16Fold), else two
+// panel's sums are one int16 chain (Q6_K's steps keep one: kSub16Fold; not Q3_K's), else two
 // (Traits::kDecodePanels); otherwise one panel against up to four activation rows where a
 // sum's products fit one int16 chain (Traits::kMerge, and Q6_K; 64-256 tokens 1.03-1.2x over
 // two rows per pass), else two. A call of
@@ -131,7 +131,8 @@ struct Traits {
   // 26.5 / 20.6, IQ4_NL 20.1 / 18.6, IQ4_XS 22.7 / 20.6, Q4_K 30.8 / 24.5; Q6_K (two chains)
   // 20.6 / 23.9, Q3_K (one chain, but its third bits expanded per step) 11.6 / 13.6, Q2_K
   // 17.7 / 15.7. Q6_K since its decode step keeps one chain (kSub16Fold): four, 29.6-31.6 /
-  // 25.3-25.9 (5632 x 2048: 26.3-30.1 / 24.0-25.3), though from the caches 29.5 / 32.9.
+  // 25.3-25.9 (5632 x 2048: 26.3-30.1 / 24.0-25.3), though from the caches 29.5 / 32.9. Q3_K
+  // folded to one chain too (Zen 2, one thread): four 9.7, two 11.1; its third bits keep two.
   static constexpr int kDecodePanels = vec::kVnni || (kMerge && kType != kQ3_K) || kType == kQ6_K ? 4 : 2;
   static_assert(kSigned || vec::kVnni || vec::chain_fits(kChainSteps * (kMerge ? 2 : 1), kMaxOperand),
                 "a chain's int16 sums overflow");
@@ -837,14 +838,16 @@ inline void pairs_of_16(const int32_t* bsums, int64_t n, int32_t* out) {
 // eight weights, is within 8 x 32 x 127 (exact). Several rows take it too, four per pass
 // (Traits::kPassRows), now that a chain's steps stay a chain (vec::chain_step) where the
 // compiler summed them as a tree and spilled them (64 tokens then 0.8x). Q3_K folds the same
-// way (u = w + 4, its chain from minus 4 x the sums, never wrapping): the vpmovsxbd and the
-// two vpmulld a sub-block's scale took cost its decode step (kernels_bench 2048 x 5632, Zen 2,
-// one thread, 10.6 -> 12.4 GB/s from memory; see kSub16FoldOffset).
+// way (u = w + 4, its chain from minus 4 x the sums, never wrapping), in place of a vpmovsxbd
+// of its scales, two vpmaddwd against ones and two vpmulld a sub-block (kernels_bench 2048 x
+// 5632, Zen 2, one thread: 64 tokens 108 -> 141 GOP/s, decode from memory 10.7 -> 11.1 GB/s).
 template <uint32_t kType>
 constexpr bool kSub16Fold = !vec::kVnni && (kType == kQ6_K || kType == kQ3_K);
-// The offset kSub16Fold's operands carry (u = w + offset).
+// The offset Q6_K's and Q3_K's operands carry (u = w + offset).
 template <uint32_t kType>
-constexpr int kSub16FoldOffset = kType == kQ6_K ? 32 : 4;
+constexpr int kSub16Offset = kType == kQ6_K   ? 32
+                             : kType == kQ3_K ? 4
+                                              : 0;
 
 // The chain starts of kSub16Fold, one per 16-weight sub-block of n of them at q: -offset x the
 // sum of quants 0, 1, 4, 5, 8, 9, 12, 13 in the low int16, of 2, 3, 6, 7, 10, 11, 14, 15 in the
@@ -992,25 +995,18 @@ inline void dot_q6k(const uint8_t* const* sc, const uint8_t* const* qs, int64_t 
       for (int u = 0; u < kT; ++u) {
         const uint8_t* s8p = scales_at(u, b) + 16 * sb;
         if constexpr (!kPre) prefetch_line<kPf>(s8p + kStride);
-        if constexpr (kFold) {  // the chain's pairs times the rows' scale pair
-          const vec::I scv = vec::i8_pairs(s8p);
-          for (int n = 0; n < kNt; ++n) isum[u][n] = vec::dot16(isum[u][n], lo_acc[u][n], scv);
-          continue;
-        }
-#ifndef __AVX512VNNI__
-        if constexpr (kTwo) {
-          // Q2_K (no offset: its chains start at 0): the chain widened and scaled in one vpmaddwd
-          // against the rows' scale as an int16 pair (s, s), in place of vpmaddwd against ones
-          // and vpmulld (two cycles on a CPU with one vector integer multiplier).
-          const __m256i m = _mm256_set1_epi16(0xF);  // (the scale: a byte's low four bits)
-          const vec::I pair = {_mm256_and_si256(vec::u8_pairs8(s8p), m), _mm256_and_si256(vec::u8_pairs8(s8p + 8), m)};
+        if constexpr (kFold || (kTwo && !vec::kVnni)) {
+          // The chains widened and scaled in one vpmaddwd against the rows' scale as an int16
+          // pair (s, s), in place of vpmaddwd against ones and vpmulld (two cycles on a CPU with
+          // one vector integer multiplier): kFold's one chain against the signed sub-scales,
+          // Q2_K's against its four-bit scales (its chains start at 0: the mins are apart).
+          const vec::I pair = kTwo ? vec::u4_pairs(s8p) : vec::i8_pairs(s8p);
           for (int n = 0; n < kNt; ++n) {
             isum[u][n] = vec::dot16(isum[u][n], lo_acc[u][n], pair);
-            if constexpr (!kMerge) isum[u][n] = vec::dot16(isum[u][n], hi_acc[u][n], pair);
+            if constexpr (!kFold && !kMerge) isum[u][n] = vec::dot16(isum[u][n], hi_acc[u][n], pair);
           }
           continue;
         }
-#endif
         // (Q2_K: a byte holds the scale in its low four bits, the min in its high four)
         const vec::I scv = kTwo ? vec::and_(vec::u8_lanes(s8p), vec::set32(0xF)) : vec::i8_lanes(s8p);
         for (int n = 0; n < kNt; ++n)
@@ -1590,8 +1586,8 @@ inline bool with_panel_type(uint32_t type, F&& f) {
 
 // The activation side of a panel type's integer sums, per activation row of m at a (corr:
 // m x blocks x kCorr): offset x each block's sum (exact: |sum| <= 32 x 127); Q4_K: the int16
-// pairs of its sums of 32, 4 per super-block; Q6_K: 32 x its sums of 16 (on AVX2 the int16
-// pairs of kSub16Fold's chain starts); IQ4_XS on VNNI: 128 x its sums of 32.
+// pairs of its sums of 32, 4 per super-block; Q6_K / Q3_K: 32 / 4 x their sums of 16 (on AVX2
+// the int16 pairs of kSub16Fold's chain starts); IQ4_XS on VNNI: 128 x its sums of 32.
 template <uint32_t kType>
 struct Corr {
   static constexpr bool kK = kType == kQ4_K || kType == kQ5_K, kSix = kType == kQ6_K, kXs = kType == kIQ4_XS;
@@ -1611,9 +1607,9 @@ struct Corr {
     if constexpr (kType == kQ2_K) {  // int16 pairs of sums of 16, for the mins
       pairs_of_16(a.bsums.data(), m * nb * 8, corr.data());
     } else if (kSub16Fold<kType>) {
-      sub16_fold_corr(a.q.data(), m * nb * 16, kSub16FoldOffset<kType>, corr.data());
+      sub16_fold_corr(a.q.data(), m * nb * 16, kSub16Offset<kType>, corr.data());
     } else if constexpr (kSub16) {
-      for (int64_t i = 0; i < m * nb * 16; ++i) corr[i] = (kSix ? 32 : 4) * a.bsums[i];
+      for (int64_t i = 0; i < m * nb * 16; ++i) corr[i] = kSub16Offset<kType> * a.bsums[i];
     }
   }
 };

@@ -92,10 +92,7 @@ inline void store256(void* p, __m256i v) { _mm256_storeu_si256(static_cast<__m25
 inline void store128(void* p, __m128i v) { _mm_storeu_si128(static_cast<__m128i*>(p), v); }
 // The sum of 32 int8 quants (exact).
 inline int32_t sum32(const int8_t* q) {
-  const __m256i s16 = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), load256(q)), _mm256_set1_epi16(1));
-  const __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s16), _mm256_extracti128_si256(s16, 1));
-  const __m128i s2 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, _MM_SHUFFLE(1, 0, 3, 2)));
-  return _mm_cvtsi128_si32(_mm_add_epi32(s2, _mm_shuffle_epi32(s2, _MM_SHUFFLE(2, 3, 0, 1))));
+  return ymm::hsum(_mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), load256(q)), _mm256_set1_epi16(1)));
 }
 
 // f16 -> f32 with F16C (exact, as f16_to_f32).

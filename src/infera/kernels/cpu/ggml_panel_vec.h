@@ -66,10 +66,11 @@ inline I i8_lanes(const uint8_t* p) {
 inline I u8_pairs(__m128i lo, __m128i hi) { return _mm512_cvtepu8_epi16(_mm256_set_m128i(hi, lo)); }
 // acc + the int16 pairs of a times those of b, per lane (vpdpwssd).
 inline I dot16(I acc, I a, I b) { return _mm512_dpwssd_epi32(acc, a, b); }
-// AVX2's steps that take a sub-block's scale as an int16 pair (IQ4_XS's, Q6_K's one-chain
-// decode step): declared for the shared code's discarded branches (if constexpr on AVX2
-// alone); VNNI takes the unsigned chains and never calls them.
+// AVX2's steps that take a sub-block's scale as an int16 pair (IQ4_XS's, Q6_K's and Q3_K's
+// one-chain steps, Q2_K's): declared for the shared code's discarded branches (if constexpr
+// on AVX2 alone); VNNI takes the unsigned chains and never calls them.
 I i8_pairs(const uint8_t* p);
+I u4_pairs(const uint8_t* p);
 I signed_step_scaled(I acc, I w, I q, I scale);
 
 inline F loadf(const float* p) { return _mm512_load_ps(p); }
@@ -200,6 +201,12 @@ inline I i8_pairs(const uint8_t* p) { return {i8_pairs8(p), i8_pairs8(p + 8)}; }
 inline __m256i u8_pairs8(const uint8_t* p) {
   const __m256i s32 = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
   return _mm256_or_si256(s32, _mm256_slli_epi32(s32, 16));
+}
+// The low four bits of 16 bytes at p as int16 pairs (s, s), one per lane (Q2_K's scales; its
+// mins are the high four).
+inline I u4_pairs(const uint8_t* p) {
+  const __m256i m = _mm256_set1_epi16(0xF);
+  return {_mm256_and_si256(u8_pairs8(p), m), _mm256_and_si256(u8_pairs8(p + 8), m)};
 }
 inline I signed_step_scaled(I acc, I w, I q, I scale) {
   I r{_mm256_add_epi32(acc.a, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(w.a), _mm256_sign_epi8(q.a, w.a)),
