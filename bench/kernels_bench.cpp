@@ -331,7 +331,8 @@ BENCHMARK(BM_GgmlMatmul)
     ->Apply(least_disturbed);
 BENCHMARK(BM_GgmlMatmul)  // a decode step over lanes (panels in one run above)
     ->ArgsProduct({{infera::kernels::ggml::kQ4_K, infera::kernels::ggml::kQ6_K, infera::kernels::ggml::kQ8_0,
-                    infera::kernels::ggml::kIQ4_XS, infera::kernels::ggml::kQ4_0},
+                    infera::kernels::ggml::kIQ4_XS, infera::kernels::ggml::kQ4_0, infera::kernels::ggml::kQ5_K,
+                    infera::kernels::ggml::kQ3_K, infera::kernels::ggml::kQ2_K},
                    {1},
                    {1, 2},
                    {0, 1},

@@ -431,7 +431,7 @@ void pack_two_bit_fields(const uint8_t* q, int shift, int r, uint8_t* out) {
 
 // Bit `bit` of the four bytes q[0..3] into bits 4r .. 4r + 3 of the 64-bit mask at `mask` (the
 // bits at 0, 8, 16 and 24 multiplied into 28-31, the other products below them, no carries):
-// Q5_K's fifth bits and Q3_K's third bits as Q5_0's masks.
+// Q5_K's fifth bits as Q5_0's masks.
 void or_mask_bits(const uint8_t* q, int bit, int r, uint8_t* mask) {
   uint32_t x;
   std::memcpy(&x, q, 4);
@@ -440,6 +440,13 @@ void or_mask_bits(const uint8_t* q, int bit, int r, uint8_t* mask) {
   std::memcpy(&m, mask, 8);
   m |= static_cast<uint64_t>(four) << (4 * r);
   std::memcpy(mask, &m, 8);
+}
+
+// Bit `bit` of the four bytes q[0..3] into bit m of bytes 4r .. 4r + 3 of the 64-byte plane
+// vector at `plane` (Q3_K's third bits: bit m of byte 4r + e is that of byte 4r + e of the
+// chunk's operand vector m).
+void or_plane_bits(const uint8_t* q, int bit, int r, int m, uint8_t* plane) {
+  for (int e = 0; e < 4; ++e) plane[4 * r + e] |= static_cast<uint8_t>(((q[e] >> bit) & 1) << m);
 }
 }  // namespace
 
@@ -506,15 +513,15 @@ void write_panels(uint32_t type, const void* data, int64_t rows, int64_t k, int 
         if (type == kQ3_K) {
           // d; the 16 signed sub-scales (sc - 32) as bytes [s][row], then per 32-weight chunk c
           // its quants' two low bits as two 64-byte vectors (as Q6_K's top bits: field f of
-          // byte 4 r + e of vector v is weight 32 c + 16 v + 4 f + e) and eight 64-bit masks of
-          // their third bits (mask o, bit 4 r + e: weight 32 c + 4 o + e). Chunk c is group
+          // byte 4 r + e of vector v is weight 32 c + 16 v + 4 f + e) and a 64-byte vector of
+          // their third bits as eight planes (bit o of byte 4 r + e: weight 32 c + 4 o + e). Chunk c is group
           // c % 4 of half c / 4: its low bits bits 2 (c % 4) of qs[32 (c / 4) + l], its third
           // bit bit c of hmask[l], l < 32.
           std::memcpy(scales + 2 * r, blk + 108, 2);
           for (int c = 0; c < 8; ++c) {
             uint8_t* chunk = qs + panel_k_chunk(kQ3_K, c);
             pack_two_bit_fields(blk + 32 + 32 * (c / 4), 2 * (c % 4), r, chunk);
-            for (int o = 0; o < 8; ++o) or_mask_bits(blk + 4 * o, c, r, qs + panel_k_bits(kQ3_K, c) + 8 * o);
+            for (int o = 0; o < 8; ++o) or_plane_bits(blk + 4 * o, c, r, o, qs + panel_k_bits(kQ3_K, c));
           }
           const uint8_t* p = blk + 96;
           for (int g = 0; g < 16; ++g) {

@@ -163,7 +163,8 @@ int64_t quantize_rows(uint32_t type, const float* src, void* dst, int64_t nrows,
 // nibbles and right after them its two top-bit vectors (384 bytes a chunk). IQ4_XS: the
 // signed scales (ls - 32) as bytes [s][row] (128), then per sub-block its nibbles as an IQ4_NL block's (256). Q3_K: the
 // 16 signed sub-scales as bytes [s][row] (256), then per chunk c the quants' two low bits as two 64-byte vectors (as
-// Q6_K's top bits) and eight 64-bit masks of their third bits (mask o, bit 4r + e: weight 32c + 4o + e; 64 bytes).
+// Q6_K's top bits) and their third bits as a 64-byte vector of eight bit planes (bit o of byte 4r + e: weight
+// 32c + 4o + e, so a shift and a mask put plane o beside the two low bits of operand vector o).
 // Q2_K: the sub-blocks' scale / min bytes as stored, [s][row] (256), then per chunk its quants as Q3_K's low bits
 // (128). Same bytes as the rows' (Q5_K, Q3_K, Q2_K: the same bits).
 constexpr int64_t kPanelRows = 16;

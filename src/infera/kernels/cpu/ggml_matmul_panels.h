@@ -18,7 +18,7 @@
 // over two; each stream runs on through kStreamPanels panels); a thread otherwise takes two
 // panels at a time (each activation broadcast serves both) against up to four activation
 // rows. AVX2 has half the registers at half the width: four panels in a decode step where a
-// panel's sums are one int16 chain (Q6_K's steps keep one: kSub16Fold; not Q3_K's), else two
+// panel's sums are one int16 chain (Q6_K's and Q3_K's steps keep one: kSub16Fold), else two
 // (Traits::kDecodePanels); otherwise one panel against up to four activation rows where a
 // sum's products fit one int16 chain (Traits::kMerge, and Q6_K; 64-256 tokens 1.03-1.2x over
 // two rows per pass), else two. A call of
@@ -132,8 +132,10 @@ struct Traits {
   // 20.6 / 23.9, Q3_K (one chain, but its third bits expanded per step) 11.6 / 13.6, Q2_K
   // 17.7 / 15.7. Q6_K since its decode step keeps one chain (kSub16Fold): four, 29.6-31.6 /
   // 25.3-25.9 (5632 x 2048: 26.3-30.1 / 24.0-25.3), though from the caches 29.5 / 32.9. Q3_K
-  // folded to one chain too (Zen 2, one thread): four 9.7, two 11.1; its third bits keep two.
-  static constexpr int kDecodePanels = vec::kVnni || (kMerge && kType != kQ3_K) || kType == kQ6_K ? 4 : 2;
+  // folded to one chain too (Zen 2, one thread): four 9.7, two 11.1 with dot_q6k's step; with
+  // its own (dot_sub16_decode, half a panel at a time) two 14.1, four 14.7 (over lanes, two
+  // threads: 26.4 / 27.7).
+  static constexpr int kDecodePanels = vec::kVnni || kMerge || kType == kQ6_K ? 4 : 2;
   static_assert(kSigned || vec::kVnni || vec::chain_fits(kChainSteps * (kMerge ? 2 : 1), kMaxOperand),
                 "a chain's int16 sums overflow");
 };
@@ -877,7 +879,7 @@ struct Sub16 {
     return (kThree || kTwo ? panel_k_chunk(kType, sb / 2) : panel_k_bits(kType, sb / 2, kBeside)) + 64 * (sb % 2);
   }
   static constexpr int kScales = panel_k_scales(kType, kBeside);
-  vec::I m4 = vec::set8(0x0F), m30 = vec::set8(0x30), m3 = vec::set8(3), four = vec::set8(4);
+  vec::I m4 = vec::set8(0x0F), m30 = vec::set8(0x30), m3 = vec::set8(3);
   // The top two bits of field f (bits 2f, 2f + 1 of each byte) at bits 4-5.
   vec::I field(vec::I h, int f) const {
     switch (f) {
@@ -894,9 +896,10 @@ struct Sub16 {
     if constexpr (kThree || kTwo) {  // fields 2h, 2h + 1 of the two-bit vector (Q3_K: + its third bits)
       lo = vec::and_(vec::srl16(hb, 4 * h), m3);
       hi = vec::and_(vec::srl16(hb, 4 * h + 2), m3);
-      if constexpr (kThree) {
-        const uint8_t* bits = sbq + panel_k_bits(kType, c) + 8 * (4 * v + 2 * h);
-        vec::add8_where2(lo, hi, bits, four);
+      if constexpr (kThree) {  // (the chunk's third bits: lo's in plane 4v + 2h, hi's in the next)
+        const vec::I planes = vec::load(sbq + panel_k_bits(kType, c));
+        lo = vec::or_plane_bit(lo, planes, 4 * v + 2 * h, 2);
+        hi = vec::or_plane_bit(hi, planes, 4 * v + 2 * h + 1, 2);
       }
       return;
     }
@@ -1035,23 +1038,28 @@ inline void dot_q6k(const uint8_t* const* sc, const uint8_t* const* qs, int64_t 
 }
 
 #ifndef __AVX512VNNI__
-// Q6_K's decode step on AVX2 (one activation row, kT panels): dot_q6k's values (kSub16Fold's
-// one chain per sub-block and row, widened against the rows' scale pair), the kT panels taken
-// one after another within each sub-block, so that one panel's chains are live at a time and
-// the panels' super-block sums wait in memory. dot_q6k keeps all kT panels' chains, top bits
-// and sums (four panels: 24 registers) and ran from the stack. kernels_bench 2048 x 5632, Zen
-// 2, one thread, GB/s: from the caches (BM_GgmlDecodeHot) 19.3 -> 24.9; from memory 17.2 ->
-// 18.4 (two threads 32.2 -> 33.9) on the beside layout. Each panel's whole super-block before
-// the next panel's read as fast from the caches but 15.3 -> 11.9 from memory (the sub-scales
-// last then): the kT streams have to advance together, as dot_q6k's do.
-template <int kT, int kPf, bool kBeside>
-inline void dot_q6k_decode(const uint8_t* const* sc, const uint8_t* const* qs, int64_t b0, int64_t b1, const PAct& a,
-                           Sums16* sum) {
-  using S = Sub16<kQ6_K, kBeside>;
-  constexpr int kStride = S::kStride, kScStride = panel_scale_stride(kQ6_K);
+// Q6_K's and Q3_K's decode step on AVX2 (one activation row, kT panels): dot_q6k's values
+// (kSub16Fold's one chain per sub-block and row, widened against the rows' scale pair), the
+// kT panels taken one after another within each sub-block and each panel half a panel (8
+// rows) at a time, so that one chain is live at a time and the panels' super-block sums wait
+// in memory. dot_q6k keeps all kT panels' chains, top bits (Q3_K: two-bit fields and third-bit
+// planes) and sums (four Q6_K panels: 24 registers) and ran from the stack. kernels_bench
+// 2048 x 5632, Zen 2, one thread, GB/s: Q6_K from the caches (BM_GgmlDecodeHot) 19.3 -> 24.9;
+// from memory 17.2 -> 18.4 (two threads 32.2 -> 33.9) on the beside layout; Q3_K from memory
+// 12.0 -> 14.1 with two panels (four: 14.7). Each panel's whole super-block before the next
+// panel's read Q6_K as fast from the caches but 15.3 -> 11.9 from memory (the sub-scales last
+// then): the kT streams have to advance together, as dot_q6k's do.
+template <uint32_t kType, int kT, int kPf, bool kBeside>
+inline void dot_sub16_decode(const uint8_t* const* sc, const uint8_t* const* qs, int64_t b0, int64_t b1, const PAct& a,
+                             Sums16* sum) {
+  static_assert(kType == kQ6_K || kType == kQ3_K);
+  constexpr bool kThree = kType == kQ3_K;
+  using S = Sub16<kType, kBeside>;
+  constexpr int kStride = S::kStride, kScStride = panel_scale_stride(kType);
   constexpr int kScaleLead = 128;  // (as dot_q6k's)
-  const __m256i m4 = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);
-  // The top two bits of field f of t (bits 2f, 2f + 1 of each byte) at bits 4-5.
+  const __m256i m4 = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30), m3 = _mm256_set1_epi8(3),
+                four = _mm256_set1_epi8(4);
+  // Q6_K: the top two bits of field f of t (bits 2f, 2f + 1 of each byte) at bits 4-5.
   const auto field = [&](__m256i t, int f) {
     switch (f) {
       case 0: return _mm256_and_si256(_mm256_slli_epi16(t, 4), m30);
@@ -1059,6 +1067,11 @@ inline void dot_q6k_decode(const uint8_t* const* sc, const uint8_t* const* qs, i
       case 2: return _mm256_and_si256(t, m30);
       default: return _mm256_and_si256(_mm256_srli_epi16(t, 2), m30);
     }
+  };
+  // Q3_K: plane m's bit (the third bit of operand vector m) at bit 2.
+  const auto third = [&](__m256i pl, int m) {
+    const __m256i moved = m > 2 ? _mm256_srli_epi16(pl, m - 2) : m < 2 ? _mm256_slli_epi16(pl, 2 - m) : pl;
+    return _mm256_and_si256(moved, four);
   };
   const auto ld = [](const uint8_t* p) { return _mm256_load_si256(reinterpret_cast<const __m256i*>(p)); };
   prefetch_next_scales<kPf, kScaleLead>(qs, kT, kStride * b1);
@@ -1070,32 +1083,57 @@ inline void dot_q6k_decode(const uint8_t* const* sc, const uint8_t* const* qs, i
       prefetch_line<kPf>(sc[u] + kScStride * b + kScaleLead);
       isum[u][0] = isum[u][1] = _mm256_setzero_si256();
     }
-    for (int sb = 0; sb < 16; ++sb) {
-      for (int u = 0; u < kT; ++u) {
-        const uint8_t* sbq = qs[u] + kStride * b;
-        const uint8_t* top = sbq + S::top_at(sb);
-        prefetch_line<kPf>(top + kStride);
-        __m256i chain[2];
-        chain[0] = chain[1] = _mm256_set1_epi32(corr[sb]);
-        const auto half = [&]<int kH>() {  // weights 8 kH .. 8 kH + 7 of sub-block sb
-          const uint8_t* nib = sbq + panel_k_chunk(kQ6_K, sb / 2, kBeside) + 64 * (2 * (sb % 2) + kH);
-          prefetch_line<kPf>(nib + kStride);
-          const __m256i q0 = vec::bcast4(q + 16 * sb + 8 * kH).a, q1 = vec::bcast4(q + 16 * sb + 8 * kH + 4).a;
-          for (int j = 0; j < 2; ++j) {  // rows 0-7, rows 8-15
-            const __m256i n = ld(nib + 32 * j), t = ld(top + 32 * j);
-            const __m256i lo = _mm256_or_si256(_mm256_and_si256(n, m4), field(t, 2 * kH));
-            const __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(n, 4), m4), field(t, 2 * kH + 1));
-            chain[j] = _mm256_add_epi16(chain[j], _mm256_maddubs_epi16(lo, q0));
-            chain[j] = _mm256_add_epi16(chain[j], _mm256_maddubs_epi16(hi, q1));
+    for (int c = 0; c < 8; ++c) {
+      const auto sub = [&]<int kV>() {  // sub-block 2c + kV
+        const int sb = 2 * c + kV;
+        for (int u = 0; u < kT; ++u) {
+          const uint8_t* sbq = qs[u] + kStride * b;
+          const uint8_t* top = sbq + S::top_at(sb);
+          prefetch_line<kPf>(top + kStride);
+          __m256i chain[2];
+          chain[0] = chain[1] = _mm256_set1_epi32(corr[sb]);
+          // Weights 8 kH .. 8 kH + 7 of the sub-block, rows 8j .. 8j + 7, as operands lo (the
+          // first four) and hi (the next four).
+          const auto step = [&](int j, int h, __m256i lo, __m256i hi) {
+            const int8_t* qh = q + 16 * sb + 8 * h;
+            chain[j] = _mm256_add_epi16(chain[j], _mm256_maddubs_epi16(lo, vec::bcast4(qh).a));
+            chain[j] = _mm256_add_epi16(chain[j], _mm256_maddubs_epi16(hi, vec::bcast4(qh + 4).a));
+          };
+          if constexpr (kThree) {  // the two-bit fields 2kH, 2kH + 1 and the chunk's third-bit planes
+            const uint8_t* planes = sbq + panel_k_bits(kQ3_K, c);
+            if constexpr (kV == 0) prefetch_line<kPf>(planes + kStride);
+            for (int j = 0; j < 2; ++j) {
+              const __m256i t = ld(top + 32 * j), pl = ld(planes + 32 * j);
+              const auto half = [&]<int kH>() {
+                step(j, kH,
+                     _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(t, 4 * kH), m3), third(pl, 4 * kV + 2 * kH)),
+                     _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(t, 4 * kH + 2), m3),
+                                     third(pl, 4 * kV + 2 * kH + 1)));
+              };
+              half.template operator()<0>();
+              half.template operator()<1>();
+            }
+          } else {  // the nibbles with the top bits' fields 2kH, 2kH + 1 in bits 4-5
+            const auto half = [&]<int kH>() {
+              const uint8_t* nib = sbq + panel_k_chunk(kQ6_K, c, kBeside) + 64 * (2 * kV + kH);
+              prefetch_line<kPf>(nib + kStride);
+              for (int j = 0; j < 2; ++j) {
+                const __m256i n = ld(nib + 32 * j), t = ld(top + 32 * j);
+                step(j, kH, _mm256_or_si256(_mm256_and_si256(n, m4), field(t, 2 * kH)),
+                     _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(n, 4), m4), field(t, 2 * kH + 1)));
+              }
+            };
+            half.template operator()<0>();
+            half.template operator()<1>();
           }
-        };
-        half.template operator()<0>();
-        half.template operator()<1>();
-        const uint8_t* s8p = sbq + S::kScales + 16 * sb;  // the rows' signed sub-scales
-        prefetch_line<kPf>(s8p + kStride);
-        isum[u][0] = _mm256_add_epi32(isum[u][0], _mm256_madd_epi16(chain[0], vec::i8_pairs8(s8p)));
-        isum[u][1] = _mm256_add_epi32(isum[u][1], _mm256_madd_epi16(chain[1], vec::i8_pairs8(s8p + 8)));
-      }
+          const uint8_t* s8p = sbq + S::kScales + 16 * sb;  // the rows' signed sub-scales
+          prefetch_line<kPf>(s8p + kStride);
+          isum[u][0] = _mm256_add_epi32(isum[u][0], _mm256_madd_epi16(chain[0], vec::i8_pairs8(s8p)));
+          isum[u][1] = _mm256_add_epi32(isum[u][1], _mm256_madd_epi16(chain[1], vec::i8_pairs8(s8p + 8)));
+        }
+      };
+      sub.template operator()<0>();
+      sub.template operator()<1>();
     }
     for (int u = 0; u < kT; ++u) {
       const vec::F s = vec::loadf(sum[u].v);
@@ -1115,11 +1153,17 @@ inline DotFn dot_q6k_for(int kt, int rows, PanelPrefetch pf) {
     });
   };
 #ifndef __AVX512VNNI__
+  if constexpr (kType == kQ3_K && !kPre) {
+    if (rows == 1)
+      return dot_by_shape<true, Traits<kQ3_K>::kDecodePanels>(kt, 1, pf, []<int kNt, int kT, int kPf>() -> DotFn {
+        return dot_sub16_decode<kQ3_K, kT, kPf, false>;
+      });
+  }
   if constexpr (kType == kQ6_K && !kPre) {
     if (rows == 1) {
       const auto decode = [&]<bool kBeside>() {
         return dot_by_shape<true, 4>(kt, 1, pf, []<int kNt, int kT, int kPf>() -> DotFn {
-          return dot_q6k_decode<kT, kPf, kBeside>;
+          return dot_sub16_decode<kQ6_K, kT, kPf, kBeside>;
         });
       };
       return q6k_panels_beside() ? decode.template operator()<true>() : decode.template operator()<false>();
@@ -1410,9 +1454,10 @@ inline void unpack_two_bit_planes(const uint8_t* qs, int64_t nb, uint8_t* out) {
         for (int o = 0; o < 2; ++o) {
           __m512i w = _mm512_and_si512(_mm512_srli_epi16(hb, 4 * h + 2 * o), m3);
           if constexpr (kThree) {  // + 4 where the third bit is set, then w = u - 4
-            uint64_t third;
-            std::memcpy(&third, sb_qs + panel_k_bits(kQ3_K, c) + 8 * (4 * v + 2 * h + o), 8);
-            w = _mm512_sub_epi8(_mm512_mask_add_epi8(w, _cvtu64_mask64(third), w, four), four);
+            const __mmask64 third =
+                _mm512_test_epi8_mask(_mm512_load_si512(sb_qs + panel_k_bits(kQ3_K, c)),
+                                      _mm512_set1_epi8(static_cast<char>(1 << (4 * v + 2 * h + o))));
+            w = _mm512_sub_epi8(_mm512_mask_add_epi8(w, third, w, four), four);
           }
           const __m512i w2 = _mm512_add_epi8(w, w), w4 = _mm512_add_epi8(w2, w2);
           uint8_t* dst = out + 4096 * kPlanes * b + 1024 * kPlanes * (sb / 4) + 64 * (4 * (sb % 4) + 2 * h + o);

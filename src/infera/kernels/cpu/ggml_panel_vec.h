@@ -49,6 +49,11 @@ inline void add8_where2(I& lo, I& hi, const uint8_t* bits, I add) {
   lo = add8_where(lo, bits, add);
   hi = add8_where(hi, bits + 8, add);
 }
+// The AVX2 build's or_plane_bit (below; bit `at` of v is clear, so the add is an or): a
+// vptestmb and a masked add, as add8_where's mask load and add.
+inline I or_plane_bit(I v, I planes, int m, int at) {
+  return _mm512_mask_add_epi8(v, _mm512_test_epi8_mask(planes, set8(1 << m)), v, set8(1 << at));
+}
 // Four bytes at p in every lane.
 inline I bcast4(const int8_t* p) {
   int32_t v;
@@ -161,6 +166,16 @@ inline void add8_where2(I& lo, I& hi, const uint8_t* bits, I add) {
         _mm256_add_epi8(lo.b, _mm256_and_si256(quarter(1), add.b))};
   hi = {_mm256_add_epi8(hi.a, _mm256_and_si256(quarter(2), add.a)),
         _mm256_add_epi8(hi.b, _mm256_and_si256(quarter(3), add.b))};
+}
+// v | bit m of each byte of planes, moved to bit `at` (the byte's other bits cleared; bit `at`
+// of v clear): extra bits laid out as bit planes (Q3_K's third bits: bit m of byte j of a
+// chunk's plane vector is that of byte j of the chunk's operand vector m). A shift, and, or:
+// three instructions a 256-bit half, where a 64-bit mask per vector took five (a broadcast,
+// vpshufb, and, compare, and) and the add. m and at are constants where it is inlined
+// (immediate shifts, no branch).
+inline I or_plane_bit(I v, I planes, int m, int at) {
+  const I moved = m > at ? srl16(planes, m - at) : m < at ? sll16(planes, at - m) : planes;
+  return or_(and_(moved, set8(1 << at)), v);
 }
 inline I bcast4(const int8_t* p) {
   int32_t v;
