@@ -1038,22 +1038,24 @@ inline void dot_q6k(const uint8_t* const* sc, const uint8_t* const* qs, int64_t 
 }
 
 #ifndef __AVX512VNNI__
-// Q6_K's and Q3_K's decode step on AVX2 (one activation row, kT panels): dot_q6k's values
-// (kSub16Fold's one chain per sub-block and row, widened against the rows' scale pair), the
+// Q6_K's, Q3_K's and Q2_K's decode step on AVX2 (one activation row, kT panels): dot_q6k's
+// values (kSub16Fold's one chain per sub-block and row, widened against the rows' scale pair;
+// Q2_K's against its four-bit scale pair, its mins per super-block as dot_q6k takes them), the
 // kT panels taken one after another within each sub-block and each panel half a panel (8
 // rows) at a time, so that one chain is live at a time and the panels' super-block sums wait
 // in memory. dot_q6k keeps all kT panels' chains, top bits (Q3_K: two-bit fields and third-bit
 // planes) and sums (four Q6_K panels: 24 registers) and ran from the stack. kernels_bench
 // 2048 x 5632, Zen 2, one thread, GB/s: Q6_K from the caches (BM_GgmlDecodeHot) 19.3 -> 24.9;
 // from memory 17.2 -> 18.4 (two threads 32.2 -> 33.9) on the beside layout; Q3_K from memory
-// 12.0 -> 14.1 with two panels (four: 14.7). Each panel's whole super-block before the next
+// 12.0 -> 14.1 with two panels (four: 14.7); Q2_K over lanes 80 -> 89 GOP/s (two threads
+// 149 -> 164). Each panel's whole super-block before the next
 // panel's read Q6_K as fast from the caches but 15.3 -> 11.9 from memory (the sub-scales last
 // then): the kT streams have to advance together, as dot_q6k's do.
 template <uint32_t kType, int kT, int kPf, bool kBeside>
 inline void dot_sub16_decode(const uint8_t* const* sc, const uint8_t* const* qs, int64_t b0, int64_t b1, const PAct& a,
                              Sums16* sum) {
-  static_assert(kType == kQ6_K || kType == kQ3_K);
-  constexpr bool kThree = kType == kQ3_K;
+  static_assert(kType == kQ6_K || kType == kQ3_K || kType == kQ2_K);
+  constexpr bool kThree = kType == kQ3_K, kTwo = kType == kQ2_K;
   using S = Sub16<kType, kBeside>;
   constexpr int kStride = S::kStride, kScStride = panel_scale_stride(kType);
   constexpr int kScaleLead = 128;  // (as dot_q6k's)
@@ -1090,8 +1092,8 @@ inline void dot_sub16_decode(const uint8_t* const* sc, const uint8_t* const* qs,
           const uint8_t* sbq = qs[u] + kStride * b;
           const uint8_t* top = sbq + S::top_at(sb);
           prefetch_line<kPf>(top + kStride);
-          __m256i chain[2];
-          chain[0] = chain[1] = _mm256_set1_epi32(corr[sb]);
+          __m256i chain[2];  // (Q2_K's start at 0: its mins are apart)
+          chain[0] = chain[1] = kTwo ? _mm256_setzero_si256() : _mm256_set1_epi32(corr[sb]);
           // Weights 8 kH .. 8 kH + 7 of the sub-block, rows 8j .. 8j + 7, as operands lo (the
           // first four) and hi (the next four).
           const auto step = [&](int j, int h, __m256i lo, __m256i hi) {
@@ -1099,16 +1101,19 @@ inline void dot_sub16_decode(const uint8_t* const* sc, const uint8_t* const* qs,
             chain[j] = _mm256_add_epi16(chain[j], _mm256_maddubs_epi16(lo, vec::bcast4(qh).a));
             chain[j] = _mm256_add_epi16(chain[j], _mm256_maddubs_epi16(hi, vec::bcast4(qh + 4).a));
           };
-          if constexpr (kThree) {  // the two-bit fields 2kH, 2kH + 1 and the chunk's third-bit planes
-            const uint8_t* planes = sbq + panel_k_bits(kQ3_K, c);
-            if constexpr (kV == 0) prefetch_line<kPf>(planes + kStride);
+          if constexpr (kThree || kTwo) {  // the two-bit fields 2kH, 2kH + 1 (Q3_K: and the chunk's third-bit planes)
+            const uint8_t* planes = sbq + panel_k_bits(kType, c);
+            if constexpr (kThree && kV == 0) prefetch_line<kPf>(planes + kStride);
             for (int j = 0; j < 2; ++j) {
-              const __m256i t = ld(top + 32 * j), pl = ld(planes + 32 * j);
+              const __m256i t = ld(top + 32 * j), pl = kThree ? ld(planes + 32 * j) : t;
               const auto half = [&]<int kH>() {
-                step(j, kH,
-                     _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(t, 4 * kH), m3), third(pl, 4 * kV + 2 * kH)),
-                     _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(t, 4 * kH + 2), m3),
-                                     third(pl, 4 * kV + 2 * kH + 1)));
+                __m256i lo = _mm256_and_si256(_mm256_srli_epi16(t, 4 * kH), m3);
+                __m256i hi = _mm256_and_si256(_mm256_srli_epi16(t, 4 * kH + 2), m3);
+                if constexpr (kThree) {
+                  lo = _mm256_or_si256(lo, third(pl, 4 * kV + 2 * kH));
+                  hi = _mm256_or_si256(hi, third(pl, 4 * kV + 2 * kH + 1));
+                }
+                step(j, kH, lo, hi);
               };
               half.template operator()<0>();
               half.template operator()<1>();
@@ -1126,19 +1131,30 @@ inline void dot_sub16_decode(const uint8_t* const* sc, const uint8_t* const* qs,
             half.template operator()<0>();
             half.template operator()<1>();
           }
-          const uint8_t* s8p = sbq + S::kScales + 16 * sb;  // the rows' signed sub-scales
+          const uint8_t* s8p = sbq + S::kScales + 16 * sb;  // the rows' signed sub-scales (Q2_K: four-bit scales)
           prefetch_line<kPf>(s8p + kStride);
-          isum[u][0] = _mm256_add_epi32(isum[u][0], _mm256_madd_epi16(chain[0], vec::i8_pairs8(s8p)));
-          isum[u][1] = _mm256_add_epi32(isum[u][1], _mm256_madd_epi16(chain[1], vec::i8_pairs8(s8p + 8)));
+          for (int j = 0; j < 2; ++j) {
+            const __m256i pair = kTwo ? _mm256_and_si256(vec::u8_pairs8(s8p + 8 * j), _mm256_set1_epi16(0xF))
+                                      : vec::i8_pairs8(s8p + 8 * j);
+            isum[u][j] = _mm256_add_epi32(isum[u][j], _mm256_madd_epi16(chain[j], pair));
+          }
         }
       };
       sub.template operator()<0>();
       sub.template operator()<1>();
     }
     for (int u = 0; u < kT; ++u) {
-      const vec::F s = vec::loadf(sum[u].v);
-      vec::storef(sum[u].v,
-                  block_step(s, vec::halves(sc[u] + kScStride * b), a.d[0][b], vec::I{isum[u][0], isum[u][1]}));
+      const vec::F s = vec::loadf(sum[u].v), dv = vec::halves(sc[u] + kScStride * b);
+      const vec::I is{isum[u][0], isum[u][1]};
+      if constexpr (kTwo) {  // the mins against the activation's sums of 16, as dot_q6k's
+        vec::I msum = vec::zero();
+        for (int p = 0; p < 8; ++p)
+          msum = vec::dot16(msum, q2k_min_pairs(qs[u] + kStride * b + S::kScales + 32 * p),
+                            vec::set32(a.corr[0][8 * b + p]));
+        vec::storef(sum[u].v, step_with_mins(s, dv, vec::halves(sc[u] + kScStride * b + 32), a.d[0][b], is, msum));
+      } else {
+        vec::storef(sum[u].v, block_step(s, dv, a.d[0][b], is));
+      }
     }
   }
 }
@@ -1153,10 +1169,10 @@ inline DotFn dot_q6k_for(int kt, int rows, PanelPrefetch pf) {
     });
   };
 #ifndef __AVX512VNNI__
-  if constexpr (kType == kQ3_K && !kPre) {
+  if constexpr ((kType == kQ3_K || kType == kQ2_K) && !kPre) {
     if (rows == 1)
-      return dot_by_shape<true, Traits<kQ3_K>::kDecodePanels>(kt, 1, pf, []<int kNt, int kT, int kPf>() -> DotFn {
-        return dot_sub16_decode<kQ3_K, kT, kPf, false>;
+      return dot_by_shape<true, Traits<kType>::kDecodePanels>(kt, 1, pf, []<int kNt, int kT, int kPf>() -> DotFn {
+        return dot_sub16_decode<kType, kT, kPf, false>;
       });
   }
   if constexpr (kType == kQ6_K && !kPre) {
