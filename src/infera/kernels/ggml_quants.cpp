@@ -429,22 +429,9 @@ void pack_two_bit_fields(const uint8_t* q, int shift, int r, uint8_t* out) {
   }
 }
 
-// Bit `bit` of the four bytes q[0..3] into bits 4r .. 4r + 3 of the 64-bit mask at `mask` (the
-// bits at 0, 8, 16 and 24 multiplied into 28-31, the other products below them, no carries):
-// Q5_K's fifth bits as Q5_0's masks.
-void or_mask_bits(const uint8_t* q, int bit, int r, uint8_t* mask) {
-  uint32_t x;
-  std::memcpy(&x, q, 4);
-  const uint32_t four = (((x >> bit) & 0x01010101u) * 0x10204080u) >> 28;
-  uint64_t m;
-  std::memcpy(&m, mask, 8);
-  m |= static_cast<uint64_t>(four) << (4 * r);
-  std::memcpy(mask, &m, 8);
-}
-
 // Bit `bit` of the four bytes q[0..3] into bit m of bytes 4r .. 4r + 3 of the 64-byte plane
-// vector at `plane` (Q3_K's third bits: bit m of byte 4r + e is that of byte 4r + e of the
-// chunk's operand vector m).
+// vector at `plane` (Q5_K's fifth bits, Q3_K's third bits: bit m of byte 4r + e is that of
+// byte 4r + e of the chunk's operand vector m).
 void or_plane_bits(const uint8_t* q, int bit, int r, int m, uint8_t* plane) {
   for (int e = 0; e < 4; ++e) plane[4 * r + e] |= static_cast<uint8_t>(((q[e] >> bit) & 1) << m);
 }
@@ -493,8 +480,8 @@ void write_panels(uint32_t type, const void* data, int64_t rows, int64_t k, int 
             for (int part = 0; part < 4; ++part) {
               const uint32_t v = panel_dword(q + 8 * part, 4 * (sb % 2));
               std::memcpy(chunk + 64 * part + 4 * r, &v, 4);
-              for (int h = 0; h < 2 && type == kQ5_K; ++h)  // bit sb of qh[8 part + 4 h + e]
-                or_mask_bits(blk + 16 + 8 * part + 4 * h, sb, r, qs + panel_k_bits(kQ5_K, sb) + 16 * part + 8 * h);
+              for (int h = 0; h < 2 && type == kQ5_K; ++h)  // bit sb of qh[8 part + 4 h + e], into plane 2 part + h
+                or_plane_bits(blk + 16 + 8 * part + 4 * h, sb, r, 2 * part + h, qs + panel_k_bits(kQ5_K, sb));
             }
           }
           continue;

@@ -154,13 +154,14 @@ int64_t quantize_rows(uint32_t type, const float* src, void* dst, int64_t nrows,
 // Zen 4, one thread): first the sub-blocks' scales (panel_k_head bytes), then per 32-weight chunk c (panel_k_chunk)
 // its quants with their extra bits beside them. Q4_K: the 6-bit
 // scales as bytes [s][row] (128) and mins as bytes [pair p][row][s % 2] (128), then per sub-block s its nibbles as a
-// 32-weight block's (256 bytes). Q5_K: Q4_K's, each sub-block's nibbles followed by its fifth bits as Q5_0's eight
-// masks (64 bytes). Q6_K has two layouts (q6k_panels_beside, below: which is faster differs by machine). Apart: its
-// 6-bit quants u = w + 32 per chunk c, their low four bits as a 32-weight block's nibbles (256 bytes a chunk, 2048),
-// then their top two bits as two 64-byte vectors a chunk (1024: vector v's byte 4r + e holds in bits 2f, 2f + 1
-// those of weight 32c + 16v + 4f + e of row r, so vector v is the 16-weight sub-block 2c + v), then the 16 signed
-// sub-scales as bytes [s][row] (256). Beside: the same fields, the sub-scales first (256), then per chunk its
-// nibbles and right after them its two top-bit vectors (384 bytes a chunk). IQ4_XS: the
+// 32-weight block's (256 bytes). Q5_K: Q4_K's, each sub-block's nibbles followed by its fifth bits as a 64-byte
+// vector of eight bit planes (bit m of byte 4r + e: that of byte 4r + e of the sub-block's operand vector m, part
+// m / 2's low nibbles for even m, its high ones for odd). Q6_K has two layouts (q6k_panels_beside, below: which is
+// faster differs by machine). Apart: its 6-bit quants u = w + 32 per chunk c, their low four bits as a 32-weight
+// block's nibbles (256 bytes a chunk, 2048), then their top two bits as two 64-byte vectors a chunk (1024: vector v's
+// byte 4r + e holds in bits 2f, 2f + 1 those of weight 32c + 16v + 4f + e of row r, so vector v is the 16-weight
+// sub-block 2c + v), then the 16 signed sub-scales as bytes [s][row] (256). Beside: the same fields, the sub-scales
+// first (256), then per chunk its nibbles and right after them its two top-bit vectors (384 bytes a chunk). IQ4_XS: the
 // signed scales (ls - 32) as bytes [s][row] (128), then per sub-block its nibbles as an IQ4_NL block's (256). Q3_K: the
 // 16 signed sub-scales as bytes [s][row] (256), then per chunk c the quants' two low bits as two 64-byte vectors (as
 // Q6_K's top bits) and their third bits as a 64-byte vector of eight bit planes (bit o of byte 4r + e: weight

@@ -280,7 +280,8 @@ std::string ggml_matmul_path(Isa isa) {
              "step against its "
              "sub-block scales; decode: 4 panels per step "
              "(2 for Q5_0 / Q5_1 / Q5_K; Q6_K's and Q3_K's sub-blocks one chain against their scales, Q6_K, Q3_K "
-             "and Q2_K one panel's chains at a time, Q3_K's third bits as bit planes; IQ4_NL's and IQ4_XS's level "
+             "and Q2_K one panel's chains at a time, Q5_K half a panel's, Q5_K's fifth and Q3_K's third bits as "
+             "bit planes; IQ4_NL's and IQ4_XS's level "
              "magnitudes from a second lookup), "
              "prefetching " +
              gguf_prefetch_text() +

@@ -491,9 +491,10 @@ inline void unpack_k(const uint8_t* sbq, int sb, int part, vec::I& lo, vec::I& h
   const vec::I v = vec::load(chunk + 64 * part), m4 = vec::set8(0x0F);
   lo = vec::and_(v, m4);
   hi = vec::and_(vec::srl16(v, 4), m4);
-  if constexpr (kType == kQ5_K) {  // (the masks after the sub-block's nibbles)
-    const uint8_t* bits = sbq + panel_k_bits(kQ5_K, sb) + 16 * part;
-    vec::add8_where2(lo, hi, bits, vec::set8(16));
+  if constexpr (kType == kQ5_K) {  // (the planes after the sub-block's nibbles: part L's lo is vector 2L, hi 2L + 1)
+    const vec::I planes = vec::load(sbq + panel_k_bits(kQ5_K, sb));
+    lo = vec::or_plane_bit(lo, planes, 2 * part, 4);
+    hi = vec::or_plane_bit(hi, planes, 2 * part + 1, 4);
   }
 }
 
@@ -785,6 +786,78 @@ inline void dot_iq4xs_halves(const uint8_t* const* sc, const uint8_t* const* qs,
 }
 #endif
 
+#ifndef __AVX512VNNI__
+// Q5_K's decode step on AVX2 (one activation row, kT panels): dot_q4k's values, each panel half
+// a panel (8 rows) at a time within each sub-block, as dot_sub16_decode takes Q6_K's, so that
+// one half's two chains are live at a time and the panels' super-block sums wait in memory;
+// the fifth bits from the chunk's planes (a shift, and, or), each sub-block's chains widened
+// and scaled in one vpmaddwd against the rows' scale pair (as dot_q4k_halves). dot_q4k's step
+// keeps two panels' chains and sums (16 registers) and spilled. kernels_bench 2048 x 5632,
+// Zen 2: from the caches (one thread) 18.4 -> 25.3-25.9 GB/s; over lanes 51.7-52.1 ->
+// 59.1-59.5 GOP/s at one thread, 97.8-98.1 -> 105.9-108.5 at two. Four panels a step: no
+// faster (58.6-59.2 | 105-106).
+template <int kT, int kPf>
+inline void dot_q5k_decode(const uint8_t* const* sc, const uint8_t* const* qs, int64_t b0, int64_t b1, const PAct& a,
+                           Sums16* sum) {
+  constexpr int kStride = panel_quant_stride(kQ5_K), kScale = panel_scale_stride(kQ5_K);
+  const __m256i m4 = _mm256_set1_epi8(0x0F);
+  // Plane m's bit (the fifth bit of operand vector m) at bit 4.
+  const auto fifth = [](__m256i pl, int m) { return vec::plane_bit8(pl, m, 4); };
+  const auto ld = [](const uint8_t* p) { return _mm256_load_si256(reinterpret_cast<const __m256i*>(p)); };
+  prefetch_next_scales<kPf, kScale>(qs, kT, kStride * b1);
+  for (int64_t b = b0; b < b1; ++b) {
+    const int8_t* q = a.q[0] + 256 * b;
+    alignas(32) __m256i isum[kT][2];  // (in memory: a step keeps one half's chains in registers)
+    for (int u = 0; u < kT; ++u) {
+      prefetch_line<kPf>(sc[u] + kScale * (b + 1));
+      isum[u][0] = isum[u][1] = _mm256_setzero_si256();
+    }
+    for (int sb = 0; sb < 8; ++sb) {
+      for (int u = 0; u < kT; ++u) {
+        const uint8_t* sbq = qs[u] + kStride * b;
+        const uint8_t* chunk = sbq + panel_k_chunk(kQ5_K, sb);
+        const uint8_t* planes = sbq + panel_k_bits(kQ5_K, sb);
+        const uint8_t* s8p = sbq + panel_k_scales(kQ5_K) + 16 * sb;  // the rows' 6-bit scales
+        for (int l = 0; l < 5; ++l) prefetch_line<kPf>(chunk + kStride + 64 * l);  // (the nibbles, then the planes)
+        prefetch_line<kPf>(s8p + kStride);
+        for (int j = 0; j < 2; ++j) {  // rows 0-7, rows 8-15
+          const __m256i pl = ld(planes + 32 * j);
+          __m256i lo_acc = _mm256_setzero_si256(), hi_acc = _mm256_setzero_si256();
+#pragma GCC unroll 4
+          for (int part = 0; part < 4; ++part) {
+            const __m256i v = ld(chunk + 64 * part + 32 * j);
+            const __m256i lo = _mm256_or_si256(_mm256_and_si256(v, m4), fifth(pl, 2 * part));
+            const __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), m4), fifth(pl, 2 * part + 1));
+            lo_acc = _mm256_add_epi16(lo_acc, _mm256_maddubs_epi16(lo, vec::bcast4(q + 32 * sb + 8 * part).a));
+            hi_acc = _mm256_add_epi16(hi_acc, _mm256_maddubs_epi16(hi, vec::bcast4(q + 32 * sb + 8 * part + 4).a));
+          }
+          const __m256i pair = vec::u8_pairs8(s8p + 8 * j);
+          isum[u][j] = _mm256_add_epi32(isum[u][j], _mm256_add_epi32(_mm256_madd_epi16(lo_acc, pair),
+                                                                     _mm256_madd_epi16(hi_acc, pair)));
+        }
+      }
+    }
+    for (int u = 0; u < kT; ++u) {
+      const uint8_t* mins = qs[u] + kStride * b + panel_k_scales(kQ5_K) + 128;  // [pair p][row][2]
+      prefetch_line<kPf>(mins + kStride);
+      prefetch_line<kPf>(mins + kStride + 64);
+      const uint8_t* scales = sc[u] + kScale * b;
+      for (int j = 0; j < 2; ++j) {
+        __m256i msum = _mm256_setzero_si256();
+        for (int p = 0; p < 4; ++p) {
+          const __m256i mv =
+              _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(mins + 32 * p + 16 * j)));
+          msum = _mm256_add_epi32(msum, _mm256_madd_epi16(mv, _mm256_set1_epi32(a.corr[0][4 * b + p])));
+        }
+        float* s = sum[u].v + 8 * j;
+        _mm256_store_ps(s, step_with_mins8(_mm256_load_ps(s), vec::halves8(scales + 16 * j),
+                                           vec::halves8(scales + 32 + 16 * j), a.d[0][b], isum[u][j], msum));
+      }
+    }
+  }
+}
+#endif
+
 template <uint32_t kType, bool kPre = false>
 inline DotFn dot_q4k_for(int kt, int rows, PanelPrefetch pf) {
 #ifndef __AVX512VNNI__
@@ -796,6 +869,12 @@ inline DotFn dot_q4k_for(int kt, int rows, PanelPrefetch pf) {
   }
   if constexpr (!kPre && kType == kQ4_K) {  // (2 rows: dot_q4k in place, kQ4kPacked)
     if (rows >= 3) return halves_by_rows(rows, []<int kNt>() -> DotFn { return dot_q4k_halves<kType, kNt, true>; });
+  }
+  if constexpr (!kPre && kType == kQ5_K) {
+    if (rows == 1)
+      return dot_by_shape<true, Traits<kQ5_K>::kDecodePanels>(kt, 1, pf, []<int kNt, int kT, int kPf>() -> DotFn {
+        return dot_q5k_decode<kT, kPf>;
+      });
   }
 #endif
   return dot_by_shape<!kPre, Traits<kType>::kDecodePanels>(kt, rows, pf, []<int kNt, int kT, int kPf>() -> DotFn {
@@ -1059,8 +1138,7 @@ inline void dot_sub16_decode(const uint8_t* const* sc, const uint8_t* const* qs,
   using S = Sub16<kType, kBeside>;
   constexpr int kStride = S::kStride, kScStride = panel_scale_stride(kType);
   constexpr int kScaleLead = 128;  // (as dot_q6k's)
-  const __m256i m4 = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30), m3 = _mm256_set1_epi8(3),
-                four = _mm256_set1_epi8(4);
+  const __m256i m4 = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30), m3 = _mm256_set1_epi8(3);
   // Q6_K: the top two bits of field f of t (bits 2f, 2f + 1 of each byte) at bits 4-5.
   const auto field = [&](__m256i t, int f) {
     switch (f) {
@@ -1071,10 +1149,7 @@ inline void dot_sub16_decode(const uint8_t* const* sc, const uint8_t* const* qs,
     }
   };
   // Q3_K: plane m's bit (the third bit of operand vector m) at bit 2.
-  const auto third = [&](__m256i pl, int m) {
-    const __m256i moved = m > 2 ? _mm256_srli_epi16(pl, m - 2) : m < 2 ? _mm256_slli_epi16(pl, 2 - m) : pl;
-    return _mm256_and_si256(moved, four);
-  };
+  const auto third = [](__m256i pl, int m) { return vec::plane_bit8(pl, m, 2); };
   const auto ld = [](const uint8_t* p) { return _mm256_load_si256(reinterpret_cast<const __m256i*>(p)); };
   prefetch_next_scales<kPf, kScaleLead>(qs, kT, kStride * b1);
   for (int64_t b = b0; b < b1; ++b) {

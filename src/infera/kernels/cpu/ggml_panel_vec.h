@@ -173,9 +173,14 @@ inline void add8_where2(I& lo, I& hi, const uint8_t* bits, I add) {
 // three instructions a 256-bit half, where a 64-bit mask per vector took five (a broadcast,
 // vpshufb, and, compare, and) and the add. m and at are constants where it is inlined
 // (immediate shifts, no branch).
+inline __m256i plane_bit8(__m256i planes, int m, int at) {  // (8 rows: the half-panel kernels take it alone)
+  const __m256i moved = m > at   ? _mm256_srli_epi16(planes, m - at)
+                        : m < at ? _mm256_slli_epi16(planes, at - m)
+                                 : planes;
+  return _mm256_and_si256(moved, _mm256_set1_epi8(static_cast<char>(1 << at)));
+}
 inline I or_plane_bit(I v, I planes, int m, int at) {
-  const I moved = m > at ? srl16(planes, m - at) : m < at ? sll16(planes, at - m) : planes;
-  return or_(and_(moved, set8(1 << at)), v);
+  return {_mm256_or_si256(v.a, plane_bit8(planes.a, m, at)), _mm256_or_si256(v.b, plane_bit8(planes.b, m, at))};
 }
 inline I bcast4(const int8_t* p) {
   int32_t v;
