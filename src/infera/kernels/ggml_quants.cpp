@@ -466,7 +466,7 @@ void write_panels(uint32_t type, const void* data, int64_t rows, int64_t k, int 
           // d, dmin; the 6-bit scales [s][row] and mins [pair p][row][2] as bytes, then per
           // sub-block s its nibbles as a 32-weight block's (weight j of s: the low nibble of
           // byte 32 (s / 2) + j for even s, the high one for odd s), Q5_K's followed by its
-          // fifth bits (bit s of qh[j]) as Q5_0's masks.
+          // fifth bits (bit s of qh[j]) as eight bit planes (or_plane_bits).
           std::memcpy(scales + 2 * r, blk, 2);
           std::memcpy(scales + 32 + 2 * r, blk + 2, 2);
           const uint8_t* sm = blk + 4;

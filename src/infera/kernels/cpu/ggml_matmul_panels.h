@@ -477,8 +477,8 @@ inline DotFn dot_for(int kt, int rows, PanelPrefetch pf) {
 // ---- Q4_K, Q5_K and IQ4_XS ----
 
 // Part `part` of sub-block sb of a super-block's quants (sbq) as the products' operands: the
-// nibbles as they are, Q5_K's fifth bits added (masked byte adds of 16, as Q5_0's), IQ4_XS's
-// through the levels as IQ4_NL's.
+// nibbles as they are, Q5_K's fifth bits added from their planes (vec::or_plane_bit: a shift,
+// and, or on AVX2, a masked byte add of 16 on AVX-512), IQ4_XS's through the levels as IQ4_NL's.
 template <uint32_t kType, int kPf = kPfNone>
 inline void unpack_k(const uint8_t* sbq, int sb, int part, vec::I& lo, vec::I& hi) {
   // (a decode step: the line one super-block on, by a constant offset from this one)
