@@ -1209,8 +1209,7 @@ inline void dot_sub16_decode(const uint8_t* const* sc, const uint8_t* const* qs,
           const uint8_t* s8p = sbq + S::kScales + 16 * sb;  // the rows' signed sub-scales (Q2_K: four-bit scales)
           prefetch_line<kPf>(s8p + kStride);
           for (int j = 0; j < 2; ++j) {
-            const __m256i pair = kTwo ? _mm256_and_si256(vec::u8_pairs8(s8p + 8 * j), _mm256_set1_epi16(0xF))
-                                      : vec::i8_pairs8(s8p + 8 * j);
+            const __m256i pair = kTwo ? vec::u4_pairs8(s8p + 8 * j) : vec::i8_pairs8(s8p + 8 * j);
             isum[u][j] = _mm256_add_epi32(isum[u][j], _mm256_madd_epi16(chain[j], pair));
           }
         }

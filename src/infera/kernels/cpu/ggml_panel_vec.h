@@ -222,12 +222,10 @@ inline __m256i u8_pairs8(const uint8_t* p) {
   const __m256i s32 = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
   return _mm256_or_si256(s32, _mm256_slli_epi32(s32, 16));
 }
-// The low four bits of 16 bytes at p as int16 pairs (s, s), one per lane (Q2_K's scales; its
-// mins are the high four).
-inline I u4_pairs(const uint8_t* p) {
-  const __m256i m = _mm256_set1_epi16(0xF);
-  return {_mm256_and_si256(u8_pairs8(p), m), _mm256_and_si256(u8_pairs8(p + 8), m)};
-}
+// The low four bits of 8 bytes at p as int16 pairs (s, s), one per lane (Q2_K's scales; its
+// mins are the high four): one half of u4_pairs.
+inline __m256i u4_pairs8(const uint8_t* p) { return _mm256_and_si256(u8_pairs8(p), _mm256_set1_epi16(0xF)); }
+inline I u4_pairs(const uint8_t* p) { return {u4_pairs8(p), u4_pairs8(p + 8)}; }
 inline I signed_step_scaled(I acc, I w, I q, I scale) {
   I r{_mm256_add_epi32(acc.a, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(w.a), _mm256_sign_epi8(q.a, w.a)),
                                                 scale.a)),
